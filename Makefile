@@ -1,0 +1,49 @@
+# kvgate developer entry points. `make test` and `make demo` set everything up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
+
+.PHONY: install test test-unit lint demo binaries cluster-up cluster-down cluster-status bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[eval,dev]'
+	touch $(STAMP)
+
+# The control-plane binaries are built once into ~/.cache/kvgate and reused.
+binaries:
+	hack/build-binaries.sh
+
+test: $(STAMP) binaries
+	$(BIN)/pytest tests
+
+test-unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator tests hack bench
+	$(BIN)/ruff format --check operator tests hack bench
+
+demo: $(STAMP)
+	hack/demo.sh
+
+cluster-up: $(STAMP) binaries
+	$(BIN)/python hack/cluster.py up
+
+cluster-down: $(STAMP)
+	$(BIN)/python hack/cluster.py down
+
+cluster-status: $(STAMP)
+	$(BIN)/python hack/cluster.py status
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

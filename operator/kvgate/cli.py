@@ -1,0 +1,99 @@
+"""The `kvgate` command line.
+
+Each subcommand lives in `kvgate.commands.<name>` and is imported only when used, so
+`kvgate stats` does not pay for lm-eval or kopf. A command module defines `HELP`,
+`configure(parser)` and `run(args) -> int`.
+
+Exit codes: 0 done / pass / not needed, 1 the gate says no, 2 usage or input error,
+3 inconclusive, 4 something outside failed, 70 unexpected bug (with traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+
+from kvgate import __version__
+from kvgate.errors import ExternalError, InputError, KvgateError
+
+EXIT_OK = 0
+EXIT_GATE_FAILED = 1
+EXIT_INPUT = 2
+EXIT_INCONCLUSIVE = 3
+EXIT_EXTERNAL = 4
+EXIT_BUG = 70
+
+COMMANDS: dict[str, str] = {
+    "preflight": "kvgate.commands.preflight",
+    "scan-logs": "kvgate.commands.scan_logs",
+    "scrape": "kvgate.commands.scrape",
+    "stats": "kvgate.commands.stats",
+    "eval": "kvgate.commands.eval",
+    "report": "kvgate.commands.report",
+    "run": "kvgate.commands.run",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for any bad input
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _command_name(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvgate", description="Gate an FP8 KV-cache change on evidence.")
+    parser.add_argument("--version", action="version", version=f"kvgate {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chosen = _command_name(argv)
+    for name, module_name in COMMANDS.items():
+        if chosen is not None and name != chosen:
+            sub.add_parser(name)
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # command not built yet
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        module.configure(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    try:
+        return int(args._run(args))
+    except InputError as exc:
+        _report(exc, args)
+        return EXIT_INPUT
+    except ExternalError as exc:
+        _report(exc, args)
+        return EXIT_EXTERNAL
+    except KvgateError as exc:
+        _report(exc, args)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def _report(exc: KvgateError, args: argparse.Namespace) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exc()
+    print(f"kvgate: {type(exc).__name__}: {exc}", file=sys.stderr)

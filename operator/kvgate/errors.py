@@ -1,0 +1,75 @@
+"""The one exception tree of kvgate.
+
+    KvgateError
+    ├── InputError (also ValueError)   bad input: retrying will not help
+    │   ├── SpecError        .field     a KVCacheRollout spec or CLI value
+    │   ├── ParseError       .source .line_no   a file or text that cannot be read
+    │   └── UnsupportedError            engine, version or architecture not known
+    └── ExternalError                   something outside failed; it may pass
+        ├── KubeError        .status
+        ├── ScrapeError      .url
+        ├── HubError
+        └── EvalError
+
+Messages are one sentence that names the field or file, the value and the fix.
+"""
+
+from __future__ import annotations
+
+
+class KvgateError(Exception):
+    """Root of every error kvgate raises on purpose."""
+
+
+class InputError(KvgateError, ValueError):
+    """The input is wrong; the same call will fail again."""
+
+
+class SpecError(InputError):
+    """A spec or option value is invalid; `field` names it (e.g. `spec.accuracy.margin`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ParseError(InputError):
+    """A file or text cannot be parsed; `source` names it, `line_no` points at the line."""
+
+    def __init__(self, source: str, message: str, line_no: int | None = None) -> None:
+        self.source = source
+        self.line_no = line_no
+        where = f"{source}:{line_no}" if line_no is not None else source
+        super().__init__(f"{where}: {message}")
+
+
+class UnsupportedError(InputError):
+    """An engine, version or model architecture kvgate does not know."""
+
+
+class ExternalError(KvgateError):
+    """Something outside kvgate failed (API server, endpoint, hub, eval job)."""
+
+
+class KubeError(ExternalError):
+    """A Kubernetes API call failed; `status` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ScrapeError(ExternalError):
+    """An HTTP endpoint (metrics, health, completions) could not be read; `url` names it."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        super().__init__(f"{url}: {message}")
+
+
+class HubError(ExternalError):
+    """The Hugging Face hub (or its mirror) could not be read."""
+
+
+class EvalError(ExternalError):
+    """The accuracy evaluation could not produce a result (not an accuracy failure)."""
