@@ -1,0 +1,723 @@
+"""Render a KVCacheRollout for people: a terminal summary and a self-contained HTML page.
+
+Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it) and
+returns text. Every status field is optional, because a report is asked for at any phase and
+an older operator may not write every field; what is missing is shown as "-", never guessed.
+Keys are read in camelCase (the CRD) and, where the eval summary is copied as is, snake_case.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+ARMS: Final = ("control", "candidate")
+# kstatus conditions say how the object is doing, not what the gates found.
+_KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
+_DASH: Final = "-"
+
+
+# ---------------------------------------------------------------- reading the dict
+
+
+def _get(mapping: Any, *keys: str) -> Any:
+    """The first present key of `keys` in `mapping` (camelCase first, then snake_case)."""
+    if not isinstance(mapping, Mapping):
+        return None
+    for key in keys:
+        if key in mapping and mapping[key] is not None:
+            return mapping[key]
+    return None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _interval(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, Mapping):
+        value = [_get(value, "low", "lower"), _get(value, "high", "upper")]
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        low, high = _num(value[0]), _num(value[1])
+        if low is not None and high is not None:
+            return (low, high)
+    return None
+
+
+def _as_fraction(value: float | None) -> float | None:
+    """Accuracy may be a fraction (0.918) or a percentage (91.8); return a fraction."""
+    if value is None:
+        return None
+    return value / 100.0 if value > 1.0 else value
+
+
+@dataclass(frozen=True, slots=True)
+class ArmAccuracy:
+    """One arm's GSM8K score: right answers, questions, and the 95% Wilson interval."""
+
+    correct: int | None
+    n: int | None
+    accuracy: float | None
+    wilson: tuple[float, float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Accuracy:
+    """The paired accuracy gate as the eval summary reports it."""
+
+    verdict: str | None
+    task: str | None
+    margin: float | None
+    confidence: float | None
+    questions_used: int | None
+    stopped_early: bool | None
+    arms: dict[str, ArmAccuracy]
+    difference: float | None
+    difference_ci: tuple[float, float] | None
+    mcnemar_p: float | None
+    discordant: tuple[int, int] | None
+    ruled_out: float | None
+    questions_needed: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One gate's result: a condition (or a findings entry) with its reason and message."""
+
+    gate: str
+    status: str
+    reason: str
+    message: str
+
+
+def _int(value: Any) -> int | None:
+    number = _num(value)
+    return int(number) if number is not None else None
+
+
+def read_accuracy(status: Mapping[str, Any]) -> Accuracy | None:
+    """`status.accuracy` (the eval summary, camelCase or snake_case) as an `Accuracy`."""
+    acc = _get(status, "accuracy")
+    if not isinstance(acc, Mapping):
+        return None
+    arms: dict[str, ArmAccuracy] = {}
+    for arm in ARMS:
+        raw = _get(acc, arm)
+        if not isinstance(raw, Mapping):
+            continue
+        correct, n = _int(_get(raw, "correct")), _int(_get(raw, "n", "total"))
+        accuracy = _as_fraction(_num(_get(raw, "accuracy")))
+        if accuracy is None and correct is not None and n:
+            accuracy = correct / n
+        wilson = _interval(_get(raw, "wilson95", "wilson", "interval"))
+        if wilson is not None and max(wilson) > 1.0:
+            wilson = (wilson[0] / 100.0, wilson[1] / 100.0)
+        arms[arm] = ArmAccuracy(correct, n, accuracy, wilson)
+    paired = _get(acc, "paired")
+    paired = paired if isinstance(paired, Mapping) else {}
+    control_only = _int(_get(paired, "controlOnly", "control_only"))
+    candidate_only = _int(_get(paired, "candidateOnly", "candidate_only"))
+    advice = _get(acc, "advice")
+    stopped = _get(acc, "stoppedEarly", "stopped_early")
+    return Accuracy(
+        verdict=_str_or_none(_get(acc, "verdict")),
+        task=_str_or_none(_get(acc, "task")),
+        margin=_num(_get(acc, "margin")),
+        confidence=_num(_get(acc, "confidence")),
+        questions_used=_int(_get(acc, "questionsUsed", "questions_used")),
+        stopped_early=stopped if isinstance(stopped, bool) else None,
+        arms=arms,
+        difference=_num(_get(paired, "difference")),
+        difference_ci=_interval(_get(paired, "tango95", "interval", "ci95")),
+        mcnemar_p=_num(_get(paired, "mcnemarP", "mcnemar_p")),
+        discordant=(
+            (control_only, candidate_only)
+            if control_only is not None and candidate_only is not None
+            else None
+        ),
+        ruled_out=_num(_get(acc, "largestLossRuledOut", "largest_loss_ruled_out")),
+        questions_needed=_int(_get(advice, "questionsNeeded", "questions_needed")),
+        error=_str_or_none(_get(acc, "error")),
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def read_findings(status: Mapping[str, Any]) -> list[Finding]:
+    """Gate results: `status.findings` if the operator wrote them, else the gate conditions."""
+    raw = _get(status, "findings")
+    found: list[Finding] = []
+    if isinstance(raw, Sequence) and not isinstance(raw, str):
+        for item in raw:
+            if isinstance(item, Mapping):
+                found.append(
+                    Finding(
+                        gate=str(_get(item, "gate", "type", "name") or _DASH),
+                        status=str(_get(item, "outcome", "status", "result") or _DASH),
+                        reason=str(_get(item, "reason") or ""),
+                        message=str(_get(item, "message") or ""),
+                    )
+                )
+            elif isinstance(item, str):
+                found.append(Finding(gate="Finding", status=_DASH, reason="", message=item))
+    if found:
+        return found
+    for cond in _conditions(status):
+        if cond.get("type") in _KSTATUS:
+            continue
+        found.append(
+            Finding(
+                gate=str(cond.get("type", _DASH)),
+                status=str(cond.get("status", "Unknown")),
+                reason=str(cond.get("reason") or ""),
+                message=str(cond.get("message") or ""),
+            )
+        )
+    return found
+
+
+def _conditions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    raw = _get(status, "conditions")
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        return []
+    return [c for c in raw if isinstance(c, Mapping)]
+
+
+def _arm_block(status: Mapping[str, Any], section: str, arm: str) -> Mapping[str, Any]:
+    """`status.<section>.<arm>`, falling back to `status.arms.<arm>`."""
+    block = _get(_get(status, section), arm)
+    if isinstance(block, Mapping):
+        return block
+    block = _get(_get(status, "arms"), arm)
+    return block if isinstance(block, Mapping) else {}
+
+
+def read_kv_tokens(status: Mapping[str, Any], arm: str) -> float | None:
+    """The arm's KV cache size in tokens, as its engine reported it at startup."""
+    block = _arm_block(status, "capacity", arm)
+    return _num(_get(block, "kvTokens", "kvCacheTokens", "kv_tokens", "tokens"))
+
+
+def _capacity_rows(status: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    rows: list[tuple[str, list[str]]] = []
+    for arm in ARMS:
+        block = _arm_block(status, "capacity", arm)
+        dtype = _get(block, "kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype")
+        tokens = read_kv_tokens(status, arm)
+        conc = _num(_get(block, "maxConcurrency", "max_concurrency"))
+        backend = _get(block, "attentionBackend", "backend") or _get(
+            _arm_block(status, "arms", arm), "attentionBackend", "backend"
+        )
+        if dtype is None and tokens is None and conc is None and backend is None:
+            continue
+        rows.append(
+            (
+                arm,
+                [
+                    str(dtype) if dtype is not None else _DASH,
+                    str(backend) if backend is not None else _DASH,
+                    _fmt_int(tokens),
+                    f"{conc:.1f}x" if conc is not None else _DASH,
+                ],
+            )
+        )
+    return rows
+
+
+def read_capacity_gain(status: Mapping[str, Any]) -> float | None:
+    """Candidate KV tokens over control KV tokens (from the status, else computed)."""
+    gain = _num(_get(_get(status, "capacity"), "gain", "ratio", "kvTokensRatio"))
+    if gain is not None:
+        return gain
+    control, candidate = read_kv_tokens(status, "control"), read_kv_tokens(status, "candidate")
+    if control and candidate is not None:
+        return candidate / control
+    return None
+
+
+def _speed_table(status: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """Speed figures per arm; the metric names are whatever the operator measured."""
+    speed = _get(status, "speed")
+    if not isinstance(speed, Mapping):
+        return [], []
+    blocks = {arm: _get(speed, arm) for arm in ARMS}
+    keys: list[str] = []
+    for block in blocks.values():
+        if isinstance(block, Mapping):
+            keys.extend(k for k, v in block.items() if _num(v) is not None and k not in keys)
+    rows = []
+    for key in keys:
+        cells = []
+        for arm in ARMS:
+            block = blocks[arm]
+            cells.append(_fmt_num(_num(block.get(key)) if isinstance(block, Mapping) else None))
+        rows.append((_humanize(key), cells))
+    return list(ARMS), rows
+
+
+def _humanize(key: str) -> str:
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", key).replace("_", " ")
+    return words[:1].upper() + words[1:].lower()
+
+
+def read_recommended_args(status: Mapping[str, Any]) -> list[str]:
+    raw = _get(status, "recommendedArgs", "recommended_args")
+    if isinstance(raw, str):
+        return raw.split()
+    if isinstance(raw, Sequence):
+        return [str(a) for a in raw]
+    return []
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _fmt_int(value: float | None) -> str:
+    return _DASH if value is None else f"{round(value):,}"
+
+
+def _fmt_num(value: float | None) -> str:
+    if value is None:
+        return _DASH
+    if value == int(value) and abs(value) >= 100:
+        return f"{int(value):,}"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return _DASH if value is None else f"{100.0 * value:.1f}%"
+
+
+def _pp(value: float | None) -> str:
+    """A difference in percentage points; the summary gives fractions (-0.004 = -0.4 pp)."""
+    if value is None:
+        return _DASH
+    return f"{_to_pp(value):+.1f} pp"
+
+
+def _to_pp(value: float) -> float:
+    # Summaries write differences as fractions; a magnitude above 1 is already in pp.
+    return value * 100.0 if abs(value) <= 1.0 else value
+
+
+def _wilson(ci: tuple[float, float] | None) -> str:
+    return _DASH if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def _table(
+    header: Sequence[str], rows: Iterable[Sequence[str]], numeric_from: int = 1
+) -> list[str]:
+    """Aligned columns: text left, numbers (columns from `numeric_from` on) right."""
+    body = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(r[i]) for r in body) for i in range(len(header))]
+    lines = []
+    for row in body:
+        cells = [
+            cell.rjust(widths[i]) if i >= numeric_from else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _identity(rollout: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _get(rollout, "metadata") or {}
+    return str(_get(meta, "namespace") or _DASH), str(_get(meta, "name") or _DASH)
+
+
+def _target(spec: Mapping[str, Any]) -> str:
+    ref = _get(spec, "targetRef", "target", "deployment")
+    if isinstance(ref, Mapping):
+        kind = _get(ref, "kind") or "Deployment"
+        return f"{kind}/{_get(ref, 'name') or _DASH}"
+    return str(ref) if ref else _DASH
+
+
+def _ready(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((c for c in _conditions(status) if c.get("type") == "Ready"), None)
+
+
+def _mark(status: str) -> str:
+    return {"True": "ok", "False": "NO", "Unknown": "?"}.get(status, status)
+
+
+# ---------------------------------------------------------------- text
+
+
+def render_text(rollout: Mapping[str, Any]) -> str:
+    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args."""
+    spec = _get(rollout, "spec") or {}
+    status = _get(rollout, "status") or {}
+    namespace, name = _identity(rollout)
+    phase = str(_get(status, "phase") or "Pending")
+    lines = [f"KVCacheRollout {namespace}/{name}: {phase}"]
+    mode = _get(spec, "mode")
+    facts = [f"target {_target(spec)}"]
+    if mode:
+        facts.append(f"mode {mode}")
+    candidate = _get(spec, "candidate")
+    dtype = _get(candidate, "kvCacheDtype") if isinstance(candidate, Mapping) else None
+    if dtype:
+        facts.append(f"candidate --kv-cache-dtype {dtype}")
+    lines.append("  " + ", ".join(facts))
+    message = _get(status, "message")
+    ready = _ready(status)
+    if message:
+        lines.append(f"  {message}")
+    elif ready is not None and ready.get("message"):
+        lines.append(f"  {ready['message']}")
+
+    findings = read_findings(status)
+    if findings:
+        lines += ["", "Findings"]
+        lines += _table(
+            ["gate", "result", "reason", "message"],
+            [[f.gate, _mark(f.status), f.reason, f.message] for f in findings],
+            numeric_from=99,
+        )
+
+    acc = read_accuracy(status)
+    if acc is not None:
+        lines += ["", _accuracy_heading(acc)]
+        if acc.arms:
+            lines += _table(
+                ["arm", "correct", "n", "accuracy", "95% Wilson"],
+                [
+                    [
+                        arm,
+                        _fmt_int(a.correct),
+                        _fmt_int(a.n),
+                        _pct(a.accuracy),
+                        _wilson(a.wilson),
+                    ]
+                    for arm, a in acc.arms.items()
+                ],
+            )
+        lines += [f"  {line}" for line in _accuracy_notes(acc)]
+
+    cap_rows = _capacity_rows(status)
+    if cap_rows:
+        lines += ["", "Capacity"]
+        lines += _table(
+            ["arm", "KV dtype", "backend", "KV tokens", "max concurrency"],
+            [[arm, *cells] for arm, cells in cap_rows],
+            numeric_from=3,
+        )
+        gain = read_capacity_gain(status)
+        if gain is not None:
+            lines.append(f"  candidate holds {gain:.2f}x the control's KV tokens")
+
+    header, speed_rows = _speed_table(status)
+    if speed_rows:
+        lines += ["", "Speed"]
+        lines += _table(["metric", *header], [[label, *cells] for label, cells in speed_rows])
+
+    args = read_recommended_args(status)
+    lines += ["", "Recommended args"]
+    lines.append("  " + (" ".join(args) if args else "(none yet)"))
+    return "\n".join(lines) + "\n"
+
+
+def _accuracy_heading(acc: Accuracy) -> str:
+    parts = [acc.task or "accuracy", "paired"]
+    if acc.questions_used is not None:
+        parts.append(f"{acc.questions_used:,} questions")
+    if acc.margin is not None:
+        parts.append(f"margin {_to_pp(acc.margin):+.1f} pp")
+    if acc.confidence is not None:
+        parts.append(f"{100 * _as_fraction(acc.confidence):.0f}% confidence")  # type: ignore[operator]
+    return f"Accuracy ({', '.join(parts)})"
+
+
+def _accuracy_notes(acc: Accuracy) -> list[str]:
+    notes = []
+    if acc.difference is not None:
+        line = f"candidate - control: {_pp(acc.difference)}"
+        if acc.difference_ci is not None:
+            low, high = acc.difference_ci
+            line += f", 95% CI [{_to_pp(low):+.1f}, {_to_pp(high):+.1f}] pp"
+        if acc.mcnemar_p is not None:
+            line += f", McNemar p={acc.mcnemar_p:.3g}"
+        notes.append(line)
+    if acc.discordant is not None:
+        notes.append(
+            f"answers that differ: control-only right {acc.discordant[0]}, "
+            f"candidate-only right {acc.discordant[1]}"
+        )
+    if acc.verdict is not None:
+        verdict = f"verdict: {acc.verdict}"
+        if acc.ruled_out is not None:
+            verdict += f" (a loss larger than {abs(_to_pp(acc.ruled_out)):.1f} pp is ruled out)"
+        if acc.stopped_early:
+            verdict += ", stopped early"
+        notes.append(verdict)
+    if acc.questions_needed is not None and acc.verdict == "inconclusive":
+        notes.append(f"about {acc.questions_needed:,} questions would settle it")
+    if acc.error:
+        notes.append(f"error: {acc.error}")
+    return notes
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSS: Final = """
+body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
+max-width:60rem;padding:0 1rem;color:#1d2330;background:#fbfcfe}
+h1{font-size:1.5rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.8rem 0 .5rem}
+.sub{color:#5b6475;margin:0 0 1rem}.badge{display:inline-block;padding:.15rem .6rem;
+border-radius:1rem;font-weight:600;font-size:.9rem;vertical-align:middle;margin-left:.5rem}
+.good{background:#dff5e3;color:#17612a}.bad{background:#fde2e1;color:#8a1c17}
+.wait{background:#fff1cc;color:#7a5500}.info{background:#e4ecfb;color:#1f3f7a}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{padding:.35rem .6rem;
+border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}td.n,th.n{text-align:right;
+font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
+code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
+.msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem}
+svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
+ul.notes{margin:.3rem 0;padding-left:1.2rem}
+"""
+
+_GOOD_PHASES: Final = frozenset({"Promoted", "NotNeeded", "Passed", "Succeeded", "Reported"})
+_BAD_PHASES: Final = frozenset({"RolledBack", "Failed", "Rejected", "Error"})
+_WAIT_PHASES: Final = frozenset({"AwaitingApproval", "Paused", "Suspended"})
+_COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
+
+
+def _phase_class(phase: str) -> str:
+    if phase in _GOOD_PHASES:
+        return "good"
+    if phase in _BAD_PHASES:
+        return "bad"
+    if phase in _WAIT_PHASES:
+        return "wait"
+    return "info"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _html_table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric_from: int) -> str:
+    def cell(tag: str, i: int, text: str) -> str:
+        cls = ' class="n"' if i >= numeric_from else ""
+        return f"<{tag}{cls}>{_e(text)}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    body = "".join(
+        "<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_svg(status: Mapping[str, Any]) -> str:
+    """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
+    acc = read_accuracy(status)
+    tokens = {arm: read_kv_tokens(status, arm) for arm in ARMS}
+    width, height, pad = 640, 260, 44
+    panel = (width - 3 * pad) / 2
+    top, bottom = 36, height - 40
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" '
+        'aria-label="Accuracy with 95% Wilson intervals and KV cache tokens per arm" '
+        'font-family="system-ui,sans-serif" font-size="12">'
+    ]
+    # Left panel: accuracy. The axis spans the intervals with some room, so small
+    # differences stay visible instead of being flattened against a 0-100% axis.
+    x0 = pad
+    parts.append(f'<text x="{x0}" y="20" font-weight="600">Accuracy, 95% Wilson interval</text>')
+    points = {arm: a for arm, a in (acc.arms.items() if acc else []) if a.accuracy is not None}
+    if points:
+        lows = [a.wilson[0] if a.wilson else a.accuracy for a in points.values()]
+        highs = [a.wilson[1] if a.wilson else a.accuracy for a in points.values()]
+        lo = max(0.0, min(lows) - 0.02)  # type: ignore[type-var]
+        hi = min(1.0, max(highs) + 0.02)  # type: ignore[type-var]
+        if hi - lo < 0.04:
+            hi, lo = min(1.0, hi + 0.02), max(0.0, lo - 0.02)
+
+        def y_of(v: float) -> float:
+            return bottom - (v - lo) / (hi - lo) * (bottom - top)
+
+        for tick in _ticks(lo, hi):
+            y = y_of(tick)
+            parts.append(
+                f'<line x1="{x0}" x2="{x0 + panel:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                'stroke="#eef1f6"/>'
+                f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#5b6475">'
+                f"{100 * tick:.0f}%</text>"
+            )
+        for i, arm in enumerate(ARMS):
+            a = points.get(arm)
+            if a is None:
+                continue
+            cx = x0 + panel * (i + 1) / 3
+            color = _COLORS[arm]
+            if a.wilson is not None:
+                y1, y2 = y_of(a.wilson[0]), y_of(a.wilson[1])
+                parts.append(
+                    f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y1:.1f}" y2="{y2:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                    f'<line x1="{cx - 10:.1f}" x2="{cx + 10:.1f}" y1="{y1:.1f}" y2="{y1:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                    f'<line x1="{cx - 10:.1f}" x2="{cx + 10:.1f}" y1="{y2:.1f}" y2="{y2:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                )
+            cy = y_of(a.accuracy)  # type: ignore[arg-type]
+            parts.append(
+                f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}">'
+                f"<title>{_e(arm)}: {_pct(a.accuracy)} {_wilson(a.wilson)}</title></circle>"
+                f'<text x="{cx + 14:.1f}" y="{cy + 4:.1f}" fill="{color}">'
+                f"{_pct(a.accuracy)}</text>"
+                f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{_e(arm)}</text>'
+            )
+    else:
+        parts.append(_no_data(x0, panel, top, bottom, "no accuracy yet"))
+    # Right panel: KV tokens as bars from zero, because the point is the ratio.
+    x1 = 2 * pad + panel
+    parts.append(f'<text x="{x1}" y="20" font-weight="600">KV cache size (tokens)</text>')
+    known = {arm: t for arm, t in tokens.items() if t is not None}
+    if known:
+        peak = max(known.values()) or 1.0
+        bar = panel / 4
+        for i, arm in enumerate(ARMS):
+            value = known.get(arm)
+            cx = x1 + panel * (i + 1) / 3
+            parts.append(
+                f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{_e(arm)}</text>'
+            )
+            if value is None:
+                continue
+            h = value / peak * (bottom - top - 16)
+            parts.append(
+                f'<rect x="{cx - bar / 2:.1f}" y="{bottom - h:.1f}" width="{bar:.1f}" '
+                f'height="{h:.1f}" fill="{_COLORS[arm]}" rx="3">'
+                f"<title>{_e(arm)}: {_fmt_int(value)} tokens</title></rect>"
+                f'<text x="{cx:.1f}" y="{bottom - h - 5:.1f}" text-anchor="middle">'
+                f"{_fmt_int(value)}</text>"
+            )
+        parts.append(
+            f'<line x1="{x1}" x2="{x1 + panel:.1f}" y1="{bottom}" y2="{bottom}" stroke="#9aa5b8"/>'
+        )
+        gain = read_capacity_gain(status)
+        if gain is not None:
+            parts.append(
+                f'<text x="{x1 + panel:.1f}" y="20" text-anchor="end" fill="#5b6475">'
+                f"{gain:.2f}x</text>"
+            )
+    else:
+        parts.append(_no_data(x1, panel, top, bottom, "no KV figures yet"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _no_data(x: float, w: float, top: float, bottom: float, text: str) -> str:
+    return (
+        f'<text x="{x + w / 2:.1f}" y="{(top + bottom) / 2:.1f}" text-anchor="middle" '
+        f'fill="#9aa5b8">{_e(text)}</text>'
+    )
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    span = hi - lo
+    step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25) if span / s <= 6)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def render_html(rollout: Mapping[str, Any]) -> str:
+    """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
+    spec = _get(rollout, "spec") or {}
+    status = _get(rollout, "status") or {}
+    namespace, name = _identity(rollout)
+    phase = str(_get(status, "phase") or "Pending")
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>kvgate: {_e(namespace)}/{_e(name)} {_e(phase)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{_e(name)}<span class='badge {_phase_class(phase)}'>{_e(phase)}</span></h1>",
+        f"<p class='sub'>KVCacheRollout in namespace <code>{_e(namespace)}</code>, "
+        f"target <code>{_e(_target(spec))}</code>"
+        + (f", mode <code>{_e(_get(spec, 'mode'))}</code>" if _get(spec, "mode") else "")
+        + "</p>",
+    ]
+    ready = _ready(status)
+    message = _get(status, "message") or (ready.get("message") if ready else None)
+    if message:
+        out.append(f"<p class='msg'>{_e(message)}</p>")
+    out.append("<h2>Control and candidate</h2>")
+    out.append(render_svg(status))
+
+    acc = read_accuracy(status)
+    if acc is not None:
+        out.append(f"<h2>{_e(_accuracy_heading(acc))}</h2>")
+        if acc.arms:
+            out.append(
+                _html_table(
+                    ["arm", "correct", "n", "accuracy", "95% Wilson"],
+                    [
+                        [
+                            arm,
+                            _fmt_int(a.correct),
+                            _fmt_int(a.n),
+                            _pct(a.accuracy),
+                            _wilson(a.wilson),
+                        ]
+                        for arm, a in acc.arms.items()
+                    ],
+                    numeric_from=1,
+                )
+            )
+        notes = _accuracy_notes(acc)
+        if notes:
+            out.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+
+    findings = read_findings(status)
+    if findings:
+        out.append("<h2>Findings</h2>")
+        out.append(
+            _html_table(
+                ["gate", "result", "reason", "message"],
+                [[f.gate, _mark(f.status), f.reason, f.message] for f in findings],
+                numeric_from=99,
+            )
+        )
+    cap_rows = _capacity_rows(status)
+    if cap_rows:
+        out.append("<h2>Capacity</h2>")
+        out.append(
+            _html_table(
+                ["arm", "KV dtype", "backend", "KV tokens", "max concurrency"],
+                [[arm, *cells] for arm, cells in cap_rows],
+                numeric_from=3,
+            )
+        )
+    header, speed_rows = _speed_table(status)
+    if speed_rows:
+        out.append("<h2>Speed</h2>")
+        out.append(
+            _html_table(["metric", *header], [[label, *cells] for label, cells in speed_rows], 1)
+        )
+    args = read_recommended_args(status)
+    out.append("<h2>Recommended args</h2>")
+    out.append(f"<p><code>{_e(' '.join(args))}</code></p>" if args else "<p>(none yet)</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

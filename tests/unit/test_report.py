@@ -1,0 +1,215 @@
+"""kvgate.report: what a person sees for a rollout, at every stage of its life."""
+
+from __future__ import annotations
+
+import copy
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import pytest
+
+from kvgate import report
+
+PROMOTED: dict[str, Any] = {
+    "apiVersion": "kvgate.io/v1alpha1",
+    "kind": "KVCacheRollout",
+    "metadata": {"name": "qwen3-fp8", "namespace": "demo"},
+    "spec": {"targetRef": {"name": "vllm"}, "mode": "auto", "candidate": {"kvCacheDtype": "fp8"}},
+    "status": {
+        "phase": "Promoted",
+        "message": "FP8 KV cache passed every gate; Deployment patched.",
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Promoted", "message": "done"},
+            {"type": "Reconciling", "status": "False", "reason": "Done", "message": ""},
+            {
+                "type": "PoolPressure",
+                "status": "True",
+                "reason": "KVPoolIsLimit",
+                "message": "12 requests waiting, KV usage 97%",
+            },
+            {
+                "type": "ScalesPresent",
+                "status": "False",
+                "reason": "ScalesMissing",
+                "message": "no k/v scales; the engine uses 1.0",
+            },
+        ],
+        "accuracy": {
+            "kind": "kvgate.eval/summary",
+            "verdict": "pass",
+            "error": None,
+            "task": "gsm8k",
+            "margin": -0.02,
+            "confidence": 0.95,
+            "questions_used": 1319,
+            "stopped_early": False,
+            "control": {"correct": 1211, "n": 1319, "accuracy": 0.9181, "wilson95": [0.902, 0.932]},
+            "candidate": {"correct": 1208, "n": 1319, "accuracy": 0.9158, "wilson95": [0.9, 0.93]},
+            "paired": {
+                "both": 1199,
+                "control_only": 12,
+                "candidate_only": 9,
+                "neither": 99,
+                "difference": -0.0023,
+                "tango95": [-0.009, 0.005],
+                "mcnemar_p": 0.66,
+            },
+            "largest_loss_ruled_out": -0.009,
+            "advice": {"questions_needed": None},
+        },
+        "capacity": {
+            "control": {"kvCacheDtype": "auto", "kvTokens": 58000, "maxConcurrency": 14.2},
+            "candidate": {
+                "kvCacheDtype": "fp8",
+                "kvTokens": 116000,
+                "maxConcurrency": 28.3,
+                "attentionBackend": "TRITON_ATTN",
+            },
+        },
+        "speed": {
+            "control": {"tokensPerSecond": 812.5},
+            "candidate": {"tokensPerSecond": 1490.0},
+        },
+        "recommendedArgs": ["--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+    },
+}
+
+
+def _camel(summary: dict[str, Any]) -> dict[str, Any]:
+    """The same eval summary with camelCase keys, as a CRD status may store it."""
+
+    def conv(key: str) -> str:
+        head, *rest = key.split("_")
+        return head + "".join(w.title() for w in rest)
+
+    if isinstance(summary, dict):
+        return {conv(k): _camel(v) for k, v in summary.items()}
+    return summary
+
+
+def test_text_shows_the_accuracy_table_with_wilson_intervals() -> None:
+    text = report.render_text(PROMOTED)
+    lines = text.splitlines()
+    assert lines[0] == "KVCacheRollout demo/qwen3-fp8: Promoted"
+    assert "  control      1,211  1,319     91.8%  [90.2, 93.2]" in lines
+    assert "  candidate    1,208  1,319     91.6%  [90.0, 93.0]" in lines
+    assert "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp, McNemar p=0.66" in lines
+    assert "  verdict: pass (a loss larger than 0.9 pp is ruled out)" in lines
+    assert "Accuracy (gsm8k, paired, 1,319 questions, margin -2.0 pp, 95% confidence)" in lines
+
+
+def test_text_shows_capacity_gain_speed_and_recommended_args() -> None:
+    lines = report.render_text(PROMOTED).splitlines()
+    assert "  candidate holds 2.00x the control's KV tokens" in lines
+    assert re.search(r"candidate\s+fp8\s+TRITON_ATTN\s+116,000\s+28\.3x", "\n".join(lines))
+    assert re.search(r"Tokens per second\s+812\.5\s+1,490", "\n".join(lines))
+    assert lines[-1] == "  --kv-cache-dtype fp8 --attention-backend TRITON_ATTN"
+
+
+def test_findings_come_from_gate_conditions_not_kstatus_ones() -> None:
+    findings = report.read_findings(PROMOTED["status"])
+    assert [f.gate for f in findings] == ["PoolPressure", "ScalesPresent"]
+    text = report.render_text(PROMOTED)
+    assert re.search(r"ScalesPresent\s+NO\s+ScalesMissing\s+no k/v scales", text)
+    assert "Reconciling" not in text
+
+
+def test_explicit_findings_list_wins_over_conditions() -> None:
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["findings"] = [
+        {"gate": "CanaryHealthy", "outcome": "Failed", "reason": "CanaryCrashed", "message": "x"}
+    ]
+    assert report.read_findings(rollout["status"]) == [
+        report.Finding("CanaryHealthy", "Failed", "CanaryCrashed", "x")
+    ]
+
+
+def test_camel_case_summary_reads_the_same_as_snake_case() -> None:
+    camel = copy.deepcopy(PROMOTED)
+    camel["status"]["accuracy"] = _camel(camel["status"]["accuracy"])
+    assert "questionsUsed" in camel["status"]["accuracy"]
+    assert report.read_accuracy(camel["status"]) == report.read_accuracy(PROMOTED["status"])
+
+
+def test_percent_accuracies_are_normalised_to_fractions() -> None:
+    status = {
+        "accuracy": {"control": {"correct": 9, "n": 10, "accuracy": 90.0, "wilson95": [59.6, 98.2]}}
+    }
+    arm = report.read_accuracy(status).arms["control"]  # type: ignore[union-attr]
+    assert arm.accuracy == pytest.approx(0.9)
+    assert arm.wilson == pytest.approx((0.596, 0.982))
+
+
+def test_accuracy_is_computed_from_counts_when_missing() -> None:
+    status = {"accuracy": {"candidate": {"correct": 3, "n": 4}}}
+    assert report.read_accuracy(status).arms["candidate"].accuracy == 0.75  # type: ignore[union-attr]
+
+
+def test_a_fresh_rollout_renders_without_guessing() -> None:
+    text = report.render_text({"metadata": {"name": "r", "namespace": "ns"}, "spec": {}})
+    assert text == ("KVCacheRollout ns/r: Pending\n  target -\n\nRecommended args\n  (none yet)\n")
+
+
+def test_rolled_back_rollout_shows_the_remedy_and_no_accuracy() -> None:
+    rollout = {
+        "metadata": {"name": "r", "namespace": "ns"},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "vllm"}},
+        "status": {
+            "phase": "RolledBack",
+            "message": "candidate crashed building the FlashInfer kernel; use --attention-backend TRITON_ATTN",
+            "capacity": {"control": {"kvTokens": 58000}},
+        },
+    }
+    text = report.render_text(rollout)
+    assert "Accuracy" not in text
+    assert "use --attention-backend TRITON_ATTN" in text
+    assert report.read_capacity_gain(rollout["status"]) is None
+
+
+def test_inconclusive_verdict_says_how_many_questions_would_settle_it() -> None:
+    status = {"accuracy": {"verdict": "inconclusive", "advice": {"questions_needed": 2400}}}
+    assert (
+        "  about 2,400 questions would settle it"
+        in report.render_text({"status": status}).splitlines()
+    )
+
+
+@pytest.mark.parametrize("bad", [["x", 1], [float("nan"), 0.5], [0.1], "0.1,0.2", None])
+def test_unreadable_intervals_are_shown_as_a_dash(bad: Any) -> None:
+    status = {"accuracy": {"control": {"correct": 1, "n": 2, "wilson95": bad}}}
+    assert report.read_accuracy(status).arms["control"].wilson is None  # type: ignore[union-attr]
+
+
+def test_html_is_self_contained_and_escapes_text() -> None:
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["message"] = "<script>alert(1)</script> & more"
+    page = report.render_html(rollout)
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+    # No external fetches: the only URL is the SVG namespace.
+    assert re.findall(r"(?:src|href)=", page) == []
+    assert set(re.findall(r"https?://[^\"' ]+", page)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_svg_draws_both_arms_with_intervals_and_kv_bars() -> None:
+    svg = report.render_svg(PROMOTED["status"])
+    root = ET.fromstring(svg)  # well-formed XML
+    ns = "{http://www.w3.org/2000/svg}"
+    circles = root.findall(f"{ns}circle")
+    rects = root.findall(f"{ns}rect")
+    assert len(circles) == 2 and len(rects) == 2
+    heights = [float(r.get("height")) for r in rects]  # type: ignore[arg-type]
+    assert heights[1] / heights[0] == pytest.approx(2.0, rel=1e-3)
+    # The candidate's point sits lower (worse accuracy) than the control's.
+    ys = [float(c.get("cy")) for c in circles]  # type: ignore[arg-type]
+    assert ys[1] > ys[0]
+    titles = [c.find(f"{ns}title").text for c in circles]  # type: ignore[union-attr]
+    assert titles == ["control: 91.8% [90.2, 93.2]", "candidate: 91.6% [90.0, 93.0]"]
+
+
+def test_svg_without_data_says_so() -> None:
+    svg = report.render_svg({})
+    ET.fromstring(svg)
+    assert "no accuracy yet" in svg and "no KV figures yet" in svg
