@@ -142,7 +142,7 @@ def read_accuracy(status: Mapping[str, Any]) -> Accuracy | None:
         questions_used=_int(_get(acc, "questionsUsed", "questions_used")),
         stopped_early=stopped if isinstance(stopped, bool) else None,
         arms=arms,
-        difference=_num(_get(paired, "difference")),
+        difference=_difference(acc, paired),
         difference_ci=_interval(_get(paired, "tango95", "interval", "ci95")),
         mcnemar_p=_num(_get(paired, "mcnemarP", "mcnemar_p")),
         discordant=(
@@ -156,41 +156,47 @@ def read_accuracy(status: Mapping[str, Any]) -> Accuracy | None:
     )
 
 
+def _difference(acc: Mapping[str, Any], paired: Mapping[str, Any]) -> float | None:
+    """Candidate minus control as a fraction; the CRD's `differencePp` is in points."""
+    points = _num(_get(acc, "differencePp"))
+    if points is not None:
+        return points / 100.0
+    return _num(_get(paired, "difference"))
+
+
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
 def read_findings(status: Mapping[str, Any]) -> list[Finding]:
-    """Gate results: `status.findings` if the operator wrote them, else the gate conditions."""
+    """Gate results: `status.findings`, else `status.gates` (by gate name), else conditions."""
     raw = _get(status, "findings")
     found: list[Finding] = []
     if isinstance(raw, Sequence) and not isinstance(raw, str):
         for item in raw:
             if isinstance(item, Mapping):
-                found.append(
-                    Finding(
-                        gate=str(_get(item, "gate", "type", "name") or _DASH),
-                        status=str(_get(item, "outcome", "status", "result") or _DASH),
-                        reason=str(_get(item, "reason") or ""),
-                        message=str(_get(item, "message") or ""),
-                    )
-                )
+                found.append(_finding(str(_get(item, "gate", "type", "name") or _DASH), item))
             elif isinstance(item, str):
                 found.append(Finding(gate="Finding", status=_DASH, reason="", message=item))
+    gates = _get(status, "gates")
+    if not found and isinstance(gates, Mapping):
+        found = [_finding(str(k), v) for k, v in gates.items() if isinstance(v, Mapping)]
     if found:
         return found
-    for cond in _conditions(status):
-        if cond.get("type") in _KSTATUS:
-            continue
-        found.append(
-            Finding(
-                gate=str(cond.get("type", _DASH)),
-                status=str(cond.get("status", "Unknown")),
-                reason=str(cond.get("reason") or ""),
-                message=str(cond.get("message") or ""),
-            )
-        )
-    return found
+    return [
+        _finding(str(cond.get("type", _DASH)), cond)
+        for cond in _conditions(status)
+        if cond.get("type") not in _KSTATUS
+    ]
+
+
+def _finding(gate: str, item: Mapping[str, Any]) -> Finding:
+    return Finding(
+        gate=gate,
+        status=str(_get(item, "outcome", "status", "result", "verdict") or _DASH),
+        reason=str(_get(item, "reason") or ""),
+        message=str(_get(item, "message") or ""),
+    )
 
 
 def _conditions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -350,6 +356,11 @@ def _target(spec: Mapping[str, Any]) -> str:
     return str(ref) if ref else _DASH
 
 
+def _mode(spec: Mapping[str, Any]) -> str | None:
+    """Promotion mode (auto, manual, report): `spec.promotion.mode`."""
+    return _str_or_none(_get(_get(spec, "promotion"), "mode") or _get(spec, "mode"))
+
+
 def _ready(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((c for c in _conditions(status) if c.get("type") == "Ready"), None)
 
@@ -368,12 +379,11 @@ def render_text(rollout: Mapping[str, Any]) -> str:
     namespace, name = _identity(rollout)
     phase = str(_get(status, "phase") or "Pending")
     lines = [f"KVCacheRollout {namespace}/{name}: {phase}"]
-    mode = _get(spec, "mode")
+    mode = _mode(spec)
     facts = [f"target {_target(spec)}"]
     if mode:
         facts.append(f"mode {mode}")
-    candidate = _get(spec, "candidate")
-    dtype = _get(candidate, "kvCacheDtype") if isinstance(candidate, Mapping) else None
+    dtype = _get(spec, "kvCacheDtype")
     if dtype:
         facts.append(f"candidate --kv-cache-dtype {dtype}")
     lines.append("  " + ", ".join(facts))
@@ -656,7 +666,7 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         f"<h1>{_e(name)}<span class='badge {_phase_class(phase)}'>{_e(phase)}</span></h1>",
         f"<p class='sub'>KVCacheRollout in namespace <code>{_e(namespace)}</code>, "
         f"target <code>{_e(_target(spec))}</code>"
-        + (f", mode <code>{_e(_get(spec, 'mode'))}</code>" if _get(spec, "mode") else "")
+        + (f", mode <code>{_e(_mode(spec))}</code>" if _mode(spec) else "")
         + "</p>",
     ]
     ready = _ready(status)

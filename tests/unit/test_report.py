@@ -15,7 +15,7 @@ PROMOTED: dict[str, Any] = {
     "apiVersion": "kvgate.io/v1alpha1",
     "kind": "KVCacheRollout",
     "metadata": {"name": "qwen3-fp8", "namespace": "demo"},
-    "spec": {"targetRef": {"name": "vllm"}, "mode": "auto", "candidate": {"kvCacheDtype": "fp8"}},
+    "spec": {"targetRef": {"name": "vllm"}, "kvCacheDtype": "fp8", "promotion": {"mode": "auto"}},
     "status": {
         "phase": "Promoted",
         "message": "FP8 KV cache passed every gate; Deployment patched.",
@@ -213,3 +213,30 @@ def test_svg_without_data_says_so() -> None:
     svg = report.render_svg({})
     ET.fromstring(svg)
     assert "no accuracy yet" in svg and "no KV figures yet" in svg
+
+
+def test_header_names_target_mode_and_dtype_from_the_crd_spec() -> None:
+    lines = report.render_text(PROMOTED).splitlines()
+    assert lines[1] == "  target Deployment/vllm, mode auto, candidate --kv-cache-dtype fp8"
+    assert lines[2] == "  FP8 KV cache passed every gate; Deployment patched."
+
+
+def test_gates_mapping_is_read_as_findings() -> None:
+    status = {
+        "gates": {
+            "capacity": {"outcome": "Successful", "message": "queue builds up"},
+            "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": "JIT build"},
+        },
+        "conditions": PROMOTED["status"]["conditions"],
+    }
+    assert report.read_findings(status) == [
+        report.Finding("capacity", "Successful", "", "queue builds up"),
+        report.Finding("canary", "Failed", "CanaryCrashed", "JIT build"),
+    ]
+
+
+def test_difference_pp_from_the_crd_field_wins() -> None:
+    status = {"accuracy": {"differencePp": -0.5, "paired": {"difference": -0.9}}}
+    acc = report.read_accuracy(status)
+    assert acc is not None and acc.difference == pytest.approx(-0.005)
+    assert "  candidate - control: -0.5 pp" in report.render_text({"status": status}).splitlines()
