@@ -240,3 +240,72 @@ def test_difference_pp_from_the_crd_field_wins() -> None:
     acc = report.read_accuracy(status)
     assert acc is not None and acc.difference == pytest.approx(-0.005)
     assert "  candidate - control: -0.5 pp" in report.render_text({"status": status}).splitlines()
+
+
+# ---------------------------------------------------------------- `kvgate report`
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kvgate.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_prints_the_text_report_from_a_file(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = tmp_path / "kvr.json"
+    path.write_text(json.dumps(PROMOTED))
+    code, out, _ = _cli(["report", "--file", str(path)], capsys)
+    assert code == 0
+    assert out == report.render_text(PROMOTED)
+
+
+def test_cli_reads_yaml_and_writes_html_and_json(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import yaml
+
+    path, page = tmp_path / "kvr.yaml", tmp_path / "r.html"
+    path.write_text(yaml.safe_dump(PROMOTED))
+    code, out, _ = _cli(["report", "-f", str(path), "--html", str(page), "--json"], capsys)
+    assert code == 0
+    assert page.read_text() == report.render_html(PROMOTED)
+    data = json.loads(out)
+    assert data["phase"] == "Promoted"
+    assert data["capacityRatio"] == 2.0
+    assert data["kvTokens"] == {"control": 58000.0, "candidate": 116000.0}
+    assert data["accuracy"]["arms"]["candidate"]["correct"] == 1208
+    assert data["recommendedArgs"][-1] == "TRITON_ATTN"
+
+
+def test_cli_without_name_or_file_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli(["report"], capsys)
+    assert code == 2
+    assert "give a rollout NAME or --file FILE" in err
+
+
+def test_cli_rejects_a_file_that_is_not_a_rollout(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text("kind: Pod\nmetadata: {name: p}\n")
+    code, _, err = _cli(["report", "-f", str(path)], capsys)
+    assert code == 2
+    assert err.strip() == f"kvgate: ParseError: {path}: expected one KVCacheRollout object"
+
+
+def test_cli_without_credentials_is_an_external_error(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    code, _, err = _cli(["report", "r", "-n", "ns"], capsys)
+    assert code == 4
+    assert err.startswith("kvgate: KubeError: no cluster credentials")

@@ -1,0 +1,83 @@
+"""Read one KVCacheRollout for `kvgate report`: from the cluster, or from a file.
+
+The cluster read logs in the standard way (in-cluster service account, else the kubeconfig
+named by KUBECONFIG or ~/.kube/config); API failures become `KubeError`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvgate.errors import KubeError, ParseError
+
+GROUP = "kvgate.io"
+VERSION = "v1alpha1"
+PLURAL = "kvcacherollouts"
+
+
+def _load_config() -> str | None:
+    """Configure the client; return the kubeconfig's namespace when there is one."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_incluster_config()
+    except ConfigException:
+        pass
+    else:
+        ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        return ns_file.read_text().strip() if ns_file.exists() else None
+    try:
+        config.load_kube_config()
+        _, active = config.list_kube_config_contexts()
+    except (ConfigException, OSError) as exc:
+        raise KubeError(f"no cluster credentials (in-cluster or kubeconfig): {exc}") from exc
+    return (active or {}).get("context", {}).get("namespace")
+
+
+def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
+    """GET one KVCacheRollout; `namespace` defaults to the kubeconfig's, then `default`."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    ns = namespace or _load_config() or "default"
+    if namespace:
+        _load_config()
+    try:
+        obj = client.CustomObjectsApi().get_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise KubeError(
+                f"kvcacherollout {ns}/{name} not found; list them with `kubectl get kvr -n {ns}`",
+                status=404,
+            ) from exc
+        raise KubeError(
+            f"reading kvcacherollout {ns}/{name}: {exc.status} {exc.reason}", status=exc.status
+        ) from exc
+    except HTTPError as exc:
+        raise KubeError(f"reading kvcacherollout {ns}/{name}: {exc}") from exc
+    return dict(obj)
+
+
+def read_rollout_file(path: str) -> dict[str, Any]:
+    """A rollout saved with `kubectl get kvr NAME -o json` (or -o yaml); `-` is stdin."""
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise ParseError(path, f"cannot read: {exc.strerror}") from exc
+    try:
+        obj = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ParseError(path, f"not JSON or YAML: {exc}") from exc
+    if not isinstance(obj, dict) or obj.get("kind") not in (None, "KVCacheRollout"):
+        raise ParseError(path, "expected one KVCacheRollout object")
+    return obj

@@ -1,0 +1,71 @@
+"""`kvgate report NAME`: show a KVCacheRollout's findings, accuracy, capacity and verdict."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvgate import report
+from kvgate.errors import ParseError
+
+HELP = "show a KVCacheRollout as a readable report (text, --html FILE, or --json)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="KVCacheRollout name (omit with --file)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument(
+        "-f",
+        "--file",
+        help="read the rollout from a `kubectl get kvr -o json|yaml` file (- = stdin)",
+    )
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.file:
+        from kvgate.adapters.report_source import read_rollout_file
+
+        rollout = read_rollout_file(args.file)
+    elif args.name:
+        from kvgate.adapters.report_source import read_rollout
+
+        rollout = read_rollout(args.name, args.namespace)
+    else:
+        raise ParseError("kvgate report", "give a rollout NAME or --file FILE")
+    if args.html:
+        try:
+            Path(args.html).write_text(report.render_html(rollout), encoding="utf-8")
+        except OSError as exc:
+            raise ParseError(args.html, f"cannot write: {exc.strerror}") from exc
+    if args.json:
+        print(json.dumps(summary(rollout), sort_keys=True))
+    else:
+        sys.stdout.write(report.render_text(rollout))
+        if args.html:
+            print(f"\nHTML report: {args.html}")
+    return 0
+
+
+def summary(rollout: dict[str, Any]) -> dict[str, Any]:
+    """What scripts want from a report: identity, phase, findings, figures, args."""
+    status = rollout.get("status") or {}
+    meta = rollout.get("metadata") or {}
+    acc = report.read_accuracy(status)
+    return {
+        "kind": "kvgate.report",
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "phase": status.get("phase") or "Pending",
+        "message": status.get("message"),
+        "findings": [dataclasses.asdict(f) for f in report.read_findings(status)],
+        "accuracy": dataclasses.asdict(acc) if acc is not None else None,
+        "kvTokens": {arm: report.read_kv_tokens(status, arm) for arm in report.ARMS},
+        "capacityRatio": report.read_capacity_gain(status),
+        "recommendedArgs": report.read_recommended_args(status),
+    }
