@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1.7
+# kvgate images. Two targets from one file:
+#   docker build --target operator -t kvgate:0.1.0 .        # `kvgate run` (kopf operator)
+#   docker build --target eval     -t kvgate-eval:0.1.0 .   # `kvgate eval` (lm-eval accuracy Job)
+# Both run as a non-root user and write nothing outside /tmp, so they work with
+# readOnlyRootFilesystem: true and an emptyDir mounted at /tmp.
+
+# Pinned to an exact patch release of Debian 12 slim; bump deliberately.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---- build: a venv in /opt/kvgate with kvgate and its runtime dependencies ----
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+RUN python -m venv /opt/kvgate \
+ && /opt/kvgate/bin/pip install --upgrade pip \
+ && /opt/kvgate/bin/pip install .
+
+# ---- build-eval: the same venv plus the `eval` extra (lm-eval) ----
+FROM build AS build-eval
+RUN /opt/kvgate/bin/pip install ".[eval]"
+
+# ---- runtime base: non-root, HOME and caches under /tmp ----
+FROM ${PYTHON_IMAGE} AS runtime
+# A fixed numeric UID lets Kubernetes verify runAsNonRoot without reading /etc/passwd.
+RUN groupadd --system --gid 65532 kvgate \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
+      --shell /usr/sbin/nologin kvgate
+# Every library that writes (pip, Hugging Face, lm-eval, matplotlib) is pointed at /tmp.
+ENV PATH=/opt/kvgate/bin:$PATH \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    XDG_CONFIG_HOME=/tmp/.config \
+    XDG_DATA_HOME=/tmp/.local/share \
+    HF_HOME=/tmp/hf \
+    MPLCONFIGDIR=/tmp/.config/matplotlib \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /tmp
+USER 65532:65532
+
+# ---- operator: the kopf operator with its liveness endpoint on :8080/healthz ----
+FROM runtime AS operator
+COPY --from=build /opt/kvgate /opt/kvgate
+EXPOSE 8080
+ENTRYPOINT ["kvgate", "run"]
+CMD ["--all-namespaces"]
+
+# ---- eval: the paired GSM8K accuracy Job ----
+FROM runtime AS eval
+COPY --from=build-eval /opt/kvgate /opt/kvgate
+ENTRYPOINT ["kvgate", "eval"]

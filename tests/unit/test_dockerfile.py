@@ -1,0 +1,185 @@
+"""The Dockerfile, checked without a Docker engine: targets, entrypoints, extras, user, pins."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARGs and the stages, with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, rest = line.partition(" ")
+        op, rest = op.upper(), rest.strip()
+        if op == "ARG" and not stages:
+            key, _, value = rest.partition("=")
+            args[key] = value
+        elif op == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
+            assert m, f"cannot parse FROM {rest!r}"
+            base = re.sub(r"\$\{?(\w+)\}?", lambda g: args[g.group(1)], m.group(1))
+            stages.append(Stage(m.group(2) or str(len(stages)), base))
+        else:
+            stages[-1].instructions.append((op, rest))
+    return args, stages
+
+
+ARGS, STAGES = parse((ROOT / "Dockerfile").read_text())
+BY_NAME = {s.name: s for s in STAGES}
+TARGETS = {"operator": "run", "eval": "eval"}
+
+
+def chain(stage: Stage) -> list[Stage]:
+    """The stage and the stages it is built FROM, nearest first."""
+    out = [stage]
+    while out[-1].base in BY_NAME:
+        out.append(BY_NAME[out[-1].base])
+    return out
+
+
+def effective(stage: Stage, op: str) -> str | None:
+    """The last `op` instruction in effect for `stage` (inherited through FROM)."""
+    for s in chain(stage):
+        values = [rest for o, rest in s.instructions if o == op]
+        if values:
+            return values[-1]
+    return None
+
+
+def env_of(stage: Stage) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for s in reversed(chain(stage)):
+        for op, rest in s.instructions:
+            if op == "ENV":
+                env.update(re.findall(r"(\w+)=(\S+)", rest))
+    return env
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_target_exists(target: str) -> None:
+    assert target in BY_NAME
+
+
+@pytest.mark.parametrize(("target", "command"), sorted(TARGETS.items()))
+def test_entrypoint_is_a_kvgate_command(target: str, command: str) -> None:
+    entry = json.loads(effective(BY_NAME[target], "ENTRYPOINT") or "null")
+    assert entry == ["kvgate", command]
+    assert command in COMMANDS
+    assert importlib.util.find_spec(COMMANDS[command]) is not None, (
+        f"`kvgate {command}` has no module {COMMANDS[command]} yet"
+    )
+
+
+def test_operator_default_args_watch_every_namespace() -> None:
+    assert json.loads(effective(BY_NAME["operator"], "CMD") or "null") == ["--all-namespaces"]
+
+
+def test_pip_installs_name_extras_that_exist() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(pyproject["project"]["optional-dependencies"])
+    installs = [
+        rest for s in STAGES for op, rest in s.instructions if op == "RUN" and "pip install" in rest
+    ]
+    named = {
+        e.strip()
+        for i in installs
+        for group in re.findall(r"\.\[([^\]]+)\]", i)
+        for e in group.split(",")
+    }
+    assert named == {"eval"}
+    assert named <= extras
+
+
+def test_eval_target_gets_the_eval_extra_and_operator_does_not() -> None:
+    def installs(target: str) -> str:
+        stages = chain(BY_NAME[target])
+        copied = [
+            rest
+            for s in stages
+            for op, rest in s.instructions
+            if op == "COPY" and "--from=" in rest
+        ]
+        sources = {re.search(r"--from=(\S+)", c).group(1) for c in copied}  # type: ignore[union-attr]
+        return " ".join(
+            rest
+            for src in sources
+            for s in chain(BY_NAME[src])
+            for op, rest in s.instructions
+            if op == "RUN"
+        )
+
+    assert ".[eval]" in installs("eval")
+    assert ".[eval]" not in installs("operator")
+
+
+def test_base_image_is_pinned() -> None:
+    external = {s.base for s in STAGES if s.base not in BY_NAME}
+    assert external
+    for image in external:
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_runs_as_a_numeric_non_root_user(target: str) -> None:
+    user = effective(BY_NAME[target], "USER")
+    assert user is not None
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0  # numeric, so runAsNonRoot can verify it
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_writable_dirs_are_under_tmp(target: str) -> None:
+    env = env_of(BY_NAME[target])
+    for key in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME"):
+        assert env[key].startswith("/tmp"), key
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # no .pyc next to the read-only code
+    assert effective(BY_NAME[target], "WORKDIR") == "/tmp"
+
+
+def test_copied_sources_exist_and_pass_dockerignore() -> None:
+    patterns = [
+        p.strip()
+        for p in (ROOT / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        verdict = False
+        for p in patterns:
+            negate, pat = p.startswith("!"), p.lstrip("!").rstrip("/")
+            if fnmatch.fnmatch(path, pat) or path.startswith(pat + "/"):
+                verdict = not negate
+        return verdict
+
+    for stage in STAGES:
+        for op, rest in stage.instructions:
+            if op != "COPY" or "--from=" in rest:
+                continue
+            for src in rest.split()[:-1]:
+                assert (ROOT / src).exists(), src
+                assert not ignored(src), f"{src} is excluded by .dockerignore"
+    assert ignored(".venv") and ignored("tests/unit/test_dockerfile.py")
