@@ -1,0 +1,393 @@
+"""KV-cache capacity from a model's config.json: bytes per token, tokens per GiB, pool tokens.
+
+Covers grouped-query attention (MHA, GQA, MQA), multi-head latent attention (DeepSeek-V2/V3
+style: one latent of `kv_lora_rank + qk_rope_head_dim` per token and layer, not K and V),
+hybrid models whose linear-attention / Mamba layers hold no KV, and multimodal configs that
+nest the language model under `text_config`.
+
+    >>> layout = parse_kv_layout(json.load(open("config.json")))
+    >>> layout.bytes_per_token("fp8")
+    73728
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvgate.errors import ParseError, SpecError, UnsupportedError
+
+GIB: Final = 1024**3
+
+# Bytes per element of the KV cache. `auto` is the model dtype, which the engines run in
+# 16 bits (vLLM downcasts float32 checkpoints to bf16/fp16 as well).
+KV_DTYPE_BYTES: Final[Mapping[str, int]] = {
+    "auto": 2,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+# vLLM sizes each layer's pages in blocks of 16 tokens; the pool is a whole number of blocks.
+DEFAULT_BLOCK_SIZE: Final = 16
+
+# Layer types as written in `layer_types` / `layers_block_type` lists.
+_FULL_TYPES: Final = frozenset({"full_attention", "attention", "global_attention", "hybrid"})
+_SLIDING_TYPES: Final = frozenset(
+    {"sliding_attention", "sliding_window_attention", "local_attention", "chunked_attention"}
+)
+_NO_KV_TYPES: Final = frozenset(
+    {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "recurrent", "ssm", "mlp", "moe"}
+)
+# NemotronH `hybrid_override_pattern`: `*` attention, `M` Mamba-2, `-` MLP, `E` MoE.
+_PATTERN_KINDS: Final[Mapping[str, str]] = {"*": "full", "M": "none", "-": "none", "E": "none"}
+
+# Model types whose config.json leaves out fields that transformers fills from class defaults
+# (e.g. the published gemma-3-4b-it text_config has no head counts).
+_MODEL_TYPE_DEFAULTS: Final[Mapping[str, Mapping[str, int]]] = {
+    "gemma3_text": {
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window_pattern": 6,
+    },
+}
+
+# Configs of these model types have no decoder KV cache for kvgate to gate.
+_NO_KV_MODEL_TYPES: Final = frozenset(
+    {"bert", "roberta", "distilbert", "deberta", "deberta-v2", "electra", "mamba", "mamba2", "rwkv"}
+)
+_ENCODER_DECODER_MODEL_TYPES: Final = frozenset(
+    {"t5", "mt5", "bart", "mbart", "whisper", "pegasus"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What one token costs in the KV cache of one model, independent of the dtype.
+
+    `kv_heads` x `head_dim` elements are stored `tensors_per_layer` times (2: K and V;
+    1: the MLA latent) in each of `kv_layers` layers.
+    """
+
+    architecture: str
+    attention: str  # "mha", "gqa", "mqa", "mla", or "hybrid" when some layers hold no KV
+    num_layers: int
+    kv_layers: int
+    kv_heads: int
+    head_dim: int
+    tensors_per_layer: int
+    kv_layer_indices: tuple[int, ...]
+    sliding_window_layers: int
+    sliding_window: int | None
+    notes: tuple[str, ...]
+
+    @property
+    def elements_per_token(self) -> int:
+        return self.kv_layers * self.tensors_per_layer * self.kv_heads * self.head_dim
+
+    def bytes_per_token(self, dtype: str) -> int:
+        """Bytes one token occupies across all KV-holding layers."""
+        return self.elements_per_token * kv_dtype_bytes(dtype)
+
+    def tokens_per_gib(self, dtype: str) -> float:
+        return GIB / self.bytes_per_token(dtype)
+
+    def pool_tokens(
+        self, memory_bytes: int, dtype: str, block_size: int = DEFAULT_BLOCK_SIZE
+    ) -> int:
+        """Tokens a KV pool of `memory_bytes` holds, rounded down to whole blocks."""
+        if memory_bytes < 0:
+            raise SpecError("memory_bytes", f"{memory_bytes} is negative; use a size >= 0")
+        if block_size < 1:
+            raise SpecError("block_size", f"{block_size} is below 1; use a positive block size")
+        blocks = memory_bytes // (self.bytes_per_token(dtype) * block_size)
+        return blocks * block_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "architecture": self.architecture,
+            "attention": self.attention,
+            "num_layers": self.num_layers,
+            "kv_layers": self.kv_layers,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "tensors_per_layer": self.tensors_per_layer,
+            "kv_layer_indices": list(self.kv_layer_indices),
+            "sliding_window_layers": self.sliding_window_layers,
+            "sliding_window": self.sliding_window,
+            "notes": list(self.notes),
+        }
+
+
+def kv_dtype_bytes(dtype: str) -> int:
+    """Bytes per KV element for an engine dtype name (`auto`, `bf16`, `fp8`, `fp8_e4m3`...)."""
+    try:
+        return KV_DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        known = ", ".join(KV_DTYPE_BYTES)
+        raise SpecError(
+            "kv_cache_dtype", f"'{dtype}' is not a known KV cache dtype; use one of {known}"
+        ) from None
+
+
+def parse_kv_layout(config: Mapping[str, Any], source: str = "config.json") -> KVLayout:
+    """Read the KV geometry of a model from its config.json contents."""
+    if not isinstance(config, Mapping):
+        raise ParseError(source, f"expected a JSON object, got {type(config).__name__}")
+    architecture = _architecture(config)
+    text, prefix = config, ""
+    if isinstance(config.get("text_config"), Mapping):
+        text, prefix = config["text_config"], "text_config."
+    fields = _Fields(text, prefix, source)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    if model_type in _NO_KV_MODEL_TYPES:
+        raise UnsupportedError(
+            f"{source}: model_type '{model_type}' has no decoder KV cache; kvgate gates decoder LLMs"
+        )
+    if model_type in _ENCODER_DECODER_MODEL_TYPES:
+        raise UnsupportedError(
+            f"{source}: model_type '{model_type}' is an encoder-decoder model; "
+            "kvgate sizes decoder-only KV caches"
+        )
+
+    num_layers = fields.positive_int("num_hidden_layers", "n_layer", "num_layers")
+    kinds = _layer_kinds(fields, num_layers, model_type)
+    kv_layer_indices = tuple(i for i, kind in enumerate(kinds) if kind != "none")
+    if not kv_layer_indices:
+        raise UnsupportedError(
+            f"{source}: none of the {num_layers} layers holds a KV cache; "
+            "kvgate gates models with attention layers"
+        )
+    sliding_layers = sum(1 for kind in kinds if kind == "sliding")
+    notes: list[str] = []
+
+    if fields.get("kv_lora_rank") is not None:
+        latent = fields.positive_int("kv_lora_rank")
+        rope = fields.positive_int("qk_rope_head_dim")
+        kv_heads, head_dim, tensors_per_layer = 1, latent + rope, 1
+        attention = "mla"
+        notes.append(
+            f"MLA: one latent of kv_lora_rank {latent} + qk_rope_head_dim {rope} = {head_dim} "
+            "values per token and layer, shared by all heads (no separate K and V)"
+        )
+    else:
+        heads = fields.positive_int("num_attention_heads", "n_head")
+        if fields.get("num_key_value_heads", "num_kv_heads", "n_head_kv") is None:
+            kv_heads = heads
+            notes.append(
+                f"{prefix}num_key_value_heads not set: every one of the {heads} heads has its own K/V"
+            )
+        else:
+            kv_heads = fields.positive_int("num_key_value_heads", "num_kv_heads", "n_head_kv")
+        if fields.get("head_dim") is not None:
+            head_dim = fields.positive_int("head_dim")
+        else:
+            hidden = fields.positive_int("hidden_size", "n_embd", "d_model")
+            if hidden % heads:
+                raise ParseError(
+                    source,
+                    f"field '{prefix}hidden_size' {hidden} is not a multiple of "
+                    f"'{prefix}num_attention_heads' {heads}; set '{prefix}head_dim'",
+                )
+            head_dim = hidden // heads
+        tensors_per_layer = 2
+        attention = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
+
+    if len(kv_layer_indices) < num_layers:
+        notes.append(
+            f"hybrid: {len(kv_layer_indices)} of {num_layers} layers hold KV; "
+            f"the other {num_layers - len(kv_layer_indices)} keep a fixed-size state instead"
+        )
+        attention = "hybrid"
+    window = fields.get("sliding_window")
+    sliding_window = window if isinstance(window, int) and sliding_layers else None
+    if sliding_layers:
+        notes.append(
+            f"{sliding_layers} of {len(kv_layer_indices)} KV layers use a sliding window"
+            + (f" of {sliding_window} tokens" if sliding_window else "")
+            + ": they hold KV too, so the figures here count them in full (an upper bound for "
+            "engines that page sliding-window layers separately)"
+        )
+    notes.extend(fields.defaults_used)
+    return KVLayout(
+        architecture=architecture or model_type or "unknown",
+        attention=attention,
+        num_layers=num_layers,
+        kv_layers=len(kv_layer_indices),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        tensors_per_layer=tensors_per_layer,
+        kv_layer_indices=kv_layer_indices,
+        sliding_window_layers=sliding_layers,
+        sliding_window=sliding_window,
+        notes=tuple(notes),
+    )
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    architectures = config.get("architectures")
+    if isinstance(architectures, Sequence) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    return ""
+
+
+class _Fields:
+    """Reads fields from one config level, naming them with their path in errors."""
+
+    def __init__(self, config: Mapping[str, Any], prefix: str, source: str) -> None:
+        self.config = config
+        self.prefix = prefix
+        self.source = source
+        self.defaults = _MODEL_TYPE_DEFAULTS.get(str(config.get("model_type", "")), {})
+        self.defaults_used: list[str] = []
+
+    def get(self, *names: str) -> Any:
+        for name in names:
+            if self.config.get(name) is not None:
+                return self.config[name]
+        for name in names:
+            if name in self.defaults:
+                self.defaults_used.append(
+                    f"{self.prefix}{name} not in config.json: used the transformers default "
+                    f"{self.defaults[name]} for model_type '{self.config.get('model_type')}'"
+                )
+                return self.defaults[name]
+        return None
+
+    def positive_int(self, *names: str) -> int:
+        value = self.get(*names)
+        if value is None:
+            raise ParseError(self.source, f"field '{self.prefix}{names[0]}' is missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ParseError(
+                self.source,
+                f"field '{self.prefix}{names[0]}' must be a positive integer, got {value!r}",
+            )
+        return value
+
+
+def _layer_kinds(fields: _Fields, num_layers: int, model_type: str) -> list[str]:
+    """One of "full", "sliding" or "none" (no KV) per decoder layer."""
+    prefix, source = fields.prefix, fields.source
+    for name in ("layer_types", "layers_block_type"):
+        types = fields.config.get(name)
+        if types is None:
+            continue
+        _check_length(types, num_layers, f"{prefix}{name}", source)
+        return [_kind_of(t, i, f"{prefix}{name}", source) for i, t in enumerate(types)]
+
+    pattern = fields.config.get("hybrid_override_pattern")
+    if pattern is not None:
+        _check_length(pattern, num_layers, f"{prefix}hybrid_override_pattern", source)
+        kinds = []
+        for i, char in enumerate(pattern):
+            if char not in _PATTERN_KINDS:
+                raise UnsupportedError(
+                    f"{source}: field '{prefix}hybrid_override_pattern' has unknown layer code "
+                    f"'{char}' at index {i}; known codes: {' '.join(_PATTERN_KINDS)}"
+                )
+            kinds.append(_PATTERN_KINDS[char])
+        return kinds
+
+    # MiniMax-Text-01 style: 1 marks a softmax-attention layer, 0 a lightning (linear) one.
+    attn_types = fields.config.get("attn_type_list")
+    if attn_types is not None:
+        _check_length(attn_types, num_layers, f"{prefix}attn_type_list", source)
+        return ["full" if t == 1 else "none" for t in attn_types]
+
+    indices = fields.config.get("attn_layer_indices")
+    if indices is not None:
+        if not isinstance(indices, list) or not all(
+            isinstance(i, int) and 0 <= i < num_layers for i in indices
+        ):
+            raise ParseError(
+                source,
+                f"field '{prefix}attn_layer_indices' must list layer indices in "
+                f"[0, {num_layers}), got {indices!r}",
+            )
+        chosen = set(indices)
+        return ["full" if i in chosen else "none" for i in range(num_layers)]
+
+    period = fields.config.get("attn_layer_period")
+    if period is not None:  # Jamba: attention where index % period == offset
+        offset = fields.config.get("attn_layer_offset", 0)
+        return ["full" if i % period == offset else "none" for i in range(num_layers)]
+
+    interval = fields.config.get("full_attention_interval")
+    if interval is not None:  # Qwen3-Next: every interval-th layer is full attention
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ParseError(
+                source,
+                f"field '{prefix}full_attention_interval' must be a positive integer, got {interval!r}",
+            )
+        return ["none" if (i + 1) % interval else "full" for i in range(num_layers)]
+
+    window_pattern = fields.get("sliding_window_pattern") if fields.get("sliding_window") else None
+    if isinstance(window_pattern, int) and window_pattern > 0:
+        # Gemma-3: every pattern-th layer is global, the others slide
+        return ["sliding" if (i + 1) % window_pattern else "full" for i in range(num_layers)]
+    window = fields.config.get("sliding_window")
+    if isinstance(window, int) and window > 0 and fields.config.get("use_sliding_window", True):
+        max_window_layers = fields.config.get("max_window_layers")
+        if model_type.startswith("qwen") and isinstance(max_window_layers, int):
+            # Qwen2: layers from max_window_layers on use the window
+            return ["sliding" if i >= max_window_layers else "full" for i in range(num_layers)]
+        return ["sliding"] * num_layers  # Mistral v0.1 style: the window applies everywhere
+    return ["full"] * num_layers
+
+
+def _check_length(items: Any, num_layers: int, field: str, source: str) -> None:
+    if not isinstance(items, (list, str)) or len(items) != num_layers:
+        length = len(items) if isinstance(items, (list, str)) else type(items).__name__
+        raise ParseError(
+            source,
+            f"field '{field}' must have one entry per layer ({num_layers}), got {length}",
+        )
+
+
+def _kind_of(layer_type: Any, index: int, field: str, source: str) -> str:
+    name = str(layer_type).lower()
+    if name in _FULL_TYPES:
+        return "full"
+    if name in _SLIDING_TYPES:
+        return "sliding"
+    if name in _NO_KV_TYPES:
+        return "none"
+    known = ", ".join(sorted(_FULL_TYPES | _SLIDING_TYPES | _NO_KV_TYPES))
+    raise UnsupportedError(
+        f"{source}: field '{field}' has unknown layer type {layer_type!r} at index {index}; "
+        f"known types: {known}"
+    )
+
+
+def capacity_table(
+    layout: KVLayout,
+    dtypes: Sequence[str] = ("bf16", "fp8"),
+    memory_bytes: int | None = None,
+) -> dict[str, dict[str, float | int]]:
+    """Per dtype: bytes per token, tokens per GiB and, given a pool size, pool tokens."""
+    table: dict[str, dict[str, float | int]] = {}
+    for dtype in dtypes:
+        row: dict[str, float | int] = {
+            "kv_bytes_per_token": layout.bytes_per_token(dtype),
+            "tokens_per_gib": layout.tokens_per_gib(dtype),
+        }
+        if memory_bytes is not None:
+            row["pool_tokens"] = layout.pool_tokens(memory_bytes, dtype)
+        table[dtype] = row
+    return table
+
+
+def gib_to_bytes(gib: float) -> int:
+    """GiB (as the engines print them) to bytes; rejects negative and non-finite sizes."""
+    if not math.isfinite(gib) or gib < 0:
+        raise SpecError("gpu_memory_gib", f"{gib} is not a size in GiB; use a number >= 0")
+    return int(gib * GIB)

@@ -1,0 +1,544 @@
+"""What kvgate knows about vLLM and SGLang: how they are launched, their flags and dtypes.
+
+`detect_engine` reads a container as in a Kubernetes pod spec (`image`, `command`, `args`,
+`env`) and says which engine it runs and with what settings; `rewrite_container` returns a
+copy with the KV-cache dtype and other flags replaced. Both work on the token list that
+Kubernetes runs (`command` + `args`), so a flag may sit in either list.
+
+The engine is recognised by its launcher, generically: a command word `vllm` / `sglang`
+(optionally followed by `serve`), or `-m vllm.…` / `-m sglang.…`, anywhere before the first
+`--flag`. Wrappers that pass the engine command line through (`python -m some.wrapper vllm
+serve M`) are therefore recognised as the engine they wrap. Without a launcher, the image
+decides: `vllm/vllm-openai` runs the API server from its entrypoint, so `args` hold only flags.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from kvgate.errors import SpecError, UnsupportedError
+
+
+class Engine(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """Fixed per-engine facts (reference/engines.md §7-8)."""
+
+    default_port: int
+    default_host: str
+    metrics_path: str
+    health_path: str
+    # Flag that turns /metrics on; None when it is always served.
+    metrics_flag: str | None
+    model_flags: tuple[str, ...]
+    attention_backend_env: str | None
+    # (first version, accepted --kv-cache-dtype values) in ascending order.
+    kv_cache_dtypes: tuple[tuple[tuple[int, ...], frozenset[str]], ...]
+
+
+_VLLM_DTYPES_020: Final = frozenset(
+    {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
+    | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"}
+    | {"int8_per_token_head", "fp8_per_token_head", "nvfp4"}
+)
+
+FACTS: Final[Mapping[Engine, EngineFacts]] = {
+    Engine.VLLM: EngineFacts(
+        default_port=8000,
+        default_host="0.0.0.0",
+        metrics_path="/metrics",
+        health_path="/health",
+        metrics_flag=None,
+        model_flags=("--model",),
+        attention_backend_env="VLLM_ATTENTION_BACKEND",
+        kv_cache_dtypes=(
+            ((0, 10, 0), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})),
+            ((0, 11, 0), frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})),
+            (
+                (0, 12, 0),
+                frozenset(
+                    {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
+                ),
+            ),
+            ((0, 20, 0), _VLLM_DTYPES_020),
+            ((0, 26, 0), _VLLM_DTYPES_020 | {"int4_per_token_head"}),
+            (
+                (0, 33, 0),
+                _VLLM_DTYPES_020
+                | {"int4_per_token_head", "nvfp4_ds_mla", "nvfp4_4over6", "ultraquant_4bit"}
+                | {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact"},
+            ),
+        ),
+    ),
+    Engine.SGLANG: EngineFacts(
+        default_port=30000,
+        # SGLang binds loopback unless told otherwise; a pod needs --host 0.0.0.0.
+        default_host="127.0.0.1",
+        metrics_path="/metrics",
+        health_path="/health",
+        metrics_flag="--enable-metrics",
+        model_flags=("--model-path", "--model"),
+        attention_backend_env=None,
+        kv_cache_dtypes=(
+            ((0, 4, 6), frozenset({"auto", "fp8_e5m2", "fp8_e4m3"})),
+            (
+                (0, 5, 10),
+                frozenset({"auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"}),
+            ),
+            (
+                (0, 5, 23),
+                frozenset(
+                    {"auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4"}
+                    | {"fp4_mx_block16"}
+                ),
+            ),
+        ),
+    ),
+}
+
+KV_CACHE_DTYPE_FLAG: Final = "--kv-cache-dtype"
+ATTENTION_BACKEND_FLAG: Final = "--attention-backend"
+# vLLM took --attention-backend in 0.13.0; before that only the environment variable worked.
+VLLM_ATTENTION_BACKEND_FLAG_SINCE: Final = (0, 13, 0)
+
+# Flags that never take a value; everything else in `--flag value` position is read as a pair.
+_BOOLEAN_FLAGS: Final = frozenset(
+    {
+        "--enable-metrics",
+        "--trust-remote-code",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--disable-log-stats",
+        "--disable-log-requests",
+        "--enable-chunked-prefill",
+        "--calculate-kv-scales",
+        "--skip-server-warmup",
+        "--disable-radix-cache",
+        "--enable-auto-tool-choice",
+        "--enable-expert-parallel",
+        "--disable-cuda-graph",
+        "--headless",
+    }
+)
+_SHELLS: Final = frozenset({"sh", "bash", "dash", "ash", "zsh"})
+_ENGINE_WORDS: Final = frozenset(engine.value for engine in Engine)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """The engine a container runs and the settings kvgate cares about."""
+
+    engine: Engine
+    model: str | None
+    revision: str | None
+    served_model_name: str | None
+    host: str
+    port: int
+    kv_cache_dtype: str  # "auto" when the flag is absent
+    attention_backend: str | None  # from the flag, else the environment, else None (engine picks)
+    metrics_path: str
+    metrics_enabled: bool
+    health_path: str
+    engine_args: tuple[str, ...]
+    findings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": str(self.engine),
+            "model": self.model,
+            "revision": self.revision,
+            "served_model_name": self.served_model_name,
+            "host": self.host,
+            "port": self.port,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "attention_backend": self.attention_backend,
+            "metrics_path": self.metrics_path,
+            "metrics_enabled": self.metrics_enabled,
+            "health_path": self.health_path,
+            "engine_args": list(self.engine_args),
+            "findings": list(self.findings),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ArgChange:
+    """One flag or environment variable that differs between two containers."""
+
+    kind: str  # "arg" or "env"
+    name: str
+    before: str | None  # None: absent; "" for a flag without value
+    after: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "before": self.before, "after": self.after}
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    """One engine-argument token and where it lives in the container."""
+
+    list_name: str  # "command" or "args"
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    engine: Engine
+    tokens: tuple[_Token, ...]  # engine arguments only (after the launcher)
+    shell: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+
+def parse_version(version: str) -> tuple[int, ...]:
+    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6)."""
+    numbers = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    if numbers is None:
+        raise SpecError("engine_version", f"'{version}' is not a version like 0.11.0")
+    return tuple(int(part) for part in numbers.group(1).split("."))
+
+
+def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
+    """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
+    table = FACTS[_engine(engine)].kv_cache_dtypes
+    if version is None:
+        return frozenset().union(*(choices for _, choices in table))
+    wanted = parse_version(version)
+    chosen = table[0][1]
+    for since, choices in table:
+        if since <= wanted:
+            chosen = choices
+    return chosen
+
+
+def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | None = None) -> str:
+    """Return `dtype` if the engine accepts it, else raise SpecError saying what to use."""
+    engine = _engine(engine)
+    choices = kv_cache_dtypes(engine, version)
+    if dtype in choices:
+        return dtype
+    if engine is Engine.SGLANG and dtype == "fp8":
+        raise SpecError(
+            "kv_cache_dtype",
+            "SGLang rejects 'fp8' (its choices are auto, fp8_e4m3, fp8_e5m2...); "
+            "use 'fp8_e4m3', which is what vLLM's 'fp8' means on CUDA",
+        )
+    where = f"{engine} {version}" if version else str(engine)
+    raise SpecError(
+        "kv_cache_dtype",
+        f"'{dtype}' is not a --kv-cache-dtype value of {where}; use one of {', '.join(sorted(choices))}",
+    )
+
+
+def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
+    """Which engine the container runs, its model, port, KV dtype and attention backend."""
+    launch = _find_launch(container)
+    facts = FACTS[launch.engine]
+    texts = [t.text for t in launch.tokens]
+    flags = _flag_values(texts)
+    env = _env_values(container)
+    findings = list(launch.notes)
+
+    model = _last(flags, *facts.model_flags)
+    if model is None and launch.engine is Engine.VLLM and texts and not texts[0].startswith("-"):
+        model = texts[0]  # `vllm serve MODEL`
+    port_text = _last(flags, "--port")
+    port = facts.default_port
+    if port_text is not None:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise SpecError("--port", f"'{port_text}' is not a TCP port; use 1-65535")
+        port = int(port_text)
+    host = _last(flags, "--host") or facts.default_host
+    if launch.engine is Engine.SGLANG and host.startswith("127."):
+        findings.append(f"SGLang listens on {host}: other pods cannot reach it; add --host 0.0.0.0")
+    backend = _last(flags, ATTENTION_BACKEND_FLAG, "--attention-config.backend")
+    if backend is None and facts.attention_backend_env is not None:
+        backend = env.get(facts.attention_backend_env)
+    metrics_enabled = facts.metrics_flag is None or facts.metrics_flag in flags
+    if not metrics_enabled:
+        findings.append(
+            f"{launch.engine} serves {facts.metrics_path} only with {facts.metrics_flag}"
+        )
+    return EngineInfo(
+        engine=launch.engine,
+        model=model,
+        revision=_last(flags, "--revision"),
+        served_model_name=_last(flags, "--served-model-name"),
+        host=host,
+        port=port,
+        kv_cache_dtype=_last(flags, KV_CACHE_DTYPE_FLAG) or "auto",
+        attention_backend=backend,
+        metrics_path=facts.metrics_path,
+        metrics_enabled=metrics_enabled,
+        health_path=facts.health_path,
+        engine_args=tuple(texts),
+        findings=tuple(findings),
+    )
+
+
+def attention_backend_settings(
+    engine: Engine | str, backend: str, version: str | None = None
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The (extra_args, extra_env) that select an attention backend on this engine version."""
+    engine = _engine(engine)
+    too_old = version is not None and parse_version(version) < VLLM_ATTENTION_BACKEND_FLAG_SINCE
+    if engine is Engine.VLLM and too_old:
+        return (), {"VLLM_ATTENTION_BACKEND": backend}
+    return (ATTENTION_BACKEND_FLAG, backend), {}
+
+
+def rewrite_container(
+    container: Mapping[str, Any],
+    *,
+    kv_cache_dtype: str | None,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """A new container with `--kv-cache-dtype` and each flag of `extra_args` set.
+
+    A flag already present keeps its place and form (`--flag value` or `--flag=value`) and
+    gets the new value; a missing flag is appended to `args`. `extra_env` sets variables
+    (None removes one). The input is never modified.
+    """
+    launch = _find_launch(container)
+    wanted = _flag_pairs(list(extra_args), source="extra_args")
+    if kv_cache_dtype is not None:
+        validate_kv_cache_dtype(launch.engine, kv_cache_dtype)
+        wanted = [(KV_CACHE_DTYPE_FLAG, kv_cache_dtype), *wanted]
+    if launch.shell and wanted:
+        raise UnsupportedError(
+            f"container '{container.get('name', '?')}' starts the engine through a shell script; "
+            "put the engine command line in command/args so kvgate can rewrite its flags"
+        )
+    result = copy.deepcopy(dict(container))
+    lists: dict[str, list[str]] = {
+        "command": list(result.get("command") or []),
+        "args": list(result.get("args") or []),
+    }
+    appended: list[str] = []
+    for flag, value in wanted:
+        if not _replace_flag(lists, launch.tokens, flag, value):
+            appended.extend([flag] if value is None else [flag, value])
+    lists["args"].extend(appended)
+    for name in ("command", "args"):
+        if lists[name] or name in result:
+            result[name] = lists[name]
+    if extra_env:
+        result["env"] = _rewrite_env(result.get("env") or [], extra_env)
+    return result
+
+
+def container_args_diff(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> tuple[ArgChange, ...]:
+    """Flags and environment variables that differ, flags first, each sorted by name."""
+    old_flags = _flag_values([t.text for t in _find_launch(before).tokens])
+    new_flags = _flag_values([t.text for t in _find_launch(after).tokens])
+    changes = [
+        ArgChange("arg", name, _last(old_flags, name), _last(new_flags, name))
+        for name in sorted(old_flags.keys() | new_flags.keys())
+        if _last(old_flags, name) != _last(new_flags, name)
+    ]
+    old_env, new_env = _env_values(before), _env_values(after)
+    changes.extend(
+        ArgChange("env", name, old_env.get(name), new_env.get(name))
+        for name in sorted(old_env.keys() | new_env.keys())
+        if old_env.get(name) != new_env.get(name)
+    )
+    return tuple(changes)
+
+
+def _engine(engine: Engine | str) -> Engine:
+    try:
+        return Engine(str(engine).lower())
+    except ValueError:
+        raise UnsupportedError(
+            f"engine '{engine}' is not known; kvgate supports {', '.join(e.value for e in Engine)}"
+        ) from None
+
+
+def _find_launch(container: Mapping[str, Any]) -> _Launch:
+    name = container.get("name", "?")
+    tokens: list[_Token] = []
+    for list_name in ("command", "args"):
+        values = container.get(list_name) or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise SpecError(f"container '{name}'.{list_name}", "must be a list of strings")
+        tokens.extend(_Token(list_name, i, v) for i, v in enumerate(values))
+
+    launch = _launcher_in(tokens)
+    if launch is not None:
+        return launch
+    script = _shell_script(tokens)
+    if script is not None:
+        inner = [_Token("script", i, t) for i, t in enumerate(shlex.split(script))]
+        launch = _launcher_in(inner)
+        if launch is not None:
+            return _Launch(launch.engine, launch.tokens, shell=True)
+    image = str(container.get("image", ""))
+    if not container.get("command"):
+        engine = _engine_of_image(image)
+        if engine is not None:
+            # The image's entrypoint is the server (vllm/vllm-openai) or args start with flags.
+            return _Launch(engine, tuple(tokens))
+    raise UnsupportedError(
+        f"container '{name}' (image '{image}') runs neither vLLM nor SGLang: no `vllm`/`sglang` "
+        "command word or `-m vllm…`/`-m sglang…` module before the first flag"
+    )
+
+
+def _launcher_in(tokens: Sequence[_Token]) -> _Launch | None:
+    for i, token in enumerate(tokens):
+        text = token.text
+        if text.startswith("--"):
+            return None  # launchers come before the flags
+        if text == "-m" and i + 1 < len(tokens):
+            root = tokens[i + 1].text.split(".")[0]
+            if root in _ENGINE_WORDS:  # python -m vllm.entrypoints.openai.api_server
+                return _Launch(Engine(root), _after_serve(tokens, i + 2))
+            continue
+        word = text.rsplit("/", 1)[-1]
+        if word in _ENGINE_WORDS:  # vllm serve M, sglang serve ..., /usr/bin/vllm serve M
+            return _Launch(Engine(word), _after_serve(tokens, i + 1))
+    return None
+
+
+def _after_serve(tokens: Sequence[_Token], start: int) -> tuple[_Token, ...]:
+    if start < len(tokens) and tokens[start].text == "serve":
+        start += 1
+    return tuple(tokens[start:])
+
+
+def _shell_script(tokens: Sequence[_Token]) -> str | None:
+    texts = [t.text for t in tokens]
+    if len(texts) >= 3 and texts[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in texts[1:-1]:
+        return texts[texts.index("-c", 1) + 1]
+    return None
+
+
+def _engine_of_image(image: str) -> Engine | None:
+    # Drop the registry host and the tag/digest; look at the repository path words.
+    path = image.split("@", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        parts = parts[1:]
+    if parts:
+        parts[-1] = parts[-1].split(":", 1)[0]
+    words = set(re.split(r"[^a-z0-9]+", "/".join(parts).lower()))
+    for engine in Engine:
+        if engine.value in words:
+            return engine
+    return None
+
+
+def _split_flag(text: str) -> tuple[str, str | None]:
+    """`--kv_cache_dtype=fp8` -> (`--kv-cache-dtype`, `fp8`); argparse in vLLM accepts both spellings."""
+    name, sep, value = text.partition("=")
+    return name.replace("_", "-"), (value if sep else None)
+
+
+def _flag_values(texts: Sequence[str]) -> dict[str, list[str]]:
+    """Every flag with its values in order; a flag without a value maps to ""."""
+    flags: dict[str, list[str]] = {}
+    i = 0
+    while i < len(texts):
+        text = texts[i]
+        if not text.startswith("--"):
+            i += 1
+            continue
+        name, value = _split_flag(text)
+        takes_value = name not in _BOOLEAN_FLAGS and i + 1 < len(texts)
+        if value is None and takes_value and not texts[i + 1].startswith("--"):
+            value = texts[i + 1]
+            i += 1
+        flags.setdefault(name, []).append(value if value is not None else "")
+        i += 1
+    return flags
+
+
+def _last(flags: Mapping[str, list[str]], *names: str) -> str | None:
+    # argparse keeps the last occurrence, so does the engine.
+    for name in names:
+        if name in flags:
+            return flags[name][-1]
+    return None
+
+
+def _flag_pairs(texts: list[str], source: str) -> list[tuple[str, str | None]]:
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(texts):
+        text = texts[i]
+        if not text.startswith("--"):
+            raise SpecError(source, f"'{text}' is not a --flag; pass flags as ('--flag', 'value')")
+        name, value = _split_flag(text)
+        if value is None and i + 1 < len(texts) and not texts[i + 1].startswith("--"):
+            value = texts[i + 1]
+            i += 1
+        pairs.append((name, value))
+        i += 1
+    return pairs
+
+
+def _replace_flag(
+    lists: dict[str, list[str]], tokens: Sequence[_Token], flag: str, value: str | None
+) -> bool:
+    """Give every occurrence of `flag` the new value in place; False if the flag is absent."""
+    found = False
+    for position, token in enumerate(tokens):
+        name, old_value = _split_flag(token.text)
+        if not token.text.startswith("--") or name != flag:
+            continue
+        found = True
+        if value is None:
+            continue  # a boolean flag that is already there
+        if old_value is not None:
+            original_name = token.text.partition("=")[0]
+            lists[token.list_name][token.index] = f"{original_name}={value}"
+        elif position + 1 < len(tokens) and not tokens[position + 1].text.startswith("--"):
+            following = tokens[position + 1]
+            lists[following.list_name][following.index] = value
+        else:  # `--flag` with its value missing: write it in `=` form
+            lists[token.list_name][token.index] = f"{token.text}={value}"
+    return found
+
+
+def _env_values(container: Mapping[str, Any]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        if isinstance(entry, Mapping) and "name" in entry:
+            # valueFrom entries have no literal value; record that they are set
+            values[str(entry["name"])] = str(entry.get("value", "<valueFrom>"))
+    return values
+
+
+def _rewrite_env(
+    env: Sequence[Mapping[str, Any]], changes: Mapping[str, str | None]
+) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for entry in env:
+        name = entry.get("name")
+        if name in changes:
+            seen.add(name)
+            if changes[name] is not None:
+                result.append({"name": name, "value": changes[name]})
+        else:
+            result.append(dict(entry))
+    result.extend(
+        {"name": name, "value": value}
+        for name, value in changes.items()
+        if name not in seen and value is not None
+    )
+    return result

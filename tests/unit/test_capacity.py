@@ -1,0 +1,242 @@
+"""kvgate.capacity: KV bytes per token from config.json, for GQA, MLA, hybrid and multimodal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgate.capacity import GIB, capacity_table, gib_to_bytes, kv_dtype_bytes, parse_kv_layout
+from kvgate.errors import ParseError, SpecError, UnsupportedError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((CONFIGS / name).read_text())
+
+
+# Published configs and the figures worked out by hand from their fields:
+# layers_with_kv x tensors (K,V = 2; MLA latent = 1) x kv_heads x head_dim x 2 bytes (BF16).
+LAYOUTS = [
+    # file, attention, layers, kv_layers, kv_heads, head_dim, bf16 bytes/token
+    ("qwen3-8b.json", "gqa", 36, 36, 8, 128, 36 * 2 * 8 * 128 * 2),
+    ("llama-3.1-8b.json", "gqa", 32, 32, 8, 128, 32 * 2 * 8 * 128 * 2),
+    ("deepseek-v3.json", "mla", 61, 61, 1, 512 + 64, 61 * 1 * 576 * 2),
+    ("qwen3-next-80b-a3b.json", "hybrid", 48, 12, 2, 256, 12 * 2 * 2 * 256 * 2),
+    ("gemma-3-27b-it.json", "gqa", 62, 62, 16, 128, 62 * 2 * 16 * 128 * 2),
+    ("gemma-3-4b-it.json", "gqa", 34, 34, 4, 256, 34 * 2 * 4 * 256 * 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "attention", "layers", "kv_layers", "kv_heads", "head_dim", "bf16"), LAYOUTS
+)
+def test_layout_of_published_configs(
+    name: str,
+    attention: str,
+    layers: int,
+    kv_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    bf16: int,
+) -> None:
+    layout = parse_kv_layout(load(name))
+    assert (layout.attention, layout.num_layers, layout.kv_layers) == (attention, layers, kv_layers)
+    assert (layout.kv_heads, layout.head_dim) == (kv_heads, head_dim)
+    assert layout.bytes_per_token("bf16") == bf16
+    assert layout.bytes_per_token("auto") == bf16
+    # one byte per element instead of two
+    assert layout.bytes_per_token("fp8") * 2 == bf16
+
+
+def test_qwen3_8b_reference_figures() -> None:
+    # GIVEN the Qwen3-8B config  THEN 144 KiB per token in BF16, half in FP8
+    layout = parse_kv_layout(load("qwen3-8b.json"))
+    assert layout.bytes_per_token("bf16") == 147_456 == 144 * 1024
+    assert layout.bytes_per_token("fp8") == 73_728
+    assert round(layout.tokens_per_gib("bf16")) == 7_282
+    assert round(layout.tokens_per_gib("fp8")) == 14_564
+
+
+def test_qwen3_next_keeps_kv_only_in_every_fourth_layer() -> None:
+    layout = parse_kv_layout(load("qwen3-next-80b-a3b.json"))
+    assert layout.kv_layer_indices == tuple(range(3, 48, 4))
+    assert "hybrid: 12 of 48 layers hold KV" in layout.notes[0]
+
+
+def test_gemma3_sliding_layers_hold_kv_and_are_noted() -> None:
+    layout = parse_kv_layout(load("gemma-3-27b-it.json"))
+    # every sixth layer is global, the other 52 slide over 1024 tokens
+    assert layout.sliding_window_layers == 52
+    assert layout.sliding_window == 1024
+    assert layout.architecture == "Gemma3ForConditionalGeneration"
+    assert any("52 of 62 KV layers use a sliding window of 1024 tokens" in n for n in layout.notes)
+
+
+def test_gemma3_4b_fills_head_counts_from_transformers_defaults() -> None:
+    layout = parse_kv_layout(load("gemma-3-4b-it.json"))
+    assert (
+        "text_config.num_attention_heads not in config.json: used the transformers default 8 "
+        "for model_type 'gemma3_text'"
+    ) in layout.notes
+
+
+def test_deepseek_mla_note_explains_the_latent() -> None:
+    layout = parse_kv_layout(load("deepseek-v3.json"))
+    assert layout.tensors_per_layer == 1
+    assert layout.notes[0].startswith("MLA: one latent of kv_lora_rank 512 + qk_rope_head_dim 64")
+
+
+BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512}
+
+HYBRID_RULES = [
+    # extra config fields, expected KV layer indices
+    ({"layer_types": ["linear_attention", "full_attention"] * 2}, (1, 3)),
+    ({"layers_block_type": ["mamba", "hybrid", "mamba", "mamba"]}, (1,)),
+    ({"hybrid_override_pattern": "M*-*"}, (1, 3)),
+    ({"attn_type_list": [0, 0, 1, 1]}, (2, 3)),
+    ({"attn_layer_indices": [0, 2]}, (0, 2)),
+    ({"attn_layer_period": 2, "attn_layer_offset": 1}, (1, 3)),
+    ({"full_attention_interval": 2}, (1, 3)),
+    ({"layer_types": ["sliding_attention", "full_attention"] * 2}, (0, 1, 2, 3)),
+    ({"sliding_window": 4096}, (0, 1, 2, 3)),
+]
+
+
+@pytest.mark.parametrize(("extra", "indices"), HYBRID_RULES)
+def test_layer_rules(extra: dict[str, Any], indices: tuple[int, ...]) -> None:
+    layout = parse_kv_layout({**BASE, **extra})
+    assert layout.kv_layer_indices == indices
+    assert layout.attention == ("hybrid" if len(indices) < 4 else "mha")
+
+
+def test_head_dim_from_hidden_size_and_mqa() -> None:
+    layout = parse_kv_layout({**BASE, "num_key_value_heads": 1})
+    assert (layout.head_dim, layout.attention) == (64, "mqa")
+    assert layout.bytes_per_token("fp16") == 4 * 2 * 1 * 64 * 2
+
+
+def test_missing_kv_heads_means_one_per_head() -> None:
+    layout = parse_kv_layout(BASE)
+    assert layout.kv_heads == 8
+    assert layout.notes == (
+        "num_key_value_heads not set: every one of the 8 heads has its own K/V",
+    )
+
+
+def test_pool_tokens_round_down_to_blocks() -> None:
+    layout = parse_kv_layout(load("qwen3-8b.json"))
+    # 1 GiB / 144 KiB = 7281.8 tokens -> 455 whole blocks of 16 tokens
+    assert layout.pool_tokens(GIB, "bf16") == 455 * 16
+    assert layout.pool_tokens(GIB, "bf16", block_size=1) == 7_281
+    assert layout.pool_tokens(0, "fp8") == 0
+
+
+def test_capacity_table() -> None:
+    layout = parse_kv_layout(load("qwen3-8b.json"))
+    table = capacity_table(layout, memory_bytes=gib_to_bytes(10.0))
+    assert table["bf16"]["kv_bytes_per_token"] == 147_456
+    # 10 GiB / 72 KiB = 145,635.6 tokens -> 9,102 blocks of 16
+    assert table["fp8"]["pool_tokens"] == 9_102 * 16
+
+
+@pytest.mark.parametrize(
+    ("dtype", "size"), [("auto", 2), ("BF16", 2), ("float16", 2), ("fp8_e5m2", 1), ("fp8", 1)]
+)
+def test_dtype_bytes(dtype: str, size: int) -> None:
+    assert kv_dtype_bytes(dtype) == size
+
+
+ERRORS = [
+    # config, error class, exact message
+    (
+        {"num_attention_heads": 8},
+        ParseError,
+        "config.json: field 'num_hidden_layers' is missing",
+    ),
+    (
+        {"text_config": {"num_hidden_layers": 2, "hidden_size": 64}},
+        ParseError,
+        "config.json: field 'text_config.num_attention_heads' is missing",
+    ),
+    (
+        {"num_hidden_layers": 2, "num_attention_heads": 8},
+        ParseError,
+        "config.json: field 'hidden_size' is missing",
+    ),
+    (
+        {**BASE, "num_key_value_heads": "8"},
+        ParseError,
+        "config.json: field 'num_key_value_heads' must be a positive integer, got '8'",
+    ),
+    (
+        {**BASE, "hidden_size": 100},
+        ParseError,
+        "config.json: field 'hidden_size' 100 is not a multiple of 'num_attention_heads' 8; "
+        "set 'head_dim'",
+    ),
+    (
+        {**BASE, "kv_lora_rank": 512},
+        ParseError,
+        "config.json: field 'qk_rope_head_dim' is missing",
+    ),
+    (
+        {**BASE, "layer_types": ["full_attention"]},
+        ParseError,
+        "config.json: field 'layer_types' must have one entry per layer (4), got 1",
+    ),
+    (
+        {**BASE, "layer_types": ["full_attention", "x", "mamba", "mamba"]},
+        UnsupportedError,
+        "config.json: field 'layer_types' has unknown layer type 'x' at index 1; known types: "
+        "attention, chunked_attention, conv, full_attention, global_attention, hybrid, "
+        "linear_attention, local_attention, mamba, mamba2, mlp, moe, recurrent, short_conv, "
+        "sliding_attention, sliding_window_attention, ssm",
+    ),
+    (
+        {**BASE, "layer_types": ["mamba"] * 4},
+        UnsupportedError,
+        "config.json: none of the 4 layers holds a KV cache; kvgate gates models with "
+        "attention layers",
+    ),
+    (
+        {**BASE, "model_type": "bert"},
+        UnsupportedError,
+        "config.json: model_type 'bert' has no decoder KV cache; kvgate gates decoder LLMs",
+    ),
+    (
+        {**BASE, "model_type": "t5"},
+        UnsupportedError,
+        "config.json: model_type 't5' is an encoder-decoder model; kvgate sizes decoder-only "
+        "KV caches",
+    ),
+    ([1, 2], ParseError, "config.json: expected a JSON object, got list"),
+]
+
+
+@pytest.mark.parametrize(("config", "error", "message"), ERRORS)
+def test_errors_name_the_field(config: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as caught:
+        parse_kv_layout(config)
+    assert str(caught.value) == message
+
+
+def test_unknown_dtype() -> None:
+    with pytest.raises(SpecError) as caught:
+        kv_dtype_bytes("int3")
+    assert str(caught.value) == (
+        "kv_cache_dtype: 'int3' is not a known KV cache dtype; use one of auto, bf16, "
+        "bfloat16, fp16, float16, half, fp8, fp8_e4m3, fp8_e5m2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("gib", "shown"), [(-1.0, "-1.0"), (float("nan"), "nan"), (float("inf"), "inf")]
+)
+def test_bad_memory_size(gib: float, shown: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        gib_to_bytes(gib)
+    assert str(caught.value) == f"gpu_memory_gib: {shown} is not a size in GiB; use a number >= 0"
