@@ -1,0 +1,253 @@
+"""Manifests the operator creates: canary Pods, the eval Job, the Deployment patch, the report.
+
+Builders are pure and deterministic: the same rollout gives the same names and bodies, so a
+handler that runs twice (operator restart, retry) creates nothing twice. Owner references are
+added by the handler (kopf.adopt), not here.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from kvgate import engines
+from kvgate.model import (
+    ANNOTATION_CONFIG_HASH,
+    LABEL_ARM,
+    LABEL_ATTEMPT,
+    LABEL_ROLLOUT,
+    RolloutSpec,
+)
+
+ARMS: Final = ("control", "candidate")
+MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}
+MAX_NAME: Final = 63  # pod names double as hostnames (DNS label)
+_SUFFIXES: Final = ("-candidate", "-control", "-report", "-eval-99")
+_LONGEST_SUFFIX: Final = max(len(s) for s in _SUFFIXES)
+
+
+def _base(rollout: str) -> str:
+    """The rollout name, shortened with a hash when a suffixed child name would exceed 63."""
+    room = MAX_NAME - _LONGEST_SUFFIX
+    if len(rollout) <= room:
+        return rollout
+    digest = hashlib.sha256(rollout.encode()).hexdigest()[:8]
+    return f"{rollout[: room - 9].rstrip('-.')}-{digest}"
+
+
+def canary_name(rollout: str, arm: str) -> str:
+    if arm not in ARMS:
+        raise ValueError(f"arm {arm!r} is not one of {', '.join(ARMS)}")
+    return f"{_base(rollout)}-{arm}"
+
+
+def eval_job_name(rollout: str, attempt: int) -> str:
+    if not 1 <= attempt <= 99:
+        raise ValueError(f"eval attempt {attempt} is outside [1, 99]")
+    return f"{_base(rollout)}-eval-{attempt}"
+
+
+def report_name(rollout: str) -> str:
+    return f"{_base(rollout)}-report"
+
+
+def child_labels(rollout: str, arm: str) -> dict[str, str]:
+    """Labels of every child: no production Service selects them."""
+    return {LABEL_ROLLOUT: rollout, LABEL_ARM: arm, **MANAGED_BY}
+
+
+def find_container(pod_spec: Mapping[str, Any], name: str | None) -> tuple[int, dict[str, Any]]:
+    """(index, container) of `name`, or of the only/first container when `name` is None."""
+    containers = list(pod_spec.get("containers") or [])
+    if not containers:
+        raise LookupError("the pod template has no containers")
+    if name is None:
+        return 0, dict(containers[0])
+    for i, c in enumerate(containers):
+        if c.get("name") == name:
+            return i, dict(c)
+    names = ", ".join(str(c.get("name")) for c in containers)
+    raise LookupError(f"container {name!r} not in the pod template (containers: {names})")
+
+
+def candidate_container(spec: RolloutSpec, container: Mapping[str, Any]) -> dict[str, Any]:
+    """The production container rewritten with the candidate dtype, args and env."""
+    return engines.rewrite_container(
+        container,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        extra_args=list(spec.extra_args),
+        extra_env={e.name: e.value for e in spec.extra_env} or None,
+    )
+
+
+def build_canary_pod(
+    *,
+    rollout: str,
+    namespace: str,
+    arm: str,
+    template: Mapping[str, Any],
+    container_index: int,
+    container: Mapping[str, Any],
+    config_hash: str,
+) -> dict[str, Any]:
+    """One arm's Pod from the Deployment's pod template with `container` at `container_index`.
+
+    The template's labels are replaced by kvgate's, so the production Services never route to
+    a canary. restartPolicy is Never: one crash is evidence enough, and its log stays readable.
+    """
+    pod_spec = copy.deepcopy(dict(template.get("spec") or {}))
+    containers = list(pod_spec.get("containers") or [])
+    containers[container_index] = copy.deepcopy(dict(container))
+    pod_spec["containers"] = containers
+    pod_spec["restartPolicy"] = "Never"
+    annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+    annotations[ANNOTATION_CONFIG_HASH] = config_hash
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": canary_name(rollout, arm),
+            "namespace": namespace,
+            "labels": child_labels(rollout, arm),
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def eval_command(
+    spec: RolloutSpec,
+    *,
+    control_url: str,
+    candidate_url: str,
+    model: str | None,
+    concurrency: int,
+) -> list[str]:
+    """`kvgate eval` against both arms, with the gate's statistics settings."""
+    acc = spec.accuracy
+    cmd = [
+        "kvgate",
+        "eval",
+        "--control-url",
+        control_url,
+        "--candidate-url",
+        candidate_url,
+        "--task",
+        acc.task,
+        "--limit",
+        str(acc.questions),
+        "--num-fewshot",
+        str(acc.few_shot),
+        "--margin",
+        f"{acc.margin_pp / 100:g}",
+        "--confidence",
+        f"{acc.confidence:g}",
+        "--concurrency",
+        str(concurrency),
+    ]
+    if acc.sequential:
+        cmd += ["--chunk", str(acc.chunk)]
+    if model:
+        cmd += ["--model", model]
+    return cmd
+
+
+def build_eval_job(
+    *,
+    rollout: str,
+    namespace: str,
+    attempt: int,
+    image: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    resources: Mapping[str, Any],
+    deadline_s: float,
+    config_hash: str,
+) -> dict[str, Any]:
+    """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log."""
+    labels = {**child_labels(rollout, "eval"), LABEL_ATTEMPT: str(attempt)}
+    container: dict[str, Any] = {
+        "name": "eval",
+        "image": image,
+        "command": list(command),
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+    }
+    if resources:
+        container["resources"] = copy.deepcopy(dict(resources))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": eval_job_name(rollout, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
+        },
+        "spec": {
+            "backoffLimit": 0,  # kvgate retries itself, with a fresh Job and a counted attempt
+            "activeDeadlineSeconds": max(int(deadline_s), 1),
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [container]},
+            },
+        },
+    }
+
+
+def build_container_patch(
+    index: int,
+    name: str,
+    current: Mapping[str, Any],
+    wanted: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """A JSON patch setting the container's command, args and env to `wanted`'s.
+
+    The first op tests the container name at `index`, so a Deployment edited meanwhile makes
+    the patch fail rather than change the wrong container. Missing keys in `wanted` are
+    removed, which makes the same function the revert.
+    """
+    base = f"/spec/template/spec/containers/{index}"
+    ops: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": name}]
+    for key in ("command", "args", "env"):
+        before, after = current.get(key), wanted.get(key)
+        if before == after:
+            continue
+        if after is None:
+            ops.append({"op": "remove", "path": f"{base}/{key}"})
+        else:
+            ops.append(
+                {
+                    "op": "add" if before is None else "replace",
+                    "path": f"{base}/{key}",
+                    "value": after,
+                }
+            )
+    return ops
+
+
+def container_config(container: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a container a rollout changes (kept in status for the revert)."""
+    return {k: copy.deepcopy(container[k]) for k in ("command", "args", "env") if k in container}
+
+
+def build_report_configmap(
+    *, rollout: str, namespace: str, files: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": report_name(rollout),
+            "namespace": namespace,
+            "labels": child_labels(rollout, "report"),
+        },
+        "data": dict(files),
+    }
+
+
+def status_json(rollout: Mapping[str, Any]) -> str:
+    """The rollout's status as pretty JSON, for the report ConfigMap."""
+    return json.dumps(rollout.get("status") or {}, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,850 @@
+"""Evidence in, decision out: the gates, `decide`, and the transition function `next_step`.
+
+Every gate turns its evidence into a `GateResult` (an `Outcome`, an event reason and a message).
+`decide` takes the worst outcome: any FAILED, ERROR or INCONCLUSIVE rolls back, listing every
+reason; missing evidence is ERROR or PENDING and never promotes (fail closed).
+`next_step` is the one state machine: given the spec, what status says and what the handler
+observed now, it returns the next phase, the actions to take, events and the requeue delay.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final
+
+from kvgate.model import (
+    AccuracyGate,
+    BackendGate,
+    CapacityGainGate,
+    CapacityGate,
+    GateMode,
+    Outcome,
+    Phase,
+    PromotionMode,
+    RolloutSpec,
+    ScalesGate,
+    SpeedGate,
+    worst,
+)
+
+# Gate names, as keys of `status.gates`.
+POOL: Final = "poolPressure"
+SCALES: Final = "scales"
+BACKEND: Final = "backend"
+CAPACITY_GAIN: Final = "capacityGain"
+ACCURACY: Final = "accuracy"
+SPEED: Final = "speed"
+CANARY: Final = "canary"
+GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
+
+MIN_DELAY_S: Final = 1.0
+MAX_DELAY_S: Final = 30.0
+
+
+class Decision(StrEnum):
+    PROMOTE = "Promote"
+    ROLL_BACK = "RollBack"
+    HOLD = "Hold"
+    NOT_NEEDED = "NotNeeded"
+
+
+class Action(StrEnum):
+    CREATE_CANARIES = "CreateCanaries"
+    DELETE_CANARIES = "DeleteCanaries"
+    CREATE_EVAL_JOB = "CreateEvalJob"
+    DELETE_EVAL_JOB = "DeleteEvalJob"
+    SNAPSHOT_SPEED = "SnapshotSpeed"
+    PATCH_DEPLOYMENT = "PatchDeployment"
+    REVERT_DEPLOYMENT = "RevertDeployment"
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    gate: str
+    outcome: Outcome
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"outcome": self.outcome.value, "reason": self.reason, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, gate: str, data: Mapping[str, Any]) -> GateResult:
+        try:
+            outcome = Outcome(data.get("outcome", "Error"))
+        except ValueError:
+            outcome = Outcome.ERROR  # unreadable status never promotes
+        return cls(gate, outcome, str(data.get("reason", "")), str(data.get("message", "")))
+
+
+# --- gates ------------------------------------------------------------------------------------
+
+
+def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
+    """Is the KV pool the limit? Room plus `require` means the change is not needed."""
+    if gate.mode is GateMode.OFF:
+        return GateResult(POOL, Outcome.SKIPPED, "GateOff", "pool pressure not checked (mode off)")
+    if pressured is True:
+        return GateResult(
+            POOL, Outcome.SUCCESSFUL, "PoolPressured", f"KV pool is the limit: {detail}"
+        )
+    if pressured is False:
+        if gate.mode is GateMode.REQUIRE:
+            return GateResult(
+                POOL,
+                Outcome.NOT_NEEDED,
+                "PoolHasRoom",
+                f"KV pool has room: {detail}; an FP8 KV cache buys nothing here",
+            )
+        return GateResult(POOL, Outcome.WARNING, "PoolHasRoom", f"KV pool has room: {detail}")
+    if gate.mode is GateMode.REQUIRE:
+        return GateResult(
+            POOL,
+            Outcome.ERROR,
+            "PoolPressureUnknown",
+            f"could not tell whether the KV pool is the limit: {detail}",
+        )
+    return GateResult(
+        POOL, Outcome.WARNING, "PoolPressureUnknown", f"pool pressure unknown: {detail}"
+    )
+
+
+def scale_warnings(scan: Mapping[str, Any] | None) -> list[str]:
+    """Texts of the KV-scale warnings in a log scan (`LogScan.to_dict()`)."""
+    if not scan:
+        return []
+    return [
+        str(f.get("text") or f.get("code"))
+        for f in scan.get("findings") or []
+        if "scale" in str(f.get("code", "")).lower()
+    ]
+
+
+def assess_scales(
+    gate: ScalesGate, checkpoint_has_scales: bool | None, candidate_scan: Mapping[str, Any] | None
+) -> GateResult:
+    """KV scales: from the checkpoint scan and the candidate's startup log.
+
+    A checkpoint with scales whose candidate still warns means the loader dropped them: that is
+    ScalesDropped, a separate and louder finding than ScalesMissing.
+    """
+    if gate.mode is GateMode.OFF:
+        return GateResult(SCALES, Outcome.SKIPPED, "GateOff", "KV scales not checked (mode off)")
+    warned = scale_warnings(candidate_scan)
+    bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    if checkpoint_has_scales is True and warned:
+        return GateResult(
+            SCALES,
+            bad,
+            "ScalesDropped",
+            f"checkpoint has KV scales but the candidate warns they were not used: {warned[0]}",
+        )
+    if checkpoint_has_scales is False or warned:
+        why = warned[0] if warned else "the checkpoint scan found no k/v scales"
+        return GateResult(
+            SCALES, bad, "ScalesMissing", f"no KV scales: FP8 KV uses scale 1.0 ({why})"
+        )
+    if candidate_scan is None:
+        if gate.mode is GateMode.REQUIRE:
+            return GateResult(
+                SCALES, Outcome.PENDING, "ScalesUnknown", "waiting for the candidate log"
+            )
+        return GateResult(SCALES, Outcome.PENDING, "ScalesUnknown", "waiting for the candidate log")
+    return GateResult(
+        SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "no KV-scale warning; scales used"
+    )
+
+
+def assess_backend(
+    gate: BackendGate,
+    control_scan: Mapping[str, Any] | None,
+    candidate_scan: Mapping[str, Any] | None,
+) -> GateResult:
+    """The candidate's attention backend: allowed, and whether it changed from the control's."""
+    if control_scan is None or candidate_scan is None:
+        return GateResult(
+            BACKEND, Outcome.PENDING, "BackendUnknown", "waiting for both startup logs"
+        )
+    control = control_scan.get("attention_backend")
+    candidate = candidate_scan.get("attention_backend")
+    if candidate is None:
+        return GateResult(
+            BACKEND,
+            Outcome.WARNING if not gate.allowed else Outcome.ERROR,
+            "BackendUnknown",
+            "the candidate's startup log names no attention backend",
+        )
+    if gate.allowed and candidate not in gate.allowed:
+        return GateResult(
+            BACKEND,
+            Outcome.FAILED,
+            "BackendNotAllowed",
+            f"candidate uses {candidate}, not one of {', '.join(gate.allowed)}",
+        )
+    if control is not None and control != candidate:
+        message = (
+            f"attention backend changed from {control} to {candidate}: "
+            "two things changed at once (KV dtype and kernel)"
+        )
+        outcome = Outcome.WARNING if gate.allow_fallback else Outcome.FAILED
+        return GateResult(BACKEND, outcome, "BackendChanged", message)
+    return GateResult(BACKEND, Outcome.SUCCESSFUL, "BackendUnchanged", f"both arms use {candidate}")
+
+
+def kv_tokens(scan: Mapping[str, Any] | None) -> int | None:
+    """KV tokens from a log scan's `capacity.kv_tokens`."""
+    if not scan:
+        return None
+    capacity = scan.get("capacity") or {}
+    value = capacity.get("kv_tokens") if isinstance(capacity, Mapping) else None
+    return int(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def assess_capacity_gain(
+    gate: CapacityGainGate, control_tokens: int | None, candidate_tokens: int | None
+) -> GateResult:
+    """Candidate KV tokens over control KV tokens against the minimum ratio."""
+    if control_tokens is None or candidate_tokens is None:
+        missing = "control" if control_tokens is None else "candidate"
+        return GateResult(
+            CAPACITY_GAIN,
+            Outcome.ERROR,
+            "CapacityUnknown",
+            f"the {missing} startup log gives no KV cache size",
+        )
+    ratio = candidate_tokens / control_tokens
+    detail = f"{candidate_tokens:,} / {control_tokens:,} KV tokens = {ratio:.2f}x"
+    if ratio < gate.min_ratio:
+        return GateResult(
+            CAPACITY_GAIN,
+            Outcome.FAILED,
+            "CapacityNotGained",
+            f"{detail}, below the minimum {gate.min_ratio:g}x",
+        )
+    return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, "CapacityGained", detail)
+
+
+def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> GateResult:
+    """The eval summary's verdict (pass / fail / inconclusive / error) as an outcome."""
+    if summary is None:
+        return GateResult(
+            ACCURACY, Outcome.PENDING, "AccuracyPending", "accuracy not evaluated yet"
+        )
+    verdict = summary.get("verdict")
+    detail = accuracy_detail(summary)
+    if verdict == "pass":
+        return GateResult(ACCURACY, Outcome.SUCCESSFUL, "AccuracyNonInferior", detail)
+    if verdict == "fail":
+        return GateResult(ACCURACY, Outcome.FAILED, "AccuracyRegressed", detail)
+    if verdict == "inconclusive":
+        needed = (summary.get("advice") or {}).get("questions_needed")
+        more = f"; about {needed} questions would decide" if needed else ""
+        return GateResult(ACCURACY, Outcome.INCONCLUSIVE, "AccuracyInconclusive", detail + more)
+    error = (
+        summary.get("error") or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
+    )
+    return GateResult(ACCURACY, Outcome.ERROR, "EvalError", str(error))
+
+
+def accuracy_detail(summary: Mapping[str, Any]) -> str:
+    """`control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (margin 2 pp, n=200)`."""
+    try:
+        c, k = summary["control"], summary["candidate"]
+        paired = summary.get("paired") or {}
+        diff = float(paired["difference"]) * 100
+        low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
+        margin = float(summary.get("margin", 0)) * 100
+        return (
+            f"control {float(c['accuracy']) * 100:.1f}% vs candidate {float(k['accuracy']) * 100:.1f}%, "
+            f"difference {diff:+.1f} pp [{low:+.1f}, {high:+.1f}] "
+            f"(margin {margin:g} pp, n={summary.get('questions_used')})"
+        )
+    except (KeyError, TypeError, ValueError):
+        return f"eval verdict {summary.get('verdict')!r}"
+
+
+def assess_speed(
+    gate: SpeedGate | None, control_tpot_s: float | None, candidate_tpot_s: float | None
+) -> GateResult:
+    """Candidate TPOT against control TPOT under the same load."""
+    if gate is None:
+        return GateResult(SPEED, Outcome.SKIPPED, "GateOff", "speed not checked")
+    if not control_tpot_s or candidate_tpot_s is None:
+        return GateResult(SPEED, Outcome.ERROR, "SpeedUnknown", "no TPOT from the engines' metrics")
+    regression = candidate_tpot_s / control_tpot_s - 1.0
+    detail = (
+        f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms "
+        f"({regression:+.0%}, limit +{gate.max_tpot_regression:.0%})"
+    )
+    if regression > gate.max_tpot_regression:
+        return GateResult(SPEED, Outcome.FAILED, "SpeedRegressed", detail)
+    return GateResult(SPEED, Outcome.SUCCESSFUL, "SpeedWithinLimit", detail)
+
+
+# --- decision ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    outcome: Outcome
+    reasons: tuple[GateResult, ...]  # the gates that decided, worst first
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision.value,
+            "outcome": self.outcome.value,
+            "reasons": [r.reason for r in self.reasons],
+            "message": self.message,
+        }
+
+
+def decide(
+    results: Sequence[GateResult],
+    *,
+    mode: PromotionMode,
+    config_hash: str,
+    approval: str | None,
+) -> Verdict:
+    """Promote, roll back, hold or not-needed from every gate result; fail closed.
+
+    Any blocking outcome rolls back and every blocking reason is listed. PENDING holds. A pass
+    in manual mode holds until the approval annotation equals `config_hash`, so an approval
+    given for another candidate never promotes this one.
+    """
+    if not results:
+        return Verdict(Decision.HOLD, Outcome.PENDING, (), "no evidence yet")
+    overall = worst(r.outcome for r in results)
+    ranked = sorted(results, key=lambda r: list(Outcome).index(r.outcome), reverse=True)
+    if overall.blocks:
+        blocking = tuple(r for r in ranked if r.outcome.blocks)
+        return Verdict(
+            Decision.ROLL_BACK, overall, blocking, "; ".join(r.message for r in blocking)
+        )
+    if overall is Outcome.NOT_NEEDED:
+        why = tuple(r for r in ranked if r.outcome is Outcome.NOT_NEEDED)
+        return Verdict(Decision.NOT_NEEDED, overall, why, "; ".join(r.message for r in why))
+    if overall is Outcome.PENDING:
+        waiting = tuple(r for r in ranked if r.outcome is Outcome.PENDING)
+        return Verdict(Decision.HOLD, overall, waiting, "; ".join(r.message for r in waiting))
+    warnings = tuple(r for r in ranked if r.outcome is Outcome.WARNING)
+    note = f" (warnings: {'; '.join(r.message for r in warnings)})" if warnings else ""
+    if mode is PromotionMode.MANUAL and approval != config_hash:
+        stale = f"; approval {approval!r} is for another config" if approval else ""
+        return Verdict(
+            Decision.HOLD,
+            overall,
+            warnings,
+            f"all gates passed; approve with annotation kvgate.io/approve={config_hash}{stale}{note}",
+        )
+    return Verdict(Decision.PROMOTE, overall, warnings, f"all gates passed{note}")
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodHealth:
+    exists: bool
+    ready: bool = False
+    crashed: bool = False
+    detail: str = ""
+    restarts: int = 0
+    ip: str | None = None
+
+
+_CRASH_WAITING: Final = frozenset(
+    {
+        "CrashLoopBackOff",
+        "Error",
+        "RunContainerError",
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+    }
+)
+
+
+def pod_health(pod: Mapping[str, Any] | None, container: str | None = None) -> PodHealth:
+    """Ready, crashed or starting, from a Pod object (dict form of the API object)."""
+    if pod is None:
+        return PodHealth(exists=False, detail="pod does not exist")
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    cs = next((s for s in statuses if container is None or s.get("name") == container), None)
+    ip = status.get("podIP")
+    if status.get("phase") == "Failed":
+        return PodHealth(True, crashed=True, detail=_terminated_detail(cs, status), ip=ip)
+    if status.get("phase") == "Succeeded":
+        return PodHealth(True, crashed=True, detail="engine exited (pod Succeeded)", ip=ip)
+    if cs is None:
+        return PodHealth(True, detail=f"pod {status.get('phase', 'Pending')}", ip=ip)
+    restarts = int(cs.get("restartCount") or 0)
+    state = cs.get("state") or {}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in _CRASH_WAITING:
+        detail = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+        return PodHealth(True, crashed=True, detail=detail, restarts=restarts, ip=ip)
+    if "terminated" in state:
+        return PodHealth(True, crashed=True, detail=_terminated_detail(cs, status), ip=ip)
+    if restarts > 0:
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        detail = f"restarted {restarts}x (last exit {last.get('exitCode', '?')})"
+        return PodHealth(True, crashed=True, detail=detail, restarts=restarts, ip=ip)
+    ready = bool(cs.get("ready")) and status.get("phase") == "Running"
+    return PodHealth(True, ready=ready, detail="ready" if ready else "starting", ip=ip)
+
+
+def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) -> str:
+    term = ((cs or {}).get("state") or {}).get("terminated") or {}
+    if term:
+        return f"exited with code {term.get('exitCode', '?')} ({term.get('reason', 'Error')})"
+    return f"pod {status.get('phase')}: {status.get('reason') or status.get('message') or 'failed'}"
+
+
+def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:
+    """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
+    for f in (scan or {}).get("findings") or []:
+        if str(f.get("severity", "")).lower() in ("error", "fatal", "critical"):
+            return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
+    return fallback, None
+
+
+# --- the transition function ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """What the status says: the phase, how long it has lasted, the gates so far."""
+
+    phase: Phase
+    phase_elapsed_s: float = 0.0
+    config_hash: str = ""
+    eval_attempts: int = 0
+    gates: Mapping[str, GateResult] = field(default_factory=dict)
+    approval: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the handler saw this time; only the fields of the current phase are filled."""
+
+    spec_errors: tuple[str, ...] = ()
+    target_problem: str | None = None  # Pending: why the Deployment/container/engine is unusable
+    target_missing: bool = False
+    conflicts: tuple[str, ...] = ()
+    dtype_problem: str | None = None
+    # Preflight
+    pool_samples: int = 0
+    pool_pressured: bool | None = None
+    pool_detail: str = ""
+    checkpoint_has_scales: bool | None = None
+    # Canary
+    control: PodHealth | None = None
+    candidate: PodHealth | None = None
+    control_scan: Mapping[str, Any] | None = None
+    candidate_scan: Mapping[str, Any] | None = None
+    # Evaluating
+    job_exists: bool = False
+    job_finished: bool = False
+    eval_summary: Mapping[str, Any] | None = None
+    eval_error: str | None = None
+    control_tpot_s: float | None = None
+    candidate_tpot_s: float | None = None
+    # Promoting / Verifying
+    rollout_done: bool = False
+    rollout_crashed: str | None = None
+    rollout_scan: Mapping[str, Any] | None = None
+    production_problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    phase: Phase
+    reason: str
+    message: str
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    gates: tuple[GateResult, ...] = ()
+    requeue_s: float | None = None
+    verdict: Verdict | None = None
+    eval_attempts: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase.terminal
+
+
+def _delay(seconds: float) -> float:
+    return min(max(seconds, MIN_DELAY_S), MAX_DELAY_S)
+
+
+def _end(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+    """A terminal step; canaries and the eval Job are no longer needed."""
+    actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
+    event = Event(reason, message, warning=phase in (Phase.ROLLED_BACK, Phase.FAILED))
+    events = (*kw.pop("events", ()), event)
+    return Step(phase, reason, message, actions=actions, events=events, **kw)
+
+
+def _event_for(result: GateResult) -> Event | None:
+    """Gate results worth an Event of their own (alerting matches the reason)."""
+    if result.reason in ("ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed"):
+        return Event(result.reason, result.message, warning=True)
+    return None
+
+
+def next_step(spec: RolloutSpec, state: State, obs: Observation, *, poll_s: float) -> Step:
+    """The one transition function: (spec, state, observation) -> next step."""
+    handler = _PHASES.get(state.phase)
+    if handler is None:  # terminal: nothing moves
+        return Step(state.phase, "Terminal", f"rollout is {state.phase.value}")
+    return handler(spec, state, obs, poll_s)
+
+
+def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.spec_errors:
+        return _end(Phase.FAILED, "InvalidSpec", "; ".join(obs.spec_errors))
+    if obs.target_missing:
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            return _end(
+                Phase.FAILED,
+                "TargetNotFound",
+                f"Deployment {spec.target.name} not found within "
+                f"{spec.canary.startup_timeout_s:g}s; create it, then the rollout",
+            )
+        return Step(
+            Phase.PENDING,
+            "WaitingForTarget",
+            f"waiting for Deployment {spec.target.name}",
+            requeue_s=_delay(poll_s),
+        )
+    if obs.target_problem:
+        return _end(Phase.FAILED, "InvalidTarget", obs.target_problem)
+    if obs.dtype_problem:
+        return _end(Phase.FAILED, "InvalidSpec", obs.dtype_problem)
+    if obs.conflicts:
+        return _end(
+            Phase.FAILED,
+            "RolloutConflict",
+            f"Deployment {spec.target.name} already has an active rollout: "
+            f"{', '.join(obs.conflicts)}; wait for it or delete it",
+        )
+    return Step(
+        Phase.PREFLIGHT,
+        "Preflight",
+        f"checking whether the KV pool of {spec.target.name} is the limit",
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    gate = spec.capacity
+    sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.window_s * 3
+    if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:
+        return Step(
+            Phase.PREFLIGHT,
+            "SamplingPool",
+            f"sampling pool pressure {obs.pool_samples}/{gate.samples}",
+            requeue_s=_delay(gate.interval_s),
+        )
+    pool = assess_pool(gate, obs.pool_pressured, obs.pool_detail or "no samples")
+    gates = [pool]
+    events: list[Event] = []
+    if pool.outcome is Outcome.NOT_NEEDED:
+        return _end(Phase.NOT_NEEDED, "PoolHasRoom", pool.message, gates=tuple(gates))
+    if pool.outcome.blocks:
+        return _end(Phase.FAILED, pool.reason, pool.message, gates=tuple(gates))
+    if pool.outcome is Outcome.WARNING:
+        events.append(Event(pool.reason, pool.message, warning=pool.reason != "PoolHasRoom"))
+    return Step(
+        Phase.CANARY,
+        "CanaryStarting",
+        "starting the control and candidate pods",
+        actions=(Action.CREATE_CANARIES,),
+        events=tuple(events),
+        gates=tuple(gates),
+        requeue_s=_delay(poll_s),
+    )
+
+
+def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    control = obs.control or PodHealth(False)
+    candidate = obs.candidate or PodHealth(False)
+    for arm, health, scan in (
+        ("candidate", candidate, obs.candidate_scan),
+        ("control", control, obs.control_scan),
+    ):
+        if health.crashed:
+            what, remedy = crash_summary(scan, health.detail)
+            message = f"{arm} pod crashed: {what}"
+            if remedy:
+                message += f"; remedy: {remedy}"
+            gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", message)
+            return _end(
+                Phase.ROLLED_BACK,
+                "CanaryCrashed",
+                message,
+                gates=(gate,),
+                events=(Event("CanaryCrashed", message, warning=True),),
+            )
+    if not (control.ready and candidate.ready):
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            waiting = [
+                a for a, h in (("control", control), ("candidate", candidate)) if not h.ready
+            ]
+            message = (
+                f"{' and '.join(waiting)} not Ready within {spec.canary.startup_timeout_s:g}s "
+                f"({candidate.detail if not candidate.ready else control.detail})"
+            )
+            gate = GateResult(CANARY, Outcome.ERROR, "CanaryTimeout", message)
+            return _end(Phase.ROLLED_BACK, "CanaryTimeout", message, gates=(gate,))
+        missing = not (control.exists and candidate.exists)
+        return Step(
+            Phase.CANARY,
+            "WaitingForCanary",
+            f"waiting for canary pods Ready ({int(state.phase_elapsed_s)}/"
+            f"{int(spec.canary.startup_timeout_s)} s): control {control.detail}, "
+            f"candidate {candidate.detail}",
+            actions=(Action.CREATE_CANARIES,) if missing else (),
+            requeue_s=_delay(poll_s),
+        )
+    if obs.control_scan is None or obs.candidate_scan is None:
+        return Step(Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=_delay(poll_s))
+    healthy = GateResult(CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", "both arms Ready")
+    gates = (
+        healthy,
+        assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
+        assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
+        assess_capacity_gain(
+            spec.capacity_gain, kv_tokens(obs.control_scan), kv_tokens(obs.candidate_scan)
+        ),
+    )
+    events = tuple(e for e in (_event_for(g) for g in gates) if e is not None)
+    early = decide(gates, mode=PromotionMode.AUTO, config_hash="", approval="")
+    if early.decision is Decision.ROLL_BACK:
+        reason = early.reasons[0].reason
+        return _end(
+            Phase.ROLLED_BACK, reason, early.message, gates=gates, events=events, verdict=early
+        )
+    return Step(
+        Phase.EVALUATING,
+        "Evaluating",
+        f"running the paired {spec.accuracy.task} eval ({spec.accuracy.questions} questions)",
+        actions=(Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB),
+        events=events,
+        gates=gates,
+        requeue_s=_delay(poll_s),
+        eval_attempts=1,
+    )
+
+
+def _arm_lost(obs: Observation) -> str | None:
+    for arm, health in (("control", obs.control), ("candidate", obs.candidate)):
+        if health is not None and (health.crashed or not health.exists):
+            return f"{arm} pod {'crashed' if health.crashed else 'disappeared'}: {health.detail}"
+    return None
+
+
+def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    lost = _arm_lost(obs)
+    if lost is not None:
+        gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", lost)
+        return _end(Phase.ROLLED_BACK, "CanaryCrashed", lost, gates=(gate,))
+    timed_out = state.phase_elapsed_s >= spec.canary.eval_timeout_s
+    error = obs.eval_error
+    if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
+        error = str(obs.eval_summary.get("error") or "eval reported an error")
+    if error is None and timed_out:
+        error = f"eval did not finish within {spec.canary.eval_timeout_s:g}s"
+    if error is not None:
+        # An eval that errors is not a failed eval: retry within the limit.
+        if state.eval_attempts <= spec.canary.eval_retries and not timed_out:
+            attempt = state.eval_attempts + 1
+            return Step(
+                Phase.EVALUATING,
+                "EvalRetry",
+                f"eval attempt {state.eval_attempts} errored ({error}); starting attempt {attempt}",
+                actions=(Action.CREATE_EVAL_JOB,),
+                events=(Event("EvalError", error, warning=True),),
+                requeue_s=_delay(poll_s),
+                eval_attempts=attempt,
+            )
+        gate = GateResult(ACCURACY, Outcome.ERROR, "EvalError", error)
+        message = f"eval failed {state.eval_attempts} time(s), last: {error}"
+        return _end(Phase.ROLLED_BACK, "EvalError", message, gates=(gate,))
+    if obs.eval_summary is None:
+        return Step(
+            Phase.EVALUATING,
+            "Evaluating",
+            f"eval attempt {state.eval_attempts} running",
+            actions=() if obs.job_exists else (Action.CREATE_EVAL_JOB,),
+            requeue_s=_delay(poll_s),
+        )
+    accuracy = assess_accuracy(spec.accuracy, obs.eval_summary)
+    speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s)
+    results = (*[g for g in state.gates.values() if g.gate != ACCURACY], accuracy, speed)
+    verdict = decide(
+        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
+    )
+    gates = (accuracy, speed)
+    if verdict.decision is Decision.ROLL_BACK:
+        return _end(
+            Phase.ROLLED_BACK,
+            verdict.reasons[0].reason,
+            verdict.message,
+            gates=gates,
+            verdict=verdict,
+        )
+    return _after_verdict(spec, state, verdict, gates)
+
+
+def _after_verdict(
+    spec: RolloutSpec, state: State, verdict: Verdict, gates: tuple[GateResult, ...]
+) -> Step:
+    if spec.promotion.mode is PromotionMode.REPORT:
+        message = (
+            f"verdict: promote ({verdict.message}); report mode: the Deployment is not changed"
+        )
+        return Step(
+            Phase.AWAITING_APPROVAL,
+            "VerdictReported",
+            message,
+            actions=(Action.DELETE_CANARIES,),
+            events=(Event("VerdictReported", message),),
+            gates=gates,
+            verdict=verdict,
+        )
+    if verdict.decision is Decision.HOLD:
+        return Step(
+            Phase.AWAITING_APPROVAL,
+            "AwaitingApproval",
+            verdict.message,
+            actions=(Action.DELETE_CANARIES,),
+            gates=gates,
+            verdict=verdict,
+            requeue_s=MAX_DELAY_S / 3,
+        )
+    return Step(
+        Phase.PROMOTING,
+        "Promoting",
+        f"patching Deployment {spec.target.name}",
+        actions=(Action.DELETE_CANARIES, Action.PATCH_DEPLOYMENT),
+        gates=gates,
+        verdict=verdict,
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if spec.promotion.mode is PromotionMode.REPORT:
+        return Step(Phase.AWAITING_APPROVAL, "VerdictReported", "verdict reported")
+    verdict = decide(
+        tuple(state.gates.values()),
+        mode=spec.promotion.mode,
+        config_hash=state.config_hash,
+        approval=state.approval,
+    )
+    if verdict.decision is Decision.PROMOTE:
+        step = _after_verdict(spec, state, verdict, ())
+        return replace(
+            step, events=(Event("Approved", f"approved for config {state.config_hash}"),)
+        )
+    if verdict.decision is Decision.ROLL_BACK:
+        return _end(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message, verdict=verdict)
+    return Step(
+        Phase.AWAITING_APPROVAL, "AwaitingApproval", verdict.message, requeue_s=MAX_DELAY_S / 3
+    )
+
+
+def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.rollout_crashed:
+        message = f"promotion reverted: new pods failed: {obs.rollout_crashed}"
+        return _end(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            message,
+            actions=(Action.REVERT_DEPLOYMENT,),
+        )
+    if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+        message = f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s"
+        return _end(
+            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        )
+    if not obs.rollout_done or obs.rollout_scan is None:
+        return Step(
+            Phase.PROMOTING,
+            "RollingOut",
+            f"waiting for Deployment {spec.target.name} to roll out",
+            actions=(Action.PATCH_DEPLOYMENT,),  # idempotent: survives a restart mid-patch
+            requeue_s=_delay(poll_s),
+        )
+    problems = [
+        g
+        for g in (
+            assess_backend(spec.backend, obs.control_scan, obs.rollout_scan)
+            if obs.control_scan is not None
+            else None,
+        )
+        if g is not None and g.outcome.blocks
+    ]
+    if obs.rollout_scan.get("failed"):
+        what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
+        problems.append(GateResult(CANARY, Outcome.FAILED, "PromotionFailed", what))
+    if problems:
+        message = "promotion reverted: " + "; ".join(p.message for p in problems)
+        return _end(
+            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        )
+    return Step(
+        Phase.VERIFYING,
+        "Verifying",
+        f"new pods ready; watching production for {spec.promotion.verify_window_s:g}s",
+        requeue_s=_delay(min(poll_s, spec.promotion.verify_window_s or poll_s)),
+    )
+
+
+def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.production_problem:
+        message = f"promotion reverted during verification: {obs.production_problem}"
+        return _end(
+            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        )
+    if state.phase_elapsed_s >= spec.promotion.verify_window_s:
+        return _end(
+            Phase.PROMOTED,
+            "Promoted",
+            f"Deployment {spec.target.name} runs --kv-cache-dtype {spec.kv_cache_dtype}; "
+            f"verified for {spec.promotion.verify_window_s:g}s",
+        )
+    left = spec.promotion.verify_window_s - state.phase_elapsed_s
+    return Step(
+        Phase.VERIFYING,
+        "Verifying",
+        f"verifying production ({int(left)} s left)",
+        requeue_s=_delay(min(poll_s, left)),
+    )
+
+
+_PHASES: Final = {
+    Phase.PENDING: _pending,
+    Phase.PREFLIGHT: _preflight,
+    Phase.CANARY: _canary,
+    Phase.EVALUATING: _evaluating,
+    Phase.AWAITING_APPROVAL: _awaiting,
+    Phase.PROMOTING: _promoting,
+    Phase.VERIFYING: _verifying,
+}
