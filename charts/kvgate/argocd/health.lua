@@ -1,0 +1,79 @@
+-- Argo CD health check for kvgate.io/KVCacheRollout.
+-- Install as resource.customizations.health.kvgate.io_KVCacheRollout in argocd-cm
+-- (see charts/kvgate/README.md). Written for Lua 5.1 (Argo CD runs gopher-lua).
+--
+--   Healthy      Promoted, NotNeeded; in report mode any verdict (nothing was changed)
+--   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec)
+--   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>)
+--   Progressing  every other phase, and until the operator has seen the latest spec
+local hs = {}
+
+local function condition(status, ctype)
+  if status.conditions == nil then
+    return nil
+  end
+  for _, c in ipairs(status.conditions) do
+    if c.type == ctype then
+      return c
+    end
+  end
+  return nil
+end
+
+local function describe(status, fallback)
+  if status.message ~= nil and status.message ~= "" then
+    return status.message
+  end
+  return fallback
+end
+
+local status = obj.status
+if status == nil or status.phase == nil or status.phase == "" then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the kvgate operator to pick up the rollout"
+  return hs
+end
+
+local generation = obj.metadata and obj.metadata.generation
+if generation ~= nil and status.observedGeneration ~= nil and status.observedGeneration < generation then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
+  return hs
+end
+
+local stalled = condition(status, "Stalled")
+if stalled ~= nil and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = (stalled.reason or "Stalled") .. ": " .. (stalled.message or "")
+  return hs
+end
+
+local phase = status.phase
+local mode = "auto"
+if obj.spec ~= nil and obj.spec.promotion ~= nil and obj.spec.promotion.mode ~= nil then
+  mode = obj.spec.promotion.mode
+end
+
+-- Report mode never touches the Deployment: a verdict, even "no", is a healthy result.
+if mode == "report" and (phase == "Promoted" or phase == "RolledBack" or phase == "NotNeeded") then
+  hs.status = "Healthy"
+  hs.message = "Report: " .. describe(status, phase)
+  return hs
+end
+
+if phase == "Promoted" or phase == "NotNeeded" then
+  hs.status = "Healthy"
+elseif phase == "RolledBack" or phase == "Failed" then
+  hs.status = "Degraded"
+elseif phase == "AwaitingApproval" then
+  hs.status = "Suspended"
+else
+  hs.status = "Progressing"
+end
+local text = describe(status, "")
+if text == "" then
+  hs.message = phase
+else
+  hs.message = phase .. ": " .. text
+end
+return hs

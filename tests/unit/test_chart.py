@@ -1,0 +1,263 @@
+"""charts/kvgate: lint, render and read back what the chart would install.
+
+Uses the helm binary that hack/build-binaries.sh builds (~/.cache/kvgate/bin/<version>/helm),
+or one on PATH. Without helm these tests skip, except under CI=true where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts/kvgate"
+CRD = "kvgate.io_kvcacherollouts.yaml"
+
+
+def find_helm() -> str | None:
+    cache = Path(
+        os.environ.get("KVGATE_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvgate"
+    )
+    found = sorted(cache.glob("bin/*/helm"), reverse=True)
+    if found:
+        return str(found[0])
+    return shutil.which("helm")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    path = find_helm()
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("helm is missing: run hack/build-binaries.sh")
+        pytest.skip("helm is not built yet (hack/build-binaries.sh puts it in ~/.cache/kvgate/bin)")
+    return path
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    # A private HOME so helm neither reads nor writes the user's helm config.
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": "/tmp/kvgate-helm/cache",
+        "HELM_CONFIG_HOME": "/tmp/kvgate-helm/config",
+        "HELM_DATA_HOME": "/tmp/kvgate-helm/data",
+    }
+    return subprocess.run(
+        [helm, *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+
+
+def render(helm: str, *sets: str, namespace: str = "kvgate-system") -> list[dict[str, Any]]:
+    args = ["template", "kvgate", str(CHART), "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, [(d["kind"], d["metadata"]["name"]) for d in docs]
+    return found[0]
+
+
+def grants(rules: list[dict[str, Any]]) -> Iterator[tuple[str, str, str]]:
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                for verb in rule["verbs"]:
+                    yield group, res, verb
+
+
+# What the operator needs in every namespace it watches: exactly this, no wildcards.
+NAMESPACED = {
+    *(("kvgate.io", "kvcacherollouts", v) for v in ("get", "list", "watch", "patch", "update")),
+    *(("kvgate.io", "kvcacherollouts/status", v) for v in ("get", "patch", "update")),
+    ("kvgate.io", "kvcacherollouts/finalizers", "update"),
+    *(("apps", "deployments", v) for v in ("get", "list", "watch", "patch")),
+    *(("", "pods", v) for v in ("create", "get", "list", "watch", "delete")),
+    ("", "pods/log", "get"),
+    *(("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")),
+    *(
+        ("", "configmaps", v)
+        for v in ("create", "get", "list", "watch", "patch", "update", "delete")
+    ),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    ("", "secrets", "get"),
+}
+CLUSTER = {
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    ("", "namespaces", "list"),
+    ("", "namespaces", "watch"),
+}
+
+
+def test_chart_crd_is_the_operator_crd() -> None:
+    assert (CHART / "crds" / CRD).read_bytes() == (ROOT / "crds" / CRD).read_bytes(), (
+        f"cp crds/{CRD} charts/kvgate/crds/"
+    )
+
+
+def test_values_schema_is_json() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
+
+
+def test_lint_passes(helm: str) -> None:
+    for sets in (
+        [],
+        ["watch.allNamespaces=false", "watch.namespaces={a,b}"],
+        ["metrics.serviceMonitor.enabled=true", "prometheusRule.enabled=true"],
+    ):
+        args = ["lint", "--strict", str(CHART)]
+        for s in sets:
+            args += ["--set", s]
+        proc = run_helm(helm, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "0 chart(s) failed" in proc.stdout
+
+
+def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
+    docs = render(helm)
+    dep = one(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["command"] == ["kvgate"]
+    assert c["args"][:3] == ["run", "--all-namespaces", "--standalone"]
+    assert "--liveness=http://$(POD_IP):8080/healthz" in c["args"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["KVGATE_METRICS_PORT"] == "9090"
+    assert env["KVGATE_EVAL_IMAGE"] == "ghcr.io/kvgate/kvgate-eval:0.1.0"
+    assert "KVGATE_GSM8K_DIR" not in env
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
+    svc = one(docs, "Service")
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule", "Role")]
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: str) -> None:
+    docs = render(helm)
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    assert set(roles) == {"kvgate", "kvgate-discovery"}
+    assert set(grants(roles["kvgate"]["rules"])) == NAMESPACED
+    assert set(grants(roles["kvgate-discovery"]["rules"])) == CLUSTER
+    for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kvgate", "namespace": "kvgate-system"}
+        ]
+
+
+def test_namespace_list_gets_roles_only_there(helm: str) -> None:
+    docs = render(helm, "watch.allNamespaces=false", "watch.namespaces={team-a,team-b,team-a}")
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert set(grants(role["rules"])) == NAMESPACED
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert set(grants(cluster_role["rules"])) == CLUSTER
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["run", "--namespace=team-a", "--namespace=team-b", "--standalone"]
+    assert "--all-namespaces" not in args
+
+
+def test_secrets_grant_can_be_turned_off(helm: str) -> None:
+    role = one(render(helm, "rbac.readSecrets=false"), "ClusterRole", "kvgate")
+    assert set(grants(role["rules"])) == NAMESPACED - {("", "secrets", "get")}
+
+
+def test_empty_namespace_list_is_refused(helm: str) -> None:
+    proc = run_helm(helm, "template", "kvgate", str(CHART), "--set", "watch.allNamespaces=false")
+    assert proc.returncode != 0
+    assert "namespaces" in proc.stderr
+
+
+def test_schema_rejects_a_misspelt_value(helm: str) -> None:
+    proc = run_helm(helm, "template", "kvgate", str(CHART), "--set", "watch.allNamespace=false")
+    assert proc.returncode != 0
+    assert "allNamespace" in proc.stderr
+
+
+def test_operator_config_becomes_env(helm: str) -> None:
+    docs = render(
+        helm,
+        "config.gsm8kDir=/data/gsm8k",
+        "config.hubOffline=true",
+        "metrics.enabled=false",
+        "image.digest=sha256:" + "a" * 64,
+    )
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KVGATE_GSM8K_DIR"] == "/data/gsm8k"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["KVGATE_METRICS_PORT"] == "0"
+    assert c["image"] == "ghcr.io/kvgate/kvgate@sha256:" + "a" * 64
+    assert [p["name"] for p in c["ports"]] == ["health"]
+    assert not [d for d in docs if d["kind"] == "Service"]
+
+
+def test_monitoring_objects_and_alert_rules(helm: str) -> None:
+    docs = render(helm, "metrics.serviceMonitor.enabled=true", "prometheusRule.enabled=true")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    svc_labels = one(docs, "Service")["metadata"]["labels"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc_labels.items()
+    rules = {
+        r["alert"]: r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]
+    }
+    assert set(rules) == {
+        "KVGateRolloutRolledBack",
+        "KVGateRolloutFailed",
+        "KVGateRolloutStuck",
+        "KVGateApprovalPending",
+        "KVGateOperatorDown",
+    }
+    rollback = rules["KVGateRolloutRolledBack"]
+    assert rollback["expr"] == (
+        "sum by (namespace, name, reason) (increase(kvgate_rollbacks_total[15m])) > 0"
+    )
+    # Prometheus templates survive helm's own templating.
+    assert "{{ $labels.reason }}" in rollback["annotations"]["summary"]
+    assert "kvgate_rollout_phase_timestamp_seconds" in rules["KVGateRolloutStuck"]["expr"]
+    assert rules["KVGateRolloutStuck"]["expr"].endswith("> 3600")
+    assert rules["KVGateOperatorDown"]["expr"] == 'up{service="kvgate-metrics"} == 0'
+
+
+def test_notes_render(helm: str) -> None:
+    proc = run_helm(helm, "install", "kvgate", str(CHART), "--dry-run=client", "--namespace", "x")
+    # A client dry-run needs no cluster but still renders NOTES.txt.
+    assert proc.returncode == 0, proc.stderr
+    assert "kubectl wait kvr/<name> --for=condition=Ready" in proc.stdout
