@@ -81,7 +81,7 @@ def test_each_phase_maps_to_a_health_status(health: Any, phase: str) -> None:
     assert message == f"{phase}: now {phase}"
 
 
-@pytest.mark.parametrize("phase", ["Promoted", "RolledBack", "NotNeeded"])
+@pytest.mark.parametrize("phase", ["AwaitingApproval", "RolledBack", "NotNeeded", "Promoted"])
 def test_report_mode_verdicts_are_healthy(health: Any, phase: str) -> None:
     status, message = health(rollout(phase, mode="report", message="gate says no"))
     assert (status, message) == ("Healthy", "Report: gate says no")

@@ -2,7 +2,8 @@
 -- Install as resource.customizations.health.kvgate.io_KVCacheRollout in argocd-cm
 -- (see charts/kvgate/README.md). Written for Lua 5.1 (Argo CD runs gopher-lua).
 --
---   Healthy      Promoted, NotNeeded; in report mode any verdict (nothing was changed)
+--   Healthy      Promoted, NotNeeded; in report mode any verdict, pass (AwaitingApproval
+--                with reason VerdictReported) or no (RolledBack): nothing was changed
 --   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec)
 --   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>)
 --   Progressing  every other phase, and until the operator has seen the latest spec
@@ -55,7 +56,9 @@ if obj.spec ~= nil and obj.spec.promotion ~= nil and obj.spec.promotion.mode ~= 
 end
 
 -- Report mode never touches the Deployment: a verdict, even "no", is a healthy result.
-if mode == "report" and (phase == "Promoted" or phase == "RolledBack" or phase == "NotNeeded") then
+-- A passing verdict parks in AwaitingApproval (reason VerdictReported) and waits for no one.
+local verdict_phase = phase == "AwaitingApproval" or phase == "RolledBack" or phase == "NotNeeded" or phase == "Promoted"
+if mode == "report" and verdict_phase then
   hs.status = "Healthy"
   hs.message = "Report: " .. describe(status, phase)
   return hs
