@@ -521,3 +521,25 @@ def _crossing(
 ) -> float:
     """P(continue until look k-1, then cross z = cz at look k) under H0, minus `minus`."""
     return float(np.dot(mass, ndtr((grid - cz * sqrt_t) / sd))) - minus
+
+
+def tango_statistics(
+    n: np.ndarray, losses: np.ndarray, wins: np.ndarray, delta0: float
+) -> np.ndarray:
+    """Vectorised `tango_statistic` over arrays of (n, b, c), for simulations."""
+    n = np.asarray(n, dtype=float)
+    b = np.asarray(losses, dtype=float)
+    c = np.asarray(wins, dtype=float)
+    qa = 2.0 * n
+    qb = -c - b + (2.0 * n - c + b) * delta0
+    qc = -b * delta0 * (1.0 - delta0)
+    disc = np.sqrt(np.maximum(0.0, qb * qb - 4.0 * qa * qc))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(qb <= 0, (disc - qb) / (2.0 * qa), (-2.0 * qc) / (qb + disc))
+        q = np.nan_to_num(q, nan=0.0)
+        numerator = c - b - n * delta0
+        variance = n * (2.0 * q + delta0 * (1.0 - delta0))
+        t = numerator / np.sqrt(np.where(variance > 0, variance, np.nan))
+    degenerate = np.copysign(np.inf, numerator)
+    degenerate = np.where(numerator == 0, 0.0, degenerate)
+    return np.where(variance > 0, t, degenerate)

@@ -1,0 +1,168 @@
+"""`kvgate eval`: the paired GSM8K accuracy job (control vs candidate endpoint)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.gate import (
+    DEFAULT_CHUNK,
+    EXIT_CODES,
+    Verdict,
+    build_summary,
+    plan_gate,
+)
+from kvgate.evaluation.records import FILTERS, QuestionRecord
+from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
+
+HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
+    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument("--model", help="served model name (both arms)")
+    parser.add_argument("--control-model", help="served model name of the control arm")
+    parser.add_argument("--candidate-model", help="served model name of the candidate arm")
+    parser.add_argument("--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k")
+    parser.add_argument(
+        "--api",
+        choices=("completions", "chat"),
+        default="completions",
+        help="lm-eval local-completions (default) or local-chat-completions",
+    )
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="apply the server's chat template (implies --api chat)",
+    )
+    parser.add_argument("--filter", choices=FILTERS, default="strict-match", dest="filt")
+    parser.add_argument("--limit", type=int, help="questions at most (default: the test split)")
+    parser.add_argument("--num-fewshot", type=int)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--concurrency", type=int, default=8, help="lm-eval num_concurrent")
+    parser.add_argument("--max-gen-toks", type=int, default=512)
+    parser.add_argument("--max-retries", type=int, default=3, help="attempts per request")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
+    parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)
+    parser.add_argument("--sequential", action="store_true", help="look every --chunk questions")
+    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="questions per look")
+    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
+    parser.add_argument("--output", help="per-question JSONL file")
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+
+
+def _positive(value: int | float | None, field: str) -> None:
+    if value is not None and value <= 0:
+        raise SpecError(field, f"{value} is not positive")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.evaluation.job import run_gate
+    from kvgate.evaluation.runner import (
+        Arm,
+        EvalSettings,
+        LmEvalRunner,
+        count_test_questions,
+        health_check,
+        resolve_data_dir,
+    )
+
+    for field in ("limit", "concurrency", "max_gen_toks", "max_retries", "timeout", "chunk"):
+        _positive(getattr(args, field), "--" + field.replace("_", "-"))
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
+    control_model = args.control_model or args.model
+    candidate_model = args.candidate_model or args.model
+    if not control_model or not candidate_model:
+        raise SpecError("--model", "missing; give the served model name (or per-arm names)")
+    data_dir = resolve_data_dir(args.data_dir, os.environ)
+    settings = EvalSettings(
+        task=args.task,
+        chat=args.api == "chat" or args.chat_template,
+        num_fewshot=args.num_fewshot,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        max_gen_toks=args.max_gen_toks,
+        max_retries=args.max_retries,
+        timeout=args.timeout,
+        data_dir=data_dir,
+    )
+    total = count_test_questions(data_dir)
+    if args.limit is not None:
+        total = min(total, args.limit)
+    plan = plan_gate(
+        total,
+        chunk=args.chunk if args.sequential else None,
+        margin=args.margin,
+        confidence=args.confidence,
+    )
+    arms = [
+        Arm("control", args.control_url, control_model),
+        Arm("candidate", args.candidate_url, candidate_model),
+    ]
+    extra: dict[str, Any] = {
+        "filter": args.filt,
+        "settings": settings.to_dict(),
+        "plan": plan.to_dict(),
+        "arms": {a.name: a.to_dict() for a in arms},
+    }
+    output: IO[str] | None = None
+    try:
+        if args.output:
+            try:
+                output = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise SpecError("--output", f"cannot write {args.output}: {exc.strerror}") from exc
+        try:
+            for arm in arms:
+                health_check(arm)
+            with tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir:
+                runner = LmEvalRunner(settings, arms, Path(workdir))
+                summary = run_gate(
+                    plan,
+                    runner,
+                    task=args.task,
+                    filt=args.filt,
+                    emit=_emit,
+                    keep=_keeper(output),
+                    extra=extra,
+                )
+        except EvalError as exc:
+            summary = build_summary(
+                plan=plan,
+                task=args.task,
+                verdict=Verdict.ERROR,
+                counts=None,
+                looks_taken=0,
+                error=str(exc),
+                extra=extra,
+            )
+    finally:
+        if output is not None:
+            output.close()
+    if args.output:
+        summary["output"] = args.output
+    _emit(summary)
+    return EXIT_CODES[Verdict(summary["verdict"])]
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _keeper(output: IO[str] | None) -> Any:
+    def keep(record: QuestionRecord) -> None:
+        if output is not None:
+            output.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+            output.flush()
+
+    return keep

@@ -1,0 +1,75 @@
+"""The accuracy job's loop: evaluate each look's chunk on both arms, pair, decide, report.
+
+Takes any runner with `run(arm_name, doc_ids) -> {doc_id: ArmAnswer}` (lm-eval in production,
+a fake in unit tests), so the loop itself does no I/O beyond the callbacks it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from kvgate.errors import EvalError
+from kvgate.evaluation.gate import (
+    GatePlan,
+    Verdict,
+    assess_look,
+    build_summary,
+    progress_line,
+)
+from kvgate.evaluation.records import ArmAnswer, QuestionRecord, count_pairs, pair_answers
+from kvgate.stats import PairedCounts
+
+
+class ArmRunner(Protocol):
+    def run(self, arm_name: str, doc_ids: Sequence[int]) -> Mapping[int, ArmAnswer]: ...
+
+
+def run_gate(
+    plan: GatePlan,
+    runner: ArmRunner,
+    *,
+    task: str,
+    filt: str,
+    emit: Callable[[dict[str, Any]], None],
+    keep: Callable[[QuestionRecord], None],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the planned looks until the gate decides; returns the summary (never raises EvalError)."""
+    counts = PairedCounts(0, 0, 0, 0)
+    looks_taken = 0
+    start = 0
+    try:
+        for k, end in enumerate(plan.looks):
+            doc_ids = list(range(start, end))
+            # Alternate which arm goes first so neither always meets a warmer server.
+            order = ("control", "candidate") if k % 2 == 0 else ("candidate", "control")
+            answers = {name: runner.run(name, doc_ids) for name in order}
+            records = pair_answers(answers["control"], answers["candidate"], doc_ids, filt, k + 1)
+            for record in records:
+                keep(record)
+            counts = counts + count_pairs(records)
+            result = assess_look(plan, k, counts)
+            looks_taken = k + 1
+            start = end
+            emit(progress_line(plan, result, counts))
+            if result.verdict is not None:
+                return build_summary(
+                    plan=plan,
+                    task=task,
+                    verdict=result.verdict,
+                    counts=counts,
+                    looks_taken=looks_taken,
+                    extra=extra,
+                )
+    except EvalError as exc:
+        return build_summary(
+            plan=plan,
+            task=task,
+            verdict=Verdict.ERROR,
+            counts=counts if counts.n else None,
+            looks_taken=looks_taken,
+            error=str(exc),
+            extra=extra,
+        )
+    raise AssertionError("the last look always decides")  # pragma: no cover

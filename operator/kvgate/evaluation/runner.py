@@ -1,0 +1,285 @@
+"""The lm-eval adapter: runs a GSM8K task against one OpenAI-compatible endpoint.
+
+This is the only module that imports lm_eval (lazily, after the offline environment is set).
+Every infrastructure fault lm-eval raises (connection refused, timeouts, exhausted retries,
+bodies that are not JSON or not a completions response) is mapped to `EvalError`, so the gate
+reports `error`, never `fail`. Answers that are well-formed but hold no number are graded wrong
+by lm-eval's filters, as they should be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import yaml
+
+from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.records import ArmAnswer, answers_from_samples
+
+# Our task names; the stock `gsm8k` would clash with lm-eval's registry.
+TASK_FILES: Final = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k_cot.yaml"}
+GSM8K_ENV: Final = "KVGATE_GSM8K_DIR"
+HF_DATASET: Final = ("openai/gsm8k", "main")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """One endpoint under test."""
+
+    name: str  # "control" or "candidate"
+    url: str  # full endpoint URL, e.g. http://10.0.0.5:8000/v1/completions
+    model: str  # served model name
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "url": self.url, "model": self.model}
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSettings:
+    """Everything that must be identical for both arms."""
+
+    task: str = "gsm8k"
+    chat: bool = False  # local-chat-completions with the server's chat template
+    num_fewshot: int | None = None  # None: the task's own (5 for gsm8k, 8 for gsm8k_cot)
+    seed: int = 1234
+    concurrency: int = 8
+    max_gen_toks: int = 512  # lm-eval's 256 truncates chain-of-thought answers
+    max_retries: int = 3  # total attempts per request (tenacity stop_after_attempt)
+    timeout: float = 300.0
+    data_dir: Path | None = None  # None: the Hugging Face dataset openai/gsm8k
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "model_type": self.model_type,
+            "num_fewshot": self.num_fewshot,
+            "seed": self.seed,
+            "concurrency": self.concurrency,
+            "max_gen_toks": self.max_gen_toks,
+            "max_retries": self.max_retries,
+            "timeout": self.timeout,
+            "data_dir": None if self.data_dir is None else str(self.data_dir),
+        }
+
+    @property
+    def model_type(self) -> str:
+        return "local-chat-completions" if self.chat else "local-completions"
+
+    @property
+    def task_name(self) -> str:
+        return f"kvgate_{self.task}"
+
+
+def resolve_data_dir(flag: str | None, environ: Mapping[str, str]) -> Path | None:
+    """--data-dir, else $KVGATE_GSM8K_DIR, else None (the Hub dataset); checks the files."""
+    raw = flag or environ.get(GSM8K_ENV) or None
+    if raw is None:
+        return None
+    field = "--data-dir" if flag else GSM8K_ENV
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        raise SpecError(field, f"{raw} is not a directory; point it at the GSM8K jsonl files")
+    for name in ("test.jsonl", "train.jsonl"):
+        if not (path / name).is_file():
+            raise SpecError(field, f"{raw} has no {name}")
+    return path
+
+
+def count_test_questions(data_dir: Path | None) -> int:
+    """Questions in the test split (1,319 for the Hub dataset)."""
+    if data_dir is None:
+        return 1319
+    with (data_dir / "test.jsonl").open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def write_task_config(settings: EvalSettings, directory: Path) -> Path:
+    """Write the pinned task YAML with this run's dataset into `directory` (lm-eval include path)."""
+    if settings.task not in TASK_FILES:
+        raise SpecError("--task", f"{settings.task!r} is not one of {sorted(TASK_FILES)}")
+    text = (resources.files("kvgate.evaluation") / "tasks" / TASK_FILES[settings.task]).read_text(
+        encoding="utf-8"
+    )
+    config = yaml.safe_load(text)
+    config["task"] = settings.task_name
+    if settings.data_dir is None:
+        config["dataset_path"], config["dataset_name"] = HF_DATASET
+        config.pop("dataset_kwargs", None)
+    else:
+        files = {"test": str(settings.data_dir / "test.jsonl")}
+        if "training_split" in config or "fewshot_split" in config:
+            files["train"] = str(settings.data_dir / "train.jsonl")
+        config.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": files})
+    path = directory / f"{settings.task_name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def offline_environment(settings: EvalSettings) -> dict[str, str]:
+    """Variables that keep lm-eval and datasets off the network when the data is local."""
+    if settings.data_dir is None:
+        return {}
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
+
+
+def health_check(arm: Arm, timeout: float = 10.0) -> None:
+    """GET {server}/v1/models: the endpoint answers and serves the model name we will send."""
+    parts = urlsplit(arm.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SpecError(f"--{arm.name}-url", f"{arm.url!r} is not an http(s) URL")
+    models_url = f"{parts.scheme}://{parts.netloc}/v1/models"
+    try:
+        with urllib.request.urlopen(models_url, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise EvalError(f"{arm.name} endpoint {models_url}: HTTP {exc.code}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EvalError(f"{arm.name} endpoint {models_url} is unreachable: {reason}") from exc
+    try:
+        served = [m["id"] for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EvalError(f"{arm.name} endpoint {models_url}: not an OpenAI model list") from exc
+    if served and arm.model not in served:
+        raise EvalError(
+            f"{arm.name} endpoint {models_url} serves {served}, not {arm.model!r}; "
+            f"pass the served model name"
+        )
+
+
+class MalformedResponseError(ValueError):
+    """An HTTP 200 body that is not a completions response (raised inside lm-eval's retry)."""
+
+
+def _check_completions(outputs: Any, chat: bool) -> None:
+    items = outputs if isinstance(outputs, list) else [outputs]
+    for out in items:
+        choices = out.get("choices") if isinstance(out, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise MalformedResponseError(f"response has no choices: {str(out)[:200]}")
+        for choice in choices:
+            if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+                raise MalformedResponseError(f"choice without index: {str(choice)[:200]}")
+            if chat:
+                message = choice.get("message")
+                content = message.get("content", "") if isinstance(message, dict) else 0
+                if content is not None and not isinstance(content, str):
+                    raise MalformedResponseError(f"chat choice without message: {choice!r:.200}")
+            elif not isinstance(choice.get("text"), str):
+                raise MalformedResponseError(f"choice without text: {str(choice)[:200]}")
+
+
+def _strict_model_classes() -> tuple[type, type]:
+    """lm-eval's API models with response validation (lm-eval would turn some into answers)."""
+    from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
+
+    class StrictCompletions(LocalCompletionsAPI):  # type: ignore[misc]
+        @staticmethod
+        def parse_generations(outputs: Any, **kwargs: Any) -> list[str]:
+            _check_completions(outputs, chat=False)
+            return list(LocalCompletionsAPI.parse_generations(outputs, **kwargs))
+
+    class StrictChatCompletions(LocalChatCompletion):  # type: ignore[misc]
+        def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
+            _check_completions(outputs, chat=True)
+            return list(super().parse_generations(outputs, **kwargs))
+
+    return StrictCompletions, StrictChatCompletions
+
+
+def _infrastructure_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'the endpoint failed', as lm-eval lets them escape."""
+    import aiohttp
+    import requests
+    import tenacity
+
+    return (
+        aiohttp.ClientError,
+        requests.RequestException,
+        tenacity.RetryError,
+        asyncio.TimeoutError,
+        TimeoutError,
+        ConnectionError,
+        OSError,
+        json.JSONDecodeError,
+        MalformedResponseError,
+    )
+
+
+class LmEvalRunner:
+    """Runs chunks of GSM8K doc ids through lm-eval against each arm; same settings for both."""
+
+    def __init__(self, settings: EvalSettings, arms: Sequence[Arm], workdir: Path) -> None:
+        self.settings = settings
+        os.environ.update(offline_environment(settings))
+        write_task_config(settings, workdir)
+        from lm_eval.tasks import TaskManager  # after the offline variables are set
+
+        # Only our pinned YAML: indexing the ~10k stock task files costs seconds per job.
+        self._task_manager = TaskManager(include_path=str(workdir), include_defaults=False)
+        strict_completions, strict_chat = _strict_model_classes()
+        model_class = strict_chat if settings.chat else strict_completions
+        self._models = {arm.name: (arm, self._build_model(model_class, arm)) for arm in arms}
+        self._errors = _infrastructure_errors()
+
+    def _build_model(self, model_class: type, arm: Arm) -> Any:
+        return model_class(
+            model=arm.model,
+            base_url=arm.url,
+            tokenizer_backend=None,  # no tokenizer download; the server tokenizes strings
+            tokenized_requests=False,
+            num_concurrent=self.settings.concurrency,
+            max_retries=self.settings.max_retries,
+            max_gen_toks=self.settings.max_gen_toks,
+            timeout=self.settings.timeout,
+            seed=self.settings.seed,
+        )
+
+    def run(self, arm_name: str, doc_ids: Sequence[int]) -> dict[int, ArmAnswer]:
+        """Evaluate `doc_ids` on one arm; returns graded answers by doc id."""
+        import lm_eval
+
+        arm, model = self._models[arm_name]
+        s = self.settings
+        try:
+            # lm-eval must not write to stdout: the summary is the Job log's last line.
+            with contextlib.redirect_stdout(sys.stderr):
+                result = lm_eval.simple_evaluate(
+                    model=model,
+                    tasks=[s.task_name],
+                    task_manager=self._task_manager,
+                    num_fewshot=s.num_fewshot,
+                    samples={s.task_name: list(doc_ids)},
+                    log_samples=True,
+                    bootstrap_iters=0,
+                    apply_chat_template=s.chat,
+                    fewshot_as_multiturn=s.chat,
+                    random_seed=s.seed,
+                    numpy_random_seed=s.seed,
+                    torch_random_seed=s.seed,
+                    fewshot_random_seed=s.seed,
+                    verbosity="WARNING",
+                )
+        except self._errors as exc:
+            raise EvalError(
+                f"{arm.name} endpoint {arm.url} failed after {s.max_retries} attempts: "
+                f"{type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+        if not isinstance(result, dict) or s.task_name not in result.get("samples", {}):
+            raise EvalError(f"{arm.name}: lm-eval returned no per-question samples")
+        return answers_from_samples(result["samples"][s.task_name], arm.name)
