@@ -1,0 +1,240 @@
+"""Kubernetes I/O for the operator: Deployments, Pods, Jobs, logs, ConfigMaps, rollouts.
+
+Objects come back as plain camelCase dicts (the API's JSON form), so the core never sees a
+kubernetes model class. `ApiException` and transport errors become `KubeError` with the status.
+Reads of absent objects return None; creates of existing objects return the existing one, so
+every caller is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from kvgate.errors import KubeError
+from kvgate.model import GROUP, PLURAL, VERSION
+
+_T = TypeVar("_T")
+_LOG_LIMIT_BYTES = 4 * 1024 * 1024  # enough for a startup log; bounds memory per read
+
+
+def load_api_client() -> k8s.ApiClient:
+    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        try:
+            k8s_config.load_kube_config()
+        except (k8s_config.ConfigException, OSError) as exc:
+            raise KubeError(f"no Kubernetes credentials: {exc}") from exc
+    return k8s.ApiClient()
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    try:
+        yield
+    except ApiException as exc:
+        reason = exc.reason or ""
+        raise KubeError(f"{what}: {exc.status} {reason}".strip(), status=exc.status) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise KubeError(f"{what}: {exc}") from exc
+
+
+class Kube:
+    """The operator's view of the API. Counts requests, for the benchmark and metrics."""
+
+    def __init__(self, api_client: k8s.ApiClient, on_request: Callable[[str], None] | None = None):
+        self.api = api_client
+        self.core = k8s.CoreV1Api(api_client)
+        self.apps = k8s.AppsV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.requests = 0
+        self._on_request = on_request
+
+    def _call(
+        self, verb: str, what: str, fn: Callable[[], _T], *, missing_ok: bool = False
+    ) -> _T | None:
+        self.requests += 1
+        if self._on_request is not None:
+            self._on_request(verb)
+        try:
+            with _mapped(f"{verb} {what}"):
+                return fn()
+        except KubeError as exc:
+            if missing_ok and exc.status == 404:
+                return None
+            raise
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return dict(self.api.sanitize_for_serialization(obj))
+
+    # --- reads ---
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self._call(
+            "get",
+            f"deployment {namespace}/{name}",
+            lambda: self.apps.read_namespaced_deployment(name, namespace),
+            missing_ok=True,
+        )
+        return None if obj is None else self._dict(obj)
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self._call(
+            "get",
+            f"pod {namespace}/{name}",
+            lambda: self.core.read_namespaced_pod(name, namespace),
+            missing_ok=True,
+        )
+        return None if obj is None else self._dict(obj)
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        obj = self._call(
+            "list",
+            f"pods {namespace} ({selector})",
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
+        )
+        return [self._dict(p) for p in obj.items] if obj is not None else []
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self._call(
+            "get",
+            f"job {namespace}/{name}",
+            lambda: self.batch.read_namespaced_job(name, namespace),
+            missing_ok=True,
+        )
+        return None if obj is None else self._dict(obj)
+
+    def read_log(
+        self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False
+    ) -> str | None:
+        """The container log, or None when there is none (pod gone, not started, no previous)."""
+
+        def read() -> str:
+            kwargs: dict[str, Any] = {"limit_bytes": _LOG_LIMIT_BYTES, "previous": previous}
+            if container:
+                kwargs["container"] = container
+            return str(self.core.read_namespaced_pod_log(pod, namespace, **kwargs))
+
+        try:
+            return self._call("log", f"pod {namespace}/{pod}", read, missing_ok=True)
+        except KubeError as exc:
+            if exc.status == 400:  # container not started yet, or no previous instance
+                return None
+            raise
+
+    def list_rollouts(self, namespace: str) -> list[dict[str, Any]]:
+        obj = self._call(
+            "list",
+            f"{PLURAL} {namespace}",
+            lambda: self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
+        )
+        return list((obj or {}).get("items") or [])
+
+    def read_rollout(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call(
+            "get",
+            f"{PLURAL} {namespace}/{name}",
+            lambda: self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            ),
+            missing_ok=True,
+        )
+
+    # --- writes ---
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a Pod, Job or ConfigMap; an existing one with that name is returned instead."""
+        kind = body["kind"]
+        ns = body["metadata"]["namespace"]
+        name = body["metadata"]["name"]
+        creators: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+            "Pod": (
+                lambda: self.core.create_namespaced_pod(ns, body),
+                lambda: self.core.read_namespaced_pod(name, ns),
+            ),
+            "Job": (
+                lambda: self.batch.create_namespaced_job(ns, body),
+                lambda: self.batch.read_namespaced_job(name, ns),
+            ),
+            "ConfigMap": (
+                lambda: self.core.create_namespaced_config_map(ns, body),
+                lambda: self.core.read_namespaced_config_map(name, ns),
+            ),
+        }
+        create, read = creators[kind]
+        try:
+            return self._dict(self._call("create", f"{kind} {ns}/{name}", create))
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        return self._dict(self._call("get", f"{kind} {ns}/{name}", read))
+
+    def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        ns = body["metadata"]["namespace"]
+        name = body["metadata"]["name"]
+        existing = self._call(
+            "get",
+            f"configmap {ns}/{name}",
+            lambda: self.core.read_namespaced_config_map(name, ns),
+            missing_ok=True,
+        )
+        if existing is None:
+            return self.create(body)
+        return self._dict(
+            self._call(
+                "patch",
+                f"configmap {ns}/{name}",
+                lambda: self.core.patch_namespaced_config_map(name, ns, {"data": body["data"]}),
+            )
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete a Pod or Job (and the Job's pods); False when it was already gone."""
+        opts = k8s.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=5)
+        deleters: dict[str, Callable[[], Any]] = {
+            "Pod": lambda: self.core.delete_namespaced_pod(name, namespace, body=opts),
+            "Job": lambda: self.batch.delete_namespaced_job(name, namespace, body=opts),
+        }
+        done = self._call("delete", f"{kind} {namespace}/{name}", deleters[kind], missing_ok=True)
+        return done is not None
+
+    def delete_pods(self, namespace: str, selector: str) -> int:
+        """Delete every pod matching `selector`; returns how many there were."""
+        pods = self.list_pods(namespace, selector)
+        for pod in pods:
+            self.delete("Pod", namespace, pod["metadata"]["name"])
+        return len(pods)
+
+    def patch_deployment(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Apply a JSON patch (RFC 6902) to a Deployment."""
+        return self._dict(
+            self._call(
+                "patch",
+                f"deployment {namespace}/{name}",
+                lambda: self.apps.patch_namespaced_deployment(name, namespace, ops),
+            )
+        )
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        import base64
+
+        obj = self._call(
+            "get",
+            f"secret {namespace}/{name}",
+            lambda: self.core.read_namespaced_secret(name, namespace),
+            missing_ok=True,
+        )
+        data = (obj.data or {}) if obj is not None else {}
+        raw = data.get(key)
+        return base64.b64decode(raw).decode() if raw else None

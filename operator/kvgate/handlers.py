@@ -1,0 +1,907 @@
+"""kopf handlers for KVCacheRollout: gather evidence, call `verdict.next_step`, act, write status.
+
+Run with `kvgate run` (or `kopf run -m kvgate.handlers`). One handler, `reconcile`, drives a
+rollout: it is level-based (everything it needs is in `status` and in the cluster), so an
+operator restart resumes where the last status write left off, and a step that runs twice
+creates nothing twice (deterministic child names, create-if-absent). Waits are
+`kopf.TemporaryError`s with the delay the core chose; there are no sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+import prometheus_client as prom
+
+from kvgate import conditions as cond
+from kvgate import engines, manifests, verdict
+from kvgate.adapters.kube import Kube, load_api_client
+from kvgate.config import OperatorConfig
+from kvgate.errors import ExternalError, InputError, KvgateError, SpecError
+from kvgate.model import (
+    ANNOTATION_APPROVE,
+    GROUP,
+    LABEL_ARM,
+    LABEL_ROLLOUT,
+    PATCHED_PHASES,
+    PLURAL,
+    VERSION,
+    Condition,
+    GateMode,
+    Phase,
+    RolloutSpec,
+    TargetRef,
+    config_hash,
+)
+from kvgate.verdict import Action, GateResult, Observation, PodHealth, State, Step
+
+# --- operator metrics (on the operator's own /metrics) -----------------------------------------
+
+ROLLOUTS = prom.Counter("kvgate_rollouts_total", "Rollouts finished, by outcome.", ["outcome"])
+ROLLBACKS = prom.Counter("kvgate_rollbacks_total", "Rollbacks, by reason.", ["reason"])
+PHASE = prom.Gauge(
+    "kvgate_rollout_phase", "1 for the rollout's current phase.", ["namespace", "name", "phase"]
+)
+ACCURACY_DELTA = prom.Gauge(
+    "kvgate_accuracy_difference_pp",
+    "Candidate minus control accuracy (percentage points).",
+    ["namespace", "name"],
+)
+CAPACITY_RATIO = prom.Gauge(
+    "kvgate_capacity_ratio", "Candidate over control KV tokens.", ["namespace", "name"]
+)
+EVENTS = prom.Counter(
+    "kvgate_events_total", "Kubernetes Events posted.", ["namespace", "name", "type", "reason"]
+)
+API_REQUESTS = prom.Counter("kvgate_api_requests_total", "Kubernetes API calls.", ["verb"])
+
+_metrics_lock = threading.Lock()
+_metrics_started: set[int] = set()
+
+# --- startup -----------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Operator settings in one place, each with its reason."""
+    # `kvgate run` builds the config and passes it in memo; `kopf run -m` reads the environment.
+    config = getattr(memo, "config", None) or OperatorConfig.from_env(os.environ)
+    memo.config = config
+    memo.kube = Kube(load_api_client(), on_request=lambda verb: API_REQUESTS.labels(verb).inc())
+    # kvgate's own finalizer and storage keys, under its API group (not kopf.zalando.org).
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Explicit watch timeouts against silent watch freezes (kopf #585, #787; dask does the same).
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 5
+    settings.networking.request_timeout = 30
+    # Only explicit kopf.event() calls become Events; handler logs stay logs.
+    settings.posting.level = logging.WARNING
+    # Handlers never sleep, but scrapes and log reads block: one thread each for many rollouts.
+    settings.execution.max_workers = config.max_workers
+    # Errors that are bugs retry with back-off rather than hot-looping.
+    settings.execution.default_backoff = 5
+    for noisy in ("httpx", "httpcore", "kubernetes.client.rest"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with _metrics_lock:
+        if config.metrics_port and config.metrics_port not in _metrics_started:
+            prom.start_http_server(config.metrics_port)
+            _metrics_started.add(config.metrics_port)
+
+
+@kopf.on.probe(id="rollouts")
+def probe_rollouts(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness detail: API calls made so far (shows the operator is working)."""
+    kube: Kube | None = getattr(memo, "kube", None)
+    return kube.requests if kube is not None else 0
+
+
+# --- the reconcile handler ---------------------------------------------------------------------
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Ctx:
+    """One reconcile call: the object, its parsed spec, the clients and the status so far."""
+
+    body: kopf.Body
+    namespace: str
+    name: str
+    generation: int | None
+    spec: RolloutSpec
+    status: dict[str, Any]
+    kube: Kube
+    config: OperatorConfig
+    logger: logging.Logger
+    now: dt.datetime
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
+    status = dict(body.get("status") or {})
+    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    generation = meta.get("generation")
+    if phase.terminal or (
+        phase is Phase.AWAITING_APPROVAL and status.get("reason") == "VerdictReported"
+    ):
+        if status.get("observedGeneration") == generation:
+            return
+        # A new spec after the end starts a new rollout (like Flagger's retry by spec change).
+        status = {"phase": Phase.PENDING.value}
+        phase = Phase.PENDING
+    spec, spec_errors = _parse_spec(body.get("spec") or {})
+    ctx = _Ctx(
+        body=body,
+        namespace=meta["namespace"],
+        name=meta["name"],
+        generation=generation,
+        spec=spec,
+        status=status,
+        kube=memo.kube,
+        config=memo.config,
+        logger=logger,
+        now=_now(),
+    )
+    try:
+        state = _state(ctx, phase, meta)
+        obs = _observe(ctx, phase, spec_errors)
+        step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
+        _act(ctx, step)
+    except ExternalError as exc:
+        # Something outside failed (API, endpoint): not evidence against the candidate; retry.
+        errors = int(status.get("consecutiveErrors", 0)) + 1
+        patch.status["consecutiveErrors"] = errors
+        patch.status["message"] = f"retrying after: {exc}"
+        raise kopf.TemporaryError(f"{exc} (consecutive errors: {errors})", delay=10) from exc
+    _write_status(ctx, patch, phase, step)
+    extra = {"phase": step.phase.value, "reason": step.reason}
+    logger.info("%s: %s", step.phase.value, step.message, extra=extra)
+    if step.requeue_s is not None and not step.terminal:
+        raise kopf.TemporaryError(step.message, delay=step.requeue_s)
+
+
+def _parse_spec(raw: Mapping[str, Any]) -> tuple[RolloutSpec, tuple[str, ...]]:
+    try:
+        return RolloutSpec.from_dict(raw), ()
+    except ExceptionGroup as group:
+        target = raw.get("targetRef") if isinstance(raw.get("targetRef"), Mapping) else {}
+        fallback = RolloutSpec(target=TargetRef(str((target or {}).get("name") or "?")))
+        return fallback, tuple(str(e) for e in group.exceptions)
+
+
+def _state(ctx: _Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
+    since = _parse_time(ctx.status.get("phaseSince")) or ctx.now
+    gates = {
+        k: GateResult.from_dict(k, v)
+        for k, v in (ctx.status.get("gates") or {}).items()
+        if isinstance(v, Mapping)
+    }
+    return State(
+        phase=phase,
+        phase_elapsed_s=(ctx.now - since).total_seconds(),
+        config_hash=str(ctx.status.get("configHash") or ""),
+        eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
+        gates=gates,
+        approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVE),
+    )
+
+
+# --- observing ---------------------------------------------------------------------------------
+
+
+def _observe(ctx: _Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation:
+    if phase is Phase.PENDING:
+        return _observe_pending(ctx, spec_errors)
+    if phase is Phase.PREFLIGHT:
+        return _observe_preflight(ctx)
+    if phase is Phase.CANARY:
+        return _observe_canary(ctx)
+    if phase is Phase.EVALUATING:
+        return _observe_eval(ctx)
+    if phase is Phase.PROMOTING:
+        return _observe_promoting(ctx)
+    if phase is Phase.VERIFYING:
+        return _observe_verifying(ctx)
+    return Observation()
+
+
+def _observe_pending(ctx: _Ctx, spec_errors: tuple[str, ...]) -> Observation:
+    if spec_errors:
+        return Observation(spec_errors=spec_errors)
+    spec = ctx.spec
+    dep = ctx.kube.read_deployment(ctx.namespace, spec.target.name)
+    if dep is None:
+        return Observation(target_missing=True)
+    template = (dep.get("spec") or {}).get("template") or {}
+    try:
+        index, container = manifests.find_container(
+            template.get("spec") or {}, spec.target.container
+        )
+        info = engines.detect_engine(container)
+        if spec.engine.value != "auto" and spec.engine.value != str(info.engine):
+            raise InputError(
+                f"spec.engine is {spec.engine.value} but container {container.get('name')} "
+                f"runs {info.engine}; fix spec.engine or use auto"
+            )
+        candidate = manifests.candidate_container(spec, container)
+    except LookupError as exc:
+        return Observation(target_problem=f"spec.targetRef: {exc}")
+    except SpecError as exc:
+        if exc.field == "kv_cache_dtype":
+            return Observation(dtype_problem=f"spec.kvCacheDtype: {str(exc).split(': ', 1)[-1]}")
+        return Observation(target_problem=str(exc))
+    except InputError as exc:
+        return Observation(target_problem=str(exc))
+    conflicts = _conflicts(ctx)
+    previous, wanted = manifests.container_config(container), manifests.container_config(candidate)
+    ctx.status.update(
+        engine=str(info.engine),
+        container=str(container.get("name")),
+        containerIndex=index,
+        port=info.port,
+        metricsPath=info.metrics_path,
+        model=spec.model.name or info.model,
+        previous=previous,
+        candidate=wanted,
+        recommendedArgs=list(candidate.get("command") or []) + list(candidate.get("args") or []),
+        recommendedEnv=[e.to_dict() for e in spec.extra_env],
+        configHash=config_hash(
+            {
+                "deployment": spec.target.name,
+                "container": container.get("name"),
+                "image": container.get("image"),
+                "previous": previous,
+                "candidate": wanted,
+                "spec": ctx.body.get("spec"),
+            }
+        ),
+    )
+    return Observation(conflicts=conflicts)
+
+
+def _conflicts(ctx: _Ctx) -> tuple[str, ...]:
+    """Older active rollouts on the same Deployment (the oldest one wins)."""
+    mine = (ctx.body["metadata"].get("creationTimestamp") or "", ctx.name)
+    out = []
+    for other in ctx.kube.list_rollouts(ctx.namespace):
+        om = other.get("metadata") or {}
+        if om.get("name") == ctx.name:
+            continue
+        if ((other.get("spec") or {}).get("targetRef") or {}).get("name") != ctx.spec.target.name:
+            continue
+        phase = (other.get("status") or {}).get("phase") or Phase.PENDING.value
+        if Phase(phase).terminal or (
+            phase == Phase.AWAITING_APPROVAL.value
+            and (other.get("status") or {}).get("reason") == "VerdictReported"
+        ):
+            continue
+        if (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
+            out.append(str(om.get("name")))
+    return tuple(out)
+
+
+def _production_pods(ctx: _Ctx) -> list[dict[str, Any]]:
+    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    if dep is None:
+        return []
+    labels = (((dep.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    pods = ctx.kube.list_pods(ctx.namespace, selector) if selector else []
+    return [p for p in pods if not (p["metadata"].get("labels") or {}).get(LABEL_ROLLOUT)]
+
+
+def _metrics_url(ctx: _Ctx, ip: str) -> str:
+    return f"http://{ip}:{ctx.status.get('port', 8000)}{ctx.status.get('metricsPath', '/metrics')}"
+
+
+def _observe_preflight(ctx: _Ctx) -> Observation:
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    gate = ctx.spec.capacity
+    pre = dict(ctx.status.get("preflight") or {})
+    samples: list[dict[str, Any]] = list(pre.get("samples") or [])
+    if gate.mode is GateMode.OFF:
+        return Observation()
+    last = _parse_time(pre.get("lastSampleAt"))
+    due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
+    errors: list[str] = []
+    if due and len(samples) < gate.samples:
+        texts = []
+        for pod in _production_pods(ctx):
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or not verdict.pod_health(pod, ctx.status.get("container")).ready:
+                continue
+            try:
+                texts.append(http.scrape(_metrics_url(ctx, ip)))
+            except ExternalError as exc:
+                errors.append(str(exc))
+        if texts:
+            samples.append(
+                metrics.sample_to_dict(
+                    metrics.merge([metrics.parse_metrics(t) for t in texts]), ctx.now.timestamp()
+                )
+            )
+            pre["lastSampleAt"] = _iso(ctx.now)
+        elif not errors:
+            errors.append("no Ready production pod to scrape")
+    pre["samples"] = samples
+    pre["errors"] = errors[-3:]
+    pressured: bool | None = None
+    detail = "; ".join(errors) if errors else f"{len(samples)} samples"
+    if len(samples) >= gate.samples or (
+        samples
+        and (ctx.now - (_parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
+        >= gate.window_s * 3
+    ):
+        pressure = metrics.pool_pressure(
+            [metrics.sample_from_dict(s) for s in samples], usage_threshold=gate.usage_threshold
+        )
+        pressured = pressure.pressured
+        detail = pressure.detail
+        pre["pressure"] = pressure.to_dict()
+    ctx.status["preflight"] = pre
+    return Observation(pool_samples=len(samples), pool_pressured=pressured, pool_detail=detail)
+
+
+def _arm_scan(ctx: _Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
+    """The arm's startup-log scan: from status when already read, else from the pod log."""
+    from kvgate import logs
+
+    arms = ctx.status.setdefault("arms", {})
+    block = dict(arms.get(arm) or {})
+    if block.get("scan") is not None:
+        return dict(block["scan"])
+    if not (health.ready or health.crashed):
+        return None
+    pod = manifests.canary_name(ctx.name, arm)
+    text = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container")) or ""
+    if health.restarts:
+        previous = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container"), previous=True)
+        text = (previous or "") + "\n" + text
+    scan = _compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    block.update(pod=pod, ip=health.ip, scan=scan)
+    block["attentionBackend"] = scan.get("attention_backend")
+    block["kvTokens"] = verdict.kv_tokens(scan)
+    arms[arm] = block
+    return scan
+
+
+def _compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
+    """Keep status small: at most 20 findings, each line text cut to 300 characters."""
+    findings = []
+    for f in (scan.get("findings") or [])[:20]:
+        f = dict(f)
+        if isinstance(f.get("text"), str):
+            f["text"] = f["text"][:300]
+        findings.append(f)
+    return {**scan, "findings": findings}
+
+
+def _arm_health(ctx: _Ctx, arm: str) -> PodHealth:
+    pod = ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm))
+    return verdict.pod_health(pod, ctx.status.get("container"))
+
+
+def _observe_canary(ctx: _Ctx) -> Observation:
+    control, candidate = _arm_health(ctx, "control"), _arm_health(ctx, "candidate")
+    control_scan = _arm_scan(ctx, "control", control)
+    candidate_scan = _arm_scan(ctx, "candidate", candidate)
+    _record_capacity(ctx)
+    return Observation(
+        control=control,
+        candidate=candidate,
+        control_scan=control_scan,
+        candidate_scan=candidate_scan,
+        checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
+    )
+
+
+def _record_capacity(ctx: _Ctx) -> None:
+    arms = ctx.status.get("arms") or {}
+    control = (arms.get("control") or {}).get("kvTokens")
+    candidate = (arms.get("candidate") or {}).get("kvTokens")
+    block: dict[str, Any] = {"control": {"kvTokens": control}, "candidate": {"kvTokens": candidate}}
+    if control and candidate:
+        block["ratio"] = round(candidate / control, 3)
+        CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(block["ratio"])
+    ctx.status["capacity"] = block
+
+
+def _observe_eval(ctx: _Ctx) -> Observation:
+    control, candidate = _arm_health(ctx, "control"), _arm_health(ctx, "candidate")
+    ev = dict(ctx.status.get("eval") or {})
+    attempt = int(ev.get("attempt") or 1)
+    job_name = manifests.eval_job_name(ctx.name, attempt)
+    job = ctx.kube.read_job(ctx.namespace, job_name)
+    obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
+    if job is None:
+        return obs
+    js = job.get("status") or {}
+    failed = any(
+        c.get("type") == "Failed" and c.get("status") == "True" for c in js.get("conditions") or []
+    )
+    finished = (
+        failed
+        or bool(js.get("succeeded"))
+        or any(
+            c.get("type") == "Complete" and c.get("status") == "True"
+            for c in js.get("conditions") or []
+        )
+    )
+    pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
+    text = ""
+    if pods:
+        text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+    summary, progress = _eval_lines(text)
+    if progress is not None:
+        ev["progress"] = progress
+    ctx.status["eval"] = ev
+    if summary is not None:
+        _record_accuracy(ctx, summary)
+        return _replace_obs(obs, job_finished=True, eval_summary=summary)
+    if finished:
+        reason = next(
+            (
+                c.get("message") or c.get("reason")
+                for c in js.get("conditions") or []
+                if c.get("type") == "Failed"
+            ),
+            "the Job ended without a summary line",
+        )
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        return _replace_obs(obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500])
+    return obs
+
+
+def _replace_obs(obs: Observation, **kw: Any) -> Observation:
+    from dataclasses import replace
+
+    return replace(obs, **kw)
+
+
+def _eval_lines(text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(summary, latest progress) from the eval Job's log (JSON lines; other lines ignored)."""
+    summary = progress = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if obj.get("kind") == "kvgate.eval/summary":
+            summary = obj
+        elif obj.get("kind") == "kvgate.eval/progress":
+            progress = obj
+    return summary, progress
+
+
+def _record_accuracy(ctx: _Ctx, summary: Mapping[str, Any]) -> None:
+    acc = dict(summary)
+    diff = (summary.get("paired") or {}).get("difference")
+    if isinstance(diff, int | float):
+        acc["differencePp"] = round(diff * 100, 2)
+        ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc["differencePp"])
+    acc.pop("kind", None)
+    ctx.status["accuracy"] = acc
+
+
+def _observe_promoting(ctx: _Ctx) -> Observation:
+    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    if dep is None:
+        return Observation(rollout_crashed=f"Deployment {ctx.spec.target.name} disappeared")
+    promo = ctx.status.get("promotion") or {}
+    wanted_gen = int(promo.get("generation") or 0)
+    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
+    replicas = int(spec.get("replicas", 1))
+    done = (
+        int(ds.get("observedGeneration") or 0) >= wanted_gen > 0
+        and int(ds.get("updatedReplicas") or 0) >= replicas
+        and int(ds.get("availableReplicas") or 0) >= replicas
+        and int(ds.get("replicas") or 0) == replicas
+    )
+    candidate_args = (ctx.status.get("candidate") or {}).get("args")
+    new_pods = [
+        p
+        for p in _production_pods(ctx)
+        if _container(p, ctx.status.get("container")).get("args") == candidate_args
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    for pod in new_pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if health.crashed:
+            return Observation(rollout_crashed=f"pod {pod['metadata']['name']}: {health.detail}")
+    scan = None
+    if done and new_pods:
+        scan = _production_scan(ctx, new_pods[0])
+    candidate_scan = ((ctx.status.get("arms") or {}).get("candidate") or {}).get("scan")
+    # The promoted pods are checked against the candidate canary: same backend, same scales.
+    return Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+
+
+def _container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
+    try:
+        return manifests.find_container(pod.get("spec") or {}, name)[1]
+    except LookupError:
+        return {}
+
+
+def _production_scan(ctx: _Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
+    from kvgate import logs
+
+    name = pod["metadata"]["name"]
+    text = ctx.kube.read_log(ctx.namespace, name, ctx.status.get("container")) or ""
+    scan = _compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    promo = dict(ctx.status.get("promotion") or {})
+    promo["podScan"] = {
+        "pod": name,
+        "attentionBackend": scan.get("attention_backend"),
+        "kvTokens": verdict.kv_tokens(scan),
+    }
+    ctx.status["promotion"] = promo
+    return scan
+
+
+def _observe_verifying(ctx: _Ctx) -> Observation:
+    from kvgate.adapters import http
+
+    problems = []
+    pods = _production_pods(ctx)
+    if not pods:
+        problems.append("no production pods")
+    for pod in pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        name = pod["metadata"]["name"]
+        if health.crashed:
+            problems.append(f"pod {name}: {health.detail}")
+        elif health.ready and health.ip:
+            try:
+                http.scrape(_metrics_url(ctx, health.ip))
+            except ExternalError as exc:
+                problems.append(f"pod {name} metrics unreachable: {exc}")
+    return Observation(production_problem="; ".join(problems) or None)
+
+
+# --- acting ------------------------------------------------------------------------------------
+
+
+def _act(ctx: _Ctx, step: Step) -> None:
+    for action in step.actions:
+        _ACTIONS[action](ctx, step)
+
+
+def _create_canaries(ctx: _Ctx, step: Step) -> None:
+    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    if dep is None:
+        raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
+    template = (dep.get("spec") or {}).get("template") or {}
+    index, container = manifests.find_container(
+        template.get("spec") or {}, ctx.status.get("container")
+    )
+    arms = {"control": container, "candidate": {**container, **(ctx.status.get("candidate") or {})}}
+    if "env" not in (ctx.status.get("candidate") or {}):
+        arms["candidate"].pop("env", None)
+    created = []
+    for arm, c in arms.items():
+        pod = manifests.build_canary_pod(
+            rollout=ctx.name,
+            namespace=ctx.namespace,
+            arm=arm,
+            template=template,
+            container_index=index,
+            container=c,
+            config_hash=str(ctx.status.get("configHash")),
+        )
+        _adopt(ctx, pod, arm)
+        if ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"]) is None:
+            ctx.kube.create(pod)
+            created.append(pod["metadata"]["name"])
+    if created:
+        _event(ctx, "CanaryCreated", f"created {', '.join(created)}")
+
+
+def _adopt(ctx: _Ctx, obj: dict[str, Any], arm: str) -> None:
+    kopf.adopt(obj, owner=ctx.body)
+    # adopt() copies the rollout's labels onto the child; a label like app=<model> would let a
+    # production Service route traffic to a canary, so children keep kvgate's labels only.
+    obj["metadata"]["labels"] = {
+        **manifests.child_labels(ctx.name, arm),
+        **{
+            k: v
+            for k, v in (obj["metadata"].get("labels") or {}).items()
+            if k.startswith("kvgate.io/")
+        },
+    }
+
+
+def _delete_canaries(ctx: _Ctx, step: Step) -> None:
+    for arm in manifests.ARMS:
+        ctx.kube.delete("Pod", ctx.namespace, manifests.canary_name(ctx.name, arm))
+
+
+def _create_eval_job(ctx: _Ctx, step: Step) -> None:
+    ev = dict(ctx.status.get("eval") or {})
+    attempt = step.eval_attempts or int(ev.get("attempt") or 1)
+    arms = ctx.status.get("arms") or {}
+    ips = {arm: _arm_health(ctx, arm).ip for arm in manifests.ARMS}
+    if not all(ips.values()):
+        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
+    port = ctx.status.get("port", 8000)
+    env = {"PYTHONUNBUFFERED": "1"}
+    if ctx.config.gsm8k_dir:
+        env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
+    job = manifests.build_eval_job(
+        rollout=ctx.name,
+        namespace=ctx.namespace,
+        attempt=attempt,
+        image=ctx.spec.canary.eval_image or ctx.config.eval_image,
+        command=manifests.eval_command(
+            ctx.spec,
+            control_url=f"http://{ips['control']}:{port}",
+            candidate_url=f"http://{ips['candidate']}:{port}",
+            model=ctx.status.get("model"),
+            concurrency=ctx.config.eval_concurrency,
+        ),
+        env=env,
+        resources=ctx.spec.canary.resources,
+        deadline_s=ctx.spec.canary.eval_timeout_s,
+        config_hash=str(ctx.status.get("configHash")),
+    )
+    _adopt(ctx, job, "eval")
+    if ctx.kube.read_job(ctx.namespace, job["metadata"]["name"]) is None:
+        ctx.kube.create(job)
+        _event(ctx, "EvalStarted", f"eval attempt {attempt}: Job {job['metadata']['name']}")
+    ev.update(attempt=attempt, job=job["metadata"]["name"])
+    ev.pop("progress", None)
+    ctx.status["eval"] = ev
+    del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def _delete_eval_jobs(ctx: _Ctx, step: Step) -> None:
+    selector = f"{LABEL_ROLLOUT}={ctx.name},{LABEL_ARM}=eval"
+    seen = set()
+    for pod in ctx.kube.list_pods(ctx.namespace, selector):
+        job = (pod["metadata"].get("labels") or {}).get("job-name")
+        if job and job not in seen:
+            seen.add(job)
+    attempts = int((ctx.status.get("eval") or {}).get("attempt") or 0)
+    seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
+    for job in sorted(seen):
+        ctx.kube.delete("Job", ctx.namespace, job)
+
+
+def _snapshot_speed(ctx: _Ctx, step: Step) -> None:
+    """Speed: TPOT from the arms' metrics over the eval (same load on both arms)."""
+    if ctx.spec.speed is None:
+        return
+    # The eval itself is the fixed-concurrency load; see _speed_figures for the read-out.
+
+
+def _patch_deployment(ctx: _Ctx, step: Step) -> None:
+    """Set the candidate config on the Deployment (a no-op when it is already there)."""
+    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    if dep is None:
+        raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
+    index, current = manifests.find_container(
+        (dep["spec"]["template"].get("spec") or {}), ctx.status.get("container")
+    )
+    wanted = ctx.status.get("candidate") or {}
+    promo = dict(ctx.status.get("promotion") or {})
+    ops = manifests.build_container_patch(index, str(current.get("name")), current, wanted)
+    if len(ops) > 1:
+        dep = ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
+        _event(
+            ctx,
+            "Promoting",
+            f"patched Deployment {ctx.spec.target.name}: {' '.join(ctx.status.get('recommendedArgs') or [])}",
+        )
+        promo["patchedAt"] = _iso(ctx.now)
+    promo.setdefault("generation", dep["metadata"].get("generation"))
+    promo["previous"] = ctx.status.get("previous")
+    ctx.status["promotion"] = promo
+
+
+def _revert_deployment(ctx: _Ctx, step: Step) -> None:
+    """Put the previous config back, only if the Deployment still carries ours."""
+    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    if dep is None:
+        return
+    index, current = manifests.find_container(
+        (dep["spec"]["template"].get("spec") or {}), ctx.status.get("container")
+    )
+    wanted = ctx.status.get("candidate") or {}
+    if manifests.container_config(current) != manifests.container_config({**current, **wanted}):
+        _event(ctx, "RevertSkipped", "the Deployment was changed by someone else; not reverting")
+        return
+    previous = ctx.status.get("previous") or {}
+    ops = manifests.build_container_patch(index, str(current.get("name")), current, previous)
+    if len(ops) > 1:
+        ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
+        _event(ctx, "PromotionReverted", f"restored the previous args of {ctx.spec.target.name}")
+
+
+_ACTIONS = {
+    Action.CREATE_CANARIES: _create_canaries,
+    Action.DELETE_CANARIES: _delete_canaries,
+    Action.CREATE_EVAL_JOB: _create_eval_job,
+    Action.DELETE_EVAL_JOB: _delete_eval_jobs,
+    Action.SNAPSHOT_SPEED: _snapshot_speed,
+    Action.PATCH_DEPLOYMENT: _patch_deployment,
+    Action.REVERT_DEPLOYMENT: _revert_deployment,
+}
+
+
+# --- recording ---------------------------------------------------------------------------------
+
+
+def _event(ctx: _Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
+    warn = cond.is_warning(reason) if warning is None else warning
+    type_ = "Warning" if warn else "Normal"
+    kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
+    EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
+    ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})
+
+
+_GATE_CONDITIONS = {
+    verdict.POOL: cond.POOL_PRESSURE,
+    verdict.SCALES: cond.SCALES_PRESENT,
+    verdict.CANARY: cond.CANARY_HEALTHY,
+    verdict.ACCURACY: cond.ACCURACY_NON_INFERIOR,
+    verdict.CAPACITY_GAIN: cond.CAPACITY_GAINED,
+}
+
+
+def _gate_condition_status(result: GateResult) -> str:
+    if result.outcome in (verdict.Outcome.SUCCESSFUL,):
+        return cond.TRUE
+    if result.outcome in (verdict.Outcome.FAILED, verdict.Outcome.NOT_NEEDED):
+        return cond.FALSE
+    if result.gate == verdict.SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
+        return cond.FALSE
+    if result.gate == verdict.POOL and result.reason == "PoolHasRoom":
+        return cond.FALSE
+    return cond.UNKNOWN
+
+
+def _write_status(ctx: _Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> None:
+    now = _iso(ctx.now)
+    status = ctx.status
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    if not conditions:
+        conditions = cond.initial_conditions(ctx.generation, now)
+    gates = dict(status.get("gates") or {})
+    for g in step.gates:
+        gates[g.gate] = g.to_dict()
+        ctype = _GATE_CONDITIONS.get(g.gate)
+        if ctype is not None:
+            conditions = cond.set_condition(
+                conditions, ctype, _gate_condition_status(g), g.reason, g.message,
+                generation=ctx.generation, now=now,
+            )  # fmt: skip
+    reported = step.reason == "VerdictReported"
+    conditions = cond.summary_conditions(
+        conditions, step.phase, step.reason, step.message,
+        generation=ctx.generation, now=now, ready_without_terminal=reported,
+    )  # fmt: skip
+    status.update(
+        phase=step.phase.value,
+        reason=step.reason,
+        message=step.message,
+        observedGeneration=ctx.generation,
+        gates=gates,
+        conditions=[c.to_dict() for c in conditions],
+        consecutiveErrors=0,
+    )
+    status.setdefault("startedAt", now)
+    if step.phase is not old_phase or "phaseSince" not in status:
+        status["phaseSince"] = now
+    if step.eval_attempts is not None:
+        status.setdefault("eval", {})["attempt"] = step.eval_attempts
+    if step.verdict is not None:
+        status["verdict"] = step.verdict.to_dict()
+    finished = step.terminal or reported
+    first_finish = finished and not status.get("finishedAt")
+    if first_finish:
+        status["finishedAt"] = now
+    for key, value in status.items():
+        patch.status[key] = value
+    for e in step.events:
+        _event(ctx, e.reason, e.message, warning=e.warning)
+    for p in Phase:
+        PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
+    if first_finish:
+        ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
+        if step.phase is Phase.ROLLED_BACK:
+            ROLLBACKS.labels(step.reason).inc()
+        _write_report(ctx, status)
+
+
+def _write_report(ctx: _Ctx, status: Mapping[str, Any]) -> None:
+    """The `<rollout>-report` ConfigMap: status.json, plus text and HTML when report.py exists."""
+    rollout = {**dict(ctx.body), "status": dict(status)}
+    files = {"status.json": manifests.status_json(rollout)}
+    try:
+        from kvgate import report
+    except ImportError:
+        report = None  # type: ignore[assignment]
+    if report is not None:
+        try:
+            files["report.txt"] = report.render_text(rollout)
+            files["report.html"] = report.render_html(rollout)
+        except (KvgateError, ValueError, KeyError, TypeError) as exc:
+            ctx.logger.warning("report rendering failed: %s", exc)
+    cm = manifests.build_report_configmap(rollout=ctx.name, namespace=ctx.namespace, files=files)
+    _adopt(ctx, cm, "report")
+    try:
+        ctx.kube.replace_configmap(cm)
+    except ExternalError as exc:  # the verdict is in status already; the report is a copy
+        ctx.logger.warning("could not write the report ConfigMap: %s", exc)
+
+
+# --- deletion ----------------------------------------------------------------------------------
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def cleanup(
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    """Delete canaries and Jobs now (owner references would, later); revert an unverified patch."""
+    status = dict(body.get("status") or {})
+    spec, _errors = _parse_spec(body.get("spec") or {})
+    ctx = _Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+               memo.kube, memo.config, logger, _now())  # fmt: skip
+    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    step = Step(phase, "Deleted", "rollout deleted")
+    try:
+        if phase in PATCHED_PHASES:
+            _revert_deployment(ctx, step)  # fail closed: an unverified promotion is undone
+        _delete_canaries(ctx, step)
+        _delete_eval_jobs(ctx, step)
+    except ExternalError as exc:
+        raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
+    for p in Phase:
+        with contextlib.suppress(KeyError):  # this operator never saw it in that phase
+            PHASE.remove(ctx.namespace, ctx.name, p.value)
