@@ -1,0 +1,340 @@
+"""Read a checkpoint's config.json and safetensors headers, from a directory or the hub.
+
+Only the headers are read, never the weights: locally with two `pread` calls per file
+(the 8-byte length, then the JSON), on the hub with two HTTP Range requests per shard
+through huggingface_hub's own session, URL builder, auth headers and error mapping.
+`HfApi.get_safetensors_metadata` would also work, but it asks for the first 100 kB of every
+shard to save a round trip, which for small headers is many times the header size; it is
+kept as `reader="hfapi"` for comparison (bench/bench_checkpoint_scan.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    NotASafetensorsRepoError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    SafetensorsParsingError,
+)
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from kvgate.checkpoint import TensorInfo, parse_safetensors_header
+from kvgate.errors import HubError, ParseError, SpecError
+
+CONFIG_FILE: Final = "config.json"
+SINGLE_FILE: Final = constants.SAFETENSORS_SINGLE_FILE
+INDEX_FILE: Final = constants.SAFETENSORS_INDEX_FILE
+MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
+HEADER_WORKERS: Final = 8
+_REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointHeaders:
+    """What was read of one checkpoint: its config, tensor headers and the cost of reading."""
+
+    source: str
+    config: Mapping[str, Any] | None
+    tensors: Mapping[str, TensorInfo]
+    files: tuple[str, ...]
+    header_bytes: int  # 8-byte length + JSON header, summed over the safetensors files
+    bytes_read: int | None  # safetensors bytes read or received; None when not counted
+    commit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "files": list(self.files),
+            "tensor_count": len(self.tensors),
+            "header_bytes": self.header_bytes,
+            "bytes_read": self.bytes_read,
+            "commit": self.commit,
+        }
+
+
+def looks_like_repo_id(text: str) -> bool:
+    """`org/name` as the hub spells repo ids (a local path that exists wins over this)."""
+    return bool(_REPO_ID.match(text)) and ".." not in text
+
+
+def read_json_file(path: str | Path) -> dict[str, Any]:
+    """A JSON object from a file; missing or malformed files raise ParseError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParseError(str(path), "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParseError(str(path), f"cannot be read ({exc})") from exc
+    return _json_object(text, str(path))
+
+
+def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
+    """Headers of a local model directory (or one .safetensors file) and its config.json."""
+    path = Path(path)
+    if path.is_file():
+        directory, files = path.parent, [path.name]
+    elif path.is_dir():
+        directory, files = path, _local_weight_files(path)
+    else:
+        raise ParseError(str(path), "no such file or directory")
+    config_path = directory / CONFIG_FILE
+    config = read_json_file(config_path) if config_path.exists() else None
+
+    tensors: dict[str, TensorInfo] = {}
+    header_bytes = 0
+    for name in files:
+        header, size = _read_local_header(directory / name)
+        tensors.update(parse_safetensors_header(header, str(directory / name)))
+        header_bytes += size
+    # pread asks for exactly the header, so what was read is what the header takes
+    return CheckpointHeaders(str(path), config, tensors, tuple(files), header_bytes, header_bytes)
+
+
+def read_hub_checkpoint(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    reader: str = "ranges",
+) -> CheckpointHeaders:
+    """Headers of a hub repo at `revision` (default main), reading only header bytes.
+
+    `endpoint` defaults to HF_ENDPOINT; `token` to huggingface_hub's usual lookup.
+    """
+    if reader not in ("ranges", "hfapi"):
+        raise SpecError("reader", f"'{reader}' is not a header reader; use ranges or hfapi")
+    api = HfApi(endpoint=endpoint, token=token)
+    where = f"{repo_id}@{revision or constants.DEFAULT_REVISION}"
+    try:
+        info = api.model_info(repo_id, revision=revision, token=token)
+        commit = info.sha or revision or constants.DEFAULT_REVISION
+        siblings = {s.rfilename for s in info.siblings or []}
+        fetch = _HubFiles(api.endpoint, repo_id, commit, token)
+        config = (
+            _json_object(fetch.text(CONFIG_FILE), f"{where}/{CONFIG_FILE}")
+            if CONFIG_FILE in siblings
+            else None
+        )
+        if reader == "hfapi":
+            return _read_with_hfapi(api, repo_id, commit, token, where, config)
+        files = _hub_weight_files(siblings, fetch, where)
+        with ThreadPoolExecutor(max_workers=HEADER_WORKERS) as pool:
+            headers = list(pool.map(fetch.safetensors_header, files))
+    except GatedRepoError as exc:
+        raise HubError(
+            f"{where}: the repo is gated; accept its terms on the hub and pass a token (--token-env)"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise SpecError(
+            "model", f"hub repo '{repo_id}' not found (a private repo needs a token: --token-env)"
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise SpecError(
+            "revision", f"'{revision}' is not a revision of hub repo '{repo_id}'"
+        ) from exc
+    except EntryNotFoundError as exc:
+        raise ParseError(
+            where, f"a file the repo lists is missing on the hub ({_first_line(exc)})"
+        ) from exc
+    except OfflineModeIsEnabled as exc:
+        raise HubError(f"{where}: HF_HUB_OFFLINE is set; unset it to read the hub") from exc
+    except HfHubHTTPError as exc:
+        raise HubError(f"{where}: the hub answered: {_first_line(exc)}") from exc
+    except httpx2.HTTPError as exc:
+        raise HubError(f"{where}: cannot reach the hub ({type(exc).__name__}: {exc})") from exc
+
+    tensors: dict[str, TensorInfo] = {}
+    for name, (header, _) in zip(files, headers, strict=True):
+        tensors.update(parse_safetensors_header(header, f"{where}/{name}"))
+    return CheckpointHeaders(
+        source=where,
+        config=config,
+        tensors=tensors,
+        files=tuple(files),
+        header_bytes=sum(8 + len(header) for header, _ in headers),
+        bytes_read=sum(received for _, received in headers),
+        commit=commit,
+    )
+
+
+class _HubFiles:
+    """Small GETs against one repo at one commit, with the hub client's session and auth."""
+
+    def __init__(self, endpoint: str, repo_id: str, commit: str, token: str | None) -> None:
+        self.endpoint = endpoint
+        self.repo_id = repo_id
+        self.commit = commit
+        self.headers = build_hf_headers(token=token)
+
+    def url(self, filename: str) -> str:
+        return hf_hub_url(self.repo_id, filename, revision=self.commit, endpoint=self.endpoint)
+
+    def text(self, filename: str) -> str:
+        response = get_session().get(self.url(filename), headers=self.headers)
+        hf_raise_for_status(response)
+        return response.text
+
+    def safetensors_header(self, filename: str) -> tuple[bytes, int]:
+        """(JSON header, bytes received): the 8-byte length, then exactly the header."""
+        prefix, received = self._range(filename, 0, 8)
+        (length,) = struct.unpack("<Q", prefix)
+        where = f"{self.repo_id}@{self.commit}/{filename}"
+        if length > MAX_HEADER_BYTES:
+            raise ParseError(
+                where, f"safetensors header length {length} exceeds {MAX_HEADER_BYTES}"
+            )
+        header, more = self._range(filename, 8, length)
+        return header, received + more
+
+    def _range(self, filename: str, start: int, length: int) -> tuple[bytes, int]:
+        headers = {**self.headers, "Range": f"bytes={start}-{start + length - 1}"}
+        # Streamed, so a server that ignores Range cannot push the whole shard at us.
+        with get_session().stream("GET", self.url(filename), headers=headers) as response:
+            hf_raise_for_status(response)
+            skip = start if response.status_code == 200 else 0
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data.extend(chunk)
+                if len(data) >= skip + length:
+                    break
+        if len(data) < skip + length:
+            raise ParseError(
+                f"{self.repo_id}@{self.commit}/{filename}",
+                f"file ends after {len(data)} bytes; not a safetensors file",
+            )
+        return bytes(data[skip : skip + length]), len(data)
+
+
+def _read_with_hfapi(
+    api: HfApi,
+    repo_id: str,
+    commit: str,
+    token: str | None,
+    where: str,
+    config: Mapping[str, Any] | None,
+) -> CheckpointHeaders:
+    try:
+        metadata = api.get_safetensors_metadata(repo_id, revision=commit, token=token)
+    except NotASafetensorsRepoError as exc:
+        raise ParseError(
+            where, f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
+        ) from exc
+    except SafetensorsParsingError as exc:
+        raise ParseError(where, _first_line(exc)) from exc
+    tensors = {
+        name: TensorInfo(name, info.dtype, tuple(info.shape))
+        for file_metadata in metadata.files_metadata.values()
+        for name, info in file_metadata.tensors.items()
+    }
+    files = tuple(sorted(metadata.files_metadata))
+    header_bytes = sum(
+        8 + len(json.dumps(_header_dict(m), separators=(",", ":")).encode())
+        for m in metadata.files_metadata.values()
+    )
+    # the library does not report what it received; the caller counts on its side
+    return CheckpointHeaders(where, config, tensors, files, header_bytes, None, commit)
+
+
+def _header_dict(file_metadata: Any) -> dict[str, Any]:
+    # An approximation of the header size, for the report; the exact bytes are not kept.
+    return {
+        name: {"dtype": info.dtype, "shape": info.shape, "data_offsets": info.data_offsets}
+        for name, info in file_metadata.tensors.items()
+    }
+
+
+def _hub_weight_files(siblings: set[str], fetch: _HubFiles, where: str) -> list[str]:
+    if INDEX_FILE in siblings:
+        index = _json_object(fetch.text(INDEX_FILE), f"{where}/{INDEX_FILE}")
+        return _index_files(index, f"{where}/{INDEX_FILE}")
+    if SINGLE_FILE in siblings:
+        return [SINGLE_FILE]
+    top_level = sorted(s for s in siblings if s.endswith(".safetensors") and "/" not in s)
+    if top_level:
+        return top_level
+    raise ParseError(
+        where, f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
+    )
+
+
+def _local_weight_files(directory: Path) -> list[str]:
+    index_path = directory / INDEX_FILE
+    if index_path.exists():
+        files = _index_files(read_json_file(index_path), str(index_path))
+        for name in files:
+            if not (directory / name).is_file():
+                raise ParseError(
+                    str(index_path), f"weight_map names '{name}' but the file is missing"
+                )
+        return files
+    if (directory / SINGLE_FILE).is_file():
+        return [SINGLE_FILE]
+    files = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
+    if not files:
+        raise ParseError(
+            str(directory),
+            f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints",
+        )
+    return files
+
+
+def _index_files(index: Mapping[str, Any], source: str) -> list[str]:
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, Mapping) or not weight_map:
+        raise ParseError(source, "field 'weight_map' is missing or empty")
+    return sorted({str(name) for name in weight_map.values()})
+
+
+def _read_local_header(path: Path) -> tuple[bytes, int]:
+    """(JSON header, bytes read) with unbuffered reads: exactly 8 + header length bytes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        prefix = os.pread(fd, 8, 0)
+        if len(prefix) < 8:
+            raise ParseError(str(path), f"file has {len(prefix)} bytes; not a safetensors file")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES:
+            raise ParseError(
+                str(path), f"safetensors header length {length} exceeds {MAX_HEADER_BYTES}"
+            )
+        header = os.pread(fd, length, 8)
+    finally:
+        os.close(fd)
+    if len(header) < length:
+        raise ParseError(
+            str(path), f"header needs {length} bytes but the file ends after {len(header)}"
+        )
+    return header, 8 + length
+
+
+def _json_object(text: str, source: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(source, f"malformed JSON: {exc.msg}", line_no=exc.lineno) from None
+    if not isinstance(value, dict):
+        raise ParseError(source, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(exc).__name__

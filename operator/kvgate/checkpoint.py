@@ -1,0 +1,404 @@
+"""Does a checkpoint carry KV-cache scales? Tensor names (and shapes) -> `ScaleReport`.
+
+No I/O here: `kvgate.adapters.hub` reads the safetensors headers (locally or from the hub)
+and config.json; `scan_scales` judges them. Names follow vLLM's loader
+(`maybe_remap_kv_scale_name` / `get_cache_scale_mapper`, reference/engines.md §1.3), which maps
+every variant onto `<layer>.self_attn.attn.{k,v,q}_scale`:
+
+    model.layers.N.self_attn.k_scale            generic
+    model.layers.N.self_attn.attn.k_scale       already in vLLM's own naming
+    model.layers.N.self_attn.k_proj.k_scale     ModelOpt
+    model.layers.N.self_attn.qkv_proj.k_scale   fused projections
+    model.layers.N.self_attn.k_proj.output_scale   compressed-tensors / llm-compressor
+    model.layers.N.self_attn.kv_scale           legacy single scale, used for both K and V
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from kvgate.errors import ParseError
+
+_LAYER_NAME: Final = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
+# Vision / audio towers have numbered layers too; their tensors are not the decoder's.
+_NOT_DECODER: Final = re.compile(r"(?:^|\.)(?:vision|visual|vision_tower|audio|image)[\w]*\.")
+
+_SCALE_KINDS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
+    ("kv", re.compile(r"(?:^|\.)kv_scale$")),
+    ("k", re.compile(r"(?:^|\.)(?:k_scale|k_proj\.output_scale|k_cache\.scale)$")),
+    ("v", re.compile(r"(?:^|\.)(?:v_scale|v_proj\.output_scale|v_cache\.scale)$")),
+    ("q", re.compile(r"(?:^|\.)(?:q_scale|q_proj\.output_scale|self_attn\.q\.scale)$")),
+    ("prob", re.compile(r"(?:^|\.)(?:prob_scale|prob_output_scale)$")),
+)
+# Scales of quantized weights and activations: these say nothing about the KV cache.
+_WEIGHT_SCALE_SUFFIXES: Final = (
+    "weight_scale",
+    "weight_scale_inv",
+    "weight_scale_2",
+    "weight_global_scale",
+    "input_scale",
+    "input_global_scale",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor of a safetensors header; dtype and shape are None when only names are known."""
+
+    name: str
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def elements(self) -> int | None:
+        if self.shape is None:
+            return None
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class LayerScales:
+    """The scale tensors found for one decoder layer (tensor names, or None)."""
+
+    layer: int
+    k: str | None = None
+    v: str | None = None
+    q: str | None = None
+    prob: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "k": self.k, "v": self.v, "q": self.q, "prob": self.prob}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing worth telling the operator; `code` is stable, `message` is for people."""
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleReport:
+    """What a checkpoint carries for an FP8 KV cache."""
+
+    source: str
+    coverage: str  # "all", "partial", "none", or "unknown" when no weights were read
+    total_layers: int | None  # num_hidden_layers from config.json
+    expected_layers: tuple[int, ...]  # the attention layers that should carry scales
+    layers: tuple[LayerScales, ...]  # only layers with at least one scale
+    tensor_count: int
+    weight_scale_kinds: tuple[str, ...]
+    weight_scale_count: int
+    weight_dtypes: Mapping[str, int]
+    quant_method: str | None
+    kv_cache_scheme: Mapping[str, Any] | None
+    kv_cache_quant_algo: str | None
+    findings: tuple[Finding, ...]
+
+    @property
+    def present(self) -> bool | None:
+        """True when every attention layer has k and v scales; None when unknown."""
+        return None if self.coverage == "unknown" else self.coverage == "all"
+
+    def _count(self, kind: str) -> int:
+        wanted = set(self.expected_layers)
+        return sum(1 for s in self.layers if getattr(s, kind) and s.layer in wanted)
+
+    @property
+    def covered_layers(self) -> tuple[int, ...]:
+        wanted = set(self.expected_layers)
+        return tuple(s.layer for s in self.layers if s.k and s.v and s.layer in wanted)
+
+    @property
+    def missing_layers(self) -> tuple[int, ...]:
+        covered = set(self.covered_layers)
+        return tuple(i for i in self.expected_layers if i not in covered)
+
+    def to_dict(self) -> dict[str, Any]:
+        known = self.coverage != "unknown"
+        return {
+            "source": self.source,
+            "present": self.present,
+            "coverage": self.coverage,
+            "k": self._count("k") if known else None,
+            "v": self._count("v") if known else None,
+            "q": self._count("q") if known else None,
+            "prob": self._count("prob") if known else None,
+            "layers": {
+                "total": self.total_layers,
+                "expected": len(self.expected_layers),
+                "covered": len(self.covered_layers) if known else None,
+                "missing": list(self.missing_layers) if known else None,
+            },
+            "per_layer": [s.to_dict() for s in self.layers],
+            "tensor_count": self.tensor_count,
+            "weight_scales": {
+                "present": bool(self.weight_scale_count) if known else None,
+                "count": self.weight_scale_count,
+                "kinds": list(self.weight_scale_kinds),
+                "quant_method": self.quant_method,
+                "weight_dtypes": dict(self.weight_dtypes),
+            },
+            "kv_cache_scheme": dict(self.kv_cache_scheme) if self.kv_cache_scheme else None,
+            "kv_cache_quant_algo": self.kv_cache_quant_algo,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def scan_scales(
+    tensors: Iterable[str] | Iterable[TensorInfo] | Mapping[str, TensorInfo],
+    *,
+    config: Mapping[str, Any] | None = None,
+    kv_layers: Sequence[int] | None = None,
+    source: str = "checkpoint",
+) -> ScaleReport:
+    """Judge a checkpoint's tensor list (names, or headers with shapes) for KV scales.
+
+    `kv_layers` are the layers that hold KV (hybrid models have fewer than all); by default
+    every layer of `num_hidden_layers` in `config`, or else every layer seen in the names.
+    """
+    infos = _tensor_infos(tensors)
+    config = config or {}
+    quant = _quantization_config(config, source)
+    total_layers = _num_layers(config)
+
+    found: dict[int, dict[str, str]] = {}
+    kinds_seen: set[str] = set()
+    weight_kinds: dict[str, int] = {}
+    weight_dtypes: dict[str, int] = {}
+    non_scalar: list[str] = []
+    decoder_layers: set[int] = set()
+    for info in infos:
+        suffix = info.name.rsplit(".", 1)[-1]
+        if suffix in _WEIGHT_SCALE_SUFFIXES:
+            weight_kinds[suffix] = weight_kinds.get(suffix, 0) + 1
+        elif suffix == "weight" and info.dtype:
+            weight_dtypes[info.dtype] = weight_dtypes.get(info.dtype, 0) + 1
+        match = _LAYER_NAME.search(info.name)
+        if match is None or _NOT_DECODER.search(info.name):
+            continue
+        layer, rest = int(match.group(1)), match.group(2)
+        decoder_layers.add(layer)
+        for kind, pattern in _SCALE_KINDS:
+            if not pattern.search(rest):
+                continue
+            slots = found.setdefault(layer, {})
+            for slot in ("k", "v") if kind == "kv" else (kind,):
+                slots.setdefault(slot, info.name)
+            kinds_seen.add(kind)
+            if info.elements is not None and info.elements > 1:
+                non_scalar.append(f"{info.name} {list(info.shape or ())}")
+            break
+
+    if kv_layers is not None:
+        expected = tuple(sorted(set(kv_layers)))
+    elif total_layers is not None:
+        expected = tuple(range(total_layers))
+    else:
+        expected = tuple(sorted(decoder_layers))
+    layers = tuple(LayerScales(layer=i, **found[i]) for i in sorted(found))
+    wanted = set(expected)
+    covered = [s.layer for s in layers if s.k and s.v and s.layer in wanted]
+    if not any(s.k or s.v for s in layers):
+        coverage = "none"
+    elif expected and len(covered) == len(expected):
+        coverage = "all"
+    else:
+        coverage = "partial"
+
+    report = ScaleReport(
+        source=source,
+        coverage=coverage,
+        total_layers=total_layers,
+        expected_layers=expected,
+        layers=layers,
+        tensor_count=len(infos),
+        weight_scale_kinds=tuple(sorted(weight_kinds)),
+        weight_scale_count=sum(weight_kinds.values()),
+        weight_dtypes=weight_dtypes,
+        quant_method=quant.get("quant_method"),
+        kv_cache_scheme=quant.get("kv_cache_scheme"),
+        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        findings=(),
+    )
+    findings = _findings(report, kinds_seen, non_scalar)
+    return _with_findings(report, findings)
+
+
+def unknown_scales(config: Mapping[str, Any], source: str = "config.json") -> ScaleReport:
+    """The report for a config.json alone: the config's quantization hints, scales unknown."""
+    quant = _quantization_config(config, source)
+    total_layers = _num_layers(config)
+    report = ScaleReport(
+        source=source,
+        coverage="unknown",
+        total_layers=total_layers,
+        expected_layers=tuple(range(total_layers or 0)),
+        layers=(),
+        tensor_count=0,
+        weight_scale_kinds=(),
+        weight_scale_count=0,
+        weight_dtypes={},
+        quant_method=quant.get("quant_method"),
+        kv_cache_scheme=quant.get("kv_cache_scheme"),
+        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        findings=(),
+    )
+    findings = [
+        Finding(
+            "ScalesUnknown",
+            "only config.json was read: whether the checkpoint carries k/v scales is unknown; "
+            "scan the model directory or hub repo to find out",
+        )
+    ]
+    if report.quant_method and not report.kv_cache_scheme:
+        findings.append(
+            Finding(
+                "WeightsQuantized",
+                f"config.json declares quant_method '{report.quant_method}': that quantizes "
+                "weights; it does not put k/v scales in the checkpoint",
+            )
+        )
+    findings.extend(_config_findings(report))
+    return _with_findings(report, findings)
+
+
+def parse_safetensors_header(header: bytes, source: str) -> dict[str, TensorInfo]:
+    """The tensors of one safetensors JSON header (the bytes after the 8-byte length)."""
+    try:
+        decoded = json.loads(header.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParseError(source, f"safetensors header is not JSON ({exc})") from exc
+    if not isinstance(decoded, dict):
+        raise ParseError(source, "safetensors header is not a JSON object")
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in decoded.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            raise ParseError(source, f"safetensors header entry '{name}' has no shape")
+        tensors[name] = TensorInfo(name, str(entry.get("dtype")), tuple(entry["shape"]))
+    return tensors
+
+
+def _with_findings(report: ScaleReport, findings: Sequence[Finding]) -> ScaleReport:
+    return replace(report, findings=tuple(findings))
+
+
+def _tensor_infos(
+    tensors: Iterable[str] | Iterable[TensorInfo] | Mapping[str, TensorInfo],
+) -> list[TensorInfo]:
+    if isinstance(tensors, Mapping):
+        return list(tensors.values())
+    return [t if isinstance(t, TensorInfo) else TensorInfo(str(t)) for t in tensors]
+
+
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    nested = config.get("text_config")
+    return nested if isinstance(nested, Mapping) else config
+
+
+def _num_layers(config: Mapping[str, Any]) -> int | None:
+    value = _text_config(config).get("num_hidden_layers")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _quantization_config(config: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    quant = config.get("quantization_config") or _text_config(config).get("quantization_config")
+    if quant is None:
+        return {}
+    if not isinstance(quant, Mapping):
+        raise ParseError(source, "field 'quantization_config' must be an object")
+    return quant
+
+
+def _findings(report: ScaleReport, kinds_seen: set[str], non_scalar: list[str]) -> list[Finding]:
+    findings: list[Finding] = []
+    expected = len(report.expected_layers)
+    if report.coverage == "none":
+        if report.weight_scale_count:
+            findings.append(
+                Finding(
+                    "FP8WeightsWithoutKVScales",
+                    f"the checkpoint has {report.weight_scale_count} weight/activation scales "
+                    f"({', '.join(report.weight_scale_kinds)}) but no k/v scales: quantized "
+                    "weights do not calibrate the KV cache, which will run with scale 1.0",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "ScalesMissing",
+                    f"no k/v scale tensors among {report.tensor_count} tensors: with an FP8 KV "
+                    "cache the engines use scale 1.0 (vLLM warns 'Using KV cache scaling "
+                    "factor 1.0 for fp8_e4m3')",
+                )
+            )
+    elif report.coverage == "partial":
+        missing = report.missing_layers
+        shown = ", ".join(str(i) for i in missing[:8]) + (", ..." if len(missing) > 8 else "")
+        findings.append(
+            Finding(
+                "ScalesPartial",
+                f"k/v scales cover {len(report.covered_layers)} of {expected} attention layers; "
+                f"missing in layer(s) {shown}",
+            )
+        )
+    if "kv" in kinds_seen:
+        findings.append(
+            Finding(
+                "LegacyKVScale",
+                "the checkpoint uses the deprecated single kv_scale per layer: vLLM copies it "
+                "to k_scale and v_scale and logs 'DEPRECATED. Found kv_scale in the checkpoint'",
+            )
+        )
+    if report.coverage in ("all", "partial") and "q" not in kinds_seen:
+        findings.append(
+            Finding(
+                "QScaleMissing",
+                "no q scales: vLLM sets q_scale to k_scale, which only matters for FP8 "
+                "attention backends (flash-attn or flashinfer)",
+            )
+        )
+    if non_scalar:
+        findings.append(
+            Finding(
+                "NonScalarKVScale",
+                f"{len(non_scalar)} k/v/q scale(s) are not per-tensor (e.g. {non_scalar[0]}): "
+                "vLLM refuses them ('Only support per-tensor scaling factor for fp8 KV cache')",
+            )
+        )
+    findings.extend(_config_findings(report))
+    return findings
+
+
+def _config_findings(report: ScaleReport) -> list[Finding]:
+    findings: list[Finding] = []
+    if report.kv_cache_scheme:
+        findings.append(
+            Finding(
+                "KVCacheSchemeSet",
+                "config.json quantization_config.kv_cache_scheme is set: vLLM runs the KV cache "
+                "in FP8 even with --kv-cache-dtype auto, and logs no line saying so",
+            )
+        )
+    if str(report.kv_cache_quant_algo or "").upper() == "FP8":
+        findings.append(
+            Finding(
+                "KVCacheQuantAlgoFP8",
+                "config.json quantization_config.kv_cache_quant_algo is FP8: SGLang resolves "
+                "--kv-cache-dtype auto to fp8_e4m3 without saying so",
+            )
+        )
+    return findings

@@ -1,0 +1,180 @@
+"""`kvgate preflight MODEL`: KV capacity per dtype and whether the checkpoint has KV scales."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
+from kvgate.checkpoint import ScaleReport, scan_scales, unknown_scales
+from kvgate.errors import ParseError, SpecError
+
+HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
+DTYPES = ("bf16", "fp8")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="MODEL", help="model directory, hub repo id (org/name) or a config.json"
+    )
+    parser.add_argument("--revision", help="hub branch, tag or commit (default: main)")
+    parser.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="environment variable holding the hub token (default: huggingface_hub's lookup)",
+    )
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="G",
+        help="memory left for the KV cache, in GiB (vLLM's 'Available KV cache memory'); "
+        "adds pool tokens per dtype",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
+    result = preflight(args.model, args.revision, _token(args.token_env), memory)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(render_text(result))
+    return 0
+
+
+def preflight(
+    target: str, revision: str | None, token: str | None, memory_bytes: int | None
+) -> dict[str, Any]:
+    """Read what `target` names and return the preflight summary as plain data."""
+    from kvgate.adapters import hub
+
+    path = Path(target)
+    read: dict[str, Any] | None = None
+    if path.is_file() and path.suffix != ".safetensors":
+        config = hub.read_json_file(path)
+        layout = parse_kv_layout(config, source=str(path))
+        scales = unknown_scales(config, source=str(path))
+        source, commit = str(path), None
+    else:
+        if path.exists():
+            headers = hub.read_local_checkpoint(path)
+        elif hub.looks_like_repo_id(target) and not target.endswith(".json"):
+            headers = hub.read_hub_checkpoint(target, revision=revision, token=token)
+        else:
+            raise ParseError(
+                target, "no such file or directory, and not a hub repo id like org/name"
+            )
+        if headers.config is None:
+            raise ParseError(f"{headers.source}/config.json", "no such file")
+        config_source = f"{headers.source}/config.json"
+        layout = parse_kv_layout(headers.config, source=config_source)
+        scales = scan_scales(
+            headers.tensors,
+            config=headers.config,
+            kv_layers=layout.kv_layer_indices,
+            source=headers.source,
+        )
+        source, commit, read = headers.source, headers.commit, headers.to_dict()
+    return _summary(source, revision, commit, layout, scales, memory_bytes, read)
+
+
+def _summary(
+    source: str,
+    revision: str | None,
+    commit: str | None,
+    layout: KVLayout,
+    scales: ScaleReport,
+    memory_bytes: int | None,
+    read: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "kind": "kvgate.preflight",
+        "source": source,
+        "revision": revision,
+        "commit": commit,
+        "architecture": layout.architecture,
+        "attention": layout.attention,
+        "num_layers": layout.num_layers,
+        "kv_layers": layout.kv_layers,
+        "kv_heads": layout.kv_heads,
+        "head_dim": layout.head_dim,
+        "tensors_per_layer": layout.tensors_per_layer,
+        "sliding_window_layers": layout.sliding_window_layers,
+        "kv_bytes_per_token": {d: layout.bytes_per_token(d) for d in DTYPES},
+        "tokens_per_gib": {d: round(layout.tokens_per_gib(d), 1) for d in DTYPES},
+        "pool_memory_gib": None if memory_bytes is None else memory_bytes / GIB,
+        "pool_tokens": None
+        if memory_bytes is None
+        else {d: layout.pool_tokens(memory_bytes, d) for d in DTYPES},
+        "capacity_gain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
+        "notes": list(layout.notes),
+        "scales": scales.to_dict(),
+        "read": read,
+    }
+
+
+def render_text(result: dict[str, Any]) -> str:
+    """A short table for people."""
+    rows = [
+        f"model      {result['source']}"
+        + (f" (commit {result['commit'][:12]})" if result.get("commit") else ""),
+        f"layout     {result['architecture']}, {result['attention']}: {result['kv_layers']} of "
+        f"{result['num_layers']} layers hold KV, " + _per_layer(result),
+        "",
+    ]
+    pool = result["pool_tokens"]
+    header = f"{'dtype':<6} {'bytes/token':>12} {'tokens/GiB':>11}"
+    if pool is not None:
+        header += f" {'pool tokens (' + _gib(result['pool_memory_gib']) + ' GiB)':>22}"
+    rows.append(header)
+    for dtype in DTYPES:
+        row = (
+            f"{dtype:<6} {result['kv_bytes_per_token'][dtype]:>12,} "
+            f"{round(result['tokens_per_gib'][dtype]):>11,}"
+        )
+        if pool is not None:
+            row += f" {pool[dtype]:>22,}"
+        rows.append(row)
+    scales = result["scales"]
+    rows.append("")
+    if scales["coverage"] == "unknown":
+        rows.append("scales     unknown (config.json only)")
+    else:
+        layers = scales["layers"]
+        rows.append(
+            f"scales     {scales['coverage']}: k {scales['k']}, v {scales['v']}, q {scales['q']} "
+            f"of {layers['expected']} attention layers; weight scales "
+            f"{scales['weight_scales']['count']}"
+        )
+    rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
+    rows.extend(f"note       {note}" for note in result["notes"])
+    read = result.get("read")
+    if read:
+        rows.append(
+            f"read       {len(read['files'])} safetensors header(s), {read['bytes_read']:,} bytes "
+            f"for {read['header_bytes']:,} header bytes"
+        )
+    return "\n".join(rows)
+
+
+def _per_layer(result: dict[str, Any]) -> str:
+    if result["tensors_per_layer"] == 1:
+        return f"one latent of {result['head_dim']} values per layer"
+    return f"K and V of {result['kv_heads']} heads x {result['head_dim']} per layer"
+
+
+def _gib(value: float) -> str:
+    return f"{value:g}"
+
+
+def _token(variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    token = os.environ.get(variable)
+    if not token:
+        raise SpecError("--token-env", f"environment variable '{variable}' is not set or empty")
+    return token

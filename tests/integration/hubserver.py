@@ -1,0 +1,231 @@
+"""A loopback stand-in for the Hugging Face hub, enough for huggingface_hub's read paths.
+
+Routes (as the real hub answers them):
+    GET  /api/models/{org}/{name}[/revision/{rev}]      model info with `sha` and `siblings`
+    HEAD /{org}/{name}/resolve/{rev}/{path}             ETag, X-Repo-Commit, Content-Length
+    GET  /{org}/{name}/resolve/{rev}/{path}             body, honouring `Range: bytes=a-b`
+Errors carry the hub's `X-Error-Code` (RepoNotFound, RevisionNotFound, EntryNotFound,
+GatedRepo) so the client raises the same exceptions it raises against the real hub.
+Every body byte sent is counted per file, so tests can prove no shard was downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+@dataclass
+class FakeRepo:
+    files: dict[str, Path]
+    sha: str
+    branches: tuple[str, ...] = ("main",)
+    token: str | None = None  # private: requests need `Authorization: Bearer <token>`
+    gated: bool = False
+    honour_range: bool = True  # False: answer Range requests with the whole file (a bad mirror)
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    authorized: bool
+
+
+@dataclass
+class FakeHub:
+    repos: dict[str, FakeRepo] = field(default_factory=dict)
+    served: Counter[str] = field(default_factory=Counter)  # body bytes sent, per file path
+    requests: list[Request] = field(default_factory=list)
+    _server: ThreadingHTTPServer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_repo(
+        self,
+        repo_id: str,
+        directory: Path,
+        *,
+        token: str | None = None,
+        gated: bool = False,
+        honour_range: bool = True,
+        branches: tuple[str, ...] = ("main",),
+    ) -> FakeRepo:
+        files = {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*")) if p.is_file()}
+        sha = hashlib.sha1(repo_id.encode() + b"".join(n.encode() for n in files)).hexdigest()
+        repo = FakeRepo(files, sha, branches, token, gated, honour_range)
+        self.repos[repo_id] = repo
+        return repo
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None, "start() the hub first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def bytes_served(self, suffix: str = "") -> int:
+        with self._lock:
+            return sum(n for path, n in self.served.items() if path.endswith(suffix))
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.served.clear()
+            self.requests.clear()
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(_Handler):
+            fake = hub
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeHub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeHub
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:
+        self._route(body=True)
+
+    def do_HEAD(self) -> None:
+        self._route(body=False)
+
+    def _route(self, body: bool) -> None:
+        path = urlsplit(self.path).path
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            self._model_info("/".join(parts[2:4]), parts[5] if len(parts) >= 6 else "main", body)
+        elif len(parts) >= 5 and parts[2] == "resolve":
+            self._resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]), body)
+        else:
+            self._error(404, None, body)
+
+    def _access(self, repo_id: str, revision: str, body: bool) -> FakeRepo | None:
+        repo = self.fake.repos.get(repo_id)
+        if repo is None or (repo.token and self.headers.get("authorization") != f"Bearer {repo.token}"):
+            self._error(401, "RepoNotFound", body)
+            return None
+        if repo.gated:
+            self._error(403, "GatedRepo", body)
+            return None
+        if revision not in repo.branches and revision != repo.sha:
+            self._error(404, "RevisionNotFound", body)
+            return None
+        return repo
+
+    def _model_info(self, repo_id: str, revision: str, body: bool) -> None:
+        repo = self._access(repo_id, revision, body)
+        if repo is None:
+            return
+        info = {
+            "id": repo_id,
+            "modelId": repo_id,
+            "sha": repo.sha,
+            "private": repo.token is not None,
+            "siblings": [{"rfilename": name} for name in repo.files],
+        }
+        self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body, None)
+
+    def _resolve(self, repo_id: str, revision: str, filename: str, body: bool) -> None:
+        repo = self._access(repo_id, revision, body)
+        if repo is None:
+            return
+        path = repo.files.get(filename)
+        if path is None:
+            self._error(404, "EntryNotFound", body)
+            return
+        size = path.stat().st_size
+        headers = {
+            "ETag": f'"{hashlib.sha1(f"{repo.sha}/{filename}".encode()).hexdigest()}"',
+            "X-Repo-Commit": repo.sha,
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
+        start, end, status = 0, size - 1, 200
+        wanted = self.headers.get("range")
+        if wanted and repo.honour_range:
+            match = _RANGE.match(wanted.strip())
+            if match is None or int(match.group(1)) >= size:
+                headers["Content-Range"] = f"bytes */{size}"
+                self._send(416, b"", headers, body, filename)
+                return
+            start = int(match.group(1))
+            end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        with path.open("rb") as f:
+            f.seek(start)
+            data = f.read(end - start + 1) if body else b""
+        headers["Content-Length"] = str(end - start + 1)
+        self._send(status, data, headers, body, filename, length_set=True)
+
+    def _error(self, status: int, code: str | None, body: bool) -> None:
+        headers = {"Content-Type": "application/json"}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, json.dumps({"error": code or "not found"}).encode(), headers, body, None)
+
+    def _send(
+        self,
+        status: int,
+        data: bytes,
+        headers: dict[str, str],
+        body: bool,
+        filename: str | None,
+        length_set: bool = False,
+    ) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if not length_set:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        sent = 0
+        if body and data:
+            try:
+                self.wfile.write(data)
+                sent = len(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading early; count what it could not refuse
+        with self.fake._lock:
+            if filename is not None:
+                self.fake.served[filename] += sent
+            self.fake.requests.append(
+                Request(
+                    self.command,
+                    self.path,
+                    self.headers.get("range"),
+                    status,
+                    self.headers.get("authorization") is not None,
+                )
+            )
