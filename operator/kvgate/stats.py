@@ -342,8 +342,8 @@ class PairedAnalysis:
     mcnemar_p: float
     noninferiority_p: float
     noninferior: bool
-    # Every loss larger than this is ruled out at `confidence` (one-sided); negative means the
-    # candidate is shown better than control.
+    # Every loss larger than this (a fraction, ≥ 0) is ruled out at `confidence`, one-sided;
+    # 0 means even a zero loss is ruled out (the candidate is shown better).
     largest_loss_ruled_out: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -380,7 +380,7 @@ def analyse_paired(
         mcnemar_p=mcnemar_exact_p(counts),
         noninferiority_p=noninferiority_p(counts, margin),
         noninferior=lower > -margin,
-        largest_loss_ruled_out=-lower,
+        largest_loss_ruled_out=max(0.0, -lower),
     )
 
 

@@ -145,11 +145,12 @@ def run(args: argparse.Namespace) -> int:
                 error=str(exc),
                 extra=extra,
             )
+        if output is not None:
+            summary["output"] = args.output
+            output.write(json.dumps(summary, separators=(",", ":")) + "\n")
     finally:
         if output is not None:
             output.close()
-    if args.output:
-        summary["output"] = args.output
     _emit(summary)
     return EXIT_CODES[Verdict(summary["verdict"])]
 

@@ -254,7 +254,7 @@ def build_summary(
                 "tango95": list(tango_interval(counts, 0.95)),
                 "mcnemar_p": mcnemar_exact_p(counts),
             },
-            largest_loss_ruled_out=-lower,
+            largest_loss_ruled_out=max(0.0, -lower),
             noninferiority_p=noninferiority_p(counts, plan.margin),
             advice=advice(counts, plan),
         )

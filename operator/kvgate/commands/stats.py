@@ -1,0 +1,221 @@
+"""`kvgate stats`: Wilson intervals per arm, the paired analysis, or a saved eval result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from kvgate.errors import ParseError, SpecError
+from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
+from kvgate.stats import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MARGIN,
+    ArmResult,
+    PairedCounts,
+    analyse_paired,
+    questions_needed,
+)
+
+HELP = "accuracy statistics: Wilson intervals, paired non-inferiority, saved eval results"
+
+_FRACTION = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SUMMARY_KIND = "kvgate.eval/summary"
+_HEADER = f"{'arm':<11} {'right/n':>11}   accuracy  Wilson 95%"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", metavar="K/N", help="right answers / questions")
+    parser.add_argument(
+        "--candidate", metavar="K/N", action="append", default=[], help="repeatable"
+    )
+    parser.add_argument(
+        "--paired",
+        metavar="BOTH,BASE_ONLY,CAND_ONLY,NEITHER",
+        help="paired counts on the same questions",
+    )
+    parser.add_argument(
+        "--from", dest="source", metavar="FILE", help="kvgate eval --output JSONL or summary JSON"
+    )
+    parser.add_argument("--margin", type=float, default=None, help=f"default {DEFAULT_MARGIN}")
+    parser.add_argument(
+        "--confidence", type=float, default=None, help=f"one-sided, default {DEFAULT_CONFIDENCE}"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def parse_fraction(text: str, field: str) -> ArmResult:
+    """'459/500' -> ArmResult; K ≤ N and N > 0."""
+    m = _FRACTION.match(text or "")
+    if m is None:
+        raise SpecError(field, f"{text!r} is not K/N (right answers/questions), e.g. 459/500")
+    k, n = int(m.group(1)), int(m.group(2))
+    if n == 0:
+        raise SpecError(field, f"{text!r} has 0 questions")
+    if k > n:
+        raise SpecError(field, f"{text!r}: {k} right answers out of {n} questions; K must be ≤ N")
+    return ArmResult.from_counts(k, n)
+
+
+def parse_paired(text: str, field: str = "--paired") -> PairedCounts:
+    """'452,7,6,35' -> PairedCounts(both, control_only, candidate_only, neither)."""
+    parts = [p.strip() for p in (text or "").split(",")]
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise SpecError(
+            field, f"{text!r} is not four counts BOTH,BASE_ONLY,CAND_ONLY,NEITHER, e.g. 452,7,6,35"
+        )
+    counts = PairedCounts(*(int(p) for p in parts))
+    if counts.n == 0:
+        raise SpecError(field, f"{text!r} has 0 questions")
+    return counts
+
+
+def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
+    """Paired counts from a per-question JSONL, or from a summary JSON (object or last line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ParseError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    summary = _find_summary(text)
+    has_questions = f'"{QUESTION_KIND}"' in text
+    if has_questions:
+        return read_question_lines(path), summary
+    if summary is None:
+        raise ParseError(str(path), "neither per-question lines nor a kvgate.eval/summary object")
+    paired = summary.get("paired")
+    try:
+        counts = PairedCounts(
+            paired["both"], paired["control_only"], paired["candidate_only"], paired["neither"]
+        )
+    except (KeyError, TypeError) as exc:
+        raise ParseError(str(path), "the summary has no paired counts") from exc
+    if counts.n == 0:
+        raise ParseError(str(path), "the summary has 0 paired questions")
+    return counts, summary
+
+
+def _find_summary(text: str) -> dict[str, Any] | None:
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and whole.get("kind") == _SUMMARY_KIND:
+        return whole
+    for line in reversed(text.splitlines()):
+        if _SUMMARY_KIND not in line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("kind") == _SUMMARY_KIND:
+            return obj
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    modes = [bool(args.baseline or args.candidate), bool(args.paired), bool(args.source)]
+    if sum(modes) != 1:
+        raise SpecError(
+            "kvgate stats", "give exactly one of --baseline/--candidate, --paired or --from"
+        )
+    if modes[0]:
+        arms: list[tuple[str, ArmResult]] = []
+        if args.baseline:
+            arms.append(("baseline", parse_fraction(args.baseline, "--baseline")))
+        for i, text in enumerate(args.candidate):
+            name = "candidate" if len(args.candidate) == 1 else f"candidate{i + 1}"
+            arms.append((name, parse_fraction(text, "--candidate")))
+        _print_arms(arms, args.json)
+        return 0
+
+    summary: dict[str, Any] | None = None
+    if args.paired:
+        counts = parse_paired(args.paired)
+    else:
+        counts, summary = read_saved_result(Path(args.source))
+    margin = _pick(args.margin, summary, "margin", DEFAULT_MARGIN)
+    confidence = _pick(args.confidence, summary, "confidence", DEFAULT_CONFIDENCE)
+    if not 0.0 < margin < 1.0:
+        raise SpecError("--margin", f"{margin} is not in (0, 1); use a fraction such as 0.02")
+    if not 0.5 < confidence < 1.0:
+        raise SpecError("--confidence", f"{confidence} is not in (0.5, 1); use e.g. 0.95")
+    _print_paired(counts, margin, confidence, summary, args.json)
+    return 0
+
+
+def _pick(flag: float | None, summary: dict[str, Any] | None, key: str, default: float) -> float:
+    if flag is not None:
+        return flag
+    if summary is not None and isinstance(summary.get(key), int | float):
+        return abs(float(summary[key]))
+    return default
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _arm_line(name: str, arm: ArmResult) -> str:
+    low, high = arm.wilson95
+    fraction = f"{arm.correct}/{arm.n}"
+    return f"{name:<11} {fraction:>11} = {_pct(arm.accuracy):>5}%  [{_pct(low)}, {_pct(high)}]"
+
+
+def _print_arms(arms: list[tuple[str, ArmResult]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"kind": "kvgate.stats/wilson", **{n: a.to_dict() for n, a in arms}}))
+        return
+    print(_HEADER)
+    for name, arm in arms:
+        print(_arm_line(name, arm))
+
+
+def _print_paired(
+    counts: PairedCounts,
+    margin: float,
+    confidence: float,
+    summary: dict[str, Any] | None,
+    as_json: bool,
+) -> None:
+    analysis = analyse_paired(counts, margin, confidence)
+    needed = questions_needed(counts.discordance, margin, confidence)
+    control, candidate = counts.control(), counts.candidate()
+    if as_json:
+        out: dict[str, Any] = {
+            "kind": "kvgate.stats/paired",
+            **analysis.to_dict(),
+            "control": control.to_dict(),
+            "candidate": candidate.to_dict(),
+            "questions_needed": needed,
+        }
+        if summary is not None:
+            out["eval_verdict"] = summary.get("verdict")
+        print(json.dumps(out))
+        return
+    low, high = analysis.tango95
+    print(_HEADER)
+    print(_arm_line("control", control))
+    print(_arm_line("candidate", candidate))
+    print(
+        f"paired      both {counts.both}, control only {counts.control_only}, "
+        f"candidate only {counts.candidate_only}, neither {counts.neither}"
+    )
+    print(
+        f"difference  {100 * analysis.difference:+.2f} pp  Tango 95% "
+        f"[{100 * low:+.2f}, {100 * high:+.2f}] pp  McNemar exact p = {analysis.mcnemar_p:.3g}"
+    )
+    verdict = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
+    print(
+        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided: {verdict} "
+        f"(p = {analysis.noninferiority_p:.3g}); losses above "
+        f"{100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
+    )
+    print(
+        f"advice      {needed} questions give 80% power at this discordance "
+        f"({100 * counts.discordance:.1f}%)"
+    )
+    if summary is not None:
+        print(f"eval        verdict {summary.get('verdict')} after {summary.get('looks')} look(s)")
