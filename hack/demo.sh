@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# kvgate end to end, narrated: a local control plane, the Helm chart, a simulated vLLM
+# Deployment on an L4, and two FP8 KV-cache rollouts, one rolled back, one promoted.
+#
+#   hack/demo.sh            # run it, then tear everything down
+#   hack/demo.sh --keep     # leave the cluster up afterwards (or KEEP=1)
+#
+# Every wait has a deadline; on failure it prints what went wrong and tears down.
+# Environment: KVGATE_GSM8K_DIR (default ../shared/data/gsm8k next to the checkout),
+# KVGATE_DEMO_DIR (cluster state, default ~/.cache/kvgate/demo), DEMO_TIMEOUT (seconds
+# per rollout, default 900).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+KEEP="${KEEP:-0}"
+for arg in "$@"; do
+	case "$arg" in
+	--keep) KEEP=1 ;;
+	-h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
+	esac
+done
+
+PY="$ROOT/.venv/bin/python"
+STATE="${KVGATE_DEMO_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/demo}"
+GSM8K="${KVGATE_GSM8K_DIR:-$(cd "$ROOT/.." && pwd)/shared/data/gsm8k}"
+NS=kvgate-demo
+OPNS=kvgate-system
+RELEASE=kvgate
+DEMO_TIMEOUT="${DEMO_TIMEOUT:-900}"
+OUT="$STATE/out"
+T0=$SECONDS
+
+if [ -t 1 ]; then B=$'\e[1m' D=$'\e[2m' G=$'\e[32m' R=$'\e[31m' Y=$'\e[33m' N=$'\e[0m'; else B= D= G= R= Y= N=; fi
+say() { printf '%s\n' "$*"; }
+step() { printf '\n%s== %s%s %s(%ss)%s\n' "$B" "$*" "$N" "$D" "$((SECONDS - T0))" "$N"; }
+fail() { printf '%sdemo failed: %s%s\n' "$R" "$*" "$N" >&2; exit 1; }
+
+[ -x "$PY" ] || fail "no $PY; run \`make install\` (or \`make demo\`, which does it)"
+[ -f "$GSM8K/test.jsonl" ] || fail "GSM8K not found in $GSM8K (set KVGATE_GSM8K_DIR)"
+export PATH="$ROOT/.venv/bin:$PATH"
+export KVGATE_GSM8K_DIR="$GSM8K"
+
+# ---- 1. binaries ------------------------------------------------------------------------
+step "Control-plane binaries"
+BIN="$(hack/build-binaries.sh --print)"
+if ! "$PY" -c "import sys; sys.path.insert(0, 'hack'); from cluster import missing_binaries; from pathlib import Path; sys.exit(1 if missing_binaries(Path('$BIN')) or not Path('$BIN/helm').exists() else 0)"; then
+	say "Building kube-apiserver, etcd, kubectl, helm... from Go modules (once; ~20 min on 2 cores)."
+	hack/build-binaries.sh
+fi
+export PATH="$BIN:$PATH"
+say "using $BIN"
+
+# ---- teardown and diagnostics -----------------------------------------------------------
+CLUSTER_UP=0
+finish() {
+	local rc=$?
+	set +e
+	if [ "$rc" -ne 0 ] && [ "$CLUSTER_UP" = 1 ]; then
+		printf '\n%s== What went wrong%s\n' "$R" "$N" >&2
+		kubectl get pods -A -o wide --request-timeout=10s >&2
+		say "-- operator log (last 40 lines)" >&2
+		kubectl logs -n "$OPNS" "deployment/$RELEASE" --tail=40 --request-timeout=10s >&2
+		say "-- events in $NS (last 20)" >&2
+		kubectl get events -n "$NS" --sort-by=.lastTimestamp --request-timeout=10s 2>/dev/null | tail -20 >&2
+	fi
+	if [ "$CLUSTER_UP" = 1 ]; then
+		if [ "$KEEP" = 1 ]; then
+			printf '\n%sCluster left running.%s\n  export KUBECONFIG=%s\n  %s hack/cluster.py down --state-dir %s\n' \
+				"$B" "$N" "$KUBECONFIG" "$PY" "$STATE/cluster"
+		else
+			step "Tear down"
+			timeout 90 "$PY" hack/cluster.py down --state-dir "$STATE/cluster" 2>&1 | sed 's/^/  /'
+		fi
+	fi
+	exit "$rc"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+# ---- 2. cluster ---------------------------------------------------------------------------
+step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
+mkdir -p "$STATE" "$OUT"
+CLUSTER_UP=1
+KUBECONFIG="$(timeout 400 "$PY" hack/cluster.py up --state-dir "$STATE/cluster" --bin-dir "$BIN" --timeout 300)" ||
+	fail "the control plane did not start; see $STATE/cluster/supervisor.log"
+export KUBECONFIG
+kubectl get nodes --request-timeout=10s | sed 's/^/  /'
+
+# ---- 3. the operator, from the chart -------------------------------------------------------
+step "Install kvgate with Helm (the operator runs as a pod under the chart's ServiceAccount)"
+kubectl create namespace "$NS" --request-timeout=10s >/dev/null
+timeout 300 helm install "$RELEASE" charts/kvgate --namespace "$OPNS" --create-namespace \
+	--set watch.allNamespaces=false --set "watch.namespaces={$NS}" \
+	--set "config.gsm8kDir=$GSM8K" --set config.pollInterval=1 --set logFormat=plain \
+	--wait --timeout 240s >"$OUT/helm-install.txt" || fail "helm install: $(tail -5 "$OUT/helm-install.txt")"
+say "  release $RELEASE in $OPNS: $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.status.readyReplicas}/{.spec.replicas}' --request-timeout=10s) ready"
+say "  ServiceAccount $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.spec.template.spec.serviceAccountName}'), Role in $NS only"
+
+# ---- 4. production ---------------------------------------------------------------------
+step "Production: vLLM serving Qwen3-8B in BF16 on one L4 (simulated), under load"
+kubectl apply -n "$NS" -f examples/vllm-deployment.yaml --request-timeout=10s | sed 's/^/  /'
+kubectl rollout status -n "$NS" deployment/vllm --timeout=180s | sed 's/^/  /' || fail "the vLLM Deployment never became ready"
+say "  args: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
+
+# A rollout for the demo: the gates of examples/auto.yaml, scaled down to a few minutes.
+rollout() { # name, extra args as a JSON list
+	cat <<-EOF
+		apiVersion: kvgate.io/v1alpha1
+		kind: KVCacheRollout
+		metadata:
+		  name: $1
+		spec:
+		  targetRef: {name: vllm}
+		  kvCacheDtype: fp8
+		  extraArgs: $2
+		  gates:
+		    capacity: {mode: require, window: 20s, samples: 4}
+		    scales: {mode: warn}
+		    accuracy: {questions: 200, chunk: 50, margin: 3}
+		    capacityGain: {minRatio: 1.8}
+		  canary: {startupTimeout: 5m, evalTimeout: 10m, evalRetries: 1}
+		  promotion: {mode: auto, verifyWindow: 20s}
+	EOF
+}
+
+# Follow one rollout: a line per phase change and per new Event, until it ends or the deadline.
+narrate() { # name, expected final phase
+	"$PY" - "$NS" "$1" "$2" "$DEMO_TIMEOUT" <<-'PYEOF'
+		import json, subprocess, sys, time
+		ns, name, expected, limit = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+		tty = sys.stdout.isatty()
+		def c(code, text): return f"\033[{code}m{text}\033[0m" if tty else text
+		def kubectl(*args):
+		    p = subprocess.run(["kubectl", *args, "--request-timeout=10s"], capture_output=True, text=True, timeout=20)
+		    return json.loads(p.stdout) if p.returncode == 0 and p.stdout else None
+		terminal = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+		t0, seen, phase = time.monotonic(), set(), None
+		while True:
+		    now = time.monotonic() - t0
+		    obj = kubectl("get", "kvr", name, "-n", ns, "-o", "json") or {}
+		    status = obj.get("status") or {}
+		    events = kubectl("get", "events", "-n", ns, "--field-selector",
+		                     f"involvedObject.kind=KVCacheRollout,involvedObject.name={name}", "-o", "json") or {}
+		    for ev in sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
+		        uid = ev["metadata"]["uid"]
+		        if uid in seen:
+		            continue
+		        seen.add(uid)
+		        mark = c("33", "!") if ev.get("type") == "Warning" else c("2", "·")
+		        print(f"  {now:6.1f}s {mark} {ev.get('reason')}: {ev.get('message', '')[:160]}", flush=True)
+		    if status.get("phase") and status["phase"] != phase:
+		        phase = status["phase"]
+		        color = "32" if phase in ("Promoted", "NotNeeded") else "31" if phase in ("RolledBack", "Failed") else "36"
+		        msg = (status.get("message") or "")[:140]
+		        print(f"  {now:6.1f}s {c('1;' + color, '→ ' + phase)}  {msg}", flush=True)
+		    done = phase in terminal or (phase == "AwaitingApproval" and status.get("reason") == "VerdictReported")
+		    if done:
+		        sys.exit(0 if phase == expected else 1)
+		    if now > limit:
+		        print(f"  {c('31', 'timed out')} after {limit:.0f}s in phase {phase}", flush=True)
+		        sys.exit(1)
+		    time.sleep(1.0)
+	PYEOF
+}
+
+# ---- 5. the first rollout: default backend ----------------------------------------------
+step "Rollout 1: --kv-cache-dtype fp8 with vLLM's default attention backend"
+say "${D}On an L4 (SM 8.9) FlashInfer cannot build its FP8 KV kernels: the candidate should crash.${N}"
+rollout qwen3-fp8 '[]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
+narrate qwen3-fp8 RolledBack || fail "rollout qwen3-fp8 did not end RolledBack"
+say "  remedy: $(kubectl get kvr -n "$NS" qwen3-fp8 -o jsonpath='{.status.message}')"
+say "  production args unchanged: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
+
+# ---- 6. the second rollout: Triton attention ---------------------------------------------
+step "Rollout 2: --kv-cache-dtype fp8 --attention-backend TRITON_ATTN"
+say "${D}Qwen3-8B ships no KV scales (a warning, scale 1.0); the paired GSM8K gate decides.${N}"
+rollout qwen3-fp8-triton '["--attention-backend", "TRITON_ATTN"]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
+narrate qwen3-fp8-triton Promoted || fail "rollout qwen3-fp8-triton was not promoted"
+say "  production args now: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
+
+# ---- 7. the record ------------------------------------------------------------------------
+step "kubectl get kvr"
+kubectl get kvr -n "$NS" -o wide --request-timeout=10s
+step "Events"
+kubectl get events -n "$NS" --field-selector involvedObject.kind=KVCacheRollout \
+	--sort-by=.lastTimestamp --request-timeout=10s -o custom-columns='TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message'
+step "kvgate report qwen3-fp8-triton"
+kvgate report qwen3-fp8-triton -n "$NS" --html "$OUT/report.html"
+kvgate report qwen3-fp8 -n "$NS" --html "$OUT/report-rolled-back.html" >/dev/null
+say "${G}Demo done in $((SECONDS - T0)) s.${N} HTML reports: $OUT/report.html, $OUT/report-rolled-back.html"
