@@ -1,0 +1,310 @@
+"""What a real engine learns from its GPU and checkpoint, read from the environment.
+
+The variables are the simulator contract in docs/contracts.md. Every bad value raises
+`SimConfigError` with the variable name, so `python -m kvgate.sim` can print one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GIB = 1 << 30
+
+NEWEST_VLLM = "0.33.0"
+NEWEST_SGLANG = "0.5.23"
+OLDEST_VLLM = (0, 11, 0)
+SGLANG_RANGE = ((0, 5, 0), (0, 6, 0))
+
+
+class SimConfigError(ValueError):
+    """A simulator setting is invalid; the message names the variable or flag."""
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU model as an engine sees it (values from the vendor spec sheets)."""
+
+    name: str
+    device_name: str  # torch.cuda.get_device_name()
+    sm: tuple[int, int]
+    memory_gib: float  # total memory as torch reports it
+    bandwidth_gbs: float  # HBM/GDDR bandwidth in GB/s
+    bf16_tflops: float  # dense BF16 tensor throughput
+
+    @property
+    def arch(self) -> str:
+        return f"{self.sm[0]}{self.sm[1]}"
+
+
+# torch reports a little less than the marketing size (e.g. L4 "24 GB" is 22.05 GiB usable).
+GPUS: dict[str, GpuProfile] = {
+    "L4": GpuProfile("L4", "NVIDIA L4", (8, 9), 22.05, 300.0, 121.0),
+    "A100": GpuProfile("A100", "NVIDIA A100-SXM4-80GB", (8, 0), 79.25, 2039.0, 312.0),
+    "H100": GpuProfile("H100", "NVIDIA H100 80GB HBM3", (9, 0), 79.19, 3350.0, 989.0),
+}
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The checkpoint facts that size the KV cache and the weights."""
+
+    name: str
+    architecture: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    weights_gib: float
+    params_billion: float
+    max_position_embeddings: int
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
+        """K and V for every layer: the bytes one token occupies in the pool."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * kv_dtype_bytes
+
+
+QWEN3_8B = ModelProfile(
+    name="qwen3-8b",
+    architecture="Qwen3ForCausalLM",
+    layers=36,
+    kv_heads=8,
+    head_dim=128,
+    weights_gib=15.27,  # 8.19e9 params x 2 bytes, what vLLM reports as "Model loading took"
+    params_billion=8.19,
+    max_position_embeddings=40960,
+)
+
+FAULTS = (
+    "jit-build-fails",
+    "no-jit-build-fails",
+    "oom-at-start",
+    "crash-after",
+    "hang-before-ready",
+    "garbage-answers",
+)
+
+
+@dataclass(frozen=True)
+class Faults:
+    jit_build_fails: bool = False
+    oom_at_start: bool = False
+    crash_after: int | None = None
+    hang_before_ready: bool = False
+    garbage_answers: bool = False
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Synthetic production traffic kept running inside the process."""
+
+    concurrency: int
+    prompt: int
+    output: int
+
+
+@dataclass(frozen=True)
+class SimEnv:
+    gpu: GpuProfile
+    gpu_memory_gib: float
+    version: str
+    version_tuple: tuple[int, ...]
+    model: ModelProfile
+    kv_scales: bool
+    startup_delay: float
+    faults: Faults
+    accuracy: float
+    fp8_loss: float
+    fp8_churn: float
+    gsm8k_dir: Path
+    speed: float
+    load: LoadSpec | None
+    seed: str
+    pod_ip: str | None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def parse_version(text: str, variable: str = "KVGATE_SIM_ENGINE_VERSION") -> tuple[int, ...]:
+    """'0.11.0', 'v0.5.3.post1' -> (0, 11, 0) / (0, 5, 3)."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:post|rc|dev)\S*)?", text.strip())
+    if not match:
+        raise SimConfigError(f"{variable}: cannot read version {text!r} (expected e.g. 0.11.0)")
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _float(environ: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SimConfigError(f"{name}: {raw!r} is not a number") from None
+    if not (low <= value <= high) or math.isnan(value):
+        raise SimConfigError(f"{name}: {value} is outside [{low}, {high}]")
+    return value
+
+
+def _key_values(raw: str, name: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip():
+            raise SimConfigError(f"{name}: {item!r} is not key=value")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _positive_int(pairs: dict[str, str], key: str, name: str) -> int:
+    try:
+        value = int(pairs[key])
+    except ValueError:
+        raise SimConfigError(f"{name}: {key}={pairs[key]!r} is not an integer") from None
+    if value <= 0:
+        raise SimConfigError(f"{name}: {key} must be positive, got {value}")
+    return value
+
+
+def parse_model_profile(raw: str) -> ModelProfile:
+    """`qwen3-8b` or `layers=36,kv_heads=8,head_dim=128[,weights_gib=15.3,max_len=40960]`."""
+    name = "KVGATE_SIM_MODEL_PROFILE"
+    if not raw.strip() or raw.strip().lower() == QWEN3_8B.name:
+        return QWEN3_8B
+    if "=" not in raw:
+        raise SimConfigError(
+            f"{name}: unknown profile {raw!r} (qwen3-8b or layers=..,kv_heads=..,head_dim=..)"
+        )
+    pairs = _key_values(raw, name)
+    known = {"layers", "kv_heads", "head_dim", "weights_gib", "params_b", "max_len", "arch"}
+    unknown = sorted(set(pairs) - known)
+    if unknown:
+        raise SimConfigError(
+            f"{name}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})"
+        )
+    for key in ("layers", "kv_heads", "head_dim"):
+        if key not in pairs:
+            raise SimConfigError(f"{name}: missing {key}=")
+    params = float(pairs.get("params_b", QWEN3_8B.params_billion))
+    return ModelProfile(
+        name="custom",
+        architecture=pairs.get("arch", "Qwen3ForCausalLM"),
+        layers=_positive_int(pairs, "layers", name),
+        kv_heads=_positive_int(pairs, "kv_heads", name),
+        head_dim=_positive_int(pairs, "head_dim", name),
+        weights_gib=float(pairs.get("weights_gib", params * 2e9 / GIB)),
+        params_billion=params,
+        max_position_embeddings=_positive_int(pairs, "max_len", name)
+        if "max_len" in pairs
+        else 40960,
+    )
+
+
+def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
+    name = "KVGATE_SIM_FAULTS"
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    # An L4 image without nvcc/ninja is the common case the gate exists for.
+    jit = gpu.name == "L4"
+    crash_after = None
+    flags: set[str] = set()
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in FAULTS:
+            raise SimConfigError(f"{name}: unknown fault {key!r} (known: {', '.join(FAULTS)})")
+        if key == "crash-after":
+            try:
+                crash_after = int(value)
+            except ValueError:
+                raise SimConfigError(
+                    f"{name}: crash-after needs a count, e.g. crash-after=50"
+                ) from None
+            if crash_after < 0:
+                raise SimConfigError(f"{name}: crash-after must be >= 0")
+        elif value:
+            raise SimConfigError(f"{name}: {key} takes no value")
+        flags.add(key)
+    if "jit-build-fails" in flags:
+        jit = True
+    if "no-jit-build-fails" in flags:
+        jit = False
+    return Faults(
+        jit_build_fails=jit,
+        oom_at_start="oom-at-start" in flags,
+        crash_after=crash_after,
+        hang_before_ready="hang-before-ready" in flags,
+        garbage_answers="garbage-answers" in flags,
+    )
+
+
+def parse_load(raw: str) -> LoadSpec | None:
+    name = "KVGATE_SIM_LOAD"
+    if not raw.strip() or raw.strip().lower() in {"none", "0", "off"}:
+        return None
+    pairs = _key_values(raw, name)
+    unknown = sorted(set(pairs) - {"concurrency", "prompt", "output"})
+    if unknown:
+        raise SimConfigError(f"{name}: unknown key {unknown[0]!r} (concurrency, prompt, output)")
+    pairs.setdefault("prompt", "1000")
+    pairs.setdefault("output", "200")
+    if "concurrency" not in pairs:
+        raise SimConfigError(f"{name}: missing concurrency=")
+    return LoadSpec(
+        concurrency=_positive_int(pairs, "concurrency", name),
+        prompt=_positive_int(pairs, "prompt", name),
+        output=_positive_int(pairs, "output", name),
+    )
+
+
+def default_gsm8k_dir() -> Path:
+    """`../shared/data/gsm8k` beside the checkout that holds this file."""
+    checkout = Path(__file__).resolve().parents[3]
+    return checkout.parent / "shared" / "data" / "gsm8k"
+
+
+def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
+    """Read and check every KVGATE_SIM_* variable for `engine` ('vllm' or 'sglang')."""
+    environ = os.environ if environ is None else environ
+    gpu_name = environ.get("KVGATE_SIM_GPU", "L4").strip().upper() or "L4"
+    if gpu_name not in GPUS:
+        raise SimConfigError(f"KVGATE_SIM_GPU: unknown GPU {gpu_name!r} (known: {', '.join(GPUS)})")
+    gpu = GPUS[gpu_name]
+    memory = _float(environ, "KVGATE_SIM_GPU_MEMORY_GIB", gpu.memory_gib, 1.0, 4096.0)
+
+    default_version = NEWEST_VLLM if engine == "vllm" else NEWEST_SGLANG
+    version = environ.get("KVGATE_SIM_ENGINE_VERSION", "").strip() or default_version
+    version_tuple = parse_version(version)
+    if engine == "vllm" and version_tuple < OLDEST_VLLM:
+        raise SimConfigError(
+            f"KVGATE_SIM_ENGINE_VERSION: vLLM {version} is not emulated (0.11.0 and later)"
+        )
+    if engine == "sglang" and not (SGLANG_RANGE[0] <= version_tuple < SGLANG_RANGE[1]):
+        raise SimConfigError(f"KVGATE_SIM_ENGINE_VERSION: SGLang {version} is not emulated (0.5.x)")
+
+    scales_raw = environ.get("KVGATE_SIM_KV_SCALES", "0").strip().lower()
+    if scales_raw not in {"0", "1", "true", "false", "yes", "no", ""}:
+        raise SimConfigError(f"KVGATE_SIM_KV_SCALES: {scales_raw!r} is not 0 or 1")
+
+    gsm8k_raw = environ.get("KVGATE_GSM8K_DIR", "").strip()
+    return SimEnv(
+        gpu=gpu,
+        gpu_memory_gib=memory,
+        version=version.lstrip("v"),
+        version_tuple=version_tuple,
+        model=parse_model_profile(environ.get("KVGATE_SIM_MODEL_PROFILE", "")),
+        kv_scales=scales_raw in {"1", "true", "yes"},
+        startup_delay=_float(environ, "KVGATE_SIM_STARTUP_DELAY", 0.0, 0.0, 86400.0),
+        faults=parse_faults(environ.get("KVGATE_SIM_FAULTS", ""), gpu),
+        accuracy=_float(environ, "KVGATE_SIM_ACCURACY", 0.918, 0.0, 1.0),
+        fp8_loss=_float(environ, "KVGATE_SIM_FP8_LOSS", 0.0, 0.0, 1.0),
+        fp8_churn=_float(environ, "KVGATE_SIM_FP8_CHURN", 0.01, 0.0, 1.0),
+        gsm8k_dir=Path(gsm8k_raw) if gsm8k_raw else default_gsm8k_dir(),
+        speed=_float(environ, "KVGATE_SIM_SPEED", 1.0, 1e-6, 1000.0),
+        load=parse_load(environ.get("KVGATE_SIM_LOAD", "")),
+        seed=environ.get("KVGATE_SIM_SEED", "kvgate"),
+        pod_ip=environ.get("POD_IP", "").strip() or None,
+    )

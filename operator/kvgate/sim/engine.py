@@ -1,0 +1,349 @@
+"""The batch scheduler: a KV pool of fixed size, running and waiting queues, decode steps.
+
+One thread runs steps. A step admits waiting requests whose prompt fits the pool, gives
+every running request one token, and preempts the newest requests (recompute, as vLLM V1
+does) when the pool runs out. A decode step costs the time to read the weights plus the
+KV of every running sequence, so an FP8 pool (half the bytes) decodes long contexts faster.
+Times shown in metrics are engine seconds (wall seconds / KVGATE_SIM_SPEED).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvgate.sim.config import GIB, GpuProfile, LoadSpec, ModelProfile
+
+MIN_TICK = 0.002  # wall seconds; shorter steps are batched into one tick to spare the CPU
+BANDWIDTH_EFFICIENCY = 0.8
+PREFILL_MFU = 0.5
+
+
+class Histogram:
+    """Cumulative buckets that take a count per observation (one decode step = many tokens)."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.bounds = list(buckets)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.total += value * count
+        self.n += count
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        running, rows = 0, []
+        for bound, count in zip([*self.bounds, math.inf], self.counts, strict=True):
+            running += count
+            rows.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
+        return rows
+
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+
+
+@dataclass
+class Stats:
+    """Everything /metrics reports; mutated only under the scheduler lock."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    running: int = 0
+    waiting: int = 0
+    used_blocks: int = 0
+    used_tokens: int = 0
+    gen_throughput: float = 0.0
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    """One sequence. `pieces` is the text the engine will emit, one token each."""
+
+    prompt_tokens: int
+    pieces: list[str]
+    finish_reason: str  # "stop" or "length", decided when the text was planned
+    on_done: Callable[[Request], None] | None = None
+    stream: queue.Queue[str | None] | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    generated: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    @property
+    def target(self) -> int:
+        return max(1, len(self.pieces))
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+class EngineDead(RuntimeError):
+    """The engine stopped; requests in flight fail."""
+
+
+class Scheduler:
+    """Continuous batching over a fixed KV pool."""
+
+    def __init__(
+        self,
+        *,
+        gpu: GpuProfile,
+        model: ModelProfile,
+        kv_bytes_per_token: int,
+        capacity_tokens: int,
+        block_size: int,
+        max_num_seqs: int,
+        speed: float,
+        on_finished: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.model = model
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.block_size = block_size
+        self.total_blocks = max(1, capacity_tokens // block_size)
+        self.max_num_seqs = max_num_seqs
+        self.speed = speed
+        self.on_finished = on_finished
+        self.stats = Stats()
+        self.lock = threading.Lock()
+        self._wake = threading.Condition(self.lock)
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._stopped = False
+        self._dead = False
+        self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
+        self._weights_bytes = model.weights_gib * GIB
+        self._bandwidth = gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+        self._flops = gpu.bf16_tflops * 1e12 * PREFILL_MFU
+        self._gen_window: deque[tuple[float, int]] = deque()
+
+    # ---- public -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stopped = True
+            self._fail_all("engine shut down")
+            self._wake.notify_all()
+
+    def die(self, reason: str) -> None:
+        """Engine core died: fail everything in flight and refuse new work."""
+        with self.lock:
+            self._dead = True
+            self._fail_all(reason)
+            self._wake.notify_all()
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    def submit(self, request: Request) -> Request:
+        with self.lock:
+            if self._dead or self._stopped:
+                raise EngineDead("engine is not running")
+            self._waiting.append(request)
+            self.stats.waiting = len(self._waiting)
+            self._wake.notify()
+        return request
+
+    def usage(self) -> float:
+        return self.stats.used_blocks / self.total_blocks
+
+    def step_seconds(self, contexts: Sequence[int], prefill_tokens: int) -> float:
+        """Engine time of one step: weights + KV read at memory bandwidth, plus prefill compute."""
+        kv_bytes = sum(contexts) * self.kv_bytes_per_token
+        decode = (self._weights_bytes + kv_bytes) / self._bandwidth
+        prefill = prefill_tokens * 2 * self.model.params_billion * 1e9 / self._flops
+        return decode + prefill
+
+    # ---- internals ----------------------------------------------------------
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _fail_all(self, reason: str) -> None:
+        for request in [*self._running, *self._waiting]:
+            request.error = reason
+            if request.stream is not None:
+                request.stream.put(None)
+            request.done.set()
+        self._running.clear()
+        self._waiting.clear()
+        self.stats.running = self.stats.waiting = self.stats.used_blocks = (
+            self.stats.used_tokens
+        ) = 0
+
+    def _admit(self, used_blocks: int) -> tuple[int, int]:
+        """Move waiting requests in while their context fits; returns (blocks, prefill tokens)."""
+        prefill = 0
+        now = time.monotonic()
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            request = self._waiting[0]
+            need = self._blocks(request.context + 1)
+            if used_blocks + need > self.total_blocks:
+                if not self._running and need > self.total_blocks:
+                    # can never fit: vLLM rejects these up front; here it is aborted
+                    self._waiting.popleft()
+                    self._finish(request, now, aborted=True)
+                    continue
+                break
+            self._waiting.popleft()
+            if request.admitted is None:
+                request.admitted = now
+                self.stats.queue_time.observe((now - request.arrival) / self.speed)
+            self._running.append(request)
+            used_blocks += need
+            prefill += request.context
+        return used_blocks, prefill
+
+    def _preempt(self) -> None:
+        """Free the newest sequences until the pool fits again (recompute on readmission)."""
+        while self._running:
+            used = sum(self._blocks(r.context) for r in self._running)
+            if used <= self.total_blocks or len(self._running) == 1:
+                return
+            victim = self._running.pop()
+            self._waiting.appendleft(victim)
+            self.stats.preemptions += 1
+
+    def _finish(self, request: Request, now: float, aborted: bool = False) -> None:
+        request.finished_at = now
+        stats = self.stats
+        if aborted:
+            stats.finished["abort"] += 1
+            request.error = "request does not fit in the KV cache"
+        else:
+            stats.finished[request.finish_reason] = stats.finished.get(request.finish_reason, 0) + 1
+            stats.e2e.observe((now - request.arrival) / self.speed)
+            if request.first_token is not None and request.generated > 1:
+                stats.tpot.observe(
+                    (now - request.first_token) / self.speed / (request.generated - 1)
+                )
+        if request.stream is not None:
+            request.stream.put(None)
+        request.done.set()
+        if request.on_done is not None:
+            request.on_done(request)
+        if self.on_finished is not None:
+            self.on_finished(request)
+
+    def _loop(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            with self.lock:
+                while not self._stopped and not self._dead and not (self._running or self._waiting):
+                    self._wake.wait()
+                    deadline = time.monotonic()
+                if self._stopped or self._dead:
+                    return
+                tick = self._tick()
+            deadline += tick
+            pause = deadline - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            else:
+                deadline = time.monotonic()  # fell behind (CPU starved): do not burst
+
+    def _tick(self) -> float:
+        """Run as many engine steps as fit in one tick; returns the tick's wall seconds."""
+        used = sum(self._blocks(r.context) for r in self._running)
+        used, prefill = self._admit(used)
+        stats = self.stats
+        stats.prompt_tokens += prefill
+        contexts = [r.context for r in self._running]
+        step = self.step_seconds(contexts, prefill) if self._running else 0.001
+        decode_step = self.step_seconds(contexts, 0) if self._running else 0.001
+        steps = max(1, math.ceil(MIN_TICK / (decode_step * self.speed)))
+        if self._running:
+            remaining = min(r.target - r.generated for r in self._running)
+            steps = min(steps, remaining)
+        wall = (step + (steps - 1) * decode_step) * self.speed
+        now = time.monotonic() + wall
+        produced = 0
+        finished: list[Request] = []
+        for request in self._running:
+            take = min(steps, request.target - request.generated)
+            if take <= 0:
+                continue
+            start = request.generated
+            request.generated += take
+            produced += take
+            if request.first_token is None:
+                request.first_token = now
+                stats.ttft.observe((now - request.arrival) / self.speed)
+                if take > 1:
+                    stats.itl.observe(decode_step, take - 1)
+            else:
+                stats.itl.observe(decode_step, take)
+            if request.stream is not None:
+                request.stream.put("".join(request.pieces[start : request.generated]))
+            if request.generated >= request.target:
+                finished.append(request)
+        stats.generation_tokens += produced
+        # throughput over the last 5 engine seconds (at least 50 ms of wall time)
+        window = max(5 * self.speed, 0.05)
+        self._gen_window.append((now, produced))
+        while self._gen_window and self._gen_window[0][0] < now - window:
+            self._gen_window.popleft()
+        stats.gen_throughput = sum(n for _, n in self._gen_window) / (window / self.speed)
+        for request in finished:
+            self._running.remove(request)
+            self._finish(request, now)
+        self._preempt()
+        stats.running = len(self._running)
+        stats.waiting = len(self._waiting)
+        stats.used_tokens = sum(r.context for r in self._running)
+        stats.used_blocks = sum(self._blocks(r.context) for r in self._running)
+        return max(wall, 1e-4)
+
+
+class SyntheticLoad:
+    """Keeps `concurrency` synthetic requests in the engine, like production traffic."""
+
+    def __init__(self, scheduler: Scheduler, spec: LoadSpec) -> None:
+        self.scheduler = scheduler
+        self.spec = spec
+        self._pieces = [" x"] * spec.output
+
+    def _one(self) -> Request:
+        return Request(
+            prompt_tokens=self.spec.prompt,
+            pieces=self._pieces,
+            finish_reason="length",
+            on_done=self._again,
+        )
+
+    def _again(self, done: Request) -> None:
+        # called under the scheduler lock: append directly instead of submit()
+        if done.error is None and not self.scheduler.dead:
+            self.scheduler._waiting.append(self._one())
+
+    def start(self) -> None:
+        for _ in range(self.spec.concurrency):
+            self.scheduler.submit(self._one())

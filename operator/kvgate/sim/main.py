@@ -1,0 +1,361 @@
+"""`python -m kvgate.sim vllm serve MODEL ...` / `python -m kvgate.sim sglang --model-path MODEL ...`.
+
+Startup order follows the engines: vLLM binds its port first but listens only when the
+engine is up (connection refused until then); SGLang binds after the engine is up and
+answers /health with 503 until its warm-up request went through.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from kvgate.sim import cli
+from kvgate.sim.capacity import BLOCK_SIZE
+from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
+from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
+from kvgate.sim.gsm8k import Gsm8kIndex
+from kvgate.sim.logfmt import SglangLog, VllmLog
+from kvgate.sim.metrics import SglangCollector, VllmCollector, build_registry
+from kvgate.sim.server import Answerer, App, SimServer, make_server, serve_in_thread
+from kvgate.sim.sglang import SglangStartup
+from kvgate.sim.sglang import shutdown_lines as sglang_shutdown
+from kvgate.sim.vllm import StartupFailed, VllmStartup, fatal_error_lines
+from kvgate.sim.vllm import shutdown_lines as vllm_shutdown
+
+USAGE = (
+    "usage: python -m kvgate.sim vllm serve MODEL [vLLM flags]\n"
+    "       python -m kvgate.sim vllm.entrypoints.openai.api_server --model MODEL [vLLM flags]\n"
+    "       python -m kvgate.sim sglang --model-path MODEL [SGLang flags]\n"
+    "Hardware, checkpoint, faults and accuracy come from KVGATE_SIM_* (docs/contracts.md)."
+)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived before the server was up."""
+
+
+def _split(argv: Sequence[str]) -> tuple[str, list[str]]:
+    if not argv:
+        raise SimConfigError("missing engine")
+    head, rest = argv[0], list(argv[1:])
+    if head == "vllm" and rest[:1] == ["serve"]:
+        return "vllm", rest[1:]
+    if head in ("vllm.entrypoints.openai.api_server", "vllm-api-server"):
+        return "vllm", rest
+    if head in ("sglang", "sglang.launch_server"):
+        return "sglang", rest
+    raise SimConfigError(f"unknown engine command {' '.join(argv[:2])!r}")
+
+
+def _version_for_cli(engine: str) -> tuple[int, ...]:
+    """The emulated version decides which flags exist, so read it before parsing flags."""
+    from kvgate.sim.config import NEWEST_SGLANG, NEWEST_VLLM
+
+    raw = os.environ.get("KVGATE_SIM_ENGINE_VERSION", "").strip()
+    return parse_version(raw or (NEWEST_VLLM if engine == "vllm" else NEWEST_SGLANG))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    try:
+        engine, rest = _split(argv)
+        env = read_env(engine)
+        version = _version_for_cli(engine)
+    except SimConfigError as exc:
+        print(f"kvgate.sim: {exc}", file=sys.stderr)
+        return 2
+    args = cli.parse_vllm(rest, version) if engine == "vllm" else cli.parse_sglang(rest, version)
+    if args.host is None:
+        args.host = env.pod_ip or (None if engine == "vllm" else "127.0.0.1")
+    return Runner(args, env).run()
+
+
+class Runner:
+    def __init__(self, args: cli.ServeArgs, env: SimEnv) -> None:
+        self.args = args
+        self.env = env
+        self.stop = threading.Event()
+        self.ready = False
+        self.user_requests = 0
+        self.server: SimServer | None = None
+        self.scheduler: Scheduler | None = None
+        pid = os.getpid()
+        self.vlog = VllmLog(api_pid=pid, core_pid=pid + 187)
+        self.slog = SglangLog()
+
+    # ---- signals ------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.ready:
+            raise _Terminated
+        self.stop.set()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            return self._run()
+        except _Terminated:
+            return 0
+        except StartupFailed as failed:
+            if failed.exit_code < 0:  # SGLang's parent kills its own process tree
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return failed.exit_code
+
+    def _bind(self, app: App, host: str) -> SimServer:
+        server = make_server(app, host, self.args.port)
+        try:
+            server.server_bind()
+        except OSError as exc:
+            server.server_close()
+            print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr)
+            raise StartupFailed(1) from None
+        return server
+
+    def _run(self) -> int:
+        args, env = self.args, self.env
+        try:
+            index = Gsm8kIndex.load(env.gsm8k_dir)
+        except (OSError, ValueError) as exc:
+            print(f"kvgate.sim: KVGATE_GSM8K_DIR: {exc}", file=sys.stderr)
+            return 2
+        if args.engine == "vllm":
+            startup: VllmStartup | SglangStartup = VllmStartup(args, env, self.vlog)
+        else:
+            startup = SglangStartup(args, env, self.slog)
+        bind_host = args.host or "0.0.0.0"
+        app = App(
+            engine=args.engine,
+            version=env.version,
+            version_tuple=env.version_tuple,
+            model=args.model,
+            served_model_name=args.served_model_name,
+            max_model_len=0,
+            scheduler=None,  # type: ignore[arg-type] - set once the pool is sized
+            answerer=Answerer(
+                index=index,
+                seed=env.seed,
+                accuracy=env.accuracy,
+                fp8=args.kv_cache_dtype.startswith("fp8"),
+                fp8_loss=env.fp8_loss,
+                fp8_churn=env.fp8_churn,
+                garbage=env.faults.garbage_answers,
+            ),
+            log=self.vlog if args.engine == "vllm" else self.slog,
+            registry=None,
+            access_log=args.access_log,
+        )
+        server = self._bind(app, bind_host) if args.engine == "vllm" else None
+        startup.run()
+        if env.faults.hang_before_ready:
+            while True:
+                time.sleep(3600)
+        plan = startup.plan
+        assert plan is not None
+        if args.engine == "vllm":
+            assert isinstance(startup, VllmStartup)
+            app.max_model_len = startup.max_model_len
+            block, max_seqs = BLOCK_SIZE, args.max_num_seqs or 256
+        else:
+            assert isinstance(startup, SglangStartup)
+            app.max_model_len = startup.context_len
+            block, max_seqs = 1, args.max_num_seqs or min(4096, max(1, plan.tokens // 64))
+        scheduler = Scheduler(
+            gpu=env.gpu,
+            model=env.model,
+            kv_bytes_per_token=plan.bytes_per_token,
+            capacity_tokens=plan.tokens,
+            block_size=block,
+            max_num_seqs=max_seqs,
+            speed=env.speed,
+            on_finished=self._count,
+        )
+        self.scheduler = scheduler
+        app.scheduler = scheduler
+        if args.engine == "vllm":
+            assert isinstance(startup, VllmStartup)
+            show_hidden = args.all_args.get("show_hidden_metrics_for_version")
+            app.registry = build_registry(
+                VllmCollector(
+                    scheduler,
+                    args.served_model_name,
+                    env.version_tuple,
+                    startup.cache_config(),
+                    show_hidden,
+                )
+            )
+        elif args.enable_metrics:
+            app.registry = build_registry(
+                SglangCollector(
+                    scheduler,
+                    args.served_model_name,
+                    env.version_tuple,
+                    plan.tokens,
+                    startup.context_len,
+                )
+            )
+        app.server_info = self._server_info(startup)
+        scheduler.start()
+        if env.load is not None:
+            SyntheticLoad(scheduler, env.load).start()
+
+        if isinstance(startup, VllmStartup):
+            assert server is not None
+            startup.ready_lines(f"http://{bind_host}:{args.port}")
+        else:
+            server = self._bind(app, bind_host)
+            startup.listening_lines(f"http://{bind_host}:{args.port}", os.getpid())
+        server.server_activate()
+        self.server = server
+        serve_in_thread(server)
+        if isinstance(startup, SglangStartup):
+            # the warm-up generate request, then the ready line
+            if not args.skip_server_warmup:
+                scheduler.submit(
+                    Request(prompt_tokens=8, pieces=[" ok"], finish_reason="length")
+                ).done.wait(30)
+            startup.ready_line()
+        app.state = "ready"
+        self.ready = True
+        self.app = app
+        self._start_stats_logger()
+        if env.faults.crash_after == 0:
+            self._crash()
+        self.stop.wait()
+        return self._shutdown()
+
+    def _server_info(self, startup: VllmStartup | SglangStartup) -> dict[str, object]:
+        if not isinstance(startup, SglangStartup):
+            return {}
+        info: dict[str, object] = {k: v for k, v in self.args.all_args.items()}
+        info.update(
+            kv_cache_dtype=self.args.kv_cache_dtype,
+            attention_backend=startup.backend,
+            mem_fraction_static=startup.mem_fraction,
+            context_length=startup.context_len,
+            host=self.args.host,
+            max_total_num_tokens=startup.plan.tokens if startup.plan else 0,
+            version=self.env.version,
+        )
+        return info
+
+    def _count(self, request: Request) -> None:
+        """Finished-request hook (under the scheduler lock): drives the crash-after fault."""
+        if request.on_done is not None:  # synthetic load does not count
+            return
+        self.user_requests += 1
+        limit = self.env.faults.crash_after
+        if limit is not None and self.user_requests == limit:
+            threading.Timer(0.05, self._crash).start()
+
+    def _crash(self) -> None:
+        reason = "CUDA error: an illegal memory access was encountered"
+        if self.args.engine == "vllm":
+            fatal_error_lines(self.vlog, reason)
+        else:
+            self.slog.line(
+                f"Scheduler hit an exception: Traceback (most recent call last):\nRuntimeError: {reason}",
+                "TP0",
+            )
+            self.slog.line(
+                "Received sigquit from a child process. It usually means the child failed."
+            )
+        if self.scheduler is not None:
+            self.scheduler.die(reason)
+        self.app.state = "dead"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.1)
+        if self.args.engine == "sglang":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(1)
+
+    def _shutdown(self) -> int:
+        if self.args.engine == "vllm":
+            vllm_shutdown(self.vlog)
+        else:
+            sglang_shutdown(self.slog)
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        return 0
+
+    def _start_stats_logger(self) -> None:
+        if self.args.disable_log_stats:
+            return
+        interval = 10 * max(self.env.speed, 0.1)
+        thread = threading.Thread(
+            target=self._log_stats, args=(interval,), name="stats", daemon=True
+        )
+        thread.start()
+
+    def _log_stats(self, interval: float) -> None:
+        scheduler = self.scheduler
+        assert scheduler is not None
+        last_prompt = last_gen = 0
+        while not self.stop.wait(interval):
+            with scheduler.lock:
+                s = scheduler.stats
+                prompt, gen = s.prompt_tokens, s.generation_tokens
+                running, waiting, usage, preempted = (
+                    s.running,
+                    s.waiting,
+                    scheduler.usage(),
+                    s.preemptions,
+                )
+                used = s.used_tokens
+                gen_tp = s.gen_throughput
+            if prompt == last_prompt and gen == last_gen and not running and not waiting:
+                continue
+            seconds = interval / self.env.speed
+            p_tp, g_tp = (prompt - last_prompt) / seconds, (gen - last_gen) / seconds
+            last_prompt, last_gen = prompt, gen
+            if self.args.engine == "vllm":
+                self.vlog.info(
+                    "APIServer",
+                    "loggers.py:123",
+                    _vllm_stats(
+                        self.env.version_tuple, p_tp, g_tp, running, waiting, usage, preempted
+                    ),
+                )
+            else:
+                total = self.scheduler.total_blocks if self.scheduler else 1
+                self.slog.line(
+                    f"Decode batch. #running-req: {running}, #token: {used}, token usage: {used / total:.2f}, "
+                    f"cuda graph: True, gen throughput (token/s): {gen_tp:.2f}, #queue-req: {waiting}, ",
+                    "TP0",
+                )
+
+
+def _vllm_stats(
+    v: tuple[int, ...],
+    prompt_tp: float,
+    gen_tp: float,
+    running: int,
+    waiting: int,
+    usage: float,
+    preempted: int,
+) -> str:
+    parts = [
+        f"Avg prompt throughput: {prompt_tp:.1f} tokens/s",
+        f"Avg generation throughput: {gen_tp:.1f} tokens/s",
+        f"Running: {running} reqs",
+        f"Waiting: {waiting} reqs",
+    ]
+    if v >= (0, 15) and preempted:
+        parts.append(f"Preemptions: {preempted}")
+    parts.append(f"GPU KV cache usage: {usage * 100:.1f}%")
+    if v < (0, 33):
+        parts.append("Prefix cache hit rate: 0.0%")
+    return "Engine 000: " + ", ".join(parts)

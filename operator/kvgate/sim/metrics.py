@@ -1,0 +1,332 @@
+"""`/metrics` with the names, types, help texts and labels of the emulated engine (engines.md §6).
+
+A custom collector renders the scheduler's state on each scrape; prometheus_client does
+the exposition (counters gain `_total`, histograms `_bucket/_sum/_count`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from kvgate.sim.engine import Histogram, Scheduler
+
+
+def _hist(name: str, doc: str, labels: dict[str, str], hist: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), buckets=hist.cumulative(), sum_value=hist.total)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: dict[str, str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+class VllmCollector(Collector):
+    """vLLM V1 `PrometheusStatLogger` families for one engine (label `engine="0"`)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        model_name: str,
+        version: tuple[int, ...],
+        cache_config: dict[str, Any],
+        show_hidden: str | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.model_name = model_name
+        self.version = version
+        self.cache_config = cache_config
+        self.show_hidden = show_hidden
+
+    def collect(self) -> Iterator[Metric]:
+        labels = {"model_name": self.model_name, "engine": "0"}
+        with self.scheduler.lock:
+            s = self.scheduler.stats
+            usage = self.scheduler.usage()
+            yield _gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                labels,
+                s.running,
+            )
+            yield _gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                labels,
+                s.waiting,
+            )
+            if self.version >= (0, 20):
+                family = GaugeMetricFamily(
+                    "vllm:num_requests_waiting_by_reason",
+                    "Number of requests waiting to be processed, broken down by reason.",
+                    labels=[*labels, "reason"],
+                )
+                family.add_metric([*labels.values(), "capacity"], s.waiting)
+                family.add_metric([*labels.values(), "deferred"], 0)
+                yield family
+            yield _gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                labels,
+                usage,
+            )
+            yield _counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                labels,
+                s.prompt_tokens,
+            )
+            yield _counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                labels,
+                0,
+            )
+            yield _counter(
+                "vllm:num_preemptions",
+                "Cumulative number of preemption from the engine.",
+                labels,
+                s.preemptions,
+            )
+            yield _counter(
+                "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, s.prompt_tokens
+            )
+            yield _counter(
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                labels,
+                s.generation_tokens,
+            )
+            success = CounterMetricFamily(
+                "vllm:request_success",
+                "Count of successfully processed requests.",
+                labels=[*labels, "finished_reason"],
+            )
+            reasons = ["stop", "length", "abort"] + (
+                ["error", "repetition"] if self.version >= (0, 33) else []
+            )
+            for reason in reasons:
+                success.add_metric([*labels.values(), reason], s.finished.get(reason, 0))
+            yield success
+            yield _hist(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                labels,
+                s.ttft,
+            )
+            if self._time_per_output_token_shown():
+                yield _hist(
+                    "vllm:time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+                    labels,
+                    s.itl,
+                )
+            yield _hist(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                labels,
+                s.itl,
+            )
+            yield _hist(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                labels,
+                s.tpot,
+            )
+            yield _hist(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                labels,
+                s.e2e,
+            )
+            yield _hist(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                labels,
+                s.queue_time,
+            )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[*self.cache_config, "engine"],
+        )
+        info.add_metric([*(str(v) for v in self.cache_config.values()), "0"], 1.0)
+        yield info
+
+    def _time_per_output_token_shown(self) -> bool:
+        """Emitted in 0.11, hidden behind --show-hidden-metrics-for-version in 0.12-0.14, gone in 0.15."""
+        if self.version < (0, 12):
+            return True
+        return self.version < (0, 15) and self.show_hidden is not None
+
+
+class SglangCollector(Collector):
+    """SGLang scheduler and tokenizer-manager families."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        model_name: str,
+        version: tuple[int, ...],
+        max_total_tokens: int,
+        context_len: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.model_name = model_name
+        self.version = version
+        self.max_total_tokens = max_total_tokens
+        self.context_len = context_len
+
+    def collect(self) -> Iterator[Metric]:
+        sched = {
+            "model_name": self.model_name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+        }
+        if self.version >= (0, 5, 10):
+            sched["moe_ep_rank"] = "0"
+        tok = {"model_name": self.model_name}
+        with self.scheduler.lock:
+            s = self.scheduler.stats
+            usage = s.used_tokens / self.max_total_tokens if self.max_total_tokens else 0.0
+            yield _gauge(
+                "sglang:num_running_reqs", "The number of running requests.", sched, s.running
+            )
+            yield _gauge(
+                "sglang:num_used_tokens", "The number of used tokens.", sched, s.used_tokens
+            )
+            yield _gauge("sglang:token_usage", "The token usage.", sched, usage)
+            yield _gauge(
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                sched,
+                s.gen_throughput,
+            )
+            yield _gauge(
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                sched,
+                s.waiting,
+            )
+            yield _gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", sched, 0.0)
+            yield _gauge(
+                "sglang:num_retracted_reqs",
+                "The number of retracted requests.",
+                sched,
+                s.preemptions,
+            )
+            if self.version >= (0, 5, 10):
+                yield _gauge(
+                    "sglang:max_total_num_tokens",
+                    "Maximum total number of tokens in the KV cache pool.",
+                    sched,
+                    self.max_total_tokens,
+                )
+                info = GaugeMetricFamily(
+                    "sglang:cache_config_info",
+                    "Information about the cache configuration.",
+                    labels=[*sched, "page_size", "num_pages"],
+                )
+                info.add_metric([*sched.values(), "1", str(self.max_total_tokens)], 1.0)
+                yield info
+            if self.version >= (0, 5, 23):
+                yield _gauge(
+                    "sglang:kv_available_tokens",
+                    "The number of available KV cache tokens.",
+                    sched,
+                    self.max_total_tokens - s.used_tokens,
+                )
+                yield _gauge(
+                    "sglang:kv_used_tokens",
+                    "The number of used KV cache tokens.",
+                    sched,
+                    s.used_tokens,
+                )
+                yield _gauge("sglang:context_len", "The context length.", sched, self.context_len)
+            yield _hist(
+                "sglang:queue_time_seconds",
+                "Histogram of queueing time in seconds.",
+                sched,
+                s.queue_time,
+            )
+            yield _counter(
+                "sglang:prompt_tokens", "Number of prefill tokens processed.", tok, s.prompt_tokens
+            )
+            yield _counter(
+                "sglang:generation_tokens",
+                "Number of generation tokens processed.",
+                tok,
+                s.generation_tokens,
+            )
+            yield _counter("sglang:cached_tokens", "Number of cached prompt tokens.", tok, 0)
+            yield _counter(
+                "sglang:num_requests",
+                "Number of requests processed.",
+                tok,
+                sum(s.finished.values()),
+            )
+            yield _counter(
+                "sglang:num_aborted_requests",
+                "Number of requests aborted.",
+                tok,
+                s.finished.get("abort", 0),
+            )
+            yield _hist(
+                "sglang:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                tok,
+                s.ttft,
+            )
+            yield _hist(
+                "sglang:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                tok,
+                s.itl,
+            )
+            yield _hist(
+                "sglang:e2e_request_latency_seconds",
+                "Histogram of End-to-end request latency in seconds",
+                tok,
+                s.e2e,
+            )
+            if self.version >= (0, 5, 23):
+                yield _hist(
+                    "sglang:request_time_per_output_token_seconds",
+                    "Histogram of time per output token per request in seconds.",
+                    tok,
+                    s.tpot,
+                )
+
+
+def build_registry(collector: Collector) -> CollectorRegistry:
+    """The engine's families plus the process and GC families every prometheus_client app has."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+
+    registry = CollectorRegistry(auto_describe=False)
+    for default in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
+        registry.register(default)
+    registry.register(collector)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,517 @@
+"""The engines' HTTP surface: OpenAI completions and chat (with SSE), health, models, metrics.
+
+A threaded stdlib server: each connection waits on its own request while the scheduler
+thread produces tokens, so concurrency behaves like continuous batching.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from queue import Queue
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kvgate.sim import gsm8k, textgen
+from kvgate.sim.engine import EngineDead, Request, Scheduler
+from kvgate.sim.logfmt import SglangLog, VllmLog
+from kvgate.sim.metrics import render
+
+_REQUEST_TIMEOUT = 3600.0
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+@dataclass
+class Answerer:
+    """Writes the engine's text for a prompt: GSM8K answers, garbage, or filler."""
+
+    index: gsm8k.Gsm8kIndex | None
+    seed: str
+    accuracy: float
+    fp8: bool
+    fp8_loss: float
+    fp8_churn: float
+    garbage: bool
+
+    def text(self, prompt: str, chat: bool) -> str:
+        found = gsm8k.find_question(prompt)
+        problem = None
+        style = gsm8k.AnswerStyle.BOTH
+        if found is not None and self.index is not None:
+            problem = self.index.get(found[0])
+            style = found[1]
+        elif self.index is not None:
+            problem = self.index.get(prompt)  # a bare question, e.g. a zero-shot chat turn
+        if self.garbage:
+            return " " + gsm8k.GARBAGE
+        if problem is None:
+            return gsm8k.write_filler(prompt)
+        right = gsm8k.is_right(
+            problem.question, self.seed, self.accuracy, self.fp8, self.fp8_loss, self.fp8_churn
+        )
+        answer = gsm8k.write_answer(problem, style, right, self.seed)
+        if chat:
+            return answer.strip()
+        # a base model keeps going with the next few-shot turn until a stop string cuts it
+        marker = {gsm8k.AnswerStyle.HASH: "Question:", gsm8k.AnswerStyle.COT: "Q:"}.get(style)
+        return answer + (f"\n\n{marker} " + gsm8k.write_filler(prompt).strip() if marker else "")
+
+
+@dataclass
+class App:
+    """Everything the HTTP handlers need; `state` is starting | ready | dead."""
+
+    engine: str  # "vllm" | "sglang"
+    version: str
+    version_tuple: tuple[int, ...]
+    model: str
+    served_model_name: str
+    max_model_len: int
+    scheduler: Scheduler
+    answerer: Answerer
+    log: VllmLog | SglangLog
+    registry: CollectorRegistry | None
+    access_log: bool
+    server_info: dict[str, Any] = field(default_factory=dict)
+    state: str = "starting"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def count_tokens(self, text: str) -> int:
+        return textgen.count_tokens(text)
+
+
+def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """(Qwen chat-template rendering for token counts, last user message for the question)."""
+    rendered: list[str] = []
+    last_user = ""
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise BadRequest("messages: each message needs a role", param="messages")
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        if not isinstance(content, str):
+            raise BadRequest(
+                "messages: content must be a string or a list of parts", param="messages"
+            )
+        rendered.append(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n")
+        if message["role"] == "user":
+            last_user = content
+    rendered.append("<|im_start|>assistant\n")
+    return "".join(rendered), last_user
+
+
+def _stop_list(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest("stop must be a string or a list of strings", param="stop")
+    return stop
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    app: App  # set on the subclass built by make_server
+
+    # ---- plumbing -----------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # access lines are written in _done, in uvicorn's format
+
+    def _done(self, status: int) -> None:
+        if self.app.access_log:
+            from http import HTTPStatus
+
+            phrase = HTTPStatus(status).phrase
+            client = f"{self.client_address[0]}:{self.client_address[1]}"
+            self.app.log.access(client, self.requestline, status, phrase)
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._done(status)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode())
+
+    def _error(self, status: int, message: str, param: str | None = None) -> None:
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        if self.app.engine == "vllm" and self.app.version_tuple >= (0, 12):
+            payload: dict[str, Any] = {
+                "error": {"message": message, "type": kind, "param": param, "code": status}
+            }
+        else:
+            payload = {
+                "object": "error",
+                "message": message,
+                "type": kind,
+                "param": param,
+                "code": status,
+            }
+        self._json(status, payload)
+
+    def _not_found(self) -> None:
+        self._send(404, b'{"detail":"Not Found"}')
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    # ---- routes -------------------------------------------------------------
+    def do_GET(self) -> None:
+        app = self.app
+        path = self.path.split("?", 1)[0]
+        routes: dict[str, Callable[[], None]] = {
+            "/health": self._health,
+            "/v1/models": self._models,
+            "/metrics": self._metrics,
+        }
+        if app.engine == "vllm":
+            routes |= {"/version": self._version, "/ping": self._ping, "/load": self._load}
+        else:
+            routes |= {
+                "/health_generate": self._health_generate,
+                "/get_server_info": self._server_info,
+                "/get_model_info": self._model_info,
+            }
+            if app.version_tuple >= (0, 5, 10):
+                routes["/server_info"] = self._server_info
+        handler = routes.get(path)
+        if handler is None:
+            self._not_found()
+            return
+        handler()
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/v1/completions":
+                self._completions(self._body())
+            elif path == "/v1/chat/completions":
+                self._chat(self._body())
+            elif path == "/ping" and self.app.engine == "vllm":
+                self._ping()
+            else:
+                self._not_found()
+        except BadRequest as exc:
+            self._error(exc.status, str(exc), exc.param)
+        except EngineDead:
+            self._error(
+                500, "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            )
+
+    def _health(self) -> None:
+        app = self.app
+        if (
+            app.state == "dead"
+            or app.scheduler.dead
+            or (app.engine == "sglang" and app.state != "ready")
+        ):
+            self._send(503, b"")
+        else:
+            self._send(200, b"")
+
+    def _health_generate(self) -> None:
+        try:
+            request = self.app.scheduler.submit(
+                Request(prompt_tokens=1, pieces=[" ok"], finish_reason="length")
+            )
+        except EngineDead:
+            self._send(503, b"")
+            return
+        ok = request.done.wait(20) and request.error is None
+        self._send(200 if ok else 503, b"")
+
+    def _ping(self) -> None:
+        self._health()
+
+    def _load(self) -> None:
+        stats = self.app.scheduler.stats
+        self._json(200, {"server_load": stats.running + stats.waiting})
+
+    def _version(self) -> None:
+        self._json(200, {"version": self.app.version})
+
+    def _models(self) -> None:
+        app = self.app
+        owner = "vllm" if app.engine == "vllm" else "sglang"
+        entry: dict[str, Any] = {
+            "id": app.served_model_name,
+            "object": "model",
+            "created": app.created,
+            "owned_by": owner,
+            "root": app.model,
+            "parent": None,
+            "max_model_len": app.max_model_len,
+        }
+        if app.engine == "vllm":
+            entry["permission"] = [
+                {
+                    "id": f"modelperm-{secrets.token_hex(16)}",
+                    "object": "model_permission",
+                    "created": app.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ]
+        self._json(200, {"object": "list", "data": [entry]})
+
+    def _metrics(self) -> None:
+        if self.app.registry is None:  # SGLang without --enable-metrics
+            self._not_found()
+            return
+        self._send(200, render(self.app.registry), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _server_info(self) -> None:
+        self._json(200, self.app.server_info)
+
+    def _model_info(self) -> None:
+        app = self.app
+        self._json(
+            200, {"model_path": app.model, "tokenizer_path": app.model, "is_generation": True}
+        )
+
+    # ---- generation ---------------------------------------------------------
+    def _check_model(self, body: dict[str, Any]) -> None:
+        app = self.app
+        name = body.get("model")
+        if app.engine == "vllm" and name not in (None, "", app.served_model_name):
+            raise BadRequest(f"The model `{name}` does not exist.", status=404, param="model")
+
+    def _max_tokens(self, body: dict[str, Any], prompt_tokens: int, default: int | None) -> int:
+        app = self.app
+        raw = body.get("max_tokens", body.get("max_completion_tokens"))
+        if raw is None:
+            raw = default if default is not None else app.max_model_len - prompt_tokens
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {raw}.", param="max_tokens")
+        if prompt_tokens + raw > app.max_model_len:
+            raise BadRequest(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. This model's maximum "
+                f"context length is {app.max_model_len} tokens and your request has {prompt_tokens} "
+                f"input tokens ({raw} > {app.max_model_len} - {prompt_tokens}).",
+                param="max_tokens",
+            )
+        return raw
+
+    def _plan(
+        self,
+        body: dict[str, Any],
+        rendered: str,
+        question_text: str,
+        chat: bool,
+        default_max: int | None,
+        stream: bool,
+    ) -> Request:
+        prompt_tokens = max(1, self.app.count_tokens(rendered))
+        max_tokens = self._max_tokens(body, prompt_tokens, default_max)
+        text = self.app.answerer.text(question_text, chat)
+        pieces, reason = textgen.plan_output(text, _stop_list(body), max_tokens)
+        return Request(
+            prompt_tokens=prompt_tokens,
+            pieces=pieces,
+            finish_reason=reason,
+            stream=Queue() if stream else None,
+        )
+
+    def _run(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.app.scheduler.submit(request)
+        for request in requests:
+            request.done.wait(_REQUEST_TIMEOUT)
+            if request.error is not None:
+                raise EngineDead(request.error)
+
+    def _completions(self, body: dict[str, Any]) -> None:
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts: list[str] = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = list(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [
+                " ".join(["tok"] * len(prompt))
+            ]  # token ids: no tokenizer here, plain text back
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = [" ".join(["tok"] * len(p)) for p in prompt]
+        else:
+            raise BadRequest(
+                "prompt must be a string, a list of strings or token ids", param="prompt"
+            )
+        stream = bool(body.get("stream"))
+        if stream and len(prompts) > 1:
+            raise BadRequest("streaming is supported for one prompt at a time here", param="stream")
+        requests = [self._plan(body, p, p, False, 16, stream) for p in prompts]
+        rid = f"cmpl-{secrets.token_hex(16)}"
+        if stream:
+            self._stream(requests[0], rid, chat=False, include_usage=_include_usage(body))
+            return
+        self._run(requests)
+        choices = [
+            {
+                "index": i,
+                "text": "".join(r.pieces),
+                "logprobs": None,
+                "finish_reason": r.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            for i, r in enumerate(requests)
+        ]
+        self._json(200, self._envelope(rid, "text_completion", choices, requests))
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        self._check_model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        rendered, last_user = _chat_prompt(messages)
+        stream = bool(body.get("stream"))
+        request = self._plan(body, rendered, last_user, True, None, stream)
+        rid = f"chatcmpl-{secrets.token_hex(16)}"
+        if stream:
+            self._stream(request, rid, chat=True, include_usage=_include_usage(body))
+            return
+        self._run([request])
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(request.pieces), "refusal": None,
+                        "annotations": None, "audio": None, "function_call": None, "tool_calls": [],
+                        "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": request.finish_reason,
+            "stop_reason": None,
+        }  # fmt: skip
+        self._json(200, self._envelope(rid, "chat.completion", [choice], [request]))
+
+    def _usage(self, requests: list[Request]) -> dict[str, Any]:
+        prompt = sum(r.prompt_tokens for r in requests)
+        completion = sum(r.target for r in requests)
+        return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+                "prompt_tokens_details": None}  # fmt: skip
+
+    def _envelope(
+        self, rid: str, kind: str, choices: list[dict[str, Any]], requests: list[Request]
+    ) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.app.served_model_name,
+            "choices": choices,
+            "usage": self._usage(requests),
+        }
+
+    def _stream(self, request: Request, rid: str, chat: bool, include_usage: bool) -> None:
+        """Server-sent events, one chunk per token, then [DONE] (chunked transfer encoding)."""
+        self.app.scheduler.submit(request)
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+
+        def event(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> None:
+            payload: dict[str, Any] = {"id": rid, "object": kind, "created": created,
+                                       "model": self.app.served_model_name,
+                                       "choices": [choice] if choice else []}  # fmt: skip
+            if usage is not None:
+                payload["usage"] = usage
+            self._chunk(f"data: {json.dumps(payload)}\n\n".encode())
+
+        def choice(text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = (
+                    {"role": "assistant", "content": ""} if first else {"content": text}
+                )
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+
+        assert request.stream is not None
+        try:
+            if chat:
+                event(choice("", None, first=True))
+            while True:
+                piece = request.stream.get(timeout=_REQUEST_TIMEOUT)
+                if piece is None:
+                    break
+                if piece:
+                    event(choice(piece, None))
+            if request.error is None:
+                event(choice("", request.finish_reason))
+                if include_usage:
+                    event(None, self._usage([request]))
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        self._done(200)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options") or {}
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+class SimServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+def make_server(app: App, host: str, port: int) -> SimServer:
+    """Bound but not listening: connections are refused until `server_activate()`."""
+    handler = type("BoundHandler", (Handler,), {"app": app})
+    return SimServer((host, port), handler, bind_and_activate=False)
+
+
+def serve_in_thread(server: SimServer) -> threading.Thread:
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True
+    )
+    thread.start()
+    return thread
