@@ -62,7 +62,11 @@ class FakeHub:
         honour_range: bool = True,
         branches: tuple[str, ...] = ("main",),
     ) -> FakeRepo:
-        files = {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*")) if p.is_file()}
+        files = {
+            p.relative_to(directory).as_posix(): p
+            for p in sorted(directory.rglob("*"))
+            if p.is_file()
+        }
         sha = hashlib.sha1(repo_id.encode() + b"".join(n.encode() for n in files)).hexdigest()
         repo = FakeRepo(files, sha, branches, token, gated, honour_range)
         self.repos[repo_id] = repo
@@ -132,7 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _access(self, repo_id: str, revision: str, body: bool) -> FakeRepo | None:
         repo = self.fake.repos.get(repo_id)
-        if repo is None or (repo.token and self.headers.get("authorization") != f"Bearer {repo.token}"):
+        if repo is None or (
+            repo.token and self.headers.get("authorization") != f"Bearer {repo.token}"
+        ):
             self._error(401, "RepoNotFound", body)
             return None
         if repo.gated:
@@ -229,3 +235,79 @@ class _Handler(BaseHTTPRequestHandler):
                     self.headers.get("authorization") is not None,
                 )
             )
+
+
+# Per-layer tensors of a Qwen3/Llama-style decoder, as named in published checkpoints.
+LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def write_checkpoint(
+    directory: Path,
+    *,
+    layers: int = 36,
+    shards: int = 1,
+    config: dict[str, Any] | None = None,
+    scales: tuple[str, ...] = ("self_attn.k_scale", "self_attn.v_scale"),
+    weight_shape: tuple[int, ...] = (64, 64),
+    single_file: bool = False,
+) -> list[Path]:
+    """A safetensors checkpoint with realistic tensor names and tiny (zero) weights.
+
+    Layers are split into `shards` contiguous runs; `single_file` writes `model.safetensors`
+    without an index. Returns the safetensors files written.
+    """
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(
+        json.dumps(config or {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": layers})
+    )
+    names = ["model.embed_tokens.weight"]
+    for layer in range(layers):
+        names += [f"model.layers.{layer}.{t}" for t in (*LAYER_TENSORS, *scales)]
+    names += ["model.norm.weight", "lm_head.weight"]
+    per_shard = -(-len(names) // shards)
+    written: list[Path] = []
+    weight_map: dict[str, str] = {}
+    for shard in range(shards):
+        chunk = names[shard * per_shard : (shard + 1) * per_shard]
+        filename = (
+            "model.safetensors"
+            if single_file
+            else f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        )
+        tensors = {
+            name: np.ones((), dtype=np.float32)
+            if name.endswith("_scale")
+            else np.zeros(weight_shape, dtype=np.float16)
+            for name in chunk
+        }
+        save_file(tensors, str(directory / filename), metadata={"format": "pt"})
+        written.append(directory / filename)
+        weight_map.update(dict.fromkeys(chunk, filename))
+    if not single_file:
+        index = {
+            "metadata": {"total_size": sum(p.stat().st_size for p in written)},
+            "weight_map": weight_map,
+        }
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return written
+
+
+def header_bytes(path: Path) -> int:
+    """8-byte length prefix + JSON header of one safetensors file, read independently."""
+    with path.open("rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
