@@ -1,0 +1,170 @@
+"""manifests: deterministic names, canary pods invisible to Services, the eval Job, the patch."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kvgate import manifests as m
+from kvgate.model import RolloutSpec
+
+CONTAINER: dict[str, Any] = {
+    "name": "engine",
+    "image": "vllm/vllm-openai:v0.11.0",
+    "command": ["python", "-m", "kvgate.sim", "vllm", "serve", "Qwen/Qwen3-8B"],
+    "args": ["--port", "8000"],
+    "env": [{"name": "KVGATE_SIM_GPU", "value": "L4"}],
+}
+TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"app": "qwen"}, "annotations": {"team": "ml"}},
+    "spec": {"containers": [CONTAINER], "restartPolicy": "Always"},
+}
+SPEC = RolloutSpec.from_dict(
+    {
+        "targetRef": {"name": "qwen"},
+        "extraArgs": ["--attention-backend", "TRITON_ATTN"],
+        "extraEnv": [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}],
+        "gates": {"accuracy": {"questions": 200, "chunk": 50, "margin": 2}},
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "arm", "name"),
+    [("qwen-fp8", "control", "qwen-fp8-control"), ("qwen-fp8", "candidate", "qwen-fp8-candidate")],
+)
+def test_canary_names(rollout: str, arm: str, name: str) -> None:
+    assert m.canary_name(rollout, arm) == name
+
+
+def test_long_names_are_shortened_deterministically() -> None:
+    long = "a" * 80
+    names = [m.canary_name(long, "candidate"), m.eval_job_name(long, 12), m.report_name(long)]
+    assert all(len(n) <= 63 for n in names)
+    assert names == [
+        m.canary_name(long, "candidate"),
+        m.eval_job_name(long, 12),
+        m.report_name(long),
+    ]
+    assert m.canary_name(long, "control") != m.canary_name("a" * 81, "control")
+
+
+def test_bad_arm_and_attempt_are_refused() -> None:
+    with pytest.raises(ValueError, match="arm 'prod' is not one of control, candidate"):
+        m.canary_name("r", "prod")
+    with pytest.raises(ValueError, match="eval attempt 0 is outside"):
+        m.eval_job_name("r", 0)
+
+
+def test_canary_pod_replaces_labels_and_never_restarts() -> None:
+    before = copy.deepcopy(TEMPLATE)
+    pod = m.build_canary_pod(
+        rollout="qwen-fp8",
+        namespace="ns",
+        arm="candidate",
+        template=TEMPLATE,
+        container_index=0,
+        container=m.candidate_container(SPEC, CONTAINER),
+        config_hash="abc",
+    )
+    assert pod["metadata"]["labels"] == {
+        "kvgate.io/rollout": "qwen-fp8",
+        "kvgate.io/arm": "candidate",
+        "app.kubernetes.io/managed-by": "kvgate",
+    }
+    assert "app" not in pod["metadata"]["labels"]  # production Services select app=qwen
+    assert pod["metadata"]["annotations"] == {"team": "ml", "kvgate.io/config-hash": "abc"}
+    assert pod["spec"]["restartPolicy"] == "Never"
+    c = pod["spec"]["containers"][0]
+    assert c["args"] == [
+        "--port",
+        "8000",
+        "--kv-cache-dtype",
+        "fp8",
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    assert {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"} in c["env"]
+    assert before == TEMPLATE  # the input is not modified
+
+
+def test_eval_job() -> None:
+    cmd = m.eval_command(
+        SPEC,
+        control_url="http://127.0.0.2:8000",
+        candidate_url="http://127.0.0.3:8000",
+        model="Qwen/Qwen3-8B",
+        concurrency=8,
+    )
+    assert cmd == [
+        "kvgate", "eval",
+        "--control-url", "http://127.0.0.2:8000",
+        "--candidate-url", "http://127.0.0.3:8000",
+        "--task", "gsm8k", "--limit", "200", "--num-fewshot", "5",
+        "--margin", "0.02", "--confidence", "0.95", "--concurrency", "8",
+        "--chunk", "50", "--model", "Qwen/Qwen3-8B",
+    ]  # fmt: skip
+    job = m.build_eval_job(
+        rollout="r", namespace="ns", attempt=2, image="img", command=cmd,
+        env={"KVGATE_GSM8K_DIR": "/data"}, resources={}, deadline_s=600, config_hash="abc",
+    )  # fmt: skip
+    assert job["metadata"]["name"] == "r-eval-2"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 600
+    assert job["spec"]["template"]["metadata"]["labels"]["kvgate.io/attempt"] == "2"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "KVGATE_GSM8K_DIR", "value": "/data"}]
+    assert "resources" not in container
+
+
+def test_patch_sets_candidate_and_revert_restores() -> None:
+    candidate = m.container_config(m.candidate_container(SPEC, CONTAINER))
+    ops = m.build_container_patch(0, "engine", CONTAINER, candidate)
+    assert ops[0] == {
+        "op": "test",
+        "path": "/spec/template/spec/containers/0/name",
+        "value": "engine",
+    }
+    assert [o["path"].rsplit("/", 1)[1] for o in ops[1:]] == ["args", "env"]
+    promoted = _apply(CONTAINER, ops)
+    back = m.build_container_patch(0, "engine", promoted, m.container_config(CONTAINER))
+    assert _apply(promoted, back) == CONTAINER
+    assert m.build_container_patch(0, "engine", CONTAINER, m.container_config(CONTAINER)) == ops[:1]
+
+
+def test_revert_removes_keys_that_were_absent() -> None:
+    bare = {"name": "engine", "command": ["vllm", "serve", "m"]}
+    wanted = {"command": ["vllm", "serve", "m"], "args": ["--kv-cache-dtype", "fp8"]}
+    ops = m.build_container_patch(0, "engine", bare, wanted)
+    assert ops[1] == {
+        "op": "add",
+        "path": "/spec/template/spec/containers/0/args",
+        "value": ["--kv-cache-dtype", "fp8"],
+    }
+    back = m.build_container_patch(0, "engine", _apply(bare, ops), m.container_config(bare))
+    assert back[1] == {"op": "remove", "path": "/spec/template/spec/containers/0/args"}
+
+
+def _apply(container: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tiny JSON-patch applier for one container (test, add, replace, remove)."""
+    out = copy.deepcopy(container)
+    for op in ops:
+        key = op["path"].rsplit("/", 1)[1]
+        if op["op"] == "test":
+            assert out[key] == op["value"]
+        elif op["op"] in ("add", "replace"):
+            out[key] = op["value"]
+        elif op["op"] == "remove":
+            del out[key]
+    return out
+
+
+def test_find_container() -> None:
+    spec = {"containers": [{"name": "side"}, {"name": "engine"}]}
+    assert m.find_container(spec, "engine") == (1, {"name": "engine"})
+    assert m.find_container(spec, None) == (0, {"name": "side"})
+    with pytest.raises(
+        LookupError, match=r"container 'x' not in the pod template \(containers: side, engine\)"
+    ):
+        m.find_container(spec, "x")

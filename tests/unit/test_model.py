@@ -1,0 +1,211 @@
+"""RolloutSpec parsing: defaults, every error names its field, all errors reported at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvgate.errors import SpecError
+from kvgate.model import (
+    Engine,
+    GateMode,
+    Outcome,
+    Phase,
+    PromotionMode,
+    RolloutSpec,
+    config_hash,
+    parse_duration,
+    spec_errors,
+    worst,
+)
+
+MINIMAL: dict[str, Any] = {"targetRef": {"name": "qwen"}}
+
+
+def _with(**overrides: Any) -> dict[str, Any]:
+    spec = {"targetRef": {"name": "qwen", "container": "engine"}}
+    spec.update(overrides)
+    return spec
+
+
+def test_defaults_are_the_sre_defaults() -> None:
+    spec = RolloutSpec.from_dict(MINIMAL)
+    assert spec.target.name == "qwen" and spec.target.container is None
+    assert spec.engine is Engine.AUTO and spec.kv_cache_dtype == "fp8"
+    assert spec.capacity.mode is GateMode.REQUIRE
+    assert (spec.capacity.window_s, spec.capacity.samples, spec.capacity.usage_threshold) == (
+        300.0,
+        10,
+        0.9,
+    )
+    assert spec.scales.mode is GateMode.WARN
+    assert spec.backend.allow_fallback is True and spec.backend.allowed == ()
+    assert spec.accuracy.margin_pp == 2.0 and spec.accuracy.questions == 500
+    assert spec.capacity_gain.min_ratio == 1.8
+    assert spec.speed is None
+    assert spec.promotion.mode is PromotionMode.AUTO and spec.promotion.verify_window_s == 600.0
+
+
+def test_full_spec_parses() -> None:
+    spec = RolloutSpec.from_dict(
+        _with(
+            engine="vllm",
+            kvCacheDtype="fp8_e4m3",
+            extraArgs=["--attention-backend", "TRITON_ATTN"],
+            extraEnv=[{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}],
+            model={"name": "Qwen/Qwen3-8B", "revision": "main", "tokenSecretRef": {"name": "hf"}},
+            gates={
+                "capacity": {"mode": "warn", "window": "1m30s", "samples": 4},
+                "accuracy": {"task": "gsm8k_cot", "questions": 200, "chunk": 50, "margin": 1.5},
+                "speed": {"concurrency": [8, 32], "maxTpotRegression": 0.2},
+            },
+            canary={"startupTimeout": "2m", "evalRetries": 1},
+            promotion={"mode": "manual", "verifyWindow": "30s"},
+        )
+    )
+    assert spec.extra_args == ("--attention-backend", "TRITON_ATTN")
+    assert spec.extra_env[0].to_dict() == {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}
+    assert spec.model.token_secret is not None and spec.model.token_secret.key == "token"
+    assert spec.capacity.window_s == 90.0 and spec.capacity.interval_s == 30.0
+    assert spec.accuracy.task == "gsm8k_cot" and spec.accuracy.margin_pp == 1.5
+    assert spec.speed is not None and spec.speed.concurrency == (8, 32)
+    assert spec.canary.startup_timeout_s == 120.0
+    assert spec.promotion.mode is PromotionMode.MANUAL and spec.promotion.verify_window_s == 30.0
+
+
+BAD_SPECS = [
+    ({}, ["spec.targetRef: is required", "spec.targetRef.name: is required"]),
+    (_with(engine="trtllm"), ["spec.engine: 'trtllm' is not one of auto, vllm, sglang"]),
+    (
+        _with(kvCacheDtype="int8"),
+        ["spec.kvCacheDtype: 'int8' is not one of fp8, fp8_e4m3, fp8_e5m2"],
+    ),
+    (
+        _with(engine="sglang", kvCacheDtype="fp8"),
+        ["spec.kvCacheDtype: sglang does not accept fp8; use fp8_e4m3 or fp8_e5m2"],
+    ),
+    (_with(extraArgs="--x"), ["spec.extraArgs: '--x' is not a list"]),
+    (_with(extraArgs=["--a", 3]), ["spec.extraArgs[1]: 3 is not a string"]),
+    (
+        _with(extraEnv=[{"name": "1BAD"}]),
+        ["spec.extraEnv[0].name: '1BAD' is not a valid environment variable name"],
+    ),
+    (
+        _with(extraEnv=[{"value": "x"}]),
+        ["spec.extraEnv[0]: {'value': 'x'} is not {name, value}; give a name"],
+    ),
+    (
+        _with(gates={"capacity": {"mode": "maybe"}}),
+        ["spec.gates.capacity.mode: 'maybe' is not one of require, warn, off"],
+    ),
+    (
+        _with(gates={"capacity": {"window": "5 minutes"}}),
+        ["spec.gates.capacity.window: '5 minutes' is not a duration; use e.g. 90s, 5m or 1h30m"],
+    ),
+    (
+        _with(gates={"capacity": {"samples": 1}}),
+        ["spec.gates.capacity.samples: 1 is outside [2, 120]; use a value in that range"],
+    ),
+    (
+        _with(gates={"accuracy": {"margin": 0}}),
+        ["spec.gates.accuracy.margin: 0 is outside (0, 10]; use a value in that range"],
+    ),
+    (
+        _with(gates={"accuracy": {"margin": "2pp"}}),
+        ["spec.gates.accuracy.margin: '2pp' is not a number; use a value in (0, 10]"],
+    ),
+    (
+        _with(gates={"accuracy": {"questions": 2000}}),
+        ["spec.gates.accuracy.questions: 2000 is outside [20, 1319]; use a value in that range"],
+    ),
+    (
+        _with(gates={"accuracy": {"questions": 100, "chunk": 200}}),
+        ["spec.gates.accuracy.chunk: 200 exceeds questions (100); use a chunk <= questions"],
+    ),
+    (
+        _with(gates={"accuracy": {"sequential": "yes"}}),
+        ["spec.gates.accuracy.sequential: 'yes' is not true or false"],
+    ),
+    (
+        _with(gates={"capacityGain": {"minRatio": 0.5}}),
+        ["spec.gates.capacityGain.minRatio: 0.5 is outside [1, 8]; use a value in that range"],
+    ),
+    (
+        _with(canary={"startupTimeout": "0s"}),
+        ["spec.canary.startupTimeout: 0s is shorter than 1s; use a longer duration"],
+    ),
+    (
+        _with(promotion={"mode": "yolo"}),
+        ["spec.promotion.mode: 'yolo' is not one of auto, manual, report"],
+    ),
+    (_with(model={"tokenSecretRef": {}}), ["spec.model.tokenSecretRef.name: is required"]),
+    (_with(gates=[]), ["spec.gates: [] is not an object"]),
+]
+
+
+@pytest.mark.parametrize(("spec", "messages"), BAD_SPECS)
+def test_bad_spec_names_the_field(spec: dict[str, Any], messages: list[str]) -> None:
+    # GIVEN a spec with one problem WHEN parsed THEN the error names the field, exactly
+    with pytest.raises(ExceptionGroup) as info:
+        RolloutSpec.from_dict(spec)
+    errors = info.value.exceptions
+    assert all(isinstance(e, SpecError) for e in errors)
+    assert [str(e) for e in errors] == messages
+    assert [e.field for e in errors] == [m.split(":")[0] for m in messages]  # type: ignore[attr-defined]
+
+
+def test_every_error_is_reported_at_once() -> None:
+    spec = _with(engine="x", kvCacheDtype="y", promotion={"mode": "z"})
+    assert [e.field for e in spec_errors(spec)] == [
+        "spec.engine",
+        "spec.kvCacheDtype",
+        "spec.promotion.mode",
+    ]
+    assert spec_errors(MINIMAL) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25), ("1.5m", 90.0)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "m", "5 m", "5d", "1h 30m", "-5s"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+def test_worst_orders_outcomes() -> None:
+    assert worst([]) is Outcome.SKIPPED
+    assert worst([Outcome.SUCCESSFUL, Outcome.WARNING]) is Outcome.WARNING
+    assert worst([Outcome.PENDING, Outcome.NOT_NEEDED]) is Outcome.NOT_NEEDED
+    assert worst([Outcome.ERROR, Outcome.INCONCLUSIVE, Outcome.SUCCESSFUL]) is Outcome.ERROR
+    assert worst([Outcome.ERROR, Outcome.FAILED]) is Outcome.FAILED
+
+
+def test_blocking_outcomes() -> None:
+    assert {o for o in Outcome if o.blocks} == {
+        Outcome.INCONCLUSIVE,
+        Outcome.ERROR,
+        Outcome.FAILED,
+    }
+
+
+def test_terminal_phases() -> None:
+    assert {p for p in Phase if p.terminal} == {
+        Phase.PROMOTED,
+        Phase.ROLLED_BACK,
+        Phase.NOT_NEEDED,
+        Phase.FAILED,
+    }
+
+
+def test_config_hash_is_stable_and_sensitive() -> None:
+    a = config_hash({"args": ["--kv-cache-dtype", "fp8"], "b": 1})
+    assert a == config_hash({"b": 1, "args": ["--kv-cache-dtype", "fp8"]})
+    assert a != config_hash({"args": ["--kv-cache-dtype", "fp8_e4m3"], "b": 1})
+    assert len(a) == 16

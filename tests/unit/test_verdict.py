@@ -1,0 +1,630 @@
+"""verdict: gates over a grid of evidence, worst-of, fail closed, and the transition function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvgate import verdict as v
+from kvgate.model import (
+    AccuracyGate,
+    BackendGate,
+    CapacityGainGate,
+    CapacityGate,
+    GateMode,
+    Outcome,
+    Phase,
+    PromotionMode,
+    RolloutSpec,
+    ScalesGate,
+    SpeedGate,
+)
+from kvgate.verdict import Action, Decision, GateResult, Observation, PodHealth, State
+
+SCALE_WARNING = {
+    "code": "kv-scales-default",
+    "severity": "warning",
+    "text": "Using KV cache scaling factor 1.0 for fp8_e4m3.",
+}
+
+
+def scan(
+    backend: str | None = "FLASH_ATTN", tokens: int | None = 100_000, *findings: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "engine": "vllm",
+        "attention_backend": backend,
+        "capacity": {"kv_tokens": tokens},
+        "ready": True,
+        "failed": False,
+        "findings": list(findings),
+    }
+
+
+SUMMARY_PASS = {
+    "kind": "kvgate.eval/summary",
+    "verdict": "pass",
+    "error": None,
+    "margin": 0.02,
+    "questions_used": 200,
+    "control": {"accuracy": 0.91, "correct": 182, "n": 200},
+    "candidate": {"accuracy": 0.905, "correct": 181, "n": 200},
+    "paired": {"difference": -0.005, "tango95": [-0.019, 0.009]},
+}
+
+
+# --- gates ------------------------------------------------------------------------------------
+
+POOL_GRID = [
+    (GateMode.REQUIRE, True, Outcome.SUCCESSFUL, "PoolPressured"),
+    (GateMode.REQUIRE, False, Outcome.NOT_NEEDED, "PoolHasRoom"),
+    (GateMode.REQUIRE, None, Outcome.ERROR, "PoolPressureUnknown"),
+    (GateMode.WARN, False, Outcome.WARNING, "PoolHasRoom"),
+    (GateMode.WARN, None, Outcome.WARNING, "PoolPressureUnknown"),
+    (GateMode.OFF, False, Outcome.SKIPPED, "GateOff"),
+]
+
+
+@pytest.mark.parametrize(("mode", "pressured", "outcome", "reason"), POOL_GRID)
+def test_pool_gate(mode: GateMode, pressured: bool | None, outcome: Outcome, reason: str) -> None:
+    got = v.assess_pool(CapacityGate(mode=mode), pressured, "usage 0.42")
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_pool_room_message() -> None:
+    got = v.assess_pool(CapacityGate(), False, "peak usage 42%, no queue")
+    assert (
+        got.message
+        == "KV pool has room: peak usage 42%, no queue; an FP8 KV cache buys nothing here"
+    )
+
+
+SCALES_GRID = [
+    # mode, checkpoint has scales, candidate warns, outcome, reason
+    (GateMode.WARN, False, True, Outcome.WARNING, "ScalesMissing"),
+    (GateMode.REQUIRE, False, True, Outcome.FAILED, "ScalesMissing"),
+    (GateMode.REQUIRE, None, True, Outcome.FAILED, "ScalesMissing"),
+    (GateMode.WARN, True, True, Outcome.WARNING, "ScalesDropped"),
+    (GateMode.REQUIRE, True, True, Outcome.FAILED, "ScalesDropped"),
+    (GateMode.REQUIRE, True, False, Outcome.SUCCESSFUL, "ScalesPresent"),
+    (GateMode.WARN, None, False, Outcome.SUCCESSFUL, "ScalesPresent"),
+    (GateMode.REQUIRE, False, False, Outcome.FAILED, "ScalesMissing"),
+    (GateMode.OFF, False, True, Outcome.SKIPPED, "GateOff"),
+]
+
+
+@pytest.mark.parametrize(("mode", "has", "warns", "outcome", "reason"), SCALES_GRID)
+def test_scales_gate(
+    mode: GateMode, has: bool | None, warns: bool, outcome: Outcome, reason: str
+) -> None:
+    candidate = scan("TRITON_ATTN", 200_000, *([SCALE_WARNING] if warns else []))
+    got = v.assess_scales(ScalesGate(mode), has, candidate)
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_scales_dropped_message_is_louder() -> None:
+    got = v.assess_scales(ScalesGate(GateMode.WARN), True, scan("X", 1, SCALE_WARNING))
+    assert got.message == (
+        "checkpoint has KV scales but the candidate warns they were not used: "
+        "Using KV cache scaling factor 1.0 for fp8_e4m3."
+    )
+
+
+BACKEND_GRID = [
+    (BackendGate(), "FLASH_ATTN", "FLASH_ATTN", Outcome.SUCCESSFUL, "BackendUnchanged"),
+    (BackendGate(), "FLASH_ATTN", "FLASHINFER", Outcome.WARNING, "BackendChanged"),
+    (
+        BackendGate(allow_fallback=False),
+        "FLASH_ATTN",
+        "FLASHINFER",
+        Outcome.FAILED,
+        "BackendChanged",
+    ),
+    (
+        BackendGate(allowed=("TRITON_ATTN",)),
+        "FLASH_ATTN",
+        "FLASHINFER",
+        Outcome.FAILED,
+        "BackendNotAllowed",
+    ),
+    (
+        BackendGate(allowed=("TRITON_ATTN",)),
+        "FLASH_ATTN",
+        "TRITON_ATTN",
+        Outcome.WARNING,
+        "BackendChanged",
+    ),
+    (BackendGate(), "FLASH_ATTN", None, Outcome.WARNING, "BackendUnknown"),
+    (BackendGate(allowed=("TRITON_ATTN",)), "FLASH_ATTN", None, Outcome.ERROR, "BackendUnknown"),
+]
+
+
+@pytest.mark.parametrize(("gate", "control", "candidate", "outcome", "reason"), BACKEND_GRID)
+def test_backend_gate(
+    gate: BackendGate, control: str, candidate: str | None, outcome: Outcome, reason: str
+) -> None:
+    got = v.assess_backend(gate, scan(control), scan(candidate))
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_backend_changed_message() -> None:
+    got = v.assess_backend(BackendGate(), scan("FLASH_ATTN"), scan("TRITON_ATTN"))
+    assert got.message == (
+        "attention backend changed from FLASH_ATTN to TRITON_ATTN: "
+        "two things changed at once (KV dtype and kernel)"
+    )
+
+
+CAPACITY_GRID = [
+    (100_000, 200_000, Outcome.SUCCESSFUL, "CapacityGained"),
+    (100_000, 180_000, Outcome.SUCCESSFUL, "CapacityGained"),
+    (100_000, 179_999, Outcome.FAILED, "CapacityNotGained"),
+    (None, 200_000, Outcome.ERROR, "CapacityUnknown"),
+    (100_000, None, Outcome.ERROR, "CapacityUnknown"),
+]
+
+
+@pytest.mark.parametrize(("control", "candidate", "outcome", "reason"), CAPACITY_GRID)
+def test_capacity_gain_gate(
+    control: int | None, candidate: int | None, outcome: Outcome, reason: str
+) -> None:
+    got = v.assess_capacity_gain(CapacityGainGate(1.8), control, candidate)
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_capacity_message() -> None:
+    got = v.assess_capacity_gain(CapacityGainGate(1.8), 100_000, 150_000)
+    assert got.message == "150,000 / 100,000 KV tokens = 1.50x, below the minimum 1.8x"
+
+
+ACCURACY_GRID = [
+    ("pass", Outcome.SUCCESSFUL, "AccuracyNonInferior"),
+    ("fail", Outcome.FAILED, "AccuracyRegressed"),
+    ("inconclusive", Outcome.INCONCLUSIVE, "AccuracyInconclusive"),
+    ("error", Outcome.ERROR, "EvalError"),
+    ("garbage", Outcome.ERROR, "EvalError"),
+]
+
+
+@pytest.mark.parametrize(("verdict", "outcome", "reason"), ACCURACY_GRID)
+def test_accuracy_gate(verdict: str, outcome: Outcome, reason: str) -> None:
+    got = v.assess_accuracy(AccuracyGate(), {**SUMMARY_PASS, "verdict": verdict})
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_accuracy_detail_message() -> None:
+    got = v.assess_accuracy(AccuracyGate(), SUMMARY_PASS)
+    assert got.message == (
+        "control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (margin 2 pp, n=200)"
+    )
+
+
+def test_accuracy_missing_is_pending() -> None:
+    assert v.assess_accuracy(AccuracyGate(), None).outcome is Outcome.PENDING
+
+
+SPEED_GRID = [
+    (None, 0.02, 0.02, Outcome.SKIPPED),
+    (SpeedGate(max_tpot_regression=0.1), 0.020, 0.021, Outcome.SUCCESSFUL),
+    (SpeedGate(max_tpot_regression=0.1), 0.020, 0.0225, Outcome.FAILED),
+    (SpeedGate(), None, 0.02, Outcome.ERROR),
+    (SpeedGate(), 0.02, None, Outcome.ERROR),
+]
+
+
+@pytest.mark.parametrize(("gate", "control", "candidate", "outcome"), SPEED_GRID)
+def test_speed_gate(
+    gate: SpeedGate | None, control: float | None, candidate: float | None, outcome: Outcome
+) -> None:
+    assert v.assess_speed(gate, control, candidate).outcome is outcome
+
+
+# --- decide -----------------------------------------------------------------------------------
+
+
+def R(outcome: Outcome, reason: str = "R", gate: str = "g") -> GateResult:
+    return GateResult(gate, outcome, reason, f"{reason} message")
+
+
+DECIDE_GRID = [
+    ([R(Outcome.SUCCESSFUL), R(Outcome.SKIPPED)], Decision.PROMOTE),
+    ([R(Outcome.SUCCESSFUL), R(Outcome.WARNING)], Decision.PROMOTE),
+    ([R(Outcome.SUCCESSFUL), R(Outcome.PENDING)], Decision.HOLD),
+    ([R(Outcome.NOT_NEEDED), R(Outcome.SUCCESSFUL)], Decision.NOT_NEEDED),
+    ([R(Outcome.SUCCESSFUL), R(Outcome.INCONCLUSIVE)], Decision.ROLL_BACK),
+    ([R(Outcome.SUCCESSFUL), R(Outcome.ERROR)], Decision.ROLL_BACK),
+    ([R(Outcome.FAILED), R(Outcome.NOT_NEEDED)], Decision.ROLL_BACK),
+    ([R(Outcome.ERROR), R(Outcome.PENDING)], Decision.ROLL_BACK),
+    ([], Decision.HOLD),
+]
+
+
+@pytest.mark.parametrize(("results", "decision"), DECIDE_GRID)
+def test_decide_worst_of(results: list[GateResult], decision: Decision) -> None:
+    got = v.decide(results, mode=PromotionMode.AUTO, config_hash="h", approval=None)
+    assert got.decision is decision
+
+
+def test_decide_lists_every_blocking_reason_worst_first() -> None:
+    results = [
+        R(Outcome.SUCCESSFUL, "CapacityGained"),
+        R(Outcome.ERROR, "EvalError"),
+        R(Outcome.FAILED, "AccuracyRegressed"),
+        R(Outcome.WARNING, "BackendChanged"),
+    ]
+    got = v.decide(results, mode=PromotionMode.AUTO, config_hash="h", approval=None)
+    assert [r.reason for r in got.reasons] == ["AccuracyRegressed", "EvalError"]
+    assert got.message == "AccuracyRegressed message; EvalError message"
+
+
+APPROVAL_GRID = [
+    (PromotionMode.MANUAL, None, Decision.HOLD),
+    (PromotionMode.MANUAL, "abc", Decision.PROMOTE),
+    (PromotionMode.MANUAL, "stale", Decision.HOLD),
+    (PromotionMode.AUTO, None, Decision.PROMOTE),
+]
+
+
+@pytest.mark.parametrize(("mode", "approval", "decision"), APPROVAL_GRID)
+def test_manual_approval_is_bound_to_the_config_hash(
+    mode: PromotionMode, approval: str | None, decision: Decision
+) -> None:
+    got = v.decide([R(Outcome.SUCCESSFUL)], mode=mode, config_hash="abc", approval=approval)
+    assert got.decision is decision
+
+
+def test_stale_approval_is_named() -> None:
+    got = v.decide(
+        [R(Outcome.SUCCESSFUL)], mode=PromotionMode.MANUAL, config_hash="abc", approval="old"
+    )
+    assert got.message == (
+        "all gates passed; approve with annotation kvgate.io/approve=abc; "
+        "approval 'old' is for another config"
+    )
+
+
+def test_unreadable_stored_outcome_fails_closed() -> None:
+    assert GateResult.from_dict("x", {"outcome": "Maybe"}).outcome is Outcome.ERROR
+    assert GateResult.from_dict("x", {}).outcome is Outcome.ERROR
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+def pod(
+    phase: str = "Running",
+    ready: bool = True,
+    restarts: int = 0,
+    state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "status": {
+            "phase": phase,
+            "podIP": "127.0.0.5",
+            "containerStatuses": [
+                {
+                    "name": "engine",
+                    "ready": ready,
+                    "restartCount": restarts,
+                    "state": state or {"running": {}},
+                }
+            ],
+        }
+    }
+
+
+POD_GRID = [
+    (None, False, False),
+    (pod(), True, False),
+    (pod(ready=False), False, False),
+    (
+        pod(phase="Failed", ready=False, state={"terminated": {"exitCode": 1, "reason": "Error"}}),
+        False,
+        True,
+    ),
+    (pod(ready=False, restarts=2), False, True),
+    (pod(ready=False, state={"waiting": {"reason": "CrashLoopBackOff"}}), False, True),
+    (pod(ready=False, state={"waiting": {"reason": "ContainerCreating"}}), False, False),
+    (pod(phase="Pending", ready=False), False, False),
+]
+
+
+@pytest.mark.parametrize(("obj", "ready", "crashed"), POD_GRID)
+def test_pod_health(obj: dict[str, Any] | None, ready: bool, crashed: bool) -> None:
+    got = v.pod_health(obj, "engine")
+    assert (got.ready, got.crashed) == (ready, crashed)
+
+
+def test_terminated_detail() -> None:
+    got = v.pod_health(
+        pod(phase="Failed", ready=False, state={"terminated": {"exitCode": 1, "reason": "Error"}})
+    )
+    assert got.detail == "exited with code 1 (Error)"
+
+
+# --- transition function ----------------------------------------------------------------------
+
+SPEC = RolloutSpec.from_dict(
+    {
+        "targetRef": {"name": "qwen"},
+        "gates": {"capacity": {"samples": 3, "window": "30s"}},
+        "canary": {"startupTimeout": "60s", "evalTimeout": "600s", "evalRetries": 1},
+        "promotion": {"verifyWindow": "20s"},
+    }
+)
+READY = PodHealth(True, ready=True, ip="127.0.0.9")
+CRASHED = PodHealth(True, crashed=True, detail="exited with code 1 (Error)")
+STARTING = PodHealth(True, detail="starting")
+
+
+def step(phase: Phase, obs: Observation, spec: RolloutSpec = SPEC, **state: Any) -> v.Step:
+    return v.next_step(spec, State(phase=phase, **state), obs, poll_s=2.0)
+
+
+def test_pending_invalid_spec_fails() -> None:
+    s = step(Phase.PENDING, Observation(spec_errors=("spec.engine: bad",)))
+    assert (s.phase, s.reason, s.message) == (Phase.FAILED, "InvalidSpec", "spec.engine: bad")
+
+
+def test_pending_waits_for_target_then_fails() -> None:
+    assert step(Phase.PENDING, Observation(target_missing=True)).phase is Phase.PENDING
+    late = step(Phase.PENDING, Observation(target_missing=True), phase_elapsed_s=61)
+    assert (late.phase, late.reason) == (Phase.FAILED, "TargetNotFound")
+
+
+def test_pending_refuses_a_second_rollout() -> None:
+    s = step(Phase.PENDING, Observation(conflicts=("older",)))
+    assert (s.phase, s.reason) == (Phase.FAILED, "RolloutConflict")
+    assert (
+        s.message
+        == "Deployment qwen already has an active rollout: older; wait for it or delete it"
+    )
+
+
+def test_pending_to_preflight() -> None:
+    assert step(Phase.PENDING, Observation()).phase is Phase.PREFLIGHT
+
+
+def test_preflight_samples_then_decides() -> None:
+    s = step(Phase.PREFLIGHT, Observation(pool_samples=1))
+    assert (s.phase, s.reason, s.requeue_s) == (Phase.PREFLIGHT, "SamplingPool", 15.0)
+    room = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=False, pool_detail="d"))
+    assert (room.phase, room.reason) == (Phase.NOT_NEEDED, "PoolHasRoom")
+    assert Action.DELETE_CANARIES in room.actions
+    go = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=True, pool_detail="d"))
+    assert (go.phase, go.actions) == (Phase.CANARY, (Action.CREATE_CANARIES,))
+
+
+def test_preflight_unknown_pressure_fails_closed() -> None:
+    s = step(Phase.PREFLIGHT, Observation(pool_samples=0), phase_elapsed_s=91)
+    assert (s.phase, s.reason) == (Phase.FAILED, "PoolPressureUnknown")
+
+
+def test_canary_crash_rolls_back_with_the_remedy() -> None:
+    crash_scan = scan(
+        "FLASHINFER",
+        200_000,
+        {
+            "code": "flashinfer-jit-failed",
+            "severity": "error",
+            "text": "RuntimeError: Ninja build failed.",
+            "hint": "add --attention-backend TRITON_ATTN",
+        },
+    )
+    s = step(Phase.CANARY, Observation(control=READY, candidate=CRASHED, candidate_scan=crash_scan))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert s.message == (
+        "candidate pod crashed: RuntimeError: Ninja build failed.; remedy: add --attention-backend TRITON_ATTN"
+    )
+    assert [e.reason for e in s.events] == ["CanaryCrashed", "CanaryCrashed"]
+    assert all(e.warning for e in s.events)
+
+
+def test_canary_waits_then_times_out() -> None:
+    wait = step(Phase.CANARY, Observation(control=READY, candidate=STARTING), phase_elapsed_s=10)
+    assert (wait.phase, wait.actions) == (Phase.CANARY, ())
+    missing = step(Phase.CANARY, Observation(control=READY, candidate=PodHealth(False)))
+    assert missing.actions == (Action.CREATE_CANARIES,)
+    late = step(Phase.CANARY, Observation(control=READY, candidate=STARTING), phase_elapsed_s=60)
+    assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "CanaryTimeout")
+
+
+def test_canary_ready_goes_to_eval_with_findings() -> None:
+    s = step(
+        Phase.CANARY,
+        Observation(
+            control=READY,
+            candidate=READY,
+            control_scan=scan("FLASH_ATTN", 100_000),
+            candidate_scan=scan("TRITON_ATTN", 201_000, SCALE_WARNING),
+        ),
+    )
+    assert s.phase is Phase.EVALUATING and Action.CREATE_EVAL_JOB in s.actions
+    assert {g.gate: g.reason for g in s.gates} == {
+        "canary": "CanaryHealthy",
+        "scales": "ScalesMissing",
+        "backend": "BackendChanged",
+        "capacityGain": "CapacityGained",
+    }
+    assert [e.reason for e in s.events] == ["ScalesMissing", "BackendChanged"]
+    assert s.eval_attempts == 1
+
+
+def test_canary_without_capacity_gain_rolls_back_before_eval() -> None:
+    s = step(
+        Phase.CANARY,
+        Observation(
+            control=READY, candidate=READY, control_scan=scan(), candidate_scan=scan(tokens=120_000)
+        ),
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityNotGained")
+
+
+def test_canary_with_unreadable_capacity_fails_closed() -> None:
+    s = step(
+        Phase.CANARY,
+        Observation(
+            control=READY, candidate=READY, control_scan=scan(), candidate_scan=scan(tokens=None)
+        ),
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityUnknown")
+
+
+GOOD_GATES = {"capacityGain": R(Outcome.SUCCESSFUL, "CapacityGained", "capacityGain")}
+
+
+def test_eval_pass_promotes() -> None:
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        eval_attempts=1,
+        gates=GOOD_GATES,
+    )
+    assert s.phase is Phase.PROMOTING
+    assert s.actions == (Action.DELETE_CANARIES, Action.PATCH_DEPLOYMENT)
+
+
+def test_eval_fail_rolls_back() -> None:
+    s = step(
+        Phase.EVALUATING,
+        Observation(
+            control=READY,
+            candidate=READY,
+            job_exists=True,
+            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+        ),
+        eval_attempts=1,
+        gates=GOOD_GATES,
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "AccuracyRegressed")
+
+
+def test_eval_error_retries_then_rolls_back() -> None:
+    retry = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_error="boom"),
+        eval_attempts=1,
+    )
+    assert (retry.phase, retry.reason, retry.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
+    assert retry.actions == (Action.CREATE_EVAL_JOB,)
+    final = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_error="boom"),
+        eval_attempts=2,
+    )
+    assert (final.phase, final.reason) == (Phase.ROLLED_BACK, "EvalError")
+    assert final.message == "eval failed 2 time(s), last: boom"
+
+
+def test_eval_earlier_warning_does_not_block_but_earlier_failure_does() -> None:
+    bad = {"scales": R(Outcome.FAILED, "ScalesMissing", "scales")}
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        eval_attempts=1,
+        gates=bad,
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "ScalesMissing")
+
+
+def test_eval_arm_lost_rolls_back() -> None:
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=CRASHED, job_exists=True),
+        eval_attempts=1,
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+
+
+def test_report_mode_stops_before_patching() -> None:
+    spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "report"}})
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        spec=spec,
+        eval_attempts=1,
+    )
+    assert (s.phase, s.reason, s.requeue_s) == (Phase.AWAITING_APPROVAL, "VerdictReported", None)
+    assert Action.PATCH_DEPLOYMENT not in s.actions
+
+
+def test_manual_mode_waits_for_the_bound_approval() -> None:
+    spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "manual"}})
+    gates = {"accuracy": R(Outcome.SUCCESSFUL, "AccuracyNonInferior", "accuracy")}
+    hold = step(
+        Phase.AWAITING_APPROVAL,
+        Observation(),
+        spec=spec,
+        gates=gates,
+        config_hash="h1",
+        approval="h0",
+    )
+    assert hold.phase is Phase.AWAITING_APPROVAL
+    go = step(
+        Phase.AWAITING_APPROVAL,
+        Observation(),
+        spec=spec,
+        gates=gates,
+        config_hash="h1",
+        approval="h1",
+    )
+    assert go.phase is Phase.PROMOTING and Action.PATCH_DEPLOYMENT in go.actions
+
+
+def test_promotion_crash_reverts() -> None:
+    s = step(Phase.PROMOTING, Observation(rollout_crashed="pod x: restarted 1x"))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "PromotionReverted")
+    assert s.actions[0] is Action.REVERT_DEPLOYMENT
+
+
+def test_promotion_backend_drift_reverts_when_fallback_not_allowed() -> None:
+    spec = RolloutSpec.from_dict(
+        {"targetRef": {"name": "q"}, "gates": {"backend": {"allowFallback": False}}}
+    )
+    s = step(
+        Phase.PROMOTING,
+        Observation(
+            rollout_done=True, rollout_scan=scan("FLASHINFER"), control_scan=scan("TRITON_ATTN")
+        ),
+        spec=spec,
+    )
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "PromotionReverted")
+
+
+def test_promotion_rolled_out_goes_to_verify_then_promoted() -> None:
+    s = step(
+        Phase.PROMOTING,
+        Observation(
+            rollout_done=True, rollout_scan=scan("TRITON_ATTN"), control_scan=scan("TRITON_ATTN")
+        ),
+    )
+    assert s.phase is Phase.VERIFYING
+    mid = step(Phase.VERIFYING, Observation(), phase_elapsed_s=5)
+    assert mid.phase is Phase.VERIFYING
+    done = step(Phase.VERIFYING, Observation(), phase_elapsed_s=20)
+    assert (done.phase, done.reason) == (Phase.PROMOTED, "Promoted")
+    bad = step(
+        Phase.VERIFYING, Observation(production_problem="pod y restarted"), phase_elapsed_s=5
+    )
+    assert (bad.phase, bad.actions[0]) == (Phase.ROLLED_BACK, Action.REVERT_DEPLOYMENT)
+
+
+@pytest.mark.parametrize(
+    "phase", [Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED]
+)
+def test_terminal_phases_do_not_move(phase: Phase) -> None:
+    s = step(phase, Observation(spec_errors=("x",), rollout_crashed="y"))
+    assert (s.phase, s.actions, s.requeue_s) == (phase, (), None)
+
+
+@pytest.mark.parametrize("mode", [GateMode.REQUIRE, GateMode.WARN])
+def test_missing_evidence_never_promotes(mode: GateMode) -> None:
+    # GIVEN no eval summary and no capacity figures, WHEN decided, THEN nothing promotes
+    results = [
+        v.assess_capacity_gain(CapacityGainGate(), None, None),
+        v.assess_accuracy(AccuracyGate(), None),
+        v.assess_scales(ScalesGate(mode), None, None),
+    ]
+    got = v.decide(results, mode=PromotionMode.AUTO, config_hash="h", approval="h")
+    assert got.decision is not Decision.PROMOTE
