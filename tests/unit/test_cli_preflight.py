@@ -1,0 +1,218 @@
+"""`kvgate preflight` through kvgate.cli.main: JSON keys, the table, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from kvgate.cli import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["preflight", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def model_dir(tmp_path: Path, config: str, suffixes: tuple[str, ...], layers: int) -> Path:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    shutil.copy(CONFIGS / config, directory / "config.json")
+    tensors = {
+        f"model.layers.{i}.{s}": np.ones((), dtype=np.float32)
+        if s.endswith("scale")
+        else np.zeros((8, 8), np.float16)
+        for i in range(layers)
+        for s in suffixes
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def test_config_only_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, str(CONFIGS / "qwen3-8b.json"), "--json")
+    assert (code, err) == (0, "")
+    result = json.loads(out)
+    assert result["kv_bytes_per_token"] == {"bf16": 147_456, "fp8": 73_728}
+    assert result["tokens_per_gib"] == {"bf16": 7281.8, "fp8": 14563.6}
+    assert (result["num_layers"], result["kv_layers"], result["kv_heads"], result["head_dim"]) == (
+        36,
+        36,
+        8,
+        128,
+    )
+    assert (result["attention"], result["capacity_gain"], result["pool_tokens"]) == (
+        "gqa",
+        2.0,
+        None,
+    )
+    scales = result["scales"]
+    assert (scales["present"], scales["coverage"], scales["k"], scales["v"], scales["q"]) == (
+        None,
+        "unknown",
+        None,
+        None,
+        None,
+    )
+    assert [f["code"] for f in scales["findings"]] == ["ScalesUnknown"]
+    assert scales["kv_cache_scheme"] is None
+    assert result["read"] is None
+
+
+@pytest.mark.parametrize(
+    ("config", "attention", "kv_layers", "bf16"),
+    [
+        ("deepseek-v3.json", "mla", 61, 70_272),
+        ("qwen3-next-80b-a3b.json", "hybrid", 12, 24_576),
+        ("gemma-3-27b-it.json", "gqa", 62, 507_904),
+        ("llama-3.1-8b.json", "gqa", 32, 131_072),
+    ],
+)
+def test_config_only_architectures(
+    capsys: pytest.CaptureFixture[str], config: str, attention: str, kv_layers: int, bf16: int
+) -> None:
+    code, out, _ = run(capsys, str(CONFIGS / config), "--json")
+    result = json.loads(out)
+    assert code == 0
+    assert (result["attention"], result["kv_layers"], result["kv_bytes_per_token"]["bf16"]) == (
+        attention,
+        kv_layers,
+        bf16,
+    )
+
+
+def test_model_dir_with_scales_and_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = model_dir(
+        tmp_path,
+        "qwen3-8b.json",
+        ("self_attn.k_proj.weight", "self_attn.k_scale", "self_attn.v_scale"),
+        36,
+    )
+    code, out, _ = run(capsys, str(directory), "--gpu-memory-gib", "10", "--json")
+    result = json.loads(out)
+    assert code == 0
+    # 10 GiB / 144 KiB = 72,817.8 tokens -> 4,551 blocks of 16
+    assert result["pool_tokens"] == {"bf16": 4_551 * 16, "fp8": 9_102 * 16}
+    assert result["pool_memory_gib"] == 10.0
+    scales = result["scales"]
+    assert (scales["present"], scales["k"], scales["v"], scales["q"]) == (True, 36, 36, 0)
+    assert scales["layers"] == {"total": 36, "expected": 36, "covered": 36, "missing": []}
+    assert result["read"]["files"] == ["model.safetensors"]
+    with (directory / "model.safetensors").open("rb") as f:
+        assert result["read"]["bytes_read"] == 8 + struct.unpack("<Q", f.read(8))[0]
+
+
+def test_fp8_weights_without_kv_scales(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = model_dir(
+        tmp_path,
+        "llama-3.1-8b.json",
+        ("mlp.up_proj.weight", "mlp.up_proj.weight_scale", "mlp.up_proj.input_scale"),
+        32,
+    )
+    code, out, _ = run(capsys, str(directory), "--json")
+    scales = json.loads(out)["scales"]
+    assert (code, scales["present"], scales["coverage"]) == (0, False, "none")
+    assert scales["weight_scales"]["kinds"] == ["input_scale", "weight_scale"]
+    assert [f["code"] for f in scales["findings"]] == ["FP8WeightsWithoutKVScales"]
+
+
+def test_hybrid_model_dir_expects_attention_layers_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    shutil.copy(CONFIGS / "qwen3-next-80b-a3b.json", directory / "config.json")
+    tensors = {
+        f"model.layers.{i}.self_attn.{kind}_scale": np.ones((), dtype=np.float32)
+        for i in range(3, 48, 4)
+        for kind in ("k", "v")
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
+    code, out, _ = run(capsys, str(directory), "--json")
+    assert (code, json.loads(out)["scales"]["present"]) == (0, True)
+
+
+def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
+    path = CONFIGS / "qwen3-8b.json"
+    code, out, _ = run(capsys, str(path), "--gpu-memory-gib", "20")
+    assert code == 0
+    assert out.splitlines()[:6] == [
+        f"model      {path}",
+        "layout     Qwen3ForCausalLM, gqa: 36 of 36 layers hold KV, K and V of 8 heads x 128 per layer",
+        "",
+        "dtype   bytes/token  tokens/GiB   pool tokens (20 GiB)",
+        "bf16        147,456       7,282                145,632",
+        "fp8          73,728      14,564                291,264",
+    ]
+    assert "scales     unknown (config.json only)" in out
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+ERRORS: list[tuple[Any, str]] = [
+    # argv builder, stderr line (with {tmp} for tmp_path)
+    (
+        lambda t: [str(t / "absent.json")],
+        "kvgate: ParseError: {tmp}/absent.json: no such file or directory, and not a hub repo id like org/name",
+    ),
+    (
+        lambda t: ["./not/a/repo"],
+        "kvgate: ParseError: ./not/a/repo: no such file or directory, and not a hub repo id like org/name",
+    ),
+    (
+        lambda t: [write(t, "bad.json", "{oops")],
+        "kvgate: ParseError: {tmp}/bad.json:1: malformed JSON: Expecting property name enclosed in double quotes",
+    ),
+    (
+        lambda t: [write(t, "bert.json", '{"model_type": "bert", "num_hidden_layers": 12}')],
+        "kvgate: UnsupportedError: {tmp}/bert.json: model_type 'bert' has no decoder KV cache; kvgate gates decoder LLMs",
+    ),
+    (
+        lambda t: [write(t, "partial.json", '{"num_hidden_layers": 12}')],
+        "kvgate: ParseError: {tmp}/partial.json: field 'num_attention_heads' is missing",
+    ),
+    (
+        lambda t: [str(CONFIGS / "qwen3-8b.json"), "--gpu-memory-gib", "-1"],
+        "kvgate: SpecError: gpu_memory_gib: -1.0 is not a size in GiB; use a number >= 0",
+    ),
+    (
+        lambda t: ["org/model", "--token-env", "KVGATE_TEST_UNSET_TOKEN"],
+        "kvgate: SpecError: --token-env: environment variable 'KVGATE_TEST_UNSET_TOKEN' is not set or empty",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), ERRORS)
+def test_bad_input_exits_2_with_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: Any,
+    line: str,
+) -> None:
+    monkeypatch.delenv("KVGATE_TEST_UNSET_TOKEN", raising=False)
+    code, out, err = run(capsys, *argv(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == line.format(tmp=tmp_path) + "\n"
+
+
+def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = tmp_path / "weights"
+    directory.mkdir()
+    save_file({"a.weight": np.zeros((2,), np.float16)}, str(directory / "model.safetensors"))
+    code, _, err = run(capsys, str(directory))
+    assert code == 2
+    assert err == f"kvgate: ParseError: {directory}/config.json: no such file\n"
