@@ -126,7 +126,7 @@ def eval_command(
     model: str | None,
     concurrency: int,
 ) -> list[str]:
-    """`kvgate eval` against both arms, with the gate's statistics settings."""
+    """`kvgate eval` against both arms (full completions URLs), with the gate's settings."""
     acc = spec.accuracy
     cmd = [
         "kvgate",
@@ -149,7 +149,7 @@ def eval_command(
         str(concurrency),
     ]
     if acc.sequential:
-        cmd += ["--chunk", str(acc.chunk)]
+        cmd += ["--sequential", "--chunk", str(acc.chunk)]
     if model:
         cmd += ["--model", model]
     return cmd

@@ -40,6 +40,7 @@ SPEED: Final = "speed"
 CANARY: Final = "canary"
 GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
 
+KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
 MIN_DELAY_S: Final = 1.0
 MAX_DELAY_S: Final = 30.0
 
@@ -116,10 +117,11 @@ def scale_warnings(scan: Mapping[str, Any] | None) -> list[str]:
     """Texts of the KV-scale warnings in a log scan (`LogScan.to_dict()`)."""
     if not scan:
         return []
+    # Only k/v scales count: a missing q scale is printed even when k/v scales were loaded.
     return [
         str(f.get("text") or f.get("code"))
         for f in scan.get("findings") or []
-        if "scale" in str(f.get("code", "")).lower()
+        if f.get("code") == KV_SCALE_DEFAULT
     ]
 
 

@@ -93,18 +93,18 @@ def test_canary_pod_replaces_labels_and_never_restarts() -> None:
 def test_eval_job() -> None:
     cmd = m.eval_command(
         SPEC,
-        control_url="http://127.0.0.2:8000",
-        candidate_url="http://127.0.0.3:8000",
+        control_url="http://127.0.0.2:8000/v1/completions",
+        candidate_url="http://127.0.0.3:8000/v1/completions",
         model="Qwen/Qwen3-8B",
         concurrency=8,
     )
     assert cmd == [
         "kvgate", "eval",
-        "--control-url", "http://127.0.0.2:8000",
-        "--candidate-url", "http://127.0.0.3:8000",
+        "--control-url", "http://127.0.0.2:8000/v1/completions",
+        "--candidate-url", "http://127.0.0.3:8000/v1/completions",
         "--task", "gsm8k", "--limit", "200", "--num-fewshot", "5",
         "--margin", "0.02", "--confidence", "0.95", "--concurrency", "8",
-        "--chunk", "50", "--model", "Qwen/Qwen3-8B",
+        "--sequential", "--chunk", "50", "--model", "Qwen/Qwen3-8B",
     ]  # fmt: skip
     job = m.build_eval_job(
         rollout="r", namespace="ns", attempt=2, image="img", command=cmd,

@@ -23,7 +23,7 @@ from kvgate.model import (
 from kvgate.verdict import Action, Decision, GateResult, Observation, PodHealth, State
 
 SCALE_WARNING = {
-    "code": "kv-scales-default",
+    "code": "kv-scale-default",
     "severity": "warning",
     "text": "Using KV cache scaling factor 1.0 for fp8_e4m3.",
 }
