@@ -117,10 +117,11 @@ class SglangStartup:
             self.backend = "triton"
         log.line("Init torch distributed begin.", TP)
         log.line("Init torch distributed ends. mem usage=0.00 GB", TP)
-        avail = env.gpu_memory_gib * GIB / 1e9 - 0.3
+        # SGLang's "GB" is GiB (its GB constant is 1 << 30)
+        avail = env.gpu_memory_gib - 0.3
         log.line(f"Load weight begin. avail mem={avail:.2f} GB", TP)
         self._pause(0.4)
-        weights_gb = env.model.weights_gib * GIB / 1e9
+        weights_gb = env.model.weights_gib
         log.line(
             f"Load weight end. type={env.model.architecture}, dtype=torch.bfloat16, "
             f"avail mem={avail - weights_gb:.2f} GB, mem usage={weights_gb:.2f} GB.",
@@ -143,7 +144,7 @@ class SglangStartup:
             if v >= (0, 5, 3):
                 message += f" Current value: mem_fraction_static={self.mem_fraction}"
             raise self._die(f"RuntimeError: {message}")
-        half_gb = plan.tokens * plan.bytes_per_token / 2 / 1e9
+        half_gb = plan.tokens * plan.bytes_per_token / 2 / GIB
         if v < (0, 5, 23):
             log.line(
                 f"KV Cache is allocated. #tokens: {plan.tokens}, K size: {half_gb:.2f} GB, V size: {half_gb:.2f} GB",

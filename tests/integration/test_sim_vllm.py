@@ -1,0 +1,365 @@
+"""kvgate.sim as vLLM: startup logs per version, the L4 FP8 crash and its fix, faults, shutdown.
+
+Expected strings are quoted from reference/engines.md (the engines' own format strings),
+not imported from the simulator.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+MODEL = "Qwen/Qwen3-8B"
+SERVE = ["vllm", "serve", MODEL, "--max-model-len", "8192"]
+
+# engines.md §0: `(APIServer pid=1) INFO 09-10 13:29:24 [file.py:NNN] message`
+LINE = re.compile(
+    r"^\((APIServer|EngineCore_DP0) pid=\d+\) (INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] (.*)$"
+)
+
+FP8_INFO = (
+    "Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
+    "Meanwhile, it may cause accuracy drop without a proper scaling factor."
+)
+FP8_INFO_020 = (
+    "Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
+    "Meanwhile, it may cause accuracy drop without a proper scaling factor"
+)
+Q_SCALE_011 = "Checkpoint does not provide a q scaling factor. Setting it to k_scale. This only matters for the flash-attn backend."
+Q_SCALE_012 = (
+    "Checkpoint does not provide a q scaling factor. Setting it to k_scale. This only matters for FP8 Attention "
+    "backends (flash-attn or flashinfer)."
+)
+KV_SCALE_011 = (
+    "Using KV cache scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure "
+    "k/v_scale scaling factors are available in the fp8 checkpoint."
+)
+KV_SCALE_012 = (
+    "Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale scaling "
+    "factors are properly set in the checkpoint."
+)
+PROB_SCALE = (
+    "Using uncalibrated q_scale 1.0 and/or prob_scale 1.0 with fp8 attention. This may cause accuracy issues. "
+    "Please make sure q/prob scaling factors are available in the fp8 checkpoint."
+)
+
+
+def messages(log: str) -> list[str]:
+    return [m.group(3) for m in map(LINE.match, log.splitlines()) if m]
+
+
+def capacity_tokens(log: str) -> int:
+    match = re.search(r"GPU KV cache size: ([\d,]+) tokens", log)
+    assert match, log
+    return int(match.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        (
+            "0.11.0",
+            [
+                "vLLM API server version 0.11.0",
+                FP8_INFO,
+                "Using Triton backend on V1 engine.",
+                Q_SCALE_011,
+                KV_SCALE_011,
+                PROB_SCALE,
+                "Supported_tasks: ['generate']",
+            ],
+        ),
+        (
+            "0.13.0",
+            [
+                "vLLM API server version 0.13.0",
+                FP8_INFO,
+                "Using AttentionBackendEnum.TRITON_ATTN backend.",
+                Q_SCALE_012,
+                KV_SCALE_012,
+                PROB_SCALE,
+            ],
+        ),
+        (
+            "0.16.0",
+            [
+                FP8_INFO,
+                "Using AttentionBackendEnum.TRITON_ATTN backend.",
+                Q_SCALE_012,
+                KV_SCALE_012,
+                PROB_SCALE,
+            ],
+        ),
+        (
+            "0.33.0",
+            [
+                FP8_INFO_020,
+                "Using AttentionBackendEnum.TRITON_ATTN backend.",
+                Q_SCALE_012,
+                KV_SCALE_012,
+                PROB_SCALE,
+            ],
+        ),
+    ],
+)
+def test_fp8_startup_lines_per_version(sim, version: str, expected: list[str]) -> None:
+    # GIVEN an L4 and a BF16 checkpoint without scales, FP8 KV on the Triton backend
+    args = [*SERVE, "--kv-cache-dtype", "fp8"]
+    if version >= "0.13":
+        args += ["--attention-backend", "TRITON_ATTN"]
+    env = {"KVGATE_SIM_ENGINE_VERSION": version}
+    if version < "0.13":
+        env["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN"
+    engine = sim(args, env)
+    log = engine.log()
+    found = messages(log)
+    for text in expected:
+        assert text in found, f"{text!r} not in log:\n{log}"
+    assert f"Initializing a V1 LLM engine (v{version}) with config: " in log
+    assert "kv_cache_dtype=fp8, " in log
+    assert "'kv_cache_dtype': 'fp8'" in log  # non-default args
+    assert re.search(r"Available KV cache memory: \d+\.\d+ GiB", log)
+    if version < "0.29":
+        assert re.search(r"\] GPU KV cache size: [\d,]+ tokens$", log, re.M)
+        assert re.search(
+            r"\] Maximum concurrency for 8,192 tokens per request: \d+\.\d\dx$", log, re.M
+        )
+    else:
+        assert re.search(
+            r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 8,192 tokens per request: \d+\.\d\dx$",
+            log,
+            re.M,
+        )
+    if version < "0.20":
+        assert "Starting vLLM API server 0 on http://127.0.0.1:" in log
+    else:
+        assert "Starting vLLM server on http://127.0.0.1:" in log
+    # vLLM pre-binds its socket, so uvicorn never prints "Uvicorn running on" (engines.md §5)
+    assert "(APIServer pid=" in log and "INFO:     Application startup complete." in log
+    assert "Uvicorn running on" not in log
+
+
+def test_bf16_and_fp8_capacity_lines(sim) -> None:
+    bf16 = sim([*SERVE, "--attention-backend", "TRITON_ATTN"])
+    fp8 = sim([*SERVE, "--attention-backend", "TRITON_ATTN", "--kv-cache-dtype", "fp8"])
+    tokens_bf16, tokens_fp8 = capacity_tokens(bf16.log()), capacity_tokens(fp8.log())
+    # same memory, half the bytes per token: twice the tokens (to the block)
+    assert abs(tokens_fp8 - 2 * tokens_bf16) <= 16
+    # Qwen3-8B BF16: 36 layers x 8 KV heads x 128 x 2 (K,V) x 2 bytes = 147,456 bytes/token
+    gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", bf16.log()).group(1))
+    assert abs(tokens_bf16 - gib * 2**30 / 147_456) < 16 + 0.01 * 2**30 / 147_456
+    bf16_lines = messages(bf16.log())
+    assert not any("scaling factor" in line for line in bf16_lines)
+    assert not any("data type to store kv cache" in line for line in bf16_lines)
+
+
+def test_l4_fp8_default_backend_dies_in_flashinfer_jit(sim) -> None:
+    # GIVEN vLLM 0.16 on an L4 with FP8 KV and no backend: FlashInfer is picked and JIT fails
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_ENGINE_VERSION": "0.16.0"}, ready=False
+    )
+    code = engine.wait(60)
+    log = engine.log()
+    assert code != 0
+    found = messages(log)
+    assert (
+        "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN']."
+        in found
+    )
+    assert "EngineCore failed to start." in found
+    assert "RuntimeError: Ninja build failed. Ninja output:" in log
+    assert "dtype_kv_e4m3" in log
+    assert "returned non-zero exit status 1." in log
+    assert (
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s):"
+        in log
+    )
+    # the capacity lines come before the crash (JIT runs at warm-up)
+    assert log.index("GPU KV cache size:") < log.index("EngineCore failed to start.")
+    assert "Application startup complete." not in log
+
+
+@pytest.mark.parametrize(
+    ("version", "backend_line"),
+    [
+        (
+            "0.12.0",
+            "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN']",
+        ),
+        (
+            "0.13.0",
+            "Using FLASHINFER attention backend out of potential backends: ('FLASHINFER', 'TRITON_ATTN')",
+        ),
+        (
+            "0.33.0",
+            "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].",
+        ),
+    ],
+)
+def test_l4_fp8_backend_line_formats(sim, version: str, backend_line: str) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_ENGINE_VERSION": version}, ready=False
+    )
+    assert engine.wait(60) != 0
+    assert backend_line in messages(engine.log())
+
+
+def test_triton_backend_fixes_the_l4_crash(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"])
+    assert httpx.get(engine.url + "/health").status_code == 200
+    log = engine.log()
+    assert "Using AttentionBackendEnum.TRITON_ATTN backend." in messages(log)
+    assert "Ninja build failed" not in log
+
+
+def test_image_with_nvcc_builds_flashinfer(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_FAULTS": "no-jit-build-fails"})
+    log = engine.log()
+    assert (
+        "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN']."
+        in log
+    )
+    # FlashInfer 0.7.x (vLLM 0.33) announces the build
+    assert (
+        "flashinfer.jit: Building JIT module batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3"
+        in log
+    )
+    assert "this can take several minutes on first use." in log
+
+
+def test_h100_fp8_uses_flash_attention(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_GPU": "H100"})
+    assert (
+        "Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN']."
+        in messages(engine.log())
+    )
+
+
+def test_explicit_flash_attn_with_fp8_on_l4_is_rejected(sim) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8", "--attention-backend", "FLASH_ATTN"], ready=False
+    )
+    assert engine.wait(60) == 1
+    assert (
+        "ValueError: Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for this configuration. "
+        "Reason: ['kv_cache_dtype not supported']" in engine.log()
+    )
+
+
+def test_scales_in_checkpoint_silence_the_kv_scale_warning(sim) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+        {"KVGATE_SIM_KV_SCALES": "1"},
+    )
+    found = messages(engine.log())
+    assert KV_SCALE_012 not in found
+    assert Q_SCALE_012 in found  # no q_scale in the checkpoint either way
+
+
+def test_fp8_e4m3_has_no_prob_scale_warning(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "TRITON_ATTN"])
+    found = messages(engine.log())
+    assert KV_SCALE_012 in found
+    assert PROB_SCALE not in found  # only for the exact string "fp8"
+
+
+def test_max_model_len_that_does_not_fit_fails(sim) -> None:
+    # Qwen3-8B's default 40,960 tokens need 5.62 GiB of BF16 KV: more than an L4 has left
+    engine = sim(["vllm", "serve", MODEL], ready=False)
+    assert engine.wait(60) == 1
+    log = engine.log()
+    assert re.search(
+        r"ValueError: To serve at least one request with the model's max seq len \(40960\), "
+        r"\(5\.62 GiB KV cache is needed, which is larger than the available KV cache memory \(\d+\.\d\d GiB\)\.",
+        log,
+    )
+
+
+def test_attention_backend_flag_does_not_exist_before_013(sim) -> None:
+    engine = sim(
+        [*SERVE, "--attention-backend", "TRITON_ATTN"],
+        {"KVGATE_SIM_ENGINE_VERSION": "0.11.0"},
+        ready=False,
+    )
+    assert engine.wait(30) == 2
+    assert (
+        "vllm serve: error: unrecognized arguments: --attention-backend TRITON_ATTN" in engine.log()
+    )
+
+
+def test_connection_refused_until_ready_then_clean_sigterm(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_STARTUP_DELAY": "3"}, ready=False)
+    time.sleep(0.8)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(engine.url + "/health", timeout=1)
+    # the port is taken (bound) although nothing listens yet
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind((engine.host, engine.port))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(engine.url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.ConnectError:
+            time.sleep(0.1)
+    else:
+        pytest.fail("never became healthy")
+    assert engine.terminate() == 0
+    tail = engine.log().splitlines()[-4:]
+    assert [line.split(")", 1)[1].strip() for line in tail] == [
+        "INFO:     Shutting down",
+        "INFO:     Waiting for application shutdown.",
+        "INFO:     Application shutdown complete.",
+        f"INFO:     Finished server process [{engine.proc.pid}]",
+    ]
+
+
+def test_hang_before_ready_never_listens(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_FAULTS": "hang-before-ready"}, ready=False)
+    time.sleep(1.5)
+    assert engine.proc.poll() is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(engine.url + "/health", timeout=1)
+    assert "Application startup complete." not in engine.log()
+
+
+def test_oom_at_start(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_FAULTS": "oom-at-start"}, ready=False)
+    assert engine.wait(30) == 1
+    log = engine.log()
+    assert "EngineCore failed to start." in log
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in log
+
+
+def test_crash_after_n_requests(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_FAULTS": "crash-after=3"})
+    for _ in range(3):
+        response = httpx.post(
+            engine.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 5}, timeout=30
+        )
+        assert response.status_code == 200
+    assert engine.wait(30) == 1
+    assert "EngineCore encountered a fatal error." in messages(engine.log())
+
+
+def test_bad_environment_is_one_line(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_GPU": "T4"}, ready=False)
+    assert engine.wait(30) == 2
+    assert (
+        engine.log().strip()
+        == "kvgate.sim: KVGATE_SIM_GPU: unknown GPU 'T4' (known: L4, A100, H100)"
+    )
+
+
+def test_pod_ip_is_the_default_host(sim) -> None:
+    engine = sim(SERVE, {"POD_IP": "127.0.0.3"}, host=None)
+    assert engine.host == "127.0.0.3"
+    assert f"Starting vLLM server on http://127.0.0.3:{engine.port}" in engine.log()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{engine.port}/health", timeout=1)
