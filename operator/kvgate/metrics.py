@@ -1,0 +1,568 @@
+"""Prometheus `/metrics` text of vLLM or SGLang -> `MetricSnapshot`; windows and pool pressure.
+
+    >>> before, after = parse_metrics(text_0, taken_at=0.0), parse_metrics(text_1, taken_at=30.0)
+    >>> delta(before, after).itl.p90             # seconds, like histogram_quantile(0.9, ...)
+    >>> pool_pressure([before, after]).pressured  # True / False / None (not enough evidence)
+
+Names differ by engine and release (reference/engines.md §6): each concept below lists the
+names to try, newest first, and the snapshot records which one it found. Series that differ
+only in `model_name`, `engine` or `dp_rank` are separate pools or front-ends and are added
+up (usage takes the fullest); series that differ only in a TP/PP/EP rank repeat one
+scheduler's numbers and are collapsed first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.errors import ParseError, SpecError, UnsupportedError
+
+ENGINES: Final = ("vllm", "sglang")
+
+# concept -> engine -> exposed names, preferred first.
+GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
+    "kv_usage": {
+        "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "sglang": ("sglang:token_usage",),
+    },
+    "running": {
+        "vllm": ("vllm:num_requests_running",),
+        "sglang": ("sglang:num_running_reqs",),
+    },
+    "waiting": {
+        "vllm": ("vllm:num_requests_waiting",),
+        "sglang": ("sglang:num_queue_reqs",),
+    },
+    # SGLang's retraction gauge holds the retractions since the last publish, then resets.
+    "retracted": {"vllm": (), "sglang": ("sglang:num_retracted_reqs",)},
+    "max_total_tokens": {"vllm": (), "sglang": ("sglang:max_total_num_tokens",)},
+}
+COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
+    "preemptions": {
+        "vllm": ("vllm:num_preemptions_total",),
+        "sglang": ("sglang:total_retracted_reqs",),
+    },
+    "generation_tokens": {
+        "vllm": ("vllm:generation_tokens_total",),
+        "sglang": ("sglang:generation_tokens_total",),
+    },
+    "prompt_tokens": {
+        "vllm": ("vllm:prompt_tokens_total",),
+        "sglang": ("sglang:prompt_tokens_total",),
+    },
+}
+HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
+    "ttft": {
+        "vllm": ("vllm:time_to_first_token_seconds",),
+        "sglang": ("sglang:time_to_first_token_seconds",),
+    },
+    # Inter-token latency; before vLLM 0.11 / SGLang 0.4 it was called time_per_output_token.
+    "itl": {
+        "vllm": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "sglang": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    },
+    # Per-request TPOT: (finish - first token) / (output tokens - 1).
+    "tpot": {
+        "vllm": ("vllm:request_time_per_output_token_seconds",),
+        "sglang": ("sglang:request_time_per_output_token_seconds",),
+    },
+}
+CACHE_CONFIG: Final = {"vllm": "vllm:cache_config_info", "sglang": "sglang:cache_config_info"}
+
+# Labels that only say which TP/PP/EP worker repeated the same scheduler numbers.
+_RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
+# Labels that name a series rather than describe the cache (dropped from cache_config).
+_SERIES_LABELS: Final = _RANK_LABELS | {"engine", "model_name", "engine_type", "dp_rank"}
+_QUANTILES: Final = (0.5, 0.9, 0.99)
+
+
+# -- histograms ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Cumulative buckets `(upper bound, count)` ascending and ending at +Inf, with sum and count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus `histogram_quantile`: linear inside the bucket; None without observations."""
+        if not 0.0 <= q <= 1.0:
+            raise SpecError("quantile", f"{q} is outside [0, 1]")
+        if not self.buckets or self.buckets[-1][0] != math.inf:
+            return None
+        total = self.buckets[-1][1]
+        if total <= 0:
+            return None
+        rank = q * total
+        lower_bound, lower_count = 0.0, 0.0
+        for index, (upper, cumulative) in enumerate(self.buckets):
+            if cumulative >= rank:
+                if upper == math.inf:
+                    # Above the highest finite bound: Prometheus answers with that bound.
+                    return self.buckets[index - 1][0] if index > 0 else None
+                if index == 0 and upper <= 0:
+                    return upper
+                in_bucket = cumulative - lower_count
+                if in_bucket <= 0:
+                    return upper
+                return lower_bound + (upper - lower_bound) * (rank - lower_count) / in_bucket
+            lower_bound, lower_count = upper, cumulative
+        return None
+
+    def since(self, earlier: Histogram | None) -> Histogram:
+        """Observations made after `earlier`; a reset (count went down) keeps all of self."""
+        if earlier is None or earlier.count > self.count:
+            return self
+        before = dict(earlier.buckets)
+        if any(before.get(upper, 0.0) > count for upper, count in self.buckets):
+            return self
+        buckets = tuple((upper, count - before.get(upper, 0.0)) for upper, count in self.buckets)
+        return Histogram(buckets, self.sum - earlier.sum, self.count - earlier.count)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "buckets": [[_bound_text(upper), count] for upper, count in self.buckets],
+            "sum": self.sum,
+            "count": self.count,
+        }
+
+
+def _bound_text(upper: float) -> str | float:
+    return "+Inf" if upper == math.inf else upper
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """Mean and quantiles (seconds) of one histogram over a window."""
+
+    count: float
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, histogram: Histogram) -> LatencySummary:
+        p50, p90, p99 = (histogram.quantile(q) for q in _QUANTILES)
+        return cls(histogram.count, histogram.mean(), p50, p90, p99)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "p50": self.p50,
+            "p90": self.p90,
+            "p99": self.p99,
+        }
+
+
+# -- snapshots -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSnapshot:
+    """One scrape, reduced to what kvgate reads. None: the engine does not export it."""
+
+    engine: str
+    kv_usage: float | None
+    running: float | None
+    waiting: float | None
+    retracted: float | None
+    preemptions: float | None
+    generation_tokens: float | None
+    prompt_tokens: float | None
+    max_total_tokens: float | None
+    ttft: Histogram | None
+    itl: Histogram | None
+    tpot: Histogram | None
+    cache_config: Mapping[str, str]
+    names: Mapping[
+        str, str
+    ]  # concept -> metric name found, e.g. kv_usage -> vllm:gpu_cache_usage_perc
+    taken_at: float | None = None
+
+    @property
+    def kv_cache_dtype(self) -> str | None:
+        return self.cache_config.get("cache_dtype")
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens the KV pool holds: SGLang reports it, vLLM via num_gpu_blocks x block_size."""
+        if self.max_total_tokens is not None:
+            return int(self.max_total_tokens)
+        explicit = self.cache_config.get("kv_cache_size_tokens")
+        if explicit and explicit.isdigit():
+            return int(explicit)
+        blocks, size = self.cache_config.get("num_gpu_blocks"), self.cache_config.get("block_size")
+        if blocks and size and blocks.isdigit() and size.isdigit():
+            return int(blocks) * int(size)
+        return None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "taken_at": self.taken_at,
+            "kv_usage": self.kv_usage,
+            "running": self.running,
+            "waiting": self.waiting,
+            "retracted": self.retracted,
+            "preemptions": self.preemptions,
+            "generation_tokens": self.generation_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "max_total_tokens": self.max_total_tokens,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "ttft": self.ttft.to_dict() if self.ttft else None,
+            "itl": self.itl.to_dict() if self.itl else None,
+            "tpot": self.tpot.to_dict() if self.tpot else None,
+            "cache_config": dict(self.cache_config),
+            "names": dict(self.names),
+        }
+
+
+_Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class _Samples:
+    """Every sample of the exposition by name, then by its labels."""
+
+    by_name: dict[str, dict[_Labels, float]] = field(default_factory=lambda: defaultdict(dict))
+
+    def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        self.by_name[name][tuple(sorted(labels.items()))] = value
+
+    def first_present(self, names: Iterable[str]) -> str | None:
+        return next((name for name in names if name in self.by_name), None)
+
+    def series(self, name: str) -> dict[_Labels, float]:
+        """Series of `name` with rank labels collapsed (max: ranks repeat one value)."""
+        collapsed: dict[_Labels, float] = {}
+        for labels, value in self.by_name.get(name, {}).items():
+            key = tuple(item for item in labels if item[0] not in _RANK_LABELS)
+            old = collapsed.get(key)
+            collapsed[key] = value if old is None or math.isnan(old) else max(old, value)
+        return collapsed
+
+
+def _engine_of(samples: _Samples) -> str | None:
+    counts = {engine: 0 for engine in ENGINES}
+    for name in samples.by_name:
+        prefix = name.split(":", 1)[0]
+        if prefix in counts:
+            counts[prefix] += 1
+    best = max(ENGINES, key=lambda e: counts[e])
+    return best if counts[best] else None
+
+
+def _finite(values: Iterable[float]) -> list[float]:
+    return [v for v in values if not math.isnan(v)]
+
+
+def _histogram(samples: _Samples, name: str) -> Histogram | None:
+    buckets = samples.by_name.get(name + "_bucket")
+    if not buckets:
+        return None
+    per_series: dict[_Labels, dict[float, float]] = defaultdict(dict)
+    for labels, value in buckets.items():
+        le = dict(labels).get("le")
+        if le is None:
+            continue
+        key = tuple(item for item in labels if item[0] != "le" and item[0] not in _RANK_LABELS)
+        bound = float(le)
+        per_series[key][bound] = max(per_series[key].get(bound, 0.0), value)
+    if not per_series:
+        return None
+    # Series with other bucket layouts can only be added on the bounds they share.
+    bounds = set.intersection(*(set(b) for b in per_series.values()))
+    ordered = tuple(
+        (bound, sum(series[bound] for series in per_series.values())) for bound in sorted(bounds)
+    )
+    total = sum(_finite(samples.series(name + "_sum").values()))
+    count = sum(_finite(samples.series(name + "_count").values()))
+    return Histogram(ordered, total, count)
+
+
+def _check_engine(engine: str | None) -> str | None:
+    if engine is None or engine == "auto":
+        return None
+    if engine.lower() not in ENGINES:
+        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
+    return engine.lower()
+
+
+def parse_metrics(
+    text: str, engine: str | None = None, *, source: str = "metrics", taken_at: float | None = None
+) -> MetricSnapshot:
+    """Parse Prometheus text exposition from vLLM or SGLang (`engine` None/`auto` detects it).
+
+    Raises ParseError for empty or malformed text, or text without vLLM/SGLang metrics.
+    """
+    chosen = _check_engine(engine)
+    if not text.strip():
+        raise ParseError(source, "the metrics text is empty")
+    samples = _Samples()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.add(sample.name, sample.labels, float(sample.value))
+    except ValueError as exc:  # prometheus_client names the offending line in the message
+        raise ParseError(source, f"not Prometheus text format: {exc}") from exc
+    detected = chosen or _engine_of(samples)
+    if detected is None or not any(n.startswith(detected + ":") for n in samples.by_name):
+        wanted = f"{detected}:" if detected else "vllm: or sglang:"
+        raise ParseError(source, f"no {wanted} metrics found; is this the engine's /metrics?")
+    names: dict[str, str] = {}
+    values: dict[str, float | None] = {}
+    for table in (GAUGES, COUNTERS):
+        for concept, by_engine in table.items():
+            name = samples.first_present(by_engine[detected])
+            values[concept] = None
+            if name is None:
+                continue
+            names[concept] = name
+            found = _finite(samples.series(name).values())
+            if not found:
+                continue
+            # A pool's usage is the fullest engine's; counts add up across engines and models.
+            values[concept] = max(found) if concept == "kv_usage" else sum(found)
+    histograms: dict[str, Histogram | None] = {}
+    for concept, by_engine in HISTOGRAMS.items():
+        name = next((n for n in by_engine[detected] if n + "_bucket" in samples.by_name), None)
+        histograms[concept] = _histogram(samples, name) if name else None
+        if name:
+            names[concept] = name
+    cache_config: dict[str, str] = {}
+    info = samples.by_name.get(CACHE_CONFIG[detected], {})
+    if info:
+        names["cache_config"] = CACHE_CONFIG[detected]
+        labels = dict(next(iter(info)))
+        cache_config = {k: v for k, v in labels.items() if k not in _SERIES_LABELS}
+    return MetricSnapshot(
+        engine=detected,
+        kv_usage=values["kv_usage"],
+        running=values["running"],
+        waiting=values["waiting"],
+        retracted=values["retracted"],
+        preemptions=values["preemptions"],
+        generation_tokens=values["generation_tokens"],
+        prompt_tokens=values["prompt_tokens"],
+        max_total_tokens=values["max_total_tokens"],
+        ttft=histograms["ttft"],
+        itl=histograms["itl"],
+        tpot=histograms["tpot"],
+        cache_config=cache_config,
+        names=names,
+        taken_at=taken_at,
+    )
+
+
+# -- windows ---------------------------------------------------------------------------------
+
+
+def _increase(before: float | None, after: float | None) -> float | None:
+    """Counter increase; a counter that went down was reset, like Prometheus' increase()."""
+    if before is None or after is None:
+        return None
+    return after - before if after >= before else after
+
+
+@dataclass(frozen=True, slots=True)
+class MetricWindow:
+    """What happened between two scrapes of one engine."""
+
+    seconds: float | None
+    ttft: LatencySummary | None
+    itl: LatencySummary | None
+    tpot: LatencySummary | None
+    generation_tokens: float | None
+    generation_token_rate: float | None  # tokens/s
+    prompt_tokens: float | None
+    preemptions: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "seconds": self.seconds,
+            "ttft": self.ttft.to_dict() if self.ttft else None,
+            "itl": self.itl.to_dict() if self.itl else None,
+            "tpot": self.tpot.to_dict() if self.tpot else None,
+            "generation_tokens": self.generation_tokens,
+            "generation_token_rate": self.generation_token_rate,
+            "prompt_tokens": self.prompt_tokens,
+            "preemptions": self.preemptions,
+        }
+
+
+def delta(
+    before: MetricSnapshot, after: MetricSnapshot, *, seconds: float | None = None
+) -> MetricWindow:
+    """Histogram summaries, token rate and preemptions between two scrapes.
+
+    `seconds` defaults to the difference of the snapshots' `taken_at`; without either the
+    rate is None.
+    """
+    if before.engine != after.engine:
+        raise SpecError(
+            "after",
+            f"scrapes of different engines ({before.engine}, {after.engine}) cannot be compared",
+        )
+    if seconds is None and before.taken_at is not None and after.taken_at is not None:
+        seconds = after.taken_at - before.taken_at
+    if seconds is not None and seconds < 0:
+        raise SpecError("seconds", f"{seconds:g} is negative; pass the earlier scrape first")
+
+    def window(h_before: Histogram | None, h_after: Histogram | None) -> LatencySummary | None:
+        return LatencySummary.of(h_after.since(h_before)) if h_after is not None else None
+
+    tokens = _increase(before.generation_tokens, after.generation_tokens)
+    rate = tokens / seconds if tokens is not None and seconds else None
+    return MetricWindow(
+        seconds=seconds,
+        ttft=window(before.ttft, after.ttft),
+        itl=window(before.itl, after.itl),
+        tpot=window(before.tpot, after.tpot),
+        generation_tokens=tokens,
+        generation_token_rate=rate,
+        prompt_tokens=_increase(before.prompt_tokens, after.prompt_tokens),
+        preemptions=_increase(before.preemptions, after.preemptions),
+    )
+
+
+# -- pool pressure ---------------------------------------------------------------------------
+
+MIN_SAMPLES: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPressure:
+    """Is the KV pool the limit? `pressured` None means not enough evidence (fail closed)."""
+
+    pressured: bool | None
+    samples: int
+    pressured_samples: int
+    fraction: float | None
+    max_usage: float | None
+    mean_usage: float | None
+    mean_waiting: float | None
+    preemptions: float | None
+    usage_threshold: float
+    min_fraction: float
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "pressured": self.pressured,
+            "samples": self.samples,
+            "pressured_samples": self.pressured_samples,
+            "fraction": self.fraction,
+            "max_usage": self.max_usage,
+            "mean_usage": self.mean_usage,
+            "mean_waiting": self.mean_waiting,
+            "preemptions": self.preemptions,
+            "usage_threshold": self.usage_threshold,
+            "min_fraction": self.min_fraction,
+            "reasons": list(self.reasons),
+        }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def pool_pressure(
+    snapshots: Sequence[MetricSnapshot],
+    *,
+    usage_threshold: float = 0.9,
+    min_fraction: float = 0.5,
+    min_samples: int = MIN_SAMPLES,
+) -> PoolPressure:
+    """The pool is the limit when, in at least `min_fraction` of the samples, KV usage is at
+    or above `usage_threshold` AND requests wait or were preempted since the previous sample.
+
+    Fewer than `min_samples` usable samples, no KV usage metric, no queue or preemption
+    metric, or no traffic at all give `pressured=None`.
+    """
+    if not 0.0 < usage_threshold <= 1.0:
+        raise SpecError("usage_threshold", f"{usage_threshold} is outside (0, 1]")
+    if not 0.0 < min_fraction <= 1.0:
+        raise SpecError("min_fraction", f"{min_fraction} is outside (0, 1]")
+    if min_samples < 1:
+        raise SpecError("min_samples", f"{min_samples} is below 1")
+    engines = {s.engine for s in snapshots}
+    if len(engines) > 1:
+        raise SpecError("snapshots", f"scrapes of different engines ({', '.join(sorted(engines))})")
+
+    usable = [s for s in snapshots if s.kv_usage is not None and not math.isnan(s.kv_usage)]
+    usages = [s.kv_usage for s in usable if s.kv_usage is not None]
+    waiting = [s.waiting for s in usable if s.waiting is not None]
+    preempted_total = 0.0
+    have_preemption_signal = False
+    pressured_samples = 0
+    previous: MetricSnapshot | None = None
+    busy = False
+    for snap in usable:
+        grew = _increase(previous.preemptions, snap.preemptions) if previous else None
+        preempted = bool(grew) or bool(snap.retracted)
+        if grew is not None:
+            preempted_total += grew
+        if snap.preemptions is not None or snap.retracted is not None:
+            have_preemption_signal = True
+        queued = bool(snap.waiting)
+        busy = busy or queued or preempted or bool(snap.running)
+        if snap.kv_usage is not None and snap.kv_usage >= usage_threshold and (queued or preempted):
+            pressured_samples += 1
+        previous = snap
+
+    reasons: list[str] = []
+    verdict: bool | None
+    fraction = pressured_samples / len(usable) if usable else None
+    if not usable:
+        verdict = None
+        reasons.append(
+            "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"
+        )
+    elif len(usable) < min_samples:
+        verdict = None
+        reasons.append(f"only {len(usable)} usable sample(s); at least {min_samples} needed")
+    elif not waiting and not have_preemption_signal:
+        verdict = None
+        reasons.append(
+            "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"
+        )
+    elif not busy:
+        verdict = None
+        reasons.append("no requests running or waiting in any sample: no load to judge the pool by")
+    else:
+        verdict = fraction is not None and fraction >= min_fraction
+        reasons.append(
+            f"{pressured_samples} of {len(usable)} samples had KV usage >= {usage_threshold:g} "
+            f"with requests waiting or preempted ({fraction:.0%}; needed {min_fraction:.0%})"
+        )
+        peak = max(usages)
+        if not verdict and peak < usage_threshold:
+            reasons.append(f"KV usage peaked at {peak:.2f}, below {usage_threshold:g}")
+    return PoolPressure(
+        pressured=verdict,
+        samples=len(usable),
+        pressured_samples=pressured_samples,
+        fraction=fraction,
+        max_usage=max(usages) if usages else None,
+        mean_usage=_mean(usages),
+        mean_waiting=_mean(waiting),
+        preemptions=preempted_total if have_preemption_signal else None,
+        usage_threshold=usage_threshold,
+        min_fraction=min_fraction,
+        reasons=tuple(reasons),
+    )
