@@ -147,7 +147,7 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["command"] == ["kvgate"]
-    assert c["args"][:3] == ["run", "--all-namespaces", "--standalone"]
+    assert c["args"][:2] == ["run", "--all-namespaces"]
     assert "--liveness=http://$(POD_IP):8080/healthz" in c["args"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -192,7 +192,7 @@ def test_namespace_list_gets_roles_only_there(helm: str) -> None:
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert set(grants(cluster_role["rules"])) == CLUSTER
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:4] == ["run", "--namespace=team-a", "--namespace=team-b", "--standalone"]
+    assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in args
 
 
@@ -252,11 +252,37 @@ def test_monitoring_objects_and_alert_rules(helm: str) -> None:
         "KVGateOperatorDown",
     }
     rollback = rules["KVGateRolloutRolledBack"]
-    assert rollback["expr"] == (
-        "sum by (namespace, name, reason) (increase(kvgate_rollbacks_total[15m])) > 0"
-    )
+    assert rollback["expr"] == "sum by (reason) (increase(kvgate_rollbacks_total[15m])) > 0"
     # Prometheus templates survive helm's own templating.
     assert "{{ $labels.reason }}" in rollback["annotations"]["summary"]
-    assert "kvgate_rollout_phase_timestamp_seconds" in rules["KVGateRolloutStuck"]["expr"]
-    assert rules["KVGateRolloutStuck"]["expr"].endswith("> 3600")
+    stuck = rules["KVGateRolloutStuck"]
+    assert stuck["expr"].startswith("max by (namespace, name, phase) (kvgate_rollout_phase{")
+    assert stuck["for"] == "1h"
+    assert rules["KVGateApprovalPending"]["for"] == "24h"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
     assert rules["KVGateOperatorDown"]["expr"] == 'up{service="kvgate-metrics"} == 0'
+
+
+def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
+    """Every kvgate_* metric a rule reads is defined, with those labels, in handlers.py."""
+    import re
+
+    source = (ROOT / "operator/kvgate/handlers.py").read_text()
+    defined = {
+        name: set(re.findall(r'"(\w+)"', labels))
+        for name, labels in re.findall(
+            r'prom\.(?:Counter|Gauge)\(\s*"(kvgate_\w+)",\s*"[^"]*",\s*\[([^\]]*)\]', source
+        )
+    }
+    docs = render(helm, "prometheusRule.enabled=true")
+    exprs = [r["expr"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    used = 0
+    for expr in exprs:
+        for metric, selector in re.findall(r"(kvgate_\w+)(\{[^}]*\})?", expr):
+            assert metric in defined, f"{metric} is not exported by handlers.py"
+            labels = set(re.findall(r"(\w+)\s*[=!]~?", selector or ""))
+            for by in re.findall(r"by \(([^)]*)\)", expr):
+                labels |= {x.strip() for x in by.split(",")}
+            assert labels <= defined[metric], (metric, labels - defined[metric])
+            used += 1
+    assert used >= 4
