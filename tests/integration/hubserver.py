@@ -93,7 +93,11 @@ class FakeHub:
         class Handler(_Handler):
             fake = hub
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # the default backlog of 5 drops parallel connects: the client's SYN retry costs 1 s
+            request_queue_size = 128
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -114,6 +118,8 @@ class FakeHub:
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeHub
     protocol_version = "HTTP/1.1"
+    # headers and body go out in two writes; without this, Nagle + delayed ACK add 40 ms each
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
         pass
