@@ -1,0 +1,105 @@
+"""Read an engine's `/metrics` (or any text endpoint) over HTTP; httpx errors -> ScrapeError.
+
+Pass a `client` to reuse connections or, in tests, an `httpx.Client(transport=MockTransport(...))`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+import httpx
+
+from kvgate.errors import ScrapeError, SpecError
+from kvgate.metrics import MetricSnapshot, parse_metrics
+
+DEFAULT_TIMEOUT: Final = 5.0
+
+# Owned clients ignore HTTP(S)_PROXY: pod IPs are scraped directly.
+# httpx logs one INFO line per request; at scrape rate that drowns the operator's log.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def _check_url(url: str) -> None:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise SpecError("url", f"'{url}' is not a valid URL: {exc}") from exc
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        raise SpecError(
+            "url", f"'{url}' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics"
+        )
+
+
+def scrape(
+    url: str, *, client: httpx.Client | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> str:
+    """GET `url` and return the body; any failure or non-2xx status is a ScrapeError."""
+    _check_url(url)
+    own = client is None
+    http = client if client is not None else httpx.Client(trust_env=False)
+    try:
+        response = http.get(url, timeout=timeout)
+        response.raise_for_status()
+        return response.text
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        raise ScrapeError(url, f"HTTP {status} {exc.response.reason_phrase}".rstrip()) from exc
+    except httpx.TimeoutException as exc:
+        raise ScrapeError(url, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
+    except httpx.HTTPError as exc:
+        raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        if own:
+            http.close()
+
+
+def scrape_snapshot(
+    url: str,
+    *,
+    engine: str | None = None,
+    client: httpx.Client | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> MetricSnapshot:
+    """Scrape and parse one `/metrics`, stamped with `clock()` for rates."""
+    taken_at = clock()
+    return parse_metrics(
+        scrape(url, client=client, timeout=timeout), engine, source=url, taken_at=taken_at
+    )
+
+
+def scrape_series(
+    url: str,
+    interval: float,
+    samples: int,
+    sleep: Callable[[float], None] = time.sleep,
+    *,
+    engine: str | None = None,
+    client: httpx.Client | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[MetricSnapshot]:
+    """`samples` snapshots `interval` seconds apart (one connection; no sleep after the last)."""
+    if samples < 1:
+        raise SpecError("samples", f"{samples} is below 1")
+    if interval < 0:
+        raise SpecError("interval", f"{interval:g} is negative")
+    _check_url(url)
+    own = client is None
+    http = client if client is not None else httpx.Client(trust_env=False)
+    try:
+        series: list[MetricSnapshot] = []
+        for index in range(samples):
+            if index:
+                sleep(interval)
+            series.append(
+                scrape_snapshot(url, engine=engine, client=http, timeout=timeout, clock=clock)
+            )
+        return series
+    finally:
+        if own:
+            http.close()

@@ -1,0 +1,109 @@
+"""`kvgate scan-logs FILE|-`: what an engine's startup log says about its FP8 KV cache.
+
+Exit 0: the engine came up (or nothing went wrong); 1: the log shows it failed to start;
+2: bad input; 3: neither ready nor failed yet (a log cut short or still starting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+from kvgate.errors import ParseError
+from kvgate.logs import LogScan, scan_lines
+
+HELP = "scan a vLLM or SGLang startup log for KV dtype, scales, attention backend and failures"
+
+EXIT_HEALTHY = 0
+EXIT_FAILED = 1
+EXIT_NOT_READY = 3
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="log file, or - for standard input")
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        metavar="ENGINE",
+        help="vllm, sglang or auto (default: detect from the log)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@contextmanager
+def _open(path: str) -> Iterator[TextIO]:
+    if path == "-":
+        yield sys.stdin
+        return
+    try:
+        # newline="" keeps '\r' so the scanner sees CRLF and progress-bar redraws as written.
+        with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+            yield handle
+    except FileNotFoundError as exc:
+        raise ParseError(path, "no such file") from exc
+    except IsADirectoryError as exc:
+        raise ParseError(path, "is a directory; pass the log file") from exc
+    except PermissionError as exc:
+        raise ParseError(path, "permission denied") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    source = "<stdin>" if args.file == "-" else args.file
+    with _open(args.file) as handle:
+        scan = scan_lines(handle, args.engine, source=source)
+    if args.json:
+        print(json.dumps({"source": source, **scan.to_dict()}, sort_keys=True))
+    else:
+        print(render_text(scan, source))
+    return exit_code(scan)
+
+
+def exit_code(scan: LogScan) -> int:
+    if scan.failed:
+        return EXIT_FAILED
+    return EXIT_HEALTHY if scan.ready else EXIT_NOT_READY
+
+
+def _or_unknown(value: object) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def render_text(scan: LogScan, source: str) -> str:
+    state = (
+        "failed"
+        if scan.failed
+        else "ready"
+        if scan.ready
+        else "not ready (still starting or cut short)"
+    )
+    engine = _or_unknown(scan.engine)
+    if scan.engine_version:
+        engine += f" {scan.engine_version}"
+    backend = _or_unknown(scan.attention_backend)
+    if scan.attention_backend_candidates:
+        backend += f" (candidates: {', '.join(scan.attention_backend_candidates)})"
+    capacity = scan.capacity
+    lines = [
+        f"{source}: {scan.lines} lines",
+        f"  engine:            {engine}",
+        f"  kv cache dtype:    {_or_unknown(scan.kv_cache_dtype)}",
+        f"  attention backend: {backend}",
+        f"  kv tokens:         {_or_unknown(capacity.kv_tokens)}",
+        f"  max concurrency:   {_or_unknown(capacity.max_concurrency)}",
+        f"  kv memory (GiB):   {_or_unknown(capacity.kv_memory_gib)}",
+        f"  state:             {state}",
+    ]
+    if scan.findings:
+        lines.append("findings:")
+    for finding in scan.findings:
+        repeat = f" (x{finding.count})" if finding.count > 1 else ""
+        lines.append(
+            f"  {finding.severity.upper():7} line {finding.line:<6} {finding.code}{repeat}: {finding.text}"
+        )
+        if finding.hint:
+            lines.append(f"          hint: {finding.hint}")
+    return "\n".join(lines)

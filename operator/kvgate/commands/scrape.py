@@ -1,0 +1,101 @@
+"""`kvgate scrape URL`: an engine's /metrics snapshot and, over several samples, the pool verdict.
+
+Exit 0: scraped, and with several samples the pool verdict is decided (pressured or not);
+2: bad input; 3: the verdict needs more evidence; 4: the endpoint could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvgate.errors import SpecError
+from kvgate.metrics import MetricSnapshot, MetricWindow, PoolPressure, delta, pool_pressure
+
+HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
+
+EXIT_OK = 0
+EXIT_INCONCLUSIVE = 3
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="metrics URL, e.g. http://10.0.0.5:8000/metrics")
+    parser.add_argument(
+        "--interval", type=float, default=10.0, metavar="S", help="seconds between samples (10)"
+    )
+    parser.add_argument("--samples", type=int, default=1, metavar="N", help="number of samples (1)")
+    parser.add_argument(
+        "--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto (default)"
+    )
+    parser.add_argument(
+        "--usage-threshold", type=float, default=0.9, metavar="F", help="full-pool KV usage (0.9)"
+    )
+    parser.add_argument(
+        "--min-fraction",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="share of samples that must show a full pool with requests waiting (0.5)",
+    )
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="per request (5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise SpecError("--timeout", f"{args.timeout:g} must be above 0")
+    from kvgate.adapters.http import scrape_series  # httpx only when scraping
+
+    snapshots = scrape_series(
+        args.url, args.interval, args.samples, engine=args.engine, timeout=args.timeout
+    )
+    window = delta(snapshots[0], snapshots[-1]) if len(snapshots) > 1 else None
+    pressure = pool_pressure(
+        snapshots, usage_threshold=args.usage_threshold, min_fraction=args.min_fraction
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "url": args.url,
+                    "snapshot": snapshots[-1].to_dict(),
+                    "window": window.to_dict() if window else None,
+                    "pool_pressure": pressure.to_dict(),
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        print(render_text(args.url, snapshots[-1], window, pressure))
+    return EXIT_OK if pressure.pressured is not None else EXIT_INCONCLUSIVE
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}g}"
+
+
+def render_text(
+    url: str, snapshot: MetricSnapshot, window: MetricWindow | None, pressure: PoolPressure
+) -> str:
+    lines = [
+        f"{url}: {snapshot.engine}",
+        f"  kv usage:        {_fmt(snapshot.kv_usage)} ({snapshot.names.get('kv_usage', 'absent')})",
+        f"  running/waiting: {_fmt(snapshot.running)} / {_fmt(snapshot.waiting)}",
+        f"  preemptions:     {_fmt(snapshot.preemptions, 6)}",
+        f"  kv cache dtype:  {snapshot.kv_cache_dtype or 'n/a'}",
+        f"  kv pool tokens:  {snapshot.kv_capacity_tokens or 'n/a'}",
+    ]
+    if window is not None:
+        lines.append(f"window ({_fmt(window.seconds)} s):")
+        lines.append(f"  generation tokens/s: {_fmt(window.generation_token_rate, 5)}")
+        lines.append(f"  preemptions:         {_fmt(window.preemptions, 6)}")
+        for name, summary in (("ttft", window.ttft), ("itl", window.itl), ("tpot", window.tpot)):
+            if summary is not None and summary.count:
+                lines.append(
+                    f"  {name} s: mean {_fmt(summary.mean)}, p50 {_fmt(summary.p50)}, "
+                    f"p90 {_fmt(summary.p90)}, p99 {_fmt(summary.p99)} (n={summary.count:g})"
+                )
+    verdict = {True: "pressured", False: "not pressured", None: "inconclusive"}[pressure.pressured]
+    lines.append(f"pool: {verdict}")
+    lines.extend(f"  {reason}" for reason in pressure.reasons)
+    return "\n".join(lines)
