@@ -122,20 +122,21 @@ def _unit(*parts: str) -> float:
 def is_right(
     question: str, seed: str, accuracy: float, fp8: bool, fp8_loss: float, fp8_churn: float
 ) -> bool:
-    """The deterministic draw: BF16 right with `accuracy`; FP8 loses and churns from there.
+    """The deterministic draw: BF16 right with `accuracy`; FP8 churns, then loses, from there.
 
     Churn is balanced: it makes `fp8_churn` of all questions discordant, half each way, so
-    on its own it leaves the expected accuracy unchanged.
+    on its own it leaves the expected accuracy unchanged. Loss then turns `fp8_loss` of the
+    right answers wrong, so the FP8 arm's expected accuracy is `accuracy * (1 - fp8_loss)`.
     """
     key = normalise(question)
     right = _unit(seed, "base", key) < accuracy
     if not fp8:
         return right
-    if right and _unit(seed, "loss", key) < fp8_loss:
-        right = False
     share = accuracy if right else 1.0 - accuracy
     if share > 0 and _unit(seed, "churn", key) < min(1.0, fp8_churn / (2 * share)):
         right = not right
+    if right and _unit(seed, "loss", key) < fp8_loss:
+        right = False
     return right
 
 
