@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,6 +20,7 @@ ARMS: Final = ("control", "candidate")
 # kstatus conditions say how the object is doing, not what the gates found.
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
 _DASH: Final = "-"
+_WRAP: Final = 100  # terminal report width for long log lines and remedies
 
 
 # ---------------------------------------------------------------- reading the dict
@@ -218,18 +220,36 @@ def _arm_block(status: Mapping[str, Any], section: str, arm: str) -> Mapping[str
 def read_kv_tokens(status: Mapping[str, Any], arm: str) -> float | None:
     """The arm's KV cache size in tokens, as its engine reported it at startup."""
     block = _arm_block(status, "capacity", arm)
-    return _num(_get(block, "kvTokens", "kvCacheTokens", "kv_tokens", "tokens"))
+    tokens = _num(_get(block, "kvTokens", "kvCacheTokens", "kv_tokens", "tokens"))
+    if tokens is None:
+        tokens = _num(_get(_get(_get(status, "arms"), arm), "kvTokens"))
+    if tokens is None:
+        tokens = _num(_get(_get(_scan(status, arm), "capacity"), "kv_tokens"))
+    return tokens
+
+
+def _scan(status: Mapping[str, Any], arm: str) -> Mapping[str, Any]:
+    """The arm's startup-log scan (`status.arms.<arm>.scan`), or {}."""
+    scan = _get(_get(_get(status, "arms"), arm), "scan")
+    return scan if isinstance(scan, Mapping) else {}
 
 
 def _capacity_rows(status: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     rows: list[tuple[str, list[str]]] = []
     for arm in ARMS:
         block = _arm_block(status, "capacity", arm)
-        dtype = _get(block, "kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype")
+        scan = _scan(status, arm)
+        dtype = _get(block, "kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype") or _get(
+            scan, "kv_cache_dtype"
+        )
         tokens = read_kv_tokens(status, arm)
         conc = _num(_get(block, "maxConcurrency", "max_concurrency"))
-        backend = _get(block, "attentionBackend", "backend") or _get(
-            _arm_block(status, "arms", arm), "attentionBackend", "backend"
+        if conc is None:
+            conc = _num(_get(_get(scan, "capacity"), "max_concurrency"))
+        backend = (
+            _get(block, "attentionBackend", "backend")
+            or _get(_get(_get(status, "arms"), arm), "attentionBackend")
+            or _get(scan, "attention_backend")
         )
         if dtype is None and tokens is None and conc is None and backend is None:
             continue
@@ -281,6 +301,97 @@ def _speed_table(status: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, 
 def _humanize(key: str) -> str:
     words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", key).replace("_", " ")
     return words[:1].upper() + words[1:].lower()
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A notable startup-log finding of one arm: a warning or an error, with its remedy."""
+
+    arm: str
+    severity: str
+    code: str
+    text: str
+    hint: str
+
+
+def read_log_findings(status: Mapping[str, Any]) -> list[LogLine]:
+    """Warnings and errors from each arm's startup-log scan (info lines are left out)."""
+    out: list[LogLine] = []
+    for arm in ARMS:
+        for f in _get(_scan(status, arm), "findings") or []:
+            if not isinstance(f, Mapping) or f.get("severity") not in ("warning", "error"):
+                continue
+            out.append(
+                LogLine(
+                    arm=arm,
+                    severity=str(f["severity"]),
+                    code=str(f.get("code") or ""),
+                    text=str(f.get("text") or "").strip(),
+                    hint=str(f.get("hint") or "").strip(),
+                )
+            )
+    return out
+
+
+def read_preflight(status: Mapping[str, Any]) -> list[str]:
+    """One line each: production load against the KV pool, and the checkpoint's KV scales."""
+    pre = _get(status, "preflight")
+    lines: list[str] = []
+    pressure = _get(pre, "pressure")
+    if isinstance(pressure, Mapping):
+        verdict = {True: "KV pool is the limit", False: "KV pool has room"}.get(
+            _get(pressure, "pressured"), "pool pressure unknown"
+        )
+        facts = []
+        usage = _num(_get(pressure, "max_usage", "maxUsage"))
+        if usage is not None:
+            facts.append(f"KV usage up to {_pct(usage)}")
+        waiting = _num(_get(pressure, "mean_waiting", "meanWaiting"))
+        if waiting is not None:
+            facts.append(f"{waiting:.1f} requests waiting on average")
+        samples = _int(_get(pressure, "samples"))
+        if samples is not None:
+            facts.append(f"{samples} samples")
+        lines.append(f"{verdict}" + (f" ({', '.join(facts)})" if facts else ""))
+    scales = _get(pre, "checkpointHasScales", "checkpoint_has_scales")
+    if isinstance(scales, bool):
+        lines.append(
+            "checkpoint carries k/v scales"
+            if scales
+            else "checkpoint has no k/v scales: FP8 KV uses scale 1.0"
+        )
+    return lines
+
+
+def read_verdict(status: Mapping[str, Any]) -> str | None:
+    """`status.verdict`: the decision and why, as one line."""
+    v = _get(status, "verdict")
+    if not isinstance(v, Mapping):
+        return None
+    decision = _get(v, "decision")
+    message = _get(v, "message")
+    if decision and message:
+        return f"{decision}: {message}"
+    return _str_or_none(decision or message)
+
+
+def read_duration(status: Mapping[str, Any]) -> str | None:
+    """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
+    import datetime as dt
+
+    def parse(text: Any) -> dt.datetime | None:
+        if not isinstance(text, str):
+            return None
+        try:
+            return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+
+    start, end = parse(_get(status, "startedAt")), parse(_get(status, "finishedAt"))
+    if start is None or end is None or end < start:
+        return None
+    seconds = int((end - start).total_seconds())
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
 def read_recommended_args(status: Mapping[str, Any]) -> list[str]:
@@ -393,6 +504,16 @@ def render_text(rollout: Mapping[str, Any]) -> str:
         lines.append(f"  {message}")
     elif ready is not None and ready.get("message"):
         lines.append(f"  {ready['message']}")
+    verdict = read_verdict(status)
+    if verdict:
+        lines.append(f"  verdict {verdict}")
+    took = read_duration(status)
+    if took:
+        lines.append(f"  took {took}")
+
+    pre = read_preflight(status)
+    if pre:
+        lines += ["", "Production", *[f"  {p}" for p in pre]]
 
     findings = read_findings(status)
     if findings:
@@ -402,6 +523,24 @@ def render_text(rollout: Mapping[str, Any]) -> str:
             [[f.gate, _mark(f.status), f.reason, f.message] for f in findings],
             numeric_from=99,
         )
+
+    log_lines = read_log_findings(status)
+    if log_lines:
+        lines += ["", "Startup logs"]
+        for ll in log_lines:
+            lines += textwrap.wrap(
+                f"{ll.arm} {ll.severity} {ll.code}: {ll.text}",
+                width=_WRAP,
+                initial_indent="  ",
+                subsequent_indent="      ",
+            )
+            if ll.hint:
+                lines += textwrap.wrap(
+                    f"remedy: {ll.hint}",
+                    width=_WRAP,
+                    initial_indent="    ",
+                    subsequent_indent="      ",
+                )
 
     acc = read_accuracy(status)
     if acc is not None:
@@ -673,6 +812,15 @@ def render_html(rollout: Mapping[str, Any]) -> str:
     message = _get(status, "message") or (ready.get("message") if ready else None)
     if message:
         out.append(f"<p class='msg'>{_e(message)}</p>")
+    facts = []
+    verdict = read_verdict(status)
+    if verdict:
+        facts.append(f"verdict {verdict}")
+    took = read_duration(status)
+    if took:
+        facts.append(f"took {took}")
+    if facts:
+        out.append("<p class='sub'>" + " · ".join(_e(f) for f in facts) + "</p>")
     out.append("<h2>Control and candidate</h2>")
     out.append(render_svg(status))
 
@@ -700,6 +848,20 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         if notes:
             out.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
 
+    pre = read_preflight(status)
+    if pre:
+        out.append("<h2>Production</h2><ul class='notes'>")
+        out.append("".join(f"<li>{_e(p)}</li>" for p in pre) + "</ul>")
+    log_lines = read_log_findings(status)
+    if log_lines:
+        out.append("<h2>Startup logs</h2>")
+        out.append(
+            _html_table(
+                ["arm", "severity", "finding", "line", "remedy"],
+                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
+                numeric_from=99,
+            )
+        )
     findings = read_findings(status)
     if findings:
         out.append("<h2>Findings</h2>")

@@ -309,3 +309,106 @@ def test_cli_without_credentials_is_an_external_error(
     code, _, err = _cli(["report", "r", "-n", "ns"], capsys)
     assert code == 4
     assert err.startswith("kvgate: KubeError: no cluster credentials")
+
+
+# ---------------------------------------------------------------- the operator's status shape
+
+ROLLED_BACK: dict[str, Any] = {
+    "metadata": {"name": "qwen3-fp8", "namespace": "demo"},
+    "spec": {"targetRef": {"name": "vllm"}, "kvCacheDtype": "fp8"},
+    "status": {
+        "phase": "RolledBack",
+        "reason": "CanaryCrashed",
+        "message": "candidate pod crashed: FlashInfer JIT build failed",
+        "startedAt": "2026-11-29T20:00:00Z",
+        "finishedAt": "2026-11-29T20:03:05Z",
+        "verdict": {"decision": "RollBack", "outcome": "Failed", "message": "canary crashed"},
+        "preflight": {
+            "checkpointHasScales": False,
+            "pressure": {
+                "pressured": True,
+                "samples": 4,
+                "max_usage": 0.985,
+                "mean_waiting": 23.5,
+            },
+        },
+        "arms": {
+            "control": {
+                "kvTokens": 57808,
+                "attentionBackend": "FLASH_ATTN",
+                "scan": {
+                    "kv_cache_dtype": "auto",
+                    "capacity": {"kv_tokens": 57808, "max_concurrency": 7.06},
+                    "findings": [{"code": "ready", "severity": "info", "text": "x", "hint": ""}],
+                },
+            },
+            "candidate": {
+                "scan": {
+                    "kv_cache_dtype": "fp8",
+                    "attention_backend": "FLASHINFER",
+                    "capacity": {"kv_tokens": None, "max_concurrency": None},
+                    "findings": [
+                        {
+                            "code": "flashinfer-jit-failed",
+                            "severity": "error",
+                            "text": "RuntimeError: Ninja build failed",
+                            "hint": "pin --attention-backend TRITON_ATTN",
+                        }
+                    ],
+                }
+            },
+        },
+        "capacity": {"control": {"kvTokens": 57808}, "candidate": {"kvTokens": None}},
+    },
+}
+
+
+def test_rolled_back_report_shows_the_crash_and_its_remedy() -> None:
+    lines = report.render_text(ROLLED_BACK).splitlines()
+    assert "  verdict RollBack: canary crashed" in lines
+    assert "  took 3 min 5 s" in lines
+    assert "  candidate error flashinfer-jit-failed: RuntimeError: Ninja build failed" in lines
+    assert "    remedy: pin --attention-backend TRITON_ATTN" in lines
+    # Info-level log findings are left out.
+    assert not [line for line in lines if "ready:" in line]
+
+
+def test_production_section_reads_pool_pressure_and_scales() -> None:
+    assert report.read_preflight(ROLLED_BACK["status"]) == [
+        "KV pool is the limit (KV usage up to 98.5%, 23.5 requests waiting on average, 4 samples)",
+        "checkpoint has no k/v scales: FP8 KV uses scale 1.0",
+    ]
+
+
+def test_capacity_comes_from_the_arms_log_scans() -> None:
+    text = report.render_text(ROLLED_BACK)
+    assert re.search(r"control\s+auto\s+FLASH_ATTN\s+57,808\s+7\.1x", text)
+    assert re.search(r"candidate\s+fp8\s+FLASHINFER\s+-\s+-", text)
+    assert report.read_capacity_gain(ROLLED_BACK["status"]) is None
+
+
+def test_long_remedies_are_wrapped() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    finding = rollout["status"]["arms"]["candidate"]["scan"]["findings"][0]
+    finding["hint"] = "word " * 60
+    lines = report.render_text(rollout).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert sum(line.startswith("      word") for line in lines) >= 2
+
+
+def test_duration_is_omitted_when_unfinished_or_unreadable() -> None:
+    assert report.read_duration({"startedAt": "2026-11-29T20:00:00Z"}) is None
+    assert report.read_duration({"startedAt": "x", "finishedAt": "2026-11-29T20:00:00Z"}) is None
+    assert (
+        report.read_duration(
+            {"startedAt": "2026-11-29T20:00:00Z", "finishedAt": "2026-11-29T20:00:42Z"}
+        )
+        == "42 s"
+    )
+
+
+def test_html_has_startup_log_and_production_sections() -> None:
+    page = report.render_html(ROLLED_BACK)
+    assert "<h2>Startup logs</h2>" in page and "<h2>Production</h2>" in page
+    assert "pin --attention-backend TRITON_ATTN" in page
+    assert "verdict RollBack: canary crashed · took 3 min 5 s" in page
