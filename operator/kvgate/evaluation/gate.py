@@ -5,7 +5,7 @@ At each look k the cumulative paired counts give Tango's score statistic T = T(-
   * fail    when T ≤ -harm_z: the candidate is shown worse than the margin (a non-binding harm
             stop, so it cannot raise the false-pass rate);
   * at the last look, when neither: fail if the candidate is shown worse than control
-    (the one-sided upper bound of Δ is below 0), otherwise inconclusive.
+    (exact one-sided McNemar test at α), otherwise inconclusive.
 Without `chunk` there is one look and c_1 = z_{confidence}, the fixed-n Tango test.
 """
 
@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
+from scipy.stats import binom
 
 from kvgate.errors import SpecError
 from kvgate.stats import (
@@ -132,9 +133,11 @@ def decide_arrays(
     codes[t_margin <= -plan.harm_z] = FAIL
     codes[t_margin >= plan.boundaries[look]] = PASS
     if look == len(plan.looks) - 1:
-        # Last look: a loss against control shown at `confidence` fails, anything else is open.
-        t_zero = tango_statistics(n, losses, wins, 0.0)
-        worse = t_zero <= -z_one_sided(plan.confidence)
+        # Last look: a loss against control shown by the exact one-sided McNemar test at
+        # `confidence` fails (exact, because a handful of discordant pairs is common here).
+        discordant = np.asarray(losses) + np.asarray(wins)
+        p_worse = binom.sf(np.asarray(losses) - 1, discordant, 0.5)
+        worse = (discordant > 0) & (p_worse <= plan.alpha)
         codes[codes == CONTINUE] = np.where(worse[codes == CONTINUE], FAIL, INCONCLUSIVE)
     return codes
 

@@ -1,0 +1,156 @@
+"""kvgate.evaluation.runner pieces that need no server: task configs, data dir, response checks."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvgate.errors import SpecError
+from kvgate.evaluation.runner import (
+    TASK_FILES,
+    EvalSettings,
+    MalformedResponseError,
+    _check_completions,
+    _strict_model_classes,
+    count_test_questions,
+    offline_environment,
+    resolve_data_dir,
+    write_task_config,
+)
+
+STOCK = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k-cot.yaml"}
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    (d / "test.jsonl").write_text('{"question": "q1", "answer": "#### 1"}\n' * 3 + "\n")
+    (d / "train.jsonl").write_text('{"question": "q2", "answer": "#### 2"}\n')
+    return d
+
+
+@pytest.mark.parametrize("task", sorted(TASK_FILES))
+def test_pinned_task_matches_lm_eval_stock_config(task: str) -> None:
+    ours = yaml.safe_load(
+        (resources.files("kvgate.evaluation") / "tasks" / TASK_FILES[task]).read_text()
+    )
+    stock = yaml.safe_load(
+        (resources.files("lm_eval") / "tasks" / "gsm8k" / STOCK[task]).read_text()
+    )
+    stock.pop("tag", None)
+    assert ours == stock
+
+
+def test_offline_config_reads_local_files(tmp_path: Path, data_dir: Path) -> None:
+    settings = EvalSettings(task="gsm8k", data_dir=data_dir)
+    path = write_task_config(settings, tmp_path)
+    config = yaml.safe_load(path.read_text())
+    assert path.name == "kvgate_gsm8k.yaml" and config["task"] == "kvgate_gsm8k"
+    assert config["dataset_path"] == "json" and config["dataset_name"] is None
+    assert config["dataset_kwargs"]["data_files"] == {
+        "test": str(data_dir / "test.jsonl"),
+        "train": str(data_dir / "train.jsonl"),
+    }
+    assert config["num_fewshot"] == 5 and config["fewshot_split"] == "train"
+
+
+def test_cot_config_needs_only_the_test_split(tmp_path: Path, data_dir: Path) -> None:
+    config = yaml.safe_load(
+        write_task_config(EvalSettings(task="gsm8k_cot", data_dir=data_dir), tmp_path).read_text()
+    )
+    assert config["dataset_kwargs"]["data_files"] == {"test": str(data_dir / "test.jsonl")}
+    assert config["num_fewshot"] == 8 and config["fewshot_config"]["sampler"] == "first_n"
+
+
+def test_without_data_dir_the_hub_dataset_is_used(tmp_path: Path) -> None:
+    config = yaml.safe_load(write_task_config(EvalSettings(), tmp_path).read_text())
+    assert (config["dataset_path"], config["dataset_name"]) == ("openai/gsm8k", "main")
+    assert "dataset_kwargs" not in config
+    assert offline_environment(EvalSettings()) == {}
+
+
+def test_offline_environment(data_dir: Path) -> None:
+    env = offline_environment(EvalSettings(data_dir=data_dir))
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_unknown_task(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="--task: 'mmlu' is not one of"):
+        write_task_config(EvalSettings(task="mmlu"), tmp_path)
+
+
+def test_data_dir_flag_wins_over_environment(data_dir: Path, tmp_path: Path) -> None:
+    assert resolve_data_dir(str(data_dir), {"KVGATE_GSM8K_DIR": "/nowhere"}) == data_dir
+    assert resolve_data_dir(None, {"KVGATE_GSM8K_DIR": str(data_dir)}) == data_dir
+    assert resolve_data_dir(None, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "message"),
+    [
+        ("/nowhere/gsm8k", {}, "--data-dir: /nowhere/gsm8k is not a directory"),
+        (None, {"KVGATE_GSM8K_DIR": "/nowhere"}, "KVGATE_GSM8K_DIR: /nowhere is not a directory"),
+    ],
+)
+def test_data_dir_errors(flag: str | None, env: dict, message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        resolve_data_dir(flag, env)
+    assert str(err.value).startswith(message)
+
+
+def test_data_dir_without_train_file(tmp_path: Path) -> None:
+    (tmp_path / "test.jsonl").write_text("{}\n")
+    with pytest.raises(SpecError, match=r"has no train\.jsonl"):
+        resolve_data_dir(str(tmp_path), {})
+
+
+def test_count_test_questions(data_dir: Path) -> None:
+    assert count_test_questions(data_dir) == 3
+    assert count_test_questions(None) == 1319
+
+
+GOOD_COMPLETION = {"choices": [{"index": 0, "text": "#### 18", "finish_reason": "stop"}]}
+GOOD_CHAT = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "18"}}]}
+
+
+@pytest.mark.parametrize(
+    ("outputs", "chat"),
+    [
+        ({}, False),
+        ({"choices": []}, False),
+        ({"choices": [{"index": 0}]}, False),
+        ({"choices": [{"text": "x"}]}, False),
+        ({"error": {"message": "overloaded"}}, False),
+        ("not a dict", False),
+        ({"choices": [{"index": 0, "text": "x"}]}, True),
+        ({"choices": [{"index": 0, "message": {"content": 7}}]}, True),
+    ],
+)
+def test_malformed_responses_raise(outputs: object, chat: bool) -> None:
+    with pytest.raises(MalformedResponseError):
+        _check_completions(outputs, chat=chat)
+
+
+def test_well_formed_responses_pass_even_without_a_number() -> None:
+    _check_completions(GOOD_COMPLETION, chat=False)
+    _check_completions([GOOD_COMPLETION, GOOD_COMPLETION], chat=False)
+    _check_completions(GOOD_CHAT, chat=True)
+    garbage = {"choices": [{"index": 0, "text": "the the the"}]}
+    _check_completions(garbage, chat=False)
+
+
+def test_strict_models_validate_then_parse() -> None:
+    completions, chat = _strict_model_classes()
+    assert completions.parse_generations(GOOD_COMPLETION) == ["#### 18"]
+    with pytest.raises(MalformedResponseError):
+        completions.parse_generations({"object": "error"})
+    # lm-eval's own chat parser would turn this into an empty answer; ours refuses it.
+    instance = chat.__new__(chat)
+    instance.think_end_token = None
+    assert instance.parse_generations(GOOD_CHAT) == ["18"]
+    with pytest.raises(MalformedResponseError):
+        instance.parse_generations({"choices": "oops"})
