@@ -161,12 +161,14 @@ def scan_scales(
     *,
     config: Mapping[str, Any] | None = None,
     kv_layers: Sequence[int] | None = None,
+    modelopt_config: Mapping[str, Any] | None = None,
     source: str = "checkpoint",
 ) -> ScaleReport:
     """Judge a checkpoint's tensor list (names, or headers with shapes) for KV scales.
 
     `kv_layers` are the layers that hold KV (hybrid models have fewer than all); by default
     every layer of `num_hidden_layers` in `config`, or else every layer seen in the names.
+    `modelopt_config` is hf_quant_config.json, where ModelOpt checkpoints declare the KV algo.
     """
     infos = _tensor_infos(tensors)
     config = config or {}
@@ -229,14 +231,18 @@ def scan_scales(
         weight_dtypes=weight_dtypes,
         quant_method=quant.get("quant_method"),
         kv_cache_scheme=quant.get("kv_cache_scheme"),
-        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        kv_cache_quant_algo=_kv_cache_quant_algo(quant, modelopt_config),
         findings=(),
     )
     findings = _findings(report, kinds_seen, non_scalar)
     return _with_findings(report, findings)
 
 
-def unknown_scales(config: Mapping[str, Any], source: str = "config.json") -> ScaleReport:
+def unknown_scales(
+    config: Mapping[str, Any],
+    source: str = "config.json",
+    modelopt_config: Mapping[str, Any] | None = None,
+) -> ScaleReport:
     """The report for a config.json alone: the config's quantization hints, scales unknown."""
     quant = _quantization_config(config, source)
     total_layers = _num_layers(config)
@@ -252,7 +258,7 @@ def unknown_scales(config: Mapping[str, Any], source: str = "config.json") -> Sc
         weight_dtypes={},
         quant_method=quant.get("quant_method"),
         kv_cache_scheme=quant.get("kv_cache_scheme"),
-        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"),
+        kv_cache_quant_algo=_kv_cache_quant_algo(quant, modelopt_config),
         findings=(),
     )
     findings = [
@@ -312,6 +318,17 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 def _num_layers(config: Mapping[str, Any]) -> int | None:
     value = _text_config(config).get("num_hidden_layers")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _kv_cache_quant_algo(
+    quant: Mapping[str, Any], modelopt_config: Mapping[str, Any] | None
+) -> str | None:
+    algo = quant.get("kv_cache_quant_algo")
+    if algo is None and modelopt_config:
+        section = modelopt_config.get("quantization")
+        if isinstance(section, Mapping):
+            algo = section.get("kv_cache_quant_algo")
+    return None if algo is None else str(algo)
 
 
 def _quantization_config(config: Mapping[str, Any], source: str) -> Mapping[str, Any]:
@@ -397,7 +414,7 @@ def _config_findings(report: ScaleReport) -> list[Finding]:
         findings.append(
             Finding(
                 "KVCacheQuantAlgoFP8",
-                "config.json quantization_config.kv_cache_quant_algo is FP8: SGLang resolves "
+                "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang resolves "
                 "--kv-cache-dtype auto to fp8_e4m3 without saying so",
             )
         )

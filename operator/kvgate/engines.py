@@ -265,6 +265,11 @@ def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
     backend = _last(flags, ATTENTION_BACKEND_FLAG, "--attention-config.backend")
     if backend is None and facts.attention_backend_env is not None:
         backend = env.get(facts.attention_backend_env)
+    config_file = _last(flags, "--config")
+    if config_file:
+        findings.append(
+            f"flags in --config {config_file} are not visible here; kvgate reads command and args only"
+        )
     metrics_enabled = facts.metrics_flag is None or facts.metrics_flag in flags
     if not metrics_enabled:
         findings.append(

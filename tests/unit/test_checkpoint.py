@@ -13,6 +13,7 @@ from safetensors.numpy import save_file
 
 from kvgate.adapters.hub import read_json_file, read_local_checkpoint
 from kvgate.checkpoint import (
+    Finding,
     TensorInfo,
     parse_safetensors_header,
     scan_scales,
@@ -263,6 +264,38 @@ def test_config_hints(config: dict[str, Any], codes: list[str]) -> None:
     )
     report = scan_scales(names, config={**CONFIG, **config})
     assert [f.code for f in report.findings] == codes
+
+
+def test_modelopt_hf_quant_config(tmp_path: Path) -> None:
+    # GIVEN a ModelOpt checkpoint that declares its KV algo only in hf_quant_config.json
+    directory = tmp_path / "modelopt"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(CONFIG))
+    (directory / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt"},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+            }
+        )
+    )
+    tensors = {
+        name: np.ones((), dtype=np.float32)
+        for name in per_layer("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")[:-2]
+    }
+    save_file(tensors, str(directory / "model.safetensors"))
+    # WHEN it is read and scanned
+    headers = read_local_checkpoint(directory)
+    report = scan_scales(
+        headers.tensors, config=headers.config, modelopt_config=headers.modelopt_config
+    )
+    # THEN the silent SGLang switch is reported
+    assert report.kv_cache_quant_algo == "FP8"
+    assert report.findings[-1] == Finding(
+        "KVCacheQuantAlgoFP8",
+        "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang "
+        "resolves --kv-cache-dtype auto to fp8_e4m3 without saying so",
+    )
 
 
 def test_compressed_tensors_config_from_data() -> None:

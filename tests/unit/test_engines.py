@@ -176,6 +176,13 @@ def test_sglang_metrics_and_loopback_findings() -> None:
     assert (enabled.metrics_enabled, enabled.findings) == (True, ())
 
 
+def test_config_file_flags_are_invisible() -> None:
+    info = detect_engine(container(["vllm", "serve", "M", "--config", "/etc/vllm.yaml"]))
+    assert info.findings == (
+        "flags in --config /etc/vllm.yaml are not visible here; kvgate reads command and args only",
+    )
+
+
 def test_boolean_flag_does_not_swallow_the_model() -> None:
     info = detect_engine(container(["vllm", "serve", "--trust-remote-code", "--model", "M"]))
     assert info.model == "M"

@@ -38,6 +38,7 @@ from kvgate.checkpoint import TensorInfo, parse_safetensors_header
 from kvgate.errors import HubError, ParseError, SpecError
 
 CONFIG_FILE: Final = "config.json"
+MODELOPT_FILE: Final = "hf_quant_config.json"  # ModelOpt's quantization summary
 SINGLE_FILE: Final = constants.SAFETENSORS_SINGLE_FILE
 INDEX_FILE: Final = constants.SAFETENSORS_INDEX_FILE
 MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
@@ -56,6 +57,7 @@ class CheckpointHeaders:
     header_bytes: int  # 8-byte length + JSON header, summed over the safetensors files
     bytes_read: int | None  # safetensors bytes read or received; None when not counted
     commit: str | None = None
+    modelopt_config: Mapping[str, Any] | None = None  # hf_quant_config.json, when present
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,8 +96,9 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
         directory, files = path, _local_weight_files(path)
     else:
         raise ParseError(str(path), "no such file or directory")
-    config_path = directory / CONFIG_FILE
+    config_path, modelopt_path = directory / CONFIG_FILE, directory / MODELOPT_FILE
     config = read_json_file(config_path) if config_path.exists() else None
+    modelopt = read_json_file(modelopt_path) if modelopt_path.exists() else None
 
     tensors: dict[str, TensorInfo] = {}
     header_bytes = 0
@@ -104,7 +107,9 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
         tensors.update(parse_safetensors_header(header, str(directory / name)))
         header_bytes += size
     # pread asks for exactly the header, so what was read is what the header takes
-    return CheckpointHeaders(str(path), config, tensors, tuple(files), header_bytes, header_bytes)
+    return CheckpointHeaders(
+        str(path), config, tensors, tuple(files), header_bytes, header_bytes, None, modelopt
+    )
 
 
 def read_hub_checkpoint(
@@ -131,6 +136,11 @@ def read_hub_checkpoint(
         config = (
             _json_object(fetch.text(CONFIG_FILE), f"{where}/{CONFIG_FILE}")
             if CONFIG_FILE in siblings
+            else None
+        )
+        modelopt = (
+            _json_object(fetch.text(MODELOPT_FILE), f"{where}/{MODELOPT_FILE}")
+            if MODELOPT_FILE in siblings
             else None
         )
         if reader == "hfapi":
@@ -172,6 +182,7 @@ def read_hub_checkpoint(
         header_bytes=sum(8 + len(header) for header, _ in headers),
         bytes_read=sum(received for _, received in headers),
         commit=commit,
+        modelopt_config=modelopt,
     )
 
 

@@ -76,6 +76,7 @@ def preflight(
             headers.tensors,
             config=headers.config,
             kv_layers=layout.kv_layer_indices,
+            modelopt_config=headers.modelopt_config,
             source=headers.source,
         )
         source, commit, read = headers.source, headers.commit, headers.to_dict()
