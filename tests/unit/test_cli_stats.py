@@ -1,0 +1,217 @@
+"""`kvgate stats` (and `kvgate eval` input errors) through kvgate.cli.main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_wilson_table_reproduces_field_check(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        capsys,
+        "stats",
+        "--baseline",
+        "459/500",
+        "--candidate",
+        "454/500",
+        "--candidate",
+        "458/500",
+    )
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[1].split() == ["baseline", "459/500", "=", "91.8%", "[89.1,", "93.9]"]
+    assert lines[2].split() == ["candidate1", "454/500", "=", "90.8%", "[87.9,", "93.0]"]
+    assert lines[3].split() == ["candidate2", "458/500", "=", "91.6%", "[88.8,", "93.7]"]
+
+
+def test_wilson_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys, "stats", "--baseline", "459/500", "--candidate", "454/500", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["baseline"]["correct"] == 459 and data["baseline"]["n"] == 500
+    low, high = data["baseline"]["wilson95"]
+    assert (round(low, 4), round(high, 4)) == (0.8906, 0.939)
+    assert [round(x, 4) for x in data["candidate"]["wilson95"]] == [0.8795, 0.9303]
+
+
+def test_paired_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "stats", "--paired", "452,7,6,35", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["difference"] == pytest.approx(-0.002)
+    assert data["noninferior"] is True
+    assert data["mcnemar_p"] == pytest.approx(1.0)
+    # Losses above the one-sided 95% bound (the 90% Tango lower limit, -1.51 pp) are ruled out.
+    assert round(100 * data["largest_loss_ruled_out"], 2) == 1.51
+    low, high = data["tango95"]
+    assert low < -0.0151 < data["difference"] < high
+
+
+@pytest.mark.parametrize(
+    ("cells", "margin", "confidence", "noninferior"),
+    [
+        ("449,10,5,36", "0.02", "0.95", False),
+        ("449,10,5,36", "0.03", "0.95", True),
+        ("452,7,6,35", "0.02", "0.99", False),
+    ],
+)
+def test_paired_margin_and_confidence(
+    capsys: pytest.CaptureFixture[str], cells: str, margin: str, confidence: str, noninferior: bool
+) -> None:
+    code, out, _ = _run(
+        capsys, "stats", "--paired", cells, "--margin", margin, "--confidence", confidence, "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["noninferior"] is noninferior
+    assert data["margin"] == float(margin) and data["confidence"] == float(confidence)
+
+
+def test_paired_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "stats", "--paired", "449,10,5,36")
+    assert code == 0
+    assert "non-inferiority not shown" in out
+    assert "control only 10, candidate only 5" in out
+
+
+def _question_lines(pairs: list[tuple[bool, bool]]) -> str:
+    return "".join(
+        json.dumps(
+            {
+                "kind": "kvgate.eval/question",
+                "doc_id": i,
+                "control_right": c,
+                "candidate_right": k,
+            }
+        )
+        + "\n"
+        for i, (c, k) in enumerate(pairs)
+    )
+
+
+def test_from_question_jsonl(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "eval.jsonl"
+    pairs = [(True, True)] * 90 + [(True, False)] * 3 + [(False, True)] * 2 + [(False, False)] * 5
+    path.write_text(_question_lines(pairs))
+    code, out, _ = _run(capsys, "stats", "--from", str(path), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["both"], data["control_only"], data["candidate_only"], data["neither"]) == (
+        90,
+        3,
+        2,
+        5,
+    )
+    assert data["control"]["correct"] == 93 and data["candidate"]["correct"] == 92
+
+
+def test_from_summary_json_uses_its_margin(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    summary = {
+        "kind": "kvgate.eval/summary",
+        "verdict": "pass",
+        "margin": 0.03,
+        "confidence": 0.9,
+        "looks": 2,
+        "paired": {"both": 452, "control_only": 7, "candidate_only": 6, "neither": 35},
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary, indent=2))
+    code, out, _ = _run(capsys, "stats", "--from", str(path), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["n"] == 500 and data["margin"] == 0.03 and data["confidence"] == 0.9
+    assert data["eval_verdict"] == "pass"
+    code, out, _ = _run(capsys, "stats", "--from", str(path))
+    assert code == 0 and "verdict pass after 2 look(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--baseline", "501/500"], "--baseline: '501/500': 501 right answers out of 500"),
+        (["--baseline", "12"], "--baseline: '12' is not K/N"),
+        (["--candidate", "3/0"], "--candidate: '3/0' has 0 questions"),
+        (["--paired", "1,2,3"], "--paired: '1,2,3' is not four counts"),
+        (["--paired", "1,2,-3,4"], "--paired: '1,2,-3,4' is not four counts"),
+        (["--paired", "0,0,0,0"], "--paired: '0,0,0,0' has 0 questions"),
+        (["--paired", "1,2,3,4", "--margin", "2"], "--margin: 2.0 is not in (0, 1)"),
+        (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
+        ([], "kvgate stats: give exactly one of"),
+        (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: give exactly one of"),
+        (["--from", "/nonexistent/eval.jsonl"], "/nonexistent/eval.jsonl: cannot read"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = _run(capsys, "stats", *argv)
+    assert code == 2
+    assert out == ""
+    assert len(err.splitlines()) == 1
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{}", "neither per-question lines nor a kvgate.eval/summary"),
+        ('{"kind": "kvgate.eval/summary", "paired": null}', "the summary has no paired counts"),
+        ('{"kind": "kvgate.eval/question", "doc_id": 0}\n', "needs doc_id, control_right"),
+    ],
+)
+def test_bad_saved_results(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    code, _, err = _run(capsys, "stats", "--from", str(path))
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "--model: missing"),
+        (["--model", "m", "--data-dir", "/nowhere"], "--data-dir: /nowhere is not a directory"),
+        (["--model", "m", "--limit", "0"], "--limit: 0 is not positive"),
+        (["--model", "m", "--margin", "0"], "margin: 0.0 is not in (0, 1)"),
+        (["--model", "m", "--chunk", "-5"], "--chunk: -5 is not positive"),
+    ],
+)
+def test_eval_input_errors_exit_2_before_any_request(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], message: str
+) -> None:
+    # Validation comes before the health check, so no request is made (port 9 is unused).
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    for name in ("test.jsonl", "train.jsonl"):
+        (data / name).write_text('{"question": "q", "answer": "#### 1"}\n')
+    code, out, err = _run(
+        capsys,
+        "eval",
+        "--control-url",
+        "http://127.0.0.1:9/v1/completions",
+        "--candidate-url",
+        "http://127.0.0.1:9/v1/completions",
+        "--data-dir",
+        str(data),
+        *extra,
+    )
+    assert code == 2, err
+    assert out == ""
+    assert message in err and len(err.splitlines()) == 1
