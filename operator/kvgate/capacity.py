@@ -316,18 +316,20 @@ def _layer_kinds(fields: _Fields, num_layers: int, model_type: str) -> list[str]
         chosen = set(indices)
         return ["full" if i in chosen else "none" for i in range(num_layers)]
 
-    period = fields.config.get("attn_layer_period")
-    if period is not None:  # Jamba: attention where index % period == offset
+    if fields.config.get("attn_layer_period") is not None:
+        # Jamba: attention where index % period == offset
+        period = fields.positive_int("attn_layer_period")
         offset = fields.config.get("attn_layer_offset", 0)
-        return ["full" if i % period == offset else "none" for i in range(num_layers)]
-
-    interval = fields.config.get("full_attention_interval")
-    if interval is not None:  # Qwen3-Next: every interval-th layer is full attention
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
             raise ParseError(
                 source,
-                f"field '{prefix}full_attention_interval' must be a positive integer, got {interval!r}",
+                f"field '{prefix}attn_layer_offset' must be an integer in [0, {period}), got {offset!r}",
             )
+        return ["full" if i % period == offset else "none" for i in range(num_layers)]
+
+    if fields.config.get("full_attention_interval") is not None:
+        # Qwen3-Next: every interval-th layer is full attention, the others linear
+        interval = fields.positive_int("full_attention_interval")
         return ["none" if (i + 1) % interval else "full" for i in range(num_layers)]
 
     window_pattern = fields.get("sliding_window_pattern") if fields.get("sliding_window") else None

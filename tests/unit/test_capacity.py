@@ -214,6 +214,16 @@ ERRORS = [
         "KV caches",
     ),
     ([1, 2], ParseError, "config.json: expected a JSON object, got list"),
+    (
+        {**BASE, "full_attention_interval": 0},
+        ParseError,
+        "config.json: field 'full_attention_interval' must be a positive integer, got 0",
+    ),
+    (
+        {**BASE, "attn_layer_period": 2, "attn_layer_offset": 2},
+        ParseError,
+        "config.json: field 'attn_layer_offset' must be an integer in [0, 2), got 2",
+    ),
 ]
 
 
