@@ -209,6 +209,22 @@ def test_bad_input_exits_2_with_one_line(
     assert err == line.format(tmp=tmp_path) + "\n"
 
 
+def test_model_dir_without_safetensors_gives_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "bin-checkpoint"
+    directory.mkdir()
+    shutil.copy(CONFIGS / "llama-3.1-8b.json", directory / "config.json")
+    (directory / "pytorch_model.bin").write_bytes(b"not read")
+    code, out, _ = run(capsys, str(directory), "--json")
+    result = json.loads(out)
+    assert (code, result["source"], result["scales"]["coverage"]) == (
+        0,
+        str(directory / "config.json"),
+        "unknown",
+    )
+
+
 def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     directory = tmp_path / "weights"
     directory.mkdir()

@@ -54,6 +54,8 @@ def preflight(
 
     path = Path(target)
     read: dict[str, Any] | None = None
+    if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
+        path = path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: capacity still, scales unknown
     if path.is_file() and path.suffix != ".safetensors":
         config = hub.read_json_file(path)
         layout = parse_kv_layout(config, source=str(path))
@@ -160,6 +162,10 @@ def render_text(result: dict[str, Any]) -> str:
             f"for {read['header_bytes']:,} header bytes"
         )
     return "\n".join(rows)
+
+
+def _has_safetensors(directory: Path) -> bool:
+    return any(directory.glob("*.safetensors")) or any(directory.glob("*.safetensors.index.json"))
 
 
 def _per_layer(result: dict[str, Any]) -> str:
