@@ -169,12 +169,12 @@ RULES: Final[tuple[_Rule, ...]] = (
     # versions and configuration
     _r(
         "v.version",
-        "erver",
+        "server ",
         "vLLM API server version ",
         r"vLLM API server version v?([\w.+-]+)",
         _V,
     ),
-    _r("v.version", "erver", "vLLM server version ", r"vLLM server version v?([\w.+-]+?),? ", _V),
+    _r("v.version", "server ", "vLLM server version ", r"vLLM server version v?([\w.+-]+?),? ", _V),
     _r("v.banner", "ache", " LLM engine (v", r"LLM engine \(v([\w.+-]+)\) with config", _V),
     _r("v.dtype.config", "ache", "kv_cache_dtype=", r"\bkv_cache_dtype=([\w.]+)", _V),
     _r("v.dtype.args", "ache", "'kv_cache_dtype': '", r"'kv_cache_dtype': '([\w.]+)'", _V),
@@ -187,7 +187,7 @@ RULES: Final[tuple[_Rule, ...]] = (
     ),
     _r("s.dtype.args", "ache", "kv_cache_dtype='", r"\bkv_cache_dtype='([\w.]+)'", _S),
     _r("s.dtype.using", "ache", "Using KV cache dtype: ", r"Using KV cache dtype: (\S+)", _S),
-    _r("s.skip_warmup", "erver", "skip_server_warmup=True", None, _S),
+    _r("s.skip_warmup", "ache", "skip_server_warmup=True", None, _S),
     # scales
     _r("v.q_scale_missing", "scal", "does not provide a q scaling factor", None, _V),
     _r("v.kv_scale_default", "scal", "Using KV cache scaling factor 1.0", None, _V),
@@ -329,18 +329,20 @@ RULES: Final[tuple[_Rule, ...]] = (
     ),
     _r("argparse_error", "rror", ": error: ", r"^(?:usage: )?[\w./ -]+: error: (.+)$"),
     # FlashInfer JIT
-    _r("fi.ninja_failed", "ailed", "Ninja build failed", None),
-    _r("fi.ninja_failed", "ailed", "ninja: build stopped", None),
+    _r("fi.ninja_failed", "failed", "Ninja build failed", None),
+    _r("fi.ninja_failed", "failed", "ninja: build stopped", None),
     _r(
         "fi.ninja_command", "rror", "CalledProcessError: Command '['ninja'", r"dtype_kv_([a-z0-9]+)"
     ),
     _r("fi.no_nvcc", "rror", "Could not find nvcc", None),
     _r("fi.no_nvcc", "rror", "nvcc not found and PyTorch is not built with CUDA", None),
-    _r("fi.jit_disabled", "JIT", "JIT compilation is disabled via FLASHINFER_DISABLE_JIT", None),
+    _r("fi.jit_disabled", "rror", "JIT compilation is disabled via FLASHINFER_DISABLE_JIT", None),
     _r("fi.sm75", "rror", "FlashInfer requires GPUs with sm75 or higher", None),
-    _r("fi.jit_loading", "JIT", "Loading JIT ops: ", r"Loading JIT ops: (\S+)"),
-    _r("fi.jit_finished", "JIT", "Finished loading JIT ops: ", r"Finished loading JIT ops: (\S+)"),
-    _r("fi.jit_building", "JIT", "Building JIT module ", r"Building JIT module (\S+?);"),
+    _r("fi.jit_loading", " JIT ", "Loading JIT ops: ", r"Loading JIT ops: (\S+)"),
+    _r(
+        "fi.jit_finished", " JIT ", "Finished loading JIT ops: ", r"Finished loading JIT ops: (\S+)"
+    ),
+    _r("fi.jit_building", " JIT ", "Building JIT module ", r"Building JIT module (\S+?);"),
     # memory
     _r("oom", "rror", "out of memory", r"CUDA out of memory\.(?: Tried to allocate ([\d.]+ \w+))?"),
     _r("v.free_memory", "rror", "on startup is less than desired GPU memory utilization", None, _V),
@@ -373,15 +375,15 @@ RULES: Final[tuple[_Rule, ...]] = (
     _r("v.kv_tokens", "ache", "KV cache size: ", r"KV cache size: ([\d,]+) tokens", _V),
     _r(
         "v.concurrency",
-        "oncurrency",
+        "concurrency for",
         "Maximum concurrency for ",
         r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
         _V,
     ),
     _r(
         "v.v0_blocks",
-        " blocks: ",
-        " blocks: ",
+        "# CPU blocks: ",
+        "# CPU blocks: ",
         r"# (?:cuda|GPU) blocks: (\d+), # CPU blocks: (\d+)",
         _V,
     ),
@@ -409,18 +411,24 @@ RULES: Final[tuple[_Rule, ...]] = (
         _S,
     ),
     # crashes
-    _r("v.core_failed", "ailed", "EngineCore failed to start", None, _V),
+    _r("v.core_failed", "failed", "EngineCore failed to start", None, _V),
     _r("v.core_fatal", "rror", "EngineCore encountered a fatal error", None, _V),
-    _r("v.worker_failed", "ailed", "WorkerProc failed to start", None, _V),
-    _r("v.worker_died", "died", "died unexpectedly", r"Worker proc (\S+) died unexpectedly", _V),
-    _r("v.core_init_failed", "ailed", "Engine core initialization failed", None, _V),
-    _r("s.sigquit", "ailed", "Received sigquit from a child process", None, _S),
-    _r("s.rank_dead", " is dead", "scheduler is dead", None, _S),
-    _r("s.init_failed", "ailed", "Initialization failed.", None, _S),
+    _r("v.worker_failed", "failed", "WorkerProc failed to start", None, _V),
+    _r(
+        "v.worker_died",
+        "died unexpectedly",
+        "died unexpectedly",
+        r"Worker proc (\S+) died unexpectedly",
+        _V,
+    ),
+    _r("v.core_init_failed", "failed", "Engine core initialization failed", None, _V),
+    _r("s.sigquit", "failed", "Received sigquit from a child process", None, _S),
+    _r("s.rank_dead", "scheduler is dead", "scheduler is dead", None, _S),
+    _r("s.init_failed", "failed", "Initialization failed.", None, _S),
     _r("exception", "rror", "Error", r"^(?:[\w.]+\.)?([A-Z]\w*Error)(?::\s*(.*))?$"),
     # readiness
-    _r("startup_complete", "startup", "Application startup complete", None),
-    _r("s.ready", "erver", "The server is fired up and ready to roll", None, _S),
+    _r("startup_complete", "startup complete", "Application startup complete", None),
+    _r("s.ready", "server ", "The server is fired up and ready to roll", None, _S),
 )
 
 ANCHORS: Final[tuple[str, ...]] = tuple(dict.fromkeys(rule.anchor for rule in RULES))
