@@ -1,0 +1,149 @@
+"""The KVCacheRollout CRD against the real apiserver: defaults, CEL rules, immutability, columns."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from test_operator_support import install_crd
+
+pytestmark = pytest.mark.e2e
+
+
+def _cr(name: str, spec: dict[str, Any]) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kvgate.io/v1alpha1",
+            "kind": "KVCacheRollout",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+@pytest.fixture
+def crd(cluster: Any) -> Any:
+    install_crd(cluster)
+    return cluster
+
+
+@pytest.mark.timeout(120)
+def test_minimal_spec_gets_sre_defaults(crd: Any, namespace: str) -> None:
+    crd.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=_cr("ok", {"targetRef": {"name": "qwen"}})
+    )
+    obj = json.loads(crd.kubectl("get", "kvr", "ok", "-n", namespace, "-o", "json").stdout)
+    spec = obj["spec"]
+    assert (spec["engine"], spec["kvCacheDtype"]) == ("auto", "fp8")
+    assert spec["gates"]["capacity"] == {
+        "mode": "require",
+        "window": "5m",
+        "samples": 10,
+        "usageThreshold": 0.9,
+    }
+    assert spec["gates"]["scales"] == {"mode": "warn"}
+    assert spec["gates"]["capacityGain"] == {"minRatio": 1.8}
+    assert spec["gates"]["accuracy"]["margin"] == 2
+    assert spec["promotion"] == {"mode": "auto", "verifyWindow": "10m"}
+    assert "speed" not in spec["gates"]
+
+
+INVALID = [
+    ({}, "spec.targetRef: Required value"),
+    ({"targetRef": {"name": "q"}, "engine": "trtllm"}, 'spec.engine: Unsupported value: "trtllm"'),
+    (
+        {"targetRef": {"name": "q"}, "engine": "sglang", "kvCacheDtype": "fp8"},
+        "spec.kvCacheDtype: Invalid value: sglang does not accept --kv-cache-dtype fp8; use fp8_e4m3 or fp8_e5m2",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "kvCacheDtype": "int4"},
+        'spec.kvCacheDtype: Unsupported value: "int4"',
+    ),
+    (
+        {"targetRef": {"name": "q"}, "gates": {"accuracy": {"questions": 100, "chunk": 200}}},
+        "spec.gates.accuracy.chunk: Invalid value: chunk must not exceed questions",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "gates": {"accuracy": {"margin": 0}}},
+        "spec.gates.accuracy.margin: Invalid value: 0: spec.gates.accuracy.margin in body should be greater than 0",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "gates": {"capacity": {"window": "5 minutes"}}},
+        'spec.gates.capacity.window: Invalid value: "5 minutes"',
+    ),
+    (
+        {"targetRef": {"name": "q"}, "promotion": {"mode": "yolo"}},
+        'spec.promotion.mode: Unsupported value: "yolo"',
+    ),
+    (
+        {"targetRef": {"name": "q"}, "extraEnv": [{"name": "1BAD", "value": "x"}]},
+        'spec.extraEnv[0].name: Invalid value: "1BAD"',
+    ),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("spec", "message"), INVALID)
+def test_invalid_spec_is_rejected_naming_the_field(
+    crd: Any, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    # GIVEN an invalid spec WHEN applied THEN the apiserver refuses it, naming the field
+    proc = crd.kubectl("apply", "-n", namespace, "-f", "-", input=_cr("bad", spec), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert crd.kubectl("get", "kvr", "bad", "-n", namespace, check=False).returncode != 0
+
+
+@pytest.mark.timeout(120)
+def test_target_ref_is_immutable(crd: Any, namespace: str) -> None:
+    crd.kubectl("apply", "-n", namespace, "-f", "-", input=_cr("imm", {"targetRef": {"name": "a"}}))
+    proc = crd.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=_cr("imm", {"targetRef": {"name": "b"}}),
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert (
+        "spec.targetRef: Invalid value: targetRef is immutable; "
+        "create a new KVCacheRollout for another Deployment"
+    ) in proc.stderr, proc.stderr
+    # Other fields stay editable.
+    crd.kubectl(
+        "apply", "-n", namespace, "-f", "-",
+        input=_cr("imm", {"targetRef": {"name": "a"}, "promotion": {"mode": "report"}}),
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_status_subresource_and_printer_columns(crd: Any, namespace: str) -> None:
+    crd.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=_cr("cols", {"targetRef": {"name": "qwen"}})
+    )
+    # A spec write cannot set status: it is a subresource.
+    crd.kubectl(
+        "patch",
+        "kvr",
+        "cols",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"status": {"phase": "Promoted"}}',
+    )
+    obj = json.loads(crd.kubectl("get", "kvr", "cols", "-n", namespace, "-o", "json").stdout)
+    assert "status" not in obj or obj["status"].get("phase") != "Promoted"
+    crd.kubectl(
+        "patch", "kvr", "cols", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", '{"status": {"phase": "Canary", "capacity": {"ratio": 2.0}, "accuracy": {"differencePp": -0.5}}}',
+    )  # fmt: skip
+    out = crd.kubectl("get", "kvr", "-n", namespace).stdout.splitlines()
+    assert out[0].split() == ["NAME", "PHASE", "TARGET", "DTYPE", "ACC-DELTA-PP", "CAP-GAIN", "AGE"]
+    assert out[1].split()[:6] == ["cols", "Canary", "qwen", "fp8", "-0.5", "2"]
+    wide = crd.kubectl("get", "kvr", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    assert "READY" in wide and "MESSAGE" in wide

@@ -1,0 +1,258 @@
+"""Helpers for the operator e2e tests: CRD install, a `kvgate run` subprocess, manifests, waits.
+
+No tests here. The operator runs as a real subprocess (`kvgate run -A`), so a test can kill it
+(SIGKILL) and start another, exactly as a crashed operator pod would be replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
+VENV_BIN = Path(sys.executable).parent
+GSM8K_DIR = os.environ.get("KVGATE_GSM8K_DIR") or str(ROOT.parent / "shared" / "data" / "gsm8k")
+
+_T = TypeVar("_T")
+
+
+def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: float = 0.5) -> _T:
+    """Poll until `predicate()` is truthy; its value is returned. No fixed sleeps elsewhere."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+
+
+def install_crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kvcacherollouts.kvgate.io", "--timeout=60s"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    """`kvgate run -A` as a subprocess with a short poll interval; its log goes to a file."""
+
+    def __init__(self, cluster: Any, log_path: Path, *, extra_env: dict[str, str] | None = None):
+        self.cluster = cluster
+        self.log_path = log_path
+        self.metrics_port = free_port()
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Operator:
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.cluster.kubeconfig,
+            "KVGATE_POLL_INTERVAL": "1",
+            "KVGATE_GSM8K_DIR": GSM8K_DIR,
+            "KVGATE_EVAL_CONCURRENCY": "8",
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            **self.extra_env,
+        }
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(
+            [
+                str(VENV_BIN / "kvgate"),
+                "run",
+                "-A",
+                "--verbose",
+                "--metrics-port",
+                str(self.metrics_port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        wait_for(lambda: self.metrics() is not None, 60, "operator metrics endpoint")
+        return self
+
+    def metrics(self) -> str | None:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+            ) as r:
+                return str(r.read().decode())
+        except OSError:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL, as when the node or the pod dies: no cleanup, no status write."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def sim_deployment(
+    name: str,
+    *,
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    replicas: int = 1,
+) -> dict[str, Any]:
+    """A Deployment running the vLLM simulator as an L4 Qwen3-8B server."""
+    base_env = {
+        "KVGATE_SIM_GPU": "L4",
+        "KVGATE_SIM_SPEED": "0.01",
+        "KVGATE_GSM8K_DIR": GSM8K_DIR,
+        **(env or {}),
+    }
+    command = ["python", "-m", "kvgate.sim", "vllm", "serve", "Qwen/Qwen3-8B", "--port", "8000"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "command": command,
+                            "args": args or ["--max-model-len", "8192"],
+                            "env": [{"name": k, "value": v} for k, v in base_env.items()],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": 8000},
+                                "periodSeconds": 1,
+                            },
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+
+FAST_GATES: dict[str, Any] = {
+    "capacity": {"mode": "require", "window": "3s", "samples": 3},
+    "accuracy": {"questions": 150, "chunk": 50, "margin": 3},
+}
+
+
+def rollout(name: str, target: str, **spec: Any) -> dict[str, Any]:
+    """A KVCacheRollout with short windows for tests; `spec` overrides top-level spec keys."""
+    body: dict[str, Any] = {
+        "targetRef": {"name": target, "container": "engine"},
+        "gates": FAST_GATES,
+        "canary": {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1},
+        "promotion": {"mode": "auto", "verifyWindow": "3s"},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "kvgate.io/v1alpha1",
+        "kind": "KVCacheRollout",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def apply(cluster: Any, namespace: str, *objs: dict[str, Any]) -> None:
+    text = yaml.safe_dump_all(list(objs))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+
+
+def get(cluster: Any, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+    proc = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def phase(cluster: Any, namespace: str, name: str) -> str | None:
+    obj = get(cluster, namespace, "kvcacherollout", name) or {}
+    return (obj.get("status") or {}).get("phase")
+
+
+TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+
+
+def wait_phase(
+    cluster: Any, namespace: str, name: str, phases: set[str], timeout: float
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        obj = get(cluster, namespace, "kvcacherollout", name) or {}
+        return obj if (obj.get("status") or {}).get("phase") in phases else None
+
+    try:
+        return wait_for(reached, timeout, f"{name} in {sorted(phases)}", interval=1.0)
+    except TimeoutError as exc:
+        obj = get(cluster, namespace, "kvcacherollout", name) or {}
+        raise TimeoutError(f"{exc}; status: {json.dumps(obj.get('status'))[:3000]}") from None
+
+
+def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
+    proc = cluster.kubectl(
+        "get", "events", "-n", namespace, "-o", "json",
+        f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
+    )  # fmt: skip
+    items = json.loads(proc.stdout).get("items") or []
+    items.sort(
+        key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"])
+    )
+    return [e["reason"] for e in items]
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return {}
+
+
+def container_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def wait_deployment_ready(cluster: Any, namespace: str, name: str, timeout: float = 90) -> None:
+    cluster.kubectl(
+        "rollout", "status", f"deployment/{name}", "-n", namespace, f"--timeout={int(timeout)}s",
+        timeout=timeout + 10,
+    )  # fmt: skip
+
+
+def pods(cluster: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+    proc = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+    return list(json.loads(proc.stdout).get("items") or [])
