@@ -10,6 +10,8 @@ The engine is recognised by its launcher, generically: a command word `vllm` / `
 `--flag`. Wrappers that pass the engine command line through (`python -m some.wrapper vllm
 serve M`) are therefore recognised as the engine they wrap. Without a launcher, the image
 decides: `vllm/vllm-openai` runs the API server from its entrypoint, so `args` hold only flags.
+`sh -c SCRIPT` is searched command by command; flags are then rewritten in the script's text,
+so `$VARS` and quoting stay as written.
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ class _Token:
 class _Launch:
     engine: Engine
     tokens: tuple[_Token, ...]  # engine arguments only (after the launcher)
-    shell: bool = False
+    script: _Token | None = None  # the `sh -c` script that holds the engine command, if any
+    # Flags can be appended at the end of the script: the engine command is its last part.
+    script_appendable: bool = False
     notes: tuple[str, ...] = field(default=())
 
 
@@ -321,16 +325,16 @@ def rewrite_container(
     if kv_cache_dtype is not None:
         validate_kv_cache_dtype(launch.engine, kv_cache_dtype)
         wanted = [(KV_CACHE_DTYPE_FLAG, kv_cache_dtype), *wanted]
-    if launch.shell and wanted:
-        raise UnsupportedError(
-            f"container '{container.get('name', '?')}' starts the engine through a shell script; "
-            "put the engine command line in command/args so kvgate can rewrite its flags"
-        )
     result = copy.deepcopy(dict(container))
     lists: dict[str, list[str]] = {
         "command": list(result.get("command") or []),
         "args": list(result.get("args") or []),
     }
+    if launch.script is not None:
+        name = str(container.get("name", "?"))
+        script = _rewrite_script(launch.script.text, launch, wanted, name)
+        lists[launch.script.list_name][launch.script.index] = script
+        wanted = []
     appended: list[str] = []
     for flag, value in wanted:
         if not _replace_flag(lists, launch.tokens, flag, value):
@@ -387,10 +391,9 @@ def _find_launch(container: Mapping[str, Any]) -> _Launch:
         return launch
     script = _shell_script(tokens)
     if script is not None:
-        inner = [_Token("script", i, t) for i, t in enumerate(shlex.split(script))]
-        launch = _launcher_in(inner)
+        launch = _launcher_in_script(script, name)
         if launch is not None:
-            return _Launch(launch.engine, launch.tokens, shell=True)
+            return launch
     image = str(container.get("image", ""))
     if not container.get("command"):
         engine = _engine_of_image(image)
@@ -425,11 +428,64 @@ def _after_serve(tokens: Sequence[_Token], start: int) -> tuple[_Token, ...]:
     return tuple(tokens[start:])
 
 
-def _shell_script(tokens: Sequence[_Token]) -> str | None:
+def _shell_script(tokens: Sequence[_Token]) -> _Token | None:
     texts = [t.text for t in tokens]
     if len(texts) >= 3 and texts[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in texts[1:-1]:
-        return texts[texts.index("-c", 1) + 1]
+        return tokens[texts.index("-c", 1) + 1]
     return None
+
+
+def _launcher_in_script(script: _Token, name: str) -> _Launch | None:
+    """The engine command inside `sh -c SCRIPT`, looked for in each simple command."""
+    lexer = shlex.shlex(script.text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError as exc:  # unbalanced quotes
+        raise SpecError(f"container '{name}' shell script", f"cannot be split: {exc}") from None
+    segment: list[str] = []
+    for position, word in enumerate([*words, ";"]):
+        if not _is_shell_operator(word):
+            segment.append(word)
+            continue
+        launch = _launcher_in([_Token("script", i, t) for i, t in enumerate(segment)])
+        if launch is not None:
+            last = position >= len(words)  # nothing (not even `&` or `> log`) after the engine
+            return _Launch(launch.engine, launch.tokens, script, last and "#" not in script.text)
+        segment = []
+    return None
+
+
+def _is_shell_operator(word: str) -> bool:
+    return bool(word) and all(c in "();<>|&" for c in word)
+
+
+def _rewrite_script(
+    script: str, launch: _Launch, wanted: Sequence[tuple[str, str | None]], name: str
+) -> str:
+    """Set flags inside a shell script's text, leaving the rest ($VARS, quoting) as written."""
+    present = {_split_flag(t.text)[0] for t in launch.tokens if t.text.startswith("--")}
+    appended: list[str] = []
+    for flag, value in wanted:
+        spelled = "--" + "[-_]".join(re.escape(part) for part in flag[2:].split("-"))
+        if flag not in present:
+            appended.extend([flag] if value is None else [flag, value])
+        elif value is not None:
+            pattern = re.compile(
+                rf"(?<![\w-])(?P<flag>{spelled})(?P<sep>=|[ \t]+)"
+                r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s;&|<>]+)"
+            )
+            quoted = shlex.quote(value)
+            script = pattern.sub(lambda m, q=quoted: f"{m['flag']}{m['sep']}{q}", script)
+    if appended:
+        if not launch.script_appendable:
+            raise UnsupportedError(
+                f"container '{name}': the engine command in its shell script is followed by other "
+                f"shell syntax, so {' '.join(appended)} cannot be appended; put the engine "
+                "command last in the script or in command/args"
+            )
+        script = script.rstrip() + " " + shlex.join(appended)
+    return script
 
 
 def _engine_of_image(image: str) -> Engine | None:

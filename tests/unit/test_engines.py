@@ -318,13 +318,68 @@ def test_rewrite_refuses_sglang_fp8() -> None:
     )
 
 
-def test_rewrite_refuses_shell_scripts() -> None:
-    spec = container(["sh", "-c", "vllm serve M"])
+SCRIPTS = [
+    # command, args, kwargs, expected script
+    (
+        ["sh", "-c", "vllm serve M --kv-cache-dtype auto"],
+        None,
+        {"kv_cache_dtype": "fp8"},
+        "vllm serve M --kv-cache-dtype fp8",
+    ),
+    (
+        ["/bin/bash", "-c", 'exec vllm serve "$MODEL" --port 8000\n'],
+        None,
+        {"kv_cache_dtype": "fp8", "extra_args": ("--attention-backend", "TRITON_ATTN")},
+        'exec vllm serve "$MODEL" --port 8000 --kv-cache-dtype fp8 --attention-backend TRITON_ATTN',
+    ),
+    (
+        ["sh", "-c"],
+        [
+            "pip install x --upgrade && python3 -m sglang.launch_server --model-path M --kv_cache_dtype='auto'"
+        ],
+        {"kv_cache_dtype": "fp8_e4m3"},
+        "pip install x --upgrade && python3 -m sglang.launch_server --model-path M --kv_cache_dtype=fp8_e4m3",
+    ),
+    # a flag already present is rewritten in place even when other shell syntax follows
+    (
+        ["sh", "-c", "vllm serve M --kv-cache-dtype auto 2>&1 | tee /tmp/log"],
+        None,
+        {"kv_cache_dtype": "fp8"},
+        "vllm serve M --kv-cache-dtype fp8 2>&1 | tee /tmp/log",
+    ),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "kwargs", "script"), SCRIPTS)
+def test_rewrite_shell_scripts(
+    command: list[str], args: list[str] | None, kwargs: dict[str, Any], script: str
+) -> None:
+    spec = container(command, args)
+    rewritten = rewrite_container(spec, **kwargs)
+    holder = rewritten["args"] if args is not None else rewritten["command"]
+    assert holder[-1] == script
+    assert detect_engine(rewritten).kv_cache_dtype == kwargs["kv_cache_dtype"]
+
+
+@pytest.mark.parametrize(
+    "script", ["vllm serve M 2>&1 | tee /tmp/log", "vllm serve M &", "vllm serve M  # fp16 for now"]
+)
+def test_rewrite_refuses_to_append_after_shell_syntax(script: str) -> None:
     with pytest.raises(UnsupportedError) as caught:
-        rewrite_container(spec, kv_cache_dtype="fp8")
+        rewrite_container(container(["sh", "-c", script]), kv_cache_dtype="fp8")
     assert str(caught.value) == (
-        "container 'server' starts the engine through a shell script; put the engine command "
-        "line in command/args so kvgate can rewrite its flags"
+        "container 'server': the engine command in its shell script is followed by other shell "
+        "syntax, so --kv-cache-dtype fp8 cannot be appended; put the engine command last in the "
+        "script or in command/args"
+    )
+
+
+def test_unbalanced_quotes_in_script() -> None:
+    with pytest.raises(SpecError) as caught:
+        detect_engine(container(["sh", "-c", "vllm serve 'M"]))
+    assert (
+        str(caught.value)
+        == "container 'server' shell script: cannot be split: No closing quotation"
     )
 
 
