@@ -163,6 +163,19 @@ def test_hub_errors(
     assert hub.bytes_served(".safetensors") == 0
 
 
+def test_shard_listed_in_index_but_missing(hub: FakeHub, tmp_path: Path) -> None:
+    directory = tmp_path / "holes"
+    files = write_checkpoint(directory, layers=4, shards=2)
+    files[1].unlink()
+    repo = hub.add_repo(REPO, directory)
+    with pytest.raises(ParseError) as caught:
+        read_hub_checkpoint(REPO, endpoint=hub.endpoint)
+    assert str(caught.value) == (
+        f"{REPO}@main: a file the repo lists is missing on the hub (404 Client Error. Entry Not "
+        f"Found for url: {hub.endpoint}/{REPO}/resolve/{repo.sha}/{files[1].name}.)"
+    )
+
+
 def test_server_that_ignores_range_cannot_push_a_whole_shard(hub: FakeHub, tmp_path: Path) -> None:
     directory = tmp_path / "big"
     [path] = write_checkpoint(directory, layers=2, single_file=True, weight_shape=(1024, 1024))
