@@ -53,6 +53,10 @@ class TensorInfo:
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        shape = None if self.shape is None else list(self.shape)
+        return {"name": self.name, "dtype": self.dtype, "shape": shape}
+
     @property
     def elements(self) -> int | None:
         if self.shape is None:

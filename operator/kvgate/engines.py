@@ -47,6 +47,21 @@ class EngineFacts:
     # (first version, accepted --kv-cache-dtype values) in ascending order.
     kv_cache_dtypes: tuple[tuple[tuple[int, ...], frozenset[str]], ...]
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "default_port": self.default_port,
+            "default_host": self.default_host,
+            "metrics_path": self.metrics_path,
+            "health_path": self.health_path,
+            "metrics_flag": self.metrics_flag,
+            "model_flags": list(self.model_flags),
+            "attention_backend_env": self.attention_backend_env,
+            "kv_cache_dtypes": {
+                ".".join(map(str, since)): sorted(choices)
+                for since, choices in self.kv_cache_dtypes
+            },
+        }
+
 
 _VLLM_DTYPES_020: Final = frozenset(
     {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}

@@ -419,9 +419,11 @@ def test_local_single_file_and_file_path(tmp_path: Path) -> None:
     assert read_local_checkpoint(directory).files == ("model.safetensors",)
     single = read_local_checkpoint(directory / "model.safetensors")
     assert (single.config, list(single.tensors)) == (None, ["model.layers.0.self_attn.kv_scale"])
-    assert single.tensors["model.layers.0.self_attn.kv_scale"] == TensorInfo(
-        "model.layers.0.self_attn.kv_scale", "F32", ()
-    )
+    assert single.tensors["model.layers.0.self_attn.kv_scale"].to_dict() == {
+        "name": "model.layers.0.self_attn.kv_scale",
+        "dtype": "F32",
+        "shape": [],
+    }
 
 
 def test_local_errors(tmp_path: Path) -> None:

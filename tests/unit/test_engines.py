@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvgate.engines import (
+    FACTS,
     ArgChange,
     Engine,
     attention_backend_settings,
@@ -487,3 +488,9 @@ def test_attention_backend_settings(
     engine: str, version: str | None, settings: tuple[tuple[str, ...], dict[str, str]]
 ) -> None:
     assert attention_backend_settings(engine, "TRITON_ATTN", version) == settings
+
+
+def test_facts_to_dict() -> None:
+    facts = FACTS[Engine.SGLANG].to_dict()
+    assert (facts["default_port"], facts["metrics_flag"]) == (30000, "--enable-metrics")
+    assert facts["kv_cache_dtypes"]["0.4.6"] == ["auto", "fp8_e4m3", "fp8_e5m2"]
