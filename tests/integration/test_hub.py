@@ -97,7 +97,7 @@ def test_private_repo_needs_the_token(hub: FakeHub, sharded: tuple[Path, list[Pa
     directory, _ = sharded
     hub.add_repo(REPO, directory, token="hf_secret")
     with pytest.raises(SpecError) as caught:
-        read_hub_checkpoint(REPO, endpoint=hub.endpoint, token=False)  # type: ignore[arg-type]
+        read_hub_checkpoint(REPO, endpoint=hub.endpoint, token=False)
     assert str(caught.value) == (
         f"model: hub repo '{REPO}' not found (a private repo needs a token: --token-env)"
     )

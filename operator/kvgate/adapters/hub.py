@@ -116,13 +116,14 @@ def read_hub_checkpoint(
     repo_id: str,
     *,
     revision: str | None = None,
-    token: str | None = None,
+    token: str | bool | None = None,
     endpoint: str | None = None,
     reader: str = "ranges",
 ) -> CheckpointHeaders:
     """Headers of a hub repo at `revision` (default main), reading only header bytes.
 
-    `endpoint` defaults to HF_ENDPOINT; `token` to huggingface_hub's usual lookup.
+    `endpoint` defaults to HF_ENDPOINT; `token` to huggingface_hub's usual lookup (HF_TOKEN,
+    the saved login); False sends none.
     """
     if reader not in ("ranges", "hfapi"):
         raise SpecError("reader", f"'{reader}' is not a header reader; use ranges or hfapi")
@@ -189,7 +190,7 @@ def read_hub_checkpoint(
 class _HubFiles:
     """Small GETs against one repo at one commit, with the hub client's session and auth."""
 
-    def __init__(self, endpoint: str, repo_id: str, commit: str, token: str | None) -> None:
+    def __init__(self, endpoint: str, repo_id: str, commit: str, token: str | bool | None) -> None:
         self.endpoint = endpoint
         self.repo_id = repo_id
         self.commit = commit
@@ -238,7 +239,7 @@ def _read_with_hfapi(
     api: HfApi,
     repo_id: str,
     commit: str,
-    token: str | None,
+    token: str | bool | None,
     where: str,
     config: Mapping[str, Any] | None,
 ) -> CheckpointHeaders:
