@@ -335,53 +335,88 @@ def _metrics_url(ctx: _Ctx, ip: str) -> str:
 
 
 def _observe_preflight(ctx: _Ctx) -> Observation:
-    from kvgate import metrics
-    from kvgate.adapters import http
-
+    """One pool sample per interval from every Ready production pod, kept in status."""
     gate = ctx.spec.capacity
     pre = dict(ctx.status.get("preflight") or {})
-    samples: list[dict[str, Any]] = list(pre.get("samples") or [])
     if gate.mode is GateMode.OFF:
         return Observation()
+    series: dict[str, list[dict[str, Any]]] = {
+        k: list(v) for k, v in (pre.get("samples") or {}).items()
+    }
+    ticks = int(pre.get("ticks") or 0)
     last = _parse_time(pre.get("lastSampleAt"))
     due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
     errors: list[str] = []
-    if due and len(samples) < gate.samples:
-        texts = []
-        for pod in _production_pods(ctx):
-            ip = (pod.get("status") or {}).get("podIP")
-            if not ip or not verdict.pod_health(pod, ctx.status.get("container")).ready:
-                continue
-            try:
-                texts.append(http.scrape(_metrics_url(ctx, ip)))
-            except ExternalError as exc:
-                errors.append(str(exc))
-        if texts:
-            samples.append(
-                metrics.sample_to_dict(
-                    metrics.merge([metrics.parse_metrics(t) for t in texts]), ctx.now.timestamp()
-                )
-            )
-            pre["lastSampleAt"] = _iso(ctx.now)
-        elif not errors:
-            errors.append("no Ready production pod to scrape")
-    pre["samples"] = samples
-    pre["errors"] = errors[-3:]
+    if due and ticks < gate.samples:
+        errors = _sample_pool(ctx, series)
+        ticks += 1
+        pre["lastSampleAt"] = _iso(ctx.now)
+    pre.update(samples=series, ticks=ticks, errors=errors[-3:])
     pressured: bool | None = None
-    detail = "; ".join(errors) if errors else f"{len(samples)} samples"
-    if len(samples) >= gate.samples or (
-        samples
-        and (ctx.now - (_parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
-        >= gate.window_s * 3
-    ):
-        pressure = metrics.pool_pressure(
-            [metrics.sample_from_dict(s) for s in samples], usage_threshold=gate.usage_threshold
-        )
-        pressured = pressure.pressured
-        detail = pressure.detail
-        pre["pressure"] = pressure.to_dict()
+    detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
+    elapsed = (ctx.now - (_parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
+    if ticks >= gate.samples or elapsed >= gate.window_s * 3:
+        pressured, detail, per_pod = _pool_verdict(series, gate.usage_threshold)
+        pre["pressure"] = per_pod
     ctx.status["preflight"] = pre
-    return Observation(pool_samples=len(samples), pool_pressured=pressured, pool_detail=detail)
+    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+
+
+def _sample_pool(ctx: _Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    errors: list[str] = []
+    pods = _production_pods(ctx)
+    for pod in pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if not (health.ready and health.ip):
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(_metrics_url(ctx, health.ip)), ctx.status.get("engine")
+            )
+        except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
+            errors.append(str(exc))
+            continue
+        sample = {k: getattr(snap, k) for k in _POOL_FIELDS}
+        series.setdefault(pod["metadata"]["name"], []).append(sample)
+    if not pods:
+        errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
+    return errors
+
+
+# The MetricSnapshot fields pool_pressure reads; status keeps only these.
+_POOL_FIELDS = ("engine", "kv_usage", "running", "waiting", "retracted", "preemptions")
+
+
+def _pool_verdict(
+    series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
+) -> tuple[bool | None, str, dict[str, Any]]:
+    """Pressured if any replica's pool is the limit; room only if every judged replica has room."""
+    from kvgate import metrics
+
+    results = {}
+    for pod, samples in series.items():
+        snaps = [
+            metrics.MetricSnapshot(
+                **{k: s.get(k) for k in _POOL_FIELDS},
+                generation_tokens=None,
+                prompt_tokens=None,
+                max_total_tokens=None,
+                ttft=None,
+                itl=None,
+                tpot=None,
+                cache_config={},
+                names={},
+            )
+            for s in samples
+        ]
+        results[pod] = metrics.pool_pressure(snaps, usage_threshold=usage_threshold)
+    verdicts = [r.pressured for r in results.values()]
+    pressured = True if True in verdicts else (False if verdicts and None not in verdicts else None)
+    detail = "; ".join(f"{pod}: {' '.join(r.reasons)}" for pod, r in results.items())
+    return pressured, detail or "no samples", {pod: r.to_dict() for pod, r in results.items()}
 
 
 def _arm_scan(ctx: _Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
@@ -622,9 +657,12 @@ def _create_canaries(ctx: _Ctx, step: Step) -> None:
     index, container = manifests.find_container(
         template.get("spec") or {}, ctx.status.get("container")
     )
-    arms = {"control": container, "candidate": {**container, **(ctx.status.get("candidate") or {})}}
-    if "env" not in (ctx.status.get("candidate") or {}):
-        arms["candidate"].pop("env", None)
+    wanted = ctx.status.get("candidate")
+    if not wanted or (not wanted.get("args") and not wanted.get("command")):
+        # Fail closed: without the stored candidate config the "candidate" would be a control.
+        raise KvgateError("status.candidate is missing; cannot build the candidate pod")
+    candidate = {k: v for k, v in container.items() if k not in ("command", "args", "env")}
+    arms = {"control": container, "candidate": {**candidate, **wanted}}
     created = []
     for arm, c in arms.items():
         pod = manifests.build_canary_pod(

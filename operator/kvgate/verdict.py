@@ -40,6 +40,7 @@ SPEED: Final = "speed"
 CANARY: Final = "canary"
 GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
 
+_GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
 MIN_DELAY_S: Final = 1.0
 MAX_DELAY_S: Final = 30.0
@@ -194,6 +195,38 @@ def assess_backend(
         outcome = Outcome.WARNING if gate.allow_fallback else Outcome.FAILED
         return GateResult(BACKEND, outcome, "BackendChanged", message)
     return GateResult(BACKEND, Outcome.SUCCESSFUL, "BackendUnchanged", f"both arms use {candidate}")
+
+
+def _fp8_family(dtype: str | None) -> str | None:
+    """`fp8` and `fp8_e4m3` are the same cache on CUDA; `fp8_e5m2` is another."""
+    if not dtype:
+        return None
+    return "fp8_e5m2" if dtype == "fp8_e5m2" else ("fp8_e4m3" if dtype.startswith("fp8") else dtype)
+
+
+def assess_arms_dtype(
+    wanted: str, control_scan: Mapping[str, Any], candidate_scan: Mapping[str, Any]
+) -> GateResult:
+    """Both arms Ready, and each runs the KV dtype it should: else the comparison is void."""
+    control = control_scan.get("kv_cache_dtype")
+    candidate = candidate_scan.get("kv_cache_dtype")
+    if _fp8_family(candidate) != _fp8_family(wanted):
+        return GateResult(
+            CANARY,
+            Outcome.ERROR,
+            "CandidateDtypeMismatch",
+            f"the candidate's log shows KV cache dtype {candidate or 'unknown'}, not {wanted}",
+        )
+    if control is not None and _fp8_family(control) == _fp8_family(wanted):
+        return GateResult(
+            CANARY,
+            Outcome.ERROR,
+            "ControlDtypeMismatch",
+            f"the control already runs KV cache dtype {control}: nothing to compare",
+        )
+    return GateResult(
+        CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", f"both arms Ready; candidate runs {candidate}"
+    )
 
 
 def kv_tokens(scan: Mapping[str, Any] | None) -> int | None:
@@ -412,9 +445,15 @@ def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) 
 
 def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:
     """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
-    for f in (scan or {}).get("findings") or []:
-        if str(f.get("severity", "")).lower() in ("error", "fatal", "critical"):
-            return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
+    errors = [
+        f
+        for f in (scan or {}).get("findings") or []
+        if str(f.get("severity", "")).lower() in ("error", "fatal", "critical")
+    ]
+    # "engine failed to start" only points at its cause; the cause carries the remedy.
+    errors.sort(key=lambda f: f.get("code") in _GENERIC_FAILURES)
+    for f in errors:
+        return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
     return fallback, None
 
 
@@ -626,7 +665,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.control_scan is None or obs.candidate_scan is None:
         return Step(Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=_delay(poll_s))
-    healthy = GateResult(CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", "both arms Ready")
+    healthy = assess_arms_dtype(spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan)
     gates = (
         healthy,
         assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),

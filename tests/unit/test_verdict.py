@@ -30,10 +30,14 @@ SCALE_WARNING = {
 
 
 def scan(
-    backend: str | None = "FLASH_ATTN", tokens: int | None = 100_000, *findings: dict[str, Any]
+    backend: str | None = "FLASH_ATTN",
+    tokens: int | None = 100_000,
+    *findings: dict[str, Any],
+    dtype: str = "fp8",
 ) -> dict[str, Any]:
     return {
         "engine": "vllm",
+        "kv_cache_dtype": dtype,
         "attention_backend": backend,
         "capacity": {"kv_tokens": tokens},
         "ready": True,
@@ -436,7 +440,7 @@ def test_canary_ready_goes_to_eval_with_findings() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan("FLASH_ATTN", 100_000),
+            control_scan=scan("FLASH_ATTN", 100_000, dtype="auto"),
             candidate_scan=scan("TRITON_ATTN", 201_000, SCALE_WARNING),
         ),
     )
@@ -455,7 +459,10 @@ def test_canary_without_capacity_gain_rolls_back_before_eval() -> None:
     s = step(
         Phase.CANARY,
         Observation(
-            control=READY, candidate=READY, control_scan=scan(), candidate_scan=scan(tokens=120_000)
+            control=READY,
+            candidate=READY,
+            control_scan=scan(dtype="auto"),
+            candidate_scan=scan(tokens=120_000),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityNotGained")
@@ -465,7 +472,10 @@ def test_canary_with_unreadable_capacity_fails_closed() -> None:
     s = step(
         Phase.CANARY,
         Observation(
-            control=READY, candidate=READY, control_scan=scan(), candidate_scan=scan(tokens=None)
+            control=READY,
+            candidate=READY,
+            control_scan=scan(dtype="auto"),
+            candidate_scan=scan(tokens=None),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityUnknown")
@@ -628,3 +638,42 @@ def test_missing_evidence_never_promotes(mode: GateMode) -> None:
     ]
     got = v.decide(results, mode=PromotionMode.AUTO, config_hash="h", approval="h")
     assert got.decision is not Decision.PROMOTE
+
+
+DTYPE_GRID = [
+    ("fp8", "auto", "fp8", Outcome.SUCCESSFUL, "CanaryHealthy"),
+    ("fp8", "auto", "fp8_e4m3", Outcome.SUCCESSFUL, "CanaryHealthy"),
+    ("fp8", "auto", "auto", Outcome.ERROR, "CandidateDtypeMismatch"),
+    ("fp8", "auto", None, Outcome.ERROR, "CandidateDtypeMismatch"),
+    ("fp8_e5m2", "auto", "fp8", Outcome.ERROR, "CandidateDtypeMismatch"),
+    ("fp8", "fp8", "fp8", Outcome.ERROR, "ControlDtypeMismatch"),
+]
+
+
+@pytest.mark.parametrize(("wanted", "control", "candidate", "outcome", "reason"), DTYPE_GRID)
+def test_arms_must_run_the_dtypes_they_stand_for(
+    wanted: str, control: str, candidate: str | None, outcome: Outcome, reason: str
+) -> None:
+    got = v.assess_arms_dtype(wanted, {"kv_cache_dtype": control}, {"kv_cache_dtype": candidate})
+    assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def test_crash_summary_prefers_the_root_cause() -> None:
+    crashed = scan(
+        "FLASHINFER",
+        None,
+        {
+            "code": "engine-start-failed",
+            "severity": "error",
+            "text": "EngineCore failed to start.",
+            "hint": "see root cause",
+        },
+        {
+            "code": "attention-build-failed",
+            "severity": "error",
+            "text": "Ninja build failed",
+            "hint": "use TRITON_ATTN",
+        },
+    )
+    assert v.crash_summary(crashed, "fallback") == ("Ninja build failed", "use TRITON_ATTN")
+    assert v.crash_summary(None, "exited with code 1") == ("exited with code 1", None)
