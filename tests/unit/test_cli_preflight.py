@@ -149,9 +149,9 @@ def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
         f"model      {path}",
         "layout     Qwen3ForCausalLM, gqa: 36 of 36 layers hold KV, K and V of 8 heads x 128 per layer",
         "",
-        "dtype   bytes/token  tokens/GiB   pool tokens (20 GiB)",
-        "bf16        147,456       7,282                145,632",
-        "fp8          73,728      14,564                291,264",
+        "dtype   bytes/token  tokens/GiB     pool tokens (20 GiB)",
+        "bf16        147,456       7,282                  145,632",
+        "fp8          73,728      14,564                  291,264",
     ]
     assert "scales     unknown (config.json only)" in out
 

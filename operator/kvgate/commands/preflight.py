@@ -132,7 +132,7 @@ def render_text(result: dict[str, Any]) -> str:
     pool = result["pool_tokens"]
     header = f"{'dtype':<6} {'bytes/token':>12} {'tokens/GiB':>11}"
     if pool is not None:
-        header += f" {'pool tokens (' + _gib(result['pool_memory_gib']) + ' GiB)':>22}"
+        header += f" {'pool tokens (' + _gib(result['pool_memory_gib']) + ' GiB)':>24}"
     rows.append(header)
     for dtype in DTYPES:
         row = (
