@@ -140,7 +140,7 @@ def render_text(result: dict[str, Any]) -> str:
             f"{round(result['tokens_per_gib'][dtype]):>11,}"
         )
         if pool is not None:
-            row += f" {pool[dtype]:>22,}"
+            row += f" {pool[dtype]:>24,}"
         rows.append(row)
     scales = result["scales"]
     rows.append("")
