@@ -327,7 +327,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         "argument --kv-cache-dtype: invalid choice",
         r"invalid choice: '?([^'\s]+?)'? \(choose from (.*)\)",
     ),
-    _r("argparse_error", "rror", ": error: ", r"^(?:usage: )?[\w./ -]+: error: (.+)$"),
+    _r("argparse_error", "rror", ": error: ", r"(?:^|\s)[\w./-]+(?: \w+)?: error: (.+)$"),
     # FlashInfer JIT
     _r("fi.ninja_failed", "failed", "Ninja build failed", None),
     _r("fi.ninja_failed", "failed", "ninja: build stopped", None),
@@ -440,7 +440,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Prefixes in front of the message: kubectl --timestamps, `(Worker pid=N)` tags, vLLM's
 # `LEVEL mm-dd HH:MM:SS [file.py:N]`, SGLang's `[YYYY-mm-dd HH:MM:SS TP0]`, FlashInfer's
 # `... - flashinfer.jit:`, uvicorn's `INFO:     `.
-_KUBECTL_TS = r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z\s+)?"
+_KUBECTL_TS = r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z\s+)?(?:\[pod/[^\]]*\]\s+)?"
 _PROCESS_TAG = r"(?:\([^()]*\bpid=\d+\)\s*)*"
 _VLLM_HEADER = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] "
@@ -721,6 +721,7 @@ class _Folder:
             self.add(
                 "fp8-kv-enabled", "fp8", dtype_event, text=self._dtype_text(dtype, dtype_event)
             )
+        self._fallbacks()
         if backend is not None and backend_event is not None:
             self._backend_findings(backend, candidates, backend_event, dtype, version_tuple)
         self._failures(version_tuple)
@@ -840,21 +841,8 @@ class _Folder:
             return None, (), None
         return best[2], best[3], best[4]
 
-    def _backend_findings(
-        self,
-        backend: str,
-        candidates: tuple[str, ...],
-        event: _Event,
-        dtype: str | None,
-        version: tuple[int, ...] | None,
-    ) -> None:
-        how = "explicitly selected"
-        if event.rule == "v.backend.auto":
-            how = "auto-selected from " + ", ".join(candidates) if candidates else "auto-selected"
-        elif event.rule in {"s.backend.default", "v.backend.v1", "v.backend.v0"}:
-            how = "default"
-        self.add("attention-backend", "backend", event, text=f"attention backend {backend} ({how})")
-        fp8 = dtype is not None and dtype.startswith("fp8")
+    def _fallbacks(self) -> None:
+        """Backend changes the engine announces itself (the derived ones need the backend)."""
         for fallback in self.by_rule("v.v0_fallback", "v.fa_no_fp8"):
             self.add(
                 "attention-backend-fallback",
@@ -878,6 +866,22 @@ class _Folder:
                 fallback,
                 hint="fa3 stores only fp8_e4m3: use --kv-cache-dtype fp8_e4m3 to keep fa3.",
             )
+
+    def _backend_findings(
+        self,
+        backend: str,
+        candidates: tuple[str, ...],
+        event: _Event,
+        dtype: str | None,
+        version: tuple[int, ...] | None,
+    ) -> None:
+        how = "explicitly selected"
+        if event.rule == "v.backend.auto":
+            how = "auto-selected from " + ", ".join(candidates) if candidates else "auto-selected"
+        elif event.rule in {"s.backend.default", "v.backend.v1", "v.backend.v0"}:
+            how = "default"
+        self.add("attention-backend", "backend", event, text=f"attention backend {backend} ({how})")
+        fp8 = dtype is not None and dtype.startswith("fp8")
         if not fp8 or event.rule not in {"v.backend.auto", "v.backend.v1"}:
             return
         if event.rule == "v.backend.auto" and candidates and "FLASH_ATTN" not in candidates:
