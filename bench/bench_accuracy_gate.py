@@ -35,10 +35,14 @@ MANUAL_N = 500
 
 
 def simulate_cells(
-    rng: np.random.Generator, runs: int, questions: int, loss: float
+    rng: np.random.Generator,
+    runs: int,
+    questions: int,
+    loss: float,
+    churn_range: tuple[float, float] = (0.01, 0.03),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-question (loss, win, control right) indicators, shape (runs, questions)."""
-    churn = rng.uniform(0.01, 0.03, size=(runs, 1))
+    churn = rng.uniform(*churn_range, size=(runs, 1))
     p_loss, p_win = churn + loss, churn
     u = rng.random((runs, questions))
     # Cells in order: loss (b), win (c), both right (a), neither (d).
@@ -132,6 +136,21 @@ def main() -> None:
             f"{gate['questions']:.0f} | {gate['first_look']:.3f} | {one_look['promote']:.3f} | "
             f"{manual:.3f} | {MANUAL_N} |"
         )
+    print(
+        "\n## Worst cases: fixed churn each way (the goals are P(promote) <= 0.05 at a 2-point "
+        "loss and >= 0.80 with no loss)\n"
+    )
+    print("| churn each way | true loss | gate P(promote) | gate mean questions | fixed-1319 |")
+    print("|---:|---:|---:|---:|---:|")
+    for churn in (0.01, 0.02, 0.03):
+        for loss in (0.0, 0.02):
+            is_loss, is_win, _ = simulate_cells(rng, args.runs, total, loss, (churn, churn))
+            gate = run_gate(sequential, is_loss, is_win)
+            one_look = run_gate(fixed, is_loss, is_win)
+            print(
+                f"| {churn:.0%} | {loss * 100:.0f} pt | {gate['promote']:.3f} | "
+                f"{gate['questions']:.0f} | {one_look['promote']:.3f} |"
+            )
     print(f"\n({time.perf_counter() - started:.1f} s)")
 
 
