@@ -295,6 +295,18 @@ def _histogram(samples: _Samples, name: str) -> Histogram | None:
     return Histogram(ordered, total, count)
 
 
+def _first_bad_line(text: str) -> int | None:
+    """1-based number of the first line the parser rejects on its own (its errors name none)."""
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except ValueError:
+            return line_no
+    return None
+
+
 def _check_engine(engine: str | None) -> str | None:
     if engine is None or engine == "auto":
         return None
@@ -318,8 +330,9 @@ def parse_metrics(
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 samples.add(sample.name, sample.labels, float(sample.value))
-    except ValueError as exc:  # prometheus_client names the offending line in the message
-        raise ParseError(source, f"not Prometheus text format: {exc}") from exc
+    except ValueError as exc:
+        line_no = _first_bad_line(text)
+        raise ParseError(source, f"not Prometheus text format: {exc}", line_no) from exc
     detected = chosen or _engine_of(samples)
     if detected is None or not any(n.startswith(detected + ":") for n in samples.by_name):
         wanted = f"{detected}:" if detected else "vllm: or sglang:"
