@@ -85,6 +85,7 @@ class Request:
     finish_reason: str  # "stop" or "length", decided when the text was planned
     on_done: Callable[[Request], None] | None = None
     stream: queue.Queue[str | None] | None = None
+    counted: bool = True  # a client request (not warm-up, health probe or synthetic load)
     id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
     arrival: float = field(default_factory=time.monotonic)
@@ -142,6 +143,7 @@ class Scheduler:
         self._bandwidth = gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
         self._flops = gpu.bf16_tflops * 1e12 * PREFILL_MFU
         self._gen_window: deque[tuple[float, int]] = deque()
+        self._prefill_debt = 0
 
     # ---- public -------------------------------------------------------------
     def start(self) -> None:
@@ -276,6 +278,8 @@ class Scheduler:
         used, prefill = self._admit(used)
         stats = self.stats
         stats.prompt_tokens += prefill
+        prefill += self._prefill_debt  # admitted at the end of the last tick
+        self._prefill_debt = 0
         contexts = [r.context for r in self._running]
         step = self.step_seconds(contexts, prefill) if self._running else 0.001
         decode_step = self.step_seconds(contexts, 0) if self._running else 0.001
@@ -302,7 +306,8 @@ class Scheduler:
             else:
                 stats.itl.observe(decode_step, take)
             if request.stream is not None:
-                request.stream.put("".join(request.pieces[start : request.generated]))
+                for piece in request.pieces[start : request.generated]:  # one SSE event per token
+                    request.stream.put(piece)
             if request.generated >= request.target:
                 finished.append(request)
         stats.generation_tokens += produced
@@ -316,6 +321,11 @@ class Scheduler:
             self._running.remove(request)
             self._finish(request, now)
         self._preempt()
+        if finished and self._waiting:
+            # refill freed slots now, so the batch never looks empty between ticks
+            _, admitted = self._admit(sum(self._blocks(r.context) for r in self._running))
+            stats.prompt_tokens += admitted
+            self._prefill_debt += admitted
         stats.running = len(self._running)
         stats.waiting = len(self._waiting)
         stats.used_tokens = sum(r.context for r in self._running)
@@ -337,6 +347,7 @@ class SyntheticLoad:
             pieces=self._pieces,
             finish_reason="length",
             on_done=self._again,
+            counted=False,
         )
 
     def _again(self, done: Request) -> None:

@@ -214,19 +214,20 @@ class Runner:
         else:
             server = self._bind(app, bind_host)
             startup.listening_lines(f"http://{bind_host}:{args.port}", os.getpid())
-        server.server_activate()
         self.server = server
+        self.ready = True  # from here SIGTERM means a clean shutdown, not an abort
+        server.server_activate()
         serve_in_thread(server)
         if isinstance(startup, SglangStartup):
             # the warm-up generate request, then the ready line
             if not args.skip_server_warmup:
-                scheduler.submit(
-                    Request(prompt_tokens=8, pieces=[" ok"], finish_reason="length")
-                ).done.wait(30)
+                warmup = Request(
+                    prompt_tokens=8, pieces=[" ok"], finish_reason="length", counted=False
+                )
+                scheduler.submit(warmup).done.wait(30)
             startup.ready_line()
-        app.state = "ready"
-        self.ready = True
         self.app = app
+        app.state = "ready"
         self._start_stats_logger()
         if env.faults.crash_after == 0:
             self._crash()
@@ -250,7 +251,7 @@ class Runner:
 
     def _count(self, request: Request) -> None:
         """Finished-request hook (under the scheduler lock): drives the crash-after fault."""
-        if request.on_done is not None:  # synthetic load does not count
+        if not request.counted:
             return
         self.user_requests += 1
         limit = self.env.faults.crash_after

@@ -239,7 +239,7 @@ class Handler(BaseHTTPRequestHandler):
     def _health_generate(self) -> None:
         try:
             request = self.app.scheduler.submit(
-                Request(prompt_tokens=1, pieces=[" ok"], finish_reason="length")
+                Request(prompt_tokens=1, pieces=[" ok"], finish_reason="length", counted=False)
             )
         except EngineDead:
             self._send(503, b"")
@@ -338,7 +338,14 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens = max(1, self.app.count_tokens(rendered))
         max_tokens = self._max_tokens(body, prompt_tokens, default_max)
         text = self.app.answerer.text(question_text, chat)
-        pieces, reason = textgen.plan_output(text, _stop_list(body), max_tokens)
+        ignore_eos = bool(body.get("ignore_eos"))
+        if ignore_eos:  # benchmark clients: keep generating until max_tokens
+            filler = gsm8k.write_filler(question_text)
+            repeats = max_tokens // max(1, textgen.count_tokens(filler)) + 1
+            text += filler * repeats
+        pieces, reason = textgen.plan_output(
+            text, _stop_list(body), max_tokens, ends_with_eos=not ignore_eos
+        )
         return Request(
             prompt_tokens=prompt_tokens,
             pieces=pieces,
@@ -475,7 +482,7 @@ class Handler(BaseHTTPRequestHandler):
                 piece = request.stream.get(timeout=_REQUEST_TIMEOUT)
                 if piece is None:
                     break
-                if piece:
+                if piece:  # the EOS token is not shown
                     event(choice(piece, None))
             if request.error is None:
                 event(choice("", request.finish_reason))
