@@ -48,6 +48,7 @@ def _eval(
     hf_home: Path,
     output: Path,
     *extra: str,
+    model: str | None = MODEL,
 ) -> tuple[int, list[dict[str, Any]], str]:
     env = {
         **os.environ,
@@ -64,8 +65,7 @@ def _eval(
         control_url + "/v1/completions",
         "--candidate-url",
         candidate_url + "/v1/completions",
-        "--model",
-        MODEL,
+        *(["--model", model] if model else []),
         "--concurrency",
         "16",
         "--max-retries",
@@ -159,8 +159,16 @@ def test_ten_percent_flipped_answers_fail(sim, hf_home: Path, tmp_path: Path) ->
 
 def test_garbage_answers_fail_at_the_first_look(sim, hf_home: Path, tmp_path: Path) -> None:
     control, candidate = _start_pair(sim, {"KVGATE_SIM_FAULTS": "garbage-answers"})
+    # Without --model, each endpoint's one served model is used.
     code, lines, stderr = _eval(
-        control.url, candidate.url, hf_home, tmp_path / "q.jsonl", "--limit", "200", "--sequential"
+        control.url,
+        candidate.url,
+        hf_home,
+        tmp_path / "q.jsonl",
+        "--limit",
+        "200",
+        "--sequential",
+        model=None,
     )
     summary = lines[-1]
     assert code == 1, stderr[-3000:]
@@ -168,6 +176,7 @@ def test_garbage_answers_fail_at_the_first_look(sim, hf_home: Path, tmp_path: Pa
     assert summary["looks"] == 1 and summary["questions_used"] == 50
     assert summary["stopped_early"] is True
     assert summary["candidate"]["correct"] == 0
+    assert summary["arms"]["candidate"]["model"] == MODEL
 
 
 def test_candidate_crash_mid_run_is_an_error(sim, hf_home: Path, tmp_path: Path) -> None:

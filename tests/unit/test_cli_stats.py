@@ -186,7 +186,7 @@ def test_bad_saved_results(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ([], "--model: missing"),
+        (["--candidate-url", "127.0.0.1:8000"], "--candidate-url: '127.0.0.1:8000' is not an http"),
         (["--model", "m", "--data-dir", "/nowhere"], "--data-dir: /nowhere is not a directory"),
         (["--model", "m", "--limit", "0"], "--limit: 0 is not positive"),
         (["--model", "m", "--margin", "0"], "margin: 0.0 is not in (0, 1)"),

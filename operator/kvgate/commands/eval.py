@@ -27,7 +27,9 @@ HELP = "run the paired GSM8K accuracy job against a control and a candidate endp
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
     parser.add_argument("--candidate-url", required=True)
-    parser.add_argument("--model", help="served model name (both arms)")
+    parser.add_argument(
+        "--model", help="served model name of both arms (default: the one each endpoint serves)"
+    )
     parser.add_argument("--control-model", help="served model name of the control arm")
     parser.add_argument("--candidate-model", help="served model name of the candidate arm")
     parser.add_argument("--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k")
@@ -67,11 +69,11 @@ def _positive(value: int | float | None, field: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvgate.evaluation.job import run_gate
     from kvgate.evaluation.runner import (
-        Arm,
         EvalSettings,
         LmEvalRunner,
+        check_endpoint,
+        check_url,
         count_test_questions,
-        health_check,
         resolve_data_dir,
     )
 
@@ -79,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, field), "--" + field.replace("_", "-"))
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
-    control_model = args.control_model or args.model
-    candidate_model = args.candidate_model or args.model
-    if not control_model or not candidate_model:
-        raise SpecError("--model", "missing; give the served model name (or per-arm names)")
+    requested = {
+        "control": (args.control_url, args.control_model or args.model),
+        "candidate": (args.candidate_url, args.candidate_model or args.model),
+    }
+    for name, (url, _) in requested.items():
+        check_url(name, url)
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     settings = EvalSettings(
         task=args.task,
@@ -104,15 +108,11 @@ def run(args: argparse.Namespace) -> int:
         margin=args.margin,
         confidence=args.confidence,
     )
-    arms = [
-        Arm("control", args.control_url, control_model),
-        Arm("candidate", args.candidate_url, candidate_model),
-    ]
     extra: dict[str, Any] = {
         "filter": args.filt,
         "settings": settings.to_dict(),
         "plan": plan.to_dict(),
-        "arms": {a.name: a.to_dict() for a in arms},
+        "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
     output: IO[str] | None = None
     try:
@@ -122,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise SpecError("--output", f"cannot write {args.output}: {exc.strerror}") from exc
         try:
-            for arm in arms:
-                health_check(arm)
+            # Both endpoints answer (and serve the model) before any question is asked.
+            arms = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
+            extra["arms"] = {a.name: a.to_dict() for a in arms}
             with tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir:
                 runner = LmEvalRunner(settings, arms, Path(workdir))
                 summary = run_gate(

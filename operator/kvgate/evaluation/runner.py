@@ -137,29 +137,45 @@ def offline_environment(settings: EvalSettings) -> dict[str, str]:
     return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
 
 
-def health_check(arm: Arm, timeout: float = 10.0) -> None:
-    """GET {server}/v1/models: the endpoint answers and serves the model name we will send."""
-    parts = urlsplit(arm.url)
+def check_url(name: str, url: str) -> None:
+    """The endpoint URL is a full http(s) URL (checked before anything is contacted)."""
+    parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise SpecError(f"--{arm.name}-url", f"{arm.url!r} is not an http(s) URL")
+        raise SpecError(f"--{name}-url", f"{url!r} is not an http(s) URL")
+
+
+def check_endpoint(name: str, url: str, model: str | None, timeout: float = 10.0) -> Arm:
+    """GET {server}/v1/models: the endpoint answers and serves the model name we will send.
+
+    Without `model`, the one model the endpoint serves is used.
+    """
+    check_url(name, url)
+    parts = urlsplit(url)
     models_url = f"{parts.scheme}://{parts.netloc}/v1/models"
     try:
         with urllib.request.urlopen(models_url, timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
-        raise EvalError(f"{arm.name} endpoint {models_url}: HTTP {exc.code}") from exc
+        raise EvalError(f"{name} endpoint {models_url}: HTTP {exc.code}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise EvalError(f"{arm.name} endpoint {models_url} is unreachable: {reason}") from exc
+        raise EvalError(f"{name} endpoint {models_url} is unreachable: {reason}") from exc
     try:
-        served = [m["id"] for m in json.loads(body)["data"]]
+        served = [str(m["id"]) for m in json.loads(body)["data"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise EvalError(f"{arm.name} endpoint {models_url}: not an OpenAI model list") from exc
-    if served and arm.model not in served:
+        raise EvalError(f"{name} endpoint {models_url}: not an OpenAI model list") from exc
+    if model is None:
+        if len(served) != 1:
+            raise EvalError(
+                f"{name} endpoint {models_url} serves {served}; pass --model to choose one"
+            )
+        return Arm(name, url, served[0])
+    if served and model not in served:
         raise EvalError(
-            f"{arm.name} endpoint {models_url} serves {served}, not {arm.model!r}; "
+            f"{name} endpoint {models_url} serves {served}, not {model!r}; "
             f"pass the served model name"
         )
+    return Arm(name, url, model)
 
 
 class MalformedResponseError(ValueError):
