@@ -1,0 +1,151 @@
+"""`kvgate scrape` through kvgate.cli.main, with httpx.MockTransport instead of a socket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvgate.adapters import http as http_adapter
+from kvgate.cli import main
+
+METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
+URL = "http://canary.test:8000/metrics"
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Handler], list[httpx.Request]]]:
+    """Route the adapter's own httpx.Client through a handler; returns the requests seen."""
+    real_client = httpx.Client
+
+    def install(handler: Handler) -> list[httpx.Request]:
+        seen: list[httpx.Request] = []
+
+        def record(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return handler(request)
+
+        def client(**kwargs: object) -> httpx.Client:
+            return real_client(transport=httpx.MockTransport(record), **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(http_adapter.httpx, "Client", client)
+        return seen
+
+    yield install
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["scrape", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fixture(name: str) -> Handler:
+    text = (METRICS / name).read_text()
+    return lambda request: httpx.Response(200, text=text)
+
+
+def test_one_sample_is_inconclusive(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    seen = serve(fixture("vllm-0.33-dp2.txt"))
+    code, out, err = run(capsys, URL)
+    assert (code, err, len(seen)) == (3, "", 1)
+    assert out.splitlines() == [
+        f"{URL}: vllm",
+        "  kv usage:        0.95 (vllm:kv_cache_usage_perc)",
+        "  running/waiting: 124 / 12",
+        "  preemptions:     7",
+        "  kv cache dtype:  fp8",
+        "  kv pool tokens:  57808",
+        "pool: inconclusive",
+        "  only 1 usable sample(s); at least 3 needed",
+    ]
+
+
+def test_series_gives_a_verdict(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    seen = serve(fixture("sglang-0.5.3-tp2.txt"))
+    code, out, _ = run(capsys, URL, "--samples", "3", "--interval", "0", "--json")
+    data = json.loads(out)
+    assert (code, len(seen)) == (0, 3)
+    assert data["url"] == URL
+    assert data["snapshot"]["engine"] == "sglang"
+    assert data["pool_pressure"]["pressured"] is True
+    assert data["pool_pressure"]["samples"] == 3
+    assert data["window"]["generation_tokens"] == 0.0
+
+
+def test_roomy_pool_is_a_decided_no(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    serve(fixture("vllm-0.11.txt"))
+    code, out, _ = run(capsys, URL, "--samples", "3", "--interval", "0")
+    assert code == 0
+    assert "pool: not pressured" in out.splitlines()
+
+
+def test_http_error_is_external(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    serve(lambda request: httpx.Response(503))
+    code, out, err = run(capsys, URL)
+    assert (code, out, err) == (
+        4,
+        "",
+        f"kvgate: ScrapeError: {URL}: HTTP 503 Service Unavailable\n",
+    )
+
+
+def test_connection_error_is_external(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    serve(refuse)
+    code, _, err = run(capsys, URL)
+    assert (code, err) == (
+        4,
+        f"kvgate: ScrapeError: {URL}: ConnectError: [Errno 111] Connection refused\n",
+    )
+
+
+def test_garbage_is_input_error(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    serve(lambda request: httpx.Response(200, text="<html>login</html>\n"))
+    code, _, err = run(capsys, URL)
+    assert code == 2
+    assert err == (
+        f"kvgate: ParseError: {URL}:1: not Prometheus text format: "
+        "invalid metric name:<html>login</html>\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ftp://x/metrics"], "kvgate: SpecError: url: 'ftp://x/metrics' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics\n"),
+        ([URL, "--samples", "0"], "kvgate: SpecError: samples: 0 is below 1\n"),
+        ([URL, "--interval", "-1"], "kvgate: SpecError: interval: -1 is negative\n"),
+        ([URL, "--timeout", "0"], "kvgate: SpecError: --timeout: 0 must be above 0\n"),
+        ([URL, "--engine", "tgi"], "kvgate: UnsupportedError: engine 'tgi' is not known; use vllm, sglang or auto\n"),
+        ([URL, "--usage-threshold", "2"], "kvgate: SpecError: usage_threshold: 2.0 is outside (0, 1]\n"),
+    ],
+)  # fmt: skip
+def test_bad_input(
+    capsys: pytest.CaptureFixture[str],
+    serve: Callable[[Handler], list[httpx.Request]],
+    argv: list[str],
+    message: str,
+) -> None:
+    serve(fixture("vllm-0.11.txt"))
+    code, out, err = run(capsys, *argv)
+    assert (code, out, err) == (2, "", message)
