@@ -357,7 +357,10 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
     elapsed = (ctx.now - (_parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
     if ticks >= gate.samples or elapsed >= gate.window_s * 3:
         pressured, detail, per_pod = _pool_verdict(series, gate.usage_threshold)
-        pre["pressure"] = per_pod
+        # `pressure` is the deciding replica's figures (what the report shows); all are kept.
+        deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
+        pre["pressure"] = {**(deciding or {}), "pressured": pressured}
+        pre["pressureByPod"] = per_pod
     ctx.status["preflight"] = pre
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
 
@@ -379,11 +382,17 @@ def _sample_pool(ctx: _Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
             continue
-        sample = {k: getattr(snap, k) for k in _POOL_FIELDS}
+        sample = {k: _json_number(getattr(snap, k)) for k in _POOL_FIELDS}
+        sample = {k: v for k, v in sample.items() if v is not None}  # merge-patch drops nulls
         series.setdefault(pod["metadata"]["name"], []).append(sample)
     if not pods:
         errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
     return errors
+
+
+def _json_number(value: Any) -> Any:
+    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 # The MetricSnapshot fields pool_pressure reads; status keeps only these.
