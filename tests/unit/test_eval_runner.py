@@ -18,6 +18,7 @@ from kvgate.evaluation.runner import (
     count_test_questions,
     offline_environment,
     resolve_data_dir,
+    writable_cache_environment,
     write_task_config,
 )
 
@@ -154,3 +155,22 @@ def test_strict_models_validate_then_parse() -> None:
     assert instance.parse_generations(GOOD_CHAT) == ["18"]
     with pytest.raises(MalformedResponseError):
         instance.parse_generations({"choices": "oops"})
+
+
+def test_cache_moves_to_scratch_only_when_home_is_read_only(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    cache = tmp_path / "cache"  # does not exist: its nearest existing parent is probed
+    probed: list[Path] = []
+
+    def read_only(path: Path) -> bool:
+        probed.append(path)
+        return False
+
+    env = {"XDG_CACHE_HOME": str(cache)}
+    assert writable_cache_environment(env, scratch, read_only) == {
+        "HF_HOME": str(scratch / "hf-home")
+    }
+    assert probed == [tmp_path]
+    assert writable_cache_environment(env, scratch, lambda p: True) == {}
+    # An explicit cache setting is always kept.
+    assert writable_cache_environment({"HF_HOME": "/x"}, scratch, read_only) == {}

@@ -17,7 +17,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -218,7 +218,7 @@ def _strict_model_classes() -> tuple[type, type]:
     return StrictCompletions, StrictChatCompletions
 
 
-def _infrastructure_errors() -> tuple[type[BaseException], ...]:
+def _endpoint_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'the endpoint failed', as lm-eval lets them escape."""
     import aiohttp
     import requests
@@ -231,10 +231,31 @@ def _infrastructure_errors() -> tuple[type[BaseException], ...]:
         asyncio.TimeoutError,
         TimeoutError,
         ConnectionError,
-        OSError,
         json.JSONDecodeError,
         MalformedResponseError,
     )
+
+
+def _can_write(path: Path) -> bool:
+    return os.access(path, os.W_OK)
+
+
+def writable_cache_environment(
+    environ: Mapping[str, str], scratch: Path, can_write: Callable[[Path], bool] = _can_write
+) -> dict[str, str]:
+    """HF_HOME under `scratch` when the default cache cannot be written (read-only home in a Job).
+
+    The datasets json builder writes an Arrow cache even for local files.
+    """
+    if environ.get("HF_HOME") or environ.get("HF_DATASETS_CACHE"):
+        return {}
+    base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    probe = base
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if can_write(probe):
+        return {}
+    return {"HF_HOME": str(scratch / "hf-home")}
 
 
 class LmEvalRunner:
@@ -243,6 +264,7 @@ class LmEvalRunner:
     def __init__(self, settings: EvalSettings, arms: Sequence[Arm], workdir: Path) -> None:
         self.settings = settings
         os.environ.update(offline_environment(settings))
+        os.environ.update(writable_cache_environment(os.environ, workdir))
         write_task_config(settings, workdir)
         from lm_eval.tasks import TaskManager  # after the offline variables are set
 
@@ -251,7 +273,7 @@ class LmEvalRunner:
         strict_completions, strict_chat = _strict_model_classes()
         model_class = strict_chat if settings.chat else strict_completions
         self._models = {arm.name: (arm, self._build_model(model_class, arm)) for arm in arms}
-        self._errors = _infrastructure_errors()
+        self._errors = _endpoint_errors()
 
     def _build_model(self, model_class: type, arm: Arm) -> Any:
         return model_class(
@@ -295,6 +317,10 @@ class LmEvalRunner:
             raise EvalError(
                 f"{arm.name} endpoint {arm.url} failed after {s.max_retries} attempts: "
                 f"{type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+        except OSError as exc:  # data files, dataset cache: the job's environment, not the arm
+            raise EvalError(
+                f"{arm.name} arm: lm-eval could not run: {type(exc).__name__}: {str(exc)[:300]}"
             ) from exc
         if not isinstance(result, dict) or s.task_name not in result.get("samples", {}):
             raise EvalError(f"{arm.name}: lm-eval returned no per-question samples")
