@@ -1,0 +1,76 @@
+"""Cross-check: kvgate's own log scanner reads every emulated startup log as the sim meant it.
+
+The simulator's facts come from its HTTP surface (metrics, server info); the scanner only
+sees the log text. Agreement shows the two sides were written from the same engine output.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.logs import scan_log
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MODEL = "Qwen/Qwen3-8B"
+VLLM = ["vllm", "serve", MODEL, "--max-model-len", "8192"]
+SGLANG = ["sglang", "--model-path", MODEL, "--enable-metrics"]
+
+# (engine args, env, starts, expected backend, error codes the scanner must report)
+CASES = [
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_ENGINE_VERSION": v}, False, "FLASHINFER",
+                 {"attention-build-failed", "engine-start-failed"}, id=f"vllm-{v}-l4-fp8-jit")
+    for v in ("0.12.0", "0.13.0", "0.16.0", "0.20.0", "0.29.0", "0.33.0")
+] + [
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_ENGINE_VERSION": "0.11.0"}, True, "TRITON_ATTN",
+                 set(), id="vllm-0.11.0-l4-fp8-triton-default"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+                 {"KVGATE_SIM_ENGINE_VERSION": "0.13.0"}, True, "TRITON_ATTN", set(), id="vllm-0.13.0-triton"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+                 {"KVGATE_SIM_ENGINE_VERSION": "0.33.0"}, True, "TRITON_ATTN", set(), id="vllm-0.33.0-triton"),
+    pytest.param(VLLM, {"KVGATE_SIM_ENGINE_VERSION": "0.16.0"}, True, "FLASH_ATTN", set(), id="vllm-0.16.0-bf16"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_GPU": "H100"}, True, "FLASH_ATTN", set(),
+                 id="vllm-0.33.0-h100-fp8"),
+    pytest.param(VLLM, {"KVGATE_SIM_FAULTS": "oom-at-start"}, False, None, {"out-of-memory", "engine-start-failed"},
+                 id="vllm-oom"),
+    pytest.param([*SGLANG, "--kv-cache-dtype", "fp8_e4m3"], {"KVGATE_SIM_ENGINE_VERSION": "0.5.3"}, False,
+                 "flashinfer", {"attention-build-failed"}, id="sglang-0.5.3-l4-fp8-jit"),
+] + [
+    pytest.param([*SGLANG, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"],
+                 {"KVGATE_SIM_ENGINE_VERSION": v}, True, "triton", set(), id=f"sglang-{v}-triton")
+    for v in ("0.5.3", "0.5.10", "0.5.23")
+]  # fmt: skip
+
+
+def _sim_tokens(engine, name: str) -> int:
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    if name == "vllm":
+        return int(families["vllm:cache_config_info"].samples[0].labels["num_gpu_blocks"]) * 16
+    return int(
+        httpx.get(engine.url + "/get_server_info", timeout=10).json()["max_total_num_tokens"]
+    )
+
+
+@pytest.mark.parametrize(("args", "env", "starts", "backend", "errors"), CASES)
+def test_scanner_reads_the_emulated_log(sim, args, env, starts, backend, errors) -> None:
+    engine = sim(args, env, ready=starts)
+    if not starts:
+        assert engine.wait(60) != 0
+    scan = scan_log(engine.log())
+    name = args[0]
+    assert scan.engine == name
+    dtype = next((args[i + 1] for i, a in enumerate(args) if a == "--kv-cache-dtype"), None)
+    if dtype:
+        assert scan.kv_cache_dtype == dtype
+    if backend:
+        assert scan.attention_backend == backend
+    assert scan.failed is not starts and scan.ready is starts
+    assert errors <= set(scan.codes()), scan.codes()
+    if starts:
+        assert scan.capacity.kv_tokens == _sim_tokens(engine, name)
+        assert not {f.code for f in scan.findings if f.severity == "error"}
+    if name == "vllm":
+        assert scan.engine_version == env.get("KVGATE_SIM_ENGINE_VERSION", "0.33.0")
