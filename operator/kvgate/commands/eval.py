@@ -44,7 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="apply the server's chat template (implies --api chat)",
     )
-    parser.add_argument("--filter", choices=FILTERS, default="strict-match", dest="filt")
+    parser.add_argument(
+        "--filter",
+        choices=FILTERS,
+        default="strict-match",
+        dest="filt",
+        help="the lm-eval filter the gate judges (both are recorded)",
+    )
     parser.add_argument("--limit", type=int, help="questions at most (default: the test split)")
     parser.add_argument("--num-fewshot", type=int)
     parser.add_argument("--seed", type=int, default=1234)
@@ -52,8 +58,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-gen-toks", type=int, default=512)
     parser.add_argument("--max-retries", type=int, default=3, help="attempts per request")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
-    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    parser.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)
+    parser.add_argument(
+        "--margin", type=float, default=DEFAULT_MARGIN, help="largest tolerated loss (fraction)"
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help="one-sided confidence of the non-inferiority claim",
+    )
     parser.add_argument("--sequential", action="store_true", help="look every --chunk questions")
     parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="questions per look")
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
