@@ -327,7 +327,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         "argument --kv-cache-dtype: invalid choice",
         r"invalid choice: '?([^'\s]+?)'? \(choose from (.*)\)",
     ),
-    _r("argparse_error", "rror", ": error: ", r"(?:^|\s)[\w./-]+(?: \w+)?: error: (.+)$"),
+    _r("argparse_error", "rror", ": error: ", r"^[\w./-]+(?: \w+)?: error: (.+)$"),
     # FlashInfer JIT
     _r("fi.ninja_failed", "failed", "Ninja build failed", None),
     _r("fi.ninja_failed", "failed", "ninja: build stopped", None),
@@ -470,7 +470,8 @@ def _message(line: str) -> tuple[str, str | None]:
     head = _FLASHINFER_HEADER.search(line)
     if head is not None:
         return line[head.end() :].strip(), None
-    return line[_LEADING.match(line).end() :].strip(), None  # type: ignore[union-attr]
+    leading = _LEADING.match(line)  # all optional: always matches
+    return line[leading.end() if leading else 0 :].strip(), None
 
 
 class _Collector:
@@ -541,6 +542,8 @@ class _Collector:
             if found is None:
                 return
             groups = found.groups()
+        if rule.name == "argparse_error" and header_engine is not None:
+            return  # argparse writes bare lines; with a logging header it is a message
         engine = rule.engine
         if rule.name == "argparse_dtype":
             engine = _argparse_engine(message)

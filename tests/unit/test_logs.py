@@ -956,6 +956,23 @@ def test_sglang_ready_needs_warmup_unless_skipped() -> None:
     assert scan_log(skipped).ready
 
 
+@pytest.mark.parametrize(
+    ("line", "failed"),
+    [
+        ("vllm serve: error: argument --max-model-len: invalid int value: 'x'", True),
+        ("[pod/canary/engine] launch_server.py: error: unrecognized arguments: --foo", True),
+        # a logged message that merely contains ': error: ' is not argparse exiting
+        (
+            "(APIServer pid=1) ERROR 11-29 20:00:00 [serving.py:1] request failed: error: bad json",
+            False,
+        ),
+        ("[2026-11-29 19:20:30] tokenizer: error: bad request", False),
+    ],
+)
+def test_argparse_errors(line: str, failed: bool) -> None:
+    assert scan_log(line + "\n").failed is failed
+
+
 def test_backend_fallback_only_when_fp8() -> None:
     bf16 = "(EngineCore_DP0 pid=9) INFO 11-29 19:00:00 [cuda.py:1] Using FLASHINFER attention backend out of potential backends: ('FLASHINFER', 'TRITON_ATTN')\n"
     assert "attention-backend-fallback" not in scan_log(bf16).codes()
