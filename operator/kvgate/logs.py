@@ -450,6 +450,11 @@ _FLASHINFER_HEADER = re.compile(r" - flashinfer\.jit: ")
 _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?")
 
 
+# Lines that echo request text (--enable-log-requests, SGLang --log-requests): a prompt that
+# quotes "Ninja build failed" must not become a finding.
+_REQUEST_ECHOES: Final = ("Received request ", "Receive: obj=", "Finish: obj=")
+
+
 @dataclass(frozen=True, slots=True)
 class _Event:
     rule: str
@@ -523,7 +528,7 @@ class _Collector:
         # tqdm bars redraw with '\r'; CRLF logs end with it: each segment is a line of its own.
         segments = line.split("\r") if "\r" in line else (line,)
         for segment in segments:
-            if not segment:
+            if not segment or any(echo in segment for echo in _REQUEST_ECHOES):
                 continue
             bits, bit = anchor_bits, 0
             while bits:

@@ -973,6 +973,23 @@ def test_argparse_errors(line: str, failed: bool) -> None:
     assert scan_log(line + "\n").failed is failed
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(APIServer pid=1) INFO 11-29 20:00:01 [logger.py:40] Received request cmpl-1: prompt: "
+        "'Why does RuntimeError: Ninja build failed. appear? EngineCore failed to start.', "
+        "params: SamplingParams(n=1)",
+        "[2026-11-29 20:00:01] Receive: obj=GenerateReqInput(text='torch.OutOfMemoryError: "
+        "CUDA out of memory. The server is fired up and ready to roll!')",
+        "[2026-11-29 20:00:02] Finish: obj=GenerateReqInput(rid='1'), out={'text': 'Received "
+        "sigquit from a child process. It usually means the child failed.'}",
+    ],
+)
+def test_echoed_requests_are_not_findings(line: str) -> None:
+    scan = scan_log(read("vllm-0.11-bf16-ready.txt") + line + "\n")
+    assert scan.findings == scan_log(read("vllm-0.11-bf16-ready.txt")).findings
+
+
 def test_backend_fallback_only_when_fp8() -> None:
     bf16 = "(EngineCore_DP0 pid=9) INFO 11-29 19:00:00 [cuda.py:1] Using FLASHINFER attention backend out of potential backends: ('FLASHINFER', 'TRITON_ATTN')\n"
     assert "attention-backend-fallback" not in scan_log(bf16).codes()
