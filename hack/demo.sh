@@ -76,8 +76,9 @@ finish() {
 	fi
 	exit "$rc"
 }
+NARRATOR=
 trap finish EXIT
-trap 'exit 130' INT TERM
+trap '[ -n "$NARRATOR" ] && kill "$NARRATOR" 2>/dev/null; exit 130' INT TERM
 
 # ---- 2. cluster ---------------------------------------------------------------------------
 step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
@@ -127,7 +128,8 @@ rollout() { # name, extra args as a JSON list
 
 # Follow one rollout: a line per phase change and per new Event, until it ends or the deadline.
 narrate() { # name, expected final phase
-	"$PY" - "$NS" "$1" "$2" "$DEMO_TIMEOUT" <<-'PYEOF'
+	# In the background, so that `wait` (unlike a foreground child) lets INT/TERM through.
+	"$PY" - "$NS" "$1" "$2" "$DEMO_TIMEOUT" <<-'PYEOF' &
 		import json, subprocess, sys, time
 		ns, name, expected, limit = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 		tty = sys.stdout.isatty()
@@ -163,6 +165,8 @@ narrate() { # name, expected final phase
 		        sys.exit(1)
 		    time.sleep(1.0)
 	PYEOF
+	NARRATOR=$!
+	wait "$NARRATOR"
 }
 
 # ---- 5. the first rollout: default backend ----------------------------------------------
