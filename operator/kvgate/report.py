@@ -589,7 +589,7 @@ def _accuracy_heading(acc: Accuracy) -> str:
     if acc.questions_used is not None:
         parts.append(f"{acc.questions_used:,} questions")
     if acc.margin is not None:
-        parts.append(f"margin {_to_pp(acc.margin):+.1f} pp")
+        parts.append(f"margin {abs(_to_pp(acc.margin)):.1f} pp")
     if acc.confidence is not None:
         parts.append(f"{100 * _as_fraction(acc.confidence):.0f}% confidence")  # type: ignore[operator]
     return f"Accuracy ({', '.join(parts)})"

@@ -40,7 +40,7 @@ PROMOTED: dict[str, Any] = {
             "verdict": "pass",
             "error": None,
             "task": "gsm8k",
-            "margin": -0.02,
+            "margin": 0.02,
             "confidence": 0.95,
             "questions_used": 1319,
             "stopped_early": False,
@@ -96,7 +96,7 @@ def test_text_shows_the_accuracy_table_with_wilson_intervals() -> None:
     assert "  candidate    1,208  1,319     91.6%  [90.0, 93.0]" in lines
     assert "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp, McNemar p=0.66" in lines
     assert "  verdict: pass (a loss larger than 0.9 pp is ruled out)" in lines
-    assert "Accuracy (gsm8k, paired, 1,319 questions, margin -2.0 pp, 95% confidence)" in lines
+    assert "Accuracy (gsm8k, paired, 1,319 questions, margin 2.0 pp, 95% confidence)" in lines
 
 
 def test_text_shows_capacity_gain_speed_and_recommended_args() -> None:
