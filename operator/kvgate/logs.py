@@ -450,9 +450,12 @@ _FLASHINFER_HEADER = re.compile(r" - flashinfer\.jit: ")
 _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?")
 
 
-# Lines that echo request text (--enable-log-requests, SGLang --log-requests): a prompt that
-# quotes "Ninja build failed" must not become a finding.
-_REQUEST_ECHOES: Final = ("Received request ", "Receive: obj=", "Finish: obj=")
+# Lines skipped even when an anchor hits: request echoes (--enable-log-requests, SGLang
+# --log-requests), where a prompt quoting "Ninja build failed" must not become a finding, and
+# the periodic stats lines ("GPU KV cache usage"), which are most candidates of a busy log.
+_SKIP = re.compile(
+    r"Received request |Receive: obj=|Finish: obj=|Avg prompt throughput|(?:Decode|Prefill) batch\."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,7 +531,7 @@ class _Collector:
         # tqdm bars redraw with '\r'; CRLF logs end with it: each segment is a line of its own.
         segments = line.split("\r") if "\r" in line else (line,)
         for segment in segments:
-            if not segment or any(echo in segment for echo in _REQUEST_ECHOES):
+            if not segment or _SKIP.search(segment):
                 continue
             bits, bit = anchor_bits, 0
             while bits:
