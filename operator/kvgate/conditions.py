@@ -63,6 +63,13 @@ WARNING_REASONS: Final = frozenset(
         "PromotionFailed",
         "PromotionReverted",
         "RolledBack",
+        "RolloutFailed",
+        "InvalidTarget",
+        "CandidateDtypeMismatch",
+        "ControlDtypeMismatch",
+        "CapacityUnknown",
+        "SpeedUnknown",
+        "RevertSkipped",
     }
 )
 MESSAGES: Final = {

@@ -536,9 +536,21 @@ def _delay(seconds: float) -> float:
 def _end(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
     """A terminal step; canaries and the eval Job are no longer needed."""
     actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
-    event = Event(reason, message, warning=phase in (Phase.ROLLED_BACK, Phase.FAILED))
-    events = (*kw.pop("events", ()), event)
-    return Step(phase, reason, message, actions=actions, events=events, **kw)
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
+    events = list(kw.pop("events", ()))
+    # The specific reason (alert on CanaryCrashed), then the outcome (alert on any RolledBack).
+    for r in (reason, _OUTCOME_EVENTS[phase]):
+        if all(e.reason != r for e in events):
+            events.append(Event(r, message, warning=bad))
+    return Step(phase, reason, message, actions=actions, events=tuple(events), **kw)
+
+
+_OUTCOME_EVENTS: Final = {
+    Phase.PROMOTED: "Promoted",
+    Phase.ROLLED_BACK: "RolledBack",
+    Phase.NOT_NEEDED: "NotNeeded",
+    Phase.FAILED: "RolloutFailed",
+}
 
 
 def _event_for(result: GateResult) -> Event | None:

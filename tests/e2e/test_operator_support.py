@@ -53,10 +53,21 @@ def free_port() -> int:
 
 
 class Operator:
-    """`kvgate run -A` as a subprocess with a short poll interval; its log goes to a file."""
+    """`kvgate run` as a subprocess with a short poll interval; its log goes to a file.
 
-    def __init__(self, cluster: Any, log_path: Path, *, extra_env: dict[str, str] | None = None):
+    It watches only `namespaces` (all when empty), so test modules never share a rollout.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        log_path: Path,
+        *,
+        namespaces: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.cluster = cluster
+        self.namespaces = namespaces or []
         self.log_path = log_path
         self.metrics_port = free_port()
         self.extra_env = extra_env or {}
@@ -256,3 +267,23 @@ def wait_deployment_ready(cluster: Any, namespace: str, name: str, timeout: floa
 def pods(cluster: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
     proc = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
     return list(json.loads(proc.stdout).get("items") or [])
+
+
+def create_namespace(cluster: Any, name: str) -> str:
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        30,
+        f"ServiceAccount default in {name}",
+        interval=0.2,
+    )
+    return name
+
+
+def delete_namespace(cluster: Any, name: str) -> None:
+    cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def no_tracebacks(log: str) -> list[str]:
+    """Tracebacks in an operator log (there should be none)."""
+    return [line for line in log.splitlines() if "Traceback" in line]

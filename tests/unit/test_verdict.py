@@ -421,7 +421,7 @@ def test_canary_crash_rolls_back_with_the_remedy() -> None:
     assert s.message == (
         "candidate pod crashed: RuntimeError: Ninja build failed.; remedy: add --attention-backend TRITON_ATTN"
     )
-    assert [e.reason for e in s.events] == ["CanaryCrashed", "CanaryCrashed"]
+    assert [e.reason for e in s.events] == ["CanaryCrashed", "RolledBack"]
     assert all(e.warning for e in s.events)
 
 

@@ -1,0 +1,256 @@
+"""The operator end to end: five simulator Deployments, one `kvgate run`, real kopf and API.
+
+All scenarios are applied at once (one namespace each) and run concurrently under one operator,
+so the module takes about as long as its slowest rollout. Each test then checks its own outcome:
+  (a) the L4 trap: the auto backend (FlashInfer) crashes; rolled back with the TRITON_ATTN remedy
+  (b) TRITON_ATTN, no KV scales: scale warning, non-inferior, ~2x capacity, promoted and patched
+  (c) a candidate that loses 10 points: rolled back, production untouched
+  (d) a pool with room: NotNeeded, no canary started
+  (e) report mode: verdict and recommended args in status, Deployment untouched
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_operator_support import (
+    TERMINAL,
+    Operator,
+    apply,
+    condition,
+    container_of,
+    create_namespace,
+    delete_namespace,
+    event_reasons,
+    get,
+    install_crd,
+    no_tracebacks,
+    pods,
+    rollout,
+    sim_deployment,
+    wait_deployment_ready,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.e2e
+
+PRESSURE = "concurrency=64,prompt=2000,output=400"
+ROOM = "concurrency=2,prompt=500,output=100"
+TRITON = {"extraArgs": ["--attention-backend", "TRITON_ATTN"]}
+
+# scenario -> (Deployment env, rollout spec overrides)
+SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "trap": ({"KVGATE_SIM_LOAD": PRESSURE}, {}),
+    "happy": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {**TRITON, "extraEnv": [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}]},
+    ),
+    "loss": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FP8_LOSS": "0.10"}, TRITON),
+    "room": ({"KVGATE_SIM_LOAD": ROOM}, TRITON),
+    "report": ({"KVGATE_SIM_LOAD": PRESSURE}, {**TRITON, "promotion": {"mode": "report"}}),
+}
+
+
+class World:
+    """The running scenarios: namespaces, the operator, the Deployments as first applied."""
+
+    def __init__(self, cluster: Any, operator: Operator, namespaces: dict[str, str]) -> None:
+        self.cluster = cluster
+        self.operator = operator
+        self.ns = namespaces
+        self.before: dict[str, dict[str, Any]] = {}
+
+    def rollout(self, scenario: str) -> dict[str, Any]:
+        return wait_phase(
+            self.cluster, self.ns[scenario], f"{scenario}-fp8", TERMINAL | {"AwaitingApproval"}, 420
+        )
+
+    def deployment(self, scenario: str) -> dict[str, Any]:
+        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
+        assert dep is not None
+        return dep
+
+    def untouched(self, scenario: str) -> None:
+        now, before = self.deployment(scenario), self.before[scenario]
+        assert now["metadata"]["generation"] == before["metadata"]["generation"]
+        assert container_of(now) == container_of(before)
+
+    def children(self, scenario: str) -> list[dict[str, Any]]:
+        return pods(self.cluster, self.ns[scenario], f"kvgate.io/rollout={scenario}-fp8")
+
+
+@pytest.fixture(scope="module")
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    install_crd(cluster)
+    suffix = secrets.token_hex(3)
+    namespaces = {s: create_namespace(cluster, f"kvgate-e2e-{s}-{suffix}") for s in SCENARIOS}
+    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    operator = Operator(cluster, log, namespaces=list(namespaces.values())).start()
+    w = World(cluster, operator, namespaces)
+    try:
+        for s, (env, _) in SCENARIOS.items():
+            apply(cluster, namespaces[s], sim_deployment(s, env=env))
+        for s in SCENARIOS:
+            wait_deployment_ready(cluster, namespaces[s], s)
+            w.before[s] = w.deployment(s)
+        for s, (_, spec) in SCENARIOS.items():
+            apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+        yield w
+    finally:
+        code = operator.stop()
+        text = operator.log()
+        for ns in namespaces.values():
+            delete_namespace(cluster, ns)
+        assert no_tracebacks(text) == [], text[-5000:]
+        assert code == 0, text[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
+    obj = world.rollout("trap")
+    status = obj["status"]
+    assert status["phase"] == "RolledBack"
+    assert status["reason"] == "CanaryCrashed"
+    assert status["message"].startswith("candidate pod crashed: ")
+    assert "--attention-backend TRITON_ATTN" in status["message"]
+    assert status["arms"]["candidate"]["attentionBackend"] == "FLASHINFER"
+    assert condition(obj, "CanaryHealthy")["status"] == "False"
+    assert condition(obj, "RolledBack")["status"] == "True"
+    assert condition(obj, "Ready")["status"] == "False"
+    world.cluster.kubectl(
+        "wait", "--for=condition=RolledBack", "kvr/trap-fp8", "-n", world.ns["trap"], "--timeout=5s"
+    )
+    reasons = event_reasons(world.cluster, world.ns["trap"], "trap-fp8")
+    assert (
+        reasons.index("CanaryCreated")
+        < reasons.index("CanaryCrashed")
+        < reasons.index("RolledBack")
+    )
+    world.untouched("trap")
+    assert world.children("trap") == [] or all(
+        p["metadata"].get("deletionTimestamp") for p in world.children("trap")
+    )
+
+
+@pytest.mark.timeout(600)
+def test_triton_without_scales_is_promoted(world: World) -> None:
+    obj = world.rollout("happy")
+    status = obj["status"]
+    assert status["phase"] == "Promoted", status["message"]
+    gates = status["gates"]
+    assert gates["scales"]["reason"] == "ScalesMissing" and gates["scales"]["outcome"] == "Warning"
+    assert gates["accuracy"]["reason"] == "AccuracyNonInferior"
+    assert gates["backend"]["reason"] == "BackendChanged"
+    assert 1.9 <= status["capacity"]["ratio"] <= 2.1
+    assert status["accuracy"]["verdict"] == "pass"
+    assert condition(obj, "ScalesPresent")["status"] == "False"
+    assert condition(obj, "AccuracyNonInferior")["status"] == "True"
+    assert condition(obj, "CapacityGained")["status"] == "True"
+    assert condition(obj, "Promoted")["status"] == "True"
+    world.cluster.kubectl(
+        "wait", "--for=condition=Ready", "kvr/happy-fp8", "-n", world.ns["happy"], "--timeout=5s"
+    )
+    # The Deployment now runs the evaluated candidate; the old values are kept for a revert.
+    c = container_of(world.deployment("happy"))
+    assert c["args"] == [
+        "--max-model-len",
+        "8192",
+        "--kv-cache-dtype",
+        "fp8",
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    assert {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"} in c["env"]
+    assert status["promotion"]["previous"] == {
+        k: v
+        for k, v in container_of(world.before["happy"]).items()
+        if k in ("command", "args", "env")
+    }
+    assert status["promotion"]["podScan"]["attentionBackend"] == "TRITON_ATTN"
+    reasons = event_reasons(world.cluster, world.ns["happy"], "happy-fp8")
+    for reason in (
+        "CanaryCreated",
+        "ScalesMissing",
+        "BackendChanged",
+        "EvalStarted",
+        "Promoting",
+        "Promoted",
+    ):
+        assert reason in reasons
+    assert reasons.index("EvalStarted") < reasons.index("Promoting") < reasons.index("Promoted")
+    report = get(world.cluster, world.ns["happy"], "configmap", "happy-fp8-report")
+    assert report is not None
+    assert json.loads(report["data"]["status.json"])["phase"] == "Promoted"
+    assert "report.txt" in report["data"] and "report.html" in report["data"]
+    assert report["metadata"]["ownerReferences"][0]["name"] == "happy-fp8"
+
+
+@pytest.mark.timeout(600)
+def test_ten_point_loss_is_rolled_back(world: World) -> None:
+    obj = world.rollout("loss")
+    status = obj["status"]
+    assert status["phase"] == "RolledBack", status["message"]
+    assert status["reason"] == "AccuracyRegressed"
+    assert status["accuracy"]["verdict"] == "fail"
+    assert status["accuracy"]["differencePp"] < -3
+    assert condition(obj, "AccuracyNonInferior")["status"] == "False"
+    assert "AccuracyRegressed" in event_reasons(world.cluster, world.ns["loss"], "loss-fp8")
+    world.untouched("loss")
+
+
+@pytest.mark.timeout(600)
+def test_pool_with_room_is_not_needed(world: World) -> None:
+    obj = world.rollout("room")
+    status = obj["status"]
+    assert status["phase"] == "NotNeeded", status["message"]
+    assert status["reason"] == "PoolHasRoom"
+    assert status["preflight"]["pressure"]["pressured"] is False
+    assert condition(obj, "PoolPressure")["status"] == "False"
+    assert condition(obj, "Ready")["status"] == "True"
+    reasons = event_reasons(world.cluster, world.ns["room"], "room-fp8")
+    assert "PoolHasRoom" in reasons and "CanaryCreated" not in reasons
+    assert "arms" not in status or not status["arms"]
+    world.untouched("room")
+
+
+@pytest.mark.timeout(600)
+def test_report_mode_reports_and_never_patches(world: World) -> None:
+    obj = world.rollout("report")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("AwaitingApproval", "VerdictReported")
+    assert status["verdict"]["decision"] == "Promote"
+    assert status["recommendedArgs"][-4:] == [
+        "--kv-cache-dtype",
+        "fp8",
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    assert condition(obj, "Ready") | {"lastTransitionTime": None, "observedGeneration": None} == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "VerdictReported",
+        "message": status["message"],
+        "lastTransitionTime": None,
+        "observedGeneration": None,
+    }
+    assert "VerdictReported" in event_reasons(world.cluster, world.ns["report"], "report-fp8")
+    world.untouched("report")
+
+
+@pytest.mark.timeout(120)
+def test_operator_metrics(world: World) -> None:
+    for s in SCENARIOS:
+        world.rollout(s)
+    text = world.operator.metrics() or ""
+    assert 'kvgate_rollouts_total{outcome="Promoted"} 1.0' in text
+    assert 'kvgate_rollouts_total{outcome="NotNeeded"} 1.0' in text
+    assert 'kvgate_rollouts_total{outcome="Reported"} 1.0' in text
+    assert 'kvgate_rollbacks_total{reason="CanaryCrashed"} 1.0' in text
+    assert 'kvgate_rollbacks_total{reason="AccuracyRegressed"} 1.0' in text
+    assert 'kvgate_capacity_ratio{name="happy-fp8"' in text
+    assert "kvgate_events_total{" in text and "kvgate_rollout_phase{" in text
