@@ -86,7 +86,7 @@ build() {
 		return
 	fi
 	start=$SECONDS
-	log "$name: building $stamp (first build compiles Kubernetes: 20-40 min on 2 cores)"
+	log "$name: building $stamp (a cold build of all six takes ~9 min on 2 cores)"
 	# -v lists each package as it compiles: that is the progress display.
 	(cd "$HERE/go/$dir" && go build -v -trimpath -ldflags "$ldflags" -o "$OUT/.$name.tmp" "$pkg") 2>&1 |
 		awk -v n="$name" '{ c++; if (c % 50 == 0) printf "[build-binaries] %s: %d packages compiled (%s)\n", n, c, $0 > "/dev/stderr" }

@@ -1,0 +1,117 @@
+"""Fixtures for end-to-end tests against kvgate's local control plane.
+
+The control plane is real: etcd, kube-apiserver (authorization Node,RBAC),
+kube-controller-manager and kube-scheduler built from Go modules by
+hack/build-binaries.sh, plus hack/kubelet.py, which runs each pod's container
+`command` + `args` as a local process (the image is ignored). See hack/cluster.py.
+
+Fixtures
+--------
+``cluster`` (session): one cluster for the whole session, started in a temporary
+state dir and torn down at session end (every process it started is killed; the
+components also die with the pytest process if it is killed). It also sets
+``KUBECONFIG`` for the session, so code under test that calls
+``kubernetes.config.load_kube_config()`` finds it. Attributes:
+
+- ``cluster.kubeconfig``: str, path of the admin kubeconfig (system:masters).
+- ``cluster.server``: str, e.g. ``https://127.0.0.1:41234``.
+- ``cluster.bin_dir``: str, dir with kubectl, helm, etcd, kube-* binaries.
+- ``cluster.state_dir``: Path, component logs in ``logs/``, pod logs and work dirs
+  in ``kubelet/pods/<ns>_<pod>_<uid>/``.
+- ``cluster.kubectl(*args, input=None, check=True, timeout=60.0)``:
+  ``subprocess.CompletedProcess[str]`` (stdout/stderr as text); raises
+  ``subprocess.CalledProcessError`` when check and kubectl fails.
+- ``cluster.api_client()``: a new ``kubernetes.client.ApiClient`` for the cluster.
+- ``cluster.delete_namespace(name, wait=60.0)``: bool; deletes and waits (bounded),
+  force-deleting stuck pods; True once the namespace is gone.
+
+If the binaries are missing the e2e tests are skipped with a message saying to run
+``make binaries``; under ``CI=true`` that is an error instead.
+
+``namespace`` (function): a fresh namespace ``kvgate-e2e-<hex>`` (str) whose
+``default`` ServiceAccount exists, deleted after the test. Cleanup never hangs: it
+waits at most ~60 s for the namespace to go, force-deletes pods that are left, and
+then gives up with a warning.
+
+What pods get (hack/kubelet.py): a unique loopback pod IP 127.x.y.z (in
+``status.podIP`` and ``$POD_IP``) that clients reach directly; ``PATH`` starting
+with this venv's bin dir (so ``python -m kvgate.sim ...`` and ``kvgate`` work);
+env from value/fieldRef/secretKeyRef/configMapKeyRef/envFrom; http/tcp/exec
+probes; restart back-off 10 s doubling (first restart immediate); container logs
+through the API (``read_namespaced_pod_log``, ``kubectl logs``, previous, follow).
+The working dir is a per-pod temp dir unless ``workingDir`` is set. Volumes are
+ignored: pods see the host filesystem. Services get no working cluster IPs: talk
+to pod IPs.
+
+Example::
+
+    @pytest.mark.e2e
+    @pytest.mark.timeout(120)
+    def test_something(cluster, namespace):
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest_yaml)
+        core = kubernetes.client.CoreV1Api(cluster.api_client())
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HACK_DIR = Path(__file__).resolve().parents[2] / "hack"
+if str(HACK_DIR) not in sys.path:
+    sys.path.insert(0, str(HACK_DIR))
+
+from cluster import Cluster, default_bin_dir, missing_binaries  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    bin_dir = default_bin_dir()
+    missing = missing_binaries(bin_dir)
+    if missing:
+        message = (
+            f"control-plane binaries missing in {bin_dir}: {', '.join(missing)}; "
+            "run `make binaries` (hack/build-binaries.sh, ~20 min cold)"
+        )
+        if IN_CI:
+            pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
+        pytest.skip(message)
+    state_dir = tmp_path_factory.mktemp("cluster")
+    c = Cluster(state_dir, bin_dir=bin_dir)
+    c.start(timeout=300)
+    old = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = c.kubeconfig
+    try:
+        yield c
+    finally:
+        c.stop()
+        if old is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = old
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"kvgate-e2e-{secrets.token_hex(4)}"
+    cluster.kubectl("create", "namespace", name)
+    # Pods created before the ServiceAccount controller runs are refused.
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ServiceAccount default never appeared in {name}")
+        time.sleep(0.2)
+    try:
+        yield name
+    finally:
+        if not cluster.delete_namespace(name, wait=60):
+            warnings.warn(f"namespace {name} still terminating after cleanup", stacklevel=1)
