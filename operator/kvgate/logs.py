@@ -437,10 +437,14 @@ _RULES_BY_ANCHOR: Final = tuple(
 )
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# Prefixes in front of the message: kubectl --timestamps, `(Worker pid=N)` tags, vLLM's
+# Prefixes in front of the message: journald, docker compose, kubectl --timestamps/--prefix, `(Worker pid=N)` tags, vLLM's
 # `LEVEL mm-dd HH:MM:SS [file.py:N]`, SGLang's `[YYYY-mm-dd HH:MM:SS TP0]`, FlashInfer's
 # `... - flashinfer.jit:`, uvicorn's `INFO:     `.
-_KUBECTL_TS = r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z\s+)?(?:\[pod/[^\]]*\]\s+)?"
+_KUBECTL_TS = (
+    r"(?:\w{3} [ \d]\d [\d:]{8} \S+ [\w.-]+\[\d+\]: )?"  # journald: `Aug 25 14:58:34 host vllm[7]: `
+    r"(?:[\w.-]+\s+\| )?"  # docker compose: `service  | `
+    r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z\s+)?(?:\[pod/[^\]]*\]\s+)?"
+)
 _PROCESS_TAG = r"(?:\([^()]*\bpid=\d+\)\s*)*"
 _VLLM_HEADER = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] "

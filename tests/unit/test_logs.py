@@ -379,6 +379,17 @@ def old_worker_tags(text: str) -> str:
     return re.sub(r"\(Worker_TP(\d) pid=", r"(VllmWorker rank=\1 pid=", text)
 
 
+def journald(text: str) -> str:
+    return "".join(
+        f"Nov 29 19:02:{i % 60:02d} gpu-node-1 vllm[17578]: {line}"
+        for i, line in enumerate(text.splitlines(keepends=True))
+    )
+
+
+def docker_compose(text: str) -> str:
+    return "".join(f"engine-1  | {line}" for line in text.splitlines(keepends=True))
+
+
 def no_final_newline(text: str) -> str:
     return text.rstrip("\n")
 
@@ -390,6 +401,8 @@ VARIATIONS: dict[str, Callable[[str], str]] = {
     "kubectl-prefix": kubectl_prefix,
     "old-worker-tags": old_worker_tags,
     "no-final-newline": no_final_newline,
+    "journald": journald,
+    "docker-compose": docker_compose,
 }
 
 
@@ -537,6 +550,9 @@ MESSAGES: list[tuple[str, str, str]] = [
         "Found k_scale in the checkpoint (e.g. model.layers.0.self_attn.k_proj.k_scale), but not found the expected name in the model (e.g. model.layers.0.self_attn.attn.k_scale). k_scale is not loaded.",
         "kv-scale-default",
     ),
+    # shortened wording seen in newer real logs (first sentence only)
+    ("vllm", "Checkpoint does not provide a q scaling factor.", "q-scale-missing"),
+    ("vllm", "Using KV cache scaling factor 1.0 for fp8_e4m3.", "kv-scale-default"),
     (
         "vllm",
         "Using uncalibrated q_scale 1.0 and/or prob_scale 1.0 with fp8 attention. This may cause accuracy issues. Please make sure q/prob scaling factors are available in the fp8 checkpoint.",
