@@ -640,7 +640,8 @@ font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85
 code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
 .msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem}
 svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
-ul.notes{margin:.3rem 0;padding-left:1.2rem}
+ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
+td.no{color:#8a1c17;font-weight:600}td.maybe{color:#7a5500;font-weight:600}
 """
 
 _GOOD_PHASES: Final = frozenset({"Promoted", "NotNeeded", "Passed", "Succeeded", "Reported"})
@@ -823,7 +824,36 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         out.append("<p class='sub'>" + " · ".join(_e(f) for f in facts) + "</p>")
     out.append("<h2>Control and candidate</h2>")
     out.append(render_svg(status))
+    args = read_recommended_args(status)
+    out.append("<h2>Recommended args</h2>")
+    out.append(f"<p><code>{_e(' '.join(args))}</code></p>" if args else "<p>(none yet)</p>")
 
+    findings = read_findings(status)
+    if findings:
+        out.append("<h2>Findings</h2>")
+        rows = "".join(
+            f"<tr><td>{_e(f.gate)}</td><td class='{_result_class(f.status)}'>{_e(_mark(f.status))}"
+            f"</td><td>{_e(f.reason)}</td><td>{_e(f.message)}</td></tr>"
+            for f in findings
+        )
+        out.append(
+            "<table><thead><tr><th>gate</th><th>result</th><th>reason</th><th>message</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>"
+        )
+    pre = read_preflight(status)
+    if pre:
+        out.append("<h2>Production</h2><ul class='notes'>")
+        out.append("".join(f"<li>{_e(p)}</li>" for p in pre) + "</ul>")
+    log_lines = read_log_findings(status)
+    if log_lines:
+        out.append("<h2>Startup logs</h2>")
+        out.append(
+            _html_table(
+                ["arm", "severity", "finding", "line", "remedy"],
+                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
+                numeric_from=99,
+            )
+        )
     acc = read_accuracy(status)
     if acc is not None:
         out.append(f"<h2>{_e(_accuracy_heading(acc))}</h2>")
@@ -847,31 +877,6 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         notes = _accuracy_notes(acc)
         if notes:
             out.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-
-    pre = read_preflight(status)
-    if pre:
-        out.append("<h2>Production</h2><ul class='notes'>")
-        out.append("".join(f"<li>{_e(p)}</li>" for p in pre) + "</ul>")
-    log_lines = read_log_findings(status)
-    if log_lines:
-        out.append("<h2>Startup logs</h2>")
-        out.append(
-            _html_table(
-                ["arm", "severity", "finding", "line", "remedy"],
-                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
-                numeric_from=99,
-            )
-        )
-    findings = read_findings(status)
-    if findings:
-        out.append("<h2>Findings</h2>")
-        out.append(
-            _html_table(
-                ["gate", "result", "reason", "message"],
-                [[f.gate, _mark(f.status), f.reason, f.message] for f in findings],
-                numeric_from=99,
-            )
-        )
     cap_rows = _capacity_rows(status)
     if cap_rows:
         out.append("<h2>Capacity</h2>")
@@ -888,8 +893,14 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         out.append(
             _html_table(["metric", *header], [[label, *cells] for label, cells in speed_rows], 1)
         )
-    args = read_recommended_args(status)
-    out.append("<h2>Recommended args</h2>")
-    out.append(f"<p><code>{_e(' '.join(args))}</code></p>" if args else "<p>(none yet)</p>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+def _result_class(status: str) -> str:
+    """Colour of a gate result: a condition status or an Outcome value."""
+    if status in ("True", "Successful", "NotNeeded"):
+        return "ok"
+    if status in ("False", "Failed", "Error"):
+        return "no"
+    return "maybe"

@@ -412,3 +412,18 @@ def test_html_has_startup_log_and_production_sections() -> None:
     assert "<h2>Startup logs</h2>" in page and "<h2>Production</h2>" in page
     assert "pin --attention-backend TRITON_ATTN" in page
     assert "verdict RollBack: canary crashed · took 3 min 5 s" in page
+
+
+def test_html_colours_gate_results() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"]["gates"] = {
+        "capacity": {"outcome": "Successful", "reason": "PoolPressured", "message": ""},
+        "scales": {"outcome": "Warning", "reason": "ScalesMissing", "message": ""},
+        "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": ""},
+    }
+    page = report.render_html(rollout)
+    assert re.findall(r"<td class='(\w+)'>(\w+)</td>", page) == [
+        ("ok", "Successful"),
+        ("maybe", "Warning"),
+        ("no", "Failed"),
+    ]
