@@ -39,14 +39,16 @@ GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:num_requests_waiting",),
         "sglang": ("sglang:num_queue_reqs",),
     },
-    # SGLang's retraction gauge holds the retractions since the last publish, then resets.
+    # SGLang's retraction gauge holds the last batch's retractions only, then resets.
     "retracted": {"vllm": (), "sglang": ("sglang:num_retracted_reqs",)},
     "max_total_tokens": {"vllm": (), "sglang": ("sglang:max_total_num_tokens",)},
 }
 COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
+    # SGLang's cumulative retractions: `num_retracted_requests_total` in newer releases (not
+    # in engines.md; seen in the code index), `total_retracted_reqs` in 0.4.10.
     "preemptions": {
         "vllm": ("vllm:num_preemptions_total",),
-        "sglang": ("sglang:total_retracted_reqs",),
+        "sglang": ("sglang:num_retracted_requests_total", "sglang:total_retracted_reqs"),
     },
     "generation_tokens": {
         "vllm": ("vllm:generation_tokens_total",),

@@ -122,6 +122,20 @@ sglang:time_per_output_token_seconds_count{model_name="m"} 4.0
     assert snap.itl == Histogram(((0.1, 3.0), (math.inf, 4.0)), 0.5, 4.0)
 
 
+def test_sglang_cumulative_retractions() -> None:
+    text = """\
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",tp_rank="0"} 0.97
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{model_name="m",pid="41",tp_rank="0"} 0.0
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{model_name="m",tp_rank="0"} 48.0
+"""
+    snap = parse_metrics(text)
+    assert (snap.preemptions, snap.retracted) == (48.0, 0.0)
+    assert snap.names["preemptions"] == "sglang:num_retracted_requests_total"
+
+
 def test_metrics_without_type_lines() -> None:
     snap = parse_metrics(
         'vllm:num_requests_waiting{model_name="a"} 2\nvllm:num_requests_waiting{model_name="b"} 3\n'
