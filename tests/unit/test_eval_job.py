@@ -48,26 +48,42 @@ def _base(d: int) -> bool:
     return d % 12 != 0  # ~91.7% right
 
 
-def _run(runner: ScriptedRunner, total: int, chunk: int | None) -> tuple[dict, list, list]:
+def _run(
+    runner: ScriptedRunner, total: int, chunk: int | None, parallel: bool = True
+) -> tuple[dict, list, list]:
     emitted: list[dict[str, Any]] = []
     kept: list[QuestionRecord] = []
     plan = plan_gate(total, chunk=chunk)
     summary = run_gate(
-        plan, runner, task="gsm8k", filt="strict-match", emit=emitted.append, keep=kept.append
+        plan,
+        runner,
+        task="gsm8k",
+        filt="strict-match",
+        emit=emitted.append,
+        keep=kept.append,
+        parallel=parallel,
     )
     return summary, emitted, kept
 
 
-def test_equal_arms_pass() -> None:
+@pytest.mark.parametrize("parallel", [True, False])
+def test_equal_arms_pass(parallel: bool) -> None:
     runner = ScriptedRunner(_base, _base)
-    summary, emitted, kept = _run(runner, 400, 100)
+    summary, emitted, kept = _run(runner, 400, 100, parallel)
     assert summary["verdict"] == "pass"
     assert summary["paired"]["control_only"] == summary["paired"]["candidate_only"] == 0
     assert len(emitted) == summary["looks"]
     assert [r.doc_id for r in kept] == list(range(summary["questions_used"]))
-    # Both arms saw the same doc ids at every look, and the first arm alternates.
-    assert runner.calls[0][0] == "control" and runner.calls[2][0] == "candidate"
-    assert runner.calls[0][1] == runner.calls[1][1]
+    # Both arms saw the same doc ids at every look.
+    by_arm = {arm: [ids for a, ids in runner.calls if a == arm] for arm in ("control", "candidate")}
+    assert by_arm["control"] == by_arm["candidate"]
+    assert len(by_arm["control"]) == summary["looks"]
+
+
+def test_serial_arms_alternate_which_goes_first() -> None:
+    runner = ScriptedRunner(_base, _base)
+    _run(runner, 400, 100, parallel=False)
+    assert [a for a, _ in runner.calls[:4]] == ["control", "candidate", "candidate", "control"]
 
 
 def test_ten_percent_flips_fail() -> None:

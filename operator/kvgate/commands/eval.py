@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "plan": plan.to_dict(),
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
+    emit = _emitter(sys.stdout)
     output: IO[str] | None = None
     try:
         if args.output:
@@ -138,14 +141,19 @@ def run(args: argparse.Namespace) -> int:
             # Both endpoints answer (and serve the model) before any question is asked.
             arms = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
             extra["arms"] = {a.name: a.to_dict() for a in arms}
-            with tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir:
+            # lm-eval must not write to stdout: the summary is the Job log's last line. One
+            # redirect around both arms' threads (redirect_stdout is process-wide).
+            with (
+                tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir,
+                contextlib.redirect_stdout(sys.stderr),
+            ):
                 runner = LmEvalRunner(settings, arms, Path(workdir))
                 summary = run_gate(
                     plan,
                     runner,
                     task=args.task,
                     filt=args.filt,
-                    emit=_emit,
+                    emit=emit,
                     keep=_keeper(output),
                     extra=extra,
                 )
@@ -165,13 +173,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if output is not None:
             output.close()
-    _emit(summary)
+    emit(summary)
     return EXIT_CODES[Verdict(summary["verdict"])]
 
 
-def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
+    """Writes JSON lines to `stream`, the real stdout, also while lm-eval's goes to stderr."""
+
+    def emit(obj: dict[str, Any]) -> None:
+        stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        stream.flush()
+
+    return emit
 
 
 def _keeper(output: IO[str] | None) -> Any:

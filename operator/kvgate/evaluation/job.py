@@ -7,6 +7,7 @@ a fake in unit tests), so the loop itself does no I/O beyond the callbacks it is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 from kvgate.errors import EvalError
@@ -34,17 +35,20 @@ def run_gate(
     emit: Callable[[dict[str, Any]], None],
     keep: Callable[[QuestionRecord], None],
     extra: dict[str, Any] | None = None,
+    parallel: bool = True,
 ) -> dict[str, Any]:
-    """Run the planned looks until the gate decides; returns the summary (never raises EvalError)."""
+    """Run the planned looks until the gate decides; returns the summary (never raises EvalError).
+
+    With `parallel`, both arms answer each chunk at the same time, so they share the same
+    wall-clock conditions and the job takes half as long.
+    """
     counts = PairedCounts(0, 0, 0, 0)
     looks_taken = 0
     start = 0
     try:
         for k, end in enumerate(plan.looks):
             doc_ids = list(range(start, end))
-            # Alternate which arm goes first so neither always meets a warmer server.
-            order = ("control", "candidate") if k % 2 == 0 else ("candidate", "control")
-            answers = {name: runner.run(name, doc_ids) for name in order}
+            answers = _run_arms(runner, doc_ids, k, parallel)
             records = pair_answers(answers["control"], answers["candidate"], doc_ids, filt, k + 1)
             for record in records:
                 keep(record)
@@ -73,3 +77,17 @@ def run_gate(
             extra=extra,
         )
     raise AssertionError("the last look always decides")  # pragma: no cover
+
+
+def _run_arms(
+    runner: ArmRunner, doc_ids: list[int], look: int, parallel: bool
+) -> dict[str, Mapping[int, ArmAnswer]]:
+    # Alternate which arm starts so neither always meets a warmer server.
+    order = ("control", "candidate") if look % 2 == 0 else ("candidate", "control")
+    if not parallel:
+        return {name: runner.run(name, doc_ids) for name in order}
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-arm") as pool:
+        futures = {name: pool.submit(runner.run, name, doc_ids) for name in order}
+        # Wait for both before raising, so no request is still in flight when the job ends.
+        wait(futures.values())
+        return {name: futures[name].result() for name in order}

@@ -10,11 +10,9 @@ by lm-eval's filters, as they should be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -259,7 +257,10 @@ def writable_cache_environment(
 
 
 class LmEvalRunner:
-    """Runs chunks of GSM8K doc ids through lm-eval against each arm; same settings for both."""
+    """Runs chunks of GSM8K doc ids through lm-eval against each arm; same settings for both.
+
+    lm-eval may print to stdout; callers that own stdout (the eval command) redirect it.
+    """
 
     def __init__(self, settings: EvalSettings, arms: Sequence[Arm], workdir: Path) -> None:
         self.settings = settings
@@ -268,11 +269,18 @@ class LmEvalRunner:
         write_task_config(settings, workdir)
         from lm_eval.tasks import TaskManager  # after the offline variables are set
 
-        # Only our pinned YAML: indexing the ~10k stock task files costs seconds per job.
-        self._task_manager = TaskManager(include_path=str(workdir), include_defaults=False)
         strict_completions, strict_chat = _strict_model_classes()
         model_class = strict_chat if settings.chat else strict_completions
-        self._models = {arm.name: (arm, self._build_model(model_class, arm)) for arm in arms}
+        # One model and one task manager per arm: the arms may run in parallel threads.
+        # Only our pinned YAML is indexed: the ~10k stock task files cost seconds per job.
+        self._arms = {
+            arm.name: (
+                arm,
+                self._build_model(model_class, arm),
+                TaskManager(include_path=str(workdir), include_defaults=False),
+            )
+            for arm in arms
+        }
         self._errors = _endpoint_errors()
 
     def _build_model(self, model_class: type, arm: Arm) -> Any:
@@ -292,27 +300,25 @@ class LmEvalRunner:
         """Evaluate `doc_ids` on one arm; returns graded answers by doc id."""
         import lm_eval
 
-        arm, model = self._models[arm_name]
+        arm, model, task_manager = self._arms[arm_name]
         s = self.settings
         try:
-            # lm-eval must not write to stdout: the summary is the Job log's last line.
-            with contextlib.redirect_stdout(sys.stderr):
-                result = lm_eval.simple_evaluate(
-                    model=model,
-                    tasks=[s.task_name],
-                    task_manager=self._task_manager,
-                    num_fewshot=s.num_fewshot,
-                    samples={s.task_name: list(doc_ids)},
-                    log_samples=True,
-                    bootstrap_iters=0,
-                    apply_chat_template=s.chat,
-                    fewshot_as_multiturn=s.chat,
-                    random_seed=s.seed,
-                    numpy_random_seed=s.seed,
-                    torch_random_seed=s.seed,
-                    fewshot_random_seed=s.seed,
-                    verbosity="WARNING",
-                )
+            result = lm_eval.simple_evaluate(
+                model=model,
+                tasks=[s.task_name],
+                task_manager=task_manager,
+                num_fewshot=s.num_fewshot,
+                samples={s.task_name: list(doc_ids)},
+                log_samples=True,
+                bootstrap_iters=0,
+                apply_chat_template=s.chat,
+                fewshot_as_multiturn=s.chat,
+                random_seed=s.seed,
+                numpy_random_seed=s.seed,
+                torch_random_seed=s.seed,
+                fewshot_random_seed=s.seed,
+                verbosity="WARNING",
+            )
         except self._errors as exc:
             raise EvalError(
                 f"{arm.name} endpoint {arm.url} failed after {s.max_retries} attempts: "
