@@ -1,4 +1,4 @@
-"""kvgate.evaluation.job.run_gate with a scripted runner (no lm-eval, no sockets)."""
+"""kvgate.evaluation.job.run_gate (the look loop) with a scripted runner (no lm-eval, no sockets)."""
 
 from __future__ import annotations
 
