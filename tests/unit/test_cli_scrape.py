@@ -103,6 +103,18 @@ def test_http_error_is_external(
     )
 
 
+def test_missing_metrics_route_names_the_sglang_flag(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    serve(lambda request: httpx.Response(404))
+    code, _, err = run(capsys, URL)
+    assert (code, err) == (
+        4,
+        f"kvgate: ScrapeError: {URL}: HTTP 404 Not Found "
+        "(SGLang serves /metrics only with --enable-metrics)\n",
+    )
+
+
 def test_connection_error_is_external(
     capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
 ) -> None:

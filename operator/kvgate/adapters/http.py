@@ -47,7 +47,10 @@ def scrape(
         return response.text
     except httpx.HTTPStatusError as exc:
         status = exc.response.status_code
-        raise ScrapeError(url, f"HTTP {status} {exc.response.reason_phrase}".rstrip()) from exc
+        message = f"HTTP {status} {exc.response.reason_phrase}".rstrip()
+        if status == 404 and httpx.URL(url).path.endswith("/metrics"):
+            message += " (SGLang serves /metrics only with --enable-metrics)"
+        raise ScrapeError(url, message) from exc
     except httpx.TimeoutException as exc:
         raise ScrapeError(url, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
