@@ -186,3 +186,25 @@ def test_sigterm_is_clean(sim) -> None:
     engine = sim(LAUNCH)
     assert engine.terminate() == 0
     assert engine.log().rstrip().endswith("INFO:     Application shutdown complete.")
+
+
+def test_crash_after_kills_the_process_tree(sim) -> None:
+    engine = sim(LAUNCH, {"KVGATE_SIM_FAULTS": "crash-after=2"})
+    for _ in range(2):
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
+        assert httpx.post(engine.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    assert engine.wait(30) == -9  # SGLang's parent SIGKILLs its own process tree
+    assert "Received sigquit from a child process. It usually means the child failed." in messages(
+        engine.log()
+    )
+
+
+def test_hang_before_ready_never_binds(sim) -> None:
+    import time
+
+    engine = sim(LAUNCH, {"KVGATE_SIM_FAULTS": "hang-before-ready"}, ready=False)
+    time.sleep(1.5)
+    assert engine.proc.poll() is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(engine.url + "/health", timeout=1)
+    assert engine.terminate() == 0
