@@ -6,6 +6,11 @@ sees the log text. Agreement shows the two sides were written from the same engi
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -74,3 +79,69 @@ def test_scanner_reads_the_emulated_log(sim, args, env, starts, backend, errors)
         assert not {f.code for f in scan.findings if f.severity == "error"}
     if name == "vllm":
         assert scan.engine_version == env.get("KVGATE_SIM_ENGINE_VERSION", "0.33.0")
+
+
+# ---- kvgate.metrics on the sim's /metrics -------------------------------------------------
+METRIC_CASES = [
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+                 {"KVGATE_SIM_ENGINE_VERSION": v}, "fp8", id=f"vllm-{v}")
+    for v in ("0.13.0", "0.16.0", "0.33.0")
+] + [
+    pytest.param([*VLLM[:-2], "--max-model-len", "8192"], {"KVGATE_SIM_ENGINE_VERSION": "0.11.0"}, "auto",
+                 id="vllm-0.11.0-bf16"),
+    pytest.param(SGLANG, {"KVGATE_SIM_ENGINE_VERSION": "0.5.10"}, None, id="sglang-0.5.10"),
+    pytest.param(SGLANG, {"KVGATE_SIM_ENGINE_VERSION": "0.5.23"}, None, id="sglang-0.5.23"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "env", "dtype"), METRIC_CASES)
+def test_kvgate_metrics_reads_the_sim(sim, args, env, dtype) -> None:
+    from kvgate.metrics import delta, parse_metrics
+
+    engine = sim(args, env)
+    before = parse_metrics(httpx.get(engine.url + "/metrics").text, taken_at=0.0)
+    for _ in range(3):
+        body = {"model": MODEL, "prompt": "Hello there", "max_tokens": 12}
+        assert httpx.post(engine.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    after = parse_metrics(httpx.get(engine.url + "/metrics").text, taken_at=10.0)
+    assert after.engine == args[0]
+    assert after.kv_capacity_tokens == scan_log(engine.log()).capacity.kv_tokens
+    assert after.kv_cache_dtype == dtype
+    assert (after.running, after.waiting) == (0, 0)
+    assert after.kv_usage == 0
+    assert after.generation_tokens - before.generation_tokens == 36
+    window = delta(before, after)
+    assert window.itl is not None and window.itl.p90 > 0
+
+
+def test_kvgate_sees_pool_pressure_only_under_load(sim) -> None:
+    from kvgate.metrics import parse_metrics, pool_pressure
+
+    load = {"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.01"}
+    busy = sim(VLLM, load)
+    quiet = sim(
+        VLLM, {"KVGATE_SIM_LOAD": "concurrency=2,prompt=500,output=200", "KVGATE_SIM_SPEED": "0.01"}
+    )
+    scrapes: dict[str, list] = {"busy": [], "quiet": []}
+    for i in range(8):
+        for name, engine in (("busy", busy), ("quiet", quiet)):
+            text = httpx.get(engine.url + "/metrics").text
+            scrapes[name].append(parse_metrics(text, taken_at=float(i)))
+        time.sleep(0.25)
+    assert pool_pressure(scrapes["busy"]).pressured is True
+    assert pool_pressure(scrapes["quiet"]).pressured is False
+
+
+def test_kvgate_scan_logs_cli_on_emulated_logs(sim, tmp_path) -> None:
+    ok = sim([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"])
+    crashed = sim([*VLLM, "--kv-cache-dtype", "fp8"], ready=False)
+    assert crashed.wait(60) != 0
+    for engine, code in ((ok, 0), (crashed, 1)):
+        result = subprocess.run(
+            [sys.executable, "-m", "kvgate", "scan-logs", "--json", str(engine.log_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == code, result.stderr
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["engine"] == "vllm" and report["kv_cache_dtype"] == "fp8"
+        assert report["attention_backend"] == ("TRITON_ATTN" if code == 0 else "FLASHINFER")

@@ -60,6 +60,7 @@ class Stats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    last_preemptions: int = 0  # in the last scheduler step (SGLang's gauge)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -233,6 +234,7 @@ class Scheduler:
             victim = self._running.pop()
             self._waiting.appendleft(victim)
             self.stats.preemptions += 1
+            self.stats.last_preemptions += 1
 
     def _finish(self, request: Request, now: float, aborted: bool = False) -> None:
         request.finished_at = now
@@ -278,6 +280,7 @@ class Scheduler:
         used, prefill = self._admit(used)
         stats = self.stats
         stats.prompt_tokens += prefill
+        stats.last_preemptions = 0
         prefill += self._prefill_debt  # admitted at the end of the last tick
         self._prefill_debt = 0
         contexts = [r.context for r in self._running]

@@ -232,8 +232,15 @@ class SglangCollector(Collector):
                 "sglang:num_retracted_reqs",
                 "The number of retracted requests.",
                 sched,
-                s.preemptions,
+                s.last_preemptions,  # the last batch's retractions only
             )
+            if self.version >= (0, 5, 10):  # cumulative counter of newer releases
+                yield _counter(
+                    "sglang:num_retracted_requests",
+                    "Total number of retracted requests.",
+                    sched,
+                    s.preemptions,
+                )
             if self.version >= (0, 5, 10):
                 yield _gauge(
                     "sglang:max_total_num_tokens",
