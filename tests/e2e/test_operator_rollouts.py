@@ -102,6 +102,12 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
             apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
         yield w
     finally:
+        for ns in namespaces.values():  # while the operator runs: its finalizer must be released
+            cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
+        for ns in namespaces.values():
+            cluster.kubectl(
+                "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False
+            )
         code = operator.stop()
         text = operator.log()
         for ns in namespaces.values():
