@@ -18,8 +18,16 @@ It registers a Ready Node, renews its Lease, and for every pod bound to the node
   previous, timestamps, sinceSeconds, sinceTime, limitBytes). Logs are kept on
   disk per container and per restart under --root-dir.
 
-Not supported: volumes (the container sees the host filesystem), exec/attach/
-port-forward, resource limits, grpc probes (treated as tcpSocket on the port).
+Volumes (emptyDir, configMap, secret, downwardAPI, projected incl. the
+ServiceAccount token, hostPath) are written under the pod dir and bind-mounted at
+their mountPath in a private mount namespace per container (`unshare --mount`;
+needs root, else --no-volumes behaviour), so in-cluster clients find
+/var/run/secrets/kubernetes.io/serviceaccount/{token,ca.crt,namespace} and reach
+the apiserver via KUBERNETES_SERVICE_HOST/PORT. Everything else is the host
+filesystem.
+
+Not supported: exec/attach/port-forward, resource limits, Services' cluster IPs,
+grpc probes (treated as tcpSocket on the port).
 
 Run by hack/cluster.py; by hand:
     python hack/kubelet.py --kubeconfig K --node-name N --port P --tls-cert C --tls-key K --root-dir D
@@ -38,6 +46,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import ssl
@@ -242,6 +251,7 @@ class Container:
         self.probes: dict[str, Probe] = {}
         self.kill_reason = ""
         self.env: dict[str, str] = {}
+        self.mounted = False  # runs in its own mount namespace with the pod's volumes
 
     def log_path(self, instance: int) -> Path:
         return self.log_dir / f"{instance}.log"
@@ -315,6 +325,7 @@ class PodWorker(threading.Thread):
         self.last_sent: dict[str, Any] | None = None
         self.last_error = ""
         self.stopping = False
+        self.volumes: dict[str, Path] | None = None
 
     # -- called from other threads --
 
@@ -391,6 +402,8 @@ class PodWorker(threading.Thread):
     def start_container(self, c: Container) -> None:
         try:
             c.env = self.kubelet.container_env(self, c.spec)
+            if self.volumes is None:
+                self.volumes = self.prepare_volumes()
         except (EnvError, ApiError) as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             c.backoff_until = time.monotonic() + 2
@@ -408,6 +421,11 @@ class PodWorker(threading.Thread):
             )  # fmt: skip
             return
         cwd = c.spec.get("workingDir") or str(self.dir / "work")
+        c.mounted = False
+        mounts = self.container_mounts(c)
+        if mounts:
+            argv = mount_wrapper(mounts, argv)
+            c.mounted = True
         try:
             proc = subprocess.Popen(
                 argv,
@@ -532,6 +550,102 @@ class PodWorker(threading.Thread):
         else:
             c.state = {"waiting": {"reason": "ContainerCreating"}}
 
+    # -- volumes --
+
+    def prepare_volumes(self) -> dict[str, Path]:
+        """Materialise the pod's volumes as directories under the pod dir (once per pod)."""
+        paths: dict[str, Path] = {}
+        for vol in self.pod["spec"].get("volumes") or []:
+            name = vol["name"]
+            if "hostPath" in vol:
+                paths[name] = Path(vol["hostPath"]["path"])
+                continue
+            d = self.dir / "volumes" / name
+            d.mkdir(parents=True, exist_ok=True)
+            if "configMap" in vol or "secret" in vol:
+                self.write_source(d, vol)
+            elif "downwardAPI" in vol:
+                self.write_downward(d, vol["downwardAPI"].get("items") or [])
+            elif "projected" in vol:
+                for source in vol["projected"].get("sources") or []:
+                    self.write_source(d, source)
+            # emptyDir and anything else: an empty directory shared by the pod's containers.
+            paths[name] = d
+        return paths
+
+    def write_source(self, d: Path, source: dict[str, Any]) -> None:
+        if "serviceAccountToken" in source:
+            sat = source["serviceAccountToken"]
+            sa = self.pod["spec"].get("serviceAccountName") or "default"
+            spec: dict[str, Any] = {
+                "expirationSeconds": int(sat.get("expirationSeconds", 3607)),
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": self.pod_name,
+                    "uid": self.uid,
+                },
+            }
+            if sat.get("audience"):
+                spec["audiences"] = [sat["audience"]]
+            resp = self.api.request(
+                "POST",
+                f"/api/v1/namespaces/{self.ns}/serviceaccounts/{sa}/token",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+            )
+            write_file(d / sat["path"], resp["status"]["token"])
+            return
+        if "downwardAPI" in source:
+            self.write_downward(d, source["downwardAPI"].get("items") or [])
+            return
+        for key, kind, name_field in (
+            ("configMap", "configmaps", "name"),
+            ("secret", "secrets", "secretName"),
+        ):
+            if key not in source:
+                continue
+            ref = source[key]
+            name = ref.get(name_field) or ref.get("name")
+            data = self.kubelet.config_data(kind, self.ns, name, ref.get("optional", False))
+            items = ref.get("items")
+            if items:
+                for item in items:
+                    if item["key"] in data:
+                        write_file(d / item["path"], data[item["key"]])
+                    elif not item.get("optional", ref.get("optional", False)):
+                        raise EnvError(
+                            f"couldn't find key {item['key']} in {kind[:-1]} {self.ns}/{name}"
+                        )
+            else:
+                for k, v in data.items():
+                    write_file(d / k, v)
+
+    def write_downward(self, d: Path, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            if "fieldRef" in item:
+                value = self.kubelet.env_value(self, {}, {"fieldRef": item["fieldRef"]})
+            else:
+                value = self.kubelet.env_value(
+                    self, {}, {"resourceFieldRef": item["resourceFieldRef"]}
+                )
+            write_file(d / item["path"], value or "")
+
+    def container_mounts(self, c: Container) -> list[tuple[str, str, bool]]:
+        """(source on the host, mountPath, readOnly) for each of the container's volumeMounts."""
+        if not self.kubelet.can_mount:
+            return []
+        mounts = []
+        for vm in c.spec.get("volumeMounts") or []:
+            base = (self.volumes or {}).get(vm["name"])
+            if base is None:
+                continue
+            src = base / vm["subPath"] if vm.get("subPath") else base
+            if vm.get("subPath") and not src.exists():
+                src.mkdir(parents=True, exist_ok=True)
+            if str(src) != vm["mountPath"]:
+                mounts.append((str(src), vm["mountPath"], bool(vm.get("readOnly"))))
+        return mounts
+
     # -- probes --
 
     def probe(self, c: Container, now: float) -> None:
@@ -590,8 +704,11 @@ class PodWorker(threading.Thread):
         try:
             if "exec" in spec:
                 cmd = spec["exec"].get("command") or []
+                argv = list(cmd)
+                if c.mounted and c.proc is not None:
+                    argv = ["nsenter", f"--mount=/proc/{c.proc.pid}/ns/mnt", "--", *argv]
                 r = subprocess.run(
-                    cmd,
+                    argv,
                     env=c.env,
                     cwd=str(self.dir / "work"),
                     capture_output=True,
@@ -753,6 +870,41 @@ class PodWorker(threading.Thread):
             self.pod = pod
 
 
+def write_file(path: Path, content: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+
+
+def mount_wrapper(mounts: list[tuple[str, str, bool]], argv: list[str]) -> list[str]:
+    """Run argv in a private mount namespace with each volume bind-mounted at its
+    mountPath, so paths such as /var/run/secrets/kubernetes.io/serviceaccount/token
+    (read by in-cluster clients) are what they are in a real pod. Needs root."""
+    lines = ["set -e"]
+    for src, target, read_only in mounts:
+        s, t = shlex.quote(src), shlex.quote(target)
+        # A file (configMap key via subPath) needs a file to mount over.
+        lines.append(
+            f"if [ -d {s} ]; then mkdir -p {t}; else mkdir -p $(dirname {t}); [ -e {t} ] || : > {t}; fi"
+        )
+        lines.append(f"mount --bind {s} {t}")
+        if read_only:
+            lines.append(f"mount -o remount,bind,ro {t} || true")
+    lines.append('exec "$@"')
+    script = "\n".join(lines)
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        *argv,
+    ]
+
+
 def stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
@@ -790,6 +942,24 @@ class Kubelet:
         self.tls_cert = args.tls_cert
         self.tls_key = args.tls_key
         self.apiserver_port = urllib.parse.urlsplit(self.api.server).port or 443
+        self.can_mount = args.volumes and self._probe_mount_namespaces()
+
+    @staticmethod
+    def _probe_mount_namespaces() -> bool:
+        try:
+            r = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "--", "true"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if r.returncode != 0:
+            log.warning(
+                "no mount namespaces (%s): volumes are not mounted", r.stderr.decode().strip()
+            )
+        return r.returncode == 0
 
     # -- pod IPs and pgids --
 
@@ -1306,6 +1476,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--backoff-cap", type=float, default=300.0, help="longest restart back-off (s)"
+    )
+    parser.add_argument(
+        "--no-volumes",
+        dest="volumes",
+        action="store_false",
+        help="do not bind-mount volumes (they need root and mount namespaces)",
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)

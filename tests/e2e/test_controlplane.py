@@ -486,3 +486,56 @@ def test_garbage_collector_deletes_pods_of_a_deleted_owner(
     wait_for(
         "GC to delete owned pods", lambda: not core.list_namespaced_pod(namespace).items, timeout=90
     )
+
+
+@pytest.mark.timeout(180)
+def test_pod_uses_its_service_account_token_in_cluster(
+    cluster: Any, namespace: str, core: client.CoreV1Api
+) -> None:
+    ns = namespace
+    cluster.kubectl("create", "serviceaccount", "reader", "-n", ns)
+    cluster.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=get,list", "--resource=pods")
+    cluster.kubectl(
+        "create", "rolebinding", "reader", "-n", ns, "--role=pod-reader", f"--serviceaccount={ns}:reader"
+    )  # fmt: skip
+    core.create_namespaced_config_map(
+        ns, {"metadata": {"name": "files"}, "data": {"greeting": "hello"}}
+    )
+    code = (
+        "from kubernetes import client, config\n"
+        "from kubernetes.client.rest import ApiException\n"
+        "config.load_incluster_config()\n"
+        "api = client.CoreV1Api()\n"
+        "ns = open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()\n"
+        "print('pods', len(api.list_namespaced_pod(ns).items))\n"
+        "try:\n"
+        "    api.list_namespaced_secret(ns)\n"
+        "except ApiException as e:\n"
+        "    print('secrets', e.status)\n"
+        "print('file', open('/etc/kvgate-e2e/greeting').read())\n"
+    )
+    body = pod_body(
+        "incluster",
+        [
+            {
+                "name": "c",
+                "image": "x",
+                "command": py(code),
+                "volumeMounts": [
+                    {"name": "files", "mountPath": "/etc/kvgate-e2e", "readOnly": True}
+                ],
+            }
+        ],
+        restartPolicy="Never",
+        serviceAccountName="reader",
+        volumes=[{"name": "files", "configMap": {"name": "files"}}],
+    )
+    core.create_namespaced_pod(ns, body)
+    wait_for(
+        "pod incluster to finish",
+        lambda: core.read_namespaced_pod("incluster", ns).status.phase in ("Succeeded", "Failed"),
+        timeout=90,
+    )
+    out = core.read_namespaced_pod_log("incluster", ns)
+    assert out == "pods 1\nsecrets 403\nfile hello\n", out
+    assert core.read_namespaced_pod("incluster", ns).status.phase == "Succeeded"
