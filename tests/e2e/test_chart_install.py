@@ -65,13 +65,64 @@ class Helm:
         )
 
 
+PROBE_POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sa-probe
+spec:
+  restartPolicy: Never
+  containers:
+    - name: probe
+      image: python:3.11-slim
+      command: [python, -c, "import os, sys; sys.exit(0 if os.environ.get('KUBECONFIG') else 3)"]
+"""
+
+
+def kubelet_gives_credentials(cluster: Any, namespace: str) -> bool:
+    """Whether the test kubelet hands pods their ServiceAccount's kubeconfig (KUBECONFIG)."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=PROBE_POD)
+
+    def phase() -> str | None:
+        p = get_json(cluster, "pod", "sa-probe", "-n", namespace).get("status", {}).get("phase")
+        return p if p in ("Succeeded", "Failed") else None
+
+    done = wait_for("the probe pod", phase, timeout=60, every=0.5)
+    cluster.kubectl("delete", "pod", "sa-probe", "-n", namespace, "--wait=false", check=False)
+    return done == "Succeeded"
+
+
+def token_kubeconfig(cluster: Any, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig that logs in as `sa` with a TokenRequest token (what a kubelet mounts)."""
+    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=2h").stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": sa,
+                "context": {
+                    "cluster": admin["clusters"][0]["name"],
+                    "user": sa,
+                    "namespace": namespace,
+                },
+            }
+        ],
+        "current-context": sa,
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
 @pytest.fixture
 def installed(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[tuple[str, Helm, str]]:
-    """The chart installed in `namespace`, watching only that namespace."""
+    """The chart installed in `namespace`, watching only that namespace, Ready."""
     helm = Helm(cluster, tmp_path / "helm")
     release = f"kvgate-{namespace.rsplit('-', 1)[-1]}"
-    proc = helm(
-        "install", release, str(CHART), "--namespace", namespace,
+    values = [
         "--set", "watch.allNamespaces=false",
         "--set", f"watch.namespaces={{{namespace}}}",
         "--set", f"config.gsm8kDir={gsm8k_dir()}",
@@ -80,11 +131,23 @@ def installed(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[tuple[st
         # Ports of their own: pods share the host's port space (on loopback pod IPs).
         "--set", f"health.port={free_port()}",
         "--set", f"metrics.port={free_port()}",
-        "--wait", "--timeout", "180s",
-    )  # fmt: skip
+    ]  # fmt: skip
+    wait = ["--wait", "--timeout", "180s"]
+    native = kubelet_gives_credentials(cluster, namespace)
+    proc = helm("install", release, str(CHART), "--namespace", namespace, *values,
+                *(wait if native else []))  # fmt: skip
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        yield release, helm, proc.stdout
+        notes = proc.stdout
+        if not native:
+            # This kubelet does not hand out ServiceAccount credentials: give the operator
+            # its own SA's token as a kubeconfig, so RBAC is still exercised for real.
+            kubeconfig = token_kubeconfig(cluster, namespace, release, tmp_path / "sa.kubeconfig")
+            proc = helm("upgrade", release, str(CHART), "--namespace", namespace, *values,
+                        "--set", "extraEnv[0].name=KUBECONFIG",
+                        "--set", f"extraEnv[0].value={kubeconfig}", *wait)  # fmt: skip
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield release, helm, notes
     finally:
         if proc.returncode != 0 or os.environ.get("KVGATE_E2E_DEBUG"):
             logs = cluster.kubectl("logs", "-n", namespace, f"deployment/{release}", check=False)
