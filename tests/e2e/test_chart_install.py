@@ -75,12 +75,18 @@ spec:
   containers:
     - name: probe
       image: python:3.11-slim
-      command: [python, -c, "import os, sys; sys.exit(0 if os.environ.get('KUBECONFIG') else 3)"]
+      command:
+        - python
+        - -c
+        - |
+          import os, sys
+          token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+          sys.exit(0 if os.environ.get("KUBECONFIG") or os.path.exists(token) else 3)
 """
 
 
 def kubelet_gives_credentials(cluster: Any, namespace: str) -> bool:
-    """Whether the test kubelet hands pods their ServiceAccount's kubeconfig (KUBECONFIG)."""
+    """Whether the test kubelet hands pods ServiceAccount credentials (token mount or KUBECONFIG)."""
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=PROBE_POD)
 
     def phase() -> str | None:
