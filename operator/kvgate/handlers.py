@@ -338,6 +338,10 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
     """One pool sample per interval from every Ready production pod, kept in status."""
     gate = ctx.spec.capacity
     pre = dict(ctx.status.get("preflight") or {})
+    if "checkpoint" not in pre:
+        pre["checkpoint"] = _scan_checkpoint(ctx)
+        pre["checkpointHasScales"] = pre["checkpoint"].get("present")
+        ctx.status["preflight"] = pre
     if gate.mode is GateMode.OFF:
         return Observation()
     series: dict[str, list[dict[str, Any]]] = {
@@ -363,6 +367,35 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
         pre["pressureByPod"] = per_pod
     ctx.status["preflight"] = pre
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+
+
+def _scan_checkpoint(ctx: _Ctx) -> dict[str, Any]:
+    """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
+    from kvgate.adapters import hub
+    from kvgate.commands.preflight import preflight
+
+    model = ctx.status.get("model")
+    if not model:
+        return {"present": None, "finding": "no model in the spec or the container args"}
+    if ctx.config.hub_offline and not model.startswith("/") and hub.looks_like_repo_id(model):
+        return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
+    token = None
+    secret = ctx.spec.model.token_secret
+    try:
+        if secret is not None:
+            token = ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key)
+        result = preflight(model, ctx.spec.model.revision, token, None)
+    except KvgateError as exc:  # unreachable hub, no config.json...: the scales gate decides
+        return {"present": None, "finding": f"{type(exc).__name__}: {exc}"[:500]}
+    scales = result.get("scales") or {}
+    return {
+        "source": result.get("source"),
+        "commit": result.get("commit"),
+        "present": scales.get("present"),
+        "coverage": scales.get("coverage"),
+        "expectedCapacityGain": result.get("capacity_gain"),
+        "kvBytesPerToken": result.get("kv_bytes_per_token"),
+    }
 
 
 def _sample_pool(ctx: _Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
