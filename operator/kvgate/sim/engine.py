@@ -4,7 +4,8 @@ One thread runs steps. A step admits waiting requests whose prompt fits the pool
 every running request one token, and preempts the newest requests (recompute, as vLLM V1
 does) when the pool runs out. A decode step costs the time to read the weights plus the
 KV of every running sequence, so an FP8 pool (half the bytes) decodes long contexts faster.
-Times shown in metrics are engine seconds (wall seconds / KVGATE_SIM_SPEED).
+Times in metrics are engine seconds: the sum of the modelled step times, so they read
+like a real GPU's whatever KVGATE_SIM_SPEED is (the wall clock only paces the steps).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Request:
     counted: bool = True  # a client request (not warm-up, health probe or synthetic load)
     id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
-    arrival: float = field(default_factory=time.monotonic)
+    arrival: float = 0.0  # engine seconds, set by submit()
     admitted: float | None = None
     first_token: float | None = None
     finished_at: float | None = None
@@ -145,6 +146,7 @@ class Scheduler:
         self._flops = gpu.bf16_tflops * 1e12 * PREFILL_MFU
         self._gen_window: deque[tuple[float, int]] = deque()
         self._prefill_debt = 0
+        self.clock = 0.0  # engine seconds: advanced by each step's modelled duration
 
     # ---- public -------------------------------------------------------------
     def start(self) -> None:
@@ -171,6 +173,7 @@ class Scheduler:
         with self.lock:
             if self._dead or self._stopped:
                 raise EngineDead("engine is not running")
+            request.arrival = self.clock
             self._waiting.append(request)
             self.stats.waiting = len(self._waiting)
             self._wake.notify()
@@ -205,7 +208,7 @@ class Scheduler:
     def _admit(self, used_blocks: int) -> tuple[int, int]:
         """Move waiting requests in while their context fits; returns (blocks, prefill tokens)."""
         prefill = 0
-        now = time.monotonic()
+        now = self.clock
         while self._waiting and len(self._running) < self.max_num_seqs:
             request = self._waiting[0]
             need = self._blocks(request.context + 1)
@@ -219,7 +222,7 @@ class Scheduler:
             self._waiting.popleft()
             if request.admitted is None:
                 request.admitted = now
-                self.stats.queue_time.observe((now - request.arrival) / self.speed)
+                self.stats.queue_time.observe(now - request.arrival)
             self._running.append(request)
             used_blocks += need
             prefill += request.context
@@ -244,11 +247,9 @@ class Scheduler:
             request.error = "request does not fit in the KV cache"
         else:
             stats.finished[request.finish_reason] = stats.finished.get(request.finish_reason, 0) + 1
-            stats.e2e.observe((now - request.arrival) / self.speed)
+            stats.e2e.observe(now - request.arrival)
             if request.first_token is not None and request.generated > 1:
-                stats.tpot.observe(
-                    (now - request.first_token) / self.speed / (request.generated - 1)
-                )
+                stats.tpot.observe((now - request.first_token) / (request.generated - 1))
         if request.stream is not None:
             request.stream.put(None)
         request.done.set()
@@ -288,10 +289,15 @@ class Scheduler:
         decode_step = self.step_seconds(contexts, 0) if self._running else 0.001
         steps = max(1, math.ceil(MIN_TICK / (decode_step * self.speed)))
         if self._running:
+            # stop the tick when a request finishes or the pool would overflow, so batching
+            # steps never skips a finish or a preemption
             remaining = min(r.target - r.generated for r in self._running)
-            steps = min(steps, remaining)
+            headroom = self.total_blocks * self.block_size - sum(contexts)
+            steps = min(steps, remaining, max(1, headroom // len(self._running)))
         wall = (step + (steps - 1) * decode_step) * self.speed
-        now = time.monotonic() + wall
+        tick_start = self.clock
+        self.clock += step + (steps - 1) * decode_step
+        now = self.clock
         produced = 0
         finished: list[Request] = []
         for request in self._running:
@@ -301,9 +307,11 @@ class Scheduler:
             start = request.generated
             request.generated += take
             produced += take
+            # token k of this tick comes out at tick_start + step + (k - 1) x decode_step
+            last_token_at = tick_start + step + (take - 1) * decode_step
             if request.first_token is None:
-                request.first_token = now
-                stats.ttft.observe((now - request.arrival) / self.speed)
+                request.first_token = tick_start + step
+                stats.ttft.observe(request.first_token - request.arrival)
                 if take > 1:
                     stats.itl.observe(decode_step, take - 1)
             else:
@@ -312,17 +320,17 @@ class Scheduler:
                 for piece in request.pieces[start : request.generated]:  # one SSE event per token
                     request.stream.put(piece)
             if request.generated >= request.target:
+                request.finished_at = last_token_at
                 finished.append(request)
         stats.generation_tokens += produced
-        # throughput over the last 5 engine seconds (at least 50 ms of wall time)
-        window = max(5 * self.speed, 0.05)
+        # throughput over the last 5 engine seconds
         self._gen_window.append((now, produced))
-        while self._gen_window and self._gen_window[0][0] < now - window:
+        while self._gen_window and self._gen_window[0][0] < now - 5.0:
             self._gen_window.popleft()
-        stats.gen_throughput = sum(n for _, n in self._gen_window) / (window / self.speed)
+        stats.gen_throughput = sum(n for _, n in self._gen_window) / 5.0
         for request in finished:
             self._running.remove(request)
-            self._finish(request, now)
+            self._finish(request, request.finished_at or now)
         self._preempt()
         if finished and self._waiting:
             # refill freed slots now, so the batch never looks empty between ticks
@@ -356,7 +364,9 @@ class SyntheticLoad:
     def _again(self, done: Request) -> None:
         # called under the scheduler lock: append directly instead of submit()
         if done.error is None and not self.scheduler.dead:
-            self.scheduler._waiting.append(self._one())
+            again = self._one()
+            again.arrival = self.scheduler.clock
+            self.scheduler._waiting.append(again)
 
     def start(self) -> None:
         for _ in range(self.spec.concurrency):
