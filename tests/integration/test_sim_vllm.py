@@ -363,3 +363,33 @@ def test_pod_ip_is_the_default_host(sim) -> None:
     assert f"Starting vLLM server on http://127.0.0.3:{engine.port}" in engine.log()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{engine.port}/health", timeout=1)
+
+
+def test_a100_fp8_on_011_dies_in_triton(sim) -> None:
+    # vLLM 0.11 falls back to Triton for FP8 KV on SM 8.x; Ampere has no fp8e4nv (derived)
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8"],
+        {"KVGATE_SIM_GPU": "A100", "KVGATE_SIM_ENGINE_VERSION": "0.11.0"},
+        ready=False,
+    )
+    assert engine.wait(30) == 1
+    assert "type fp8e4nv not supported in this architecture" in engine.log()
+
+
+def test_a100_fp8_on_016_uses_flashinfer_and_starts(sim) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8_e5m2"],
+        {"KVGATE_SIM_GPU": "A100", "KVGATE_SIM_ENGINE_VERSION": "0.16.0"},
+    )
+    log = engine.log()
+    assert (
+        "Using FLASHINFER attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN']."
+        in log
+    )
+    assert "Using KV cache scaling factor 1.0" not in log  # e5m2 needs no scale
+    assert "Maximum concurrency for 8,192 tokens per request:" in log
+
+
+def test_human_readable_max_model_len(sim) -> None:
+    engine = sim(["vllm", "serve", MODEL, "--max-model-len", "8k"])
+    assert "Using max model len 8000" in engine.log()

@@ -169,7 +169,7 @@ def parse_vllm(argv: Sequence[str], version: tuple[int, ...]) -> ServeArgs:
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
     parser.add_argument("--model", default="Qwen/Qwen3-0.6B")
     parser.add_argument("--served-model-name", nargs="+", default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-model-len", type=_human_int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     dtypes = vllm_kv_dtypes(version)
@@ -211,6 +211,17 @@ def parse_vllm(argv: Sequence[str], version: tuple[int, ...]) -> ServeArgs:
         non_default=non_default,
         all_args=values,
     )
+
+
+def _human_int(text: str) -> int:
+    """vLLM's human-readable sizes: 8192, 8k (x1000), 8K (x1024), 1m / 1M."""
+    units = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text!r}") from None
 
 
 def _vllm_backend(text: str) -> str:
