@@ -90,11 +90,15 @@ export KUBECONFIG
 kubectl get nodes --request-timeout=10s | sed 's/^/  /'
 
 # ---- 3. the operator, from the chart -------------------------------------------------------
+# Pods of the test kubelet are host processes: give the operator ports nothing else holds, and
+# no /tmp mount (it would hide the kubelet's pod directories when the state dir is under /tmp).
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 step "Install kvgate with Helm (the operator runs as a pod under the chart's ServiceAccount)"
 kubectl create namespace "$NS" --request-timeout=10s >/dev/null
 timeout 300 helm install "$RELEASE" charts/kvgate --namespace "$OPNS" --create-namespace \
 	--set watch.allNamespaces=false --set "watch.namespaces={$NS}" \
 	--set "config.gsm8kDir=$GSM8K" --set config.pollInterval=1 --set logFormat=plain \
+	--set writableTmp=false --set "metrics.port=$(free_port)" --set "health.port=$(free_port)" \
 	--wait --timeout 240s >"$OUT/helm-install.txt" || fail "helm install: $(tail -5 "$OUT/helm-install.txt")"
 say "  release $RELEASE in $OPNS: $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.status.readyReplicas}/{.spec.replicas}' --request-timeout=10s) ready"
 say "  ServiceAccount $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.spec.template.spec.serviceAccountName}'), Role in $NS only"

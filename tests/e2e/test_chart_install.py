@@ -134,6 +134,9 @@ def installed(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[tuple[st
         "--set", f"config.gsm8kDir={gsm8k_dir()}",
         "--set", "config.pollInterval=1",
         "--set", "logFormat=plain",
+        # The test kubelet bind-mounts volumes over the host filesystem: an emptyDir at /tmp
+        # would hide this cluster's pod directories (under pytest's /tmp) from the pod.
+        "--set", "writableTmp=false",
         # Ports of their own: pods share the host's port space (on loopback pod IPs).
         "--set", f"health.port={free_port()}",
         "--set", f"metrics.port={free_port()}",

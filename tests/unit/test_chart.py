@@ -111,8 +111,9 @@ CLUSTER = {
 
 
 def test_chart_crd_is_the_operator_crd() -> None:
+    # A symlink, so the two cannot drift; helm packages the file's content.
     assert (CHART / "crds" / CRD).read_bytes() == (ROOT / "crds" / CRD).read_bytes(), (
-        f"cp crds/{CRD} charts/kvgate/crds/"
+        f"ln -sf ../../../crds/{CRD} charts/kvgate/crds/{CRD}"
     )
 
 
@@ -161,6 +162,7 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert env["KVGATE_EVAL_IMAGE"] == "ghcr.io/kvgate/kvgate-eval:0.1.0"
     assert "KVGATE_GSM8K_DIR" not in env
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
     svc = one(docs, "Service")
     assert svc["spec"]["ports"] == [
         {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
@@ -224,6 +226,7 @@ def test_operator_config_becomes_env(helm: str) -> None:
         "config.hubOffline=true",
         "metrics.enabled=false",
         "image.digest=sha256:" + "a" * 64,
+        "writableTmp=false",
     )
     c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -232,6 +235,8 @@ def test_operator_config_becomes_env(helm: str) -> None:
     assert env["KVGATE_METRICS_PORT"] == "0"
     assert c["image"] == "ghcr.io/kvgate/kvgate@sha256:" + "a" * 64
     assert [p["name"] for p in c["ports"]] == ["health"]
+    assert "volumeMounts" not in c
+    assert "volumes" not in one(docs, "Deployment")["spec"]["template"]["spec"]
     assert not [d for d in docs if d["kind"] == "Service"]
 
 
