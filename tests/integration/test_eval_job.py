@@ -76,6 +76,7 @@ def _eval(
     ]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240, cwd=REPO)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert lines, f"no JSON on stdout (exit {done.returncode}):\n{done.stderr[-6000:]}"
     return done.returncode, lines, done.stderr
 
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ GSM8K_ENV: Final = "KVGATE_GSM8K_DIR"
 HF_DATASET: Final = ("openai/gsm8k", "main")
 
 log = logging.getLogger(__name__)
+_DATASET_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,13 +301,18 @@ class LmEvalRunner:
     def run(self, arm_name: str, doc_ids: Sequence[int]) -> dict[int, ArmAnswer]:
         """Evaluate `doc_ids` on one arm; returns graded answers by doc id."""
         import lm_eval
+        from lm_eval.tasks import get_task_dict
 
         arm, model, task_manager = self._arms[arm_name]
         s = self.settings
         try:
+            # Build the task (it loads the dataset) one arm at a time: datasets' file listing
+            # uses tqdm's thread_map, whose class-level lock races between threads.
+            with _DATASET_LOCK:
+                task = get_task_dict([s.task_name], task_manager)[s.task_name]
             result = lm_eval.simple_evaluate(
                 model=model,
-                tasks=[s.task_name],
+                tasks=[task],
                 task_manager=task_manager,
                 num_fewshot=s.num_fewshot,
                 samples={s.task_name: list(doc_ids)},
