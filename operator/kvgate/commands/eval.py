@@ -8,10 +8,12 @@ import json
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from kvgate.cli import EXIT_BUG
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -130,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
     emit = _emitter(sys.stdout)
+    exit_code: int | None = None
     output: IO[str] | None = None
     try:
         if args.output:
@@ -167,6 +170,18 @@ def run(args: argparse.Namespace) -> int:
                 error=str(exc),
                 extra=extra,
             )
+        except Exception as exc:  # a bug (ours or lm-eval's): the Job log still ends in a summary
+            traceback.print_exc(file=sys.stderr)
+            summary = build_summary(
+                plan=plan,
+                task=args.task,
+                verdict=Verdict.ERROR,
+                counts=None,
+                looks_taken=0,
+                error=f"internal error: {type(exc).__name__}: {str(exc)[:300]}",
+                extra=extra,
+            )
+            exit_code = EXIT_BUG
         if output is not None:
             summary["output"] = args.output
             output.write(json.dumps(summary, separators=(",", ":")) + "\n")
@@ -174,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         if output is not None:
             output.close()
     emit(summary)
-    return EXIT_CODES[Verdict(summary["verdict"])]
+    return exit_code if exit_code is not None else EXIT_CODES[Verdict(summary["verdict"])]
 
 
 def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:

@@ -1,0 +1,126 @@
+"""`kvgate eval` through kvgate.cli.main with the endpoint check and lm-eval replaced (no sockets)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import kvgate.evaluation.runner as runner_module
+from kvgate.cli import main
+from kvgate.errors import EvalError
+from kvgate.evaluation.records import ArmAnswer
+from kvgate.evaluation.runner import Arm
+
+
+class FakeRunner:
+    """Stands in for LmEvalRunner: the candidate is wrong on every doc in `wrong`."""
+
+    wrong: frozenset[int] = frozenset()
+    explode: BaseException | None = None
+
+    def __init__(self, settings: object, arms: Sequence[Arm], workdir: Path) -> None:
+        self.arms = {a.name: a for a in arms}
+
+    def run(self, arm_name: str, doc_ids: Sequence[int]) -> dict[int, ArmAnswer]:
+        if self.explode is not None:
+            raise self.explode
+        print("lm-eval chatter that must not reach stdout")
+        out = {}
+        for d in doc_ids:
+            right = not (arm_name == "candidate" and d in self.wrong)
+            out[d] = ArmAnswer(d, f"d{d}", f"p{d}", {"strict-match": right}, {"strict-match": "1"})
+        return out
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    (d / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n' * 400)
+    (d / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    return d
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeRunner]:
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(runner_module, "LmEvalRunner", FakeRunner)
+    FakeRunner.wrong, FakeRunner.explode = frozenset(), None
+    return FakeRunner
+
+
+def _eval(capsys: pytest.CaptureFixture[str], data_dir: Path, *extra: str) -> tuple[int, list, str]:
+    code = main(
+        [
+            "eval",
+            "--control-url",
+            "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url",
+            "http://10.0.0.2:8000/v1/completions",
+            "--data-dir",
+            str(data_dir),
+            *extra,
+        ]
+    )
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def test_pass_prints_progress_then_summary_and_writes_output(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, tmp_path: Path, fake: type[FakeRunner]
+) -> None:
+    output = tmp_path / "q.jsonl"
+    code, lines, err = _eval(
+        capsys, data_dir, "--sequential", "--chunk", "100", "--output", str(output)
+    )
+    assert code == 0
+    assert [line["kind"] for line in lines[:-1]] == ["kvgate.eval/progress"] * (len(lines) - 1)
+    summary = lines[-1]
+    assert summary["kind"] == "kvgate.eval/summary" and summary["verdict"] == "pass"
+    assert summary["arms"]["control"]["model"] == "m"
+    assert "lm-eval chatter" in err  # sent to stderr, not stdout
+    saved = output.read_text().splitlines()
+    assert len(saved) == summary["questions_used"] + 1
+    assert json.loads(saved[-1])["verdict"] == "pass"
+
+
+def test_fail_exits_1(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    fake.wrong = frozenset(range(0, 400, 5))  # a 20-point loss
+    code, lines, _ = _eval(capsys, data_dir, "--sequential", "--model", "x")
+    assert code == 1
+    assert lines[-1]["verdict"] == "fail" and lines[-1]["looks"] == 1
+
+
+def test_inconclusive_exits_3(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    code, lines, _ = _eval(capsys, data_dir, "--limit", "60")
+    assert code == 3
+    assert lines[-1]["verdict"] == "inconclusive" and lines[-1]["questions_used"] == 60
+
+
+def test_endpoint_error_exits_4_with_summary(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    fake.explode = EvalError("candidate endpoint http://x failed after 3 attempts: timeout")
+    code, lines, _ = _eval(capsys, data_dir)
+    assert code == 4
+    assert lines[-1]["verdict"] == "error" and "timeout" in lines[-1]["error"]
+
+
+def test_bug_still_ends_with_an_error_summary(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    fake.explode = AttributeError("type object 'tqdm' has no attribute '_lock'")
+    code, lines, err = _eval(capsys, data_dir)
+    assert code == 70
+    assert lines[-1]["verdict"] == "error"
+    assert lines[-1]["error"].startswith("internal error: AttributeError")
+    assert "Traceback" in err
