@@ -112,9 +112,10 @@ def main() -> None:
         print(f"  same result as scan_log: {streamed == scan}")
 
         # Worst case: every line holds an anchor ("GPU KV cache usage" in the stats line).
-        stats = _noise(random.Random(1), 0)
-        while "Avg prompt throughput" not in stats:
-            stats = _noise(random.Random(len(stats)), 0)
+        rng = random.Random(1)
+        stats = next(
+            line for line in iter(lambda: _noise(rng, 0), None) if "Avg prompt throughput" in line
+        )
         worst = stats * (20_000_000 // len(stats))
         start = time.perf_counter()
         scan_log(worst)
