@@ -880,7 +880,13 @@ def mount_wrapper(mounts: list[tuple[str, str, bool]], argv: list[str]) -> list[
     mountPath, so paths such as /var/run/secrets/kubernetes.io/serviceaccount/token
     (read by in-cluster clients) are what they are in a real pod. Needs root."""
     lines = ["set -e"]
-    for src, target, read_only in mounts:
+
+    def shadows_a_source(target: str) -> bool:
+        # A mount over /tmp would hide every later source under /tmp (pytest's state dirs).
+        return any(Path(src).is_relative_to(target) for src, _, _ in mounts)
+
+    ordered = sorted(mounts, key=lambda m: (shadows_a_source(m[1]), len(Path(m[1]).parts)))
+    for src, target, read_only in ordered:
         s, t = shlex.quote(src), shlex.quote(target)
         # A file (configMap key via subPath) needs a file to mount over.
         lines.append(
