@@ -315,7 +315,10 @@ def _conflicts(ctx: _Ctx) -> tuple[str, ...]:
             and (other.get("status") or {}).get("reason") == "VerdictReported"
         ):
             continue
-        if (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
+        # A rollout past Pending has claimed the Deployment; between two Pending ones the
+        # older wins (creation time, then name, so both operators' views agree).
+        claimed = phase != Phase.PENDING.value
+        if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
             out.append(str(om.get("name")))
     return tuple(out)
 
@@ -556,7 +559,14 @@ def _observe_eval(ctx: _Ctx) -> Observation:
     ctx.status["eval"] = ev
     if summary is not None:
         _record_accuracy(ctx, summary)
-        return _replace_obs(obs, job_finished=True, eval_summary=summary)
+        control_tpot, candidate_tpot = _speed_after_eval(ctx)
+        return _replace_obs(
+            obs,
+            job_finished=True,
+            eval_summary=summary,
+            control_tpot_s=control_tpot,
+            candidate_tpot_s=candidate_tpot,
+        )
     if finished:
         reason = next(
             (
@@ -764,7 +774,7 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
             control_url=f"http://{ips['control']}:{port}/v1/completions",
             candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
             model=ctx.status.get("servedModel") or ctx.status.get("model"),
-            concurrency=ctx.config.eval_concurrency,
+            concurrency=_eval_concurrency(ctx),
         ),
         env=env,
         resources=ctx.spec.canary.resources,
@@ -795,10 +805,58 @@ def _delete_eval_jobs(ctx: _Ctx, step: Step) -> None:
 
 
 def _snapshot_speed(ctx: _Ctx, step: Step) -> None:
-    """Speed: TPOT from the arms' metrics over the eval (same load on both arms)."""
+    """Speed: TPOT histogram totals of both arms before the eval, which is the fixed load."""
     if ctx.spec.speed is None:
         return
-    # The eval itself is the fixed-concurrency load; see _speed_figures for the read-out.
+    speed = dict(ctx.status.get("speed") or {})
+    speed["before"] = _tpot_totals(ctx)
+    ctx.status["speed"] = speed
+
+
+def _tpot_totals(ctx: _Ctx) -> dict[str, Any]:
+    """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    out: dict[str, Any] = {}
+    for arm in manifests.ARMS:
+        ip = _arm_health(ctx, arm).ip
+        if not ip:
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(_metrics_url(ctx, ip)), ctx.status.get("engine")
+            )
+        except (ExternalError, InputError) as exc:
+            out[arm] = {"error": str(exc)[:300]}
+            continue
+        hist = snap.tpot or snap.itl
+        if hist is not None:
+            out[arm] = {"sum": _json_number(hist.sum), "count": _json_number(hist.count)}
+    return out
+
+
+def _speed_after_eval(ctx: _Ctx) -> tuple[float | None, float | None]:
+    """Mean TPOT of each arm over the eval window, recorded in status.speed."""
+    if ctx.spec.speed is None:
+        return None, None
+    speed = dict(ctx.status.get("speed") or {})
+    if "after" not in speed:
+        speed["after"] = _tpot_totals(ctx)
+    before, after = speed.get("before") or {}, speed["after"]
+    tpots = {arm: verdict.mean_between(before.get(arm), after.get(arm)) for arm in manifests.ARMS}
+    for arm, tpot in tpots.items():
+        speed[arm] = {"tpotMs": None if tpot is None else round(tpot * 1000, 3)}
+    speed["concurrency"] = _eval_concurrency(ctx)
+    ctx.status["speed"] = speed
+    return tpots["control"], tpots["candidate"]
+
+
+def _eval_concurrency(ctx: _Ctx) -> int:
+    """The eval's fixed concurrency: the speed gate's first level, else the operator default."""
+    if ctx.spec.speed is not None and ctx.spec.speed.concurrency:
+        return ctx.spec.speed.concurrency[0]
+    return ctx.config.eval_concurrency
 
 
 def _patch_deployment(ctx: _Ctx, step: Step) -> None:

@@ -301,6 +301,16 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
         return f"eval verdict {summary.get('verdict')!r}"
 
 
+def mean_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> float | None:
+    """Mean of a histogram over a window from its {sum, count} totals at both ends."""
+    try:
+        count = float(after["count"]) - float(before["count"])  # type: ignore[index]
+        total = float(after["sum"]) - float(before["sum"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return total / count if count > 0 and total >= 0 else None
+
+
 def assess_speed(
     gate: SpeedGate | None, control_tpot_s: float | None, candidate_tpot_s: float | None
 ) -> GateResult:

@@ -56,7 +56,14 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     ),
     "loss": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FP8_LOSS": "0.10"}, TRITON),
     "room": ({"KVGATE_SIM_LOAD": ROOM}, TRITON),
-    "report": ({"KVGATE_SIM_LOAD": PRESSURE}, {**TRITON, "promotion": {"mode": "report"}}),
+    "report": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {
+            **TRITON,
+            "promotion": {"mode": "report"},
+            "gates": {**FAST_GATES, "speed": {"concurrency": [8], "maxTpotRegression": 1.0}},
+        },
+    ),
     "manual": (
         {"KVGATE_SIM_LOAD": PRESSURE},
         {**TRITON, "promotion": {"mode": "manual", "verifyWindow": "2s"}},
@@ -138,6 +145,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
             spec = json.loads(json.dumps(spec).replace(CHECKPOINT, checkpoint))
             apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
         # A second rollout on a Deployment that already has an active one is refused.
+        wait_phase(cluster, namespaces["report"], "report-fp8", {"Preflight", "Canary"}, 60)
         apply(cluster, namespaces["report"], rollout("report-dup", "report", **TRITON))
         yield w
     finally:
@@ -287,6 +295,10 @@ def test_report_mode_reports_and_never_patches(world: World) -> None:
         "observedGeneration": None,
     }
     assert "VerdictReported" in event_reasons(world.cluster, world.ns["report"], "report-fp8")
+    # The optional speed gate: TPOT of both arms over the eval (its fixed concurrency).
+    assert status["gates"]["speed"]["reason"] == "SpeedWithinLimit", status["gates"]["speed"]
+    assert status["speed"]["concurrency"] == 8
+    assert status["speed"]["control"]["tpotMs"] > 0 and status["speed"]["candidate"]["tpotMs"] > 0
     world.untouched("report")
 
 

@@ -240,9 +240,8 @@ def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
         f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
     )  # fmt: skip
     items = json.loads(proc.stdout).get("items") or []
-    items.sort(
-        key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"])
-    )
+    # Timestamps have one-second resolution; the etcd revision orders the posts exactly.
+    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [e["reason"] for e in items]
 
 

@@ -677,3 +677,20 @@ def test_crash_summary_prefers_the_root_cause() -> None:
     )
     assert v.crash_summary(crashed, "fallback") == ("Ninja build failed", "use TRITON_ATTN")
     assert v.crash_summary(None, "exited with code 1") == ("exited with code 1", None)
+
+
+MEAN_GRID = [
+    ({"sum": 1.0, "count": 100}, {"sum": 3.0, "count": 200}, 0.02),
+    ({"sum": 1.0, "count": 100}, {"sum": 1.0, "count": 100}, None),  # no tokens in the window
+    (None, {"sum": 3.0, "count": 200}, None),
+    ({"sum": 1.0, "count": 100}, {"error": "down"}, None),
+    ({"sum": 5.0, "count": 100}, {"sum": 1.0, "count": 200}, None),  # counter reset: unusable
+]
+
+
+@pytest.mark.parametrize(("before", "after", "mean"), MEAN_GRID)
+def test_mean_between(
+    before: dict[str, Any] | None, after: dict[str, Any], mean: float | None
+) -> None:
+    got = v.mean_between(before, after)
+    assert got == pytest.approx(mean) if mean is not None else got is None
