@@ -124,6 +124,7 @@ def _stop_list(body: dict[str, Any]) -> list[str]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
     server_version = "uvicorn"
     sys_version = ""
     app: App  # set on the subclass built by make_server
