@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except Exception:  # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
+        traceback.print_exc()
+        return EXIT_BUG
 
 
 def _report(exc: KvgateError, args: argparse.Namespace) -> None:
