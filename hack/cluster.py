@@ -705,6 +705,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _sweep(state_dir: Path) -> None:
     """Kill leftovers recorded in pid files (after a crash), checking they are ours."""
+    # Pod process groups the kubelet recorded, if the kubelet itself was SIGKILLed.
+    with contextlib.suppress(OSError, ValueError):
+        for line in (state_dir / "kubelet" / "pgids").read_text().split():
+            pgid = int(line)
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pgid}/cwd").startswith(str(state_dir)):
+                    _kill_group(pgid, 1)
+        (state_dir / "kubelet" / "pgids").unlink()
     pids_dir = state_dir / "pids"
     if not pids_dir.is_dir():
         return

@@ -39,9 +39,17 @@ with this venv's bin dir (so ``python -m kvgate.sim ...`` and ``kvgate`` work);
 env from value/fieldRef/secretKeyRef/configMapKeyRef/envFrom; http/tcp/exec
 probes; restart back-off 10 s doubling (first restart immediate); container logs
 through the API (``read_namespaced_pod_log``, ``kubectl logs``, previous, follow).
-The working dir is a per-pod temp dir unless ``workingDir`` is set. Volumes are
-ignored: pods see the host filesystem. Services get no working cluster IPs: talk
-to pod IPs.
+The working dir is a per-pod dir unless ``workingDir`` is set. Volumes
+(emptyDir, configMap, secret, downwardAPI, projected incl. the ServiceAccount
+token, hostPath) are bind-mounted at their mountPath in a per-container mount
+namespace, so in-cluster clients (``load_incluster_config()``) work as the pod's
+ServiceAccount; the rest of the filesystem is the host's.
+
+Limits to keep in mind: pods share the host's port space, so a server should bind
+``$POD_IP`` (the kvgate simulator does by default), not 0.0.0.0, or two pods on
+one port collide. Services get cluster IPs but no endpoints: the apiserver
+accepts loopback pod IPs, but EndpointSlice validation rejects them ("may not be
+in the loopback range"), so talk to pod IPs directly. No exec/attach/port-forward.
 
 Example::
 
