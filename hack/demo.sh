@@ -99,7 +99,7 @@ timeout 300 helm install "$RELEASE" charts/kvgate --namespace "$OPNS" --create-n
 	--set watch.allNamespaces=false --set "watch.namespaces={$NS}" \
 	--set "config.gsm8kDir=$GSM8K" --set config.pollInterval=1 --set logFormat=plain \
 	--set writableTmp=false --set "metrics.port=$(free_port)" --set "health.port=$(free_port)" \
-	--wait --timeout 240s >"$OUT/helm-install.txt" || fail "helm install: $(tail -5 "$OUT/helm-install.txt")"
+	--wait --timeout 240s >"$OUT/helm-install.txt" 2>&1 || fail "helm install: $(tail -5 "$OUT/helm-install.txt")"
 say "  release $RELEASE in $OPNS: $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.status.readyReplicas}/{.spec.replicas}' --request-timeout=10s) ready"
 say "  ServiceAccount $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.spec.template.spec.serviceAccountName}'), Role in $NS only"
 
@@ -142,7 +142,7 @@ narrate() { # name, expected final phase
 		    p = subprocess.run(["kubectl", *args, "--request-timeout=10s"], capture_output=True, text=True, timeout=20)
 		    return json.loads(p.stdout) if p.returncode == 0 and p.stdout else None
 		terminal = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
-		t0, seen, phase = time.monotonic(), set(), None
+		t0, seen, phase, look = time.monotonic(), set(), None, None
 		while True:
 		    now = time.monotonic() - t0
 		    obj = kubectl("get", "kvr", name, "-n", ns, "-o", "json") or {}
@@ -156,6 +156,13 @@ narrate() { # name, expected final phase
 		        seen.add(uid)
 		        mark = c("33", "!") if ev.get("type") == "Warning" else c("2", "·")
 		        print(f"  {now:6.1f}s {mark} {ev.get('reason')}: {ev.get('message', '')[:160]}", flush=True)
+		    progress = (status.get("eval") or {}).get("progress") or {}
+		    if progress.get("look") is not None and progress.get("look") != look:
+		        look = progress["look"]
+		        diff = progress.get("difference")
+		        diff = f", candidate - control {100 * diff:+.1f} pp" if isinstance(diff, (int, float)) else ""
+		        print(f"  {now:6.1f}s {c('2', '·')} eval look {look + 1}/{progress.get('looks_planned', '?')}: "
+		              f"{progress.get('questions', '?')} questions{diff}", flush=True)
 		    if status.get("phase") and status["phase"] != phase:
 		        phase = status["phase"]
 		        color = "32" if phase in ("Promoted", "NotNeeded") else "31" if phase in ("RolledBack", "Failed") else "36"
@@ -178,7 +185,9 @@ step "Rollout 1: --kv-cache-dtype fp8 with vLLM's default attention backend"
 say "${D}On an L4 (SM 8.9) FlashInfer cannot build its FP8 KV kernels: the candidate should crash.${N}"
 rollout qwen3-fp8 '[]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
 narrate qwen3-fp8 RolledBack || fail "rollout qwen3-fp8 did not end RolledBack"
-say "  remedy: $(kubectl get kvr -n "$NS" qwen3-fp8 -o jsonpath='{.status.message}')"
+MESSAGE="$(kubectl get kvr -n "$NS" qwen3-fp8 -o jsonpath='{.status.message}' --request-timeout=10s)"
+say "  why:    ${MESSAGE%%; remedy: *}" | cut -c1-160
+case "$MESSAGE" in *"remedy: "*) say "  ${B}remedy: ${MESSAGE#*remedy: }${N}" ;; esac
 say "  production args unchanged: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
 
 # ---- 6. the second rollout: Triton attention ---------------------------------------------
