@@ -128,12 +128,49 @@ class Runner:
         except (OSError, ValueError) as exc:
             print(f"kvgate.sim: KVGATE_GSM8K_DIR: {exc}", file=sys.stderr)
             return 2
+        startup: VllmStartup | SglangStartup
         if args.engine == "vllm":
-            startup: VllmStartup | SglangStartup = VllmStartup(args, env, self.vlog)
+            startup = VllmStartup(args, env, self.vlog)
         else:
             startup = SglangStartup(args, env, self.slog)
         bind_host = args.host or "0.0.0.0"
-        app = App(
+        url = f"http://{bind_host}:{args.port}"
+        self.app = app = self._app(index)
+        # vLLM takes its port before the engine starts (connections are refused until it
+        # listens); SGLang binds only once the engine is up
+        server = self._bind(app, bind_host) if args.engine == "vllm" else None
+        startup.run()
+        if env.faults.hang_before_ready:
+            while True:
+                time.sleep(3600)
+        scheduler = self._start_engine(startup, app)
+        if isinstance(startup, VllmStartup):
+            startup.ready_lines(url)
+        else:
+            server = self._bind(app, bind_host)
+            startup.listening_lines(url, os.getpid())
+        assert server is not None
+        self.server = server
+        self.ready = True  # from here SIGTERM means a clean shutdown, not an abort
+        server.server_activate()
+        serve_in_thread(server)
+        if isinstance(startup, SglangStartup):
+            if not args.skip_server_warmup:  # SGLang's warm-up generate request
+                warmup = Request(
+                    prompt_tokens=8, pieces=[" ok"], finish_reason="length", counted=False
+                )
+                scheduler.submit(warmup).done.wait(30)
+            startup.ready_line()
+        app.state = "ready"
+        self._start_stats_logger()
+        if env.faults.crash_after == 0:
+            self._crash()
+        self.stop.wait()
+        return self._shutdown()
+
+    def _app(self, index: Gsm8kIndex) -> App:
+        args, env = self.args, self.env
+        return App(
             engine=args.engine,
             version=env.version,
             version_tuple=env.version_tuple,
@@ -154,21 +191,18 @@ class Runner:
             registry=None,
             access_log=args.access_log,
         )
-        server = self._bind(app, bind_host) if args.engine == "vllm" else None
-        startup.run()
-        if env.faults.hang_before_ready:
-            while True:
-                time.sleep(3600)
+
+    def _start_engine(self, startup: VllmStartup | SglangStartup, app: App) -> Scheduler:
+        """Size the scheduler from the startup's KV plan, wire metrics, start traffic."""
+        args, env = self.args, self.env
         plan = startup.plan
         assert plan is not None
-        if args.engine == "vllm":
-            assert isinstance(startup, VllmStartup)
+        if isinstance(startup, VllmStartup):
             app.max_model_len = startup.max_model_len
             block, max_seqs = BLOCK_SIZE, args.max_num_seqs or 256
         else:
-            assert isinstance(startup, SglangStartup)
             app.max_model_len = startup.context_len
-            block, max_seqs = 1, args.max_num_seqs or min(4096, max(1, plan.tokens // 64))
+            block, max_seqs = 1, startup.max_running
         scheduler = Scheduler(
             gpu=env.gpu,
             model=env.model,
@@ -179,64 +213,28 @@ class Runner:
             speed=env.speed,
             on_finished=self._count,
         )
-        self.scheduler = scheduler
-        app.scheduler = scheduler
-        if args.engine == "vllm":
-            assert isinstance(startup, VllmStartup)
-            show_hidden = args.all_args.get("show_hidden_metrics_for_version")
-            app.registry = build_registry(
-                VllmCollector(
-                    scheduler,
-                    args.served_model_name,
-                    env.version_tuple,
-                    startup.cache_config(),
-                    show_hidden,
-                )
+        self.scheduler = app.scheduler = scheduler
+        model = args.served_model_name
+        if isinstance(startup, VllmStartup):
+            hidden = args.all_args.get("show_hidden_metrics_for_version")
+            collector = VllmCollector(
+                scheduler, model, env.version_tuple, startup.cache_config(), hidden
             )
-        elif args.enable_metrics:
-            app.registry = build_registry(
-                SglangCollector(
-                    scheduler,
-                    args.served_model_name,
-                    env.version_tuple,
-                    plan.tokens,
-                    startup.context_len,
+            app.registry = build_registry(collector)
+        else:
+            if args.enable_metrics:  # SGLang serves /metrics only when asked
+                collector = SglangCollector(
+                    scheduler, model, env.version_tuple, plan.tokens, startup.context_len
                 )
-            )
-        app.server_info = self._server_info(startup)
+                app.registry = build_registry(collector)
+            app.server_info = self._server_info(startup)
         scheduler.start()
         if env.load is not None:
             SyntheticLoad(scheduler, env.load).start()
+        return scheduler
 
-        if isinstance(startup, VllmStartup):
-            assert server is not None
-            startup.ready_lines(f"http://{bind_host}:{args.port}")
-        else:
-            server = self._bind(app, bind_host)
-            startup.listening_lines(f"http://{bind_host}:{args.port}", os.getpid())
-        self.server = server
-        self.ready = True  # from here SIGTERM means a clean shutdown, not an abort
-        server.server_activate()
-        serve_in_thread(server)
-        if isinstance(startup, SglangStartup):
-            # the warm-up generate request, then the ready line
-            if not args.skip_server_warmup:
-                warmup = Request(
-                    prompt_tokens=8, pieces=[" ok"], finish_reason="length", counted=False
-                )
-                scheduler.submit(warmup).done.wait(30)
-            startup.ready_line()
-        self.app = app
-        app.state = "ready"
-        self._start_stats_logger()
-        if env.faults.crash_after == 0:
-            self._crash()
-        self.stop.wait()
-        return self._shutdown()
-
-    def _server_info(self, startup: VllmStartup | SglangStartup) -> dict[str, object]:
-        if not isinstance(startup, SglangStartup):
-            return {}
+    def _server_info(self, startup: SglangStartup) -> dict[str, object]:
+        """SGLang's /get_server_info: the server args plus what the engine resolved."""
         info: dict[str, object] = {k: v for k, v in self.args.all_args.items()}
         info.update(
             kv_cache_dtype=self.args.kv_cache_dtype,

@@ -47,6 +47,7 @@ class SglangStartup:
     backend: str = "flashinfer"
     context_len: int = 0
     mem_fraction: float = 0.0
+    max_running: int = 0
 
     @property
     def version(self) -> tuple[int, ...]:
@@ -167,7 +168,8 @@ class SglangStartup:
             f"Capture cuda graph end. Time elapsed: 11.84 s. mem usage=0.48 GB. avail mem={left - 0.48:.2f} GB.",
             TP,
         )
-        max_running = args.max_num_seqs or min(4096, max(1, plan.tokens // 64))
+        self.max_running = args.max_num_seqs or min(4096, max(1, plan.tokens // 64))
+        max_running = self.max_running
         summary = (
             f"max_total_num_tokens={plan.tokens}, chunked_prefill_size=2048, max_prefill_tokens=16384, "
             f"max_running_requests={max_running}, context_len={self.context_len}, "
