@@ -449,7 +449,8 @@ class VllmStartup:
         )
         for message in scale_warnings(v, kv, env.kv_scales):
             log.warning(CORE, "kv_cache.py:86", message)
-        log.info(CORE, "monitor.py:34", "torch.compile takes 9.81 s in total")
+        compile_verb = "takes" if v < (0, 20) else "took"  # "took" in 2026 logs (0.18+?)
+        log.info(CORE, "monitor.py:34", f"torch.compile {compile_verb} 9.81 s in total")
         if env.faults.oom_at_start:
             raise self._die(core_error_text(oom_text(env), "determine_available_memory"))
 
