@@ -26,9 +26,10 @@ from kvgate import conditions as cond
 from kvgate import engines, manifests, verdict
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
-from kvgate.errors import ExternalError, InputError, KvgateError, SpecError
+from kvgate.errors import ExternalError, InputError, KubeError, KvgateError, SpecError
 from kvgate.model import (
     ANNOTATION_APPROVE,
+    ANNOTATION_CONFIG_HASH,
     GROUP,
     LABEL_ARM,
     LABEL_ROLLOUT,
@@ -165,7 +166,10 @@ def reconcile(
     ):
         if status.get("observedGeneration") == generation:
             return
-        # A new spec after the end starts a new rollout (like Flagger's retry by spec change).
+        # A new spec after the end starts a new rollout (like Flagger's retry by spec change);
+        # the last run's findings are cleared so none of them can vote in the new verdict.
+        for key in status:
+            patch.status[key] = None
         status = {"phase": Phase.PENDING.value}
         phase = Phase.PENDING
     spec, spec_errors = _parse_spec(body.get("spec") or {})
@@ -499,8 +503,21 @@ def _compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
 
 
 def _arm_health(ctx: _Ctx, arm: str) -> PodHealth:
-    pod = ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm))
+    pod = _current(ctx, ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm)))
     return verdict.pod_health(pod, ctx.status.get("container"))
+
+
+def _current(ctx: _Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`obj` if it belongs to this run's config, else None (a leftover of an earlier run)."""
+    if obj is None:
+        return None
+    annotations = obj["metadata"].get("annotations") or {}
+    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.status.get("configHash") else None
+
+
+def _leftover(ctx: _Ctx, obj: dict[str, Any] | None) -> bool:
+    """An object with our name from an earlier run: wait until it is gone, never reuse it."""
+    return obj is not None and _current(ctx, obj) is None
 
 
 def _observe_canary(ctx: _Ctx) -> Observation:
@@ -533,7 +550,7 @@ def _observe_eval(ctx: _Ctx) -> Observation:
     ev = dict(ctx.status.get("eval") or {})
     attempt = int(ev.get("attempt") or 1)
     job_name = manifests.eval_job_name(ctx.name, attempt)
-    job = ctx.kube.read_job(ctx.namespace, job_name)
+    job = _current(ctx, ctx.kube.read_job(ctx.namespace, job_name))
     obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
     if job is None:
         return obs
@@ -727,7 +744,11 @@ def _create_canaries(ctx: _Ctx, step: Step) -> None:
             config_hash=str(ctx.status.get("configHash")),
         )
         _adopt(ctx, pod, arm)
-        if ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"]) is None:
+        existing = ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"])
+        if _leftover(ctx, existing):
+            ctx.kube.delete("Pod", ctx.namespace, pod["metadata"]["name"])
+            raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
+        if existing is None:
             ctx.kube.create(pod)
             created.append(pod["metadata"]["name"])
     if created:
@@ -782,7 +803,11 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
         config_hash=str(ctx.status.get("configHash")),
     )
     _adopt(ctx, job, "eval")
-    if ctx.kube.read_job(ctx.namespace, job["metadata"]["name"]) is None:
+    existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
+    if _leftover(ctx, existing):
+        ctx.kube.delete("Job", ctx.namespace, job["metadata"]["name"])
+        raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
+    if existing is None:
         ctx.kube.create(job)
         _event(ctx, "EvalStarted", f"eval attempt {attempt}: Job {job['metadata']['name']}")
     ev.update(attempt=attempt, job=job["metadata"]["name"])

@@ -191,6 +191,34 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_applying_the_remedy_to_the_trap_restarts_and_promotes(world: World) -> None:
+    # GIVEN the trap rolled back WHEN the spec gets the remedy THEN a new run starts and promotes
+    ns = world.ns["trap"]
+    world.rollout("trap")
+    world.cluster.kubectl(
+        "patch", "kvr", "trap-fp8", "-n", ns, "--type=merge",
+        "-p", json.dumps({"spec": TRITON}),
+    )  # fmt: skip
+    wait_for(
+        lambda: (
+            ((get(world.cluster, ns, "kvr", "trap-fp8") or {}).get("status") or {}).get(
+                "observedGeneration"
+            )
+            == 2
+        ),
+        60,
+        "the new generation to be picked up",
+    )
+    obj = wait_phase(world.cluster, ns, "trap-fp8", TERMINAL, 420)
+    status = obj["status"]
+    assert (status["phase"], status["observedGeneration"]) == ("Promoted", 2), status["message"]
+    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert "crashed" not in json.dumps(status["gates"])  # the first run's findings are gone
+    assert condition(obj, "Promoted")["observedGeneration"] == 2
+    assert "--attention-backend" in container_of(world.deployment("trap"))["args"]
+
+
+@pytest.mark.timeout(600)
 def test_triton_without_scales_is_promoted(world: World) -> None:
     obj = world.rollout("happy")
     status = obj["status"]
@@ -307,8 +335,9 @@ def test_operator_metrics(world: World) -> None:
     for s in SCENARIOS:
         if s != "manual":  # it waits for a human; its own test approves it
             world.rollout(s)
+    wait_phase(world.cluster, world.ns["trap"], "trap-fp8", {"Promoted"}, 300)
     text = world.operator.metrics() or ""
-    assert 'kvgate_rollouts_total{outcome="Promoted"} 1.0' in text
+    assert 'kvgate_rollouts_total{outcome="Promoted"} 2.0' in text  # happy, the trap remedied
     assert 'kvgate_rollouts_total{outcome="NotNeeded"} 1.0' in text
     assert 'kvgate_rollouts_total{outcome="Reported"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="CanaryCrashed"} 1.0' in text
