@@ -393,3 +393,57 @@ def test_a100_fp8_on_016_uses_flashinfer_and_starts(sim) -> None:
 def test_human_readable_max_model_len(sim) -> None:
     engine = sim(["vllm", "serve", MODEL, "--max-model-len", "8k"])
     assert "Using max model len 8000" in engine.log()
+
+
+def test_calculate_kv_scales_lifecycle(sim) -> None:
+    deprecated = sim(
+        [
+            *SERVE,
+            "--kv-cache-dtype",
+            "fp8",
+            "--attention-backend",
+            "TRITON_ATTN",
+            "--calculate-kv-scales",
+        ],
+        {"KVGATE_SIM_ENGINE_VERSION": "0.26.0"},
+    )
+    found = messages(deprecated.log())
+    assert (
+        "The `--calculate-kv-scales` option is deprecated and will be removed in v0.19. The scales will be "
+        "loaded from the model checkpoint if available, otherwise they default to 1.0." in found
+    )
+    assert KV_SCALE_012 not in found and PROB_SCALE in found
+    removed = sim(
+        [*SERVE, "--calculate-kv-scales"], {"KVGATE_SIM_ENGINE_VERSION": "0.29.0"}, ready=False
+    )
+    assert removed.wait(30) == 2
+    assert "vllm serve: error: unrecognized arguments: --calculate-kv-scales" in removed.log()
+
+
+def test_033_rejects_an_unknown_kv_dtype_in_the_config(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp9"], ready=False)
+    assert engine.wait(30) == 1
+    assert (
+        "ValueError: Invalid kv_cache_dtype: 'fp9'. Valid values are: ['auto', 'float16',"
+        in engine.log()
+    )
+    older = sim(
+        [*SERVE, "--kv-cache-dtype", "fp9"], {"KVGATE_SIM_ENGINE_VERSION": "0.16.0"}, ready=False
+    )
+    assert older.wait(30) == 2
+    assert (
+        "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'fp9' (choose from 'auto', 'bfloat16', 'fp8',"
+        in older.log()
+    )
+
+
+def test_valid_but_not_emulated_dtype_is_refused_in_one_line(sim) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "nvfp4"], {"KVGATE_SIM_ENGINE_VERSION": "0.20.0"}, ready=False
+    )
+    assert engine.wait(30) == 2
+    assert (
+        engine.log()
+        .splitlines()[-1]
+        .startswith("kvgate.sim: --kv-cache-dtype nvfp4 is valid for vLLM 0.20.0 but not emulated")
+    )

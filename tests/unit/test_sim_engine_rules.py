@@ -193,3 +193,8 @@ def test_scale_warnings(dtype: str, scales: bool, expected: list[str]) -> None:
     assert len(lines) == len(expected)
     for line, fragment in zip(lines, expected, strict=True):
         assert fragment in line
+
+
+def test_calculate_kv_scales_skips_the_kv_block() -> None:
+    lines = scale_warnings((0, 16, 0), "fp8", False, calculate=True)
+    assert len(lines) == 1 and "uncalibrated q_scale" in lines[0]

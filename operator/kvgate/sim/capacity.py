@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from kvgate.sim.config import GIB, ModelProfile
@@ -10,6 +11,23 @@ BLOCK_SIZE = 16  # vLLM's default page size in tokens
 NON_TORCH_GIB = 0.32  # CUDA context, NCCL and allocator slack outside torch
 ACTIVATION_PEAK_GIB = 1.02  # profile run at max_num_batched_tokens for an 8B model
 CUDA_GRAPH_GIB = 0.45  # counted against the budget from vLLM 0.21 (memory profiling of graphs)
+
+
+# Dtypes the engines accept and the simulator models; others (nvfp4, per-token-head, ...)
+# are valid engine choices but refused here rather than silently run as BF16.
+EMULATED_KV_DTYPES = frozenset(
+    {"auto", "bfloat16", "bf16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"}
+)
+
+
+def not_emulated(engine: str, version: str, kv_cache_dtype: str) -> int:
+    """One line on stderr; the exit status for a usage error."""
+    print(
+        f"kvgate.sim: --kv-cache-dtype {kv_cache_dtype} is valid for {engine} {version} but not "
+        f"emulated (emulated: {', '.join(sorted(EMULATED_KV_DTYPES))})",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def kv_dtype_bytes(kv_cache_dtype: str) -> int:

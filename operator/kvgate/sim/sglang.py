@@ -5,7 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kvgate.sim.capacity import KvPlan, plan_sglang, sglang_default_mem_fraction
+from kvgate.sim.capacity import (
+    EMULATED_KV_DTYPES,
+    KvPlan,
+    not_emulated,
+    plan_sglang,
+    sglang_default_mem_fraction,
+)
 from kvgate.sim.cli import ServeArgs
 from kvgate.sim.config import GIB, SimEnv
 from kvgate.sim.logfmt import SglangLog
@@ -95,8 +101,8 @@ class SglangStartup:
     def run(self) -> None:
         args, env, log, v = self.args, self.env, self.log, self.version
         kv = args.kv_cache_dtype
-        if kv not in ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"):
-            raise StartupFailed(_unsupported(log, kv))
+        if kv not in EMULATED_KV_DTYPES:
+            raise StartupFailed(not_emulated("SGLang", env.version, kv))
         self.mem_fraction = args.mem_fraction_static or sglang_default_mem_fraction(
             env.gpu_memory_gib
         )
@@ -202,11 +208,6 @@ def _jit_final(version: tuple[int, ...], arch: str, kv_dtype: str) -> str:
         "/bin/sh: 1: /usr/local/cuda/bin/nvcc: not found\n"
         "ninja: build stopped: subcommand failed."
     )
-
-
-def _unsupported(log: SglangLog, kv: str) -> int:
-    log.raw(f"ValueError: Unsupported kv_cache_dtype: {kv}.")
-    return 1
 
 
 def shutdown_lines(log: SglangLog) -> None:

@@ -10,7 +10,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from kvgate.sim.capacity import BLOCK_SIZE, KvPlan, plan_vllm
+from kvgate.sim.capacity import (
+    BLOCK_SIZE,
+    EMULATED_KV_DTYPES,
+    KvPlan,
+    not_emulated,
+    plan_vllm,
+)
 from kvgate.sim.cli import ServeArgs
 from kvgate.sim.config import GIB, SimEnv
 from kvgate.sim.logfmt import VllmLog
@@ -46,6 +52,11 @@ KV_SCALE_NEW = (
 PROB_SCALE = (
     "Using uncalibrated q_scale 1.0 and/or prob_scale 1.0 with fp8 attention. This may cause "
     "accuracy issues. Please make sure q/prob scaling factors are available in the fp8 checkpoint."
+)
+
+CALCULATE_DEPRECATED = (
+    "The `--calculate-kv-scales` option is deprecated and will be removed in v0.19. The scales "
+    "will be loaded from the model checkpoint if available, otherwise they default to 1.0."
 )
 
 # FlashInfer pinned by each vLLM release: its JIT cache path carries the version.
@@ -153,14 +164,21 @@ def choose_backend(
     return BackendChoice(valid[0], [("INFO", message)])
 
 
-def scale_warnings(version: tuple[int, ...], kv_dtype: str, scales: bool) -> list[str]:
-    """BaseKVCacheMethod.process_weights_after_loading warnings (engines.md §1.2)."""
+def scale_warnings(
+    version: tuple[int, ...], kv_dtype: str, scales: bool, calculate: bool = False
+) -> list[str]:
+    """BaseKVCacheMethod.process_weights_after_loading warnings (engines.md §1.2).
+
+    `calculate` (--calculate-kv-scales, up to 0.26) skips the k/v block: no q or k/v warning.
+    """
     if not kv_dtype.startswith("fp8"):
         return []
     new = version >= (0, 12)
-    lines = [Q_SCALE_NEW if new else Q_SCALE_OLD]  # checkpoints carry no q_scale
-    if not scales and "e5m2" not in kv_dtype:
-        lines.append(KV_SCALE_NEW if new else KV_SCALE_OLD)
+    lines = []
+    if not calculate:
+        lines.append(Q_SCALE_NEW if new else Q_SCALE_OLD)  # checkpoints carry no q_scale
+        if not scales and "e5m2" not in kv_dtype:
+            lines.append(KV_SCALE_NEW if new else KV_SCALE_OLD)
     if kv_dtype == "fp8":
         lines.append(PROB_SCALE)
     return lines
@@ -397,9 +415,13 @@ class VllmStartup:
                 ),
             )
             raise StartupFailed(1)
+        if kv not in EMULATED_KV_DTYPES:
+            raise StartupFailed(not_emulated("vLLM", env.version, kv))
         log.info(API, "model.py:547", f"Resolved architecture: {env.model.architecture}")
         self.max_model_len = args.max_model_len or env.model.max_position_embeddings
         log.info(API, "model.py:1510", f"Using max model len {self.max_model_len}")
+        if args.all_args.get("calculate_kv_scales") and v >= (0, 20):
+            log.warning(API, "cache.py:229", CALCULATE_DEPRECATED)
         if kv.startswith("fp8"):
             if v < (0, 20):
                 log.info(API, "cache.py:180", FP8_INFO_OLD)
@@ -447,7 +469,8 @@ class VllmStartup:
             "gpu_model_runner.py:2653",
             f"Model loading took {env.model.weights_gib:.4f} GiB and 5.31 seconds",
         )
-        for message in scale_warnings(v, kv, env.kv_scales):
+        calculate = bool(args.all_args.get("calculate_kv_scales"))
+        for message in scale_warnings(v, kv, env.kv_scales, calculate):
             log.warning(CORE, "kv_cache.py:86", message)
         compile_verb = "takes" if v < (0, 20) else "took"  # "took" in 2026 logs (0.18+?)
         log.info(CORE, "monitor.py:34", f"torch.compile {compile_verb} 9.81 s in total")
