@@ -147,6 +147,13 @@ narrate() { # name, expected final phase
 		    now = time.monotonic() - t0
 		    obj = kubectl("get", "kvr", name, "-n", ns, "-o", "json") or {}
 		    status = obj.get("status") or {}
+		    progress = (status.get("eval") or {}).get("progress") or {}
+		    if progress.get("look") is not None and progress.get("look") != look:
+		        look = progress["look"]
+		        diff = progress.get("difference")
+		        diff = f", candidate - control {100 * diff:+.1f} pp" if isinstance(diff, (int, float)) else ""
+		        print(f"  {now:6.1f}s {c('2', '·')} eval look {look + 1}/{progress.get('looks_planned', '?')}: "
+		              f"{progress.get('questions', '?')} questions{diff}", flush=True)
 		    events = kubectl("get", "events", "-n", ns, "--field-selector",
 		                     f"involvedObject.kind=KVCacheRollout,involvedObject.name={name}", "-o", "json") or {}
 		    for ev in sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
@@ -155,14 +162,7 @@ narrate() { # name, expected final phase
 		            continue
 		        seen.add(uid)
 		        mark = c("33", "!") if ev.get("type") == "Warning" else c("2", "·")
-		        print(f"  {now:6.1f}s {mark} {ev.get('reason')}: {ev.get('message', '')[:160]}", flush=True)
-		    progress = (status.get("eval") or {}).get("progress") or {}
-		    if progress.get("look") is not None and progress.get("look") != look:
-		        look = progress["look"]
-		        diff = progress.get("difference")
-		        diff = f", candidate - control {100 * diff:+.1f} pp" if isinstance(diff, (int, float)) else ""
-		        print(f"  {now:6.1f}s {c('2', '·')} eval look {look + 1}/{progress.get('looks_planned', '?')}: "
-		              f"{progress.get('questions', '?')} questions{diff}", flush=True)
+		        print(f"  {now:6.1f}s {mark} {ev.get('reason')}: {ev.get('message', '')[:130]}", flush=True)
 		    if status.get("phase") and status["phase"] != phase:
 		        phase = status["phase"]
 		        color = "32" if phase in ("Promoted", "NotNeeded") else "31" if phase in ("RolledBack", "Failed") else "36"
@@ -199,11 +199,14 @@ say "  production args now: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.sp
 
 # ---- 7. the record ------------------------------------------------------------------------
 step "kubectl get kvr"
-kubectl get kvr -n "$NS" -o wide --request-timeout=10s
+kubectl get kvr -n "$NS" --request-timeout=10s
+kubectl get kvr -n "$NS" -o json --request-timeout=10s >"$OUT/rollouts.json"
 step "Events"
 kubectl get events -n "$NS" --field-selector involvedObject.kind=KVCacheRollout \
-	--sort-by=.lastTimestamp --request-timeout=10s -o custom-columns='TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message'
+	--sort-by=.lastTimestamp --request-timeout=10s \
+	-o custom-columns='TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,MESSAGE:.message' | cut -c1-150
 step "kvgate report qwen3-fp8-triton"
 kvgate report qwen3-fp8-triton -n "$NS" --html "$OUT/report.html"
 kvgate report qwen3-fp8 -n "$NS" --html "$OUT/report-rolled-back.html" >/dev/null
 say "${G}Demo done in $((SECONDS - T0)) s.${N} HTML reports: $OUT/report.html, $OUT/report-rolled-back.html"
+say "The rollouts as JSON: $OUT/rollouts.json (kvgate report qwen3-fp8 -f $OUT/rollouts.json)"

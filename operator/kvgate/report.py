@@ -21,6 +21,12 @@ ARMS: Final = ("control", "candidate")
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
 _DASH: Final = "-"
 _WRAP: Final = 100  # terminal report width for long log lines and remedies
+_GATE_ORDER: Final = {
+    g: i
+    for i, g in enumerate(
+        ("poolPressure", "scales", "canary", "backend", "capacityGain", "accuracy", "speed")
+    )
+}
 
 
 # ---------------------------------------------------------------- reading the dict
@@ -183,6 +189,8 @@ def read_findings(status: Mapping[str, Any]) -> list[Finding]:
     gates = _get(status, "gates")
     if not found and isinstance(gates, Mapping):
         found = [_finding(str(k), v) for k, v in gates.items() if isinstance(v, Mapping)]
+        # The order the gates run in; unknown names keep their place after them.
+        found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
         return found
     return [
@@ -441,16 +449,29 @@ def _wilson(ci: tuple[float, float] | None) -> str:
 def _table(
     header: Sequence[str], rows: Iterable[Sequence[str]], numeric_from: int = 1
 ) -> list[str]:
-    """Aligned columns: text left, numbers (columns from `numeric_from` on) right."""
+    """Aligned columns: text left, numbers (columns from `numeric_from` on) right.
+
+    A text last column that would run past the report width wraps under itself.
+    """
     body = [list(header), *[list(r) for r in rows]]
     widths = [max(len(r[i]) for r in body) for i in range(len(header))]
+    last = len(header) - 1
+    indent = 2 + sum(w + 2 for w in widths[:last])
+    room = max(30, _WRAP - indent)
     lines = []
     for row in body:
         cells = [
             cell.rjust(widths[i]) if i >= numeric_from else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
+            for i, cell in enumerate(row[:last])
         ]
-        lines.append(("  " + "  ".join(cells)).rstrip())
+        tail = row[last]
+        if last < numeric_from and len(tail) > room:
+            parts = textwrap.wrap(tail, width=room) or [""]
+            lines.append(("  " + "  ".join([*cells, parts[0]])).rstrip())
+            lines += [" " * indent + p for p in parts[1:]]
+            continue
+        tail = tail.rjust(widths[last]) if last >= numeric_from else tail
+        lines.append(("  " + "  ".join([*cells, tail])).rstrip())
     return lines
 
 
@@ -500,13 +521,14 @@ def render_text(rollout: Mapping[str, Any]) -> str:
     lines.append("  " + ", ".join(facts))
     message = _get(status, "message")
     ready = _ready(status)
+    message = message or (ready.get("message") if ready is not None else None)
     if message:
-        lines.append(f"  {message}")
-    elif ready is not None and ready.get("message"):
-        lines.append(f"  {ready['message']}")
+        lines += textwrap.wrap(str(message), _WRAP, initial_indent="  ", subsequent_indent="    ")
     verdict = read_verdict(status)
     if verdict:
-        lines.append(f"  verdict {verdict}")
+        lines += textwrap.wrap(
+            f"verdict {verdict}", _WRAP, initial_indent="  ", subsequent_indent="    "
+        )
     took = read_duration(status)
     if took:
         lines.append(f"  took {took}")
@@ -613,7 +635,10 @@ def _accuracy_notes(acc: Accuracy) -> list[str]:
     if acc.verdict is not None:
         verdict = f"verdict: {acc.verdict}"
         if acc.ruled_out is not None:
-            verdict += f" (a loss larger than {abs(_to_pp(acc.ruled_out)):.1f} pp is ruled out)"
+            verdict += (
+                f" (the sequential test rules out a loss larger than "
+                f"{abs(_to_pp(acc.ruled_out)):.1f} pp)"
+            )
         if acc.stopped_early:
             verdict += ", stopped early"
         notes.append(verdict)

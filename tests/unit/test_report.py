@@ -95,7 +95,7 @@ def test_text_shows_the_accuracy_table_with_wilson_intervals() -> None:
     assert "  control      1,211  1,319     91.8%  [90.2, 93.2]" in lines
     assert "  candidate    1,208  1,319     91.6%  [90.0, 93.0]" in lines
     assert "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp, McNemar p=0.66" in lines
-    assert "  verdict: pass (a loss larger than 0.9 pp is ruled out)" in lines
+    assert "  verdict: pass (the sequential test rules out a loss larger than 0.9 pp)" in lines
     assert "Accuracy (gsm8k, paired, 1,319 questions, margin 2.0 pp, 95% confidence)" in lines
 
 
@@ -223,15 +223,18 @@ def test_header_names_target_mode_and_dtype_from_the_crd_spec() -> None:
 
 def test_gates_mapping_is_read_as_findings() -> None:
     status = {
+        # Stored by name (alphabetical in the API), shown in the order the gates run.
         "gates": {
-            "capacity": {"outcome": "Successful", "message": "queue builds up"},
             "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": "JIT build"},
+            "custom": {"outcome": "Pending"},
+            "poolPressure": {"outcome": "Successful", "message": "queue builds up"},
         },
         "conditions": PROMOTED["status"]["conditions"],
     }
     assert report.read_findings(status) == [
-        report.Finding("capacity", "Successful", "", "queue builds up"),
+        report.Finding("poolPressure", "Successful", "", "queue builds up"),
         report.Finding("canary", "Failed", "CanaryCrashed", "JIT build"),
+        report.Finding("custom", "Pending", "", ""),
     ]
 
 
@@ -417,7 +420,7 @@ def test_html_has_startup_log_and_production_sections() -> None:
 def test_html_colours_gate_results() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
     rollout["status"]["gates"] = {
-        "capacity": {"outcome": "Successful", "reason": "PoolPressured", "message": ""},
+        "poolPressure": {"outcome": "Successful", "reason": "PoolPressured", "message": ""},
         "scales": {"outcome": "Warning", "reason": "ScalesMissing", "message": ""},
         "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": ""},
     }
@@ -427,3 +430,34 @@ def test_html_colours_gate_results() -> None:
         ("maybe", "Warning"),
         ("no", "Failed"),
     ]
+
+
+def test_long_finding_messages_wrap_under_their_column() -> None:
+    status = {"gates": {"scales": {"outcome": "Warning", "reason": "R", "message": "m " * 80}}}
+    lines = report.render_text({"status": status}).splitlines()
+    start = lines.index("Findings")
+    table = lines[start + 1 : start + 6]
+    assert table[1].startswith("  scales  Warning  R       m m")
+    column = table[1].index("m m")
+    assert all(len(line) <= 100 for line in table)
+    assert table[2].startswith(" " * column + "m") and table[2][column - 1] == " "
+
+
+def test_cli_picks_a_rollout_from_a_saved_list(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = tmp_path / "kvr.json"
+    other = copy.deepcopy(ROLLED_BACK)
+    other["metadata"]["name"] = "other"
+    path.write_text(json.dumps({"kind": "List", "items": [ROLLED_BACK, other, PROMOTED]}))
+    code, out, _ = _cli(["report", "qwen3-fp8", "-f", str(path)], capsys)
+    assert code == 0
+    assert out == report.render_text(ROLLED_BACK)
+    code, _, err = _cli(["report", "-f", str(path)], capsys)
+    assert code == 2
+    assert "3 rollouts in the list; name one of: qwen3-fp8, other, qwen3-fp8" in err
+    code, _, err = _cli(["report", "nope", "-f", str(path)], capsys)
+    assert code == 2
+    assert "no rollout 'nope' in the list" in err

@@ -66,8 +66,12 @@ def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
     return dict(obj)
 
 
-def read_rollout_file(path: str) -> dict[str, Any]:
-    """A rollout saved with `kubectl get kvr NAME -o json` (or -o yaml); `-` is stdin."""
+def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
+    """A rollout saved with `kubectl get kvr -o json` (or -o yaml); `-` is stdin.
+
+    A list (`kubectl get kvr -o json` without a name) is accepted: `name` picks the item,
+    and may be left out when the list holds one rollout.
+    """
     import sys
 
     try:
@@ -78,6 +82,19 @@ def read_rollout_file(path: str) -> dict[str, Any]:
         obj = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ParseError(path, f"not JSON or YAML: {exc}") from exc
+    if isinstance(obj, dict) and isinstance(obj.get("items"), list):
+        items = [i for i in obj["items"] if isinstance(i, dict)]
+        names = [str((i.get("metadata") or {}).get("name")) for i in items]
+        if name is not None:
+            if name not in names:
+                raise ParseError(path, f"no rollout {name!r} in the list ({', '.join(names)})")
+            obj = items[names.index(name)]
+        elif len(items) == 1:
+            obj = items[0]
+        else:
+            raise ParseError(
+                path, f"{len(items)} rollouts in the list; name one of: {', '.join(names)}"
+            )
     if not isinstance(obj, dict) or obj.get("kind") not in (None, "KVCacheRollout"):
         raise ParseError(path, "expected one KVCacheRollout object")
     return obj

@@ -16,7 +16,9 @@ HELP = "show a KVCacheRollout as a readable report (text, --html FILE, or --json
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", help="KVCacheRollout name (omit with --file)")
+    parser.add_argument(
+        "name", nargs="?", help="KVCacheRollout name (with --file: picks one from a list)"
+    )
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
     parser.add_argument(
         "-f",
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.file:
         from kvgate.adapters.report_source import read_rollout_file
 
-        rollout = read_rollout_file(args.file)
+        rollout = read_rollout_file(args.file, args.name)
     elif args.name:
         from kvgate.adapters.report_source import read_rollout
 
