@@ -253,7 +253,7 @@ def test_logs_tail_timestamps_follow_and_multiple_containers(
 ) -> None:
     writer = py(
         "import time\nfor i in range(1, 6): print('line', i, flush=True)\n"
-        "time.sleep(2)\nprint('late', flush=True)\ntime.sleep(600)"
+        "time.sleep(8)\nprint('late', flush=True)\ntime.sleep(600)"
     )
     probe_peer = py(
         "import os, socket, time\n"
@@ -279,13 +279,16 @@ def test_logs_tail_timestamps_follow_and_multiple_containers(
         timeout=90,
     )
     tail = core.read_namespaced_pod_log("logs", namespace, container="writer", tail_lines=2)
-    assert tail == "line 4\nline 5\n"
+    full = core.read_namespaced_pod_log("logs", namespace, container="writer")
+    assert full.startswith("line 1\nline 2\nline 3\nline 4\nline 5\n")
+    # 'late' comes 8 s after line 5; a stalled test run may already see it.
+    assert tail == "".join(full.splitlines(keepends=True)[-2:])
     stamped = core.read_namespaced_pod_log("logs", namespace, container="writer", timestamps=True)
     first = stamped.splitlines()[0]
     stamp, _, text = first.partition(" ")
     assert text == "line 1"
     assert stamp.endswith("Z") and "T" in stamp
-    # follow streams until the 'late' line written two seconds after the others.
+    # follow streams until the 'late' line written eight seconds after the others.
     resp = core.read_namespaced_pod_log(
         "logs", namespace, container="writer", follow=True, _preload_content=False
     )
@@ -539,3 +542,39 @@ def test_pod_uses_its_service_account_token_in_cluster(
     out = core.read_namespaced_pod_log("incluster", ns)
     assert out == "pods 1\nsecrets 403\nfile hello\n", out
     assert core.read_namespaced_pod("incluster", ns).status.phase == "Succeeded"
+
+
+@pytest.mark.timeout(180)
+def test_startup_and_tcp_readiness_probes_gate_readiness(
+    cluster: Any, namespace: str, core: client.CoreV1Api
+) -> None:
+    # Listens only after 5 s: not Ready before that, Ready after, never restarted.
+    slow_server = py(
+        "import os, socket, time\n"
+        "time.sleep(5)\n"
+        "s = socket.create_server((os.environ['POD_IP'], 8124))\n"
+        "print('listening', flush=True)\n"
+        "while True: s.accept()[0].close()"
+    )
+    tcp = {"tcpSocket": {"port": 8124}, "periodSeconds": 1}
+    container = {
+        "name": "c",
+        "image": "x",
+        "command": slow_server,
+        "startupProbe": {**tcp, "failureThreshold": 30},
+        "readinessProbe": tcp,
+    }
+    core.create_namespaced_pod(namespace, pod_body("slow", [container]))
+    early = wait_for(
+        "container running",
+        lambda: (s := container_status(core, namespace, "slow")) and s.state.running and s,
+    )
+    assert early.started is False and early.ready is False
+    cs = wait_for(
+        "Ready",
+        lambda: (s := container_status(core, namespace, "slow")) and s.ready and s,
+        timeout=60,
+    )
+    assert cs.started is True
+    assert cs.restart_count == 0
+    assert core.read_namespaced_pod_log("slow", namespace) == "listening\n"
