@@ -100,3 +100,47 @@ def test_operator_killed_mid_evaluation_resumes(
         logs = first.log() + (second.log() if second is not None else "")
         assert no_tracebacks(logs) == [], logs[-5000:]
         assert second is None or code == 0
+
+
+@pytest.mark.timeout(300)
+def test_deleting_a_rollout_mid_canary_cleans_up(
+    cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    install_crd(cluster)
+    operator = Operator(cluster, tmp_path / "operator.log", namespaces=[namespace]).start()
+    try:
+        # A slow engine start keeps the rollout in Canary long enough to delete it there.
+        apply(cluster, namespace, sim_deployment("slow", env={"KVGATE_SIM_STARTUP_DELAY": "60"}))
+        apply(
+            cluster,
+            namespace,
+            rollout(
+                "slow-fp8",
+                "slow",
+                gates={"capacity": {"mode": "off"}},
+                **{"extraArgs": ["--attention-backend", "TRITON_ATTN"]},
+            ),
+        )
+        wait_phase(cluster, namespace, "slow-fp8", {"Canary"}, 120)
+        wait_for(
+            lambda: len(pods(cluster, namespace, "kvgate.io/rollout=slow-fp8")) == 2,
+            60,
+            "two canaries",
+        )
+        obj = get(cluster, namespace, "kvr", "slow-fp8")
+        assert "kvgate.io/finalizer" in obj["metadata"]["finalizers"]  # type: ignore[index]
+        cluster.kubectl("delete", "kvr", "slow-fp8", "-n", namespace, "--timeout=60s")
+        wait_for(
+            lambda: all(
+                p["metadata"].get("deletionTimestamp")
+                for p in pods(cluster, namespace, "kvgate.io/rollout=slow-fp8")
+            ),
+            30,
+            "the canaries to be deleted",
+        )
+        dep = get(cluster, namespace, "deployment", "slow")
+        assert "--kv-cache-dtype" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]  # type: ignore[index]
+    finally:
+        code = operator.stop()
+        assert no_tracebacks(operator.log()) == [], operator.log()[-5000:]
+        assert code == 0
