@@ -138,8 +138,9 @@ def test_deleting_a_rollout_mid_canary_cleans_up(
             30,
             "the canaries to be deleted",
         )
-        dep = get(cluster, namespace, "deployment", "slow")
-        assert "--kv-cache-dtype" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]  # type: ignore[index]
+        wait_for(
+            lambda: get(cluster, namespace, "kvr", "slow-fp8") is None, 30, "the rollout to be gone"
+        )
     finally:
         code = operator.stop()
         assert no_tracebacks(operator.log()) == [], operator.log()[-5000:]
