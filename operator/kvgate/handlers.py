@@ -379,29 +379,46 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
 def _scan_checkpoint(ctx: _Ctx) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
     from kvgate.adapters import hub
-    from kvgate.commands.preflight import preflight
+    from kvgate.capacity import parse_kv_layout
+    from kvgate.checkpoint import scan_scales
 
     model = ctx.status.get("model")
     if not model:
         return {"present": None, "finding": "no model in the spec or the container args"}
-    if ctx.config.hub_offline and not model.startswith("/") and hub.looks_like_repo_id(model):
+    local = os.path.exists(model)
+    if not local and not hub.looks_like_repo_id(model):
+        return {"present": None, "finding": f"{model}: not a local path nor a hub repo id"}
+    if not local and ctx.config.hub_offline:
         return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
-    token = None
     secret = ctx.spec.model.token_secret
     try:
-        if secret is not None:
-            token = ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key)
-        result = preflight(model, ctx.spec.model.revision, token, None)
-    except KvgateError as exc:  # unreachable hub, no config.json...: the scales gate decides
+        token = (
+            ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key) if secret else None
+        )
+        headers = (
+            hub.read_local_checkpoint(model)
+            if local
+            else hub.read_hub_checkpoint(model, revision=ctx.spec.model.revision, token=token)
+        )
+        if headers.config is None:
+            return {"present": None, "finding": f"{headers.source}: no config.json"}
+        layout = parse_kv_layout(headers.config, source=f"{headers.source}/config.json")
+        scales = scan_scales(
+            headers.tensors,
+            config=headers.config,
+            kv_layers=layout.kv_layer_indices,
+            modelopt_config=headers.modelopt_config,
+            source=headers.source,
+        )
+    except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
         return {"present": None, "finding": f"{type(exc).__name__}: {exc}"[:500]}
-    scales = result.get("scales") or {}
     return {
-        "source": result.get("source"),
-        "commit": result.get("commit"),
-        "present": scales.get("present"),
-        "coverage": scales.get("coverage"),
-        "expectedCapacityGain": result.get("capacity_gain"),
-        "kvBytesPerToken": result.get("kv_bytes_per_token"),
+        "source": headers.source,
+        "commit": headers.commit,
+        "present": scales.present,
+        "coverage": scales.coverage,
+        "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
+        "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
     }
 
 
