@@ -15,7 +15,7 @@ from lm_eval.filters.extraction import RegexFilter
 
 from kvgate.sim import gsm8k
 from kvgate.sim.config import default_gsm8k_dir
-from kvgate.sim.server import Answerer
+from kvgate.sim.gsm8k import Answerer
 
 TASKS = Path(lm_eval.__file__).parent / "tasks" / "gsm8k"
 DATA = Path(os.environ.get("KVGATE_GSM8K_DIR") or default_gsm8k_dir())

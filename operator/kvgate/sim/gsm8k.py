@@ -190,3 +190,39 @@ def write_filler(prompt: str) -> str:
     start = int(_unit("filler", prompt) * len(_FILLER))
     count = 3 + int(_unit("filler-len", prompt) * 3)
     return " " + " ".join(_FILLER[(start + i) % len(_FILLER)] for i in range(count))
+
+
+@dataclass
+class Answerer:
+    """Writes the engine's text for a prompt: GSM8K answers, garbage, or filler."""
+
+    index: Gsm8kIndex | None
+    seed: str
+    accuracy: float
+    fp8: bool
+    fp8_loss: float
+    fp8_churn: float
+    garbage: bool
+
+    def text(self, prompt: str, chat: bool) -> str:
+        found = find_question(prompt)
+        problem = None
+        style = AnswerStyle.BOTH
+        if found is not None and self.index is not None:
+            problem = self.index.get(found[0])
+            style = found[1]
+        elif self.index is not None:
+            problem = self.index.get(prompt)  # a bare question, e.g. a zero-shot chat turn
+        if self.garbage:
+            return " " + GARBAGE
+        if problem is None:
+            return write_filler(prompt)
+        right = is_right(
+            problem.question, self.seed, self.accuracy, self.fp8, self.fp8_loss, self.fp8_churn
+        )
+        answer = write_answer(problem, style, right, self.seed)
+        if chat:
+            return answer.strip()
+        # a base model keeps going with the next few-shot turn until a stop string cuts it
+        marker = {AnswerStyle.HASH: "Question:", AnswerStyle.COT: "Q:"}.get(style)
+        return answer + (f"\n\n{marker} " + write_filler(prompt).strip() if marker else "")

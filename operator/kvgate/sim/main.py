@@ -19,10 +19,10 @@ from kvgate.sim import cli
 from kvgate.sim.capacity import BLOCK_SIZE
 from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
 from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
-from kvgate.sim.gsm8k import Gsm8kIndex
+from kvgate.sim.gsm8k import Answerer, Gsm8kIndex
 from kvgate.sim.logfmt import SglangLog, VllmLog
 from kvgate.sim.metrics import SglangCollector, VllmCollector, build_registry
-from kvgate.sim.server import Answerer, App, SimServer, make_server, serve_in_thread
+from kvgate.sim.server import App, SimServer, make_server, serve_in_thread
 from kvgate.sim.sglang import SglangStartup
 from kvgate.sim.sglang import shutdown_lines as sglang_shutdown
 from kvgate.sim.vllm import StartupFailed, VllmStartup, fatal_error_lines

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from kvgate.sim import gsm8k, textgen
 from kvgate.sim.engine import EngineDead, Request, Scheduler
+from kvgate.sim.gsm8k import Answerer
 from kvgate.sim.logfmt import SglangLog, VllmLog
 from kvgate.sim.metrics import render
 
@@ -31,42 +32,6 @@ class BadRequest(Exception):
         super().__init__(message)
         self.status = status
         self.param = param
-
-
-@dataclass
-class Answerer:
-    """Writes the engine's text for a prompt: GSM8K answers, garbage, or filler."""
-
-    index: gsm8k.Gsm8kIndex | None
-    seed: str
-    accuracy: float
-    fp8: bool
-    fp8_loss: float
-    fp8_churn: float
-    garbage: bool
-
-    def text(self, prompt: str, chat: bool) -> str:
-        found = gsm8k.find_question(prompt)
-        problem = None
-        style = gsm8k.AnswerStyle.BOTH
-        if found is not None and self.index is not None:
-            problem = self.index.get(found[0])
-            style = found[1]
-        elif self.index is not None:
-            problem = self.index.get(prompt)  # a bare question, e.g. a zero-shot chat turn
-        if self.garbage:
-            return " " + gsm8k.GARBAGE
-        if problem is None:
-            return gsm8k.write_filler(prompt)
-        right = gsm8k.is_right(
-            problem.question, self.seed, self.accuracy, self.fp8, self.fp8_loss, self.fp8_churn
-        )
-        answer = gsm8k.write_answer(problem, style, right, self.seed)
-        if chat:
-            return answer.strip()
-        # a base model keeps going with the next few-shot turn until a stop string cuts it
-        marker = {gsm8k.AnswerStyle.HASH: "Question:", gsm8k.AnswerStyle.COT: "Q:"}.get(style)
-        return answer + (f"\n\n{marker} " + gsm8k.write_filler(prompt).strip() if marker else "")
 
 
 @dataclass
