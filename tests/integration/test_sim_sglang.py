@@ -208,3 +208,23 @@ def test_hang_before_ready_never_binds(sim) -> None:
     with pytest.raises(httpx.ConnectError):
         httpx.get(engine.url + "/health", timeout=1)
     assert engine.terminate() == 0
+
+
+def test_h100_defaults_to_fa3_and_e5m2_falls_back_to_triton(sim) -> None:
+    e4m3 = sim([*LAUNCH, "--kv-cache-dtype", "fp8_e4m3"], {"KVGATE_SIM_GPU": "H100"})
+    assert "Attention backend not specified. Use fa3 backend by default." in messages(e4m3.log())
+    e5m2 = sim([*LAUNCH, "--kv-cache-dtype", "fp8_e5m2"], {"KVGATE_SIM_GPU": "H100"})
+    found = messages(e5m2.log())
+    assert (
+        "FlashAttention3 only supports fp8_e4m3 if using FP8; Setting attention backend to triton."
+        in found
+    )
+    assert httpx.get(e5m2.url + "/get_server_info").json()["attention_backend"] == "triton"
+
+
+def test_oom_at_start(sim) -> None:
+    engine = sim(LAUNCH, {"KVGATE_SIM_FAULTS": "oom-at-start"}, ready=False)
+    assert engine.wait(30) == -9
+    log = engine.log()
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "torch.OutOfMemoryError: CUDA out of memory." in log

@@ -447,3 +447,26 @@ def test_valid_but_not_emulated_dtype_is_refused_in_one_line(sim) -> None:
         .splitlines()[-1]
         .startswith("kvgate.sim: --kv-cache-dtype nvfp4 is valid for vLLM 0.20.0 but not emulated")
     )
+
+
+def test_memory_override_and_custom_profile_size_the_pool(sim) -> None:
+    # 32 layers x 8 KV heads x 128 x 2 x 2 bytes = 131,072 bytes/token BF16
+    profile = "layers=32,kv_heads=8,head_dim=128,weights_gib=14.0"
+    small = sim(SERVE, {"KVGATE_SIM_MODEL_PROFILE": profile})
+    big = sim(SERVE, {"KVGATE_SIM_MODEL_PROFILE": profile, "KVGATE_SIM_GPU_MEMORY_GIB": "44.1"})
+    for engine in (small, big):
+        gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", engine.log()).group(1))
+        assert (
+            abs(capacity_tokens(engine.log()) - gib * 2**30 / 131_072) < 16 + 0.01 * 2**30 / 131_072
+        )
+    assert capacity_tokens(big.log()) > 3 * capacity_tokens(small.log())
+
+
+def test_no_memory_left_for_the_cache(sim) -> None:
+    engine = sim(SERVE, {"KVGATE_SIM_GPU_MEMORY_GIB": "16"}, ready=False)
+    assert engine.wait(30) == 1
+    assert (
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite "
+        "its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    ) in engine.log()
