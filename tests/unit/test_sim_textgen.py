@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.sim.textgen import count_tokens, plan_output, split_pieces
+from kvgate.sim.textgen import count_tokens, matched_stop, plan_output, split_pieces
 
 
 @pytest.mark.parametrize(
@@ -50,3 +50,8 @@ def test_eos_needs_a_token_of_its_own() -> None:
 def test_stop_beyond_max_tokens_is_length() -> None:
     pieces, reason = plan_output(" a b c d Question:", ["Question:"], 3)
     assert (pieces, reason) == ([" a", " b", " c"], "length")
+
+
+def test_matched_stop_is_the_earliest() -> None:
+    assert matched_stop("a Q: b Question: c", ["Question:", "Q:"]) == "Q:"
+    assert matched_stop("no stop here", ["Question:"]) is None

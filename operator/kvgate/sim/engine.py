@@ -88,6 +88,7 @@ class Request:
     on_done: Callable[[Request], None] | None = None
     stream: queue.Queue[str | None] | None = None
     counted: bool = True  # a client request (not warm-up, health probe or synthetic load)
+    stop_reason: str | None = None  # the stop string that ended it (vLLM reports it)
     id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
     arrival: float = 0.0  # engine seconds, set by submit()

@@ -309,14 +309,14 @@ class Handler(BaseHTTPRequestHandler):
             filler = gsm8k.write_filler(question_text)
             repeats = max_tokens // max(1, textgen.count_tokens(filler)) + 1
             text += filler * repeats
-        pieces, reason = textgen.plan_output(
-            text, _stop_list(body), max_tokens, ends_with_eos=not ignore_eos
-        )
+        stop = _stop_list(body)
+        pieces, reason = textgen.plan_output(text, stop, max_tokens, ends_with_eos=not ignore_eos)
         return Request(
             prompt_tokens=prompt_tokens,
             pieces=pieces,
             finish_reason=reason,
             stream=Queue() if stream else None,
+            stop_reason=textgen.matched_stop(text, stop) if reason == "stop" else None,
         )
 
     def _run(self, requests: list[Request]) -> None:
@@ -359,7 +359,7 @@ class Handler(BaseHTTPRequestHandler):
                 "text": "".join(r.pieces),
                 "logprobs": None,
                 "finish_reason": r.finish_reason,
-                "stop_reason": None,
+                "stop_reason": r.stop_reason,
                 "prompt_logprobs": None,
             }
             for i, r in enumerate(requests)
@@ -386,7 +386,7 @@ class Handler(BaseHTTPRequestHandler):
                         "reasoning_content": None},
             "logprobs": None,
             "finish_reason": request.finish_reason,
-            "stop_reason": None,
+            "stop_reason": request.stop_reason,
         }  # fmt: skip
         self._json(200, self._envelope(rid, "chat.completion", [choice], [request]))
 
@@ -437,7 +437,7 @@ class Handler(BaseHTTPRequestHandler):
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish,
-                "stop_reason": None,
+                "stop_reason": request.stop_reason if finish else None,
             }
 
         assert request.stream is not None

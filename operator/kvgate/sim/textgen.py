@@ -49,3 +49,9 @@ def plan_output(
         if len(generated) <= max_tokens:
             return generated, "stop"
     return pieces[:max_tokens], "length"
+
+
+def matched_stop(text: str, stop: Sequence[str]) -> str | None:
+    """The stop string that ends `text` first (vLLM's `stop_reason`), or None."""
+    hits = [(text.find(c), i, c) for i, c in enumerate(stop) if c and text.find(c) >= 0]
+    return min(hits)[2] if hits else None
