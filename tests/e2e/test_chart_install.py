@@ -161,7 +161,11 @@ def installed(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[tuple[st
         if proc.returncode != 0 or os.environ.get("KVGATE_E2E_DEBUG"):
             logs = cluster.kubectl("logs", "-n", namespace, f"deployment/{release}", check=False)
             sys.stderr.write(f"--- operator log\n{logs.stdout[-6000:]}{logs.stderr}\n")
-        # Cluster-scoped RBAC outlives the namespace; uninstall removes it.
+        # Delete the rollouts while the operator still runs, so it releases its finalizers
+        # (else the namespace cannot go); then uninstall: cluster-scoped RBAC outlives it.
+        cluster.kubectl(
+            "delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False, timeout=90
+        )
         helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
 
 
