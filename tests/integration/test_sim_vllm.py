@@ -295,7 +295,10 @@ def test_attention_backend_flag_does_not_exist_before_013(sim) -> None:
 
 def test_connection_refused_until_ready_then_clean_sigterm(sim) -> None:
     engine = sim(SERVE, {"KVGATE_SIM_STARTUP_DELAY": "3"}, ready=False)
-    time.sleep(0.8)
+    deadline = time.monotonic() + 30
+    while "non-default args:" not in engine.log():  # printed after the port is bound
+        assert time.monotonic() < deadline, engine.log()
+        time.sleep(0.05)
     with pytest.raises(httpx.ConnectError):
         httpx.get(engine.url + "/health", timeout=1)
     # the port is taken (bound) although nothing listens yet
