@@ -473,3 +473,12 @@ def test_no_memory_left_for_the_cache(sim) -> None:
         "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite "
         "its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
     ) in engine.log()
+
+
+def test_all_interfaces_means_the_pods_own_ip(sim) -> None:
+    # a manifest copied from a real cluster says --host 0.0.0.0; pods here share one host
+    engine = sim([*SERVE, "--host", "0.0.0.0"], {"POD_IP": "127.0.0.4"}, host=None)
+    assert engine.host == "127.0.0.4"
+    assert f"Starting vLLM server on http://0.0.0.0:{engine.port}" in engine.log()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{engine.port}/health", timeout=1)

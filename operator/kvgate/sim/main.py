@@ -133,8 +133,12 @@ class Runner:
             startup = VllmStartup(args, env, self.vlog)
         else:
             startup = SglangStartup(args, env, self.slog)
-        bind_host = args.host or "0.0.0.0"
-        url = f"http://{bind_host}:{args.port}"
+        shown_host = args.host or "0.0.0.0"
+        url = f"http://{shown_host}:{args.port}"
+        # In a pod, "all interfaces" are the pod's own. Test pods are local processes that
+        # share the host's interfaces, so all-interfaces binds POD_IP to keep pods apart.
+        wildcard = shown_host in ("0.0.0.0", "::", "")
+        bind_host = env.pod_ip if wildcard and env.pod_ip else shown_host
         self.app = app = self._app(index)
         # vLLM takes its port before the engine starts (connections are refused until it
         # listens); SGLang binds only once the engine is up
