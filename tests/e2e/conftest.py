@@ -36,6 +36,8 @@ then gives up with a warning.
 What pods get (hack/kubelet.py): a unique loopback pod IP 127.x.y.z (in
 ``status.podIP`` and ``$POD_IP``) that clients reach directly; ``PATH`` starting
 with this venv's bin dir (so ``python -m kvgate.sim ...`` and ``kvgate`` work);
+``KVGATE_*``, ``HF_*``, ``TRANSFORMERS_*``, ``HOME``, ``LANG``, ``TMPDIR`` passed
+through from the environment that started the cluster (nothing else is);
 env from value/fieldRef/secretKeyRef/configMapKeyRef/envFrom; http/tcp/exec
 probes; restart back-off 10 s doubling (first restart immediate); container logs
 through the API (``read_namespaced_pod_log``, ``kubectl logs``, previous, follow).
