@@ -359,8 +359,10 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
     due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
     errors: list[str] = []
     if due and ticks < gate.samples:
+        sampled_before = sum(len(v) for v in series.values())
         errors = _sample_pool(ctx, series)
-        ticks += 1
+        if sum(len(v) for v in series.values()) > sampled_before:
+            ticks += 1  # a round with no sample (no Ready pod yet) does not count
         pre["lastSampleAt"] = _iso(ctx.now)
     pre.update(samples=series, ticks=ticks, errors=errors[-3:])
     pressured: bool | None = None
