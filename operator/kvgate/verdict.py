@@ -138,6 +138,12 @@ def assess_scales(
         return GateResult(SCALES, Outcome.SKIPPED, "GateOff", "KV scales not checked (mode off)")
     warned = scale_warnings(candidate_scan)
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    if checkpoint_has_scales is True and (candidate_scan or {}).get("engine") == "sglang":
+        # SGLang prints its 1.0 warning without --quantization-param-path even when it loaded
+        # the checkpoint's per-layer scales (sglang#31224): the checkpoint scan is the evidence.
+        return GateResult(
+            SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "checkpoint has k/v scales for every layer"
+        )
     if checkpoint_has_scales is True and warned:
         return GateResult(
             SCALES,

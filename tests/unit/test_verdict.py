@@ -694,3 +694,9 @@ def test_mean_between(
 ) -> None:
     got = v.mean_between(before, after)
     assert got == pytest.approx(mean) if mean is not None else got is None
+
+
+def test_sglang_scale_warning_does_not_mean_dropped_when_the_checkpoint_has_scales() -> None:
+    sglang = {**scan("triton", 45_911, SCALE_WARNING), "engine": "sglang"}
+    assert v.assess_scales(ScalesGate(GateMode.REQUIRE), True, sglang).reason == "ScalesPresent"
+    assert v.assess_scales(ScalesGate(GateMode.REQUIRE), None, sglang).reason == "ScalesMissing"
