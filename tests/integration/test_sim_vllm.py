@@ -20,7 +20,7 @@ SERVE = ["vllm", "serve", MODEL, "--max-model-len", "8192"]
 
 # engines.md §0: `(APIServer pid=1) INFO 09-10 13:29:24 [file.py:NNN] message`
 LINE = re.compile(
-    r"^\((APIServer|EngineCore_DP0) pid=\d+\) (INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] (.*)$"
+    r"^\((APIServer|EngineCore_DP0|EngineCore) pid=\d+\) (INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] (.*)$"
 )
 
 FP8_INFO = (
@@ -122,6 +122,9 @@ def test_fp8_startup_lines_per_version(sim, version: str, expected: list[str]) -
     for text in expected:
         assert text in found, f"{text!r} not in log:\n{log}"
     assert f"Initializing a V1 LLM engine (v{version}) with config: " in log
+    # engines.md §0: `(EngineCore_DP0 pid=...)` in 2025 logs, `(EngineCore pid=...)` in 2026 ones
+    assert ("(EngineCore_DP0 pid=" in log) is (version < "0.17")
+    assert ("(EngineCore pid=" in log) is (version >= "0.17")
     assert "kv_cache_dtype=fp8, " in log
     assert "'kv_cache_dtype': 'fp8'" in log  # non-default args
     assert re.search(r"Available KV cache memory: \d+\.\d+ GiB", log)

@@ -31,9 +31,16 @@ def uvicorn_prefix(level: str) -> str:
 class VllmLog:
     """`(APIServer pid=1) INFO 11-29 19:45:00 [file.py:123] message`."""
 
-    def __init__(self, api_pid: int, core_pid: int, out: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        api_pid: int,
+        core_pid: int,
+        out: TextIO | None = None,
+        core_name: str = "EngineCore_DP0",
+    ) -> None:
         self.api_pid = api_pid
         self.core_pid = core_pid
+        self.core_name = core_name  # the engine-core process tag differs between releases
         self._out = out
 
     @property
@@ -41,8 +48,9 @@ class VllmLog:
         return self._out or sys.stdout
 
     def _tag(self, proc: str) -> str:
-        pid = self.api_pid if proc == "APIServer" else self.core_pid
-        return f"({proc} pid={pid}) "
+        if proc == "APIServer":
+            return f"(APIServer pid={self.api_pid}) "
+        return f"({self.core_name} pid={self.core_pid}) "
 
     def line(self, proc: str, level: str, where: str, message: str) -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")

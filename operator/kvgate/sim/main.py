@@ -25,7 +25,7 @@ from kvgate.sim.metrics import SglangCollector, VllmCollector, build_registry
 from kvgate.sim.server import App, SimServer, make_server, serve_in_thread
 from kvgate.sim.sglang import SglangStartup
 from kvgate.sim.sglang import shutdown_lines as sglang_shutdown
-from kvgate.sim.vllm import StartupFailed, VllmStartup, fatal_error_lines
+from kvgate.sim.vllm import StartupFailed, VllmStartup, core_process_name, fatal_error_lines
 from kvgate.sim.vllm import shutdown_lines as vllm_shutdown
 
 USAGE = (
@@ -89,7 +89,9 @@ class Runner:
         self.server: SimServer | None = None
         self.scheduler: Scheduler | None = None
         pid = os.getpid()
-        self.vlog = VllmLog(api_pid=pid, core_pid=pid + 187)
+        self.vlog = VllmLog(
+            api_pid=pid, core_pid=pid + 187, core_name=core_process_name(env.version_tuple)
+        )
         self.slog = SglangLog()
 
     # ---- signals ------------------------------------------------------------

@@ -22,7 +22,15 @@ from kvgate.sim.config import GIB, SimEnv
 from kvgate.sim.logfmt import VllmLog
 
 API = "APIServer"
-CORE = "EngineCore_DP0"
+CORE = "EngineCore_DP0"  # VllmLog prints its own core_name for it
+
+
+def core_process_name(version: tuple[int, ...]) -> str:
+    """`EngineCore_DP0` in 0.10-0.13 logs; plain `EngineCore` (one engine) in 2026 logs, seen
+    from about 0.18 on. The release that changed it was not pinned down: 0.17 is a guess."""
+    return "EngineCore" if version >= (0, 17) else "EngineCore_DP0"
+
+
 SITE = "/usr/local/lib/python3.12/dist-packages"
 
 FP8_INFO_OLD = (
@@ -336,7 +344,7 @@ def api_server_failure_text() -> str:
             ),
         ],
         "RuntimeError: Engine core initialization failed. See root cause above. "
-        "Failed core proc(s): {'EngineCore_DP0': 1}",
+        "Failed core proc(s): {'EngineCore_DP0': 1}",  # the proc's name keeps DP0
     )
 
 
