@@ -68,6 +68,14 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"KVGATE_SIM_LOAD": PRESSURE},
         {**TRITON, "promotion": {"mode": "manual", "verifyWindow": "2s"}},
     ),
+    "sglang": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {
+            "kvCacheDtype": "fp8_e4m3",
+            "extraArgs": ["--attention-backend", "triton"],
+            "promotion": {"mode": "report"},
+        },
+    ),
     # The checkpoint has k/v scales but the engine (no KVGATE_SIM_KV_SCALES) warns: dropped.
     "dropped": (
         {"KVGATE_SIM_LOAD": PRESSURE},
@@ -136,7 +144,8 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     w = World(cluster, operator, namespaces)
     try:
         for s, (env, _) in SCENARIOS.items():
-            apply(cluster, namespaces[s], sim_deployment(s, env=env))
+            engine = "sglang" if s == "sglang" else "vllm"
+            apply(cluster, namespaces[s], sim_deployment(s, env=env, engine=engine))
         for s in SCENARIOS:
             wait_deployment_ready(cluster, namespaces[s], s)
             w.before[s] = w.deployment(s)
@@ -339,7 +348,7 @@ def test_operator_metrics(world: World) -> None:
     text = world.operator.metrics() or ""
     assert 'kvgate_rollouts_total{outcome="Promoted"} 2.0' in text  # happy, the trap remedied
     assert 'kvgate_rollouts_total{outcome="NotNeeded"} 1.0' in text
-    assert 'kvgate_rollouts_total{outcome="Reported"} 1.0' in text
+    assert 'kvgate_rollouts_total{outcome="Reported"} 2.0' in text  # report, sglang
     assert 'kvgate_rollbacks_total{reason="CanaryCrashed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="AccuracyRegressed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="ScalesDropped"} 1.0' in text
@@ -418,3 +427,24 @@ def test_manual_mode_promotes_only_with_the_bound_approval(world: World) -> None
     assert done["status"]["phase"] == "Promoted", done["status"]["message"]
     assert "--kv-cache-dtype" in container_of(world.deployment("manual"))["args"]
     assert "Approved" in event_reasons(world.cluster, ns, "manual-fp8")
+
+
+@pytest.mark.timeout(600)
+def test_sglang_rollout_reports_a_verdict(world: World) -> None:
+    obj = world.rollout("sglang")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("AwaitingApproval", "VerdictReported"), status[
+        "message"
+    ]
+    assert status["engine"] == "sglang"
+    assert status["arms"]["control"]["attentionBackend"] == "flashinfer"
+    assert status["arms"]["candidate"]["attentionBackend"] == "triton"
+    assert status["gates"]["scales"]["reason"] == "ScalesMissing"
+    assert 1.9 <= status["capacity"]["ratio"] <= 2.1
+    assert status["recommendedArgs"][-4:] == [
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--attention-backend",
+        "triton",
+    ]
+    world.untouched("sglang")

@@ -141,15 +141,21 @@ def sim_deployment(
     env: dict[str, str] | None = None,
     args: list[str] | None = None,
     replicas: int = 1,
+    engine: str = "vllm",
 ) -> dict[str, Any]:
-    """A Deployment running the vLLM simulator as an L4 Qwen3-8B server."""
+    """A Deployment running the vLLM (or SGLang) simulator as an L4 Qwen3-8B server."""
     base_env = {
         "KVGATE_SIM_GPU": "L4",
         "KVGATE_SIM_SPEED": "0.01",
         "KVGATE_GSM8K_DIR": GSM8K_DIR,
         **(env or {}),
     }
+    port = 8000 if engine == "vllm" else 30000
     command = ["python", "-m", "kvgate.sim", "vllm", "serve", "Qwen/Qwen3-8B", "--port", "8000"]
+    if engine == "sglang":
+        command = ["python", "-m", "kvgate.sim", "sglang", "--model-path", "Qwen/Qwen3-8B"]
+        command += ["--port", "30000", "--enable-metrics"]
+        args = args or ["--context-length", "8192"]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -168,7 +174,7 @@ def sim_deployment(
                             "args": args or ["--max-model-len", "8192"],
                             "env": [{"name": k, "value": v} for k, v in base_env.items()],
                             "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": 8000},
+                                "httpGet": {"path": "/health", "port": port},
                                 "periodSeconds": 1,
                             },
                         }
