@@ -70,6 +70,7 @@ WARNING_REASONS: Final = frozenset(
         "CapacityUnknown",
         "SpeedUnknown",
         "RevertSkipped",
+        "ExternalErrors",
     }
 )
 MESSAGES: Final = {

@@ -18,6 +18,7 @@ DEFAULT_EVAL_CONCURRENCY: Final = 8
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_REPORT_TIMEOUT_S: Final = 10.0
+DEFAULT_ERROR_LIMIT: Final = 30  # consecutive outside errors (10 s apart) before giving up
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class OperatorConfig:
     max_workers: int = DEFAULT_MAX_WORKERS  # KVGATE_MAX_WORKERS: handler threads
     hub_offline: bool = False  # HF_HUB_OFFLINE: never reach the hub for the scale scan
     scrape_timeout_s: float = DEFAULT_REPORT_TIMEOUT_S  # KVGATE_SCRAPE_TIMEOUT
+    error_limit: int = DEFAULT_ERROR_LIMIT  # KVGATE_ERROR_LIMIT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -46,6 +48,7 @@ class OperatorConfig:
             max_workers=_int(environ, "KVGATE_MAX_WORKERS", d.max_workers, 1),
             hub_offline=environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"),
             scrape_timeout_s=_float(environ, "KVGATE_SCRAPE_TIMEOUT", d.scrape_timeout_s, 0.1),
+            error_limit=_int(environ, "KVGATE_ERROR_LIMIT", d.error_limit, 1),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:

@@ -185,20 +185,26 @@ def reconcile(
         logger=logger,
         now=_now(),
     )
+    state = _state(ctx, phase, meta)
     try:
-        state = _state(ctx, phase, meta)
         obs = _observe(ctx, phase, spec_errors)
         step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
         _act(ctx, step)
     except ExternalError as exc:
-        # Something outside failed (API, endpoint): not evidence against the candidate; retry.
+        # Something outside failed (API, endpoint): not evidence against the candidate. Retry,
+        # and past the limit end the rollout as an error (never a promotion).
         errors = int(status.get("consecutiveErrors", 0)) + 1
-        patch.status["consecutiveErrors"] = errors
-        patch.status["message"] = f"retrying after: {exc}"
-        raise kopf.TemporaryError(f"{exc} (consecutive errors: {errors})", delay=10) from exc
+        step = verdict.give_up(state, str(exc), errors, limit=ctx.config.error_limit)
+        if step is None:
+            patch.status["consecutiveErrors"] = errors
+            patch.status["message"] = f"retrying after: {exc}"
+            raise kopf.TemporaryError(f"{exc} (consecutive errors: {errors})", delay=10) from exc
+        _act_best_effort(ctx, step)
     _write_status(ctx, patch, phase, step)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
+    if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
+        raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
 
@@ -436,7 +442,8 @@ def _sample_pool(ctx: _Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str
             continue
         try:
             snap = metrics.parse_metrics(
-                http.scrape(_metrics_url(ctx, health.ip)), ctx.status.get("engine")
+                http.scrape(_metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
             )
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
@@ -723,7 +730,7 @@ def _observe_verifying(ctx: _Ctx) -> Observation:
             problems.append(f"pod {name}: {health.detail}")
         elif health.ready and health.ip:
             try:
-                http.scrape(_metrics_url(ctx, health.ip))
+                http.scrape(_metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s)
             except ExternalError as exc:
                 problems.append(f"pod {name} metrics unreachable: {exc}")
     return Observation(production_problem="; ".join(problems) or None)
@@ -735,6 +742,15 @@ def _observe_verifying(ctx: _Ctx) -> Observation:
 def _act(ctx: _Ctx, step: Step) -> None:
     for action in step.actions:
         _ACTIONS[action](ctx, step)
+
+
+def _act_best_effort(ctx: _Ctx, step: Step) -> None:
+    """Giving up after errors: try every action; owner references clean up what fails."""
+    for action in step.actions:
+        try:
+            _ACTIONS[action](ctx, step)
+        except (ExternalError, KvgateError) as exc:
+            ctx.logger.warning("%s failed while giving up: %s", action.value, exc)
 
 
 def _create_canaries(ctx: _Ctx, step: Step) -> None:
@@ -869,7 +885,8 @@ def _tpot_totals(ctx: _Ctx) -> dict[str, Any]:
             continue
         try:
             snap = metrics.parse_metrics(
-                http.scrape(_metrics_url(ctx, ip)), ctx.status.get("engine")
+                http.scrape(_metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
             )
         except (ExternalError, InputError) as exc:
             out[arm] = {"error": str(exc)[:300]}

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from kvgate.model import (
+    PATCHED_PHASES,
     AccuracyGate,
     BackendGate,
     CapacityGainGate,
@@ -574,6 +575,21 @@ def _event_for(result: GateResult) -> Event | None:
     if result.reason in ("ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed"):
         return Event(result.reason, result.message, warning=True)
     return None
+
+
+def give_up(state: State, error: str, errors: int, *, limit: int) -> Step | None:
+    """After `limit` consecutive outside errors the rollout ends; None: retry.
+
+    An unverified promotion is reverted; otherwise nothing was changed, so the end is Failed.
+    """
+    if errors <= limit or state.phase.terminal:
+        return None
+    message = f"gave up after {errors} consecutive errors (limit {limit}); last: {error}"
+    if state.phase in PATCHED_PHASES:
+        return _end(
+            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        )
+    return _end(Phase.FAILED, "ExternalErrors", message)
 
 
 def next_step(spec: RolloutSpec, state: State, obs: Observation, *, poll_s: float) -> Step:

@@ -153,6 +153,10 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
         for s, (_, spec) in SCENARIOS.items():
             spec = json.loads(json.dumps(spec).replace(CHECKPOINT, checkpoint))
             apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+        # Valid for the apiserver, wrong for the operator: a container the Deployment lacks.
+        bad = rollout("room-bad", "room", **TRITON)
+        bad["spec"]["targetRef"]["container"] = "sidecar"
+        apply(cluster, namespaces["room"], bad)
         # A second rollout on a Deployment that already has an active one is refused.
         wait_phase(cluster, namespaces["report"], "report-fp8", {"Preflight", "Canary"}, 60)
         apply(cluster, namespaces["report"], rollout("report-dup", "report", **TRITON))
@@ -448,3 +452,19 @@ def test_sglang_rollout_reports_a_verdict(world: World) -> None:
         "triton",
     ]
     world.untouched("sglang")
+
+
+@pytest.mark.timeout(300)
+def test_a_target_the_operator_cannot_use_stalls_with_the_reason(world: World) -> None:
+    obj = world.rollout("room", "room-bad")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidTarget")
+    assert status["message"] == (
+        "spec.targetRef: container 'sidecar' not in the pod template (containers: engine)"
+    )
+    assert condition(obj, "Stalled")["status"] == "True"
+    assert condition(obj, "Ready")["reason"] == "InvalidTarget"
+    assert "InvalidTarget" in event_reasons(world.cluster, world.ns["room"], "room-bad")
+    # kopf was told the error is permanent: it does not retry the handler.
+    log = world.operator.log()
+    assert "room-bad" in log and "Handler 'reconcile' failed permanently" in log

@@ -700,3 +700,23 @@ def test_sglang_scale_warning_does_not_mean_dropped_when_the_checkpoint_has_scal
     sglang = {**scan("triton", 45_911, SCALE_WARNING), "engine": "sglang"}
     assert v.assess_scales(ScalesGate(GateMode.REQUIRE), True, sglang).reason == "ScalesPresent"
     assert v.assess_scales(ScalesGate(GateMode.REQUIRE), None, sglang).reason == "ScalesMissing"
+
+
+GIVE_UP_GRID = [
+    (Phase.CANARY, 30, None),
+    (Phase.CANARY, 31, (Phase.FAILED, "ExternalErrors")),
+    (Phase.VERIFYING, 31, (Phase.ROLLED_BACK, "PromotionReverted")),
+    (Phase.PROMOTING, 31, (Phase.ROLLED_BACK, "PromotionReverted")),
+    (Phase.PROMOTED, 99, None),
+]
+
+
+@pytest.mark.parametrize(("phase", "errors", "end"), GIVE_UP_GRID)
+def test_give_up_after_the_error_limit(
+    phase: Phase, errors: int, end: tuple[Phase, str] | None
+) -> None:
+    got = v.give_up(State(phase=phase), "apiserver down", errors, limit=30)
+    assert (None if got is None else (got.phase, got.reason)) == end
+    if got is not None and phase is Phase.VERIFYING:
+        assert got.actions[0] is Action.REVERT_DEPLOYMENT
+        assert got.message == "gave up after 31 consecutive errors (limit 30); last: apiserver down"
