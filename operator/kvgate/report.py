@@ -402,6 +402,18 @@ def read_duration(status: Mapping[str, Any]) -> str | None:
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
+def shell_command(args: Sequence[str]) -> str:
+    """`args` as a copy-pasteable shell command: the program, then one flag (and value) a line."""
+    import shlex
+
+    lines: list[list[str]] = [[]]
+    for arg in args:
+        if arg.startswith("--") and lines[-1]:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return " \\\n  ".join(" ".join(line) for line in lines if line)
+
+
 def read_recommended_args(status: Mapping[str, Any]) -> list[str]:
     raw = _get(status, "recommendedArgs", "recommended_args")
     if isinstance(raw, str):
@@ -602,7 +614,9 @@ def render_text(rollout: Mapping[str, Any]) -> str:
 
     args = read_recommended_args(status)
     lines += ["", "Recommended args"]
-    lines.append("  " + (" ".join(args) if args else "(none yet)"))
+    lines += (
+        [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -663,6 +677,7 @@ table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{padding:.35rem .6
 border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}td.n,th.n{text-align:right;
 font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
 code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
+pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;overflow-x:auto}
 .msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem}
 svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
 ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
@@ -851,7 +866,7 @@ def render_html(rollout: Mapping[str, Any]) -> str:
     out.append(render_svg(status))
     args = read_recommended_args(status)
     out.append("<h2>Recommended args</h2>")
-    out.append(f"<p><code>{_e(' '.join(args))}</code></p>" if args else "<p>(none yet)</p>")
+    out.append(f"<pre>{_e(shell_command(args))}</pre>" if args else "<p>(none yet)</p>")
 
     findings = read_findings(status)
     if findings:

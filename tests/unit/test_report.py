@@ -104,7 +104,7 @@ def test_text_shows_capacity_gain_speed_and_recommended_args() -> None:
     assert "  candidate holds 2.00x the control's KV tokens" in lines
     assert re.search(r"candidate\s+fp8\s+TRITON_ATTN\s+116,000\s+28\.3x", "\n".join(lines))
     assert re.search(r"Tokens per second\s+812\.5\s+1,490", "\n".join(lines))
-    assert lines[-1] == "  --kv-cache-dtype fp8 --attention-backend TRITON_ATTN"
+    assert lines[-2:] == ["  --kv-cache-dtype fp8 \\", "    --attention-backend TRITON_ATTN"]
 
 
 def test_findings_come_from_gate_conditions_not_kstatus_ones() -> None:
@@ -461,3 +461,19 @@ def test_cli_picks_a_rollout_from_a_saved_list(
     code, _, err = _cli(["report", "nope", "-f", str(path)], capsys)
     assert code == 2
     assert "no rollout 'nope' in the list" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["vllm", "serve", "M"], "vllm serve M"),
+        (
+            ["python", "-m", "kvgate.sim", "vllm", "serve", "M", "--port", "8000", "--x"],
+            "python -m kvgate.sim vllm serve M \\\n  --port 8000 \\\n  --x",
+        ),
+        (["--a", "b c", "--d=$HOME"], "--a 'b c' \\\n  '--d=$HOME'"),
+        ([], ""),
+    ],
+)
+def test_recommended_args_read_as_a_shell_command(args: list[str], expected: str) -> None:
+    assert report.shell_command(args) == expected
