@@ -402,6 +402,18 @@ def read_duration(status: Mapping[str, Any]) -> str | None:
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
+def split_remedy(message: str) -> tuple[str, str | None]:
+    """("what happened", "what to do") from an operator message "...; remedy: ..."."""
+    what, sep, remedy = message.partition("; remedy: ")
+    return (what, remedy) if sep else (message, None)
+
+
+def args_heading(status: Mapping[str, Any]) -> str:
+    """The args are a recommendation only when the candidate was not rejected."""
+    phase = _get(status, "phase")
+    return "Rejected candidate args" if phase in _BAD_PHASES else "Recommended args"
+
+
 def shell_command(args: Sequence[str]) -> str:
     """`args` as a copy-pasteable shell command: the program, then one flag (and value) a line."""
     import shlex
@@ -535,7 +547,12 @@ def render_text(rollout: Mapping[str, Any]) -> str:
     ready = _ready(status)
     message = message or (ready.get("message") if ready is not None else None)
     if message:
-        lines += textwrap.wrap(str(message), _WRAP, initial_indent="  ", subsequent_indent="    ")
+        what, remedy = split_remedy(str(message))
+        lines += textwrap.wrap(what, _WRAP, initial_indent="  ", subsequent_indent="    ")
+        if remedy:
+            lines += textwrap.wrap(
+                f"remedy: {remedy}", _WRAP, initial_indent="  ", subsequent_indent="    "
+            )
     verdict = read_verdict(status)
     if verdict:
         lines += textwrap.wrap(
@@ -613,7 +630,7 @@ def render_text(rollout: Mapping[str, Any]) -> str:
         lines += _table(["metric", *header], [[label, *cells] for label, cells in speed_rows])
 
     args = read_recommended_args(status)
-    lines += ["", "Recommended args"]
+    lines += ["", args_heading(status)]
     lines += (
         [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
     )
@@ -678,7 +695,8 @@ border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}td.n,th.n{tex
 font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
 code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
 pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;overflow-x:auto}
-.msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem}
+.msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem;overflow-wrap:anywhere}
+.remedy{border-left-color:#d9822b}
 svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
 ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
 td.no{color:#8a1c17;font-weight:600}td.maybe{color:#7a5500;font-weight:600}
@@ -852,7 +870,10 @@ def render_html(rollout: Mapping[str, Any]) -> str:
     ready = _ready(status)
     message = _get(status, "message") or (ready.get("message") if ready else None)
     if message:
-        out.append(f"<p class='msg'>{_e(message)}</p>")
+        what, remedy = split_remedy(str(message))
+        out.append(f"<p class='msg'>{_e(what)}</p>")
+        if remedy:
+            out.append(f"<p class='msg remedy'><b>Remedy:</b> {_e(remedy)}</p>")
     facts = []
     verdict = read_verdict(status)
     if verdict:
@@ -865,7 +886,7 @@ def render_html(rollout: Mapping[str, Any]) -> str:
     out.append("<h2>Control and candidate</h2>")
     out.append(render_svg(status))
     args = read_recommended_args(status)
-    out.append("<h2>Recommended args</h2>")
+    out.append(f"<h2>{args_heading(status)}</h2>")
     out.append(f"<pre>{_e(shell_command(args))}</pre>" if args else "<p>(none yet)</p>")
 
     findings = read_findings(status)

@@ -477,3 +477,20 @@ def test_cli_picks_a_rollout_from_a_saved_list(
 )
 def test_recommended_args_read_as_a_shell_command(args: list[str], expected: str) -> None:
     assert report.shell_command(args) == expected
+
+
+def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    rollout["status"]["recommendedArgs"] = ["vllm", "serve", "M", "--kv-cache-dtype", "fp8"]
+    lines = report.render_text(rollout).splitlines()
+    assert lines[2:4] == ["  candidate pod crashed: ninja failed", "  remedy: use TRITON_ATTN"]
+    assert "Recommended args" not in lines
+    assert lines[-3:] == [
+        "Rejected candidate args",
+        "  vllm serve M \\",
+        "    --kv-cache-dtype fp8",
+    ]
+    page = report.render_html(rollout)
+    assert "<p class='msg remedy'><b>Remedy:</b> use TRITON_ATTN</p>" in page
+    assert "<h2>Rejected candidate args</h2>" in page
