@@ -796,7 +796,7 @@ def render_svg(status: Mapping[str, Any]) -> str:
                 f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{_e(arm)}</text>'
             )
     else:
-        parts.append(_no_data(x0, panel, top, bottom, "no accuracy yet"))
+        parts.append(_no_data(x0, panel, top, bottom, f"no accuracy {_missing(status)}"))
     # Right panel: KV tokens as bars from zero, because the point is the ratio.
     x1 = 2 * pad + panel
     parts.append(f'<text x="{x1}" y="20" font-weight="600">KV cache size (tokens)</text>')
@@ -830,9 +830,15 @@ def render_svg(status: Mapping[str, Any]) -> str:
                 f"{gain:.2f}x</text>"
             )
     else:
-        parts.append(_no_data(x1, panel, top, bottom, "no KV figures yet"))
+        parts.append(_no_data(x1, panel, top, bottom, f"no KV figures {_missing(status)}"))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _missing(status: Mapping[str, Any]) -> str:
+    """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
+    done = _get(status, "phase") in (_GOOD_PHASES | _BAD_PHASES) or _get(status, "finishedAt")
+    return "(not measured)" if done else "yet"
 
 
 def _no_data(x: float, w: float, top: float, bottom: float, text: str) -> str:

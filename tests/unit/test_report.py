@@ -494,3 +494,9 @@ def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
     page = report.render_html(rollout)
     assert "<p class='msg remedy'><b>Remedy:</b> use TRITON_ATTN</p>" in page
     assert "<h2>Rejected candidate args</h2>" in page
+
+
+def test_svg_says_a_finished_rollout_never_measured_accuracy() -> None:
+    svg = report.render_svg(ROLLED_BACK["status"])
+    assert "no accuracy (not measured)" in svg
+    assert svg.count("<rect") == 1  # the control's KV bar; the candidate crashed first
