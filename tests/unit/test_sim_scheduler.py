@@ -98,3 +98,35 @@ def test_dead_engine_fails_requests_in_flight() -> None:
     assert r.done.wait(5) and r.error == "CUDA error"
     with pytest.raises(EngineDead):
         scheduler.submit(request(1, 1))
+
+
+def test_halt_from_a_finish_stops_the_step_at_once() -> None:
+    # GIVEN a fault that fires when the 3rd request finishes (requests finish in the same step)
+    finished: list[Request] = []
+
+    def on_finished(r: Request) -> None:
+        finished.append(r)
+        if len(finished) == 3:
+            scheduler.halt()
+
+    scheduler = Scheduler(
+        gpu=GPUS["L4"], model=QWEN3_8B, kv_bytes_per_token=BF16, capacity_tokens=100_000,
+        block_size=16, max_num_seqs=256, speed=1e-4, on_finished=on_finished,
+    )  # fmt: skip
+    requests = [scheduler.submit(request(10, 5)) for _ in range(10)]
+    scheduler.start()
+    assert _wait_for(lambda: scheduler.dead), "never halted"
+    scheduler.die("CUDA error")
+    assert sum(r.error is None for r in requests) == 3  # exactly N answered, the rest fail
+    assert all(r.done.is_set() for r in requests)
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.001)
+    return False

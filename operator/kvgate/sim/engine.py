@@ -141,6 +141,7 @@ class Scheduler:
         self._running: list[Request] = []
         self._stopped = False
         self._dead = False
+        self._halted = False  # a fault froze the engine; die() follows from another thread
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
         self._weights_bytes = model.weights_gib * GIB
         self._bandwidth = gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
@@ -168,11 +169,17 @@ class Scheduler:
 
     @property
     def dead(self) -> bool:
-        return self._dead
+        return self._dead or self._halted
+
+    def halt(self) -> None:
+        """Freeze at once (call with the lock held, e.g. from on_finished): nothing more
+        finishes or starts; die() then fails what is in flight."""
+        self._halted = True
+        self._wake.notify_all()
 
     def submit(self, request: Request) -> Request:
         with self.lock:
-            if self._dead or self._stopped:
+            if self._dead or self._stopped or self._halted:
                 raise EngineDead("engine is not running")
             request.arrival = self.clock
             self._waiting.append(request)
@@ -263,10 +270,10 @@ class Scheduler:
         deadline = time.monotonic()
         while True:
             with self.lock:
-                while not self._stopped and not self._dead and not (self._running or self._waiting):
+                while not (self._stopped or self.dead) and not (self._running or self._waiting):
                     self._wake.wait()
                     deadline = time.monotonic()
-                if self._stopped or self._dead:
+                if self._stopped or self.dead:
                     return
                 tick = self._tick()
             deadline += tick
@@ -330,10 +337,12 @@ class Scheduler:
             self._gen_window.popleft()
         stats.gen_throughput = sum(n for _, n in self._gen_window) / 5.0
         for request in finished:
+            if self._halted:  # a fault fired on an earlier finish of this step
+                break
             self._running.remove(request)
             self._finish(request, request.finished_at or now)
         self._preempt()
-        if finished and self._waiting:
+        if finished and self._waiting and not self._halted:
             # refill freed slots now, so the batch never looks empty between ticks
             _, admitted = self._admit(sum(self._blocks(r.context) for r in self._running))
             stats.prompt_tokens += admitted

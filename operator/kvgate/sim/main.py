@@ -260,7 +260,9 @@ class Runner:
         self.user_requests += 1
         limit = self.env.faults.crash_after
         if limit is not None and self.user_requests == limit:
-            threading.Timer(0.05, self._crash).start()
+            assert self.scheduler is not None
+            self.scheduler.halt()  # request N is the last one answered, as when a GPU faults
+            threading.Thread(target=self._crash, name="crash", daemon=True).start()
 
     def _crash(self) -> None:
         reason = "CUDA error: an illegal memory access was encountered"
