@@ -242,6 +242,14 @@ def test_installed_chart_promotes_a_rollout_under_its_own_service_account(
     assert conditions["Reconciling"]["status"] == "False"
     assert conditions["Stalled"]["status"] == "False"
     assert status["observedGeneration"] == obj["metadata"]["generation"]
+    # The README's `kubectl wait` lines work on it.
+    for wait in (
+        "--for=condition=Reconciling=False",
+        "--for=condition=Ready",
+        "--for=condition=Promoted",
+        "--for=jsonpath={.status.phase}=Promoted",
+    ):
+        cluster.kubectl("wait", "kvr/fp8-triton", "-n", namespace, wait, "--timeout=10s")
     deploy = get_json(cluster, "deployment", "vllm", "-n", namespace)
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
