@@ -32,7 +32,7 @@ DEMO_TIMEOUT="${DEMO_TIMEOUT:-900}"
 OUT="$STATE/out"
 T0=$SECONDS
 
-if [ -t 1 ]; then B=$'\e[1m' D=$'\e[2m' G=$'\e[32m' R=$'\e[31m' Y=$'\e[33m' N=$'\e[0m'; else B= D= G= R= Y= N=; fi
+if [ -t 1 ]; then B=$'\e[1m' D=$'\e[2m' G=$'\e[32m' R=$'\e[31m' N=$'\e[0m'; else B= D= G= R= N=; fi
 say() { printf '%s\n' "$*"; }
 step() { printf '\n%s== %s%s %s(%ss)%s\n' "$B" "$*" "$N" "$D" "$((SECONDS - T0))" "$N"; }
 fail() { printf '%sdemo failed: %s%s\n' "$R" "$*" "$N" >&2; exit 1; }
@@ -83,6 +83,8 @@ trap '[ -n "$NARRATOR" ] && kill "$NARRATOR" 2>/dev/null; exit 130' INT TERM
 # ---- 2. cluster ---------------------------------------------------------------------------
 step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
 mkdir -p "$STATE" "$OUT"
+# A cluster left by `--keep` is replaced: the demo starts from an empty etcd.
+timeout 90 "$PY" hack/cluster.py down --state-dir "$STATE/cluster" >/dev/null 2>&1 || true
 CLUSTER_UP=1
 KUBECONFIG="$(timeout 400 "$PY" hack/cluster.py up --state-dir "$STATE/cluster" --bin-dir "$BIN" --timeout 300)" ||
 	fail "the control plane did not start; see $STATE/cluster/supervisor.log"
