@@ -68,6 +68,16 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"KVGATE_SIM_LOAD": PRESSURE},
         {**TRITON, "promotion": {"mode": "manual", "verifyWindow": "2s"}},
     ),
+    # The candidate passes every gate, but its config crashes a GPU after 300 requests: the
+    # test sends them to the promoted pod during the verify window.
+    "revert": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {
+            **TRITON,
+            "extraEnv": [{"name": "KVGATE_SIM_FAULTS", "value": "crash-after=300"}],
+            "promotion": {"mode": "auto", "verifyWindow": "120s"},
+        },
+    ),
     "sglang": (
         {"KVGATE_SIM_LOAD": PRESSURE},
         {
@@ -201,6 +211,59 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
     assert world.children("trap") == [] or all(
         p["metadata"].get("deletionTimestamp") for p in world.children("trap")
     )
+
+
+def _hammer(url: str, requests: int) -> int:
+    """POST `requests` small completions; returns how many got an answer."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = json.dumps(
+        {"model": "Qwen/Qwen3-8B", "prompt": "Question: 2+2?\nAnswer:", "max_tokens": 4}
+    )
+
+    def one(_: int) -> bool:
+        req = urllib.request.Request(url, body.encode(), {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    with ThreadPoolExecutor(16) as pool:
+        return sum(pool.map(one, range(requests)))
+
+
+@pytest.mark.timeout(600)
+def test_a_promotion_that_fails_in_verification_is_reverted(world: World) -> None:
+    ns = world.ns["revert"]
+    wait_phase(world.cluster, ns, "revert-fp8", {"Verifying"} | TERMINAL, 420)
+    promoted = [
+        p
+        for p in pods(world.cluster, ns, "app=revert")
+        if "--kv-cache-dtype" in p["spec"]["containers"][0].get("args", [])
+        and p["status"].get("podIP")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    assert promoted, "no promoted pod"
+    # WHEN production traffic reaches the request that crashes the promoted config
+    _hammer(f"http://{promoted[0]['status']['podIP']}:8000/v1/completions", 310)
+    # THEN the operator reverts the Deployment and says why
+    obj = wait_phase(world.cluster, ns, "revert-fp8", TERMINAL, 180)
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "PromotionReverted"), status[
+        "message"
+    ]
+    assert status["message"].startswith("promotion reverted during verification: pod revert-")
+    assert container_of(world.deployment("revert")) == container_of(world.before["revert"])
+    reasons = event_reasons(world.cluster, ns, "revert-fp8")
+    assert (
+        reasons.index("Promoting")
+        < reasons.index("PromotionReverted")
+        < reasons.index("RolledBack")
+    )
+    assert condition(obj, "Promoted")["status"] == "False"
+    assert condition(obj, "RolledBack")["status"] == "True"
 
 
 @pytest.mark.timeout(600)
@@ -356,6 +419,7 @@ def test_operator_metrics(world: World) -> None:
     assert 'kvgate_rollbacks_total{reason="CanaryCrashed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="AccuracyRegressed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="ScalesDropped"} 1.0' in text
+    assert 'kvgate_rollbacks_total{reason="PromotionReverted"} 1.0' in text
     assert 'kvgate_capacity_ratio{name="happy-fp8"' in text
     assert "kvgate_events_total{" in text and "kvgate_rollout_phase{" in text
 
@@ -437,9 +501,9 @@ def test_manual_mode_promotes_only_with_the_bound_approval(world: World) -> None
 def test_sglang_rollout_reports_a_verdict(world: World) -> None:
     obj = world.rollout("sglang")
     status = obj["status"]
-    assert (status["phase"], status["reason"]) == ("AwaitingApproval", "VerdictReported"), status[
-        "message"
-    ]
+    assert (status["phase"], status["reason"]) == ("AwaitingApproval", "VerdictReported"), (
+        json.dumps({"message": status["message"], "arms": status.get("arms")})[:4000]
+    )
     assert status["engine"] == "sglang"
     assert status["arms"]["control"]["attentionBackend"] == "flashinfer"
     assert status["arms"]["candidate"]["attentionBackend"] == "triton"
