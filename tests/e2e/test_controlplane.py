@@ -271,13 +271,16 @@ def test_logs_tail_timestamps_follow_and_multiple_containers(
         {"name": "client", "image": "x", "command": probe_peer},
     ]  # fmt: skip
     core.create_namespaced_pod(namespace, pod_body("logs", containers, restartPolicy="Never"))
-    wait_for(
-        "5 log lines",
-        lambda: (
-            core.read_namespaced_pod_log("logs", namespace, container="writer").count("line") == 5
-        ),
-        timeout=90,
-    )
+
+    def writer_log() -> str:
+        try:
+            return core.read_namespaced_pod_log("logs", namespace, container="writer")
+        except ApiException as exc:
+            # 400 "waiting to start" until the kubelet reports the container running.
+            assert exc.status == 400, exc
+            return ""
+
+    wait_for("5 log lines", lambda: writer_log().count("line") == 5, timeout=90)
     tail = core.read_namespaced_pod_log("logs", namespace, container="writer", tail_lines=2)
     full = core.read_namespaced_pod_log("logs", namespace, container="writer")
     assert full.startswith("line 1\nline 2\nline 3\nline 4\nline 5\n")
