@@ -48,7 +48,7 @@ FROM runtime AS operator
 COPY --from=build /opt/kvgate /opt/kvgate
 EXPOSE 8080
 ENTRYPOINT ["kvgate", "run"]
-CMD ["--all-namespaces"]
+CMD ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
 
 # ---- eval: the paired GSM8K accuracy Job ----
 FROM runtime AS eval

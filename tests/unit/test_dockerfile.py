@@ -95,7 +95,9 @@ def test_entrypoint_is_a_kvgate_command(target: str, command: str) -> None:
 
 
 def test_operator_default_args_watch_every_namespace() -> None:
-    assert json.loads(effective(BY_NAME["operator"], "CMD") or "null") == ["--all-namespaces"]
+    cmd = json.loads(effective(BY_NAME["operator"], "CMD") or "null")
+    assert cmd == ["--all-namespaces", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert "EXPOSE 8080" in (ROOT / "Dockerfile").read_text()
 
 
 def test_pip_installs_name_extras_that_exist() -> None:
