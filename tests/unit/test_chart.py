@@ -291,3 +291,23 @@ def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
             assert labels <= defined[metric], (metric, labels - defined[metric])
             used += 1
     assert used >= 4
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("watch.allNamespaces=false", "watch.namespaces={a,b}", "verbose=true"),
+        ("extraArgs={--poll-interval=2}",),
+    ],
+)
+def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[str, ...]) -> None:
+    from kvgate.cli import build_parser
+
+    c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["kvgate"]
+    argv = [a.replace("$(POD_IP)", "127.0.0.1") for a in c["args"]]
+    args = build_parser(argv).parse_args(argv)  # exits 2 on an unknown flag
+    assert args.command == "run"
+    assert args.liveness == "http://127.0.0.1:8080/healthz"
+    assert args.all_namespaces == ("watch.allNamespaces=false" not in sets)

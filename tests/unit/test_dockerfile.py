@@ -185,3 +185,15 @@ def test_copied_sources_exist_and_pass_dockerignore() -> None:
                 assert (ROOT / src).exists(), src
                 assert not ignored(src), f"{src} is excluded by .dockerignore"
     assert ignored(".venv") and ignored("tests/unit/test_dockerfile.py")
+
+
+def test_operator_default_command_line_parses() -> None:
+    # (The eval image has no default: the Job passes the arm URLs.)
+    from kvgate.cli import build_parser
+
+    entry = json.loads(effective(BY_NAME["operator"], "ENTRYPOINT") or "null")
+    cmd = json.loads(effective(BY_NAME["operator"], "CMD") or "[]")
+    argv = [*entry[1:], *cmd]
+    args = build_parser(argv).parse_args(argv)  # exits 2 on an unknown flag
+    assert (args.command, args.all_namespaces) == ("run", True)
+    assert args.liveness == "http://0.0.0.0:8080/healthz"
