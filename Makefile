@@ -29,6 +29,7 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check operator tests hack bench
 	$(BIN)/ruff format --check operator tests hack bench
+	PYTHONPATH=operator $(BIN)/lint-imports
 
 demo: $(STAMP)
 	hack/demo.sh
