@@ -749,12 +749,14 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     if lost is not None:
         gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", lost)
         return _end(Phase.ROLLED_BACK, "CanaryCrashed", lost, gates=(gate,))
-    timed_out = state.phase_elapsed_s >= spec.canary.eval_timeout_s
+    # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); every attempt gets one.
+    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1)
+    timed_out = state.phase_elapsed_s >= budget
     error = obs.eval_error
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
     if error is None and timed_out:
-        error = f"eval did not finish within {spec.canary.eval_timeout_s:g}s"
+        error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
     if error is not None:
         # An eval that errors is not a failed eval: retry within the limit.
         if state.eval_attempts <= spec.canary.eval_retries and not timed_out:

@@ -78,6 +78,11 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
             "promotion": {"mode": "auto", "verifyWindow": "120s"},
         },
     ),
+    # Each eval attempt is cut at 8 s by the Job's deadline: an eval error, retried, then given up.
+    "evalerr": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {**TRITON, "canary": {"startupTimeout": "90s", "evalTimeout": "8s", "evalRetries": 1}},
+    ),
     "sglang": (
         {"KVGATE_SIM_LOAD": PRESSURE},
         {
@@ -420,6 +425,7 @@ def test_operator_metrics(world: World) -> None:
     assert 'kvgate_rollbacks_total{reason="AccuracyRegressed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="ScalesDropped"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="PromotionReverted"} 1.0' in text
+    assert 'kvgate_rollbacks_total{reason="EvalError"} 1.0' in text
     assert 'kvgate_capacity_ratio{name="happy-fp8"' in text
     assert "kvgate_events_total{" in text and "kvgate_rollout_phase{" in text
 
@@ -532,3 +538,18 @@ def test_a_target_the_operator_cannot_use_stalls_with_the_reason(world: World) -
     # kopf was told the error is permanent: it does not retry the handler.
     log = world.operator.log()
     assert "room-bad" in log and "Handler 'reconcile' failed permanently" in log
+
+
+@pytest.mark.timeout(600)
+def test_an_eval_that_errors_is_retried_then_rolled_back_as_an_error(world: World) -> None:
+    obj = world.rollout("evalerr")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "EvalError"), status["message"]
+    assert status["message"].startswith("eval failed 2 time(s), last: ")
+    assert status["eval"]["attempt"] == 2
+    assert status["gates"]["accuracy"]["outcome"] == "Error"  # an error, not a failed eval
+    assert condition(obj, "AccuracyNonInferior")["status"] == "Unknown"
+    reasons = event_reasons(world.cluster, world.ns["evalerr"], "evalerr-fp8")
+    assert reasons.count("EvalStarted") == 2
+    assert reasons.index("EvalStarted") < reasons.index("EvalError") < reasons.index("RolledBack")
+    world.untouched("evalerr")

@@ -720,3 +720,18 @@ def test_give_up_after_the_error_limit(
     if got is not None and phase is Phase.VERIFYING:
         assert got.actions[0] is Action.REVERT_DEPLOYMENT
         assert got.message == "gave up after 31 consecutive errors (limit 30); last: apiserver down"
+
+
+def test_eval_timeout_is_per_attempt() -> None:
+    # evalTimeout 600 s and one retry: 1200 s in Evaluating before giving up
+    running = Observation(control=READY, candidate=READY, job_exists=True)
+    assert (
+        step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1199).phase
+        is Phase.EVALUATING
+    )
+    late = step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1200)
+    assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "EvalError")
+    assert (
+        late.message
+        == "eval failed 2 time(s), last: eval did not finish within 1200s (2 attempt(s))"
+    )
