@@ -44,6 +44,7 @@ GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPE
 _GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
 MIN_DELAY_S: Final = 1.0
+EVAL_GRACE_S: Final = 60.0  # scheduling and Job-controller slack on top of the eval attempts
 MAX_DELAY_S: Final = 30.0
 
 
@@ -749,17 +750,18 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     if lost is not None:
         gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", lost)
         return _end(Phase.ROLLED_BACK, "CanaryCrashed", lost, gates=(gate,))
-    # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); every attempt gets one.
-    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1)
-    timed_out = state.phase_elapsed_s >= budget
+    # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); the phase as a whole
+    # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
+    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
     error = obs.eval_error
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
-    if error is None and timed_out:
+    stuck = error is None and state.phase_elapsed_s >= budget
+    if stuck:
         error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
     if error is not None:
         # An eval that errors is not a failed eval: retry within the limit.
-        if state.eval_attempts <= spec.canary.eval_retries and not timed_out:
+        if state.eval_attempts <= spec.canary.eval_retries and not stuck:
             attempt = state.eval_attempts + 1
             return Step(
                 Phase.EVALUATING,

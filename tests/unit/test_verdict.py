@@ -723,15 +723,23 @@ def test_give_up_after_the_error_limit(
 
 
 def test_eval_timeout_is_per_attempt() -> None:
-    # evalTimeout 600 s and one retry: 1200 s in Evaluating before giving up
+    # evalTimeout 600 s and one retry: 1200 s plus 60 s grace in Evaluating before giving up
     running = Observation(control=READY, candidate=READY, job_exists=True)
     assert (
-        step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1199).phase
+        step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1259).phase
         is Phase.EVALUATING
     )
-    late = step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1200)
+    late = step(Phase.EVALUATING, running, eval_attempts=2, phase_elapsed_s=1260)
     assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "EvalError")
     assert (
         late.message
-        == "eval failed 2 time(s), last: eval did not finish within 1200s (2 attempt(s))"
+        == "eval failed 2 time(s), last: eval did not finish within 1260s (2 attempt(s))"
     )
+
+
+def test_a_job_error_is_retried_even_late_in_the_phase() -> None:
+    failed = Observation(
+        control=READY, candidate=READY, job_exists=True, eval_error="DeadlineExceeded"
+    )
+    s = step(Phase.EVALUATING, failed, eval_attempts=1, phase_elapsed_s=700)
+    assert (s.phase, s.reason, s.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
