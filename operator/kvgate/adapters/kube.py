@@ -122,7 +122,8 @@ class Kube:
             kwargs: dict[str, Any] = {"limit_bytes": _LOG_LIMIT_BYTES, "previous": previous}
             if container:
                 kwargs["container"] = container
-            return str(self.core.read_namespaced_pod_log(pod, namespace, **kwargs))
+            text = self.core.read_namespaced_pod_log(pod, namespace, **kwargs)
+            return "" if text is None else str(text)  # the client gives None for an empty log
 
         try:
             return self._call("log", f"pod {namespace}/{pod}", read, missing_ok=True)
