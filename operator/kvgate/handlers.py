@@ -510,6 +510,8 @@ def _arm_scan(ctx: _Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
         previous = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container"), previous=True)
         text = (previous or "") + "\n" + text
     scan = _compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    if health.crashed:
+        scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
     block.update(pod=pod, ip=health.ip, scan=scan)
     block["attentionBackend"] = scan.get("attention_backend")
     block["kvTokens"] = verdict.kv_tokens(scan)

@@ -472,6 +472,9 @@ def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, s
     errors.sort(key=lambda f: f.get("code") in _GENERIC_FAILURES)
     for f in errors:
         return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
+    tail = (scan or {}).get("tail") or []
+    if tail:  # a cause the scanner does not know: the last line says most
+        return f"{fallback}; last log line: {str(tail[-1])[:300]}", None
     return fallback, None
 
 

@@ -743,3 +743,11 @@ def test_a_job_error_is_retried_even_late_in_the_phase() -> None:
     )
     s = step(Phase.EVALUATING, failed, eval_attempts=1, phase_elapsed_s=700)
     assert (s.phase, s.reason, s.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
+
+
+def test_crash_summary_falls_back_to_the_last_log_line() -> None:
+    crashed = {**scan(None, None), "tail": ["...", "OSError: [Errno 98] Address already in use"]}
+    assert v.crash_summary(crashed, "exited with code 1 (Error)") == (
+        "exited with code 1 (Error); last log line: OSError: [Errno 98] Address already in use",
+        None,
+    )
