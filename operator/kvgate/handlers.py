@@ -448,8 +448,8 @@ def _sample_pool(ctx: _Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
             continue
-        sample = {k: _json_number(getattr(snap, k)) for k in _POOL_FIELDS}
-        sample = {k: v for k, v in sample.items() if v is not None}  # merge-patch drops nulls
+        # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
+        sample = {k: _json_number(v) for k, v in metrics.pool_sample(snap).items()}
         series.setdefault(pod["metadata"]["name"], []).append(sample)
     if not pods:
         errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
@@ -461,37 +461,20 @@ def _json_number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-# The MetricSnapshot fields pool_pressure reads; status keeps only these.
-_POOL_FIELDS = ("engine", "kv_usage", "running", "waiting", "retracted", "preemptions")
-
-
 def _pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
 ) -> tuple[bool | None, str, dict[str, Any]]:
-    """Pressured if any replica's pool is the limit; room only if every judged replica has room."""
+    """The pool verdict over the samples kept in status."""
     from kvgate import metrics
 
-    results = {}
-    for pod, samples in series.items():
-        snaps = [
-            metrics.MetricSnapshot(
-                **{k: s.get(k) for k in _POOL_FIELDS},
-                generation_tokens=None,
-                prompt_tokens=None,
-                max_total_tokens=None,
-                ttft=None,
-                itl=None,
-                tpot=None,
-                cache_config={},
-                names={},
-            )
-            for s in samples
-        ]
-        results[pod] = metrics.pool_pressure(snaps, usage_threshold=usage_threshold)
-    verdicts = [r.pressured for r in results.values()]
-    pressured = True if True in verdicts else (False if verdicts and None not in verdicts else None)
-    detail = "; ".join(f"{pod}: {' '.join(r.reasons)}" for pod, r in results.items())
-    return pressured, detail or "no samples", {pod: r.to_dict() for pod, r in results.items()}
+    snapshots = {
+        pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
+        for pod, samples in series.items()
+    }
+    pressured, detail, results = metrics.pool_pressure_across_replicas(
+        snapshots, usage_threshold=usage_threshold
+    )
+    return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
 
 
 def _arm_scan(ctx: _Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:

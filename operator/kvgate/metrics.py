@@ -581,3 +581,50 @@ def pool_pressure(
         min_fraction=min_fraction,
         reasons=tuple(reasons),
     )
+
+
+# The MetricSnapshot fields pool_pressure reads: what an operator keeps of a sample between scrapes.
+POOL_SAMPLE_FIELDS: Final = ("engine", "kv_usage", "running", "waiting", "retracted", "preemptions")
+
+
+def pool_sample(snapshot: MetricSnapshot) -> dict[str, object]:
+    """The part of a scrape that pool_pressure needs, as plain JSON (nulls left out)."""
+    sample = {k: getattr(snapshot, k) for k in POOL_SAMPLE_FIELDS}
+    return {k: v for k, v in sample.items() if v is not None}
+
+
+def snapshot_from_pool_sample(sample: Mapping[str, object]) -> MetricSnapshot:
+    """A MetricSnapshot rebuilt from `pool_sample` output; latency and token fields are unknown."""
+    values = {k: sample.get(k) for k in POOL_SAMPLE_FIELDS}
+    return MetricSnapshot(
+        **values,  # type: ignore[arg-type]
+        generation_tokens=None,
+        prompt_tokens=None,
+        max_total_tokens=None,
+        ttft=None,
+        itl=None,
+        tpot=None,
+        cache_config={},
+        names={},
+    )
+
+
+def pool_pressure_across_replicas(
+    series: Mapping[str, Sequence[MetricSnapshot]], *, usage_threshold: float = 0.9
+) -> tuple[bool | None, str, dict[str, PoolPressure]]:
+    """Judge each replica's pool, then the Deployment's: pressured if any replica's pool is the
+    limit (its users queue); room only if every replica was judged and has room; else unknown.
+    """
+    results = {
+        replica: pool_pressure(snaps, usage_threshold=usage_threshold)
+        for replica, snaps in series.items()
+    }
+    verdicts = [r.pressured for r in results.values()]
+    if True in verdicts:
+        pressured: bool | None = True
+    elif verdicts and None not in verdicts:
+        pressured = False
+    else:
+        pressured = None
+    detail = "; ".join(f"{replica}: {' '.join(r.reasons)}" for replica, r in results.items())
+    return pressured, detail or "no samples", results

@@ -14,6 +14,9 @@ from kvgate.metrics import (
     delta,
     parse_metrics,
     pool_pressure,
+    pool_pressure_across_replicas,
+    pool_sample,
+    snapshot_from_pool_sample,
 )
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -474,3 +477,39 @@ def test_snapshot_to_dict() -> None:
         "generation_tokens", "prompt_tokens", "max_total_tokens", "kv_capacity_tokens",
         "kv_cache_dtype", "ttft", "itl", "tpot", "cache_config", "names",
     }  # fmt: skip
+
+
+# -- a Deployment's verdict from its replicas, and the sample kept in status ---------------
+
+
+FULL = [snap(0.95, waiting=12.0) for _ in range(4)]
+ROOMY = [snap(0.40, waiting=0.0) for _ in range(4)]
+TOO_FEW = [snap(0.95, waiting=12.0)]  # below the minimum number of samples: unknown
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        ({"a": FULL, "b": ROOMY}, True),  # one replica queueing is enough: its users wait
+        ({"a": ROOMY, "b": ROOMY}, False),
+        ({"a": ROOMY, "b": TOO_FEW}, None),  # room only when every replica was judged
+        ({"a": FULL, "b": TOO_FEW}, True),
+        ({}, None),
+    ],
+)
+def test_deployment_verdict_from_replicas(replicas: dict[str, list], expected: bool | None) -> None:
+    pressured, detail, results = pool_pressure_across_replicas(replicas)
+    assert pressured is expected
+    assert set(results) == set(replicas)
+    for name in replicas:
+        assert detail.count(f"{name}: ") == 1
+    if not replicas:
+        assert detail == "no samples"
+
+
+def test_pool_sample_round_trips_what_pool_pressure_reads() -> None:
+    original = [snap(0.93, waiting=5.0, preemptions=float(i)) for i in range(4)]
+    kept = [pool_sample(s) for s in original]
+    assert all("ttft" not in k and "retracted" not in k for k in kept)  # None fields left out
+    rebuilt = [snapshot_from_pool_sample(k) for k in kept]
+    assert pool_pressure(rebuilt).to_dict() == pool_pressure(original).to_dict()
