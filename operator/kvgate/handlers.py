@@ -387,8 +387,6 @@ def _observe_preflight(ctx: _Ctx) -> Observation:
 def _scan_checkpoint(ctx: _Ctx) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
     from kvgate.adapters import hub
-    from kvgate.capacity import parse_kv_layout
-    from kvgate.checkpoint import scan_scales
 
     model = ctx.status.get("model")
     if not model:
@@ -408,16 +406,7 @@ def _scan_checkpoint(ctx: _Ctx) -> dict[str, Any]:
             if local
             else hub.read_hub_checkpoint(model, revision=ctx.spec.model.revision, token=token)
         )
-        if headers.config is None:
-            return {"present": None, "finding": f"{headers.source}: no config.json"}
-        layout = parse_kv_layout(headers.config, source=f"{headers.source}/config.json")
-        scales = scan_scales(
-            headers.tensors,
-            config=headers.config,
-            kv_layers=layout.kv_layer_indices,
-            modelopt_config=headers.modelopt_config,
-            source=headers.source,
-        )
+        layout, scales = headers.analyse()
     except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
         return {"present": None, "finding": f"{type(exc).__name__}: {exc}"[:500]}
     return {

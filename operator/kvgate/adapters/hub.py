@@ -34,7 +34,8 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from kvgate.checkpoint import TensorInfo, parse_safetensors_header
+from kvgate.capacity import KVLayout, parse_kv_layout
+from kvgate.checkpoint import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
 
 CONFIG_FILE: Final = "config.json"
@@ -58,6 +59,20 @@ class CheckpointHeaders:
     bytes_read: int | None  # safetensors bytes read or received; None when not counted
     commit: str | None = None
     modelopt_config: Mapping[str, Any] | None = None  # hf_quant_config.json, when present
+
+    def analyse(self) -> tuple[KVLayout, ScaleReport]:
+        """The KV layout from config.json and the KV-scale report from the tensor headers."""
+        if self.config is None:
+            raise ParseError(f"{self.source}/{CONFIG_FILE}", "no such file")
+        layout = parse_kv_layout(self.config, source=f"{self.source}/{CONFIG_FILE}")
+        scales = scan_scales(
+            self.tensors,
+            config=self.config,
+            kv_layers=layout.kv_layer_indices,
+            modelopt_config=self.modelopt_config,
+            source=self.source,
+        )
+        return layout, scales
 
     def to_dict(self) -> dict[str, Any]:
         return {

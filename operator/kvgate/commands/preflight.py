@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
-from kvgate.checkpoint import ScaleReport, scan_scales, unknown_scales
+from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.errors import ParseError, SpecError
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
@@ -70,17 +70,7 @@ def preflight(
             raise ParseError(
                 target, "no such file or directory, and not a hub repo id like org/name"
             )
-        if headers.config is None:
-            raise ParseError(f"{headers.source}/config.json", "no such file")
-        config_source = f"{headers.source}/config.json"
-        layout = parse_kv_layout(headers.config, source=config_source)
-        scales = scan_scales(
-            headers.tensors,
-            config=headers.config,
-            kv_layers=layout.kv_layer_indices,
-            modelopt_config=headers.modelopt_config,
-            source=headers.source,
-        )
+        layout, scales = headers.analyse()
         source, commit, read = headers.source, headers.commit, headers.to_dict()
     return _summary(source, revision, commit, layout, scales, memory_bytes, read)
 
