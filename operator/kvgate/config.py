@@ -6,10 +6,12 @@ the operator runs is here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from kvgate import policy
 from kvgate.errors import SpecError
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
@@ -23,10 +25,22 @@ DEFAULT_ERROR_LIMIT: Final = 30  # consecutive outside errors (10 s apart) befor
 
 @dataclass(frozen=True, slots=True)
 class OperatorConfig:
-    """What every rollout shares: eval image, data dir, polling, ports."""
+    """What every rollout shares: eval image, data dir, polling, ports, what rollouts may set."""
 
     gsm8k_dir: str | None = None  # KVGATE_GSM8K_DIR, passed on to the eval Job
-    eval_image: str = DEFAULT_EVAL_IMAGE  # KVGATE_EVAL_IMAGE; spec.canary.evalImage wins
+    # KVGATE_EVAL_IMAGE: the judge's image; a rollout cannot choose it (spec.canary.evalImage
+    # is refused). A digest reference (repo@sha256:...) pins it.
+    eval_image: str = DEFAULT_EVAL_IMAGE
+    # KVGATE_EVAL_SERVICE_ACCOUNT: the eval Job's ServiceAccount (the chart creates one with
+    # no RBAC and no token mounted); None: the namespace's default.
+    eval_service_account: str | None = None
+    # KVGATE_EVAL_WRITABLE_TMP: an emptyDir at /tmp in the eval Job (its root filesystem is
+    # read-only). Off only where pods share the host filesystem (the project's test kubelet).
+    eval_writable_tmp: bool = True
+    # KVGATE_EXTRA_ALLOWED_ARGS / KVGATE_EXTRA_ALLOWED_ENV (comma lists; env entries may end
+    # in `*` for a prefix): what rollouts may set beyond kvgate.policy's built-in lists. The
+    # denylist the CRD enforces cannot be extended.
+    allowlist: policy.Allowlist = policy.BUILTIN
     eval_concurrency: int = DEFAULT_EVAL_CONCURRENCY  # KVGATE_EVAL_CONCURRENCY
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # KVGATE_POLL_INTERVAL
     metrics_port: int = DEFAULT_METRICS_PORT  # KVGATE_METRICS_PORT; 0 disables
@@ -41,7 +55,10 @@ class OperatorConfig:
         d = cls()
         return cls(
             gsm8k_dir=environ.get("KVGATE_GSM8K_DIR") or None,
-            eval_image=environ.get("KVGATE_EVAL_IMAGE") or d.eval_image,
+            eval_image=_image(environ, "KVGATE_EVAL_IMAGE", d.eval_image),
+            eval_service_account=_name(environ, "KVGATE_EVAL_SERVICE_ACCOUNT"),
+            eval_writable_tmp=_bool(environ, "KVGATE_EVAL_WRITABLE_TMP", d.eval_writable_tmp),
+            allowlist=_allowlist(environ),
             eval_concurrency=_int(environ, "KVGATE_EVAL_CONCURRENCY", d.eval_concurrency, 1),
             poll_interval_s=_float(environ, "KVGATE_POLL_INTERVAL", d.poll_interval_s, 0.1),
             metrics_port=_int(environ, "KVGATE_METRICS_PORT", d.metrics_port, 0),
@@ -80,3 +97,53 @@ def _float(environ: Mapping[str, str], name: str, default: float, minimum: float
     if value < minimum:
         raise SpecError(name, f"{value:g} is below the minimum {minimum:g}")
     return value
+
+
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_IMAGE: Final = re.compile(r"[^\s@]+(@sha256:[0-9a-f]{64})?")
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (environ.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise SpecError(name, f"{raw!r} is not a boolean; use true or false")
+
+
+def _name(environ: Mapping[str, str], name: str) -> str | None:
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return None
+    if not _DNS_SUBDOMAIN.fullmatch(raw):
+        raise SpecError(name, f"{raw!r} is not a Kubernetes object name")
+    return raw
+
+
+def _image(environ: Mapping[str, str], name: str, default: str) -> str:
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    if not _IMAGE.fullmatch(raw):
+        raise SpecError(name, f"{raw!r} is not an image reference (repo:tag or repo@sha256:...)")
+    return raw
+
+
+def _allowlist(environ: Mapping[str, str]) -> policy.Allowlist:
+    def items(name: str) -> list[str]:
+        return [x.strip() for x in (environ.get(name) or "").split(",") if x.strip()]
+
+    try:
+        args = policy.Allowlist.from_config(args=items("KVGATE_EXTRA_ALLOWED_ARGS"))
+    except ValueError as exc:
+        raise SpecError("KVGATE_EXTRA_ALLOWED_ARGS", str(exc)) from None
+    try:
+        env = policy.Allowlist.from_config(env=items("KVGATE_EXTRA_ALLOWED_ENV"))
+    except ValueError as exc:
+        raise SpecError("KVGATE_EXTRA_ALLOWED_ENV", str(exc)) from None
+    return policy.Allowlist(extra_args=args.extra_args, extra_env=env.extra_env)

@@ -155,6 +155,12 @@ def eval_command(
     return cmd
 
 
+EVAL_UID: Final = 65532  # the Dockerfile's kvgate user
+EVAL_NONCE_ENV: Final = "KVGATE_EVAL_NONCE"
+TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
+EVAL_TMP_SIZE: Final = "1Gi"  # HOME, HF_HOME and the lm-eval work dir (see the Dockerfile)
+
+
 def build_eval_job(
     *,
     rollout: str,
@@ -166,17 +172,62 @@ def build_eval_job(
     resources: Mapping[str, Any],
     deadline_s: float,
     config_hash: str,
+    service_account_name: str | None = None,
+    nonce: str | None = None,
+    writable_tmp: bool = True,
 ) -> dict[str, Any]:
-    """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log."""
+    """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log.
+
+    The judge runs with nothing to lose: no API token (`automountServiceAccountToken: false`;
+    the eval only talks HTTP to the two canary pods), its own ServiceAccount when the operator
+    has one (`service_account_name`), and a pod that passes Pod Security `restricted` (non-root
+    UID 65532, no privilege escalation, no capabilities, RuntimeDefault seccomp, read-only root
+    filesystem with an emptyDir at /tmp for HOME, HF_HOME and lm-eval's scratch files unless
+    `writable_tmp` is False). `nonce` becomes `KVGATE_EVAL_NONCE`, so the summary the eval
+    writes can be bound to this attempt. The termination message is read from the default
+    path, where the eval may write its summary.
+    """
     labels = {**child_labels(rollout, "eval"), LABEL_ATTEMPT: str(attempt)}
+    env_vars = dict(env)
+    if nonce is not None:
+        env_vars[EVAL_NONCE_ENV] = nonce
     container: dict[str, Any] = {
         "name": "eval",
         "image": image,
         "command": list(command),
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": EVAL_UID,
+            "runAsGroup": EVAL_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
     }
     if resources:
         container["resources"] = copy.deepcopy(dict(resources))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # no other Services' addresses in its environment
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": EVAL_UID,
+            "runAsGroup": EVAL_UID,
+            "fsGroup": EVAL_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+    }
+    if service_account_name:
+        pod_spec["serviceAccountName"] = service_account_name
+    if writable_tmp:
+        container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
+        pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": EVAL_TMP_SIZE}}]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -189,10 +240,7 @@ def build_eval_job(
         "spec": {
             "backoffLimit": 0,  # kvgate retries itself, with a fresh Job and a counted attempt
             "activeDeadlineSeconds": max(int(deadline_s), 1),
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [container]},
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
+from kvgate import policy
 from kvgate.errors import SpecError
 
 GROUP: Final = "kvgate.io"
@@ -40,6 +41,7 @@ class Phase(StrEnum):
     AWAITING_APPROVAL = "AwaitingApproval"
     PROMOTING = "Promoting"
     VERIFYING = "Verifying"
+    REVERTING = "Reverting"  # kvgate's change is being taken out; sticky until read back
     PROMOTED = "Promoted"
     ROLLED_BACK = "RolledBack"
     NOT_NEEDED = "NotNeeded"
@@ -52,7 +54,7 @@ class Phase(StrEnum):
 
 _TERMINAL: Final = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED})
 # Phases during which the production Deployment carries (or may carry) the candidate config.
-PATCHED_PHASES: Final = frozenset({Phase.PROMOTING, Phase.VERIFYING})
+PATCHED_PHASES: Final = frozenset({Phase.PROMOTING, Phase.VERIFYING, Phase.REVERTING})
 
 
 class Outcome(StrEnum):
@@ -206,14 +208,28 @@ class CanarySpec:
     startup_timeout_s: float = 900.0
     eval_timeout_s: float = 3600.0
     eval_retries: int = 2
-    eval_image: str | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def eval_image(self) -> None:
+        """Always None: the judge's image is the operator's (OperatorConfig.eval_image).
+
+        `spec.canary.evalImage` is refused; this stays only so that callers written before
+        that change keep working. Use `OperatorConfig.eval_image`.
+        """
+        return None
 
 
 @dataclass(frozen=True, slots=True)
 class PromotionSpec:
     mode: PromotionMode = PromotionMode.AUTO
     verify_window_s: float = 600.0
+    verify_samples: int = 5  # observations over the window, each must pass
+
+    @property
+    def verify_interval_s(self) -> float:
+        """Seconds between two verify samples."""
+        return self.verify_window_s / max(self.verify_samples - 1, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +252,15 @@ class RolloutSpec:
     promotion: PromotionSpec = field(default_factory=PromotionSpec)
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, Any]) -> RolloutSpec:
-        """Parse a CR spec; raises ExceptionGroup[SpecError] listing every bad field."""
+    def from_dict(
+        cls, spec: Mapping[str, Any], *, allow: policy.Allowlist | None = None
+    ) -> RolloutSpec:
+        """Parse a CR spec; raises ExceptionGroup[SpecError] listing every bad field.
+
+        `allow` is what extraArgs/extraEnv may hold (default: the built-in lists of
+        `kvgate.policy`; the operator passes its configured `OperatorConfig.allowlist`).
+        """
+        allow = policy.BUILTIN if allow is None else allow
         r = _Reader(spec, "spec")
         target = r.section("targetRef", required=True)
         target_ref = TargetRef(
@@ -249,7 +272,11 @@ class RolloutSpec:
         if engine is Engine.SGLANG and dtype == "fp8":
             r.error("kvCacheDtype", "sglang does not accept fp8; use fp8_e4m3 or fp8_e5m2")
         extra_args = tuple(r.list_of("extraArgs", str, "a string"))
-        extra_env = tuple(_env_vars(r))
+        policy_engine = None if engine is Engine.AUTO else engine.value
+        if not any(e.field.startswith("spec.extraArgs") for e in r.errors):
+            for v in policy.check_args(extra_args, policy_engine, allow):
+                r.error(f"extraArgs[{v.index}]", v.message)
+        extra_env = tuple(_env_vars(r, policy_engine, allow))
         m = r.section("model")
         secret = m.section("tokenSecretRef")
         model = ModelRef(
@@ -309,13 +336,19 @@ class RolloutSpec:
             startup_timeout_s=c.duration("startupTimeout", 900.0, minimum=1.0),
             eval_timeout_s=c.duration("evalTimeout", 3600.0, minimum=1.0),
             eval_retries=c.integer("evalRetries", 2, 0, 10),
-            eval_image=c.string("evalImage"),
             resources=c.mapping("resources"),
         )
+        if c.raw("evalImage") is not None:
+            c.error(
+                "evalImage",
+                "the eval image is set by the operator (KVGATE_EVAL_IMAGE, chart value "
+                "evalImage), not by a rollout; remove this field",
+            )
         p = r.section("promotion")
         promotion = PromotionSpec(
             mode=p.choice("mode", PromotionMode, PromotionMode.AUTO),
             verify_window_s=p.duration("verifyWindow", 600.0, minimum=0.0),
+            verify_samples=p.integer("verifySamples", 5, 1, 100),
         )
         r.raise_errors()
         return cls(
@@ -336,7 +369,10 @@ class RolloutSpec:
         )
 
 
-def _env_vars(r: _Reader) -> list[EnvVar]:
+def _env_vars(
+    r: _Reader, engine: str | None = None, allow: policy.Allowlist = policy.BUILTIN
+) -> list[EnvVar]:
+    """spec.extraEnv: valid names on the allowlist, literal printable values."""
     out: list[EnvVar] = []
     raw = r.raw("extraEnv")
     if raw is None:
@@ -353,8 +389,20 @@ def _env_vars(r: _Reader) -> list[EnvVar]:
         if not _ENV_NAME_RE.match(name):
             r.error(f"{where}.name", f"{name!r} is not a valid environment variable name")
             continue
+        refused = policy.check_env_name(name, engine, allow)
+        if refused is not None:
+            r.error(f"{where}.name", refused)
+            continue
         value = item.get("value", "")
-        out.append(EnvVar(name, "" if value is None else str(value)))
+        value = "" if value is None else value
+        if not isinstance(value, str):
+            r.error(f"{where}.value", f"{value!r} is not a string; quote it")
+            continue
+        bad_value = policy.check_env_value(value)
+        if bad_value is not None:
+            r.error(f"{where}.value", f"the value of {name} {bad_value}")
+            continue
+        out.append(EnvVar(name, value))
     return out
 
 

@@ -17,11 +17,45 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from kvgate.errors import KubeError
+from kvgate.errors import InputError, KubeError
 from kvgate.model import GROUP, PLURAL, VERSION
 
 _T = TypeVar("_T")
 _LOG_LIMIT_BYTES = 4 * 1024 * 1024  # enough for a startup log; bounds memory per read
+HUB_TOKEN_LABEL = "kvgate.io/hub-token"  # a Secret kvgate may read must carry it, = "true"
+MAX_TOKEN_LENGTH = 512
+
+
+def _decode_token(where: str, key: str, raw: Any) -> str:
+    """Base64 -> one printable line; errors say what is wrong, never any of the value."""
+    import base64
+    import binascii
+
+    try:
+        decoded = base64.b64decode(str(raw), validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{where} key {key!r} is not valid base64") from None
+    try:
+        text = decoded.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{where} key {key!r} is not UTF-8 text") from None
+    if text.endswith("\r\n"):
+        text = text[:-2]
+    elif text.endswith("\n"):
+        text = text[:-1]
+    if not text:
+        raise InputError(f"{where} key {key!r} is empty")
+    if len(text) > MAX_TOKEN_LENGTH:
+        raise InputError(
+            f"{where} key {key!r} holds {len(text)} characters; a hub token is one line of at "
+            f"most {MAX_TOKEN_LENGTH}"
+        )
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise InputError(
+            f"{where} key {key!r} holds whitespace, a line break or a control character; a "
+            "hub token is one printable line"
+        )
+    return text
 
 
 def load_api_client() -> k8s.ApiClient:
@@ -227,15 +261,41 @@ class Kube:
             )
         )
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        import base64
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str:
+        """The hub token in Secret `name`, key `key`; only Secrets that opt in may be read.
 
-        obj = self._call(
-            "get",
-            f"secret {namespace}/{name}",
-            lambda: self.core.read_namespaced_secret(name, namespace),
-            missing_ok=True,
-        )
-        data = (obj.data or {}) if obj is not None else {}
-        raw = data.get(key)
-        return base64.b64decode(raw).decode() if raw else None
+        The Secret must carry the label `kvgate.io/hub-token: "true"` (so a rollout author
+        cannot point kvgate at any Secret of the namespace and have it sent to a hub), and the
+        value must be one printable line of at most 512 characters without whitespace.
+        Every refusal is an InputError naming the Secret, the key or the label, never the value.
+        """
+        where = f"Secret {namespace}/{name}"
+        try:
+            obj = self._call(
+                "get",
+                f"secret {namespace}/{name}",
+                lambda: self.core.read_namespaced_secret(name, namespace),
+                missing_ok=True,
+            )
+        except KubeError as exc:
+            if exc.status == 403:
+                raise KubeError(
+                    f"{exc}: the operator may not read Secrets here; enable the chart value "
+                    "hubTokenSecrets.enabled (get on secrets, nothing else)",
+                    status=403,
+                ) from exc
+            raise
+        if obj is None:
+            raise InputError(f"{where} (spec.model.tokenSecretRef) does not exist")
+        labels = (getattr(obj, "metadata", None) and obj.metadata.labels) or {}
+        if labels.get(HUB_TOKEN_LABEL) != "true":
+            raise InputError(
+                f"{where} does not opt in to being read by kvgate: label it "
+                f'{HUB_TOKEN_LABEL}="true" if it holds a hub token'
+            )
+        data = getattr(obj, "data", None) or {}
+        raw = data.get(key) if isinstance(data, Mapping) else None
+        if not raw:
+            keys = ", ".join(sorted(str(k) for k in data)) if isinstance(data, Mapping) else ""
+            raise InputError(f"{where} has no key {key!r} (keys: {keys or 'none'})")
+        return _decode_token(where, key, raw)
