@@ -60,6 +60,10 @@ _ERROR_CODES: Final = frozenset(
 
 _CHUNK_CHARS: Final = 4 << 20
 _MAX_TEXT: Final = 400
+# Rules look at the first _MAX_LINE characters of a line: real startup lines are a few KiB at
+# most (SGLang's ServerArgs line is the longest), and the cap bounds each line's cost whatever
+# a pod prints. The patterns are linear as well (tests/unit/test_logs.py checks 1 MB lines).
+_MAX_LINE: Final = 64 << 10
 # Repeated matches of one rule beyond this only raise its count (a crash loop, a noisy warning).
 _MAX_EVENTS_PER_RULE: Final = 200
 
@@ -245,7 +249,8 @@ RULES: Final[tuple[_Rule, ...]] = (
         "v.block_size_precluded",
         "ackend",
         "precluded higher-priority backend",
-        r"precluded higher-priority backend\(s\) (.*?)\. Using (\w+) instead",
+        # tempered: a start scans only up to the next start, so many starts stay linear
+        r"precluded higher-priority backend\(s\) ((?:(?!precluded )[^.])*)\. Using (\w+) instead",
         _V,
     ),
     _r(
@@ -325,7 +330,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         "argparse_dtype",
         "ache",
         "argument --kv-cache-dtype: invalid choice",
-        r"invalid choice: '?([^'\s]+?)'? \(choose from (.*)\)",
+        r"invalid choice: '?([^'\s]+?)'? \(choose from ((?:(?!invalid choice: )[^)])*)\)",
     ),
     _r("argparse_error", "rror", ": error: ", r"^[\w./-]+(?: \w+)?: error: (.+)$"),
     # FlashInfer JIT
@@ -407,7 +412,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         "s.summary",
         "max_total_num_tokens",
         "max_total_num_tokens=",
-        r"max_total_num_tokens=(\d+),.*?context_len=(\d+)",
+        r"max_total_num_tokens=(\d+),(?:(?!max_total_num_tokens=).)*?context_len=(\d+)",
         _S,
     ),
     # crashes
@@ -447,9 +452,10 @@ _KUBECTL_TS = (
 )
 _PROCESS_TAG = r"(?:\([^()]*\bpid=\d+\)\s*)*"
 _VLLM_HEADER = re.compile(
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] "
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]{0,256}\] "
 )
-_SGLANG_HEADER = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: [^\]]*)?\] ")
+# Bounded `[^\]]{..}`: an unbounded one rescans to the end of the line from every `[date`.
+_SGLANG_HEADER = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: [^\]]{1,128})?\] ")
 _FLASHINFER_HEADER = re.compile(r" - flashinfer\.jit: ")
 _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?")
 
@@ -471,12 +477,16 @@ class _Event:
     text: str
 
 
+# Headers start within this many characters of a line (after the prefixes above).
+_HEADER_WITHIN: Final = 1024
+
+
 def _message(line: str) -> tuple[str, str | None]:
     """The message part of a log line and the engine its header format belongs to."""
-    head = _VLLM_HEADER.search(line)
+    head = _VLLM_HEADER.search(line, 0, _HEADER_WITHIN)
     if head is not None:
         return line[head.end() :].strip(), _V
-    head = _SGLANG_HEADER.search(line)
+    head = _SGLANG_HEADER.search(line, 0, _HEADER_WITHIN)
     if head is not None:
         return line[head.end() :].strip(), _S
     head = _FLASHINFER_HEADER.search(line)
@@ -530,6 +540,8 @@ class _Collector:
             self._feed_line(chunk[start : end if end != -1 else len(chunk)], line_no, hits[start])
 
     def _feed_line(self, line: str, line_no: int, anchor_bits: int) -> None:
+        if len(line) > _MAX_LINE:
+            line = line[:_MAX_LINE]
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         # tqdm bars redraw with '\r'; CRLF logs end with it: each segment is a line of its own.
@@ -538,16 +550,18 @@ class _Collector:
             if not segment or _SKIP.search(segment):
                 continue
             bits, bit = anchor_bits, 0
+            parsed: tuple[str, str | None] | None = None
             while bits:
                 if bits & 1:
                     for rule in self._rules[bit]:
                         if rule.needle in segment:
-                            self._match(rule, segment, line_no)
+                            parsed = parsed or _message(segment)
+                            self._match(rule, parsed, line_no)
                 bits >>= 1
                 bit += 1
 
-    def _match(self, rule: _Rule, line: str, line_no: int) -> None:
-        message, header_engine = _message(line)
+    def _match(self, rule: _Rule, parsed: tuple[str, str | None], line_no: int) -> None:
+        message, header_engine = parsed
         groups: tuple[str | None, ...] = ()
         if rule.regex is not None:
             found = rule.regex.search(message)
@@ -1133,7 +1147,9 @@ def _chunks(lines: Iterable[str]) -> Iterator[str]:
     buffer: list[str] = []
     size = 0
     for line in lines:
-        if not line.endswith("\n"):
+        if len(line) > _MAX_LINE:  # rules read no further; keep the chunk small
+            line = line[:_MAX_LINE] + "\n"
+        elif not line.endswith("\n"):
             line += "\n"
         buffer.append(line)
         size += len(line)

@@ -1103,3 +1103,78 @@ def test_finding_is_frozen() -> None:
     finding = Finding("ready", "info", 1, "Application startup complete.")
     with pytest.raises(dataclasses.FrozenInstanceError):
         finding.line = 2  # type: ignore[misc]
+
+
+# -- hostile lines: every rule stays linear ----------------------------------------------------
+
+MB = 1 << 20
+# Prefixes that a rule's regex (or a header regex) can start matching at many positions of one
+# line: a super-linear pattern retries each of them to the end of the line.
+_REPEATED_PREFIXES = (
+    "[2025-01-01 00:00:00 ",  # SGLang header without its `] `
+    "INFO 01-01 00:00:00 [",  # vLLM header without its `] `
+    "max_total_num_tokens=1,",  # s.summary without context_len
+    "precluded higher-priority backend(s) ",  # v.block_size_precluded without `. Using`
+    "argument --kv-cache-dtype: invalid choice: x (choose from ",  # argparse_dtype without `)`
+    "(pid=1 ",
+    "A.",
+    "\x1b[",
+)
+
+
+def _hostile_lines(rule_needle: str, size: int) -> dict[str, str]:
+    lines = {
+        f"repeat {prefix!r}": prefix * (size // len(prefix)) + rule_needle
+        for prefix in _REPEATED_PREFIXES
+    }
+    lines["needle repeated"] = (rule_needle + " ") * (size // (len(rule_needle) + 1))
+    lines["needle then one token"] = rule_needle + "a" * size
+    lines["needle then spaces"] = rule_needle + " " * size + "x"
+    return lines
+
+
+def _slowest(size: int, cases: tuple[str, ...] | None = None) -> tuple[float, str]:
+    import time
+
+    worst = (0.0, "")
+    for rule in RULES:
+        for name, line in _hostile_lines(rule.needle, size).items():
+            if cases is not None and name not in cases:
+                continue
+            start = time.perf_counter()
+            scan_log(line)
+            took = time.perf_counter() - start
+            worst = max(worst, (took, f"{rule.name}: {name}"))
+    return worst
+
+
+def test_the_log_regexes_are_linear_on_a_1_mb_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the line cap, each rule and header regex runs in linear time: 256 KB lines of
+    repeated partial matches (a quadratic pattern took 4-6 s on 115 KB, minutes on 1 MB)."""
+    import kvgate.logs
+
+    monkeypatch.setattr(kvgate.logs, "_MAX_LINE", 2 * MB, raising=False)
+    took, case = _slowest(MB // 4)
+    assert took < 0.5, f"{case} took {took:.2f} s"  # generous: linear is ~0.02 s
+
+
+def test_an_overlong_line_is_read_to_its_cap_only() -> None:
+    """Rules look at the first _MAX_LINE characters of a line, whatever its length."""
+    import kvgate.logs
+
+    cap = kvgate.logs._MAX_LINE
+    found = scan_log("INFO 01-01 00:00:00 [x.py:1] KV cache size: 1,234 tokens\n")
+    assert found.capacity.kv_tokens == 1234
+    beyond = scan_log("x" * cap + " KV cache size: 1,234 tokens\n")
+    assert beyond.capacity.kv_tokens is None
+    assert beyond.lines == 1
+    cases = ("needle repeated", "needle then one token", f"repeat {_REPEATED_PREFIXES[0]!r}")
+    took, case = _slowest(MB, cases)
+    assert took < 0.5, f"{case} took {took:.2f} s"  # ~0.01 s: 64 KiB of each line are read
+
+
+def test_scan_lines_of_an_overlong_line_keeps_line_numbers() -> None:
+    text = "a" * (3 * MB) + "\nINFO 01-01 00:00:00 [x.py:1] Application startup complete.\n"
+    scan = scan_lines(iter(text.splitlines(keepends=True)))
+    assert scan.finding("ready") is not None
+    assert scan.finding("ready").line == 2  # type: ignore[union-attr]
