@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvgate.errors import ParseError, SpecError, UnsupportedError
+from kvgate.errors import ParseError, SpecError, UnsupportedError, brief
 
 GIB: Final = 1024**3
 
@@ -48,6 +48,23 @@ _NO_KV_TYPES: Final = frozenset(
 )
 # NemotronH `hybrid_override_pattern`: `*` attention, `M` Mamba-2, `-` MLP, `E` MoE.
 _PATTERN_KINDS: Final[Mapping[str, str]] = {"*": "full", "M": "none", "-": "none", "E": "none"}
+
+# Upper bounds of config fields: far above any published model (DeepSeek-V3 has 61 layers,
+# 128 heads), low enough that an absurd config is refused before per-layer lists are built.
+MAX_LAYERS: Final = 4096
+_FIELD_LIMITS: Final[Mapping[str, int]] = {
+    "num_hidden_layers": MAX_LAYERS,
+    "num_attention_heads": 16384,
+    "num_key_value_heads": 16384,
+    "head_dim": 65536,
+    "hidden_size": 1 << 20,
+    "kv_lora_rank": 65536,
+    "qk_rope_head_dim": 65536,
+    "attn_layer_period": MAX_LAYERS,
+    "full_attention_interval": MAX_LAYERS,
+}
+# The largest KV pool kvgate sizes: 1 PiB.
+MAX_MEMORY_GIB: Final = float(1 << 20)
 
 # Model types whose config.json leaves out fields that transformers fills from class defaults
 # (e.g. the published gemma-3-4b-it text_config has no head counts).
@@ -266,10 +283,18 @@ class _Fields:
         value = self.get(*names)
         if value is None:
             raise ParseError(self.source, f"field '{self.prefix}{names[0]}' is missing")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        limit = _FIELD_LIMITS.get(names[0])
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < 1
+            or (limit is not None and value > limit)
+        ):
+            bound = f" <= {limit}" if limit is not None else ""
             raise ParseError(
                 self.source,
-                f"field '{self.prefix}{names[0]}' must be a positive integer, got {value!r}",
+                f"field '{self.prefix}{names[0]}' must be a positive integer{bound}, "
+                f"got {brief(value)}",
             )
         return value
 
@@ -311,7 +336,7 @@ def _layer_kinds(fields: _Fields, num_layers: int, model_type: str) -> list[str]
             raise ParseError(
                 source,
                 f"field '{prefix}attn_layer_indices' must list layer indices in "
-                f"[0, {num_layers}), got {indices!r}",
+                f"[0, {num_layers}), got {brief(indices)}",
             )
         chosen = set(indices)
         return ["full" if i in chosen else "none" for i in range(num_layers)]
@@ -323,7 +348,7 @@ def _layer_kinds(fields: _Fields, num_layers: int, model_type: str) -> list[str]
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
             raise ParseError(
                 source,
-                f"field '{prefix}attn_layer_offset' must be an integer in [0, {period}), got {offset!r}",
+                f"field '{prefix}attn_layer_offset' must be an integer in [0, {period}), got {brief(offset)}",
             )
         return ["full" if i % period == offset else "none" for i in range(num_layers)]
 
@@ -365,7 +390,7 @@ def _kind_of(layer_type: Any, index: int, field: str, source: str) -> str:
         return "none"
     known = ", ".join(sorted(_FULL_TYPES | _SLIDING_TYPES | _NO_KV_TYPES))
     raise UnsupportedError(
-        f"{source}: field '{field}' has unknown layer type {layer_type!r} at index {index}; "
+        f"{source}: field '{field}' has unknown layer type {brief(layer_type)} at index {index}; "
         f"known types: {known}"
     )
 
@@ -392,4 +417,8 @@ def gib_to_bytes(gib: float) -> int:
     """GiB (as the engines print them) to bytes; rejects negative and non-finite sizes."""
     if not math.isfinite(gib) or gib < 0:
         raise SpecError("gpu_memory_gib", f"{gib} is not a size in GiB; use a number >= 0")
+    if gib > MAX_MEMORY_GIB:
+        raise SpecError(
+            "gpu_memory_gib", f"{gib:g} GiB is above {MAX_MEMORY_GIB:g} GiB; use a GPU's KV memory"
+        )
     return int(gib * GIB)

@@ -73,3 +73,11 @@ class HubError(ExternalError):
 
 class EvalError(ExternalError):
     """The accuracy evaluation could not produce a result (not an accuracy failure)."""
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters, for error messages about hostile input."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"  # repr of a huge int is slow
+    text = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -170,7 +170,7 @@ ERRORS = [
     (
         {**BASE, "num_key_value_heads": "8"},
         ParseError,
-        "config.json: field 'num_key_value_heads' must be a positive integer, got '8'",
+        "config.json: field 'num_key_value_heads' must be a positive integer <= 16384, got '8'",
     ),
     (
         {**BASE, "hidden_size": 100},
@@ -217,7 +217,7 @@ ERRORS = [
     (
         {**BASE, "full_attention_interval": 0},
         ParseError,
-        "config.json: field 'full_attention_interval' must be a positive integer, got 0",
+        "config.json: field 'full_attention_interval' must be a positive integer <= 4096, got 0",
     ),
     (
         {**BASE, "attn_layer_period": 2, "attn_layer_offset": 2},
@@ -250,3 +250,48 @@ def test_bad_memory_size(gib: float, shown: str) -> None:
     with pytest.raises(SpecError) as caught:
         gib_to_bytes(gib)
     assert str(caught.value) == f"gpu_memory_gib: {shown} is not a size in GiB; use a number >= 0"
+
+
+# -- absurd configs: bounded fields, no per-layer lists for absurd counts ----------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "limit"),
+    [
+        ({"num_hidden_layers": 30_000_000}, "num_hidden_layers", 4096),
+        ({"num_hidden_layers": 10**400}, "num_hidden_layers", 4096),
+        ({"num_attention_heads": 10**9}, "num_attention_heads", 16384),
+        ({"num_key_value_heads": 10**9}, "num_key_value_heads", 16384),
+        ({"head_dim": 10**12}, "head_dim", 65536),
+        ({"full_attention_interval": 10**9}, "full_attention_interval", 4096),
+    ],
+)
+def test_absurd_fields_are_refused_before_any_work(
+    extra: dict[str, Any], field: str, limit: int
+) -> None:
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(ParseError) as caught:
+        parse_kv_layout({**BASE, **extra})
+    took = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    message = str(caught.value)
+    assert message.startswith(f"config.json: field '{field}' must be a positive integer <= {limit}")
+    assert len(message) < 200
+    assert peak < 1 << 20 and took < 1.0  # the 30M-layer config took 2.98 GB
+
+
+def test_a_huge_string_value_is_not_echoed_in_full() -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_kv_layout({**BASE, "num_key_value_heads": "8" * 100_000})
+    assert len(str(caught.value)) < 200
+
+
+def test_gib_to_bytes_refuses_absurd_sizes() -> None:
+    with pytest.raises(SpecError, match="gpu_memory_gib"):
+        gib_to_bytes(1e300)
+    assert gib_to_bytes(80.0) == 80 * GIB
