@@ -310,7 +310,7 @@ def check_args(
             continue
         kind = allowed.get(name)
         if kind is None:
-            why = " (it loads code, reaches other hosts or changes what is served)"
+            why = f" ({ARG_WHY})"
             reason = "is not an allowed flag" + (why if arg_denied(name) else "")
             out.append(
                 Violation(i, f"{_show(name)} {reason}; allowed: {', '.join(sorted(allowed))}")
@@ -344,8 +344,8 @@ def check_env_name(
         return None
     if env_denied(name):
         return (
-            f"{_show(name)} is not an allowed variable (it loads code, redirects downloads or "
-            f"traffic, or carries a credential); allowed: {allow.describe_env(engine)}"
+            f"{_show(name)} is not an allowed variable ({ENV_WHY}); "
+            f"allowed: {allow.describe_env(engine)}"
         )
     return f"{_show(name)} is not an allowed variable; allowed: {allow.describe_env(engine)}"
 
@@ -401,11 +401,22 @@ def cel_env_rule() -> str:
     )
 
 
-CEL_ARG_MESSAGE: Final = (
-    "this flag is refused for a rollout (it loads code, reaches other hosts or changes what is "
-    "served); see docs/security.md"
-)
-CEL_ENV_MESSAGE: Final = (
-    "this variable is refused for a rollout (it loads code, redirects downloads or traffic, or "
-    "carries a credential); see docs/security.md"
-)
+ARG_WHY: Final = "it loads code, reaches other hosts or changes what is served"
+ENV_WHY: Final = "it loads code, redirects downloads or traffic, or carries a credential"
+_CEL_TAIL: Final = " is refused for a rollout ({why}); see docs/security.md"
+CEL_ARG_MESSAGE: Final = "this flag" + _CEL_TAIL.format(why=ARG_WHY)
+CEL_ENV_MESSAGE: Final = "this variable" + _CEL_TAIL.format(why=ENV_WHY)
+
+
+def cel_arg_message_expression() -> str:
+    """The CRD's error for a refused flag, naming it (the field path is added by the apiserver)."""
+    return "self.split('=')[0] + " + _cel_str(_CEL_TAIL.format(why=ARG_WHY))
+
+
+def cel_env_message_expression() -> str:
+    """The CRD's error for a refused variable, naming it."""
+    return "self.name + " + _cel_str(_CEL_TAIL.format(why=ENV_WHY))
+
+
+def _cel_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -54,8 +54,17 @@ _SCRIPT_ASSIGN_RE: Final = re.compile(
 )
 
 
+_FINGERPRINT_RE: Final = re.compile(r"sha256:[0-9a-f]{12}")
+
+
 def fingerprint(value: str) -> str:
-    """`sha256:` and the first 12 hex digits of the value's SHA-256."""
+    """`sha256:` and the first 12 hex digits of the value's SHA-256.
+
+    A value that already is a fingerprint is returned as it is, so redacting twice (a status
+    that was redacted before) changes nothing.
+    """
+    if _FINGERPRINT_RE.fullmatch(value):
+        return value
     return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 

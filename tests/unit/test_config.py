@@ -55,3 +55,48 @@ def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None
         OperatorConfig.from_env(env)
     assert str(info.value) == message
     assert info.value.field == next(iter(env))
+
+
+def test_eval_job_settings_and_allowlist_extensions() -> None:
+    config = OperatorConfig.from_env(
+        {
+            "KVGATE_EVAL_IMAGE": "ghcr.io/kvgate/kvgate-eval@sha256:" + "b" * 64,
+            "KVGATE_EVAL_SERVICE_ACCOUNT": "kvgate-eval",
+            "KVGATE_EVAL_WRITABLE_TMP": "false",
+            "KVGATE_EXTRA_ALLOWED_ARGS": "--enforce-eager, --swap_space",
+            "KVGATE_EXTRA_ALLOWED_ENV": "KVGATE_SIM_FAULTS,KVGATE_SIM_*",
+        }
+    )
+    assert config.eval_image.endswith("@sha256:" + "b" * 64)
+    assert config.eval_service_account == "kvgate-eval"
+    assert config.eval_writable_tmp is False
+    assert config.allowlist.extra_args == {"--enforce-eager", "--swap-space"}
+    assert config.allowlist.env_allowed("vllm", "KVGATE_SIM_LOAD")
+    assert not OperatorConfig.from_env({}).allowlist.env_allowed("vllm", "KVGATE_SIM_LOAD")
+    assert OperatorConfig.from_env({}).eval_writable_tmp is True
+    assert OperatorConfig.from_env({}).eval_service_account is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"KVGATE_EXTRA_ALLOWED_ENV": "VLLM_X,LD_PRELOAD"},
+            "KVGATE_EXTRA_ALLOWED_ENV: LD_PRELOAD is on the denylist the CRD enforces; "
+            "it cannot be allowed",
+        ),
+        (
+            {"KVGATE_EXTRA_ALLOWED_ARGS": "--trust-remote-code"},
+            "KVGATE_EXTRA_ALLOWED_ARGS: --trust-remote-code is on the denylist the CRD enforces; "
+            "it cannot be allowed",
+        ),
+        ({"KVGATE_EXTRA_ALLOWED_ARGS": "eager"}, "KVGATE_EXTRA_ALLOWED_ARGS: 'eager' is not a --flag name"),
+        ({"KVGATE_EVAL_WRITABLE_TMP": "maybe"}, "KVGATE_EVAL_WRITABLE_TMP: 'maybe' is not a boolean; use true or false"),
+        ({"KVGATE_EVAL_SERVICE_ACCOUNT": "Bad_Name"}, "KVGATE_EVAL_SERVICE_ACCOUNT: 'Bad_Name' is not a Kubernetes object name"),
+        ({"KVGATE_EVAL_IMAGE": "img latest"}, "KVGATE_EVAL_IMAGE: 'img latest' is not an image reference (repo:tag or repo@sha256:...)"),
+    ],
+)  # fmt: skip
+def test_bad_security_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        OperatorConfig.from_env(env)
+    assert str(info.value) == message

@@ -116,6 +116,92 @@ def test_eval_job() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["env"] == [{"name": "KVGATE_GSM8K_DIR", "value": "/data"}]
     assert "resources" not in container
+    pod = job["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in pod  # the namespace's default unless the operator says
+
+
+def _restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """The Pod Security `restricted` checks (v1.37) a pod spec fails, by name."""
+    bad = []
+    psc = pod.get("securityContext") or {}
+    for c in pod["containers"]:
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append("allowPrivilegeEscalation != false")
+        if (sc.get("capabilities") or {}).get("drop") != ["ALL"]:
+            bad.append("unrestricted capabilities")
+        if set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}:
+            bad.append("capabilities added")
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            bad.append("runAsNonRoot != true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append("runAsUser=0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append("seccompProfile")
+        if sc.get("privileged"):
+            bad.append("privileged")
+    for v in pod.get("volumes") or []:
+        if set(v) - {"name"} - {"emptyDir", "configMap", "secret", "projected", "downwardAPI",
+                                "persistentVolumeClaim", "ephemeral", "csi"}:  # fmt: skip
+            bad.append(f"volume {v['name']}")
+    if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+        bad.append("host namespaces")
+    return bad
+
+
+def test_eval_job_is_locked_down() -> None:
+    job = m.build_eval_job(
+        rollout="r", namespace="ns", attempt=1, image="img@sha256:" + "a" * 64,
+        command=["kvgate", "eval"], env={"PYTHONUNBUFFERED": "1"}, resources={"limits": {"cpu": "2"}},
+        deadline_s=60, config_hash="abc", service_account_name="kvgate-eval", nonce="n0nce",
+    )  # fmt: skip
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert _restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "kvgate-eval"
+    assert pod["enableServiceLinks"] is False
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["runAsUser"] == 65532 != 0
+    # HOME, HF_HOME and lm-eval's scratch live under /tmp (Dockerfile): the one writable path
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+    assert {"name": "KVGATE_EVAL_NONCE", "value": "n0nce"} in c["env"]
+    assert (c["terminationMessagePath"], c["terminationMessagePolicy"]) == (
+        "/dev/termination-log",
+        "File",
+    )
+    assert c["resources"] == {"limits": {"cpu": "2"}}
+    assert c["image"] == "img@sha256:" + "a" * 64
+
+
+def test_eval_job_without_writable_tmp_and_nonce_override() -> None:
+    job = m.build_eval_job(
+        rollout="r", namespace="ns", attempt=1, image="img", command=["kvgate", "eval"],
+        env={"KVGATE_EVAL_NONCE": "from-env"}, resources={}, deadline_s=60, config_hash="abc",
+        nonce="wins", writable_tmp=False,
+    )  # fmt: skip
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "volumes" not in pod and "volumeMounts" not in c
+    assert c["env"] == [{"name": "KVGATE_EVAL_NONCE", "value": "wins"}]
+    assert _restricted_violations(pod) == []
+
+
+def test_restricted_check_catches_a_root_pod() -> None:
+    # The checker above is only worth something if it fails on what restricted refuses.
+    job = m.build_eval_job(
+        rollout="r", namespace="ns", attempt=1, image="img", command=["x"], env={},
+        resources={}, deadline_s=60, config_hash="abc",
+    )  # fmt: skip
+    pod = job["spec"]["template"]["spec"]
+    pod["containers"][0]["securityContext"] = {"runAsUser": 0}
+    pod["securityContext"] = {}
+    assert set(_restricted_violations(pod)) == {
+        "allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
+        "runAsUser=0", "seccompProfile",
+    }  # fmt: skip
 
 
 def test_patch_sets_candidate_and_revert_restores() -> None:

@@ -141,6 +141,44 @@ BAD_SPECS = [
     ),
     (_with(model={"tokenSecretRef": {}}), ["spec.model.tokenSecretRef.name: is required"]),
     (_with(gates=[]), ["spec.gates: [] is not an object"]),
+    (
+        _with(canary={"evalImage": "attacker/judge:latest"}),
+        [
+            "spec.canary.evalImage: the eval image is set by the operator (KVGATE_EVAL_IMAGE, "
+            "chart value evalImage), not by a rollout; remove this field"
+        ],
+    ),
+    (
+        _with(engine="vllm", extraEnv=[{"name": "LD_PRELOAD", "value": "/x.so"}]),
+        [
+            "spec.extraEnv[0].name: LD_PRELOAD is not an allowed variable (it loads code, "
+            "redirects downloads or traffic, or carries a credential); allowed: "
+            "VLLM_ATTENTION_BACKEND, VLLM_FLASHINFER_FORCE_TENSOR_CORES, VLLM_FLASH_ATTN_VERSION, "
+            "VLLM_USE_FLASHINFER_SAMPLER, VLLM_USE_TRITON_FLASH_ATTN"
+        ],
+    ),
+    (
+        _with(extraEnv=[{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0\nX=1"}]),
+        [
+            "spec.extraEnv[0].value: the value of VLLM_USE_FLASHINFER_SAMPLER holds a control "
+            "character or line break"
+        ],
+    ),
+    (
+        _with(extraEnv=[{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": 0}]),
+        ["spec.extraEnv[0].value: 0 is not a string; quote it"],
+    ),
+]
+
+_ARG_CASES = [
+    (["--trust-remote-code"], "spec.extraArgs[0]", "--trust-remote-code is not an allowed flag ("),
+    (
+        ["--attention-backend", "X", "--middleware", "evil.Middleware"],
+        "spec.extraArgs[2]",
+        "--middleware is not an allowed flag (",
+    ),
+    (["--kv-cache-dtype=auto"], "spec.extraArgs[0]", "--kv-cache-dtype is set by kvgate"),
+    (["TRITON_ATTN"], "spec.extraArgs[0]", "TRITON_ATTN is not a --flag"),
 ]
 
 
@@ -153,6 +191,52 @@ def test_bad_spec_names_the_field(spec: dict[str, Any], messages: list[str]) -> 
     assert all(isinstance(e, SpecError) for e in errors)
     assert [str(e) for e in errors] == messages
     assert [e.field for e in errors] == [m.split(":")[0] for m in messages]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("args", "field", "start"), _ARG_CASES)
+def test_extra_args_outside_the_allowlist_are_refused(
+    args: list[str], field: str, start: str
+) -> None:
+    (error,) = spec_errors(_with(extraArgs=args))
+    assert error.field == field
+    assert str(error).startswith(f"{field}: {start}")
+
+
+def test_the_allowlist_follows_the_engine() -> None:
+    sglang_only = _with(engine="vllm", extraArgs=["--mem-fraction-static", "0.8"])
+    assert [e.field for e in spec_errors(sglang_only)] == ["spec.extraArgs[0]"]
+    assert spec_errors({**sglang_only, "engine": "sglang", "kvCacheDtype": "fp8_e4m3"}) == []
+    assert spec_errors({**sglang_only, "engine": "auto"}) == []  # either engine's until detected
+
+
+def test_operator_allowlist_extends_what_a_rollout_may_set() -> None:
+    from kvgate.policy import Allowlist
+
+    spec = _with(
+        extraArgs=["--attention-backend", "TRITON_ATTN", "--enforce-eager"],
+        extraEnv=[{"name": "KVGATE_SIM_FAULTS", "value": "crash-after=300"}],
+    )
+    with pytest.raises(ExceptionGroup) as info:
+        RolloutSpec.from_dict(spec)  # the built-in lists
+    assert [e.field for e in info.value.exceptions] == [  # type: ignore[attr-defined]
+        "spec.extraArgs[2]",
+        "spec.extraEnv[0].name",
+    ]
+    allow = Allowlist.from_config(args=["--enforce-eager"], env=["KVGATE_SIM_*"])
+    parsed = RolloutSpec.from_dict(spec, allow=allow)
+    assert parsed.extra_args[-1] == "--enforce-eager"
+    assert parsed.extra_env[0].to_dict() == {
+        "name": "KVGATE_SIM_FAULTS",
+        "value": "crash-after=300",
+    }
+    # ...but never past the denylist
+    denied = _with(extraEnv=[{"name": "KVGATE_SIM_TOKEN", "value": "x"}])
+    with pytest.raises(ExceptionGroup):
+        RolloutSpec.from_dict(denied, allow=allow)
+
+
+def test_the_eval_image_is_not_part_of_the_spec() -> None:
+    assert RolloutSpec.from_dict(MINIMAL).canary.eval_image is None
 
 
 def test_every_error_is_reported_at_once() -> None:
