@@ -82,6 +82,11 @@ _RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_r
 # Labels that name a series rather than describe the cache (dropped from cache_config).
 _SERIES_LABELS: Final = _RANK_LABELS | {"engine", "model_name", "engine_type", "dp_rank"}
 _QUANTILES: Final = (0.5, 0.9, 0.99)
+# A /metrics body is a few hundred KiB at most; larger text is refused before parsing.
+MAX_METRICS_CHARS: Final = 8 << 20
+# Gauges, counters and histogram figures kvgate reads are finite and in [0, MAX_VALUE]:
+# 1e18 tokens is ~30 years at 1e9 tokens/s.
+MAX_VALUE: Final = 1e18
 
 
 # -- histograms ------------------------------------------------------------------------------
@@ -205,11 +210,11 @@ class MetricSnapshot:
         if self.max_total_tokens is not None:
             return int(self.max_total_tokens)
         explicit = self.cache_config.get("kv_cache_size_tokens")
-        if explicit and explicit.isdigit():
-            return int(explicit)
+        if _is_count(explicit):
+            return int(explicit)  # type: ignore[arg-type]
         blocks, size = self.cache_config.get("num_gpu_blocks"), self.cache_config.get("block_size")
-        if blocks and size and blocks.isdigit() and size.isdigit():
-            return int(blocks) * int(size)
+        if _is_count(blocks) and _is_count(size):
+            return int(blocks) * int(size)  # type: ignore[arg-type]
         return None
 
     def to_dict(self) -> dict[str, object]:
@@ -232,6 +237,11 @@ class MetricSnapshot:
             "cache_config": dict(self.cache_config),
             "names": dict(self.names),
         }
+
+
+def _is_count(text: str | None) -> bool:
+    """ASCII digits of a sane count (`'²'.isdigit()` is True and `int('²')` fails)."""
+    return bool(text) and len(text) <= 18 and text.isascii() and text.isdigit()  # type: ignore[union-attr]
 
 
 _Labels = tuple[tuple[str, str], ...]
@@ -273,17 +283,44 @@ def _finite(values: Iterable[float]) -> list[float]:
     return [v for v in values if not math.isnan(v)]
 
 
-def _histogram(samples: _Samples, name: str) -> Histogram | None:
+def _check_values(samples: _Samples, name: str, source: str) -> None:
+    """Every sample of `name` kvgate reads must be a finite count or ratio."""
+    for labels, value in samples.by_name.get(name, {}).items():
+        if math.isfinite(value) and 0.0 <= value <= MAX_VALUE:
+            continue
+        shown = ",".join(f"{k}={v[:40]!r}" for k, v in labels[:4])
+        raise ParseError(
+            source,
+            f"metric {name[:120]}{{{shown[:200]}}} has value {value:g}; kvgate reads only "
+            f"finite values in [0, {MAX_VALUE:g}] (is this the engine's /metrics?)",
+        )
+
+
+def _bound(le: str, name: str, source: str) -> float:
+    try:
+        bound = float(le)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound) or bound == -math.inf or (abs(bound) > MAX_VALUE and bound != math.inf):
+        raise ParseError(
+            source, f"histogram {name[:120]} has bucket le={le[:40]!r}; use a finite bound or +Inf"
+        )
+    return bound
+
+
+def _histogram(samples: _Samples, name: str, source: str) -> Histogram | None:
     buckets = samples.by_name.get(name + "_bucket")
     if not buckets:
         return None
+    for suffix in ("_bucket", "_sum", "_count"):
+        _check_values(samples, name + suffix, source)
     per_series: dict[_Labels, dict[float, float]] = defaultdict(dict)
     for labels, value in buckets.items():
         le = dict(labels).get("le")
         if le is None:
             continue
         key = tuple(item for item in labels if item[0] != "le" and item[0] not in _RANK_LABELS)
-        bound = float(le)
+        bound = _bound(le, name, source)
         per_series[key][bound] = max(per_series[key].get(bound, 0.0), value)
     if not per_series:
         return None
@@ -325,6 +362,10 @@ def parse_metrics(
     Raises ParseError for empty or malformed text, or text without vLLM/SGLang metrics.
     """
     chosen = _check_engine(engine)
+    if len(text) > MAX_METRICS_CHARS:
+        raise ParseError(
+            source, f"the metrics text is larger than {MAX_METRICS_CHARS >> 20} MiB; not a /metrics"
+        )
     if not text.strip():
         raise ParseError(source, "the metrics text is empty")
     samples = _Samples()
@@ -348,6 +389,7 @@ def parse_metrics(
             if name is None:
                 continue
             names[concept] = name
+            _check_values(samples, name, source)
             found = _finite(samples.series(name).values())
             if not found:
                 continue
@@ -356,7 +398,7 @@ def parse_metrics(
     histograms: dict[str, Histogram | None] = {}
     for concept, by_engine in HISTOGRAMS.items():
         name = next((n for n in by_engine[detected] if n + "_bucket" in samples.by_name), None)
-        histograms[concept] = _histogram(samples, name) if name else None
+        histograms[concept] = _histogram(samples, name, source) if name else None
         if name:
             names[concept] = name
     cache_config: dict[str, str] = {}

@@ -147,9 +147,9 @@ def test_metrics_without_type_lines() -> None:
     assert snap.kv_usage is None and "kv_usage" not in snap.names
 
 
-def test_nan_gauge_is_absent() -> None:
-    snap = parse_metrics('vllm:kv_cache_usage_perc{model_name="a"} NaN\n')
-    assert snap.kv_usage is None and snap.names["kv_usage"] == "vllm:kv_cache_usage_perc"
+def test_nan_gauge_is_a_parse_error() -> None:
+    with pytest.raises(ParseError, match="vllm:kv_cache_usage_perc.* has value nan"):
+        parse_metrics('vllm:kv_cache_usage_perc{model_name="a"} NaN\n')
 
 
 @pytest.mark.parametrize(
@@ -513,3 +513,64 @@ def test_pool_sample_round_trips_what_pool_pressure_reads() -> None:
     assert all("ttft" not in k and "retracted" not in k for k in kept)  # None fields left out
     rebuilt = [snapshot_from_pool_sample(k) for k in kept]
     assert pool_pressure(rebuilt).to_dict() == pool_pressure(original).to_dict()
+
+
+# -- hostile values: non-finite or absurd numbers are parse errors -----------------------------
+
+_GAUGE = '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine="0"}} {}\n'
+_RUNNING = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n"
+_HIST = (
+    "# TYPE vllm:time_to_first_token_seconds histogram\n"
+    'vllm:time_to_first_token_seconds_bucket{{le="0.1"}} 1\n'
+    'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} 2\n'
+    'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} 2\n'
+    "vllm:time_to_first_token_seconds_sum {total}\n"
+    "vllm:time_to_first_token_seconds_count 2\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "metric"),
+    [
+        (_GAUGE.format("+Inf"), "vllm:kv_cache_usage_perc"),
+        (_GAUGE.format("-Inf"), "vllm:kv_cache_usage_perc"),
+        (_GAUGE.format("NaN"), "vllm:kv_cache_usage_perc"),
+        (_GAUGE.format("1e308"), "vllm:kv_cache_usage_perc"),
+        (_GAUGE.format("0.5") + _RUNNING.format("1e308"), "vllm:num_requests_running"),
+        (_GAUGE.format("0.5") + _RUNNING.format("-3"), "vllm:num_requests_running"),
+        (_GAUGE.format("0.5") + _HIST.format(le="1", total="+Inf"), "vllm:time_to_first_token"),
+        (_GAUGE.format("0.5") + _HIST.format(le="NaN", total="1"), "vllm:time_to_first_token"),
+        (_GAUGE.format("0.5") + _HIST.format(le="abc", total="1"), "vllm:time_to_first_token"),
+    ],
+)
+def test_non_finite_or_absurd_values_are_parse_errors(text: str, metric: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_metrics(text, source="pod")
+    message = str(caught.value)
+    assert message.startswith("pod")
+    assert metric in message
+    assert len(message) < 300
+
+
+def test_finite_values_still_parse() -> None:
+    snapshot = parse_metrics(_GAUGE.format("0.5") + _HIST.format(le="1", total="0.3"))
+    assert snapshot.kv_usage == 0.5
+    assert snapshot.ttft is not None and snapshot.ttft.buckets[-1] == (math.inf, 2.0)
+
+
+def test_cache_config_with_odd_digits_has_no_capacity() -> None:
+    text = (
+        _GAUGE.format("0.5")
+        + "# TYPE vllm:cache_config_info gauge\n"
+        + 'vllm:cache_config_info{block_size="²",num_gpu_blocks="9'
+        + "9" * 5000
+        + '"} 1\n'
+    )
+    assert parse_metrics(text).kv_capacity_tokens is None
+
+
+def test_a_huge_metrics_text_is_refused() -> None:
+    from kvgate import metrics
+
+    with pytest.raises(ParseError, match="larger than"):
+        parse_metrics("#" * (metrics.MAX_METRICS_CHARS + 1), source="pod")
