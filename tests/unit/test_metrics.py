@@ -148,7 +148,7 @@ def test_metrics_without_type_lines() -> None:
 
 
 def test_nan_gauge_is_a_parse_error() -> None:
-    with pytest.raises(ParseError, match="vllm:kv_cache_usage_perc.* has value nan"):
+    with pytest.raises(ParseError, match=r"vllm:kv_cache_usage_perc.* has value nan"):
         parse_metrics('vllm:kv_cache_usage_perc{model_name="a"} NaN\n')
 
 
