@@ -12,6 +12,7 @@ Agresti & Min 2005; Tango 1998; Nam 1997 / Liu et al. 2002 (sample size); Lan & 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -197,12 +198,21 @@ def mcnemar_exact_p(counts: PairedCounts) -> float:
 
 
 def mcnemar_mid_p(counts: PairedCounts) -> float:
-    """McNemar mid-p (exact p minus the point probability), per Fagerland et al. 2013."""
+    """Two-sided McNemar mid-p (Fagerland et al. 2013; Lancaster 1961).
+
+    The probability of the outcomes less likely than the observed one plus half that of the
+    outcomes exactly as likely. For b != c that is 2·P(X < k) + P(X = k) = exact p - P(X = k);
+    for b = c > 0 the observed split is the only outcome that likely, so it is 1 - P(X = k)/2
+    (not 1 - P(X = k), which subtracts the point probability twice).
+    """
     m = counts.discordant
     if m == 0:
         return 1.0
     k = min(counts.control_only, counts.candidate_only)
-    return float(min(1.0, 2 * binom.cdf(k, m, 0.5)) - binom.pmf(k, m, 0.5))
+    point = float(binom.pmf(k, m, 0.5))
+    if 2 * k == m:
+        return 1.0 - 0.5 * point
+    return float(min(1.0, 2.0 * binom.cdf(k - 1, m, 0.5) + point))
 
 
 def mcnemar_asymptotic(counts: PairedCounts) -> tuple[float, float]:
@@ -291,25 +301,35 @@ def tango_statistic(counts: PairedCounts, delta0: float) -> float:
     return numerator / math.sqrt(variance)
 
 
-def tango_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """Tango 1998 asymptotic score interval for candidate minus control."""
-    z = z_two_sided(confidence)
+def score_limit(counts: PairedCounts, z: float) -> float:
+    """The Δ0 at which Tango's T(Δ0) equals `z` (T decreases in Δ0), clipped to [-1, 1].
+
+    z > 0 gives a lower confidence limit, z < 0 an upper one; z = z_{c} gives the one-sided
+    bound at confidence c, and z = a sequential boundary gives a repeated confidence bound.
+    """
     delta = counts.difference
+    if z == 0:
+        return delta
     eps = 1e-12
 
-    def t_minus(level: float) -> Any:
-        return lambda d0: tango_statistic(counts, d0) - level
+    def f(d0: float) -> float:
+        return tango_statistic(counts, d0) - z
 
+    if z > 0:
+        if delta <= -1.0 + eps or f(-1.0 + eps) <= 0:
+            return -1.0
+        return float(brentq(f, -1.0 + eps, delta, xtol=1e-12))
+    if delta >= 1.0 - eps or f(1.0 - eps) >= 0:
+        return 1.0
+    return float(brentq(f, delta, 1.0 - eps, xtol=1e-12))
+
+
+def tango_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
+    """Tango 1998 asymptotic score interval for candidate minus control (two-sided)."""
+    z = z_two_sided(confidence)
+    counts._require_questions()
     # T decreases in Δ0 and is 0 at Δ0 = Δ̂: lower limit solves T = +z, upper T = -z.
-    if delta <= -1.0 + eps or t_minus(z)(-1.0 + eps) <= 0:
-        low = -1.0
-    else:
-        low = float(brentq(t_minus(z), -1.0 + eps, delta, xtol=1e-12))
-    if delta >= 1.0 - eps or t_minus(-z)(1.0 - eps) >= 0:
-        high = 1.0
-    else:
-        high = float(brentq(t_minus(-z), delta, 1.0 - eps, xtol=1e-12))
-    return (low, high)
+    return (score_limit(counts, z), score_limit(counts, -z))
 
 
 def noninferiority_p(counts: PairedCounts, margin: float) -> float:
@@ -461,32 +481,86 @@ def obf_spending(fraction: float, alpha: float) -> float:
     return float(2.0 * norm.sf(norm.isf(alpha / 2.0) / math.sqrt(t)))
 
 
+def power_spending(fraction: float, alpha: float, rho: float) -> float:
+    """Kim-DeMets power-family spending α(t) = α·t^ρ (ρ = 1 is close to Pocock; gsDesign sfPower)."""
+    if fraction <= 0.0:
+        return 0.0
+    return float(alpha * min(fraction, 1.0) ** rho)
+
+
+def spending(fraction: float, alpha: float, function: str) -> float:
+    """Cumulative α spent by information `fraction` under `function`: "obf" or "power:RHO"."""
+    if function == "obf":
+        return obf_spending(fraction, alpha)
+    kind, _, param = function.partition(":")
+    if kind == "power":
+        try:
+            rho = float(param)
+        except ValueError:
+            rho = -1.0
+        if rho > 0:
+            return power_spending(fraction, alpha, rho)
+    raise SpecError("spending", f"{function!r} is not 'obf' or 'power:RHO' with RHO > 0")
+
+
 _GRID_POINTS = 1601  # per look; trapezoid error is far below the 3rd decimal of a boundary
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 _GRID_LOW_SD = 9.0  # mass below -9 sd of the score is negligible (< 1e-18)
 
 
-def efficacy_boundaries(fractions: Sequence[float], alpha: float) -> tuple[float, ...]:
-    """One-sided z boundaries for looks at information `fractions` under OBF-type spending.
-
-    Computed by recursive numerical integration (Armitage, McPherson & Rowe 1969) on the score
-    scale S_k ~ N(0, t_k) with independent increments; boundary k spends α(t_k) - α(t_{k-1}).
-    Futility is non-binding and ignored here, which keeps the crossing probability ≤ α.
-    """
-    if not 0.0 < alpha < 0.5:
-        raise SpecError("alpha", f"{alpha!r} is not in (0, 0.5)")
+def _check_fractions(fractions: Sequence[float]) -> list[float]:
     ts = [float(t) for t in fractions]
     if not ts or any(t <= 0 for t in ts) or any(b <= a for a, b in itertools.pairwise(ts)):
         raise SpecError("looks", f"{list(fractions)!r} must be increasing fractions in (0, 1]")
     if ts[-1] > 1.0 + 1e-12:
         raise SpecError("looks", f"the last fraction {ts[-1]} is beyond 1")
+    return ts
 
+
+def _continuation(
+    k: int, ts: list[float], c: float, grid: np.ndarray, mass: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Grid and trapezoid mass of S_k on its continuation region S_k < c √t_k."""
+    t = ts[k]
+    upper = c * math.sqrt(t)
+    new_grid = np.linspace(min(-_GRID_LOW_SD * math.sqrt(t), upper - 1.0), upper, _GRID_POINTS)
+    h = new_grid[1] - new_grid[0]
+    weights = np.full(_GRID_POINTS, h)
+    weights[0] = weights[-1] = h / 2
+    if k == 0:
+        density = norm.pdf(new_grid, scale=math.sqrt(t))
+    else:
+        sd = math.sqrt(t - ts[k - 1])
+        u = (new_grid[:, None] - grid[None, :]) / sd
+        density = (np.exp(-0.5 * u * u) / (sd * _SQRT_2PI)) @ mass
+    return new_grid, weights * density
+
+
+def sequential_boundaries(
+    fractions: Sequence[float], alpha: float, function: str = "obf"
+) -> tuple[float, ...]:
+    """One-sided z boundaries for looks at information `fractions` under α-spending `function`.
+
+    Computed by recursive numerical integration (Armitage, McPherson & Rowe 1969) on the score
+    scale S_k ~ N(0, t_k) with independent increments; boundary k spends α(t_k) - α(t_{k-1}).
+    Any other stopping rule is treated as non-binding and ignored, which keeps the crossing
+    probability ≤ α. By symmetry the same boundaries serve a lower (harm) boundary -c_k.
+    """
+    if not 0.0 < alpha < 0.5:
+        raise SpecError("alpha", f"{alpha!r} is not in (0, 0.5)")
+    ts = _check_fractions(fractions)
+    spending(1.0, alpha, function)  # validates the name
+    return _boundaries(tuple(ts), float(alpha), function)
+
+
+@functools.lru_cache(maxsize=32)
+def _boundaries(ts: tuple[float, ...], alpha: float, function: str) -> tuple[float, ...]:
     boundaries: list[float] = []
     grid = np.empty(0)
     mass = np.empty(0)  # trapezoid weight x density of S_{k-1} on its continuation region
     spent = 0.0
     for k, t in enumerate(ts):
-        target = obf_spending(t, alpha) - spent
+        target = spending(t, alpha, function) - spent
         if k == 0:
             c = float(norm.isf(max(target, 1e-300)))
             spent += target
@@ -500,20 +574,54 @@ def efficacy_boundaries(fractions: Sequence[float], alpha: float) -> tuple[float
         boundaries.append(c)
         if k == len(ts) - 1:
             break
-        # Density of S_k on the continuation region S_k < c √t_k.
-        upper = c * math.sqrt(t)
-        new_grid = np.linspace(min(-_GRID_LOW_SD * math.sqrt(t), upper - 1.0), upper, _GRID_POINTS)
-        h = new_grid[1] - new_grid[0]
-        weights = np.full(_GRID_POINTS, h)
-        weights[0] = weights[-1] = h / 2
-        if k == 0:
-            density = norm.pdf(new_grid, scale=math.sqrt(t))
-        else:
-            sd = math.sqrt(t - ts[k - 1])
-            u = (new_grid[:, None] - grid[None, :]) / sd
-            density = (np.exp(-0.5 * u * u) / (sd * _SQRT_2PI)) @ mass
-        grid, mass = new_grid, weights * density
+        grid, mass = _continuation(k, list(ts), c, grid, mass)
     return tuple(boundaries)
+
+
+def efficacy_boundaries(fractions: Sequence[float], alpha: float) -> tuple[float, ...]:
+    """One-sided z boundaries under O'Brien-Fleming-type (Lan-DeMets) spending."""
+    return sequential_boundaries(fractions, alpha, "obf")
+
+
+def stagewise_p(
+    fractions: Sequence[float], boundaries: Sequence[float], look: int, statistic: float
+) -> float:
+    """Stage-wise-ordering p-value of stopping at 0-based `look` with z = `statistic`.
+
+    P under H0 of crossing the upper boundary at an earlier look, or of reaching `look` and
+    seeing at least `statistic` there (Armitage-McPherson-Rowe recursion; other stops are
+    non-binding and ignored, as in `sequential_boundaries`). At or above the boundary it is at
+    most the α spent so far; below the boundary at the last look it exceeds the design's α, so
+    it agrees with the decision.
+    """
+    ts = _check_fractions(fractions)
+    if not 0 <= look < len(ts) or len(boundaries) != len(ts):
+        raise SpecError("look", f"{look} is outside the plan's {len(ts)} looks")
+    if math.isnan(statistic):
+        raise SpecError("statistic", "is not a number")
+    z = min(max(statistic, -40.0), 40.0)
+    if look == 0:
+        return float(norm.sf(z))
+    chain, crossed = _chain(tuple(ts), tuple(float(b) for b in boundaries))
+    grid, mass = chain[look - 1]
+    sqrt_t, sd = math.sqrt(ts[look]), math.sqrt(ts[look] - ts[look - 1])
+    return float(min(1.0, max(0.0, crossed[look - 1] + _crossing(z, sqrt_t, sd, grid, mass, 0.0))))
+
+
+@functools.lru_cache(maxsize=16)
+def _chain(
+    ts: tuple[float, ...], boundaries: tuple[float, ...]
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[float]]:
+    """Continuation densities after each look but the last, and P(crossed by look k) under H0."""
+    chain: list[tuple[np.ndarray, np.ndarray]] = []
+    crossed = [float(norm.sf(boundaries[0]))]
+    grid, mass = np.empty(0), np.empty(0)
+    for k in range(len(ts) - 1):
+        grid, mass = _continuation(k, list(ts), boundaries[k], grid, mass)
+        chain.append((grid, mass))
+        sqrt_t, sd = math.sqrt(ts[k + 1]), math.sqrt(ts[k + 1] - ts[k])
+        crossed.append(crossed[-1] + _crossing(boundaries[k + 1], sqrt_t, sd, grid, mass, 0.0))
+    return chain, crossed
 
 
 def _crossing(

@@ -1,12 +1,20 @@
 """The accuracy gate's decision: a group-sequential, one-sided non-inferiority test (pure).
 
-At each look k the cumulative paired counts give Tango's score statistic T = T(-margin):
-  * pass    when T ≥ the O'Brien-Fleming-type (Lan-DeMets) boundary c_k for α = 1 - confidence;
-  * fail    when T ≤ -harm_z: the candidate is shown worse than the margin (a non-binding harm
-            stop, so it cannot raise the false-pass rate);
-  * at the last look, when neither: fail if the candidate is shown worse than control
-    (exact one-sided McNemar test at α), otherwise inconclusive.
-Without `chunk` there is one look and c_1 = z_{confidence}, the fixed-n Tango test.
+At each look k the cumulative paired counts give Tango's score statistics T(-margin) and
+T(0) (the latter is McNemar's z):
+  * pass  when T(-margin) ≥ e_k, the O'Brien-Fleming-type (Lan-DeMets) boundary for
+          α = 1 - confidence: the candidate is shown at most `margin` worse than control;
+  * fail  when T(0) ≤ -f_k, the boundary of a second spending function at α_F =
+          1 - fail_confidence: the candidate is shown worse than control, and worse than the
+          margin as well when also T(-margin) ≤ -f_k;
+  * at the last look, when neither: inconclusive.
+Both boundary sequences are computed with the other stop treated as non-binding, so each claim
+keeps its own error rate whatever the other rule does. After any stop the summary reports the
+repeated confidence bounds of that look (Jennison & Turnbull 1989): the lower bound solves
+T(Δ) = e_k and the upper bound T(Δ) = -f_k, so they hold at `confidence` and `fail_confidence`
+over every look at once, and agree with the verdict by construction (pass ⇔ lower > -margin).
+The non-inferiority p is the stage-wise-ordering p of the stop (≤ α ⇔ pass).
+Without `chunk` there is one look: e_1 = z_{confidence}, f_1 = z_{fail_confidence}.
 """
 
 from __future__ import annotations
@@ -17,34 +25,43 @@ from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
-from scipy.stats import binom
 
 from kvgate.errors import SpecError
 from kvgate.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
     PairedCounts,
-    efficacy_boundaries,
-    lower_confidence_bound,
     mcnemar_exact_p,
-    noninferiority_p,
     questions_needed,
+    score_limit,
+    sequential_boundaries,
+    spending,
+    stagewise_p,
     tango_interval,
+    tango_statistic,
     tango_statistics,
     z_one_sided,
 )
 
-# Tuned with bench/bench_accuracy_gate.py (10,000 runs per row, churn 1-3% each way): 50-question
-# looks and a harm stop at the gate's own confidence stop a 10-point loss after 92 questions on
-# average, promote a 2-point loss (the margin) 4.4% of the time, and promote no loss 95% of the
-# time (86% at 3% churn each way) against 97% for one look at 1,319 questions.
+# Chosen with bench/bench_accuracy_gate.py; see bench/RESULTS-accuracy-gate.md for the table.
 DEFAULT_CHUNK: Final = 50
+DEFAULT_FAIL_CONFIDENCE: Final = 0.975
+DEFAULT_FAIL_SPENDING: Final = "power:0.25"
+PASS_SPENDING: Final = "obf"
 GSM8K_TEST_QUESTIONS: Final = 1319
 SUMMARY_KIND: Final = "kvgate.eval/summary"
 PROGRESS_KIND: Final = "kvgate.eval/progress"
 
 # Codes of `decide_arrays`.
 CONTINUE, PASS, FAIL, INCONCLUSIVE = 0, 1, 2, 3
+# Reasons of `reason_arrays`.
+NONE, NONINFERIOR, WORSE_THAN_MARGIN, WORSE_THAN_CONTROL, NOT_SHOWN = 0, 1, 2, 3, 4
+REASONS: Final = {
+    NONINFERIOR: "noninferior",
+    WORSE_THAN_MARGIN: "worse_than_margin",
+    WORSE_THAN_CONTROL: "worse_than_control",
+    NOT_SHOWN: "not_shown",
+}
 
 
 class Verdict(StrEnum):
@@ -64,17 +81,23 @@ EXIT_CODES: Final = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 3, 
 
 @dataclass(frozen=True, slots=True)
 class GatePlan:
-    """Looks (cumulative questions) and their pass boundaries, fixed before the first answer."""
+    """Looks (cumulative questions) and their pass and fail boundaries, fixed in advance."""
 
     looks: tuple[int, ...]
-    boundaries: tuple[float, ...]
+    boundaries: tuple[float, ...]  # pass: T(-margin) ≥ boundaries[k]
+    fail_boundaries: tuple[float, ...]  # fail: T(0) ≤ -fail_boundaries[k]
     margin: float
     confidence: float
-    harm_z: float
+    fail_confidence: float = DEFAULT_FAIL_CONFIDENCE
+    fail_spending: str = DEFAULT_FAIL_SPENDING
 
     @property
     def alpha(self) -> float:
         return 1.0 - self.confidence
+
+    @property
+    def fail_alpha(self) -> float:
+        return 1.0 - self.fail_confidence
 
     @property
     def total(self) -> int:
@@ -84,13 +107,20 @@ class GatePlan:
     def sequential(self) -> bool:
         return len(self.looks) > 1
 
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        return tuple(n / self.total for n in self.looks)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "looks": list(self.looks),
             "boundaries": [round(b, 4) for b in self.boundaries],
+            "pass_spending": PASS_SPENDING if self.sequential else None,
+            "fail_boundaries": [round(-b, 4) for b in self.fail_boundaries],
+            "fail_spending": self.fail_spending if self.sequential else None,
             "margin": self.margin,
             "confidence": self.confidence,
-            "harm_z": self.harm_z,
+            "fail_confidence": self.fail_confidence,
         }
 
 
@@ -100,11 +130,13 @@ def plan_gate(
     chunk: int | None = None,
     margin: float = DEFAULT_MARGIN,
     confidence: float = DEFAULT_CONFIDENCE,
-    harm_z: float | None = None,
+    fail_confidence: float = DEFAULT_FAIL_CONFIDENCE,
+    fail_spending: str = DEFAULT_FAIL_SPENDING,
 ) -> GatePlan:
     """Plan looks every `chunk` questions up to `total` (one look when `chunk` is None).
 
-    `harm_z` defaults to z at `confidence`: fail once the candidate is shown worse than the margin.
+    Pass boundaries spend α = 1 - confidence with O'Brien-Fleming-type spending; fail
+    boundaries spend 1 - fail_confidence with `fail_spending` ("obf" or "power:RHO").
     """
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise SpecError("limit", f"{total!r} is not a positive number of questions")
@@ -114,33 +146,56 @@ def plan_gate(
         raise SpecError("margin", f"{margin!r} is not in (0, 1); use a fraction such as 0.02")
     if not (0.5 < confidence < 1.0):
         raise SpecError("confidence", f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
-    if harm_z is None:
-        harm_z = z_one_sided(confidence)
-    if not harm_z > 0:
-        raise SpecError("harm_z", f"{harm_z!r} is not positive")
+    if not (0.5 < fail_confidence < 1.0):
+        raise SpecError("fail_confidence", f"{fail_confidence!r} is not in (0.5, 1)")
+    spending(1.0, 0.05, fail_spending)  # validates the name
     if chunk is None or chunk >= total:
-        return GatePlan((total,), (z_one_sided(confidence),), margin, confidence, harm_z)
+        return GatePlan(
+            (total,),
+            (z_one_sided(confidence),),
+            (z_one_sided(fail_confidence),),
+            margin,
+            confidence,
+            fail_confidence,
+            fail_spending,
+        )
     looks = (*range(chunk, total, chunk), total)
-    boundaries = efficacy_boundaries([n / total for n in looks], 1.0 - confidence)
-    return GatePlan(looks, boundaries, margin, confidence, harm_z)
+    fractions = [n / total for n in looks]
+    return GatePlan(
+        looks,
+        sequential_boundaries(fractions, 1.0 - confidence, PASS_SPENDING),
+        sequential_boundaries(fractions, 1.0 - fail_confidence, fail_spending),
+        margin,
+        confidence,
+        fail_confidence,
+        fail_spending,
+    )
+
+
+def reason_arrays(
+    plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
+) -> np.ndarray:
+    """Reason codes (NONE = continue, NONINFERIOR, WORSE_THAN_*, NOT_SHOWN) at 0-based `look`."""
+    t_margin = tango_statistics(n, losses, wins, -plan.margin)
+    t_zero = tango_statistics(n, losses, wins, 0.0)
+    fail_z = plan.fail_boundaries[look]
+    reasons = np.full(t_margin.shape, NONE, dtype=np.int8)
+    if look == len(plan.looks) - 1:
+        reasons[:] = NOT_SHOWN
+    reasons[t_zero <= -fail_z] = WORSE_THAN_CONTROL
+    reasons[(t_zero <= -fail_z) & (t_margin <= -fail_z)] = WORSE_THAN_MARGIN
+    reasons[t_margin >= plan.boundaries[look]] = NONINFERIOR
+    return reasons
+
+
+_REASON_TO_CODE: Final = np.array([CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE], dtype=np.int8)
 
 
 def decide_arrays(
     plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
 ) -> np.ndarray:
     """Decision codes (CONTINUE, PASS, FAIL, INCONCLUSIVE) at 0-based `look` for many runs."""
-    t_margin = tango_statistics(n, losses, wins, -plan.margin)
-    codes = np.full(t_margin.shape, CONTINUE, dtype=np.int8)
-    codes[t_margin <= -plan.harm_z] = FAIL
-    codes[t_margin >= plan.boundaries[look]] = PASS
-    if look == len(plan.looks) - 1:
-        # Last look: a loss against control shown by the exact one-sided McNemar test at
-        # `confidence` fails (exact, because a handful of discordant pairs is common here).
-        discordant = np.asarray(losses) + np.asarray(wins)
-        p_worse = binom.sf(np.asarray(losses) - 1, discordant, 0.5)
-        worse = (discordant > 0) & (p_worse <= plan.alpha)
-        codes[codes == CONTINUE] = np.where(worse[codes == CONTINUE], FAIL, INCONCLUSIVE)
-    return codes
+    return _REASON_TO_CODE[reason_arrays(plan, look, n, losses, wins)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +206,10 @@ class LookResult:
     questions: int
     statistic: float  # Tango T(-margin)
     pass_boundary: float
-    harm_boundary: float
+    fail_statistic: float  # T(0), McNemar's z
+    fail_boundary: float
     verdict: Verdict | None
+    reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,8 +217,10 @@ class LookResult:
             "questions": self.questions,
             "statistic": _finite(self.statistic),
             "pass_boundary": round(self.pass_boundary, 4),
-            "harm_boundary": -self.harm_boundary,
+            "fail_statistic": _finite(self.fail_statistic),
+            "fail_boundary": round(-self.fail_boundary, 4),
             "verdict": None if self.verdict is None else str(self.verdict),
+            "reason": self.reason,
         }
 
 
@@ -173,8 +232,8 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
         raise SpecError(
             "look", f"look {look + 1} needs {plan.looks[look]} paired questions, got {counts.n}"
         )
-    code = int(
-        decide_arrays(
+    reason = int(
+        reason_arrays(
             plan,
             look,
             np.array([counts.n]),
@@ -182,21 +241,15 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
             np.array([counts.candidate_only]),
         )[0]
     )
-    statistic = float(
-        tango_statistics(
-            np.array([counts.n]),
-            np.array([counts.control_only]),
-            np.array([counts.candidate_only]),
-            -plan.margin,
-        )[0]
-    )
     return LookResult(
         look=look + 1,
         questions=counts.n,
-        statistic=statistic,
+        statistic=tango_statistic(counts, -plan.margin),
         pass_boundary=plan.boundaries[look],
-        harm_boundary=plan.harm_z,
-        verdict=_CODE_TO_VERDICT.get(code),
+        fail_statistic=tango_statistic(counts, 0.0),
+        fail_boundary=plan.fail_boundaries[look],
+        verdict=_CODE_TO_VERDICT.get(int(_REASON_TO_CODE[reason])),
+        reason=REASONS.get(reason),
     )
 
 
@@ -215,6 +268,98 @@ def progress_line(plan: GatePlan, result: LookResult, counts: PairedCounts) -> d
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The look-adjusted one-sided bounds and p-value the verdict rests on."""
+
+    look: int  # 0-based look the counts belong to
+    lower: float  # repeated lower confidence bound for Δ at `confidence`
+    upper: float  # repeated upper confidence bound for Δ at `fail_confidence`
+    noninferiority_p: float  # stage-wise ordering p of H0: Δ ≤ -margin
+
+    def to_dict(self, plan: GatePlan) -> dict[str, Any]:
+        return {
+            "lower": self.lower,
+            "lower_confidence": plan.confidence,
+            "upper": self.upper,
+            "upper_confidence": plan.fail_confidence,
+            "sided": "one-sided",
+            "look_adjusted": plan.sequential,
+            "look": self.look + 1,
+            "method": (
+                "Tango score, repeated confidence bounds at the stopping look's boundaries"
+                if plan.sequential
+                else "Tango score, one-sided"
+            ),
+        }
+
+
+def look_bounds(plan: GatePlan, look: int, counts: PairedCounts) -> Bounds:
+    """Bounds after stopping at 0-based `look` with cumulative `counts`.
+
+    lower solves T(Δ) = e_k and upper T(Δ) = -f_k: repeated confidence bounds, valid at their
+    levels whatever the stopping rule did. The p-value is ≤ α exactly when the gate passed.
+    """
+    if counts.n != plan.looks[look]:
+        raise SpecError("look", f"look {look + 1} needs {plan.looks[look]} questions")
+    lower = score_limit(counts, plan.boundaries[look])
+    upper = score_limit(counts, -plan.fail_boundaries[look])
+    t = tango_statistic(counts, -plan.margin)
+    fractions = plan.fractions
+    last = len(plan.looks) - 1
+    if t >= plan.boundaries[look]:
+        p = stagewise_p(fractions, plan.boundaries, look, t)
+    else:
+        # A stop without a pass (a fail, or the last look) ranks below every pass, as a last
+        # look with the same statistic would: > α, so it never contradicts the verdict.
+        p = stagewise_p(fractions, plan.boundaries, last, min(t, plan.boundaries[last]))
+        p = max(p, math.nextafter(plan.alpha, 1.0))
+    return Bounds(look, lower, upper, p)
+
+
+def _look_of(plan: GatePlan, counts: PairedCounts, looks_taken: int) -> int:
+    look = looks_taken - 1
+    if 0 <= look < len(plan.looks) and plan.looks[look] == counts.n:
+        return look
+    if counts.n in plan.looks:
+        return plan.looks.index(counts.n)
+    raise SpecError("looks", f"{counts.n} paired questions is not one of the planned looks")
+
+
+def claim(plan: GatePlan, reason: str | None, bounds: Bounds) -> str | None:
+    """The one sentence the verdict asserts, with its confidence."""
+    looks = f", adjusted for {bounds.look + 1} looks" if plan.sequential else ""
+    lo, hi = 100 * bounds.lower, 100 * bounds.upper
+    conf, fconf = f"{plan.confidence:.1%}", f"{plan.fail_confidence:.1%}"
+    margin = f"{100 * plan.margin:g} pp"
+    if reason == "noninferior":
+        worse = (
+            f"; worse than control by at least {-hi:.2f} pp (one-sided {fconf})"
+            if bounds.upper < 0
+            else ""
+        )
+        return (
+            f"candidate minus control ≥ {lo:+.2f} pp (one-sided {conf}{looks}): no loss larger "
+            f"than {max(0.0, -lo):.2f} pp, within the {margin} margin{worse}"
+        )
+    if reason == "worse_than_margin":
+        return (
+            f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
+            f"control by more than the {margin} margin"
+        )
+    if reason == "worse_than_control":
+        return (
+            f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
+            f"control; a loss beyond the {margin} margin is not shown"
+        )
+    if reason == "not_shown":
+        return (
+            f"candidate minus control between {lo:+.2f} pp ({conf}) and {hi:+.2f} pp ({fconf}) "
+            f"one-sided{looks}: neither a loss within the {margin} margin nor a loss is shown"
+        )
+    return None
+
+
 def build_summary(
     *,
     plan: GatePlan,
@@ -224,15 +369,24 @@ def build_summary(
     looks_taken: int,
     error: str | None = None,
     extra: dict[str, Any] | None = None,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """The final summary line, per docs/contracts.md ("Eval summary")."""
+    """The final summary line, per docs/contracts.md ("Eval summary").
+
+    Every statistic is the one the verdict rests on: look-adjusted one-sided bounds and the
+    stage-wise p-value at the stopping look. The two-sided Tango interval and McNemar p are
+    single-look descriptions, labelled as such.
+    """
     summary: dict[str, Any] = {
         "kind": SUMMARY_KIND,
         "verdict": str(verdict),
+        "reason": None,
+        "claim": None,
         "error": error,
         "task": task,
         "margin": plan.margin,
         "confidence": plan.confidence,
+        "fail_confidence": plan.fail_confidence,
         "questions_used": 0 if counts is None else counts.n,
         "questions_planned": plan.total,
         "stopped_early": counts is not None
@@ -243,12 +397,23 @@ def build_summary(
         "control": None,
         "candidate": None,
         "paired": None,
+        "bounds": None,
         "largest_loss_ruled_out": None,
+        "smallest_loss_shown": None,
         "noninferiority_p": None,
         "advice": {"questions_needed": None},
     }
     if counts is not None and counts.n > 0:
-        lower = lower_confidence_bound(counts, plan.confidence)
+        look = _look_of(plan, counts, looks_taken)
+        bounds = look_bounds(plan, look, counts)
+        if verdict is not Verdict.ERROR:
+            got = assess_look(plan, look, counts)
+            if got.verdict is not verdict or (reason is not None and reason != got.reason):
+                raise SpecError(
+                    "verdict", f"{verdict} does not follow from the counts ({got.verdict})"
+                )
+            reason = got.reason
+            summary.update(reason=reason, claim=claim(plan, reason, bounds))
         summary.update(
             control=counts.control().to_dict(),
             candidate=counts.candidate().to_dict(),
@@ -256,10 +421,16 @@ def build_summary(
                 **counts.to_dict(),
                 "difference": counts.difference,
                 "tango95": list(tango_interval(counts, 0.95)),
+                "tango95_sided": "two-sided, at the questions used, not adjusted for looks",
                 "mcnemar_p": mcnemar_exact_p(counts),
+                "mcnemar_p_sided": "two-sided exact, at the questions used, not adjusted for looks",
+                "lower_bound": bounds.lower,
+                "upper_bound": bounds.upper,
             },
-            largest_loss_ruled_out=max(0.0, -lower),
-            noninferiority_p=noninferiority_p(counts, plan.margin),
+            bounds=bounds.to_dict(plan),
+            largest_loss_ruled_out=max(0.0, -bounds.lower),
+            smallest_loss_shown=max(0.0, -bounds.upper),
+            noninferiority_p=bounds.noninferiority_p,
             advice=advice(counts, plan),
         )
     if extra:

@@ -65,6 +65,7 @@ def run_gate(
                     counts=counts,
                     looks_taken=looks_taken,
                     extra=extra,
+                    reason=result.reason,
                 )
     except EvalError as exc:
         return build_summary(
