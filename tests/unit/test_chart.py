@@ -83,24 +83,18 @@ def grants(rules: list[dict[str, Any]]) -> Iterator[tuple[str, str, str]]:
                     yield group, res, verb
 
 
-# What the operator needs in every namespace it watches: exactly this, no wildcards.
+# What the operator needs in every namespace it watches: exactly this, no wildcards
+# (tests/unit/test_rbac.py derives the same set from the operator's source).
 NAMESPACED = {
-    *(("kvgate.io", "kvcacherollouts", v) for v in ("get", "list", "watch", "patch", "update")),
-    *(("kvgate.io", "kvcacherollouts/status", v) for v in ("get", "patch", "update")),
+    *(("kvgate.io", "kvcacherollouts", v) for v in ("get", "list", "watch", "patch")),
+    ("kvgate.io", "kvcacherollouts/status", "patch"),
     ("kvgate.io", "kvcacherollouts/finalizers", "update"),
-    *(("apps", "deployments", v) for v in ("get", "list", "watch", "patch")),
-    *(("", "pods", v) for v in ("create", "get", "list", "watch", "delete")),
+    *(("apps", "deployments", v) for v in ("get", "patch")),
+    *(("", "pods", v) for v in ("create", "get", "list", "delete")),
     ("", "pods/log", "get"),
-    *(("batch", "jobs", v) for v in ("create", "get", "list", "watch", "delete")),
-    *(
-        ("", "configmaps", v)
-        for v in ("create", "get", "list", "watch", "patch", "update", "delete")
-    ),
+    *(("batch", "jobs", v) for v in ("create", "get", "delete")),
+    *(("", "configmaps", v) for v in ("create", "get", "patch")),
     ("", "events", "create"),
-    ("", "events", "patch"),
-    ("events.k8s.io", "events", "create"),
-    ("events.k8s.io", "events", "patch"),
-    ("", "secrets", "get"),
 }
 CLUSTER = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -126,7 +120,8 @@ def test_values_schema_is_json() -> None:
 def test_lint_passes(helm: str) -> None:
     for sets in (
         [],
-        ["watch.allNamespaces=false", "watch.namespaces={a,b}"],
+        ["watch.allNamespaces=true"],
+        ["watch.namespaces={a,b}", "hubTokenSecrets.enabled=true", "replicas=2"],
         ["metrics.serviceMonitor.enabled=true", "prometheusRule.enabled=true"],
     ):
         args = ["lint", "--strict", str(CHART), *KUBE]
@@ -148,7 +143,7 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["command"] == ["kvgate"]
-    assert c["args"][:2] == ["run", "--all-namespaces"]
+    assert c["args"][:2] == ["run", "--namespace=default"]  # namespaced by default
     assert "--liveness=http://$(POD_IP):8080/healthz" in c["args"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -168,11 +163,19 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
         {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
     ]
     assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
-    assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule", "Role")]
+    assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    assert not [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    assert env["KVGATE_EVAL_SERVICE_ACCOUNT"] == "kvgate-eval"
+    assert env["KVGATE_EVAL_WRITABLE_TMP"] == "1"
+    assert "KVGATE_PEERING" not in env and "KVGATE_EXTRA_ALLOWED_ENV" not in env
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "default"
+    assert set(grants(role["rules"])) == NAMESPACED  # no Secrets unless asked for
+    assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kvgate"]
 
 
 def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: str) -> None:
-    docs = render(helm)
+    docs = render(helm, "watch.allNamespaces=true")
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
     assert set(roles) == {"kvgate", "kvgate-discovery"}
     assert set(grants(roles["kvgate"]["rules"])) == NAMESPACED
@@ -184,7 +187,7 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: str) -> None:
 
 
 def test_namespace_list_gets_roles_only_there(helm: str) -> None:
-    docs = render(helm, "watch.allNamespaces=false", "watch.namespaces={team-a,team-b,team-a}")
+    docs = render(helm, "watch.namespaces={team-a,team-b,team-a}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
@@ -198,15 +201,15 @@ def test_namespace_list_gets_roles_only_there(helm: str) -> None:
     assert "--all-namespaces" not in args
 
 
-def test_secrets_grant_can_be_turned_off(helm: str) -> None:
-    role = one(render(helm, "rbac.readSecrets=false"), "ClusterRole", "kvgate")
-    assert set(grants(role["rules"])) == NAMESPACED - {("", "secrets", "get")}
+def test_secrets_grant_is_off_unless_enabled(helm: str) -> None:
+    role = one(render(helm, "hubTokenSecrets.enabled=true"), "Role")
+    assert set(grants(role["rules"])) == NAMESPACED | {("", "secrets", "get")}
+    cluster = one(render(helm, "watch.allNamespaces=true"), "ClusterRole", "kvgate")
+    assert ("", "secrets", "get") not in set(grants(cluster["rules"]))
 
 
 def test_empty_namespace_list_is_refused(helm: str) -> None:
-    proc = run_helm(
-        helm, "template", "kvgate", str(CHART), *KUBE, "--set", "watch.allNamespaces=false"
-    )
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", "watch.namespaces=null")
     assert proc.returncode != 0
     assert "namespaces" in proc.stderr
 
@@ -297,8 +300,8 @@ def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
     "sets",
     [
         (),
-        ("watch.allNamespaces=false", "watch.namespaces={a,b}", "verbose=true"),
-        ("extraArgs={--poll-interval=2}",),
+        ("watch.namespaces={a,b}", "verbose=true"),
+        ("watch.allNamespaces=true", "extraArgs={--poll-interval=2}"),
     ],
 )
 def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[str, ...]) -> None:
@@ -310,4 +313,105 @@ def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[s
     args = build_parser(argv).parse_args(argv)  # exits 2 on an unknown flag
     assert args.command == "run"
     assert args.liveness == "http://127.0.0.1:8080/healthz"
-    assert args.all_namespaces == ("watch.allNamespaces=false" not in sets)
+    assert args.all_namespaces == ("watch.allNamespaces=true" in sets)
+
+
+def test_eval_image_can_be_pinned_by_digest(helm: str) -> None:
+    digest = "sha256:" + "c" * 64
+    c = one(render(helm, f"evalImage.digest={digest}"), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KVGATE_EVAL_IMAGE"] == f"ghcr.io/kvgate/kvgate-eval@{digest}"
+    proc = run_helm(
+        helm, "template", "kvgate", str(CHART), *KUBE, "--set", "evalImage.digest=latest"
+    )
+    assert proc.returncode != 0 and "digest" in proc.stderr
+
+
+def test_eval_service_account_in_each_watched_namespace(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a,team-b}")
+    sas = [
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "kvgate-eval"
+    ]
+    assert sorted(sa["metadata"]["namespace"] for sa in sas) == ["team-a", "team-b"]
+    assert all(sa["automountServiceAccountToken"] is False for sa in sas)
+    # nothing grants the eval ServiceAccount anything
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        assert all(s["name"] != "kvgate-eval" for s in binding["subjects"])
+    # cluster-wide the chart cannot create one everywhere: the Job uses the default SA
+    docs = render(helm, "watch.allNamespaces=true")
+    assert not [
+        d for d in docs if d["kind"] == "ServiceAccount" and "eval" in d["metadata"]["name"]
+    ]
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "KVGATE_EVAL_SERVICE_ACCOUNT" not in {e["name"] for e in c["env"]}
+
+
+def test_extra_allowed_args_and_env_reach_the_operator(helm: str) -> None:
+    docs = render(
+        helm, "config.extraAllowedArgs={--enforce-eager}", "config.extraAllowedEnv={KVGATE_SIM_*,X}"
+    )
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KVGATE_EXTRA_ALLOWED_ARGS"] == "--enforce-eager"
+    assert env["KVGATE_EXTRA_ALLOWED_ENV"] == "KVGATE_SIM_*,X"
+    from kvgate.config import OperatorConfig
+
+    allow = OperatorConfig.from_env(env).allowlist  # the operator accepts what the chart writes
+    assert allow.env_allowed("vllm", "KVGATE_SIM_FAULTS") and "--enforce-eager" in allow.extra_args
+
+
+def test_peering_follows_replicas(helm: str) -> None:
+    docs = render(helm, "replicas=2", "watch.namespaces={team-a,team-b}")
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert {p["apiVersion"] for p in peerings} == {"kopf.dev/v1"}
+    env = {
+        e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["KVGATE_PEERING"] == "kvgate"
+    cluster = render(helm, "replicas=3", "watch.allNamespaces=true")
+    assert one(cluster, "ClusterKopfPeering")["metadata"]["name"] == "kvgate"
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "replicas=2", "--set", "peering.enabled=false")  # fmt: skip
+    assert proc.returncode != 0 and "replicas > 1 needs peering.enabled" in proc.stderr
+
+
+def test_peering_crds_are_kopfs() -> None:
+    docs = list(yaml.safe_load_all((CHART / "crds/kopf-peering.yaml").read_text()))
+    assert {
+        (d["spec"]["group"], d["spec"]["names"]["plural"], d["spec"]["scope"]) for d in docs
+    } == {
+        ("kopf.dev", "clusterkopfpeerings", "Cluster"),
+        ("kopf.dev", "kopfpeerings", "Namespaced"),
+    }
+
+
+def test_only_the_operator_writes_rollout_status(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a,team-b}")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["kvcacherollouts/status"] and rule["apiGroups"] == ["kvgate.io"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}  # a PATCH is an UPDATE
+    (check,) = policy["spec"]["validations"]
+    assert check["expression"] == (
+        "request.userInfo.username in ['system:serviceaccount:kvgate-system:kvgate']"
+    )
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyRefName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr == {
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]
+    }  # fmt: skip
+    extra = one(
+        render(helm, "statusAdmissionPolicy.extraUsers={admin}"), "ValidatingAdmissionPolicy"
+    )
+    assert extra["spec"]["validations"][0]["expression"].endswith(":kvgate', 'admin']")
+    off = render(helm, "statusAdmissionPolicy.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]

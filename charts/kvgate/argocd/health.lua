@@ -4,7 +4,8 @@
 --
 --   Healthy      Promoted, NotNeeded; in report mode any verdict, pass (AwaitingApproval
 --                with reason VerdictReported) or no (RolledBack): nothing was changed
---   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec)
+--   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec,
+--                RevertFailed); or Drifted is True after Promoted
 --   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>)
 --   Progressing  every other phase, and until the operator has seen the latest spec
 local hs = {}
@@ -46,6 +47,14 @@ local stalled = condition(status, "Stalled")
 if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
   hs.message = (stalled.reason or "Stalled") .. ": " .. (stalled.message or "")
+  return hs
+end
+
+-- After Promoted: the Deployment no longer carries the promoted config (kvgate never re-applies).
+local drifted = condition(status, "Drifted")
+if drifted ~= nil and drifted.status == "True" then
+  hs.status = "Degraded"
+  hs.message = "Drifted: " .. (drifted.message or "")
   return hs
 end
 

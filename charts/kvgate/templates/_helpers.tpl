@@ -41,8 +41,36 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- end }}
 
+{{/* The judge's image: pinned by digest when evalImage.digest is set. */}}
 {{- define "kvgate.evalImage" -}}
+{{- if .Values.evalImage.digest }}
+{{- printf "%s@%s" .Values.evalImage.repository .Values.evalImage.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.evalImage.repository (default .Chart.AppVersion .Values.evalImage.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The eval Job's ServiceAccount: created per watched namespace, or named by the user
+     (cluster-wide the chart cannot create one in every namespace: empty unless named). */}}
+{{- define "kvgate.evalServiceAccountName" -}}
+{{- if and .Values.evalServiceAccount.create (not .Values.watch.allNamespaces) }}
+{{- default (printf "%s-eval" (include "kvgate.fullname" .)) .Values.evalServiceAccount.name }}
+{{- else }}
+{{- .Values.evalServiceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Whether kopf peering is on: peering.enabled, or (when null) more than one replica. */}}
+{{- define "kvgate.peering" -}}
+{{- if kindIs "bool" .Values.peering.enabled }}
+{{- ternary "true" "" .Values.peering.enabled }}
+{{- else if gt (int .Values.replicas) 1 }}
+{{- "true" }}
+{{- end }}
+{{- end }}
+
+{{- define "kvgate.peeringName" -}}
+{{- default (include "kvgate.fullname" .) .Values.peering.name }}
 {{- end }}
 
 {{/* Namespaces to grant Roles in: the watch list, or nothing in cluster-wide mode. */}}
@@ -55,50 +83,60 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- end }}
 
-{{/* The rules the operator needs in every namespace it watches. */}}
+{{/* The rules the operator needs in every namespace it watches: exactly the calls it makes
+     (kvgate/adapters/kube.py) and kopf's own; tests/unit/test_rbac.py derives the set. */}}
 {{- define "kvgate.namespacedRules" -}}
-# The custom resource itself; status and finalizers are subresources (kopf writes both).
+# The custom resource: kopf lists, watches and patches it (finalizer, annotations); kvgate gets it.
 - apiGroups: [kvgate.io]
   resources: [kvcacherollouts]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
+# Phase, conditions, findings (kopf patches the status subresource).
 - apiGroups: [kvgate.io]
   resources: [kvcacherollouts/status]
-  verbs: [get, patch, update]
-# Children get owner references with blockOwnerDeletion, which needs update on finalizers.
+  verbs: [patch]
+# Children get owner references with blockOwnerDeletion (kopf.adopt), which needs update on finalizers.
 - apiGroups: [kvgate.io]
   resources: [kvcacherollouts/finalizers]
   verbs: [update]
 # The target: read it, patch its args on promotion (and back on revert).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, patch]
+  verbs: [get, patch]
 # The control and candidate pods, and their startup logs.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [create, get, list, watch, delete]
+  verbs: [create, get, list, delete]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]
 # The paired accuracy Job.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [create, get, list, watch, delete]
+  verbs: [create, get, delete]
 # Reports kept next to the rollout.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [create, get, list, watch, patch, update, delete]
-# Events (kopf posts core/v1 Events; newer clients use events.k8s.io).
+  verbs: [create, get, patch]
+# Events with distinct reasons (kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
-{{- if .Values.rbac.readSecrets }}
-# spec.model.tokenSecretRef: read one named Secret for the Hub scan (no list or watch).
+  verbs: [create]
+{{- if .Values.hubTokenSecrets.enabled }}
+# spec.model.tokenSecretRef: get one named Secret (never list or watch); kvgate reads only
+# Secrets labelled kvgate.io/hub-token="true".
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+  {{- with .Values.hubTokenSecrets.names }}
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- if and (include "kvgate.peering" .) (not .Values.watch.allNamespaces) }}
+# kopf peering in this namespace: one active operator among the replicas.
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
 {{- end }}
 {{- end }}
 
@@ -112,4 +150,23 @@ app.kubernetes.io/part-of: kvgate
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- if and (include "kvgate.peering" .) .Values.watch.allNamespaces }}
+# kopf peering across the cluster: one active operator among the replicas.
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end }}
+{{- end }}
+
+{{/* CEL list of the users that may write kvcacherollouts/status: the operator's SA and extras. */}}
+{{- define "kvgate.statusWriters" -}}
+{{- $users := list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "kvgate.serviceAccountName" .)) }}
+{{- range .Values.statusAdmissionPolicy.extraUsers }}
+{{- $users = append $users . }}
+{{- end }}
+{{- $quoted := list }}
+{{- range $users }}
+{{- $quoted = append $quoted (printf "'%s'" .) }}
+{{- end }}
+{{- printf "[%s]" (join ", " $quoted) }}
 {{- end }}
