@@ -28,6 +28,7 @@ ACCURACY_NON_INFERIOR: Final = "AccuracyNonInferior"
 CAPACITY_GAINED: Final = "CapacityGained"
 PROMOTED: Final = "Promoted"
 ROLLED_BACK: Final = "RolledBack"
+DRIFTED: Final = "Drifted"  # after Promoted: the Deployment no longer carries the promoted config
 
 ALL_TYPES: Final = (
     READY,
@@ -40,7 +41,7 @@ ALL_TYPES: Final = (
     CAPACITY_GAINED,
     PROMOTED,
     ROLLED_BACK,
-)
+)  # Drifted is set only after Promoted, by the drift check
 
 # Event reasons with their message templates, side by side (Argo's XxxReason / XxxMessage).
 WARNING_REASONS: Final = frozenset(
@@ -71,6 +72,14 @@ WARNING_REASONS: Final = frozenset(
         "SpeedUnknown",
         "RevertSkipped",
         "ExternalErrors",
+        "RevertFailed",
+        "Reverting",
+        "TargetChanged",
+        "TargetDeleted",
+        "Superseded",
+        "UnexpectedPatch",
+        "Drifted",
+        "ReconcileError",
     }
 )
 MESSAGES: Final = {
@@ -159,6 +168,7 @@ def summary_conditions(
     generation: int | None,
     now: str,
     ready_without_terminal: bool = False,
+    stalled: bool = False,
 ) -> tuple[Condition, ...]:
     """Set the kstatus summary (Ready / Reconciling / Stalled) and Promoted / RolledBack for `phase`.
 
@@ -181,12 +191,13 @@ def summary_conditions(
         generation=generation,
         now=now,
     )
+    stuck = stalled or phase is Phase.FAILED  # `stalled`: cannot progress by itself (RevertFailed)
     c = set_condition(
         c,
         STALLED,
-        TRUE if phase is Phase.FAILED else FALSE,
-        reason if phase is Phase.FAILED else "NotStalled",
-        message if phase is Phase.FAILED else "",
+        TRUE if stuck else FALSE,
+        reason if stuck else "NotStalled",
+        message if stuck else "",
         generation=generation,
         now=now,
     )

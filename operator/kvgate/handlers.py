@@ -17,13 +17,13 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import engines, manifests, verdict
+from kvgate import engines, manifests, promotion, verdict
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError, SpecError
@@ -33,7 +33,6 @@ from kvgate.model import (
     GROUP,
     LABEL_ARM,
     LABEL_ROLLOUT,
-    PATCHED_PHASES,
     PLURAL,
     VERSION,
     Condition,
@@ -43,7 +42,16 @@ from kvgate.model import (
     TargetRef,
     config_hash,
 )
-from kvgate.verdict import Action, GateResult, Observation, PodHealth, State, Step
+from kvgate.verdict import (
+    Action,
+    GateResult,
+    LiveTarget,
+    Observation,
+    PodHealth,
+    RevertIntent,
+    State,
+    Step,
+)
 
 # --- operator metrics (on the operator's own /metrics) -----------------------------------------
 
@@ -64,6 +72,19 @@ EVENTS = prom.Counter(
     "kvgate_events_total", "Kubernetes Events posted.", ["namespace", "name", "type", "reason"]
 )
 API_REQUESTS = prom.Counter("kvgate_api_requests_total", "Kubernetes API calls.", ["verb"])
+RECONCILE_ERRORS = prom.Counter(
+    "kvgate_reconcile_errors_total", "Reconciles that failed, by exception type.", ["type"]
+)
+REVERT_FAILURES = prom.Counter(
+    "kvgate_revert_failures_total",
+    "Revert patches refused or not confirmed.",
+    ["namespace", "name"],
+)
+DRIFTED = prom.Gauge(
+    "kvgate_promotion_drifted",
+    "1 when a Promoted rollout's Deployment no longer carries the promoted config.",
+    ["namespace", "name"],
+)
 
 _metrics_lock = threading.Lock()
 _metrics_started: set[int] = set()
@@ -144,6 +165,8 @@ class _Ctx:
     config: OperatorConfig
     logger: logging.Logger
     now: dt.datetime
+    deployment: dict[str, Any] | None = None  # read once per reconcile (`_deployment`)
+    deployment_read: bool = False
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -190,15 +213,24 @@ def reconcile(
         obs = _observe(ctx, phase, spec_errors)
         step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
         _act(ctx, step)
-    except ExternalError as exc:
-        # Something outside failed (API, endpoint): not evidence against the candidate. Retry,
-        # and past the limit end the rollout as an error (never a promotion).
+    except Exception as exc:
+        # Not evidence against the candidate: retry, and past the limit (or the phase's
+        # deadline) end the rollout, reverting first in the patched phases (never promoting).
         errors = int(status.get("consecutiveErrors", 0)) + 1
-        step = verdict.give_up(state, str(exc), errors, limit=ctx.config.error_limit)
+        what = _describe(exc)
+        RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        if isinstance(exc, KvgateError):
+            logger.warning("reconcile failed: %s", what)
+        else:  # a bug: keep the traceback in the log, never in status or Events
+            logger.error("reconcile failed: %s", what, exc_info=exc)
+        step = verdict.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if step is None:
             patch.status["consecutiveErrors"] = errors
-            patch.status["message"] = f"retrying after: {exc}"
-            raise kopf.TemporaryError(f"{exc} (consecutive errors: {errors})", delay=10) from exc
+            patch.status["message"] = f"retrying after: {what}"
+            if errors == 1 or errors % 10 == 0:
+                _event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
+                       warning=True)  # fmt: skip
+            raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         _act_best_effort(ctx, step)
     _write_status(ctx, patch, phase, step)
     extra = {"phase": step.phase.value, "reason": step.reason}
@@ -225,6 +257,11 @@ def _state(ctx: _Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         for k, v in (ctx.status.get("gates") or {}).items()
         if isinstance(v, Mapping)
     }
+    promo = ctx.status.get("promotion") or {}
+    verify = promo.get("verify") or {}
+    last = _parse_time(verify.get("lastSampleAt"))
+    window = _parse_time(verify.get("windowStartedAt"))
+    revert = ctx.status.get("revert") or {}
     return State(
         phase=phase,
         phase_elapsed_s=(ctx.now - since).total_seconds(),
@@ -232,6 +269,72 @@ def _state(ctx: _Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
         gates=gates,
         approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVE),
+        patched=bool(promo.get("patched")),
+        verify_samples=int(verify.get("samples") or 0),
+        since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
+        window_elapsed_s=0.0 if window is None else (ctx.now - window).total_seconds(),
+        revert=RevertIntent.from_dict(revert) if revert.get("phase") else None,
+        revert_attempts=int(revert.get("attempts") or 0),
+        revert_error=revert.get("lastError"),
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for status and Events: the kind of failure and its message, bounded."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, KvgateError):
+        text = f"{type(exc).__name__}: {text}"
+    return text[:500]
+
+
+def _deployment(ctx: _Ctx) -> dict[str, Any] | None:
+    """The target Deployment, read once per reconcile."""
+    if not ctx.deployment_read:
+        ctx.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+        ctx.deployment_read = True
+    return ctx.deployment
+
+
+def _evaluated(ctx: _Ctx) -> dict[str, Any]:
+    """The production container as evaluated: image plus the command/args/env in status."""
+    out = dict(ctx.status.get("previous") or {})
+    if ctx.status.get("evaluatedImage") is not None:
+        out["image"] = ctx.status["evaluatedImage"]
+    return out
+
+
+def _live_container(ctx: _Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
+    if dep is None:
+        return None
+    try:
+        return manifests.find_container(
+            ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
+            ctx.status.get("container"),
+        )
+    except LookupError:
+        return None
+
+
+def _live_target(ctx: _Ctx) -> LiveTarget | None:
+    """The live Deployment against the evaluated container and kvgate's edits."""
+    if not ctx.status.get("candidate"):
+        return None  # nothing evaluated yet (Pending)
+    dep = _deployment(ctx)
+    if dep is None:
+        return LiveTarget(exists=False)
+    found = _live_container(ctx, dep)
+    if found is None:
+        return LiveTarget(exists=True, container_found=False)
+    _, live = found
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    evaluated = _evaluated(ctx)
+    differences = tuple(promotion.differences(evaluated, live))
+    return LiveTarget(
+        exists=True,
+        as_evaluated=not differences,
+        differences=differences,
+        carries_candidate=promotion.carries(live, previous, candidate),
+        ours_present=not promotion.reverted(live, previous, candidate),
     )
 
 
@@ -241,15 +344,22 @@ def _state(ctx: _Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
 def _observe(ctx: _Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation:
     if phase is Phase.PENDING:
         return _observe_pending(ctx, spec_errors)
+    # Every phase after Pending reads the live Deployment: what status says kvgate did is
+    # checked against what is there.
+    live = _live_target(ctx)
+    return _replace_obs(_observe_phase(ctx, phase, live), live=live)
+
+
+def _observe_phase(ctx: _Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
     if phase is Phase.PREFLIGHT:
         return _observe_preflight(ctx)
     if phase is Phase.CANARY:
         return _observe_canary(ctx)
     if phase is Phase.EVALUATING:
         return _observe_eval(ctx)
-    if phase is Phase.PROMOTING:
+    if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
         return _observe_promoting(ctx)
-    if phase is Phase.VERIFYING:
+    if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
         return _observe_verifying(ctx)
     return Observation()
 
@@ -258,7 +368,7 @@ def _observe_pending(ctx: _Ctx, spec_errors: tuple[str, ...]) -> Observation:
     if spec_errors:
         return Observation(spec_errors=spec_errors)
     spec = ctx.spec
-    dep = ctx.kube.read_deployment(ctx.namespace, spec.target.name)
+    dep = _deployment(ctx)
     if dep is None:
         return Observation(target_missing=True)
     template = (dep.get("spec") or {}).get("template") or {}
@@ -292,6 +402,7 @@ def _observe_pending(ctx: _Ctx, spec_errors: tuple[str, ...]) -> Observation:
         model=spec.model.name or info.model,
         servedModel=info.served_model_name or info.model,
         previous=previous,
+        evaluatedImage=container.get("image"),
         candidate=wanted,
         recommendedArgs=list(candidate.get("command") or []) + list(candidate.get("args") or []),
         recommendedEnv=[e.to_dict() for e in spec.extra_env],
@@ -334,7 +445,7 @@ def _conflicts(ctx: _Ctx) -> tuple[str, ...]:
 
 
 def _production_pods(ctx: _Ctx) -> list[dict[str, Any]]:
-    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    dep = _deployment(ctx)
     if dep is None:
         return []
     labels = (((dep.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
@@ -635,19 +746,11 @@ def _record_accuracy(ctx: _Ctx, summary: Mapping[str, Any]) -> None:
 
 
 def _observe_promoting(ctx: _Ctx) -> Observation:
-    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
-    if dep is None:
-        return Observation(rollout_crashed=f"Deployment {ctx.spec.target.name} disappeared")
+    dep = _deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
     promo = ctx.status.get("promotion") or {}
-    wanted_gen = int(promo.get("generation") or 0)
-    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
-    replicas = int(spec.get("replicas", 1))
-    done = (
-        int(ds.get("observedGeneration") or 0) >= wanted_gen > 0
-        and int(ds.get("updatedReplicas") or 0) >= replicas
-        and int(ds.get("availableReplicas") or 0) >= replicas
-        and int(ds.get("replicas") or 0) == replicas
-    )
+    wanted_gen = int(promo.get("generation") or dep["metadata"].get("generation") or 0)
+    done = _rolled_out(dep, wanted_gen)
     candidate_args = (ctx.status.get("candidate") or {}).get("args")
     new_pods = [
         p
@@ -665,6 +768,20 @@ def _observe_promoting(ctx: _Ctx) -> Observation:
     candidate_scan = ((ctx.status.get("arms") or {}).get("candidate") or {}).get("scan")
     # The promoted pods are checked against the candidate canary: same backend, same scales.
     return Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+
+
+def _rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
+    """The Deployment controller saw `generation` and every replica is updated and available."""
+    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
+    replicas = int(spec.get("replicas", 1))
+    return (
+        int(ds.get("observedGeneration") or 0) >= generation > 0
+        and int(ds.get("updatedReplicas") or 0) == replicas
+        and int(ds.get("availableReplicas") or 0) == replicas
+        and int(ds.get("readyReplicas") or 0) == replicas
+        and int(ds.get("replicas") or 0) == replicas
+        and not int(ds.get("unavailableReplicas") or 0)
+    )
 
 
 def _container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
@@ -691,23 +808,68 @@ def _production_scan(ctx: _Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _observe_verifying(ctx: _Ctx) -> Observation:
+    """One verify sample when one is due: every check must pass (fail closed)."""
+    state = _state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
+    if not verdict.verify_due(ctx.spec, state):
+        return Observation()
+    from kvgate import metrics
     from kvgate.adapters import http
 
+    dep = _deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
     problems = []
-    pods = _production_pods(ctx)
+    generation = int(dep["metadata"].get("generation") or 0)
+    if not _rolled_out(dep, generation):
+        ds = dep.get("status") or {}
+        problems.append(
+            f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
+            f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
+            f"{ds.get('updatedReplicas') or 0} updated)"
+        )
+    pods = [p for p in _production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
     if not pods:
         problems.append("no production pods")
+    candidate = ctx.status.get("candidate") or {}
+    previous = ctx.status.get("previous") or {}
+    waiting: dict[str, float] = {}
     for pod in pods:
-        health = verdict.pod_health(pod, ctx.status.get("container"))
         name = pod["metadata"]["name"]
+        if not promotion.carries(_container(pod, ctx.status.get("container")), previous, candidate):
+            problems.append(f"pod {name} does not run the candidate")
+            continue
+        health = verdict.pod_health(pod, ctx.status.get("container"))
         if health.crashed:
             problems.append(f"pod {name}: {health.detail}")
-        elif health.ready and health.ip:
-            try:
-                http.scrape(_metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s)
-            except ExternalError as exc:
-                problems.append(f"pod {name} metrics unreachable: {exc}")
-    return Observation(production_problem="; ".join(problems) or None)
+            continue
+        if not (health.ready and health.ip):
+            problems.append(f"pod {name} is not Ready ({health.detail})")
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(_metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
+            )
+        except (ExternalError, InputError) as exc:
+            problems.append(f"pod {name} metrics unreachable: {exc}")
+            continue
+        if snap.waiting is not None:
+            waiting[name] = snap.waiting
+    problem = verdict.verify_metrics_problem(_baseline_waiting(ctx), waiting)
+    if problem:
+        problems.append(problem)
+    return Observation(production_problem="; ".join(problems) or None, sampled=True)
+
+
+def _baseline_waiting(ctx: _Ctx) -> float | None:
+    """The most requests any production pod had waiting during the preflight window."""
+    samples = ((ctx.status.get("preflight") or {}).get("samples")) or {}
+    values = [
+        float(s["waiting"])
+        for series in samples.values()
+        for s in series
+        if isinstance(s, Mapping) and isinstance(s.get("waiting"), int | float)
+    ]
+    return max(values) if values else None
 
 
 # --- acting ------------------------------------------------------------------------------------
@@ -728,7 +890,7 @@ def _act_best_effort(ctx: _Ctx, step: Step) -> None:
 
 
 def _create_canaries(ctx: _Ctx, step: Step) -> None:
-    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+    dep = _deployment(ctx)
     if dep is None:
         raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
     template = (dep.get("spec") or {}).get("template") or {}
@@ -754,8 +916,13 @@ def _create_canaries(ctx: _Ctx, step: Step) -> None:
         )
         _adopt(ctx, pod, arm)
         existing = ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"])
+        if existing is not None and not _owned(ctx, existing):
+            raise KvgateError(
+                f"pod {pod['metadata']['name']} exists and is not this rollout's; kvgate does "
+                "not touch it: rename the rollout or remove that pod"
+            )
         if _leftover(ctx, existing):
-            ctx.kube.delete("Pod", ctx.namespace, pod["metadata"]["name"])
+            _delete_owned(ctx, "Pod", existing)
             raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
         if existing is None:
             ctx.kube.create(pod)
@@ -778,9 +945,25 @@ def _adopt(ctx: _Ctx, obj: dict[str, Any], arm: str) -> None:
     }
 
 
+def _owned(ctx: _Ctx, obj: Mapping[str, Any]) -> bool:
+    """Whether this rollout (this very object, by uid) owns `obj`."""
+    uid = (ctx.body.get("metadata") or {}).get("uid")
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(r.get("uid") == uid for r in refs)
+
+
+def _delete_owned(ctx: _Ctx, kind: str, obj: Mapping[str, Any]) -> None:
+    """Delete `obj` only if this rollout owns it, and only that object (uid precondition)."""
+    if _owned(ctx, obj):
+        meta = obj["metadata"]
+        ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
+
+
 def _delete_canaries(ctx: _Ctx, step: Step) -> None:
     for arm in manifests.ARMS:
-        ctx.kube.delete("Pod", ctx.namespace, manifests.canary_name(ctx.name, arm))
+        pod = ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm))
+        if pod is not None:
+            _delete_owned(ctx, "Pod", pod)
 
 
 def _create_eval_job(ctx: _Ctx, step: Step) -> None:
@@ -813,8 +996,13 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
     )
     _adopt(ctx, job, "eval")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
+    if existing is not None and not _owned(ctx, existing):
+        raise KvgateError(
+            f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
+            "touch it"
+        )
     if _leftover(ctx, existing):
-        ctx.kube.delete("Job", ctx.namespace, job["metadata"]["name"])
+        _delete_owned(ctx, "Job", existing)
         raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
     if existing is None:
         ctx.kube.create(job)
@@ -834,8 +1022,10 @@ def _delete_eval_jobs(ctx: _Ctx, step: Step) -> None:
             seen.add(job)
     attempts = int((ctx.status.get("eval") or {}).get("attempt") or 0)
     seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
-    for job in sorted(seen):
-        ctx.kube.delete("Job", ctx.namespace, job)
+    for name in sorted(seen):
+        job = ctx.kube.read_job(ctx.namespace, name)
+        if job is not None:
+            _delete_owned(ctx, "Job", job)
 
 
 def _snapshot_speed(ctx: _Ctx, step: Step) -> None:
@@ -895,46 +1085,64 @@ def _eval_concurrency(ctx: _Ctx) -> int:
 
 
 def _patch_deployment(ctx: _Ctx, step: Step) -> None:
-    """Set the candidate config on the Deployment (a no-op when it is already there)."""
-    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
-    if dep is None:
-        raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
-    index, current = manifests.find_container(
-        (dep["spec"]["template"].get("spec") or {}), ctx.status.get("container")
-    )
+    """Apply the candidate, once, as a test-and-set on the evaluated container.
+
+    The decision is already in status (phase Promoting); the patch is refused by the apiserver
+    if the container changed since this read, and its result is recorded in status.promotion.
+    """
+    dep = _deployment(ctx)
+    found = _live_container(ctx, dep)
+    if dep is None or found is None:
+        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    index, live = found
+    if promotion.differences(_evaluated(ctx), live):
+        raise KubeError("the Deployment changed since the evaluation; not patching")
     wanted = ctx.status.get("candidate") or {}
+    ops = promotion.patch_ops(index, live, wanted)
+    if not ops:
+        raise KvgateError("the candidate equals the evaluated container: nothing to promote")
+    dep = ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
     promo = dict(ctx.status.get("promotion") or {})
-    ops = manifests.build_container_patch(index, str(current.get("name")), current, wanted)
-    if len(ops) > 1:
-        dep = ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
-        _event(
-            ctx,
-            "Promoting",
-            f"patched Deployment {ctx.spec.target.name}: {' '.join(ctx.status.get('recommendedArgs') or [])}",
-        )
-        promo["patchedAt"] = _iso(ctx.now)
-    promo.setdefault("generation", dep["metadata"].get("generation"))
-    promo["previous"] = ctx.status.get("previous")
+    promo.update(
+        patched=True,
+        patchedAt=_iso(ctx.now),
+        generation=dep["metadata"].get("generation"),
+    )
     ctx.status["promotion"] = promo
+    _event(
+        ctx,
+        "Promoting",
+        f"patched Deployment {ctx.spec.target.name} (generation {promo['generation']}): "
+        f"{' '.join(ctx.status.get('recommendedArgs') or [])}",
+    )
 
 
 def _revert_deployment(ctx: _Ctx, step: Step) -> None:
-    """Put the previous config back, only if the Deployment still carries ours."""
-    dep = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
-    if dep is None:
+    """Take kvgate's edits out of the live container (three-way), as a test-and-set.
+
+    A refused patch is recorded, not raised: the next reconcile reads the Deployment back and
+    either confirms the revert or reports RevertFailed and tries again after a back-off.
+    """
+    dep = _deployment(ctx)
+    found = _live_container(ctx, dep)
+    if dep is None or found is None:
+        return  # the observation says why; nothing to patch
+    index, live = found
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    ops = promotion.patch_ops(index, live, promotion.revert(live, previous, candidate))
+    if not ops:
         return
-    index, current = manifests.find_container(
-        (dep["spec"]["template"].get("spec") or {}), ctx.status.get("container")
-    )
-    wanted = ctx.status.get("candidate") or {}
-    if manifests.container_config(current) != manifests.container_config({**current, **wanted}):
-        _event(ctx, "RevertSkipped", "the Deployment was changed by someone else; not reverting")
-        return
-    previous = ctx.status.get("previous") or {}
-    ops = manifests.build_container_patch(index, str(current.get("name")), current, previous)
-    if len(ops) > 1:
+    revert = dict(ctx.status.get("revert") or {})
+    revert["attempts"] = int(revert.get("attempts") or 0) + 1
+    revert["lastAttemptAt"] = _iso(ctx.now)
+    try:
         ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
-        _event(ctx, "PromotionReverted", f"restored the previous args of {ctx.spec.target.name}")
+        revert.pop("lastError", None)
+    except ExternalError as exc:
+        REVERT_FAILURES.labels(ctx.namespace, ctx.name).inc()
+        revert["lastError"] = _describe(exc)
+        ctx.logger.warning("revert of %s refused: %s", ctx.spec.target.name, revert["lastError"])
+    ctx.status["revert"] = revert
 
 
 _ACTIONS = {
@@ -999,6 +1207,7 @@ def _write_status(ctx: _Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) ->
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
         generation=ctx.generation, now=now, ready_without_terminal=reported,
+        stalled=step.reason == "RevertFailed",
     )  # fmt: skip
     status.update(
         phase=step.phase.value,
@@ -1016,6 +1225,29 @@ def _write_status(ctx: _Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) ->
         status.setdefault("eval", {})["attempt"] = step.eval_attempts
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
+    if (
+        step.revert is not None
+        and step.phase is Phase.REVERTING
+        and old_phase is not Phase.REVERTING
+    ):
+        # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
+        status["revert"] = {**step.revert.to_dict(), "startedAt": now, "attempts": 0}
+    promo = dict(status.get("promotion") or {})
+    if step.patched:
+        promo.update(patched=True, adoptedAt=now)
+        promo.setdefault("generation", (ctx.deployment or {}).get("metadata", {}).get("generation"))
+    if step.verify_samples is not None:
+        verify = dict(promo.get("verify") or {})
+        if step.restart_window:
+            verify["windowStartedAt"] = now
+            if verify.get("samples"):
+                verify["restarts"] = int(verify.get("restarts") or 0) + 1
+        verify["samples"] = step.verify_samples
+        if step.verify_samples:
+            verify["lastSampleAt"] = now
+        promo["verify"] = verify
+    if promo:
+        status["promotion"] = promo
     finished = step.terminal or reported
     first_finish = finished and not status.get("finishedAt")
     if first_finish:
@@ -1060,9 +1292,14 @@ def _write_report(ctx: _Ctx, status: Mapping[str, Any]) -> None:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def cleanup(
-    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    body: kopf.Body,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    retry: int,
+    **_: Any,
 ) -> None:
-    """Delete canaries and Jobs now (owner references would, later); revert an unverified patch."""
+    """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
     status = dict(body.get("status") or {})
     spec, _errors = _parse_spec(body.get("spec") or {})
     ctx = _Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
@@ -1070,8 +1307,17 @@ def cleanup(
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     step = Step(phase, "Deleted", "rollout deleted")
     try:
-        if phase in PATCHED_PHASES:
-            _revert_deployment(ctx, step)  # fail closed: an unverified promotion is undone
+        live = _live_target(ctx) if phase is not Phase.PROMOTED else None
+        if live is not None and live.exists and live.ours_present:
+            # Fail closed: a change that was not verified is undone before the rollout goes.
+            if retry >= ctx.config.error_limit:
+                _event(ctx, "RevertFailed", "rollout deleted; the revert was not confirmed after "
+                       f"{retry} attempts: the Deployment may still carry kvgate's change",
+                       warning=True)  # fmt: skip
+            else:
+                _revert_deployment(ctx, step)
+                raise kopf.TemporaryError("rollout deleted: waiting for the revert to read back",
+                                          delay=2)  # fmt: skip
         _delete_canaries(ctx, step)
         _delete_eval_jobs(ctx, step)
     except ExternalError as exc:
@@ -1079,3 +1325,58 @@ def cleanup(
     for p in Phase:
         with contextlib.suppress(KeyError):  # this operator never saw it in that phase
             PHASE.remove(ctx.namespace, ctx.name, p.value)
+    with contextlib.suppress(KeyError):
+        DRIFTED.remove(ctx.namespace, ctx.name)
+
+
+# --- drift ---------------------------------------------------------------------------------------
+
+DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
+
+
+def _is_promoted(status: Mapping[str, Any], **_: Any) -> bool:
+    return status.get("phase") == Phase.PROMOTED.value
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_is_promoted)
+def drift(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
+    status = dict(body.get("status") or {})
+    spec, _errors = _parse_spec(body.get("spec") or {})
+    ctx = _Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+               memo.kube, memo.config, logger, _now())  # fmt: skip
+    live = _live_target(ctx)
+    if live is None:
+        return
+    drifted = not (live.exists and live.carries_candidate)
+    DRIFTED.labels(ctx.namespace, ctx.name).set(1 if drifted else 0)
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    was = cond.get_condition(conditions, cond.DRIFTED)
+    if (was is not None and was.status == cond.TRUE) == drifted and was is not None:
+        return
+    if drifted:
+        what = "is gone" if not live.exists else "no longer carries the promoted config"
+        message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
+        reason = "Drifted"
+        _event(ctx, reason, message, warning=True)
+    else:
+        reason, message = "InSync", f"Deployment {spec.target.name} carries the promoted config"
+    patch.status["conditions"] = [
+        c.to_dict()
+        for c in cond.set_condition(
+            conditions,
+            cond.DRIFTED,
+            cond.TRUE if drifted else cond.FALSE,
+            reason,
+            message,
+            generation=ctx.generation,
+            now=_iso(ctx.now),
+        )
+    ]

@@ -498,6 +498,50 @@ class State:
     eval_attempts: int = 0
     gates: Mapping[str, GateResult] = field(default_factory=dict)
     approval: str | None = None
+    # Promoting / Verifying / Reverting: what status says kvgate did
+    patched: bool = False  # the candidate patch was applied (or found applied) by kvgate
+    verify_samples: int = 0  # passing verify samples in the current window
+    since_last_sample_s: float | None = None
+    window_elapsed_s: float = 0.0
+    revert: RevertIntent | None = None
+    revert_attempts: int = 0
+    revert_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RevertIntent:
+    """Recorded before a revert starts: the terminal phase, reason and message it ends with."""
+
+    phase: Phase
+    reason: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"phase": self.phase.value, "reason": self.reason, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RevertIntent:
+        try:
+            phase = Phase(data.get("phase", Phase.ROLLED_BACK.value))
+        except ValueError:
+            phase = Phase.ROLLED_BACK
+        if not phase.terminal or phase is Phase.PROMOTED:
+            phase = Phase.ROLLED_BACK  # a revert never ends Promoted
+        return cls(
+            phase, str(data.get("reason") or "PromotionReverted"), str(data.get("message") or "")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTarget:
+    """The production Deployment as read now, against what kvgate evaluated and changes."""
+
+    exists: bool
+    container_found: bool = True
+    as_evaluated: bool = False  # image, command, args and env equal the evaluated container
+    differences: tuple[str, ...] = ()  # guarded fields that differ from the evaluated ones
+    carries_candidate: bool = False  # every edit kvgate makes is there
+    ours_present: bool = False  # at least one edit kvgate makes is there
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +575,9 @@ class Observation:
     rollout_crashed: str | None = None
     rollout_scan: Mapping[str, Any] | None = None
     production_problem: str | None = None
+    sampled: bool = False  # Verifying: a verify sample was taken now
+    # Every phase after Pending: the live target
+    live: LiveTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,6 +591,10 @@ class Step:
     requeue_s: float | None = None
     verdict: Verdict | None = None
     eval_attempts: int | None = None
+    revert: RevertIntent | None = None  # set on the step that enters Reverting
+    patched: bool | None = None  # True: record that the candidate patch is on the Deployment
+    verify_samples: int | None = None  # Verifying: passing samples so far in this window
+    restart_window: bool = False  # Verifying: the window starts over at this sample
 
     @property
     def terminal(self) -> bool:
@@ -581,27 +632,110 @@ def _event_for(result: GateResult) -> Event | None:
     return None
 
 
-def give_up(state: State, error: str, errors: int, *, limit: int) -> Step | None:
-    """After `limit` consecutive outside errors the rollout ends; None: retry.
+REVERT_BACKOFF_MAX_S: Final = 300.0
 
-    An unverified promotion is reverted; otherwise nothing was changed, so the end is Failed.
+
+def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
+    """How long a phase may last, even while observation keeps failing (None: no limit)."""
+    c, p, cap = spec.canary, spec.promotion, spec.capacity
+    deadlines = {
+        Phase.PENDING: c.startup_timeout_s,
+        Phase.PREFLIGHT: cap.window_s * 3 + c.startup_timeout_s,
+        Phase.CANARY: c.startup_timeout_s,
+        Phase.EVALUATING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,
+        Phase.PROMOTING: c.startup_timeout_s,
+        Phase.VERIFYING: p.verify_window_s * 3 + c.startup_timeout_s,
+    }
+    return deadlines.get(phase)
+
+
+def revert_backoff(attempts: int) -> float:
+    """Seconds before the next revert attempt: 5, 10, 20 ... up to 5 minutes."""
+    return min(5.0 * 2 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S)
+
+
+def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
+    """After `limit` consecutive errors, or past the phase's deadline, the rollout ends.
+
+    None: retry. A patched phase does not end: it goes to Reverting, whose end needs a read
+    back. Reverting itself never ends here (sticky): it reports RevertFailed and keeps trying.
+    Before Promoting kvgate has changed nothing on the Deployment (the patch is only made in
+    Promoting, after its intent is recorded), so there the end is Failed.
     """
-    if errors <= limit or state.phase.terminal:
+    deadline = phase_deadline(spec, state.phase)
+    late = deadline is not None and state.phase_elapsed_s >= deadline
+    if state.phase.terminal or (errors <= limit and not late):
         return None
-    message = f"gave up after {errors} consecutive errors (limit {limit}); last: {error}"
-    if state.phase in PATCHED_PHASES:
-        return _end(
-            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+    why = (
+        f"gave up after {errors} consecutive errors (limit {limit})"
+        if errors > limit
+        else f"phase {state.phase.value} passed its deadline of {deadline:g}s"
+    )
+    message = f"{why}; last: {error}"
+    if state.phase is Phase.REVERTING:
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            f"revert not confirmed: {message}",
+            events=(Event("RevertFailed", message, warning=True),),
+            revert=state.revert,
+            requeue_s=revert_backoff(state.revert_attempts + 1),
         )
+    if state.phase in PATCHED_PHASES:
+        return _revert(Phase.ROLLED_BACK, "PromotionReverted", message)
     return _end(Phase.FAILED, "ExternalErrors", message)
 
 
+def _revert(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+    """Enter Reverting: the end (phase, reason, message) is recorded first; the revert patch is
+    made on the next reconcile, after this status write succeeded."""
+    intent = RevertIntent(phase, reason, message)
+    return Step(
+        Phase.REVERTING,
+        "Reverting",
+        f"reverting the Deployment: {message}",
+        actions=(Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB),
+        events=tuple(kw.pop("events", ())),
+        revert=intent,
+        requeue_s=MIN_DELAY_S,
+        **kw,
+    )
+
+
 def next_step(spec: RolloutSpec, state: State, obs: Observation, *, poll_s: float) -> Step:
-    """The one transition function: (spec, state, observation) -> next step."""
+    """The one transition function: (spec, state, observation) -> next step.
+
+    Whatever the phase decided, an end other than Promoted is only reached when the live
+    Deployment carries none of kvgate's edits; otherwise the rollout reverts first.
+    """
     handler = _PHASES.get(state.phase)
     if handler is None:  # terminal: nothing moves
         return Step(state.phase, "Terminal", f"rollout is {state.phase.value}")
-    return handler(spec, state, obs, poll_s)
+    live = obs.live
+    if (
+        live is not None
+        and live.ours_present
+        and state.phase in (Phase.PREFLIGHT, Phase.CANARY, Phase.EVALUATING)
+    ):
+        # kvgate patches only in Promoting: a candidate on the Deployment now was put there by a
+        # crashed run or by hand, and nothing here says it should stay.
+        return _revert(
+            Phase.ROLLED_BACK,
+            "UnexpectedPatch",
+            f"the Deployment carries the candidate config while the rollout is "
+            f"{state.phase.value} (not promoted); reverting it",
+        )
+    step = handler(spec, state, obs, poll_s)
+    if (
+        step.terminal
+        and step.phase is not Phase.PROMOTED
+        and live is not None
+        and live.exists
+        and live.ours_present
+    ):
+        return _revert(step.phase, step.reason, step.message, gates=step.gates,
+                       verdict=step.verdict)  # fmt: skip
+    return step
 
 
 def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
@@ -830,11 +964,13 @@ def _after_verdict(
             verdict=verdict,
             requeue_s=MAX_DELAY_S / 3,
         )
+    # Write-ahead: this step only records the decision; the patch is made in Promoting, on
+    # the next reconcile, after this status write succeeded.
     return Step(
         Phase.PROMOTING,
         "Promoting",
-        f"patching Deployment {spec.target.name}",
-        actions=(Action.DELETE_CANARIES, Action.PATCH_DEPLOYMENT),
+        f"promotion decided; patching Deployment {spec.target.name}",
+        actions=(Action.DELETE_CANARIES,),
         gates=gates,
         verdict=verdict,
         requeue_s=MIN_DELAY_S,
@@ -863,25 +999,54 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
 
 
 def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    live = obs.live or LiveTarget(exists=False)
+    name = spec.target.name
+    if not live.exists:
+        return _end(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+    if not state.patched:
+        if live.carries_candidate:
+            # The patch went through but its record did not (operator died in between).
+            return Step(
+                Phase.PROMOTING,
+                "RollingOut",
+                f"found the candidate on Deployment {name}; waiting for it to roll out",
+                patched=True,
+                requeue_s=MIN_DELAY_S,
+            )
+        if not live.as_evaluated:
+            changed = ", ".join(live.differences) or "container"
+            return _end(
+                Phase.FAILED,
+                "TargetChanged",
+                f"Deployment {name} changed since it was evaluated ({changed}); not promoting "
+                "evidence about another config: start a new rollout",
+            )
+        return Step(
+            Phase.PROMOTING,
+            "Patching",
+            f"patching Deployment {name}",
+            actions=(Action.PATCH_DEPLOYMENT,),
+            requeue_s=MIN_DELAY_S,
+        )
+    if not live.carries_candidate:
+        return _superseded(name)
     if obs.rollout_crashed:
-        message = f"promotion reverted: new pods failed: {obs.rollout_crashed}"
-        return _end(
+        return _revert(
             Phase.ROLLED_BACK,
             "PromotionReverted",
-            message,
-            actions=(Action.REVERT_DEPLOYMENT,),
+            f"promotion reverted: new pods failed: {obs.rollout_crashed}",
         )
     if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
-        message = f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s"
-        return _end(
-            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        return _revert(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s",
         )
     if not obs.rollout_done or obs.rollout_scan is None:
         return Step(
             Phase.PROMOTING,
             "RollingOut",
-            f"waiting for Deployment {spec.target.name} to roll out",
-            actions=(Action.PATCH_DEPLOYMENT,),  # idempotent: survives a restart mid-patch
+            f"waiting for Deployment {name} to roll out",
             requeue_s=_delay(poll_s),
         )
     problems = [
@@ -897,37 +1062,144 @@ def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
         problems.append(GateResult(CANARY, Outcome.FAILED, "PromotionFailed", what))
     if problems:
-        message = "promotion reverted: " + "; ".join(p.message for p in problems)
-        return _end(
-            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        return _revert(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            "promotion reverted: " + "; ".join(p.message for p in problems),
         )
     return Step(
         Phase.VERIFYING,
         "Verifying",
-        f"new pods ready; watching production for {spec.promotion.verify_window_s:g}s",
-        requeue_s=_delay(min(poll_s, spec.promotion.verify_window_s or poll_s)),
+        f"new pods ready; verifying production with {spec.promotion.verify_samples} samples "
+        f"over {spec.promotion.verify_window_s:g}s",
+        verify_samples=0,
+        restart_window=True,
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _superseded(name: str) -> Step:
+    return _end(
+        Phase.FAILED,
+        "Superseded",
+        f"Deployment {name} no longer carries the candidate (reverted or edited by someone "
+        "else): an external abort; kvgate does not re-apply it",
+    )
+
+
+def verify_due(spec: RolloutSpec, state: State) -> bool:
+    """Whether a verify sample is due now (the handler scrapes only then)."""
+    last = state.since_last_sample_s
+    return last is None or last >= spec.promotion.verify_interval_s * 0.9
+
+
+def verify_metrics_problem(
+    baseline_waiting: float | None, waiting: Mapping[str, float]
+) -> str | None:
+    """Production's queue after promotion against the preflight baseline.
+
+    The change was made to shorten the queue; a queue well above the worst one seen before
+    (twice it, or 8 requests more, whichever is larger) means the candidate made things worse.
+    """
+    if baseline_waiting is None:
+        return None
+    bound = max(2 * baseline_waiting, baseline_waiting + 8)
+    worse = {pod: w for pod, w in waiting.items() if w > bound}
+    if not worse:
+        return None
+    pod, value = max(worse.items(), key=lambda kv: kv[1])
+    return (
+        f"pod {pod} has {value:g} requests waiting, above {bound:g} (preflight baseline "
+        f"{baseline_waiting:g})"
     )
 
 
 def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    live = obs.live or LiveTarget(exists=False)
+    name, p = spec.target.name, spec.promotion
+    if not live.exists:
+        return _end(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+    if not live.carries_candidate:
+        return _superseded(name)
     if obs.production_problem:
-        message = f"promotion reverted during verification: {obs.production_problem}"
-        return _end(
-            Phase.ROLLED_BACK, "PromotionReverted", message, actions=(Action.REVERT_DEPLOYMENT,)
+        return _revert(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            f"promotion reverted during verification: {obs.production_problem}",
         )
-    if state.phase_elapsed_s >= spec.promotion.verify_window_s:
+    interval = p.verify_interval_s
+    if not obs.sampled:
+        left = interval - (state.since_last_sample_s or 0.0)
+        return Step(
+            Phase.VERIFYING,
+            "Verifying",
+            f"verifying production ({state.verify_samples}/{p.verify_samples} samples)",
+            requeue_s=_delay(left),
+        )
+    gap = state.since_last_sample_s
+    # An operator away for longer than two intervals saw nothing: the window starts over.
+    restart = gap is not None and gap > 2 * max(interval, MIN_DELAY_S) + MIN_DELAY_S
+    samples = 1 if restart else state.verify_samples + 1
+    elapsed = 0.0 if restart else state.window_elapsed_s
+    if samples >= p.verify_samples and elapsed >= p.verify_window_s:
         return _end(
             Phase.PROMOTED,
             "Promoted",
-            f"Deployment {spec.target.name} runs --kv-cache-dtype {spec.kv_cache_dtype}; "
-            f"verified for {spec.promotion.verify_window_s:g}s",
+            f"Deployment {name} runs --kv-cache-dtype {spec.kv_cache_dtype}; verified by "
+            f"{samples} samples over {elapsed:.0f}s",
         )
-    left = spec.promotion.verify_window_s - state.phase_elapsed_s
+    note = " (window restarted after a gap in observation)" if restart else ""
     return Step(
         Phase.VERIFYING,
         "Verifying",
-        f"verifying production ({int(left)} s left)",
-        requeue_s=_delay(min(poll_s, left)),
+        f"verifying production ({samples}/{p.verify_samples} samples){note}",
+        verify_samples=samples,
+        restart_window=restart,
+        requeue_s=_delay(interval),
+    )
+
+
+def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    intent = state.revert or RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "reverting")
+    live = obs.live or LiveTarget(exists=False)
+    name = spec.target.name
+    if not live.exists:
+        return _end(intent.phase, intent.reason, f"{intent.message} (Deployment {name} is gone)")
+    if not live.ours_present:
+        # Read back: none of kvgate's edits is left on the Deployment.
+        events = (Event("PromotionReverted", f"Deployment {name} read back without kvgate's "
+                        "change", warning=True),) if state.patched or state.revert_attempts else ()  # fmt: skip
+        return _end(intent.phase, intent.reason, intent.message, events=events)
+    if not live.container_found:
+        message = f"cannot revert Deployment {name}: its container is gone or renamed"
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            message,
+            events=(Event("RevertFailed", message, warning=True),),
+            requeue_s=revert_backoff(state.revert_attempts + 1),
+        )
+    if state.revert_attempts > 0:
+        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried.
+        why = state.revert_error or "the Deployment still carries kvgate's change after the patch"
+        message = (
+            f"revert of Deployment {name} not confirmed after {state.revert_attempts} "
+            f"attempt(s): {why}"
+        )
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            message,
+            actions=(Action.REVERT_DEPLOYMENT,),
+            events=(Event("RevertFailed", message, warning=True),),
+            requeue_s=revert_backoff(state.revert_attempts + 1),
+        )
+    return Step(
+        Phase.REVERTING,
+        "Reverting",
+        f"reverting Deployment {name}: {intent.message}",
+        actions=(Action.REVERT_DEPLOYMENT,),
+        requeue_s=MIN_DELAY_S,
     )
 
 
@@ -939,4 +1211,5 @@ _PHASES: Final = {
     Phase.AWAITING_APPROVAL: _awaiting,
     Phase.PROMOTING: _promoting,
     Phase.VERIFYING: _verifying,
+    Phase.REVERTING: _reverting,
 }

@@ -21,6 +21,7 @@ PHASES = [
     "AwaitingApproval",
     "Promoting",
     "Verifying",
+    "Reverting",
     "Promoted",
     "RolledBack",
     "NotNeeded",
@@ -140,3 +141,21 @@ def test_phases_match_the_crd() -> None:
     crd = yaml.safe_load((SCRIPT.parents[1] / "crds/kvgate.io_kvcacherollouts.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert schema["properties"]["status"]["properties"]["phase"]["enum"] == PHASES
+
+
+def test_reverting_progresses_and_a_failed_revert_degrades(health: Any) -> None:
+    assert health(rollout("Reverting"))[0] == "Progressing"
+    stuck = rollout(
+        "Reverting",
+        conditions=[{"type": "Stalled", "status": "True", "reason": "RevertFailed",
+                     "message": "403 Forbidden"}],
+    )  # fmt: skip
+    assert health(stuck) == ("Degraded", "RevertFailed: 403 Forbidden")
+
+
+def test_drift_after_promotion_degrades(health: Any) -> None:
+    obj = rollout(
+        "Promoted",
+        conditions=[{"type": "Drifted", "status": "True", "reason": "Drifted", "message": "gone"}],
+    )
+    assert health(obj) == ("Degraded", "Drifted: gone")

@@ -20,7 +20,7 @@ from kvgate.model import (
     ScalesGate,
     SpeedGate,
 )
-from kvgate.verdict import Action, Decision, GateResult, Observation, PodHealth, State
+from kvgate.verdict import Action, Decision, GateResult, LiveTarget, Observation, PodHealth, State
 
 SCALE_WARNING = {
     "code": "kv-scale-default",
@@ -492,7 +492,8 @@ def test_eval_pass_promotes() -> None:
         gates=GOOD_GATES,
     )
     assert s.phase is Phase.PROMOTING
-    assert s.actions == (Action.DELETE_CANARIES, Action.PATCH_DEPLOYMENT)
+    # Write-ahead: the decision is recorded first; the patch is made in Promoting.
+    assert s.actions == (Action.DELETE_CANARIES,)
 
 
 def test_eval_fail_rolls_back() -> None:
@@ -579,13 +580,98 @@ def test_manual_mode_waits_for_the_bound_approval() -> None:
         config_hash="h1",
         approval="h1",
     )
-    assert go.phase is Phase.PROMOTING and Action.PATCH_DEPLOYMENT in go.actions
+    assert go.phase is Phase.PROMOTING and Action.PATCH_DEPLOYMENT not in go.actions
 
 
-def test_promotion_crash_reverts() -> None:
-    s = step(Phase.PROMOTING, Observation(rollout_crashed="pod x: restarted 1x"))
-    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "PromotionReverted")
-    assert s.actions[0] is Action.REVERT_DEPLOYMENT
+AS_EVALUATED = LiveTarget(exists=True, as_evaluated=True)
+CARRIES = LiveTarget(exists=True, carries_candidate=True, ours_present=True, differences=("args",))
+CLEAN = LiveTarget(exists=True, as_evaluated=True, ours_present=False)
+STUCK = LiveTarget(exists=True, carries_candidate=True, ours_present=True)
+
+
+def test_promoting_patches_only_an_unchanged_target_and_only_once() -> None:
+    patch = step(Phase.PROMOTING, Observation(live=AS_EVALUATED))
+    assert (patch.phase, patch.actions) == (Phase.PROMOTING, (Action.PATCH_DEPLOYMENT,))
+    # the patch went through before the operator died: adopt it, never patch again
+    adopt = step(Phase.PROMOTING, Observation(live=CARRIES))
+    assert (adopt.phase, adopt.patched, adopt.actions) == (Phase.PROMOTING, True, ())
+    changed = LiveTarget(exists=True, differences=("image", "args"))
+    stale = step(Phase.PROMOTING, Observation(live=changed))
+    assert (stale.phase, stale.reason) == (Phase.FAILED, "TargetChanged")
+    assert "image, args" in stale.message and Action.PATCH_DEPLOYMENT not in stale.actions
+
+
+@pytest.mark.parametrize("phase", [Phase.PROMOTING, Phase.VERIFYING])
+def test_an_external_revert_supersedes_and_is_never_repatched(phase: Phase) -> None:
+    s = step(phase, Observation(live=CLEAN), patched=True)
+    assert (s.phase, s.reason) == (Phase.FAILED, "Superseded")
+    assert Action.PATCH_DEPLOYMENT not in s.actions
+
+
+def test_superseded_with_kvgate_edits_left_reverts_them_first() -> None:
+    partly = LiveTarget(exists=True, carries_candidate=False, ours_present=True)
+    s = step(Phase.VERIFYING, Observation(live=partly), patched=True)
+    assert s.phase is Phase.REVERTING and s.revert is not None
+    assert (s.revert.phase, s.revert.reason) == (Phase.FAILED, "Superseded")
+
+
+def test_promotion_crash_enters_reverting_without_patching_yet() -> None:
+    s = step(
+        Phase.PROMOTING,
+        Observation(rollout_crashed="pod x: restarted 1x", live=STUCK),
+        patched=True,
+    )
+    assert s.phase is Phase.REVERTING and Action.REVERT_DEPLOYMENT not in s.actions
+    assert s.revert == v.RevertIntent(
+        Phase.ROLLED_BACK,
+        "PromotionReverted",
+        "promotion reverted: new pods failed: pod x: restarted 1x",
+    )
+
+
+def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
+    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    first = step(Phase.REVERTING, Observation(live=STUCK), revert=intent, patched=True)
+    assert (first.phase, first.actions) == (Phase.REVERTING, (Action.REVERT_DEPLOYMENT,))
+    done = step(Phase.REVERTING, Observation(live=CLEAN), revert=intent, revert_attempts=1)
+    assert (done.phase, done.reason, done.message) == (
+        Phase.ROLLED_BACK,
+        "PromotionReverted",
+        "new pods failed",
+    )
+
+
+def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
+    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    for attempts in (1, 2, 7):
+        s = step(
+            Phase.REVERTING,
+            Observation(live=STUCK),
+            revert=intent,
+            revert_attempts=attempts,
+            revert_error="403 Forbidden",
+        )
+        assert (s.phase, s.reason) == (Phase.REVERTING, "RevertFailed")
+        assert s.actions == (Action.REVERT_DEPLOYMENT,) and "403 Forbidden" in s.message
+        assert s.requeue_s == v.revert_backoff(attempts + 1)
+        assert any(e.reason == "RevertFailed" and e.warning for e in s.events)
+    assert v.revert_backoff(1) == 5 and v.revert_backoff(30) == v.REVERT_BACKOFF_MAX_S
+    # healthy pods never turn a failed revert into Promoted: the phase only reads live
+    assert step(Phase.REVERTING, Observation(live=STUCK, rollout_done=True), revert=intent,
+                revert_attempts=1).phase is Phase.REVERTING  # fmt: skip
+
+
+def test_a_terminal_end_with_the_candidate_live_reverts_first() -> None:
+    # GIVEN an eval that fails while the Deployment carries the candidate (a crashed run's patch)
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS,
+                    live=STUCK),
+        eval_attempts=1,
+        gates=GOOD_GATES,
+    )  # fmt: skip
+    assert s.phase is Phase.REVERTING and s.revert is not None
+    assert s.revert.reason == "UnexpectedPatch"
 
 
 def test_promotion_backend_drift_reverts_when_fallback_not_allowed() -> None:
@@ -595,29 +681,80 @@ def test_promotion_backend_drift_reverts_when_fallback_not_allowed() -> None:
     s = step(
         Phase.PROMOTING,
         Observation(
-            rollout_done=True, rollout_scan=scan("FLASHINFER"), control_scan=scan("TRITON_ATTN")
+            rollout_done=True,
+            rollout_scan=scan("FLASHINFER"),
+            control_scan=scan("TRITON_ATTN"),
+            live=STUCK,
         ),
         spec=spec,
+        patched=True,
     )
-    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "PromotionReverted")
+    assert s.phase is Phase.REVERTING and s.revert is not None
+    assert s.revert.reason == "PromotionReverted"
 
 
-def test_promotion_rolled_out_goes_to_verify_then_promoted() -> None:
+VERIFY = RolloutSpec.from_dict(
+    {"targetRef": {"name": "q"}, "promotion": {"verifyWindow": "20s", "verifySamples": 5}}
+)
+
+
+def test_verify_needs_every_sample_and_the_whole_window() -> None:
     s = step(
         Phase.PROMOTING,
         Observation(
-            rollout_done=True, rollout_scan=scan("TRITON_ATTN"), control_scan=scan("TRITON_ATTN")
+            rollout_done=True,
+            rollout_scan=scan("TRITON_ATTN"),
+            control_scan=scan("TRITON_ATTN"),
+            live=STUCK,
         ),
+        spec=VERIFY,
+        patched=True,
     )
-    assert s.phase is Phase.VERIFYING
-    mid = step(Phase.VERIFYING, Observation(), phase_elapsed_s=5)
-    assert mid.phase is Phase.VERIFYING
-    done = step(Phase.VERIFYING, Observation(), phase_elapsed_s=20)
+    assert (s.phase, s.verify_samples, s.restart_window) == (Phase.VERIFYING, 0, True)
+    ok = Observation(live=STUCK, sampled=True)
+    # four samples over 20 s are not enough, nor five samples over 15 s
+    four = step(Phase.VERIFYING, ok, spec=VERIFY, verify_samples=3, since_last_sample_s=5,
+                window_elapsed_s=20)  # fmt: skip
+    assert (four.phase, four.verify_samples) == (Phase.VERIFYING, 4)
+    short = step(Phase.VERIFYING, ok, spec=VERIFY, verify_samples=4, since_last_sample_s=5,
+                 window_elapsed_s=15)  # fmt: skip
+    assert short.phase is Phase.VERIFYING
+    done = step(Phase.VERIFYING, ok, spec=VERIFY, verify_samples=4, since_last_sample_s=5,
+                window_elapsed_s=20)  # fmt: skip
     assert (done.phase, done.reason) == (Phase.PROMOTED, "Promoted")
-    bad = step(
-        Phase.VERIFYING, Observation(production_problem="pod y restarted"), phase_elapsed_s=5
+
+
+def test_a_gap_in_observation_restarts_the_verify_window() -> None:
+    # GIVEN the operator was down for longer than two intervals (5 s each)
+    back = step(
+        Phase.VERIFYING,
+        Observation(live=STUCK, sampled=True),
+        spec=VERIFY,
+        verify_samples=4,
+        since_last_sample_s=300,
+        window_elapsed_s=400,
     )
-    assert (bad.phase, bad.actions[0]) == (Phase.ROLLED_BACK, Action.REVERT_DEPLOYMENT)
+    assert (back.phase, back.verify_samples, back.restart_window) == (Phase.VERIFYING, 1, True)
+
+
+def test_a_failed_verify_sample_reverts() -> None:
+    bad = step(
+        Phase.VERIFYING,
+        Observation(live=STUCK, sampled=True, production_problem="pod y is not Ready"),
+        spec=VERIFY,
+        patched=True,
+    )
+    assert bad.phase is Phase.REVERTING and bad.revert is not None
+    assert "pod y is not Ready" in bad.revert.message
+
+
+def test_verify_metrics_against_the_preflight_queue() -> None:
+    assert v.verify_metrics_problem(None, {"a": 1000}) is None
+    assert v.verify_metrics_problem(30, {"a": 60, "b": 10}) is None
+    got = v.verify_metrics_problem(30, {"a": 61, "b": 10})
+    assert got is not None and "pod a has 61 requests waiting" in got
+    assert v.verify_metrics_problem(0, {"a": 8}) is None
+    assert v.verify_metrics_problem(0, {"a": 9}) is not None
 
 
 @pytest.mark.parametrize(
@@ -705,8 +842,9 @@ def test_sglang_scale_warning_does_not_mean_dropped_when_the_checkpoint_has_scal
 GIVE_UP_GRID = [
     (Phase.CANARY, 30, None),
     (Phase.CANARY, 31, (Phase.FAILED, "ExternalErrors")),
-    (Phase.VERIFYING, 31, (Phase.ROLLED_BACK, "PromotionReverted")),
-    (Phase.PROMOTING, 31, (Phase.ROLLED_BACK, "PromotionReverted")),
+    (Phase.VERIFYING, 31, (Phase.REVERTING, "Reverting")),
+    (Phase.PROMOTING, 31, (Phase.REVERTING, "Reverting")),
+    (Phase.REVERTING, 31, (Phase.REVERTING, "RevertFailed")),
     (Phase.PROMOTED, 99, None),
 ]
 
@@ -715,11 +853,22 @@ GIVE_UP_GRID = [
 def test_give_up_after_the_error_limit(
     phase: Phase, errors: int, end: tuple[Phase, str] | None
 ) -> None:
-    got = v.give_up(State(phase=phase), "apiserver down", errors, limit=30)
+    got = v.give_up(SPEC, State(phase=phase), "apiserver down", errors, limit=30)
     assert (None if got is None else (got.phase, got.reason)) == end
     if got is not None and phase is Phase.VERIFYING:
-        assert got.actions[0] is Action.REVERT_DEPLOYMENT
-        assert got.message == "gave up after 31 consecutive errors (limit 30); last: apiserver down"
+        assert got.revert is not None and Action.REVERT_DEPLOYMENT not in got.actions
+        assert got.revert.message == (
+            "gave up after 31 consecutive errors (limit 30); last: apiserver down"
+        )
+
+
+def test_phase_deadlines_hold_while_observation_keeps_failing() -> None:
+    # GIVEN a canary phase past its startup timeout, WHEN only one error has happened
+    late = State(phase=Phase.CANARY, phase_elapsed_s=SPEC.canary.startup_timeout_s + 1)
+    got = v.give_up(SPEC, late, "apiserver down", 1, limit=30)
+    assert got is not None and (got.phase, got.reason) == (Phase.FAILED, "ExternalErrors")
+    assert "deadline" in got.message
+    assert v.give_up(SPEC, State(phase=Phase.CANARY, phase_elapsed_s=1), "x", 1, limit=30) is None
 
 
 def test_eval_timeout_is_per_attempt() -> None:

@@ -232,14 +232,29 @@ class Kube:
             )
         )
 
-    def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete a Pod or Job (and the Job's pods); False when it was already gone."""
-        opts = k8s.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=5)
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete a Pod or Job (and the Job's pods); False when it was already gone.
+
+        With `uid`, only that very object is deleted (a precondition): a newer object that took
+        the name meanwhile is left alone (the apiserver answers 409, reported as False).
+        """
+        opts = k8s.V1DeleteOptions(
+            propagation_policy="Background",
+            grace_period_seconds=5,
+            preconditions=k8s.V1Preconditions(uid=uid) if uid else None,
+        )
         deleters: dict[str, Callable[[], Any]] = {
             "Pod": lambda: self.core.delete_namespaced_pod(name, namespace, body=opts),
             "Job": lambda: self.batch.delete_namespaced_job(name, namespace, body=opts),
         }
-        done = self._call("delete", f"{kind} {namespace}/{name}", deleters[kind], missing_ok=True)
+        try:
+            done = self._call(
+                "delete", f"{kind} {namespace}/{name}", deleters[kind], missing_ok=True
+            )
+        except KubeError as exc:
+            if uid and exc.status == 409:
+                return False
+            raise
         return done is not None
 
     def delete_pods(self, namespace: str, selector: str) -> int:

@@ -1,0 +1,208 @@
+"""What kvgate changes in the production container, whether it is still there, how to undo it.
+
+kvgate's change is the difference between the evaluated container (`previous`) and the
+candidate. The live container may have been edited by others since (an image bump, an arg, a
+mutating webhook's env var), so nothing here compares whole containers: each of kvgate's edits
+is located in the live container on its own. `revert` removes exactly kvgate's edits that are
+still there and keeps everything else (a three-way merge); `carries` says whether all of them
+are there; `reverted` whether none is. Pure: containers in, containers and JSON patches out.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+FIELDS: Final = ("command", "args", "env")
+GUARDED: Final = ("image", *FIELDS)  # what must be as evaluated before kvgate patches
+
+
+@dataclass(frozen=True, slots=True)
+class _ListEdit:
+    """kvgate replaced previous[i1:i2] with candidate[j1:j2] in one list field."""
+
+    field: str
+    i1: int
+    i2: int
+    j1: int
+    j2: int
+
+
+def _list(container: Mapping[str, Any], key: str) -> list[Any]:
+    value = container.get(key)
+    return list(value) if isinstance(value, list) else []
+
+
+def _env(container: Mapping[str, Any]) -> dict[str, Any]:
+    """env by name (the last entry wins, as in the kubelet)."""
+    out: dict[str, Any] = {}
+    for item in _list(container, "env"):
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+            out[item["name"]] = dict(item)
+    return out
+
+
+def _list_edits(previous: Sequence[Any], candidate: Sequence[Any], key: str) -> list[_ListEdit]:
+    matcher = difflib.SequenceMatcher(None, list(previous), list(candidate), autojunk=False)
+    return [
+        _ListEdit(key, i1, i2, j1, j2)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    ]
+
+
+def _live_span(candidate: Sequence[Any], live: Sequence[Any], edit: _ListEdit) -> slice | None:
+    """Where the candidate's tokens of `edit` stand in `live`, or None when they are not there.
+
+    The candidate is aligned to the live list; the edit is present when its tokens are aligned
+    one to one and contiguous, and (for an edit that only deleted) its neighbours are adjacent.
+    """
+    matcher = difflib.SequenceMatcher(None, list(candidate), list(live), autojunk=False)
+    where: dict[int, int] = {}
+    for a, b, size in matcher.get_matching_blocks():
+        for k in range(size):
+            where[a + k] = b + k
+    if edit.j2 > edit.j1:
+        positions = [where.get(j) for j in range(edit.j1, edit.j2)]
+        if any(p is None for p in positions):
+            return None
+        first, last = positions[0], positions[-1]
+        assert first is not None and last is not None
+        if last - first != edit.j2 - edit.j1 - 1:
+            return None
+        return slice(first, last + 1)
+    # kvgate only removed tokens here: present when the neighbours are adjacent in live.
+    before = where.get(edit.j1 - 1) if edit.j1 > 0 else -1
+    after = where.get(edit.j1) if edit.j1 < len(candidate) else len(live)
+    if before is None or after is None or after != before + 1:
+        return None
+    return slice(after, after)
+
+
+def _env_changes(previous: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+    """Names whose entry kvgate added, changed or removed."""
+    p, c = _env(previous), _env(candidate)
+    return sorted(n for n in p.keys() | c.keys() if p.get(n) != c.get(n))
+
+
+def changes(previous: Mapping[str, Any], candidate: Mapping[str, Any]) -> int:
+    """How many separate edits kvgate makes (0: the candidate is the evaluated container)."""
+    lists = sum(
+        len(_list_edits(_list(previous, k), _list(candidate, k), k)) for k in ("command", "args")
+    )
+    return lists + len(_env_changes(previous, candidate))
+
+
+def _present(
+    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> tuple[list[tuple[_ListEdit, slice]], list[str], int]:
+    """(kvgate's list edits found in live with their spans, env names still as kvgate set
+    them, total number of kvgate edits)."""
+    found: list[tuple[_ListEdit, slice]] = []
+    total = 0
+    for key in ("command", "args"):
+        cand = _list(candidate, key)
+        for edit in _list_edits(_list(previous, key), cand, key):
+            total += 1
+            span = _live_span(cand, _list(live, key), edit)
+            if span is not None:
+                found.append((edit, span))
+    live_env, cand_env = _env(live), _env(candidate)
+    names = _env_changes(previous, candidate)
+    total += len(names)
+    env_found = [n for n in names if live_env.get(n) == cand_env.get(n)]
+    return found, env_found, total
+
+
+def carries(
+    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> bool:
+    """Every edit kvgate makes is in the live container (and kvgate makes at least one)."""
+    found, env_found, total = _present(live, previous, candidate)
+    return total > 0 and len(found) + len(env_found) == total
+
+
+def reverted(
+    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> bool:
+    """None of kvgate's edits is left in the live container."""
+    found, env_found, _ = _present(live, previous, candidate)
+    return not found and not env_found
+
+
+def revert(
+    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The live container's command/args/env with kvgate's edits taken out, all else kept."""
+    found, env_found, _ = _present(live, previous, candidate)
+    out = {k: copy.deepcopy(live[k]) for k in FIELDS if k in live}
+    for key in ("command", "args"):
+        edits = sorted(((e, s) for e, s in found if e.field == key), key=lambda es: -es[1].start)
+        if not edits:
+            continue
+        tokens = _list(live, key)
+        prev = _list(previous, key)
+        for edit, span in edits:  # from the end, so earlier spans keep their positions
+            tokens[span] = prev[edit.i1 : edit.i2]
+        if tokens or key in previous:
+            out[key] = tokens
+        else:
+            out.pop(key, None)
+    if env_found:
+        prev_env = _env(previous)
+        entries: list[Any] = []
+        restored: set[str] = set()
+        for item in _list(live, "env"):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            if name in env_found:
+                if name in prev_env and name not in restored:
+                    entries.append(copy.deepcopy(prev_env[name]))
+                    restored.add(name)
+                continue
+            entries.append(copy.deepcopy(item))
+        # A variable kvgate changed and someone moved stays where the live list has it.
+        if entries or "env" in previous:
+            out["env"] = entries
+        else:
+            out.pop("env", None)
+    return out
+
+
+def guarded_view(container: Mapping[str, Any]) -> dict[str, Any]:
+    """Image, command, args and env (with valueFrom): what must not change before promotion."""
+    return {k: copy.deepcopy(container[k]) for k in GUARDED if k in container}
+
+
+def differences(evaluated: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+    """Which guarded fields of the live container differ from the evaluated one."""
+    a, b = guarded_view(evaluated), guarded_view(live)
+    return [k for k in GUARDED if a.get(k) != b.get(k)]
+
+
+def patch_ops(
+    index: int, live: Mapping[str, Any], wanted: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A test-and-set JSON patch from the live container's command/args/env to `wanted`'s.
+
+    It tests the container's name and every field it changes at its live value, so a
+    Deployment edited between the read and the patch makes the apiserver refuse the patch
+    (422) rather than lose the other edit. Returns [] when nothing changes.
+    """
+    base = f"/spec/template/spec/containers/{index}"
+    tests: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": live["name"]}]
+    ops: list[dict[str, Any]] = []
+    for key in FIELDS:
+        before, after = live.get(key), wanted.get(key)
+        if before == after:
+            continue
+        if before is not None:
+            tests.append({"op": "test", "path": f"{base}/{key}", "value": before})
+        if after is None:
+            ops.append({"op": "remove", "path": f"{base}/{key}"})
+        else:
+            ops.append({"op": "add" if before is None else "replace", "path": f"{base}/{key}",
+                        "value": after})  # fmt: skip
+    return tests + ops if ops else []
