@@ -108,7 +108,8 @@ def run_gate(plan: GatePlan, runs: Runs, loss: float) -> dict[str, float]:
     pass_z = np.asarray(plan.boundaries)[stop]
     fail_z = np.asarray(plan.fail_boundaries)[stop]
     lower_wrong = t_truth >= pass_z
-    upper_wrong = t_truth <= -fail_z
+    # The upper bound is only below 0 when the gate failed (see gate.look_bounds).
+    upper_wrong = (t_truth <= -fail_z) & np.isin(reason, (WORSE_THAN_MARGIN, WORSE_THAN_CONTROL))
     single_wrong = t_truth >= z_one_sided(plan.confidence)
     early = n_stop < plan.total
     fail_margin = reason == WORSE_THAN_MARGIN

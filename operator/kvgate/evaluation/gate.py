@@ -5,8 +5,9 @@ T(0) (the latter is McNemar's z):
   * pass  when T(-margin) ≥ e_k, the O'Brien-Fleming-type (Lan-DeMets) boundary for
           α = 1 - confidence: the candidate is shown at most `margin` worse than control;
   * fail  when T(0) ≤ -f_k, the boundary of a second spending function at α_F =
-          1 - fail_confidence: the candidate is shown worse than control, and worse than the
-          margin as well when also T(-margin) ≤ -f_k;
+          1 - fail_confidence, and the exact one-sided McNemar p is at most α_F: the
+          candidate is shown worse than control, and worse than the margin as well when also
+          T(-margin) ≤ -f_k;
   * at the last look, when neither: inconclusive.
 Both boundary sequences are computed with the other stop treated as non-binding, so each claim
 keeps its own error rate whatever the other rule does. After any stop the summary reports the
@@ -25,6 +26,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
+from scipy.stats import binom
 
 from kvgate.errors import SpecError
 from kvgate.stats import (
@@ -182,10 +184,23 @@ def reason_arrays(
     reasons = np.full(t_margin.shape, NONE, dtype=np.int8)
     if look == len(plan.looks) - 1:
         reasons[:] = NOT_SHOWN
-    reasons[t_zero <= -fail_z] = WORSE_THAN_CONTROL
-    reasons[(t_zero <= -fail_z) & (t_margin <= -fail_z)] = WORSE_THAN_MARGIN
+    worse = (t_zero <= -fail_z) & _exact_worse(losses, wins, plan.fail_alpha)
+    reasons[worse] = WORSE_THAN_CONTROL
+    reasons[worse & (t_margin <= -fail_z)] = WORSE_THAN_MARGIN
     reasons[t_margin >= plan.boundaries[look]] = NONINFERIOR
     return reasons
+
+
+def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarray:
+    """Exact one-sided McNemar test at `level` (b ~ Bin(b + c, 1/2)), the fail's floor.
+
+    McNemar's z alone overstates a handful of discordant pairs (4 losses to 0 wins give
+    z = -2.0 but an exact one-sided p of 0.0625), so a fail needs both the z boundary (which
+    keeps the error over all looks) and an exact p at most 1 - fail_confidence at this look.
+    """
+    b = np.asarray(losses)
+    m = b + np.asarray(wins)
+    return (m > 0) & (binom.sf(b - 1, m, 0.5) <= level)
 
 
 _REASON_TO_CODE: Final = np.array([CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE], dtype=np.int8)
@@ -298,12 +313,17 @@ def look_bounds(plan: GatePlan, look: int, counts: PairedCounts) -> Bounds:
     """Bounds after stopping at 0-based `look` with cumulative `counts`.
 
     lower solves T(Δ) = e_k and upper T(Δ) = -f_k: repeated confidence bounds, valid at their
-    levels whatever the stopping rule did. The p-value is ≤ α exactly when the gate passed.
+    levels whatever the stopping rule did (upper is raised to 0 unless the gate failed, when
+    the exact test did not confirm a loss the score bound alone would show). The p-value is ≤ α exactly when the gate passed.
     """
     if counts.n != plan.looks[look]:
         raise SpecError("look", f"look {look + 1} needs {plan.looks[look]} questions")
     lower = score_limit(counts, plan.boundaries[look])
     upper = score_limit(counts, -plan.fail_boundaries[look])
+    failed = assess_look(plan, look, counts).verdict is Verdict.FAIL
+    if not failed:
+        # The exact test did not confirm the loss: claim none (a larger bound only covers more).
+        upper = max(upper, 0.0)
     t = tango_statistic(counts, -plan.margin)
     fractions = plan.fractions
     last = len(plan.looks) - 1
