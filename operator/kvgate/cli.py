@@ -72,7 +72,10 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (exit 2, one line), --help or --version
+        return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     if getattr(args, "_run", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT

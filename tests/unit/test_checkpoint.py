@@ -448,7 +448,10 @@ def test_local_errors(tmp_path: Path) -> None:
     truncated.write_bytes(struct.pack("<Q", 1000) + b"{}")
     with pytest.raises(ParseError) as caught:
         read_local_checkpoint(truncated)
-    assert str(caught.value) == f"{truncated}: header needs 1000 bytes but the file ends after 2"
+    assert str(caught.value) == (
+        f"{truncated}: not a safetensors file: its header length is larger than the file "
+        "(10 bytes)"
+    )
 
     tiny = tmp_path / "tiny.safetensors"
     tiny.write_bytes(b"abc")
@@ -476,3 +479,43 @@ def test_read_json_file_errors(
     with pytest.raises(ParseError) as caught:
         read_json_file("cfg.json")
     assert str(caught.value) == message
+
+
+# -- hostile checkpoints: entries stay inside the model directory, no bytes echoed ----------------
+
+
+def test_an_index_entry_outside_the_model_directory_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "secret.safetensors"
+    header = json.dumps({"x.weight": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}})
+    outside.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0\0")
+    model = tmp_path / "a" / "b" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 1}))
+    index = {"weight_map": {"x.weight": "../../../secret.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ParseError) as caught:
+        read_local_checkpoint(model)
+    assert str(caught.value) == (
+        f"{model}/model.safetensors.index.json: weight_map names "
+        "'../../../secret.safetensors', which is outside the model directory"
+    )
+    (model / "link.safetensors").symlink_to(outside)
+    index = {"weight_map": {"x.weight": "link.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ParseError, match="outside the model directory"):
+        read_local_checkpoint(model)
+
+
+def test_a_file_that_is_not_safetensors_leaks_none_of_its_bytes(tmp_path: Path) -> None:
+    fake = tmp_path / "environ.safetensors"
+    secret = b"HF_TOKEN=hf_secretsecret\0PATH=/usr/bin\0"
+    fake.write_bytes(secret)
+    with pytest.raises(ParseError) as caught:
+        read_local_checkpoint(fake)
+    message = str(caught.value)
+    (length,) = struct.unpack("<Q", secret[:8])
+    assert str(length) not in message and "secret" not in message
+    assert message == (
+        f"{fake}: not a safetensors file: its header length is larger than the cap of "
+        "25,000,000 bytes"
+    )

@@ -145,11 +145,15 @@ def test_garbage_is_input_error(
     ("argv", "message"),
     [
         (["ftp://x/metrics"], "kvgate: SpecError: url: 'ftp://x/metrics' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics\n"),
-        ([URL, "--samples", "0"], "kvgate: SpecError: samples: 0 is below 1\n"),
-        ([URL, "--interval", "-1"], "kvgate: SpecError: interval: -1 is negative\n"),
-        ([URL, "--timeout", "0"], "kvgate: SpecError: --timeout: 0 must be above 0\n"),
+        ([URL, "--samples", "0"], "kvgate scrape: error: argument --samples: 0 is outside [1, 100000]\n"),
+        ([URL, "--interval", "-1"], "kvgate scrape: error: argument --interval: -1 is outside [0, 86400]\n"),
+        ([URL, "--timeout", "0"], "kvgate scrape: error: argument --timeout: 0 is outside (0, 3600]\n"),
+        ([URL, "--interval", "inf"], "kvgate scrape: error: argument --interval: 'inf' is not a finite number\n"),
+        ([URL, "--timeout", "nan"], "kvgate scrape: error: argument --timeout: 'nan' is not a finite number\n"),
+        ([URL, "--samples", "1" * 5000], "kvgate scrape: error: argument --samples: '1111111111111111111111111111111111111111' is not an integer\n"),
+        ([URL, "--samples", "١٢"], "kvgate scrape: error: argument --samples: '١٢' is not an integer\n"),
         ([URL, "--engine", "tgi"], "kvgate: UnsupportedError: engine 'tgi' is not known; use vllm, sglang or auto\n"),
-        ([URL, "--usage-threshold", "2"], "kvgate: SpecError: usage_threshold: 2.0 is outside (0, 1]\n"),
+        ([URL, "--usage-threshold", "2"], "kvgate scrape: error: argument --usage-threshold: 2 is outside (0, 1]\n"),
     ],
 )  # fmt: skip
 def test_bad_input(
@@ -161,3 +165,83 @@ def test_bad_input(
     serve(fixture("vllm-0.11.txt"))
     code, out, err = run(capsys, *argv)
     assert (code, out, err) == (2, "", message)
+
+
+# -- hostile endpoints: a total deadline and a body cap ------------------------------------------
+
+
+class _Trickle(httpx.SyncByteStream):
+    """A body that arrives one byte every `delay` seconds (MockTransport would read it all)."""
+
+    def __init__(self, delay: float, chunks: int) -> None:
+        self.delay, self.chunks = delay, chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        import time
+
+        for _ in range(self.chunks):
+            time.sleep(self.delay)
+            yield b"#"
+
+
+class _TrickleTransport(httpx.BaseTransport):
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=_Trickle(0.2, 50), request=request)
+
+
+def test_a_trickling_body_is_cut_at_the_total_deadline(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    real_client = httpx.Client
+    monkeypatch.setattr(
+        http_adapter.httpx,
+        "Client",
+        lambda **kwargs: real_client(transport=_TrickleTransport(), **kwargs),
+    )
+    start = time.monotonic()  # 10 s in all, each byte well within the per-read timeout
+    code, out, err = run(capsys, URL, "--timeout", "1")
+    took = time.monotonic() - start
+    assert (code, out) == (4, "")
+    assert err.startswith(f"kvgate: ScrapeError: {URL}: body not complete within 1 s")
+    assert err.count("\n") == 1 and took < 3
+
+
+def test_an_endless_body_is_refused_at_the_cap(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    def endless() -> Iterator[bytes]:
+        while True:
+            yield b"x" * (1 << 20)
+
+    serve(lambda request: httpx.Response(200, content=endless()))
+    code, out, err = run(capsys, URL)
+    assert (code, out) == (4, "")
+    assert err == f"kvgate: ScrapeError: {URL}: body is larger than 4 MiB; not an engine's /metrics\n"
+
+
+def test_an_unknown_charset_still_decodes(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    text = (METRICS / "vllm-0.11.txt").read_text()
+    serve(
+        lambda request: httpx.Response(
+            200, content=text.encode(), headers={"content-type": "text/plain; charset=nope"}
+        )
+    )
+    code, out, err = run(capsys, URL)
+    assert (code, err) == (3, "")
+
+
+@pytest.mark.parametrize("value", ["1e308", "+Inf", "NaN"])
+def test_json_output_never_holds_infinity(
+    capsys: pytest.CaptureFixture[str],
+    serve: Callable[[Handler], list[httpx.Request]],
+    value: str,
+) -> None:
+    body = f"vllm:kv_cache_usage_perc 0.5\nvllm:num_requests_waiting {value}\n"
+    serve(lambda request: httpx.Response(200, text=body))
+    code, out, err = run(capsys, URL, "--json")
+    assert "Infinity" not in out and "NaN" not in out
+    assert code == 2 and err.startswith(f"kvgate: ParseError: {URL}: metric vllm:num_requests_waiting")

@@ -152,7 +152,7 @@ def test_from_summary_json_uses_its_margin(
         (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
         ([], "kvgate stats: give exactly one of"),
         (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: give exactly one of"),
-        (["--from", "/nonexistent/eval.jsonl"], "/nonexistent/eval.jsonl: cannot read"),
+        (["--from", "/nonexistent/eval.jsonl"], "/nonexistent/eval.jsonl: no such file"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

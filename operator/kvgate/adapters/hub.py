@@ -37,6 +37,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 from kvgate.capacity import KVLayout, parse_kv_layout
 from kvgate.checkpoint import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
+from kvgate.inputs import load_json, read_text
 
 CONFIG_FILE: Final = "config.json"
 MODELOPT_FILE: Final = "hf_quant_config.json"  # ModelOpt's quantization summary
@@ -44,6 +45,7 @@ SINGLE_FILE: Final = constants.SAFETENSORS_SINGLE_FILE
 INDEX_FILE: Final = constants.SAFETENSORS_INDEX_FILE
 MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
 HEADER_WORKERS: Final = 8
+MAX_SHARDS: Final = 4096
 _REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -92,14 +94,7 @@ def looks_like_repo_id(text: str) -> bool:
 
 def read_json_file(path: str | Path) -> dict[str, Any]:
     """A JSON object from a file; missing or malformed files raise ParseError naming it."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParseError(str(path), "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ParseError(str(path), f"cannot be read ({exc})") from exc
-    return _json_object(text, str(path))
+    return _json_object(read_text(path), str(path))
 
 
 def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
@@ -226,7 +221,9 @@ class _HubFiles:
         where = f"{self.repo_id}@{self.commit}/{filename}"
         if length > MAX_HEADER_BYTES:
             raise ParseError(
-                where, f"safetensors header length {length} exceeds {MAX_HEADER_BYTES}"
+                where,
+                f"not a safetensors file: its header length is larger than the cap of "
+                f"{MAX_HEADER_BYTES:,} bytes",
             )
         header, more = self._range(filename, 8, length)
         return header, received + more
@@ -306,7 +303,14 @@ def _local_weight_files(directory: Path) -> list[str]:
     index_path = directory / INDEX_FILE
     if index_path.exists():
         files = _index_files(read_json_file(index_path), str(index_path))
+        root = directory.resolve()
         for name in files:
+            # An entry such as ../../etc/passwd (or a symlink out) would read outside the model.
+            if not (directory / name).resolve().is_relative_to(root):
+                raise ParseError(
+                    str(index_path),
+                    f"weight_map names {name[:80]!r}, which is outside the model directory",
+                )
             if not (directory / name).is_file():
                 raise ParseError(
                     str(index_path), f"weight_map names '{name}' but the file is missing"
@@ -327,7 +331,12 @@ def _index_files(index: Mapping[str, Any], source: str) -> list[str]:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, Mapping) or not weight_map:
         raise ParseError(source, "field 'weight_map' is missing or empty")
-    return sorted({str(name) for name in weight_map.values()})
+    names = {name for name in weight_map.values()}
+    if not all(isinstance(name, str) and name and "\x00" not in name for name in names):
+        raise ParseError(source, "field 'weight_map' must map tensor names to file names")
+    if len(names) > MAX_SHARDS:
+        raise ParseError(source, f"field 'weight_map' names more than {MAX_SHARDS} files")
+    return sorted(names)
 
 
 def _read_local_header(path: Path) -> tuple[bytes, int]:
@@ -338,9 +347,16 @@ def _read_local_header(path: Path) -> tuple[bytes, int]:
         if len(prefix) < 8:
             raise ParseError(str(path), f"file has {len(prefix)} bytes; not a safetensors file")
         (length,) = struct.unpack("<Q", prefix)
-        if length > MAX_HEADER_BYTES:
+        size = os.fstat(fd).st_size
+        # The length is not echoed: for a file that is not safetensors it is 8 of its bytes.
+        if length > MAX_HEADER_BYTES or length > size - 8:
+            limit = (
+                f"the file ({size:,} bytes)"
+                if length <= MAX_HEADER_BYTES
+                else f"the cap of {MAX_HEADER_BYTES:,} bytes"
+            )
             raise ParseError(
-                str(path), f"safetensors header length {length} exceeds {MAX_HEADER_BYTES}"
+                str(path), f"not a safetensors file: its header length is larger than {limit}"
             )
         header = os.pread(fd, length, 8)
     finally:
@@ -353,10 +369,7 @@ def _read_local_header(path: Path) -> tuple[bytes, int]:
 
 
 def _json_object(text: str, source: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(source, f"malformed JSON: {exc.msg}", line_no=exc.lineno) from None
+    value = load_json(text, source)
     if not isinstance(value, dict):
         raise ParseError(source, f"expected a JSON object, got {type(value).__name__}")
     return value

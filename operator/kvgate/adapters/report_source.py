@@ -6,13 +6,11 @@ named by KUBECONFIG or ~/.kube/config); API failures become `KubeError`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvgate.errors import KubeError, ParseError
+from kvgate.inputs import load_file
 
 GROUP = "kvgate.io"
 VERSION = "v1alpha1"
@@ -66,25 +64,21 @@ def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
     return dict(obj)
 
 
+def _metadata(item: dict[str, Any]) -> dict[str, Any]:
+    meta = item.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
     """A rollout saved with `kubectl get kvr -o json` (or -o yaml); `-` is stdin.
 
     A list (`kubectl get kvr -o json` without a name) is accepted: `name` picks the item,
     and may be left out when the list holds one rollout.
     """
-    import sys
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise ParseError(path, f"cannot read: {exc.strerror}") from exc
-    try:
-        obj = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ParseError(path, f"not JSON or YAML: {exc}") from exc
+    obj = load_file(path)  # bounded: size, UTF-8, depth, no YAML aliases
     if isinstance(obj, dict) and isinstance(obj.get("items"), list):
         items = [i for i in obj["items"] if isinstance(i, dict)]
-        names = [str((i.get("metadata") or {}).get("name")) for i in items]
+        names = [str(_metadata(i).get("name"))[:253] for i in items]
         if name is not None:
             if name not in names:
                 raise ParseError(path, f"no rollout {name!r} in the list ({', '.join(names)})")

@@ -11,6 +11,7 @@ from typing import Any
 from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
 from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.errors import ParseError, SpecError
+from kvgate.inputs import finite_float
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
 DTYPES = ("bf16", "fp8")
@@ -28,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpu-memory-gib",
-        type=float,
+        type=finite_float(),
         metavar="G",
         help="memory left for the KV cache, in GiB (vLLM's 'Available KV cache memory'); "
         "adds pool tokens per dtype",

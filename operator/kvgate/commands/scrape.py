@@ -10,6 +10,7 @@ import argparse
 import json
 
 from kvgate.errors import SpecError
+from kvgate.inputs import bounded_int, finite_float
 from kvgate.metrics import MetricSnapshot, MetricWindow, PoolPressure, delta, pool_pressure
 
 HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
@@ -21,23 +22,23 @@ EXIT_INCONCLUSIVE = 3
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="metrics URL, e.g. http://10.0.0.5:8000/metrics")
     parser.add_argument(
-        "--interval", type=float, default=10.0, metavar="S", help="seconds between samples (10)"
+        "--interval", type=finite_float(0, 86400), default=10.0, metavar="S", help="seconds between samples (10)"
     )
-    parser.add_argument("--samples", type=int, default=1, metavar="N", help="number of samples (1)")
+    parser.add_argument("--samples", type=bounded_int(1, 100_000), default=1, metavar="N", help="number of samples (1)")
     parser.add_argument(
         "--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto (default)"
     )
     parser.add_argument(
-        "--usage-threshold", type=float, default=0.9, metavar="F", help="full-pool KV usage (0.9)"
+        "--usage-threshold", type=finite_float(0, 1, low_open=True), default=0.9, metavar="F", help="full-pool KV usage (0.9)"
     )
     parser.add_argument(
         "--min-fraction",
-        type=float,
+        type=finite_float(0, 1, low_open=True),
         default=0.5,
         metavar="F",
         help="share of samples that must show a full pool with requests waiting (0.5)",
     )
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="per request (5)")
+    parser.add_argument("--timeout", type=finite_float(0, 3600, low_open=True), default=5.0, metavar="S", help="per request (5)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                     "pool_pressure": pressure.to_dict(),
                 },
                 sort_keys=True,
+                allow_nan=False,  # parse_metrics refuses non-finite values; never print Infinity
             )
         )
     else:

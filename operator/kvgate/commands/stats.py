@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from kvgate.errors import ParseError, SpecError
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
+from kvgate.inputs import finite_float, load_json, read_text
 from kvgate.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
@@ -21,7 +23,9 @@ from kvgate.stats import (
 
 HELP = "accuracy statistics: Wilson intervals, paired non-inferiority, saved eval results"
 
-_FRACTION = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_FRACTION = re.compile(r"^\s*([0-9]{1,12})\s*/\s*([0-9]{1,12})\s*$", re.ASCII)
+# Counts above this are not an eval run (GSM8K has 1,319 questions).
+MAX_COUNT = 10_000_000
 _SUMMARY_KIND = "kvgate.eval/summary"
 _HEADER = f"{'arm':<11} {'right/n':>11}   accuracy  Wilson 95%"
 
@@ -39,9 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from", dest="source", metavar="FILE", help="kvgate eval --output JSONL or summary JSON"
     )
-    parser.add_argument("--margin", type=float, default=None, help=f"default {DEFAULT_MARGIN}")
+    parser.add_argument("--margin", type=finite_float(), default=None, help=f"default {DEFAULT_MARGIN}")
     parser.add_argument(
-        "--confidence", type=float, default=None, help=f"one-sided, default {DEFAULT_CONFIDENCE}"
+        "--confidence", type=finite_float(), default=None, help=f"one-sided, default {DEFAULT_CONFIDENCE}"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
@@ -50,8 +54,10 @@ def parse_fraction(text: str, field: str) -> ArmResult:
     """'459/500' -> ArmResult; K ≤ N and N > 0."""
     m = _FRACTION.match(text or "")
     if m is None:
-        raise SpecError(field, f"{text!r} is not K/N (right answers/questions), e.g. 459/500")
+        raise SpecError(field, f"{text[:40]!r} is not K/N (right answers/questions), e.g. 459/500")
     k, n = int(m.group(1)), int(m.group(2))
+    if n > MAX_COUNT:
+        raise SpecError(field, f"{n} questions is more than {MAX_COUNT:,}")
     if n == 0:
         raise SpecError(field, f"{text!r} has 0 questions")
     if k > n:
@@ -62,11 +68,14 @@ def parse_fraction(text: str, field: str) -> ArmResult:
 def parse_paired(text: str, field: str = "--paired") -> PairedCounts:
     """'452,7,6,35' -> PairedCounts(both, control_only, candidate_only, neither)."""
     parts = [p.strip() for p in (text or "").split(",")]
-    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() and len(p) <= 12 for p in parts):
         raise SpecError(
-            field, f"{text!r} is not four counts BOTH,BASE_ONLY,CAND_ONLY,NEITHER, e.g. 452,7,6,35"
+            field,
+            f"{text[:60]!r} is not four counts BOTH,BASE_ONLY,CAND_ONLY,NEITHER, e.g. 452,7,6,35",
         )
     counts = PairedCounts(*(int(p) for p in parts))
+    if counts.n > MAX_COUNT:
+        raise SpecError(field, f"{counts.n} questions is more than {MAX_COUNT:,}")
     if counts.n == 0:
         raise SpecError(field, f"{text!r} has 0 questions")
     return counts
@@ -74,32 +83,34 @@ def parse_paired(text: str, field: str = "--paired") -> PairedCounts:
 
 def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
     """Paired counts from a per-question JSONL, or from a summary JSON (object or last line)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ParseError(str(path), f"cannot read: {exc.strerror or exc}") from exc
-    summary = _find_summary(text)
+    # Bounded and checked here: a regular UTF-8 file of sane size whose JSON lines nest
+    # shallowly, so the per-question reader below cannot hit RecursionError or huge numbers.
+    text = read_text(path, regular=True)
+    summary = _find_summary(text, str(path))
     has_questions = f'"{QUESTION_KIND}"' in text
     if has_questions:
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                load_json(line, f"{path}:{line_no}")
         return read_question_lines(path), summary
     if summary is None:
         raise ParseError(str(path), "neither per-question lines nor a kvgate.eval/summary object")
     paired = summary.get("paired")
-    try:
-        counts = PairedCounts(
-            paired["both"], paired["control_only"], paired["candidate_only"], paired["neither"]
-        )
-    except (KeyError, TypeError) as exc:
-        raise ParseError(str(path), "the summary has no paired counts") from exc
+    keys = ("both", "control_only", "candidate_only", "neither")
+    if not isinstance(paired, dict) or not all(
+        type(paired.get(k)) is int and 0 <= paired[k] <= MAX_COUNT for k in keys
+    ):
+        raise ParseError(str(path), f"the summary has no paired counts (integers <= {MAX_COUNT:,})")
+    counts = PairedCounts(*(paired[k] for k in keys))
     if counts.n == 0:
         raise ParseError(str(path), "the summary has 0 paired questions")
     return counts, summary
 
 
-def _find_summary(text: str) -> dict[str, Any] | None:
+def _find_summary(text: str, source: str = "summary") -> dict[str, Any] | None:
     try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
+        whole = load_json(text, source)
+    except ParseError:
         whole = None
     if isinstance(whole, dict) and whole.get("kind") == _SUMMARY_KIND:
         return whole
@@ -107,8 +118,8 @@ def _find_summary(text: str) -> dict[str, Any] | None:
         if _SUMMARY_KIND not in line:
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
+            obj = load_json(line, source)
+        except ParseError:
             continue
         if isinstance(obj, dict) and obj.get("kind") == _SUMMARY_KIND:
             return obj
@@ -149,8 +160,12 @@ def run(args: argparse.Namespace) -> int:
 def _pick(flag: float | None, summary: dict[str, Any] | None, key: str, default: float) -> float:
     if flag is not None:
         return flag
-    if summary is not None and isinstance(summary.get(key), int | float):
-        return abs(float(summary[key]))
+    value = summary.get(key) if summary is not None else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            return abs(float(value))
+        except OverflowError:  # a huge integer: refused by the range check
+            return math.inf
     return default
 
 

@@ -1,0 +1,201 @@
+"""Bounded readers for the files and values kvgate is handed: no traceback, hang or blow-up.
+
+Every command that reads a JSON or YAML file goes through here:
+
+    >>> obj = load_file("rollout.yaml")          # JSON or YAML, one object
+    >>> config = load_json_file("config.json")   # JSON only
+
+A file is read up to `max_bytes` (more is refused, so `/dev/zero` costs 8 MiB, not all
+memory), must be UTF-8, may nest at most `MAX_DEPTH` levels, and YAML may not use aliases
+(a "billion laughs" document expands a few hundred bytes into gigabytes). Failures are one
+`ParseError` naming the file. `finite_float` and `bounded_int` are argparse types that give
+one clear line for NaN, infinities, huge or non-ASCII numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from kvgate.errors import ParseError
+
+MAX_FILE_BYTES: Final = 8 << 20
+MAX_DEPTH: Final = 64
+_LOADER: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False) -> bytes:
+    """At most `max_bytes` of a file (`-` is stdin); a larger file is refused, not cut."""
+    name = str(path)
+    if name == "-":
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        try:
+            with open(path, "rb") as handle:
+                if regular and not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise ParseError(name, "is not a regular file")
+                data = handle.read(max_bytes + 1)
+        except FileNotFoundError:
+            raise ParseError(name, "no such file") from None
+        except IsADirectoryError:
+            raise ParseError(name, "is a directory; pass a file") from None
+        except PermissionError:
+            raise ParseError(name, "permission denied") from None
+        except OSError as exc:
+            raise ParseError(name, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > max_bytes:
+        raise ParseError(name, f"is larger than {_size(max_bytes)}; not a kvgate input")
+    return data
+
+
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 text (a BOM is dropped); other bytes are one ParseError with the offset."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ParseError(source, f"is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False) -> str:
+    return decode(read_bytes(path, max_bytes=max_bytes, regular=regular), str(path))
+
+
+def load_json_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    return load_json(read_text(path, max_bytes=max_bytes), str(path))
+
+
+def load_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """A JSON or YAML document (JSON when it starts with `{` or `[`)."""
+    text = read_text(path, max_bytes=max_bytes)
+    if text.lstrip()[:1] in ("{", "["):
+        return load_json(text, str(path))
+    return load_yaml(text, str(path))
+
+
+# -- texts -------------------------------------------------------------------------------------
+
+
+def load_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """`json.loads` with its deep-nesting, huge-number and malformed cases as ParseError."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ParseError(source, f"is larger than {_size(MAX_FILE_BYTES)}; not a kvgate input")
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ParseError(source, f"malformed JSON: {exc.msg}", line_no=exc.lineno) from None
+    except RecursionError:
+        raise ParseError(source, f"nests deeper than {max_depth} levels") from None
+    except ValueError as exc:  # int digits over sys.get_int_max_str_digits, NaN/Infinity
+        raise ParseError(source, f"malformed JSON: {str(exc)[:120]}") from None
+    _check_depth(value, source, max_depth)
+    return value
+
+
+def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """`yaml.safe_load` without aliases and at most `max_depth` levels deep."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ParseError(source, f"is larger than {_size(MAX_FILE_BYTES)}; not a kvgate input")
+    depth = 0
+    try:
+        # Events first (libyaml, no recursion): aliases and depth are refused before any
+        # object is built.
+        for event in yaml.parse(text, Loader=_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                raise ParseError(source, "uses YAML aliases (*name); write the values out")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > max_depth:
+                    raise ParseError(source, f"nests deeper than {max_depth} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        return yaml.load(text, Loader=_LOADER)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ParseError(source, f"not YAML: {str(problem)[:120]}", line_no=line) from None
+    except RecursionError:
+        raise ParseError(source, f"nests deeper than {max_depth} levels") from None
+    except ValueError as exc:  # e.g. a huge YAML integer
+        raise ParseError(source, f"not YAML: {str(exc)[:120]}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_depth(value: Any, source: str, max_depth: int) -> None:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise ParseError(source, f"nests deeper than {max_depth} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+# -- argparse types ----------------------------------------------------------------------------
+
+
+def finite_float(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+) -> Callable[[str], float]:
+    """An argparse type: a finite float in [low, high] (or (low, high] with `low_open`)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if text.isascii() else math.nan
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
+        too_low = low is not None and (value <= low if low_open else value < low)
+        if too_low or (high is not None and value > high):
+            left = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(
+                f"{value:g} is outside {left}{_g(low, '-inf')}, {_g(high, 'inf')}]"
+            )
+        return value
+
+    parse.__name__ = "number"  # argparse names the type in its messages
+    return parse
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer of ASCII digits in [low, high]."""
+
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if not (text.isascii() and digits.isdigit() and len(digits) <= 18):
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside [{low}, {high}]")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _g(bound: float | None, none: str) -> str:
+    return none if bound is None else f"{bound:g}"
