@@ -27,8 +27,13 @@ from kvgate.stats import (
     newcombe_interval,
     noninferiority_p,
     obf_spending,
+    power_spending,
     questions_needed,
     questions_needed_unpaired,
+    score_limit,
+    sequential_boundaries,
+    spending,
+    stagewise_p,
     tango_interval,
     tango_statistic,
     tango_statistics,
@@ -401,3 +406,101 @@ def test_exact_size_of_the_fixed_n_noninferiority_test(n: int) -> None:
             size += pm * binom.pmf(losses, m, p_loss / psi)[t >= 1.6448536].sum()
         worst = max(worst, size)
     assert 0.03 < worst <= 0.06
+
+
+# --------------------------------------------------------------------------- mid-p, b = c
+
+
+def _mid_p_by_definition(b: int, c: int) -> float:
+    """P(outcomes less likely than observed) + ½ P(outcomes exactly as likely), b ~ Bin(m, ½)."""
+    m = b + c
+    pmf = binom.pmf(np.arange(m + 1), m, 0.5)
+    obs = pmf[b]
+    close = np.isclose(pmf, obs, rtol=1e-12, atol=0)
+    return float(pmf[(pmf < obs) & ~close].sum() + 0.5 * pmf[close].sum())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 20])
+def test_mid_p_when_both_discordant_cells_are_equal(k: int) -> None:
+    # b = c > 0: the observed split is the only one that likely, so mid-p = 1 - ½·pmf (it was
+    # 1 - pmf, subtracting the point probability twice).
+    counts = PairedCounts(10, k, k, 3)
+    point = binom.pmf(k, 2 * k, 0.5)
+    assert mcnemar_mid_p(counts) == pytest.approx(1 - 0.5 * point)
+    assert mcnemar_mid_p(counts) == pytest.approx(_mid_p_by_definition(k, k))
+    assert mcnemar_mid_p(counts) < mcnemar_exact_p(counts) == 1.0
+
+
+@pytest.mark.parametrize(("b", "c"), [(16, 6), (0, 5), (3, 4), (10, 30), (1, 0)])
+def test_mid_p_matches_its_definition(b: int, c: int) -> None:
+    counts = PairedCounts(5, b, c, 5)
+    assert mcnemar_mid_p(counts) == pytest.approx(_mid_p_by_definition(b, c))
+    assert mcnemar_mid_p(counts) <= mcnemar_exact_p(counts)
+
+
+def test_mid_p_without_discordant_pairs_is_one() -> None:
+    assert mcnemar_mid_p(PairedCounts(10, 0, 0, 3)) == 1.0
+
+
+# --------------------------------------------------------------------------- look-adjusted
+
+
+def test_score_limit_inverts_the_statistic() -> None:
+    for z in (1.645, 2.5, 7.0, -1.96, -3.0):
+        d0 = score_limit(CAVO, z)
+        assert tango_statistic(CAVO, d0) == pytest.approx(z, abs=1e-7)
+    assert score_limit(CAVO, 0.0) == CAVO.difference
+    assert score_limit(CAVO, 1.6448536269514722) == pytest.approx(
+        lower_confidence_bound(CAVO, 0.95)
+    )
+    # A boundary the data cannot reach clips to the edge.
+    assert score_limit(PairedCounts(0, 1, 0, 0), 3.0) == -1.0
+    assert score_limit(PairedCounts(0, 0, 1, 0), -3.0) == 1.0
+
+
+def test_power_spending() -> None:
+    assert power_spending(1.0, 0.025, 0.25) == pytest.approx(0.025)
+    assert power_spending(0.0625, 0.025, 0.25) == pytest.approx(0.0125)
+    assert spending(0.5, 0.05, "obf") == obf_spending(0.5, 0.05)
+    assert spending(0.5, 0.05, "power:2") == pytest.approx(0.0125)
+    for bad in ("pocock", "power:-1", "power:x"):
+        with pytest.raises(SpecError):
+            spending(0.5, 0.05, bad)
+
+
+def test_power_boundaries_spend_alpha_by_monte_carlo() -> None:
+    rng = np.random.default_rng(12)
+    fractions = np.array([0.1, 0.2, 0.4, 0.7, 1.0])
+    bounds = np.array(sequential_boundaries(fractions, 0.025, "power:0.25"))
+    increments = rng.standard_normal((200_000, 5)) * np.sqrt(np.diff(fractions, prepend=0.0))
+    z = np.cumsum(increments, axis=1) / np.sqrt(fractions)
+    first = (z[:, 0] >= bounds[0]).mean()
+    assert first == pytest.approx(power_spending(0.1, 0.025, 0.25), abs=0.001)
+    assert (z >= bounds).any(axis=1).mean() == pytest.approx(0.025, abs=0.0012)
+
+
+def test_stagewise_p_agrees_with_the_boundaries() -> None:
+    fractions = [n / 1319 for n in (*range(50, 1319, 50), 1319)]
+    bounds = efficacy_boundaries(fractions, 0.05)
+    last = len(fractions) - 1
+    # At a boundary the p is the α spent up to that look; the last boundary spends all of α.
+    for k in (0, 5, 13):
+        assert stagewise_p(fractions, bounds, k, bounds[k]) == pytest.approx(
+            obf_spending(fractions[k], 0.05), rel=1e-3, abs=1e-12
+        )
+    assert stagewise_p(fractions, bounds, last, bounds[last]) == pytest.approx(0.05, abs=1e-6)
+    # Below the last boundary, above α: an INCONCLUSIVE cannot print p < 0.05.
+    assert stagewise_p(fractions, bounds, last, 1.70) > 0.05
+    # One look: the fixed-n p.
+    assert stagewise_p([1.0], [1.6448536], 0, 2.0) == pytest.approx(0.0227501, abs=1e-6)
+
+
+def test_stagewise_p_by_monte_carlo() -> None:
+    rng = np.random.default_rng(13)
+    fractions = np.array([0.25, 0.5, 0.75, 1.0])
+    bounds = efficacy_boundaries(fractions, 0.05)
+    increments = rng.standard_normal((200_000, 4)) * np.sqrt(np.diff(fractions, prepend=0.0))
+    z = np.cumsum(increments, axis=1) / np.sqrt(fractions)
+    crossed_before = (z[:, :2] >= np.array(bounds[:2])).any(axis=1)
+    expected = (crossed_before | (z[:, 2] >= 1.5)).mean()
+    assert stagewise_p(fractions, bounds, 2, 1.5) == pytest.approx(expected, abs=0.002)
