@@ -36,7 +36,9 @@ _LOADER: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # -- files -------------------------------------------------------------------------------------
 
 
-def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False) -> bytes:
+def read_bytes(
+    path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False
+) -> bytes:
     """At most `max_bytes` of a file (`-` is stdin); a larger file is refused, not cut."""
     name = str(path)
     if name == "-":
@@ -54,7 +56,9 @@ def read_bytes(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bo
         except PermissionError:
             raise ParseError(name, "permission denied") from None
         except OSError as exc:
-            raise ParseError(name, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+            raise ParseError(
+                name, f"cannot be read ({exc.strerror or type(exc).__name__})"
+            ) from None
     if len(data) > max_bytes:
         raise ParseError(name, f"is larger than {_size(max_bytes)}; not a kvgate input")
     return data

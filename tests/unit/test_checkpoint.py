@@ -449,8 +449,7 @@ def test_local_errors(tmp_path: Path) -> None:
     with pytest.raises(ParseError) as caught:
         read_local_checkpoint(truncated)
     assert str(caught.value) == (
-        f"{truncated}: not a safetensors file: its header length is larger than the file "
-        "(10 bytes)"
+        f"{truncated}: not a safetensors file: its header length is larger than the file (10 bytes)"
     )
 
     tiny = tmp_path / "tiny.safetensors"

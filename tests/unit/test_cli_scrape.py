@@ -218,7 +218,9 @@ def test_an_endless_body_is_refused_at_the_cap(
     serve(lambda request: httpx.Response(200, content=endless()))
     code, out, err = run(capsys, URL)
     assert (code, out) == (4, "")
-    assert err == f"kvgate: ScrapeError: {URL}: body is larger than 4 MiB; not an engine's /metrics\n"
+    assert (
+        err == f"kvgate: ScrapeError: {URL}: body is larger than 4 MiB; not an engine's /metrics\n"
+    )
 
 
 def test_an_unknown_charset_still_decodes(
@@ -244,4 +246,6 @@ def test_json_output_never_holds_infinity(
     serve(lambda request: httpx.Response(200, text=body))
     code, out, err = run(capsys, URL, "--json")
     assert "Infinity" not in out and "NaN" not in out
-    assert code == 2 and err.startswith(f"kvgate: ParseError: {URL}: metric vllm:num_requests_waiting")
+    assert code == 2 and err.startswith(
+        f"kvgate: ParseError: {URL}: metric vllm:num_requests_waiting"
+    )

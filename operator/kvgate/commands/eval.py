@@ -23,6 +23,7 @@ from kvgate.evaluation.gate import (
     plan_gate,
 )
 from kvgate.evaluation.records import FILTERS, QuestionRecord
+from kvgate.inputs import bounded_int, finite_float
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 
 HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
@@ -55,24 +56,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="filt",
         help="the lm-eval filter the gate judges (both are recorded)",
     )
-    parser.add_argument("--limit", type=int, help="questions at most (default: the test split)")
-    parser.add_argument("--num-fewshot", type=int)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--concurrency", type=int, default=8, help="lm-eval num_concurrent")
-    parser.add_argument("--max-gen-toks", type=int, default=512)
-    parser.add_argument("--max-retries", type=int, default=3, help="attempts per request")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    # Types give one line for NaN, infinities and absurd counts; the range checks in run()
+    # keep their messages for zero and negative values.
+    count = bounded_int(-(10**9), 10**9)
+    parser.add_argument("--limit", type=count, help="questions at most (default: the test split)")
+    parser.add_argument("--num-fewshot", type=bounded_int(-(10**6), 10**6))
+    parser.add_argument("--seed", type=bounded_int(-(2**63), 2**63 - 1), default=1234)
     parser.add_argument(
-        "--margin", type=float, default=DEFAULT_MARGIN, help="largest tolerated loss (fraction)"
+        "--concurrency", type=bounded_int(-1024, 1024), default=8, help="lm-eval num_concurrent"
+    )
+    parser.add_argument("--max-gen-toks", type=bounded_int(-(2**20), 2**20), default=512)
+    parser.add_argument(
+        "--max-retries", type=bounded_int(-100, 100), default=3, help="attempts per request"
+    )
+    parser.add_argument(
+        "--timeout", type=finite_float(-86400, 86400), default=300.0, help="seconds per request"
+    )
+    parser.add_argument(
+        "--margin",
+        type=finite_float(),
+        default=DEFAULT_MARGIN,
+        help="largest tolerated loss (fraction)",
     )
     parser.add_argument(
         "--confidence",
-        type=float,
+        type=finite_float(),
         default=DEFAULT_CONFIDENCE,
         help="one-sided confidence of the non-inferiority claim",
     )
     parser.add_argument("--sequential", action="store_true", help="look every --chunk questions")
-    parser.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="questions per look")
+    parser.add_argument("--chunk", type=count, default=DEFAULT_CHUNK, help="questions per look")
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
     parser.add_argument("--output", help="per-question JSONL file")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
 from kvgate.checkpoint import ScaleReport, unknown_scales
-from kvgate.errors import ParseError, SpecError
+from kvgate.errors import KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
@@ -53,6 +53,17 @@ def preflight(
     """Read what `target` names and return the preflight summary as plain data."""
     from kvgate.adapters import hub
 
+    try:
+        return _preflight(hub, target, revision, token, memory_bytes)
+    except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
+        if isinstance(exc, KvgateError):
+            raise
+        raise ParseError(target[:200], f"cannot be read ({type(exc).__name__})") from None
+
+
+def _preflight(
+    hub: Any, target: str, revision: str | None, token: str | None, memory_bytes: int | None
+) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
     if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):

@@ -21,6 +21,10 @@ HELP = "scan a vLLM or SGLang startup log for KV dtype, scales, attention backen
 EXIT_HEALTHY = 0
 EXIT_FAILED = 1
 EXIT_NOT_READY = 3
+# A startup log is MBs; a day of request logs a few GB. Past this the input is not a log
+# (`/dev/zero`, a disk image) and is refused rather than read forever.
+MAX_LOG_CHARS = 1 << 30
+_READ_CHARS = 64 << 10  # one read: an endless line cannot fill memory
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +55,32 @@ def _open(path: str) -> Iterator[TextIO]:
         raise ParseError(path, "permission denied") from exc
 
 
+def _bounded_lines(handle: TextIO, source: str) -> Iterator[str]:
+    """The handle's lines, each cut to _READ_CHARS (the scanner reads less), in flat memory."""
+    total = 0
+    while True:
+        line = handle.readline(_READ_CHARS)
+        if not line:
+            return
+        total += len(line)
+        while not line.endswith(("\n", "\r")):  # an overlong line: skip its rest
+            more = handle.readline(_READ_CHARS)
+            if not more:
+                break
+            total += len(more)
+            if total > MAX_LOG_CHARS:
+                break
+            if more.endswith(("\n", "\r")):
+                break
+        if total > MAX_LOG_CHARS:
+            raise ParseError(source, f"is larger than {MAX_LOG_CHARS >> 30} GiB; not a startup log")
+        yield line
+
+
 def run(args: argparse.Namespace) -> int:
     source = "<stdin>" if args.file == "-" else args.file
     with _open(args.file) as handle:
-        scan = scan_lines(handle, args.engine, source=source)
+        scan = scan_lines(_bounded_lines(handle, source), args.engine, source=source)
     if args.json:
         print(json.dumps({"source": source, **scan.to_dict()}, sort_keys=True))
     else:

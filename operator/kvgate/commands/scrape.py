@@ -22,14 +22,28 @@ EXIT_INCONCLUSIVE = 3
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="metrics URL, e.g. http://10.0.0.5:8000/metrics")
     parser.add_argument(
-        "--interval", type=finite_float(0, 86400), default=10.0, metavar="S", help="seconds between samples (10)"
+        "--interval",
+        type=finite_float(0, 86400),
+        default=10.0,
+        metavar="S",
+        help="seconds between samples (10)",
     )
-    parser.add_argument("--samples", type=bounded_int(1, 100_000), default=1, metavar="N", help="number of samples (1)")
+    parser.add_argument(
+        "--samples",
+        type=bounded_int(1, 100_000),
+        default=1,
+        metavar="N",
+        help="number of samples (1)",
+    )
     parser.add_argument(
         "--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto (default)"
     )
     parser.add_argument(
-        "--usage-threshold", type=finite_float(0, 1, low_open=True), default=0.9, metavar="F", help="full-pool KV usage (0.9)"
+        "--usage-threshold",
+        type=finite_float(0, 1, low_open=True),
+        default=0.9,
+        metavar="F",
+        help="full-pool KV usage (0.9)",
     )
     parser.add_argument(
         "--min-fraction",
@@ -38,7 +52,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="share of samples that must show a full pool with requests waiting (0.5)",
     )
-    parser.add_argument("--timeout", type=finite_float(0, 3600, low_open=True), default=5.0, metavar="S", help="per request (5)")
+    parser.add_argument(
+        "--timeout",
+        type=finite_float(0, 3600, low_open=True),
+        default=5.0,
+        metavar="S",
+        help="per request (5)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

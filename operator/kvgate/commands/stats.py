@@ -43,9 +43,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from", dest="source", metavar="FILE", help="kvgate eval --output JSONL or summary JSON"
     )
-    parser.add_argument("--margin", type=finite_float(), default=None, help=f"default {DEFAULT_MARGIN}")
     parser.add_argument(
-        "--confidence", type=finite_float(), default=None, help=f"one-sided, default {DEFAULT_CONFIDENCE}"
+        "--margin", type=finite_float(), default=None, help=f"default {DEFAULT_MARGIN}"
+    )
+    parser.add_argument(
+        "--confidence",
+        type=finite_float(),
+        default=None,
+        help=f"one-sided, default {DEFAULT_CONFIDENCE}",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
