@@ -365,6 +365,8 @@ class PairedAnalysis:
     # Every loss larger than this (a fraction, ≥ 0) is ruled out at `confidence`, one-sided;
     # 0 means even a zero loss is ruled out (the candidate is shown better).
     largest_loss_ruled_out: float
+    # The one-sided lower bound for Δ at `confidence` the decision uses (one look, fixed n).
+    lower_bound: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -373,7 +375,10 @@ class PairedAnalysis:
             "margin": self.margin,
             "confidence": self.confidence,
             "difference": self.difference,
+            "lower_bound": self.lower_bound,
+            "lower_bound_sided": "one-sided, fixed n (one look)",
             "tango95": [self.tango95[0], self.tango95[1]],
+            "tango95_sided": "two-sided, fixed n (one look)",
             "mcnemar_p": self.mcnemar_p,
             "noninferiority_p": self.noninferiority_p,
             "noninferior": self.noninferior,
@@ -401,6 +406,7 @@ def analyse_paired(
         noninferiority_p=noninferiority_p(counts, margin),
         noninferior=lower > -margin,
         largest_loss_ruled_out=max(0.0, -lower),
+        lower_bound=lower,
     )
 
 

@@ -215,3 +215,37 @@ def test_eval_input_errors_exit_2_before_any_request(
     assert code == 2, err
     assert out == ""
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_paired_json_labels_the_two_sided_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "stats", "--paired", "452,7,6,35", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["tango95_sided"].startswith("two-sided")
+    assert data["lower_bound_sided"].startswith("one-sided")
+    assert data["lower_bound"] == pytest.approx(-data["largest_loss_ruled_out"])
+    assert data["tango95"][0] < data["lower_bound"]
+    code, out, _ = _run(capsys, "stats", "--paired", "452,7,6,35")
+    assert "Tango 95% two-sided" in out and "one-sided, one look" in out
+
+
+def test_from_a_sequential_summary_shows_its_look_adjusted_claim(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from kvgate.evaluation.gate import assess_look, build_summary, plan_gate
+    from kvgate.stats import PairedCounts
+
+    plan = plan_gate(1319, chunk=50)
+    counts = PairedCounts(596, 4, 0, 100)
+    verdict = assess_look(plan, 13, counts).verdict
+    assert verdict is not None
+    summary = build_summary(plan=plan, task="gsm8k", verdict=verdict, counts=counts, looks_taken=14)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, _ = _run(capsys, "stats", "--from", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["eval"]["reason"] == "noninferior"
+    # The one-look figure (1.27 pp) and the eval's, adjusted for 14 looks (1.89 pp).
+    assert data["largest_loss_ruled_out"] < 0.013 < data["eval"]["largest_loss_ruled_out"] <= 0.02
+    code, out, _ = _run(capsys, "stats", "--from", str(path))
+    assert "eval claim  candidate minus control ≥ -1.89 pp" in out

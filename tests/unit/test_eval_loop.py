@@ -122,10 +122,36 @@ def test_error_before_any_answer() -> None:
 
 @pytest.mark.parametrize(("chunk", "looks"), [(None, 1), (100, 3)])
 def test_inconclusive_runs_every_look(chunk: int | None, looks: int) -> None:
-    # 3 losses, 0 wins in 300 questions: neither non-inferior nor shown worse (exact p = 0.125).
+    # 4 losses, 0 wins in 300 questions: McNemar's z = -2.0 is past the one-look fail boundary
+    # (-1.96) but the exact one-sided p is 0.0625 > 2.5%: neither non-inferior nor shown worse.
     summary, emitted, _ = _run(
         ScriptedRunner(_base, lambda d: _base(d) and d % 97 != 5), 300, chunk
     )
     assert summary["verdict"] == "inconclusive"
     assert summary["looks"] == looks == len(emitted)
     assert summary["questions_used"] == 300
+    assert summary["reason"] == "not_shown"
+    assert summary["smallest_loss_shown"] == 0.0
+    assert summary["noninferiority_p"] > 0.05
+
+
+def test_garbage_candidate_is_shown_worse_than_the_margin() -> None:
+    summary, emitted, _ = _run(ScriptedRunner(_base, lambda d: False), 1319, 50)
+    assert summary["reason"] == "worse_than_margin"
+    assert summary["smallest_loss_shown"] > summary["margin"]
+    assert summary["bounds"]["upper"] < -summary["margin"]
+    assert emitted[0]["reason"] == "worse_than_margin"
+    assert emitted[0]["fail_statistic"] <= emitted[0]["fail_boundary"] < 0
+
+
+def test_early_pass_reports_bounds_adjusted_for_the_looks() -> None:
+    # Equal arms pass early; the bound printed is the repeated confidence bound at the stopping
+    # look, so it sits between the single-look bound and the margin.
+    summary, emitted, _ = _run(ScriptedRunner(_base, _base), 1319, 50)
+    assert summary["verdict"] == "pass" and summary["stopped_early"]
+    assert summary["bounds"]["look_adjusted"] is True
+    assert summary["bounds"]["look"] == summary["looks"] == len(emitted)
+    assert summary["largest_loss_ruled_out"] <= summary["margin"]
+    assert summary["noninferiority_p"] <= 1 - summary["confidence"]
+    assert summary["claim"].startswith("candidate minus control ≥")
+    assert emitted[-1]["verdict"] == "pass" and emitted[-1]["reason"] == "noninferior"

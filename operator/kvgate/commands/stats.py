@@ -213,6 +213,7 @@ def _print_paired(
         }
         if summary is not None:
             out["eval_verdict"] = summary.get("verdict")
+            out["eval"] = _eval_figures(summary)
         print(json.dumps(out))
         return
     low, high = analysis.tango95
@@ -224,13 +225,14 @@ def _print_paired(
         f"candidate only {counts.candidate_only}, neither {counts.neither}"
     )
     print(
-        f"difference  {100 * analysis.difference:+.2f} pp  Tango 95% "
+        f"difference  {100 * analysis.difference:+.2f} pp  Tango 95% two-sided "
         f"[{100 * low:+.2f}, {100 * high:+.2f}] pp  McNemar exact p = {analysis.mcnemar_p:.3g}"
     )
     verdict = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
     print(
-        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided: {verdict} "
-        f"(p = {analysis.noninferiority_p:.3g}); losses above "
+        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, one look: "
+        f"{verdict} (p = {analysis.noninferiority_p:.3g}); lower bound "
+        f"{100 * analysis.lower_bound:+.2f} pp, losses above "
         f"{100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
     )
     print(
@@ -239,3 +241,22 @@ def _print_paired(
     )
     if summary is not None:
         print(f"eval        verdict {summary.get('verdict')} after {summary.get('looks')} look(s)")
+        figures = _eval_figures(summary)
+        if figures.get("claim"):
+            # A sequential eval's own figures account for its looks; the ones above do not.
+            print(f"eval claim  {figures['claim']}")
+
+
+def _eval_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The verdict's own (look-adjusted) figures from a saved summary, where it has them."""
+    keys = (
+        "verdict",
+        "reason",
+        "claim",
+        "looks",
+        "bounds",
+        "largest_loss_ruled_out",
+        "smallest_loss_shown",
+        "noninferiority_p",
+    )
+    return {k: summary[k] for k in keys if k in summary}
