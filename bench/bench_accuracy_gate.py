@@ -179,8 +179,9 @@ def study(args: argparse.Namespace) -> list[str]:
         f"{args.runs:,} simulated runs per row, seed {args.seed}; control {BASELINE:.1%}; churn "
         f"(share of answers that flip each way) U(0%, 3%) per run unless a row fixes it; margin "
         f"{args.margin:.0%}. Pass: T(-margin) ≥ e_k, O'Brien-Fleming-type spending of "
-        f"{1 - args.confidence:.0%}; fail: McNemar z = T(0) ≤ -f_k, `{args.fail_spending}` "
-        f"spending of {1 - args.fail_confidence:.0%}; looks every {args.chunk} questions up to "
+        f"{1 - args.confidence:.1%}; fail: McNemar z = T(0) ≤ -f_k (and an exact one-sided "
+        f"McNemar p ≤ {1 - args.fail_confidence:.1%}), `{args.fail_spending}` "
+        f"spending of {1 - args.fail_confidence:.1%}; looks every {args.chunk} questions up to "
         f"{total} ({len(plan.looks)} looks). e_k = "
         f"{', '.join(f'{b:.2f}' for b in plan.boundaries[:4])}, ..., {plan.boundaries[-1]:.3f}; "
         f"f_k = {', '.join(f'{b:.2f}' for b in plan.fail_boundaries[:4])}, ..., "
@@ -190,7 +191,8 @@ def study(args: argparse.Namespace) -> list[str]:
         "runs. `L wrong` is the share of runs whose reported lower bound (largest loss ruled out) "
         "is above the true difference; the stated confidence allows 0.05. `single-look L "
         "wrong` is the same for the unadjusted bound the gate printed before. `U wrong` is the "
-        f"same for the upper bound (stated {args.fail_confidence:.0%}).",
+        f"same for the upper bound (stated {args.fail_confidence:.1%}; it is below 0 only on a "
+        "fail). P(fail) at 0 pt is the hard-FAIL rate of a candidate with no loss.",
         "",
         "## Churn U(0%, 3%) each way",
         "",
@@ -199,11 +201,14 @@ def study(args: argparse.Namespace) -> list[str]:
         "L wrong (all / early) | U wrong | fixed-1319 P(promote) | manual P(promote) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    mixed: dict[float, dict[str, float]] = {}
+    worst_two_point = 0.0
     for loss in args.losses:
         runs = simulate_looks(rng, args.runs, plan.looks, loss, (0.0, 0.03))
         gate = run_gate(plan, runs, loss)
         one = run_gate(fixed, simulate_looks(rng, args.runs, fixed.looks, loss, (0.0, 0.03)), loss)
         manual = run_manual(rng, runs, loss)
+        mixed[loss] = gate
         out.append(
             f"| {loss * 100:.0f} pt | {gate['promote']:.4f} | {gate['fail']:.4f} | "
             f"{gate['fail_margin']:.4f} | {gate['inconclusive']:.4f} | {gate['questions']:.0f} | "
@@ -226,6 +231,8 @@ def study(args: argparse.Namespace) -> list[str]:
             gate = run_gate(plan, runs, loss)
             one_runs = simulate_looks(rng, args.runs, fixed.looks, loss, (churn, churn))
             one = run_gate(fixed, one_runs, loss)
+            if loss == 0.02:
+                worst_two_point = max(worst_two_point, gate["promote"])
             out.append(
                 f"| {churn:.0%} | {loss * 100:.0f} pt | {gate['promote']:.4f} | "
                 f"{gate['fail']:.4f} | {gate['fail_margin']:.4f} | {gate['questions']:.0f} | "
@@ -233,7 +240,35 @@ def study(args: argparse.Namespace) -> list[str]:
                 f"{gate['upper_wrong']:.4f} | {one['promote']:.4f} |"
             )
             print(out[-1], flush=True)
+    out += ["", "## Goals", "", *_goals(mixed, worst_two_point, args.runs)]
     return out
+
+
+def _goals(mixed: dict[float, dict[str, float]], worst_two_point: float, runs: int) -> list[str]:
+    """Each design goal against the rows above (churn U(0%, 3%) unless stated)."""
+    lines = [
+        f"- P(promote | 2-point loss) ≤ 0.05 at every churn level: worst {worst_two_point:.4f}"
+    ]
+    if 0.0 in mixed:
+        zero = mixed[0.0]
+        se = _se(zero["promote"], runs)
+        lines += [
+            f"- P(promote | no loss) ≥ 0.95: {zero['promote']:.4f} ± {se:.4f}; mean questions "
+            f"≤ 720: {zero['questions']:.0f}; hard FAIL with no loss {zero['fail']:.4f}",
+        ]
+    for loss, limit in ((0.05, 300), (0.10, 120)):
+        if loss in mixed:
+            lines.append(
+                f"- {loss * 100:.0f}-point loss stopped in ≤ {limit} questions on average: "
+                f"{mixed[loss]['questions']:.0f} (P(fail) {mixed[loss]['fail']:.4f})"
+            )
+    worst_lower = max((g["lower_wrong"] for g in mixed.values()), default=math.nan)
+    worst_upper = max((g["upper_wrong"] for g in mixed.values()), default=math.nan)
+    lines.append(
+        f"- reported bounds hold at their confidence: lower bound wrong at most {worst_lower:.4f}"
+        f" (≤ 0.05), upper bound wrong at most {worst_upper:.4f} (≤ 0.025)"
+    )
+    return lines
 
 
 def main() -> None:
