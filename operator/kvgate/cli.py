@@ -102,4 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _report(exc: KvgateError, args: argparse.Namespace) -> None:
     if getattr(args, "debug", False):
         traceback.print_exc()
-    print(f"kvgate: {type(exc).__name__}: {exc}", file=sys.stderr)
+    print(f"kvgate: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
+
+
+_MAX_MESSAGE = 1000
+
+
+def _one_line(text: str) -> str:
+    """The message as one printable line: hostile input may hold line breaks or control bytes."""
+    if len(text) > _MAX_MESSAGE:
+        text = text[: _MAX_MESSAGE - 3] + "..."
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
