@@ -188,6 +188,15 @@ def reconcile(
         phase is Phase.AWAITING_APPROVAL and status.get("reason") == "VerdictReported"
     ):
         if status.get("observedGeneration") == generation:
+            if status.get("pendingActions"):  # the end was recorded; its deletions are due
+                spec, _errors = _parse_spec(body.get("spec") or {})
+                ctx = _Ctx(body, meta["namespace"], meta["name"], generation, spec, status,
+                           memo.kube, memo.config, logger, _now())  # fmt: skip
+                try:
+                    _run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
+                except ExternalError as exc:
+                    raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
+                patch.status["pendingActions"] = None
             return
         # A new spec after the end starts a new rollout (like Flagger's retry by spec change);
         # the last run's findings are cleared so none of them can vote in the new verdict.
@@ -210,6 +219,7 @@ def reconcile(
     )
     state = _state(ctx, phase, meta)
     try:
+        _run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
         obs = _observe(ctx, phase, spec_errors)
         step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
         _act(ctx, step)
@@ -239,6 +249,8 @@ def reconcile(
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
+    if step.terminal and ctx.status.get("pendingActions"):
+        raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
 def _parse_spec(raw: Mapping[str, Any]) -> tuple[RolloutSpec, tuple[str, ...]]:
@@ -875,18 +887,37 @@ def _baseline_waiting(ctx: _Ctx) -> float | None:
 # --- acting ------------------------------------------------------------------------------------
 
 
+# Deletions are write-ahead: recorded with the step that decides them, made on the next
+# reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash
+# after deleting a canary and before the status write would read as "canary disappeared".
+_DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
+
+
 def _act(ctx: _Ctx, step: Step) -> None:
     for action in step.actions:
-        _ACTIONS[action](ctx, step)
+        if action in _DEFERRED:
+            pending = set(ctx.status.get("pendingActions") or ())
+            ctx.status["pendingActions"] = sorted(pending | {action.value})
+        else:
+            _ACTIONS[action](ctx, step)
 
 
 def _act_best_effort(ctx: _Ctx, step: Step) -> None:
     """Giving up after errors: try every action; owner references clean up what fails."""
-    for action in step.actions:
-        try:
-            _ACTIONS[action](ctx, step)
-        except (ExternalError, KvgateError) as exc:
-            ctx.logger.warning("%s failed while giving up: %s", action.value, exc)
+    try:
+        _act(ctx, step)
+    except (ExternalError, KvgateError) as exc:
+        ctx.logger.warning("acting failed while giving up: %s", exc)
+
+
+def _run_pending(ctx: _Ctx, step: Step) -> None:
+    """The deletions an earlier reconcile recorded; cleared once they all went through."""
+    known = {a.value for a in Action}
+    pending = [Action(a) for a in ctx.status.get("pendingActions") or () if a in known]
+    for action in pending:
+        _ACTIONS[action](ctx, step)
+    if pending:
+        ctx.status["pendingActions"] = None
 
 
 def _create_canaries(ctx: _Ctx, step: Step) -> None:

@@ -1147,6 +1147,7 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
             "Promoted",
             f"Deployment {name} runs --kv-cache-dtype {spec.kv_cache_dtype}; verified by "
             f"{samples} samples over {elapsed:.0f}s",
+            verify_samples=samples,
         )
     note = " (window restarted after a gap in observation)" if restart else ""
     return Step(

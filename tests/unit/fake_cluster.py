@@ -1,0 +1,296 @@
+"""An in-memory stand-in for `kvgate.adapters.kube.Kube`, for the controller's unit tests.
+
+It keeps Deployments, Pods, Jobs and ConfigMaps as API-shaped dicts and plays the parts of
+the cluster the controller depends on: a patched Deployment rolls out at once (new pods
+with the new container, the status counters of a finished rollout), a created Pod is Running
+and Ready with an IP and an engine log that matches its args, a created Job completes with
+the eval summary in its pod's log. Faults are switches: `crash_at` kills the "operator"
+(raises `Crash`, a BaseException nothing in kvgate catches) before or after the Nth mutating
+call, `refuse_patches` answers patches with an error, `crash_new_pods` makes pods of the
+candidate config crash.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+
+from kvgate.errors import KubeError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CONTROL_LOG = (DATA / "logs" / "vllm-0.11-bf16-ready.txt").read_text()
+CANDIDATE_LOG = (DATA / "logs" / "vllm-0.16-fp8-scales-triton-ready.txt").read_text()
+METRICS = (DATA / "metrics" / "vllm-0.11.txt").read_text()
+SUMMARY_PASS = {
+    "kind": "kvgate.eval/summary",
+    "verdict": "pass",
+    "control": {"correct": 460, "total": 500, "accuracy": 0.92},
+    "candidate": {"correct": 458, "total": 500, "accuracy": 0.916},
+    "paired": {"difference": -0.004, "tango95": [-0.019, 0.011]},
+    "margin": 0.03,
+    "questions_used": 500,
+}
+
+
+class Crash(BaseException):
+    """The operator process dies here (SIGKILL): nothing after it runs, status is not written."""
+
+
+def deployment(name: str = "vllm") -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "ns", "generation": 1, "uid": "dep-uid"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "command": ["vllm", "serve", "Qwen/Qwen3-8B"],
+                            "args": ["--port", "8000", "--max-model-len", "8192"],
+                            "env": [{"name": "HF_HOME", "value": "/cache"}],
+                        }
+                    ]
+                },
+            },
+        },
+        "status": {},
+    }
+
+
+def _matches(labels: Mapping[str, str], selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class FakeKube:
+    """The operator's view of a cluster that does what it is told, at once."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests = 0
+        self.mutations = 0
+        self.crash_at: int | None = None
+        self.crash_after = False  # crash after applying the mutation instead of before
+        self.refuse_patches: Callable[[list[dict[str, Any]]], str | None] = lambda ops: None
+        self.crash_new_pods = False
+        self.on_mutation: Callable[[FakeKube], None] | None = None
+        self._ids = itertools.count(1)
+
+    # --- helpers for tests ---
+
+    def add(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        obj["metadata"].setdefault("uid", f"uid-{next(self._ids)}")
+        obj["metadata"].setdefault("namespace", "ns")
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+        if obj["kind"] == "Deployment":
+            self._roll_out(obj)
+        return obj
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, name))
+
+    def container(self, name: str = "vllm") -> dict[str, Any]:
+        dep = self.objects[("Deployment", name)]
+        return dict(dep["spec"]["template"]["spec"]["containers"][0])
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for (k, _), o in self.objects.items() if k == kind]
+
+    # --- fault injection ---
+
+    def _mutate(self, apply: Callable[[], Any]) -> Any:
+        self.mutations += 1
+        crash = self.crash_at is not None and self.mutations == self.crash_at
+        if crash and not self.crash_after:
+            raise Crash(f"before mutation {self.mutations}")
+        result = apply()
+        if self.on_mutation is not None:
+            self.on_mutation(self)
+        if crash:
+            raise Crash(f"after mutation {self.mutations}")
+        return result
+
+    # --- the Kube interface ---
+
+    def _read(self, kind: str, name: str) -> dict[str, Any] | None:
+        self.requests += 1
+        obj = self.objects.get((kind, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read("Deployment", name)
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read("Pod", name)
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read("Job", name)
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.requests += 1
+        return [
+            copy.deepcopy(p)
+            for p in self.of_kind("Pod")
+            if _matches(p["metadata"].get("labels") or {}, selector)
+        ]
+
+    def list_rollouts(self, namespace: str) -> list[dict[str, Any]]:
+        return []
+
+    def read_log(
+        self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False
+    ) -> str | None:
+        self.requests += 1
+        obj = self.objects.get(("Pod", pod))
+        return None if obj is None or previous else str(obj.get("_log", ""))
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        return None
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.requests += 1
+        existing = self.objects.get((body["kind"], body["metadata"]["name"]))
+        if existing is not None:
+            return copy.deepcopy(existing)
+        return copy.deepcopy(self._mutate(lambda: self._create(body)))
+
+    def _create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj = self.add(dict(body))
+        if obj["kind"] == "Pod":
+            self._start(obj)
+        elif obj["kind"] == "Job":
+            obj["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+            labels = {
+                **obj["spec"]["template"]["metadata"]["labels"],
+                "job-name": obj["metadata"]["name"],
+            }
+            pod = self.add({"kind": "Pod", "metadata": {"name": f"{obj['metadata']['name']}-x", "labels": labels},
+                            "spec": obj["spec"]["template"]["spec"]})  # fmt: skip
+            pod["status"] = {"phase": "Succeeded"}
+            pod["_log"] = json.dumps(SUMMARY_PASS) + "\n"
+        return obj
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        candidate = "--kv-cache-dtype" in (container.get("args") or [])
+        pod["_log"] = CANDIDATE_LOG if candidate else CONTROL_LOG
+        crashed = (
+            candidate
+            and self.crash_new_pods
+            and "kvgate.io/rollout" not in (pod["metadata"].get("labels") or {})
+        )
+        state: dict[str, Any] = {"running": {}}
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": f"127.0.0.{next(self._ids) % 250 + 2}",
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "ready": not crashed,
+                    "restartCount": 1 if crashed else 0,
+                    "state": state,
+                    "lastState": {"terminated": {"exitCode": 1}} if crashed else {},
+                }
+            ],
+        }
+
+    def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.requests += 1
+        return copy.deepcopy(self._mutate(lambda: self.add(dict(body))))
+
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        self.requests += 1
+        obj = self.objects.get((kind, name))
+        if obj is None:
+            return False
+        if uid and obj["metadata"].get("uid") != uid:
+            return False
+
+        def apply() -> bool:
+            self.objects.pop((kind, name), None)
+            if kind == "Job":
+                for pod in self.of_kind("Pod"):
+                    if (pod["metadata"].get("labels") or {}).get("job-name") == name:
+                        self.objects.pop(("Pod", pod["metadata"]["name"]), None)
+            return True
+
+        return bool(self._mutate(apply))
+
+    def patch_deployment(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self.requests += 1
+        refusal = self.refuse_patches(ops)
+        if refusal is not None:
+            raise KubeError(f"patch deployment {namespace}/{name}: {refusal}", status=403)
+
+        def apply() -> dict[str, Any]:
+            dep = self.objects[("Deployment", name)]
+            try:
+                patched = jsonpatch.apply_patch(dep, ops)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as exc:
+                raise KubeError(
+                    f"patch deployment {namespace}/{name}: 422 {exc}", status=422
+                ) from exc
+            if patched["spec"]["template"] != dep["spec"]["template"]:
+                patched["metadata"]["generation"] = int(dep["metadata"]["generation"]) + 1
+            self.objects[("Deployment", name)] = patched
+            self._roll_out(patched)
+            return copy.deepcopy(patched)
+
+        return dict(self._mutate(apply))
+
+    def edit_container(self, name: str, **fields: Any) -> None:
+        """Someone else edits the Deployment (kubectl, Argo CD): not an operator mutation."""
+        dep = self.objects[("Deployment", name)]
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        for key, value in fields.items():
+            if value is None:
+                container.pop(key, None)
+            else:
+                container[key] = copy.deepcopy(value)
+        dep["metadata"]["generation"] += 1
+        self._roll_out(dep)
+
+    def _roll_out(self, dep: dict[str, Any]) -> None:
+        """The Deployment controller, instantly: one new pod of the template, the old ones gone."""
+        name = dep["metadata"]["name"]
+        labels = dict(dep["spec"]["selector"]["matchLabels"])
+        for pod in self.of_kind("Pod"):
+            if _matches(pod["metadata"].get("labels") or {}, f"app={labels['app']}") and not (
+                pod["metadata"].get("labels") or {}
+            ).get("kvgate.io/rollout"):
+                self.objects.pop(("Pod", pod["metadata"]["name"]), None)
+        generation = dep["metadata"]["generation"]
+        pod = {
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-{generation}", "labels": labels},
+            "spec": copy.deepcopy(dep["spec"]["template"]["spec"]),
+        }
+        pod = self.add(pod)
+        self._start(pod)
+        ready = int(pod["status"]["containerStatuses"][0]["ready"])
+        dep["status"] = {
+            "observedGeneration": generation,
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "unavailableReplicas": 1 - ready,
+        }

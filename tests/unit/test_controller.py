@@ -1,0 +1,402 @@
+"""The controller (kopf handlers) against an in-memory cluster, with the operator killed at every
+mutation it makes, before and after the mutation lands.
+
+A run drives `reconcile` as kopf would: the status patch a call returns is applied (as a JSON
+merge patch) only when the call ends normally; a `Crash` loses it, as a SIGKILL would. The
+invariant after every run: terminal Promoted <=> the Deployment runs the candidate; any other
+terminal phase <=> the Deployment's container equals the original.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+import pytest
+from fake_cluster import METRICS, Crash, FakeKube, deployment
+
+from kvgate import handlers, promotion
+from kvgate.config import OperatorConfig
+
+TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+LOG = logging.getLogger("test-controller")
+
+
+def rollout(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "targetRef": {"name": "vllm", "container": "engine"},
+        "kvCacheDtype": "fp8",
+        "extraArgs": ["--attention-backend", "TRITON_ATTN"],
+        "gates": {"capacity": {"mode": "off"}},
+        "canary": {"startupTimeout": "60s", "evalTimeout": "120s", "evalRetries": 1},
+        "promotion": {"mode": "auto", "verifyWindow": "4s", "verifySamples": 3},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "kvgate.io/v1alpha1",
+        "kind": "KVCacheRollout",
+        "metadata": {"name": "r", "namespace": "ns", "uid": "rollout-uid", "generation": 1,
+                     "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": body,
+    }  # fmt: skip
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386 JSON merge patch, as kopf's status patch is applied by the apiserver."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class World:
+    """One rollout, one fake cluster, a clock, and the operator's restarts."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **spec: Any) -> None:
+        self.kube = FakeKube()
+        self.kube.add(deployment())
+        self.original = copy.deepcopy(self.kube.container())
+        self.obj = rollout(**spec)
+        self.now = dt.datetime(2026, 12, 1, 10, 0, 0, tzinfo=dt.UTC)
+        self.events: list[tuple[str, str, str]] = []
+        self.crashes = 0
+        self.phases: list[str] = []
+        self.before_reconcile: Callable[[World], None] | None = None
+        self.memo = kopf.Memo(
+            kube=self.kube, config=OperatorConfig(poll_interval_s=1, hub_offline=True)
+        )
+        monkeypatch.setattr(handlers, "_now", lambda: self.now)
+        monkeypatch.setattr(
+            kopf, "event", lambda obj, *, type, reason, message: self.events.append((type, reason, message))
+        )  # fmt: skip
+        from kvgate.adapters import http
+
+        monkeypatch.setattr(http, "scrape", lambda url, timeout: METRICS)
+
+    @property
+    def phase(self) -> str | None:
+        return (self.obj.get("status") or {}).get("phase")
+
+    def reconcile(self) -> float:
+        """One handler call; returns the delay kopf would wait before the next."""
+        if self.before_reconcile is not None:
+            self.before_reconcile(self)
+        body = kopf.Body(copy.deepcopy(self.obj))
+        patch = kopf.Patch()
+        delay = 1.0
+        try:
+            handlers.reconcile(body=body, meta=body.metadata, patch=patch, memo=self.memo,
+                               logger=LOG)  # fmt: skip
+        except kopf.TemporaryError as exc:
+            delay = float(exc.delay or 1.0)
+        except kopf.PermanentError:
+            pass
+        except Crash:
+            self.crashes += 1
+            self.kube.crash_at = None  # the replacement operator runs clean
+            return 1.0
+        merge(self.obj.setdefault("status", {}), dict(patch.get("status") or {}))
+        if self.phase and (not self.phases or self.phases[-1] != self.phase):
+            self.phases.append(self.phase)
+        return max(delay, 1.0)
+
+    def run(self, steps: int = 200) -> str:
+        for _ in range(steps):
+            delay = self.reconcile()
+            if self.phase in TERMINAL:
+                self.reconcile()  # a terminal rollout stays put
+                assert self.phase in TERMINAL
+                return str(self.phase)
+            self.now += dt.timedelta(seconds=min(delay, 30))
+        raise AssertionError(f"no end after {steps} reconciles: {self.obj.get('status')}")
+
+    def config_now(self) -> dict[str, Any]:
+        return {k: v for k, v in self.kube.container().items() if k in promotion.GUARDED}
+
+    def candidate(self) -> dict[str, Any]:
+        status = self.obj["status"]
+        return {**{k: v for k, v in self.original.items() if k == "image"}, **status["candidate"]}
+
+    def assert_invariant(self) -> None:
+        live = self.config_now()
+        original = {k: v for k, v in self.original.items() if k in promotion.GUARDED}
+        if self.phase == "Promoted":
+            assert live == self.candidate(), "Promoted but the Deployment is not on the candidate"
+        else:
+            assert live == original, f"{self.phase} but the Deployment was left changed: {live}"
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.events]
+
+
+def clean_run(monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]) -> tuple[str, int]:
+    world = World(monkeypatch)
+    setup(world)
+    end = world.run()
+    world.assert_invariant()
+    return end, world.kube.mutations
+
+
+def happy(world: World) -> None:
+    pass
+
+
+def new_pods_crash(world: World) -> None:
+    world.kube.crash_new_pods = True
+
+
+def test_happy_path_promotes_with_one_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    world.assert_invariant()
+    assert world.phases == [
+        "Preflight",
+        "Canary",
+        "Evaluating",
+        "Promoting",
+        "Verifying",
+        "Promoted",
+    ]
+    status = world.obj["status"]
+    assert status["promotion"]["patched"] is True
+    assert status["promotion"]["verify"]["samples"] >= 3
+    assert world.reasons().count("Promoting") == 1  # the patch event: exactly one patch
+    assert (
+        world.kube.get("Pod", "r-control") is None and world.kube.get("Pod", "r-candidate") is None
+    )
+
+
+def test_crashing_new_pods_are_reverted_and_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    new_pods_crash(world)
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    assert "Reverting" in world.phases and world.obj["status"]["reason"] == "PromotionReverted"
+    assert world.obj["status"]["revert"]["attempts"] == 1
+
+
+@pytest.mark.parametrize("setup", [happy, new_pods_crash], ids=["promote", "revert"])
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_crash_at_every_mutation_keeps_the_invariant(
+    monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None], after: bool
+) -> None:
+    expected, mutations = clean_run(monkeypatch, setup)
+    assert mutations >= 6
+    for k in range(1, mutations + 1):
+        world = World(monkeypatch)
+        setup(world)
+        world.kube.crash_at, world.kube.crash_after = k, after
+        end = world.run()
+        assert world.crashes == 1, f"mutation {k} was never reached"
+        world.assert_invariant()
+        assert end == expected, f"crash {'after' if after else 'before'} mutation {k}: {end}"
+        assert world.reasons().count("Promoting") <= 1, "the candidate was patched twice"
+
+
+def test_a_crash_between_every_reconcile_keeps_the_invariant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every third reconcile loses its status write (killed at its first mutation or at its end).
+    for setup in (happy, new_pods_crash):
+        world = World(monkeypatch)
+        setup(world)
+        calls = {"n": 0}
+
+        def flaky(w: World) -> None:
+            calls["n"] += 1
+            if calls["n"] % 3 == 0:
+                w.kube.crash_at, w.kube.crash_after = w.kube.mutations + 1, calls["n"] % 2 == 0
+
+        world.before_reconcile = flaky
+        world.run(steps=400)
+        world.assert_invariant()
+
+
+def test_an_external_revert_while_verifying_supersedes_and_is_not_repatched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(
+        monkeypatch, promotion={"mode": "auto", "verifyWindow": "30s", "verifySamples": 5}
+    )
+
+    def revert_when_verifying(w: World) -> None:
+        if w.phase == "Verifying" and "--kv-cache-dtype" in w.kube.container()["args"]:
+            w.kube.edit_container("vllm", args=w.original["args"])
+
+    world.before_reconcile = revert_when_verifying
+    assert world.run() == "Failed"
+    assert world.obj["status"]["reason"] == "Superseded"
+    assert world.reasons().count("Promoting") == 1
+    world.assert_invariant()
+
+
+def test_an_external_revert_while_promoting_supersedes(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+
+    def revert_after_patch(w: World) -> None:
+        if w.phase == "Promoting" and (w.obj["status"].get("promotion") or {}).get("patched"):
+            w.kube.edit_container("vllm", args=w.original["args"])
+
+    world.before_reconcile = revert_after_patch
+    assert world.run() == "Failed" and world.obj["status"]["reason"] == "Superseded"
+    world.assert_invariant()
+
+
+def test_a_target_changed_during_the_eval_is_not_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+
+    def bump(w: World) -> None:
+        if w.phase == "Evaluating" and w.kube.container()["image"].endswith("v0.11.0"):
+            w.kube.edit_container("vllm", image="vllm/vllm-openai:v0.12.0",
+                                  args=[*w.original["args"], "--max-num-seqs", "64"])  # fmt: skip
+
+    world.before_reconcile = bump
+    assert world.run() == "Failed"
+    assert world.obj["status"]["reason"] == "TargetChanged"
+    assert "image, args" in world.obj["status"]["message"]
+    assert "--kv-cache-dtype" not in world.kube.container()["args"]
+    assert world.reasons().count("Promoting") == 0
+
+
+def test_a_refused_revert_is_sticky_revert_failed_until_it_reads_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    new_pods_crash(world)
+    refusals = {"left": 4}
+
+    def refuse(ops: list[dict[str, Any]]) -> str | None:
+        reverting = world.phase == "Reverting"
+        if reverting and refusals["left"] > 0:
+            refusals["left"] -= 1
+            return "403 Forbidden"
+        return None
+
+    world.kube.refuse_patches = refuse
+    seen_stalled = False
+    for _ in range(100):
+        world.now += dt.timedelta(seconds=min(world.reconcile(), 30))
+        conditions = {c["type"]: c for c in world.obj["status"].get("conditions") or []}
+        if world.obj["status"].get("reason") == "RevertFailed":
+            seen_stalled = True
+            assert conditions["Stalled"]["status"] == "True"
+            assert world.phase == "Reverting", "a failed revert must never end by itself"
+        if world.phase in TERMINAL:
+            break
+    assert seen_stalled and world.phase == "RolledBack"
+    world.assert_invariant()
+    assert world.reasons().count("RevertFailed") >= 3
+
+
+def test_a_revert_keeps_what_others_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    new_pods_crash(world)
+
+    def others_edit(w: World) -> None:
+        # After kvgate's patch, someone bumps the image and adds an env var.
+        if (
+            w.phase == "Promoting"
+            and w.kube.container()["image"] != "vllm/vllm-openai:v0.11.1"
+            and (w.obj["status"].get("promotion") or {}).get("patched")
+        ):
+            env = [*w.kube.container()["env"], {"name": "EXTRA", "value": "1"}]
+            w.kube.edit_container("vllm", image="vllm/vllm-openai:v0.11.1", env=env)
+
+    world.before_reconcile = others_edit
+    end = world.run()
+    live = world.kube.container()
+    assert end == "RolledBack" and world.obj["status"]["reason"] == "PromotionReverted"
+    assert live["args"] == world.original["args"]
+    assert live["image"] == "vllm/vllm-openai:v0.11.1"
+    assert {"name": "EXTRA", "value": "1"} in live["env"]
+    assert not any(e["name"] == "VLLM_USE_FLASHINFER_SAMPLER" for e in live["env"])
+
+
+def test_a_foreign_pod_with_the_canary_name_survives(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    world.kube.add({"kind": "Pod", "metadata": {"name": "r-control", "labels": {"app": "other"}},
+                    "spec": {"containers": [{"name": "x"}]}})  # fmt: skip
+    end = world.run(steps=400)
+    assert end == "Failed"
+    assert world.kube.get("Pod", "r-control") is not None
+    assert "not this rollout's" in world.obj["status"]["message"]
+    world.assert_invariant()
+
+
+def test_a_bug_in_an_action_ends_the_rollout_instead_of_looping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+
+    def broken(ctx: Any, step: Any) -> None:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+
+    monkeypatch.setitem(handlers._ACTIONS, handlers.Action.CREATE_EVAL_JOB, broken)
+    assert world.run(steps=400) == "Failed"
+    status = world.obj["status"]
+    assert status["reason"] == "ExternalErrors"
+    assert "UnicodeDecodeError" in status["message"]
+    assert "ReconcileError" in world.reasons()
+    world.assert_invariant()
+
+
+def test_the_verify_window_restarts_after_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(
+        monkeypatch, promotion={"mode": "auto", "verifyWindow": "10s", "verifySamples": 3}
+    )
+    gap = {"done": False}
+
+    def away(w: World) -> None:
+        verify = ((w.obj.get("status") or {}).get("promotion") or {}).get("verify") or {}
+        if w.phase == "Verifying" and verify.get("samples") == 2 and not gap["done"]:
+            gap["done"] = True
+            w.now += dt.timedelta(minutes=10)  # the operator was down for ten minutes
+
+    world.before_reconcile = away
+    assert world.run() == "Promoted"
+    verify = world.obj["status"]["promotion"]["verify"]
+    assert verify.get("restarts") == 1 and verify["samples"] >= 3
+
+
+def test_unready_production_pods_in_the_verify_window_revert(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+
+    def unready(w: World) -> None:
+        if w.phase == "Verifying":
+            for pod in w.kube.of_kind("Pod"):
+                if pod["metadata"]["labels"].get("app") == "vllm":
+                    pod["status"]["containerStatuses"][0]["ready"] = False
+
+    world.before_reconcile = unready
+    assert world.run() == "RolledBack"
+    assert "not Ready" in world.obj["status"]["message"]
+    world.assert_invariant()
+
+
+def test_deleting_an_unverified_rollout_reverts_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(
+        monkeypatch, promotion={"mode": "auto", "verifyWindow": "60s", "verifySamples": 5}
+    )
+    while world.phase != "Verifying":
+        world.now += dt.timedelta(seconds=world.reconcile())
+    assert "--kv-cache-dtype" in world.kube.container()["args"]
+    body = kopf.Body(copy.deepcopy(world.obj))
+    for retry in range(5):
+        try:
+            handlers.cleanup(body=body, meta=body.metadata, memo=world.memo, logger=LOG,
+                             retry=retry)  # fmt: skip
+            break
+        except kopf.TemporaryError:
+            continue
+    else:
+        raise AssertionError("cleanup never let the rollout go")
+    world.assert_invariant()
