@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -189,7 +191,7 @@ def reconcile(
     ):
         if status.get("observedGeneration") == generation:
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
-                spec, _errors = _parse_spec(body.get("spec") or {})
+                spec, _errors = _parse_spec(body.get("spec") or {}, memo.config)
                 ctx = _Ctx(body, meta["namespace"], meta["name"], generation, spec, status,
                            memo.kube, memo.config, logger, _now())  # fmt: skip
                 try:
@@ -204,7 +206,7 @@ def reconcile(
             patch.status[key] = None
         status = {"phase": Phase.PENDING.value}
         phase = Phase.PENDING
-    spec, spec_errors = _parse_spec(body.get("spec") or {})
+    spec, spec_errors = _parse_spec(body.get("spec") or {}, memo.config)
     ctx = _Ctx(
         body=body,
         namespace=meta["namespace"],
@@ -253,9 +255,11 @@ def reconcile(
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
-def _parse_spec(raw: Mapping[str, Any]) -> tuple[RolloutSpec, tuple[str, ...]]:
+def _parse_spec(
+    raw: Mapping[str, Any], config: OperatorConfig | None = None
+) -> tuple[RolloutSpec, tuple[str, ...]]:
     try:
-        return RolloutSpec.from_dict(raw), ()
+        return RolloutSpec.from_dict(raw, allow=config.allowlist if config else None), ()
     except ExceptionGroup as group:
         target = raw.get("targetRef") if isinstance(raw.get("targetRef"), Mapping) else {}
         fallback = RolloutSpec(target=TargetRef(str((target or {}).get("name") or "?")))
@@ -693,11 +697,11 @@ def _observe_eval(ctx: _Ctx) -> Observation:
     text = ""
     if pods:
         text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
-    summary, progress = _eval_lines(text)
+    summary, progress = _eval_lines(text, ev.get("nonceSha256"))
     if progress is not None:
         ev["progress"] = progress
     ctx.status["eval"] = ev
-    if summary is not None:
+    if summary is not None and finished:
         _record_accuracy(ctx, summary)
         control_tpot, candidate_tpot = _speed_after_eval(ctx)
         return _replace_obs(
@@ -727,24 +731,39 @@ def _replace_obs(obs: Observation, **kw: Any) -> Observation:
     return replace(obs, **kw)
 
 
-def _eval_lines(text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(summary, latest progress) from the eval Job's log (JSON lines; other lines ignored)."""
-    summary = progress = None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if obj.get("kind") == "kvgate.eval/summary":
-            summary = obj
-        elif obj.get("kind") == "kvgate.eval/progress":
+def _eval_lines(
+    text: str, nonce_sha256: str | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(summary, latest progress) from the eval Job's log.
+
+    Evidence integrity: the summary is the log's last line only, and only when it carries the
+    attempt's nonce (whose hash status keeps). lm-eval logs an arm's error bodies into the same
+    log, so a summary-shaped line anywhere else proves nothing. Progress lines are only shown.
+    """
+    progress = None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        obj = _json_object(line)
+        if obj is not None and obj.get("kind") == "kvgate.eval/progress":
             progress = obj
+    last = _json_object(lines[-1]) if lines else None
+    if last is None or last.get("kind") != "kvgate.eval/summary" or not nonce_sha256:
+        return None, progress
+    nonce = last.get("nonce")
+    if not isinstance(nonce, str) or hashlib.sha256(nonce.encode()).hexdigest() != nonce_sha256:
+        return None, progress
+    summary = {k: v for k, v in last.items() if k != "nonce"}
     return summary, progress
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    if not line.startswith("{") or len(line) > 1_000_000:
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def _record_accuracy(ctx: _Ctx, summary: Mapping[str, Any]) -> None:
@@ -1012,7 +1031,7 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
         rollout=ctx.name,
         namespace=ctx.namespace,
         attempt=attempt,
-        image=ctx.spec.canary.eval_image or ctx.config.eval_image,
+        image=ctx.config.eval_image,  # the judge is the operator's, never the rollout's
         command=manifests.eval_command(
             ctx.spec,
             control_url=f"http://{ips['control']}:{port}/v1/completions",
@@ -1024,6 +1043,9 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
         resources=ctx.spec.canary.resources,
         deadline_s=ctx.spec.canary.eval_timeout_s,
         config_hash=str(ctx.status.get("configHash")),
+        service_account_name=ctx.config.eval_service_account,
+        nonce=secrets.token_hex(16),
+        writable_tmp=ctx.config.eval_writable_tmp,
     )
     _adopt(ctx, job, "eval")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
@@ -1036,12 +1058,24 @@ def _create_eval_job(ctx: _Ctx, step: Step) -> None:
         _delete_owned(ctx, "Job", existing)
         raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
     if existing is None:
-        ctx.kube.create(job)
+        existing = ctx.kube.create(job)
         _event(ctx, "EvalStarted", f"eval attempt {attempt}: Job {job['metadata']['name']}")
-    ev.update(attempt=attempt, job=job["metadata"]["name"])
+    # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
+    # hash is kept in status, which rollout readers can see.
+    ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=_nonce_hash(existing))
     ev.pop("progress", None)
     ctx.status["eval"] = ev
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def _nonce_hash(job: Mapping[str, Any]) -> str | None:
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or [{}]
+    for env in containers[0].get("env") or []:
+        if env.get("name") == "KVGATE_EVAL_NONCE" and env.get("value"):
+            return hashlib.sha256(str(env["value"]).encode()).hexdigest()
+    return None
 
 
 def _delete_eval_jobs(ctx: _Ctx, step: Step) -> None:
@@ -1332,7 +1366,7 @@ def cleanup(
 ) -> None:
     """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
     status = dict(body.get("status") or {})
-    spec, _errors = _parse_spec(body.get("spec") or {})
+    spec, _errors = _parse_spec(body.get("spec") or {}, memo.config)
     ctx = _Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
                memo.kube, memo.config, logger, _now())  # fmt: skip
     phase = Phase(status.get("phase") or Phase.PENDING.value)
@@ -1380,7 +1414,7 @@ def drift(
 ) -> None:
     """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
     status = dict(body.get("status") or {})
-    spec, _errors = _parse_spec(body.get("spec") or {})
+    spec, _errors = _parse_spec(body.get("spec") or {}, memo.config)
     ctx = _Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
                memo.kube, memo.config, logger, _now())  # fmt: skip
     live = _live_target(ctx)

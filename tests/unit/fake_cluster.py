@@ -88,6 +88,8 @@ class FakeKube:
         self.crash_after = False  # crash after applying the mutation instead of before
         self.refuse_patches: Callable[[list[dict[str, Any]]], str | None] = lambda ops: None
         self.crash_new_pods = False
+        self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
+        self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.on_mutation: Callable[[FakeKube], None] | None = None
         self._ids = itertools.count(1)
 
@@ -183,7 +185,12 @@ class FakeKube:
             pod = self.add({"kind": "Pod", "metadata": {"name": f"{obj['metadata']['name']}-x", "labels": labels},
                             "spec": obj["spec"]["template"]["spec"]})  # fmt: skip
             pod["status"] = {"phase": "Succeeded"}
-            pod["_log"] = json.dumps(SUMMARY_PASS) + "\n"
+            env = {
+                e["name"]: e.get("value")
+                for e in obj["spec"]["template"]["spec"]["containers"][0].get("env") or []
+            }
+            summary = {**self.eval_summary, "nonce": env.get("KVGATE_EVAL_NONCE")}
+            pod["_log"] = self.eval_log_before + json.dumps(summary) + "\n"
         return obj
 
     def _start(self, pod: dict[str, Any]) -> None:

@@ -139,7 +139,9 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
-    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    accounts = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}
+    # the operator's own, and the eval Job's (no token, no RBAC) in the watched namespace
+    assert accounts == {pod["serviceAccountName"], "kvgate-eval"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["command"] == ["kvgate"]

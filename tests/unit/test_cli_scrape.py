@@ -232,7 +232,7 @@ def test_an_unknown_charset_still_decodes(
             200, content=text.encode(), headers={"content-type": "text/plain; charset=nope"}
         )
     )
-    code, out, err = run(capsys, URL)
+    code, _out, err = run(capsys, URL)
     assert (code, err) == (3, "")
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import fake_cluster
 import kopf
 import pytest
 from fake_cluster import METRICS, Crash, FakeKube, deployment
@@ -200,23 +202,24 @@ def test_a_crash_at_every_mutation_keeps_the_invariant(
         assert world.reasons().count("Promoting") <= 1, "the candidate was patched twice"
 
 
+@pytest.mark.parametrize("setup", [happy, new_pods_crash], ids=["promote", "revert"])
 def test_a_crash_between_every_reconcile_keeps_the_invariant(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]
 ) -> None:
-    # Every third reconcile loses its status write (killed at its first mutation or at its end).
-    for setup in (happy, new_pods_crash):
-        world = World(monkeypatch)
-        setup(world)
-        calls = {"n": 0}
+    # Every third reconcile dies at its first mutation (before it or after it).
+    world = World(monkeypatch)
+    setup(world)
+    calls = {"n": 0}
 
-        def flaky(w: World) -> None:
-            calls["n"] += 1
-            if calls["n"] % 3 == 0:
-                w.kube.crash_at, w.kube.crash_after = w.kube.mutations + 1, calls["n"] % 2 == 0
+    def flaky(w: World) -> None:
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            w.kube.crash_at, w.kube.crash_after = w.kube.mutations + 1, calls["n"] % 2 == 0
 
-        world.before_reconcile = flaky
-        world.run(steps=400)
-        world.assert_invariant()
+    world.before_reconcile = flaky
+    world.run(steps=400)
+    world.assert_invariant()
+    assert world.crashes >= 3
 
 
 def test_an_external_revert_while_verifying_supersedes_and_is_not_repatched(
@@ -399,4 +402,33 @@ def test_deleting_an_unverified_rollout_reverts_first(monkeypatch: pytest.Monkey
             continue
     else:
         raise AssertionError("cleanup never let the rollout go")
+    world.assert_invariant()
+
+
+def test_a_summary_without_the_attempt_nonce_is_not_evidence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a candidate whose error body (logged by lm-eval) is a summary-shaped "pass", and an
+    # eval whose own summary is a fail carrying the nonce
+    world = World(monkeypatch)
+    forged = {**fake_cluster.SUMMARY_PASS, "nonce": "guessed"}
+    world.kube.eval_log_before = json.dumps(forged) + "\n"
+    world.kube.eval_summary = {**fake_cluster.SUMMARY_PASS, "verdict": "fail"}
+    assert world.run() == "RolledBack"
+    assert world.obj["status"]["reason"] == "AccuracyRegressed"
+
+
+def test_a_forged_last_line_without_the_nonce_never_promotes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+
+    def forge(w: World) -> None:
+        for pod in w.kube.of_kind("Pod"):
+            if "job-name" in (pod["metadata"].get("labels") or {}):
+                pod["_log"] = json.dumps(fake_cluster.SUMMARY_PASS) + "\n"
+
+    world.before_reconcile = forge
+    end = world.run(steps=400)
+    assert end == "RolledBack" and world.obj["status"]["reason"] == "EvalError"
     world.assert_invariant()
