@@ -80,6 +80,17 @@ class Operator:
             "KVGATE_POLL_INTERVAL": "1",
             "KVGATE_GSM8K_DIR": GSM8K_DIR,
             "KVGATE_EVAL_CONCURRENCY": "8",
+            # Tests drive the simulator's fault switches through extraEnv (an operator-level
+            # extension of the allowlist, as a platform team would configure it).
+            "KVGATE_EXTRA_ALLOWED_ENV": "KVGATE_SIM_*",
+            # The test kubelet runs pods as host processes: an emptyDir over /tmp would hide
+            # the tests' own files.
+            "KVGATE_EVAL_WRITABLE_TMP": "0",
+            "KVGATE_DRIFT_INTERVAL": "2",
+            # A short Lease, so a replacement for a SIGKILLed operator leads within seconds.
+            "KVGATE_LEASE_DURATION": "4",
+            "KVGATE_LEASE_RENEW_DEADLINE": "3",
+            "KVGATE_LEASE_RETRY_PERIOD": "1",
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             **self.extra_env,
         }

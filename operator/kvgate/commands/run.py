@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from kvgate.config import OperatorConfig
 
@@ -40,6 +41,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds between checks of a waiting rollout (env KVGATE_POLL_INTERVAL)",
     )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act only while holding a Lease, so two operators never act at once (default on)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=None,
+        help="namespace of the Lease (default $KVGATE_NAMESPACE, else the first watched one)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--log-format", choices=_LOG_FORMATS, default="full")
     parser.add_argument("--json", action="store_true", help="same as --log-format=json")
@@ -59,11 +71,81 @@ def run(args: argparse.Namespace) -> int:
     namespaces = list(args.namespace)
     if not namespaces and not args.all_namespaces:
         namespaces = [os.environ.get("KVGATE_NAMESPACE") or "default"]
+    if args.leader_elect:
+        _lead(args, namespaces)
     kopf.run(
-        standalone=True,  # one replica (Recreate): kopf peering is not leader election
+        standalone=True,  # the Lease elects the one operator that acts; kopf peering would freeze
+        # operators of equal priority instead
         clusterwide=bool(args.all_namespaces),
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def _lead(args: argparse.Namespace, namespaces: list[str]) -> None:
+    """Wait for the Lease, answering liveness meanwhile (a follower is alive, not broken)."""
+    from kvgate.adapters import leader
+
+    lease_ns = (
+        args.lease_namespace
+        or os.environ.get("KVGATE_NAMESPACE")
+        or (namespaces[0] if namespaces else "default")
+    )
+    settings = leader.LeaseSettings(
+        namespace=lease_ns,
+        name=leader.lease_name(namespaces, bool(args.all_namespaces)),
+        lease_duration_s=_seconds("KVGATE_LEASE_DURATION", 15),
+        renew_deadline_s=_seconds("KVGATE_LEASE_RENEW_DEADLINE", 10),
+        retry_period_s=_seconds("KVGATE_LEASE_RETRY_PERIOD", 2),
+    )
+    server = _liveness_while_waiting(args.liveness)
+    try:
+        leader.wait_for_leadership(settings)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _seconds(name: str, default: int) -> int:
+    from kvgate.errors import SpecError
+
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 3600:
+        raise SpecError(name, f"{raw!r} is not a whole number of seconds in [1, 3600]")
+    return int(raw)
+
+
+def _liveness_while_waiting(url: str | None) -> Any:
+    """A bare /healthz on kopf's liveness address until kopf serves its own."""
+    if not url:
+        return None
+    import http.server
+    import threading
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    path = parts.path or "/healthz"
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path.split("?")[0] == path
+            body = b'{"leader": false}' if ok else b""
+            self.send_response(200 if ok else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        (parts.hostname or "0.0.0.0", parts.port or 8080), Health
+    )
+    threading.Thread(target=server.serve_forever, name="kvgate-liveness", daemon=True).start()
+    return server

@@ -1,0 +1,288 @@
+"""The promises of the guarded controller on the real control plane, all scenarios at once:
+(a) a kubectl revert during Verifying: Superseded, never re-patched
+(b) an arg added and the image bumped during the eval: TargetChanged, no promotion
+(c) production pods unready during the verify window: not Promoted, reverted
+(d) a revert refused by a ValidatingAdmissionPolicy: Stalled/RevertFailed (never
+    PromotionReverted) until the policy goes, then RolledBack with the read-back
+(e) drift after Promoted sets Drifted; kvgate does not re-apply
+(f) a foreign pod named <rollout>-control survives
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_operator_support import (
+    TERMINAL,
+    Operator,
+    apply,
+    condition,
+    container_of,
+    create_namespace,
+    delete_namespace,
+    event_reasons,
+    get,
+    install_crd,
+    no_tracebacks,
+    pods,
+    rollout,
+    sim_deployment,
+    wait_deployment_ready,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.e2e
+
+TRITON = ["--attention-backend", "TRITON_ATTN"]
+GATES = {
+    "capacity": {"mode": "off"},
+    "accuracy": {"questions": 30, "chunk": 30, "margin": 10, "sequential": False},
+}
+CRASH = [{"name": "KVGATE_SIM_FAULTS", "value": "crash-after=150"}]
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "superseded": {"promotion": {"mode": "auto", "verifyWindow": "120s", "verifySamples": 5}},
+    "changed": {
+        "gates": {
+            **GATES,
+            "accuracy": {"questions": 150, "chunk": 150, "margin": 10, "sequential": False},
+        }
+    },
+    "unready": {
+        "promotion": {"mode": "auto", "verifyWindow": "120s", "verifySamples": 10},
+        "extraEnv": [{"name": "KVGATE_SIM_STARTUP_DELAY", "value": "30"}],
+    },
+    "refused": {
+        "extraEnv": CRASH,
+        "promotion": {"mode": "auto", "verifyWindow": "120s", "verifySamples": 5},
+    },
+    "drift": {"promotion": {"mode": "auto", "verifyWindow": "3s", "verifySamples": 2}},
+    "foreign": {},
+}
+
+
+def _policy(namespace: str) -> list[dict[str, Any]]:
+    """Deny any update that takes --kv-cache-dtype out of the Deployment "refused"."""
+    name = f"kvgate-e2e-keep-fp8-{namespace}"
+    keep = (
+        "!has(oldObject.spec.template.spec.containers[0].args) || "
+        "!oldObject.spec.template.spec.containers[0].args.exists(a, a == '--kv-cache-dtype') || "
+        "object.spec.template.spec.containers[0].args.exists(a, a == '--kv-cache-dtype')"
+    )
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["deployments"],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {"name": "refused", "expression": "object.metadata.name == 'refused'"}
+                ],
+                "validations": [
+                    {"expression": keep, "message": "e2e: FP8 stays (a webhook that is down)"}
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+
+
+class World:
+    def __init__(self, cluster: Any, operator: Operator, ns: dict[str, str]) -> None:
+        self.cluster, self.operator, self.ns = cluster, operator, ns
+        self.before: dict[str, dict[str, Any]] = {}
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.cluster.kubectl(*args, **kw)
+
+    def status(self, s: str) -> dict[str, Any]:
+        return (get(self.cluster, self.ns[s], "kvr", f"{s}-fp8") or {}).get("status") or {}
+
+    def deployment(self, s: str) -> dict[str, Any]:
+        dep = get(self.cluster, self.ns[s], "deployment", s)
+        assert dep is not None
+        return dep
+
+    def set_args(self, s: str, args: list[str], image: str | None = None) -> None:
+        ops = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
+        if image:
+            ops.append(
+                {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": image}
+            )
+        self.kubectl(
+            "patch", "deployment", s, "-n", self.ns[s], "--type=json", "-p", json.dumps(ops)
+        )
+
+
+def _hammer(cluster: Any, namespace: str, app: str, requests: int = 170) -> None:
+    import urllib.request
+
+    body = json.dumps({"model": "Qwen/Qwen3-8B", "prompt": "Q: 2+2?\nA:", "max_tokens": 2}).encode()
+    for pod in pods(cluster, namespace, f"app={app}"):
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip or "--kv-cache-dtype" not in (pod["spec"]["containers"][0].get("args") or []):
+            continue
+        for _ in range(requests):
+            req = urllib.request.Request(f"http://{ip}:8000/v1/completions", body,
+                                         {"content-type": "application/json"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(req, timeout=5):
+                    pass
+            except OSError:
+                break
+
+
+@pytest.fixture(scope="module")
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    install_crd(cluster)
+    suffix = secrets.token_hex(3)
+    ns = {s: create_namespace(cluster, f"kvgate-guard-{s}-{suffix}") for s in SCENARIOS}
+    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    # A low error limit: the foreign-pod rollout fails after 8 refusals rather than 30.
+    operator = Operator(
+        cluster, log, namespaces=list(ns.values()), extra_env={"KVGATE_ERROR_LIMIT": "8"}
+    ).start()
+    w = World(cluster, operator, ns)
+    policy = _policy(ns["refused"])
+    try:
+        for s in SCENARIOS:
+            apply(cluster, ns[s], sim_deployment(s))
+        for s in SCENARIOS:
+            wait_deployment_ready(cluster, ns[s], s)
+            w.before[s] = w.deployment(s)
+        apply(cluster, ns["refused"], *policy)
+        foreign = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "foreign-fp8-control"},
+                   "spec": {"containers": [{"name": "x", "image": "busybox",
+                                            "command": ["sleep", "3600"]}]}}  # fmt: skip
+        apply(cluster, ns["foreign"], foreign)
+        for s, extra in SCENARIOS.items():
+            spec: dict[str, Any] = {"extraArgs": TRITON, "gates": GATES, **extra}
+            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **spec))
+        yield w
+    finally:
+        for p in policy:
+            cluster.kubectl(
+                "delete", p["kind"], p["metadata"]["name"], "--ignore-not-found", check=False
+            )
+        for n in ns.values():
+            cluster.kubectl("delete", "kvr", "--all", "-n", n, "--wait=false", check=False)
+        for n in ns.values():
+            cluster.kubectl(
+                "wait", "--for=delete", "kvr", "--all", "-n", n, "--timeout=60s", check=False
+            )
+        code = operator.stop()
+        for n in ns.values():
+            delete_namespace(cluster, n)
+        assert no_tracebacks(operator.log()) == [], operator.log()[-5000:]
+        assert code == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_kubectl_revert_while_verifying_is_superseded_not_repatched(world: World) -> None:
+    ns = world.ns["superseded"]
+    wait_phase(world.cluster, ns, "superseded-fp8", {"Verifying"}, 420)
+    original = container_of(world.before["superseded"])
+    world.set_args("superseded", original["args"])
+    obj = wait_phase(world.cluster, ns, "superseded-fp8", TERMINAL, 120)
+    assert (obj["status"]["phase"], obj["status"]["reason"]) == ("Failed", "Superseded")
+    assert event_reasons(world.cluster, ns, "superseded-fp8").count("Promoting") == 1
+    assert container_of(world.deployment("superseded"))["args"] == original["args"]
+
+
+@pytest.mark.timeout(600)
+def test_an_image_bump_and_an_arg_during_the_eval_are_not_promoted(world: World) -> None:
+    ns = world.ns["changed"]
+    wait_phase(world.cluster, ns, "changed-fp8", {"Evaluating"}, 300)
+    original = container_of(world.before["changed"])
+    world.set_args(
+        "changed", [*original["args"], "--max-num-seqs", "32"], image="vllm/vllm-openai:v0.11.1"
+    )
+    obj = wait_phase(world.cluster, ns, "changed-fp8", TERMINAL, 420)
+    assert (obj["status"]["phase"], obj["status"]["reason"]) == ("Failed", "TargetChanged"), obj[
+        "status"
+    ]
+    live = container_of(world.deployment("changed"))
+    assert live["image"] == "vllm/vllm-openai:v0.11.1" and "--kv-cache-dtype" not in live["args"]
+    assert "Promoting" not in event_reasons(world.cluster, ns, "changed-fp8")
+
+
+@pytest.mark.timeout(600)
+def test_unready_production_pods_while_verifying_are_reverted(world: World) -> None:
+    ns = world.ns["unready"]
+    wait_phase(world.cluster, ns, "unready-fp8", {"Verifying"}, 420)
+    world.kubectl("delete", "pods", "-n", ns, "-l", "app=unready", "--wait=false")
+    obj = wait_phase(world.cluster, ns, "unready-fp8", TERMINAL, 180)
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "PromotionReverted"), status
+    assert container_of(world.deployment("unready")) == container_of(world.before["unready"])
+
+
+@pytest.mark.timeout(600)
+def test_a_refused_revert_is_stalled_until_it_can_be_read_back(world: World) -> None:
+    ns = world.ns["refused"]
+    wait_phase(world.cluster, ns, "refused-fp8", {"Verifying"}, 420)
+    _hammer(world.cluster, ns, "refused")
+    wait_for(lambda: world.status("refused").get("reason") == "RevertFailed", 180, "RevertFailed")
+    status = world.status("refused")
+    assert status["phase"] == "Reverting"
+    assert condition({"status": status}, "Stalled")["status"] == "True"
+    assert "not confirmed" in status["message"]
+    assert "--kv-cache-dtype" in container_of(world.deployment("refused"))["args"]
+    for p in _policy(ns):  # the webhook is back: the next attempt goes through and reads back
+        world.kubectl("delete", p["kind"], p["metadata"]["name"])
+    obj = wait_phase(world.cluster, ns, "refused-fp8", TERMINAL, 400)
+    assert (obj["status"]["phase"], obj["status"]["reason"]) == ("RolledBack", "PromotionReverted")
+    assert container_of(world.deployment("refused")) == container_of(world.before["refused"])
+    assert "RevertFailed" in event_reasons(world.cluster, ns, "refused-fp8")
+
+
+@pytest.mark.timeout(600)
+def test_drift_after_promotion_is_reported_not_reapplied(world: World) -> None:
+    ns = world.ns["drift"]
+    obj = wait_phase(world.cluster, ns, "drift-fp8", TERMINAL, 420)
+    assert obj["status"]["phase"] == "Promoted", obj["status"]
+    world.set_args("drift", container_of(world.before["drift"])["args"])
+    wait_for(
+        lambda: condition({"status": world.status("drift")}, "Drifted").get("status") == "True",
+        60,
+        "Drifted=True",
+    )
+    assert "--kv-cache-dtype" not in container_of(world.deployment("drift"))["args"]
+    assert "Drifted" in event_reasons(world.cluster, ns, "drift-fp8")
+
+
+@pytest.mark.timeout(600)
+def test_a_foreign_pod_with_the_canary_name_survives(world: World) -> None:
+    ns = world.ns["foreign"]
+    obj = wait_phase(world.cluster, ns, "foreign-fp8", TERMINAL, 600)
+    assert obj["status"]["phase"] == "Failed"
+    pod = get(world.cluster, ns, "pod", "foreign-fp8-control")
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
+    assert container_of(world.deployment("foreign")) == container_of(world.before["foreign"])
