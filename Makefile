@@ -26,10 +26,12 @@ test: $(STAMP) binaries
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
+# mypy --strict on operator/kvgate, as [tool.mypy] in pyproject.toml sets it (slow: lint only).
 lint: $(STAMP)
 	$(BIN)/ruff check operator tests hack bench
 	$(BIN)/ruff format --check operator tests hack bench
 	PYTHONPATH=operator $(BIN)/lint-imports
+	$(BIN)/mypy
 
 demo: $(STAMP)
 	hack/demo.sh

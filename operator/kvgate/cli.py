@@ -15,6 +15,7 @@ import importlib
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kvgate import __version__
 from kvgate.errors import ExternalError, InputError, KvgateError
@@ -38,7 +39,7 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as for any bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, as for any bad input
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
 
 

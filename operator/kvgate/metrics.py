@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -211,10 +211,10 @@ class MetricSnapshot:
             return int(self.max_total_tokens)
         explicit = self.cache_config.get("kv_cache_size_tokens")
         if _is_count(explicit):
-            return int(explicit)  # type: ignore[arg-type]
+            return int(explicit)
         blocks, size = self.cache_config.get("num_gpu_blocks"), self.cache_config.get("block_size")
         if _is_count(blocks) and _is_count(size):
-            return int(blocks) * int(size)  # type: ignore[arg-type]
+            return int(blocks) * int(size)
         return None
 
     def to_dict(self) -> dict[str, object]:
@@ -239,9 +239,11 @@ class MetricSnapshot:
         }
 
 
-def _is_count(text: str | None) -> bool:
+def _is_count(text: str | None) -> TypeGuard[str]:
     """ASCII digits of a sane count (`'²'.isdigit()` is True and `int('²')` fails)."""
-    return bool(text) and len(text) <= 18 and text.isascii() and text.isdigit()  # type: ignore[union-attr]
+    if not text:
+        return False
+    return len(text) <= 18 and text.isascii() and text.isdigit()
 
 
 _Labels = tuple[tuple[str, str], ...]
@@ -635,11 +637,24 @@ def pool_sample(snapshot: MetricSnapshot) -> dict[str, object]:
     return {k: v for k, v in sample.items() if v is not None}
 
 
+class _PoolValues(TypedDict):
+    """The POOL_SAMPLE_FIELDS of a MetricSnapshot, with their types."""
+
+    engine: str
+    kv_usage: float | None
+    running: float | None
+    waiting: float | None
+    retracted: float | None
+    preemptions: float | None
+
+
 def snapshot_from_pool_sample(sample: Mapping[str, object]) -> MetricSnapshot:
     """A MetricSnapshot rebuilt from `pool_sample` output; latency and token fields are unknown."""
-    values = {k: sample.get(k) for k in POOL_SAMPLE_FIELDS}
+    # The sample is pool_sample's JSON, kept between scrapes: each value has its field's type,
+    # and a field left out was None. Taken as it is, not checked again.
+    values = cast(_PoolValues, {k: sample.get(k) for k in POOL_SAMPLE_FIELDS})
     return MetricSnapshot(
-        **values,  # type: ignore[arg-type]
+        **values,
         generation_tokens=None,
         prompt_tokens=None,
         max_total_tokens=None,

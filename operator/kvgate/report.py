@@ -14,7 +14,7 @@ import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, overload
 
 ARMS: Final = ("control", "candidate")
 # kstatus conditions say how the object is doing, not what the gates found.
@@ -66,6 +66,10 @@ def _interval(value: Any) -> tuple[float, float] | None:
     return None
 
 
+@overload
+def _as_fraction(value: float) -> float: ...
+@overload
+def _as_fraction(value: float | None) -> float | None: ...
 def _as_fraction(value: float | None) -> float | None:
     """Accuracy may be a fraction (0.918) or a percentage (91.8); return a fraction."""
     if value is None:
@@ -644,7 +648,7 @@ def _accuracy_heading(acc: Accuracy) -> str:
     if acc.margin is not None:
         parts.append(f"margin {abs(_to_pp(acc.margin)):.1f} pp")
     if acc.confidence is not None:
-        parts.append(f"{100 * _as_fraction(acc.confidence):.0f}% confidence")  # type: ignore[operator]
+        parts.append(f"{100 * _as_fraction(acc.confidence):.0f}% confidence")
     return f"Accuracy ({', '.join(parts)})"
 
 
@@ -734,6 +738,13 @@ def _html_table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric_fr
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+class _Point(NamedTuple):
+    """An arm with a score, as the accuracy panel draws it."""
+
+    accuracy: float
+    wilson: tuple[float, float] | None
+
+
 def render_svg(status: Mapping[str, Any]) -> str:
     """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
     acc = read_accuracy(status)
@@ -751,12 +762,16 @@ def render_svg(status: Mapping[str, Any]) -> str:
     # differences stay visible instead of being flattened against a 0-100% axis.
     x0 = pad
     parts.append(f'<text x="{x0}" y="20" font-weight="600">Accuracy, 95% Wilson interval</text>')
-    points = {arm: a for arm, a in (acc.arms.items() if acc else []) if a.accuracy is not None}
+    points = {
+        arm: _Point(a.accuracy, a.wilson)
+        for arm, a in (acc.arms.items() if acc else [])
+        if a.accuracy is not None
+    }
     if points:
         lows = [a.wilson[0] if a.wilson else a.accuracy for a in points.values()]
         highs = [a.wilson[1] if a.wilson else a.accuracy for a in points.values()]
-        lo = max(0.0, min(lows) - 0.02)  # type: ignore[type-var]
-        hi = min(1.0, max(highs) + 0.02)  # type: ignore[type-var]
+        lo = max(0.0, min(lows) - 0.02)
+        hi = min(1.0, max(highs) + 0.02)
         if hi - lo < 0.04:
             hi, lo = min(1.0, hi + 0.02), max(0.0, lo - 0.02)
 
@@ -787,7 +802,7 @@ def render_svg(status: Mapping[str, Any]) -> str:
                     f'<line x1="{cx - 10:.1f}" x2="{cx + 10:.1f}" y1="{y2:.1f}" y2="{y2:.1f}" '
                     f'stroke="{color}" stroke-width="2"/>'
                 )
-            cy = y_of(a.accuracy)  # type: ignore[arg-type]
+            cy = y_of(a.accuracy)
             parts.append(
                 f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}">'
                 f"<title>{_e(arm)}: {_pct(a.accuracy)} {_wilson(a.wilson)}</title></circle>"

@@ -259,7 +259,7 @@ def newcombe_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDEN
     l1, u1 = wilson_interval(a + c, n, confidence)
     l2, u2 = wilson_interval(a + b, n, confidence)
     # The phi adjustment of contingencytables::Newcombe_square_and_add_CI_paired_2x2.
-    big_a = a * d - b * c
+    big_a: float = a * d - b * c
     if big_a > n / 2:
         big_a -= n / 2
     elif big_a >= 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import urllib3
 from kubernetes import client as k8s
@@ -68,6 +68,11 @@ def load_api_client() -> k8s.ApiClient:
         except (k8s_config.ConfigException, OSError) as exc:
             raise KubeError(f"no Kubernetes credentials: {exc}") from exc
     return k8s.ApiClient()
+
+
+def _json(body: object) -> dict[str, Any]:
+    """A custom-object call's decoded JSON body, which the client types as object."""
+    return cast("dict[str, Any]", body)
 
 
 @contextmanager
@@ -167,10 +172,12 @@ class Kube:
             raise
 
     def list_rollouts(self, namespace: str) -> list[dict[str, Any]]:
-        obj = self._call(
+        obj: dict[str, Any] | None = self._call(
             "list",
             f"{PLURAL} {namespace}",
-            lambda: self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
+            lambda: _json(
+                self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            ),
         )
         return list((obj or {}).get("items") or [])
 
@@ -178,8 +185,8 @@ class Kube:
         return self._call(
             "get",
             f"{PLURAL} {namespace}/{name}",
-            lambda: self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name
+            lambda: _json(
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
             ),
             missing_ok=True,
         )
@@ -188,20 +195,21 @@ class Kube:
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Create a Pod, Job or ConfigMap; an existing one with that name is returned instead."""
+        wire: Any = body  # the client sends a dict body as it is; its types name model classes
         kind = body["kind"]
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
         creators: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
             "Pod": (
-                lambda: self.core.create_namespaced_pod(ns, body),
+                lambda: self.core.create_namespaced_pod(ns, wire),
                 lambda: self.core.read_namespaced_pod(name, ns),
             ),
             "Job": (
-                lambda: self.batch.create_namespaced_job(ns, body),
+                lambda: self.batch.create_namespaced_job(ns, wire),
                 lambda: self.batch.read_namespaced_job(name, ns),
             ),
             "ConfigMap": (
-                lambda: self.core.create_namespaced_config_map(ns, body),
+                lambda: self.core.create_namespaced_config_map(ns, wire),
                 lambda: self.core.read_namespaced_config_map(name, ns),
             ),
         }
@@ -302,7 +310,8 @@ class Kube:
             raise
         if obj is None:
             raise InputError(f"{where} (spec.model.tokenSecretRef) does not exist")
-        labels = (getattr(obj, "metadata", None) and obj.metadata.labels) or {}
+        meta = getattr(obj, "metadata", None)
+        labels = (meta and meta.labels) or {}
         if labels.get(HUB_TOKEN_LABEL) != "true":
             raise InputError(
                 f"{where} does not opt in to being read by kvgate: label it "

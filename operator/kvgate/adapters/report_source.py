@@ -6,8 +6,9 @@ named by KUBECONFIG or ~/.kube/config); API failures become `KubeError`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kvgate.errors import KubeError, ParseError
 from kvgate.inputs import load_file
@@ -34,7 +35,8 @@ def _load_config() -> str | None:
         _, active = config.list_kube_config_contexts()
     except (ConfigException, OSError) as exc:
         raise KubeError(f"no cluster credentials (in-cluster or kubeconfig): {exc}") from exc
-    return (active or {}).get("context", {}).get("namespace")
+    namespace: str | None = (active or {}).get("context", {}).get("namespace")
+    return namespace
 
 
 def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -61,7 +63,8 @@ def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
         ) from exc
     except HTTPError as exc:
         raise KubeError(f"reading kvcacherollout {ns}/{name}: {exc}") from exc
-    return dict(obj)
+    # The client gives the decoded JSON body, typed as object.
+    return dict(cast("Mapping[str, Any]", obj))
 
 
 def _metadata(item: dict[str, Any]) -> dict[str, Any]:
