@@ -166,11 +166,13 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     ]
     assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
-    assert not [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
     assert env["KVGATE_EVAL_SERVICE_ACCOUNT"] == "kvgate-eval"
     assert env["KVGATE_EVAL_WRITABLE_TMP"] == "1"
-    assert "KVGATE_PEERING" not in env and "KVGATE_EXTRA_ALLOWED_ENV" not in env
-    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert env["KVGATE_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "KVGATE_EXTRA_ALLOWED_ENV" not in env
+    # leader election by default, on a Lease in the release namespace
+    assert "--lease-namespace=kvgate-system" in c["args"] and "--no-leader-elect" not in c["args"]
+    role = one(docs, "Role", "kvgate")
     assert role["metadata"]["namespace"] == "default"
     assert set(grants(role["rules"])) == NAMESPACED  # no Secrets unless asked for
     assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kvgate"]
@@ -190,12 +192,18 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: str) -> None:
 
 def test_namespace_list_gets_roles_only_there(helm: str) -> None:
     docs = render(helm, "watch.namespaces={team-a,team-b,team-a}")
-    roles = [d for d in docs if d["kind"] == "Role"]
+    roles = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "kvgate"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert set(grants(role["rules"])) == NAMESPACED
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "kvgate"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    # the only other Role is the Lease's, in the release namespace
+    others = [(d["kind"], d["metadata"]["name"], d["metadata"]["namespace"])
+              for d in docs if d["kind"] in ("Role", "RoleBinding") and d not in roles + bindings]  # fmt: skip
+    assert sorted(others) == [
+        ("Role", "kvgate-leader", "kvgate-system"), ("RoleBinding", "kvgate-leader", "kvgate-system")
+    ]  # fmt: skip
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert set(grants(cluster_role["rules"])) == CLUSTER
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -204,7 +212,7 @@ def test_namespace_list_gets_roles_only_there(helm: str) -> None:
 
 
 def test_secrets_grant_is_off_unless_enabled(helm: str) -> None:
-    role = one(render(helm, "hubTokenSecrets.enabled=true"), "Role")
+    role = one(render(helm, "hubTokenSecrets.enabled=true"), "Role", "kvgate")
     assert set(grants(role["rules"])) == NAMESPACED | {("", "secrets", "get")}
     cluster = one(render(helm, "watch.allNamespaces=true"), "ClusterRole", "kvgate")
     assert ("", "secrets", "get") not in set(grants(cluster["rules"]))
@@ -274,10 +282,10 @@ def test_monitoring_objects_and_alert_rules(helm: str) -> None:
 
 
 def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
-    """Every kvgate_* metric a rule reads is defined, with those labels, in handlers.py."""
+    """Every kvgate_* metric a rule reads is defined, with those labels, in controller/telemetry.py."""
     import re
 
-    source = (ROOT / "operator/kvgate/handlers.py").read_text()
+    source = (ROOT / "operator/kvgate/controller/telemetry.py").read_text()
     defined = {
         name: set(re.findall(r'"(\w+)"', labels))
         for name, labels in re.findall(
@@ -289,7 +297,7 @@ def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
     used = 0
     for expr in exprs:
         for metric, selector in re.findall(r"(kvgate_\w+)(\{[^}]*\})?", expr):
-            assert metric in defined, f"{metric} is not exported by handlers.py"
+            assert metric in defined, f"{metric} is not exported by controller/telemetry.py"
             labels = set(re.findall(r"(\w+)\s*[=!]~?", selector or ""))
             for by in re.findall(r"by \(([^)]*)\)", expr):
                 labels |= {x.strip() for x in by.split(",")}
@@ -304,6 +312,8 @@ def test_alert_rules_read_metrics_the_operator_exports(helm: str) -> None:
         (),
         ("watch.namespaces={a,b}", "verbose=true"),
         ("watch.allNamespaces=true", "extraArgs={--poll-interval=2}"),
+        ("leaderElection.enabled=false",),
+        ("watch.allNamespaces=true", "replicas=2"),
     ],
 )
 def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[str, ...]) -> None:
@@ -316,6 +326,9 @@ def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[s
     assert args.command == "run"
     assert args.liveness == "http://127.0.0.1:8080/healthz"
     assert args.all_namespaces == ("watch.allNamespaces=true" in sets)
+    leader = "leaderElection.enabled=false" not in sets
+    assert args.leader_elect is leader
+    assert args.lease_namespace == ("kvgate-system" if leader else None)
 
 
 def test_eval_image_can_be_pinned_by_digest(helm: str) -> None:
@@ -364,32 +377,67 @@ def test_extra_allowed_args_and_env_reach_the_operator(helm: str) -> None:
     assert allow.env_allowed("vllm", "KVGATE_SIM_FAULTS") and "--enforce-eager" in allow.extra_args
 
 
-def test_peering_follows_replicas(helm: str) -> None:
-    docs = render(helm, "replicas=2", "watch.namespaces={team-a,team-b}")
+def test_replicas_need_leader_election(helm: str) -> None:
+    from kvgate.adapters.leader import lease_name
+
+    docs = render(helm, "replicas=2", "watch.namespaces={team-b,team-a}")
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
-    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
-    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
-    assert {p["apiVersion"] for p in peerings} == {"kopf.dev/v1"}
-    env = {
-        e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    assert env["KVGATE_PEERING"] == "kvgate"
-    cluster = render(helm, "replicas=3", "watch.allNamespaces=true")
-    assert one(cluster, "ClusterKopfPeering")["metadata"]["name"] == "kvgate"
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--lease-namespace=kvgate-system" in args and "--no-leader-elect" not in args
+    # the Lease Role lives in the release namespace, not in the watched ones
+    role = one(docs, "Role", "kvgate-leader")
+    assert role["metadata"]["namespace"] == "kvgate-system"
+    assert one(docs, "RoleBinding", "kvgate-leader")["metadata"]["namespace"] == "kvgate-system"
+    pinned = [r for r in role["rules"] if "resourceNames" in r]
+    assert pinned == [{
+        "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+        "resourceNames": [lease_name(["team-a", "team-b"], False)],
+    }]  # fmt: skip
+    cluster = one(render(helm, "replicas=3", "watch.allNamespaces=true"), "Role", "kvgate-leader")
+    assert [r.get("resourceNames") for r in cluster["rules"]] == [[lease_name([], True)], None]
+    for sets in (("replicas=2", "leaderElection.enabled=false"),
+                 ("replicas=2", "leaderElection.enabled=false", "watch.allNamespaces=true")):  # fmt: skip
+        args = ["template", "kvgate", str(CHART), *KUBE]
+        for s in sets:
+            args += ["--set", s]
+        proc = run_helm(helm, *args)
+        assert proc.returncode != 0 and "replicas > 1 needs leaderElection.enabled" in proc.stderr
+
+
+def test_leader_election_can_be_turned_off(helm: str) -> None:
+    docs = render(helm, "leaderElection.enabled=false")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-leader-elect" in args
+    assert not [a for a in args if a.startswith("--lease-namespace")]
+    assert not [d for d in docs if d["metadata"]["name"] == "kvgate-leader"]
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
-                    "--set", "replicas=2", "--set", "peering.enabled=false")  # fmt: skip
-    assert proc.returncode != 0 and "replicas > 1 needs peering.enabled" in proc.stderr
+                    "--set", "leaderElection.enabled=maybe")  # fmt: skip
+    assert proc.returncode != 0 and "leaderElection" in proc.stderr
 
 
-def test_peering_crds_are_kopfs() -> None:
-    docs = list(yaml.safe_load_all((CHART / "crds/kopf-peering.yaml").read_text()))
-    assert {
-        (d["spec"]["group"], d["spec"]["names"]["plural"], d["spec"]["scope"]) for d in docs
-    } == {
-        ("kopf.dev", "clusterkopfpeerings", "Cluster"),
-        ("kopf.dev", "kopfpeerings", "Namespaced"),
-    }
+def test_lease_role_when_the_release_namespace_is_watched(helm: str) -> None:
+    # The operator's Role and the Lease's share the namespace without clashing.
+    docs = render(helm, "watch.namespaces={kvgate-system,team-a}")
+    in_release = sorted(
+        (d["kind"], d["metadata"]["name"])
+        for d in docs
+        if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["namespace"] == "kvgate-system"
+    )
+    assert in_release == [
+        ("Role", "kvgate"), ("Role", "kvgate-leader"),
+        ("RoleBinding", "kvgate"), ("RoleBinding", "kvgate-leader"),
+    ]  # fmt: skip
+
+
+def test_no_kopf_peering_is_left() -> None:
+    # kopf peering freezes operators of equal priority; the Lease replaced it.
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD]
+    for path in CHART.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".tpl", ".json", ".txt"):
+            text = path.read_text().lower()
+            assert "kopfpeering" not in text and "kopf.dev" not in text, path
+            assert "peering" not in text or path.name == "README.md", path
 
 
 def test_only_the_operator_writes_rollout_status(helm: str) -> None:

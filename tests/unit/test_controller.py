@@ -21,7 +21,8 @@ import kopf
 import pytest
 from fake_cluster import METRICS, Crash, FakeKube, deployment
 
-from kvgate import handlers, promotion
+from kvgate import promotion
+from kvgate.controller import act, context, handlers
 from kvgate.config import OperatorConfig
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
@@ -74,7 +75,7 @@ class World:
         self.memo = kopf.Memo(
             kube=self.kube, config=OperatorConfig(poll_interval_s=1, hub_offline=True)
         )
-        monkeypatch.setattr(handlers, "_now", lambda: self.now)
+        monkeypatch.setattr(context, "utcnow", lambda: self.now)
         monkeypatch.setattr(
             kopf, "event", lambda obj, *, type, reason, message: self.events.append((type, reason, message))
         )  # fmt: skip
@@ -341,7 +342,7 @@ def test_a_bug_in_an_action_ends_the_rollout_instead_of_looping(
     def broken(ctx: Any, step: Any) -> None:
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
 
-    monkeypatch.setitem(handlers._ACTIONS, handlers.Action.CREATE_EVAL_JOB, broken)
+    monkeypatch.setitem(act.ACTIONS, act.Action.CREATE_EVAL_JOB, broken)
     assert world.run(steps=400) == "Failed"
     status = world.obj["status"]
     assert status["reason"] == "ExternalErrors"

@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    import kvgate.handlers  # noqa: F401  (registers the handlers)
+    import kvgate.controller.handlers  # noqa: F401  (registers the handlers)
 
     # Flags override the environment, which overrides the defaults; built once, here.
     config = OperatorConfig.from_env(os.environ).with_overrides(

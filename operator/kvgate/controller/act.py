@@ -1,0 +1,291 @@
+"""Acting on a `Step`: creating canaries and the eval Job, the promotion patch and the revert.
+
+Deletions are write-ahead (made on the reconcile after the one that recorded them); the patch and
+the revert only run in phases whose status write already recorded the decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+from kvgate import manifests, promotion
+from kvgate.controller.context import (
+    Ctx,
+    adopt_child,
+    arm_health,
+    describe,
+    evaluated_container,
+    iso,
+    leftover_child,
+    live_container,
+    owned,
+    target_deployment,
+)
+from kvgate.controller.observe import (
+    eval_concurrency_of,
+    tpot_totals,
+)
+from kvgate.controller.record import (
+    post_event,
+)
+from kvgate.controller.telemetry import (
+    REVERT_FAILURES,
+)
+from kvgate.errors import ExternalError, KubeError, KvgateError
+from kvgate.model import (
+    LABEL_ARM,
+    LABEL_ROLLOUT,
+)
+from kvgate.verdict import (
+    Action,
+    Step,
+)
+
+# Deletions are write-ahead: recorded with the step that decides them, made on the next
+# reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash
+# after deleting a canary and before the status write would read as "canary disappeared".
+DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
+
+
+def act_on(ctx: Ctx, step: Step) -> None:
+    for action in step.actions:
+        if action in DEFERRED:
+            pending = set(ctx.status.get("pendingActions") or ())
+            ctx.status["pendingActions"] = sorted(pending | {action.value})
+        else:
+            ACTIONS[action](ctx, step)
+
+
+def act_best_effort(ctx: Ctx, step: Step) -> None:
+    """Giving up after errors: try every action; owner references clean up what fails."""
+    try:
+        act_on(ctx, step)
+    except (ExternalError, KvgateError) as exc:
+        ctx.logger.warning("acting failed while giving up: %s", exc)
+
+
+def run_pending(ctx: Ctx, step: Step) -> None:
+    """The deletions an earlier reconcile recorded; cleared once they all went through."""
+    known = {a.value for a in Action}
+    pending = [Action(a) for a in ctx.status.get("pendingActions") or () if a in known]
+    for action in pending:
+        ACTIONS[action](ctx, step)
+    if pending:
+        ctx.status["pendingActions"] = None
+
+
+def create_canaries(ctx: Ctx, step: Step) -> None:
+    dep = target_deployment(ctx)
+    if dep is None:
+        raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
+    template = (dep.get("spec") or {}).get("template") or {}
+    index, container = manifests.find_container(
+        template.get("spec") or {}, ctx.status.get("container")
+    )
+    wanted = ctx.status.get("candidate")
+    if not wanted or (not wanted.get("args") and not wanted.get("command")):
+        # Fail closed: without the stored candidate config the "candidate" would be a control.
+        raise KvgateError("status.candidate is missing; cannot build the candidate pod")
+    candidate = {k: v for k, v in container.items() if k not in ("command", "args", "env")}
+    arms = {"control": container, "candidate": {**candidate, **wanted}}
+    created = []
+    for arm, c in arms.items():
+        pod = manifests.build_canary_pod(
+            rollout=ctx.name,
+            namespace=ctx.namespace,
+            arm=arm,
+            template=template,
+            container_index=index,
+            container=c,
+            config_hash=str(ctx.status.get("configHash")),
+        )
+        adopt_child(ctx, pod, arm)
+        existing = ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"])
+        if existing is not None and not owned(ctx, existing):
+            raise KvgateError(
+                f"pod {pod['metadata']['name']} exists and is not this rollout's; kvgate does "
+                "not touch it: rename the rollout or remove that pod"
+            )
+        if leftover_child(ctx, existing):
+            delete_owned(ctx, "Pod", existing)
+            raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
+        if existing is None:
+            ctx.kube.create(pod)
+            created.append(pod["metadata"]["name"])
+    if created:
+        post_event(ctx, "CanaryCreated", f"created {', '.join(created)}")
+
+
+def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
+    """Delete `obj` only if this rollout owns it, and only that object (uid precondition)."""
+    if owned(ctx, obj):
+        meta = obj["metadata"]
+        ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
+
+
+def delete_canaries(ctx: Ctx, step: Step) -> None:
+    for arm in manifests.ARMS:
+        pod = ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm))
+        if pod is not None:
+            delete_owned(ctx, "Pod", pod)
+
+
+def create_eval_job(ctx: Ctx, step: Step) -> None:
+    ev = dict(ctx.status.get("eval") or {})
+    attempt = step.eval_attempts or int(ev.get("attempt") or 1)
+    arms = ctx.status.get("arms") or {}
+    ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
+    if not all(ips.values()):
+        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
+    port = ctx.status.get("port", 8000)
+    env = {"PYTHONUNBUFFERED": "1"}
+    if ctx.config.gsm8k_dir:
+        env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
+    job = manifests.build_eval_job(
+        rollout=ctx.name,
+        namespace=ctx.namespace,
+        attempt=attempt,
+        image=ctx.config.eval_image,  # the judge is the operator's, never the rollout's
+        command=manifests.eval_command(
+            ctx.spec,
+            control_url=f"http://{ips['control']}:{port}/v1/completions",
+            candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
+            model=ctx.status.get("servedModel") or ctx.status.get("model"),
+            concurrency=eval_concurrency_of(ctx),
+        ),
+        env=env,
+        resources=ctx.spec.canary.resources,
+        deadline_s=ctx.spec.canary.eval_timeout_s,
+        config_hash=str(ctx.status.get("configHash")),
+        service_account_name=ctx.config.eval_service_account,
+        nonce=secrets.token_hex(16),
+        writable_tmp=ctx.config.eval_writable_tmp,
+    )
+    adopt_child(ctx, job, "eval")
+    existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
+    if existing is not None and not owned(ctx, existing):
+        raise KvgateError(
+            f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
+            "touch it"
+        )
+    if leftover_child(ctx, existing):
+        delete_owned(ctx, "Job", existing)
+        raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
+    if existing is None:
+        existing = ctx.kube.create(job)
+        post_event(ctx, "EvalStarted", f"eval attempt {attempt}: Job {job['metadata']['name']}")
+    # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
+    # hash is kept in status, which rollout readers can see.
+    ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=nonce_hash(existing))
+    ev.pop("progress", None)
+    ctx.status["eval"] = ev
+    del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def nonce_hash(job: Mapping[str, Any]) -> str | None:
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or [{}]
+    for env in containers[0].get("env") or []:
+        if env.get("name") == "KVGATE_EVAL_NONCE" and env.get("value"):
+            return hashlib.sha256(str(env["value"]).encode()).hexdigest()
+    return None
+
+
+def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
+    selector = f"{LABEL_ROLLOUT}={ctx.name},{LABEL_ARM}=eval"
+    seen = set()
+    for pod in ctx.kube.list_pods(ctx.namespace, selector):
+        job = (pod["metadata"].get("labels") or {}).get("job-name")
+        if job and job not in seen:
+            seen.add(job)
+    attempts = int((ctx.status.get("eval") or {}).get("attempt") or 0)
+    seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
+    for name in sorted(seen):
+        job = ctx.kube.read_job(ctx.namespace, name)
+        if job is not None:
+            delete_owned(ctx, "Job", job)
+
+
+def snapshot_speed(ctx: Ctx, step: Step) -> None:
+    """Speed: TPOT histogram totals of both arms before the eval, which is the fixed load."""
+    if ctx.spec.speed is None:
+        return
+    speed = dict(ctx.status.get("speed") or {})
+    speed["before"] = tpot_totals(ctx)
+    ctx.status["speed"] = speed
+
+
+def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
+    """Apply the candidate, once, as a test-and-set on the evaluated container.
+
+    The decision is already in status (phase Promoting); the patch is refused by the apiserver
+    if the container changed since this read, and its result is recorded in status.promotion.
+    """
+    dep = target_deployment(ctx)
+    found = live_container(ctx, dep)
+    if dep is None or found is None:
+        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    index, live = found
+    if promotion.differences(evaluated_container(ctx), live):
+        raise KubeError("the Deployment changed since the evaluation; not patching")
+    wanted = ctx.status.get("candidate") or {}
+    ops = promotion.patch_ops(index, live, wanted)
+    if not ops:
+        raise KvgateError("the candidate equals the evaluated container: nothing to promote")
+    dep = ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
+    promo = dict(ctx.status.get("promotion") or {})
+    promo.update(
+        patched=True,
+        patchedAt=iso(ctx.now),
+        generation=dep["metadata"].get("generation"),
+    )
+    ctx.status["promotion"] = promo
+    post_event(
+        ctx,
+        "Promoting",
+        f"patched Deployment {ctx.spec.target.name} (generation {promo['generation']}): "
+        f"{' '.join(ctx.status.get('recommendedArgs') or [])}",
+    )
+
+
+def revert_target(ctx: Ctx, step: Step) -> None:
+    """Take kvgate's edits out of the live container (three-way), as a test-and-set.
+
+    A refused patch is recorded, not raised: the next reconcile reads the Deployment back and
+    either confirms the revert or reports RevertFailed and tries again after a back-off.
+    """
+    dep = target_deployment(ctx)
+    found = live_container(ctx, dep)
+    if dep is None or found is None:
+        return  # the observation says why; nothing to patch
+    index, live = found
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    ops = promotion.patch_ops(index, live, promotion.revert(live, previous, candidate))
+    if not ops:
+        return
+    revert = dict(ctx.status.get("revert") or {})
+    revert["attempts"] = int(revert.get("attempts") or 0) + 1
+    revert["lastAttemptAt"] = iso(ctx.now)
+    try:
+        ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
+        revert.pop("lastError", None)
+    except ExternalError as exc:
+        REVERT_FAILURES.labels(ctx.namespace, ctx.name).inc()
+        revert["lastError"] = describe(exc)
+        ctx.logger.warning("revert of %s refused: %s", ctx.spec.target.name, revert["lastError"])
+    ctx.status["revert"] = revert
+
+
+ACTIONS = {
+    Action.CREATE_CANARIES: create_canaries,
+    Action.DELETE_CANARIES: delete_canaries,
+    Action.CREATE_EVAL_JOB: create_eval_job,
+    Action.DELETE_EVAL_JOB: delete_eval_jobs,
+    Action.SNAPSHOT_SPEED: snapshot_speed,
+    Action.PATCH_DEPLOYMENT: apply_promotion_patch,
+    Action.REVERT_DEPLOYMENT: revert_target,
+}

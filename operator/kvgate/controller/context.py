@@ -1,0 +1,232 @@
+"""One reconcile's context: the rollout, its parsed spec and status, the clients, the clock, and
+the reads every step shares (the live Deployment, read once; what kvgate evaluated; ownership).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from kvgate import manifests, promotion, verdict
+from kvgate.adapters.kube import Kube
+from kvgate.config import OperatorConfig
+from kvgate.errors import KvgateError
+from kvgate.model import (
+    ANNOTATION_APPROVE,
+    ANNOTATION_CONFIG_HASH,
+    LABEL_ROLLOUT,
+    Phase,
+    RolloutSpec,
+    TargetRef,
+)
+from kvgate.verdict import (
+    GateResult,
+    LiveTarget,
+    PodHealth,
+    RevertIntent,
+    State,
+)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Ctx:
+    """One reconcile call: the object, its parsed spec, the clients and the status so far."""
+
+    body: kopf.Body
+    namespace: str
+    name: str
+    generation: int | None
+    spec: RolloutSpec
+    status: dict[str, Any]
+    kube: Kube
+    config: OperatorConfig
+    logger: logging.Logger
+    now: dt.datetime
+    deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
+    deployment_read: bool = False
+
+
+def parse_spec(
+    raw: Mapping[str, Any], config: OperatorConfig | None = None
+) -> tuple[RolloutSpec, tuple[str, ...]]:
+    try:
+        return RolloutSpec.from_dict(raw, allow=config.allowlist if config else None), ()
+    except ExceptionGroup as group:
+        target = raw.get("targetRef") if isinstance(raw.get("targetRef"), Mapping) else {}
+        fallback = RolloutSpec(target=TargetRef(str((target or {}).get("name") or "?")))
+        return fallback, tuple(str(e) for e in group.exceptions)
+
+
+def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
+    since = parse_time(ctx.status.get("phaseSince")) or ctx.now
+    gates = {
+        k: GateResult.from_dict(k, v)
+        for k, v in (ctx.status.get("gates") or {}).items()
+        if isinstance(v, Mapping)
+    }
+    promo = ctx.status.get("promotion") or {}
+    verify = promo.get("verify") or {}
+    last = parse_time(verify.get("lastSampleAt"))
+    window = parse_time(verify.get("windowStartedAt"))
+    revert = ctx.status.get("revert") or {}
+    return State(
+        phase=phase,
+        phase_elapsed_s=(ctx.now - since).total_seconds(),
+        config_hash=str(ctx.status.get("configHash") or ""),
+        eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
+        gates=gates,
+        approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVE),
+        patched=bool(promo.get("patched")),
+        verify_samples=int(verify.get("samples") or 0),
+        since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
+        window_elapsed_s=0.0 if window is None else (ctx.now - window).total_seconds(),
+        revert=RevertIntent.from_dict(revert) if revert.get("phase") else None,
+        revert_attempts=int(revert.get("attempts") or 0),
+        revert_error=revert.get("lastError"),
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """One line for status and Events: the kind of failure and its message, bounded."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, KvgateError):
+        text = f"{type(exc).__name__}: {text}"
+    return text[:500]
+
+
+def target_deployment(ctx: Ctx) -> dict[str, Any] | None:
+    """The target Deployment, read once per reconcile."""
+    if not ctx.deployment_read:
+        ctx.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+        ctx.deployment_read = True
+    return ctx.deployment
+
+
+def evaluated_container(ctx: Ctx) -> dict[str, Any]:
+    """The production container as evaluated: image plus the command/args/env in status."""
+    out = dict(ctx.status.get("previous") or {})
+    if ctx.status.get("evaluatedImage") is not None:
+        out["image"] = ctx.status["evaluatedImage"]
+    return out
+
+
+def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
+    if dep is None:
+        return None
+    try:
+        return manifests.find_container(
+            ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
+            ctx.status.get("container"),
+        )
+    except LookupError:
+        return None
+
+
+def live_target(ctx: Ctx) -> LiveTarget | None:
+    """The live Deployment against the evaluated container and kvgate's edits."""
+    if not ctx.status.get("candidate"):
+        return None  # nothing evaluated yet (Pending)
+    dep = target_deployment(ctx)
+    if dep is None:
+        return LiveTarget(exists=False)
+    found = live_container(ctx, dep)
+    if found is None:
+        return LiveTarget(exists=True, container_found=False)
+    _, live = found
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    evaluated = evaluated_container(ctx)
+    differences = tuple(promotion.differences(evaluated, live))
+    return LiveTarget(
+        exists=True,
+        as_evaluated=not differences,
+        differences=differences,
+        carries_candidate=promotion.carries(live, previous, candidate),
+        ours_present=not promotion.reverted(live, previous, candidate),
+    )
+
+
+def production_pods(ctx: Ctx) -> list[dict[str, Any]]:
+    dep = target_deployment(ctx)
+    if dep is None:
+        return []
+    labels = (((dep.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    pods = ctx.kube.list_pods(ctx.namespace, selector) if selector else []
+    return [p for p in pods if not (p["metadata"].get("labels") or {}).get(LABEL_ROLLOUT)]
+
+
+def metrics_url(ctx: Ctx, ip: str) -> str:
+    return f"http://{ip}:{ctx.status.get('port', 8000)}{ctx.status.get('metricsPath', '/metrics')}"
+
+
+def json_number(value: Any) -> Any:
+    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def arm_health(ctx: Ctx, arm: str) -> PodHealth:
+    pod = current_child(ctx, ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm)))
+    return verdict.pod_health(pod, ctx.status.get("container"))
+
+
+def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`obj` if it belongs to this run's config, else None (a leftover of an earlier run)."""
+    if obj is None:
+        return None
+    annotations = obj["metadata"].get("annotations") or {}
+    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.status.get("configHash") else None
+
+
+def leftover_child(ctx: Ctx, obj: dict[str, Any] | None) -> bool:
+    """An object with our name from an earlier run: wait until it is gone, never reuse it."""
+    return obj is not None and current_child(ctx, obj) is None
+
+
+def pod_container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
+    try:
+        return manifests.find_container(pod.get("spec") or {}, name)[1]
+    except LookupError:
+        return {}
+
+
+def adopt_child(ctx: Ctx, obj: dict[str, Any], arm: str) -> None:
+    kopf.adopt(obj, owner=ctx.body)
+    # adopt() copies the rollout's labels onto the child; a label like app=<model> would let a
+    # production Service route traffic to a canary, so children keep kvgate's labels only.
+    obj["metadata"]["labels"] = {
+        **manifests.child_labels(ctx.name, arm),
+        **{
+            k: v
+            for k, v in (obj["metadata"].get("labels") or {}).items()
+            if k.startswith("kvgate.io/")
+        },
+    }
+
+
+def owned(ctx: Ctx, obj: Mapping[str, Any]) -> bool:
+    """Whether this rollout (this very object, by uid) owns `obj`."""
+    uid = (ctx.body.get("metadata") or {}).get("uid")
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(r.get("uid") == uid for r in refs)

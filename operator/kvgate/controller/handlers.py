@@ -1,0 +1,285 @@
+"""kopf handlers for KVCacheRollout: gather evidence, call `verdict.next_step`, act, write status.
+
+Run with `kvgate run` (or `kopf run -m kvgate.controller.handlers`). One handler, `reconcile`, drives a
+rollout: it is level-based (everything it needs is in `status` and in the cluster), so an
+operator restart resumes where the last status write left off, and a step that runs twice
+creates nothing twice (deterministic child names, create-if-absent). Waits are
+`kopf.TemporaryError`s with the delay the core chose; there are no sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+import kopf
+import prometheus_client as prom
+
+from kvgate import conditions as cond
+from kvgate import verdict
+from kvgate.adapters.kube import Kube, load_api_client
+from kvgate.config import OperatorConfig
+from kvgate.controller.act import (
+    act_best_effort,
+    act_on,
+    delete_canaries,
+    delete_eval_jobs,
+    revert_target,
+    run_pending,
+)
+from kvgate.controller.context import (
+    Ctx,
+    describe,
+    iso,
+    live_target,
+    parse_spec,
+    read_state,
+    utcnow,
+)
+from kvgate.controller import context
+from kvgate.controller.observe import (
+    observe,
+)
+from kvgate.controller.record import (
+    post_event,
+    write_status,
+)
+from kvgate.controller.telemetry import (
+    API_REQUESTS,
+    DRIFTED,
+    PHASE,
+    RECONCILE_ERRORS,
+)
+from kvgate.errors import ExternalError, KvgateError
+from kvgate.model import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Condition,
+    Phase,
+)
+from kvgate.verdict import (
+    Step,
+)
+
+_metrics_lock = threading.Lock()
+
+
+_metrics_started: set[int] = set()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Operator settings in one place, each with its reason."""
+    # `kvgate run` builds the config and passes it in memo; `kopf run -m` reads the environment.
+    config = getattr(memo, "config", None) or OperatorConfig.from_env(os.environ)
+    memo.config = config
+    memo.kube = Kube(load_api_client(), on_request=lambda verb: API_REQUESTS.labels(verb).inc())
+    # kvgate's own finalizer and storage keys, under its API group (not kopf.zalando.org).
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Explicit watch timeouts against silent watch freezes (kopf #585, #787; dask does the same).
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 5
+    settings.networking.request_timeout = 30
+    # Only explicit kopf.event() calls become Events; handler logs stay logs.
+    settings.posting.level = logging.WARNING
+    # Handlers never sleep, but scrapes and log reads block: one thread each for many rollouts.
+    settings.execution.max_workers = config.max_workers
+    # Errors that are bugs retry with back-off rather than hot-looping.
+    settings.execution.default_backoff = 5
+    for noisy in ("httpx", "httpcore", "kubernetes.client.rest"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with _metrics_lock:
+        if config.metrics_port and config.metrics_port not in _metrics_started:
+            prom.start_http_server(config.metrics_port)
+            _metrics_started.add(config.metrics_port)
+
+
+@kopf.on.probe(id="rollouts")
+def probe_rollouts(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness detail: API calls made so far (shows the operator is working)."""
+    kube: Kube | None = getattr(memo, "kube", None)
+    return kube.requests if kube is not None else 0
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
+    status = dict(body.get("status") or {})
+    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    generation = meta.get("generation")
+    if phase.terminal or (
+        phase is Phase.AWAITING_APPROVAL and status.get("reason") == "VerdictReported"
+    ):
+        if status.get("observedGeneration") == generation:
+            if status.get("pendingActions"):  # the end was recorded; its deletions are due
+                spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
+                ctx = Ctx(body, meta["namespace"], meta["name"], generation, spec, status,
+                           memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+                try:
+                    run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
+                except ExternalError as exc:
+                    raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
+                patch.status["pendingActions"] = None
+            return
+        # A new spec after the end starts a new rollout (like Flagger's retry by spec change);
+        # the last run's findings are cleared so none of them can vote in the new verdict.
+        for key in status:
+            patch.status[key] = None
+        status = {"phase": Phase.PENDING.value}
+        phase = Phase.PENDING
+    spec, spec_errors = parse_spec(body.get("spec") or {}, memo.config)
+    ctx = Ctx(
+        body=body,
+        namespace=meta["namespace"],
+        name=meta["name"],
+        generation=generation,
+        spec=spec,
+        status=status,
+        kube=memo.kube,
+        config=memo.config,
+        logger=logger,
+        now=context.utcnow(),
+    )
+    state = read_state(ctx, phase, meta)
+    try:
+        run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
+        obs = observe(ctx, phase, spec_errors)
+        step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
+        act_on(ctx, step)
+    except Exception as exc:
+        # Not evidence against the candidate: retry, and past the limit (or the phase's
+        # deadline) end the rollout, reverting first in the patched phases (never promoting).
+        errors = int(status.get("consecutiveErrors", 0)) + 1
+        what = describe(exc)
+        RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        if isinstance(exc, KvgateError):
+            logger.warning("reconcile failed: %s", what)
+        else:  # a bug: keep the traceback in the log, never in status or Events
+            logger.error("reconcile failed: %s", what, exc_info=exc)
+        step = verdict.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
+        if step is None:
+            patch.status["consecutiveErrors"] = errors
+            patch.status["message"] = f"retrying after: {what}"
+            if errors == 1 or errors % 10 == 0:
+                post_event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
+                       warning=True)  # fmt: skip
+            raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
+        act_best_effort(ctx, step)
+    write_status(ctx, patch, phase, step)
+    extra = {"phase": step.phase.value, "reason": step.reason}
+    logger.info("%s: %s", step.phase.value, step.message, extra=extra)
+    if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
+        raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
+    if step.requeue_s is not None and not step.terminal:
+        raise kopf.TemporaryError(step.message, delay=step.requeue_s)
+    if step.terminal and ctx.status.get("pendingActions"):
+        raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def cleanup(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    retry: int,
+    **_: Any,
+) -> None:
+    """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
+    status = dict(body.get("status") or {})
+    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
+    ctx = Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    step = Step(phase, "Deleted", "rollout deleted")
+    try:
+        live = live_target(ctx) if phase is not Phase.PROMOTED else None
+        if live is not None and live.exists and live.ours_present:
+            # Fail closed: a change that was not verified is undone before the rollout goes.
+            if retry >= ctx.config.error_limit:
+                post_event(ctx, "RevertFailed", "rollout deleted; the revert was not confirmed after "
+                       f"{retry} attempts: the Deployment may still carry kvgate's change",
+                       warning=True)  # fmt: skip
+            else:
+                revert_target(ctx, step)
+                raise kopf.TemporaryError("rollout deleted: waiting for the revert to read back",
+                                          delay=2)  # fmt: skip
+        delete_canaries(ctx, step)
+        delete_eval_jobs(ctx, step)
+    except ExternalError as exc:
+        raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
+    for p in Phase:
+        with contextlib.suppress(KeyError):  # this operator never saw it in that phase
+            PHASE.remove(ctx.namespace, ctx.name, p.value)
+    with contextlib.suppress(KeyError):
+        DRIFTED.remove(ctx.namespace, ctx.name)
+
+
+DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
+
+
+def _is_promoted(status: Mapping[str, Any], **_: Any) -> bool:
+    return status.get("phase") == Phase.PROMOTED.value
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_is_promoted)
+def drift(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
+    status = dict(body.get("status") or {})
+    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
+    ctx = Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+    live = live_target(ctx)
+    if live is None:
+        return
+    drifted = not (live.exists and live.carries_candidate)
+    DRIFTED.labels(ctx.namespace, ctx.name).set(1 if drifted else 0)
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    was = cond.get_condition(conditions, cond.DRIFTED)
+    if (was is not None and was.status == cond.TRUE) == drifted and was is not None:
+        return
+    if drifted:
+        what = "is gone" if not live.exists else "no longer carries the promoted config"
+        message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
+        reason = "Drifted"
+        post_event(ctx, reason, message, warning=True)
+    else:
+        reason, message = "InSync", f"Deployment {spec.target.name} carries the promoted config"
+    patch.status["conditions"] = [
+        c.to_dict()
+        for c in cond.set_condition(
+            conditions,
+            cond.DRIFTED,
+            cond.TRUE if drifted else cond.FALSE,
+            reason,
+            message,
+            generation=ctx.generation,
+            now=iso(ctx.now),
+        )
+    ]

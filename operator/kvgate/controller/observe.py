@@ -1,0 +1,593 @@
+"""Gathering evidence for `verdict.next_step`: one `observe_*` per phase, each returning an
+`Observation` (and recording what it read in the status being built). Reads only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kvgate import engines, manifests, promotion, verdict
+from kvgate.controller.context import (
+    Ctx,
+    arm_health,
+    current_child,
+    iso,
+    json_number,
+    live_target,
+    metrics_url,
+    parse_time,
+    pod_container,
+    production_pods,
+    read_state,
+    target_deployment,
+)
+from kvgate.controller.telemetry import (
+    ACCURACY_DELTA,
+    CAPACITY_RATIO,
+)
+from kvgate.errors import ExternalError, InputError, KvgateError, SpecError
+from kvgate.model import (
+    GateMode,
+    Phase,
+    config_hash,
+)
+from kvgate.verdict import (
+    LiveTarget,
+    Observation,
+    PodHealth,
+)
+
+
+def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation:
+    if phase is Phase.PENDING:
+        return observe_pending(ctx, spec_errors)
+    # Every phase after Pending reads the live Deployment: what status says kvgate did is
+    # checked against what is there.
+    live = live_target(ctx)
+    return replace_obs(observe_phase(ctx, phase, live), live=live)
+
+
+def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
+    if phase is Phase.PREFLIGHT:
+        return observe_preflight(ctx)
+    if phase is Phase.CANARY:
+        return observe_canary(ctx)
+    if phase is Phase.EVALUATING:
+        return observe_eval(ctx)
+    if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
+        return observe_promoting(ctx)
+    if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
+        return observe_verifying(ctx)
+    return Observation()
+
+
+def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
+    if spec_errors:
+        return Observation(spec_errors=spec_errors)
+    spec = ctx.spec
+    dep = target_deployment(ctx)
+    if dep is None:
+        return Observation(target_missing=True)
+    template = (dep.get("spec") or {}).get("template") or {}
+    try:
+        index, container = manifests.find_container(
+            template.get("spec") or {}, spec.target.container
+        )
+        info = engines.detect_engine(container)
+        if spec.engine.value != "auto" and spec.engine.value != str(info.engine):
+            raise InputError(
+                f"spec.engine is {spec.engine.value} but container {container.get('name')} "
+                f"runs {info.engine}; fix spec.engine or use auto"
+            )
+        candidate = manifests.candidate_container(spec, container)
+    except LookupError as exc:
+        return Observation(target_problem=f"spec.targetRef: {exc}")
+    except SpecError as exc:
+        if exc.field == "kv_cache_dtype":
+            return Observation(dtype_problem=f"spec.kvCacheDtype: {str(exc).split(': ', 1)[-1]}")
+        return Observation(target_problem=str(exc))
+    except InputError as exc:
+        return Observation(target_problem=str(exc))
+    conflicts = rollout_conflicts(ctx)
+    previous, wanted = manifests.container_config(container), manifests.container_config(candidate)
+    ctx.status.update(
+        engine=str(info.engine),
+        container=str(container.get("name")),
+        containerIndex=index,
+        port=info.port,
+        metricsPath=info.metrics_path,
+        model=spec.model.name or info.model,
+        servedModel=info.served_model_name or info.model,
+        previous=previous,
+        evaluatedImage=container.get("image"),
+        candidate=wanted,
+        recommendedArgs=list(candidate.get("command") or []) + list(candidate.get("args") or []),
+        recommendedEnv=[e.to_dict() for e in spec.extra_env],
+        configHash=config_hash(
+            {
+                "deployment": spec.target.name,
+                "container": container.get("name"),
+                "image": container.get("image"),
+                "previous": previous,
+                "candidate": wanted,
+                "spec": ctx.body.get("spec"),
+            }
+        ),
+    )
+    return Observation(conflicts=conflicts)
+
+
+def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
+    """Older active rollouts on the same Deployment (the oldest one wins)."""
+    mine = (ctx.body["metadata"].get("creationTimestamp") or "", ctx.name)
+    out = []
+    for other in ctx.kube.list_rollouts(ctx.namespace):
+        om = other.get("metadata") or {}
+        if om.get("name") == ctx.name:
+            continue
+        if ((other.get("spec") or {}).get("targetRef") or {}).get("name") != ctx.spec.target.name:
+            continue
+        phase = (other.get("status") or {}).get("phase") or Phase.PENDING.value
+        if Phase(phase).terminal or (
+            phase == Phase.AWAITING_APPROVAL.value
+            and (other.get("status") or {}).get("reason") == "VerdictReported"
+        ):
+            continue
+        # A rollout past Pending has claimed the Deployment; between two Pending ones the
+        # older wins (creation time, then name, so both operators' views agree).
+        claimed = phase != Phase.PENDING.value
+        if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
+            out.append(str(om.get("name")))
+    return tuple(out)
+
+
+def observe_preflight(ctx: Ctx) -> Observation:
+    """One pool sample per interval from every Ready production pod, kept in status."""
+    gate = ctx.spec.capacity
+    pre = dict(ctx.status.get("preflight") or {})
+    if "checkpoint" not in pre:
+        pre["checkpoint"] = scan_checkpoint(ctx)
+        pre["checkpointHasScales"] = pre["checkpoint"].get("present")
+        ctx.status["preflight"] = pre
+    if gate.mode is GateMode.OFF:
+        return Observation()
+    series: dict[str, list[dict[str, Any]]] = {
+        k: list(v) for k, v in (pre.get("samples") or {}).items()
+    }
+    ticks = int(pre.get("ticks") or 0)
+    last = parse_time(pre.get("lastSampleAt"))
+    due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
+    errors: list[str] = []
+    if due and ticks < gate.samples:
+        sampled_before = sum(len(v) for v in series.values())
+        errors = sample_pool(ctx, series)
+        if sum(len(v) for v in series.values()) > sampled_before:
+            ticks += 1  # a round with no sample (no Ready pod yet) does not count
+        pre["lastSampleAt"] = iso(ctx.now)
+    pre.update(samples=series, ticks=ticks, errors=errors[-3:])
+    pressured: bool | None = None
+    detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
+    elapsed = (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
+    if ticks >= gate.samples or elapsed >= gate.window_s * 3:
+        pressured, detail, per_pod = pool_verdict(series, gate.usage_threshold)
+        # `pressure` is the deciding replica's figures (what the report shows); all are kept.
+        deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
+        pre["pressure"] = {**(deciding or {}), "pressured": pressured}
+        pre["pressureByPod"] = per_pod
+    ctx.status["preflight"] = pre
+    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+
+
+def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
+    """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
+    from kvgate.adapters import hub
+
+    model = ctx.status.get("model")
+    if not model:
+        return {"present": None, "finding": "no model in the spec or the container args"}
+    local = os.path.exists(model)
+    if not local and not hub.looks_like_repo_id(model):
+        return {"present": None, "finding": f"{model}: not a local path nor a hub repo id"}
+    if not local and ctx.config.hub_offline:
+        return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
+    secret = ctx.spec.model.token_secret
+    try:
+        token = (
+            ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key) if secret else None
+        )
+        headers = (
+            hub.read_local_checkpoint(model)
+            if local
+            else hub.read_hub_checkpoint(model, revision=ctx.spec.model.revision, token=token)
+        )
+        layout, scales = headers.analyse()
+    except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
+        return {"present": None, "finding": f"{type(exc).__name__}: {exc}"[:500]}
+    return {
+        "source": headers.source,
+        "commit": headers.commit,
+        "present": scales.present,
+        "coverage": scales.coverage,
+        "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
+        "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
+    }
+
+
+def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    errors: list[str] = []
+    pods = production_pods(ctx)
+    for pod in pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if not (health.ready and health.ip):
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
+            )
+        except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
+            errors.append(str(exc))
+            continue
+        # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
+        sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
+        series.setdefault(pod["metadata"]["name"], []).append(sample)
+    if not pods:
+        errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
+    return errors
+
+
+def pool_verdict(
+    series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
+) -> tuple[bool | None, str, dict[str, Any]]:
+    """The pool verdict over the samples kept in status."""
+    from kvgate import metrics
+
+    snapshots = {
+        pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
+        for pod, samples in series.items()
+    }
+    pressured, detail, results = metrics.pool_pressure_across_replicas(
+        snapshots, usage_threshold=usage_threshold
+    )
+    return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
+
+
+def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
+    """The arm's startup-log scan: from status when already read, else from the pod log."""
+    from kvgate import logs
+
+    arms = ctx.status.setdefault("arms", {})
+    block = dict(arms.get(arm) or {})
+    if block.get("scan") is not None:
+        return dict(block["scan"])
+    if not (health.ready or health.crashed):
+        return None
+    pod = manifests.canary_name(ctx.name, arm)
+    text = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container")) or ""
+    if health.restarts:
+        previous = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container"), previous=True)
+        text = (previous or "") + "\n" + text
+    scan = compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    if health.crashed:
+        scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
+    block.update(pod=pod, ip=health.ip, scan=scan)
+    block["attentionBackend"] = scan.get("attention_backend")
+    block["kvTokens"] = verdict.kv_tokens(scan)
+    arms[arm] = block
+    return scan
+
+
+def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
+    """Keep status small: at most 20 findings, each line text cut to 300 characters."""
+    findings = []
+    for f in (scan.get("findings") or [])[:20]:
+        f = dict(f)
+        if isinstance(f.get("text"), str):
+            f["text"] = f["text"][:300]
+        findings.append(f)
+    return {**scan, "findings": findings}
+
+
+def observe_canary(ctx: Ctx) -> Observation:
+    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
+    control_scan = arm_scan(ctx, "control", control)
+    candidate_scan = arm_scan(ctx, "candidate", candidate)
+    record_capacity(ctx)
+    return Observation(
+        control=control,
+        candidate=candidate,
+        control_scan=control_scan,
+        candidate_scan=candidate_scan,
+        checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
+    )
+
+
+def record_capacity(ctx: Ctx) -> None:
+    arms = ctx.status.get("arms") or {}
+    control = (arms.get("control") or {}).get("kvTokens")
+    candidate = (arms.get("candidate") or {}).get("kvTokens")
+    block: dict[str, Any] = {"control": {"kvTokens": control}, "candidate": {"kvTokens": candidate}}
+    if control and candidate:
+        block["ratio"] = round(candidate / control, 3)
+        CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(block["ratio"])
+    ctx.status["capacity"] = block
+
+
+def observe_eval(ctx: Ctx) -> Observation:
+    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
+    ev = dict(ctx.status.get("eval") or {})
+    attempt = int(ev.get("attempt") or 1)
+    job_name = manifests.eval_job_name(ctx.name, attempt)
+    job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
+    obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
+    if job is None:
+        return obs
+    js = job.get("status") or {}
+    failed = any(
+        c.get("type") == "Failed" and c.get("status") == "True" for c in js.get("conditions") or []
+    )
+    finished = (
+        failed
+        or bool(js.get("succeeded"))
+        or any(
+            c.get("type") == "Complete" and c.get("status") == "True"
+            for c in js.get("conditions") or []
+        )
+    )
+    pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
+    text = ""
+    if pods:
+        text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+    summary, progress = eval_lines(text, ev.get("nonceSha256"))
+    if progress is not None:
+        ev["progress"] = progress
+    ctx.status["eval"] = ev
+    if summary is not None and finished:
+        record_accuracy(ctx, summary)
+        control_tpot, candidate_tpot = speed_after_eval(ctx)
+        return replace_obs(
+            obs,
+            job_finished=True,
+            eval_summary=summary,
+            control_tpot_s=control_tpot,
+            candidate_tpot_s=candidate_tpot,
+        )
+    if finished:
+        reason = next(
+            (
+                c.get("message") or c.get("reason")
+                for c in js.get("conditions") or []
+                if c.get("type") == "Failed"
+            ),
+            "the Job ended without a summary line",
+        )
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        return replace_obs(obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500])
+    return obs
+
+
+def replace_obs(obs: Observation, **kw: Any) -> Observation:
+    from dataclasses import replace
+
+    return replace(obs, **kw)
+
+
+def eval_lines(
+    text: str, nonce_sha256: str | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(summary, latest progress) from the eval Job's log.
+
+    Evidence integrity: the summary is the log's last line only, and only when it carries the
+    attempt's nonce (whose hash status keeps). lm-eval logs an arm's error bodies into the same
+    log, so a summary-shaped line anywhere else proves nothing. Progress lines are only shown.
+    """
+    progress = None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        obj = json_object(line)
+        if obj is not None and obj.get("kind") == "kvgate.eval/progress":
+            progress = obj
+    last = json_object(lines[-1]) if lines else None
+    if last is None or last.get("kind") != "kvgate.eval/summary" or not nonce_sha256:
+        return None, progress
+    nonce = last.get("nonce")
+    if not isinstance(nonce, str) or hashlib.sha256(nonce.encode()).hexdigest() != nonce_sha256:
+        return None, progress
+    summary = {k: v for k, v in last.items() if k != "nonce"}
+    return summary, progress
+
+
+def json_object(line: str) -> dict[str, Any] | None:
+    if not line.startswith("{") or len(line) > 1_000_000:
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> None:
+    acc = dict(summary)
+    diff = (summary.get("paired") or {}).get("difference")
+    if isinstance(diff, int | float):
+        acc["differencePp"] = round(diff * 100, 2)
+        ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc["differencePp"])
+    acc.pop("kind", None)
+    ctx.status["accuracy"] = acc
+
+
+def observe_promoting(ctx: Ctx) -> Observation:
+    dep = target_deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
+    promo = ctx.status.get("promotion") or {}
+    wanted_gen = int(promo.get("generation") or dep["metadata"].get("generation") or 0)
+    done = rolled_out(dep, wanted_gen)
+    candidate_args = (ctx.status.get("candidate") or {}).get("args")
+    new_pods = [
+        p
+        for p in production_pods(ctx)
+        if pod_container(p, ctx.status.get("container")).get("args") == candidate_args
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    for pod in new_pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if health.crashed:
+            return Observation(rollout_crashed=f"pod {pod['metadata']['name']}: {health.detail}")
+    scan = None
+    if done and new_pods:
+        scan = production_scan(ctx, new_pods[0])
+    candidate_scan = ((ctx.status.get("arms") or {}).get("candidate") or {}).get("scan")
+    # The promoted pods are checked against the candidate canary: same backend, same scales.
+    return Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+
+
+def rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
+    """The Deployment controller saw `generation` and every replica is updated and available."""
+    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
+    replicas = int(spec.get("replicas", 1))
+    return (
+        int(ds.get("observedGeneration") or 0) >= generation > 0
+        and int(ds.get("updatedReplicas") or 0) == replicas
+        and int(ds.get("availableReplicas") or 0) == replicas
+        and int(ds.get("readyReplicas") or 0) == replicas
+        and int(ds.get("replicas") or 0) == replicas
+        and not int(ds.get("unavailableReplicas") or 0)
+    )
+
+
+def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
+    from kvgate import logs
+
+    name = pod["metadata"]["name"]
+    text = ctx.kube.read_log(ctx.namespace, name, ctx.status.get("container")) or ""
+    scan = compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    promo = dict(ctx.status.get("promotion") or {})
+    promo["podScan"] = {
+        "pod": name,
+        "attentionBackend": scan.get("attention_backend"),
+        "kvTokens": verdict.kv_tokens(scan),
+    }
+    ctx.status["promotion"] = promo
+    return scan
+
+
+def observe_verifying(ctx: Ctx) -> Observation:
+    """One verify sample when one is due: every check must pass (fail closed)."""
+    state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
+    if not verdict.verify_due(ctx.spec, state):
+        return Observation()
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    dep = target_deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
+    problems = []
+    generation = int(dep["metadata"].get("generation") or 0)
+    if not rolled_out(dep, generation):
+        ds = dep.get("status") or {}
+        problems.append(
+            f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
+            f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
+            f"{ds.get('updatedReplicas') or 0} updated)"
+        )
+    pods = [p for p in production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
+    if not pods:
+        problems.append("no production pods")
+    candidate = ctx.status.get("candidate") or {}
+    previous = ctx.status.get("previous") or {}
+    waiting: dict[str, float] = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if not promotion.carries(
+            pod_container(pod, ctx.status.get("container")), previous, candidate
+        ):
+            problems.append(f"pod {name} does not run the candidate")
+            continue
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if health.crashed:
+            problems.append(f"pod {name}: {health.detail}")
+            continue
+        if not (health.ready and health.ip):
+            problems.append(f"pod {name} is not Ready ({health.detail})")
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
+            )
+        except (ExternalError, InputError) as exc:
+            problems.append(f"pod {name} metrics unreachable: {exc}")
+            continue
+        if snap.waiting is not None:
+            waiting[name] = snap.waiting
+    problem = verdict.verify_metrics_problem(baseline_waiting(ctx), waiting)
+    if problem:
+        problems.append(problem)
+    return Observation(production_problem="; ".join(problems) or None, sampled=True)
+
+
+def baseline_waiting(ctx: Ctx) -> float | None:
+    """The most requests any production pod had waiting during the preflight window."""
+    samples = ((ctx.status.get("preflight") or {}).get("samples")) or {}
+    values = [
+        float(s["waiting"])
+        for series in samples.values()
+        for s in series
+        if isinstance(s, Mapping) and isinstance(s.get("waiting"), int | float)
+    ]
+    return max(values) if values else None
+
+
+def tpot_totals(ctx: Ctx) -> dict[str, Any]:
+    """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    out: dict[str, Any] = {}
+    for arm in manifests.ARMS:
+        ip = arm_health(ctx, arm).ip
+        if not ip:
+            continue
+        try:
+            snap = metrics.parse_metrics(
+                http.scrape(metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s),
+                ctx.status.get("engine"),
+            )
+        except (ExternalError, InputError) as exc:
+            out[arm] = {"error": str(exc)[:300]}
+            continue
+        hist = snap.tpot or snap.itl
+        if hist is not None:
+            out[arm] = {"sum": json_number(hist.sum), "count": json_number(hist.count)}
+    return out
+
+
+def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None]:
+    """Mean TPOT of each arm over the eval window, recorded in status.speed."""
+    if ctx.spec.speed is None:
+        return None, None
+    speed = dict(ctx.status.get("speed") or {})
+    if "after" not in speed:
+        speed["after"] = tpot_totals(ctx)
+    before, after = speed.get("before") or {}, speed["after"]
+    tpots = {arm: verdict.mean_between(before.get(arm), after.get(arm)) for arm in manifests.ARMS}
+    for arm, tpot in tpots.items():
+        speed[arm] = {"tpotMs": None if tpot is None else round(tpot * 1000, 3)}
+    speed["concurrency"] = eval_concurrency_of(ctx)
+    ctx.status["speed"] = speed
+    return tpots["control"], tpots["candidate"]
+
+
+def eval_concurrency_of(ctx: Ctx) -> int:
+    """The eval's fixed concurrency: the speed gate's first level, else the operator default."""
+    if ctx.spec.speed is not None and ctx.spec.speed.concurrency:
+        return ctx.spec.speed.concurrency[0]
+    return ctx.config.eval_concurrency

@@ -1,0 +1,161 @@
+"""Recording a step: status (conditions, gates, the promotion and revert records), Events, metrics
+and the report ConfigMap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from kvgate import conditions as cond
+from kvgate import manifests, verdict
+from kvgate.controller.context import (
+    Ctx,
+    adopt_child,
+    iso,
+)
+from kvgate.controller.telemetry import (
+    EVENTS,
+    PHASE,
+    ROLLBACKS,
+    ROLLOUTS,
+)
+from kvgate.errors import ExternalError, KvgateError
+from kvgate.model import (
+    Condition,
+    Phase,
+)
+from kvgate.verdict import (
+    GateResult,
+    Step,
+)
+
+
+def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
+    warn = cond.is_warning(reason) if warning is None else warning
+    type_ = "Warning" if warn else "Normal"
+    kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
+    EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
+    ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})
+
+
+GATE_CONDITIONS = {
+    verdict.POOL: cond.POOL_PRESSURE,
+    verdict.SCALES: cond.SCALES_PRESENT,
+    verdict.CANARY: cond.CANARY_HEALTHY,
+    verdict.ACCURACY: cond.ACCURACY_NON_INFERIOR,
+    verdict.CAPACITY_GAIN: cond.CAPACITY_GAINED,
+}
+
+
+def gate_condition_status(result: GateResult) -> str:
+    if result.outcome in (verdict.Outcome.SUCCESSFUL,):
+        return cond.TRUE
+    if result.outcome in (verdict.Outcome.FAILED, verdict.Outcome.NOT_NEEDED):
+        return cond.FALSE
+    if result.gate == verdict.SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
+        return cond.FALSE
+    if result.gate == verdict.POOL and result.reason == "PoolHasRoom":
+        return cond.FALSE
+    return cond.UNKNOWN
+
+
+def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> None:
+    now = iso(ctx.now)
+    status = ctx.status
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    if not conditions:
+        conditions = cond.initial_conditions(ctx.generation, now)
+    gates = dict(status.get("gates") or {})
+    for g in step.gates:
+        gates[g.gate] = g.to_dict()
+        ctype = GATE_CONDITIONS.get(g.gate)
+        if ctype is not None:
+            conditions = cond.set_condition(
+                conditions, ctype, gate_condition_status(g), g.reason, g.message,
+                generation=ctx.generation, now=now,
+            )  # fmt: skip
+    reported = step.reason == "VerdictReported"
+    conditions = cond.summary_conditions(
+        conditions, step.phase, step.reason, step.message,
+        generation=ctx.generation, now=now, ready_without_terminal=reported,
+        stalled=step.reason == "RevertFailed",
+    )  # fmt: skip
+    status.update(
+        phase=step.phase.value,
+        reason=step.reason,
+        message=step.message,
+        observedGeneration=ctx.generation,
+        gates=gates,
+        conditions=[c.to_dict() for c in conditions],
+        consecutiveErrors=0,
+    )
+    status.setdefault("startedAt", now)
+    if step.phase is not old_phase or "phaseSince" not in status:
+        status["phaseSince"] = now
+    if step.eval_attempts is not None:
+        status.setdefault("eval", {})["attempt"] = step.eval_attempts
+    if step.verdict is not None:
+        status["verdict"] = step.verdict.to_dict()
+    if (
+        step.revert is not None
+        and step.phase is Phase.REVERTING
+        and old_phase is not Phase.REVERTING
+    ):
+        # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
+        status["revert"] = {**step.revert.to_dict(), "startedAt": now, "attempts": 0}
+    promo = dict(status.get("promotion") or {})
+    if step.patched:
+        promo.update(patched=True, adoptedAt=now)
+        promo.setdefault("generation", (ctx.deployment or {}).get("metadata", {}).get("generation"))
+    if step.verify_samples is not None:
+        verify = dict(promo.get("verify") or {})
+        if step.restart_window:
+            verify["windowStartedAt"] = now
+            if verify.get("samples"):
+                verify["restarts"] = int(verify.get("restarts") or 0) + 1
+        verify["samples"] = step.verify_samples
+        if step.verify_samples:
+            verify["lastSampleAt"] = now
+        promo["verify"] = verify
+    if promo:
+        status["promotion"] = promo
+    finished = step.terminal or reported
+    first_finish = finished and not status.get("finishedAt")
+    if first_finish:
+        status["finishedAt"] = now
+    for key, value in status.items():
+        patch.status[key] = value
+    for e in step.events:
+        post_event(ctx, e.reason, e.message, warning=e.warning)
+    for p in Phase:
+        PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
+    if first_finish:
+        ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
+        if step.phase is Phase.ROLLED_BACK:
+            ROLLBACKS.labels(step.reason).inc()
+        write_report(ctx, status)
+
+
+def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:
+    """The `<rollout>-report` ConfigMap: status.json, plus text and HTML when report.py exists."""
+    rollout = {**dict(ctx.body), "status": dict(status)}
+    files = {"status.json": manifests.status_json(rollout)}
+    try:
+        from kvgate import report
+    except ImportError:
+        report = None  # type: ignore[assignment]
+    if report is not None:
+        try:
+            files["report.txt"] = report.render_text(rollout)
+            files["report.html"] = report.render_html(rollout)
+        except (KvgateError, ValueError, KeyError, TypeError) as exc:
+            ctx.logger.warning("report rendering failed: %s", exc)
+    cm = manifests.build_report_configmap(rollout=ctx.name, namespace=ctx.namespace, files=files)
+    adopt_child(ctx, cm, "report")
+    try:
+        ctx.kube.replace_configmap(cm)
+    except ExternalError as exc:  # the verdict is in status already; the report is a copy
+        ctx.logger.warning("could not write the report ConfigMap: %s", exc)
