@@ -651,7 +651,7 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
 
 def revert_backoff(attempts: int) -> float:
     """Seconds before the next revert attempt: 5, 10, 20 ... up to 5 minutes."""
-    return min(5.0 * 2 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S)
+    return float(min(5.0 * 2.0 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S))
 
 
 def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:

@@ -60,19 +60,6 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- end }}
 
-{{/* Whether kopf peering is on: peering.enabled, or (when null) more than one replica. */}}
-{{- define "kvgate.peering" -}}
-{{- if kindIs "bool" .Values.peering.enabled }}
-{{- ternary "true" "" .Values.peering.enabled }}
-{{- else if gt (int .Values.replicas) 1 }}
-{{- "true" }}
-{{- end }}
-{{- end }}
-
-{{- define "kvgate.peeringName" -}}
-{{- default (include "kvgate.fullname" .) .Values.peering.name }}
-{{- end }}
-
 {{/* Namespaces to grant Roles in: the watch list, or nothing in cluster-wide mode. */}}
 {{- define "kvgate.watchNamespaces" -}}
 {{- if not .Values.watch.allNamespaces }}
@@ -81,6 +68,17 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- join "," (uniq .Values.watch.namespaces) }}
 {{- end }}
+{{- end }}
+
+{{/* The Lease `kvgate run` elects its leader on (kvgate/adapters/leader.py lease_name):
+     kvgate-leader-<first 10 hex of sha256(scope)>, scope "cluster" when cluster-wide, else the
+     sorted watched namespaces joined by ",". */}}
+{{- define "kvgate.leaseName" -}}
+{{- $scope := "cluster" }}
+{{- if not .Values.watch.allNamespaces }}
+{{- $scope = include "kvgate.watchNamespaces" . | splitList "," | sortAlpha | join "," }}
+{{- end }}
+{{- printf "kvgate-leader-%s" (sha256sum $scope | trunc 10) }}
 {{- end }}
 
 {{/* The rules the operator needs in every namespace it watches: exactly the calls it makes
@@ -132,12 +130,6 @@ app.kubernetes.io/part-of: kvgate
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
-{{- if and (include "kvgate.peering" .) (not .Values.watch.allNamespaces) }}
-# kopf peering in this namespace: one active operator among the replicas.
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped reads kopf makes at startup, whatever the watch mode. */}}
@@ -150,12 +142,6 @@ app.kubernetes.io/part-of: kvgate
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
-{{- if and (include "kvgate.peering" .) .Values.watch.allNamespaces }}
-# kopf peering across the cluster: one active operator among the replicas.
-- apiGroups: [kopf.dev]
-  resources: [clusterkopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
 {{- end }}
 
 {{/* CEL list of the users that may write kvcacherollouts/status: the operator's SA and extras. */}}

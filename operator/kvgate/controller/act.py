@@ -109,7 +109,7 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
                 f"pod {pod['metadata']['name']} exists and is not this rollout's; kvgate does "
                 "not touch it: rename the rollout or remove that pod"
             )
-        if leftover_child(ctx, existing):
+        if existing is not None and leftover_child(ctx, existing):
             delete_owned(ctx, "Pod", existing)
             raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
         if existing is None:
@@ -171,7 +171,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
             f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
             "touch it"
         )
-    if leftover_child(ctx, existing):
+    if existing is not None and leftover_child(ctx, existing):
         delete_owned(ctx, "Job", existing)
         raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
     if existing is None:

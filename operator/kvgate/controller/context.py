@@ -8,12 +8,11 @@ import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
 from kvgate import manifests, promotion, verdict
-from kvgate.adapters.kube import Kube
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
 from kvgate.model import (
@@ -31,6 +30,29 @@ from kvgate.verdict import (
     RevertIntent,
     State,
 )
+
+
+class KubeApi(Protocol):
+    """What the controller needs of the API (`kvgate.adapters.kube.Kube`; an in-memory fake in
+    the unit tests). Objects are the API's JSON dicts; reads of absent objects return None."""
+
+    requests: int
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    def list_rollouts(self, namespace: str) -> list[dict[str, Any]]: ...
+    def read_log(
+        self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False
+    ) -> str | None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str: ...
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool: ...
+    def patch_deployment(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]: ...
 
 
 def utcnow() -> dt.datetime:
@@ -60,9 +82,9 @@ class Ctx:
     generation: int | None
     spec: RolloutSpec
     status: dict[str, Any]
-    kube: Kube
+    kube: KubeApi
     config: OperatorConfig
-    logger: logging.Logger
+    logger: logging.Logger | logging.LoggerAdapter[Any]
     now: dt.datetime
     deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
     deployment_read: bool = False

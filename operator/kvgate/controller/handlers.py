@@ -23,6 +23,7 @@ from kvgate import conditions as cond
 from kvgate import verdict
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
+from kvgate.controller import context
 from kvgate.controller.act import (
     act_best_effort,
     act_on,
@@ -38,9 +39,7 @@ from kvgate.controller.context import (
     live_target,
     parse_spec,
     read_state,
-    utcnow,
 )
-from kvgate.controller import context
 from kvgate.controller.observe import (
     observe,
 )
@@ -119,7 +118,7 @@ def reconcile(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    logger: logging.Logger,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
     """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
@@ -175,14 +174,15 @@ def reconcile(
             logger.warning("reconcile failed: %s", what)
         else:  # a bug: keep the traceback in the log, never in status or Events
             logger.error("reconcile failed: %s", what, exc_info=exc)
-        step = verdict.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
-        if step is None:
+        given_up = verdict.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
+        if given_up is None:
             patch.status["consecutiveErrors"] = errors
             patch.status["message"] = f"retrying after: {what}"
             if errors == 1 or errors % 10 == 0:
                 post_event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
+        step = given_up
         act_best_effort(ctx, step)
     write_status(ctx, patch, phase, step)
     extra = {"phase": step.phase.value, "reason": step.reason}
@@ -200,7 +200,7 @@ def cleanup(
     body: kopf.Body,
     meta: kopf.Meta,
     memo: kopf.Memo,
-    logger: logging.Logger,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
     retry: int,
     **_: Any,
 ) -> None:
@@ -247,7 +247,7 @@ def drift(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    logger: logging.Logger,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
     """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""

@@ -25,6 +25,7 @@ from kvgate.controller.telemetry import (
 from kvgate.errors import ExternalError, KvgateError
 from kvgate.model import (
     Condition,
+    Outcome,
     Phase,
 )
 from kvgate.verdict import (
@@ -51,9 +52,9 @@ GATE_CONDITIONS = {
 
 
 def gate_condition_status(result: GateResult) -> str:
-    if result.outcome in (verdict.Outcome.SUCCESSFUL,):
+    if result.outcome in (Outcome.SUCCESSFUL,):
         return cond.TRUE
-    if result.outcome in (verdict.Outcome.FAILED, verdict.Outcome.NOT_NEEDED):
+    if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
     if result.gate == verdict.SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
         return cond.FALSE
