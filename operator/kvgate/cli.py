@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "scrape": "kvgate.commands.scrape",
     "stats": "kvgate.commands.stats",
     "eval": "kvgate.commands.eval",
+    "diverge": "kvgate.commands.diverge",
     "report": "kvgate.commands.report",
     "run": "kvgate.commands.run",
 }

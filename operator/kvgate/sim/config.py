@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate.sim.context import ContextCurve, CurveError
+
 GIB = 1 << 30
 
 NEWEST_VLLM = "0.33.0"
@@ -85,6 +87,7 @@ FAULTS = (
     "crash-after",
     "hang-before-ready",
     "garbage-answers",
+    "long-context-collapse",
 )
 
 
@@ -95,6 +98,7 @@ class Faults:
     crash_after: int | None = None
     hang_before_ready: bool = False
     garbage_answers: bool = False
+    long_context_collapse: int | None = None  # FP8 arm collapses from this many cached tokens
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,10 @@ class SimEnv:
     seed: str
     pod_ip: str | None
     extra: dict[str, str] = field(default_factory=dict)
+    fp8_context: ContextCurve = field(default_factory=ContextCurve)
+    fp8_logit_noise: float = 0.03
+    logprob_jitter: float = 0.02
+    niah_accuracy: float = 0.97
 
 
 def parse_version(text: str, variable: str = "KVGATE_SIM_ENGINE_VERSION") -> tuple[int, ...]:
@@ -211,6 +219,7 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
     # An L4 image without nvcc/ninja is the common case the gate exists for.
     jit = gpu.name == "L4"
     crash_after = None
+    collapse_at = None
     flags: set[str] = set()
     for item in items:
         key, _, value = item.partition("=")
@@ -225,6 +234,16 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
                 ) from None
             if crash_after < 0:
                 raise SimConfigError(f"{name}: crash-after must be >= 0")
+        elif key == "long-context-collapse":
+            try:
+                collapse_at = int(value)
+            except ValueError:
+                raise SimConfigError(
+                    f"{name}: long-context-collapse needs a token count, "
+                    "e.g. long-context-collapse=16384"
+                ) from None
+            if collapse_at < 1:
+                raise SimConfigError(f"{name}: long-context-collapse must be >= 1")
         elif value:
             raise SimConfigError(f"{name}: {key} takes no value")
         flags.add(key)
@@ -238,6 +257,7 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
         crash_after=crash_after,
         hang_before_ready="hang-before-ready" in flags,
         garbage_answers="garbage-answers" in flags,
+        long_context_collapse=collapse_at,
     )
 
 
@@ -290,6 +310,10 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
         raise SimConfigError(f"KVGATE_SIM_KV_SCALES: {scales_raw!r} is not 0 or 1")
 
     gsm8k_raw = environ.get("KVGATE_GSM8K_DIR", "").strip()
+    try:
+        fp8_context = ContextCurve.parse(environ.get("KVGATE_SIM_FP8_CONTEXT", ""))
+    except CurveError as exc:
+        raise SimConfigError(f"KVGATE_SIM_FP8_CONTEXT: {exc}") from None
     return SimEnv(
         gpu=gpu,
         gpu_memory_gib=memory,
@@ -307,4 +331,8 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
         load=parse_load(environ.get("KVGATE_SIM_LOAD", "")),
         seed=environ.get("KVGATE_SIM_SEED", "kvgate"),
         pod_ip=environ.get("POD_IP", "").strip() or None,
+        fp8_context=fp8_context,
+        fp8_logit_noise=_float(environ, "KVGATE_SIM_FP8_LOGIT_NOISE", 0.03, 0.0, 10.0),
+        logprob_jitter=_float(environ, "KVGATE_SIM_LOGPROB_JITTER", 0.02, 0.0, 10.0),
+        niah_accuracy=_float(environ, "KVGATE_SIM_NIAH_ACCURACY", 0.97, 0.0, 1.0),
     )

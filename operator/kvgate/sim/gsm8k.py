@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from kvgate.sim.context import ContextModel
+from kvgate.sim.needle import find_needle, item_key, write_needle_answer
+
 _WS = re.compile(r"\s+")
 _CALC = re.compile(r"<<[^>]*>>")
 _FINAL = re.compile(r"\n#### (-?[0-9.,]+)\s*$")
@@ -203,8 +206,29 @@ class Answerer:
     fp8_loss: float
     fp8_churn: float
     garbage: bool
+    context: ContextModel | None = None  # FP8 error by cached tokens (None: none)
+    niah_accuracy: float = 0.97  # BF16 needle retrieval accuracy
 
-    def text(self, prompt: str, chat: bool) -> str:
+    def _loss(self, tokens: int) -> float:
+        if self.context is None:
+            return self.fp8_loss
+        return self.context.loss(self.fp8_loss, tokens)
+
+    def text(self, prompt: str, chat: bool, context_tokens: int = 0) -> str:
+        """The answer to `prompt`; `context_tokens` is the prompt's length in engine tokens."""
+        if self.garbage:
+            return " " + GARBAGE
+        needle = find_needle(prompt)
+        if needle is not None:
+            right = is_right(
+                item_key(needle),
+                self.seed,
+                self.niah_accuracy,
+                self.fp8,
+                self._loss(context_tokens),
+                self.fp8_churn,
+            )
+            return write_needle_answer(needle, right, self.seed)
         found = find_question(prompt)
         problem = None
         style = AnswerStyle.BOTH
@@ -213,12 +237,15 @@ class Answerer:
             style = found[1]
         elif self.index is not None:
             problem = self.index.get(prompt)  # a bare question, e.g. a zero-shot chat turn
-        if self.garbage:
-            return " " + GARBAGE
         if problem is None:
             return write_filler(prompt)
         right = is_right(
-            problem.question, self.seed, self.accuracy, self.fp8, self.fp8_loss, self.fp8_churn
+            problem.question,
+            self.seed,
+            self.accuracy,
+            self.fp8,
+            self._loss(context_tokens),
+            self.fp8_churn,
         )
         answer = write_answer(problem, style, right, self.seed)
         if chat:

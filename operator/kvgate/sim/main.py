@@ -18,6 +18,7 @@ from types import FrameType
 from kvgate.sim import cli
 from kvgate.sim.capacity import BLOCK_SIZE
 from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
+from kvgate.sim.context import ContextModel
 from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
 from kvgate.sim.gsm8k import Answerer, Gsm8kIndex
 from kvgate.sim.logfmt import SglangLog, VllmLog
@@ -176,6 +177,15 @@ class Runner:
 
     def _app(self, index: Gsm8kIndex) -> App:
         args, env = self.args, self.env
+        fp8 = args.kv_cache_dtype.startswith("fp8")
+        context = ContextModel(
+            fp8=fp8,
+            curve=env.fp8_context,
+            collapse_at=env.faults.long_context_collapse,
+            fp8_logit_noise=env.fp8_logit_noise,
+            jitter=env.logprob_jitter,
+            seed=env.seed,
+        )
         return App(
             engine=args.engine,
             version=env.version,
@@ -188,11 +198,14 @@ class Runner:
                 index=index,
                 seed=env.seed,
                 accuracy=env.accuracy,
-                fp8=args.kv_cache_dtype.startswith("fp8"),
+                fp8=fp8,
                 fp8_loss=env.fp8_loss,
                 fp8_churn=env.fp8_churn,
                 garbage=env.faults.garbage_answers,
+                context=context,
+                niah_accuracy=env.niah_accuracy,
             ),
+            context=context,
             log=self.vlog if args.engine == "vllm" else self.slog,
             registry=None,
             access_log=args.access_log,

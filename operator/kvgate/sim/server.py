@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from kvgate.sim import gsm8k, textgen
+from kvgate.sim.context import MAX_LOGPROBS, ContextModel, TokenLogprobs
 from kvgate.sim.engine import EngineDead, Request, Scheduler
 from kvgate.sim.gsm8k import Answerer
 from kvgate.sim.logfmt import SglangLog, VllmLog
@@ -52,6 +53,7 @@ class App:
     server_info: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"
     created: int = field(default_factory=lambda: int(time.time()))
+    context: ContextModel = field(default_factory=lambda: ContextModel(fp8=False))
 
     def count_tokens(self, text: str) -> int:
         return textgen.count_tokens(text)
@@ -303,7 +305,7 @@ class Handler(BaseHTTPRequestHandler):
     ) -> Request:
         prompt_tokens = max(1, self.app.count_tokens(rendered))
         max_tokens = self._max_tokens(body, prompt_tokens, default_max)
-        text = self.app.answerer.text(question_text, chat)
+        text = self.app.answerer.text(question_text, chat, context_tokens=prompt_tokens)
         ignore_eos = bool(body.get("ignore_eos"))
         if ignore_eos:  # benchmark clients: keep generating until max_tokens
             filler = gsm8k.write_filler(question_text)
@@ -347,14 +349,27 @@ class Handler(BaseHTTPRequestHandler):
         stream = bool(body.get("stream"))
         if stream and len(prompts) > 1:
             raise BadRequest("streaming is supported for one prompt at a time here", param="stream")
-        requests = [self._plan(body, p, p, False, 16, stream) for p in prompts]
+        echo = bool(body.get("echo"))
+        logprobs = _logprobs_field(body, "logprobs")
+        prompt_k = _logprobs_field(body, "prompt_logprobs")
+        if prompt_k is not None and stream:
+            raise BadRequest(
+                "`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs"
+            )
+        if prompt_k is None and echo:
+            prompt_k = logprobs  # vLLM: echo with logprobs returns the prompt's log-probs
+        # echo with max_tokens 0: the prompt back with its log-probs; vLLM runs one step
+        echo_only = echo and body.get("max_tokens") == 0
+        plan_body = {**body, "max_tokens": 1} if echo_only else body
+        requests = [self._plan(plan_body, p, p, False, 16, stream) for p in prompts]
         rid = f"cmpl-{secrets.token_hex(16)}"
         if stream:
             self._stream(requests[0], rid, chat=False, include_usage=_include_usage(body))
             return
         self._run(requests)
-        choices = [
-            {
+        choices = []
+        for i, (p, r) in enumerate(zip(prompts, requests, strict=True)):
+            choice: dict[str, Any] = {
                 "index": i,
                 "text": "".join(r.pieces),
                 "logprobs": None,
@@ -362,9 +377,51 @@ class Handler(BaseHTTPRequestHandler):
                 "stop_reason": r.stop_reason,
                 "prompt_logprobs": None,
             }
-            for i, r in enumerate(requests)
-        ]
+            if echo_only:
+                choice["text"] = p
+            elif echo:
+                choice["text"] = p + choice["text"]
+            if logprobs is not None or prompt_k is not None:
+                self._add_logprobs(choice, p, r, echo, echo_only, logprobs, prompt_k)
+            choices.append(choice)
         self._json(200, self._envelope(rid, "text_completion", choices, requests))
+
+    def _add_logprobs(
+        self,
+        choice: dict[str, Any],
+        prompt: str,
+        request: Request,
+        echo: bool,
+        echo_only: bool,
+        k: int | None,
+        prompt_k: int | None,
+    ) -> None:
+        """vLLM's `logprobs` (text_offset, token_logprobs, tokens, top_logprobs) and
+        `prompt_logprobs` ([None, {token_id: {logprob, rank, decoded_token}}, ...])."""
+        prompt_pieces = textgen.split_pieces(prompt)
+        output = [] if echo_only else [piece for piece in request.pieces if piece]
+        start = 0 if (echo or prompt_k is not None) else len(prompt_pieces)
+        scored = self.app.context.sequence_logprobs([*prompt_pieces, *output], start)
+        by_position: list[TokenLogprobs | None] = [None] * start + scored
+        if prompt_k is not None:
+            choice["prompt_logprobs"] = [
+                None if x is None else x.prompt_entry(prompt_k)
+                for x in by_position[: len(prompt_pieces)]
+            ]
+        if k is None:
+            return
+        shown = by_position if echo else by_position[len(prompt_pieces) :]
+        pieces = [*prompt_pieces, *output] if echo else output
+        offsets, offset = [], 0
+        for piece in pieces:
+            offsets.append(offset)
+            offset += len(piece)
+        choice["logprobs"] = {
+            "text_offset": offsets,
+            "token_logprobs": [None if x is None else x.logprob for x in shown],
+            "tokens": pieces,
+            "top_logprobs": [None if x is None else x.top_k(k) for x in shown],
+        }
 
     def _chat(self, body: dict[str, Any]) -> None:
         self._check_model(body)
@@ -463,6 +520,20 @@ class Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+def _logprobs_field(body: dict[str, Any], name: str) -> int | None:
+    raw = body.get(name)
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
+        raise BadRequest(f"`{name}` must be a non-negative integer, got {raw!r}.", param=name)
+    if raw > MAX_LOGPROBS:
+        raise BadRequest(
+            f"Requested {name} of {raw}, which is greater than max allowed: {MAX_LOGPROBS}",
+            param=name,
+        )
+    return raw
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

@@ -1,0 +1,223 @@
+"""`kvgate diverge`: the token-level divergence screen (teacher-forced, no generation).
+
+Sends the same long documents (GSM8K train text concatenated to the wanted length) to the
+control twice and to the candidate once, with vLLM completions `echo: true, max_tokens: 0,
+logprobs: k`, and compares the next-token distributions per position bucket
+(`kvgate.divergence`). Prints one JSON summary line, `kind: kvgate.diverge/summary`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from kvgate.divergence import (
+    DEFAULT_FACTOR,
+    DEFAULT_FIRST_EDGE,
+    DEFAULT_MIN_DISAGREEMENT,
+    DEFAULT_MIN_KL,
+    EXIT_CODES,
+    SUMMARY_KIND,
+    DocumentLogprobs,
+    ScreenSettings,
+    Verdict,
+    bucket_edges,
+    compare,
+    parse_completion,
+    screen,
+)
+from kvgate.errors import EvalError, SpecError
+from kvgate.inputs import bounded_int, finite_float
+
+HELP = "token-level divergence screen: candidate vs control log-probs by context position"
+_CALIBRATION_CHARS: Final = 4000
+_FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a document
+_MAX_BODY: Final = 256 << 20
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
+    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument("--model", help="served model name of both arms (default: the served one)")
+    parser.add_argument("--control-model")
+    parser.add_argument("--candidate-model")
+    parser.add_argument(
+        "--documents", type=bounded_int(1, 1000), default=4, help="documents to send"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=bounded_int(64, 2**21),
+        default=8192,
+        help="document length in tokens (below the engines' --max-model-len)",
+    )
+    parser.add_argument(
+        "--logprobs", type=bounded_int(1, 20), default=5, help="top-k log-probs per position"
+    )
+    parser.add_argument(
+        "--factor",
+        type=finite_float(1.0, 1e6),
+        default=DEFAULT_FACTOR,
+        help="flag a bucket whose divergence exceeds the A/A floor by this factor",
+    )
+    parser.add_argument("--min-kl", type=finite_float(1e-12, 10.0), default=DEFAULT_MIN_KL)
+    parser.add_argument(
+        "--min-disagreement", type=finite_float(1e-9, 1.0), default=DEFAULT_MIN_DISAGREEMENT
+    )
+    parser.add_argument(
+        "--first-bucket",
+        type=bounded_int(1, 2**20),
+        default=DEFAULT_FIRST_EDGE,
+        help="upper edge of the first position bucket; later ones double",
+    )
+    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
+    parser.add_argument(
+        "--timeout", type=finite_float(1.0, 86400.0), default=600.0, help="seconds per request"
+    )
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+
+
+def _documents_source(data_dir: Path | None) -> list[str]:
+    if data_dir is None:
+        raise SpecError("--data-dir", "no GSM8K directory: pass --data-dir or KVGATE_GSM8K_DIR")
+    rows = []
+    with (data_dir / "train.jsonl").open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                rows.append(f"Question: {row['question']}\nAnswer: {row['answer']}\n\n")
+    if not rows:
+        raise SpecError("--data-dir", f"{data_dir}/train.jsonl has no rows")
+    return rows
+
+
+def make_document(rows: list[str], index: int, chars: int) -> str:
+    """Document `index`: train rows in order from a per-document offset, cut to `chars`."""
+    start = (index * 997) % len(rows)
+    parts: list[str] = []
+    total = 0
+    i = start
+    while total < chars:
+        parts.append(rows[i % len(rows)])
+        total += len(parts[-1])
+        i += 1
+        if i - start > 10 * len(rows) + 10:
+            break
+    return "".join(parts)[:chars]
+
+
+class _Arm:
+    def __init__(self, client: httpx.Client, name: str, url: str, model: str) -> None:
+        self.client, self.name, self.url, self.model = client, name, url, model
+
+    def echo(self, text: str, k: int) -> tuple[DocumentLogprobs, int]:
+        payload = {
+            "model": self.model,
+            "prompt": text,
+            "echo": True,
+            "max_tokens": 0,
+            "logprobs": k,
+            "temperature": 0.0,
+        }
+        try:
+            response = self.client.post(self.url, json=payload)
+        except httpx.HTTPError as exc:
+            raise EvalError(
+                f"{self.name} endpoint {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code != 200:
+            raise EvalError(
+                f"{self.name} endpoint {self.url}: HTTP {response.status_code}: "
+                f"{response.text[:300]}"
+            )
+        if len(response.content) > _MAX_BODY:
+            raise EvalError(f"{self.name}: response over {_MAX_BODY} bytes")
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise EvalError(f"{self.name} endpoint {self.url}: body is not JSON") from exc
+        doc = parse_completion(body, f"{self.name} endpoint {self.url}")
+        usage = body.get("usage") if isinstance(body, dict) else None
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return doc, prompt_tokens if isinstance(prompt_tokens, int) else len(doc.tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.evaluation.runner import check_url, resolve_data_dir
+
+    requested = {
+        "control": (args.control_url, args.control_model or args.model),
+        "candidate": (args.candidate_url, args.candidate_model or args.model),
+    }
+    for name, (url, _) in requested.items():
+        check_url(name, url)
+    settings = ScreenSettings(args.factor, args.min_kl, args.min_disagreement)
+    rows = _documents_source(resolve_data_dir(args.data_dir, os.environ))
+    summary: dict[str, Any] = {
+        "kind": SUMMARY_KIND,
+        "verdict": str(Verdict.ERROR),
+        "error": None,
+        "documents": args.documents,
+        "max_tokens": args.max_tokens,
+        "logprobs": args.logprobs,
+        "settings": settings.to_dict(),
+        "flagged_buckets": [],
+        "first_flagged": None,
+        "buckets": [],
+    }
+    try:
+        summary.update(_screen(args, requested, rows, settings))
+    except EvalError as exc:
+        summary["error"] = str(exc)
+    nonce = os.environ.get("KVGATE_EVAL_NONCE")
+    if nonce:
+        summary["nonce"] = nonce
+    sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return EXIT_CODES[Verdict(summary["verdict"])]
+
+
+def _screen(
+    args: argparse.Namespace,
+    requested: dict[str, tuple[str, str | None]],
+    rows: list[str],
+    settings: ScreenSettings,
+) -> dict[str, Any]:
+    from kvgate.evaluation.runner import check_endpoint
+
+    endpoints = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
+    timeout = httpx.Timeout(args.timeout, connect=10.0)
+    with httpx.Client(timeout=timeout, trust_env=False) as client:
+        control, candidate = (_Arm(client, e.name, e.url, e.model) for e in endpoints)
+        # Characters per token of this text on this tokenizer, from one short request.
+        sample = make_document(rows, 0, _CALIBRATION_CHARS)
+        _, sample_tokens = control.echo(sample, 1)
+        chars = int(args.max_tokens * _FILL * len(sample) / max(1, sample_tokens))
+        first, again, cand = [], [], []
+        lengths = []
+        for i in range(args.documents):
+            text = make_document(rows, i, chars)
+            doc, tokens = control.echo(text, args.logprobs)
+            first.append(doc)
+            cand.append(candidate.echo(text, args.logprobs)[0])
+            again.append(control.echo(text, args.logprobs)[0])
+            lengths.append(tokens)
+    edges = bucket_edges(max(lengths), args.first_bucket)
+    floor = compare(first, again, edges)
+    against = compare(first, cand, edges)
+    verdict, table = screen(floor, against, settings)
+    flagged = [row for row in table if row.flagged]
+    return {
+        "verdict": str(verdict),
+        "arms": {e.name: e.to_dict() for e in endpoints},
+        "document_tokens": lengths,
+        "positions": sum(row.candidate.positions for row in table),
+        "flagged_buckets": [f"{row.low}-{row.high}" for row in flagged],
+        "first_flagged": flagged[0].to_dict() if flagged else None,
+        "buckets": [row.to_dict() for row in table],
+    }
