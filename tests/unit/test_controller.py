@@ -22,8 +22,8 @@ import pytest
 from fake_cluster import METRICS, Crash, FakeKube, deployment
 
 from kvgate import promotion
-from kvgate.controller import act, context, handlers
 from kvgate.config import OperatorConfig
+from kvgate.controller import act, context, handlers
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
 LOG = logging.getLogger("test-controller")
