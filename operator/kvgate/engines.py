@@ -17,6 +17,7 @@ so `$VARS` and quoting stay as written.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from kvgate import engine_versions
 from kvgate.errors import SpecError, UnsupportedError
 
 
@@ -43,7 +45,7 @@ class EngineFacts:
     # Flag that turns /metrics on; None when it is always served.
     metrics_flag: str | None
     model_flags: tuple[str, ...]
-    attention_backend_env: str | None
+    attention_backend_env: str | None  # vLLM 0.10-0.14 only (kvgate.engine_versions)
     # (first version, accepted --kv-cache-dtype values) in ascending order.
     kv_cache_dtypes: tuple[tuple[tuple[int, ...], frozenset[str]], ...]
 
@@ -63,11 +65,14 @@ class EngineFacts:
         }
 
 
-_VLLM_DTYPES_020: Final = frozenset(
-    {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
-    | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"}
-    | {"int8_per_token_head", "fp8_per_token_head", "nvfp4"}
-)
+def _dtype_table(engine: str) -> tuple[tuple[tuple[int, ...], frozenset[str]], ...]:
+    rows = engine_versions.all_rows(engine)
+    table = [(rows[0].since, rows[0].kv_cache_dtypes)]
+    for row in rows[1:]:
+        if row.kv_cache_dtypes != table[-1][1]:
+            table.append((row.since, row.kv_cache_dtypes))
+    return tuple(table)
+
 
 FACTS: Final[Mapping[Engine, EngineFacts]] = {
     Engine.VLLM: EngineFacts(
@@ -78,24 +83,7 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag=None,
         model_flags=("--model",),
         attention_backend_env="VLLM_ATTENTION_BACKEND",
-        kv_cache_dtypes=(
-            ((0, 10, 0), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})),
-            ((0, 11, 0), frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})),
-            (
-                (0, 12, 0),
-                frozenset(
-                    {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
-                ),
-            ),
-            ((0, 20, 0), _VLLM_DTYPES_020),
-            ((0, 26, 0), _VLLM_DTYPES_020 | {"int4_per_token_head"}),
-            (
-                (0, 33, 0),
-                _VLLM_DTYPES_020
-                | {"int4_per_token_head", "nvfp4_ds_mla", "nvfp4_4over6", "ultraquant_4bit"}
-                | {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact"},
-            ),
-        ),
+        kv_cache_dtypes=_dtype_table("vllm"),
     ),
     Engine.SGLANG: EngineFacts(
         default_port=30000,
@@ -106,27 +94,17 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag="--enable-metrics",
         model_flags=("--model-path", "--model"),
         attention_backend_env=None,
-        kv_cache_dtypes=(
-            ((0, 4, 6), frozenset({"auto", "fp8_e5m2", "fp8_e4m3"})),
-            (
-                (0, 5, 10),
-                frozenset({"auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"}),
-            ),
-            (
-                (0, 5, 23),
-                frozenset(
-                    {"auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4"}
-                    | {"fp4_mx_block16"}
-                ),
-            ),
-        ),
+        kv_cache_dtypes=_dtype_table("sglang"),
     ),
 }
 
 KV_CACHE_DTYPE_FLAG: Final = "--kv-cache-dtype"
 ATTENTION_BACKEND_FLAG: Final = "--attention-backend"
-# vLLM took --attention-backend in 0.13.0; before that only the environment variable worked.
+# vLLM took --attention-backend in 0.13.0; before that only the environment variable worked,
+# and from 0.15.0 on the environment variable is ignored (kvgate.engine_versions).
 VLLM_ATTENTION_BACKEND_FLAG_SINCE: Final = (0, 13, 0)
+VLLM_ATTENTION_BACKEND_ENV_UNTIL: Final = (0, 15, 0)
+ATTENTION_CONFIG_FLAGS: Final = ("--attention-config", "-ac")
 
 # Flags that never take a value; everything else in `--flag value` position is read as a pair.
 _BOOLEAN_FLAGS: Final = frozenset(
@@ -148,6 +126,8 @@ _BOOLEAN_FLAGS: Final = frozenset(
         "--headless",
     }
 )
+# vLLM's short spellings of config flags (vllm/engine/arg_utils.py 0.13+).
+_SHORT_FLAGS: Final = {"-ac": "--attention-config", "-cc": "--compilation-config"}
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "ash", "zsh"})
 _ENGINE_WORDS: Final = frozenset(engine.value for engine in Engine)
 
@@ -241,10 +221,19 @@ def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozens
     return chosen
 
 
-def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | None = None) -> str:
-    """Return `dtype` if the engine accepts it, else raise SpecError saying what to use."""
+def validate_kv_cache_dtype(
+    engine: Engine | str, dtype: str, version: str | None = None, *, strict: bool = False
+) -> str:
+    """Return `dtype` if the engine accepts it, else raise SpecError saying what to use.
+
+    `version` None accepts a value of any known version, unless `strict`: then only values
+    every known version accepts (what a rewrite for an unknown target may use).
+    """
     engine = _engine(engine)
-    choices = kv_cache_dtypes(engine, version)
+    if strict and version is None:
+        choices = engine_versions.kv_cache_dtypes(engine.value, None)
+    else:
+        choices = kv_cache_dtypes(engine, version)
     if dtype in choices:
         return dtype
     if engine is Engine.SGLANG and dtype == "fp8":
@@ -253,16 +242,28 @@ def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | Non
             "SGLang rejects 'fp8' (its choices are auto, fp8_e4m3, fp8_e5m2...); "
             "use 'fp8_e4m3', which is what vLLM's 'fp8' means on CUDA",
         )
-    where = f"{engine} {version}" if version else str(engine)
+    where = f"{engine} {version}" if version else f"every {engine} version kvgate knows"
     raise SpecError(
         "kv_cache_dtype",
         f"'{dtype}' is not a --kv-cache-dtype value of {where}; use one of {', '.join(sorted(choices))}",
     )
 
 
-def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
-    """Which engine the container runs, its model, port, KV dtype and attention backend."""
+def image_version(image: str) -> str | None:
+    """The engine version in an image tag (`vllm/vllm-openai:v0.11.0` -> `0.11.0`), or None."""
+    tag = image.split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    found = re.match(r"v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)", tag)
+    return found.group(1) if found else None
+
+
+def detect_engine(container: Mapping[str, Any], version: str | None = None) -> EngineInfo:
+    """Which engine the container runs, its model, port, KV dtype and attention backend.
+
+    `version` (else the image tag's) decides whether vLLM reads VLLM_ATTENTION_BACKEND
+    (0.10-0.14) and which flags exist.
+    """
     launch = _find_launch(container)
+    version = version or _image_engine_version(container)
     facts = FACTS[launch.engine]
     texts = [t.text for t in launch.tokens]
     flags = _flag_values(texts)
@@ -282,8 +283,23 @@ def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
     if launch.engine is Engine.SGLANG and host.startswith("127."):
         findings.append(f"SGLang listens on {host}: other pods cannot reach it; add --host 0.0.0.0")
     backend = _last(flags, ATTENTION_BACKEND_FLAG, "--attention-config.backend")
-    if backend is None and facts.attention_backend_env is not None:
-        backend = env.get(facts.attention_backend_env)
+    if backend is None:
+        backend = _backend_from_json(_last(flags, ATTENTION_CONFIG_FLAGS[0]))
+    env_name = facts.attention_backend_env
+    if backend is None and env_name is not None and env_name in env:
+        parsed = _safe_version(version)
+        if parsed is not None and parsed >= VLLM_ATTENTION_BACKEND_ENV_UNTIL:
+            findings.append(
+                f"{env_name}={env[env_name]} is ignored by vLLM {version} (read only by 0.10-0.14); "
+                f"use {ATTENTION_BACKEND_FLAG} {env[env_name]}"
+            )
+        else:
+            backend = env[env_name]
+            if parsed is None:
+                findings.append(
+                    f"{env_name} chooses the backend only in vLLM 0.10-0.14; the version is "
+                    "unknown, so the backend reported may not be the one that runs"
+                )
     config_file = _last(flags, "--config")
     if config_file:
         findings.append(
@@ -314,12 +330,27 @@ def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
 def attention_backend_settings(
     engine: Engine | str, backend: str, version: str | None = None
 ) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The (extra_args, extra_env) that select an attention backend on this engine version."""
+    """The (extra_args, extra_env) that select an attention backend on this engine version.
+
+    The name is translated to the version's spelling (`TRITON_ATTN` is `TRITON_ATTN_VLLM_V1`
+    in vLLM 0.10, `triton` in SGLang). vLLM needs the version: 0.10-0.12 have no flag, 0.15+
+    ignore the env variable, so no setting is right for every version; SGLang's flag is.
+    """
     engine = _engine(engine)
-    too_old = version is not None and parse_version(version) < VLLM_ATTENTION_BACKEND_FLAG_SINCE
-    if engine is Engine.VLLM and too_old:
-        return (), {"VLLM_ATTENTION_BACKEND": backend}
-    return (ATTENTION_BACKEND_FLAG, backend), {}
+    if version is None:
+        if engine is Engine.SGLANG:
+            version = ".".join(map(str, engine_versions.all_rows("sglang")[-1].since))
+        else:
+            raise SpecError(
+                "engine_version",
+                "vLLM chooses the attention backend by VLLM_ATTENTION_BACKEND up to 0.12 and by "
+                "--attention-backend from 0.13 (the variable is ignored from 0.15): give the "
+                "target's version",
+            )
+    try:
+        return engine_versions.backend_settings(engine.value, backend, version)
+    except ValueError as exc:
+        raise SpecError("attention_backend", str(exc)) from None
 
 
 def rewrite_container(
@@ -328,8 +359,12 @@ def rewrite_container(
     kv_cache_dtype: str | None,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str | None] | None = None,
+    engine_version: str | None = None,
 ) -> dict[str, Any]:
     """A new container with `--kv-cache-dtype` and each flag of `extra_args` set.
+
+    The dtype must be valid for `engine_version` (else the image tag's version); with neither,
+    only a value every known version accepts passes (`bfloat16` is not one: vLLM 0.10 lacks it).
 
     A flag already present keeps its place and form (`--flag value` or `--flag=value`) and
     gets the new value; a missing flag is appended to `args`. `extra_env` sets variables
@@ -338,7 +373,8 @@ def rewrite_container(
     launch = _find_launch(container)
     wanted = _flag_pairs(list(extra_args), source="extra_args")
     if kv_cache_dtype is not None:
-        validate_kv_cache_dtype(launch.engine, kv_cache_dtype)
+        version = engine_version or _image_engine_version(container)
+        validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version, strict=True)
         wanted = [(KV_CACHE_DTYPE_FLAG, kv_cache_dtype), *wanted]
     result = copy.deepcopy(dict(container))
     lists: dict[str, list[str]] = {
@@ -381,6 +417,33 @@ def container_args_diff(
         if old_env.get(name) != new_env.get(name)
     )
     return tuple(changes)
+
+
+def _image_engine_version(container: Mapping[str, Any]) -> str | None:
+    """The tag's version when the image is an engine's (`vllm/vllm-openai:v0.11.0`)."""
+    image = str(container.get("image", ""))
+    return image_version(image) if _engine_of_image(image) is not None else None
+
+
+def _safe_version(version: str | None) -> tuple[int, ...] | None:
+    if version is None:
+        return None
+    try:
+        return parse_version(version)
+    except SpecError:
+        return None
+
+
+def _backend_from_json(text: str | None) -> str | None:
+    """`-ac '{"backend": "TRITON_ATTN"}'` (vLLM 0.13+ --attention-config JSON)."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    backend = value.get("backend") if isinstance(value, dict) else None
+    return backend if isinstance(backend, str) else None
 
 
 def _engine(engine: Engine | str) -> Engine:
@@ -530,6 +593,9 @@ def _flag_values(texts: Sequence[str]) -> dict[str, list[str]]:
     i = 0
     while i < len(texts):
         text = texts[i]
+        short = text.partition("=")[0]
+        if short in _SHORT_FLAGS:  # vLLM's `-ac JSON` / `-ac=JSON`
+            text = _SHORT_FLAGS[short] + text[len(short) :]
         if not text.startswith("--"):
             i += 1
             continue

@@ -478,10 +478,14 @@ def test_parse_version(text: str, parsed: tuple[int, ...]) -> None:
 @pytest.mark.parametrize(
     ("engine", "version", "settings"),
     [
+        # 0.10 spells it TRITON_ATTN_VLLM_V1 (vllm/platforms/interface.py `_Backend`)
+        ("vllm", "0.10.2", ((), {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1"})),
         ("vllm", "0.11.0", ((), {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"})),
+        ("vllm", "0.12.0", ((), {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"})),
         ("vllm", "0.13.0", (("--attention-backend", "TRITON_ATTN"), {})),
-        ("vllm", None, (("--attention-backend", "TRITON_ATTN"), {})),
-        (Engine.SGLANG, "0.5.3", (("--attention-backend", "TRITON_ATTN"), {})),
+        ("vllm", "0.33.0", (("--attention-backend", "TRITON_ATTN"), {})),
+        (Engine.SGLANG, "0.5.3", (("--attention-backend", "triton"), {})),
+        (Engine.SGLANG, None, (("--attention-backend", "triton"), {})),
     ],
 )
 def test_attention_backend_settings(
@@ -494,3 +498,64 @@ def test_facts_to_dict() -> None:
     facts = FACTS[Engine.SGLANG].to_dict()
     assert (facts["default_port"], facts["metrics_flag"]) == (30000, "--enable-metrics")
     assert facts["kv_cache_dtypes"]["0.4.6"] == ["auto", "fp8_e4m3", "fp8_e5m2"]
+
+
+def test_attention_backend_settings_need_the_vllm_version() -> None:
+    with pytest.raises(SpecError, match="give the target's version"):
+        attention_backend_settings("vllm", "TRITON_ATTN", None)
+
+
+def test_attention_backend_settings_reject_names_of_other_versions() -> None:
+    with pytest.raises(SpecError, match="no attention backend 'TRITON_ATTN_VLLM_V1'"):
+        attention_backend_settings("vllm", "TRITON_ATTN_VLLM_V1", "0.11.0")
+    with pytest.raises(SpecError, match="XFORMERS"):
+        attention_backend_settings("vllm", "XFORMERS", "0.15.0")
+
+
+@pytest.mark.parametrize(
+    ("image", "env_backend", "finding"),
+    [
+        ("vllm/vllm-openai:v0.11.0", "TRITON_ATTN", None),
+        ("vllm/vllm-openai:v0.14.0", "TRITON_ATTN", None),
+        ("vllm/vllm-openai:v0.15.0", None, "is ignored by vLLM 0.15.0"),
+        ("vllm/vllm-openai:v0.33.0", None, "is ignored by vLLM 0.33.0"),
+        ("python:3.11", "TRITON_ATTN", "only in vLLM 0.10-0.14"),
+    ],
+)
+def test_backend_env_only_where_the_version_reads_it(
+    image: str, env_backend: str | None, finding: str | None
+) -> None:
+    spec = container(["vllm", "serve", "M"])
+    spec["image"] = image
+    spec["env"] = [{"name": "VLLM_ATTENTION_BACKEND", "value": "TRITON_ATTN"}]
+    info = detect_engine(spec)
+    assert info.attention_backend == env_backend
+    assert any(finding in f for f in info.findings) if finding else not info.findings
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-ac", '{"backend": "FLASHINFER"}'],
+        ['-ac={"backend": "FLASHINFER"}'],
+        ["--attention-config", '{"backend": "FLASHINFER", "x": 1}'],
+        ["--attention-config.backend", "FLASHINFER"],
+    ],
+)
+def test_backend_from_attention_config(args: list[str]) -> None:
+    assert detect_engine(container(["vllm", "serve", "M", *args])).attention_backend == "FLASHINFER"
+
+
+def test_rewrite_validates_the_dtype_for_the_target_version() -> None:
+    spec = container(["vllm", "serve", "M"])
+    spec["image"] = "vllm/vllm-openai:v0.10.2"
+    with pytest.raises(
+        SpecError, match="'bfloat16' is not a --kv-cache-dtype value of vllm 0.10.2"
+    ):
+        rewrite_container(spec, kv_cache_dtype="bfloat16")
+    spec["image"] = "vllm/vllm-openai:v0.11.0"
+    assert "bfloat16" in rewrite_container(spec, kv_cache_dtype="bfloat16")["args"]
+    spec["image"] = "python:3.11"  # unknown version: only values every version takes
+    with pytest.raises(SpecError, match="every vllm version"):
+        rewrite_container(spec, kv_cache_dtype="bfloat16")
+    assert rewrite_container(spec, kv_cache_dtype="bfloat16", engine_version="0.33.0")["args"]

@@ -1,0 +1,366 @@
+"""Per-version engine knowledge in one place: how a backend is chosen, its names, KV dtypes, flags.
+
+Every row was read out of the published wheels (tests/fixtures_from_wheels.py writes what it
+read to tests/data/engine-source/facts.json; tests/unit/test_engine_versions.py checks the
+rows below against it). A row holds from its `since` version until the next row's.
+
+    >>> remedy_for("vllm", "0.10.2", "attention-build-failed")
+    ((), {'VLLM_ATTENTION_BACKEND': 'TRITON_ATTN_VLLM_V1', 'VLLM_USE_FLASHINFER_SAMPLER': '0'})
+
+Sources (vLLM): `CacheDType` in vllm/config/cache.py; backend names: `_Backend` in
+vllm/platforms/interface.py (0.10-0.11), `AttentionBackendEnum` in
+vllm/attention/backends/registry.py / vllm/v1/attention/backends/registry.py (0.12+); the env
+variable: `VLLM_ATTENTION_BACKEND` in vllm/envs.py (present 0.10-0.14, gone in 0.15: 0.33 only
+warns "Unknown vLLM environment variable detected", vllm/platforms/interface.py:1469); the
+flags `--attention-backend` and `--attention-config`/`-ac` in vllm/engine/arg_utils.py (0.13+);
+`calculate_kv_scales` in vllm/config/cache.py (present up to 0.26, gone in 0.29).
+0.10 rejects a name missing from `_Backend` in vllm/attention/selector.py:200 (`Invalid
+attention backend: 'TRITON_ATTN'`), so the Triton backend is `TRITON_ATTN_VLLM_V1` there.
+SGLang: `--kv-cache-dtype` / `--attention-backend` choices in sglang/srt/server_args.py
+(0.5.23: sglang/srt/arg_groups/fields/model.py and arg_groups/choices.py); no env variable
+chooses the backend; `--sampling-backend pytorch` avoids FlashInfer's sampler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+VLLM: Final = "vllm"
+SGLANG: Final = "sglang"
+
+# Finding codes of kvgate.logs that remedy_for knows a remedy for.
+REMEDIABLE_CODES: Final = ("attention-build-failed", "fp8-unsupported")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionFacts:
+    """What one engine accepts from `since` until the next row."""
+
+    engine: str
+    since: tuple[int, ...]
+    kv_cache_dtypes: frozenset[str]
+    # How a backend is chosen: a flag (`--attention-backend`), a JSON flag (`-ac`), an env var.
+    backend_flag: str | None
+    backend_json_flag: str | None
+    backend_env: str | None
+    # Canonical name (kvgate's, vLLM >= 0.11 spelling) -> this version's spelling, for the
+    # backends kvgate may pick; names absent here are passed through only if in `backends`.
+    backend_names: Mapping[str, str]
+    backends: frozenset[str]  # every name this version accepts (the subset kvgate uses)
+    calculate_kv_scales: str  # "yes", "deprecated" or "removed" ("never" for SGLang)
+    flashinfer_sampler_env: str | None = None
+    sampling_backend_flag: str | None = None
+    verified: bool = True  # False: from the reference notes, no wheel of this row was read
+
+    def backend_name(self, backend: str) -> str:
+        """This version's spelling of `backend` (canonical or native); ValueError if unknown."""
+        name = self.backend_names.get(backend.upper(), backend)
+        if self.engine == SGLANG:
+            name = self.backend_names.get(backend.upper(), backend.lower())
+        if name not in self.backends:
+            known = ", ".join(sorted(self.backends))
+            raise ValueError(
+                f"{self.engine} {_dotted(self.since)}+ has no attention backend '{backend}' "
+                f"(known here: {known})"
+            )
+        return name
+
+    def flags(self) -> frozenset[str]:
+        present = {"--kv-cache-dtype"}
+        if self.backend_flag:
+            present.add(self.backend_flag)
+        if self.backend_json_flag:
+            present.add(self.backend_json_flag)
+        if self.calculate_kv_scales in {"yes", "deprecated"}:
+            present.add("--calculate-kv-scales")
+        if self.sampling_backend_flag:
+            present.add(self.sampling_backend_flag)
+        return frozenset(present)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(p) for p in version)
+
+
+_V010_DTYPES: Final = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+_V011_DTYPES: Final = _V010_DTYPES | {"bfloat16"}
+_V012_DTYPES: Final = _V011_DTYPES | {"fp8_ds_mla"}
+_V020_DTYPES: Final = (
+    _V012_DTYPES
+    | {"float16", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc"}
+    | {"turboquant_3bit_nc", "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
+)
+_V026_DTYPES: Final = _V020_DTYPES | {"int4_per_token_head"}
+_V029_DTYPES: Final = _V026_DTYPES | {"nvfp4_4over6"}
+_V033_DTYPES: Final = _V029_DTYPES | {
+    "nvfp4_ds_mla",
+    "ultraquant_4bit",
+    "octave_k3v4",
+    "octave_k3v3",
+    "octave_k3v3_compact",
+}
+
+_V_COMMON_BACKENDS: Final = frozenset({"FLASH_ATTN", "FLASHINFER", "FLEX_ATTENTION", "TREE_ATTN"})
+_V010_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN_VLLM_V1", "XFORMERS", "FLASHINFER_MLA"}
+_V011_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "XFORMERS", "FLASHINFER_MLA"}
+_V012_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "FLASHINFER_MLA"}
+_V026_BACKENDS: Final = _V012_BACKENDS - {"TREE_ATTN"}  # TREE_ATTN gone by 0.26
+_V010_NAMES: Final = {"TRITON_ATTN": "TRITON_ATTN_VLLM_V1"}
+_V_SAMPLER: Final = "VLLM_USE_FLASHINFER_SAMPLER"
+
+VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
+    VersionFacts(
+        VLLM,
+        (0, 10, 0),
+        _V010_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        _V010_NAMES,
+        _V010_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 11, 0),
+        _V011_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V011_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 12, 0),
+        _V012_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V012_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    # 0.13-0.14: the flag arrives; the env variable still works (with a deprecation warning).
+    VersionFacts(
+        VLLM,
+        (0, 13, 0),
+        _V012_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V012_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    # 0.15: VLLM_ATTENTION_BACKEND is gone from vllm/envs.py.
+    VersionFacts(
+        VLLM,
+        (0, 15, 0),
+        _V012_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V012_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 20, 0),
+        _V020_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V012_BACKENDS,
+        "deprecated",
+        _V_SAMPLER,
+        verified=False,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 26, 0),
+        _V026_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V026_BACKENDS,
+        "deprecated",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 29, 0),
+        _V029_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V026_BACKENDS,
+        "removed",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 33, 0),
+        _V033_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V026_BACKENDS,
+        "removed",
+        _V_SAMPLER,
+    ),
+)
+
+_S_NAMES: Final = {"TRITON_ATTN": "triton", "FLASHINFER": "flashinfer", "FLASH_ATTN": "fa3"}
+_S_BACKENDS: Final = frozenset({"triton", "flashinfer", "fa3", "torch_native", "flashmla"})
+_S046_DTYPES: Final = frozenset({"auto", "fp8_e5m2", "fp8_e4m3"})
+
+SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
+    VersionFacts(
+        SGLANG,
+        (0, 4, 6),
+        _S046_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 10),
+        _S046_DTYPES | {"bf16", "bfloat16", "fp4_e2m1"},
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S_BACKENDS | {"fa4", "flex_attention"},
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 23),
+        _S046_DTYPES | {"mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"},
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S_BACKENDS | {"fa4", "flex_attention"},
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+)
+
+ROWS: Final[Mapping[str, tuple[VersionFacts, ...]]] = {VLLM: VLLM_ROWS, SGLANG: SGLANG_ROWS}
+
+
+def parse(version: str) -> tuple[int, ...]:
+    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6); ValueError else."""
+    numbers = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    if numbers is None:
+        raise ValueError(f"'{version}' is not a version like 0.11.0")
+    return tuple(int(part) for part in numbers.group(1).split("."))
+
+
+def facts_for(engine: str, version: str | tuple[int, ...]) -> VersionFacts:
+    """The row in force for `version` (the oldest row for a version older than all rows)."""
+    rows = ROWS[_engine(engine)]
+    wanted = parse(version) if isinstance(version, str) else version
+    chosen = rows[0]
+    for row in rows:
+        if row.since <= wanted:
+            chosen = row
+    return chosen
+
+
+def all_rows(engine: str) -> tuple[VersionFacts, ...]:
+    return ROWS[_engine(engine)]
+
+
+def kv_cache_dtypes(engine: str, version: str | None) -> frozenset[str]:
+    """Valid `--kv-cache-dtype` values for `version`; for None, those every known version takes."""
+    if version is None:
+        rows = ROWS[_engine(engine)]
+        common = rows[0].kv_cache_dtypes
+        for row in rows[1:]:
+            common = common & row.kv_cache_dtypes
+        return common
+    return facts_for(engine, version).kv_cache_dtypes
+
+
+def backend_settings(
+    engine: str, backend: str, version: str
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(args, env) that select `backend` on this engine version, in this version's spelling."""
+    row = facts_for(engine, version)
+    name = row.backend_name(backend)
+    if row.backend_flag is not None:
+        return (row.backend_flag, name), {}
+    if row.backend_env is not None:
+        return (), {row.backend_env: name}
+    raise ValueError(f"{engine} {version} has no way to choose the attention backend")
+
+
+def remedy_for(
+    engine: str, version: str | None, finding_code: str
+) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """The documented remedy for a known crash signature, valid for `version`; None if none.
+
+    `attention-build-failed` (FlashInfer cannot JIT-compile its FP8 kernels, no nvcc/ninja)
+    and `fp8-unsupported` (FlashAttention refuses an FP8 KV cache on this GPU) both move to the
+    Triton backend, which stores FP8 KV on every GPU kvgate targets, and stop the FlashInfer
+    sampler (vLLM: VLLM_USE_FLASHINFER_SAMPLER=0; SGLang: --sampling-backend pytorch), which
+    JIT-compiles as well. Without a version there is no remedy: the flag that picks the
+    backend does not exist before vLLM 0.13 and the env variable is ignored from 0.15 on.
+    """
+    if finding_code not in REMEDIABLE_CODES or version is None:
+        return None
+    try:
+        row = facts_for(engine, version)
+        args, env = backend_settings(engine, "TRITON_ATTN", version)
+    except ValueError:
+        return None
+    if row.flashinfer_sampler_env is not None:
+        env[row.flashinfer_sampler_env] = "0"
+    if row.sampling_backend_flag is not None and finding_code == "attention-build-failed":
+        args = (*args, row.sampling_backend_flag, "pytorch")
+    return args, env
+
+
+def remedy_text(engine: str | None, version: str | None, finding_code: str) -> str:
+    """The remedy of `remedy_for` as words for a hint ("Set ... and ..."); "" without one."""
+    if engine is None:
+        return ""
+    remedy = remedy_for(engine, version, finding_code)
+    if remedy is None:
+        return ""
+    args, env = remedy
+    parts = []
+    if args:
+        parts.append(" ".join(args))
+    parts.extend(f"{k}={v}" for k, v in env.items())
+    return " and ".join(parts)
+
+
+def _engine(engine: str) -> str:
+    name = str(engine).lower()
+    if name not in ROWS:
+        raise ValueError(f"engine '{engine}' is not known; use vllm or sglang")
+    return name
