@@ -1,0 +1,132 @@
+"""Scan an engine's startup log (vLLM 0.10-0.33, SGLang 0.4-0.5) for what FP8 KV changes.
+
+    >>> scan = scan_log(open("candidate.log").read())
+    >>> scan.failed, scan.attention_backend, [f.code for f in scan.findings]
+    (True, 'FLASHINFER', ['fp8-kv-enabled', 'attention-backend', ..., 'attention-build-failed'])
+
+The log is read in two passes over very little data:
+
+1. Candidate lines are found with `str.find` on a few anchor substrings (`ache`, `ackend`,
+   `rror`, ...) over whole chunks of text; a request-log line contains none of them, so a
+   100 MB log costs a few fast C scans, not a regex per line. Each rule of an anchor then
+   checks its own needle and only then its regex, and a match becomes an `_Event`.
+2. `_Folder` turns the events into a `LogScan` once the engine is known (given, or voted by
+   the events), so rules of the other engine cannot leak in when detecting.
+
+Message texts are the engines' format strings (reference/engines.md); the `[file.py:NNN]`
+part moves between releases, so rules match message text only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from kvgate.errors import ParseError, UnsupportedError
+from kvgate.logs.collect import _Collector
+from kvgate.logs.fold import _Folder
+from kvgate.logs.model import (
+    CHUNK_CHARS,
+    CODES,
+    ENGINES,
+    MAX_LINE,
+    SEVERITIES,
+    Capacity,
+    Event,
+    Finding,
+    LogScan,
+)
+from kvgate.logs.rules import ANCHORS, RULES
+
+_CHUNK_CHARS = CHUNK_CHARS
+_MAX_LINE = MAX_LINE
+
+__all__ = [
+    "ANCHORS",
+    "CODES",
+    "ENGINES",
+    "RULES",
+    "SEVERITIES",
+    "Capacity",
+    "Event",
+    "Finding",
+    "LogScan",
+    "findings_by_severity",
+    "scan_lines",
+    "scan_log",
+]
+
+# -- entry points ----------------------------------------------------------------------------
+
+
+def _check_engine(engine: str | None) -> str | None:
+    if engine is None or engine == "auto":
+        return None
+    name = engine.lower()
+    if name not in ENGINES:
+        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
+    return name
+
+
+def _chunks(lines: Iterable[str]) -> Iterator[str]:
+    """Join lines into chunks of whole lines; an item without its newline gets one."""
+    buffer: list[str] = []
+    size = 0
+    for line in lines:
+        if len(line) > _MAX_LINE:  # rules read no further; keep the chunk small
+            line = line[:_MAX_LINE] + "\n"
+        elif not line.endswith("\n"):
+            line += "\n"
+        buffer.append(line)
+        size += len(line)
+        if size >= _CHUNK_CHARS:
+            yield "".join(buffer)
+            buffer, size = [], 0
+    if buffer:
+        yield "".join(buffer)
+
+
+def _text_chunks(text: str) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + _CHUNK_CHARS)
+        end = len(text) if end == -1 else end + 1
+        yield text[start:end]
+        start = end
+
+
+def _scan_chunks(chunks: Iterable[str], engine: str | None, source: str) -> LogScan:
+    chosen = _check_engine(engine)
+    collector = _Collector(chosen)
+    for chunk in chunks:
+        collector.feed_chunk(chunk)
+    if not collector.nonblank:
+        raise ParseError(source, "the log is empty; pass the engine's startup log")
+    detected = chosen
+    if detected is None and collector.votes:
+        ranked = [*collector.votes.most_common(2), ("", 0)]
+        if ranked[0][1] > ranked[1][1]:
+            detected = ranked[0][0]
+    events = collector.events
+    if detected is not None:
+        events = [e for e in events if e.engine in (None, detected)]
+    return _Folder(detected, events, collector.per_rule).fold(collector.lines)
+
+
+def scan_log(text: str, engine: str | None = None, *, source: str = "log") -> LogScan:
+    """Scan a whole startup log. `engine` is `vllm`, `sglang`, or None/`auto` to detect it.
+
+    Raises ParseError for an empty log and UnsupportedError for an unknown engine name.
+    """
+    return _scan_chunks(_text_chunks(text), engine, source)
+
+
+def scan_lines(lines: Iterable[str], engine: str | None = None, *, source: str = "log") -> LogScan:
+    """Like `scan_log` over an iterable of lines (with or without '\\n'), in flat memory."""
+    return _scan_chunks(_chunks(lines), engine, source)
+
+
+def findings_by_severity(scan: LogScan, severity: str) -> Sequence[Finding]:
+    """The findings of one severity (`info`, `warning`, `error`)."""
+    if severity not in SEVERITIES:
+        raise UnsupportedError(f"severity '{severity}' is not known; use info, warning or error")
+    return [f for f in scan.findings if f.severity == severity]

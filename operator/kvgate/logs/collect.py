@@ -1,0 +1,154 @@
+"""Pass 1: candidate lines by anchor (`str.find` over whole chunks), then rules, then events."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Final
+
+from kvgate.logs import rules as R
+from kvgate.logs.model import MAX_EVENTS_PER_RULE, MAX_LINE, MAX_TEXT, Event
+from kvgate.logs.rules import _RULES_BY_ANCHOR, _S, _V, ANCHORS, _Rule
+
+_MAX_LINE: Final = MAX_LINE
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Prefixes in front of the message: journald, docker compose, kubectl --timestamps/--prefix, `(Worker pid=N)` tags, vLLM's
+# `LEVEL mm-dd HH:MM:SS [file.py:N]`, SGLang's `[YYYY-mm-dd HH:MM:SS TP0]`, FlashInfer's
+# `... - flashinfer.jit:`, uvicorn's `INFO:     `.
+_KUBECTL_TS = (
+    r"(?:\w{3} [ \d]\d [\d:]{8} \S+ [\w.-]+\[\d+\]: )?"  # journald: `Aug 25 14:58:34 host vllm[7]: `
+    r"(?:[\w.-]+\s+\| )?"  # docker compose: `service  | `
+    r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z\s+)?(?:\[pod/[^\]]*\]\s+)?"
+)
+_PROCESS_TAG = r"(?:\([^()]*\bpid=\d+\)\s*)*"
+_VLLM_HEADER = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]{0,256}\] "
+)
+# Bounded `[^\]]{..}`: an unbounded one rescans to the end of the line from every `[date`.
+_SGLANG_HEADER = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: [^\]]{1,128})?\] ")
+_FLASHINFER_HEADER = re.compile(r" - flashinfer\.jit: ")
+_LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?")
+
+
+# Lines skipped even when an anchor hits: request echoes (--enable-log-requests, SGLang
+# --log-requests), where a prompt quoting "Ninja build failed" must not become a finding, and
+# the periodic stats lines ("GPU KV cache usage"), which are most candidates of a busy log.
+_SKIP = re.compile(
+    r"Received request |Receive: obj=|Finish: obj=|Avg prompt throughput|(?:Decode|Prefill) batch\."
+)
+
+
+# Headers start within this many characters of a line (after the prefixes above).
+_HEADER_WITHIN: Final = 1024
+
+
+def _message(line: str) -> tuple[str, str | None]:
+    """The message part of a log line and the engine its header format belongs to."""
+    head = _VLLM_HEADER.search(line, 0, _HEADER_WITHIN)
+    if head is not None:
+        return line[head.end() :].strip(), _V
+    head = _SGLANG_HEADER.search(line, 0, _HEADER_WITHIN)
+    if head is not None:
+        return line[head.end() :].strip(), _S
+    head = _FLASHINFER_HEADER.search(line)
+    if head is not None:
+        return line[head.end() :].strip(), None
+    leading = _LEADING.match(line)  # all optional: always matches
+    return line[leading.end() if leading else 0 :].strip(), None
+
+
+class _Collector:
+    """Pass 1: candidate lines by anchor, then rules, then events."""
+
+    def __init__(self, engine: str | None) -> None:
+        self.engine = engine
+        self.events: list[Event] = []
+        self.per_rule: Counter[str] = Counter()
+        self.votes: Counter[str] = Counter()
+        self.lines = 0
+        self.nonblank = False
+        self._rules = _RULES_BY_ANCHOR
+        if engine is not None:
+            self._rules = tuple(
+                tuple(r for r in group if r.engine in (None, engine)) for group in _RULES_BY_ANCHOR
+            )
+
+    def feed_chunk(self, chunk: str) -> None:
+        """`chunk` holds whole lines separated by '\\n' (the last may lack it)."""
+        if not chunk:
+            return
+        if not self.nonblank and not chunk.isspace():
+            self.nonblank = True
+        first_line = self.lines + 1
+        newlines = chunk.count("\n")
+        self.lines += newlines + (0 if chunk.endswith("\n") else 1)
+        hits: dict[int, int] = {}
+        find, rfind = chunk.find, chunk.rfind
+        for bit, anchor in enumerate(ANCHORS):
+            pos = find(anchor)
+            while pos != -1:
+                start = rfind("\n", 0, pos) + 1
+                hits[start] = hits.get(start, 0) | (1 << bit)
+                end = find("\n", pos)
+                if end == -1:
+                    break
+                pos = find(anchor, end)
+        line_no, counted_to = first_line, 0
+        for start in sorted(hits):
+            line_no += chunk.count("\n", counted_to, start)
+            counted_to = start
+            end = find("\n", start)
+            self._feed_line(chunk[start : end if end != -1 else len(chunk)], line_no, hits[start])
+
+    def _feed_line(self, line: str, line_no: int, anchor_bits: int) -> None:
+        if len(line) > _MAX_LINE:
+            line = line[:_MAX_LINE]
+        if "\x1b" in line:
+            line = _ANSI.sub("", line)
+        # tqdm bars redraw with '\r'; CRLF logs end with it: each segment is a line of its own.
+        segments = line.split("\r") if "\r" in line else (line,)
+        for segment in segments:
+            if not segment or _SKIP.search(segment):
+                continue
+            bits, bit = anchor_bits, 0
+            parsed: tuple[str, str | None] | None = None
+            while bits:
+                if bits & 1:
+                    for rule in self._rules[bit]:
+                        if rule.needle in segment:
+                            parsed = parsed or _message(segment)
+                            self._match(rule, parsed, line_no)
+                bits >>= 1
+                bit += 1
+
+    def _match(self, rule: _Rule, parsed: tuple[str, str | None], line_no: int) -> None:
+        message, header_engine = parsed
+        groups: tuple[str | None, ...] = ()
+        if rule.regex is not None:
+            found = rule.regex.search(message)
+            if found is None:
+                return
+            groups = found.groups()
+        if rule.name == R.ARGPARSE_ERROR and header_engine is not None:
+            return  # argparse writes bare lines; with a logging header it is a message
+        engine = rule.engine
+        if rule.name == R.ARGPARSE_DTYPE:
+            engine = _argparse_engine(message)
+        if engine is not None:
+            self.votes[engine] += 1
+        if header_engine is not None:
+            self.votes[header_engine] += 1
+        self.per_rule[rule.name] += 1
+        if self.per_rule[rule.name] <= MAX_EVENTS_PER_RULE:
+            self.events.append(Event(rule.name, engine, line_no, groups, message[:MAX_TEXT]))
+
+
+def _argparse_engine(message: str) -> str | None:
+    if "launch_server" in message or "sglang" in message:
+        return _S
+    if "vllm" in message or "'fp8'," in message or ", fp8," in message:
+        return _V  # only vLLM offers plain `fp8`
+    if "'fp8_e4m3'" in message or "fp8_e4m3)" in message:
+        return _S
+    return None

@@ -1,0 +1,471 @@
+"""Pass 2: fold the events of one engine into a LogScan (fields, findings, root cause)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvgate.logs import rules as R
+from kvgate.logs.hints import (
+    _HINT_INVALID_DTYPE,
+    _HINT_OOM,
+    _HINT_Q_SCALE,
+    _HINT_SCALE_DEFAULT_S,
+    _HINT_SCALE_DEFAULT_V,
+    _HINT_SCALE_NOT_LOADED,
+    _HINT_UNCALIBRATED_Q,
+    _INVALID_DTYPE_RULES,
+    _UNQUANTISED,
+    _V1_BACKENDS,
+    _WRAPPER_ERRORS,
+    _fp8_hint,
+    _jit_hint,
+)
+from kvgate.logs.model import CODES, ERROR_CODES, Capacity, Event, Finding, LogScan
+from kvgate.logs.rules import _S, _V
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    if version is None:
+        return None
+    found = re.match(r"(\d+(?:\.\d+)*)", version)
+    return tuple(int(p) for p in found.group(1).split(".")) if found else None
+
+
+def _normalise_dtype(value: str) -> str:
+    value = value.strip("'\"")
+    value = value.removeprefix("torch.")
+    if value in _UNQUANTISED:
+        return "auto"
+    if value.startswith("float8_e4m3"):
+        return "fp8_e4m3"
+    if value.startswith("float8_e5m2"):
+        return "fp8_e5m2"
+    return value
+
+
+def _number(text: str | None) -> float | None:
+    return float(text.replace(",", "")) if text else None
+
+
+def _integer(text: str | None) -> int | None:
+    return int(text.replace(",", "")) if text else None
+
+
+@dataclass
+class _Folder:
+    """Pass 2: fold events (already filtered to one engine) into findings and fields."""
+
+    engine: str | None
+    events: list[Event]
+    per_rule: Counter[str]
+    findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
+
+    def add(self, code: str, cause: str, event: Event, hint: str = "", text: str = "") -> None:
+        key = (code, cause)
+        old = self.findings.get(key)
+        if old is not None:
+            self.findings[key] = Finding(
+                old.code, old.severity, old.line, old.text, old.hint, old.count + 1
+            )
+            return
+        severity = "error" if code in ERROR_CODES else "info"
+        if code in {"kv-scale-default", "q-scale-missing", "uncalibrated-q-scale"} or (
+            code == "attention-backend-fallback"
+        ):
+            severity = "warning"
+        self.findings[key] = Finding(code, severity, event.line, text or event.text, hint)
+
+    def by_rule(self, *names: str) -> list[Event]:
+        return [e for e in self.events if e.rule in names]
+
+    def fold(self, lines: int) -> LogScan:
+        version = self._version()
+        version_tuple = _version_tuple(version)
+        dtype, dtype_event = self._dtype()
+        backend, candidates, backend_event = self._backend()
+        self._scales()
+        invalid = self.by_rule(*_INVALID_DTYPE_RULES)
+        if dtype and dtype.startswith("fp8") and dtype_event is not None and not invalid:
+            self.add(
+                "fp8-kv-enabled", "fp8", dtype_event, text=self._dtype_text(dtype, dtype_event)
+            )
+        self._fallbacks()
+        if backend is not None and backend_event is not None:
+            self._backend_findings(backend, candidates, backend_event, dtype, version_tuple)
+        self._failures(version_tuple)
+        capacity, capacity_event = self._capacity()
+        if capacity_event is not None:
+            self.add("kv-capacity", "capacity", capacity_event, text=_capacity_text(capacity))
+        ready_event = self._ready()
+        if ready_event is not None:
+            self.add("ready", "ready", ready_event)
+        self._root_cause()
+        findings = tuple(
+            sorted(self.findings.values(), key=lambda f: (f.line, CODES.index(f.code)))
+        )
+        return LogScan(
+            engine=self.engine,
+            engine_version=version,
+            kv_cache_dtype=dtype,
+            attention_backend=backend,
+            attention_backend_candidates=candidates,
+            capacity=capacity,
+            ready=ready_event is not None,
+            failed=any(f.severity == "error" for f in findings),
+            findings=findings,
+            lines=lines,
+        )
+
+    def _version(self) -> str | None:
+        for event in self.by_rule(R.V_VERSION, R.V_BANNER):
+            if event.groups and event.groups[0]:
+                return event.groups[0].rstrip(".,")
+        return None
+
+    def _dtype(self) -> tuple[str | None, Event | None]:
+        # Rank: what the pool was built with > what was configured > what a message implies.
+        ranks = {
+            R.S_DTYPE_USING: 3,
+            R.S_POOL: 3,
+            R.S_POOL_POST: 3,
+            R.V_DTYPE_CONFIG: 2,
+            R.V_DTYPE_ARGS: 2,
+            R.S_DTYPE_ARGS: 2,
+            R.V_DTYPE_USING: 1,
+        }
+        best: tuple[int, int, str, Event] | None = None
+        for event in self.events:
+            rank = ranks.get(event.rule)
+            if rank is None or not event.groups or not event.groups[0]:
+                continue
+            candidate = (rank, event.line, _normalise_dtype(event.groups[0]), event)
+            if best is None or candidate[:2] >= best[:2]:
+                best = candidate
+        dtype, source = (best[2], best[3]) if best else (None, None)
+        # vLLM prints no line when a compressed-tensors kv_cache_scheme turns FP8 on, but the
+        # scale warnings only fire for an FP8 cache.
+        if dtype in (None, "auto"):
+            implied = self.by_rule(R.V_UNCALIBRATED_Q, R.V_KV_SCALE_DEFAULT, R.V_Q_SCALE_MISSING)
+            if implied:
+                return "fp8", implied[0]
+        if dtype is not None and dtype.startswith("fp8"):
+            first_fp8 = next(
+                (
+                    e
+                    for e in self.events
+                    if e.rule in ranks
+                    and e.groups
+                    and _normalise_dtype(e.groups[0] or "").startswith("fp8")
+                ),
+                source,
+            )
+            return dtype, first_fp8
+        return dtype, source
+
+    def _dtype_text(self, dtype: str, event: Event) -> str:
+        if event.rule.startswith("v.") and event.rule not in {
+            R.V_DTYPE_CONFIG,
+            R.V_DTYPE_ARGS,
+            R.V_DTYPE_USING,
+        }:
+            return (
+                f"FP8 KV cache ({dtype}) is active although no FP8 --kv-cache-dtype was seen: "
+                "the checkpoint's kv_cache_scheme switched it on"
+            )
+        return f"FP8 KV cache enabled: kv_cache_dtype={dtype}"
+
+    def _backend(self) -> tuple[str | None, tuple[str, ...], Event | None]:
+        best: tuple[int, int, str, tuple[str, ...], Event] | None = None
+        for event in self.events:
+            name: str | None = None
+            candidates: tuple[str, ...] = ()
+            rank = 2
+            groups = event.groups
+            if event.rule == R.V_BACKEND_AUTO:
+                name = groups[0]
+                candidates = tuple(re.findall(r"'(\w+)'", groups[1] or ""))
+            elif event.rule == R.V_BACKEND_EXPLICIT or event.rule in {
+                R.S_BACKEND_DEFAULT,
+                R.S_BACKEND_MLA,
+                R.S_BACKEND_MODEL,
+            }:
+                name = groups[0]
+            elif event.rule in {R.V_BACKEND_V1, R.V_BACKEND_V0}:
+                name = _V1_BACKENDS.get(groups[0] or "")
+            elif event.rule == R.S_BACKEND_HYBRID:
+                name = groups[0]
+            elif event.rule == R.S_FA3_FP8:
+                name, rank = "triton", 3
+            elif event.rule == R.V_BLOCK_SIZE_PRECLUDED:
+                name, rank = groups[1], 3
+            elif event.rule == R.S_BACKEND_ARGS:
+                name, rank = groups[0], 1
+            if name is None:
+                continue
+            candidate = (rank, event.line, name, candidates, event)
+            if best is None or candidate[:2] >= best[:2]:
+                best = candidate
+        if best is None:
+            return None, (), None
+        return best[2], best[3], best[4]
+
+    def _fallbacks(self) -> None:
+        """Backend changes the engine announces itself (the derived ones need the backend)."""
+        for fallback in self.by_rule(R.V_V0_FALLBACK, R.V_FA_NO_FP8):
+            self.add(
+                "attention-backend-fallback",
+                "v0-fallback",
+                fallback,
+                hint="vLLM 0.10 left the V1 engine for V0 (XFormers) because FlashAttention "
+                "cannot store FP8 KV on this GPU; throughput drops. Use vLLM >= 0.11, or set "
+                "VLLM_ATTENTION_BACKEND=FLASHINFER (0.10.2).",
+            )
+        for fallback in self.by_rule(R.V_BLOCK_SIZE_PRECLUDED):
+            self.add(
+                "attention-backend-fallback",
+                "block-size",
+                fallback,
+                hint="Remove --block-size so vLLM can pick its preferred backend.",
+            )
+        for fallback in self.by_rule(R.S_FA3_FP8):
+            self.add(
+                "attention-backend-fallback",
+                "fa3-e5m2",
+                fallback,
+                hint="fa3 stores only fp8_e4m3: use --kv-cache-dtype fp8_e4m3 to keep fa3.",
+            )
+
+    def _backend_findings(
+        self,
+        backend: str,
+        candidates: tuple[str, ...],
+        event: Event,
+        dtype: str | None,
+        version: tuple[int, ...] | None,
+    ) -> None:
+        how = "explicitly selected"
+        if event.rule == R.V_BACKEND_AUTO:
+            how = "auto-selected from " + ", ".join(candidates) if candidates else "auto-selected"
+        elif event.rule in {R.S_BACKEND_DEFAULT, R.V_BACKEND_V1, R.V_BACKEND_V0}:
+            how = "default"
+        self.add("attention-backend", "backend", event, text=f"attention backend {backend} ({how})")
+        fp8 = dtype is not None and dtype.startswith("fp8")
+        if not fp8 or event.rule not in {R.V_BACKEND_AUTO, R.V_BACKEND_V1}:
+            return
+        if event.rule == R.V_BACKEND_AUTO and candidates and "FLASH_ATTN" not in candidates:
+            self.add(
+                "attention-backend-fallback",
+                "fp8-not-flash-attn",
+                event,
+                text=f"FP8 KV cache: FLASH_ATTN is not valid on this GPU, vLLM chose {backend} "
+                f"(candidates: {', '.join(candidates)})",
+                hint="A BF16 control most likely runs FLASH_ATTN, so the arms differ in backend. "
+                "FlashInfer JIT-compiles FP8 kernels on first start (needs nvcc and ninja); pin "
+                "--attention-backend TRITON_ATTN if that fails or is too slow.",
+            )
+        elif (
+            event.rule == R.V_BACKEND_V1
+            and backend == "TRITON_ATTN"
+            and (version is None or version[:2] == (0, 11))
+        ):
+            self.add(
+                "attention-backend-fallback",
+                "fp8-triton",
+                event,
+                text="FP8 KV cache: vLLM picked Triton instead of Flash Attention (FlashAttention "
+                "stores FP8 KV only with FA3 on Hopper)",
+                hint="Expected on Ada/Ampere unless VLLM_ATTENTION_BACKEND=TRITON_ATTN was set; "
+                "the BF16 control runs Flash Attention, so compare throughput per arm.",
+            )
+
+    def _scales(self) -> None:
+        for event in self.by_rule(R.V_KV_SCALE_DEFAULT):
+            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_DEFAULT_V)
+        for event in self.by_rule(R.S_KV_SCALE_DEFAULT):
+            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_DEFAULT_S)
+        for event in self.by_rule(R.V_SCALE_NOT_LOADED):
+            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_NOT_LOADED)
+        for event in self.by_rule(R.V_Q_SCALE_MISSING):
+            self.add("q-scale-missing", event.rule, event, hint=_HINT_Q_SCALE)
+        for event in self.by_rule(R.V_UNCALIBRATED_Q):
+            self.add("uncalibrated-q-scale", event.rule, event, hint=_HINT_UNCALIBRATED_Q)
+
+    def _failures(self, version: tuple[int, ...] | None) -> None:
+        engine = self.engine
+        for event in self.by_rule(
+            R.FI_NINJA_FAILED, R.FI_NINJA_COMMAND, R.FI_NO_NVCC, R.FI_JIT_DISABLED, R.FI_SM75
+        ):
+            self.add("attention-build-failed", "jit", event, hint=_jit_hint(engine, version))
+        self._pending_jit(version)
+        fp8_rules = (
+            R.V_FA_FP8_DEVICE,
+            R.TRITON_FP8E4NV,
+            R.V_FP8_REQUIRES,
+            R.V_V1_ENV_FP8,
+            R.V_PER_TENSOR,
+            R.S_TRTLLM_MLA_FP8,
+            R.S_CPU_E5M2,
+            R.S_SCALE_UNSUPPORTED,
+        )
+        for event in self.by_rule(*fp8_rules):
+            self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine))
+        for event in self.by_rule(R.V_BACKEND_INVALID, R.V_NO_VALID_BACKEND):
+            if "kv_cache_dtype" in event.text or "FP8" in event.text:
+                self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine))
+            else:
+                self.add(
+                    "engine-start-failed",
+                    "start",
+                    event,
+                    hint="No attention backend accepts this model and configuration; see the "
+                    "reasons in the line.",
+                )
+        for event in self.by_rule(*_INVALID_DTYPE_RULES):
+            hint = _HINT_INVALID_DTYPE.get(event.engine or engine or _V, "")
+            self.add("invalid-kv-cache-dtype", "dtype", event, hint=hint)
+        for event in self.by_rule(R.OOM, R.V_FREE_MEMORY):
+            self.add("out-of-memory", R.OOM, event, hint=_HINT_OOM[engine or _V])
+        for event in self.by_rule(R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY):
+            self.add("insufficient-kv-memory", "kv-memory", event, hint=self._kv_memory_hint(event))
+        for event in self.by_rule(
+            R.V_CORE_FAILED,
+            R.V_CORE_FATAL,
+            R.V_WORKER_FAILED,
+            R.V_WORKER_DIED,
+            R.V_CORE_INIT_FAILED,
+            R.S_SIGQUIT,
+            R.S_RANK_DEAD,
+            R.S_INIT_FAILED,
+            R.ARGPARSE_ERROR,
+            R.V_MEM_PROFILING,
+        ):
+            self.add("engine-start-failed", "start", event)
+
+    def _pending_jit(self, version: tuple[int, ...] | None) -> None:
+        finished = {e.groups[0] for e in self.by_rule(R.FI_JIT_FINISHED)}
+        pending = [e for e in self.by_rule(R.FI_JIT_LOADING) if e.groups[0] not in finished]
+        if not pending or self._ready() is not None:
+            return
+        crashed = any(
+            self.by_rule(R.V_CORE_FAILED, R.V_CORE_INIT_FAILED, R.S_SIGQUIT, R.S_INIT_FAILED)
+        )
+        event = pending[-1]
+        text = f"FlashInfer JIT op {event.groups[0]} started loading and never finished"
+        if crashed:
+            self.add("attention-build-failed", "jit", event, _jit_hint(self.engine, version), text)
+        else:
+            self.findings[("attention-build-failed", "jit-pending")] = Finding(
+                "attention-build-failed",
+                "warning",
+                event.line,
+                text + " (still building, hung, or the log is cut)",
+                _jit_hint(self.engine, version),
+            )
+
+    def _kv_memory_hint(self, event: Event) -> str:
+        if event.rule == R.V_MAX_LEN:
+            max_len, needed, available, estimate = event.groups
+            limit = (
+                f"--max-model-len {estimate} or less" if estimate else "a smaller --max-model-len"
+            )
+            return (
+                f"max_model_len {max_len} needs {needed} GiB of KV cache but {available} GiB is "
+                f"free: set {limit}, or raise --gpu-memory-utilization."
+            )
+        if event.rule == R.S_NOT_ENOUGH_MEMORY:
+            return "Raise --mem-fraction-static (or lower --max-running-requests/--context-length)."
+        return (
+            "Weights and activations left no room for the KV cache: raise "
+            "--gpu-memory-utilization, or lower --max-model-len/--max-num-seqs."
+        )
+
+    def _root_cause(self) -> None:
+        key = ("engine-start-failed", "start")
+        failure = self.findings.get(key)
+        if failure is None:
+            return
+        specific = [f for k, f in self.findings.items() if f.severity == "error" and k != key]
+        if specific:
+            first = min(specific, key=lambda f: f.line)
+            hint = f"Root cause: {first.code} at line {first.line}."
+        else:
+            exceptions = [
+                e
+                for e in self.by_rule(R.EXCEPTION)
+                if not any(w in (e.groups[1] or "") for w in _WRAPPER_ERRORS)
+            ]
+            after = [e for e in exceptions if e.line >= failure.line] or exceptions
+            if after:
+                hint = f"Root cause at line {after[0].line}: {after[0].text}"
+            else:
+                hint = f"See the traceback around line {failure.line}."
+        self.findings[key] = Finding(
+            failure.code, failure.severity, failure.line, failure.text, hint, failure.count
+        )
+
+    def _capacity(self) -> tuple[Capacity, Event | None]:
+        tokens: int | None = None
+        concurrency: float | None = None
+        memory: float | None = None
+        max_len: int | None = None
+        blocks: int | None = None
+        anchor: Event | None = None
+        for event in self.events:
+            g = event.groups
+            if event.rule == R.V_KV_MEMORY:
+                # Every worker prints its own; vLLM sizes the pool by the smallest.
+                value = _number(g[0])
+                memory = value if memory is None or value is None else min(memory, value)
+                anchor = anchor or event
+            elif event.rule == R.V_KV_TOKENS:
+                tokens, anchor = _integer(g[0]), event
+            elif event.rule == R.V_CONCURRENCY:
+                max_len, concurrency = _integer(g[0]), _number(g[1])
+                anchor = anchor or event
+            elif event.rule in {R.V_V0_BLOCKS, R.V_NUM_GPU_BLOCKS}:
+                blocks = _integer(g[0])
+                anchor = anchor or event
+            elif event.rule == R.S_POOL:
+                _, n, k_gb, v_gb, kv_gb = g
+                tokens = _integer(n)
+                memory = (
+                    _number(kv_gb)
+                    if kv_gb
+                    else round((_number(k_gb) or 0) + (_number(v_gb) or 0), 2)
+                )
+                anchor = event
+            elif event.rule == R.S_POOL_POST:
+                tokens, memory, anchor = _integer(g[1]), _number(g[2]), event
+            elif event.rule == R.S_SUMMARY:
+                tokens, max_len, anchor = _integer(g[0]), _integer(g[1]), event
+                if tokens and max_len:
+                    concurrency = round(tokens / max_len, 2)  # SGLang prints no such line
+        capacity = Capacity(tokens, concurrency, memory, max_len, blocks)
+        return capacity, anchor
+
+    def _ready(self) -> Event | None:
+        if self.engine == _S:
+            ready = self.by_rule(R.S_READY)
+            if ready:
+                return ready[0]
+            # Without the warm-up request SGLang never prints its ready line.
+            if self.by_rule(R.S_SKIP_WARMUP):
+                return next(iter(self.by_rule(R.STARTUP_COMPLETE)), None)
+            return None
+        return next(iter(self.by_rule(R.STARTUP_COMPLETE, R.S_READY)), None)
+
+
+def _capacity_text(capacity: Capacity) -> str:
+    parts = []
+    if capacity.kv_tokens is not None:
+        parts.append(f"{capacity.kv_tokens:,} KV tokens")
+    if capacity.max_concurrency is not None:
+        at = f" at {capacity.max_model_len:,} tokens/request" if capacity.max_model_len else ""
+        parts.append(f"max concurrency {capacity.max_concurrency:g}x{at}")
+    if capacity.kv_memory_gib is not None:
+        parts.append(f"{capacity.kv_memory_gib:g} GiB KV memory")
+    if capacity.num_gpu_blocks is not None:
+        parts.append(f"{capacity.num_gpu_blocks:,} GPU blocks")
+    return "KV cache: " + ", ".join(parts)

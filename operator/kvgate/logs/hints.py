@@ -1,0 +1,98 @@
+"""Hint texts of findings; remedies come from kvgate.engine_versions so they fit the version."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from kvgate.logs import rules as R
+from kvgate.logs.rules import _S, _V
+
+_V1_BACKENDS: Final = {
+    "FlashInfer": "FLASHINFER",
+    "FlexAttention": "FLEX_ATTENTION",
+    "Triton": "TRITON_ATTN",
+    "Flash Attention": "FLASH_ATTN",
+    "Tree Attention": "TREE_ATTN",
+    "XFormers": "XFORMERS",
+}
+_UNQUANTISED: Final = frozenset(
+    {"auto", "bf16", "bfloat16", "float16", "fp16", "half", "float32", "float"}
+)
+_INVALID_DTYPE_RULES: Final = (
+    R.V_UNKNOWN_DTYPE,
+    R.V_INVALID_DTYPE,
+    R.ARGPARSE_DTYPE,
+    R.S_UNSUPPORTED_DTYPE,
+)
+_WRAPPER_ERRORS: Final = ("Engine core initialization failed", "Initialization failed")
+
+_HINT_SCALE_DEFAULT_V: Final = (
+    "The checkpoint has no k/v scales, so FP8 KV uses scale 1.0 (values beyond ±448 saturate). "
+    "Prefer a checkpoint with calibrated k_scale/v_scale (ModelOpt, llm-compressor); "
+    "otherwise let the paired accuracy gate decide."
+)
+_HINT_SCALE_DEFAULT_S: Final = (
+    "SGLang prints this whenever --quantization-param-path is absent, even when per-layer "
+    "k_scale/v_scale from the checkpoint are loaded (sglang#31224): check the checkpoint "
+    "scan for scales instead of trusting this line."
+)
+_HINT_SCALE_NOT_LOADED: Final = (
+    "The checkpoint carries scales whose names do not map onto this model's attention "
+    "layers, so they were ignored and scale 1.0 is used; fix the tensor names or the engine version."
+)
+_HINT_Q_SCALE: Final = (
+    "q is quantised with k_scale; this only matters for FP8 attention backends (flash-attn, "
+    "FlashInfer). Calibrate q_scale if the accuracy gate shows a loss."
+)
+_HINT_UNCALIBRATED_Q: Final = (
+    "With --kv-cache-dtype fp8, q_scale and prob_scale default to 1.0; use a checkpoint with "
+    "calibrated q/prob scales if the accuracy gate shows a loss."
+)
+_HINT_OOM: Final = {
+    _V: "Lower --gpu-memory-utilization, --max-model-len or --max-num-seqs, or free the GPU "
+    "from other processes.",
+    _S: "Lower --mem-fraction-static, --max-running-requests or --cuda-graph-max-bs, or free "
+    "the GPU from other processes.",
+}
+_HINT_INVALID_DTYPE: Final = {
+    _V: "Use one of auto, fp8, fp8_e4m3, fp8_e5m2 (vLLM's fp8 is e4m3 on CUDA).",
+    _S: "SGLang has no plain `fp8`: use --kv-cache-dtype fp8_e4m3 (or fp8_e5m2).",
+}
+
+
+def _jit_hint(engine: str | None, version: tuple[int, ...] | None) -> str:
+    if engine == _S:
+        return (
+            "FlashInfer could not JIT-compile its FP8 KV kernels (no nvcc/ninja in the image; "
+            "the L4 trap). Set --attention-backend triton, or use an image with the CUDA "
+            "toolkit or a matching flashinfer-jit-cache."
+        )
+    if version is not None and version < (0, 11):
+        backend = "VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1"
+    elif version is not None and version < (0, 13):
+        backend = "VLLM_ATTENTION_BACKEND=TRITON_ATTN"
+    else:
+        backend = "--attention-backend TRITON_ATTN"
+    return (
+        "FlashInfer could not JIT-compile its FP8 KV kernels (no nvcc/ninja in the image; the "
+        f"L4 trap). Set {backend} and VLLM_USE_FLASHINFER_SAMPLER=0, or use an image with the "
+        "CUDA toolkit or a matching flashinfer-jit-cache."
+    )
+
+
+def _fp8_hint(rule: str, engine: str | None) -> str:
+    if rule == R.TRITON_FP8E4NV:
+        return (
+            "Triton has no e4m3 on this GPU (needs SM 8.9+): use --kv-cache-dtype fp8_e5m2, "
+            "or keep the BF16 KV cache."
+        )
+    if rule == R.V_PER_TENSOR:
+        return "The checkpoint's KV/Q scales are not per-tensor; vLLM needs one scalar per layer."
+    if rule == R.S_SCALE_UNSUPPORTED:
+        return "This model class cannot load KV scales: drop --quantization-param-path."
+    if engine == _S:
+        return "Use --kv-cache-dtype fp8_e4m3 with the flashinfer or triton attention backend."
+    return (
+        "This GPU/backend cannot store an FP8 KV cache: use --attention-backend TRITON_ATTN "
+        "(or FLASHINFER); FLASH_ATTN stores FP8 KV only with FA3 on Hopper (FA4 on Blackwell)."
+    )

@@ -1,0 +1,138 @@
+"""Results of a log scan: findings, capacity, the scan; the events rules produce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+ENGINES: Final = ("vllm", "sglang")
+SEVERITIES: Final = ("info", "warning", "error")
+
+# Finding codes, in the order a startup prints them.
+CODES: Final = (
+    "fp8-kv-enabled",
+    "kv-scale-default",
+    "q-scale-missing",
+    "uncalibrated-q-scale",
+    "attention-backend",
+    "attention-backend-fallback",
+    "attention-build-failed",
+    "fp8-unsupported",
+    "engine-start-failed",
+    "out-of-memory",
+    "insufficient-kv-memory",
+    "invalid-kv-cache-dtype",
+    "kv-capacity",
+    "ready",
+)
+ERROR_CODES: Final = frozenset(
+    {
+        "attention-build-failed",
+        "fp8-unsupported",
+        "engine-start-failed",
+        "out-of-memory",
+        "insufficient-kv-memory",
+        "invalid-kv-cache-dtype",
+    }
+)
+
+CHUNK_CHARS: Final = 4 << 20
+MAX_TEXT: Final = 400
+# Rules look at the first MAX_LINE characters of a line: real startup lines are a few KiB at
+# most (SGLang's ServerArgs line is the longest), and the cap bounds each line's cost whatever
+# a pod prints. The patterns are linear as well (tests/unit/test_logs.py checks 1 MB lines).
+MAX_LINE: Final = 64 << 10
+# Repeated matches of one rule beyond this only raise its count (a crash loop, a noisy warning).
+MAX_EVENTS_PER_RULE: Final = 200
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One cause seen in the log; `count` is how many lines (workers, restarts) printed it."""
+
+    code: str
+    severity: str
+    line: int
+    text: str
+    hint: str = ""
+    count: int = 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "line": self.line,
+            "text": self.text,
+            "hint": self.hint,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """KV pool size as the engine reported it; None where the log does not say."""
+
+    kv_tokens: int | None = None
+    max_concurrency: float | None = None
+    kv_memory_gib: float | None = None
+    max_model_len: int | None = None
+    num_gpu_blocks: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kv_tokens": self.kv_tokens,
+            "max_concurrency": self.max_concurrency,
+            "kv_memory_gib": self.kv_memory_gib,
+            "max_model_len": self.max_model_len,
+            "num_gpu_blocks": self.num_gpu_blocks,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LogScan:
+    """What a startup log says about the KV cache, the attention backend and the outcome."""
+
+    engine: str | None
+    engine_version: str | None
+    kv_cache_dtype: str | None
+    attention_backend: str | None
+    attention_backend_candidates: tuple[str, ...]
+    capacity: Capacity
+    ready: bool
+    failed: bool
+    findings: tuple[Finding, ...]
+    lines: int
+
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+    def finding(self, code: str) -> Finding | None:
+        return next((f for f in self.findings if f.code == code), None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "attention_backend": self.attention_backend,
+            "attention_backend_candidates": list(self.attention_backend_candidates),
+            "capacity": self.capacity.to_dict(),
+            "ready": self.ready,
+            "failed": self.failed,
+            "findings": [f.to_dict() for f in self.findings],
+            "lines": self.lines,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One rule matching one line: the rule's name, its engine, the line and the groups."""
+
+    rule: str
+    engine: str | None
+    line: int
+    groups: tuple[str | None, ...]
+    text: str

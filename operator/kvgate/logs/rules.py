@@ -1,0 +1,374 @@
+"""The rule table: what each engine prints, as anchor, needle and regex.
+
+Message texts are the engines' format strings, read out of the wheels
+(tests/fixtures_from_wheels.py renders them into tests/data/engine-source/); the `[file.py:NNN]`
+part moves between releases, so rules match message text only. A rule whose every match means
+one finding carries that finding's code, severity and hint; the fold handles the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+ARGPARSE_DTYPE: Final = "argparse_dtype"
+ARGPARSE_ERROR: Final = "argparse_error"
+EXCEPTION: Final = "exception"
+FI_JIT_BUILDING: Final = "fi.jit_building"
+FI_JIT_DISABLED: Final = "fi.jit_disabled"
+FI_JIT_FINISHED: Final = "fi.jit_finished"
+FI_JIT_LOADING: Final = "fi.jit_loading"
+FI_NINJA_COMMAND: Final = "fi.ninja_command"
+FI_NINJA_FAILED: Final = "fi.ninja_failed"
+FI_NO_NVCC: Final = "fi.no_nvcc"
+FI_SM75: Final = "fi.sm75"
+OOM: Final = "oom"
+S_BACKEND_ARGS: Final = "s.backend.args"
+S_BACKEND_DEFAULT: Final = "s.backend.default"
+S_BACKEND_HYBRID: Final = "s.backend.hybrid"
+S_BACKEND_MLA: Final = "s.backend.mla"
+S_BACKEND_MODEL: Final = "s.backend.model"
+S_CPU_E5M2: Final = "s.cpu_e5m2"
+S_DTYPE_ARGS: Final = "s.dtype.args"
+S_DTYPE_USING: Final = "s.dtype.using"
+S_FA3_FP8: Final = "s.fa3_fp8"
+S_INIT_FAILED: Final = "s.init_failed"
+S_KV_SCALE_DEFAULT: Final = "s.kv_scale_default"
+S_NOT_ENOUGH_MEMORY: Final = "s.not_enough_memory"
+S_POOL: Final = "s.pool"
+S_POOL_POST: Final = "s.pool_post"
+S_RANK_DEAD: Final = "s.rank_dead"
+S_READY: Final = "s.ready"
+S_SCALE_UNSUPPORTED: Final = "s.scale_unsupported"
+S_SIGQUIT: Final = "s.sigquit"
+S_SKIP_WARMUP: Final = "s.skip_warmup"
+S_SUMMARY: Final = "s.summary"
+S_TRTLLM_MLA_FP8: Final = "s.trtllm_mla_fp8"
+S_UNSUPPORTED_DTYPE: Final = "s.unsupported_dtype"
+STARTUP_COMPLETE: Final = "startup_complete"
+TRITON_FP8E4NV: Final = "triton_fp8e4nv"
+V_BACKEND_AUTO: Final = "v.backend.auto"
+V_BACKEND_EXPLICIT: Final = "v.backend.explicit"
+V_BACKEND_V0: Final = "v.backend.v0"
+V_BACKEND_V1: Final = "v.backend.v1"
+V_BACKEND_INVALID: Final = "v.backend_invalid"
+V_BANNER: Final = "v.banner"
+V_BLOCK_SIZE_PRECLUDED: Final = "v.block_size_precluded"
+V_CONCURRENCY: Final = "v.concurrency"
+V_CORE_FAILED: Final = "v.core_failed"
+V_CORE_FATAL: Final = "v.core_fatal"
+V_CORE_INIT_FAILED: Final = "v.core_init_failed"
+V_DTYPE_ARGS: Final = "v.dtype.args"
+V_DTYPE_CONFIG: Final = "v.dtype.config"
+V_DTYPE_USING: Final = "v.dtype.using"
+V_FA_FP8_DEVICE: Final = "v.fa_fp8_device"
+V_FA_NO_FP8: Final = "v.fa_no_fp8"
+V_FP8_REQUIRES: Final = "v.fp8_requires"
+V_FREE_MEMORY: Final = "v.free_memory"
+V_INVALID_DTYPE: Final = "v.invalid_dtype"
+V_KV_MEMORY: Final = "v.kv_memory"
+V_KV_SCALE_DEFAULT: Final = "v.kv_scale_default"
+V_KV_TOKENS: Final = "v.kv_tokens"
+V_MAX_LEN: Final = "v.max_len"
+V_MEM_PROFILING: Final = "v.mem_profiling"
+V_NO_CACHE_BLOCKS: Final = "v.no_cache_blocks"
+V_NO_VALID_BACKEND: Final = "v.no_valid_backend"
+V_NUM_GPU_BLOCKS: Final = "v.num_gpu_blocks"
+V_PER_TENSOR: Final = "v.per_tensor"
+V_Q_SCALE_MISSING: Final = "v.q_scale_missing"
+V_SCALE_NOT_LOADED: Final = "v.scale_not_loaded"
+V_UNCALIBRATED_Q: Final = "v.uncalibrated_q"
+V_UNKNOWN_DTYPE: Final = "v.unknown_dtype"
+V_V0_BLOCKS: Final = "v.v0_blocks"
+V_V0_FALLBACK: Final = "v.v0_fallback"
+V_V1_ENV_FP8: Final = "v.v1_env_fp8"
+V_VERSION: Final = "v.version"
+V_WORKER_DIED: Final = "v.worker_died"
+V_WORKER_FAILED: Final = "v.worker_failed"
+
+# -- rules -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    name: str
+    anchor: str  # every line the rule must see contains this
+    needle: str  # cheap check before the regex
+    regex: re.Pattern[str] | None = None
+    engine: str | None = None  # None: both engines print it (FlashInfer, PyTorch, uvicorn)
+
+
+def _r(
+    name: str, anchor: str, needle: str, pattern: str | None = None, engine: str | None = None
+) -> _Rule:
+    return _Rule(name, anchor, needle, re.compile(pattern) if pattern else None, engine)
+
+
+_V, _S = "vllm", "sglang"
+
+RULES: Final[tuple[_Rule, ...]] = (
+    # versions and configuration
+    _r(
+        V_VERSION,
+        "server ",
+        "vLLM API server version ",
+        r"vLLM API server version v?([\w.+-]+)",
+        _V,
+    ),
+    _r(V_VERSION, "server ", "vLLM server version ", r"vLLM server version v?([\w.+-]+?),? ", _V),
+    _r(V_BANNER, "ache", " LLM engine (v", r"LLM engine \(v([\w.+-]+)\) with config", _V),
+    _r(V_DTYPE_CONFIG, "ache", "kv_cache_dtype=", r"\bkv_cache_dtype=([\w.]+)", _V),
+    _r(V_DTYPE_ARGS, "ache", "'kv_cache_dtype': '", r"'kv_cache_dtype': '([\w.]+)'", _V),
+    _r(
+        V_DTYPE_USING,
+        "ache",
+        "data type to store kv cache",
+        r"Using (\S+) data type to store",
+        _V,
+    ),
+    _r(S_DTYPE_ARGS, "ache", "kv_cache_dtype='", r"\bkv_cache_dtype='([\w.]+)'", _S),
+    _r(S_DTYPE_USING, "ache", "Using KV cache dtype: ", r"Using KV cache dtype: (\S+)", _S),
+    _r(S_SKIP_WARMUP, "ache", "skip_server_warmup=True", None, _S),
+    # scales
+    _r(V_Q_SCALE_MISSING, "scal", "does not provide a q scaling factor", None, _V),
+    _r(V_KV_SCALE_DEFAULT, "scal", "Using KV cache scaling factor 1.0", None, _V),
+    _r(
+        V_UNCALIBRATED_Q,
+        "scal",
+        "Using uncalibrated q_scale",
+        r"q_scale (\S+) and/or prob_scale (\S+)",
+        _V,
+    ),
+    _r(
+        V_SCALE_NOT_LOADED,
+        "scal",
+        "but not found the expected name in the model",
+        r"Found (kv scale|\S+) in the checkpoint",
+        _V,
+    ),
+    _r(V_PER_TENSOR, "upport", "Only support per-tensor scaling factor", None, _V),
+    _r(S_KV_SCALE_DEFAULT, "scal", "Using FP8 KV cache but no scaling factors provided", None, _S),
+    _r(S_SCALE_UNSUPPORTED, "upport", "does not support loading scaling factors", None, _S),
+    # attention backend
+    _r(
+        V_BACKEND_AUTO,
+        "ackend",
+        "attention backend out of potential backends",
+        r"Using (\w+) attention backend out of potential backends: (.*)",
+        _V,
+    ),
+    _r(
+        V_BACKEND_EXPLICIT,
+        "ackend",
+        "Using AttentionBackendEnum.",
+        r"Using AttentionBackendEnum\.(\w+) backend",
+        _V,
+    ),
+    _r(
+        V_BACKEND_V1,
+        "ackend",
+        " on V1 engine",
+        r"Using (FlashInfer|FlexAttention|Triton|Flash Attention|Tree Attention|XFormers) backend",
+        _V,
+    ),
+    _r(
+        V_BACKEND_V0,
+        "ackend",
+        " backend.",
+        r"Using (XFormers|FlashInfer|Flash Attention) backend\.\s*$",
+        _V,
+    ),
+    _r(V_V0_FALLBACK, "upport", "--kv-cache-dtype is not supported by the V1 Engine", None, _V),
+    _r(V_FA_NO_FP8, "ackend", "Cannot use FlashAttention backend for FP8 KV cache", None, _V),
+    _r(
+        V_BLOCK_SIZE_PRECLUDED,
+        "ackend",
+        "precluded higher-priority backend",
+        # tempered: a start scans only up to the next start, so many starts stay linear
+        r"precluded higher-priority backend\(s\) ((?:(?!precluded )[^.])*)\. Using (\w+) instead",
+        _V,
+    ),
+    _r(
+        V_BACKEND_INVALID,
+        "ackend",
+        "is not valid for this configuration",
+        r"Selected backend (?:AttentionBackendEnum\.)?(\w+) is not valid for this configuration\. Reason: (.*)",
+        _V,
+    ),
+    _r(V_NO_VALID_BACKEND, "ackend", "No valid attention backend found", None, _V),
+    _r(
+        S_BACKEND_DEFAULT,
+        "ackend",
+        "Attention backend not ",
+        r"Attention backend not (?:set|explicitly specified|specified)\. Use (\w+) backend",
+        _S,
+    ),
+    _r(
+        S_BACKEND_MLA,
+        "ackend",
+        "MLA optimization is turned on. Use ",
+        r"turned on\. Use (\w+) backend",
+        _S,
+    ),
+    _r(
+        S_BACKEND_MODEL,
+        "ackend",
+        " as attention backend ",
+        r"Us(?:e|ing) (\w+) as attention backend (?:on \w+ )?for",
+        _S,
+    ),
+    _r(
+        S_BACKEND_HYBRID,
+        "ackend",
+        "Using hybrid attention backend",
+        r"decode_backend=(\w+), prefill_backend=(\w+)",
+        _S,
+    ),
+    _r(
+        S_BACKEND_ARGS,
+        "ackend",
+        "attention_backend=",
+        r"\battention_backend=(?:'(\w+)'|None)",
+        _S,
+    ),
+    _r(S_FA3_FP8, "ackend", "FlashAttention3 only supports fp8_e4m3 if using FP8", None, _S),
+    # FP8 not supported
+    _r(V_FA_FP8_DEVICE, "upport", "FlashAttention does not support fp8 kv-cache", None, _V),
+    _r(TRITON_FP8E4NV, "upport", "type fp8e4nv not supported", None),
+    _r(V_FP8_REQUIRES, "ache", "FP8 KV cache requires", None, _V),
+    _r(V_V1_ENV_FP8, "upport", "VLLM_USE_V1=1 is not supported with --kv-cache-dtype", None, _V),
+    _r(
+        S_TRTLLM_MLA_FP8,
+        "upport",
+        "TensorRT-LLM MLA backend only supports kv-cache-dtype",
+        None,
+        _S,
+    ),
+    _r(S_CPU_E5M2, "upport", "--kv-cache-dtype fp8_e5m2 is not supported on CPU", None, _S),
+    # invalid dtype
+    _r(V_UNKNOWN_DTYPE, "ache", "Unknown kv cache dtype:", r"Unknown kv cache dtype: (\S+)", _V),
+    _r(
+        V_INVALID_DTYPE,
+        "ache",
+        "Invalid kv_cache_dtype:",
+        r"Invalid kv_cache_dtype: '?([^'\s.]+)",
+        _V,
+    ),
+    _r(
+        S_UNSUPPORTED_DTYPE,
+        "upport",
+        "Unsupported kv_cache_dtype:",
+        r"Unsupported kv_cache_dtype: (\S+?)\.?$",
+        _S,
+    ),
+    _r(
+        ARGPARSE_DTYPE,
+        "ache",
+        "argument --kv-cache-dtype: invalid choice",
+        r"invalid choice: '?([^'\s]+?)'? \(choose from ((?:(?!invalid choice: )[^)])*)\)",
+    ),
+    _r(ARGPARSE_ERROR, "rror", ": error: ", r"^[\w./-]+(?: \w+)?: error: (.+)$"),
+    # FlashInfer JIT
+    _r(FI_NINJA_FAILED, "failed", "Ninja build failed", None),
+    _r(FI_NINJA_FAILED, "failed", "ninja: build stopped", None),
+    _r(FI_NINJA_COMMAND, "rror", "CalledProcessError: Command '['ninja'", r"dtype_kv_([a-z0-9]+)"),
+    _r(FI_NO_NVCC, "rror", "Could not find nvcc", None),
+    _r(FI_NO_NVCC, "rror", "nvcc not found and PyTorch is not built with CUDA", None),
+    _r(FI_JIT_DISABLED, "rror", "JIT compilation is disabled via FLASHINFER_DISABLE_JIT", None),
+    _r(FI_SM75, "rror", "FlashInfer requires GPUs with sm75 or higher", None),
+    _r(FI_JIT_LOADING, " JIT ", "Loading JIT ops: ", r"Loading JIT ops: (\S+)"),
+    _r(FI_JIT_FINISHED, " JIT ", "Finished loading JIT ops: ", r"Finished loading JIT ops: (\S+)"),
+    _r(FI_JIT_BUILDING, " JIT ", "Building JIT module ", r"Building JIT module (\S+?);"),
+    # memory
+    _r(OOM, "rror", "out of memory", r"CUDA out of memory\.(?: Tried to allocate ([\d.]+ \w+))?"),
+    _r(V_FREE_MEMORY, "rror", "on startup is less than desired GPU memory utilization", None, _V),
+    _r(V_NO_CACHE_BLOCKS, "ache", "No available memory for the cache blocks", None, _V),
+    _r(
+        V_MAX_LEN,
+        "ache",
+        "To serve at least one request with the model",
+        r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
+        r"available KV cache memory \(([\d.]+) GiB\)\.(?: Based on the available memory, "
+        r"the estimated maximum model length is (\d+)\.)?",
+        _V,
+    ),
+    _r(
+        S_NOT_ENOUGH_MEMORY,
+        "rror",
+        "Not enough memory. Please try to increase --mem-fraction-static",
+        None,
+        _S,
+    ),
+    _r(V_MEM_PROFILING, "rror", "Error in memory profiling", None, _V),
+    # capacity
+    _r(
+        V_KV_MEMORY,
+        "ache",
+        "Available KV cache memory: ",
+        r"Available KV cache memory: (-?[\d.]+) GiB",
+        _V,
+    ),
+    _r(V_KV_TOKENS, "ache", "KV cache size: ", r"KV cache size: ([\d,]+) tokens", _V),
+    _r(
+        V_CONCURRENCY,
+        "concurrency for",
+        "Maximum concurrency for ",
+        r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
+        _V,
+    ),
+    _r(
+        V_V0_BLOCKS,
+        "# CPU blocks: ",
+        "# CPU blocks: ",
+        r"# (?:cuda|GPU) blocks: (\d+), # CPU blocks: (\d+)",
+        _V,
+    ),
+    _r(V_NUM_GPU_BLOCKS, "ache", "after num_gpu_blocks is: ", r"num_gpu_blocks is: (\d+)", _V),
+    _r(
+        S_POOL,
+        "ache",
+        "KV Cache ",
+        r"KV Cache (?:is allocated|VA upper bound)\.(?: dtype: (\S+),)? #tokens: (\d+), "
+        r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)",
+        _S,
+    ),
+    _r(
+        S_POOL_POST,
+        "ache",
+        "Post-capture KV sizing: KV cache allocated.",
+        r"dtype: (\S+), #tokens: (\d+), KV size: ([\d.]+) GB",
+        _S,
+    ),
+    _r(
+        S_SUMMARY,
+        "max_total_num_tokens",
+        "max_total_num_tokens=",
+        r"max_total_num_tokens=(\d+),(?:(?!max_total_num_tokens=).)*?context_len=(\d+)",
+        _S,
+    ),
+    # crashes
+    _r(V_CORE_FAILED, "failed", "EngineCore failed to start", None, _V),
+    _r(V_CORE_FATAL, "rror", "EngineCore encountered a fatal error", None, _V),
+    _r(V_WORKER_FAILED, "failed", "WorkerProc failed to start", None, _V),
+    _r(
+        V_WORKER_DIED,
+        "died unexpectedly",
+        "died unexpectedly",
+        r"Worker proc (\S+) died unexpectedly",
+        _V,
+    ),
+    _r(V_CORE_INIT_FAILED, "failed", "Engine core initialization failed", None, _V),
+    _r(S_SIGQUIT, "failed", "Received sigquit from a child process", None, _S),
+    _r(S_RANK_DEAD, "scheduler is dead", "scheduler is dead", None, _S),
+    _r(S_INIT_FAILED, "failed", "Initialization failed.", None, _S),
+    _r(EXCEPTION, "rror", "Error", r"^(?:[\w.]+\.)?([A-Z]\w*Error)(?::\s*(.*))?$"),
+    # readiness
+    _r(STARTUP_COMPLETE, "startup complete", "Application startup complete", None),
+    _r(S_READY, "server ", "The server is fired up and ready to roll", None, _S),
+)
+
+ANCHORS: Final[tuple[str, ...]] = tuple(dict.fromkeys(rule.anchor for rule in RULES))
+_RULES_BY_ANCHOR: Final = tuple(
+    tuple(rule for rule in RULES if rule.anchor == anchor) for anchor in ANCHORS
+)
