@@ -11,7 +11,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from kvgate.cli import EXIT_BUG
 from kvgate.errors import EvalError, SpecError
@@ -22,11 +22,14 @@ from kvgate.evaluation.gate import (
     build_summary,
     plan_gate,
 )
+from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, LongContextPlan
+from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
 from kvgate.inputs import bounded_int, finite_float
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 
 HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
+_LC_SPEC: Final = "--long-context-tasks"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +92,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
     parser.add_argument("--output", help="per-question JSONL file")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    lc = parser.add_argument_group(
+        "long context", "RULER needle items per context length (docs/long-context.md)"
+    )
+    lc.add_argument(
+        _LC_SPEC,
+        dest="long_context_tasks",
+        help="comma list of niah_single_1, niah_multikey_2, niah_multikey_3 (off by default)",
+    )
+    lc.add_argument(
+        "--max-model-len",
+        type=bounded_int(1, 2**24),
+        help="production --max-model-len: buckets 4096, 8192, ... up to it",
+    )
+    lc.add_argument(
+        "--context-lengths", help="explicit comma list of bucket lengths (instead of 4k..max)"
+    )
+    lc.add_argument(
+        "--long-context-items",
+        type=bounded_int(1, 100_000),
+        default=DEFAULT_ITEMS,
+        help="items per task and bucket",
+    )
+    lc.add_argument(
+        "--long-context-margin",
+        type=finite_float(),
+        default=LC_MARGIN,
+        help="largest tolerated loss per bucket (fraction)",
+    )
+    lc.add_argument(
+        "--recovery-floor",
+        type=finite_float(),
+        default=DEFAULT_RECOVERY,
+        help="candidate score at least this share of control's, per bucket",
+    )
+    lc.add_argument(
+        "--tokenizer", help="the model's tokenizer: a directory, tokenizer.json or a hub repo id"
+    )
 
 
 def _positive(value: int | float | None, field: str) -> None:
@@ -138,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         margin=args.margin,
         confidence=args.confidence,
     )
+    long_context = _long_context_request(args)
     extra: dict[str, Any] = {
         "filter": args.filt,
         "settings": settings.to_dict(),
@@ -173,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
                     keep=_keeper(output),
                     extra=extra,
                 )
+                if long_context is not None:
+                    summary["long_context"] = _run_long_context(
+                        long_context, settings, arms, Path(workdir), args.seed
+                    )
         except EvalError as exc:
             summary = build_summary(
                 plan=plan,
@@ -203,11 +248,138 @@ def run(args: argparse.Namespace) -> int:
             output.close()
     # The operator passes a per-attempt nonce and accepts only a summary that carries it, so a
     # summary-shaped line an arm puts into this log (lm-eval logs error bodies) proves nothing.
+    if long_context is not None:
+        summary.setdefault("long_context", _skipped_block(long_context, summary))
+        summary["overall"] = _overall(summary)
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
     emit(summary)
-    return exit_code if exit_code is not None else EXIT_CODES[Verdict(summary["verdict"])]
+    final = summary["overall"]["verdict"] if long_context is not None else summary["verdict"]
+    return exit_code if exit_code is not None else EXIT_CODES[Verdict(final)]
+
+
+# ---- long context ---------------------------------------------------------------------------
+
+
+def _long_context_request(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The long-context settings, checked before anything is contacted (None: not asked)."""
+    from kvgate.evaluation.long_context import TASKS, context_lengths
+
+    if not args.long_context_tasks:
+        if args.context_lengths or args.max_model_len or args.tokenizer:
+            raise SpecError(_LC_SPEC, "long-context options need --long-context-tasks")
+        return None
+    tasks = [t.strip() for t in args.long_context_tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown:
+        raise SpecError(_LC_SPEC, f"{unknown or tasks} not among {', '.join(TASKS)}")
+    if args.context_lengths:
+        try:
+            lengths = sorted({int(x) for x in args.context_lengths.split(",") if x.strip()})
+        except ValueError:
+            raise SpecError("--context-lengths", "a comma list of integers") from None
+        if not lengths or lengths[0] < 256 or lengths[-1] > 2**24:
+            raise SpecError("--context-lengths", "lengths between 256 and 16777216")
+    elif args.max_model_len:
+        lengths = context_lengths(args.max_model_len)
+    else:
+        raise SpecError(
+            "--max-model-len", "long context needs --max-model-len or --context-lengths"
+        )
+    if not args.tokenizer:
+        raise SpecError("--tokenizer", "long context sizes prompts with the model's tokenizer")
+    plan = LongContextPlan(
+        margin=args.long_context_margin,
+        confidence=args.confidence,
+        recovery_floor=args.recovery_floor,
+    )
+    return {
+        "tasks": tasks,
+        "lengths": lengths,
+        "items": args.long_context_items,
+        "tokenizer": args.tokenizer,
+        "plan": plan,
+    }
+
+
+def _block_header(request: dict[str, Any]) -> dict[str, Any]:
+    from kvgate.evaluation.long_context import BLOCK_KIND
+
+    plan: LongContextPlan = request["plan"]
+    return {
+        "kind": BLOCK_KIND,
+        "verdict": "error",
+        "reason": None,
+        "error": None,
+        "failing_bucket": None,
+        "tasks": request["tasks"],
+        "context_lengths": request["lengths"],
+        "items_per_bucket": request["items"] * len(request["tasks"]),
+        "tokenizer": request["tokenizer"],
+        "margin": plan.margin,
+        "confidence": plan.confidence,
+        "fail_confidence": plan.fail_confidence,
+        "recovery_floor": plan.recovery_floor,
+        "buckets": [],
+    }
+
+
+def _run_long_context(
+    request: dict[str, Any], settings: Any, arms: list[Any], workdir: Path, seed: int
+) -> dict[str, Any]:
+    from kvgate.evaluation.long_context import generate_items, judge, pair_by_length
+    from kvgate.evaluation.long_context_runner import NeedleRunner, load_tokenizer
+
+    block = _block_header(request)
+    try:
+        count = load_tokenizer(request["tokenizer"])
+        items = generate_items(request["tasks"], request["lengths"], request["items"], count, seed)
+        answers = NeedleRunner(settings, arms, workdir, items).run()
+        per_length = pair_by_length(answers["control"], answers["candidate"], len(items))
+        verdict, reason, bucket, rows = judge(per_length, request["plan"])
+    except (EvalError, SpecError) as exc:
+        block["error"] = str(exc)
+        return block
+    except Exception as exc:  # a bug here must not hide the GSM8K result
+        traceback.print_exc(file=sys.stderr)
+        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        return block
+    block.update(verdict=str(verdict), reason=reason, buckets=rows)
+    if verdict is not Verdict.PASS:
+        block["failing_bucket"] = bucket
+    return block
+
+
+def _skipped_block(request: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    block = _block_header(request)
+    block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
+    return block
+
+
+_ORDER: Final = {"pass": 0, "inconclusive": 1, "error": 2, "fail": 3}
+
+
+def _overall(summary: dict[str, Any]) -> dict[str, Any]:
+    """The worst task's verdict, naming the task (and the bucket for long context)."""
+    lc = summary["long_context"]
+    tasks = [
+        {"task": summary["task"], "verdict": summary["verdict"], "reason": summary["reason"]},
+        {
+            "task": "long_context",
+            "verdict": lc["verdict"],
+            "reason": lc["reason"],
+            "bucket": lc["failing_bucket"],
+        },
+    ]
+    worst = max(tasks, key=lambda t: _ORDER[t["verdict"]])
+    return {
+        "verdict": worst["verdict"],
+        "task": worst["task"] if worst["verdict"] != "pass" else None,
+        "reason": worst["reason"] if worst["verdict"] != "pass" else None,
+        "bucket": worst.get("bucket") if worst["verdict"] != "pass" else None,
+        "tasks": tasks,
+    }
 
 
 def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:

@@ -1,0 +1,176 @@
+"""Runs the long-context needle task through lm-eval against both arms, and loads tokenizers.
+
+The items are generated once (`long_context.generate_items`), written to a JSONL file, and
+evaluated by lm-eval's task machinery (a `kvgate_niah` task: dataset `json`, the RULER prompt
+fields, `generate_until` with 128 tokens) with the same strict local-completions model as GSM8K.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.long_context import (
+    TOKENS_TO_GENERATE,
+    NeedleAnswer,
+    answers_from_samples,
+    write_items,
+)
+from kvgate.evaluation.runner import (
+    _DATASET_LOCK,
+    Arm,
+    EvalSettings,
+    _endpoint_errors,
+    _strict_model_classes,
+    writable_cache_environment,
+)
+
+TASK_NAME: Final = "kvgate_niah"
+_UTILS: Final = "from kvgate.evaluation.long_context import process_results  # noqa: F401\n"
+
+
+def load_tokenizer(spec: str) -> Callable[[str], int]:
+    """A token counter from a tokenizer directory, a tokenizer.json, or a hub repo id.
+
+    A repo id downloads only `tokenizer.json` (HF_TOKEN / the rollout's token is honoured by
+    huggingface_hub); tests pass a directory built locally.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:  # pragma: no cover - the eval extra installs it
+        raise SpecError("--tokenizer", "the `tokenizers` package is not installed") from exc
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        if Path(spec).expanduser().exists() or spec.startswith((".", "/")):
+            raise SpecError("--tokenizer", f"{spec}: no tokenizer.json there")
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(spec, "tokenizer.json"))
+        except Exception as exc:  # the hub client raises many kinds; all mean "not had"
+            raise EvalError(f"tokenizer {spec}: cannot download tokenizer.json: {exc}") from exc
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exception on a bad file
+        raise SpecError("--tokenizer", f"{path}: not a tokenizer.json ({exc})") from exc
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    if count("The quick brown fox jumps over the lazy dog.") == 0:
+        raise SpecError("--tokenizer", f"{spec} encodes text to 0 tokens")
+    return count
+
+
+def write_task(items: Sequence[dict[str, Any]], directory: Path) -> None:
+    """The lm-eval task (YAML + its process_results module) and the items it reads."""
+    data = directory / "niah_items.jsonl"
+    write_items(items, data)
+    config = {
+        "task": TASK_NAME,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "output_type": "generate_until",
+        "test_split": "test",
+        "doc_to_text": "{{input}}",
+        "doc_to_target": "{{outputs}}",
+        "gen_prefix": "{{gen_prefix}}",
+        "target_delimiter": " ",
+        "process_results": "__PROCESS__",
+        "metric_list": [{"metric": "score", "aggregation": "mean", "higher_is_better": True}],
+        "generation_kwargs": {
+            "do_sample": False,
+            "temperature": 0.0,
+            "max_gen_toks": TOKENS_TO_GENERATE,
+            "until": [],
+        },
+        "repeats": 1,
+        "metadata": {"version": 1.0, "source": "lm-eval 0.4.13 ruler niah_single_1.yaml"},
+    }
+    text = yaml.safe_dump(config, sort_keys=False)
+    assert "process_results: __PROCESS__\n" in text
+    text = text.replace("__PROCESS__", "!function kvgate_niah_utils.process_results")
+    (directory / f"{TASK_NAME}.yaml").write_text(text, encoding="utf-8")
+    (directory / "kvgate_niah_utils.py").write_text(_UTILS, encoding="utf-8")
+
+
+class NeedleRunner:
+    """Both arms through lm-eval on the same item file, in parallel."""
+
+    def __init__(
+        self,
+        settings: EvalSettings,
+        arms: Sequence[Arm],
+        workdir: Path,
+        items: Sequence[dict[str, Any]],
+    ) -> None:
+        self.settings = settings
+        self.items = items
+        self.workdir = workdir / "niah"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        os.environ.update(writable_cache_environment(os.environ, workdir))
+        write_task(items, self.workdir)
+        self.arms = list(arms)
+        self._errors = _endpoint_errors()
+
+    def _run_arm(self, arm: Arm) -> dict[int, NeedleAnswer]:
+        import lm_eval
+        from lm_eval.tasks import TaskManager, get_task_dict
+
+        strict_completions, _ = _strict_model_classes()
+        s = self.settings
+        model = strict_completions(
+            model=arm.model,
+            base_url=arm.url,
+            tokenizer_backend=None,
+            tokenized_requests=False,
+            num_concurrent=s.concurrency,
+            max_retries=s.max_retries,
+            max_gen_toks=TOKENS_TO_GENERATE,
+            timeout=s.timeout,
+            seed=s.seed,
+        )
+        manager = TaskManager(include_path=str(self.workdir), include_defaults=False)
+        try:
+            with _DATASET_LOCK:
+                task = get_task_dict([TASK_NAME], manager)[TASK_NAME]
+            result = lm_eval.simple_evaluate(
+                model=model,
+                tasks=[task],
+                task_manager=manager,
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=s.seed,
+                numpy_random_seed=s.seed,
+                torch_random_seed=s.seed,
+                fewshot_random_seed=s.seed,
+                verbosity="WARNING",
+            )
+        except self._errors as exc:
+            raise EvalError(
+                f"{arm.name} endpoint {arm.url} failed on the needle task after "
+                f"{s.max_retries} attempts: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+        except OSError as exc:
+            raise EvalError(
+                f"{arm.name} arm: lm-eval could not run the needle task: {exc}"
+            ) from exc
+        if not isinstance(result, dict) or TASK_NAME not in result.get("samples", {}):
+            raise EvalError(f"{arm.name}: lm-eval returned no needle samples")
+        return answers_from_samples(result["samples"][TASK_NAME], arm.name)
+
+    def run(self) -> dict[str, dict[int, NeedleAnswer]]:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-niah") as pool:
+            futures = {arm.name: pool.submit(self._run_arm, arm) for arm in self.arms}
+            wait(futures.values())
+            return {name: future.result() for name, future in futures.items()}
