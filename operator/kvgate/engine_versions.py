@@ -328,9 +328,14 @@ def remedy_for(
     Triton backend, which stores FP8 KV on every GPU kvgate targets, and stop the FlashInfer
     sampler (vLLM: VLLM_USE_FLASHINFER_SAMPLER=0; SGLang: --sampling-backend pytorch), which
     JIT-compiles as well. Without a version there is no remedy: the flag that picks the
-    backend does not exist before vLLM 0.13 and the env variable is ignored from 0.15 on.
+    backend does not exist before vLLM 0.13 and the env variable is ignored from 0.15 on
+    (SGLang's flags are the same in every version, so there it needs none).
     """
-    if finding_code not in REMEDIABLE_CODES or version is None:
+    if finding_code not in REMEDIABLE_CODES:
+        return None
+    if version is None and _engine(engine) == SGLANG:
+        version = _dotted(SGLANG_ROWS[0].since)  # every SGLang version has these flags
+    if version is None:
         return None
     try:
         row = facts_for(engine, version)

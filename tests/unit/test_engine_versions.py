@@ -74,6 +74,12 @@ def test_triton_name_per_version() -> None:
         ),
         ("sglang", "0.5.23", "fp8-unsupported", (("--attention-backend", "triton"), {})),
         ("vllm", None, "attention-build-failed", None),
+        (
+            "sglang",
+            None,
+            "attention-build-failed",
+            (("--attention-backend", "triton", "--sampling-backend", "pytorch"), {}),
+        ),
         ("vllm", "0.33.0", "out-of-memory", None),
     ],
 )

@@ -21,6 +21,7 @@ from kvgate.logs.hints import (
     _WRAPPER_ERRORS,
     _fp8_hint,
     _jit_hint,
+    _remedy,
 )
 from kvgate.logs.model import CODES, ERROR_CODES, Capacity, Event, Finding, LogScan
 from kvgate.logs.rules import _S, _V
@@ -43,6 +44,16 @@ def _normalise_dtype(value: str) -> str:
     if value.startswith("float8_e5m2"):
         return "fp8_e5m2"
     return value
+
+
+def _v0_tokens(blocks: int, concurrency: float, max_len: int) -> int | None:
+    """V0 prints blocks and `blocks * block_size / max_model_len` (vllm/executor/
+    executor_base.py:117 0.10.2) but not the block size: the power of two that fits."""
+    estimate = concurrency * max_len / blocks
+    for block_size in (1, 8, 16, 32, 64, 128, 256):
+        if abs(block_size - estimate) <= max(0.5, 0.01 * block_size):
+            return blocks * block_size
+    return None
 
 
 def _number(text: str | None) -> float | None:
@@ -119,7 +130,7 @@ class _Folder:
         )
 
     def _version(self) -> str | None:
-        for event in self.by_rule(R.V_VERSION, R.V_BANNER):
+        for event in self.by_rule(R.V_VERSION, R.V_BANNER, R.V_VERSION_LOGO):
             if event.groups and event.groups[0]:
                 return event.groups[0].rstrip(".,")
         return None
@@ -133,6 +144,7 @@ class _Folder:
             R.V_DTYPE_CONFIG: 2,
             R.V_DTYPE_ARGS: 2,
             R.S_DTYPE_ARGS: 2,
+            R.S_DTYPE_DICT: 2,
             R.V_DTYPE_USING: 1,
         }
         best: tuple[int, int, str, Event] | None = None
@@ -200,7 +212,7 @@ class _Folder:
                 name, rank = "triton", 3
             elif event.rule == R.V_BLOCK_SIZE_PRECLUDED:
                 name, rank = groups[1], 3
-            elif event.rule == R.S_BACKEND_ARGS:
+            elif event.rule in {R.S_BACKEND_ARGS, R.S_BACKEND_DICT}:
                 name, rank = groups[0], 1
             if name is None:
                 continue
@@ -262,8 +274,9 @@ class _Folder:
                 text=f"FP8 KV cache: FLASH_ATTN is not valid on this GPU, vLLM chose {backend} "
                 f"(candidates: {', '.join(candidates)})",
                 hint="A BF16 control most likely runs FLASH_ATTN, so the arms differ in backend. "
-                "FlashInfer JIT-compiles FP8 kernels on first start (needs nvcc and ninja); pin "
-                "--attention-backend TRITON_ATTN if that fails or is too slow.",
+                "FlashInfer JIT-compiles FP8 kernels on first start (needs nvcc and ninja); set "
+                f"{_remedy(self.engine, version, 'attention-build-failed')} if that fails or "
+                "is too slow.",
             )
         elif (
             event.rule == R.V_BACKEND_V1
@@ -310,10 +323,12 @@ class _Folder:
             R.S_SCALE_UNSUPPORTED,
         )
         for event in self.by_rule(*fp8_rules):
-            self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine))
+            self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine, version))
         for event in self.by_rule(R.V_BACKEND_INVALID, R.V_NO_VALID_BACKEND):
             if "kv_cache_dtype" in event.text or "FP8" in event.text:
-                self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine))
+                self.add(
+                    "fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine, version)
+                )
             else:
                 self.add(
                     "engine-start-failed",
@@ -411,6 +426,7 @@ class _Folder:
         memory: float | None = None
         max_len: int | None = None
         blocks: int | None = None
+        v0_blocks = False
         anchor: Event | None = None
         for event in self.events:
             g = event.groups
@@ -424,8 +440,13 @@ class _Folder:
             elif event.rule == R.V_CONCURRENCY:
                 max_len, concurrency = _integer(g[0]), _number(g[1])
                 anchor = anchor or event
+            elif event.rule == R.V_V0_KV_MEMORY:
+                value = _number(g[0])
+                memory = value if memory is None or value is None else min(memory, value)
+                anchor = anchor or event
             elif event.rule in {R.V_V0_BLOCKS, R.V_NUM_GPU_BLOCKS}:
                 blocks = _integer(g[0])
+                v0_blocks = event.rule == R.V_V0_BLOCKS
                 anchor = anchor or event
             elif event.rule == R.S_POOL:
                 _, n, k_gb, v_gb, kv_gb = g
@@ -442,6 +463,8 @@ class _Folder:
                 tokens, max_len, anchor = _integer(g[0]), _integer(g[1]), event
                 if tokens and max_len:
                     concurrency = round(tokens / max_len, 2)  # SGLang prints no such line
+        if tokens is None and v0_blocks and blocks and concurrency and max_len:
+            tokens = _v0_tokens(blocks, concurrency, max_len)
         capacity = Capacity(tokens, concurrency, memory, max_len, blocks)
         return capacity, anchor
 

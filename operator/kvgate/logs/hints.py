@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from kvgate import engine_versions
 from kvgate.logs import rules as R
 from kvgate.logs.rules import _S, _V
 
@@ -26,6 +27,10 @@ _INVALID_DTYPE_RULES: Final = (
 )
 _WRAPPER_ERRORS: Final = ("Engine core initialization failed", "Initialization failed")
 
+# vLLM warns only for a quantized checkpoint without k/v scales: a plain BF16 checkpoint with
+# --kv-cache-dtype fp8 runs at scale 1.0 without any warning, so a missing warning does not
+# mean scales loaded (check the checkpoint scan). SGLang's warning fires whenever
+# --quantization-param-path is absent, even when checkpoint scales are loaded (sglang#31224).
 _HINT_SCALE_DEFAULT_V: Final = (
     "The checkpoint has no k/v scales, so FP8 KV uses scale 1.0 (values beyond ±448 saturate). "
     "Prefer a checkpoint with calibrated k_scale/v_scale (ModelOpt, llm-compressor); "
@@ -60,27 +65,33 @@ _HINT_INVALID_DTYPE: Final = {
 }
 
 
-def _jit_hint(engine: str | None, version: tuple[int, ...] | None) -> str:
-    if engine == _S:
-        return (
-            "FlashInfer could not JIT-compile its FP8 KV kernels (no nvcc/ninja in the image; "
-            "the L4 trap). Set --attention-backend triton, or use an image with the CUDA "
-            "toolkit or a matching flashinfer-jit-cache."
-        )
-    if version is not None and version < (0, 11):
-        backend = "VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1"
-    elif version is not None and version < (0, 13):
-        backend = "VLLM_ATTENTION_BACKEND=TRITON_ATTN"
-    else:
-        backend = "--attention-backend TRITON_ATTN"
+def _version_text(version: tuple[int, ...] | None) -> str | None:
+    return ".".join(str(p) for p in version) if version is not None else None
+
+
+def _remedy(engine: str | None, version: tuple[int, ...] | None, code: str) -> str:
+    """The remedy of kvgate.engine_versions for this version, or each version range's."""
+    text = engine_versions.remedy_text(engine, _version_text(version), code)
+    if text or engine != _V:
+        return text
+    # Version unknown: name the remedy of every vLLM range; none fits them all.
     return (
-        "FlashInfer could not JIT-compile its FP8 KV kernels (no nvcc/ninja in the image; the "
-        f"L4 trap). Set {backend} and VLLM_USE_FLASHINFER_SAMPLER=0, or use an image with the "
-        "CUDA toolkit or a matching flashinfer-jit-cache."
+        "on vLLM 0.10 VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1, on 0.11-0.12 "
+        "VLLM_ATTENTION_BACKEND=TRITON_ATTN, on 0.13+ --attention-backend TRITON_ATTN "
+        "(each with VLLM_USE_FLASHINFER_SAMPLER=0)"
     )
 
 
-def _fp8_hint(rule: str, engine: str | None) -> str:
+def _jit_hint(engine: str | None, version: tuple[int, ...] | None) -> str:
+    remedy = _remedy(engine or _V, version, "attention-build-failed")
+    return (
+        "FlashInfer could not JIT-compile its FP8 KV kernels (no nvcc/ninja in the image; the "
+        f"L4 trap). Set {remedy}, or use an image with the CUDA toolkit or a matching "
+        "flashinfer-jit-cache."
+    )
+
+
+def _fp8_hint(rule: str, engine: str | None, version: tuple[int, ...] | None = None) -> str:
     if rule == R.TRITON_FP8E4NV:
         return (
             "Triton has no e4m3 on this GPU (needs SM 8.9+): use --kv-cache-dtype fp8_e5m2, "
@@ -90,9 +101,10 @@ def _fp8_hint(rule: str, engine: str | None) -> str:
         return "The checkpoint's KV/Q scales are not per-tensor; vLLM needs one scalar per layer."
     if rule == R.S_SCALE_UNSUPPORTED:
         return "This model class cannot load KV scales: drop --quantization-param-path."
+    remedy = _remedy(engine or _V, version, "fp8-unsupported")
     if engine == _S:
-        return "Use --kv-cache-dtype fp8_e4m3 with the flashinfer or triton attention backend."
+        return f"Use --kv-cache-dtype fp8_e4m3 and {remedy}."
     return (
-        "This GPU/backend cannot store an FP8 KV cache: use --attention-backend TRITON_ATTN "
-        "(or FLASHINFER); FLASH_ATTN stores FP8 KV only with FA3 on Hopper (FA4 on Blackwell)."
+        f"This GPU/backend cannot store an FP8 KV cache: set {remedy}; FLASH_ATTN stores FP8 "
+        "KV only with FA3 on Hopper (FA4 on Blackwell)."
     )

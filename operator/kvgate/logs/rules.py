@@ -84,6 +84,10 @@ V_V0_BLOCKS: Final = "v.v0_blocks"
 V_V0_FALLBACK: Final = "v.v0_fallback"
 V_V1_ENV_FP8: Final = "v.v1_env_fp8"
 V_VERSION: Final = "v.version"
+V_VERSION_LOGO: Final = "v.version.logo"
+V_V0_KV_MEMORY: Final = "v.v0_kv_memory"
+S_DTYPE_DICT: Final = "s.dtype.dict"
+S_BACKEND_DICT: Final = "s.backend.dict"
 V_WORKER_DIED: Final = "v.worker_died"
 V_WORKER_FAILED: Final = "v.worker_failed"
 
@@ -118,8 +122,26 @@ RULES: Final[tuple[_Rule, ...]] = (
     ),
     _r(V_VERSION, "server ", "vLLM server version ", r"vLLM server version v?([\w.+-]+?),? ", _V),
     _r(V_BANNER, "ache", " LLM engine (v", r"LLM engine \(v([\w.+-]+)\) with config", _V),
-    _r(V_DTYPE_CONFIG, "ache", "kv_cache_dtype=", r"\bkv_cache_dtype=([\w.]+)", _V),
-    _r(V_DTYPE_ARGS, "ache", "'kv_cache_dtype': '", r"'kv_cache_dtype': '([\w.]+)'", _V),
+    # vLLM >= 0.15 prints its version only in the ASCII logo (vllm/entrypoints/utils.py:307 in
+    # 0.15.0, entrypoints/common/startup.py in 0.33.0): ` ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.15.0`
+    _r(V_VERSION_LOGO, "█  version ", "█  version ", r"█  version v?([\w.+-]+)", _V),
+    # the banner's `kv_cache_dtype=fp8`; not FlashInfer's own `kv_cache_dtype=torch.float8_e4m3fn`
+    # (vllm 0.33.0 vllm/v1/attention/backends/flashinfer.py:1107), which is the torch dtype
+    _r(V_DTYPE_CONFIG, "ache", "kv_cache_dtype=", r"\bkv_cache_dtype=(?!torch\.)([\w.]+)", _V),
+    # `non-default args: {...}` (vllm/entrypoints/utils.py:328 0.10.2); SGLang 0.5.23's
+    # `server_args={...}` dict has the same key and is its own rule
+    _r(V_DTYPE_ARGS, "non-default args: ", "non-default args: ", r"'kv_cache_dtype': '([\w.]+)'", _V),
+    # SGLang 0.5.23: `server_args={'kv_cache_dtype': 'fp8_e4m3', 'attention_backend': 'triton'}`
+    # (sglang/srt/entrypoints/engine.py:311, a dict of ServerArgs.resolved_dict())
+    _r(S_DTYPE_DICT, "ache", "server_args={", r"'kv_cache_dtype': '([\w.]+)'", _S),
+    _r(
+        S_BACKEND_DICT,
+        "server_args={",
+        "server_args={",
+        r"'attention_backend': (?:'(\w+)'|None)",
+        _S,
+    ),
+    _r(S_SKIP_WARMUP, "server_args={", "'skip_server_warmup': True", None, _S),
     _r(
         V_DTYPE_USING,
         "ache",
@@ -315,6 +337,14 @@ RULES: Final[tuple[_Rule, ...]] = (
         "concurrency for",
         "Maximum concurrency for ",
         r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
+        _V,
+    ),
+    # V0 (vLLM 0.10 after the FP8 fallback), vllm/worker/worker.py:287 0.10.2
+    _r(
+        V_V0_KV_MEMORY,
+        "ache",
+        "the rest of the memory reserved for KV Cache is ",
+        r"reserved for KV Cache is (-?[\d.]+)GiB",
         _V,
     ),
     _r(

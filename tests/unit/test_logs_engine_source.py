@@ -1,0 +1,202 @@
+"""kvgate.logs over startup logs rendered from the engines' own format strings.
+
+tests/data/engine-source/*.log come from tests/fixtures_from_wheels.py: every log line is
+preceded by `#: <wheel> <file>:<line>`, the string it was rendered from.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvgate import logs
+
+DATA = Path(__file__).parents[1] / "data" / "engine-source"
+
+# file -> engine, version, dtype, backend, (kv_tokens, max_concurrency, kv_memory_gib),
+#         ready, failed, codes that must be present
+EXPECTED: dict[str, tuple[object, ...]] = {
+    "vllm-0.10.2-fp8-v0-fallback-ready": (
+        "vllm",
+        "0.10.2",
+        "fp8",
+        "XFORMERS",
+        (2654 * 16, 10.37, 3.24),
+        True,
+        False,
+        {"fp8-kv-enabled", "attention-backend-fallback", "kv-scale-default", "ready"},
+    ),
+    "vllm-0.10.2-triton-attn-invalid": (
+        "vllm",
+        "0.10.2",
+        "auto",
+        None,
+        (None, None, None),
+        False,
+        True,
+        {"engine-start-failed"},
+    ),
+    "vllm-0.11.0-fp8-triton-ready": (
+        "vllm",
+        "0.11.0",
+        "fp8",
+        "TRITON_ATTN",
+        (80368, 19.62, 5.52),
+        True,
+        False,
+        {"fp8-kv-enabled", "attention-backend-fallback", "kv-scale-default", "ready"},
+    ),
+    "vllm-0.15.0-fp8-flashinfer-ready": (
+        "vllm",
+        "0.15.0",
+        "fp8",
+        "FLASHINFER",
+        (80080, 19.55, 5.5),
+        True,
+        False,
+        {"fp8-kv-enabled", "attention-backend-fallback", "uncalibrated-q-scale", "ready"},
+    ),
+    "vllm-0.15.0-fp8-flashinfer-jit-failed": (
+        "vllm",
+        "0.15.0",
+        "fp8",
+        "FLASHINFER",
+        (None, None, None),
+        False,
+        True,
+        {"fp8-kv-enabled", "attention-build-failed", "engine-start-failed"},
+    ),
+    "vllm-0.15.0-fp8-flash-attn-refused": (
+        "vllm",
+        "0.15.0",
+        "fp8",
+        None,
+        (None, None, None),
+        False,
+        True,
+        {"fp8-unsupported"},
+    ),
+    "vllm-0.33.0-fp8-flashinfer-ready": (
+        "vllm",
+        "0.33.0",
+        "fp8",
+        "FLASHINFER",
+        (80080, 19.55, 5.5),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-default", "ready"},
+    ),
+    "sglang-0.4.10.post2-fp8-tp2-ready": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "flashinfer",
+        (454112, 11.09, 6.92),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-default", "ready"},
+    ),
+    "sglang-0.5.3-fp8-tp2-ready": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "flashinfer",
+        (454112, 11.09, 6.92),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-default", "ready"},
+    ),
+    "sglang-0.5.10-fp8-ready": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "flashinfer",
+        (454112, 11.09, 6.92),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-default", "ready"},
+    ),
+    "sglang-0.5.23-fp8-ready": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "flashinfer",
+        (454112, 11.09, 6.92),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-default", "ready"},
+    ),
+    "sglang-0.5.23-fp8-triton-crash": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "triton",
+        (None, None, None),
+        False,
+        True,
+        {"fp8-kv-enabled", "engine-start-failed"},
+    ),
+}
+
+
+def _log(name: str) -> str:
+    return "".join(
+        line
+        for line in (DATA / f"{name}.log").read_text().splitlines(keepends=True)
+        if not line.startswith("#:")
+    )
+
+
+def test_every_fixture_is_expected() -> None:
+    assert {p.stem for p in DATA.glob("*.log")} == set(EXPECTED)
+
+
+def test_every_log_line_names_its_source() -> None:
+    for path in DATA.glob("*.log"):
+        lines = path.read_text().splitlines()
+        assert lines[0].startswith("#: engine=")
+        previous = lines[0]
+        for line in lines[1:]:
+            if not line.startswith("#:") and previous.startswith("#:") and "lines)" not in previous:
+                assert re.match(r"#: \S+\.whl \S+\.py:\d+", previous), (path.name, previous)
+            previous = line if line.startswith("#:") or "lines)" not in previous else previous
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("engine", ["given", "detected"])
+def test_scan(name: str, engine: str) -> None:
+    want_engine, version, dtype, backend, capacity, ready, failed, codes = EXPECTED[name]
+    scan = logs.scan_log(_log(name), engine=str(want_engine) if engine == "given" else None)
+    cap = scan.capacity
+    assert (scan.engine, scan.engine_version, scan.kv_cache_dtype) == (want_engine, version, dtype)
+    assert scan.attention_backend == backend
+    assert (cap.kv_tokens, cap.max_concurrency, cap.kv_memory_gib) == capacity
+    assert (scan.ready, scan.failed) == (ready, failed)
+    assert set(codes) <= set(scan.codes()), scan.codes()
+
+
+def test_v0_capacity_is_blocks_times_block_size() -> None:
+    scan = logs.scan_log(_log("vllm-0.10.2-fp8-v0-fallback-ready"))
+    assert (scan.capacity.num_gpu_blocks, scan.capacity.max_model_len) == (2654, 4096)
+
+
+def test_remedies_fit_the_version() -> None:
+    hint_010 = logs.scan_log(_log("vllm-0.10.2-triton-attn-invalid")).to_dict()
+    assert hint_010["engine_version"] == "0.10.2"
+    jit = logs.scan_log(_log("vllm-0.15.0-fp8-flashinfer-jit-failed")).finding(
+        "attention-build-failed"
+    )
+    assert jit is not None and "--attention-backend TRITON_ATTN" in jit.hint
+    assert "VLLM_ATTENTION_BACKEND" not in jit.hint  # ignored from 0.15 on
+    refused = logs.scan_log(_log("vllm-0.15.0-fp8-flash-attn-refused")).finding("fp8-unsupported")
+    assert refused is not None and "--attention-backend TRITON_ATTN" in refused.hint
+    old = logs.scan_log(_log("vllm-0.10.2-fp8-v0-fallback-ready").replace("FP8 KV cache.", "x"))
+    assert old.engine_version == "0.10.2"
+
+
+def test_sglang_dict_line_is_not_read_as_vllm() -> None:
+    scan = logs.scan_log(_log("sglang-0.5.23-fp8-triton-crash"))
+    assert scan.engine == "sglang"
+    assert scan.finding("fp8-kv-enabled") is not None
