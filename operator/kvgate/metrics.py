@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypedDict, TypeGuard, cast
+from typing import Any, Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -685,3 +685,83 @@ def pool_pressure_across_replicas(
         pressured = None
     detail = "; ".join(f"{replica}: {' '.join(r.reasons)}" for replica, r in results.items())
     return pressured, detail or "no samples", results
+
+
+# -- log / metrics cross-check -------------------------------------------------------------------
+
+# Spellings of one KV dtype: vLLM's `fp8` is e4m3 on CUDA; `auto` on a BF16 model is 16-bit.
+_DTYPE_CLASSES: Final[Mapping[str, str]] = {
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2",
+    "torch.float8_e5m2": "fp8_e5m2",
+    "auto": "16-bit",
+    "bf16": "16-bit",
+    "bfloat16": "16-bit",
+    "float16": "16-bit",
+    "fp16": "16-bit",
+    "half": "16-bit",
+    "torch.bfloat16": "16-bit",
+    "torch.float16": "16-bit",
+}
+# Relative difference of KV tokens between log and metrics that is still the same pool.
+CAPACITY_TOLERANCE: Final = 0.01
+
+
+def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
+    """Disagreements between a startup log scan (`kvgate.logs.LogScan`) and `/metrics`.
+
+    Returns `kvgate.logs.Finding`s, severity `error` (the gate should fail closed):
+    `log-metrics-dtype-mismatch` (the log's KV dtype and `cache_config_info{cache_dtype}`
+    name different dtypes), `log-metrics-capacity-mismatch` (KV tokens differ by more than
+    CAPACITY_TOLERANCE) and `log-metrics-blocks-mismatch` (`num_gpu_blocks` differ). A value
+    missing on either side is no disagreement: nothing to compare.
+    """
+    from kvgate.logs.model import Finding
+
+    findings: list[Finding] = []
+    log_dtype, metric_dtype = scan.kv_cache_dtype, snapshot.kv_cache_dtype
+    if log_dtype and metric_dtype:
+        a = _DTYPE_CLASSES.get(log_dtype.lower(), log_dtype.lower())
+        b = _DTYPE_CLASSES.get(metric_dtype.lower(), metric_dtype.lower())
+        if a != b:
+            findings.append(
+                Finding(
+                    "log-metrics-dtype-mismatch",
+                    "error",
+                    0,
+                    f"startup log says kv_cache_dtype={log_dtype}, /metrics cache_config_info "
+                    f"says cache_dtype={metric_dtype}",
+                    "The pod does not run the dtype one source claims: do not trust this arm.",
+                )
+            )
+    log_tokens, metric_tokens = scan.capacity.kv_tokens, snapshot.kv_capacity_tokens
+    tolerance = CAPACITY_TOLERANCE * max(log_tokens or 0, metric_tokens or 0)
+    if log_tokens and metric_tokens and abs(log_tokens - metric_tokens) > tolerance:
+        findings.append(
+            Finding(
+                "log-metrics-capacity-mismatch",
+                "error",
+                0,
+                f"startup log says {log_tokens:,} KV tokens, /metrics {metric_tokens:,}",
+                "Log and metrics describe different KV pools (another pod, a restart, or "
+                "a DP rank): compare the same process.",
+            )
+        )
+    log_blocks = scan.capacity.num_gpu_blocks
+    metric_blocks = snapshot.cache_config.get("num_gpu_blocks")
+    if log_blocks is not None and _is_count(metric_blocks) and int(metric_blocks) != log_blocks:
+        findings.append(
+            Finding(
+                "log-metrics-blocks-mismatch",
+                "error",
+                0,
+                f"startup log says {log_blocks:,} GPU blocks, /metrics num_gpu_blocks="
+                f"{metric_blocks}",
+                "Log and metrics describe different KV pools.",
+            )
+        )
+    return tuple(findings)
