@@ -263,14 +263,10 @@ def _sglang_server_args_repr(wheels: Wheels, key: str, overrides: dict[str, Any]
                     value = None
             fields.append(f"{name}={value!r}")
     src = wheels.find(key, "sglang/srt/entrypoints/engine.py", "server_args=")
-    name = src.path.rsplit("/", 1)[-1]
     return [
         f"#: {WHEELS[key]} {src.path}:{src.line} + {path}:{cls.lineno} (class ServerArgs fields, "
         "defaults via literal_eval, non-literal defaults as None)",
-        f"[2025-10-06 10:00:00] server_args=ServerArgs({', '.join(fields)})".replace(
-            "[2025", "[2025", 1
-        )
-        + ("" if name else ""),
+        f"[2025-10-06 10:00:00] server_args=ServerArgs({', '.join(fields)})",
     ]
 
 

@@ -550,7 +550,7 @@ def test_rewrite_validates_the_dtype_for_the_target_version() -> None:
     spec = container(["vllm", "serve", "M"])
     spec["image"] = "vllm/vllm-openai:v0.10.2"
     with pytest.raises(
-        SpecError, match="'bfloat16' is not a --kv-cache-dtype value of vllm 0.10.2"
+        SpecError, match=r"'bfloat16' is not a --kv-cache-dtype value of vllm 0\.10\.2"
     ):
         rewrite_container(spec, kv_cache_dtype="bfloat16")
     spec["image"] = "vllm/vllm-openai:v0.11.0"
