@@ -142,3 +142,35 @@ def sim(tmp_path: Path) -> Iterator[Callable[..., SimProcess]]:
             except subprocess.TimeoutExpired:
                 engine.proc.kill()
                 engine.proc.wait(timeout=10)
+
+
+GSM8K_DIR = Path(
+    os.environ.get("KVGATE_GSM8K_DIR") or REPO.parent / "shared" / "data" / "gsm8k"
+).resolve()
+
+
+@pytest.fixture(scope="session")
+def local_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer trained on the GSM8K train set, saved as a tokenizer directory
+    (tokenizer.json) in a temp dir: what `--tokenizer` loads, with nothing downloaded."""
+    tokenizers = pytest.importorskip("tokenizers")
+    import json
+
+    rows = [
+        json.loads(line)
+        for line in (GSM8K_DIR / "train.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=4000,
+        special_tokens=["[UNK]"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((r["question"] + "\n" + r["answer"] for r in rows), trainer)
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tok.save(str(directory / "tokenizer.json"))
+    return directory

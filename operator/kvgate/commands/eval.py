@@ -346,7 +346,7 @@ def _run_long_context(
         block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
         return block
     block.update(verdict=str(verdict), reason=reason, buckets=rows)
-    if verdict is not Verdict.PASS:
+    if str(verdict) != "pass":
         block["failing_bucket"] = bucket
     return block
 
