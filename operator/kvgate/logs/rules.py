@@ -130,7 +130,13 @@ RULES: Final[tuple[_Rule, ...]] = (
     _r(V_DTYPE_CONFIG, "ache", "kv_cache_dtype=", r"\bkv_cache_dtype=(?!torch\.)([\w.]+)", _V),
     # `non-default args: {...}` (vllm/entrypoints/utils.py:328 0.10.2); SGLang 0.5.23's
     # `server_args={...}` dict has the same key and is its own rule
-    _r(V_DTYPE_ARGS, "non-default args: ", "non-default args: ", r"'kv_cache_dtype': '([\w.]+)'", _V),
+    _r(
+        V_DTYPE_ARGS,
+        "non-default args: ",
+        "non-default args: ",
+        r"'kv_cache_dtype': '([\w.]+)'",
+        _V,
+    ),
     # SGLang 0.5.23: `server_args={'kv_cache_dtype': 'fp8_e4m3', 'attention_backend': 'triton'}`
     # (sglang/srt/entrypoints/engine.py:311, a dict of ServerArgs.resolved_dict())
     _r(S_DTYPE_DICT, "ache", "server_args={", r"'kv_cache_dtype': '([\w.]+)'", _S),
