@@ -6,6 +6,7 @@ the operator runs is here.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -37,6 +38,8 @@ class OperatorConfig:
     # KVGATE_EVAL_WRITABLE_TMP: an emptyDir at /tmp in the eval Job (its root filesystem is
     # read-only). Off only where pods share the host filesystem (the project's test kubelet).
     eval_writable_tmp: bool = True
+    # KVGATE_MODEL_DIRS (os.pathsep-separated): the only places a local spec.model.name may be
+    model_dirs: tuple[str, ...] = ()
     # KVGATE_EXTRA_ALLOWED_ARGS / KVGATE_EXTRA_ALLOWED_ENV (comma lists; env entries may end
     # in `*` for a prefix): what rollouts may set beyond kvgate.policy's built-in lists. The
     # denylist the CRD enforces cannot be extended.
@@ -58,6 +61,9 @@ class OperatorConfig:
             eval_image=_image(environ, "KVGATE_EVAL_IMAGE", d.eval_image),
             eval_service_account=_name(environ, "KVGATE_EVAL_SERVICE_ACCOUNT"),
             eval_writable_tmp=_bool(environ, "KVGATE_EVAL_WRITABLE_TMP", d.eval_writable_tmp),
+            model_dirs=tuple(
+                p for p in (environ.get("KVGATE_MODEL_DIRS") or "").split(os.pathsep) if p
+            ),
             allowlist=_allowlist(environ),
             eval_concurrency=_int(environ, "KVGATE_EVAL_CONCURRENCY", d.eval_concurrency, 1),
             poll_interval_s=_float(environ, "KVGATE_POLL_INTERVAL", d.poll_interval_s, 0.1),

@@ -134,10 +134,18 @@ def reverted(
 
 
 def revert(
-    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+    live: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    view: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The live container's command/args/env with kvgate's edits taken out, all else kept."""
-    found, env_found, _ = _present(live, previous, candidate)
+    """The live container's command/args/env with kvgate's edits taken out, all else kept.
+
+    `view` is the live container as `previous` and `candidate` record it (secret values
+    fingerprinted token for token): kvgate's edits are located in it, and taken out of `live`.
+    """
+    found, env_found, _ = _present(view if view is not None else live, previous, candidate)
     out = {k: copy.deepcopy(live[k]) for k in FIELDS if k in live}
     for key in ("command", "args"):
         edits = sorted(((e, s) for e, s in found if e.field == key), key=lambda es: -es[1].start)

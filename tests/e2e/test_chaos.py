@@ -36,10 +36,15 @@ from test_operator_support import (
     wait_deployment_ready,
 )
 
+from kvgate.config import OperatorConfig
+from kvgate.manifests import candidate_container
+from kvgate.model import RolloutSpec
+
 pytestmark = pytest.mark.e2e
 
 KILLS = int(os.environ.get("KVGATE_CHAOS_KILLS") or 50)
 BUDGET_S = float(os.environ.get("KVGATE_CHAOS_BUDGET") or 1500)
+ALLOW = OperatorConfig.from_env({"KVGATE_EXTRA_ALLOWED_ENV": "KVGATE_SIM_*"}).allowlist
 GUARDED = ("image", "command", "args", "env")
 TRITON = ["--attention-backend", "TRITON_ATTN"]
 # Promoted pods of a "revert" rollout crash after this many requests; the eval sends the
@@ -173,11 +178,13 @@ def test_sigkill_at_random_moments_never_leaves_production_half_changed(
                 if phase not in TERMINAL:
                     violations.append(f"{ns}/{name}: not ended ({phase}: {status.get('message')})")
                 elif phase == "Promoted":
-                    candidate = {
-                        **{"image": original[name]["image"]},
-                        **(status.get("candidate") or {}),
-                    }
-                    if live != candidate:
+                    # The candidate derived from the spec (status holds only fingerprints).
+                    spec = RolloutSpec.from_dict(obj["spec"], allow=ALLOW)
+                    dep = get(cluster, ns, "deployment", name) or {}
+                    expected = _guarded(
+                        candidate_container(spec, {**container_of(dep), **original[name]})
+                    )
+                    if live != expected:
                         violations.append(f"{ns}/{name}: Promoted but not on the candidate: {live}")
                 elif live != original[name]:
                     violations.append(f"{ns}/{name}: {phase} but changed: {live}")

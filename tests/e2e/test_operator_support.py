@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +88,8 @@ class Operator:
             # the tests' own files.
             "KVGATE_EVAL_WRITABLE_TMP": "0",
             "KVGATE_DRIFT_INTERVAL": "2",
+            # Local checkpoints the tests write live under the temp dir.
+            "KVGATE_MODEL_DIRS": tempfile.gettempdir(),
             # A short Lease, so a replacement for a SIGKILLed operator leads within seconds.
             "KVGATE_LEASE_DURATION": "4",
             "KVGATE_LEASE_RENEW_DEADLINE": "3",

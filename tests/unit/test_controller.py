@@ -21,9 +21,10 @@ import kopf
 import pytest
 from fake_cluster import METRICS, Crash, FakeKube, deployment
 
-from kvgate import promotion
+from kvgate import manifests, promotion
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
+from kvgate.model import RolloutSpec
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
 LOG = logging.getLogger("test-controller")
@@ -124,8 +125,10 @@ class World:
         return {k: v for k, v in self.kube.container().items() if k in promotion.GUARDED}
 
     def candidate(self) -> dict[str, Any]:
-        status = self.obj["status"]
-        return {**{k: v for k, v in self.original.items() if k == "image"}, **status["candidate"]}
+        """The evaluated container with the rollout's change, derived here from the spec."""
+        spec = RolloutSpec.from_dict(self.obj["spec"])
+        wanted = manifests.candidate_container(spec, self.original)
+        return {k: v for k, v in wanted.items() if k in promotion.GUARDED}
 
     def assert_invariant(self) -> None:
         live = self.config_now()
@@ -433,3 +436,64 @@ def test_a_forged_last_line_without_the_nonce_never_promotes(
     end = world.run(steps=400)
     assert end == "RolledBack" and world.obj["status"]["reason"] == "EvalError"
     world.assert_invariant()
+
+
+def test_status_and_events_hold_no_literal_env_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN production env with a literal credential and an --api-key flag
+    world = World(monkeypatch)
+    world.kube.edit_container(
+        "vllm",
+        args=[*world.original["args"], "--api-key", "sk-live-0123456789abcdef"],
+        env=[*world.original["env"], {"name": "HF_TOKEN", "value": "hf_secretsecretsecret"}],
+    )
+    world.original = copy.deepcopy(world.kube.container())
+    assert world.run() == "Promoted"
+    world.assert_invariant()  # the patch kept the real values in the Deployment
+    text = json.dumps(world.obj["status"]) + json.dumps(world.events)
+    for secret in ("sk-live-0123456789abcdef", "hf_secretsecretsecret", "/cache"):
+        assert secret not in text
+    assert "sha256:" in json.dumps(world.obj["status"]["previous"])
+
+
+def test_an_edited_status_candidate_is_not_what_gets_patched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN someone who may write kvcacherollouts/status puts LD_PRELOAD into status.candidate
+    world = World(monkeypatch)
+
+    def tamper(w: World) -> None:
+        status = w.obj.get("status") or {}
+        if status.get("phase") == "Promoting" and "candidate" in status:
+            env = [e for e in status["candidate"].get("env") or [] if e["name"] != "LD_PRELOAD"]
+            status["candidate"]["env"] = [*env, {"name": "LD_PRELOAD", "value": "/tmp/x.so"}]
+
+    world.before_reconcile = tamper
+    end = world.run(steps=400)
+    assert end != "Promoted"
+    assert all(e["name"] != "LD_PRELOAD" for e in world.kube.container()["env"])
+    world.assert_invariant()
+
+
+@pytest.mark.parametrize(
+    ("name", "dirs", "allowed"),
+    [
+        ("/proc/self/environ", ("/models",), False),
+        ("/models/../proc/self/environ", ("/models",), False),
+        ("/models/qwen", ("/models",), True),
+        ("/modelsX/qwen", ("/models",), False),
+        ("/models/qwen", (), False),
+    ],
+)
+def test_local_models_only_under_the_operator_mounts(
+    name: str, dirs: tuple[str, ...], allowed: bool
+) -> None:
+    from kvgate.controller import observe
+
+    assert observe.under_model_dirs(name, dirs) is allowed
+
+
+def test_a_model_path_outside_the_mounts_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch, model={"name": "/proc/self/environ"})
+    world.run()
+    finding = world.obj["status"]["preflight"]["checkpoint"]["finding"]
+    assert "KVGATE_MODEL_DIRS" in finding and "environ" not in finding

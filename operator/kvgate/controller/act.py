@@ -22,6 +22,7 @@ from kvgate.controller.context import (
     leftover_child,
     live_container,
     owned,
+    status_view,
     target_deployment,
 )
 from kvgate.controller.observe import (
@@ -230,9 +231,13 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
     if dep is None or found is None:
         raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
     index, live = found
-    if promotion.differences(evaluated_container(ctx), live):
+    if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
         raise KubeError("the Deployment changed since the evaluation; not patching")
-    wanted = ctx.status.get("candidate") or {}
+    # What is patched is derived again from the spec and the live container (equal to the
+    # evaluated one), never taken from status, which holds fingerprints and may be edited.
+    wanted = manifests.container_config(manifests.candidate_container(ctx.spec, live))
+    if status_view(ctx, wanted) != (ctx.status.get("candidate") or {}):
+        raise KvgateError("the candidate derived now differs from the evaluated one; not patching")
     ops = promotion.patch_ops(index, live, wanted)
     if not ops:
         raise KvgateError("the candidate equals the evaluated container: nothing to promote")
@@ -264,7 +269,8 @@ def revert_target(ctx: Ctx, step: Step) -> None:
         return  # the observation says why; nothing to patch
     index, live = found
     previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
-    ops = promotion.patch_ops(index, live, promotion.revert(live, previous, candidate))
+    target = promotion.revert(live, previous, candidate, view=status_view(ctx, live))
+    ops = promotion.patch_ops(index, live, target)
     if not ops:
         return
     revert = dict(ctx.status.get("revert") or {})
@@ -272,7 +278,7 @@ def revert_target(ctx: Ctx, step: Step) -> None:
     revert["lastAttemptAt"] = iso(ctx.now)
     try:
         ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
-        revert.pop("lastError", None)
+        revert["lastError"] = None  # a merge patch: null removes the field
     except ExternalError as exc:
         REVERT_FAILURES.labels(ctx.namespace, ctx.name).inc()
         revert["lastError"] = describe(exc)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import manifests, promotion, verdict
+from kvgate import manifests, promotion, redact, verdict
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
 from kvgate.model import (
@@ -178,15 +178,31 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
         return LiveTarget(exists=True, container_found=False)
     _, live = found
     previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
-    evaluated = evaluated_container(ctx)
-    differences = tuple(promotion.differences(evaluated, live))
+    seen = status_view(ctx, live)
+    differences = tuple(promotion.differences(evaluated_container(ctx), seen))
     return LiveTarget(
         exists=True,
         as_evaluated=not differences,
         differences=differences,
-        carries_candidate=promotion.carries(live, previous, candidate),
-        ours_present=not promotion.reverted(live, previous, candidate),
+        carries_candidate=promotion.carries(seen, previous, candidate),
+        ours_present=not promotion.reverted(seen, previous, candidate),
     )
+
+
+def shown_env(ctx: Ctx) -> frozenset[str]:
+    """Env names whose values status may show: the engine's allowlist and the rollout's own
+    extraEnv (the only variables kvgate changes, so the only ones a revert must restore)."""
+    engine = ctx.status.get("engine")
+    return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
+
+
+def status_view(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:
+    """A container as status records it: literal env values and secret-looking flag values
+    fingerprinted (token for token, so positions in args are kept), image as it is."""
+    view = redact.redact_config(manifests.container_config(container), show_env=shown_env(ctx))
+    if "image" in container:
+        view["image"] = container["image"]
+    return view
 
 
 def production_pods(ctx: Ctx) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from kvgate import engines, manifests, promotion, verdict
+from kvgate import engines, manifests, promotion, redact, verdict
 from kvgate.controller.context import (
     Ctx,
     arm_health,
@@ -23,6 +23,7 @@ from kvgate.controller.context import (
     pod_container,
     production_pods,
     read_state,
+    status_view,
     target_deployment,
 )
 from kvgate.controller.telemetry import (
@@ -93,7 +94,11 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
     except InputError as exc:
         return Observation(target_problem=str(exc))
     conflicts = rollout_conflicts(ctx)
-    previous, wanted = manifests.container_config(container), manifests.container_config(candidate)
+    # Status holds fingerprints, never literal env values or secret flag values: what is
+    # patched is re-derived from the spec and the live container, not read back from status.
+    show = ctx.config.allowlist.env_for(str(info.engine)) | {e.name for e in spec.extra_env}
+    previous = redact.redact_config(manifests.container_config(container), show_env=show)
+    wanted = redact.redact_config(manifests.container_config(candidate), show_env=show)
     ctx.status.update(
         engine=str(info.engine),
         container=str(container.get("name")),
@@ -105,7 +110,9 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
         previous=previous,
         evaluatedImage=container.get("image"),
         candidate=wanted,
-        recommendedArgs=list(candidate.get("command") or []) + list(candidate.get("args") or []),
+        recommendedArgs=redact.redact_args(
+            list(candidate.get("command") or []) + list(candidate.get("args") or [])
+        ),
         recommendedEnv=[e.to_dict() for e in spec.extra_env],
         configHash=config_hash(
             {
@@ -182,6 +189,16 @@ def observe_preflight(ctx: Ctx) -> Observation:
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
 
 
+def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
+    """Whether `path`, links resolved, lies inside one of the operator's model mounts."""
+    real = os.path.realpath(path)
+    for d in dirs:
+        root = os.path.realpath(d)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
 def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
     from kvgate.adapters import hub
@@ -189,9 +206,14 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
     model = ctx.status.get("model")
     if not model:
         return {"present": None, "finding": "no model in the spec or the container args"}
-    local = os.path.exists(model)
-    if not local and not hub.looks_like_repo_id(model):
-        return {"present": None, "finding": f"{model}: not a local path nor a hub repo id"}
+    local = model.startswith(("/", "./", "../")) or not hub.looks_like_repo_id(model)
+    if local and not under_model_dirs(model, ctx.config.model_dirs):
+        # Never probe the path: existence and size would be an oracle on the operator's files.
+        return {
+            "present": None,
+            "finding": "spec.model.name: a hub repo id, or a path under the operator's model "
+            "mounts (KVGATE_MODEL_DIRS); this is neither",
+        }
     if not local and ctx.config.hub_offline:
         return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
     secret = ctx.spec.model.token_secret
@@ -206,7 +228,8 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
         )
         layout, scales = headers.analyse()
     except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
-        return {"present": None, "finding": f"{type(exc).__name__}: {exc}"[:500]}
+        # Say what failed, never what was sent: transport errors can quote headers.
+        return {"present": None, "finding": redact.scrub_text(f"{type(exc).__name__}: {exc}")[:500]}
     return {
         "source": headers.source,
         "commit": headers.commit,
@@ -290,7 +313,7 @@ def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
     for f in (scan.get("findings") or [])[:20]:
         f = dict(f)
         if isinstance(f.get("text"), str):
-            f["text"] = f["text"][:300]
+            f["text"] = redact.scrub_text(f["text"][:300])  # engines print their args
         findings.append(f)
     return {**scan, "findings": findings}
 
@@ -430,11 +453,13 @@ def observe_promoting(ctx: Ctx) -> Observation:
     promo = ctx.status.get("promotion") or {}
     wanted_gen = int(promo.get("generation") or dep["metadata"].get("generation") or 0)
     done = rolled_out(dep, wanted_gen)
-    candidate_args = (ctx.status.get("candidate") or {}).get("args")
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
     new_pods = [
         p
         for p in production_pods(ctx)
-        if pod_container(p, ctx.status.get("container")).get("args") == candidate_args
+        if promotion.carries(
+            status_view(ctx, pod_container(p, ctx.status.get("container"))), previous, candidate
+        )
         and not p["metadata"].get("deletionTimestamp")
     ]
     for pod in new_pods:
@@ -507,7 +532,7 @@ def observe_verifying(ctx: Ctx) -> Observation:
     for pod in pods:
         name = pod["metadata"]["name"]
         if not promotion.carries(
-            pod_container(pod, ctx.status.get("container")), previous, candidate
+            status_view(ctx, pod_container(pod, ctx.status.get("container"))), previous, candidate
         ):
             problems.append(f"pod {name} does not run the candidate")
             continue

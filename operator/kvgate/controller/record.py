@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import manifests, verdict
+from kvgate import manifests, redact, verdict
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -37,6 +37,7 @@ from kvgate.verdict import (
 def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
     warn = cond.is_warning(reason) if warning is None else warning
     type_ = "Warning" if warn else "Normal"
+    message = redact.scrub_text(message)  # Events are readable by anyone who reads the namespace
     kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
     EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
     ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})
@@ -143,7 +144,7 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
 def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:
     """The `<rollout>-report` ConfigMap: status.json, plus text and HTML when report.py exists."""
     rollout = {**dict(ctx.body), "status": dict(status)}
-    files = {"status.json": manifests.status_json(rollout)}
+    files = {"status.json": redact.scrub_text(manifests.status_json(rollout))}
     try:
         from kvgate import report
     except ImportError:
