@@ -202,6 +202,9 @@ class FakeKube:
             and self.crash_new_pods
             and "kvgate.io/rollout" not in (pod["metadata"].get("labels") or {})
         )
+        # An engine given a fingerprint instead of a value (status copied into a pod) fails.
+        env = container.get("env") or []
+        crashed = crashed or any(str(e.get("value", "")).startswith("sha256:") for e in env)
         state: dict[str, Any] = {"running": {}}
         pod["status"] = {
             "phase": "Running",

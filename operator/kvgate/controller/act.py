@@ -86,12 +86,17 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
     index, container = manifests.find_container(
         template.get("spec") or {}, ctx.status.get("container")
     )
-    wanted = ctx.status.get("candidate")
-    if not wanted or (not wanted.get("args") and not wanted.get("command")):
-        # Fail closed: without the stored candidate config the "candidate" would be a control.
-        raise KvgateError("status.candidate is missing; cannot build the candidate pod")
-    candidate = {k: v for k, v in container.items() if k not in ("command", "args", "env")}
-    arms = {"control": container, "candidate": {**candidate, **wanted}}
+    if promotion.differences(evaluated_container(ctx), status_view(ctx, container)):
+        raise KvgateError(
+            "the Deployment changed since Pending; the canaries would test another config"
+        )
+    # Both arms come from the live container and the spec; status only holds fingerprints,
+    # against which the derived candidate is checked (fail closed on any difference).
+    candidate = manifests.candidate_container(ctx.spec, container)
+    recorded = ctx.status.get("candidate") or {}
+    if not recorded or status_view(ctx, manifests.container_config(candidate)) != recorded:
+        raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
+    arms = {"control": container, "candidate": candidate}
     created = []
     for arm, c in arms.items():
         pod = manifests.build_canary_pod(
