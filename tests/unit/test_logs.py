@@ -897,7 +897,10 @@ def test_sglang_jit_hint_uses_sglang_flag() -> None:
     build = scan_log(read("sglang-0.5.3-fp8-flashinfer-jit-failed.txt")).finding(
         "attention-build-failed"
     )
-    assert build is not None and "Set --attention-backend triton --sampling-backend pytorch," in build.hint
+    assert (
+        build is not None
+        and "Set --attention-backend triton --sampling-backend pytorch," in build.hint
+    )
 
 
 def test_insufficient_kv_memory_hint_quotes_the_numbers() -> None:
