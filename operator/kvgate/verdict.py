@@ -293,18 +293,34 @@ def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> Ga
 
 
 def accuracy_detail(summary: Mapping[str, Any]) -> str:
-    """`control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (margin 2 pp, n=200)`."""
+    """The accuracy evidence in one line, with the one-sided bound the decision rests on.
+
+    `control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.9 pp (95% one-sided,
+    adjusted for 4 looks) (margin 2 pp, n=200)`. Summaries without look-adjusted bounds
+    (older eval images) show the two-sided interval, labelled as such.
+    """
     try:
         c, k = summary["control"], summary["candidate"]
         paired = summary.get("paired") or {}
         diff = float(paired["difference"]) * 100
-        low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
         margin = float(summary.get("margin", 0)) * 100
-        return (
-            f"control {float(c['accuracy']) * 100:.1f}% vs candidate {float(k['accuracy']) * 100:.1f}%, "
-            f"difference {diff:+.1f} pp [{low:+.1f}, {high:+.1f}] "
-            f"(margin {margin:g} pp, n={summary.get('questions_used')})"
+        head = (
+            f"control {float(c['accuracy']) * 100:.1f}% vs candidate "
+            f"{float(k['accuracy']) * 100:.1f}%, difference {diff:+.1f} pp"
         )
+        tail = f"(margin {margin:g} pp, n={summary.get('questions_used')})"
+        bounds = summary.get("bounds")
+        if isinstance(bounds, Mapping) and isinstance(bounds.get("lower"), int | float):
+            adjusted = (
+                f", adjusted for {bounds.get('look')} looks" if bounds.get("look_adjusted") else ""
+            )
+            sure = float(bounds.get("lower_confidence") or 0.95) * 100
+            text = f"{head}; at least {float(bounds['lower']) * 100:+.1f} pp ({sure:g}% one-sided{adjusted})"
+            if summary.get("verdict") == "fail" and isinstance(bounds.get("upper"), int | float):
+                text += f", at most {float(bounds['upper']) * 100:+.1f} pp"
+            return f"{text} {tail}"
+        low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
+        return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
     except (KeyError, TypeError, ValueError):
         return f"eval verdict {summary.get('verdict')!r}"
 

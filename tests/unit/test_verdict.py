@@ -200,8 +200,23 @@ def test_accuracy_gate(verdict: str, outcome: Outcome, reason: str) -> None:
 def test_accuracy_detail_message() -> None:
     got = v.assess_accuracy(AccuracyGate(), SUMMARY_PASS)
     assert got.message == (
-        "control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (margin 2 pp, n=200)"
+        "control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (two-sided 95%) "
+        "(margin 2 pp, n=200)"
     )
+
+
+def test_accuracy_detail_shows_the_one_sided_look_adjusted_bound() -> None:
+    # A PASS must not print a two-sided interval whose low end is below minus the margin.
+    bounds = {"lower": -0.011, "lower_confidence": 0.95, "upper": 0.0, "look": 14,
+              "look_adjusted": True}  # fmt: skip
+    got = v.accuracy_detail({**SUMMARY_PASS, "bounds": bounds})
+    assert got == (
+        "control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.1 pp (95% one-sided, "
+        "adjusted for 14 looks) (margin 2 pp, n=200)"
+    )
+    failed = v.accuracy_detail({**SUMMARY_PASS, "verdict": "fail",
+                                "bounds": {**bounds, "lower": -0.09, "upper": -0.03}})  # fmt: skip
+    assert "at least -9.0 pp" in failed and "at most -3.0 pp" in failed
 
 
 def test_accuracy_missing_is_pending() -> None:
