@@ -46,7 +46,7 @@ def test_minimal_spec_gets_sre_defaults(crd: Any, namespace: str) -> None:
     assert spec["gates"]["scales"] == {"mode": "warn"}
     assert spec["gates"]["capacityGain"] == {"minRatio": 1.8}
     assert spec["gates"]["accuracy"]["margin"] == 2
-    assert spec["promotion"] == {"mode": "auto", "verifyWindow": "10m"}
+    assert spec["promotion"] == {"mode": "auto", "verifyWindow": "10m", "verifySamples": 5}
     assert "speed" not in spec["gates"]
 
 
@@ -147,3 +147,16 @@ def test_status_subresource_and_printer_columns(crd: Any, namespace: str) -> Non
     assert out[1].split()[:6] == ["cols", "Canary", "qwen", "fp8", "-0.5", "2"]
     wide = crd.kubectl("get", "kvr", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
     assert "READY" in wide and "MESSAGE" in wide
+
+
+@pytest.mark.timeout(120)
+def test_a_name_too_long_for_the_child_labels_is_refused(crd: Any, namespace: str) -> None:
+    proc = crd.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=_cr("r" * 64, {"targetRef": {"name": "q"}}),
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "at most 63 characters" in proc.stderr, proc.stderr
+    ok = crd.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=_cr("r" * 63, {"targetRef": {"name": "q"}})
+    )
+    assert ok.returncode == 0
