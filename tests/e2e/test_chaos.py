@@ -82,25 +82,34 @@ def _crash_promoted_pods(
     hit: set[str] = set()
     while not stop.is_set():
         for name in names:
-            for pod in pods(cluster, namespace, f"app={name}"):
+            try:
+                found = pods(cluster, namespace, f"app={name}")
+            except Exception:  # a failed listing is retried; the thread lives on
+                found = []
+            for pod in found:
                 ip = (pod.get("status") or {}).get("podIP")
                 args = pod["spec"]["containers"][0].get("args") or []
                 uid = pod["metadata"]["uid"]
-                if uid in hit or not ip or "--kv-cache-dtype" not in args:
+                ready = any(
+                    c.get("ready") for c in (pod.get("status") or {}).get("containerStatuses") or []
+                )
+                if uid in hit or not ip or not ready or "--kv-cache-dtype" not in args:
                     continue
                 if pod["metadata"].get("deletionTimestamp"):
                     continue
-                hit.add(uid)
                 url = f"http://{ip}:8000/v1/completions"
+                answered = 0
                 for _ in range(CRASH_AFTER + 20):
                     req = urllib.request.Request(
                         url, body.encode(), {"content-type": "application/json"}
                     )
                     try:
                         with urllib.request.urlopen(req, timeout=5):
-                            pass
+                            answered += 1
                     except OSError:
                         break
+                if answered:  # it served, then stopped: the fault fired (or will on retry)
+                    hit.add(uid)
         stop.wait(1.0)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,8 @@ class World:
     def __init__(self, cluster: Any, operator: Operator, ns: dict[str, str]) -> None:
         self.cluster, self.operator, self.ns = cluster, operator, ns
         self.before: dict[str, dict[str, Any]] = {}
+        self.stop = threading.Event()
+        self.done = {s: threading.Event() for s in SCENARIOS}
 
     def kubectl(self, *args: str, **kw: Any) -> Any:
         return self.cluster.kubectl(*args, **kw)
@@ -129,6 +132,32 @@ class World:
         dep = get(self.cluster, self.ns[s], "deployment", s)
         assert dep is not None
         return dep
+
+    def direct(self) -> None:
+        """Do each scenario's fault the moment its rollout reaches the phase it is aimed at,
+        whatever test is running (the rollouts run concurrently, the tests one by one)."""
+        original = {s: container_of(self.before[s]) for s in self.before}
+        actions: dict[str, tuple[str, Any]] = {
+            "superseded": ("Verifying", lambda: self.set_args("superseded", original["superseded"]["args"])),
+            "changed": ("Evaluating", lambda: self.set_args(
+                "changed", [*original["changed"]["args"], "--max-num-seqs", "32"],
+                image="vllm/vllm-openai:v0.11.1")),
+            "unready": ("Verifying", lambda: self.kubectl(
+                "delete", "pods", "-n", self.ns["unready"], "-l", "app=unready", "--wait=false")),
+            "refused": ("Verifying", lambda: _hammer(self.cluster, self.ns["refused"], "refused")),
+        }  # fmt: skip
+        while actions and not self.stop.is_set():
+            for s, (phase, act) in list(actions.items()):
+                try:
+                    if self.status(s).get("phase") != phase:
+                        continue
+                    act()
+                except Exception as exc:  # a failed kubectl is tried again on the next round
+                    print(f"director: {s}: {exc}")
+                    continue
+                del actions[s]
+                self.done[s].set()
+            self.stop.wait(0.5)
 
     def set_args(self, s: str, args: list[str], image: str | None = None) -> None:
         ops = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
@@ -182,11 +211,14 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
                    "spec": {"containers": [{"name": "x", "image": "busybox",
                                             "command": ["sleep", "3600"]}]}}  # fmt: skip
         apply(cluster, ns["foreign"], foreign)
+        director = threading.Thread(target=w.direct, daemon=True)
+        director.start()
         for s, extra in SCENARIOS.items():
             spec: dict[str, Any] = {"extraArgs": TRITON, "gates": GATES, **extra}
             apply(cluster, ns[s], rollout(f"{s}-fp8", s, **spec))
         yield w
     finally:
+        w.stop.set()
         for p in policy:
             cluster.kubectl(
                 "delete", p["kind"], p["metadata"]["name"], "--ignore-not-found", check=False
@@ -207,9 +239,8 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
 @pytest.mark.timeout(600)
 def test_a_kubectl_revert_while_verifying_is_superseded_not_repatched(world: World) -> None:
     ns = world.ns["superseded"]
-    wait_phase(world.cluster, ns, "superseded-fp8", {"Verifying"}, 420)
+    assert world.done["superseded"].wait(420), "never reached Verifying"
     original = container_of(world.before["superseded"])
-    world.set_args("superseded", original["args"])
     obj = wait_phase(world.cluster, ns, "superseded-fp8", TERMINAL, 120)
     assert (obj["status"]["phase"], obj["status"]["reason"]) == ("Failed", "Superseded")
     assert event_reasons(world.cluster, ns, "superseded-fp8").count("Promoting") == 1
@@ -219,11 +250,7 @@ def test_a_kubectl_revert_while_verifying_is_superseded_not_repatched(world: Wor
 @pytest.mark.timeout(600)
 def test_an_image_bump_and_an_arg_during_the_eval_are_not_promoted(world: World) -> None:
     ns = world.ns["changed"]
-    wait_phase(world.cluster, ns, "changed-fp8", {"Evaluating"}, 300)
-    original = container_of(world.before["changed"])
-    world.set_args(
-        "changed", [*original["args"], "--max-num-seqs", "32"], image="vllm/vllm-openai:v0.11.1"
-    )
+    assert world.done["changed"].wait(300), "never reached Evaluating"
     obj = wait_phase(world.cluster, ns, "changed-fp8", TERMINAL, 420)
     assert (obj["status"]["phase"], obj["status"]["reason"]) == ("Failed", "TargetChanged"), obj[
         "status"
@@ -236,8 +263,7 @@ def test_an_image_bump_and_an_arg_during_the_eval_are_not_promoted(world: World)
 @pytest.mark.timeout(600)
 def test_unready_production_pods_while_verifying_are_reverted(world: World) -> None:
     ns = world.ns["unready"]
-    wait_phase(world.cluster, ns, "unready-fp8", {"Verifying"}, 420)
-    world.kubectl("delete", "pods", "-n", ns, "-l", "app=unready", "--wait=false")
+    assert world.done["unready"].wait(420), "never reached Verifying"
     obj = wait_phase(world.cluster, ns, "unready-fp8", TERMINAL, 180)
     status = obj["status"]
     assert (status["phase"], status["reason"]) == ("RolledBack", "PromotionReverted"), status
@@ -247,8 +273,7 @@ def test_unready_production_pods_while_verifying_are_reverted(world: World) -> N
 @pytest.mark.timeout(600)
 def test_a_refused_revert_is_stalled_until_it_can_be_read_back(world: World) -> None:
     ns = world.ns["refused"]
-    wait_phase(world.cluster, ns, "refused-fp8", {"Verifying"}, 420)
-    _hammer(world.cluster, ns, "refused")
+    assert world.done["refused"].wait(420), "never reached Verifying"
     wait_for(lambda: world.status("refused").get("reason") == "RevertFailed", 180, "RevertFailed")
     status = world.status("refused")
     assert status["phase"] == "Reverting"
