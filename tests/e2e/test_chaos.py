@@ -198,7 +198,9 @@ def test_sigkill_at_random_moments_never_leaves_production_half_changed(
                 elif live != original[name]:
                     violations.append(f"{ns}/{name}: {phase} but changed: {live}")
             # The finalizers need a live operator to let the rollouts go.
-            cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--timeout=120s", check=False)
+            cluster.kubectl(
+                "delete", "kvr", "--all", "-n", ns, "--timeout=150s", check=False, timeout=180
+            )
             operator.stop()
             operator = None
     finally:

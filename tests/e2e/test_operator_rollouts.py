@@ -4,7 +4,7 @@ All scenarios are applied at once (one namespace each) and run concurrently unde
 so the module takes about as long as its slowest rollout. Each test then checks its own outcome:
   (a) the L4 trap: the auto backend (FlashInfer) crashes; rolled back with the TRITON_ATTN remedy
   (b) TRITON_ATTN, no KV scales: scale warning, non-inferior, ~2x capacity, promoted and patched
-  (c) a candidate that loses 10 points: rolled back, production untouched
+  (c) a candidate that loses 20 points: rolled back as shown worse, production untouched
   (d) a pool with room: NotNeeded, no canary started
   (e) report mode: verdict and recommended args in status, Deployment untouched
 """
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from test_operator_support import (
     FAST_GATES,
+    GSM8K_DIR,
     ROOT,
     TERMINAL,
     Operator,
@@ -54,7 +55,9 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"KVGATE_SIM_LOAD": PRESSURE},
         {**TRITON, "extraEnv": [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}]},
     ),
-    "loss": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FP8_LOSS": "0.10"}, TRITON),
+    # 20 points: the fail boundary (its own 2.5% spending) shows it within the 150 questions;
+    # a 10-point loss observed as 5 points on these questions ends Inconclusive (also no).
+    "loss": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FP8_LOSS": "0.20"}, TRITON),
     "room": ({"KVGATE_SIM_LOAD": ROOM}, TRITON),
     "report": (
         {"KVGATE_SIM_LOAD": PRESSURE},
@@ -328,11 +331,13 @@ def test_triton_without_scales_is_promoted(world: World) -> None:
         "TRITON_ATTN",
     ]
     assert {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"} in c["env"]
-    assert status["promotion"]["previous"] == {
-        k: v
-        for k, v in container_of(world.before["happy"]).items()
-        if k in ("command", "args", "env")
-    }
+    # Status records the evaluated container with literal env values fingerprinted (a revert
+    # restores only what kvgate changed, whose values it shows).
+    before = container_of(world.before["happy"])
+    assert status["previous"]["args"] == before["args"]
+    assert [e["name"] for e in status["previous"]["env"]] == [e["name"] for e in before["env"]]
+    assert all(e["value"].startswith("sha256:") for e in status["previous"]["env"])
+    assert GSM8K_DIR not in json.dumps(status)
     assert status["promotion"]["podScan"]["attentionBackend"] == "TRITON_ATTN"
     # The hub is out of reach here (loopback only): a finding, and the logs decide the scales.
     assert status["preflight"]["checkpoint"].get("present") is None
@@ -356,7 +361,7 @@ def test_triton_without_scales_is_promoted(world: World) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_ten_point_loss_is_rolled_back(world: World) -> None:
+def test_a_twenty_point_loss_is_rolled_back(world: World) -> None:
     obj = world.rollout("loss")
     status = obj["status"]
     assert status["phase"] == "RolledBack", status["message"]

@@ -453,7 +453,7 @@ def test_only_the_operator_writes_rollout_status(helm: str) -> None:
     )
     assert policy["spec"]["failurePolicy"] == "Fail"
     binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyRefName"] == policy["metadata"]["name"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert expr == {
