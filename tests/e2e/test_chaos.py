@@ -166,7 +166,7 @@ def test_sigkill_at_random_moments_never_leaves_production_half_changed(
                 phases = _phases(cluster, ns)
                 if len(phases) == len(kinds) and set(phases.values()) <= TERMINAL:
                     break
-                time.sleep(rng.uniform(1.5, 5.0))
+                time.sleep(rng.uniform(2.0, 8.0))
                 phases = _phases(cluster, ns)
                 operator.kill()
                 kills += 1
