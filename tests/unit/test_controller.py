@@ -497,3 +497,28 @@ def test_a_model_path_outside_the_mounts_is_never_read(monkeypatch: pytest.Monke
     world.run()
     finding = world.obj["status"]["preflight"]["checkpoint"]["finding"]
     assert "KVGATE_MODEL_DIRS" in finding and "environ" not in finding
+
+
+def test_drift_after_promotion_is_reported_and_never_reapplied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+
+    def check() -> dict[str, Any]:
+        body = kopf.Body(copy.deepcopy(world.obj))
+        patch = kopf.Patch()
+        handlers.drift(body=body, meta=body.metadata, patch=patch, memo=world.memo, logger=LOG)
+        merge(world.obj["status"], dict(patch.get("status") or {}))
+        return {c["type"]: c for c in world.obj["status"].get("conditions") or []}
+
+    assert check()["Drifted"]["status"] == "False"  # observed in sync
+    assert "Drifted" not in world.reasons()
+    world.kube.edit_container("vllm", args=world.original["args"])  # a GitOps self-heal
+    mutations = world.kube.mutations
+    assert check()["Drifted"]["status"] == "True"
+    assert world.reasons().count("Drifted") == 1
+    check()  # no second Event while it stays drifted
+    assert world.reasons().count("Drifted") == 1
+    assert world.kube.mutations == mutations  # never re-applied
+    assert "--kv-cache-dtype" not in world.kube.container()["args"]

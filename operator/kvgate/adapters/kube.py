@@ -265,13 +265,6 @@ class Kube:
             raise
         return done is not None
 
-    def delete_pods(self, namespace: str, selector: str) -> int:
-        """Delete every pod matching `selector`; returns how many there were."""
-        pods = self.list_pods(namespace, selector)
-        for pod in pods:
-            self.delete("Pod", namespace, pod["metadata"]["name"])
-        return len(pods)
-
     def patch_deployment(
         self, namespace: str, name: str, ops: list[dict[str, Any]]
     ) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from kvgate.controller.context import (
     Ctx,
     adopt_child,
     arm_health,
+    derive_candidate,
     describe,
-    evaluated_container,
     iso,
     leftover_child,
     live_container,
@@ -86,16 +86,8 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
     index, container = manifests.find_container(
         template.get("spec") or {}, ctx.status.get("container")
     )
-    if promotion.differences(evaluated_container(ctx), status_view(ctx, container)):
-        raise KvgateError(
-            "the Deployment changed since Pending; the canaries would test another config"
-        )
-    # Both arms come from the live container and the spec; status only holds fingerprints,
-    # against which the derived candidate is checked (fail closed on any difference).
-    candidate = manifests.candidate_container(ctx.spec, container)
-    recorded = ctx.status.get("candidate") or {}
-    if not recorded or status_view(ctx, manifests.container_config(candidate)) != recorded:
-        raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
+    # Both arms come from the live container and the spec (status only holds fingerprints).
+    candidate = derive_candidate(ctx, container)
     arms = {"control": container, "candidate": candidate}
     created = []
     for arm, c in arms.items():
@@ -236,13 +228,7 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
     if dep is None or found is None:
         raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
     index, live = found
-    if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
-        raise KubeError("the Deployment changed since the evaluation; not patching")
-    # What is patched is derived again from the spec and the live container (equal to the
-    # evaluated one), never taken from status, which holds fingerprints and may be edited.
-    wanted = manifests.container_config(manifests.candidate_container(ctx.spec, live))
-    if status_view(ctx, wanted) != (ctx.status.get("candidate") or {}):
-        raise KvgateError("the candidate derived now differs from the evaluated one; not patching")
+    wanted = manifests.container_config(derive_candidate(ctx, live))
     ops = promotion.patch_ops(index, live, wanted)
     if not ops:
         raise KvgateError("the candidate equals the evaluated container: nothing to promote")

@@ -268,3 +268,20 @@ def owned(ctx: Ctx, obj: Mapping[str, Any]) -> bool:
     uid = (ctx.body.get("metadata") or {}).get("uid")
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return bool(uid) and any(r.get("uid") == uid for r in refs)
+
+
+def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate container, from the spec and the live container; fail closed.
+
+    Status holds only fingerprints, so what is created or patched is derived again here; the
+    live container must still be the evaluated one, and the derived candidate must match the
+    one recorded in Pending. Anything else raises: a changed target or an edited status never
+    reaches a pod or the Deployment.
+    """
+    if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
+        raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
+    candidate = manifests.candidate_container(ctx.spec, live)
+    recorded = ctx.status.get("candidate") or {}
+    if not recorded or status_view(ctx, manifests.container_config(candidate)) != recorded:
+        raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
+    return candidate

@@ -130,9 +130,7 @@ def reconcile(
     ):
         if status.get("observedGeneration") == generation:
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
-                spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
-                ctx = Ctx(body, meta["namespace"], meta["name"], generation, spec, status,
-                           memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+                ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
                     run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
                 except ExternalError as exc:
@@ -195,6 +193,19 @@ def reconcile(
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
+def _side_ctx(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    status: dict[str, Any],
+) -> Ctx:
+    """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
+    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
+    return Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def cleanup(
     body: kopf.Body,
@@ -206,9 +217,7 @@ def cleanup(
 ) -> None:
     """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
     status = dict(body.get("status") or {})
-    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
-    ctx = Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
-               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+    ctx = _side_ctx(body, meta, memo, logger, status)
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     step = Step(phase, "Deleted", "rollout deleted")
     try:
@@ -252,9 +261,8 @@ def drift(
 ) -> None:
     """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
     status = dict(body.get("status") or {})
-    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
-    ctx = Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
-               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+    ctx = _side_ctx(body, meta, memo, logger, status)
+    spec = ctx.spec
     live = live_target(ctx)
     if live is None:
         return
