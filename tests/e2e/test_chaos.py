@@ -32,6 +32,7 @@ from test_operator_support import (
     install_crd,
     pods,
     rollout,
+    send_completions,
     sim_deployment,
     wait_deployment_ready,
 )
@@ -76,9 +77,7 @@ def _crash_promoted_pods(
     cluster: Any, namespace: str, names: list[str], stop: threading.Event
 ) -> None:
     """Production traffic that crashes a promoted "revert" pod: sent to its loopback pod IP."""
-    import urllib.request
 
-    body = json.dumps({"model": "Qwen/Qwen3-8B", "prompt": "Q: 2+2?\nA:", "max_tokens": 2})
     hit: set[str] = set()
     while not stop.is_set():
         for name in names:
@@ -97,17 +96,7 @@ def _crash_promoted_pods(
                     continue
                 if pod["metadata"].get("deletionTimestamp"):
                     continue
-                url = f"http://{ip}:8000/v1/completions"
-                answered = 0
-                for _ in range(CRASH_AFTER + 20):
-                    req = urllib.request.Request(
-                        url, body.encode(), {"content-type": "application/json"}
-                    )
-                    try:
-                        with urllib.request.urlopen(req, timeout=5):
-                            answered += 1
-                    except OSError:
-                        break
+                answered = send_completions(f"http://{ip}:8000/v1/completions", CRASH_AFTER + 20)
                 if answered:  # it served, then stopped: the fault fired (or will on retry)
                     hit.add(uid)
         stop.wait(1.0)

@@ -32,6 +32,7 @@ from test_operator_support import (
     no_tracebacks,
     pods,
     rollout,
+    send_completions,
     sim_deployment,
     wait_deployment_ready,
     wait_for,
@@ -171,21 +172,11 @@ class World:
 
 
 def _hammer(cluster: Any, namespace: str, app: str, requests: int = 170) -> None:
-    import urllib.request
-
-    body = json.dumps({"model": "Qwen/Qwen3-8B", "prompt": "Q: 2+2?\nA:", "max_tokens": 2}).encode()
+    """Crash the promoted pods of `app` (crash-after=150) with production traffic."""
     for pod in pods(cluster, namespace, f"app={app}"):
         ip = (pod.get("status") or {}).get("podIP")
-        if not ip or "--kv-cache-dtype" not in (pod["spec"]["containers"][0].get("args") or []):
-            continue
-        for _ in range(requests):
-            req = urllib.request.Request(f"http://{ip}:8000/v1/completions", body,
-                                         {"content-type": "application/json"})  # fmt: skip
-            try:
-                with urllib.request.urlopen(req, timeout=5):
-                    pass
-            except OSError:
-                break
+        if ip and "--kv-cache-dtype" in (pod["spec"]["containers"][0].get("args") or []):
+            send_completions(f"http://{ip}:8000/v1/completions", requests)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from test_operator_support import (
     no_tracebacks,
     pods,
     rollout,
+    send_completions,
     sim_deployment,
     wait_deployment_ready,
     wait_for,
@@ -221,27 +222,6 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
     )
 
 
-def _hammer(url: str, requests: int) -> int:
-    """POST `requests` small completions; returns how many got an answer."""
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
-
-    body = json.dumps(
-        {"model": "Qwen/Qwen3-8B", "prompt": "Question: 2+2?\nAnswer:", "max_tokens": 4}
-    )
-
-    def one(_: int) -> bool:
-        req = urllib.request.Request(url, body.encode(), {"content-type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    with ThreadPoolExecutor(16) as pool:
-        return sum(pool.map(one, range(requests)))
-
-
 @pytest.mark.timeout(600)
 def test_a_promotion_that_fails_in_verification_is_reverted(world: World) -> None:
     ns = world.ns["revert"]
@@ -255,7 +235,9 @@ def test_a_promotion_that_fails_in_verification_is_reverted(world: World) -> Non
     ]
     assert promoted, "no promoted pod"
     # WHEN production traffic reaches the request that crashes the promoted config
-    _hammer(f"http://{promoted[0]['status']['podIP']}:8000/v1/completions", 310)
+    send_completions(
+        f"http://{promoted[0]['status']['podIP']}:8000/v1/completions", 310, workers=16
+    )
     # THEN the operator reverts the Deployment and says why
     obj = wait_phase(world.cluster, ns, "revert-fp8", TERMINAL, 180)
     status = obj["status"]

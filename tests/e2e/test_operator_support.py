@@ -306,3 +306,29 @@ def delete_namespace(cluster: Any, name: str) -> None:
 def no_tracebacks(log: str) -> list[str]:
     """Tracebacks in an operator log (there should be none)."""
     return [line for line in log.splitlines() if "Traceback" in line]
+
+
+def send_completions(url: str, requests: int, *, workers: int = 1) -> int:
+    """POST up to `requests` small completions to a pod's loopback URL (production traffic that
+    triggers a simulated fault); returns how many were answered. With one worker it stops at
+    the first failure (the engine went away)."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = json.dumps({"model": "Qwen/Qwen3-8B", "prompt": "Q: 2+2?\nA:", "max_tokens": 2})
+
+    def one(_: int) -> bool:
+        req = urllib.request.Request(url, body.encode(), {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    if workers == 1:
+        answered = 0
+        while answered < requests and one(answered):
+            answered += 1
+        return answered
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(one, range(requests)))
