@@ -1109,27 +1109,6 @@ def verify_due(spec: RolloutSpec, state: State) -> bool:
     return last is None or last >= spec.promotion.verify_interval_s * 0.9
 
 
-def verify_metrics_problem(
-    baseline_waiting: float | None, waiting: Mapping[str, float]
-) -> str | None:
-    """Production's queue after promotion against the preflight baseline.
-
-    The change was made to shorten the queue; a queue well above the worst one seen before
-    (twice it, or 8 requests more, whichever is larger) means the candidate made things worse.
-    """
-    if baseline_waiting is None:
-        return None
-    bound = max(2 * baseline_waiting, baseline_waiting + 8)
-    worse = {pod: w for pod, w in waiting.items() if w > bound}
-    if not worse:
-        return None
-    pod, value = max(worse.items(), key=lambda kv: kv[1])
-    return (
-        f"pod {pod} has {value:g} requests waiting, above {bound:g} (preflight baseline "
-        f"{baseline_waiting:g})"
-    )
-
-
 def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     live = obs.live or LiveTarget(exists=False)
     name, p = spec.target.name, spec.promotion

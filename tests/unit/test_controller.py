@@ -522,3 +522,55 @@ def test_drift_after_promotion_is_reported_and_never_reapplied(
     assert world.reasons().count("Drifted") == 1
     assert world.kube.mutations == mutations  # never re-applied
     assert "--kv-cache-dtype" not in world.kube.container()["args"]
+
+
+def _production_metrics(preemptions: float, waiting: float = 6.0) -> str:
+    """vLLM 0.11 metrics of a pressured pool with the preemption counter at `preemptions`."""
+    return (
+        METRICS.replace(
+            'vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-8B"} 0.0',
+            f'vllm:num_preemptions_total{{engine="0",model_name="Qwen/Qwen3-8B"}} {preemptions}',
+        )
+        .replace(
+            'vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 0.0',
+            f'vllm:num_requests_waiting{{engine="0",model_name="Qwen/Qwen3-8B"}} {waiting}',
+        )
+        .replace(
+            'vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.42',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.97',
+        )
+    )
+
+
+@pytest.mark.parametrize("storm", [False, True])
+def test_production_preempting_more_than_before_promotion_reverts(
+    monkeypatch: pytest.MonkeyPatch, storm: bool
+) -> None:
+    # GIVEN a pressured pool that preempted 1 request per second during preflight
+    world = World(
+        monkeypatch,
+        gates={"capacity": {"mode": "require", "window": "4s", "samples": 3}},
+        promotion={"mode": "auto", "verifyWindow": "8s", "verifySamples": 4},
+    )
+    from kvgate.adapters import http
+
+    counter = {"preemptions": 0.0, "at": world.now.timestamp()}
+
+    def scrape(url: str, timeout: float) -> str:
+        # WHEN production keeps preempting after promotion at 1/s, or at 5/s (a storm)
+        rate = 5.0 if storm and world.phase == "Verifying" else 1.0
+        now = world.now.timestamp()
+        counter["preemptions"] += rate * (now - counter["at"])
+        counter["at"] = now
+        return _production_metrics(counter["preemptions"])
+
+    monkeypatch.setattr(http, "scrape", scrape)
+    end = world.run()
+    # THEN the storm is reverted with the rate named; the steady pool promotes
+    if storm:
+        assert end == "RolledBack", world.obj["status"]
+        assert "preempts" in world.obj["status"]["message"]
+        assert "preflight baseline" in world.obj["status"]["message"]
+    else:
+        assert end == "Promoted", world.obj["status"]
+    world.assert_invariant()

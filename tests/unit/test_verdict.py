@@ -763,15 +763,6 @@ def test_a_failed_verify_sample_reverts() -> None:
     assert "pod y is not Ready" in bad.revert.message
 
 
-def test_verify_metrics_against_the_preflight_queue() -> None:
-    assert v.verify_metrics_problem(None, {"a": 1000}) is None
-    assert v.verify_metrics_problem(30, {"a": 60, "b": 10}) is None
-    got = v.verify_metrics_problem(30, {"a": 61, "b": 10})
-    assert got is not None and "pod a has 61 requests waiting" in got
-    assert v.verify_metrics_problem(0, {"a": 8}) is None
-    assert v.verify_metrics_problem(0, {"a": 9}) is not None
-
-
 @pytest.mark.parametrize(
     "phase", [Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED]
 )

@@ -8,9 +8,9 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvgate import engines, manifests, promotion, redact, verdict
+from kvgate import engines, manifests, production, promotion, redact, verdict
 from kvgate.controller.context import (
     Ctx,
     arm_health,
@@ -41,6 +41,9 @@ from kvgate.verdict import (
     Observation,
     PodHealth,
 )
+
+if TYPE_CHECKING:
+    from kvgate.metrics import MetricSnapshot
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation:
@@ -260,6 +263,10 @@ def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
             continue
         # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
         sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
+        if snap.ttft is not None:  # the verify window's latency baseline
+            sample.update(
+                ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count)
+            )
         series.setdefault(pod["metadata"]["name"], []).append(sample)
     if not pods:
         errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
@@ -529,6 +536,7 @@ def observe_verifying(ctx: Ctx) -> Observation:
     candidate = ctx.status.get("candidate") or {}
     previous = ctx.status.get("previous") or {}
     waiting: dict[str, float] = {}
+    counters: dict[str, production.PodCounters] = {}
     for pod in pods:
         name = pod["metadata"]["name"]
         if not promotion.carries(
@@ -553,22 +561,44 @@ def observe_verifying(ctx: Ctx) -> Observation:
             continue
         if snap.waiting is not None:
             waiting[name] = snap.waiting
-    problem = verdict.verify_metrics_problem(baseline_waiting(ctx), waiting)
-    if problem:
-        problems.append(problem)
+        counters[name] = pod_counters(snap)
+    verify = (ctx.status.get("promotion") or {}).get("verify") or {}
+    before = {
+        pod: production.PodCounters.from_dict(c)
+        for pod, c in (verify.get("counters") or {}).items()
+        if isinstance(c, Mapping)
+    }
+    last = parse_time(verify.get("lastSampleAt"))
+    elapsed = None if last is None else (ctx.now - last).total_seconds()
+    problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
+    # Kept for the next sample's rates (the status write copies the promotion record whole).
+    promo = ctx.status.setdefault("promotion", {})
+    promo["verify"] = {
+        **verify,
+        "counters": {pod: {k: json_number(v) for k, v in c.to_dict().items()}
+                     for pod, c in counters.items()},
+    }  # fmt: skip
     return Observation(production_problem="; ".join(problems) or None, sampled=True)
 
 
-def baseline_waiting(ctx: Ctx) -> float | None:
-    """The most requests any production pod had waiting during the preflight window."""
-    samples = ((ctx.status.get("preflight") or {}).get("samples")) or {}
-    values = [
-        float(s["waiting"])
-        for series in samples.values()
-        for s in series
-        if isinstance(s, Mapping) and isinstance(s.get("waiting"), int | float)
-    ]
-    return max(values) if values else None
+def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
+    ttft = snap.ttft
+    return production.PodCounters(
+        preemptions=snap.preemptions,
+        ttft_sum=None if ttft is None else ttft.sum,
+        ttft_count=None if ttft is None else ttft.count,
+    )
+
+
+def production_baseline(ctx: Ctx) -> production.Baseline:
+    """Production's worst figures over the preflight window (what the verify window compares)."""
+    pre = ctx.status.get("preflight") or {}
+    series = pre.get("samples") or {}
+    if not isinstance(series, Mapping):
+        return production.Baseline()
+    return production.baseline_from_preflight(
+        {k: v for k, v in series.items() if isinstance(v, list)}, ctx.spec.capacity.interval_s
+    )
 
 
 def tpot_totals(ctx: Ctx) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""kvgate.production: the verify window's checks of production against the preflight baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.production import Baseline, PodCounters, baseline_from_preflight, regressions
+
+NONE: dict[str, PodCounters] = {}
+
+
+def test_the_queue_is_judged_against_the_worst_preflight_queue() -> None:
+    assert regressions(Baseline(), {"a": 1000}, NONE, NONE, None) == []  # nothing to compare
+    assert regressions(Baseline(waiting=30), {"a": 60, "b": 10}, NONE, NONE, None) == []
+    got = regressions(Baseline(waiting=30), {"a": 61, "b": 10}, NONE, NONE, None)
+    assert len(got) == 1 and "pod a has 61 requests waiting" in got[0]
+    assert regressions(Baseline(waiting=0), {"a": 8}, NONE, NONE, None) == []
+    assert regressions(Baseline(waiting=0), {"a": 9}, NONE, NONE, None) != []
+
+
+def test_the_baseline_is_the_busiest_pod_over_the_preflight_window() -> None:
+    series = {
+        "a": [
+            {"waiting": 3, "preemptions": 10, "ttft_sum": 1.0, "ttft_count": 10},
+            {"waiting": 7, "preemptions": 14, "ttft_sum": 3.0, "ttft_count": 20},
+            {"waiting": 5, "preemptions": 20, "ttft_sum": 5.0, "ttft_count": 30},
+        ],
+        "b": [
+            {"waiting": 1, "preemptions": 0, "ttft_sum": 0.0, "ttft_count": 0},
+            {"waiting": 2, "preemptions": 2, "ttft_sum": 6.0, "ttft_count": 10},
+        ],
+    }
+    base = baseline_from_preflight(series, interval_s=5.0)
+    assert base.waiting == 7
+    assert base.preemptions_per_s == pytest.approx(10 / 10)  # a: 10 preemptions over 2 intervals
+    assert base.ttft_s == pytest.approx(0.6)  # b: 6 s over 10 first tokens
+
+
+def test_a_restarted_pod_or_a_single_sample_gives_no_rate() -> None:
+    series = {
+        "a": [{"preemptions": 50, "ttft_sum": 9.0, "ttft_count": 90}, {"preemptions": 3}],
+        "b": [{"waiting": 4, "preemptions": 7}],
+    }
+    base = baseline_from_preflight(series, interval_s=5.0)
+    assert base == Baseline(waiting=4, preemptions_per_s=None, ttft_s=None)
+
+
+def test_more_preemptions_than_before_promotion_is_a_regression() -> None:
+    base = Baseline(preemptions_per_s=0.2)
+    before = {"p": PodCounters(preemptions=100)}
+    # bound: max(1.5 x 0.2, 0.2 + 0.1) = 0.3/s; over 10 s that is 3 preemptions
+    assert regressions(base, {}, before, {"p": PodCounters(preemptions=103)}, 10.0) == []
+    got = regressions(base, {}, before, {"p": PodCounters(preemptions=104)}, 10.0)
+    assert len(got) == 1 and "pod p preempts 0.4 requests/s" in got[0]
+    # the window's first sample has no previous scrape; a reset counter is not a rate
+    assert regressions(base, {}, before, {"p": PodCounters(preemptions=999)}, None) == []
+    assert regressions(base, {}, before, {"p": PodCounters(preemptions=5)}, 10.0) == []
+    assert regressions(base, {}, {}, {"q": PodCounters(preemptions=999)}, 10.0) == []
+
+
+def test_a_clearly_slower_first_token_is_a_regression() -> None:
+    base = Baseline(ttft_s=0.5)  # bound: max(2 x 0.5, 0.5 + 0.25) = 1.0 s
+    before = {"p": PodCounters(ttft_sum=10.0, ttft_count=100)}
+    fine = PodCounters(ttft_sum=20.0, ttft_count=110)  # 10 requests, 1.0 s each
+    slow = PodCounters(ttft_sum=20.5, ttft_count=110)
+    few = PodCounters(ttft_sum=60.0, ttft_count=104)  # 4 requests: too few to judge
+    assert regressions(base, {}, before, {"p": fine}, 5.0) == []
+    got = regressions(base, {}, before, {"p": slow}, 5.0)
+    assert len(got) == 1 and "mean TTFT 1050 ms over 10 requests" in got[0]
+    assert regressions(base, {}, before, {"p": few}, 5.0) == []
+
+
+def test_no_baseline_no_latency_or_preemption_judgement() -> None:
+    before = {"p": PodCounters(preemptions=0, ttft_sum=0.0, ttft_count=0)}
+    now = {"p": PodCounters(preemptions=1000, ttft_sum=1000.0, ttft_count=100)}
+    assert regressions(Baseline(), {}, before, now, 1.0) == []
+
+
+def test_counters_round_trip_through_status() -> None:
+    c = PodCounters(preemptions=3, ttft_sum=1.5, ttft_count=None)
+    assert c.to_dict() == {"preemptions": 3, "ttftSum": 1.5}
+    assert PodCounters.from_dict(c.to_dict()) == c
+    assert PodCounters.from_dict({"preemptions": "3", "ttftSum": True}) == PodCounters()
