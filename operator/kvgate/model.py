@@ -168,6 +168,13 @@ class CapacityGate:
         """Seconds between two pool samples."""
         return self.window_s / max(self.samples - 1, 1)
 
+    @property
+    def sampling_deadline_s(self) -> float:
+        """How long preflight keeps sampling before it judges what it has: three windows, and at
+        least a minute more than one (a short window on a busy cluster gets its scrapes late).
+        """
+        return max(3 * self.window_s, self.window_s + 60.0)
+
 
 @dataclass(frozen=True, slots=True)
 class ScalesGate:

@@ -656,7 +656,7 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
     c, p, cap = spec.canary, spec.promotion, spec.capacity
     deadlines = {
         Phase.PENDING: c.startup_timeout_s,
-        Phase.PREFLIGHT: cap.window_s * 3 + c.startup_timeout_s,
+        Phase.PREFLIGHT: cap.sampling_deadline_s + c.startup_timeout_s,
         Phase.CANARY: c.startup_timeout_s,
         Phase.EVALUATING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,
         Phase.PROMOTING: c.startup_timeout_s,
@@ -792,7 +792,7 @@ def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -
 
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     gate = spec.capacity
-    sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.window_s * 3
+    sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
     if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:
         return Step(
             Phase.PREFLIGHT,

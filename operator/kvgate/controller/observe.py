@@ -182,7 +182,7 @@ def observe_preflight(ctx: Ctx) -> Observation:
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
     elapsed = (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
-    if ticks >= gate.samples or elapsed >= gate.window_s * 3:
+    if ticks >= gate.samples or elapsed >= gate.sampling_deadline_s:
         pressured, detail, per_pod = pool_verdict(series, gate.usage_threshold)
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.
         deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
