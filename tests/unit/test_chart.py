@@ -533,3 +533,13 @@ def test_approval_policies_and_the_approver_role(helm: str) -> None:
         for e in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["KVGATE_APPROVAL_IDENTITY"] == "0"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["approvalPolicy.expireAfter=soon", "approvalPolicy.selfApproval=true", "approverRole.bind=x"],
+)
+def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", bad)
+    assert proc.returncode != 0
+    assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
