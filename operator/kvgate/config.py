@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from kvgate import policy
 from kvgate.errors import SpecError
+from kvgate.model import parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
 DEFAULT_EVAL_IMAGE: Final = "ghcr.io/kvgate/kvgate:0.1.0"
@@ -21,6 +22,7 @@ DEFAULT_EVAL_CONCURRENCY: Final = 8
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_MAX_WORKERS: Final = 16
 DEFAULT_REPORT_TIMEOUT_S: Final = 10.0
+DEFAULT_APPROVAL_TTL_S: Final = 72 * 3600.0
 DEFAULT_ERROR_LIMIT: Final = 30  # consecutive outside errors (10 s apart) before giving up
 
 
@@ -51,6 +53,12 @@ class OperatorConfig:
     hub_offline: bool = False  # HF_HUB_OFFLINE: never reach the hub for the scale scan
     scrape_timeout_s: float = DEFAULT_REPORT_TIMEOUT_S  # KVGATE_SCRAPE_TIMEOUT
     error_limit: int = DEFAULT_ERROR_LIMIT  # KVGATE_ERROR_LIMIT
+    # KVGATE_APPROVAL_IDENTITY: an approval counts only with the approver, author and
+    # generation the chart's admission policy records (the chart sets it with the policy).
+    approval_identity: bool = False
+    # KVGATE_APPROVAL_TTL (a duration, e.g. 72h): how long after the verdict an approval may
+    # come; past it the rollout ends ApprovalExpired. "0" or "never": no limit.
+    approval_ttl_s: float | None = DEFAULT_APPROVAL_TTL_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -72,6 +80,8 @@ class OperatorConfig:
             hub_offline=environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"),
             scrape_timeout_s=_float(environ, "KVGATE_SCRAPE_TIMEOUT", d.scrape_timeout_s, 0.1),
             error_limit=_int(environ, "KVGATE_ERROR_LIMIT", d.error_limit, 1),
+            approval_identity=_bool(environ, "KVGATE_APPROVAL_IDENTITY", d.approval_identity),
+            approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:
@@ -109,6 +119,18 @@ _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
 _DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _IMAGE: Final = re.compile(r"[^\s@]+(@sha256:[0-9a-f]{64})?")
+
+
+def _ttl(environ: Mapping[str, str], name: str, default: float | None) -> float | None:
+    raw = (environ.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("0", "never"):
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise SpecError(name, str(exc)) from None
 
 
 def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:

@@ -28,6 +28,13 @@ LABEL_ROLLOUT: Final = "kvgate.io/rollout"
 LABEL_ARM: Final = "kvgate.io/arm"
 LABEL_ATTEMPT: Final = "kvgate.io/attempt"
 ANNOTATION_APPROVE: Final = "kvgate.io/approve"
+# Recorded by the chart's MutatingAdmissionPolicy from the request's identity, and guarded by
+# its ValidatingAdmissionPolicy (charts/kvgate/templates/approvalpolicy.yaml).
+ANNOTATION_CREATED_BY: Final = "kvgate.io/created-by"
+ANNOTATION_APPROVED_BY: Final = "kvgate.io/approved-by"
+ANNOTATION_APPROVED_GENERATION: Final = "kvgate.io/approved-generation"
+ANNOTATION_ABORT: Final = "kvgate.io/abort"
+ANNOTATION_ABORTED_BY: Final = "kvgate.io/aborted-by"
 ANNOTATION_CONFIG_HASH: Final = "kvgate.io/config-hash"
 
 

@@ -513,7 +513,10 @@ class State:
     config_hash: str = ""
     eval_attempts: int = 0
     gates: Mapping[str, GateResult] = field(default_factory=dict)
-    approval: str | None = None
+    approval: str | None = None  # the config hash an approval that counts names
+    approver: str = ""  # who gave it (recorded by the approval policy), for status and Events
+    approval_ignored: str = ""  # why an approval annotation present does not count
+    abort: str | None = None  # kvgate.io/abort is set: who set it and why, one line
     # Promoting / Verifying / Reverting: what status says kvgate did
     patched: bool = False  # the candidate patch was applied (or found applied) by kvgate
     verify_samples: int = 0  # passing verify samples in the current window
@@ -617,6 +620,66 @@ class Step:
         return self.phase.terminal
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """The approval annotations of a rollout (see `model.ANNOTATION_*`)."""
+
+    approve: str | None = None  # kvgate.io/approve: the config hash approved
+    created_by: str | None = None
+    approved_by: str | None = None
+    approved_generation: str | None = None
+    abort: str | None = None
+    aborted_by: str | None = None
+
+
+def read_approval(
+    record: ApprovalRecord, generation: int | None, *, require_identity: bool
+) -> tuple[str | None, str, str]:
+    """(the approved hash if the approval counts, the approver, why it does not count).
+
+    The chart's admission policies record the approver and the generation an approval was
+    given at, and refuse the author's own approval; this is the operator's second wall. An
+    approval counts only for the generation (the run) it was given for, never when the
+    recorded approver is the recorded author, and, with `require_identity` (the policy is
+    installed), only with both recorded.
+    """
+    if not record.approve:
+        return None, "", ""
+    by = record.approved_by or ""
+    if by and record.created_by and by == record.created_by:
+        return None, by, f"approval by {by} ignored: {by} created this rollout"
+    if require_identity and not (by and record.created_by and record.approved_generation):
+        return (
+            None,
+            by,
+            (
+                "approval ignored: it carries no approver or author recorded by the apiserver "
+                "(kvgate.io/approved-by, kvgate.io/created-by); re-approve with the approval "
+                "policy installed"
+            ),
+        )
+    given = record.approved_generation
+    if given is not None and given != str(generation):
+        return (
+            None,
+            by,
+            (
+                f"approval ignored: it was given for generation {given}, the spec is now "
+                f"generation {generation}; approve again"
+            ),
+        )
+    return record.approve, by, ""
+
+
+def abort_text(record: ApprovalRecord) -> str | None:
+    """One line saying who aborted and why, from kvgate.io/abort; None when not set."""
+    if not record.abort:
+        return None
+    why = " ".join(record.abort.split())[:200]
+    who = f" by {record.aborted_by}" if record.aborted_by else ""
+    return f"aborted{who} (kvgate.io/abort: {why})"
+
+
 def _delay(seconds: float) -> float:
     return min(max(seconds, MIN_DELAY_S), MAX_DELAY_S)
 
@@ -718,11 +781,20 @@ def _revert(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
     )
 
 
-def next_step(spec: RolloutSpec, state: State, obs: Observation, *, poll_s: float) -> Step:
+def next_step(
+    spec: RolloutSpec,
+    state: State,
+    obs: Observation,
+    *,
+    poll_s: float,
+    approval_ttl_s: float | None = None,
+) -> Step:
     """The one transition function: (spec, state, observation) -> next step.
 
     Whatever the phase decided, an end other than Promoted is only reached when the live
-    Deployment carries none of kvgate's edits; otherwise the rollout reverts first.
+    Deployment carries none of kvgate's edits; otherwise the rollout reverts first. An abort
+    (`state.abort`) ends any running phase that way; an approval that has not come within
+    `approval_ttl_s` of the verdict never comes (the evidence is stale).
     """
     handler = _PHASES.get(state.phase)
     if handler is None:  # terminal: nothing moves
@@ -741,7 +813,21 @@ def next_step(spec: RolloutSpec, state: State, obs: Observation, *, poll_s: floa
             f"the Deployment carries the candidate config while the rollout is "
             f"{state.phase.value} (not promoted); reverting it",
         )
-    step = handler(spec, state, obs, poll_s)
+    if state.abort is not None and state.phase is not Phase.REVERTING:
+        step = _end(Phase.ROLLED_BACK, "Aborted", state.abort)
+    elif (
+        state.phase is Phase.AWAITING_APPROVAL
+        and approval_ttl_s is not None
+        and state.phase_elapsed_s >= approval_ttl_s
+    ):
+        step = _end(
+            Phase.ROLLED_BACK,
+            "ApprovalExpired",
+            f"no approval within {approval_ttl_s:g}s of the verdict: the evidence is stale; "
+            "change the spec (or re-create the rollout) to evaluate again",
+        )
+    else:
+        step = handler(spec, state, obs, poll_s)
     if (
         step.terminal
         and step.phase is not Phase.PROMOTED
@@ -1004,14 +1090,16 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     )
     if verdict.decision is Decision.PROMOTE:
         step = _after_verdict(spec, state, verdict, ())
+        by = f" by {state.approver}" if state.approver else ""
         return replace(
-            step, events=(Event("Approved", f"approved for config {state.config_hash}"),)
+            step, events=(Event("Approved", f"approved{by} for config {state.config_hash}"),)
         )
     if verdict.decision is Decision.ROLL_BACK:
         return _end(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message, verdict=verdict)
-    return Step(
-        Phase.AWAITING_APPROVAL, "AwaitingApproval", verdict.message, requeue_s=MAX_DELAY_S / 3
-    )
+    message = verdict.message
+    if state.approval_ignored:
+        message = f"{message}; {state.approval_ignored}"
+    return Step(Phase.AWAITING_APPROVAL, "AwaitingApproval", message, requeue_s=MAX_DELAY_S / 3)
 
 
 def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:

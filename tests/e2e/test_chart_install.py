@@ -2,7 +2,9 @@
 
 The operator runs as a pod (the test kubelet runs `kvgate run ...` from the chart's
 command and args) with the chart's ServiceAccount credentials, so the RBAC is proven by
-use: a missing grant stops the rollout.
+use: a missing grant stops the rollout. The namespace enforces Pod Security `restricted`
+(the apiserver's PodSecurity admission), so every pod kvgate makes there, the operator's,
+both canaries and the eval Job's, is proven admitted by the same run.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class Helm:
         )
 
 
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
 PROBE_POD = """
 apiVersion: v1
 kind: Pod
@@ -72,9 +79,16 @@ metadata:
   name: sa-probe
 spec:
   restartPolicy: Never
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile: {type: RuntimeDefault}
   containers:
     - name: probe
       image: python:3.11-slim
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
       command:
         - python
         - -c
@@ -125,7 +139,8 @@ def token_kubeconfig(cluster: Any, namespace: str, sa: str, path: Path) -> Path:
 
 @pytest.fixture
 def installed(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[tuple[str, Helm, str]]:
-    """The chart installed in `namespace`, watching only that namespace, Ready."""
+    """The chart installed in `namespace` (Pod Security `restricted`), watching only it, Ready."""
+    cluster.kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in RESTRICTED.items()))
     helm = Helm(cluster, tmp_path / "helm")
     release = f"kvgate-{namespace.rsplit('-', 1)[-1]}"
     values = [
@@ -219,8 +234,12 @@ def test_installed_chart_promotes_a_rollout_under_its_own_service_account(
     assert not can_i(cluster, sa, "delete", "deployments", namespace)
     assert not can_i(cluster, sa, "list", "secrets", namespace)
 
-    # AND a simulated production vLLM Deployment under load.
-    cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "vllm-deployment.yaml"))
+    # AND a simulated production vLLM Deployment under load, itself `restricted` (else its own
+    # pods would be refused there; the apiserver warns on its template if it is not).
+    labels = get_json(cluster, "namespace", namespace)["metadata"]["labels"]
+    assert RESTRICTED.items() <= labels.items()
+    proc = cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "vllm-deployment.yaml"))
+    assert "PodSecurity" not in proc.stderr, proc.stderr
     cluster.kubectl(
         "rollout", "status", "-n", namespace, "deployment/vllm", "--timeout=180s", timeout=200
     )
@@ -271,6 +290,20 @@ def test_installed_chart_promotes_a_rollout_under_its_own_service_account(
     )
     reasons = [e["reason"] for e in events["items"]]
     assert "Promoted" in reasons
+
+    # AND Pod Security admitted every pod kvgate made: both canaries and the eval Job's ran
+    # (their Events), and no object in the namespace was refused or warned about.
+    all_events = get_json(cluster, "events", "-n", namespace)["items"]
+    refused = [e["message"] for e in all_events if "PodSecurity" in e.get("message", "")
+               or e.get("reason") == "FailedCreate"]  # fmt: skip
+    assert refused == [], refused
+    made = {e["involvedObject"]["name"] for e in all_events
+            if e["involvedObject"].get("kind") == "Pod" and e.get("reason") == "Scheduled"}  # fmt: skip
+    assert {"fp8-triton-control", "fp8-triton-candidate"} <= made, sorted(made)
+    assert any(n.startswith("fp8-triton-eval") for n in made), sorted(made)
+    jobs = {e["involvedObject"]["name"] for e in all_events
+            if e["involvedObject"].get("kind") == "Job" and e.get("reason") == "SuccessfulCreate"}  # fmt: skip
+    assert any(n.startswith("fp8-triton-eval") for n in jobs), sorted(jobs)
 
     # AND the operator never hit a permission error.
     logs = cluster.kubectl("logs", "-n", namespace, f"deployment/{release}").stdout

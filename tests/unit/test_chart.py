@@ -181,7 +181,8 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
 def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: str) -> None:
     docs = render(helm, "watch.allNamespaces=true")
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
-    assert set(roles) == {"kvgate", "kvgate-discovery"}
+    # the operator's two, and the approvers' (bound to nobody by the chart)
+    assert set(roles) == {"kvgate", "kvgate-discovery", "kvgate-approver"}
     assert set(grants(roles["kvgate"]["rules"])) == NAMESPACED
     assert set(grants(roles["kvgate-discovery"]["rules"])) == CLUSTER
     for binding in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
@@ -204,7 +205,9 @@ def test_namespace_list_gets_roles_only_there(helm: str) -> None:
     assert sorted(others) == [
         ("Role", "kvgate-leader", "kvgate-system"), ("RoleBinding", "kvgate-leader", "kvgate-system")
     ]  # fmt: skip
-    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    (cluster_role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] != "kvgate-approver"
+    ]
     assert set(grants(cluster_role["rules"])) == CLUSTER
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
@@ -442,7 +445,7 @@ def test_no_kopf_peering_is_left() -> None:
 
 def test_only_the_operator_writes_rollout_status(helm: str) -> None:
     docs = render(helm, "watch.namespaces={team-a,team-b}")
-    policy = one(docs, "ValidatingAdmissionPolicy")
+    policy = one(docs, "ValidatingAdmissionPolicy", "kvgate-status-writer")
     assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
     assert rule["resources"] == ["kvcacherollouts/status"] and rule["apiGroups"] == ["kvgate.io"]
@@ -452,7 +455,7 @@ def test_only_the_operator_writes_rollout_status(helm: str) -> None:
         "request.userInfo.username in ['system:serviceaccount:kvgate-system:kvgate']"
     )
     assert policy["spec"]["failurePolicy"] == "Fail"
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "kvgate-status-writer")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
@@ -460,8 +463,83 @@ def test_only_the_operator_writes_rollout_status(helm: str) -> None:
         "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]
     }  # fmt: skip
     extra = one(
-        render(helm, "statusAdmissionPolicy.extraUsers={admin}"), "ValidatingAdmissionPolicy"
+        render(helm, "statusAdmissionPolicy.extraUsers={admin}"),
+        "ValidatingAdmissionPolicy",
+        "kvgate-status-writer",
     )
     assert extra["spec"]["validations"][0]["expression"].endswith(":kvgate', 'admin']")
     off = render(helm, "statusAdmissionPolicy.enabled=false")
-    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not [d for d in off if d["metadata"]["name"] == "kvgate-status-writer"]
+
+
+def test_approval_policies_and_the_approver_role(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a,team-b}")
+    mutating = one(docs, "MutatingAdmissionPolicy", "kvgate-approval-identity")
+    validating = one(docs, "ValidatingAdmissionPolicy", "kvgate-approval")
+    for policy in (mutating, validating):
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert (rule["apiGroups"], rule["resources"]) == (["kvgate.io"], ["kvcacherollouts"])
+        assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    # the recorded identities come from the request, never from the client
+    mutations = " ".join(
+        m["applyConfiguration"]["expression"] for m in mutating["spec"]["mutations"]
+    )
+    for key in ("created-by", "approved-by", "approved-generation", "aborted-by"):
+        assert f"'kvgate.io/{key}'" in mutations
+    variables = {x["name"]: x["expression"] for x in mutating["spec"]["variables"]}
+    assert variables["user"] == "request.userInfo.username"
+    checks = " ".join(c["expression"] for c in validating["spec"]["validations"])
+    assert ".check('approve').allowed()" in checks and ".check('abort').allowed()" in checks
+    assert "variables.author != variables.user" in checks  # no self-approval
+    assert "group('apps').resource('deployments')" in checks and ".check('patch')" in checks
+    for kind, name in (("MutatingAdmissionPolicyBinding", "kvgate-approval-identity"),
+                       ("ValidatingAdmissionPolicyBinding", "kvgate-approval")):  # fmt: skip
+        binding = one(docs, kind, name)
+        assert binding["spec"]["policyName"] == name
+        (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+        assert expr["values"] == ["team-a", "team-b"]
+    assert one(docs, "ValidatingAdmissionPolicyBinding", "kvgate-approval")["spec"][
+        "validationActions"
+    ] == ["Deny"]
+    # the approver role holds the verbs; the operator's roles never do
+    approver = one(docs, "ClusterRole", "kvgate-approver")
+    assert set(grants(approver["rules"])) == {
+        ("kvgate.io", "kvcacherollouts", v)
+        for v in ("get", "list", "watch", "patch", "approve", "abort")
+    }
+    assert not [
+        d
+        for d in docs
+        if d["kind"].endswith("Binding") and d.get("roleRef", {}).get("name") == "kvgate-approver"
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert (env["KVGATE_APPROVAL_IDENTITY"], env["KVGATE_APPROVAL_TTL"]) == ("1", "72h")
+    # switches: self-approval allowed, no target check, no policy at all
+    loose = one(render(helm, "approvalPolicy.allowSelfApproval=true",
+                       "approvalPolicy.requireTargetPatch=false"),
+                "ValidatingAdmissionPolicy", "kvgate-approval")  # fmt: skip
+    loose_checks = " ".join(c["expression"] for c in loose["spec"]["validations"])
+    assert "variables.author != variables.user" not in loose_checks
+    assert "deployments" not in loose_checks
+    off = render(helm, "approvalPolicy.enabled=false", "approverRole.create=false")
+    assert not [d for d in off if "approv" in d["metadata"]["name"]]
+    env = {
+        e["name"]: e.get("value")
+        for e in one(off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["KVGATE_APPROVAL_IDENTITY"] == "0"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["approvalPolicy.expireAfter=soon", "approvalPolicy.selfApproval=true", "approverRole.bind=x"],
+)
+def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", bad)
+    assert proc.returncode != 0
+    assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr

@@ -339,6 +339,23 @@ def test_rendered_rbac_grants_exactly_what_the_operator_uses(
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "kvgate", "namespace": RELEASE_NS}
         ]
+    # every role bound to the operator is one of the above; the approvers' role (approve,
+    # abort) is bound to nobody: those verbs are people's, never the operator's
+    bound = {
+        b["roleRef"]["name"] for b in docs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+    }
+    assert bound == {"kvgate", "kvgate-discovery"} | (
+        {"kvgate-leader"} if mode["leader"] else set()
+    )
+    approver = one(docs, "ClusterRole", "kvgate-approver")
+    assert {verb for _, _, verb in grants(approver["rules"])} >= {"approve", "abort"}
+    operator_verbs = {
+        verb
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] in bound
+        for _, _, verb in grants(d["rules"])
+    }
+    assert not operator_verbs & {"approve", "abort"}
     # nothing else grants leases, and nothing uses a wildcard
     for role in (d for d in docs if d["kind"] in ("Role", "ClusterRole")):
         if role["metadata"]["name"] != "kvgate-leader":

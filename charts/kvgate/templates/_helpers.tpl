@@ -156,3 +156,40 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- printf "[%s]" (join ", " $quoted) }}
 {{- end }}
+
+{{/* Where the admission policies apply: the watched namespaces (everywhere when cluster-wide). */}}
+{{- define "kvgate.policyNamespaces" -}}
+{{- if not .Values.watch.allNamespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: [{{ include "kvgate.watchNamespaces" . | splitList "," | join ", " }}]
+{{- end }}
+{{- end }}
+
+{{/* CEL variables the approval policies share: the requester, the annotations before and
+     after, whether this request sets a new approval or abort, the author, the generation. */}}
+{{- define "kvgate.approvalVariables" -}}
+- name: user
+  expression: request.userInfo.username
+- name: ann
+  expression: "object.metadata.?annotations.orValue({})"
+- name: old
+  expression: "request.operation == 'UPDATE' ? oldObject.metadata.?annotations.orValue({}) : {}"
+- name: approving
+  expression: >-
+    variables.ann[?'kvgate.io/approve'].orValue('') != ''
+    && variables.ann[?'kvgate.io/approve'] != variables.old[?'kvgate.io/approve']
+- name: aborting
+  expression: >-
+    variables.ann[?'kvgate.io/abort'].orValue('') != ''
+    && variables.ann[?'kvgate.io/abort'] != variables.old[?'kvgate.io/abort']
+- name: author
+  expression: >-
+    request.operation == 'CREATE' ? variables.user
+    : variables.old[?'kvgate.io/created-by'].orValue('')
+- name: generation
+  expression: "request.operation == 'UPDATE' ? oldObject.metadata.generation : 1"
+{{- end }}

@@ -16,14 +16,20 @@ from kvgate import manifests, promotion, redact, verdict
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
 from kvgate.model import (
+    ANNOTATION_ABORT,
+    ANNOTATION_ABORTED_BY,
     ANNOTATION_APPROVE,
+    ANNOTATION_APPROVED_BY,
+    ANNOTATION_APPROVED_GENERATION,
     ANNOTATION_CONFIG_HASH,
+    ANNOTATION_CREATED_BY,
     LABEL_ROLLOUT,
     Phase,
     RolloutSpec,
     TargetRef,
 )
 from kvgate.verdict import (
+    ApprovalRecord,
     GateResult,
     LiveTarget,
     PodHealth,
@@ -113,13 +119,28 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     last = parse_time(verify.get("lastSampleAt"))
     window = parse_time(verify.get("windowStartedAt"))
     revert = ctx.status.get("revert") or {}
+    annotations = meta.get("annotations") or {}
+    record = ApprovalRecord(
+        approve=annotations.get(ANNOTATION_APPROVE),
+        created_by=annotations.get(ANNOTATION_CREATED_BY),
+        approved_by=annotations.get(ANNOTATION_APPROVED_BY),
+        approved_generation=annotations.get(ANNOTATION_APPROVED_GENERATION),
+        abort=annotations.get(ANNOTATION_ABORT),
+        aborted_by=annotations.get(ANNOTATION_ABORTED_BY),
+    )
+    approval, approver, ignored = verdict.read_approval(
+        record, ctx.generation, require_identity=ctx.config.approval_identity
+    )
     return State(
         phase=phase,
         phase_elapsed_s=(ctx.now - since).total_seconds(),
         config_hash=str(ctx.status.get("configHash") or ""),
         eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
         gates=gates,
-        approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVE),
+        approval=approval,
+        approver=redact.scrub_text(approver)[:253],
+        approval_ignored=redact.scrub_text(ignored),
+        abort=None if (text := verdict.abort_text(record)) is None else redact.scrub_text(text),
         patched=bool(promo.get("patched")),
         verify_samples=int(verify.get("samples") or 0),
         since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),

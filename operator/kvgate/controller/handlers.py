@@ -160,7 +160,13 @@ def reconcile(
     try:
         run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
         obs = observe(ctx, phase, spec_errors)
-        step = verdict.next_step(spec, state, obs, poll_s=ctx.config.poll_interval_s)
+        step = verdict.next_step(
+            spec,
+            state,
+            obs,
+            poll_s=ctx.config.poll_interval_s,
+            approval_ttl_s=ctx.config.approval_ttl_s,
+        )
         act_on(ctx, step)
     except Exception as exc:
         # Not evidence against the candidate: retry, and past the limit (or the phase's
