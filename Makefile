@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install test test-unit lint demo binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	hack/demo.sh
+
+# The Dockerfile's operator and eval images, built with buildah from a local Debian base.
+images:
+	hack/build-images.sh
 
 cluster-up: $(STAMP) binaries
 	$(BIN)/python hack/cluster.py up

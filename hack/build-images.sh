@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Build the Dockerfile's `operator` and `eval` images with buildah, without a registry.
+#
+#   hack/build-images.sh            # kvgate:<version> and kvgate-eval:<version> in buildah's store
+#   KVGATE_IMAGE_ARCHIVE_DIR=dir    # also write each image as an OCI archive into dir
+#
+# Public base images cannot be pulled here, so the base (Debian 12 with Python 3.11 and passwd, what the
+# Dockerfile's PYTHON_IMAGE names) is made by mmdebstrap from Debian's packages. Where a registry
+# is reachable, PYTHON_IMAGE=python:3.11.14-slim-bookworm uses the Dockerfile's own default.
+# The Dockerfile is used unchanged. Package traffic may pass a TLS proxy whose CA is in the
+# host's bundle: the bundle is mounted read-only into the build's RUN steps (never copied into a
+# layer), with a pip.conf that names it.
+#
+# Each image is tagged with a content hash of its build inputs (Dockerfile, pyproject, README,
+# operator/ sources, base); a warm run finds the tag and builds nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null || { echo "build-images: $1 not found (apt-get install $2)" >&2; exit 2; }; }
+need buildah buildah
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+CACHE=${KVGATE_CACHE_DIR:-$HOME/.cache/kvgate}/images
+mkdir -p "$CACHE"
+BUILDAH=(buildah ${KVGATE_STORAGE_DRIVER:+--storage-driver "$KVGATE_STORAGE_DRIVER"})
+
+has_image() { "${BUILDAH[@]}" inspect --type image "$1" >/dev/null 2>&1; }
+
+# ---- the base image ----
+BASE_PACKAGES="python3,python3-venv,ca-certificates,passwd"
+BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+if [ -n "${PYTHON_IMAGE:-}" ]; then
+  BASE=$PYTHON_IMAGE
+else
+  BASE_HASH=$(printf 'bookworm minbase %s %s python-link\n' "$BASE_PACKAGES" "$BASE_PATH" | sha256sum | cut -c1-12)
+  BASE=localhost/kvgate-base:bookworm-$BASE_HASH
+  if ! has_image "$BASE"; then
+    need mmdebstrap mmdebstrap
+    started=$(date +%s)
+    tarball="$CACHE/base-$BASE_HASH.tar"
+    # The host's sources (Debian's own mirror, through whatever proxy apt uses) serve the build.
+    mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      bookworm "$tarball"
+    ctr=$("${BUILDAH[@]}" from scratch)
+    "${BUILDAH[@]}" add "$ctr" "$tarball" /
+    # The Dockerfile runs `python`; Debian's interpreter is python3.
+    "${BUILDAH[@]}" run --isolation chroot "$ctr" -- ln -sf /usr/bin/python3 /usr/local/bin/python
+    "${BUILDAH[@]}" config --env PATH=$BASE_PATH --cmd python3 "$ctr"
+    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$BASE" >/dev/null
+    rm -f "$tarball"
+    echo "build-images: base $BASE in $(( $(date +%s) - started ))s"
+  fi
+fi
+
+# ---- the two targets ----
+inputs_hash() {
+  { printf '%s\n' "$BASE" "$1"; cat Dockerfile pyproject.toml README.md
+    git ls-files -z operator | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12
+}
+
+build_args=(--isolation chroot --layers --build-arg "PYTHON_IMAGE=$BASE")
+ca=${KVGATE_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
+if [ -r "$ca" ]; then
+  pipconf="$CACHE/pip.conf"
+  printf '[global]\ncert = /run/kvgate-build/ca.crt\n' > "$pipconf"
+  build_args+=(--volume "$ca:/run/kvgate-build/ca.crt:ro" --volume "$pipconf:/etc/pip.conf:ro")
+fi
+
+for target in operator eval; do
+  name=kvgate; [ "$target" = eval ] && name=kvgate-eval
+  tag="localhost/$name:$VERSION-$(inputs_hash "$target")"
+  if has_image "$tag"; then
+    echo "build-images: $tag is up to date"
+  else
+    started=$(date +%s)
+    "${BUILDAH[@]}" bud --quiet "${build_args[@]}" --target "$target" -t "$tag" . >/dev/null
+    echo "build-images: $tag built in $(( $(date +%s) - started ))s"
+  fi
+  "${BUILDAH[@]}" tag "$tag" "localhost/$name:$VERSION"
+  size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$tag" 2>/dev/null | head -1)
+  echo "build-images: localhost/$name:$VERSION -> $tag${size:+ ($size)}"
+  if [ -n "${KVGATE_IMAGE_ARCHIVE_DIR:-}" ]; then
+    mkdir -p "$KVGATE_IMAGE_ARCHIVE_DIR"
+    "${BUILDAH[@]}" push --quiet "$tag" "oci-archive:$KVGATE_IMAGE_ARCHIVE_DIR/$name.tar:localhost/$name:$VERSION"
+  fi
+done

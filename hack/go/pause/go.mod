@@ -1,0 +1,3 @@
+module kvgate.local/hack/pause
+
+go 1.26.0
