@@ -153,6 +153,8 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
             candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
             model=ctx.status.get("servedModel") or ctx.status.get("model"),
             concurrency=eval_concurrency_of(ctx),
+            max_model_len=engine_max_model_len(arms),
+            tokenizer=ctx.status.get("model"),
         ),
         env=env,
         resources=ctx.spec.canary.resources,
@@ -181,6 +183,13 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     ev.pop("progress", None)
     ctx.status["eval"] = ev
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def engine_max_model_len(arms: Mapping[str, Any]) -> int | None:
+    """The control's max model length as its startup log states it (the production value)."""
+    scan = (arms.get("control") or {}).get("scan") or {}
+    value = (scan.get("capacity") or {}).get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def nonce_hash(job: Mapping[str, Any]) -> str | None:
