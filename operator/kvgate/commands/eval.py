@@ -277,12 +277,12 @@ def run(args: argparse.Namespace) -> int:
     # summary-shaped line an arm puts into this log (lm-eval logs error bodies) proves nothing.
     if long_context is not None:
         summary.setdefault("long_context", _skipped_block(long_context, summary))
+        summary["overall"] = _overall(summary)
     if divergence is not None and "divergence" not in summary:
         from kvgate.commands.diverge import summary_header
 
         summary["divergence"] = summary_header(divergence)
         summary["divergence"]["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
-        summary["overall"] = _overall(summary)
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
