@@ -215,6 +215,7 @@ def build_eval_job(
     service_account_name: str | None = None,
     nonce: str | None = None,
     writable_tmp: bool = True,
+    secret_env: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log.
 
@@ -225,7 +226,9 @@ def build_eval_job(
     filesystem with an emptyDir at /tmp for HOME, HF_HOME and lm-eval's scratch files unless
     `writable_tmp` is False). `nonce` becomes `KVGATE_EVAL_NONCE`, so the summary the eval
     writes can be bound to this attempt. The termination message is read from the default
-    path, where the eval may write its summary.
+    path, where the eval may write its summary. `secret_env` maps a variable to a Secret's
+    (name, key), read by the kubelet (e.g. HF_TOKEN for a gated model's tokenizer); the value
+    never appears in the Job.
     """
     labels = {**child_labels(rollout, "eval"), LABEL_ATTEMPT: str(attempt)}
     env_vars = dict(env)
@@ -235,7 +238,12 @@ def build_eval_job(
         "name": "eval",
         "image": image,
         "command": list(command),
-        "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())]
+        + [
+            {"name": k, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
+            for k, ref in sorted((secret_env or {}).items())
+            if k not in env_vars
+        ],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": EVAL_UID,

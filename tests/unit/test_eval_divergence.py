@@ -96,3 +96,39 @@ def test_a_screen_error_stays_in_its_block(
     assert summary["verdict"] == "pass" and code == 0
     assert summary["divergence"]["verdict"] == "error"
     assert "echo is not supported" in summary["divergence"]["error"]
+
+
+def test_long_context_and_divergence_together_keep_the_overall_verdict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_dir: Path
+) -> None:
+    """With both on, `overall` is still the worst of GSM8K and long context (exit code too)."""
+    import kvgate.commands.eval as eval_cmd
+
+    def collapsed(request: dict[str, Any], *_: Any) -> dict[str, Any]:
+        block = eval_cmd._block_header(request)
+        block.update(verdict="fail", reason="worse_than_margin", failing_bucket="8192")
+        return block
+
+    monkeypatch.setattr(eval_cmd, "_run_long_context", collapsed)
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(runner_module, "LmEvalRunner", FakeRunner)
+    FakeRunner.wrong, FakeRunner.explode = frozenset(), None
+    monkeypatch.setattr(diverge._Arm, "echo", fake_echo(1024))
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--data-dir", str(data_dir),
+            "--long-context-tasks", "niah_single_1", "--context-lengths", "8192",
+            "--tokenizer", "/nonexistent",
+            "--divergence-documents", "1", "--divergence-max-tokens", "2048",
+        ]
+    )  # fmt: skip
+    summary = json.loads(capsys.readouterr()[0].splitlines()[-1])
+    assert summary["verdict"] == "pass"
+    assert (summary["overall"]["verdict"], summary["overall"]["bucket"]) == ("fail", "8192")
+    assert summary["divergence"]["verdict"] == "flag"
+    assert code == 1

@@ -439,3 +439,43 @@ def test_gsm8k_failure_still_leads() -> None:
                "divergence": div_block(3.0)}  # fmt: skip
     s = evaluated(GATES, summary)
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "AccuracyRegressed")
+
+
+# --- what the eval Job is given -----------------------------------------------------------------
+
+
+def test_max_model_len_is_the_controls_logged_one() -> None:
+    from kvgate.controller.act import engine_max_model_len
+
+    arms = {"control": {"scan": {"capacity": {"max_model_len": 32768}}}}
+    assert engine_max_model_len(arms) == 32768
+    for bad in ({}, {"control": {"scan": None}}, {"control": {"scan": {"capacity": {
+            "max_model_len": True}}}}, {"control": {"scan": {"capacity": {"max_model_len": -1}}}}):  # fmt: skip
+        assert engine_max_model_len(bad) is None
+
+
+def test_a_hub_tokenizer_gets_the_rollouts_token_by_reference() -> None:
+    from kvgate.controller.act import eval_secret_env
+
+    secret = {"tokenSecretRef": {"name": "hf", "key": "tok"}}
+
+    def spec(lc: dict[str, Any] | None, model: dict[str, Any]) -> RolloutSpec:
+        gates = {"accuracy": {"longContext": lc}} if lc is not None else {}
+        return RolloutSpec.from_dict({"targetRef": {"name": "q"}, "model": model, "gates": gates})
+
+    assert eval_secret_env(spec({}, secret), "Qwen/Qwen3-8B") == {"HF_TOKEN": ("hf", "tok")}
+    assert eval_secret_env(spec({"tokenizer": "Qwen/Qwen3-8B"}, secret), "/m") == {
+        "HF_TOKEN": ("hf", "tok")
+    }
+    assert eval_secret_env(spec(None, secret), "Qwen/Qwen3-8B") == {}  # no long context
+    assert eval_secret_env(spec({}, {}), "Qwen/Qwen3-8B") == {}  # no token
+    assert eval_secret_env(spec({"tokenizer": "/models/tok"}, secret), "Qwen/Qwen3-8B") == {}
+    job = manifests.build_eval_job(
+        rollout="r", namespace="n", attempt=1, image="i", command=["kvgate"], env={"A": "1"},
+        resources={}, deadline_s=60, config_hash="h", secret_env={"HF_TOKEN": ("hf", "tok")},
+    )  # fmt: skip
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [
+        {"name": "A", "value": "1"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}},
+    ]
