@@ -479,3 +479,44 @@ def test_a_hub_tokenizer_gets_the_rollouts_token_by_reference() -> None:
         {"name": "A", "value": "1"},
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}},
     ]
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def test_report_shows_the_bucket_tables_and_the_plot() -> None:
+    from kvgate import report
+
+    rollout = {
+        "metadata": {"name": "r", "namespace": "n"},
+        "spec": {"targetRef": {"name": "qwen"}},
+        "status": {
+            "phase": "RolledBack",
+            "accuracy": {
+                **GSM8K_PASS,
+                "long_context": lc_block(COLLAPSED),
+                "divergence": div_block(3.0),
+            },
+        },
+    }
+    text = report.render_text(rollout)
+    lines = text.splitlines()
+    start = lines.index("Long context (paired, per context length)")
+    table = lines[start + 1 : start + 5]
+    assert table[0].split() == ["context", "control", "candidate", "recovery", "at", "least",
+                                "verdict"]  # fmt: skip
+    assert table[1].split()[:3] == ["8,192", "tokens", "96.7%"]
+    assert "fail (worse_than_margin)" in table[3] and table[3].split()[:4] == [
+        "32,768", "tokens", "96.7%", "3.3%"
+    ]  # fmt: skip
+    start = lines.index("Token divergence (teacher-forced, per position bucket)")
+    rows = lines[start + 2 : start + 6]
+    assert [r.split()[0] for r in rows] == ["0-512", "512-1024", "1024-16384", "16384-32768"]
+    assert [r.rstrip().endswith("FLAG") for r in rows] == [False, False, False, True]
+    page = report.render_html(rollout)
+    assert "aria-label='score against context length'" in page and page.count("<polyline") == 2
+    assert ">32k</text>" in page and "16384-32768" in page
+    # no blocks: no sections, no plot
+    plain = {**rollout, "status": {"phase": "Promoted", "accuracy": GSM8K_PASS}}
+    assert "Long context" not in report.render_text(plain)
+    assert "score against context length" not in report.render_html(plain)
