@@ -1073,6 +1073,8 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     error = obs.eval_error
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
+    elif obs.eval_summary is not None and error is None:
+        error = _task_error(spec, obs.eval_summary)
     stuck = error is None and state.phase_elapsed_s >= budget
     if stuck:
         error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
@@ -1121,6 +1123,20 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         )
     step = _after_verdict(spec, state, verdict, gates)
     return replace(step, events=(*events, *step.events))
+
+
+def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
+    """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
+    a GSM8K error. A missing block is not retried: the gate fails it closed."""
+    lc = summary.get("long_context")
+    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
+    if lc.get("verdict") == "error":
+        return f"long-context task: {lc.get('error') or 'error'}"
+    dv = summary.get("divergence")
+    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
+    if dv.get("verdict") == "error":
+        return f"divergence screen: {dv.get('error') or 'error'}"
+    return None
 
 
 def _after_verdict(

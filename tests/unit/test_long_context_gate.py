@@ -520,3 +520,30 @@ def test_report_shows_the_bucket_tables_and_the_plot() -> None:
     plain = {**rollout, "status": {"phase": "Promoted", "accuracy": GSM8K_PASS}}
     assert "Long context" not in report.render_text(plain)
     assert "score against context length" not in report.render_html(plain)
+
+
+def test_a_task_that_errored_is_retried_then_rolls_back() -> None:
+    spec = RolloutSpec.from_dict(
+        {"targetRef": {"name": "qwen"}, "gates": GATES, "canary": {"evalRetries": 1}}
+    )
+    errored = lc_block(SOUND)
+    errored.update(verdict="error", error="candidate endpoint: ReadTimeout", buckets=[])
+    summary = {**GSM8K_PASS, "long_context": errored, "divergence": div_block(6e-4)}
+    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
+    first = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    assert (first.phase, first.reason, first.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
+    assert "long-context task: candidate endpoint: ReadTimeout" in first.message
+    last = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=2), obs, poll_s=2.0)
+    assert (last.phase, last.reason) == (Phase.ROLLED_BACK, "EvalError")
+    # a required screen that errored is retried the same way; a warn-mode one is not
+    screen_error = summary_header(ScreenOptions())
+    screen_error["error"] = "HTTP 400"
+    broken = {**GSM8K_PASS, "long_context": lc_block(SOUND), "divergence": screen_error}
+    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=broken)
+    again = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    assert (again.reason, "divergence screen: HTTP 400" in again.message) == ("EvalRetry", True)
+    warn = RolloutSpec.from_dict(
+        {"targetRef": {"name": "qwen"}, "gates": {**GATES, "divergence": {"mode": "warn"}}}
+    )
+    step = v.next_step(warn, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    assert step.phase is Phase.PROMOTING  # warn: the screen's error is a warning only
