@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_operator_support import (
     FAST_GATES,
     GSM8K_DIR,
@@ -216,3 +217,48 @@ def test_a_sound_candidate_passes_all_three_and_is_promoted(world: World) -> Non
     assert div["document_tokens"][0] > 16384
     args = container_of(world.deployment("sound")).get("args") or []
     assert "--kv-cache-dtype" in args and "fp8" in args
+
+
+@pytest.mark.timeout(120)
+def test_the_apiserver_defaults_and_refuses_the_new_fields(cluster: Any, namespace: str) -> None:
+    install_crd(cluster)
+
+    def cr(name: str, gates: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "kvgate.io/v1alpha1",
+            "kind": "KVCacheRollout",
+            "metadata": {"name": name},
+            "spec": {"targetRef": {"name": "q"}, "gates": gates},
+        }
+
+    apply(cluster, namespace, cr("plain", {}), cr("lc", {"accuracy": {"longContext": {}}}))
+    plain = get(cluster, namespace, "kvr", "plain")
+    assert plain is not None
+    gates = plain["spec"]["gates"]
+    assert "longContext" not in gates["accuracy"]  # GSM8K only unless asked
+    assert gates["divergence"] == {"mode": "off", "documents": 4, "factor": 10, "logprobs": 5}
+    lc = get(cluster, namespace, "kvr", "lc")
+    assert lc is not None
+    assert lc["spec"]["gates"]["accuracy"]["longContext"] == {
+        "tasks": ["niah_single_1"],
+        "items": 50,
+        "margin": 10,
+        "recoveryFloor": 0.95,
+    }
+    for gates, message in (
+        (
+            {"accuracy": {"longContext": {"tasks": ["ruler_qa"]}}},
+            'spec.gates.accuracy.longContext.tasks[0]: Unsupported value: "ruler_qa"',
+        ),
+        (
+            {"accuracy": {"longContext": {"contextLengths": [100]}}},
+            "spec.gates.accuracy.longContext.contextLengths[0]: Invalid value: 100",
+        ),
+        (
+            {"divergence": {"mode": "always"}},
+            'spec.gates.divergence.mode: Unsupported value: "always"',
+        ),
+    ):
+        body = yaml.safe_dump(cr("bad", gates))
+        proc = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body, check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
