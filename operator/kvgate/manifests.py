@@ -19,6 +19,7 @@ from kvgate.model import (
     LABEL_ARM,
     LABEL_ATTEMPT,
     LABEL_ROLLOUT,
+    GateMode,
     RolloutSpec,
 )
 
@@ -125,8 +126,16 @@ def eval_command(
     candidate_url: str,
     model: str | None,
     concurrency: int,
+    max_model_len: int | None = None,
+    tokenizer: str | None = None,
 ) -> list[str]:
-    """`kvgate eval` against both arms (full completions URLs), with the gate's settings."""
+    """`kvgate eval` against both arms (full completions URLs), with the gate's settings.
+
+    With `spec.gates.accuracy.longContext` the same run does the long-context task (buckets
+    from its contextLengths, else up to `max_model_len`; prompts sized with its tokenizer, else
+    `tokenizer`, the model's); with `spec.gates.divergence` on, the divergence screen too
+    (documents of its maxTokens, else just under `max_model_len`).
+    """
     acc = spec.accuracy
     cmd = [
         "kvgate",
@@ -152,6 +161,37 @@ def eval_command(
         cmd += ["--sequential", "--chunk", str(acc.chunk)]
     if model:
         cmd += ["--model", model]
+    lc = acc.long_context
+    if lc is not None:
+        cmd += [
+            "--long-context-tasks",
+            ",".join(lc.tasks),
+            "--long-context-items",
+            str(lc.items),
+            "--long-context-margin",
+            f"{lc.margin_pp / 100:g}",
+            "--recovery-floor",
+            f"{lc.recovery_floor:g}",
+        ]
+        if lc.context_lengths:
+            cmd += ["--context-lengths", ",".join(str(n) for n in lc.context_lengths)]
+        elif max_model_len:
+            cmd += ["--max-model-len", str(max_model_len)]
+        if lc.tokenizer or tokenizer:
+            cmd += ["--tokenizer", str(lc.tokenizer or tokenizer)]
+    div = spec.divergence
+    if div.mode is not GateMode.OFF:
+        cmd += [
+            "--divergence-documents",
+            str(div.documents),
+            "--divergence-factor",
+            f"{div.factor:g}",
+            "--divergence-logprobs",
+            str(div.logprobs),
+        ]
+        doc_tokens = div.max_tokens or max_model_len
+        if doc_tokens:
+            cmd += ["--divergence-max-tokens", str(doc_tokens)]
     return cmd
 
 
@@ -175,6 +215,7 @@ def build_eval_job(
     service_account_name: str | None = None,
     nonce: str | None = None,
     writable_tmp: bool = True,
+    secret_env: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log.
 
@@ -185,7 +226,9 @@ def build_eval_job(
     filesystem with an emptyDir at /tmp for HOME, HF_HOME and lm-eval's scratch files unless
     `writable_tmp` is False). `nonce` becomes `KVGATE_EVAL_NONCE`, so the summary the eval
     writes can be bound to this attempt. The termination message is read from the default
-    path, where the eval may write its summary.
+    path, where the eval may write its summary. `secret_env` maps a variable to a Secret's
+    (name, key), read by the kubelet (e.g. HF_TOKEN for a gated model's tokenizer); the value
+    never appears in the Job.
     """
     labels = {**child_labels(rollout, "eval"), LABEL_ATTEMPT: str(attempt)}
     env_vars = dict(env)
@@ -195,7 +238,12 @@ def build_eval_job(
         "name": "eval",
         "image": image,
         "command": list(command),
-        "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())]
+        + [
+            {"name": k, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
+            for k, ref in sorted((secret_env or {}).items())
+            if k not in env_vars
+        ],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": EVAL_UID,

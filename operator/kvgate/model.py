@@ -110,6 +110,9 @@ class Engine(StrEnum):
 
 KV_DTYPES: Final = ("fp8", "fp8_e4m3", "fp8_e5m2")
 ACCURACY_TASKS: Final = ("gsm8k", "gsm8k_cot")
+LONG_CONTEXT_TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
+MIN_CONTEXT_LENGTH: Final = 256
+MAX_CONTEXT_LENGTH: Final = 2**24
 GSM8K_TEST_SIZE: Final = 1319
 
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -195,6 +198,24 @@ class BackendGate:
 
 
 @dataclass(frozen=True, slots=True)
+class LongContextTask:
+    """The long-context needle task of the accuracy gate (`spec.gates.accuracy.longContext`).
+
+    Judged per context-length bucket (paired non-inferiority at `margin_pp`, and the candidate
+    at least `recovery_floor` of the control's score); the accuracy verdict is the worse of
+    GSM8K's and this task's. `context_lengths` empty: 4096, 8192, ... up to the engine's max
+    model length (read from the control's startup log). `tokenizer` None: the model's.
+    """
+
+    tasks: tuple[str, ...] = ("niah_single_1",)
+    items: int = 50
+    margin_pp: float = 10.0
+    recovery_floor: float = 0.95
+    context_lengths: tuple[int, ...] = ()
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AccuracyGate:
     task: str = "gsm8k"
     questions: int = 500
@@ -203,6 +224,21 @@ class AccuracyGate:
     confidence: float = 0.95
     sequential: bool = True
     chunk: int = 100
+    long_context: LongContextTask | None = None  # None: GSM8K only
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceGate:
+    """The token-level divergence screen (`spec.gates.divergence`), run in the eval Job.
+
+    `max_tokens` None: the engine's max model length (from the control's startup log).
+    """
+
+    mode: GateMode = GateMode.OFF
+    documents: int = 4
+    max_tokens: int | None = None
+    factor: float = 10.0
+    logprobs: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +296,7 @@ class RolloutSpec:
     scales: ScalesGate = field(default_factory=ScalesGate)
     backend: BackendGate = field(default_factory=BackendGate)
     accuracy: AccuracyGate = field(default_factory=AccuracyGate)
+    divergence: DivergenceGate = field(default_factory=DivergenceGate)
     capacity_gain: CapacityGainGate = field(default_factory=CapacityGainGate)
     speed: SpeedGate | None = None
     canary: CanarySpec = field(default_factory=CanarySpec)
@@ -328,12 +365,25 @@ class RolloutSpec:
             confidence=acc.number("confidence", 0.95, 0.8, 0.999),
             sequential=acc.boolean("sequential", True),
             chunk=acc.integer("chunk", 100, 10, GSM8K_TEST_SIZE),
+            long_context=_long_context(acc.section("longContext")),
         )
         if accuracy.chunk > questions:
             acc.error(
                 "chunk",
                 f"{accuracy.chunk} exceeds questions ({questions}); use a chunk <= questions",
             )
+        dv = g.section("divergence")
+        divergence = DivergenceGate(
+            mode=dv.choice("mode", GateMode, GateMode.OFF),
+            documents=dv.integer("documents", 4, 1, 100),
+            max_tokens=(
+                dv.integer("maxTokens", 8192, 512, 2**21)
+                if dv.raw("maxTokens") is not None
+                else None
+            ),
+            factor=dv.number("factor", 10.0, 1.0, 1e6),
+            logprobs=dv.integer("logprobs", 5, 1, 20),
+        )
         gain = CapacityGainGate(g.section("capacityGain").number("minRatio", 1.8, 1.0, 8.0))
         sp = g.section("speed")
         speed = (
@@ -376,11 +426,42 @@ class RolloutSpec:
             scales=scales,
             backend=backend,
             accuracy=accuracy,
+            divergence=divergence,
             capacity_gain=gain,
             speed=speed,
             canary=canary,
             promotion=promotion,
         )
+
+
+def _long_context(lc: _Reader) -> LongContextTask | None:
+    """spec.gates.accuracy.longContext: absent means GSM8K only."""
+    if not lc.present:
+        return None
+    tasks = lc.list_of("tasks", str, "a string") if lc.raw("tasks") is not None else None
+    for i, t in enumerate(tasks or []):
+        if t not in LONG_CONTEXT_TASKS:
+            lc.error(f"tasks[{i}]", f"{t!r} is not one of {', '.join(LONG_CONTEXT_TASKS)}")
+    if tasks is not None and not tasks:
+        lc.error("tasks", "is empty; name at least one task or remove longContext")
+    lengths = lc.list_of("contextLengths", int, "an integer")
+    for i, n in enumerate(lengths):
+        if not MIN_CONTEXT_LENGTH <= n <= MAX_CONTEXT_LENGTH:
+            lc.error(
+                f"contextLengths[{i}]",
+                f"{n} is outside [{MIN_CONTEXT_LENGTH}, {MAX_CONTEXT_LENGTH}]",
+            )
+    tokenizer = lc.string("tokenizer")
+    if tokenizer is not None and (len(tokenizer) > 512 or not tokenizer.isprintable()):
+        lc.error("tokenizer", "a hub repo id or a path of at most 512 printable characters")
+    return LongContextTask(
+        tasks=tuple(dict.fromkeys(tasks)) if tasks else ("niah_single_1",),
+        items=lc.integer("items", 50, 5, 1000),
+        margin_pp=lc.number("margin", 10.0, 0.0, 50.0, exclusive_min=True),
+        recovery_floor=lc.number("recoveryFloor", 0.95, 0.0, 1.0),
+        context_lengths=tuple(sorted(set(lengths))),
+        tokenizer=tokenizer,
+    )
 
 
 def _env_vars(

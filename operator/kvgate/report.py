@@ -615,6 +615,14 @@ def render_text(rollout: Mapping[str, Any]) -> str:
                 ],
             )
         lines += [f"  {line}" for line in _accuracy_notes(acc)]
+    lc_rows = long_context_rows(status)
+    if lc_rows:
+        lines += ["", "Long context (paired, per context length)"]
+        lines += _table(_LC_HEADER, lc_rows)
+    div_rows = divergence_rows(status)
+    if div_rows:
+        lines += ["", "Token divergence (teacher-forced, per position bucket)"]
+        lines += _table(_DIV_HEADER, div_rows)
 
     cap_rows = _capacity_rows(status)
     if cap_rows:
@@ -639,6 +647,104 @@ def render_text(rollout: Mapping[str, Any]) -> str:
         [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
     )
     return "\n".join(lines) + "\n"
+
+
+_LC_HEADER: Final = ("context", "control", "candidate", "recovery", "at least", "verdict")
+_DIV_HEADER: Final = (
+    "positions", "A/A mean KL", "candidate mean KL", "A/A top-1", "candidate top-1", "flag"
+)  # fmt: skip
+
+
+def _rows_of(status: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    block = (_get(status, "accuracy") or {}).get(key)
+    rows = block.get("buckets") if isinstance(block, Mapping) else None
+    return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+
+
+def long_context_rows(status: Mapping[str, Any]) -> list[list[str]]:
+    """Per context-length bucket: both arms' scores, recovery, the lower bound, the verdict."""
+    out = []
+    for r in _rows_of(status, "long_context"):
+        n = _int(r.get("context_length"))
+        out.append(
+            [
+                f"{n:,} tokens" if n else _DASH,
+                _pct(_num((r.get("control") or {}).get("accuracy"))),
+                _pct(_num((r.get("candidate") or {}).get("accuracy"))),
+                _fmt_num(_num(r.get("recovery"))),
+                _pp(_num((r.get("bounds") or {}).get("lower"))),
+                f"{r.get('verdict', _DASH)} ({r.get('reason', _DASH)})",
+            ]
+        )
+    return out
+
+
+def divergence_rows(status: Mapping[str, Any]) -> list[list[str]]:
+    """Per position bucket: the A/A floor and the candidate, KL and top-1 agreement."""
+    out = []
+    for r in _rows_of(status, "divergence"):
+        f, c = r.get("floor") or {}, r.get("candidate") or {}
+        out.append(
+            [
+                str(r.get("bucket", _DASH)),
+                f"{_num(f.get('mean_kl')) or 0:.3g}",
+                f"{_num(c.get('mean_kl')) or 0:.3g}",
+                _pct(_num(f.get("top1_agreement"))),
+                _pct(_num(c.get("top1_agreement"))),
+                "FLAG" if r.get("flagged") else "",
+            ]
+        )
+    return out
+
+
+def _kilo(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def render_long_context_svg(status: Mapping[str, Any]) -> str:
+    """Score against context length for both arms (log2 x axis), or '' without buckets."""
+    points = []
+    for r in _rows_of(status, "long_context"):
+        n = _int(r.get("context_length"))
+        a = _num((r.get("control") or {}).get("accuracy"))
+        b = _num((r.get("candidate") or {}).get("accuracy"))
+        if n and n > 0 and a is not None and b is not None:
+            points.append((math.log2(n), a, b, n))
+    if not points:
+        return ""
+    w, h, left, right, top, bottom = 480, 220, 50, 20, 15, 35
+    lo, hi = points[0][0], points[-1][0]
+    span = max(hi - lo, 1.0)
+
+    def x(v: float) -> float:
+        return left + (v - lo) / span * (w - left - right)
+
+    def y(v: float) -> float:
+        return top + (1 - v) * (h - top - bottom)
+
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' role='img' "
+        "aria-label='score against context length'>",
+        f"<line x1='{left}' y1='{y(0)}' x2='{w - right}' y2='{y(0)}' stroke='#888'/>",
+        f"<line x1='{left}' y1='{y(0)}' x2='{left}' y2='{y(1)}' stroke='#888'/>",
+    ]
+    for v in (0.0, 0.5, 1.0):
+        parts.append(f"<text x='{left - 6}' y='{y(v) + 4}' text-anchor='end'>{v:.0%}</text>")
+    for px, _, _, n in points:
+        parts.append(f"<text x='{x(px)}' y='{h - 12}' text-anchor='middle'>{_kilo(n)}</text>")
+    for index, colour, label in ((1, "#1f77b4", "control"), (2, "#d62728", "candidate")):
+        line = " ".join(f"{x(pt[0]):.1f},{y(pt[index]):.1f}" for pt in points)
+        parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{line}'/>")
+        parts += [
+            f"<circle cx='{x(pt[0]):.1f}' cy='{y(pt[index]):.1f}' r='3' fill='{colour}'/>"
+            for pt in points
+        ]
+        parts.append(
+            f"<text x='{w - right}' y='{top + 14 * index}' text-anchor='end' "
+            f"fill='{colour}'>{label}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def _accuracy_heading(acc: Accuracy) -> str:
@@ -959,6 +1065,15 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         notes = _accuracy_notes(acc)
         if notes:
             out.append("<ul class='notes'>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    lc_rows = long_context_rows(status)
+    if lc_rows:
+        out.append("<h2>Long context (paired, per context length)</h2>")
+        out.append(render_long_context_svg(status))
+        out.append(_html_table(_LC_HEADER, lc_rows, numeric_from=1))
+    div_rows = divergence_rows(status)
+    if div_rows:
+        out.append("<h2>Token divergence (teacher-forced, per position bucket)</h2>")
+        out.append(_html_table(_DIV_HEADER, div_rows, numeric_from=1))
     cap_rows = _capacity_rows(status)
     if cap_rows:
         out.append("<h2>Capacity</h2>")

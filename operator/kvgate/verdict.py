@@ -21,7 +21,9 @@ from kvgate.model import (
     BackendGate,
     CapacityGainGate,
     CapacityGate,
+    DivergenceGate,
     GateMode,
+    LongContextTask,
     Outcome,
     Phase,
     PromotionMode,
@@ -37,9 +39,14 @@ SCALES: Final = "scales"
 BACKEND: Final = "backend"
 CAPACITY_GAIN: Final = "capacityGain"
 ACCURACY: Final = "accuracy"
+LONG_CONTEXT: Final = "longContext"
+DIVERGENCE: Final = "divergence"
 SPEED: Final = "speed"
 CANARY: Final = "canary"
-GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
+GATE_ORDER: Final = (
+    POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED
+)  # fmt: skip
+EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
 _GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
@@ -323,6 +330,161 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
         return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
     except (KeyError, TypeError, ValueError):
         return f"eval verdict {summary.get('verdict')!r}"
+
+
+_LC_KIND: Final = "kvgate.eval/long_context"
+_LC_VERDICTS: Final = {
+    "fail": (Outcome.FAILED, "LongContextRegressed"),
+    "inconclusive": (Outcome.INCONCLUSIVE, "LongContextInconclusive"),
+}
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def bucket_label(length: int) -> str:
+    """A context-length bucket as a range: 32768 -> `16k-32k` (its prompts fill up to 32k)."""
+    return f"{_tokens(length // 2)}-{_tokens(length)}"
+
+
+def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]) -> GateResult:
+    """The eval summary's `long_context` block as the long-context task's outcome.
+
+    Fail closed: when the task was asked for, a missing, malformed or self-contradicting block
+    (a pass with a bucket that did not pass, other tasks than asked) is an ERROR, never a pass.
+    A fail or inconclusive names the worst bucket: of those with the block's verdict, the one
+    where the candidate lost most.
+    """
+    if gate is None:
+        return GateResult(LONG_CONTEXT, Outcome.SKIPPED, "GateOff", "long context not evaluated")
+    block = summary.get("long_context")
+
+    def broken(why: str) -> GateResult:
+        return GateResult(LONG_CONTEXT, Outcome.ERROR, "LongContextError", why)
+
+    if not isinstance(block, Mapping) or block.get("kind") != _LC_KIND:
+        return broken(
+            "the eval summary has no long_context block, though spec.gates.accuracy.longContext "
+            "asks for it (an eval image without the task?)"
+        )
+    verdict = block.get("verdict")
+    if verdict == "error" or verdict not in ("pass", "fail", "inconclusive"):
+        return broken(f"long-context task: {block.get('error') or f'verdict {verdict!r}'}")
+    if list(block.get("tasks") or []) != list(gate.tasks):
+        return broken(
+            f"long-context block ran tasks {block.get('tasks')!r}, not {list(gate.tasks)}"
+        )
+    if gate.context_lengths and list(block.get("context_lengths") or []) != list(
+        gate.context_lengths
+    ):
+        return broken(
+            f"long-context block judged lengths {block.get('context_lengths')!r}, not "
+            f"{list(gate.context_lengths)}"
+        )
+    rows = block.get("buckets")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
+        return broken("long-context block judged no bucket")
+    try:
+        worst_rows = [r for r in rows if r["verdict"] == verdict]
+        if (verdict == "pass" and len(worst_rows) != len(rows)) or not worst_rows:
+            return broken(f"long-context verdict {verdict} contradicts its buckets")
+        row = min(worst_rows, key=lambda r: float(r["paired"]["difference"]))
+        length = int(row["context_length"])
+        detail = (
+            f"control {float(row['control']['accuracy']):.0%} vs candidate "
+            f"{float(row['candidate']['accuracy']):.0%} on {int(row['items'])} items"
+        )
+        recovery = row.get("recovery")
+        if isinstance(recovery, int | float):
+            detail += f", recovery {recovery:.2f} (floor {gate.recovery_floor:g})"
+        lower = float(row["bounds"]["lower"]) * 100
+    except (KeyError, TypeError, ValueError) as exc:
+        return broken(f"long-context block is malformed ({type(exc).__name__}: {exc})")
+    if verdict == "pass":
+        lengths = ", ".join(bucket_label(int(r["context_length"])) for r in rows)
+        return GateResult(
+            LONG_CONTEXT,
+            Outcome.SUCCESSFUL,
+            "LongContextNonInferior",
+            f"long context non-inferior in every bucket ({lengths}); closest: "
+            f"{bucket_label(length)} {detail}, at least {lower:+.1f} pp "
+            f"(margin {gate.margin_pp:g} pp)",
+        )
+    outcome, reason = _LC_VERDICTS[verdict]
+    why = {
+        "worse_than_margin": f"worse than the {gate.margin_pp:g} pp margin",
+        "below_recovery_floor": f"below {gate.recovery_floor:.0%} of the control's score",
+    }.get(str(row.get("reason")), "not shown non-inferior")
+    return GateResult(
+        LONG_CONTEXT,
+        outcome,
+        reason,
+        f"long-context bucket {bucket_label(length)} ({length:,} tokens): {why}: {detail}",
+    )
+
+
+_DIV_KIND: Final = "kvgate.diverge/summary"
+
+
+def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateResult:
+    """The eval summary's `divergence` block (the screen's own summary) as an outcome.
+
+    `require`: a flag fails, and a screen that did not run (missing block, error) is an ERROR;
+    `warn`: both are WARNINGs. The message names the first flagged position bucket.
+    """
+    if gate.mode is GateMode.OFF:
+        return GateResult(DIVERGENCE, Outcome.SKIPPED, "GateOff", "divergence not screened")
+    bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    unknown = Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    block = summary.get("divergence")
+    if not isinstance(block, Mapping) or block.get("kind") != _DIV_KIND:
+        return GateResult(
+            DIVERGENCE,
+            unknown,
+            "DivergenceUnknown",
+            "the eval summary has no divergence block, though spec.gates.divergence asks for it",
+        )
+    verdict = block.get("verdict")
+    if verdict == "pass":
+        try:
+            rows = list(block["buckets"])
+            positions = int(block["positions"])
+            ok = bool(rows) and positions > 0 and not any(r["flagged"] for r in rows)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if ok:
+            return GateResult(
+                DIVERGENCE,
+                Outcome.SUCCESSFUL,
+                "DivergenceWithinFloor",
+                f"token divergence within {gate.factor:g}x the A/A floor in every position "
+                f"bucket ({positions:,} positions)",
+            )
+        return GateResult(
+            DIVERGENCE, unknown, "DivergenceUnknown", "divergence pass contradicts its buckets"
+        )
+    if verdict == "flag":
+        first = block.get("first_flagged")
+        try:
+            assert isinstance(first, Mapping)
+            f, c = first["floor"], first["candidate"]
+            message = (
+                f"token divergence above {gate.factor:g}x the A/A floor from position bucket "
+                f"{int(first['low']):,}-{int(first['high']):,}: mean KL "
+                f"{float(c['mean_kl']):.3g} vs floor {float(f['mean_kl']):.3g}, top-1 agreement "
+                f"{float(c['top1_agreement']):.0%} vs {float(f['top1_agreement']):.0%}"
+            )
+        except (AssertionError, KeyError, TypeError, ValueError):
+            flagged = block.get("flagged_buckets")
+            message = f"token divergence above the A/A floor in position buckets {flagged!r}"
+        return GateResult(DIVERGENCE, bad, "DivergenceFlagged", message)
+    return GateResult(
+        DIVERGENCE,
+        unknown,
+        "DivergenceUnknown",
+        f"divergence screen: {block.get('error') or f'verdict {verdict!r}'}",
+    )
 
 
 def mean_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> float | None:
@@ -706,7 +868,9 @@ _OUTCOME_EVENTS: Final = {
 
 def _event_for(result: GateResult) -> Event | None:
     """Gate results worth an Event of their own (alerting matches the reason)."""
-    if result.reason in ("ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed"):
+    if result.reason in (
+        "ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed", "DivergenceFlagged"
+    ):  # fmt: skip
         return Event(result.reason, result.message, warning=True)
     return None
 
@@ -995,6 +1159,8 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     error = obs.eval_error
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
+    elif obs.eval_summary is not None and error is None:
+        error = _task_error(spec, obs.eval_summary)
     stuck = error is None and state.phase_elapsed_s >= budget
     if stuck:
         error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
@@ -1023,12 +1189,15 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             requeue_s=_delay(poll_s),
         )
     accuracy = assess_accuracy(spec.accuracy, obs.eval_summary)
+    long_context = assess_long_context(spec.accuracy.long_context, obs.eval_summary)
+    divergence = assess_divergence(spec.divergence, obs.eval_summary)
     speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s)
-    results = (*[g for g in state.gates.values() if g.gate != ACCURACY], accuracy, speed)
+    gates = (accuracy, long_context, divergence, speed)
+    results = (*[g for g in state.gates.values() if g.gate not in EVAL_GATES], *gates)
     verdict = decide(
         results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
     )
-    gates = (accuracy, speed)
+    events = tuple(e for e in (_event_for(g) for g in gates) if e is not None)
     if verdict.decision is Decision.ROLL_BACK:
         return _end(
             Phase.ROLLED_BACK,
@@ -1036,8 +1205,24 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             verdict.message,
             gates=gates,
             verdict=verdict,
+            events=events,
         )
-    return _after_verdict(spec, state, verdict, gates)
+    step = _after_verdict(spec, state, verdict, gates)
+    return replace(step, events=(*events, *step.events))
+
+
+def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
+    """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
+    a GSM8K error. A missing block is not retried: the gate fails it closed."""
+    lc = summary.get("long_context")
+    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
+    if lc.get("verdict") == "error":
+        return f"long-context task: {lc.get('error') or 'error'}"
+    dv = summary.get("divergence")
+    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
+    if dv.get("verdict") == "error":
+        return f"divergence screen: {dv.get('error') or 'error'}"
+    return None
 
 
 def _after_verdict(

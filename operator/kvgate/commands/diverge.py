@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -82,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
 
 
-def _documents_source(data_dir: Path | None) -> list[str]:
+def documents_source(data_dir: Path | None) -> list[str]:
     if data_dir is None:
         raise SpecError("--data-dir", "no GSM8K directory: pass --data-dir or KVGATE_GSM8K_DIR")
     rows = []
@@ -148,7 +149,7 @@ class _Arm:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.evaluation.runner import check_url, resolve_data_dir
+    from kvgate.evaluation.runner import check_endpoint, check_url, resolve_data_dir
 
     requested = {
         "control": (args.control_url, args.control_model or args.model),
@@ -157,23 +158,22 @@ def run(args: argparse.Namespace) -> int:
     for name, (url, _) in requested.items():
         check_url(name, url)
     settings = ScreenSettings(args.factor, args.min_kl, args.min_disagreement)
-    rows = _documents_source(resolve_data_dir(args.data_dir, os.environ))
-    summary: dict[str, Any] = {
-        "kind": SUMMARY_KIND,
-        "verdict": str(Verdict.ERROR),
-        "error": None,
-        "documents": args.documents,
-        "max_tokens": args.max_tokens,
-        "logprobs": args.logprobs,
-        "settings": settings.to_dict(),
-        "flagged_buckets": [],
-        "first_flagged": None,
-        "buckets": [],
-    }
+    rows = documents_source(resolve_data_dir(args.data_dir, os.environ))
+    options = ScreenOptions(
+        documents=args.documents,
+        max_tokens=args.max_tokens,
+        logprobs=args.logprobs,
+        first_bucket=args.first_bucket,
+        timeout=args.timeout,
+        settings=settings,
+    )
     try:
-        summary.update(_screen(args, requested, rows, settings))
+        endpoints = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
     except EvalError as exc:
+        summary = summary_header(options)
         summary["error"] = str(exc)
+    else:
+        summary = run_screen(endpoints, rows, options)
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
@@ -182,35 +182,67 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CODES[Verdict(summary["verdict"])]
 
 
-def _screen(
-    args: argparse.Namespace,
-    requested: dict[str, tuple[str, str | None]],
-    rows: list[str],
-    settings: ScreenSettings,
-) -> dict[str, Any]:
-    from kvgate.evaluation.runner import check_endpoint
+@dataclass(frozen=True, slots=True)
+class ScreenOptions:
+    documents: int = 4
+    max_tokens: int = 8192
+    logprobs: int = 5
+    first_bucket: int = DEFAULT_FIRST_EDGE
+    timeout: float = 600.0
+    settings: ScreenSettings = field(default_factory=ScreenSettings)
 
-    endpoints = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
-    timeout = httpx.Timeout(args.timeout, connect=10.0)
+
+def summary_header(options: ScreenOptions) -> dict[str, Any]:
+    """The summary before the screen ran: verdict error until it says otherwise."""
+    return {
+        "kind": SUMMARY_KIND,
+        "verdict": str(Verdict.ERROR),
+        "error": None,
+        "documents": options.documents,
+        "max_tokens": options.max_tokens,
+        "logprobs": options.logprobs,
+        "settings": options.settings.to_dict(),
+        "flagged_buckets": [],
+        "first_flagged": None,
+        "buckets": [],
+    }
+
+
+def run_screen(endpoints: list[Any], rows: list[str], options: ScreenOptions) -> dict[str, Any]:
+    """The screen against checked endpoints (control first): the summary, errors inside it.
+
+    Used by `kvgate diverge` and by `kvgate eval --divergence-documents` (the operator's eval
+    Job), so both print the same block.
+    """
+    summary = summary_header(options)
+    try:
+        summary.update(_screen(endpoints, rows, options))
+    except EvalError as exc:
+        summary["error"] = str(exc)
+    return summary
+
+
+def _screen(endpoints: list[Any], rows: list[str], options: ScreenOptions) -> dict[str, Any]:
+    timeout = httpx.Timeout(options.timeout, connect=10.0)
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         control, candidate = (_Arm(client, e.name, e.url, e.model) for e in endpoints)
         # Characters per token of this text on this tokenizer, from one short request.
         sample = make_document(rows, 0, _CALIBRATION_CHARS)
         _, sample_tokens = control.echo(sample, 1)
-        chars = int(args.max_tokens * _FILL * len(sample) / max(1, sample_tokens))
+        chars = int(options.max_tokens * _FILL * len(sample) / max(1, sample_tokens))
         first, again, cand = [], [], []
         lengths = []
-        for i in range(args.documents):
+        for i in range(options.documents):
             text = make_document(rows, i, chars)
-            doc, tokens = control.echo(text, args.logprobs)
+            doc, tokens = control.echo(text, options.logprobs)
             first.append(doc)
-            cand.append(candidate.echo(text, args.logprobs)[0])
-            again.append(control.echo(text, args.logprobs)[0])
+            cand.append(candidate.echo(text, options.logprobs)[0])
+            again.append(control.echo(text, options.logprobs)[0])
             lengths.append(tokens)
-    edges = bucket_edges(max(lengths), args.first_bucket)
+    edges = bucket_edges(max(lengths), options.first_bucket)
     floor = compare(first, again, edges)
     against = compare(first, cand, edges)
-    verdict, table = screen(floor, against, settings)
+    verdict, table = screen(floor, against, options.settings)
     flagged = [row for row in table if row.flagged]
     return {
         "verdict": str(verdict),

@@ -129,6 +129,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lc.add_argument(
         "--tokenizer", help="the model's tokenizer: a directory, tokenizer.json or a hub repo id"
     )
+    dv = parser.add_argument_group(
+        "divergence screen",
+        "teacher-forced log-probs against the control's A/A floor (kvgate diverge; off by default)",
+    )
+    dv.add_argument(
+        "--divergence-documents",
+        type=bounded_int(1, 1000),
+        help="documents to screen; turns the screen on (summary block `divergence`)",
+    )
+    dv.add_argument(
+        "--divergence-max-tokens",
+        type=bounded_int(64, 2**21),
+        default=8192,
+        help="document length in tokens (below the engines' --max-model-len)",
+    )
+    dv.add_argument(
+        "--divergence-logprobs", type=bounded_int(1, 20), default=5, help="top-k per position"
+    )
+    dv.add_argument(
+        "--divergence-factor",
+        type=finite_float(1.0, 1e6),
+        default=10.0,
+        help="flag a position bucket whose divergence exceeds the A/A floor by this factor",
+    )
 
 
 def _positive(value: int | float | None, field: str) -> None:
@@ -179,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         confidence=args.confidence,
     )
     long_context = _long_context_request(args)
+    divergence = _divergence_request(args)
     extra: dict[str, Any] = {
         "filter": args.filt,
         "settings": settings.to_dict(),
@@ -218,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
                     summary["long_context"] = _run_long_context(
                         long_context, settings, arms, Path(workdir), args.seed
                     )
+                if divergence is not None:
+                    summary["divergence"] = _run_divergence(divergence, arms, data_dir)
         except EvalError as exc:
             summary = build_summary(
                 plan=plan,
@@ -251,6 +278,11 @@ def run(args: argparse.Namespace) -> int:
     if long_context is not None:
         summary.setdefault("long_context", _skipped_block(long_context, summary))
         summary["overall"] = _overall(summary)
+    if divergence is not None and "divergence" not in summary:
+        from kvgate.commands.diverge import summary_header
+
+        summary["divergence"] = summary_header(divergence)
+        summary["divergence"]["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
@@ -301,6 +333,39 @@ def _long_context_request(args: argparse.Namespace) -> dict[str, Any] | None:
         "tokenizer": args.tokenizer,
         "plan": plan,
     }
+
+
+def _divergence_request(args: argparse.Namespace) -> Any:
+    """The divergence screen's options (None: not asked), checked before anything is sent."""
+    from kvgate.commands.diverge import ScreenOptions
+    from kvgate.divergence import ScreenSettings
+
+    if args.divergence_documents is None:
+        return None
+    return ScreenOptions(
+        documents=args.divergence_documents,
+        max_tokens=args.divergence_max_tokens,
+        logprobs=args.divergence_logprobs,
+        timeout=args.timeout,
+        settings=ScreenSettings(factor=args.divergence_factor),
+    )
+
+
+def _run_divergence(options: Any, arms: list[Any], data_dir: Path | None) -> dict[str, Any]:
+    """The screen after the accuracy tasks; its failures stay inside its block."""
+    from kvgate.commands.diverge import documents_source, run_screen, summary_header
+
+    try:
+        return run_screen(arms, documents_source(data_dir), options)
+    except (EvalError, SpecError, OSError, ValueError) as exc:
+        block = summary_header(options)
+        block["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return block
+    except Exception as exc:  # a bug here must not hide the other results
+        traceback.print_exc(file=sys.stderr)
+        block = summary_header(options)
+        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        return block
 
 
 def _block_header(request: dict[str, Any]) -> dict[str, Any]:

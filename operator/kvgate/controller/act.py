@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvgate import manifests, promotion
+from kvgate.adapters import hub
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -39,6 +40,7 @@ from kvgate.errors import ExternalError, KubeError, KvgateError
 from kvgate.model import (
     LABEL_ARM,
     LABEL_ROLLOUT,
+    RolloutSpec,
 )
 from kvgate.verdict import (
     Action,
@@ -153,6 +155,8 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
             candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
             model=ctx.status.get("servedModel") or ctx.status.get("model"),
             concurrency=eval_concurrency_of(ctx),
+            max_model_len=engine_max_model_len(arms),
+            tokenizer=ctx.status.get("model"),
         ),
         env=env,
         resources=ctx.spec.canary.resources,
@@ -161,6 +165,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
         writable_tmp=ctx.config.eval_writable_tmp,
+        secret_env=eval_secret_env(ctx.spec, ctx.status.get("model")),
     )
     adopt_child(ctx, job, "eval")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
@@ -181,6 +186,23 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     ev.pop("progress", None)
     ctx.status["eval"] = ev
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def eval_secret_env(spec: RolloutSpec, model: str | None) -> dict[str, tuple[str, str]]:
+    """HF_TOKEN from spec.model.tokenSecretRef when the long-context task loads a hub tokenizer."""
+    lc, secret = spec.accuracy.long_context, spec.model.token_secret
+    name = (lc.tokenizer if lc else None) or model
+    local = not name or str(name).startswith(("/", "./", "../"))
+    if lc is None or secret is None or local or not hub.looks_like_repo_id(str(name)):
+        return {}
+    return {"HF_TOKEN": (secret.name, secret.key)}
+
+
+def engine_max_model_len(arms: Mapping[str, Any]) -> int | None:
+    """The control's max model length as its startup log states it (the production value)."""
+    scan = (arms.get("control") or {}).get("scan") or {}
+    value = (scan.get("capacity") or {}).get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def nonce_hash(job: Mapping[str, Any]) -> str | None:
