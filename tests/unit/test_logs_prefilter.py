@@ -64,3 +64,15 @@ def test_lone_surrogates_of_a_surrogateescape_read_do_not_break_the_scan() -> No
     text = f"{NOISE} \udcff\n{FAILED} \udcfe\n"
     failure = scan_log(text, "vllm").finding("engine-start-failed")
     assert failure is not None and failure.line == 2 and "\udcfe" in failure.text
+
+
+def test_a_logged_model_output_is_not_a_finding() -> None:
+    # --enable-log-outputs echoes each answer (vllm/entrypoints/logger.py:72 in 0.10.2,
+    # serve/utils/request_logger.py:119 in 0.33.0: "Generated response %s%s: output: %r, ...").
+    echo = (
+        "(APIServer pid=1) INFO 11-29 20:00:01 [request_logger.py:119] Generated response "
+        "chatcmpl-1: output: 'RuntimeError: Ninja build failed. CUDA out of memory. "
+        "EngineCore failed to start.', finish_reason: stop"
+    )
+    scan = scan_log(f"{NOISE}\n{echo}\n", "vllm")
+    assert scan.findings == () and not scan.failed

@@ -40,6 +40,7 @@ _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DE
 # which are most candidates of a busy log.
 _SKIP_MARKERS: Final = (
     "Received request ",
+    "Generated response ",  # vllm/entrypoints/logger.py 0.10.2-0.15.0, request_logger.py 0.33.0
     "Receive: obj=",
     "Finish: obj=",
     "Avg prompt throughput",
