@@ -15,13 +15,14 @@ every variant onto `<layer>.self_attn.attn.{k,v,q}_scale`:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from kvgate.capacity import MAX_LAYERS
 from kvgate.errors import ParseError
+from kvgate.inputs import load_json
 
 _LAYER_NAME: Final = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 # Vision / audio towers have numbered layers too; their tensors are not the decoder's.
@@ -43,6 +44,10 @@ _WEIGHT_SCALE_SUFFIXES: Final = (
     "input_scale",
     "input_global_scale",
 )
+
+
+_MAX_RANK: Final = 8  # safetensors tensors of checkpoints have 0-5 dimensions
+_MAX_DIM: Final = 1 << 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +182,7 @@ def scan_scales(
     infos = _tensor_infos(tensors)
     config = config or {}
     quant = _quantization_config(config, source)
-    total_layers = _num_layers(config)
+    total_layers = _num_layers(config, source)
 
     found: dict[int, dict[str, str]] = {}
     kinds_seen: set[str] = set()
@@ -249,7 +254,7 @@ def unknown_scales(
 ) -> ScaleReport:
     """The report for a config.json alone: the config's quantization hints, scales unknown."""
     quant = _quantization_config(config, source)
-    total_layers = _num_layers(config)
+    total_layers = _num_layers(config, source)
     report = ScaleReport(
         source=source,
         coverage="unknown",
@@ -287,18 +292,28 @@ def unknown_scales(
 def parse_safetensors_header(header: bytes, source: str) -> dict[str, TensorInfo]:
     """The tensors of one safetensors JSON header (the bytes after the 8-byte length)."""
     try:
-        decoded = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ParseError(source, f"safetensors header is not JSON ({exc})") from exc
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(source, f"safetensors header is not JSON ({exc})") from None
+    decoded = load_json(text, source, max_depth=8)  # depth, size and huge numbers bounded
     if not isinstance(decoded, dict):
         raise ParseError(source, "safetensors header is not a JSON object")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in decoded.items():
         if name == "__metadata__":
             continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
-            raise ParseError(source, f"safetensors header entry '{name}' has no shape")
-        tensors[name] = TensorInfo(name, str(entry.get("dtype")), tuple(entry["shape"]))
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list):
+            raise ParseError(source, f"safetensors header entry '{name[:80]}' has no shape")
+        if len(shape) > _MAX_RANK or not all(
+            type(size) is int and 0 <= size < _MAX_DIM for size in shape
+        ):
+            raise ParseError(
+                source,
+                f"safetensors header entry '{name[:80]}' has shape {str(shape)[:80]}; "
+                f"a shape is at most {_MAX_RANK} sizes, each an integer 0 <= n < 2**48",
+            )
+        tensors[name] = TensorInfo(name, str(entry.get("dtype")), tuple(shape))
     return tensors
 
 
@@ -319,9 +334,15 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return nested if isinstance(nested, Mapping) else config
 
 
-def _num_layers(config: Mapping[str, Any]) -> int | None:
+def _num_layers(config: Mapping[str, Any], source: str) -> int | None:
     value = _text_config(config).get("num_hidden_layers")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return None
+    if value > MAX_LAYERS:  # one slot per layer follows: 30 M layers would take gigabytes
+        raise ParseError(
+            source, f"num_hidden_layers is {value}; kvgate reads models of at most {MAX_LAYERS}"
+        )
+    return value
 
 
 def _kv_cache_quant_algo(

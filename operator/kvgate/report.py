@@ -415,7 +415,8 @@ def split_remedy(message: str) -> tuple[str, str | None]:
 def args_heading(status: Mapping[str, Any]) -> str:
     """The args are a recommendation only when the candidate was not rejected."""
     phase = _get(status, "phase")
-    return "Rejected candidate args" if phase in _BAD_PHASES else "Recommended args"
+    bad = isinstance(phase, str) and phase in _BAD_PHASES
+    return "Rejected candidate args" if bad else "Recommended args"
 
 
 def shell_command(args: Sequence[str]) -> str:
@@ -819,6 +820,8 @@ _COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
 
 
 def _phase_class(phase: str) -> str:
+    if not isinstance(phase, str):  # a hand-edited status may hold anything
+        return "info"
     if phase in _GOOD_PHASES:
         return "good"
     if phase in _BAD_PHASES:
@@ -958,7 +961,9 @@ def render_svg(status: Mapping[str, Any]) -> str:
 
 def _missing(status: Mapping[str, Any]) -> str:
     """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
-    done = _get(status, "phase") in (_GOOD_PHASES | _BAD_PHASES) or _get(status, "finishedAt")
+    phase = _get(status, "phase")
+    ended = isinstance(phase, str) and phase in (_GOOD_PHASES | _BAD_PHASES)
+    done = ended or _get(status, "finishedAt")
     return "(not measured)" if done else "yet"
 
 

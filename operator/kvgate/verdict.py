@@ -290,7 +290,8 @@ def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> Ga
     if verdict == "fail":
         return GateResult(ACCURACY, Outcome.FAILED, "AccuracyRegressed", detail)
     if verdict == "inconclusive":
-        needed = (summary.get("advice") or {}).get("questions_needed")
+        advice = summary.get("advice")
+        needed = advice.get("questions_needed") if isinstance(advice, Mapping) else None
         more = f"; about {needed} questions would decide" if needed else ""
         return GateResult(ACCURACY, Outcome.INCONCLUSIVE, "AccuracyInconclusive", detail + more)
     error = (

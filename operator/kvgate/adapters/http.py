@@ -5,11 +5,14 @@ Pass a `client` to reuse connections or, in tests, an `httpx.Client(transport=Mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import socket
+import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
@@ -20,6 +23,9 @@ DEFAULT_TIMEOUT: Final = 5.0
 # A vLLM /metrics body is tens to hundreds of KiB; 4 MiB leaves room for many models/replicas.
 MAX_BODY_BYTES: Final = 4 << 20
 MAX_INTERVAL: Final = 86400.0
+# The watchdog fires this long after the timeout, so a silent server trips httpx's own read
+# timeout first (and is reported as such).
+_WATCHDOG_GRACE: Final = 0.1
 
 # Owned clients ignore HTTP(S)_PROXY: pod IPs are scraped directly.
 # httpx logs one INFO line per request; at scrape rate that drowns the operator's log.
@@ -36,6 +42,47 @@ def _check_url(url: str) -> None:
         raise SpecError(
             "url", f"'{url}' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics"
         )
+
+
+class _Watchdog:
+    """Shuts the request's socket down at the deadline.
+
+    httpx's timeouts bound each read, not the request: a server that sends its headers or body
+    a byte at a time never trips them. The TCP socket is taken from httpcore's trace event when
+    it connects (the request says `Connection: close`, so it is never a pooled one), and a timer
+    shuts it down, which wakes the blocked read.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._socket: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event != "connection.connect_tcp.complete":
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            self._socket = sock if isinstance(sock, socket.socket) else None
+            if self.fired:
+                self._shutdown()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(OSError):  # already closed
+                self._socket.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def scrape(
@@ -58,8 +105,16 @@ def scrape(
     own = client is None
     http = client if client is not None else httpx.Client(trust_env=False)
     deadline = clock() + timeout
+    watchdog = _Watchdog(timeout + _WATCHDOG_GRACE)
+    late = f"no complete answer within {timeout:g} s (headers or body too slow)"
     try:
-        with http.stream("GET", url, timeout=timeout) as response:
+        with http.stream(
+            "GET",
+            url,
+            timeout=timeout,
+            headers={"Connection": "close"},
+            extensions={"trace": watchdog.trace},
+        ) as response:
             response.raise_for_status()
             body = bytearray()
             for chunk in response.iter_bytes():
@@ -72,6 +127,8 @@ def scrape(
                     raise ScrapeError(
                         url, f"body not complete within {timeout:g} s ({len(body):,} bytes read)"
                     )
+            if watchdog.fired:  # a body read to EOF after the shutdown is cut, not whole
+                raise ScrapeError(url, late)
             try:
                 return body.decode(response.charset_encoding or "utf-8", errors="replace")
             except LookupError:  # a charset Python does not know
@@ -82,11 +139,14 @@ def scrape(
         if status == 404 and httpx.URL(url).path.endswith("/metrics"):
             message += " (SGLang serves /metrics only with --enable-metrics)"
         raise ScrapeError(url, message) from exc
-    except httpx.TimeoutException as exc:
+    except httpx.TimeoutException as exc:  # a silent server: the read timed out first
         raise ScrapeError(url, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
+        if watchdog.fired:  # the watchdog cut a trickling answer
+            raise ScrapeError(url, late) from exc
         raise ScrapeError(url, f"{type(exc).__name__}: {_first_line(exc)}") from exc
     finally:
+        watchdog.cancel()
         if own:
             http.close()
 

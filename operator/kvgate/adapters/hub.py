@@ -331,9 +331,10 @@ def _index_files(index: Mapping[str, Any], source: str) -> list[str]:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, Mapping) or not weight_map:
         raise ParseError(source, "field 'weight_map' is missing or empty")
-    names = {name for name in weight_map.values()}
-    if not all(isinstance(name, str) and name and "\x00" not in name for name in names):
+    values = list(weight_map.values())
+    if not all(isinstance(name, str) and name and "\x00" not in name for name in values):
         raise ParseError(source, "field 'weight_map' must map tensor names to file names")
+    names = set(values)
     if len(names) > MAX_SHARDS:
         raise ParseError(source, f"field 'weight_map' names more than {MAX_SHARDS} files")
     return sorted(names)

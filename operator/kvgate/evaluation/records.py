@@ -5,13 +5,13 @@ Pure: lm-eval sample dicts (or saved lines) in, records and paired counts out.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from kvgate.errors import EvalError, ParseError
+from kvgate.inputs import load_json, read_text
 from kvgate.stats import PairedCounts
 
 QUESTION_KIND: Final = "kvgate.eval/question"
@@ -136,17 +136,15 @@ def read_question_lines(path: Path) -> PairedCounts:
     """Paired counts from a per-question JSONL written by `kvgate eval --output`."""
     pairs: list[tuple[bool, bool]] = []
     seen: set[int] = set()
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ParseError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    lines = read_text(path).splitlines()  # bounded, UTF-8 or one ParseError naming the file
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ParseError(str(path), f"not JSON ({exc.msg})", line_no) from exc
+            obj = load_json(line, str(path))  # depth and huge numbers bounded
+        except ParseError as exc:
+            reason = str(exc).removeprefix(f"{path}: ").removeprefix("malformed JSON: ")
+            raise ParseError(str(path), f"not JSON ({reason})", line_no) from None
         if not isinstance(obj, dict) or obj.get("kind", QUESTION_KIND) != QUESTION_KIND:
             continue
         ctrl, cand, doc_id = obj.get("control_right"), obj.get("candidate_right"), obj.get("doc_id")

@@ -6,10 +6,11 @@
 
 The log is read in two passes over very little data:
 
-1. Candidate lines are found with `str.find` on a few anchor substrings (`ache`, `ackend`,
-   `rror`, ...) over whole chunks of text; a request-log line contains none of them, so a
-   100 MB log costs a few fast C scans, not a regex per line. Each rule of an anchor then
-   checks its own needle and only then its regex, and a match becomes an `_Event`.
+1. Candidate lines are found in one Aho-Corasick pass (ahocorasick-rs, SIMD prefiltered)
+   for all anchor substrings (`ache`, `ackend`, `rror`, ...) over the UTF-8 bytes of whole
+   chunks; a request-log line contains none of them, so a 100 MB log costs one fast scan and
+   no Python work per noise line. Each rule of an anchor then checks its own needle and only
+   then its regex, and a match becomes an `_Event`.
 2. `_Folder` turns the events into a `LogScan` once the engine is known (given, or voted by
    the events), so rules of the other engine cannot leak in when detecting.
 

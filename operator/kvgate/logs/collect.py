@@ -1,10 +1,13 @@
-"""Pass 1: candidate lines by anchor (`str.find` over whole chunks), then rules, then events."""
+"""Pass 1: candidate lines by anchor (one Aho-Corasick pass over each chunk), then rules, then events."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
 from typing import Final
+
+import numpy as np
+from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
 from kvgate.logs import rules as R
 from kvgate.logs.model import MAX_EVENTS_PER_RULE, MAX_LINE, MAX_TEXT, Event
@@ -32,11 +35,32 @@ _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DE
 
 
 # Lines skipped even when an anchor hits: request echoes (--enable-log-requests, SGLang
-# --log-requests), where a prompt quoting "Ninja build failed" must not become a finding, and
-# the periodic stats lines ("GPU KV cache usage"), which are most candidates of a busy log.
-_SKIP = re.compile(
-    r"Received request |Receive: obj=|Finish: obj=|Avg prompt throughput|(?:Decode|Prefill) batch\."
+# --log-requests, --enable-log-outputs), where a prompt or an answer quoting "Ninja build
+# failed" must not become a finding, and the periodic stats lines ("GPU KV cache usage"),
+# which are most candidates of a busy log.
+_SKIP_MARKERS: Final = (
+    "Received request ",
+    "Generated response ",  # vllm/entrypoints/logger.py 0.10.2-0.15.0, request_logger.py 0.33.0
+    "Receive: obj=",
+    "Finish: obj=",
+    "Avg prompt throughput",
+    "Decode batch.",
+    "Prefill batch.",
 )
+_SKIP = re.compile("|".join(re.escape(marker) for marker in _SKIP_MARKERS))
+
+# One pass finds every anchor (Aho-Corasick with a SIMD prefilter, over the UTF-8 bytes: a str
+# with one non-ASCII character is UCS-2, where str.find is slow). Leftmost-first matches do
+# not overlap, but a line holding an anchor always yields one: a match that hides another lies
+# in the same line, as no anchor holds a newline.
+_SEARCH: Final = BytesAhoCorasick([a.encode() for a in ANCHORS], matchkind=MATCHKIND_LEFTMOST_FIRST)
+_OVERLAP: Final = max(len(a.encode()) for a in ANCHORS) - 1
+# Searched a window at a time, and a window after a hit starts at that line's end, so a long
+# line of anchors costs one window of matches, not one per anchor in it.
+_WINDOW: Final = 64 << 10
+_NEWLINE: Final = 10
+# Above this many candidate lines in a chunk, line numbers come from one newline index.
+_FEW_CANDIDATES: Final = 32
 
 
 # Headers start within this many characters of a line (after the prefixes above).
@@ -80,26 +104,54 @@ class _Collector:
             return
         if not self.nonblank and not chunk.isspace():
             self.nonblank = True
+        data = chunk.encode("utf-8", "surrogatepass")  # lone surrogates of surrogateescape
         first_line = self.lines + 1
-        newlines = chunk.count("\n")
-        self.lines += newlines + (0 if chunk.endswith("\n") else 1)
-        hits: dict[int, int] = {}
-        find, rfind = chunk.find, chunk.rfind
-        for bit, anchor in enumerate(ANCHORS):
-            pos = find(anchor)
-            while pos != -1:
-                start = rfind("\n", 0, pos) + 1
-                hits[start] = hits.get(start, 0) | (1 << bit)
-                end = find("\n", pos)
-                if end == -1:
-                    break
-                pos = find(anchor, end)
-        line_no, counted_to = first_line, 0
-        for start in sorted(hits):
-            line_no += chunk.count("\n", counted_to, start)
-            counted_to = start
-            end = find("\n", start)
-            self._feed_line(chunk[start : end if end != -1 else len(chunk)], line_no, hits[start])
+        newlines = np.frombuffer(data, np.uint8) == _NEWLINE
+        self.lines += int(np.count_nonzero(newlines)) + (0 if data.endswith(b"\n") else 1)
+        candidates = self._candidates(data)
+        if not candidates:
+            return
+        starts = [start for start, _ in candidates]
+        if len(candidates) > _FEW_CANDIDATES:
+            before = np.searchsorted(np.flatnonzero(newlines), starts).tolist()
+        else:
+            before, counted, counted_to = [], 0, 0
+            for start in starts:
+                counted += int(np.count_nonzero(newlines[counted_to:start]))
+                counted_to = start
+                before.append(counted)
+        for (start, end), seen in zip(candidates, before, strict=True):
+            line = data[start:end].decode("utf-8", "surrogatepass")
+            # Rules read the first _MAX_LINE characters; an anchor past them can only matter
+            # where stripping an ANSI code joins a needle in them (then look at it all).
+            head = line if len(line) <= _MAX_LINE or "\x1b" in line else line[:_MAX_LINE]
+            bits = 0
+            for bit, anchor in enumerate(ANCHORS):
+                if anchor in head:
+                    bits |= 1 << bit
+            if bits:
+                self._feed_line(line, first_line + seen, bits)
+
+    @staticmethod
+    def _candidates(data: bytes) -> list[tuple[int, int]]:
+        """(start, end) of each line of `data` that holds an anchor, in order."""
+        found: list[tuple[int, int]] = []
+        find, rfind, view, size = data.find, data.rfind, memoryview(data), len(data)
+        line_end, window = -1, 0
+        while window < size:
+            window_end = min(window + _WINDOW, size)
+            for _, start, _ in _SEARCH.find_matches_as_indexes(view[window:window_end]):
+                start += window
+                if start < line_end:  # another match in the line
+                    continue
+                line_end = find(b"\n", start)
+                line_end = size if line_end == -1 else line_end
+                found.append((rfind(b"\n", 0, start) + 1, line_end))
+            if window_end == size:
+                break
+            # an anchor may straddle the window's end; a line already found is done
+            window = max(window_end - _OVERLAP, line_end)
+        return found
 
     def _feed_line(self, line: str, line_no: int, anchor_bits: int) -> None:
         if len(line) > _MAX_LINE:
