@@ -28,7 +28,7 @@ from kvgate.adapters import http as http_adapter
 from kvgate.cli import EXIT_BUG, build_parser, main
 
 FUZZ = settings(
-    max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=60, deadline=10000, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 ROOT = Path(__file__).resolve().parents[2]
 

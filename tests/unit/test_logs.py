@@ -1159,7 +1159,8 @@ def test_the_log_regexes_are_linear_on_a_1_mb_line(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(kvgate.logs.collect, "_MAX_LINE", 2 * MB)
     took, case = _slowest(MB // 4)
-    assert took < 0.5, f"{case} took {took:.2f} s"  # generous: linear is ~0.02 s
+    # 3 s: a quadratic pattern takes 20 s or more here; linear is ~0.02 s, even on a loaded node
+    assert took < 3.0, f"{case} took {took:.2f} s"
 
 
 def test_an_overlong_line_is_read_to_its_cap_only() -> None:
@@ -1174,7 +1175,7 @@ def test_an_overlong_line_is_read_to_its_cap_only() -> None:
     assert beyond.lines == 1
     cases = ("needle repeated", "needle then one token", f"repeat {_REPEATED_PREFIXES[0]!r}")
     took, case = _slowest(MB, cases)
-    assert took < 0.5, f"{case} took {took:.2f} s"  # ~0.01 s: 64 KiB of each line are read
+    assert took < 3.0, f"{case} took {took:.2f} s"  # ~0.01 s: 64 KiB of each line are read
 
 
 def test_scan_lines_of_an_overlong_line_keeps_line_numbers() -> None:
