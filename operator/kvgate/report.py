@@ -657,7 +657,8 @@ _DIV_HEADER: Final = (
 
 
 def _rows_of(status: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    block = (_get(status, "accuracy") or {}).get(key)
+    accuracy = _get(status, "accuracy")
+    block = accuracy.get(key) if isinstance(accuracy, Mapping) else None
     rows = block.get("buckets") if isinstance(block, Mapping) else None
     return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
 
