@@ -24,7 +24,16 @@ _WRAP: Final = 100  # terminal report width for long log lines and remedies
 _GATE_ORDER: Final = {
     g: i
     for i, g in enumerate(
-        ("poolPressure", "scales", "canary", "backend", "capacityGain", "accuracy", "speed")
+        (
+            "poolPressure",
+            "scales",
+            "canary",
+            "engineTruth",
+            "backend",
+            "capacityGain",
+            "accuracy",
+            "speed",
+        )
     )
 }
 

@@ -39,7 +39,8 @@ CAPACITY_GAIN: Final = "capacityGain"
 ACCURACY: Final = "accuracy"
 SPEED: Final = "speed"
 CANARY: Final = "canary"
-GATE_ORDER: Final = (POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
+ENGINE_TRUTH: Final = "engineTruth"
+GATE_ORDER: Final = (POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, SPEED)
 
 _GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
@@ -234,6 +235,49 @@ def assess_arms_dtype(
         )
     return GateResult(
         CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", f"both arms Ready; candidate runs {candidate}"
+    )
+
+
+def assess_engine_truth(
+    scans: Mapping[str, Mapping[str, Any]], truths: Mapping[str, Mapping[str, Any]]
+) -> GateResult:
+    """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
+
+    `scans` and `truths` are keyed by arm. Any disagreement (KV dtype, KV tokens, GPU blocks)
+    is an ERROR naming the arm and both values: the pod does not run what one source claims,
+    so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
+    nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
+    """
+    from kvgate import logs, metrics
+
+    problems: list[str] = []
+    compared: dict[str, list[str]] = {}
+    for arm in ("candidate", "control"):
+        scan = logs.LogScan.from_dict(scans.get(arm) or {})
+        snapshot = metrics.snapshot_from_cache_truth(truths.get(arm) or {})
+        problems.extend(f"{arm}: {f.text}" for f in metrics.cross_check_log(scan, snapshot))
+        what = compared.setdefault(arm, [])
+        if scan.kv_cache_dtype and snapshot.kv_cache_dtype:
+            what.append("KV dtype")
+        if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
+            what.append("KV tokens")
+    if problems:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.ERROR,
+            "LogMetricsDisagree",
+            "startup log and /metrics disagree: " + "; ".join(problems),
+        )
+    detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
+    if not compared["candidate"]:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.WARNING,
+            "MetricsSilent",
+            "the candidate's /metrics give no KV dtype or capacity to check its log against",
+        )
+    return GateResult(
+        ENGINE_TRUTH, Outcome.SUCCESSFUL, "LogMetricsAgree", f"log and /metrics agree ({detail})"
     )
 
 
@@ -579,6 +623,10 @@ class Observation:
     candidate: PodHealth | None = None
     control_scan: Mapping[str, Any] | None = None
     candidate_scan: Mapping[str, Any] | None = None
+    # Canary: each arm's `metrics.cache_truth`, once its /metrics was read (None: not yet)
+    control_metrics: Mapping[str, Any] | None = None
+    candidate_metrics: Mapping[str, Any] | None = None
+    metrics_error: str | None = None  # the last failed scrape of an arm's /metrics
     # Evaluating
     job_exists: bool = False
     job_finished: bool = False
@@ -863,9 +911,27 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.control_scan is None or obs.candidate_scan is None:
         return Step(Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=_delay(poll_s))
+    if obs.control_metrics is None or obs.candidate_metrics is None:
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            message = (
+                f"the arms' /metrics were not readable within {spec.canary.startup_timeout_s:g}s"
+                f" ({obs.metrics_error or 'no scrape answered'}): the log cannot be checked"
+            )
+            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, "MetricsUnreadable", message)
+            return _end(Phase.ROLLED_BACK, "MetricsUnreadable", message, gates=(gate,))
+        why = f": {obs.metrics_error}" if obs.metrics_error else ""
+        return Step(
+            Phase.CANARY, "ReadingMetrics", f"reading the arms' /metrics{why}",
+            requeue_s=_delay(poll_s),
+        )  # fmt: skip
     healthy = assess_arms_dtype(spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan)
+    truth = assess_engine_truth(
+        {"control": obs.control_scan, "candidate": obs.candidate_scan},
+        {"control": obs.control_metrics, "candidate": obs.candidate_metrics},
+    )
     gates = (
         healthy,
+        truth,
         assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
         assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
         assess_capacity_gain(

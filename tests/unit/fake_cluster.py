@@ -15,18 +15,22 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 
-from kvgate.errors import KubeError
+from kvgate.errors import KubeError, ScrapeError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CONTROL_LOG = (DATA / "logs" / "vllm-0.11-bf16-ready.txt").read_text()
 CANDIDATE_LOG = (DATA / "logs" / "vllm-0.16-fp8-scales-triton-ready.txt").read_text()
 METRICS = (DATA / "metrics" / "vllm-0.11.txt").read_text()
+_CACHE_INFO = next(
+    line for line in METRICS.splitlines() if line.startswith("vllm:cache_config_info")
+)
 SUMMARY_PASS = {
     "kind": "kvgate.eval/summary",
     "verdict": "pass",
@@ -91,6 +95,8 @@ class FakeKube:
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.on_mutation: Callable[[FakeKube], None] | None = None
+        # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
+        self.cache_info = {CONTROL_LOG: ("auto", 1806), CANDIDATE_LOG: ("fp8_e4m3", 3804)}
         self._ids = itertools.count(1)
 
     # --- helpers for tests ---
@@ -113,6 +119,19 @@ class FakeKube:
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [o for (k, _), o in self.objects.items() if k == kind]
+
+    def scrape(self, url: str, timeout: float) -> str:
+        """The /metrics of the pod at the URL's address: cache_config_info agrees with its log."""
+        host = url.split("//", 1)[-1].split(":", 1)[0]
+        pod = next(
+            (p for p in self.of_kind("Pod") if p.get("status", {}).get("podIP") == host), None
+        )
+        if pod is None:
+            raise ScrapeError(url, "connection refused")
+        dtype, blocks = self.cache_info.get(str(pod.get("_log")), ("auto", 1806))
+        line = re.sub(r'cache_dtype="[^"]*"', f'cache_dtype="{dtype}"', _CACHE_INFO)
+        line = re.sub(r'num_gpu_blocks="[^"]*"', f'num_gpu_blocks="{blocks}"', line)
+        return METRICS.replace(_CACHE_INFO, line)
 
     # --- fault injection ---
 

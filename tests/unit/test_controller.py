@@ -19,7 +19,7 @@ from typing import Any
 import fake_cluster
 import kopf
 import pytest
-from fake_cluster import METRICS, Crash, FakeKube, deployment
+from fake_cluster import Crash, FakeKube, deployment
 
 from kvgate import manifests, promotion
 from kvgate.config import OperatorConfig
@@ -82,7 +82,7 @@ class World:
         )  # fmt: skip
         from kvgate.adapters import http
 
-        monkeypatch.setattr(http, "scrape", lambda url, timeout: METRICS)
+        monkeypatch.setattr(http, "scrape", self.kube.scrape)
 
     @property
     def phase(self) -> str | None:
@@ -522,3 +522,37 @@ def test_drift_after_promotion_is_reported_and_never_reapplied(
     assert world.reasons().count("Drifted") == 1
     assert world.kube.mutations == mutations  # never re-applied
     assert "--kv-cache-dtype" not in world.kube.container()["args"]
+
+
+@pytest.mark.parametrize(
+    ("arm_log", "lie", "arm"),
+    [
+        (fake_cluster.CANDIDATE_LOG, "auto", "candidate"),
+        (fake_cluster.CONTROL_LOG, "fp8", "control"),
+    ],
+    ids=["candidate-log-fp8-metrics-bf16", "control-log-bf16-metrics-fp8"],
+)
+def test_log_and_metrics_disagreeing_rolls_back_before_the_eval(
+    monkeypatch: pytest.MonkeyPatch, arm_log: str, lie: str, arm: str
+) -> None:
+    world = World(monkeypatch)
+    blocks = world.kube.cache_info[arm_log][1]
+    world.kube.cache_info[arm_log] = (lie, blocks)
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "LogMetricsDisagree"
+    assert f"{arm}: startup log says kv_cache_dtype=" in status["message"]
+    assert f"cache_dtype={lie}" in status["message"]
+    assert status["gates"]["engineTruth"]["outcome"] == "Error"
+    assert status["arms"][arm]["metrics"]["cacheConfig"]["cache_dtype"] == lie
+    assert world.kube.of_kind("Job") == []  # no eval was started
+
+
+def test_agreeing_metrics_are_kept_in_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    status = world.obj["status"]
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+    assert status["arms"]["control"]["metrics"]["cacheConfig"]["cache_dtype"] == "auto"
+    assert status["arms"]["candidate"]["metrics"]["cacheConfig"]["num_gpu_blocks"] == "3804"

@@ -46,6 +46,26 @@ def scan(
     }
 
 
+def truth(dtype: str | None = "fp8", tokens: int | None = 100_000) -> dict[str, Any]:
+    """An arm's /metrics cache info as status keeps it (metrics.cache_truth)."""
+    config: dict[str, str] = {"block_size": "16"}
+    if dtype is not None:
+        config["cache_dtype"] = dtype
+    if tokens is not None:
+        config["num_gpu_blocks"] = str(tokens // 16)
+    return {"engine": "vllm", "cacheConfig": config}
+
+
+def agreeing(control: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    """Observation fields: both arms' /metrics say what their logs say."""
+    return {
+        "control_scan": control,
+        "candidate_scan": candidate,
+        "control_metrics": truth(control["kv_cache_dtype"], control["capacity"]["kv_tokens"]),
+        "candidate_metrics": truth(candidate["kv_cache_dtype"], candidate["capacity"]["kv_tokens"]),
+    }
+
+
 SUMMARY_PASS = {
     "kind": "kvgate.eval/summary",
     "verdict": "pass",
@@ -455,13 +475,16 @@ def test_canary_ready_goes_to_eval_with_findings() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan("FLASH_ATTN", 100_000, dtype="auto"),
-            candidate_scan=scan("TRITON_ATTN", 201_000, SCALE_WARNING),
+            **agreeing(
+                scan("FLASH_ATTN", 100_000, dtype="auto"),
+                scan("TRITON_ATTN", 201_000, SCALE_WARNING),
+            ),
         ),
     )
     assert s.phase is Phase.EVALUATING and Action.CREATE_EVAL_JOB in s.actions
     assert {g.gate: g.reason for g in s.gates} == {
         "canary": "CanaryHealthy",
+        "engineTruth": "LogMetricsAgree",
         "scales": "ScalesMissing",
         "backend": "BackendChanged",
         "capacityGain": "CapacityGained",
@@ -476,8 +499,7 @@ def test_canary_without_capacity_gain_rolls_back_before_eval() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan(dtype="auto"),
-            candidate_scan=scan(tokens=120_000),
+            **agreeing(scan(dtype="auto"), scan(tokens=120_000)),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityNotGained")
@@ -489,11 +511,76 @@ def test_canary_with_unreadable_capacity_fails_closed() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan(dtype="auto"),
-            candidate_scan=scan(tokens=None),
+            **agreeing(scan(dtype="auto"), scan(tokens=None)),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityUnknown")
+
+
+def test_candidate_log_fp8_but_metrics_not_rolls_back_naming_both() -> None:
+    control, candidate = scan("FLASH_ATTN", 100_000, dtype="auto"), scan("FLASH_ATTN", 201_000)
+    obs = Observation(
+        control=READY,
+        candidate=READY,
+        **{**agreeing(control, candidate), "candidate_metrics": truth("auto", 201_000)},
+    )
+    s = step(Phase.CANARY, obs)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
+    assert "candidate: startup log says kv_cache_dtype=fp8" in s.message
+    assert "cache_dtype=auto" in s.message
+    assert Action.CREATE_EVAL_JOB not in s.actions
+
+
+def test_control_metrics_fp8_behind_a_bf16_log_rolls_back() -> None:
+    control, candidate = scan("FLASH_ATTN", 100_000, dtype="auto"), scan("FLASH_ATTN", 201_000)
+    obs = Observation(
+        control=READY,
+        candidate=READY,
+        **{**agreeing(control, candidate), "control_metrics": truth("fp8", 100_000)},
+    )
+    s = step(Phase.CANARY, obs)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
+    assert s.message.startswith("startup log and /metrics disagree: control: ")
+    assert "cache_dtype=fp8" in s.message
+
+
+def test_engine_truth_gate() -> None:
+    arms = {"control": scan(dtype="auto"), "candidate": scan(tokens=200_000)}
+    ok = v.assess_engine_truth(
+        arms, {"control": truth("bfloat16"), "candidate": truth("fp8_e4m3", 200_000)}
+    )
+    assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
+    assert (
+        ok.message
+        == "log and /metrics agree (candidate: KV dtype, KV tokens; control: KV dtype, KV tokens)"
+    )
+    # another pool behind the same dtype: the tokens disagree
+    pool = v.assess_engine_truth(
+        arms, {"control": truth("auto"), "candidate": truth("fp8", 100_000)}
+    )
+    assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
+    assert "candidate: startup log says 200,000 KV tokens, /metrics 100,000" in pool.message
+    # e5m2 is another cache than e4m3
+    e5 = v.assess_engine_truth(
+        arms, {"control": truth("auto"), "candidate": truth("fp8_e5m2", 200_000)}
+    )
+    assert e5.outcome is Outcome.ERROR
+    # metrics without cache info: nothing to compare for the candidate, a warning
+    silent = v.assess_engine_truth(arms, {"control": truth(None, None), "candidate": {}})
+    assert (silent.outcome, silent.reason) == (Outcome.WARNING, "MetricsSilent")
+
+
+def test_canary_waits_for_metrics_then_fails_closed() -> None:
+    scans = {"control_scan": scan(dtype="auto"), "candidate_scan": scan(tokens=201_000)}
+    obs = Observation(
+        control=READY, candidate=READY, metrics_error="candidate /metrics: refused", **scans
+    )
+    wait = step(Phase.CANARY, obs, phase_elapsed_s=10)
+    assert (wait.phase, wait.reason) == (Phase.CANARY, "ReadingMetrics")
+    assert "refused" in wait.message
+    late = step(Phase.CANARY, obs, phase_elapsed_s=60)
+    assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "MetricsUnreadable")
+    assert late.gates[0].outcome is Outcome.ERROR
 
 
 GOOD_GATES = {"capacityGain": R(Outcome.SUCCESSFUL, "CapacityGained", "capacityGain")}

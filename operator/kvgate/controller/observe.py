@@ -318,16 +318,57 @@ def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
     return {**scan, "findings": findings}
 
 
+def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, str | None]:
+    """The arm's /metrics cache info (`metrics.cache_truth`): from status, else scraped once.
+
+    Returns (truth, error); a failed scrape is kept in status (`metricsError`) and retried.
+    """
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    arms = ctx.status.setdefault("arms", {})
+    block = dict(arms.get(arm) or {})
+    if isinstance(block.get("metrics"), Mapping):
+        return dict(block["metrics"]), None
+    if not (health.ready and health.ip):
+        return None, None
+    try:
+        snap = metrics.parse_metrics(
+            http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+            ctx.status.get("engine"),
+        )
+    except (ExternalError, InputError) as exc:
+        error = f"{arm} /metrics: {str(exc)[:300]}"
+        block["metricsError"] = error
+        arms[arm] = block
+        return None, error
+    truth = metrics.cache_truth(snap)
+    block.pop("metricsError", None)
+    block["metrics"] = truth
+    arms[arm] = block
+    return truth, None
+
+
 def observe_canary(ctx: Ctx) -> Observation:
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
     control_scan = arm_scan(ctx, "control", control)
     candidate_scan = arm_scan(ctx, "candidate", candidate)
     record_capacity(ctx)
+    truths: dict[str, dict[str, Any] | None] = {}
+    errors = []
+    if control_scan is not None and candidate_scan is not None:
+        for arm, health in (("control", control), ("candidate", candidate)):
+            truths[arm], error = arm_metrics(ctx, arm, health)
+            if error:
+                errors.append(error)
     return Observation(
         control=control,
         candidate=candidate,
         control_scan=control_scan,
         candidate_scan=candidate_scan,
+        control_metrics=truths.get("control"),
+        candidate_metrics=truths.get("candidate"),
+        metrics_error="; ".join(errors) or None,
         checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
     )
 
