@@ -25,6 +25,7 @@ from kvgate.model import (
     Outcome,
     Phase,
     PromotionMode,
+    Remediation,
     RolloutSpec,
     ScalesGate,
     SpeedGate,
@@ -64,6 +65,7 @@ class Action(StrEnum):
     SNAPSHOT_SPEED = "SnapshotSpeed"
     PATCH_DEPLOYMENT = "PatchDeployment"
     REVERT_DEPLOYMENT = "RevertDeployment"
+    REMEDIATE = "Remediate"  # record the step's remedy and the remedied candidate in status
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,6 +540,75 @@ def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, s
     return fallback, None
 
 
+@dataclass(frozen=True, slots=True)
+class Remedy:
+    """The documented remedy for a candidate's crash signature, valid for its engine version.
+
+    From `kvgate.engine_versions.remedy_for`; `refused` says why the operator's allowlist does
+    not let kvgate apply it (empty: allowed).
+    """
+
+    code: str  # the finding it answers: attention-build-failed or fp8-unsupported
+    engine: str
+    version: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    refused: str = ""
+
+    @property
+    def text(self) -> str:
+        parts = [" ".join(self.args)] if self.args else []
+        parts.extend(f"{k}={v}" for k, v in self.env.items())
+        return " and ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "engine": self.engine,
+            "engineVersion": self.version,
+            "args": list(self.args),
+            "env": dict(self.env),
+        }
+
+
+def find_remedy(
+    scan: Mapping[str, Any] | None,
+    engine: str | None,
+    image_version: str | None,
+    allowlist: Any = None,
+) -> Remedy | None:
+    """The remedy for the first remediable error finding of a crashed candidate's scan.
+
+    The version is the one the engine logged (what it runs), else the image tag's; without
+    either there is none (the flag or variable that picks a backend depends on the version).
+    `allowlist` (a `kvgate.policy.Allowlist`) decides whether kvgate may apply it.
+    """
+    from kvgate import engine_versions, policy
+
+    if not scan or not engine:
+        return None
+    version = scan.get("engine_version") or image_version
+    codes = [
+        str(f.get("code"))
+        for f in scan.get("findings") or []
+        if str(f.get("severity", "")).lower() == "error"
+    ]
+    code = next((c for c in codes if c in engine_versions.REMEDIABLE_CODES), None)
+    if code is None or not isinstance(version, str):
+        return None
+    try:
+        found = engine_versions.remedy_for(engine, version, code)
+    except ValueError:
+        return None
+    if found is None:
+        return None
+    args, env = found
+    allow = allowlist if allowlist is not None else policy.BUILTIN
+    refused = [v.message for v in policy.check_args(list(args), engine, allow)]
+    refused += [f"{n} is not an allowed variable" for n in env if not allow.env_allowed(engine, n)]
+    return Remedy(code, engine, version, tuple(args), dict(env), "; ".join(refused))
+
+
 # --- the transition function ------------------------------------------------------------------
 
 
@@ -566,6 +637,7 @@ class State:
     revert: RevertIntent | None = None
     revert_attempts: int = 0
     revert_error: str | None = None
+    remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +699,7 @@ class Observation:
     control_metrics: Mapping[str, Any] | None = None
     candidate_metrics: Mapping[str, Any] | None = None
     metrics_error: str | None = None  # the last failed scrape of an arm's /metrics
+    remedy: Remedy | None = None  # Canary: the remedy for the candidate's crash, if known
     # Evaluating
     job_exists: bool = False
     job_finished: bool = False
@@ -659,6 +732,7 @@ class Step:
     patched: bool | None = None  # True: record that the candidate patch is on the Deployment
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
+    remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
 
     @property
     def terminal(self) -> bool:
@@ -878,8 +952,18 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         if health.crashed:
             what, remedy = crash_summary(scan, health.detail)
             message = f"{arm} pod crashed: {what}"
-            if remedy:
+            fix = obs.remedy if arm == "candidate" else None
+            if fix is not None:
+                step = _remediate(spec, state, fix, message)
+                if step is not None:
+                    return step
+                message += f"; remedy for {fix.engine} {fix.version}: {fix.text}"
+                if spec.canary.remediation is Remediation.AUTO and fix.refused:
+                    message += f" (not applied, the allowlist refuses it: {fix.refused})"
+            elif remedy:
                 message += f"; remedy: {remedy}"
+            if arm == "candidate" and state.remedy_attempts:
+                message += " (already applied: the remedied candidate crashed too)"
             gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", message)
             return _end(
                 Phase.ROLLED_BACK,
@@ -954,6 +1038,30 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         gates=gates,
         requeue_s=_delay(poll_s),
         eval_attempts=1,
+    )
+
+
+def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> Step | None:
+    """With `remediation: auto`, the first crash with a known remedy starts the candidate again.
+
+    Write-ahead: this step records the remedy (status.remediation, the remedied candidate's
+    fingerprint and config hash) and resets the startup clock; both canaries are deleted and
+    created again on later reconciles, after this status write. None: roll back instead.
+    """
+    if spec.canary.remediation is not Remediation.AUTO or state.remedy_attempts or fix.refused:
+        return None
+    message = (
+        f"{crashed}; starting the candidate again with the remedy for {fix.engine} "
+        f"{fix.version}: {fix.text}"
+    )
+    return Step(
+        Phase.CANARY,
+        "Remediating",
+        message,
+        actions=(Action.REMEDIATE, Action.DELETE_CANARIES),
+        events=(Event("CanaryCrashed", crashed, warning=True), Event("Remediating", message)),
+        remedy=fix,
+        requeue_s=MIN_DELAY_S,
     )
 
 

@@ -7,6 +7,14 @@ Scenarios run concurrently under one operator, one namespace each:
       Deployment itself, so the control inherits it)
 Both end RolledBack with LogMetricsDisagree naming the arm and both values, before any eval
 Job, with the Deployment untouched.
+
+And the L4 FlashInfer trap with `spec.canary.remediation`:
+  (c) auto33: vLLM 0.33, auto backend (FlashInfer) dies building its FP8 kernels; kvgate starts
+      the candidate again with --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0
+      and promotes it (the Deployment gets the remedy with the dtype)
+  (d) auto11: vLLM 0.11, production picks FlashInfer with VLLM_ATTENTION_BACKEND (0.11 has no
+      --attention-backend flag); the remedy is VLLM_ATTENTION_BACKEND=TRITON_ATTN, promoted
+  (e) off11: the same trap with remediation off: RolledBack naming 0.11's remedy
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 import pytest
 from test_operator_support import (
+    FAST_GATES,
     TERMINAL,
     Operator,
     apply,
@@ -53,7 +62,31 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FAULTS": "metrics-kv-dtype=fp8"},
         {"extraArgs": TRITON},
     ),
+    "auto33": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.33.0"}, {}),
+    "auto11": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.11.0",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {},
+    ),
+    "off11": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.11.0",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {"canary": {"startupTimeout": "90s", "remediation": "off"}},
+    ),
 }
+AUTO = {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1, "remediation": "auto"}
+for _s in ("auto33", "auto11"):
+    SCENARIOS[_s][1]["canary"] = AUTO
+# Seven simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
+for _env, _spec in SCENARIOS.values():
+    _spec["gates"] = {**FAST_GATES, "capacity": {"mode": "require", "window": "12s", "samples": 3}}
+IMAGES = {"auto33": "vllm/vllm-openai:v0.33.0"}
 
 
 class World:
@@ -81,7 +114,10 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     w = World(cluster, namespaces)
     try:
         for s, (env, _) in SCENARIOS.items():
-            apply(cluster, namespaces[s], sim_deployment(s, env=env))
+            dep = sim_deployment(s, env=env)
+            if s in IMAGES:
+                dep["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGES[s]
+            apply(cluster, namespaces[s], dep)
         for s in SCENARIOS:
             wait_deployment_ready(cluster, namespaces[s], s)
             w.before[s] = w.deployment(s)
@@ -133,3 +169,63 @@ def test_log_and_metrics_disagreeing_rolls_back(
     now = world.deployment(scenario)
     assert now["metadata"]["generation"] == world.before[scenario]["metadata"]["generation"]
     assert container_of(now) == container_of(world.before[scenario])
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("scenario", "version", "args", "env"),
+    [
+        ("auto33", "0.33.0", ["--attention-backend", "TRITON_ATTN"], {}),
+        ("auto11", "0.11.0", [], {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}),
+    ],
+)
+def test_auto_remediation_promotes_with_the_remedy_of_that_version(
+    world: World, scenario: str, version: str, args: list[str], env: dict[str, str]
+) -> None:
+    obj = world.rollout(scenario)
+    status = obj["status"]
+    assert status["phase"] == "Promoted", status["message"]
+    record = status["remediation"]
+    assert (record["code"], record["engineVersion"], record["attempt"]) == (
+        "attention-build-failed", version, 1,
+    )  # fmt: skip
+    assert record["firstAttempt"]["attentionBackend"] == "FLASHINFER"
+    assert record["args"] == args
+    assert record["env"] == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    # the remedied candidate was gated like any other: it ran Triton and FP8, logs = metrics
+    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["arms"]["candidate"]["scan"]["kv_cache_dtype"] == "fp8"
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+    assert status["gates"]["accuracy"]["outcome"] == "Successful"
+    reasons = event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
+    assert reasons.index("CanaryCrashed") < reasons.index("Remediating")
+    assert reasons.index("Remediating") < reasons.index("Promoting") < reasons.index("Promoted")
+    assert reasons.count("Remediating") == 1
+    # production now runs the candidate with the remedy
+    container = container_of(world.deployment(scenario))
+    live_args = container["args"]
+    assert live_args[live_args.index("--kv-cache-dtype") + 1] == "fp8"
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        assert live_args[live_args.index(flag) + 1] == value
+    live_env = _env(container)
+    assert {k: live_env.get(k) for k in record["env"]} == record["env"]
+
+
+@pytest.mark.timeout(600)
+def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(world: World) -> None:
+    obj = world.rollout("off11")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "CanaryCrashed"), status["message"]
+    assert status["message"].startswith("candidate pod crashed: ")
+    assert status["message"].endswith(
+        "; remedy for vllm 0.11.0: VLLM_ATTENTION_BACKEND=TRITON_ATTN and "
+        "VLLM_USE_FLASHINFER_SAMPLER=0"
+    )
+    assert "remediation" not in status
+    assert "Remediating" not in event_reasons(world.cluster, world.ns["off11"], "off11-fp8")
+    now = world.deployment("off11")
+    assert container_of(now) == container_of(world.before["off11"])

@@ -28,6 +28,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 CONTROL_LOG = (DATA / "logs" / "vllm-0.11-bf16-ready.txt").read_text()
 CANDIDATE_LOG = (DATA / "logs" / "vllm-0.16-fp8-scales-triton-ready.txt").read_text()
 METRICS = (DATA / "metrics" / "vllm-0.11.txt").read_text()
+JIT_FAILED_LOG = (DATA / "logs" / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
 _CACHE_INFO = next(
     line for line in METRICS.splitlines() if line.startswith("vllm:cache_config_info")
 )
@@ -92,6 +93,8 @@ class FakeKube:
         self.crash_after = False  # crash after applying the mutation instead of before
         self.refuse_patches: Callable[[list[dict[str, Any]]], str | None] = lambda ops: None
         self.crash_new_pods = False
+        # The L4 trap: a candidate without the Triton backend dies building FlashInfer's kernels
+        self.jit_crash = False
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.on_mutation: Callable[[FakeKube], None] | None = None
@@ -221,6 +224,13 @@ class FakeKube:
             and self.crash_new_pods
             and "kvgate.io/rollout" not in (pod["metadata"].get("labels") or {})
         )
+        args = container.get("args") or []
+        triton = any(
+            args[i : i + 2] == ["--attention-backend", "TRITON_ATTN"] for i in range(len(args))
+        )
+        if candidate and self.jit_crash and not triton:
+            pod["_log"] = JIT_FAILED_LOG
+            crashed = True
         # An engine given a fingerprint instead of a value (status copied into a pod) fails.
         env = container.get("env") or []
         crashed = crashed or any(str(e.get("value", "")).startswith("sha256:") for e in env)

@@ -21,7 +21,7 @@ import kopf
 import pytest
 from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import manifests, promotion
+from kvgate import engine_versions, manifests, promotion
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
 from kvgate.model import RolloutSpec
@@ -127,7 +127,13 @@ class World:
     def candidate(self) -> dict[str, Any]:
         """The evaluated container with the rollout's change, derived here from the spec."""
         spec = RolloutSpec.from_dict(self.obj["spec"])
-        wanted = manifests.candidate_container(spec, self.original)
+        record = (self.obj.get("status") or {}).get("remediation")
+        remedy = None
+        if record:  # a remedied candidate: the remedy of the version the crashed log named
+            remedy = engine_versions.remedy_for(
+                record["engine"], record["engineVersion"], record["code"]
+            )
+        wanted = manifests.candidate_container(spec, self.original, remedy=remedy)
         return {k: v for k, v in wanted.items() if k in promotion.GUARDED}
 
     def assert_invariant(self) -> None:
@@ -556,3 +562,113 @@ def test_agreeing_metrics_are_kept_in_status(monkeypatch: pytest.MonkeyPatch) ->
     assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
     assert status["arms"]["control"]["metrics"]["cacheConfig"]["cache_dtype"] == "auto"
     assert status["arms"]["candidate"]["metrics"]["cacheConfig"]["num_gpu_blocks"] == "3804"
+
+
+def jit_trap(world: World) -> None:
+    world.kube.jit_crash = True
+
+
+def test_remediation_auto_restarts_the_candidate_with_the_remedy_and_promotes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+    assert world.run() == "Promoted"
+    status = world.obj["status"]
+    record = status["remediation"]
+    # the crashed candidate's log says 0.13.0: the remedy of that version, not the image tag's
+    assert (record["code"], record["engineVersion"], record["attempt"]) == (
+        "attention-build-failed", "0.13.0", 1,
+    )  # fmt: skip
+    assert record["firstAttempt"]["attentionBackend"] == "FLASHINFER"
+    assert "attention-build-failed" in record["firstAttempt"]["findings"]
+    assert world.reasons().index("CanaryCrashed") < world.reasons().index("Remediating")
+    assert world.reasons().index("Remediating") < world.reasons().index("Promoting")
+    # the promoted Deployment carries the remedy as well as the dtype
+    container = world.kube.container()
+    args = container["args"]
+    assert args[args.index("--attention-backend") + 1] == "TRITON_ATTN"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+
+
+def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch, extraArgs=[])
+    jit_trap(world)
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "CanaryCrashed"
+    assert status["message"].endswith(
+        "; remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0"
+    )
+    assert "remediation" not in status and "Remediating" not in world.reasons()
+
+
+def test_a_remedied_candidate_that_crashes_again_rolls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+
+    def crash_remedied(w: World) -> None:
+        pod = w.kube.get("Pod", "r-candidate")
+        if pod is not None and "VLLM_USE_FLASHINFER_SAMPLER" in json.dumps(pod["spec"]):
+            pod["status"]["containerStatuses"][0].update(ready=False, restartCount=1)
+
+    world.before_reconcile = crash_remedied
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["remediation"]["attempt"] == 1
+    assert "already applied: the remedied candidate crashed too" in status["message"]
+    assert world.reasons().count("Remediating") == 1
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_crash_at_every_mutation_of_a_remediated_rollout_keeps_the_invariant(
+    monkeypatch: pytest.MonkeyPatch, after: bool
+) -> None:
+    spec = {"extraArgs": [], "canary": {"startupTimeout": "60s", "remediation": "auto"}}
+    clean = World(monkeypatch, **spec)
+    jit_trap(clean)
+    assert clean.run() == "Promoted"
+    for k in range(1, clean.kube.mutations + 1):
+        world = World(monkeypatch, **spec)
+        jit_trap(world)
+        world.kube.crash_at, world.kube.crash_after = k, after
+        assert world.run() == "Promoted", (k, world.obj["status"].get("message"))
+        world.assert_invariant()
+        assert world.obj["status"]["remediation"]["attempt"] == 1
+
+
+def test_every_status_field_written_is_in_the_crd_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The apiserver prunes status fields the CRD does not declare (kopf only logs it)."""
+    import yaml
+
+    crd = yaml.safe_load(
+        (fake_cluster.DATA.parents[1] / "crds/kvgate.io_kvcacherollouts.yaml").read_text()
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    declared = set(schema["properties"])
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+    seen: set[str] = set()
+
+    def collect(w: World) -> None:
+        seen.update((w.obj.get("status") or {}).keys())
+
+    world.before_reconcile = collect
+    assert world.run() == "Promoted"
+    collect(world)
+    assert "remediation" in seen and "arms" in seen
+    assert seen - declared == set()

@@ -1002,3 +1002,113 @@ def test_crash_summary_falls_back_to_the_last_log_line() -> None:
         "exited with code 1 (Error); last log line: OSError: [Errno 98] Address already in use",
         None,
     )
+
+
+# --- remediation: the remedy that fits the candidate's engine version ---------------------------
+
+JIT_FAILED = {
+    "code": "attention-build-failed",
+    "severity": "error",
+    "text": "RuntimeError: Ninja build failed.",
+    "hint": "generic hint",
+}
+REMEDIES = {
+    "0.10.2": "VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1 and VLLM_USE_FLASHINFER_SAMPLER=0",
+    "0.11.0": "VLLM_ATTENTION_BACKEND=TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0",
+    "0.33.0": "--attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0",
+}
+
+
+def crashed_scan(version: str | None, *findings: dict[str, Any]) -> dict[str, Any]:
+    return {**scan("FLASHINFER", None, *(findings or (JIT_FAILED,))), "engine_version": version,
+            "failed": True, "ready": False}  # fmt: skip
+
+
+def remedy_spec(mode: str) -> RolloutSpec:
+    return RolloutSpec.from_dict(
+        {
+            "targetRef": {"name": "qwen"},
+            "canary": {"startupTimeout": "60s", "remediation": mode},
+        }
+    )
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_the_remedy_fits_the_engine_version(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", "0.9.0")
+    assert fix is not None and fix.refused == ""
+    assert (fix.code, fix.version, fix.text) == (
+        "attention-build-failed",
+        version,
+        REMEDIES[version],
+    )
+    # the log's version wins over the image tag; the tag is the fallback
+    assert v.find_remedy(crashed_scan(None), "vllm", version).text == REMEDIES[version]
+    # no version at all: no remedy (the way to pick a backend depends on it)
+    assert v.find_remedy(crashed_scan(None), "vllm", None) is None
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+    )
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason, s.remedy) == (Phase.CANARY, "Remediating", fix)
+    assert s.actions == (Action.REMEDIATE, Action.DELETE_CANARIES)  # record, then replace pods
+    assert s.message.endswith(f"with the remedy for vllm {version}: {REMEDIES[version]}")
+    assert [e.reason for e in s.events] == ["CanaryCrashed", "Remediating"]
+    # the remedied candidate crashes too: at most one remedy, then it rolls back
+    again = step(Phase.CANARY, obs, remedy_spec("auto"), remedy_attempts=1)
+    assert (again.phase, again.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert "already applied" in again.message and again.remedy is None
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+    )
+    for spec in (remedy_spec("off"), SPEC):  # off is the default
+        s = step(Phase.CANARY, obs, spec)
+        assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+        assert s.message == (
+            f"candidate pod crashed: RuntimeError: Ninja build failed.; remedy for vllm {version}: "
+            f"{REMEDIES[version]}"
+        )
+        assert Action.REMEDIATE not in s.actions
+
+
+def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
+    from kvgate.policy import Allowlist
+
+    class NoSampler(Allowlist):
+        def env_allowed(self, engine: Any, name: str) -> bool:
+            return name != "VLLM_USE_FLASHINFER_SAMPLER"
+
+    fix = v.find_remedy(crashed_scan("0.33.0"), "vllm", None, NoSampler())
+    assert (
+        fix is not None and "VLLM_USE_FLASHINFER_SAMPLER is not an allowed variable" in fix.refused
+    )
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan("0.33.0"), remedy=fix
+    )
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert "(not applied, the allowlist refuses it: VLLM_USE_FLASHINFER_SAMPLER" in s.message
+
+
+def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
+    oom = {"code": "out-of-memory", "severity": "error", "text": "CUDA out of memory"}
+    assert v.find_remedy(crashed_scan("0.33.0", oom), "vllm", None) is None
+    refused = {"code": "fp8-unsupported", "severity": "error", "text": "FlashAttention refuses"}
+    fix = v.find_remedy(crashed_scan("0.15.0", refused), "vllm", None)
+    assert fix is not None and fix.text == REMEDIES["0.33.0"]
+    # a crashed control is never remedied: its config is production's
+    obs = Observation(control=CRASHED, candidate=READY, control_scan=crashed_scan("0.33.0"),
+                      candidate_scan=scan(), remedy=None)  # fmt: skip
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert s.message.startswith("control pod crashed")

@@ -369,6 +369,12 @@ def observe_canary(ctx: Ctx) -> Observation:
         control_metrics=truths.get("control"),
         candidate_metrics=truths.get("candidate"),
         metrics_error="; ".join(errors) or None,
+        remedy=verdict.find_remedy(
+            candidate_scan if candidate.crashed else None,
+            ctx.status.get("engine"),
+            engines.image_version(str(ctx.status.get("evaluatedImage") or "")),
+            ctx.config.allowlist,
+        ),
         checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
     )
 
