@@ -690,6 +690,7 @@ class Observation:
     pool_pressured: bool | None = None
     pool_detail: str = ""
     checkpoint_has_scales: bool | None = None
+    control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
     # Canary
     control: PodHealth | None = None
     candidate: PodHealth | None = None
@@ -913,6 +914,8 @@ def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -
 
 
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
+        return _end(Phase.FAILED, "ControlRunsFP8", obs.control_forced_fp8)
     gate = spec.capacity
     sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.window_s * 3
     if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:

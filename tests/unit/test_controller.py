@@ -672,3 +672,47 @@ def test_every_status_field_written_is_in_the_crd_schema(monkeypatch: pytest.Mon
     collect(world)
     assert "remediation" in seen and "arms" in seen
     assert seen - declared == set()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, pinned: bool
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(
+        {"model.embed_tokens.weight": np.ones((2, 2), np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
+    world = World(monkeypatch, model={"name": str(tmp_path)})
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(tmp_path),)
+    )
+    if pinned:  # production says bfloat16 explicitly: that wins over the checkpoint's scheme
+        dep = world.kube.objects[("Deployment", "vllm")]
+        dep["spec"]["template"]["spec"]["containers"][0]["args"] += ["--kv-cache-dtype", "bfloat16"]
+        world.original = copy.deepcopy(world.kube.container())
+    end = world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    # pinned: past preflight to the canaries (the fake engine then logs FP8 for any pod given
+    # --kv-cache-dtype, so that run's end is not the point here)
+    assert ("Canary" in world.phases) is pinned
+    if pinned:
+        assert status["reason"] != "ControlRunsFP8"
+    else:
+        assert (end, status["reason"]) == ("Failed", "ControlRunsFP8")
+    assert status["preflight"]["checkpoint"]["forcesFp8Kv"] == [
+        "quantization_config.kv_cache_scheme is set: vLLM 0.26+ switches an auto KV cache to fp8"
+    ]
+    if not pinned:
+        assert status["reason"] == "ControlRunsFP8"
+        assert "the canary would compare FP8 with FP8" in status["message"]
+        assert world.kube.get("Pod", "r-control") is None and "arms" not in status

@@ -1112,3 +1112,13 @@ def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
     s = step(Phase.CANARY, obs, remedy_spec("auto"))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
     assert s.message.startswith("control pod crashed")
+
+
+def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_canary() -> None:
+    why = "the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto (...)"
+    obs = Observation(pool_samples=3, pool_pressured=True, control_forced_fp8=why)
+    s = step(Phase.PREFLIGHT, obs)
+    assert (s.phase, s.reason, s.message) == (Phase.FAILED, "ControlRunsFP8", why)
+    assert Action.CREATE_CANARIES not in s.actions
+    go = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=True))
+    assert go.phase is Phase.CANARY

@@ -17,6 +17,7 @@ from kvgate.controller.context import (
     current_child,
     iso,
     json_number,
+    live_container,
     live_target,
     metrics_url,
     parse_time,
@@ -160,8 +161,9 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["checkpoint"] = scan_checkpoint(ctx)
         pre["checkpointHasScales"] = pre["checkpoint"].get("present")
         ctx.status["preflight"] = pre
-    if gate.mode is GateMode.OFF:
-        return Observation()
+    forced = control_forced_fp8(ctx, pre["checkpoint"])
+    if gate.mode is GateMode.OFF or forced:
+        return Observation(control_forced_fp8=forced)
     series: dict[str, list[dict[str, Any]]] = {
         k: list(v) for k, v in (pre.get("samples") or {}).items()
     }
@@ -187,6 +189,25 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["pressureByPod"] = per_pod
     ctx.status["preflight"] = pre
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+
+
+def control_forced_fp8(ctx: Ctx, checkpoint: Mapping[str, Any]) -> str | None:
+    """Why the control would run FP8: the checkpoint forces it and production runs `auto`."""
+    reasons = checkpoint.get("forcesFp8Kv") or []
+    if not reasons:
+        return None
+    found = live_container(ctx, target_deployment(ctx))
+    try:
+        dtype = engines.detect_engine(found[1]).kv_cache_dtype if found else "auto"
+    except InputError:
+        dtype = "auto"
+    if dtype != "auto":
+        return None  # pinned (e.g. bfloat16): an explicit dtype wins over the checkpoint's
+    return (
+        f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ({'; '.join(reasons)})"
+        f" and {ctx.spec.target.name} runs auto: production and the control run FP8 already, so "
+        "the canary would compare FP8 with FP8; pin the dtype (--kv-cache-dtype bfloat16) first"
+    )
 
 
 def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
@@ -235,6 +256,7 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
         "commit": headers.commit,
         "present": scales.present,
         "coverage": scales.coverage,
+        "forcesFp8Kv": list(scales.forces_fp8_kv),
         "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
     }
