@@ -232,3 +232,25 @@ def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     code, _, err = run(capsys, str(directory))
     assert code == 2
     assert err == f"kvgate: ParseError: {directory}/config.json: no such file\n"
+
+
+def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-3-4b-it.json")
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192", "--json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["vllm_pool"]["bf16"] == {
+        "num_blocks": 32768, "groups": 7, "group_size": 5, "kv_tokens": 74896,
+        "max_concurrency": 19.62, "window_tokens": 160739,
+    }  # fmt: skip
+    assert result["vllm_pool"]["fp8"]["kv_tokens"] == 149792
+    code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192")
+    assert "vLLM 0.11 pool at max-model-len 8,192" in out
+    assert "bf16         74,896    19.62x      160,739  (7 groups of 5 layers)" in out
+    # without --max-model-len: no vLLM figures (they depend on it)
+    code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--json")
+    assert "vllm_pool" not in json.loads(out)
+    code, _, err = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "0")
+    assert code != 0 and "--max-model-len: 0 is below 1" in err and "Traceback" not in err

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
+from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout, vllm_pool
 from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.errors import KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
@@ -34,12 +34,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="memory left for the KV cache, in GiB (vLLM's 'Available KV cache memory'); "
         "adds pool tokens per dtype",
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="with --gpu-memory-gib: also size the pool as vLLM 0.11's hybrid allocator does "
+        "(KV tokens it logs, max concurrency at N tokens, sliding-window layers at their window)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
-    result = preflight(args.model, args.revision, _token(args.token_env), memory)
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise SpecError("--max-model-len", f"{args.max_model_len} is below 1; use a token count")
+    result = preflight(
+        args.model, args.revision, _token(args.token_env), memory, args.max_model_len
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -48,13 +59,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def preflight(
-    target: str, revision: str | None, token: str | None, memory_bytes: int | None
+    target: str,
+    revision: str | None,
+    token: str | None,
+    memory_bytes: int | None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data."""
     from kvgate.adapters import hub
 
     try:
-        return _preflight(hub, target, revision, token, memory_bytes)
+        return _preflight(hub, target, revision, token, memory_bytes, max_model_len)
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
             raise
@@ -62,7 +77,12 @@ def preflight(
 
 
 def _preflight(
-    hub: Any, target: str, revision: str | None, token: str | None, memory_bytes: int | None
+    hub: Any,
+    target: str,
+    revision: str | None,
+    token: str | None,
+    memory_bytes: int | None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
@@ -84,7 +104,14 @@ def _preflight(
             )
         layout, scales = headers.analyse()
         source, commit, read = headers.source, headers.commit, headers.to_dict()
-    return _summary(source, revision, commit, layout, scales, memory_bytes, read)
+    summary = _summary(source, revision, commit, layout, scales, memory_bytes, read)
+    if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
+        summary["vllm_pool"] = {
+            d: vllm_pool(layout, memory_bytes, d, max_model_len=max_model_len).to_dict()
+            for d in DTYPES
+        }
+        summary["vllm_pool_max_model_len"] = max_model_len
+    return summary
 
 
 def _summary(
@@ -144,6 +171,19 @@ def render_text(result: dict[str, Any]) -> str:
         if pool is not None:
             row += f" {pool[dtype]:>24,}"
         rows.append(row)
+    vpool = result.get("vllm_pool")
+    if vpool:
+        rows.append("")
+        rows.append(
+            f"vLLM 0.11 pool at max-model-len {result['vllm_pool_max_model_len']:,}: "
+            "logged KV tokens, max concurrency, tokens served with sliding layers at their window"
+        )
+        for dtype in DTYPES:
+            p = vpool[dtype]
+            rows.append(
+                f"{dtype:<6} {p['kv_tokens']:>12,} {p['max_concurrency']:>8.2f}x "
+                f"{p['window_tokens']:>12,}  ({p['groups']} groups of {p['group_size']} layers)"
+            )
     scales = result["scales"]
     rows.append("")
     if scales["coverage"] == "unknown":
