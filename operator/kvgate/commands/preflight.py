@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout, vllm_pool
 from kvgate.checkpoint import ScaleReport, unknown_scales
@@ -111,6 +112,7 @@ def _preflight(
             for d in DTYPES
         }
         summary["vllm_pool_max_model_len"] = max_model_len
+    summary["advice"] = advice(summary)
     return summary
 
 
@@ -147,6 +149,51 @@ def _summary(
         "scales": scales.to_dict(),
         "read": read,
     }
+
+
+LLM_COMPRESSOR_RECIPE: Final = (
+    "QuantizationModifier: {kv_cache_scheme: {num_bits: 8, type: float, strategy: tensor, "
+    "dynamic: false, symmetric: true}}"
+)
+
+
+def advice(result: Mapping[str, Any]) -> list[str]:
+    """Where the KV scales come from and what to do about it, from a preflight summary."""
+    scales = result["scales"]
+    out: list[str] = []
+    per_layer = scales.get("per_layer") or []
+    names = [str(s.get("k") or "") for s in per_layer if s.get("k")]
+    if scales.get("forces_fp8_kv"):
+        out.append(
+            "the checkpoint config switches --kv-cache-dtype auto to FP8 (" +
+            "; ".join(scales["forces_fp8_kv"]) + "): production may run FP8 KV already; pin "
+            "--kv-cache-dtype bfloat16 on the control before comparing"
+        )  # fmt: skip
+    if scales["coverage"] in ("all", "partial"):
+        kind = (
+            "compressed-tensors output_scale tensors"
+            if any("output_scale" in n for n in names)
+            else "ModelOpt/vLLM k_scale tensors"
+        )
+        out.append(f"scales from the checkpoint: {kind} ({scales['coverage']} coverage)")
+        if scales["coverage"] == "partial":
+            out.append("layers without k/v scales run at scale 1.0: calibrate them all")
+    elif scales["coverage"] == "none":
+        out.append(
+            "no k/v scales: an FP8 KV cache runs at scale 1.0 (expect more loss on outlier-heavy "
+            f"models); calibrate with llm-compressor, recipe: {LLM_COMPRESSOR_RECIPE}"
+        )
+    else:
+        out.append("scales unknown (config only): scan the model directory or hub repo")
+    if scales.get("kv_cache_scheme") and scales["coverage"] in ("none", "partial"):
+        out.append("kv_cache_scheme is declared but not every layer has its scale tensors")
+    if result.get("sliding_window_layers"):
+        out.append(
+            f"{result['sliding_window_layers']} sliding-window layers: vLLM 0.11 logs them as "
+            "full in its KV tokens but frees their blocks past the window; see the vLLM pool "
+            "figures (--gpu-memory-gib with --max-model-len)"
+        )
+    return out
 
 
 def render_text(result: dict[str, Any]) -> str:
@@ -196,6 +243,7 @@ def render_text(result: dict[str, Any]) -> str:
             f"{scales['weight_scales']['count']}"
         )
     rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
+    rows.extend(f"advice     {line}" for line in result.get("advice") or advice(result))
     rows.extend(f"note       {note}" for note in result["notes"])
     read = result.get("read")
     if read:
