@@ -422,3 +422,88 @@ def gib_to_bytes(gib: float) -> int:
             "gpu_memory_gib", f"{gib:g} GiB is above {MAX_MEMORY_GIB:g} GiB; use a GPU's KV memory"
         )
     return int(gib * GIB)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmPool:
+    """A KV pool as vLLM's V1 hybrid allocator sizes it (vLLM 0.11, vllm/v1/core/kv_cache_utils.py
+    `_get_kv_cache_groups_uniform_page_size`, `get_kv_cache_config_from_groups`,
+    `get_max_concurrency_for_kv_cache_config`; vllm/v1/kv_cache_interface.py
+    `SlidingWindowSpec.max_memory_usage_bytes`).
+
+    Layers are grouped by spec (full / sliding window), each type cut into groups of
+    `group_size` = the smallest type's layer count (padded); the memory is split into
+    `group_size` tensors each shared by one layer of every group, so
+    `num_blocks = memory // page // group_size`. `kv_tokens` is what the engine logs as
+    "GPU KV cache size" (`num_blocks // groups * block_size`: a sliding layer costs what a full
+    one does there), `max_concurrency` what it logs as "Maximum concurrency" (a request at
+    max_model_len holds `cdiv(max_model_len, block)` blocks per full group but only
+    `cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1` per sliding
+    group), and `window_tokens` = max_concurrency x max_model_len, the tokens the pool serves
+    counting sliding layers at their window (vLLM 0.33 logs this product as its KV cache size,
+    with its own in-flight token budget in place of max_num_batched_tokens; its grouping was
+    not checked here).
+    """
+
+    num_blocks: int
+    groups: int
+    group_size: int
+    kv_tokens: int
+    max_concurrency: float
+    window_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_blocks": self.num_blocks,
+            "groups": self.groups,
+            "group_size": self.group_size,
+            "kv_tokens": self.kv_tokens,
+            "max_concurrency": round(self.max_concurrency, 2),
+            "window_tokens": self.window_tokens,
+        }
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def vllm_pool(
+    layout: KVLayout,
+    memory_bytes: int,
+    dtype: str,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int = 2048,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> VllmPool:
+    """vLLM 0.11's own accounting of a KV pool of `memory_bytes` (see `VllmPool`)."""
+    if memory_bytes < 0 or max_model_len < 1 or max_num_batched_tokens < 1 or block_size < 1:
+        raise SpecError(
+            "memory_bytes",
+            "memory must be >= 0 and max_model_len, max_num_batched_tokens, block_size >= 1",
+        )
+    if layout.attention == "mla":
+        raise UnsupportedError("vllm_pool: MLA pages are sized differently; not modelled")
+    full = layout.kv_layers - layout.sliding_window_layers
+    sliding = layout.sliding_window_layers if layout.sliding_window else 0
+    full += layout.sliding_window_layers - sliding  # a window kvgate cannot read counts in full
+    counts = [n for n in (full, sliding) if n]
+    group_size = min(counts)
+    full_groups, sliding_groups = _cdiv(full, group_size), _cdiv(sliding, group_size)
+    groups = full_groups + sliding_groups
+    page = block_size * layout.tensors_per_layer * layout.kv_heads * layout.head_dim
+    page *= kv_dtype_bytes(dtype)
+    num_blocks = memory_bytes // page // group_size
+    per_request = full_groups * _cdiv(max_model_len, block_size)
+    if sliding_groups:
+        window = min((layout.sliding_window or 0) - 1 + max_num_batched_tokens, max_model_len)
+        per_request += sliding_groups * (_cdiv(window, block_size) + 1)
+    concurrency = num_blocks / per_request
+    return VllmPool(
+        num_blocks=num_blocks,
+        groups=groups,
+        group_size=group_size,
+        kv_tokens=num_blocks // groups * block_size,
+        max_concurrency=concurrency,
+        window_tokens=int(concurrency * max_model_len),
+    )

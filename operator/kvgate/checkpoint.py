@@ -134,6 +134,34 @@ class ScaleReport:
         covered = set(self.covered_layers)
         return tuple(i for i in self.expected_layers if i not in covered)
 
+    @property
+    def forces_fp8_kv(self) -> tuple[str, ...]:
+        """Why an engine started with `--kv-cache-dtype auto` runs an FP8 KV cache on this
+        checkpoint (empty: none). Read in the wheels:
+
+        - vLLM 0.26+ (not 0.15): a compressed-tensors `kv_cache_scheme` makes the attention
+          layer set `cache_dtype = "fp8"` when it is `auto`
+          (vllm/model_executor/layers/attention/attention.py).
+        - vLLM 0.15+: a ModelOpt config (`quant_method` modelopt*) whose `kv_cache_quant_algo`
+          (or `kv_cache_scheme`) is FP8 resolves `auto` to `fp8_e4m3`
+          (`resolve_kv_cache_dtype_string`, vllm/utils/torch_utils.py).
+        - SGLang (0.5.23): `kv_cache_quant_algo` FP8 in the quant config resolves `auto` to
+          fp8_e4m3 (`configure_kv_cache_dtype`, sglang/srt/mem_cache/kv_cache_dtype.py).
+        """
+        reasons = []
+        method = str(self.quant_method or "").lower()
+        if self.kv_cache_scheme:
+            reasons.append(
+                "quantization_config.kv_cache_scheme is set: vLLM 0.26+ switches an auto KV "
+                "cache to fp8"
+            )
+        fp8_algo = str(self.kv_cache_quant_algo or "").upper() == "FP8"
+        if method.startswith("modelopt") and fp8_algo:
+            reasons.append("ModelOpt kv_cache_quant_algo FP8: vLLM 0.15+ resolves auto to fp8_e4m3")
+        if fp8_algo:
+            reasons.append("kv_cache_quant_algo FP8: SGLang resolves auto to fp8_e4m3")
+        return tuple(reasons)
+
     def to_dict(self) -> dict[str, Any]:
         known = self.coverage != "unknown"
         return {
@@ -161,6 +189,7 @@ class ScaleReport:
             },
             "kv_cache_scheme": dict(self.kv_cache_scheme) if self.kv_cache_scheme else None,
             "kv_cache_quant_algo": self.kv_cache_quant_algo,
+            "forces_fp8_kv": list(self.forces_fp8_kv),
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -431,8 +460,8 @@ def _config_findings(report: ScaleReport) -> list[Finding]:
         findings.append(
             Finding(
                 "KVCacheSchemeSet",
-                "config.json quantization_config.kv_cache_scheme is set: vLLM runs the KV cache "
-                "in FP8 even with --kv-cache-dtype auto, and logs no line saying so",
+                "config.json quantization_config.kv_cache_scheme is set: vLLM (0.26+) runs the "
+                "KV cache in FP8 even with --kv-cache-dtype auto, and logs no line saying so",
             )
         )
     if str(report.kv_cache_quant_algo or "").upper() == "FP8":
@@ -441,6 +470,18 @@ def _config_findings(report: ScaleReport) -> list[Finding]:
                 "KVCacheQuantAlgoFP8",
                 "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang resolves "
                 "--kv-cache-dtype auto to fp8_e4m3 without saying so",
+            )
+        )
+    forced = report.forces_fp8_kv
+    if forced:
+        findings.append(
+            Finding(
+                "ControlRunsFP8",
+                f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ("
+                f"{'; '.join(forced)}): a control (and production) on auto runs FP8 already, "
+                "so the canary would compare FP8 with FP8; pin the control's dtype "
+                "(--kv-cache-dtype bfloat16, vLLM 0.11+ / SGLang 0.5.10+) or treat production "
+                "as FP8",
             )
         )
     return findings

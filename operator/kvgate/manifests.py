@@ -74,13 +74,28 @@ def find_container(pod_spec: Mapping[str, Any], name: str | None) -> tuple[int, 
     raise LookupError(f"container {name!r} not in the pod template (containers: {names})")
 
 
-def candidate_container(spec: RolloutSpec, container: Mapping[str, Any]) -> dict[str, Any]:
-    """The production container rewritten with the candidate dtype, args and env."""
-    return engines.rewrite_container(
+def candidate_container(
+    spec: RolloutSpec,
+    container: Mapping[str, Any],
+    *,
+    remedy: tuple[Sequence[str], Mapping[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The production container rewritten with the candidate dtype, args and env.
+
+    `remedy` (args, env), from `engine_versions.remedy_for`, is applied last: its flags and
+    variables win over the spec's (a remedied candidate after a known crash).
+    """
+    candidate = engines.rewrite_container(
         container,
         kv_cache_dtype=spec.kv_cache_dtype,
         extra_args=list(spec.extra_args),
         extra_env={e.name: e.value for e in spec.extra_env} or None,
+    )
+    if remedy is None:
+        return candidate
+    args, env = remedy
+    return engines.rewrite_container(
+        candidate, kv_cache_dtype=None, extra_args=list(args), extra_env=dict(env) or None
     )
 
 

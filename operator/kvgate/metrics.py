@@ -765,3 +765,41 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
             )
         )
     return tuple(findings)
+
+
+# What the cross-check reads of a scrape: kept in status per arm, so the check is pure.
+CACHE_TRUTH_KEYS: Final = ("cache_dtype", "num_gpu_blocks", "block_size", "kv_cache_size_tokens")
+
+
+def cache_truth(snapshot: MetricSnapshot) -> dict[str, object]:
+    """The part of a scrape `cross_check_log` compares, as plain JSON (absent keys left out)."""
+    config = {
+        k: str(snapshot.cache_config[k]) for k in CACHE_TRUTH_KEYS if k in snapshot.cache_config
+    }
+    truth: dict[str, object] = {"engine": snapshot.engine, "cacheConfig": config}
+    if snapshot.max_total_tokens is not None:
+        truth["maxTotalTokens"] = int(snapshot.max_total_tokens)
+    return truth
+
+
+def snapshot_from_cache_truth(truth: Mapping[str, Any]) -> MetricSnapshot:
+    """A MetricSnapshot rebuilt from `cache_truth` output; everything else is unknown."""
+    config = truth.get("cacheConfig")
+    config = config if isinstance(config, Mapping) else {}
+    total = truth.get("maxTotalTokens")
+    return MetricSnapshot(
+        engine=str(truth.get("engine") or ""),
+        kv_usage=None,
+        running=None,
+        waiting=None,
+        retracted=None,
+        preemptions=None,
+        generation_tokens=None,
+        prompt_tokens=None,
+        max_total_tokens=float(total) if isinstance(total, int | float) and total > 0 else None,
+        ttft=None,
+        itl=None,
+        tpot=None,
+        cache_config={str(k): str(v) for k, v in config.items() if k in CACHE_TRUTH_KEYS},
+        names={},
+    )

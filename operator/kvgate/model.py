@@ -102,6 +102,11 @@ class PromotionMode(StrEnum):
     REPORT = "report"
 
 
+class Remediation(StrEnum):
+    AUTO = "auto"  # a known crash signature gets one more candidate with the version's remedy
+    OFF = "off"
+
+
 class Engine(StrEnum):
     AUTO = "auto"
     VLLM = "vllm"
@@ -259,6 +264,7 @@ class CanarySpec:
     eval_timeout_s: float = 3600.0
     eval_retries: int = 2
     resources: Mapping[str, Any] = field(default_factory=dict)
+    remediation: Remediation = Remediation.OFF
 
     @property
     def eval_image(self) -> None:
@@ -401,6 +407,7 @@ class RolloutSpec:
             eval_timeout_s=c.duration("evalTimeout", 3600.0, minimum=1.0),
             eval_retries=c.integer("evalRetries", 2, 0, 10),
             resources=c.mapping("resources"),
+            remediation=c.choice("remediation", Remediation, Remediation.OFF),
         )
         if c.raw("evalImage") is not None:
             c.error(

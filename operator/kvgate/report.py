@@ -24,7 +24,16 @@ _WRAP: Final = 100  # terminal report width for long log lines and remedies
 _GATE_ORDER: Final = {
     g: i
     for i, g in enumerate(
-        ("poolPressure", "scales", "canary", "backend", "capacityGain", "accuracy", "speed")
+        (
+            "poolPressure",
+            "scales",
+            "canary",
+            "engineTruth",
+            "backend",
+            "capacityGain",
+            "accuracy",
+            "speed",
+        )
     )
 }
 
@@ -375,6 +384,25 @@ def read_preflight(status: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def read_remediation(status: Mapping[str, Any]) -> list[str]:
+    """`status.remediation`: both candidate attempts, the crash and the remedy applied."""
+    rem = _get(status, "remediation")
+    if not isinstance(rem, Mapping):
+        return []
+    first = _get(rem, "firstAttempt") or {}
+    first = first if isinstance(first, Mapping) else {}
+    args = " ".join(str(a) for a in _get(rem, "args") or [])
+    env = _get(rem, "env") or {}
+    env_text = " and ".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else ""
+    remedy = " and ".join(p for p in (args, env_text) if p) or _DASH
+    crashed = str(_get(first, "message") or "crashed").split("; starting the candidate again")[0]
+    return [
+        f"attempt 1 ({_get(first, 'attentionBackend') or 'backend unknown'}): {crashed}",
+        f"attempt 2: {_get(rem, 'code')} remedied for {_get(rem, 'engine')} "
+        f"{_get(rem, 'engineVersion')} with {remedy}; gated like any other candidate",
+    ]
+
+
 def read_verdict(status: Mapping[str, Any]) -> str | None:
     """`status.verdict`: the decision and why, as one line."""
     v = _get(status, "verdict")
@@ -566,6 +594,12 @@ def render_text(rollout: Mapping[str, Any]) -> str:
     took = read_duration(status)
     if took:
         lines.append(f"  took {took}")
+
+    remediation = read_remediation(status)
+    if remediation:
+        lines += ["", "Remediation"]
+        for line in remediation:
+            lines += textwrap.wrap(line, _WRAP, initial_indent="  ", subsequent_indent="    ")
 
     pre = read_preflight(status)
     if pre:

@@ -27,6 +27,7 @@ from kvgate.model import (
     Outcome,
     Phase,
     PromotionMode,
+    Remediation,
     RolloutSpec,
     ScalesGate,
     SpeedGate,
@@ -43,8 +44,10 @@ LONG_CONTEXT: Final = "longContext"
 DIVERGENCE: Final = "divergence"
 SPEED: Final = "speed"
 CANARY: Final = "canary"
+ENGINE_TRUTH: Final = "engineTruth"
 GATE_ORDER: Final = (
-    POOL, SCALES, CANARY, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED
+    POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT,
+    DIVERGENCE, SPEED,
 )  # fmt: skip
 EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
@@ -70,6 +73,7 @@ class Action(StrEnum):
     SNAPSHOT_SPEED = "SnapshotSpeed"
     PATCH_DEPLOYMENT = "PatchDeployment"
     REVERT_DEPLOYMENT = "RevertDeployment"
+    REMEDIATE = "Remediate"  # record the step's remedy and the remedied candidate in status
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,49 @@ def assess_arms_dtype(
         )
     return GateResult(
         CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", f"both arms Ready; candidate runs {candidate}"
+    )
+
+
+def assess_engine_truth(
+    scans: Mapping[str, Mapping[str, Any]], truths: Mapping[str, Mapping[str, Any]]
+) -> GateResult:
+    """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
+
+    `scans` and `truths` are keyed by arm. Any disagreement (KV dtype, KV tokens, GPU blocks)
+    is an ERROR naming the arm and both values: the pod does not run what one source claims,
+    so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
+    nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
+    """
+    from kvgate import logs, metrics
+
+    problems: list[str] = []
+    compared: dict[str, list[str]] = {}
+    for arm in ("candidate", "control"):
+        scan = logs.LogScan.from_dict(scans.get(arm) or {})
+        snapshot = metrics.snapshot_from_cache_truth(truths.get(arm) or {})
+        problems.extend(f"{arm}: {f.text}" for f in metrics.cross_check_log(scan, snapshot))
+        what = compared.setdefault(arm, [])
+        if scan.kv_cache_dtype and snapshot.kv_cache_dtype:
+            what.append("KV dtype")
+        if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
+            what.append("KV tokens")
+    if problems:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.ERROR,
+            "LogMetricsDisagree",
+            "startup log and /metrics disagree: " + "; ".join(problems),
+        )
+    detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
+    if not compared["candidate"]:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.WARNING,
+            "MetricsSilent",
+            "the candidate's /metrics give no KV dtype or capacity to check its log against",
+        )
+    return GateResult(
+        ENGINE_TRUTH, Outcome.SUCCESSFUL, "LogMetricsAgree", f"log and /metrics agree ({detail})"
     )
 
 
@@ -657,6 +704,75 @@ def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, s
     return fallback, None
 
 
+@dataclass(frozen=True, slots=True)
+class Remedy:
+    """The documented remedy for a candidate's crash signature, valid for its engine version.
+
+    From `kvgate.engine_versions.remedy_for`; `refused` says why the operator's allowlist does
+    not let kvgate apply it (empty: allowed).
+    """
+
+    code: str  # the finding it answers: attention-build-failed or fp8-unsupported
+    engine: str
+    version: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    refused: str = ""
+
+    @property
+    def text(self) -> str:
+        parts = [" ".join(self.args)] if self.args else []
+        parts.extend(f"{k}={v}" for k, v in self.env.items())
+        return " and ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "engine": self.engine,
+            "engineVersion": self.version,
+            "args": list(self.args),
+            "env": dict(self.env),
+        }
+
+
+def find_remedy(
+    scan: Mapping[str, Any] | None,
+    engine: str | None,
+    image_version: str | None,
+    allowlist: Any = None,
+) -> Remedy | None:
+    """The remedy for the first remediable error finding of a crashed candidate's scan.
+
+    The version is the one the engine logged (what it runs), else the image tag's; without
+    either there is none (the flag or variable that picks a backend depends on the version).
+    `allowlist` (a `kvgate.policy.Allowlist`) decides whether kvgate may apply it.
+    """
+    from kvgate import engine_versions, policy
+
+    if not scan or not engine:
+        return None
+    version = scan.get("engine_version") or image_version
+    codes = [
+        str(f.get("code"))
+        for f in scan.get("findings") or []
+        if str(f.get("severity", "")).lower() == "error"
+    ]
+    code = next((c for c in codes if c in engine_versions.REMEDIABLE_CODES), None)
+    if code is None or not isinstance(version, str):
+        return None
+    try:
+        found = engine_versions.remedy_for(engine, version, code)
+    except ValueError:
+        return None
+    if found is None:
+        return None
+    args, env = found
+    allow = allowlist if allowlist is not None else policy.BUILTIN
+    refused = [v.message for v in policy.check_args(list(args), engine, allow)]
+    refused += [f"{n} is not an allowed variable" for n in env if not allow.env_allowed(engine, n)]
+    return Remedy(code, engine, version, tuple(args), dict(env), "; ".join(refused))
+
+
 # --- the transition function ------------------------------------------------------------------
 
 
@@ -688,6 +804,7 @@ class State:
     revert: RevertIntent | None = None
     revert_attempts: int = 0
     revert_error: str | None = None
+    remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -740,11 +857,17 @@ class Observation:
     pool_pressured: bool | None = None
     pool_detail: str = ""
     checkpoint_has_scales: bool | None = None
+    control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
     # Canary
     control: PodHealth | None = None
     candidate: PodHealth | None = None
     control_scan: Mapping[str, Any] | None = None
     candidate_scan: Mapping[str, Any] | None = None
+    # Canary: each arm's `metrics.cache_truth`, once its /metrics was read (None: not yet)
+    control_metrics: Mapping[str, Any] | None = None
+    candidate_metrics: Mapping[str, Any] | None = None
+    metrics_error: str | None = None  # the last failed scrape of an arm's /metrics
+    remedy: Remedy | None = None  # Canary: the remedy for the candidate's crash, if known
     # Evaluating
     job_exists: bool = False
     job_finished: bool = False
@@ -777,6 +900,7 @@ class Step:
     patched: bool | None = None  # True: record that the candidate patch is on the Deployment
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
+    remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
 
     @property
     def terminal(self) -> bool:
@@ -1042,6 +1166,8 @@ def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -
 
 
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
+        return _end(Phase.FAILED, "ControlRunsFP8", obs.control_forced_fp8)
     gate = spec.capacity
     sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
     if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:
@@ -1081,8 +1207,18 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         if health.crashed:
             what, remedy = crash_summary(scan, health.detail)
             message = f"{arm} pod crashed: {what}"
-            if remedy:
+            fix = obs.remedy if arm == "candidate" else None
+            if fix is not None:
+                step = _remediate(spec, state, fix, message)
+                if step is not None:
+                    return step
+                message += f"; remedy for {fix.engine} {fix.version}: {fix.text}"
+                if spec.canary.remediation is Remediation.AUTO and fix.refused:
+                    message += f" (not applied, the allowlist refuses it: {fix.refused})"
+            elif remedy:
                 message += f"; remedy: {remedy}"
+            if arm == "candidate" and state.remedy_attempts:
+                message += " (already applied: the remedied candidate crashed too)"
             gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", message)
             return _end(
                 Phase.ROLLED_BACK,
@@ -1114,9 +1250,27 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.control_scan is None or obs.candidate_scan is None:
         return Step(Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=_delay(poll_s))
+    if obs.control_metrics is None or obs.candidate_metrics is None:
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            message = (
+                f"the arms' /metrics were not readable within {spec.canary.startup_timeout_s:g}s"
+                f" ({obs.metrics_error or 'no scrape answered'}): the log cannot be checked"
+            )
+            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, "MetricsUnreadable", message)
+            return _end(Phase.ROLLED_BACK, "MetricsUnreadable", message, gates=(gate,))
+        why = f": {obs.metrics_error}" if obs.metrics_error else ""
+        return Step(
+            Phase.CANARY, "ReadingMetrics", f"reading the arms' /metrics{why}",
+            requeue_s=_delay(poll_s),
+        )  # fmt: skip
     healthy = assess_arms_dtype(spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan)
+    truth = assess_engine_truth(
+        {"control": obs.control_scan, "candidate": obs.candidate_scan},
+        {"control": obs.control_metrics, "candidate": obs.candidate_metrics},
+    )
     gates = (
         healthy,
+        truth,
         assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
         assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
         assess_capacity_gain(
@@ -1139,6 +1293,30 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         gates=gates,
         requeue_s=_delay(poll_s),
         eval_attempts=1,
+    )
+
+
+def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> Step | None:
+    """With `remediation: auto`, the first crash with a known remedy starts the candidate again.
+
+    Write-ahead: this step records the remedy (status.remediation, the remedied candidate's
+    fingerprint and config hash) and resets the startup clock; both canaries are deleted and
+    created again on later reconciles, after this status write. None: roll back instead.
+    """
+    if spec.canary.remediation is not Remediation.AUTO or state.remedy_attempts or fix.refused:
+        return None
+    message = (
+        f"{crashed}; starting the candidate again with the remedy for {fix.engine} "
+        f"{fix.version}: {fix.text}"
+    )
+    return Step(
+        Phase.CANARY,
+        "Remediating",
+        message,
+        actions=(Action.REMEDIATE, Action.DELETE_CANARIES),
+        events=(Event("CanaryCrashed", crashed, warning=True), Event("Remediating", message)),
+        remedy=fix,
+        requeue_s=MIN_DELAY_S,
     )
 
 

@@ -145,3 +145,23 @@ def test_kvgate_scan_logs_cli_on_emulated_logs(sim, tmp_path) -> None:
         report = json.loads(result.stdout.strip().splitlines()[-1])
         assert report["engine"] == "vllm" and report["kv_cache_dtype"] == "fp8"
         assert report["attention_backend"] == ("TRITON_ATTN" if code == 0 else "FLASHINFER")
+
+
+@pytest.mark.parametrize(
+    ("args", "lie"),
+    [
+        pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"], "auto",
+                     id="log-fp8-metrics-auto"),
+        pytest.param(VLLM, "fp8", id="log-auto-metrics-fp8"),
+    ],
+)  # fmt: skip
+def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> None:
+    from kvgate.metrics import cross_check_log, parse_metrics
+
+    honest = sim(args)
+    lying = sim(args, {"KVGATE_SIM_FAULTS": f"metrics-kv-dtype={lie}"})
+    for engine, codes in ((honest, []), (lying, ["log-metrics-dtype-mismatch"])):
+        snap = parse_metrics(httpx.get(engine.url + "/metrics", timeout=10).text)
+        scan = scan_log(engine.log())
+        assert [f.code for f in cross_check_log(scan, snap)] == codes
+    assert parse_metrics(httpx.get(lying.url + "/metrics", timeout=10).text).kv_cache_dtype == lie

@@ -15,18 +15,23 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 
-from kvgate.errors import KubeError
+from kvgate.errors import KubeError, ScrapeError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CONTROL_LOG = (DATA / "logs" / "vllm-0.11-bf16-ready.txt").read_text()
 CANDIDATE_LOG = (DATA / "logs" / "vllm-0.16-fp8-scales-triton-ready.txt").read_text()
 METRICS = (DATA / "metrics" / "vllm-0.11.txt").read_text()
+JIT_FAILED_LOG = (DATA / "logs" / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
+_CACHE_INFO = next(
+    line for line in METRICS.splitlines() if line.startswith("vllm:cache_config_info")
+)
 SUMMARY_PASS = {
     "kind": "kvgate.eval/summary",
     "verdict": "pass",
@@ -88,9 +93,13 @@ class FakeKube:
         self.crash_after = False  # crash after applying the mutation instead of before
         self.refuse_patches: Callable[[list[dict[str, Any]]], str | None] = lambda ops: None
         self.crash_new_pods = False
+        # The L4 trap: a candidate without the Triton backend dies building FlashInfer's kernels
+        self.jit_crash = False
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.on_mutation: Callable[[FakeKube], None] | None = None
+        # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
+        self.cache_info = {CONTROL_LOG: ("auto", 1806), CANDIDATE_LOG: ("fp8_e4m3", 3804)}
         self._ids = itertools.count(1)
 
     # --- helpers for tests ---
@@ -113,6 +122,19 @@ class FakeKube:
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [o for (k, _), o in self.objects.items() if k == kind]
+
+    def scrape(self, url: str, timeout: float) -> str:
+        """The /metrics of the pod at the URL's address: cache_config_info agrees with its log."""
+        host = url.split("//", 1)[-1].split(":", 1)[0]
+        pod = next(
+            (p for p in self.of_kind("Pod") if p.get("status", {}).get("podIP") == host), None
+        )
+        if pod is None:
+            raise ScrapeError(url, "connection refused")
+        dtype, blocks = self.cache_info.get(str(pod.get("_log")), ("auto", 1806))
+        line = re.sub(r'cache_dtype="[^"]*"', f'cache_dtype="{dtype}"', _CACHE_INFO)
+        line = re.sub(r'num_gpu_blocks="[^"]*"', f'num_gpu_blocks="{blocks}"', line)
+        return METRICS.replace(_CACHE_INFO, line)
 
     # --- fault injection ---
 
@@ -202,6 +224,13 @@ class FakeKube:
             and self.crash_new_pods
             and "kvgate.io/rollout" not in (pod["metadata"].get("labels") or {})
         )
+        args = container.get("args") or []
+        triton = any(
+            args[i : i + 2] == ["--attention-backend", "TRITON_ATTN"] for i in range(len(args))
+        )
+        if candidate and self.jit_crash and not triton:
+            pod["_log"] = JIT_FAILED_LOG
+            crashed = True
         # An engine given a fingerprint instead of a value (status copied into a pod) fails.
         env = container.get("env") or []
         crashed = crashed or any(str(e.get("value", "")).startswith("sha256:") for e in env)

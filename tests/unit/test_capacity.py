@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from kvgate.capacity import GIB, capacity_table, gib_to_bytes, kv_dtype_bytes, parse_kv_layout
+from kvgate.capacity import (
+    GIB,
+    capacity_table,
+    gib_to_bytes,
+    kv_dtype_bytes,
+    parse_kv_layout,
+    vllm_pool,
+)
 from kvgate.errors import ParseError, SpecError, UnsupportedError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -295,3 +302,34 @@ def test_gib_to_bytes_refuses_absurd_sizes() -> None:
     with pytest.raises(SpecError, match="gpu_memory_gib"):
         gib_to_bytes(1e300)
     assert gib_to_bytes(80.0) == 80 * GIB
+
+
+# ---- vLLM 0.11's own pool accounting (hybrid allocator, kv_cache_utils.py) ----
+
+
+def test_vllm_pool_of_gemma3_counts_what_the_engine_logs_and_what_it_serves() -> None:
+    config = json.loads((CONFIGS / "gemma-3-4b-it.json").read_text())
+    layout = parse_kv_layout(config)
+    assert (layout.kv_layers, layout.sliding_window_layers, layout.sliding_window) == (34, 29, 1024)
+    assert (layout.kv_heads, layout.head_dim) == (4, 256)
+    pool = vllm_pool(layout, 10 * GIB, "bf16", max_model_len=8192)
+    # 5 full and 29 sliding layers: groups of 5 -> 1 full + 6 sliding groups (one padding layer);
+    # page 16 x 2 x 4 x 256 x 2 B = 64 KiB; 10 GiB / 64 KiB / 5 = 32,768 blocks
+    assert (pool.group_size, pool.groups, pool.num_blocks) == (5, 7, 32768)
+    # "GPU KV cache size": 32,768 // 7 x 16 -- below the all-layers-full figure (padding)
+    assert pool.kv_tokens == 74896 < layout.pool_tokens(10 * GIB, "bf16") == 77088
+    # a request at 8,192 tokens: 512 blocks (full) + 6 x (cdiv(1023 + 2048, 16) + 1) = 1,670
+    assert pool.max_concurrency == pytest.approx(32768 / 1670)
+    assert pool.window_tokens == 160739  # what the pool serves, sliding layers at their window
+    fp8 = vllm_pool(layout, 10 * GIB, "fp8", max_model_len=8192)
+    assert (fp8.num_blocks, fp8.kv_tokens) == (65536, 149792)
+
+
+def test_vllm_pool_of_a_dense_model_is_the_plain_block_count() -> None:
+    layout = parse_kv_layout(json.loads((CONFIGS / "qwen3-8b.json").read_text()))
+    pool = vllm_pool(layout, 4 * GIB, "fp8", max_model_len=8192)
+    assert (pool.groups, pool.group_size) == (1, 36)
+    assert pool.kv_tokens == layout.pool_tokens(4 * GIB, "fp8")
+    assert pool.max_concurrency == pytest.approx(pool.num_blocks / 512)
+    with pytest.raises(SpecError, match="memory"):
+        vllm_pool(layout, -1, "fp8", max_model_len=8192)

@@ -244,15 +244,15 @@ CONFIG_HINTS = [
                 "kv_cache_scheme": {"num_bits": 8, "type": "float"},
             }
         },
-        ["KVCacheSchemeSet"],
+        ["KVCacheSchemeSet", "ControlRunsFP8"],
     ),
     (
         {"quantization_config": {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}},
-        ["KVCacheQuantAlgoFP8"],
+        ["KVCacheQuantAlgoFP8", "ControlRunsFP8"],
     ),
     (
         {"text_config": {"quantization_config": {"kv_cache_quant_algo": "fp8"}}},
-        ["KVCacheQuantAlgoFP8"],
+        ["KVCacheQuantAlgoFP8", "ControlRunsFP8"],
     ),
 ]
 
@@ -291,7 +291,10 @@ def test_modelopt_hf_quant_config(tmp_path: Path) -> None:
     )
     # THEN the silent SGLang switch is reported
     assert report.kv_cache_quant_algo == "FP8"
-    assert report.findings[-1] == Finding(
+    # hf_quant_config.json has no quant_method: vLLM's auto resolution does not apply, SGLang's does
+    assert report.forces_fp8_kv == ("kv_cache_quant_algo FP8: SGLang resolves auto to fp8_e4m3",)
+    assert report.findings[-1].code == "ControlRunsFP8"
+    assert report.findings[-2] == Finding(
         "KVCacheQuantAlgoFP8",
         "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang "
         "resolves --kv-cache-dtype auto to fp8_e4m3 without saying so",
@@ -310,10 +313,18 @@ def test_compressed_tensors_config_from_data() -> None:
         "symmetric": True,
         "type": "float",
     }
-    assert report.findings[-1].message == (
-        "config.json quantization_config.kv_cache_scheme is set: vLLM runs the KV cache in FP8 "
-        "even with --kv-cache-dtype auto, and logs no line saying so"
+    assert report.findings[-2].message == (
+        "config.json quantization_config.kv_cache_scheme is set: vLLM (0.26+) runs the KV cache "
+        "in FP8 even with --kv-cache-dtype auto, and logs no line saying so"
     )
+    assert report.findings[-1].message == (
+        "the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto (quantization_config."
+        "kv_cache_scheme is set: vLLM 0.26+ switches an auto KV cache to fp8): a control (and "
+        "production) on auto runs FP8 already, so the canary would compare FP8 with FP8; pin the "
+        "control's dtype (--kv-cache-dtype bfloat16, vLLM 0.11+ / SGLang 0.5.10+) or treat "
+        "production as FP8"
+    )
+    assert report.to_dict()["forces_fp8_kv"] == list(report.forces_fp8_kv)
 
 
 def test_unknown_scales_from_config_alone() -> None:
@@ -518,3 +529,22 @@ def test_a_file_that_is_not_safetensors_leaks_none_of_its_bytes(tmp_path: Path) 
         f"{fake}: not a safetensors file: its header length is larger than the cap of "
         "25,000,000 bytes"
     )
+
+
+def test_which_configs_force_fp8_kv_on_the_control() -> None:
+    def forced(quant: dict[str, Any]) -> tuple[str, ...]:
+        return unknown_scales({**CONFIG, "quantization_config": quant}).forces_fp8_kv
+
+    # ModelOpt in config.json: vLLM 0.15+ and SGLang both resolve auto to fp8_e4m3
+    assert forced(
+        {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    ) == (
+        "ModelOpt kv_cache_quant_algo FP8: vLLM 0.15+ resolves auto to fp8_e4m3",
+        "kv_cache_quant_algo FP8: SGLang resolves auto to fp8_e4m3",
+    )
+    # FP8 weights alone, or a ModelOpt config without a KV algo, force nothing
+    assert forced({"quant_method": "fp8"}) == ()
+    assert forced({"quant_method": "modelopt", "quant_algo": "FP8"}) == ()
+    assert forced({"quant_method": "modelopt", "kv_cache_quant_algo": None}) == ()
+    plain = unknown_scales(CONFIG)
+    assert plain.forces_fp8_kv == () and "ControlRunsFP8" not in [f.code for f in plain.findings]

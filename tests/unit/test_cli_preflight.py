@@ -232,3 +232,62 @@ def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     code, _, err = run(capsys, str(directory))
     assert code == 2
     assert err == f"kvgate: ParseError: {directory}/config.json: no such file\n"
+
+
+def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-3-4b-it.json")
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192", "--json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["vllm_pool"]["bf16"] == {
+        "num_blocks": 32768, "groups": 7, "group_size": 5, "kv_tokens": 74896,
+        "max_concurrency": 19.62, "window_tokens": 160739,
+    }  # fmt: skip
+    assert result["vllm_pool"]["fp8"]["kv_tokens"] == 149792
+    code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192")
+    assert "vLLM 0.11 pool at max-model-len 8,192" in out
+    assert "bf16         74,896    19.62x      160,739  (7 groups of 5 layers)" in out
+    # without --max-model-len: no vLLM figures (they depend on it)
+    code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--json")
+    assert "vllm_pool" not in json.loads(out)
+    code, _, err = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "0")
+    assert code != 0 and "--max-model-len: 0 is below 1" in err and "Traceback" not in err
+
+
+def test_scale_provenance_advice(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # config only, with a compressed-tensors kv_cache_scheme: the control would run FP8
+    code, out, _ = run(capsys, str(CONFIGS / "llama-3-8b-fp8-kv.json"), "--json")
+    assert code == 0
+    got = json.loads(out)["advice"]
+    assert got[0].startswith("the checkpoint config switches --kv-cache-dtype auto to FP8 (")
+    assert got[1] == "scales unknown (config only): scan the model directory or hub repo"
+    # weights without k/v scales: calibrate, with the llm-compressor recipe
+    plain = model_dir(tmp_path, "qwen3-8b.json", ("self_attn.k_proj.weight",), 36)
+    code, out, _ = run(capsys, str(plain))
+    lines = [line for line in out.splitlines() if line.startswith("advice")]
+    assert lines == [
+        "advice     no k/v scales: an FP8 KV cache runs at scale 1.0 (expect more loss on "
+        "outlier-heavy models); calibrate with llm-compressor, recipe: QuantizationModifier: "
+        "{kv_cache_scheme: {num_bits: 8, type: float, strategy: tensor, dynamic: false, "
+        "symmetric: true}}"
+    ]
+    # a sliding-window model is told where its real capacity is
+    code, out, _ = run(capsys, str(CONFIGS / "gemma-3-4b-it.json"), "--json")
+    assert any(
+        a.startswith("29 sliding-window layers: vLLM 0.11 logs them as full")
+        for a in json.loads(out)["advice"]
+    )
+
+
+def test_scale_provenance_names_the_tensor_format(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    suffixes = ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")
+    directory = model_dir(tmp_path, "qwen3-8b.json", suffixes, 36)
+    code, out, _ = run(capsys, str(directory), "--json")
+    assert code == 0
+    assert json.loads(out)["advice"][0] == (
+        "scales from the checkpoint: compressed-tensors output_scale tensors (all coverage)"
+    )

@@ -19,9 +19,9 @@ from typing import Any
 import fake_cluster
 import kopf
 import pytest
-from fake_cluster import METRICS, Crash, FakeKube, deployment
+from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import manifests, promotion
+from kvgate import engine_versions, manifests, promotion
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
 from kvgate.model import RolloutSpec
@@ -82,7 +82,7 @@ class World:
         )  # fmt: skip
         from kvgate.adapters import http
 
-        monkeypatch.setattr(http, "scrape", lambda url, timeout: METRICS)
+        monkeypatch.setattr(http, "scrape", self.kube.scrape)
 
     @property
     def phase(self) -> str | None:
@@ -127,7 +127,13 @@ class World:
     def candidate(self) -> dict[str, Any]:
         """The evaluated container with the rollout's change, derived here from the spec."""
         spec = RolloutSpec.from_dict(self.obj["spec"])
-        wanted = manifests.candidate_container(spec, self.original)
+        record = (self.obj.get("status") or {}).get("remediation")
+        remedy = None
+        if record:  # a remedied candidate: the remedy of the version the crashed log named
+            remedy = engine_versions.remedy_for(
+                record["engine"], record["engineVersion"], record["code"]
+            )
+        wanted = manifests.candidate_container(spec, self.original, remedy=remedy)
         return {k: v for k, v in wanted.items() if k in promotion.GUARDED}
 
     def assert_invariant(self) -> None:
@@ -524,10 +530,10 @@ def test_drift_after_promotion_is_reported_and_never_reapplied(
     assert "--kv-cache-dtype" not in world.kube.container()["args"]
 
 
-def _production_metrics(preemptions: float, waiting: float = 6.0) -> str:
+def _production_metrics(base: str, preemptions: float, waiting: float = 6.0) -> str:
     """vLLM 0.11 metrics of a pressured pool with the preemption counter at `preemptions`."""
     return (
-        METRICS.replace(
+        base.replace(
             'vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-8B"} 0.0',
             f'vllm:num_preemptions_total{{engine="0",model_name="Qwen/Qwen3-8B"}} {preemptions}',
         )
@@ -562,7 +568,7 @@ def test_production_preempting_more_than_before_promotion_reverts(
         now = world.now.timestamp()
         counter["preemptions"] += rate * (now - counter["at"])
         counter["at"] = now
-        return _production_metrics(counter["preemptions"])
+        return _production_metrics(world.kube.scrape(url, timeout), counter["preemptions"])
 
     monkeypatch.setattr(http, "scrape", scrape)
     end = world.run()
@@ -574,3 +580,191 @@ def test_production_preempting_more_than_before_promotion_reverts(
     else:
         assert end == "Promoted", world.obj["status"]
     world.assert_invariant()
+
+
+@pytest.mark.parametrize(
+    ("arm_log", "lie", "arm"),
+    [
+        (fake_cluster.CANDIDATE_LOG, "auto", "candidate"),
+        (fake_cluster.CONTROL_LOG, "fp8", "control"),
+    ],
+    ids=["candidate-log-fp8-metrics-bf16", "control-log-bf16-metrics-fp8"],
+)
+def test_log_and_metrics_disagreeing_rolls_back_before_the_eval(
+    monkeypatch: pytest.MonkeyPatch, arm_log: str, lie: str, arm: str
+) -> None:
+    world = World(monkeypatch)
+    blocks = world.kube.cache_info[arm_log][1]
+    world.kube.cache_info[arm_log] = (lie, blocks)
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "LogMetricsDisagree"
+    assert f"{arm}: startup log says kv_cache_dtype=" in status["message"]
+    assert f"cache_dtype={lie}" in status["message"]
+    assert status["gates"]["engineTruth"]["outcome"] == "Error"
+    assert status["arms"][arm]["metrics"]["cacheConfig"]["cache_dtype"] == lie
+    assert world.kube.of_kind("Job") == []  # no eval was started
+
+
+def test_agreeing_metrics_are_kept_in_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    status = world.obj["status"]
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+    assert status["arms"]["control"]["metrics"]["cacheConfig"]["cache_dtype"] == "auto"
+    assert status["arms"]["candidate"]["metrics"]["cacheConfig"]["num_gpu_blocks"] == "3804"
+
+
+def jit_trap(world: World) -> None:
+    world.kube.jit_crash = True
+
+
+def test_remediation_auto_restarts_the_candidate_with_the_remedy_and_promotes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+    assert world.run() == "Promoted"
+    status = world.obj["status"]
+    record = status["remediation"]
+    # the crashed candidate's log says 0.13.0: the remedy of that version, not the image tag's
+    assert (record["code"], record["engineVersion"], record["attempt"]) == (
+        "attention-build-failed", "0.13.0", 1,
+    )  # fmt: skip
+    assert record["firstAttempt"]["attentionBackend"] == "FLASHINFER"
+    assert "attention-build-failed" in record["firstAttempt"]["findings"]
+    assert world.reasons().index("CanaryCrashed") < world.reasons().index("Remediating")
+    assert world.reasons().index("Remediating") < world.reasons().index("Promoting")
+    # the promoted Deployment carries the remedy as well as the dtype
+    container = world.kube.container()
+    args = container["args"]
+    assert args[args.index("--attention-backend") + 1] == "TRITON_ATTN"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+
+
+def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch, extraArgs=[])
+    jit_trap(world)
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "CanaryCrashed"
+    assert status["message"].endswith(
+        "; remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0"
+    )
+    assert "remediation" not in status and "Remediating" not in world.reasons()
+
+
+def test_a_remedied_candidate_that_crashes_again_rolls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+
+    def crash_remedied(w: World) -> None:
+        pod = w.kube.get("Pod", "r-candidate")
+        if pod is not None and "VLLM_USE_FLASHINFER_SAMPLER" in json.dumps(pod["spec"]):
+            pod["status"]["containerStatuses"][0].update(ready=False, restartCount=1)
+
+    world.before_reconcile = crash_remedied
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["remediation"]["attempt"] == 1
+    assert "already applied: the remedied candidate crashed too" in status["message"]
+    assert world.reasons().count("Remediating") == 1
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_crash_at_every_mutation_of_a_remediated_rollout_keeps_the_invariant(
+    monkeypatch: pytest.MonkeyPatch, after: bool
+) -> None:
+    spec = {"extraArgs": [], "canary": {"startupTimeout": "60s", "remediation": "auto"}}
+    clean = World(monkeypatch, **spec)
+    jit_trap(clean)
+    assert clean.run() == "Promoted"
+    for k in range(1, clean.kube.mutations + 1):
+        world = World(monkeypatch, **spec)
+        jit_trap(world)
+        world.kube.crash_at, world.kube.crash_after = k, after
+        assert world.run() == "Promoted", (k, world.obj["status"].get("message"))
+        world.assert_invariant()
+        assert world.obj["status"]["remediation"]["attempt"] == 1
+
+
+def test_every_status_field_written_is_in_the_crd_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The apiserver prunes status fields the CRD does not declare (kopf only logs it)."""
+    import yaml
+
+    crd = yaml.safe_load(
+        (fake_cluster.DATA.parents[1] / "crds/kvgate.io_kvcacherollouts.yaml").read_text()
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    declared = set(schema["properties"])
+    world = World(
+        monkeypatch, extraArgs=[], canary={"startupTimeout": "60s", "remediation": "auto"}
+    )
+    jit_trap(world)
+    seen: set[str] = set()
+
+    def collect(w: World) -> None:
+        seen.update((w.obj.get("status") or {}).keys())
+
+    world.before_reconcile = collect
+    assert world.run() == "Promoted"
+    collect(world)
+    assert "remediation" in seen and "arms" in seen
+    assert seen - declared == set()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, pinned: bool
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(
+        {"model.embed_tokens.weight": np.ones((2, 2), np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
+    world = World(monkeypatch, model={"name": str(tmp_path)})
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(tmp_path),)
+    )
+    if pinned:  # production says bfloat16 explicitly: that wins over the checkpoint's scheme
+        dep = world.kube.objects[("Deployment", "vllm")]
+        dep["spec"]["template"]["spec"]["containers"][0]["args"] += ["--kv-cache-dtype", "bfloat16"]
+        world.original = copy.deepcopy(world.kube.container())
+    end = world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    # pinned: past preflight to the canaries (the fake engine then logs FP8 for any pod given
+    # --kv-cache-dtype, so that run's end is not the point here)
+    assert ("Canary" in world.phases) is pinned
+    if pinned:
+        assert status["reason"] != "ControlRunsFP8"
+    else:
+        assert (end, status["reason"]) == ("Failed", "ControlRunsFP8")
+    assert status["preflight"]["checkpoint"]["forcesFp8Kv"] == [
+        "quantization_config.kv_cache_scheme is set: vLLM 0.26+ switches an auto KV cache to fp8"
+    ]
+    if not pinned:
+        assert status["reason"] == "ControlRunsFP8"
+        assert "the canary would compare FP8 with FP8" in status["message"]
+        assert world.kube.get("Pod", "r-control") is None and "arms" not in status

@@ -13,6 +13,7 @@ from kvgate.model import (
     Outcome,
     Phase,
     PromotionMode,
+    Remediation,
     RolloutSpec,
     config_hash,
     parse_duration,
@@ -71,6 +72,10 @@ def test_full_spec_parses() -> None:
     assert spec.accuracy.task == "gsm8k_cot" and spec.accuracy.margin_pp == 1.5
     assert spec.speed is not None and spec.speed.concurrency == (8, 32)
     assert spec.canary.startup_timeout_s == 120.0
+    assert spec.canary.remediation is Remediation.OFF  # the default
+    assert RolloutSpec.from_dict(_with(canary={"remediation": "auto"})).canary.remediation is (
+        Remediation.AUTO
+    )
     assert spec.promotion.mode is PromotionMode.MANUAL and spec.promotion.verify_window_s == 30.0
 
 
@@ -134,6 +139,10 @@ BAD_SPECS = [
     (
         _with(canary={"startupTimeout": "0s"}),
         ["spec.canary.startupTimeout: 0s is shorter than 1s; use a longer duration"],
+    ),
+    (
+        _with(canary={"remediation": "always"}),
+        ["spec.canary.remediation: 'always' is not one of auto, off"],
     ),
     (
         _with(promotion={"mode": "yolo"}),

@@ -500,3 +500,32 @@ def test_svg_says_a_finished_rollout_never_measured_accuracy() -> None:
     svg = report.render_svg(ROLLED_BACK["status"])
     assert "no accuracy (not measured)" in svg
     assert svg.count("<rect") == 1  # the control's KV bar; the candidate crashed first
+
+
+def test_text_shows_both_attempts_of_a_remediated_rollout() -> None:
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["remediation"] = {
+        "code": "attention-build-failed",
+        "engine": "vllm",
+        "engineVersion": "0.11.0",
+        "args": [],
+        "env": {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        "attempt": 1,
+        "firstAttempt": {
+            "message": "candidate pod crashed: RuntimeError: Ninja build failed.; starting the "
+            "candidate again with the remedy for vllm 0.11.0: ...",
+            "attentionBackend": "FLASHINFER",
+        },
+    }
+    lines = report.render_text(rollout).splitlines()
+    at = lines.index("Remediation")
+    assert (
+        lines[at + 1]
+        == "  attempt 1 (FLASHINFER): candidate pod crashed: RuntimeError: Ninja build failed."
+    )
+    assert " ".join(" ".join(lines[at + 2 : at + 4]).split()) == (
+        "attempt 2: attention-build-failed remedied for vllm 0.11.0 with "
+        "VLLM_ATTENTION_BACKEND=TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0; gated like any "
+        "other candidate"
+    )
+    assert "Remediation" not in report.render_text(PROMOTED).splitlines()

@@ -50,6 +50,9 @@ def test_faults_and_load() -> None:
         },
     )
     assert env.faults.crash_after == 7 and env.faults.garbage_answers
+    assert env.faults.metrics_kv_dtype is None
+    lie = read_env("vllm", {"KVGATE_SIM_FAULTS": "metrics-kv-dtype=auto"})
+    assert lie.faults.metrics_kv_dtype == "auto"
     assert (env.load.concurrency, env.load.prompt, env.load.output) == (64, 2000, 400)
 
 
@@ -61,6 +64,14 @@ def test_faults_and_load() -> None:
         ({"KVGATE_SIM_SPEED": "fast"}, "KVGATE_SIM_SPEED: 'fast' is not a number"),
         ({"KVGATE_SIM_FAULTS": "segfault"}, "KVGATE_SIM_FAULTS: unknown fault 'segfault'"),
         ({"KVGATE_SIM_FAULTS": "crash-after=x"}, "KVGATE_SIM_FAULTS: crash-after needs a count"),
+        (
+            {"KVGATE_SIM_FAULTS": "metrics-kv-dtype="},
+            "KVGATE_SIM_FAULTS: metrics-kv-dtype needs a dtype",
+        ),
+        (
+            {"KVGATE_SIM_FAULTS": "metrics-kv-dtype=a b"},
+            "KVGATE_SIM_FAULTS: metrics-kv-dtype needs a dtype",
+        ),
         ({"KVGATE_SIM_LOAD": "prompt=10"}, "KVGATE_SIM_LOAD: missing concurrency="),
         (
             {"KVGATE_SIM_LOAD": "concurrency=-1"},

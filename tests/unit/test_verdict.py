@@ -46,6 +46,26 @@ def scan(
     }
 
 
+def truth(dtype: str | None = "fp8", tokens: int | None = 100_000) -> dict[str, Any]:
+    """An arm's /metrics cache info as status keeps it (metrics.cache_truth)."""
+    config: dict[str, str] = {"block_size": "16"}
+    if dtype is not None:
+        config["cache_dtype"] = dtype
+    if tokens is not None:
+        config["num_gpu_blocks"] = str(tokens // 16)
+    return {"engine": "vllm", "cacheConfig": config}
+
+
+def agreeing(control: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    """Observation fields: both arms' /metrics say what their logs say."""
+    return {
+        "control_scan": control,
+        "candidate_scan": candidate,
+        "control_metrics": truth(control["kv_cache_dtype"], control["capacity"]["kv_tokens"]),
+        "candidate_metrics": truth(candidate["kv_cache_dtype"], candidate["capacity"]["kv_tokens"]),
+    }
+
+
 SUMMARY_PASS = {
     "kind": "kvgate.eval/summary",
     "verdict": "pass",
@@ -455,13 +475,16 @@ def test_canary_ready_goes_to_eval_with_findings() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan("FLASH_ATTN", 100_000, dtype="auto"),
-            candidate_scan=scan("TRITON_ATTN", 201_000, SCALE_WARNING),
+            **agreeing(
+                scan("FLASH_ATTN", 100_000, dtype="auto"),
+                scan("TRITON_ATTN", 201_000, SCALE_WARNING),
+            ),
         ),
     )
     assert s.phase is Phase.EVALUATING and Action.CREATE_EVAL_JOB in s.actions
     assert {g.gate: g.reason for g in s.gates} == {
         "canary": "CanaryHealthy",
+        "engineTruth": "LogMetricsAgree",
         "scales": "ScalesMissing",
         "backend": "BackendChanged",
         "capacityGain": "CapacityGained",
@@ -476,8 +499,7 @@ def test_canary_without_capacity_gain_rolls_back_before_eval() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan(dtype="auto"),
-            candidate_scan=scan(tokens=120_000),
+            **agreeing(scan(dtype="auto"), scan(tokens=120_000)),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityNotGained")
@@ -489,11 +511,76 @@ def test_canary_with_unreadable_capacity_fails_closed() -> None:
         Observation(
             control=READY,
             candidate=READY,
-            control_scan=scan(dtype="auto"),
-            candidate_scan=scan(tokens=None),
+            **agreeing(scan(dtype="auto"), scan(tokens=None)),
         ),
     )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CapacityUnknown")
+
+
+def test_candidate_log_fp8_but_metrics_not_rolls_back_naming_both() -> None:
+    control, candidate = scan("FLASH_ATTN", 100_000, dtype="auto"), scan("FLASH_ATTN", 201_000)
+    obs = Observation(
+        control=READY,
+        candidate=READY,
+        **{**agreeing(control, candidate), "candidate_metrics": truth("auto", 201_000)},
+    )
+    s = step(Phase.CANARY, obs)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
+    assert "candidate: startup log says kv_cache_dtype=fp8" in s.message
+    assert "cache_dtype=auto" in s.message
+    assert Action.CREATE_EVAL_JOB not in s.actions
+
+
+def test_control_metrics_fp8_behind_a_bf16_log_rolls_back() -> None:
+    control, candidate = scan("FLASH_ATTN", 100_000, dtype="auto"), scan("FLASH_ATTN", 201_000)
+    obs = Observation(
+        control=READY,
+        candidate=READY,
+        **{**agreeing(control, candidate), "control_metrics": truth("fp8", 100_000)},
+    )
+    s = step(Phase.CANARY, obs)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
+    assert s.message.startswith("startup log and /metrics disagree: control: ")
+    assert "cache_dtype=fp8" in s.message
+
+
+def test_engine_truth_gate() -> None:
+    arms = {"control": scan(dtype="auto"), "candidate": scan(tokens=200_000)}
+    ok = v.assess_engine_truth(
+        arms, {"control": truth("bfloat16"), "candidate": truth("fp8_e4m3", 200_000)}
+    )
+    assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
+    assert (
+        ok.message
+        == "log and /metrics agree (candidate: KV dtype, KV tokens; control: KV dtype, KV tokens)"
+    )
+    # another pool behind the same dtype: the tokens disagree
+    pool = v.assess_engine_truth(
+        arms, {"control": truth("auto"), "candidate": truth("fp8", 100_000)}
+    )
+    assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
+    assert "candidate: startup log says 200,000 KV tokens, /metrics 100,000" in pool.message
+    # e5m2 is another cache than e4m3
+    e5 = v.assess_engine_truth(
+        arms, {"control": truth("auto"), "candidate": truth("fp8_e5m2", 200_000)}
+    )
+    assert e5.outcome is Outcome.ERROR
+    # metrics without cache info: nothing to compare for the candidate, a warning
+    silent = v.assess_engine_truth(arms, {"control": truth(None, None), "candidate": {}})
+    assert (silent.outcome, silent.reason) == (Outcome.WARNING, "MetricsSilent")
+
+
+def test_canary_waits_for_metrics_then_fails_closed() -> None:
+    scans = {"control_scan": scan(dtype="auto"), "candidate_scan": scan(tokens=201_000)}
+    obs = Observation(
+        control=READY, candidate=READY, metrics_error="candidate /metrics: refused", **scans
+    )
+    wait = step(Phase.CANARY, obs, phase_elapsed_s=10)
+    assert (wait.phase, wait.reason) == (Phase.CANARY, "ReadingMetrics")
+    assert "refused" in wait.message
+    late = step(Phase.CANARY, obs, phase_elapsed_s=60)
+    assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "MetricsUnreadable")
+    assert late.gates[0].outcome is Outcome.ERROR
 
 
 GOOD_GATES = {"capacityGain": R(Outcome.SUCCESSFUL, "CapacityGained", "capacityGain")}
@@ -906,3 +993,123 @@ def test_crash_summary_falls_back_to_the_last_log_line() -> None:
         "exited with code 1 (Error); last log line: OSError: [Errno 98] Address already in use",
         None,
     )
+
+
+# --- remediation: the remedy that fits the candidate's engine version ---------------------------
+
+JIT_FAILED = {
+    "code": "attention-build-failed",
+    "severity": "error",
+    "text": "RuntimeError: Ninja build failed.",
+    "hint": "generic hint",
+}
+REMEDIES = {
+    "0.10.2": "VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1 and VLLM_USE_FLASHINFER_SAMPLER=0",
+    "0.11.0": "VLLM_ATTENTION_BACKEND=TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0",
+    "0.33.0": "--attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0",
+}
+
+
+def crashed_scan(version: str | None, *findings: dict[str, Any]) -> dict[str, Any]:
+    return {**scan("FLASHINFER", None, *(findings or (JIT_FAILED,))), "engine_version": version,
+            "failed": True, "ready": False}  # fmt: skip
+
+
+def remedy_spec(mode: str) -> RolloutSpec:
+    return RolloutSpec.from_dict(
+        {
+            "targetRef": {"name": "qwen"},
+            "canary": {"startupTimeout": "60s", "remediation": mode},
+        }
+    )
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_the_remedy_fits_the_engine_version(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", "0.9.0")
+    assert fix is not None and fix.refused == ""
+    assert (fix.code, fix.version, fix.text) == (
+        "attention-build-failed",
+        version,
+        REMEDIES[version],
+    )
+    # the log's version wins over the image tag; the tag is the fallback
+    assert v.find_remedy(crashed_scan(None), "vllm", version).text == REMEDIES[version]
+    # no version at all: no remedy (the way to pick a backend depends on it)
+    assert v.find_remedy(crashed_scan(None), "vllm", None) is None
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+    )
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason, s.remedy) == (Phase.CANARY, "Remediating", fix)
+    assert s.actions == (Action.REMEDIATE, Action.DELETE_CANARIES)  # record, then replace pods
+    assert s.message.endswith(f"with the remedy for vllm {version}: {REMEDIES[version]}")
+    assert [e.reason for e in s.events] == ["CanaryCrashed", "Remediating"]
+    # the remedied candidate crashes too: at most one remedy, then it rolls back
+    again = step(Phase.CANARY, obs, remedy_spec("auto"), remedy_attempts=1)
+    assert (again.phase, again.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert "already applied" in again.message and again.remedy is None
+
+
+@pytest.mark.parametrize("version", sorted(REMEDIES))
+def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
+    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+    )
+    for spec in (remedy_spec("off"), SPEC):  # off is the default
+        s = step(Phase.CANARY, obs, spec)
+        assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+        assert s.message == (
+            f"candidate pod crashed: RuntimeError: Ninja build failed.; remedy for vllm {version}: "
+            f"{REMEDIES[version]}"
+        )
+        assert Action.REMEDIATE not in s.actions
+
+
+def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
+    from kvgate.policy import Allowlist
+
+    class NoSampler(Allowlist):
+        def env_allowed(self, engine: Any, name: str) -> bool:
+            return name != "VLLM_USE_FLASHINFER_SAMPLER"
+
+    fix = v.find_remedy(crashed_scan("0.33.0"), "vllm", None, NoSampler())
+    assert (
+        fix is not None and "VLLM_USE_FLASHINFER_SAMPLER is not an allowed variable" in fix.refused
+    )
+    obs = Observation(
+        control=READY, candidate=CRASHED, candidate_scan=crashed_scan("0.33.0"), remedy=fix
+    )
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert "(not applied, the allowlist refuses it: VLLM_USE_FLASHINFER_SAMPLER" in s.message
+
+
+def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
+    oom = {"code": "out-of-memory", "severity": "error", "text": "CUDA out of memory"}
+    assert v.find_remedy(crashed_scan("0.33.0", oom), "vllm", None) is None
+    refused = {"code": "fp8-unsupported", "severity": "error", "text": "FlashAttention refuses"}
+    fix = v.find_remedy(crashed_scan("0.15.0", refused), "vllm", None)
+    assert fix is not None and fix.text == REMEDIES["0.33.0"]
+    # a crashed control is never remedied: its config is production's
+    obs = Observation(control=CRASHED, candidate=READY, control_scan=crashed_scan("0.33.0"),
+                      candidate_scan=scan(), remedy=None)  # fmt: skip
+    s = step(Phase.CANARY, obs, remedy_spec("auto"))
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    assert s.message.startswith("control pod crashed")
+
+
+def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_canary() -> None:
+    why = "the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto (...)"
+    obs = Observation(pool_samples=3, pool_pressured=True, control_forced_fp8=why)
+    s = step(Phase.PREFLIGHT, obs)
+    assert (s.phase, s.reason, s.message) == (Phase.FAILED, "ControlRunsFP8", why)
+    assert Action.CREATE_CANARIES not in s.actions
+    go = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=True))
+    assert go.phase is Phase.CANARY

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout
+from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout, vllm_pool
 from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.errors import KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
@@ -34,12 +35,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="memory left for the KV cache, in GiB (vLLM's 'Available KV cache memory'); "
         "adds pool tokens per dtype",
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="with --gpu-memory-gib: also size the pool as vLLM 0.11's hybrid allocator does "
+        "(KV tokens it logs, max concurrency at N tokens, sliding-window layers at their window)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
-    result = preflight(args.model, args.revision, _token(args.token_env), memory)
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise SpecError("--max-model-len", f"{args.max_model_len} is below 1; use a token count")
+    result = preflight(
+        args.model, args.revision, _token(args.token_env), memory, args.max_model_len
+    )
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -48,13 +60,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def preflight(
-    target: str, revision: str | None, token: str | None, memory_bytes: int | None
+    target: str,
+    revision: str | None,
+    token: str | None,
+    memory_bytes: int | None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data."""
     from kvgate.adapters import hub
 
     try:
-        return _preflight(hub, target, revision, token, memory_bytes)
+        return _preflight(hub, target, revision, token, memory_bytes, max_model_len)
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
             raise
@@ -62,7 +78,12 @@ def preflight(
 
 
 def _preflight(
-    hub: Any, target: str, revision: str | None, token: str | None, memory_bytes: int | None
+    hub: Any,
+    target: str,
+    revision: str | None,
+    token: str | None,
+    memory_bytes: int | None,
+    max_model_len: int | None = None,
 ) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
@@ -84,7 +105,15 @@ def _preflight(
             )
         layout, scales = headers.analyse()
         source, commit, read = headers.source, headers.commit, headers.to_dict()
-    return _summary(source, revision, commit, layout, scales, memory_bytes, read)
+    summary = _summary(source, revision, commit, layout, scales, memory_bytes, read)
+    if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
+        summary["vllm_pool"] = {
+            d: vllm_pool(layout, memory_bytes, d, max_model_len=max_model_len).to_dict()
+            for d in DTYPES
+        }
+        summary["vllm_pool_max_model_len"] = max_model_len
+    summary["advice"] = advice(summary)
+    return summary
 
 
 def _summary(
@@ -122,6 +151,51 @@ def _summary(
     }
 
 
+LLM_COMPRESSOR_RECIPE: Final = (
+    "QuantizationModifier: {kv_cache_scheme: {num_bits: 8, type: float, strategy: tensor, "
+    "dynamic: false, symmetric: true}}"
+)
+
+
+def advice(result: Mapping[str, Any]) -> list[str]:
+    """Where the KV scales come from and what to do about it, from a preflight summary."""
+    scales = result["scales"]
+    out: list[str] = []
+    per_layer = scales.get("per_layer") or []
+    names = [str(s.get("k") or "") for s in per_layer if s.get("k")]
+    if scales.get("forces_fp8_kv"):
+        out.append(
+            "the checkpoint config switches --kv-cache-dtype auto to FP8 (" +
+            "; ".join(scales["forces_fp8_kv"]) + "): production may run FP8 KV already; pin "
+            "--kv-cache-dtype bfloat16 on the control before comparing"
+        )  # fmt: skip
+    if scales["coverage"] in ("all", "partial"):
+        kind = (
+            "compressed-tensors output_scale tensors"
+            if any("output_scale" in n for n in names)
+            else "ModelOpt/vLLM k_scale tensors"
+        )
+        out.append(f"scales from the checkpoint: {kind} ({scales['coverage']} coverage)")
+        if scales["coverage"] == "partial":
+            out.append("layers without k/v scales run at scale 1.0: calibrate them all")
+    elif scales["coverage"] == "none":
+        out.append(
+            "no k/v scales: an FP8 KV cache runs at scale 1.0 (expect more loss on outlier-heavy "
+            f"models); calibrate with llm-compressor, recipe: {LLM_COMPRESSOR_RECIPE}"
+        )
+    else:
+        out.append("scales unknown (config only): scan the model directory or hub repo")
+    if scales.get("kv_cache_scheme") and scales["coverage"] in ("none", "partial"):
+        out.append("kv_cache_scheme is declared but not every layer has its scale tensors")
+    if result.get("sliding_window_layers"):
+        out.append(
+            f"{result['sliding_window_layers']} sliding-window layers: vLLM 0.11 logs them as "
+            "full in its KV tokens but frees their blocks past the window; see the vLLM pool "
+            "figures (--gpu-memory-gib with --max-model-len)"
+        )
+    return out
+
+
 def render_text(result: dict[str, Any]) -> str:
     """A short table for people."""
     rows = [
@@ -144,6 +218,19 @@ def render_text(result: dict[str, Any]) -> str:
         if pool is not None:
             row += f" {pool[dtype]:>24,}"
         rows.append(row)
+    vpool = result.get("vllm_pool")
+    if vpool:
+        rows.append("")
+        rows.append(
+            f"vLLM 0.11 pool at max-model-len {result['vllm_pool_max_model_len']:,}: "
+            "logged KV tokens, max concurrency, tokens served with sliding layers at their window"
+        )
+        for dtype in DTYPES:
+            p = vpool[dtype]
+            rows.append(
+                f"{dtype:<6} {p['kv_tokens']:>12,} {p['max_concurrency']:>8.2f}x "
+                f"{p['window_tokens']:>12,}  ({p['groups']} groups of {p['group_size']} layers)"
+            )
     scales = result["scales"]
     rows.append("")
     if scales["coverage"] == "unknown":
@@ -156,6 +243,7 @@ def render_text(result: dict[str, Any]) -> str:
             f"{scales['weight_scales']['count']}"
         )
     rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
+    rows.extend(f"advice     {line}" for line in result.get("advice") or advice(result))
     rows.extend(f"note       {note}" for note in result["notes"])
     read = result.get("read")
     if read:

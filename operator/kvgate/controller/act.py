@@ -11,18 +11,20 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate import manifests, promotion
+from kvgate import manifests, promotion, redact
 from kvgate.adapters import hub
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
     arm_health,
     derive_candidate,
+    derive_candidate_unchecked,
     describe,
     iso,
     leftover_child,
     live_container,
     owned,
+    shown_env,
     status_view,
     target_deployment,
 )
@@ -41,6 +43,7 @@ from kvgate.model import (
     LABEL_ARM,
     LABEL_ROLLOUT,
     RolloutSpec,
+    config_hash,
 )
 from kvgate.verdict import (
     Action,
@@ -299,6 +302,51 @@ def revert_target(ctx: Ctx, step: Step) -> None:
     ctx.status["revert"] = revert
 
 
+def remediate(ctx: Ctx, step: Step) -> None:
+    """Record the step's remedy and the remedied candidate in status; no cluster write.
+
+    The status write of this reconcile is the decision; the canaries are deleted (deferred)
+    and created again, remedied, after it (`derive_candidate` applies status.remediation). A
+    new config hash makes the crashed pods leftovers that are never read as this attempt's.
+    """
+    remedy = step.remedy
+    if remedy is None:
+        raise KvgateError("a Remediate action without a remedy")
+    dep = target_deployment(ctx)
+    found = live_container(ctx, dep)
+    if dep is None or found is None:
+        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    _, live = found
+    derive_candidate(ctx, live)  # the live container and the candidate are still the evaluated
+    arms = ctx.status.get("arms") or {}
+    first = dict(arms.get("candidate") or {})
+    ctx.status["remediation"] = {
+        **remedy.to_dict(),
+        "attempt": 1,
+        "decidedAt": iso(ctx.now),
+        "firstAttempt": {
+            "message": step.message[:500],
+            "attentionBackend": first.get("attentionBackend"),
+            "findings": [f.get("code") for f in (first.get("scan") or {}).get("findings") or []],
+        },
+    }
+    candidate = derive_candidate_unchecked(ctx, live)
+    ctx.status["candidate"] = redact.redact_config(
+        manifests.container_config(candidate), show_env=shown_env(ctx)
+    )
+    ctx.status["recommendedArgs"] = redact.redact_args(
+        list(candidate.get("command") or []) + list(candidate.get("args") or [])
+    )
+    env = {e.name: e.value for e in ctx.spec.extra_env} | dict(remedy.env)
+    ctx.status["recommendedEnv"] = [{"name": k, "value": v} for k, v in env.items()]
+    ctx.status["configHash"] = config_hash(
+        {"evaluated": ctx.status.get("configHash"), "remediation": remedy.to_dict()}
+    )
+    ctx.status["arms"] = None  # merge patch: the first attempt's arms are gone
+    ctx.status["capacity"] = None
+    ctx.status["phaseSince"] = iso(ctx.now)  # the remedied candidate gets its own startup time
+
+
 ACTIONS = {
     Action.CREATE_CANARIES: create_canaries,
     Action.DELETE_CANARIES: delete_canaries,
@@ -307,4 +355,5 @@ ACTIONS = {
     Action.SNAPSHOT_SPEED: snapshot_speed,
     Action.PATCH_DEPLOYMENT: apply_promotion_patch,
     Action.REVERT_DEPLOYMENT: revert_target,
+    Action.REMEDIATE: remediate,
 }

@@ -148,6 +148,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         revert=RevertIntent.from_dict(revert) if revert.get("phase") else None,
         revert_attempts=int(revert.get("attempts") or 0),
         revert_error=revert.get("lastError"),
+        remedy_attempts=int((ctx.status.get("remediation") or {}).get("attempt") or 0),
     )
 
 
@@ -301,8 +302,32 @@ def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
     """
     if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
         raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
-    candidate = manifests.candidate_container(ctx.spec, live)
+    candidate = manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
     recorded = ctx.status.get("candidate") or {}
     if not recorded or status_view(ctx, manifests.container_config(candidate)) != recorded:
         raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
     return candidate
+
+
+def derive_candidate_unchecked(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate with status.remediation applied, before status records its fingerprint
+    (only `act.remediate` calls this, right after `derive_candidate` checked the unremedied)."""
+    return manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
+
+
+def recorded_remedy(ctx: Ctx) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """The remedy status.remediation names, derived again from the engine table (never the
+    args or env status shows); None without one. A record no row answers raises."""
+    from kvgate import engine_versions
+
+    record = ctx.status.get("remediation") or {}
+    if not record:
+        return None
+    engine, version, code = (str(record.get(k)) for k in ("engine", "engineVersion", "code"))
+    try:
+        remedy = engine_versions.remedy_for(engine, version, code)
+    except ValueError:
+        remedy = None
+    if remedy is None:
+        raise KvgateError(f"status.remediation names no known remedy ({engine} {version} {code})")
+    return remedy

@@ -17,6 +17,7 @@ from kvgate.controller.context import (
     current_child,
     iso,
     json_number,
+    live_container,
     live_target,
     metrics_url,
     parse_time,
@@ -163,8 +164,9 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["checkpoint"] = scan_checkpoint(ctx)
         pre["checkpointHasScales"] = pre["checkpoint"].get("present")
         ctx.status["preflight"] = pre
-    if gate.mode is GateMode.OFF:
-        return Observation()
+    forced = control_forced_fp8(ctx, pre["checkpoint"])
+    if gate.mode is GateMode.OFF or forced:
+        return Observation(control_forced_fp8=forced)
     series: dict[str, list[dict[str, Any]]] = {
         k: list(v) for k, v in (pre.get("samples") or {}).items()
     }
@@ -190,6 +192,25 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["pressureByPod"] = per_pod
     ctx.status["preflight"] = pre
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+
+
+def control_forced_fp8(ctx: Ctx, checkpoint: Mapping[str, Any]) -> str | None:
+    """Why the control would run FP8: the checkpoint forces it and production runs `auto`."""
+    reasons = checkpoint.get("forcesFp8Kv") or []
+    if not reasons:
+        return None
+    found = live_container(ctx, target_deployment(ctx))
+    try:
+        dtype = engines.detect_engine(found[1]).kv_cache_dtype if found else "auto"
+    except InputError:
+        dtype = "auto"
+    if dtype != "auto":
+        return None  # pinned (e.g. bfloat16): an explicit dtype wins over the checkpoint's
+    return (
+        f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ({'; '.join(reasons)})"
+        f" and {ctx.spec.target.name} runs auto: production and the control run FP8 already, so "
+        "the canary would compare FP8 with FP8; pin the dtype (--kv-cache-dtype bfloat16) first"
+    )
 
 
 def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
@@ -238,6 +259,7 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
         "commit": headers.commit,
         "present": scales.present,
         "coverage": scales.coverage,
+        "forcesFp8Kv": list(scales.forces_fp8_kv),
         "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
     }
@@ -325,16 +347,63 @@ def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
     return {**scan, "findings": findings}
 
 
+def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, str | None]:
+    """The arm's /metrics cache info (`metrics.cache_truth`): from status, else scraped once.
+
+    Returns (truth, error); a failed scrape is kept in status (`metricsError`) and retried.
+    """
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    arms = ctx.status.setdefault("arms", {})
+    block = dict(arms.get(arm) or {})
+    if isinstance(block.get("metrics"), Mapping):
+        return dict(block["metrics"]), None
+    if not (health.ready and health.ip):
+        return None, None
+    try:
+        snap = metrics.parse_metrics(
+            http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
+            ctx.status.get("engine"),
+        )
+    except (ExternalError, InputError) as exc:
+        error = f"{arm} /metrics: {str(exc)[:300]}"
+        block["metricsError"] = error
+        arms[arm] = block
+        return None, error
+    truth = metrics.cache_truth(snap)
+    block.pop("metricsError", None)
+    block["metrics"] = truth
+    arms[arm] = block
+    return truth, None
+
+
 def observe_canary(ctx: Ctx) -> Observation:
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
     control_scan = arm_scan(ctx, "control", control)
     candidate_scan = arm_scan(ctx, "candidate", candidate)
     record_capacity(ctx)
+    truths: dict[str, dict[str, Any] | None] = {}
+    errors = []
+    if control_scan is not None and candidate_scan is not None:
+        for arm, health in (("control", control), ("candidate", candidate)):
+            truths[arm], error = arm_metrics(ctx, arm, health)
+            if error:
+                errors.append(error)
     return Observation(
         control=control,
         candidate=candidate,
         control_scan=control_scan,
         candidate_scan=candidate_scan,
+        control_metrics=truths.get("control"),
+        candidate_metrics=truths.get("candidate"),
+        metrics_error="; ".join(errors) or None,
+        remedy=verdict.find_remedy(
+            candidate_scan if candidate.crashed else None,
+            ctx.status.get("engine"),
+            engines.image_version(str(ctx.status.get("evaluatedImage") or "")),
+            ctx.config.allowlist,
+        ),
         checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
     )
 

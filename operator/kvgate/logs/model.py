@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 ENGINES: Final = ("vllm", "sglang")
 SEVERITIES: Final = ("info", "warning", "error")
@@ -111,6 +112,46 @@ class LogScan:
 
     def finding(self, code: str) -> Finding | None:
         return next((f for f in self.findings if f.code == code), None)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LogScan:
+        """A scan back from its `to_dict` form (as kept in status); odd values become None.
+
+        Findings are not rebuilt (status keeps a cut-down list): what is read back is what a
+        later check compares, the dtype, backend, version and capacity.
+        """
+        cap = data.get("capacity")
+        cap = cap if isinstance(cap, Mapping) else {}
+
+        def text(value: Any) -> str | None:
+            return value if isinstance(value, str) and value else None
+
+        def count(value: Any) -> int | None:
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            return int(value) if ok else None
+
+        concurrency = cap.get("max_concurrency")
+        memory = cap.get("kv_memory_gib")
+        return cls(
+            engine=text(data.get("engine")),
+            engine_version=text(data.get("engine_version")),
+            kv_cache_dtype=text(data.get("kv_cache_dtype")),
+            attention_backend=text(data.get("attention_backend")),
+            attention_backend_candidates=tuple(
+                c for c in (data.get("attention_backend_candidates") or ()) if isinstance(c, str)
+            ),
+            capacity=Capacity(
+                kv_tokens=count(cap.get("kv_tokens")),
+                max_concurrency=float(concurrency) if count(concurrency) else None,
+                kv_memory_gib=float(memory) if count(memory) else None,
+                max_model_len=count(cap.get("max_model_len")),
+                num_gpu_blocks=count(cap.get("num_gpu_blocks")),
+            ),
+            ready=data.get("ready") is True,
+            failed=data.get("failed") is True,
+            findings=(),
+            lines=count(data.get("lines")) or 0,
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {

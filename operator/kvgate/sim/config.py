@@ -88,6 +88,7 @@ FAULTS = (
     "hang-before-ready",
     "garbage-answers",
     "long-context-collapse",
+    "metrics-kv-dtype",
 )
 
 
@@ -99,6 +100,8 @@ class Faults:
     hang_before_ready: bool = False
     garbage_answers: bool = False
     long_context_collapse: int | None = None  # FP8 arm collapses from this many cached tokens
+    # vLLM's /metrics cache_config_info says this cache_dtype, whatever the engine runs
+    metrics_kv_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,7 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
     jit = gpu.name == "L4"
     crash_after = None
     collapse_at = None
+    metrics_dtype = None
     flags: set[str] = set()
     for item in items:
         key, _, value = item.partition("=")
@@ -244,6 +248,12 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
                 ) from None
             if collapse_at < 1:
                 raise SimConfigError(f"{name}: long-context-collapse must be >= 1")
+        elif key == "metrics-kv-dtype":
+            if not re.fullmatch(r"[a-z0-9_]+", value):
+                raise SimConfigError(
+                    f"{name}: metrics-kv-dtype needs a dtype, e.g. metrics-kv-dtype=auto"
+                )
+            metrics_dtype = value
         elif value:
             raise SimConfigError(f"{name}: {key} takes no value")
         flags.add(key)
@@ -258,6 +268,7 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
         hang_before_ready="hang-before-ready" in flags,
         garbage_answers="garbage-answers" in flags,
         long_context_collapse=collapse_at,
+        metrics_kv_dtype=metrics_dtype,
     )
 
 

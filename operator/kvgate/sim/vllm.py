@@ -592,7 +592,7 @@ class VllmStartup:
         assert plan is not None
         config: dict[str, object] = {
             "block_size": BLOCK_SIZE,
-            "cache_dtype": self.args.kv_cache_dtype,
+            "cache_dtype": self.env.faults.metrics_kv_dtype or self.args.kv_cache_dtype,
             "cpu_offload_gb": 0,
             "enable_prefix_caching": True,
             "gpu_memory_utilization": self.args.gpu_memory_utilization,

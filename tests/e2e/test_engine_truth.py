@@ -1,0 +1,231 @@
+"""Engine truth end to end: the canary gate checks each arm's startup log against its /metrics.
+
+Scenarios run concurrently under one operator, one namespace each:
+  (a) lie: the candidate's log says FP8, its /metrics `cache_config_info` says `auto`
+      (the simulator's `metrics-kv-dtype` fault, given to the candidate through extraEnv)
+  (b) reverse: the control's log says `auto`, its /metrics say `fp8` (the fault on the
+      Deployment itself, so the control inherits it)
+Both end RolledBack with LogMetricsDisagree naming the arm and both values, before any eval
+Job, with the Deployment untouched.
+
+And the L4 FlashInfer trap with `spec.canary.remediation`:
+  (c) auto33: vLLM 0.33, auto backend (FlashInfer) dies building its FP8 kernels; kvgate starts
+      the candidate again with --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0
+      and promotes it (the Deployment gets the remedy with the dtype)
+  (d) auto11: vLLM 0.11, production picks FlashInfer with VLLM_ATTENTION_BACKEND (0.11 has no
+      --attention-backend flag); the remedy is VLLM_ATTENTION_BACKEND=TRITON_ATTN, promoted
+  (e) off11: the same trap with remediation off: RolledBack naming 0.11's remedy
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_operator_support import (
+    FAST_GATES,
+    TERMINAL,
+    Operator,
+    apply,
+    condition,
+    container_of,
+    create_namespace,
+    delete_namespace,
+    event_reasons,
+    get,
+    install_crd,
+    no_tracebacks,
+    rollout,
+    sim_deployment,
+    wait_deployment_ready,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.e2e
+
+PRESSURE = "concurrency=64,prompt=2000,output=400"
+TRITON = ["--attention-backend", "TRITON_ATTN"]
+
+# scenario -> (Deployment env, rollout spec overrides)
+SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "lie": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {
+            "extraArgs": TRITON,
+            "extraEnv": [{"name": "KVGATE_SIM_FAULTS", "value": "metrics-kv-dtype=auto"}],
+        },
+    ),
+    "reverse": (
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FAULTS": "metrics-kv-dtype=fp8"},
+        {"extraArgs": TRITON},
+    ),
+    "auto33": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.33.0"}, {}),
+    "auto11": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.11.0",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {},
+    ),
+    "off11": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.11.0",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {"canary": {"startupTimeout": "90s", "remediation": "off"}},
+    ),
+}
+AUTO = {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1, "remediation": "auto"}
+for _s in ("auto33", "auto11"):
+    SCENARIOS[_s][1]["canary"] = AUTO
+# Seven simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
+for _env, _spec in SCENARIOS.values():
+    _spec["gates"] = {**FAST_GATES, "capacity": {"mode": "require", "window": "12s", "samples": 3}}
+IMAGES = {"auto33": "vllm/vllm-openai:v0.33.0"}
+
+
+class World:
+    def __init__(self, cluster: Any, namespaces: dict[str, str]) -> None:
+        self.cluster = cluster
+        self.ns = namespaces
+        self.before: dict[str, dict[str, Any]] = {}
+
+    def rollout(self, scenario: str) -> dict[str, Any]:
+        return wait_phase(self.cluster, self.ns[scenario], f"{scenario}-fp8", TERMINAL, 420)
+
+    def deployment(self, scenario: str) -> dict[str, Any]:
+        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
+        assert dep is not None
+        return dep
+
+
+@pytest.fixture(scope="module")
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    install_crd(cluster)
+    suffix = secrets.token_hex(3)
+    namespaces = {s: create_namespace(cluster, f"kvgate-truth-{s}-{suffix}") for s in SCENARIOS}
+    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    operator = Operator(cluster, log, namespaces=list(namespaces.values())).start()
+    w = World(cluster, namespaces)
+    try:
+        for s, (env, _) in SCENARIOS.items():
+            dep = sim_deployment(s, env=env)
+            if s in IMAGES:
+                dep["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGES[s]
+            apply(cluster, namespaces[s], dep)
+        for s in SCENARIOS:
+            wait_deployment_ready(cluster, namespaces[s], s)
+            w.before[s] = w.deployment(s)
+        for s, (_, spec) in SCENARIOS.items():
+            apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+        yield w
+    finally:
+        for ns in namespaces.values():
+            cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
+        for ns in namespaces.values():
+            cluster.kubectl(
+                "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False
+            )
+        code = operator.stop()
+        text = operator.log()
+        for ns in namespaces.values():
+            delete_namespace(cluster, ns)
+        assert no_tracebacks(text) == [], text[-5000:]
+        assert code == 0, text[-3000:]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("scenario", "arm", "log_dtype", "metrics_dtype"),
+    [("lie", "candidate", "fp8", "auto"), ("reverse", "control", "auto", "fp8")],
+)
+def test_log_and_metrics_disagreeing_rolls_back(
+    world: World, scenario: str, arm: str, log_dtype: str, metrics_dtype: str
+) -> None:
+    obj = world.rollout(scenario)
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "LogMetricsDisagree"), status[
+        "message"
+    ]
+    assert status["message"].startswith("startup log and /metrics disagree: ")
+    assert (
+        f"{arm}: startup log says kv_cache_dtype={log_dtype}, /metrics cache_config_info says "
+        f"cache_dtype={metrics_dtype}"
+    ) in status["message"]
+    other = "control" if arm == "candidate" else "candidate"
+    assert f"{other}: " not in status["message"]  # the honest arm is not blamed
+    assert status["gates"]["engineTruth"]["outcome"] == "Error"
+    assert status["arms"][arm]["metrics"]["cacheConfig"]["cache_dtype"] == metrics_dtype
+    assert status["arms"][arm]["scan"]["kv_cache_dtype"] == log_dtype
+    assert condition(obj, "RolledBack")["status"] == "True"
+    reasons = event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
+    assert "LogMetricsDisagree" in reasons and "RolledBack" in reasons
+    assert "eval" not in status  # no eval Job was ever started
+    now = world.deployment(scenario)
+    assert now["metadata"]["generation"] == world.before[scenario]["metadata"]["generation"]
+    assert container_of(now) == container_of(world.before[scenario])
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("scenario", "version", "args", "env"),
+    [
+        ("auto33", "0.33.0", ["--attention-backend", "TRITON_ATTN"], {}),
+        ("auto11", "0.11.0", [], {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}),
+    ],
+)
+def test_auto_remediation_promotes_with_the_remedy_of_that_version(
+    world: World, scenario: str, version: str, args: list[str], env: dict[str, str]
+) -> None:
+    obj = world.rollout(scenario)
+    status = obj["status"]
+    assert status["phase"] == "Promoted", status["message"]
+    record = status["remediation"]
+    assert (record["code"], record["engineVersion"], record["attempt"]) == (
+        "attention-build-failed", version, 1,
+    )  # fmt: skip
+    assert record["firstAttempt"]["attentionBackend"] == "FLASHINFER"
+    assert record["args"] == args
+    assert record["env"] == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    # the remedied candidate was gated like any other: it ran Triton and FP8, logs = metrics
+    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["arms"]["candidate"]["scan"]["kv_cache_dtype"] == "fp8"
+    assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
+    assert status["gates"]["accuracy"]["outcome"] == "Successful"
+    reasons = event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
+    assert reasons.index("CanaryCrashed") < reasons.index("Remediating")
+    assert reasons.index("Remediating") < reasons.index("Promoting") < reasons.index("Promoted")
+    assert reasons.count("Remediating") == 1
+    # production now runs the candidate with the remedy
+    container = container_of(world.deployment(scenario))
+    live_args = container["args"]
+    assert live_args[live_args.index("--kv-cache-dtype") + 1] == "fp8"
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        assert live_args[live_args.index(flag) + 1] == value
+    live_env = _env(container)
+    assert {k: live_env.get(k) for k in record["env"]} == record["env"]
+
+
+@pytest.mark.timeout(600)
+def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(world: World) -> None:
+    obj = world.rollout("off11")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "CanaryCrashed"), status["message"]
+    assert status["message"].startswith("candidate pod crashed: ")
+    assert status["message"].endswith(
+        "; remedy for vllm 0.11.0: VLLM_ATTENTION_BACKEND=TRITON_ATTN and "
+        "VLLM_USE_FLASHINFER_SAMPLER=0"
+    )
+    assert "remediation" not in status
+    assert "Remediating" not in event_reasons(world.cluster, world.ns["off11"], "off11-fp8")
+    now = world.deployment("off11")
+    assert container_of(now) == container_of(world.before["off11"])
