@@ -139,6 +139,27 @@ def test_from_summary_json_uses_its_margin(
     assert code == 0 and "verdict pass after 2 look(s)" in out
 
 
+@pytest.mark.parametrize("margin", [-0.5, -0.03, 0, 1.5])
+def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, margin: float
+) -> None:
+    # a 28-point loss: 0.5 (abs of -0.5) would have called it non-inferior
+    summary = {
+        "kind": "kvgate.eval/summary",
+        "verdict": "pass",
+        "margin": margin,
+        "confidence": 0.95,
+        "paired": {"both": 300, "control_only": 150, "candidate_only": 10, "neither": 40},
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, err = _run(capsys, "stats", "--from", str(path), "--json")
+    assert code != 0 and out == ""
+    assert (
+        err.strip().count("\n") == 0 and f"{path}: margin: {float(margin)} is not in (0, 1)" in err
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

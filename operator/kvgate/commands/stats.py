@@ -154,10 +154,13 @@ def run(args: argparse.Namespace) -> int:
         counts, summary = read_saved_result(Path(args.source))
     margin = _pick(args.margin, summary, "margin", DEFAULT_MARGIN)
     confidence = _pick(args.confidence, summary, "confidence", DEFAULT_CONFIDENCE)
+    # A value read from the file is named as the file's field, so the error points at the input.
+    where = f"{args.source}: margin" if args.margin is None and summary else "--margin"
     if not 0.0 < margin < 1.0:
-        raise SpecError("--margin", f"{margin} is not in (0, 1); use a fraction such as 0.02")
+        raise SpecError(where, f"{margin} is not in (0, 1); use a fraction such as 0.02")
+    where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
-        raise SpecError("--confidence", f"{confidence} is not in (0.5, 1); use e.g. 0.95")
+        raise SpecError(where, f"{confidence} is not in (0.5, 1); use e.g. 0.95")
     _print_paired(counts, margin, confidence, summary, args.json)
     return 0
 
@@ -168,7 +171,7 @@ def _pick(flag: float | None, summary: dict[str, Any] | None, key: str, default:
     value = summary.get(key) if summary is not None else None
     if isinstance(value, int | float) and not isinstance(value, bool):
         try:
-            return abs(float(value))
+            return float(value)  # as written: a negative margin is refused, never made positive
         except OverflowError:  # a huge integer: refused by the range check
             return math.inf
     return default
