@@ -25,11 +25,10 @@ from test_operator_support import (
     condition,
     container_of,
     create_namespace,
-    delete_namespace,
     event_reasons,
+    finish,
     get,
     install_crd,
-    no_tracebacks,
     pods,
     rollout,
     send_completions,
@@ -214,17 +213,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
             cluster.kubectl(
                 "delete", p["kind"], p["metadata"]["name"], "--ignore-not-found", check=False
             )
-        for n in ns.values():
-            cluster.kubectl("delete", "kvr", "--all", "-n", n, "--wait=false", check=False)
-        for n in ns.values():
-            cluster.kubectl(
-                "wait", "--for=delete", "kvr", "--all", "-n", n, "--timeout=60s", check=False
-            )
-        code = operator.stop()
-        for n in ns.values():
-            delete_namespace(cluster, n)
-        assert no_tracebacks(operator.log()) == [], operator.log()[-5000:]
-        assert code == 0
+        finish(cluster, operator, ns.values())
 
 
 @pytest.mark.timeout(600)

@@ -28,11 +28,10 @@ from test_operator_support import (
     condition,
     container_of,
     create_namespace,
-    delete_namespace,
     event_reasons,
+    finish,
     get,
     install_crd,
-    no_tracebacks,
     pods,
     rollout,
     send_completions,
@@ -181,18 +180,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
         apply(cluster, namespaces["report"], rollout("report-dup", "report", **TRITON))
         yield w
     finally:
-        for ns in namespaces.values():  # while the operator runs: its finalizer must be released
-            cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
-        for ns in namespaces.values():
-            cluster.kubectl(
-                "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False
-            )
-        code = operator.stop()
-        text = operator.log()
-        for ns in namespaces.values():
-            delete_namespace(cluster, ns)
-        assert no_tracebacks(text) == [], text[-5000:]
-        assert code == 0, text[-3000:]
+        finish(cluster, operator, namespaces.values())
 
 
 @pytest.mark.timeout(600)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -301,6 +301,25 @@ def create_namespace(cluster: Any, name: str) -> str:
 
 def delete_namespace(cluster: Any, name: str) -> None:
     cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def finish(cluster: Any, operator: Operator, namespaces: Iterable[str]) -> None:
+    """A module's teardown: every rollout deleted while the operator still runs (its finalizer
+    must be released), the operator stopped, the namespaces deleted; then the operator must
+    have exited 0 with no traceback in its log."""
+    names = list(namespaces)
+    for ns in names:
+        cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
+    for ns in names:
+        cluster.kubectl(
+            "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False
+        )
+    code = operator.stop()
+    text = operator.log()
+    for ns in names:
+        delete_namespace(cluster, ns)
+    assert no_tracebacks(text) == [], text[-5000:]
+    assert code == 0, text[-3000:]
 
 
 def no_tracebacks(log: str) -> list[str]:
