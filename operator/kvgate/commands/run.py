@@ -81,7 +81,23 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
         memo=kopf.Memo(config=config),
     )
+    if args.leader_elect:
+        _exit_now(0)
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """Leave without interpreter finalization. The Lease thread (a daemon) may be inside a log
+    write or an API call when kopf returns; finalizing then can abort the process (SIGABRT,
+    exit -6) after a clean stop, which a supervisor reads as a crash.
+    """
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _lead(args: argparse.Namespace, namespaces: list[str]) -> None:
