@@ -23,3 +23,11 @@ def test_import_contracts_are_kept() -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "4 kept, 0 broken" in result.stdout
+
+
+def test_test_module_names_are_unique_across_the_suite() -> None:
+    # pytest imports test modules by basename (no packages): a second test_x.py in another
+    # folder stops collection of the whole suite with "import file mismatch"
+    tests = Path(__file__).resolve().parents[1]
+    names = sorted(p.name for p in tests.rglob("test_*.py"))
+    assert [n for n in set(names) if names.count(n) > 1] == []
