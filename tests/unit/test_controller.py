@@ -530,29 +530,33 @@ def test_drift_after_promotion_is_reported_and_never_reapplied(
     assert "--kv-cache-dtype" not in world.kube.container()["args"]
 
 
-def _production_metrics(base: str, preemptions: float, waiting: float = 6.0) -> str:
-    """vLLM 0.11 metrics of a pressured pool with the preemption counter at `preemptions`."""
+def _production_metrics(base: str, ttft_sum: float, ttft_count: float) -> str:
+    """vLLM 0.11 metrics of a pressured pool with the TTFT histogram at (sum, count)."""
     return (
         base.replace(
-            'vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-8B"} 0.0',
-            f'vllm:num_preemptions_total{{engine="0",model_name="Qwen/Qwen3-8B"}} {preemptions}',
+            'vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-8B"} 200.0',
+            f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="Qwen/Qwen3-8B"}} {ttft_count}',
+        )
+        .replace(
+            'vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-8B"} 116.64015075342336',
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="Qwen/Qwen3-8B"}} {ttft_sum}',
         )
         .replace(
             'vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 0.0',
-            f'vllm:num_requests_waiting{{engine="0",model_name="Qwen/Qwen3-8B"}} {waiting}',
+            'vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 6.0',
         )
         .replace(
             'vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.42',
             'vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.97',
         )
-    )
+    )  # fmt: skip
 
 
-@pytest.mark.parametrize("storm", [False, True])
-def test_production_preempting_more_than_before_promotion_reverts(
-    monkeypatch: pytest.MonkeyPatch, storm: bool
+@pytest.mark.parametrize("slow", [False, True])
+def test_production_answering_clearly_slower_than_before_promotion_reverts(
+    monkeypatch: pytest.MonkeyPatch, slow: bool
 ) -> None:
-    # GIVEN a pressured pool that preempted 1 request per second during preflight
+    # GIVEN a pressured pool whose first tokens took 0.5 s during preflight, 10 requests a second
     world = World(
         monkeypatch,
         gates={"capacity": {"mode": "require", "window": "4s", "samples": 3}},
@@ -560,22 +564,24 @@ def test_production_preempting_more_than_before_promotion_reverts(
     )
     from kvgate.adapters import http
 
-    counter = {"preemptions": 0.0, "at": world.now.timestamp()}
+    counter = {"sum": 0.0, "count": 0.0, "at": world.now.timestamp()}
 
     def scrape(url: str, timeout: float) -> str:
-        # WHEN production keeps preempting after promotion at 1/s, or at 5/s (a storm)
-        rate = 5.0 if storm and world.phase == "Verifying" else 1.0
+        # WHEN after promotion first tokens take 0.5 s again, or 3 s (a regression)
+        ttft = 3.0 if slow and world.phase == "Verifying" else 0.5
         now = world.now.timestamp()
-        counter["preemptions"] += rate * (now - counter["at"])
-        counter["at"] = now
-        return _production_metrics(world.kube.scrape(url, timeout), counter["preemptions"])
+        served = 10 * (now - counter["at"])
+        counter.update(sum=counter["sum"] + served * ttft, count=counter["count"] + served, at=now)
+        return _production_metrics(
+            world.kube.scrape(url, timeout), counter["sum"], counter["count"]
+        )
 
     monkeypatch.setattr(http, "scrape", scrape)
     end = world.run()
-    # THEN the storm is reverted with the rate named; the steady pool promotes
-    if storm:
+    # THEN the slow production is reverted with the latency named; the steady one promotes
+    if slow:
         assert end == "RolledBack", world.obj["status"]
-        assert "preempts" in world.obj["status"]["message"]
+        assert "mean TTFT 3000 ms" in world.obj["status"]["message"]
         assert "preflight baseline" in world.obj["status"]["message"]
     else:
         assert end == "Promoted", world.obj["status"]

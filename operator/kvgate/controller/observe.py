@@ -653,7 +653,6 @@ def observe_verifying(ctx: Ctx) -> Observation:
 def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
     ttft = snap.ttft
     return production.PodCounters(
-        preemptions=snap.preemptions,
         ttft_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
     )
@@ -666,7 +665,7 @@ def production_baseline(ctx: Ctx) -> production.Baseline:
     if not isinstance(series, Mapping):
         return production.Baseline()
     return production.baseline_from_preflight(
-        {k: v for k, v in series.items() if isinstance(v, list)}, ctx.spec.capacity.interval_s
+        {k: v for k, v in series.items() if isinstance(v, list)}
     )
 
 
