@@ -15,6 +15,10 @@ And the L4 FlashInfer trap with `spec.canary.remediation`:
   (d) auto11: vLLM 0.11, production picks FlashInfer with VLLM_ATTENTION_BACKEND (0.11 has no
       --attention-backend flag); the remedy is VLLM_ATTENTION_BACKEND=TRITON_ATTN, promoted
   (e) off11: the same trap with remediation off: RolledBack naming 0.11's remedy
+  (f) auto10: vLLM 0.10.2, the same trap (FlashInfer chosen with VLLM_ATTENTION_BACKEND keeps
+      FP8 KV on the V1 engine); 0.10 spells the remedy VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1
+      (TRITON_ATTN is an invalid backend there), promoted with VLLM_USE_FLASHINFER_SAMPLER=0
+  (g) off10: the same with remediation off: RolledBack naming 0.10.2's remedy
 """
 
 from __future__ import annotations
@@ -78,11 +82,27 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         },
         {"canary": {"startupTimeout": "90s", "remediation": "off"}},
     ),
+    "auto10": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.10.2",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {},
+    ),
+    "off10": (
+        {
+            "KVGATE_SIM_LOAD": PRESSURE,
+            "KVGATE_SIM_ENGINE_VERSION": "0.10.2",
+            "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+        },
+        {"canary": {"startupTimeout": "90s", "remediation": "off"}},
+    ),
 }
 AUTO = {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1, "remediation": "auto"}
-for _s in ("auto33", "auto11"):
+for _s in ("auto33", "auto11", "auto10"):
     SCENARIOS[_s][1]["canary"] = AUTO
-# Seven simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
+# Seven scenarios of simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
 for _env, _spec in SCENARIOS.values():
     _spec["gates"] = {**FAST_GATES, "capacity": {"mode": "require", "window": "12s", "samples": 3}}
 IMAGES = {"auto33": "vllm/vllm-openai:v0.33.0"}
@@ -169,6 +189,7 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     [
         ("auto33", "0.33.0", ["--attention-backend", "TRITON_ATTN"], {}),
         ("auto11", "0.11.0", [], {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}),
+        ("auto10", "0.10.2", [], {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1"}),
     ],
 )
 def test_auto_remediation_promotes_with_the_remedy_of_that_version(
@@ -204,16 +225,22 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
 
 
 @pytest.mark.timeout(600)
-def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(world: World) -> None:
-    obj = world.rollout("off11")
+@pytest.mark.parametrize(
+    ("scenario", "remedy"),
+    [
+        ("off11", "vllm 0.11.0: VLLM_ATTENTION_BACKEND=TRITON_ATTN"),
+        ("off10", "vllm 0.10.2: VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1"),
+    ],
+)
+def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(
+    world: World, scenario: str, remedy: str
+) -> None:
+    obj = world.rollout(scenario)
     status = obj["status"]
     assert (status["phase"], status["reason"]) == ("RolledBack", "CanaryCrashed"), status["message"]
     assert status["message"].startswith("candidate pod crashed: ")
-    assert status["message"].endswith(
-        "; remedy for vllm 0.11.0: VLLM_ATTENTION_BACKEND=TRITON_ATTN and "
-        "VLLM_USE_FLASHINFER_SAMPLER=0"
-    )
+    assert status["message"].endswith(f"; remedy for {remedy} and VLLM_USE_FLASHINFER_SAMPLER=0")
     assert "remediation" not in status
-    assert "Remediating" not in event_reasons(world.cluster, world.ns["off11"], "off11-fp8")
-    now = world.deployment("off11")
-    assert container_of(now) == container_of(world.before["off11"])
+    assert "Remediating" not in event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
+    now = world.deployment(scenario)
+    assert container_of(now) == container_of(world.before[scenario])

@@ -31,6 +31,12 @@ CASES = [
 ] + [
     pytest.param([*VLLM, "--kv-cache-dtype", "fp8"], {"KVGATE_SIM_ENGINE_VERSION": "0.11.0"}, True, "TRITON_ATTN",
                  set(), id="vllm-0.11.0-l4-fp8-triton-default"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"],
+                 {"KVGATE_SIM_ENGINE_VERSION": "0.10.2", "VLLM_ATTENTION_BACKEND": "FLASHINFER"}, False,
+                 "FLASHINFER", {"attention-build-failed", "engine-start-failed"}, id="vllm-0.10.2-l4-fp8-jit"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"],
+                 {"KVGATE_SIM_ENGINE_VERSION": "0.10.2", "VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1"}, True,
+                 "TRITON_ATTN", set(), id="vllm-0.10.2-l4-fp8-triton"),
     pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
                  {"KVGATE_SIM_ENGINE_VERSION": "0.13.0"}, True, "TRITON_ATTN", set(), id="vllm-0.13.0-triton"),
     pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
@@ -89,6 +95,9 @@ METRIC_CASES = [
 ] + [
     pytest.param([*VLLM[:-2], "--max-model-len", "8192"], {"KVGATE_SIM_ENGINE_VERSION": "0.11.0"}, "auto",
                  id="vllm-0.11.0-bf16"),
+    pytest.param([*VLLM, "--kv-cache-dtype", "fp8"],
+                 {"KVGATE_SIM_ENGINE_VERSION": "0.10.2", "VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1"}, "fp8",
+                 id="vllm-0.10.2"),
     pytest.param(SGLANG, {"KVGATE_SIM_ENGINE_VERSION": "0.5.10"}, None, id="sglang-0.5.10"),
     pytest.param(SGLANG, {"KVGATE_SIM_ENGINE_VERSION": "0.5.23"}, None, id="sglang-0.5.23"),
 ]  # fmt: skip

@@ -81,6 +81,39 @@ def test_vllm_families_per_version(sim, version, tpot_present, waiting_by_reason
     assert [s.value for s in ttft.samples if s.name.endswith("_count")] == [1.0]
 
 
+def test_vllm_010_families(sim) -> None:
+    # vllm-0.10.2 vllm/v1/metrics/loggers.py: the names deprecated in 0.9 are still registered
+    engine = sim(
+        [*SERVE[:-2], "--kv-cache-dtype", "fp8"],
+        {"KVGATE_SIM_ENGINE_VERSION": "0.10.2", "VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1"},
+    )
+    httpx.post(
+        engine.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=30
+    )
+    families = scrape(engine)
+    for name, kind in VLLM_COMMON:
+        assert families[name].type == kind, name
+    assert families["vllm:gpu_cache_usage_perc"].type == "gauge"
+    assert value(families, "vllm:gpu_cache_usage_perc") == value(
+        families, "vllm:kv_cache_usage_perc"
+    )
+    assert families["vllm:gpu_prefix_cache_queries"].type == "counter"
+    assert value(families, "vllm:gpu_prefix_cache_queries") == value(
+        families, "vllm:prefix_cache_queries"
+    ) > 0  # fmt: skip
+    assert families["vllm:gpu_prefix_cache_hits"].type == "counter"
+    assert "vllm:time_per_output_token_seconds" in families
+    assert "vllm:request_time_per_output_token_seconds" not in families  # added after 0.10.2
+    info = families["vllm:cache_config_info"].samples[0].labels
+    assert (info["cache_dtype"], info["prefix_caching_hash_algo"]) == ("fp8", "sha256")
+    assert info["calculate_kv_scales"] == "False"
+    response = httpx.get(engine.url + "/metrics", timeout=10).text
+    assert (
+        "# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queriedtokens. DEPRECATED"
+        in response
+    )
+
+
 def test_tpot_histogram_can_be_shown_in_012_to_014(sim) -> None:
     engine = sim(
         [*SERVE, "--show-hidden-metrics-for-version", "0.11"],

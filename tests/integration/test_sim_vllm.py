@@ -9,9 +9,12 @@ from __future__ import annotations
 import re
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+
+from kvgate import logs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -64,6 +67,18 @@ def capacity_tokens(log: str) -> int:
     ("version", "expected"),
     [
         (
+            "0.10.2",
+            [
+                "vLLM API server version 0.10.2",
+                FP8_INFO,
+                "Using Triton backend on V1 engine.",
+                Q_SCALE_011,
+                KV_SCALE_011,
+                PROB_SCALE,
+                "Supported_tasks: ['generate']",
+            ],
+        ),
+        (
             "0.11.0",
             [
                 "vLLM API server version 0.11.0",
@@ -114,8 +129,8 @@ def test_fp8_startup_lines_per_version(sim, version: str, expected: list[str]) -
     if version >= "0.13":
         args += ["--attention-backend", "TRITON_ATTN"]
     env = {"KVGATE_SIM_ENGINE_VERSION": version}
-    if version < "0.13":
-        env["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN"
+    if version < "0.13":  # 0.10 spells it TRITON_ATTN_VLLM_V1 (`_Backend`)
+        env["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN_VLLM_V1" if version < "0.11" else "TRITON_ATTN"
     engine = sim(args, env)
     log = engine.log()
     found = messages(log)
@@ -211,6 +226,94 @@ def test_l4_fp8_backend_line_formats(sim, version: str, backend_line: str) -> No
     )
     assert engine.wait(60) != 0
     assert backend_line in messages(engine.log())
+
+
+def _fixture(name: str) -> str:
+    """A wheel-derived fixture (tests/fixtures_from_wheels.py) without its provenance lines."""
+    path = Path(__file__).parents[1] / "data" / "engine-source" / f"{name}.log"
+    return "".join(
+        line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#:")
+    )
+
+
+def _summary(scan: logs.LogScan) -> tuple[object, ...]:
+    return (scan.engine, scan.engine_version, scan.kv_cache_dtype, scan.attention_backend,
+            scan.ready, scan.failed)  # fmt: skip
+
+
+V010 = {"KVGATE_SIM_ENGINE_VERSION": "0.10.2"}
+
+
+def test_010_l4_fp8_flashinfer_dies_in_jit_and_kvgate_names_the_010_remedy(sim) -> None:
+    # GIVEN vLLM 0.10.2 on an L4, FP8 KV, FlashInfer chosen with the variable (0.10's only way)
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8"], {**V010, "VLLM_ATTENTION_BACKEND": "FLASHINFER"},
+        ready=False,
+    )  # fmt: skip
+    assert engine.wait(60) == 1
+    log = engine.log()
+    found = messages(log)
+    assert "Using FlashInfer backend on V1 engine." in found  # cuda.py:309, it stays on V1
+    assert "Falling back to V0" not in log
+    assert "RuntimeError: Ninja build failed. Ninja output:" in log
+    assert "/root/.cache/flashinfer/0.3.0/89/cached_ops" in log  # 0.10.2 pins flashinfer 0.3.0
+    scan = logs.scan_log(log)
+    assert _summary(scan) == ("vllm", "0.10.2", "fp8", "FLASHINFER", False, True)
+    jit = scan.finding("attention-build-failed")
+    assert jit is not None
+    assert (
+        "VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1 and VLLM_USE_FLASHINFER_SAMPLER=0" in jit.hint
+    )
+
+
+def test_010_remedy_starts_fp8_on_triton(sim) -> None:
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8"],
+        {**V010, "VLLM_ATTENTION_BACKEND": "TRITON_ATTN_VLLM_V1", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    )  # fmt: skip
+    assert httpx.get(engine.url + "/health").status_code == 200
+    scan = logs.scan_log(engine.log())
+    assert _summary(scan) == ("vllm", "0.10.2", "fp8", "TRITON_ATTN", True, False)
+    assert {"fp8-kv-enabled", "kv-scale-default", "ready"} <= set(scan.codes())
+
+
+def test_010_triton_attn_is_invalid_as_in_the_wheel_fixture(sim) -> None:
+    # GIVEN 0.11's spelling on 0.10.2 (BF16 KV, so the engine stays on V1 and selects)
+    engine = sim(SERVE, {**V010, "VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}, ready=False)
+    assert engine.wait(60) == 1
+    log = engine.log()
+    fixture = _fixture("vllm-0.10.2-triton-attn-invalid")
+    invalid = next(line for line in fixture.splitlines() if "Invalid attention backend" in line)
+    assert invalid in messages(log) or any(
+        line.endswith("] " + invalid) for line in log.splitlines()
+    )
+    simulated, derived = logs.scan_log(log), logs.scan_log(fixture)
+    assert _summary(simulated) == _summary(derived) == ("vllm", "0.10.2", "auto", None, False, True)
+    assert set(simulated.codes()) == set(derived.codes()) == {"engine-start-failed"}
+
+
+def test_010_fp8_without_a_v1_backend_falls_back_to_v0_which_is_not_emulated(sim) -> None:
+    # GIVEN no backend on an L4: 0.10.2's oracle sends FP8 KV to V0 (the XFormers fixture)
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8"], V010, ready=False)
+    assert engine.wait(60) == 2
+    log = engine.log()
+    fixture = _fixture("vllm-0.10.2-fp8-v0-fallback-ready")
+    warning = next(line for line in fixture.splitlines() if "Falling back to V0" in line)
+    assert warning.split("] ", 1)[1] in [m.group(3) for m in map(LINE.match, log.splitlines()) if m]
+    assert "Initializing a V1 LLM engine" not in log
+    tail = log.strip().splitlines()[-1]
+    assert tail.startswith(
+        "kvgate.sim: vLLM 0.10.2 falls back to its V0 engine for --kv-cache-dtype fp8"
+    )
+    assert "not emulated" in tail and "Traceback" not in log
+
+
+def test_010_use_v1_forbids_the_fallback(sim) -> None:
+    engine = sim([*SERVE, "--kv-cache-dtype", "fp8"], {**V010, "VLLM_USE_V1": "1"}, ready=False)
+    assert engine.wait(60) == 1
+    assert (
+        "NotImplementedError: VLLM_USE_V1=1 is not supported with --kv-cache-dtype." in engine.log()
+    )
 
 
 def test_triton_backend_fixes_the_l4_crash(sim) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvgate.sim.capacity import BLOCK_SIZE, plan_sglang, plan_vllm
@@ -13,9 +15,24 @@ from kvgate.sim.config import (
     parse_version,
     read_env,
 )
-from kvgate.sim.vllm import choose_backend, fmt_gib, scale_warnings
+from kvgate.sim.vllm import (
+    V0_FALLBACK,
+    choose_backend,
+    fmt_gib,
+    scale_warnings,
+    v1_supports_kv_dtype_010,
+)
 
 L4, A100, H100 = (8, 9), (8, 0), (9, 0)
+ENGINE_SOURCE = Path(__file__).parents[1] / "data" / "engine-source"
+
+
+def _fixture_message(name: str, needle: str) -> str:
+    """The message of the first line of a wheel-derived fixture that contains `needle`."""
+    for line in (ENGINE_SOURCE / f"{name}.log").read_text().splitlines():
+        if needle in line and not line.startswith("#:"):
+            return line.split("] ", 1)[1] if "] " in line else line
+    raise AssertionError(f"{needle!r} not in {name}")
 
 
 # ---- environment ------------------------------------------------------------
@@ -78,8 +95,8 @@ def test_faults_and_load() -> None:
             "KVGATE_SIM_LOAD: concurrency must be positive, got -1",
         ),
         (
-            {"KVGATE_SIM_ENGINE_VERSION": "0.10.2"},
-            "KVGATE_SIM_ENGINE_VERSION: vLLM 0.10.2 is not emulated",
+            {"KVGATE_SIM_ENGINE_VERSION": "0.10.1"},
+            "KVGATE_SIM_ENGINE_VERSION: vLLM 0.10.1 is not emulated (0.10.2 and later)",
         ),
         (
             {"KVGATE_SIM_ENGINE_VERSION": "latest"},
@@ -100,6 +117,10 @@ def test_bad_values_name_the_variable(environ: dict[str, str], message: str) -> 
     with pytest.raises(SimConfigError) as info:
         read_env("vllm", environ)
     assert str(info.value).startswith(message)
+
+
+def test_vllm_0102_is_the_oldest_emulated() -> None:
+    assert read_env("vllm", {"KVGATE_SIM_ENGINE_VERSION": "0.10.2"}).version_tuple == (0, 10, 2)
 
 
 def test_sglang_versions_are_05x() -> None:
@@ -186,6 +207,55 @@ def test_explicit_invalid_backend() -> None:
         old.error
         == "NotImplementedError: FlashAttention does not support fp8 kv-cache on this device."
     )
+
+
+@pytest.mark.parametrize(
+    ("sm", "dtype", "explicit", "name", "line"),
+    [
+        (L4, "fp8", "FLASHINFER", "FLASHINFER", "Using FlashInfer backend on V1 engine."),
+        (L4, "fp8", "TRITON_ATTN_VLLM_V1", "TRITON_ATTN", "Using Triton backend on V1 engine."),
+        (L4, "auto", None, "FLASH_ATTN", "Using Flash Attention backend on V1 engine."),
+        (H100, "fp8", None, "FLASH_ATTN", "Using Flash Attention backend on V1 engine."),
+        # a valid name without a V1 branch of its own falls through to the default
+        (L4, "auto", "FLASHINFER_VLLM_V1", "FLASH_ATTN", "Using Flash Attention backend on V1 engine."),
+        (L4, "auto", "XFORMERS_VLLM_V1", "XFORMERS", "Using XFormers backend on V1 engine."),
+    ],
+)  # fmt: skip
+def test_backend_choice_010(sm, dtype, explicit, name, line) -> None:
+    choice = choose_backend((0, 10, 2), sm, dtype, explicit)
+    assert (choice.name, choice.lines, choice.error) == (name, [("INFO", line)], None)
+
+
+@pytest.mark.parametrize("name", ["TRITON_ATTN", "triton_attn_vllm_v1", "FLASHINFER "])
+def test_010_refuses_a_name_outside_its_enum_as_the_wheel_does(name: str) -> None:
+    choice = choose_backend((0, 10, 2), L4, "auto", name)
+    assert choice.name is None and choice.lines == []
+    wheel = _fixture_message("vllm-0.10.2-triton-attn-invalid", "Invalid attention backend")
+    assert choice.error == wheel.replace("'TRITON_ATTN'", repr(name))
+
+
+@pytest.mark.parametrize(
+    ("sm", "dtype", "backend", "v1"),
+    [
+        (L4, "auto", "TRITON_ATTN", True),  # the oracle only looks at a non-auto dtype
+        (L4, "fp8", None, False),  # FlashAttention 2 has no FP8: V0 (the XFormers fixture)
+        (L4, "fp8", "FLASHINFER", True),
+        (L4, "fp8", "TRITON_ATTN_VLLM_V1", True),
+        (A100, "fp8", "TRITON_ATTN_VLLM_V1", False),  # supports_fp8(): SM 8.9+
+        (L4, "fp8", "TRITON_ATTN", False),
+        (L4, "fp8", "FLASH_ATTN", False),
+        (L4, "fp8", "FLASHINFER_VLLM_V1", False),
+        (H100, "fp8", None, True),  # FlashAttention 3
+        (H100, "fp8_e5m2", "FLASH_ATTN_VLLM_V1", True),
+        ((10, 0), "fp8", "XFORMERS", True),  # every Blackwell backend
+    ],
+)
+def test_010_v1_oracle_for_fp8(sm, dtype, backend, v1) -> None:
+    assert v1_supports_kv_dtype_010(sm, dtype, backend) is v1
+
+
+def test_v0_fallback_warning_is_the_wheels() -> None:
+    assert _fixture_message("vllm-0.10.2-fp8-v0-fallback-ready", "Falling back") == V0_FALLBACK
 
 
 # ---- scale warnings (engines.md §1.2) ---------------------------------------

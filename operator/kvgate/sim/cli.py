@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 # --kv-cache-dtype choices by version (engines.md §1.4 and §8).
+_VLLM_DTYPES_010 = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]  # 0.10.2 config/cache.py:25
 _VLLM_DTYPES_011 = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
 _VLLM_DTYPES_012 = [*_VLLM_DTYPES_011, "fp8_ds_mla"]
 _VLLM_DTYPES_020 = [
@@ -64,7 +65,9 @@ def vllm_kv_dtypes(version: tuple[int, ...]) -> list[str] | None:
         return _VLLM_DTYPES_020
     if version >= (0, 12):
         return _VLLM_DTYPES_012
-    return _VLLM_DTYPES_011
+    if version >= (0, 11):
+        return _VLLM_DTYPES_011
+    return _VLLM_DTYPES_010
 
 
 def sglang_kv_dtypes(version: tuple[int, ...]) -> list[str]:

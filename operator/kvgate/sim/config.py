@@ -19,7 +19,7 @@ GIB = 1 << 30
 
 NEWEST_VLLM = "0.33.0"
 NEWEST_SGLANG = "0.5.23"
-OLDEST_VLLM = (0, 11, 0)
+OLDEST_VLLM = (0, 10, 2)
 SGLANG_RANGE = ((0, 5, 0), (0, 6, 0))
 
 
@@ -311,7 +311,7 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
     version_tuple = parse_version(version)
     if engine == "vllm" and version_tuple < OLDEST_VLLM:
         raise SimConfigError(
-            f"KVGATE_SIM_ENGINE_VERSION: vLLM {version} is not emulated (0.11.0 and later)"
+            f"KVGATE_SIM_ENGINE_VERSION: vLLM {version} is not emulated (0.10.2 and later)"
         )
     if engine == "sglang" and not (SGLANG_RANGE[0] <= version_tuple < SGLANG_RANGE[1]):
         raise SimConfigError(f"KVGATE_SIM_ENGINE_VERSION: SGLang {version} is not emulated (0.5.x)")

@@ -82,6 +82,29 @@ class VllmCollector(Collector):
                 family.add_metric([*labels.values(), "capacity"], s.waiting)
                 family.add_metric([*labels.values(), "deferred"], 0)
                 yield family
+            if self.version < (0, 11):
+                # 0.10.2 still registers the names deprecated in 0.9 (vllm/v1/metrics/loggers.py:211-242)
+                yield _gauge(
+                    "vllm:gpu_cache_usage_perc",
+                    "GPU KV-cache usage. 1 means 100 percent usage."
+                    "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                    labels,
+                    usage,
+                )
+                yield _counter(
+                    "vllm:gpu_prefix_cache_queries",
+                    "GPU prefix cache queries, in terms of number of queried"
+                    "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.",
+                    labels,
+                    s.prompt_tokens,
+                )
+                yield _counter(
+                    "vllm:gpu_prefix_cache_hits",
+                    "GPU prefix cache hits, in terms of number of cached "
+                    "tokens. DEPRECATED: Use vllm:prefix_cache_hits instead.",
+                    labels,
+                    0,
+                )
             yield _gauge(
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
@@ -145,12 +168,13 @@ class VllmCollector(Collector):
                 labels,
                 s.itl,
             )
-            yield _hist(
-                "vllm:request_time_per_output_token_seconds",
-                "Histogram of time_per_output_token_seconds per request.",
-                labels,
-                s.tpot,
-            )
+            if self.version >= (0, 11):  # not in 0.10.2's loggers.py
+                yield _hist(
+                    "vllm:request_time_per_output_token_seconds",
+                    "Histogram of time_per_output_token_seconds per request.",
+                    labels,
+                    s.tpot,
+                )
             yield _hist(
                 "vllm:e2e_request_latency_seconds",
                 "Histogram of e2e request latency in seconds.",

@@ -7,6 +7,7 @@ readers are told to match on the message text.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -76,7 +77,8 @@ _FLASHINFER_PINS = (
     ((0, 16), "0.6.4"),
     ((0, 15), "0.6.1"),
     ((0, 12), "0.5.3"),
-    ((0, 0), "0.3.1"),
+    ((0, 11), "0.3.1"),
+    ((0, 0), "0.3.0"),  # vllm-0.10.2 METADATA: flashinfer-python==0.3.0 (extra "flashinfer")
 )
 
 _OLD_BACKEND_NAMES = {
@@ -86,6 +88,63 @@ _OLD_BACKEND_NAMES = {
     "FLEX_ATTENTION": "FlexAttention",
     "TREE_ATTN": "Tree Attention",
 }
+
+
+# vLLM 0.10.2: `_Backend` (vllm/platforms/interface.py:41), the names VLLM_ATTENTION_BACKEND
+# may hold; anything else is refused (vllm/attention/selector.py:200).
+V010_BACKENDS = (
+    "FLASH_ATTN", "FLASH_ATTN_VLLM_V1", "TRITON_ATTN_VLLM_V1", "XFORMERS", "ROCM_FLASH",
+    "ROCM_AITER_MLA", "ROCM_AITER_MLA_VLLM_V1", "ROCM_AITER_FA", "TORCH_SDPA", "TORCH_SDPA_VLLM_V1",
+    "FLASHINFER", "FLASHINFER_VLLM_V1", "FLASHINFER_MLA", "TRITON_MLA", "TRITON_MLA_VLLM_V1",
+    "CUTLASS_MLA", "FLASHMLA", "FLASHMLA_VLLM_V1", "FLASH_ATTN_MLA", "PALLAS", "PALLAS_VLLM_V1",
+    "IPEX", "DUAL_CHUNK_FLASH_ATTN", "DIFFERENTIAL_FLASH_ATTN", "NO_ATTENTION", "FLEX_ATTENTION",
+    "TREE_ATTN", "XFORMERS_VLLM_V1",
+)  # fmt: skip
+# 0.10.2 V1 engine, an explicit backend: vllm/platforms/cuda.py:308-329 -> (kvgate's name, line).
+# Other valid names fall through to the default (Flash Attention on SM 8.0+).
+_V010_EXPLICIT = {
+    "FLASHINFER": ("FLASHINFER", "Using FlashInfer backend on V1 engine."),
+    "FLEX_ATTENTION": ("FLEX_ATTENTION", "Using FlexAttention backend on V1 engine."),
+    "TRITON_ATTN_VLLM_V1": ("TRITON_ATTN", "Using Triton backend on V1 engine."),
+    "FLASH_ATTN": ("FLASH_ATTN", "Using Flash Attention backend on V1 engine."),
+    "TREE_ATTN": ("TREE_ATTN", "Using Tree Attention backend on V1 engine."),
+    "XFORMERS_VLLM_V1": ("XFORMERS", "Using XFormers backend on V1 engine."),
+}
+# vllm/engine/arg_utils.py:1796-1797 (`_raise_or_fallback`, recommend_to_remove=False)
+V0_FALLBACK = "--kv-cache-dtype is not supported by the V1 Engine. Falling back to V0. "
+
+
+def v1_supports_kv_dtype_010(sm: tuple[int, int], kv_dtype: str, env_backend: str | None) -> bool:
+    """vLLM 0.10.2's V1 oracle for a non-MLA model on CUDA (`is_kv_cache_dtype_supported`,
+    vllm/platforms/cuda.py:522): False means the engine falls back to V0."""
+    if kv_dtype == "auto":
+        return True
+    backend = env_backend if env_backend is not None else "FLASH_ATTN_VLLM_V1"
+    if sm[0] == 10:  # "All Blackwell backends support fp8"
+        return True
+    if backend == "FLASH_ATTN_VLLM_V1":
+        # flash_attn_supports_fp8(): FlashAttention 3 on a major-9 GPU (fa_utils.py:66)
+        return not kv_dtype.startswith("fp8") or sm[0] == 9
+    if backend == "FLASHINFER":
+        return True
+    if backend == "TRITON_ATTN_VLLM_V1":
+        return sm >= (8, 9)  # CudaPlatform.supports_fp8()
+    return False
+
+
+def _choose_backend_010(explicit: str | None) -> BackendChoice:
+    """vLLM 0.10.2 V1 on an SM 8.x/9.x GPU; the name is the variable's, case-sensitive."""
+    if explicit is not None and explicit not in V010_BACKENDS:
+        return BackendChoice(
+            None,
+            [],
+            f"ValueError: Invalid attention backend: '{explicit}'. Valid backends are: "
+            f"{list(V010_BACKENDS)}",
+        )
+    name, line = _V010_EXPLICIT.get(
+        explicit or "", ("FLASH_ATTN", "Using Flash Attention backend on V1 engine.")
+    )
+    return BackendChoice(name, [("INFO", line)])
 
 
 class StartupFailed(Exception):
@@ -117,6 +176,8 @@ def choose_backend(
 ) -> BackendChoice:
     """The attention backend vLLM picks on a CUDA GPU for a non-MLA model (engines.md §2.1)."""
     fp8 = kv_dtype.startswith("fp8")
+    if version < (0, 11):
+        return _choose_backend_010(explicit)
     if version < (0, 12):
         if explicit:
             if explicit == "FLASH_ATTN" and fp8 and sm[0] != 9:
@@ -377,9 +438,45 @@ class VllmStartup:
         self.log.raw(API, api_server_failure_text())
         return StartupFailed(1)
 
+    def _v0_fallback(self) -> StartupFailed:
+        """vLLM 0.10 runs this FP8 configuration on its V0 engine, which is not emulated."""
+        kv = self.args.kv_cache_dtype
+        try:
+            force_v1 = bool(int(os.environ.get("VLLM_USE_V1", "0")))
+        except ValueError:
+            force_v1 = False
+        if force_v1:  # envs.is_set("VLLM_USE_V1") and envs.VLLM_USE_V1 (arg_utils.py:1793)
+            self.log.raw(
+                API,
+                _traceback(
+                    [
+                        (
+                            f"{SITE}/vllm/engine/arg_utils.py",
+                            1794,
+                            "_raise_or_fallback",
+                            "raise NotImplementedError(",
+                        )
+                    ],
+                    "NotImplementedError: VLLM_USE_V1=1 is not supported with --kv-cache-dtype.",
+                ),
+            )
+            return StartupFailed(1)
+        self.log.warning(API, "arg_utils.py:1796", V0_FALLBACK)
+        backend = self.explicit_backend()
+        print(
+            f"kvgate.sim: vLLM {self.env.version} falls back to its V0 engine for --kv-cache-dtype "
+            f"{kv} on {self.env.gpu.device_name} with VLLM_ATTENTION_BACKEND="
+            f"{backend or '(unset)'}; the V0 engine is not emulated (FLASHINFER or "
+            "TRITON_ATTN_VLLM_V1 stay on V1)",
+            file=sys.stderr,
+        )
+        return StartupFailed(2)
+
     def explicit_backend(self) -> str | None:
         if self.args.attention_backend:
             return self.args.attention_backend
+        if self.version < (0, 11):  # os.getenv as is: 0.10 knows only `_Backend` member names
+            return os.environ.get("VLLM_ATTENTION_BACKEND", "").strip() or None
         env_backend = os.environ.get("VLLM_ATTENTION_BACKEND", "").strip().upper() or None
         if env_backend and self.version < (0, 15):  # ignored from 0.15
             if self.version >= (0, 13):
@@ -435,6 +532,8 @@ class VllmStartup:
                 log.info(API, "cache.py:180", FP8_INFO_OLD)
             else:
                 log.info(API, "cache.py:206", FP8_INFO_NEW.replace("%s", kv))
+        if v < (0, 11) and not v1_supports_kv_dtype_010(env.gpu.sm, kv, self.explicit_backend()):
+            raise self._v0_fallback()
         log.info(
             API, "scheduler.py:205", "Chunked prefill is enabled with max_num_batched_tokens=2048."
         )
@@ -601,7 +700,10 @@ class VllmStartup:
             "num_cpu_blocks": None,
             "num_gpu_blocks": plan.num_blocks,
             "num_gpu_blocks_override": None,
-            "prefix_caching_hash_algo": "sha256" if self.version >= (0, 12) else "builtin",
+            # 0.10.2: "sha256" (vllm/config/cache.py:67); the 0.11 value was not read from a wheel
+            "prefix_caching_hash_algo": "builtin"
+            if (0, 11) <= self.version < (0, 12)
+            else "sha256",
             "sliding_window": None,
             "swap_space": 4,
         }
