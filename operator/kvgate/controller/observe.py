@@ -194,6 +194,15 @@ def observe_preflight(ctx: Ctx) -> Observation:
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
 
 
+def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
+    """One pod's /metrics, read with the operator's deadline and parsed for this engine."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    text = http.scrape(metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s)
+    return metrics.parse_metrics(text, ctx.status.get("engine"))
+
+
 def control_forced_fp8(ctx: Ctx, checkpoint: Mapping[str, Any]) -> str | None:
     """Why the control would run FP8: the checkpoint forces it and production runs `auto`."""
     reasons = checkpoint.get("forcesFp8Kv") or []
@@ -267,7 +276,6 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
 
 def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
     from kvgate import metrics
-    from kvgate.adapters import http
 
     errors: list[str] = []
     pods = production_pods(ctx)
@@ -276,10 +284,7 @@ def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
         if not (health.ready and health.ip):
             continue
         try:
-            snap = metrics.parse_metrics(
-                http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
-                ctx.status.get("engine"),
-            )
+            snap = scrape_pod(ctx, health.ip)
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
             continue
@@ -353,7 +358,6 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
     Returns (truth, error); a failed scrape is kept in status (`metricsError`) and retried.
     """
     from kvgate import metrics
-    from kvgate.adapters import http
 
     arms = ctx.status.setdefault("arms", {})
     block = dict(arms.get(arm) or {})
@@ -362,10 +366,7 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
     if not (health.ready and health.ip):
         return None, None
     try:
-        snap = metrics.parse_metrics(
-            http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
-            ctx.status.get("engine"),
-        )
+        snap = scrape_pod(ctx, health.ip)
     except (ExternalError, InputError) as exc:
         error = f"{arm} /metrics: {str(exc)[:300]}"
         block["metricsError"] = error
@@ -585,8 +586,6 @@ def observe_verifying(ctx: Ctx) -> Observation:
     state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
     if not verdict.verify_due(ctx.spec, state):
         return Observation()
-    from kvgate import metrics
-    from kvgate.adapters import http
 
     dep = target_deployment(ctx)
     assert dep is not None  # the live target exists and carries the candidate
@@ -621,10 +620,7 @@ def observe_verifying(ctx: Ctx) -> Observation:
             problems.append(f"pod {name} is not Ready ({health.detail})")
             continue
         try:
-            snap = metrics.parse_metrics(
-                http.scrape(metrics_url(ctx, health.ip), timeout=ctx.config.scrape_timeout_s),
-                ctx.status.get("engine"),
-            )
+            snap = scrape_pod(ctx, health.ip)
         except (ExternalError, InputError) as exc:
             problems.append(f"pod {name} metrics unreachable: {exc}")
             continue
@@ -671,8 +667,6 @@ def production_baseline(ctx: Ctx) -> production.Baseline:
 
 def tpot_totals(ctx: Ctx) -> dict[str, Any]:
     """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
-    from kvgate import metrics
-    from kvgate.adapters import http
 
     out: dict[str, Any] = {}
     for arm in manifests.ARMS:
@@ -680,10 +674,7 @@ def tpot_totals(ctx: Ctx) -> dict[str, Any]:
         if not ip:
             continue
         try:
-            snap = metrics.parse_metrics(
-                http.scrape(metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s),
-                ctx.status.get("engine"),
-            )
+            snap = scrape_pod(ctx, ip)
         except (ExternalError, InputError) as exc:
             out[arm] = {"error": str(exc)[:300]}
             continue
