@@ -11,12 +11,13 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate import manifests, promotion, redact
+from kvgate import manifests, promotion
 from kvgate.adapters import hub
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
     arm_health,
+    candidate_record,
     derive_candidate,
     derive_candidate_unchecked,
     describe,
@@ -331,14 +332,7 @@ def remediate(ctx: Ctx, step: Step) -> None:
         },
     }
     candidate = derive_candidate_unchecked(ctx, live)
-    ctx.status["candidate"] = redact.redact_config(
-        manifests.container_config(candidate), show_env=shown_env(ctx)
-    )
-    ctx.status["recommendedArgs"] = redact.redact_args(
-        list(candidate.get("command") or []) + list(candidate.get("args") or [])
-    )
-    env = {e.name: e.value for e in ctx.spec.extra_env} | dict(remedy.env)
-    ctx.status["recommendedEnv"] = [{"name": k, "value": v} for k, v in env.items()]
+    ctx.status.update(candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env))
     ctx.status["configHash"] = config_hash(
         {"evaluated": ctx.status.get("configHash"), "remediation": remedy.to_dict()}
     )

@@ -218,6 +218,24 @@ def shown_env(ctx: Ctx) -> frozenset[str]:
     return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
 
 
+def candidate_record(
+    spec: RolloutSpec,
+    candidate: Mapping[str, Any],
+    show_env: frozenset[str],
+    remedy_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """What status records of a candidate: its fingerprinted config and the args and env an SRE
+    would set by hand (the rollout's extraEnv, and a remedy's env on top)."""
+    env = {e.name: e.value for e in spec.extra_env} | dict(remedy_env or {})
+    return {
+        "candidate": redact.redact_config(manifests.container_config(candidate), show_env=show_env),
+        "recommendedArgs": redact.redact_args(
+            list(candidate.get("command") or []) + list(candidate.get("args") or [])
+        ),
+        "recommendedEnv": [{"name": k, "value": v} for k, v in env.items()],
+    }
+
+
 def status_view(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:
     """A container as status records it: literal env values and secret-looking flag values
     fingerprinted (token for token, so positions in args are kept), image as it is."""

@@ -14,6 +14,7 @@ from kvgate import engines, manifests, production, promotion, redact, verdict
 from kvgate.controller.context import (
     Ctx,
     arm_health,
+    candidate_record,
     current_child,
     iso,
     json_number,
@@ -102,8 +103,10 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
     # patched is re-derived from the spec and the live container, not read back from status.
     show = ctx.config.allowlist.env_for(str(info.engine)) | {e.name for e in spec.extra_env}
     previous = redact.redact_config(manifests.container_config(container), show_env=show)
-    wanted = redact.redact_config(manifests.container_config(candidate), show_env=show)
+    record = candidate_record(spec, candidate, show)
+    wanted = record["candidate"]
     ctx.status.update(
+        **record,
         engine=str(info.engine),
         container=str(container.get("name")),
         containerIndex=index,
@@ -113,11 +116,6 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
         servedModel=info.served_model_name or info.model,
         previous=previous,
         evaluatedImage=container.get("image"),
-        candidate=wanted,
-        recommendedArgs=redact.redact_args(
-            list(candidate.get("command") or []) + list(candidate.get("args") or [])
-        ),
-        recommendedEnv=[e.to_dict() for e in spec.extra_env],
         configHash=config_hash(
             {
                 "deployment": spec.target.name,
