@@ -42,30 +42,45 @@ _FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a
 _MAX_BODY: Final = 256 << 20
 
 
+def add_screen_options(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    prefix: str = "",
+    documents_default: int | None,
+    documents_help: str,
+) -> None:
+    """The screen's size and sensitivity, shared by `kvgate diverge` and `kvgate eval`
+    (there as --divergence-*, where giving --divergence-documents turns the screen on)."""
+    group.add_argument(
+        f"--{prefix}documents",
+        type=bounded_int(1, 1000),
+        default=documents_default,
+        help=documents_help,
+    )
+    group.add_argument(
+        f"--{prefix}max-tokens",
+        type=bounded_int(64, 2**21),
+        default=8192,
+        help="document length in tokens (below the engines' --max-model-len)",
+    )
+    group.add_argument(
+        f"--{prefix}logprobs", type=bounded_int(1, 20), default=5, help="top-k per position"
+    )
+    group.add_argument(
+        f"--{prefix}factor",
+        type=finite_float(1.0, 1e6),
+        default=DEFAULT_FACTOR,
+        help="flag a position bucket whose divergence exceeds the A/A floor by this factor",
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
     parser.add_argument("--candidate-url", required=True)
     parser.add_argument("--model", help="served model name of both arms (default: the served one)")
     parser.add_argument("--control-model")
     parser.add_argument("--candidate-model")
-    parser.add_argument(
-        "--documents", type=bounded_int(1, 1000), default=4, help="documents to send"
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=bounded_int(64, 2**21),
-        default=8192,
-        help="document length in tokens (below the engines' --max-model-len)",
-    )
-    parser.add_argument(
-        "--logprobs", type=bounded_int(1, 20), default=5, help="top-k log-probs per position"
-    )
-    parser.add_argument(
-        "--factor",
-        type=finite_float(1.0, 1e6),
-        default=DEFAULT_FACTOR,
-        help="flag a bucket whose divergence exceeds the A/A floor by this factor",
-    )
+    add_screen_options(parser, documents_default=4, documents_help="documents to send")
     parser.add_argument("--min-kl", type=finite_float(1e-12, 10.0), default=DEFAULT_MIN_KL)
     parser.add_argument(
         "--min-disagreement", type=finite_float(1e-9, 1.0), default=DEFAULT_MIN_DISAGREEMENT

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from kvgate.cli import EXIT_BUG
+from kvgate.commands.diverge import add_screen_options
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -133,25 +134,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "divergence screen",
         "teacher-forced log-probs against the control's A/A floor (kvgate diverge; off by default)",
     )
-    dv.add_argument(
-        "--divergence-documents",
-        type=bounded_int(1, 1000),
-        help="documents to screen; turns the screen on (summary block `divergence`)",
-    )
-    dv.add_argument(
-        "--divergence-max-tokens",
-        type=bounded_int(64, 2**21),
-        default=8192,
-        help="document length in tokens (below the engines' --max-model-len)",
-    )
-    dv.add_argument(
-        "--divergence-logprobs", type=bounded_int(1, 20), default=5, help="top-k per position"
-    )
-    dv.add_argument(
-        "--divergence-factor",
-        type=finite_float(1.0, 1e6),
-        default=10.0,
-        help="flag a position bucket whose divergence exceeds the A/A floor by this factor",
+    add_screen_options(
+        dv,
+        prefix="divergence-",
+        documents_default=None,
+        documents_help="documents to screen; turns the screen on (summary block `divergence`)",
     )
 
 
