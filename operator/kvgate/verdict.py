@@ -1165,6 +1165,18 @@ def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -
     )
 
 
+def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str) -> str | None:
+    """Why the control arm would run FP8 (the checkpoint forces it under `auto`); None when it
+    does not: no such checkpoint, or production pins a dtype (an explicit dtype wins)."""
+    if not reasons or production_dtype != "auto":
+        return None
+    return (
+        f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ({'; '.join(reasons)})"
+        f" and {target} runs auto: production and the control run FP8 already, so "
+        "the canary would compare FP8 with FP8; pin the dtype (--kv-cache-dtype bfloat16) first"
+    )
+
+
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
         return _end(Phase.FAILED, "ControlRunsFP8", obs.control_forced_fp8)

@@ -1113,3 +1113,11 @@ def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_cana
     assert Action.CREATE_CANARIES not in s.actions
     go = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=True))
     assert go.phase is Phase.CANARY
+
+
+def test_the_control_runs_fp8_only_under_auto_with_a_forcing_checkpoint() -> None:
+    why = ["quantization_config.kv_cache_scheme is set"]
+    got = v.control_runs_fp8(why, "auto", "vllm")
+    assert got is not None and "kv_cache_scheme is set" in got and "vllm runs auto" in got
+    assert v.control_runs_fp8(why, "bfloat16", "vllm") is None  # a pinned dtype wins
+    assert v.control_runs_fp8([], "auto", "vllm") is None

@@ -162,7 +162,12 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["checkpoint"] = scan_checkpoint(ctx)
         pre["checkpointHasScales"] = pre["checkpoint"].get("present")
         ctx.status["preflight"] = pre
-    forced = control_forced_fp8(ctx, pre["checkpoint"])
+    reasons = pre["checkpoint"].get("forcesFp8Kv") or []
+    forced = (
+        verdict.control_runs_fp8(reasons, production_kv_dtype(ctx), ctx.spec.target.name)
+        if reasons
+        else None
+    )
     if gate.mode is GateMode.OFF or forced:
         return Observation(control_forced_fp8=forced)
     series: dict[str, list[dict[str, Any]]] = {
@@ -201,23 +206,13 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     return metrics.parse_metrics(text, ctx.status.get("engine"))
 
 
-def control_forced_fp8(ctx: Ctx, checkpoint: Mapping[str, Any]) -> str | None:
-    """Why the control would run FP8: the checkpoint forces it and production runs `auto`."""
-    reasons = checkpoint.get("forcesFp8Kv") or []
-    if not reasons:
-        return None
+def production_kv_dtype(ctx: Ctx) -> str:
+    """The --kv-cache-dtype production runs (`auto` when unset or unreadable)."""
     found = live_container(ctx, target_deployment(ctx))
     try:
-        dtype = engines.detect_engine(found[1]).kv_cache_dtype if found else "auto"
+        return engines.detect_engine(found[1]).kv_cache_dtype if found else "auto"
     except InputError:
-        dtype = "auto"
-    if dtype != "auto":
-        return None  # pinned (e.g. bfloat16): an explicit dtype wins over the checkpoint's
-    return (
-        f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ({'; '.join(reasons)})"
-        f" and {ctx.spec.target.name} runs auto: production and the control run FP8 already, so "
-        "the canary would compare FP8 with FP8; pin the dtype (--kv-cache-dtype bfloat16) first"
-    )
+        return "auto"
 
 
 def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
