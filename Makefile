@@ -6,7 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install deps test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+# The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
+NODE ?= process
 
 install: $(STAMP)
 
@@ -16,11 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[eval,dev]'
 	touch $(STAMP)
 
-# The control-plane binaries are built once into ~/.cache/kvgate and reused.
-binaries:
-	hack/build-binaries.sh
+# Debian packages for images and the real node (apt-get when root; else it names them).
+deps:
+	hack/install-deps.sh
 
-test: $(STAMP) binaries
+# The control plane's and the real node's binaries, built once into ~/.cache/kvgate and reused.
+binaries:
+	hack/build-binaries.sh --node
+
+test: $(STAMP) deps binaries
 	$(BIN)/pytest tests
 
 test-unit: $(STAMP)
@@ -33,15 +39,15 @@ lint: $(STAMP)
 	PYTHONPATH=operator $(BIN)/lint-imports
 	$(BIN)/mypy
 
-demo: $(STAMP)
+demo: $(STAMP) deps
 	hack/demo.sh
 
 # The Dockerfile's operator and eval images, built with buildah from a local Debian base.
-images:
+images: deps
 	hack/build-images.sh
 
 cluster-up: $(STAMP) binaries
-	$(BIN)/python hack/cluster.py up
+	$(BIN)/python hack/cluster.py up --node $(NODE)
 
 cluster-down: $(STAMP)
 	$(BIN)/python hack/cluster.py down

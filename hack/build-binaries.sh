@@ -4,6 +4,7 @@
 # kubectl, etcd and helm, into a per-version cache outside the checkout.
 #
 #   hack/build-binaries.sh            build what is missing, print the bin dir
+#   hack/build-binaries.sh --node     also the real node: kubelet, kube-proxy, containerd
 #   hack/build-binaries.sh --print    print the bin dir only
 #   hack/build-binaries.sh --update   regenerate hack/go/*/go.mod+go.sum for the
 #                                     versions below (needs the module proxy)
@@ -18,6 +19,7 @@ set -euo pipefail
 KUBE_VERSION="v1.37.2"
 ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
+CONTAINERD_VERSION="v2.3.7"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${KVGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate}"
@@ -35,7 +37,7 @@ update_wrappers() {
 	# (klog, utils, kube-openapi) carry real versions and must stay as they are.
 	mods="$(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$gomod")"
 	[ "$(wc -l <<<"$mods")" -ge 30 ] || { log "staging module list from $gomod looks wrong"; exit 1; }
-	mkdir -p "$HERE/go/k8s" "$HERE/go/etcd" "$HERE/go/helm"
+	mkdir -p "$HERE/go/k8s" "$HERE/go/etcd" "$HERE/go/helm" "$HERE/go/containerd"
 	cat >"$HERE/go/k8s/go.mod" <<-EOF
 		module kvgate.local/hack/k8s
 
@@ -48,8 +50,10 @@ update_wrappers() {
 		tool (
 		${TAB}k8s.io/kubernetes/cmd/kube-apiserver
 		${TAB}k8s.io/kubernetes/cmd/kube-controller-manager
+		${TAB}k8s.io/kubernetes/cmd/kube-proxy
 		${TAB}k8s.io/kubernetes/cmd/kube-scheduler
 		${TAB}k8s.io/kubernetes/cmd/kubectl
+		${TAB}k8s.io/kubernetes/cmd/kubelet
 		)
 	EOF
 	for m in $mods; do (cd "$HERE/go/k8s" && go mod edit -replace="$m=$m@$staging"); done
@@ -71,7 +75,20 @@ update_wrappers() {
 
 		tool helm.sh/helm/v3/cmd/helm
 	EOF
-	for d in k8s etcd helm; do
+	cat >"$HERE/go/containerd/go.mod" <<-EOF
+		module kvgate.local/hack/containerd
+
+		go 1.26.0
+
+		require github.com/containerd/containerd/v2 $CONTAINERD_VERSION
+
+		tool (
+		${TAB}github.com/containerd/containerd/v2/cmd/containerd
+		${TAB}github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+		${TAB}github.com/containerd/containerd/v2/cmd/ctr
+		)
+	EOF
+	for d in k8s etcd helm containerd; do
 		log "go mod tidy in hack/go/$d"
 		(cd "$HERE/go/$d" && GOFLAGS= go mod tidy)
 	done
@@ -109,11 +126,13 @@ kube_ldflags() {
 }
 
 TAB="$(printf '\t')"
+NODE=""
 case "${1:-}" in
 --print) echo "$OUT"; exit 0 ;;
 --update) update_wrappers; exit 0 ;;
+--node) NODE=1 ;;
 "") ;;
-*) echo "usage: $0 [--print|--update]" >&2; exit 2 ;;
+*) echo "usage: $0 [--node|--print|--update]" >&2; exit 2 ;;
 esac
 
 command -v go >/dev/null || { log "go is not on PATH: install Go >= 1.26"; exit 1; }
@@ -126,4 +145,18 @@ build etcd etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" \
 	"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_VERSION}"
 build helm helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
 	"-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+if [ -n "$NODE" ]; then
+	for b in kubelet kube-proxy; do
+		build "$b" k8s "k8s.io/kubernetes/cmd/$b" "$KUBE_VERSION" "$KLD"
+	done
+	# No btrfs, devmapper or zfs snapshotters: overlayfs and native serve, and their cgo is avoided.
+	export GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs"
+	CLD="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		build "$b" containerd "github.com/containerd/containerd/v2/cmd/$b" "$CONTAINERD_VERSION" "$CLD"
+	done
+	# The pod sandbox ("pause") program: a static binary of our own, made into an image by
+	# hack/containerd_node.py (public pause images cannot be pulled here).
+	build kvgate-pause pause kvgate.local/hack/pause v1 "-s -w"
+fi
 echo "$OUT"

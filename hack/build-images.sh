@@ -13,6 +13,12 @@
 #
 # Each image is tagged with a content hash of its build inputs (Dockerfile, pyproject, README,
 # operator/ sources, base); a warm run finds the tag and builds nothing.
+#
+# Offline clusters (this machine) have no Hugging Face Hub: with a GSM8K directory
+# (KVGATE_GSM8K_DIR, default ../shared/data/gsm8k when it exists; KVGATE_GSM8K_DIR= to skip)
+# one more layer bakes test.jsonl and train.jsonl into /data/gsm8k with
+# KVGATE_GSM8K_DIR=/data/gsm8k, for the simulator and the eval Job. Each final image is tagged
+# localhost/<name>:<version> and with the chart's default name, ghcr.io/kvgate/<name>:<version>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +37,9 @@ BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 if [ -n "${PYTHON_IMAGE:-}" ]; then
   BASE=$PYTHON_IMAGE
 else
-  BASE_HASH=$(printf 'bookworm minbase %s %s python-link\n' "$BASE_PACKAGES" "$BASE_PATH" | sha256sum | cut -c1-12)
+  # usrmerge (which pulls in 47 MB of perl) did its work at install; apt is not run in an image.
+  BASE_PURGE="usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl perl-modules-5.36 libperl5.36 apt libapt-pkg6.0"
+  BASE_HASH=$(printf 'bookworm minbase %s %s python-link purge %s\n' "$BASE_PACKAGES" "$BASE_PATH" "$BASE_PURGE" | sha256sum | cut -c1-12)
   BASE=localhost/kvgate-base:bookworm-$BASE_HASH
   if ! has_image "$BASE"; then
     need mmdebstrap mmdebstrap
@@ -41,6 +49,8 @@ else
     mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' \
+      --customize-hook="chroot \"\$1\" dpkg --purge --force-remove-essential --force-depends $BASE_PURGE >/dev/null" \
+      --customize-hook='rm -rf "$1"/var/cache/apt "$1"/var/lib/apt/lists' \
       bookworm "$tarball"
     ctr=$("${BUILDAH[@]}" from scratch)
     "${BUILDAH[@]}" add "$ctr" "$tarball" /
@@ -67,6 +77,12 @@ if [ -r "$ca" ]; then
   build_args+=(--volume "$ca:/run/kvgate-build/ca.crt:ro" --volume "$pipconf:/etc/pip.conf:ro")
 fi
 
+GSM8K=${KVGATE_GSM8K_DIR-../shared/data/gsm8k}
+if [ -n "$GSM8K" ] && ! [ -r "$GSM8K/test.jsonl" ] && [ -n "${KVGATE_GSM8K_DIR:-}" ]; then
+  echo "build-images: KVGATE_GSM8K_DIR=$GSM8K has no test.jsonl" >&2; exit 2
+fi
+[ -r "$GSM8K/test.jsonl" ] && [ -r "$GSM8K/train.jsonl" ] || GSM8K=""
+
 for target in operator eval; do
   name=kvgate; [ "$target" = eval ] && name=kvgate-eval
   tag="localhost/$name:$VERSION-$(inputs_hash "$target")"
@@ -77,11 +93,22 @@ for target in operator eval; do
     "${BUILDAH[@]}" bud --quiet "${build_args[@]}" --target "$target" -t "$tag" . >/dev/null
     echo "build-images: $tag built in $(( $(date +%s) - started ))s"
   fi
-  "${BUILDAH[@]}" tag "$tag" "localhost/$name:$VERSION"
-  size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$tag" 2>/dev/null | head -1)
-  echo "build-images: localhost/$name:$VERSION -> $tag${size:+ ($size)}"
+  final=$tag
+  if [ -n "$GSM8K" ]; then
+    final="$tag-gsm8k-$(cat "$GSM8K/test.jsonl" "$GSM8K/train.jsonl" | sha256sum | cut -c1-8)"
+    if ! has_image "$final"; then
+      ctr=$("${BUILDAH[@]}" from --pull-never "$tag")
+      "${BUILDAH[@]}" copy --quiet --chown 0:0 --chmod 0644 "$ctr" "$GSM8K/test.jsonl" "$GSM8K/train.jsonl" /data/gsm8k/ >/dev/null
+      [ -r "$GSM8K/LICENSE" ] && "${BUILDAH[@]}" copy --quiet --chown 0:0 --chmod 0644 "$ctr" "$GSM8K/LICENSE" /data/gsm8k/ >/dev/null
+      "${BUILDAH[@]}" config --env KVGATE_GSM8K_DIR=/data/gsm8k "$ctr"
+      "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$final" >/dev/null
+    fi
+  fi
+  "${BUILDAH[@]}" tag "$final" "localhost/$name:$VERSION" "ghcr.io/kvgate/$name:$VERSION"
+  size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$final" 2>/dev/null | head -1)
+  echo "build-images: localhost/$name:$VERSION -> $final${size:+ ($size)}"
   if [ -n "${KVGATE_IMAGE_ARCHIVE_DIR:-}" ]; then
     mkdir -p "$KVGATE_IMAGE_ARCHIVE_DIR"
-    "${BUILDAH[@]}" push --quiet "$tag" "oci-archive:$KVGATE_IMAGE_ARCHIVE_DIR/$name.tar:localhost/$name:$VERSION"
+    "${BUILDAH[@]}" push --quiet "$final" "oci-archive:$KVGATE_IMAGE_ARCHIVE_DIR/$name.tar:ghcr.io/kvgate/$name:$VERSION"
   fi
 done

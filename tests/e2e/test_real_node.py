@@ -1,0 +1,215 @@
+"""The project's images on a real node: Kubernetes' kubelet and kube-proxy on containerd + runc.
+
+A cluster of its own (hack/cluster.py with `node_kind="containerd"`, hack/containerd_node.py)
+runs the images `make images` builds (hack/build-images.sh, imported into the node's
+containerd). The README's Install section and the commands of examples/README.md run as
+written, with the binaries of this cluster on PATH, and the rollout must reach `Promoted`.
+On the way the test checks what only a real node can show: the runtime is containerd, the
+operator pod runs the image just built, as UID 65532 on a read-only root file system, and
+reaches the apiserver through the `kubernetes` Service (kube-proxy). After teardown nothing
+of the node is left on the host: no mounts, processes, bridge, veths, iptables chains or
+cgroups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack"))
+
+import cluster as cluster_mod  # noqa: E402
+import containerd_node  # noqa: E402
+
+pytestmark = [pytest.mark.e2e]
+
+
+def code_block(markdown: Path, heading: str) -> str:
+    """The first ```sh block under `heading` in a Markdown file."""
+    text = markdown.read_text()
+    section = text.split(heading, 1)[1]
+    match = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert match, f"no sh block under {heading!r} in {markdown}"
+    return match.group(1)
+
+
+def commands(block: str) -> list[str]:
+    """Shell commands of a block: continuation lines joined, comments dropped."""
+    joined = block.replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            out.append(shlex.join(words))
+    return out
+
+
+@pytest.fixture(scope="module")
+def image_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`make images` (hack/build-images.sh), written as OCI archives for the node."""
+    out = tmp_path_factory.mktemp("images")
+    proc = subprocess.run(
+        [str(ROOT / "hack/build-images.sh")],
+        env={**os.environ, "KVGATE_IMAGE_ARCHIVE_DIR": str(out)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sys.stderr.write(proc.stdout)
+    return {name: out / f"{name}.tar" for name in ("kvgate", "kvgate-eval")}
+
+
+@pytest.fixture(scope="module")
+def real_node(
+    image_archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[cluster_mod.Cluster]:
+    state = tmp_path_factory.mktemp("real-node")
+    c = cluster_mod.Cluster(state, node_kind="containerd")
+    lacking = containerd_node.missing(Path(c.bin_dir))
+    if lacking and os.environ.get("CI") != "true":
+        pytest.skip("the real node needs: " + "; ".join(lacking))
+    c.start()
+    try:
+        for archive in image_archives.values():
+            c.import_image(archive)
+        yield c
+    finally:
+        c.stop()
+        left = containerd_node.leftovers(state / "node")
+        assert left == [], f"the node left these behind: {left}"
+
+
+def kubectl_json(c: cluster_mod.Cluster, *args: str) -> dict[str, Any]:
+    proc = c.kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+def wait_for(what: str, probe: Any, timeout: float, every: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+@pytest.mark.timeout(3600)
+def test_readme_install_and_examples_promote_on_the_real_node(
+    real_node: cluster_mod.Cluster, tmp_path: Path
+) -> None:
+    c = real_node
+    node = kubectl_json(c, "node", c.node_name)
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+
+    # The user's shell: this cluster's kubectl and helm, the kvgate CLI, the checkout's files.
+    work = tmp_path / "work"
+    work.mkdir()
+    for sub in ("charts", "examples"):
+        (work / sub).symlink_to(ROOT / sub)
+    env = {
+        **os.environ,
+        "KUBECONFIG": c.kubeconfig,
+        "PATH": os.pathsep.join([c.bin_dir, str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "HELM_CACHE_HOME": str(tmp_path / "helm/cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "helm/config"),
+        "HELM_DATA_HOME": str(tmp_path / "helm/data"),
+    }
+
+    def sh(command: str, timeout: float = 600) -> str:
+        proc = subprocess.run(
+            ["bash", "-c", command],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    try:
+        for command in commands(code_block(ROOT / "README.md", "## Install")):
+            sh(command)
+        operator = wait_for(
+            "the operator pod Ready",
+            lambda: next(
+                (
+                    p
+                    for p in kubectl_json(c, "pods", "-n", "kvgate-system").get("items", [])
+                    if any(s.get("ready") for s in p.get("status", {}).get("containerStatuses", []))
+                ),
+                None,
+            ),
+            timeout=300,
+        )
+        assert_runs_built_image(c, operator)
+
+        watched = None
+        for command in commands(code_block(ROOT / "examples/README.md", "Install the operator")):
+            if " -w" in f"{command} ":
+                # A watch runs until the rollout ends; the user reads it, the test waits.
+                watched = subprocess.Popen(
+                    ["bash", "-c", command], cwd=work, env=env, stdout=subprocess.PIPE, text=True
+                )
+                wait_for(
+                    "the rollout to end",
+                    lambda: (
+                        kubectl_json(c, "kvr", "vllm-fp8").get("status", {}).get("phase")
+                        in {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+                    ),
+                    timeout=1500,
+                    every=3,
+                )
+                watched.terminate()
+                continue
+            sh(command, timeout=900)
+        status = kubectl_json(c, "kvr", "vllm-fp8")["status"]
+        assert status["phase"] == "Promoted", json.dumps(status, indent=1)[:4000]
+        assert watched is not None and watched.stdout is not None
+        assert "Promoted" in watched.stdout.read()
+        assert "Promoted" in (work / "report.html").read_text()
+        deployment = kubectl_json(c, "deployment", "vllm")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--kv-cache-dtype" in args and "fp8" in args
+    except BaseException:
+        for name in ("kubelet", "containerd", "kube-proxy"):
+            log = c.state_dir / "logs" / f"{name}.log"
+            if log.exists():
+                sys.stderr.write(f"--- {name}\n{log.read_text(errors='replace')[-3000:]}\n")
+        logs = c.kubectl("logs", "-n", "kvgate-system", "deployment/kvgate", check=False)
+        sys.stderr.write(f"--- operator\n{logs.stdout[-6000:]}{logs.stderr}\n")
+        raise
+
+
+def assert_runs_built_image(c: cluster_mod.Cluster, pod: dict[str, Any]) -> None:
+    """The operator runs the image imported from `make images`, as 65532, read-only root."""
+    assert c.node
+    status = pod["status"]["containerStatuses"][0]
+    digests = {
+        line.split()[2]
+        for line in subprocess.run(
+            [*c.node._ctr(), "images", "list"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()[1:]
+        if line.startswith("ghcr.io/kvgate/kvgate:")
+    }
+    assert status["imageID"].rsplit("@", 1)[-1] in digests, (status["imageID"], digests)
+    name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    uid = c.kubectl("exec", "-n", ns, name, "--", "python", "-c", "import os; print(os.getuid())")
+    assert uid.stdout.strip() == "65532"
+    write = c.kubectl("exec", "-n", ns, name, "--", "touch", "/opt/kvgate/x", check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
