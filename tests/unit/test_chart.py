@@ -273,7 +273,10 @@ def test_monitoring_objects_and_alert_rules(helm: str) -> None:
         "KVGateOperatorDown",
     }
     rollback = rules["KVGateRolloutRolledBack"]
-    assert rollback["expr"] == "sum by (reason) (increase(kvgate_rollbacks_total[15m])) > 0"
+    assert rollback["expr"] == (
+        "sum by (reason) ((increase(kvgate_rollbacks_total[15m]) > 0) or "
+        "(kvgate_rollbacks_total unless kvgate_rollbacks_total offset 15m)) > 0"
+    )
     # Prometheus templates survive helm's own templating.
     assert "{{ $labels.reason }}" in rollback["annotations"]["summary"]
     stuck = rules["KVGateRolloutStuck"]
