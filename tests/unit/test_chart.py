@@ -369,6 +369,25 @@ def test_eval_service_account_in_each_watched_namespace(helm: str) -> None:
     assert "KVGATE_EVAL_SERVICE_ACCOUNT" not in {e["name"] for e in c["env"]}
 
 
+def test_prometheus_url_reaches_the_operator(helm: str) -> None:
+    from kvgate.config import OperatorConfig
+
+    def env_of(*sets: str) -> dict[str, str | None]:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}
+
+    assert "KVGATE_PROMETHEUS_URL" not in env_of()  # unset: kvgate scrapes the pods itself
+    env = env_of("config.prometheusURL=http://prometheus-operated.monitoring:9090")
+    assert env["KVGATE_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring:9090"
+    config = OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})
+    assert config.prometheus_url == "http://prometheus-operated.monitoring:9090"
+    for bad in ("prometheus:9090", "http://u:p@prometheus:9090"):
+        proc = run_helm(
+            helm, "template", "kvgate", str(CHART), *KUBE, "--set", f"config.prometheusURL={bad}"
+        )
+        assert proc.returncode != 0 and "prometheusURL" in proc.stderr, bad
+
+
 def test_extra_allowed_args_and_env_reach_the_operator(helm: str) -> None:
     docs = render(
         helm, "config.extraAllowedArgs={--enforce-eager}", "config.extraAllowedEnv={KVGATE_SIM_*,X}"
