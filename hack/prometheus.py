@@ -5,9 +5,11 @@
         httpx.get(prom.url + "/api/v1/query", params={"query": "up"})
 
 The server gets a temp data dir, a free loopback port, and a scrape config of static targets
-read through file_sd (`set_targets()` rewrites the file; Prometheus re-reads it within its
-refresh interval) or, with `extra_scrape_configs`, any scrape config (e.g. kubernetes_sd). It
-is stopped (SIGTERM, then SIGKILL) on exit; its log is `log_path`.
+read through file_sd (`set_targets()` / `set_target_groups()` rewrite the file; Prometheus
+re-reads it within a second), plus any `extra_scrape_configs`. Debian's build has no
+kubernetes_sd_configs (the Kubernetes discovery is left out of the package): tests that
+follow pods write their IPs with `set_target_groups()`. It is stopped (SIGTERM, then SIGKILL)
+on exit; its log is `log_path`.
 """
 
 from __future__ import annotations
@@ -80,8 +82,12 @@ class Prometheus:
 
     def set_targets(self, targets: Sequence[str]) -> None:
         """Replace the file_sd targets (written atomically, as file_sd wants)."""
+        self.set_target_groups([{"targets": list(targets), "labels": {}}] if targets else [])
+
+    def set_target_groups(self, groups: Sequence[dict[str, Any]]) -> None:
+        """Replace the file_sd target groups: `[{"targets": [...], "labels": {...}}, ...]`."""
         tmp = self.targets_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"targets": list(targets), "labels": {}}] if targets else []))
+        tmp.write_text(json.dumps(list(groups)))
         tmp.replace(self.targets_path)
 
     def start(self, timeout: float = 30.0) -> Prometheus:
