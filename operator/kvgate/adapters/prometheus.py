@@ -162,24 +162,29 @@ def pool_query(engine: str, ips: Sequence[str]) -> str:
     return f'{{__name__=~"{name_re}",instance=~"({hosts})(:[0-9]+)?"}}'
 
 
+_Key = tuple[tuple[str, str], ...]
+
+
+def _series_key(labels: Mapping[str, str]) -> _Key:
+    """The labels that name a pool (rank labels and the metric name left out)."""
+    return tuple(
+        sorted(
+            (k, v) for k, v in labels.items() if k not in metrics.RANK_LABELS and k != "__name__"
+        )
+    )
+
+
 def _reduce(
-    concept: str, series: Sequence[tuple[Mapping[str, str], float]], source: str, name: str
+    concept: str, rows: Sequence[tuple[_Key, float]], source: str, name: str
 ) -> float | None:
-    collapsed: dict[tuple[tuple[str, str], ...], float] = {}
-    for labels, value in series:
+    collapsed: dict[_Key, float] = {}
+    for key, value in rows:
         if not (math.isfinite(value) and 0.0 <= value <= metrics.MAX_VALUE):
             raise _fail(
                 source,
                 f"{name[:120]} has value {value:g}; an engine exports only finite values in "
                 f"[0, {metrics.MAX_VALUE:g}]",
             )
-        key = tuple(
-            sorted(
-                (k, v)
-                for k, v in labels.items()
-                if k not in metrics.RANK_LABELS and k != "__name__"
-            )
-        )
         collapsed[key] = max(collapsed.get(key, value), value)
     if not collapsed:
         return None
@@ -195,15 +200,16 @@ def snapshots_from_series(
     by_ip: dict[str, list[str]] = defaultdict(list)
     for pod, ip in pods.items():
         by_ip[ip].append(pod)
-    # pod -> metric name -> time -> [(labels, value)]
-    table: dict[str, dict[str, dict[float, list[tuple[Mapping[str, str], float]]]]] = {
+    # pod -> metric name -> time -> [(series key, value)]
+    table: dict[str, dict[str, dict[float, list[tuple[_Key, float]]]]] = {
         pod: defaultdict(lambda: defaultdict(list)) for pod in pods
     }
     for s in found:
         metric = s.labels.get("__name__", "")
+        key = _series_key(s.labels)
         for pod in by_ip.get(_host(s.labels.get("instance", "")), ()):
             for ts, value in s.points:
-                table[pod][metric][ts].append((s.labels, value))
+                table[pod][metric][ts].append((key, value))
     out: dict[str, list[metrics.MetricSnapshot]] = {}
     for pod, by_name in table.items():
         # Like parse_metrics: per concept the preferred name this pod exports.
