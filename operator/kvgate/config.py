@@ -59,6 +59,9 @@ class OperatorConfig:
     # KVGATE_APPROVAL_TTL (a duration, e.g. 72h): how long after the verdict an approval may
     # come; past it the rollout ends ApprovalExpired. "0" or "never": no limit.
     approval_ttl_s: float | None = DEFAULT_APPROVAL_TTL_S
+    # KVGATE_PROMETHEUS_URL (http(s)://host:port of the Prometheus HTTP API): preflight reads
+    # production's pool history there with PromQL instead of scraping the pods; None: scrape.
+    prometheus_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -82,6 +85,7 @@ class OperatorConfig:
             error_limit=_int(environ, "KVGATE_ERROR_LIMIT", d.error_limit, 1),
             approval_identity=_bool(environ, "KVGATE_APPROVAL_IDENTITY", d.approval_identity),
             approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
+            prometheus_url=_url(environ, "KVGATE_PROMETHEUS_URL"),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:
@@ -119,6 +123,21 @@ _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
 _DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _IMAGE: Final = re.compile(r"[^\s@]+(@sha256:[0-9a-f]{64})?")
+
+
+_URL: Final = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?")
+
+
+def _url(environ: Mapping[str, str], name: str) -> str | None:
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return None
+    if "@" in raw:  # never echo what may be a password
+        raise SpecError(name, "credentials in the URL are not accepted; use a plain http(s) URL")
+    if len(raw) > 2048 or not _URL.fullmatch(raw):
+        shown = raw[:80] + ("..." if len(raw) > 80 else "")
+        raise SpecError(name, f"{shown!r} is not an http(s) URL such as http://prometheus:9090")
+    return raw.rstrip("/")
 
 
 def _ttl(environ: Mapping[str, str], name: str, default: float | None) -> float | None:

@@ -8,6 +8,7 @@
     └── ExternalError                   something outside failed; it may pass
         ├── KubeError        .status
         ├── ScrapeError      .url
+        ├── PrometheusError  .url      the Prometheus HTTP API (config.prometheusURL)
         ├── HubError
         └── EvalError
 
@@ -61,6 +62,14 @@ class KubeError(ExternalError):
 
 class ScrapeError(ExternalError):
     """An HTTP endpoint (metrics, health, completions) could not be read; `url` names it."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        super().__init__(f"{url}: {message}")
+
+
+class PrometheusError(ExternalError):
+    """Prometheus could not be read, or answered with something that is not a PromQL result."""
 
     def __init__(self, url: str, message: str) -> None:
         self.url = url

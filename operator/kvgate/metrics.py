@@ -78,7 +78,8 @@ HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
 CACHE_CONFIG: Final = {"vllm": "vllm:cache_config_info", "sglang": "sglang:cache_config_info"}
 
 # Labels that only say which TP/PP/EP worker repeated the same scheduler numbers.
-_RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
+RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
+_RANK_LABELS: Final = RANK_LABELS
 # Labels that name a series rather than describe the cache (dropped from cache_config).
 _SERIES_LABELS: Final = _RANK_LABELS | {"engine", "model_name", "engine_type", "dp_rank"}
 _QUANTILES: Final = (0.5, 0.9, 0.99)

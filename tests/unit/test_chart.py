@@ -273,7 +273,10 @@ def test_monitoring_objects_and_alert_rules(helm: str) -> None:
         "KVGateOperatorDown",
     }
     rollback = rules["KVGateRolloutRolledBack"]
-    assert rollback["expr"] == "sum by (reason) (increase(kvgate_rollbacks_total[15m])) > 0"
+    assert rollback["expr"] == (
+        "sum by (reason) ((increase(kvgate_rollbacks_total[15m]) > 0) or "
+        "(kvgate_rollbacks_total unless kvgate_rollbacks_total offset 15m)) > 0"
+    )
     # Prometheus templates survive helm's own templating.
     assert "{{ $labels.reason }}" in rollback["annotations"]["summary"]
     stuck = rules["KVGateRolloutStuck"]
@@ -364,6 +367,25 @@ def test_eval_service_account_in_each_watched_namespace(helm: str) -> None:
     ]
     c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "KVGATE_EVAL_SERVICE_ACCOUNT" not in {e["name"] for e in c["env"]}
+
+
+def test_prometheus_url_reaches_the_operator(helm: str) -> None:
+    from kvgate.config import OperatorConfig
+
+    def env_of(*sets: str) -> dict[str, str | None]:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}
+
+    assert "KVGATE_PROMETHEUS_URL" not in env_of()  # unset: kvgate scrapes the pods itself
+    env = env_of("config.prometheusURL=http://prometheus-operated.monitoring:9090")
+    assert env["KVGATE_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring:9090"
+    config = OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})
+    assert config.prometheus_url == "http://prometheus-operated.monitoring:9090"
+    for bad in ("prometheus:9090", "http://u:p@prometheus:9090"):
+        proc = run_helm(
+            helm, "template", "kvgate", str(CHART), *KUBE, "--set", f"config.prometheusURL={bad}"
+        )
+        assert proc.returncode != 0 and "prometheusURL" in proc.stderr, bad
 
 
 def test_extra_allowed_args_and_env_reach_the_operator(helm: str) -> None:

@@ -100,3 +100,32 @@ def test_bad_security_settings_name_the_variable(env: dict[str, str], message: s
     with pytest.raises(SpecError) as info:
         OperatorConfig.from_env(env)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("raw", "url"),
+    [
+        ("", None),
+        ("http://prometheus.monitoring:9090", "http://prometheus.monitoring:9090"),
+        ("https://thanos.example/prometheus/ ", "https://thanos.example/prometheus"),
+    ],
+)
+def test_prometheus_url(raw: str, url: str | None) -> None:
+    assert OperatorConfig.from_env({"KVGATE_PROMETHEUS_URL": raw}).prometheus_url == url
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "prometheus:9090",
+        "ftp://prometheus:9090",
+        "http://user:secret@prometheus:9090",
+        "http://prometheus:9090/?query=up",
+        "http://" + "a" * 3000,
+    ],
+)
+def test_a_bad_prometheus_url_names_the_variable(raw: str) -> None:
+    with pytest.raises(SpecError, match=r"^KVGATE_PROMETHEUS_URL: ") as info:
+        OperatorConfig.from_env({"KVGATE_PROMETHEUS_URL": raw})
+    assert "secret" not in str(info.value)  # a password in the URL is never echoed
+    assert len(str(info.value)) < 200  # a long value is cut

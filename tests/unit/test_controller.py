@@ -774,3 +774,116 @@ def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
         assert status["reason"] == "ControlRunsFP8"
         assert "the canary would compare FP8 with FP8" in status["message"]
         assert world.kube.get("Pod", "r-control") is None and "arms" not in status
+
+
+# -- config.prometheusURL: preflight reads the pool's history from Prometheus -----------------
+
+PROM = "http://prom.test:9090"
+
+
+def _prometheus_world(
+    monkeypatch: pytest.MonkeyPatch, answer: Callable[[World, str], str]
+) -> tuple[World, list[str]]:
+    """A World whose operator reads the pool from Prometheus; `answer(world, url)` is its reply.
+
+    Returns the world and the pod /metrics URLs kvgate scraped directly during Preflight.
+    """
+    world = World(
+        monkeypatch, gates={"capacity": {"mode": "require", "window": "40s", "samples": 5}}
+    )
+    world.memo = kopf.Memo(
+        kube=world.kube,
+        config=OperatorConfig(poll_interval_s=1, hub_offline=True, prometheus_url=PROM),
+    )
+    from kvgate.adapters import http
+
+    direct: list[str] = []
+
+    def scrape(url: str, timeout: float, **_: Any) -> str:
+        if url.startswith(PROM):
+            return answer(world, url)
+        if world.phase in (None, "Pending", "Preflight"):
+            direct.append(url)
+        return world.kube.scrape(url, timeout)
+
+    monkeypatch.setattr(http, "scrape", scrape)
+    return world, direct
+
+
+def _matrix(world: World, url: str, usage: float, waiting: float) -> str:
+    """A query_range answer: every pod's pool series at each step the query asks for."""
+    from urllib.parse import parse_qs, urlsplit
+
+    query = parse_qs(urlsplit(url).query)
+    start, end, step = (float(query[k][0]) for k in ("start", "end", "step"))
+    times = [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
+    result = []
+    for pod in world.kube.of_kind("Pod"):
+        instance = f"{pod['status']['podIP']}:8000"
+        for name, value in (
+            ("vllm:kv_cache_usage_perc", usage),
+            ("vllm:num_requests_waiting", waiting),
+            ("vllm:num_requests_running", 4.0),
+            ("vllm:num_preemptions_total", 0.0),
+        ):
+            labels = {"__name__": name, "instance": instance, "job": "vllm", "engine": "0"}
+            result.append({"metric": labels, "values": [[t, str(value)] for t in times]})
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+def test_prometheus_history_of_a_full_pool_passes_preflight_without_scraping_pods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world, direct = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.97, 6.0))
+    assert world.run() == "Promoted", world.obj["status"]
+    pre = world.obj["status"]["preflight"]
+    assert pre["source"] == "prometheus" and pre["pressure"]["pressured"] is True
+    assert pre["pressure"]["samples"] == 5  # the window's 5 steps, read at once
+    assert direct == []  # production pods were not scraped for the pool
+
+
+def test_prometheus_history_of_a_pool_with_room_is_not_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world, direct = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.3, 0.0))
+    assert world.run() == "NotNeeded", world.obj["status"]
+    world.assert_invariant()
+    assert "KV usage peaked at 0.30" in world.obj["status"]["message"]
+    assert direct == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        ("refused", "prom.test:9090: ConnectError"),
+        (
+            '{"status":"error","errorType":"bad_data","error":"parse error at char 3"}',
+            "the query failed: 'parse error at char 3'",
+        ),
+        ("<html>proxy error</html>", "the answer is not JSON"),
+        (
+            '{"status":"success","data":{"resultType":"matrix","result":[]}}',
+            "no KV usage metric in any sample",
+        ),
+    ],
+    ids=["unreachable", "error", "junk", "no-series"],
+)
+def test_prometheus_that_cannot_answer_leaves_the_pool_unknown(
+    monkeypatch: pytest.MonkeyPatch, reply: str, said: str
+) -> None:
+    from kvgate.errors import ScrapeError
+
+    def answer(world: World, url: str) -> str:
+        if reply == "refused":
+            raise ScrapeError(url, "ConnectError: [Errno 111] Connection refused")
+        return reply
+
+    world, direct = _prometheus_world(monkeypatch, answer)
+    assert world.run() == "Failed", world.obj["status"]
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "PoolPressureUnknown", status
+    assert status["preflight"]["pressure"]["pressured"] is None
+    assert said in status["message"], status["message"]
+    assert direct == []  # no fallback to a live scrape: the configured source decides
+    assert world.kube.of_kind("Job") == []

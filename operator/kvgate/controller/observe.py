@@ -177,18 +177,28 @@ def observe_preflight(ctx: Ctx) -> Observation:
     last = parse_time(pre.get("lastSampleAt"))
     due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
     errors: list[str] = []
-    if due and ticks < gate.samples:
+    if due and ticks < gate.samples and ctx.config.prometheus_url:
+        # The window's history at once; a failed query is retried next interval, and a
+        # Prometheus that never answers leaves the pool unknown at the sampling deadline.
+        errors, history = pool_history(ctx)
+        if history is not None:
+            series, ticks = history, gate.samples
+        pre["source"] = "prometheus"
+        pre["lastSampleAt"] = iso(ctx.now)
+    elif due and ticks < gate.samples:
         sampled_before = sum(len(v) for v in series.values())
         errors = sample_pool(ctx, series)
         if sum(len(v) for v in series.values()) > sampled_before:
             ticks += 1  # a round with no sample (no Ready pod yet) does not count
         pre["lastSampleAt"] = iso(ctx.now)
-    pre.update(samples=series, ticks=ticks, errors=errors[-3:])
+    # The last round's errors stay until the next round (the verdict names them).
+    pre.update(samples=series, ticks=ticks, errors=errors[-3:] if due else pre.get("errors") or [])
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
-    elapsed = (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
-    if ticks >= gate.samples or elapsed >= gate.sampling_deadline_s:
+    if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
         pressured, detail, per_pod = pool_verdict(series, gate.usage_threshold)
+        if pressured is None and pre["errors"]:
+            detail = f"{detail}; last error: {pre['errors'][-1]}"
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.
         deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
         pre["pressure"] = {**(deciding or {}), "pressured": pressured}
@@ -267,9 +277,59 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
     }
 
 
-def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
+def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
+    """What status keeps of one pool sample: the pool fields and the TTFT totals."""
     from kvgate import metrics
 
+    # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
+    sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
+    if snap.ttft is not None:  # the verify window's latency baseline
+        sample.update(ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count))
+    return sample
+
+
+def pool_history(ctx: Ctx) -> tuple[list[str], dict[str, list[dict[str, Any]]] | None]:
+    """Production's pool samples over the last window from Prometheus (None: no answer)."""
+    from kvgate.adapters import prometheus
+
+    gate = ctx.spec.capacity
+    pods = production_pods(ctx)
+    if not pods:
+        return [f"no production pods of Deployment {ctx.spec.target.name}"], None
+    ips = {}
+    for pod in pods:
+        health = verdict.pod_health(pod, ctx.status.get("container"))
+        if health.ready and health.ip:
+            ips[pod["metadata"]["name"]] = health.ip
+    if not ips:
+        return [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
+    url = ctx.config.prometheus_url or ""
+    try:
+        found = prometheus.pool_history(
+            url,
+            str(ctx.status.get("engine") or ""),
+            ips,
+            window_s=gate.window_s,
+            step_s=gate.interval_s,
+            now=ctx.now.timestamp(),
+            timeout=ctx.config.scrape_timeout_s,
+        )
+    except ExternalError as exc:  # unreachable, erroring or junk: unknown, never a verdict
+        return [redact.scrub_text(str(exc))[:500]], None
+    short = {pod: len(s) for pod, s in found.items() if len(s) < gate.samples}
+    if short and elapsed_s(ctx) < gate.sampling_deadline_s - gate.interval_s:
+        # Prometheus has not scraped a whole window yet (new pods, a new server): ask again.
+        shown = ", ".join(f"{pod}: {n}" for pod, n in sorted(short.items()))
+        return [f"Prometheus holds fewer than {gate.samples} samples in the window ({shown})"], None
+    return [], {pod: [pool_record(s) for s in snaps] for pod, snaps in found.items()}
+
+
+def elapsed_s(ctx: Ctx) -> float:
+    """Seconds since the rollout entered its phase."""
+    return (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
+
+
+def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
     errors: list[str] = []
     pods = production_pods(ctx)
     for pod in pods:
@@ -281,13 +341,7 @@ def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
             continue
-        # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
-        sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
-        if snap.ttft is not None:  # the verify window's latency baseline
-            sample.update(
-                ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count)
-            )
-        series.setdefault(pod["metadata"]["name"], []).append(sample)
+        series.setdefault(pod["metadata"]["name"], []).append(pool_record(snap))
     if not pods:
         errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
     return errors

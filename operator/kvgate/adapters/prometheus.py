@@ -1,0 +1,281 @@
+"""Production's pool history from Prometheus (`config.prometheusURL`) instead of live scrapes.
+
+    >>> history = pool_history("http://prometheus:9090", "vllm", {"web-0": "10.0.0.5"},
+    ...                        window_s=300, step_s=30, now=time.time())
+    >>> metrics.pool_pressure(history["web-0"])    # the same decision as over live scrapes
+
+One `query_range` over the window reads the engine's pool series (KV usage, running, waiting,
+retracted, preemptions, TTFT sum/count; names from `kvgate.metrics`, preferred first) of the
+production pods, matched by the scrape's `instance` label (`<pod IP>:<port>`, what
+kubernetes_sd's pod role and static targets both give). Each evaluation step becomes one
+`MetricSnapshot`, reduced like a parsed `/metrics`: rank labels collapsed, usage the fullest
+series, counts added up. Every pod asked for is in the answer; one Prometheus has no series
+of has no samples, so its pool is unknown, never judged.
+
+Any failure (unreachable, slow, HTTP error, `status: error`, junk or oversized JSON, values
+outside what an engine exports) is a `PrometheusError`: the caller's "unknown", never a
+verdict. The request goes through `adapters.http.scrape`: the whole request is bounded by
+`timeout` and the body by `max_bytes`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from kvgate import metrics
+from kvgate.adapters import http
+from kvgate.errors import PrometheusError, ScrapeError, brief
+
+# A matrix over a few pods and a window of tens of steps is tens of KiB.
+MAX_BODY_BYTES: Final = 8 << 20
+MAX_SERIES: Final = 5000
+MAX_POINTS: Final = 11000  # Prometheus' own limit of points per series of a range query
+DEFAULT_TIMEOUT: Final = 10.0
+
+# concept -> metric names per engine, preferred first: the pool sample's fields and the TTFT
+# totals the verify window compares against (kvgate.metrics holds the names).
+_POOL_CONCEPTS: Final = tuple(f for f in metrics.POOL_SAMPLE_FIELDS if f != "engine")
+
+
+def _names(engine: str) -> dict[str, tuple[str, ...]]:
+    table = {**metrics.GAUGES, **metrics.COUNTERS}
+    names = {concept: table[concept][engine] for concept in _POOL_CONCEPTS}
+    ttft = metrics.HISTOGRAMS["ttft"][engine]
+    names["ttft_sum"] = tuple(n + "_sum" for n in ttft)
+    names["ttft_count"] = tuple(n + "_count" for n in ttft)
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series of a range query: its labels and `(unix time, value)` points, ascending."""
+
+    labels: Mapping[str, str]
+    points: tuple[tuple[float, float], ...]
+
+
+def _fail(source: str, message: str) -> PrometheusError:
+    return PrometheusError(source, message)
+
+
+def _point(raw: Any, source: str) -> tuple[float, float]:
+    if not (isinstance(raw, list) and len(raw) == 2):
+        raise _fail(source, f'a point is {brief(raw)}, not [time, "value"]')
+    ts, value = raw
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise _fail(source, f"a point's time is {brief(ts)}, not a unix time")
+    if not isinstance(value, str) or len(value) > 40:
+        raise _fail(source, f"a point's value is {brief(value)}, not a number string")
+    try:
+        number = float(value)
+    except ValueError:
+        raise _fail(source, f"a point's value is {brief(value)}, not a number") from None
+    return float(ts), number
+
+
+def parse_matrix(body: str, *, source: str = "prometheus") -> tuple[Series, ...]:
+    """A `/api/v1/query_range` answer -> its series; anything else is a PrometheusError."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise _fail(source, f"the answer is not JSON ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise _fail(source, f"the answer is {brief(doc)}, not a JSON object")
+    if doc.get("status") != "success":
+        error = doc.get("error")
+        shown = brief(error, 200) if error is not None else brief(doc.get("status"))
+        raise _fail(source, f"the query failed: {shown}")
+    data = doc.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        got = brief(data.get("resultType")) if isinstance(data, dict) else brief(data)
+        raise _fail(source, f"the answer's data is {got}, not a matrix")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise _fail(source, f"data.result is {brief(result)}, not a list")
+    if len(result) > MAX_SERIES:
+        raise _fail(source, f"{len(result)} series, more than {MAX_SERIES}; narrow the query")
+    out: list[Series] = []
+    for item in result:
+        if not isinstance(item, dict):
+            raise _fail(source, f"a series is {brief(item)}, not an object")
+        labels, values = item.get("metric"), item.get("values")
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise _fail(source, f"a series' metric is {brief(labels)}, not string labels")
+        if not isinstance(values, list):
+            raise _fail(source, f"a series' values are {brief(values)}, not a list")
+        if len(values) > MAX_POINTS:
+            raise _fail(source, f"a series has {len(values)} points, more than {MAX_POINTS}")
+        points = tuple(sorted(_point(v, source) for v in values))
+        out.append(Series(labels=dict(labels), points=points))
+    return tuple(out)
+
+
+def query_range(
+    base_url: str,
+    query: str,
+    *,
+    start: float,
+    end: float,
+    step: float,
+    timeout: float = DEFAULT_TIMEOUT,
+    client: httpx.Client | None = None,
+    max_bytes: int = MAX_BODY_BYTES,
+) -> tuple[Series, ...]:
+    """Run a PromQL range query; every failure is a PrometheusError naming the server."""
+    source = base_url.rstrip("/")
+    params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    url = str(httpx.URL(source + "/api/v1/query_range", params=params))
+    try:
+        body = http.scrape(url, client=client, timeout=timeout, max_bytes=max_bytes)
+    except ScrapeError as exc:
+        # The URL carries the query: say which server, and what failed after the URL.
+        raise _fail(source, str(exc).removeprefix(url).lstrip(": ")[:300]) from None
+    return parse_matrix(body, source=source)
+
+
+def _regex_escape(text: str) -> str:
+    """PromQL regexes are RE2 in a double-quoted string: escape for both."""
+    return re.escape(text).replace("\\", "\\\\")
+
+
+def _host(instance: str) -> str:
+    """`10.0.0.5:8000` -> `10.0.0.5`, `[fd00::5]:8000` -> `fd00::5`."""
+    host = instance.rsplit(":", 1)[0] if instance.count(":") == 1 or "]" in instance else instance
+    return host.strip("[]")
+
+
+def pool_query(engine: str, ips: Sequence[str]) -> str:
+    """The one PromQL selector of every pool series of these pod IPs."""
+    names = sorted({n for group in _names(engine).values() for n in group})
+    name_re = "|".join(_regex_escape(n) for n in names)
+    hosts = "|".join(_regex_escape(f"[{ip}]" if ":" in ip else ip) for ip in sorted(set(ips)))
+    return f'{{__name__=~"{name_re}",instance=~"({hosts})(:[0-9]+)?"}}'
+
+
+_Key = tuple[tuple[str, str], ...]
+
+
+def _series_key(labels: Mapping[str, str]) -> _Key:
+    """The labels that name a pool (rank labels and the metric name left out)."""
+    return tuple(
+        sorted(
+            (k, v) for k, v in labels.items() if k not in metrics.RANK_LABELS and k != "__name__"
+        )
+    )
+
+
+def _reduce(
+    concept: str, rows: Sequence[tuple[_Key, float]], source: str, name: str
+) -> float | None:
+    collapsed: dict[_Key, float] = {}
+    for key, value in rows:
+        if not (math.isfinite(value) and 0.0 <= value <= metrics.MAX_VALUE):
+            raise _fail(
+                source,
+                f"{name[:120]} has value {value:g}; an engine exports only finite values in "
+                f"[0, {metrics.MAX_VALUE:g}]",
+            )
+        collapsed[key] = max(collapsed.get(key, value), value)
+    if not collapsed:
+        return None
+    values = collapsed.values()
+    return max(values) if concept == "kv_usage" else sum(values)
+
+
+def snapshots_from_series(
+    engine: str, pods: Mapping[str, str], found: Sequence[Series], *, source: str = "prometheus"
+) -> dict[str, list[metrics.MetricSnapshot]]:
+    """Range-query series -> one MetricSnapshot per pod and evaluation step (pure)."""
+    names = _names(engine)
+    by_ip: dict[str, list[str]] = defaultdict(list)
+    for pod, ip in pods.items():
+        by_ip[ip].append(pod)
+    # pod -> metric name -> time -> [(series key, value)]
+    table: dict[str, dict[str, dict[float, list[tuple[_Key, float]]]]] = {
+        pod: defaultdict(lambda: defaultdict(list)) for pod in pods
+    }
+    for s in found:
+        metric = s.labels.get("__name__", "")
+        key = _series_key(s.labels)
+        for pod in by_ip.get(_host(s.labels.get("instance", "")), ()):
+            for ts, value in s.points:
+                table[pod][metric][ts].append((key, value))
+    out: dict[str, list[metrics.MetricSnapshot]] = {}
+    for pod, by_name in table.items():
+        # Like parse_metrics: per concept the preferred name this pod exports.
+        chosen = {
+            concept: next((n for n in group if n in by_name), None)
+            for concept, group in names.items()
+        }
+        times = sorted({ts for per_time in by_name.values() for ts in per_time})
+        snaps: list[metrics.MetricSnapshot] = []
+        for ts in times:
+            values: dict[str, float | None] = {}
+            for concept, name in chosen.items():
+                rows = by_name[name].get(ts, []) if name else []
+                values[concept] = _reduce(concept, rows, source, name or concept)
+            ttft_sum, ttft_count = values.pop("ttft_sum"), values.pop("ttft_count")
+            ttft = (
+                metrics.Histogram((), ttft_sum, ttft_count)
+                if ttft_sum is not None and ttft_count is not None
+                else None
+            )
+            snaps.append(
+                metrics.MetricSnapshot(
+                    engine=engine,
+                    kv_usage=values["kv_usage"],
+                    running=values["running"],
+                    waiting=values["waiting"],
+                    retracted=values["retracted"],
+                    preemptions=values["preemptions"],
+                    generation_tokens=None,
+                    prompt_tokens=None,
+                    max_total_tokens=None,
+                    ttft=ttft,
+                    itl=None,
+                    tpot=None,
+                    cache_config={},
+                    names={c: n for c, n in chosen.items() if n},
+                    taken_at=ts,
+                )
+            )
+        out[pod] = snaps
+    return out
+
+
+def pool_history(
+    base_url: str,
+    engine: str,
+    pods: Mapping[str, str],
+    *,
+    window_s: float,
+    step_s: float,
+    now: float,
+    timeout: float = DEFAULT_TIMEOUT,
+    client: httpx.Client | None = None,
+) -> dict[str, list[metrics.MetricSnapshot]]:
+    """Each pod's (name -> IP) pool snapshots over `[now - window_s, now]`, one per `step_s`."""
+    if engine not in metrics.ENGINES:
+        raise _fail(base_url, f"engine {brief(engine)} is not vllm or sglang")
+    if not pods:
+        return {}
+    found = query_range(
+        base_url,
+        pool_query(engine, list(pods.values())),
+        start=now - window_s,
+        end=now,
+        step=step_s,
+        timeout=timeout,
+        client=client,
+    )
+    return snapshots_from_series(engine, pods, found, source=base_url.rstrip("/"))

@@ -1,0 +1,155 @@
+"""Preflight decides from a real Prometheus (KVGATE_PROMETHEUS_URL) on the local control plane.
+
+Prometheus (hack/prometheus.py, on 127.0.0.1) scrapes the production pods on their loopback
+pod IPs; the targets are the pods the apiserver lists, written as file_sd (Debian's prometheus
+is built without kubernetes_sd_configs). The operator is given its URL, so it reads the pool's
+window from Prometheus in one range query instead of scraping the pods:
+  - a KV-bound production (64 concurrent 2,000+400-token requests on an L4) passes preflight;
+  - a production with room ends NotNeeded, no canary started.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_operator_support import (
+    TERMINAL,
+    Operator,
+    apply,
+    condition,
+    create_namespace,
+    event_reasons,
+    finish,
+    install_crd,
+    pods,
+    rollout,
+    sim_deployment,
+    wait_deployment_ready,
+    wait_for,
+    wait_phase,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+from prometheus import Prometheus, binary
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(binary() is None, reason="prometheus is not installed"),
+]
+
+PRESSURE = "concurrency=64,prompt=2000,output=400"
+ROOM = "concurrency=2,prompt=500,output=100"
+TRITON = {"extraArgs": ["--attention-backend", "TRITON_ATTN"]}
+SCENARIOS = {"pressure": PRESSURE, "room": ROOM}
+
+
+def production_targets(cluster: Any, ns: dict[str, str]) -> list[dict[str, Any]]:
+    """file_sd groups of the Running production pods, <pod IP>:8000 with namespace/pod labels.
+
+    Debian's Prometheus has no kubernetes_sd_configs, so the test lists the pods through the
+    apiserver and writes what the pod role's relabelling would give.
+    """
+    groups = []
+    for scenario, namespace in ns.items():
+        for p in pods(cluster, namespace, f"app={scenario}"):
+            labels = p["metadata"].get("labels") or {}
+            ip = (p.get("status") or {}).get("podIP")
+            if ip and p["status"].get("phase") == "Running" and "kvgate.io/rollout" not in labels:
+                groups.append(
+                    {
+                        "targets": [f"{ip}:8000"],
+                        "labels": {"namespace": namespace, "pod": p["metadata"]["name"]},
+                    }
+                )
+    return groups
+
+
+class World:
+    def __init__(self, cluster: Any, prom: Prometheus, ns: dict[str, str]) -> None:
+        self.cluster, self.prom, self.ns = cluster, prom, ns
+
+
+@pytest.fixture(scope="module")
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    install_crd(cluster)
+    suffix = secrets.token_hex(3)
+    ns = {s: create_namespace(cluster, f"kvgate-e2e-prom-{s}-{suffix}") for s in SCENARIOS}
+    workdir = Path(tmp_path_factory.mktemp("prometheus"))
+    prom = Prometheus(workdir).start()
+    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
+    operator = Operator(
+        cluster, log, namespaces=list(ns.values()), extra_env={"KVGATE_PROMETHEUS_URL": prom.url}
+    )
+    try:
+        for s, load in SCENARIOS.items():
+            apply(cluster, ns[s], sim_deployment(s, env={"KVGATE_SIM_LOAD": load}))
+        for s in SCENARIOS:
+            wait_deployment_ready(cluster, ns[s], s)
+        # Both production pods, as the apiserver lists them, scraped by Prometheus.
+        prom.set_target_groups(production_targets(cluster, ns))
+        prom.wait_up(2, timeout=60)
+        operator.start()
+        for s in SCENARIOS:
+            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **TRITON))
+        yield World(cluster, prom, ns)
+    finally:
+        try:
+            finish(cluster, operator, ns.values())
+        finally:
+            prom.stop()
+
+
+def _production_ip(world: World, scenario: str) -> str:
+    (pod,) = [
+        p
+        for p in pods(world.cluster, world.ns[scenario], f"app={scenario}")
+        if "kvgate.io/rollout" not in (p["metadata"].get("labels") or {})
+    ]
+    return str(pod["status"]["podIP"])
+
+
+@pytest.mark.timeout(300)
+def test_a_kv_bound_production_passes_preflight_from_prometheus(world: World) -> None:
+    obj = wait_phase(
+        world.cluster,
+        world.ns["pressure"],
+        "pressure-fp8",
+        {"Canary", "Evaluating", "AwaitingApproval", "Promoting", "Verifying"} | TERMINAL,
+        180,
+    )
+    status = obj["status"]
+    pre = status["preflight"]
+    assert pre["source"] == "prometheus"
+    assert pre["pressure"]["pressured"] is True, pre
+    assert pre["pressure"]["samples"] == 3  # the window's 3 steps from one range query
+    assert condition(obj, "PoolPressure")["status"] == "True"
+    # What Prometheus holds is that pod's own series.
+    ip = _production_ip(world, "pressure")
+    answer = httpx.get(
+        world.prom.url + "/api/v1/query",
+        params={"query": f'vllm:kv_cache_usage_perc{{instance="{ip}:8000"}}'},
+        timeout=5,
+    ).json()
+    (series,) = answer["data"]["result"]
+    assert series["metric"]["pod"].startswith("pressure-")
+    assert float(series["value"][1]) >= 0.9
+
+
+@pytest.mark.timeout(300)
+def test_a_production_with_room_is_not_needed_from_prometheus(world: World) -> None:
+    obj = wait_phase(world.cluster, world.ns["room"], "room-fp8", TERMINAL, 180)
+    status = obj["status"]
+    assert status["phase"] == "NotNeeded", status.get("message")
+    assert status["reason"] == "PoolHasRoom"
+    assert status["preflight"]["source"] == "prometheus"
+    assert status["preflight"]["pressure"]["pressured"] is False
+    assert condition(obj, "PoolPressure")["status"] == "False"
+    reasons = event_reasons(world.cluster, world.ns["room"], "room-fp8")
+    assert "PoolHasRoom" in reasons and "CanaryCreated" not in reasons
+    wait_for(lambda: _production_ip(world, "room"), 5, "the room production pod")
