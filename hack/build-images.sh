@@ -105,7 +105,7 @@ for target in operator eval; do
     fi
   fi
   "${BUILDAH[@]}" tag "$final" "localhost/$name:$VERSION" "ghcr.io/kvgate/$name:$VERSION"
-  size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$final" 2>/dev/null | head -1)
+  size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$final" 2>/dev/null | sed -n 1p)
   echo "build-images: localhost/$name:$VERSION -> $final${size:+ ($size)}"
   if [ -n "${KVGATE_IMAGE_ARCHIVE_DIR:-}" ]; then
     mkdir -p "$KVGATE_IMAGE_ARCHIVE_DIR"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# kvgate end to end, narrated: a local control plane, the Helm chart, a simulated vLLM
-# Deployment on an L4, and two FP8 KV-cache rollouts, one rolled back, one promoted.
+# kvgate end to end, narrated: the project's images, a local control plane with a real node
+# (kubelet + kube-proxy on containerd), the Helm chart, a simulated vLLM Deployment on an L4,
+# and two FP8 KV-cache rollouts, one rolled back, one promoted.
 #
 #   hack/demo.sh            # run it, then tear everything down
 #   hack/demo.sh --keep     # leave the cluster up afterwards (or KEEP=1)
+#   NODE=process hack/demo.sh   # the process kubelet instead (no images, no root needed)
 #
 # Every wait has a deadline; on failure it prints what went wrong and tears down.
 # Environment: KVGATE_GSM8K_DIR (default ../shared/data/gsm8k next to the checkout),
 # KVGATE_DEMO_DIR (cluster state, default ~/.cache/kvgate/demo), DEMO_TIMEOUT (seconds
-# per rollout, default 900).
+# per rollout, default 900), NODE (containerd or process, default containerd).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +31,7 @@ NS=kvgate-demo
 OPNS=kvgate-system
 RELEASE=kvgate
 DEMO_TIMEOUT="${DEMO_TIMEOUT:-900}"
+NODE="${NODE:-containerd}"
 OUT="$STATE/out"
 T0=$SECONDS
 
@@ -42,15 +45,21 @@ fail() { printf '%sdemo failed: %s%s\n' "$R" "$*" "$N" >&2; exit 1; }
 export PATH="$ROOT/.venv/bin:$PATH"
 export KVGATE_GSM8K_DIR="$GSM8K"
 
-# ---- 1. binaries ------------------------------------------------------------------------
-step "Control-plane binaries"
+# ---- 1. binaries and images ---------------------------------------------------------------
+step "Binaries of the control plane and the node"
 BIN="$(hack/build-binaries.sh --print)"
-if ! "$PY" -c "import sys; sys.path.insert(0, 'hack'); from cluster import missing_binaries; from pathlib import Path; sys.exit(1 if missing_binaries(Path('$BIN')) or not Path('$BIN/helm').exists() else 0)"; then
-	say "Building kube-apiserver, etcd, kubectl, helm... from Go modules (once; ~20 min on 2 cores)."
-	hack/build-binaries.sh
+if ! "$PY" -c "import sys; sys.path.insert(0, 'hack'); from cluster import missing_binaries; import containerd_node; from pathlib import Path; b = Path('$BIN'); sys.exit(1 if missing_binaries(b) or not (b / 'helm').exists() or ('$NODE' == 'containerd' and containerd_node.missing(b)) else 0)"; then
+	say "Building kube-apiserver, etcd, kubectl, helm, kubelet, containerd... from Go modules (once)."
+	hack/build-binaries.sh --node
 fi
 export PATH="$BIN:$PATH"
 say "using $BIN"
+if [ "$NODE" = containerd ]; then
+	step "Images: the Dockerfile's operator and eval targets (buildah; cached by content hash)"
+	rm -rf "$STATE/images"
+	KVGATE_IMAGE_ARCHIVE_DIR="$STATE/images" hack/build-images.sh 2>"$OUT/images.err" | sed 's/^/  /' ||
+		fail "image build: $(grep -v -e pytablewriter -e pathvalidate -e '~~~' -e 'pip<24.1' "$OUT/images.err" | tail -5)"
+fi
 
 # ---- teardown and diagnostics -----------------------------------------------------------
 CLUSTER_UP=0
@@ -81,29 +90,47 @@ trap finish EXIT
 trap '[ -n "$NARRATOR" ] && kill "$NARRATOR" 2>/dev/null; exit 130' INT TERM
 
 # ---- 2. cluster ---------------------------------------------------------------------------
-step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
+if [ "$NODE" = containerd ]; then
+	step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler) and a node (kubelet, kube-proxy, containerd)"
+else
+	step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
+fi
 mkdir -p "$STATE" "$OUT"
 # A cluster left by `--keep` is replaced: the demo starts from an empty etcd.
 timeout 90 "$PY" hack/cluster.py down --state-dir "$STATE/cluster" >/dev/null 2>&1 || true
 CLUSTER_UP=1
-KUBECONFIG="$(timeout 400 "$PY" hack/cluster.py up --state-dir "$STATE/cluster" --bin-dir "$BIN" --timeout 300)" ||
+KUBECONFIG="$(timeout 400 "$PY" hack/cluster.py up --state-dir "$STATE/cluster" --bin-dir "$BIN" --timeout 300 --node "$NODE")" ||
 	fail "the control plane did not start; see $STATE/cluster/supervisor.log"
 export KUBECONFIG
-kubectl get nodes --request-timeout=10s | sed 's/^/  /'
+if [ "$NODE" = containerd ]; then
+	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate.tar" "$STATE/images/kvgate-eval.tar" 2>&1 | sed 's/^/  /'
+	[ "${PIPESTATUS[0]}" -eq 0 ] || fail "importing the images into the node failed"
+fi
+kubectl get nodes -o wide --request-timeout=10s | sed 's/^/  /'
 
 # ---- 3. the operator, from the chart -------------------------------------------------------
-# Pods of the test kubelet are host processes: give the operator ports nothing else holds, and
-# no /tmp mount (it would hide the kubelet's pod directories when the state dir is under /tmp).
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 step "Install kvgate with Helm (the operator runs as a pod under the chart's ServiceAccount)"
 kubectl create namespace "$NS" --request-timeout=10s >/dev/null
+if [ "$NODE" = containerd ]; then
+	# The images carry GSM8K at /data/gsm8k (hack/build-images.sh): nothing else is special.
+	chart_args=(--set config.gsm8kDir=/data/gsm8k)
+else
+	# Pods of the test kubelet are host processes: give the operator ports nothing else holds,
+	# and no /tmp mount (it would hide the kubelet's pod directories under /tmp).
+	free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+	chart_args=(--set "config.gsm8kDir=$GSM8K" --set writableTmp=false
+		--set "metrics.port=$(free_port)" --set "health.port=$(free_port)")
+fi
 timeout 300 helm install "$RELEASE" charts/kvgate --namespace "$OPNS" --create-namespace \
 	--set watch.allNamespaces=false --set "watch.namespaces={$NS}" \
-	--set "config.gsm8kDir=$GSM8K" --set config.pollInterval=1 --set logFormat=plain \
-	--set writableTmp=false --set "metrics.port=$(free_port)" --set "health.port=$(free_port)" \
+	--set config.pollInterval=1 --set logFormat=plain "${chart_args[@]}" \
 	--wait --timeout 240s >"$OUT/helm-install.txt" 2>&1 || fail "helm install: $(tail -5 "$OUT/helm-install.txt")"
 say "  release $RELEASE in $OPNS: $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.status.readyReplicas}/{.spec.replicas}' --request-timeout=10s) ready"
 say "  ServiceAccount $(kubectl get deploy -n "$OPNS" "$RELEASE" -o jsonpath='{.spec.template.spec.serviceAccountName}'), Role in $NS only"
+if [ "$NODE" = containerd ]; then
+	say "  operator pod: $(kubectl get pods -n "$OPNS" -l app.kubernetes.io/name=kvgate -o jsonpath='{.items[0].status.containerStatuses[0].imageID}' --request-timeout=10s)"
+	say "  runs as UID $(kubectl exec -n "$OPNS" "deployment/$RELEASE" --request-timeout=20s -- python -c 'import os; print(os.getuid())'), root file system: $(kubectl exec -n "$OPNS" "deployment/$RELEASE" --request-timeout=20s -- sh -c 'touch /opt/x 2>/dev/null && echo writable || echo read-only')"
+fi
 
 # ---- 4. production ---------------------------------------------------------------------
 step "Production: vLLM serving Qwen3-8B in BF16 on one L4 (simulated), under load"

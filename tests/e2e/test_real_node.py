@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,7 +111,7 @@ def wait_for(what: str, probe: Any, timeout: float, every: float = 2.0) -> Any:
 
 @pytest.mark.timeout(3600)
 def test_readme_install_and_examples_promote_on_the_real_node(
-    real_node: cluster_mod.Cluster, tmp_path: Path
+    real_node: cluster_mod.Cluster, image_archives: dict[str, Path], tmp_path: Path
 ) -> None:
     c = real_node
     node = kubectl_json(c, "node", c.node_name)
@@ -157,7 +158,7 @@ def test_readme_install_and_examples_promote_on_the_real_node(
             ),
             timeout=300,
         )
-        assert_runs_built_image(c, operator)
+        assert_runs_built_image(c, operator, image_archives["kvgate"])
 
         watched = None
         for command in commands(code_block(ROOT / "examples/README.md", "Install the operator")):
@@ -196,18 +197,25 @@ def test_readme_install_and_examples_promote_on_the_real_node(
         raise
 
 
-def assert_runs_built_image(c: cluster_mod.Cluster, pod: dict[str, Any]) -> None:
-    """The operator runs the image imported from `make images`, as 65532, read-only root."""
-    assert c.node
+def config_digest(archive: Path) -> str:
+    """The image ID (config digest) of the single image in an OCI archive."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> dict[str, Any]:
+            member = tar.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}")
+            assert member is not None
+            return dict(json.load(member))
+
+        index_file = tar.extractfile("index.json")
+        assert index_file is not None
+        manifest = blob(json.load(index_file)["manifests"][0]["digest"])
+        return str(manifest["config"]["digest"])
+
+
+def assert_runs_built_image(c: cluster_mod.Cluster, pod: dict[str, Any], archive: Path) -> None:
+    """The operator runs the image `make images` just built, as 65532, on a read-only root."""
     status = pod["status"]["containerStatuses"][0]
-    digests = {
-        line.split()[2]
-        for line in subprocess.run(
-            [*c.node._ctr(), "images", "list"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()[1:]
-        if line.startswith("ghcr.io/kvgate/kvgate:")
-    }
-    assert status["imageID"].rsplit("@", 1)[-1] in digests, (status["imageID"], digests)
+    assert status["imageID"].rsplit("@", 1)[-1] == config_digest(archive), status
     name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
     uid = c.kubectl("exec", "-n", ns, name, "--", "python", "-c", "import os; print(os.getuid())")
     assert uid.stdout.strip() == "65532"
