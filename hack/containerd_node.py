@@ -309,12 +309,17 @@ def teardown(state: Path, log: Callable[[str], None]) -> list[str]:
         return removed
     digest = hashlib.sha256(str(state).encode()).hexdigest()[:10]
     run_dir = Path(f"/run/kvgate-{digest}")
+    # What is global to the host (the bridge, KUBE-* chains, kubepods cgroups) is this node's
+    # only if this state dir made the bridge: one real node runs at a time, and `prepare`
+    # refuses to start beside another.
+    owns_host_parts = (state / "bridge").exists()
     # 1. Processes: shims (reparented to init, own sessions) and whatever runs in the pods.
     for pid in _pids_mentioning(str(state), str(run_dir)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             removed.append(f"process {pid}")
-    _kill_cgroup_tree(removed)
+    if owns_host_parts:
+        _kill_cgroup_tree(removed)
     # 2. Mounts under the state dir, deepest first (overlays, shm, tmpfs volumes, netns).
     for _ in range(3):
         mounts = [m for m in _mounts() if m == str(state) or m.startswith(str(state) + "/")]
@@ -324,21 +329,22 @@ def teardown(state: Path, log: Callable[[str], None]) -> list[str]:
             if _run("umount", "-l", m, check=False).returncode == 0:
                 removed.append(f"mount {m}")
     # 3. Network: the bridge (veths die with their netns); iptables chains; sysctls.
-    if (state / "bridge").exists() and _link_exists(BRIDGE):
-        _run("ip", "link", "delete", BRIDGE, check=False)
-        removed.append(f"bridge {BRIDGE}")
-    for veth in _veths_on(BRIDGE):
-        _run("ip", "link", "delete", veth, check=False)
-    if (state / "bridge").exists():
+    if owns_host_parts:
+        if _link_exists(BRIDGE):
+            _run("ip", "link", "delete", BRIDGE, check=False)
+            removed.append(f"bridge {BRIDGE}")
+        for veth in _veths_on(BRIDGE):
+            _run("ip", "link", "delete", veth, check=False)
         removed += [f"iptables chain {c}" for c in _remove_kube_chains()]
-        (state / "bridge").unlink(missing_ok=True)
     with contextlib.suppress(OSError, ValueError):
         for key, value in json.loads((state / "sysctls.json").read_text()).items():
             if value is not None:
                 _set_sysctl(key, value)
         (state / "sysctls.json").unlink()
-    # 4. cgroups and files.
-    _remove_cgroups(removed)
+    # 4. cgroups and files; the bridge marker goes last, once nothing global is left.
+    if owns_host_parts:
+        _remove_cgroups(removed)
+        (state / "bridge").unlink(missing_ok=True)
     if run_dir.exists():
         shutil.rmtree(run_dir, ignore_errors=True)
         removed.append(str(run_dir))

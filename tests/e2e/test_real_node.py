@@ -221,3 +221,82 @@ def assert_runs_built_image(c: cluster_mod.Cluster, pod: dict[str, Any], archive
     assert uid.stdout.strip() == "65532"
     write = c.kubectl("exec", "-n", ns, name, "--", "touch", "/opt/kvgate/x", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr, write.stderr
+
+
+L4_TRAP = """
+apiVersion: kvgate.io/v1alpha1
+kind: KVCacheRollout
+metadata:
+  name: l4-trap
+spec:
+  targetRef: {name: vllm}
+  kvCacheDtype: fp8
+  gates:
+    capacity: {mode: require, window: 20s, samples: 4}
+    scales: {mode: warn}
+  canary: {startupTimeout: 5m, evalTimeout: 10m}
+  promotion: {mode: auto, verifyWindow: 20s}
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cluster) -> None:
+    """FP8 with vLLM's default backend dies on an L4 (FlashInfer's JIT build) in a container;
+    the operator pod is killed mid-rollout, and its successor still rolls back, names the
+    remedy and leaves production as it was."""
+    c = real_node
+    # Production as the example defines it (the first test may have promoted FP8 into it).
+    c.kubectl("apply", "-f", str(ROOT / "examples/vllm-deployment.yaml"))
+    c.kubectl("rollout", "status", "deployment/vllm", "--timeout=300s", timeout=330)
+    before = kubectl_json(c, "deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-cache-dtype" not in before["args"]
+    c.kubectl("apply", "-f", "-", input=L4_TRAP)
+
+    # Kill the operator once the candidate pod exists: canaries are out, nothing decided yet.
+    wait_for(
+        "the candidate pod",
+        lambda: kubectl_json(c, "pod", "l4-trap-candidate").get("metadata"),
+        timeout=300,
+        every=0.5,
+    )
+    assert kubectl_json(c, "kvr", "l4-trap")["status"]["phase"] == "Canary"
+    operators = [
+        p["metadata"]["name"] for p in kubectl_json(c, "pods", "-n", "kvgate-system")["items"]
+    ]
+    c.kubectl(
+        "delete", "pod", "-n", "kvgate-system", *operators, "--grace-period=0", "--force",
+        "--wait=false",
+    )  # fmt: skip
+
+    status = wait_for(
+        "the rollout to end",
+        lambda: (
+            (s := kubectl_json(c, "kvr", "l4-trap").get("status", {})).get("phase")
+            in {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+            and s
+        ),
+        timeout=900,
+        every=3,
+    )
+    assert status["phase"] == "RolledBack", json.dumps(status, indent=1)[:3000]
+    assert "TRITON_ATTN" in status.get("message", ""), status.get("message")
+    after = kubectl_json(c, "deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
+    assert (after["image"], after["args"], after.get("env")) == (
+        before["image"],
+        before["args"],
+        before.get("env"),
+    )
+    # A successor pod finished the rollout; the canaries are gone.
+    pods = kubectl_json(c, "pods", "-n", "kvgate-system")["items"]
+    assert pods and not {p["metadata"]["name"] for p in pods} & set(operators)
+    wait_for(
+        "the canaries to go",
+        lambda: (
+            not any(
+                p["metadata"]["name"].startswith("l4-trap-")
+                for p in kubectl_json(c, "pods")["items"]
+                if not p["metadata"]["name"].startswith("l4-trap-eval")
+            )
+        ),
+        timeout=120,
+    )

@@ -1,0 +1,80 @@
+"""hack/containerd_node.py's pure parts: the sandbox image archive and the host checks."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack"))
+
+import containerd_node  # noqa: E402
+
+
+def test_the_sandbox_archive_is_a_valid_one_layer_oci_image(tmp_path: Path) -> None:
+    program = tmp_path / "pause"
+    program.write_bytes(b"\x7fELF fake program")
+    program.chmod(0o755)
+    archive = tmp_path / "pause.tar"
+    containerd_node.write_oci_archive(archive, program, "localhost/kvgate-pause:1")
+
+    with tarfile.open(archive) as tar:
+
+        def read(name: str) -> bytes:
+            member = tar.extractfile(name)
+            assert member is not None
+            return member.read()
+
+        def blob(descriptor: dict[str, str]) -> bytes:
+            data = read("blobs/sha256/" + descriptor["digest"].split(":", 1)[1])
+            # Every blob is stored under its own digest, with its size.
+            assert "sha256:" + hashlib.sha256(data).hexdigest() == descriptor["digest"]
+            assert len(data) == int(descriptor["size"])
+            return data
+
+        assert json.loads(read("oci-layout")) == {"imageLayoutVersion": "1.0.0"}
+        (top,) = json.loads(read("index.json"))["manifests"]
+        assert top["annotations"]["org.opencontainers.image.ref.name"] == "localhost/kvgate-pause:1"
+        manifest = json.loads(blob(top))
+        config = json.loads(blob(manifest["config"]))
+        (layer_descriptor,) = manifest["layers"]
+        layer = gzip.decompress(blob(layer_descriptor))
+
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as files:
+        (member,) = files.getmembers()
+        assert member.name == "pause" and member.mode & 0o111
+        extracted = files.extractfile(member)
+        assert extracted is not None and extracted.read() == program.read_bytes()
+
+
+def test_the_archive_is_reproducible(tmp_path: Path) -> None:
+    program = tmp_path / "pause"
+    program.write_bytes(b"same bytes")
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    containerd_node.write_oci_archive(a, program, "x:1")
+    program.touch()  # a newer mtime must not change the image
+    containerd_node.write_oci_archive(b, program, "x:1")
+    with tarfile.open(a) as ta, tarfile.open(b) as tb:
+        index_a, index_b = (t.extractfile("index.json") for t in (ta, tb))
+        assert index_a is not None and index_b is not None
+        assert index_a.read() == index_b.read()
+
+
+def test_missing_names_each_binary_and_its_fix(tmp_path: Path) -> None:
+    lacking = containerd_node.missing(tmp_path)
+    for binary in containerd_node.NODE_BINARIES:
+        assert f"{binary} (hack/build-binaries.sh --node)" in lacking
+
+
+def test_teardown_of_a_directory_that_never_held_a_node_touches_nothing(tmp_path: Path) -> None:
+    assert containerd_node.teardown(tmp_path / "absent", log=lambda _m: None) == []
+    (tmp_path / "node").mkdir()
+    # No bridge marker: a kvgate0 of another cluster, and KUBE-* chains, are not ours to remove.
+    assert containerd_node.teardown(tmp_path / "node", log=lambda _m: None) == []
