@@ -27,7 +27,7 @@ binaries:
 	hack/build-binaries.sh --node
 
 test: $(STAMP) deps binaries
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests --durations=25
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -4,6 +4,8 @@ The control plane is real: etcd, kube-apiserver (authorization Node,RBAC),
 kube-controller-manager and kube-scheduler built from Go modules by
 hack/build-binaries.sh, plus hack/kubelet.py, which runs each pod's container
 `command` + `args` as a local process (the image is ignored). See hack/cluster.py.
+test_real_node.py starts a cluster of its own with the real node instead (kubelet,
+kube-proxy and containerd running the project's images; hack/containerd_node.py).
 
 Fixtures
 --------
