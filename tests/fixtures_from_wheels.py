@@ -38,9 +38,25 @@ WHEELS = {
     "vllm-0.11.0": "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl",
     "vllm-0.12.0": "vllm-0.12.0-cp38-abi3-manylinux_2_31_x86_64.whl",
     "vllm-0.13.0": "vllm-0.13.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.14.0": "vllm-0.14.0-cp38-abi3-manylinux_2_31_x86_64.whl",
     "vllm-0.15.0": "vllm-0.15.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.16.0": "vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.17.0": "vllm-0.17.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.18.0": "vllm-0.18.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.19.0": "vllm-0.19.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.20.0": "vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl",
+    "vllm-0.21.0": "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
+    "vllm-0.22.0": "vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.23.0": "vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.24.0": "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.25.0": "vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.26.0": "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.27.0": "vllm-0.27.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.28.0": "vllm-0.28.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.29.0": "vllm-0.29.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.30.0": "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.31.0": "vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.32.0": "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.33.0": "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "sglang-0.4.10.post2": "sglang-0.4.10.post2-py3-none-any.whl",
     "sglang-0.5.3": "sglang-0.5.3-py3-none-any.whl",
@@ -401,32 +417,34 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
         READY_V,
     ]
     result.append(f)
-    # vLLM 0.15.0: FP8 picks FlashInfer; version only in the logo; the crash before EngineCore.
+    # vLLM 0.15.0 and 0.20.0: FP8 picks FlashInfer; version only in the logo.
     logo = {"w": "", "o": "", "b": "", "r": ""}
-    f = Fixture("vllm-0.15.0-fp8-flashinfer-ready", "vllm-0.15.0", V)
-    f.lines += [
-        Line(
-            "vllm/entrypoints/utils.py",
-            "version ${w}%s${r}",
-            ("0.15.0", "Qwen/Qwen3-8B"),
-            tag=API,
-            template=logo,
-        ),
-        Line("vllm/config/cache.py", "Meanwhile, it may cause accuracy drop", tag=API),
-        _v_banner("0.15.0", "fp8"),
-        Line(
-            "vllm/platforms/cuda.py",
-            "attention backend out of potential backends",
-            ("FLASHINFER", ("FLASHINFER", "TRITON_ATTN")),
-            tag=CORE,
-        ),
-        *_v_scale_warnings(),
-        Line("vllm/v1/worker/gpu_worker.py", "Available KV cache memory", ("5.5",), tag=CORE),
-        Line(KVU, "GPU KV cache size: %s tokens", ("80,080",), tag=CORE),
-        Line(KVU, "Maximum concurrency for %s tokens", ("4,096", 19.55), tag=CORE),
-        READY_V,
-    ]
-    result.append(f)
+    for version, dtype in (("0.15.0", ()), ("0.20.0", ("fp8",))):
+        f = Fixture(f"vllm-{version}-fp8-flashinfer-ready", f"vllm-{version}", V)
+        f.lines += [
+            Line(
+                "vllm/entrypoints/utils.py",
+                "version ${w}%s${r}",
+                (version, "Qwen/Qwen3-8B"),
+                tag=API,
+                template=logo,
+            ),
+            # 0.20 formats the dtype in ("Using %s data type"), 0.15 has it in the text
+            Line("vllm/config/cache.py", "Meanwhile, it may cause accuracy drop", dtype, tag=API),
+            _v_banner(version, "fp8"),
+            Line(
+                "vllm/platforms/cuda.py",
+                "attention backend out of potential backends",
+                ("FLASHINFER", ("FLASHINFER", "TRITON_ATTN")),
+                tag=CORE,
+            ),
+            *_v_scale_warnings(),
+            Line("vllm/v1/worker/gpu_worker.py", "Available KV cache memory", ("5.5",), tag=CORE),
+            Line(KVU, "GPU KV cache size: %s tokens", ("80,080",), tag=CORE),
+            Line(KVU, "Maximum concurrency for %s tokens", ("4,096", 19.55), tag=CORE),
+            READY_V,
+        ]
+        result.append(f)
     # vLLM 0.15.0 on an L4 without nvcc: FlashInfer's JIT build fails inside EngineCore. The
     # banner is left out: a front end that dies before EngineCore logs only the logo.
     f = Fixture("vllm-0.15.0-fp8-flashinfer-jit-failed", "vllm-0.15.0", V)
@@ -797,8 +815,12 @@ def facts(wheels: Wheels) -> dict[str, Any]:
             args = wheels.text(key, "vllm/engine/arg_utils.py")
             entry["flag_attention_backend"] = '"--attention-backend"' in args
             entry["flag_attention_config"] = '"--attention-config"' in args
-            entry["calculate_kv_scales"] = "calculate_kv_scales" in wheels.text(
-                key, "vllm/config/cache.py"
+            cache = wheels.text(key, "vllm/config/cache.py")
+            entry["calculate_kv_scales"] = "calculate_kv_scales" in cache
+            # 0.19-0.27: a field validator warns "The `--calculate-kv-scales` option is
+            # deprecated and will be removed" (vllm/config/cache.py:240 in 0.20.0).
+            entry["calculate_kv_scales_deprecated"] = (
+                "def _warn_deprecated_calculate_kv_scales" in cache
             )
         else:
             entry["kv_cache_dtypes"] = sorted(_sglang_choices(wheels, key, "--kv-cache-dtype"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,56 @@ def test_rows_match_the_wheels(key: str) -> None:
         assert (row.backend_flag is not None) == read["flag_attention_backend"]
         assert (row.backend_json_flag is not None) == read["flag_attention_config"]
         assert (row.calculate_kv_scales != "removed") == read["calculate_kv_scales"]
+        deprecated = read["calculate_kv_scales_deprecated"]
+        assert (row.calculate_kv_scales == "deprecated") == deprecated
+
+
+def _read_versions(engine: str) -> list[tuple[int, ...]]:
+    return sorted(ev.parse(k.split("-", 1)[1]) for k in FACTS if k.startswith(f"{engine}-"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_row_is_backed_by_a_wheel_of_its_range(engine: str) -> None:
+    rows = ev.all_rows(engine)
+    read = _read_versions(engine)
+    for row, following in zip(rows, [*rows[1:], None], strict=True):
+        inside = [v for v in read if row.since <= v and (following is None or v < following.since)]
+        assert inside, f"{engine} row since {row.since} has no wheel read in its range"
+        assert row.verified
+
+
+def test_vllm_rows_start_where_the_wheels_change() -> None:
+    # Every minor release from 0.11 to 0.33 was read: a row that starts later or earlier than
+    # the change it describes would put a read version in the wrong row (and fail above); a
+    # redundant row (same facts as the one before) is a boundary nobody can check.
+    read = _read_versions("vllm")
+    assert [(0, m, 0) for m in range(11, 34)] == [v for v in read if v >= (0, 11, 0)]
+    rows = ev.all_rows("vllm")
+
+    def what(row: ev.VersionFacts) -> tuple[object, ...]:
+        return (
+            row.kv_cache_dtypes,
+            row.backends,
+            row.calculate_kv_scales,
+            row.backend_flag,
+            row.backend_env,
+        )
+
+    for before, row in itertools.pairwise(rows):
+        assert before.since < row.since
+        assert what(before) != what(row), f"row {row.since} repeats the row before it"
+
+
+def test_vllm_020_row() -> None:
+    row = ev.facts_for("vllm", "0.20.0")
+    assert row.since == (0, 20, 0) and row.verified
+    assert row.calculate_kv_scales == "deprecated" and "--calculate-kv-scales" in row.flags()
+    assert "TREE_ATTN" in row.backends and "TREE_ATTN" not in ev.facts_for("vllm", "0.21").backends
+    assert "turboquant_k8v4" in row.kv_cache_dtypes
+    assert ev.remedy_for("vllm", "0.20.0", "attention-build-failed") == (
+        ("--attention-backend", "TRITON_ATTN"),
+        {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    )
 
 
 def test_triton_name_per_version() -> None:
@@ -104,3 +155,9 @@ def test_every_remedy_uses_only_what_its_version_has() -> None:
 def test_common_dtypes_for_an_unknown_version() -> None:
     assert ev.kv_cache_dtypes("vllm", None) == {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"}
     assert "fp8" not in ev.kv_cache_dtypes("sglang", None)
+
+
+def test_a_short_version_is_the_release_it_names() -> None:
+    assert ev.parse("0.21") == (0, 21, 0) == ev.parse("v0.21.0rc1")
+    assert ev.facts_for("vllm", "0.21").since == (0, 21, 0)
+    assert ev.facts_for("vllm", "0.15").backend_env is None  # not 0.13's row

@@ -58,6 +58,16 @@ EXPECTED: dict[str, tuple[object, ...]] = {
         False,
         {"fp8-kv-enabled", "attention-backend-fallback", "uncalibrated-q-scale", "ready"},
     ),
+    "vllm-0.20.0-fp8-flashinfer-ready": (
+        "vllm",
+        "0.20.0",
+        "fp8",
+        "FLASHINFER",
+        (80080, 19.55, 5.5),
+        True,
+        False,
+        {"fp8-kv-enabled", "attention-backend-fallback", "uncalibrated-q-scale", "ready"},
+    ),
     "vllm-0.15.0-fp8-flashinfer-jit-failed": (
         "vllm",
         "0.15.0",
