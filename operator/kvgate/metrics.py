@@ -13,6 +13,7 @@ scheduler's numbers and are collapsed first.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -765,6 +766,61 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
             )
         )
     return tuple(findings)
+
+
+# -- SGLang's server info: the KV dtype its /metrics do not carry --------------------------------
+
+# SGLang's /metrics name no KV dtype (no metric or label in sglang/srt/metrics/ 0.4.10-0.5.23),
+# but GET /get_server_info returns the server's args (0.4.10.post2-0.5.3:
+# `dataclasses.asdict(tokenizer_manager.server_args)` + scheduler_info, http_server.py:318 /
+# :477; 0.5.23: `server_args.resolved_dict()` via build_server_info, sglang/srt/utils/common.py:3584,
+# http_server.py:853 -- deprecated there in favour of /server_info, :863), `kv_cache_dtype`
+# among them: the dtype the running server process was configured with.
+SERVER_INFO_PATHS: Final = ("/get_server_info", "/server_info")
+
+
+def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
+    """`kv_cache_dtype` of an SGLang /get_server_info body; ParseError naming what is wrong."""
+    try:
+        info = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ParseError(source, f"not JSON ({exc.msg})") from exc
+    except ValueError as exc:  # e.g. a number too long to convert
+        raise ParseError(source, f"not JSON ({str(exc)[:100]})") from exc
+    if not isinstance(info, dict):
+        raise ParseError(source, f"a JSON {type(info).__name__}, not an object")
+    dtype = info.get("kv_cache_dtype")
+    if not isinstance(dtype, str) or not dtype.strip():
+        raise ParseError(source, "no string kv_cache_dtype (not an SGLang server?)")
+    return dtype.strip()
+
+
+def cross_check_server_info(scan: Any, server_dtype: str | None) -> tuple[Any, ...]:
+    """The log's KV dtype against SGLang's /get_server_info `kv_cache_dtype`.
+
+    `log-server-info-dtype-mismatch` (severity error) when they name different dtypes; `auto`
+    on either side matches only `auto`/16-bit (an FP8 pool under `auto` is a disagreement:
+    fail closed). Nothing to compare when either is missing.
+    """
+    from kvgate.logs.model import Finding
+
+    log_dtype = scan.kv_cache_dtype
+    if not (log_dtype and server_dtype):
+        return ()
+    a = _DTYPE_CLASSES.get(log_dtype.lower(), log_dtype.lower())
+    b = _DTYPE_CLASSES.get(server_dtype.lower(), server_dtype.lower())
+    if a == b:
+        return ()
+    return (
+        Finding(
+            "log-server-info-dtype-mismatch",
+            "error",
+            0,
+            f"startup log says kv_cache_dtype={log_dtype}, /get_server_info says "
+            f"kv_cache_dtype={server_dtype}",
+            "The pod does not run the dtype one source claims: do not trust this arm.",
+        ),
+    )
 
 
 # What the cross-check reads of a scrape: kept in status per arm, so the check is pure.

@@ -32,7 +32,7 @@ from kvgate.controller.telemetry import (
     ACCURACY_DELTA,
     CAPACITY_RATIO,
 )
-from kvgate.errors import ExternalError, InputError, KvgateError, SpecError
+from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
 from kvgate.model import (
     GateMode,
     Phase,
@@ -206,6 +206,24 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     return metrics.parse_metrics(text, ctx.status.get("engine"))
 
 
+def server_info(ctx: Ctx, ip: str) -> dict[str, str]:
+    """SGLang's `kv_cache_dtype` from /get_server_info (else /server_info), the dtype source its
+    /metrics lack: {"kvCacheDtype": ...}, or {"absent": why} when neither path exists."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    base = f"http://{ip}:{ctx.status.get('port', 8000)}"
+    for path in metrics.SERVER_INFO_PATHS:
+        try:
+            body = http.scrape(base + path, timeout=ctx.config.scrape_timeout_s)
+        except ScrapeError as exc:
+            if exc.status == 404:
+                continue
+            raise
+        return {"kvCacheDtype": metrics.server_info_kv_dtype(body, path)}
+    return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
+
+
 def production_kv_dtype(ctx: Ctx) -> str:
     """The --kv-cache-dtype production runs (`auto` when unset or unreadable)."""
     found = live_container(ctx, target_deployment(ctx))
@@ -366,6 +384,14 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
         arms[arm] = block
         return None, error
     truth = metrics.cache_truth(snap)
+    if ctx.status.get("engine") == "sglang":
+        try:
+            truth["serverInfo"] = server_info(ctx, health.ip)
+        except (ExternalError, InputError) as exc:
+            error = f"{arm} server info: {str(exc)[:300]}"
+            block["metricsError"] = error
+            arms[arm] = block
+            return None, error
     block.pop("metricsError", None)
     block["metrics"] = truth
     arms[arm] = block
