@@ -58,9 +58,33 @@ WHEELS = {
     "vllm-0.31.0": "vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.32.0": "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.33.0": "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "sglang-0.4.6": "sglang-0.4.6-py3-none-any.whl",
+    "sglang-0.4.7": "sglang-0.4.7-py3-none-any.whl",
+    "sglang-0.4.8": "sglang-0.4.8-py3-none-any.whl",
+    "sglang-0.4.9": "sglang-0.4.9-py3-none-any.whl",
     "sglang-0.4.10.post2": "sglang-0.4.10.post2-py3-none-any.whl",
+    "sglang-0.5.1": "sglang-0.5.1-py3-none-any.whl",
+    "sglang-0.5.2": "sglang-0.5.2-py3-none-any.whl",
     "sglang-0.5.3": "sglang-0.5.3-py3-none-any.whl",
+    "sglang-0.5.4": "sglang-0.5.4-py3-none-any.whl",
+    "sglang-0.5.5": "sglang-0.5.5-py3-none-any.whl",
+    "sglang-0.5.6": "sglang-0.5.6-py3-none-any.whl",
+    "sglang-0.5.7": "sglang-0.5.7-py3-none-any.whl",
+    "sglang-0.5.8": "sglang-0.5.8-py3-none-any.whl",
+    "sglang-0.5.9": "sglang-0.5.9-py3-none-any.whl",
     "sglang-0.5.10": "sglang-0.5.10-py3-none-any.whl",
+    "sglang-0.5.11": "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.12": "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.13": "sglang-0.5.13-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.14": "sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.15": "sglang-0.5.15-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.16": "sglang-0.5.16-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.17": "sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.18": "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.19": "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.20": "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.21": "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.22": "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl",
     "sglang-0.5.23": "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
     "uvicorn-0.35.0": "uvicorn-0.35.0-py3-none-any.whl",
     "flashinfer-0.6.1": "flashinfer_python-0.6.1-py3-none-any.whl",
@@ -788,7 +812,7 @@ def _resolve_name(wheels: Wheels, key: str, node: ast.expr) -> list[str]:
             continue
         if f"{name} =" not in wheels.text(key, path):
             continue
-        for stmt in wheels.tree(key, path).body:
+        for stmt in ast.walk(wheels.tree(key, path)):  # 0.5.1: a local of add_cli_args
             if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == name for t in stmt.targets
             ):

@@ -5,8 +5,9 @@ read to tests/data/engine-source/facts.json; tests/unit/test_engine_versions.py 
 rows below against it). A row holds from its `since` version until the next row's. vLLM: the
 wheels of 0.10.2 and of every x.y.0 release from 0.11.0 to 0.33.0 were read, so each `since`
 is exact to the minor release (patch releases, e.g. 0.20.1, and 0.10.0/0.10.1 were not read).
-SGLang: only 0.4.10.post2, 0.5.3, 0.5.10 and 0.5.23 were read; the rows' `since` (0.4.6,
-0.5.10, 0.5.23) are not bisected: a change may have come in an unread release before them.
+SGLang: every release from 0.4.6 to 0.5.23 was read (the base release of each, e.g. 0.5.6
+not 0.5.6.post2; 0.4.10 as 0.4.10.post2), so each `since` is exact to that; versions before
+0.4.6 were not read and get the 0.4.6 row.
 
     >>> remedy_for("vllm", "0.10.2", "attention-build-failed")
     ((), {'VLLM_ATTENTION_BACKEND': 'TRITON_ATTN_VLLM_V1', 'VLLM_USE_FLASHINFER_SAMPLER': '0'})
@@ -292,7 +293,13 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
 _S_NAMES: Final = {"TRITON_ATTN": "triton", "FLASHINFER": "flashinfer", "FLASH_ATTN": "fa3"}
 _S_BACKENDS: Final = frozenset({"triton", "flashinfer", "fa3", "torch_native", "flashmla"})
 _S046_DTYPES: Final = frozenset({"auto", "fp8_e5m2", "fp8_e4m3"})
+_S054_DTYPES: Final = _S046_DTYPES | {"bf16", "bfloat16"}
+_S055_DTYPES: Final = _S054_DTYPES | {"fp4_e2m1"}
+_S0516_DTYPES: Final = _S055_DTYPES | {"mxfp8", "nvfp4", "fp4_mx_block16"}
+_S0521_DTYPES: Final = _S0516_DTYPES - {"fp4_e2m1"}  # fp4_e2m1 is gone in 0.5.21
+_S053_BACKENDS: Final = _S_BACKENDS | {"fa4", "flex_attention"}
 
+# One row per change point; every release from 0.4.6 to 0.5.23 (0.4.10 as 0.4.10.post2) was read.
 SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
     VersionFacts(
         SGLANG,
@@ -308,25 +315,61 @@ SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
     ),
     VersionFacts(
         SGLANG,
-        (0, 5, 10),
-        _S046_DTYPES | {"bf16", "bfloat16", "fp4_e2m1"},
+        (0, 5, 3),
+        _S046_DTYPES,
         "--attention-backend",
         None,
         None,
         _S_NAMES,
-        _S_BACKENDS | {"fa4", "flex_attention"},
+        _S053_BACKENDS,
         "never",
         sampling_backend_flag="--sampling-backend",
     ),
     VersionFacts(
         SGLANG,
-        (0, 5, 23),
-        _S046_DTYPES | {"mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"},
+        (0, 5, 4),
+        _S054_DTYPES,
         "--attention-backend",
         None,
         None,
         _S_NAMES,
-        _S_BACKENDS | {"fa4", "flex_attention"},
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 5),
+        _S055_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 16),
+        _S0516_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 21),
+        _S0521_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
         "never",
         sampling_backend_flag="--sampling-backend",
     ),

@@ -47,13 +47,20 @@ def test_every_row_is_backed_by_a_wheel_of_its_range(engine: str) -> None:
         assert row.verified
 
 
-def test_vllm_rows_start_where_the_wheels_change() -> None:
-    # Every minor release from 0.11 to 0.33 was read: a row that starts later or earlier than
-    # the change it describes would put a read version in the wrong row (and fail above); a
-    # redundant row (same facts as the one before) is a boundary nobody can check.
-    read = _read_versions("vllm")
-    assert [(0, m, 0) for m in range(11, 34)] == [v for v in read if v >= (0, 11, 0)]
-    rows = ev.all_rows("vllm")
+SGLANG_RELEASES = [(0, 4, m) for m in range(6, 11)] + [(0, 5, m) for m in range(1, 24)]
+
+
+@pytest.mark.parametrize(
+    ("engine", "releases"),
+    [("vllm", [(0, m, 0) for m in range(11, 34)]), ("sglang", SGLANG_RELEASES)],
+)
+def test_rows_start_where_the_wheels_change(engine: str, releases: list[tuple[int, ...]]) -> None:
+    # Every release in range was read: a row that starts later or earlier than the change it
+    # describes would put a read version in the wrong row (and fail above); a redundant row
+    # (same facts as the one before) is a boundary nobody can check.
+    read = [v for v in _read_versions(engine) if v >= releases[0]]
+    assert read == releases
+    rows = ev.all_rows(engine)
 
     def what(row: ev.VersionFacts) -> tuple[object, ...]:
         return (
