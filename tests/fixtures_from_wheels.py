@@ -823,6 +823,41 @@ def _resolve_name(wheels: Wheels, key: str, node: ast.expr) -> list[str]:
     return [f"<{name}: not found>"]
 
 
+# Log text kvgate.logs reads (each a needle of one of its rules) that must be in every version's
+# source: which of them a wheel holds is recorded as `log_strings` (a raw substring search of
+# the engine's .py files; strings split across literals are not listed here).
+LOG_STRINGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "kv-memory": "Available KV cache memory: ",
+        "kv-size": "KV cache size: ",
+        "concurrency": "Maximum concurrency for ",
+        "banner": " LLM engine (v",
+        "dtype": "data type to store kv cache",
+        "scale-default": "Using KV cache scaling factor 1.0",
+        "q-scale": "does not provide a q scaling factor",
+        "backend-auto": "attention backend out of potential backends",
+    },
+    "sglang": {
+        "pool": "KV Cache ",
+        "pool-post": "Post-capture KV sizing: KV cache allocated.",
+        "summary": "max_total_num_tokens=",
+        "ready": "The server is fired up and ready to roll",
+        "server-args": "server_args=",
+    },
+}
+
+
+def _log_strings(wheels: Wheels, key: str, engine: str) -> list[str]:
+    package = "vllm/" if engine == "vllm" else "sglang/srt/"
+    found: set[str] = set()
+    for path in wheels._zip_names(key):
+        if not (path.startswith(package) and path.endswith(".py")):
+            continue
+        text = wheels.text(key, path)
+        found.update(name for name, s in LOG_STRINGS[engine].items() if s in text)
+    return sorted(found)
+
+
 def facts(wheels: Wheels) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in WHEELS:
@@ -846,11 +881,18 @@ def facts(wheels: Wheels) -> dict[str, Any]:
             entry["calculate_kv_scales_deprecated"] = (
                 "def _warn_deprecated_calculate_kv_scales" in cache
             )
+            entry["log_strings"] = _log_strings(wheels, key, "vllm")
         else:
             entry["kv_cache_dtypes"] = sorted(_sglang_choices(wheels, key, "--kv-cache-dtype"))
             entry["attention_backends"] = sorted(
                 _sglang_choices(wheels, key, "--attention-backend")
             )
+            entry["log_strings"] = _log_strings(wheels, key, "sglang")
+            # the KV dtype source SGLang's /metrics lack (kvgate.metrics.SERVER_INFO_PATHS)
+            http = wheels.text(key, "sglang/srt/entrypoints/http_server.py")
+            entry["endpoints_server_info"] = [
+                p for p in ("/get_server_info", "/server_info") if f'@app.get("{p}")' in http
+            ]
         out[key] = entry
     return out
 

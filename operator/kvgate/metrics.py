@@ -771,16 +771,17 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
 # -- SGLang's server info: the KV dtype its /metrics do not carry --------------------------------
 
 # SGLang's /metrics name no KV dtype (no metric or label in sglang/srt/metrics/ 0.4.10-0.5.23),
-# but GET /get_server_info returns the server's args (0.4.10.post2-0.5.3:
-# `dataclasses.asdict(tokenizer_manager.server_args)` + scheduler_info, http_server.py:318 /
-# :477; 0.5.23: `server_args.resolved_dict()` via build_server_info, sglang/srt/utils/common.py:3584,
-# http_server.py:853 -- deprecated there in favour of /server_info, :863), `kv_cache_dtype`
-# among them: the dtype the running server process was configured with.
-SERVER_INFO_PATHS: Final = ("/get_server_info", "/server_info")
+# but its server info returns the server's args, `kv_cache_dtype` among them: the dtype the
+# running server process was configured with (0.4.10.post2-0.5.3 GET /get_server_info:
+# `dataclasses.asdict(tokenizer_manager.server_args)` + scheduler_info, http_server.py:317 /
+# :477; 0.5.23 GET /server_info: `server_args.resolved_dict()` via build_server_info,
+# sglang/srt/utils/common.py:3584, http_server.py:863). /server_info exists from 0.5.6, where
+# /get_server_info became a deprecated alias that logs a warning per call: new path first.
+SERVER_INFO_PATHS: Final = ("/server_info", "/get_server_info")
 
 
 def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
-    """`kv_cache_dtype` of an SGLang /get_server_info body; ParseError naming what is wrong."""
+    """`kv_cache_dtype` of an SGLang server info body; ParseError naming what is wrong."""
     try:
         info = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -796,7 +797,7 @@ def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
 
 
 def cross_check_server_info(scan: Any, server_dtype: str | None) -> tuple[Any, ...]:
-    """The log's KV dtype against SGLang's /get_server_info `kv_cache_dtype`.
+    """The log's KV dtype against SGLang's server info `kv_cache_dtype` (SERVER_INFO_PATHS).
 
     `log-server-info-dtype-mismatch` (severity error) when they name different dtypes; `auto`
     on either side matches only `auto`/16-bit (an FP8 pool under `auto` is a disagreement:
@@ -816,7 +817,7 @@ def cross_check_server_info(scan: Any, server_dtype: str | None) -> tuple[Any, .
             "log-server-info-dtype-mismatch",
             "error",
             0,
-            f"startup log says kv_cache_dtype={log_dtype}, /get_server_info says "
+            f"startup log says kv_cache_dtype={log_dtype}, SGLang server info says "
             f"kv_cache_dtype={server_dtype}",
             "The pod does not run the dtype one source claims: do not trust this arm.",
         ),

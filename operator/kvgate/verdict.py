@@ -254,7 +254,7 @@ def assess_engine_truth(
     """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
 
     `scans` and `truths` are keyed by arm. SGLang's /metrics carry no KV dtype: its dtype is
-    checked against /get_server_info's `kv_cache_dtype` (`serverInfo` in the truth) instead.
+    checked against its server info's `kv_cache_dtype` (`serverInfo` in the truth) instead.
     Any disagreement (KV dtype, KV tokens, GPU blocks)
     is an ERROR naming the arm and both values: the pod does not run what one source claims,
     so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype

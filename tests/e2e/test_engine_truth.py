@@ -6,7 +6,7 @@ Scenarios run concurrently under one operator, one namespace each:
   (b) reverse: the control's log says `auto`, its /metrics say `fp8` (the fault on the
       Deployment itself, so the control inherits it)
   (b2) sglie: SGLang 0.5.23, whose /metrics carry no KV dtype: the candidate's log says
-      fp8_e4m3, its /get_server_info says kv_cache_dtype=auto (the same fault)
+      fp8_e4m3, its /server_info says kv_cache_dtype=auto (the same fault)
 All end RolledBack with LogMetricsDisagree naming the arm and both values, before any eval
 Job, with the Deployment untouched.
 
@@ -197,7 +197,7 @@ def test_sglang_log_and_server_info_disagreeing_rolls_back(world: World) -> None
         "message"
     ]
     assert (
-        "candidate: startup log says kv_cache_dtype=fp8_e4m3, /get_server_info says "
+        "candidate: startup log says kv_cache_dtype=fp8_e4m3, SGLang server info says "
         "kv_cache_dtype=auto"
     ) in status["message"]
     assert "control: " not in status["message"]

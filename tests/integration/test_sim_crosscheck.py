@@ -178,7 +178,7 @@ def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> 
 
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
 def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, version) -> None:
-    # SGLang's /metrics carry no KV dtype: the second source is /get_server_info.
+    # SGLang's /metrics carry no KV dtype: the second source is its server info.
     from kvgate.metrics import cross_check_server_info, server_info_kv_dtype
 
     args = [*SGLANG, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"]
@@ -189,7 +189,8 @@ def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, versio
         (honest, "fp8_e4m3", []),
         (lying, "auto", ["log-server-info-dtype-mismatch"]),
     ):
-        body = httpx.get(engine.url + "/get_server_info", timeout=10).text
+        path = "/server_info" if version == "0.5.23" else "/get_server_info"  # as the operator
+        body = httpx.get(engine.url + path, timeout=10).text
         assert server_info_kv_dtype(body) == dtype
         scan = scan_log(engine.log())
         assert scan.kv_cache_dtype == "fp8_e4m3"

@@ -228,3 +228,11 @@ def test_oom_at_start(sim) -> None:
     log = engine.log()
     assert "Scheduler hit an exception: Traceback (most recent call last):" in log
     assert "torch.OutOfMemoryError: CUDA out of memory." in log
+
+
+@pytest.mark.parametrize(("version", "status"), [("0.5.5", 404), ("0.5.6", 200)])
+def test_server_info_route_arrives_in_056(sim, version, status) -> None:
+    # sglang 0.5.6 http_server.py:540 adds /server_info (and deprecates /get_server_info)
+    engine = sim(LAUNCH, {"KVGATE_SIM_ENGINE_VERSION": version})
+    assert httpx.get(engine.url + "/server_info").status_code == status
+    assert httpx.get(engine.url + "/get_server_info").status_code == 200

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +170,47 @@ def test_a_short_version_is_the_release_it_names() -> None:
     assert ev.parse("0.21") == (0, 21, 0) == ev.parse("v0.21.0rc1")
     assert ev.facts_for("vllm", "0.21").since == (0, 21, 0)
     assert ev.facts_for("vllm", "0.15").backend_env is None  # not 0.13's row
+
+
+def _script_log_strings() -> dict[str, dict[str, str]]:
+    path = Path(__file__).parents[1] / "fixtures_from_wheels.py"
+    spec = importlib.util.spec_from_file_location("fixtures_from_wheels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    module = sys.modules[spec.name]
+    return dict(module.LOG_STRINGS)
+
+
+def test_the_log_text_kvgate_reads_is_in_every_read_version() -> None:
+    from kvgate.logs.rules import RULES
+
+    strings = _script_log_strings()
+    for engine, table in strings.items():
+        needles = [r.needle for r in RULES if r.engine in {engine, None}]
+        for name, text in table.items():
+            assert any(text in n or n in text for n in needles), (
+                f"{engine} {name}: no rule reads it"
+            )
+    for key, read in FACTS.items():
+        engine, version = key.split("-", 1)
+        found = set(read["log_strings"])
+        if engine == "vllm":
+            core = {"kv-memory", "kv-size", "concurrency", "banner", "dtype", "scale-default"}
+            assert core | {"q-scale"} <= found, key
+            assert ("backend-auto" in found) == (ev.parse(version) >= (0, 12, 0)), key
+        else:
+            assert {"summary", "ready", "server-args"} <= found, key
+            assert found & {"pool", "pool-post"}, key
+
+
+def test_every_sglang_version_serves_a_server_info_path_kvgate_asks() -> None:
+    from kvgate.metrics import SERVER_INFO_PATHS
+
+    for key, read in FACTS.items():
+        if not key.startswith("sglang-"):
+            continue
+        served = set(read["endpoints_server_info"])
+        assert served & set(SERVER_INFO_PATHS), key
+        assert ("/server_info" in served) == (ev.parse(key.split("-", 1)[1]) >= (0, 5, 6)), key

@@ -99,7 +99,7 @@ def test_sglang_log_against_server_info(name: str) -> None:
     lie = cross_check_server_info(scan, server_info_kv_dtype(_server_info(kv_cache_dtype="auto")))
     assert [f.code for f in lie] == ["log-server-info-dtype-mismatch"]
     assert lie[0].severity == "error"
-    assert "kv_cache_dtype=fp8_e4m3" in lie[0].text and "/get_server_info says" in lie[0].text
+    assert "kv_cache_dtype=fp8_e4m3" in lie[0].text and "SGLang server info says" in lie[0].text
     e5 = cross_check_server_info(scan, "fp8_e5m2")  # another FP8 cache is another cache
     assert [f.code for f in e5] == ["log-server-info-dtype-mismatch"]
     assert cross_check_server_info(scan, None) == ()

@@ -1,4 +1,4 @@
-"""observe.server_info: SGLang's KV dtype from /get_server_info, else /server_info (0.5.23)."""
+"""observe.server_info: SGLang's KV dtype from /server_info (0.5.6+), else /get_server_info."""
 
 from __future__ import annotations
 
@@ -38,25 +38,25 @@ def _serve(monkeypatch: pytest.MonkeyPatch, handler: Handler) -> list[str]:
     return seen
 
 
-def test_reads_get_server_info(monkeypatch: pytest.MonkeyPatch) -> None:
-    body = {"kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 454112, "version": "0.5.3"}
+def test_reads_server_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = {"kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 454112, "version": "0.5.23"}
     seen = _serve(monkeypatch, lambda r: httpx.Response(200, json=body))
     assert observe.server_info(_ctx(), "10.0.0.5") == {"kvCacheDtype": "fp8_e4m3"}
-    assert seen == ["/get_server_info"]
+    assert seen == ["/server_info"]  # not the deprecated alias, which warns on every call
 
 
 def test_falls_back_to_server_info_then_reports_absence(monkeypatch: pytest.MonkeyPatch) -> None:
-    def only_new(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/server_info":
+    def only_old(request: httpx.Request) -> httpx.Response:  # SGLang before 0.5.6
+        if request.url.path == "/get_server_info":
             return httpx.Response(200, text=json.dumps({"kv_cache_dtype": "auto"}))
         return httpx.Response(404)
 
-    seen = _serve(monkeypatch, only_new)
+    seen = _serve(monkeypatch, only_old)
     assert observe.server_info(_ctx(), "10.0.0.5") == {"kvCacheDtype": "auto"}
-    assert seen == ["/get_server_info", "/server_info"]
+    assert seen == ["/server_info", "/get_server_info"]
     _serve(monkeypatch, lambda r: httpx.Response(404))
     absent = observe.server_info(_ctx(), "10.0.0.5")
-    assert absent == {"absent": "HTTP 404 on /get_server_info and /server_info"}
+    assert absent == {"absent": "HTTP 404 on /server_info and /get_server_info"}
 
 
 def test_other_failures_are_errors_not_absence(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,5 +65,5 @@ def test_other_failures_are_errors_not_absence(monkeypatch: pytest.MonkeyPatch) 
         observe.server_info(_ctx(), "10.0.0.5")
     assert exc.value.status == 503
     _serve(monkeypatch, lambda r: httpx.Response(200, text="<html>login</html>"))
-    with pytest.raises(ParseError, match="/get_server_info: not JSON"):
+    with pytest.raises(ParseError, match="/server_info: not JSON"):
         observe.server_info(_ctx(), "10.0.0.5")

@@ -1147,7 +1147,7 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
     )
     assert (lie.outcome, lie.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert (
-        "candidate: startup log says kv_cache_dtype=fp8_e4m3, /get_server_info says "
+        "candidate: startup log says kv_cache_dtype=fp8_e4m3, SGLang server info says "
         "kv_cache_dtype=auto"
     ) in lie.message
     assert "control:" not in lie.message

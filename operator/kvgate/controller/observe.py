@@ -207,8 +207,8 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
 
 
 def server_info(ctx: Ctx, ip: str) -> dict[str, str]:
-    """SGLang's `kv_cache_dtype` from /get_server_info (else /server_info), the dtype source its
-    /metrics lack: {"kvCacheDtype": ...}, or {"absent": why} when neither path exists."""
+    """SGLang's `kv_cache_dtype` from /server_info (else /get_server_info, before 0.5.6), the
+    dtype source its /metrics lack: {"kvCacheDtype": ...}, or {"absent": why} without either."""
     from kvgate import metrics
     from kvgate.adapters import http
 
