@@ -269,17 +269,20 @@ def assess_engine_truth(
         truth = truths.get(arm) or {}
         snapshot = metrics.snapshot_from_cache_truth(truth)
         problems.extend(f"{arm}: {f.text}" for f in metrics.cross_check_log(scan, snapshot))
-        info = truth.get("serverInfo")
-        server_dtype = info.get("kvCacheDtype") if isinstance(info, Mapping) else None
-        server_dtype = server_dtype if isinstance(server_dtype, str) else None
+        info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+        server_dtype = info.kv_cache_dtype if info else None
+        server_tokens = info.max_total_num_tokens if info else None
         problems.extend(
-            f"{arm}: {f.text}" for f in metrics.cross_check_server_info(scan, server_dtype)
+            f"{arm}: {f.text}"
+            for f in metrics.cross_check_server_info(scan, server_dtype, server_tokens)
         )
         what = compared.setdefault(arm, [])
         if scan.kv_cache_dtype and snapshot.kv_cache_dtype:
             what.append("KV dtype")
         if scan.kv_cache_dtype and server_dtype:
             what.append("KV dtype (server info)")
+        if scan.capacity.kv_tokens and server_tokens:
+            what.append("KV tokens (server info)")
         if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
             what.append("KV tokens")
     if problems:

@@ -202,9 +202,14 @@ def test_sglang_log_and_server_info_disagreeing_rolls_back(world: World) -> None
     ) in status["message"]
     assert "control: " not in status["message"]
     assert status["engine"] == "sglang"
-    assert status["arms"]["candidate"]["metrics"]["serverInfo"] == {"kvCacheDtype": "auto"}
-    assert status["arms"]["control"]["metrics"]["serverInfo"] == {"kvCacheDtype": "auto"}
-    assert status["arms"]["candidate"]["scan"]["kv_cache_dtype"] == "fp8_e4m3"
+    arms = status["arms"]
+    assert arms["candidate"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
+    assert arms["control"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
+    assert arms["candidate"]["scan"]["kv_cache_dtype"] == "fp8_e4m3"
+    # the pool size server info reports is the one the log names: only the dtype disagrees
+    tokens = arms["candidate"]["scan"]["capacity"]["kv_tokens"]
+    assert arms["candidate"]["metrics"]["serverInfo"]["maxTotalNumTokens"] == tokens
+    assert "max_total_num_tokens" not in status["message"]
     assert "eval" not in status
     now = world.deployment("sglie")
     assert container_of(now) == container_of(world.before["sglie"])

@@ -12,8 +12,10 @@ from kvgate import logs
 from kvgate.errors import ParseError
 from kvgate.metrics import (
     MetricSnapshot,
+    ServerInfo,
     cross_check_log,
     cross_check_server_info,
+    parse_server_info,
     server_info_kv_dtype,
 )
 
@@ -129,3 +131,31 @@ def test_a_bad_server_info_body_is_one_line_naming_it(body: str, complaint: str)
     with pytest.raises(ParseError, match=complaint) as exc:
         server_info_kv_dtype(body, "/get_server_info")
     assert "/get_server_info" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_sglang_log_tokens_against_server_info() -> None:
+    # scheduler_info's max_total_num_tokens (in server info from 0.4.6 on; /metrics only 0.5.10+)
+    scan = _sglang("sglang-0.5.3-fp8-tp2-ready")
+    info = parse_server_info(_server_info())
+    assert info == ServerInfo("fp8_e4m3", 454112)
+    assert cross_check_server_info(scan, info.kv_cache_dtype, info.max_total_num_tokens) == ()
+    other = cross_check_server_info(scan, "fp8_e4m3", 227056)  # another pool (half of it)
+    assert [f.code for f in other] == ["log-server-info-capacity-mismatch"]
+    assert "454,112 KV tokens" in other[0].text and "max_total_num_tokens=227,056" in other[0].text
+    both = cross_check_server_info(scan, "auto", 227056)
+    assert [f.code for f in both] == [
+        "log-server-info-capacity-mismatch",
+        "log-server-info-dtype-mismatch",
+    ]
+    assert cross_check_server_info(scan, "fp8_e4m3", 454112 + 4000) == ()  # within 1 %
+
+
+@pytest.mark.parametrize("tokens", [None, True, -5, 0, "454112", 1.5])
+def test_server_info_without_a_sane_token_count_keeps_the_dtype(tokens: object) -> None:
+    info = parse_server_info(_server_info(max_total_num_tokens=tokens))
+    assert info == ServerInfo("fp8_e4m3", None)
+    assert ServerInfo.from_status(info.to_status()) == info
+    assert ServerInfo.from_status({"absent": "HTTP 404"}) is None
+    assert ServerInfo.from_status({"kvCacheDtype": "auto", "maxTotalNumTokens": "9"}) == (
+        ServerInfo("auto", None)
+    )

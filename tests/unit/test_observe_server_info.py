@@ -41,7 +41,10 @@ def _serve(monkeypatch: pytest.MonkeyPatch, handler: Handler) -> list[str]:
 def test_reads_server_info(monkeypatch: pytest.MonkeyPatch) -> None:
     body = {"kv_cache_dtype": "fp8_e4m3", "max_total_num_tokens": 454112, "version": "0.5.23"}
     seen = _serve(monkeypatch, lambda r: httpx.Response(200, json=body))
-    assert observe.server_info(_ctx(), "10.0.0.5") == {"kvCacheDtype": "fp8_e4m3"}
+    assert observe.server_info(_ctx(), "10.0.0.5") == {
+        "kvCacheDtype": "fp8_e4m3",
+        "maxTotalNumTokens": 454112,
+    }
     assert seen == ["/server_info"]  # not the deprecated alias, which warns on every call
 
 

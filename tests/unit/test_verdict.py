@@ -1151,6 +1151,21 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
         "kv_cache_dtype=auto"
     ) in lie.message
     assert "control:" not in lie.message
+    # server info's pool is another than the log's: a disagreement even where /metrics (0.5.3)
+    # export no capacity
+    pool = v.assess_engine_truth(
+        {"control": control, "candidate": sg},
+        {
+            "control": sg_truth("auto", 100_000),
+            "candidate": {
+                "engine": "sglang",
+                "cacheConfig": {},
+                "serverInfo": {"kvCacheDtype": "fp8_e4m3", "maxTotalNumTokens": 150_000},
+            },
+        },
+    )
+    assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
+    assert "max_total_num_tokens=150,000" in pool.message
     # an SGLang without the endpoint: nothing to compare, the capacity check still runs
     absent = v.assess_engine_truth(
         {"control": control, "candidate": sg},

@@ -206,9 +206,9 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     return metrics.parse_metrics(text, ctx.status.get("engine"))
 
 
-def server_info(ctx: Ctx, ip: str) -> dict[str, str]:
-    """SGLang's `kv_cache_dtype` from /server_info (else /get_server_info, before 0.5.6), the
-    dtype source its /metrics lack: {"kvCacheDtype": ...}, or {"absent": why} without either."""
+def server_info(ctx: Ctx, ip: str) -> dict[str, object]:
+    """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
+    source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
     from kvgate import metrics
     from kvgate.adapters import http
 
@@ -220,7 +220,7 @@ def server_info(ctx: Ctx, ip: str) -> dict[str, str]:
             if exc.status == 404:
                 continue
             raise
-        return {"kvCacheDtype": metrics.server_info_kv_dtype(body, path)}
+        return metrics.parse_server_info(body, path).to_status()
     return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
 
 
