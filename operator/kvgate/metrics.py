@@ -784,7 +784,7 @@ SERVER_INFO_PATHS: Final = ("/server_info", "/get_server_info")
 class ServerInfo:
     """What kvgate reads of SGLang's server info: the KV dtype and the scheduler's pool size
     (`max_total_num_tokens` of scheduler_info, sglang/srt/managers/scheduler.py:2859 in 0.5.3;
-    every release 0.4.6-0.5.23 puts it there, while /metrics export it only from 0.5.10)."""
+    every release 0.4.6-0.5.23 puts it there, while /metrics export it only from 0.5.6)."""
 
     kv_cache_dtype: str
     max_total_num_tokens: int | None
