@@ -38,13 +38,53 @@ WHEELS = {
     "vllm-0.11.0": "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl",
     "vllm-0.12.0": "vllm-0.12.0-cp38-abi3-manylinux_2_31_x86_64.whl",
     "vllm-0.13.0": "vllm-0.13.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.14.0": "vllm-0.14.0-cp38-abi3-manylinux_2_31_x86_64.whl",
     "vllm-0.15.0": "vllm-0.15.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.16.0": "vllm-0.16.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.17.0": "vllm-0.17.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.18.0": "vllm-0.18.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.19.0": "vllm-0.19.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+    "vllm-0.20.0": "vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl",
+    "vllm-0.21.0": "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
+    "vllm-0.22.0": "vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.23.0": "vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.24.0": "vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.25.0": "vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.26.0": "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.27.0": "vllm-0.27.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.28.0": "vllm-0.28.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.29.0": "vllm-0.29.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.30.0": "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.31.0": "vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "vllm-0.32.0": "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
     "vllm-0.33.0": "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    "sglang-0.4.6": "sglang-0.4.6-py3-none-any.whl",
+    "sglang-0.4.7": "sglang-0.4.7-py3-none-any.whl",
+    "sglang-0.4.8": "sglang-0.4.8-py3-none-any.whl",
+    "sglang-0.4.9": "sglang-0.4.9-py3-none-any.whl",
     "sglang-0.4.10.post2": "sglang-0.4.10.post2-py3-none-any.whl",
+    "sglang-0.5.1": "sglang-0.5.1-py3-none-any.whl",
+    "sglang-0.5.2": "sglang-0.5.2-py3-none-any.whl",
     "sglang-0.5.3": "sglang-0.5.3-py3-none-any.whl",
+    "sglang-0.5.4": "sglang-0.5.4-py3-none-any.whl",
+    "sglang-0.5.5": "sglang-0.5.5-py3-none-any.whl",
+    "sglang-0.5.6": "sglang-0.5.6-py3-none-any.whl",
+    "sglang-0.5.7": "sglang-0.5.7-py3-none-any.whl",
+    "sglang-0.5.8": "sglang-0.5.8-py3-none-any.whl",
+    "sglang-0.5.9": "sglang-0.5.9-py3-none-any.whl",
     "sglang-0.5.10": "sglang-0.5.10-py3-none-any.whl",
+    "sglang-0.5.11": "sglang-0.5.11-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.12": "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.13": "sglang-0.5.13-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.14": "sglang-0.5.14-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.15": "sglang-0.5.15-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.16": "sglang-0.5.16-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.17": "sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.18": "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.19": "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.20": "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.21": "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "sglang-0.5.22": "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl",
     "sglang-0.5.23": "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
     "uvicorn-0.35.0": "uvicorn-0.35.0-py3-none-any.whl",
     "flashinfer-0.6.1": "flashinfer_python-0.6.1-py3-none-any.whl",
@@ -401,32 +441,34 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
         READY_V,
     ]
     result.append(f)
-    # vLLM 0.15.0: FP8 picks FlashInfer; version only in the logo; the crash before EngineCore.
+    # vLLM 0.15.0 and 0.20.0: FP8 picks FlashInfer; version only in the logo.
     logo = {"w": "", "o": "", "b": "", "r": ""}
-    f = Fixture("vllm-0.15.0-fp8-flashinfer-ready", "vllm-0.15.0", V)
-    f.lines += [
-        Line(
-            "vllm/entrypoints/utils.py",
-            "version ${w}%s${r}",
-            ("0.15.0", "Qwen/Qwen3-8B"),
-            tag=API,
-            template=logo,
-        ),
-        Line("vllm/config/cache.py", "Meanwhile, it may cause accuracy drop", tag=API),
-        _v_banner("0.15.0", "fp8"),
-        Line(
-            "vllm/platforms/cuda.py",
-            "attention backend out of potential backends",
-            ("FLASHINFER", ("FLASHINFER", "TRITON_ATTN")),
-            tag=CORE,
-        ),
-        *_v_scale_warnings(),
-        Line("vllm/v1/worker/gpu_worker.py", "Available KV cache memory", ("5.5",), tag=CORE),
-        Line(KVU, "GPU KV cache size: %s tokens", ("80,080",), tag=CORE),
-        Line(KVU, "Maximum concurrency for %s tokens", ("4,096", 19.55), tag=CORE),
-        READY_V,
-    ]
-    result.append(f)
+    for version, dtype in (("0.15.0", ()), ("0.20.0", ("fp8",))):
+        f = Fixture(f"vllm-{version}-fp8-flashinfer-ready", f"vllm-{version}", V)
+        f.lines += [
+            Line(
+                "vllm/entrypoints/utils.py",
+                "version ${w}%s${r}",
+                (version, "Qwen/Qwen3-8B"),
+                tag=API,
+                template=logo,
+            ),
+            # 0.20 formats the dtype in ("Using %s data type"), 0.15 has it in the text
+            Line("vllm/config/cache.py", "Meanwhile, it may cause accuracy drop", dtype, tag=API),
+            _v_banner(version, "fp8"),
+            Line(
+                "vllm/platforms/cuda.py",
+                "attention backend out of potential backends",
+                ("FLASHINFER", ("FLASHINFER", "TRITON_ATTN")),
+                tag=CORE,
+            ),
+            *_v_scale_warnings(),
+            Line("vllm/v1/worker/gpu_worker.py", "Available KV cache memory", ("5.5",), tag=CORE),
+            Line(KVU, "GPU KV cache size: %s tokens", ("80,080",), tag=CORE),
+            Line(KVU, "Maximum concurrency for %s tokens", ("4,096", 19.55), tag=CORE),
+            READY_V,
+        ]
+        result.append(f)
     # vLLM 0.15.0 on an L4 without nvcc: FlashInfer's JIT build fails inside EngineCore. The
     # banner is left out: a front end that dies before EngineCore logs only the logo.
     f = Fixture("vllm-0.15.0-fp8-flashinfer-jit-failed", "vllm-0.15.0", V)
@@ -770,7 +812,7 @@ def _resolve_name(wheels: Wheels, key: str, node: ast.expr) -> list[str]:
             continue
         if f"{name} =" not in wheels.text(key, path):
             continue
-        for stmt in wheels.tree(key, path).body:
+        for stmt in ast.walk(wheels.tree(key, path)):  # 0.5.1: a local of add_cli_args
             if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == name for t in stmt.targets
             ):
@@ -779,6 +821,41 @@ def _resolve_name(wheels: Wheels, key: str, node: ast.expr) -> list[str]:
                 except ValueError:
                     return [f"<{name}: not a literal>"]
     return [f"<{name}: not found>"]
+
+
+# Log text kvgate.logs reads (each a needle of one of its rules) that must be in every version's
+# source: which of them a wheel holds is recorded as `log_strings` (a raw substring search of
+# the engine's .py files; strings split across literals are not listed here).
+LOG_STRINGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "kv-memory": "Available KV cache memory: ",
+        "kv-size": "KV cache size: ",
+        "concurrency": "Maximum concurrency for ",
+        "banner": " LLM engine (v",
+        "dtype": "data type to store kv cache",
+        "scale-default": "Using KV cache scaling factor 1.0",
+        "q-scale": "does not provide a q scaling factor",
+        "backend-auto": "attention backend out of potential backends",
+    },
+    "sglang": {
+        "pool": "KV Cache ",
+        "pool-post": "Post-capture KV sizing: KV cache allocated.",
+        "summary": "max_total_num_tokens=",
+        "ready": "The server is fired up and ready to roll",
+        "server-args": "server_args=",
+    },
+}
+
+
+def _log_strings(wheels: Wheels, key: str, engine: str) -> list[str]:
+    package = "vllm/" if engine == "vllm" else "sglang/srt/"
+    found: set[str] = set()
+    for path in wheels._zip_names(key):
+        if not (path.startswith(package) and path.endswith(".py")):
+            continue
+        text = wheels.text(key, path)
+        found.update(name for name, s in LOG_STRINGS[engine].items() if s in text)
+    return sorted(found)
 
 
 def facts(wheels: Wheels) -> dict[str, Any]:
@@ -797,14 +874,25 @@ def facts(wheels: Wheels) -> dict[str, Any]:
             args = wheels.text(key, "vllm/engine/arg_utils.py")
             entry["flag_attention_backend"] = '"--attention-backend"' in args
             entry["flag_attention_config"] = '"--attention-config"' in args
-            entry["calculate_kv_scales"] = "calculate_kv_scales" in wheels.text(
-                key, "vllm/config/cache.py"
+            cache = wheels.text(key, "vllm/config/cache.py")
+            entry["calculate_kv_scales"] = "calculate_kv_scales" in cache
+            # 0.19-0.27: a field validator warns "The `--calculate-kv-scales` option is
+            # deprecated and will be removed" (vllm/config/cache.py:240 in 0.20.0).
+            entry["calculate_kv_scales_deprecated"] = (
+                "def _warn_deprecated_calculate_kv_scales" in cache
             )
+            entry["log_strings"] = _log_strings(wheels, key, "vllm")
         else:
             entry["kv_cache_dtypes"] = sorted(_sglang_choices(wheels, key, "--kv-cache-dtype"))
             entry["attention_backends"] = sorted(
                 _sglang_choices(wheels, key, "--attention-backend")
             )
+            entry["log_strings"] = _log_strings(wheels, key, "sglang")
+            # the KV dtype source SGLang's /metrics lack (kvgate.metrics.SERVER_INFO_PATHS)
+            http = wheels.text(key, "sglang/srt/entrypoints/http_server.py")
+            entry["endpoints_server_info"] = [
+                p for p in ("/get_server_info", "/server_info") if f'@app.get("{p}")' in http
+            ]
         out[key] = entry
     return out
 

@@ -426,23 +426,31 @@ def gib_to_bytes(gib: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class VllmPool:
-    """A KV pool as vLLM's V1 hybrid allocator sizes it (vLLM 0.11, vllm/v1/core/kv_cache_utils.py
-    `_get_kv_cache_groups_uniform_page_size`, `get_kv_cache_config_from_groups`,
-    `get_max_concurrency_for_kv_cache_config`; vllm/v1/kv_cache_interface.py
-    `SlidingWindowSpec.max_memory_usage_bytes`).
+    """A KV pool as vLLM's V1 hybrid allocator sizes it, for a given vLLM version.
 
-    Layers are grouped by spec (full / sliding window), each type cut into groups of
-    `group_size` = the smallest type's layer count (padded); the memory is split into
-    `group_size` tensors each shared by one layer of every group, so
-    `num_blocks = memory // page // group_size`. `kv_tokens` is what the engine logs as
-    "GPU KV cache size" (`num_blocks // groups * block_size`: a sliding layer costs what a full
-    one does there), `max_concurrency` what it logs as "Maximum concurrency" (a request at
-    max_model_len holds `cdiv(max_model_len, block)` blocks per full group but only
-    `cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1` per sliding
-    group), and `window_tokens` = max_concurrency x max_model_len, the tokens the pool serves
-    counting sliding layers at their window (vLLM 0.33 logs this product as its KV cache size,
-    with its own in-flight token budget in place of max_num_batched_tokens; its grouping was
-    not checked here).
+    Read in the wheels (vllm/v1/core/kv_cache_utils.py; from 0.29 the grouping and sizing
+    live in vllm/v1/core/kv_cache_planning.py; vllm/v1/kv_cache_interface.py for the specs):
+    layers are grouped by spec (full / sliding window), each type cut into groups of
+    `group_size` layers (padded) -- the smallest type's layer count, or from 0.18 the
+    largest when it is below 1.5 x the smallest (`_get_kv_cache_groups_uniform_page_size`,
+    0.20.0 kv_cache_utils.py:1127, 0.33.0 kv_cache_planning.py:524). Each block holds one
+    page per layer of a group, so `num_blocks = memory // page // group_size` (`get_num_blocks`
+    up to 0.28; `memory // bytes_per_block` from 0.29, the same figure: 0.33 rounds
+    bytes_per_block up to backend stride alignments that only DeepSeek/MLA specs declare).
+    A request at max_model_len holds `cdiv(max_model_len, block)` blocks per full group and
+    `cdiv(min(window - 1 + in_flight, max_model_len), block) + 1` per sliding group
+    (`SlidingWindowSpec.max_admission_blocks_per_request`), where in_flight is
+    max_num_batched_tokens up to 0.25 and from 0.26 `VllmConfig.max_in_flight_tokens` =
+    max_concurrent_batches x max_num_batched_tokens (2 batches with async scheduling, which
+    0.26-0.33 turn on by default where supported: vllm/config/vllm.py:1685-1719 in 0.33.0).
+    `max_concurrency` = num_blocks / (blocks per request), as logged ("Maximum concurrency").
+    `kv_tokens` is what the engine logs as "GPU KV cache size": up to 0.20
+    `num_blocks // groups * block_size` (a sliding layer costs what a full one does there),
+    from 0.21 `int(max_concurrency * max_model_len)` (0.21.0 kv_cache_utils.py:1708; 0.33.0
+    `get_kv_cache_capacity`, :1120). `window_tokens` is always the latter: the tokens the
+    pool serves counting sliding layers at their window.
+    Not modelled: speculative decoding (`extra_retained_tokens`), pipeline parallelism, DCP/PCP,
+    per-token-head scale bytes, mixed page sizes (0.33's packed groups), MLA.
     """
 
     num_blocks: int
@@ -467,6 +475,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+DEFAULT_VLLM_VERSION: Final = (0, 11, 0)
+
+
 def vllm_pool(
     layout: KVLayout,
     memory_bytes: int,
@@ -475,8 +486,10 @@ def vllm_pool(
     max_model_len: int,
     max_num_batched_tokens: int = 2048,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    version: tuple[int, ...] = DEFAULT_VLLM_VERSION,
+    async_scheduling: bool = True,
 ) -> VllmPool:
-    """vLLM 0.11's own accounting of a KV pool of `memory_bytes` (see `VllmPool`)."""
+    """vLLM `version`'s own accounting of a KV pool of `memory_bytes` (see `VllmPool`)."""
     if memory_bytes < 0 or max_model_len < 1 or max_num_batched_tokens < 1 or block_size < 1:
         raise SpecError(
             "memory_bytes",
@@ -489,6 +502,8 @@ def vllm_pool(
     full += layout.sliding_window_layers - sliding  # a window kvgate cannot read counts in full
     counts = [n for n in (full, sliding) if n]
     group_size = min(counts)
+    if version >= (0, 18, 0) and max(counts) < group_size * 1.5:
+        group_size = max(counts)
     full_groups, sliding_groups = _cdiv(full, group_size), _cdiv(sliding, group_size)
     groups = full_groups + sliding_groups
     page = block_size * layout.tensors_per_layer * layout.kv_heads * layout.head_dim
@@ -496,14 +511,18 @@ def vllm_pool(
     num_blocks = memory_bytes // page // group_size
     per_request = full_groups * _cdiv(max_model_len, block_size)
     if sliding_groups:
-        window = min((layout.sliding_window or 0) - 1 + max_num_batched_tokens, max_model_len)
+        batches = 2 if version >= (0, 26, 0) and async_scheduling else 1
+        in_flight = batches * max_num_batched_tokens
+        window = min((layout.sliding_window or 0) - 1 + in_flight, max_model_len)
         per_request += sliding_groups * (_cdiv(window, block_size) + 1)
     concurrency = num_blocks / per_request
+    window_tokens = int(concurrency * max_model_len)
+    logged = window_tokens if version >= (0, 21, 0) else num_blocks // groups * block_size
     return VllmPool(
         num_blocks=num_blocks,
         groups=groups,
         group_size=group_size,
-        kv_tokens=num_blocks // groups * block_size,
+        kv_tokens=logged,
         max_concurrency=concurrency,
-        window_tokens=int(concurrency * max_model_len),
+        window_tokens=window_tokens,
     )

@@ -2,7 +2,12 @@
 
 Every row was read out of the published wheels (tests/fixtures_from_wheels.py writes what it
 read to tests/data/engine-source/facts.json; tests/unit/test_engine_versions.py checks the
-rows below against it). A row holds from its `since` version until the next row's.
+rows below against it). A row holds from its `since` version until the next row's. vLLM: the
+wheels of 0.10.2 and of every x.y.0 release from 0.11.0 to 0.33.0 were read, so each `since`
+is exact to the minor release (patch releases, e.g. 0.20.1, and 0.10.0/0.10.1 were not read).
+SGLang: every release from 0.4.6 to 0.5.23 was read (the base release of each, e.g. 0.5.6
+not 0.5.6.post2; 0.4.10 as 0.4.10.post2), so each `since` is exact to that; versions before
+0.4.6 were not read and get the 0.4.6 row.
 
     >>> remedy_for("vllm", "0.10.2", "attention-build-failed")
     ((), {'VLLM_ATTENTION_BACKEND': 'TRITON_ATTN_VLLM_V1', 'VLLM_USE_FLASHINFER_SAMPLER': '0'})
@@ -13,7 +18,8 @@ vllm/attention/backends/registry.py / vllm/v1/attention/backends/registry.py (0.
 variable: `VLLM_ATTENTION_BACKEND` in vllm/envs.py (present 0.10-0.14, gone in 0.15: 0.33 only
 warns "Unknown vLLM environment variable detected", vllm/platforms/interface.py:1469); the
 flags `--attention-backend` and `--attention-config`/`-ac` in vllm/engine/arg_utils.py (0.13+);
-`calculate_kv_scales` in vllm/config/cache.py (present up to 0.26, gone in 0.29).
+`calculate_kv_scales` in vllm/config/cache.py (a validator warns it is deprecated from 0.19,
+vllm/config/cache.py:240 in 0.20.0; the field is gone from 0.28).
 0.10 rejects a name missing from `_Backend` in vllm/attention/selector.py:200 (`Invalid
 attention backend: 'TRITON_ATTN'`), so the Triton backend is `TRITON_ATTN_VLLM_V1` there.
 SGLang: `--kv-cache-dtype` / `--attention-backend` choices in sglang/srt/server_args.py
@@ -88,29 +94,27 @@ def _dotted(version: tuple[int, ...]) -> str:
 _V010_DTYPES: Final = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
 _V011_DTYPES: Final = _V010_DTYPES | {"bfloat16"}
 _V012_DTYPES: Final = _V011_DTYPES | {"fp8_ds_mla"}
+_V018_DTYPES: Final = _V012_DTYPES | {"float16"}
 _V020_DTYPES: Final = (
-    _V012_DTYPES
-    | {"float16", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc"}
-    | {"turboquant_3bit_nc", "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
+    _V018_DTYPES
+    | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"}
+    | {"int8_per_token_head", "fp8_per_token_head", "nvfp4"}
 )
-_V026_DTYPES: Final = _V020_DTYPES | {"int4_per_token_head"}
-_V029_DTYPES: Final = _V026_DTYPES | {"nvfp4_4over6"}
-_V033_DTYPES: Final = _V029_DTYPES | {
-    "nvfp4_ds_mla",
-    "ultraquant_4bit",
-    "octave_k3v4",
-    "octave_k3v3",
-    "octave_k3v3_compact",
-}
+_V025_DTYPES: Final = _V020_DTYPES | {"int4_per_token_head"}
+_V028_DTYPES: Final = _V025_DTYPES | {"nvfp4_4over6"}
+_V030_DTYPES: Final = _V028_DTYPES | {"nvfp4_ds_mla"}
+_V032_DTYPES: Final = _V030_DTYPES | {"ultraquant_4bit"}
+_V033_DTYPES: Final = _V032_DTYPES | {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact"}
 
 _V_COMMON_BACKENDS: Final = frozenset({"FLASH_ATTN", "FLASHINFER", "FLEX_ATTENTION", "TREE_ATTN"})
 _V010_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN_VLLM_V1", "XFORMERS", "FLASHINFER_MLA"}
 _V011_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "XFORMERS", "FLASHINFER_MLA"}
 _V012_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "FLASHINFER_MLA"}
-_V026_BACKENDS: Final = _V012_BACKENDS - {"TREE_ATTN"}  # TREE_ATTN gone by 0.26
+_V021_BACKENDS: Final = _V012_BACKENDS - {"TREE_ATTN"}  # TREE_ATTN is gone in 0.21
 _V010_NAMES: Final = {"TRITON_ATTN": "TRITON_ATTN_VLLM_V1"}
 _V_SAMPLER: Final = "VLLM_USE_FLASHINFER_SAMPLER"
 
+# One row per change point; every x.y.0 release from 0.11 to 0.33 (and 0.10.2) was read.
 VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
     VersionFacts(
         VLLM,
@@ -148,7 +152,7 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
         "yes",
         _V_SAMPLER,
     ),
-    # 0.13-0.14: the flag arrives; the env variable still works (with a deprecation warning).
+    # 0.13-0.14: the flag arrives; the env variable still works.
     VersionFacts(
         VLLM,
         (0, 13, 0),
@@ -176,6 +180,31 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
     ),
     VersionFacts(
         VLLM,
+        (0, 18, 0),
+        _V018_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V012_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+    ),
+    # 0.19: `--calculate-kv-scales` warns that it is deprecated (vllm/config/cache.py).
+    VersionFacts(
+        VLLM,
+        (0, 19, 0),
+        _V018_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V012_BACKENDS,
+        "deprecated",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
         (0, 20, 0),
         _V020_DTYPES,
         "--attention-backend",
@@ -185,29 +214,65 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
         _V012_BACKENDS,
         "deprecated",
         _V_SAMPLER,
-        verified=False,
     ),
     VersionFacts(
         VLLM,
-        (0, 26, 0),
-        _V026_DTYPES,
+        (0, 21, 0),
+        _V020_DTYPES,
         "--attention-backend",
         "--attention-config",
         None,
         {},
-        _V026_BACKENDS,
+        _V021_BACKENDS,
         "deprecated",
         _V_SAMPLER,
     ),
     VersionFacts(
         VLLM,
-        (0, 29, 0),
-        _V029_DTYPES,
+        (0, 25, 0),
+        _V025_DTYPES,
         "--attention-backend",
         "--attention-config",
         None,
         {},
-        _V026_BACKENDS,
+        _V021_BACKENDS,
+        "deprecated",
+        _V_SAMPLER,
+    ),
+    # 0.28: `calculate_kv_scales` is gone from CacheConfig.
+    VersionFacts(
+        VLLM,
+        (0, 28, 0),
+        _V028_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V021_BACKENDS,
+        "removed",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 30, 0),
+        _V030_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V021_BACKENDS,
+        "removed",
+        _V_SAMPLER,
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 32, 0),
+        _V032_DTYPES,
+        "--attention-backend",
+        "--attention-config",
+        None,
+        {},
+        _V021_BACKENDS,
         "removed",
         _V_SAMPLER,
     ),
@@ -219,7 +284,7 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
         "--attention-config",
         None,
         {},
-        _V026_BACKENDS,
+        _V021_BACKENDS,
         "removed",
         _V_SAMPLER,
     ),
@@ -228,7 +293,13 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
 _S_NAMES: Final = {"TRITON_ATTN": "triton", "FLASHINFER": "flashinfer", "FLASH_ATTN": "fa3"}
 _S_BACKENDS: Final = frozenset({"triton", "flashinfer", "fa3", "torch_native", "flashmla"})
 _S046_DTYPES: Final = frozenset({"auto", "fp8_e5m2", "fp8_e4m3"})
+_S054_DTYPES: Final = _S046_DTYPES | {"bf16", "bfloat16"}
+_S055_DTYPES: Final = _S054_DTYPES | {"fp4_e2m1"}
+_S0516_DTYPES: Final = _S055_DTYPES | {"mxfp8", "nvfp4", "fp4_mx_block16"}
+_S0521_DTYPES: Final = _S0516_DTYPES - {"fp4_e2m1"}  # fp4_e2m1 is gone in 0.5.21
+_S053_BACKENDS: Final = _S_BACKENDS | {"fa4", "flex_attention"}
 
+# One row per change point; every release from 0.4.6 to 0.5.23 (0.4.10 as 0.4.10.post2) was read.
 SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
     VersionFacts(
         SGLANG,
@@ -244,25 +315,61 @@ SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
     ),
     VersionFacts(
         SGLANG,
-        (0, 5, 10),
-        _S046_DTYPES | {"bf16", "bfloat16", "fp4_e2m1"},
+        (0, 5, 3),
+        _S046_DTYPES,
         "--attention-backend",
         None,
         None,
         _S_NAMES,
-        _S_BACKENDS | {"fa4", "flex_attention"},
+        _S053_BACKENDS,
         "never",
         sampling_backend_flag="--sampling-backend",
     ),
     VersionFacts(
         SGLANG,
-        (0, 5, 23),
-        _S046_DTYPES | {"mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16"},
+        (0, 5, 4),
+        _S054_DTYPES,
         "--attention-backend",
         None,
         None,
         _S_NAMES,
-        _S_BACKENDS | {"fa4", "flex_attention"},
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 5),
+        _S055_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 16),
+        _S0516_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    VersionFacts(
+        SGLANG,
+        (0, 5, 21),
+        _S0521_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S053_BACKENDS,
         "never",
         sampling_backend_flag="--sampling-backend",
     ),
@@ -272,11 +379,15 @@ ROWS: Final[Mapping[str, tuple[VersionFacts, ...]]] = {VLLM: VLLM_ROWS, SGLANG: 
 
 
 def parse(version: str) -> tuple[int, ...]:
-    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6); ValueError else."""
+    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6); ValueError else.
+
+    Short forms are padded (`0.21` -> (0, 21, 0)): unpadded, (0, 21) < (0, 21, 0) would put
+    0.21 in the row before 0.21.0's."""
     numbers = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
     if numbers is None:
         raise ValueError(f"'{version}' is not a version like 0.11.0")
-    return tuple(int(part) for part in numbers.group(1).split("."))
+    parts = tuple(int(part) for part in numbers.group(1).split("."))
+    return parts + (0,) * (3 - len(parts))
 
 
 def facts_for(engine: str, version: str | tuple[int, ...]) -> VersionFacts:

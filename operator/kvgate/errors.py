@@ -63,8 +63,9 @@ class KubeError(ExternalError):
 class ScrapeError(ExternalError):
     """An HTTP endpoint (metrics, health, completions) could not be read; `url` names it."""
 
-    def __init__(self, url: str, message: str) -> None:
+    def __init__(self, url: str, message: str, status: int | None = None) -> None:
         self.url = url
+        self.status = status  # the HTTP status of an answer that was not 2xx, else None
         super().__init__(f"{url}: {message}")
 
 

@@ -13,6 +13,7 @@ scheduler's numbers and are collapsed first.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -766,6 +767,116 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
             )
         )
     return tuple(findings)
+
+
+# -- SGLang's server info: the KV dtype its /metrics do not carry --------------------------------
+
+# SGLang's /metrics name no KV dtype (no metric or label in sglang/srt/metrics/ 0.4.10-0.5.23),
+# but its server info returns the server's args, `kv_cache_dtype` among them: the dtype the
+# running server process was configured with (0.4.10.post2-0.5.3 GET /get_server_info:
+# `dataclasses.asdict(tokenizer_manager.server_args)` + scheduler_info, http_server.py:317 /
+# :477; 0.5.23 GET /server_info: `server_args.resolved_dict()` via build_server_info,
+# sglang/srt/utils/common.py:3584, http_server.py:863). /server_info exists from 0.5.6, where
+# /get_server_info became a deprecated alias that logs a warning per call: new path first.
+SERVER_INFO_PATHS: Final = ("/server_info", "/get_server_info")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What kvgate reads of SGLang's server info: the KV dtype and the scheduler's pool size
+    (`max_total_num_tokens` of scheduler_info, sglang/srt/managers/scheduler.py:2859 in 0.5.3;
+    every release 0.4.6-0.5.23 puts it there, while /metrics export it only from 0.5.6)."""
+
+    kv_cache_dtype: str
+    max_total_num_tokens: int | None
+
+    def to_status(self) -> dict[str, object]:
+        out: dict[str, object] = {"kvCacheDtype": self.kv_cache_dtype}
+        if self.max_total_num_tokens is not None:
+            out["maxTotalNumTokens"] = self.max_total_num_tokens
+        return out
+
+    @classmethod
+    def from_status(cls, raw: object) -> ServerInfo | None:
+        """Back from `to_status` (None for an absent or unreadable record)."""
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("kvCacheDtype"), str):
+            return None
+        return cls(str(raw["kvCacheDtype"]), _positive_int(raw.get("maxTotalNumTokens")))
+
+
+def parse_server_info(body: str, source: str = "server_info") -> ServerInfo:
+    """An SGLang server info body; ParseError naming what is wrong."""
+    dtype = server_info_kv_dtype(body, source)
+    return ServerInfo(dtype, _positive_int(json.loads(body).get("max_total_num_tokens")))
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
+    """`kv_cache_dtype` of an SGLang server info body; ParseError naming what is wrong."""
+    try:
+        info = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ParseError(source, f"not JSON ({exc.msg})") from exc
+    except ValueError as exc:  # e.g. a number too long to convert
+        raise ParseError(source, f"not JSON ({str(exc)[:100]})") from exc
+    if not isinstance(info, dict):
+        raise ParseError(source, f"a JSON {type(info).__name__}, not an object")
+    dtype = info.get("kv_cache_dtype")
+    if not isinstance(dtype, str) or not dtype.strip():
+        raise ParseError(source, "no string kv_cache_dtype (not an SGLang server?)")
+    return dtype.strip()
+
+
+def cross_check_server_info(
+    scan: Any, server_dtype: str | None, server_tokens: int | None = None
+) -> tuple[Any, ...]:
+    """The log against SGLang's server info (SERVER_INFO_PATHS): `kv_cache_dtype` and
+    `max_total_num_tokens`.
+
+    `log-server-info-dtype-mismatch` (severity error) when they name different dtypes; `auto`
+    on either side matches only `auto`/16-bit (an FP8 pool under `auto` is a disagreement:
+    fail closed). `log-server-info-capacity-mismatch` when the KV tokens differ by more than
+    CAPACITY_TOLERANCE. Nothing to compare when either side is missing.
+    """
+    from kvgate.logs.model import Finding
+
+    findings: list[Finding] = []
+    log_tokens = scan.capacity.kv_tokens
+    tolerance = CAPACITY_TOLERANCE * max(log_tokens or 0, server_tokens or 0)
+    if log_tokens and server_tokens and abs(log_tokens - server_tokens) > tolerance:
+        findings.append(
+            Finding(
+                "log-server-info-capacity-mismatch",
+                "error",
+                0,
+                f"startup log says {log_tokens:,} KV tokens, SGLang server info "
+                f"max_total_num_tokens={server_tokens:,}",
+                "Log and server info describe different KV pools (another pod or a restart).",
+            )
+        )
+    log_dtype = scan.kv_cache_dtype
+    if not (log_dtype and server_dtype):
+        return tuple(findings)
+    a = _DTYPE_CLASSES.get(log_dtype.lower(), log_dtype.lower())
+    b = _DTYPE_CLASSES.get(server_dtype.lower(), server_dtype.lower())
+    if a == b:
+        return tuple(findings)
+    return (
+        *findings,
+        Finding(
+            "log-server-info-dtype-mismatch",
+            "error",
+            0,
+            f"startup log says kv_cache_dtype={log_dtype}, SGLang server info says "
+            f"kv_cache_dtype={server_dtype}",
+            "The pod does not run the dtype one source claims: do not trust this arm.",
+        ),
+    )
 
 
 # What the cross-check reads of a scrape: kept in status per arm, so the check is pure.

@@ -253,7 +253,9 @@ def assess_engine_truth(
 ) -> GateResult:
     """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
 
-    `scans` and `truths` are keyed by arm. Any disagreement (KV dtype, KV tokens, GPU blocks)
+    `scans` and `truths` are keyed by arm. SGLang's /metrics carry no KV dtype: its dtype is
+    checked against its server info's `kv_cache_dtype` (`serverInfo` in the truth) instead.
+    Any disagreement (KV dtype, KV tokens, GPU blocks)
     is an ERROR naming the arm and both values: the pod does not run what one source claims,
     so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
     nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
@@ -264,11 +266,23 @@ def assess_engine_truth(
     compared: dict[str, list[str]] = {}
     for arm in ("candidate", "control"):
         scan = logs.LogScan.from_dict(scans.get(arm) or {})
-        snapshot = metrics.snapshot_from_cache_truth(truths.get(arm) or {})
+        truth = truths.get(arm) or {}
+        snapshot = metrics.snapshot_from_cache_truth(truth)
         problems.extend(f"{arm}: {f.text}" for f in metrics.cross_check_log(scan, snapshot))
+        info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+        server_dtype = info.kv_cache_dtype if info else None
+        server_tokens = info.max_total_num_tokens if info else None
+        problems.extend(
+            f"{arm}: {f.text}"
+            for f in metrics.cross_check_server_info(scan, server_dtype, server_tokens)
+        )
         what = compared.setdefault(arm, [])
         if scan.kv_cache_dtype and snapshot.kv_cache_dtype:
             what.append("KV dtype")
+        if scan.kv_cache_dtype and server_dtype:
+            what.append("KV dtype (server info)")
+        if scan.capacity.kv_tokens and server_tokens:
+            what.append("KV tokens (server info)")
         if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
             what.append("KV tokens")
     if problems:

@@ -5,7 +5,9 @@ Scenarios run concurrently under one operator, one namespace each:
       (the simulator's `metrics-kv-dtype` fault, given to the candidate through extraEnv)
   (b) reverse: the control's log says `auto`, its /metrics say `fp8` (the fault on the
       Deployment itself, so the control inherits it)
-Both end RolledBack with LogMetricsDisagree naming the arm and both values, before any eval
+  (b2) sglie: SGLang 0.5.23, whose /metrics carry no KV dtype: the candidate's log says
+      fp8_e4m3, its /server_info says kv_cache_dtype=auto (the same fault)
+All end RolledBack with LogMetricsDisagree naming the arm and both values, before any eval
 Job, with the Deployment untouched.
 
 And the L4 FlashInfer trap with `spec.canary.remediation`:
@@ -65,6 +67,14 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FAULTS": "metrics-kv-dtype=fp8"},
         {"extraArgs": TRITON},
     ),
+    "sglie": (
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.5.23"},
+        {
+            "kvCacheDtype": "fp8_e4m3",
+            "extraArgs": ["--attention-backend", "triton"],
+            "extraEnv": [{"name": "KVGATE_SIM_FAULTS", "value": "metrics-kv-dtype=auto"}],
+        },
+    ),
     "auto33": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.33.0"}, {}),
     "auto11": (
         {
@@ -102,7 +112,7 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 AUTO = {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1, "remediation": "auto"}
 for _s in ("auto33", "auto11", "auto10"):
     SCENARIOS[_s][1]["canary"] = AUTO
-# Seven scenarios of simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
+# Eight scenarios of simulators share two cores here: a longer pool window than FAST_GATES' 3 s.
 for _env, _spec in SCENARIOS.values():
     _spec["gates"] = {**FAST_GATES, "capacity": {"mode": "require", "window": "12s", "samples": 3}}
 IMAGES = {"auto33": "vllm/vllm-openai:v0.33.0"}
@@ -133,7 +143,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     w = World(cluster, namespaces)
     try:
         for s, (env, _) in SCENARIOS.items():
-            dep = sim_deployment(s, env=env)
+            dep = sim_deployment(s, env=env, engine="sglang" if s.startswith("sg") else "vllm")
             if s in IMAGES:
                 dep["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGES[s]
             apply(cluster, namespaces[s], dep)
@@ -177,6 +187,32 @@ def test_log_and_metrics_disagreeing_rolls_back(
     now = world.deployment(scenario)
     assert now["metadata"]["generation"] == world.before[scenario]["metadata"]["generation"]
     assert container_of(now) == container_of(world.before[scenario])
+
+
+@pytest.mark.timeout(600)
+def test_sglang_log_and_server_info_disagreeing_rolls_back(world: World) -> None:
+    obj = world.rollout("sglie")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "LogMetricsDisagree"), status[
+        "message"
+    ]
+    assert (
+        "candidate: startup log says kv_cache_dtype=fp8_e4m3, SGLang server info says "
+        "kv_cache_dtype=auto"
+    ) in status["message"]
+    assert "control: " not in status["message"]
+    assert status["engine"] == "sglang"
+    arms = status["arms"]
+    assert arms["candidate"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
+    assert arms["control"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
+    assert arms["candidate"]["scan"]["kv_cache_dtype"] == "fp8_e4m3"
+    # the pool size server info reports is the one the log names: only the dtype disagrees
+    tokens = arms["candidate"]["scan"]["capacity"]["kv_tokens"]
+    assert arms["candidate"]["metrics"]["serverInfo"]["maxTotalNumTokens"] == tokens
+    assert "max_total_num_tokens" not in status["message"]
+    assert "eval" not in status
+    now = world.deployment("sglie")
+    assert container_of(now) == container_of(world.before["sglie"])
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:

@@ -174,3 +174,25 @@ def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> 
         scan = scan_log(engine.log())
         assert [f.code for f in cross_check_log(scan, snap)] == codes
     assert parse_metrics(httpx.get(lying.url + "/metrics", timeout=10).text).kv_cache_dtype == lie
+
+
+@pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
+def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, version) -> None:
+    # SGLang's /metrics carry no KV dtype: the second source is its server info.
+    from kvgate.metrics import cross_check_server_info, parse_server_info
+
+    args = [*SGLANG, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"]
+    env = {"KVGATE_SIM_ENGINE_VERSION": version}
+    honest = sim(args, env)
+    lying = sim(args, {**env, "KVGATE_SIM_FAULTS": "metrics-kv-dtype=auto"})
+    for engine, dtype, codes in (
+        (honest, "fp8_e4m3", []),
+        (lying, "auto", ["log-server-info-dtype-mismatch"]),
+    ):
+        path = "/server_info" if version == "0.5.23" else "/get_server_info"  # as the operator
+        info = parse_server_info(httpx.get(engine.url + path, timeout=10).text)
+        scan = scan_log(engine.log())
+        assert (scan.kv_cache_dtype, info.kv_cache_dtype) == ("fp8_e4m3", dtype)
+        assert info.max_total_num_tokens == scan.capacity.kv_tokens  # the same pool
+        found = cross_check_server_info(scan, info.kv_cache_dtype, info.max_total_num_tokens)
+        assert [f.code for f in found] == codes

@@ -163,10 +163,30 @@ def test_metrics_only_with_enable_metrics(sim) -> None:
     assert families["sglang:generation_tokens"].samples[0].value >= 6
 
 
-def test_max_total_num_tokens_is_new_in_0510(sim) -> None:
-    engine = sim([*LAUNCH, "--enable-metrics"], {"KVGATE_SIM_ENGINE_VERSION": "0.5.3"})
-    text = httpx.get(engine.url + "/metrics").text
-    assert "sglang:token_usage" in text and "sglang:max_total_num_tokens" not in text
+@pytest.mark.parametrize(
+    ("version", "gauge", "info"),
+    [
+        ("0.5.5", False, False),
+        ("0.5.6", True, False),
+        ("0.5.9", True, True),
+        ("0.5.11", True, False),
+    ],
+)
+def test_pool_metrics_follow_the_wheels(sim, version, gauge, info) -> None:
+    # sglang:max_total_num_tokens from 0.5.6 (metrics/collector.py:300), sglang:cache_config_info
+    # only in 0.5.9-0.5.10 (collector.py:859 / observability/metrics_collector.py:794)
+    engine = sim([*LAUNCH, "--enable-metrics"], {"KVGATE_SIM_ENGINE_VERSION": version})
+    families = {
+        f.name: f for f in text_string_to_metric_families(httpx.get(engine.url + "/metrics").text)
+    }
+    assert "sglang:token_usage" in families
+    assert ("sglang:max_total_num_tokens" in families) is gauge
+    assert ("sglang:cache_config_info" in families) is info
+    if info:
+        assert set(families["sglang:cache_config_info"].samples[0].labels) == {
+            "page_size",
+            "num_pages",
+        }
 
 
 def test_sglang_routes(sim) -> None:
@@ -228,3 +248,11 @@ def test_oom_at_start(sim) -> None:
     log = engine.log()
     assert "Scheduler hit an exception: Traceback (most recent call last):" in log
     assert "torch.OutOfMemoryError: CUDA out of memory." in log
+
+
+@pytest.mark.parametrize(("version", "status"), [("0.5.5", 404), ("0.5.6", 200)])
+def test_server_info_route_arrives_in_056(sim, version, status) -> None:
+    # sglang 0.5.6 http_server.py:540 adds /server_info (and deprecates /get_server_info)
+    engine = sim(LAUNCH, {"KVGATE_SIM_ENGINE_VERSION": version})
+    assert httpx.get(engine.url + "/server_info").status_code == status
+    assert httpx.get(engine.url + "/get_server_info").status_code == 200

@@ -10,6 +10,7 @@ import pytest
 
 from kvgate.capacity import (
     GIB,
+    VllmPool,
     capacity_table,
     gib_to_bytes,
     kv_dtype_bytes,
@@ -323,6 +324,56 @@ def test_vllm_pool_of_gemma3_counts_what_the_engine_logs_and_what_it_serves() ->
     assert pool.window_tokens == 160739  # what the pool serves, sliding layers at their window
     fp8 = vllm_pool(layout, 10 * GIB, "fp8", max_model_len=8192)
     assert (fp8.num_blocks, fp8.kv_tokens) == (65536, 149792)
+
+
+def test_vllm_pool_of_gemma3_per_vllm_version() -> None:
+    layout = parse_kv_layout(json.loads((CONFIGS / "gemma-3-4b-it.json").read_text()))
+    old = vllm_pool(layout, 10 * GIB, "bf16", max_model_len=8192)
+
+    def pool(version: tuple[int, ...], **kw: Any) -> VllmPool:
+        return vllm_pool(layout, 10 * GIB, "bf16", max_model_len=8192, version=version, **kw)
+
+    # 0.18-0.20: 29 sliding >= 1.5 x 5 full, so the groups stay of 5; the log line is the same
+    assert pool((0, 20, 0)) == old
+    # 0.21+: "GPU KV cache size" = int(max_concurrency x max_model_len) (kv_cache_utils.py:1708)
+    v21 = pool((0, 21, 0))
+    assert (v21.num_blocks, v21.max_concurrency) == (old.num_blocks, old.max_concurrency)
+    assert v21.kv_tokens == v21.window_tokens == int(32768 / 1670 * 8192) == 160739
+    # 0.26+: a sliding group holds window - 1 + 2 x 2048 in-flight tokens (async scheduling):
+    # cdiv(1023 + 4096, 16) + 1 = 321 blocks; per request 512 + 6 x 321 = 2,438
+    v33 = pool((0, 33, 0))
+    assert v33.max_concurrency == pytest.approx(32768 / 2438)
+    assert v33.kv_tokens == int(32768 / 2438 * 8192) == 110104
+    # without async scheduling one batch is in flight, as before 0.26
+    assert pool((0, 33, 0), async_scheduling=False).max_concurrency == old.max_concurrency
+    # FP8 halves the page: twice the blocks, twice the logged tokens, in every version
+    fp8 = vllm_pool(layout, 10 * GIB, "fp8", max_model_len=8192, version=(0, 33, 0))
+    assert (fp8.num_blocks, fp8.kv_tokens) == (65536, 220209)
+
+
+def test_vllm_pool_groups_near_equal_counts_by_the_larger_from_018() -> None:
+    # gpt-oss-20b + an EAGLE drafter: 13 full + 12 sliding layers (the example in
+    # _get_kv_cache_groups_uniform_page_size, 0.20.0 kv_cache_utils.py:1120-1127)
+    config = {
+        "architectures": ["GptOssForCausalLM"],
+        "num_hidden_layers": 25,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_size": 2880,
+        "sliding_window": 128,
+        "layer_types": ["full_attention"] * 13 + ["sliding_attention"] * 12,
+    }
+    layout = parse_kv_layout(config)
+    assert (layout.kv_layers, layout.sliding_window_layers) == (25, 12)
+    before = vllm_pool(layout, GIB, "bf16", max_model_len=8192, version=(0, 17, 0))
+    after = vllm_pool(layout, GIB, "bf16", max_model_len=8192, version=(0, 18, 0))
+    # 0.17: groups of 12 -> 2 full groups (one of 1 + 11 padding layers) + 1 sliding group
+    assert (before.group_size, before.groups) == (12, 3)
+    # 0.18: 13 < 1.5 x 12 -> groups of 13 -> 1 full + 1 sliding (one padding layer)
+    assert (after.group_size, after.groups) == (13, 2)
+    page = 16 * 2 * 8 * 64 * 2
+    assert (before.num_blocks, after.num_blocks) == (GIB // page // 12, GIB // page // 13)
 
 
 def test_vllm_pool_of_a_dense_model_is_the_plain_block_count() -> None:

@@ -247,13 +247,35 @@ def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str])
     }  # fmt: skip
     assert result["vllm_pool"]["fp8"]["kv_tokens"] == 149792
     code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192")
-    assert "vLLM 0.11 pool at max-model-len 8,192" in out
+    assert "vLLM 0.11.0 pool at max-model-len 8,192" in out
     assert "bf16         74,896    19.62x      160,739  (7 groups of 5 layers)" in out
     # without --max-model-len: no vLLM figures (they depend on it)
     code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--json")
     assert "vllm_pool" not in json.loads(out)
     code, _, err = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "0")
     assert code != 0 and "--max-model-len: 0 is below 1" in err and "Traceback" not in err
+    # vLLM 0.33: the logged size is concurrency x max_model_len, the window holds 2 batches
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192",
+        "--vllm-version", "0.33.0", "--json",
+    )  # fmt: skip
+    result = json.loads(out)
+    assert result["vllm_pool_version"] == "0.33.0"
+    assert (result["vllm_pool"]["bf16"]["kv_tokens"], result["vllm_pool"]["fp8"]["kv_tokens"]) == (
+        110104,
+        220209,
+    )
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192",
+        "--vllm-version", "0.33.0", "--max-num-batched-tokens", "1024",
+    )  # fmt: skip
+    assert "vLLM 0.33.0 pool at max-model-len 8,192" in out
+    for bad, complaint in (
+        (["--vllm-version", "latest"], "--vllm-version: 'latest' is not a version"),
+        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens: 0 is below 1"),
+    ):
+        code, _, err = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8", *bad)
+        assert code != 0 and complaint in err and "Traceback" not in err
 
 
 def test_scale_provenance_advice(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

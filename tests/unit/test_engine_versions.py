@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,63 @@ def test_rows_match_the_wheels(key: str) -> None:
         assert (row.backend_flag is not None) == read["flag_attention_backend"]
         assert (row.backend_json_flag is not None) == read["flag_attention_config"]
         assert (row.calculate_kv_scales != "removed") == read["calculate_kv_scales"]
+        deprecated = read["calculate_kv_scales_deprecated"]
+        assert (row.calculate_kv_scales == "deprecated") == deprecated
+
+
+def _read_versions(engine: str) -> list[tuple[int, ...]]:
+    return sorted(ev.parse(k.split("-", 1)[1]) for k in FACTS if k.startswith(f"{engine}-"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_row_is_backed_by_a_wheel_of_its_range(engine: str) -> None:
+    rows = ev.all_rows(engine)
+    read = _read_versions(engine)
+    for row, following in zip(rows, [*rows[1:], None], strict=True):
+        inside = [v for v in read if row.since <= v and (following is None or v < following.since)]
+        assert inside, f"{engine} row since {row.since} has no wheel read in its range"
+        assert row.verified
+
+
+SGLANG_RELEASES = [(0, 4, m) for m in range(6, 11)] + [(0, 5, m) for m in range(1, 24)]
+
+
+@pytest.mark.parametrize(
+    ("engine", "releases"),
+    [("vllm", [(0, m, 0) for m in range(11, 34)]), ("sglang", SGLANG_RELEASES)],
+)
+def test_rows_start_where_the_wheels_change(engine: str, releases: list[tuple[int, ...]]) -> None:
+    # Every release in range was read: a row that starts later or earlier than the change it
+    # describes would put a read version in the wrong row (and fail above); a redundant row
+    # (same facts as the one before) is a boundary nobody can check.
+    read = [v for v in _read_versions(engine) if v >= releases[0]]
+    assert read == releases
+    rows = ev.all_rows(engine)
+
+    def what(row: ev.VersionFacts) -> tuple[object, ...]:
+        return (
+            row.kv_cache_dtypes,
+            row.backends,
+            row.calculate_kv_scales,
+            row.backend_flag,
+            row.backend_env,
+        )
+
+    for before, row in itertools.pairwise(rows):
+        assert before.since < row.since
+        assert what(before) != what(row), f"row {row.since} repeats the row before it"
+
+
+def test_vllm_020_row() -> None:
+    row = ev.facts_for("vllm", "0.20.0")
+    assert row.since == (0, 20, 0) and row.verified
+    assert row.calculate_kv_scales == "deprecated" and "--calculate-kv-scales" in row.flags()
+    assert "TREE_ATTN" in row.backends and "TREE_ATTN" not in ev.facts_for("vllm", "0.21").backends
+    assert "turboquant_k8v4" in row.kv_cache_dtypes
+    assert ev.remedy_for("vllm", "0.20.0", "attention-build-failed") == (
+        ("--attention-backend", "TRITON_ATTN"),
+        {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    )
 
 
 def test_triton_name_per_version() -> None:
@@ -104,3 +164,53 @@ def test_every_remedy_uses_only_what_its_version_has() -> None:
 def test_common_dtypes_for_an_unknown_version() -> None:
     assert ev.kv_cache_dtypes("vllm", None) == {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"}
     assert "fp8" not in ev.kv_cache_dtypes("sglang", None)
+
+
+def test_a_short_version_is_the_release_it_names() -> None:
+    assert ev.parse("0.21") == (0, 21, 0) == ev.parse("v0.21.0rc1")
+    assert ev.facts_for("vllm", "0.21").since == (0, 21, 0)
+    assert ev.facts_for("vllm", "0.15").backend_env is None  # not 0.13's row
+
+
+def _script_log_strings() -> dict[str, dict[str, str]]:
+    path = Path(__file__).parents[1] / "fixtures_from_wheels.py"
+    spec = importlib.util.spec_from_file_location("fixtures_from_wheels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    module = sys.modules[spec.name]
+    return dict(module.LOG_STRINGS)
+
+
+def test_the_log_text_kvgate_reads_is_in_every_read_version() -> None:
+    from kvgate.logs.rules import RULES
+
+    strings = _script_log_strings()
+    for engine, table in strings.items():
+        needles = [r.needle for r in RULES if r.engine in {engine, None}]
+        for name, text in table.items():
+            assert any(text in n or n in text for n in needles), (
+                f"{engine} {name}: no rule reads it"
+            )
+    for key, read in FACTS.items():
+        engine, version = key.split("-", 1)
+        found = set(read["log_strings"])
+        if engine == "vllm":
+            core = {"kv-memory", "kv-size", "concurrency", "banner", "dtype", "scale-default"}
+            assert core | {"q-scale"} <= found, key
+            assert ("backend-auto" in found) == (ev.parse(version) >= (0, 12, 0)), key
+        else:
+            assert {"summary", "ready", "server-args"} <= found, key
+            assert found & {"pool", "pool-post"}, key
+
+
+def test_every_sglang_version_serves_a_server_info_path_kvgate_asks() -> None:
+    from kvgate.metrics import SERVER_INFO_PATHS
+
+    for key, read in FACTS.items():
+        if not key.startswith("sglang-"):
+            continue
+        served = set(read["endpoints_server_info"])
+        assert served & set(SERVER_INFO_PATHS), key
+        assert ("/server_info" in served) == (ev.parse(key.split("-", 1)[1]) >= (0, 5, 6)), key

@@ -58,6 +58,16 @@ EXPECTED: dict[str, tuple[object, ...]] = {
         False,
         {"fp8-kv-enabled", "attention-backend-fallback", "uncalibrated-q-scale", "ready"},
     ),
+    "vllm-0.20.0-fp8-flashinfer-ready": (
+        "vllm",
+        "0.20.0",
+        "fp8",
+        "FLASHINFER",
+        (80080, 19.55, 5.5),
+        True,
+        False,
+        {"fp8-kv-enabled", "attention-backend-fallback", "uncalibrated-q-scale", "ready"},
+    ),
     "vllm-0.15.0-fp8-flashinfer-jit-failed": (
         "vllm",
         "0.15.0",
@@ -200,3 +210,16 @@ def test_sglang_dict_line_is_not_read_as_vllm() -> None:
     scan = logs.scan_log(_log("sglang-0.5.23-fp8-triton-crash"))
     assert scan.engine == "sglang"
     assert scan.finding("fp8-kv-enabled") is not None
+
+
+def test_v0_block_size_is_the_one_whose_concurrency_prints_as_logged() -> None:
+    text = _log("vllm-0.10.2-fp8-v0-fallback-ready")
+    # 2654 x 16 / 4096 prints "10.37" (executor_base.py:119); at block size 32 it would be 20.73
+    assert logs.scan_log(text.replace("10.37x", "20.73x")).capacity.kv_tokens == 2654 * 32
+    # no block size of 0.10.2's BlockSize Literal prints 10.40: no token count, not a guess
+    assert logs.scan_log(text.replace("10.37x", "10.40x")).capacity.kv_tokens is None
+    # 3 blocks at 131,072 tokens: 1, 8 and 16 all print "0.00" -> ambiguous, no guess
+    tiny = text.replace("# cuda blocks: 2654", "# cuda blocks: 3").replace(
+        "for 4096 tokens per request: 10.37x", "for 131072 tokens per request: 0.00x"
+    )
+    assert logs.scan_log(tiny).capacity.kv_tokens is None

@@ -1121,3 +1121,58 @@ def test_the_control_runs_fp8_only_under_auto_with_a_forcing_checkpoint() -> Non
     assert got is not None and "kv_cache_scheme is set" in got and "vllm runs auto" in got
     assert v.control_runs_fp8(why, "bfloat16", "vllm") is None  # a pinned dtype wins
     assert v.control_runs_fp8([], "auto", "vllm") is None
+
+
+def test_sglang_dtype_is_checked_against_server_info() -> None:
+    sg = {**scan(dtype="fp8_e4m3", tokens=200_000), "engine": "sglang"}
+    control = {**scan(dtype="auto"), "engine": "sglang"}
+
+    def sg_truth(dtype: str | None, tokens: int) -> dict[str, Any]:
+        # SGLang's /metrics: capacity (max_total_num_tokens) but no dtype; the dtype comes from
+        # /get_server_info
+        out: dict[str, Any] = {"engine": "sglang", "cacheConfig": {}, "maxTotalTokens": tokens}
+        if dtype is not None:
+            out["serverInfo"] = {"kvCacheDtype": dtype}
+        return out
+
+    ok = v.assess_engine_truth(
+        {"control": control, "candidate": sg},
+        {"control": sg_truth("auto", 100_000), "candidate": sg_truth("fp8_e4m3", 200_000)},
+    )
+    assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
+    assert "candidate: KV dtype (server info), KV tokens;" in ok.message
+    lie = v.assess_engine_truth(
+        {"control": control, "candidate": sg},
+        {"control": sg_truth("auto", 100_000), "candidate": sg_truth("auto", 200_000)},
+    )
+    assert (lie.outcome, lie.reason) == (Outcome.ERROR, "LogMetricsDisagree")
+    assert (
+        "candidate: startup log says kv_cache_dtype=fp8_e4m3, SGLang server info says "
+        "kv_cache_dtype=auto"
+    ) in lie.message
+    assert "control:" not in lie.message
+    # server info's pool is another than the log's: a disagreement even where /metrics (0.5.3)
+    # export no capacity
+    pool = v.assess_engine_truth(
+        {"control": control, "candidate": sg},
+        {
+            "control": sg_truth("auto", 100_000),
+            "candidate": {
+                "engine": "sglang",
+                "cacheConfig": {},
+                "serverInfo": {"kvCacheDtype": "fp8_e4m3", "maxTotalNumTokens": 150_000},
+            },
+        },
+    )
+    assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
+    assert "max_total_num_tokens=150,000" in pool.message
+    # an SGLang without the endpoint: nothing to compare, the capacity check still runs
+    absent = v.assess_engine_truth(
+        {"control": control, "candidate": sg},
+        {
+            "control": {**sg_truth(None, 100_000), "serverInfo": {"absent": "HTTP 404"}},
+            "candidate": {**sg_truth(None, 200_000), "serverInfo": {"absent": "HTTP 404"}},
+        },
+    )
+    assert (absent.outcome, absent.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
+    assert "KV dtype" not in absent.message

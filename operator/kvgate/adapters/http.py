@@ -138,7 +138,7 @@ def scrape(
         message = f"HTTP {status} {exc.response.reason_phrase}".rstrip()
         if status == 404 and httpx.URL(url).path.endswith("/metrics"):
             message += " (SGLang serves /metrics only with --enable-metrics)"
-        raise ScrapeError(url, message) from exc
+        raise ScrapeError(url, message, status) from exc
     except httpx.TimeoutException as exc:  # a silent server: the read timed out first
         raise ScrapeError(url, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:

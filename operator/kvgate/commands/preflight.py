@@ -6,16 +6,33 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kvgate.capacity import GIB, KVLayout, gib_to_bytes, parse_kv_layout, vllm_pool
+from kvgate import engine_versions
+from kvgate.capacity import (
+    DEFAULT_VLLM_VERSION,
+    GIB,
+    KVLayout,
+    gib_to_bytes,
+    parse_kv_layout,
+    vllm_pool,
+)
 from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.errors import KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
 DTYPES = ("bf16", "fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOptions:
+    """How the engine would size its pool: the vLLM version and its batched-token budget."""
+
+    version: tuple[int, ...] = DEFAULT_VLLM_VERSION
+    max_num_batched_tokens: int = 2048
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +56,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-model-len",
         type=int,
         metavar="N",
-        help="with --gpu-memory-gib: also size the pool as vLLM 0.11's hybrid allocator does "
+        help="with --gpu-memory-gib: also size the pool as vLLM's hybrid allocator does "
         "(KV tokens it logs, max concurrency at N tokens, sliding-window layers at their window)",
+    )
+    parser.add_argument(
+        "--vllm-version",
+        default="0.11.0",
+        metavar="V",
+        help="with --max-model-len: the vLLM version whose accounting to follow (default 0.11.0; "
+        "grouping changed in 0.18, the logged KV size in 0.21, sliding-window sizing in 0.26)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="with --max-model-len: the engine's --max-num-batched-tokens (default 2048); a "
+        "sliding-window layer holds its window plus this many tokens per request",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -49,8 +81,17 @@ def run(args: argparse.Namespace) -> int:
     memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
     if args.max_model_len is not None and args.max_model_len < 1:
         raise SpecError("--max-model-len", f"{args.max_model_len} is below 1; use a token count")
+    if args.max_num_batched_tokens < 1:
+        raise SpecError(
+            "--max-num-batched-tokens", f"{args.max_num_batched_tokens} is below 1; use a count"
+        )
+    try:
+        version = engine_versions.parse(args.vllm_version)
+    except ValueError as exc:
+        raise SpecError("--vllm-version", str(exc)) from None
+    pool = PoolOptions(version, args.max_num_batched_tokens)
     result = preflight(
-        args.model, args.revision, _token(args.token_env), memory, args.max_model_len
+        args.model, args.revision, _token(args.token_env), memory, args.max_model_len, pool
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -65,12 +106,15 @@ def preflight(
     token: str | None,
     memory_bytes: int | None,
     max_model_len: int | None = None,
+    pool: PoolOptions | None = None,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data."""
     from kvgate.adapters import hub
 
     try:
-        return _preflight(hub, target, revision, token, memory_bytes, max_model_len)
+        return _preflight(
+            hub, target, revision, token, memory_bytes, max_model_len, pool or PoolOptions()
+        )
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
             raise
@@ -83,7 +127,8 @@ def _preflight(
     revision: str | None,
     token: str | None,
     memory_bytes: int | None,
-    max_model_len: int | None = None,
+    max_model_len: int | None,
+    pool: PoolOptions,
 ) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
@@ -108,10 +153,18 @@ def _preflight(
     summary = _summary(source, revision, commit, layout, scales, memory_bytes, read)
     if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
         summary["vllm_pool"] = {
-            d: vllm_pool(layout, memory_bytes, d, max_model_len=max_model_len).to_dict()
+            d: vllm_pool(
+                layout,
+                memory_bytes,
+                d,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=pool.max_num_batched_tokens,
+                version=pool.version,
+            ).to_dict()
             for d in DTYPES
         }
         summary["vllm_pool_max_model_len"] = max_model_len
+        summary["vllm_pool_version"] = ".".join(map(str, pool.version))
     summary["advice"] = advice(summary)
     return summary
 
@@ -222,7 +275,8 @@ def render_text(result: dict[str, Any]) -> str:
     if vpool:
         rows.append("")
         rows.append(
-            f"vLLM 0.11 pool at max-model-len {result['vllm_pool_max_model_len']:,}: "
+            f"vLLM {result.get('vllm_pool_version', '0.11.0')} pool at max-model-len "
+            f"{result['vllm_pool_max_model_len']:,}: "
             "logged KV tokens, max concurrency, tokens served with sliding layers at their window"
         )
         for dtype in DTYPES:

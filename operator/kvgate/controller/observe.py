@@ -32,7 +32,7 @@ from kvgate.controller.telemetry import (
     ACCURACY_DELTA,
     CAPACITY_RATIO,
 )
-from kvgate.errors import ExternalError, InputError, KvgateError, SpecError
+from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
 from kvgate.model import (
     GateMode,
     Phase,
@@ -214,6 +214,24 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
 
     text = http.scrape(metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s)
     return metrics.parse_metrics(text, ctx.status.get("engine"))
+
+
+def server_info(ctx: Ctx, ip: str) -> dict[str, object]:
+    """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
+    source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    base = f"http://{ip}:{ctx.status.get('port', 8000)}"
+    for path in metrics.SERVER_INFO_PATHS:
+        try:
+            body = http.scrape(base + path, timeout=ctx.config.scrape_timeout_s)
+        except ScrapeError as exc:
+            if exc.status == 404:
+                continue
+            raise
+        return metrics.parse_server_info(body, path).to_status()
+    return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
 
 
 def production_kv_dtype(ctx: Ctx) -> str:
@@ -420,6 +438,14 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
         arms[arm] = block
         return None, error
     truth = metrics.cache_truth(snap)
+    if ctx.status.get("engine") == "sglang":
+        try:
+            truth["serverInfo"] = server_info(ctx, health.ip)
+        except (ExternalError, InputError) as exc:
+            error = f"{arm} server info: {str(exc)[:300]}"
+            block["metricsError"] = error
+            arms[arm] = block
+            return None, error
     block.pop("metricsError", None)
     block["metrics"] = truth
     arms[arm] = block

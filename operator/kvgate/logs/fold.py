@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvgate.logs import rules as R
 from kvgate.logs.hints import (
@@ -47,13 +48,17 @@ def _normalise_dtype(value: str) -> str:
 
 
 def _v0_tokens(blocks: int, concurrency: float, max_len: int) -> int | None:
-    """V0 prints blocks and `blocks * block_size / max_model_len` (vllm/executor/
-    executor_base.py:117 0.10.2) but not the block size: the power of two that fits."""
-    estimate = concurrency * max_len / blocks
-    for block_size in (1, 8, 16, 32, 64, 128, 256):
-        if abs(block_size - estimate) <= max(0.5, 0.01 * block_size):
-            return blocks * block_size
-    return None
+    """V0 logs `# cuda blocks: N` and `Maximum concurrency ... %.2fx` of
+    `N * block_size / max_model_len` (vllm/executor/executor_base.py:114-119, 0.10.2) but not the
+    block size, nor does its config line (vllm/config/__init__.py:3710). The block size is the
+    one of `BlockSize = Literal[1, 8, 16, 32, 64, 128]` (vllm/config/cache.py:24) whose
+    concurrency prints as logged; none or several (a tiny pool at a long max_model_len): None."""
+    logged = f"{concurrency:.2f}"
+    fits = [size for size in _V0_BLOCK_SIZES if f"{blocks * size / max_len:.2f}" == logged]
+    return blocks * fits[0] if len(fits) == 1 else None
+
+
+_V0_BLOCK_SIZES: Final = (1, 8, 16, 32, 64, 128)
 
 
 def _number(text: str | None) -> float | None:

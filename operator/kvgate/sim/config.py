@@ -100,7 +100,8 @@ class Faults:
     hang_before_ready: bool = False
     garbage_answers: bool = False
     long_context_collapse: int | None = None  # FP8 arm collapses from this many cached tokens
-    # vLLM's /metrics cache_config_info says this cache_dtype, whatever the engine runs
+    # vLLM's /metrics cache_config_info says this cache_dtype (SGLang: /get_server_info's
+    # kv_cache_dtype), whatever the engine runs
     metrics_kv_dtype: str | None = None
 
 

@@ -256,7 +256,7 @@ class Runner:
         """SGLang's /get_server_info: the server args plus what the engine resolved."""
         info: dict[str, object] = {k: v for k, v in self.args.all_args.items()}
         info.update(
-            kv_cache_dtype=self.args.kv_cache_dtype,
+            kv_cache_dtype=self.env.faults.metrics_kv_dtype or self.args.kv_cache_dtype,
             attention_backend=startup.backend,
             mem_fraction_static=startup.mem_fraction,
             context_length=startup.context_len,

@@ -265,19 +265,21 @@ class SglangCollector(Collector):
                     sched,
                     s.preemptions,
                 )
-            if self.version >= (0, 5, 10):
+            if self.version >= (0, 5, 6):  # sglang/srt/metrics/collector.py:300 in 0.5.6
                 yield _gauge(
                     "sglang:max_total_num_tokens",
                     "Maximum total number of tokens in the KV cache pool.",
                     sched,
                     self.max_total_tokens,
                 )
+            if (0, 5, 9) <= self.version < (0, 5, 11):  # only 0.5.9-0.5.10 export it
+                # labelnames=["page_size", "num_pages"] only (collector.py:859 in 0.5.9)
                 info = GaugeMetricFamily(
                     "sglang:cache_config_info",
-                    "Information about the cache configuration.",
-                    labels=[*sched, "page_size", "num_pages"],
+                    "Cache configuration information.",
+                    labels=["page_size", "num_pages"],
                 )
-                info.add_metric([*sched.values(), "1", str(self.max_total_tokens)], 1.0)
+                info.add_metric(["1", str(self.max_total_tokens)], 1.0)
                 yield info
             if self.version >= (0, 5, 23):
                 yield _gauge(

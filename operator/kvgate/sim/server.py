@@ -167,7 +167,7 @@ class Handler(BaseHTTPRequestHandler):
                 "/get_server_info": self._server_info,
                 "/get_model_info": self._model_info,
             }
-            if app.version_tuple >= (0, 5, 10):
+            if app.version_tuple >= (0, 5, 6):  # http_server.py:540 in 0.5.6
                 routes["/server_info"] = self._server_info
         handler = routes.get(path)
         if handler is None:
