@@ -713,6 +713,18 @@ _DTYPE_CLASSES: Final[Mapping[str, str]] = {
 CAPACITY_TOLERANCE: Final = 0.01
 
 
+def _dtype_class(dtype: str) -> str:
+    """What a KV dtype name stores: `auto`, bf16 and fp16 are all 16-bit."""
+    return _DTYPE_CLASSES.get(dtype.lower(), dtype.lower())
+
+
+def _pools_differ(log_tokens: int | None, other_tokens: int | None) -> bool:
+    """Both sides name a pool size and they differ by more than CAPACITY_TOLERANCE."""
+    if not (log_tokens and other_tokens):
+        return False
+    return abs(log_tokens - other_tokens) > CAPACITY_TOLERANCE * max(log_tokens, other_tokens)
+
+
 def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
     """Disagreements between a startup log scan (`kvgate.logs.LogScan`) and `/metrics`.
 
@@ -726,23 +738,19 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
 
     findings: list[Finding] = []
     log_dtype, metric_dtype = scan.kv_cache_dtype, snapshot.kv_cache_dtype
-    if log_dtype and metric_dtype:
-        a = _DTYPE_CLASSES.get(log_dtype.lower(), log_dtype.lower())
-        b = _DTYPE_CLASSES.get(metric_dtype.lower(), metric_dtype.lower())
-        if a != b:
-            findings.append(
-                Finding(
-                    "log-metrics-dtype-mismatch",
-                    "error",
-                    0,
-                    f"startup log says kv_cache_dtype={log_dtype}, /metrics cache_config_info "
-                    f"says cache_dtype={metric_dtype}",
-                    "The pod does not run the dtype one source claims: do not trust this arm.",
-                )
+    if log_dtype and metric_dtype and _dtype_class(log_dtype) != _dtype_class(metric_dtype):
+        findings.append(
+            Finding(
+                "log-metrics-dtype-mismatch",
+                "error",
+                0,
+                f"startup log says kv_cache_dtype={log_dtype}, /metrics cache_config_info "
+                f"says cache_dtype={metric_dtype}",
+                "The pod does not run the dtype one source claims: do not trust this arm.",
             )
+        )
     log_tokens, metric_tokens = scan.capacity.kv_tokens, snapshot.kv_capacity_tokens
-    tolerance = CAPACITY_TOLERANCE * max(log_tokens or 0, metric_tokens or 0)
-    if log_tokens and metric_tokens and abs(log_tokens - metric_tokens) > tolerance:
+    if _pools_differ(log_tokens, metric_tokens):
         findings.append(
             Finding(
                 "log-metrics-capacity-mismatch",
@@ -847,8 +855,7 @@ def cross_check_server_info(
 
     findings: list[Finding] = []
     log_tokens = scan.capacity.kv_tokens
-    tolerance = CAPACITY_TOLERANCE * max(log_tokens or 0, server_tokens or 0)
-    if log_tokens and server_tokens and abs(log_tokens - server_tokens) > tolerance:
+    if _pools_differ(log_tokens, server_tokens):
         findings.append(
             Finding(
                 "log-server-info-capacity-mismatch",
@@ -862,9 +869,7 @@ def cross_check_server_info(
     log_dtype = scan.kv_cache_dtype
     if not (log_dtype and server_dtype):
         return tuple(findings)
-    a = _DTYPE_CLASSES.get(log_dtype.lower(), log_dtype.lower())
-    b = _DTYPE_CLASSES.get(server_dtype.lower(), server_dtype.lower())
-    if a == b:
+    if _dtype_class(log_dtype) == _dtype_class(server_dtype):
         return tuple(findings)
     return (
         *findings,
