@@ -434,10 +434,21 @@ def read_duration(status: Mapping[str, Any]) -> str | None:
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
+# The operator ends a message with "; remedy: <text>", or "; remedy for <engine> <version>:
+# <text>" when the remedy comes from the engine version's facts.
+_REMEDY = re.compile(r"; (remedy(?: for [^:;]+)?): ")
+
+
 def split_remedy(message: str) -> tuple[str, str | None]:
-    """("what happened", "what to do") from an operator message "...; remedy: ..."."""
-    what, sep, remedy = message.partition("; remedy: ")
-    return (what, remedy) if sep else (message, None)
+    """("what happened", "what to do") from an operator message "...; remedy[ for E V]: ..."."""
+    match = _REMEDY.search(message)
+    if match is None:
+        return message, None
+    label = match.group(1)
+    remedy = message[match.end() :]
+    # "remedy for vllm 0.11.0: X" keeps the engine version it was chosen for.
+    version = label.removeprefix("remedy").removeprefix(" for ")
+    return message[: match.start()], f"{remedy} (for {version})" if version else remedy
 
 
 def args_heading(status: Mapping[str, Any]) -> str:

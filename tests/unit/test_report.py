@@ -529,3 +529,20 @@ def test_text_shows_both_attempts_of_a_remediated_rollout() -> None:
         "other candidate"
     )
     assert "Remediation" not in report.render_text(PROMOTED).splitlines()
+
+
+def test_split_remedy_reads_both_remedy_forms_the_operator_writes() -> None:
+    from kvgate.report import split_remedy
+
+    assert split_remedy("candidate pod crashed: X; remedy: use Triton") == (
+        "candidate pod crashed: X",
+        "use Triton",
+    )
+    # The engine-version form (verdict._canary): the version stays with the remedy.
+    assert split_remedy(
+        "candidate pod crashed: X; remedy for vllm 0.11.0: --attention-backend TRITON_ATTN"
+    ) == ("candidate pod crashed: X", "--attention-backend TRITON_ATTN (for vllm 0.11.0)")
+    assert split_remedy("capacity gain 1.2x; below 1.8x") == (
+        "capacity gain 1.2x; below 1.8x",
+        None,
+    )
