@@ -108,7 +108,13 @@ for target in operator eval; do
   size=$("${BUILDAH[@]}" images --noheading --format '{{.Size}}' "$final" 2>/dev/null | sed -n 1p)
   echo "build-images: localhost/$name:$VERSION -> $final${size:+ ($size)}"
   if [ -n "${KVGATE_IMAGE_ARCHIVE_DIR:-}" ]; then
+    # An archive written from the same tag is reused (its .tag file names the tag).
+    archive="$KVGATE_IMAGE_ARCHIVE_DIR/$name.tar"
     mkdir -p "$KVGATE_IMAGE_ARCHIVE_DIR"
-    "${BUILDAH[@]}" push --quiet "$final" "oci-archive:$KVGATE_IMAGE_ARCHIVE_DIR/$name.tar:ghcr.io/kvgate/$name:$VERSION"
+    if [ "$(cat "$archive.tag" 2>/dev/null)" != "$final" ] || [ ! -s "$archive" ]; then
+      rm -f "$archive.tag"
+      "${BUILDAH[@]}" push --quiet "$final" "oci-archive:$archive:ghcr.io/kvgate/$name:$VERSION"
+      echo "$final" >"$archive.tag"
+    fi
   fi
 done

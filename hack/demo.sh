@@ -56,7 +56,6 @@ export PATH="$BIN:$PATH"
 say "using $BIN"
 if [ "$NODE" = containerd ]; then
 	step "Images: the Dockerfile's operator and eval targets (buildah; cached by content hash)"
-	rm -rf "$STATE/images"
 	KVGATE_IMAGE_ARCHIVE_DIR="$STATE/images" hack/build-images.sh 2>"$OUT/images.err" | sed 's/^/  /' ||
 		fail "image build: $(grep -v -e pytablewriter -e pathvalidate -e '~~~' -e 'pip<24.1' "$OUT/images.err" | tail -5)"
 fi
@@ -102,9 +101,13 @@ CLUSTER_UP=1
 KUBECONFIG="$(timeout 400 "$PY" hack/cluster.py up --state-dir "$STATE/cluster" --bin-dir "$BIN" --timeout 300 --node "$NODE")" ||
 	fail "the control plane did not start; see $STATE/cluster/supervisor.log"
 export KUBECONFIG
+EVAL_IMPORT=
 if [ "$NODE" = containerd ]; then
-	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate.tar" "$STATE/images/kvgate-eval.tar" 2>&1 | sed 's/^/  /'
-	[ "${PIPESTATUS[0]}" -eq 0 ] || fail "importing the images into the node failed"
+	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate.tar" 2>&1 | sed 's/^/  /'
+	[ "${PIPESTATUS[0]}" -eq 0 ] || fail "importing the operator image into the node failed"
+	# The eval image is first needed by rollout 2: import it meanwhile.
+	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate-eval.tar" >"$OUT/import-eval.txt" 2>&1 &
+	EVAL_IMPORT=$!
 fi
 kubectl get nodes -o wide --request-timeout=10s | sed 's/^/  /'
 
@@ -221,6 +224,10 @@ case "$MESSAGE" in *"; remedy"*) say "  ${B}remedy${MESSAGE#*; remedy}${N}" ;; e
 say "  production args unchanged: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
 
 # ---- 6. the second rollout: Triton attention ---------------------------------------------
+if [ -n "$EVAL_IMPORT" ]; then
+	wait "$EVAL_IMPORT" || fail "importing the eval image into the node failed: $(tail -3 "$OUT/import-eval.txt")"
+	sed 's/^/  /' "$OUT/import-eval.txt"
+fi
 step "Rollout 2: --kv-cache-dtype fp8 --attention-backend TRITON_ATTN"
 say "${D}Qwen3-8B ships no KV scales (a warning, scale 1.0); the paired GSM8K gate decides.${N}"
 rollout qwen3-fp8-triton '["--attention-backend", "TRITON_ATTN"]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
