@@ -273,6 +273,38 @@ class _Samples:
         return collapsed
 
 
+def reduce_concepts(
+    samples: _Samples, table: Mapping[str, Sequence[str]], source: str
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Per concept (name -> metric names, preferred first): its value and the name read.
+
+    The one rule for a scrape and for a Prometheus step alike: the preferred name present,
+    every sample of it checked (ParseError outside [0, MAX_VALUE]), rank labels collapsed, then
+    a pool's usage is the fullest series and counts add up across engines and models.
+    """
+    values: dict[str, float | None] = {}
+    names: dict[str, str] = {}
+    for concept, candidates in table.items():
+        name = samples.first_present(candidates)
+        values[concept] = None
+        if name is None:
+            continue
+        names[concept] = name
+        _check_values(samples, name, source)
+        found = _finite(samples.series(name).values())
+        if found:
+            values[concept] = max(found) if concept == "kv_usage" else sum(found)
+    return values, names
+
+
+def samples_of(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> _Samples:
+    """Samples from (metric name, labels, value) rows, as a parsed exposition holds them."""
+    samples = _Samples()
+    for name, labels, value in rows:
+        samples.add(name, labels, value)
+    return samples
+
+
 def _engine_of(samples: _Samples) -> str | None:
     counts = {engine: 0 for engine in ENGINES}
     for name in samples.by_name:
@@ -384,21 +416,11 @@ def parse_metrics(
     if detected is None or not any(n.startswith(detected + ":") for n in samples.by_name):
         wanted = f"{detected}:" if detected else "vllm: or sglang:"
         raise ParseError(source, f"no {wanted} metrics found; is this the engine's /metrics?")
-    names: dict[str, str] = {}
-    values: dict[str, float | None] = {}
-    for table in (GAUGES, COUNTERS):
-        for concept, by_engine in table.items():
-            name = samples.first_present(by_engine[detected])
-            values[concept] = None
-            if name is None:
-                continue
-            names[concept] = name
-            _check_values(samples, name, source)
-            found = _finite(samples.series(name).values())
-            if not found:
-                continue
-            # A pool's usage is the fullest engine's; counts add up across engines and models.
-            values[concept] = max(found) if concept == "kv_usage" else sum(found)
+    values, names = reduce_concepts(
+        samples,
+        {concept: by_engine[detected] for concept, by_engine in {**GAUGES, **COUNTERS}.items()},
+        source,
+    )
     histograms: dict[str, Histogram | None] = {}
     for concept, by_engine in HISTOGRAMS.items():
         name = next((n for n in by_engine[detected] if n + "_bucket" in samples.by_name), None)

@@ -163,3 +163,15 @@ def test_the_query_selects_only_these_pods_and_the_engines_names() -> None:
     assert 'instance=~"(10\\\\.0\\\\.0\\\\.5|10\\\\.0\\\\.0\\\\.50)(:[0-9]+)?"' in query
     assert "vllm:kv_cache_usage_perc" in query and "sglang" not in query
     assert "vllm:time_to_first_token_seconds_sum" in query
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf, 2e18])
+def test_a_value_no_engine_exports_is_one_prometheus_error_naming_the_metric(value: float) -> None:
+    """The shared reduction's bound check (metrics.reduce_concepts) speaks as Prometheus here:
+    the caller's 'unknown', never a verdict and never an InputError from the parser."""
+    found = [_series("vllm:num_requests_waiting", "10.0.0.5:8000", [value], engine="0")]
+    with pytest.raises(PrometheusError) as caught:
+        snapshots_from_series("vllm", {"web-0": "10.0.0.5"}, found, source="http://prom:9090")
+    text = str(caught.value)
+    assert text.startswith("http://prom:9090: ") and "vllm:num_requests_waiting" in text
+    assert "\n" not in text

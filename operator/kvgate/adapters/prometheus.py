@@ -32,7 +32,7 @@ import httpx
 
 from kvgate import metrics
 from kvgate.adapters import http
-from kvgate.errors import PrometheusError, ScrapeError, brief
+from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -162,34 +162,7 @@ def pool_query(engine: str, ips: Sequence[str]) -> str:
     return f'{{__name__=~"{name_re}",instance=~"({hosts})(:[0-9]+)?"}}'
 
 
-_Key = tuple[tuple[str, str], ...]
-
-
-def _series_key(labels: Mapping[str, str]) -> _Key:
-    """The labels that name a pool (rank labels and the metric name left out)."""
-    return tuple(
-        sorted(
-            (k, v) for k, v in labels.items() if k not in metrics.RANK_LABELS and k != "__name__"
-        )
-    )
-
-
-def _reduce(
-    concept: str, rows: Sequence[tuple[_Key, float]], source: str, name: str
-) -> float | None:
-    collapsed: dict[_Key, float] = {}
-    for key, value in rows:
-        if not (math.isfinite(value) and 0.0 <= value <= metrics.MAX_VALUE):
-            raise _fail(
-                source,
-                f"{name[:120]} has value {value:g}; an engine exports only finite values in "
-                f"[0, {metrics.MAX_VALUE:g}]",
-            )
-        collapsed[key] = max(collapsed.get(key, value), value)
-    if not collapsed:
-        return None
-    values = collapsed.values()
-    return max(values) if concept == "kv_usage" else sum(values)
+_Row = tuple[str, Mapping[str, str], float]
 
 
 def snapshots_from_series(
@@ -200,30 +173,25 @@ def snapshots_from_series(
     by_ip: dict[str, list[str]] = defaultdict(list)
     for pod, ip in pods.items():
         by_ip[ip].append(pod)
-    # pod -> metric name -> time -> [(series key, value)]
-    table: dict[str, dict[str, dict[float, list[tuple[_Key, float]]]]] = {
-        pod: defaultdict(lambda: defaultdict(list)) for pod in pods
-    }
+    # pod -> evaluation time -> (metric name, labels, value): one exposition per step.
+    table: dict[str, dict[float, list[_Row]]] = {pod: defaultdict(list) for pod in pods}
     for s in found:
         metric = s.labels.get("__name__", "")
-        key = _series_key(s.labels)
+        labels = {k: v for k, v in s.labels.items() if k != "__name__"}
         for pod in by_ip.get(_host(s.labels.get("instance", "")), ()):
             for ts, value in s.points:
-                table[pod][metric][ts].append((key, value))
+                table[pod][ts].append((metric, labels, value))
     out: dict[str, list[metrics.MetricSnapshot]] = {}
-    for pod, by_name in table.items():
-        # Like parse_metrics: per concept the preferred name this pod exports.
-        chosen = {
-            concept: next((n for n in group if n in by_name), None)
-            for concept, group in names.items()
-        }
-        times = sorted({ts for per_time in by_name.values() for ts in per_time})
+    for pod, by_time in table.items():
         snaps: list[metrics.MetricSnapshot] = []
-        for ts in times:
-            values: dict[str, float | None] = {}
-            for concept, name in chosen.items():
-                rows = by_name[name].get(ts, []) if name else []
-                values[concept] = _reduce(concept, rows, source, name or concept)
+        for ts in sorted(by_time):
+            # The same reduction as a parsed /metrics (metrics.reduce_concepts).
+            try:
+                values, chosen = metrics.reduce_concepts(
+                    metrics.samples_of(by_time[ts]), names, source
+                )
+            except ParseError as exc:
+                raise _fail(source, str(exc).removeprefix(f"{source}: ")) from None
             ttft_sum, ttft_count = values.pop("ttft_sum"), values.pop("ttft_count")
             ttft = (
                 metrics.Histogram((), ttft_sum, ttft_count)
@@ -245,7 +213,7 @@ def snapshots_from_series(
                     itl=None,
                     tpot=None,
                     cache_config={},
-                    names={c: n for c, n in chosen.items() if n},
+                    names={c: n for c, n in chosen.items() if c not in ("ttft_sum", "ttft_count")},
                     taken_at=ts,
                 )
             )
