@@ -311,16 +311,9 @@ def pool_history(ctx: Ctx) -> tuple[list[str], dict[str, list[dict[str, Any]]] |
     from kvgate.adapters import prometheus
 
     gate = ctx.spec.capacity
-    pods = production_pods(ctx)
-    if not pods:
-        return [f"no production pods of Deployment {ctx.spec.target.name}"], None
-    ips = {}
-    for pod in pods:
-        health = verdict.pod_health(pod, ctx.status.get("container"))
-        if health.ready and health.ip:
-            ips[pod["metadata"]["name"]] = health.ip
+    ips, errors = ready_production_ips(ctx)
     if not ips:
-        return [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
+        return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
     url = ctx.config.prometheus_url or ""
     try:
         found = prometheus.pool_history(
@@ -347,21 +340,29 @@ def elapsed_s(ctx: Ctx) -> float:
     return (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
 
 
-def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
-    errors: list[str] = []
+def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
+    """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
     pods = production_pods(ctx)
+    if not pods:
+        return {}, [f"no production pods of Deployment {ctx.spec.target.name}"]
+    ips = {}
     for pod in pods:
         health = verdict.pod_health(pod, ctx.status.get("container"))
-        if not (health.ready and health.ip):
-            continue
+        if health.ready and health.ip:
+            ips[pod["metadata"]["name"]] = health.ip
+    return ips, []
+
+
+def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One live scrape of each Ready production pod, appended to `series`; the errors."""
+    ips, errors = ready_production_ips(ctx)
+    for name, ip in ips.items():
         try:
-            snap = scrape_pod(ctx, health.ip)
+            snap = scrape_pod(ctx, ip)
         except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
             errors.append(str(exc))
             continue
-        series.setdefault(pod["metadata"]["name"], []).append(pool_record(snap))
-    if not pods:
-        errors.append(f"no production pods of Deployment {ctx.spec.target.name}")
+        series.setdefault(name, []).append(pool_record(snap))
     return errors
 
 
@@ -430,22 +431,17 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
         return dict(block["metrics"]), None
     if not (health.ready and health.ip):
         return None, None
+    source = "/metrics"
     try:
-        snap = scrape_pod(ctx, health.ip)
+        truth = metrics.cache_truth(scrape_pod(ctx, health.ip))
+        if ctx.status.get("engine") == "sglang":
+            source = "server info"
+            truth["serverInfo"] = server_info(ctx, health.ip)
     except (ExternalError, InputError) as exc:
-        error = f"{arm} /metrics: {str(exc)[:300]}"
+        error = f"{arm} {source}: {str(exc)[:300]}"
         block["metricsError"] = error
         arms[arm] = block
         return None, error
-    truth = metrics.cache_truth(snap)
-    if ctx.status.get("engine") == "sglang":
-        try:
-            truth["serverInfo"] = server_info(ctx, health.ip)
-        except (ExternalError, InputError) as exc:
-            error = f"{arm} server info: {str(exc)[:300]}"
-            block["metricsError"] = error
-            arms[arm] = block
-            return None, error
     block.pop("metricsError", None)
     block["metrics"] = truth
     arms[arm] = block
