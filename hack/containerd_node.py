@@ -31,6 +31,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -294,10 +295,6 @@ state = "{s / "cstate"}"
         write_oci_archive(archive, self.bin_dir / "kvgate-pause", SANDBOX_IMAGE)
         self.import_archive(archive)
 
-    def images(self) -> list[str]:
-        out = _run(*self._ctr(), "images", "list", "--quiet", check=False).stdout
-        return [line for line in out.splitlines() if line]
-
 
 # -- teardown (from the state directory alone) ---------------------------------------------------
 
@@ -470,19 +467,13 @@ def _remove_kube_chains() -> list[str]:
                 continue
             # Rules in the built-in chains that jump to ours, deleted by their own spec.
             for rule in re.findall(r"^-A ((?!KUBE-)\S+ .*-j KUBE-\S+.*)$", out, re.MULTILINE):
-                _run(tool, "-t", table, "-D", *_split_rule(rule), check=False)
+                _run(tool, "-t", table, "-D", *shlex.split(rule), check=False)
             for chain in chains:
                 _run(tool, "-t", table, "-F", chain, check=False)
             for chain in chains:
                 if _run(tool, "-t", table, "-X", chain, check=False).returncode == 0:
                     gone.append(f"{tool}/{table}/{chain}")
     return gone
-
-
-def _split_rule(rule: str) -> list[str]:
-    import shlex
-
-    return shlex.split(rule)
 
 
 def _sysctl(key: str) -> str | None:

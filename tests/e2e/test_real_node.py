@@ -20,7 +20,6 @@ import shlex
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
+
+from test_operator_support import wait_for  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
 import containerd_node  # noqa: E402
@@ -98,17 +99,6 @@ def kubectl_json(c: cluster_mod.Cluster, *args: str) -> dict[str, Any]:
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
-def wait_for(what: str, probe: Any, timeout: float, every: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-
 @pytest.mark.timeout(3600)
 def test_readme_install_and_examples_promote_on_the_real_node(
     real_node: cluster_mod.Cluster, image_archives: dict[str, Path], tmp_path: Path
@@ -147,7 +137,6 @@ def test_readme_install_and_examples_promote_on_the_real_node(
         for command in commands(code_block(ROOT / "README.md", "## Install")):
             sh(command)
         operator = wait_for(
-            "the operator pod Ready",
             lambda: next(
                 (
                     p
@@ -156,7 +145,8 @@ def test_readme_install_and_examples_promote_on_the_real_node(
                 ),
                 None,
             ),
-            timeout=300,
+            300,
+            "the operator pod Ready",
         )
         assert_runs_built_image(c, operator, image_archives["kvgate"])
 
@@ -168,13 +158,13 @@ def test_readme_install_and_examples_promote_on_the_real_node(
                     ["bash", "-c", command], cwd=work, env=env, stdout=subprocess.PIPE, text=True
                 )
                 wait_for(
-                    "the rollout to end",
                     lambda: (
                         kubectl_json(c, "kvr", "vllm-fp8").get("status", {}).get("phase")
                         in {"Promoted", "RolledBack", "NotNeeded", "Failed"}
                     ),
-                    timeout=1500,
-                    every=3,
+                    1500,
+                    "the rollout to end",
+                    interval=3,
                 )
                 watched.terminate()
                 continue
@@ -254,10 +244,10 @@ def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cl
 
     # Kill the operator once the candidate pod exists: canaries are out, nothing decided yet.
     wait_for(
-        "the candidate pod",
         lambda: kubectl_json(c, "pod", "l4-trap-candidate").get("metadata"),
-        timeout=300,
-        every=0.5,
+        300,
+        "the candidate pod",
+        interval=0.5,
     )
     assert kubectl_json(c, "kvr", "l4-trap")["status"]["phase"] == "Canary"
     operators = [
@@ -269,14 +259,14 @@ def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cl
     )  # fmt: skip
 
     status = wait_for(
-        "the rollout to end",
         lambda: (
             (s := kubectl_json(c, "kvr", "l4-trap").get("status", {})).get("phase")
             in {"Promoted", "RolledBack", "NotNeeded", "Failed"}
             and s
         ),
-        timeout=900,
-        every=3,
+        900,
+        "the rollout to end",
+        interval=3,
     )
     assert status["phase"] == "RolledBack", json.dumps(status, indent=1)[:3000]
     assert "TRITON_ATTN" in status.get("message", ""), status.get("message")
@@ -290,7 +280,6 @@ def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cl
     pods = kubectl_json(c, "pods", "-n", "kvgate-system")["items"]
     assert pods and not {p["metadata"]["name"] for p in pods} & set(operators)
     wait_for(
-        "the canaries to go",
         lambda: (
             not any(
                 p["metadata"]["name"].startswith("l4-trap-")
@@ -298,5 +287,6 @@ def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cl
                 if not p["metadata"]["name"].startswith("l4-trap-eval")
             )
         ),
-        timeout=120,
+        120,
+        "the canaries to go",
     )
