@@ -35,6 +35,10 @@ class PoolOptions:
     max_num_batched_tokens: int = 2048
 
 
+_DEFAULT_POOL: Final = PoolOptions()
+_DEFAULT_VERSION_TEXT: Final = ".".join(map(str, DEFAULT_VLLM_VERSION))
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="MODEL", help="model directory, hub repo id (org/name) or a config.json"
@@ -61,17 +65,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--vllm-version",
-        default="0.11.0",
+        default=_DEFAULT_VERSION_TEXT,
         metavar="V",
-        help="with --max-model-len: the vLLM version whose accounting to follow (default 0.11.0; "
-        "grouping changed in 0.18, the logged KV size in 0.21, sliding-window sizing in 0.26)",
+        help="with --max-model-len: the vLLM version whose accounting to follow (default "
+        f"{_DEFAULT_VERSION_TEXT}; grouping changed in 0.18, the logged KV size in 0.21, "
+        "sliding-window sizing in 0.26)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=2048,
+        default=_DEFAULT_POOL.max_num_batched_tokens,
         metavar="N",
-        help="with --max-model-len: the engine's --max-num-batched-tokens (default 2048); a "
+        help="with --max-model-len: the engine's --max-num-batched-tokens (default "
+        f"{_DEFAULT_POOL.max_num_batched_tokens}); a "
         "sliding-window layer holds its window plus this many tokens per request",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -113,7 +119,7 @@ def preflight(
 
     try:
         return _preflight(
-            hub, target, revision, token, memory_bytes, max_model_len, pool or PoolOptions()
+            hub, target, revision, token, memory_bytes, max_model_len, pool or _DEFAULT_POOL
         )
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
@@ -275,7 +281,7 @@ def render_text(result: dict[str, Any]) -> str:
     if vpool:
         rows.append("")
         rows.append(
-            f"vLLM {result.get('vllm_pool_version', '0.11.0')} pool at max-model-len "
+            f"vLLM {result.get('vllm_pool_version', _DEFAULT_VERSION_TEXT)} pool at max-model-len "
             f"{result['vllm_pool_max_model_len']:,}: "
             "logged KV tokens, max concurrency, tokens served with sliding layers at their window"
         )
