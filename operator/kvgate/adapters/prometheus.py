@@ -20,6 +20,7 @@ verdict. The request goes through `adapters.http.scrape`: the whole request is b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -198,25 +199,10 @@ def snapshots_from_series(
                 if ttft_sum is not None and ttft_count is not None
                 else None
             )
-            snaps.append(
-                metrics.MetricSnapshot(
-                    engine=engine,
-                    kv_usage=values["kv_usage"],
-                    running=values["running"],
-                    waiting=values["waiting"],
-                    retracted=values["retracted"],
-                    preemptions=values["preemptions"],
-                    generation_tokens=None,
-                    prompt_tokens=None,
-                    max_total_tokens=None,
-                    ttft=ttft,
-                    itl=None,
-                    tpot=None,
-                    cache_config={},
-                    names={c: n for c, n in chosen.items() if c not in ("ttft_sum", "ttft_count")},
-                    taken_at=ts,
-                )
-            )
+            # The pool fields as a stored pool sample holds them; the rest unknown.
+            pool = metrics.snapshot_from_pool_sample({**values, "engine": engine})
+            names_read = {c: n for c, n in chosen.items() if c not in ("ttft_sum", "ttft_count")}
+            snaps.append(dataclasses.replace(pool, ttft=ttft, names=names_read, taken_at=ts))
         out[pod] = snaps
     return out
 
