@@ -205,8 +205,21 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
         < reasons.index("RolledBack")
     )
     world.untouched("trap")
-    assert world.children("trap") == [] or all(
-        p["metadata"].get("deletionTimestamp") for p in world.children("trap")
+    # The end is recorded first and the canaries are deleted by the next reconcile
+    # (status.pendingActions), so the deletion is awaited, not assumed.
+    wait_for(
+        lambda: all(p["metadata"].get("deletionTimestamp") for p in world.children("trap")),
+        120,
+        "the trap's canaries to be deleted",
+    )
+    wait_for(
+        lambda: (
+            not (get(world.cluster, world.ns["trap"], "kvr", "trap-fp8") or {})
+            .get("status", {})
+            .get("pendingActions")
+        ),
+        60,
+        "status.pendingActions to be cleared",
     )
 
 

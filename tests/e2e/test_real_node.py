@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Kubernetes' own words when a MutatingAdmissionPolicy does not yet know a new CRD's schema.
+CRD_SCHEMA_LAG = "There can be a delay between when CustomResourceDefinitions are created"
 sys.path.insert(0, str(ROOT / "hack"))
 
 from test_operator_support import wait_for  # noqa: E402
@@ -122,14 +125,27 @@ def test_readme_install_and_examples_promote_on_the_real_node(
     }
 
     def sh(command: str, timeout: float = 600) -> str:
-        proc = subprocess.run(
-            ["bash", "-c", command],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        def run() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["bash", "-c", command],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+
+        proc = run()
+        # What the README tells the user to do: apply again (the policy polls every 5 s).
+        deadline = time.monotonic() + 30
+        while (
+            proc.returncode
+            and CRD_SCHEMA_LAG in proc.stderr
+            and command.startswith("kubectl apply")
+            and time.monotonic() < deadline
+        ):
+            time.sleep(1)
+            proc = run()
         assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
