@@ -18,17 +18,18 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 # The image's venv gets no pip, no bytecode (about 150 MB) and no libraries' test suites
 # (26 MB): pip runs from a separate venv that stays in this stage, and Python compiles what
-# it imports at start.
+# it imports at start. hack/trim-venv.sh drops what nothing imports (it says what and why).
+COPY hack/trim-venv.sh /opt/pip/trim-venv
 RUN python -m venv /opt/pip \
  && /opt/pip/bin/pip install --upgrade pip \
  && python -m venv --without-pip /opt/kvgate \
  && /opt/pip/bin/pip --python /opt/kvgate/bin/python install --no-compile . \
- && find /opt/kvgate -depth -type d -name tests -path '*/site-packages/*' -exec rm -rf {} +
+ && sh /opt/pip/trim-venv /opt/kvgate
 
-# ---- build-eval: the same venv plus the `eval` extra (lm-eval) ----
+# ---- build-eval: the same venv plus the `eval` extra (lm-eval), trimmed the same way ----
 FROM build AS build-eval
 RUN /opt/pip/bin/pip --python /opt/kvgate/bin/python install --no-compile ".[eval]" \
- && find /opt/kvgate -depth -type d -name tests -path '*/site-packages/*' -exec rm -rf {} +
+ && sh /opt/pip/trim-venv /opt/kvgate
 
 # ---- runtime base: non-root, HOME and caches under /tmp ----
 FROM ${PYTHON_IMAGE} AS runtime

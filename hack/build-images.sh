@@ -11,7 +11,7 @@
 # host's bundle: the bundle is mounted read-only into the build's RUN steps (never copied into a
 # layer), with a pip.conf that names it.
 #
-# Each image is tagged with a content hash of its build inputs (Dockerfile, pyproject, README,
+# Each image is tagged with a content hash of its build inputs (Dockerfile, .dockerignore, trim-venv.sh, pyproject, README,
 # operator/ sources, base); a warm run finds the tag and builds nothing.
 #
 # Offline clusters (this machine) have no Hugging Face Hub: with a GSM8K directory
@@ -65,7 +65,7 @@ fi
 
 # ---- the two targets ----
 inputs_hash() {
-  { printf '%s\n' "$BASE" "$1"; cat Dockerfile pyproject.toml README.md
+  { printf '%s\n' "$BASE" "$1"; cat Dockerfile .dockerignore hack/trim-venv.sh pyproject.toml README.md
     git ls-files -z operator | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12
 }
 

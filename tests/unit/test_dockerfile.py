@@ -6,6 +6,8 @@ import fnmatch
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,3 +216,34 @@ def test_the_image_venv_gets_no_pip_and_no_bytecode() -> None:
             rest for s in chain(BY_NAME[target]) for op, rest in s.instructions if op == "COPY"
         ]
         assert not any("/opt/pip" in c for c in copies)
+
+
+def test_what_the_image_trims_is_never_imported_by_kvgate() -> None:
+    # The build deletes kubernetes/aio and uninstalls hf-xet; every kvgate module must import
+    # without them (a blocker raises ImportError on any import of those names).
+    runs = [rest for s in STAGES for op, rest in s.instructions if op == "RUN"]
+    assert sum("trim-venv /opt/kvgate" in r for r in runs) == 2  # the operator's and eval's venv
+    script = (ROOT / "hack/trim-venv.sh").read_text()
+    trimmed = ["kubernetes.aio"] if "site-packages/kubernetes/aio" in script else []
+    trimmed += ["hf_xet"] if "uninstall --yes --quiet hf-xet" in script else []
+    assert trimmed == ["kubernetes.aio", "hf_xet"], "the test no longer matches trim-venv.sh"
+    code = f"""
+import importlib, importlib.abc, pkgutil, sys
+BLOCKED = {trimmed!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"{{name}} is not in the image")
+        return None
+sys.meta_path.insert(0, Block())
+import kvgate
+for mod in pkgutil.walk_packages(kvgate.__path__, "kvgate."):
+    if not mod.name.endswith(".__main__"):  # those run a command line
+        importlib.import_module(mod.name)
+print("imported", len(sys.modules))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("imported")
