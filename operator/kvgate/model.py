@@ -256,6 +256,88 @@ class SpeedGate:
     concurrency: tuple[int, ...] = ()
     max_tpot_regression: float = 0.1
     requests: int = 64
+    # Arms whose GPU clocks (DCGM, through Prometheus) differ by more than this fraction are
+    # not compared: a speed difference at different clocks is the clocks' as much as the KV's.
+    max_clock_difference: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    """One clock of one arm over the speed window, in MHz."""
+
+    mean: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArmClocks:
+    """An arm's GPU clocks as DCGM reported them (None: no series for that clock)."""
+
+    sm: ClockReading | None = None
+    mem: ClockReading | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, reading in (("sm", self.sm), ("mem", self.mem)):
+            if reading is not None:
+                out[f"{key}MHz"] = round(reading.mean, 1)
+                out[f"{key}RangeMHz"] = [round(reading.low, 1), round(reading.high, 1)]
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> ArmClocks | None:
+        """Read back what `to_dict` wrote into status; anything malformed is None (unknown)."""
+        if not isinstance(raw, Mapping):
+            return None
+        readings: dict[str, ClockReading | None] = {}
+        for key in ("sm", "mem"):
+            span = raw.get(f"{key}RangeMHz")
+            numbers = [raw.get(f"{key}MHz"), *(span if isinstance(span, list) else ())]
+            if len(numbers) == 3 and all(
+                isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < 1e6
+                for n in numbers
+            ):
+                mean, low, high = (float(n) for n in numbers)
+                readings[key] = ClockReading(mean, low, high) if low <= high else None
+            else:
+                readings[key] = None
+        if readings["sm"] is None and readings["mem"] is None:
+            return None
+        return cls(sm=readings["sm"], mem=readings["mem"])
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedClocks:
+    """Both arms' clocks over the speed window, or why they are unknown (`note`)."""
+
+    control: ArmClocks | None = None
+    candidate: ArmClocks | None = None
+    note: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.control is not None and self.candidate is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": "prometheus"}
+        for arm, clocks in (("control", self.control), ("candidate", self.candidate)):
+            if clocks is not None:
+                out[arm] = clocks.to_dict()
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> SpeedClocks | None:
+        if not isinstance(raw, Mapping):
+            return None
+        note = raw.get("note")
+        return cls(
+            control=ArmClocks.from_dict(raw.get("control")),
+            candidate=ArmClocks.from_dict(raw.get("candidate")),
+            note=str(note)[:300] if note is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +479,7 @@ class RolloutSpec:
                 concurrency=tuple(sp.list_of("concurrency", int, "an integer")),
                 max_tpot_regression=sp.number("maxTpotRegression", 0.1, 0.0, 10.0),
                 requests=sp.integer("requests", 64, 1, 10000),
+                max_clock_difference=sp.number("maxClockDifference", 0.05, 0.0, 1.0),
             )
             if sp.present
             else None

@@ -18,6 +18,7 @@ from typing import Any, Final
 from kvgate.model import (
     PATCHED_PHASES,
     AccuracyGate,
+    ArmClocks,
     BackendGate,
     CapacityGainGate,
     CapacityGate,
@@ -30,6 +31,7 @@ from kvgate.model import (
     Remediation,
     RolloutSpec,
     ScalesGate,
+    SpeedClocks,
     SpeedGate,
     worst,
 )
@@ -559,19 +561,71 @@ def mean_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | No
     return total / count if count > 0 and total >= 0 else None
 
 
+_CLOCK_NAMES: Final = (("sm", "SM"), ("mem", "memory"))
+
+
+def compare_clocks(control: ArmClocks, candidate: ArmClocks, tolerance: float) -> str | None:
+    """Why the two arms' speeds cannot be compared (None: same clocks within `tolerance`).
+
+    Each clock both arms report is compared by its window mean, and each arm's own range
+    must stay within the tolerance too (a clock that throttled mid-window is not one clock).
+    """
+    problems: list[str] = []
+    for key, label in _CLOCK_NAMES:
+        a, b = getattr(control, key), getattr(candidate, key)
+        if a is None or b is None:
+            continue
+        apart = abs(a.mean - b.mean) / max(a.mean, b.mean)
+        if apart > tolerance:
+            problems.append(
+                f"{label} clock {b.mean:,.0f} MHz on the candidate vs {a.mean:,.0f} MHz on the "
+                f"control ({apart:.0%} apart, tolerance {tolerance:.0%})"
+            )
+            continue
+        for arm, r in (("control", a), ("candidate", b)):
+            if (r.high - r.low) / r.high > tolerance:
+                problems.append(
+                    f"the {arm}'s {label} clock varied {r.low:,.0f}-{r.high:,.0f} MHz in the "
+                    f"window (more than {tolerance:.0%})"
+                )
+    return "; ".join(problems) or None
+
+
 def assess_speed(
-    gate: SpeedGate | None, control_tpot_s: float | None, candidate_tpot_s: float | None
+    gate: SpeedGate | None,
+    control_tpot_s: float | None,
+    candidate_tpot_s: float | None,
+    clocks: SpeedClocks | None = None,
 ) -> GateResult:
-    """Candidate TPOT against control TPOT under the same load."""
+    """Candidate TPOT against control TPOT under the same load, at the same GPU clocks.
+
+    Clocks that differ make the comparison worthless either way: no speed claim, and the
+    gate (asked for, so required) is Inconclusive. Unknown clocks (no DCGM in Prometheus)
+    leave the claim standing and say so.
+    """
     if gate is None:
         return GateResult(SPEED, Outcome.SKIPPED, "GateOff", "speed not checked")
     if not control_tpot_s or candidate_tpot_s is None:
         return GateResult(SPEED, Outcome.ERROR, "SpeedUnknown", "no TPOT from the engines' metrics")
     regression = candidate_tpot_s / control_tpot_s - 1.0
-    detail = (
-        f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms "
-        f"({regression:+.0%}, limit +{gate.max_tpot_regression:.0%})"
-    )
+    tpots = f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms"
+    if clocks is not None and clocks.control is not None and clocks.candidate is not None:
+        mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
+        if mismatch is not None:
+            return GateResult(
+                SPEED,
+                Outcome.INCONCLUSIVE,
+                "ClocksDiffer",
+                f"no speed claim: the arms ran at different GPU clocks: {mismatch}; "
+                f"{tpots} not compared",
+            )
+        sm = clocks.candidate.sm or clocks.candidate.mem
+        where = f" at matched GPU clocks ({sm.mean:,.0f} MHz)" if sm is not None else ""
+    elif clocks is not None:
+        where = f" (GPU clocks not compared: {clocks.note or 'an arm has no DCGM series'})"
+    else:
+        where = ""
+    detail = f"{tpots} ({regression:+.0%}, limit +{gate.max_tpot_regression:.0%}){where}"
     if regression > gate.max_tpot_regression:
         return GateResult(SPEED, Outcome.FAILED, "SpeedRegressed", detail)
     return GateResult(SPEED, Outcome.SUCCESSFUL, "SpeedWithinLimit", detail)
@@ -889,6 +943,7 @@ class Observation:
     eval_error: str | None = None
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
+    speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
     # Promoting / Verifying
     rollout_done: bool = False
     rollout_crashed: str | None = None
@@ -1396,7 +1451,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     accuracy = assess_accuracy(spec.accuracy, obs.eval_summary)
     long_context = assess_long_context(spec.accuracy.long_context, obs.eval_summary)
     divergence = assess_divergence(spec.divergence, obs.eval_summary)
-    speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s)
+    speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s, obs.speed_clocks)
     gates = (accuracy, long_context, divergence, speed)
     results = (*[g for g in state.gates.values() if g.gate not in EVAL_GATES], *gates)
     verdict = decide(

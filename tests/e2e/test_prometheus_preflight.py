@@ -5,13 +5,17 @@ pod IPs; the targets are the pods the apiserver lists, written as file_sd (Debia
 is built without kubernetes_sd_configs). The operator is given its URL, so it reads the pool's
 window from Prometheus in one range query instead of scraping the pods:
   - a KV-bound production (64 concurrent 2,000+400-token requests on an L4) passes preflight;
-  - a production with room ends NotNeeded, no canary started.
+  - a production with room ends NotNeeded, no canary started;
+  - with the speed gate on, arms whose GPUs ran at different clocks (the simulator's
+    dcgm-exporter, its FP8 arm held at 1,410 MHz, scraped by the same Prometheus) get no speed
+    claim: the gate is Inconclusive, says why, and the rollout is rolled back.
 """
 
 from __future__ import annotations
 
 import secrets
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from test_operator_support import (
+    FAST_GATES,
     TERMINAL,
     Operator,
     apply,
@@ -46,21 +51,34 @@ pytestmark = [
 PRESSURE = "concurrency=64,prompt=2000,output=400"
 ROOM = "concurrency=2,prompt=500,output=100"
 TRITON = {"extraArgs": ["--attention-backend", "TRITON_ATTN"]}
-SCENARIOS = {"pressure": PRESSURE, "room": ROOM}
+SCENARIOS = {"pressure": PRESSURE, "room": ROOM, "clocks": PRESSURE}
+# The production Deployment's env: every arm's emulated GPU runs at the L4's 2,040 MHz SM
+# clock except an FP8 one, held at 1,410 MHz (a GPU capped or throttled under the candidate).
+ENV = {"clocks": {"KVGATE_SIM_DCGM": "fp8-sm-clock=1410"}}
+SPECS: dict[str, dict[str, Any]] = {
+    "clocks": {
+        **TRITON,
+        "gates": {**FAST_GATES, "speed": {"concurrency": [8], "maxTpotRegression": 1.0}},
+    }
+}
 
 
 def production_targets(cluster: Any, ns: dict[str, str]) -> list[dict[str, Any]]:
-    """file_sd groups of the Running production pods, <pod IP>:8000 with namespace/pod labels.
+    """file_sd groups of the Running production pods, <pod IP>:8000 with namespace/pod labels,
+    and of every Running engine pod's dcgm-exporter, <pod IP>:9400 (its series carry their pod).
 
     Debian's Prometheus has no kubernetes_sd_configs, so the test lists the pods through the
     apiserver and writes what the pod role's relabelling would give.
     """
     groups = []
-    for scenario, namespace in ns.items():
-        for p in pods(cluster, namespace, f"app={scenario}"):
+    for namespace in ns.values():
+        for p in pods(cluster, namespace, "kvgate.io/arm!=eval"):
             labels = p["metadata"].get("labels") or {}
             ip = (p.get("status") or {}).get("podIP")
-            if ip and p["status"].get("phase") == "Running" and "kvgate.io/rollout" not in labels:
+            if not ip or p["status"].get("phase") != "Running" or "job-name" in labels:
+                continue
+            groups.append({"targets": [f"{ip}:9400"], "labels": {"exporter": "dcgm"}})
+            if "kvgate.io/rollout" not in labels:
                 groups.append(
                     {
                         "targets": [f"{ip}:8000"],
@@ -68,6 +86,23 @@ def production_targets(cluster: Any, ns: dict[str, str]) -> list[dict[str, Any]]
                     }
                 )
     return groups
+
+
+def follow_pods(
+    cluster: Any, prom: Prometheus, ns: dict[str, str], stop: threading.Event
+) -> threading.Thread:
+    """Rewrite the targets every second, as service discovery would (canaries come and go)."""
+
+    def run() -> None:
+        while not stop.wait(1.0):
+            try:
+                prom.set_target_groups(production_targets(cluster, ns))
+            except Exception:  # a kubectl hiccup: the next second tries again
+                continue
+
+    thread = threading.Thread(target=run, name="follow-pods", daemon=True)
+    thread.start()
+    return thread
 
 
 class World:
@@ -86,19 +121,23 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     operator = Operator(
         cluster, log, namespaces=list(ns.values()), extra_env={"KVGATE_PROMETHEUS_URL": prom.url}
     )
+    stop = threading.Event()
     try:
         for s, load in SCENARIOS.items():
-            apply(cluster, ns[s], sim_deployment(s, env={"KVGATE_SIM_LOAD": load}))
+            env = {"KVGATE_SIM_LOAD": load, **ENV.get(s, {})}
+            apply(cluster, ns[s], sim_deployment(s, env=env))
         for s in SCENARIOS:
             wait_deployment_ready(cluster, ns[s], s)
-        # Both production pods, as the apiserver lists them, scraped by Prometheus.
+        # The production pods and their exporters, as the apiserver lists them, scraped.
         prom.set_target_groups(production_targets(cluster, ns))
-        prom.wait_up(2, timeout=60)
+        prom.wait_up(2 * len(SCENARIOS), timeout=60)
+        follow_pods(cluster, prom, ns, stop)
         operator.start()
         for s in SCENARIOS:
-            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **TRITON))
+            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **SPECS.get(s, TRITON)))
         yield World(cluster, prom, ns)
     finally:
+        stop.set()
         try:
             finish(cluster, operator, ns.values())
         finally:
@@ -153,3 +192,29 @@ def test_a_production_with_room_is_not_needed_from_prometheus(world: World) -> N
     reasons = event_reasons(world.cluster, world.ns["room"], "room-fp8")
     assert "PoolHasRoom" in reasons and "CanaryCreated" not in reasons
     wait_for(lambda: _production_ip(world, "room"), 5, "the room production pod")
+
+
+@pytest.mark.timeout(600)
+def test_arms_at_different_gpu_clocks_get_no_speed_claim(world: World) -> None:
+    # GIVEN the speed gate on, and the FP8 candidate's GPU at 1,410 MHz vs the control's 2,040
+    ns = world.ns["clocks"]
+    # WHEN the rollout has run its canaries and the eval (the speed window)
+    obj = wait_phase(world.cluster, ns, "clocks-fp8", TERMINAL, 480)
+    status = obj["status"]
+    speed_gate = status["gates"]["speed"]
+    # THEN no speed claim is made, the gate says why, and nothing is promoted on it
+    assert (speed_gate["outcome"], speed_gate["reason"]) == ("Inconclusive", "ClocksDiffer"), (
+        speed_gate
+    )
+    assert speed_gate["message"].startswith(
+        "no speed claim: the arms ran at different GPU clocks: SM clock 1,410 MHz on the "
+        "candidate vs 2,040 MHz on the control (31% apart, tolerance 5%)"
+    )
+    clocks = status["speed"]["clocks"]
+    assert clocks["source"] == "prometheus" and "note" not in clocks
+    assert clocks["control"]["smMHz"] == 2040.0 and clocks["candidate"]["smMHz"] == 1410.0
+    assert clocks["candidate"]["memMHz"] == clocks["control"]["memMHz"] == 6251.0
+    assert status["speed"]["control"]["tpotMs"] > 0 < status["speed"]["candidate"]["tpotMs"]
+    assert status["phase"] == "RolledBack", status.get("message")
+    assert "no speed claim: the arms ran at different GPU clocks" in status["message"]
+    assert condition(obj, "Promoted").get("status") != "True"

@@ -107,6 +107,8 @@ def sim(tmp_path: Path) -> Iterator[Callable[..., SimProcess]]:
             **os.environ,
             "KVGATE_SIM_SPEED": "0.001",
             "PYTHONUNBUFFERED": "1",
+            # Engines here share 127.0.0.1: the node exporter only where a test asks for it.
+            "KVGATE_SIM_DCGM": "off",
             **(env or {}),
         }
         # host=None: no --host flag, so the engine picks POD_IP (or its default)

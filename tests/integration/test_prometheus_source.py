@@ -23,11 +23,13 @@ import pytest
 from kvgate.adapters import prometheus as adapter
 from kvgate.errors import ExternalError, PrometheusError
 from kvgate.metrics import parse_metrics, pool_pressure
+from kvgate.model import Outcome, SpeedClocks, SpeedGate
+from kvgate.verdict import assess_speed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib
 
-from prometheus import Prometheus, binary
+from prometheus import Prometheus, binary, free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -74,6 +76,45 @@ def test_history_from_prometheus_matches_a_direct_scrape(sim, tmp_path, engine, 
         history["web-busy"][-1].names["kv_usage"]
         == parse_metrics(httpx.get(busy.url + "/metrics").text, engine).names["kv_usage"]
     )
+
+
+def test_arms_gpu_clocks_from_a_real_prometheus(sim, tmp_path) -> None:
+    # GIVEN a control and an FP8 candidate whose (emulated) dcgm-exporters report their GPUs'
+    # clocks, the candidate's SM clock held at 1,410 MHz, scraped by a real Prometheus
+    ns = "team-a"
+    arms = {
+        "r-fp8-control": ("127.0.0.2", [], ""),
+        "r-fp8-candidate": (
+            "127.0.0.3",
+            ["--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+            ",fp8-sm-clock=1410",
+        ),
+    }
+    targets = []
+    for pod, (ip, extra, clocks) in arms.items():
+        port = free_port(ip)
+        env = {**QUIET, "HOSTNAME": pod, "POD_NAMESPACE": ns}
+        env["KVGATE_SIM_DCGM"] = f"port={port}{clocks}"
+        sim([*VLLM, *extra], env, host=ip)
+        targets.append(f"{ip}:{port}")
+    start = time.time()
+    with Prometheus(tmp_path / "prom", targets, scrape_interval="1s") as prom:
+        prom.wait_up(2)
+        time.sleep(3)  # a few scrapes into the window
+        # WHEN the adapter reads both arms' clocks over the window
+        clocks = adapter.gpu_clocks(prom.url, ns, list(arms), start=start, end=time.time())
+        other_ns = adapter.gpu_clocks(prom.url, "team-b", list(arms), start=start, end=time.time())
+    # THEN each arm has its own exporter's clocks, and the speed gate refuses to compare them
+    control, candidate = clocks["r-fp8-control"], clocks["r-fp8-candidate"]
+    assert control is not None and candidate is not None
+    assert control.sm is not None and control.sm.mean == 2040.0 == control.sm.low
+    assert candidate.sm is not None and candidate.sm.mean == 1410.0
+    assert control.mem is not None and candidate.mem is not None
+    assert control.mem.mean == candidate.mem.mean == 6251.0
+    assert other_ns == {"r-fp8-control": None, "r-fp8-candidate": None}  # the namespace counts
+    gate = SpeedGate(max_clock_difference=0.05)
+    result = assess_speed(gate, 0.020, 0.022, SpeedClocks(control=control, candidate=candidate))
+    assert (result.outcome, result.reason) == (Outcome.INCONCLUSIVE, "ClocksDiffer")
 
 
 def test_a_pod_prometheus_does_not_scrape_is_unknown(sim, tmp_path) -> None:

@@ -12,6 +12,10 @@ kubernetes_sd's pod role and static targets both give). Each evaluation step bec
 series, counts added up. Every pod asked for is in the answer; one Prometheus has no series
 of has no samples, so its pool is unknown, never judged.
 
+`gpu_clocks` reads the arms' GPU clocks over the speed window the same way: dcgm-exporter's
+`DCGM_FI_DEV_SM_CLOCK` / `DCGM_FI_DEV_MEM_CLOCK`, matched by the `pod` and `namespace` labels of
+its pod mapping (or their `exported_` names when scraped without honor_labels).
+
 Any failure (unreachable, slow, HTTP error, `status: error`, junk or oversized JSON, values
 outside what an engine exports) is a `PrometheusError`: the caller's "unknown", never a
 verdict. The request goes through `adapters.http.scrape`: the whole request is bounded by
@@ -34,6 +38,7 @@ import httpx
 from kvgate import metrics
 from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
+from kvgate.model import ArmClocks, ClockReading
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -233,3 +238,80 @@ def pool_history(
         client=client,
     )
     return snapshots_from_series(engine, pods, found, source=base_url.rstrip("/"))
+
+
+# dcgm-exporter's clock fields (etc/default-counters.csv), labelled with the pod of the GPU.
+CLOCK_METRICS: Final = {"sm": "DCGM_FI_DEV_SM_CLOCK", "mem": "DCGM_FI_DEV_MEM_CLOCK"}
+_MAX_MHZ: Final = 100_000.0  # no GPU clock is near 100 GHz: anything above is junk
+
+
+def clock_query(namespace: str, pods: Sequence[str]) -> str:
+    """The PromQL of both clocks of these pods (dcgm-exporter's pod mapping).
+
+    Scraped with honor_labels the exporter's `pod`/`namespace` are kept; without it Prometheus
+    renames them `exported_pod`/`exported_namespace` (and `pod` is the exporter's own): both.
+    """
+    names = "|".join(_regex_escape(n) for n in CLOCK_METRICS.values())
+    pod_re = "|".join(_regex_escape(p) for p in sorted(set(pods)))
+    ns = namespace.replace("\\", "\\\\").replace('"', '\\"')
+    honored = f'{{__name__=~"{names}",namespace="{ns}",pod=~"{pod_re}"}}'
+    renamed = f'{{__name__=~"{names}",exported_namespace="{ns}",exported_pod=~"{pod_re}"}}'
+    return f"{honored} or {renamed}"
+
+
+def clocks_from_series(
+    pods: Sequence[str], found: Sequence[Series], *, source: str = "prometheus"
+) -> dict[str, ArmClocks | None]:
+    """Range-query series -> each pod's clocks over the window (pure; None: no series).
+
+    Every GPU of a pod (tensor parallel) and every point count: the mean is over all of them,
+    the range their lowest and highest.
+    """
+    by_metric = {name: key for key, name in CLOCK_METRICS.items()}
+    values: dict[str, dict[str, list[float]]] = {pod: defaultdict(list) for pod in pods}
+    for s in found:
+        key = by_metric.get(s.labels.get("__name__", ""))
+        pod = s.labels.get("exported_pod") or s.labels.get("pod", "")
+        if key is None or pod not in values:
+            continue
+        for _, value in s.points:
+            if not (0 < value < _MAX_MHZ):  # NaN fails too
+                raise _fail(source, f"{s.labels['__name__']} of pod {pod} is {value:g} MHz")
+            values[pod][key].append(value)
+    out: dict[str, ArmClocks | None] = {}
+    for pod in pods:
+        readings = {
+            key: ClockReading(sum(v) / len(v), min(v), max(v)) if v else None
+            for key, v in ((k, values[pod].get(k, [])) for k in CLOCK_METRICS)
+        }
+        has_any = any(r is not None for r in readings.values())
+        out[pod] = ArmClocks(sm=readings["sm"], mem=readings["mem"]) if has_any else None
+    return out
+
+
+def gpu_clocks(
+    base_url: str,
+    namespace: str,
+    pods: Sequence[str],
+    *,
+    start: float,
+    end: float,
+    timeout: float = DEFAULT_TIMEOUT,
+    client: httpx.Client | None = None,
+) -> dict[str, ArmClocks | None]:
+    """Each pod's SM and memory clocks over `[start, end]` from the DCGM series in Prometheus."""
+    if not pods:
+        return {}
+    if not end > start:
+        raise _fail(base_url, f"the clock window [{start:.0f}, {end:.0f}] is empty")
+    step = max(1.0, (end - start) / 300)  # at most ~300 points per series
+    found = query_range(
+        base_url,
+        clock_query(namespace, pods),
+        start=start,
+        end=end,
+        step=step,
+        timeout=timeout,
+        client=client,
+    )
+    return clocks_from_series(pods, found, source=base_url.rstrip("/"))

@@ -240,6 +240,7 @@ def snapshot_speed(ctx: Ctx, step: Step) -> None:
         return
     speed = dict(ctx.status.get("speed") or {})
     speed["before"] = tpot_totals(ctx)
+    speed["startedAt"] = round(ctx.now.timestamp(), 3)  # the window of the arms' GPU clocks
     ctx.status["speed"] = speed
 
 

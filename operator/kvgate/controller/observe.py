@@ -36,6 +36,7 @@ from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, S
 from kvgate.model import (
     GateMode,
     Phase,
+    SpeedClocks,
     config_hash,
 )
 from kvgate.verdict import (
@@ -520,13 +521,14 @@ def observe_eval(ctx: Ctx) -> Observation:
     ctx.status["eval"] = ev
     if summary is not None and finished:
         record_accuracy(ctx, summary)
-        control_tpot, candidate_tpot = speed_after_eval(ctx)
+        control_tpot, candidate_tpot, clocks = speed_after_eval(ctx)
         return replace_obs(
             obs,
             job_finished=True,
             eval_summary=summary,
             control_tpot_s=control_tpot,
             candidate_tpot_s=candidate_tpot,
+            speed_clocks=clocks,
         )
     if finished:
         reason = next(
@@ -753,10 +755,10 @@ def tpot_totals(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
-def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None]:
-    """Mean TPOT of each arm over the eval window, recorded in status.speed."""
+def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks | None]:
+    """Mean TPOT and GPU clocks of each arm over the eval window, recorded in status.speed."""
     if ctx.spec.speed is None:
-        return None, None
+        return None, None, None
     speed = dict(ctx.status.get("speed") or {})
     if "after" not in speed:
         speed["after"] = tpot_totals(ctx)
@@ -765,8 +767,36 @@ def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None]:
     for arm, tpot in tpots.items():
         speed[arm] = {"tpotMs": None if tpot is None else round(tpot * 1000, 3)}
     speed["concurrency"] = eval_concurrency_of(ctx)
+    clocks = SpeedClocks.from_dict(speed.get("clocks"))  # read once, then from status
+    if clocks is None and ctx.config.prometheus_url:
+        clocks = speed_clocks(ctx, speed.get("startedAt"))
+        speed["clocks"] = clocks.to_dict()
     ctx.status["speed"] = speed
-    return tpots["control"], tpots["candidate"]
+    return tpots["control"], tpots["candidate"], clocks
+
+
+def speed_clocks(ctx: Ctx, started_at: Any) -> SpeedClocks:
+    """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing."""
+    from kvgate.adapters import prometheus
+
+    pods = {arm: manifests.canary_name(ctx.name, arm) for arm in manifests.ARMS}
+    end = ctx.now.timestamp()
+    start = float(started_at) if isinstance(started_at, int | float) else end - 300.0
+    try:
+        found = prometheus.gpu_clocks(
+            ctx.config.prometheus_url or "",
+            ctx.namespace,
+            list(pods.values()),
+            start=min(start, end - 1.0),
+            end=end,
+            timeout=ctx.config.scrape_timeout_s,
+        )
+    except ExternalError as exc:  # unknown clocks never decide; the message says why
+        return SpeedClocks(note=f"Prometheus: {redact.scrub_text(str(exc))[:250]}")
+    control, candidate = found.get(pods["control"]), found.get(pods["candidate"])
+    missing = [pods[arm] for arm, c in (("control", control), ("candidate", candidate)) if not c]
+    note = f"no DCGM clock series for pod {', '.join(missing)} in Prometheus" if missing else None
+    return SpeedClocks(control=control, candidate=candidate, note=note)
 
 
 def eval_concurrency_of(ctx: Ctx) -> int:

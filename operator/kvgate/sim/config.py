@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from kvgate.sim.context import ContextCurve, CurveError
 
@@ -37,6 +38,8 @@ class GpuProfile:
     memory_gib: float  # total memory as torch reports it
     bandwidth_gbs: float  # HBM/GDDR bandwidth in GB/s
     bf16_tflops: float  # dense BF16 tensor throughput
+    sm_clock_mhz: float  # max SM clock, what DCGM_FI_DEV_SM_CLOCK shows under load
+    mem_clock_mhz: float  # memory clock, DCGM_FI_DEV_MEM_CLOCK
 
     @property
     def arch(self) -> str:
@@ -45,9 +48,13 @@ class GpuProfile:
 
 # torch reports a little less than the marketing size (e.g. L4 "24 GB" is 22.05 GiB usable).
 GPUS: dict[str, GpuProfile] = {
-    "L4": GpuProfile("L4", "NVIDIA L4", (8, 9), 22.05, 300.0, 121.0),
-    "A100": GpuProfile("A100", "NVIDIA A100-SXM4-80GB", (8, 0), 79.25, 2039.0, 312.0),
-    "H100": GpuProfile("H100", "NVIDIA H100 80GB HBM3", (9, 0), 79.19, 3350.0, 989.0),
+    "L4": GpuProfile("L4", "NVIDIA L4", (8, 9), 22.05, 300.0, 121.0, 2040.0, 6251.0),
+    "A100": GpuProfile(
+        "A100", "NVIDIA A100-SXM4-80GB", (8, 0), 79.25, 2039.0, 312.0, 1410.0, 1593.0
+    ),
+    "H100": GpuProfile(
+        "H100", "NVIDIA H100 80GB HBM3", (9, 0), 79.19, 3350.0, 989.0, 1980.0, 2619.0
+    ),
 }
 
 
@@ -115,6 +122,54 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
+class DcgmSpec:
+    """The emulated dcgm-exporter (`kvgate.sim.dcgm`): its port (None: off) and clocks."""
+
+    port: int | None = 9400
+    sm_mhz: float = 2040.0
+    mem_mhz: float = 6251.0
+    fp8_sm_mhz: float | None = None  # the clocks of an engine with an FP8 KV cache, if other
+    fp8_mem_mhz: float | None = None
+
+
+DCGM_KEYS: Final = ("port", "sm-clock", "mem-clock", "fp8-sm-clock", "fp8-mem-clock")
+
+
+def parse_dcgm(raw: str, gpu: GpuProfile, name: str = "KVGATE_SIM_DCGM") -> DcgmSpec:
+    """`off`, or `port=9400,sm-clock=2040,mem-clock=6251,fp8-sm-clock=1410` (MHz; each optional)."""
+    raw = raw.strip()
+    if raw.lower() == "off":
+        return DcgmSpec(port=None, sm_mhz=gpu.sm_clock_mhz, mem_mhz=gpu.mem_clock_mhz)
+    pairs = _key_values(raw, name)
+    unknown = sorted(set(pairs) - set(DCGM_KEYS))
+    if unknown:
+        raise SimConfigError(f"{name}: unknown key {unknown[0]!r} (known: {', '.join(DCGM_KEYS)})")
+
+    def number(key: str, low: float, high: float) -> float | None:
+        if key not in pairs:
+            return None
+        try:
+            value = float(pairs[key])
+        except ValueError:
+            raise SimConfigError(f"{name}: {key}={pairs[key]!r} is not a number") from None
+        if not (low <= value <= high):  # NaN fails too
+            raise SimConfigError(f"{name}: {key}={pairs[key]} is outside [{low:g}, {high:g}]")
+        return value
+
+    port = number("port", 1, 65535)
+    if port is not None and port != int(port):
+        raise SimConfigError(f"{name}: port={pairs['port']} is not a whole number")
+    sm, mem = number("sm-clock", 1, 10000), number("mem-clock", 1, 100000)
+    return DcgmSpec(
+        port=9400 if port is None else int(port),
+        sm_mhz=gpu.sm_clock_mhz if sm is None else sm,
+        mem_mhz=gpu.mem_clock_mhz if mem is None else mem,
+        fp8_sm_mhz=number("fp8-sm-clock", 1, 10000),
+        fp8_mem_mhz=number("fp8-mem-clock", 1, 100000),
+    )
+
+
+@dataclass(frozen=True)
 class SimEnv:
     gpu: GpuProfile
     gpu_memory_gib: float
@@ -137,6 +192,7 @@ class SimEnv:
     fp8_logit_noise: float = 0.03
     logprob_jitter: float = 0.02
     niah_accuracy: float = 0.97
+    dcgm: DcgmSpec = field(default_factory=DcgmSpec)
 
 
 def parse_version(text: str, variable: str = "KVGATE_SIM_ENGINE_VERSION") -> tuple[int, ...]:
@@ -347,4 +403,5 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
         fp8_logit_noise=_float(environ, "KVGATE_SIM_FP8_LOGIT_NOISE", 0.03, 0.0, 10.0),
         logprob_jitter=_float(environ, "KVGATE_SIM_LOGPROB_JITTER", 0.02, 0.0, 10.0),
         niah_accuracy=_float(environ, "KVGATE_SIM_NIAH_ACCURACY", 0.97, 0.0, 1.0),
+        dcgm=parse_dcgm(environ.get("KVGATE_SIM_DCGM", ""), gpu),
     )

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from kvgate.sim import cli
+from kvgate.sim import cli, dcgm
 from kvgate.sim.capacity import BLOCK_SIZE
 from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
 from kvgate.sim.context import ContextModel
@@ -146,6 +146,7 @@ class Runner:
         # vLLM takes its port before the engine starts (connections are refused until it
         # listens); SGLang binds only once the engine is up
         server = self._bind(app, bind_host) if args.engine == "vllm" else None
+        self._start_dcgm(bind_host)
         startup.run()
         if env.faults.hang_before_ready:
             while True:
@@ -174,6 +175,15 @@ class Runner:
             self._crash()
         self.stop.wait()
         return self._shutdown()
+
+    def _start_dcgm(self, host: str | None) -> None:
+        """The node's dcgm-exporter, emulated for this pod's GPU (KVGATE_SIM_DCGM)."""
+        spec = self.env.dcgm
+        if spec.port is None:
+            return
+        sm, mem = dcgm.clocks_for(spec, self.args.kv_cache_dtype)
+        who = dcgm.PodIdentity.of_this_process(dict(os.environ))
+        dcgm.serve(dcgm.DcgmCollector(self.env.gpu, sm, mem, who), host or "0.0.0.0", spec.port)
 
     def _app(self, index: Gsm8kIndex) -> App:
         args, env = self.args, self.env
@@ -223,7 +233,7 @@ class Runner:
             app.max_model_len = startup.context_len
             block, max_seqs = 1, startup.max_running
         scheduler = Scheduler(
-            gpu=env.gpu,
+            gpu=dcgm.clocked(env.gpu, *dcgm.clocks_for(env.dcgm, self.args.kv_cache_dtype)),
             model=env.model,
             kv_bytes_per_token=plan.bytes_per_token,
             capacity_tokens=plan.tokens,
