@@ -669,3 +669,31 @@ def test_view_reads_clocks_into_the_speed_record() -> None:
     assert (speed.clocks.source, speed.clocks.note) == ("prometheus", "partial")
     assert [m.key for m in speed.metrics] == ["tokensPerSecond"]
     assert report.read_speed({}) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("conditions",), [{"type": ["Ready"], "status": "True"}]),  # unhashable condition type
+        (("preflight",), {"pressure": {"pressured": ["yes"]}}),
+        (("arms",), {"candidate": {"scan": {"findings": True}}}),
+        (("remediation",), {"args": 7, "env": "A=1"}),
+        (("startedAt",), "2026-11-29T20:00:00"),  # no zone, while finishedAt has one
+        (("capacity",), {"control": {"kvTokens": 10**400}}),
+        (("accuracy", "long_context"), {"buckets": [{"context_length": 8192, "control": "x"}]}),
+        (("accuracy", "divergence"), {"buckets": [{"bucket": "0-512", "floor": 3}]}),
+    ],
+)
+def test_a_wrong_type_deep_in_the_status_renders_as_a_dash(
+    path: tuple[str, ...], value: Any
+) -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"].setdefault("accuracy", {})
+    target = rollout["status"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    text, page = report.render_text(rollout), report.render_html(rollout)
+    assert text.startswith("KVCacheRollout demo/qwen3-fp8: RolledBack\n")
+    assert page.rstrip().endswith("</html>")
+    assert report.render_long_context_svg(rollout["status"]) == ""
