@@ -1,7 +1,7 @@
 """Render a KVCacheRollout for people: a terminal summary and a self-contained HTML page.
 
 Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it) and
-returns text. `view` reads the status into frozen records (what is missing is "-", never
+returns text. `view` reads the status into the frozen records of `records` (what is missing is "-", never
 guessed), `rows` turns them into the tables both renderers share, `fmt` writes numbers, and
 `text`, `page` (HTML) and `svg` (the charts) render. A new chart is a function in `svg` (or a
 module of its own) over a `view` record.
@@ -14,12 +14,7 @@ from typing import Any
 
 from kvgate.report.fmt import shell_command
 from kvgate.report.page import render_html
-from kvgate.report.rows import divergence_rows as _divergence_rows
-from kvgate.report.rows import long_context_rows as _long_context_rows
-from kvgate.report.svg import render_long_context_svg, render_svg
-from kvgate.report.text import render_text
-from kvgate.report.view import (
-    ARMS,
+from kvgate.report.records import (
     Accuracy,
     ArmAccuracy,
     ArmCapacity,
@@ -27,10 +22,18 @@ from kvgate.report.view import (
     Clocks,
     DivergenceBucket,
     Finding,
+    Header,
     LogLine,
     LongContextBucket,
     Speed,
     SpeedMetric,
+)
+from kvgate.report.rows import divergence_rows as _divergence_rows
+from kvgate.report.rows import long_context_rows as _long_context_rows
+from kvgate.report.svg import render_long_context_svg, render_svg
+from kvgate.report.text import render_text
+from kvgate.report.view import (
+    ARMS,
     args_heading,
     read_accuracy,
     read_capacity,
@@ -69,6 +72,7 @@ __all__ = [
     "Clocks",
     "DivergenceBucket",
     "Finding",
+    "Header",
     "LogLine",
     "LongContextBucket",
     "Speed",

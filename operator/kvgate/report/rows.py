@@ -15,15 +15,8 @@ from kvgate.report.fmt import (
     to_pp,
     wilson,
 )
-from kvgate.report.view import (
-    ARMS,
-    Accuracy,
-    ArmCapacity,
-    DivergenceBucket,
-    LongContextBucket,
-    Speed,
-    as_fraction,
-)
+from kvgate.report.records import Accuracy, ArmCapacity, DivergenceBucket, LongContextBucket, Speed
+from kvgate.report.view import ARMS, as_fraction
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")

@@ -1,4 +1,4 @@
-"""The report's view model: what a rollout's status says, read into small frozen records.
+"""Reads a rollout's status into the report's view model (the frozen records of `records`).
 
 Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it). This
 is the only module of the report that reads the status dict; the renderers take its records.
@@ -14,10 +14,23 @@ import datetime as dt
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, overload
 
 from kvgate.report.fmt import DASH, pct
+from kvgate.report.records import (
+    Accuracy,
+    ArmAccuracy,
+    ArmCapacity,
+    ArmClock,
+    Clocks,
+    DivergenceBucket,
+    Finding,
+    Header,
+    LogLine,
+    LongContextBucket,
+    Speed,
+    SpeedMetric,
+)
 
 ARMS: Final = ("control", "candidate")
 # kstatus conditions say how the object is doing, not what the gates found.
@@ -110,144 +123,6 @@ def _mappings(value: Any) -> list[Mapping[str, Any]]:
     if not isinstance(value, list | tuple):
         return []
     return [v for v in value if isinstance(v, Mapping)]
-
-
-# ---------------------------------------------------------------- the records
-
-
-@dataclass(frozen=True, slots=True)
-class ArmAccuracy:
-    """One arm's GSM8K score: right answers, questions, and the 95% Wilson interval."""
-
-    correct: int | None
-    n: int | None
-    accuracy: float | None
-    wilson: tuple[float, float] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Accuracy:
-    """The paired accuracy gate as the eval summary reports it."""
-
-    verdict: str | None
-    task: str | None
-    margin: float | None
-    confidence: float | None
-    questions_used: int | None
-    stopped_early: bool | None
-    arms: dict[str, ArmAccuracy]
-    difference: float | None
-    difference_ci: tuple[float, float] | None
-    mcnemar_p: float | None
-    discordant: tuple[int, int] | None
-    ruled_out: float | None
-    questions_needed: int | None
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One gate's result: a condition (or a findings entry) with its reason and message."""
-
-    gate: str
-    status: str
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """A notable startup-log finding of one arm: a warning or an error, with its remedy."""
-
-    arm: str
-    severity: str
-    code: str
-    text: str
-    hint: str
-
-
-@dataclass(frozen=True, slots=True)
-class ArmCapacity:
-    """One arm's KV cache as its engine reported it at startup."""
-
-    arm: str
-    kv_dtype: str | None
-    backend: str | None
-    kv_tokens: float | None
-    max_concurrency: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedMetric:
-    """One measured speed figure (the operator's key, e.g. `tokensPerSecond`) per arm."""
-
-    key: str
-    values: dict[str, float | None]
-
-
-@dataclass(frozen=True, slots=True)
-class ArmClock:
-    """One arm's GPU clocks while it was measured: means and (min, max) ranges, in MHz."""
-
-    sm_mhz: float | None
-    mem_mhz: float | None
-    sm_range: tuple[float, float] | None
-    mem_range: tuple[float, float] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Clocks:
-    """`status.speed.clocks`: each arm's GPU clocks, where they came from, or why unknown."""
-
-    arms: dict[str, ArmClock]
-    source: str | None
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Speed:
-    """`status.speed`: the figures per arm, and the GPU clocks they were measured at."""
-
-    metrics: list[SpeedMetric]
-    clocks: Clocks | None
-
-
-@dataclass(frozen=True, slots=True)
-class LongContextBucket:
-    """One context length of the long-context task: both arms' scores and the verdict."""
-
-    context_length: int | None
-    control: float | None
-    candidate: float | None
-    recovery: float | None
-    lower: float | None
-    verdict: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class DivergenceBucket:
-    """One position bucket of the teacher-forced divergence: the A/A floor and the candidate."""
-
-    bucket: str
-    floor_kl: float | None
-    candidate_kl: float | None
-    floor_top1: float | None
-    candidate_top1: float | None
-    flagged: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    """Who the rollout is and where it stands: identity, target, mode, phase, message."""
-
-    namespace: str
-    name: str
-    target: str
-    mode: str | None
-    kv_cache_dtype: Any
-    phase: str
-    message: str | None
 
 
 # ---------------------------------------------------------------- accuracy
