@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +138,6 @@ class Header:
     name: str
     target: str
     mode: str | None
-    kv_cache_dtype: Any
+    kv_cache_dtype: str | None
     phase: str
     message: str | None

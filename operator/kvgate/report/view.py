@@ -566,7 +566,7 @@ def read_header(rollout: Mapping[str, Any]) -> Header:
         name=str(_get(meta, "name") or DASH),
         target=_target(spec),
         mode=_str_or_none(_get(_get(spec, "promotion"), "mode") or _get(spec, "mode")),
-        kv_cache_dtype=_get(spec, "kvCacheDtype"),
+        kv_cache_dtype=str(dtype) if (dtype := _get(spec, "kvCacheDtype")) else None,
         phase=str(_get(status, "phase") or "Pending"),
         message=str(message) if message else None,
     )
