@@ -433,6 +433,64 @@ def test_report_files(status: dict[str, Any], form: str, as_list: bool) -> None:
             _own(render_text, read)
 
 
+# Every field the report reads, nested as the operator writes it; the fuzz puts any JSON value
+# at any of them (or leaves it out), so a wrong type deep in the status is tried, not only at
+# the top where a random dictionary would put it.
+_ARM_CLOCK = {"smMHz": 0, "memMHz": 0, "smRangeMHz": [0], "memRangeMHz": [0]}
+_SCAN = {"kv_cache_dtype": 0, "attention_backend": 0, "capacity": {"kv_tokens": 0,
+         "max_concurrency": 0}, "findings": [{"severity": 0, "code": 0, "text": 0, "hint": 0}]}  # fmt: skip
+_ARM_SCORE = {"correct": 0, "n": 0, "accuracy": 0, "wilson95": [0]}
+REPORT_SHAPE: dict[str, Any] = {
+    "phase": 0, "message": 0, "startedAt": 0, "finishedAt": 0, "recommendedArgs": [0],
+    "conditions": [{"type": 0, "status": 0, "reason": 0, "message": 0}],
+    "findings": [{"gate": 0, "outcome": 0, "reason": 0, "message": 0}],
+    "gates": {"accuracy": {"outcome": 0, "message": 0}},
+    "verdict": {"decision": 0, "message": 0},
+    "preflight": {"checkpointHasScales": 0, "pressure": {"pressured": 0, "max_usage": 0,
+                  "mean_waiting": 0, "samples": 0}},
+    "remediation": {"firstAttempt": {"message": 0, "attentionBackend": 0}, "args": [0],
+                    "env": {"K": 0}, "code": 0, "engine": 0, "engineVersion": 0},
+    "arms": {"control": {"kvTokens": 0, "attentionBackend": 0, "scan": _SCAN},
+             "candidate": {"scan": _SCAN}},
+    "capacity": {"gain": 0, "control": {"kvCacheDtype": 0, "kvTokens": 0, "maxConcurrency": 0},
+                 "candidate": {"kvTokens": 0, "attentionBackend": 0}},
+    "speed": {"control": {"tokensPerSecond": 0}, "candidate": {"tokensPerSecond": 0},
+              "clocks": {"control": _ARM_CLOCK, "candidate": _ARM_CLOCK, "note": 0, "source": 0}},
+    "accuracy": {
+        "verdict": 0, "task": 0, "margin": 0, "confidence": 0, "questions_used": 0,
+        "control": _ARM_SCORE, "candidate": _ARM_SCORE,
+        "paired": {"control_only": 0, "candidate_only": 0, "difference": 0, "tango95": [0]},
+        "long_context": {"buckets": [{"context_length": 0, "control": {"accuracy": 0},
+                         "candidate": {"accuracy": 0}, "recovery": 0, "bounds": {"lower": 0},
+                         "verdict": 0, "reason": 0}]},
+        "divergence": {"buckets": [{"bucket": 0, "floor": {"mean_kl": 0, "top1_agreement": 0},
+                       "candidate": {"mean_kl": 0}, "flagged": 0}]},
+    },
+}  # fmt: skip
+
+
+def _shaped(shape: Any) -> st.SearchStrategy[Any]:
+    if isinstance(shape, dict):
+        fields = {k: _shaped(v) | json_values for k, v in shape.items()}
+        return st.fixed_dictionaries({}, optional=fields)
+    if isinstance(shape, list):
+        return st.lists(_shaped(shape[0]) | json_values, max_size=3)
+    return json_values
+
+
+@FUZZ
+@given(_shaped(REPORT_SHAPE))
+def test_report_renders_any_value_at_any_field_it_reads(status: dict[str, Any]) -> None:
+    from kvgate import report
+
+    rollout = {"metadata": {"name": "r", "namespace": "n"}, "spec": {}, "status": status}
+    text, page = render_text(rollout), render_html(rollout)
+    assert text.startswith("KVCacheRollout n/r: ") and page.rstrip().endswith("</html>")
+    render_svg(status)
+    report.render_long_context_svg(status)
+    report.read_speed(status)
+
+
 # -- bounded memory, under RLIMIT_AS = 1 GiB in a subprocess -----------------------------------
 
 MEMORY_CASES = {

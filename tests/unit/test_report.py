@@ -546,3 +546,154 @@ def test_split_remedy_reads_both_remedy_forms_the_operator_writes() -> None:
         "capacity gain 1.2x; below 1.8x",
         None,
     )
+
+
+# ---------------------------------------------------------------- GPU clocks in the speed table
+
+CLOCKS: dict[str, Any] = {
+    "control": {
+        "smMHz": 2040.0,
+        "memMHz": 6251.0,
+        "smRangeMHz": [2010.0, 2040.0],
+        "memRangeMHz": [6251.0, 6251.0],
+    },
+    "candidate": {
+        "smMHz": 1410.0,
+        "memMHz": 6251.0,
+        "smRangeMHz": [1410.0, 1410.0],
+        "memRangeMHz": [6251.0, 6251.0],
+    },
+    "source": "prometheus",
+}
+
+
+def _with_clocks(clocks: Any) -> dict[str, Any]:
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["speed"]["clocks"] = clocks
+    return rollout
+
+
+def _speed_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index("Speed")
+    return lines[start + 1 : lines.index("", start)]
+
+
+def test_speed_table_shows_both_arms_clocks_with_the_range_when_it_moved() -> None:
+    rollout = _with_clocks(CLOCKS)
+    assert _speed_lines(report.render_text(rollout)) == [
+        "  metric                       control  candidate",
+        "  Tokens per second              812.5      1,490",
+        "  SM clock (MHz)      2040 (2010-2040)       1410",
+        "  memory clock (MHz)              6251       6251",
+    ]
+    assert "GPU clocks:" not in report.render_text(rollout)
+    page = report.render_html(rollout)
+    assert (
+        '<td>SM clock (MHz)</td><td class="n">2040 (2010-2040)</td><td class="n">1410</td>' in page
+    )
+    assert '<td>memory clock (MHz)</td><td class="n">6251</td><td class="n">6251</td>' in page
+
+
+def test_unknown_clocks_are_a_dash_with_the_operators_reason_under_the_table() -> None:
+    note = "no DCGM series for the arms in Prometheus"
+    rollout = _with_clocks({"source": "prometheus", "note": note})
+    text = report.render_text(rollout)
+    rows = {line[:20].strip(): line[20:].split() for line in _speed_lines(text)}
+    assert rows["SM clock (MHz)"] == ["-", "-"] and rows["memory clock (MHz)"] == ["-", "-"]
+    lines = text.splitlines()
+    assert lines[lines.index("Speed") + 5] == f"  GPU clocks: {note}"
+    page = report.render_html(rollout)
+    assert f"<p class='sub'>GPU clocks: {note}</p>" in page
+    assert page.index("GPU clocks:") > page.index("<td>memory clock (MHz)</td>")
+
+
+def test_one_arms_clock_missing_shows_a_dash_for_that_arm_only() -> None:
+    partial = {
+        "control": {"smMHz": 1980, "smRangeMHz": [1980, 1980]},
+        "candidate": {"memMHz": 6251},
+    }
+    rows = {
+        line[:20].strip(): line[20:].split()
+        for line in _speed_lines(report.render_text(_with_clocks(partial)))
+    }
+    assert rows["SM clock (MHz)"] == ["1980", "-"]
+    assert rows["memory clock (MHz)"] == ["-", "6251"]
+
+
+def test_a_status_without_clocks_has_no_clock_rows() -> None:
+    text = report.render_text(PROMOTED)
+    assert "clock" not in text and "clock" not in report.render_html(PROMOTED)
+
+
+def test_clocks_alone_make_a_speed_section() -> None:
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["speed"] = {"clocks": {"note": "DCGM exporter not scraped"}}
+    text = report.render_text(rollout)
+    assert "Speed" in text.splitlines() and "  GPU clocks: DCGM exporter not scraped" in text
+
+
+@pytest.mark.parametrize(
+    "clocks",
+    [
+        "fast",
+        ["control"],
+        {"control": "2040", "candidate": [1, 2]},
+        {"control": {"smMHz": "fast", "memMHz": float("nan")}, "candidate": {"smMHz": True}},
+        {"control": {"smMHz": float("inf"), "memMHz": -5, "smRangeMHz": "1-2"}},
+        {"control": {"smMHz": 10**400, "memMHz": 1e300, "smRangeMHz": list(range(100_000))}},
+        {"control": {"smMHz": 1500, "smRangeMHz": [2000, 1000]}},  # min above max
+        {"control": {"smMHz": 1500, "smRangeMHz": [None, {"x": 1}]}},
+        {"note": ["not", "a", "string"], "source": 7},
+        {"note": "   "},
+    ],
+)
+def test_hostile_clocks_read_as_unknown_never_a_traceback(clocks: Any) -> None:
+    rollout = _with_clocks(clocks)
+    text = report.render_text(rollout)
+    page = report.render_html(rollout)
+    for line in _speed_lines(text):
+        if "clock" in line:
+            # nothing unreadable is shown as a figure: a dash, or the one plausible mean
+            assert line[20:].split() in (["-", "-"], ["1500", "-"]), line
+    assert "GPU clocks:" not in text and "GPU clocks:" not in page
+    assert "nan" not in text.lower() and "inf" not in text.lower()
+
+
+def test_view_reads_clocks_into_the_speed_record() -> None:
+    speed = report.read_speed(_with_clocks({**CLOCKS, "note": " partial "})["status"])
+    assert speed is not None and speed.clocks is not None
+    assert speed.clocks.arms["control"] == report.ArmClock(
+        sm_mhz=2040.0, mem_mhz=6251.0, sm_range=(2010.0, 2040.0), mem_range=(6251.0, 6251.0)
+    )
+    assert (speed.clocks.source, speed.clocks.note) == ("prometheus", "partial")
+    assert [m.key for m in speed.metrics] == ["tokensPerSecond"]
+    assert report.read_speed({}) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("conditions",), [{"type": ["Ready"], "status": "True"}]),  # unhashable condition type
+        (("preflight",), {"pressure": {"pressured": ["yes"]}}),
+        (("arms",), {"candidate": {"scan": {"findings": True}}}),
+        (("remediation",), {"args": 7, "env": "A=1"}),
+        (("startedAt",), "2026-11-29T20:00:00"),  # no zone, while finishedAt has one
+        (("capacity",), {"control": {"kvTokens": 10**400}}),
+        (("accuracy", "long_context"), {"buckets": [{"context_length": 8192, "control": "x"}]}),
+        (("accuracy", "divergence"), {"buckets": [{"bucket": "0-512", "floor": 3}]}),
+    ],
+)
+def test_a_wrong_type_deep_in_the_status_renders_as_a_dash(
+    path: tuple[str, ...], value: Any
+) -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"].setdefault("accuracy", {})
+    target = rollout["status"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    text, page = report.render_text(rollout), report.render_html(rollout)
+    assert text.startswith("KVCacheRollout demo/qwen3-fp8: RolledBack\n")
+    assert page.rstrip().endswith("</html>")
+    assert report.render_long_context_svg(rollout["status"]) == ""

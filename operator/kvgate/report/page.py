@@ -1,0 +1,157 @@
+"""The HTML report: one self-contained page (inline CSS and SVG, no scripts, no external links)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from kvgate.report import rows, view
+from kvgate.report.fmt import e, mark, shell_command
+from kvgate.report.svg import render_long_context_svg, render_svg
+
+_CSS: Final = """
+body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
+max-width:60rem;padding:0 1rem;color:#1d2330;background:#fbfcfe}
+h1{font-size:1.5rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.8rem 0 .5rem}
+.sub{color:#5b6475;margin:0 0 1rem}.badge{display:inline-block;padding:.15rem .6rem;
+border-radius:1rem;font-weight:600;font-size:.9rem;vertical-align:middle;margin-left:.5rem}
+.good{background:#dff5e3;color:#17612a}.bad{background:#fde2e1;color:#8a1c17}
+.wait{background:#fff1cc;color:#7a5500}.info{background:#e4ecfb;color:#1f3f7a}
+table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{padding:.35rem .6rem;
+border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}td.n,th.n{text-align:right;
+font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
+code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
+pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;overflow-x:auto}
+.msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem;overflow-wrap:anywhere}
+.remedy{border-left-color:#d9822b}
+svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
+ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
+td.no{color:#8a1c17;font-weight:600}td.maybe{color:#7a5500;font-weight:600}
+"""
+
+
+def _phase_class(phase: str) -> str:
+    if phase in view.GOOD_PHASES:
+        return "good"
+    if phase in view.BAD_PHASES:
+        return "bad"
+    if phase in view.WAIT_PHASES:
+        return "wait"
+    return "info"
+
+
+def _result_class(status: str) -> str:
+    """Colour of a gate result: a condition status or an Outcome value."""
+    if status in ("True", "Successful", "NotNeeded"):
+        return "ok"
+    if status in ("False", "Failed", "Error"):
+        return "no"
+    return "maybe"
+
+
+def _html_table(header: Sequence[str], body: Iterable[Sequence[str]], numeric_from: int) -> str:
+    def cell(tag: str, i: int, text: str) -> str:
+        cls = ' class="n"' if i >= numeric_from else ""
+        return f"<{tag}{cls}>{e(text)}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    trs = "".join(
+        "<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in body
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
+
+
+def render_html(rollout: Mapping[str, Any]) -> str:
+    """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
+    head = view.read_header(rollout)
+    status = view.read_status(rollout)
+    namespace, name, phase = head.namespace, head.name, head.phase
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>kvgate: {e(namespace)}/{e(name)} {e(phase)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{e(name)}<span class='badge {_phase_class(phase)}'>{e(phase)}</span></h1>",
+        f"<p class='sub'>KVCacheRollout in namespace <code>{e(namespace)}</code>, "
+        f"target <code>{e(head.target)}</code>"
+        + (f", mode <code>{e(head.mode)}</code>" if head.mode else "")
+        + "</p>",
+    ]
+    if head.message:
+        what, remedy = view.split_remedy(head.message)
+        out.append(f"<p class='msg'>{e(what)}</p>")
+        if remedy:
+            out.append(f"<p class='msg remedy'><b>Remedy:</b> {e(remedy)}</p>")
+    facts = []
+    verdict = view.read_verdict(status)
+    if verdict:
+        facts.append(f"verdict {verdict}")
+    took = view.read_duration(status)
+    if took:
+        facts.append(f"took {took}")
+    if facts:
+        out.append("<p class='sub'>" + " · ".join(e(f) for f in facts) + "</p>")
+    out.append("<h2>Control and candidate</h2>")
+    out.append(render_svg(status))
+    args = view.read_recommended_args(status)
+    out.append(f"<h2>{view.args_heading(status)}</h2>")
+    out.append(f"<pre>{e(shell_command(args))}</pre>" if args else "<p>(none yet)</p>")
+
+    findings = view.read_findings(status)
+    if findings:
+        out.append("<h2>Findings</h2>")
+        trs = "".join(
+            f"<tr><td>{e(f.gate)}</td><td class='{_result_class(f.status)}'>{e(mark(f.status))}"
+            f"</td><td>{e(f.reason)}</td><td>{e(f.message)}</td></tr>"
+            for f in findings
+        )
+        out.append(
+            "<table><thead><tr><th>gate</th><th>result</th><th>reason</th><th>message</th>"
+            f"</tr></thead><tbody>{trs}</tbody></table>"
+        )
+    pre = view.read_preflight(status)
+    if pre:
+        out.append("<h2>Production</h2><ul class='notes'>")
+        out.append("".join(f"<li>{e(p)}</li>" for p in pre) + "</ul>")
+    log_lines = view.read_log_findings(status)
+    if log_lines:
+        out.append("<h2>Startup logs</h2>")
+        out.append(
+            _html_table(
+                ["arm", "severity", "finding", "line", "remedy"],
+                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
+                numeric_from=99,
+            )
+        )
+    acc = view.read_accuracy(status)
+    if acc is not None:
+        out.append(f"<h2>{e(rows.accuracy_heading(acc))}</h2>")
+        if acc.arms:
+            out.append(_html_table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc), numeric_from=1))
+        notes = rows.accuracy_notes(acc)
+        if notes:
+            out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    lc_rows = rows.long_context_rows(view.read_long_context(status))
+    if lc_rows:
+        out.append("<h2>Long context (paired, per context length)</h2>")
+        out.append(render_long_context_svg(status))
+        out.append(_html_table(rows.LC_HEADER, lc_rows, numeric_from=1))
+    div_rows = rows.divergence_rows(view.read_divergence(status))
+    if div_rows:
+        out.append("<h2>Token divergence (teacher-forced, per position bucket)</h2>")
+        out.append(_html_table(rows.DIV_HEADER, div_rows, numeric_from=1))
+    cap_rows = rows.capacity_rows(view.read_capacity(status))
+    if cap_rows:
+        out.append("<h2>Capacity</h2>")
+        out.append(_html_table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3))
+    speed = view.read_speed(status)
+    speed_rows = rows.speed_rows(speed)
+    if speed_rows:
+        out.append("<h2>Speed</h2>")
+        out.append(_html_table(rows.SPEED_HEADER, speed_rows, 1))
+    note = rows.clock_note(speed)
+    if note:
+        out.append(f"<p class='sub'>{e(note)}</p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,143 @@
+"""The report's view model: small frozen records of what a rollout's status says.
+
+`view` reads the status dict into them; `rows`, `text`, `page` and `svg` render them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ArmAccuracy:
+    """One arm's GSM8K score: right answers, questions, and the 95% Wilson interval."""
+
+    correct: int | None
+    n: int | None
+    accuracy: float | None
+    wilson: tuple[float, float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Accuracy:
+    """The paired accuracy gate as the eval summary reports it."""
+
+    verdict: str | None
+    task: str | None
+    margin: float | None
+    confidence: float | None
+    questions_used: int | None
+    stopped_early: bool | None
+    arms: dict[str, ArmAccuracy]
+    difference: float | None
+    difference_ci: tuple[float, float] | None
+    mcnemar_p: float | None
+    discordant: tuple[int, int] | None
+    ruled_out: float | None
+    questions_needed: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One gate's result: a condition (or a findings entry) with its reason and message."""
+
+    gate: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A notable startup-log finding of one arm: a warning or an error, with its remedy."""
+
+    arm: str
+    severity: str
+    code: str
+    text: str
+    hint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArmCapacity:
+    """One arm's KV cache as its engine reported it at startup."""
+
+    arm: str
+    kv_dtype: str | None
+    backend: str | None
+    kv_tokens: float | None
+    max_concurrency: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedMetric:
+    """One measured speed figure (the operator's key, e.g. `tokensPerSecond`) per arm."""
+
+    key: str
+    values: dict[str, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ArmClock:
+    """One arm's GPU clocks while it was measured: means and (min, max) ranges, in MHz."""
+
+    sm_mhz: float | None
+    mem_mhz: float | None
+    sm_range: tuple[float, float] | None
+    mem_range: tuple[float, float] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    """`status.speed.clocks`: each arm's GPU clocks, where they came from, or why unknown."""
+
+    arms: dict[str, ArmClock]
+    source: str | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """`status.speed`: the figures per arm, and the GPU clocks they were measured at."""
+
+    metrics: list[SpeedMetric]
+    clocks: Clocks | None
+
+
+@dataclass(frozen=True, slots=True)
+class LongContextBucket:
+    """One context length of the long-context task: both arms' scores and the verdict."""
+
+    context_length: int | None
+    control: float | None
+    candidate: float | None
+    recovery: float | None
+    lower: float | None
+    verdict: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceBucket:
+    """One position bucket of the teacher-forced divergence: the A/A floor and the candidate."""
+
+    bucket: str
+    floor_kl: float | None
+    candidate_kl: float | None
+    floor_top1: float | None
+    candidate_top1: float | None
+    flagged: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Who the rollout is and where it stands: identity, target, mode, phase, message."""
+
+    namespace: str
+    name: str
+    target: str
+    mode: str | None
+    kv_cache_dtype: str | None
+    phase: str
+    message: str | None

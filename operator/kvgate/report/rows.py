@@ -1,0 +1,143 @@
+"""The tables and sentences that the text and the HTML report share, built from the view model."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from kvgate.report.fmt import (
+    DASH,
+    fmt_int,
+    fmt_mhz,
+    fmt_num,
+    humanize,
+    pct,
+    pp,
+    to_pp,
+    wilson,
+)
+from kvgate.report.records import Accuracy, ArmCapacity, DivergenceBucket, LongContextBucket, Speed
+from kvgate.report.view import ARMS, as_fraction
+
+ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
+CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")
+LC_HEADER: Final = ("context", "control", "candidate", "recovery", "at least", "verdict")
+DIV_HEADER: Final = (
+    "positions", "A/A mean KL", "candidate mean KL", "A/A top-1", "candidate top-1", "flag"
+)  # fmt: skip
+SPEED_HEADER: Final = ("metric", *ARMS)
+
+
+def accuracy_rows(acc: Accuracy) -> list[list[str]]:
+    return [
+        [arm, fmt_int(a.correct), fmt_int(a.n), pct(a.accuracy), wilson(a.wilson)]
+        for arm, a in acc.arms.items()
+    ]
+
+
+def accuracy_heading(acc: Accuracy) -> str:
+    parts = [acc.task or "accuracy", "paired"]
+    if acc.questions_used is not None:
+        parts.append(f"{acc.questions_used:,} questions")
+    if acc.margin is not None:
+        parts.append(f"margin {abs(to_pp(acc.margin)):.1f} pp")
+    if acc.confidence is not None:
+        parts.append(f"{100 * as_fraction(acc.confidence):.0f}% confidence")
+    return f"Accuracy ({', '.join(parts)})"
+
+
+def accuracy_notes(acc: Accuracy) -> list[str]:
+    notes = []
+    if acc.difference is not None:
+        line = f"candidate - control: {pp(acc.difference)}"
+        if acc.difference_ci is not None:
+            low, high = acc.difference_ci
+            line += f", 95% CI [{to_pp(low):+.1f}, {to_pp(high):+.1f}] pp"
+        if acc.mcnemar_p is not None:
+            line += f", McNemar p={acc.mcnemar_p:.3g}"
+        notes.append(line)
+    if acc.discordant is not None:
+        notes.append(
+            f"answers that differ: control-only right {acc.discordant[0]}, "
+            f"candidate-only right {acc.discordant[1]}"
+        )
+    if acc.verdict is not None:
+        verdict = f"verdict: {acc.verdict}"
+        if acc.ruled_out is not None:
+            verdict += (
+                f" (the sequential test rules out a loss larger than "
+                f"{abs(to_pp(acc.ruled_out)):.1f} pp)"
+            )
+        if acc.stopped_early:
+            verdict += ", stopped early"
+        notes.append(verdict)
+    if acc.questions_needed is not None and acc.verdict == "inconclusive":
+        notes.append(f"about {acc.questions_needed:,} questions would settle it")
+    if acc.error:
+        notes.append(f"error: {acc.error}")
+    return notes
+
+
+def long_context_rows(buckets: list[LongContextBucket]) -> list[list[str]]:
+    return [
+        [
+            f"{b.context_length:,} tokens" if b.context_length else DASH,
+            pct(b.control),
+            pct(b.candidate),
+            fmt_num(b.recovery),
+            pp(b.lower),
+            f"{b.verdict} ({b.reason})",
+        ]
+        for b in buckets
+    ]
+
+
+def divergence_rows(buckets: list[DivergenceBucket]) -> list[list[str]]:
+    return [
+        [
+            b.bucket,
+            f"{b.floor_kl or 0:.3g}",
+            f"{b.candidate_kl or 0:.3g}",
+            pct(b.floor_top1),
+            pct(b.candidate_top1),
+            "FLAG" if b.flagged else "",
+        ]
+        for b in buckets
+    ]
+
+
+def capacity_rows(arms: list[ArmCapacity]) -> list[list[str]]:
+    return [
+        [
+            a.arm,
+            a.kv_dtype if a.kv_dtype is not None else DASH,
+            a.backend if a.backend is not None else DASH,
+            fmt_int(a.kv_tokens),
+            f"{a.max_concurrency:.1f}x" if a.max_concurrency is not None else DASH,
+        ]
+        for a in arms
+    ]
+
+
+def speed_rows(speed: Speed | None) -> list[list[str]]:
+    """One row per measured figure, then the arms' GPU clocks when the status has them."""
+    if speed is None:
+        return []
+    rows = [[humanize(m.key), *(fmt_num(m.values.get(arm)) for arm in ARMS)] for m in speed.metrics]
+    clocks = speed.clocks
+    if clocks is not None:
+        sm, mem = [], []
+        for arm in ARMS:
+            c = clocks.arms.get(arm)
+            sm_range = c.sm_range if c else None
+            mem_range = c.mem_range if c else None
+            sm.append(fmt_mhz(c.sm_mhz if c else None, *(sm_range or (None, None))))
+            mem.append(fmt_mhz(c.mem_mhz if c else None, *(mem_range or (None, None))))
+        rows += [["SM clock (MHz)", *sm], ["memory clock (MHz)", *mem]]
+    return rows
+
+
+def clock_note(speed: Speed | None) -> str | None:
+    """Why the clocks are unknown (or anything else the operator says about them)."""
+    if speed is None or speed.clocks is None or speed.clocks.note is None:
+        return None
+    return f"GPU clocks: {speed.clocks.note}"

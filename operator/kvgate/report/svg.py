@@ -1,0 +1,188 @@
+"""The report's charts as inline SVG: accuracy and KV tokens per arm, score against context."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+from kvgate.report import view
+from kvgate.report.fmt import e, fmt_int, kilo, pct, wilson
+
+_COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
+
+
+class _Point(NamedTuple):
+    """An arm with a score, as the accuracy panel draws it."""
+
+    accuracy: float
+    wilson: tuple[float, float] | None
+
+
+def render_svg(status: Mapping[str, Any]) -> str:
+    """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
+    acc = view.read_accuracy(status)
+    tokens = {arm: view.read_kv_tokens(status, arm) for arm in view.ARMS}
+    width, height, pad = 640, 260, 44
+    panel = (width - 3 * pad) / 2
+    top, bottom = 36, height - 40
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" '
+        'aria-label="Accuracy with 95% Wilson intervals and KV cache tokens per arm" '
+        'font-family="system-ui,sans-serif" font-size="12">'
+    ]
+    # Left panel: accuracy. The axis spans the intervals with some room, so small
+    # differences stay visible instead of being flattened against a 0-100% axis.
+    x0 = pad
+    parts.append(f'<text x="{x0}" y="20" font-weight="600">Accuracy, 95% Wilson interval</text>')
+    points = {
+        arm: _Point(a.accuracy, a.wilson)
+        for arm, a in (acc.arms.items() if acc else [])
+        if a.accuracy is not None
+    }
+    if points:
+        lows = [a.wilson[0] if a.wilson else a.accuracy for a in points.values()]
+        highs = [a.wilson[1] if a.wilson else a.accuracy for a in points.values()]
+        lo = max(0.0, min(lows) - 0.02)
+        hi = min(1.0, max(highs) + 0.02)
+        if hi - lo < 0.04:
+            hi, lo = min(1.0, hi + 0.02), max(0.0, lo - 0.02)
+
+        def y_of(v: float) -> float:
+            return bottom - (v - lo) / (hi - lo) * (bottom - top)
+
+        for tick in _ticks(lo, hi):
+            y = y_of(tick)
+            parts.append(
+                f'<line x1="{x0}" x2="{x0 + panel:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                'stroke="#eef1f6"/>'
+                f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#5b6475">'
+                f"{100 * tick:.0f}%</text>"
+            )
+        for i, arm in enumerate(view.ARMS):
+            a = points.get(arm)
+            if a is None:
+                continue
+            cx = x0 + panel * (i + 1) / 3
+            color = _COLORS[arm]
+            if a.wilson is not None:
+                y1, y2 = y_of(a.wilson[0]), y_of(a.wilson[1])
+                parts.append(
+                    f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y1:.1f}" y2="{y2:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                    f'<line x1="{cx - 10:.1f}" x2="{cx + 10:.1f}" y1="{y1:.1f}" y2="{y1:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                    f'<line x1="{cx - 10:.1f}" x2="{cx + 10:.1f}" y1="{y2:.1f}" y2="{y2:.1f}" '
+                    f'stroke="{color}" stroke-width="2"/>'
+                )
+            cy = y_of(a.accuracy)
+            parts.append(
+                f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}">'
+                f"<title>{e(arm)}: {pct(a.accuracy)} {wilson(a.wilson)}</title></circle>"
+                f'<text x="{cx + 14:.1f}" y="{cy + 4:.1f}" fill="{color}">'
+                f"{pct(a.accuracy)}</text>"
+                f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{e(arm)}</text>'
+            )
+    else:
+        parts.append(_no_data(x0, panel, top, bottom, f"no accuracy {_missing(status)}"))
+    # Right panel: KV tokens as bars from zero, because the point is the ratio.
+    x1 = 2 * pad + panel
+    parts.append(f'<text x="{x1}" y="20" font-weight="600">KV cache size (tokens)</text>')
+    known = {arm: t for arm, t in tokens.items() if t is not None}
+    if known:
+        peak = max(known.values()) or 1.0
+        bar = panel / 4
+        for i, arm in enumerate(view.ARMS):
+            value = known.get(arm)
+            cx = x1 + panel * (i + 1) / 3
+            parts.append(
+                f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{e(arm)}</text>'
+            )
+            if value is None:
+                continue
+            h = value / peak * (bottom - top - 16)
+            parts.append(
+                f'<rect x="{cx - bar / 2:.1f}" y="{bottom - h:.1f}" width="{bar:.1f}" '
+                f'height="{h:.1f}" fill="{_COLORS[arm]}" rx="3">'
+                f"<title>{e(arm)}: {fmt_int(value)} tokens</title></rect>"
+                f'<text x="{cx:.1f}" y="{bottom - h - 5:.1f}" text-anchor="middle">'
+                f"{fmt_int(value)}</text>"
+            )
+        parts.append(
+            f'<line x1="{x1}" x2="{x1 + panel:.1f}" y1="{bottom}" y2="{bottom}" stroke="#9aa5b8"/>'
+        )
+        gain = view.read_capacity_gain(status)
+        if gain is not None:
+            parts.append(
+                f'<text x="{x1 + panel:.1f}" y="20" text-anchor="end" fill="#5b6475">'
+                f"{gain:.2f}x</text>"
+            )
+    else:
+        parts.append(_no_data(x1, panel, top, bottom, f"no KV figures {_missing(status)}"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _missing(status: Mapping[str, Any]) -> str:
+    """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
+    return "(not measured)" if view.is_finished(status) else "yet"
+
+
+def _no_data(x: float, w: float, top: float, bottom: float, text: str) -> str:
+    return (
+        f'<text x="{x + w / 2:.1f}" y="{(top + bottom) / 2:.1f}" text-anchor="middle" '
+        f'fill="#9aa5b8">{e(text)}</text>'
+    )
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    span = hi - lo
+    step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25) if span / s <= 6)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def render_long_context_svg(status: Mapping[str, Any]) -> str:
+    """Score against context length for both arms (log2 x axis), or '' without buckets."""
+    points = [
+        (math.log2(b.context_length), b.control, b.candidate, b.context_length)
+        for b in view.read_long_context(status)
+        if b.context_length and b.context_length > 0
+        and b.control is not None and b.candidate is not None
+    ]  # fmt: skip
+    if not points:
+        return ""
+    w, h, left, right, top, bottom = 480, 220, 50, 20, 15, 35
+    lo, hi = points[0][0], points[-1][0]
+    span = max(hi - lo, 1.0)
+
+    def x(v: float) -> float:
+        return left + (v - lo) / span * (w - left - right)
+
+    def y(v: float) -> float:
+        return top + (1 - v) * (h - top - bottom)
+
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' role='img' "
+        "aria-label='score against context length'>",
+        f"<line x1='{left}' y1='{y(0)}' x2='{w - right}' y2='{y(0)}' stroke='#888'/>",
+        f"<line x1='{left}' y1='{y(0)}' x2='{left}' y2='{y(1)}' stroke='#888'/>",
+    ]
+    for v in (0.0, 0.5, 1.0):
+        parts.append(f"<text x='{left - 6}' y='{y(v) + 4}' text-anchor='end'>{v:.0%}</text>")
+    for px, _, _, n in points:
+        parts.append(f"<text x='{x(px)}' y='{h - 12}' text-anchor='middle'>{kilo(n)}</text>")
+    for index, colour, label in ((1, "#1f77b4", "control"), (2, "#d62728", "candidate")):
+        line = " ".join(f"{x(pt[0]):.1f},{y(pt[index]):.1f}" for pt in points)
+        parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{line}'/>")
+        parts += [
+            f"<circle cx='{x(pt[0]):.1f}' cy='{y(pt[index]):.1f}' r='3' fill='{colour}'/>"
+            for pt in points
+        ]
+        parts.append(
+            f"<text x='{w - right}' y='{top + 14 * index}' text-anchor='end' "
+            f"fill='{colour}'>{label}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)

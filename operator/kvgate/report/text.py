@@ -1,0 +1,104 @@
+"""The terminal report: verdict, findings, accuracy, capacity, speed, recommended args."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from kvgate.report import rows, view
+from kvgate.report.fmt import WRAP, mark, shell_command, table
+
+
+def _wrap(text: str, indent: str = "  ", then: str = "    ") -> list[str]:
+    return textwrap.wrap(text, WRAP, initial_indent=indent, subsequent_indent=then)
+
+
+def render_text(rollout: Mapping[str, Any]) -> str:
+    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args."""
+    head = view.read_header(rollout)
+    status = view.read_status(rollout)
+    lines = [f"KVCacheRollout {head.namespace}/{head.name}: {head.phase}"]
+    facts = [f"target {head.target}"]
+    if head.mode:
+        facts.append(f"mode {head.mode}")
+    if head.kv_cache_dtype:
+        facts.append(f"candidate --kv-cache-dtype {head.kv_cache_dtype}")
+    lines.append("  " + ", ".join(facts))
+    if head.message:
+        what, remedy = view.split_remedy(head.message)
+        lines += _wrap(what)
+        if remedy:
+            lines += _wrap(f"remedy: {remedy}")
+    verdict = view.read_verdict(status)
+    if verdict:
+        lines += _wrap(f"verdict {verdict}")
+    took = view.read_duration(status)
+    if took:
+        lines.append(f"  took {took}")
+
+    remediation = view.read_remediation(status)
+    if remediation:
+        lines += ["", "Remediation"]
+        for line in remediation:
+            lines += _wrap(line)
+
+    pre = view.read_preflight(status)
+    if pre:
+        lines += ["", "Production", *[f"  {p}" for p in pre]]
+
+    findings = view.read_findings(status)
+    if findings:
+        lines += ["", "Findings"]
+        lines += table(
+            ["gate", "result", "reason", "message"],
+            [[f.gate, mark(f.status), f.reason, f.message] for f in findings],
+            numeric_from=99,
+        )
+
+    log_lines = view.read_log_findings(status)
+    if log_lines:
+        lines += ["", "Startup logs"]
+        for ll in log_lines:
+            lines += _wrap(f"{ll.arm} {ll.severity} {ll.code}: {ll.text}", then="      ")
+            if ll.hint:
+                lines += _wrap(f"remedy: {ll.hint}", indent="    ", then="      ")
+
+    acc = view.read_accuracy(status)
+    if acc is not None:
+        lines += ["", rows.accuracy_heading(acc)]
+        if acc.arms:
+            lines += table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc))
+        lines += [f"  {line}" for line in rows.accuracy_notes(acc)]
+    lc_rows = rows.long_context_rows(view.read_long_context(status))
+    if lc_rows:
+        lines += ["", "Long context (paired, per context length)"]
+        lines += table(rows.LC_HEADER, lc_rows)
+    div_rows = rows.divergence_rows(view.read_divergence(status))
+    if div_rows:
+        lines += ["", "Token divergence (teacher-forced, per position bucket)"]
+        lines += table(rows.DIV_HEADER, div_rows)
+
+    cap_rows = rows.capacity_rows(view.read_capacity(status))
+    if cap_rows:
+        lines += ["", "Capacity"]
+        lines += table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3)
+        gain = view.read_capacity_gain(status)
+        if gain is not None:
+            lines.append(f"  candidate holds {gain:.2f}x the control's KV tokens")
+
+    speed = view.read_speed(status)
+    speed_rows = rows.speed_rows(speed)
+    if speed_rows:
+        lines += ["", "Speed"]
+        lines += table(rows.SPEED_HEADER, speed_rows)
+    note = rows.clock_note(speed)
+    if note:
+        lines += _wrap(note)
+
+    args = view.read_recommended_args(status)
+    lines += ["", view.args_heading(status)]
+    lines += (
+        [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
+    )
+    return "\n".join(lines) + "\n"
