@@ -142,19 +142,16 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
 
 
 def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:
-    """The `<rollout>-report` ConfigMap: status.json, plus text and HTML when report.py exists."""
+    """The `<rollout>-report` ConfigMap: status.json, and the text and HTML reports."""
+    from kvgate import report
+
     rollout = {**dict(ctx.body), "status": dict(status)}
     files = {"status.json": redact.scrub_text(manifests.status_json(rollout))}
     try:
-        from kvgate import report
-    except ImportError:
-        report = None  # type: ignore[assignment]
-    if report is not None:
-        try:
-            files["report.txt"] = report.render_text(rollout)
-            files["report.html"] = report.render_html(rollout)
-        except (KvgateError, ValueError, KeyError, TypeError) as exc:
-            ctx.logger.warning("report rendering failed: %s", exc)
+        files["report.txt"] = report.render_text(rollout)
+        files["report.html"] = report.render_html(rollout)
+    except (KvgateError, ValueError, KeyError, TypeError) as exc:  # status.json still goes
+        ctx.logger.warning("report rendering failed: %s", exc)
     cm = manifests.build_report_configmap(rollout=ctx.name, namespace=ctx.namespace, files=files)
     adopt_child(ctx, cm, "report")
     try:
