@@ -63,6 +63,24 @@ SYSCTLS = {
 }
 
 
+# A unix socket path holds at most 107 bytes (sun_path is 108 with its NUL). The kubelet binds
+# sockets under its root dir, the longest `device-plugins/kubelet.sock` and `pod-resources/`
+# plus a 10-digit temp name; past the limit it exits with `bind: invalid argument`.
+SOCKET_PATH_MAX = 107
+KUBELET_SOCKET_TAIL = "kubelet/device-plugins/kubelet.sock"
+
+
+def check_socket_room(state: Path) -> None:
+    """Refuse, in one line, a state dir too deep for the kubelet's sockets (before any change)."""
+    longest = len(os.fsencode(state / KUBELET_SOCKET_TAIL))
+    if longest > SOCKET_PATH_MAX:
+        room = SOCKET_PATH_MAX - len(KUBELET_SOCKET_TAIL) - 1
+        raise NodeError(
+            f"the state directory {state} is {len(os.fsencode(state))} bytes long; the kubelet's "
+            f"unix sockets under it need it to be at most {room} (use a shorter --state-dir)"
+        )
+
+
 class NodeError(RuntimeError):
     """The node cannot be started here; the message says what is missing."""
 
@@ -128,6 +146,7 @@ class ContainerdNode:
                 + ", ".join(sorted(foreign)[:4])
                 + " from another kubelet or kube-proxy on this host; refusing to share them"
             )
+        check_socket_room(self.state)
         for sub in ("cni-conf", "cni-ipam", "kubelet", "runc", "netns", "opt"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         _write_json(self.state / "sysctls.json", {k: _sysctl(k) for k in SYSCTLS})

@@ -78,3 +78,22 @@ def test_teardown_of_a_directory_that_never_held_a_node_touches_nothing(tmp_path
     (tmp_path / "node").mkdir()
     # No bridge marker: a kvgate0 of another cluster, and KUBE-* chains, are not ours to remove.
     assert containerd_node.teardown(tmp_path / "node", log=lambda _m: None) == []
+
+
+def test_a_state_dir_too_deep_for_the_kubelets_sockets_is_refused_in_one_line() -> None:
+    # The CI path that made the kubelet exit with `bind: invalid argument` (108 bytes).
+    deep = Path("/tmp/pytest-of-root/pytest-164/test_down_after_a_sigkilled_su0/cluster/node")
+    try:
+        containerd_node.check_socket_room(deep)
+    except containerd_node.NodeError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a 75-byte state dir was accepted")
+    assert message == (
+        f"the state directory {deep} is 75 bytes long; the kubelet's unix sockets under it "
+        "need it to be at most 71 (use a shorter --state-dir)"
+    )
+    # At the limit it is accepted: 71 bytes + "/kubelet/device-plugins/kubelet.sock" = 107.
+    edge = Path("/" + "s" * 70)
+    containerd_node.check_socket_room(edge)
+    assert len(str(edge / containerd_node.KUBELET_SOCKET_TAIL)) == 107
