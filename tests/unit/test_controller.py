@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import itertools
 import json
 import logging
+import re
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -782,14 +785,17 @@ PROM = "http://prom.test:9090"
 
 
 def _prometheus_world(
-    monkeypatch: pytest.MonkeyPatch, answer: Callable[[World, str], str]
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Callable[[World, str], str],
+    gates: dict[str, Any] | None = None,
 ) -> tuple[World, list[str]]:
     """A World whose operator reads the pool from Prometheus; `answer(world, url)` is its reply.
 
     Returns the world and the pod /metrics URLs kvgate scraped directly during Preflight.
     """
     world = World(
-        monkeypatch, gates={"capacity": {"mode": "require", "window": "40s", "samples": 5}}
+        monkeypatch,
+        gates=gates or {"capacity": {"mode": "require", "window": "40s", "samples": 5}},
     )
     world.memo = kopf.Memo(
         kube=world.kube,
@@ -887,3 +893,125 @@ def test_prometheus_that_cannot_answer_leaves_the_pool_unknown(
     assert said in status["message"], status["message"]
     assert direct == []  # no fallback to a live scrape: the configured source decides
     assert world.kube.of_kind("Job") == []
+
+
+# -- the speed gate at the arms' GPU clocks (DCGM through Prometheus) --------------------------
+
+SPEED_GATES = {
+    "capacity": {"mode": "require", "window": "40s", "samples": 5},
+    "speed": {"concurrency": [8], "maxTpotRegression": 0.5},
+}
+
+
+def _clock_matrix(world: World, url: str, mhz: dict[str, float]) -> str:
+    """dcgm-exporter's SM and memory clock series of the arms' pods, over the asked window."""
+    from urllib.parse import parse_qs, urlsplit
+
+    query = parse_qs(urlsplit(url).query)
+    start, end, step = (float(query[k][0]) for k in ("start", "end", "step"))
+    times = [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
+    result = []
+    for arm, sm in mhz.items():
+        for name, value in (("DCGM_FI_DEV_SM_CLOCK", sm), ("DCGM_FI_DEV_MEM_CLOCK", 6251.0)):
+            labels = {"__name__": name, "gpu": "0", "namespace": "ns", "pod": f"r-{arm}"}
+            result.append({"metric": labels, "values": [[t, str(value)] for t in times]})
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+def _speed_world(
+    monkeypatch: pytest.MonkeyPatch, clocks: Callable[[World, str], str]
+) -> tuple[World, list[str]]:
+    """A KV-bound pool from Prometheus, the speed gate on, and `clocks` answering the DCGM
+    queries; the arms' inter-token latency histograms (what kvgate reads as TPOT when no
+    request-level TPOT is exported) grow with each scrape: 20 ms per token on both."""
+    asked: list[str] = []
+
+    def answer(world: World, url: str) -> str:
+        if "DCGM_FI_DEV" in urllib.parse.unquote_plus(url):
+            asked.append(url)
+            return clocks(world, url)
+        return _matrix(world, url, 0.97, 6.0)
+
+    world, _ = _prometheus_world(monkeypatch, answer, gates=SPEED_GATES)
+    static, scrapes = world.kube.scrape, itertools.count(1)
+
+    def growing(url: str, timeout: float) -> str:
+        n = next(scrapes)
+        text = static(url, timeout)
+        for suffix, per_scrape in (("count", 10.0), ("sum", 0.2)):
+            text = re.sub(
+                rf"^(vllm:inter_token_latency_seconds_{suffix}\{{[^}}]*\}}) (\S+)$",
+                lambda m, add=per_scrape * n: f"{m.group(1)} {float(m.group(2)) + add}",
+                text,
+                flags=re.M,
+            )
+        return text
+
+    world.kube.scrape = growing  # type: ignore[method-assign]
+    return world, asked
+
+
+def test_arms_at_different_gpu_clocks_are_rolled_back_without_a_speed_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world, asked = _speed_world(
+        monkeypatch, lambda w, url: _clock_matrix(w, url, {"control": 2040.0, "candidate": 1410.0})
+    )
+    assert world.run() == "RolledBack", world.obj["status"]
+    world.assert_invariant()
+    status = world.obj["status"]
+    gate = status["gates"]["speed"]
+    assert (gate["outcome"], gate["reason"]) == ("Inconclusive", "ClocksDiffer"), gate
+    assert "SM clock 1,410 MHz on the candidate vs 2,040 MHz on the control" in gate["message"]
+    assert status["speed"]["clocks"]["candidate"]["smMHz"] == 1410.0
+    assert status["speed"]["control"]["tpotMs"] == pytest.approx(20.0)
+    assert len(asked) == 1  # read once, at the end of the eval's window
+
+
+def test_matched_clocks_promote_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    world, _ = _speed_world(
+        monkeypatch, lambda w, url: _clock_matrix(w, url, {"control": 2040.0, "candidate": 2040.0})
+    )
+    assert world.run() == "Promoted", world.obj["status"]
+    world.assert_invariant()
+    gate = world.obj["status"]["gates"]["speed"]
+    assert gate["reason"] == "SpeedWithinLimit"
+    assert gate["message"].endswith("at matched GPU clocks (2,040 MHz)"), gate
+
+
+def test_no_dcgm_series_leaves_the_claim_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = '{"status":"success","data":{"resultType":"matrix","result":[]}}'
+    world, _ = _speed_world(monkeypatch, lambda w, url: empty)
+    assert world.run() == "Promoted", world.obj["status"]
+    gate = world.obj["status"]["gates"]["speed"]
+    assert gate["message"].endswith(
+        "(GPU clocks not compared: no DCGM clock series for pod r-control, r-candidate in "
+        "Prometheus)"
+    ), gate
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["refused", "<html>proxy error</html>", '{"status":"error","error":"query timed out"}'],
+    ids=["unreachable", "junk", "error"],
+)
+def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
+    monkeypatch: pytest.MonkeyPatch, reply: str
+) -> None:
+    from kvgate.errors import ScrapeError
+
+    def clocks(world: World, url: str) -> str:
+        if reply == "refused":
+            raise ScrapeError(url, "ConnectError: [Errno 111] Connection refused")
+        return reply
+
+    world, asked = _speed_world(monkeypatch, clocks)
+    # THEN it is retried like any external error, not taken as "clocks unknown", and the
+    # rollout gives up without promoting, naming the server
+    assert world.run(steps=400) == "Failed", world.obj["status"]
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "ExternalErrors", status
+    assert status["message"].startswith("gave up after 31 consecutive errors (limit 30); last: ")
+    assert "prom.test:9090" in status["message"]
+    assert len(asked) == 31

@@ -776,23 +776,25 @@ def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks 
 
 
 def speed_clocks(ctx: Ctx, started_at: Any) -> SpeedClocks:
-    """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing."""
+    """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing.
+
+    A Prometheus that fails (unreachable, errors, junk) raises: the reconcile retries like any
+    external error and, past the limit, ends without promoting. Only an answer without DCGM
+    series (a cluster without dcgm-exporter) leaves the clocks unknown.
+    """
     from kvgate.adapters import prometheus
 
     pods = {arm: manifests.canary_name(ctx.name, arm) for arm in manifests.ARMS}
     end = ctx.now.timestamp()
     start = float(started_at) if isinstance(started_at, int | float) else end - 300.0
-    try:
-        found = prometheus.gpu_clocks(
-            ctx.config.prometheus_url or "",
-            ctx.namespace,
-            list(pods.values()),
-            start=min(start, end - 1.0),
-            end=end,
-            timeout=ctx.config.scrape_timeout_s,
-        )
-    except ExternalError as exc:  # unknown clocks never decide; the message says why
-        return SpeedClocks(note=f"Prometheus: {redact.scrub_text(str(exc))[:250]}")
+    found = prometheus.gpu_clocks(
+        ctx.config.prometheus_url or "",
+        ctx.namespace,
+        list(pods.values()),
+        start=min(start, end - 1.0),
+        end=end,
+        timeout=ctx.config.scrape_timeout_s,
+    )
     control, candidate = found.get(pods["control"]), found.get(pods["candidate"])
     missing = [pods[arm] for arm, c in (("control", control), ("candidate", candidate)) if not c]
     note = f"no DCGM clock series for pod {', '.join(missing)} in Prometheus" if missing else None
