@@ -103,7 +103,7 @@ build() {
 		return
 	fi
 	start=$SECONDS
-	log "$name: building $stamp (a cold build of all six takes ~9 min on 2 cores)"
+	log "$name: building $stamp (cold, all of them: about 19 min on 2 cores, downloads included)"
 	# -v lists each package as it compiles: that is the progress display.
 	(cd "$HERE/go/$dir" && go build -v -trimpath -ldflags "$ldflags" -o "$OUT/.$name.tmp" "$pkg") 2>&1 |
 		awk -v n="$name" '{ c++; if (c % 50 == 0) printf "[build-binaries] %s: %d packages compiled (%s)\n", n, c, $0 > "/dev/stderr" }

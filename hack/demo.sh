@@ -44,6 +44,7 @@ fail() { printf '%sdemo failed: %s%s\n' "$R" "$*" "$N" >&2; exit 1; }
 [ -f "$GSM8K/test.jsonl" ] || fail "GSM8K not found in $GSM8K (set KVGATE_GSM8K_DIR)"
 export PATH="$ROOT/.venv/bin:$PATH"
 export KVGATE_GSM8K_DIR="$GSM8K"
+mkdir -p "$STATE" "$OUT"
 
 # ---- 1. binaries and images ---------------------------------------------------------------
 step "Binaries of the control plane and the node"
@@ -94,7 +95,6 @@ if [ "$NODE" = containerd ]; then
 else
 	step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, test kubelet)"
 fi
-mkdir -p "$STATE" "$OUT"
 # A cluster left by `--keep` is replaced: the demo starts from an empty etcd.
 timeout 90 "$PY" hack/cluster.py down --state-dir "$STATE/cluster" >/dev/null 2>&1 || true
 CLUSTER_UP=1
@@ -153,12 +153,12 @@ rollout() { # name, extra args as a JSON list
 		  kvCacheDtype: fp8
 		  extraArgs: $2
 		  gates:
-		    capacity: {mode: require, window: 20s, samples: 4}
+		    capacity: {mode: require, window: 10s, samples: 4}
 		    scales: {mode: warn}
 		    accuracy: {questions: 200, chunk: 50, margin: 3}
 		    capacityGain: {minRatio: 1.8}
 		  canary: {startupTimeout: 5m, evalTimeout: 10m, evalRetries: 1}
-		  promotion: {mode: auto, verifyWindow: 20s}
+		  promotion: {mode: auto, verifyWindow: 10s}
 	EOF
 }
 

@@ -3,7 +3,9 @@
 A cluster of its own (hack/cluster.py with `node_kind="containerd"`, hack/containerd_node.py)
 runs the images `make images` builds (hack/build-images.sh, imported into the node's
 containerd). The README's Install section and the commands of examples/README.md run as
-written, with the binaries of this cluster on PATH, and the rollout must reach `Promoted`.
+written, with the binaries of this cluster on PATH, and the rollout must reach `Promoted`;
+the L4 trap rolls back across an operator-pod kill; and the chart e2e, a release in a Pod
+Security `restricted` namespace under its kubelet-mounted ServiceAccount token, promotes.
 On the way the test checks what only a real node can show: the runtime is containerd, the
 operator pod runs the image just built, as UID 65532 on a read-only root file system, and
 reaches the apiserver through the `kubernetes` Service (kube-proxy). After teardown nothing
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_SCHEMA_LAG = "There can be a delay between when CustomResourceDefinitions are created"
 sys.path.insert(0, str(ROOT / "hack"))
 
+from test_chart_install import CHART, RESTRICTED, Helm  # noqa: E402
 from test_operator_support import wait_for  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
@@ -238,7 +241,7 @@ spec:
   targetRef: {name: vllm}
   kvCacheDtype: fp8
   gates:
-    capacity: {mode: require, window: 20s, samples: 4}
+    capacity: {mode: require, window: 10s, samples: 4}
     scales: {mode: warn}
   canary: {startupTimeout: 5m, evalTimeout: 10m}
   promotion: {mode: auto, verifyWindow: 20s}
@@ -306,3 +309,168 @@ def test_l4_trap_rolls_back_across_an_operator_restart(real_node: cluster_mod.Cl
         120,
         "the canaries to go",
     )
+
+
+RESTRICTED_ROLLOUT = """
+apiVersion: kvgate.io/v1alpha1
+kind: KVCacheRollout
+metadata:
+  name: fp8-triton
+spec:
+  targetRef: {name: vllm}
+  kvCacheDtype: fp8
+  extraArgs: ["--attention-backend", "TRITON_ATTN"]
+  gates:
+    capacity: {mode: require, window: 10s, samples: 3}
+    accuracy: {questions: 100, chunk: 50, margin: 3}
+  canary: {startupTimeout: 5m, evalTimeout: 10m, evalRetries: 1}
+  promotion: {mode: auto, verifyWindow: 10s}
+"""
+
+
+def can_i(c: cluster_mod.Cluster, sa: str, verb: str, resource: str, namespace: str) -> bool:
+    proc = c.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={sa}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+@pytest.mark.timeout(1200)
+def test_chart_in_a_restricted_namespace_promotes_under_its_own_service_account(
+    real_node: cluster_mod.Cluster, tmp_path: Path
+) -> None:
+    """The chart e2e: a second release, watching only a namespace that enforces Pod Security
+    `restricted`, runs a rollout to `Promoted` with the ServiceAccount token the kubelet
+    mounts. RBAC is proven by use (a missing grant stops the rollout) and every pod kvgate
+    makes there (operator, canaries, the eval Job's) by admission and by runc running it."""
+    c = real_node
+    namespace, release = "kvgate-restricted", "kvgate-r"
+    # The README's production (in `default`) would share the 2 cores with this one's.
+    c.kubectl("scale", "deployment/vllm", "--replicas=0", check=False)
+    c.kubectl("create", "namespace", namespace)
+    c.kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+    helm = Helm(c, tmp_path / "helm")
+    proc = helm(
+        "install", release, str(CHART), "--namespace", namespace,
+        "--set", "watch.allNamespaces=false", "--set", f"watch.namespaces={{{namespace}}}",
+        "--set", "config.gsm8kDir=/data/gsm8k", "--set", "config.pollInterval=1",
+        "--set", "logFormat=plain", "--wait", "--timeout", "240s", timeout=300,
+    )  # fmt: skip
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"kvgate 0.1.0 is installed as {release} in namespace {namespace}" in proc.stdout
+        assert "kubectl wait kvr/<name> --for=condition=Ready" in proc.stdout
+
+        # GIVEN the operator pod, Ready, under the chart's SA with the kubelet's token.
+        (pod,) = kubectl_json(
+            c, "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}"
+        )["items"]
+        assert pod["spec"]["serviceAccountName"] == release
+        assert {k["type"]: k["status"] for k in pod["status"]["conditions"]}["Ready"] == "True"
+        env = {e["name"] for e in pod["spec"]["containers"][0].get("env", [])}
+        assert "KUBECONFIG" not in env  # in-cluster config from the mounted token, nothing else
+        sa = f"system:serviceaccount:{namespace}:{release}"
+        assert can_i(c, sa, "create", "pods", namespace)
+        assert can_i(c, sa, "patch", "deployments", namespace)
+        assert not can_i(c, sa, "create", "pods", "default")  # Role only where it watches
+        assert not can_i(c, sa, "delete", "deployments", namespace)
+        assert not can_i(c, sa, "list", "secrets", namespace)
+
+        # AND the example's production Deployment, itself `restricted` (else its own pods
+        # would be refused; the apiserver warns on its template if it is not).
+        proc = c.kubectl(
+            "apply", "-n", namespace, "-f", str(ROOT / "examples/vllm-deployment.yaml")
+        )
+        assert "PodSecurity" not in proc.stderr, proc.stderr
+        c.kubectl("rollout", "status", "-n", namespace, "deployment/vllm", "--timeout=300s",
+                  timeout=330)  # fmt: skip
+
+        # WHEN a rollout with Triton attention is applied (retried only on the CRD-schema lag
+        # the README describes).
+        deadline = time.monotonic() + 30
+        while True:
+            proc = c.kubectl("apply", "-n", namespace, "-f", "-", input=RESTRICTED_ROLLOUT,
+                             check=False)  # fmt: skip
+            if proc.returncode == 0 or CRD_SCHEMA_LAG not in proc.stderr:
+                break
+            assert time.monotonic() < deadline, proc.stderr
+            time.sleep(1)
+        assert proc.returncode == 0, proc.stderr
+        obj = wait_for(
+            lambda: (
+                (o := kubectl_json(c, "kvr", "fp8-triton", "-n", namespace))
+                .get("status", {})
+                .get("phase")
+                in {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+                and o
+            ),
+            900,
+            "the rollout to end",
+            interval=2,
+        )
+
+        # THEN it is promoted, the Deployment runs FP8 KV, and the status reads as kstatus.
+        status = obj["status"]
+        assert status["phase"] == "Promoted", json.dumps(status, indent=1)[:4000]
+        conditions = {k["type"]: k for k in status["conditions"]}
+        assert conditions["Ready"]["status"] == "True"
+        assert conditions["Reconciling"]["status"] == "False"
+        assert conditions["Stalled"]["status"] == "False"
+        assert status["observedGeneration"] == obj["metadata"]["generation"]
+        for wait in (
+            "--for=condition=Reconciling=False",
+            "--for=condition=Ready",
+            "--for=condition=Promoted",
+            "--for=jsonpath={.status.phase}=Promoted",
+        ):
+            c.kubectl("wait", "kvr/fp8-triton", "-n", namespace, wait, "--timeout=10s")
+        # AND Argo CD would call it Healthy: the chart's Lua check on the real object.
+        from lupa import lua51
+
+        lua = lua51.LuaRuntime()
+        lua.globals().obj = lua.table_from(obj, recursive=True)
+        health = lua.execute((CHART / "argocd/health.lua").read_text())
+        assert (health["status"], health["message"]) == (
+            "Healthy",
+            f"Promoted: {status['message']}",
+        )
+        deploy = kubectl_json(c, "deployment", "vllm", "-n", namespace)
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+
+        # AND Pod Security admitted every pod kvgate made, and runc ran each: both canaries
+        # and the eval Job's pod started in containers, and nothing was refused or warned about.
+        events = kubectl_json(c, "events", "-n", namespace)["items"]
+        refused = [e["message"] for e in events if "PodSecurity" in e.get("message", "")
+                   or e.get("reason") == "FailedCreate"]  # fmt: skip
+        assert refused == [], refused
+        started = {e["involvedObject"]["name"] for e in events
+                   if e["involvedObject"].get("kind") == "Pod" and e.get("reason") == "Started"}  # fmt: skip
+        assert {"fp8-triton-control", "fp8-triton-candidate"} <= started, sorted(started)
+        assert any(n.startswith("fp8-triton-eval") for n in started), sorted(started)
+        assert "Promoted" in {
+            e["reason"] for e in events if e["involvedObject"].get("name") == "fp8-triton"
+        }
+
+        # AND the operator never hit a permission error.
+        logs = c.kubectl("logs", "-n", namespace, f"deployment/{release}").stdout
+        assert "Forbidden" not in logs and " 403" not in logs
+        assert "Traceback" not in logs
+
+        # AND `kvgate report` reads it back from the cluster.
+        report = subprocess.run(
+            [sys.executable, "-m", "kvgate", "report", "fp8-triton", "-n", namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": c.kubeconfig},
+        )
+        assert report.returncode == 0, report.stderr
+        assert report.stdout.splitlines()[0] == f"KVCacheRollout {namespace}/fp8-triton: Promoted"
+    except BaseException:
+        logs = c.kubectl("logs", "-n", namespace, f"deployment/{release}", check=False)
+        sys.stderr.write(f"--- operator\n{logs.stdout[-6000:]}{logs.stderr}\n")
+        raise
+    finally:
+        # Delete the rollout while the operator runs (it releases its finalizer), then uninstall.
+        c.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False,
+                  timeout=90)  # fmt: skip
+        helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
