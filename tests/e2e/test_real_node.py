@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,19 @@ import cluster as cluster_mod  # noqa: E402
 import containerd_node  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
+
+
+def again_while_schema_lags(
+    run: Callable[[], subprocess.CompletedProcess[str]],
+) -> subprocess.CompletedProcess[str]:
+    """What the README tells the user: apply again, for at most 30 s, while the admission
+    policy does not know the new CRD's schema yet (the apiserver polls it every 5 s)."""
+    proc = run()
+    deadline = time.monotonic() + 30
+    while proc.returncode and CRD_SCHEMA_LAG in proc.stderr and time.monotonic() < deadline:
+        time.sleep(1)
+        proc = run()
+    return proc
 
 
 def code_block(markdown: Path, heading: str) -> str:
@@ -138,17 +151,7 @@ def test_readme_install_and_examples_promote_on_the_real_node(
                 timeout=timeout,
             )
 
-        proc = run()
-        # What the README tells the user to do: apply again (the policy polls every 5 s).
-        deadline = time.monotonic() + 30
-        while (
-            proc.returncode
-            and CRD_SCHEMA_LAG in proc.stderr
-            and command.startswith("kubectl apply")
-            and time.monotonic() < deadline
-        ):
-            time.sleep(1)
-            proc = run()
+        proc = again_while_schema_lags(run) if command.startswith("kubectl apply") else run()
         assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
@@ -385,14 +388,11 @@ def test_chart_in_a_restricted_namespace_promotes_under_its_own_service_account(
 
         # WHEN a rollout with Triton attention is applied (retried only on the CRD-schema lag
         # the README describes).
-        deadline = time.monotonic() + 30
-        while True:
-            proc = c.kubectl("apply", "-n", namespace, "-f", "-", input=RESTRICTED_ROLLOUT,
-                             check=False)  # fmt: skip
-            if proc.returncode == 0 or CRD_SCHEMA_LAG not in proc.stderr:
-                break
-            assert time.monotonic() < deadline, proc.stderr
-            time.sleep(1)
+        proc = again_while_schema_lags(
+            lambda: c.kubectl(
+                "apply", "-n", namespace, "-f", "-", input=RESTRICTED_ROLLOUT, check=False
+            )
+        )
         assert proc.returncode == 0, proc.stderr
         obj = wait_for(
             lambda: (

@@ -10,6 +10,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
 
@@ -83,13 +85,9 @@ def test_teardown_of_a_directory_that_never_held_a_node_touches_nothing(tmp_path
 def test_a_state_dir_too_deep_for_the_kubelets_sockets_is_refused_in_one_line() -> None:
     # The CI path that made the kubelet exit with `bind: invalid argument` (108 bytes).
     deep = Path("/tmp/pytest-of-root/pytest-164/test_down_after_a_sigkilled_su0/cluster/node")
-    try:
+    with pytest.raises(containerd_node.NodeError) as refused:
         containerd_node.check_socket_room(deep)
-    except containerd_node.NodeError as exc:
-        message = str(exc)
-    else:
-        raise AssertionError("a 75-byte state dir was accepted")
-    assert message == (
+    assert str(refused.value) == (
         f"the state directory {deep} is 75 bytes long; the kubelet's unix sockets under it "
         "need it to be at most 71 (use a shorter --state-dir)"
     )

@@ -858,6 +858,18 @@ def test_prometheus_history_of_a_pool_with_room_is_not_needed(
     assert direct == []
 
 
+def _prometheus_replying(reply: str) -> Callable[[World, str], str]:
+    """A Prometheus that answers every query with `reply`, or refuses connections ("refused")."""
+    from kvgate.errors import ScrapeError
+
+    def answer(world: World, url: str) -> str:
+        if reply == "refused":
+            raise ScrapeError(url, "ConnectError: [Errno 111] Connection refused")
+        return reply
+
+    return answer
+
+
 @pytest.mark.parametrize(
     ("reply", "said"),
     [
@@ -877,14 +889,7 @@ def test_prometheus_history_of_a_pool_with_room_is_not_needed(
 def test_prometheus_that_cannot_answer_leaves_the_pool_unknown(
     monkeypatch: pytest.MonkeyPatch, reply: str, said: str
 ) -> None:
-    from kvgate.errors import ScrapeError
-
-    def answer(world: World, url: str) -> str:
-        if reply == "refused":
-            raise ScrapeError(url, "ConnectError: [Errno 111] Connection refused")
-        return reply
-
-    world, direct = _prometheus_world(monkeypatch, answer)
+    world, direct = _prometheus_world(monkeypatch, _prometheus_replying(reply))
     assert world.run() == "Failed", world.obj["status"]
     world.assert_invariant()
     status = world.obj["status"]
@@ -998,14 +1003,7 @@ def test_no_dcgm_series_leaves_the_claim_and_says_why(monkeypatch: pytest.Monkey
 def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
     monkeypatch: pytest.MonkeyPatch, reply: str
 ) -> None:
-    from kvgate.errors import ScrapeError
-
-    def clocks(world: World, url: str) -> str:
-        if reply == "refused":
-            raise ScrapeError(url, "ConnectError: [Errno 111] Connection refused")
-        return reply
-
-    world, asked = _speed_world(monkeypatch, clocks)
+    world, asked = _speed_world(monkeypatch, _prometheus_replying(reply))
     # THEN it is retried like any external error, not taken as "clocks unknown", and the
     # rollout gives up without promoting, naming the server
     assert world.run(steps=400) == "Failed", world.obj["status"]
