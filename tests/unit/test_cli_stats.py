@@ -73,7 +73,8 @@ def test_paired_margin_and_confidence(
     code, out, _ = _run(
         capsys, "stats", "--paired", cells, "--margin", margin, "--confidence", confidence, "--json"
     )
-    assert code == 0
+    # Not shown non-inferior, and no loss shown either: inconclusive, exit 3 (README's contract).
+    assert code == (0 if noninferior else 3)
     data = json.loads(out)
     assert data["noninferior"] is noninferior
     assert data["margin"] == float(margin) and data["confidence"] == float(confidence)
@@ -81,8 +82,10 @@ def test_paired_margin_and_confidence(
 
 def test_paired_text(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "stats", "--paired", "449,10,5,36")
-    assert code == 0
+    assert code == 3
     assert "non-inferiority not shown" in out
+    assert "verdict     inconclusive: 90.8% vs 91.8%" in out
+    assert "advice      " in out  # more questions can settle an open question
     assert "control only 10, candidate only 5" in out
 
 
@@ -106,7 +109,7 @@ def test_from_question_jsonl(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     pairs = [(True, True)] * 90 + [(True, False)] * 3 + [(False, True)] * 2 + [(False, False)] * 5
     path.write_text(_question_lines(pairs))
     code, out, _ = _run(capsys, "stats", "--from", str(path), "--json")
-    assert code == 0
+    assert code == 3  # 3 losses to 2 wins in 100 questions: neither shown
     data = json.loads(out)
     assert (data["both"], data["control_only"], data["candidate_only"], data["neither"]) == (
         90,
@@ -270,3 +273,46 @@ def test_from_a_sequential_summary_shows_its_look_adjusted_claim(
     assert data["largest_loss_ruled_out"] < 0.013 < data["eval"]["largest_loss_ruled_out"] <= 0.02
     code, out, _ = _run(capsys, "stats", "--from", str(path))
     assert "eval claim  candidate minus control ≥ -1.89 pp" in out
+
+
+def test_a_candidate_shown_worse_exits_1_and_says_so_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 11 pp worse, McNemar p = 4.9e-13: the answer is "no", not "run more questions".
+    code, out, _ = _run(capsys, "stats", "--paired", "400,60,5,35")
+    assert code == 1
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict"))
+    assert verdict.startswith("verdict     candidate worse: 81.0% vs 92.0%, worse by at least")
+    assert "advice" not in out
+    code, out, _ = _run(capsys, "stats", "--paired", "400,60,5,35", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "fail"
+    assert data["verdict_sentence"].startswith("candidate worse")
+
+
+def test_a_pass_exits_0_and_names_what_it_ruled_out(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "stats", "--paired", "452,7,6,35")
+    assert code == 0
+    assert (
+        "verdict     non-inferior: 91.6% vs 91.8%, a loss larger than 1.51 pp is ruled out" in out
+    )
+    assert "advice" not in out
+
+
+@pytest.mark.parametrize(
+    ("saved", "code"), [("pass", 0), ("fail", 1), ("inconclusive", 3), ("error", 4), ("junk", 3)]
+)
+def test_from_a_summary_exits_with_its_verdict(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, saved: str, code: int
+) -> None:
+    summary = {
+        "kind": "kvgate.eval/summary",
+        "verdict": saved,
+        "looks": 3,
+        "paired": {"both": 120, "control_only": 25, "candidate_only": 2, "neither": 3},
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    got, out, _ = _run(capsys, "stats", "--from", str(path))
+    assert got == code
+    assert ("advice" in out) is (code == 3)

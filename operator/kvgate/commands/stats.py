@@ -6,10 +6,12 @@ import argparse
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvgate.errors import ParseError, SpecError
+from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
 from kvgate.inputs import finite_float, load_json, read_text
 from kvgate.stats import (
@@ -22,6 +24,8 @@ from kvgate.stats import (
 )
 
 HELP = "accuracy statistics: Wilson intervals, paired non-inferiority, saved eval results"
+# Paired modes exit as the gate would: 0 pass, 1 candidate shown worse, 3 inconclusive
+# (a saved summary's own verdict decides for it; its `error` is 4).
 
 _FRACTION = re.compile(r"^\s*([0-9]{1,12})\s*/\s*([0-9]{1,12})\s*$", re.ASCII)
 # Counts above this are not an eval run (GSM8K has 1,319 questions).
@@ -161,8 +165,59 @@ def run(args: argparse.Namespace) -> int:
     where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
         raise SpecError(where, f"{confidence} is not in (0.5, 1); use e.g. 0.95")
-    _print_paired(counts, margin, confidence, summary, args.json)
-    return 0
+    if counts.n == 0:
+        raise SpecError(args.source or "--paired", "no paired questions to judge")
+    verdict = _verdict(counts, margin, confidence, summary)
+    _print_paired(counts, margin, confidence, summary, verdict, args.json)
+    return EXIT_CODES[verdict.verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class PairedVerdict:
+    """The gate's verdict on these counts, and the sentence that leads with what was shown."""
+
+    verdict: Verdict
+    sentence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict.value, "verdict_sentence": self.sentence}
+
+
+def _verdict(
+    counts: PairedCounts, margin: float, confidence: float, summary: dict[str, Any] | None
+) -> PairedVerdict:
+    """A saved eval summary keeps its own (look-adjusted) verdict; raw counts get one look."""
+    if summary is not None:
+        try:
+            saved = Verdict(summary.get("verdict"))
+        except ValueError:
+            saved = Verdict.INCONCLUSIVE  # a summary without a readable verdict proves nothing
+        claim = summary.get("claim")
+        sentence = f"the eval's verdict: {saved.value}" + (
+            f"; {claim}" if isinstance(claim, str) and claim else ""
+        )
+        return PairedVerdict(saved, sentence)
+    plan = plan_gate(counts.n, margin=margin, confidence=confidence)
+    look = assess_look(plan, 0, counts)
+    bounds = look_bounds(plan, 0, counts)
+    control, candidate = counts.control(), counts.candidate()
+    arms = f"{_pct(candidate.accuracy)}% vs {_pct(control.accuracy)}%"
+    if look.verdict is Verdict.FAIL:
+        return PairedVerdict(
+            Verdict.FAIL,
+            f"candidate worse: {arms}, worse by at least {100 * -bounds.upper:.2f} pp "
+            f"(one-sided {plan.fail_confidence:.1%}, McNemar exact)",
+        )
+    if look.verdict is Verdict.PASS:
+        return PairedVerdict(
+            Verdict.PASS,
+            f"non-inferior: {arms}, a loss larger than {100 * -bounds.lower:.2f} pp is ruled "
+            f"out (one-sided {plan.confidence:.1%}; margin {100 * margin:g} pp)",
+        )
+    return PairedVerdict(
+        Verdict.INCONCLUSIVE,
+        f"inconclusive: {arms}; neither a loss of {100 * margin:g} pp ruled out nor a loss shown",
+    )
 
 
 def _pick(flag: float | None, summary: dict[str, Any] | None, key: str, default: float) -> float:
@@ -201,6 +256,7 @@ def _print_paired(
     margin: float,
     confidence: float,
     summary: dict[str, Any] | None,
+    verdict: PairedVerdict,
     as_json: bool,
 ) -> None:
     analysis = analyse_paired(counts, margin, confidence)
@@ -213,6 +269,7 @@ def _print_paired(
             "control": control.to_dict(),
             "candidate": candidate.to_dict(),
             "questions_needed": needed,
+            **verdict.to_dict(),
         }
         if summary is not None:
             out["eval_verdict"] = summary.get("verdict")
@@ -231,17 +288,19 @@ def _print_paired(
         f"difference  {100 * analysis.difference:+.2f} pp  Tango 95% two-sided "
         f"[{100 * low:+.2f}, {100 * high:+.2f}] pp  McNemar exact p = {analysis.mcnemar_p:.3g}"
     )
-    verdict = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
+    one_look = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
     print(
         f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, one look: "
-        f"{verdict} (p = {analysis.noninferiority_p:.3g}); lower bound "
+        f"{one_look} (p = {analysis.noninferiority_p:.3g}); lower bound "
         f"{100 * analysis.lower_bound:+.2f} pp, losses above "
         f"{100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
     )
-    print(
-        f"advice      {needed} questions give 80% power at this discordance "
-        f"({100 * counts.discordance:.1f}%)"
-    )
+    print(f"verdict     {verdict.sentence}")
+    if verdict.verdict is Verdict.INCONCLUSIVE:  # more questions can only help an open question
+        print(
+            f"advice      {needed} questions give 80% power at this discordance "
+            f"({100 * counts.discordance:.1f}%)"
+        )
     if summary is not None:
         print(f"eval        verdict {summary.get('verdict')} after {summary.get('looks')} look(s)")
         figures = _eval_figures(summary)
