@@ -565,3 +565,20 @@ def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", bad)
     assert proc.returncode != 0
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("version", "installs"), [("v1.35.4", False), ("v1.36.0", True)])
+def test_the_chart_refuses_a_cluster_older_than_its_defaults_need(
+    helm: str, version: str, installs: bool
+) -> None:
+    # The default MutatingAdmissionPolicy is admissionregistration.k8s.io/v1, GA from 1.36: on
+    # 1.35 a default install would fail half-way, so helm must refuse it up front, in one line.
+    result = run_helm(helm, "template", "kvgate", str(CHART), "--kube-version", version)
+    if installs:
+        assert result.returncode == 0, result.stderr
+        assert "kind: MutatingAdmissionPolicy" in result.stdout
+        assert "apiVersion: admissionregistration.k8s.io/v1" in result.stdout
+    else:
+        assert result.returncode != 0
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "kubeVersion" in lines[0] and ">=1.36.0-0" in lines[0], lines
