@@ -141,6 +141,33 @@ kubectl apply -n "$NS" -f examples/vllm-deployment.yaml --request-timeout=10s | 
 kubectl rollout status -n "$NS" deployment/vllm --timeout=180s | sed 's/^/  /' || fail "the vLLM Deployment never became ready"
 say "  args: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
 
+# The example claims a KV-bound production. Wait until the pod's own /metrics say so, read as an
+# SRE would (kvgate scrape, the operator's rule), in two windows in a row: a busy machine fills
+# the pool later, and a rollout applied before that would rightly end NotNeeded.
+wait_for_pressure() {
+	local deadline=$((SECONDS + ${DEMO_PRESSURE_TIMEOUT:-300})) streak=0 ip out last="no sample yet"
+	while [ "$streak" -lt 2 ]; do
+		[ "$SECONDS" -lt "$deadline" ] || fail "production's KV pool never came under pressure: $last"
+		ip="$(kubectl get pods -n "$NS" -l app.kubernetes.io/name=vllm --field-selector=status.phase=Running \
+			-o jsonpath='{.items[0].status.podIP}' --request-timeout=10s 2>/dev/null)"
+		out=""
+		[ -n "$ip" ] && out="$(kvgate scrape "http://$ip:8000/metrics" --samples 4 --interval 2 --json 2>/dev/null)"
+		last="$("$PY" - "${out:-null}" <<-'PYEOF'
+			import json, sys
+			try:
+			    p = json.loads(sys.argv[1])["pool_pressure"]
+			    print(f"{p['pressured_samples']}/{p['samples']} samples full with requests waiting, "
+			          f"max KV usage {p['max_usage']:.2f}, pressured={p['pressured']}")
+			except Exception:
+			    print("no readable sample yet")
+		PYEOF
+		)"
+		case "$last" in *pressured=True) streak=$((streak + 1)) ;; *) streak=0 ;; esac
+	done
+	say "  pool under pressure: $last"
+}
+wait_for_pressure
+
 # A rollout for the demo: the gates of examples/auto.yaml, scaled down to a few minutes.
 rollout() { # name, extra args as a JSON list
 	cat <<-EOF
