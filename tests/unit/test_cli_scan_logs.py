@@ -164,3 +164,27 @@ def test_missing_argument(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err.endswith(
         "kvgate scan-logs: error: the following arguments are required: FILE\n"
     )
+
+
+@pytest.mark.parametrize(
+    "text", ["hello\n", "GET /health 200\nGET /health 200\n", "\x00\x01 binary"]
+)
+def test_text_with_no_engine_line_is_bad_input_not_a_slow_start(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "not-a-log.txt"
+    path.write_text(text)
+    code, out, err = run(capsys, str(path))
+    assert (code, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert f"{path}: no vLLM or SGLang line recognised" in err
+
+
+def test_a_log_cut_short_after_the_engine_line_is_still_not_ready(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    first = (LOGS / "vllm-0.11-bf16-ready.txt").read_text().splitlines()[:3]
+    path = tmp_path / "cut.txt"
+    path.write_text("\n".join(first) + "\n")
+    code, out, _ = run(capsys, str(path))
+    assert code == 3 and "not ready" in out

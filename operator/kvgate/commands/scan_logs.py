@@ -81,11 +81,30 @@ def run(args: argparse.Namespace) -> int:
     source = "<stdin>" if args.file == "-" else args.file
     with _open(args.file) as handle:
         scan = scan_lines(_bounded_lines(handle, source), args.engine, source=source)
+    if _recognised_nothing(scan):
+        # "not ready" would send the user to wait for a start that this text cannot show.
+        raise ParseError(
+            source,
+            f"no vLLM or SGLang line recognised in {scan.lines} line(s); "
+            "is this the engine's startup log (kubectl logs POD)?",
+        )
     if args.json:
         print(json.dumps({"source": source, **scan.to_dict()}, sort_keys=True))
     else:
         print(render_text(scan, source))
     return exit_code(scan)
+
+
+def _recognised_nothing(scan: LogScan) -> bool:
+    return (
+        scan.engine is None
+        and not scan.findings
+        and not scan.ready
+        and not scan.failed
+        and scan.kv_cache_dtype is None
+        and scan.attention_backend is None
+        and scan.capacity.kv_tokens is None
+    )
 
 
 def exit_code(scan: LogScan) -> int:
