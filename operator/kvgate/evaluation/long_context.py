@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from scipy.stats import binomtest
 
@@ -73,6 +73,18 @@ _NOUNS: Final = (
 WORDS: Final = tuple(f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS)
 
 CountTokens = Callable[[str], int]
+
+
+class NeedleItem(TypedDict):
+    """One needle item as written to the task's JSONL file (RULER's fields plus task, length)."""
+
+    index: int
+    task: str
+    input: str
+    outputs: list[str]
+    length: int
+    max_length: int
+    gen_prefix: str
 
 
 def context_lengths(max_model_len: int, minimum: int = MIN_LENGTH) -> list[int]:
@@ -150,9 +162,9 @@ def _haystack_size(task: str, length: int, count: CountTokens, seed: int) -> int
 
 def generate_items(
     tasks: Sequence[str], lengths: Sequence[int], items: int, count: CountTokens, seed: int
-) -> list[dict[str, Any]]:
+) -> list[NeedleItem]:
     """`items` needle items per task and length, as lm-eval's RULER docs (plus task, length)."""
-    out: list[dict[str, Any]] = []
+    out: list[NeedleItem] = []
     for task in tasks:
         if task not in _VARIANTS:
             raise SpecError("--long-context-tasks", f"{task!r} is not one of {', '.join(TASKS)}")
@@ -184,7 +196,7 @@ def generate_items(
     return out
 
 
-def write_items(items: Iterable[Mapping[str, Any]], path: Path) -> None:
+def write_items(items: Iterable[NeedleItem], path: Path) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for item in items:
             handle.write(json.dumps(item) + "\n")
