@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, field), "--" + field.replace("_", "-"))
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
-    requested = {
+    requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
         "control": (args.control_url, args.control_model or args.model),
         "candidate": (args.candidate_url, args.candidate_model or args.model),
     }

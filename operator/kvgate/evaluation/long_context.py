@@ -301,9 +301,34 @@ class LongContextPlan:
                 raise SpecError(name, f"{getattr(self, name)} is not in (0.5, 1)")
 
 
+class BucketBounds(TypedDict):
+    lower: float
+    lower_confidence: float
+    upper: float
+    upper_confidence: float
+    sided: str
+    method: str
+
+
+class BucketRow(TypedDict):
+    """One context-length bucket's judgement, as the summary's `long_context.buckets` holds it."""
+
+    bucket: str
+    context_length: int
+    verdict: str
+    reason: str
+    items: int
+    control: dict[str, Any]
+    candidate: dict[str, Any]
+    recovery: float | None
+    paired: dict[str, float]
+    bounds: BucketBounds
+    mcnemar_p_one_sided: float
+
+
 def judge_bucket(
     length: int, counts: PairedCounts, plan: LongContextPlan, buckets: int
-) -> dict[str, Any]:
+) -> BucketRow:
     """One bucket: paired non-inferiority at `margin` and the recovery floor.
 
     pass: lower bound of candidate - control > -margin (at `confidence`) and candidate score
@@ -363,7 +388,7 @@ def judge_bucket(
 
 def judge(
     per_length: Mapping[int, PairedCounts], plan: LongContextPlan
-) -> tuple[Verdict, str | None, str | None, list[dict[str, Any]]]:
+) -> tuple[Verdict, str | None, str | None, list[BucketRow]]:
     """Every bucket judged; the task's verdict is the worst, with the first such bucket."""
     rows = [judge_bucket(n, c, plan, len(per_length)) for n, c in sorted(per_length.items())]
     if not rows:
