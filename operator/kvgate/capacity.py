@@ -266,7 +266,7 @@ class _Fields:
         self.defaults = _MODEL_TYPE_DEFAULTS.get(str(config.get("model_type", "")), {})
         self.defaults_used: list[str] = []
 
-    def get(self, *names: str) -> Any:
+    def get(self, *names: str) -> object:
         for name in names:
             if self.config.get(name) is not None:
                 return self.config[name]
@@ -371,7 +371,7 @@ def _layer_kinds(fields: _Fields, num_layers: int, model_type: str) -> list[str]
     return ["full"] * num_layers
 
 
-def _check_length(items: Any, num_layers: int, field: str, source: str) -> None:
+def _check_length(items: object, num_layers: int, field: str, source: str) -> None:
     if not isinstance(items, (list, str)) or len(items) != num_layers:
         length = len(items) if isinstance(items, (list, str)) else type(items).__name__
         raise ParseError(
@@ -380,7 +380,7 @@ def _check_length(items: Any, num_layers: int, field: str, source: str) -> None:
         )
 
 
-def _kind_of(layer_type: Any, index: int, field: str, source: str) -> str:
+def _kind_of(layer_type: object, index: int, field: str, source: str) -> str:
     name = str(layer_type).lower()
     if name in _FULL_TYPES:
         return "full"

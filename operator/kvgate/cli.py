@@ -18,14 +18,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvgate import __version__
+from kvgate.commands.exit_codes import EXIT_BUG as EXIT_BUG
+from kvgate.commands.exit_codes import EXIT_EXTERNAL as EXIT_EXTERNAL
+from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
+from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE as EXIT_INCONCLUSIVE
+from kvgate.commands.exit_codes import EXIT_INPUT as EXIT_INPUT
+from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
 from kvgate.errors import ExternalError, InputError, KvgateError
-
-EXIT_OK = 0
-EXIT_GATE_FAILED = 1
-EXIT_INPUT = 2
-EXIT_INCONCLUSIVE = 3
-EXIT_EXTERNAL = 4
-EXIT_BUG = 70
 
 COMMANDS: dict[str, str] = {
     "preflight": "kvgate.commands.preflight",

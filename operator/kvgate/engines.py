@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any, Final
 
 from kvgate import engine_versions
@@ -534,6 +535,11 @@ def _launcher_in_script(script: _Token, name: str) -> _Launch | None:
     return None
 
 
+def _with_value(match: re.Match[str], value: str) -> str:
+    """The flag as spelled in the script, its separator, then the new (quoted) value."""
+    return f"{match['flag']}{match['sep']}{value}"
+
+
 def _is_shell_operator(word: str) -> bool:
     return bool(word) and all(c in "();<>|&" for c in word)
 
@@ -553,8 +559,7 @@ def _rewrite_script(
                 rf"(?<![\w-])(?P<flag>{spelled})(?P<sep>=|[ \t]+)"
                 r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s;&|<>]+)"
             )
-            quoted = shlex.quote(value)
-            script = pattern.sub(lambda m, q=quoted: f"{m['flag']}{m['sep']}{q}", script)
+            script = pattern.sub(partial(_with_value, value=shlex.quote(value)), script)
     if appended:
         if not launch.script_appendable:
             raise UnsupportedError(
@@ -672,7 +677,7 @@ def _rewrite_env(
     seen: set[str] = set()
     for entry in env:
         name = entry.get("name")
-        if name in changes:
+        if isinstance(name, str) and name in changes:
             seen.add(name)
             if changes[name] is not None:
                 result.append({"name": name, "value": changes[name]})

@@ -11,10 +11,10 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
-from kvgate.cli import EXIT_BUG
-from kvgate.commands.diverge import add_screen_options
+from kvgate.commands.diverge import ScreenOptions, add_screen_options
+from kvgate.commands.exit_codes import EXIT_BUG
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -28,6 +28,9 @@ from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
 from kvgate.inputs import bounded_int, finite_float
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
+
+if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
+    from kvgate.evaluation.runner import Arm, EvalSettings
 
 HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
 _LC_SPEC: Final = "--long-context-tasks"
@@ -162,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, field), "--" + field.replace("_", "-"))
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
-    requested = {
+    requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
         "control": (args.control_url, args.control_model or args.model),
         "candidate": (args.candidate_url, args.candidate_model or args.model),
     }
@@ -281,7 +284,17 @@ def run(args: argparse.Namespace) -> int:
 # ---- long context ---------------------------------------------------------------------------
 
 
-def _long_context_request(args: argparse.Namespace) -> dict[str, Any] | None:
+class LongContextRequest(TypedDict):
+    """The long-context options as checked by `_long_context_request`."""
+
+    tasks: list[str]
+    lengths: list[int]
+    items: int
+    tokenizer: str
+    plan: LongContextPlan
+
+
+def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None:
     """The long-context settings, checked before anything is contacted (None: not asked)."""
     from kvgate.evaluation.long_context import TASKS, context_lengths
 
@@ -322,9 +335,8 @@ def _long_context_request(args: argparse.Namespace) -> dict[str, Any] | None:
     }
 
 
-def _divergence_request(args: argparse.Namespace) -> Any:
+def _divergence_request(args: argparse.Namespace) -> ScreenOptions | None:
     """The divergence screen's options (None: not asked), checked before anything is sent."""
-    from kvgate.commands.diverge import ScreenOptions
     from kvgate.divergence import ScreenSettings
 
     if args.divergence_documents is None:
@@ -338,7 +350,9 @@ def _divergence_request(args: argparse.Namespace) -> Any:
     )
 
 
-def _run_divergence(options: Any, arms: list[Any], data_dir: Path | None) -> dict[str, Any]:
+def _run_divergence(
+    options: ScreenOptions, arms: list[Arm], data_dir: Path | None
+) -> dict[str, Any]:
     """The screen after the accuracy tasks; its failures stay inside its block."""
     from kvgate.commands.diverge import documents_source, run_screen, summary_header
 
@@ -355,10 +369,10 @@ def _run_divergence(options: Any, arms: list[Any], data_dir: Path | None) -> dic
         return block
 
 
-def _block_header(request: dict[str, Any]) -> dict[str, Any]:
+def _block_header(request: LongContextRequest) -> dict[str, Any]:
     from kvgate.evaluation.long_context import BLOCK_KIND
 
-    plan: LongContextPlan = request["plan"]
+    plan = request["plan"]
     return {
         "kind": BLOCK_KIND,
         "verdict": "error",
@@ -378,7 +392,11 @@ def _block_header(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_long_context(
-    request: dict[str, Any], settings: Any, arms: list[Any], workdir: Path, seed: int
+    request: LongContextRequest,
+    settings: EvalSettings,
+    arms: list[Arm],
+    workdir: Path,
+    seed: int,
 ) -> dict[str, Any]:
     from kvgate.evaluation.long_context import generate_items, judge, pair_by_length
     from kvgate.evaluation.long_context_runner import NeedleRunner, load_tokenizer
@@ -403,7 +421,7 @@ def _run_long_context(
     return block
 
 
-def _skipped_block(request: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def _skipped_block(request: LongContextRequest, summary: dict[str, Any]) -> dict[str, Any]:
     block = _block_header(request)
     block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
     return block
@@ -444,7 +462,7 @@ def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
-def _keeper(output: IO[str] | None) -> Any:
+def _keeper(output: IO[str] | None) -> Callable[[QuestionRecord], None]:
     def keep(record: QuestionRecord) -> None:
         if output is not None:
             output.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import binom
 
 from kvgate.errors import SpecError
@@ -200,7 +201,10 @@ def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarr
     """
     b = np.asarray(losses)
     m = b + np.asarray(wins)
-    return (m > 0) & (binom.sf(b - 1, m, 0.5) <= level)
+    p_worse: npt.NDArray[np.float64] = binom.sf(b - 1, m, 0.5)  # scipy is untyped (Any)
+    # numpy types arithmetic on arrays of unknown dtype as Any; these comparisons give booleans
+    worse: npt.NDArray[np.bool_] = (m > 0) & (p_worse <= level)
+    return worse
 
 
 _REASON_TO_CODE: Final = np.array([CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE], dtype=np.int8)
@@ -210,7 +214,9 @@ def decide_arrays(
     plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
 ) -> np.ndarray:
     """Decision codes (CONTINUE, PASS, FAIL, INCONCLUSIVE) at 0-based `look` for many runs."""
-    return _REASON_TO_CODE[reason_arrays(plan, look, n, losses, wins)]
+    # numpy types an array indexed by an array as Any; the result is an int8 array
+    codes: npt.NDArray[np.int8] = _REASON_TO_CODE[reason_arrays(plan, look, n, losses, wins)]
+    return codes
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from scipy.stats import binomtest
 
@@ -73,6 +73,18 @@ _NOUNS: Final = (
 WORDS: Final = tuple(f"{a}-{n}" for a in _ADJECTIVES for n in _NOUNS)
 
 CountTokens = Callable[[str], int]
+
+
+class NeedleItem(TypedDict):
+    """One needle item as written to the task's JSONL file (RULER's fields plus task, length)."""
+
+    index: int
+    task: str
+    input: str
+    outputs: list[str]
+    length: int
+    max_length: int
+    gen_prefix: str
 
 
 def context_lengths(max_model_len: int, minimum: int = MIN_LENGTH) -> list[int]:
@@ -150,9 +162,9 @@ def _haystack_size(task: str, length: int, count: CountTokens, seed: int) -> int
 
 def generate_items(
     tasks: Sequence[str], lengths: Sequence[int], items: int, count: CountTokens, seed: int
-) -> list[dict[str, Any]]:
+) -> list[NeedleItem]:
     """`items` needle items per task and length, as lm-eval's RULER docs (plus task, length)."""
-    out: list[dict[str, Any]] = []
+    out: list[NeedleItem] = []
     for task in tasks:
         if task not in _VARIANTS:
             raise SpecError("--long-context-tasks", f"{task!r} is not one of {', '.join(TASKS)}")
@@ -184,7 +196,7 @@ def generate_items(
     return out
 
 
-def write_items(items: Iterable[Mapping[str, Any]], path: Path) -> None:
+def write_items(items: Iterable[NeedleItem], path: Path) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for item in items:
             handle.write(json.dumps(item) + "\n")
@@ -289,9 +301,34 @@ class LongContextPlan:
                 raise SpecError(name, f"{getattr(self, name)} is not in (0.5, 1)")
 
 
+class BucketBounds(TypedDict):
+    lower: float
+    lower_confidence: float
+    upper: float
+    upper_confidence: float
+    sided: str
+    method: str
+
+
+class BucketRow(TypedDict):
+    """One context-length bucket's judgement, as the summary's `long_context.buckets` holds it."""
+
+    bucket: str
+    context_length: int
+    verdict: str
+    reason: str
+    items: int
+    control: dict[str, Any]
+    candidate: dict[str, Any]
+    recovery: float | None
+    paired: dict[str, float]
+    bounds: BucketBounds
+    mcnemar_p_one_sided: float
+
+
 def judge_bucket(
     length: int, counts: PairedCounts, plan: LongContextPlan, buckets: int
-) -> dict[str, Any]:
+) -> BucketRow:
     """One bucket: paired non-inferiority at `margin` and the recovery floor.
 
     pass: lower bound of candidate - control > -margin (at `confidence`) and candidate score
@@ -351,7 +388,7 @@ def judge_bucket(
 
 def judge(
     per_length: Mapping[int, PairedCounts], plan: LongContextPlan
-) -> tuple[Verdict, str | None, str | None, list[dict[str, Any]]]:
+) -> tuple[Verdict, str | None, str | None, list[BucketRow]]:
     """Every bucket judged; the task's verdict is the worst, with the first such bucket."""
     rows = [judge_bucket(n, c, plan, len(per_length)) for n, c in sorted(per_length.items())]
     if not rows:

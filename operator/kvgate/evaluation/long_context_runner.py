@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import yaml
 
@@ -19,6 +19,7 @@ from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.long_context import (
     TOKENS_TO_GENERATE,
     NeedleAnswer,
+    NeedleItem,
     answers_from_samples,
     write_items,
 )
@@ -70,7 +71,7 @@ def load_tokenizer(spec: str) -> Callable[[str], int]:
     return count
 
 
-def write_task(items: Sequence[dict[str, Any]], directory: Path) -> None:
+def write_task(items: Sequence[NeedleItem], directory: Path) -> None:
     """The lm-eval task (YAML + its process_results module) and the items it reads."""
     data = directory / "niah_items.jsonl"
     write_items(items, data)
@@ -111,7 +112,7 @@ class NeedleRunner:
         settings: EvalSettings,
         arms: Sequence[Arm],
         workdir: Path,
-        items: Sequence[dict[str, Any]],
+        items: Sequence[NeedleItem],
     ) -> None:
         self.settings = settings
         self.items = items

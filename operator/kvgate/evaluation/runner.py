@@ -204,13 +204,13 @@ def _strict_model_classes() -> tuple[type, type]:
     """lm-eval's API models with response validation (lm-eval would turn some into answers)."""
     from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 
-    class StrictCompletions(LocalCompletionsAPI):  # type: ignore[misc]
+    class StrictCompletions(LocalCompletionsAPI):  # type: ignore[misc]  # lm_eval is untyped: its base is Any
         @staticmethod
         def parse_generations(outputs: Any, **kwargs: Any) -> list[str]:
             _check_completions(outputs, chat=False)
             return list(LocalCompletionsAPI.parse_generations(outputs, **kwargs))
 
-    class StrictChatCompletions(LocalChatCompletion):  # type: ignore[misc]
+    class StrictChatCompletions(LocalChatCompletion):  # type: ignore[misc]  # lm_eval is untyped: its base is Any
         def parse_generations(self, outputs: Any, **kwargs: Any) -> list[str]:
             _check_completions(outputs, chat=True)
             return list(super().parse_generations(outputs, **kwargs))

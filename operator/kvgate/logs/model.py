@@ -123,15 +123,18 @@ class LogScan:
         cap = data.get("capacity")
         cap = cap if isinstance(cap, Mapping) else {}
 
-        def text(value: Any) -> str | None:
+        def text(value: object) -> str | None:
             return value if isinstance(value, str) and value else None
 
-        def count(value: Any) -> int | None:
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-            return int(value) if ok else None
+        def count(value: object) -> int | None:
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                return int(value)
+            return None
 
-        concurrency = cap.get("max_concurrency")
-        memory = cap.get("kv_memory_gib")
+        def amount(value: object) -> float | None:
+            # what `count` takes as a non-zero count, as a float (so a value below 1 is None)
+            return float(value) if isinstance(value, int | float) and count(value) else None
+
         return cls(
             engine=text(data.get("engine")),
             engine_version=text(data.get("engine_version")),
@@ -142,8 +145,8 @@ class LogScan:
             ),
             capacity=Capacity(
                 kv_tokens=count(cap.get("kv_tokens")),
-                max_concurrency=float(concurrency) if count(concurrency) else None,
-                kv_memory_gib=float(memory) if count(memory) else None,
+                max_concurrency=amount(cap.get("max_concurrency")),
+                kv_memory_gib=amount(cap.get("kv_memory_gib")),
                 max_model_len=count(cap.get("max_model_len")),
                 num_gpu_blocks=count(cap.get("num_gpu_blocks")),
             ),
