@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -132,8 +133,12 @@ class LogScan:
             return None
 
         def amount(value: object) -> float | None:
-            # what `count` takes as a non-zero count, as a float (so a value below 1 is None)
-            return float(value) if isinstance(value, int | float) and count(value) else None
+            # a positive finite quantity: vLLM logs a concurrency below one ("0.45x") when one
+            # request of max_model_len does not fit, and that is a figure, not an unknown
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                number = float(value)
+                return number if math.isfinite(number) and number > 0 else None
+            return None
 
         return cls(
             engine=text(data.get("engine")),
