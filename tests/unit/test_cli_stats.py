@@ -300,10 +300,19 @@ def test_a_pass_exits_0_and_names_what_it_ruled_out(capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(
-    ("saved", "code"), [("pass", 0), ("fail", 1), ("inconclusive", 3), ("error", 4), ("junk", 3)]
+    ("saved", "code"),
+    [
+        ("pass", 0),
+        ("fail", 1),
+        ("inconclusive", 3),
+        ("error", 4),
+        ("junk", 3),
+        (["pass"], 3),
+        (None, 3),
+    ],
 )
 def test_from_a_summary_exits_with_its_verdict(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, saved: str, code: int
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, saved: object, code: int
 ) -> None:
     summary = {
         "kind": "kvgate.eval/summary",

@@ -188,10 +188,10 @@ def _verdict(
 ) -> PairedVerdict:
     """A saved eval summary keeps its own (look-adjusted) verdict; raw counts get one look."""
     if summary is not None:
-        try:
-            saved = Verdict(summary.get("verdict"))
-        except ValueError:
-            saved = Verdict.INCONCLUSIVE  # a summary without a readable verdict proves nothing
+        written = summary.get("verdict")
+        # a summary without a readable verdict proves nothing
+        known = isinstance(written, str) and written in {v.value for v in Verdict}
+        saved = Verdict(written) if known else Verdict.INCONCLUSIVE
         claim = summary.get("claim")
         sentence = f"the eval's verdict: {saved.value}" + (
             f"; {claim}" if isinstance(claim, str) and claim else ""
