@@ -190,8 +190,7 @@ def _verdict(
     if summary is not None:
         written = summary.get("verdict")
         # a summary without a readable verdict proves nothing
-        known = isinstance(written, str) and written in {v.value for v in Verdict}
-        saved = Verdict(written) if known else Verdict.INCONCLUSIVE
+        saved = next((v for v in Verdict if v.value == written), Verdict.INCONCLUSIVE)
         claim = summary.get("claim")
         sentence = f"the eval's verdict: {saved.value}" + (
             f"; {claim}" if isinstance(claim, str) and claim else ""
