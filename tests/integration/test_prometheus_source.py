@@ -22,9 +22,9 @@ import pytest
 
 from kvgate.adapters import prometheus as adapter
 from kvgate.errors import ExternalError, PrometheusError
+from kvgate.gates import assess_speed
 from kvgate.metrics import parse_metrics, pool_pressure
 from kvgate.model import Outcome, SpeedClocks, SpeedGate
-from kvgate.verdict import assess_speed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib

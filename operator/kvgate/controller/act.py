@@ -46,10 +46,7 @@ from kvgate.model import (
     RolloutSpec,
     config_hash,
 )
-from kvgate.verdict import (
-    Action,
-    Step,
-)
+from kvgate.steps import Action, Step
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash
