@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvgate.model import (
-    PATCHED_PHASES,
-    Phase,
-    RolloutSpec,
-)
+from kvgate.model import PATCHED_PHASES, Phase
+from kvgate.spec import RolloutSpec
 from kvgate.steps import (
     EVAL_GRACE_S,
     Event,

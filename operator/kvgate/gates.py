@@ -9,65 +9,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate.model import (
+from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
+from kvgate.spec import (
     AccuracyGate,
-    ArmClocks,
     BackendGate,
     CapacityGainGate,
     CapacityGate,
     DivergenceGate,
-    GateMode,
     LongContextTask,
-    Outcome,
     ScalesGate,
-    SpeedClocks,
     SpeedGate,
 )
 from kvgate.verdict import GateResult
 
 # Gate names, as keys of `status.gates`.
 POOL: Final = "poolPressure"
-
-
 SCALES: Final = "scales"
-
-
 BACKEND: Final = "backend"
-
-
 CAPACITY_GAIN: Final = "capacityGain"
-
-
 ACCURACY: Final = "accuracy"
-
-
 LONG_CONTEXT: Final = "longContext"
-
-
 DIVERGENCE: Final = "divergence"
-
-
 SPEED: Final = "speed"
-
-
 CANARY: Final = "canary"
-
-
 ENGINE_TRUTH: Final = "engineTruth"
-
-
 GATE_ORDER: Final = (
     POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT,
     DIVERGENCE, SPEED,
 )  # fmt: skip
-
-
 EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
 
 _GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
-
-
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
 
 
@@ -364,8 +337,6 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
 
 
 _LC_KIND: Final = "kvgate.eval/long_context"
-
-
 _LC_VERDICTS: Final = {
     "fail": (Outcome.FAILED, "LongContextRegressed"),
     "inconclusive": (Outcome.INCONCLUSIVE, "LongContextInconclusive"),

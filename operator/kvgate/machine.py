@@ -30,15 +30,9 @@ from kvgate.gates import (
     kv_tokens,
 )
 from kvgate.kubeobjects import PodHealth
-from kvgate.model import (
-    GateMode,
-    Outcome,
-    Phase,
-    PromotionMode,
-    Remediation,
-    RolloutSpec,
-)
+from kvgate.model import GateMode, Outcome, Phase, PromotionMode, Remediation
 from kvgate.remedy import Remedy
+from kvgate.spec import RolloutSpec
 from kvgate.steps import (
     EVAL_GRACE_S,
     MAX_DELAY_S,

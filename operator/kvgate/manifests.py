@@ -14,14 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvgate import engines
-from kvgate.model import (
-    ANNOTATION_CONFIG_HASH,
-    LABEL_ARM,
-    LABEL_ATTEMPT,
-    LABEL_ROLLOUT,
-    GateMode,
-    RolloutSpec,
-)
+from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ARM, LABEL_ATTEMPT, LABEL_ROLLOUT, GateMode
+from kvgate.spec import RolloutSpec
 
 ARMS: Final = ("control", "candidate")
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}

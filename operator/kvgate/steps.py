@@ -21,11 +21,7 @@ from kvgate.remedy import Remedy
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
-
-
 EVAL_GRACE_S: Final = 60.0  # scheduling and Job-controller slack on top of the eval attempts
-
-
 MAX_DELAY_S: Final = 30.0
 
 

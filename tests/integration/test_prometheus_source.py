@@ -24,7 +24,8 @@ from kvgate.adapters import prometheus as adapter
 from kvgate.errors import ExternalError, PrometheusError
 from kvgate.gates import assess_speed
 from kvgate.metrics import parse_metrics, pool_pressure
-from kvgate.model import Outcome, SpeedClocks, SpeedGate
+from kvgate.model import Outcome, SpeedClocks
+from kvgate.spec import SpeedGate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib

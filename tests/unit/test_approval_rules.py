@@ -18,7 +18,8 @@ from kvgate import machine, steps
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import SpecError
-from kvgate.model import Outcome, Phase, RolloutSpec
+from kvgate.model import Outcome, Phase
+from kvgate.spec import RolloutSpec
 from kvgate.steps import Action, LiveTarget, Observation, State
 from kvgate.verdict import GateResult
 

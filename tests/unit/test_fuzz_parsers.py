@@ -33,8 +33,8 @@ from kvgate.evaluation.records import read_question_lines
 from kvgate.gates import assess_accuracy
 from kvgate.logs import scan_lines, scan_log
 from kvgate.metrics import parse_metrics
-from kvgate.model import AccuracyGate
 from kvgate.report import read_accuracy, read_findings, render_html, render_svg, render_text
+from kvgate.spec import AccuracyGate
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(

@@ -21,7 +21,8 @@ from kvgate.divergence import BucketStats, ScreenSettings, screen
 from kvgate.evaluation.long_context import BLOCK_KIND, LongContextPlan, judge
 from kvgate.gates import _LC_KIND, assess_divergence, assess_long_context, bucket_label
 from kvgate.kubeobjects import PodHealth
-from kvgate.model import DivergenceGate, GateMode, LongContextTask, Outcome, Phase, RolloutSpec
+from kvgate.model import GateMode, Outcome, Phase
+from kvgate.spec import DivergenceGate, LongContextTask, RolloutSpec
 from kvgate.stats import PairedCounts
 from kvgate.steps import Observation, State
 

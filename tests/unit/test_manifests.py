@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvgate import manifests as m
-from kvgate.model import RolloutSpec
+from kvgate.spec import RolloutSpec
 
 CONTAINER: dict[str, Any] = {
     "name": "engine",

@@ -22,15 +22,12 @@ from kvgate.gates import (
     mean_between,
 )
 from kvgate.kubeobjects import PodHealth
-from kvgate.model import (
+from kvgate.model import GateMode, Outcome, Phase, PromotionMode
+from kvgate.spec import (
     AccuracyGate,
     BackendGate,
     CapacityGainGate,
     CapacityGate,
-    GateMode,
-    Outcome,
-    Phase,
-    PromotionMode,
     RolloutSpec,
     ScalesGate,
     SpeedGate,

@@ -40,12 +40,8 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, KubeError, KvgateError
-from kvgate.model import (
-    LABEL_ARM,
-    LABEL_ROLLOUT,
-    RolloutSpec,
-    config_hash,
-)
+from kvgate.model import LABEL_ARM, LABEL_ROLLOUT, config_hash
+from kvgate.spec import RolloutSpec
 from kvgate.steps import Action, Step
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next

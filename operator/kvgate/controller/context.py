@@ -27,9 +27,8 @@ from kvgate.model import (
     ANNOTATION_CREATED_BY,
     LABEL_ROLLOUT,
     Phase,
-    RolloutSpec,
-    TargetRef,
 )
+from kvgate.spec import RolloutSpec, TargetRef
 from kvgate.steps import LiveTarget, State
 from kvgate.verdict import GateResult, RevertIntent
 
