@@ -202,7 +202,7 @@ def assess_engine_truth(
     so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
     nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
     """
-    from kvgate import logs, metrics
+    from kvgate import crosscheck, logs, metrics
 
     problems: list[str] = []
     compared: dict[str, list[str]] = {}
@@ -210,13 +210,13 @@ def assess_engine_truth(
         scan = logs.LogScan.from_dict(scans.get(arm) or {})
         truth = truths.get(arm) or {}
         snapshot = metrics.snapshot_from_cache_truth(truth)
-        problems.extend(f"{arm}: {f.text}" for f in metrics.cross_check_log(scan, snapshot))
+        problems.extend(f"{arm}: {f.text}" for f in crosscheck.cross_check_log(scan, snapshot))
         info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
         server_dtype = info.kv_cache_dtype if info else None
         server_tokens = info.max_total_num_tokens if info else None
         problems.extend(
             f"{arm}: {f.text}"
-            for f in metrics.cross_check_server_info(scan, server_dtype, server_tokens)
+            for f in crosscheck.cross_check_server_info(scan, server_dtype, server_tokens)
         )
         what = compared.setdefault(arm, [])
         if scan.kv_cache_dtype and snapshot.kv_cache_dtype:

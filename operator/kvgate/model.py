@@ -109,6 +109,30 @@ class Engine(StrEnum):
 
 KV_DTYPES: Final = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
+# Spellings of one KV dtype: vLLM's `fp8` is e4m3 on CUDA; `auto` on a BF16 model is 16-bit.
+KV_DTYPE_FAMILIES: Final[Mapping[str, str]] = {
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2",
+    "torch.float8_e5m2": "fp8_e5m2",
+    "auto": "16-bit",
+    "bf16": "16-bit",
+    "bfloat16": "16-bit",
+    "float16": "16-bit",
+    "fp16": "16-bit",
+    "half": "16-bit",
+    "torch.bfloat16": "16-bit",
+    "torch.float16": "16-bit",
+}
+
+
+def kv_dtype_family(dtype: str) -> str:
+    """What a KV dtype name stores: `auto`, bf16 and fp16 are all 16-bit."""
+    return KV_DTYPE_FAMILIES.get(dtype.lower(), dtype.lower())
+
 
 @dataclass(frozen=True, slots=True)
 class ClockReading:

@@ -1,4 +1,4 @@
-"""kopf handlers for KVCacheRollout: gather evidence, call `verdict.next_step`, act, write status.
+"""kopf handlers for KVCacheRollout: gather evidence, call `machine.next_step`, act, write status.
 
 Run with `kvgate run` (or `kopf run -m kvgate.controller.handlers`). One handler, `reconcile`, drives a
 rollout: it is level-based (everything it needs is in `status` and in the cluster), so an

@@ -1,4 +1,4 @@
-"""Gathering evidence for `verdict.next_step`: one `observe_*` per phase, each returning an
+"""Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
 `Observation` (and recording what it read in the status being built). Reads only.
 """
 
@@ -378,13 +378,13 @@ def pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
 ) -> tuple[bool | None, str, dict[str, Any]]:
     """The pool verdict over the samples kept in status."""
-    from kvgate import metrics
+    from kvgate import metrics, pool
 
     snapshots = {
         pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
         for pod, samples in series.items()
     }
-    pressured, detail, results = metrics.pool_pressure_across_replicas(
+    pressured, detail, results = pool.pool_pressure_across_replicas(
         snapshots, usage_threshold=usage_threshold
     )
     return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
