@@ -302,37 +302,6 @@ def build_eval_job(
     }
 
 
-def build_container_patch(
-    index: int,
-    name: str,
-    current: Mapping[str, Any],
-    wanted: Mapping[str, Any],
-) -> list[dict[str, Any]]:
-    """A JSON patch setting the container's command, args and env to `wanted`'s.
-
-    The first op tests the container name at `index`, so a Deployment edited meanwhile makes
-    the patch fail rather than change the wrong container. Missing keys in `wanted` are
-    removed, which makes the same function the revert.
-    """
-    base = f"/spec/template/spec/containers/{index}"
-    ops: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": name}]
-    for key in ("command", "args", "env"):
-        before, after = current.get(key), wanted.get(key)
-        if before == after:
-            continue
-        if after is None:
-            ops.append({"op": "remove", "path": f"{base}/{key}"})
-        else:
-            ops.append(
-                {
-                    "op": "add" if before is None else "replace",
-                    "path": f"{base}/{key}",
-                    "value": after,
-                }
-            )
-    return ops
-
-
 def container_config(container: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a container a rollout changes (kept in status for the revert)."""
     return {k: copy.deepcopy(container[k]) for k in ("command", "args", "env") if k in container}

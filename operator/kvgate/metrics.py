@@ -23,7 +23,8 @@ from typing import Any, Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.errors import ParseError, SpecError, UnsupportedError
+from kvgate.errors import ParseError, SpecError
+from kvgate.model import check_engine
 
 ENGINES: Final = ("vllm", "sglang")
 
@@ -391,14 +392,6 @@ def _first_bad_line(text: str) -> int | None:
     return None
 
 
-def _check_engine(engine: str | None) -> str | None:
-    if engine is None or engine == "auto":
-        return None
-    if engine.lower() not in ENGINES:
-        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
-    return engine.lower()
-
-
 def parse_metrics(
     text: str, engine: str | None = None, *, source: str = "metrics", taken_at: float | None = None
 ) -> MetricSnapshot:
@@ -406,7 +399,7 @@ def parse_metrics(
 
     Raises ParseError for empty or malformed text, or text without vLLM/SGLang metrics.
     """
-    chosen = _check_engine(engine)
+    chosen = check_engine(engine)
     if len(text) > MAX_METRICS_CHARS:
         raise ParseError(
             source, f"the metrics text is larger than {MAX_METRICS_CHARS >> 20} MiB; not a /metrics"

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from kvgate.errors import UnsupportedError
+
 GROUP: Final = "kvgate.io"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "kvcacherollouts"
@@ -102,9 +104,22 @@ class Remediation(StrEnum):
 
 
 class Engine(StrEnum):
-    AUTO = "auto"
+    AUTO = "auto"  # the spec's default: the engine is read from the Deployment
     VLLM = "vllm"
     SGLANG = "sglang"
+
+
+# The engines themselves (every Engine but AUTO), as plain names.
+ENGINE_NAMES: Final = tuple(e.value for e in Engine if e is not Engine.AUTO)
+
+
+def check_engine(engine: str | None) -> str | None:
+    """A caller's engine name: None for auto (detect it), else the known name in lower case."""
+    if engine is None or engine == "auto":
+        return None
+    if engine.lower() not in ENGINE_NAMES:
+        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
+    return engine.lower()
 
 
 KV_DTYPES: Final = ("fp8", "fp8_e4m3", "fp8_e5m2")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -62,7 +63,7 @@ def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation
     # Every phase after Pending reads the live Deployment: what status says kvgate did is
     # checked against what is there.
     live = live_target(ctx)
-    return replace_obs(observe_phase(ctx, phase, live), live=live)
+    return dataclasses.replace(observe_phase(ctx, phase, live), live=live)
 
 
 def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
@@ -529,7 +530,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     if summary is not None and finished:
         record_accuracy(ctx, summary)
         control_tpot, candidate_tpot, clocks = speed_after_eval(ctx)
-        return replace_obs(
+        return dataclasses.replace(
             obs,
             job_finished=True,
             eval_summary=summary,
@@ -547,14 +548,10 @@ def observe_eval(ctx: Ctx) -> Observation:
             "the Job ended without a summary line",
         )
         tail = " | ".join(text.strip().splitlines()[-3:])
-        return replace_obs(obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500])
+        return dataclasses.replace(
+            obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
+        )
     return obs
-
-
-def replace_obs(obs: Observation, **kw: Any) -> Observation:
-    from dataclasses import replace
-
-    return replace(obs, **kw)
 
 
 def eval_lines(
