@@ -70,7 +70,6 @@ WARNING_REASONS: Final = frozenset(
         "ControlDtypeMismatch",
         "CapacityUnknown",
         "SpeedUnknown",
-        "RevertSkipped",
         "ExternalErrors",
         "RevertFailed",
         "Reverting",
@@ -82,18 +81,6 @@ WARNING_REASONS: Final = frozenset(
         "ReconcileError",
     }
 )
-MESSAGES: Final = {
-    "PoolHasRoom": "KV pool has room ({detail}); an FP8 KV cache buys nothing here",
-    "PoolPressured": "KV pool is the limit ({detail})",
-    "ScalesMissing": "checkpoint has no KV scales; FP8 KV uses scale 1.0 ({detail})",
-    "ScalesDropped": "checkpoint has KV scales but the engine warns they were not used ({detail})",
-    "CanaryCreated": "created control pod {control} and candidate pod {candidate}",
-    "CanaryCrashed": "{arm} pod crashed: {detail}",
-    "BackendChanged": "attention backend changed from {control} to {candidate}: two things changed at once",
-    "AccuracyRegressed": "candidate accuracy not within the margin: {detail}",
-    "Promoted": "Deployment {target} now runs {args}",
-    "RolledBack": "{detail}",
-}
 
 
 def is_warning(reason: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from kvgate import policy
 from kvgate.errors import SpecError
-from kvgate.model import parse_duration
+from kvgate.spec import parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
 DEFAULT_EVAL_IMAGE: Final = "ghcr.io/kvgate/kvgate:0.1.0"

@@ -22,17 +22,12 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import partial
 from typing import Any, Final
 
 from kvgate import engine_versions
 from kvgate.errors import SpecError, UnsupportedError
-
-
-class Engine(StrEnum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
+from kvgate.model import ENGINE_NAMES, Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +125,7 @@ _BOOLEAN_FLAGS: Final = frozenset(
 # vLLM's short spellings of config flags (vllm/engine/arg_utils.py 0.13+).
 _SHORT_FLAGS: Final = {"-ac": "--attention-config", "-cc": "--compilation-config"}
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "ash", "zsh"})
-_ENGINE_WORDS: Final = frozenset(engine.value for engine in Engine)
+_ENGINE_WORDS: Final = frozenset(ENGINE_NAMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,12 +443,12 @@ def _backend_from_json(text: str | None) -> str | None:
 
 
 def _engine(engine: Engine | str) -> Engine:
-    try:
-        return Engine(str(engine).lower())
-    except ValueError:
+    name = str(engine).lower()
+    if name not in ENGINE_NAMES:
         raise UnsupportedError(
-            f"engine '{engine}' is not known; kvgate supports {', '.join(e.value for e in Engine)}"
-        ) from None
+            f"engine '{engine}' is not known; kvgate supports {', '.join(ENGINE_NAMES)}"
+        )
+    return Engine(name)
 
 
 def _find_launch(container: Mapping[str, Any]) -> _Launch:
@@ -580,9 +575,9 @@ def _engine_of_image(image: str) -> Engine | None:
     if parts:
         parts[-1] = parts[-1].split(":", 1)[0]
     words = set(re.split(r"[^a-z0-9]+", "/".join(parts).lower()))
-    for engine in Engine:
-        if engine.value in words:
-            return engine
+    for name in ENGINE_NAMES:
+        if name in words:
+            return Engine(name)
     return None
 
 

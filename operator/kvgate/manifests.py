@@ -14,14 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvgate import engines
-from kvgate.model import (
-    ANNOTATION_CONFIG_HASH,
-    LABEL_ARM,
-    LABEL_ATTEMPT,
-    LABEL_ROLLOUT,
-    GateMode,
-    RolloutSpec,
-)
+from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ARM, LABEL_ATTEMPT, LABEL_ROLLOUT, GateMode
+from kvgate.spec import RolloutSpec
 
 ARMS: Final = ("control", "candidate")
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}
@@ -306,37 +300,6 @@ def build_eval_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
-
-
-def build_container_patch(
-    index: int,
-    name: str,
-    current: Mapping[str, Any],
-    wanted: Mapping[str, Any],
-) -> list[dict[str, Any]]:
-    """A JSON patch setting the container's command, args and env to `wanted`'s.
-
-    The first op tests the container name at `index`, so a Deployment edited meanwhile makes
-    the patch fail rather than change the wrong container. Missing keys in `wanted` are
-    removed, which makes the same function the revert.
-    """
-    base = f"/spec/template/spec/containers/{index}"
-    ops: list[dict[str, Any]] = [{"op": "test", "path": f"{base}/name", "value": name}]
-    for key in ("command", "args", "env"):
-        before, after = current.get(key), wanted.get(key)
-        if before == after:
-            continue
-        if after is None:
-            ops.append({"op": "remove", "path": f"{base}/{key}"})
-        else:
-            ops.append(
-                {
-                    "op": "add" if before is None else "replace",
-                    "path": f"{base}/{key}",
-                    "value": after,
-                }
-            )
-    return ops
 
 
 def container_config(container: Mapping[str, Any]) -> dict[str, Any]:

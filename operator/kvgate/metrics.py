@@ -1,8 +1,9 @@
-"""Prometheus `/metrics` text of vLLM or SGLang -> `MetricSnapshot`; windows and pool pressure.
+"""What do `/metrics` and `/server_info` say, and what changed over a window?
+
+Prometheus `/metrics` text of vLLM or SGLang -> `MetricSnapshot`; `delta` over a window.
 
     >>> before, after = parse_metrics(text_0, taken_at=0.0), parse_metrics(text_1, taken_at=30.0)
     >>> delta(before, after).itl.p90             # seconds, like histogram_quantile(0.9, ...)
-    >>> pool_pressure([before, after]).pressured  # True / False / None (not enough evidence)
 
 Names differ by engine and release (reference/engines.md §6): each concept below lists the
 names to try, newest first, and the snapshot records which one it found. Series that differ
@@ -22,9 +23,11 @@ from typing import Any, Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.errors import ParseError, SpecError, UnsupportedError
+from kvgate.errors import ParseError, SpecError
+from kvgate.model import check_engine
 
 ENGINES: Final = ("vllm", "sglang")
+
 
 # concept -> engine -> exposed names, preferred first.
 GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
@@ -44,6 +47,8 @@ GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     "retracted": {"vllm": (), "sglang": ("sglang:num_retracted_reqs",)},
     "max_total_tokens": {"vllm": (), "sglang": ("sglang:max_total_num_tokens",)},
 }
+
+
 COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     # SGLang's cumulative retractions: `num_retracted_requests_total` in newer releases (not
     # in engines.md; seen in the code index), `total_retracted_reqs` in 0.4.10.
@@ -60,6 +65,8 @@ COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "sglang": ("sglang:prompt_tokens_total",),
     },
 }
+
+
 HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     "ttft": {
         "vllm": ("vllm:time_to_first_token_seconds",),
@@ -76,7 +83,10 @@ HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "sglang": ("sglang:request_time_per_output_token_seconds",),
     },
 }
+
+
 CACHE_CONFIG: Final = {"vllm": "vllm:cache_config_info", "sglang": "sglang:cache_config_info"}
+
 
 # Labels that only say which TP/PP/EP worker repeated the same scheduler numbers.
 RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
@@ -212,10 +222,10 @@ class MetricSnapshot:
         if self.max_total_tokens is not None:
             return int(self.max_total_tokens)
         explicit = self.cache_config.get("kv_cache_size_tokens")
-        if _is_count(explicit):
+        if is_count(explicit):
             return int(explicit)
         blocks, size = self.cache_config.get("num_gpu_blocks"), self.cache_config.get("block_size")
-        if _is_count(blocks) and _is_count(size):
+        if is_count(blocks) and is_count(size):
             return int(blocks) * int(size)
         return None
 
@@ -241,7 +251,7 @@ class MetricSnapshot:
         }
 
 
-def _is_count(text: str | None) -> TypeGuard[str]:
+def is_count(text: str | None) -> TypeGuard[str]:
     """ASCII digits of a sane count (`'²'.isdigit()` is True and `int('²')` fails)."""
     if not text:
         return False
@@ -382,14 +392,6 @@ def _first_bad_line(text: str) -> int | None:
     return None
 
 
-def _check_engine(engine: str | None) -> str | None:
-    if engine is None or engine == "auto":
-        return None
-    if engine.lower() not in ENGINES:
-        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
-    return engine.lower()
-
-
 def parse_metrics(
     text: str, engine: str | None = None, *, source: str = "metrics", taken_at: float | None = None
 ) -> MetricSnapshot:
@@ -397,7 +399,7 @@ def parse_metrics(
 
     Raises ParseError for empty or malformed text, or text without vLLM/SGLang metrics.
     """
-    chosen = _check_engine(engine)
+    chosen = check_engine(engine)
     if len(text) > MAX_METRICS_CHARS:
         raise ParseError(
             source, f"the metrics text is larger than {MAX_METRICS_CHARS >> 20} MiB; not a /metrics"
@@ -455,7 +457,7 @@ def parse_metrics(
 # -- windows ---------------------------------------------------------------------------------
 
 
-def _increase(before: float | None, after: float | None) -> float | None:
+def counter_increase(before: float | None, after: float | None) -> float | None:
     """Counter increase; a counter that went down was reset, like Prometheus' increase()."""
     if before is None or after is None:
         return None
@@ -509,7 +511,7 @@ def delta(
     def window(h_before: Histogram | None, h_after: Histogram | None) -> LatencySummary | None:
         return LatencySummary.of(h_after.since(h_before)) if h_after is not None else None
 
-    tokens = _increase(before.generation_tokens, after.generation_tokens)
+    tokens = counter_increase(before.generation_tokens, after.generation_tokens)
     rate = tokens / seconds if tokens is not None and seconds else None
     return MetricWindow(
         seconds=seconds,
@@ -518,136 +520,8 @@ def delta(
         tpot=window(before.tpot, after.tpot),
         generation_tokens=tokens,
         generation_token_rate=rate,
-        prompt_tokens=_increase(before.prompt_tokens, after.prompt_tokens),
-        preemptions=_increase(before.preemptions, after.preemptions),
-    )
-
-
-# -- pool pressure ---------------------------------------------------------------------------
-
-MIN_SAMPLES: Final = 3
-
-
-@dataclass(frozen=True, slots=True)
-class PoolPressure:
-    """Is the KV pool the limit? `pressured` None means not enough evidence (fail closed)."""
-
-    pressured: bool | None
-    samples: int
-    pressured_samples: int
-    fraction: float | None
-    max_usage: float | None
-    mean_usage: float | None
-    mean_waiting: float | None
-    preemptions: float | None
-    usage_threshold: float
-    min_fraction: float
-    reasons: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "pressured": self.pressured,
-            "samples": self.samples,
-            "pressured_samples": self.pressured_samples,
-            "fraction": self.fraction,
-            "max_usage": self.max_usage,
-            "mean_usage": self.mean_usage,
-            "mean_waiting": self.mean_waiting,
-            "preemptions": self.preemptions,
-            "usage_threshold": self.usage_threshold,
-            "min_fraction": self.min_fraction,
-            "reasons": list(self.reasons),
-        }
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def pool_pressure(
-    snapshots: Sequence[MetricSnapshot],
-    *,
-    usage_threshold: float = 0.9,
-    min_fraction: float = 0.5,
-    min_samples: int = MIN_SAMPLES,
-) -> PoolPressure:
-    """The pool is the limit when, in at least `min_fraction` of the samples, KV usage is at
-    or above `usage_threshold` AND requests wait or were preempted since the previous sample.
-
-    Fewer than `min_samples` usable samples, no KV usage metric, no queue or preemption
-    metric, or no traffic at all give `pressured=None`.
-    """
-    if not 0.0 < usage_threshold <= 1.0:
-        raise SpecError("usage_threshold", f"{usage_threshold} is outside (0, 1]")
-    if not 0.0 < min_fraction <= 1.0:
-        raise SpecError("min_fraction", f"{min_fraction} is outside (0, 1]")
-    if min_samples < 1:
-        raise SpecError("min_samples", f"{min_samples} is below 1")
-    engines = {s.engine for s in snapshots}
-    if len(engines) > 1:
-        raise SpecError("snapshots", f"scrapes of different engines ({', '.join(sorted(engines))})")
-
-    usable = [s for s in snapshots if s.kv_usage is not None and not math.isnan(s.kv_usage)]
-    usages = [s.kv_usage for s in usable if s.kv_usage is not None]
-    waiting = [s.waiting for s in usable if s.waiting is not None]
-    preempted_total = 0.0
-    have_preemption_signal = False
-    pressured_samples = 0
-    previous: MetricSnapshot | None = None
-    busy = False
-    for snap in usable:
-        grew = _increase(previous.preemptions, snap.preemptions) if previous else None
-        preempted = bool(grew) or bool(snap.retracted)
-        if grew is not None:
-            preempted_total += grew
-        if snap.preemptions is not None or snap.retracted is not None:
-            have_preemption_signal = True
-        queued = bool(snap.waiting)
-        busy = busy or queued or preempted or bool(snap.running)
-        if snap.kv_usage is not None and snap.kv_usage >= usage_threshold and (queued or preempted):
-            pressured_samples += 1
-        previous = snap
-
-    reasons: list[str] = []
-    verdict: bool | None
-    fraction = pressured_samples / len(usable) if usable else None
-    if not usable:
-        verdict = None
-        reasons.append(
-            "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"
-        )
-    elif len(usable) < min_samples:
-        verdict = None
-        reasons.append(f"only {len(usable)} usable sample(s); at least {min_samples} needed")
-    elif not waiting and not have_preemption_signal:
-        verdict = None
-        reasons.append(
-            "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"
-        )
-    elif not busy:
-        verdict = None
-        reasons.append("no requests running or waiting in any sample: no load to judge the pool by")
-    else:
-        verdict = fraction is not None and fraction >= min_fraction
-        reasons.append(
-            f"{pressured_samples} of {len(usable)} samples had KV usage >= {usage_threshold:g} "
-            f"with requests waiting or preempted ({fraction:.0%}; needed {min_fraction:.0%})"
-        )
-        peak = max(usages)
-        if not verdict and peak < usage_threshold:
-            reasons.append(f"KV usage peaked at {peak:.2f}, below {usage_threshold:g}")
-    return PoolPressure(
-        pressured=verdict,
-        samples=len(usable),
-        pressured_samples=pressured_samples,
-        fraction=fraction,
-        max_usage=max(usages) if usages else None,
-        mean_usage=_mean(usages),
-        mean_waiting=_mean(waiting),
-        preemptions=preempted_total if have_preemption_signal else None,
-        usage_threshold=usage_threshold,
-        min_fraction=min_fraction,
-        reasons=tuple(reasons),
+        prompt_tokens=counter_increase(before.prompt_tokens, after.prompt_tokens),
+        preemptions=counter_increase(before.preemptions, after.preemptions),
     )
 
 
@@ -688,115 +562,6 @@ def snapshot_from_pool_sample(sample: Mapping[str, object]) -> MetricSnapshot:
         cache_config={},
         names={},
     )
-
-
-def pool_pressure_across_replicas(
-    series: Mapping[str, Sequence[MetricSnapshot]], *, usage_threshold: float = 0.9
-) -> tuple[bool | None, str, dict[str, PoolPressure]]:
-    """Judge each replica's pool, then the Deployment's: pressured if any replica's pool is the
-    limit (its users queue); room only if every replica was judged and has room; else unknown.
-    """
-    results = {
-        replica: pool_pressure(snaps, usage_threshold=usage_threshold)
-        for replica, snaps in series.items()
-    }
-    verdicts = [r.pressured for r in results.values()]
-    if True in verdicts:
-        pressured: bool | None = True
-    elif verdicts and None not in verdicts:
-        pressured = False
-    else:
-        pressured = None
-    detail = "; ".join(f"{replica}: {' '.join(r.reasons)}" for replica, r in results.items())
-    return pressured, detail or "no samples", results
-
-
-# -- log / metrics cross-check -------------------------------------------------------------------
-
-# Spellings of one KV dtype: vLLM's `fp8` is e4m3 on CUDA; `auto` on a BF16 model is 16-bit.
-_DTYPE_CLASSES: Final[Mapping[str, str]] = {
-    "fp8": "fp8_e4m3",
-    "fp8_e4m3": "fp8_e4m3",
-    "float8_e4m3fn": "fp8_e4m3",
-    "torch.float8_e4m3fn": "fp8_e4m3",
-    "fp8_e5m2": "fp8_e5m2",
-    "float8_e5m2": "fp8_e5m2",
-    "torch.float8_e5m2": "fp8_e5m2",
-    "auto": "16-bit",
-    "bf16": "16-bit",
-    "bfloat16": "16-bit",
-    "float16": "16-bit",
-    "fp16": "16-bit",
-    "half": "16-bit",
-    "torch.bfloat16": "16-bit",
-    "torch.float16": "16-bit",
-}
-# Relative difference of KV tokens between log and metrics that is still the same pool.
-CAPACITY_TOLERANCE: Final = 0.01
-
-
-def _dtype_class(dtype: str) -> str:
-    """What a KV dtype name stores: `auto`, bf16 and fp16 are all 16-bit."""
-    return _DTYPE_CLASSES.get(dtype.lower(), dtype.lower())
-
-
-def _pools_differ(log_tokens: int | None, other_tokens: int | None) -> bool:
-    """Both sides name a pool size and they differ by more than CAPACITY_TOLERANCE."""
-    if not (log_tokens and other_tokens):
-        return False
-    return abs(log_tokens - other_tokens) > CAPACITY_TOLERANCE * max(log_tokens, other_tokens)
-
-
-def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
-    """Disagreements between a startup log scan (`kvgate.logs.LogScan`) and `/metrics`.
-
-    Returns `kvgate.logs.Finding`s, severity `error` (the gate should fail closed):
-    `log-metrics-dtype-mismatch` (the log's KV dtype and `cache_config_info{cache_dtype}`
-    name different dtypes), `log-metrics-capacity-mismatch` (KV tokens differ by more than
-    CAPACITY_TOLERANCE) and `log-metrics-blocks-mismatch` (`num_gpu_blocks` differ). A value
-    missing on either side is no disagreement: nothing to compare.
-    """
-    from kvgate.logs.model import Finding
-
-    findings: list[Finding] = []
-    log_dtype, metric_dtype = scan.kv_cache_dtype, snapshot.kv_cache_dtype
-    if log_dtype and metric_dtype and _dtype_class(log_dtype) != _dtype_class(metric_dtype):
-        findings.append(
-            Finding(
-                "log-metrics-dtype-mismatch",
-                "error",
-                0,
-                f"startup log says kv_cache_dtype={log_dtype}, /metrics cache_config_info "
-                f"says cache_dtype={metric_dtype}",
-                "The pod does not run the dtype one source claims: do not trust this arm.",
-            )
-        )
-    log_tokens, metric_tokens = scan.capacity.kv_tokens, snapshot.kv_capacity_tokens
-    if _pools_differ(log_tokens, metric_tokens):
-        findings.append(
-            Finding(
-                "log-metrics-capacity-mismatch",
-                "error",
-                0,
-                f"startup log says {log_tokens:,} KV tokens, /metrics {metric_tokens:,}",
-                "Log and metrics describe different KV pools (another pod, a restart, or "
-                "a DP rank): compare the same process.",
-            )
-        )
-    log_blocks = scan.capacity.num_gpu_blocks
-    metric_blocks = snapshot.cache_config.get("num_gpu_blocks")
-    if log_blocks is not None and _is_count(metric_blocks) and int(metric_blocks) != log_blocks:
-        findings.append(
-            Finding(
-                "log-metrics-blocks-mismatch",
-                "error",
-                0,
-                f"startup log says {log_blocks:,} GPU blocks, /metrics num_gpu_blocks="
-                f"{metric_blocks}",
-                "Log and metrics describe different KV pools.",
-            )
-        )
-    return tuple(findings)
 
 
 # -- SGLang's server info: the KV dtype its /metrics do not carry --------------------------------
@@ -860,50 +625,6 @@ def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
     if not isinstance(dtype, str) or not dtype.strip():
         raise ParseError(source, "no string kv_cache_dtype (not an SGLang server?)")
     return dtype.strip()
-
-
-def cross_check_server_info(
-    scan: Any, server_dtype: str | None, server_tokens: int | None = None
-) -> tuple[Any, ...]:
-    """The log against SGLang's server info (SERVER_INFO_PATHS): `kv_cache_dtype` and
-    `max_total_num_tokens`.
-
-    `log-server-info-dtype-mismatch` (severity error) when they name different dtypes; `auto`
-    on either side matches only `auto`/16-bit (an FP8 pool under `auto` is a disagreement:
-    fail closed). `log-server-info-capacity-mismatch` when the KV tokens differ by more than
-    CAPACITY_TOLERANCE. Nothing to compare when either side is missing.
-    """
-    from kvgate.logs.model import Finding
-
-    findings: list[Finding] = []
-    log_tokens = scan.capacity.kv_tokens
-    if _pools_differ(log_tokens, server_tokens):
-        findings.append(
-            Finding(
-                "log-server-info-capacity-mismatch",
-                "error",
-                0,
-                f"startup log says {log_tokens:,} KV tokens, SGLang server info "
-                f"max_total_num_tokens={server_tokens:,}",
-                "Log and server info describe different KV pools (another pod or a restart).",
-            )
-        )
-    log_dtype = scan.kv_cache_dtype
-    if not (log_dtype and server_dtype):
-        return tuple(findings)
-    if _dtype_class(log_dtype) == _dtype_class(server_dtype):
-        return tuple(findings)
-    return (
-        *findings,
-        Finding(
-            "log-server-info-dtype-mismatch",
-            "error",
-            0,
-            f"startup log says kv_cache_dtype={log_dtype}, SGLang server info says "
-            f"kv_cache_dtype={server_dtype}",
-            "The pod does not run the dtype one source claims: do not trust this arm.",
-        ),
-    )
 
 
 # What the cross-check reads of a scrape: kept in status per arm, so the check is pure.

@@ -1,28 +1,24 @@
-"""The KVCacheRollout vocabulary: phases, outcomes, the spec and its parsing.
+"""What words does kvgate speak? The KVCacheRollout's names, phases, outcomes and modes.
 
-`RolloutSpec.from_dict` takes the CR's `spec` (after the apiserver applied the CRD defaults) and
-checks meaning; it reports every bad field at once in an ExceptionGroup of `SpecError`s, each
-naming its field. Structure is already checked by the CRD schema, but the operator also runs
-against hand-written objects (tests, `kvgate preflight`), so nothing is assumed.
+The spec (what the user asked for) is `kvgate.spec`; `ClockReading`, `ArmClocks`, `SpeedClocks` and
+`Condition` are status pieces.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-from kvgate import policy
-from kvgate.errors import SpecError
+from kvgate.errors import UnsupportedError
 
 GROUP: Final = "kvgate.io"
 VERSION: Final = "v1alpha1"
 PLURAL: Final = "kvcacherollouts"
-KIND: Final = "KVCacheRollout"
+
 
 LABEL_ROLLOUT: Final = "kvgate.io/rollout"
 LABEL_ARM: Final = "kvgate.io/arm"
@@ -108,157 +104,49 @@ class Remediation(StrEnum):
 
 
 class Engine(StrEnum):
-    AUTO = "auto"
+    AUTO = "auto"  # the spec's default: the engine is read from the Deployment
     VLLM = "vllm"
     SGLANG = "sglang"
 
 
+# The engines themselves (every Engine but AUTO), as plain names.
+ENGINE_NAMES: Final = tuple(e.value for e in Engine if e is not Engine.AUTO)
+
+
+def check_engine(engine: str | None) -> str | None:
+    """A caller's engine name: None for auto (detect it), else the known name in lower case."""
+    if engine is None or engine == "auto":
+        return None
+    if engine.lower() not in ENGINE_NAMES:
+        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
+    return engine.lower()
+
+
 KV_DTYPES: Final = ("fp8", "fp8_e4m3", "fp8_e5m2")
-ACCURACY_TASKS: Final = ("gsm8k", "gsm8k_cot")
-LONG_CONTEXT_TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
-MIN_CONTEXT_LENGTH: Final = 256
-MAX_CONTEXT_LENGTH: Final = 2**24
-GSM8K_TEST_SIZE: Final = 1319
 
-_DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_ENV_NAME_RE: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-
-
-def parse_duration(text: str) -> float:
-    """`"1h30m"`, `"90s"`, `"250ms"` -> seconds; raises ValueError on anything else."""
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
-    pos, total = 0, 0.0
-    for match in _DURATION_RE.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text):
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
-    return total
+# Spellings of one KV dtype: vLLM's `fp8` is e4m3 on CUDA; `auto` on a BF16 model is 16-bit.
+KV_DTYPE_FAMILIES: Final[Mapping[str, str]] = {
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "torch.float8_e4m3fn": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2",
+    "torch.float8_e5m2": "fp8_e5m2",
+    "auto": "16-bit",
+    "bf16": "16-bit",
+    "bfloat16": "16-bit",
+    "float16": "16-bit",
+    "fp16": "16-bit",
+    "half": "16-bit",
+    "torch.bfloat16": "16-bit",
+    "torch.float16": "16-bit",
+}
 
 
-# --- spec -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TargetRef:
-    name: str
-    container: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EnvVar:
-    name: str
-    value: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "value": self.value}
-
-
-@dataclass(frozen=True, slots=True)
-class SecretKeyRef:
-    name: str
-    key: str = "token"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRef:
-    name: str | None = None  # hub id or local path; None: read from the container args
-    revision: str | None = None
-    token_secret: SecretKeyRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityGate:
-    mode: GateMode = GateMode.REQUIRE
-    window_s: float = 300.0
-    samples: int = 10
-    usage_threshold: float = 0.9
-
-    @property
-    def interval_s(self) -> float:
-        """Seconds between two pool samples."""
-        return self.window_s / max(self.samples - 1, 1)
-
-    @property
-    def sampling_deadline_s(self) -> float:
-        """How long preflight keeps sampling before it judges what it has: three windows, and at
-        least a minute more than one (a short window on a busy cluster gets its scrapes late).
-        """
-        return max(3 * self.window_s, self.window_s + 60.0)
-
-
-@dataclass(frozen=True, slots=True)
-class ScalesGate:
-    mode: GateMode = GateMode.WARN
-
-
-@dataclass(frozen=True, slots=True)
-class BackendGate:
-    allowed: tuple[str, ...] = ()
-    allow_fallback: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class LongContextTask:
-    """The long-context needle task of the accuracy gate (`spec.gates.accuracy.longContext`).
-
-    Judged per context-length bucket (paired non-inferiority at `margin_pp`, and the candidate
-    at least `recovery_floor` of the control's score); the accuracy verdict is the worse of
-    GSM8K's and this task's. `context_lengths` empty: 4096, 8192, ... up to the engine's max
-    model length (read from the control's startup log). `tokenizer` None: the model's.
-    """
-
-    tasks: tuple[str, ...] = ("niah_single_1",)
-    items: int = 50
-    margin_pp: float = 10.0
-    recovery_floor: float = 0.95
-    context_lengths: tuple[int, ...] = ()
-    tokenizer: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AccuracyGate:
-    task: str = "gsm8k"
-    questions: int = 500
-    few_shot: int = 5
-    margin_pp: float = 2.0
-    confidence: float = 0.95
-    sequential: bool = True
-    chunk: int = 100
-    long_context: LongContextTask | None = None  # None: GSM8K only
-
-
-@dataclass(frozen=True, slots=True)
-class DivergenceGate:
-    """The token-level divergence screen (`spec.gates.divergence`), run in the eval Job.
-
-    `max_tokens` None: the engine's max model length (from the control's startup log).
-    """
-
-    mode: GateMode = GateMode.OFF
-    documents: int = 4
-    max_tokens: int | None = None
-    factor: float = 10.0
-    logprobs: int = 5
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityGainGate:
-    min_ratio: float = 1.8
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedGate:
-    concurrency: tuple[int, ...] = ()
-    max_tpot_regression: float = 0.1
-    requests: int = 64
-    # Arms whose GPU clocks (DCGM, through Prometheus) differ by more than this fraction are
-    # not compared: a speed difference at different clocks is the clocks' as much as the KV's.
-    max_clock_difference: float = 0.05
+def kv_dtype_family(dtype: str) -> str:
+    """What a KV dtype name stores: `auto`, bf16 and fp16 are all 16-bit."""
+    return KV_DTYPE_FAMILIES.get(dtype.lower(), dtype.lower())
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,416 +229,6 @@ class SpeedClocks:
 
 
 @dataclass(frozen=True, slots=True)
-class CanarySpec:
-    startup_timeout_s: float = 900.0
-    eval_timeout_s: float = 3600.0
-    eval_retries: int = 2
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    remediation: Remediation = Remediation.OFF
-
-    @property
-    def eval_image(self) -> None:
-        """Always None: the judge's image is the operator's (OperatorConfig.eval_image).
-
-        `spec.canary.evalImage` is refused; this stays only so that callers written before
-        that change keep working. Use `OperatorConfig.eval_image`.
-        """
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class PromotionSpec:
-    mode: PromotionMode = PromotionMode.AUTO
-    verify_window_s: float = 600.0
-    verify_samples: int = 5  # observations over the window, each must pass
-
-    @property
-    def verify_interval_s(self) -> float:
-        """Seconds between two verify samples."""
-        return self.verify_window_s / max(self.verify_samples - 1, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutSpec:
-    """The meaning of a KVCacheRollout `spec`."""
-
-    target: TargetRef
-    engine: Engine = Engine.AUTO
-    kv_cache_dtype: str = "fp8"
-    extra_args: tuple[str, ...] = ()
-    extra_env: tuple[EnvVar, ...] = ()
-    model: ModelRef = field(default_factory=ModelRef)
-    capacity: CapacityGate = field(default_factory=CapacityGate)
-    scales: ScalesGate = field(default_factory=ScalesGate)
-    backend: BackendGate = field(default_factory=BackendGate)
-    accuracy: AccuracyGate = field(default_factory=AccuracyGate)
-    divergence: DivergenceGate = field(default_factory=DivergenceGate)
-    capacity_gain: CapacityGainGate = field(default_factory=CapacityGainGate)
-    speed: SpeedGate | None = None
-    canary: CanarySpec = field(default_factory=CanarySpec)
-    promotion: PromotionSpec = field(default_factory=PromotionSpec)
-
-    @classmethod
-    def from_dict(
-        cls, spec: Mapping[str, Any], *, allow: policy.Allowlist | None = None
-    ) -> RolloutSpec:
-        """Parse a CR spec; raises ExceptionGroup[SpecError] listing every bad field.
-
-        `allow` is what extraArgs/extraEnv may hold (default: the built-in lists of
-        `kvgate.policy`; the operator passes its configured `OperatorConfig.allowlist`).
-        """
-        allow = policy.BUILTIN if allow is None else allow
-        r = _Reader(spec, "spec")
-        target = r.section("targetRef", required=True)
-        target_ref = TargetRef(
-            name=target.string("name", required=True) or "",
-            container=target.string("container"),
-        )
-        engine = r.choice("engine", Engine, Engine.AUTO)
-        dtype = r.one_of("kvCacheDtype", KV_DTYPES, "fp8")
-        if engine is Engine.SGLANG and dtype == "fp8":
-            r.error("kvCacheDtype", "sglang does not accept fp8; use fp8_e4m3 or fp8_e5m2")
-        extra_args = tuple(r.list_of("extraArgs", str, "a string"))
-        policy_engine = None if engine is Engine.AUTO else engine.value
-        if not any(e.field.startswith("spec.extraArgs") for e in r.errors):
-            for v in policy.check_args(extra_args, policy_engine, allow):
-                r.error(f"extraArgs[{v.index}]", v.message)
-        extra_env = tuple(_env_vars(r, policy_engine, allow))
-        m = r.section("model")
-        secret = m.section("tokenSecretRef")
-        model = ModelRef(
-            name=m.string("name"),
-            revision=m.string("revision"),
-            token_secret=(
-                SecretKeyRef(
-                    secret.string("name", required=True) or "", secret.string("key") or "token"
-                )
-                if secret.present
-                else None
-            ),
-        )
-        g = r.section("gates")
-        cap = g.section("capacity")
-        capacity = CapacityGate(
-            mode=cap.choice("mode", GateMode, GateMode.REQUIRE),
-            window_s=cap.duration("window", 300.0, minimum=1.0),
-            samples=cap.integer("samples", 10, 2, 120),
-            usage_threshold=cap.number("usageThreshold", 0.9, 0.0, 1.0),
-        )
-        scales = ScalesGate(mode=g.section("scales").choice("mode", GateMode, GateMode.WARN))
-        be = g.section("backend")
-        backend = BackendGate(
-            allowed=tuple(be.list_of("allowed", str, "a string")),
-            allow_fallback=be.boolean("allowFallback", True),
-        )
-        acc = g.section("accuracy")
-        questions = acc.integer("questions", 500, 20, GSM8K_TEST_SIZE)
-        accuracy = AccuracyGate(
-            task=acc.one_of("task", ACCURACY_TASKS, "gsm8k"),
-            questions=questions,
-            few_shot=acc.integer("fewShot", 5, 0, 8),
-            margin_pp=acc.number("margin", 2.0, 0.0, 10.0, exclusive_min=True),
-            confidence=acc.number("confidence", 0.95, 0.8, 0.999),
-            sequential=acc.boolean("sequential", True),
-            chunk=acc.integer("chunk", 100, 10, GSM8K_TEST_SIZE),
-            long_context=_long_context(acc.section("longContext")),
-        )
-        if accuracy.chunk > questions:
-            acc.error(
-                "chunk",
-                f"{accuracy.chunk} exceeds questions ({questions}); use a chunk <= questions",
-            )
-        dv = g.section("divergence")
-        divergence = DivergenceGate(
-            mode=dv.choice("mode", GateMode, GateMode.OFF),
-            documents=dv.integer("documents", 4, 1, 100),
-            max_tokens=(
-                dv.integer("maxTokens", 8192, 512, 2**21)
-                if dv.raw("maxTokens") is not None
-                else None
-            ),
-            factor=dv.number("factor", 10.0, 1.0, 1e6),
-            logprobs=dv.integer("logprobs", 5, 1, 20),
-        )
-        gain = CapacityGainGate(g.section("capacityGain").number("minRatio", 1.8, 1.0, 8.0))
-        sp = g.section("speed")
-        speed = (
-            SpeedGate(
-                concurrency=tuple(sp.list_of("concurrency", int, "an integer")),
-                max_tpot_regression=sp.number("maxTpotRegression", 0.1, 0.0, 10.0),
-                requests=sp.integer("requests", 64, 1, 10000),
-                max_clock_difference=sp.number("maxClockDifference", 0.05, 0.0, 1.0),
-            )
-            if sp.present
-            else None
-        )
-        c = r.section("canary")
-        canary = CanarySpec(
-            startup_timeout_s=c.duration("startupTimeout", 900.0, minimum=1.0),
-            eval_timeout_s=c.duration("evalTimeout", 3600.0, minimum=1.0),
-            eval_retries=c.integer("evalRetries", 2, 0, 10),
-            resources=c.mapping("resources"),
-            remediation=c.choice("remediation", Remediation, Remediation.OFF),
-        )
-        if c.raw("evalImage") is not None:
-            c.error(
-                "evalImage",
-                "the eval image is set by the operator (KVGATE_EVAL_IMAGE, chart value "
-                "evalImage), not by a rollout; remove this field",
-            )
-        p = r.section("promotion")
-        promotion = PromotionSpec(
-            mode=p.choice("mode", PromotionMode, PromotionMode.AUTO),
-            verify_window_s=p.duration("verifyWindow", 600.0, minimum=0.0),
-            verify_samples=p.integer("verifySamples", 5, 1, 100),
-        )
-        r.raise_errors()
-        return cls(
-            target=target_ref,
-            engine=engine,
-            kv_cache_dtype=dtype,
-            extra_args=extra_args,
-            extra_env=extra_env,
-            model=model,
-            capacity=capacity,
-            scales=scales,
-            backend=backend,
-            accuracy=accuracy,
-            divergence=divergence,
-            capacity_gain=gain,
-            speed=speed,
-            canary=canary,
-            promotion=promotion,
-        )
-
-
-def _long_context(lc: _Reader) -> LongContextTask | None:
-    """spec.gates.accuracy.longContext: absent means GSM8K only."""
-    if not lc.present:
-        return None
-    tasks = lc.list_of("tasks", str, "a string") if lc.raw("tasks") is not None else None
-    for i, t in enumerate(tasks or []):
-        if t not in LONG_CONTEXT_TASKS:
-            lc.error(f"tasks[{i}]", f"{t!r} is not one of {', '.join(LONG_CONTEXT_TASKS)}")
-    if tasks is not None and not tasks:
-        lc.error("tasks", "is empty; name at least one task or remove longContext")
-    lengths = lc.list_of("contextLengths", int, "an integer")
-    for i, n in enumerate(lengths):
-        if not MIN_CONTEXT_LENGTH <= n <= MAX_CONTEXT_LENGTH:
-            lc.error(
-                f"contextLengths[{i}]",
-                f"{n} is outside [{MIN_CONTEXT_LENGTH}, {MAX_CONTEXT_LENGTH}]",
-            )
-    tokenizer = lc.string("tokenizer")
-    if tokenizer is not None and (len(tokenizer) > 512 or not tokenizer.isprintable()):
-        lc.error("tokenizer", "a hub repo id or a path of at most 512 printable characters")
-    return LongContextTask(
-        tasks=tuple(dict.fromkeys(tasks)) if tasks else ("niah_single_1",),
-        items=lc.integer("items", 50, 5, 1000),
-        margin_pp=lc.number("margin", 10.0, 0.0, 50.0, exclusive_min=True),
-        recovery_floor=lc.number("recoveryFloor", 0.95, 0.0, 1.0),
-        context_lengths=tuple(sorted(set(lengths))),
-        tokenizer=tokenizer,
-    )
-
-
-def _env_vars(
-    r: _Reader, engine: str | None = None, allow: policy.Allowlist = policy.BUILTIN
-) -> list[EnvVar]:
-    """spec.extraEnv: valid names on the allowlist, literal printable values."""
-    out: list[EnvVar] = []
-    raw = r.raw("extraEnv")
-    if raw is None:
-        return out
-    if not isinstance(raw, list):
-        r.error("extraEnv", f"{raw!r} is not a list; use [{{name: X, value: Y}}]")
-        return out
-    for i, item in enumerate(raw):
-        where = f"extraEnv[{i}]"
-        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-            r.error(where, f"{item!r} is not {{name, value}}; give a name")
-            continue
-        name = item["name"]
-        if not _ENV_NAME_RE.match(name):
-            r.error(f"{where}.name", f"{name!r} is not a valid environment variable name")
-            continue
-        refused = policy.check_env_name(name, engine, allow)
-        if refused is not None:
-            r.error(f"{where}.name", refused)
-            continue
-        value = item.get("value", "")
-        value = "" if value is None else value
-        if not isinstance(value, str):
-            r.error(f"{where}.value", f"{value!r} is not a string; quote it")
-            continue
-        bad_value = policy.check_env_value(value)
-        if bad_value is not None:
-            r.error(f"{where}.value", f"the value of {name} {bad_value}")
-            continue
-        out.append(EnvVar(name, value))
-    return out
-
-
-_E = TypeVar("_E", bound=StrEnum)
-_T = TypeVar("_T")
-
-
-class _Reader:
-    """Reads one mapping of a spec, collecting SpecErrors instead of raising at the first."""
-
-    def __init__(
-        self, data: Any, path: str, errors: list[SpecError] | None = None, present: bool = True
-    ) -> None:
-        self.path = path
-        self.errors: list[SpecError] = [] if errors is None else errors
-        self.present = present
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            self.error("", f"{data!r} is not an object")
-            data = {}
-        self.data: Mapping[str, Any] = data
-
-    def _field(self, key: str) -> str:
-        return f"{self.path}.{key}" if key else self.path
-
-    def error(self, key: str, message: str) -> None:
-        self.errors.append(SpecError(self._field(key), message))
-
-    def raw(self, key: str) -> Any:
-        return self.data.get(key)
-
-    def raise_errors(self) -> None:
-        if self.errors:
-            raise ExceptionGroup(f"{len(self.errors)} invalid field(s) in {self.path}", self.errors)
-
-    def section(self, key: str, *, required: bool = False) -> _Reader:
-        value = self.data.get(key)
-        if value is None and required:
-            self.error(key, "is required")
-        return _Reader(value, self._field(key), self.errors, present=value is not None)
-
-    def string(self, key: str, *, required: bool = False) -> str | None:
-        value = self.data.get(key)
-        if value is None or value == "":
-            if required:
-                self.error(key, "is required")
-            return None
-        if not isinstance(value, str):
-            self.error(key, f"{value!r} is not a string")
-            return None
-        return value
-
-    def mapping(self, key: str) -> dict[str, Any]:
-        value = self.data.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.error(key, f"{value!r} is not an object")
-            return {}
-        return dict(value)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            self.error(key, f"{value!r} is not true or false")
-            return default
-        return value
-
-    def choice(self, key: str, enum: type[_E], default: _E) -> _E:
-        value = self.data.get(key, default.value)
-        try:
-            return enum(value)
-        except ValueError:
-            allowed = ", ".join(m.value for m in enum)
-            self.error(key, f"{value!r} is not one of {allowed}")
-            return default
-
-    def one_of(self, key: str, allowed: Sequence[str], default: str) -> str:
-        value = self.data.get(key, default)
-        if value not in allowed:
-            self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
-            return default
-        return str(value)
-
-    def integer(self, key: str, default: int, minimum: int, maximum: int) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.error(key, f"{value!r} is not an integer; use a value in [{minimum}, {maximum}]")
-            return default
-        if not minimum <= value <= maximum:
-            self.error(key, f"{value} is outside [{minimum}, {maximum}]; use a value in that range")
-            return default
-        return value
-
-    def number(
-        self,
-        key: str,
-        default: float,
-        minimum: float,
-        maximum: float,
-        *,
-        exclusive_min: bool = False,
-    ) -> float:
-        value = self.data.get(key, default)
-        low = "(" if exclusive_min else "["
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.error(
-                key, f"{value!r} is not a number; use a value in {low}{minimum:g}, {maximum:g}]"
-            )
-            return default
-        too_low = value <= minimum if exclusive_min else value < minimum
-        if too_low or value > maximum:
-            self.error(
-                key,
-                f"{value:g} is outside {low}{minimum:g}, {maximum:g}]; use a value in that range",
-            )
-            return default
-        return float(value)
-
-    def duration(self, key: str, default: float, *, minimum: float) -> float:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        try:
-            seconds = parse_duration(value)
-        except ValueError as exc:
-            self.error(key, str(exc))
-            return default
-        if seconds < minimum:
-            self.error(key, f"{value} is shorter than {minimum:g}s; use a longer duration")
-            return default
-        return seconds
-
-    def list_of(self, key: str, kind: type[_T], what: str) -> list[_T]:
-        value = self.data.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.error(key, f"{value!r} is not a list")
-            return []
-        out: list[_T] = []
-        for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, kind):
-                self.error(f"{key}[{i}]", f"{item!r} is not {what}")
-            else:
-                out.append(item)
-        return out
-
-
-def spec_errors(spec: Mapping[str, Any]) -> list[SpecError]:
-    """Every error in `spec`, or [] when it parses (for status messages)."""
-    try:
-        RolloutSpec.from_dict(spec)
-    except ExceptionGroup as group:
-        return [e for e in group.exceptions if isinstance(e, SpecError)]
-    return []
-
-
-# --- status pieces ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
 class Condition:
     """A `metav1.Condition`: type, status True/False/Unknown, CamelCase reason, message."""
 
@@ -790,8 +268,3 @@ def config_hash(parts: Mapping[str, Any]) -> str:
     """A short stable hash of the evaluated configuration (what an approval binds to)."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def first(items: Iterable[_T], pred: Callable[[_T], bool]) -> _T | None:
-    """The first item matching `pred`, or None."""
-    return next((i for i in items if pred(i)), None)

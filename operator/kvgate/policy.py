@@ -27,12 +27,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, TypeVar
 
+from kvgate.model import Engine
+
 _X = TypeVar("_X")
-
-
-class Engine(StrEnum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
 
 
 class Kind(StrEnum):

@@ -39,7 +39,7 @@ from test_operator_support import (
 
 from kvgate.config import OperatorConfig
 from kvgate.manifests import candidate_container
-from kvgate.model import RolloutSpec
+from kvgate.spec import RolloutSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,8 @@ from kvgate.adapters.http import scrape, scrape_series, scrape_snapshot
 from kvgate.cli import main
 from kvgate.errors import ScrapeError
 from kvgate.logs import scan_log
-from kvgate.metrics import delta, pool_pressure
+from kvgate.metrics import delta
+from kvgate.pool import pool_pressure
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,6 +1,6 @@
 """Prometheus as the metrics source: a real `prometheus` scrapes simulated engines.
 
-The adapter's PromQL history of each engine must lead `metrics.pool_pressure` to the same
+The adapter's PromQL history of each engine must lead `pool.pool_pressure` to the same
 conclusion as scraping the engine directly (pool-bound under load, room when quiet); a
 Prometheus that is down, errors, or answers with junk or a huge body is a PrometheusError (an
 ExternalError: the operator's "unknown"), never a verdict.
@@ -22,9 +22,11 @@ import pytest
 
 from kvgate.adapters import prometheus as adapter
 from kvgate.errors import ExternalError, PrometheusError
-from kvgate.metrics import parse_metrics, pool_pressure
-from kvgate.model import Outcome, SpeedClocks, SpeedGate
-from kvgate.verdict import assess_speed
+from kvgate.gates import assess_speed
+from kvgate.metrics import parse_metrics
+from kvgate.model import Outcome, SpeedClocks
+from kvgate.pool import pool_pressure
+from kvgate.spec import SpeedGate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib

@@ -124,7 +124,8 @@ def test_kvgate_metrics_reads_the_sim(sim, args, env, dtype) -> None:
 
 
 def test_kvgate_sees_pool_pressure_only_under_load(sim) -> None:
-    from kvgate.metrics import parse_metrics, pool_pressure
+    from kvgate.metrics import parse_metrics
+    from kvgate.pool import pool_pressure
 
     load = {"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.01"}
     busy = sim(VLLM, load)
@@ -165,7 +166,8 @@ def test_kvgate_scan_logs_cli_on_emulated_logs(sim, tmp_path) -> None:
     ],
 )  # fmt: skip
 def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> None:
-    from kvgate.metrics import cross_check_log, parse_metrics
+    from kvgate.crosscheck import cross_check_log
+    from kvgate.metrics import parse_metrics
 
     honest = sim(args)
     lying = sim(args, {"KVGATE_SIM_FAULTS": f"metrics-kv-dtype={lie}"})
@@ -179,7 +181,8 @@ def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> 
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
 def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, version) -> None:
     # SGLang's /metrics carry no KV dtype: the second source is its server info.
-    from kvgate.metrics import cross_check_server_info, parse_server_info
+    from kvgate.crosscheck import cross_check_server_info
+    from kvgate.metrics import parse_server_info
 
     args = [*SGLANG, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"]
     env = {"KVGATE_SIM_ENGINE_VERSION": version}

@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 from test_controller import World
 
-from kvgate import verdict as v
+from kvgate import machine, steps
+from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import SpecError
-from kvgate.model import Outcome, Phase, RolloutSpec
-from kvgate.verdict import Action, ApprovalRecord, GateResult, LiveTarget, Observation, State
+from kvgate.model import Outcome, Phase
+from kvgate.spec import RolloutSpec
+from kvgate.steps import Action, LiveTarget, Observation, State
+from kvgate.verdict import GateResult
 
 MANUAL = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "manual"}})
 PASSED = {"accuracy": GateResult("accuracy", Outcome.SUCCESSFUL, "AccuracyNonInferior", "ok")}
@@ -28,7 +31,7 @@ GOOD = ApprovalRecord(
 
 
 def test_an_approval_by_another_identity_for_this_generation_counts() -> None:
-    assert v.read_approval(GOOD, 3, require_identity=True) == ("h1", "carol", "")
+    assert read_approval(GOOD, 3, require_identity=True) == ("h1", "carol", "")
 
 
 @pytest.mark.parametrize(
@@ -44,18 +47,18 @@ def test_an_approval_by_another_identity_for_this_generation_counts() -> None:
 def test_an_approval_that_does_not_count_says_why(
     record: ApprovalRecord, generation: int, require: bool, why: str
 ) -> None:
-    approval, _, ignored = v.read_approval(record, generation, require_identity=require)
+    approval, _, ignored = read_approval(record, generation, require_identity=require)
     assert approval is None and why in ignored
 
 
 def test_without_the_policy_a_bare_approval_counts_and_none_is_none() -> None:
     bare = ApprovalRecord(approve="h1")
-    assert v.read_approval(bare, 1, require_identity=False) == ("h1", "", "")
-    assert v.read_approval(ApprovalRecord(), 1, require_identity=True) == (None, "", "")
+    assert read_approval(bare, 1, require_identity=False) == ("h1", "", "")
+    assert read_approval(ApprovalRecord(), 1, require_identity=True) == (None, "", "")
 
 
-def awaiting(**state: Any) -> v.Step:
-    return v.next_step(
+def awaiting(**state: Any) -> steps.Step:
+    return machine.next_step(
         MANUAL,
         State(phase=Phase.AWAITING_APPROVAL, config_hash="h1", gates=PASSED, **state),
         Observation(live=LiveTarget(exists=True, as_evaluated=True)),
@@ -86,10 +89,10 @@ def test_an_approval_past_the_ttl_never_promotes() -> None:
 
 
 def test_abort_text_is_one_bounded_line() -> None:
-    text = v.abort_text(ApprovalRecord(abort="wrong\nmodel " + "x" * 500, aborted_by="dave"))
+    text = abort_text(ApprovalRecord(abort="wrong\nmodel " + "x" * 500, aborted_by="dave"))
     assert text is not None and text.startswith("aborted by dave (kvgate.io/abort: wrong model x")
     assert "\n" not in text and len(text) < 260
-    assert v.abort_text(ApprovalRecord(abort="")) is None
+    assert abort_text(ApprovalRecord(abort="")) is None
 
 
 CARRIES = LiveTarget(exists=True, carries_candidate=True, ours_present=True)
@@ -102,7 +105,7 @@ CLEAN = LiveTarget(exists=True, as_evaluated=True, ours_present=False)
 )
 def test_abort_before_the_patch_ends_and_deletes_the_children(phase: Phase) -> None:
     live = None if phase is Phase.PENDING else CLEAN
-    s = v.next_step(MANUAL, State(phase=phase, abort="aborted by dave (x)"), Observation(live=live),
+    s = machine.next_step(MANUAL, State(phase=phase, abort="aborted by dave (x)"), Observation(live=live),
                     poll_s=2.0)  # fmt: skip
     assert (s.phase, s.reason, s.message) == (Phase.ROLLED_BACK, "Aborted", "aborted by dave (x)")
     assert {Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB} <= set(s.actions)
@@ -111,19 +114,19 @@ def test_abort_before_the_patch_ends_and_deletes_the_children(phase: Phase) -> N
 
 @pytest.mark.parametrize("phase", [Phase.PROMOTING, Phase.VERIFYING])
 def test_abort_after_the_patch_reverts_write_ahead(phase: Phase) -> None:
-    s = v.next_step(MANUAL, State(phase=phase, patched=True, abort="aborted by dave (x)"),
+    s = machine.next_step(MANUAL, State(phase=phase, patched=True, abort="aborted by dave (x)"),
                     Observation(live=CARRIES), poll_s=2.0)  # fmt: skip
     assert s.phase is Phase.REVERTING and s.revert is not None
     assert (s.revert.phase, s.revert.reason) == (Phase.ROLLED_BACK, "Aborted")
     assert Action.REVERT_DEPLOYMENT not in s.actions  # the patch comes after the intent is stored
     # Reverting goes on reverting (an abort does not cut the read back short)
-    r = v.next_step(MANUAL, State(phase=Phase.REVERTING, revert=s.revert, abort="x"),
+    r = machine.next_step(MANUAL, State(phase=Phase.REVERTING, revert=s.revert, abort="x"),
                     Observation(live=CARRIES), poll_s=2.0)  # fmt: skip
     assert (r.phase, r.actions) == (Phase.REVERTING, (Action.REVERT_DEPLOYMENT,))
 
 
 def test_abort_does_not_touch_a_terminal_rollout() -> None:
-    s = v.next_step(MANUAL, State(phase=Phase.PROMOTED, abort="x"), Observation(), poll_s=2.0)
+    s = machine.next_step(MANUAL, State(phase=Phase.PROMOTED, abort="x"), Observation(), poll_s=2.0)
     assert s.phase is Phase.PROMOTED
 
 

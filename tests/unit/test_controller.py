@@ -27,7 +27,7 @@ from fake_cluster import Crash, FakeKube, deployment
 from kvgate import engine_versions, manifests, promotion
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
-from kvgate.model import RolloutSpec
+from kvgate.spec import RolloutSpec
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
 LOG = logging.getLogger("test-controller")

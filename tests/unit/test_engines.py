@@ -10,7 +10,6 @@ import pytest
 from kvgate.engines import (
     FACTS,
     ArgChange,
-    Engine,
     attention_backend_settings,
     container_args_diff,
     detect_engine,
@@ -20,6 +19,7 @@ from kvgate.engines import (
     validate_kv_cache_dtype,
 )
 from kvgate.errors import SpecError, UnsupportedError
+from kvgate.model import Engine
 
 
 def container(

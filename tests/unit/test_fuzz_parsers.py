@@ -30,11 +30,11 @@ from kvgate.commands.stats import read_saved_result
 from kvgate.controller.observe import eval_lines
 from kvgate.errors import KvgateError
 from kvgate.evaluation.records import read_question_lines
+from kvgate.gates import assess_accuracy
 from kvgate.logs import scan_lines, scan_log
 from kvgate.metrics import parse_metrics
-from kvgate.model import AccuracyGate
 from kvgate.report import read_accuracy, read_findings, render_html, render_svg, render_text
-from kvgate.verdict import assess_accuracy
+from kvgate.spec import AccuracyGate
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(

@@ -14,14 +14,17 @@ from typing import Any
 
 import pytest
 
-from kvgate import manifests
+from kvgate import machine, manifests, steps
 from kvgate import verdict as v
 from kvgate.commands.diverge import ScreenOptions, summary_header
 from kvgate.divergence import BucketStats, ScreenSettings, screen
 from kvgate.evaluation.long_context import BLOCK_KIND, LongContextPlan, judge
-from kvgate.model import DivergenceGate, GateMode, LongContextTask, Outcome, Phase, RolloutSpec
+from kvgate.gates import _LC_KIND, assess_divergence, assess_long_context, bucket_label
+from kvgate.kubeobjects import PodHealth
+from kvgate.model import GateMode, Outcome, Phase
+from kvgate.spec import DivergenceGate, LongContextTask, RolloutSpec
 from kvgate.stats import PairedCounts
-from kvgate.verdict import Observation, PodHealth, State
+from kvgate.steps import Observation, State
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
 GSM8K_PASS: dict[str, Any] = {
@@ -260,22 +263,22 @@ def test_the_command_parses_with_kvgate_eval() -> None:
 
 
 def test_block_kind_matches_the_eval_job() -> None:
-    assert v._LC_KIND == BLOCK_KIND
+    assert _LC_KIND == BLOCK_KIND
 
 
 @pytest.mark.parametrize(
     ("length", "label"), [(4096, "2k-4k"), (16384, "8k-16k"), (32768, "16k-32k"), (3000, "1,500-3,000")]
 )  # fmt: skip
 def test_bucket_label(length: int, label: str) -> None:
-    assert v.bucket_label(length) == label
+    assert bucket_label(length) == label
 
 
 def test_off_when_not_asked() -> None:
-    assert v.assess_long_context(None, GSM8K_PASS).outcome is Outcome.SKIPPED
+    assert assess_long_context(None, GSM8K_PASS).outcome is Outcome.SKIPPED
 
 
 def test_collapse_fails_naming_the_worst_bucket() -> None:
-    got = v.assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(COLLAPSED)})
+    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(COLLAPSED)})
     assert (got.gate, got.outcome, got.reason) == ("longContext", Outcome.FAILED,
                                                   "LongContextRegressed")  # fmt: skip
     # 16k and 32k both fail; the 32k bucket lost most and is named
@@ -285,20 +288,20 @@ def test_collapse_fails_naming_the_worst_bucket() -> None:
 
 
 def test_sound_candidate_passes_every_bucket() -> None:
-    got = v.assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(SOUND)})
+    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(SOUND)})
     assert (got.outcome, got.reason) == (Outcome.SUCCESSFUL, "LongContextNonInferior")
     assert "every bucket (4k-8k, 16k-32k)" in got.message
 
 
 def test_too_few_items_is_inconclusive_and_names_the_bucket() -> None:
     few = {8192: PairedCounts(9, 0, 0, 1), 32768: PairedCounts(29, 0, 0, 1)}
-    got = v.assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(few)})
+    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(few)})
     assert (got.outcome, got.reason) == (Outcome.INCONCLUSIVE, "LongContextInconclusive")
     assert got.message.startswith("long-context bucket 4k-8k (8,192 tokens): not shown")
 
 
 def _broken(block: Any) -> v.GateResult:
-    return v.assess_long_context(LC, {**GSM8K_PASS, "long_context": block})
+    return assess_long_context(LC, {**GSM8K_PASS, "long_context": block})
 
 
 def test_missing_or_malformed_block_fails_closed() -> None:
@@ -321,12 +324,12 @@ def test_missing_or_malformed_block_fails_closed() -> None:
         assert (got.outcome, got.reason) == (Outcome.ERROR, "LongContextError"), block
     assert "no long_context block" in _broken(None).message
     assert "tokenizer not found" in _broken(cases[4]).message
-    assert v.assess_long_context(None, {**GSM8K_PASS}).outcome is Outcome.SKIPPED
+    assert assess_long_context(None, {**GSM8K_PASS}).outcome is Outcome.SKIPPED
 
 
 def test_lengths_other_than_the_spec_lists_fail_closed() -> None:
     task = LongContextTask(items=30, margin_pp=15.0, context_lengths=(8192, 16384, 32768))
-    got = v.assess_long_context(task, {**GSM8K_PASS, "long_context": lc_block(SOUND, task)})
+    got = assess_long_context(task, {**GSM8K_PASS, "long_context": lc_block(SOUND, task)})
     assert (got.outcome, got.reason) == (Outcome.ERROR, "LongContextError")
     assert "not [8192, 16384, 32768]" in got.message
 
@@ -345,9 +348,7 @@ def test_lengths_other_than_the_spec_lists_fail_closed() -> None:
     ],
 )
 def test_divergence_modes(mode: GateMode, kl: float, outcome: Outcome, reason: str) -> None:
-    got = v.assess_divergence(
-        DivergenceGate(mode=mode), {**GSM8K_PASS, "divergence": div_block(kl)}
-    )
+    got = assess_divergence(DivergenceGate(mode=mode), {**GSM8K_PASS, "divergence": div_block(kl)})
     assert (got.gate, got.outcome, got.reason) == ("divergence", outcome, reason)
     if reason == "DivergenceFlagged":
         assert got.message.startswith(
@@ -367,9 +368,9 @@ def test_divergence_that_did_not_run_never_passes(mode: GateMode, outcome: Outco
     empty = div_block(6e-4)
     empty["buckets"] = []
     for block in (None, {"kind": "x", "verdict": "pass"}, errored, lying, empty):
-        got = v.assess_divergence(gate, {**GSM8K_PASS, "divergence": block})
+        got = assess_divergence(gate, {**GSM8K_PASS, "divergence": block})
         assert (got.outcome, got.reason) == (outcome, "DivergenceUnknown"), block
-    got = v.assess_divergence(gate, {**GSM8K_PASS, "divergence": errored})
+    got = assess_divergence(gate, {**GSM8K_PASS, "divergence": errored})
     assert "max_logprobs" in got.message
 
 
@@ -378,10 +379,10 @@ def test_divergence_that_did_not_run_never_passes(mode: GateMode, outcome: Outco
 READY = PodHealth(True, ready=True, ip="127.0.0.9")
 
 
-def evaluated(gates: dict[str, Any], summary: dict[str, Any]) -> v.Step:
+def evaluated(gates: dict[str, Any], summary: dict[str, Any]) -> steps.Step:
     spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "gates": gates})
     obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
-    return v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    return machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
 
 
 GATES = {
@@ -530,20 +531,20 @@ def test_a_task_that_errored_is_retried_then_rolls_back() -> None:
     errored.update(verdict="error", error="candidate endpoint: ReadTimeout", buckets=[])
     summary = {**GSM8K_PASS, "long_context": errored, "divergence": div_block(6e-4)}
     obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
-    first = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    first = machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
     assert (first.phase, first.reason, first.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
     assert "long-context task: candidate endpoint: ReadTimeout" in first.message
-    last = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=2), obs, poll_s=2.0)
+    last = machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=2), obs, poll_s=2.0)
     assert (last.phase, last.reason) == (Phase.ROLLED_BACK, "EvalError")
     # a required screen that errored is retried the same way; a warn-mode one is not
     screen_error = summary_header(ScreenOptions())
     screen_error["error"] = "HTTP 400"
     broken = {**GSM8K_PASS, "long_context": lc_block(SOUND), "divergence": screen_error}
     obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=broken)
-    again = v.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    again = machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
     assert (again.reason, "divergence screen: HTTP 400" in again.message) == ("EvalRetry", True)
     warn = RolloutSpec.from_dict(
         {"targetRef": {"name": "qwen"}, "gates": {**GATES, "divergence": {"mode": "warn"}}}
     )
-    step = v.next_step(warn, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
+    step = machine.next_step(warn, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
     assert step.phase is Phase.PROMOTING  # warn: the screen's error is a warning only

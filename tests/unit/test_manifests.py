@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from kvgate import manifests as m
-from kvgate.model import RolloutSpec
+from kvgate import promotion
+from kvgate.spec import RolloutSpec
 
 CONTAINER: dict[str, Any] = {
     "name": "engine",
@@ -205,31 +206,33 @@ def test_restricted_check_catches_a_root_pod() -> None:
 
 
 def test_patch_sets_candidate_and_revert_restores() -> None:
+    # promotion.patch_ops is the patch act.py sends (the older build_container_patch is gone)
     candidate = m.container_config(m.candidate_container(SPEC, CONTAINER))
-    ops = m.build_container_patch(0, "engine", CONTAINER, candidate)
+    ops = promotion.patch_ops(0, CONTAINER, candidate)
     assert ops[0] == {
         "op": "test",
         "path": "/spec/template/spec/containers/0/name",
         "value": "engine",
     }
-    assert [o["path"].rsplit("/", 1)[1] for o in ops[1:]] == ["args", "env"]
+    assert [o["path"].rsplit("/", 1)[1] for o in ops if o["op"] != "test"] == ["args", "env"]
     promoted = _apply(CONTAINER, ops)
-    back = m.build_container_patch(0, "engine", promoted, m.container_config(CONTAINER))
+    back = promotion.patch_ops(0, promoted, m.container_config(CONTAINER))
     assert _apply(promoted, back) == CONTAINER
-    assert m.build_container_patch(0, "engine", CONTAINER, m.container_config(CONTAINER)) == ops[:1]
+    # nothing to change: no patch at all (build_container_patch sent the bare name test)
+    assert promotion.patch_ops(0, CONTAINER, m.container_config(CONTAINER)) == []
 
 
 def test_revert_removes_keys_that_were_absent() -> None:
     bare = {"name": "engine", "command": ["vllm", "serve", "m"]}
     wanted = {"command": ["vllm", "serve", "m"], "args": ["--kv-cache-dtype", "fp8"]}
-    ops = m.build_container_patch(0, "engine", bare, wanted)
+    ops = promotion.patch_ops(0, bare, wanted)
     assert ops[1] == {
         "op": "add",
         "path": "/spec/template/spec/containers/0/args",
         "value": ["--kv-cache-dtype", "fp8"],
     }
-    back = m.build_container_patch(0, "engine", _apply(bare, ops), m.container_config(bare))
-    assert back[1] == {"op": "remove", "path": "/spec/template/spec/containers/0/args"}
+    back = promotion.patch_ops(0, _apply(bare, ops), m.container_config(bare))
+    assert back[-1] == {"op": "remove", "path": "/spec/template/spec/containers/0/args"}
 
 
 def _apply(container: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,11 +13,10 @@ from kvgate.metrics import (
     MetricSnapshot,
     delta,
     parse_metrics,
-    pool_pressure,
-    pool_pressure_across_replicas,
     pool_sample,
     snapshot_from_pool_sample,
 )
+from kvgate.pool import pool_pressure, pool_pressure_across_replicas
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
 

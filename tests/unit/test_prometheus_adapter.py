@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from kvgate.adapters import prometheus
 from kvgate.adapters.prometheus import Series, parse_matrix, pool_query, snapshots_from_series
 from kvgate.errors import PrometheusError
-from kvgate.metrics import parse_metrics, pool_pressure
+from kvgate.metrics import parse_metrics
+from kvgate.pool import pool_pressure
 
 FUZZ = settings(
     max_examples=150,

@@ -538,7 +538,7 @@ def test_split_remedy_reads_both_remedy_forms_the_operator_writes() -> None:
         "candidate pod crashed: X",
         "use Triton",
     )
-    # The engine-version form (verdict._canary): the version stays with the remedy.
+    # The engine-version form (machine._canary): the version stays with the remedy.
     assert split_remedy(
         "candidate pod crashed: X; remedy for vllm 0.11.0: --attention-backend TRITON_ATTN"
     ) == ("candidate pod crashed: X", "--attention-backend TRITON_ATTN (for vllm 0.11.0)")

@@ -6,21 +6,34 @@ from typing import Any
 
 import pytest
 
+from kvgate import deadlines, kubeobjects, machine, remedy, steps
 from kvgate import verdict as v
-from kvgate.model import (
+from kvgate.gates import (
+    accuracy_detail,
+    assess_accuracy,
+    assess_arms_dtype,
+    assess_backend,
+    assess_capacity_gain,
+    assess_engine_truth,
+    assess_pool,
+    assess_scales,
+    assess_speed,
+    crash_summary,
+    mean_between,
+)
+from kvgate.kubeobjects import PodHealth
+from kvgate.model import GateMode, Outcome, Phase, PromotionMode
+from kvgate.spec import (
     AccuracyGate,
     BackendGate,
     CapacityGainGate,
     CapacityGate,
-    GateMode,
-    Outcome,
-    Phase,
-    PromotionMode,
     RolloutSpec,
     ScalesGate,
     SpeedGate,
 )
-from kvgate.verdict import Action, Decision, GateResult, LiveTarget, Observation, PodHealth, State
+from kvgate.steps import Action, LiveTarget, Observation, State
+from kvgate.verdict import Decision, GateResult
 
 SCALE_WARNING = {
     "code": "kv-scale-default",
@@ -92,12 +105,12 @@ POOL_GRID = [
 
 @pytest.mark.parametrize(("mode", "pressured", "outcome", "reason"), POOL_GRID)
 def test_pool_gate(mode: GateMode, pressured: bool | None, outcome: Outcome, reason: str) -> None:
-    got = v.assess_pool(CapacityGate(mode=mode), pressured, "usage 0.42")
+    got = assess_pool(CapacityGate(mode=mode), pressured, "usage 0.42")
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_pool_room_message() -> None:
-    got = v.assess_pool(CapacityGate(), False, "peak usage 42%, no queue")
+    got = assess_pool(CapacityGate(), False, "peak usage 42%, no queue")
     assert (
         got.message
         == "KV pool has room: peak usage 42%, no queue; an FP8 KV cache buys nothing here"
@@ -123,12 +136,12 @@ def test_scales_gate(
     mode: GateMode, has: bool | None, warns: bool, outcome: Outcome, reason: str
 ) -> None:
     candidate = scan("TRITON_ATTN", 200_000, *([SCALE_WARNING] if warns else []))
-    got = v.assess_scales(ScalesGate(mode), has, candidate)
+    got = assess_scales(ScalesGate(mode), has, candidate)
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_scales_dropped_message_is_louder() -> None:
-    got = v.assess_scales(ScalesGate(GateMode.WARN), True, scan("X", 1, SCALE_WARNING))
+    got = assess_scales(ScalesGate(GateMode.WARN), True, scan("X", 1, SCALE_WARNING))
     assert got.message == (
         "checkpoint has KV scales but the candidate warns they were not used: "
         "Using KV cache scaling factor 1.0 for fp8_e4m3."
@@ -168,12 +181,12 @@ BACKEND_GRID = [
 def test_backend_gate(
     gate: BackendGate, control: str, candidate: str | None, outcome: Outcome, reason: str
 ) -> None:
-    got = v.assess_backend(gate, scan(control), scan(candidate))
+    got = assess_backend(gate, scan(control), scan(candidate))
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_backend_changed_message() -> None:
-    got = v.assess_backend(BackendGate(), scan("FLASH_ATTN"), scan("TRITON_ATTN"))
+    got = assess_backend(BackendGate(), scan("FLASH_ATTN"), scan("TRITON_ATTN"))
     assert got.message == (
         "attention backend changed from FLASH_ATTN to TRITON_ATTN: "
         "two things changed at once (KV dtype and kernel)"
@@ -193,12 +206,12 @@ CAPACITY_GRID = [
 def test_capacity_gain_gate(
     control: int | None, candidate: int | None, outcome: Outcome, reason: str
 ) -> None:
-    got = v.assess_capacity_gain(CapacityGainGate(1.8), control, candidate)
+    got = assess_capacity_gain(CapacityGainGate(1.8), control, candidate)
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_capacity_message() -> None:
-    got = v.assess_capacity_gain(CapacityGainGate(1.8), 100_000, 150_000)
+    got = assess_capacity_gain(CapacityGainGate(1.8), 100_000, 150_000)
     assert got.message == "150,000 / 100,000 KV tokens = 1.50x, below the minimum 1.8x"
 
 
@@ -213,12 +226,12 @@ ACCURACY_GRID = [
 
 @pytest.mark.parametrize(("verdict", "outcome", "reason"), ACCURACY_GRID)
 def test_accuracy_gate(verdict: str, outcome: Outcome, reason: str) -> None:
-    got = v.assess_accuracy(AccuracyGate(), {**SUMMARY_PASS, "verdict": verdict})
+    got = assess_accuracy(AccuracyGate(), {**SUMMARY_PASS, "verdict": verdict})
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_accuracy_detail_message() -> None:
-    got = v.assess_accuracy(AccuracyGate(), SUMMARY_PASS)
+    got = assess_accuracy(AccuracyGate(), SUMMARY_PASS)
     assert got.message == (
         "control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (two-sided 95%) "
         "(margin 2 pp, n=200)"
@@ -229,18 +242,18 @@ def test_accuracy_detail_shows_the_one_sided_look_adjusted_bound() -> None:
     # A PASS must not print a two-sided interval whose low end is below minus the margin.
     bounds = {"lower": -0.011, "lower_confidence": 0.95, "upper": 0.0, "look": 14,
               "look_adjusted": True}  # fmt: skip
-    got = v.accuracy_detail({**SUMMARY_PASS, "bounds": bounds})
+    got = accuracy_detail({**SUMMARY_PASS, "bounds": bounds})
     assert got == (
         "control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.1 pp (95% one-sided, "
         "adjusted for 14 looks) (margin 2 pp, n=200)"
     )
-    failed = v.accuracy_detail({**SUMMARY_PASS, "verdict": "fail",
+    failed = accuracy_detail({**SUMMARY_PASS, "verdict": "fail",
                                 "bounds": {**bounds, "lower": -0.09, "upper": -0.03}})  # fmt: skip
     assert "at least -9.0 pp" in failed and "at most -3.0 pp" in failed
 
 
 def test_accuracy_missing_is_pending() -> None:
-    assert v.assess_accuracy(AccuracyGate(), None).outcome is Outcome.PENDING
+    assert assess_accuracy(AccuracyGate(), None).outcome is Outcome.PENDING
 
 
 SPEED_GRID = [
@@ -256,7 +269,7 @@ SPEED_GRID = [
 def test_speed_gate(
     gate: SpeedGate | None, control: float | None, candidate: float | None, outcome: Outcome
 ) -> None:
-    assert v.assess_speed(gate, control, candidate).outcome is outcome
+    assert assess_speed(gate, control, candidate).outcome is outcome
 
 
 # --- decide -----------------------------------------------------------------------------------
@@ -371,12 +384,12 @@ POD_GRID = [
 
 @pytest.mark.parametrize(("obj", "ready", "crashed"), POD_GRID)
 def test_pod_health(obj: dict[str, Any] | None, ready: bool, crashed: bool) -> None:
-    got = v.pod_health(obj, "engine")
+    got = kubeobjects.pod_health(obj, "engine")
     assert (got.ready, got.crashed) == (ready, crashed)
 
 
 def test_terminated_detail() -> None:
-    got = v.pod_health(
+    got = kubeobjects.pod_health(
         pod(phase="Failed", ready=False, state={"terminated": {"exitCode": 1, "reason": "Error"}})
     )
     assert got.detail == "exited with code 1 (Error)"
@@ -397,8 +410,8 @@ CRASHED = PodHealth(True, crashed=True, detail="exited with code 1 (Error)")
 STARTING = PodHealth(True, detail="starting")
 
 
-def step(phase: Phase, obs: Observation, spec: RolloutSpec = SPEC, **state: Any) -> v.Step:
-    return v.next_step(spec, State(phase=phase, **state), obs, poll_s=2.0)
+def step(phase: Phase, obs: Observation, spec: RolloutSpec = SPEC, **state: Any) -> steps.Step:
+    return machine.next_step(spec, State(phase=phase, **state), obs, poll_s=2.0)
 
 
 def test_pending_invalid_spec_fails() -> None:
@@ -546,7 +559,7 @@ def test_control_metrics_fp8_behind_a_bf16_log_rolls_back() -> None:
 
 def test_engine_truth_gate() -> None:
     arms = {"control": scan(dtype="auto"), "candidate": scan(tokens=200_000)}
-    ok = v.assess_engine_truth(
+    ok = assess_engine_truth(
         arms, {"control": truth("bfloat16"), "candidate": truth("fp8_e4m3", 200_000)}
     )
     assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
@@ -555,18 +568,16 @@ def test_engine_truth_gate() -> None:
         == "log and /metrics agree (candidate: KV dtype, KV tokens; control: KV dtype, KV tokens)"
     )
     # another pool behind the same dtype: the tokens disagree
-    pool = v.assess_engine_truth(
-        arms, {"control": truth("auto"), "candidate": truth("fp8", 100_000)}
-    )
+    pool = assess_engine_truth(arms, {"control": truth("auto"), "candidate": truth("fp8", 100_000)})
     assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert "candidate: startup log says 200,000 KV tokens, /metrics 100,000" in pool.message
     # e5m2 is another cache than e4m3
-    e5 = v.assess_engine_truth(
+    e5 = assess_engine_truth(
         arms, {"control": truth("auto"), "candidate": truth("fp8_e5m2", 200_000)}
     )
     assert e5.outcome is Outcome.ERROR
     # metrics without cache info: nothing to compare for the candidate, a warning
-    silent = v.assess_engine_truth(arms, {"control": truth(None, None), "candidate": {}})
+    silent = assess_engine_truth(arms, {"control": truth(None, None), "candidate": {}})
     assert (silent.outcome, silent.reason) == (Outcome.WARNING, "MetricsSilent")
 
 
@@ -755,9 +766,12 @@ def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
         )
         assert (s.phase, s.reason) == (Phase.REVERTING, "RevertFailed")
         assert s.actions == (Action.REVERT_DEPLOYMENT,) and "403 Forbidden" in s.message
-        assert s.requeue_s == v.revert_backoff(attempts + 1)
+        assert s.requeue_s == deadlines.revert_backoff(attempts + 1)
         assert any(e.reason == "RevertFailed" and e.warning for e in s.events)
-    assert v.revert_backoff(1) == 5 and v.revert_backoff(30) == v.REVERT_BACKOFF_MAX_S
+    assert (
+        deadlines.revert_backoff(1) == 5
+        and deadlines.revert_backoff(30) == deadlines.REVERT_BACKOFF_MAX_S
+    )
     # healthy pods never turn a failed revert into Promoted: the phase only reads live
     assert step(Phase.REVERTING, Observation(live=STUCK, rollout_done=True), revert=intent,
                 revert_attempts=1).phase is Phase.REVERTING  # fmt: skip
@@ -862,9 +876,9 @@ def test_terminal_phases_do_not_move(phase: Phase) -> None:
 def test_missing_evidence_never_promotes(mode: GateMode) -> None:
     # GIVEN no eval summary and no capacity figures, WHEN decided, THEN nothing promotes
     results = [
-        v.assess_capacity_gain(CapacityGainGate(), None, None),
-        v.assess_accuracy(AccuracyGate(), None),
-        v.assess_scales(ScalesGate(mode), None, None),
+        assess_capacity_gain(CapacityGainGate(), None, None),
+        assess_accuracy(AccuracyGate(), None),
+        assess_scales(ScalesGate(mode), None, None),
     ]
     got = v.decide(results, mode=PromotionMode.AUTO, config_hash="h", approval="h")
     assert got.decision is not Decision.PROMOTE
@@ -884,7 +898,7 @@ DTYPE_GRID = [
 def test_arms_must_run_the_dtypes_they_stand_for(
     wanted: str, control: str, candidate: str | None, outcome: Outcome, reason: str
 ) -> None:
-    got = v.assess_arms_dtype(wanted, {"kv_cache_dtype": control}, {"kv_cache_dtype": candidate})
+    got = assess_arms_dtype(wanted, {"kv_cache_dtype": control}, {"kv_cache_dtype": candidate})
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
@@ -905,8 +919,8 @@ def test_crash_summary_prefers_the_root_cause() -> None:
             "hint": "use TRITON_ATTN",
         },
     )
-    assert v.crash_summary(crashed, "fallback") == ("Ninja build failed", "use TRITON_ATTN")
-    assert v.crash_summary(None, "exited with code 1") == ("exited with code 1", None)
+    assert crash_summary(crashed, "fallback") == ("Ninja build failed", "use TRITON_ATTN")
+    assert crash_summary(None, "exited with code 1") == ("exited with code 1", None)
 
 
 MEAN_GRID = [
@@ -922,14 +936,14 @@ MEAN_GRID = [
 def test_mean_between(
     before: dict[str, Any] | None, after: dict[str, Any], mean: float | None
 ) -> None:
-    got = v.mean_between(before, after)
+    got = mean_between(before, after)
     assert got == pytest.approx(mean) if mean is not None else got is None
 
 
 def test_sglang_scale_warning_does_not_mean_dropped_when_the_checkpoint_has_scales() -> None:
     sglang = {**scan("triton", 45_911, SCALE_WARNING), "engine": "sglang"}
-    assert v.assess_scales(ScalesGate(GateMode.REQUIRE), True, sglang).reason == "ScalesPresent"
-    assert v.assess_scales(ScalesGate(GateMode.REQUIRE), None, sglang).reason == "ScalesMissing"
+    assert assess_scales(ScalesGate(GateMode.REQUIRE), True, sglang).reason == "ScalesPresent"
+    assert assess_scales(ScalesGate(GateMode.REQUIRE), None, sglang).reason == "ScalesMissing"
 
 
 GIVE_UP_GRID = [
@@ -946,7 +960,7 @@ GIVE_UP_GRID = [
 def test_give_up_after_the_error_limit(
     phase: Phase, errors: int, end: tuple[Phase, str] | None
 ) -> None:
-    got = v.give_up(SPEC, State(phase=phase), "apiserver down", errors, limit=30)
+    got = deadlines.give_up(SPEC, State(phase=phase), "apiserver down", errors, limit=30)
     assert (None if got is None else (got.phase, got.reason)) == end
     if got is not None and phase is Phase.VERIFYING:
         assert got.revert is not None and Action.REVERT_DEPLOYMENT not in got.actions
@@ -958,10 +972,13 @@ def test_give_up_after_the_error_limit(
 def test_phase_deadlines_hold_while_observation_keeps_failing() -> None:
     # GIVEN a canary phase past its startup timeout, WHEN only one error has happened
     late = State(phase=Phase.CANARY, phase_elapsed_s=SPEC.canary.startup_timeout_s + 1)
-    got = v.give_up(SPEC, late, "apiserver down", 1, limit=30)
+    got = deadlines.give_up(SPEC, late, "apiserver down", 1, limit=30)
     assert got is not None and (got.phase, got.reason) == (Phase.FAILED, "ExternalErrors")
     assert "deadline" in got.message
-    assert v.give_up(SPEC, State(phase=Phase.CANARY, phase_elapsed_s=1), "x", 1, limit=30) is None
+    assert (
+        deadlines.give_up(SPEC, State(phase=Phase.CANARY, phase_elapsed_s=1), "x", 1, limit=30)
+        is None
+    )
 
 
 def test_eval_timeout_is_per_attempt() -> None:
@@ -989,7 +1006,7 @@ def test_a_job_error_is_retried_even_late_in_the_phase() -> None:
 
 def test_crash_summary_falls_back_to_the_last_log_line() -> None:
     crashed = {**scan(None, None), "tail": ["...", "OSError: [Errno 98] Address already in use"]}
-    assert v.crash_summary(crashed, "exited with code 1 (Error)") == (
+    assert crash_summary(crashed, "exited with code 1 (Error)") == (
         "exited with code 1 (Error); last log line: OSError: [Errno 98] Address already in use",
         None,
     )
@@ -1026,7 +1043,7 @@ def remedy_spec(mode: str) -> RolloutSpec:
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_the_remedy_fits_the_engine_version(version: str) -> None:
-    fix = v.find_remedy(crashed_scan(version), "vllm", "0.9.0")
+    fix = remedy.find_remedy(crashed_scan(version), "vllm", "0.9.0")
     assert fix is not None and fix.refused == ""
     assert (fix.code, fix.version, fix.text) == (
         "attention-build-failed",
@@ -1034,14 +1051,14 @@ def test_the_remedy_fits_the_engine_version(version: str) -> None:
         REMEDIES[version],
     )
     # the log's version wins over the image tag; the tag is the fallback
-    assert v.find_remedy(crashed_scan(None), "vllm", version).text == REMEDIES[version]
+    assert remedy.find_remedy(crashed_scan(None), "vllm", version).text == REMEDIES[version]
     # no version at all: no remedy (the way to pick a backend depends on it)
-    assert v.find_remedy(crashed_scan(None), "vllm", None) is None
+    assert remedy.find_remedy(crashed_scan(None), "vllm", None) is None
 
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: str) -> None:
-    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    fix = remedy.find_remedy(crashed_scan(version), "vllm", None)
     obs = Observation(
         control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
     )
@@ -1058,7 +1075,7 @@ def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: 
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
-    fix = v.find_remedy(crashed_scan(version), "vllm", None)
+    fix = remedy.find_remedy(crashed_scan(version), "vllm", None)
     obs = Observation(
         control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
     )
@@ -1079,7 +1096,7 @@ def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
         def env_allowed(self, engine: Any, name: str) -> bool:
             return name != "VLLM_USE_FLASHINFER_SAMPLER"
 
-    fix = v.find_remedy(crashed_scan("0.33.0"), "vllm", None, NoSampler())
+    fix = remedy.find_remedy(crashed_scan("0.33.0"), "vllm", None, NoSampler())
     assert (
         fix is not None and "VLLM_USE_FLASHINFER_SAMPLER is not an allowed variable" in fix.refused
     )
@@ -1093,9 +1110,9 @@ def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
 
 def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
     oom = {"code": "out-of-memory", "severity": "error", "text": "CUDA out of memory"}
-    assert v.find_remedy(crashed_scan("0.33.0", oom), "vllm", None) is None
+    assert remedy.find_remedy(crashed_scan("0.33.0", oom), "vllm", None) is None
     refused = {"code": "fp8-unsupported", "severity": "error", "text": "FlashAttention refuses"}
-    fix = v.find_remedy(crashed_scan("0.15.0", refused), "vllm", None)
+    fix = remedy.find_remedy(crashed_scan("0.15.0", refused), "vllm", None)
     assert fix is not None and fix.text == REMEDIES["0.33.0"]
     # a crashed control is never remedied: its config is production's
     obs = Observation(control=CRASHED, candidate=READY, control_scan=crashed_scan("0.33.0"),
@@ -1117,10 +1134,10 @@ def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_cana
 
 def test_the_control_runs_fp8_only_under_auto_with_a_forcing_checkpoint() -> None:
     why = ["quantization_config.kv_cache_scheme is set"]
-    got = v.control_runs_fp8(why, "auto", "vllm")
+    got = machine.control_runs_fp8(why, "auto", "vllm")
     assert got is not None and "kv_cache_scheme is set" in got and "vllm runs auto" in got
-    assert v.control_runs_fp8(why, "bfloat16", "vllm") is None  # a pinned dtype wins
-    assert v.control_runs_fp8([], "auto", "vllm") is None
+    assert machine.control_runs_fp8(why, "bfloat16", "vllm") is None  # a pinned dtype wins
+    assert machine.control_runs_fp8([], "auto", "vllm") is None
 
 
 def test_sglang_dtype_is_checked_against_server_info() -> None:
@@ -1135,13 +1152,13 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
             out["serverInfo"] = {"kvCacheDtype": dtype}
         return out
 
-    ok = v.assess_engine_truth(
+    ok = assess_engine_truth(
         {"control": control, "candidate": sg},
         {"control": sg_truth("auto", 100_000), "candidate": sg_truth("fp8_e4m3", 200_000)},
     )
     assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
     assert "candidate: KV dtype (server info), KV tokens;" in ok.message
-    lie = v.assess_engine_truth(
+    lie = assess_engine_truth(
         {"control": control, "candidate": sg},
         {"control": sg_truth("auto", 100_000), "candidate": sg_truth("auto", 200_000)},
     )
@@ -1153,7 +1170,7 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
     assert "control:" not in lie.message
     # server info's pool is another than the log's: a disagreement even where /metrics (0.5.3)
     # export no capacity
-    pool = v.assess_engine_truth(
+    pool = assess_engine_truth(
         {"control": control, "candidate": sg},
         {
             "control": sg_truth("auto", 100_000),
@@ -1167,7 +1184,7 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
     assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert "max_total_num_tokens=150,000" in pool.message
     # an SGLang without the endpoint: nothing to compare, the capacity check still runs
-    absent = v.assess_engine_truth(
+    absent = assess_engine_truth(
         {"control": control, "candidate": sg},
         {
             "control": {**sg_truth(None, 100_000), "serverInfo": {"absent": "HTTP 404"}},

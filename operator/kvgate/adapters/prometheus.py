@@ -2,7 +2,7 @@
 
     >>> history = pool_history("http://prometheus:9090", "vllm", {"web-0": "10.0.0.5"},
     ...                        window_s=300, step_s=30, now=time.time())
-    >>> metrics.pool_pressure(history["web-0"])    # the same decision as over live scrapes
+    >>> pool.pool_pressure(history["web-0"])    # the same decision as over live scrapes
 
 One `query_range` over the window reads the engine's pool series (KV usage, running, waiting,
 retracted, preemptions, TTFT sum/count; names from `kvgate.metrics`, preferred first) of the

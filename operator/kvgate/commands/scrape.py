@@ -11,7 +11,8 @@ import json
 
 from kvgate.errors import SpecError
 from kvgate.inputs import bounded_int, finite_float
-from kvgate.metrics import MetricSnapshot, MetricWindow, PoolPressure, delta, pool_pressure
+from kvgate.metrics import MetricSnapshot, MetricWindow, delta
+from kvgate.pool import PoolPressure, pool_pressure
 
 HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
 

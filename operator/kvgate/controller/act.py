@@ -40,16 +40,9 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, KubeError, KvgateError
-from kvgate.model import (
-    LABEL_ARM,
-    LABEL_ROLLOUT,
-    RolloutSpec,
-    config_hash,
-)
-from kvgate.verdict import (
-    Action,
-    Step,
-)
+from kvgate.model import LABEL_ARM, LABEL_ROLLOUT, config_hash
+from kvgate.spec import RolloutSpec
+from kvgate.steps import Action, Step
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash

@@ -12,9 +12,11 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import manifests, promotion, redact, verdict
+from kvgate import kubeobjects, manifests, promotion, redact
+from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
+from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     ANNOTATION_ABORT,
     ANNOTATION_ABORTED_BY,
@@ -25,17 +27,10 @@ from kvgate.model import (
     ANNOTATION_CREATED_BY,
     LABEL_ROLLOUT,
     Phase,
-    RolloutSpec,
-    TargetRef,
 )
-from kvgate.verdict import (
-    ApprovalRecord,
-    GateResult,
-    LiveTarget,
-    PodHealth,
-    RevertIntent,
-    State,
-)
+from kvgate.spec import RolloutSpec, TargetRef
+from kvgate.steps import LiveTarget, State
+from kvgate.verdict import GateResult, RevertIntent
 
 
 class KubeApi(Protocol):
@@ -128,7 +123,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         abort=annotations.get(ANNOTATION_ABORT),
         aborted_by=annotations.get(ANNOTATION_ABORTED_BY),
     )
-    approval, approver, ignored = verdict.read_approval(
+    approval, approver, ignored = read_approval(
         record, ctx.generation, require_identity=ctx.config.approval_identity
     )
     return State(
@@ -140,7 +135,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         approval=approval,
         approver=redact.scrub_text(approver)[:253],
         approval_ignored=redact.scrub_text(ignored),
-        abort=None if (text := verdict.abort_text(record)) is None else redact.scrub_text(text),
+        abort=None if (text := abort_text(record)) is None else redact.scrub_text(text),
         patched=bool(promo.get("patched")),
         verify_samples=int(verify.get("samples") or 0),
         since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
@@ -266,7 +261,7 @@ def json_number(value: Any) -> Any:
 
 def arm_health(ctx: Ctx, arm: str) -> PodHealth:
     pod = current_child(ctx, ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm)))
-    return verdict.pod_health(pod, ctx.status.get("container"))
+    return kubeobjects.pod_health(pod, ctx.status.get("container"))
 
 
 def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""kopf handlers for KVCacheRollout: gather evidence, call `verdict.next_step`, act, write status.
+"""kopf handlers for KVCacheRollout: gather evidence, call `machine.next_step`, act, write status.
 
 Run with `kvgate run` (or `kopf run -m kvgate.controller.handlers`). One handler, `reconcile`, drives a
 rollout: it is level-based (everything it needs is in `status` and in the cluster), so an
@@ -20,7 +20,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import verdict
+from kvgate import deadlines, machine
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -61,9 +61,7 @@ from kvgate.model import (
     Condition,
     Phase,
 )
-from kvgate.verdict import (
-    Step,
-)
+from kvgate.steps import Step
 
 _metrics_lock = threading.Lock()
 
@@ -160,7 +158,7 @@ def reconcile(
     try:
         run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
         obs = observe(ctx, phase, spec_errors)
-        step = verdict.next_step(
+        step = machine.next_step(
             spec,
             state,
             obs,
@@ -178,7 +176,7 @@ def reconcile(
             logger.warning("reconcile failed: %s", what)
         else:  # a bug: keep the traceback in the log, never in status or Events
             logger.error("reconcile failed: %s", what, exc_info=exc)
-        given_up = verdict.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
+        given_up = deadlines.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if given_up is None:
             patch.status["consecutiveErrors"] = errors
             patch.status["message"] = f"retrying after: {what}"

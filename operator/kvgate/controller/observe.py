@@ -1,16 +1,27 @@
-"""Gathering evidence for `verdict.next_step`: one `observe_*` per phase, each returning an
+"""Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
 `Observation` (and recording what it read in the status being built). Reads only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvgate import engines, manifests, production, promotion, redact, verdict
+from kvgate import (
+    engines,
+    gates,
+    kubeobjects,
+    machine,
+    manifests,
+    production,
+    promotion,
+    redact,
+    remedy,
+)
 from kvgate.controller.context import (
     Ctx,
     arm_health,
@@ -33,17 +44,14 @@ from kvgate.controller.telemetry import (
     CAPACITY_RATIO,
 )
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
+from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     GateMode,
     Phase,
     SpeedClocks,
     config_hash,
 )
-from kvgate.verdict import (
-    LiveTarget,
-    Observation,
-    PodHealth,
-)
+from kvgate.steps import LiveTarget, Observation
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
@@ -55,7 +63,7 @@ def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation
     # Every phase after Pending reads the live Deployment: what status says kvgate did is
     # checked against what is there.
     live = live_target(ctx)
-    return replace_obs(observe_phase(ctx, phase, live), live=live)
+    return dataclasses.replace(observe_phase(ctx, phase, live), live=live)
 
 
 def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
@@ -165,7 +173,7 @@ def observe_preflight(ctx: Ctx) -> Observation:
         ctx.status["preflight"] = pre
     reasons = pre["checkpoint"].get("forcesFp8Kv") or []
     forced = (
-        verdict.control_runs_fp8(reasons, production_kv_dtype(ctx), ctx.spec.target.name)
+        machine.control_runs_fp8(reasons, production_kv_dtype(ctx), ctx.spec.target.name)
         if reasons
         else None
     )
@@ -348,7 +356,7 @@ def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
         return {}, [f"no production pods of Deployment {ctx.spec.target.name}"]
     ips = {}
     for pod in pods:
-        health = verdict.pod_health(pod, ctx.status.get("container"))
+        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
         if health.ready and health.ip:
             ips[pod["metadata"]["name"]] = health.ip
     return ips, []
@@ -371,13 +379,13 @@ def pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
 ) -> tuple[bool | None, str, dict[str, Any]]:
     """The pool verdict over the samples kept in status."""
-    from kvgate import metrics
+    from kvgate import metrics, pool
 
     snapshots = {
         pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
         for pod, samples in series.items()
     }
-    pressured, detail, results = metrics.pool_pressure_across_replicas(
+    pressured, detail, results = pool.pool_pressure_across_replicas(
         snapshots, usage_threshold=usage_threshold
     )
     return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
@@ -403,7 +411,7 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
         scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
     block.update(pod=pod, ip=health.ip, scan=scan)
     block["attentionBackend"] = scan.get("attention_backend")
-    block["kvTokens"] = verdict.kv_tokens(scan)
+    block["kvTokens"] = gates.kv_tokens(scan)
     arms[arm] = block
     return scan
 
@@ -469,7 +477,7 @@ def observe_canary(ctx: Ctx) -> Observation:
         control_metrics=truths.get("control"),
         candidate_metrics=truths.get("candidate"),
         metrics_error="; ".join(errors) or None,
-        remedy=verdict.find_remedy(
+        remedy=remedy.find_remedy(
             candidate_scan if candidate.crashed else None,
             ctx.status.get("engine"),
             engines.image_version(str(ctx.status.get("evaluatedImage") or "")),
@@ -522,7 +530,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     if summary is not None and finished:
         record_accuracy(ctx, summary)
         control_tpot, candidate_tpot, clocks = speed_after_eval(ctx)
-        return replace_obs(
+        return dataclasses.replace(
             obs,
             job_finished=True,
             eval_summary=summary,
@@ -540,14 +548,10 @@ def observe_eval(ctx: Ctx) -> Observation:
             "the Job ended without a summary line",
         )
         tail = " | ".join(text.strip().splitlines()[-3:])
-        return replace_obs(obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500])
+        return dataclasses.replace(
+            obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
+        )
     return obs
-
-
-def replace_obs(obs: Observation, **kw: Any) -> Observation:
-    from dataclasses import replace
-
-    return replace(obs, **kw)
 
 
 def eval_lines(
@@ -611,7 +615,7 @@ def observe_promoting(ctx: Ctx) -> Observation:
         and not p["metadata"].get("deletionTimestamp")
     ]
     for pod in new_pods:
-        health = verdict.pod_health(pod, ctx.status.get("container"))
+        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
         if health.crashed:
             return Observation(rollout_crashed=f"pod {pod['metadata']['name']}: {health.detail}")
     scan = None
@@ -646,7 +650,7 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
     promo["podScan"] = {
         "pod": name,
         "attentionBackend": scan.get("attention_backend"),
-        "kvTokens": verdict.kv_tokens(scan),
+        "kvTokens": gates.kv_tokens(scan),
     }
     ctx.status["promotion"] = promo
     return scan
@@ -655,7 +659,7 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
 def observe_verifying(ctx: Ctx) -> Observation:
     """One verify sample when one is due: every check must pass (fail closed)."""
     state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
-    if not verdict.verify_due(ctx.spec, state):
+    if not machine.verify_due(ctx.spec, state):
         return Observation()
 
     dep = target_deployment(ctx)
@@ -683,7 +687,7 @@ def observe_verifying(ctx: Ctx) -> Observation:
         ):
             problems.append(f"pod {name} does not run the candidate")
             continue
-        health = verdict.pod_health(pod, ctx.status.get("container"))
+        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
         if health.crashed:
             problems.append(f"pod {name}: {health.detail}")
             continue
@@ -763,7 +767,7 @@ def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks 
     if "after" not in speed:
         speed["after"] = tpot_totals(ctx)
     before, after = speed.get("before") or {}, speed["after"]
-    tpots = {arm: verdict.mean_between(before.get(arm), after.get(arm)) for arm in manifests.ARMS}
+    tpots = {arm: gates.mean_between(before.get(arm), after.get(arm)) for arm in manifests.ARMS}
     for arm, tpot in tpots.items():
         speed[arm] = {"tpotMs": None if tpot is None else round(tpot * 1000, 3)}
     speed["concurrency"] = eval_concurrency_of(ctx)

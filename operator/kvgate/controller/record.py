@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import manifests, redact, verdict
+from kvgate import manifests, redact
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -23,15 +23,14 @@ from kvgate.controller.telemetry import (
     ROLLOUTS,
 )
 from kvgate.errors import ExternalError, KvgateError
+from kvgate.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
 from kvgate.model import (
     Condition,
     Outcome,
     Phase,
 )
-from kvgate.verdict import (
-    GateResult,
-    Step,
-)
+from kvgate.steps import Step
+from kvgate.verdict import GateResult
 
 
 def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
@@ -44,11 +43,11 @@ def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = No
 
 
 GATE_CONDITIONS = {
-    verdict.POOL: cond.POOL_PRESSURE,
-    verdict.SCALES: cond.SCALES_PRESENT,
-    verdict.CANARY: cond.CANARY_HEALTHY,
-    verdict.ACCURACY: cond.ACCURACY_NON_INFERIOR,
-    verdict.CAPACITY_GAIN: cond.CAPACITY_GAINED,
+    POOL: cond.POOL_PRESSURE,
+    SCALES: cond.SCALES_PRESENT,
+    CANARY: cond.CANARY_HEALTHY,
+    ACCURACY: cond.ACCURACY_NON_INFERIOR,
+    CAPACITY_GAIN: cond.CAPACITY_GAINED,
 }
 
 
@@ -57,9 +56,9 @@ def gate_condition_status(result: GateResult) -> str:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
-    if result.gate == verdict.SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
+    if result.gate == SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
         return cond.FALSE
-    if result.gate == verdict.POOL and result.reason == "PoolHasRoom":
+    if result.gate == POOL and result.reason == "PoolHasRoom":
         return cond.FALSE
     return cond.UNKNOWN
 

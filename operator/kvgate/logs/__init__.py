@@ -37,6 +37,7 @@ from kvgate.logs.model import (
     LogScan,
 )
 from kvgate.logs.rules import ANCHORS, RULES
+from kvgate.model import check_engine
 
 _CHUNK_CHARS = CHUNK_CHARS
 _MAX_LINE = MAX_LINE
@@ -57,15 +58,6 @@ __all__ = [
 ]
 
 # -- entry points ----------------------------------------------------------------------------
-
-
-def _check_engine(engine: str | None) -> str | None:
-    if engine is None or engine == "auto":
-        return None
-    name = engine.lower()
-    if name not in ENGINES:
-        raise UnsupportedError(f"engine '{engine}' is not known; use vllm, sglang or auto")
-    return name
 
 
 def _chunks(lines: Iterable[str]) -> Iterator[str]:
@@ -96,7 +88,7 @@ def _text_chunks(text: str) -> Iterator[str]:
 
 
 def _scan_chunks(chunks: Iterable[str], engine: str | None, source: str) -> LogScan:
-    chosen = _check_engine(engine)
+    chosen = check_engine(engine)
     collector = _Collector(chosen)
     for chunk in chunks:
         collector.feed_chunk(chunk)

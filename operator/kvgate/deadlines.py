@@ -1,0 +1,69 @@
+"""How long may a phase last, how long between revert attempts, and when does kvgate give up?"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from kvgate.model import PATCHED_PHASES, Phase
+from kvgate.spec import RolloutSpec
+from kvgate.steps import (
+    EVAL_GRACE_S,
+    Event,
+    State,
+    Step,
+    end_step,
+    revert_step,
+)
+
+REVERT_BACKOFF_MAX_S: Final = 300.0
+
+
+def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
+    """How long a phase may last, even while observation keeps failing (None: no limit)."""
+    c, p, cap = spec.canary, spec.promotion, spec.capacity
+    deadlines = {
+        Phase.PENDING: c.startup_timeout_s,
+        Phase.PREFLIGHT: cap.sampling_deadline_s + c.startup_timeout_s,
+        Phase.CANARY: c.startup_timeout_s,
+        Phase.EVALUATING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,
+        Phase.PROMOTING: c.startup_timeout_s,
+        Phase.VERIFYING: p.verify_window_s * 3 + c.startup_timeout_s,
+    }
+    return deadlines.get(phase)
+
+
+def revert_backoff(attempts: int) -> float:
+    """Seconds before the next revert attempt: 5, 10, 20 ... up to 5 minutes."""
+    return float(min(5.0 * 2.0 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S))
+
+
+def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
+    """After `limit` consecutive errors, or past the phase's deadline, the rollout ends.
+
+    None: retry. A patched phase does not end: it goes to Reverting, whose end needs a read
+    back. Reverting itself never ends here (sticky): it reports RevertFailed and keeps trying.
+    Before Promoting kvgate has changed nothing on the Deployment (the patch is only made in
+    Promoting, after its intent is recorded), so there the end is Failed.
+    """
+    deadline = phase_deadline(spec, state.phase)
+    late = deadline is not None and state.phase_elapsed_s >= deadline
+    if state.phase.terminal or (errors <= limit and not late):
+        return None
+    why = (
+        f"gave up after {errors} consecutive errors (limit {limit})"
+        if errors > limit
+        else f"phase {state.phase.value} passed its deadline of {deadline:g}s"
+    )
+    message = f"{why}; last: {error}"
+    if state.phase is Phase.REVERTING:
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            f"revert not confirmed: {message}",
+            events=(Event("RevertFailed", message, warning=True),),
+            revert=state.revert,
+            requeue_s=revert_backoff(state.revert_attempts + 1),
+        )
+    if state.phase in PATCHED_PHASES:
+        return revert_step(Phase.ROLLED_BACK, "PromotionReverted", message)
+    return end_step(Phase.FAILED, "ExternalErrors", message)

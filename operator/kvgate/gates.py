@@ -1,0 +1,588 @@
+"""What does each piece of evidence say? The gates.
+
+Every gate turns its evidence into a `GateResult` (an `Outcome`, an event reason and a message);
+missing evidence is ERROR or PENDING and never promotes (fail closed). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
+from kvgate.spec import (
+    AccuracyGate,
+    BackendGate,
+    CapacityGainGate,
+    CapacityGate,
+    DivergenceGate,
+    LongContextTask,
+    ScalesGate,
+    SpeedGate,
+)
+from kvgate.verdict import GateResult
+
+# Gate names, as keys of `status.gates`.
+POOL: Final = "poolPressure"
+SCALES: Final = "scales"
+BACKEND: Final = "backend"
+CAPACITY_GAIN: Final = "capacityGain"
+ACCURACY: Final = "accuracy"
+LONG_CONTEXT: Final = "longContext"
+DIVERGENCE: Final = "divergence"
+SPEED: Final = "speed"
+CANARY: Final = "canary"
+ENGINE_TRUTH: Final = "engineTruth"
+GATE_ORDER: Final = (
+    POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT,
+    DIVERGENCE, SPEED,
+)  # fmt: skip
+EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
+
+
+_GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
+KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
+
+
+def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
+    """Is the KV pool the limit? Room plus `require` means the change is not needed."""
+    if gate.mode is GateMode.OFF:
+        return GateResult(POOL, Outcome.SKIPPED, "GateOff", "pool pressure not checked (mode off)")
+    if pressured is True:
+        return GateResult(
+            POOL, Outcome.SUCCESSFUL, "PoolPressured", f"KV pool is the limit: {detail}"
+        )
+    if pressured is False:
+        if gate.mode is GateMode.REQUIRE:
+            return GateResult(
+                POOL,
+                Outcome.NOT_NEEDED,
+                "PoolHasRoom",
+                f"KV pool has room: {detail}; an FP8 KV cache buys nothing here",
+            )
+        return GateResult(POOL, Outcome.WARNING, "PoolHasRoom", f"KV pool has room: {detail}")
+    if gate.mode is GateMode.REQUIRE:
+        return GateResult(
+            POOL,
+            Outcome.ERROR,
+            "PoolPressureUnknown",
+            f"could not tell whether the KV pool is the limit: {detail}",
+        )
+    return GateResult(
+        POOL, Outcome.WARNING, "PoolPressureUnknown", f"pool pressure unknown: {detail}"
+    )
+
+
+def scale_warnings(scan: Mapping[str, Any] | None) -> list[str]:
+    """Texts of the KV-scale warnings in a log scan (`LogScan.to_dict()`)."""
+    if not scan:
+        return []
+    # Only k/v scales count: a missing q scale is printed even when k/v scales were loaded.
+    return [
+        str(f.get("text") or f.get("code"))
+        for f in scan.get("findings") or []
+        if f.get("code") == KV_SCALE_DEFAULT
+    ]
+
+
+def assess_scales(
+    gate: ScalesGate, checkpoint_has_scales: bool | None, candidate_scan: Mapping[str, Any] | None
+) -> GateResult:
+    """KV scales: from the checkpoint scan and the candidate's startup log.
+
+    A checkpoint with scales whose candidate still warns means the loader dropped them: that is
+    ScalesDropped, a separate and louder finding than ScalesMissing.
+    """
+    if gate.mode is GateMode.OFF:
+        return GateResult(SCALES, Outcome.SKIPPED, "GateOff", "KV scales not checked (mode off)")
+    warned = scale_warnings(candidate_scan)
+    bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    if checkpoint_has_scales is True and (candidate_scan or {}).get("engine") == "sglang":
+        # SGLang prints its 1.0 warning without --quantization-param-path even when it loaded
+        # the checkpoint's per-layer scales (sglang#31224): the checkpoint scan is the evidence.
+        return GateResult(
+            SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "checkpoint has k/v scales for every layer"
+        )
+    if checkpoint_has_scales is True and warned:
+        return GateResult(
+            SCALES,
+            bad,
+            "ScalesDropped",
+            f"checkpoint has KV scales but the candidate warns they were not used: {warned[0]}",
+        )
+    if checkpoint_has_scales is False or warned:
+        why = warned[0] if warned else "the checkpoint scan found no k/v scales"
+        return GateResult(
+            SCALES, bad, "ScalesMissing", f"no KV scales: FP8 KV uses scale 1.0 ({why})"
+        )
+    if candidate_scan is None:
+        return GateResult(SCALES, Outcome.PENDING, "ScalesUnknown", "waiting for the candidate log")
+    return GateResult(
+        SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "no KV-scale warning; scales used"
+    )
+
+
+def assess_backend(
+    gate: BackendGate,
+    control_scan: Mapping[str, Any] | None,
+    candidate_scan: Mapping[str, Any] | None,
+) -> GateResult:
+    """The candidate's attention backend: allowed, and whether it changed from the control's."""
+    if control_scan is None or candidate_scan is None:
+        return GateResult(
+            BACKEND, Outcome.PENDING, "BackendUnknown", "waiting for both startup logs"
+        )
+    control = control_scan.get("attention_backend")
+    candidate = candidate_scan.get("attention_backend")
+    if candidate is None:
+        return GateResult(
+            BACKEND,
+            Outcome.WARNING if not gate.allowed else Outcome.ERROR,
+            "BackendUnknown",
+            "the candidate's startup log names no attention backend",
+        )
+    if gate.allowed and candidate not in gate.allowed:
+        return GateResult(
+            BACKEND,
+            Outcome.FAILED,
+            "BackendNotAllowed",
+            f"candidate uses {candidate}, not one of {', '.join(gate.allowed)}",
+        )
+    if control is not None and control != candidate:
+        message = (
+            f"attention backend changed from {control} to {candidate}: "
+            "two things changed at once (KV dtype and kernel)"
+        )
+        outcome = Outcome.WARNING if gate.allow_fallback else Outcome.FAILED
+        return GateResult(BACKEND, outcome, "BackendChanged", message)
+    return GateResult(BACKEND, Outcome.SUCCESSFUL, "BackendUnchanged", f"both arms use {candidate}")
+
+
+def _fp8_family(dtype: str | None) -> str | None:
+    """`fp8` and `fp8_e4m3` are the same cache on CUDA; `fp8_e5m2` is another."""
+    if not dtype:
+        return None
+    return "fp8_e5m2" if dtype == "fp8_e5m2" else ("fp8_e4m3" if dtype.startswith("fp8") else dtype)
+
+
+def assess_arms_dtype(
+    wanted: str, control_scan: Mapping[str, Any], candidate_scan: Mapping[str, Any]
+) -> GateResult:
+    """Both arms Ready, and each runs the KV dtype it should: else the comparison is void."""
+    control = control_scan.get("kv_cache_dtype")
+    candidate = candidate_scan.get("kv_cache_dtype")
+    if _fp8_family(candidate) != _fp8_family(wanted):
+        return GateResult(
+            CANARY,
+            Outcome.ERROR,
+            "CandidateDtypeMismatch",
+            f"the candidate's log shows KV cache dtype {candidate or 'unknown'}, not {wanted}",
+        )
+    if control is not None and _fp8_family(control) == _fp8_family(wanted):
+        return GateResult(
+            CANARY,
+            Outcome.ERROR,
+            "ControlDtypeMismatch",
+            f"the control already runs KV cache dtype {control}: nothing to compare",
+        )
+    return GateResult(
+        CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", f"both arms Ready; candidate runs {candidate}"
+    )
+
+
+def assess_engine_truth(
+    scans: Mapping[str, Mapping[str, Any]], truths: Mapping[str, Mapping[str, Any]]
+) -> GateResult:
+    """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
+
+    `scans` and `truths` are keyed by arm. SGLang's /metrics carry no KV dtype: its dtype is
+    checked against its server info's `kv_cache_dtype` (`serverInfo` in the truth) instead.
+    Any disagreement (KV dtype, KV tokens, GPU blocks)
+    is an ERROR naming the arm and both values: the pod does not run what one source claims,
+    so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
+    nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
+    """
+    from kvgate import crosscheck, logs, metrics
+
+    problems: list[str] = []
+    compared: dict[str, list[str]] = {}
+    for arm in ("candidate", "control"):
+        scan = logs.LogScan.from_dict(scans.get(arm) or {})
+        truth = truths.get(arm) or {}
+        snapshot = metrics.snapshot_from_cache_truth(truth)
+        problems.extend(f"{arm}: {f.text}" for f in crosscheck.cross_check_log(scan, snapshot))
+        info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+        server_dtype = info.kv_cache_dtype if info else None
+        server_tokens = info.max_total_num_tokens if info else None
+        problems.extend(
+            f"{arm}: {f.text}"
+            for f in crosscheck.cross_check_server_info(scan, server_dtype, server_tokens)
+        )
+        what = compared.setdefault(arm, [])
+        if scan.kv_cache_dtype and snapshot.kv_cache_dtype:
+            what.append("KV dtype")
+        if scan.kv_cache_dtype and server_dtype:
+            what.append("KV dtype (server info)")
+        if scan.capacity.kv_tokens and server_tokens:
+            what.append("KV tokens (server info)")
+        if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
+            what.append("KV tokens")
+    if problems:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.ERROR,
+            "LogMetricsDisagree",
+            "startup log and /metrics disagree: " + "; ".join(problems),
+        )
+    detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
+    if not compared["candidate"]:
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.WARNING,
+            "MetricsSilent",
+            "the candidate's /metrics give no KV dtype or capacity to check its log against",
+        )
+    return GateResult(
+        ENGINE_TRUTH, Outcome.SUCCESSFUL, "LogMetricsAgree", f"log and /metrics agree ({detail})"
+    )
+
+
+def kv_tokens(scan: Mapping[str, Any] | None) -> int | None:
+    """KV tokens from a log scan's `capacity.kv_tokens`."""
+    if not scan:
+        return None
+    capacity = scan.get("capacity") or {}
+    value = capacity.get("kv_tokens") if isinstance(capacity, Mapping) else None
+    return int(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def assess_capacity_gain(
+    gate: CapacityGainGate, control_tokens: int | None, candidate_tokens: int | None
+) -> GateResult:
+    """Candidate KV tokens over control KV tokens against the minimum ratio."""
+    if control_tokens is None or candidate_tokens is None:
+        missing = "control" if control_tokens is None else "candidate"
+        return GateResult(
+            CAPACITY_GAIN,
+            Outcome.ERROR,
+            "CapacityUnknown",
+            f"the {missing} startup log gives no KV cache size",
+        )
+    ratio = candidate_tokens / control_tokens
+    detail = f"{candidate_tokens:,} / {control_tokens:,} KV tokens = {ratio:.2f}x"
+    if ratio < gate.min_ratio:
+        return GateResult(
+            CAPACITY_GAIN,
+            Outcome.FAILED,
+            "CapacityNotGained",
+            f"{detail}, below the minimum {gate.min_ratio:g}x",
+        )
+    return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, "CapacityGained", detail)
+
+
+def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> GateResult:
+    """The eval summary's verdict (pass / fail / inconclusive / error) as an outcome."""
+    if summary is None:
+        return GateResult(
+            ACCURACY, Outcome.PENDING, "AccuracyPending", "accuracy not evaluated yet"
+        )
+    verdict = summary.get("verdict")
+    detail = accuracy_detail(summary)
+    if verdict == "pass":
+        return GateResult(ACCURACY, Outcome.SUCCESSFUL, "AccuracyNonInferior", detail)
+    if verdict == "fail":
+        return GateResult(ACCURACY, Outcome.FAILED, "AccuracyRegressed", detail)
+    if verdict == "inconclusive":
+        advice = summary.get("advice")
+        needed = advice.get("questions_needed") if isinstance(advice, Mapping) else None
+        more = f"; about {needed} questions would decide" if needed else ""
+        return GateResult(ACCURACY, Outcome.INCONCLUSIVE, "AccuracyInconclusive", detail + more)
+    error = (
+        summary.get("error") or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
+    )
+    return GateResult(ACCURACY, Outcome.ERROR, "EvalError", str(error))
+
+
+def accuracy_detail(summary: Mapping[str, Any]) -> str:
+    """The accuracy evidence in one line, with the one-sided bound the decision rests on.
+
+    `control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.9 pp (95% one-sided,
+    adjusted for 4 looks) (margin 2 pp, n=200)`. Summaries without look-adjusted bounds
+    (older eval images) show the two-sided interval, labelled as such.
+    """
+    try:
+        c, k = summary["control"], summary["candidate"]
+        paired = summary.get("paired") or {}
+        diff = float(paired["difference"]) * 100
+        margin = float(summary.get("margin", 0)) * 100
+        head = (
+            f"control {float(c['accuracy']) * 100:.1f}% vs candidate "
+            f"{float(k['accuracy']) * 100:.1f}%, difference {diff:+.1f} pp"
+        )
+        tail = f"(margin {margin:g} pp, n={summary.get('questions_used')})"
+        bounds = summary.get("bounds")
+        if isinstance(bounds, Mapping) and isinstance(bounds.get("lower"), int | float):
+            adjusted = (
+                f", adjusted for {bounds.get('look')} looks" if bounds.get("look_adjusted") else ""
+            )
+            sure = float(bounds.get("lower_confidence") or 0.95) * 100
+            text = f"{head}; at least {float(bounds['lower']) * 100:+.1f} pp ({sure:g}% one-sided{adjusted})"
+            if summary.get("verdict") == "fail" and isinstance(bounds.get("upper"), int | float):
+                text += f", at most {float(bounds['upper']) * 100:+.1f} pp"
+            return f"{text} {tail}"
+        low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
+        return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
+    except (KeyError, TypeError, ValueError):
+        return f"eval verdict {summary.get('verdict')!r}"
+
+
+_LC_KIND: Final = "kvgate.eval/long_context"
+_LC_VERDICTS: Final = {
+    "fail": (Outcome.FAILED, "LongContextRegressed"),
+    "inconclusive": (Outcome.INCONCLUSIVE, "LongContextInconclusive"),
+}
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def bucket_label(length: int) -> str:
+    """A context-length bucket as a range: 32768 -> `16k-32k` (its prompts fill up to 32k)."""
+    return f"{_tokens(length // 2)}-{_tokens(length)}"
+
+
+def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]) -> GateResult:
+    """The eval summary's `long_context` block as the long-context task's outcome.
+
+    Fail closed: when the task was asked for, a missing, malformed or self-contradicting block
+    (a pass with a bucket that did not pass, other tasks than asked) is an ERROR, never a pass.
+    A fail or inconclusive names the worst bucket: of those with the block's verdict, the one
+    where the candidate lost most.
+    """
+    if gate is None:
+        return GateResult(LONG_CONTEXT, Outcome.SKIPPED, "GateOff", "long context not evaluated")
+    block = summary.get("long_context")
+
+    def broken(why: str) -> GateResult:
+        return GateResult(LONG_CONTEXT, Outcome.ERROR, "LongContextError", why)
+
+    if not isinstance(block, Mapping) or block.get("kind") != _LC_KIND:
+        return broken(
+            "the eval summary has no long_context block, though spec.gates.accuracy.longContext "
+            "asks for it (an eval image without the task?)"
+        )
+    verdict = block.get("verdict")
+    if verdict == "error" or verdict not in ("pass", "fail", "inconclusive"):
+        return broken(f"long-context task: {block.get('error') or f'verdict {verdict!r}'}")
+    if list(block.get("tasks") or []) != list(gate.tasks):
+        return broken(
+            f"long-context block ran tasks {block.get('tasks')!r}, not {list(gate.tasks)}"
+        )
+    if gate.context_lengths and list(block.get("context_lengths") or []) != list(
+        gate.context_lengths
+    ):
+        return broken(
+            f"long-context block judged lengths {block.get('context_lengths')!r}, not "
+            f"{list(gate.context_lengths)}"
+        )
+    rows = block.get("buckets")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
+        return broken("long-context block judged no bucket")
+    try:
+        worst_rows = [r for r in rows if r["verdict"] == verdict]
+        if (verdict == "pass" and len(worst_rows) != len(rows)) or not worst_rows:
+            return broken(f"long-context verdict {verdict} contradicts its buckets")
+        row = min(worst_rows, key=lambda r: float(r["paired"]["difference"]))
+        length = int(row["context_length"])
+        detail = (
+            f"control {float(row['control']['accuracy']):.0%} vs candidate "
+            f"{float(row['candidate']['accuracy']):.0%} on {int(row['items'])} items"
+        )
+        recovery = row.get("recovery")
+        if isinstance(recovery, int | float):
+            detail += f", recovery {recovery:.2f} (floor {gate.recovery_floor:g})"
+        lower = float(row["bounds"]["lower"]) * 100
+    except (KeyError, TypeError, ValueError) as exc:
+        return broken(f"long-context block is malformed ({type(exc).__name__}: {exc})")
+    if verdict == "pass":
+        lengths = ", ".join(bucket_label(int(r["context_length"])) for r in rows)
+        return GateResult(
+            LONG_CONTEXT,
+            Outcome.SUCCESSFUL,
+            "LongContextNonInferior",
+            f"long context non-inferior in every bucket ({lengths}); closest: "
+            f"{bucket_label(length)} {detail}, at least {lower:+.1f} pp "
+            f"(margin {gate.margin_pp:g} pp)",
+        )
+    outcome, reason = _LC_VERDICTS[verdict]
+    why = {
+        "worse_than_margin": f"worse than the {gate.margin_pp:g} pp margin",
+        "below_recovery_floor": f"below {gate.recovery_floor:.0%} of the control's score",
+    }.get(str(row.get("reason")), "not shown non-inferior")
+    return GateResult(
+        LONG_CONTEXT,
+        outcome,
+        reason,
+        f"long-context bucket {bucket_label(length)} ({length:,} tokens): {why}: {detail}",
+    )
+
+
+_DIV_KIND: Final = "kvgate.diverge/summary"
+
+
+def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateResult:
+    """The eval summary's `divergence` block (the screen's own summary) as an outcome.
+
+    `require`: a flag fails, and a screen that did not run (missing block, error) is an ERROR;
+    `warn`: both are WARNINGs. The message names the first flagged position bucket.
+    """
+    if gate.mode is GateMode.OFF:
+        return GateResult(DIVERGENCE, Outcome.SKIPPED, "GateOff", "divergence not screened")
+    bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    unknown = Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    block = summary.get("divergence")
+    if not isinstance(block, Mapping) or block.get("kind") != _DIV_KIND:
+        return GateResult(
+            DIVERGENCE,
+            unknown,
+            "DivergenceUnknown",
+            "the eval summary has no divergence block, though spec.gates.divergence asks for it",
+        )
+    verdict = block.get("verdict")
+    if verdict == "pass":
+        try:
+            rows = list(block["buckets"])
+            positions = int(block["positions"])
+            ok = bool(rows) and positions > 0 and not any(r["flagged"] for r in rows)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if ok:
+            return GateResult(
+                DIVERGENCE,
+                Outcome.SUCCESSFUL,
+                "DivergenceWithinFloor",
+                f"token divergence within {gate.factor:g}x the A/A floor in every position "
+                f"bucket ({positions:,} positions)",
+            )
+        return GateResult(
+            DIVERGENCE, unknown, "DivergenceUnknown", "divergence pass contradicts its buckets"
+        )
+    if verdict == "flag":
+        first = block.get("first_flagged")
+        try:
+            assert isinstance(first, Mapping)
+            f, c = first["floor"], first["candidate"]
+            message = (
+                f"token divergence above {gate.factor:g}x the A/A floor from position bucket "
+                f"{int(first['low']):,}-{int(first['high']):,}: mean KL "
+                f"{float(c['mean_kl']):.3g} vs floor {float(f['mean_kl']):.3g}, top-1 agreement "
+                f"{float(c['top1_agreement']):.0%} vs {float(f['top1_agreement']):.0%}"
+            )
+        except (AssertionError, KeyError, TypeError, ValueError):
+            flagged = block.get("flagged_buckets")
+            message = f"token divergence above the A/A floor in position buckets {flagged!r}"
+        return GateResult(DIVERGENCE, bad, "DivergenceFlagged", message)
+    return GateResult(
+        DIVERGENCE,
+        unknown,
+        "DivergenceUnknown",
+        f"divergence screen: {block.get('error') or f'verdict {verdict!r}'}",
+    )
+
+
+def mean_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> float | None:
+    """Mean of a histogram over a window from its {sum, count} totals at both ends."""
+    try:
+        count = float(after["count"]) - float(before["count"])  # type: ignore[index]
+        total = float(after["sum"]) - float(before["sum"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return total / count if count > 0 and total >= 0 else None
+
+
+_CLOCK_NAMES: Final = (("sm", "SM"), ("mem", "memory"))
+
+
+def compare_clocks(control: ArmClocks, candidate: ArmClocks, tolerance: float) -> str | None:
+    """Why the two arms' speeds cannot be compared (None: same clocks within `tolerance`).
+
+    Each clock both arms report is compared by its window mean, and each arm's own range
+    must stay within the tolerance too (a clock that throttled mid-window is not one clock).
+    """
+    problems: list[str] = []
+    for key, label in _CLOCK_NAMES:
+        a, b = getattr(control, key), getattr(candidate, key)
+        if a is None or b is None:
+            continue
+        apart = abs(a.mean - b.mean) / max(a.mean, b.mean)
+        if apart > tolerance:
+            problems.append(
+                f"{label} clock {b.mean:,.0f} MHz on the candidate vs {a.mean:,.0f} MHz on the "
+                f"control ({apart:.0%} apart, tolerance {tolerance:.0%})"
+            )
+            continue
+        for arm, r in (("control", a), ("candidate", b)):
+            if (r.high - r.low) / r.high > tolerance:
+                problems.append(
+                    f"the {arm}'s {label} clock varied {r.low:,.0f}-{r.high:,.0f} MHz in the "
+                    f"window (more than {tolerance:.0%})"
+                )
+    return "; ".join(problems) or None
+
+
+def assess_speed(
+    gate: SpeedGate | None,
+    control_tpot_s: float | None,
+    candidate_tpot_s: float | None,
+    clocks: SpeedClocks | None = None,
+) -> GateResult:
+    """Candidate TPOT against control TPOT under the same load, at the same GPU clocks.
+
+    Clocks that differ make the comparison worthless either way: no speed claim, and the
+    gate (asked for, so required) is Inconclusive. Unknown clocks (no DCGM in Prometheus)
+    leave the claim standing and say so.
+    """
+    if gate is None:
+        return GateResult(SPEED, Outcome.SKIPPED, "GateOff", "speed not checked")
+    if not control_tpot_s or candidate_tpot_s is None:
+        return GateResult(SPEED, Outcome.ERROR, "SpeedUnknown", "no TPOT from the engines' metrics")
+    regression = candidate_tpot_s / control_tpot_s - 1.0
+    tpots = f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms"
+    if clocks is not None and clocks.control is not None and clocks.candidate is not None:
+        mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
+        if mismatch is not None:
+            return GateResult(
+                SPEED,
+                Outcome.INCONCLUSIVE,
+                "ClocksDiffer",
+                f"no speed claim: the arms ran at different GPU clocks: {mismatch}; "
+                f"{tpots} not compared",
+            )
+        sm = clocks.candidate.sm or clocks.candidate.mem
+        where = f" at matched GPU clocks ({sm.mean:,.0f} MHz)" if sm is not None else ""
+    elif clocks is not None:
+        where = f" (GPU clocks not compared: {clocks.note or 'an arm has no DCGM series'})"
+    else:
+        where = ""
+    detail = f"{tpots} ({regression:+.0%}, limit +{gate.max_tpot_regression:.0%}){where}"
+    if regression > gate.max_tpot_regression:
+        return GateResult(SPEED, Outcome.FAILED, "SpeedRegressed", detail)
+    return GateResult(SPEED, Outcome.SUCCESSFUL, "SpeedWithinLimit", detail)
+
+
+def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:
+    """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
+    errors = [
+        f
+        for f in (scan or {}).get("findings") or []
+        if str(f.get("severity", "")).lower() in ("error", "fatal", "critical")
+    ]
+    # "engine failed to start" only points at its cause; the cause carries the remedy.
+    errors.sort(key=lambda f: f.get("code") in _GENERIC_FAILURES)
+    for f in errors:
+        return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
+    tail = (scan or {}).get("tail") or []
+    if tail:  # a cause the scanner does not know: the last line says most
+        return f"{fallback}; last log line: {str(tail[-1])[:300]}", None
+    return fallback, None

@@ -1,0 +1,662 @@
+"""What happens next? The one state machine, `next_step`, and its phases.
+
+Given the spec, what status says and what the handler observed now, `next_step` returns the
+next phase, the actions to take, events and the requeue delay. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+from kvgate.deadlines import revert_backoff
+from kvgate.gates import (
+    ACCURACY,
+    CANARY,
+    ENGINE_TRUTH,
+    EVAL_GATES,
+    assess_accuracy,
+    assess_arms_dtype,
+    assess_backend,
+    assess_capacity_gain,
+    assess_divergence,
+    assess_engine_truth,
+    assess_long_context,
+    assess_pool,
+    assess_scales,
+    assess_speed,
+    crash_summary,
+    kv_tokens,
+)
+from kvgate.kubeobjects import PodHealth
+from kvgate.model import GateMode, Outcome, Phase, PromotionMode, Remediation
+from kvgate.remedy import Remedy
+from kvgate.spec import RolloutSpec
+from kvgate.steps import (
+    EVAL_GRACE_S,
+    MAX_DELAY_S,
+    MIN_DELAY_S,
+    Action,
+    Event,
+    LiveTarget,
+    Observation,
+    State,
+    Step,
+    clamp_delay,
+    end_step,
+    gate_event,
+    revert_step,
+)
+from kvgate.verdict import Decision, GateResult, RevertIntent, Verdict, decide
+
+
+def next_step(
+    spec: RolloutSpec,
+    state: State,
+    obs: Observation,
+    *,
+    poll_s: float,
+    approval_ttl_s: float | None = None,
+) -> Step:
+    """The one transition function: (spec, state, observation) -> next step.
+
+    Whatever the phase decided, an end other than Promoted is only reached when the live
+    Deployment carries none of kvgate's edits; otherwise the rollout reverts first. An abort
+    (`state.abort`) ends any running phase that way; an approval that has not come within
+    `approval_ttl_s` of the verdict never comes (the evidence is stale).
+    """
+    handler = _PHASES.get(state.phase)
+    if handler is None:  # terminal: nothing moves
+        return Step(state.phase, "Terminal", f"rollout is {state.phase.value}")
+    live = obs.live
+    if (
+        live is not None
+        and live.ours_present
+        and state.phase in (Phase.PREFLIGHT, Phase.CANARY, Phase.EVALUATING)
+    ):
+        # kvgate patches only in Promoting: a candidate on the Deployment now was put there by a
+        # crashed run or by hand, and nothing here says it should stay.
+        return revert_step(
+            Phase.ROLLED_BACK,
+            "UnexpectedPatch",
+            f"the Deployment carries the candidate config while the rollout is "
+            f"{state.phase.value} (not promoted); reverting it",
+        )
+    if state.abort is not None and state.phase is not Phase.REVERTING:
+        step = end_step(Phase.ROLLED_BACK, "Aborted", state.abort)
+    elif (
+        state.phase is Phase.AWAITING_APPROVAL
+        and approval_ttl_s is not None
+        and state.phase_elapsed_s >= approval_ttl_s
+    ):
+        step = end_step(
+            Phase.ROLLED_BACK,
+            "ApprovalExpired",
+            f"no approval within {approval_ttl_s:g}s of the verdict: the evidence is stale; "
+            "change the spec (or re-create the rollout) to evaluate again",
+        )
+    else:
+        step = handler(spec, state, obs, poll_s)
+    if (
+        step.terminal
+        and step.phase is not Phase.PROMOTED
+        and live is not None
+        and live.exists
+        and live.ours_present
+    ):
+        return revert_step(step.phase, step.reason, step.message, gates=step.gates,
+                       verdict=step.verdict)  # fmt: skip
+    return step
+
+
+def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.spec_errors:
+        return end_step(Phase.FAILED, "InvalidSpec", "; ".join(obs.spec_errors))
+    if obs.target_missing:
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            return end_step(
+                Phase.FAILED,
+                "TargetNotFound",
+                f"Deployment {spec.target.name} not found within "
+                f"{spec.canary.startup_timeout_s:g}s; create it, then the rollout",
+            )
+        return Step(
+            Phase.PENDING,
+            "WaitingForTarget",
+            f"waiting for Deployment {spec.target.name}",
+            requeue_s=clamp_delay(poll_s),
+        )
+    if obs.target_problem:
+        return end_step(Phase.FAILED, "InvalidTarget", obs.target_problem)
+    if obs.dtype_problem:
+        return end_step(Phase.FAILED, "InvalidSpec", obs.dtype_problem)
+    if obs.conflicts:
+        return end_step(
+            Phase.FAILED,
+            "RolloutConflict",
+            f"Deployment {spec.target.name} already has an active rollout: "
+            f"{', '.join(obs.conflicts)}; wait for it or delete it",
+        )
+    return Step(
+        Phase.PREFLIGHT,
+        "Preflight",
+        f"checking whether the KV pool of {spec.target.name} is the limit",
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str) -> str | None:
+    """Why the control arm would run FP8 (the checkpoint forces it under `auto`); None when it
+    does not: no such checkpoint, or production pins a dtype (an explicit dtype wins)."""
+    if not reasons or production_dtype != "auto":
+        return None
+    return (
+        f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ({'; '.join(reasons)})"
+        f" and {target} runs auto: production and the control run FP8 already, so "
+        "the canary would compare FP8 with FP8; pin the dtype (--kv-cache-dtype bfloat16) first"
+    )
+
+
+def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
+        return end_step(Phase.FAILED, "ControlRunsFP8", obs.control_forced_fp8)
+    gate = spec.capacity
+    sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
+    if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:
+        return Step(
+            Phase.PREFLIGHT,
+            "SamplingPool",
+            f"sampling pool pressure {obs.pool_samples}/{gate.samples}",
+            requeue_s=clamp_delay(gate.interval_s),
+        )
+    pool = assess_pool(gate, obs.pool_pressured, obs.pool_detail or "no samples")
+    gates = [pool]
+    events: list[Event] = []
+    if pool.outcome is Outcome.NOT_NEEDED:
+        return end_step(Phase.NOT_NEEDED, "PoolHasRoom", pool.message, gates=tuple(gates))
+    if pool.outcome.blocks:
+        return end_step(Phase.FAILED, pool.reason, pool.message, gates=tuple(gates))
+    if pool.outcome is Outcome.WARNING:
+        events.append(Event(pool.reason, pool.message, warning=pool.reason != "PoolHasRoom"))
+    return Step(
+        Phase.CANARY,
+        "CanaryStarting",
+        "starting the control and candidate pods",
+        actions=(Action.CREATE_CANARIES,),
+        events=tuple(events),
+        gates=tuple(gates),
+        requeue_s=clamp_delay(poll_s),
+    )
+
+
+def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    control = obs.control or PodHealth(False)
+    candidate = obs.candidate or PodHealth(False)
+    for arm, health, scan in (
+        ("candidate", candidate, obs.candidate_scan),
+        ("control", control, obs.control_scan),
+    ):
+        if health.crashed:
+            what, remedy = crash_summary(scan, health.detail)
+            message = f"{arm} pod crashed: {what}"
+            fix = obs.remedy if arm == "candidate" else None
+            if fix is not None:
+                step = _remediate(spec, state, fix, message)
+                if step is not None:
+                    return step
+                message += f"; remedy for {fix.engine} {fix.version}: {fix.text}"
+                if spec.canary.remediation is Remediation.AUTO and fix.refused:
+                    message += f" (not applied, the allowlist refuses it: {fix.refused})"
+            elif remedy:
+                message += f"; remedy: {remedy}"
+            if arm == "candidate" and state.remedy_attempts:
+                message += " (already applied: the remedied candidate crashed too)"
+            gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", message)
+            return end_step(
+                Phase.ROLLED_BACK,
+                "CanaryCrashed",
+                message,
+                gates=(gate,),
+                events=(Event("CanaryCrashed", message, warning=True),),
+            )
+    if not (control.ready and candidate.ready):
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            waiting = [
+                a for a, h in (("control", control), ("candidate", candidate)) if not h.ready
+            ]
+            message = (
+                f"{' and '.join(waiting)} not Ready within {spec.canary.startup_timeout_s:g}s "
+                f"({candidate.detail if not candidate.ready else control.detail})"
+            )
+            gate = GateResult(CANARY, Outcome.ERROR, "CanaryTimeout", message)
+            return end_step(Phase.ROLLED_BACK, "CanaryTimeout", message, gates=(gate,))
+        missing = not (control.exists and candidate.exists)
+        return Step(
+            Phase.CANARY,
+            "WaitingForCanary",
+            f"waiting for canary pods Ready ({int(state.phase_elapsed_s)}/"
+            f"{int(spec.canary.startup_timeout_s)} s): control {control.detail}, "
+            f"candidate {candidate.detail}",
+            actions=(Action.CREATE_CANARIES,) if missing else (),
+            requeue_s=clamp_delay(poll_s),
+        )
+    if obs.control_scan is None or obs.candidate_scan is None:
+        return Step(
+            Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=clamp_delay(poll_s)
+        )
+    if obs.control_metrics is None or obs.candidate_metrics is None:
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            message = (
+                f"the arms' /metrics were not readable within {spec.canary.startup_timeout_s:g}s"
+                f" ({obs.metrics_error or 'no scrape answered'}): the log cannot be checked"
+            )
+            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, "MetricsUnreadable", message)
+            return end_step(Phase.ROLLED_BACK, "MetricsUnreadable", message, gates=(gate,))
+        why = f": {obs.metrics_error}" if obs.metrics_error else ""
+        return Step(
+            Phase.CANARY, "ReadingMetrics", f"reading the arms' /metrics{why}",
+            requeue_s=clamp_delay(poll_s),
+        )  # fmt: skip
+    healthy = assess_arms_dtype(spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan)
+    truth = assess_engine_truth(
+        {"control": obs.control_scan, "candidate": obs.candidate_scan},
+        {"control": obs.control_metrics, "candidate": obs.candidate_metrics},
+    )
+    gates = (
+        healthy,
+        truth,
+        assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
+        assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
+        assess_capacity_gain(
+            spec.capacity_gain, kv_tokens(obs.control_scan), kv_tokens(obs.candidate_scan)
+        ),
+    )
+    events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
+    early = decide(gates, mode=PromotionMode.AUTO, config_hash="", approval="")
+    if early.decision is Decision.ROLL_BACK:
+        reason = early.reasons[0].reason
+        return end_step(
+            Phase.ROLLED_BACK, reason, early.message, gates=gates, events=events, verdict=early
+        )
+    return Step(
+        Phase.EVALUATING,
+        "Evaluating",
+        f"running the paired {spec.accuracy.task} eval ({spec.accuracy.questions} questions)",
+        actions=(Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB),
+        events=events,
+        gates=gates,
+        requeue_s=clamp_delay(poll_s),
+        eval_attempts=1,
+    )
+
+
+def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> Step | None:
+    """With `remediation: auto`, the first crash with a known remedy starts the candidate again.
+
+    Write-ahead: this step records the remedy (status.remediation, the remedied candidate's
+    fingerprint and config hash) and resets the startup clock; both canaries are deleted and
+    created again on later reconciles, after this status write. None: roll back instead.
+    """
+    if spec.canary.remediation is not Remediation.AUTO or state.remedy_attempts or fix.refused:
+        return None
+    message = (
+        f"{crashed}; starting the candidate again with the remedy for {fix.engine} "
+        f"{fix.version}: {fix.text}"
+    )
+    return Step(
+        Phase.CANARY,
+        "Remediating",
+        message,
+        actions=(Action.REMEDIATE, Action.DELETE_CANARIES),
+        events=(Event("CanaryCrashed", crashed, warning=True), Event("Remediating", message)),
+        remedy=fix,
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _arm_lost(obs: Observation) -> str | None:
+    for arm, health in (("control", obs.control), ("candidate", obs.candidate)):
+        if health is not None and (health.crashed or not health.exists):
+            return f"{arm} pod {'crashed' if health.crashed else 'disappeared'}: {health.detail}"
+    return None
+
+
+def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    lost = _arm_lost(obs)
+    if lost is not None:
+        gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", lost)
+        return end_step(Phase.ROLLED_BACK, "CanaryCrashed", lost, gates=(gate,))
+    # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); the phase as a whole
+    # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
+    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    error = obs.eval_error
+    if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
+        error = str(obs.eval_summary.get("error") or "eval reported an error")
+    elif obs.eval_summary is not None and error is None:
+        error = _task_error(spec, obs.eval_summary)
+    stuck = error is None and state.phase_elapsed_s >= budget
+    if stuck:
+        error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
+    if error is not None:
+        # An eval that errors is not a failed eval: retry within the limit.
+        if state.eval_attempts <= spec.canary.eval_retries and not stuck:
+            attempt = state.eval_attempts + 1
+            return Step(
+                Phase.EVALUATING,
+                "EvalRetry",
+                f"eval attempt {state.eval_attempts} errored ({error}); starting attempt {attempt}",
+                actions=(Action.CREATE_EVAL_JOB,),
+                events=(Event("EvalError", error, warning=True),),
+                requeue_s=clamp_delay(poll_s),
+                eval_attempts=attempt,
+            )
+        gate = GateResult(ACCURACY, Outcome.ERROR, "EvalError", error)
+        message = f"eval failed {state.eval_attempts} time(s), last: {error}"
+        return end_step(Phase.ROLLED_BACK, "EvalError", message, gates=(gate,))
+    if obs.eval_summary is None:
+        return Step(
+            Phase.EVALUATING,
+            "Evaluating",
+            f"eval attempt {state.eval_attempts} running",
+            actions=() if obs.job_exists else (Action.CREATE_EVAL_JOB,),
+            requeue_s=clamp_delay(poll_s),
+        )
+    accuracy = assess_accuracy(spec.accuracy, obs.eval_summary)
+    long_context = assess_long_context(spec.accuracy.long_context, obs.eval_summary)
+    divergence = assess_divergence(spec.divergence, obs.eval_summary)
+    speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s, obs.speed_clocks)
+    gates = (accuracy, long_context, divergence, speed)
+    results = (*[g for g in state.gates.values() if g.gate not in EVAL_GATES], *gates)
+    verdict = decide(
+        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
+    )
+    events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
+    if verdict.decision is Decision.ROLL_BACK:
+        return end_step(
+            Phase.ROLLED_BACK,
+            verdict.reasons[0].reason,
+            verdict.message,
+            gates=gates,
+            verdict=verdict,
+            events=events,
+        )
+    step = _after_verdict(spec, state, verdict, gates)
+    return replace(step, events=(*events, *step.events))
+
+
+def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
+    """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
+    a GSM8K error. A missing block is not retried: the gate fails it closed."""
+    lc = summary.get("long_context")
+    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
+    if lc.get("verdict") == "error":
+        return f"long-context task: {lc.get('error') or 'error'}"
+    dv = summary.get("divergence")
+    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
+    if dv.get("verdict") == "error":
+        return f"divergence screen: {dv.get('error') or 'error'}"
+    return None
+
+
+def _after_verdict(
+    spec: RolloutSpec, state: State, verdict: Verdict, gates: tuple[GateResult, ...]
+) -> Step:
+    if spec.promotion.mode is PromotionMode.REPORT:
+        message = (
+            f"verdict: promote ({verdict.message}); report mode: the Deployment is not changed"
+        )
+        return Step(
+            Phase.AWAITING_APPROVAL,
+            "VerdictReported",
+            message,
+            actions=(Action.DELETE_CANARIES,),
+            events=(Event("VerdictReported", message),),
+            gates=gates,
+            verdict=verdict,
+        )
+    if verdict.decision is Decision.HOLD:
+        return Step(
+            Phase.AWAITING_APPROVAL,
+            "AwaitingApproval",
+            verdict.message,
+            actions=(Action.DELETE_CANARIES,),
+            gates=gates,
+            verdict=verdict,
+            requeue_s=MAX_DELAY_S / 3,
+        )
+    # Write-ahead: this step only records the decision; the patch is made in Promoting, on
+    # the next reconcile, after this status write succeeded.
+    return Step(
+        Phase.PROMOTING,
+        "Promoting",
+        f"promotion decided; patching Deployment {spec.target.name}",
+        actions=(Action.DELETE_CANARIES,),
+        gates=gates,
+        verdict=verdict,
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if spec.promotion.mode is PromotionMode.REPORT:
+        return Step(Phase.AWAITING_APPROVAL, "VerdictReported", "verdict reported")
+    verdict = decide(
+        tuple(state.gates.values()),
+        mode=spec.promotion.mode,
+        config_hash=state.config_hash,
+        approval=state.approval,
+    )
+    if verdict.decision is Decision.PROMOTE:
+        step = _after_verdict(spec, state, verdict, ())
+        by = f" by {state.approver}" if state.approver else ""
+        return replace(
+            step, events=(Event("Approved", f"approved{by} for config {state.config_hash}"),)
+        )
+    if verdict.decision is Decision.ROLL_BACK:
+        return end_step(
+            Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message, verdict=verdict
+        )
+    message = verdict.message
+    if state.approval_ignored:
+        message = f"{message}; {state.approval_ignored}"
+    return Step(Phase.AWAITING_APPROVAL, "AwaitingApproval", message, requeue_s=MAX_DELAY_S / 3)
+
+
+def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    live = obs.live or LiveTarget(exists=False)
+    name = spec.target.name
+    if not live.exists:
+        return end_step(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+    if not state.patched:
+        if live.carries_candidate:
+            # The patch went through but its record did not (operator died in between).
+            return Step(
+                Phase.PROMOTING,
+                "RollingOut",
+                f"found the candidate on Deployment {name}; waiting for it to roll out",
+                patched=True,
+                requeue_s=MIN_DELAY_S,
+            )
+        if not live.as_evaluated:
+            changed = ", ".join(live.differences) or "container"
+            return end_step(
+                Phase.FAILED,
+                "TargetChanged",
+                f"Deployment {name} changed since it was evaluated ({changed}); not promoting "
+                "evidence about another config: start a new rollout",
+            )
+        return Step(
+            Phase.PROMOTING,
+            "Patching",
+            f"patching Deployment {name}",
+            actions=(Action.PATCH_DEPLOYMENT,),
+            requeue_s=MIN_DELAY_S,
+        )
+    if not live.carries_candidate:
+        return _superseded(name)
+    if obs.rollout_crashed:
+        return revert_step(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            f"promotion reverted: new pods failed: {obs.rollout_crashed}",
+        )
+    if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+        return revert_step(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s",
+        )
+    if not obs.rollout_done or obs.rollout_scan is None:
+        return Step(
+            Phase.PROMOTING,
+            "RollingOut",
+            f"waiting for Deployment {name} to roll out",
+            requeue_s=clamp_delay(poll_s),
+        )
+    problems = [
+        g
+        for g in (
+            assess_backend(spec.backend, obs.control_scan, obs.rollout_scan)
+            if obs.control_scan is not None
+            else None,
+        )
+        if g is not None and g.outcome.blocks
+    ]
+    if obs.rollout_scan.get("failed"):
+        what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
+        problems.append(GateResult(CANARY, Outcome.FAILED, "PromotionFailed", what))
+    if problems:
+        return revert_step(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            "promotion reverted: " + "; ".join(p.message for p in problems),
+        )
+    return Step(
+        Phase.VERIFYING,
+        "Verifying",
+        f"new pods ready; verifying production with {spec.promotion.verify_samples} samples "
+        f"over {spec.promotion.verify_window_s:g}s",
+        verify_samples=0,
+        restart_window=True,
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+def _superseded(name: str) -> Step:
+    return end_step(
+        Phase.FAILED,
+        "Superseded",
+        f"Deployment {name} no longer carries the candidate (reverted or edited by someone "
+        "else): an external abort; kvgate does not re-apply it",
+    )
+
+
+def verify_due(spec: RolloutSpec, state: State) -> bool:
+    """Whether a verify sample is due now (the handler scrapes only then)."""
+    last = state.since_last_sample_s
+    return last is None or last >= spec.promotion.verify_interval_s * 0.9
+
+
+def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    live = obs.live or LiveTarget(exists=False)
+    name, p = spec.target.name, spec.promotion
+    if not live.exists:
+        return end_step(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+    if not live.carries_candidate:
+        return _superseded(name)
+    if obs.production_problem:
+        return revert_step(
+            Phase.ROLLED_BACK,
+            "PromotionReverted",
+            f"promotion reverted during verification: {obs.production_problem}",
+        )
+    interval = p.verify_interval_s
+    if not obs.sampled:
+        left = interval - (state.since_last_sample_s or 0.0)
+        return Step(
+            Phase.VERIFYING,
+            "Verifying",
+            f"verifying production ({state.verify_samples}/{p.verify_samples} samples)",
+            requeue_s=clamp_delay(left),
+        )
+    gap = state.since_last_sample_s
+    # An operator away for longer than two intervals saw nothing: the window starts over.
+    restart = gap is not None and gap > 2 * max(interval, MIN_DELAY_S) + MIN_DELAY_S
+    samples = 1 if restart else state.verify_samples + 1
+    elapsed = 0.0 if restart else state.window_elapsed_s
+    if samples >= p.verify_samples and elapsed >= p.verify_window_s:
+        return end_step(
+            Phase.PROMOTED,
+            "Promoted",
+            f"Deployment {name} runs --kv-cache-dtype {spec.kv_cache_dtype}; verified by "
+            f"{samples} samples over {elapsed:.0f}s",
+            verify_samples=samples,
+        )
+    note = " (window restarted after a gap in observation)" if restart else ""
+    return Step(
+        Phase.VERIFYING,
+        "Verifying",
+        f"verifying production ({samples}/{p.verify_samples} samples){note}",
+        verify_samples=samples,
+        restart_window=restart,
+        requeue_s=clamp_delay(interval),
+    )
+
+
+def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    intent = state.revert or RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "reverting")
+    live = obs.live or LiveTarget(exists=False)
+    name = spec.target.name
+    if not live.exists:
+        return end_step(
+            intent.phase, intent.reason, f"{intent.message} (Deployment {name} is gone)"
+        )
+    if not live.ours_present:
+        # Read back: none of kvgate's edits is left on the Deployment.
+        events = (Event("PromotionReverted", f"Deployment {name} read back without kvgate's "
+                        "change", warning=True),) if state.patched or state.revert_attempts else ()  # fmt: skip
+        return end_step(intent.phase, intent.reason, intent.message, events=events)
+    if not live.container_found:
+        message = f"cannot revert Deployment {name}: its container is gone or renamed"
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            message,
+            events=(Event("RevertFailed", message, warning=True),),
+            requeue_s=revert_backoff(state.revert_attempts + 1),
+        )
+    if state.revert_attempts > 0:
+        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried.
+        why = state.revert_error or "the Deployment still carries kvgate's change after the patch"
+        message = (
+            f"revert of Deployment {name} not confirmed after {state.revert_attempts} "
+            f"attempt(s): {why}"
+        )
+        return Step(
+            Phase.REVERTING,
+            "RevertFailed",
+            message,
+            actions=(Action.REVERT_DEPLOYMENT,),
+            events=(Event("RevertFailed", message, warning=True),),
+            requeue_s=revert_backoff(state.revert_attempts + 1),
+        )
+    return Step(
+        Phase.REVERTING,
+        "Reverting",
+        f"reverting Deployment {name}: {intent.message}",
+        actions=(Action.REVERT_DEPLOYMENT,),
+        requeue_s=MIN_DELAY_S,
+    )
+
+
+_PHASES: Final = {
+    Phase.PENDING: _pending,
+    Phase.PREFLIGHT: _preflight,
+    Phase.CANARY: _canary,
+    Phase.EVALUATING: _evaluating,
+    Phase.AWAITING_APPROVAL: _awaiting,
+    Phase.PROMOTING: _promoting,
+    Phase.VERIFYING: _verifying,
+    Phase.REVERTING: _reverting,
+}

@@ -1,0 +1,193 @@
+"""What does the state machine read, and what may one step do?
+
+`State` is what status says, `Observation` what the handler saw now (only the fields of the
+current phase are filled) and `Step` what `machine.next_step` returns: the next phase, the
+actions to take, events and the requeue delay. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+from kvgate.kubeobjects import PodHealth
+from kvgate.model import (
+    Phase,
+    SpeedClocks,
+)
+from kvgate.remedy import Remedy
+from kvgate.verdict import GateResult, RevertIntent, Verdict
+
+MIN_DELAY_S: Final = 1.0
+EVAL_GRACE_S: Final = 60.0  # scheduling and Job-controller slack on top of the eval attempts
+MAX_DELAY_S: Final = 30.0
+
+
+class Action(StrEnum):
+    CREATE_CANARIES = "CreateCanaries"
+    DELETE_CANARIES = "DeleteCanaries"
+    CREATE_EVAL_JOB = "CreateEvalJob"
+    DELETE_EVAL_JOB = "DeleteEvalJob"
+    SNAPSHOT_SPEED = "SnapshotSpeed"
+    PATCH_DEPLOYMENT = "PatchDeployment"
+    REVERT_DEPLOYMENT = "RevertDeployment"
+    REMEDIATE = "Remediate"  # record the step's remedy and the remedied candidate in status
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """What the status says: the phase, how long it has lasted, the gates so far."""
+
+    phase: Phase
+    phase_elapsed_s: float = 0.0
+    config_hash: str = ""
+    eval_attempts: int = 0
+    gates: Mapping[str, GateResult] = field(default_factory=dict)
+    approval: str | None = None  # the config hash an approval that counts names
+    approver: str = ""  # who gave it (recorded by the approval policy), for status and Events
+    approval_ignored: str = ""  # why an approval annotation present does not count
+    abort: str | None = None  # kvgate.io/abort is set: who set it and why, one line
+    # Promoting / Verifying / Reverting: what status says kvgate did
+    patched: bool = False  # the candidate patch was applied (or found applied) by kvgate
+    verify_samples: int = 0  # passing verify samples in the current window
+    since_last_sample_s: float | None = None
+    window_elapsed_s: float = 0.0
+    revert: RevertIntent | None = None
+    revert_attempts: int = 0
+    revert_error: str | None = None
+    remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTarget:
+    """The production Deployment as read now, against what kvgate evaluated and changes."""
+
+    exists: bool
+    container_found: bool = True
+    as_evaluated: bool = False  # image, command, args and env equal the evaluated container
+    differences: tuple[str, ...] = ()  # guarded fields that differ from the evaluated ones
+    carries_candidate: bool = False  # every edit kvgate makes is there
+    ours_present: bool = False  # at least one edit kvgate makes is there
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the handler saw this time; only the fields of the current phase are filled."""
+
+    spec_errors: tuple[str, ...] = ()
+    target_problem: str | None = None  # Pending: why the Deployment/container/engine is unusable
+    target_missing: bool = False
+    conflicts: tuple[str, ...] = ()
+    dtype_problem: str | None = None
+    # Preflight
+    pool_samples: int = 0
+    pool_pressured: bool | None = None
+    pool_detail: str = ""
+    checkpoint_has_scales: bool | None = None
+    control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
+    # Canary
+    control: PodHealth | None = None
+    candidate: PodHealth | None = None
+    control_scan: Mapping[str, Any] | None = None
+    candidate_scan: Mapping[str, Any] | None = None
+    # Canary: each arm's `metrics.cache_truth`, once its /metrics was read (None: not yet)
+    control_metrics: Mapping[str, Any] | None = None
+    candidate_metrics: Mapping[str, Any] | None = None
+    metrics_error: str | None = None  # the last failed scrape of an arm's /metrics
+    remedy: Remedy | None = None  # Canary: the remedy for the candidate's crash, if known
+    # Evaluating
+    job_exists: bool = False
+    job_finished: bool = False
+    eval_summary: Mapping[str, Any] | None = None
+    eval_error: str | None = None
+    control_tpot_s: float | None = None
+    candidate_tpot_s: float | None = None
+    speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
+    # Promoting / Verifying
+    rollout_done: bool = False
+    rollout_crashed: str | None = None
+    rollout_scan: Mapping[str, Any] | None = None
+    production_problem: str | None = None
+    sampled: bool = False  # Verifying: a verify sample was taken now
+    # Every phase after Pending: the live target
+    live: LiveTarget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    phase: Phase
+    reason: str
+    message: str
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    gates: tuple[GateResult, ...] = ()
+    requeue_s: float | None = None
+    verdict: Verdict | None = None
+    eval_attempts: int | None = None
+    revert: RevertIntent | None = None  # set on the step that enters Reverting
+    patched: bool | None = None  # True: record that the candidate patch is on the Deployment
+    verify_samples: int | None = None  # Verifying: passing samples so far in this window
+    restart_window: bool = False  # Verifying: the window starts over at this sample
+    remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase.terminal
+
+
+def clamp_delay(seconds: float) -> float:
+    return min(max(seconds, MIN_DELAY_S), MAX_DELAY_S)
+
+
+def end_step(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+    """A terminal step; canaries and the eval Job are no longer needed."""
+    actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
+    events = list(kw.pop("events", ()))
+    # The specific reason (alert on CanaryCrashed), then the outcome (alert on any RolledBack).
+    for r in (reason, OUTCOME_EVENTS[phase]):
+        if all(e.reason != r for e in events):
+            events.append(Event(r, message, warning=bad))
+    return Step(phase, reason, message, actions=actions, events=tuple(events), **kw)
+
+
+OUTCOME_EVENTS: Final = {
+    Phase.PROMOTED: "Promoted",
+    Phase.ROLLED_BACK: "RolledBack",
+    Phase.NOT_NEEDED: "NotNeeded",
+    Phase.FAILED: "RolloutFailed",
+}
+
+
+def gate_event(result: GateResult) -> Event | None:
+    """Gate results worth an Event of their own (alerting matches the reason)."""
+    if result.reason in (
+        "ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed", "DivergenceFlagged"
+    ):  # fmt: skip
+        return Event(result.reason, result.message, warning=True)
+    return None
+
+
+def revert_step(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+    """Enter Reverting: the end (phase, reason, message) is recorded first; the revert patch is
+    made on the next reconcile, after this status write succeeded."""
+    intent = RevertIntent(phase, reason, message)
+    return Step(
+        Phase.REVERTING,
+        "Reverting",
+        f"reverting the Deployment: {message}",
+        actions=(Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB),
+        events=tuple(kw.pop("events", ())),
+        revert=intent,
+        requeue_s=MIN_DELAY_S,
+        **kw,
+    )
