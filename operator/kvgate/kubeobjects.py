@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -15,6 +16,7 @@ class PodHealth:
     detail: str = ""
     restarts: int = 0
     ip: str | None = None
+    unschedulable: bool = False  # the scheduler said why it cannot place the pod (in `detail`)
 
 
 _CRASH_WAITING: Final = frozenset(
@@ -44,6 +46,9 @@ def pod_health(pod: Mapping[str, Any] | None, container: str | None = None) -> P
     if status.get("phase") == "Succeeded":
         return PodHealth(True, crashed=True, detail="engine exited (pod Succeeded)", ip=ip)
     if cs is None:
+        why = unschedulable_reason(status)
+        if why is not None:
+            return PodHealth(True, detail=why, ip=ip, unschedulable=True)
         return PodHealth(True, detail=f"pod {status.get('phase', 'Pending')}", ip=ip)
     restarts = int(cs.get("restartCount") or 0)
     state = cs.get("state") or {}
@@ -59,6 +64,28 @@ def pod_health(pod: Mapping[str, Any] | None, container: str | None = None) -> P
         return PodHealth(True, crashed=True, detail=detail, restarts=restarts, ip=ip)
     ready = bool(cs.get("ready")) and status.get("phase") == "Running"
     return PodHealth(True, ready=ready, detail="ready" if ready else "starting", ip=ip)
+
+
+_INSUFFICIENT: Final = re.compile(r"Insufficient ([A-Za-z0-9./_-]{1,100})")
+
+
+def unschedulable_reason(status: Mapping[str, Any]) -> str | None:
+    """The scheduler's own words for a pod it cannot place, led by the resources it lacks.
+
+    A canary copies the Deployment's pod spec, so it asks for as many GPUs as a production
+    pod: "waiting for nvidia.com/gpu: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    """
+    conditions = status.get("conditions")
+    for cond in conditions if isinstance(conditions, list) else ():
+        if not isinstance(cond, Mapping) or cond.get("type") != "PodScheduled":
+            continue
+        if cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+            return None
+        message = " ".join(str(cond.get("message") or "no node fits").split())[:300]
+        lacking = sorted({name.rstrip(".") for name in _INSUFFICIENT.findall(message)})
+        lead = f"waiting for {', '.join(lacking)}" if lacking else "unschedulable"
+        return f"{lead}: {message}"
+    return None
 
 
 def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) -> str:

@@ -482,6 +482,50 @@ def test_canary_waits_then_times_out() -> None:
     assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "CanaryTimeout")
 
 
+def _unschedulable(message: object) -> dict[str, Any]:
+    obj = pod(phase="Pending", ready=False)
+    obj["status"].pop("containerStatuses")
+    obj["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    ]
+    return obj
+
+
+def test_an_unschedulable_canary_says_what_the_scheduler_lacks() -> None:
+    why = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
+    got = kubeobjects.pod_health(_unschedulable(why), "engine")
+    assert (got.exists, got.ready, got.crashed, got.unschedulable) == (True, False, False, True)
+    assert got.detail == f"waiting for nvidia.com/gpu: {why}"
+    wait = step(Phase.CANARY, Observation(control=READY, candidate=got), phase_elapsed_s=10)
+    assert (wait.phase, wait.reason) == (Phase.CANARY, "WaitingForCanary")
+    assert f"candidate waiting for nvidia.com/gpu: {why}" in wait.message
+    late = step(Phase.CANARY, Observation(control=READY, candidate=got), phase_elapsed_s=60)
+    assert late.reason == "CanaryTimeout" and "Insufficient nvidia.com/gpu" in late.message
+
+
+@pytest.mark.parametrize(
+    ("message", "detail"),
+    [
+        ("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.", None),
+        (None, "unschedulable: no node fits"),
+        (["x"], "unschedulable: ['x']"),
+        ("Insufficient cpu, Insufficient memory " + "x" * 1000, None),
+    ],
+)
+def test_unschedulable_reasons_are_bounded_and_never_raise(
+    message: object, detail: str | None
+) -> None:
+    got = kubeobjects.pod_health(_unschedulable(message), "engine")
+    assert got.unschedulable and len(got.detail) <= 340
+    if detail is not None:
+        assert got.detail == detail
+    assert got.detail.startswith(("waiting for", "unschedulable: "))
+    scheduled = pod(phase="Pending", ready=False)
+    scheduled["status"].pop("containerStatuses")
+    scheduled["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    assert kubeobjects.pod_health(scheduled).detail == "pod Pending"
+
+
 def test_canary_ready_goes_to_eval_with_findings() -> None:
     s = step(
         Phase.CANARY,
