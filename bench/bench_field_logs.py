@@ -36,11 +36,15 @@ def main() -> None:
         print(f"{kind:18} {met[kind]:3}/{total[kind]:3}")
     overall = sum(met.values())
     entries = len(load_corpus())
-    print(f"{'total':18} {overall:3}/{len(checks):3} = {overall / len(checks):.1%} ({entries} logs)")
+    print(
+        f"{'total':18} {overall:3}/{len(checks):3} = {overall / len(checks):.1%} ({entries} logs)"
+    )
     if args.misses:
         for check in checks:
             if not check.met:
-                print(f"MISS {check.entry}: {check.key} expected {check.expected!r}, got {check.actual!r}")
+                print(
+                    f"MISS {check.entry}: {check.key} expected {check.expected!r}, got {check.actual!r}"
+                )
 
 
 if __name__ == "__main__":

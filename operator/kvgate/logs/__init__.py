@@ -37,6 +37,7 @@ from kvgate.logs.model import (
     LogScan,
 )
 from kvgate.logs.rules import ANCHORS, RULES
+from kvgate.logs.shapes import engine_by_shape
 
 _CHUNK_CHARS = CHUNK_CHARS
 _MAX_LINE = MAX_LINE
@@ -107,6 +108,8 @@ def _scan_chunks(chunks: Iterable[str], engine: str | None, source: str) -> LogS
         ranked = [*collector.votes.most_common(2), ("", 0)]
         if ranked[0][1] > ranked[1][1]:
             detected = ranked[0][0]
+    if detected is None:  # no rule line decides: the shapes of the lines the engine prints
+        detected = engine_by_shape("".join(collector.head))
     events = collector.events
     if detected is not None:
         events = [e for e in events if e.engine in (None, detected)]

@@ -90,6 +90,15 @@ S_DTYPE_DICT: Final = "s.dtype.dict"
 S_BACKEND_DICT: Final = "s.backend.dict"
 V_WORKER_DIED: Final = "v.worker_died"
 V_WORKER_FAILED: Final = "v.worker_failed"
+# Field wordings (issue 23): older releases and failures seen only through a traceback.
+V_FA2_NO_FP8: Final = "v.fa2_no_fp8"
+V_FA_V1_FP8: Final = "v.fa_v1_fp8"
+V_DTYPE_NAMESPACE: Final = "v.dtype.namespace"
+V_V1_GPU_BLOCKS: Final = "v.v1_gpu_blocks"
+TB_FRAME: Final = "tb_frame"
+V_TB_CONSTRUCT: Final = "v.tb_construct"
+FI_NINJA_MODULE: Final = "fi.ninja_module"
+FI_BUILD_FRAME: Final = "fi.build_frame"
 
 # -- rules -----------------------------------------------------------------------------------
 
@@ -402,6 +411,51 @@ RULES: Final[tuple[_Rule, ...]] = (
     # readiness
     _r(STARTUP_COMPLETE, "startup complete", "Application startup complete", None),
     _r(S_READY, "server ", "The server is fired up and ready to roll", None, _S),
+    # -- field wordings (issue 23) --
+    # vLLM 0.5-0.7 (V0): `logger.info("Cannot use FlashAttention-2 backend for FP8 KV cache.")`
+    # under `elif kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8")`, then XFormers
+    # (vllm/attention/selector.py `which_attn_to_use` 0.6.x; vllm/platforms/cuda.py 0.7.x).
+    _r(V_FA2_NO_FP8, "ackend", "Cannot use FlashAttention-2 backend for FP8 KV cache", None, _V),
+    # vLLM 0.7-0.8 V1: vllm/v1/attention/backends/flash_attn.py `raise NotImplementedError(
+    # "FlashAttention V1 with FP8 KV cache not yet supported")` (vllm PR #14221)
+    _r(V_FA_V1_FP8, "ache", "FlashAttention V1 with FP8 KV cache", None, _V),
+    # vLLM <= 0.9 logs `args: Namespace(..., kv_cache_dtype='fp8', ...)` (entrypoints/openai/
+    # api_server.py `logger.info("args: %s", args)`); 0.10+ prints `non-default args: {...}`.
+    _r(
+        V_DTYPE_NAMESPACE,
+        "ache",
+        "args: Namespace(",
+        r"\bkv_cache_dtype='([\w.]+)'",
+        _V,
+    ),
+    # vLLM 0.7 V1: `# GPU blocks: %d` (vllm/v1/core/kv_cache_utils.py), before "GPU KV cache size"
+    _r(V_V1_GPU_BLOCKS, "# GPU blocks: ", "# GPU blocks: ", r"# GPU blocks: ([\d,]+)\s*$", _V),
+    # A traceback frame in vLLM's or SGLang's package: (package, file, function). The fold
+    # counts the frames of engine construction as a start failure (fold.py _CONSTRUCTION_*).
+    # Bounded path segments keep the regex linear on a hostile line.
+    _r(
+        TB_FRAME,
+        '", line ',
+        '", line ',
+        r'/(vllm|sglang/srt)/(?:[^"/\s]{1,128}/){0,16}([\w.-]{1,128})\.py", line \d+, in (\w+)',
+    ),
+    _r(V_TB_CONSTRUCT, "EngineCoreProc(", "engine_core = EngineCoreProc(", None, _V),
+    # FlashInfer JIT: a ninja failure of any module (sampling too), and the build/load frames
+    # of a traceback whose summary line the paste lost (flashinfer/jit/cpp_ext.py run_ninja,
+    # jit/core.py build_and_load / load_cuda_ops, 0.2-0.7).
+    _r(
+        FI_NINJA_MODULE,
+        "rror",
+        "CalledProcessError: Command '['ninja'",
+        r"cached_ops/([\w.-]+)/build\.ninja",
+    ),
+    _r(
+        FI_BUILD_FRAME,
+        '", line ',
+        "flashinfer/jit/",
+        r'flashinfer/jit/(?:[^"/\s]{1,128}/){0,8}[\w.-]{1,128}\.py", line \d+, in '
+        r"(run_ninja|build_and_load|build|load_cuda_ops|build_jit_specs)\b",
+    ),
 )
 
 ANCHORS: Final[tuple[str, ...]] = tuple(dict.fromkeys(rule.anchor for rule in RULES))
