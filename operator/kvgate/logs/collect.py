@@ -30,7 +30,7 @@ _VLLM_HEADER = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]{0,256}\] "
 )
 # vLLM <= 0.7 printed the file without brackets: `INFO 10-10 11:12:03 selector.py:227] `
-# (vllm/logger.py `_FORMAT` of 0.4-0.7).
+# (wheels: vllm/logger.py `_FORMAT` 0.6.3.post1:19, 0.7.3:22; 0.8.0:22 adds the brackets).
 _VLLM_OLD_HEADER = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [\w.-]{1,128}\.py:\d+\] "
 )

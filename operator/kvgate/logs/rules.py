@@ -414,13 +414,16 @@ RULES: Final[tuple[_Rule, ...]] = (
     # -- field wordings (issue 23) --
     # vLLM 0.5-0.7 (V0): `logger.info("Cannot use FlashAttention-2 backend for FP8 KV cache.")`
     # under `elif kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8")`, then XFormers
-    # (vllm/attention/selector.py `which_attn_to_use` 0.6.x; vllm/platforms/cuda.py 0.7.x).
+    # (wheels: vllm/attention/selector.py:235 in 0.6.3.post1, vllm/platforms/cuda.py:190 in
+    # 0.7.3; gone by 0.8.5). The line names no variant, so no dtype is read from it.
     _r(V_FA2_NO_FP8, "ackend", "Cannot use FlashAttention-2 backend for FP8 KV cache", None, _V),
-    # vLLM 0.7-0.8 V1: vllm/v1/attention/backends/flash_attn.py `raise NotImplementedError(
-    # "FlashAttention V1 with FP8 KV cache not yet supported")` (vllm PR #14221)
+    # vLLM 0.8.0 V1: `raise NotImplementedError("FlashAttention V1 with FP8 KV cache not yet
+    # supported")` (wheel: vllm/v1/attention/backends/flash_attn.py:186; vllm PR #14221; 0.8.5
+    # says "FlashAttention does not support fp8 kv-cache on this device", v.fa_fp8_device)
     _r(V_FA_V1_FP8, "ache", "FlashAttention V1 with FP8 KV cache", None, _V),
-    # vLLM <= 0.9 logs `args: Namespace(..., kv_cache_dtype='fp8', ...)` (entrypoints/openai/
-    # api_server.py `logger.info("args: %s", args)`); 0.10+ prints `non-default args: {...}`.
+    # vLLM <= 0.8 logs `args: Namespace(..., kv_cache_dtype='fp8', ...)` (wheels: vllm/
+    # entrypoints/openai/api_server.py `logger.info("args: %s", args)`, 0.6.3.post1:529,
+    # 0.7.3:913, 0.8.5:1044); 0.9.2 prints `non-default args: {...}` (cli_args.py:325).
     _r(
         V_DTYPE_NAMESPACE,
         "ache",
@@ -428,7 +431,9 @@ RULES: Final[tuple[_Rule, ...]] = (
         r"\bkv_cache_dtype='([\w.]+)'",
         _V,
     ),
-    # vLLM 0.7 V1: `# GPU blocks: %d` (vllm/v1/core/kv_cache_utils.py), before "GPU KV cache size"
+    # vLLM 0.7 V1: `logger.info("# GPU blocks: %d", num_blocks)` (wheel 0.7.3: vllm/v1/core/
+    # kv_cache_utils.py:522); 0.8.5 prints "GPU KV cache size" instead. V0's line goes on with
+    # `, # CPU blocks: %d` (v.v0_blocks), which this rule's `$` leaves to that rule.
     _r(V_V1_GPU_BLOCKS, "# GPU blocks: ", "# GPU blocks: ", r"# GPU blocks: ([\d,]+)\s*$", _V),
     # A traceback frame in vLLM's or SGLang's package: (package, file, function). The fold
     # counts the frames of engine construction as a start failure (fold.py _CONSTRUCTION_*).
@@ -439,6 +444,8 @@ RULES: Final[tuple[_Rule, ...]] = (
         '", line ',
         r'/(vllm|sglang/srt)/(?:[^"/\s]{1,128}/){0,16}([\w.-]{1,128})\.py", line \d+, in (\w+)',
     ),
+    # the frame's source line in run_engine_core (wheels: vllm/v1/engine/core.py:283 in 0.7.3,
+    # :387 in 0.8.5, :577 in 0.9.2); the serving loop's frame shows `run_busy_loop()` instead
     _r(V_TB_CONSTRUCT, "EngineCoreProc(", "engine_core = EngineCoreProc(", None, _V),
     # FlashInfer JIT: a ninja failure of any module (sampling too), and the build/load frames
     # of a traceback whose summary line the paste lost (flashinfer/jit/cpp_ext.py run_ninja,
