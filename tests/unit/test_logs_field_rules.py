@@ -110,3 +110,17 @@ def test_vllm_args_namespace_gives_the_dtype_and_the_engine() -> None:
     scan = scan_log(line)
     assert (scan.engine, scan.kv_cache_dtype) == ("vllm", "fp8")
     assert scan.codes() == ["fp8-kv-enabled"]
+
+
+def test_no_kv_memory_left_is_a_failure_even_when_the_paste_stops_there() -> None:
+    log = (
+        "(EngineCore pid=77) INFO 11-29 19:18:16 [core.py:104] Initializing a V1 LLM engine "
+        "(v0.33.0) with config: model='Qwen/Qwen3-32B', kv_cache_dtype=auto\n"
+        "(EngineCore pid=77) INFO 11-29 19:18:38 [gpu_worker.py:431] Available KV cache "
+        "memory: -1.2 GiB\n"
+    )
+    scan = scan_log(log)
+    found = scan.finding("insufficient-kv-memory")
+    assert found is not None and found.line == 2 and scan.failed
+    healthy = scan_log(log.replace("-1.2 GiB", "10.55 GiB"))
+    assert not healthy.failed and healthy.capacity.kv_memory_gib == 10.55

@@ -415,6 +415,21 @@ class _Folder:
                     text="a traceback runs through FlashInfer's JIT build/load "
                     f"({frames[0].groups[0]}): its kernels did not build or load",
                 )
+        # V1 raises when the profiled KV memory is not positive: `if available_memory <= 0:
+        # raise ValueError("No available memory for the cache blocks. ...")` (wheels: vllm/v1/
+        # core/kv_cache_utils.py check_enough_kv_cache_memory, 0.8.5:526, 0.9.2:554; later
+        # releases keep the check). A paste that stops at the memory line still shows it.
+        if ("insufficient-kv-memory", "kv-memory") not in self.findings:
+            spent = [e for e in self.by_rule(R.V_KV_MEMORY) if (_number(e.groups[0]) or 0) <= 0]
+            if spent:
+                self.add(
+                    "insufficient-kv-memory",
+                    "kv-memory",
+                    spent[0],
+                    hint=self._kv_memory_hint(spent[0]),
+                    text=f"{spent[0].text}: nothing is left for the KV cache, the engine "
+                    "raises 'No available memory for the cache blocks'",
+                )
         if ("engine-start-failed", "start") not in self.findings:
             construction = self.by_rule(R.V_TB_CONSTRUCT) + [
                 e for e in self.by_rule(R.TB_FRAME) if _constructs(self.engine, e.groups)
