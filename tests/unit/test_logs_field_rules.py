@@ -124,3 +124,15 @@ def test_no_kv_memory_left_is_a_failure_even_when_the_paste_stops_there() -> Non
     assert found is not None and found.line == 2 and scan.failed
     healthy = scan_log(log.replace("-1.2 GiB", "10.55 GiB"))
     assert not healthy.failed and healthy.capacity.kv_memory_gib == 10.55
+
+
+def test_a_frame_wrapped_inside_its_path_is_joined_and_only_then() -> None:
+    wrapped = (
+        '  File "/venv/lib/python3.10/site-packages/vllm/engine/multi\n'
+        '    processing/engine.py", line 138, in from_engine_args\n'
+    )
+    assert scan_log("INFO 02-02 18:01:24 model_runner.py:1116] x\n" + wrapped).failed
+    # the same tail under a frame of another package is not vLLM's construction
+    other = wrapped.replace("/vllm/engine/multi", "/mylib/engine/multi")
+    scan = scan_log("INFO 02-02 18:01:24 model_runner.py:1116] x\n" + other)
+    assert scan.engine == "vllm" and not scan.failed

@@ -369,7 +369,7 @@ class _Folder:
         for event in self.by_rule(*_INVALID_DTYPE_RULES):
             hint = _HINT_INVALID_DTYPE.get(event.engine or engine or _V, "")
             self.add("invalid-kv-cache-dtype", "dtype", event, hint=hint)
-        for event in self.by_rule(R.OOM, R.V_FREE_MEMORY):
+        for event in self.by_rule(R.OOM, R.V_FREE_MEMORY, R.V_OOM_WARMUP):
             self.add("out-of-memory", R.OOM, event, hint=_HINT_OOM[engine or _V])
         for event in self.by_rule(R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY):
             self.add("insufficient-kv-memory", "kv-memory", event, hint=self._kv_memory_hint(event))
@@ -432,7 +432,7 @@ class _Folder:
                 )
         if ("engine-start-failed", "start") not in self.findings:
             construction = self.by_rule(R.V_TB_CONSTRUCT) + [
-                e for e in self.by_rule(R.TB_FRAME) if _constructs(self.engine, e.groups)
+                e for e in self._frames() if _constructs(self.engine, e.groups)
             ]
             if construction:
                 self.add(
@@ -441,6 +441,18 @@ class _Folder:
                     min(construction, key=lambda e: e.line),
                     text="a traceback runs through engine construction: the engine did not start",
                 )
+
+    def _frames(self) -> list[Event]:
+        """Traceback frames (package, module, function), a frame wrapped in its path joined."""
+        frames = list(self.by_rule(R.TB_FRAME))
+        heads = {e.line: e.groups[0] for e in self.by_rule(R.TB_FRAME_HEAD)}
+        for tail in self.by_rule(R.TB_FRAME_TAIL):
+            package = heads.get(tail.line - 1)
+            if package is not None:
+                frames.append(
+                    Event(R.TB_FRAME, None, tail.line, (package, *tail.groups), tail.text)
+                )
+        return frames
 
     def _pending_jit(self, version: tuple[int, ...] | None) -> None:
         finished = {e.groups[0] for e in self.by_rule(R.FI_JIT_FINISHED)}
@@ -584,7 +596,17 @@ def _jit_kv_dtype(events: list[Event]) -> tuple[str, Event] | None:
 # CudaGraphRunner __init__, memory pool, graph capture). `run_engine_core` and
 # `run_scheduler_process` are left out: they frame the serving loop too.
 _CONSTRUCTION_INIT: Final = {
-    "vllm": frozenset({"core", "llm_engine", "executor_base", "abstract", "multiproc_executor"}),
+    "vllm": frozenset(
+        {
+            "core",
+            "llm_engine",
+            "executor_base",
+            "abstract",
+            "multiproc_executor",
+            "async_llm",
+            "core_client",
+        }
+    ),
     "sglang/srt": frozenset(
         {
             "scheduler",
@@ -609,6 +631,10 @@ _CONSTRUCTION_FUNCTIONS: Final = {
             "_init_executor",
             "from_engine_args",
             "from_vllm_config",
+            "make_async_mp_client",
+            "make_client",
+            "launch_core_engines",
+            "wait_for_engine_startup",
         }
     ),
     "sglang/srt": frozenset(

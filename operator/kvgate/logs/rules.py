@@ -96,6 +96,9 @@ V_FA_V1_FP8: Final = "v.fa_v1_fp8"
 V_DTYPE_NAMESPACE: Final = "v.dtype.namespace"
 V_V1_GPU_BLOCKS: Final = "v.v1_gpu_blocks"
 TB_FRAME: Final = "tb_frame"
+TB_FRAME_HEAD: Final = "tb_frame_head"
+TB_FRAME_TAIL: Final = "tb_frame_tail"
+V_OOM_WARMUP: Final = "v.oom_warmup"
 V_TB_CONSTRUCT: Final = "v.tb_construct"
 FI_NINJA_MODULE: Final = "fi.ninja_module"
 FI_BUILD_FRAME: Final = "fi.build_frame"
@@ -444,6 +447,28 @@ RULES: Final[tuple[_Rule, ...]] = (
         '", line ',
         r'/(vllm|sglang/srt)/(?:[^"/\s]{1,128}/){0,16}([\w.-]{1,128})\.py", line \d+, in (\w+)',
     ),
+    # A frame line wrapped inside its path by an 80-column terminal: the head ends in the
+    # package path without its closing quote, the next line holds `...py", line N, in f`.
+    _r(
+        TB_FRAME_HEAD,
+        'File "',
+        'File "',
+        r'File "[^"]{0,512}?/(vllm|sglang/srt)/[^"]{0,512}$',
+    ),
+    _r(
+        TB_FRAME_TAIL,
+        '", line ',
+        '", line ',
+        r'^[^"\s/]{0,128}(?:/[^"\s/]{0,128}){0,16}?([\w.-]{1,128})\.py", line \d+, in (\w+)',
+    ),
+    # source lines of engine construction the API server shows (0.9-0.33 build_async_engine_
+    # client_from_engine_args / V0 run_mp_engine), also when the frame line under it is cut
+    _r(V_TB_CONSTRUCT, "AsyncLLM.from_vllm_config(", "= AsyncLLM.from_vllm_config(", None, _V),
+    _r(V_TB_CONSTRUCT, "LLMEngine.from_engine_args(", "LLMEngine.from_engine_args(", None, _V),
+    # vLLM V1 warm-up: `raise RuntimeError("CUDA out of memory occurred when warming up sampler
+    # with ...")` (wheels: vllm/v1/worker/gpu_model_runner.py:1549 in 0.8.5; 0.9.2:2125, and
+    # `... warming up pooler` :2194)
+    _r(V_OOM_WARMUP, "rror", "CUDA out of memory occurred when warming up", None, _V),
     # the frame's source line in run_engine_core (wheels: vllm/v1/engine/core.py:283 in 0.7.3,
     # :387 in 0.8.5, :577 in 0.9.2); the serving loop's frame shows `run_busy_loop()` instead
     _r(V_TB_CONSTRUCT, "EngineCoreProc(", "engine_core = EngineCoreProc(", None, _V),
