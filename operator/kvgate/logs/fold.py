@@ -398,22 +398,17 @@ class _Folder:
         if ("attention-build-failed", "jit") not in self.findings:
             modules = self.by_rule(R.FI_NINJA_MODULE)
             frames = self.by_rule(R.FI_BUILD_FRAME)
-            if modules:
+            seen = modules[0] if modules else frames[0] if frames else None
+            if seen is not None:
                 self.add(
                     "attention-build-failed",
                     "jit",
-                    modules[0],
+                    seen,
                     hint=_jit_hint(self.engine, version),
-                    text=f"FlashInfer JIT build of {modules[0].groups[0]} failed (ninja)",
-                )
-            elif frames:
-                self.add(
-                    "attention-build-failed",
-                    "jit",
-                    frames[0],
-                    hint=_jit_hint(self.engine, version),
-                    text="a traceback runs through FlashInfer's JIT build/load "
-                    f"({frames[0].groups[0]}): its kernels did not build or load",
+                    text=f"FlashInfer JIT build of {seen.groups[0]} failed (ninja)"
+                    if modules
+                    else "a traceback runs through FlashInfer's JIT build/load "
+                    f"({seen.groups[0]}): its kernels did not build or load",
                 )
         # V1 raises when the profiled KV memory is not positive: `if available_memory <= 0:
         # raise ValueError("No available memory for the cache blocks. ...")` (wheels: vllm/v1/
