@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from field_corpus import CORPUS_DIR, Check, check_entry, load_corpus, score
 
+from kvgate.logs import LogScan, scan_log
+
 # (entry, expectation) -> why kvgate leaves it unmet
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("vllm-0.6.1-fp8e5m2-fa2-refused-tp2", "kv_cache_dtype"): (
@@ -61,3 +63,38 @@ def test_the_scanner_meets_the_issue_target_on_the_corpus() -> None:
     met = sum(check.met for check in checks)
     assert len(checks) >= 150
     assert met / len(checks) >= TARGET, f"{met}/{len(checks)}"
+
+
+# The same excerpts as a cluster shows them: under `kubectl logs --prefix`, `--timestamps`,
+# journald, or both kubectl flags at once. The prefixes are stripped before the rules read.
+WRAPPERS = {
+    "kubectl-prefix": lambda line: f"[pod/canary-0/engine] {line}",
+    "kubectl-timestamps": lambda line: f"2026-11-29T19:02:03.123456789Z {line}",
+    "kubectl-both": lambda line: f"2026-11-29T19:02:03.123456789Z [pod/canary-0/engine] {line}",
+    "journald": lambda line: f"Nov 29 19:02:03 gpu-node-1 vllm[17578]: {line}",
+}
+
+
+def _facts(scan: LogScan) -> tuple[object, ...]:
+    return (
+        scan.engine,
+        scan.engine_version,
+        scan.kv_cache_dtype,
+        scan.attention_backend,
+        scan.failed,
+        scan.ready,
+        scan.capacity,
+        scan.codes(),
+    )
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_a_wrapped_field_log_reads_as_the_bare_one(wrapper: str) -> None:
+    wrap = WRAPPERS[wrapper]
+    differ = []
+    for entry in ENTRIES:
+        text = (CORPUS_DIR / f"{entry['name']}.log").read_text(encoding="utf-8")
+        wrapped = "".join(wrap(line) for line in text.splitlines(keepends=True))
+        if _facts(scan_log(wrapped)) != _facts(scan_log(text)):
+            differ.append(entry["name"])
+    assert differ == []

@@ -26,13 +26,13 @@ _SHAPES: Final = {
         r"|\bMQLLMEngine\b"
     ),
     "sglang": re.compile(
-        # sglang/srt/utils configure_logger: `[%(asctime)s{ DPn}{ TPn}] `
-        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: (?:[A-Z]{2}\d+))*\] "
+        # sglang/srt/utils configure_logger: `[%(asctime)s{ DPn}{ TPn}] `, at a line's start or
+        # after a wrapper's prefix (kubectl --prefix/--timestamps, journald)
+        r"(?<!\S)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: [A-Z]{2}\d+)*\] "
         r"|\bserver_args=ServerArgs\("
         r'|/sglang/srt/[^"\s]{0,256}\.py"'
         # keys of the ServerArgs repr that vLLM's args do not have
         r"|\b(?:mem_fraction_static|schedule_conservativeness|watchdog_timeout)=",
-        re.MULTILINE,
     ),
 }
 
