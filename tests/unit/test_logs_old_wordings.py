@@ -54,3 +54,18 @@ def test_every_old_fixture_is_tested() -> None:
         "vllm-0.7.3-v1-blocks-enginecore-start-crash",
         "vllm-0.8.0-v1-flash-attn-fp8-refused",
     }
+
+
+def test_no_remedy_is_named_for_a_vllm_older_than_the_table() -> None:
+    """The Triton backend the remedy switches to is not in vLLM 0.6.3-0.8.0's `_Backend`."""
+    from kvgate import engine_versions
+
+    for version in ("0.6.3.post1", "0.7.3", "0.8.0", "0.9.2"):
+        assert engine_versions.remedy_for("vllm", version, "attention-build-failed") is None
+    assert engine_versions.remedy_for("vllm", "0.10.1", "attention-build-failed") is not None
+    hint = scan("vllm-0.8.0-v1-flash-attn-fp8-refused").finding("fp8-unsupported")
+    assert hint is not None
+    assert hint.hint.startswith(
+        "This GPU/backend cannot store an FP8 KV cache: set a vLLM of 0.10.2 or later "
+        "(kvgate knows no backend switch for 0.8.0), then on vLLM 0.10 "
+    )
