@@ -39,6 +39,10 @@ SGLANG: Final = "sglang"
 
 # Finding codes of kvgate.logs that remedy_for knows a remedy for.
 REMEDIABLE_CODES: Final = ("attention-build-failed", "fp8-unsupported")
+# vLLM older than the table's first row is not extrapolated to: its Triton backend is named
+# otherwise or is missing (`_Backend` has no TRITON_ATTN_VLLM_V1 in the 0.6.3.post1, 0.7.3 and
+# 0.8.0 wheels, it appears in 0.8.5), and FP8 KV may fall back to V0. No remedy is named there.
+_VLLM_FIRST_REMEDY: Final = (0, 10, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +453,8 @@ def remedy_for(
     if version is None:
         return None
     try:
+        if _engine(engine) == VLLM and parse(version) < _VLLM_FIRST_REMEDY:
+            return None
         row = facts_for(engine, version)
         args, env = backend_settings(engine, "TRITON_ATTN", version)
     except ValueError:

@@ -12,10 +12,13 @@ The log is read in two passes over very little data:
    no Python work per noise line. Each rule of an anchor then checks its own needle and only
    then its regex, and a match becomes an `_Event`.
 2. `_Folder` turns the events into a `LogScan` once the engine is known (given, or voted by
-   the events), so rules of the other engine cannot leak in when detecting.
+   the events; when no rule line decides, by the shapes of the head's lines, `shapes.py`), so
+   rules of the other engine cannot leak in when detecting.
 
 Message texts are the engines' format strings (reference/engines.md); the `[file.py:NNN]`
-part moves between releases, so rules match message text only.
+part moves between releases, so rules match message text only. Logs from the field (issue 23,
+tests/data/field-logs) add vLLM 0.6-0.9 wordings read from their wheels, failures seen only
+through a traceback's frames, and wrapper prefixes (journald, kubectl, compose, launchers).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kvgate.logs.model import (
     LogScan,
 )
 from kvgate.logs.rules import ANCHORS, RULES
+from kvgate.logs.shapes import engine_by_shape
 from kvgate.model import check_engine
 
 _CHUNK_CHARS = CHUNK_CHARS
@@ -99,6 +103,8 @@ def _scan_chunks(chunks: Iterable[str], engine: str | None, source: str) -> LogS
         ranked = [*collector.votes.most_common(2), ("", 0)]
         if ranked[0][1] > ranked[1][1]:
             detected = ranked[0][0]
+    if detected is None:  # no rule line decides: the shapes of the lines the engine prints
+        detected = engine_by_shape("".join(collector.head))
     events = collector.events
     if detected is not None:
         events = [e for e in events if e.engine in (None, detected)]

@@ -12,6 +12,7 @@ from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 from kvgate.logs import rules as R
 from kvgate.logs.model import MAX_EVENTS_PER_RULE, MAX_LINE, MAX_TEXT, Event
 from kvgate.logs.rules import _RULES_BY_ANCHOR, _S, _V, ANCHORS, _Rule
+from kvgate.logs.shapes import HEAD_CHARS
 
 _MAX_LINE: Final = MAX_LINE
 
@@ -27,6 +28,11 @@ _KUBECTL_TS = (
 _PROCESS_TAG = r"(?:\([^()]*\bpid=\d+\)\s*)*"
 _VLLM_HEADER = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]{0,256}\] "
+)
+# vLLM <= 0.7 printed the file without brackets: `INFO 10-10 11:12:03 selector.py:227] `
+# (wheels: vllm/logger.py `_FORMAT` 0.6.3.post1:19, 0.7.3:22; 0.8.0:22 adds the brackets).
+_VLLM_OLD_HEADER = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [\w.-]{1,128}\.py:\d+\] "
 )
 # Bounded `[^\]]{..}`: an unbounded one rescans to the end of the line from every `[date`.
 _SGLANG_HEADER = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)?(?: [^\]]{1,128})?\] ")
@@ -72,6 +78,9 @@ def _message(line: str) -> tuple[str, str | None]:
     head = _VLLM_HEADER.search(line, 0, _HEADER_WITHIN)
     if head is not None:
         return line[head.end() :].strip(), _V
+    head = _VLLM_OLD_HEADER.search(line, 0, _HEADER_WITHIN)
+    if head is not None:
+        return line[head.end() :].strip(), _V
     head = _SGLANG_HEADER.search(line, 0, _HEADER_WITHIN)
     if head is not None:
         return line[head.end() :].strip(), _S
@@ -92,6 +101,8 @@ class _Collector:
         self.votes: Counter[str] = Counter()
         self.lines = 0
         self.nonblank = False
+        self.head: list[str] = []  # the first HEAD_CHARS of the log, for shapes.engine_by_shape
+        self._head_left = HEAD_CHARS
         self._rules = _RULES_BY_ANCHOR
         if engine is not None:
             self._rules = tuple(
@@ -104,6 +115,9 @@ class _Collector:
             return
         if not self.nonblank and not chunk.isspace():
             self.nonblank = True
+        if self._head_left > 0:
+            self.head.append(chunk[: self._head_left])
+            self._head_left -= len(self.head[-1])
         data = chunk.encode("utf-8", "surrogatepass")  # lone surrogates of surrogateescape
         first_line = self.lines + 1
         newlines = np.frombuffer(data, np.uint8) == _NEWLINE

@@ -111,6 +111,7 @@ class _Folder:
         if backend is not None and backend_event is not None:
             self._backend_findings(backend, candidates, backend_event, dtype, version_tuple)
         self._failures(version_tuple)
+        self._field_failures(version_tuple)
         capacity, capacity_event = self._capacity()
         if capacity_event is not None:
             self.add("kv-capacity", "capacity", capacity_event, text=_capacity_text(capacity))
@@ -150,6 +151,7 @@ class _Folder:
             R.V_DTYPE_ARGS: 2,
             R.S_DTYPE_ARGS: 2,
             R.S_DTYPE_DICT: 2,
+            R.V_DTYPE_NAMESPACE: 2,
             R.V_DTYPE_USING: 1,
         }
         best: tuple[int, int, str, Event] | None = None
@@ -167,6 +169,10 @@ class _Folder:
             implied = self.by_rule(R.V_UNCALIBRATED_Q, R.V_KV_SCALE_DEFAULT, R.V_Q_SCALE_MISSING)
             if implied:
                 return "fp8", implied[0]
+            # checked against vLLM's FlashInfer backend only (the field corpus, vllm#27604)
+            built = _jit_kv_dtype(self.by_rule(R.FI_NINJA_COMMAND)) if self.engine == _V else None
+            if built is not None:
+                return built
         if dtype is not None and dtype.startswith("fp8"):
             first_fp8 = next(
                 (
@@ -186,6 +192,7 @@ class _Folder:
             R.V_DTYPE_CONFIG,
             R.V_DTYPE_ARGS,
             R.V_DTYPE_USING,
+            R.V_DTYPE_NAMESPACE,
         }:
             return (
                 f"FP8 KV cache ({dtype}) is active although no FP8 --kv-cache-dtype was seen: "
@@ -219,6 +226,12 @@ class _Folder:
                 name, rank = groups[1], 3
             elif event.rule in {R.S_BACKEND_ARGS, R.S_BACKEND_DICT}:
                 name, rank = groups[0], 1
+            elif (
+                event.rule == R.FI_NINJA_COMMAND
+                and self.engine == _V
+                and _FI_ATTENTION_MODULE in event.text
+            ):
+                name, rank = "FLASHINFER", 0
             if name is None:
                 continue
             candidate = (rank, event.line, name, candidates, event)
@@ -238,6 +251,15 @@ class _Folder:
                 hint="vLLM 0.10 left the V1 engine for V0 (XFormers) because FlashAttention "
                 "cannot store FP8 KV on this GPU; throughput drops. Use vLLM >= 0.11, or set "
                 "VLLM_ATTENTION_BACKEND=FLASHINFER (0.10.2).",
+            )
+        for fallback in self.by_rule(R.V_FA2_NO_FP8):
+            self.add(
+                "attention-backend-fallback",
+                "fa2-fp8",
+                fallback,
+                hint="vLLM before 0.8 (V0) cannot store FP8 KV with FlashAttention-2 and uses "
+                "XFormers, which is much slower; the BF16 control runs FlashAttention-2, so the "
+                "arms differ in backend. Set VLLM_ATTENTION_BACKEND=FLASHINFER or use a newer vLLM.",
             )
         for fallback in self.by_rule(R.V_BLOCK_SIZE_PRECLUDED):
             self.add(
@@ -267,6 +289,8 @@ class _Folder:
             how = "auto-selected from " + ", ".join(candidates) if candidates else "auto-selected"
         elif event.rule in {R.S_BACKEND_DEFAULT, R.V_BACKEND_V1, R.V_BACKEND_V0}:
             how = "default"
+        elif event.rule == R.FI_NINJA_COMMAND:
+            how = "inferred: FlashInfer JIT-built its attention kernels"
         self.add("attention-backend", "backend", event, text=f"attention backend {backend} ({how})")
         fp8 = dtype is not None and dtype.startswith("fp8")
         if not fp8 or event.rule not in {R.V_BACKEND_AUTO, R.V_BACKEND_V1}:
@@ -345,7 +369,7 @@ class _Folder:
         for event in self.by_rule(*_INVALID_DTYPE_RULES):
             hint = _HINT_INVALID_DTYPE.get(event.engine or engine or _V, "")
             self.add("invalid-kv-cache-dtype", "dtype", event, hint=hint)
-        for event in self.by_rule(R.OOM, R.V_FREE_MEMORY):
+        for event in self.by_rule(R.OOM, R.V_FREE_MEMORY, R.V_OOM_WARMUP):
             self.add("out-of-memory", R.OOM, event, hint=_HINT_OOM[engine or _V])
         for event in self.by_rule(R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY):
             self.add("insufficient-kv-memory", "kv-memory", event, hint=self._kv_memory_hint(event))
@@ -362,6 +386,68 @@ class _Folder:
             R.V_MEM_PROFILING,
         ):
             self.add("engine-start-failed", "start", event)
+
+    def _field_failures(self, version: tuple[int, ...] | None) -> None:
+        """Failures in the wordings and shapes of field logs (issue 23): older messages, and
+        tracebacks whose summary line is missing (cut by the paste, or never printed)."""
+        for event in self.by_rule(R.V_FA_V1_FP8):
+            self.add(
+                "fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, self.engine, version)
+            )
+        # Fallbacks only: a summary line already found is the finding (and its count).
+        if ("attention-build-failed", "jit") not in self.findings:
+            modules = self.by_rule(R.FI_NINJA_MODULE)
+            frames = self.by_rule(R.FI_BUILD_FRAME)
+            seen = modules[0] if modules else frames[0] if frames else None
+            if seen is not None:
+                self.add(
+                    "attention-build-failed",
+                    "jit",
+                    seen,
+                    hint=_jit_hint(self.engine, version),
+                    text=f"FlashInfer JIT build of {seen.groups[0]} failed (ninja)"
+                    if modules
+                    else "a traceback runs through FlashInfer's JIT build/load "
+                    f"({seen.groups[0]}): its kernels did not build or load",
+                )
+        # V1 raises when the profiled KV memory is not positive: `if available_memory <= 0:
+        # raise ValueError("No available memory for the cache blocks. ...")` (wheels: vllm/v1/
+        # core/kv_cache_utils.py check_enough_kv_cache_memory, 0.8.5:526, 0.9.2:554; later
+        # releases keep the check). A paste that stops at the memory line still shows it.
+        if ("insufficient-kv-memory", "kv-memory") not in self.findings:
+            spent = [e for e in self.by_rule(R.V_KV_MEMORY) if (_number(e.groups[0]) or 0) <= 0]
+            if spent:
+                self.add(
+                    "insufficient-kv-memory",
+                    "kv-memory",
+                    spent[0],
+                    hint=self._kv_memory_hint(spent[0]),
+                    text=f"{spent[0].text}: nothing is left for the KV cache, the engine "
+                    "raises 'No available memory for the cache blocks'",
+                )
+        if ("engine-start-failed", "start") not in self.findings:
+            construction = self.by_rule(R.V_TB_CONSTRUCT) + [
+                e for e in self._frames() if _constructs(self.engine, e.groups)
+            ]
+            if construction:
+                self.add(
+                    "engine-start-failed",
+                    "start",
+                    min(construction, key=lambda e: e.line),
+                    text="a traceback runs through engine construction: the engine did not start",
+                )
+
+    def _frames(self) -> list[Event]:
+        """Traceback frames (package, module, function), a frame wrapped in its path joined."""
+        frames = list(self.by_rule(R.TB_FRAME))
+        heads = {e.line: e.groups[0] for e in self.by_rule(R.TB_FRAME_HEAD)}
+        for tail in self.by_rule(R.TB_FRAME_TAIL):
+            package = heads.get(tail.line - 1)
+            if package is not None:
+                frames.append(
+                    Event(R.TB_FRAME, None, tail.line, (package, *tail.groups), tail.text)
+                )
+        return frames
 
     def _pending_jit(self, version: tuple[int, ...] | None) -> None:
         finished = {e.groups[0] for e in self.by_rule(R.FI_JIT_FINISHED)}
@@ -449,7 +535,7 @@ class _Folder:
                 value = _number(g[0])
                 memory = value if memory is None or value is None else min(memory, value)
                 anchor = anchor or event
-            elif event.rule in {R.V_V0_BLOCKS, R.V_NUM_GPU_BLOCKS}:
+            elif event.rule in {R.V_V0_BLOCKS, R.V_NUM_GPU_BLOCKS, R.V_V1_GPU_BLOCKS}:
                 blocks = _integer(g[0])
                 v0_blocks = event.rule == R.V_V0_BLOCKS
                 anchor = anchor or event
@@ -483,6 +569,90 @@ class _Folder:
                 return next(iter(self.by_rule(R.STARTUP_COMPLETE)), None)
             return None
         return next(iter(self.by_rule(R.STARTUP_COMPLETE, R.S_READY)), None)
+
+
+# FlashInfer names a JIT module after its kernel: `batch_prefill_with_kv_cache_dtype_q_bf16_
+# dtype_kv_e4m3_...` (flashinfer/jit/attention, `dtype_kv_{filename_safe_dtype_map[dtype_kv]}`,
+# e4m3 = torch.float8_e4m3fn, e5m2 = torch.float8_e5m2): the KV cache it serves is that dtype.
+_FI_KV_DTYPES: Final = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
+_FI_ATTENTION_MODULE: Final = "_with_kv_cache_"  # batch_{prefill,decode}_with_kv_cache_...
+
+
+def _jit_kv_dtype(events: list[Event]) -> tuple[str, Event] | None:
+    for event in events:
+        dtype = _FI_KV_DTYPES.get(event.groups[0] or "") if event.groups else None
+        if dtype is not None:
+            return dtype, event
+    return None
+
+
+# Functions that only run while the engine is built (vLLM: EngineCore/LLMEngine/executor
+# __init__, worker init_device, KV sizing, warm-up; SGLang: Scheduler/ModelRunner/TpWorker/
+# CudaGraphRunner __init__, memory pool, graph capture). `run_engine_core` and
+# `run_scheduler_process` are left out: they frame the serving loop too.
+_CONSTRUCTION_INIT: Final = {
+    "vllm": frozenset(
+        {
+            "core",
+            "llm_engine",
+            "executor_base",
+            "abstract",
+            "multiproc_executor",
+            "async_llm",
+            "core_client",
+        }
+    ),
+    "sglang/srt": frozenset(
+        {
+            "scheduler",
+            "model_runner",
+            "tp_worker",
+            "tp_worker_overlap_thread",
+            "cuda_graph_runner",
+            "prefill_cuda_graph_runner",
+        }
+    ),
+}
+_CONSTRUCTION_FUNCTIONS: Final = {
+    "vllm": frozenset(
+        {
+            "_initialize_kv_caches",
+            "init_device",
+            "determine_available_memory",
+            "initialize_from_config",
+            "compile_or_warm_up_model",
+            "capture_model",
+            "profile_run",
+            "_init_executor",
+            "from_engine_args",
+            "from_vllm_config",
+            "make_async_mp_client",
+            "make_client",
+            "launch_core_engines",
+            "wait_for_engine_startup",
+        }
+    ),
+    "sglang/srt": frozenset(
+        {
+            "init_memory_pool",
+            "init_cuda_graphs",
+            "init_attention_backend",
+            "profile_max_num_token",
+            "capture",
+        }
+    ),
+}
+_PACKAGES: Final = {_V: "vllm", _S: "sglang/srt"}
+
+
+def _constructs(engine: str | None, groups: tuple[str | None, ...]) -> bool:
+    """A traceback frame (package, file, function) of the engine's construction."""
+    package, module, function = groups
+    if package is None or (engine is not None and _PACKAGES[engine] != package):
+        return False
+    if function == "__init__":
+        return module in _CONSTRUCTION_INIT[package]
+    return function in _CONSTRUCTION_FUNCTIONS[package]
 
 
 def _capacity_text(capacity: Capacity) -> str:

@@ -90,6 +90,18 @@ S_DTYPE_DICT: Final = "s.dtype.dict"
 S_BACKEND_DICT: Final = "s.backend.dict"
 V_WORKER_DIED: Final = "v.worker_died"
 V_WORKER_FAILED: Final = "v.worker_failed"
+# Field wordings (issue 23): older releases and failures seen only through a traceback.
+V_FA2_NO_FP8: Final = "v.fa2_no_fp8"
+V_FA_V1_FP8: Final = "v.fa_v1_fp8"
+V_DTYPE_NAMESPACE: Final = "v.dtype.namespace"
+V_V1_GPU_BLOCKS: Final = "v.v1_gpu_blocks"
+TB_FRAME: Final = "tb_frame"
+TB_FRAME_HEAD: Final = "tb_frame_head"
+TB_FRAME_TAIL: Final = "tb_frame_tail"
+V_OOM_WARMUP: Final = "v.oom_warmup"
+V_TB_CONSTRUCT: Final = "v.tb_construct"
+FI_NINJA_MODULE: Final = "fi.ninja_module"
+FI_BUILD_FRAME: Final = "fi.build_frame"
 
 # -- rules -----------------------------------------------------------------------------------
 
@@ -402,6 +414,80 @@ RULES: Final[tuple[_Rule, ...]] = (
     # readiness
     _r(STARTUP_COMPLETE, "startup complete", "Application startup complete", None),
     _r(S_READY, "server ", "The server is fired up and ready to roll", None, _S),
+    # -- field wordings (issue 23) --
+    # vLLM 0.5-0.7 (V0): `logger.info("Cannot use FlashAttention-2 backend for FP8 KV cache.")`
+    # under `elif kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8")`, then XFormers
+    # (wheels: vllm/attention/selector.py:235 in 0.6.3.post1, vllm/platforms/cuda.py:190 in
+    # 0.7.3; gone by 0.8.5). The line names no variant, so no dtype is read from it.
+    _r(V_FA2_NO_FP8, "ackend", "Cannot use FlashAttention-2 backend for FP8 KV cache", None, _V),
+    # vLLM 0.8.0 V1: `raise NotImplementedError("FlashAttention V1 with FP8 KV cache not yet
+    # supported")` (wheel: vllm/v1/attention/backends/flash_attn.py:186; vllm PR #14221; 0.8.5
+    # says "FlashAttention does not support fp8 kv-cache on this device", v.fa_fp8_device)
+    _r(V_FA_V1_FP8, "ache", "FlashAttention V1 with FP8 KV cache", None, _V),
+    # vLLM <= 0.8 logs `args: Namespace(..., kv_cache_dtype='fp8', ...)` (wheels: vllm/
+    # entrypoints/openai/api_server.py `logger.info("args: %s", args)`, 0.6.3.post1:529,
+    # 0.7.3:913, 0.8.5:1044); 0.9.2 prints `non-default args: {...}` (cli_args.py:325).
+    _r(
+        V_DTYPE_NAMESPACE,
+        "ache",
+        "args: Namespace(",
+        r"\bkv_cache_dtype='([\w.]+)'",
+        _V,
+    ),
+    # vLLM 0.7 V1: `logger.info("# GPU blocks: %d", num_blocks)` (wheel 0.7.3: vllm/v1/core/
+    # kv_cache_utils.py:522); 0.8.5 prints "GPU KV cache size" instead. V0's line goes on with
+    # `, # CPU blocks: %d` (v.v0_blocks), which this rule's `$` leaves to that rule.
+    _r(V_V1_GPU_BLOCKS, "# GPU blocks: ", "# GPU blocks: ", r"# GPU blocks: ([\d,]+)\s*$", _V),
+    # A traceback frame in vLLM's or SGLang's package: (package, file, function). The fold
+    # counts the frames of engine construction as a start failure (fold.py _CONSTRUCTION_*).
+    # Bounded path segments keep the regex linear on a hostile line.
+    _r(
+        TB_FRAME,
+        '", line ',
+        '", line ',
+        r'/(vllm|sglang/srt)/(?:[^"/\s]{1,128}/){0,16}([\w.-]{1,128})\.py", line \d+, in (\w+)',
+    ),
+    # A frame line wrapped inside its path by an 80-column terminal: the head ends in the
+    # package path without its closing quote, the next line holds `...py", line N, in f`.
+    _r(
+        TB_FRAME_HEAD,
+        'File "',
+        'File "',
+        r'File "[^"]{0,512}?/(vllm|sglang/srt)/[^"]{0,512}$',
+    ),
+    _r(
+        TB_FRAME_TAIL,
+        '", line ',
+        '", line ',
+        r'^[^"\s/]{0,128}(?:/[^"\s/]{0,128}){0,16}?([\w.-]{1,128})\.py", line \d+, in (\w+)',
+    ),
+    # source lines of engine construction the API server shows (0.9-0.33 build_async_engine_
+    # client_from_engine_args / V0 run_mp_engine), also when the frame line under it is cut
+    _r(V_TB_CONSTRUCT, "AsyncLLM.from_vllm_config(", "= AsyncLLM.from_vllm_config(", None, _V),
+    _r(V_TB_CONSTRUCT, "LLMEngine.from_engine_args(", "LLMEngine.from_engine_args(", None, _V),
+    # vLLM V1 warm-up: `raise RuntimeError("CUDA out of memory occurred when warming up sampler
+    # with ...")` (wheels: vllm/v1/worker/gpu_model_runner.py:1549 in 0.8.5; 0.9.2:2125, and
+    # `... warming up pooler` :2194)
+    _r(V_OOM_WARMUP, "rror", "CUDA out of memory occurred when warming up", None, _V),
+    # the frame's source line in run_engine_core (wheels: vllm/v1/engine/core.py:283 in 0.7.3,
+    # :387 in 0.8.5, :577 in 0.9.2); the serving loop's frame shows `run_busy_loop()` instead
+    _r(V_TB_CONSTRUCT, "EngineCoreProc(", "engine_core = EngineCoreProc(", None, _V),
+    # FlashInfer JIT: a ninja failure of any module (sampling too), and the build/load frames
+    # of a traceback whose summary line the paste lost (flashinfer/jit/cpp_ext.py run_ninja,
+    # jit/core.py build_and_load / load_cuda_ops, 0.2-0.7).
+    _r(
+        FI_NINJA_MODULE,
+        "rror",
+        "CalledProcessError: Command '['ninja'",
+        r"cached_ops/([\w.-]+)/build\.ninja",
+    ),
+    _r(
+        FI_BUILD_FRAME,
+        '", line ',
+        "flashinfer/jit/",
+        r'flashinfer/jit/(?:[^"/\s]{1,128}/){0,8}[\w.-]{1,128}\.py", line \d+, in '
+        r"(run_ninja|build_and_load|build|load_cuda_ops|build_jit_specs)\b",
+    ),
 )
 
 ANCHORS: Final[tuple[str, ...]] = tuple(dict.fromkeys(rule.anchor for rule in RULES))

@@ -1,0 +1,138 @@
+"""The field-log rules of issue 23 on the cases the field corpus holds no example of: what they
+must NOT read as a failure, and how the engine is told by line shape alone."""
+
+from __future__ import annotations
+
+from kvgate.logs import scan_log
+from kvgate.logs.shapes import engine_by_shape
+
+# vLLM 0.7 V1: the same "EngineCore hit an exception" wraps a crash while serving (here an
+# ngram-speculation crash after requests were served, vllm issue text): no start failure.
+V1_RUNTIME_CRASH = """\
+INFO 02-21 06:29:10 api_server.py:937] Starting vLLM API server on http://0.0.0.0:8080
+ERROR 02-21 06:30:25 core.py:291] EngineCore hit an exception: Traceback (most recent call last):
+ERROR 02-21 06:30:25 core.py:291]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 284, in run_engine_core
+ERROR 02-21 06:30:25 core.py:291]     engine_core.run_busy_loop()
+ERROR 02-21 06:30:25 core.py:291]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 327, in run_busy_loop
+ERROR 02-21 06:30:25 core.py:291]     outputs = step_fn()
+ERROR 02-21 06:30:25 core.py:291] IndexError: index 3 is out of bounds for dimension 0 with size 3
+"""
+
+# The same crash during construction: the frame shows the EngineCoreProc being built.
+V1_START_CRASH = """\
+ERROR 03-17 17:56:39 [core.py:340] EngineCore hit an exception: Traceback (most recent call last):
+ERROR 03-17 17:56:39 [core.py:340]   File "/home/tms/vllm/vllm/v1/engine/core.py", line 332, in run_engine_core
+ERROR 03-17 17:56:39 [core.py:340]     engine_core = EngineCoreProc(*args, **kwargs)
+ERROR 03-17 17:56:39 [core.py:340]   File "/home/tms/vllm/vllm/v1/engine/core.py", line 287, in __init__
+ERROR 03-17 17:56:39 [core.py:340]     super().__init__(vllm_config, executor_class, log_stats)
+ERROR 03-17 17:56:39 [core.py:340] TypeError: Olmo2ForCausalLM.forward() got an unexpected keyword argument 'inputs_embeds'
+"""
+
+# SGLang serving-loop crash (no construction frame), and one through vLLM's package files that
+# an SGLang 0.4 scheduler imports: neither is a start failure.
+SGLANG_RUNTIME_CRASH = """\
+[2025-03-01 10:00:00] The server is fired up and ready to roll!
+[2025-03-01 10:05:00 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/scheduler.py", line 1999, in run_scheduler_process
+    scheduler.event_loop_overlap()
+  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/scheduler.py", line 639, in event_loop_overlap
+    self.process_batch_result(batch, result)
+  File "/usr/local/lib/python3.10/dist-packages/vllm/v1/engine/core.py", line 71, in __init__
+    raise RuntimeError("x")
+RuntimeError: x
+"""
+
+
+def test_a_v1_crash_while_serving_is_no_start_failure() -> None:
+    scan = scan_log(V1_RUNTIME_CRASH)
+    assert scan.engine == "vllm"
+    assert "engine-start-failed" not in scan.codes()
+    assert not scan.failed
+
+
+def test_a_v1_crash_while_building_the_engine_core_is_a_start_failure() -> None:
+    scan = scan_log(V1_START_CRASH)
+    failure = scan.finding("engine-start-failed")
+    assert scan.engine == "vllm" and scan.failed
+    assert failure is not None and failure.line == 3 and failure.count == 1
+    assert "Root cause at line 6: TypeError" in failure.hint
+
+
+def test_sglang_frames_of_the_serving_loop_or_of_vllm_files_are_no_start_failure() -> None:
+    scan = scan_log(SGLANG_RUNTIME_CRASH)
+    assert scan.engine == "sglang" and scan.ready
+    assert "engine-start-failed" not in scan.codes()
+
+
+def test_flashinfer_build_frames_without_their_summary_are_a_jit_failure_counted_once() -> None:
+    frames = "".join(
+        f'  File "/opt/venv/lib/python3.12/site-packages/flashinfer/jit/{where}", line 9, in {fn}\n'
+        for where, fn in (("core.py", "build_and_load"), ("cpp_ext.py", "run_ninja"))
+    )
+    scan = scan_log(
+        "INFO 10-27 20:11:24 [core.py:77] Initializing a V1 LLM engine (v0.11.0)\n" + frames
+    )
+    build = scan.finding("attention-build-failed")
+    assert build is not None and build.line == 2 and build.count == 1
+    assert "build_and_load" in build.text and scan.failed
+
+
+def test_a_summary_line_keeps_its_finding_and_count_when_frames_follow() -> None:
+    log = (
+        "INFO 10-27 20:11:24 [core.py:77] Initializing a V1 LLM engine (v0.11.0)\n"
+        "RuntimeError: Ninja build failed. Ninja output:\n"
+        '  File "/x/flashinfer/jit/cpp_ext.py", line 200, in run_ninja\n'
+        "subprocess.CalledProcessError: Command '['ninja', '-v', '-C', '/r/.cache/flashinfer/"
+        "86/cached_ops', '-f', '/r/.cache/flashinfer/86/cached_ops/sampling/build.ninja']' "
+        "returned non-zero exit status 1.\n"
+    )
+    build = scan_log(log).finding("attention-build-failed")
+    assert build is not None and (build.line, build.count) == (2, 1)
+
+
+def test_the_engine_is_told_by_line_shape_and_a_tie_tells_nothing() -> None:
+    vllm_old = "INFO 02-02 18:01:24 model_runner.py:1116] Loading model weights took 30.7 GB\n"
+    sglang = "[2025-10-16 09:06:09 TP7] Init torch distributed ends. mem usage=1.77 GB\n"
+    assert engine_by_shape(vllm_old) == "vllm"
+    assert engine_by_shape(sglang) == "sglang"
+    assert engine_by_shape(vllm_old + sglang) is None
+    assert engine_by_shape("nothing an engine prints\n") is None
+    assert scan_log(vllm_old * 3).engine == "vllm"
+    # a rule line still outvotes the shapes: FlashInfer/uvicorn lines are engine-neutral
+    assert scan_log(sglang + "INFO:     Application startup complete.\n").engine == "sglang"
+
+
+def test_vllm_args_namespace_gives_the_dtype_and_the_engine() -> None:
+    line = (
+        "INFO 09-06 14:48:07 api_server.py:460] args: Namespace(model='m', dtype='auto', "
+        "kv_cache_dtype='fp8', quantization_param_path=None)\n"
+    )
+    scan = scan_log(line)
+    assert (scan.engine, scan.kv_cache_dtype) == ("vllm", "fp8")
+    assert scan.codes() == ["fp8-kv-enabled"]
+
+
+def test_no_kv_memory_left_is_a_failure_even_when_the_paste_stops_there() -> None:
+    log = (
+        "(EngineCore pid=77) INFO 11-29 19:18:16 [core.py:104] Initializing a V1 LLM engine "
+        "(v0.33.0) with config: model='Qwen/Qwen3-32B', kv_cache_dtype=auto\n"
+        "(EngineCore pid=77) INFO 11-29 19:18:38 [gpu_worker.py:431] Available KV cache "
+        "memory: -1.2 GiB\n"
+    )
+    scan = scan_log(log)
+    found = scan.finding("insufficient-kv-memory")
+    assert found is not None and found.line == 2 and scan.failed
+    healthy = scan_log(log.replace("-1.2 GiB", "10.55 GiB"))
+    assert not healthy.failed and healthy.capacity.kv_memory_gib == 10.55
+
+
+def test_a_frame_wrapped_inside_its_path_is_joined_and_only_then() -> None:
+    wrapped = (
+        '  File "/venv/lib/python3.10/site-packages/vllm/engine/multi\n'
+        '    processing/engine.py", line 138, in from_engine_args\n'
+    )
+    assert scan_log("INFO 02-02 18:01:24 model_runner.py:1116] x\n" + wrapped).failed
+    # the same tail under a frame of another package is not vLLM's construction
+    other = wrapped.replace("/vllm/engine/multi", "/mylib/engine/multi")
+    scan = scan_log("INFO 02-02 18:01:24 model_runner.py:1116] x\n" + other)
+    assert scan.engine == "vllm" and not scan.failed
