@@ -348,7 +348,7 @@ class GiteaForge(RestForge):
     def _branch_head(self, repo: str, branch: str) -> str | None:
         data = self._call(
             "GET",
-            f"{self._repo(repo)}/branches/{_quote(branch)}",
+            f"{self._repo(repo)}/branches/{_path(branch)}",
             repo,
             f"reading branch {branch}",
             permission="read the repository",
