@@ -7,7 +7,10 @@ repository with a kustomize base, so tests do not share branches or pull request
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +19,7 @@ from forge import LoopbackGitea, gitea_binary
 
 from kvgate.adapters.forge import GiteaForge, PullRequestState
 from kvgate.errors import ForgeAccessError, KvgateError
-from kvgate.gitops import branch_name, render_kustomize_patch
+from kvgate.gitops import ANNOTATION_VERDICT, branch_name, render_kustomize_patch
 
 pytestmark = [pytest.mark.integration, pytest.mark.forge]
 
@@ -119,7 +122,7 @@ def test_open_then_update_idempotently(gitea: LoopbackGitea, forge: GiteaForge, 
 
 
 def test_base_moved_meanwhile_then_merged_gives_the_merge_sha(
-    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+    gitea: LoopbackGitea, forge: GiteaForge, repo: str, tmp_path: Path
 ) -> None:
     pr = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
@@ -138,6 +141,26 @@ def test_base_moved_meanwhile_then_merged_gives_the_merge_sha(
     assert merged.merge_sha == gitea.branch_head(repo, "main")
     assert gitea.file(repo, merged.merge_sha, PATCH_PATH) == _patch("k2")
     assert gitea.file(repo, merged.merge_sha, "apps/other/README.md") == "unrelated\n"
+    _kustomize_at(gitea, repo, merged.merge_sha, tmp_path)
+
+
+def _kustomize_at(gitea: LoopbackGitea, repo: str, sha: str, tmp_path: Path) -> None:
+    """What a GitOps tool renders from the merge commit: the tested args and env."""
+    kubectl = shutil.which("kubectl") or next(
+        (str(p) for p in Path.home().glob(".cache/kvgate/bin/*/kubectl")), None
+    )
+    assert kubectl is not None, "kubectl needed for the render check: run hack/build-binaries.sh"
+    for name in ("deployment.yaml", "kustomization.yaml", "kvgate-fp8.patch.yaml"):
+        (tmp_path / name).write_text(gitea.file(repo, sha, f"apps/llama/{name}"))
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    rendered = yaml.safe_load(out.stdout)["spec"]["template"]
+    assert rendered["metadata"]["annotations"] == {ANNOTATION_VERDICT: "k2"}
+    (container,) = rendered["spec"]["containers"]
+    assert container["args"][-2:] == ["--kv-cache-dtype", "fp8"]
+    assert container["env"] == [{"name": "VLLM_ATTENTION_BACKEND", "value": "TRITON_ATTN"}]
 
 
 def test_closed_unmerged_reads_closed(gitea: LoopbackGitea, forge: GiteaForge, repo: str) -> None:
