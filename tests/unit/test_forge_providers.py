@@ -447,3 +447,21 @@ def test_no_token_in_any_error_or_log(
         assert token not in text
     assert isinstance(caught.value, ForgeError)
     assert str(caught.value).startswith(f"repository {REPO}: ")
+
+
+@PROVIDERS
+def test_an_answer_without_the_documented_fields_is_one_forge_error(kind: str) -> None:
+    def odd(request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode().split("?")[0]
+        if path.endswith(("/repos/acme/deploy", "/projects/acme%2Fdeploy")):  # access: fine
+            perms = {"push": True, "project_access": {"access_level": 40}}
+            return httpx.Response(200, json={"permissions": perms})
+        return httpx.Response(200, json={"unexpected": True})  # e.g. a proxy's own JSON
+
+    client = httpx.Client(transport=httpx.MockTransport(odd))
+    forge = forge_for(kind, API[kind], TOKEN, client=client)
+    with pytest.raises(ForgeError, match="without the documented fields") as caught:
+        forge.pull_request_state(REPO, 1)
+    assert caught.value.__cause__ is None
+    with pytest.raises(ForgeError, match="without the documented fields"):
+        forge.open_or_update_pull_request(REPO, "main", BRANCH, {PATCH_PATH: "x"}, "T", "B")

@@ -24,14 +24,15 @@ import base64
 import enum
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
 import httpx
 
-from kvgate.errors import ForgeAccessError, ForgeError, SpecError
+from kvgate.errors import ForgeAccessError, ForgeError, KvgateError, SpecError
 from kvgate.gitops import is_kvgate_branch
 from kvgate.redact import scrub_text
 
@@ -199,6 +200,24 @@ class RestForge:
 
     # --- the algorithm ----------------------------------------------------------------------
 
+    def pull_request_state(self, repo: str, number: int) -> PullRequest:
+        with self._answer_shape(repo):
+            return self._state(repo, number)
+
+    @contextmanager
+    def _answer_shape(self, repo: str) -> Iterator[None]:
+        """An answer without the documented fields is one ForgeError, not a KeyError."""
+        try:
+            yield
+        except KvgateError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ForgeError(
+                repo,
+                f"the {self.name} API answered without the documented fields "
+                f"({type(exc).__name__}: {self._scrub(str(exc))[:100]}); is the API URL right?",
+            ) from None
+
     def open_or_update_pull_request(
         self,
         repo: str,
@@ -209,6 +228,18 @@ class RestForge:
         body: str,
     ) -> PullRequest:
         _check_arguments(repo, base, branch, files)
+        with self._answer_shape(repo):
+            return self._open_or_update(repo, base, branch, files, title, body)
+
+    def _open_or_update(
+        self,
+        repo: str,
+        base: str,
+        branch: str,
+        files: Mapping[str, str],
+        title: str,
+        body: str,
+    ) -> PullRequest:
         self._check_write_access(repo)
         wanted = {path: text.encode() for path, text in files.items()}
         changes: dict[str, tuple[bytes, str | None]] = {}
@@ -237,7 +268,7 @@ class RestForge:
         log.info(
             "%s %s: updated pull request #%d (new commit: %s)", self.name, repo, number, committed
         )
-        return _with(self.pull_request_state(repo, number), committed=committed)
+        return _with(self._state(repo, number), committed=committed)
 
     # --- what each forge implements ---------------------------------------------------------
 
@@ -273,7 +304,7 @@ class RestForge:
     def _edit(self, repo: str, number: int, title: str, body: str) -> None:
         raise NotImplementedError
 
-    def pull_request_state(self, repo: str, number: int) -> PullRequest:
+    def _state(self, repo: str, number: int) -> PullRequest:
         raise NotImplementedError
 
 
@@ -434,7 +465,7 @@ class GiteaForge(RestForge):
             json={"title": title, "body": body},
         )
 
-    def pull_request_state(self, repo: str, number: int) -> PullRequest:
+    def _state(self, repo: str, number: int) -> PullRequest:
         data = self._call(
             "GET",
             f"{self._repo(repo)}/pulls/{int(number)}",
@@ -659,7 +690,7 @@ class GitLabForge(RestForge):
             json={"title": title, "description": body},
         )
 
-    def pull_request_state(self, repo: str, number: int) -> PullRequest:
+    def _state(self, repo: str, number: int) -> PullRequest:
         data = self._call(
             "GET",
             f"{self._project(repo)}/merge_requests/{int(number)}",
