@@ -234,3 +234,35 @@ def test_no_branch_outside_kvgate(gitea: LoopbackGitea, forge: GiteaForge, repo:
         forge.open_or_update_pull_request(repo, "main", "main", {PATCH_PATH: "x"}, "t", "b")
     assert gitea.branch_head(repo, "main") == head
     assert _branches(gitea, repo) == ["main"]
+
+
+def test_superseded_pull_request_is_closed_with_a_comment(
+    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+) -> None:
+    old = forge.open_or_update_pull_request(
+        repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
+    )
+    newer = branch_name("llama-fp8", "fedcba9876543210")
+    new = forge.open_or_update_pull_request(
+        repo, "main", newer, {PATCH_PATH: _patch("k2")}, "FP8 (2)", "b"
+    )
+    assert new.number != old.number and new.created
+    closed = forge.close_pull_request(repo, old.number, f"superseded by {newer}")
+    assert (closed.state, closed.branch) == (PullRequestState.CLOSED, BRANCH)
+    comments = gitea.api("GET", f"/repos/{repo}/issues/{old.number}/comments").json()
+    assert [c["body"] for c in comments] == [f"superseded by {newer}"]
+    assert forge.pull_request_state(repo, new.number).state is PullRequestState.OPEN
+
+
+def test_never_closes_a_pull_request_outside_kvgate_branches(
+    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+) -> None:
+    gitea.api("POST", f"/repos/{repo}/branches", json={"new_branch_name": "feature/x"})
+    gitea.commit(repo, "feature/x", {"apps/llama/README.md": "human\n"}, "a human's change")
+    number = gitea.api(
+        "POST", f"/repos/{repo}/pulls", json={"head": "feature/x", "base": "main", "title": "h"}
+    ).json()["number"]
+    with pytest.raises(ForgeAccessError, match="kvgate closes only its own"):
+        forge.close_pull_request(repo, number, "superseded")
+    assert forge.pull_request_state(repo, number).state is PullRequestState.OPEN
+    assert gitea.api("GET", f"/repos/{repo}/issues/{number}/comments").json() == []

@@ -196,10 +196,14 @@ class FakeForge:
             }
             self.pulls.append(pr)
             return httpx.Response(201, json=self.pr_json(pr))
+        if rest.startswith("/issues/") and rest.endswith("/comments") and method == "POST":
+            pr = self.pulls[int(rest.split("/")[2]) - 1]
+            pr.setdefault("comments", []).append(body["body"])
+            return httpx.Response(201, json={"id": 1, "body": body["body"]})
         if rest.startswith("/pulls/"):
             pr = self.pulls[int(rest.removeprefix("/pulls/")) - 1]
             if method == "PATCH":
-                pr.update(title=body["title"], body=body["body"])
+                pr.update({k: body[k] for k in ("title", "body", "state") if k in body})
             return httpx.Response(200, json=self.pr_json(pr))
         raise AssertionError(f"unexpected {method} {path}")
 
@@ -281,9 +285,15 @@ class FakeForge:
             }
             self.pulls.append(pr)
             return httpx.Response(201, json=self.pr_json(pr))
+        if rest.startswith("/merge_requests/") and rest.endswith("/notes") and method == "POST":
+            pr = self.pulls[int(rest.split("/")[2]) - 1]
+            pr.setdefault("comments", []).append(body["body"])
+            return httpx.Response(201, json={"id": 1, "body": body["body"], "system": False})
         if rest.startswith("/merge_requests/"):
             pr = self.pulls[int(rest.removeprefix("/merge_requests/")) - 1]
-            if method == "PUT":
+            if method == "PUT" and body.get("state_event") == "close":
+                pr["state"] = "closed"
+            elif method == "PUT":
                 pr.update(title=body["title"], body=body["description"])
             return httpx.Response(200, json=self.pr_json(pr))
         raise AssertionError(f"unexpected {method} {path}")
@@ -465,3 +475,28 @@ def test_an_answer_without_the_documented_fields_is_one_forge_error(kind: str) -
     assert caught.value.__cause__ is None
     with pytest.raises(ForgeError, match="without the documented fields"):
         forge.open_or_update_pull_request(REPO, "main", BRANCH, {PATCH_PATH: "x"}, "T", "B")
+
+
+@PROVIDERS
+def test_close_a_superseded_pull_request_with_a_comment(kind: str) -> None:
+    fake = FakeForge(kind)
+    forge = _forge(fake)
+    pr = forge.open_or_update_pull_request(REPO, "main", BRANCH, {PATCH_PATH: "v1\n"}, "T", "B")
+    assert pr.branch == BRANCH
+    closed = forge.close_pull_request(REPO, pr.number, "superseded by kvgate/llama-fedcba")
+    assert (closed.state, closed.merge_sha) == (PullRequestState.CLOSED, None)
+    assert fake.pulls[0]["comments"] == ["superseded by kvgate/llama-fedcba"]
+    again = forge.close_pull_request(REPO, pr.number, "twice")  # closed already: nothing
+    assert again.state is PullRequestState.CLOSED
+    assert fake.pulls[0]["comments"] == ["superseded by kvgate/llama-fedcba"]
+
+
+@PROVIDERS
+def test_never_closes_a_pull_request_outside_kvgate_branches(kind: str) -> None:
+    fake = FakeForge(kind)
+    fake.pulls.append(
+        {"n": 1, "state": "open", "head": "feature/x", "base": "main", "title": "t", "body": "b"}
+    )
+    with pytest.raises(ForgeAccessError, match="kvgate closes only its own"):
+        _forge(fake).close_pull_request(REPO, 1, "superseded")
+    assert fake.pulls[0]["state"] == "open" and "comments" not in fake.pulls[0]

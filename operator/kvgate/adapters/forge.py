@@ -60,6 +60,7 @@ class PullRequest:
     merge_sha: str | None = None  # the merge (or squash) commit, once merged
     committed: bool = False  # open_or_update_pull_request made a new commit
     created: bool = False  # ... and opened the pull request (else it was there)
+    branch: str = ""  # the branch it proposes (its head)
 
 
 class Forge(Protocol):
@@ -76,6 +77,8 @@ class Forge(Protocol):
     ) -> PullRequest: ...
 
     def pull_request_state(self, repo: str, number: int) -> PullRequest: ...
+
+    def close_pull_request(self, repo: str, number: int, comment: str) -> PullRequest: ...
 
 
 def _check_arguments(repo: str, base: str, branch: str, files: Mapping[str, str]) -> None:
@@ -204,6 +207,24 @@ class RestForge:
         with self._answer_shape(repo):
             return self._state(repo, number)
 
+    def close_pull_request(self, repo: str, number: int, comment: str) -> PullRequest:
+        """Close an open pull request of kvgate's with a comment (a new configuration
+        supersedes it). One from a branch outside `kvgate/` is refused: kvgate closes only its
+        own. Closing a closed or merged one changes nothing."""
+        with self._answer_shape(repo):
+            pr = self._state(repo, number)
+            if not is_kvgate_branch(pr.branch):
+                raise ForgeAccessError(
+                    repo,
+                    f"pull request {number} proposes {pr.branch!r}, not a kvgate/ branch: "
+                    "kvgate closes only its own",
+                )
+            if pr.state is not PullRequestState.OPEN:
+                return pr
+            self._close(repo, number, comment)
+            log.info("%s %s: closed pull request #%d", self.name, repo, number)
+            return self._state(repo, number)
+
     @contextmanager
     def _answer_shape(self, repo: str) -> Iterator[None]:
         """An answer without the documented fields is one ForgeError, not a KeyError."""
@@ -307,9 +328,12 @@ class RestForge:
     def _state(self, repo: str, number: int) -> PullRequest:
         raise NotImplementedError
 
+    def _close(self, repo: str, number: int, comment: str) -> None:
+        raise NotImplementedError
+
 
 def _with(pr: PullRequest, *, committed: bool, created: bool = False) -> PullRequest:
-    return PullRequest(pr.number, pr.url, pr.state, pr.merge_sha, committed, created)
+    return PullRequest(pr.number, pr.url, pr.state, pr.merge_sha, committed, created, pr.branch)
 
 
 def _server_message(response: httpx.Response) -> str:
@@ -475,6 +499,24 @@ class GiteaForge(RestForge):
         )
         return _gitea_pr(data)
 
+    def _close(self, repo: str, number: int, comment: str) -> None:
+        self._call(
+            "POST",
+            f"{self._repo(repo)}/issues/{int(number)}/comments",
+            repo,
+            f"commenting on pull request #{number}",
+            permission="comment on pull requests",
+            json={"body": comment},
+        )
+        self._call(
+            "PATCH",
+            f"{self._repo(repo)}/pulls/{int(number)}",
+            repo,
+            f"closing pull request #{number}",
+            permission="edit pull requests",
+            json={"state": "closed"},
+        )
+
 
 def _gitea_pr(data: Mapping[str, Any]) -> PullRequest:
     """Gitea's and GitHub's pull request JSON have the same fields for this."""
@@ -487,7 +529,11 @@ def _gitea_pr(data: Mapping[str, Any]) -> PullRequest:
         state = PullRequestState.OPEN
     sha = data.get("merge_commit_sha") if merged else None  # GitHub sets a test merge too
     return PullRequest(
-        int(data["number"]), str(data.get("html_url", "")), state, str(sha) if sha else None
+        int(data["number"]),
+        str(data.get("html_url", "")),
+        state,
+        str(sha) if sha else None,
+        branch=str(data["head"]["ref"]),
     )
 
 
@@ -700,6 +746,24 @@ class GitLabForge(RestForge):
         )
         return _gitlab_mr(data)
 
+    def _close(self, repo: str, number: int, comment: str) -> None:
+        self._call(
+            "POST",
+            f"{self._project(repo)}/merge_requests/{int(number)}/notes",
+            repo,
+            f"commenting on merge request !{number}",
+            permission="comment on merge requests",
+            json={"body": comment},
+        )
+        self._call(
+            "PUT",
+            f"{self._project(repo)}/merge_requests/{int(number)}",
+            repo,
+            f"closing merge request !{number}",
+            permission="edit merge requests",
+            json={"state_event": "close"},
+        )
+
 
 def _gitlab_mr(data: Mapping[str, Any]) -> PullRequest:
     state = {"merged": PullRequestState.MERGED, "closed": PullRequestState.CLOSED}.get(
@@ -707,7 +771,13 @@ def _gitlab_mr(data: Mapping[str, Any]) -> PullRequest:
     )
     sha = data.get("merge_commit_sha") or data.get("squash_commit_sha")
     merged_sha = str(sha) if state is PullRequestState.MERGED and sha else None
-    return PullRequest(int(data["iid"]), str(data.get("web_url", "")), state, merged_sha)
+    return PullRequest(
+        int(data["iid"]),
+        str(data.get("web_url", "")),
+        state,
+        merged_sha,
+        branch=str(data["source_branch"]),
+    )
 
 
 FORGES: Final[Mapping[str, type[RestForge]]] = {
