@@ -150,13 +150,19 @@ kube_ldflags() {
 # No `bindata` tag (that needs the npm asset build): Gitea reads options/ and
 # templates/ from STATIC_ROOT_PATH, copied from the module next to the binary.
 build_forge() {
-	local dir
+	local dir stamp="$GITEA_VERSION sqlite,sqlite_unlock_notify"
+	if [ "$(cat "$OUT/.gitea.stamp" 2>/dev/null)" != "$stamp" ] && ! command -v "${CC:-gcc}" >/dev/null; then
+		log "gitea: a C compiler (${CC:-gcc}) is needed: cgo, for SQLite"
+		exit 1
+	fi
 	export CGO_ENABLED=1
-	build gitea gitea code.gitea.io/gitea "$GITEA_VERSION sqlite,sqlite_unlock_notify" \
+	build gitea gitea code.gitea.io/gitea "$stamp" \
 		"-s -w -X main.Version=${GITEA_VERSION#v} -X 'main.Tags=sqlite sqlite_unlock_notify'" \
 		-tags=sqlite,sqlite_unlock_notify
-	dir="$(cd "$HERE/go/gitea" && go list -m -f '{{.Dir}}' code.gitea.io/gitea)"
 	if [ "$(cat "$OUT/gitea-assets/.stamp" 2>/dev/null)" != "$GITEA_VERSION" ]; then
+		dir="$(cd "$HERE/go/gitea" && GOFLAGS=-mod=mod go mod download -json code.gitea.io/gitea |
+			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+		[ -d "$dir/templates" ] || { log "gitea: module source not found ($dir)"; exit 1; }
 		rm -rf "$OUT/gitea-assets" && mkdir -p "$OUT/gitea-assets"
 		cp -r "$dir/options" "$dir/templates" "$dir/public" "$OUT/gitea-assets/"
 		chmod -R u+w "$OUT/gitea-assets"
