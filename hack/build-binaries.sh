@@ -5,6 +5,7 @@
 #
 #   hack/build-binaries.sh            build what is missing, print the bin dir
 #   hack/build-binaries.sh --node     also the real node: kubelet, kube-proxy, containerd
+#   hack/build-binaries.sh --forge    only the test forge: Gitea (opt-in; cgo, for sqlite)
 #   hack/build-binaries.sh --print    print the bin dir only
 #   hack/build-binaries.sh --update   regenerate hack/go/*/go.mod+go.sum for the
 #                                     versions below (needs the module proxy)
@@ -20,6 +21,7 @@ KUBE_VERSION="v1.37.2"
 ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 CONTAINERD_VERSION="v2.3.7"
+GITEA_VERSION="v1.26.0"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${KVGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate}"
@@ -88,16 +90,31 @@ update_wrappers() {
 		${TAB}github.com/containerd/containerd/v2/cmd/ctr
 		)
 	EOF
-	for d in k8s etcd helm containerd; do
+	# Gitea: upstream's replace directives are what `go install` refuses; the wrapper copies them.
+	gomod="$(cd / && GOFLAGS= go mod download -json "code.gitea.io/gitea@$GITEA_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+	mkdir -p "$HERE/go/gitea"
+	cat >"$HERE/go/gitea/go.mod" <<-EOF
+		module kvgate.local/hack/gitea
+
+		go $(sed -n 's/^go //p' "$gomod")
+
+		require code.gitea.io/gitea $GITEA_VERSION
+
+		tool code.gitea.io/gitea
+	EOF
+	sed -n 's#^replace \([^ ]*\) => \([^ ]*\) \(v[^ ]*\).*#\1=\2@\3#p' "$gomod" |
+		while read -r r; do (cd "$HERE/go/gitea" && go mod edit -replace="$r"); done
+	for d in k8s etcd helm containerd gitea; do
 		log "go mod tidy in hack/go/$d"
 		(cd "$HERE/go/$d" && GOFLAGS= go mod tidy)
 	done
 }
 
 # --- build one binary unless the cached one has the same stamp ---------------
-# build NAME WRAPPER_DIR PACKAGE STAMP LDFLAGS
+# build NAME WRAPPER_DIR PACKAGE STAMP LDFLAGS [GO_BUILD_FLAG]
 build() {
-	local name="$1" dir="$2" pkg="$3" stamp="$4" ldflags="$5" start
+	local name="$1" dir="$2" pkg="$3" stamp="$4" ldflags="$5" extra="${6:-}" start
 	if [ -x "$OUT/$name" ] && [ "$(cat "$OUT/.$name.stamp" 2>/dev/null)" = "$stamp" ]; then
 		log "$name: cached ($stamp)"
 		return
@@ -105,7 +122,7 @@ build() {
 	start=$SECONDS
 	log "$name: building $stamp (cold, all of them: about 19 min on 2 cores, downloads included)"
 	# -v lists each package as it compiles: that is the progress display.
-	(cd "$HERE/go/$dir" && go build -v -trimpath -ldflags "$ldflags" -o "$OUT/.$name.tmp" "$pkg") 2>&1 |
+	(cd "$HERE/go/$dir" && go build -v -trimpath ${extra:+"$extra"} -ldflags "$ldflags" -o "$OUT/.$name.tmp" "$pkg") 2>&1 |
 		awk -v n="$name" '{ c++; if (c % 50 == 0) printf "[build-binaries] %s: %d packages compiled (%s)\n", n, c, $0 > "/dev/stderr" }
 		                  /^(#|.*\.go:[0-9]+)/ { print > "/dev/stderr" }'
 	[ "${PIPESTATUS[0]}" -eq 0 ] || { log "$name: build failed"; exit 1; }
@@ -125,18 +142,53 @@ kube_ldflags() {
 	echo "$ld"
 }
 
+# --- --forge: Gitea, the loopback Git forge with a pull-request API for tests --
+# `go install code.gitea.io/gitea@v1.26.0` refuses upstream's replace directives;
+# hack/go/gitea/ carries them (v1.27+ declares `module gitea.dev`, which the module
+# proxy refuses). Gitea v1.26's only embedded database is SQLite through
+# mattn/go-sqlite3, which needs cgo (`-tags sqlite`), so this one build has cgo on.
+# No `bindata` tag (that needs the npm asset build): Gitea reads options/ and
+# templates/ from STATIC_ROOT_PATH, copied from the module next to the binary.
+build_forge() {
+	local dir stamp="$GITEA_VERSION sqlite,sqlite_unlock_notify"
+	if [ "$(cat "$OUT/.gitea.stamp" 2>/dev/null)" != "$stamp" ] && ! command -v "${CC:-gcc}" >/dev/null; then
+		log "gitea: a C compiler (${CC:-gcc}) is needed: cgo, for SQLite"
+		exit 1
+	fi
+	export CGO_ENABLED=1
+	build gitea gitea code.gitea.io/gitea "$stamp" \
+		"-s -w -X main.Version=${GITEA_VERSION#v} -X 'main.Tags=sqlite sqlite_unlock_notify'" \
+		-tags=sqlite,sqlite_unlock_notify
+	if [ "$(cat "$OUT/gitea-assets/.stamp" 2>/dev/null)" != "$GITEA_VERSION" ]; then
+		dir="$(cd "$HERE/go/gitea" && GOFLAGS=-mod=mod go mod download -json code.gitea.io/gitea |
+			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+		[ -d "$dir/templates" ] || { log "gitea: module source not found ($dir)"; exit 1; }
+		rm -rf "$OUT/gitea-assets" && mkdir -p "$OUT/gitea-assets"
+		cp -r "$dir/options" "$dir/templates" "$dir/public" "$OUT/gitea-assets/"
+		chmod -R u+w "$OUT/gitea-assets"
+		echo "$GITEA_VERSION" >"$OUT/gitea-assets/.stamp"
+	fi
+}
+
 TAB="$(printf '\t')"
 NODE=""
+FORGE=""
 case "${1:-}" in
 --print) echo "$OUT"; exit 0 ;;
 --update) update_wrappers; exit 0 ;;
 --node) NODE=1 ;;
+--forge) FORGE=1 ;;
 "") ;;
-*) echo "usage: $0 [--node|--print|--update]" >&2; exit 2 ;;
+*) echo "usage: $0 [--node|--forge|--print|--update]" >&2; exit 2 ;;
 esac
 
 command -v go >/dev/null || { log "go is not on PATH: install Go >= 1.26"; exit 1; }
 mkdir -p "$OUT"
+if [ -n "$FORGE" ]; then
+	build_forge
+	echo "$OUT"
+	exit 0
+fi
 KLD="$(kube_ldflags)"
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
 	build "$b" k8s "k8s.io/kubernetes/cmd/$b" "$KUBE_VERSION" "$KLD"

@@ -10,7 +10,9 @@
         ├── ScrapeError      .url
         ├── PrometheusError  .url      the Prometheus HTTP API (config.prometheusURL)
         ├── HubError
-        └── EvalError
+        ├── EvalError
+        └── ForgeError       .repo     a Git forge's REST API (GitHub, GitLab, Gitea)
+            └── ForgeAccessError        the token cannot read or write the repository
 
 Messages are one sentence that names the field or file, the value and the fix.
 """
@@ -83,6 +85,19 @@ class HubError(ExternalError):
 
 class EvalError(ExternalError):
     """The accuracy evaluation could not produce a result (not an accuracy failure)."""
+
+
+class ForgeError(ExternalError):
+    """A Git forge's REST API failed for `repo` (`owner/name`); the token is never in the text."""
+
+    def __init__(self, repo: str, message: str, status: int | None = None) -> None:
+        self.repo = repo
+        self.status = status
+        super().__init__(f"repository {repo}: {message}")
+
+
+class ForgeAccessError(ForgeError):
+    """The token was refused, or lacks a permission kvgate needs on the repository."""
 
 
 def brief(value: object, limit: int = 60) -> str:
