@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 deps:
 	hack/install-deps.sh
 
-# The control plane's and the real node's binaries, built once into ~/.cache/kvgate and reused.
+# The control plane's and the real node's binaries, and the test forge (Gitea), built once into
+# ~/.cache/kvgate and reused.
 binaries:
 	hack/build-binaries.sh --node
+	hack/build-binaries.sh --forge
 
 test: $(STAMP) deps binaries
 	$(BIN)/pytest tests --durations=25
