@@ -37,16 +37,35 @@ def test_config_names_the_model_sets_workers_and_fixed_outputs() -> None:
         {"num_requests": 4, "concurrency_level": 1},
         {"num_requests": 64, "concurrency_level": 32},
     ]
-    assert config["data"]["input_distribution"] == {
-        "type": "normal", "mean": 512, "std_dev": 64, "min": 384, "max": 640,
+    # prompts made before the first stage: one unique "prefix" per request of all stages
+    assert config["data"] == {
+        "type": "shared_prefix",
+        "shared_prefix": {
+            "num_groups": 68,
+            "num_prompts_per_group": 1,
+            "system_prompt_len": {
+                "type": "normal", "mean": 496, "std_dev": 64, "min": 368, "max": 624,
+            },
+            "question_len": 16,
+            "output_len": 128,
+            "seed": 42,
+        },
     }  # fmt: skip
-    assert config["data"]["output_distribution"]["min"] == 128
-    assert config["data"]["output_distribution"]["max"] == 128
     assert config["report"]["goodput"] == {"constraints": {"ttft": 0.5}}
     assert config["report"]["request_lifecycle"]["per_stage"] is True
     assert config["storage"] == {"local_storage": {"path": "/reports/control"}}
-    assert inference_perf_config(plan())["data"]["input_distribution"]["type"] == "fixed"
     assert "goodput" not in inference_perf_config(plan())["report"]
+    fixed = inference_perf_config(plan())["data"]["shared_prefix"]["system_prompt_len"]
+    assert fixed == {"type": "fixed", "mean": 496, "std_dev": 0, "min": 496, "max": 496}
+
+
+def test_prompts_made_at_send_time_use_the_random_generator() -> None:
+    data = inference_perf_config(plan(pregenerate_prompts=False, prompt_std_tokens=64))["data"]
+    assert data["type"] == "random"
+    assert data["input_distribution"] == {
+        "type": "normal", "mean": 512, "std_dev": 64, "min": 384, "max": 640,
+    }  # fmt: skip
+    assert data["output_distribution"]["min"] == data["output_distribution"]["max"] == 128
 
 
 @pytest.mark.parametrize(
@@ -58,8 +77,9 @@ def test_config_names_the_model_sets_workers_and_fixed_outputs() -> None:
         ({"output_tokens": 0}, "output_tokens: must be >= 1, got 0"),
         ({"model_name": ""}, "model_name: must be set"),
         ({"request_timeout_s": 0}, "request_timeout_s: must be > 0"),
+        ({"prompt_tokens": 16}, "prompt_tokens: 16 .std 0. is too short for pregenerated prompts"),
     ],
 )
 def test_bad_plans_are_refused_naming_the_field(changes: dict[str, object], message: str) -> None:
-    with pytest.raises(LoadPlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(LoadPlanError, match=message.replace("[0]", r"\[0\]")):
         plan(**changes)

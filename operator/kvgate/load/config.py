@@ -4,6 +4,12 @@ A `LoadPlan` says what to run against one arm; `inference_perf_config` turns it 
 mapping inference-perf reads with `--config_file`. Every stage is a `concurrent` stage of
 fixed-length requests with `ignore_eos`, so each successful request must return exactly
 `output_tokens` tokens (the report judge relies on that to spot cut-off streams).
+
+Prompts are random tokens. By default they are made before the first stage (the tool's
+`shared_prefix` generator with one group per request, so no two prompts share a prefix):
+its `random` generator makes each prompt when the request is sent, which on a busy CPU
+spreads a stage's sends over seconds (measured: 5 s for 32 prompts of 20k tokens) and the
+stage then measures the client. `pregenerate_prompts=False` gives the `random` generator.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any, Literal
 
 ServerType = Literal["vllm", "sglang"]
 PERCENTILES = (50, 90, 99)
+QUESTION_TOKENS = 16  # the per-request part after the pregenerated prompt's unique "prefix"
 
 
 class LoadPlanError(ValueError):
@@ -52,6 +59,7 @@ class LoadPlan:
     interval_s: float = 1.0
     seed: int = 42
     slo: Slo | None = None
+    pregenerate_prompts: bool = True
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -69,20 +77,47 @@ class LoadPlan:
             raise LoadPlanError(f"prompt_std_tokens: must be >= 0, got {self.prompt_std_tokens}")
         if self.request_timeout_s <= 0:
             raise LoadPlanError(f"request_timeout_s: must be > 0, got {self.request_timeout_s}")
+        if self.pregenerate_prompts and self.prompt_tokens - 2 * self.prompt_std_tokens <= (
+            QUESTION_TOKENS
+        ):
+            raise LoadPlanError(
+                f"prompt_tokens: {self.prompt_tokens} (std {self.prompt_std_tokens}) is too short "
+                f"for pregenerated prompts (more than {QUESTION_TOKENS} tokens)"
+            )
         if not self.model_name:
             raise LoadPlanError("model_name: must be set")
 
 
-def _prompt_distribution(plan: LoadPlan) -> dict[str, Any]:
+def _prompt_distribution(plan: LoadPlan, tokens: int) -> dict[str, Any]:
     if plan.prompt_std_tokens == 0:
-        return _fixed(plan.prompt_tokens)
+        return _fixed(tokens)
     spread = 2 * plan.prompt_std_tokens
     return {
         "type": "normal",
-        "mean": plan.prompt_tokens,
+        "mean": tokens,
         "std_dev": plan.prompt_std_tokens,
-        "min": max(1, plan.prompt_tokens - spread),
-        "max": plan.prompt_tokens + spread,
+        "min": max(1, tokens - spread),
+        "max": tokens + spread,
+    }
+
+
+def _data(plan: LoadPlan) -> dict[str, Any]:
+    if not plan.pregenerate_prompts:
+        return {
+            "type": "random",
+            "input_distribution": _prompt_distribution(plan, plan.prompt_tokens),
+            "output_distribution": _fixed(plan.output_tokens),
+        }
+    return {
+        "type": "shared_prefix",
+        "shared_prefix": {
+            "num_groups": sum(stage.num_requests for stage in plan.stages),
+            "num_prompts_per_group": 1,
+            "system_prompt_len": _prompt_distribution(plan, plan.prompt_tokens - QUESTION_TOKENS),
+            "question_len": QUESTION_TOKENS,
+            "output_len": plan.output_tokens,
+            "seed": plan.seed,
+        },
     }
 
 
@@ -117,11 +152,7 @@ def inference_perf_config(plan: LoadPlan) -> dict[str, Any]:
             "ignore_eos": True,
         },
         "tokenizer": {"pretrained_model_name_or_path": plan.tokenizer_dir, "load_timeout": 60},
-        "data": {
-            "type": "random",
-            "input_distribution": _prompt_distribution(plan),
-            "output_distribution": _fixed(plan.output_tokens),
-        },
+        "data": _data(plan),
         "load": {
             "type": "concurrent",
             "num_workers": plan.num_workers,
