@@ -74,7 +74,7 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(BIN)/python hack/cluster.py status
 
-bench: $(STAMP)
+bench: $(STAMP) $(LOAD_STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
