@@ -82,6 +82,9 @@ def run_load(
     if not binary.is_file():
         raise LoadToolMissing(f"{binary}: inference-perf not found (run `make loadenv`)")
     work_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = Path(plan.report_dir)
+    for name in read_report_files(report_dir, plan):
+        (report_dir / name).unlink()  # a report left by an earlier run must not pass for this one
     config_path = work_dir / "inference-perf.yaml"
     config_path.write_text(yaml.safe_dump(inference_perf_config(plan), sort_keys=False))
     log_path = work_dir / "inference-perf.log"
@@ -100,7 +103,7 @@ def run_load(
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             exit_code = None
-    stages = judge_reports(plan, read_report_files(Path(plan.report_dir), plan))
+    stages = judge_reports(plan, read_report_files(report_dir, plan))
     if exit_code != 0:
         why = (
             f"inference-perf killed after {timeout_s:g}s"
