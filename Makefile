@@ -4,9 +4,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# inference-perf (the load tool) needs Python >= 3.12, so it gets its own venv; pyenv's 3.12 ships
+# in this machine image (and CI's). Override with LOAD_PYTHON=/path/to/python3.12+.
+LOAD_VENV := .venv-load
+LOAD_STAMP := $(LOAD_VENV)/.installed
+LOAD_REQUIREMENTS := operator/kvgate/load/requirements.txt
+PYENV_ROOT_DIR := $(or $(PYENV_ROOT),$(shell pyenv root 2>/dev/null),$(HOME)/.pyenv)
+LOAD_PYTHON ?= $(firstword $(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.12.*/bin/python3)) \
+	$(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.13.*/bin/python3)) \
+	$(shell command -v python3.12 python3.13 2>/dev/null))
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install deps test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv deps test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -17,6 +26,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[eval,dev]'
 	touch $(STAMP)
+
+# The load tool's venv (bench/bench_load_field.py and the `load` tests use $(LOAD_VENV)/bin/inference-perf).
+loadenv: $(LOAD_STAMP)
+
+$(LOAD_STAMP): $(LOAD_REQUIREMENTS)
+	@test -n "$(LOAD_PYTHON)" || { echo "loadenv: no Python 3.12+ found (pyenv versions 3.12.*/3.13.*, python3.12, python3.13); set LOAD_PYTHON"; exit 1; }
+	$(LOAD_PYTHON) -m venv $(LOAD_VENV)
+	$(LOAD_VENV)/bin/pip install --quiet --upgrade pip
+	$(LOAD_VENV)/bin/pip install --quiet -r $(LOAD_REQUIREMENTS)
+	touch $(LOAD_STAMP)
 
 # Debian packages for images and the real node (apt-get when root; else it names them).
 deps:
@@ -57,8 +76,8 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(BIN)/python hack/cluster.py status
 
-bench: $(STAMP)
+bench: $(STAMP) $(LOAD_STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOAD_VENV) .pytest_cache .ruff_cache

@@ -3,7 +3,9 @@
 One thread runs steps. A step admits waiting requests whose prompt fits the pool, gives
 every running request one token, and preempts the newest requests (recompute, as vLLM V1
 does) when the pool runs out. A decode step costs the time to read the weights plus the
-KV of every running sequence, so an FP8 pool (half the bytes) decodes long contexts faster.
+KV of every running sequence, so an FP8 pool (half the bytes) decodes long contexts faster,
+unless the GPU profile carries fitted per-step, per-sequence and FP8-dequantization costs
+(the field-report profile does: docs/engine-model.md).
 Times in metrics are engine seconds: the sum of the modelled step times, so they read
 like a real GPU's whatever KVGATE_SIM_SPEED is (the wall clock only paces the steps).
 """
@@ -125,8 +127,10 @@ class Scheduler:
         max_num_seqs: int,
         speed: float,
         on_finished: Callable[[Request], None] | None = None,
+        fp8_kv: bool = False,
     ) -> None:
         self.gpu = gpu
+        self.fp8_kv = fp8_kv  # reading the pool costs the GPU's FP8 dequantization too
         self.model = model
         self.kv_bytes_per_token = kv_bytes_per_token
         self.block_size = block_size
@@ -191,11 +195,16 @@ class Scheduler:
         return self.stats.used_blocks / self.total_blocks
 
     def step_seconds(self, contexts: Sequence[int], prefill_tokens: int) -> float:
-        """Engine time of one step: weights + KV read at memory bandwidth, plus prefill compute."""
-        kv_bytes = sum(contexts) * self.kv_bytes_per_token
-        decode = (self._weights_bytes + kv_bytes) / self._bandwidth
+        """Engine time of one step: weights + KV read at memory bandwidth, plus prefill compute,
+        plus the GPU's per-step, per-sequence and FP8-dequantization costs (zero unless fitted)."""
+        cached = sum(contexts)
+        gpu = self.gpu
+        decode = (self._weights_bytes + cached * self.kv_bytes_per_token) / self._bandwidth
+        overhead = gpu.step_overhead_s + len(contexts) * gpu.seq_overhead_s
+        if self.fp8_kv:
+            overhead += cached * gpu.fp8_dequant_s_per_token
         prefill = prefill_tokens * 2 * self.model.params_billion * 1e9 / self._flops
-        return decode + prefill
+        return decode + overhead + prefill
 
     # ---- internals ----------------------------------------------------------
     def _blocks(self, tokens: int) -> int:

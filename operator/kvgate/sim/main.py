@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from kvgate.sim import cli, dcgm
-from kvgate.sim.capacity import BLOCK_SIZE
+from kvgate.sim.capacity import BLOCK_SIZE, kv_dtype_bytes
 from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
 from kvgate.sim.context import ContextModel
 from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
@@ -241,6 +241,7 @@ class Runner:
             max_num_seqs=max_seqs,
             speed=env.speed,
             on_finished=self._count,
+            fp8_kv=kv_dtype_bytes(args.kv_cache_dtype) == 1,
         )
         self.scheduler = app.scheduler = scheduler
         model = args.served_model_name
