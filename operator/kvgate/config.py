@@ -62,6 +62,10 @@ class OperatorConfig:
     # KVGATE_PROMETHEUS_URL (http(s)://host:port of the Prometheus HTTP API): preflight reads
     # production's pool history there with PromQL instead of scraping the pods; None: scrape.
     prometheus_url: str | None = None
+    # KVGATE_HUB_TOKEN_SECRETS (the chart's hubTokenSecrets.enabled): spec.model.tokenSecretRef
+    # is honoured only when set, and then only for a Secret labelled kvgate.io/hub-token="true";
+    # off, a rollout naming one fails (InvalidSpec) before anything is created.
+    hub_token_secrets: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -86,6 +90,7 @@ class OperatorConfig:
             approval_identity=_bool(environ, "KVGATE_APPROVAL_IDENTITY", d.approval_identity),
             approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
             prometheus_url=_url(environ, "KVGATE_PROMETHEUS_URL"),
+            hub_token_secrets=_bool(environ, "KVGATE_HUB_TOKEN_SECRETS", d.hub_token_secrets),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:

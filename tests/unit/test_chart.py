@@ -221,6 +221,16 @@ def test_secrets_grant_is_off_unless_enabled(helm: str) -> None:
     assert ("", "secrets", "get") not in set(grants(cluster["rules"]))
 
 
+def test_the_operator_honours_token_secrets_only_with_the_grant(helm: str) -> None:
+    def env_of(*sets: str) -> dict[str, str | None]:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}
+
+    # Off: the operator fails a rollout that names spec.model.tokenSecretRef (fail closed).
+    assert env_of()["KVGATE_HUB_TOKEN_SECRETS"] == "0"
+    assert env_of("hubTokenSecrets.enabled=true")["KVGATE_HUB_TOKEN_SECRETS"] == "1"
+
+
 def test_empty_namespace_list_is_refused(helm: str) -> None:
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", "watch.namespaces=null")
     assert proc.returncode != 0
