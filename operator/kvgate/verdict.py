@@ -10,6 +10,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -1069,7 +1070,7 @@ def _event_for(result: GateResult) -> Event | None:
     return None
 
 
-REVERT_BACKOFF_MAX_S: Final = 300.0
+REVERT_BACKOFF_MAX_S: Final = 60.0  # production may be crashing meanwhile: retry every minute
 
 
 def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
@@ -1087,8 +1088,17 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
 
 
 def revert_backoff(attempts: int) -> float:
-    """Seconds before the next revert attempt: 5, 10, 20 ... up to 5 minutes."""
+    """Seconds before the next revert attempt: 5, 10, 20, 40, then every minute."""
     return float(min(5.0 * 2.0 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S))
+
+
+def revert_retry_due_s(attempts: int) -> float:
+    """When, in seconds after Reverting began, the attempt after `attempts` refused ones is due.
+
+    Counted from the phase's start (status has no per-attempt clock the core sees); after an
+    operator outage the overdue attempts come one per read-back until the schedule is met.
+    """
+    return sum(revert_backoff(a) for a in range(1, attempts + 1))
 
 
 def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
@@ -1110,13 +1120,14 @@ def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: 
     )
     message = f"{why}; last: {error}"
     if state.phase is Phase.REVERTING:
+        retry_s = revert_backoff(state.revert_attempts + 1)
         return Step(
             Phase.REVERTING,
             "RevertFailed",
-            f"revert not confirmed: {message}",
+            f"revert not confirmed: {message}; next try in {retry_s:g}s",
             events=(Event("RevertFailed", message, warning=True),),
             revert=state.revert,
-            requeue_s=revert_backoff(state.revert_attempts + 1),
+            requeue_s=retry_s,
         )
     if state.phase in PATCHED_PHASES:
         return _revert(Phase.ROLLED_BACK, "PromotionReverted", message)
@@ -1709,19 +1720,22 @@ def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
             requeue_s=revert_backoff(state.revert_attempts + 1),
         )
     if state.revert_attempts > 0:
-        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried.
+        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried. Every
+        # attempt is read back on the next reconcile (seconds); the back-off spaces attempts.
         why = state.revert_error or "the Deployment still carries kvgate's change after the patch"
+        wait_s = revert_retry_due_s(state.revert_attempts) - state.phase_elapsed_s
         message = (
             f"revert of Deployment {name} not confirmed after {state.revert_attempts} "
-            f"attempt(s): {why}"
+            f"attempt(s): {why}; "
+            + (f"next try in {math.ceil(wait_s)}s" if wait_s > 0 else "trying again now")
         )
         return Step(
             Phase.REVERTING,
             "RevertFailed",
             message,
-            actions=(Action.REVERT_DEPLOYMENT,),
-            events=(Event("RevertFailed", message, warning=True),),
-            requeue_s=revert_backoff(state.revert_attempts + 1),
+            actions=() if wait_s > 0 else (Action.REVERT_DEPLOYMENT,),
+            events=() if wait_s > 0 else (Event("RevertFailed", message, warning=True),),
+            requeue_s=wait_s if wait_s > 0 else MIN_DELAY_S,
         )
     return Step(
         Phase.REVERTING,

@@ -156,3 +156,22 @@ def test_a_label_removed_after_the_start_stops_the_job_and_the_rollout_fails(
     assert "spec.model.tokenSecretRef: Secret ns/hf does not opt in" in status["message"]
     assert w.kube.of_kind("Job") == []
     w.assert_invariant()
+
+
+def test_a_secret_the_operator_may_not_get_is_refused_not_retried() -> None:
+    """403 (hubTokenSecrets.names does not list it): a spec problem, not an outage (fail closed)."""
+    from types import SimpleNamespace
+
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    from kvgate.adapters.kube import Kube
+    from kvgate.errors import InputError
+
+    def forbidden(name: str, namespace: str) -> Any:
+        raise ApiException(status=403, reason="Forbidden")
+
+    kube = Kube(k8s.ApiClient())
+    kube.core = SimpleNamespace(read_namespaced_secret=forbidden)  # type: ignore[assignment]
+    with pytest.raises(InputError, match=r"^spec.model.tokenSecretRef: the operator may not read"):
+        kube.check_hub_token_secret("ns", "other", "token")

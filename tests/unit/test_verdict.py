@@ -746,17 +746,27 @@ def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
 def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
     intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     for attempts in (1, 2, 7):
+        # The next attempt is due a back-off after the last (5 s, 10 s ... every minute), and
+        # is read back on the next reconcile, not after another back-off (issue 25).
+        due = v.revert_retry_due_s(attempts)
         s = step(
             Phase.REVERTING,
             Observation(live=STUCK),
             revert=intent,
             revert_attempts=attempts,
             revert_error="403 Forbidden",
+            phase_elapsed_s=due,
         )
         assert (s.phase, s.reason) == (Phase.REVERTING, "RevertFailed")
         assert s.actions == (Action.REVERT_DEPLOYMENT,) and "403 Forbidden" in s.message
-        assert s.requeue_s == v.revert_backoff(attempts + 1)
+        assert s.requeue_s == v.MIN_DELAY_S
         assert any(e.reason == "RevertFailed" and e.warning for e in s.events)
+        early = step(Phase.REVERTING, Observation(live=STUCK), revert=intent,
+                     revert_attempts=attempts, revert_error="403 Forbidden",
+                     phase_elapsed_s=due - v.revert_backoff(attempts) + 1)  # fmt: skip
+        assert (early.phase, early.reason, early.actions) == (Phase.REVERTING, "RevertFailed", ())
+        assert early.requeue_s == v.revert_backoff(attempts) - 1
+        assert "403 Forbidden" in early.message and "next try in " in early.message
     assert v.revert_backoff(1) == 5 and v.revert_backoff(30) == v.REVERT_BACKOFF_MAX_S
     # healthy pods never turn a failed revert into Promoted: the phase only reads live
     assert step(Phase.REVERTING, Observation(live=STUCK, rollout_done=True), revert=intent,
