@@ -216,6 +216,28 @@ TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 EVAL_TMP_SIZE: Final = "1Gi"  # HOME, HF_HOME and the lm-eval work dir (see the Dockerfile)
 
 
+# The eval Job's default bounds (the chart's evalResources; KVGATE_EVAL_RESOURCES): it sends
+# HTTP requests and, for the long-context task, tokenizes prompts. Requests keep it out of
+# BestEffort (evicted first); limits bound a runaway tokenizer or summary.
+DEFAULT_EVAL_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+
+
+def eval_resources(
+    operator: Mapping[str, Any], rollout: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The eval container's resources: the operator's bounds, each key the rollout's
+    spec.canary.resources names replaced by its value (a rollout cannot drop a bound)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        values = {**dict(operator.get(part) or {}), **dict(rollout.get(part) or {})}
+        if values:
+            merged[part] = values
+    return merged
+
+
 def build_eval_job(
     *,
     rollout: str,

@@ -575,3 +575,50 @@ def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", bad)
     assert proc.returncode != 0
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+def test_the_eval_job_is_bounded_by_the_chart_and_the_operator_reads_it(helm: str) -> None:
+    from kvgate.config import OperatorConfig
+    from kvgate.manifests import DEFAULT_EVAL_RESOURCES
+
+    def config_of(*sets: str) -> OperatorConfig:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return OperatorConfig.from_env({e["name"]: e["value"] for e in c["env"] if "value" in e})
+
+    # the chart's defaults are the operator's: a `kvgate run` outside the chart is bounded too
+    assert config_of().eval_resources == DEFAULT_EVAL_RESOURCES
+    assert config_of("evalResources.limits.memory=4Gi").eval_resources["limits"] == {
+        "cpu": "2",
+        "memory": "4Gi",
+    }
+    assert config_of("evalResources=null").eval_resources == DEFAULT_EVAL_RESOURCES
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "evalResources.limits.cpu=2 cores")  # fmt: skip
+    assert proc.returncode != 0 and "evalResources" in proc.stderr
+
+
+def test_the_operators_network_policy_is_optional_and_opens_two_ports(helm: str) -> None:
+    assert not [d for d in render(helm) if d["kind"] == "NetworkPolicy"]  # off by default
+    docs = render(
+        helm, "networkPolicy.enabled=true", "networkPolicy.allowedNamespaces={monitoring}"
+    )
+    policy = one(docs, "NetworkPolicy", "kvgate")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # egress stays open: apiserver, pods, hub
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    (expr,) = peer["namespaceSelector"]["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("kubernetes.io/metadata.name", "In")
+    assert expr["values"] == ["kvgate-system", "monitoring"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}, {"port": 9090, "protocol": "TCP"}]
+    # no metrics: the health port only; extra peers are appended as given
+    docs = render(helm, "networkPolicy.enabled=true", "metrics.enabled=false",
+                  "networkPolicy.extraFrom[0].podSelector.matchLabels.app=prometheus")  # fmt: skip
+    (rule,) = one(docs, "NetworkPolicy", "kvgate")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert rule["from"][1] == {"podSelector": {"matchLabels": {"app": "prometheus"}}}
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "networkPolicy.allowedNamespaces={Not_A_Name}")  # fmt: skip
+    assert proc.returncode != 0 and "allowedNamespaces" in proc.stderr

@@ -168,7 +168,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
             tokenizer=ctx.status.get("model"),
         ),
         env=env,
-        resources=ctx.spec.canary.resources,
+        resources=manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources),
         deadline_s=ctx.spec.canary.eval_timeout_s,
         config_hash=str(ctx.status.get("configHash")),
         service_account_name=ctx.config.eval_service_account,
