@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,23 @@ def assert_no_reference(cluster: Any, namespace: str, secret: str) -> None:
     assert holders == [], f"{holders} reference Secret {secret}"
 
 
+def _token_secret_policy(cluster: Any, namespace: str) -> str:
+    """The chart's token-secret policy and binding, for this namespace, as helm renders them."""
+    chart = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
+    proc = subprocess.run(
+        [str(Path(cluster.bin_dir) / "helm"), "template", "kvgate-hostile", str(chart),
+         "--kube-version", "v1.37.2", "--show-only", "templates/admissionpolicy.yaml",
+         "--set", f"watch.namespaces={{{namespace}}}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/kvgate-helm/cache",
+             "HELM_CONFIG_HOME": "/tmp/kvgate-helm/config", "HELM_DATA_HOME": "/tmp/kvgate-helm/data"},
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    wanted = [d for d in docs if d["metadata"]["name"] == "kvgate-hostile-token-secret"]
+    assert len(wanted) == 2, [d["metadata"]["name"] for d in docs]
+    return yaml.safe_dump_all(wanted)
+
+
 def wait_end_watching(
     cluster: Any, namespace: str, name: str, secret: str, timeout: float
 ) -> dict[str, Any]:
@@ -215,8 +234,28 @@ def test_a_token_secret_needs_the_operators_opt_in(
         reasons = event_reasons(cluster, namespace, "lc-fp8")
         assert "CanaryCreated" not in reasons and "EvalStarted" not in reasons, reasons
         assert_no_reference(cluster, namespace, "labelled")
+
+        # The chart refuses it at admission too (its ValidatingAdmissionPolicy, rendered here
+        # as the chart installs it), and a rollout stored before the policy can still change.
+        policy = _token_secret_policy(cluster, namespace)
+        cluster.kubectl("apply", "-f", "-", input=policy)
+        again = rollout("lc2-fp8", "lc", gates=LONG_CONTEXT, **spec)
+
+        def refused() -> str | None:
+            proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                                   input=yaml.safe_dump(again), check=False)  # fmt: skip
+            if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
+                cluster.kubectl("delete", "kvr", "lc2-fp8", "-n", namespace, check=False)
+                return None
+            return proc.stderr
+
+        stderr = wait_for(refused, 30, "the token-secret admission policy in force")
+        assert "spec.model.tokenSecretRef: this kvgate install does not use hub-token" in stderr
+        cluster.kubectl("annotate", "kvr", "lc-fp8", "-n", namespace, "note=still-updatable")
     finally:
         cluster.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False)
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                        "kvgate-hostile-token-secret", "--ignore-not-found", check=False)  # fmt: skip
         code = operator.stop()
         assert no_tracebacks(operator.log()) == [], operator.log()[-3000:]
         assert code == 0

@@ -622,3 +622,20 @@ def test_the_operators_network_policy_is_optional_and_opens_two_ports(helm: str)
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
                     "--set", "networkPolicy.allowedNamespaces={Not_A_Name}")  # fmt: skip
     assert proc.returncode != 0 and "allowedNamespaces" in proc.stderr
+
+
+def test_a_token_secret_is_refused_at_admission_unless_enabled(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a}")
+    policy = one(docs, "ValidatingAdmissionPolicy", "kvgate-token-secret")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["kvcacherollouts"] and rule["operations"] == ["CREATE", "UPDATE"]
+    (check,) = policy["spec"]["validations"]
+    assert "!has(object.spec.model.tokenSecretRef)" in check["expression"]
+    assert "oldObject.spec.model" in check["expression"]  # stored ones can still be finalized
+    assert check["message"].startswith("spec.model.tokenSecretRef: ")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "kvgate-token-secret")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["team-a"]
+    for sets in (("hubTokenSecrets.enabled=true",), ("statusAdmissionPolicy.enabled=false",)):
+        assert not [d for d in render(helm, *sets) if "token-secret" in d["metadata"]["name"]]
