@@ -36,6 +36,8 @@ from test_operator_support import (
     wait_phase,
 )
 
+from kvgate import manifests
+
 pytestmark = pytest.mark.e2e
 
 PEM = (
@@ -160,24 +162,13 @@ def test_hostile_specs_are_refused_and_leak_nothing(
 LONG_CONTEXT = {"capacity": {"mode": "off"}, "accuracy": {"longContext": {}}}
 
 
-def secret_refs(obj: dict[str, Any]) -> set[str]:
-    """Every Secret a Pod or Job spec names: env, envFrom and volumes."""
-    spec = obj.get("spec") or {}
-    pod = ((spec.get("template") or {}).get("spec") or {}) if obj["kind"] == "Job" else spec
-    names = set()
-    for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
-        for e in c.get("env") or []:
-            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
-            if ref:
-                names.add(ref["name"])
-        names.update(e["secretRef"]["name"] for e in c.get("envFrom") or [] if e.get("secretRef"))
-    names.update(v["secret"]["secretName"] for v in pod.get("volumes") or [] if v.get("secret"))
-    return names
-
-
 def assert_no_reference(cluster: Any, namespace: str, secret: str) -> None:
     out = cluster.kubectl("get", "pods,jobs", "-n", namespace, "-o", "json").stdout
-    holders = [o["metadata"]["name"] for o in json.loads(out)["items"] if secret in secret_refs(o)]
+    holders = [
+        o["metadata"]["name"]
+        for o in json.loads(out)["items"]
+        if secret in manifests.secret_names(o)
+    ]
     assert holders == [], f"{holders} reference Secret {secret}"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from test_controller import TERMINAL, World
 
+from kvgate import manifests
 from kvgate.model import LABEL_ROLLOUT
 
 OPT_IN = {"kvgate.io/hub-token": "true"}
@@ -29,31 +30,12 @@ def world(monkeypatch: pytest.MonkeyPatch, *, enabled: bool) -> World:
     return w
 
 
-def secret_refs(obj: dict[str, Any]) -> set[str]:
-    """Every Secret a Pod or Job spec names: env, envFrom and volumes."""
-    spec = obj.get("spec") or {}
-    pod = ((spec.get("template") or {}).get("spec") or {}) if obj["kind"] == "Job" else spec
-    names = set()
-    for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
-        for e in c.get("env") or []:
-            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
-            if ref:
-                names.add(ref["name"])
-        for e in c.get("envFrom") or []:
-            if e.get("secretRef"):
-                names.add(e["secretRef"]["name"])
-    for v in pod.get("volumes") or []:
-        if v.get("secret"):
-            names.add(v["secret"]["secretName"])
-    return names
-
-
 def referencing(w: World, name: str) -> list[str]:
     return [
         o["metadata"]["name"]
         for kind in ("Pod", "Job")
         for o in w.kube.of_kind(kind)
-        if name in secret_refs(o)
+        if name in manifests.secret_names(o)
     ]
 
 

@@ -176,6 +176,10 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
         writable_tmp=ctx.config.eval_writable_tmp,
         secret_env=secret_env,
     )
+    # Fail closed: the Job names no Secret but the token that passed hub_token_problem.
+    allowed = {ref[0] for ref in secret_env.values()}
+    if not manifests.secret_names(job) <= allowed:
+        raise KvgateError("the eval Job would reference a Secret that was not checked")
     adopt_child(ctx, job, "eval")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
     if existing is not None and not owned(ctx, existing):
