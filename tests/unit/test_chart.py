@@ -591,7 +591,8 @@ def test_the_eval_job_is_bounded_by_the_chart_and_the_operator_reads_it(helm: st
         "cpu": "2",
         "memory": "4Gi",
     }
-    assert config_of("evalResources=null").eval_resources == DEFAULT_EVAL_RESOURCES
+    # null deletes the chart's default, as {} does: no bounds, said explicitly to the operator
+    assert config_of("evalResources=null").eval_resources == {}
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
                     "--set", "evalResources.limits.cpu=2 cores")  # fmt: skip
     assert proc.returncode != 0 and "evalResources" in proc.stderr
