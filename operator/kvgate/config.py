@@ -6,10 +6,11 @@ the operator runs is here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from kvgate import policy
@@ -17,6 +18,11 @@ from kvgate.errors import SpecError
 from kvgate.spec import parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
+# The eval Job's bounds when the chart sets none (the chart's evalResources defaults agree).
+DEFAULT_EVAL_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
 DEFAULT_EVAL_IMAGE: Final = "ghcr.io/kvgate/kvgate:0.1.0"
 DEFAULT_EVAL_CONCURRENCY: Final = 8
 DEFAULT_METRICS_PORT: Final = 9090
@@ -40,6 +46,12 @@ class OperatorConfig:
     # KVGATE_EVAL_WRITABLE_TMP: an emptyDir at /tmp in the eval Job (its root filesystem is
     # read-only). Off only where pods share the host filesystem (the project's test kubelet).
     eval_writable_tmp: bool = True
+    # KVGATE_EVAL_RESOURCES (JSON {"requests": {...}, "limits": {...}}, the chart's
+    # evalResources): the eval container's bounds; a rollout's spec.canary.resources may
+    # change a value but not drop one. "{}": none (BestEffort, unbounded memory).
+    eval_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: DEFAULT_EVAL_RESOURCES
+    )
     # KVGATE_MODEL_DIRS (os.pathsep-separated): the only places a local spec.model.name may be
     model_dirs: tuple[str, ...] = ()
     # KVGATE_EXTRA_ALLOWED_ARGS / KVGATE_EXTRA_ALLOWED_ENV (comma lists; env entries may end
@@ -62,6 +74,10 @@ class OperatorConfig:
     # KVGATE_PROMETHEUS_URL (http(s)://host:port of the Prometheus HTTP API): preflight reads
     # production's pool history there with PromQL instead of scraping the pods; None: scrape.
     prometheus_url: str | None = None
+    # KVGATE_HUB_TOKEN_SECRETS (the chart's hubTokenSecrets.enabled): spec.model.tokenSecretRef
+    # is honoured only when set, and then only for a Secret labelled kvgate.io/hub-token="true";
+    # off, a rollout naming one fails (InvalidSpec) before anything is created.
+    hub_token_secrets: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
@@ -72,6 +88,7 @@ class OperatorConfig:
             eval_image=_image(environ, "KVGATE_EVAL_IMAGE", d.eval_image),
             eval_service_account=_name(environ, "KVGATE_EVAL_SERVICE_ACCOUNT"),
             eval_writable_tmp=_bool(environ, "KVGATE_EVAL_WRITABLE_TMP", d.eval_writable_tmp),
+            eval_resources=_resources(environ, "KVGATE_EVAL_RESOURCES", d.eval_resources),
             model_dirs=tuple(
                 p for p in (environ.get("KVGATE_MODEL_DIRS") or "").split(os.pathsep) if p
             ),
@@ -86,6 +103,7 @@ class OperatorConfig:
             approval_identity=_bool(environ, "KVGATE_APPROVAL_IDENTITY", d.approval_identity),
             approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
             prometheus_url=_url(environ, "KVGATE_PROMETHEUS_URL"),
+            hub_token_secrets=_bool(environ, "KVGATE_HUB_TOKEN_SECRETS", d.hub_token_secrets),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:
@@ -179,6 +197,35 @@ def _image(environ: Mapping[str, str], name: str, default: str) -> str:
     if not _IMAGE.fullmatch(raw):
         raise SpecError(name, f"{raw!r} is not an image reference (repo:tag or repo@sha256:...)")
     return raw
+
+
+_QUANTITY: Final = re.compile(r"\d+(\.\d+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
+
+
+def _resources(
+    environ: Mapping[str, str], name: str, default: Mapping[str, Mapping[str, str]]
+) -> Mapping[str, Mapping[str, str]]:
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise SpecError(name, 'not JSON; use {"requests": {...}, "limits": {...}}') from None
+    if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
+        raise SpecError(name, "an object with only requests and limits")
+    out: dict[str, dict[str, str]] = {}
+    for part, amounts in value.items():
+        if not isinstance(amounts, dict):
+            raise SpecError(f"{name}.{part}", "an object of resource name to quantity")
+        for resource, amount in amounts.items():
+            text = str(amount) if isinstance(amount, int | float | str) else ""
+            if isinstance(amount, bool) or not _QUANTITY.fullmatch(text):
+                raise SpecError(
+                    f"{name}.{part}.{resource}", f"{text[:40]!r} is not a quantity (500m, 2Gi)"
+                )
+            out.setdefault(part, {})[str(resource)] = text
+    return out
 
 
 def _allowlist(environ: Mapping[str, str]) -> policy.Allowlist:

@@ -15,7 +15,7 @@ from kvgate.steps import (
     revert_step,
 )
 
-REVERT_BACKOFF_MAX_S: Final = 300.0
+REVERT_BACKOFF_MAX_S: Final = 60.0  # production may be crashing meanwhile: retry every minute
 
 
 def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
@@ -33,8 +33,17 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
 
 
 def revert_backoff(attempts: int) -> float:
-    """Seconds before the next revert attempt: 5, 10, 20 ... up to 5 minutes."""
+    """Seconds before the next revert attempt: 5, 10, 20, 40, then every minute."""
     return float(min(5.0 * 2.0 ** max(attempts - 1, 0), REVERT_BACKOFF_MAX_S))
+
+
+def revert_retry_due_s(attempts: int) -> float:
+    """When, in seconds after Reverting began, the attempt after `attempts` refused ones is due.
+
+    Counted from the phase's start (status has no per-attempt clock the core sees); after an
+    operator outage the overdue attempts come one per read-back until the schedule is met.
+    """
+    return sum(revert_backoff(a) for a in range(1, attempts + 1))
 
 
 def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
@@ -56,13 +65,14 @@ def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: 
     )
     message = f"{why}; last: {error}"
     if state.phase is Phase.REVERTING:
+        retry_s = revert_backoff(state.revert_attempts + 1)
         return Step(
             Phase.REVERTING,
             "RevertFailed",
-            f"revert not confirmed: {message}",
+            f"revert not confirmed: {message}; next try in {retry_s:g}s",
             events=(Event("RevertFailed", message, warning=True),),
             revert=state.revert,
-            requeue_s=revert_backoff(state.revert_attempts + 1),
+            requeue_s=retry_s,
         )
     if state.phase in PATCHED_PHASES:
         return revert_step(Phase.ROLLED_BACK, "PromotionReverted", message)

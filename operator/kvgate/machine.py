@@ -6,11 +6,12 @@ next phase, the actions to take, events and the requeue delay. Nothing here does
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from kvgate.deadlines import revert_backoff
+from kvgate.deadlines import revert_backoff, revert_retry_due_s
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -627,19 +628,22 @@ def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
             requeue_s=revert_backoff(state.revert_attempts + 1),
         )
     if state.revert_attempts > 0:
-        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried.
+        # An earlier attempt did not take (refused, or re-mutated): loud, sticky, retried. Every
+        # attempt is read back on the next reconcile (seconds); the back-off spaces attempts.
         why = state.revert_error or "the Deployment still carries kvgate's change after the patch"
+        wait_s = revert_retry_due_s(state.revert_attempts) - state.phase_elapsed_s
         message = (
             f"revert of Deployment {name} not confirmed after {state.revert_attempts} "
-            f"attempt(s): {why}"
+            f"attempt(s): {why}; "
+            + (f"next try in {math.ceil(wait_s)}s" if wait_s > 0 else "trying again now")
         )
         return Step(
             Phase.REVERTING,
             "RevertFailed",
             message,
-            actions=(Action.REVERT_DEPLOYMENT,),
-            events=(Event("RevertFailed", message, warning=True),),
-            requeue_s=revert_backoff(state.revert_attempts + 1),
+            actions=() if wait_s > 0 else (Action.REVERT_DEPLOYMENT,),
+            events=() if wait_s > 0 else (Event("RevertFailed", message, warning=True),),
+            requeue_s=wait_s if wait_s > 0 else MIN_DELAY_S,
         )
     return Step(
         Phase.REVERTING,

@@ -210,6 +210,41 @@ TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 EVAL_TMP_SIZE: Final = "1Gi"  # HOME, HF_HOME and the lm-eval work dir (see the Dockerfile)
 
 
+def secret_names(obj: Mapping[str, Any]) -> set[str]:
+    """Every Secret a Pod's or a Job's pod spec names: env, envFrom and volumes."""
+    spec = obj.get("spec") or {}
+    pod = ((spec.get("template") or {}).get("spec") or {}) if obj.get("kind") == "Job" else spec
+    names: set[str] = set()
+    for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                names.add(str(ref.get("name")))
+        names.update(
+            str(e["secretRef"].get("name")) for e in c.get("envFrom") or [] if e.get("secretRef")
+        )
+    names.update(
+        str(v["secret"].get("secretName")) for v in pod.get("volumes") or [] if v.get("secret")
+    )
+    return names
+
+
+# The eval Job's default bounds (the chart's evalResources; KVGATE_EVAL_RESOURCES): it sends
+# HTTP requests and, for the long-context task, tokenizes prompts. Requests keep it out of
+# BestEffort (evicted first); limits bound a runaway tokenizer or summary.
+def eval_resources(
+    operator: Mapping[str, Any], rollout: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The eval container's resources: the operator's bounds, each key the rollout's
+    spec.canary.resources names replaced by its value (a rollout cannot drop a bound)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for part in ("requests", "limits"):
+        values = {**dict(operator.get(part) or {}), **dict(rollout.get(part) or {})}
+        if values:
+            merged[part] = values
+    return merged
+
+
 def build_eval_job(
     *,
     rollout: str,

@@ -222,3 +222,24 @@ def scrub_text(text: str) -> str:
     for pattern, replacement in _TEXT_RULES:
         text = pattern.sub(replacement, text)
     return text
+
+
+def hide(text: str, *secrets: str | None) -> str:
+    """`text` without any of `secrets` (as sent, escaped or quoted, or any line of one), then
+    `scrub_text`. For messages built from errors that may echo a request (a token in a header)."""
+    for secret in secrets:
+        if not secret:
+            continue
+        forms = {
+            secret,
+            ascii(secret)[1:-1],
+            secret.encode("unicode_escape").decode("ascii"),
+            repr(secret.encode("utf-8", "replace"))[2:-1],  # b'...' as h11 quotes a header
+            "".join(c if c.isprintable() else ascii(c)[1:-1] for c in secret),  # the CLI's line
+        }
+        # A line or a run of printable characters of it, should a message quote only a part.
+        forms.update(p for p in re.split(r"[\s\x00-\x1f\x7f\"'\\]+", secret) if len(p) >= 6)
+        for form in sorted(forms, key=len, reverse=True):
+            if form:
+                text = text.replace(form, "<redacted>")
+    return scrub_text(text)

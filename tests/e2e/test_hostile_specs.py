@@ -4,12 +4,17 @@ Refused at admission (the CRD's CEL, first wall): LD_PRELOAD, PYTHONPATH, HF_END
 --trust-remote-code, --middleware, canary.evalImage. Refused by the operator (second wall): a
 flag that is neither denied nor allowed. Never leaked: a multi-line Secret named as the hub
 token, an unlabelled Secret, the operator's own files (/proc/self/environ as the model).
+Never handed on: a Secret the rollout names for the eval Job's HF_TOKEN is used only with the
+operator's opt-in (KVGATE_HUB_TOKEN_SECRETS) and the Secret's label; otherwise no Job or Pod
+references it, ever.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +25,18 @@ from test_operator_support import (
     Operator,
     apply,
     container_of,
+    event_reasons,
     get,
     install_crd,
     no_tracebacks,
     rollout,
     sim_deployment,
     wait_deployment_ready,
+    wait_for,
     wait_phase,
 )
+
+from kvgate import manifests
 
 pytestmark = pytest.mark.e2e
 
@@ -79,9 +88,12 @@ def test_hostile_specs_are_refused_and_leak_nothing(
         assert field in proc.stderr, proc.stderr
         assert get(cluster, namespace, "kvr", f"{name}-fp8") is None
 
-    operator = Operator(cluster, tmp_path / "operator.log", namespaces=[namespace]).start()
+    # With the operator's opt-in (the chart's hubTokenSecrets.enabled): the Secret's own label
+    # and value rule still refuse.
+    operator = Operator(cluster, tmp_path / "operator.log", namespaces=[namespace],
+                        extra_env={"KVGATE_HUB_TOKEN_SECRETS": "1"}).start()  # fmt: skip
     try:
-        targets = ("unknown", "pem", "unlabelled", "environ")
+        targets = ("unknown", "pem", "unlabelled", "environ", "lc-unlabelled")
         for t in targets:
             apply(cluster, namespace, sim_deployment(t, env=ROOM))
         apply(cluster, namespace, _secret("pem", PEM, opt_in=True))
@@ -98,18 +110,31 @@ def test_hostile_specs_are_refused_and_leak_nothing(
             "unlabelled": {"extraArgs": TRITON,
                            "model": {"name": "Qwen/Qwen3-8B", "tokenSecretRef": {"name": "plain"}}},
             "environ": {"extraArgs": TRITON, "model": {"name": "/proc/self/environ"}},
+            # The eval Job would get HF_TOKEN (a hub tokenizer for the long-context task).
+            "lc-unlabelled": {"extraArgs": TRITON,
+                              "model": {"name": "Qwen/Qwen3-8B", "tokenSecretRef": {"name": "plain"}}},
         }  # fmt: skip
         for t, spec in specs.items():
-            apply(cluster, namespace, rollout(f"{t}-fp8", t, gates=gates, **spec))
-        ends = {t: wait_phase(cluster, namespace, f"{t}-fp8", TERMINAL, 240) for t in targets}
+            rollout_gates = LONG_CONTEXT if t == "lc-unlabelled" else gates
+            apply(cluster, namespace, rollout(f"{t}-fp8", t, gates=rollout_gates, **spec))
+        ends = {t: wait_end_watching(cluster, namespace, f"{t}-fp8", "plain", 240) for t in targets}
 
         unknown = ends["unknown"]["status"]
         assert (unknown["phase"], unknown["reason"]) == ("Failed", "InvalidSpec")
         assert "spec.extraArgs" in unknown["message"] and "--enable-lora" in unknown["message"]
-        pem = ends["pem"]["status"]["preflight"]["checkpoint"]["finding"]
-        assert "pem" in pem  # names the Secret, not its value
-        unlabelled = ends["unlabelled"]["status"]["preflight"]["checkpoint"]["finding"]
-        assert "kvgate.io/hub-token" in unlabelled
+        # Refused before anything runs (they used to reach the checkpoint scan as a finding).
+        pem = ends["pem"]["status"]
+        assert (pem["phase"], pem["reason"]) == ("Failed", "InvalidSpec")
+        assert "pem" in pem["message"]  # names the Secret, not its value
+        assert pem["message"].startswith("spec.model.tokenSecretRef: ")
+        for t in ("unlabelled", "lc-unlabelled"):
+            unlabelled = ends[t]["status"]
+            assert (unlabelled["phase"], unlabelled["reason"]) == ("Failed", "InvalidSpec"), t
+            assert "kvgate.io/hub-token" in unlabelled["message"]
+            assert unlabelled["message"].startswith("spec.model.tokenSecretRef: Secret ")
+            reasons = event_reasons(cluster, namespace, f"{t}-fp8")
+            assert "CanaryCreated" not in reasons and "EvalStarted" not in reasons, reasons
+        assert_no_reference(cluster, namespace, "plain")
         environ = ends["environ"]["status"]["preflight"]["checkpoint"]["finding"]
         assert "KVGATE_MODEL_DIRS" in environ
         for t in targets:  # nothing reached production
@@ -129,6 +154,99 @@ def test_hostile_specs_are_refused_and_leak_nothing(
                 assert "KUBECONFIG=" not in text and "PATH=/" not in text, where
     finally:
         cluster.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False)
+        code = operator.stop()
+        assert no_tracebacks(operator.log()) == [], operator.log()[-3000:]
+        assert code == 0
+
+
+LONG_CONTEXT = {"capacity": {"mode": "off"}, "accuracy": {"longContext": {}}}
+
+
+def assert_no_reference(cluster: Any, namespace: str, secret: str) -> None:
+    out = cluster.kubectl("get", "pods,jobs", "-n", namespace, "-o", "json").stdout
+    holders = [
+        o["metadata"]["name"]
+        for o in json.loads(out)["items"]
+        if secret in manifests.secret_names(o)
+    ]
+    assert holders == [], f"{holders} reference Secret {secret}"
+
+
+def _token_secret_policy(cluster: Any, namespace: str) -> str:
+    """The chart's token-secret policy and binding, for this namespace, as helm renders them."""
+    chart = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
+    proc = subprocess.run(
+        [str(Path(cluster.bin_dir) / "helm"), "template", "kvgate-hostile", str(chart),
+         "--kube-version", "v1.37.2", "--show-only", "templates/admissionpolicy.yaml",
+         "--set", f"watch.namespaces={{{namespace}}}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/kvgate-helm/cache",
+             "HELM_CONFIG_HOME": "/tmp/kvgate-helm/config", "HELM_DATA_HOME": "/tmp/kvgate-helm/data"},
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    wanted = [d for d in docs if d["metadata"]["name"] == "kvgate-hostile-token-secret"]
+    assert len(wanted) == 2, [d["metadata"]["name"] for d in docs]
+    return yaml.safe_dump_all(wanted)
+
+
+def wait_end_watching(
+    cluster: Any, namespace: str, name: str, secret: str, timeout: float
+) -> dict[str, Any]:
+    """wait_phase(TERMINAL), checking at every poll that no Pod or Job references `secret`."""
+
+    def ended() -> dict[str, Any] | None:
+        assert_no_reference(cluster, namespace, secret)
+        obj = get(cluster, namespace, "kvcacherollout", name) or {}
+        return obj if (obj.get("status") or {}).get("phase") in TERMINAL else None
+
+    wait_for(ended, timeout, f"{name} ended", interval=1.0)
+    return wait_phase(cluster, namespace, name, TERMINAL, 5)
+
+
+@pytest.mark.timeout(300)
+def test_a_token_secret_needs_the_operators_opt_in(
+    cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The chart's default (hubTokenSecrets.enabled=false): even a labelled Secret is refused."""
+    install_crd(cluster)
+    operator = Operator(cluster, tmp_path / "operator.log", namespaces=[namespace]).start()
+    try:
+        apply(cluster, namespace, sim_deployment("lc", env=ROOM))
+        apply(cluster, namespace, _secret("labelled", PLAIN, opt_in=True))
+        wait_deployment_ready(cluster, namespace, "lc")
+        spec = {"extraArgs": TRITON,
+                "model": {"name": "Qwen/Qwen3-8B", "tokenSecretRef": {"name": "labelled"}}}  # fmt: skip
+        apply(cluster, namespace, rollout("lc-fp8", "lc", gates=LONG_CONTEXT, **spec))
+        end = wait_end_watching(cluster, namespace, "lc-fp8", "labelled", 120)
+        status = end["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+        assert status["message"].startswith("spec.model.tokenSecretRef: ")
+        assert "hubTokenSecrets.enabled" in status["message"] and PLAIN not in status["message"]
+        reasons = event_reasons(cluster, namespace, "lc-fp8")
+        assert "CanaryCreated" not in reasons and "EvalStarted" not in reasons, reasons
+        assert_no_reference(cluster, namespace, "labelled")
+
+        # The chart refuses it at admission too (its ValidatingAdmissionPolicy, rendered here
+        # as the chart installs it), and a rollout stored before the policy can still change.
+        policy = _token_secret_policy(cluster, namespace)
+        cluster.kubectl("apply", "-f", "-", input=policy)
+        again = rollout("lc2-fp8", "lc", gates=LONG_CONTEXT, **spec)
+
+        def refused() -> str | None:
+            proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                                   input=yaml.safe_dump(again), check=False)  # fmt: skip
+            if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
+                cluster.kubectl("delete", "kvr", "lc2-fp8", "-n", namespace, check=False)
+                return None
+            return proc.stderr
+
+        stderr = wait_for(refused, 30, "the token-secret admission policy in force")
+        assert "spec.model.tokenSecretRef: this kvgate install does not use hub-token" in stderr
+        cluster.kubectl("annotate", "kvr", "lc-fp8", "-n", namespace, "note=still-updatable")
+    finally:
+        cluster.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False)
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                        "kvgate-hostile-token-secret", "--ignore-not-found", check=False)  # fmt: skip
         code = operator.stop()
         assert no_tracebacks(operator.log()) == [], operator.log()[-3000:]
         assert code == 0

@@ -93,6 +93,8 @@ class FakeKube:
         self.crash_after = False  # crash after applying the mutation instead of before
         self.refuse_patches: Callable[[list[dict[str, Any]]], str | None] = lambda ops: None
         self.crash_new_pods = False
+        # Secrets by name (kubernetes V1Secret), read through the real adapter's hub-token rule
+        self.secrets: dict[str, Any] = {}
         # The L4 trap: a candidate without the Triton backend dies building FlashInfer's kernels
         self.jit_crash = False
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
@@ -186,6 +188,35 @@ class FakeKube:
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         return None
+
+    def add_secret(self, name: str, value: str, labels: dict[str, str] | None = None) -> None:
+        import base64
+
+        from kubernetes import client as k8s
+
+        data = {"token": base64.b64encode(value.encode()).decode()}
+        meta = k8s.V1ObjectMeta(name=name, namespace="ns", labels=labels)
+        self.secrets[name] = k8s.V1Secret(metadata=meta, data=data)
+
+    def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
+        """The real `Kube.check_hub_token_secret`, over this cluster's Secrets."""
+        from types import SimpleNamespace
+
+        from kubernetes import client as k8s
+        from kubernetes.client.exceptions import ApiException
+
+        from kvgate.adapters.kube import Kube
+
+        self.requests += 1
+
+        def read(secret_name: str, secret_namespace: str) -> Any:
+            if secret_name not in self.secrets:
+                raise ApiException(status=404, reason="NotFound")
+            return self.secrets[secret_name]
+
+        real = Kube(k8s.ApiClient())
+        real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
+        real.check_hub_token_secret(namespace, name, key)
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.requests += 1

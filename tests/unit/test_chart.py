@@ -221,6 +221,16 @@ def test_secrets_grant_is_off_unless_enabled(helm: str) -> None:
     assert ("", "secrets", "get") not in set(grants(cluster["rules"]))
 
 
+def test_the_operator_honours_token_secrets_only_with_the_grant(helm: str) -> None:
+    def env_of(*sets: str) -> dict[str, str | None]:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}
+
+    # Off: the operator fails a rollout that names spec.model.tokenSecretRef (fail closed).
+    assert env_of()["KVGATE_HUB_TOKEN_SECRETS"] == "0"
+    assert env_of("hubTokenSecrets.enabled=true")["KVGATE_HUB_TOKEN_SECRETS"] == "1"
+
+
 def test_empty_namespace_list_is_refused(helm: str) -> None:
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE, "--set", "watch.namespaces=null")
     assert proc.returncode != 0
@@ -584,3 +594,67 @@ def test_the_chart_refuses_a_cluster_older_than_its_defaults_need(
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1, result.stderr
         assert "kubeVersion: >=1.36.0-0" in errors[0] and "v1.35.4" in errors[0], errors
+
+
+def test_the_eval_job_is_bounded_by_the_chart_and_the_operator_reads_it(helm: str) -> None:
+    from kvgate.config import DEFAULT_EVAL_RESOURCES, OperatorConfig
+
+    def config_of(*sets: str) -> OperatorConfig:
+        c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return OperatorConfig.from_env({e["name"]: e["value"] for e in c["env"] if "value" in e})
+
+    # the chart's defaults are the operator's: a `kvgate run` outside the chart is bounded too
+    assert config_of().eval_resources == DEFAULT_EVAL_RESOURCES
+    assert config_of("evalResources.limits.memory=4Gi").eval_resources["limits"] == {
+        "cpu": "2",
+        "memory": "4Gi",
+    }
+    # null deletes the chart's default, as {} does: no bounds, said explicitly to the operator
+    assert config_of("evalResources=null").eval_resources == {}
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "evalResources.limits.cpu=2 cores")  # fmt: skip
+    assert proc.returncode != 0 and "evalResources" in proc.stderr
+
+
+def test_the_operators_network_policy_is_optional_and_opens_two_ports(helm: str) -> None:
+    assert not [d for d in render(helm) if d["kind"] == "NetworkPolicy"]  # off by default
+    docs = render(
+        helm, "networkPolicy.enabled=true", "networkPolicy.allowedNamespaces={monitoring}"
+    )
+    policy = one(docs, "NetworkPolicy", "kvgate")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # egress stays open: apiserver, pods, hub
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    (expr,) = peer["namespaceSelector"]["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("kubernetes.io/metadata.name", "In")
+    assert expr["values"] == ["kvgate-system", "monitoring"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}, {"port": 9090, "protocol": "TCP"}]
+    # no metrics: the health port only; extra peers are appended as given
+    docs = render(helm, "networkPolicy.enabled=true", "metrics.enabled=false",
+                  "networkPolicy.extraFrom[0].podSelector.matchLabels.app=prometheus")  # fmt: skip
+    (rule,) = one(docs, "NetworkPolicy", "kvgate")["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert rule["from"][1] == {"podSelector": {"matchLabels": {"app": "prometheus"}}}
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "networkPolicy.allowedNamespaces={Not_A_Name}")  # fmt: skip
+    assert proc.returncode != 0 and "allowedNamespaces" in proc.stderr
+
+
+def test_a_token_secret_is_refused_at_admission_unless_enabled(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a}")
+    policy = one(docs, "ValidatingAdmissionPolicy", "kvgate-token-secret")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["kvcacherollouts"] and rule["operations"] == ["CREATE", "UPDATE"]
+    (check,) = policy["spec"]["validations"]
+    assert "!has(object.spec.model.tokenSecretRef)" in check["expression"]
+    assert "oldObject.spec.model" in check["expression"]  # stored ones can still be finalized
+    assert check["message"].startswith("spec.model.tokenSecretRef: ")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "kvgate-token-secret")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["team-a"]
+    for sets in (("hubTokenSecrets.enabled=true",), ("statusAdmissionPolicy.enabled=false",)):
+        assert not [d for d in render(helm, *sets) if "token-secret" in d["metadata"]["name"]]

@@ -13,6 +13,14 @@ def test_defaults() -> None:
     assert config == OperatorConfig()
     assert config.gsm8k_dir is None and config.eval_image == DEFAULT_EVAL_IMAGE
     assert config.hub_offline is False
+    assert config.hub_token_secrets is False  # tokenSecretRef is refused unless enabled
+
+
+def test_hub_token_secrets_are_an_opt_in() -> None:
+    assert OperatorConfig.from_env({"KVGATE_HUB_TOKEN_SECRETS": "1"}).hub_token_secrets is True
+    assert OperatorConfig.from_env({"KVGATE_HUB_TOKEN_SECRETS": "0"}).hub_token_secrets is False
+    with pytest.raises(SpecError, match="KVGATE_HUB_TOKEN_SECRETS"):
+        OperatorConfig.from_env({"KVGATE_HUB_TOKEN_SECRETS": "maybe"})
 
 
 def test_environment() -> None:

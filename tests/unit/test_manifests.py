@@ -257,3 +257,28 @@ def test_find_container() -> None:
         LookupError, match=r"container 'x' not in the pod template \(containers: side, engine\)"
     ):
         m.find_container(spec, "x")
+
+
+def test_secret_names_finds_every_reference() -> None:
+    pod = {
+        "kind": "Pod",
+        "spec": {
+            "initContainers": [{"envFrom": [{"secretRef": {"name": "a"}}, {"configMapRef": {}}]}],
+            "containers": [
+                {
+                    "env": [
+                        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "b"}}},
+                        {"name": "Y", "value": "c"},
+                    ]
+                }
+            ],
+            "volumes": [
+                {"name": "v", "secret": {"secretName": "d"}},
+                {"name": "t", "emptyDir": {}},
+            ],
+        },
+    }
+    assert m.secret_names(pod) == {"a", "b", "d"}
+    job = {"kind": "Job", "spec": {"template": {"spec": pod["spec"]}}}
+    assert m.secret_names(job) == {"a", "b", "d"}
+    assert m.secret_names({"kind": "Job", "spec": {}}) == set()

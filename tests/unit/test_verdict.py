@@ -801,17 +801,27 @@ def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
 def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
     intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     for attempts in (1, 2, 7):
+        # The next attempt is due a back-off after the last (5 s, 10 s ... every minute), and
+        # is read back on the next reconcile, not after another back-off (issue 25).
+        due = deadlines.revert_retry_due_s(attempts)
         s = step(
             Phase.REVERTING,
             Observation(live=STUCK),
             revert=intent,
             revert_attempts=attempts,
             revert_error="403 Forbidden",
+            phase_elapsed_s=due,
         )
         assert (s.phase, s.reason) == (Phase.REVERTING, "RevertFailed")
         assert s.actions == (Action.REVERT_DEPLOYMENT,) and "403 Forbidden" in s.message
-        assert s.requeue_s == deadlines.revert_backoff(attempts + 1)
+        assert s.requeue_s == steps.MIN_DELAY_S
         assert any(e.reason == "RevertFailed" and e.warning for e in s.events)
+        early = step(Phase.REVERTING, Observation(live=STUCK), revert=intent,
+                     revert_attempts=attempts, revert_error="403 Forbidden",
+                     phase_elapsed_s=due - deadlines.revert_backoff(attempts) + 1)  # fmt: skip
+        assert (early.phase, early.reason, early.actions) == (Phase.REVERTING, "RevertFailed", ())
+        assert early.requeue_s == deadlines.revert_backoff(attempts) - 1
+        assert "403 Forbidden" in early.message and "next try in " in early.message
     assert (
         deadlines.revert_backoff(1) == 5
         and deadlines.revert_backoff(30) == deadlines.REVERT_BACKOFF_MAX_S

@@ -18,6 +18,7 @@ import httpx
 
 from kvgate.errors import ScrapeError, SpecError
 from kvgate.metrics import MetricSnapshot, parse_metrics
+from kvgate.redact import scrub_text
 
 DEFAULT_TIMEOUT: Final = 5.0
 # A vLLM /metrics body is tens to hundreds of KiB; 4 MiB leaves room for many models/replicas.
@@ -33,14 +34,26 @@ for _name in ("httpx", "httpcore"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
+def _shown(url: str) -> str:
+    """The URL as messages show it: no user:password@ and no query (either may hold a secret)."""
+    try:
+        parsed = httpx.URL(url)
+        shown = str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return scrub_text(url)
+    return shown + ("?<query not shown>" if parsed.query else "")
+
+
 def _check_url(url: str) -> None:
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
-        raise SpecError("url", f"'{url}' is not a valid URL: {exc}") from exc
+        if not url.isprintable():  # a credential split by a line break escapes scrub_text
+            raise SpecError("url", "the URL holds a control character or a line break") from None
+        raise SpecError("url", scrub_text(f"'{url}' is not a valid URL: {exc}")) from None
     if parsed.scheme not in {"http", "https"} or not parsed.host:
         raise SpecError(
-            "url", f"'{url}' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics"
+            "url", f"'{_shown(url)}' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics"
         )
 
 
@@ -100,6 +113,7 @@ def scrape(
     endless body cannot hold the caller.
     """
     _check_url(url)
+    shown = _shown(url)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SpecError("timeout", f"{timeout} must be a finite number of seconds above 0")
     own = client is None
@@ -121,14 +135,15 @@ def scrape(
                 body.extend(chunk)
                 if len(body) > max_bytes:
                     raise ScrapeError(
-                        url, f"body is larger than {max_bytes >> 20} MiB; not an engine's /metrics"
+                        shown,
+                        f"body is larger than {max_bytes >> 20} MiB; not an engine's /metrics",
                     )
                 if clock() > deadline:
                     raise ScrapeError(
-                        url, f"body not complete within {timeout:g} s ({len(body):,} bytes read)"
+                        shown, f"body not complete within {timeout:g} s ({len(body):,} bytes read)"
                     )
             if watchdog.fired:  # a body read to EOF after the shutdown is cut, not whole
-                raise ScrapeError(url, late)
+                raise ScrapeError(shown, late)
             try:
                 return body.decode(response.charset_encoding or "utf-8", errors="replace")
             except LookupError:  # a charset Python does not know
@@ -138,13 +153,13 @@ def scrape(
         message = f"HTTP {status} {exc.response.reason_phrase}".rstrip()
         if status == 404 and httpx.URL(url).path.endswith("/metrics"):
             message += " (SGLang serves /metrics only with --enable-metrics)"
-        raise ScrapeError(url, message, status) from exc
+        raise ScrapeError(shown, message, status) from exc
     except httpx.TimeoutException as exc:  # a silent server: the read timed out first
-        raise ScrapeError(url, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
+        raise ScrapeError(shown, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
         if watchdog.fired:  # the watchdog cut a trickling answer
-            raise ScrapeError(url, late) from exc
-        raise ScrapeError(url, f"{type(exc).__name__}: {_first_line(exc)}") from exc
+            raise ScrapeError(shown, late) from exc
+        raise ScrapeError(shown, scrub_text(f"{type(exc).__name__}: {_first_line(exc)}")) from exc
     finally:
         watchdog.cancel()
         if own:
@@ -168,7 +183,7 @@ def scrape_snapshot(
     """Scrape and parse one `/metrics`, stamped with `clock()` for rates."""
     taken_at = clock()
     return parse_metrics(
-        scrape(url, client=client, timeout=timeout), engine, source=url, taken_at=taken_at
+        scrape(url, client=client, timeout=timeout), engine, source=_shown(url), taken_at=taken_at
     )
 
 

@@ -10,18 +10,23 @@ kept as `reader="hfapi"` for comparison (bench/bench_checkpoint_scan.py).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import httpcore2
 import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub import HfApi, constants, get_token, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -32,12 +37,19 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
     SafetensorsParsingError,
 )
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import (
+    build_hf_headers,
+    get_session,
+    hf_raise_for_status,
+    set_client_factory,
+)
+from huggingface_hub.utils._http import default_client_factory
 
 from kvgate.capacity import KVLayout, parse_kv_layout
 from kvgate.checkpoint import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
 from kvgate.inputs import load_json, read_text
+from kvgate.redact import hide
 
 CONFIG_FILE: Final = "config.json"
 MODELOPT_FILE: Final = "hf_quant_config.json"  # ModelOpt's quantization summary
@@ -47,6 +59,9 @@ MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
 HEADER_WORKERS: Final = 8
 MAX_SHARDS: Final = 4096
 _REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# The whole hub read (model info, config, every header) ends by then, however the hub answers:
+# huggingface_hub's client has no timeout, and a per-read timeout never trips on a trickle.
+DEFAULT_HUB_DEADLINE_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +137,114 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
     )
 
 
+# --- an overall deadline on the hub client's sockets ---------------------------------------------
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kvgate_hub_deadline", default=None
+)
+
+
+def _left(timeout: float | None, late: type[Exception]) -> float | None:
+    """The socket timeout for one read, write or connect: never past the caller's deadline."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise late("the overall deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A socket stream whose every operation ends by the deadline of the call using it."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.NetworkStream:
+        inner = self._inner.start_tls(
+            ssl_context, server_hostname, _left(timeout, httpcore2.ConnectTimeout)
+        )
+        return _DeadlineStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore2.NetworkBackend):
+    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore2.NetworkStream:
+        stream = self._inner.connect_tcp(
+            host, port, _left(timeout, httpcore2.ConnectTimeout), local_address, socket_options
+        )
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore2.NetworkStream:
+        stream = self._inner.connect_unix_socket(
+            path, _left(timeout, httpcore2.ConnectTimeout), socket_options
+        )
+        return _DeadlineStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _client_with_deadlines() -> httpx2.Client:
+    """huggingface_hub's own client, its connection pools on deadline-bound sockets."""
+    client = default_client_factory()
+    transports = [client._transport, *client._mounts.values()]  # direct and proxied
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return client
+
+
+_installed = threading.Lock()
+_factory_set = False
+
+
+_DEADLINE_TOLERANCE_S: Final = 0.25
+
+
+@contextmanager
+def _deadline(at: float) -> Iterator[None]:
+    """Every hub socket operation of this call (and of the tasks it copies its context into)
+    ends by the monotonic time `at`."""
+    global _factory_set
+    with _installed:
+        if not _factory_set:
+            set_client_factory(_client_with_deadlines)
+            _factory_set = True
+    reset = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(reset)
+
+
 def read_hub_checkpoint(
     repo_id: str,
     *,
@@ -129,16 +252,52 @@ def read_hub_checkpoint(
     token: str | bool | None = None,
     endpoint: str | None = None,
     reader: str = "ranges",
+    deadline_s: float = DEFAULT_HUB_DEADLINE_S,
 ) -> CheckpointHeaders:
     """Headers of a hub repo at `revision` (default main), reading only header bytes.
 
     `endpoint` defaults to HF_ENDPOINT; `token` to huggingface_hub's usual lookup (HF_TOKEN,
-    the saved login); False sends none.
+    the saved login); False sends none. The whole read ends within `deadline_s` (HubError),
+    however slowly the hub answers. No message holds the token, whatever it contains.
     """
     if reader not in ("ranges", "hfapi"):
         raise SpecError("reader", f"'{reader}' is not a header reader; use ranges or hfapi")
-    api = HfApi(endpoint=endpoint, token=token)
+    sent = token if isinstance(token, str) else (None if token is False else get_token())
     where = f"{repo_id}@{revision or constants.DEFAULT_REVISION}"
+    deadline = time.monotonic() + deadline_s
+    try:
+        with _deadline(deadline):
+            return _read_hub_checkpoint(repo_id, revision, token, endpoint, reader, where)
+    except httpx2.TimeoutException as exc:
+        # a socket timeout is cut to what is left, so it ends at the deadline, give or take
+        if time.monotonic() >= deadline - _DEADLINE_TOLERANCE_S:
+            raise HubError(
+                f"{where}: no complete answer from the hub within {deadline_s:g} s "
+                "(too slow, or trickling)"
+            ) from None
+        raise HubError(f"{where}: the hub did not answer ({type(exc).__name__})") from None
+    except httpx2.LocalProtocolError:
+        # h11 refuses a header it cannot send, and quotes it: the token's, typically.
+        raise HubError(
+            f"{where}: the request could not be sent: a header value is not valid HTTP "
+            "(a token with a line break or a control character?); it is not shown"
+        ) from None
+    except (HubError, SpecError, ParseError) as exc:
+        cleaned = hide(str(exc), sent)
+        if cleaned == str(exc):
+            raise
+        raise HubError(cleaned) from None
+
+
+def _read_hub_checkpoint(
+    repo_id: str,
+    revision: str | None,
+    token: str | bool | None,
+    endpoint: str | None,
+    reader: str,
+    where: str,
+) -> CheckpointHeaders:
+    api = HfApi(endpoint=endpoint, token=token)
     try:
         info = api.model_info(repo_id, revision=revision, token=token)
         commit = info.sha or revision or constants.DEFAULT_REVISION
@@ -158,7 +317,12 @@ def read_hub_checkpoint(
             return _read_with_hfapi(api, repo_id, commit, token, where, config)
         files = _hub_weight_files(siblings, fetch, where)
         with ThreadPoolExecutor(max_workers=HEADER_WORKERS) as pool:
-            headers = list(pool.map(fetch.safetensors_header, files))
+            # each task in a copy of this context: the deadline goes with it
+            tasks = [
+                pool.submit(contextvars.copy_context().run, fetch.safetensors_header, name)
+                for name in files
+            ]
+            headers = [task.result() for task in tasks]
     except GatedRepoError as exc:
         raise HubError(
             f"{where}: the repo is gated; accept its terms on the hub and pass a token (--token-env)"
@@ -179,8 +343,12 @@ def read_hub_checkpoint(
         raise HubError(f"{where}: HF_HUB_OFFLINE is set; unset it to read the hub") from exc
     except HfHubHTTPError as exc:
         raise HubError(f"{where}: the hub answered: {_first_line(exc)}") from exc
+    except (httpx2.TimeoutException, httpx2.LocalProtocolError):
+        raise  # read_hub_checkpoint says these in its own words, without the request
     except httpx2.HTTPError as exc:
-        raise HubError(f"{where}: cannot reach the hub ({type(exc).__name__}: {exc})") from exc
+        raise HubError(
+            f"{where}: cannot reach the hub ({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc
 
     tensors: dict[str, TensorInfo] = {}
     for name, (header, _) in zip(files, headers, strict=True):

@@ -285,6 +285,18 @@ class Kube:
         value must be one printable line of at most 512 characters without whitespace.
         Every refusal is an InputError naming the Secret, the key or the label, never the value.
         """
+        return self._hub_token(namespace, name, key, forbidden_is_input=False)
+
+    def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
+        """Raise InputError unless kvgate may hand Secret `name` on (the eval Job's HF_TOKEN).
+
+        The same rule as `read_secret_value` (label, key, one printable line), applied before a
+        Job may reference the Secret by `secretKeyRef`, which the kubelet resolves without
+        kvgate's RBAC. A Secret the operator may not get (403) is refused too: fail closed.
+        """
+        self._hub_token(namespace, name, key, forbidden_is_input=True)
+
+    def _hub_token(self, namespace: str, name: str, key: str, *, forbidden_is_input: bool) -> str:
         where = f"Secret {namespace}/{name}"
         try:
             obj = self._call(
@@ -294,6 +306,11 @@ class Kube:
                 missing_ok=True,
             )
         except KubeError as exc:
+            if exc.status == 403 and forbidden_is_input:
+                raise InputError(
+                    f"spec.model.tokenSecretRef: the operator may not read {where} (403); "
+                    "enable hubTokenSecrets (and list the name in hubTokenSecrets.names)"
+                ) from None
             if exc.status == 403:
                 raise KubeError(
                     f"{exc}: the operator may not read Secrets here; enable the chart value "

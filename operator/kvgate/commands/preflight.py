@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,9 @@ class PoolOptions:
 
 
 _DEFAULT_POOL: Final = PoolOptions()
+DEFAULT_HUB_TIMEOUT_S: Final = 30.0  # = adapters.hub.DEFAULT_HUB_DEADLINE_S (not imported: lazy)
+MAX_TOKEN_LENGTH: Final = 512
+_ENV_NAME: Final = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
 _DEFAULT_VERSION_TEXT: Final = ".".join(map(str, DEFAULT_VLLM_VERSION))
 
 
@@ -48,6 +52,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--token-env",
         metavar="VAR",
         help="environment variable holding the hub token (default: huggingface_hub's lookup)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=finite_float(),
+        default=DEFAULT_HUB_TIMEOUT_S,
+        metavar="S",
+        help="seconds the whole hub read may take, however slowly the hub answers (default "
+        f"{DEFAULT_HUB_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--gpu-memory-gib",
@@ -95,9 +107,17 @@ def run(args: argparse.Namespace) -> int:
         version = engine_versions.parse(args.vllm_version)
     except ValueError as exc:
         raise SpecError("--vllm-version", str(exc)) from None
+    if not 0 < args.timeout <= 3600:
+        raise SpecError("--timeout", f"{args.timeout:g} is not in (0, 3600] seconds")
     pool = PoolOptions(version, args.max_num_batched_tokens)
     result = preflight(
-        args.model, args.revision, _token(args.token_env), memory, args.max_model_len, pool
+        args.model,
+        args.revision,
+        _token(args.token_env),
+        memory,
+        args.max_model_len,
+        pool,
+        timeout_s=args.timeout,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -113,13 +133,22 @@ def preflight(
     memory_bytes: int | None,
     max_model_len: int | None = None,
     pool: PoolOptions | None = None,
+    *,
+    timeout_s: float = DEFAULT_HUB_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data."""
     from kvgate.adapters import hub
 
     try:
         return _preflight(
-            hub, target, revision, token, memory_bytes, max_model_len, pool or _DEFAULT_POOL
+            hub,
+            target,
+            revision,
+            token,
+            memory_bytes,
+            max_model_len,
+            pool or _DEFAULT_POOL,
+            timeout_s,
         )
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
@@ -135,6 +164,7 @@ def _preflight(
     memory_bytes: int | None,
     max_model_len: int | None,
     pool: PoolOptions,
+    timeout_s: float,
 ) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
@@ -149,7 +179,9 @@ def _preflight(
         if path.exists():
             headers = hub.read_local_checkpoint(path)
         elif hub.looks_like_repo_id(target) and not target.endswith(".json"):
-            headers = hub.read_hub_checkpoint(target, revision=revision, token=token)
+            headers = hub.read_hub_checkpoint(
+                target, revision=revision, token=token, deadline_s=timeout_s
+            )
         else:
             raise ParseError(
                 target, "no such file or directory, and not a hub repo id like org/name"
@@ -329,9 +361,34 @@ def _gib(value: float) -> str:
 
 
 def _token(variable: str | None) -> str | None:
+    """The hub token from the variable --token-env names; no message shows any of it.
+
+    The name is shown only when it reads as a variable name (upper case): a token pasted as
+    the option's value (`--token-env hf_...`) must not be printed back either.
+    """
     if variable is None:
         return None
-    token = os.environ.get(variable)
+    shown = (
+        f"environment variable '{variable}'"
+        if _ENV_NAME.fullmatch(variable)
+        else (
+            "the environment variable --token-env names (not shown: variable names are upper case; "
+            "is it a token?)"
+        )
+    )
+    token = os.environ.get(variable) if "\x00" not in variable and "=" not in variable else None
     if not token:
-        raise SpecError("--token-env", f"environment variable '{variable}' is not set or empty")
+        raise SpecError("--token-env", f"{shown} is not set or empty")
+    if len(token) > MAX_TOKEN_LENGTH:
+        raise SpecError(
+            "--token-env",
+            f"{shown} holds {len(token)} characters; a hub token is one line of "
+            f"at most {MAX_TOKEN_LENGTH}",
+        )
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise SpecError(
+            "--token-env",
+            f"{shown} holds whitespace, a line break or a control character; a "
+            "hub token is one printable line (its value is not shown)",
+        )
     return token

@@ -31,6 +31,7 @@ from kvgate.controller.context import (
 )
 from kvgate.controller.observe import (
     eval_concurrency_of,
+    hub_token_problem,
     tpot_totals,
 )
 from kvgate.controller.record import (
@@ -39,7 +40,7 @@ from kvgate.controller.record import (
 from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
-from kvgate.errors import ExternalError, KubeError, KvgateError
+from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
 from kvgate.model import LABEL_ARM, LABEL_ROLLOUT, config_hash
 from kvgate.spec import RolloutSpec
 from kvgate.steps import Action, Step
@@ -139,6 +140,10 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
         raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
     port = ctx.status.get("port", 8000)
     env = {"PYTHONUNBUFFERED": "1"}
+    secret_env = eval_secret_env(ctx.spec, ctx.status.get("model"))
+    problem = hub_token_problem(ctx) if secret_env else None
+    if problem:  # checked in Pending too; the label may have gone since (fail closed)
+        raise InputError(problem)
     if ctx.config.gsm8k_dir:
         env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
     job = manifests.build_eval_job(
@@ -156,14 +161,18 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
             tokenizer=ctx.status.get("model"),
         ),
         env=env,
-        resources=ctx.spec.canary.resources,
+        resources=manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources),
         deadline_s=ctx.spec.canary.eval_timeout_s,
         config_hash=str(ctx.status.get("configHash")),
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
         writable_tmp=ctx.config.eval_writable_tmp,
-        secret_env=eval_secret_env(ctx.spec, ctx.status.get("model")),
+        secret_env=secret_env,
     )
+    # Fail closed: the Job names no Secret but the token that passed hub_token_problem.
+    allowed = {ref[0] for ref in secret_env.values()}
+    if not manifests.secret_names(job) <= allowed:
+        raise KvgateError("the eval Job would reference a Secret that was not checked")
     adopt_child(ctx, job, "eval")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
     if existing is not None and not owned(ctx, existing):

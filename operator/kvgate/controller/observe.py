@@ -83,6 +83,9 @@ def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observatio
 def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
     if spec_errors:
         return Observation(spec_errors=spec_errors)
+    secret_problem = hub_token_problem(ctx)
+    if secret_problem:  # fail closed before any Pod or Job exists
+        return Observation(spec_errors=(secret_problem,))
     spec = ctx.spec
     dep = target_deployment(ctx)
     if dep is None:
@@ -262,6 +265,31 @@ def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
     return False
 
 
+def hub_token_problem(ctx: Ctx) -> str | None:
+    """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none).
+
+    Only with the operator's opt-in (KVGATE_HUB_TOKEN_SECRETS, the chart's
+    hubTokenSecrets.enabled) and for a Secret that passes the adapter's hub-token rule (the
+    kvgate.io/hub-token label, one printable line): a rollout author must not be able to hand
+    another Secret of the namespace to the eval Job, whose kubelet resolves it without kvgate.
+    """
+    secret = ctx.spec.model.token_secret
+    if secret is None:
+        return None
+    if not ctx.config.hub_token_secrets:
+        return (
+            f"spec.model.tokenSecretRef: this operator does not use hub-token Secrets "
+            f"(chart value hubTokenSecrets.enabled=false); remove the field or ask its admin "
+            f"to enable them and label Secret {secret.name} kvgate.io/hub-token=true"
+        )
+    try:
+        ctx.kube.check_hub_token_secret(ctx.namespace, secret.name, secret.key)
+    except InputError as exc:
+        text = str(exc)
+        return text if text.startswith("spec.model") else f"spec.model.tokenSecretRef: {text}"
+    return None
+
+
 def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
     from kvgate.adapters import hub
@@ -279,7 +307,7 @@ def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
         }
     if not local and ctx.config.hub_offline:
         return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
-    secret = ctx.spec.model.token_secret
+    secret = ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None
     try:
         token = (
             ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key) if secret else None
