@@ -28,6 +28,7 @@ from kvgate.model import (
     Outcome,
     Phase,
 )
+from kvgate.status import apply_merge_patch, merge_patch
 from kvgate.verdict import (
     GateResult,
     Step,
@@ -64,7 +65,31 @@ def gate_condition_status(result: GateResult) -> str:
     return cond.UNKNOWN
 
 
-def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> None:
+def patch_status(
+    patch: kopf.Patch, old: Mapping[str, Any], changes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Patch only what `changes` changes in `old`; nothing at all when it changes nothing.
+
+    `changes` is a merge patch (None removes a key, objects merge key by key), so the status
+    that results is the one sending `changes` whole would give. Returns that status.
+    """
+    new = apply_merge_patch(old, changes)
+    for key, value in merge_patch(old, new).items():
+        patch.status[key] = value
+    return new
+
+
+def write_status(
+    ctx: Ctx,
+    patch: kopf.Patch,
+    old: Mapping[str, Any],
+    old_phase: Phase,
+    step: Step,
+    *,
+    cleared: Mapping[str, None] | None = None,
+) -> None:
+    """The step's status: built whole in `ctx.status`, patched by what changed from `old` (the
+    body's status; `cleared`: keys a new spec removes)."""
     now = iso(ctx.now)
     status = ctx.status
     conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
@@ -128,8 +153,7 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
     first_finish = finished and not status.get("finishedAt")
     if first_finish:
         status["finishedAt"] = now
-    for key, value in status.items():
-        patch.status[key] = value
+    patch_status(patch, old, {**(cleared or {}), **status})
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
     for p in Phase:
