@@ -238,6 +238,25 @@ def test_gates_mapping_is_read_as_findings() -> None:
     ]
 
 
+def test_every_gate_is_shown_in_the_order_the_operator_runs_it() -> None:
+    from kvgate import verdict
+
+    gates = {g: {"outcome": "Skipped"} for g in sorted(verdict.GATE_ORDER, reverse=True)}
+    found = report.read_findings({"gates": {"zz-unknown": {"outcome": "Skipped"}, **gates}})
+    # longContext and divergence ran before speed, but were shown after it (unknown names)
+    assert [f.gate for f in found] == [*verdict.GATE_ORDER, "zz-unknown"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "css"),
+    [("Promoted", "good"), ("NotNeeded", "good"), ("RolledBack", "bad"), ("Failed", "bad"),
+     ("AwaitingApproval", "wait"), ("Reverting", "info"), ("Succeeded", "info"), ("Error", "info")],
+)  # fmt: skip
+def test_the_phase_colour_comes_from_the_operators_phases(phase: str, css: str) -> None:
+    page = report.render_html({"metadata": {"name": "r"}, "status": {"phase": phase}})
+    assert f"<span class='badge {css}'>{phase}</span>" in page
+
+
 def test_difference_pp_from_the_crd_field_wins() -> None:
     status = {"accuracy": {"differencePp": -0.5, "paired": {"difference": -0.9}}}
     acc = report.read_accuracy(status)

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, overload
 
+from kvgate import manifests, verdict
+from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
@@ -32,27 +34,13 @@ from kvgate.report.records import (
     SpeedMetric,
 )
 
-ARMS: Final = ("control", "candidate")
+ARMS: Final = manifests.ARMS
 # kstatus conditions say how the object is doing, not what the gates found.
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
-_GATE_ORDER: Final = {
-    g: i
-    for i, g in enumerate(
-        (
-            "poolPressure",
-            "scales",
-            "canary",
-            "engineTruth",
-            "backend",
-            "capacityGain",
-            "accuracy",
-            "speed",
-        )
-    )
-}
-GOOD_PHASES: Final = frozenset({"Promoted", "NotNeeded", "Passed", "Succeeded", "Reported"})
-BAD_PHASES: Final = frozenset({"RolledBack", "Failed", "Rejected", "Error"})
-WAIT_PHASES: Final = frozenset({"AwaitingApproval", "Paused", "Suspended"})
+_GATE_ORDER: Final = {g: i for i, g in enumerate(verdict.GATE_ORDER)}  # the order gates run in
+GOOD_PHASES: Final = frozenset({Phase.PROMOTED.value, Phase.NOT_NEEDED.value})
+BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value})
+WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value})
 # A GPU clock outside this is not a reading (a unit slip, a counter, a hostile edit).
 _MAX_MHZ: Final = 100_000.0
 
