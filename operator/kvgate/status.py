@@ -239,11 +239,6 @@ class HistogramTotals:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmSpeed:
-    tpot_ms: float | None = _key("tpotMs")
-
-
-@dataclass(frozen=True, slots=True)
 class ClockRecord:
     """An arm's GPU clocks over the speed window (`model.ArmClocks` in status form)."""
 
@@ -267,8 +262,8 @@ class SpeedStatus:
     after: Mapping[str, HistogramTotals] = _key(default={})
     started_at: float | None = None
     concurrency: int | None = None
-    control: ArmSpeed | None = None
-    candidate: ArmSpeed | None = None
+    control: Mapping[str, float] = _key(default={})  # each figure by name, e.g. tpotMs
+    candidate: Mapping[str, float] = _key(default={})
     clocks: ClocksRecord | None = None
 
 
@@ -276,7 +271,7 @@ class SpeedStatus:
 class CapacityStatus:
     """Candidate over control KV tokens; the tokens themselves are the arms' scans."""
 
-    ratio: float | None = None
+    ratio: float | None = _key(None, "gain", "kvTokensRatio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +342,17 @@ class RemediationStatus:
 class GateRecord:
     """One gate's result (`verdict.GateResult` without its name, which is the key)."""
 
-    outcome: Outcome | None = _key(None, "status", "result")  # noqa: RUF009 (a field(), not a value)
+    outcome: Outcome | None = _key(None, "status", "result", "verdict")  # noqa: RUF009 (a field())
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FindingEntry:
+    """One entry of `status.findings`, which no release writes: read for one release."""
+
+    gate: str | None = _key(None, "type", "name")
+    outcome: str | None = _key(None, "status", "result", "verdict")
     reason: str | None = None
     message: str | None = None
 
@@ -405,12 +410,15 @@ class RolloutStatus:
     revert: RevertStatus | None = None
     remediation: RemediationStatus | None = None
     conditions: tuple[Condition, ...] = _key(default=())
+    findings: tuple[FindingEntry | str, ...] = _key(default=())
 
     @classmethod
     def from_dict(cls, raw: object) -> RolloutStatus:
         """Any value reads: what is not a status (or not this field's type) is unknown."""
         value = _read(cls, raw, 0)
-        return value if isinstance(value, RolloutStatus) else cls()
+        if not isinstance(value, RolloutStatus) or not isinstance(raw, Mapping):
+            return cls()
+        return _with_copied_arm_figures(value, raw)
 
     def to_dict(self) -> dict[str, Any]:
         out = _write(self)
@@ -419,6 +427,54 @@ class RolloutStatus:
 
 
 # --- reading and writing -------------------------------------------------------------------------
+
+# The copies of an arm's scan figures earlier releases wrote (`capacity.<arm>`, `arms.<arm>`):
+# read where the scan lacks them, never written again.
+_COPIES: Final = (
+    ("capacity", ("kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype"), "kvCacheDtype"),
+    ("capacity", ("kvTokens", "kvCacheTokens", "kv_tokens", "tokens"), "capacity.kvTokens"),
+    ("arms", ("kvTokens",), "capacity.kvTokens"),
+    ("capacity", ("maxConcurrency", "max_concurrency"), "capacity.maxConcurrency"),
+    ("capacity", ("attentionBackend", "backend"), "attentionBackend"),
+    ("arms", ("attentionBackend",), "attentionBackend"),
+)
+
+
+def _with_copied_arm_figures(status: RolloutStatus, raw: Mapping[Any, Any]) -> RolloutStatus:
+    arms = dict(status.arms)
+    for arm in ("control", "candidate"):
+        copied: dict[str, Any] = {}
+        for section, keys, target in _COPIES:
+            block = raw.get(section)
+            block = block.get(arm) if isinstance(block, Mapping) else None
+            if not isinstance(block, Mapping):
+                continue
+            value = next((block[k] for k in keys if block.get(k) is not None), None)
+            where, _, leaf = target.rpartition(".")
+            into = copied.setdefault(where, {}) if where else copied
+            if value is not None and leaf not in into:
+                into[leaf] = value
+        scan = _read(ScanRecord, copied, 1) if copied else _MISSING
+        if not isinstance(scan, ScanRecord) or scan == ScanRecord():
+            continue
+        have = arms.get(arm) or ArmStatus()
+        arms[arm] = dataclasses.replace(have, scan=_fill(have.scan, scan))
+    return dataclasses.replace(status, arms=arms) if arms != status.arms else status
+
+
+def _fill(have: Any, copied: Any) -> Any:
+    """`have` with its unknown fields taken from `copied` (records of one type, or None)."""
+    if have is None or copied is None:
+        return copied if have is None else have
+    if not dataclasses.is_dataclass(have) or isinstance(have, type):
+        return have
+    values = {}
+    record: Any = type(have)
+    for f in _fields(record):
+        mine, theirs = getattr(have, f.name), getattr(copied, f.name)
+        values[f.name] = _fill(mine, theirs) if mine is not None else theirs
+    return record(**values)
+
 
 _MISSING: Final = object()
 

@@ -287,3 +287,39 @@ def test_a_dropped_figure_is_caught() -> None:
     copied = {"arms": {"control": {"kvTokens": 5, "scan": {"capacity": {"kv_tokens": 6}}}}}
     with pytest.raises(AssertionError, match="not derived"):
         assert_no_figure_lost(copied)
+
+
+def test_the_older_copies_of_an_arms_figures_fill_only_what_its_scan_lacks() -> None:
+    raw = {
+        "capacity": {"control": {"kvCacheDtype": "auto", "kvTokens": 58000, "maxConcurrency": 14.2},
+                     "candidate": {"kvTokens": 1, "attentionBackend": "FLASHINFER"}, "gain": 2.0},
+        "arms": {"candidate": {"kvTokens": 2, "attentionBackend": "X",
+                               "scan": {"attention_backend": "TRITON_ATTN",
+                                        "capacity": {"kv_tokens": 116000}}}},
+    }  # fmt: skip
+    status = RolloutStatus.from_dict(raw)
+    assert status.to_dict() == {
+        "arms": {
+            "control": {"scan": {"kvCacheDtype": "auto",
+                                 "capacity": {"kvTokens": 58000, "maxConcurrency": 14.2}}},
+            "candidate": {"scan": {"attentionBackend": "TRITON_ATTN",
+                                   "capacity": {"kvTokens": 116000}}},
+        },
+        "capacity": {"ratio": 2.0},
+    }  # fmt: skip
+    assert status.arms["candidate"].kv_tokens == 116000
+    assert RolloutStatus.from_dict(status.to_dict()) == status
+
+
+def test_the_report_reads_the_typed_status() -> None:
+    from kvgate import report
+    from kvgate.report import view
+
+    raw = {"phase": "Promoted", "arms": {"control": {"scan": {"capacity": {"kv_tokens": 10}}}},
+           "speed": {"control": {"tpotMs": 12.5, "label": "x"}}}  # fmt: skip
+    typed = view.read_status({"status": raw})
+    assert isinstance(typed, RolloutStatus)
+    for read in (report.read_capacity, report.read_speed, report.read_findings):
+        assert read(typed) == read(raw)
+    speed = report.read_speed(typed)
+    assert speed is not None and [m.key for m in speed.metrics] == ["tpotMs"]
