@@ -17,35 +17,15 @@ from typing import Any
 import pytest
 import test_approval_rules
 import test_controller
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from test_fuzz_parsers import FUZZ as PROPERTY
+from test_fuzz_parsers import json_values
 
 from kvgate import status as status_module
 from kvgate.model import Phase
 from kvgate.status import ArmStatus, RolloutStatus, apply_merge_patch, merge_patch
 
-PROPERTY = settings(
-    max_examples=150,
-    deadline=10_000,  # a hang, not a slow example on 2 shared cores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=True,
-)
-
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**30), max_value=10**30),
-    st.sampled_from([0, 1, -1, 2**63, 10**400]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12),
-)
-json_values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=20,
-)
 finite_scalars = st.one_of(
     st.none(),
     st.booleans(),
