@@ -191,14 +191,14 @@ def reconcile(
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
         act_best_effort(ctx, step)
-    write_status(ctx, patch, old, phase, step, cleared=cleared)
+    written = write_status(ctx, patch, old, phase, step, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
-    if step.terminal and ctx.status.get("pendingActions"):
+    if step.terminal and written.get("pendingActions"):
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
