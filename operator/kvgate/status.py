@@ -187,6 +187,7 @@ class ArmAccuracy:
     correct: int | None = None
     total: int | None = _key(None, "n")
     wilson95: tuple[float, ...] = _key(None, "wilson", "interval", default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,70 @@ class AdviceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class BoundsRecord:
+    lower: float | None = None
+    upper: float | None = None
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # confidence, sides, method
+
+
+@dataclass(frozen=True, slots=True)
+class LongContextBucketRecord:
+    """One context length of the long-context task, as the eval Job judged it."""
+
+    bucket: str | None = None
+    context_length: int | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    items: int | None = None
+    control: ArmAccuracy | None = None
+    candidate: ArmAccuracy | None = None
+    recovery: float | None = None
+    paired: PairedRecord | None = None
+    bounds: BoundsRecord | None = None
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LongContextRecord:
+    buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAgreement:
+    """How closely one arm's next-token distributions follow the reference, over a bucket."""
+
+    positions: int | None = None
+    top1_agreement: float | None = None
+    mean_kl: float | None = None
+    p99_kl: float | None = None
+    max_kl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceBucketRecord:
+    """One position bucket of the divergence screen: the A/A floor against the candidate."""
+
+    bucket: str | None = None
+    low: int | None = None
+    high: int | None = None
+    positions: int | None = None
+    floor: TokenAgreement | None = None
+    candidate: TokenAgreement | None = None
+    kl_ratio: float | None = None
+    kl_limit: float | None = None
+    disagreement_limit: float | None = None
+    flagged: bool | None = None
+    reasons: tuple[str, ...] = _key(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceRecord:
+    buckets: tuple[DivergenceBucketRecord, ...] = _key(default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
 class AccuracyStatus:
     """The eval Job's summary as the accuracy gate read it (`differencePp` for the printer column)."""
 
@@ -228,7 +293,9 @@ class AccuracyStatus:
     difference_pp: float | None = None
     largest_loss_ruled_out: float | None = None
     advice: AdviceRecord | None = None
-    # The rest of the summary (the plan, its looks, bounds, long context, divergence) as the Job wrote it.
+    long_context: LongContextRecord | None = None
+    divergence: DivergenceRecord | None = None
+    # The rest of the summary (the plan, its looks, bounds) as the Job wrote it.
     more: Mapping[str, JsonValue] = _key(default={}, rest=True)
 
 

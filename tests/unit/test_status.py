@@ -124,12 +124,32 @@ def test_the_snake_case_and_alias_spellings_read_as_the_camel_case_ones() -> Non
 
 
 def test_the_eval_summary_keeps_what_the_record_does_not_name() -> None:
-    summary = {"verdict": "pass", "looks": [{"look": 1}], "long_context": {"buckets": []},
+    summary = {"verdict": "pass", "looks": [{"look": 1}],
                "paired": {"difference": 0.01, "tango95_sided": "two-sided"}}  # fmt: skip
     acc = RolloutStatus.from_dict({"accuracy": summary}).accuracy
     assert acc is not None and acc.verdict == "pass"
-    assert acc.more == {"looks": [{"look": 1}], "long_context": {"buckets": []}}
+    assert acc.more == {"looks": [{"look": 1}]}
     assert RolloutStatus.from_dict({"accuracy": summary}).to_dict()["accuracy"] == summary
+
+
+def test_long_context_and_divergence_buckets_are_typed() -> None:
+    summary = {
+        "long_context": {"verdict": "pass", "buckets": [
+            {"context_length": 4096, "control": {"accuracy": 0.9, "correct": 9, "total": 10},
+             "bounds": {"lower": -0.01, "sided": "one-sided"}, "mcnemar_p_one_sided": 0.5}]},
+        "divergence": {"buckets": [{"bucket": "0-512", "floor": {"mean_kl": 0.001},
+                                    "flagged": False, "reasons": []}]},
+    }  # fmt: skip
+    acc = RolloutStatus.from_dict({"accuracy": summary}).accuracy
+    assert acc is not None and acc.long_context is not None and acc.divergence is not None
+    bucket = acc.long_context.buckets[0]
+    assert bucket.context_length == 4096 and bucket.bounds is not None
+    assert bucket.control is not None and bucket.control.total == 10
+    assert (bucket.bounds.lower, bucket.more) == (-0.01, {"mcnemar_p_one_sided": 0.5})
+    floor = acc.divergence.buckets[0].floor
+    assert floor is not None and floor.mean_kl == 0.001
+    assert acc.long_context.more == {"verdict": "pass"}
+    assert_no_figure_lost({"accuracy": summary})
 
 
 # --- merge_patch is RFC 7386 ------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from kvgate.status import (
     PairedRecord,
     RolloutStatus,
     ScanRecord,
+    TokenAgreement,
 )
 
 StatusLike = Mapping[str, Any] | RolloutStatus
@@ -172,44 +173,39 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
     )
 
 
-def _buckets(status: StatusLike, key: str) -> list[Mapping[str, Any]]:
-    """`status.accuracy.<key>.buckets`: the long-context or divergence rows, as the eval Job
-    wrote them (kept verbatim in the accuracy record)."""
-    accuracy = _typed(status).accuracy
-    block = accuracy.more.get(key) if accuracy is not None else None
-    rows = block.get("buckets") if isinstance(block, Mapping) else None
-    return _mappings(rows) if isinstance(rows, list) else []
-
-
 def read_long_context(status: StatusLike) -> list[LongContextBucket]:
     """Per context-length bucket: both arms' scores, recovery, the lower bound, the verdict."""
+    acc = _typed(status).accuracy
+    block = acc.long_context if acc is not None else None
     return [
         LongContextBucket(
-            context_length=_int(r.get("context_length")),
-            control=_num(_get(r.get("control"), "accuracy")),
-            candidate=_num(_get(r.get("candidate"), "accuracy")),
-            recovery=_num(r.get("recovery")),
-            lower=_num(_get(r.get("bounds"), "lower")),
-            verdict=str(r.get("verdict", DASH)),
-            reason=str(r.get("reason", DASH)),
+            context_length=b.context_length,
+            control=_num(b.control.accuracy) if b.control is not None else None,
+            candidate=_num(b.candidate.accuracy) if b.candidate is not None else None,
+            recovery=_num(b.recovery),
+            lower=_num(b.bounds.lower) if b.bounds is not None else None,
+            verdict=DASH if b.verdict is None else b.verdict,
+            reason=DASH if b.reason is None else b.reason,
         )
-        for r in _buckets(status, "long_context")
+        for b in (block.buckets if block is not None else ())
     ]
 
 
 def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
     """Per position bucket: the A/A floor and the candidate, KL and top-1 agreement."""
+    acc = _typed(status).accuracy
+    block = acc.divergence if acc is not None else None
     out = []
-    for r in _buckets(status, "divergence"):
-        floor, cand = r.get("floor"), r.get("candidate")
+    for b in block.buckets if block is not None else ():
+        floor, cand = b.floor or TokenAgreement(), b.candidate or TokenAgreement()
         out.append(
             DivergenceBucket(
-                bucket=str(r.get("bucket", DASH)),
-                floor_kl=_num(_get(floor, "mean_kl")),
-                candidate_kl=_num(_get(cand, "mean_kl")),
-                floor_top1=_num(_get(floor, "top1_agreement")),
-                candidate_top1=_num(_get(cand, "top1_agreement")),
-                flagged=bool(r.get("flagged")),
+                bucket=DASH if b.bucket is None else b.bucket,
+                floor_kl=_num(floor.mean_kl),
+                candidate_kl=_num(cand.mean_kl),
+                floor_top1=_num(floor.top1_agreement),
+                candidate_top1=_num(cand.top1_agreement),
+                flagged=bool(b.flagged),
             )
         )
     return out
