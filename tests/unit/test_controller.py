@@ -57,7 +57,9 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
     for key, value in patch.items():
         if value is None:
             target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+        elif isinstance(value, dict):  # into an object, or into {} (a null in it is no key)
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
             merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
@@ -76,6 +78,7 @@ class World:
         self.crashes = 0
         self.phases: list[str] = []
         self.before_reconcile: Callable[[World], None] | None = None
+        self.patches: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (status before, patch)
         self.memo = kopf.Memo(
             kube=self.kube, config=OperatorConfig(poll_interval_s=1, hub_offline=True)
         )
@@ -109,6 +112,8 @@ class World:
             self.crashes += 1
             self.kube.crash_at = None  # the replacement operator runs clean
             return 1.0
+        before = copy.deepcopy(self.obj.get("status") or {})
+        self.patches.append((before, copy.deepcopy(dict(patch.get("status") or {}))))
         merge(self.obj.setdefault("status", {}), dict(patch.get("status") or {}))
         if self.phase and (not self.phases or self.phases[-1] != self.phase):
             self.phases.append(self.phase)
@@ -186,6 +191,71 @@ def test_happy_path_promotes_with_one_patch(monkeypatch: pytest.MonkeyPatch) -> 
     assert (
         world.kube.get("Pod", "r-control") is None and world.kube.get("Pod", "r-candidate") is None
     )
+
+
+def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+@pytest.mark.parametrize("setup", [happy, new_pods_crash])
+def test_each_reconcile_patches_only_the_status_keys_it_changes(
+    monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]
+) -> None:
+    world = World(monkeypatch)
+    setup(world)
+    world.run()
+    statuses = [before for before, _ in world.patches] + [world.obj["status"]]
+    patched = changed = 0
+    for i, (before, patch) in enumerate(world.patches):
+        keys = _changed_keys(before, statuses[i + 1])
+        assert set(patch) == keys, f"reconcile {i}: patched {sorted(set(patch) - keys)} unchanged"
+        patched, changed = patched + len(patch), changed + len(keys)
+    assert patched == changed > 0  # before the typed status: 249 keys patched for 75 changed
+    # Once the ended rollout's deletions are done, a reconcile changes nothing and sends no patch.
+    ended = copy.deepcopy(world.obj["status"])
+    world.reconcile()
+    assert world.patches[-1][1] == {} and world.obj["status"] == ended
+
+
+def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
+    from kvgate.controller import record
+    from kvgate.model import Outcome, Phase
+    from kvgate.verdict import GateResult, RevertIntent, Step
+
+    found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
+             "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip
+    given = copy.deepcopy(found)
+    intent = RevertIntent(Phase.ROLLED_BACK, "VerifyFailed", "slower")
+    step = Step(Phase.REVERTING, "VerifyFailed", "slower", eval_attempts=2, revert=intent,
+                gates=(GateResult("speed", Outcome.FAILED, "Slower", "slower"),))  # fmt: skip
+    args = {"now": "2026-12-01T10:00:09Z", "generation": 3, "deployment_generation": 5}
+    new = record.fold(found, step, Phase.VERIFYING, **args)
+    assert found == given  # read, never written
+    assert record.fold(found, step, Phase.VERIFYING, **args) == new
+    assert new["phase"] == "Reverting" and new["phaseSince"] == args["now"]
+    assert new["observedGeneration"] == 3 and new["eval"] == {"job": "j", "attempt": 2}
+    assert new["gates"] == {"speed": {"outcome": "Failed", "reason": "Slower", "message": "slower"}}
+    # the write-ahead record of the revert, written with the step that enters Reverting
+    assert new["revert"] == {**intent.to_dict(), "startedAt": args["now"], "attempts": 0}
+    assert new["promotion"] == found["promotion"] and not new.get("finishedAt")
+    again = record.fold(new, step, Phase.REVERTING, **args)
+    assert again["revert"] == new["revert"] and again["phaseSince"] == new["phaseSince"]
+
+
+def test_reconcile_leaves_kopfs_body_as_it_got_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    bodies: list[tuple[kopf.Body, dict[str, Any]]] = []
+    reconcile = handlers.reconcile
+
+    def keeping(*, body: kopf.Body, **kwargs: Any) -> None:
+        bodies.append((body, copy.deepcopy(dict(body))))
+        reconcile(body=body, **kwargs)
+
+    monkeypatch.setattr(handlers, "reconcile", keeping)
+    assert world.run() == "Promoted"
+    assert len(bodies) > 5
+    for body, as_given in bodies:
+        assert dict(body) == as_given
 
 
 def test_crashing_new_pods_are_reverted_and_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -894,7 +964,8 @@ def test_prometheus_that_cannot_answer_leaves_the_pool_unknown(
     world.assert_invariant()
     status = world.obj["status"]
     assert status["reason"] == "PoolPressureUnknown", status
-    assert status["preflight"]["pressure"]["pressured"] is None
+    # A merge patch stores no null (the apiserver drops it): unknown is a pressure without `pressured`.
+    assert status["preflight"]["pressure"].get("pressured") is None
     assert said in status["message"], status["message"]
     assert direct == []  # no fallback to a live scrape: the configured source decides
     assert world.kube.of_kind("Job") == []

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kvgate import report
+from kvgate.model import Phase
 
 PROMOTED: dict[str, Any] = {
     "apiVersion": "kvgate.io/v1alpha1",
@@ -236,6 +237,26 @@ def test_gates_mapping_is_read_as_findings() -> None:
         report.Finding("canary", "Failed", "CanaryCrashed", "JIT build"),
         report.Finding("custom", "Pending", "", ""),
     ]
+
+
+def test_every_gate_is_shown_in_the_order_the_operator_runs_it() -> None:
+    from kvgate import gates as verdict_gates
+
+    gates = {g: {"outcome": "Skipped"} for g in sorted(verdict_gates.GATE_ORDER, reverse=True)}
+    found = report.read_findings({"gates": {"zz-unknown": {"outcome": "Skipped"}, **gates}})
+    # longContext and divergence ran before speed, but were shown after it (unknown names)
+    assert [f.gate for f in found] == [*verdict_gates.GATE_ORDER, "zz-unknown"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "css"),
+    [("Promoted", "good"), ("NotNeeded", "good"), ("RolledBack", "bad"), ("Failed", "bad"),
+     ("AwaitingApproval", "wait"), ("Reverting", "info"), ("Succeeded", "info"), ("Error", "info")],
+)  # fmt: skip
+def test_the_phase_colour_comes_from_the_operators_phases(phase: str, css: str) -> None:
+    page = report.render_html({"metadata": {"name": "r"}, "status": {"phase": phase}})
+    shown = phase if phase in {p.value for p in Phase} else "Pending"  # not a phase: unknown
+    assert f"<span class='badge {css}'>{shown}</span>" in page
 
 
 def test_difference_pp_from_the_crd_field_wins() -> None:

@@ -10,6 +10,7 @@ creates nothing twice (deterministic child names, create-if-absent). Waits are
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import threading
@@ -44,6 +45,7 @@ from kvgate.controller.observe import (
     observe,
 )
 from kvgate.controller.record import (
+    patch_status,
     post_event,
     write_status,
 )
@@ -120,7 +122,9 @@ def reconcile(
     **_: Any,
 ) -> None:
     """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
-    status = dict(body.get("status") or {})
+    old = _status_of(body)
+    status = copy.deepcopy(old)
+    cleared: dict[str, Any] = {}  # keys a new spec after the end removes
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     generation = meta.get("generation")
     if phase.terminal or (
@@ -133,12 +137,11 @@ def reconcile(
                     run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
                 except ExternalError as exc:
                     raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
-                patch.status["pendingActions"] = None
+                patch_status(patch, old, {"pendingActions": None})
             return
         # A new spec after the end starts a new rollout (like Flagger's retry by spec change);
         # the last run's findings are cleared so none of them can vote in the new verdict.
-        for key in status:
-            patch.status[key] = None
+        cleared = dict.fromkeys(status)
         status = {"phase": Phase.PENDING.value}
         phase = Phase.PENDING
     spec, spec_errors = parse_spec(body.get("spec") or {}, memo.config)
@@ -178,23 +181,28 @@ def reconcile(
             logger.error("reconcile failed: %s", what, exc_info=exc)
         given_up = deadlines.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if given_up is None:
-            patch.status["consecutiveErrors"] = errors
-            patch.status["message"] = f"retrying after: {what}"
+            retry = {"consecutiveErrors": errors, "message": f"retrying after: {what}"}
+            patch_status(patch, old, {**cleared, **retry})
             if errors == 1 or errors % 10 == 0:
                 post_event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
         act_best_effort(ctx, step)
-    write_status(ctx, patch, phase, step)
+    written = write_status(ctx, patch, old, phase, step, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
-    if step.terminal and ctx.status.get("pendingActions"):
+    if step.terminal and written.get("pendingActions"):
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
+
+
+def _status_of(body: kopf.Body) -> dict[str, Any]:
+    """Our own copy of the body's status: nothing below may change kopf's body in place."""
+    return copy.deepcopy(dict(body.get("status") or {}))
 
 
 def _side_ctx(
@@ -220,7 +228,7 @@ def cleanup(
     **_: Any,
 ) -> None:
     """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
-    status = dict(body.get("status") or {})
+    status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     step = Step(phase, "Deleted", "rollout deleted")
@@ -264,7 +272,7 @@ def drift(
     **_: Any,
 ) -> None:
     """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
-    status = dict(body.get("status") or {})
+    status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     spec = ctx.spec
     live = live_target(ctx)
@@ -283,15 +291,13 @@ def drift(
         post_event(ctx, reason, message, warning=True)
     else:
         reason, message = "InSync", f"Deployment {spec.target.name} carries the promoted config"
-    patch.status["conditions"] = [
-        c.to_dict()
-        for c in cond.set_condition(
-            conditions,
-            cond.DRIFTED,
-            cond.TRUE if drifted else cond.FALSE,
-            reason,
-            message,
-            generation=ctx.generation,
-            now=iso(ctx.now),
-        )
-    ]
+    updated = cond.set_condition(
+        conditions,
+        cond.DRIFTED,
+        cond.TRUE if drifted else cond.FALSE,
+        reason,
+        message,
+        generation=ctx.generation,
+        now=iso(ctx.now),
+    )
+    patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})

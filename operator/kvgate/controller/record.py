@@ -4,6 +4,7 @@ and the report ConfigMap.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ from kvgate.model import (
     Outcome,
     Phase,
 )
+from kvgate.status import apply_merge_patch, merge_patch
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
@@ -63,12 +65,65 @@ def gate_condition_status(result: GateResult) -> str:
     return cond.UNKNOWN
 
 
-def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> None:
-    now = iso(ctx.now)
-    status = ctx.status
+def patch_status(
+    patch: kopf.Patch, old: Mapping[str, Any], changes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Patch only what `changes` changes in `old`; nothing at all when it changes nothing.
+
+    `changes` is a merge patch (None removes a key, objects merge key by key), so the status
+    that results is the one sending `changes` whole would give. Returns that status.
+    """
+    new = apply_merge_patch(old, changes)
+    for key, value in merge_patch(old, new).items():
+        patch.status[key] = value
+    return new
+
+
+def write_status(
+    ctx: Ctx,
+    patch: kopf.Patch,
+    old: Mapping[str, Any],
+    old_phase: Phase,
+    step: Step,
+    *,
+    cleared: Mapping[str, None] | None = None,
+) -> dict[str, Any]:
+    """Patch the step's status by what changed from `old` (the body's status; `cleared`: keys a
+    new spec removes); post its Events, metrics and, on the first finish, the report. Returns
+    the status written."""
+    deployment = (ctx.deployment or {}).get("metadata", {}).get("generation")
+    status = fold(ctx.status, step, old_phase, now=iso(ctx.now), generation=ctx.generation,
+                  deployment_generation=deployment)  # fmt: skip
+    patch_status(patch, old, {**(cleared or {}), **status})
+    for e in step.events:
+        post_event(ctx, e.reason, e.message, warning=e.warning)
+    for p in Phase:
+        PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
+    reported = step.reason == "VerdictReported"
+    if status.get("finishedAt") and not ctx.status.get("finishedAt"):  # the first finish
+        ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
+        if step.phase is Phase.ROLLED_BACK:
+            ROLLBACKS.labels(step.reason).inc()
+        write_report(ctx, status)
+    return status
+
+
+def fold(
+    found: Mapping[str, Any],
+    step: Step,
+    old_phase: Phase,
+    *,
+    now: str,
+    generation: int | None,
+    deployment_generation: int | None,
+) -> dict[str, Any]:
+    """The status after `step`, from the status this reconcile found and built (`found`, which
+    is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
+    promotion and its verify window, the finish time. Pure."""
+    status = copy.deepcopy(dict(found))
     conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     if not conditions:
-        conditions = cond.initial_conditions(ctx.generation, now)
+        conditions = cond.initial_conditions(generation, now)
     gates = dict(status.get("gates") or {})
     for g in step.gates:
         gates[g.gate] = g.to_dict()
@@ -76,19 +131,19 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
         if ctype is not None:
             conditions = cond.set_condition(
                 conditions, ctype, gate_condition_status(g), g.reason, g.message,
-                generation=ctx.generation, now=now,
+                generation=generation, now=now,
             )  # fmt: skip
     reported = step.reason == "VerdictReported"
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
-        generation=ctx.generation, now=now, ready_without_terminal=reported,
+        generation=generation, now=now, ready_without_terminal=reported,
         stalled=step.reason == "RevertFailed",
     )  # fmt: skip
     status.update(
         phase=step.phase.value,
         reason=step.reason,
         message=step.message,
-        observedGeneration=ctx.generation,
+        observedGeneration=generation,
         gates=gates,
         conditions=[c.to_dict() for c in conditions],
         consecutiveErrors=0,
@@ -97,7 +152,7 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
     if step.phase is not old_phase or "phaseSince" not in status:
         status["phaseSince"] = now
     if step.eval_attempts is not None:
-        status.setdefault("eval", {})["attempt"] = step.eval_attempts
+        status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
     if (
@@ -110,7 +165,7 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
     promo = dict(status.get("promotion") or {})
     if step.patched:
         promo.update(patched=True, adoptedAt=now)
-        promo.setdefault("generation", (ctx.deployment or {}).get("metadata", {}).get("generation"))
+        promo.setdefault("generation", deployment_generation)
     if step.verify_samples is not None:
         verify = dict(promo.get("verify") or {})
         if step.restart_window:
@@ -123,21 +178,9 @@ def write_status(ctx: Ctx, patch: kopf.Patch, old_phase: Phase, step: Step) -> N
         promo["verify"] = verify
     if promo:
         status["promotion"] = promo
-    finished = step.terminal or reported
-    first_finish = finished and not status.get("finishedAt")
-    if first_finish:
+    if (step.terminal or reported) and not status.get("finishedAt"):
         status["finishedAt"] = now
-    for key, value in status.items():
-        patch.status[key] = value
-    for e in step.events:
-        post_event(ctx, e.reason, e.message, warning=e.warning)
-    for p in Phase:
-        PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
-    if first_finish:
-        ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
-        if step.phase is Phase.ROLLED_BACK:
-            ROLLBACKS.labels(step.reason).inc()
-        write_report(ctx, status)
+    return status
 
 
 def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 
 from kvgate.report import view
 from kvgate.report.fmt import e, fmt_int, kilo, pct, wilson
@@ -19,7 +18,7 @@ class _Point(NamedTuple):
     wilson: tuple[float, float] | None
 
 
-def render_svg(status: Mapping[str, Any]) -> str:
+def render_svg(status: view.StatusLike) -> str:
     """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
     acc = view.read_accuracy(status)
     tokens = {arm: view.read_kv_tokens(status, arm) for arm in view.ARMS}
@@ -124,7 +123,7 @@ def render_svg(status: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _missing(status: Mapping[str, Any]) -> str:
+def _missing(status: view.StatusLike) -> str:
     """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
     return "(not measured)" if view.is_finished(status) else "yet"
 
@@ -143,7 +142,7 @@ def _ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def render_long_context_svg(status: Mapping[str, Any]) -> str:
+def render_long_context_svg(status: view.StatusLike) -> str:
     """Score against context length for both arms (log2 x axis), or '' without buckets."""
     points = [
         (math.log2(b.context_length), b.control, b.candidate, b.context_length)

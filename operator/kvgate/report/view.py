@@ -1,11 +1,10 @@
 """Reads a rollout's status into the report's view model (the frozen records of `records`).
 
-Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it). This
-is the only module of the report that reads the status dict; the renderers take its records.
-Every status field is optional, because a report is asked for at any phase and an older
-operator may not write every field; what is missing or unreadable is `None` (shown as "-"),
-never guessed, and no value of any type raises. Keys are read in camelCase (the CRD) and,
-where the eval summary is copied as is, snake_case.
+Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it). The
+status is read once, by `status.RolloutStatus.from_dict` (the schema the operator writes, and
+the older spellings); this module turns that record into what the renderers show. Every field
+is optional, because a report is asked for at any phase; what is missing or unreadable is
+`None` (shown as "-"), never guessed, and no value of any type raises.
 """
 
 from __future__ import annotations
@@ -13,9 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, overload
 
+from kvgate import gates, manifests
+from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
@@ -31,28 +32,26 @@ from kvgate.report.records import (
     Speed,
     SpeedMetric,
 )
+from kvgate.status import (
+    ClockRecord,
+    ClocksRecord,
+    FindingEntry,
+    FirstAttempt,
+    PairedRecord,
+    RolloutStatus,
+    ScanRecord,
+    TokenAgreement,
+)
 
-ARMS: Final = ("control", "candidate")
+StatusLike = Mapping[str, Any] | RolloutStatus
+
+ARMS: Final = manifests.ARMS
 # kstatus conditions say how the object is doing, not what the gates found.
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
-_GATE_ORDER: Final = {
-    g: i
-    for i, g in enumerate(
-        (
-            "poolPressure",
-            "scales",
-            "canary",
-            "engineTruth",
-            "backend",
-            "capacityGain",
-            "accuracy",
-            "speed",
-        )
-    )
-}
-GOOD_PHASES: Final = frozenset({"Promoted", "NotNeeded", "Passed", "Succeeded", "Reported"})
-BAD_PHASES: Final = frozenset({"RolledBack", "Failed", "Rejected", "Error"})
-WAIT_PHASES: Final = frozenset({"AwaitingApproval", "Paused", "Suspended"})
+_GATE_ORDER: Final = {g: i for i, g in enumerate(gates.GATE_ORDER)}  # the order gates run in
+GOOD_PHASES: Final = frozenset({Phase.PROMOTED.value, Phase.NOT_NEEDED.value})
+BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value})
+WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value})
 # A GPU clock outside this is not a reading (a unit slip, a counter, a hostile edit).
 _MAX_MHZ: Final = 100_000.0
 
@@ -125,100 +124,88 @@ def _mappings(value: Any) -> list[Mapping[str, Any]]:
     return [v for v in value if isinstance(v, Mapping)]
 
 
+def _typed(status: StatusLike) -> RolloutStatus:
+    return status if isinstance(status, RolloutStatus) else RolloutStatus.from_dict(status)
+
+
 # ---------------------------------------------------------------- accuracy
 
 
-def read_accuracy(status: Mapping[str, Any]) -> Accuracy | None:
-    """`status.accuracy` (the eval summary, camelCase or snake_case) as an `Accuracy`."""
-    acc = _get(status, "accuracy")
-    if not isinstance(acc, Mapping):
+def read_accuracy(status: StatusLike) -> Accuracy | None:
+    """`status.accuracy` (the eval summary) as an `Accuracy`."""
+    acc = _typed(status).accuracy
+    if acc is None:
         return None
     arms: dict[str, ArmAccuracy] = {}
-    for arm in ARMS:
-        raw = _get(acc, arm)
-        if not isinstance(raw, Mapping):
+    for arm, raw in (("control", acc.control), ("candidate", acc.candidate)):
+        if raw is None:
             continue
-        correct, n = _int(_get(raw, "correct")), _int(_get(raw, "n", "total"))
-        accuracy = as_fraction(_num(_get(raw, "accuracy")))
+        correct, n = _int(raw.correct), _int(raw.total)
+        accuracy = as_fraction(_num(raw.accuracy))
         if accuracy is None and correct is not None and n:
             accuracy = correct / n
-        wilson = _interval(_get(raw, "wilson95", "wilson", "interval"))
+        wilson = _interval(raw.wilson95)
         if wilson is not None and max(wilson) > 1.0:
             wilson = (wilson[0] / 100.0, wilson[1] / 100.0)
         arms[arm] = ArmAccuracy(correct, n, accuracy, wilson)
-    paired = _get(acc, "paired")
-    paired = paired if isinstance(paired, Mapping) else {}
-    control_only = _int(_get(paired, "controlOnly", "control_only"))
-    candidate_only = _int(_get(paired, "candidateOnly", "candidate_only"))
-    advice = _get(acc, "advice")
-    stopped = _get(acc, "stoppedEarly", "stopped_early")
+    paired = acc.paired or PairedRecord()
+    control_only, candidate_only = _int(paired.control_only), _int(paired.candidate_only)
+    points = _num(acc.difference_pp)  # the CRD's printer column, in points
     return Accuracy(
-        verdict=_str_or_none(_get(acc, "verdict")),
-        task=_str_or_none(_get(acc, "task")),
-        margin=_num(_get(acc, "margin")),
-        confidence=_num(_get(acc, "confidence")),
-        questions_used=_int(_get(acc, "questionsUsed", "questions_used")),
-        stopped_early=stopped if isinstance(stopped, bool) else None,
+        verdict=acc.verdict,
+        task=acc.task,
+        margin=_num(acc.margin),
+        confidence=_num(acc.confidence),
+        questions_used=_int(acc.questions_used),
+        stopped_early=acc.stopped_early,
         arms=arms,
-        difference=_difference(acc, paired),
-        difference_ci=_interval(_get(paired, "tango95", "interval", "ci95")),
-        mcnemar_p=_num(_get(paired, "mcnemarP", "mcnemar_p")),
+        difference=points / 100.0 if points is not None else _num(paired.difference),
+        difference_ci=_interval(paired.tango95),
+        mcnemar_p=_num(paired.mcnemar_p),
         discordant=(
             (control_only, candidate_only)
             if control_only is not None and candidate_only is not None
             else None
         ),
-        ruled_out=_num(_get(acc, "largestLossRuledOut", "largest_loss_ruled_out")),
-        questions_needed=_int(_get(advice, "questionsNeeded", "questions_needed")),
-        error=_str_or_none(_get(acc, "error")),
+        ruled_out=_num(acc.largest_loss_ruled_out),
+        questions_needed=_int(acc.advice.questions_needed) if acc.advice is not None else None,
+        error=acc.error,
     )
 
 
-def _difference(acc: Mapping[str, Any], paired: Mapping[str, Any]) -> float | None:
-    """Candidate minus control as a fraction; the CRD's `differencePp` is in points."""
-    points = _num(_get(acc, "differencePp"))
-    if points is not None:
-        return points / 100.0
-    return _num(_get(paired, "difference"))
-
-
-def _buckets(status: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    """`status.accuracy.<key>.buckets`: the long-context or divergence rows."""
-    accuracy = _get(status, "accuracy")
-    block = accuracy.get(key) if isinstance(accuracy, Mapping) else None
-    rows = block.get("buckets") if isinstance(block, Mapping) else None
-    return _mappings(rows) if isinstance(rows, list) else []
-
-
-def read_long_context(status: Mapping[str, Any]) -> list[LongContextBucket]:
+def read_long_context(status: StatusLike) -> list[LongContextBucket]:
     """Per context-length bucket: both arms' scores, recovery, the lower bound, the verdict."""
+    acc = _typed(status).accuracy
+    block = acc.long_context if acc is not None else None
     return [
         LongContextBucket(
-            context_length=_int(r.get("context_length")),
-            control=_num(_get(r.get("control"), "accuracy")),
-            candidate=_num(_get(r.get("candidate"), "accuracy")),
-            recovery=_num(r.get("recovery")),
-            lower=_num(_get(r.get("bounds"), "lower")),
-            verdict=str(r.get("verdict", DASH)),
-            reason=str(r.get("reason", DASH)),
+            context_length=b.context_length,
+            control=_num(b.control.accuracy) if b.control is not None else None,
+            candidate=_num(b.candidate.accuracy) if b.candidate is not None else None,
+            recovery=_num(b.recovery),
+            lower=_num(b.bounds.lower) if b.bounds is not None else None,
+            verdict=DASH if b.verdict is None else b.verdict,
+            reason=DASH if b.reason is None else b.reason,
         )
-        for r in _buckets(status, "long_context")
+        for b in (block.buckets if block is not None else ())
     ]
 
 
-def read_divergence(status: Mapping[str, Any]) -> list[DivergenceBucket]:
+def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
     """Per position bucket: the A/A floor and the candidate, KL and top-1 agreement."""
+    acc = _typed(status).accuracy
+    block = acc.divergence if acc is not None else None
     out = []
-    for r in _buckets(status, "divergence"):
-        floor, cand = r.get("floor"), r.get("candidate")
+    for b in block.buckets if block is not None else ():
+        floor, cand = b.floor or TokenAgreement(), b.candidate or TokenAgreement()
         out.append(
             DivergenceBucket(
-                bucket=str(r.get("bucket", DASH)),
-                floor_kl=_num(_get(floor, "mean_kl")),
-                candidate_kl=_num(_get(cand, "mean_kl")),
-                floor_top1=_num(_get(floor, "top1_agreement")),
-                candidate_top1=_num(_get(cand, "top1_agreement")),
-                flagged=bool(r.get("flagged")),
+                bucket=DASH if b.bucket is None else b.bucket,
+                floor_kl=_num(floor.mean_kl),
+                candidate_kl=_num(cand.mean_kl),
+                floor_top1=_num(floor.top1_agreement),
+                candidate_top1=_num(cand.top1_agreement),
+                flagged=bool(b.flagged),
             )
         )
     return out
@@ -227,71 +214,55 @@ def read_divergence(status: Mapping[str, Any]) -> list[DivergenceBucket]:
 # ---------------------------------------------------------------- findings and logs
 
 
-def _conditions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    raw = _get(status, "conditions")
-    if not isinstance(raw, Sequence) or isinstance(raw, str):
-        return []
-    return [c for c in raw if isinstance(c, Mapping)]
-
-
-def _is_kstatus(condition: Mapping[str, Any]) -> bool:
-    kind = condition.get("type")
-    return isinstance(kind, str) and kind in _KSTATUS
-
-
-def read_findings(status: Mapping[str, Any]) -> list[Finding]:
+def read_findings(status: StatusLike) -> list[Finding]:
     """Gate results: `status.findings`, else `status.gates` (by gate name), else conditions."""
-    raw = _get(status, "findings")
+    typed = _typed(status)
     found: list[Finding] = []
-    if isinstance(raw, Sequence) and not isinstance(raw, str):
-        for item in raw:
-            if isinstance(item, Mapping):
-                found.append(_finding(str(_get(item, "gate", "type", "name") or DASH), item))
-            elif isinstance(item, str):
-                found.append(Finding(gate="Finding", status=DASH, reason="", message=item))
-    gates = _get(status, "gates")
-    if not found and isinstance(gates, Mapping):
-        found = [_finding(str(k), v) for k, v in gates.items() if isinstance(v, Mapping)]
+    for item in typed.findings:
+        if isinstance(item, FindingEntry):
+            found.append(
+                Finding(item.gate or DASH, item.outcome or DASH, item.reason or "",
+                        item.message or "")
+            )  # fmt: skip
+        else:
+            found.append(Finding(gate="Finding", status=DASH, reason="", message=item))
+    if not found and typed.gates:
+        found = [
+            Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
+            for gate, g in typed.gates.items()
+        ]
         # The order the gates run in; unknown names keep their place after them.
         found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
         return found
     return [
-        _finding(str(cond.get("type", DASH)), cond)
-        for cond in _conditions(status)
-        if not _is_kstatus(cond)
+        Finding(c.type or DASH, c.status or DASH, c.reason or "", c.message or "")
+        for c in typed.conditions
+        if c.type not in _KSTATUS
     ]
 
 
-def _finding(gate: str, item: Mapping[str, Any]) -> Finding:
-    return Finding(
-        gate=gate,
-        status=str(_get(item, "outcome", "status", "result", "verdict") or DASH),
-        reason=str(_get(item, "reason") or ""),
-        message=str(_get(item, "message") or ""),
-    )
+def _scan(status: RolloutStatus, arm: str) -> ScanRecord:
+    """The arm's startup-log scan (`status.arms.<arm>.scan`), or an empty one."""
+    block = status.arms.get(arm)
+    return block.scan if block is not None and block.scan is not None else ScanRecord()
 
 
-def _scan(status: Mapping[str, Any], arm: str) -> Mapping[str, Any]:
-    """The arm's startup-log scan (`status.arms.<arm>.scan`), or {}."""
-    scan = _get(_get(_get(status, "arms"), arm), "scan")
-    return scan if isinstance(scan, Mapping) else {}
-
-
-def read_log_findings(status: Mapping[str, Any]) -> list[LogLine]:
+def read_log_findings(status: StatusLike) -> list[LogLine]:
     """Warnings and errors from each arm's startup-log scan (info lines are left out)."""
+    typed = _typed(status)
     out: list[LogLine] = []
     for arm in ARMS:
-        for f in _mappings(_get(_scan(status, arm), "findings")):
-            if f.get("severity") not in ("warning", "error"):
+        for f in _scan(typed, arm).findings:
+            if f.severity not in ("warning", "error"):
                 continue
             out.append(
                 LogLine(
                     arm=arm,
-                    severity=str(f["severity"]),
-                    code=str(f.get("code") or ""),
-                    text=str(f.get("text") or "").strip(),
-                    hint=str(f.get("hint") or "").strip(),
+                    severity=f.severity,
+                    code=f.code or "",
+                    text=(f.text or "").strip(),
+                    hint=(f.hint or "").strip(),
                 )
             )
     return out
@@ -300,90 +271,61 @@ def read_log_findings(status: Mapping[str, Any]) -> list[LogLine]:
 # ---------------------------------------------------------------- capacity and speed
 
 
-def _arm_block(status: Mapping[str, Any], section: str, arm: str) -> Mapping[str, Any]:
-    """`status.<section>.<arm>`, falling back to `status.arms.<arm>`."""
-    block = _get(_get(status, section), arm)
-    if isinstance(block, Mapping):
-        return block
-    block = _get(_get(status, "arms"), arm)
-    return block if isinstance(block, Mapping) else {}
-
-
-def read_kv_tokens(status: Mapping[str, Any], arm: str) -> float | None:
+def read_kv_tokens(status: StatusLike, arm: str) -> float | None:
     """The arm's KV cache size in tokens, as its engine reported it at startup."""
-    block = _arm_block(status, "capacity", arm)
-    tokens = _num(_get(block, "kvTokens", "kvCacheTokens", "kv_tokens", "tokens"))
-    if tokens is None:
-        tokens = _num(_get(_get(_get(status, "arms"), arm), "kvTokens"))
-    if tokens is None:
-        tokens = _num(_get(_get(_scan(status, arm), "capacity"), "kv_tokens"))
-    return tokens
+    capacity = _scan(_typed(status), arm).capacity
+    return _num(capacity.kv_tokens) if capacity is not None else None
 
 
-def read_capacity(status: Mapping[str, Any]) -> list[ArmCapacity]:
+def read_capacity(status: StatusLike) -> list[ArmCapacity]:
     """Each arm with any KV figure: dtype, attention backend, KV tokens, max concurrency."""
+    typed = _typed(status)
     out: list[ArmCapacity] = []
     for arm in ARMS:
-        block = _arm_block(status, "capacity", arm)
-        scan = _scan(status, arm)
-        dtype = _get(block, "kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype") or _get(
-            scan, "kv_cache_dtype"
-        )
-        tokens = read_kv_tokens(status, arm)
-        conc = _num(_get(block, "maxConcurrency", "max_concurrency"))
-        if conc is None:
-            conc = _num(_get(_get(scan, "capacity"), "max_concurrency"))
-        backend = (
-            _get(block, "attentionBackend", "backend")
-            or _get(_get(_get(status, "arms"), arm), "attentionBackend")
-            or _get(scan, "attention_backend")
-        )
+        scan = _scan(typed, arm)
+        tokens = read_kv_tokens(typed, arm)
+        conc = _num(scan.capacity.max_concurrency) if scan.capacity is not None else None
+        dtype, backend = scan.kv_cache_dtype, scan.attention_backend
         if dtype is None and tokens is None and conc is None and backend is None:
             continue
-        out.append(ArmCapacity(arm, _str_or_none(dtype), _str_or_none(backend), tokens, conc))
+        out.append(ArmCapacity(arm, dtype, backend, tokens, conc))
     return out
 
 
-def read_capacity_gain(status: Mapping[str, Any]) -> float | None:
+def read_capacity_gain(status: StatusLike) -> float | None:
     """Candidate KV tokens over control KV tokens (from the status, else computed)."""
-    gain = _num(_get(_get(status, "capacity"), "gain", "ratio", "kvTokensRatio"))
+    typed = _typed(status)
+    gain = _num(typed.capacity.ratio) if typed.capacity is not None else None
     if gain is not None:
         return gain
-    control, candidate = read_kv_tokens(status, "control"), read_kv_tokens(status, "candidate")
+    control, candidate = read_kv_tokens(typed, "control"), read_kv_tokens(typed, "candidate")
     if control and candidate is not None:
         return candidate / control
     return None
 
 
-def read_speed(status: Mapping[str, Any]) -> Speed | None:
+def read_speed(status: StatusLike) -> Speed | None:
     """`status.speed`: the numeric figures per arm (whatever the operator measured), and clocks."""
-    speed = _get(status, "speed")
-    if not isinstance(speed, Mapping):
+    speed = _typed(status).speed
+    if speed is None:
         return None
-    blocks = {arm: _get(speed, arm) for arm in ARMS}
-    keys: list[Any] = []
+    blocks = {"control": speed.control, "candidate": speed.candidate}
+    keys: list[str] = []
     for block in blocks.values():
-        if isinstance(block, Mapping):
-            keys.extend(k for k, v in block.items() if _num(v) is not None and k not in keys)
+        keys.extend(k for k, v in block.items() if _num(v) is not None and k not in keys)
     metrics = [
-        SpeedMetric(
-            str(key),
-            {
-                arm: _num(block.get(key)) if isinstance(block, Mapping) else None
-                for arm, block in blocks.items()
-            },
-        )
+        SpeedMetric(key, {arm: _num(block.get(key)) for arm, block in blocks.items()})
         for key in keys
     ]
-    return Speed(metrics=metrics, clocks=_clocks(_get(speed, "clocks")))
+    return Speed(metrics=metrics, clocks=_clocks(speed.clocks))
 
 
-def _mhz(value: Any) -> float | None:
+def _mhz(value: float | None) -> float | None:
     number = _num(value)
     return number if number is not None and 0.0 < number <= _MAX_MHZ else None
 
 
-def _mhz_range(value: Any) -> tuple[float, float] | None:
+def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
     pair = _interval(value)
     if pair is None:
         return None
@@ -391,56 +333,53 @@ def _mhz_range(value: Any) -> tuple[float, float] | None:
     return (low, high) if low is not None and high is not None and low <= high else None
 
 
-def _clocks(raw: Any) -> Clocks | None:
+def _clocks(raw: ClocksRecord | None) -> Clocks | None:
     """`status.speed.clocks`; an unreadable clock is None (shown "-"), never a guess."""
-    if not isinstance(raw, Mapping):
+    if raw is None:
         return None
     arms = {}
-    for arm in ARMS:
-        block = _get(raw, arm)
+    for arm, block in (("control", raw.control), ("candidate", raw.candidate)):
+        block = block or ClockRecord()
         arms[arm] = ArmClock(
-            sm_mhz=_mhz(_get(block, "smMHz", "sm_mhz")),
-            mem_mhz=_mhz(_get(block, "memMHz", "mem_mhz")),
-            sm_range=_mhz_range(_get(block, "smRangeMHz", "sm_range_mhz")),
-            mem_range=_mhz_range(_get(block, "memRangeMHz", "mem_range_mhz")),
+            sm_mhz=_mhz(block.sm_mhz),
+            mem_mhz=_mhz(block.mem_mhz),
+            sm_range=_mhz_range(block.sm_range_mhz),
+            mem_range=_mhz_range(block.mem_range_mhz),
         )
-    source, note = _get(raw, "source"), _get(raw, "note")
     return Clocks(
         arms=arms,
-        source=source if isinstance(source, str) and source else None,
-        note=note.strip() or None if isinstance(note, str) else None,
+        source=raw.source or None,
+        note=raw.note.strip() or None if raw.note is not None else None,
     )
 
 
 # ---------------------------------------------------------------- production and remediation
 
 
-def read_preflight(status: Mapping[str, Any]) -> list[str]:
+def read_preflight(status: StatusLike) -> list[str]:
     """One line each: production load against the KV pool, and the checkpoint's KV scales."""
-    pre = _get(status, "preflight")
+    pre = _typed(status).preflight
+    if pre is None:
+        return []
     lines: list[str] = []
-    pressure = _get(pre, "pressure")
-    if isinstance(pressure, Mapping):
-        pressured = _get(pressure, "pressured")
-        verdicts: dict[object, str] = {True: "KV pool is the limit", False: "KV pool has room"}
-        # 1 and 0 read as True and False, as they always have; a list or a dict is unknown.
-        verdict = verdicts.get(
-            pressured if isinstance(pressured, int | float | str) else None,
-            "pool pressure unknown",
-        )
+    pressure = pre.pressure
+    if pressure is not None:
+        verdict = {True: "KV pool is the limit", False: "KV pool has room", None: None}[
+            pressure.pressured
+        ] or "pool pressure unknown"
         facts = []
-        usage = _num(_get(pressure, "max_usage", "maxUsage"))
+        usage = _num(pressure.max_usage)
         if usage is not None:
             facts.append(f"KV usage up to {pct(usage)}")
-        waiting = _num(_get(pressure, "mean_waiting", "meanWaiting"))
+        waiting = _num(pressure.mean_waiting)
         if waiting is not None:
             facts.append(f"{waiting:.1f} requests waiting on average")
-        samples = _int(_get(pressure, "samples"))
+        samples = _int(pressure.samples)
         if samples is not None:
             facts.append(f"{samples} samples")
         lines.append(f"{verdict}" + (f" ({', '.join(facts)})" if facts else ""))
-    scales = _get(pre, "checkpointHasScales", "checkpoint_has_scales")
-    if isinstance(scales, bool):
+    scales = pre.checkpoint_has_scales
+    if scales is not None:
         lines.append(
             "checkpoint carries k/v scales"
             if scales
@@ -449,53 +388,49 @@ def read_preflight(status: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def read_remediation(status: Mapping[str, Any]) -> list[str]:
+def read_remediation(status: StatusLike) -> list[str]:
     """`status.remediation`: both candidate attempts, the crash and the remedy applied."""
-    rem = _get(status, "remediation")
-    if not isinstance(rem, Mapping):
+    rem = _typed(status).remediation
+    if rem is None:
         return []
-    first = _get(rem, "firstAttempt") or {}
-    first = first if isinstance(first, Mapping) else {}
-    raw_args = _get(rem, "args") or []
-    args = " ".join(str(a) for a in (raw_args if isinstance(raw_args, Iterable) else []))
-    env = _get(rem, "env") or {}
-    env_text = " and ".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else ""
+    first = rem.first_attempt or FirstAttempt()
+    args = " ".join(rem.args)
+    env_text = " and ".join(f"{k}={v}" for k, v in rem.env.items())
     remedy = " and ".join(p for p in (args, env_text) if p) or DASH
-    crashed = str(_get(first, "message") or "crashed").split("; starting the candidate again")[0]
+    crashed = (first.message or "crashed").split("; starting the candidate again")[0]
     return [
-        f"attempt 1 ({_get(first, 'attentionBackend') or 'backend unknown'}): {crashed}",
-        f"attempt 2: {_get(rem, 'code')} remedied for {_get(rem, 'engine')} "
-        f"{_get(rem, 'engineVersion')} with {remedy}; gated like any other candidate",
+        f"attempt 1 ({first.attention_backend or 'backend unknown'}): {crashed}",
+        f"attempt 2: {rem.code} remedied for {rem.engine} "
+        f"{rem.engine_version} with {remedy}; gated like any other candidate",
     ]
 
 
 # ---------------------------------------------------------------- verdict, timing, args
 
 
-def read_verdict(status: Mapping[str, Any]) -> str | None:
+def read_verdict(status: StatusLike) -> str | None:
     """`status.verdict`: the decision and why, as one line."""
-    v = _get(status, "verdict")
-    if not isinstance(v, Mapping):
+    v = _typed(status).verdict
+    if v is None:
         return None
-    decision = _get(v, "decision")
-    message = _get(v, "message")
-    if decision and message:
-        return f"{decision}: {message}"
-    return _str_or_none(decision or message)
+    if v.decision and v.message:
+        return f"{v.decision}: {v.message}"
+    return v.decision or v.message
 
 
-def read_duration(status: Mapping[str, Any]) -> str | None:
+def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
 
-    def parse(text: Any) -> dt.datetime | None:
-        if not isinstance(text, str):
+    def parse(text: str | None) -> dt.datetime | None:
+        if text is None:
             return None
         try:
             return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             return None
 
-    start, end = parse(_get(status, "startedAt")), parse(_get(status, "finishedAt"))
+    typed = _typed(status)
+    start, end = parse(typed.started_at), parse(typed.finished_at)
     if start is None or end is None or (start.tzinfo is None) != (end.tzinfo is None):
         return None  # missing, or one with a zone and one without: not comparable
     if end < start:
@@ -521,36 +456,30 @@ def split_remedy(message: str) -> tuple[str, str | None]:
     return message[: match.start()], f"{remedy} (for {version})" if version else remedy
 
 
-def is_finished(status: Mapping[str, Any]) -> bool:
+def is_finished(status: StatusLike) -> bool:
     """The rollout ended (a final phase, or a finish time): what is missing now never comes."""
-    phase = _get(status, "phase")
-    ended = isinstance(phase, str) and phase in (GOOD_PHASES | BAD_PHASES)
-    return bool(ended or _get(status, "finishedAt"))
+    typed = _typed(status)
+    ended = typed.phase is not None and typed.phase.value in (GOOD_PHASES | BAD_PHASES)
+    return bool(ended or typed.finished_at)
 
 
-def args_heading(status: Mapping[str, Any]) -> str:
+def args_heading(status: StatusLike) -> str:
     """The args are a recommendation only when the candidate was not rejected."""
-    phase = _get(status, "phase")
-    bad = isinstance(phase, str) and phase in BAD_PHASES
+    phase = _typed(status).phase
+    bad = phase is not None and phase.value in BAD_PHASES
     return "Rejected candidate args" if bad else "Recommended args"
 
 
-def read_recommended_args(status: Mapping[str, Any]) -> list[str]:
-    raw = _get(status, "recommendedArgs", "recommended_args")
-    if isinstance(raw, str):
-        return raw.split()
-    if isinstance(raw, Sequence):
-        return [str(a) for a in raw]
-    return []
+def read_recommended_args(status: StatusLike) -> list[str]:
+    return list(_typed(status).recommended_args)
 
 
 # ---------------------------------------------------------------- identity
 
 
-def read_status(rollout: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`rollout.status`, or {} (a fresh rollout has none; a hand-edited one may hold anything)."""
-    status = _get(rollout, "status") or {}
-    return status if isinstance(status, Mapping) else {}
+def read_status(rollout: Mapping[str, Any]) -> RolloutStatus:
+    """`rollout.status` as the typed record (a fresh rollout has none: all unknown)."""
+    return RolloutStatus.from_dict(_get(rollout, "status"))
 
 
 def read_header(rollout: Mapping[str, Any]) -> Header:
@@ -558,17 +487,16 @@ def read_header(rollout: Mapping[str, Any]) -> Header:
     spec = _get(rollout, "spec") or {}
     status = read_status(rollout)
     meta = _get(rollout, "metadata") or {}
-    message = _get(status, "message")
-    ready = next((c for c in _conditions(status) if c.get("type") == "Ready"), None)
-    message = message or (ready.get("message") if ready is not None else None)
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    message = status.message or (ready.message if ready is not None else None)
     return Header(
         namespace=str(_get(meta, "namespace") or DASH),
         name=str(_get(meta, "name") or DASH),
         target=_target(spec),
         mode=_str_or_none(_get(_get(spec, "promotion"), "mode") or _get(spec, "mode")),
         kv_cache_dtype=str(dtype) if (dtype := _get(spec, "kvCacheDtype")) else None,
-        phase=str(_get(status, "phase") or "Pending"),
-        message=str(message) if message else None,
+        phase=status.phase.value if status.phase is not None else "Pending",
+        message=message or None,
     )
 
 

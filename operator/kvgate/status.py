@@ -1,0 +1,725 @@
+"""The rollout status as one typed record: what kvgate has found and done.
+
+`RolloutStatus.from_dict` is total: any JSON value (or anything else) reads without raising; a field
+of the wrong type reads as unknown (None or empty), never as a guess. It also reads the snake_case
+spellings earlier releases wrote (for one release). `to_dict` writes camelCase only, leaves nulls and
+empty collections out, and stores each figure once. `merge_patch` is the RFC 7386 patch between two
+status dicts: only what changed, `{}` when nothing did.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kvgate.model import Condition, Outcome, Phase
+
+JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
+
+_MAX_DEPTH: Final = 64  # open JSON deeper than this is cut (a hostile status cannot recurse us)
+
+
+def _key(key: str | None = None, *aliases: str, default: Any = None, rest: bool = False) -> Any:
+    """A field's status key (camelCase of its name unless given) and older spellings it reads.
+
+    `rest`: the field keeps the record's keys no other field reads (evidence another program
+    wrote, such as the eval Job's summary), written back beside the known keys.
+    """
+    meta = {"key": key, "aliases": aliases, "rest": rest}
+    if isinstance(default, dict | tuple) and default == type(default)():
+        return field(default_factory=type(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --- the parts -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FindingRecord:
+    """One startup-log finding as status keeps it (text cut to 300 characters, scrubbed)."""
+
+    code: str | None = None
+    severity: str | None = None
+    line: int | None = None
+    text: str | None = None
+    hint: str | None = None
+    count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityRecord:
+    """The KV pool as the engine's startup log reported it."""
+
+    kv_tokens: int | None = _key(None, "kvCacheTokens", "tokens")
+    max_concurrency: float | None = None
+    kv_memory_gib: float | None = _key("kvMemoryGiB")
+    max_model_len: int | None = None
+    num_gpu_blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanRecord:
+    """A startup-log scan (`logs.LogScan`), cut down for status."""
+
+    engine: str | None = None
+    engine_version: str | None = None
+    kv_cache_dtype: str | None = _key(None, "kvDtype", "dtype")
+    attention_backend: str | None = _key(None, "backend")
+    attention_backend_candidates: tuple[str, ...] = _key(default=())
+    capacity: CapacityRecord | None = None
+    ready: bool | None = None
+    failed: bool | None = None
+    findings: tuple[FindingRecord, ...] = _key(default=())
+    lines: int | None = None
+    tail: tuple[str, ...] = _key(default=())  # a crashed arm's last log lines
+
+    @property
+    def kv_tokens(self) -> int | None:
+        tokens = self.capacity.kv_tokens if self.capacity is not None else None
+        return tokens if tokens is not None and tokens > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTruth:
+    """What the arm's own /metrics (and SGLang's /server_info) say about its KV cache."""
+
+    engine: str | None = None
+    cache_config: Mapping[str, str] = _key(default={})  # the engine's cache_config_info labels
+    max_total_tokens: int | None = None
+    server_info: Mapping[str, JsonValue] = _key(default={})  # the engine's own answer, verbatim
+
+
+@dataclass(frozen=True, slots=True)
+class ArmStatus:
+    """One canary arm: its Pod, startup-log scan and /metrics truth."""
+
+    pod: str | None = None
+    ip: str | None = None
+    scan: ScanRecord | None = None
+    metrics: CacheTruth | None = None
+    metrics_error: str | None = None
+
+    @property
+    def kv_tokens(self) -> int | None:
+        return self.scan.kv_tokens if self.scan is not None else None
+
+    @property
+    def attention_backend(self) -> str | None:
+        return self.scan.attention_backend if self.scan is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """What the preflight found in the checkpoint's config (KV scales, forced FP8 KV)."""
+
+    finding: str | None = None
+    present: bool | None = None
+    commit: str | None = None
+    coverage: str | None = None
+    source: str | None = None
+    expected_capacity_gain: float | None = None
+    forces_fp8_kv: tuple[str, ...] = _key(default=())
+    kv_bytes_per_token: Mapping[str, int] = _key(default={})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSample:
+    """One /metrics pool sample of one production pod."""
+
+    engine: str | None = None
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    preemptions: float | None = None
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PressureRecord:
+    """Is the KV pool the limit, for one replica (or the deciding one)."""
+
+    pressured: bool | None = None
+    samples: int | None = None
+    pressured_samples: int | None = None
+    fraction: float | None = None
+    min_fraction: float | None = None
+    usage_threshold: float | None = None
+    mean_usage: float | None = None
+    max_usage: float | None = None
+    mean_waiting: float | None = None
+    preemptions: float | None = None
+    reasons: tuple[str, ...] = _key(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightStatus:
+    checkpoint: CheckpointRecord | None = None
+    checkpoint_has_scales: bool | None = None
+    samples: Mapping[str, tuple[PoolSample, ...]] = _key(default={})
+    ticks: int | None = None
+    last_sample_at: str | None = None
+    source: str | None = None
+    errors: tuple[str, ...] = _key(default=())
+    pressure: PressureRecord | None = None
+    pressure_by_pod: Mapping[str, PressureRecord] = _key(default={})
+
+
+@dataclass(frozen=True, slots=True)
+class EvalStatus:
+    attempt: int | None = None
+    job: str | None = None
+    nonce_sha256: str | None = None
+    progress: Mapping[str, JsonValue] = _key(default={})  # the eval Job's last progress line
+
+
+@dataclass(frozen=True, slots=True)
+class ArmAccuracy:
+    accuracy: float | None = None
+    correct: int | None = None
+    total: int | None = _key(None, "n")
+    wilson95: tuple[float, ...] = _key(None, "wilson", "interval", default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PairedRecord:
+    difference: float | None = None
+    tango95: tuple[float, ...] = _key(None, "interval", "ci95", default=())
+    mcnemar_p: float | None = None
+    control_only: int | None = None
+    candidate_only: int | None = None
+    both_right: int | None = None
+    both_wrong: int | None = None
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # the Job's notes on each figure
+
+
+@dataclass(frozen=True, slots=True)
+class AdviceRecord:
+    questions_needed: int | None = None
+    discordance: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundsRecord:
+    lower: float | None = None
+    upper: float | None = None
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # confidence, sides, method
+
+
+@dataclass(frozen=True, slots=True)
+class LongContextBucketRecord:
+    """One context length of the long-context task, as the eval Job judged it."""
+
+    bucket: str | None = None
+    context_length: int | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    items: int | None = None
+    control: ArmAccuracy | None = None
+    candidate: ArmAccuracy | None = None
+    recovery: float | None = None
+    paired: PairedRecord | None = None
+    bounds: BoundsRecord | None = None
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LongContextRecord:
+    buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAgreement:
+    """How closely one arm's next-token distributions follow the reference, over a bucket."""
+
+    positions: int | None = None
+    top1_agreement: float | None = None
+    mean_kl: float | None = None
+    p99_kl: float | None = None
+    max_kl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceBucketRecord:
+    """One position bucket of the divergence screen: the A/A floor against the candidate."""
+
+    bucket: str | None = None
+    low: int | None = None
+    high: int | None = None
+    positions: int | None = None
+    floor: TokenAgreement | None = None
+    candidate: TokenAgreement | None = None
+    kl_ratio: float | None = None
+    kl_limit: float | None = None
+    disagreement_limit: float | None = None
+    flagged: bool | None = None
+    reasons: tuple[str, ...] = _key(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceRecord:
+    buckets: tuple[DivergenceBucketRecord, ...] = _key(default=())
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class AccuracyStatus:
+    """The eval Job's summary as the accuracy gate read it (`differencePp` for the printer column)."""
+
+    verdict: str | None = None
+    reason: str | None = None
+    error: str | None = None
+    task: str | None = None
+    margin: float | None = None
+    confidence: float | None = None
+    questions_used: int | None = None
+    questions_planned: int | None = None
+    stopped_early: bool | None = None
+    control: ArmAccuracy | None = None
+    candidate: ArmAccuracy | None = None
+    paired: PairedRecord | None = None
+    difference_pp: float | None = None
+    largest_loss_ruled_out: float | None = None
+    advice: AdviceRecord | None = None
+    long_context: LongContextRecord | None = None
+    divergence: DivergenceRecord | None = None
+    # The rest of the summary (the plan, its looks, bounds) as the Job wrote it.
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramTotals:
+    sum: float | None = None
+    count: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClockRecord:
+    """An arm's GPU clocks over the speed window (`model.ArmClocks` in status form)."""
+
+    sm_mhz: float | None = _key("smMHz", "sm_mhz")
+    sm_range_mhz: tuple[float, ...] = _key("smRangeMHz", "sm_range_mhz", default=())
+    mem_mhz: float | None = _key("memMHz", "mem_mhz")
+    mem_range_mhz: tuple[float, ...] = _key("memRangeMHz", "mem_range_mhz", default=())
+
+
+@dataclass(frozen=True, slots=True)
+class ClocksRecord:
+    source: str | None = None
+    control: ClockRecord | None = None
+    candidate: ClockRecord | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedStatus:
+    before: Mapping[str, HistogramTotals] = _key(default={})
+    after: Mapping[str, HistogramTotals] = _key(default={})
+    started_at: float | None = None
+    concurrency: int | None = None
+    control: Mapping[str, float] = _key(default={})  # each figure by name, e.g. tpotMs
+    candidate: Mapping[str, float] = _key(default={})
+    clocks: ClocksRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityStatus:
+    """Candidate over control KV tokens; the tokens themselves are the arms' scans."""
+
+    ratio: float | None = _key(None, "gain", "kvTokensRatio")
+
+
+@dataclass(frozen=True, slots=True)
+class PodScanRecord:
+    pod: str | None = None
+    attention_backend: str | None = None
+    kv_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodCounters:
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyStatus:
+    window_started_at: str | None = None
+    samples: int | None = None
+    last_sample_at: str | None = None
+    restarts: int | None = None
+    counters: Mapping[str, PodCounters] = _key(default={})
+
+
+@dataclass(frozen=True, slots=True)
+class PromotionStatus:
+    patched: bool | None = None
+    patched_at: str | None = None
+    adopted_at: str | None = None
+    generation: int | None = None
+    pod_scan: PodScanRecord | None = None
+    verify: VerifyStatus | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RevertStatus:
+    """The write-ahead record of a revert: how it ends once the Deployment reads back clean."""
+
+    phase: Phase | None = None
+    reason: str | None = None
+    message: str | None = None
+    started_at: str | None = None
+    attempts: int | None = None
+    last_attempt_at: str | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FirstAttempt:
+    message: str | None = None
+    attention_backend: str | None = None
+    findings: tuple[str, ...] = _key(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationStatus:
+    code: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    args: tuple[str, ...] = _key(default=())
+    env: Mapping[str, str] = _key(default={})
+    attempt: int | None = None
+    decided_at: str | None = None
+    first_attempt: FirstAttempt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """One gate's result (`verdict.GateResult` without its name, which is the key)."""
+
+    outcome: Outcome | None = _key(None, "status", "result", "verdict")  # noqa: RUF009 (a field())
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FindingEntry:
+    """One entry of `status.findings`, which no release writes: read for one release."""
+
+    gate: str | None = _key(None, "type", "name")
+    outcome: str | None = _key(None, "status", "result", "verdict")
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictRecord:
+    decision: str | None = None
+    outcome: Outcome | None = None
+    message: str | None = None
+    reasons: tuple[str, ...] = _key(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str | None = None
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    """`status` of a KVCacheRollout."""
+
+    phase: Phase | None = None
+    reason: str | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    started_at: str | None = None
+    phase_since: str | None = None
+    finished_at: str | None = None
+    consecutive_errors: int | None = None
+    pending_actions: tuple[str, ...] = _key(default=())
+    # What was evaluated (fingerprints only).
+    engine: str | None = None
+    container: str | None = None
+    container_index: int | None = None
+    port: int | None = None
+    metrics_path: str | None = None
+    model: str | None = None
+    served_model: str | None = None
+    evaluated_image: str | None = None
+    config_hash: str | None = None
+    previous: Mapping[str, JsonValue] = _key(default={})  # the fingerprinted container configs
+    candidate: Mapping[str, JsonValue] = _key(default={})
+    recommended_args: tuple[str, ...] = _key(default=())
+    recommended_env: tuple[EnvVar, ...] = _key(default=())
+    preflight: PreflightStatus | None = None
+    arms: Mapping[str, ArmStatus] = _key(default={})
+    eval: EvalStatus | None = None
+    accuracy: AccuracyStatus | None = None
+    capacity: CapacityStatus | None = None
+    speed: SpeedStatus | None = None
+    gates: Mapping[str, GateRecord] = _key(default={})
+    verdict: VerdictRecord | None = None
+    promotion: PromotionStatus | None = None
+    revert: RevertStatus | None = None
+    remediation: RemediationStatus | None = None
+    conditions: tuple[Condition, ...] = _key(default=())
+    findings: tuple[FindingEntry | str, ...] = _key(default=())
+
+    @classmethod
+    def from_dict(cls, raw: object) -> RolloutStatus:
+        """Any value reads: what is not a status (or not this field's type) is unknown."""
+        value = _read(cls, raw, 0)
+        if not isinstance(value, RolloutStatus) or not isinstance(raw, Mapping):
+            return cls()
+        return _with_copied_arm_figures(value, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _write(self)
+        assert isinstance(out, dict)
+        return out
+
+
+# --- reading and writing -------------------------------------------------------------------------
+
+# The copies of an arm's scan figures earlier releases wrote (`capacity.<arm>`, `arms.<arm>`):
+# read where the scan lacks them, never written again.
+_COPIES: Final = (
+    ("capacity", ("kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype"), "kvCacheDtype"),
+    ("capacity", ("kvTokens", "kvCacheTokens", "kv_tokens", "tokens"), "capacity.kvTokens"),
+    ("arms", ("kvTokens",), "capacity.kvTokens"),
+    ("capacity", ("maxConcurrency", "max_concurrency"), "capacity.maxConcurrency"),
+    ("capacity", ("attentionBackend", "backend"), "attentionBackend"),
+    ("arms", ("attentionBackend",), "attentionBackend"),
+)
+
+
+def _with_copied_arm_figures(status: RolloutStatus, raw: Mapping[Any, Any]) -> RolloutStatus:
+    arms = dict(status.arms)
+    for arm in ("control", "candidate"):
+        copied: dict[str, Any] = {}
+        for section, keys, target in _COPIES:
+            block = raw.get(section)
+            block = block.get(arm) if isinstance(block, Mapping) else None
+            if not isinstance(block, Mapping):
+                continue
+            value = next((block[k] for k in keys if block.get(k) is not None), None)
+            where, _, leaf = target.rpartition(".")
+            into = copied.setdefault(where, {}) if where else copied
+            if value is not None and leaf not in into:
+                into[leaf] = value
+        scan = _read(ScanRecord, copied, 1) if copied else _MISSING
+        if not isinstance(scan, ScanRecord) or scan == ScanRecord():
+            continue
+        have = arms.get(arm) or ArmStatus()
+        arms[arm] = dataclasses.replace(have, scan=_fill(have.scan, scan))
+    return dataclasses.replace(status, arms=arms) if arms != status.arms else status
+
+
+def _fill(have: Any, copied: Any) -> Any:
+    """`have` with its unknown fields taken from `copied` (records of one type, or None)."""
+    if have is None or copied is None:
+        return copied if have is None else have
+    if not dataclasses.is_dataclass(have) or isinstance(have, type):
+        return have
+    values = {}
+    record: Any = type(have)
+    for f in _fields(record):
+        mine, theirs = getattr(have, f.name), getattr(copied, f.name)
+        values[f.name] = _fill(mine, theirs) if mine is not None else theirs
+    return record(**values)
+
+
+_MISSING: Final = object()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    key: str
+    aliases: tuple[str, ...]
+    type: Any
+    rest: bool
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[_Field, ...]:
+    """Each field of a status record: its key, the older spellings it reads, its type."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get("key") or _camel(f.name)
+        spellings = (*f.metadata.get("aliases", ()), f.name)
+        aliases = tuple(a for a in dict.fromkeys(spellings) if a != key)
+        out.append(_Field(f.name, key, aliases, hints[f.name], bool(f.metadata.get("rest"))))
+    return tuple(out)
+
+
+@functools.cache
+def _known_keys(cls: type) -> frozenset[str]:
+    return frozenset(k for f in _fields(cls) if not f.rest for k in (f.key, *f.aliases))
+
+
+def _read(tp: Any, raw: object, depth: int) -> Any:
+    """`raw` as a value of `tp`, or _MISSING when it is not one."""
+    if depth > _MAX_DEPTH:
+        return _MISSING
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return _json(raw, depth)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is not type(None) and (value := _read(arg, raw, depth)) is not _MISSING:
+                return value
+        return _MISSING
+    if origin is tuple:
+        if not isinstance(raw, list | tuple):
+            return _MISSING
+        item = typing.get_args(tp)[0]
+        return tuple(v for v in (_read(item, r, depth + 1) for r in raw) if v is not _MISSING)
+    if origin is Mapping:
+        if not isinstance(raw, Mapping):
+            return _MISSING
+        item = typing.get_args(tp)[1]
+        read = ((k, _read(item, v, depth + 1)) for k, v in raw.items() if isinstance(k, str))
+        return {k: v for k, v in read if v is not _MISSING}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(raw, Mapping):
+            return _MISSING
+        values: dict[str, Any] = {}
+        for f in _fields(tp):
+            if f.rest:
+                known = _known_keys(tp)
+                rest = {
+                    k: v
+                    for k, v in raw.items()
+                    if isinstance(k, str) and k not in known and v is not None
+                }
+                values[f.name] = _json(rest, depth + 1)
+                continue
+            for k in (f.key, *f.aliases):
+                if k in raw and (value := _read(f.type, raw[k], depth + 1)) is not _MISSING:
+                    values[f.name] = value
+                    break
+        if tp is Condition:  # its type, status and reason are required
+            values = {"type": "", "status": "Unknown", "reason": "", **values}
+        return tp(**values)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(raw) if isinstance(raw, str) else _MISSING
+        except ValueError:
+            return _MISSING
+    if tp is bool:
+        return raw if isinstance(raw, bool) else _MISSING
+    if tp is int:
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else _MISSING
+    if tp is float:  # an int stays an int (200 counts are not 200.0 in the patch)
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            return _MISSING
+        return raw if isinstance(raw, int) or math.isfinite(raw) else _MISSING
+    if tp is str:
+        return raw if isinstance(raw, str) else _MISSING
+    return _MISSING
+
+
+def _json(raw: object, depth: int) -> Any:
+    """A JSON value kept as it is; what JSON cannot say (NaN, non-str keys, objects) is dropped."""
+    if depth > _MAX_DEPTH:
+        return _MISSING
+    if raw is None or isinstance(raw, str | bool | int):
+        return raw
+    if isinstance(raw, float):
+        return raw if math.isfinite(raw) else _MISSING
+    if isinstance(raw, list | tuple):
+        return [v for v in (_json(r, depth + 1) for r in raw) if v is not _MISSING]
+    if isinstance(raw, Mapping):
+        read = ((k, _json(v, depth + 1)) for k, v in raw.items() if isinstance(k, str))
+        return {k: v for k, v in read if v is not _MISSING}
+    return _MISSING
+
+
+def _write(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        rest: Mapping[str, Any] = {}
+        for f in _fields(type(value)):
+            item = getattr(value, f.name)
+            if f.rest:
+                rest = item
+            elif item is None or (isinstance(item, tuple | Mapping) and not item):
+                continue  # nulls and empty collections are left out
+            else:
+                out[f.key] = _write(item)
+        return {**{k: v for k, v in rest.items() if k not in out and v is not None}, **out}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_write(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _write(v) for k, v in value.items()}
+    return value
+
+
+# --- patching ------------------------------------------------------------------------------------
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns `old` into `new`: changed keys only, None for a removed
+    key, nested objects patched key by key. `{}` means nothing changed (send no patch).
+
+    A None in `new` means absent (as in a merge patch), so it removes the key or is left out.
+    """
+    patch: dict[str, Any] = {}
+    for key in old:
+        if new.get(key) is None and old[key] is not None:
+            patch[key] = None
+    for key, value in new.items():
+        if value is None:
+            continue
+        was = old.get(key)
+        if isinstance(value, Mapping) and isinstance(was, Mapping):
+            inner = merge_patch(was, value)
+            if inner:
+                patch[key] = inner
+        elif isinstance(value, Mapping) or was != value or type(was) is not type(value):
+            patch[key] = _without_nulls(value)
+    return patch
+
+
+def apply_merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386: `patch` applied to a copy of `target` (what the apiserver does with it)."""
+    out = {k: v for k, v in target.items()}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping):
+            was = out.get(key)
+            out[key] = apply_merge_patch(was if isinstance(was, Mapping) else {}, value)
+        else:
+            out[key] = _without_nulls(value)
+    return out
+
+
+def _without_nulls(value: Any) -> Any:
+    """A merge-patch value as applied: nulls in objects mean absent; arrays are taken whole."""
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return copy.deepcopy(value)
