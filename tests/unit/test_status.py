@@ -23,8 +23,9 @@ from test_fuzz_parsers import FUZZ as PROPERTY
 from test_fuzz_parsers import json_values
 
 from kvgate import status as status_module
+from kvgate.mergepatch import apply_merge_patch, merge_patch
 from kvgate.model import Phase
-from kvgate.status import ArmStatus, RolloutStatus, apply_merge_patch, merge_patch
+from kvgate.status import ArmStatus, RolloutStatus
 
 finite_scalars = st.one_of(
     st.none(),

@@ -25,12 +25,12 @@ from kvgate.controller.telemetry import (
 )
 from kvgate.errors import ExternalError, KvgateError
 from kvgate.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
+from kvgate.mergepatch import apply_merge_patch, merge_patch
 from kvgate.model import (
     Condition,
     Outcome,
     Phase,
 )
-from kvgate.status import apply_merge_patch, merge_patch
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
