@@ -34,6 +34,10 @@ COMMANDS: dict[str, str] = {
     "eval": "kvgate.commands.eval",
     "diverge": "kvgate.commands.diverge",
     "report": "kvgate.commands.report",
+    "get": "kvgate.commands.get",
+    "wait": "kvgate.commands.wait",
+    "approve": "kvgate.commands.approve",
+    "abort": "kvgate.commands.abort",
     "run": "kvgate.commands.run",
 }
 

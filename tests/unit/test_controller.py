@@ -220,7 +220,8 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
     from kvgate.model import Outcome, Phase
-    from kvgate.verdict import GateResult, RevertIntent, Step
+    from kvgate.steps import Step
+    from kvgate.verdict import GateResult, RevertIntent
 
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
              "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip

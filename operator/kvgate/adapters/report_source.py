@@ -95,3 +95,64 @@ def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("kind") not in (None, "KVCacheRollout"):
         raise ParseError(path, "expected one KVCacheRollout object")
     return obj
+
+
+def annotate_rollout(name: str, namespace: str | None, annotations: Mapping[str, str]) -> str:
+    """Merge-patch annotations onto one KVCacheRollout; returns the namespace it used.
+
+    The chart's admission policies record who set `kvgate.io/approve` or `kvgate.io/abort`
+    (from the request's identity), so the caller's own credentials are the approver's.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    ns = namespace or _load_config() or "default"
+    if namespace:
+        _load_config()
+    body = {"metadata": {"annotations": dict(annotations)}}
+    try:
+        client.CustomObjectsApi().patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, body
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise KubeError(f"kvcacherollout {ns}/{name} not found", status=404) from exc
+        raise KubeError(
+            f"annotating kvcacherollout {ns}/{name}: {exc.status} {exc.reason}"
+            + (f": {_api_message(exc)}" if _api_message(exc) else ""),
+            status=exc.status,
+        ) from exc
+    except HTTPError as exc:
+        raise KubeError(f"annotating kvcacherollout {ns}/{name}: {exc}") from exc
+    return ns
+
+
+def rollout_events(name: str, namespace: str) -> list[dict[str, Any]]:
+    """The Events about one KVCacheRollout, oldest first (an empty list when none can be read)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    selector = f"involvedObject.kind=KVCacheRollout,involvedObject.name={name}"
+    try:
+        found = client.CoreV1Api().list_namespaced_event(namespace, field_selector=selector)
+    except (ApiException, HTTPError):
+        return []  # Events are context, never the answer: a reader without them still works
+    out = [client.ApiClient().sanitize_for_serialization(e) for e in found.items or []]
+    return sorted(
+        (e for e in out if isinstance(e, dict)),
+        key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+    )
+
+
+def _api_message(exc: Any) -> str:
+    """The apiserver's own sentence (an admission policy's refusal says why), one line."""
+    import json
+
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    return " ".join(str(message).split())[:500] if message else ""

@@ -1,0 +1,37 @@
+"""`kvgate abort NAME --reason TEXT`: stop a rollout; production is reverted if it was patched."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvgate.commands.rollout_view import RolloutView
+from kvgate.errors import SpecError
+from kvgate.model import ANNOTATION_ABORT
+
+HELP = "abort a KVCacheRollout (kvgate.io/abort); a patched Deployment is reverted first"
+
+_MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="KVCacheRollout name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument("--reason", required=True, help="why, one line (kept in status, Events)")
+    parser.epilog = 'example: kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"'
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.adapters.report_source import annotate_rollout, read_rollout
+
+    reason = " ".join(str(args.reason).split())
+    if not reason or not reason.isprintable() or len(reason) > _MAX_REASON:
+        raise SpecError("--reason", f"give one printable line of at most {_MAX_REASON} characters")
+    view = RolloutView.of(read_rollout(args.name, args.namespace))
+    if view.finished:
+        raise SpecError(f"kvr/{args.name}", f"has ended ({view.phase.value}): nothing to abort")
+    ns = annotate_rollout(view.name, args.namespace, {ANNOTATION_ABORT: reason})
+    print(
+        f"abort requested for kvr/{view.name} in {ns} ({reason}); it ends RolledBack, after "
+        f"reverting production if kvgate had patched it (kvgate wait {view.name} -n {ns})"
+    )
+    return 0

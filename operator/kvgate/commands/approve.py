@@ -1,0 +1,40 @@
+"""`kvgate approve NAME`: approve the config a rollout tested (manual promotion)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvgate.commands.rollout_view import RolloutView
+from kvgate.errors import SpecError
+from kvgate.model import ANNOTATION_APPROVE, Phase
+
+HELP = "approve the tested config of a KVCacheRollout awaiting approval (manual mode)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="KVCacheRollout name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.epilog = (
+        "The approval names the tested config hash (status.configHash): a spec changed since "
+        "is not approved by it. The chart's admission policies record who approved and refuse "
+        "the rollout's own author. example: kvgate approve vllm-fp8 -n llm"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.adapters.report_source import annotate_rollout, read_rollout
+
+    view = RolloutView.of(read_rollout(args.name, args.namespace))
+    config = view.status.config_hash
+    if view.phase is not Phase.AWAITING_APPROVAL or view.reported or not config:
+        raise SpecError(
+            f"kvr/{args.name}",
+            f"is {view.phase.value} ({view.status.reason or 'no reason'}), not awaiting approval: "
+            "nothing to approve",
+        )
+    ns = annotate_rollout(view.name, args.namespace, {ANNOTATION_APPROVE: config})
+    print(
+        f"approved config {config} of kvr/{view.name} in {ns}; the operator promotes it on its "
+        f"next reconcile (follow with: kvgate get {view.name} -n {ns} --watch)"
+    )
+    return 0

@@ -1,0 +1,51 @@
+"""`kvgate get NAME [--watch]`: a rollout's phase, gates, eval progress and recent Events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from kvgate.commands.rollout_view import RolloutView
+from kvgate.commands.wait import durations
+
+HELP = "show a KVCacheRollout's phase, gates, eval progress and Events (--watch: until it ends)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="KVCacheRollout name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument(
+        "-w", "--watch", action="store_true", help="print again on each change until it ends"
+    )
+    parser.add_argument("--timeout", default="90m", help="with --watch: stop after (default: 90m)")
+    parser.add_argument(
+        "--interval", default="5s", help="with --watch: time between reads (default: 5s)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the typed status as JSON")
+    parser.epilog = "example: kvgate get vllm-fp8 -n llm --watch"
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.adapters.report_source import read_rollout, rollout_events
+
+    timeout, interval = durations(args)
+    deadline = time.monotonic() + timeout
+    shown: list[str] = []
+    while True:
+        view = RolloutView.of(read_rollout(args.name, args.namespace))
+        if args.json:
+            print(json.dumps({"name": view.name, "namespace": view.namespace,
+                              "status": view.status.to_dict()}, sort_keys=True))  # fmt: skip
+        else:
+            lines = view.lines(rollout_events(view.name, view.namespace))
+            if lines != shown:  # --watch prints what changed, not the same screen again
+                if shown:
+                    print()
+                print("\n".join(lines), flush=True)
+                shown = lines
+        if not args.watch or view.finished:
+            return view.exit_code() if args.watch else 0
+        if time.monotonic() + interval > deadline:
+            return view.exit_code()
+        time.sleep(interval)

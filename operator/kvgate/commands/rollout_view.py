@@ -1,0 +1,89 @@
+"""What `kvgate get`, `wait`, `approve` and `abort` show of a rollout: one typed reading."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.model import Outcome, Phase
+from kvgate.status import RolloutStatus
+
+EXIT_DONE, EXIT_NO, EXIT_OPEN = 0, 1, 3
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutView:
+    name: str
+    namespace: str
+    generation: int | None
+    status: RolloutStatus
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> RolloutView:
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        generation = meta.get("generation")
+        return cls(
+            name=str(meta.get("name") or "-"),
+            namespace=str(meta.get("namespace") or "-"),
+            generation=generation if isinstance(generation, int) else None,
+            status=RolloutStatus.from_dict(obj.get("status")),
+        )
+
+    @property
+    def phase(self) -> Phase:
+        return self.status.phase or Phase.PENDING
+
+    @property
+    def reported(self) -> bool:
+        """Report mode's end: the verdict is written and nothing more will happen."""
+        return self.phase is Phase.AWAITING_APPROVAL and self.status.reason == "VerdictReported"
+
+    @property
+    def finished(self) -> bool:
+        return self.phase.terminal or self.reported
+
+    def exit_code(self) -> int:
+        """0 promoted, not needed or a reported pass; 1 rolled back or failed; 3 not ended."""
+        if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
+            return EXIT_DONE
+        if self.phase in (Phase.ROLLED_BACK, Phase.FAILED):
+            return EXIT_NO
+        return EXIT_OPEN
+
+    def headline(self) -> str:
+        reason = f" ({self.status.reason})" if self.status.reason else ""
+        message = " ".join((self.status.message or "").split())[:300]
+        return f"kvr/{self.name} in {self.namespace}: {self.phase.value}{reason}" + (
+            f": {message}" if message else ""
+        )
+
+    def lines(self, events: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+        """The status view: phase, gates, eval progress, the approval hash and recent Events."""
+        out = [self.headline()]
+        for gate, record in self.status.gates.items():
+            outcome = record.outcome.value if isinstance(record.outcome, Outcome) else "-"
+            detail = " ".join((record.message or record.reason or "").split())[:140]
+            out.append(f"  gate {gate:<14} {outcome:<12} {detail}")
+        progress = self.status.eval.progress if self.status.eval else {}
+        if progress and not self.finished:
+            diff = progress.get("difference")
+            shown = (
+                f", candidate - control {100 * diff:+.1f} pp"
+                if isinstance(diff, int | float) and not isinstance(diff, bool)
+                else ""
+            )
+            out.append(
+                f"  eval look {progress.get('look', '?')}/{progress.get('looks_planned', '?')}: "
+                f"{progress.get('questions', '?')} questions{shown}"
+            )
+        if self.phase is Phase.AWAITING_APPROVAL and not self.reported and self.status.config_hash:
+            out.append(
+                f"  approve: kvgate approve {self.name} -n {self.namespace}"
+                f"  (annotates kvgate.io/approve={self.status.config_hash})"
+            )
+        for event in list(events)[-5:]:
+            message = " ".join(str(event.get("message") or "").split())[:140]
+            out.append(f"  event {event.get('type', '?'):<7} {event.get('reason', '?')}: {message}")
+        return out

@@ -1,0 +1,60 @@
+"""`kvgate wait NAME`: block until a rollout ends; the exit code is its answer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from kvgate.commands.rollout_view import EXIT_OPEN, RolloutView
+from kvgate.errors import SpecError
+from kvgate.spec import parse_duration
+
+HELP = (
+    "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back "
+    "or failed, 3 still running at --timeout"
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="KVCacheRollout name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument("--timeout", default="90m", help="give up after this long (default: 90m)")
+    parser.add_argument(
+        "--interval", default="5s", help="time between reads of the rollout (default: 5s)"
+    )
+    parser.epilog = "example: kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted"
+
+
+def durations(args: argparse.Namespace) -> tuple[float, float]:
+    found = []
+    for flag, text in (("--timeout", args.timeout), ("--interval", args.interval)):
+        try:
+            found.append(parse_duration(text))
+        except ValueError as exc:
+            raise SpecError(flag, str(exc)) from None
+    timeout, interval = found
+    if interval <= 0:
+        raise SpecError("--interval", f"{args.interval} must be above 0")
+    return timeout, interval
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.adapters.report_source import read_rollout
+
+    timeout, interval = durations(args)
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        view = RolloutView.of(read_rollout(args.name, args.namespace))
+        headline = view.headline()
+        if headline != last and sys.stderr.isatty():
+            print(headline, file=sys.stderr)
+        last = headline
+        if view.finished:
+            print(headline)
+            return view.exit_code()
+        if time.monotonic() + interval > deadline:
+            print(f"{headline} (still running after {args.timeout})")
+            return EXIT_OPEN
+        time.sleep(interval)

@@ -1,0 +1,190 @@
+"""`kvgate get`, `wait`, `approve`, `abort`: the kubectl-side commands, over a scripted API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvgate.adapters import report_source
+from kvgate.cli import main
+
+
+def rollout(phase: str | None, reason: str = "", **status: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"reason": reason, **status}
+    if phase is not None:
+        body["phase"] = phase
+    return {
+        "kind": "KVCacheRollout",
+        "metadata": {"name": "vllm-fp8", "namespace": "llm", "generation": 2},
+        "status": body,
+    }
+
+
+class Api:
+    """What the commands read (one rollout per read, in order) and what they annotate."""
+
+    def __init__(self, *reads: dict[str, Any]) -> None:
+        self.reads = list(reads)
+        self.annotated: list[tuple[str, str | None, dict[str, str]]] = []
+
+    def read(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+    def annotate(self, name: str, namespace: str | None, annotations: Any) -> str:
+        self.annotated.append((name, namespace, dict(annotations)))
+        return namespace or "default"
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    def install(*reads: dict[str, Any]) -> Api:
+        fake = Api(*reads)
+        monkeypatch.setattr(report_source, "read_rollout", fake.read)
+        monkeypatch.setattr(report_source, "annotate_rollout", fake.annotate)
+        monkeypatch.setattr(report_source, "rollout_events", lambda name, ns: [])
+        monkeypatch.setattr("time.sleep", lambda s: None)
+        return fake
+
+    yield install
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason", "code"),
+    [
+        ("Promoted", "Promoted", 0),
+        ("NotNeeded", "PoolHasRoom", 0),
+        ("AwaitingApproval", "VerdictReported", 0),
+        ("RolledBack", "AccuracyRegressed", 1),
+        ("Failed", "InvalidSpec", 1),
+    ],
+)
+def test_wait_exits_with_the_end(
+    api: Any, capsys: pytest.CaptureFixture[str], phase: str, reason: str, code: int
+) -> None:
+    api(rollout("Evaluating", "EvalRunning"), rollout(phase, reason, message="done"))
+    got, out, _ = run(capsys, "wait", "vllm-fp8", "-n", "llm", "--interval", "1s")
+    assert got == code
+    assert out.strip() == f"kvr/vllm-fp8 in llm: {phase} ({reason}): done"
+
+
+def test_wait_gives_up_at_its_timeout_with_3(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    api(rollout("AwaitingApproval", "AwaitingApproval", configHash="abc"))
+    got, out, _ = run(capsys, "wait", "vllm-fp8", "--timeout", "1s", "--interval", "2s")
+    assert got == 3 and "still running after 1s" in out
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--interval"])
+def test_wait_refuses_a_bad_duration_in_one_line(
+    api: Any, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    api(rollout("Promoted"))
+    got, out, err = run(capsys, "wait", "vllm-fp8", flag, "soon")
+    assert (got, out) == (2, "") and len(err.splitlines()) == 1 and flag in err
+
+
+def test_approve_annotates_the_tested_config_hash(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = api(rollout("AwaitingApproval", "AwaitingApproval", configHash="18cab288d5712cfa"))
+    got, out, _ = run(capsys, "approve", "vllm-fp8", "-n", "llm")
+    assert got == 0
+    assert fake.annotated == [("vllm-fp8", "llm", {"kvgate.io/approve": "18cab288d5712cfa"})]
+    assert "approved config 18cab288d5712cfa of kvr/vllm-fp8 in llm" in out
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        rollout("Evaluating", "EvalRunning", configHash="abc"),
+        rollout("AwaitingApproval", "VerdictReported", configHash="abc"),  # report mode's end
+        rollout("AwaitingApproval", "AwaitingApproval"),  # no tested hash to name
+        rollout(None),
+    ],
+)
+def test_approve_refuses_what_is_not_awaiting_approval(
+    api: Any, capsys: pytest.CaptureFixture[str], status: dict[str, Any]
+) -> None:
+    fake = api(status)
+    got, _, err = run(capsys, "approve", "vllm-fp8")
+    assert got == 2 and fake.annotated == []
+    assert "not awaiting approval" in err and len(err.splitlines()) == 1
+
+
+def test_abort_annotates_one_line_and_refuses_an_ended_rollout(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = api(rollout("Verifying", "Verifying"))
+    got, out, _ = run(capsys, "abort", "vllm-fp8", "-n", "llm", "--reason", "freeze  for\tlaunch")
+    assert got == 0 and fake.annotated == [
+        ("vllm-fp8", "llm", {"kvgate.io/abort": "freeze for launch"})
+    ]
+    assert "abort requested for kvr/vllm-fp8 in llm" in out
+    fake = api(rollout("Promoted", "Promoted"))
+    got, _, err = run(capsys, "abort", "vllm-fp8", "--reason", "late")
+    assert got == 2 and fake.annotated == [] and "has ended (Promoted)" in err
+
+
+@pytest.mark.parametrize("reason", ["", "x" * 201, "bell\x07"])
+def test_abort_needs_one_printable_line(
+    api: Any, capsys: pytest.CaptureFixture[str], reason: str
+) -> None:
+    fake = api(rollout("Canary"))
+    got, _, err = run(capsys, "abort", "vllm-fp8", "--reason", reason)
+    assert got == 2 and fake.annotated == [] and "--reason" in err
+
+
+def test_get_shows_gates_progress_and_how_to_approve(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api(
+        rollout(
+            "AwaitingApproval",
+            "AwaitingApproval",
+            message="all gates passed",
+            configHash="abc123",
+            gates={
+                "accuracy": {"outcome": "Successful", "reason": "NonInferior", "message": "ok"},
+                "scales": {"outcome": "Warning", "reason": "ScalesMissing"},
+            },
+        )
+    )
+    got, out, _ = run(capsys, "get", "vllm-fp8", "-n", "llm")
+    assert got == 0
+    lines = out.splitlines()
+    assert lines[0] == "kvr/vllm-fp8 in llm: AwaitingApproval (AwaitingApproval): all gates passed"
+    assert any(line.split()[:3] == ["gate", "accuracy", "Successful"] for line in lines)
+    assert any(line.split()[:3] == ["gate", "scales", "Warning"] for line in lines)
+    assert "kvgate approve vllm-fp8 -n llm  (annotates kvgate.io/approve=abc123)" in out
+
+
+def test_get_watch_prints_each_change_once_and_exits_with_the_end(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running = rollout(
+        "Evaluating",
+        "EvalRunning",
+        eval={"progress": {"look": 2, "looks_planned": 4, "questions": 100, "difference": -0.01}},
+    )
+    api(running, running, rollout("RolledBack", "AccuracyRegressed", message="worse"))
+    got, out, _ = run(capsys, "get", "vllm-fp8", "--watch", "--interval", "1s")
+    assert got == 1
+    assert out.count("Evaluating") == 1
+    assert "eval look 2/4: 100 questions, candidate - control -1.0 pp" in out
+    assert out.rstrip().endswith("RolledBack (AccuracyRegressed): worse")
+
+
+def test_get_json_is_the_typed_status(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    api(rollout("Promoted", "Promoted", kv_tokens="junk", configHash="abc"))
+    got, out, _ = run(capsys, "get", "vllm-fp8", "--json")
+    data = json.loads(out)
+    assert got == 0 and data["status"]["phase"] == "Promoted"
+    assert data["status"]["configHash"] == "abc"
