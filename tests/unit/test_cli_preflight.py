@@ -281,7 +281,7 @@ def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str])
 def test_scale_provenance_advice(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # config only, with a compressed-tensors kv_cache_scheme: the control would run FP8
     code, out, _ = run(capsys, str(CONFIGS / "llama-3-8b-fp8-kv.json"), "--json")
-    assert code == 0
+    assert code == 1  # the operator ends this Failed/ControlRunsFP8: the gate says no
     got = json.loads(out)["advice"]
     assert got[0].startswith("the checkpoint config switches --kv-cache-dtype auto to FP8 (")
     assert got[1] == "scales unknown (config only): scan the model directory or hub repo"

@@ -21,6 +21,7 @@ from kvgate.capacity import (
     vllm_pool,
 )
 from kvgate.checkpoint import ScaleReport, unknown_scales
+from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.errors import KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
 
@@ -123,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         print(render_text(result))
-    return 0
+    # The operator ends such a rollout Failed/ControlRunsFP8 (a control under `auto` would run
+    # FP8 too): a script that gates on this command must stop here as well.
+    return EXIT_GATE_FAILED if result["scales"].get("forces_fp8_kv") else EXIT_OK
 
 
 def preflight(
