@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install deps test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -26,8 +26,16 @@ deps:
 binaries:
 	hack/build-binaries.sh --node
 
+# Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
+# durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
+TIERS ?=
+TEST_OUTPUT ?= .test-output
 test: $(STAMP) deps binaries
-	$(BIN)/pytest tests --durations=25
+	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
+
+# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).
+test-fast: $(STAMP)
+	$(BIN)/pytest tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit
@@ -59,4 +67,4 @@ bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache $(TEST_OUTPUT)

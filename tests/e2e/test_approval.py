@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_install import CHART, Helm
-from test_operator_support import (
+from support import (
+    CHART,
     TERMINAL,
+    Helm,
     Operator,
     container_of,
     get,

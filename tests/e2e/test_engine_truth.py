@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_operator_support import (
+from support import (
     FAST_GATES,
     TERMINAL,
     Operator,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_operator_support import (
+from support import (
     FAST_GATES,
     GSM8K_DIR,
     TERMINAL,

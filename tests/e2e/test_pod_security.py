@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_install import CHART, EXAMPLES, Helm
+from support import CHART, EXAMPLES, Helm
 
 from kvgate import manifests
 from kvgate.config import OperatorConfig

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_operator_support import (
+from support import (
     FAST_GATES,
     TERMINAL,
     Operator,

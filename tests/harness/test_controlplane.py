@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.harness
 
 T = TypeVar("T")
 

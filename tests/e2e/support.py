@@ -22,6 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
+CHART = ROOT / "charts/kvgate"
+EXAMPLES = ROOT / "examples"
 VENV_BIN = Path(sys.executable).parent
 GSM8K_DIR = os.environ.get("KVGATE_GSM8K_DIR") or str(ROOT.parent / "shared" / "data" / "gsm8k")
 
@@ -45,6 +47,32 @@ def install_crd(cluster: Any) -> None:
     cluster.kubectl(
         "wait", "--for=condition=Established", "crd/kvcacherollouts.kvgate.io", "--timeout=60s"
     )
+
+
+class Helm:
+    """The control plane's `helm`, with its caches and config under `home`."""
+
+    def __init__(self, cluster: Any, home: Path) -> None:
+        self.bin = str(Path(cluster.bin_dir) / "helm")
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": cluster.kubeconfig,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.bin, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
 
 
 def free_port() -> int:
