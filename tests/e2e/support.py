@@ -1,4 +1,5 @@
-"""Helpers for the operator e2e tests: CRD install, a `kvgate run` subprocess, manifests, waits.
+"""Helpers for the operator e2e tests: CRD install, a `kvgate run` subprocess, manifests, waits,
+and `ScenarioWorld`, the setup the scenario modules share.
 
 No tests here. The operator runs as a real subprocess (`kvgate run -A`), so a test can kill it
 (SIGKILL) and start another, exactly as a crashed operator pod would be replaced.
@@ -8,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from kvgate.model import Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
@@ -265,11 +269,12 @@ def phase(cluster: Any, namespace: str, name: str) -> str | None:
     return (obj.get("status") or {}).get("phase")
 
 
-TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+# The phases a rollout never leaves, as the operator defines them.
+TERMINAL = frozenset(p.value for p in Phase if p.terminal)
 
 
 def wait_phase(
-    cluster: Any, namespace: str, name: str, phases: set[str], timeout: float
+    cluster: Any, namespace: str, name: str, phases: Collection[str], timeout: float
 ) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         obj = get(cluster, namespace, "kvcacherollout", name) or {}
@@ -379,3 +384,76 @@ def send_completions(url: str, requests: int, *, workers: int = 1) -> int:
         return answered
     with ThreadPoolExecutor(workers) as pool:
         return sum(pool.map(one, range(requests)))
+
+
+class ScenarioWorld:
+    """Scenarios that run at once under one operator, each in its own namespace
+    `kvgate-<tag>-<scenario>-<hex>`: the setup the scenario modules share.
+
+    A module's fixture creates it (CRD installed, namespaces made, operator built but not
+    started), starts the operator when its module wants, `deploy`s the Deployments (recorded
+    as `before` once ready), `start_rollouts`, yields it and calls `finish` in `finally`.
+    `rollout(scenario)` waits up to `settle_timeout` for a phase in `settled`.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        log_dir: Path,
+        tag: str,
+        scenarios: Iterable[str],
+        *,
+        extra_env: dict[str, str] | None = None,
+        settled: Collection[str] = TERMINAL,
+        settle_timeout: float = 420,
+    ) -> None:
+        self.cluster = cluster
+        self.settled, self.settle_timeout = settled, settle_timeout
+        install_crd(cluster)
+        suffix = secrets.token_hex(3)
+        self.ns = {s: create_namespace(cluster, f"kvgate-{tag}-{s}-{suffix}") for s in scenarios}
+        self.operator = Operator(
+            cluster,
+            log_dir / "operator.log",
+            namespaces=list(self.ns.values()),
+            extra_env=extra_env,
+        )
+        self.before: dict[str, dict[str, Any]] = {}
+
+    def deploy(self, deployments: dict[str, dict[str, Any]]) -> None:
+        """Apply each scenario's Deployment, then wait for each and record it as first applied."""
+        for s, deployment in deployments.items():
+            apply(self.cluster, self.ns[s], deployment)
+        for s in deployments:
+            wait_deployment_ready(self.cluster, self.ns[s], s)
+            self.before[s] = self.deployment(s)
+
+    def start_rollouts(self, specs: dict[str, dict[str, Any]]) -> None:
+        """A rollout `<scenario>-fp8` of each scenario's Deployment with that spec."""
+        for s, spec in specs.items():
+            apply(self.cluster, self.ns[s], rollout(f"{s}-fp8", s, **spec))
+
+    def finish(self) -> None:
+        finish(self.cluster, self.operator, self.ns.values())
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.cluster.kubectl(*args, **kw)
+
+    def rollout(self, scenario: str, name: str | None = None) -> dict[str, Any]:
+        """The rollout (`<scenario>-fp8` unless named) once in a `settled` phase."""
+        return wait_phase(
+            self.cluster,
+            self.ns[scenario],
+            name or f"{scenario}-fp8",
+            self.settled,
+            self.settle_timeout,
+        )
+
+    def status(self, scenario: str) -> dict[str, Any]:
+        obj = get(self.cluster, self.ns[scenario], "kvr", f"{scenario}-fp8") or {}
+        return obj.get("status") or {}
+
+    def deployment(self, scenario: str) -> dict[str, Any]:
+        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
+        assert dep is not None
+        return dep
