@@ -3,7 +3,7 @@ the chart's e2e tests share.
 
 The chart's whole-rollout e2e (a release in a namespace enforcing Pod Security `restricted`,
 under its own ServiceAccount's token, to `Promoted`) runs on the real node with the built
-images: tests/e2e/test_real_node.py.
+images: tests/harness/test_real_node.py.
 """
 
 from __future__ import annotations
