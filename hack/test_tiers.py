@@ -71,7 +71,7 @@ def run_tier(
     junit, log = out / f"{tier}.xml", out / f"{tier}.log"
     for stale in (junit, log, out / f"{tier}.durations.txt"):
         stale.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pytest", *paths, *TIERS[tier], "-p", "no:cacheprovider"]
+    argv = [sys.executable, "-m", "pytest", *paths, *TIERS[tier]]
     argv += [f"--junitxml={junit}", "-o", f"junit_suite_name={tier}", "--durations=30", *extra]
     print(f"\n=== tier {tier}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()

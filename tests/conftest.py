@@ -93,6 +93,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -101,7 +102,11 @@ HACK_DIR = TESTS_DIR.parent / "hack"
 if str(HACK_DIR) not in sys.path:
     sys.path.insert(0, str(HACK_DIR))
 
-from cluster import Cluster, default_bin_dir, missing_binaries  # noqa: E402
+if TYPE_CHECKING:  # the fixture imports hack/cluster.py: the fast tier needs none of it
+    from cluster import Cluster
+
+# pytester: tests/unit/test_tiers.py runs this file's tier hooks in a scratch project.
+pytest_plugins = ["pytester"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -154,6 +159,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from cluster import Cluster, default_bin_dir, missing_binaries
+
     bin_dir = default_bin_dir()
     missing = missing_binaries(bin_dir)
     if missing:
