@@ -15,6 +15,7 @@ tests of the whole run.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -75,14 +76,15 @@ def run_tier(
     argv += [f"--junitxml={junit}", "-o", f"junit_suite_name={tier}", "--durations=30", *extra]
     print(f"\n=== tier {tier}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
-        for line in proc.stdout:  # to the console and the log as it comes
-            sys.stdout.write(line)
-            sink.write(line)
+        # To the console and the log as it comes (pytest's progress dots end no line).
+        fd = proc.stdout.fileno()
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            sink.write(chunk)
         code = proc.wait()
     result = TierResult(tier, code, time.monotonic() - started)
     if not junit.exists():
