@@ -287,7 +287,8 @@ def wait_phase(
         raise TimeoutError(f"{exc}; status: {json.dumps(obj.get('status'))[:3000]}") from None
 
 
-def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
+def rollout_events(cluster: Any, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of each Event about the rollout, in the order posted."""
     proc = cluster.kubectl(
         "get", "events", "-n", namespace, "-o", "json",
         f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
@@ -295,7 +296,11 @@ def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
     items = json.loads(proc.stdout).get("items") or []
     # Timestamps have one-second resolution; the etcd revision orders the posts exactly.
     items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [e["reason"] for e in items]
+    return [(e["reason"], e["message"]) for e in items]
+
+
+def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
+    return [reason for reason, _ in rollout_events(cluster, namespace, name)]
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
