@@ -10,6 +10,9 @@ tests of the whole run.
     hack/test_tiers.py                      # every tier
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
+
+Tiers and e2e modules run one at a time: each e2e module's operator watches every namespace
+(tests/e2e/support.py, Operator), so modules run side by side would act on each other's rollouts.
 """
 
 from __future__ import annotations

@@ -88,7 +88,9 @@ def free_port() -> int:
 class Operator:
     """`kvgate run` as a subprocess with a short poll interval; its log goes to a file.
 
-    It watches only `namespaces` (all when empty), so test modules never share a rollout.
+    It runs with `-A`: it watches every namespace and takes the one cluster-scope Lease, whatever
+    `namespaces` (the ones its module made) says. So two modules' operators would act on each
+    other's rollouts and contend for that Lease: e2e modules run one at a time.
     """
 
     def __init__(
