@@ -15,7 +15,7 @@ LOAD_PYTHON ?= $(firstword $(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.12.*/b
 	$(shell command -v python3.12 python3.13 2>/dev/null))
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install loadenv deps test test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -47,8 +47,16 @@ binaries:
 	hack/build-binaries.sh --node
 	hack/build-binaries.sh --forge
 
-test: $(STAMP) deps binaries
-	$(BIN)/pytest tests --durations=25
+# Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
+# durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
+TIERS ?=
+TEST_OUTPUT ?= .test-output
+test: $(STAMP) $(LOAD_STAMP) deps binaries
+	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
+
+# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).
+test-fast: $(STAMP)
+	$(BIN)/pytest tests
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit
@@ -80,4 +88,4 @@ bench: $(STAMP) $(LOAD_STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(LOAD_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOAD_VENV) .pytest_cache .ruff_cache $(TEST_OUTPUT)

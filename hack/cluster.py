@@ -22,7 +22,7 @@ The state directory defaults to $KVGATE_CLUSTER_DIR or ~/.cache/kvgate/cluster.
 `up` starts a detached supervisor (`cluster.py serve`) that owns every
 component; `down` stops it. Every cluster starts from an empty etcd.
 
-From Python (tests/e2e/conftest.py puts hack/ on sys.path):
+From Python (tests/conftest.py puts hack/ on sys.path):
 
     from cluster import Cluster
     with Cluster(state_dir) as c:          # or c.start() ... c.stop()

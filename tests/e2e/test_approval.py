@@ -22,15 +22,17 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_install import CHART, Helm
-from test_operator_support import (
+from support import (
+    CHART,
     TERMINAL,
+    Helm,
     Operator,
     container_of,
     get,
     install_crd,
     no_tracebacks,
     rollout,
+    rollout_events,
     sim_deployment,
     wait_deployment_ready,
     wait_for,
@@ -92,16 +94,6 @@ def annotations(cluster: Any, ns: str, name: str) -> dict[str, str]:
     return dict(
         ((get(cluster, ns, "kvr", name) or {}).get("metadata") or {}).get("annotations") or {}
     )
-
-
-def events(cluster: Any, ns: str, name: str) -> list[tuple[str, str]]:
-    proc = cluster.kubectl(
-        "get", "events", "-n", ns, "-o", "json",
-        f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
-    )  # fmt: skip
-    items = json.loads(proc.stdout).get("items") or []
-    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [(e["reason"], e["message"]) for e in items]
 
 
 @pytest.mark.timeout(900)
@@ -192,7 +184,7 @@ def _run(cluster: Any, ns: str, tmp_path: Path) -> None:
         assert (end["phase"], end["reason"]) == ("RolledBack", "Aborted"), end
         assert end["message"] == "aborted by dave (kvgate.io/abort: pager: p99 up)"
         assert container_of(get(cluster, ns, "deployment", "abort") or {}) == before["abort"]
-        reasons = [r for r, _ in events(cluster, ns, "abort-fp8")]
+        reasons = [r for r, _ in rollout_events(cluster, ns, "abort-fp8")]
         assert {"PromotionReverted", "Aborted", "RolledBack"} <= set(reasons), reasons
 
         # --- approval: refused for the author, the verb-less and the approver who may not
@@ -235,9 +227,10 @@ def _run(cluster: Any, ns: str, tmp_path: Path) -> None:
             "--kv-cache-dtype"
             in container_of(get(cluster, ns, "deployment", "manual") or {})["args"]
         )
-        assert ("Approved", f"approved by carol for config {status['configHash']}") in events(
-            cluster, ns, "manual-fp8"
-        )
+        assert (
+            "Approved",
+            f"approved by carol for config {status['configHash']}",
+        ) in rollout_events(cluster, ns, "manual-fp8")
     finally:
         cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False)
         code = operator.stop()

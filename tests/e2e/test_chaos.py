@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_operator_support import (
+from support import (
     TERMINAL,
     Operator,
     apply,

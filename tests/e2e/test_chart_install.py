@@ -3,47 +3,17 @@ the chart's e2e tests share.
 
 The chart's whole-rollout e2e (a release in a namespace enforcing Pod Security `restricted`,
 under its own ServiceAccount's token, to `Promoted`) runs on the real node with the built
-images: tests/e2e/test_real_node.py.
+images: tests/harness/test_real_node.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/kvgate"
-EXAMPLES = ROOT / "examples"
-
-
-class Helm:
-    def __init__(self, cluster: Any, home: Path) -> None:
-        self.bin = str(Path(cluster.bin_dir) / "helm")
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": cluster.kubeconfig,
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-
-    def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.bin, *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-
-
-RESTRICTED = {
-    "pod-security.kubernetes.io/enforce": "restricted",
-    "pod-security.kubernetes.io/enforce-version": "latest",
-    "pod-security.kubernetes.io/warn": "restricted",
-}
+from support import CHART, EXAMPLES
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_operator_support import install_crd
+from support import install_crd
 
 pytestmark = pytest.mark.e2e
 

@@ -25,28 +25,17 @@ And the L4 FlashInfer trap with `spec.canary.remediation`:
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_operator_support import (
+from support import (
     FAST_GATES,
-    TERMINAL,
-    Operator,
-    apply,
+    ScenarioWorld,
     condition,
     container_of,
-    create_namespace,
     event_reasons,
-    finish,
-    get,
-    install_crd,
-    rollout,
     sim_deployment,
-    wait_deployment_ready,
-    wait_phase,
 )
 
 pytestmark = pytest.mark.e2e
@@ -118,43 +107,22 @@ for _env, _spec in SCENARIOS.values():
 IMAGES = {"auto33": "vllm/vllm-openai:v0.33.0"}
 
 
-class World:
-    def __init__(self, cluster: Any, namespaces: dict[str, str]) -> None:
-        self.cluster = cluster
-        self.ns = namespaces
-        self.before: dict[str, dict[str, Any]] = {}
-
-    def rollout(self, scenario: str) -> dict[str, Any]:
-        return wait_phase(self.cluster, self.ns[scenario], f"{scenario}-fp8", TERMINAL, 420)
-
-    def deployment(self, scenario: str) -> dict[str, Any]:
-        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
-        assert dep is not None
-        return dep
-
-
 @pytest.fixture(scope="module")
-def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    install_crd(cluster)
-    suffix = secrets.token_hex(3)
-    namespaces = {s: create_namespace(cluster, f"kvgate-truth-{s}-{suffix}") for s in SCENARIOS}
-    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    operator = Operator(cluster, log, namespaces=list(namespaces.values())).start()
-    w = World(cluster, namespaces)
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScenarioWorld]:
+    w = ScenarioWorld(cluster, tmp_path_factory.mktemp("operator"), "truth", SCENARIOS)
+    w.operator.start()
     try:
+        deployments = {}
         for s, (env, _) in SCENARIOS.items():
             dep = sim_deployment(s, env=env, engine="sglang" if s.startswith("sg") else "vllm")
             if s in IMAGES:
                 dep["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGES[s]
-            apply(cluster, namespaces[s], dep)
-        for s in SCENARIOS:
-            wait_deployment_ready(cluster, namespaces[s], s)
-            w.before[s] = w.deployment(s)
-        for s, (_, spec) in SCENARIOS.items():
-            apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+            deployments[s] = dep
+        w.deploy(deployments)
+        w.start_rollouts({s: spec for s, (_, spec) in SCENARIOS.items()})
         yield w
     finally:
-        finish(cluster, operator, namespaces.values())
+        w.finish()
 
 
 @pytest.mark.timeout(600)
@@ -163,7 +131,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     [("lie", "candidate", "fp8", "auto"), ("reverse", "control", "auto", "fp8")],
 )
 def test_log_and_metrics_disagreeing_rolls_back(
-    world: World, scenario: str, arm: str, log_dtype: str, metrics_dtype: str
+    world: ScenarioWorld, scenario: str, arm: str, log_dtype: str, metrics_dtype: str
 ) -> None:
     obj = world.rollout(scenario)
     status = obj["status"]
@@ -190,7 +158,7 @@ def test_log_and_metrics_disagreeing_rolls_back(
 
 
 @pytest.mark.timeout(600)
-def test_sglang_log_and_server_info_disagreeing_rolls_back(world: World) -> None:
+def test_sglang_log_and_server_info_disagreeing_rolls_back(world: ScenarioWorld) -> None:
     obj = world.rollout("sglie")
     status = obj["status"]
     assert (status["phase"], status["reason"]) == ("RolledBack", "LogMetricsDisagree"), status[
@@ -229,7 +197,7 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     ],
 )
 def test_auto_remediation_promotes_with_the_remedy_of_that_version(
-    world: World, scenario: str, version: str, args: list[str], env: dict[str, str]
+    world: ScenarioWorld, scenario: str, version: str, args: list[str], env: dict[str, str]
 ) -> None:
     obj = world.rollout(scenario)
     status = obj["status"]
@@ -269,7 +237,7 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
     ],
 )
 def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(
-    world: World, scenario: str, remedy: str
+    world: ScenarioWorld, scenario: str, remedy: str
 ) -> None:
     obj = world.rollout(scenario)
     status = obj["status"]

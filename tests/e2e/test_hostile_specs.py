@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_operator_support import (
+from support import (
     TERMINAL,
     Operator,
     apply,

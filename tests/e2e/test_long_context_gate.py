@@ -15,30 +15,23 @@ downloaded.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_operator_support import (
+from support import (
     FAST_GATES,
     GSM8K_DIR,
-    TERMINAL,
-    Operator,
+    ScenarioWorld,
     apply,
     condition,
     container_of,
-    create_namespace,
     event_reasons,
-    finish,
     get,
     install_crd,
-    rollout,
     sim_deployment,
-    wait_deployment_ready,
-    wait_phase,
 )
 
 pytestmark = pytest.mark.e2e
@@ -103,47 +96,28 @@ def _train_tokenizer(directory: Path) -> str:
     return str(directory)
 
 
-class World:
-    def __init__(self, cluster: Any, namespaces: dict[str, str]) -> None:
-        self.cluster = cluster
-        self.ns = namespaces
-        self.before: dict[str, dict[str, Any]] = {}
-
-    def rollout(self, scenario: str) -> dict[str, Any]:
-        return wait_phase(self.cluster, self.ns[scenario], f"{scenario}-fp8", TERMINAL, 1000)
-
-    def deployment(self, scenario: str) -> dict[str, Any]:
-        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
-        assert dep is not None
-        return dep
-
-
 @pytest.fixture(scope="module")
-def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScenarioWorld]:
     tokenizer = _train_tokenizer(Path(tmp_path_factory.mktemp("tokenizer")))
-    install_crd(cluster)
-    suffix = secrets.token_hex(3)
-    namespaces = {s: create_namespace(cluster, f"kvgate-lc-{s}-{suffix}") for s in SCENARIOS}
-    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    operator = Operator(cluster, log, namespaces=list(namespaces.values())).start()
-    w = World(cluster, namespaces)
+    log_dir = tmp_path_factory.mktemp("operator")
+    w = ScenarioWorld(cluster, log_dir, "lc", SCENARIOS, settle_timeout=1000)
+    w.operator.start()
     try:
-        for s in SCENARIOS:
-            apply(cluster, namespaces[s], sim_deployment(s, env=ENV, args=ARGS))
-        for s in SCENARIOS:
-            wait_deployment_ready(cluster, namespaces[s], s)
-            w.before[s] = w.deployment(s)
-        for s, spec in SCENARIOS.items():
-            spec = json.loads(json.dumps(spec).replace(TOKENIZER, tokenizer))
-            apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+        w.deploy({s: sim_deployment(s, env=ENV, args=ARGS) for s in SCENARIOS})
+        w.start_rollouts(
+            {
+                s: json.loads(json.dumps(spec).replace(TOKENIZER, tokenizer))
+                for s, spec in SCENARIOS.items()
+            }
+        )
         yield w
     finally:
-        finish(cluster, operator, namespaces.values())
+        w.finish()
 
 
 @pytest.mark.timeout(1200)
 def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
-    world: World,
+    world: ScenarioWorld,
 ) -> None:
     obj = world.rollout("collapse")
     status = obj["status"]
@@ -185,7 +159,7 @@ def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
 
 
 @pytest.mark.timeout(1200)
-def test_a_sound_candidate_passes_all_three_and_is_promoted(world: World) -> None:
+def test_a_sound_candidate_passes_all_three_and_is_promoted(world: ScenarioWorld) -> None:
     obj = world.rollout("sound")
     status = obj["status"]
     assert status["phase"] == "Promoted", status["message"]

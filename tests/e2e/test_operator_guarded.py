@@ -11,29 +11,23 @@
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_operator_support import (
+from support import (
     TERMINAL,
-    Operator,
+    ScenarioWorld,
     apply,
     condition,
     container_of,
-    create_namespace,
     event_reasons,
-    finish,
     get,
-    install_crd,
     pods,
-    rollout,
     send_completions,
     sim_deployment,
-    wait_deployment_ready,
     wait_for,
     wait_phase,
 )
@@ -115,23 +109,15 @@ def _policy(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-class World:
-    def __init__(self, cluster: Any, operator: Operator, ns: dict[str, str]) -> None:
-        self.cluster, self.operator, self.ns = cluster, operator, ns
-        self.before: dict[str, dict[str, Any]] = {}
+class World(ScenarioWorld):
+    """The scenarios, and a director that does each one's fault at the phase it is aimed at."""
+
+    def __init__(self, cluster: Any, log_dir: Path) -> None:
+        # A low error limit: the foreign-pod rollout fails after 8 refusals rather than 30.
+        env = {"KVGATE_ERROR_LIMIT": "8"}
+        super().__init__(cluster, log_dir, "guard", SCENARIOS, extra_env=env)
         self.stop = threading.Event()
         self.done = {s: threading.Event() for s in SCENARIOS}
-
-    def kubectl(self, *args: str, **kw: Any) -> Any:
-        return self.cluster.kubectl(*args, **kw)
-
-    def status(self, s: str) -> dict[str, Any]:
-        return (get(self.cluster, self.ns[s], "kvr", f"{s}-fp8") or {}).get("status") or {}
-
-    def deployment(self, s: str) -> dict[str, Any]:
-        dep = get(self.cluster, self.ns[s], "deployment", s)
-        assert dep is not None
-        return dep
 
     def direct(self) -> None:
         """Do each scenario's fault the moment its rollout reaches the phase it is aimed at,
@@ -180,22 +166,12 @@ def _hammer(cluster: Any, namespace: str, app: str, requests: int = 170) -> None
 
 @pytest.fixture(scope="module")
 def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    install_crd(cluster)
-    suffix = secrets.token_hex(3)
-    ns = {s: create_namespace(cluster, f"kvgate-guard-{s}-{suffix}") for s in SCENARIOS}
-    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    # A low error limit: the foreign-pod rollout fails after 8 refusals rather than 30.
-    operator = Operator(
-        cluster, log, namespaces=list(ns.values()), extra_env={"KVGATE_ERROR_LIMIT": "8"}
-    ).start()
-    w = World(cluster, operator, ns)
+    w = World(cluster, tmp_path_factory.mktemp("operator"))
+    w.operator.start()
+    ns = w.ns
     policy = _policy(ns["refused"])
     try:
-        for s in SCENARIOS:
-            apply(cluster, ns[s], sim_deployment(s))
-        for s in SCENARIOS:
-            wait_deployment_ready(cluster, ns[s], s)
-            w.before[s] = w.deployment(s)
+        w.deploy({s: sim_deployment(s) for s in SCENARIOS})
         apply(cluster, ns["refused"], *policy)
         foreign = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "foreign-fp8-control"},
                    "spec": {"containers": [{"name": "x", "image": "busybox",
@@ -203,9 +179,9 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
         apply(cluster, ns["foreign"], foreign)
         director = threading.Thread(target=w.direct, daemon=True)
         director.start()
-        for s, extra in SCENARIOS.items():
-            spec: dict[str, Any] = {"extraArgs": TRITON, "gates": GATES, **extra}
-            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **spec))
+        w.start_rollouts(
+            {s: {"extraArgs": TRITON, "gates": GATES, **extra} for s, extra in SCENARIOS.items()}
+        )
         yield w
     finally:
         w.stop.set()
@@ -213,7 +189,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
             cluster.kubectl(
                 "delete", p["kind"], p["metadata"]["name"], "--ignore-not-found", check=False
             )
-        finish(cluster, operator, ns.values())
+        w.finish()
 
 
 @pytest.mark.timeout(600)

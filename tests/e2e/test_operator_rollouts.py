@@ -12,31 +12,26 @@ so the module takes about as long as its slowest rollout. Each test then checks 
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_operator_support import (
+from support import (
     FAST_GATES,
     GSM8K_DIR,
     ROOT,
     TERMINAL,
-    Operator,
+    ScenarioWorld,
     apply,
     condition,
     container_of,
-    create_namespace,
     event_reasons,
-    finish,
     get,
-    install_crd,
     pods,
     rollout,
     send_completions,
     sim_deployment,
-    wait_deployment_ready,
     wait_for,
     wait_phase,
 )
@@ -123,25 +118,12 @@ def _write_checkpoint(directory: Path) -> str:
     return str(directory)
 
 
-class World:
+class World(ScenarioWorld):
     """The running scenarios: namespaces, the operator, the Deployments as first applied."""
 
-    def __init__(self, cluster: Any, operator: Operator, namespaces: dict[str, str]) -> None:
-        self.cluster = cluster
-        self.operator = operator
-        self.ns = namespaces
-        self.before: dict[str, dict[str, Any]] = {}
-
-    def rollout(self, scenario: str, name: str | None = None) -> dict[str, Any]:
-        name = name or f"{scenario}-fp8"
-        return wait_phase(
-            self.cluster, self.ns[scenario], name, TERMINAL | {"AwaitingApproval"}, 420
-        )
-
-    def deployment(self, scenario: str) -> dict[str, Any]:
-        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
-        assert dep is not None
-        return dep
+    def __init__(self, cluster: Any, log_dir: Path) -> None:
+        settled = TERMINAL | {"AwaitingApproval"}
+        super().__init__(cluster, log_dir, "e2e", SCENARIOS, settled=settled, settle_timeout=420)
 
     def untouched(self, scenario: str) -> None:
         now, before = self.deployment(scenario), self.before[scenario]
@@ -154,23 +136,23 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    install_crd(cluster)
-    suffix = secrets.token_hex(3)
-    namespaces = {s: create_namespace(cluster, f"kvgate-e2e-{s}-{suffix}") for s in SCENARIOS}
-    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    operator = Operator(cluster, log, namespaces=list(namespaces.values())).start()
-    w = World(cluster, operator, namespaces)
+    w = World(cluster, tmp_path_factory.mktemp("operator"))
+    w.operator.start()
+    namespaces = w.ns
     try:
-        for s, (env, _) in SCENARIOS.items():
-            engine = "sglang" if s == "sglang" else "vllm"
-            apply(cluster, namespaces[s], sim_deployment(s, env=env, engine=engine))
-        for s in SCENARIOS:
-            wait_deployment_ready(cluster, namespaces[s], s)
-            w.before[s] = w.deployment(s)
+        w.deploy(
+            {
+                s: sim_deployment(s, env=env, engine="sglang" if s == "sglang" else "vllm")
+                for s, (env, _) in SCENARIOS.items()
+            }
+        )
         checkpoint = _write_checkpoint(Path(tmp_path_factory.mktemp("checkpoint")))
-        for s, (_, spec) in SCENARIOS.items():
-            spec = json.loads(json.dumps(spec).replace(CHECKPOINT, checkpoint))
-            apply(cluster, namespaces[s], rollout(f"{s}-fp8", s, **spec))
+        w.start_rollouts(
+            {
+                s: json.loads(json.dumps(spec).replace(CHECKPOINT, checkpoint))
+                for s, (_, spec) in SCENARIOS.items()
+            }
+        )
         # Valid for the apiserver, wrong for the operator: a container the Deployment lacks.
         bad = rollout("room-bad", "room", **TRITON)
         bad["spec"]["targetRef"]["container"] = "sidecar"
@@ -180,7 +162,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
         apply(cluster, namespaces["report"], rollout("report-dup", "report", **TRITON))
         yield w
     finally:
-        finish(cluster, operator, namespaces.values())
+        w.finish()
 
 
 @pytest.mark.timeout(600)

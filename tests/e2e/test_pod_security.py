@@ -1,7 +1,7 @@
 """Pod Security `restricted` for what kvgate creates, as the apiserver's PodSecurity admission
 judges it (server-side dry runs in a namespace that enforces `restricted`).
 
-tests/e2e/test_real_node.py runs a whole rollout in such a namespace on the real node; here,
+tests/harness/test_real_node.py runs a whole rollout in such a namespace on the real node; here,
 on the process kubelet, the chart's literal defaults: the operator's Deployment with its /tmp emptyDir, and the eval Job as the operator
 builds it with and without one. The canaries copy the target's pod template: one from a
 restricted template is admitted, one from a template that is not is refused, exactly like the
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_install import CHART, EXAMPLES, Helm
+from support import CHART, EXAMPLES, Helm
 
 from kvgate import manifests
 from kvgate.config import OperatorConfig

@@ -13,7 +13,6 @@ window from Prometheus in one range query instead of scraping the pods:
 
 from __future__ import annotations
 
-import secrets
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,20 +21,14 @@ from typing import Any
 
 import httpx
 import pytest
-from test_operator_support import (
+from support import (
     FAST_GATES,
     TERMINAL,
-    Operator,
-    apply,
+    ScenarioWorld,
     condition,
-    create_namespace,
     event_reasons,
-    finish,
-    install_crd,
     pods,
-    rollout,
     sim_deployment,
-    wait_deployment_ready,
     wait_for,
     wait_phase,
 )
@@ -105,41 +98,38 @@ def follow_pods(
     return thread
 
 
-class World:
-    def __init__(self, cluster: Any, prom: Prometheus, ns: dict[str, str]) -> None:
-        self.cluster, self.prom, self.ns = cluster, prom, ns
+class World(ScenarioWorld):
+    def __init__(self, cluster: Any, log_dir: Path, prom: Prometheus) -> None:
+        env = {"KVGATE_PROMETHEUS_URL": prom.url}
+        super().__init__(cluster, log_dir, "e2e-prom", SCENARIOS, extra_env=env)
+        self.prom = prom
 
 
 @pytest.fixture(scope="module")
 def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    install_crd(cluster)
-    suffix = secrets.token_hex(3)
-    ns = {s: create_namespace(cluster, f"kvgate-e2e-prom-{s}-{suffix}") for s in SCENARIOS}
-    workdir = Path(tmp_path_factory.mktemp("prometheus"))
-    prom = Prometheus(workdir).start()
-    log = Path(tmp_path_factory.mktemp("operator")) / "operator.log"
-    operator = Operator(
-        cluster, log, namespaces=list(ns.values()), extra_env={"KVGATE_PROMETHEUS_URL": prom.url}
-    )
+    prom = Prometheus(Path(tmp_path_factory.mktemp("prometheus")))
+    w = World(cluster, tmp_path_factory.mktemp("operator"), prom)
+    ns = w.ns
+    prom.start()
     stop = threading.Event()
     try:
-        for s, load in SCENARIOS.items():
-            env = {"KVGATE_SIM_LOAD": load, **ENV.get(s, {})}
-            apply(cluster, ns[s], sim_deployment(s, env=env))
-        for s in SCENARIOS:
-            wait_deployment_ready(cluster, ns[s], s)
+        w.deploy(
+            {
+                s: sim_deployment(s, env={"KVGATE_SIM_LOAD": load, **ENV.get(s, {})})
+                for s, load in SCENARIOS.items()
+            }
+        )
         # The production pods and their exporters, as the apiserver lists them, scraped.
         prom.set_target_groups(production_targets(cluster, ns))
         prom.wait_up(2 * len(SCENARIOS), timeout=60)
         follow_pods(cluster, prom, ns, stop)
-        operator.start()
-        for s in SCENARIOS:
-            apply(cluster, ns[s], rollout(f"{s}-fp8", s, **SPECS.get(s, TRITON)))
-        yield World(cluster, prom, ns)
+        w.operator.start()
+        w.start_rollouts({s: SPECS.get(s, TRITON) for s in SCENARIOS})
+        yield w
     finally:
         stop.set()
         try:
-            finish(cluster, operator, ns.values())
+            w.finish()
         finally:
             prom.stop()
 

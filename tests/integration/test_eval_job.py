@@ -1,5 +1,7 @@
 """`kvgate eval` end to end: real lm-eval against two kvgate.sim engines on 127.0.0.1.
 
+The tests that start lm-eval are in the `lmeval` tier (`pytest --with-lmeval -m lmeval`).
+
 Each test starts a control (BF16 KV) and a candidate engine, runs `python -m kvgate eval` as the
 accuracy Job would, and checks the verdict, the exit code, the progress lines, the summary
 contract and the per-question file.
@@ -110,6 +112,7 @@ def _start_pair(sim, candidate_env: dict[str, str]) -> tuple[Any, Any]:
     return control, candidate
 
 
+@pytest.mark.lmeval
 def test_equal_arms_pass(sim, hf_home: Path, tmp_path: Path) -> None:
     control, candidate = _start_pair(sim, {"KVGATE_SIM_FP8_CHURN": "0", "KVGATE_SIM_FP8_LOSS": "0"})
     output = tmp_path / "questions.jsonl"
@@ -144,6 +147,7 @@ def test_equal_arms_pass(sim, hf_home: Path, tmp_path: Path) -> None:
     print(f"\nequal arms: {summary['questions_used']} questions in {elapsed:.1f} s")
 
 
+@pytest.mark.lmeval
 def test_ten_percent_flipped_answers_fail(sim, hf_home: Path, tmp_path: Path) -> None:
     control, candidate = _start_pair(sim, {"KVGATE_SIM_FP8_LOSS": "0.10"})
     code, lines, stderr = _eval(
@@ -158,6 +162,7 @@ def test_ten_percent_flipped_answers_fail(sim, hf_home: Path, tmp_path: Path) ->
     print(f"\nflipped: {summary['paired']} after {summary['looks']} look(s)")
 
 
+@pytest.mark.lmeval
 def test_garbage_answers_fail_at_the_first_look(sim, hf_home: Path, tmp_path: Path) -> None:
     control, candidate = _start_pair(sim, {"KVGATE_SIM_FAULTS": "garbage-answers"})
     # Without --model, each endpoint's one served model is used.
@@ -180,6 +185,7 @@ def test_garbage_answers_fail_at_the_first_look(sim, hf_home: Path, tmp_path: Pa
     assert summary["arms"]["candidate"]["model"] == MODEL
 
 
+@pytest.mark.lmeval
 def test_candidate_crash_mid_run_is_an_error(sim, hf_home: Path, tmp_path: Path) -> None:
     control, candidate = _start_pair(sim, {"KVGATE_SIM_FAULTS": "crash-after=70"})
     code, lines, stderr = _eval(
@@ -195,6 +201,7 @@ def test_candidate_crash_mid_run_is_an_error(sim, hf_home: Path, tmp_path: Path)
     print(f"\ncrash: {summary['error']}")
 
 
+# No lm-eval here: the endpoint check refuses the candidate first, so this stays in the fast tier.
 def test_unreachable_candidate_is_an_error(sim, hf_home: Path, tmp_path: Path) -> None:
     control = sim(CONTROL, {**SIM_ENV})
     code, lines, _ = _eval(
@@ -236,6 +243,7 @@ def malformed_server() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.mark.lmeval
 def test_malformed_responses_are_an_error(
     sim, hf_home: Path, tmp_path: Path, malformed_server: str
 ) -> None:

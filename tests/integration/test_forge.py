@@ -22,7 +22,7 @@ from kvgate.adapters.forge import GiteaForge, PullRequestState
 from kvgate.errors import ForgeAccessError, KvgateError
 from kvgate.gitops import ANNOTATION_VERDICT, branch_name, render_kustomize_patch
 
-pytestmark = [pytest.mark.integration, pytest.mark.forge]
+pytestmark = [pytest.mark.integration, pytest.mark.forge, pytest.mark.tools]
 
 PATCH_PATH = "apps/llama/kvgate-fp8.patch.yaml"
 DEPLOYMENT = {

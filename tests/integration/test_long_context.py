@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.lmeval, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(

@@ -16,7 +16,7 @@ from pathlib import Path
 import lm_eval
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.lmeval, pytest.mark.timeout(600)]
 
 MODEL = "Qwen/Qwen3-8B"
 SERVE = ["vllm", "serve", MODEL, "--max-model-len", "8192", "--attention-backend", "TRITON_ATTN"]

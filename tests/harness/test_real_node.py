@@ -33,14 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # Kubernetes' own words when a MutatingAdmissionPolicy does not yet know a new CRD's schema.
 CRD_SCHEMA_LAG = "There can be a delay between when CustomResourceDefinitions are created"
 sys.path.insert(0, str(ROOT / "hack"))
+# The e2e scenario helpers (tests/e2e/support.py) serve the harness tests too.
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from test_chart_install import CHART, RESTRICTED, Helm  # noqa: E402
-from test_operator_support import wait_for  # noqa: E402
+from support import CHART, RESTRICTED, Helm, wait_for  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
 import containerd_node  # noqa: E402
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.harness]
 
 
 def again_while_schema_lags(

@@ -14,30 +14,20 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-pytestmark = pytest.mark.e2e
+# The e2e helpers (tests/e2e/support.py) serve the harness tests too: one wait_for.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-T = TypeVar("T")
+from support import wait_for
 
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    """Poll `probe` until it returns a truthy value; fail with `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+pytestmark = pytest.mark.harness
 
 
 def py(code: str) -> list[str]:
@@ -152,7 +142,7 @@ def test_deployment_pods_become_ready_and_serve_on_their_pod_ips(
         status = apps.read_namespaced_deployment_status("web", namespace).status
         return status.ready_replicas == 2 and status.available_replicas == 2
 
-    wait_for("deployment web to have 2 available replicas", available, timeout=180)
+    wait_for(available, 180, "deployment web to have 2 available replicas", interval=0.3)
     pods = core.list_namespaced_pod(namespace, label_selector="app=web").items
     assert len(pods) == 2
     ips = {p.status.pod_ip for p in pods}
@@ -194,9 +184,10 @@ def test_env_sources_and_pod_ip_reach_the_process(
     )
     core.create_namespaced_pod(namespace, body)
     wait_for(
-        "pod env to succeed",
         lambda: core.read_namespaced_pod("env", namespace).status.phase == "Succeeded",
-        timeout=90,
+        90,
+        "pod env to succeed",
+        interval=0.3,
     )
     pod = core.read_namespaced_pod("env", namespace)
     out = json.loads(core.read_namespaced_pod_log("env", namespace).strip().splitlines()[-1])
@@ -227,7 +218,7 @@ def test_crashing_container_goes_into_crashloop_with_previous_logs(
             return cs
         return None
 
-    cs = wait_for("CrashLoopBackOff", crashlooping, timeout=90)
+    cs = wait_for(crashlooping, 90, "CrashLoopBackOff", interval=0.3)
     assert cs.last_state.terminated.exit_code == 3
     assert cs.last_state.terminated.reason == "Error"
     assert cs.ready is False
@@ -241,9 +232,10 @@ def test_crashing_container_goes_into_crashloop_with_previous_logs(
     assert kubectl_previous == "crashing crash\n"
     # Back-off grows the restart count over time, never resetting while it crashes.
     wait_for(
-        "a second restart",
         lambda: (cs2 := container_status(core, namespace, "crash")) and cs2.restart_count >= 2,
-        timeout=60,
+        60,
+        "a second restart",
+        interval=0.3,
     )
 
 
@@ -281,7 +273,7 @@ def test_logs_tail_timestamps_follow_and_multiple_containers(
             assert exc.status == 400, exc
             return ""
 
-    wait_for("5 log lines", lambda: writer_log().count("line") == 5, timeout=90)
+    wait_for(lambda: writer_log().count("line") == 5, 90, "5 log lines", interval=0.3)
     tail = core.read_namespaced_pod_log("logs", namespace, container="writer", tail_lines=2)
     full = core.read_namespaced_pod_log("logs", namespace, container="writer")
     assert full.startswith("line 1\nline 2\nline 3\nline 4\nline 5\n")
@@ -306,13 +298,14 @@ def test_logs_tail_timestamps_follow_and_multiple_containers(
     assert b"line 1\n" in seen and b"late\n" in seen
     # The containers share the pod IP: the client reached the server container there.
     pod = wait_for(
-        "client container to finish",
         lambda: (
             (p := core.read_namespaced_pod("logs", namespace))
             and any(s.name == "client" and s.state.terminated for s in p.status.container_statuses)
             and p
         ),
-        timeout=60,
+        60,
+        "client container to finish",
+        interval=0.3,
     )
     statuses = {s.name: s for s in pod.status.container_statuses}
     assert statuses["client"].state.terminated.exit_code == 0
@@ -342,9 +335,10 @@ def test_liveness_probe_failure_restarts_the_container(
         namespace, pod_body("live", [container], terminationGracePeriodSeconds=1)
     )
     cs = wait_for(
-        "a liveness restart",
         lambda: (s := container_status(core, namespace, "live")) and s.restart_count >= 1 and s,
-        timeout=60,
+        60,
+        "a liveness restart",
+        interval=0.3,
     )
     # Killed by SIGTERM from the kubelet: 128 + 15.
     assert cs.last_state.terminated.exit_code == 143
@@ -377,8 +371,8 @@ def test_jobs_succeed_and_fail_with_their_exit_codes(
         conds = batch.read_namespaced_job_status(name, namespace).status.conditions or []
         return any(c.type == ctype and c.status == "True" for c in conds)
 
-    wait_for("job ok Complete", lambda: condition("ok", "Complete"), timeout=120)
-    wait_for("job bad Failed", lambda: condition("bad", "Failed"), timeout=120)
+    wait_for(lambda: condition("ok", "Complete"), 120, "job ok Complete", interval=0.3)
+    wait_for(lambda: condition("bad", "Failed"), 120, "job bad Failed", interval=0.3)
     assert batch.read_namespaced_job_status("ok", namespace).status.succeeded == 1
     ok_pod = core.list_namespaced_pod(namespace, label_selector="job-name=ok").items[0]
     assert ok_pod.status.phase == "Succeeded"
@@ -395,10 +389,12 @@ def test_namespace_deletion_finishes_and_kills_pod_processes(cluster: Any) -> No
     cluster.kubectl("create", "namespace", name)
     try:
         wait_for(
-            "default ServiceAccount",
             lambda: (
                 cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0
             ),
+            60.0,
+            "default ServiceAccount",
+            interval=0.3,
         )
         # Ignores SIGTERM, so the kubelet must SIGKILL it after the grace period.
         stubborn = py(
@@ -408,7 +404,7 @@ def test_namespace_deletion_finishes_and_kills_pod_processes(cluster: Any) -> No
         body["spec"]["terminationGracePeriodSeconds"] = 2
         cluster.kubectl("apply", "-n", name, "-f", "-", input=json.dumps(body))
         cluster.kubectl("create", "configmap", "cfg", "-n", name, "--from-literal=a=b")
-        wait_for("marker process to run", lambda: _processes_with(marker), timeout=60)
+        wait_for(lambda: _processes_with(marker), 60, "marker process to run", interval=0.3)
     except BaseException:
         cluster.delete_namespace(name)
         raise
@@ -482,16 +478,20 @@ def test_garbage_collector_deletes_pods_of_a_deleted_owner(
         ]
         core.create_namespaced_pod(namespace, body)
     wait_for(
-        "owned pods running",
         lambda: (
             all(p.status.phase == "Running" for p in core.list_namespaced_pod(namespace).items)
             and len(core.list_namespaced_pod(namespace).items) == 2
         ),
-        timeout=60,
+        60,
+        "owned pods running",
+        interval=0.3,
     )
     core.delete_namespaced_config_map("owner", namespace)
     wait_for(
-        "GC to delete owned pods", lambda: not core.list_namespaced_pod(namespace).items, timeout=90
+        lambda: not core.list_namespaced_pod(namespace).items,
+        90,
+        "GC to delete owned pods",
+        interval=0.3,
     )
 
 
@@ -539,9 +539,10 @@ def test_pod_uses_its_service_account_token_in_cluster(
     )
     core.create_namespaced_pod(ns, body)
     wait_for(
-        "pod incluster to finish",
         lambda: core.read_namespaced_pod("incluster", ns).status.phase in ("Succeeded", "Failed"),
-        timeout=90,
+        90,
+        "pod incluster to finish",
+        interval=0.3,
     )
     out = core.read_namespaced_pod_log("incluster", ns)
     assert out == "pods 1\nsecrets 403\nfile hello\n", out
@@ -570,14 +571,17 @@ def test_startup_and_tcp_readiness_probes_gate_readiness(
     }
     core.create_namespaced_pod(namespace, pod_body("slow", [container]))
     early = wait_for(
-        "container running",
         lambda: (s := container_status(core, namespace, "slow")) and s.state.running and s,
+        60.0,
+        "container running",
+        interval=0.3,
     )
     assert early.started is False and early.ready is False
     cs = wait_for(
-        "Ready",
         lambda: (s := container_status(core, namespace, "slow")) and s.ready and s,
-        timeout=60,
+        60,
+        "Ready",
+        interval=0.3,
     )
     assert cs.started is True
     assert cs.restart_count == 0

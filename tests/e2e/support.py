@@ -1,4 +1,5 @@
-"""Helpers for the operator e2e tests: CRD install, a `kvgate run` subprocess, manifests, waits.
+"""Helpers for the operator e2e tests: CRD install, a `kvgate run` subprocess, manifests, waits,
+and `ScenarioWorld`, the setup the scenario modules share.
 
 No tests here. The operator runs as a real subprocess (`kvgate run -A`), so a test can kill it
 (SIGKILL) and start another, exactly as a crashed operator pod would be replaced.
@@ -8,20 +9,25 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from kvgate.model import Phase
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
+CHART = ROOT / "charts/kvgate"
+EXAMPLES = ROOT / "examples"
 VENV_BIN = Path(sys.executable).parent
 GSM8K_DIR = os.environ.get("KVGATE_GSM8K_DIR") or str(ROOT.parent / "shared" / "data" / "gsm8k")
 
@@ -47,6 +53,32 @@ def install_crd(cluster: Any) -> None:
     )
 
 
+class Helm:
+    """The control plane's `helm`, with its caches and config under `home`."""
+
+    def __init__(self, cluster: Any, home: Path) -> None:
+        self.bin = str(Path(cluster.bin_dir) / "helm")
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": cluster.kubeconfig,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.bin, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,7 +88,9 @@ def free_port() -> int:
 class Operator:
     """`kvgate run` as a subprocess with a short poll interval; its log goes to a file.
 
-    It watches only `namespaces` (all when empty), so test modules never share a rollout.
+    It runs with `-A`: it watches every namespace and takes the one cluster-scope Lease, whatever
+    `namespaces` (the ones its module made) says. So two modules' operators would act on each
+    other's rollouts and contend for that Lease: e2e modules run one at a time.
     """
 
     def __init__(
@@ -237,11 +271,12 @@ def phase(cluster: Any, namespace: str, name: str) -> str | None:
     return (obj.get("status") or {}).get("phase")
 
 
-TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
+# The phases a rollout never leaves, as the operator defines them.
+TERMINAL = frozenset(p.value for p in Phase if p.terminal)
 
 
 def wait_phase(
-    cluster: Any, namespace: str, name: str, phases: set[str], timeout: float
+    cluster: Any, namespace: str, name: str, phases: Collection[str], timeout: float
 ) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         obj = get(cluster, namespace, "kvcacherollout", name) or {}
@@ -254,7 +289,8 @@ def wait_phase(
         raise TimeoutError(f"{exc}; status: {json.dumps(obj.get('status'))[:3000]}") from None
 
 
-def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
+def rollout_events(cluster: Any, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of each Event about the rollout, in the order posted."""
     proc = cluster.kubectl(
         "get", "events", "-n", namespace, "-o", "json",
         f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
@@ -262,7 +298,11 @@ def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
     items = json.loads(proc.stdout).get("items") or []
     # Timestamps have one-second resolution; the etcd revision orders the posts exactly.
     items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [e["reason"] for e in items]
+    return [(e["reason"], e["message"]) for e in items]
+
+
+def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
+    return [reason for reason, _ in rollout_events(cluster, namespace, name)]
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -351,3 +391,76 @@ def send_completions(url: str, requests: int, *, workers: int = 1) -> int:
         return answered
     with ThreadPoolExecutor(workers) as pool:
         return sum(pool.map(one, range(requests)))
+
+
+class ScenarioWorld:
+    """Scenarios that run at once under one operator, each in its own namespace
+    `kvgate-<tag>-<scenario>-<hex>`: the setup the scenario modules share.
+
+    A module's fixture creates it (CRD installed, namespaces made, operator built but not
+    started), starts the operator when its module wants, `deploy`s the Deployments (recorded
+    as `before` once ready), `start_rollouts`, yields it and calls `finish` in `finally`.
+    `rollout(scenario)` waits up to `settle_timeout` for a phase in `settled`.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        log_dir: Path,
+        tag: str,
+        scenarios: Iterable[str],
+        *,
+        extra_env: dict[str, str] | None = None,
+        settled: Collection[str] = TERMINAL,
+        settle_timeout: float = 420,
+    ) -> None:
+        self.cluster = cluster
+        self.settled, self.settle_timeout = settled, settle_timeout
+        install_crd(cluster)
+        suffix = secrets.token_hex(3)
+        self.ns = {s: create_namespace(cluster, f"kvgate-{tag}-{s}-{suffix}") for s in scenarios}
+        self.operator = Operator(
+            cluster,
+            log_dir / "operator.log",
+            namespaces=list(self.ns.values()),
+            extra_env=extra_env,
+        )
+        self.before: dict[str, dict[str, Any]] = {}
+
+    def deploy(self, deployments: dict[str, dict[str, Any]]) -> None:
+        """Apply each scenario's Deployment, then wait for each and record it as first applied."""
+        for s, deployment in deployments.items():
+            apply(self.cluster, self.ns[s], deployment)
+        for s in deployments:
+            wait_deployment_ready(self.cluster, self.ns[s], s)
+            self.before[s] = self.deployment(s)
+
+    def start_rollouts(self, specs: dict[str, dict[str, Any]]) -> None:
+        """A rollout `<scenario>-fp8` of each scenario's Deployment with that spec."""
+        for s, spec in specs.items():
+            apply(self.cluster, self.ns[s], rollout(f"{s}-fp8", s, **spec))
+
+    def finish(self) -> None:
+        finish(self.cluster, self.operator, self.ns.values())
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.cluster.kubectl(*args, **kw)
+
+    def rollout(self, scenario: str, name: str | None = None) -> dict[str, Any]:
+        """The rollout (`<scenario>-fp8` unless named) once in a `settled` phase."""
+        return wait_phase(
+            self.cluster,
+            self.ns[scenario],
+            name or f"{scenario}-fp8",
+            self.settled,
+            self.settle_timeout,
+        )
+
+    def status(self, scenario: str) -> dict[str, Any]:
+        obj = get(self.cluster, self.ns[scenario], "kvr", f"{scenario}-fp8") or {}
+        return obj.get("status") or {}
+
+    def deployment(self, scenario: str) -> dict[str, Any]:
+        dep = get(self.cluster, self.ns[scenario], "deployment", scenario)
+        assert dep is not None
+        return dep

@@ -23,13 +23,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
+# The e2e scenario helpers (tests/e2e/support.py) serve the harness tests too.
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from test_operator_support import wait_for  # noqa: E402
+from support import wait_for  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
 import containerd_node  # noqa: E402
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.harness]
 
 POD = {
     "apiVersion": "v1",

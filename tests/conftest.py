@@ -1,10 +1,32 @@
-"""Fixtures for end-to-end tests against kvgate's local control plane.
+"""The suite's tiers, and the fixtures for tests against kvgate's local control plane.
 
+Tiers
+-----
+Each test belongs to one tier, chosen by marker:
+
+- fast (no marker of the three below): unit tests and the integration tests that start only
+  the simulator or local HTTP servers. `pytest` with no flags runs exactly these.
+- ``lmeval``: tests that start lm-eval itself (the `kvgate eval` runs, lm-eval's CLI).
+- ``tools``: tests that run the other real tools on loopback: inference-perf (the load venv)
+  and a Gitea forge.
+- ``e2e``: tests/e2e, against the local control plane (the ``cluster`` fixture).
+- ``harness``: tests/harness, the control plane's and the real node's own tests.
+
+As kopf's tests/conftest.py does for e2e, the slow tiers are opt-in by flag: without
+``--with-lmeval``, ``--with-tools``, ``--with-e2e`` or ``--with-harness`` (or ``--all-tiers``) their tests are
+skipped with a message naming the flag, and ``pytest -m TIER --with-TIER`` runs one tier.
+Tests under tests/e2e and tests/harness get their tier's marker by directory; a test in either
+that carries another tier's marker is a collection error, so a tier never loses a test.
+Collected items run fast tier first, then lmeval, tools, e2e and harness. `make test` (hack/test_tiers.py)
+runs every tier and keeps a junit XML and the durations of each under .test-output/.
+
+Control plane
+-------------
 The control plane is real: etcd, kube-apiserver (authorization Node,RBAC),
 kube-controller-manager and kube-scheduler built from Go modules by
 hack/build-binaries.sh, plus hack/kubelet.py, which runs each pod's container
 `command` + `args` as a local process (the image is ignored). See hack/cluster.py.
-test_real_node.py starts a cluster of its own with the real node instead (kubelet,
+tests/harness/test_real_node.py starts a cluster of its own with the real node instead (kubelet,
 kube-proxy and containerd running the project's images; hack/containerd_node.py).
 
 Fixtures
@@ -73,20 +95,74 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-HACK_DIR = Path(__file__).resolve().parents[2] / "hack"
+TESTS_DIR = Path(__file__).resolve().parent
+HACK_DIR = TESTS_DIR.parent / "hack"
 if str(HACK_DIR) not in sys.path:
     sys.path.insert(0, str(HACK_DIR))
 
-from cluster import Cluster, default_bin_dir, missing_binaries  # noqa: E402
+if TYPE_CHECKING:  # the fixture imports hack/cluster.py: the fast tier needs none of it
+    from cluster import Cluster
+
+# pytester: tests/unit/test_tiers.py runs this file's tier hooks in a scratch project.
+pytest_plugins = ["pytester"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The opt-in tiers in run order (the fast tier, unmarked, runs first); each has a --with-<tier>.
+OPT_IN_TIERS = ("lmeval", "tools", "e2e", "harness")
+# Every test under these directories belongs to that tier.
+TIER_DIRS = {TESTS_DIR / "e2e": "e2e", TESTS_DIR / "harness": "harness"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvgate tiers")
+    for tier in OPT_IN_TIERS:
+        group.addoption(
+            f"--with-{tier}", action="store_true", help=f"run the {tier} tier (skipped otherwise)"
+        )
+    group.addoption("--all-tiers", action="store_true", help="run every tier")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The item's tier: its directory's, else its one tier marker, else `fast`."""
+    marked = {tier for tier in OPT_IN_TIERS if item.get_closest_marker(tier) is not None}
+    by_dir = next((t for d, t in TIER_DIRS.items() if d in item.path.parents), None)
+    if by_dir is not None and marked - {by_dir}:
+        raise pytest.UsageError(
+            f"{item.nodeid}: under tests/{by_dir}/ but marked {', '.join(sorted(marked))}"
+        )
+    if by_dir is None and len(marked) > 1:
+        raise pytest.UsageError(
+            f"{item.nodeid}: in more than one tier: {', '.join(sorted(marked))}"
+        )
+    return by_dir or next(iter(marked), "fast")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so a directory's marker counts
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order = ("fast", *OPT_IN_TIERS)
+    tiers = {item.nodeid: tier_of(item) for item in items}
+    everything = bool(config.getoption("--all-tiers"))
+    for item in items:
+        tier = tiers[item.nodeid]
+        if tier == "fast":
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if not (everything or config.getoption(f"--with-{tier}")):
+            reason = f"{tier} tier: opt in with --with-{tier} (`make test` runs every tier)"
+            item.add_marker(pytest.mark.skip(reason=reason))
+    # The slow tiers last, as kopf orders its e2e tests (a stable sort keeps file order).
+    items.sort(key=lambda item: order.index(tiers[item.nodeid]))
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from cluster import Cluster, default_bin_dir, missing_binaries
+
     bin_dir = default_bin_dir()
     missing = missing_binaries(bin_dir)
     if missing:

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Run the test suite tier by tier, as `make test` and CI do (tiers: tests/conftest.py).
+
+Every tier runs even when an earlier one fails; the exit code is non-zero if any tier failed or
+ran no test. Per tier, under the output dir (default .test-output/): `<tier>.xml` (junit),
+`<tier>.log` (pytest's console output, with its --durations table) and `<tier>.durations.txt`
+(every test's time from the junit, slowest first). At the end: a line per tier and the slowest
+tests of the whole run.
+
+    hack/test_tiers.py                      # every tier
+    hack/test_tiers.py fast e2e             # some tiers
+    hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
+
+Tiers and e2e modules run one at a time: each e2e module's operator watches every namespace
+(tests/e2e/support.py, Operator), so modules run side by side would act on each other's rollouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The selection of each tier; together they are the whole suite (the markers are disjoint).
+TIERS: dict[str, list[str]] = {
+    "fast": ["-m", "not lmeval and not tools and not e2e and not harness"],
+    "lmeval": ["--with-lmeval", "-m", "lmeval"],
+    "tools": ["--with-tools", "-m", "tools"],
+    "e2e": ["--with-e2e", "-m", "e2e"],
+    "harness": ["--with-harness", "-m", "harness"],
+}
+PYTEST_NO_TESTS = 5
+
+
+@dataclass
+class TierResult:
+    tier: str
+    exit_code: int
+    seconds: float
+    tests: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    @property
+    def ran(self) -> int:
+        return self.tests - self.skipped
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.ran > 0
+
+
+def read_junit(path: Path) -> tuple[dict[str, int], list[tuple[float, str]]]:
+    """The totals and every test's (seconds, node id) of one junit file."""
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    times: list[tuple[float, str]] = []
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for key in totals:
+            totals[key] += int(suite.get(key, "0"))
+        for case in suite.iter("testcase"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            times.append((float(case.get("time", "0")), name))
+    times.sort(reverse=True)
+    return totals, times
+
+
+def run_tier(
+    tier: str, out: Path, paths: list[str], extra: list[str]
+) -> tuple[TierResult, list[tuple[float, str]]]:
+    junit, log = out / f"{tier}.xml", out / f"{tier}.log"
+    for stale in (junit, log, out / f"{tier}.durations.txt"):
+        stale.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pytest", *paths, *TIERS[tier]]
+    argv += [f"--junitxml={junit}", "-o", f"junit_suite_name={tier}", "--durations=30", *extra]
+    print(f"\n=== tier {tier}: {' '.join(argv[1:])}", flush=True)
+    started = time.monotonic()
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        # To the console and the log as it comes (pytest's progress dots end no line).
+        fd = proc.stdout.fileno()
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            sink.write(chunk)
+        code = proc.wait()
+    result = TierResult(tier, code, time.monotonic() - started)
+    if not junit.exists():
+        return result, []
+    totals, times = read_junit(junit)
+    result.tests, result.skipped = totals["tests"], totals["skipped"]
+    result.failed = totals["failures"] + totals["errors"]
+    lines = [f"{seconds:9.2f}s  {name}" for seconds, name in times]
+    (out / f"{tier}.durations.txt").write_text("\n".join(lines) + "\n")
+    return result, times
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tiers", nargs="*", help=f"some of {', '.join(TIERS)} (default: all)")
+    parser.add_argument("--output-dir", type=Path, default=ROOT / ".test-output")
+    parser.add_argument("--slowest", type=int, default=10, help="slowest tests to print")
+    parser.add_argument(
+        "--path", action="append", dest="paths", help="test file or dir (default: tests)"
+    )
+    args = parser.parse_args(ours)
+    unknown = [t for t in args.tiers if t not in TIERS]
+    if unknown:
+        parser.error(f"unknown tier {', '.join(unknown)}: the tiers are {', '.join(TIERS)}")
+    tiers = args.tiers or list(TIERS)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    results: list[TierResult] = []
+    everything: list[tuple[float, str, str]] = []
+    for tier in tiers:
+        result, times = run_tier(tier, args.output_dir, args.paths or ["tests"], extra)
+        results.append(result)
+        everything += [(seconds, tier, name) for seconds, name in times]
+
+    print(f"\n=== tiers (junit, logs and durations in {args.output_dir})")
+    for r in results:
+        verdict = "ok" if r.ok else "FAILED"
+        if r.exit_code == PYTEST_NO_TESTS or (r.exit_code == 0 and r.ran == 0):
+            verdict = "FAILED: ran no test"
+        print(
+            f"{r.tier:8} {verdict:20} exit {r.exit_code}  {r.tests} tests, {r.failed} failed, "
+            f"{r.skipped} skipped  {r.seconds:7.1f}s"
+        )
+    print(f"total {sum(r.seconds for r in results):.1f}s; slowest {args.slowest} tests:")
+    for seconds, tier, name in sorted(everything, reverse=True)[: args.slowest]:
+        print(f"{seconds:9.2f}s  [{tier}] {name}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
