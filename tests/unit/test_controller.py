@@ -220,7 +220,8 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
     from kvgate.model import Outcome, Phase
-    from kvgate.verdict import GateResult, RevertIntent, Step
+    from kvgate.steps import Step
+    from kvgate.verdict import GateResult, RevertIntent
 
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
              "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip
@@ -566,9 +567,9 @@ def test_an_edited_status_candidate_is_not_what_gets_patched(
 def test_local_models_only_under_the_operator_mounts(
     name: str, dirs: tuple[str, ...], allowed: bool
 ) -> None:
-    from kvgate.controller import observe
+    from kvgate.controller import sources
 
-    assert observe.under_model_dirs(name, dirs) is allowed
+    assert sources.under_model_dirs(name, dirs) is allowed
 
 
 def test_a_model_path_outside_the_mounts_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
