@@ -1,5 +1,6 @@
 """Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
-`Observation` (and recording what it read in the status being built). Reads only.
+`Observation` (and recording what it read in the status being built). Reads only: the
+sources are read in `controller/sources.py`, the object rules live in `kubeobjects`.
 """
 
 from __future__ import annotations
