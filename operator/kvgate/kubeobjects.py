@@ -1,4 +1,5 @@
-"""What does this Kubernetes object say? Pure readers of Pod objects; nothing here does I/O."""
+"""What does this Kubernetes object say? Pure readers of Pod, Deployment, Job and rollout
+objects; nothing here does I/O."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+from kvgate.model import Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,67 @@ def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) 
     if term:
         return f"exited with code {term.get('exitCode', '?')} ({term.get('reason', 'Error')})"
     return f"pod {status.get('phase')}: {status.get('reason') or status.get('message') or 'failed'}"
+
+
+def rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
+    """The Deployment controller saw `generation` and every replica is updated and available."""
+    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
+    replicas = int(spec.get("replicas", 1))
+    return (
+        int(ds.get("observedGeneration") or 0) >= generation > 0
+        and int(ds.get("updatedReplicas") or 0) == replicas
+        and int(ds.get("availableReplicas") or 0) == replicas
+        and int(ds.get("readyReplicas") or 0) == replicas
+        and int(ds.get("replicas") or 0) == replicas
+        and not int(ds.get("unavailableReplicas") or 0)
+    )
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    """The Job failed, succeeded or completed (its status says so)."""
+    js = job.get("status") or {}
+    conditions = js.get("conditions") or []
+    failed = any(c.get("type") == "Failed" and c.get("status") == "True" for c in conditions)
+    return (
+        failed
+        or bool(js.get("succeeded"))
+        or any(c.get("type") == "Complete" and c.get("status") == "True" for c in conditions)
+    )
+
+
+def job_failure(job: Mapping[str, Any]) -> str:
+    """Why the Job failed, in its own words (else that it ended without a summary line)."""
+    return str(
+        next(
+            (
+                c.get("message") or c.get("reason")
+                for c in (job.get("status") or {}).get("conditions") or []
+                if c.get("type") == "Failed"
+            ),
+            "the Job ended without a summary line",
+        )
+    )
+
+
+def rollout_conflict(other: Mapping[str, Any], mine: tuple[str, str], target: str) -> str | None:
+    """`other`'s name when it is an active rollout of Deployment `target` ahead of this one.
+
+    `mine` is this rollout's (creationTimestamp, name). A rollout past Pending has claimed the
+    Deployment; between two Pending ones the older wins (creation time, then name, so both
+    operators' views agree). Terminal rollouts and reported verdicts claim nothing.
+    """
+    om = other.get("metadata") or {}
+    if om.get("name") == mine[1]:
+        return None
+    if ((other.get("spec") or {}).get("targetRef") or {}).get("name") != target:
+        return None
+    phase = (other.get("status") or {}).get("phase") or Phase.PENDING.value
+    if Phase(phase).terminal or (
+        phase == Phase.AWAITING_APPROVAL.value
+        and (other.get("status") or {}).get("reason") == "VerdictReported"
+    ):
+        return None
+    claimed = phase != Phase.PENDING.value
+    if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
+        return str(om.get("name"))
+    return None

@@ -567,9 +567,9 @@ def test_an_edited_status_candidate_is_not_what_gets_patched(
 def test_local_models_only_under_the_operator_mounts(
     name: str, dirs: tuple[str, ...], allowed: bool
 ) -> None:
-    from kvgate.controller import observe
+    from kvgate.controller import sources
 
-    assert observe.under_model_dirs(name, dirs) is allowed
+    assert sources.under_model_dirs(name, dirs) is allowed
 
 
 def test_a_model_path_outside_the_mounts_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
-`Observation` (and recording what it read in the status being built). Reads only.
+`Observation` (and recording what it read in the status being built). Reads only: the
+sources are read in `controller/sources.py`, the object rules live in `kubeobjects`.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from kvgate import (
     redact,
     remedy,
 )
+from kvgate.controller import sources
 from kvgate.controller.context import (
     Ctx,
     arm_health,
@@ -43,7 +44,7 @@ from kvgate.controller.telemetry import (
     ACCURACY_DELTA,
     CAPACITY_RATIO,
 )
-from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
+from kvgate.errors import ExternalError, InputError, SpecError
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     GateMode,
@@ -145,25 +146,11 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
 def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     """Older active rollouts on the same Deployment (the oldest one wins)."""
     mine = (ctx.body["metadata"].get("creationTimestamp") or "", ctx.name)
-    out = []
-    for other in ctx.kube.list_rollouts(ctx.namespace):
-        om = other.get("metadata") or {}
-        if om.get("name") == ctx.name:
-            continue
-        if ((other.get("spec") or {}).get("targetRef") or {}).get("name") != ctx.spec.target.name:
-            continue
-        phase = (other.get("status") or {}).get("phase") or Phase.PENDING.value
-        if Phase(phase).terminal or (
-            phase == Phase.AWAITING_APPROVAL.value
-            and (other.get("status") or {}).get("reason") == "VerdictReported"
-        ):
-            continue
-        # A rollout past Pending has claimed the Deployment; between two Pending ones the
-        # older wins (creation time, then name, so both operators' views agree).
-        claimed = phase != Phase.PENDING.value
-        if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
-            out.append(str(om.get("name")))
-    return tuple(out)
+    found = (
+        kubeobjects.rollout_conflict(other, mine, ctx.spec.target.name)
+        for other in ctx.kube.list_rollouts(ctx.namespace)
+    )
+    return tuple(name for name in found if name is not None)
 
 
 def observe_preflight(ctx: Ctx) -> Observation:
@@ -171,7 +158,15 @@ def observe_preflight(ctx: Ctx) -> Observation:
     gate = ctx.spec.capacity
     pre = dict(ctx.status.get("preflight") or {})
     if "checkpoint" not in pre:
-        pre["checkpoint"] = scan_checkpoint(ctx)
+        pre["checkpoint"] = sources.scan_checkpoint(
+            ctx.status.get("model"),
+            revision=ctx.spec.model.revision,
+            model_dirs=ctx.config.model_dirs,
+            hub_offline=ctx.config.hub_offline,
+            token_secret=ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None,
+            kube=ctx.kube,
+            namespace=ctx.namespace,
+        )
         pre["checkpointHasScales"] = pre["checkpoint"].get("present")
         ctx.status["preflight"] = pre
     reasons = pre["checkpoint"].get("forcesFp8Kv") or []
@@ -199,7 +194,8 @@ def observe_preflight(ctx: Ctx) -> Observation:
         pre["lastSampleAt"] = iso(ctx.now)
     elif due and ticks < gate.samples:
         sampled_before = sum(len(v) for v in series.values())
-        errors = sample_pool(ctx, series)
+        ips, errors = ready_production_ips(ctx)
+        errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
         if sum(len(v) for v in series.values()) > sampled_before:
             ticks += 1  # a round with no sample (no Ready pod yet) does not count
         pre["lastSampleAt"] = iso(ctx.now)
@@ -208,7 +204,7 @@ def observe_preflight(ctx: Ctx) -> Observation:
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
     if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
-        pressured, detail, per_pod = pool_verdict(series, gate.usage_threshold)
+        pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
         if pressured is None and pre["errors"]:
             detail = f"{detail}; last error: {pre['errors'][-1]}"
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.
@@ -220,49 +216,14 @@ def observe_preflight(ctx: Ctx) -> Observation:
 
 
 def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
-    """One pod's /metrics, read with the operator's deadline and parsed for this engine."""
-    from kvgate import metrics
-    from kvgate.adapters import http
-
-    text = http.scrape(metrics_url(ctx, ip), timeout=ctx.config.scrape_timeout_s)
-    return metrics.parse_metrics(text, ctx.status.get("engine"))
-
-
-def server_info(ctx: Ctx, ip: str) -> dict[str, object]:
-    """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
-    source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
-    from kvgate import metrics
-    from kvgate.adapters import http
-
-    base = f"http://{ip}:{ctx.status.get('port', 8000)}"
-    for path in metrics.SERVER_INFO_PATHS:
-        try:
-            body = http.scrape(base + path, timeout=ctx.config.scrape_timeout_s)
-        except ScrapeError as exc:
-            if exc.status == 404:
-                continue
-            raise
-        return metrics.parse_server_info(body, path).to_status()
-    return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
+    return sources.scrape_pod(
+        metrics_url(ctx, ip), ctx.status.get("engine"), ctx.config.scrape_timeout_s
+    )
 
 
 def production_kv_dtype(ctx: Ctx) -> str:
-    """The --kv-cache-dtype production runs (`auto` when unset or unreadable)."""
     found = live_container(ctx, target_deployment(ctx))
-    try:
-        return engines.detect_engine(found[1]).kv_cache_dtype if found else "auto"
-    except InputError:
-        return "auto"
-
-
-def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
-    """Whether `path`, links resolved, lies inside one of the operator's model mounts."""
-    real = os.path.realpath(path)
-    for d in dirs:
-        root = os.path.realpath(d)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-            return True
-    return False
+    return sources.production_kv_dtype(found[1] if found else None)
 
 
 def hub_token_problem(ctx: Ctx) -> str | None:
@@ -290,86 +251,20 @@ def hub_token_problem(ctx: Ctx) -> str | None:
     return None
 
 
-def scan_checkpoint(ctx: Ctx) -> dict[str, Any]:
-    """KV scales and capacity math from the checkpoint headers; any failure is a finding."""
-    from kvgate.adapters import hub
-
-    model = ctx.status.get("model")
-    if not model:
-        return {"present": None, "finding": "no model in the spec or the container args"}
-    local = model.startswith(("/", "./", "../")) or not hub.looks_like_repo_id(model)
-    if local and not under_model_dirs(model, ctx.config.model_dirs):
-        # Never probe the path: existence and size would be an oracle on the operator's files.
-        return {
-            "present": None,
-            "finding": "spec.model.name: a hub repo id, or a path under the operator's model "
-            "mounts (KVGATE_MODEL_DIRS); this is neither",
-        }
-    if not local and ctx.config.hub_offline:
-        return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
-    secret = ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None
-    try:
-        token = (
-            ctx.kube.read_secret_value(ctx.namespace, secret.name, secret.key) if secret else None
-        )
-        headers = (
-            hub.read_local_checkpoint(model)
-            if local
-            else hub.read_hub_checkpoint(model, revision=ctx.spec.model.revision, token=token)
-        )
-        layout, scales = headers.analyse()
-    except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
-        # Say what failed, never what was sent: transport errors can quote headers.
-        return {"present": None, "finding": redact.scrub_text(f"{type(exc).__name__}: {exc}")[:500]}
-    return {
-        "source": headers.source,
-        "commit": headers.commit,
-        "present": scales.present,
-        "coverage": scales.coverage,
-        "forcesFp8Kv": list(scales.forces_fp8_kv),
-        "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
-        "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
-    }
-
-
-def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
-    """What status keeps of one pool sample: the pool fields and the TTFT totals."""
-    from kvgate import metrics
-
-    # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
-    sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
-    if snap.ttft is not None:  # the verify window's latency baseline
-        sample.update(ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count))
-    return sample
-
-
-def pool_history(ctx: Ctx) -> tuple[list[str], dict[str, list[dict[str, Any]]] | None]:
+def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
     """Production's pool samples over the last window from Prometheus (None: no answer)."""
-    from kvgate.adapters import prometheus
-
-    gate = ctx.spec.capacity
     ips, errors = ready_production_ips(ctx)
     if not ips:
         return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
-    url = ctx.config.prometheus_url or ""
-    try:
-        found = prometheus.pool_history(
-            url,
-            str(ctx.status.get("engine") or ""),
-            ips,
-            window_s=gate.window_s,
-            step_s=gate.interval_s,
-            now=ctx.now.timestamp(),
-            timeout=ctx.config.scrape_timeout_s,
-        )
-    except ExternalError as exc:  # unreachable, erroring or junk: unknown, never a verdict
-        return [redact.scrub_text(str(exc))[:500]], None
-    short = {pod: len(s) for pod, s in found.items() if len(s) < gate.samples}
-    if short and elapsed_s(ctx) < gate.sampling_deadline_s - gate.interval_s:
-        # Prometheus has not scraped a whole window yet (new pods, a new server): ask again.
-        shown = ", ".join(f"{pod}: {n}" for pod, n in sorted(short.items()))
-        return [f"Prometheus holds fewer than {gate.samples} samples in the window ({shown})"], None
-    return [], {pod: [pool_record(s) for s in snaps] for pod, snaps in found.items()}
+    return sources.pool_history(
+        ctx.config.prometheus_url or "",
+        str(ctx.status.get("engine") or ""),
+        ips,
+        gate=ctx.spec.capacity,
+        now=ctx.now.timestamp(),
+        elapsed_s=elapsed_s(ctx),
+        timeout=ctx.config.scrape_timeout_s,
+    )
 
 
 def elapsed_s(ctx: Ctx) -> float:
@@ -378,51 +273,13 @@ def elapsed_s(ctx: Ctx) -> float:
 
 
 def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
-    """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
-    pods = production_pods(ctx)
-    if not pods:
-        return {}, [f"no production pods of Deployment {ctx.spec.target.name}"]
-    ips = {}
-    for pod in pods:
-        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
-        if health.ready and health.ip:
-            ips[pod["metadata"]["name"]] = health.ip
-    return ips, []
-
-
-def sample_pool(ctx: Ctx, series: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """One live scrape of each Ready production pod, appended to `series`; the errors."""
-    ips, errors = ready_production_ips(ctx)
-    for name, ip in ips.items():
-        try:
-            snap = scrape_pod(ctx, ip)
-        except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
-            errors.append(str(exc))
-            continue
-        series.setdefault(name, []).append(pool_record(snap))
-    return errors
-
-
-def pool_verdict(
-    series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
-) -> tuple[bool | None, str, dict[str, Any]]:
-    """The pool verdict over the samples kept in status."""
-    from kvgate import metrics, pool
-
-    snapshots = {
-        pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
-        for pod, samples in series.items()
-    }
-    pressured, detail, results = pool.pool_pressure_across_replicas(
-        snapshots, usage_threshold=usage_threshold
+    return sources.ready_production_ips(
+        production_pods(ctx), ctx.status.get("container"), ctx.spec.target.name
     )
-    return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
 
 
 def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
     """The arm's startup-log scan: from status when already read, else from the pod log."""
-    from kvgate import logs
-
     arms = ctx.status.setdefault("arms", {})
     block = dict(arms.get(arm) or {})
     if block.get("scan") is not None:
@@ -430,11 +287,11 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
     if not (health.ready or health.crashed):
         return None
     pod = manifests.canary_name(ctx.name, arm)
-    text = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container")) or ""
-    if health.restarts:
-        previous = ctx.kube.read_log(ctx.namespace, pod, ctx.status.get("container"), previous=True)
-        text = (previous or "") + "\n" + text
-    scan = compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    container = ctx.status.get("container")
+    text = sources.pod_log(
+        ctx.kube, ctx.namespace, pod, container, with_previous=bool(health.restarts)
+    )
+    scan = sources.scan_engine_log(text, ctx.status.get("engine"))
     if health.crashed:
         scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
     block.update(pod=pod, ip=health.ip, scan=scan)
@@ -442,17 +299,6 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
     block["kvTokens"] = gates.kv_tokens(scan)
     arms[arm] = block
     return scan
-
-
-def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
-    """Keep status small: at most 20 findings, each line text cut to 300 characters."""
-    findings = []
-    for f in (scan.get("findings") or [])[:20]:
-        f = dict(f)
-        if isinstance(f.get("text"), str):
-            f["text"] = redact.scrub_text(f["text"][:300])  # engines print their args
-        findings.append(f)
-    return {**scan, "findings": findings}
 
 
 def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, str | None]:
@@ -473,7 +319,9 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
         truth = metrics.cache_truth(scrape_pod(ctx, health.ip))
         if ctx.status.get("engine") == "sglang":
             source = "server info"
-            truth["serverInfo"] = server_info(ctx, health.ip)
+            truth["serverInfo"] = sources.server_info(
+                health.ip, ctx.status.get("port", 8000), ctx.config.scrape_timeout_s
+            )
     except (ExternalError, InputError) as exc:
         error = f"{arm} {source}: {str(exc)[:300]}"
         block["metricsError"] = error
@@ -535,18 +383,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
     if job is None:
         return obs
-    js = job.get("status") or {}
-    failed = any(
-        c.get("type") == "Failed" and c.get("status") == "True" for c in js.get("conditions") or []
-    )
-    finished = (
-        failed
-        or bool(js.get("succeeded"))
-        or any(
-            c.get("type") == "Complete" and c.get("status") == "True"
-            for c in js.get("conditions") or []
-        )
-    )
+    finished = kubeobjects.job_finished(job)
     pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
     text = ""
     if pods:
@@ -567,14 +404,7 @@ def observe_eval(ctx: Ctx) -> Observation:
             speed_clocks=clocks,
         )
     if finished:
-        reason = next(
-            (
-                c.get("message") or c.get("reason")
-                for c in js.get("conditions") or []
-                if c.get("type") == "Failed"
-            ),
-            "the Job ended without a summary line",
-        )
+        reason = kubeobjects.job_failure(job)
         tail = " | ".join(text.strip().splitlines()[-3:])
         return dataclasses.replace(
             obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
@@ -632,7 +462,7 @@ def observe_promoting(ctx: Ctx) -> Observation:
     assert dep is not None  # the live target exists and carries the candidate
     promo = ctx.status.get("promotion") or {}
     wanted_gen = int(promo.get("generation") or dep["metadata"].get("generation") or 0)
-    done = rolled_out(dep, wanted_gen)
+    done = kubeobjects.rolled_out(dep, wanted_gen)
     previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
     new_pods = [
         p
@@ -654,26 +484,10 @@ def observe_promoting(ctx: Ctx) -> Observation:
     return Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
 
 
-def rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
-    """The Deployment controller saw `generation` and every replica is updated and available."""
-    ds, spec = dep.get("status") or {}, dep.get("spec") or {}
-    replicas = int(spec.get("replicas", 1))
-    return (
-        int(ds.get("observedGeneration") or 0) >= generation > 0
-        and int(ds.get("updatedReplicas") or 0) == replicas
-        and int(ds.get("availableReplicas") or 0) == replicas
-        and int(ds.get("readyReplicas") or 0) == replicas
-        and int(ds.get("replicas") or 0) == replicas
-        and not int(ds.get("unavailableReplicas") or 0)
-    )
-
-
 def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
-    from kvgate import logs
-
     name = pod["metadata"]["name"]
-    text = ctx.kube.read_log(ctx.namespace, name, ctx.status.get("container")) or ""
-    scan = compact_scan(logs.scan_log(text, engine=ctx.status.get("engine")).to_dict())
+    text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.status.get("container"))
+    scan = sources.scan_engine_log(text, ctx.status.get("engine"))
     promo = dict(ctx.status.get("promotion") or {})
     promo["podScan"] = {
         "pod": name,
@@ -694,7 +508,7 @@ def observe_verifying(ctx: Ctx) -> Observation:
     assert dep is not None  # the live target exists and carries the candidate
     problems = []
     generation = int(dep["metadata"].get("generation") or 0)
-    if not rolled_out(dep, generation):
+    if not kubeobjects.rolled_out(dep, generation):
         ds = dep.get("status") or {}
         problems.append(
             f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
@@ -770,21 +584,7 @@ def production_baseline(ctx: Ctx) -> production.Baseline:
 
 def tpot_totals(ctx: Ctx) -> dict[str, Any]:
     """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
-
-    out: dict[str, Any] = {}
-    for arm in manifests.ARMS:
-        ip = arm_health(ctx, arm).ip
-        if not ip:
-            continue
-        try:
-            snap = scrape_pod(ctx, ip)
-        except (ExternalError, InputError) as exc:
-            out[arm] = {"error": str(exc)[:300]}
-            continue
-        hist = snap.tpot or snap.itl
-        if hist is not None:
-            out[arm] = {"sum": json_number(hist.sum), "count": json_number(hist.count)}
-    return out
+    return sources.tpot_totals(lambda arm: arm_health(ctx, arm).ip, lambda ip: scrape_pod(ctx, ip))
 
 
 def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks | None]:
@@ -801,36 +601,17 @@ def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks 
     speed["concurrency"] = eval_concurrency_of(ctx)
     clocks = SpeedClocks.from_dict(speed.get("clocks"))  # read once, then from status
     if clocks is None and ctx.config.prometheus_url:
-        clocks = speed_clocks(ctx, speed.get("startedAt"))
+        clocks = sources.speed_clocks(
+            ctx.config.prometheus_url or "",
+            ctx.namespace,
+            ctx.name,
+            speed.get("startedAt"),
+            now=ctx.now.timestamp(),
+            timeout=ctx.config.scrape_timeout_s,
+        )
         speed["clocks"] = clocks.to_dict()
     ctx.status["speed"] = speed
     return tpots["control"], tpots["candidate"], clocks
-
-
-def speed_clocks(ctx: Ctx, started_at: Any) -> SpeedClocks:
-    """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing.
-
-    A Prometheus that fails (unreachable, errors, junk) raises: the reconcile retries like any
-    external error and, past the limit, ends without promoting. Only an answer without DCGM
-    series (a cluster without dcgm-exporter) leaves the clocks unknown.
-    """
-    from kvgate.adapters import prometheus
-
-    pods = {arm: manifests.canary_name(ctx.name, arm) for arm in manifests.ARMS}
-    end = ctx.now.timestamp()
-    start = float(started_at) if isinstance(started_at, int | float) else end - 300.0
-    found = prometheus.gpu_clocks(
-        ctx.config.prometheus_url or "",
-        ctx.namespace,
-        list(pods.values()),
-        start=min(start, end - 1.0),
-        end=end,
-        timeout=ctx.config.scrape_timeout_s,
-    )
-    control, candidate = found.get(pods["control"]), found.get(pods["candidate"])
-    missing = [pods[arm] for arm, c in (("control", control), ("candidate", candidate)) if not c]
-    note = f"no DCGM clock series for pod {', '.join(missing)} in Prometheus" if missing else None
-    return SpeedClocks(control=control, candidate=candidate, note=note)
 
 
 def eval_concurrency_of(ctx: Ctx) -> int:

@@ -1,0 +1,288 @@
+"""Where evidence is read: an engine's /metrics, /server_info and logs, the checkpoint headers,
+Prometheus. Each function takes what it reads from (IP, URL, engine, timeout, client) as
+arguments, not the reconcile's context, and writes no status.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvgate import engines, kubeobjects, manifests, redact
+from kvgate.controller.context import KubeApi, json_number
+from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
+from kvgate.model import SpeedClocks
+
+if TYPE_CHECKING:
+    from kvgate.metrics import MetricSnapshot
+    from kvgate.spec import CapacityGate, SecretKeyRef
+
+Series = dict[str, list[dict[str, Any]]]
+
+
+def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
+    """One pod's /metrics, read with the operator's deadline and parsed for this engine."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    return metrics.parse_metrics(http.scrape(url, timeout=timeout), engine)
+
+
+def server_info(ip: str, port: Any, timeout: float) -> dict[str, object]:
+    """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
+    source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
+    from kvgate import metrics
+    from kvgate.adapters import http
+
+    base = f"http://{ip}:{port}"
+    for path in metrics.SERVER_INFO_PATHS:
+        try:
+            body = http.scrape(base + path, timeout=timeout)
+        except ScrapeError as exc:
+            if exc.status == 404:
+                continue
+            raise
+        return metrics.parse_server_info(body, path).to_status()
+    return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
+
+
+def production_kv_dtype(container: Mapping[str, Any] | None) -> str:
+    """The --kv-cache-dtype the production container runs (`auto` when unset or unreadable)."""
+    try:
+        return engines.detect_engine(container).kv_cache_dtype if container is not None else "auto"
+    except InputError:
+        return "auto"
+
+
+def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
+    """Whether `path`, links resolved, lies inside one of the operator's model mounts."""
+    real = os.path.realpath(path)
+    for d in dirs:
+        root = os.path.realpath(d)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def scan_checkpoint(
+    model: str | None,
+    *,
+    revision: str | None,
+    model_dirs: tuple[str, ...],
+    hub_offline: bool,
+    token_secret: SecretKeyRef | None,
+    kube: KubeApi,
+    namespace: str,
+) -> dict[str, Any]:
+    """KV scales and capacity math from the checkpoint headers; any failure is a finding.
+
+    `token_secret` is the hub token's Secret, already allowed by the operator (or None)."""
+    from kvgate.adapters import hub
+
+    if not model:
+        return {"present": None, "finding": "no model in the spec or the container args"}
+    local = model.startswith(("/", "./", "../")) or not hub.looks_like_repo_id(model)
+    if local and not under_model_dirs(model, model_dirs):
+        # Never probe the path: existence and size would be an oracle on the operator's files.
+        return {
+            "present": None,
+            "finding": "spec.model.name: a hub repo id, or a path under the operator's model "
+            "mounts (KVGATE_MODEL_DIRS); this is neither",
+        }
+    if not local and hub_offline:
+        return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
+    secret = token_secret
+    try:
+        token = kube.read_secret_value(namespace, secret.name, secret.key) if secret else None
+        headers = (
+            hub.read_local_checkpoint(model)
+            if local
+            else hub.read_hub_checkpoint(model, revision=revision, token=token)
+        )
+        layout, scales = headers.analyse()
+    except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
+        # Say what failed, never what was sent: transport errors can quote headers.
+        return {"present": None, "finding": redact.scrub_text(f"{type(exc).__name__}: {exc}")[:500]}
+    return {
+        "source": headers.source,
+        "commit": headers.commit,
+        "present": scales.present,
+        "coverage": scales.coverage,
+        "forcesFp8Kv": list(scales.forces_fp8_kv),
+        "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
+        "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
+    }
+
+
+def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
+    """What status keeps of one pool sample: the pool fields and the TTFT totals."""
+    from kvgate import metrics
+
+    # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
+    sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
+    if snap.ttft is not None:  # the verify window's latency baseline
+        sample.update(ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count))
+    return sample
+
+
+def pool_history(
+    prometheus_url: str,
+    engine: str,
+    ips: dict[str, str],
+    *,
+    gate: CapacityGate,
+    now: float,
+    elapsed_s: float,
+    timeout: float,
+) -> tuple[list[str], Series | None]:
+    """Production's pool samples over the last window from Prometheus (None: no answer)."""
+    from kvgate.adapters import prometheus
+
+    try:
+        found = prometheus.pool_history(
+            prometheus_url,
+            engine,
+            ips,
+            window_s=gate.window_s,
+            step_s=gate.interval_s,
+            now=now,
+            timeout=timeout,
+        )
+    except ExternalError as exc:  # unreachable, erroring or junk: unknown, never a verdict
+        return [redact.scrub_text(str(exc))[:500]], None
+    short = {pod: len(s) for pod, s in found.items() if len(s) < gate.samples}
+    if short and elapsed_s < gate.sampling_deadline_s - gate.interval_s:
+        # Prometheus has not scraped a whole window yet (new pods, a new server): ask again.
+        shown = ", ".join(f"{pod}: {n}" for pod, n in sorted(short.items()))
+        return [f"Prometheus holds fewer than {gate.samples} samples in the window ({shown})"], None
+    return [], {pod: [pool_record(s) for s in snaps] for pod, snaps in found.items()}
+
+
+def ready_production_ips(
+    pods: list[dict[str, Any]], container: str | None, deployment: str
+) -> tuple[dict[str, str], list[str]]:
+    """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
+    if not pods:
+        return {}, [f"no production pods of Deployment {deployment}"]
+    ips = {}
+    for pod in pods:
+        health = kubeobjects.pod_health(pod, container)
+        if health.ready and health.ip:
+            ips[pod["metadata"]["name"]] = health.ip
+    return ips, []
+
+
+def sample_pool(
+    ips: Mapping[str, str], series: Series, scrape: Callable[[str], MetricSnapshot]
+) -> list[str]:
+    """One live scrape of each Ready production pod (`scrape(ip)`), appended to `series`; the
+    errors."""
+    errors = []
+    for name, ip in ips.items():
+        try:
+            snap = scrape(ip)
+        except (ExternalError, InputError) as exc:  # a bad scrape is a missing sample
+            errors.append(str(exc))
+            continue
+        series.setdefault(name, []).append(pool_record(snap))
+    return errors
+
+
+def pool_verdict(
+    series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
+) -> tuple[bool | None, str, dict[str, Any]]:
+    """The pool verdict over the samples kept in status."""
+    from kvgate import metrics, pool
+
+    snapshots = {
+        pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
+        for pod, samples in series.items()
+    }
+    pressured, detail, results = pool.pool_pressure_across_replicas(
+        snapshots, usage_threshold=usage_threshold
+    )
+    return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
+
+
+def pod_log(
+    kube: KubeApi, namespace: str, pod: str, container: str | None, *, with_previous: bool = False
+) -> str:
+    """The pod's log ("" when none), led by the previous container's when `with_previous`."""
+    text = kube.read_log(namespace, pod, container) or ""
+    if with_previous:
+        previous = kube.read_log(namespace, pod, container, previous=True)
+        text = (previous or "") + "\n" + text
+    return text
+
+
+def scan_engine_log(text: str, engine: str | None) -> dict[str, Any]:
+    """The engine log's scan (`logs.scan_log`), compacted for status."""
+    from kvgate import logs
+
+    return compact_scan(logs.scan_log(text, engine=engine).to_dict())
+
+
+def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
+    """Keep status small: at most 20 findings, each line text cut to 300 characters."""
+    findings = []
+    for f in (scan.get("findings") or [])[:20]:
+        f = dict(f)
+        if isinstance(f.get("text"), str):
+            f["text"] = redact.scrub_text(f["text"][:300])  # engines print their args
+        findings.append(f)
+    return {**scan, "findings": findings}
+
+
+def tpot_totals(
+    arm_ip: Callable[[str], str | None], scrape: Callable[[str], MetricSnapshot]
+) -> dict[str, Any]:
+    """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
+    out: dict[str, Any] = {}
+    for arm in manifests.ARMS:
+        ip = arm_ip(arm)
+        if not ip:
+            continue
+        try:
+            snap = scrape(ip)
+        except (ExternalError, InputError) as exc:
+            out[arm] = {"error": str(exc)[:300]}
+            continue
+        hist = snap.tpot or snap.itl
+        if hist is not None:
+            out[arm] = {"sum": json_number(hist.sum), "count": json_number(hist.count)}
+    return out
+
+
+def speed_clocks(
+    prometheus_url: str,
+    namespace: str,
+    rollout: str,
+    started_at: Any,
+    *,
+    now: float,
+    timeout: float,
+) -> SpeedClocks:
+    """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing.
+
+    A Prometheus that fails (unreachable, errors, junk) raises: the reconcile retries like any
+    external error and, past the limit, ends without promoting. Only an answer without DCGM
+    series (a cluster without dcgm-exporter) leaves the clocks unknown.
+    """
+    from kvgate.adapters import prometheus
+
+    pods = {arm: manifests.canary_name(rollout, arm) for arm in manifests.ARMS}
+    end = now
+    start = float(started_at) if isinstance(started_at, int | float) else end - 300.0
+    found = prometheus.gpu_clocks(
+        prometheus_url,
+        namespace,
+        list(pods.values()),
+        start=min(start, end - 1.0),
+        end=end,
+        timeout=timeout,
+    )
+    control, candidate = found.get(pods["control"]), found.get(pods["candidate"])
+    missing = [pods[arm] for arm, c in (("control", control), ("candidate", candidate)) if not c]
+    note = f"no DCGM clock series for pod {', '.join(missing)} in Prometheus" if missing else None
+    return SpeedClocks(control=control, candidate=candidate, note=note)
