@@ -7,11 +7,15 @@ so the module takes about as long as its slowest rollout. Each test then checks 
   (c) a candidate that loses 20 points: rolled back as shown worse, production untouched
   (d) a pool with room: NotNeeded, no canary started
   (e) report mode: verdict and recommended args in status, Deployment untouched
+  (f) canaries the scheduler cannot place: the reason while waiting, then `kvgate abort`
+and the kubectl-side CLI (`kvgate get`, `wait`, `approve`, `abort`) against those ends.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from support import (
     GSM8K_DIR,
     ROOT,
     TERMINAL,
+    VENV_BIN,
     ScenarioWorld,
     apply,
     condition,
@@ -42,6 +47,7 @@ PRESSURE = "concurrency=64,prompt=2000,output=400"
 ROOM = "concurrency=2,prompt=500,output=100"
 TRITON = {"extraArgs": ["--attention-backend", "TRITON_ATTN"]}
 CHECKPOINT = "<checkpoint>"  # replaced by a local checkpoint path in the fixture
+FULL_CPU = "20"  # of the test node's 32: one production pod fits, its two canaries do not
 
 # scenario -> (Deployment env, rollout spec overrides)
 SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
@@ -88,6 +94,12 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
             "extraArgs": ["--attention-backend", "triton"],
             "promotion": {"mode": "report"},
         },
+    ),
+    # Production asks for 20 of the node's 32 CPUs; each canary copies that request, so the
+    # scheduler can place neither: the rollout says why, and the test aborts it with the CLI.
+    "full": (
+        {"KVGATE_SIM_LOAD": PRESSURE},
+        {**TRITON, "canary": {"startupTimeout": "300s", "evalTimeout": "300s", "evalRetries": 1}},
     ),
     # The checkpoint has k/v scales but the engine (no KVGATE_SIM_KV_SCALES) warns: dropped.
     "dropped": (
@@ -140,12 +152,12 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     w.operator.start()
     namespaces = w.ns
     try:
-        w.deploy(
-            {
-                s: sim_deployment(s, env=env, engine="sglang" if s == "sglang" else "vllm")
-                for s, (env, _) in SCENARIOS.items()
-            }
-        )
+        deployments = {
+            s: sim_deployment(s, env=env, engine="sglang" if s == "sglang" else "vllm")
+            for s, (env, _) in SCENARIOS.items()
+        }
+        container_of(deployments["full"])["resources"] = {"requests": {"cpu": FULL_CPU}}
+        w.deploy(deployments)
         checkpoint = _write_checkpoint(Path(tmp_path_factory.mktemp("checkpoint")))
         w.start_rollouts(
             {
@@ -384,7 +396,8 @@ def test_report_mode_reports_and_never_patches(world: World) -> None:
 @pytest.mark.timeout(120)
 def test_operator_metrics(world: World) -> None:
     for s in SCENARIOS:
-        if s != "manual":  # it waits for a human; its own test approves it
+        # manual waits for a human and full for its abort: their own tests end them
+        if s not in ("manual", "full"):
             world.rollout(s)
     wait_phase(world.cluster, world.ns["trap"], "trap-fp8", {"Promoted"}, 300)
     text = world.operator.metrics() or ""
@@ -464,9 +477,11 @@ def test_manual_mode_promotes_only_with_the_bound_approval(world: World) -> None
         "the stale approval to be refused",
     )
     world.untouched("manual")
-    world.cluster.kubectl(
-        "annotate", "--overwrite", "kvr", "manual-fp8", "-n", ns, f"kvgate.io/approve={config_hash}"
-    )
+    approved = kvgate(world, "approve", "manual-fp8", "-n", ns)
+    assert approved.returncode == 0, approved.stderr
+    assert f"approved config {config_hash} of kvr/manual-fp8 in {ns}" in approved.stdout
+    annotations = (get(world.cluster, ns, "kvr", "manual-fp8") or {})["metadata"]["annotations"]
+    assert annotations["kvgate.io/approve"] == config_hash
     done = wait_phase(world.cluster, ns, "manual-fp8", TERMINAL, 300)
     assert done["status"]["phase"] == "Promoted", done["status"]["message"]
     assert "--kv-cache-dtype" in container_of(world.deployment("manual"))["args"]
@@ -523,3 +538,64 @@ def test_an_eval_that_errors_is_retried_then_rolled_back_as_an_error(world: Worl
     assert reasons.count("EvalStarted") == 2
     assert reasons.index("EvalStarted") < reasons.index("EvalError") < reasons.index("RolledBack")
     world.untouched("evalerr")
+
+
+def kvgate(world: World, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The kvgate CLI as an SRE runs it, with the cluster's kubeconfig."""
+    return subprocess.run(
+        [str(VENV_BIN / "kvgate"), *args],
+        env={**os.environ, "KUBECONFIG": world.cluster.kubeconfig},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_canary_the_scheduler_cannot_place_says_why_then_is_aborted(world: World) -> None:
+    ns = world.ns["full"]
+
+    def waiting_for_cpu() -> dict[str, Any] | None:
+        obj = get(world.cluster, ns, "kvr", "full-fp8") or {}
+        status = obj.get("status") or {}
+        return obj if "Insufficient cpu" in (status.get("message") or "") else None
+
+    obj = wait_for(waiting_for_cpu, 300, "the scheduler's reason in status.message")
+    status = obj["status"]
+    # Still waiting (not timed out): the reason shows while the canary waits, not only at its end.
+    assert (status["phase"], status["reason"]) == ("Canary", "WaitingForCanary"), status
+    assert "waiting for cpu: 0/1 nodes are available: 1 Insufficient cpu" in status["message"]
+    shown = kvgate(world, "get", "full-fp8", "-n", ns)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"kvr/full-fp8 in {ns}: Canary (WaitingForCanary): ")
+    assert "Insufficient cpu" in shown.stdout.splitlines()[0]
+    aborted = kvgate(world, "abort", "full-fp8", "-n", ns, "--reason", "no room for the canaries")
+    assert aborted.returncode == 0, aborted.stderr
+    waited = kvgate(world, "wait", "full-fp8", "-n", ns, "--timeout", "240s", "--interval", "1s")
+    assert waited.returncode == 1, (waited.stdout, waited.stderr)
+    assert waited.stdout.startswith(f"kvr/full-fp8 in {ns}: RolledBack (Aborted): ")
+    assert "no room for the canaries" in waited.stdout
+    world.untouched("full")
+    again = kvgate(world, "abort", "full-fp8", "-n", ns, "--reason", "twice")
+    assert again.returncode == 2 and "has ended (RolledBack)" in again.stderr
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("scenario", "code", "end"),
+    [
+        ("happy", 0, "Promoted (Promoted)"),
+        ("report", 0, "AwaitingApproval (VerdictReported)"),
+        ("loss", 1, "RolledBack (AccuracyRegressed)"),
+        ("room", 0, "NotNeeded"),
+    ],
+)
+def test_kvgate_wait_answers_with_the_end(world: World, scenario: str, code: int, end: str) -> None:
+    ns = world.ns[scenario]
+    world.rollout(scenario)
+    waited = kvgate(world, "wait", f"{scenario}-fp8", "-n", ns, "--timeout", "60s")
+    assert waited.returncode == code, (waited.stdout, waited.stderr)
+    assert waited.stdout.startswith(f"kvr/{scenario}-fp8 in {ns}: {end}")
+    watched = kvgate(world, "get", f"{scenario}-fp8", "-n", ns, "--watch", "--timeout", "60s")
+    assert watched.returncode == code and watched.stdout.startswith(f"kvr/{scenario}-fp8 in {ns}:")
