@@ -1,0 +1,62 @@
+"""Pull requests on a Git forge (Gitea, GitHub, GitLab) through its REST API, over httpx.
+
+No clone, no git binary, no SSH key: files are committed through the forge's API (Gitea's
+`POST /repos/{o}/{r}/contents`, GitHub's contents API, GitLab's commits API), on a branch
+created from the base branch's current head, so a moved base needs no rebase.
+
+    forge = GiteaForge("http://127.0.0.1:3000/api/v1", token)
+    pr = forge.open_or_update_pull_request(
+        "org/deploy", "main", "kvgate/llama-0123456789abcdef",
+        {"apps/llama/kvgate-fp8.patch.yaml": text}, "FP8 KV cache for llama", body)
+    forge.pull_request_state("org/deploy", pr.number).state  # open / merged / closed
+
+Idempotent: an open pull request for the branch is updated, never duplicated, and files that
+already hold the content make no new commit. kvgate writes only branches under `kvgate/`.
+Every failure is a `ForgeError`; a refused token or a missing permission is a
+`ForgeAccessError` naming the repository and the permission. The token never appears in an
+error or a log line: it is checked before use (a header value cannot carry it otherwise) and
+removed from every text that came back from the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import httpx
+
+from kvgate.adapters.forge.base import Forge, PullRequest, PullRequestState, RestForge
+from kvgate.adapters.forge.gitea import GiteaForge, GitHubForge
+from kvgate.adapters.forge.gitlab import GitLabForge
+from kvgate.errors import SpecError
+
+__all__ = [
+    "FORGES",
+    "Forge",
+    "GitHubForge",
+    "GitLabForge",
+    "GiteaForge",
+    "PullRequest",
+    "PullRequestState",
+    "RestForge",
+    "forge_for",
+]
+
+FORGES: Final[Mapping[str, type[RestForge]]] = {
+    "gitea": GiteaForge,
+    "github": GitHubForge,
+    "gitlab": GitLabForge,
+}
+
+
+def forge_for(
+    provider: str, api_url: str, token: str, *, client: httpx.Client | None = None
+) -> RestForge:
+    """The forge client for `provider` (`gitea`, `github` or `gitlab`)."""
+    try:
+        cls = FORGES[provider]
+    except KeyError:
+        raise SpecError(
+            "promotion.git.provider", f"{provider!r} is not one of {', '.join(FORGES)}"
+        ) from None
+    return cls(api_url, token, client=client)
