@@ -117,6 +117,15 @@ def assess_scales(
         )
     if candidate_scan is None:
         return GateResult(SCALES, Outcome.PENDING, "ScalesUnknown", "waiting for the candidate log")
+    if not candidate_scan.get("kv_cache_dtype"):
+        # A log that does not even name its KV dtype proves nothing by lacking a scale warning.
+        return GateResult(
+            SCALES,
+            Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
+            "ScalesUnknown",
+            "the candidate's startup log names no KV dtype, so its silence about KV scales "
+            "proves nothing, and the checkpoint scan could not tell",
+        )
     return GateResult(
         SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "no KV-scale warning; scales used"
     )
@@ -165,18 +174,51 @@ def _fp8_family(dtype: str | None) -> str | None:
     return "fp8_e5m2" if dtype == "fp8_e5m2" else ("fp8_e4m3" if dtype.startswith("fp8") else dtype)
 
 
+def truth_facts(truth: Mapping[str, Any] | None) -> tuple[str | None, int | None]:
+    """(KV dtype, KV tokens) an arm's own engine states: its /metrics `cache_config_info`, else
+    SGLang's server info. The second source when the startup log does not say."""
+    from kvgate import metrics
+
+    if not truth:
+        return None, None
+    snapshot = metrics.snapshot_from_cache_truth(truth)
+    info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+    dtype = snapshot.kv_cache_dtype or (info.kv_cache_dtype if info else None)
+    tokens = snapshot.kv_capacity_tokens or (info.max_total_num_tokens if info else None)
+    return dtype, tokens
+
+
 def assess_arms_dtype(
-    wanted: str, control_scan: Mapping[str, Any], candidate_scan: Mapping[str, Any]
+    wanted: str,
+    control_scan: Mapping[str, Any],
+    candidate_scan: Mapping[str, Any],
+    candidate_truth: Mapping[str, Any] | None = None,
 ) -> GateResult:
-    """Both arms Ready, and each runs the KV dtype it should: else the comparison is void."""
+    """Both arms Ready, and each runs the KV dtype it should: else the comparison is void.
+
+    The candidate's dtype comes from its startup log, else from its engine's own metrics or
+    server info; when neither names it, kvgate cannot tell the candidate runs FP8 and does not
+    assume it (Inconclusive, which blocks promotion).
+    """
     control = control_scan.get("kv_cache_dtype")
     candidate = candidate_scan.get("kv_cache_dtype")
+    source = "log"
+    if not candidate:
+        candidate, source = truth_facts(candidate_truth)[0], "/metrics"
+    if not candidate:
+        return GateResult(
+            CANARY,
+            Outcome.INCONCLUSIVE,
+            "CandidateDtypeUnread",
+            "neither the candidate's startup log nor its /metrics (cache_config_info) or server "
+            f"info name its KV cache dtype in a form kvgate reads: it cannot be shown to run {wanted}",
+        )
     if _fp8_family(candidate) != _fp8_family(wanted):
         return GateResult(
             CANARY,
             Outcome.ERROR,
             "CandidateDtypeMismatch",
-            f"the candidate's log shows KV cache dtype {candidate or 'unknown'}, not {wanted}",
+            f"the candidate's {source} shows KV cache dtype {candidate}, not {wanted}",
         )
     if control is not None and _fp8_family(control) == _fp8_family(wanted):
         return GateResult(
@@ -185,8 +227,12 @@ def assess_arms_dtype(
             "ControlDtypeMismatch",
             f"the control already runs KV cache dtype {control}: nothing to compare",
         )
+    via = "" if source == "log" else " (read from its /metrics: its log does not say)"
     return GateResult(
-        CANARY, Outcome.SUCCESSFUL, "CanaryHealthy", f"both arms Ready; candidate runs {candidate}"
+        CANARY,
+        Outcome.SUCCESSFUL,
+        "CanaryHealthy",
+        f"both arms Ready; candidate runs {candidate}{via}",
     )
 
 
@@ -235,6 +281,19 @@ def assess_engine_truth(
             "startup log and /metrics disagree: " + "; ".join(problems),
         )
     detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
+    log_says = logs.LogScan.from_dict(scans.get("candidate") or {})
+    if (
+        not compared["candidate"]
+        and not (log_says.kv_cache_dtype or log_says.capacity.kv_tokens)
+        and any(truth_facts(truths.get("candidate")))
+    ):
+        return GateResult(
+            ENGINE_TRUTH,
+            Outcome.WARNING,
+            "LogSilent",
+            "the candidate's startup log names no KV dtype or KV tokens in a form kvgate reads: "
+            "its own /metrics are the only source",
+        )
     if not compared["candidate"]:
         return GateResult(
             ENGINE_TRUTH,
@@ -247,13 +306,13 @@ def assess_engine_truth(
     )
 
 
-def kv_tokens(scan: Mapping[str, Any] | None) -> int | None:
-    """KV tokens from a log scan's `capacity.kv_tokens`."""
-    if not scan:
-        return None
-    capacity = scan.get("capacity") or {}
+def kv_tokens(scan: Mapping[str, Any] | None, truth: Mapping[str, Any] | None = None) -> int | None:
+    """KV tokens from a log scan's `capacity.kv_tokens`, else from the engine's own metrics."""
+    capacity = (scan or {}).get("capacity") or {}
     value = capacity.get("kv_tokens") if isinstance(capacity, Mapping) else None
-    return int(value) if isinstance(value, int | float) and value > 0 else None
+    if isinstance(value, int | float) and value > 0:
+        return int(value)
+    return truth_facts(truth)[1]
 
 
 def assess_capacity_gain(
@@ -266,7 +325,7 @@ def assess_capacity_gain(
             CAPACITY_GAIN,
             Outcome.ERROR,
             "CapacityUnknown",
-            f"the {missing} startup log gives no KV cache size",
+            f"neither the {missing} startup log nor its /metrics give a KV cache size",
         )
     ratio = candidate_tokens / control_tokens
     detail = f"{candidate_tokens:,} / {control_tokens:,} KV tokens = {ratio:.2f}x"

@@ -259,7 +259,9 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
             Phase.CANARY, "ReadingMetrics", f"reading the arms' /metrics{why}",
             requeue_s=clamp_delay(poll_s),
         )  # fmt: skip
-    healthy = assess_arms_dtype(spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan)
+    healthy = assess_arms_dtype(
+        spec.kv_cache_dtype, obs.control_scan, obs.candidate_scan, obs.candidate_metrics
+    )
     truth = assess_engine_truth(
         {"control": obs.control_scan, "candidate": obs.candidate_scan},
         {"control": obs.control_metrics, "candidate": obs.candidate_metrics},
@@ -270,7 +272,9 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
         assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
         assess_capacity_gain(
-            spec.capacity_gain, kv_tokens(obs.control_scan), kv_tokens(obs.candidate_scan)
+            spec.capacity_gain,
+            kv_tokens(obs.control_scan, obs.control_metrics),
+            kv_tokens(obs.candidate_scan, obs.candidate_metrics),
         ),
     )
     events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)

@@ -21,6 +21,13 @@ And the L4 FlashInfer trap with `spec.canary.remediation`:
       FP8 KV on the V1 engine); 0.10 spells the remedy VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1
       (TRITON_ATTN is an invalid backend there), promoted with VLLM_USE_FLASHINFER_SAMPLER=0
   (g) off10: the same with remediation off: RolledBack naming 0.10.2's remedy
+
+And an engine whose startup lines say nothing kvgate reads (the simulator's `reworded-log`:
+the KV dtype, backend, scale and KV-size lines worded as no release words them):
+  (h) reworded: its /metrics still name the dtype and the KV size: kvgate takes them from
+      there, says so in the gates, and the rollout goes on to the eval (never a guess)
+  (i) unread: reworded and no `cache_config_info`: nothing names the candidate's dtype, so the
+      canary gate is Inconclusive (CandidateDtypeUnread) and the rollout never reaches the eval
 """
 
 from __future__ import annotations
@@ -96,6 +103,14 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
             "VLLM_ATTENTION_BACKEND": "FLASHINFER",
         },
         {"canary": {"startupTimeout": "90s", "remediation": "off"}},
+    ),
+    "reworded": (
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FAULTS": "reworded-log"},
+        {"extraArgs": TRITON},
+    ),
+    "unread": (
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FAULTS": "reworded-log,no-cache-info"},
+        {"extraArgs": TRITON},
     ),
 }
 AUTO = {"startupTimeout": "90s", "evalTimeout": "300s", "evalRetries": 1, "remediation": "auto"}
@@ -248,3 +263,36 @@ def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(
     assert "Remediating" not in event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
     now = world.deployment(scenario)
     assert container_of(now) == container_of(world.before[scenario])
+
+
+@pytest.mark.timeout(600)
+def test_a_reworded_log_takes_its_facts_from_the_engines_metrics(world: ScenarioWorld) -> None:
+    obj = world.rollout("reworded")
+    status = obj["status"]
+    gates = status["gates"]
+    # the log named no dtype; /metrics did, and the gate says where the fact came from
+    assert gates["canary"]["reason"] == "CanaryHealthy", gates["canary"]
+    assert "(read from its /metrics: its log does not say)" in gates["canary"]["message"]
+    assert (gates["engineTruth"]["outcome"], gates["engineTruth"]["reason"]) == (
+        "Warning",
+        "LogSilent",
+    )
+    assert gates["capacityGain"]["reason"] == "CapacityGained", gates["capacityGain"]
+    assert gates["scales"]["reason"] != "ScalesPresent"  # silence is not evidence of scales
+    assert status["arms"]["candidate"]["scan"].get("kv_cache_dtype") is None
+    # it went on to the paired eval on facts it read, not on a guess
+    assert status["phase"] in ("Promoted", "RolledBack"), status["message"]
+    assert "accuracy" in gates, gates
+
+
+@pytest.mark.timeout(600)
+def test_an_engine_nothing_names_the_dtype_of_is_never_promoted(world: ScenarioWorld) -> None:
+    obj = world.rollout("unread")
+    status = obj["status"]
+    assert status["phase"] == "RolledBack", status["message"]
+    canary = status["gates"]["canary"]
+    assert (canary["outcome"], canary["reason"]) == ("Inconclusive", "CandidateDtypeUnread")
+    assert "cannot be shown to run fp8" in canary["message"]
+    assert "eval" not in status  # no eval Job was ever started
+    now = world.deployment("unread")
+    assert container_of(now) == container_of(world.before["unread"])

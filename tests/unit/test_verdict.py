@@ -942,7 +942,8 @@ DTYPE_GRID = [
     ("fp8", "auto", "fp8", Outcome.SUCCESSFUL, "CanaryHealthy"),
     ("fp8", "auto", "fp8_e4m3", Outcome.SUCCESSFUL, "CanaryHealthy"),
     ("fp8", "auto", "auto", Outcome.ERROR, "CandidateDtypeMismatch"),
-    ("fp8", "auto", None, Outcome.ERROR, "CandidateDtypeMismatch"),
+    # A log that does not say is not a mismatch: unread, which blocks as well (issue 23)
+    ("fp8", "auto", None, Outcome.INCONCLUSIVE, "CandidateDtypeUnread"),
     ("fp8_e5m2", "auto", "fp8", Outcome.ERROR, "CandidateDtypeMismatch"),
     ("fp8", "fp8", "fp8", Outcome.ERROR, "ControlDtypeMismatch"),
 ]
@@ -954,6 +955,64 @@ def test_arms_must_run_the_dtypes_they_stand_for(
 ) -> None:
     got = assess_arms_dtype(wanted, {"kv_cache_dtype": control}, {"kv_cache_dtype": candidate})
     assert (got.outcome, got.reason) == (outcome, reason)
+
+
+def _truth(
+    dtype: str | None = None, blocks: int | None = None, server: str | None = None
+) -> dict[str, Any]:
+    config = {"cache_dtype": dtype} if dtype else {}
+    if blocks:
+        config |= {"num_gpu_blocks": str(blocks), "block_size": "16"}
+    truth: dict[str, Any] = {"engine": "vllm", "cacheConfig": config}
+    if server:
+        truth["serverInfo"] = {"kvCacheDtype": server, "maxTotalNumTokens": 40000}
+    return truth
+
+
+@pytest.mark.parametrize(
+    ("truth", "outcome", "reason", "said"),
+    [
+        (
+            _truth("fp8"),
+            Outcome.SUCCESSFUL,
+            "CanaryHealthy",
+            "candidate runs fp8 (read from its /metrics",
+        ),
+        (
+            _truth(server="fp8_e4m3"),
+            Outcome.SUCCESSFUL,
+            "CanaryHealthy",
+            "runs fp8_e4m3 (read from",
+        ),
+        (_truth("auto"), Outcome.ERROR, "CandidateDtypeMismatch", "the candidate's /metrics shows"),
+        (_truth(), Outcome.INCONCLUSIVE, "CandidateDtypeUnread", "cannot be shown to run fp8"),
+        (None, Outcome.INCONCLUSIVE, "CandidateDtypeUnread", "neither the candidate's startup log"),
+    ],
+)
+def test_a_log_that_does_not_name_the_dtype_takes_the_engines_metrics_or_blocks(
+    truth: dict[str, Any] | None, outcome: Outcome, reason: str, said: str
+) -> None:
+    got = assess_arms_dtype("fp8", {"kv_cache_dtype": "auto"}, {"kv_cache_dtype": None}, truth)
+    assert (got.outcome, got.reason) == (outcome, reason) and said in got.message
+    verdict = v.decide((got,), mode=PromotionMode.AUTO, config_hash="h", approval="h")
+    assert (verdict.decision is Decision.PROMOTE) is (outcome is Outcome.SUCCESSFUL)
+
+
+def test_capacity_and_engine_truth_read_the_metrics_when_the_log_is_silent() -> None:
+    from kvgate.gates import assess_engine_truth, kv_tokens
+
+    assert kv_tokens({"capacity": {}}, _truth("fp8", blocks=2000)) == 32000
+    assert kv_tokens({"capacity": {"kv_tokens": 7}}, _truth("fp8", blocks=2000)) == 7
+    assert kv_tokens(None, None) is None
+    silent = {"kv_cache_dtype": None, "capacity": {}}
+    got = assess_engine_truth(
+        {"candidate": silent, "control": silent},
+        {"candidate": _truth("fp8", blocks=2000), "control": _truth("auto", blocks=1000)},
+    )
+    assert (got.outcome, got.reason) == (Outcome.WARNING, "LogSilent")
+    assert "its own /metrics are the only source" in got.message
+    got = assess_engine_truth({"candidate": silent, "control": silent}, {})
+    assert (got.outcome, got.reason) == (Outcome.WARNING, "MetricsSilent")
 
 
 def test_crash_summary_prefers_the_root_cause() -> None:
@@ -1247,3 +1306,17 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
     )
     assert (absent.outcome, absent.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
     assert "KV dtype" not in absent.message
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome"),
+    [(GateMode.WARN, Outcome.WARNING), (GateMode.REQUIRE, Outcome.INCONCLUSIVE)],
+)
+def test_a_silent_log_is_no_evidence_that_scales_were_used(
+    mode: GateMode, outcome: Outcome
+) -> None:
+    # checkpoint unknown, and a log that names no KV dtype: its lack of a warning proves nothing
+    got = assess_scales(ScalesGate(mode), None, {"kv_cache_dtype": None, "findings": []})
+    assert (got.outcome, got.reason) == (outcome, "ScalesUnknown")
+    spoken = assess_scales(ScalesGate(mode), None, {"kv_cache_dtype": "fp8", "findings": []})
+    assert (spoken.outcome, spoken.reason) == (Outcome.SUCCESSFUL, "ScalesPresent")

@@ -127,6 +127,8 @@ FAULTS = (
     "garbage-answers",
     "long-context-collapse",
     "metrics-kv-dtype",
+    "reworded-log",
+    "no-cache-info",
 )
 
 
@@ -141,6 +143,11 @@ class Faults:
     # vLLM's /metrics cache_config_info says this cache_dtype (SGLang: /get_server_info's
     # kv_cache_dtype), whatever the engine runs
     metrics_kv_dtype: str | None = None
+    # A build whose startup lines word the KV dtype, backend and KV size in a way no published
+    # release does (a fork, a patched logger): what a log scanner cannot read
+    reworded_log: bool = False
+    # vLLM's /metrics without vllm:cache_config_info (an engine that exports no cache info)
+    no_cache_info: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,8 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
         garbage_answers="garbage-answers" in flags,
         long_context_collapse=collapse_at,
         metrics_kv_dtype=metrics_dtype,
+        reworded_log="reworded-log" in flags,
+        no_cache_info="no-cache-info" in flags,
     )
 
 

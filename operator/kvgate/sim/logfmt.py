@@ -6,6 +6,7 @@ line as soon as the engine would print it.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -28,6 +29,12 @@ def uvicorn_prefix(level: str) -> str:
     return f"{level}:" + " " * (8 - len(level))
 
 
+# What a reworded build (KVGATE_SIM_FAULTS=reworded-log) says instead of a line that names the
+# KV dtype, the attention backend or the KV cache size: the facts are in its /metrics only.
+_FACT_LINE = re.compile(r"(?i)kv.?cache|fp8|backend|concurrency|gpu blocks|attention")
+REWORDED = "engine settings applied (this build logs no details)"
+
+
 class VllmLog:
     """`(APIServer pid=1) INFO 11-29 19:45:00 [file.py:123] message`."""
 
@@ -37,11 +44,13 @@ class VllmLog:
         core_pid: int,
         out: TextIO | None = None,
         core_name: str = "EngineCore_DP0",
+        reword: bool = False,
     ) -> None:
         self.api_pid = api_pid
         self.core_pid = core_pid
         self.core_name = core_name  # the engine-core process tag differs between releases
         self._out = out
+        self.reword = reword
 
     @property
     def out(self) -> TextIO:
@@ -53,6 +62,8 @@ class VllmLog:
         return f"({self.core_name} pid={self.core_pid}) "
 
     def line(self, proc: str, level: str, where: str, message: str) -> None:
+        if self.reword and _FACT_LINE.search(message):
+            message = REWORDED
         stamp = time.strftime("%m-%d %H:%M:%S")
         _write(self.out, f"{self._tag(proc)}{level} {stamp} [{where}] {message}")
 

@@ -91,7 +91,10 @@ class Runner:
         self.scheduler: Scheduler | None = None
         pid = os.getpid()
         self.vlog = VllmLog(
-            api_pid=pid, core_pid=pid + 187, core_name=core_process_name(env.version_tuple)
+            api_pid=pid,
+            core_pid=pid + 187,
+            core_name=core_process_name(env.version_tuple),
+            reword=env.faults.reworded_log,
         )
         self.slog = SglangLog()
 
@@ -248,7 +251,11 @@ class Runner:
         if isinstance(startup, VllmStartup):
             hidden = args.all_args.get("show_hidden_metrics_for_version")
             collector = VllmCollector(
-                scheduler, model, env.version_tuple, startup.cache_config(), hidden
+                scheduler,
+                model,
+                env.version_tuple,
+                {} if env.faults.no_cache_info else startup.cache_config(),
+                hidden,
             )
             app.registry = build_registry(collector)
         else:

@@ -187,6 +187,8 @@ class VllmCollector(Collector):
                 labels,
                 s.queue_time,
             )
+        if not self.cache_config:  # KVGATE_SIM_FAULTS=no-cache-info
+            return
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
