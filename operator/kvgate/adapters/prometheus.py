@@ -145,7 +145,7 @@ def query_range(
         body = http.scrape(url, client=client, timeout=timeout, max_bytes=max_bytes)
     except ScrapeError as exc:
         # The URL carries the query: say which server, and what failed after the URL.
-        raise _fail(source, str(exc).removeprefix(url).lstrip(": ")[:300]) from None
+        raise _fail(source, str(exc).removeprefix(exc.url).lstrip(": ")[:300]) from None
     return parse_matrix(body, source=source)
 
 
