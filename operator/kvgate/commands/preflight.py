@@ -40,7 +40,9 @@ class PoolOptions:
 _DEFAULT_POOL: Final = PoolOptions()
 DEFAULT_HUB_TIMEOUT_S: Final = 30.0  # = adapters.hub.DEFAULT_HUB_DEADLINE_S (not imported: lazy)
 MAX_TOKEN_LENGTH: Final = 512
-_ENV_NAME: Final = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
+# A name shown back in messages: SNAKE_CASE with at least one underscore (HF_TOKEN). A pasted
+# token can be upper case and digits alone (a hypothesis test found 'A0000000000000000000').
+_ENV_NAME: Final = re.compile(r"(?=.{3,64}$)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 _DEFAULT_VERSION_TEXT: Final = ".".join(map(str, DEFAULT_VLLM_VERSION))
 
 
@@ -366,8 +368,8 @@ def _gib(value: float) -> str:
 def _token(variable: str | None) -> str | None:
     """The hub token from the variable --token-env names; no message shows any of it.
 
-    The name is shown only when it reads as a variable name (upper case): a token pasted as
-    the option's value (`--token-env hf_...`) must not be printed back either.
+    The name is shown only when it reads as a variable name (SNAKE_CASE, as HF_TOKEN): a
+    token pasted as the option's value (`--token-env hf_...`) must not be printed back either.
     """
     if variable is None:
         return None
@@ -375,8 +377,8 @@ def _token(variable: str | None) -> str | None:
         f"environment variable '{variable}'"
         if _ENV_NAME.fullmatch(variable)
         else (
-            "the environment variable --token-env names (not shown: variable names are upper case; "
-            "is it a token?)"
+            "the environment variable --token-env names (not shown: variable names are "
+            "SNAKE_CASE, as HF_TOKEN; is it a token?)"
         )
     )
     token = os.environ.get(variable) if "\x00" not in variable and "=" not in variable else None
