@@ -99,7 +99,8 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # scheduler can place neither: the rollout says why, and the test aborts it with the CLI.
     "full": (
         {"KVGATE_SIM_LOAD": PRESSURE},
-        {**TRITON, "canary": {"startupTimeout": "300s", "evalTimeout": "300s", "evalRetries": 1}},
+        # a startup timeout far past the module's other tests: the abort, not the clock, ends it
+        {**TRITON, "canary": {"startupTimeout": "30m", "evalTimeout": "300s", "evalRetries": 1}},
     ),
     # The checkpoint has k/v scales but the engine (no KVGATE_SIM_KV_SCALES) warns: dropped.
     "dropped": (
@@ -156,7 +157,8 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
             s: sim_deployment(s, env=env, engine="sglang" if s == "sglang" else "vllm")
             for s, (env, _) in SCENARIOS.items()
         }
-        container_of(deployments["full"])["resources"] = {"requests": {"cpu": FULL_CPU}}
+        full = deployments["full"]["spec"]["template"]["spec"]["containers"][0]
+        full["resources"] = {"requests": {"cpu": FULL_CPU}}
         w.deploy(deployments)
         checkpoint = _write_checkpoint(Path(tmp_path_factory.mktemp("checkpoint")))
         w.start_rollouts(
@@ -563,6 +565,9 @@ def test_a_canary_the_scheduler_cannot_place_says_why_then_is_aborted(world: Wor
 
     obj = wait_for(waiting_for_cpu, 300, "the scheduler's reason in status.message")
     status = obj["status"]
+    production = world.deployment("full")
+    assert container_of(production)["resources"] == {"requests": {"cpu": FULL_CPU}}
+    assert production["status"].get("readyReplicas") == 1  # one pod of 20 CPUs fits the node
     # Still waiting (not timed out): the reason shows while the canary waits, not only at its end.
     assert (status["phase"], status["reason"]) == ("Canary", "WaitingForCanary"), status
     assert "waiting for cpu: 0/1 nodes are available: 1 Insufficient cpu" in status["message"]
