@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvgate.model import Phase
+from kvgate.model import Phase, ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +150,9 @@ def rollout_conflict(other: Mapping[str, Any], mine: tuple[str, str], target: st
         return None
     if ((other.get("spec") or {}).get("targetRef") or {}).get("name") != target:
         return None
-    phase = (other.get("status") or {}).get("phase") or Phase.PENDING.value
-    if Phase(phase).terminal or (
-        phase == Phase.AWAITING_APPROVAL.value
-        and (other.get("status") or {}).get("reason") == "VerdictReported"
-    ):
+    status = other.get("status") or {}
+    phase = status.get("phase") or Phase.PENDING.value
+    if ended(Phase(phase), status.get("reason")):
         return None
     claimed = phase != Phase.PENDING.value
     if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:

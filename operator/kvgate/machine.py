@@ -31,7 +31,7 @@ from kvgate.gates import (
     kv_tokens,
 )
 from kvgate.kubeobjects import PodHealth
-from kvgate.model import GateMode, Outcome, Phase, PromotionMode, Remediation
+from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
 from kvgate.steps import (
@@ -413,10 +413,10 @@ def _after_verdict(
         )
         return Step(
             Phase.AWAITING_APPROVAL,
-            "VerdictReported",
+            VERDICT_REPORTED,
             message,
             actions=(Action.DELETE_CANARIES,),
-            events=(Event("VerdictReported", message),),
+            events=(Event(VERDICT_REPORTED, message),),
             gates=gates,
             verdict=verdict,
         )
@@ -445,7 +445,7 @@ def _after_verdict(
 
 def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if spec.promotion.mode is PromotionMode.REPORT:
-        return Step(Phase.AWAITING_APPROVAL, "VerdictReported", "verdict reported")
+        return Step(Phase.AWAITING_APPROVAL, VERDICT_REPORTED, "verdict reported")
     verdict = decide(
         tuple(state.gates.values()),
         mode=spec.promotion.mode,

@@ -56,6 +56,16 @@ class Phase(StrEnum):
 
 
 _TERMINAL: Final = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED})
+# Report mode's end: the verdict is written, nothing more will happen (the phase stays
+# AwaitingApproval so GitOps health checks read a passing verdict as healthy).
+VERDICT_REPORTED: Final = "VerdictReported"
+
+
+def ended(phase: Phase, reason: str | None) -> bool:
+    """A terminal phase, or report mode's end; the one place this rule is written."""
+    return phase.terminal or (phase is Phase.AWAITING_APPROVAL and reason == VERDICT_REPORTED)
+
+
 # Phases during which the production Deployment carries (or may carry) the candidate config.
 PATCHED_PHASES: Final = frozenset({Phase.PROMOTING, Phase.VERIFYING, Phase.REVERTING})
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvgate.model import Condition, Outcome, Phase
+from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
 
 JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
 
@@ -490,6 +490,15 @@ class RolloutStatus:
         out = _write(self)
         assert isinstance(out, dict)
         return out
+
+    @property
+    def reported(self) -> bool:
+        """Report mode's end (AwaitingApproval, VerdictReported)."""
+        return self.phase is Phase.AWAITING_APPROVAL and self.reason == VERDICT_REPORTED
+
+    @property
+    def ended(self) -> bool:
+        return ended(self.phase or Phase.PENDING, self.reason)
 
 
 # --- reading and writing -------------------------------------------------------------------------

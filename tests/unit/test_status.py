@@ -324,3 +324,14 @@ def test_the_report_reads_the_typed_status() -> None:
         assert read(typed) == read(raw)
     speed = report.read_speed(typed)
     assert speed is not None and [m.key for m in speed.metrics] == ["tpotMs"]
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("reason", ["VerdictReported", "AwaitingApproval", None])
+def test_report_modes_end_is_one_rule(phase: Phase, reason: str | None) -> None:
+    from kvgate.model import ended
+
+    reported = phase is Phase.AWAITING_APPROVAL and reason == "VerdictReported"
+    assert ended(phase, reason) is (phase.terminal or reported)
+    status = RolloutStatus.from_dict({"phase": phase.value, "reason": reason})
+    assert (status.reported, status.ended) == (reported, phase.terminal or reported)

@@ -6,10 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvgate.model import Outcome, Phase
 from kvgate.status import RolloutStatus
-
-EXIT_DONE, EXIT_NO, EXIT_OPEN = 0, 1, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,20 +36,19 @@ class RolloutView:
 
     @property
     def reported(self) -> bool:
-        """Report mode's end: the verdict is written and nothing more will happen."""
-        return self.phase is Phase.AWAITING_APPROVAL and self.status.reason == "VerdictReported"
+        return self.status.reported
 
     @property
     def finished(self) -> bool:
-        return self.phase.terminal or self.reported
+        return self.status.ended
 
     def exit_code(self) -> int:
         """0 promoted, not needed or a reported pass; 1 rolled back or failed; 3 not ended."""
         if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
-            return EXIT_DONE
+            return EXIT_OK
         if self.phase in (Phase.ROLLED_BACK, Phase.FAILED):
-            return EXIT_NO
-        return EXIT_OPEN
+            return EXIT_GATE_FAILED
+        return EXIT_INCONCLUSIVE
 
     def headline(self) -> str:
         reason = f" ({self.status.reason})" if self.status.reason else ""

@@ -6,7 +6,8 @@ import argparse
 import sys
 import time
 
-from kvgate.commands.rollout_view import EXIT_OPEN, RolloutView
+from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
+from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.spec import parse_duration
 
@@ -56,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
             return view.exit_code()
         if time.monotonic() + interval > deadline:
             print(f"{headline} (still running after {args.timeout})")
-            return EXIT_OPEN
+            return EXIT_INCONCLUSIVE
         time.sleep(interval)

@@ -62,6 +62,7 @@ from kvgate.model import (
     VERSION,
     Condition,
     Phase,
+    ended,
 )
 from kvgate.steps import Step
 
@@ -127,9 +128,7 @@ def reconcile(
     cleared: dict[str, Any] = {}  # keys a new spec after the end removes
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     generation = meta.get("generation")
-    if phase.terminal or (
-        phase is Phase.AWAITING_APPROVAL and status.get("reason") == "VerdictReported"
-    ):
+    if ended(phase, status.get("reason")):
         if status.get("observedGeneration") == generation:
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)

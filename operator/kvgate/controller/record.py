@@ -27,6 +27,7 @@ from kvgate.errors import ExternalError, KvgateError
 from kvgate.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
 from kvgate.mergepatch import apply_merge_patch, merge_patch
 from kvgate.model import (
+    VERDICT_REPORTED,
     Condition,
     Outcome,
     Phase,
@@ -99,7 +100,7 @@ def write_status(
         post_event(ctx, e.reason, e.message, warning=e.warning)
     for p in Phase:
         PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
-    reported = step.reason == "VerdictReported"
+    reported = step.reason == VERDICT_REPORTED
     if status.get("finishedAt") and not ctx.status.get("finishedAt"):  # the first finish
         ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
         if step.phase is Phase.ROLLED_BACK:
@@ -133,7 +134,7 @@ def fold(
                 conditions, ctype, gate_condition_status(g), g.reason, g.message,
                 generation=generation, now=now,
             )  # fmt: skip
-    reported = step.reason == "VerdictReported"
+    reported = step.reason == VERDICT_REPORTED
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
         generation=generation, now=now, ready_without_terminal=reported,
