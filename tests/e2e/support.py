@@ -48,9 +48,16 @@ def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: f
 
 def install_crd(cluster: Any) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/kvcacherollouts.kvgate.io", "--timeout=60s"
-    )
+    # `kubectl wait` exits at once when it cannot read the CRD yet (seen once on a loaded machine
+    # seconds after the cluster came up): wait for the condition, not for the first answer.
+    wait_for(
+        lambda: cluster.kubectl(
+            "wait", "--for=condition=Established", "crd/kvcacherollouts.kvgate.io",
+            "--timeout=10s", check=False,
+        ).returncode == 0,
+        60,
+        "the CRD to be Established",
+    )  # fmt: skip
 
 
 class Helm:
