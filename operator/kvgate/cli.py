@@ -24,7 +24,8 @@ from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE as EXIT_INCONCLUSIVE
 from kvgate.commands.exit_codes import EXIT_INPUT as EXIT_INPUT
 from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
-from kvgate.errors import ExternalError, InputError, KvgateError
+from kvgate.commands.failure import report_error
+from kvgate.errors import ExternalError, KvgateError
 
 COMMANDS: dict[str, str] = {
     "preflight": "kvgate.commands.preflight",
@@ -43,8 +44,14 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
+    # The command an error is reported under, and whether that command has --json and got it;
+    # set on the chosen command's parser and on the top one (which finds unrecognized arguments).
+    command: str | None = None
+    json_errors = False
+
     def error(self, message: str) -> NoReturn:  # one line, exit 2, as for any bad input
-        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+        report_error(self.command, message, EXIT_INPUT, as_json=self.json_errors)
+        self.exit(EXIT_INPUT)
 
 
 def _command_name(argv: Sequence[str]) -> str | None:
@@ -70,6 +77,10 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         cmd.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
         module.configure(cmd)
+        cmd.command = name
+        cmd.json_errors = "--json" in argv and "--json" in cmd._option_string_actions
+        if chosen is not None:
+            parser.command, parser.json_errors = name, cmd.json_errors
         cmd.set_defaults(_run=module.run)
     return parser
 
@@ -79,44 +90,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # a usage error (exit 2, one line), --help or --version
+    except SystemExit as exc:  # a usage error (2, reported by _Parser.error), --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     if getattr(args, "_run", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
     try:
         return int(args._run(args))
-    except InputError as exc:
-        _report(exc, args)
-        return EXIT_INPUT
-    except ExternalError as exc:
-        _report(exc, args)
-        return EXIT_EXTERNAL
-    except KvgateError as exc:
-        _report(exc, args)
-        return EXIT_INPUT
+    except KvgateError as exc:  # InputError, or anything not ExternalError: bad input (2)
+        code = EXIT_EXTERNAL if isinstance(exc, ExternalError) else EXIT_INPUT
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        return _report(args, str(exc), code)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except Exception:  # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
+    except (
+        Exception
+    ) as exc:  # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
         traceback.print_exc()
-        return EXIT_BUG
+        message = f"internal error (a bug; the traceback is above): {type(exc).__name__}: {exc}"
+        return _report(args, message, EXIT_BUG)
 
 
-def _report(exc: KvgateError, args: argparse.Namespace) -> None:
-    if getattr(args, "debug", False):
-        traceback.print_exc()
-    print(f"kvgate: {type(exc).__name__}: {_one_line(str(exc))}", file=sys.stderr)
-
-
-_MAX_MESSAGE = 1000
-
-
-def _one_line(text: str) -> str:
-    """The message as one printable line: hostile input may hold line breaks or control bytes."""
-    if len(text) > _MAX_MESSAGE:
-        text = text[: _MAX_MESSAGE - 3] + "..."
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+def _report(args: argparse.Namespace, message: str, code: int) -> int:
+    return report_error(args.command, message, code, as_json=bool(getattr(args, "json", False)))

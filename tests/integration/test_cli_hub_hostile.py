@@ -131,7 +131,7 @@ def test_a_trickling_hub_fails_preflight_at_its_deadline_in_one_line(
     assert code == cli.EXIT_EXTERNAL and out == ""
     assert err.count("\n") == 1, err
     assert err == (
-        f"kvgate: HubError: {REPO}@main: no complete answer from the hub within 2 s "
+        f"kvgate preflight: error: {REPO}@main: no complete answer from the hub within 2 s "
         "(too slow, or trickling)\n"
     )
     if script:
@@ -246,7 +246,7 @@ def test_no_cli_message_holds_the_token(
         os.environ.pop("HF_TOKEN", None)
     for code, out, err in runs:
         assert code in (cli.EXIT_INPUT, cli.EXIT_EXTERNAL), (code, err)
-        assert err.startswith("kvgate: ") and err.count("\n") == 1, err
+        assert err.startswith("kvgate preflight: error: ") and err.count("\n") == 1, err
         for part in (first, last):
             assert part not in out + err, f"the token shows in: {err!r}"
 
@@ -263,6 +263,6 @@ def test_no_scrape_message_holds_a_url_credential(
                 f"http://{closed}/metrics?token={password}"):  # fmt: skip
         code, out, err = run_cli(capsys, "scrape", url, "--timeout", "2")
         assert code in (cli.EXIT_INPUT, cli.EXIT_EXTERNAL), (code, err)
-        assert err.startswith("kvgate: ") and err.count("\n") == 1, err
+        assert err.startswith("kvgate scrape: error: ") and err.count("\n") == 1, err
         for part in (first, last):
             assert part not in out + err, f"the credential shows in: {err!r}"

@@ -166,31 +166,31 @@ ERRORS: list[tuple[Any, str]] = [
     # argv builder, stderr line (with {tmp} for tmp_path)
     (
         lambda t: [str(t / "absent.json")],
-        "kvgate: ParseError: {tmp}/absent.json: no such file or directory, and not a hub repo id like org/name",
+        "kvgate preflight: error: {tmp}/absent.json: no such file or directory, and not a hub repo id like org/name",
     ),
     (
         lambda t: ["./not/a/repo"],
-        "kvgate: ParseError: ./not/a/repo: no such file or directory, and not a hub repo id like org/name",
+        "kvgate preflight: error: ./not/a/repo: no such file or directory, and not a hub repo id like org/name",
     ),
     (
         lambda t: [write(t, "bad.json", "{oops")],
-        "kvgate: ParseError: {tmp}/bad.json:1: malformed JSON: Expecting property name enclosed in double quotes",
+        "kvgate preflight: error: {tmp}/bad.json:1: malformed JSON: Expecting property name enclosed in double quotes",
     ),
     (
         lambda t: [write(t, "bert.json", '{"model_type": "bert", "num_hidden_layers": 12}')],
-        "kvgate: UnsupportedError: {tmp}/bert.json: model_type 'bert' has no decoder KV cache; kvgate gates decoder LLMs",
+        "kvgate preflight: error: {tmp}/bert.json: model_type 'bert' has no decoder KV cache; kvgate gates decoder LLMs",
     ),
     (
         lambda t: [write(t, "partial.json", '{"num_hidden_layers": 12}')],
-        "kvgate: ParseError: {tmp}/partial.json: field 'num_attention_heads' is missing",
+        "kvgate preflight: error: {tmp}/partial.json: field 'num_attention_heads' is missing",
     ),
     (
         lambda t: [str(CONFIGS / "qwen3-8b.json"), "--gpu-memory-gib", "-1"],
-        "kvgate: SpecError: gpu_memory_gib: -1.0 is not a size in GiB; use a number >= 0",
+        "kvgate preflight: error: gpu_memory_gib: -1.0 is not a size in GiB; use a number >= 0",
     ),
     (
         lambda t: ["org/model", "--token-env", "KVGATE_TEST_UNSET_TOKEN"],
-        "kvgate: SpecError: --token-env: environment variable 'KVGATE_TEST_UNSET_TOKEN' is not set or empty",
+        "kvgate preflight: error: --token-env: environment variable 'KVGATE_TEST_UNSET_TOKEN' is not set or empty",
     ),
 ]
 
@@ -231,7 +231,7 @@ def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     save_file({"a.weight": np.zeros((2,), np.float16)}, str(directory / "model.safetensors"))
     code, _, err = run(capsys, str(directory))
     assert code == 2
-    assert err == f"kvgate: ParseError: {directory}/config.json: no such file\n"
+    assert err == f"kvgate preflight: error: {directory}/config.json: no such file\n"
 
 
 def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str]) -> None:

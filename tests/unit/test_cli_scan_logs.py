@@ -126,22 +126,22 @@ def test_engine_option(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("make", "argv", "message"),
     [
-        (None, ["{tmp}/nope.txt"], "kvgate: ParseError: {tmp}/nope.txt: no such file\n"),
-        ("dir", ["{tmp}"], "kvgate: ParseError: {tmp}: is a directory; pass the log file\n"),
+        (None, ["{tmp}/nope.txt"], "kvgate scan-logs: error: {tmp}/nope.txt: no such file\n"),
+        ("dir", ["{tmp}"], "kvgate scan-logs: error: {tmp}: is a directory; pass the log file\n"),
         (
             "empty",
             ["{tmp}/empty.txt"],
-            "kvgate: ParseError: {tmp}/empty.txt: the log is empty; pass the engine's startup log\n",
+            "kvgate scan-logs: error: {tmp}/empty.txt: the log is empty; pass the engine's startup log\n",
         ),
         (
             "blank",
             ["{tmp}/empty.txt"],
-            "kvgate: ParseError: {tmp}/empty.txt: the log is empty; pass the engine's startup log\n",
+            "kvgate scan-logs: error: {tmp}/empty.txt: the log is empty; pass the engine's startup log\n",
         ),
         (
             "log",
             ["{tmp}/empty.txt", "--engine", "foo"],
-            "kvgate: UnsupportedError: engine 'foo' is not known; use vllm, sglang or auto\n",
+            "kvgate scan-logs: error: engine 'foo' is not known; use vllm, sglang or auto\n",
         ),
     ],
 )

@@ -99,7 +99,7 @@ def test_http_error_is_external(
     assert (code, out, err) == (
         4,
         "",
-        f"kvgate: ScrapeError: {URL}: HTTP 503 Service Unavailable\n",
+        f"kvgate scrape: error: {URL}: HTTP 503 Service Unavailable\n",
     )
 
 
@@ -110,7 +110,7 @@ def test_missing_metrics_route_names_the_sglang_flag(
     code, _, err = run(capsys, URL)
     assert (code, err) == (
         4,
-        f"kvgate: ScrapeError: {URL}: HTTP 404 Not Found "
+        f"kvgate scrape: error: {URL}: HTTP 404 Not Found "
         "(SGLang serves /metrics only with --enable-metrics)\n",
     )
 
@@ -125,7 +125,7 @@ def test_connection_error_is_external(
     code, _, err = run(capsys, URL)
     assert (code, err) == (
         4,
-        f"kvgate: ScrapeError: {URL}: ConnectError: [Errno 111] Connection refused\n",
+        f"kvgate scrape: error: {URL}: ConnectError: [Errno 111] Connection refused\n",
     )
 
 
@@ -136,7 +136,7 @@ def test_garbage_is_input_error(
     code, _, err = run(capsys, URL)
     assert code == 2
     assert err == (
-        f"kvgate: ParseError: {URL}:1: not Prometheus text format: "
+        f"kvgate scrape: error: {URL}:1: not Prometheus text format: "
         "invalid metric name:<html>login</html>\n"
     )
 
@@ -144,7 +144,7 @@ def test_garbage_is_input_error(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["ftp://x/metrics"], "kvgate: SpecError: url: 'ftp://x/metrics' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics\n"),
+        (["ftp://x/metrics"], "kvgate scrape: error: url: 'ftp://x/metrics' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics\n"),
         ([URL, "--samples", "0"], "kvgate scrape: error: argument --samples: 0 is outside [1, 100000]\n"),
         ([URL, "--interval", "-1"], "kvgate scrape: error: argument --interval: -1 is outside [0, 86400]\n"),
         ([URL, "--timeout", "0"], "kvgate scrape: error: argument --timeout: 0 is outside (0, 3600]\n"),
@@ -152,7 +152,7 @@ def test_garbage_is_input_error(
         ([URL, "--timeout", "nan"], "kvgate scrape: error: argument --timeout: 'nan' is not a finite number\n"),
         ([URL, "--samples", "1" * 5000], "kvgate scrape: error: argument --samples: '1111111111111111111111111111111111111111' is not an integer\n"),
         ([URL, "--samples", "١٢"], "kvgate scrape: error: argument --samples: '١٢' is not an integer\n"),
-        ([URL, "--engine", "tgi"], "kvgate: UnsupportedError: engine 'tgi' is not known; use vllm, sglang or auto\n"),
+        ([URL, "--engine", "tgi"], "kvgate scrape: error: engine 'tgi' is not known; use vllm, sglang or auto\n"),
         ([URL, "--usage-threshold", "2"], "kvgate scrape: error: argument --usage-threshold: 2 is outside (0, 1]\n"),
     ],
 )  # fmt: skip
@@ -204,7 +204,7 @@ def test_a_trickling_body_is_cut_at_the_total_deadline(
     code, out, err = run(capsys, URL, "--timeout", "1")
     took = time.monotonic() - start
     assert (code, out) == (4, "")
-    assert err.startswith(f"kvgate: ScrapeError: {URL}: body not complete within 1 s")
+    assert err.startswith(f"kvgate scrape: error: {URL}: body not complete within 1 s")
     assert err.count("\n") == 1 and took < 3
 
 
@@ -219,7 +219,7 @@ def test_an_endless_body_is_refused_at_the_cap(
     code, out, err = run(capsys, URL)
     assert (code, out) == (4, "")
     assert (
-        err == f"kvgate: ScrapeError: {URL}: body is larger than 4 MiB; not an engine's /metrics\n"
+        err == f"kvgate scrape: error: {URL}: body is larger than 4 MiB; not an engine's /metrics\n"
     )
 
 
@@ -247,5 +247,5 @@ def test_json_output_never_holds_infinity(
     code, out, err = run(capsys, URL, "--json")
     assert "Infinity" not in out and "NaN" not in out
     assert code == 2 and err.startswith(
-        f"kvgate: ParseError: {URL}: metric vllm:num_requests_waiting"
+        f"kvgate scrape: error: {URL}: metric vllm:num_requests_waiting"
     )

@@ -157,7 +157,7 @@ def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     code, out, err = _run(capsys, "stats", "--from", str(path), "--json")
-    assert code != 0 and out == ""
+    assert code != 0 and "verdict" not in json.loads(out)  # only the --json error object
     assert (
         err.strip().count("\n") == 0 and f"{path}: margin: {float(margin)} is not in (0, 1)" in err
     )
@@ -174,8 +174,8 @@ def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
         (["--paired", "0,0,0,0"], "--paired: '0,0,0,0' has 0 questions"),
         (["--paired", "1,2,3,4", "--margin", "2"], "--margin: 2.0 is not in (0, 1)"),
         (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
-        ([], "kvgate stats: give exactly one of"),
-        (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: give exactly one of"),
+        ([], "kvgate stats: error: give exactly one of"),
+        (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: error: give exactly one of"),
         (["--from", "/nonexistent/eval.jsonl"], "/nonexistent/eval.jsonl: no such file"),
     ],
 )

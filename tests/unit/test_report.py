@@ -322,7 +322,7 @@ def test_cli_rejects_a_file_that_is_not_a_rollout(
     path.write_text("kind: Pod\nmetadata: {name: p}\n")
     code, _, err = _cli(["report", "-f", str(path)], capsys)
     assert code == 2
-    assert err.strip() == f"kvgate: ParseError: {path}: expected one KVCacheRollout object"
+    assert err.strip() == f"kvgate report: error: {path}: expected one KVCacheRollout object"
 
 
 def test_cli_without_credentials_is_an_external_error(
@@ -332,7 +332,7 @@ def test_cli_without_credentials_is_an_external_error(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     code, _, err = _cli(["report", "r", "-n", "ns"], capsys)
     assert code == 4
-    assert err.startswith("kvgate: KubeError: no cluster credentials")
+    assert err.startswith("kvgate report: error: no cluster credentials")
 
 
 # ---------------------------------------------------------------- the operator's status shape

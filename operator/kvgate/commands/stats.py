@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgate.errors import ParseError, SpecError
+from kvgate.errors import InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
 from kvgate.inputs import finite_float, load_json, read_text
@@ -138,9 +138,7 @@ def _find_summary(text: str, source: str = "summary") -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     modes = [bool(args.baseline or args.candidate), bool(args.paired), bool(args.source)]
     if sum(modes) != 1:
-        raise SpecError(
-            "kvgate stats", "give exactly one of --baseline/--candidate, --paired or --from"
-        )
+        raise InputError("give exactly one of --baseline/--candidate, --paired or --from")
     if modes[0]:
         arms: list[tuple[str, ArmResult]] = []
         if args.baseline:

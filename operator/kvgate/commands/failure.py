@@ -1,0 +1,52 @@
+"""How every `kvgate` command reports an error: one line, one prefix, one JSON shape.
+
+The line is `kvgate <cmd>: error: <what>` on stderr; under `--json` the same error is also one
+JSON object on stdout, `{"error": {"command": ..., "message": ..., "exitCode": N}}`, so a script
+that parses stdout gets an answer for a failure too. `kvgate.cli` calls `report_error` for usage
+errors, input and outside errors alike; a command never prints its own error line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Final, TextIO
+
+MAX_MESSAGE: Final = 1000
+
+
+def one_line(text: str) -> str:
+    """The message as one printable line: hostile input may hold line breaks or control bytes."""
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 3] + "..."
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def error_line(command: str | None, message: str) -> str:
+    """`kvgate scrape: error: <message>`; `kvgate: error: ...` before a command is known."""
+    prog = f"kvgate {command}" if command else "kvgate"
+    return f"{prog}: error: {one_line(message)}"
+
+
+def error_object(command: str | None, message: str, exit_code: int) -> dict[str, object]:
+    return {"error": {"command": command, "message": one_line(message), "exitCode": exit_code}}
+
+
+def report_error(
+    command: str | None,
+    message: str,
+    exit_code: int,
+    *,
+    as_json: bool = False,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Print the error line (and, `as_json`, the JSON object on stdout); returns `exit_code`."""
+    if as_json:
+        out = stdout if stdout is not None else sys.stdout
+        print(json.dumps(error_object(command, message, exit_code), sort_keys=True), file=out)
+        out.flush()
+    print(error_line(command, message), file=stderr if stderr is not None else sys.stderr)
+    return exit_code
