@@ -3,8 +3,10 @@ kvgate.sim (its /metrics parsed and its startup log scanned by kvgate's own read
 
 from __future__ import annotations
 
+import io
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ import pytest
 
 from kvgate.adapters.http import scrape, scrape_series, scrape_snapshot
 from kvgate.cli import main
+from kvgate.commands import scrape as scrape_command
 from kvgate.errors import ScrapeError
 from kvgate.logs import scan_log
 from kvgate.metrics import delta
@@ -160,6 +163,37 @@ def test_cli_scrape(server: tuple[str, MovingMetrics], capsys: pytest.CaptureFix
     assert code == 0
     assert data["pool_pressure"]["pressured"] is True
     assert data["window"]["generation_tokens"] == 1000.0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cli_scrape_defaults_answer_and_show_progress_on_a_terminal(
+    server: tuple[str, MovingMetrics],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kvgate scrape URL` as the README types it: enough samples for the verdict, and on a
+    terminal one stderr line per sample. The waits are recorded, not slept: the server's
+    counters move per scrape, not per second."""
+    url, metrics = server
+    sleeps: list[float] = []
+    monkeypatch.setattr(scrape_command, "SLEEP", sleeps.append)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = main(["scrape", url + "/metrics"])
+    out = capsys.readouterr().out
+    n = scrape_command.DEFAULT_SAMPLES
+    assert (code, metrics.scrapes, sleeps) == (0, n, [scrape_command.DEFAULT_INTERVAL] * (n - 1))
+    assert "pool: pressured" in out.splitlines()
+    waiting = [f"{i % 3}" for i in range(1, n + 1)]
+    assert terminal.getvalue().splitlines() == [
+        f"sample {i}/{n}: kv usage 96.0%, waiting {waiting[i - 1]}"
+        + (f" (next in {scrape_command.DEFAULT_INTERVAL:g} s)" if i < n else "")
+        for i in range(1, n + 1)
+    ]
 
 
 # -- against the simulator: kvgate's readers on the simulator's output ---------------------

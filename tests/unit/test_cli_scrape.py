@@ -11,6 +11,7 @@ import pytest
 
 from kvgate.adapters import http as http_adapter
 from kvgate.cli import main
+from kvgate.commands import scrape as scrape_command
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
 URL = "http://canary.test:8000/metrics"
@@ -39,6 +40,14 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Handler], list[
     yield install
 
 
+@pytest.fixture(autouse=True)
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits between samples, recorded instead of slept (the transport is a mock)."""
+    seen: list[float] = []
+    monkeypatch.setattr(scrape_command, "SLEEP", seen.append)
+    return seen
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["scrape", *argv])
     out, err = capsys.readouterr()
@@ -54,7 +63,7 @@ def test_one_sample_is_inconclusive(
     capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
 ) -> None:
     seen = serve(fixture("vllm-0.33-dp2.txt"))
-    code, out, err = run(capsys, URL)
+    code, out, err = run(capsys, URL, "--samples", "1")
     assert (code, err, len(seen)) == (3, "", 1)
     assert out.splitlines() == [
         f"{URL}: vllm",
@@ -66,6 +75,19 @@ def test_one_sample_is_inconclusive(
         "pool: inconclusive",
         "  only 1 usable sample(s); at least 3 needed",
     ]
+
+
+def test_the_defaults_take_enough_samples_for_a_verdict(
+    capsys: pytest.CaptureFixture[str],
+    serve: Callable[[Handler], list[httpx.Request]],
+    sleeps: list[float],
+) -> None:
+    seen = serve(fixture("vllm-0.33-dp2.txt"))
+    code, out, err = run(capsys, URL)  # as the README types it
+    assert (code, err) == (0, "")  # stderr is not a terminal here: no progress lines
+    assert len(seen) == scrape_command.DEFAULT_SAMPLES >= 3
+    assert sleeps == [scrape_command.DEFAULT_INTERVAL] * (len(seen) - 1)
+    assert "pool: pressured" in out.splitlines()
 
 
 def test_series_gives_a_verdict(
@@ -232,7 +254,7 @@ def test_an_unknown_charset_still_decodes(
             200, content=text.encode(), headers={"content-type": "text/plain; charset=nope"}
         )
     )
-    code, _out, err = run(capsys, URL)
+    code, _out, err = run(capsys, URL, "--samples", "1")
     assert (code, err) == (3, "")
 
 

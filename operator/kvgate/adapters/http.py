@@ -197,8 +197,12 @@ def scrape_series(
     client: httpx.Client | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     clock: Callable[[], float] = time.monotonic,
+    on_sample: Callable[[int, MetricSnapshot], None] | None = None,
 ) -> list[MetricSnapshot]:
-    """`samples` snapshots `interval` seconds apart (one connection; no sleep after the last)."""
+    """`samples` snapshots `interval` seconds apart (one connection; no sleep after the last).
+
+    `on_sample(n, snapshot)` is called after each one (n counts from 1), e.g. for progress.
+    """
     if samples < 1:
         raise SpecError("samples", f"{samples} is below 1")
     if not (math.isfinite(interval) and 0 <= interval <= MAX_INTERVAL):
@@ -214,6 +218,8 @@ def scrape_series(
             series.append(
                 scrape_snapshot(url, engine=engine, client=http, timeout=timeout, clock=clock)
             )
+            if on_sample is not None:
+                on_sample(index + 1, series[-1])
         return series
     finally:
         if own:

@@ -2,22 +2,32 @@
 
 Exit 0: scraped, and with several samples the pool verdict is decided (pressured or not);
 2: bad input; 3: the verdict needs more evidence; 4: the endpoint could not be read.
+By default it takes enough samples for the verdict (5, 5 s apart: about 20 s); on a terminal it
+prints one progress line per sample to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Final
 
 from kvgate.errors import SpecError
 from kvgate.inputs import bounded_int, finite_float
 from kvgate.metrics import MetricSnapshot, MetricWindow, delta
-from kvgate.pool import PoolPressure, pool_pressure
+from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 
 HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
 
 EXIT_OK = 0
 EXIT_INCONCLUSIVE = 3
+# The pool verdict needs MIN_SAMPLES usable samples; two more leave room for one without traffic.
+DEFAULT_SAMPLES: Final = MIN_SAMPLES + 2
+DEFAULT_INTERVAL: Final = 5.0
+SLEEP: Callable[[float], None] = time.sleep  # the wait between samples (a test seam)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,16 +35,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
         type=finite_float(0, 86400),
-        default=10.0,
+        default=DEFAULT_INTERVAL,
         metavar="S",
-        help="seconds between samples (10)",
+        help="seconds between samples",
     )
     parser.add_argument(
         "--samples",
         type=bounded_int(1, 100_000),
-        default=1,
+        default=DEFAULT_SAMPLES,
         metavar="N",
-        help="number of samples (1)",
+        help=f"number of samples; the pool verdict needs at least {MIN_SAMPLES}",
     )
     parser.add_argument(
         "--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto (default)"
@@ -68,8 +78,15 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--timeout", f"{args.timeout:g} must be above 0")
     from kvgate.adapters.http import scrape_series  # httpx only when scraping
 
+    progress = _progress(args.samples, args.interval) if sys.stderr.isatty() else None
     snapshots = scrape_series(
-        args.url, args.interval, args.samples, engine=args.engine, timeout=args.timeout
+        args.url,
+        args.interval,
+        args.samples,
+        SLEEP,
+        engine=args.engine,
+        timeout=args.timeout,
+        on_sample=progress,
     )
     window = delta(snapshots[0], snapshots[-1]) if len(snapshots) > 1 else None
     pressure = pool_pressure(
@@ -91,6 +108,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(args.url, snapshots[-1], window, pressure))
     return EXIT_OK if pressure.pressured is not None else EXIT_INCONCLUSIVE
+
+
+def _progress(total: int, interval: float) -> Callable[[int, MetricSnapshot], None]:
+    def show(n: int, snapshot: MetricSnapshot) -> None:
+        usage = "n/a" if snapshot.kv_usage is None else f"{snapshot.kv_usage:.1%}"
+        line = f"sample {n}/{total}: kv usage {usage}, waiting {_fmt(snapshot.waiting)}"
+        if n < total:
+            line += f" (next in {interval:g} s)"
+        print(line, file=sys.stderr, flush=True)
+
+    return show
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
