@@ -1,8 +1,9 @@
 """The `kvgate` command line.
 
 Each subcommand lives in `kvgate.commands.<name>` and is imported only when used, so
-`kvgate stats` does not pay for lm-eval or kopf. A command module defines `HELP`,
-`configure(parser)` and `run(args) -> int`.
+`kvgate stats` does not pay for lm-eval or kopf. A command module defines `HELP`, `EXAMPLES`
+(command lines, shown at the end of its --help), `configure(parser)` and `run(args) -> int`.
+Every option's default is shown by one formatter, as "(default: X)".
 
 Exit codes: 0 done / pass / not needed, 1 the gate says no, 2 usage or input error,
 3 inconclusive, 4 something outside failed, 70 unexpected bug (with traceback).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
@@ -54,6 +56,37 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """One style for defaults: "(default: X)" after every option that has one.
+
+    An option whose default is None, False or empty says its default in words in the same
+    form when it has one ("(default: the kubeconfig's)"); a help that already holds
+    "(default: " is left as written. Descriptions and epilogs keep their line breaks.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default: " in text or "%(default)" in text or not shows_default(action):
+            return action.help
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether `action` has a default worth printing (not None, False, empty or suppressed)."""
+    if action.help == argparse.SUPPRESS or action.default in (None, False, argparse.SUPPRESS):
+        return False
+    if isinstance(action.default, list | tuple) and not action.default:
+        return False
+    return bool(action.option_strings) or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+
+
+def _epilog(notes: str | None, examples: Sequence[str]) -> str:
+    lines = [textwrap.fill(notes, 88), ""] if notes else []
+    lines.append("example:" if len(examples) == 1 else "examples:")
+    lines.extend(f"  {example}" for example in examples)
+    return "\n".join(lines)
+
+
 def _command_name(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if a in COMMANDS), None)
 
@@ -74,9 +107,15 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             if exc.name != module_name:
                 raise
             continue  # command not built yet
-        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd = sub.add_parser(
+            name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter
+        )
         cmd.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
         module.configure(cmd)
+        cmd.epilog = _epilog(cmd.epilog, module.EXAMPLES)
+        for action in cmd._actions:  # argparse prints no line for an option without help
+            if action.help is None and shows_default(action):
+                action.help = "(default: %(default)s)"
         cmd.command = name
         cmd.json_errors = "--json" in argv and "--json" in cmd._option_string_actions
         if chosen is not None:

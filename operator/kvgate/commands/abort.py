@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import Final
 
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.model import ANNOTATION_ABORT
 
 HELP = "abort a KVCacheRollout (kvgate.io/abort); a patched Deployment is reverted first"
+EXAMPLES: Final = ('kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"',)
 
 _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)
 
@@ -17,7 +19,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="KVCacheRollout name")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
     parser.add_argument("--reason", required=True, help="why, one line (kept in status, Events)")
-    parser.epilog = 'example: kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"'
 
 
 def run(args: argparse.Namespace) -> int:

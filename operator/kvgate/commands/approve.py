@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import Final
 
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.model import ANNOTATION_APPROVE, Phase
 
 HELP = "approve the tested config of a KVCacheRollout awaiting approval (manual mode)"
+EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "The approval names the tested config hash (status.configHash): a spec changed since "
         "is not approved by it. The chart's admission policies record who approved and refuse "
-        "the rollout's own author. example: kvgate approve vllm-fp8 -n llm"
+        "the rollout's own author."
     )
 
 

@@ -40,6 +40,9 @@ HELP = "token-level divergence screen: candidate vs control log-probs by context
 _CALIBRATION_CHARS: Final = 4000
 _FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a document
 _MAX_BODY: Final = 256 << 20
+EXAMPLES: Final = (
+    "kvgate diverge --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --documents 4",
+)
 
 
 def add_screen_options(
@@ -81,9 +84,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-model")
     parser.add_argument("--candidate-model")
     add_screen_options(parser, documents_default=4, documents_help="documents to send")
-    parser.add_argument("--min-kl", type=finite_float(1e-12, 10.0), default=DEFAULT_MIN_KL)
     parser.add_argument(
-        "--min-disagreement", type=finite_float(1e-9, 1.0), default=DEFAULT_MIN_DISAGREEMENT
+        "--min-kl",
+        type=finite_float(1e-12, 10.0),
+        default=DEFAULT_MIN_KL,
+        help="floor under the A/A mean KL (nats): a bucket flags above factor x max(floor, A/A)",
+    )
+    parser.add_argument(
+        "--min-disagreement",
+        type=finite_float(1e-9, 1.0),
+        default=DEFAULT_MIN_DISAGREEMENT,
+        help="floor under the A/A top-1 disagreement rate, as for --min-kl",
     )
     parser.add_argument(
         "--first-bucket",
@@ -91,7 +102,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_FIRST_EDGE,
         help="upper edge of the first position bucket; later ones double",
     )
-    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
+    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default: $KVGATE_GSM8K_DIR)")
     parser.add_argument(
         "--timeout", type=finite_float(1.0, 86400.0), default=600.0, help="seconds per request"
     )

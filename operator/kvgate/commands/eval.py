@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded whe
 
 HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
 _LC_SPEC: Final = "--long-context-tasks"
+EXAMPLES: Final = (
+    "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +47,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--control-model", help="served model name of the control arm")
     parser.add_argument("--candidate-model", help="served model name of the candidate arm")
-    parser.add_argument("--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k")
+    parser.add_argument(
+        "--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k", help="lm-eval task"
+    )
     parser.add_argument(
         "--api",
         choices=("completions", "chat"),
         default="completions",
-        help="lm-eval local-completions (default) or local-chat-completions",
+        help="lm-eval local-completions or local-chat-completions",
     )
     parser.add_argument(
         "--chat-template",
@@ -67,12 +72,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # keep their messages for zero and negative values.
     count = bounded_int(-(10**9), 10**9)
     parser.add_argument("--limit", type=count, help="questions at most (default: the test split)")
-    parser.add_argument("--num-fewshot", type=bounded_int(-(10**6), 10**6))
-    parser.add_argument("--seed", type=bounded_int(-(2**63), 2**63 - 1), default=1234)
+    parser.add_argument(
+        "--num-fewshot", type=bounded_int(-(10**6), 10**6), help="(default: the task's own)"
+    )
+    parser.add_argument(
+        "--seed", type=bounded_int(-(2**63), 2**63 - 1), default=1234, help="lm-eval seed"
+    )
     parser.add_argument(
         "--concurrency", type=bounded_int(-1024, 1024), default=8, help="lm-eval num_concurrent"
     )
-    parser.add_argument("--max-gen-toks", type=bounded_int(-(2**20), 2**20), default=512)
+    parser.add_argument(
+        "--max-gen-toks",
+        type=bounded_int(-(2**20), 2**20),
+        default=512,
+        help="tokens per answer at most",
+    )
     parser.add_argument(
         "--max-retries", type=bounded_int(-100, 100), default=3, help="attempts per request"
     )
@@ -93,7 +107,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sequential", action="store_true", help="look every --chunk questions")
     parser.add_argument("--chunk", type=count, default=DEFAULT_CHUNK, help="questions per look")
-    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default $KVGATE_GSM8K_DIR)")
+    parser.add_argument("--data-dir", help="GSM8K jsonl directory (default: $KVGATE_GSM8K_DIR)")
     parser.add_argument("--output", help="per-question JSONL file")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
     lc = parser.add_argument_group(
@@ -102,7 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lc.add_argument(
         _LC_SPEC,
         dest="long_context_tasks",
-        help="comma list of niah_single_1, niah_multikey_2, niah_multikey_3 (off by default)",
+        help="comma list of niah_single_1, niah_multikey_2, niah_multikey_3 (default: off)",
     )
     lc.add_argument(
         "--max-model-len",

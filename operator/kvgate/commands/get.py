@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Final
 
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.commands.wait import durations
 
 HELP = "show a KVCacheRollout's phase, gates, eval progress and Events (--watch: until it ends)"
+EXAMPLES: Final = ("kvgate get vllm-fp8 -n llm --watch",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,12 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-w", "--watch", action="store_true", help="print again on each change until it ends"
     )
-    parser.add_argument("--timeout", default="90m", help="with --watch: stop after (default: 90m)")
-    parser.add_argument(
-        "--interval", default="5s", help="with --watch: time between reads (default: 5s)"
-    )
+    parser.add_argument("--timeout", default="90m", help="with --watch: stop after")
+    parser.add_argument("--interval", default="5s", help="with --watch: time between reads")
     parser.add_argument("--json", action="store_true", help="print the typed status as JSON")
-    parser.epilog = "example: kvgate get vllm-fp8 -n llm --watch"
 
 
 def run(args: argparse.Namespace) -> int:

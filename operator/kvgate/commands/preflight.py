@@ -27,6 +27,10 @@ from kvgate.inputs import finite_float
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
 DTYPES = ("bf16", "fp8")
+EXAMPLES: Final = (
+    "kvgate preflight Qwen/Qwen3-8B --gpu-memory-gib 20 --max-model-len 32768",
+    "kvgate preflight ./models/Qwen3-8B/config.json --json",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=finite_float(),
         default=DEFAULT_HUB_TIMEOUT_S,
         metavar="S",
-        help="seconds the whole hub read may take, however slowly the hub answers (default "
-        f"{DEFAULT_HUB_TIMEOUT_S:g})",
+        help="seconds the whole hub read may take, however slowly the hub answers",
     )
     parser.add_argument(
         "--gpu-memory-gib",
@@ -82,18 +85,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--vllm-version",
         default=_DEFAULT_VERSION_TEXT,
         metavar="V",
-        help="with --max-model-len: the vLLM version whose accounting to follow (default "
-        f"{_DEFAULT_VERSION_TEXT}; grouping changed in 0.18, the logged KV size in 0.21, "
-        "sliding-window sizing in 0.26)",
+        help="with --max-model-len: the vLLM version whose accounting to follow (grouping changed "
+        "in 0.18, the logged KV size in 0.21, sliding-window sizing in 0.26)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=_DEFAULT_POOL.max_num_batched_tokens,
         metavar="N",
-        help="with --max-model-len: the engine's --max-num-batched-tokens (default "
-        f"{_DEFAULT_POOL.max_num_batched_tokens}); a "
-        "sliding-window layer holds its window plus this many tokens per request",
+        help="with --max-model-len: the engine's --max-num-batched-tokens; a sliding-window layer "
+        "holds its window plus this many tokens per request",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -7,12 +7,16 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kvgate import report
 from kvgate.errors import ParseError
 
 HELP = "show a KVCacheRollout as a readable report (text, --html FILE, or --json)"
+EXAMPLES: Final = (
+    "kvgate report vllm-fp8 -n llm --html report.html",
+    "kubectl get kvr vllm-fp8 -o json | kvgate report -f -",
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

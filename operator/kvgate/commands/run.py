@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, Final
 
-from kvgate.config import OperatorConfig
+from kvgate.config import DEFAULT_METRICS_PORT, DEFAULT_POLL_INTERVAL_S, OperatorConfig
 
 HELP = "run the KVCacheRollout operator"
+EXAMPLES: Final = ("kvgate run -n llm --liveness http://0.0.0.0:8080/healthz",)
 
 _LOG_FORMATS = ("plain", "full", "json")
 
@@ -20,7 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--namespace",
         action="append",
         default=[],
-        help="watch this namespace (repeatable; globs allowed)",
+        help="watch this namespace (repeatable; globs allowed; "
+        "default: $KVGATE_NAMESPACE, else 'default')",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     parser.add_argument(
@@ -33,27 +35,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve the operator's Prometheus /metrics on this port (0: off; env KVGATE_METRICS_PORT)",
+        help="serve the operator's Prometheus /metrics on this port, 0 for off "
+        f"(default: $KVGATE_METRICS_PORT, else {DEFAULT_METRICS_PORT})",
     )
     parser.add_argument(
         "--poll-interval",
         type=float,
         default=None,
-        help="seconds between checks of a waiting rollout (env KVGATE_POLL_INTERVAL)",
+        help="seconds between checks of a waiting rollout "
+        f"(default: $KVGATE_POLL_INTERVAL, else {DEFAULT_POLL_INTERVAL_S:g})",
     )
     parser.add_argument(
         "--leader-elect",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="act only while holding a Lease, so two operators never act at once (default on)",
+        help="act only while holding a Lease, so two operators never act at once",
     )
     parser.add_argument(
         "--lease-namespace",
         default=None,
-        help="namespace of the Lease (default $KVGATE_NAMESPACE, else the first watched one)",
+        help="namespace of the Lease (default: $KVGATE_NAMESPACE, else the first watched one)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--log-format", choices=_LOG_FORMATS, default="full")
+    parser.add_argument("--log-format", choices=_LOG_FORMATS, default="full", help="log lines")
     parser.add_argument("--json", action="store_true", help="same as --log-format=json")
 
 

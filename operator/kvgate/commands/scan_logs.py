@@ -11,12 +11,16 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import Final, TextIO
 
 from kvgate.errors import ParseError
 from kvgate.logs import LogScan, scan_lines
 
 HELP = "scan a vLLM or SGLang startup log for KV dtype, scales, attention backend and failures"
+EXAMPLES: Final = (
+    "kvgate scan-logs vllm-startup.log",
+    "kubectl logs deploy/vllm | kvgate scan-logs -",
+)
 
 EXIT_HEALTHY = 0
 EXIT_FAILED = 1
@@ -33,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--engine",
         default="auto",
         metavar="ENGINE",
-        help="vllm, sglang or auto (default: detect from the log)",
+        help="vllm, sglang or auto (detect from the log)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -21,6 +21,7 @@ from kvgate.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 
 HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
+EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --interval 10",)
 
 EXIT_OK = 0
 EXIT_INCONCLUSIVE = 3
@@ -46,29 +47,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"number of samples; the pool verdict needs at least {MIN_SAMPLES}",
     )
-    parser.add_argument(
-        "--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto (default)"
-    )
+    parser.add_argument("--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto")
     parser.add_argument(
         "--usage-threshold",
         type=finite_float(0, 1, low_open=True),
         default=0.9,
         metavar="F",
-        help="full-pool KV usage (0.9)",
+        help="full-pool KV usage",
     )
     parser.add_argument(
         "--min-fraction",
         type=finite_float(0, 1, low_open=True),
         default=0.5,
         metavar="F",
-        help="share of samples that must show a full pool with requests waiting (0.5)",
+        help="share of samples that must show a full pool with requests waiting",
     )
     parser.add_argument(
         "--timeout",
         type=finite_float(0, 3600, low_open=True),
         default=5.0,
         metavar="S",
-        help="per request (5)",
+        help="seconds per request",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kvgate.errors import InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
@@ -26,6 +26,11 @@ from kvgate.stats import (
 HELP = "accuracy statistics: Wilson intervals, paired non-inferiority, saved eval results"
 # Paired modes exit as the gate would: 0 pass, 1 candidate shown worse, 3 inconclusive
 # (a saved summary's own verdict decides for it; its `error` is 4).
+EXAMPLES: Final = (
+    "kvgate stats --paired 440,19,14,27 --margin 0.02",
+    "kvgate stats --baseline 459/500 --candidate 454/500",
+    "kvgate stats --from summary.json",
+)
 
 _FRACTION = re.compile(r"^\s*([0-9]{1,12})\s*/\s*([0-9]{1,12})\s*$", re.ASCII)
 # Counts above this are not an eval run (GSM8K has 1,319 questions).
@@ -48,13 +53,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--from", dest="source", metavar="FILE", help="kvgate eval --output JSONL or summary JSON"
     )
     parser.add_argument(
-        "--margin", type=finite_float(), default=None, help=f"default {DEFAULT_MARGIN}"
+        "--margin",
+        type=finite_float(),
+        default=None,
+        help=f"largest tolerated loss, a fraction (default: {DEFAULT_MARGIN})",
     )
     parser.add_argument(
         "--confidence",
         type=finite_float(),
         default=None,
-        help=f"one-sided, default {DEFAULT_CONFIDENCE}",
+        help=f"one-sided (default: {DEFAULT_CONFIDENCE})",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
 

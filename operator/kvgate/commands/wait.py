@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Final
 
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
 from kvgate.commands.rollout_view import RolloutView
@@ -15,16 +16,14 @@ HELP = (
     "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back "
     "or failed, 3 still running at --timeout"
 )
+EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="KVCacheRollout name")
     parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
-    parser.add_argument("--timeout", default="90m", help="give up after this long (default: 90m)")
-    parser.add_argument(
-        "--interval", default="5s", help="time between reads of the rollout (default: 5s)"
-    )
-    parser.epilog = "example: kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted"
+    parser.add_argument("--timeout", default="90m", help="give up after this long")
+    parser.add_argument("--interval", default="5s", help="time between reads of the rollout")
 
 
 def durations(args: argparse.Namespace) -> tuple[float, float]:
