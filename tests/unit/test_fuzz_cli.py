@@ -186,7 +186,10 @@ def test_scrape_arguments(flag: str, value: str) -> None:
     if flag == "--samples" and value.strip().isascii() and value.strip().isdigit():
         assume(int(value) <= 20)  # many samples are slow, not wrong
     with _serve(b"vllm:kv_cache_usage_perc 0.5\n"):
-        _check(*_run(["scrape", "http://fuzz.test/metrics", "--interval", "0", flag, value]))
+        # one sample unless the fuzzed flag says otherwise (the default, 5, would sleep a
+        # fuzzed --interval between them)
+        argv = ["scrape", "http://fuzz.test/metrics", "--interval", "0", "--samples", "1"]
+        _check(*_run([*argv, flag, value]))
 
 
 @FUZZ
