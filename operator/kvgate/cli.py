@@ -110,7 +110,10 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         cmd = sub.add_parser(
             name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter
         )
-        cmd.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        # SUPPRESS: an absent sub-level --debug must not reset `kvgate --debug CMD`
+        cmd.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
         module.configure(cmd)
         cmd.epilog = _epilog(cmd.epilog, module.EXAMPLES)
         for action in cmd._actions:  # argparse prints no line for an option without help
@@ -133,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     if getattr(args, "_run", None) is None:
         parser.print_help(sys.stderr)
-        return EXIT_INPUT
+        return report_error(
+            None, "give a command; kvgate COMMAND --help shows its options", EXIT_INPUT
+        )
     try:
         return int(args._run(args))
     except KvgateError as exc:  # InputError, or anything not ExternalError: bad input (2)

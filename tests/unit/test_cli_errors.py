@@ -129,6 +129,30 @@ def test_before_a_command_is_known_the_prefix_is_kvgate_alone(
     assert err.startswith("kvgate: error: argument COMMAND: invalid choice: 'bogus'")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--debug", "stats", "--paired", "1,2"], ["stats", "--paired", "1,2", "--debug"]],
+    ids=["before", "after"],
+)
+def test_debug_before_or_after_the_command_adds_the_traceback(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, argv)
+    assert code == 2 and "Traceback" in err
+    assert err.splitlines()[-1].startswith("kvgate stats: error: --paired: '1,2' is not")
+
+
+def test_no_command_shows_the_usage_then_one_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _run(capsys, [])
+    assert (code, out) == (2, "")
+    assert err.startswith("usage: kvgate ")
+    assert err.splitlines()[-1] == (
+        "kvgate: error: give a command; kvgate COMMAND --help shows its options"
+    )
+
+
 def test_a_message_with_control_bytes_stays_one_line() -> None:
     assert failure.error_line("scan-logs", "bad\nline\x1b[31m") == (
         "kvgate scan-logs: error: bad\\nline\\x1b[31m"
