@@ -150,9 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except (
-        Exception
-    ) as exc:  # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
+    except Exception as exc:
+        # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
         traceback.print_exc()
         message = f"internal error (a bug; the traceback is above): {type(exc).__name__}: {exc}"
         return _report(args, message, EXIT_BUG)

@@ -25,7 +25,8 @@ EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --in
 
 EXIT_OK = 0
 EXIT_INCONCLUSIVE = 3
-# The pool verdict needs MIN_SAMPLES usable samples; two more leave room for one without traffic.
+# The pool verdict needs MIN_SAMPLES usable samples (ones with a KV usage reading); the
+# default takes two more, over a 20 s window.
 DEFAULT_SAMPLES: Final = MIN_SAMPLES + 2
 DEFAULT_INTERVAL: Final = 5.0
 SLEEP: Callable[[float], None] = time.sleep  # the wait between samples (a test seam)
