@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,10 +25,13 @@ from typing import Any
 
 import pytest
 
+from hf_cache_layout import add_to_cache
 from kvgate.cli import main
+from kvgate.evaluation.runner import HF_FILES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen3-8B"
 
 
@@ -149,3 +154,39 @@ def test_unreachable_hub_without_gsm8k_names_the_dataset(
     assert "is unreachable (ConnectError" in error and "KVGATE_GSM8K_DIR" in error
     assert "endpoint" not in error
     assert servers["control"].requests == [] and servers["candidate"].requests == []
+
+
+@pytest.mark.lmeval
+@pytest.mark.timeout(300)
+def test_offline_eval_reads_gsm8k_from_the_hf_cache(sim: Any, tmp_path: Path) -> None:
+    """Real lm-eval over the Hub dataset's parquet files found in a local HF cache, offline."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = Path(
+        os.environ.get("KVGATE_GSM8K_DIR") or REPO.parent / "shared" / "data" / "gsm8k"
+    ).resolve()
+    files = {}
+    for split, name in HF_FILES.items():
+        rows = [json.loads(x) for x in (data / f"{split}.jsonl").read_text().splitlines() if x]
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(rows), sink)
+        files[name] = sink.getvalue().to_pybytes()
+    home = tmp_path / "hf-home"
+    add_to_cache(home / "hub", "openai/gsm8k", files, kind="dataset")
+    sim_env = {"KVGATE_SIM_SPEED": "0.0005", "KVGATE_GSM8K_DIR": str(data)}
+    control = sim(["vllm", "serve", MODEL, "--max-model-len", "8192"], sim_env)
+    candidate = sim(["vllm", "serve", MODEL, "--max-model-len", "8192"], sim_env)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KVGATE_GSM8K"))}
+    env.update(PYTHONPATH=str(REPO / "operator"), HF_HOME=str(home), HF_HUB_OFFLINE="1")
+    argv = [
+        *(sys.executable, "-m", "kvgate", "eval", "--limit", "20", "--model", MODEL),
+        *("--control-url", control.url + "/v1/completions"),
+        *("--candidate-url", candidate.url + "/v1/completions"),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=240, cwd=REPO)
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["error"] is None, done.stderr[-3000:]
+    assert summary["questions_used"] == 20 and summary["control"]["n"] == 20
+    assert summary["settings"]["dataset"].startswith("openai/gsm8k (")
+    assert summary["settings"]["data_dir"] is None
