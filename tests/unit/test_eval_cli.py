@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -124,3 +125,67 @@ def test_bug_still_ends_with_an_error_summary(
     assert lines[-1]["verdict"] == "error"
     assert lines[-1]["error"].startswith("internal error: AttributeError")
     assert "Traceback" in err
+
+
+def test_on_a_terminal_progress_and_summary_are_for_a_person(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    fake.wrong = frozenset({3, 150})
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--data-dir", str(data_dir), "--sequential", "--chunk", "100",
+        ]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "{" not in out  # no JSON for a person
+    assert out.startswith("verdict: pass\ngsm8k: pass (noninferior)\n  candidate minus control")
+    assert "  control   100.0% (" in out and "right only on control" in out
+    looks = [line for line in err.splitlines() if line.startswith("kvgate eval: look ")]
+    assert looks[0] == (
+        "kvgate eval: look 1/4: 100 questions, control 100.0%, candidate 99.0% (-1.0 pp); "
+        "continuing"
+    )
+    assert looks[-1].endswith("; pass (noninferior)")
+    # one line per look taken, as many as the summary reports
+    assert f"look {len(looks)} of 4" in out
+
+
+def test_on_a_terminal_json_gives_only_json(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, lines, err = _eval(capsys, data_dir, "--sequential", "--chunk", "100", "--json")
+    assert code == 0
+    kinds = [line["kind"] for line in lines]  # every stdout line parsed as JSON
+    assert kinds[-1] == "kvgate.eval/summary" and set(kinds[:-1]) == {"kvgate.eval/progress"}
+    assert "kvgate eval: look" not in err
+
+
+def test_on_a_terminal_a_missing_dataset_reads_as_one_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://127.0.0.1:9/v1/completions",
+            "--candidate-url", "http://127.0.0.1:9/v1/completions",
+        ]
+    )  # fmt: skip
+    out, _ = capsys.readouterr()
+    assert code == 4
+    assert out.startswith("verdict: error\ngsm8k: error\n  error: GSM8K dataset openai/gsm8k:")
