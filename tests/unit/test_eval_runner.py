@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hf_cache_layout import COMMIT, add_to_cache
+from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.runner import (
     DATA_NEXT_STEP,
@@ -20,9 +21,7 @@ from kvgate.evaluation.runner import (
     _check_completions,
     _strict_model_classes,
     count_test_questions,
-    hf_hub_cache,
     offline_environment,
-    offline_requested,
     resolve_data_dir,
     resolve_hub_dataset,
     writable_cache_environment,

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 
@@ -39,7 +40,6 @@ HF_FILES: Final = {
     "train": "main/train-00000-of-00001.parquet",
 }
 HF_ENDPOINT: Final = "https://huggingface.co"
-OFFLINE_VARIABLES: Final = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 DATA_NEXT_STEP: Final = (
     f"set {GSM8K_ENV} or pass --data-dir (a directory with GSM8K's test.jsonl and train.jsonl), "
     "or allow Hugging Face Hub access"
@@ -129,28 +129,6 @@ def resolve_data_dir(flag: str | None, environ: Mapping[str, str]) -> Path | Non
         if not (path / name).is_file():
             raise SpecError(field, f"{raw} has no {name}")
     return path
-
-
-def offline_requested(environ: Mapping[str, str]) -> bool:
-    """HF_HUB_OFFLINE (or HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE) is set to a true value."""
-    return any(
-        environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_VARIABLES
-    )
-
-
-def hf_hub_cache(environ: Mapping[str, str]) -> Path:
-    """The Hugging Face hub cache directory, by huggingface_hub's own precedence of variables.
-
-    Read from `environ` rather than huggingface_hub.constants, which are fixed at import.
-    """
-    explicit = environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    home = environ.get("HF_HOME")
-    if not home:
-        xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        home = str(Path(xdg) / "huggingface")
-    return Path(home).expanduser() / "hub"
 
 
 def probe_hub(endpoint: str, timeout: float = 5.0) -> str | None:
