@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,3 +190,75 @@ def test_on_a_terminal_a_missing_dataset_reads_as_one_error(
     out, _ = capsys.readouterr()
     assert code == 4
     assert out.startswith("verdict: error\ngsm8k: error\n  error: GSM8K dataset openai/gsm8k:")
+
+
+# ---- `--task none`: long context alone, without GSM8K ----------------------------------------
+
+
+@pytest.mark.parametrize(("verdict", "code"), [("pass", 0), ("fail", 1), ("error", 4)])
+def test_task_none_runs_long_context_without_gsm8k(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    verdict: str,
+    code: int,
+) -> None:
+    import kvgate.commands.eval as eval_cmd
+
+    def no_gsm8k(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("GSM8K was touched under --task none")
+
+    def long_context(request: dict[str, Any], *_: Any) -> dict[str, Any]:
+        block = eval_cmd._block_header(request)
+        block.update(verdict=verdict, reason=None if verdict == "pass" else "worse_than_margin")
+        if verdict == "fail":
+            block["failing_bucket"] = "16384"
+        if verdict == "error":
+            block["error"] = "candidate endpoint: HTTP 500"
+        return block
+
+    # GIVEN no GSM8K anywhere: no directory, an empty HF cache, offline
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(runner_module, "LmEvalRunner", no_gsm8k)
+    monkeypatch.setattr(runner_module, "resolve_hub_dataset", no_gsm8k)
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(eval_cmd, "_run_long_context", long_context)
+    got = main(
+        [
+            "eval", "--task", "none",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--long-context-tasks", "niah_single_1", "--max-model-len", "32768",
+            "--tokenizer", "/nonexistent",
+        ]
+    )  # fmt: skip
+    summary = json.loads(capsys.readouterr()[0].splitlines()[-1])
+    # THEN the long-context verdict is the run's, and GSM8K is nowhere in it
+    assert got == code
+    assert (summary["task"], summary["verdict"], summary["questions_planned"]) == (
+        "none",
+        verdict,
+        0,
+    )
+    assert summary["long_context"]["context_lengths"] == [4096, 8192, 16384, 32768]
+    assert [t["task"] for t in summary["overall"]["tasks"]] == ["long_context"]
+    assert summary["overall"]["verdict"] == verdict
+
+
+def test_task_none_needs_long_context(capsys: pytest.CaptureFixture[str]) -> None:
+    got = main(
+        [
+            "eval", "--task", "none",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+        ]
+    )  # fmt: skip
+    assert got == 2
+    assert (
+        "--task: none runs only the long-context task: add --long-context-tasks"
+        in (capsys.readouterr()[1])
+    )

@@ -21,6 +21,7 @@ from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
     EXIT_CODES,
     PROGRESS_KIND,
+    GatePlan,
     Verdict,
     build_summary,
     plan_gate,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded whe
 
 HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
 _LC_SPEC: Final = "--long-context-tasks"
+TASKS: Final = ("gsm8k", "gsm8k_cot")
+NO_TASK: Final = "none"
 SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-model-len
 
 
@@ -47,7 +50,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--control-model", help="served model name of the control arm")
     parser.add_argument("--candidate-model", help="served model name of the candidate arm")
-    parser.add_argument("--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k")
+    parser.add_argument(
+        "--task",
+        choices=(*TASKS, NO_TASK),
+        default="gsm8k",
+        help=f"the accuracy task; {NO_TASK}: only the long-context task (no GSM8K needed)",
+    )
     parser.add_argument(
         "--api",
         choices=("completions", "chat"),
@@ -206,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
     )
     long_context = _long_context_request(args)
     divergence = _divergence_request(args)
+    gsm8k = args.task != NO_TASK
+    if not gsm8k and long_context is None:
+        raise SpecError("--task", f"{NO_TASK} runs only the long-context task: add {_LC_SPEC}")
     extra: dict[str, Any] = {
         "filter": args.filt,
         "settings": settings.to_dict(),
@@ -223,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise SpecError("--output", f"cannot write {args.output}: {exc.strerror}") from exc
         try:
-            if data_dir is None:
+            if data_dir is None and (gsm8k or divergence is not None):
                 # The dataset first, once: a missing one is named as such in seconds, before
                 # any endpoint is contacted (lm-eval would retry the Hub, then blame an arm).
                 settings = replace(settings, hub_files=resolve_hub_dataset(os.environ))
@@ -237,20 +248,27 @@ def run(args: argparse.Namespace) -> int:
                 tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir,
                 contextlib.redirect_stdout(sys.stderr),
             ):
-                runner = LmEvalRunner(settings, arms, Path(workdir))
-                summary = run_gate(
-                    plan,
-                    runner,
-                    task=args.task,
-                    filt=args.filt,
-                    emit=emit,
-                    keep=_keeper(output),
-                    extra=extra,
-                )
+                if gsm8k:
+                    summary = run_gate(
+                        plan,
+                        LmEvalRunner(settings, arms, Path(workdir)),
+                        task=args.task,
+                        filt=args.filt,
+                        emit=emit,
+                        keep=_keeper(output),
+                        extra=extra,
+                    )
+                else:  # the long-context task alone: its verdict is the summary's
+                    summary = _no_task_summary(plan, extra)
                 if long_context is not None:
                     summary["long_context"] = _run_long_context(
                         long_context, settings, arms, Path(workdir), args.seed
                     )
+                    if not gsm8k:
+                        block = summary["long_context"]
+                        summary.update(
+                            verdict=block["verdict"], reason=block["reason"], error=block["error"]
+                        )
                 if divergence is not None:
                     summary["divergence"] = _run_divergence(divergence, arms, settings)
         except EvalError as exc:
@@ -463,8 +481,20 @@ def _run_long_context(
 
 def _skipped_block(request: LongContextRequest, summary: dict[str, Any]) -> dict[str, Any]:
     block = _block_header(request)
-    block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
+    if summary["task"] == NO_TASK:
+        block["error"] = f"not run: {summary['error']}"
+    else:
+        block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
     return block
+
+
+def _no_task_summary(plan: GatePlan, extra: dict[str, Any]) -> dict[str, Any]:
+    """The summary line of a run without an accuracy task (`--task none`): no questions."""
+    summary = build_summary(
+        plan=plan, task=NO_TASK, verdict=Verdict.ERROR, counts=None, looks_taken=0, extra=extra
+    )
+    summary.update(questions_planned=0, looks_planned=0, plan=None)
+    return summary
 
 
 _ORDER: Final = {"pass": 0, "inconclusive": 1, "error": 2, "fail": 3}
@@ -482,6 +512,8 @@ def _overall(summary: dict[str, Any]) -> dict[str, Any]:
             "bucket": lc["failing_bucket"],
         },
     ]
+    if summary["task"] == NO_TASK:
+        tasks = tasks[1:]
     worst = max(tasks, key=lambda t: _ORDER[t["verdict"]])
     return {
         "verdict": worst["verdict"],
@@ -562,13 +594,14 @@ def summary_text(summary: dict[str, Any]) -> str:
         where = f" at {overall['bucket']} tokens" if overall.get("bucket") else ""
         lines[0] += f" (decided by {overall['task']}{where}: {overall['reason']})"
     task = summary["task"]
-    lines.append(
-        f"{task}: {summary['verdict']}"
-        + (f" ({summary['reason']})" if summary.get("reason") else "")
-    )
+    if task != NO_TASK:
+        lines.append(
+            f"{task}: {summary['verdict']}"
+            + (f" ({summary['reason']})" if summary.get("reason") else "")
+        )
     if summary.get("claim"):
         lines.append(f"  {summary['claim']}")
-    if summary.get("error"):
+    if summary.get("error") and (task != NO_TASK or summary.get("long_context") is None):
         lines.append(f"  error: {summary['error']}")
     control, candidate = summary.get("control"), summary.get("candidate")
     if control and candidate:
