@@ -301,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
             output.close()
     # The operator passes a per-attempt nonce and accepts only a summary that carries it, so a
     # summary-shaped line an arm puts into this log (lm-eval logs error bodies) proves nothing.
+    if not gsm8k:  # no questions were planned, whichever way the run ended
+        summary.update(questions_planned=0, looks_planned=0, plan=None)
     if long_context is not None:
         summary.setdefault("long_context", _skipped_block(long_context, summary))
         summary["overall"] = _overall(summary)
@@ -308,7 +310,11 @@ def run(args: argparse.Namespace) -> int:
         from kvgate.commands.diverge import summary_header
 
         summary["divergence"] = summary_header(divergence)
-        summary["divergence"]["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
+        summary["divergence"]["error"] = (
+            f"not run: {summary['error']}"
+            if not gsm8k
+            else f"not run: the GSM8K task ended in {summary['verdict']}"
+        )
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
@@ -490,11 +496,9 @@ def _skipped_block(request: LongContextRequest, summary: dict[str, Any]) -> dict
 
 def _no_task_summary(plan: GatePlan, extra: dict[str, Any]) -> dict[str, Any]:
     """The summary line of a run without an accuracy task (`--task none`): no questions."""
-    summary = build_summary(
+    return build_summary(
         plan=plan, task=NO_TASK, verdict=Verdict.ERROR, counts=None, looks_taken=0, extra=extra
     )
-    summary.update(questions_planned=0, looks_planned=0, plan=None)
-    return summary
 
 
 _ORDER: Final = {"pass": 0, "inconclusive": 1, "error": 2, "fail": 3}
