@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final
 
 from kvgate import policy
@@ -241,3 +242,31 @@ def _allowlist(environ: Mapping[str, str]) -> policy.Allowlist:
     except ValueError as exc:
         raise SpecError("KVGATE_EXTRA_ALLOWED_ENV", str(exc)) from None
     return policy.Allowlist(extra_args=args.extra_args, extra_env=env.extra_env)
+
+
+# ---- the Hugging Face environment (the eval Job's dataset, preflight's checkpoints) ------------
+
+HF_OFFLINE_VARIABLES: Final = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def offline_requested(environ: Mapping[str, str]) -> bool:
+    """HF_HUB_OFFLINE (or HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE) is set to a true value."""
+    return any(
+        environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for v in HF_OFFLINE_VARIABLES
+    )
+
+
+def hf_hub_cache(environ: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache directory, by huggingface_hub's own precedence of variables.
+
+    Read from `environ` at the call, not from huggingface_hub.constants, fixed at its import.
+    """
+    explicit = environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    home = environ.get("HF_HOME")
+    if not home:
+        xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        home = str(Path(xdg) / "huggingface")
+    return Path(home).expanduser() / "hub"

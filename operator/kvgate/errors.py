@@ -80,7 +80,12 @@ class PrometheusError(ExternalError):
 
 
 class HubError(ExternalError):
-    """The Hugging Face hub (or its mirror) could not be read."""
+    """The Hugging Face hub (or its mirror) could not be read; `unreachable`: no answer at all
+    (HF_HUB_OFFLINE, no route), so a local cache may serve instead."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        self.unreachable = unreachable
+        super().__init__(message)
 
 
 class EvalError(ExternalError):

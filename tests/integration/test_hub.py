@@ -192,12 +192,14 @@ def test_offline_mode_and_unreachable_hub(hub: FakeHub, monkeypatch: pytest.Monk
     with pytest.raises(HubError) as caught:
         read_hub_checkpoint(REPO, endpoint=hub.endpoint)
     assert str(caught.value) == f"{REPO}@main: HF_HUB_OFFLINE is set; unset it to read the hub"
+    assert caught.value.unreachable  # preflight then tries the local HF cache
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     endpoint = hub.endpoint
     hub.stop()
     with pytest.raises(HubError) as caught:
         read_hub_checkpoint(REPO, endpoint=endpoint)
     assert str(caught.value).startswith(f"{REPO}@main: cannot reach the hub (ConnectError: ")
+    assert caught.value.unreachable
 
 
 def test_hfapi_reader_agrees_but_fetches_100kb_per_shard(

@@ -113,3 +113,28 @@ def test_sound_fp8_candidate_passes_every_bucket(
         assert row["verdict"] == "pass" and row["recovery"] >= 0.95
         assert row["bounds"]["lower"] > -0.15
     assert summary["overall"]["verdict"] == "pass" and code == 0
+
+
+def test_task_none_runs_long_context_alone_without_gsm8k(
+    sim: Any, local_tokenizer: Path, hf_home: Path
+) -> None:
+    """`--task none`: no GSM8K on disk, offline; the long-context verdict is the run's."""
+    control = sim(CONTROL, env=ENV)
+    broken = sim(CANDIDATE, env={**ENV, "KVGATE_SIM_FAULTS": "long-context-collapse=3000"})
+    argv = [
+        sys.executable, "-m", "kvgate", "eval", "--task", "none",
+        "--control-url", control.url + "/v1/completions",
+        "--candidate-url", broken.url + "/v1/completions",
+        "--model", MODEL, "--concurrency", "16", "--max-retries", "2",
+        "--long-context-tasks", "niah_single_1", "--context-lengths", "2048,4096",
+        "--long-context-items", "30", "--long-context-margin", "0.15",
+        "--tokenizer", str(local_tokenizer),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "KVGATE_GSM8K_DIR"}
+    env.update(PYTHONPATH=str(REPO / "operator"), HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=280, cwd=REPO)
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert (summary["task"], summary["verdict"], summary["questions_used"]) == ("none", "fail", 0)
+    assert summary["long_context"]["failing_bucket"] == "4096"
+    assert summary["overall"]["task"] == "long_context"

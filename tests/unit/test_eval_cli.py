@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +126,139 @@ def test_bug_still_ends_with_an_error_summary(
     assert lines[-1]["verdict"] == "error"
     assert lines[-1]["error"].startswith("internal error: AttributeError")
     assert "Traceback" in err
+
+
+def test_on_a_terminal_progress_and_summary_are_for_a_person(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    fake.wrong = frozenset({3, 150})
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--data-dir", str(data_dir), "--sequential", "--chunk", "100",
+        ]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "{" not in out  # no JSON for a person
+    assert out.startswith("verdict: pass\ngsm8k: pass (noninferior)\n  candidate minus control")
+    assert "  control   100.0% (" in out and "right only on control" in out
+    looks = [line for line in err.splitlines() if line.startswith("kvgate eval: look ")]
+    assert looks[0] == (
+        "kvgate eval: look 1/4: 100 questions, control 100.0%, candidate 99.0% (-1.0 pp); "
+        "continuing"
+    )
+    assert looks[-1].endswith("; pass (noninferior)")
+    # one line per look taken, as many as the summary reports
+    assert f"look {len(looks)} of 4" in out
+
+
+def test_on_a_terminal_json_gives_only_json(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, lines, err = _eval(capsys, data_dir, "--sequential", "--chunk", "100", "--json")
+    assert code == 0
+    kinds = [line["kind"] for line in lines]  # every stdout line parsed as JSON
+    assert kinds[-1] == "kvgate.eval/summary" and set(kinds[:-1]) == {"kvgate.eval/progress"}
+    assert "kvgate eval: look" not in err
+
+
+def test_on_a_terminal_a_missing_dataset_reads_as_one_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://127.0.0.1:9/v1/completions",
+            "--candidate-url", "http://127.0.0.1:9/v1/completions",
+        ]
+    )  # fmt: skip
+    out, _ = capsys.readouterr()
+    assert code == 4
+    assert out.startswith("verdict: error\ngsm8k: error\n  error: GSM8K dataset openai/gsm8k:")
+
+
+# ---- `--task none`: long context alone, without GSM8K ----------------------------------------
+
+
+@pytest.mark.parametrize(("verdict", "code"), [("pass", 0), ("fail", 1), ("error", 4)])
+def test_task_none_runs_long_context_without_gsm8k(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    verdict: str,
+    code: int,
+) -> None:
+    import kvgate.commands.eval as eval_cmd
+
+    def no_gsm8k(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("GSM8K was touched under --task none")
+
+    def long_context(request: dict[str, Any], *_: Any) -> dict[str, Any]:
+        block = eval_cmd._block_header(request)
+        block.update(verdict=verdict, reason=None if verdict == "pass" else "worse_than_margin")
+        if verdict == "fail":
+            block["failing_bucket"] = "16384"
+        if verdict == "error":
+            block["error"] = "candidate endpoint: HTTP 500"
+        return block
+
+    # GIVEN no GSM8K anywhere: no directory, an empty HF cache, offline
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(runner_module, "LmEvalRunner", no_gsm8k)
+    monkeypatch.setattr(runner_module, "resolve_hub_dataset", no_gsm8k)
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(eval_cmd, "_run_long_context", long_context)
+    got = main(
+        [
+            "eval", "--task", "none",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--long-context-tasks", "niah_single_1", "--max-model-len", "32768",
+            "--tokenizer", "/nonexistent",
+        ]
+    )  # fmt: skip
+    summary = json.loads(capsys.readouterr()[0].splitlines()[-1])
+    # THEN the long-context verdict is the run's, and GSM8K is nowhere in it
+    assert got == code
+    assert (summary["task"], summary["verdict"], summary["questions_planned"]) == (
+        "none",
+        verdict,
+        0,
+    )
+    assert summary["long_context"]["context_lengths"] == [4096, 8192, 16384, 32768]
+    assert [t["task"] for t in summary["overall"]["tasks"]] == ["long_context"]
+    assert summary["overall"]["verdict"] == verdict
+
+
+def test_task_none_needs_long_context(capsys: pytest.CaptureFixture[str]) -> None:
+    got = main(
+        [
+            "eval", "--task", "none",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+        ]
+    )  # fmt: skip
+    assert got == 2
+    assert (
+        "--task: none runs only the long-context task: add --long-context-tasks"
+        in (capsys.readouterr()[1])
+    )

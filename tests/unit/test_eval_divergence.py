@@ -132,3 +132,41 @@ def test_long_context_and_divergence_together_keep_the_overall_verdict(
     assert (summary["overall"]["verdict"], summary["overall"]["bucket"]) == ("fail", "8192")
     assert summary["divergence"]["verdict"] == "flag"
     assert code == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "max_tokens"),
+    [
+        (["--max-model-len", "4096"], 4096),  # as the operator: the engine's max model length
+        (["--max-model-len", "4096", "--divergence-max-tokens", "2048"], 2048),  # explicit wins
+        ([], 8192),  # neither given
+    ],
+)
+def test_screen_documents_default_to_the_engines_max_model_len(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    flags: list[str],
+    max_tokens: int,
+) -> None:
+    (data_dir / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n' * 400)
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(runner_module, "LmEvalRunner", FakeRunner)
+    FakeRunner.wrong, FakeRunner.explode = frozenset(), None
+    monkeypatch.setattr(diverge._Arm, "echo", fake_echo(None))
+    code = main(
+        [
+            "eval",
+            "--control-url", "http://10.0.0.1:8000/v1/completions",
+            "--candidate-url", "http://10.0.0.2:8000/v1/completions",
+            "--data-dir", str(data_dir), "--json",
+            "--divergence-documents", "1", *flags,
+        ]
+    )  # fmt: skip
+    block = json.loads(capsys.readouterr()[0].splitlines()[-1])["divergence"]
+    assert code == 0 and block["error"] is None
+    assert block["max_tokens"] == max_tokens
+    # the documents fill the length, aiming a little below it
+    assert 0.9 * max_tokens < max(block["document_tokens"]) <= max_tokens

@@ -8,16 +8,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate.errors import SpecError
+from hf_cache_layout import COMMIT, add_to_cache
+from kvgate.config import hf_hub_cache, offline_requested
+from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.runner import (
+    DATA_NEXT_STEP,
+    HF_FILES,
     TASK_FILES,
     EvalSettings,
+    HubFiles,
     MalformedResponseError,
     _check_completions,
     _strict_model_classes,
     count_test_questions,
     offline_environment,
     resolve_data_dir,
+    resolve_hub_dataset,
     writable_cache_environment,
     write_task_config,
 )
@@ -174,3 +180,99 @@ def test_cache_moves_to_scratch_only_when_home_is_read_only(tmp_path: Path) -> N
     assert writable_cache_environment(env, scratch, lambda p: True) == {}
     # An explicit cache setting is always kept.
     assert writable_cache_environment({"HF_HOME": "/x"}, scratch, read_only) == {}
+
+
+# ---- the Hub dataset from the local HF cache (resolved before any arm is contacted) ----------
+
+
+def _parquet(rows: list[dict[str, str]]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def hf_home(tmp_path: Path) -> Path:
+    """An HF_HOME whose hub cache holds openai/gsm8k's two parquet files (3 test questions)."""
+    home = tmp_path / "hf-home"
+    add_to_cache(
+        home / "hub",
+        "openai/gsm8k",
+        {
+            HF_FILES["test"]: _parquet([{"question": "q1", "answer": "#### 1"}] * 3),
+            HF_FILES["train"]: _parquet([{"question": "q2", "answer": "#### 2"}]),
+        },
+        kind="dataset",
+    )
+    return home
+
+
+def _no_probe(endpoint: str) -> str | None:
+    raise AssertionError(f"the hub at {endpoint} was probed though the cache has the dataset")
+
+
+@pytest.mark.parametrize("offline", [{"HF_HUB_OFFLINE": "1"}, {}])
+def test_hub_dataset_comes_from_the_cache_without_the_network(
+    hf_home: Path, offline: dict[str, str]
+) -> None:
+    files = resolve_hub_dataset({"HF_HOME": str(hf_home), **offline}, probe=_no_probe)
+    snapshot = hf_home / "hub" / "datasets--openai--gsm8k" / "snapshots" / COMMIT
+    assert files == HubFiles(test=snapshot / HF_FILES["test"], train=snapshot / HF_FILES["train"])
+    settings = EvalSettings(hub_files=files)
+    assert settings.to_dict()["dataset"] == f"openai/gsm8k ({snapshot})"
+    # lm-eval then reads the cached files as local parquet, offline
+    config = yaml.safe_load(write_task_config(settings, hf_home).read_text())
+    assert config["dataset_path"] == "parquet" and config["dataset_name"] is None
+    assert config["dataset_kwargs"]["data_files"] == {
+        "test": str(files.test),
+        "train": str(files.train),
+    }
+    assert offline_environment(settings)["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_hf_hub_cache_overrides_hf_home(hf_home: Path, tmp_path: Path) -> None:
+    env = {"HF_HOME": str(tmp_path / "elsewhere"), "HF_HUB_CACHE": str(hf_home / "hub")}
+    assert resolve_hub_dataset(env, probe=_no_probe).test.is_file()
+    assert hf_hub_cache({"HF_HOME": "/h"}) == Path("/h/hub")
+    assert hf_hub_cache({"XDG_CACHE_HOME": "/x"}) == Path("/x/huggingface/hub")
+
+
+def test_offline_cache_miss_names_the_dataset_and_the_fix(tmp_path: Path) -> None:
+    env = {"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
+    with pytest.raises(EvalError) as err:
+        resolve_hub_dataset(env, probe=_no_probe)
+    message = str(err.value)
+    assert message.startswith("GSM8K dataset openai/gsm8k: no local copy")
+    assert str(tmp_path / "empty" / "hub") in message and "HF_HUB_OFFLINE" in message
+    assert message.endswith(DATA_NEXT_STEP)
+
+
+def test_unreachable_hub_is_probed_once_and_named(tmp_path: Path) -> None:
+    probed: list[str] = []
+
+    def probe(endpoint: str) -> str | None:
+        probed.append(endpoint)
+        return "ConnectError: [Errno -2] Name or service not known"
+
+    env = {"HF_HOME": str(tmp_path / "empty"), "HF_ENDPOINT": "https://hub.example/"}
+    with pytest.raises(EvalError, match=r"the Hub at https://hub\.example is unreachable"):
+        resolve_hub_dataset(env, probe=probe)
+    assert probed == ["https://hub.example"]
+
+
+@pytest.mark.parametrize(
+    ("env", "offline"),
+    [
+        ({"HF_HUB_OFFLINE": "1"}, True),
+        ({"HF_DATASETS_OFFLINE": "true"}, True),
+        ({"HF_HUB_OFFLINE": "0"}, False),
+        ({}, False),
+    ],
+)
+def test_offline_requested(env: dict[str, str], offline: bool) -> None:
+    assert offline_requested(env) is offline

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import httpcore2
 import httpx2
-from huggingface_hub import HfApi, constants, get_token, hf_hub_url
+from huggingface_hub import HfApi, constants, get_token, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -286,7 +286,7 @@ def read_hub_checkpoint(
         cleaned = hide(str(exc), sent)
         if cleaned == str(exc):
             raise
-        raise HubError(cleaned) from None
+        raise HubError(cleaned, unreachable=getattr(exc, "unreachable", False)) from None
 
 
 def _read_hub_checkpoint(
@@ -340,14 +340,17 @@ def _read_hub_checkpoint(
             where, f"a file the repo lists is missing on the hub ({_first_line(exc)})"
         ) from exc
     except OfflineModeIsEnabled as exc:
-        raise HubError(f"{where}: HF_HUB_OFFLINE is set; unset it to read the hub") from exc
+        raise HubError(
+            f"{where}: HF_HUB_OFFLINE is set; unset it to read the hub", unreachable=True
+        ) from exc
     except HfHubHTTPError as exc:
         raise HubError(f"{where}: the hub answered: {_first_line(exc)}") from exc
     except (httpx2.TimeoutException, httpx2.LocalProtocolError):
         raise  # read_hub_checkpoint says these in its own words, without the request
     except httpx2.HTTPError as exc:
         raise HubError(
-            f"{where}: cannot reach the hub ({type(exc).__name__}: {_first_line(exc)})"
+            f"{where}: cannot reach the hub ({type(exc).__name__}: {_first_line(exc)})",
+            unreachable=True,
         ) from exc
 
     tensors: dict[str, TensorInfo] = {}
@@ -362,6 +365,61 @@ def _read_hub_checkpoint(
         bytes_read=sum(received for _, received in headers),
         commit=commit,
         modelopt_config=modelopt,
+    )
+
+
+def read_cached_checkpoint(
+    repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None
+) -> CheckpointHeaders | Path | None:
+    """What the local Hugging Face cache holds of `repo_id` at `revision` (default main).
+
+    Found through huggingface_hub's cache API (`try_to_load_from_cache`: refs, snapshots),
+    no network. Returns the headers when config.json and every safetensors file are cached;
+    the cached config.json's path when only it is (capacity, scales unknown); None when even
+    config.json is not cached.
+    """
+    rev = revision or constants.DEFAULT_REVISION
+
+    def cached(filename: str) -> Path | None:
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir, revision=rev)
+        return Path(found) if isinstance(found, str) else None
+
+    config_path = cached(CONFIG_FILE)
+    if config_path is None:
+        return None
+    snapshot = config_path.parent
+    where = f"{repo_id}@{rev} (cached {snapshot})"
+    index_path = cached(INDEX_FILE)
+    if index_path is not None:
+        files = _index_files(read_json_file(index_path), str(index_path))
+    else:
+        files = [SINGLE_FILE] if cached(SINGLE_FILE) is not None else []
+    for name in files:
+        # an index entry such as ../../x must not read outside the snapshot
+        if not Path(os.path.normpath(snapshot / name)).is_relative_to(snapshot):
+            raise ParseError(
+                str(index_path), f"weight_map names {name[:80]!r}, outside the snapshot"
+            )
+    weights = [cached(name) for name in files]
+    if not files or any(path is None for path in weights):
+        return config_path
+    modelopt_path = cached(MODELOPT_FILE)
+    tensors: dict[str, TensorInfo] = {}
+    header_bytes = 0
+    for name, path in zip(files, weights, strict=True):
+        assert path is not None  # checked above
+        header, size = _read_local_header(path)
+        tensors.update(parse_safetensors_header(header, f"{where}/{name}"))
+        header_bytes += size
+    return CheckpointHeaders(
+        source=where,
+        config=read_json_file(config_path),
+        tensors=tensors,
+        files=tuple(files),
+        header_bytes=header_bytes,
+        bytes_read=header_bytes,
+        commit=snapshot.name,
+        modelopt_config=None if modelopt_path is None else read_json_file(modelopt_path),
     )
 
 

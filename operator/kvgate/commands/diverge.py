@@ -51,6 +51,8 @@ def add_screen_options(
     prefix: str = "",
     documents_default: int | None,
     documents_help: str,
+    max_tokens_default: int | None = 8192,
+    max_tokens_help: str = "document length in tokens (below the engines' --max-model-len)",
 ) -> None:
     """The screen's size and sensitivity, shared by `kvgate diverge` and `kvgate eval`
     (there as --divergence-*, where giving --divergence-documents turns the screen on)."""
@@ -63,8 +65,8 @@ def add_screen_options(
     group.add_argument(
         f"--{prefix}max-tokens",
         type=bounded_int(64, 2**21),
-        default=8192,
-        help="document length in tokens (below the engines' --max-model-len)",
+        default=max_tokens_default,
+        help=max_tokens_help,
     )
     group.add_argument(
         f"--{prefix}logprobs", type=bounded_int(1, 20), default=5, help="top-k per position"

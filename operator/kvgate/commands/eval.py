@@ -10,6 +10,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
@@ -19,6 +20,8 @@ from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
     EXIT_CODES,
+    PROGRESS_KIND,
+    GatePlan,
     Verdict,
     build_summary,
     plan_gate,
@@ -37,6 +40,9 @@ _LC_SPEC: Final = "--long-context-tasks"
 EXAMPLES: Final = (
     "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",
 )
+TASKS: Final = ("gsm8k", "gsm8k_cot")
+NO_TASK: Final = "none"
+SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-model-len
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +54,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-model", help="served model name of the control arm")
     parser.add_argument("--candidate-model", help="served model name of the candidate arm")
     parser.add_argument(
-        "--task", choices=("gsm8k", "gsm8k_cot"), default="gsm8k", help="lm-eval task"
+        "--task",
+        choices=(*TASKS, NO_TASK),
+        default="gsm8k",
+        help=f"the accuracy task; {NO_TASK}: only the long-context task (no GSM8K needed)",
     )
     parser.add_argument(
         "--api",
@@ -109,7 +118,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=count, default=DEFAULT_CHUNK, help="questions per look")
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default: $KVGATE_GSM8K_DIR)")
     parser.add_argument("--output", help="per-question JSONL file")
-    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines only, also on a terminal (the output when stdout is not a terminal)",
+    )
     lc = parser.add_argument_group(
         "long context", "RULER needle items per context length (docs/long-context.md)"
     )
@@ -121,7 +134,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lc.add_argument(
         "--max-model-len",
         type=bounded_int(1, 2**24),
-        help="production --max-model-len: buckets 4096, 8192, ... up to it",
+        help="the engines' --max-model-len: long-context buckets 4096, 8192, ... up to it, "
+        "and the divergence screen's document length",
     )
     lc.add_argument(
         "--context-lengths", help="explicit comma list of bucket lengths (instead of 4k..max)"
@@ -156,6 +170,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         prefix="divergence-",
         documents_default=None,
         documents_help="documents to screen; turns the screen on (summary block `divergence`)",
+        max_tokens_default=None,
+        max_tokens_help="document length in tokens (default: --max-model-len, as the operator "
+        f"sets it, else {SCREEN_TOKENS})",
     )
 
 
@@ -173,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         check_url,
         count_test_questions,
         resolve_data_dir,
+        resolve_hub_dataset,
     )
 
     for field in ("limit", "concurrency", "max_gen_toks", "max_retries", "timeout", "chunk"):
@@ -208,13 +226,17 @@ def run(args: argparse.Namespace) -> int:
     )
     long_context = _long_context_request(args)
     divergence = _divergence_request(args)
+    gsm8k = args.task != NO_TASK
+    if not gsm8k and long_context is None:
+        raise SpecError("--task", f"{NO_TASK} runs only the long-context task: add {_LC_SPEC}")
     extra: dict[str, Any] = {
         "filter": args.filt,
         "settings": settings.to_dict(),
         "plan": plan.to_dict(),
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
-    emit = _emitter(sys.stdout)
+    human = not args.json and _isatty(sys.stdout)
+    emit = _human_emitter(sys.stdout, sys.stderr) if human else _emitter(sys.stdout)
     exit_code: int | None = None
     output: IO[str] | None = None
     try:
@@ -224,6 +246,11 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise SpecError("--output", f"cannot write {args.output}: {exc.strerror}") from exc
         try:
+            if data_dir is None and (gsm8k or divergence is not None):
+                # The dataset first, once: a missing one is named as such in seconds, before
+                # any endpoint is contacted (lm-eval would retry the Hub, then blame an arm).
+                settings = replace(settings, hub_files=resolve_hub_dataset(os.environ))
+                extra["settings"] = settings.to_dict()
             # Both endpoints answer (and serve the model) before any question is asked.
             arms = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
             extra["arms"] = {a.name: a.to_dict() for a in arms}
@@ -233,22 +260,29 @@ def run(args: argparse.Namespace) -> int:
                 tempfile.TemporaryDirectory(prefix="kvgate-eval-") as workdir,
                 contextlib.redirect_stdout(sys.stderr),
             ):
-                runner = LmEvalRunner(settings, arms, Path(workdir))
-                summary = run_gate(
-                    plan,
-                    runner,
-                    task=args.task,
-                    filt=args.filt,
-                    emit=emit,
-                    keep=_keeper(output),
-                    extra=extra,
-                )
+                if gsm8k:
+                    summary = run_gate(
+                        plan,
+                        LmEvalRunner(settings, arms, Path(workdir)),
+                        task=args.task,
+                        filt=args.filt,
+                        emit=emit,
+                        keep=_keeper(output),
+                        extra=extra,
+                    )
+                else:  # the long-context task alone: its verdict is the summary's
+                    summary = _no_task_summary(plan, extra)
                 if long_context is not None:
                     summary["long_context"] = _run_long_context(
                         long_context, settings, arms, Path(workdir), args.seed
                     )
+                    if not gsm8k:
+                        block = summary["long_context"]
+                        summary.update(
+                            verdict=block["verdict"], reason=block["reason"], error=block["error"]
+                        )
                 if divergence is not None:
-                    summary["divergence"] = _run_divergence(divergence, arms, data_dir)
+                    summary["divergence"] = _run_divergence(divergence, arms, settings)
         except EvalError as exc:
             summary = build_summary(
                 plan=plan,
@@ -279,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
             output.close()
     # The operator passes a per-attempt nonce and accepts only a summary that carries it, so a
     # summary-shaped line an arm puts into this log (lm-eval logs error bodies) proves nothing.
+    if not gsm8k:  # no questions were planned, whichever way the run ended
+        summary.update(questions_planned=0, looks_planned=0, plan=None)
     if long_context is not None:
         summary.setdefault("long_context", _skipped_block(long_context, summary))
         summary["overall"] = _overall(summary)
@@ -286,7 +322,11 @@ def run(args: argparse.Namespace) -> int:
         from kvgate.commands.diverge import summary_header
 
         summary["divergence"] = summary_header(divergence)
-        summary["divergence"]["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
+        summary["divergence"]["error"] = (
+            f"not run: {summary['error']}"
+            if not gsm8k
+            else f"not run: the GSM8K task ended in {summary['verdict']}"
+        )
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
@@ -313,7 +353,7 @@ def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None
     from kvgate.evaluation.long_context import TASKS, context_lengths
 
     if not args.long_context_tasks:
-        if args.context_lengths or args.max_model_len or args.tokenizer:
+        if args.context_lengths or args.tokenizer:
             raise SpecError(_LC_SPEC, "long-context options need --long-context-tasks")
         return None
     tasks = [t.strip() for t in args.long_context_tasks.split(",") if t.strip()]
@@ -355,9 +395,16 @@ def _divergence_request(args: argparse.Namespace) -> ScreenOptions | None:
 
     if args.divergence_documents is None:
         return None
+    max_tokens = args.divergence_max_tokens
+    if max_tokens is None and args.max_model_len is not None:
+        # As the operator does: documents as long as the engine serves (the screen aims 5%
+        # below, since tokens per character vary along a document).
+        if args.max_model_len < 64:
+            raise SpecError("--max-model-len", "below 64 tokens, too short for a divergence screen")
+        max_tokens = min(args.max_model_len, 2**21)
     return ScreenOptions(
         documents=args.divergence_documents,
-        max_tokens=args.divergence_max_tokens,
+        max_tokens=max_tokens or SCREEN_TOKENS,
         logprobs=args.divergence_logprobs,
         timeout=args.timeout,
         settings=ScreenSettings(factor=args.divergence_factor),
@@ -365,13 +412,17 @@ def _divergence_request(args: argparse.Namespace) -> ScreenOptions | None:
 
 
 def _run_divergence(
-    options: ScreenOptions, arms: list[Arm], data_dir: Path | None
+    options: ScreenOptions, arms: list[Arm], settings: EvalSettings
 ) -> dict[str, Any]:
     """The screen after the accuracy tasks; its failures stay inside its block."""
     from kvgate.commands.diverge import documents_source, run_screen, summary_header
 
     try:
-        return run_screen(arms, documents_source(data_dir), options)
+        if settings.data_dir is None and settings.hub_files is not None:
+            rows = _parquet_documents(settings.hub_files.train)
+        else:
+            rows = documents_source(settings.data_dir)
+        return run_screen(arms, rows, options)
     except (EvalError, SpecError, OSError, ValueError) as exc:
         block = summary_header(options)
         block["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -381,6 +432,17 @@ def _run_divergence(
         block = summary_header(options)
         block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
         return block
+
+
+def _parquet_documents(path: Path) -> list[str]:
+    """The screen's document rows from the Hub dataset's train split (as documents_source)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["question", "answer"]).to_pylist()
+    rows = [f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in table]
+    if not rows:
+        raise SpecError("dataset", f"{path} has no rows")
+    return rows
 
 
 def _block_header(request: LongContextRequest) -> dict[str, Any]:
@@ -437,8 +499,18 @@ def _run_long_context(
 
 def _skipped_block(request: LongContextRequest, summary: dict[str, Any]) -> dict[str, Any]:
     block = _block_header(request)
-    block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
+    if summary["task"] == NO_TASK:
+        block["error"] = f"not run: {summary['error']}"
+    else:
+        block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
     return block
+
+
+def _no_task_summary(plan: GatePlan, extra: dict[str, Any]) -> dict[str, Any]:
+    """The summary line of a run without an accuracy task (`--task none`): no questions."""
+    return build_summary(
+        plan=plan, task=NO_TASK, verdict=Verdict.ERROR, counts=None, looks_taken=0, extra=extra
+    )
 
 
 _ORDER: Final = {"pass": 0, "inconclusive": 1, "error": 2, "fail": 3}
@@ -456,6 +528,8 @@ def _overall(summary: dict[str, Any]) -> dict[str, Any]:
             "bucket": lc["failing_bucket"],
         },
     ]
+    if summary["task"] == NO_TASK:
+        tasks = tasks[1:]
     worst = max(tasks, key=lambda t: _ORDER[t["verdict"]])
     return {
         "verdict": worst["verdict"],
@@ -483,3 +557,107 @@ def _keeper(output: IO[str] | None) -> Callable[[QuestionRecord], None]:
             output.flush()
 
     return keep
+
+
+# ---- human output (a terminal without --json) -----------------------------------------------
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or exotic stream: not a terminal
+        return False
+
+
+def _human_emitter(out: IO[str], err: IO[str]) -> Callable[[dict[str, Any]], None]:
+    """One stderr line per look, and the summary as text on `out` (the real stdout)."""
+
+    def emit(obj: dict[str, Any]) -> None:
+        if obj.get("kind") == PROGRESS_KIND:
+            err.write(progress_text(obj) + "\n")
+            err.flush()
+        else:
+            out.write(summary_text(obj) + "\n")
+            out.flush()
+
+    return emit
+
+
+def _pct(correct: int, n: int) -> str:
+    return f"{100 * correct / n:.1f}%" if n else "-"
+
+
+def progress_text(line: dict[str, Any]) -> str:
+    """`look 2/6: 200 questions, control 88.0%, candidate 87.5% (-0.5 pp); continuing`."""
+    paired = line["paired"]
+    n = line["questions"]
+    control = paired["both"] + paired["control_only"]
+    candidate = paired["both"] + paired["candidate_only"]
+    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({line['reason']})"
+    return (
+        f"kvgate eval: look {line['look']}/{line['looks_planned']}: {n} questions, "
+        f"control {_pct(control, n)}, candidate {_pct(candidate, n)} "
+        f"({100 * line['difference']:+.1f} pp); {state}"
+    )
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    """The summary for a person: verdict and claim first, then the figures behind them."""
+    overall = summary.get("overall")
+    verdict = overall["verdict"] if overall else summary["verdict"]
+    lines = [f"verdict: {verdict}"]
+    if overall and overall["task"]:
+        where = f" at {overall['bucket']} tokens" if overall.get("bucket") else ""
+        lines[0] += f" (decided by {overall['task']}{where}: {overall['reason']})"
+    task = summary["task"]
+    if task != NO_TASK:
+        lines.append(
+            f"{task}: {summary['verdict']}"
+            + (f" ({summary['reason']})" if summary.get("reason") else "")
+        )
+    if summary.get("claim"):
+        lines.append(f"  {summary['claim']}")
+    if summary.get("error") and (task != NO_TASK or summary.get("long_context") is None):
+        lines.append(f"  error: {summary['error']}")
+    control, candidate = summary.get("control"), summary.get("candidate")
+    if control and candidate:
+        lines.append(
+            f"  {summary['questions_used']} of {summary['questions_planned']} questions, "
+            f"look {summary['looks']} of {summary['looks_planned']}"
+        )
+        lines.append(
+            f"  control   {_pct(control['correct'], control['n'])} "
+            f"({control['correct']}/{control['n']})"
+        )
+        lines.append(
+            f"  candidate {_pct(candidate['correct'], candidate['n'])} "
+            f"({candidate['correct']}/{candidate['n']})"
+        )
+        paired = summary["paired"]
+        lines.append(
+            f"  difference {100 * paired['difference']:+.1f} pp "
+            f"({paired['control_only']} right only on control, "
+            f"{paired['candidate_only']} only on candidate)"
+        )
+    lc = summary.get("long_context")
+    if lc is not None:
+        text = f"long context: {lc['verdict']}"
+        if lc.get("failing_bucket"):
+            text += f" at {lc['failing_bucket']} tokens"
+        if lc.get("reason"):
+            text += f" ({lc['reason']})"
+        if lc.get("error"):
+            text += f"; {lc['error']}"
+        lines.append(text)
+    div = summary.get("divergence")
+    if div is not None:
+        text = f"divergence screen: {div['verdict']} ({div['documents']} documents of "
+        text += f"{div['max_tokens']} tokens)"
+        if div.get("flagged_buckets"):
+            text += f"; flagged positions {', '.join(div['flagged_buckets'])}"
+        if div.get("error"):
+            text += f"; {div['error']}"
+        lines.append(text)
+    if summary.get("output"):
+        lines.append(f"per-question records: {summary['output']}")
+    return "\n".join(lines)

@@ -22,7 +22,8 @@ from kvgate.capacity import (
 )
 from kvgate.checkpoint import ScaleReport, unknown_scales
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
-from kvgate.errors import KvgateError, ParseError, SpecError
+from kvgate.config import hf_hub_cache, offline_requested
+from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
 
 HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
@@ -174,6 +175,11 @@ def _preflight(
 ) -> dict[str, Any]:
     path = Path(target)
     read: dict[str, Any] | None = None
+    cached: Any = None
+    if not path.exists() and hub.looks_like_repo_id(target) and not target.endswith(".json"):
+        cached = _hub_or_cache(hub, target, revision, token, timeout_s, os.environ)
+        if isinstance(cached, Path):  # only config.json is cached: capacity, scales unknown
+            path = cached
     if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
         path = path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: capacity still, scales unknown
     if path.is_file() and path.suffix != ".safetensors":
@@ -182,12 +188,10 @@ def _preflight(
         scales = unknown_scales(config, source=str(path))
         source, commit = str(path), None
     else:
-        if path.exists():
+        if cached is not None:
+            headers = cached
+        elif path.exists():
             headers = hub.read_local_checkpoint(path)
-        elif hub.looks_like_repo_id(target) and not target.endswith(".json"):
-            headers = hub.read_hub_checkpoint(
-                target, revision=revision, token=token, deadline_s=timeout_s
-            )
         else:
             raise ParseError(
                 target, "no such file or directory, and not a hub repo id like org/name"
@@ -211,6 +215,53 @@ def _preflight(
         summary["vllm_pool_version"] = ".".join(map(str, pool.version))
     summary["advice"] = advice(summary)
     return summary
+
+
+OFFLINE_NEXT_STEP: Final = (
+    "pass a local checkpoint directory or its config.json as MODEL, or set HF_HOME "
+    "(or HF_HUB_CACHE) to a Hugging Face cache that has the model"
+)
+
+
+def _hub_or_cache(
+    hub: Any,
+    repo_id: str,
+    revision: str | None,
+    token: str | None,
+    timeout_s: float,
+    environ: Mapping[str, str],
+) -> Any:
+    """The hub's headers; offline, or when the hub cannot be reached, the local HF cache's.
+
+    Returns what `hub.read_hub_checkpoint` or `hub.read_cached_checkpoint` returns (headers,
+    or a cached config.json's path); raises HubError with the next step when neither serves.
+    """
+    cache = hf_hub_cache(environ)
+    where = f"{repo_id}@{revision or 'main'}"
+    if offline_requested(environ):
+        cached = hub.read_cached_checkpoint(repo_id, revision=revision, cache_dir=cache)
+        if cached is None:
+            raise HubError(
+                f"{where}: HF_HUB_OFFLINE is set and the Hugging Face cache {cache} does not "
+                f"have the model's config.json; {OFFLINE_NEXT_STEP}",
+                unreachable=True,
+            )
+        return cached
+    try:
+        return hub.read_hub_checkpoint(
+            repo_id, revision=revision, token=token, deadline_s=timeout_s
+        )
+    except HubError as exc:
+        if not exc.unreachable:
+            raise
+        cached = hub.read_cached_checkpoint(repo_id, revision=revision, cache_dir=cache)
+        if cached is None:
+            raise HubError(
+                f"{exc}; the Hugging Face cache {cache} does not have it either; offline? "
+                f"{OFFLINE_NEXT_STEP}",
+                unreachable=True,
+            ) from None
+        return cached
 
 
 def _summary(

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 
@@ -32,6 +33,17 @@ from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 TASK_FILES: Final = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k_cot.yaml"}
 GSM8K_ENV: Final = "KVGATE_GSM8K_DIR"
 HF_DATASET: Final = ("openai/gsm8k", "main")
+# The Hub dataset's parquet files for the "main" config, fetched (or found in the local HF cache)
+# before any arm is contacted; lm-eval then reads them as local files.
+HF_FILES: Final = {
+    "test": "main/test-00000-of-00001.parquet",
+    "train": "main/train-00000-of-00001.parquet",
+}
+HF_ENDPOINT: Final = "https://huggingface.co"
+DATA_NEXT_STEP: Final = (
+    f"set {GSM8K_ENV} or pass --data-dir (a directory with GSM8K's test.jsonl and train.jsonl), "
+    "or allow Hugging Face Hub access"
+)
 
 log = logging.getLogger(__name__)
 _DATASET_LOCK = threading.Lock()
@@ -50,6 +62,14 @@ class Arm:
 
 
 @dataclass(frozen=True, slots=True)
+class HubFiles:
+    """The Hub dataset's test and train splits as local parquet files (in the HF cache)."""
+
+    test: Path
+    train: Path
+
+
+@dataclass(frozen=True, slots=True)
 class EvalSettings:
     """Everything that must be identical for both arms."""
 
@@ -61,7 +81,8 @@ class EvalSettings:
     max_gen_toks: int = 512  # lm-eval's 256 truncates chain-of-thought answers
     max_retries: int = 3  # total attempts per request (tenacity stop_after_attempt)
     timeout: float = 300.0
-    data_dir: Path | None = None  # None: the Hugging Face dataset openai/gsm8k
+    data_dir: Path | None = None  # test.jsonl and train.jsonl; None: the Hub dataset
+    hub_files: HubFiles | None = None  # the Hub dataset's parquet files, resolved up front
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,7 +95,17 @@ class EvalSettings:
             "max_retries": self.max_retries,
             "timeout": self.timeout,
             "data_dir": None if self.data_dir is None else str(self.data_dir),
+            "dataset": self.dataset,
         }
+
+    @property
+    def dataset(self) -> str:
+        """Where the questions come from, for the summary and messages."""
+        if self.data_dir is not None:
+            return str(self.data_dir)
+        if self.hub_files is not None:
+            return f"{HF_DATASET[0]} ({self.hub_files.test.parent.parent})"
+        return HF_DATASET[0]
 
     @property
     def model_type(self) -> str:
@@ -100,6 +131,80 @@ def resolve_data_dir(flag: str | None, environ: Mapping[str, str]) -> Path | Non
     return path
 
 
+def probe_hub(endpoint: str, timeout: float = 5.0) -> str | None:
+    """One request to the hub: None when it answers at all, else why it cannot be reached.
+
+    huggingface_hub backs off and retries a hub that is down for tens of seconds; this answers
+    in at most `timeout`.
+    """
+    import httpx
+
+    try:
+        httpx.head(f"{endpoint}/api/datasets/{HF_DATASET[0]}", timeout=timeout)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+    return None
+
+
+def resolve_hub_dataset(
+    environ: Mapping[str, str], probe: Callable[[str], str | None] = probe_hub
+) -> HubFiles:
+    """The Hub dataset's parquet files from the local HF cache, downloading them unless offline.
+
+    Called once, before any arm is contacted, so a missing dataset is reported as such, in
+    seconds, and never as an endpoint failure. Raises EvalError naming the dataset and the fix.
+    """
+    from huggingface_hub import hf_hub_download
+
+    cache = hf_hub_cache(environ)
+    endpoint = (environ.get("HF_ENDPOINT") or HF_ENDPOINT).rstrip("/")
+    token = environ.get("HF_TOKEN") or None
+
+    def fetch(local_only: bool) -> HubFiles:
+        paths = {
+            split: Path(
+                hf_hub_download(
+                    HF_DATASET[0],
+                    filename,
+                    repo_type="dataset",
+                    cache_dir=cache,
+                    local_files_only=local_only,
+                    endpoint=endpoint,
+                    token=token,
+                )
+            )
+            for split, filename in HF_FILES.items()
+        }
+        return HubFiles(test=paths["test"], train=paths["train"])
+
+    def missing(why: str) -> EvalError:
+        return EvalError(
+            f"GSM8K dataset {HF_DATASET[0]}: no local copy ({GSM8K_ENV} and --data-dir unset), "
+            f"not in the Hugging Face cache {cache}, and {why}; {DATA_NEXT_STEP}"
+        )
+
+    try:
+        return fetch(local_only=True)  # the cache first: no network at all
+    except Exception:  # any miss (not cached, partial, unreadable) means: fetch it
+        pass
+    if offline_requested(environ):
+        raise missing("HF_HUB_OFFLINE keeps the Hub off")
+    unreachable = probe(endpoint)
+    if unreachable is not None:
+        raise missing(f"the Hub at {endpoint} is unreachable ({unreachable})")
+    try:
+        return fetch(local_only=False)
+    except Exception as exc:  # hub, HTTP and file errors alike: the dataset is not available
+        raise missing(
+            f"the Hub could not provide it ({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
 def count_test_questions(data_dir: Path | None) -> int:
     """Questions in the test split (1,319 for the Hub dataset)."""
     if data_dir is None:
@@ -117,7 +222,14 @@ def write_task_config(settings: EvalSettings, directory: Path) -> Path:
     )
     config = yaml.safe_load(text)
     config["task"] = settings.task_name
-    if settings.data_dir is None:
+    if settings.data_dir is None and settings.hub_files is not None:
+        files = {"test": str(settings.hub_files.test)}
+        if "training_split" in config or "fewshot_split" in config:
+            files["train"] = str(settings.hub_files.train)
+        config.update(
+            dataset_path="parquet", dataset_name=None, dataset_kwargs={"data_files": files}
+        )
+    elif settings.data_dir is None:
         config["dataset_path"], config["dataset_name"] = HF_DATASET
         config.pop("dataset_kwargs", None)
     else:
@@ -132,7 +244,7 @@ def write_task_config(settings: EvalSettings, directory: Path) -> Path:
 
 def offline_environment(settings: EvalSettings) -> dict[str, str]:
     """Variables that keep lm-eval and datasets off the network when the data is local."""
-    if settings.data_dir is None:
+    if settings.data_dir is None and settings.hub_files is None:
         return {}
     return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
 
