@@ -128,7 +128,7 @@ def test_offline_cache_miss_says_what_to_do(
     code, out, err = _preflight(capsys, REPO)
     assert (code, out) == (4, "")
     assert err == (
-        f"kvgate: HubError: {REPO}@main: HF_HUB_OFFLINE is set and the Hugging Face cache "
+        f"kvgate preflight: error: {REPO}@main: HF_HUB_OFFLINE is set and the Hugging Face cache "
         f"{env} does not have the model's config.json; {OFFLINE_NEXT_STEP}\n"
     )
     assert "--config-file" not in err and "local checkpoint directory" in err
@@ -157,7 +157,10 @@ def test_a_hub_that_answers_no_is_not_hidden_by_the_cache(
     monkeypatch.setattr(hub, "read_hub_checkpoint", gated)
     code, out, err = _preflight(capsys, REPO)
     assert (code, out) == (4, "")
-    assert err == f"kvgate: HubError: {REPO}@main: the repo is gated; accept its terms on the hub\n"
+    assert (
+        err
+        == f"kvgate preflight: error: {REPO}@main: the repo is gated; accept its terms on the hub\n"
+    )
 
 
 def test_an_index_entry_outside_the_snapshot_is_refused(
