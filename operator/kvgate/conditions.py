@@ -43,50 +43,6 @@ ALL_TYPES: Final = (
     ROLLED_BACK,
 )  # Drifted is set only after Promoted, by the drift check
 
-# Event reasons with their message templates, side by side (Argo's XxxReason / XxxMessage).
-WARNING_REASONS: Final = frozenset(
-    {
-        "InvalidSpec",
-        "TargetNotFound",
-        "RolloutConflict",
-        "PoolPressureUnknown",
-        "ScalesMissing",
-        "ScalesDropped",
-        "CanaryCrashed",
-        "CanaryTimeout",
-        "BackendChanged",
-        "BackendNotAllowed",
-        "CapacityNotGained",
-        "AccuracyRegressed",
-        "AccuracyInconclusive",
-        "EvalError",
-        "SpeedRegressed",
-        "PromotionFailed",
-        "PromotionReverted",
-        "RolledBack",
-        "RolloutFailed",
-        "InvalidTarget",
-        "CandidateDtypeMismatch",
-        "ControlDtypeMismatch",
-        "CapacityUnknown",
-        "SpeedUnknown",
-        "ExternalErrors",
-        "RevertFailed",
-        "Reverting",
-        "TargetChanged",
-        "TargetDeleted",
-        "Superseded",
-        "UnexpectedPatch",
-        "Drifted",
-        "ReconcileError",
-    }
-)
-
-
-def is_warning(reason: str) -> bool:
-    """Whether an event with this reason is a Warning (failures and errors are)."""
-    return reason in WARNING_REASONS
-
 
 def get_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)

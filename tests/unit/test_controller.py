@@ -226,16 +226,20 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
              "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip
     given = copy.deepcopy(found)
-    intent = RevertIntent(Phase.ROLLED_BACK, "VerifyFailed", "slower")
-    step = Step(Phase.REVERTING, "VerifyFailed", "slower", eval_attempts=2, revert=intent,
-                gates=(GateResult("speed", Outcome.FAILED, "Slower", "slower"),))  # fmt: skip
+    from kvgate.reasons import Reason
+
+    intent = RevertIntent(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "slower")
+    step = Step(Phase.REVERTING, Reason.REVERTING, "slower", eval_attempts=2, revert=intent,
+                gates=(GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower"),))  # fmt: skip
     args = {"now": "2026-12-01T10:00:09Z", "generation": 3, "deployment_generation": 5}
     new = record.fold(found, step, Phase.VERIFYING, **args)
     assert found == given  # read, never written
     assert record.fold(found, step, Phase.VERIFYING, **args) == new
     assert new["phase"] == "Reverting" and new["phaseSince"] == args["now"]
     assert new["observedGeneration"] == 3 and new["eval"] == {"job": "j", "attempt": 2}
-    assert new["gates"] == {"speed": {"outcome": "Failed", "reason": "Slower", "message": "slower"}}
+    assert new["gates"] == {
+        "speed": {"outcome": "Failed", "reason": "SpeedRegressed", "message": "slower"}
+    }
     # the write-ahead record of the revert, written with the step that enters Reverting
     assert new["revert"] == {**intent.to_dict(), "startedAt": args["now"], "attempts": 0}
     assert new["promotion"] == found["promotion"] and not new.get("finishedAt")

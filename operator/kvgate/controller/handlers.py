@@ -64,6 +64,7 @@ from kvgate.model import (
     Phase,
     ended,
 )
+from kvgate.reasons import Reason
 from kvgate.steps import Step
 
 _metrics_lock = threading.Lock()
@@ -133,7 +134,7 @@ def reconcile(
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
-                    run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
+                    run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
                 except ExternalError as exc:
                     raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
                 patch_status(patch, old, {"pendingActions": None})
@@ -158,7 +159,7 @@ def reconcile(
     )
     state = read_state(ctx, phase, meta)
     try:
-        run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
+        run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
         obs = observe(ctx, phase, spec_errors)
         step = machine.next_step(
             spec,
@@ -183,7 +184,7 @@ def reconcile(
             retry = {"consecutiveErrors": errors, "message": f"retrying after: {what}"}
             patch_status(patch, old, {**cleared, **retry})
             if errors == 1 or errors % 10 == 0:
-                post_event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
+                post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
@@ -191,7 +192,7 @@ def reconcile(
     written = write_status(ctx, patch, old, phase, step, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
-    if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
+    if step.phase is Phase.FAILED and step.reason.permanent:
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
@@ -230,13 +231,13 @@ def cleanup(
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     phase = Phase(status.get("phase") or Phase.PENDING.value)
-    step = Step(phase, "Deleted", "rollout deleted")
+    step = Step(phase, Reason.DELETED, "rollout deleted")
     try:
         live = live_target(ctx) if phase is not Phase.PROMOTED else None
         if live is not None and live.exists and live.ours_present:
             # Fail closed: a change that was not verified is undone before the rollout goes.
             if retry >= ctx.config.error_limit:
-                post_event(ctx, "RevertFailed", "rollout deleted; the revert was not confirmed after "
+                post_event(ctx, Reason.REVERT_FAILED, "rollout deleted; the revert was not confirmed after "
                        f"{retry} attempts: the Deployment may still carry kvgate's change",
                        warning=True)  # fmt: skip
             else:
@@ -286,10 +287,13 @@ def drift(
     if drifted:
         what = "is gone" if not live.exists else "no longer carries the promoted config"
         message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
-        reason = "Drifted"
+        reason = Reason.DRIFTED
         post_event(ctx, reason, message, warning=True)
     else:
-        reason, message = "InSync", f"Deployment {spec.target.name} carries the promoted config"
+        reason, message = (
+            Reason.IN_SYNC,
+            f"Deployment {spec.target.name} carries the promoted config",
+        )
     updated = cond.set_condition(
         conditions,
         cond.DRIFTED,

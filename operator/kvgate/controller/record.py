@@ -32,12 +32,13 @@ from kvgate.model import (
     Outcome,
     Phase,
 )
+from kvgate.reasons import Reason
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
 
-def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
-    warn = cond.is_warning(reason) if warning is None else warning
+def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool | None = None) -> None:
+    warn = reason.warning if warning is None else warning
     type_ = "Warning" if warn else "Normal"
     message = redact.scrub_text(message)  # Events are readable by anyone who reads the namespace
     kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
@@ -59,9 +60,7 @@ def gate_condition_status(result: GateResult) -> str:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
-    if result.gate == SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
-        return cond.FALSE
-    if result.gate == POOL and result.reason == "PoolHasRoom":
+    if result.reason.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
         return cond.FALSE
     return cond.UNKNOWN
 
@@ -138,11 +137,11 @@ def fold(
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
         generation=generation, now=now, ready_without_terminal=reported,
-        stalled=step.reason == "RevertFailed",
+        stalled=step.reason.stalls,
     )  # fmt: skip
     status.update(
         phase=step.phase.value,
-        reason=step.reason,
+        reason=str(step.reason),
         message=step.message,
         observedGeneration=generation,
         gates=gates,
