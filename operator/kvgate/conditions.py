@@ -112,15 +112,19 @@ def summary_conditions(
     now: str,
     ready_without_terminal: bool = False,
     stalled: bool = False,
+    gate_closed: bool = False,
 ) -> tuple[Condition, ...]:
     """Set the kstatus summary (Ready / Reconciling / Stalled) and Promoted / RolledBack for `phase`.
 
     Ready=True means the rollout reached a good end (Promoted, NotNeeded, or a reported verdict
-    when `ready_without_terminal`); RolledBack and Failed are Ready=False with their reason.
+    when `ready_without_terminal`); RolledBack and Failed are Ready=False with their reason, and
+    so is any end of a closed gate (gate mode: NotNeeded too).
     """
     c = tuple(conditions)
-    good = phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or ready_without_terminal
-    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
+    good = (
+        phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or ready_without_terminal
+    ) and not gate_closed
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED) or gate_closed
     done = phase.terminal or ready_without_terminal
     ready = TRUE if good else FALSE
     ready_reason = reason if (good or bad) else "Progressing"

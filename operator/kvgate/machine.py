@@ -66,8 +66,25 @@ def next_step(
     Whatever the phase decided, an end other than Promoted is only reached when the live
     Deployment carries none of kvgate's edits; otherwise the rollout reverts first. An abort
     (`state.abort`) ends any running phase that way; an approval that has not come within
-    `approval_ttl_s` of the verdict never comes (the evidence is stale).
+    `approval_ttl_s` of the verdict never comes (the evidence is stale). In gate mode every
+    end but a passing verdict closes the gate.
     """
+    step = _step(spec, state, obs, poll_s=poll_s, approval_ttl_s=approval_ttl_s)
+    if spec.promotion.mode is PromotionMode.GATE and step.terminal:
+        # Fail closed: NotNeeded and Failed close the gate too; nothing here was shown safe.
+        message = f"gate closed: {step.message}"
+        return replace(step, gate_closed=True, message=message)
+    return step
+
+
+def _step(
+    spec: RolloutSpec,
+    state: State,
+    obs: Observation,
+    *,
+    poll_s: float,
+    approval_ttl_s: float | None,
+) -> Step:
     handler = _PHASES.get(state.phase)
     if handler is None:  # terminal: nothing moves
         return Step(state.phase, Reason.TERMINAL, f"rollout is {state.phase.value}")
@@ -413,9 +430,10 @@ def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
 def _after_verdict(
     spec: RolloutSpec, state: State, verdict: Verdict, gates: tuple[GateResult, ...]
 ) -> Step:
-    if spec.promotion.mode is PromotionMode.REPORT:
+    if not spec.promotion.mode.changes_deployment:
         message = (
-            f"verdict: promote ({verdict.message}); report mode: the Deployment is not changed"
+            f"verdict: promote ({verdict.message}); {spec.promotion.mode} mode: "
+            "the Deployment is not changed"
         )
         return Step(
             Phase.AWAITING_APPROVAL,
@@ -450,7 +468,7 @@ def _after_verdict(
 
 
 def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    if spec.promotion.mode is PromotionMode.REPORT:
+    if not spec.promotion.mode.changes_deployment:
         return Step(Phase.AWAITING_APPROVAL, VERDICT_REPORTED, "verdict reported")
     verdict = decide(
         tuple(state.gates.values()),

@@ -107,6 +107,14 @@ class PromotionMode(StrEnum):
     AUTO = "auto"
     MANUAL = "manual"
     REPORT = "report"
+    # Report mode that fails closed: the rollout itself is the gate a GitOps sync waits on
+    # (a passing verdict is Ready; any other end is Stalled, Degraded in Argo CD).
+    GATE = "gate"
+
+    @property
+    def changes_deployment(self) -> bool:
+        """Whether kvgate patches the Deployment (auto, manual) or only reports (report, gate)."""
+        return self in (PromotionMode.AUTO, PromotionMode.MANUAL)
 
 
 class Remediation(StrEnum):

@@ -139,6 +139,7 @@ class Step:
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
     remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
+    gate_closed: bool = False  # gate mode: an end that is not a passing verdict (Stalled)
 
     @property
     def terminal(self) -> bool:

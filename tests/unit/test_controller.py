@@ -1089,3 +1089,65 @@ def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
     assert status["message"].startswith("gave up after 31 consecutive errors (limit 30); last: ")
     assert "prom.test:9090" in status["message"]
     assert len(asked) == 31
+
+
+def _argocd_health(obj: dict[str, Any]) -> str:
+    """The chart's Argo CD health check, run as Lua 5.1 (gopher-lua's dialect) via lupa."""
+    import pathlib
+
+    lupa = pytest.importorskip("lupa.lua51")
+    script = pathlib.Path(__file__).resolve().parents[2] / "charts/kvgate/argocd/health.lua"
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(json.loads(json.dumps(obj)), recursive=True)
+    return str(lua.execute(script.read_text())["status"])
+
+
+def _kstatus(obj: dict[str, Any]) -> str:
+    """kstatus (sigs.k8s.io/cli-utils) for a custom resource that follows its conventions:
+    an unobserved generation or Reconciling=True is InProgress, Stalled=True is Failed."""
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != obj["metadata"]["generation"]:
+        return "InProgress"
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    if conditions.get("Reconciling") == "True":
+        return "InProgress"
+    if conditions.get("Stalled") == "True":
+        return "Failed"
+    return "Current"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "argocd", "kstatus", "ready"),
+    [("pass", "Healthy", "Current", "True"), ("fail", "Degraded", "Failed", "False")],
+)
+def test_a_gate_rollout_holds_a_gitops_sync_until_its_verdict_passes(
+    monkeypatch: pytest.MonkeyPatch, verdict: str, argocd: str, kstatus: str, ready: str
+) -> None:
+    world = World(monkeypatch, promotion={"mode": "gate"})
+    world.kube.eval_summary = {**fake_cluster.SUMMARY_PASS, "verdict": verdict}
+    seen: list[tuple[str, str]] = []
+    for _ in range(200):
+        world.reconcile()
+        seen.append((_argocd_health(world.obj), _kstatus(world.obj)))
+        status = world.obj.get("status") or {}
+        if status.get("phase") in TERMINAL or status.get("reason") == "VerdictReported":
+            break
+        world.now += dt.timedelta(seconds=5)
+    world.assert_invariant()  # the Deployment is never changed in gate mode
+    assert world.reasons().count("Promoting") == 0
+    # while it runs the sync is held (Progressing / InProgress), then the verdict decides
+    assert set(seen[:-1]) == {("Progressing", "InProgress")}
+    assert seen[-1] == (argocd, kstatus)
+    conditions = {c["type"]: c["status"] for c in world.obj["status"]["conditions"]}
+    assert conditions["Ready"] == ready
+    assert conditions["Stalled"] == ("True" if verdict == "fail" else "False")
+
+
+def test_a_gate_that_finds_the_pool_with_room_stays_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NotNeeded says FP8 buys nothing here; the candidate was never shown safe, so the gate holds
+    world, _ = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.3, 0.0))
+    world.obj["spec"]["promotion"] = {"mode": "gate"}
+    assert world.run() == "NotNeeded", world.obj["status"]
+    world.assert_invariant()
+    assert (_argocd_health(world.obj), _kstatus(world.obj)) == ("Degraded", "Failed")
+    assert world.obj["status"]["message"].startswith("gate closed: ")

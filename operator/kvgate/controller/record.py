@@ -137,7 +137,7 @@ def fold(
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
         generation=generation, now=now, ready_without_terminal=reported,
-        stalled=step.reason.stalls,
+        stalled=step.reason.stalls or step.gate_closed, gate_closed=step.gate_closed,
     )  # fmt: skip
     status.update(
         phase=step.phase.value,
