@@ -28,6 +28,7 @@ ACCURACY_NON_INFERIOR: Final = "AccuracyNonInferior"
 CAPACITY_GAINED: Final = "CapacityGained"
 PROMOTED: Final = "Promoted"
 ROLLED_BACK: Final = "RolledBack"
+STALE: Final = "Stale"  # after the verdict: what runs is not what it was reached on
 DRIFTED: Final = "Drifted"  # after Promoted: the Deployment no longer carries the promoted config
 
 ALL_TYPES: Final = (

@@ -102,6 +102,8 @@ class Reason(StrEnum):
     EXTERNAL_ERRORS = "ExternalErrors"
     RECONCILE_ERROR = "ReconcileError"
     DRIFTED = "Drifted"
+    STALE = "Stale"
+    VERDICT_CURRENT = "VerdictCurrent"
     IN_SYNC = "InSync"
     TERMINAL = "Terminal"  # a reconcile of an ended rollout
     CLEANUP = "Cleanup"  # deleting an ended rollout's children
@@ -177,6 +179,7 @@ _WARNING: Final = frozenset(
         Reason.SUPERSEDED,
         Reason.UNEXPECTED_PATCH,
         Reason.DRIFTED,
+        Reason.STALE,
         Reason.RECONCILE_ERROR,
     }
 )

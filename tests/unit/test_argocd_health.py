@@ -182,3 +182,12 @@ def test_gate_mode_opens_only_on_a_passing_verdict(
         assert message == "Gate open: m"
     if expected == "Degraded":
         assert message == "Gate closed: m"
+
+
+def test_a_stale_gate_holds_the_next_sync(health: Any) -> None:
+    stale = [{"type": "Stale", "status": "True", "reason": "Stale", "message": "image a -> b"}]
+    obj = rollout("AwaitingApproval", mode="gate", reason="VerdictReported", conditions=stale)
+    assert health(obj) == ("Progressing", "Verdict stale: image a -> b")
+    fresh = [{"type": "Stale", "status": "False", "reason": "VerdictCurrent"}]
+    obj = rollout("AwaitingApproval", mode="gate", reason="VerdictReported", conditions=fresh)
+    assert health(obj)[0] == "Healthy"

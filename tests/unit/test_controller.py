@@ -1151,3 +1151,76 @@ def test_a_gate_that_finds_the_pool_with_room_stays_closed(monkeypatch: pytest.M
     world.assert_invariant()
     assert (_argocd_health(world.obj), _kstatus(world.obj)) == ("Degraded", "Failed")
     assert world.obj["status"]["message"].startswith("gate closed: ")
+
+
+def _drift_check(world: World) -> dict[str, Any]:
+    body = kopf.Body(copy.deepcopy(world.obj))
+    patch = kopf.Patch()
+    handlers.drift(body=body, meta=body.metadata, patch=patch, memo=world.memo, logger=LOG)
+    merge(world.obj["status"], dict(patch.get("status") or {}))
+    return {c["type"]: c for c in world.obj["status"].get("conditions") or []}
+
+
+def test_the_verdict_records_what_it_was_reached_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    key = world.obj["status"]["verdict"]["key"]
+    candidate = world.obj["status"]["arms"]["candidate"]
+    assert key["image"] == world.original["image"] == "vllm/vllm-openai:v0.11.0"
+    assert key["imageDigest"] == candidate["imageID"] == fake_cluster.image_id(key["image"])
+    assert (key["engine"], key["attentionBackend"]) == ("vllm", "TRITON_ATTN")
+    assert key["kvCacheDtype"].startswith("fp8")  # what the candidate's engine said it runs
+    assert key["engineVersion"] and key["config"].startswith("sha256:")
+    assert key["evalPolicy"].startswith("sha256:") and key["digest"].startswith("sha256:")
+
+
+@pytest.mark.parametrize("change", ["retag", "bump"])
+def test_a_promoted_verdict_goes_stale_when_the_engine_image_changes(
+    monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    assert _drift_check(world)["Stale"]["status"] == "False"  # what runs is what was tested
+    if change == "retag":  # the same tag, pushed again: only the digest says so
+        world.kube.retag()
+        what = "image digest"
+    else:  # an image bump from Git, the tested args kept
+        world.kube.edit_container("vllm", image="vllm/vllm-openai:v0.12.0")
+        what = "image vllm/vllm-openai:v0.11.0 -> vllm/vllm-openai:v0.12.0"
+    mutations = world.kube.mutations
+    stale = _drift_check(world)["Stale"]
+    assert (stale["status"], stale["reason"]) == ("True", "Stale")
+    assert what in stale["message"]
+    assert world.reasons().count("Stale") == 1
+    _drift_check(world)  # no second Event while it stays stale
+    assert world.reasons().count("Stale") == 1
+    assert _drift_check(world)["Drifted"]["status"] == "False"  # the tested args are still there
+    assert world.kube.mutations == mutations  # kvgate changes nothing
+
+
+def test_an_unreadable_digest_is_no_evidence_of_staleness(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    for pod in world.kube.of_kind("Pod"):
+        pod["status"]["containerStatuses"][0].pop("imageID", None)  # still starting, say
+    assert _drift_check(world)["Stale"]["status"] == "False"
+
+
+def test_a_gate_reopened_by_git_closes_again_when_the_engine_image_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch, promotion={"mode": "gate"})
+    for _ in range(200):
+        world.reconcile()
+        if (world.obj.get("status") or {}).get("reason") == "VerdictReported":
+            break
+        world.now += dt.timedelta(seconds=5)
+    assert handlers._has_verdict_in_force(world.obj["status"])
+    tested = world.candidate()
+    world.kube.edit_container("vllm", args=tested["args"], env=tested.get("env"))  # Git applies it
+    assert _drift_check(world)["Stale"]["status"] == "False"
+    assert _argocd_health(world.obj) == "Healthy"
+    world.kube.retag()
+    assert _drift_check(world)["Stale"]["status"] == "True"
+    assert _argocd_health(world.obj) == "Progressing"  # the next sync waits for a new verdict
+    assert "Drifted" not in _drift_check(world)  # gate mode never promoted: nothing to drift from

@@ -5,6 +5,7 @@
 --   Healthy      Promoted, NotNeeded; in report mode any verdict, pass (AwaitingApproval
 --                with reason VerdictReported) or no (RolledBack): nothing was changed;
 --                in gate mode only a passing verdict (AwaitingApproval, VerdictReported)
+--                that is not Stale (the engine image changed since: Progressing)
 --   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec,
 --                RevertFailed); or Drifted is True after Promoted; in gate mode every end
 --                but a passing verdict (NotNeeded too: the gate fails closed)
@@ -69,7 +70,12 @@ end
 -- Gate mode is the sync's gate: only a passing verdict opens it; any other end closes it (the
 -- operator also sets Stalled=True, which the check above reads first); a running one holds it.
 if mode == "gate" then
-  if phase == "AwaitingApproval" and status.reason == "VerdictReported" then
+  local stale = condition(status, "Stale")
+  if stale ~= nil and stale.status == "True" then
+    -- the engine changed under a passing verdict: hold the next sync until it is evaluated again
+    hs.status = "Progressing"
+    hs.message = "Verdict stale: " .. (stale.message or "")
+  elseif phase == "AwaitingApproval" and status.reason == "VerdictReported" then
     hs.status = "Healthy"
     hs.message = "Gate open: " .. describe(status, phase)
   elseif phase == "Promoted" or phase == "RolledBack" or phase == "NotNeeded" or phase == "Failed" then

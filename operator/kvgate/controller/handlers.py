@@ -21,7 +21,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import deadlines, machine
+from kvgate import deadlines, machine, verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -37,6 +37,7 @@ from kvgate.controller.context import (
     Ctx,
     describe,
     iso,
+    live_key,
     live_target,
     parse_spec,
     read_state,
@@ -54,6 +55,7 @@ from kvgate.controller.telemetry import (
     DRIFTED,
     PHASE,
     RECONCILE_ERRORS,
+    STALE,
 )
 from kvgate.errors import ExternalError, KvgateError
 from kvgate.model import (
@@ -65,7 +67,7 @@ from kvgate.model import (
     ended,
 )
 from kvgate.reasons import Reason
-from kvgate.steps import Step
+from kvgate.steps import LiveTarget, Step
 
 _metrics_lock = threading.Lock()
 
@@ -253,16 +255,23 @@ def cleanup(
             PHASE.remove(ctx.namespace, ctx.name, p.value)
     with contextlib.suppress(KeyError):
         DRIFTED.remove(ctx.namespace, ctx.name)
+    with contextlib.suppress(KeyError):
+        STALE.remove(ctx.namespace, ctx.name)
 
 
 DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
 
 
-def _is_promoted(status: Mapping[str, Any], **_: Any) -> bool:
-    return status.get("phase") == Phase.PROMOTED.value
+def _has_verdict_in_force(status: Mapping[str, Any], **_: Any) -> bool:
+    """Promoted, or a passing verdict reported (report and gate mode): a verdict that can go
+    stale."""
+    return status.get("phase") == Phase.PROMOTED.value or (
+        status.get("phase") == Phase.AWAITING_APPROVAL.value
+        and status.get("reason") == Reason.VERDICT_REPORTED
+    )
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_is_promoted)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_has_verdict_in_force)
 def drift(
     body: kopf.Body,
     meta: kopf.Meta,
@@ -271,19 +280,31 @@ def drift(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
-    """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
+    """After the verdict: does the Deployment still carry the promoted config (Promoted only),
+    and does what runs still match what the verdict was reached on (Stale)? Never re-applied."""
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
-    spec = ctx.spec
     live = live_target(ctx)
     if live is None:
         return
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    updated = conditions
+    if status.get("phase") == Phase.PROMOTED.value:
+        updated = _drifted(ctx, live, updated)
+    updated = _stale(ctx, live, updated)
+    if updated != conditions:
+        patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})
+
+
+def _drifted(
+    ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]
+) -> tuple[Condition, ...]:
+    spec = ctx.spec
     drifted = not (live.exists and live.carries_candidate)
     DRIFTED.labels(ctx.namespace, ctx.name).set(1 if drifted else 0)
-    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     was = cond.get_condition(conditions, cond.DRIFTED)
-    if (was is not None and was.status == cond.TRUE) == drifted and was is not None:
-        return
+    if was is not None and (was.status == cond.TRUE) == drifted:
+        return conditions
     if drifted:
         what = "is gone" if not live.exists else "no longer carries the promoted config"
         message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
@@ -294,7 +315,7 @@ def drift(
             Reason.IN_SYNC,
             f"Deployment {spec.target.name} carries the promoted config",
         )
-    updated = cond.set_condition(
+    return cond.set_condition(
         conditions,
         cond.DRIFTED,
         cond.TRUE if drifted else cond.FALSE,
@@ -303,4 +324,31 @@ def drift(
         generation=ctx.generation,
         now=iso(ctx.now),
     )
-    patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})
+
+
+def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
+    """Stale=True when the Deployment runs the tested config on another image than the one the
+    verdict was reached on (a tag moved, an image bump from Git); an Event when it turns."""
+    key = verdictkey.recorded(ctx.status)
+    if key is None or not (live.exists and live.carries_candidate):
+        return conditions  # nothing recorded, or the tested config is not there to judge
+    current = live_key(ctx)
+    changed = verdictkey.stale_fields(key, current)
+    STALE.labels(ctx.namespace, ctx.name).set(1 if changed else 0)
+    was = cond.get_condition(conditions, cond.STALE)
+    if was is not None and (was.status == cond.TRUE) == bool(changed) and not changed:
+        return conditions
+    if changed:
+        message = (
+            f"the verdict was reached on another engine than runs now "
+            f"({verdictkey.describe(changed, key, current)}); create the rollout again to "
+            "evaluate what runs"
+        )
+        if was is not None and was.status == cond.TRUE and was.message == message:
+            return conditions
+        post_event(ctx, Reason.STALE, message, warning=True)
+        return cond.set_condition(conditions, cond.STALE, cond.TRUE, Reason.STALE, message,
+                                  generation=ctx.generation, now=iso(ctx.now))  # fmt: skip
+    return cond.set_condition(conditions, cond.STALE, cond.FALSE, Reason.VERDICT_CURRENT,
+                              "what runs is what the verdict was reached on",
+                              generation=ctx.generation, now=iso(ctx.now))  # fmt: skip

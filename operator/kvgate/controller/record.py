@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import manifests, redact
+from kvgate import manifests, redact, verdictkey
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -33,6 +33,7 @@ from kvgate.model import (
     Phase,
 )
 from kvgate.reasons import Reason
+from kvgate.status import RolloutStatus, VerdictRecord
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
@@ -92,8 +93,11 @@ def write_status(
     new spec removes); post its Events, metrics and, on the first finish, the report. Returns
     the status written."""
     deployment = (ctx.deployment or {}).get("metadata", {}).get("generation")
+    key = None
+    if step.verdict is not None:  # what the verdict was reached on, recorded with it
+        key = verdictkey.key_of(RolloutStatus.from_dict(ctx.status), ctx.spec)
     status = fold(ctx.status, step, old_phase, now=iso(ctx.now), generation=ctx.generation,
-                  deployment_generation=deployment)  # fmt: skip
+                  deployment_generation=deployment, verdict_key=key)  # fmt: skip
     patch_status(patch, old, {**(cleared or {}), **status})
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
@@ -116,6 +120,7 @@ def fold(
     now: str,
     generation: int | None,
     deployment_generation: int | None,
+    verdict_key: verdictkey.VerdictKey | None = None,
 ) -> dict[str, Any]:
     """The status after `step`, from the status this reconcile found and built (`found`, which
     is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
@@ -155,6 +160,10 @@ def fold(
         status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
+        if verdict_key is not None:
+            status["verdict"]["key"] = RolloutStatus(
+                verdict=VerdictRecord(key=verdict_key.to_record())
+            ).to_dict()["verdict"]["key"]
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING
