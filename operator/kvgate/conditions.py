@@ -28,6 +28,7 @@ ACCURACY_NON_INFERIOR: Final = "AccuracyNonInferior"
 CAPACITY_GAINED: Final = "CapacityGained"
 PROMOTED: Final = "Promoted"
 ROLLED_BACK: Final = "RolledBack"
+STALE: Final = "Stale"  # after the verdict: what runs is not what it was reached on
 DRIFTED: Final = "Drifted"  # after Promoted: the Deployment no longer carries the promoted config
 
 ALL_TYPES: Final = (
@@ -42,50 +43,6 @@ ALL_TYPES: Final = (
     PROMOTED,
     ROLLED_BACK,
 )  # Drifted is set only after Promoted, by the drift check
-
-# Event reasons with their message templates, side by side (Argo's XxxReason / XxxMessage).
-WARNING_REASONS: Final = frozenset(
-    {
-        "InvalidSpec",
-        "TargetNotFound",
-        "RolloutConflict",
-        "PoolPressureUnknown",
-        "ScalesMissing",
-        "ScalesDropped",
-        "CanaryCrashed",
-        "CanaryTimeout",
-        "BackendChanged",
-        "BackendNotAllowed",
-        "CapacityNotGained",
-        "AccuracyRegressed",
-        "AccuracyInconclusive",
-        "EvalError",
-        "SpeedRegressed",
-        "PromotionFailed",
-        "PromotionReverted",
-        "RolledBack",
-        "RolloutFailed",
-        "InvalidTarget",
-        "CandidateDtypeMismatch",
-        "ControlDtypeMismatch",
-        "CapacityUnknown",
-        "SpeedUnknown",
-        "ExternalErrors",
-        "RevertFailed",
-        "Reverting",
-        "TargetChanged",
-        "TargetDeleted",
-        "Superseded",
-        "UnexpectedPatch",
-        "Drifted",
-        "ReconcileError",
-    }
-)
-
-
-def is_warning(reason: str) -> bool:
-    """Whether an event with this reason is a Warning (failures and errors are)."""
-    return reason in WARNING_REASONS
 
 
 def get_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
@@ -156,15 +113,19 @@ def summary_conditions(
     now: str,
     ready_without_terminal: bool = False,
     stalled: bool = False,
+    gate_closed: bool = False,
 ) -> tuple[Condition, ...]:
     """Set the kstatus summary (Ready / Reconciling / Stalled) and Promoted / RolledBack for `phase`.
 
     Ready=True means the rollout reached a good end (Promoted, NotNeeded, or a reported verdict
-    when `ready_without_terminal`); RolledBack and Failed are Ready=False with their reason.
+    when `ready_without_terminal`); RolledBack and Failed are Ready=False with their reason, and
+    so is any end of a closed gate (gate mode: NotNeeded too).
     """
     c = tuple(conditions)
-    good = phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or ready_without_terminal
-    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
+    good = (
+        phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or ready_without_terminal
+    ) and not gate_closed
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED) or gate_closed
     done = phase.terminal or ready_without_terminal
     ready = TRUE if good else FALSE
     ready_reason = reason if (good or bad) else "Progressing"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from kvgate.model import PATCHED_PHASES, Phase
+from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
 from kvgate.steps import (
     EVAL_GRACE_S,
@@ -68,12 +69,12 @@ def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: 
         retry_s = revert_backoff(state.revert_attempts + 1)
         return Step(
             Phase.REVERTING,
-            "RevertFailed",
+            Reason.REVERT_FAILED,
             f"revert not confirmed: {message}; next try in {retry_s:g}s",
-            events=(Event("RevertFailed", message, warning=True),),
+            events=(Event(Reason.REVERT_FAILED, message, warning=True),),
             revert=state.revert,
             requeue_s=retry_s,
         )
     if state.phase in PATCHED_PHASES:
-        return revert_step(Phase.ROLLED_BACK, "PromotionReverted", message)
-    return end_step(Phase.FAILED, "ExternalErrors", message)
+        return revert_step(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, message)
+    return end_step(Phase.FAILED, Reason.EXTERNAL_ERRORS, message)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
+from kvgate.reasons import Reason
 from kvgate.spec import (
     AccuracyGate,
     BackendGate,
@@ -47,29 +48,33 @@ KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to
 def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
     """Is the KV pool the limit? Room plus `require` means the change is not needed."""
     if gate.mode is GateMode.OFF:
-        return GateResult(POOL, Outcome.SKIPPED, "GateOff", "pool pressure not checked (mode off)")
+        return GateResult(
+            POOL, Outcome.SKIPPED, Reason.GATE_OFF, "pool pressure not checked (mode off)"
+        )
     if pressured is True:
         return GateResult(
-            POOL, Outcome.SUCCESSFUL, "PoolPressured", f"KV pool is the limit: {detail}"
+            POOL, Outcome.SUCCESSFUL, Reason.POOL_PRESSURED, f"KV pool is the limit: {detail}"
         )
     if pressured is False:
         if gate.mode is GateMode.REQUIRE:
             return GateResult(
                 POOL,
                 Outcome.NOT_NEEDED,
-                "PoolHasRoom",
+                Reason.POOL_HAS_ROOM,
                 f"KV pool has room: {detail}; an FP8 KV cache buys nothing here",
             )
-        return GateResult(POOL, Outcome.WARNING, "PoolHasRoom", f"KV pool has room: {detail}")
+        return GateResult(
+            POOL, Outcome.WARNING, Reason.POOL_HAS_ROOM, f"KV pool has room: {detail}"
+        )
     if gate.mode is GateMode.REQUIRE:
         return GateResult(
             POOL,
             Outcome.ERROR,
-            "PoolPressureUnknown",
+            Reason.POOL_PRESSURE_UNKNOWN,
             f"could not tell whether the KV pool is the limit: {detail}",
         )
     return GateResult(
-        POOL, Outcome.WARNING, "PoolPressureUnknown", f"pool pressure unknown: {detail}"
+        POOL, Outcome.WARNING, Reason.POOL_PRESSURE_UNKNOWN, f"pool pressure unknown: {detail}"
     )
 
 
@@ -94,40 +99,47 @@ def assess_scales(
     ScalesDropped, a separate and louder finding than ScalesMissing.
     """
     if gate.mode is GateMode.OFF:
-        return GateResult(SCALES, Outcome.SKIPPED, "GateOff", "KV scales not checked (mode off)")
+        return GateResult(
+            SCALES, Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)"
+        )
     warned = scale_warnings(candidate_scan)
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
     if checkpoint_has_scales is True and (candidate_scan or {}).get("engine") == "sglang":
         # SGLang prints its 1.0 warning without --quantization-param-path even when it loaded
         # the checkpoint's per-layer scales (sglang#31224): the checkpoint scan is the evidence.
         return GateResult(
-            SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "checkpoint has k/v scales for every layer"
+            SCALES,
+            Outcome.SUCCESSFUL,
+            Reason.SCALES_PRESENT,
+            "checkpoint has k/v scales for every layer",
         )
     if checkpoint_has_scales is True and warned:
         return GateResult(
             SCALES,
             bad,
-            "ScalesDropped",
+            Reason.SCALES_DROPPED,
             f"checkpoint has KV scales but the candidate warns they were not used: {warned[0]}",
         )
     if checkpoint_has_scales is False or warned:
         why = warned[0] if warned else "the checkpoint scan found no k/v scales"
         return GateResult(
-            SCALES, bad, "ScalesMissing", f"no KV scales: FP8 KV uses scale 1.0 ({why})"
+            SCALES, bad, Reason.SCALES_MISSING, f"no KV scales: FP8 KV uses scale 1.0 ({why})"
         )
     if candidate_scan is None:
-        return GateResult(SCALES, Outcome.PENDING, "ScalesUnknown", "waiting for the candidate log")
+        return GateResult(
+            SCALES, Outcome.PENDING, Reason.SCALES_UNKNOWN, "waiting for the candidate log"
+        )
     if not candidate_scan.get("kv_cache_dtype"):
         # A log that does not even name its KV dtype proves nothing by lacking a scale warning.
         return GateResult(
             SCALES,
             Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
-            "ScalesUnknown",
+            Reason.SCALES_UNKNOWN,
             "the candidate's startup log names no KV dtype, so its silence about KV scales "
             "proves nothing, and the checkpoint scan could not tell",
         )
     return GateResult(
-        SCALES, Outcome.SUCCESSFUL, "ScalesPresent", "no KV-scale warning; scales used"
+        SCALES, Outcome.SUCCESSFUL, Reason.SCALES_PRESENT, "no KV-scale warning; scales used"
     )
 
 
@@ -139,7 +151,7 @@ def assess_backend(
     """The candidate's attention backend: allowed, and whether it changed from the control's."""
     if control_scan is None or candidate_scan is None:
         return GateResult(
-            BACKEND, Outcome.PENDING, "BackendUnknown", "waiting for both startup logs"
+            BACKEND, Outcome.PENDING, Reason.BACKEND_UNKNOWN, "waiting for both startup logs"
         )
     control = control_scan.get("attention_backend")
     candidate = candidate_scan.get("attention_backend")
@@ -147,14 +159,14 @@ def assess_backend(
         return GateResult(
             BACKEND,
             Outcome.WARNING if not gate.allowed else Outcome.ERROR,
-            "BackendUnknown",
+            Reason.BACKEND_UNKNOWN,
             "the candidate's startup log names no attention backend",
         )
     if gate.allowed and candidate not in gate.allowed:
         return GateResult(
             BACKEND,
             Outcome.FAILED,
-            "BackendNotAllowed",
+            Reason.BACKEND_NOT_ALLOWED,
             f"candidate uses {candidate}, not one of {', '.join(gate.allowed)}",
         )
     if control is not None and control != candidate:
@@ -163,8 +175,10 @@ def assess_backend(
             "two things changed at once (KV dtype and kernel)"
         )
         outcome = Outcome.WARNING if gate.allow_fallback else Outcome.FAILED
-        return GateResult(BACKEND, outcome, "BackendChanged", message)
-    return GateResult(BACKEND, Outcome.SUCCESSFUL, "BackendUnchanged", f"both arms use {candidate}")
+        return GateResult(BACKEND, outcome, Reason.BACKEND_CHANGED, message)
+    return GateResult(
+        BACKEND, Outcome.SUCCESSFUL, Reason.BACKEND_UNCHANGED, f"both arms use {candidate}"
+    )
 
 
 def _fp8_family(dtype: str | None) -> str | None:
@@ -209,7 +223,7 @@ def assess_arms_dtype(
         return GateResult(
             CANARY,
             Outcome.INCONCLUSIVE,
-            "CandidateDtypeUnread",
+            Reason.CANDIDATE_DTYPE_UNREAD,
             "neither the candidate's startup log nor its /metrics (cache_config_info) or server "
             f"info name its KV cache dtype in a form kvgate reads: it cannot be shown to run {wanted}",
         )
@@ -217,21 +231,21 @@ def assess_arms_dtype(
         return GateResult(
             CANARY,
             Outcome.ERROR,
-            "CandidateDtypeMismatch",
+            Reason.CANDIDATE_DTYPE_MISMATCH,
             f"the candidate's {source} shows KV cache dtype {candidate}, not {wanted}",
         )
     if control is not None and _fp8_family(control) == _fp8_family(wanted):
         return GateResult(
             CANARY,
             Outcome.ERROR,
-            "ControlDtypeMismatch",
+            Reason.CONTROL_DTYPE_MISMATCH,
             f"the control already runs KV cache dtype {control}: nothing to compare",
         )
     via = "" if source == "log" else " (read from its /metrics: its log does not say)"
     return GateResult(
         CANARY,
         Outcome.SUCCESSFUL,
-        "CanaryHealthy",
+        Reason.CANARY_HEALTHY,
         f"both arms Ready; candidate runs {candidate}{via}",
     )
 
@@ -277,7 +291,7 @@ def assess_engine_truth(
         return GateResult(
             ENGINE_TRUTH,
             Outcome.ERROR,
-            "LogMetricsDisagree",
+            Reason.LOG_METRICS_DISAGREE,
             "startup log and /metrics disagree: " + "; ".join(problems),
         )
     detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
@@ -290,7 +304,7 @@ def assess_engine_truth(
         return GateResult(
             ENGINE_TRUTH,
             Outcome.WARNING,
-            "LogSilent",
+            Reason.LOG_SILENT,
             "the candidate's startup log names no KV dtype or KV tokens in a form kvgate reads: "
             "its own /metrics are the only source",
         )
@@ -298,11 +312,14 @@ def assess_engine_truth(
         return GateResult(
             ENGINE_TRUTH,
             Outcome.WARNING,
-            "MetricsSilent",
+            Reason.METRICS_SILENT,
             "the candidate's /metrics give no KV dtype or capacity to check its log against",
         )
     return GateResult(
-        ENGINE_TRUTH, Outcome.SUCCESSFUL, "LogMetricsAgree", f"log and /metrics agree ({detail})"
+        ENGINE_TRUTH,
+        Outcome.SUCCESSFUL,
+        Reason.LOG_METRICS_AGREE,
+        f"log and /metrics agree ({detail})",
     )
 
 
@@ -324,7 +341,7 @@ def assess_capacity_gain(
         return GateResult(
             CAPACITY_GAIN,
             Outcome.ERROR,
-            "CapacityUnknown",
+            Reason.CAPACITY_UNKNOWN,
             f"neither the {missing} startup log nor its /metrics give a KV cache size",
         )
     ratio = candidate_tokens / control_tokens
@@ -333,33 +350,35 @@ def assess_capacity_gain(
         return GateResult(
             CAPACITY_GAIN,
             Outcome.FAILED,
-            "CapacityNotGained",
+            Reason.CAPACITY_NOT_GAINED,
             f"{detail}, below the minimum {gate.min_ratio:g}x",
         )
-    return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, "CapacityGained", detail)
+    return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, Reason.CAPACITY_GAINED, detail)
 
 
 def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> GateResult:
     """The eval summary's verdict (pass / fail / inconclusive / error) as an outcome."""
     if summary is None:
         return GateResult(
-            ACCURACY, Outcome.PENDING, "AccuracyPending", "accuracy not evaluated yet"
+            ACCURACY, Outcome.PENDING, Reason.ACCURACY_PENDING, "accuracy not evaluated yet"
         )
     verdict = summary.get("verdict")
     detail = accuracy_detail(summary)
     if verdict == "pass":
-        return GateResult(ACCURACY, Outcome.SUCCESSFUL, "AccuracyNonInferior", detail)
+        return GateResult(ACCURACY, Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, detail)
     if verdict == "fail":
-        return GateResult(ACCURACY, Outcome.FAILED, "AccuracyRegressed", detail)
+        return GateResult(ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, detail)
     if verdict == "inconclusive":
         advice = summary.get("advice")
         needed = advice.get("questions_needed") if isinstance(advice, Mapping) else None
         more = f"; about {needed} questions would decide" if needed else ""
-        return GateResult(ACCURACY, Outcome.INCONCLUSIVE, "AccuracyInconclusive", detail + more)
+        return GateResult(
+            ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, detail + more
+        )
     error = (
         summary.get("error") or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
     )
-    return GateResult(ACCURACY, Outcome.ERROR, "EvalError", str(error))
+    return GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, str(error))
 
 
 def accuracy_detail(summary: Mapping[str, Any]) -> str:
@@ -397,8 +416,8 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
 
 _LC_KIND: Final = "kvgate.eval/long_context"
 _LC_VERDICTS: Final = {
-    "fail": (Outcome.FAILED, "LongContextRegressed"),
-    "inconclusive": (Outcome.INCONCLUSIVE, "LongContextInconclusive"),
+    "fail": (Outcome.FAILED, Reason.LONG_CONTEXT_REGRESSED),
+    "inconclusive": (Outcome.INCONCLUSIVE, Reason.LONG_CONTEXT_INCONCLUSIVE),
 }
 
 
@@ -420,11 +439,13 @@ def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]
     where the candidate lost most.
     """
     if gate is None:
-        return GateResult(LONG_CONTEXT, Outcome.SKIPPED, "GateOff", "long context not evaluated")
+        return GateResult(
+            LONG_CONTEXT, Outcome.SKIPPED, Reason.GATE_OFF, "long context not evaluated"
+        )
     block = summary.get("long_context")
 
     def broken(why: str) -> GateResult:
-        return GateResult(LONG_CONTEXT, Outcome.ERROR, "LongContextError", why)
+        return GateResult(LONG_CONTEXT, Outcome.ERROR, Reason.LONG_CONTEXT_ERROR, why)
 
     if not isinstance(block, Mapping) or block.get("kind") != _LC_KIND:
         return broken(
@@ -469,7 +490,7 @@ def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]
         return GateResult(
             LONG_CONTEXT,
             Outcome.SUCCESSFUL,
-            "LongContextNonInferior",
+            Reason.LONG_CONTEXT_NON_INFERIOR,
             f"long context non-inferior in every bucket ({lengths}); closest: "
             f"{bucket_label(length)} {detail}, at least {lower:+.1f} pp "
             f"(margin {gate.margin_pp:g} pp)",
@@ -497,7 +518,7 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
     `warn`: both are WARNINGs. The message names the first flagged position bucket.
     """
     if gate.mode is GateMode.OFF:
-        return GateResult(DIVERGENCE, Outcome.SKIPPED, "GateOff", "divergence not screened")
+        return GateResult(DIVERGENCE, Outcome.SKIPPED, Reason.GATE_OFF, "divergence not screened")
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
     unknown = Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING
     block = summary.get("divergence")
@@ -505,7 +526,7 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
         return GateResult(
             DIVERGENCE,
             unknown,
-            "DivergenceUnknown",
+            Reason.DIVERGENCE_UNKNOWN,
             "the eval summary has no divergence block, though spec.gates.divergence asks for it",
         )
     verdict = block.get("verdict")
@@ -520,12 +541,15 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
             return GateResult(
                 DIVERGENCE,
                 Outcome.SUCCESSFUL,
-                "DivergenceWithinFloor",
+                Reason.DIVERGENCE_WITHIN_FLOOR,
                 f"token divergence within {gate.factor:g}x the A/A floor in every position "
                 f"bucket ({positions:,} positions)",
             )
         return GateResult(
-            DIVERGENCE, unknown, "DivergenceUnknown", "divergence pass contradicts its buckets"
+            DIVERGENCE,
+            unknown,
+            Reason.DIVERGENCE_UNKNOWN,
+            "divergence pass contradicts its buckets",
         )
     if verdict == "flag":
         first = block.get("first_flagged")
@@ -541,11 +565,11 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
         except (AssertionError, KeyError, TypeError, ValueError):
             flagged = block.get("flagged_buckets")
             message = f"token divergence above the A/A floor in position buckets {flagged!r}"
-        return GateResult(DIVERGENCE, bad, "DivergenceFlagged", message)
+        return GateResult(DIVERGENCE, bad, Reason.DIVERGENCE_FLAGGED, message)
     return GateResult(
         DIVERGENCE,
         unknown,
-        "DivergenceUnknown",
+        Reason.DIVERGENCE_UNKNOWN,
         f"divergence screen: {block.get('error') or f'verdict {verdict!r}'}",
     )
 
@@ -603,9 +627,11 @@ def assess_speed(
     leave the claim standing and say so.
     """
     if gate is None:
-        return GateResult(SPEED, Outcome.SKIPPED, "GateOff", "speed not checked")
+        return GateResult(SPEED, Outcome.SKIPPED, Reason.GATE_OFF, "speed not checked")
     if not control_tpot_s or candidate_tpot_s is None:
-        return GateResult(SPEED, Outcome.ERROR, "SpeedUnknown", "no TPOT from the engines' metrics")
+        return GateResult(
+            SPEED, Outcome.ERROR, Reason.SPEED_UNKNOWN, "no TPOT from the engines' metrics"
+        )
     regression = candidate_tpot_s / control_tpot_s - 1.0
     tpots = f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms"
     if clocks is not None and clocks.control is not None and clocks.candidate is not None:
@@ -614,7 +640,7 @@ def assess_speed(
             return GateResult(
                 SPEED,
                 Outcome.INCONCLUSIVE,
-                "ClocksDiffer",
+                Reason.CLOCKS_DIFFER,
                 f"no speed claim: the arms ran at different GPU clocks: {mismatch}; "
                 f"{tpots} not compared",
             )
@@ -626,8 +652,8 @@ def assess_speed(
         where = ""
     detail = f"{tpots} ({regression:+.0%}, limit +{gate.max_tpot_regression:.0%}){where}"
     if regression > gate.max_tpot_regression:
-        return GateResult(SPEED, Outcome.FAILED, "SpeedRegressed", detail)
-    return GateResult(SPEED, Outcome.SUCCESSFUL, "SpeedWithinLimit", detail)
+        return GateResult(SPEED, Outcome.FAILED, Reason.SPEED_REGRESSED, detail)
+    return GateResult(SPEED, Outcome.SUCCESSFUL, Reason.SPEED_WITHIN_LIMIT, detail)
 
 
 def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:

@@ -20,6 +20,7 @@ class PodHealth:
     restarts: int = 0
     ip: str | None = None
     unschedulable: bool = False  # the scheduler said why it cannot place the pod (in `detail`)
+    image_id: str | None = None  # the image the kubelet runs, by digest (containerStatuses)
 
 
 _CRASH_WAITING: Final = frozenset(
@@ -66,7 +67,9 @@ def pod_health(pod: Mapping[str, Any] | None, container: str | None = None) -> P
         detail = f"restarted {restarts}x (last exit {last.get('exitCode', '?')})"
         return PodHealth(True, crashed=True, detail=detail, restarts=restarts, ip=ip)
     ready = bool(cs.get("ready")) and status.get("phase") == "Running"
-    return PodHealth(True, ready=ready, detail="ready" if ready else "starting", ip=ip)
+    image_id = cs.get("imageID") if isinstance(cs.get("imageID"), str) else None
+    detail = "ready" if ready else "starting"
+    return PodHealth(True, ready=ready, detail=detail, ip=ip, image_id=image_id or None)
 
 
 _INSUFFICIENT: Final = re.compile(r"Insufficient ([A-Za-z0-9./_-]{1,100})")

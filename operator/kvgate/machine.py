@@ -32,6 +32,7 @@ from kvgate.gates import (
 )
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
+from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
 from kvgate.steps import (
@@ -65,11 +66,28 @@ def next_step(
     Whatever the phase decided, an end other than Promoted is only reached when the live
     Deployment carries none of kvgate's edits; otherwise the rollout reverts first. An abort
     (`state.abort`) ends any running phase that way; an approval that has not come within
-    `approval_ttl_s` of the verdict never comes (the evidence is stale).
+    `approval_ttl_s` of the verdict never comes (the evidence is stale). In gate mode every
+    end but a passing verdict closes the gate.
     """
+    step = _step(spec, state, obs, poll_s=poll_s, approval_ttl_s=approval_ttl_s)
+    if spec.promotion.mode is PromotionMode.GATE and step.terminal:
+        # Fail closed: NotNeeded and Failed close the gate too; nothing here was shown safe.
+        message = f"gate closed: {step.message}"
+        return replace(step, gate_closed=True, message=message)
+    return step
+
+
+def _step(
+    spec: RolloutSpec,
+    state: State,
+    obs: Observation,
+    *,
+    poll_s: float,
+    approval_ttl_s: float | None,
+) -> Step:
     handler = _PHASES.get(state.phase)
     if handler is None:  # terminal: nothing moves
-        return Step(state.phase, "Terminal", f"rollout is {state.phase.value}")
+        return Step(state.phase, Reason.TERMINAL, f"rollout is {state.phase.value}")
     live = obs.live
     if (
         live is not None
@@ -80,12 +98,12 @@ def next_step(
         # crashed run or by hand, and nothing here says it should stay.
         return revert_step(
             Phase.ROLLED_BACK,
-            "UnexpectedPatch",
+            Reason.UNEXPECTED_PATCH,
             f"the Deployment carries the candidate config while the rollout is "
             f"{state.phase.value} (not promoted); reverting it",
         )
     if state.abort is not None and state.phase is not Phase.REVERTING:
-        step = end_step(Phase.ROLLED_BACK, "Aborted", state.abort)
+        step = end_step(Phase.ROLLED_BACK, Reason.ABORTED, state.abort)
     elif (
         state.phase is Phase.AWAITING_APPROVAL
         and approval_ttl_s is not None
@@ -93,7 +111,7 @@ def next_step(
     ):
         step = end_step(
             Phase.ROLLED_BACK,
-            "ApprovalExpired",
+            Reason.APPROVAL_EXPIRED,
             f"no approval within {approval_ttl_s:g}s of the verdict: the evidence is stale; "
             "change the spec (or re-create the rollout) to evaluate again",
         )
@@ -113,35 +131,35 @@ def next_step(
 
 def _pending(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if obs.spec_errors:
-        return end_step(Phase.FAILED, "InvalidSpec", "; ".join(obs.spec_errors))
+        return end_step(Phase.FAILED, Reason.INVALID_SPEC, "; ".join(obs.spec_errors))
     if obs.target_missing:
         if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
             return end_step(
                 Phase.FAILED,
-                "TargetNotFound",
+                Reason.TARGET_NOT_FOUND,
                 f"Deployment {spec.target.name} not found within "
                 f"{spec.canary.startup_timeout_s:g}s; create it, then the rollout",
             )
         return Step(
             Phase.PENDING,
-            "WaitingForTarget",
+            Reason.WAITING_FOR_TARGET,
             f"waiting for Deployment {spec.target.name}",
             requeue_s=clamp_delay(poll_s),
         )
     if obs.target_problem:
-        return end_step(Phase.FAILED, "InvalidTarget", obs.target_problem)
+        return end_step(Phase.FAILED, Reason.INVALID_TARGET, obs.target_problem)
     if obs.dtype_problem:
-        return end_step(Phase.FAILED, "InvalidSpec", obs.dtype_problem)
+        return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.dtype_problem)
     if obs.conflicts:
         return end_step(
             Phase.FAILED,
-            "RolloutConflict",
+            Reason.ROLLOUT_CONFLICT,
             f"Deployment {spec.target.name} already has an active rollout: "
             f"{', '.join(obs.conflicts)}; wait for it or delete it",
         )
     return Step(
         Phase.PREFLIGHT,
-        "Preflight",
+        Reason.PREFLIGHT,
         f"checking whether the KV pool of {spec.target.name} is the limit",
         requeue_s=MIN_DELAY_S,
     )
@@ -161,13 +179,13 @@ def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str)
 
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
-        return end_step(Phase.FAILED, "ControlRunsFP8", obs.control_forced_fp8)
+        return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, obs.control_forced_fp8)
     gate = spec.capacity
     sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
     if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:
         return Step(
             Phase.PREFLIGHT,
-            "SamplingPool",
+            Reason.SAMPLING_POOL,
             f"sampling pool pressure {obs.pool_samples}/{gate.samples}",
             requeue_s=clamp_delay(gate.interval_s),
         )
@@ -175,14 +193,16 @@ def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     gates = [pool]
     events: list[Event] = []
     if pool.outcome is Outcome.NOT_NEEDED:
-        return end_step(Phase.NOT_NEEDED, "PoolHasRoom", pool.message, gates=tuple(gates))
+        return end_step(Phase.NOT_NEEDED, Reason.POOL_HAS_ROOM, pool.message, gates=tuple(gates))
     if pool.outcome.blocks:
         return end_step(Phase.FAILED, pool.reason, pool.message, gates=tuple(gates))
     if pool.outcome is Outcome.WARNING:
-        events.append(Event(pool.reason, pool.message, warning=pool.reason != "PoolHasRoom"))
+        events.append(
+            Event(pool.reason, pool.message, warning=pool.reason is not Reason.POOL_HAS_ROOM)
+        )
     return Step(
         Phase.CANARY,
-        "CanaryStarting",
+        Reason.CANARY_STARTING,
         "starting the control and candidate pods",
         actions=(Action.CREATE_CANARIES,),
         events=tuple(events),
@@ -213,13 +233,13 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 message += f"; remedy: {remedy}"
             if arm == "candidate" and state.remedy_attempts:
                 message += " (already applied: the remedied candidate crashed too)"
-            gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", message)
+            gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, message)
             return end_step(
                 Phase.ROLLED_BACK,
-                "CanaryCrashed",
+                Reason.CANARY_CRASHED,
                 message,
                 gates=(gate,),
-                events=(Event("CanaryCrashed", message, warning=True),),
+                events=(Event(Reason.CANARY_CRASHED, message, warning=True),),
             )
     if not (control.ready and candidate.ready):
         if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
@@ -230,12 +250,12 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 f"{' and '.join(waiting)} not Ready within {spec.canary.startup_timeout_s:g}s "
                 f"({candidate.detail if not candidate.ready else control.detail})"
             )
-            gate = GateResult(CANARY, Outcome.ERROR, "CanaryTimeout", message)
-            return end_step(Phase.ROLLED_BACK, "CanaryTimeout", message, gates=(gate,))
+            gate = GateResult(CANARY, Outcome.ERROR, Reason.CANARY_TIMEOUT, message)
+            return end_step(Phase.ROLLED_BACK, Reason.CANARY_TIMEOUT, message, gates=(gate,))
         missing = not (control.exists and candidate.exists)
         return Step(
             Phase.CANARY,
-            "WaitingForCanary",
+            Reason.WAITING_FOR_CANARY,
             f"waiting for canary pods Ready ({int(state.phase_elapsed_s)}/"
             f"{int(spec.canary.startup_timeout_s)} s): control {control.detail}, "
             f"candidate {candidate.detail}",
@@ -244,7 +264,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.control_scan is None or obs.candidate_scan is None:
         return Step(
-            Phase.CANARY, "ReadingLogs", "reading startup logs", requeue_s=clamp_delay(poll_s)
+            Phase.CANARY, Reason.READING_LOGS, "reading startup logs", requeue_s=clamp_delay(poll_s)
         )
     if obs.control_metrics is None or obs.candidate_metrics is None:
         if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
@@ -252,11 +272,11 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 f"the arms' /metrics were not readable within {spec.canary.startup_timeout_s:g}s"
                 f" ({obs.metrics_error or 'no scrape answered'}): the log cannot be checked"
             )
-            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, "MetricsUnreadable", message)
-            return end_step(Phase.ROLLED_BACK, "MetricsUnreadable", message, gates=(gate,))
+            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, Reason.METRICS_UNREADABLE, message)
+            return end_step(Phase.ROLLED_BACK, Reason.METRICS_UNREADABLE, message, gates=(gate,))
         why = f": {obs.metrics_error}" if obs.metrics_error else ""
         return Step(
-            Phase.CANARY, "ReadingMetrics", f"reading the arms' /metrics{why}",
+            Phase.CANARY, Reason.READING_METRICS, f"reading the arms' /metrics{why}",
             requeue_s=clamp_delay(poll_s),
         )  # fmt: skip
     healthy = assess_arms_dtype(
@@ -286,7 +306,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     return Step(
         Phase.EVALUATING,
-        "Evaluating",
+        Reason.EVALUATING,
         f"running the paired {spec.accuracy.task} eval ({spec.accuracy.questions} questions)",
         actions=(Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB),
         events=events,
@@ -311,10 +331,13 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> St
     )
     return Step(
         Phase.CANARY,
-        "Remediating",
+        Reason.REMEDIATING,
         message,
         actions=(Action.REMEDIATE, Action.DELETE_CANARIES),
-        events=(Event("CanaryCrashed", crashed, warning=True), Event("Remediating", message)),
+        events=(
+            Event(Reason.CANARY_CRASHED, crashed, warning=True),
+            Event(Reason.REMEDIATING, message),
+        ),
         remedy=fix,
         requeue_s=MIN_DELAY_S,
     )
@@ -330,8 +353,8 @@ def _arm_lost(obs: Observation) -> str | None:
 def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     lost = _arm_lost(obs)
     if lost is not None:
-        gate = GateResult(CANARY, Outcome.FAILED, "CanaryCrashed", lost)
-        return end_step(Phase.ROLLED_BACK, "CanaryCrashed", lost, gates=(gate,))
+        gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
+        return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
     # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); the phase as a whole
     # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
     budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
@@ -349,20 +372,20 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             attempt = state.eval_attempts + 1
             return Step(
                 Phase.EVALUATING,
-                "EvalRetry",
+                Reason.EVAL_RETRY,
                 f"eval attempt {state.eval_attempts} errored ({error}); starting attempt {attempt}",
                 actions=(Action.CREATE_EVAL_JOB,),
-                events=(Event("EvalError", error, warning=True),),
+                events=(Event(Reason.EVAL_ERROR, error, warning=True),),
                 requeue_s=clamp_delay(poll_s),
                 eval_attempts=attempt,
             )
-        gate = GateResult(ACCURACY, Outcome.ERROR, "EvalError", error)
+        gate = GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, error)
         message = f"eval failed {state.eval_attempts} time(s), last: {error}"
-        return end_step(Phase.ROLLED_BACK, "EvalError", message, gates=(gate,))
+        return end_step(Phase.ROLLED_BACK, Reason.EVAL_ERROR, message, gates=(gate,))
     if obs.eval_summary is None:
         return Step(
             Phase.EVALUATING,
-            "Evaluating",
+            Reason.EVALUATING,
             f"eval attempt {state.eval_attempts} running",
             actions=() if obs.job_exists else (Action.CREATE_EVAL_JOB,),
             requeue_s=clamp_delay(poll_s),
@@ -407,9 +430,10 @@ def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
 def _after_verdict(
     spec: RolloutSpec, state: State, verdict: Verdict, gates: tuple[GateResult, ...]
 ) -> Step:
-    if spec.promotion.mode is PromotionMode.REPORT:
+    if not spec.promotion.mode.changes_deployment:
         message = (
-            f"verdict: promote ({verdict.message}); report mode: the Deployment is not changed"
+            f"verdict: promote ({verdict.message}); {spec.promotion.mode} mode: "
+            "the Deployment is not changed"
         )
         return Step(
             Phase.AWAITING_APPROVAL,
@@ -423,7 +447,7 @@ def _after_verdict(
     if verdict.decision is Decision.HOLD:
         return Step(
             Phase.AWAITING_APPROVAL,
-            "AwaitingApproval",
+            Reason.AWAITING_APPROVAL,
             verdict.message,
             actions=(Action.DELETE_CANARIES,),
             gates=gates,
@@ -434,7 +458,7 @@ def _after_verdict(
     # the next reconcile, after this status write succeeded.
     return Step(
         Phase.PROMOTING,
-        "Promoting",
+        Reason.PROMOTING,
         f"promotion decided; patching Deployment {spec.target.name}",
         actions=(Action.DELETE_CANARIES,),
         gates=gates,
@@ -444,7 +468,7 @@ def _after_verdict(
 
 
 def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    if spec.promotion.mode is PromotionMode.REPORT:
+    if not spec.promotion.mode.changes_deployment:
         return Step(Phase.AWAITING_APPROVAL, VERDICT_REPORTED, "verdict reported")
     verdict = decide(
         tuple(state.gates.values()),
@@ -456,7 +480,7 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
         step = _after_verdict(spec, state, verdict, ())
         by = f" by {state.approver}" if state.approver else ""
         return replace(
-            step, events=(Event("Approved", f"approved{by} for config {state.config_hash}"),)
+            step, events=(Event(Reason.APPROVED, f"approved{by} for config {state.config_hash}"),)
         )
     if verdict.decision is Decision.ROLL_BACK:
         return end_step(
@@ -465,20 +489,22 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     message = verdict.message
     if state.approval_ignored:
         message = f"{message}; {state.approval_ignored}"
-    return Step(Phase.AWAITING_APPROVAL, "AwaitingApproval", message, requeue_s=MAX_DELAY_S / 3)
+    return Step(
+        Phase.AWAITING_APPROVAL, Reason.AWAITING_APPROVAL, message, requeue_s=MAX_DELAY_S / 3
+    )
 
 
 def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     live = obs.live or LiveTarget(exists=False)
     name = spec.target.name
     if not live.exists:
-        return end_step(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+        return end_step(Phase.FAILED, Reason.TARGET_DELETED, f"Deployment {name} disappeared")
     if not state.patched:
         if live.carries_candidate:
             # The patch went through but its record did not (operator died in between).
             return Step(
                 Phase.PROMOTING,
-                "RollingOut",
+                Reason.ROLLING_OUT,
                 f"found the candidate on Deployment {name}; waiting for it to roll out",
                 patched=True,
                 requeue_s=MIN_DELAY_S,
@@ -487,13 +513,13 @@ def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
             changed = ", ".join(live.differences) or "container"
             return end_step(
                 Phase.FAILED,
-                "TargetChanged",
+                Reason.TARGET_CHANGED,
                 f"Deployment {name} changed since it was evaluated ({changed}); not promoting "
                 "evidence about another config: start a new rollout",
             )
         return Step(
             Phase.PROMOTING,
-            "Patching",
+            Reason.PATCHING,
             f"patching Deployment {name}",
             actions=(Action.PATCH_DEPLOYMENT,),
             requeue_s=MIN_DELAY_S,
@@ -503,19 +529,19 @@ def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if obs.rollout_crashed:
         return revert_step(
             Phase.ROLLED_BACK,
-            "PromotionReverted",
+            Reason.PROMOTION_REVERTED,
             f"promotion reverted: new pods failed: {obs.rollout_crashed}",
         )
     if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
         return revert_step(
             Phase.ROLLED_BACK,
-            "PromotionReverted",
+            Reason.PROMOTION_REVERTED,
             f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s",
         )
     if not obs.rollout_done or obs.rollout_scan is None:
         return Step(
             Phase.PROMOTING,
-            "RollingOut",
+            Reason.ROLLING_OUT,
             f"waiting for Deployment {name} to roll out",
             requeue_s=clamp_delay(poll_s),
         )
@@ -530,16 +556,16 @@ def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     ]
     if obs.rollout_scan.get("failed"):
         what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
-        problems.append(GateResult(CANARY, Outcome.FAILED, "PromotionFailed", what))
+        problems.append(GateResult(CANARY, Outcome.FAILED, Reason.PROMOTION_FAILED, what))
     if problems:
         return revert_step(
             Phase.ROLLED_BACK,
-            "PromotionReverted",
+            Reason.PROMOTION_REVERTED,
             "promotion reverted: " + "; ".join(p.message for p in problems),
         )
     return Step(
         Phase.VERIFYING,
-        "Verifying",
+        Reason.VERIFYING,
         f"new pods ready; verifying production with {spec.promotion.verify_samples} samples "
         f"over {spec.promotion.verify_window_s:g}s",
         verify_samples=0,
@@ -551,7 +577,7 @@ def _promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
 def _superseded(name: str) -> Step:
     return end_step(
         Phase.FAILED,
-        "Superseded",
+        Reason.SUPERSEDED,
         f"Deployment {name} no longer carries the candidate (reverted or edited by someone "
         "else): an external abort; kvgate does not re-apply it",
     )
@@ -567,13 +593,13 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     live = obs.live or LiveTarget(exists=False)
     name, p = spec.target.name, spec.promotion
     if not live.exists:
-        return end_step(Phase.FAILED, "TargetDeleted", f"Deployment {name} disappeared")
+        return end_step(Phase.FAILED, Reason.TARGET_DELETED, f"Deployment {name} disappeared")
     if not live.carries_candidate:
         return _superseded(name)
     if obs.production_problem:
         return revert_step(
             Phase.ROLLED_BACK,
-            "PromotionReverted",
+            Reason.PROMOTION_REVERTED,
             f"promotion reverted during verification: {obs.production_problem}",
         )
     interval = p.verify_interval_s
@@ -581,7 +607,7 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         left = interval - (state.since_last_sample_s or 0.0)
         return Step(
             Phase.VERIFYING,
-            "Verifying",
+            Reason.VERIFYING,
             f"verifying production ({state.verify_samples}/{p.verify_samples} samples)",
             requeue_s=clamp_delay(left),
         )
@@ -593,7 +619,7 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if samples >= p.verify_samples and elapsed >= p.verify_window_s:
         return end_step(
             Phase.PROMOTED,
-            "Promoted",
+            Reason.PROMOTED,
             f"Deployment {name} runs --kv-cache-dtype {spec.kv_cache_dtype}; verified by "
             f"{samples} samples over {elapsed:.0f}s",
             verify_samples=samples,
@@ -601,7 +627,7 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     note = " (window restarted after a gap in observation)" if restart else ""
     return Step(
         Phase.VERIFYING,
-        "Verifying",
+        Reason.VERIFYING,
         f"verifying production ({samples}/{p.verify_samples} samples){note}",
         verify_samples=samples,
         restart_window=restart,
@@ -610,7 +636,7 @@ def _verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
 
 
 def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    intent = state.revert or RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "reverting")
+    intent = state.revert or RevertIntent(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "reverting")
     live = obs.live or LiveTarget(exists=False)
     name = spec.target.name
     if not live.exists:
@@ -619,16 +645,16 @@ def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         )
     if not live.ours_present:
         # Read back: none of kvgate's edits is left on the Deployment.
-        events = (Event("PromotionReverted", f"Deployment {name} read back without kvgate's "
+        events = (Event(Reason.PROMOTION_REVERTED, f"Deployment {name} read back without kvgate's "
                         "change", warning=True),) if state.patched or state.revert_attempts else ()  # fmt: skip
         return end_step(intent.phase, intent.reason, intent.message, events=events)
     if not live.container_found:
         message = f"cannot revert Deployment {name}: its container is gone or renamed"
         return Step(
             Phase.REVERTING,
-            "RevertFailed",
+            Reason.REVERT_FAILED,
             message,
-            events=(Event("RevertFailed", message, warning=True),),
+            events=(Event(Reason.REVERT_FAILED, message, warning=True),),
             requeue_s=revert_backoff(state.revert_attempts + 1),
         )
     if state.revert_attempts > 0:
@@ -643,15 +669,15 @@ def _reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         )
         return Step(
             Phase.REVERTING,
-            "RevertFailed",
+            Reason.REVERT_FAILED,
             message,
             actions=() if wait_s > 0 else (Action.REVERT_DEPLOYMENT,),
-            events=() if wait_s > 0 else (Event("RevertFailed", message, warning=True),),
+            events=() if wait_s > 0 else (Event(Reason.REVERT_FAILED, message, warning=True),),
             requeue_s=wait_s if wait_s > 0 else MIN_DELAY_S,
         )
     return Step(
         Phase.REVERTING,
-        "Reverting",
+        Reason.REVERTING,
         f"reverting Deployment {name}: {intent.message}",
         actions=(Action.REVERT_DEPLOYMENT,),
         requeue_s=MIN_DELAY_S,

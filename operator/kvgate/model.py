@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from kvgate.errors import UnsupportedError
+from kvgate.reasons import Reason
 
 GROUP: Final = "kvgate.io"
 VERSION: Final = "v1alpha1"
@@ -58,7 +59,7 @@ class Phase(StrEnum):
 _TERMINAL: Final = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED})
 # Report mode's end: the verdict is written, nothing more will happen (the phase stays
 # AwaitingApproval so GitOps health checks read a passing verdict as healthy).
-VERDICT_REPORTED: Final = "VerdictReported"
+VERDICT_REPORTED: Final = Reason.VERDICT_REPORTED
 
 
 def ended(phase: Phase, reason: str | None) -> bool:
@@ -106,6 +107,14 @@ class PromotionMode(StrEnum):
     AUTO = "auto"
     MANUAL = "manual"
     REPORT = "report"
+    # Report mode that fails closed: the rollout itself is the gate a GitOps sync waits on
+    # (a passing verdict is Ready; any other end is Stalled, Degraded in Argo CD).
+    GATE = "gate"
+
+    @property
+    def changes_deployment(self) -> bool:
+        """Whether kvgate patches the Deployment (auto, manual) or only reports (report, gate)."""
+        return self in (PromotionMode.AUTO, PromotionMode.MANUAL)
 
 
 class Remediation(StrEnum):
@@ -264,7 +273,7 @@ class Condition:
         out: dict[str, Any] = {
             "type": self.type,
             "status": self.status,
-            "reason": self.reason,
+            "reason": str(self.reason),
             "message": self.message,
         }
         if self.observed_generation is not None:

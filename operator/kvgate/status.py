@@ -102,6 +102,7 @@ class ArmStatus:
 
     pod: str | None = None
     ip: str | None = None
+    image_id: str | None = _key("imageID")  # the image the arm ran, by digest
     scan: ScanRecord | None = None
     metrics: CacheTruth | None = None
     metrics_error: str | None = None
@@ -424,11 +425,29 @@ class FindingEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class VerdictKeyRecord:
+    """What the verdict was reached on (`verdictkey.VerdictKey`); a change of it makes it stale."""
+
+    image: str | None = None
+    image_digest: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None
+    config: str | None = None
+    eval_policy: str | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class VerdictRecord:
     decision: str | None = None
     outcome: Outcome | None = None
     message: str | None = None
     reasons: tuple[str, ...] = _key(default=())
+    key: VerdictKeyRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from kvgate.model import (
     Phase,
     SpeedClocks,
 )
+from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
@@ -38,7 +39,7 @@ class Action(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    reason: str
+    reason: Reason
     message: str
     warning: bool = False
 
@@ -125,7 +126,7 @@ class Observation:
 @dataclass(frozen=True, slots=True)
 class Step:
     phase: Phase
-    reason: str
+    reason: Reason
     message: str
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
@@ -138,6 +139,7 @@ class Step:
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
     remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
+    gate_closed: bool = False  # gate mode: an end that is not a passing verdict (Stalled)
 
     @property
     def terminal(self) -> bool:
@@ -148,7 +150,7 @@ def clamp_delay(seconds: float) -> float:
     return min(max(seconds, MIN_DELAY_S), MAX_DELAY_S)
 
 
-def end_step(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+def end_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
     """A terminal step; canaries and the eval Job are no longer needed."""
     actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
     bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
@@ -161,29 +163,27 @@ def end_step(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
 
 
 OUTCOME_EVENTS: Final = {
-    Phase.PROMOTED: "Promoted",
-    Phase.ROLLED_BACK: "RolledBack",
-    Phase.NOT_NEEDED: "NotNeeded",
-    Phase.FAILED: "RolloutFailed",
+    Phase.PROMOTED: Reason.PROMOTED,
+    Phase.ROLLED_BACK: Reason.ROLLED_BACK,
+    Phase.NOT_NEEDED: Reason.NOT_NEEDED,
+    Phase.FAILED: Reason.ROLLOUT_FAILED,
 }
 
 
 def gate_event(result: GateResult) -> Event | None:
     """Gate results worth an Event of their own (alerting matches the reason)."""
-    if result.reason in (
-        "ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed", "DivergenceFlagged"
-    ):  # fmt: skip
+    if result.reason.own_event:
         return Event(result.reason, result.message, warning=True)
     return None
 
 
-def revert_step(phase: Phase, reason: str, message: str, **kw: Any) -> Step:
+def revert_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
     """Enter Reverting: the end (phase, reason, message) is recorded first; the revert patch is
     made on the next reconcile, after this status write succeeded."""
     intent = RevertIntent(phase, reason, message)
     return Step(
         Phase.REVERTING,
-        "Reverting",
+        Reason.REVERTING,
         f"reverting the Deployment: {message}",
         actions=(Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB),
         events=tuple(kw.pop("events", ())),

@@ -18,6 +18,7 @@ from kvgate.model import (
     PromotionMode,
     worst,
 )
+from kvgate.reasons import Reason
 
 
 class Decision(StrEnum):
@@ -31,11 +32,11 @@ class Decision(StrEnum):
 class GateResult:
     gate: str
     outcome: Outcome
-    reason: str
+    reason: Reason
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"outcome": self.outcome.value, "reason": self.reason, "message": self.message}
+        return {"outcome": self.outcome.value, "reason": str(self.reason), "message": self.message}
 
     @classmethod
     def from_dict(cls, gate: str, data: Mapping[str, Any]) -> GateResult:
@@ -43,7 +44,7 @@ class GateResult:
             outcome = Outcome(data.get("outcome", "Error"))
         except ValueError:
             outcome = Outcome.ERROR  # unreadable status never promotes
-        return cls(gate, outcome, str(data.get("reason", "")), str(data.get("message", "")))
+        return cls(gate, outcome, Reason.read(data.get("reason")), str(data.get("message", "")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class Verdict:
         return {
             "decision": self.decision.value,
             "outcome": self.outcome.value,
-            "reasons": [r.reason for r in self.reasons],
+            "reasons": [str(r.reason) for r in self.reasons],
             "message": self.message,
         }
 
@@ -108,11 +109,11 @@ class RevertIntent:
     """Recorded before a revert starts: the terminal phase, reason and message it ends with."""
 
     phase: Phase
-    reason: str
+    reason: Reason
     message: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"phase": self.phase.value, "reason": self.reason, "message": self.message}
+        return {"phase": self.phase.value, "reason": str(self.reason), "message": self.message}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RevertIntent:
@@ -123,5 +124,7 @@ class RevertIntent:
         if not phase.terminal or phase is Phase.PROMOTED:
             phase = Phase.ROLLED_BACK  # a revert never ends Promoted
         return cls(
-            phase, str(data.get("reason") or "PromotionReverted"), str(data.get("message") or "")
+            phase,
+            Reason.read(data.get("reason") or Reason.PROMOTION_REVERTED),
+            str(data.get("message") or ""),
         )

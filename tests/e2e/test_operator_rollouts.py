@@ -60,6 +60,8 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # a 10-point loss observed as 5 points on these questions ends Inconclusive (also no).
     "loss": ({"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_FP8_LOSS": "0.20"}, TRITON),
     "room": ({"KVGATE_SIM_LOAD": ROOM}, TRITON),
+    # Gate mode on a pool with room: NotNeeded, and the gate stays closed (fails closed).
+    "gateroom": ({"KVGATE_SIM_LOAD": ROOM}, {**TRITON, "promotion": {"mode": "gate"}}),
     "report": (
         {"KVGATE_SIM_LOAD": PRESSURE},
         {
@@ -368,6 +370,26 @@ def test_pool_with_room_is_not_needed(world: World) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_a_gate_that_ends_without_a_passing_verdict_holds_the_sync(world: World) -> None:
+    import lupa.lua51  # the Argo CD health check, as gopher-lua (Lua 5.1) runs it
+
+    obj = world.rollout("gateroom")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("NotNeeded", "PoolHasRoom"), status["message"]
+    assert status["message"].startswith("gate closed: ")
+    assert condition(obj, "Stalled")["status"] == "True"
+    assert condition(obj, "Ready")["status"] == "False"
+    assert condition(obj, "Reconciling")["status"] == "False"
+    # kstatus: the generation is observed, not reconciling, stalled: Failed
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    lua = lupa.lua51.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    health = lua.execute((ROOT / "charts/kvgate/argocd/health.lua").read_text())
+    assert health["status"] == "Degraded", health["message"]
+    world.untouched("gateroom")
+
+
+@pytest.mark.timeout(600)
 def test_report_mode_reports_and_never_patches(world: World) -> None:
     obj = world.rollout("report")
     status = obj["status"]
@@ -404,7 +426,7 @@ def test_operator_metrics(world: World) -> None:
     wait_phase(world.cluster, world.ns["trap"], "trap-fp8", {"Promoted"}, 300)
     text = world.operator.metrics() or ""
     assert 'kvgate_rollouts_total{outcome="Promoted"} 2.0' in text  # happy, the trap remedied
-    assert 'kvgate_rollouts_total{outcome="NotNeeded"} 1.0' in text
+    assert 'kvgate_rollouts_total{outcome="NotNeeded"} 2.0' in text  # room, gateroom
     assert 'kvgate_rollouts_total{outcome="Reported"} 2.0' in text  # report, sglang
     assert 'kvgate_rollbacks_total{reason="CanaryCrashed"} 1.0' in text
     assert 'kvgate_rollbacks_total{reason="AccuracyRegressed"} 1.0' in text
@@ -594,6 +616,7 @@ def test_a_canary_the_scheduler_cannot_place_says_why_then_is_aborted(world: Wor
         ("report", 0, "AwaitingApproval (VerdictReported)"),
         ("loss", 1, "RolledBack (AccuracyRegressed)"),
         ("room", 0, "NotNeeded"),
+        ("gateroom", 1, "NotNeeded (PoolHasRoom): gate closed:"),
     ],
 )
 def test_kvgate_wait_answers_with_the_end(world: World, scenario: str, code: int, end: str) -> None:

@@ -132,7 +132,24 @@ def cases(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         a["KVGateOperatorDown"],
     )
     rollout = {"namespace": "team-a", "name": "llama"}
+    stale = a["KVGateVerdictStale"]
     return [
+        {
+            # Stale for 5m fires; a verdict that is stale for 2m (a rollover in flight) does not.
+            "interval": "1m",
+            "input_series": [
+                series("kvgate_verdict_stale", "0x3 1x20", **rollout),
+                series("kvgate_verdict_stale", "0x5 1x2 0x15", namespace="team-b", name="qwen"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "6m", "alertname": stale["alert"], "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": stale["alert"],
+                    "exp_alerts": [expect(stale, **rollout)],
+                },
+            ],
+        },
         {
             # The operator creates a reason's counter at its first rollback (labels().inc()):
             # the series starts at 1. It must still alert, once per reason, and stop after

@@ -13,6 +13,7 @@ candidate config crash.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import re
@@ -74,6 +75,12 @@ def deployment(name: str = "vllm") -> dict[str, Any]:
     }
 
 
+def image_id(image: str, epoch: int = 0) -> str:
+    """A pulled image by digest, as containerStatuses[].imageID shows it."""
+    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    return f"docker.io/{repo}@sha256:{hashlib.sha256(f'{image}/{epoch}'.encode()).hexdigest()}"
+
+
 def _matches(labels: Mapping[str, str], selector: str) -> bool:
     for term in filter(None, selector.split(",")):
         key, _, value = term.partition("=")
@@ -101,6 +108,7 @@ class FakeKube:
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.on_mutation: Callable[[FakeKube], None] | None = None
         # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
+        self.registry_epoch = 0  # bumped by `retag`
         self.cache_info = {CONTROL_LOG: ("auto", 1806), CANDIDATE_LOG: ("fp8_e4m3", 3804)}
         self._ids = itertools.count(1)
 
@@ -272,6 +280,9 @@ class FakeKube:
             "containerStatuses": [
                 {
                     "name": container["name"],
+                    "image": container.get("image"),
+                    # the registry's answer for the tag now: `retag()` moves it to new content
+                    "imageID": image_id(str(container.get("image")), self.registry_epoch),
                     "ready": not crashed,
                     "restartCount": 1 if crashed else 0,
                     "state": state,
@@ -325,6 +336,11 @@ class FakeKube:
             return copy.deepcopy(patched)
 
         return dict(self._mutate(apply))
+
+    def retag(self, name: str = "vllm") -> None:
+        """The image's tag now names other content (a re-pushed tag); the pods roll over."""
+        self.registry_epoch += 1
+        self._roll_out(self.objects[("Deployment", name)])
 
     def edit_container(self, name: str, **fields: Any) -> None:
         """Someone else edits the Deployment (kubectl, Argo CD): not an operator mutation."""

@@ -159,3 +159,35 @@ def test_drift_after_promotion_degrades(health: Any) -> None:
         conditions=[{"type": "Drifted", "status": "True", "reason": "Drifted", "message": "gone"}],
     )
     assert health(obj) == ("Degraded", "Drifted: gone")
+
+
+@pytest.mark.parametrize(
+    ("phase", "reason", "expected"),
+    [
+        ("AwaitingApproval", "VerdictReported", "Healthy"),
+        ("RolledBack", "AccuracyRegressed", "Degraded"),
+        ("NotNeeded", "PoolHasRoom", "Degraded"),  # fails closed: nothing was shown safe
+        ("Failed", "EvalError", "Degraded"),
+        ("Evaluating", "EvalStarted", "Progressing"),
+        ("Canary", "CanaryStarting", "Progressing"),
+        ("AwaitingApproval", "AwaitingApproval", "Progressing"),  # never a verdict in gate mode
+    ],
+)
+def test_gate_mode_opens_only_on_a_passing_verdict(
+    health: Any, phase: str, reason: str, expected: str
+) -> None:
+    status, message = health(rollout(phase, mode="gate", reason=reason, message="m"))
+    assert status == expected
+    if expected == "Healthy":
+        assert message == "Gate open: m"
+    if expected == "Degraded":
+        assert message == "Gate closed: m"
+
+
+def test_a_stale_gate_holds_the_next_sync(health: Any) -> None:
+    stale = [{"type": "Stale", "status": "True", "reason": "Stale", "message": "image a -> b"}]
+    obj = rollout("AwaitingApproval", mode="gate", reason="VerdictReported", conditions=stale)
+    assert health(obj) == ("Progressing", "Verdict stale: image a -> b")
+    fresh = [{"type": "Stale", "status": "False", "reason": "VerdictCurrent"}]
+    obj = rollout("AwaitingApproval", mode="gate", reason="VerdictReported", conditions=fresh)
+    assert health(obj)[0] == "Healthy"

@@ -76,6 +76,14 @@ def test_wait_exits_with_the_end(
     assert out.strip() == f"kvr/vllm-fp8 in llm: {phase} ({reason}): done"
 
 
+def test_wait_reads_a_closed_gate_as_a_no(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # gate mode: NotNeeded closes the gate (Stalled=True), so a pipeline waiting on it stops
+    stalled = [{"type": "Stalled", "status": "True", "reason": "PoolHasRoom"}]
+    api(rollout("NotNeeded", "PoolHasRoom", message="gate closed: room", conditions=stalled))
+    got, _, _ = run(capsys, "wait", "vllm-fp8", "-n", "llm", "--interval", "1s")
+    assert got == 1
+
+
 def test_wait_gives_up_at_its_timeout_with_3(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
     api(rollout("AwaitingApproval", "AwaitingApproval", configHash="abc"))
     got, out, _ = run(capsys, "wait", "vllm-fp8", "--timeout", "1s", "--interval", "2s")

@@ -6,6 +6,7 @@ import pytest
 
 from kvgate import conditions as c
 from kvgate.model import Condition, Phase
+from kvgate.reasons import Reason
 
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
 
@@ -100,4 +101,4 @@ def test_reported_verdict_is_ready_without_terminal_phase() -> None:
      ("ScalesDropped", True), ("BackendChanged", True), ("CanaryCreated", False)],
 )  # fmt: skip
 def test_failures_are_warnings(reason: str, warning: bool) -> None:
-    assert c.is_warning(reason) is warning
+    assert Reason(reason).warning is warning

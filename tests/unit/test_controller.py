@@ -226,16 +226,20 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
              "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip
     given = copy.deepcopy(found)
-    intent = RevertIntent(Phase.ROLLED_BACK, "VerifyFailed", "slower")
-    step = Step(Phase.REVERTING, "VerifyFailed", "slower", eval_attempts=2, revert=intent,
-                gates=(GateResult("speed", Outcome.FAILED, "Slower", "slower"),))  # fmt: skip
+    from kvgate.reasons import Reason
+
+    intent = RevertIntent(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "slower")
+    step = Step(Phase.REVERTING, Reason.REVERTING, "slower", eval_attempts=2, revert=intent,
+                gates=(GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower"),))  # fmt: skip
     args = {"now": "2026-12-01T10:00:09Z", "generation": 3, "deployment_generation": 5}
     new = record.fold(found, step, Phase.VERIFYING, **args)
     assert found == given  # read, never written
     assert record.fold(found, step, Phase.VERIFYING, **args) == new
     assert new["phase"] == "Reverting" and new["phaseSince"] == args["now"]
     assert new["observedGeneration"] == 3 and new["eval"] == {"job": "j", "attempt": 2}
-    assert new["gates"] == {"speed": {"outcome": "Failed", "reason": "Slower", "message": "slower"}}
+    assert new["gates"] == {
+        "speed": {"outcome": "Failed", "reason": "SpeedRegressed", "message": "slower"}
+    }
     # the write-ahead record of the revert, written with the step that enters Reverting
     assert new["revert"] == {**intent.to_dict(), "startedAt": args["now"], "attempts": 0}
     assert new["promotion"] == found["promotion"] and not new.get("finishedAt")
@@ -1085,3 +1089,138 @@ def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
     assert status["message"].startswith("gave up after 31 consecutive errors (limit 30); last: ")
     assert "prom.test:9090" in status["message"]
     assert len(asked) == 31
+
+
+def _argocd_health(obj: dict[str, Any]) -> str:
+    """The chart's Argo CD health check, run as Lua 5.1 (gopher-lua's dialect) via lupa."""
+    import pathlib
+
+    lupa = pytest.importorskip("lupa.lua51")
+    script = pathlib.Path(__file__).resolve().parents[2] / "charts/kvgate/argocd/health.lua"
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(json.loads(json.dumps(obj)), recursive=True)
+    return str(lua.execute(script.read_text())["status"])
+
+
+def _kstatus(obj: dict[str, Any]) -> str:
+    """kstatus (sigs.k8s.io/cli-utils) for a custom resource that follows its conventions:
+    an unobserved generation or Reconciling=True is InProgress, Stalled=True is Failed."""
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != obj["metadata"]["generation"]:
+        return "InProgress"
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    if conditions.get("Reconciling") == "True":
+        return "InProgress"
+    if conditions.get("Stalled") == "True":
+        return "Failed"
+    return "Current"
+
+
+@pytest.mark.parametrize(
+    ("verdict", "argocd", "kstatus", "ready"),
+    [("pass", "Healthy", "Current", "True"), ("fail", "Degraded", "Failed", "False")],
+)
+def test_a_gate_rollout_holds_a_gitops_sync_until_its_verdict_passes(
+    monkeypatch: pytest.MonkeyPatch, verdict: str, argocd: str, kstatus: str, ready: str
+) -> None:
+    world = World(monkeypatch, promotion={"mode": "gate"})
+    world.kube.eval_summary = {**fake_cluster.SUMMARY_PASS, "verdict": verdict}
+    seen: list[tuple[str, str]] = []
+    for _ in range(200):
+        world.reconcile()
+        seen.append((_argocd_health(world.obj), _kstatus(world.obj)))
+        status = world.obj.get("status") or {}
+        if status.get("phase") in TERMINAL or status.get("reason") == "VerdictReported":
+            break
+        world.now += dt.timedelta(seconds=5)
+    world.assert_invariant()  # the Deployment is never changed in gate mode
+    assert world.reasons().count("Promoting") == 0
+    # while it runs the sync is held (Progressing / InProgress), then the verdict decides
+    assert set(seen[:-1]) == {("Progressing", "InProgress")}
+    assert seen[-1] == (argocd, kstatus)
+    conditions = {c["type"]: c["status"] for c in world.obj["status"]["conditions"]}
+    assert conditions["Ready"] == ready
+    assert conditions["Stalled"] == ("True" if verdict == "fail" else "False")
+
+
+def test_a_gate_that_finds_the_pool_with_room_stays_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NotNeeded says FP8 buys nothing here; the candidate was never shown safe, so the gate holds
+    world, _ = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.3, 0.0))
+    world.obj["spec"]["promotion"] = {"mode": "gate"}
+    assert world.run() == "NotNeeded", world.obj["status"]
+    world.assert_invariant()
+    assert (_argocd_health(world.obj), _kstatus(world.obj)) == ("Degraded", "Failed")
+    assert world.obj["status"]["message"].startswith("gate closed: ")
+
+
+def _drift_check(world: World) -> dict[str, Any]:
+    body = kopf.Body(copy.deepcopy(world.obj))
+    patch = kopf.Patch()
+    handlers.drift(body=body, meta=body.metadata, patch=patch, memo=world.memo, logger=LOG)
+    merge(world.obj["status"], dict(patch.get("status") or {}))
+    return {c["type"]: c for c in world.obj["status"].get("conditions") or []}
+
+
+def test_the_verdict_records_what_it_was_reached_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    key = world.obj["status"]["verdict"]["key"]
+    candidate = world.obj["status"]["arms"]["candidate"]
+    assert key["image"] == world.original["image"] == "vllm/vllm-openai:v0.11.0"
+    assert key["imageDigest"] == candidate["imageID"] == fake_cluster.image_id(key["image"])
+    assert (key["engine"], key["attentionBackend"]) == ("vllm", "TRITON_ATTN")
+    assert key["kvCacheDtype"].startswith("fp8")  # what the candidate's engine said it runs
+    assert key["engineVersion"] and key["config"].startswith("sha256:")
+    assert key["evalPolicy"].startswith("sha256:") and key["digest"].startswith("sha256:")
+
+
+@pytest.mark.parametrize("change", ["retag", "bump"])
+def test_a_promoted_verdict_goes_stale_when_the_engine_image_changes(
+    monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    assert _drift_check(world)["Stale"]["status"] == "False"  # what runs is what was tested
+    if change == "retag":  # the same tag, pushed again: only the digest says so
+        world.kube.retag()
+        what = "image digest"
+    else:  # an image bump from Git, the tested args kept
+        world.kube.edit_container("vllm", image="vllm/vllm-openai:v0.12.0")
+        what = "image vllm/vllm-openai:v0.11.0 -> vllm/vllm-openai:v0.12.0"
+    mutations = world.kube.mutations
+    stale = _drift_check(world)["Stale"]
+    assert (stale["status"], stale["reason"]) == ("True", "Stale")
+    assert what in stale["message"]
+    assert world.reasons().count("Stale") == 1
+    _drift_check(world)  # no second Event while it stays stale
+    assert world.reasons().count("Stale") == 1
+    assert _drift_check(world)["Drifted"]["status"] == "False"  # the tested args are still there
+    assert world.kube.mutations == mutations  # kvgate changes nothing
+
+
+def test_an_unreadable_digest_is_no_evidence_of_staleness(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    for pod in world.kube.of_kind("Pod"):
+        pod["status"]["containerStatuses"][0].pop("imageID", None)  # still starting, say
+    assert _drift_check(world)["Stale"]["status"] == "False"
+
+
+def test_a_gate_reopened_by_git_closes_again_when_the_engine_image_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch, promotion={"mode": "gate"})
+    for _ in range(200):
+        world.reconcile()
+        if (world.obj.get("status") or {}).get("reason") == "VerdictReported":
+            break
+        world.now += dt.timedelta(seconds=5)
+    assert handlers._has_verdict_in_force(world.obj["status"])
+    tested = world.candidate()
+    world.kube.edit_container("vllm", args=tested["args"], env=tested.get("env"))  # Git applies it
+    assert _drift_check(world)["Stale"]["status"] == "False"
+    assert _argocd_health(world.obj) == "Healthy"
+    world.kube.retag()
+    assert _drift_check(world)["Stale"]["status"] == "True"
+    assert _argocd_health(world.obj) == "Progressing"  # the next sync waits for a new verdict
+    assert "Drifted" not in _drift_check(world)  # gate mode never promoted: nothing to drift from

@@ -144,7 +144,7 @@ BAD_SPECS = [
     ),
     (
         _with(promotion={"mode": "yolo"}),
-        ["spec.promotion.mode: 'yolo' is not one of auto, manual, report"],
+        ["spec.promotion.mode: 'yolo' is not one of auto, manual, report, gate"],
     ),
     (_with(model={"tokenSecretRef": {}}), ["spec.model.tokenSecretRef.name: is required"]),
     (_with(gates=[]), ["spec.gates: [] is not an object"]),

@@ -1320,3 +1320,46 @@ def test_a_silent_log_is_no_evidence_that_scales_were_used(
     assert (got.outcome, got.reason) == (outcome, "ScalesUnknown")
     spoken = assess_scales(ScalesGate(mode), None, {"kv_cache_dtype": "fp8", "findings": []})
     assert (spoken.outcome, spoken.reason) == (Outcome.SUCCESSFUL, "ScalesPresent")
+
+
+def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
+    spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "gate"}})
+    passing = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        spec=spec,
+        eval_attempts=1,
+    )
+    assert (passing.phase, passing.reason, passing.gate_closed) == (
+        Phase.AWAITING_APPROVAL, "VerdictReported", False,
+    )  # fmt: skip
+    assert Action.PATCH_DEPLOYMENT not in passing.actions
+    failing = step(
+        Phase.EVALUATING,
+        Observation(
+            control=READY,
+            candidate=READY,
+            job_exists=True,
+            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+        ),
+        spec=spec,
+        eval_attempts=1,
+    )
+    assert (failing.phase, failing.reason, failing.gate_closed) == (
+        Phase.ROLLED_BACK, "AccuracyRegressed", True,
+    )  # fmt: skip
+    assert failing.message.startswith("gate closed: ")
+    # the same failing verdict in report mode is a reported result, not a closed gate
+    report = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "report"}})
+    reported = step(
+        Phase.EVALUATING,
+        Observation(
+            control=READY,
+            candidate=READY,
+            job_exists=True,
+            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+        ),
+        spec=report,
+        eval_attempts=1,
+    )
+    assert (reported.phase, reported.gate_closed) == (Phase.ROLLED_BACK, False)

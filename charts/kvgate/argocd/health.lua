@@ -3,9 +3,12 @@
 -- (see charts/kvgate/README.md). Written for Lua 5.1 (Argo CD runs gopher-lua).
 --
 --   Healthy      Promoted, NotNeeded; in report mode any verdict, pass (AwaitingApproval
---                with reason VerdictReported) or no (RolledBack): nothing was changed
+--                with reason VerdictReported) or no (RolledBack): nothing was changed;
+--                in gate mode only a passing verdict (AwaitingApproval, VerdictReported)
+--                that is not Stale (the engine image changed since: Progressing)
 --   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec,
---                RevertFailed); or Drifted is True after Promoted
+--                RevertFailed); or Drifted is True after Promoted; in gate mode every end
+--                but a passing verdict (NotNeeded too: the gate fails closed)
 --   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>)
 --   Progressing  every other phase, and until the operator has seen the latest spec
 local hs = {}
@@ -62,6 +65,27 @@ local phase = status.phase
 local mode = "auto"
 if obj.spec ~= nil and obj.spec.promotion ~= nil and obj.spec.promotion.mode ~= nil then
   mode = obj.spec.promotion.mode
+end
+
+-- Gate mode is the sync's gate: only a passing verdict opens it; any other end closes it (the
+-- operator also sets Stalled=True, which the check above reads first); a running one holds it.
+if mode == "gate" then
+  local stale = condition(status, "Stale")
+  if stale ~= nil and stale.status == "True" then
+    -- the engine changed under a passing verdict: hold the next sync until it is evaluated again
+    hs.status = "Progressing"
+    hs.message = "Verdict stale: " .. (stale.message or "")
+  elseif phase == "AwaitingApproval" and status.reason == "VerdictReported" then
+    hs.status = "Healthy"
+    hs.message = "Gate open: " .. describe(status, phase)
+  elseif phase == "Promoted" or phase == "RolledBack" or phase == "NotNeeded" or phase == "Failed" then
+    hs.status = "Degraded"
+    hs.message = "Gate closed: " .. describe(status, phase)
+  else
+    hs.status = "Progressing"
+    hs.message = phase .. ": " .. describe(status, "")
+  end
+  return hs
 end
 
 -- Report mode never touches the Deployment: a verdict, even "no", is a healthy result.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from kvgate.conditions import STALLED, TRUE
 from kvgate.model import Outcome, Phase
 from kvgate.status import RolloutStatus
 
@@ -43,7 +44,11 @@ class RolloutView:
         return self.status.ended
 
     def exit_code(self) -> int:
-        """0 promoted, not needed or a reported pass; 1 rolled back or failed; 3 not ended."""
+        """0 promoted, not needed or a reported pass; 1 rolled back, failed or a closed gate (gate
+        mode: any end but a passing verdict is Stalled); 3 not ended."""
+        stalled = any(c.type == STALLED and c.status == TRUE for c in self.status.conditions)
+        if self.finished and stalled:
+            return EXIT_GATE_FAILED
         if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
             return EXIT_OK
         if self.phase in (Phase.ROLLED_BACK, Phase.FAILED):

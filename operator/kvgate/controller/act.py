@@ -42,6 +42,7 @@ from kvgate.controller.telemetry import (
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
 from kvgate.model import LABEL_ARM, LABEL_ROLLOUT, config_hash
+from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
 from kvgate.steps import Action, Step
 
@@ -114,7 +115,7 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
             ctx.kube.create(pod)
             created.append(pod["metadata"]["name"])
     if created:
-        post_event(ctx, "CanaryCreated", f"created {', '.join(created)}")
+        post_event(ctx, Reason.CANARY_CREATED, f"created {', '.join(created)}")
 
 
 def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
@@ -185,7 +186,9 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
         raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
     if existing is None:
         existing = ctx.kube.create(job)
-        post_event(ctx, "EvalStarted", f"eval attempt {attempt}: Job {job['metadata']['name']}")
+        post_event(
+            ctx, Reason.EVAL_STARTED, f"eval attempt {attempt}: Job {job['metadata']['name']}"
+        )
     # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
     # hash is kept in status, which rollout readers can see.
     ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=nonce_hash(existing))
@@ -271,7 +274,7 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
     ctx.status["promotion"] = promo
     post_event(
         ctx,
-        "Promoting",
+        Reason.PROMOTING,
         f"patched Deployment {ctx.spec.target.name} (generation {promo['generation']}): "
         f"{' '.join(ctx.status.get('recommendedArgs') or [])}",
     )

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import kubeobjects, manifests, promotion, redact
+from kvgate import kubeobjects, manifests, promotion, redact, verdictkey
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
@@ -205,6 +205,25 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
         carries_candidate=promotion.carries(seen, previous, candidate),
         ours_present=not promotion.reverted(seen, previous, candidate),
     )
+
+
+def live_key(ctx: Ctx) -> verdictkey.LiveKey:
+    """The live Deployment's image and the digests its pods run the tested config on."""
+    found = live_container(ctx, target_deployment(ctx))
+    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    container = ctx.status.get("container")
+    digests = set()
+    for pod in production_pods(ctx):
+        seen = status_view(ctx, pod_container(pod, container))
+        if pod["metadata"].get("deletionTimestamp") or not promotion.carries(
+            seen, previous, candidate
+        ):
+            continue
+        health = kubeobjects.pod_health(pod, container)
+        if health.image_id:
+            digests.add(health.image_id)
+    image = found[1].get("image") if found else None
+    return verdictkey.LiveKey(image=image, image_digests=frozenset(digests))
 
 
 def shown_env(ctx: Ctx) -> frozenset[str]:

@@ -21,7 +21,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import deadlines, machine
+from kvgate import deadlines, machine, verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -37,6 +37,7 @@ from kvgate.controller.context import (
     Ctx,
     describe,
     iso,
+    live_key,
     live_target,
     parse_spec,
     read_state,
@@ -54,6 +55,7 @@ from kvgate.controller.telemetry import (
     DRIFTED,
     PHASE,
     RECONCILE_ERRORS,
+    STALE,
 )
 from kvgate.errors import ExternalError, KvgateError
 from kvgate.model import (
@@ -64,7 +66,8 @@ from kvgate.model import (
     Phase,
     ended,
 )
-from kvgate.steps import Step
+from kvgate.reasons import Reason
+from kvgate.steps import LiveTarget, Step
 
 _metrics_lock = threading.Lock()
 
@@ -133,7 +136,7 @@ def reconcile(
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
-                    run_pending(ctx, Step(phase, "Cleanup", "deleting children"))
+                    run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
                 except ExternalError as exc:
                     raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
                 patch_status(patch, old, {"pendingActions": None})
@@ -158,7 +161,7 @@ def reconcile(
     )
     state = read_state(ctx, phase, meta)
     try:
-        run_pending(ctx, Step(phase, "Pending actions", "deleting children"))
+        run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
         obs = observe(ctx, phase, spec_errors)
         step = machine.next_step(
             spec,
@@ -183,7 +186,7 @@ def reconcile(
             retry = {"consecutiveErrors": errors, "message": f"retrying after: {what}"}
             patch_status(patch, old, {**cleared, **retry})
             if errors == 1 or errors % 10 == 0:
-                post_event(ctx, "ReconcileError", f"{what} (consecutive errors: {errors})",
+                post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
@@ -191,7 +194,7 @@ def reconcile(
     written = write_status(ctx, patch, old, phase, step, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
-    if step.phase is Phase.FAILED and step.reason in ("InvalidSpec", "InvalidTarget"):
+    if step.phase is Phase.FAILED and step.reason.permanent:
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
@@ -230,13 +233,13 @@ def cleanup(
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     phase = Phase(status.get("phase") or Phase.PENDING.value)
-    step = Step(phase, "Deleted", "rollout deleted")
+    step = Step(phase, Reason.DELETED, "rollout deleted")
     try:
         live = live_target(ctx) if phase is not Phase.PROMOTED else None
         if live is not None and live.exists and live.ours_present:
             # Fail closed: a change that was not verified is undone before the rollout goes.
             if retry >= ctx.config.error_limit:
-                post_event(ctx, "RevertFailed", "rollout deleted; the revert was not confirmed after "
+                post_event(ctx, Reason.REVERT_FAILED, "rollout deleted; the revert was not confirmed after "
                        f"{retry} attempts: the Deployment may still carry kvgate's change",
                        warning=True)  # fmt: skip
             else:
@@ -252,16 +255,23 @@ def cleanup(
             PHASE.remove(ctx.namespace, ctx.name, p.value)
     with contextlib.suppress(KeyError):
         DRIFTED.remove(ctx.namespace, ctx.name)
+    with contextlib.suppress(KeyError):
+        STALE.remove(ctx.namespace, ctx.name)
 
 
 DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
 
 
-def _is_promoted(status: Mapping[str, Any], **_: Any) -> bool:
-    return status.get("phase") == Phase.PROMOTED.value
+def _has_verdict_in_force(status: Mapping[str, Any], **_: Any) -> bool:
+    """Promoted, or a passing verdict reported (report and gate mode): a verdict that can go
+    stale."""
+    return status.get("phase") == Phase.PROMOTED.value or (
+        status.get("phase") == Phase.AWAITING_APPROVAL.value
+        and status.get("reason") == Reason.VERDICT_REPORTED
+    )
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_is_promoted)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_has_verdict_in_force)
 def drift(
     body: kopf.Body,
     meta: kopf.Meta,
@@ -270,27 +280,42 @@ def drift(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
-    """After Promoted: does the Deployment still carry the promoted config? Never re-applied."""
+    """After the verdict: does the Deployment still carry the promoted config (Promoted only),
+    and does what runs still match what the verdict was reached on (Stale)? Never re-applied."""
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
-    spec = ctx.spec
     live = live_target(ctx)
     if live is None:
         return
+    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    updated = conditions
+    if status.get("phase") == Phase.PROMOTED.value:
+        updated = _drifted(ctx, live, updated)
+    updated = _stale(ctx, live, updated)
+    if updated != conditions:
+        patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})
+
+
+def _drifted(
+    ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]
+) -> tuple[Condition, ...]:
+    spec = ctx.spec
     drifted = not (live.exists and live.carries_candidate)
     DRIFTED.labels(ctx.namespace, ctx.name).set(1 if drifted else 0)
-    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     was = cond.get_condition(conditions, cond.DRIFTED)
-    if (was is not None and was.status == cond.TRUE) == drifted and was is not None:
-        return
+    if was is not None and (was.status == cond.TRUE) == drifted:
+        return conditions
     if drifted:
         what = "is gone" if not live.exists else "no longer carries the promoted config"
         message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
-        reason = "Drifted"
+        reason = Reason.DRIFTED
         post_event(ctx, reason, message, warning=True)
     else:
-        reason, message = "InSync", f"Deployment {spec.target.name} carries the promoted config"
-    updated = cond.set_condition(
+        reason, message = (
+            Reason.IN_SYNC,
+            f"Deployment {spec.target.name} carries the promoted config",
+        )
+    return cond.set_condition(
         conditions,
         cond.DRIFTED,
         cond.TRUE if drifted else cond.FALSE,
@@ -299,4 +324,31 @@ def drift(
         generation=ctx.generation,
         now=iso(ctx.now),
     )
-    patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})
+
+
+def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
+    """Stale=True when the Deployment runs the tested config on another image than the one the
+    verdict was reached on (a tag moved, an image bump from Git); an Event when it turns."""
+    key = verdictkey.recorded(ctx.status)
+    if key is None or not (live.exists and live.carries_candidate):
+        return conditions  # nothing recorded, or the tested config is not there to judge
+    current = live_key(ctx)
+    changed = verdictkey.stale_fields(key, current)
+    STALE.labels(ctx.namespace, ctx.name).set(1 if changed else 0)
+    was = cond.get_condition(conditions, cond.STALE)
+    if was is not None and (was.status == cond.TRUE) == bool(changed) and not changed:
+        return conditions
+    if changed:
+        message = (
+            f"the verdict was reached on another engine than runs now "
+            f"({verdictkey.describe(changed, key, current)}); create the rollout again to "
+            "evaluate what runs"
+        )
+        if was is not None and was.status == cond.TRUE and was.message == message:
+            return conditions
+        post_event(ctx, Reason.STALE, message, warning=True)
+        return cond.set_condition(conditions, cond.STALE, cond.TRUE, Reason.STALE, message,
+                                  generation=ctx.generation, now=iso(ctx.now))  # fmt: skip
+    return cond.set_condition(conditions, cond.STALE, cond.FALSE, Reason.VERDICT_CURRENT,
+                              "what runs is what the verdict was reached on",
+                              generation=ctx.generation, now=iso(ctx.now))  # fmt: skip

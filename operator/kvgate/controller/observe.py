@@ -295,6 +295,8 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
     if health.crashed:
         scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
     block.update(pod=pod, ip=health.ip, scan=scan)
+    if health.image_id:  # the image the verdict is reached on, by digest (its key)
+        block["imageID"] = health.image_id
     block["attentionBackend"] = scan.get("attention_backend")
     block["kvTokens"] = gates.kv_tokens(scan)
     arms[arm] = block

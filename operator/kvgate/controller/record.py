@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import manifests, redact
+from kvgate import manifests, redact, verdictkey
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -32,12 +32,14 @@ from kvgate.model import (
     Outcome,
     Phase,
 )
+from kvgate.reasons import Reason
+from kvgate.status import RolloutStatus, VerdictRecord
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
 
-def post_event(ctx: Ctx, reason: str, message: str, *, warning: bool | None = None) -> None:
-    warn = cond.is_warning(reason) if warning is None else warning
+def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool | None = None) -> None:
+    warn = reason.warning if warning is None else warning
     type_ = "Warning" if warn else "Normal"
     message = redact.scrub_text(message)  # Events are readable by anyone who reads the namespace
     kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
@@ -59,9 +61,7 @@ def gate_condition_status(result: GateResult) -> str:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
-    if result.gate == SCALES and result.reason in ("ScalesMissing", "ScalesDropped"):
-        return cond.FALSE
-    if result.gate == POOL and result.reason == "PoolHasRoom":
+    if result.reason.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
         return cond.FALSE
     return cond.UNKNOWN
 
@@ -93,8 +93,11 @@ def write_status(
     new spec removes); post its Events, metrics and, on the first finish, the report. Returns
     the status written."""
     deployment = (ctx.deployment or {}).get("metadata", {}).get("generation")
+    key = None
+    if step.verdict is not None:  # what the verdict was reached on, recorded with it
+        key = verdictkey.key_of(RolloutStatus.from_dict(ctx.status), ctx.spec)
     status = fold(ctx.status, step, old_phase, now=iso(ctx.now), generation=ctx.generation,
-                  deployment_generation=deployment)  # fmt: skip
+                  deployment_generation=deployment, verdict_key=key)  # fmt: skip
     patch_status(patch, old, {**(cleared or {}), **status})
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
@@ -117,6 +120,7 @@ def fold(
     now: str,
     generation: int | None,
     deployment_generation: int | None,
+    verdict_key: verdictkey.VerdictKey | None = None,
 ) -> dict[str, Any]:
     """The status after `step`, from the status this reconcile found and built (`found`, which
     is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
@@ -138,11 +142,11 @@ def fold(
     conditions = cond.summary_conditions(
         conditions, step.phase, step.reason, step.message,
         generation=generation, now=now, ready_without_terminal=reported,
-        stalled=step.reason == "RevertFailed",
+        stalled=step.reason.stalls or step.gate_closed, gate_closed=step.gate_closed,
     )  # fmt: skip
     status.update(
         phase=step.phase.value,
-        reason=step.reason,
+        reason=str(step.reason),
         message=step.message,
         observedGeneration=generation,
         gates=gates,
@@ -156,6 +160,10 @@ def fold(
         status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
+        if verdict_key is not None:
+            status["verdict"]["key"] = RolloutStatus(
+                verdict=VerdictRecord(key=verdict_key.to_record())
+            ).to_dict()["verdict"]["key"]
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING

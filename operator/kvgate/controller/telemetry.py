@@ -47,6 +47,13 @@ REVERT_FAILURES = prom.Counter(
 )
 
 
+STALE = prom.Gauge(
+    "kvgate_verdict_stale",
+    "1 when the Deployment runs the tested config on another image than the verdict's.",
+    ["namespace", "name"],
+)
+
+
 DRIFTED = prom.Gauge(
     "kvgate_promotion_drifted",
     "1 when a Promoted rollout's Deployment no longer carries the promoted config.",
