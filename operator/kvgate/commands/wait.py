@@ -13,8 +13,8 @@ from kvgate.errors import SpecError
 from kvgate.spec import parse_duration
 
 HELP = (
-    "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back "
-    "or failed, 3 still running at --timeout"
+    "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back, "
+    "failed or a closed gate (gate mode), 3 still running at --timeout"
 )
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
