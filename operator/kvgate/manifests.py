@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from kvgate import engines
 from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ARM, LABEL_ATTEMPT, LABEL_ROLLOUT, GateMode
-from kvgate.spec import RolloutSpec
+from kvgate.spec import RolloutSpec, is_local_path
 
 ARMS: Final = ("control", "candidate")
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}
@@ -142,7 +142,7 @@ def eval_command(
 
     With `spec.gates.accuracy.longContext` the same run does the long-context task (buckets
     from its contextLengths, else up to `max_model_len`; prompts sized with its tokenizer, else
-    `tokenizer`, the model's); with `spec.gates.divergence` on, the divergence screen too
+    `tokenizer`, the model's, at its tokenizerRevision); with `spec.gates.divergence` on, the divergence screen too
     (documents of its maxTokens, else just under `max_model_len`).
     """
     acc = spec.accuracy
@@ -186,8 +186,11 @@ def eval_command(
             cmd += ["--context-lengths", ",".join(str(n) for n in lc.context_lengths)]
         elif max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
-        if lc.tokenizer or tokenizer:
-            cmd += ["--tokenizer", str(lc.tokenizer or tokenizer)]
+        name = lc.tokenizer or tokenizer
+        if name:
+            cmd += ["--tokenizer", str(name)]
+        if name and lc.tokenizer_revision and not is_local_path(str(name)):
+            cmd += ["--tokenizer-revision", lc.tokenizer_revision]
     div = spec.divergence
     if div.mode is not GateMode.OFF:
         cmd += [
