@@ -2,7 +2,8 @@
 
 Scanned: the chart rendered by helm with each value set below, and the objects the operator
 builds at run time (the eval Job, as `manifests.build_eval_job` makes it with the chart's
-defaults, its image named by tag and, as the least-rights install has it, by digest). Every finding must be listed in docs/security.md's "Expected checkov findings", one
+defaults, its image named by tag and, as the least-rights install has it, by digest), each
+with the NetworkPolicy the operator creates for it. Every finding must be listed in docs/security.md's "Expected checkov findings", one
 line each with its reason; a finding not listed fails the test, and so does a listed one that no
 longer occurs (the list stays true). Tools tier: checkov takes about a minute per run.
 """
@@ -23,6 +24,7 @@ import yaml
 
 from kvgate import manifests
 from kvgate.config import OperatorConfig
+from kvgate.model import LABEL_ROLLOUT
 from kvgate.spec import RolloutSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,7 +183,11 @@ def test_checkov_finds_only_the_expected(tmp_path: Path) -> None:
     # As a default install runs it (image by tag) and as the least-rights one (evalImage.digest).
     pinned = eval_job("pinned", f"ghcr.io/kvgate/kvgate-eval@{DIGEST}")
     for name, job in (("eval-job", eval_job("demo")), ("eval-job-pinned", pinned)):
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+        rollout = job["metadata"]["labels"][LABEL_ROLLOUT]
+        policy = manifests.build_eval_network_policy(
+            rollout=rollout, namespace="llm-prod", canary_port=8000, hub=True
+        )  # the Job's own NetworkPolicy, created before it (controller/act.py)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all([policy, job], sort_keys=False))
 
     expected = expected_findings()
     seen: dict[tuple[str, str], set[str]] = {}
