@@ -250,3 +250,26 @@ def test_the_operator_records_the_commit_the_eval_job_resolved(
     lc = RolloutStatus.from_dict(w.obj["status"]).accuracy
     assert lc is not None and lc.long_context is not None
     assert lc.long_context.tokenizer_revision == HEAD
+
+
+@pytest.mark.parametrize(("revision", "read"), [(None, HEAD), (PINNED, PINNED)])
+def test_kvgate_eval_reports_the_commit_it_read(
+    hub_cache: Path, monkeypatch: pytest.MonkeyPatch, revision: str | None, read: str
+) -> None:
+    """The long_context block names the commit, even when the task fails after the download."""
+    from kvgate.evaluation import long_context_runner
+
+    def no_run(*_: Any) -> Any:
+        raise EvalError("no endpoint here")
+
+    monkeypatch.setattr(long_context_runner.NeedleRunner, "run", no_run)
+    parser = argparse.ArgumentParser()
+    eval_cmd.configure(parser)
+    argv = ["--control-url", "http://a/v1/completions", "--candidate-url", "http://b/v1/completions",
+            "--long-context-tasks", "niah_single_1", "--context-lengths", "256",
+            "--tokenizer", "org/tok", *(["--tokenizer-revision", revision] if revision else [])]  # fmt: skip
+    request = eval_cmd._long_context_request(parser.parse_args(argv))
+    assert request is not None
+    block = eval_cmd._run_long_context(request, None, [], hub_cache, 0)  # type: ignore[arg-type]
+    assert block["error"] == "no endpoint here"
+    assert (block["tokenizer"], block["tokenizer_revision"]) == ("org/tok", read)
