@@ -13,9 +13,16 @@ PYENV_ROOT_DIR := $(or $(PYENV_ROOT),$(shell pyenv root 2>/dev/null),$(HOME)/.py
 LOAD_PYTHON ?= $(firstword $(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.12.*/bin/python3)) \
 	$(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.13.*/bin/python3)) \
 	$(shell command -v python3.12 python3.13 2>/dev/null))
+# checkov (the IaC scanner the tools tier runs over the rendered chart and the eval Job) pins
+# dozens of packages, several against the project's: its own venv, on pyenv's 3.12 like the load
+# venv (checkov 3.3 declares >= 3.9; 3.12 is what it was tried on). Override with CHECKOV_PYTHON=.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
+CHECKOV_REQUIREMENTS := hack/checkov/requirements.txt
+CHECKOV_PYTHON ?= $(LOAD_PYTHON)
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install loadenv deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv checkovenv deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -37,6 +44,16 @@ $(LOAD_STAMP): $(LOAD_REQUIREMENTS)
 	$(LOAD_VENV)/bin/pip install --quiet -r $(LOAD_REQUIREMENTS)
 	touch $(LOAD_STAMP)
 
+# checkov's venv (tests/integration/test_checkov.py runs $(CHECKOV_VENV)/bin/checkov).
+checkovenv: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP): $(CHECKOV_REQUIREMENTS)
+	@test -n "$(CHECKOV_PYTHON)" || { echo "checkovenv: no Python 3.12+ found; set CHECKOV_PYTHON"; exit 1; }
+	$(firstword $(CHECKOV_PYTHON)) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install --quiet -r $(CHECKOV_REQUIREMENTS)
+	touch $(CHECKOV_STAMP)
+
 # Debian packages for images and the real node (apt-get when root; else it names them).
 deps:
 	hack/install-deps.sh
@@ -51,7 +68,7 @@ binaries:
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
 TIERS ?=
 TEST_OUTPUT ?= .test-output
-test: $(STAMP) $(LOAD_STAMP) deps binaries
+test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps binaries
 	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
 
 # The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).
@@ -88,4 +105,4 @@ bench: $(STAMP) $(LOAD_STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(LOAD_VENV) .pytest_cache .ruff_cache $(TEST_OUTPUT)
+	rm -rf $(VENV) $(LOAD_VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache $(TEST_OUTPUT)

@@ -1,4 +1,5 @@
-"""Manifests the operator creates: canary Pods, the eval Job, the Deployment patch, the report.
+"""Manifests the operator creates: canary Pods, the eval Job and its NetworkPolicy, the
+Deployment patch, the report.
 
 Builders are pure and deterministic: the same rollout gives the same names and bodies, so a
 handler that runs twice (operator restart, retry) creates nothing twice. Owner references are
@@ -14,8 +15,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvgate import engines
-from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ARM, LABEL_ATTEMPT, LABEL_ROLLOUT, GateMode
-from kvgate.spec import RolloutSpec
+from kvgate.model import (
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_POLICY_HASH,
+    LABEL_ARM,
+    LABEL_ATTEMPT,
+    LABEL_ROLLOUT,
+    GateMode,
+)
+from kvgate.spec import RolloutSpec, is_local_path
 
 ARMS: Final = ("control", "candidate")
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}
@@ -43,6 +51,11 @@ def eval_job_name(rollout: str, attempt: int) -> str:
     if not 1 <= attempt <= 99:
         raise ValueError(f"eval attempt {attempt} is outside [1, 99]")
     return f"{_base(rollout)}-eval-{attempt}"
+
+
+def eval_policy_name(rollout: str) -> str:
+    """The eval Job's NetworkPolicy: one per rollout, for every attempt's Job."""
+    return f"{_base(rollout)}-eval"
 
 
 def report_name(rollout: str) -> str:
@@ -142,7 +155,7 @@ def eval_command(
 
     With `spec.gates.accuracy.longContext` the same run does the long-context task (buckets
     from its contextLengths, else up to `max_model_len`; prompts sized with its tokenizer, else
-    `tokenizer`, the model's); with `spec.gates.divergence` on, the divergence screen too
+    `tokenizer`, the model's, at its tokenizerRevision); with `spec.gates.divergence` on, the divergence screen too
     (documents of its maxTokens, else just under `max_model_len`).
     """
     acc = spec.accuracy
@@ -186,8 +199,11 @@ def eval_command(
             cmd += ["--context-lengths", ",".join(str(n) for n in lc.context_lengths)]
         elif max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
-        if lc.tokenizer or tokenizer:
-            cmd += ["--tokenizer", str(lc.tokenizer or tokenizer)]
+        name = lc.tokenizer or tokenizer
+        if name:
+            cmd += ["--tokenizer", str(name)]
+        if name and lc.tokenizer_revision and not is_local_path(str(name)):
+            cmd += ["--tokenizer-revision", lc.tokenizer_revision]
     div = spec.divergence
     if div.mode is not GateMode.OFF:
         cmd += [
@@ -334,6 +350,47 @@ def build_eval_job(
             "activeDeadlineSeconds": max(int(deadline_s), 1),
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
+    }
+
+
+DNS_PORT: Final = 53
+HUB_PORT: Final = 443  # the hub's HTTPS (huggingface.co and its CDN, or HF_ENDPOINT)
+
+
+def build_eval_network_policy(
+    *, rollout: str, namespace: str, canary_port: int, hub: bool
+) -> dict[str, Any]:
+    """The eval Job's NetworkPolicy: its pods take no ingress, and send only to the two canary
+    pods' serving port, to DNS (53, UDP and TCP, any server: the cluster's resolver is not
+    selectable portably), and, with `hub`, to HTTPS (443) at any address, since a NetworkPolicy
+    selects addresses, not host names. Enforced only by a CNI that implements NetworkPolicy.
+    """
+    selector = {LABEL_ROLLOUT: rollout, LABEL_ARM: "eval"}
+    egress: list[dict[str, Any]] = [
+        {
+            "to": [
+                {"podSelector": {"matchLabels": {LABEL_ROLLOUT: rollout, LABEL_ARM: arm}}}
+                for arm in ARMS
+            ],
+            "ports": [{"protocol": "TCP", "port": canary_port}],
+        },
+        {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+    ]
+    if hub:
+        egress.append({"ports": [{"protocol": "TCP", "port": HUB_PORT}]})
+    spec = {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress", "Egress"],
+            "egress": egress}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": eval_policy_name(rollout),
+            "namespace": namespace,
+            "labels": child_labels(rollout, "eval"),
+            "annotations": {ANNOTATION_POLICY_HASH: digest},
+        },
+        "spec": spec,
     }
 
 

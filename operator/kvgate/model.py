@@ -33,6 +33,8 @@ ANNOTATION_APPROVED_GENERATION: Final = "kvgate.io/approved-generation"
 ANNOTATION_ABORT: Final = "kvgate.io/abort"
 ANNOTATION_ABORTED_BY: Final = "kvgate.io/aborted-by"
 ANNOTATION_CONFIG_HASH: Final = "kvgate.io/config-hash"
+# The eval NetworkPolicy's own spec hash: an owned policy with another hash is replaced.
+ANNOTATION_POLICY_HASH: Final = "kvgate.io/policy-hash"
 
 
 class Phase(StrEnum):

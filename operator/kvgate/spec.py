@@ -28,6 +28,7 @@ GSM8K_TEST_SIZE: Final = 1319
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ENV_NAME_RE: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_COMMIT: Final = re.compile(r"[0-9a-f]{40}")
 
 
 def parse_duration(text: str) -> float:
@@ -112,6 +113,8 @@ class LongContextTask:
     at least `recovery_floor` of the control's score); the accuracy verdict is the worse of
     GSM8K's and this task's. `context_lengths` empty: 4096, 8192, ... up to the engine's max
     model length (read from the control's startup log). `tokenizer` None: the model's.
+    `tokenizer_revision`: the hub commit (40 hex) the tokenizer is downloaded at; None: the
+    branch head, whose commit the eval Job reports (status.accuracy.longContext).
     """
 
     tasks: tuple[str, ...] = ("niah_single_1",)
@@ -120,6 +123,7 @@ class LongContextTask:
     recovery_floor: float = 0.95
     context_lengths: tuple[int, ...] = ()
     tokenizer: str | None = None
+    tokenizer_revision: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +362,17 @@ def _long_context(lc: _Reader) -> LongContextTask | None:
     tokenizer = lc.string("tokenizer")
     if tokenizer is not None and (len(tokenizer) > 512 or not tokenizer.isprintable()):
         lc.error("tokenizer", "a hub repo id or a path of at most 512 printable characters")
+    revision = lc.string("tokenizerRevision")
+    if revision is not None and not is_commit(revision):
+        lc.error(
+            "tokenizerRevision",
+            f"{revision[:60]!r} is not a commit; use the 40 hex digits of a hub commit "
+            "(a branch or tag can move)",
+        )
+    elif revision is not None and tokenizer is not None and is_local_path(tokenizer):
+        lc.error(
+            "tokenizerRevision", f"tokenizer {tokenizer!r} is a path; a revision pins a hub repo"
+        )
     return LongContextTask(
         tasks=tuple(dict.fromkeys(tasks)) if tasks else ("niah_single_1",),
         items=lc.integer("items", 50, 5, 1000),
@@ -365,7 +380,18 @@ def _long_context(lc: _Reader) -> LongContextTask | None:
         recovery_floor=lc.number("recoveryFloor", 0.95, 0.0, 1.0),
         context_lengths=tuple(sorted(set(lengths))),
         tokenizer=tokenizer,
+        tokenizer_revision=revision,
     )
+
+
+def is_commit(value: str) -> bool:
+    """A full git commit id as the hub names it: 40 lower-case hex digits."""
+    return _COMMIT.fullmatch(value) is not None
+
+
+def is_local_path(name: str) -> bool:
+    """A tokenizer or model named by a path in the image, not a hub repo id."""
+    return name.startswith(("/", "./", "../", "~"))
 
 
 def _env_vars(

@@ -236,7 +236,12 @@ class LongContextBucketRecord:
 
 @dataclass(frozen=True, slots=True)
 class LongContextRecord:
+    """The long-context block: per-bucket results, and the hub tokenizer with the commit it was
+    read at (the spec's tokenizerRevision, or the one the eval Job resolved when unpinned)."""
+
     buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
+    tokenizer: str | None = None
+    tokenizer_revision: str | None = None
     more: Mapping[str, JsonValue] = _key(default={}, rest=True)
 
 

@@ -176,6 +176,9 @@ class FakeKube:
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read("Job", name)
 
+    def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read("NetworkPolicy", name)
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.requests += 1
         return [

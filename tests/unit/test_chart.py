@@ -93,6 +93,7 @@ NAMESPACED = {
     *(("", "pods", v) for v in ("create", "get", "list", "delete")),
     ("", "pods/log", "get"),
     *(("batch", "jobs", v) for v in ("create", "get", "delete")),
+    *(("networking.k8s.io", "networkpolicies", v) for v in ("create", "get", "delete")),
     *(("", "configmaps", v) for v in ("create", "get", "patch")),
     ("", "events", "create"),
 }

@@ -177,7 +177,15 @@ def test_crd_schema_knows_the_new_fields() -> None:
         "properties"
     ]["gates"]["properties"]
     lc = gates["accuracy"]["properties"]["longContext"]["properties"]
-    assert set(lc) == {"tasks", "items", "margin", "recoveryFloor", "contextLengths", "tokenizer"}
+    assert set(lc) == {
+        "tasks",
+        "items",
+        "margin",
+        "recoveryFloor",
+        "contextLengths",
+        "tokenizer",
+        "tokenizerRevision",
+    }
     assert lc["tasks"]["items"]["enum"] == ["niah_single_1", "niah_multikey_2", "niah_multikey_3"]
     assert gates["divergence"]["properties"]["mode"]["default"] == "off"
 

@@ -29,7 +29,7 @@ RELEASE_NS = "kvgate-system"  # test_chart.render's namespace
 Grant = tuple[str, str, str]
 
 # The API objects of kube.py's `Kube` and their API group.
-API_GROUPS = {"core": "", "apps": "apps", "batch": "batch"}
+API_GROUPS = {"core": "", "apps": "apps", "batch": "batch", "networking": "networking.k8s.io"}
 # The kubernetes client's API classes a resource lock may hold, and their API group.
 API_CLASSES = {"CoordinationV1Api": "coordination.k8s.io", "CoreV1Api": ""}
 RESOURCELOCK = "kubernetes.leaderelection.resourcelock"
@@ -48,6 +48,7 @@ RESOURCES = {
     "pod": "pods",
     "pod_log": "pods/log",
     "job": "jobs",
+    "network_policy": "networkpolicies",
     "config_map": "configmaps",
     "secret": "secrets",
     "event": "events",

@@ -111,6 +111,10 @@ app.kubernetes.io/part-of: kvgate
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [create, get, delete]
+# The eval Job's NetworkPolicy (one per rollout, owned by it).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, get, delete]
 # Reports kept next to the rollout.
 - apiGroups: [""]
   resources: [configmaps]

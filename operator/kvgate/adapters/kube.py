@@ -94,6 +94,7 @@ class Kube:
         self.core = k8s.CoreV1Api(api_client)
         self.apps = k8s.AppsV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
+        self.networking = k8s.NetworkingV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
         self.requests = 0
         self._on_request = on_request
@@ -152,6 +153,15 @@ class Kube:
         )
         return None if obj is None else self._dict(obj)
 
+    def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self._call(
+            "get",
+            f"networkpolicy {namespace}/{name}",
+            lambda: self.networking.read_namespaced_network_policy(name, namespace),
+            missing_ok=True,
+        )
+        return None if obj is None else self._dict(obj)
+
     def read_log(
         self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False
     ) -> str | None:
@@ -194,7 +204,8 @@ class Kube:
     # --- writes ---
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a Pod, Job or ConfigMap; an existing one with that name is returned instead."""
+        """Create a Pod, Job, NetworkPolicy or ConfigMap; an existing one with that name is
+        returned instead."""
         wire: Any = body  # the client sends a dict body as it is; its types name model classes
         kind = body["kind"]
         ns = body["metadata"]["namespace"]
@@ -207,6 +218,10 @@ class Kube:
             "Job": (
                 lambda: self.batch.create_namespaced_job(ns, wire),
                 lambda: self.batch.read_namespaced_job(name, ns),
+            ),
+            "NetworkPolicy": (
+                lambda: self.networking.create_namespaced_network_policy(ns, wire),
+                lambda: self.networking.read_namespaced_network_policy(name, ns),
             ),
             "ConfigMap": (
                 lambda: self.core.create_namespaced_config_map(ns, wire),
@@ -241,7 +256,7 @@ class Kube:
         )
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
-        """Delete a Pod or Job (and the Job's pods); False when it was already gone.
+        """Delete a Pod, Job (and the Job's pods) or NetworkPolicy; False when it was already gone.
 
         With `uid`, only that very object is deleted (a precondition): a newer object that took
         the name meanwhile is left alone (the apiserver answers 409, reported as False).
@@ -254,6 +269,9 @@ class Kube:
         deleters: dict[str, Callable[[], Any]] = {
             "Pod": lambda: self.core.delete_namespaced_pod(name, namespace, body=opts),
             "Job": lambda: self.batch.delete_namespaced_job(name, namespace, body=opts),
+            "NetworkPolicy": lambda: self.networking.delete_namespaced_network_policy(
+                name, namespace, body=opts
+            ),
         }
         try:
             done = self._call(

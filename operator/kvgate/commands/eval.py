@@ -30,6 +30,7 @@ from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, Long
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
 from kvgate.inputs import bounded_int, finite_float
+from kvgate.spec import is_commit, is_local_path
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
@@ -160,6 +161,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     lc.add_argument(
         "--tokenizer", help="the model's tokenizer: a directory, tokenizer.json or a hub repo id"
+    )
+    lc.add_argument(
+        "--tokenizer-revision",
+        help="the hub commit (40 hex digits) to download a hub --tokenizer at (default: main's "
+        "head, recorded in the summary as tokenizer_revision)",
     )
     dv = parser.add_argument_group(
         "divergence screen",
@@ -345,6 +351,7 @@ class LongContextRequest(TypedDict):
     lengths: list[int]
     items: int
     tokenizer: str
+    tokenizer_revision: str | None
     plan: LongContextPlan
 
 
@@ -353,7 +360,7 @@ def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None
     from kvgate.evaluation.long_context import TASKS, context_lengths
 
     if not args.long_context_tasks:
-        if args.context_lengths or args.tokenizer:
+        if args.context_lengths or args.tokenizer or args.tokenizer_revision:
             raise SpecError(_LC_SPEC, "long-context options need --long-context-tasks")
         return None
     tasks = [t.strip() for t in args.long_context_tasks.split(",") if t.strip()]
@@ -375,6 +382,16 @@ def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None
         )
     if not args.tokenizer:
         raise SpecError("--tokenizer", "long context sizes prompts with the model's tokenizer")
+    revision = args.tokenizer_revision
+    if revision is not None and not is_commit(revision):
+        raise SpecError(
+            "--tokenizer-revision",
+            f"{revision[:60]!r} is not a commit; use the 40 hex digits of a hub commit",
+        )
+    if revision is not None and is_local_path(args.tokenizer):
+        raise SpecError(
+            "--tokenizer-revision", f"{args.tokenizer!r} is a path; a revision pins a hub repo"
+        )
     plan = LongContextPlan(
         margin=args.long_context_margin,
         confidence=args.confidence,
@@ -385,6 +402,7 @@ def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None
         "lengths": lengths,
         "items": args.long_context_items,
         "tokenizer": args.tokenizer,
+        "tokenizer_revision": revision,
         "plan": plan,
     }
 
@@ -459,6 +477,7 @@ def _block_header(request: LongContextRequest) -> dict[str, Any]:
         "context_lengths": request["lengths"],
         "items_per_bucket": request["items"] * len(request["tasks"]),
         "tokenizer": request["tokenizer"],
+        "tokenizer_revision": request["tokenizer_revision"],
         "margin": plan.margin,
         "confidence": plan.confidence,
         "fail_confidence": plan.fail_confidence,
@@ -479,7 +498,8 @@ def _run_long_context(
 
     block = _block_header(request)
     try:
-        count = load_tokenizer(request["tokenizer"])
+        count, commit = load_tokenizer(request["tokenizer"], request["tokenizer_revision"])
+        block["tokenizer_revision"] = commit
         items = generate_items(request["tasks"], request["lengths"], request["items"], count, seed)
         answers = NeedleRunner(settings, arms, workdir, items).run()
         per_length = pair_by_length(answers["control"], answers["candidate"], len(items))

@@ -41,9 +41,9 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
-from kvgate.model import LABEL_ARM, LABEL_ROLLOUT, config_hash
+from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, LABEL_ROLLOUT, config_hash
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec
+from kvgate.spec import RolloutSpec, is_local_path
 from kvgate.steps import Action, Step
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
@@ -147,6 +147,10 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
         raise InputError(problem)
     if ctx.config.gsm8k_dir:
         env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
+    # Before the Job: its pod never runs unconfined (where the CNI enforces NetworkPolicy).
+    # The hub is reached for a hub tokenizer, and for GSM8K itself when no local copy is set.
+    hub = hub_tokenizer(ctx.spec, ctx.status.get("model")) is not None or not ctx.config.gsm8k_dir
+    ensure_eval_policy(ctx, port=int(port), hub=hub)
     job = manifests.build_eval_job(
         rollout=ctx.name,
         namespace=ctx.namespace,
@@ -197,12 +201,43 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
 
 
+def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool) -> None:
+    """The eval Job's NetworkPolicy, owned by the rollout; an owned one with another spec (an
+    earlier run's port or hub rule) is deleted and made again on the next reconcile."""
+    policy = manifests.build_eval_network_policy(
+        rollout=ctx.name, namespace=ctx.namespace, canary_port=port, hub=hub
+    )
+    adopt_child(ctx, policy, "eval")
+    name = policy["metadata"]["name"]
+    existing = ctx.kube.read_network_policy(ctx.namespace, name)
+    if existing is not None and not owned(ctx, existing):
+        raise KvgateError(
+            f"NetworkPolicy {name} exists and is not this rollout's; kvgate does not touch it"
+        )
+    if existing is not None and policy_hash(existing) != policy_hash(policy):
+        delete_owned(ctx, "NetworkPolicy", existing)
+        raise KubeError(f"NetworkPolicy {name} of an earlier run is being replaced")
+    if existing is None:
+        ctx.kube.create(policy)
+
+
+def policy_hash(obj: Mapping[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_POLICY_HASH)
+
+
+def hub_tokenizer(spec: RolloutSpec, model: str | None) -> str | None:
+    """The hub repo the long-context task loads its tokenizer from (None: none, or a path)."""
+    lc = spec.accuracy.long_context
+    name = (lc.tokenizer if lc else None) or model
+    if lc is None or not name or is_local_path(str(name)) or not hub.looks_like_repo_id(name):
+        return None
+    return str(name)
+
+
 def eval_secret_env(spec: RolloutSpec, model: str | None) -> dict[str, tuple[str, str]]:
     """HF_TOKEN from spec.model.tokenSecretRef when the long-context task loads a hub tokenizer."""
-    lc, secret = spec.accuracy.long_context, spec.model.token_secret
-    name = (lc.tokenizer if lc else None) or model
-    local = not name or str(name).startswith(("/", "./", "../"))
-    if lc is None or secret is None or local or not hub.looks_like_repo_id(str(name)):
+    secret = spec.model.token_secret
+    if secret is None or hub_tokenizer(spec, model) is None:
         return {}
     return {"HF_TOKEN": (secret.name, secret.key)}
 
@@ -237,6 +272,9 @@ def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
         job = ctx.kube.read_job(ctx.namespace, name)
         if job is not None:
             delete_owned(ctx, "Job", job)
+    policy = ctx.kube.read_network_policy(ctx.namespace, manifests.eval_policy_name(ctx.name))
+    if policy is not None:
+        delete_owned(ctx, "NetworkPolicy", policy)
 
 
 def snapshot_speed(ctx: Ctx, step: Step) -> None:

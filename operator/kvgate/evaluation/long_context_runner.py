@@ -31,33 +31,47 @@ from kvgate.evaluation.runner import (
     _strict_model_classes,
     writable_cache_environment,
 )
+from kvgate.spec import is_commit, is_local_path
 
 TASK_NAME: Final = "kvgate_niah"
 _UTILS: Final = "from kvgate.evaluation.long_context import process_results  # noqa: F401\n"
 
 
-def load_tokenizer(spec: str) -> Callable[[str], int]:
-    """A token counter from a tokenizer directory, a tokenizer.json, or a hub repo id.
+def load_tokenizer(
+    spec: str, revision: str | None = None
+) -> tuple[Callable[[str], int], str | None]:
+    """A token counter from a tokenizer directory, a tokenizer.json, or a hub repo id, and the
+    hub commit it was read at (None for a local one).
 
-    A repo id downloads only `tokenizer.json` (HF_TOKEN / the rollout's token is honoured by
-    huggingface_hub); tests pass a directory built locally.
+    A repo id downloads only `tokenizer.json` at `revision` (a 40-hex commit; None: the main
+    branch's head, whose commit is returned so the caller can record it). HF_TOKEN / the
+    rollout's token is honoured by huggingface_hub; tests pass a directory built locally.
     """
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:  # pragma: no cover - the eval extra installs it
         raise SpecError("--tokenizer", "the `tokenizers` package is not installed") from exc
+    if revision is not None and not is_commit(revision):
+        raise SpecError("--tokenizer-revision", f"{revision[:60]!r} is not a 40-hex commit")
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "tokenizer.json"
+    commit: str | None = None
     if not path.is_file():
-        if Path(spec).expanduser().exists() or spec.startswith((".", "/")):
+        if Path(spec).expanduser().exists() or is_local_path(spec):
             raise SpecError("--tokenizer", f"{spec}: no tokenizer.json there")
         try:
             from huggingface_hub import hf_hub_download
 
-            path = Path(hf_hub_download(spec, "tokenizer.json"))
+            path = Path(hf_hub_download(spec, "tokenizer.json", revision=revision))
         except Exception as exc:  # the hub client raises many kinds; all mean "not had"
-            raise EvalError(f"tokenizer {spec}: cannot download tokenizer.json: {exc}") from exc
+            where = f"{spec}@{revision}" if revision else spec
+            raise EvalError(f"tokenizer {where}: cannot download tokenizer.json: {exc}") from exc
+        commit = snapshot_commit(path) or revision
+    elif revision is not None:
+        raise SpecError(
+            "--tokenizer-revision", f"tokenizer {spec!r} is local; a revision pins a hub repo"
+        )
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises plain Exception on a bad file
@@ -68,7 +82,15 @@ def load_tokenizer(spec: str) -> Callable[[str], int]:
 
     if count("The quick brown fox jumps over the lazy dog.") == 0:
         raise SpecError("--tokenizer", f"{spec} encodes text to 0 tokens")
-    return count
+    return count, commit
+
+
+def snapshot_commit(path: Path) -> str | None:
+    """The commit of a file huggingface_hub cached: `.../snapshots/<commit>/<filename>`."""
+    parent = path.parent
+    if parent.parent.name == "snapshots" and is_commit(parent.name):
+        return parent.name
+    return None
 
 
 def write_task(items: Sequence[NeedleItem], directory: Path) -> None:
