@@ -173,11 +173,29 @@ class PreflightStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class EvalProgress:
+    """Where the eval Job's sequential test stands after its latest look (its progress line)."""
+
+    look: int | None = None  # 1-based
+    looks_planned: int | None = _key("looks_planned", "looksPlanned")
+    questions: int | None = None  # paired questions answered so far
+    difference: float | None = None  # candidate minus control accuracy so far, a fraction
+
+
+@dataclass(frozen=True, slots=True)
 class EvalStatus:
     attempt: int | None = None
     job: str | None = None
     nonce_sha256: str | None = None
     progress: Mapping[str, JsonValue] = _key(default={})  # the eval Job's last progress line
+
+    @property
+    def look_progress(self) -> EvalProgress | None:
+        """`progress` read as an `EvalProgress`; None before the first look."""
+        read = _read(EvalProgress, self.progress, 1)
+        if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
+            return None
+        return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +462,7 @@ class RolloutStatus:
     phase: Phase | None = None
     reason: str | None = None
     message: str | None = None
+    progress: str | None = None  # the eval's progress in a few words (a printer column)
     observed_generation: int | None = None
     started_at: str | None = None
     phase_since: str | None = None

@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from kvgate.gates import ACCURACY
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
+    Outcome,
     Phase,
     SpeedClocks,
 )
 from kvgate.remedy import Remedy
+from kvgate.status import EvalProgress
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -109,6 +112,7 @@ class Observation:
     job_finished: bool = False
     eval_summary: Mapping[str, Any] | None = None
     eval_error: str | None = None
+    eval_progress: EvalProgress | None = None  # the running attempt's latest look
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
@@ -138,6 +142,7 @@ class Step:
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
     remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
+    progress: str | None = None  # Evaluating: the eval's progress in a few words (status.progress)
 
     @property
     def terminal(self) -> bool:
@@ -169,7 +174,13 @@ OUTCOME_EVENTS: Final = {
 
 
 def gate_event(result: GateResult) -> Event | None:
-    """Gate results worth an Event of their own (alerting matches the reason)."""
+    """Gate results worth an Event of their own (alerting matches the reason).
+
+    A passing accuracy gate is one too: its message carries the headline figures (both arms'
+    accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
+    """
+    if result.gate == ACCURACY and result.outcome is Outcome.SUCCESSFUL:
+        return Event(result.reason, result.message)  # AccuracyNonInferior
     if result.reason in (
         "ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed", "DivergenceFlagged"
     ):  # fmt: skip

@@ -152,6 +152,8 @@ def fold(
     status.setdefault("startedAt", now)
     if step.phase is not old_phase or "phaseSince" not in status:
         status["phaseSince"] = now
+    if step.progress is not None:
+        status["progress"] = step.progress
     if step.eval_attempts is not None:
         status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
     if step.verdict is not None:
