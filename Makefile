@@ -15,7 +15,7 @@ LOAD_PYTHON ?= $(firstword $(sort $(wildcard $(PYENV_ROOT_DIR)/versions/3.12.*/b
 	$(shell command -v python3.12 python3.13 2>/dev/null))
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install loadenv deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv deps deps-tools test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -41,6 +41,10 @@ $(LOAD_STAMP): $(LOAD_REQUIREMENTS)
 deps:
 	hack/install-deps.sh
 
+# The same, plus chromium for the tools tier's browser test of the HTML reports.
+deps-tools:
+	hack/install-deps.sh --tools
+
 # The control plane's and the real node's binaries, and the test forge (Gitea), built once into
 # ~/.cache/kvgate and reused.
 binaries:
@@ -51,7 +55,7 @@ binaries:
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
 TIERS ?=
 TEST_OUTPUT ?= .test-output
-test: $(STAMP) $(LOAD_STAMP) deps binaries
+test: $(STAMP) $(LOAD_STAMP) deps-tools binaries
 	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
 
 # The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).

@@ -34,7 +34,7 @@ from kvgate.kubeobjects import PodHealth
 from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
-from kvgate.status import EvalProgress
+from kvgate.status import EvalProgress, read_eval_progress
 from kvgate.steps import (
     EVAL_GRACE_S,
     MAX_DELAY_S,
@@ -361,7 +361,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         message = f"eval failed {state.eval_attempts} time(s), last: {error}"
         return end_step(Phase.ROLLED_BACK, "EvalError", message, gates=(gate,))
     if obs.eval_summary is None:
-        progress = eval_progress(obs.eval_progress, spec.accuracy.questions)
+        progress = eval_progress(read_eval_progress(obs.eval_progress), spec.accuracy.questions)
         elapsed = (
             f"{_duration(state.phase_elapsed_s)} elapsed, "
             f"at most {_duration(spec.canary.eval_timeout_s)} an attempt"

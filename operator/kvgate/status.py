@@ -192,10 +192,15 @@ class EvalStatus:
     @property
     def look_progress(self) -> EvalProgress | None:
         """`progress` read as an `EvalProgress`; None before the first look."""
-        read = _read(EvalProgress, self.progress, 1)
-        if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
-            return None
-        return read
+        return read_eval_progress(self.progress)
+
+
+def read_eval_progress(line: object) -> EvalProgress | None:
+    """The eval Job's progress line as an `EvalProgress`; None without a look's figures."""
+    read = _read(EvalProgress, line, 1)
+    if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
+        return None
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +234,15 @@ class AdviceRecord:
 
 @dataclass(frozen=True, slots=True)
 class BoundsRecord:
+    """One-sided bounds on candidate minus control, with their levels (the Job's own keys)."""
+
     lower: float | None = None
     upper: float | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # confidence, sides, method
+    lower_confidence: float | None = _key("lower_confidence", "lowerConfidence")
+    upper_confidence: float | None = _key("upper_confidence", "upperConfidence")
+    look: int | None = None  # the 1-based look the gate stopped at
+    look_adjusted: bool | None = _key("look_adjusted", "lookAdjusted")
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # sides, method
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +319,9 @@ class AccuracyStatus:
     candidate: ArmAccuracy | None = None
     paired: PairedRecord | None = None
     difference_pp: float | None = None
+    bounds: BoundsRecord | None = None  # the look-adjusted one-sided bounds the verdict rests on
     largest_loss_ruled_out: float | None = None
+    smallest_loss_shown: float | None = None  # a fail: the candidate is worse by at least this
     advice: AdviceRecord | None = None
     long_context: LongContextRecord | None = None
     divergence: DivergenceRecord | None = None

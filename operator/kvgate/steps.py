@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from kvgate.gates import ACCURACY
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     Outcome,
@@ -20,7 +19,6 @@ from kvgate.model import (
     SpeedClocks,
 )
 from kvgate.remedy import Remedy
-from kvgate.status import EvalProgress
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -112,7 +110,7 @@ class Observation:
     job_finished: bool = False
     eval_summary: Mapping[str, Any] | None = None
     eval_error: str | None = None
-    eval_progress: EvalProgress | None = None  # the running attempt's latest look
+    eval_progress: Mapping[str, Any] | None = None  # the running attempt's last progress line
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
@@ -179,8 +177,8 @@ def gate_event(result: GateResult) -> Event | None:
     A passing accuracy gate is one too: its message carries the headline figures (both arms'
     accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
     """
-    if result.gate == ACCURACY and result.outcome is Outcome.SUCCESSFUL:
-        return Event(result.reason, result.message)  # AccuracyNonInferior
+    if result.reason == "AccuracyNonInferior" and result.outcome is Outcome.SUCCESSFUL:
+        return Event(result.reason, result.message)
     if result.reason in (
         "ScalesMissing", "ScalesDropped", "BackendChanged", "BackendNotAllowed", "DivergenceFlagged"
     ):  # fmt: skip

@@ -1087,7 +1087,9 @@ def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
     assert len(asked) == 31
 
 
-def test_a_running_eval_shows_its_progress_and_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_running_eval_shows_its_progress_and_elapsed_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # GIVEN an eval Job that has logged its second look and is still running
     world = World(monkeypatch)
     world.kube.hold_evals = True

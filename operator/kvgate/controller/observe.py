@@ -52,7 +52,6 @@ from kvgate.model import (
     SpeedClocks,
     config_hash,
 )
-from kvgate.status import EvalStatus
 from kvgate.steps import LiveTarget, Observation
 
 if TYPE_CHECKING:
@@ -392,7 +391,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     summary, progress = eval_lines(text, ev.get("nonceSha256"))
     if progress is not None:
         ev["progress"] = progress
-        obs = dataclasses.replace(obs, eval_progress=EvalStatus(progress=progress).look_progress)
+        obs = dataclasses.replace(obs, eval_progress=progress)
     ctx.status["eval"] = ev
     if summary is not None and finished:
         record_accuracy(ctx, summary)
