@@ -1118,6 +1118,8 @@ def test_a_running_eval_shows_its_progress_and_elapsed_time(
     assert column == "200/500 q, look 2/5, -0.5 pp"
     # the stored line keeps the Job's own keys (the CLI's live view reads them)
     assert world.obj["status"]["eval"]["progress"]["looks_planned"] == 5
+    # once the eval is over the progress column is empty again
+    assert "progress" not in world.obj["status"]
 
 
 def test_a_passing_accuracy_gate_posts_its_figures_as_an_event(

@@ -805,6 +805,11 @@ def test_args_are_recommended_only_after_a_passing_verdict(state: str, heading: 
 
 def test_not_needed_args_are_not_recommended() -> None:
     assert report.args_heading({"phase": "NotNeeded"}) == "Candidate args (not needed)"
+    # reverting leads to the end its write-ahead record names
+    reverting = {"phase": "Reverting", "revert": {"phase": "RolledBack", "reason": "VerifyFailed"}}
+    assert report.args_heading(reverting) == "Rejected candidate args"
+    reverting["revert"]["phase"] = "NotNeeded"
+    assert report.args_heading(reverting) == "Candidate args (not needed)"
     # a passing verdict recorded before the phase moved on is enough
     verdict = {"decision": "Promote", "outcome": "Successful", "message": "ok"}
     assert report.args_heading({"phase": "Evaluating", "verdict": verdict}) == "Recommended args"

@@ -436,15 +436,6 @@ def read_verdict(status: StatusLike) -> str | None:
 
 def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
-
-    def parse(text: str | None) -> dt.datetime | None:
-        if text is None:
-            return None
-        try:
-            return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-
     typed = _typed(status)
     seconds = _between(typed.started_at, typed.finished_at)
     return None if seconds is None else fmt_duration(seconds)
@@ -539,6 +530,11 @@ def args_heading(status: StatusLike) -> str:
     phase = typed.phase
     if phase is not None and phase.value in BAD_PHASES:
         return "Rejected candidate args"
+    if phase is Phase.REVERTING:  # on its way to the end the revert record names
+        end = typed.revert.phase if typed.revert is not None else None
+        return (
+            "Candidate args (not needed)" if end is Phase.NOT_NEEDED else "Rejected candidate args"
+        )
     if phase is Phase.NOT_NEEDED:
         return "Candidate args (not needed)"
     if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):
