@@ -22,7 +22,7 @@ CHECKOV_REQUIREMENTS := hack/checkov/requirements.txt
 CHECKOV_PYTHON ?= $(LOAD_PYTHON)
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install loadenv checkovenv deps test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv checkovenv deps deps-tools test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -58,6 +58,10 @@ $(CHECKOV_STAMP): $(CHECKOV_REQUIREMENTS)
 deps:
 	hack/install-deps.sh
 
+# The same, plus chromium for the tools tier's browser test of the HTML reports.
+deps-tools:
+	hack/install-deps.sh --tools
+
 # The control plane's and the real node's binaries, and the test forge (Gitea), built once into
 # ~/.cache/kvgate and reused.
 binaries:
@@ -68,7 +72,7 @@ binaries:
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
 TIERS ?=
 TEST_OUTPUT ?= .test-output
-test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps binaries
+test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps-tools binaries
 	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
 
 # The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).

@@ -2,10 +2,18 @@
 # Installs the Debian packages that `make test` and `make demo` need, when they are missing:
 # buildah and mmdebstrap build the images; runc, the CNI plugins, iptables and iproute2 make
 # the real node; openssl makes the local cluster's certificates; prometheus (and promtool)
-# serve the metrics tests. Needs root and apt-get; otherwise it names what is missing and
-# exits 1. No service is started: tests start their own servers on loopback.
+# serve the metrics tests. With --tools (what `make test` asks for), also chromium: the tools
+# tier renders the HTML reports in headless Chromium (tests/integration/test_report_browser.py).
+# Needs root and apt-get; otherwise it names what is missing and exits 1. No service is started:
+# tests start their own servers on loopback.
 set -euo pipefail
 PACKAGES=(buildah mmdebstrap uidmap runc containernetworking-plugins iptables iproute2 openssl prometheus)
+TOOLS_PACKAGES=(chromium)
+case "${1:-}" in
+  --tools) PACKAGES+=("${TOOLS_PACKAGES[@]}") ;;
+  "") ;;
+  *) echo "install-deps: unknown argument ${1} (only --tools)" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

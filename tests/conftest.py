@@ -7,8 +7,8 @@ Each test belongs to one tier, chosen by marker:
 - fast (no marker of the three below): unit tests and the integration tests that start only
   the simulator or local HTTP servers. `pytest` with no flags runs exactly these.
 - ``lmeval``: tests that start lm-eval itself (the `kvgate eval` runs, lm-eval's CLI).
-- ``tools``: tests that run the other real tools on loopback: inference-perf (the load venv)
-  and a Gitea forge.
+- ``tools``: tests that run the other real tools on loopback: inference-perf (the load venv),
+  a Gitea forge, and headless Chromium (the HTML reports at 1,280 px).
 - ``e2e``: tests/e2e, against the local control plane (the ``cluster`` fixture).
 - ``harness``: tests/harness, the control plane's and the real node's own tests.
 

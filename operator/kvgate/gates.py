@@ -385,28 +385,34 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
     """The accuracy evidence in one line, with the one-sided bound the decision rests on.
 
     `control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.9 pp (95% one-sided,
-    adjusted for 4 looks) (margin 2 pp, n=200)`. Summaries without look-adjusted bounds
-    (older eval images) show the two-sided interval, labelled as such.
+    adjusted for 4 looks) (margin 2 pp, n=200)`. A fail leads with what was shown: `candidate
+    worse: 82.0% vs control 88.7%, difference -6.7 pp; shown worse by at least 0.3 pp (97.5%
+    one-sided, adjusted for 3 looks) (margin 2 pp, n=300)`. Summaries without look-adjusted
+    bounds (older eval images) show the two-sided interval, labelled as such.
     """
     try:
         c, k = summary["control"], summary["candidate"]
         paired = summary.get("paired") or {}
         diff = float(paired["difference"]) * 100
         margin = float(summary.get("margin", 0)) * 100
-        head = (
-            f"control {float(c['accuracy']) * 100:.1f}% vs candidate "
-            f"{float(k['accuracy']) * 100:.1f}%, difference {diff:+.1f} pp"
-        )
+        control, candidate = float(c["accuracy"]) * 100, float(k["accuracy"]) * 100
+        head = f"control {control:.1f}% vs candidate {candidate:.1f}%, difference {diff:+.1f} pp"
         tail = f"(margin {margin:g} pp, n={summary.get('questions_used')})"
         bounds = summary.get("bounds")
         if isinstance(bounds, Mapping) and isinstance(bounds.get("lower"), int | float):
             adjusted = (
                 f", adjusted for {bounds.get('look')} looks" if bounds.get("look_adjusted") else ""
             )
+            upper = bounds.get("upper")
+            if summary.get("verdict") == "fail" and isinstance(upper, int | float):
+                sure = float(bounds.get("upper_confidence") or 0.975) * 100
+                return (
+                    f"candidate worse: {candidate:.1f}% vs control {control:.1f}%, difference "
+                    f"{diff:+.1f} pp; shown worse by at least {max(0.0, -float(upper)) * 100:.1f}"
+                    f" pp ({sure:g}% one-sided{adjusted}) {tail}"
+                )
             sure = float(bounds.get("lower_confidence") or 0.95) * 100
             text = f"{head}; at least {float(bounds['lower']) * 100:+.1f} pp ({sure:g}% one-sided{adjusted})"
-            if summary.get("verdict") == "fail" and isinstance(bounds.get("upper"), int | float):
-                text += f", at most {float(bounds['upper']) * 100:+.1f} pp"
             return f"{text} {tail}"
         low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
         return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kvgate.deadlines import revert_backoff, revert_retry_due_s
@@ -35,6 +35,7 @@ from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMo
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
+from kvgate.status import EvalProgress, read_eval_progress
 from kvgate.steps import (
     EVAL_GRACE_S,
     MAX_DELAY_S,
@@ -383,12 +384,20 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         message = f"eval failed {state.eval_attempts} time(s), last: {error}"
         return end_step(Phase.ROLLED_BACK, Reason.EVAL_ERROR, message, gates=(gate,))
     if obs.eval_summary is None:
+        progress = eval_progress(read_eval_progress(obs.eval_progress), spec.accuracy.questions)
+        elapsed = (
+            f"{_duration(state.phase_elapsed_s)} elapsed, "
+            f"at most {_duration(spec.canary.eval_timeout_s)} an attempt"
+        )
         return Step(
             Phase.EVALUATING,
             Reason.EVALUATING,
-            f"eval attempt {state.eval_attempts} running",
+            f"eval attempt {state.eval_attempts} running: "
+            + (f"{progress.long}; " if progress is not None else "no look yet; ")
+            + elapsed,
             actions=() if obs.job_exists else (Action.CREATE_EVAL_JOB,),
             requeue_s=clamp_delay(poll_s),
+            progress=progress.short if progress is not None else "starting",
         )
     accuracy = assess_accuracy(spec.accuracy, obs.eval_summary)
     long_context = assess_long_context(spec.accuracy.long_context, obs.eval_summary)
@@ -411,6 +420,37 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         )
     step = _after_verdict(spec, state, verdict, gates)
     return replace(step, events=(*events, *step.events))
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressText:
+    """The eval's progress in words: `long` for status.message, `short` for the printer column."""
+
+    long: str
+    short: str
+
+
+def eval_progress(progress: EvalProgress | None, planned: int) -> ProgressText | None:
+    """`look 2/6, 200 of 600 questions, candidate -0.5 pp so far` (None before the first look)."""
+    if progress is None or progress.look is None or progress.questions is None:
+        return None
+    looks = f"{progress.look}/{progress.looks_planned or '?'}"
+    diff = progress.difference
+    points = f"{100 * diff:+.1f} pp" if diff is not None and math.isfinite(diff) else ""
+    return ProgressText(
+        long=f"look {looks}, {progress.questions:,} of {planned:,} questions"
+        + (f", candidate {points} so far" if points else ""),
+        short=f"{progress.questions}/{planned} q, look {looks}" + (f", {points}" if points else ""),
+    )
+
+
+def _duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `1 h 5 min`: a wait read at a glance."""
+    total = max(0, int(seconds))
+    if total < 60:
+        return f"{total} s"
+    minutes = total // 60
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:

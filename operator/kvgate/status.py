@@ -174,11 +174,34 @@ class PreflightStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class EvalProgress:
+    """Where the eval Job's sequential test stands after its latest look (its progress line)."""
+
+    look: int | None = None  # 1-based
+    looks_planned: int | None = _key("looks_planned", "looksPlanned")
+    questions: int | None = None  # paired questions answered so far
+    difference: float | None = None  # candidate minus control accuracy so far, a fraction
+
+
+@dataclass(frozen=True, slots=True)
 class EvalStatus:
     attempt: int | None = None
     job: str | None = None
     nonce_sha256: str | None = None
     progress: Mapping[str, JsonValue] = _key(default={})  # the eval Job's last progress line
+
+    @property
+    def look_progress(self) -> EvalProgress | None:
+        """`progress` read as an `EvalProgress`; None before the first look."""
+        return read_eval_progress(self.progress)
+
+
+def read_eval_progress(line: object) -> EvalProgress | None:
+    """The eval Job's progress line as an `EvalProgress`; None without a look's figures."""
+    read = _read(EvalProgress, line, 1)
+    if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
+        return None
+    return read
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +235,15 @@ class AdviceRecord:
 
 @dataclass(frozen=True, slots=True)
 class BoundsRecord:
+    """One-sided bounds on candidate minus control, with their levels (the Job's own keys)."""
+
     lower: float | None = None
     upper: float | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # confidence, sides, method
+    lower_confidence: float | None = _key("lower_confidence", "lowerConfidence")
+    upper_confidence: float | None = _key("upper_confidence", "upperConfidence")
+    look: int | None = None  # the 1-based look the gate stopped at
+    look_adjusted: bool | None = _key("look_adjusted", "lookAdjusted")
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # sides, method
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +325,9 @@ class AccuracyStatus:
     candidate: ArmAccuracy | None = None
     paired: PairedRecord | None = None
     difference_pp: float | None = None
+    bounds: BoundsRecord | None = None  # the look-adjusted one-sided bounds the verdict rests on
     largest_loss_ruled_out: float | None = None
+    smallest_loss_shown: float | None = None  # a fail: the candidate is worse by at least this
     advice: AdviceRecord | None = None
     long_context: LongContextRecord | None = None
     divergence: DivergenceRecord | None = None
@@ -468,6 +499,7 @@ class RolloutStatus:
     phase: Phase | None = None
     reason: str | None = None
     message: str | None = None
+    progress: str | None = None  # the eval's progress in a few words (a printer column)
     observed_generation: int | None = None
     started_at: str | None = None
     phase_since: str | None = None

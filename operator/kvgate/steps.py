@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
+    Outcome,
     Phase,
     SpeedClocks,
 )
@@ -110,6 +111,7 @@ class Observation:
     job_finished: bool = False
     eval_summary: Mapping[str, Any] | None = None
     eval_error: str | None = None
+    eval_progress: Mapping[str, Any] | None = None  # the running attempt's last progress line
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
@@ -140,6 +142,7 @@ class Step:
     restart_window: bool = False  # Verifying: the window starts over at this sample
     remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
     gate_closed: bool = False  # gate mode: an end that is not a passing verdict (Stalled)
+    progress: str | None = None  # Evaluating: the eval's progress in a few words (status.progress)
 
     @property
     def terminal(self) -> bool:
@@ -171,7 +174,13 @@ OUTCOME_EVENTS: Final = {
 
 
 def gate_event(result: GateResult) -> Event | None:
-    """Gate results worth an Event of their own (alerting matches the reason)."""
+    """Gate results worth an Event of their own (alerting matches the reason).
+
+    A passing accuracy gate is one too: its message carries the headline figures (both arms'
+    accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
+    """
+    if result.reason is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
+        return Event(result.reason, result.message)
     if result.reason.own_event:
         return Event(result.reason, result.message, warning=True)
     return None

@@ -233,6 +233,8 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
     assert reasons.index("CanaryCrashed") < reasons.index("Remediating")
     assert reasons.index("Remediating") < reasons.index("Promoting") < reasons.index("Promoted")
     assert reasons.count("Remediating") == 1
+    # the accuracy pass is an Event of its own, before the patch
+    assert reasons.index("AccuracyNonInferior") < reasons.index("Promoting")
     # production now runs the candidate with the remedy
     container = container_of(world.deployment(scenario))
     live_args = container["args"]

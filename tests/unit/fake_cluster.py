@@ -33,6 +33,7 @@ JIT_FAILED_LOG = (DATA / "logs" / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").
 _CACHE_INFO = next(
     line for line in METRICS.splitlines() if line.startswith("vllm:cache_config_info")
 )
+_JOB_DONE: dict[str, Any] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
 SUMMARY_PASS = {
     "kind": "kvgate.eval/summary",
     "verdict": "pass",
@@ -106,6 +107,7 @@ class FakeKube:
         self.jit_crash = False
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
         self.eval_log_before = ""  # lines the eval pod logs before its summary
+        self.hold_evals = False  # eval Jobs run (log `eval_log_before` only) until finish_evals()
         self.on_mutation: Callable[[FakeKube], None] | None = None
         # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
         self.registry_epoch = 0  # bumped by `retag`
@@ -241,7 +243,7 @@ class FakeKube:
         if obj["kind"] == "Pod":
             self._start(obj)
         elif obj["kind"] == "Job":
-            obj["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+            obj["status"] = {"active": 1} if self.hold_evals else copy.deepcopy(_JOB_DONE)
             labels = {
                 **obj["spec"]["template"]["metadata"]["labels"],
                 "job-name": obj["metadata"]["name"],
@@ -254,8 +256,18 @@ class FakeKube:
                 for e in obj["spec"]["template"]["spec"]["containers"][0].get("env") or []
             }
             summary = {**self.eval_summary, "nonce": env.get("KVGATE_EVAL_NONCE")}
-            pod["_log"] = self.eval_log_before + json.dumps(summary) + "\n"
+            pod["_summary"] = json.dumps(summary) + "\n"
+            pod["_log"] = self.eval_log_before + ("" if self.hold_evals else pod["_summary"])
         return obj
+
+    def finish_evals(self) -> None:
+        """Every running eval Job completes now: its pod logs the summary, the Job is Complete."""
+        self.hold_evals = False
+        for job in self.of_kind("Job"):
+            if job["status"] != _JOB_DONE:
+                job["status"] = copy.deepcopy(_JOB_DONE)
+                for pod in self.list_pods("", f"job-name={job['metadata']['name']}"):
+                    self.objects[("Pod", pod["metadata"]["name"])]["_log"] += pod["_summary"]
 
     def _start(self, pod: dict[str, Any]) -> None:
         container = pod["spec"]["containers"][0]

@@ -112,6 +112,28 @@ def test_chart_crd_is_the_operator_crd() -> None:
     )
 
 
+def test_kubectl_get_shows_the_reason_and_the_eval_progress() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / CRD).read_text())
+    version = crd["spec"]["versions"][0]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    # Both in the default view (priority 0), beside the phase they explain
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:6] == [
+        "Phase", "Reason", "Target", "Dtype", "Progress", "Acc-Delta-pp"
+    ]  # fmt: skip
+    assert columns["Reason"]["jsonPath"] == ".status.reason"
+    assert columns["Progress"]["jsonPath"] == ".status.progress"
+    assert all(columns[n].get("priority", 0) == 0 for n in ("Reason", "Progress"))
+    # Every status column reads a field the schema keeps (else the apiserver prunes it) and
+    # the operator's typed status writes.
+    from kvgate.status import RolloutStatus
+
+    props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    written = RolloutStatus.from_dict({"reason": "r", "progress": "p", "message": "m"}).to_dict()
+    for name in ("Reason", "Progress", "Message"):
+        key = columns[name]["jsonPath"].removeprefix(".status.")
+        assert props[key]["type"] == "string" and key in written
+
+
 def test_values_schema_is_json() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())

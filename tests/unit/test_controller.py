@@ -1224,3 +1224,61 @@ def test_a_gate_reopened_by_git_closes_again_when_the_engine_image_moves(
     assert _drift_check(world)["Stale"]["status"] == "True"
     assert _argocd_health(world.obj) == "Progressing"  # the next sync waits for a new verdict
     assert "Drifted" not in _drift_check(world)  # gate mode never promoted: nothing to drift from
+
+
+def test_a_running_eval_shows_its_progress_and_elapsed_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an eval Job that has logged its second look and is still running
+    world = World(monkeypatch)
+    world.kube.hold_evals = True
+    look = {"kind": "kvgate.eval/progress", "look": 2, "looks_planned": 5, "questions": 200,
+            "difference": -0.005, "verdict": None, "paired": {"n": 200}}  # fmt: skip
+    world.kube.eval_log_before = json.dumps(look) + "\n"
+    seen: list[tuple[str, str | None]] = []
+
+    def watch(w: World) -> None:
+        if w.phase == "Evaluating":
+            seen.append((w.obj["status"]["message"], w.obj["status"].get("progress")))
+        if len(seen) == 3:
+            w.kube.finish_evals()
+
+    world.before_reconcile = watch
+    # WHEN the operator polls it, THEN status.message and the printer column say where it stands
+    assert world.run() == "Promoted"
+    running = [s for s in seen if s[0].startswith("eval attempt 1 running")]
+    assert running, seen
+    message, column = running[-1]
+    assert re.fullmatch(
+        r"eval attempt 1 running: look 2/5, 200 of 500 questions, candidate -0\.5 pp so far; "
+        r"\d+ s elapsed, at most 2 min an attempt",
+        message,
+    ), message
+    assert column == "200/500 q, look 2/5, -0.5 pp"
+    # the stored line keeps the Job's own keys (the CLI's live view reads them)
+    assert world.obj["status"]["eval"]["progress"]["looks_planned"] == 5
+    # once the eval is over the progress column is empty again
+    assert "progress" not in world.obj["status"]
+
+
+def test_a_passing_accuracy_gate_posts_its_figures_as_an_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    passed = [(t, m) for t, r, m in world.events if r == "AccuracyNonInferior"]
+    assert passed == [
+        (
+            "Normal",
+            "control 92.0% vs candidate 91.6%, difference -0.4 pp [-1.9, +1.1] (two-sided 95%) "
+            "(margin 3 pp, n=500)",
+        )
+    ]
+
+
+def test_a_failing_accuracy_gate_posts_no_pass_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    world.kube.eval_summary = {**fake_cluster.SUMMARY_PASS, "verdict": "fail"}
+    assert world.run() == "RolledBack"
+    assert "AccuracyNonInferior" not in world.reasons()
+    assert "AccuracyRegressed" in world.reasons()

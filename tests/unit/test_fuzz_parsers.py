@@ -618,7 +618,7 @@ def test_found_advice_that_is_not_an_object() -> None:  # was AttributeError
 def test_found_a_phase_that_is_not_a_string() -> None:  # was TypeError in the report
     status = {"phase": [], "recommendedArgs": ["--kv-cache-dtype", "fp8"]}
     text = render_text({"metadata": {"name": "r"}, "status": status})
-    assert "\nRecommended args\n  --kv-cache-dtype fp8" in text
+    assert "\nCandidate args (under test)\n  --kv-cache-dtype fp8" in text
     assert render_svg({"phase": {}, "finishedAt": None}).startswith("<svg")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
 import pytest
+import report_states
 
 from kvgate import report
 from kvgate.model import Phase
@@ -149,7 +151,9 @@ def test_accuracy_is_computed_from_counts_when_missing() -> None:
 
 def test_a_fresh_rollout_renders_without_guessing() -> None:
     text = report.render_text({"metadata": {"name": "r", "namespace": "ns"}, "spec": {}})
-    assert text == ("KVCacheRollout ns/r: Pending\n  target -\n\nRecommended args\n  (none yet)\n")
+    assert text == (
+        "KVCacheRollout ns/r: Pending\n  target -\n\nCandidate args (under test)\n  (none yet)\n"
+    )
 
 
 def test_rolled_back_rollout_shows_the_remedy_and_no_accuracy() -> None:
@@ -718,3 +722,147 @@ def test_a_wrong_type_deep_in_the_status_renders_as_a_dash(
     assert text.startswith("KVCacheRollout demo/qwen3-fp8: RolledBack\n")
     assert page.rstrip().endswith("</html>")
     assert report.render_long_context_svg(rollout["status"]) == ""
+
+
+# ---------------------------------------------------------------- read at a glance (issue 24)
+
+NOW = dt.datetime(2026, 12, 1, 10, 12, 30, tzinfo=dt.UTC)
+
+
+def test_the_l4_crash_leads_with_its_cause_and_says_where_the_remedy_goes() -> None:
+    rollout = report_states.l4_crash()
+    lines = report.render_text(rollout).splitlines()
+    head = " ".join(" ".join(lines[2:12]).split())
+    assert head.startswith(
+        "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels "
+        "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed) "
+        "remedy: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0 (for vllm "
+        "0.13.0) where: set spec.extraArgs: [--attention-backend, TRITON_ATTN] and "
+        "spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        "spec.canary.remediation: auto and kvgate applies it and tests again "
+        "as the operator saw it: candidate pod crashed: subprocess.CalledProcessError"
+    ), head
+    page = report.render_html(rollout)
+    first = page.index("<p class='msg'>")
+    assert page[first:].startswith("<p class='msg'>candidate crashed: the attention backend")
+    assert "<p class='msg where'><b>Where:</b> set spec.extraArgs: [--attention-backend, " in page
+    # the engine's long line is kept, folded, after the cause and the remedy
+    raw = page.index("<details><summary>as the operator saw it</summary><pre>candidate pod")
+    assert raw > page.index("<p class='msg remedy'>")
+
+
+def test_a_remedy_kvgate_cannot_apply_itself_names_the_fields_without_auto() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    lines = report.render_text(rollout).splitlines()
+    assert lines[4] == (
+        "  where: the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
+    )
+    # A remedy already applied (or refused by the allowlist) is not offered again as auto.
+    for tail in (" (already applied: the remedied candidate crashed too)",
+                 " (not applied, the allowlist refuses it: --attention-backend)"):  # fmt: skip
+        rollout["status"]["message"] = (
+            "candidate pod crashed: ninja failed; remedy for vllm 0.13.0: "
+            "--attention-backend TRITON_ATTN" + tail
+        )
+        text = report.render_text(rollout)
+        assert "spec.extraArgs: [--attention-backend, TRITON_ATTN]" in text
+        assert "remediation: auto" not in text
+    # A control that crashed: nothing of the candidate's spec would help.
+    rollout["status"]["message"] = "control pod crashed: OOM; remedy: lower --max-model-len"
+    assert "where:" not in report.render_text(rollout)
+
+
+def test_long_log_lines_fold_into_details_and_tables_wrap() -> None:
+    page = report.render_html(report_states.l4_crash())
+    assert "table-layout:fixed" in page and "overflow-wrap:anywhere}" in page.split("th,td")[1]
+    logs = page[page.index("<h2>Startup logs</h2>") :]
+    logs = logs[: logs.index("</table>")]
+    # the 290-character ninja command shows its first 160 characters, the rest on a click
+    assert "<details><summary>subprocess.CalledProcessError: Command &#x27;[&#x27;ninja" in logs
+    assert "build.ninja&#x27;]&#x27; returned non-zero exit status 1.</pre></details>" in logs
+    # short lines and the remedies (what to do) are never folded
+    assert "<td>EngineCore failed to start.</td>" in logs
+    assert "<td>FlashInfer could not JIT-compile its FP8 KV kernels" in logs
+
+
+@pytest.mark.parametrize(
+    ("state", "heading"),
+    [
+        ("canary", "Candidate args (under test)"),
+        ("evaluating", "Candidate args (under test)"),
+        ("awaiting-approval", "Recommended args"),
+        ("promoted", "Recommended args"),
+        ("regressed", "Rejected candidate args"),
+        ("l4-crash", "Rejected candidate args"),
+    ],
+)
+def test_args_are_recommended_only_after_a_passing_verdict(state: str, heading: str) -> None:
+    rollout = report_states.STATES[state]()
+    assert f"\n{heading}\n" in report.render_text(rollout, now=NOW)
+    assert f"<h2>{heading}</h2>" in report.render_html(rollout, now=NOW)
+
+
+def test_not_needed_args_are_not_recommended() -> None:
+    assert report.args_heading({"phase": "NotNeeded"}) == "Candidate args (not needed)"
+    # reverting leads to the end its write-ahead record names
+    reverting = {"phase": "Reverting", "revert": {"phase": "RolledBack", "reason": "VerifyFailed"}}
+    assert report.args_heading(reverting) == "Rejected candidate args"
+    reverting["revert"]["phase"] = "NotNeeded"
+    assert report.args_heading(reverting) == "Candidate args (not needed)"
+    # a passing verdict recorded before the phase moved on is enough
+    verdict = {"decision": "Promote", "outcome": "Successful", "message": "ok"}
+    assert report.args_heading({"phase": "Evaluating", "verdict": verdict}) == "Recommended args"
+
+
+def test_a_running_eval_shows_its_look_questions_difference_and_elapsed_time() -> None:
+    rollout = report_states.evaluating()
+    lines = report.render_text(rollout, now=NOW).splitlines()
+    assert "  eval look 2/5: 200 of 500 questions answered, candidate - control -0.5 pp so far" in (
+        lines
+    )
+    assert "  running 12 min 30 s (in this phase 8 min 30 s)" in lines
+    page = report.render_html(rollout, now=NOW)
+    assert "eval look 2/5: 200 of 500 questions answered" in page
+    assert "running 12 min 30 s (in this phase 8 min 30 s)" in page
+    # a finished rollout says how long it took instead; a canary only how long it has run
+    assert "running" not in report.render_text(report_states.promoted(), now=NOW)
+    canary = report.render_text(report_states.canary(), now=NOW).splitlines()
+    assert "  running 12 min 30 s (in this phase 11 min 30 s)" in canary
+    assert not [line for line in canary if "eval look" in line]
+
+
+def test_a_failed_gate_leads_with_what_was_shown() -> None:
+    lines = report.render_text(report_states.regressed()).splitlines()
+    at = lines.index("Accuracy (gsm8k, paired, 300 questions, margin 2.0 pp, 95% confidence)")
+    assert lines[at + 4] == (
+        "  candidate worse: 82.0% vs control 88.7% (-6.7 pp); shown worse by at least 2.1 pp "
+        "(97.5% one-sided, 3 looks)"
+    )
+    assert "  verdict: fail, stopped early" in lines
+    assert not [line for line in lines if "rules out" in line]
+    # a pass keeps what it ruled out
+    assert "  verdict: pass (the sequential test rules out a loss larger than 0.9 pp)" in (
+        report.render_text(report_states.promoted()).splitlines()
+    )
+
+
+def test_the_difference_chart_draws_the_bounds_against_the_margin() -> None:
+    failed = report.render_difference_svg(report_states.regressed()["status"])
+    root = ET.fromstring(failed)
+    ns = "{http://www.w3.org/2000/svg}"
+    dashed = [el for el in root.iter(f"{ns}line") if el.get("stroke-dasharray")]
+    assert len(dashed) == 1 and dashed[0].get("stroke") == "#8a1c17"  # the margin, red: failed
+    texts = [el.text for el in root.iter(f"{ns}text")]
+    assert "margin -2 pp" in texts and "-6.7 pp" in texts
+    assert "look-adjusted one-sided bounds" in texts[0]
+    title = next(root.iter(f"{ns}title")).text
+    assert title == "candidate - control -6.7 pp [-11.2, -2.1]"
+    # the margin line sits left of both bounds: the whole interval is worse than zero
+    xs = {el.get("x1") for el in root.iter(f"{ns}line") if el.get("stroke-width") == "2"}
+    assert float(dashed[0].get("x1") or 0) > min(float(x or 0) for x in xs)
+    passed = report.render_difference_svg(report_states.promoted()["status"])
+    assert 'stroke="#17612a" stroke-width="2" stroke-dasharray' in passed  # green: passed
+    assert "two-sided 95% interval" in passed  # no look-adjusted bounds in this summary
+    assert report.render_difference_svg(report_states.canary()["status"]) == ""
+    assert "<svg" in report.render_html(report_states.regressed()).split("Accuracy (gsm8k")[1]

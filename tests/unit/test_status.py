@@ -335,3 +335,18 @@ def test_report_modes_end_is_one_rule(phase: Phase, reason: str | None) -> None:
     assert ended(phase, reason) is (phase.terminal or reported)
     status = RolloutStatus.from_dict({"phase": phase.value, "reason": reason})
     assert (status.reported, status.ended) == (reported, phase.terminal or reported)
+
+
+def test_the_eval_progress_line_reads_typed_and_is_written_back_as_the_job_wrote_it() -> None:
+    line = {"kind": "kvgate.eval/progress", "look": 2, "looks_planned": 5, "questions": 200,
+            "difference": -0.005, "paired": {"n": 200}}  # fmt: skip
+    status = RolloutStatus.from_dict({"eval": {"attempt": 1, "progress": line}})
+    assert status.eval is not None
+    assert status.eval.look_progress == status_module.EvalProgress(
+        look=2, looks_planned=5, questions=200, difference=-0.005
+    )
+    assert status.to_dict()["eval"]["progress"] == line
+    # before the first look, or a line without the look's figures: no progress, no guess
+    for raw in ({}, {"look": "2", "questions": 200}, {"look": 2}, "look 2"):
+        read = RolloutStatus.from_dict({"eval": {"progress": raw}})
+        assert read.eval is not None and read.eval.look_progress is None

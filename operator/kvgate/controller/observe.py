@@ -393,6 +393,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     summary, progress = eval_lines(text, ev.get("nonceSha256"))
     if progress is not None:
         ev["progress"] = progress
+        obs = dataclasses.replace(obs, eval_progress=progress)
     ctx.status["eval"] = ev
     if summary is not None and finished:
         record_accuracy(ctx, summary)

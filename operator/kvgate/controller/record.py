@@ -156,6 +156,10 @@ def fold(
     status.setdefault("startedAt", now)
     if step.phase is not old_phase or "phaseSince" not in status:
         status["phaseSince"] = now
+    if step.progress is not None:
+        status["progress"] = step.progress
+    elif step.phase is not Phase.EVALUATING and "progress" in status:
+        status["progress"] = None  # merge-patch null: the progress column empties after the eval
     if step.eval_attempts is not None:
         status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
     if step.verdict is not None:

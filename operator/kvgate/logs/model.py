@@ -37,6 +37,15 @@ ERROR_CODES: Final = frozenset(
         "invalid-kv-cache-dtype",
     }
 )
+# What each crash signature means, in words a headline can lead with (the hint says what to do).
+CAUSES: Final = {
+    "attention-build-failed": "the attention backend could not JIT-compile its FP8 KV kernels "
+    "(FlashInfer without nvcc/ninja in the image: the L4 trap)",
+    "fp8-unsupported": "this GPU and attention backend cannot store an FP8 KV cache",
+    "out-of-memory": "the GPU ran out of memory",
+    "insufficient-kv-memory": "too little GPU memory was left for the KV cache",
+    "invalid-kv-cache-dtype": "the engine does not accept this --kv-cache-dtype",
+}
 
 CHUNK_CHARS: Final = 4 << 20
 MAX_TEXT: Final = 400

@@ -30,7 +30,7 @@ from kvgate.report.records import (
 )
 from kvgate.report.rows import divergence_rows as _divergence_rows
 from kvgate.report.rows import long_context_rows as _long_context_rows
-from kvgate.report.svg import render_long_context_svg, render_svg
+from kvgate.report.svg import render_difference_svg, render_long_context_svg, render_svg
 from kvgate.report.text import render_text
 from kvgate.report.view import (
     ARMS,
@@ -41,10 +41,12 @@ from kvgate.report.view import (
     read_divergence,
     read_duration,
     read_findings,
+    read_headline,
     read_kv_tokens,
     read_log_findings,
     read_long_context,
     read_preflight,
+    read_progress,
     read_recommended_args,
     read_remediation,
     read_speed,
@@ -86,14 +88,17 @@ __all__ = [
     "read_divergence",
     "read_duration",
     "read_findings",
+    "read_headline",
     "read_kv_tokens",
     "read_log_findings",
     "read_long_context",
     "read_preflight",
+    "read_progress",
     "read_recommended_args",
     "read_remediation",
     "read_speed",
     "read_verdict",
+    "render_difference_svg",
     "render_html",
     "render_long_context_svg",
     "render_svg",

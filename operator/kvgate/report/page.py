@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from kvgate.report import rows, view
 from kvgate.report.fmt import e, mark, shell_command
-from kvgate.report.svg import render_long_context_svg, render_svg
+from kvgate.report.svg import render_difference_svg, render_long_context_svg, render_svg
 
 _CSS: Final = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
@@ -17,13 +18,17 @@ h1{font-size:1.5rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.8rem 0 .5rem}
 border-radius:1rem;font-weight:600;font-size:.9rem;vertical-align:middle;margin-left:.5rem}
 .good{background:#dff5e3;color:#17612a}.bad{background:#fde2e1;color:#8a1c17}
 .wait{background:#fff1cc;color:#7a5500}.info{background:#e4ecfb;color:#1f3f7a}
-table{border-collapse:collapse;width:100%;margin:.3rem 0}th,td{padding:.35rem .6rem;
-border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}td.n,th.n{text-align:right;
+table{border-collapse:collapse;width:100%;max-width:100%;margin:.3rem 0;table-layout:fixed}
+th,td{padding:.35rem .6rem;border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top;
+overflow-wrap:anywhere}td.n,th.n{text-align:right;
 font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
 code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
-pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;overflow-x:auto}
+pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;white-space:pre-wrap;
+overflow-wrap:anywhere}
 .msg{background:#fff;border-left:4px solid #9aa5b8;padding:.6rem .9rem;overflow-wrap:anywhere}
-.remedy{border-left-color:#d9822b}
+.remedy{border-left-color:#d9822b}.where{border-left-color:#1f3f7a}
+details{overflow-wrap:anywhere}details summary{cursor:pointer;color:#5b6475}
+details pre{font-size:.85rem;margin:.3rem 0}
 svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
 ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
 td.no{color:#8a1c17;font-weight:600}td.maybe{color:#7a5500;font-weight:600}
@@ -49,20 +54,47 @@ def _result_class(status: str) -> str:
     return "maybe"
 
 
-def _html_table(header: Sequence[str], body: Iterable[Sequence[str]], numeric_from: int) -> str:
+# A log line or message longer than this shows its start; the whole text folds into <details>.
+FOLD_AT: Final = 160
+
+
+def folded(text: str) -> str:
+    """`text` as HTML, folded into a <details> (its start as the summary) when it is long."""
+    if len(text) <= FOLD_AT:
+        return e(text)
+    return (
+        f"<details><summary>{e(text[:FOLD_AT].rstrip())}…</summary><pre>{e(text)}</pre></details>"
+    )
+
+
+def _html_table(
+    header: Sequence[str],
+    body: Iterable[Sequence[str]],
+    numeric_from: int,
+    widths: Sequence[int] = (),
+    fold: Sequence[int] = (),
+) -> str:
+    """A table whose cells wrap (fixed layout, `widths` in percent per column); the long
+    cells of the `fold` columns (raw log lines) fold into <details>."""
+
     def cell(tag: str, i: int, text: str) -> str:
         cls = ' class="n"' if i >= numeric_from else ""
-        return f"<{tag}{cls}>{e(text)}</{tag}>"
+        return f"<{tag}{cls}>{folded(text) if tag == 'td' and i in fold else e(text)}</{tag}>"
 
+    cols = "".join(f'<col style="width:{w}%">' for w in widths)
     head = "".join(cell("th", i, h) for i, h in enumerate(header))
     trs = "".join(
         "<tr>" + "".join(cell("td", i, c) for i, c in enumerate(row)) + "</tr>" for row in body
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
+    colgroup = f"<colgroup>{cols}</colgroup>" if cols else ""
+    return f"<table>{colgroup}<thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
 
 
-def render_html(rollout: Mapping[str, Any]) -> str:
-    """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
+def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> str:
+    """A self-contained page (inline CSS and SVG, no scripts, no external links).
+
+    `now` (default: the clock) only says how long an unfinished rollout has been running.
+    """
     head = view.read_header(rollout)
     status = view.read_status(rollout)
     namespace, name, phase = head.namespace, head.name, head.phase
@@ -78,11 +110,18 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         + (f", mode <code>{e(head.mode)}</code>" if head.mode else "")
         + "</p>",
     ]
-    if head.message:
-        what, remedy = view.split_remedy(head.message)
-        out.append(f"<p class='msg'>{e(what)}</p>")
-        if remedy:
-            out.append(f"<p class='msg remedy'><b>Remedy:</b> {e(remedy)}</p>")
+    headline = view.read_headline(rollout)
+    if headline is not None:
+        out.append(f"<p class='msg'>{e(headline.cause)}</p>")
+        if headline.remedy:
+            out.append(f"<p class='msg remedy'><b>Remedy:</b> {e(headline.remedy)}</p>")
+        if headline.where:
+            out.append(f"<p class='msg where'><b>Where:</b> {e(headline.where)}</p>")
+        if headline.raw:
+            out.append(
+                "<details><summary>as the operator saw it</summary>"
+                f"<pre>{e(headline.raw)}</pre></details>"
+            )
     facts = []
     verdict = view.read_verdict(status)
     if verdict:
@@ -90,6 +129,7 @@ def render_html(rollout: Mapping[str, Any]) -> str:
     took = view.read_duration(status)
     if took:
         facts.append(f"took {took}")
+    facts += rows.progress_lines(view.read_progress(rollout, now))
     if facts:
         out.append("<p class='sub'>" + " · ".join(e(f) for f in facts) + "</p>")
     out.append("<h2>Control and candidate</h2>")
@@ -103,12 +143,13 @@ def render_html(rollout: Mapping[str, Any]) -> str:
         out.append("<h2>Findings</h2>")
         trs = "".join(
             f"<tr><td>{e(f.gate)}</td><td class='{_result_class(f.status)}'>{e(mark(f.status))}"
-            f"</td><td>{e(f.reason)}</td><td>{e(f.message)}</td></tr>"
+            f"</td><td>{e(f.reason)}</td><td>{folded(f.message)}</td></tr>"
             for f in findings
         )
+        cols = "".join(f'<col style="width:{w}%">' for w in (15, 11, 20, 54))
         out.append(
-            "<table><thead><tr><th>gate</th><th>result</th><th>reason</th><th>message</th>"
-            f"</tr></thead><tbody>{trs}</tbody></table>"
+            f"<table><colgroup>{cols}</colgroup><thead><tr><th>gate</th><th>result</th>"
+            f"<th>reason</th><th>message</th></tr></thead><tbody>{trs}</tbody></table>"
         )
     pre = view.read_preflight(status)
     if pre:
@@ -122,11 +163,14 @@ def render_html(rollout: Mapping[str, Any]) -> str:
                 ["arm", "severity", "finding", "line", "remedy"],
                 [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
                 numeric_from=99,
+                widths=(11, 10, 17, 34, 28),
+                fold=(3,),
             )
         )
     acc = view.read_accuracy(status)
     if acc is not None:
         out.append(f"<h2>{e(rows.accuracy_heading(acc))}</h2>")
+        out.append(render_difference_svg(status))
         if acc.arms:
             out.append(_html_table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc), numeric_from=1))
         notes = rows.accuracy_notes(acc)

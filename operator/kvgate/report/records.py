@@ -36,6 +36,12 @@ class Accuracy:
     ruled_out: float | None
     questions_needed: int | None
     error: str | None
+    # The look-adjusted one-sided bounds the verdict rests on, and how many looks it took.
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+    shown_worse_by: float | None = None  # a fail: the candidate is worse by at least this
+    fail_confidence: float | None = None
+    looks: int | None = None  # the look the gate stopped at
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,3 +147,31 @@ class Header:
     kv_cache_dtype: str | None
     phase: str
     message: str | None
+    questions_planned: int | None = None  # spec.accuracy.questions
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a rollout stands in time, and a running eval's latest look."""
+
+    running_s: float | None  # since startedAt (None once finished, or unknown)
+    phase_s: float | None  # since phaseSince
+    look: int | None = None
+    looks_planned: int | None = None
+    questions: int | None = None
+    questions_planned: int | None = None
+    difference: float | None = None  # candidate minus control so far, a fraction
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    """The message to lead with: the classified cause, the remedy and where it goes.
+
+    `raw` is the operator's own message (a crashed engine's log line, often a long command),
+    kept for the details; `where` says which spec field takes the remedy.
+    """
+
+    cause: str
+    remedy: str | None = None
+    where: str | None = None
+    raw: str | None = None

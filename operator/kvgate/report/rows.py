@@ -15,8 +15,15 @@ from kvgate.report.fmt import (
     to_pp,
     wilson,
 )
-from kvgate.report.records import Accuracy, ArmCapacity, DivergenceBucket, LongContextBucket, Speed
-from kvgate.report.view import ARMS, as_fraction
+from kvgate.report.records import (
+    Accuracy,
+    ArmCapacity,
+    DivergenceBucket,
+    LongContextBucket,
+    Progress,
+    Speed,
+)
+from kvgate.report.view import ARMS, as_fraction, fmt_duration
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")
@@ -45,8 +52,37 @@ def accuracy_heading(acc: Accuracy) -> str:
     return f"Accuracy ({', '.join(parts)})"
 
 
+def failed_accuracy(acc: Accuracy) -> str | None:
+    """A failed gate, led by what was shown: `candidate worse: 82.0% vs control 88.7% (-6.7 pp);
+    shown worse by at least 0.3 pp (97.5% one-sided, 3 looks)`."""
+    if acc.verdict != "fail":
+        return None
+    control, candidate = acc.arms.get("control"), acc.arms.get("candidate")
+    line = "candidate worse"
+    if (
+        control is not None
+        and candidate is not None
+        and None not in (control.accuracy, candidate.accuracy)
+    ):
+        line += f": {pct(candidate.accuracy)} vs control {pct(control.accuracy)}"
+        if acc.difference is not None:
+            line += f" ({pp(acc.difference)})"
+    if acc.shown_worse_by is not None:
+        facts = []
+        if acc.fail_confidence is not None:
+            facts.append(f"{100 * as_fraction(acc.fail_confidence):g}% one-sided")
+        if acc.looks is not None:
+            facts.append(f"{acc.looks} look{'s' if acc.looks != 1 else ''}")
+        line += f"; shown worse by at least {abs(to_pp(acc.shown_worse_by)):.1f} pp"
+        line += f" ({', '.join(facts)})" if facts else ""
+    return line
+
+
 def accuracy_notes(acc: Accuracy) -> list[str]:
     notes = []
+    failed = failed_accuracy(acc)
+    if failed is not None:
+        notes.append(failed)
     if acc.difference is not None:
         line = f"candidate - control: {pp(acc.difference)}"
         if acc.difference_ci is not None:
@@ -62,7 +98,7 @@ def accuracy_notes(acc: Accuracy) -> list[str]:
         )
     if acc.verdict is not None:
         verdict = f"verdict: {acc.verdict}"
-        if acc.ruled_out is not None:
+        if acc.ruled_out is not None and failed is None:
             verdict += (
                 f" (the sequential test rules out a loss larger than "
                 f"{abs(to_pp(acc.ruled_out)):.1f} pp)"
@@ -75,6 +111,29 @@ def accuracy_notes(acc: Accuracy) -> list[str]:
     if acc.error:
         notes.append(f"error: {acc.error}")
     return notes
+
+
+def progress_lines(progress: Progress | None) -> list[str]:
+    """`eval look 2/5: 200 of 500 questions, candidate - control -0.5 pp so far` and
+    `running 12 min 5 s (in this phase 8 min 0 s)`; nothing for a finished rollout."""
+    if progress is None:
+        return []
+    lines = []
+    if progress.look is not None and progress.questions is not None:
+        of = f" of {progress.questions_planned:,}" if progress.questions_planned else ""
+        line = (
+            f"eval look {progress.look}/{progress.looks_planned or '?'}: "
+            f"{progress.questions:,}{of} questions answered"
+        )
+        if progress.difference is not None:
+            line += f", candidate - control {pp(progress.difference)} so far"
+        lines.append(line)
+    if progress.running_s is not None:
+        line = f"running {fmt_duration(progress.running_s)}"
+        if progress.phase_s is not None:
+            line += f" (in this phase {fmt_duration(progress.phase_s)})"
+        lines.append(line)
+    return lines
 
 
 def long_context_rows(buckets: list[LongContextBucket]) -> list[list[str]]:

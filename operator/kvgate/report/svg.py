@@ -6,7 +6,7 @@ import math
 from typing import Final, NamedTuple
 
 from kvgate.report import view
-from kvgate.report.fmt import e, fmt_int, kilo, pct, wilson
+from kvgate.report.fmt import e, fmt_int, kilo, pct, to_pp, wilson
 
 _COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
 
@@ -185,3 +185,90 @@ def render_long_context_svg(status: view.StatusLike) -> str:
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def render_difference_svg(status: view.StatusLike) -> str:
+    """The paired difference (candidate minus control, pp) with its bounds against the margin.
+
+    One row: the point estimate, the look-adjusted one-sided bounds the verdict rests on (the
+    two-sided interval when the summary has none), zero, and a dashed line at minus the margin,
+    green when the gate passed and red when it failed. '' without a difference.
+    """
+    acc = view.read_accuracy(status)
+    if acc is None or acc.difference is None:
+        return ""
+    diff = to_pp(acc.difference)
+    adjusted = acc.lower_bound is not None or acc.upper_bound is not None
+    if adjusted:
+        low = to_pp(acc.lower_bound) if acc.lower_bound is not None else None
+        high = to_pp(acc.upper_bound) if acc.upper_bound is not None else None
+        label = "look-adjusted one-sided bounds"
+    elif acc.difference_ci is not None:
+        low, high = (to_pp(v) for v in acc.difference_ci)
+        label = "two-sided 95% interval"
+    else:
+        low = high = None
+        label = "no interval"
+    margin = abs(to_pp(acc.margin)) if acc.margin else None
+    values = [0.0, diff, *(v for v in (low, high) if v is not None)]
+    if margin is not None:
+        values.append(-margin)
+    span = max(values) - min(values)
+    pad = max(0.5, 0.12 * span)
+    lo, hi = min(values) - pad, max(values) + pad
+    w, h, left, right, row = 640, 130, 20, 20, 62
+
+    def x(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * (w - left - right)
+
+    colour = {"pass": "#17612a", "fail": "#8a1c17"}.get(acc.verdict or "", "#7a5500")
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        'role="img" aria-label="Paired difference, candidate minus control, against the margin" '
+        'font-family="system-ui,sans-serif" font-size="12">',
+        f'<text x="{left}" y="18" font-weight="600">Candidate - control (pp), {e(label)}</text>',
+    ]
+    for tick in _pp_ticks(lo, hi):
+        parts.append(
+            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="34" y2="{h - 28}" stroke="#eef1f6"/>'
+            f'<text x="{x(tick):.1f}" y="{h - 12}" text-anchor="middle" fill="#5b6475">'
+            f"{tick:+g}</text>".replace(">+0<", ">0<")
+        )
+    parts.append(f'<line x1="{x(0):.1f}" x2="{x(0):.1f}" y1="30" y2="{h - 28}" stroke="#9aa5b8"/>')
+    if margin is not None:
+        parts.append(
+            f'<line x1="{x(-margin):.1f}" x2="{x(-margin):.1f}" y1="30" y2="{h - 28}" '
+            f'stroke="{colour}" stroke-width="2" stroke-dasharray="5,4"/>'
+            f'<text x="{x(-margin) + 4:.1f}" y="42" fill="{colour}">margin -{margin:g} pp</text>'
+        )
+    if low is not None or high is not None:
+        a = x(low if low is not None else diff)
+        b = x(high if high is not None else diff)
+        parts.append(
+            f'<line x1="{a:.1f}" x2="{b:.1f}" y1="{row}" y2="{row}" stroke="{colour}" '
+            'stroke-width="3"/>'
+        )
+        for v in (low, high):
+            if v is not None:
+                parts.append(
+                    f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{row - 8}" y2="{row + 8}" '
+                    f'stroke="{colour}" stroke-width="2"/>'
+                )
+    bounds = ", ".join(f"{v:+.1f}" for v in (low, high) if v is not None)
+    parts.append(
+        f'<circle cx="{x(diff):.1f}" cy="{row}" r="6" fill="{colour}">'
+        f"<title>candidate - control {diff:+.1f} pp"
+        + (f" [{e(bounds)}]" if bounds else "")
+        + f"</title></circle>"
+        f'<text x="{x(diff):.1f}" y="{row + 24}" text-anchor="middle" fill="{colour}">'
+        f"{diff:+.1f} pp</text>"
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _pp_ticks(lo: float, hi: float) -> list[float]:
+    span = hi - lo
+    step = next((s for s in (0.5, 1, 2, 5, 10, 20, 50) if span / s <= 8), 100)
+    first = math.ceil(lo / step) * step
+    return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]

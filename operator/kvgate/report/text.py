@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import textwrap
 from collections.abc import Mapping
 from typing import Any
@@ -14,8 +15,11 @@ def _wrap(text: str, indent: str = "  ", then: str = "    ") -> list[str]:
     return textwrap.wrap(text, WRAP, initial_indent=indent, subsequent_indent=then)
 
 
-def render_text(rollout: Mapping[str, Any]) -> str:
-    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args."""
+def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> str:
+    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args.
+
+    `now` (default: the clock) only says how long an unfinished rollout has been running.
+    """
     head = view.read_header(rollout)
     status = view.read_status(rollout)
     lines = [f"KVCacheRollout {head.namespace}/{head.name}: {head.phase}"]
@@ -25,17 +29,22 @@ def render_text(rollout: Mapping[str, Any]) -> str:
     if head.kv_cache_dtype:
         facts.append(f"candidate --kv-cache-dtype {head.kv_cache_dtype}")
     lines.append("  " + ", ".join(facts))
-    if head.message:
-        what, remedy = view.split_remedy(head.message)
-        lines += _wrap(what)
-        if remedy:
-            lines += _wrap(f"remedy: {remedy}")
+    headline = view.read_headline(rollout)
+    if headline is not None:
+        lines += _wrap(headline.cause)
+        if headline.remedy:
+            lines += _wrap(f"remedy: {headline.remedy}")
+        if headline.where:
+            lines += _wrap(f"where: {headline.where}")
+        if headline.raw:
+            lines += _wrap(f"as the operator saw it: {headline.raw}")
     verdict = view.read_verdict(status)
     if verdict:
         lines += _wrap(f"verdict {verdict}")
     took = view.read_duration(status)
     if took:
         lines.append(f"  took {took}")
+    lines += [f"  {line}" for line in rows.progress_lines(view.read_progress(rollout, now))]
 
     remediation = view.read_remediation(status)
     if remediation:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, overload
 
 from kvgate import gates, manifests
+from kvgate.logs.model import CAUSES
 from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
@@ -27,8 +28,10 @@ from kvgate.report.records import (
     DivergenceBucket,
     Finding,
     Header,
+    Headline,
     LogLine,
     LongContextBucket,
+    Progress,
     Speed,
     SpeedMetric,
 )
@@ -170,7 +173,20 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         ruled_out=_num(acc.largest_loss_ruled_out),
         questions_needed=_int(acc.advice.questions_needed) if acc.advice is not None else None,
         error=acc.error,
+        lower_bound=_num(paired.lower_bound),
+        upper_bound=_num(paired.upper_bound),
+        shown_worse_by=_shown_worse_by(acc.smallest_loss_shown, paired.upper_bound),
+        fail_confidence=_num(acc.bounds.upper_confidence) if acc.bounds is not None else None,
+        looks=_int(acc.bounds.look) if acc.bounds is not None else None,
     )
+
+
+def _shown_worse_by(shown: float | None, upper: float | None) -> float | None:
+    """The loss a fail showed: the summary's figure, else minus the upper bound (at least 0)."""
+    value = _num(shown)
+    if value is None and (bound := _num(upper)) is not None:
+        value = -bound
+    return max(0.0, value) if value is not None else None
 
 
 def read_long_context(status: StatusLike) -> list[LongContextBucket]:
@@ -420,23 +436,61 @@ def read_verdict(status: StatusLike) -> str | None:
 
 def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
-
-    def parse(text: str | None) -> dt.datetime | None:
-        if text is None:
-            return None
-        try:
-            return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-
     typed = _typed(status)
-    start, end = parse(typed.started_at), parse(typed.finished_at)
-    if start is None or end is None or (start.tzinfo is None) != (end.tzinfo is None):
-        return None  # missing, or one with a zone and one without: not comparable
-    if end < start:
+    seconds = _between(typed.started_at, typed.finished_at)
+    return None if seconds is None else fmt_duration(seconds)
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if text is None:
         return None
-    seconds = int((end - start).total_seconds())
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _between(start_text: str | None, end: str | dt.datetime | None) -> float | None:
+    """Seconds from `start_text` to `end`; None when either is missing or unreadable, when one
+    has a zone and the other not (not comparable), or when the end comes first."""
+    start = _parse_time(start_text)
+    stop = end if isinstance(end, dt.datetime) else _parse_time(end)
+    if start is None or stop is None or (start.tzinfo is None) != (stop.tzinfo is None):
+        return None
+    if stop < start:
+        return None
+    return (stop - start).total_seconds()
+
+
+def fmt_duration(seconds: float) -> str:
+    """`45 s`, `4 min 12 s`."""
+    whole = int(seconds)
+    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
+
+
+def read_progress(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> Progress | None:
+    """How long an unfinished rollout has run (and been in its phase), and a running eval's
+    latest look; None once the rollout finished (`read_duration` says how long it took)."""
+    status = read_status(rollout)
+    if is_finished(status):
+        return None
+    now = now or dt.datetime.now(dt.UTC)
+    look = status.eval.look_progress if status.eval is not None else None
+    evaluating = status.phase is Phase.EVALUATING
+    running = _between(status.started_at, now)
+    if running is None and not (look and evaluating):
+        return None
+    if look is None or not evaluating:
+        return Progress(running_s=running, phase_s=_between(status.phase_since, now))
+    return Progress(
+        running_s=running,
+        phase_s=_between(status.phase_since, now),
+        look=look.look,
+        looks_planned=look.looks_planned,
+        questions=look.questions,
+        questions_planned=read_header(rollout).questions_planned,
+        difference=_num(look.difference),
+    )
 
 
 # The operator ends a message with "; remedy: <text>", or "; remedy for <engine> <version>:
@@ -463,11 +517,29 @@ def is_finished(status: StatusLike) -> bool:
     return bool(ended or typed.finished_at)
 
 
+# Phases a candidate reaches only after a passing verdict.
+_PASSED: Final = frozenset(
+    {Phase.AWAITING_APPROVAL, Phase.PROMOTING, Phase.VERIFYING, Phase.PROMOTED}
+)
+
+
 def args_heading(status: StatusLike) -> str:
-    """The args are a recommendation only when the candidate was not rejected."""
-    phase = _typed(status).phase
-    bad = phase is not None and phase.value in BAD_PHASES
-    return "Rejected candidate args" if bad else "Recommended args"
+    """The args are a recommendation only once a verdict passed them; before that they are
+    under test, and a rejected candidate's args are labelled as such."""
+    typed = _typed(status)
+    phase = typed.phase
+    if phase is not None and phase.value in BAD_PHASES:
+        return "Rejected candidate args"
+    if phase is Phase.REVERTING:  # on its way to the end the revert record names
+        end = typed.revert.phase if typed.revert is not None else None
+        return (
+            "Candidate args (not needed)" if end is Phase.NOT_NEEDED else "Rejected candidate args"
+        )
+    if phase is Phase.NOT_NEEDED:
+        return "Candidate args (not needed)"
+    if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):
+        return "Recommended args"
+    return "Candidate args (under test)"
 
 
 def read_recommended_args(status: StatusLike) -> list[str]:
@@ -497,7 +569,64 @@ def read_header(rollout: Mapping[str, Any]) -> Header:
         kv_cache_dtype=str(dtype) if (dtype := _get(spec, "kvCacheDtype")) else None,
         phase=status.phase.value if status.phase is not None else "Pending",
         message=message or None,
+        questions_planned=_int(_get(_get(spec, "accuracy"), "questions")),
     )
+
+
+# A crash message: "<arm> pod crashed: <what>", as the operator writes it.
+_CRASHED = re.compile(r"^(control|candidate) pod crashed: ")
+_CRASH_REASONS: Final = frozenset({"CanaryCrashed"})
+
+
+def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
+    """The message to lead with. A crash leads with its classified cause (from the crashed arm's
+    log scan), then the remedy and where it goes; the engine's raw line is kept in `raw`."""
+    message = read_header(rollout).message
+    if not message:
+        return None
+    what, remedy = split_remedy(message)
+    status = read_status(rollout)
+    crashed = _CRASHED.match(what)
+    if crashed is None and status.reason not in _CRASH_REASONS:
+        return Headline(cause=what, remedy=remedy)
+    arm = crashed.group(1) if crashed is not None else "candidate"
+    code = next(
+        (f.code for f in _scan(status, arm).findings
+         if f.severity == "error" and f.code in CAUSES),
+        None,
+    )  # fmt: skip
+    where = _where(remedy, message) if arm == "candidate" and remedy else None
+    if code is None:
+        return Headline(cause=what, remedy=remedy, where=where)
+    return Headline(
+        cause=f"{arm} crashed: {CAUSES[code]} ({code})", remedy=remedy, where=where, raw=what
+    )
+
+
+# "--attention-backend TRITON_ATTN" and "VLLM_USE_FLASHINFER_SAMPLER=0", as `Remedy.text` joins them.
+_ENV_PART = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
+
+
+def _where(remedy: str, message: str) -> str:
+    """Which spec fields take a candidate's remedy, and whether kvgate could apply it itself."""
+    known = " (for " in remedy  # "remedy for <engine> <version>": kvgate knows the exact change
+    text = remedy.split(" (", 1)[0]
+    parts = [p.strip() for p in text.split(" and ")]
+    args = [p for p in parts if p.startswith("--")]
+    env = [p for p in parts if _ENV_PART.match(p)]
+    if known and args and len(args) + len(env) == len(parts):
+        flags = ", ".join(a for arg in args for a in arg.split())
+        out = [f"spec.extraArgs: [{flags}]"]
+        if env:
+            out.append("spec.extraEnv: " + ", ".join(
+                f"{{name: {k}, value: {v!r}}}" for k, _, v in (e.partition("=") for e in env)
+            ))  # fmt: skip
+        where = "set " + " and ".join(out)
+    else:
+        where = "the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
+    if known and "already applied" not in message and "allowlist refuses" not in message:
+        where += "; or set spec.canary.remediation: auto and kvgate applies it and tests again"
+    return where
 
 
 def _target(spec: Mapping[str, Any]) -> str:
