@@ -10,33 +10,18 @@ status dicts: only what changed, `{}` when nothing did.
 from __future__ import annotations
 
 import dataclasses
-import enum
-import functools
-import math
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.jsonrecord import MISSING as _MISSING
+from kvgate.jsonrecord import fields as _fields
+from kvgate.jsonrecord import key as _key
+from kvgate.jsonrecord import read as _read
+from kvgate.jsonrecord import write as _write
 from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
 
 JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
-
-_MAX_DEPTH: Final = 64  # open JSON deeper than this is cut (a hostile status cannot recurse us)
-
-
-def _key(key: str | None = None, *aliases: str, default: Any = None, rest: bool = False) -> Any:
-    """A field's status key (camelCase of its name unless given) and older spellings it reads.
-
-    `rest`: the field keeps the record's keys no other field reads (evidence another program
-    wrote, such as the eval Job's summary), written back beside the known keys.
-    """
-    meta = {"key": key, "aliases": aliases, "rest": rest}
-    if isinstance(default, dict | tuple) and default == type(default)():
-        return field(default_factory=type(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
 
 # --- the parts -----------------------------------------------------------------------------------
 
@@ -605,138 +590,3 @@ def _fill(have: Any, copied: Any) -> Any:
         mine, theirs = getattr(have, f.name), getattr(copied, f.name)
         values[f.name] = _fill(mine, theirs) if mine is not None else theirs
     return record(**values)
-
-
-_MISSING: Final = object()
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-@dataclass(frozen=True, slots=True)
-class _Field:
-    name: str
-    key: str
-    aliases: tuple[str, ...]
-    type: Any
-    rest: bool
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[_Field, ...]:
-    """Each field of a status record: its key, the older spellings it reads, its type."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        key = f.metadata.get("key") or _camel(f.name)
-        spellings = (*f.metadata.get("aliases", ()), f.name)
-        aliases = tuple(a for a in dict.fromkeys(spellings) if a != key)
-        out.append(_Field(f.name, key, aliases, hints[f.name], bool(f.metadata.get("rest"))))
-    return tuple(out)
-
-
-@functools.cache
-def _known_keys(cls: type) -> frozenset[str]:
-    return frozenset(k for f in _fields(cls) if not f.rest for k in (f.key, *f.aliases))
-
-
-def _read(tp: Any, raw: object, depth: int) -> Any:
-    """`raw` as a value of `tp`, or _MISSING when it is not one."""
-    if depth > _MAX_DEPTH:
-        return _MISSING
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return _json(raw, depth)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            if arg is not type(None) and (value := _read(arg, raw, depth)) is not _MISSING:
-                return value
-        return _MISSING
-    if origin is tuple:
-        if not isinstance(raw, list | tuple):
-            return _MISSING
-        item = typing.get_args(tp)[0]
-        return tuple(v for v in (_read(item, r, depth + 1) for r in raw) if v is not _MISSING)
-    if origin is Mapping:
-        if not isinstance(raw, Mapping):
-            return _MISSING
-        item = typing.get_args(tp)[1]
-        read = ((k, _read(item, v, depth + 1)) for k, v in raw.items() if isinstance(k, str))
-        return {k: v for k, v in read if v is not _MISSING}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(raw, Mapping):
-            return _MISSING
-        values: dict[str, Any] = {}
-        for f in _fields(tp):
-            if f.rest:
-                known = _known_keys(tp)
-                rest = {
-                    k: v
-                    for k, v in raw.items()
-                    if isinstance(k, str) and k not in known and v is not None
-                }
-                values[f.name] = _json(rest, depth + 1)
-                continue
-            for k in (f.key, *f.aliases):
-                if k in raw and (value := _read(f.type, raw[k], depth + 1)) is not _MISSING:
-                    values[f.name] = value
-                    break
-        if tp is Condition:  # its type, status and reason are required
-            values = {"type": "", "status": "Unknown", "reason": "", **values}
-        return tp(**values)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(raw) if isinstance(raw, str) else _MISSING
-        except ValueError:
-            return _MISSING
-    if tp is bool:
-        return raw if isinstance(raw, bool) else _MISSING
-    if tp is int:
-        return raw if isinstance(raw, int) and not isinstance(raw, bool) else _MISSING
-    if tp is float:  # an int stays an int (200 counts are not 200.0 in the patch)
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            return _MISSING
-        return raw if isinstance(raw, int) or math.isfinite(raw) else _MISSING
-    if tp is str:
-        return raw if isinstance(raw, str) else _MISSING
-    return _MISSING
-
-
-def _json(raw: object, depth: int) -> Any:
-    """A JSON value kept as it is; what JSON cannot say (NaN, non-str keys, objects) is dropped."""
-    if depth > _MAX_DEPTH:
-        return _MISSING
-    if raw is None or isinstance(raw, str | bool | int):
-        return raw
-    if isinstance(raw, float):
-        return raw if math.isfinite(raw) else _MISSING
-    if isinstance(raw, list | tuple):
-        return [v for v in (_json(r, depth + 1) for r in raw) if v is not _MISSING]
-    if isinstance(raw, Mapping):
-        read = ((k, _json(v, depth + 1)) for k, v in raw.items() if isinstance(k, str))
-        return {k: v for k, v in read if v is not _MISSING}
-    return _MISSING
-
-
-def _write(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        rest: Mapping[str, Any] = {}
-        for f in _fields(type(value)):
-            item = getattr(value, f.name)
-            if f.rest:
-                rest = item
-            elif item is None or (isinstance(item, tuple | Mapping) and not item):
-                continue  # nulls and empty collections are left out
-            else:
-                out[f.key] = _write(item)
-        return {**{k: v for k, v in rest.items() if k not in out and v is not None}, **out}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple | list):
-        return [_write(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _write(v) for k, v in value.items()}
-    return value

@@ -18,6 +18,7 @@ from kvgate import (
     machine,
     manifests,
     production,
+    promoting,
     promotion,
     redact,
     remedy,
@@ -504,7 +505,7 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
 def observe_verifying(ctx: Ctx) -> Observation:
     """One verify sample when one is due: every check must pass (fail closed)."""
     state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
-    if not machine.verify_due(ctx.spec, state):
+    if not promoting.verify_due(ctx.spec, state):
         return Observation()
 
     dep = target_deployment(ctx)
