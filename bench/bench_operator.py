@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from test_operator_support import (  # noqa: E402
+from support import (  # noqa: E402
     Operator,
     apply,
     create_namespace,
