@@ -303,6 +303,7 @@ def test_monitoring_objects_and_alert_rules(helm: str) -> None:
         "KVGateRolloutFailed",
         "KVGateRolloutStuck",
         "KVGateApprovalPending",
+        "KVGateVerdictStale",
         "KVGateOperatorDown",
     }
     rollback = rules["KVGateRolloutRolledBack"]
