@@ -107,7 +107,10 @@ def main() -> int:
             crs_before = _apiserver_requests(cluster, "kvcacherollouts")
             spec = {"gates": {"capacity": {"mode": "off"}}}
             started = time.monotonic()
-            apply(cluster, ns, *[rollout(f"{n}-fp8", n, **spec) for n in names])
+            # In batches: one kubectl apply of 100 objects can outlast its 60 s on a busy machine
+            # while the operator already reacts to the first ones.
+            for i in range(0, len(names), 10):
+                apply(cluster, ns, *[rollout(f"{n}-fp8", n, **spec) for n in names[i : i + 10]])
 
             def finished() -> list[dict] | None:
                 items = json.loads(cluster.kubectl("get", "kvr", "-n", ns, "-o", "json").stdout)[
