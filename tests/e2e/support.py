@@ -7,6 +7,7 @@ No tests here. The operator runs as a real subprocess (`kvgate run -A`), so a te
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -400,6 +401,52 @@ def send_completions(url: str, requests: int, *, workers: int = 1) -> int:
         return sum(pool.map(one, range(requests)))
 
 
+def _meant_to_fill_the_pool(deployment: dict[str, Any]) -> bool:
+    """A simulated production whose load (`KVGATE_SIM_LOAD` concurrency) is meant to fill its pool."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    load = next((e.get("value", "") for e in container.get("env") or []
+                 if e.get("name") == "KVGATE_SIM_LOAD"), "")  # fmt: skip
+    fields = dict(part.split("=", 1) for part in load.split(",") if "=" in part)
+    return int(fields.get("concurrency", "0") or 0) >= 32
+
+
+def pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
+    """One scrape of a production pod shows a full KV pool with requests waiting or preempted."""
+    import urllib.request
+
+    from kvgate.metrics import parse_metrics
+
+    found = [p for p in pods(cluster, namespace, f"app={name}")
+             if (p.get("status") or {}).get("podIP")
+             and not (p["metadata"].get("labels") or {}).get("kvgate.io/rollout")]  # fmt: skip
+    if not found:
+        return False
+    command = found[0]["spec"]["containers"][0].get("command") or []
+    ports = [int(v) for k, v in itertools.pairwise(command) if k == "--port"]
+    url = f"http://{found[0]['status']['podIP']}:{ports[-1] if ports else 8000}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # a pod address
+            snap = parse_metrics(response.read().decode())
+    except (OSError, ValueError):
+        return False
+    waiting = (snap.waiting or 0) > 0 or (snap.preemptions or 0) > 0
+    return (snap.kv_usage or 0.0) >= 0.9 and waiting
+
+
+def wait_for_pool_pressure(cluster: Any, where: dict[str, str], budget: float = 120) -> list[str]:
+    """Wait until each production (scenario -> namespace) shows pool pressure twice in a row:
+    the condition a rollout's preflight samples. Returns the ones that never did within `budget`
+    (their tests then see what the rollout sees; the wait only removes the start-up race)."""
+    streak = dict.fromkeys(where, 0)
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline and any(n < 2 for n in streak.values()):
+        for s, namespace in where.items():
+            if streak[s] < 2:
+                streak[s] = streak[s] + 1 if pool_pressured(cluster, namespace, s) else 0
+        time.sleep(2.0)
+    return [s for s, n in streak.items() if n < 2]
+
+
 class ScenarioWorld:
     """Scenarios that run at once under one operator, each in its own namespace
     `kvgate-<tag>-<scenario>-<hex>`: the setup the scenario modules share.
@@ -435,12 +482,18 @@ class ScenarioWorld:
         self.before: dict[str, dict[str, Any]] = {}
 
     def deploy(self, deployments: dict[str, dict[str, Any]]) -> None:
-        """Apply each scenario's Deployment, then wait for each and record it as first applied."""
+        """Apply each scenario's Deployment, then wait for each and record it as first applied;
+        a Deployment whose simulated load should fill the pool is waited on until it does (what
+        the rollout's preflight samples), not for a number of seconds."""
         for s, deployment in deployments.items():
             apply(self.cluster, self.ns[s], deployment)
         for s in deployments:
             wait_deployment_ready(self.cluster, self.ns[s], s)
             self.before[s] = self.deployment(s)
+        full = {s: self.ns[s] for s, d in deployments.items() if _meant_to_fill_the_pool(d)}
+        missing = wait_for_pool_pressure(self.cluster, full)
+        if missing:
+            print(f"pool pressure not seen within the wait: {', '.join(missing)}")
 
     def start_rollouts(self, specs: dict[str, dict[str, Any]]) -> None:
         """A rollout `<scenario>-fp8` of each scenario's Deployment with that spec."""

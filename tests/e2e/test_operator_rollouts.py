@@ -194,7 +194,12 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
     assert condition(obj, "RolledBack")["status"] == "True"
     assert condition(obj, "Ready")["status"] == "False"
     world.cluster.kubectl(
-        "wait", "--for=condition=RolledBack", "kvr/trap-fp8", "-n", world.ns["trap"], "--timeout=5s"
+        "wait",
+        "--for=condition=RolledBack",
+        "kvr/trap-fp8",
+        "-n",
+        world.ns["trap"],
+        "--timeout=60s",
     )
     reasons = event_reasons(world.cluster, world.ns["trap"], "trap-fp8")
     assert (
