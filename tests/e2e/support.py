@@ -411,7 +411,18 @@ def _meant_to_fill_the_pool(deployment: dict[str, Any]) -> bool:
 
 
 def pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
-    """One scrape of a production pod shows a full KV pool with requests waiting or preempted."""
+    """One scrape of a production pod shows a full KV pool with requests waiting or preempted
+    (anything unreadable on the way is a no, never an error: the caller's wait is advisory)."""
+    import http.client
+
+    try:
+        return _pool_pressured(cluster, namespace, name)
+    except (OSError, ValueError, KeyError, IndexError, http.client.HTTPException,
+            subprocess.SubprocessError):  # fmt: skip
+        return False
+
+
+def _pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
     import urllib.request
 
     from kvgate.metrics import parse_metrics
@@ -424,11 +435,8 @@ def pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
     command = found[0]["spec"]["containers"][0].get("command") or []
     ports = [int(v) for k, v in itertools.pairwise(command) if k == "--port"]
     url = f"http://{found[0]['status']['podIP']}:{ports[-1] if ports else 8000}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # a pod address
-            snap = parse_metrics(response.read().decode())
-    except (OSError, ValueError):
-        return False
+    with urllib.request.urlopen(url, timeout=10) as response:  # a pod address
+        snap = parse_metrics(response.read().decode())
     waiting = (snap.waiting or 0) > 0 or (snap.preemptions or 0) > 0
     return (snap.kv_usage or 0.0) >= 0.9 and waiting
 
