@@ -403,7 +403,10 @@ def send_completions(url: str, requests: int, *, workers: int = 1) -> int:
 
 def _meant_to_fill_the_pool(deployment: dict[str, Any]) -> bool:
     """A simulated production whose load (`KVGATE_SIM_LOAD` concurrency) is meant to fill its pool."""
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    try:
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+    except (KeyError, IndexError, TypeError):
+        return False
     load = next((e.get("value", "") for e in container.get("env") or []
                  if e.get("name") == "KVGATE_SIM_LOAD"), "")  # fmt: skip
     fields = dict(part.split("=", 1) for part in load.split(",") if "=" in part)
