@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
 from kvgate.status import RolloutStatus, VerdictKeyRecord
 
@@ -96,6 +97,19 @@ def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
     if key.image_digest and any(d != key.image_digest for d in live.image_digests):
         changed.append("imageDigest")
     return tuple(changed)
+
+
+def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
+    """(stale, reason, message) of the Stale condition for what runs now."""
+    changed = stale_fields(key, live)
+    if not changed:
+        return False, Reason.VERDICT_CURRENT, "what runs is what the verdict was reached on"
+    return (
+        True,
+        Reason.STALE,
+        f"the verdict was reached on another engine than runs now "
+        f"({describe(changed, key, live)}); create the rollout again to evaluate what runs",
+    )
 
 
 def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:

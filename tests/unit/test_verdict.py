@@ -1341,14 +1341,13 @@ def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
         Phase.AWAITING_APPROVAL, "VerdictReported", False,
     )  # fmt: skip
     assert Action.PATCH_DEPLOYMENT not in passing.actions
+    regressed = Observation(
+        control=READY, candidate=READY, job_exists=True,
+        eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+    )  # fmt: skip
     failing = step(
         Phase.EVALUATING,
-        Observation(
-            control=READY,
-            candidate=READY,
-            job_exists=True,
-            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
-        ),
+        regressed,
         spec=spec,
         eval_attempts=1,
     )
@@ -1360,12 +1359,7 @@ def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
     report = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "report"}})
     reported = step(
         Phase.EVALUATING,
-        Observation(
-            control=READY,
-            candidate=READY,
-            job_exists=True,
-            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
-        ),
+        regressed,
         spec=report,
         eval_attempts=1,
     )

@@ -332,23 +332,13 @@ def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tup
     key = verdictkey.recorded(ctx.status)
     if key is None or not (live.exists and live.carries_candidate):
         return conditions  # nothing recorded, or the tested config is not there to judge
-    current = live_key(ctx)
-    changed = verdictkey.stale_fields(key, current)
-    STALE.labels(ctx.namespace, ctx.name).set(1 if changed else 0)
+    stale, reason, message = verdictkey.judge(key, live_key(ctx))
+    STALE.labels(ctx.namespace, ctx.name).set(1 if stale else 0)
+    status = cond.TRUE if stale else cond.FALSE
     was = cond.get_condition(conditions, cond.STALE)
-    if was is not None and (was.status == cond.TRUE) == bool(changed) and not changed:
-        return conditions
-    if changed:
-        message = (
-            f"the verdict was reached on another engine than runs now "
-            f"({verdictkey.describe(changed, key, current)}); create the rollout again to "
-            "evaluate what runs"
-        )
-        if was is not None and was.status == cond.TRUE and was.message == message:
-            return conditions
-        post_event(ctx, Reason.STALE, message, warning=True)
-        return cond.set_condition(conditions, cond.STALE, cond.TRUE, Reason.STALE, message,
-                                  generation=ctx.generation, now=iso(ctx.now))  # fmt: skip
-    return cond.set_condition(conditions, cond.STALE, cond.FALSE, Reason.VERDICT_CURRENT,
-                              "what runs is what the verdict was reached on",
+    if was is not None and (was.status, was.message) == (status, message):
+        return conditions  # unchanged: no write, no second Event
+    if stale:
+        post_event(ctx, reason, message, warning=True)
+    return cond.set_condition(conditions, cond.STALE, status, reason, message,
                               generation=ctx.generation, now=iso(ctx.now))  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import manifests, redact, verdictkey
+from kvgate import jsonrecord, manifests, redact, verdictkey
 from kvgate.controller.context import (
     Ctx,
     adopt_child,
@@ -33,7 +33,7 @@ from kvgate.model import (
     Phase,
 )
 from kvgate.reasons import Reason
-from kvgate.status import RolloutStatus, VerdictRecord
+from kvgate.status import RolloutStatus
 from kvgate.steps import Step
 from kvgate.verdict import GateResult
 
@@ -165,9 +165,7 @@ def fold(
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
         if verdict_key is not None:
-            status["verdict"]["key"] = RolloutStatus(
-                verdict=VerdictRecord(key=verdict_key.to_record())
-            ).to_dict()["verdict"]["key"]
+            status["verdict"]["key"] = jsonrecord.write(verdict_key.to_record())
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING
