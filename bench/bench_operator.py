@@ -56,12 +56,18 @@ def _apiserver_requests(cluster: Cluster, resource: str) -> dict[str, float]:
     return out
 
 
+def _operator_requests_by_verb(metrics: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("kvgate_api_requests_total{"):
+            verb = re.search(r'verb="([a-z_]+)"', line)
+            key = verb.group(1) if verb else "?"
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _operator_requests(metrics: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("kvgate_api_requests_total{")
-    )
+    return sum(_operator_requests_by_verb(metrics).values())
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -102,15 +108,17 @@ def main() -> int:
                 dep = sim_deployment(n)
                 dep["spec"]["replicas"] = 0
                 deployments.append(dep)
-            apply(cluster, ns, *deployments)
-            requests_before = _operator_requests(operator.metrics() or "")
+            apply(cluster, ns, *deployments, timeout=300)
+            by_verb_before = _operator_requests_by_verb(operator.metrics() or "")
+            requests_before = sum(by_verb_before.values())
             crs_before = _apiserver_requests(cluster, "kvcacherollouts")
             spec = {"gates": {"capacity": {"mode": "off"}}}
             started = time.monotonic()
             # In batches: one kubectl apply of 100 objects can outlast its 60 s on a busy machine
             # while the operator already reacts to the first ones.
             for i in range(0, len(names), 10):
-                apply(cluster, ns, *[rollout(f"{n}-fp8", n, **spec) for n in names[i : i + 10]])
+                batch = [rollout(f"{n}-fp8", n, **spec) for n in names[i : i + 10]]
+                apply(cluster, ns, *batch, timeout=300)
 
             def finished() -> list[dict] | None:
                 items = json.loads(cluster.kubectl("get", "kvr", "-n", ns, "-o", "json").stdout)[
@@ -161,6 +169,14 @@ def main() -> int:
             )
             print(f"  operator peak RSS             {peak:.1f} MiB")
             print(f"  operator API calls (adapter)  {own:.0f} total, {own / n:.1f} per rollout")
+            by_verb = _operator_requests_by_verb(metrics)
+            print(
+                "  adapter calls by verb, per rollout "
+                + ", ".join(
+                    f"{v} {(c - by_verb_before.get(v, 0.0)) / n:.1f}"
+                    for v, c in sorted(by_verb.items())
+                )
+            )
             print(
                 f"  kopf PATCHes of the rollouts  {kopf_patches:.0f} total, "
                 f"{kopf_patches / n:.1f} per rollout (status and progress annotations)"

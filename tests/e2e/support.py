@@ -264,9 +264,9 @@ def rollout(name: str, target: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def apply(cluster: Any, namespace: str, *objs: dict[str, Any]) -> None:
+def apply(cluster: Any, namespace: str, *objs: dict[str, Any], timeout: float = 60) -> None:
     text = yaml.safe_dump_all(list(objs))
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=text, timeout=timeout)
 
 
 def get(cluster: Any, namespace: str, kind: str, name: str) -> dict[str, Any] | None:

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,13 @@ from support import (
     wait_phase,
 )
 
+from kvgate.deadlines import REVERT_BACKOFF_MAX_S
+
 pytestmark = pytest.mark.e2e
 
 TRITON = ["--attention-backend", "TRITON_ATTN"]
+FREEZE_S = 75.0  # how long admission refuses the revert (issue 25's scenario)
+CONFIRM_S = 30.0  # from the Deployment reading back clean to RolledBack
 GATES = {
     "capacity": {"mode": "off"},
     "accuracy": {"questions": 30, "chunk": 30, "margin": 10, "sequential": False},
@@ -231,14 +237,25 @@ def test_a_refused_revert_is_stalled_until_it_can_be_read_back(world: World) -> 
     ns = world.ns["refused"]
     assert world.done["refused"].wait(420), "never reached Verifying"
     wait_for(lambda: world.status("refused").get("reason") == "RevertFailed", 180, "RevertFailed")
+    refused_at = time.monotonic()
     status = world.status("refused")
     assert status["phase"] == "Reverting"
     assert condition({"status": status}, "Stalled")["status"] == "True"
     assert "not confirmed" in status["message"]
     assert "--kv-cache-dtype" in container_of(world.deployment("refused"))["args"]
-    for p in _policy(ns):  # the webhook is back: the next attempt goes through and reads back
+    assert re.search(r"next try in \d+s|trying again now", status["message"]), status["message"]
+    # The freeze an SRE's cluster holds: template changes refused for 75 s from the first refusal
+    # (by then the back-off between attempts has grown past the 30 s the lifted freeze gets).
+    time.sleep(max(0.0, FREEZE_S - (time.monotonic() - refused_at)))
+    for p in _policy(ns):  # the freeze lifts: the next attempt goes through and reads back
         world.kubectl("delete", p["kind"], p["metadata"]["name"])
-    obj = wait_phase(world.cluster, ns, "refused-fp8", TERMINAL, 400)
+    wait_for(
+        lambda: container_of(world.deployment("refused")) == container_of(world.before["refused"]),
+        REVERT_BACKOFF_MAX_S + 60,
+        "the revert to land once the freeze lifted",
+    )
+    # THEN the rollout confirms the landed revert at once, not at the next scheduled attempt
+    obj = wait_phase(world.cluster, ns, "refused-fp8", TERMINAL, CONFIRM_S)
     assert (obj["status"]["phase"], obj["status"]["reason"]) == ("RolledBack", "PromotionReverted")
     assert container_of(world.deployment("refused")) == container_of(world.before["refused"])
     assert "RevertFailed" in event_reasons(world.cluster, ns, "refused-fp8")

@@ -193,6 +193,51 @@ def test_happy_path_promotes_with_one_patch(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+@pytest.mark.parametrize("setup", [happy, new_pods_crash])
+def test_a_reconcile_reads_the_rollouts_pods_with_one_request(
+    monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]
+) -> None:
+    # GIVEN a rollout whose reconciles are counted one by one: single-pod GETs and pod LISTs
+    world = World(monkeypatch)
+    setup(world)
+    gets: list[str] = []
+    lists: list[str] = []
+    read_pod, list_pods = world.kube.read_pod, world.kube.list_pods
+
+    def counted_read(namespace: str, name: str) -> dict[str, Any] | None:
+        gets.append(name)
+        return read_pod(namespace, name)
+
+    def counted_list(namespace: str, selector: str) -> list[dict[str, Any]]:
+        lists.append(selector)
+        return list_pods(namespace, selector)
+
+    monkeypatch.setattr(world.kube, "read_pod", counted_read)
+    monkeypatch.setattr(world.kube, "list_pods", counted_list)
+    per_reconcile: list[tuple[int, int]] = []
+
+    def mark(_: World) -> None:
+        per_reconcile.append((len(gets), len(lists)))
+
+    world.before_reconcile = mark
+    # WHEN it runs to its end
+    world.run()
+    mark(world)
+    # THEN single pods are read only to check a canary's name before creating it, and each
+    # reconcile lists this rollout's own pods at most once, whichever arms it looks at
+    assert sorted(gets) == ["r-candidate", "r-control"], gets  # canaries are created once
+    own = [s for s in lists if s == "kvgate.io/rollout=r"]
+    assert own, "the arms were never read"
+    counts = [(g1 - g0, l1 - l0) for (g0, l0), (g1, l1) in zip(per_reconcile, per_reconcile[1:])]
+    for i, (_, listed) in enumerate(counts):
+        assert listed <= 2, f"reconcile {i}: {listed} pod LISTs"  # own pods + production's
+    own_per_reconcile = max(
+        sum(1 for s in lists[l0:l1] if s == "kvgate.io/rollout=r")
+        for (_, l0), (_, l1) in zip(per_reconcile, per_reconcile[1:])
+    )
+    assert own_per_reconcile == 1
+
+
 def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
     return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
 

@@ -8,6 +8,7 @@ every caller is idempotent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -70,6 +71,14 @@ def load_api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
+def _raw(response: Any) -> dict[str, Any]:
+    """The JSON body of a `_preload_content=False` call (non-2xx already raised ApiException).
+
+    Reads decode the raw body: the client's model classes cost CPU and memory per object, and
+    the operator turned them straight back into dicts."""
+    return cast("dict[str, Any]", json.loads(response.data))
+
+
 def _json(body: object) -> dict[str, Any]:
     """A custom-object call's decoded JSON body, which the client types as object."""
     return cast("dict[str, Any]", body)
@@ -84,6 +93,8 @@ def _mapped(what: str) -> Iterator[None]:
         raise KubeError(f"{what}: {exc.status} {reason}".strip(), status=exc.status) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise KubeError(f"{what}: {exc}") from exc
+    except ValueError as exc:  # a body that is not JSON
+        raise KubeError(f"{what}: unreadable response: {exc}") from exc
 
 
 class Kube:
@@ -119,48 +130,54 @@ class Kube:
     # --- reads ---
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        obj = self._call(
+        return self._call(
             "get",
             f"deployment {namespace}/{name}",
-            lambda: self.apps.read_namespaced_deployment(name, namespace),
+            lambda: _raw(
+                self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
+            ),
             missing_ok=True,
         )
-        return None if obj is None else self._dict(obj)
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        obj = self._call(
+        return self._call(
             "get",
             f"pod {namespace}/{name}",
-            lambda: self.core.read_namespaced_pod(name, namespace),
+            lambda: _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False)),
             missing_ok=True,
         )
-        return None if obj is None else self._dict(obj)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         obj = self._call(
             "list",
             f"pods {namespace} ({selector})",
-            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
+            lambda: _raw(
+                self.core.list_namespaced_pod(
+                    namespace, label_selector=selector, _preload_content=False
+                )
+            ),
         )
-        return [self._dict(p) for p in obj.items] if obj is not None else []
+        return list((obj or {}).get("items") or [])
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        obj = self._call(
+        return self._call(
             "get",
             f"job {namespace}/{name}",
-            lambda: self.batch.read_namespaced_job(name, namespace),
+            lambda: _raw(self.batch.read_namespaced_job(name, namespace, _preload_content=False)),
             missing_ok=True,
         )
-        return None if obj is None else self._dict(obj)
 
     def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
-        obj = self._call(
+        return self._call(
             "get",
             f"networkpolicy {namespace}/{name}",
-            lambda: self.networking.read_namespaced_network_policy(name, namespace),
+            lambda: _raw(
+                self.networking.read_namespaced_network_policy(
+                    name, namespace, _preload_content=False
+                )
+            ),
             missing_ok=True,
         )
-        return None if obj is None else self._dict(obj)
 
     def read_log(
         self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False

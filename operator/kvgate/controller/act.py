@@ -24,6 +24,7 @@ from kvgate.controller.context import (
     iso,
     leftover_child,
     live_container,
+    own_pods,
     owned,
     shown_env,
     status_view,
@@ -113,6 +114,7 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
             raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
         if existing is None:
             ctx.kube.create(pod)
+            ctx.rollout_pods = None
             created.append(pod["metadata"]["name"])
     if created:
         post_event(ctx, Reason.CANARY_CREATED, f"created {', '.join(created)}")
@@ -123,11 +125,13 @@ def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
     if owned(ctx, obj):
         meta = obj["metadata"]
         ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
+        ctx.rollout_pods = None
 
 
 def delete_canaries(ctx: Ctx, step: Step) -> None:
+    pods = own_pods(ctx)
     for arm in manifests.ARMS:
-        pod = ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm))
+        pod = pods.get(manifests.canary_name(ctx.name, arm))
         if pod is not None:
             delete_owned(ctx, "Pod", pod)
 

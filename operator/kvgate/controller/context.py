@@ -91,6 +91,7 @@ class Ctx:
     now: dt.datetime
     deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
     deployment_read: bool = False
+    rollout_pods: dict[str, dict[str, Any]] | None = None  # by name, listed once (`own_pods`)
 
 
 def parse_spec(
@@ -280,8 +281,18 @@ def json_number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
+    """This rollout's pods (canaries, eval) by name: one LIST per reconcile serves every arm's
+    read; `act` forgets it after it creates or deletes a pod. A pod that has a canary's name but
+    not this rollout's label is not in it (creating the canary reads that name directly)."""
+    if ctx.rollout_pods is None:
+        pods = ctx.kube.list_pods(ctx.namespace, f"{LABEL_ROLLOUT}={ctx.name}")
+        ctx.rollout_pods = {p["metadata"]["name"]: p for p in pods}
+    return ctx.rollout_pods
+
+
 def arm_health(ctx: Ctx, arm: str) -> PodHealth:
-    pod = current_child(ctx, ctx.kube.read_pod(ctx.namespace, manifests.canary_name(ctx.name, arm)))
+    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
     return kubeobjects.pod_health(pod, ctx.status.get("container"))
 
 
