@@ -228,12 +228,11 @@ def test_a_reconcile_reads_the_rollouts_pods_with_one_request(
     assert sorted(gets) == ["r-candidate", "r-control"], gets  # canaries are created once
     own = [s for s in lists if s == "kvgate.io/rollout=r"]
     assert own, "the arms were never read"
-    counts = [(g1 - g0, l1 - l0) for (g0, l0), (g1, l1) in zip(per_reconcile, per_reconcile[1:])]
-    for i, (_, listed) in enumerate(counts):
-        assert listed <= 2, f"reconcile {i}: {listed} pod LISTs"  # own pods + production's
+    spans = list(itertools.pairwise(per_reconcile))
+    for i, ((_, l0), (_, l1)) in enumerate(spans):
+        assert l1 - l0 <= 2, f"reconcile {i}: {l1 - l0} pod LISTs"  # own pods + production's
     own_per_reconcile = max(
-        sum(1 for s in lists[l0:l1] if s == "kvgate.io/rollout=r")
-        for (_, l0), (_, l1) in zip(per_reconcile, per_reconcile[1:])
+        sum(1 for s in lists[l0:l1] if s == "kvgate.io/rollout=r") for (_, l0), (_, l1) in spans
     )
     assert own_per_reconcile == 1
 
