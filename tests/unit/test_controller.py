@@ -24,7 +24,7 @@ import kopf
 import pytest
 from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import engine_versions, manifests, promotion
+from kvgate import crash, engine_versions, manifests, promotion
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
 from kvgate.spec import RolloutSpec
@@ -740,10 +740,39 @@ def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.Monkey
     world.assert_invariant()
     status = world.obj["status"]
     assert status["reason"] == "CanaryCrashed"
-    assert status["message"].endswith(
-        "; remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0"
-    )
+    # The cause leads, then the remedy and where it goes; the engine's ninja line comes last, cut.
+    message = status["message"]
+    assert message.startswith(
+        "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels "
+        "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed); "
+        "remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and "
+        "VLLM_USE_FLASHINFER_SAMPLER=0; set spec.extraArgs: [--attention-backend, TRITON_ATTN] "
+        "and spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        "spec.canary.remediation: auto and kvgate applies it and tests again; "
+        "log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
+    ), message
+    assert message.endswith("…") and len(message.split("; log: ")[1]) == crash.RAW_CHARS
+    # the CanaryCrashed Event says the same, a Warning
+    assert ("Warning", "CanaryCrashed", message) in world.events
     assert "remediation" not in status and "Remediating" not in world.reasons()
+
+
+def test_an_unclassified_crash_says_how_the_pod_ended_then_the_engine_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    world.kube.canary_crash_log = (
+        "INFO starting\nTraceback (most recent call last):\nValueError: boom\n"
+    )
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "CanaryCrashed"
+    expected = (
+        "candidate crashed: restarted 1x (last exit 1), cause not classified; log: ValueError: boom"
+    )
+    assert status["message"] == expected
+    assert ("Warning", "CanaryCrashed", expected) in world.events
 
 
 def test_a_remedied_candidate_that_crashes_again_rolls_back(

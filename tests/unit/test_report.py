@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import re
 import xml.etree.ElementTree as ET
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 import report_states
 
-from kvgate import report
+from kvgate import crash, report
 from kvgate.model import Phase
+from kvgate.remedy import Remedy
 
 PROMOTED: dict[str, Any] = {
     "apiVersion": "kvgate.io/v1alpha1",
@@ -506,10 +508,10 @@ def test_recommended_args_read_as_a_shell_command(args: list[str], expected: str
 
 def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
-    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    rollout["status"]["message"] = "candidate crashed: ninja failed; remedy: use TRITON_ATTN"
     rollout["status"]["recommendedArgs"] = ["vllm", "serve", "M", "--kv-cache-dtype", "fp8"]
     lines = report.render_text(rollout).splitlines()
-    assert lines[2:4] == ["  candidate pod crashed: ninja failed", "  remedy: use TRITON_ATTN"]
+    assert lines[2:4] == ["  candidate crashed: ninja failed", "  remedy: use TRITON_ATTN"]
     assert "Recommended args" not in lines
     assert lines[-3:] == [
         "Rejected candidate args",
@@ -740,37 +742,53 @@ def test_the_l4_crash_leads_with_its_cause_and_says_where_the_remedy_goes() -> N
         "0.13.0) where: set spec.extraArgs: [--attention-backend, TRITON_ATTN] and "
         "spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
         "spec.canary.remediation: auto and kvgate applies it and tests again "
-        "as the operator saw it: candidate pod crashed: subprocess.CalledProcessError"
+        "engine log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), head
     page = report.render_html(rollout)
     first = page.index("<p class='msg'>")
     assert page[first:].startswith("<p class='msg'>candidate crashed: the attention backend")
     assert "<p class='msg where'><b>Where:</b> set spec.extraArgs: [--attention-backend, " in page
     # the engine's long line is kept, folded, after the cause and the remedy
-    raw = page.index("<details><summary>as the operator saw it</summary><pre>candidate pod")
+    raw = page.index("<details><summary>the engine's line</summary><pre>subprocess.")
     assert raw > page.index("<p class='msg remedy'>")
+
+
+_NINJA = {"findings": [{"code": "x", "severity": "error", "text": "ninja failed",
+                         "hint": "use TRITON_ATTN"}]}  # fmt: skip
+
+
+def _crashed(arm: str, fix: Remedy | None = None, **kw: Any) -> str:
+    return crash.describe(arm, _NINJA, "exited with code 1 (Error)", fix, **kw).message
 
 
 def test_a_remedy_kvgate_cannot_apply_itself_names_the_fields_without_auto() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
-    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    rollout["status"]["message"] = _crashed("candidate")  # a log rule's hint, no known remedy
     lines = report.render_text(rollout).splitlines()
-    assert lines[4] == (
-        "  where: the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
-    )
+    assert lines[2:6] == [
+        "  candidate crashed: exited with code 1 (Error), cause not classified",
+        "  remedy: use TRITON_ATTN",
+        "  where: the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv",
+        "  engine log: ninja failed",
+    ]
     # A remedy already applied (or refused by the allowlist) is not offered again as auto.
-    for tail in (" (already applied: the remedied candidate crashed too)",
-                 " (not applied, the allowlist refuses it: --attention-backend)"):  # fmt: skip
-        rollout["status"]["message"] = (
-            "candidate pod crashed: ninja failed; remedy for vllm 0.13.0: "
-            "--attention-backend TRITON_ATTN" + tail
-        )
+    fix = Remedy("attention-build-failed", "vllm", "0.13.0", ("--attention-backend", "TRITON_ATTN"),
+                 {})  # fmt: skip
+    refused = dataclasses.replace(fix, refused="--attention-backend")
+    for message in (_crashed("candidate", fix, auto=True, already_applied=True),
+                    _crashed("candidate", refused, auto=True)):  # fmt: skip
+        rollout["status"]["message"] = message
         text = report.render_text(rollout)
         assert "spec.extraArgs: [--attention-backend, TRITON_ATTN]" in text
         assert "remediation: auto" not in text
+    assert "(not applied, the allowlist refuses it: --attention-backend)" in " ".join(text.split())
+    rollout["status"]["message"] = _crashed("candidate", fix)
+    assert "or set spec.canary.remediation: auto" in " ".join(report.render_text(rollout).split())
     # A control that crashed: nothing of the candidate's spec would help.
-    rollout["status"]["message"] = "control pod crashed: OOM; remedy: lower --max-model-len"
-    assert "where:" not in report.render_text(rollout)
+    rollout["status"]["message"] = _crashed("control")
+    text = report.render_text(rollout)
+    assert "control crashed: " in text and "remedy: use TRITON_ATTN" in text
+    assert "where:" not in text
 
 
 def test_long_log_lines_fold_into_details_and_tables_wrap() -> None:

@@ -119,7 +119,7 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             out.append(f"<p class='msg where'><b>Where:</b> {e(headline.where)}</p>")
         if headline.raw:
             out.append(
-                "<details><summary>as the operator saw it</summary>"
+                "<details><summary>the engine's line</summary>"
                 f"<pre>{e(headline.raw)}</pre></details>"
             )
     facts = []

@@ -37,7 +37,7 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
         if headline.where:
             lines += _wrap(f"where: {headline.where}")
         if headline.raw:
-            lines += _wrap(f"as the operator saw it: {headline.raw}")
+            lines += _wrap(f"engine log: {headline.raw}")
     verdict = view.read_verdict(status)
     if verdict:
         lines += _wrap(f"verdict {verdict}")

@@ -15,8 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, overload
 
-from kvgate import gates, manifests
-from kvgate.logs.model import CAUSES
+from kvgate import crash, gates, manifests
 from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
@@ -573,60 +572,19 @@ def read_header(rollout: Mapping[str, Any]) -> Header:
     )
 
 
-# A crash message: "<arm> pod crashed: <what>", as the operator writes it.
-_CRASHED = re.compile(r"^(control|candidate) pod crashed: ")
-_CRASH_REASONS: Final = frozenset({"CanaryCrashed"})
-
-
 def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
-    """The message to lead with. A crash leads with its classified cause (from the crashed arm's
-    log scan), then the remedy and where it goes; the engine's raw line is kept in `raw`."""
+    """The message to lead with. A crash message (`kvgate.crash`) leads with its classified cause,
+    then the remedy and where it goes; the engine's own line is kept in `raw`."""
     message = read_header(rollout).message
     if not message:
         return None
-    what, remedy = split_remedy(message)
-    status = read_status(rollout)
-    crashed = _CRASHED.match(what)
-    if crashed is None and status.reason not in _CRASH_REASONS:
+    found = crash.read(message)
+    if found is None:
+        what, remedy = split_remedy(message)
         return Headline(cause=what, remedy=remedy)
-    arm = crashed.group(1) if crashed is not None else "candidate"
-    code = next(
-        (f.code for f in _scan(status, arm).findings
-         if f.severity == "error" and f.code in CAUSES),
-        None,
-    )  # fmt: skip
-    where = _where(remedy, message) if arm == "candidate" and remedy else None
-    if code is None:
-        return Headline(cause=what, remedy=remedy, where=where)
     return Headline(
-        cause=f"{arm} crashed: {CAUSES[code]} ({code})", remedy=remedy, where=where, raw=what
+        cause=found.headline, remedy=found.remedy_shown, where=found.where, raw=found.raw
     )
-
-
-# "--attention-backend TRITON_ATTN" and "VLLM_USE_FLASHINFER_SAMPLER=0", as `Remedy.text` joins them.
-_ENV_PART = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
-
-
-def _where(remedy: str, message: str) -> str:
-    """Which spec fields take a candidate's remedy, and whether kvgate could apply it itself."""
-    known = " (for " in remedy  # "remedy for <engine> <version>": kvgate knows the exact change
-    text = remedy.split(" (", 1)[0]
-    parts = [p.strip() for p in text.split(" and ")]
-    args = [p for p in parts if p.startswith("--")]
-    env = [p for p in parts if _ENV_PART.match(p)]
-    if known and args and len(args) + len(env) == len(parts):
-        flags = ", ".join(a for arg in args for a in arg.split())
-        out = [f"spec.extraArgs: [{flags}]"]
-        if env:
-            out.append("spec.extraEnv: " + ", ".join(
-                f"{{name: {k}, value: {v!r}}}" for k, _, v in (e.partition("=") for e in env)
-            ))  # fmt: skip
-        where = "set " + " and ".join(out)
-    else:
-        where = "the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
-    if known and "already applied" not in message and "allowlist refuses" not in message:
-        where += "; or set spec.canary.remediation: auto and kvgate applies it and tests again"
-    return where
 
 
 def _target(spec: Mapping[str, Any]) -> str:
