@@ -119,17 +119,21 @@ def promoted() -> dict[str, Any]:
     return _rollout(status)
 
 
+APPROVE = "all gates passed; approve with annotation kvgate.io/approve=18cab288d5712cfa"
+
+
 def awaiting_approval() -> dict[str, Any]:
     """Manual mode: every gate passed, the Deployment waits for an approval."""
     status = copy.deepcopy(test_report.PROMOTED["status"])
     status.update(
         phase="AwaitingApproval",
         reason="AwaitingApproval",
-        message="every gate passed; approve with annotation kvgate.io/approve=18cab288d5712cfa",
+        message=APPROVE,
         startedAt=STARTED,
         phaseSince="2026-12-01T10:48:00Z",
+        approvalExpiresAt="2026-12-04T10:48:00Z",  # phaseSince + the default 72 h
         configHash="18cab288d5712cfa",
-        verdict={"decision": "Promote", "outcome": "Successful", "message": "every gate passed"},
+        verdict={"decision": "Hold", "outcome": "Successful", "message": APPROVE},
     )
     status["conditions"][0] = {
         "type": "Ready",

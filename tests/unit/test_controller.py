@@ -24,7 +24,7 @@ import kopf
 import pytest
 from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import crash, engine_versions, manifests, promotion
+from kvgate import crash, engine_versions, manifests, promotion, report
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
 from kvgate.spec import RolloutSpec
@@ -1311,3 +1311,28 @@ def test_a_failing_accuracy_gate_posts_no_pass_event(monkeypatch: pytest.MonkeyP
     assert world.run() == "RolledBack"
     assert "AccuracyNonInferior" not in world.reasons()
     assert "AccuracyRegressed" in world.reasons()
+
+
+def test_a_manual_rollout_records_when_its_approval_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """approvalExpiresAt is phaseSince of AwaitingApproval plus the operator's approval TTL,
+    the deadline the machine applies (ApprovalExpired); the report prints it."""
+    world = World(monkeypatch, promotion={"mode": "manual"})
+    for _ in range(100):
+        world.now += dt.timedelta(seconds=min(world.reconcile(), 30))
+        if world.phase == "AwaitingApproval":
+            break
+    status = world.obj["status"]
+    assert world.phase == "AwaitingApproval", status.get("message")
+    since = dt.datetime.fromisoformat(status["phaseSince"].replace("Z", "+00:00"))
+    assert status["approvalExpiresAt"] == (since + dt.timedelta(hours=72)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    # a later reconcile keeps it (the phase has not changed)
+    world.now += dt.timedelta(hours=1)
+    world.reconcile()
+    assert world.obj["status"]["approvalExpiresAt"] == status["approvalExpiresAt"]
+    assert "expires " + status["approvalExpiresAt"][:10] in " ".join(
+        report.render_text(world.obj).split()
+    )

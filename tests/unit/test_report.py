@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import html
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -395,7 +397,8 @@ ROLLED_BACK: dict[str, Any] = {
 
 def test_rolled_back_report_shows_the_crash_and_its_remedy() -> None:
     lines = report.render_text(ROLLED_BACK).splitlines()
-    assert "  verdict RollBack: canary crashed" in lines
+    assert "  verdict: roll back: canary crashed" in lines  # the decision in words, not its enum
+    assert "  production: Deployment vllm unchanged" in lines
     assert "  took 3 min 5 s" in lines
     assert "  candidate error flashinfer-jit-failed: RuntimeError: Ninja build failed" in lines
     assert "    remedy: pin --attention-backend TRITON_ATTN" in lines
@@ -441,7 +444,7 @@ def test_html_has_startup_log_and_production_sections() -> None:
     page = report.render_html(ROLLED_BACK)
     assert "<h2>Startup logs</h2>" in page and "<h2>Production</h2>" in page
     assert "pin --attention-backend TRITON_ATTN" in page
-    assert "verdict RollBack: canary crashed · took 3 min 5 s" in page
+    assert "verdict: roll back: canary crashed · took 3 min 5 s" in page
 
 
 def test_html_colours_gate_results() -> None:
@@ -884,3 +887,110 @@ def test_the_difference_chart_draws_the_bounds_against_the_margin() -> None:
     assert "two-sided 95% interval" in passed  # no look-adjusted bounds in this summary
     assert report.render_difference_svg(report_states.canary()["status"]) == ""
     assert "<svg" in report.render_html(report_states.regressed()).split("Accuracy (gsm8k")[1]
+
+
+# ---------------------------------------------------------------- first hour, rows 26 and 27
+
+
+def _mode(rollout: dict[str, Any], mode: str) -> dict[str, Any]:
+    rollout = copy.deepcopy(rollout)
+    rollout["spec"]["promotion"] = {"mode": mode}
+    return rollout
+
+
+def _reverted() -> dict[str, Any]:
+    """Promoted, then the verify window failed: kvgate's patch was taken out again."""
+    rollout = report_states.promoted()
+    rollout["status"].update(phase="RolledBack", reason="VerifyFailed", message="verify failed",
+                             revert={"phase": "RolledBack", "reason": "VerifyFailed"})  # fmt: skip
+    return rollout
+
+
+def _not_needed() -> dict[str, Any]:
+    rollout = report_states.canary()
+    rollout["status"].update(phase="NotNeeded", reason="PoolHasRoom", message="the pool has room")
+    return rollout
+
+
+@pytest.mark.parametrize(
+    ("build", "line"),
+    [
+        (report_states.l4_crash, "Deployment vllm unchanged"),
+        (report_states.regressed, "Deployment vllm unchanged"),
+        (_not_needed, "Deployment vllm unchanged"),
+        (_reverted, "Deployment vllm back on its previous config (kvgate's change reverted)"),
+        (report_states.promoted, "Deployment vllm now runs the FP8 config"),
+        (report_states.awaiting_approval, "Deployment vllm unchanged until approved"),
+        (report_states.canary, "Deployment vllm unchanged so far (the canary pods run beside it)"),
+        (
+            lambda: _mode(report_states.promoted(), "report"),
+            "Deployment vllm unchanged: report mode writes the verdict and the args; apply them "
+            "yourself",
+        ),
+        (
+            lambda: _mode(report_states.regressed(), "gate"),
+            "Deployment vllm unchanged: gate mode writes the verdict (the rollout is Ready only on "
+            "a pass); your GitOps change applies the args",
+        ),
+    ],
+)
+def test_every_state_says_what_happened_to_production(
+    build: Callable[[], dict[str, Any]], line: str
+) -> None:
+    rollout = build()
+    text = " ".join(report.render_text(rollout, now=NOW).split())
+    assert f"production: {line}" in text
+    page = " ".join(report.render_html(rollout, now=NOW).split())
+    assert f"<p class='msg prod'><b>Production:</b> {html.escape(line)}</p>" in page
+
+
+def test_the_verdict_is_not_repeated_nor_named_by_its_enum() -> None:
+    # GIVEN a rollout whose verdict message is its status message (what the operator writes)
+    rollout = report_states.awaiting_approval()
+    assert rollout["status"]["verdict"]["message"] == rollout["status"]["message"]
+    # THEN the report says it once, and no internal decision word appears
+    for rendered in (report.render_text(rollout, now=NOW), report.render_html(rollout, now=NOW)):
+        assert rendered.count("all gates passed; approve with annotation") == 1
+        assert "verdict: hold" not in rendered and "verdict: promote" not in rendered
+        assert not re.search(r"\b(Promote|RollBack|Hold)\b", rendered)
+    # a verdict that adds something is said in words
+    rolled = copy.deepcopy(ROLLED_BACK)
+    assert report.read_verdict(rolled["status"]) == "roll back: canary crashed"
+
+
+def test_manual_approval_prints_both_commands_and_the_expiry() -> None:
+    rollout = report_states.awaiting_approval()
+    text = report.render_text(rollout, now=NOW).splitlines()
+    at = text.index("  approve with either command:")
+    assert text[at + 1 : at + 4] == [
+        "    kvgate approve qwen3-fp8 -n demo",
+        "    kubectl annotate kvr/qwen3-fp8 -n demo kvgate.io/approve=18cab288d5712cfa",
+        "    expires 2026-12-04 10:48 UTC",
+    ]
+    page = report.render_html(rollout, now=NOW)
+    assert (
+        "<p class='msg where'><b>Approve</b> with either command (expires 2026-12-04 10:48 UTC):"
+        "</p><pre>kvgate approve qwen3-fp8 -n demo\n"
+        "kubectl annotate kvr/qwen3-fp8 -n demo kvgate.io/approve=18cab288d5712cfa</pre>"
+    ) in page
+    # report mode's end is AwaitingApproval too, but there is nothing to approve
+    reported = copy.deepcopy(rollout)
+    reported["status"]["reason"] = "VerdictReported"
+    assert report.read_approval(reported) == []
+    assert "kvgate approve" not in report.render_text(reported, now=NOW)
+    # without the operator's expiry (an older operator, or no TTL) the commands still show
+    del rollout["status"]["approvalExpiresAt"]
+    assert len(report.read_approval(rollout)) == 2
+
+
+def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"]["findings"] = [
+        {"gate": "speed", "outcome": "Skipped", "reason": "NoSpeedGate", "message": "off"},
+        {"gate": "scales", "outcome": "Warning", "reason": "ScalesMissing", "message": "1.0"},
+    ]
+    page = report.render_html(rollout)
+    assert "<td>speed</td><td class='skip'>Skipped</td>" in page
+    assert "<td>scales</td><td class='maybe'>Warning</td>" in page
+    css = page[page.index("<style>") : page.index("</style>")]
+    assert "td.skip{color:#5b6475}" in css and "td.maybe{color:#7a5500" in css

@@ -423,14 +423,89 @@ def read_remediation(status: StatusLike) -> list[str]:
 # ---------------------------------------------------------------- verdict, timing, args
 
 
+# The verdict's decision in the words a user reads (the enum values are the operator's own).
+_DECISION_WORDS: Final = {
+    "Promote": "promote",
+    "RollBack": "roll back",
+    "Hold": "hold for approval",
+    "NotNeeded": "not needed",
+}
+
+
 def read_verdict(status: StatusLike) -> str | None:
-    """`status.verdict`: the decision and why, as one line."""
-    v = _typed(status).verdict
+    """`status.verdict` as one line in plain words; None when its message only repeats
+    `status.message` (the headline already says it)."""
+    typed = _typed(status)
+    v = typed.verdict
     if v is None:
         return None
-    if v.decision and v.message:
-        return f"{v.decision}: {v.message}"
-    return v.decision or v.message
+    message = v.message
+    if message and typed.message and message in typed.message:
+        return None
+    words = _DECISION_WORDS.get(v.decision or "", v.decision)
+    if words and message:
+        return f"{words}: {message}"
+    return words or message
+
+
+def read_production(rollout: Mapping[str, Any]) -> str | None:
+    """What the rollout did (or will do) to the target Deployment, in one line."""
+    head = read_header(rollout)
+    if head.target == DASH:
+        return None
+    status = read_status(rollout)
+    phase = status.phase or Phase.PENDING
+    target = head.target.replace("/", " ", 1)
+    dtype = head.kv_cache_dtype
+    config = (
+        "the FP8 config"
+        if dtype and dtype.lower().startswith("fp8")
+        else f"the --kv-cache-dtype {dtype} config"
+        if dtype
+        else "the candidate config"
+    )
+    if head.mode == "report":
+        return (
+            f"{target} unchanged: report mode writes the verdict and the args; apply them yourself"
+        )
+    if head.mode == "gate":
+        return (
+            f"{target} unchanged: gate mode writes the verdict (the rollout is Ready only on a "
+            "pass); your GitOps change applies the args"
+        )
+    reverted = status.revert is not None or (
+        status.promotion is not None and bool(status.promotion.patched)
+    )
+    if phase is Phase.PROMOTED:
+        return f"{target} now runs {config}"
+    if phase.value in BAD_PHASES or phase is Phase.NOT_NEEDED:
+        return f"{target} back on its previous config (kvgate's change reverted)" if reverted else (
+            f"{target} unchanged"
+        )  # fmt: skip
+    if phase is Phase.REVERTING:
+        return f"{target}: kvgate's change is being reverted"
+    if phase in (Phase.PROMOTING, Phase.VERIFYING):
+        return f"{target} is being changed to {config} ({phase.value})"
+    if phase is Phase.AWAITING_APPROVAL:
+        return f"{target} unchanged until approved"
+    return f"{target} unchanged so far (the canary pods run beside it)"
+
+
+def read_approval(rollout: Mapping[str, Any]) -> list[str]:
+    """Waiting for a manual approval: the commands that give it, and when the chance expires."""
+    status = read_status(rollout)
+    if status.phase is not Phase.AWAITING_APPROVAL or status.reported or not status.config_hash:
+        return []
+    head = read_header(rollout)
+    ns, name = head.namespace, head.name
+    lines = [
+        f"kvgate approve {name} -n {ns}",
+        f"kubectl annotate kvr/{name} -n {ns} kvgate.io/approve={status.config_hash}",
+    ]
+    expires = _parse_time(status.approval_expires_at)
+    if expires is not None:
+        lines.append(f"expires {expires.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC")
+    return lines
 
 
 def read_duration(status: StatusLike) -> str | None:
