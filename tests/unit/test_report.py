@@ -914,14 +914,18 @@ def _not_needed() -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("build", "line"),
+    # lambdas: report_states imports this module, so its names are looked up when a test runs
     [
-        (report_states.l4_crash, "Deployment vllm unchanged"),
-        (report_states.regressed, "Deployment vllm unchanged"),
+        (lambda: report_states.l4_crash(), "Deployment vllm unchanged"),
+        (lambda: report_states.regressed(), "Deployment vllm unchanged"),
         (_not_needed, "Deployment vllm unchanged"),
         (_reverted, "Deployment vllm back on its previous config (kvgate's change reverted)"),
-        (report_states.promoted, "Deployment vllm now runs the FP8 config"),
-        (report_states.awaiting_approval, "Deployment vllm unchanged until approved"),
-        (report_states.canary, "Deployment vllm unchanged so far (the canary pods run beside it)"),
+        (lambda: report_states.promoted(), "Deployment vllm now runs the FP8 config"),
+        (lambda: report_states.awaiting_approval(), "Deployment vllm unchanged until approved"),
+        (
+            lambda: report_states.canary(),
+            "Deployment vllm unchanged so far (the canary pods run beside it)",
+        ),
         (
             lambda: _mode(report_states.promoted(), "report"),
             "Deployment vllm unchanged: report mode writes the verdict and the args; apply them "
