@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from kvgate import crash
 from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import (
@@ -41,7 +42,6 @@ GATE_ORDER: Final = (
 EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
 
-_GENERIC_FAILURES: Final = frozenset({"engine-start-failed"})
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
 
 
@@ -664,14 +664,8 @@ def assess_speed(
 
 def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:
     """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
-    errors = [
-        f
-        for f in (scan or {}).get("findings") or []
-        if str(f.get("severity", "")).lower() in ("error", "fatal", "critical")
-    ]
-    # "engine failed to start" only points at its cause; the cause carries the remedy.
-    errors.sort(key=lambda f: f.get("code") in _GENERIC_FAILURES)
-    for f in errors:
+    f = crash.root_cause(scan)
+    if f is not None:
         return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
     tail = (scan or {}).get("tail") or []
     if tail:  # a cause the scanner does not know: the last line says most

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kvgate import promoting
+from kvgate import crash, promoting
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -27,7 +27,6 @@ from kvgate.gates import (
     assess_pool,
     assess_scales,
     assess_speed,
-    crash_summary,
     kv_tokens,
 )
 from kvgate.kubeobjects import PodHealth
@@ -219,20 +218,20 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         ("control", control, obs.control_scan),
     ):
         if health.crashed:
-            what, remedy = crash_summary(scan, health.detail)
-            message = f"{arm} pod crashed: {what}"
             fix = obs.remedy if arm == "candidate" else None
+            crashed = crash.describe(
+                arm,
+                scan,
+                health.detail,
+                fix,
+                auto=spec.canary.remediation is Remediation.AUTO,
+                already_applied=arm == "candidate" and bool(state.remedy_attempts),
+            )
             if fix is not None:
-                step = _remediate(spec, state, fix, message)
+                step = _remediate(spec, state, fix, crashed)
                 if step is not None:
                     return step
-                message += f"; remedy for {fix.engine} {fix.version}: {fix.text}"
-                if spec.canary.remediation is Remediation.AUTO and fix.refused:
-                    message += f" (not applied, the allowlist refuses it: {fix.refused})"
-            elif remedy:
-                message += f"; remedy: {remedy}"
-            if arm == "candidate" and state.remedy_attempts:
-                message += " (already applied: the remedied candidate crashed too)"
+            message = crashed.message
             gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, message)
             return end_step(
                 Phase.ROLLED_BACK,
@@ -316,7 +315,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
     )
 
 
-def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> Step | None:
+def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: crash.Crash) -> Step | None:
     """With `remediation: auto`, the first crash with a known remedy starts the candidate again.
 
     Write-ahead: this step records the remedy (status.remediation, the remedied candidate's
@@ -326,7 +325,7 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> St
     if spec.canary.remediation is not Remediation.AUTO or state.remedy_attempts or fix.refused:
         return None
     message = (
-        f"{crashed}; starting the candidate again with the remedy for {fix.engine} "
+        f"{crashed.headline}; starting the candidate again with the remedy for {fix.engine} "
         f"{fix.version}: {fix.text}"
     )
     return Step(
@@ -335,7 +334,8 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> St
         message,
         actions=(Action.REMEDIATE, Action.DELETE_CANARIES),
         events=(
-            Event(Reason.CANARY_CRASHED, crashed, warning=True),
+            # the crash as it is (cause, remedy, the engine's line); kvgate applies the remedy
+            Event(Reason.CANARY_CRASHED, replace(crashed, where=None).message, warning=True),
             Event(Reason.REMEDIATING, message),
         ),
         remedy=fix,
@@ -345,8 +345,10 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: str) -> St
 
 def _arm_lost(obs: Observation) -> str | None:
     for arm, health in (("control", obs.control), ("candidate", obs.candidate)):
-        if health is not None and (health.crashed or not health.exists):
-            return f"{arm} pod {'crashed' if health.crashed else 'disappeared'}: {health.detail}"
+        if health is not None and health.crashed:
+            return crash.describe(arm, None, health.detail).message
+        if health is not None and not health.exists:
+            return f"{arm} pod disappeared: {health.detail}"
     return None
 
 

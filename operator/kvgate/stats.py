@@ -15,16 +15,21 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr
-from scipy.stats import binom, binomtest, norm
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 from kvgate.errors import SpecError
+
+# numpy and scipy (about 1-3 s to import, most of a short command's time) are imported in the
+# functions that use them: planning a fixed-n gate and the paired counts need neither, so
+# `kvgate eval` can refuse a run (no GSM8K, say) before paying for them.
+if TYPE_CHECKING:
+    import numpy as np
+
+_NORMAL = NormalDist()  # quantiles: the standard library's (Wichura AS241, ~1e-16 accurate)
 
 Interval = tuple[float, float]
 
@@ -47,20 +52,20 @@ def _check_margin(margin: float, field: str = "margin") -> None:
 
 
 def _check_count(value: int, field: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise SpecError(field, f"{value!r} is not a non-negative integer")
 
 
 def z_two_sided(confidence: float) -> float:
     """Normal quantile for a two-sided interval at `confidence` (1.96 for 0.95)."""
     _check_confidence(confidence)
-    return float(norm.ppf(0.5 + confidence / 2.0))
+    return _NORMAL.inv_cdf(0.5 + confidence / 2.0)
 
 
 def z_one_sided(confidence: float) -> float:
     """Normal quantile for a one-sided bound at `confidence` (1.645 for 0.95)."""
     _check_confidence(confidence)
-    return float(norm.ppf(confidence))
+    return _NORMAL.inv_cdf(confidence)
 
 
 # --------------------------------------------------------------------------- one arm
@@ -190,6 +195,8 @@ class PairedCounts:
 
 def mcnemar_exact_p(counts: PairedCounts) -> float:
     """Exact conditional McNemar p-value (two-sided) for H0: no difference."""
+    from scipy.stats import binomtest
+
     m = counts.discordant
     if m == 0:
         return 1.0
@@ -205,6 +212,8 @@ def mcnemar_mid_p(counts: PairedCounts) -> float:
     for b = c > 0 the observed split is the only outcome that likely, so it is 1 - P(X = k)/2
     (not 1 - P(X = k), which subtracts the point probability twice).
     """
+    from scipy.stats import binom
+
     m = counts.discordant
     if m == 0:
         return 1.0
@@ -217,6 +226,8 @@ def mcnemar_mid_p(counts: PairedCounts) -> float:
 
 def mcnemar_asymptotic(counts: PairedCounts) -> tuple[float, float]:
     """Asymptotic McNemar (z, two-sided p); z = (c - b) / sqrt(b + c)."""
+    from scipy.stats import norm
+
     m = counts.discordant
     if m == 0:
         return (0.0, 1.0)
@@ -307,6 +318,8 @@ def score_limit(counts: PairedCounts, z: float) -> float:
     z > 0 gives a lower confidence limit, z < 0 an upper one; z = z_{c} gives the one-sided
     bound at confidence c, and z = a sequential boundary gives a repeated confidence bound.
     """
+    from scipy.optimize import brentq
+
     delta = counts.difference
     if z == 0:
         return delta
@@ -334,6 +347,8 @@ def tango_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE)
 
 def noninferiority_p(counts: PairedCounts, margin: float) -> float:
     """One-sided p-value of Tango's score test of H0: Δ ≤ -margin."""
+    from scipy.stats import norm
+
     _check_margin(margin)
     return float(norm.sf(tango_statistic(counts, -margin)))
 
@@ -481,6 +496,8 @@ def questions_needed_unpaired(
 
 def obf_spending(fraction: float, alpha: float) -> float:
     """Lan-DeMets O'Brien-Fleming-type spending α(t) = 2 - 2Φ(z_{1-α/2}/√t) (gsDesign sfLDOF)."""
+    from scipy.stats import norm
+
     if fraction <= 0.0:
         return 0.0
     t = min(fraction, 1.0)
@@ -527,6 +544,9 @@ def _continuation(
     k: int, ts: list[float], c: float, grid: np.ndarray, mass: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Grid and trapezoid mass of S_k on its continuation region S_k < c √t_k."""
+    import numpy as np
+    from scipy.stats import norm
+
     t = ts[k]
     upper = c * math.sqrt(t)
     new_grid = np.linspace(min(-_GRID_LOW_SD * math.sqrt(t), upper - 1.0), upper, _GRID_POINTS)
@@ -561,6 +581,10 @@ def sequential_boundaries(
 
 @functools.lru_cache(maxsize=32)
 def _boundaries(ts: tuple[float, ...], alpha: float, function: str) -> tuple[float, ...]:
+    import numpy as np
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
     boundaries: list[float] = []
     grid = np.empty(0)
     mass = np.empty(0)  # trapezoid weight x density of S_{k-1} on its continuation region
@@ -600,6 +624,8 @@ def stagewise_p(
     most the α spent so far; below the boundary at the last look it exceeds the design's α, so
     it agrees with the decision.
     """
+    from scipy.stats import norm
+
     ts = _check_fractions(fractions)
     if not 0 <= look < len(ts) or len(boundaries) != len(ts):
         raise SpecError("look", f"{look} is outside the plan's {len(ts)} looks")
@@ -619,6 +645,9 @@ def _chain(
     ts: tuple[float, ...], boundaries: tuple[float, ...]
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[float]]:
     """Continuation densities after each look but the last, and P(crossed by look k) under H0."""
+    import numpy as np
+    from scipy.stats import norm
+
     chain: list[tuple[np.ndarray, np.ndarray]] = []
     crossed = [float(norm.sf(boundaries[0]))]
     grid, mass = np.empty(0), np.empty(0)
@@ -634,6 +663,9 @@ def _crossing(
     cz: float, sqrt_t: float, sd: float, grid: np.ndarray, mass: np.ndarray, minus: float
 ) -> float:
     """P(continue until look k-1, then cross z = cz at look k) under H0, minus `minus`."""
+    import numpy as np
+    from scipy.special import ndtr
+
     return float(np.dot(mass, ndtr((grid - cz * sqrt_t) / sd))) - minus
 
 
@@ -641,6 +673,8 @@ def tango_statistics(
     n: np.ndarray, losses: np.ndarray, wins: np.ndarray, delta0: float
 ) -> np.ndarray:
     """Vectorised `tango_statistic` over arrays of (n, b, c), for simulations."""
+    import numpy as np
+
     n = np.asarray(n, dtype=float)
     b = np.asarray(losses, dtype=float)
     c = np.asarray(wins, dtype=float)

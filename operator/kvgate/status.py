@@ -489,6 +489,9 @@ class RolloutStatus:
     started_at: str | None = None
     phase_since: str | None = None
     finished_at: str | None = None
+    # Manual approval: phaseSince of AwaitingApproval plus the operator's approval TTL
+    # (approvalPolicy.expireAfter); past it the rollout ends ApprovalExpired.
+    approval_expires_at: str | None = None
     consecutive_errors: int | None = None
     pending_actions: tuple[str, ...] = _key(default=())
     # What was evaluated (fingerprints only).

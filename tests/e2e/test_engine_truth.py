@@ -259,8 +259,12 @@ def test_remediation_off_rolls_back_naming_the_remedy_of_that_version(
     obj = world.rollout(scenario)
     status = obj["status"]
     assert (status["phase"], status["reason"]) == ("RolledBack", "CanaryCrashed"), status["message"]
-    assert status["message"].startswith("candidate pod crashed: ")
-    assert status["message"].endswith(f"; remedy for {remedy} and VLLM_USE_FLASHINFER_SAMPLER=0")
+    assert status["message"].startswith("candidate crashed: ")
+    # the remedy, then where it goes (an env-only remedy: spec.extraEnv), then the engine's line
+    assert (
+        f"; remedy for {remedy} and VLLM_USE_FLASHINFER_SAMPLER=0; set spec.extraEnv: "
+        in (status["message"])
+    )
     assert "remediation" not in status
     assert "Remediating" not in event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
     now = world.deployment(scenario)

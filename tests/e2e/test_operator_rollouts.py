@@ -187,7 +187,9 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
     status = obj["status"]
     assert status["phase"] == "RolledBack"
     assert status["reason"] == "CanaryCrashed"
-    assert status["message"].startswith("candidate pod crashed: ")
+    assert status["message"].startswith(
+        "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels"
+    )
     assert "--attention-backend TRITON_ATTN" in status["message"]
     assert status["arms"]["candidate"]["attentionBackend"] == "FLASHINFER"
     assert condition(obj, "CanaryHealthy")["status"] == "False"

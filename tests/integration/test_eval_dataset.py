@@ -156,6 +156,36 @@ def test_unreachable_hub_without_gsm8k_names_the_dataset(
     assert servers["control"].requests == [] and servers["candidate"].requests == []
 
 
+# What the refusal must not wait for: numpy and scipy (1-3 s to import under load, most of the
+# command's time before), httpx (the divergence screen's client), lm-eval and datasets.
+HEAVY = ("numpy", "scipy", "httpx", "lm_eval", "datasets")
+_PROBE = (
+    "import sys\n"
+    "from kvgate.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    f"print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+def test_the_refusal_comes_before_the_statistics_and_http_imports(
+    tmp_path: Path, servers: dict[str, Counting]
+) -> None:
+    # GIVEN a fresh interpreter, offline, with no GSM8K anywhere
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KVGATE_GSM8K"))}
+    env.update(PYTHONPATH=str(REPO / "operator"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    url = servers["control"].url + "/v1/completions"
+    argv = ["eval", "--limit", "20", "--control-url", url, "--candidate-url", url]
+    # WHEN `kvgate eval` runs and refuses
+    done = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=tmp_path)  # fmt: skip
+    # THEN the refusal (exit 4, naming the dataset) came before any of those modules loaded
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1])["error"].startswith("GSM8K dataset openai/")
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr[-3000:]
+    assert servers["control"].requests == []
+
+
 @pytest.mark.lmeval
 @pytest.mark.timeout(300)
 def test_offline_eval_reads_gsm8k_from_the_hf_cache(sim: Any, tmp_path: Path) -> None:

@@ -105,6 +105,8 @@ class FakeKube:
         self.secrets: dict[str, Any] = {}
         # The L4 trap: a candidate without the Triton backend dies building FlashInfer's kernels
         self.jit_crash = False
+        # A candidate canary that crashes printing this log (a failure kvgate does not classify)
+        self.canary_crash_log: str | None = None
         self.eval_summary: dict[str, Any] = dict(SUMMARY_PASS)
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.hold_evals = False  # eval Jobs run (log `eval_log_before` only) until finish_evals()
@@ -273,17 +275,17 @@ class FakeKube:
         container = pod["spec"]["containers"][0]
         candidate = "--kv-cache-dtype" in (container.get("args") or [])
         pod["_log"] = CANDIDATE_LOG if candidate else CONTROL_LOG
-        crashed = (
-            candidate
-            and self.crash_new_pods
-            and "kvgate.io/rollout" not in (pod["metadata"].get("labels") or {})
-        )
+        labels = pod["metadata"].get("labels") or {}
+        crashed = candidate and self.crash_new_pods and "kvgate.io/rollout" not in labels
         args = container.get("args") or []
         triton = any(
             args[i : i + 2] == ["--attention-backend", "TRITON_ATTN"] for i in range(len(args))
         )
         if candidate and self.jit_crash and not triton:
             pod["_log"] = JIT_FAILED_LOG
+            crashed = True
+        if candidate and self.canary_crash_log is not None and "kvgate.io/rollout" in labels:
+            pod["_log"] = self.canary_crash_log
             crashed = True
         # An engine given a fingerprint instead of a value (status copied into a pod) fails.
         env = container.get("env") or []

@@ -2,7 +2,8 @@
 
 Built from the report tests' own fixtures (`test_report.PROMOTED`, `ROLLED_BACK`) and, for the
 L4 crash, from the real vLLM 0.13 log of FlashInfer failing to JIT-compile on an L4: its scan
-and the message the operator writes for it (a ~200-character ninja command with a cache path).
+and the message the operator writes for it (`kvgate.crash`: the cause, the remedy, where it
+goes, and the ninja command with its ~200-character cache path, cut short).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import test_report
 
-from kvgate import engine_versions, logs
+from kvgate import crash, engine_versions, logs
 from kvgate.remedy import Remedy
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -32,14 +33,10 @@ def _rollout(status: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def l4_crash() -> dict[str, Any]:
     """The candidate crashed building FlashInfer's FP8 kernels; kvgate knows the remedy."""
     scan = logs.scan_log(L4_LOG.read_text()).to_dict()
-    cause = next(f for f in scan["findings"] if f["code"] == "attention-build-failed")
     found = engine_versions.remedy_for("vllm", "0.13.0", "attention-build-failed")
     assert found is not None
     fix = Remedy("attention-build-failed", "vllm", "0.13.0", *found)
-    message = (
-        f"candidate pod crashed: {cause['text'][:300]}; "
-        f"remedy for {fix.engine} {fix.version}: {fix.text}"
-    )
+    message = crash.describe("candidate", scan, "exited with code 1 (Error)", fix).message
     control = copy.deepcopy(test_report.ROLLED_BACK["status"]["arms"]["control"])
     return _rollout(
         {
@@ -122,17 +119,21 @@ def promoted() -> dict[str, Any]:
     return _rollout(status)
 
 
+APPROVE = "all gates passed; approve with annotation kvgate.io/approve=18cab288d5712cfa"
+
+
 def awaiting_approval() -> dict[str, Any]:
     """Manual mode: every gate passed, the Deployment waits for an approval."""
     status = copy.deepcopy(test_report.PROMOTED["status"])
     status.update(
         phase="AwaitingApproval",
         reason="AwaitingApproval",
-        message="every gate passed; approve with annotation kvgate.io/approve=18cab288d5712cfa",
+        message=APPROVE,
         startedAt=STARTED,
         phaseSince="2026-12-01T10:48:00Z",
+        approvalExpiresAt="2026-12-04T10:48:00Z",  # phaseSince + the default 72 h
         configHash="18cab288d5712cfa",
-        verdict={"decision": "Promote", "outcome": "Successful", "message": "every gate passed"},
+        verdict={"decision": "Hold", "outcome": "Successful", "message": APPROVE},
     )
     status["conditions"][0] = {
         "type": "Ready",

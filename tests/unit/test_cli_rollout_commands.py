@@ -174,6 +174,17 @@ def test_get_shows_gates_progress_and_how_to_approve(
     assert "kvgate approve vllm-fp8 -n llm  (annotates kvgate.io/approve=abc123)" in out
 
 
+def test_get_says_when_the_approval_expires(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    api(rollout("AwaitingApproval", "AwaitingApproval", message="all gates passed",
+                configHash="abc123", approvalExpiresAt="2026-12-04T10:48:00Z"))  # fmt: skip
+    got, out, _ = run(capsys, "get", "vllm-fp8", "-n", "llm")
+    assert got == 0
+    assert (
+        "kvgate approve vllm-fp8 -n llm  (annotates kvgate.io/approve=abc123; expires "
+        "2026-12-04 10:48 UTC)"
+    ) in out
+
+
 def test_get_watch_prints_each_change_once_and_exits_with_the_end(
     api: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

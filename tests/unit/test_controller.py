@@ -24,7 +24,7 @@ import kopf
 import pytest
 from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import engine_versions, manifests, promotion
+from kvgate import crash, engine_versions, manifests, promotion, report
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
 from kvgate.spec import RolloutSpec
@@ -784,10 +784,39 @@ def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.Monkey
     world.assert_invariant()
     status = world.obj["status"]
     assert status["reason"] == "CanaryCrashed"
-    assert status["message"].endswith(
-        "; remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0"
-    )
+    # The cause leads, then the remedy and where it goes; the engine's ninja line comes last, cut.
+    message = status["message"]
+    assert message.startswith(
+        "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels "
+        "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed); "
+        "remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and "
+        "VLLM_USE_FLASHINFER_SAMPLER=0; set spec.extraArgs: [--attention-backend, TRITON_ATTN] "
+        "and spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        "spec.canary.remediation: auto and kvgate applies it and tests again; "
+        "log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
+    ), message
+    assert message.endswith("…") and len(message.split("; log: ")[1]) == crash.RAW_CHARS
+    # the CanaryCrashed Event says the same, a Warning
+    assert ("Warning", "CanaryCrashed", message) in world.events
     assert "remediation" not in status and "Remediating" not in world.reasons()
+
+
+def test_an_unclassified_crash_says_how_the_pod_ended_then_the_engine_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World(monkeypatch)
+    world.kube.canary_crash_log = (
+        "INFO starting\nTraceback (most recent call last):\nValueError: boom\n"
+    )
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "CanaryCrashed"
+    expected = (
+        "candidate crashed: restarted 1x (last exit 1), cause not classified; log: ValueError: boom"
+    )
+    assert status["message"] == expected
+    assert ("Warning", "CanaryCrashed", expected) in world.events
 
 
 def test_a_remedied_candidate_that_crashes_again_rolls_back(
@@ -1326,3 +1355,28 @@ def test_a_failing_accuracy_gate_posts_no_pass_event(monkeypatch: pytest.MonkeyP
     assert world.run() == "RolledBack"
     assert "AccuracyNonInferior" not in world.reasons()
     assert "AccuracyRegressed" in world.reasons()
+
+
+def test_a_manual_rollout_records_when_its_approval_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """approvalExpiresAt is phaseSince of AwaitingApproval plus the operator's approval TTL,
+    the deadline the machine applies (ApprovalExpired); the report prints it."""
+    world = World(monkeypatch, promotion={"mode": "manual"})
+    for _ in range(100):
+        world.now += dt.timedelta(seconds=min(world.reconcile(), 30))
+        if world.phase == "AwaitingApproval":
+            break
+    status = world.obj["status"]
+    assert world.phase == "AwaitingApproval", status.get("message")
+    since = dt.datetime.fromisoformat(status["phaseSince"].replace("Z", "+00:00"))
+    assert status["approvalExpiresAt"] == (since + dt.timedelta(hours=72)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+    # a later reconcile keeps it (the phase has not changed)
+    world.now += dt.timedelta(hours=1)
+    world.reconcile()
+    assert world.obj["status"]["approvalExpiresAt"] == status["approvalExpiresAt"]
+    assert "expires " + status["approvalExpiresAt"][:10] in " ".join(
+        report.render_text(world.obj).split()
+    )

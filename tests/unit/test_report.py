@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
+import html
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import report_states
 
-from kvgate import report
+from kvgate import crash, report
 from kvgate.model import Phase
+from kvgate.remedy import Remedy
 
 PROMOTED: dict[str, Any] = {
     "apiVersion": "kvgate.io/v1alpha1",
@@ -393,7 +397,8 @@ ROLLED_BACK: dict[str, Any] = {
 
 def test_rolled_back_report_shows_the_crash_and_its_remedy() -> None:
     lines = report.render_text(ROLLED_BACK).splitlines()
-    assert "  verdict RollBack: canary crashed" in lines
+    assert "  verdict: roll back: canary crashed" in lines  # the decision in words, not its enum
+    assert "  production: Deployment vllm unchanged" in lines
     assert "  took 3 min 5 s" in lines
     assert "  candidate error flashinfer-jit-failed: RuntimeError: Ninja build failed" in lines
     assert "    remedy: pin --attention-backend TRITON_ATTN" in lines
@@ -439,7 +444,7 @@ def test_html_has_startup_log_and_production_sections() -> None:
     page = report.render_html(ROLLED_BACK)
     assert "<h2>Startup logs</h2>" in page and "<h2>Production</h2>" in page
     assert "pin --attention-backend TRITON_ATTN" in page
-    assert "verdict RollBack: canary crashed · took 3 min 5 s" in page
+    assert "verdict: roll back: canary crashed · took 3 min 5 s" in page
 
 
 def test_html_colours_gate_results() -> None:
@@ -506,10 +511,10 @@ def test_recommended_args_read_as_a_shell_command(args: list[str], expected: str
 
 def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
-    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    rollout["status"]["message"] = "candidate crashed: ninja failed; remedy: use TRITON_ATTN"
     rollout["status"]["recommendedArgs"] = ["vllm", "serve", "M", "--kv-cache-dtype", "fp8"]
     lines = report.render_text(rollout).splitlines()
-    assert lines[2:4] == ["  candidate pod crashed: ninja failed", "  remedy: use TRITON_ATTN"]
+    assert lines[2:4] == ["  candidate crashed: ninja failed", "  remedy: use TRITON_ATTN"]
     assert "Recommended args" not in lines
     assert lines[-3:] == [
         "Rejected candidate args",
@@ -740,37 +745,53 @@ def test_the_l4_crash_leads_with_its_cause_and_says_where_the_remedy_goes() -> N
         "0.13.0) where: set spec.extraArgs: [--attention-backend, TRITON_ATTN] and "
         "spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
         "spec.canary.remediation: auto and kvgate applies it and tests again "
-        "as the operator saw it: candidate pod crashed: subprocess.CalledProcessError"
+        "engine log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), head
     page = report.render_html(rollout)
     first = page.index("<p class='msg'>")
     assert page[first:].startswith("<p class='msg'>candidate crashed: the attention backend")
     assert "<p class='msg where'><b>Where:</b> set spec.extraArgs: [--attention-backend, " in page
     # the engine's long line is kept, folded, after the cause and the remedy
-    raw = page.index("<details><summary>as the operator saw it</summary><pre>candidate pod")
+    raw = page.index("<details><summary>the engine's line</summary><pre>subprocess.")
     assert raw > page.index("<p class='msg remedy'>")
+
+
+_NINJA = {"findings": [{"code": "x", "severity": "error", "text": "ninja failed",
+                         "hint": "use TRITON_ATTN"}]}  # fmt: skip
+
+
+def _crashed(arm: str, fix: Remedy | None = None, **kw: Any) -> str:
+    return crash.describe(arm, _NINJA, "exited with code 1 (Error)", fix, **kw).message
 
 
 def test_a_remedy_kvgate_cannot_apply_itself_names_the_fields_without_auto() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
-    rollout["status"]["message"] = "candidate pod crashed: ninja failed; remedy: use TRITON_ATTN"
+    rollout["status"]["message"] = _crashed("candidate")  # a log rule's hint, no known remedy
     lines = report.render_text(rollout).splitlines()
-    assert lines[4] == (
-        "  where: the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
-    )
+    assert lines[2:6] == [
+        "  candidate crashed: exited with code 1 (Error), cause not classified",
+        "  remedy: use TRITON_ATTN",
+        "  where: the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv",
+        "  engine log: ninja failed",
+    ]
     # A remedy already applied (or refused by the allowlist) is not offered again as auto.
-    for tail in (" (already applied: the remedied candidate crashed too)",
-                 " (not applied, the allowlist refuses it: --attention-backend)"):  # fmt: skip
-        rollout["status"]["message"] = (
-            "candidate pod crashed: ninja failed; remedy for vllm 0.13.0: "
-            "--attention-backend TRITON_ATTN" + tail
-        )
+    fix = Remedy("attention-build-failed", "vllm", "0.13.0", ("--attention-backend", "TRITON_ATTN"),
+                 {})  # fmt: skip
+    refused = dataclasses.replace(fix, refused="--attention-backend")
+    for message in (_crashed("candidate", fix, auto=True, already_applied=True),
+                    _crashed("candidate", refused, auto=True)):  # fmt: skip
+        rollout["status"]["message"] = message
         text = report.render_text(rollout)
         assert "spec.extraArgs: [--attention-backend, TRITON_ATTN]" in text
         assert "remediation: auto" not in text
+    assert "(not applied, the allowlist refuses it: --attention-backend)" in " ".join(text.split())
+    rollout["status"]["message"] = _crashed("candidate", fix)
+    assert "or set spec.canary.remediation: auto" in " ".join(report.render_text(rollout).split())
     # A control that crashed: nothing of the candidate's spec would help.
-    rollout["status"]["message"] = "control pod crashed: OOM; remedy: lower --max-model-len"
-    assert "where:" not in report.render_text(rollout)
+    rollout["status"]["message"] = _crashed("control")
+    text = report.render_text(rollout)
+    assert "control crashed: " in text and "remedy: use TRITON_ATTN" in text
+    assert "where:" not in text
 
 
 def test_long_log_lines_fold_into_details_and_tables_wrap() -> None:
@@ -866,3 +887,114 @@ def test_the_difference_chart_draws_the_bounds_against_the_margin() -> None:
     assert "two-sided 95% interval" in passed  # no look-adjusted bounds in this summary
     assert report.render_difference_svg(report_states.canary()["status"]) == ""
     assert "<svg" in report.render_html(report_states.regressed()).split("Accuracy (gsm8k")[1]
+
+
+# ---------------------------------------------------------------- first hour, rows 26 and 27
+
+
+def _mode(rollout: dict[str, Any], mode: str) -> dict[str, Any]:
+    rollout = copy.deepcopy(rollout)
+    rollout["spec"]["promotion"] = {"mode": mode}
+    return rollout
+
+
+def _reverted() -> dict[str, Any]:
+    """Promoted, then the verify window failed: kvgate's patch was taken out again."""
+    rollout = report_states.promoted()
+    rollout["status"].update(phase="RolledBack", reason="VerifyFailed", message="verify failed",
+                             revert={"phase": "RolledBack", "reason": "VerifyFailed"})  # fmt: skip
+    return rollout
+
+
+def _not_needed() -> dict[str, Any]:
+    rollout = report_states.canary()
+    rollout["status"].update(phase="NotNeeded", reason="PoolHasRoom", message="the pool has room")
+    return rollout
+
+
+@pytest.mark.parametrize(
+    ("build", "line"),
+    # lambdas: report_states imports this module, so its names are looked up when a test runs
+    [
+        (lambda: report_states.l4_crash(), "Deployment vllm unchanged"),
+        (lambda: report_states.regressed(), "Deployment vllm unchanged"),
+        (_not_needed, "Deployment vllm unchanged"),
+        (_reverted, "Deployment vllm back on its previous config (kvgate's change reverted)"),
+        (lambda: report_states.promoted(), "Deployment vllm now runs the FP8 config"),
+        (lambda: report_states.awaiting_approval(), "Deployment vllm unchanged until approved"),
+        (
+            lambda: report_states.canary(),
+            "Deployment vllm unchanged so far (the canary pods run beside it)",
+        ),
+        (
+            lambda: _mode(report_states.promoted(), "report"),
+            "Deployment vllm unchanged: report mode writes the verdict and the args; apply them "
+            "yourself",
+        ),
+        (
+            lambda: _mode(report_states.regressed(), "gate"),
+            "Deployment vllm unchanged: gate mode writes the verdict (the rollout is Ready only on "
+            "a pass); your GitOps change applies the args",
+        ),
+    ],
+)
+def test_every_state_says_what_happened_to_production(
+    build: Callable[[], dict[str, Any]], line: str
+) -> None:
+    rollout = build()
+    text = " ".join(report.render_text(rollout, now=NOW).split())
+    assert f"production: {line}" in text
+    page = " ".join(report.render_html(rollout, now=NOW).split())
+    assert f"<p class='msg prod'><b>Production:</b> {html.escape(line)}</p>" in page
+
+
+def test_the_verdict_is_not_repeated_nor_named_by_its_enum() -> None:
+    # GIVEN a rollout whose verdict message is its status message (what the operator writes)
+    rollout = report_states.awaiting_approval()
+    assert rollout["status"]["verdict"]["message"] == rollout["status"]["message"]
+    # THEN the report says it once, and no internal decision word appears
+    for rendered in (report.render_text(rollout, now=NOW), report.render_html(rollout, now=NOW)):
+        assert rendered.count("all gates passed; approve with annotation") == 1
+        assert "verdict: hold" not in rendered and "verdict: promote" not in rendered
+        assert not re.search(r"\b(Promote|RollBack|Hold)\b", rendered)
+    # a verdict that adds something is said in words
+    rolled = copy.deepcopy(ROLLED_BACK)
+    assert report.read_verdict(rolled["status"]) == "roll back: canary crashed"
+
+
+def test_manual_approval_prints_both_commands_and_the_expiry() -> None:
+    rollout = report_states.awaiting_approval()
+    text = report.render_text(rollout, now=NOW).splitlines()
+    at = text.index("  approve with either command:")
+    assert text[at + 1 : at + 4] == [
+        "    kvgate approve qwen3-fp8 -n demo",
+        "    kubectl annotate kvr/qwen3-fp8 -n demo kvgate.io/approve=18cab288d5712cfa",
+        "    expires 2026-12-04 10:48 UTC",
+    ]
+    page = report.render_html(rollout, now=NOW)
+    assert (
+        "<p class='msg where'><b>Approve</b> with either command (expires 2026-12-04 10:48 UTC):"
+        "</p><pre>kvgate approve qwen3-fp8 -n demo\n"
+        "kubectl annotate kvr/qwen3-fp8 -n demo kvgate.io/approve=18cab288d5712cfa</pre>"
+    ) in page
+    # report mode's end is AwaitingApproval too, but there is nothing to approve
+    reported = copy.deepcopy(rollout)
+    reported["status"]["reason"] = "VerdictReported"
+    assert report.read_approval(reported) == []
+    assert "kvgate approve" not in report.render_text(reported, now=NOW)
+    # without the operator's expiry (an older operator, or no TTL) the commands still show
+    del rollout["status"]["approvalExpiresAt"]
+    assert len(report.read_approval(rollout)) == 2
+
+
+def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
+    rollout = copy.deepcopy(ROLLED_BACK)
+    rollout["status"]["findings"] = [
+        {"gate": "speed", "outcome": "Skipped", "reason": "NoSpeedGate", "message": "off"},
+        {"gate": "scales", "outcome": "Warning", "reason": "ScalesMissing", "message": "1.0"},
+    ]
+    page = report.render_html(rollout)
+    assert "<td>speed</td><td class='skip'>Skipped</td>" in page
+    assert "<td>scales</td><td class='maybe'>Warning</td>" in page
+    css = page[page.index("<style>") : page.index("</style>")]
+    assert "td.skip{color:#5b6475}" in css and "td.maybe{color:#7a5500" in css

@@ -473,11 +473,15 @@ def test_canary_crash_rolls_back_with_the_remedy() -> None:
     )
     s = step(Phase.CANARY, Observation(control=READY, candidate=CRASHED, candidate_scan=crash_scan))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+    # A code kvgate's log rules do not classify: the pod's end leads, the engine's line follows.
     assert s.message == (
-        "candidate pod crashed: RuntimeError: Ninja build failed.; remedy: add --attention-backend TRITON_ATTN"
+        "candidate crashed: exited with code 1 (Error), cause not classified; "
+        "remedy: add --attention-backend TRITON_ATTN; the candidate's flags go in "
+        "spec.extraArgs, its environment in spec.extraEnv; log: RuntimeError: Ninja build failed."
     )
     assert [e.reason for e in s.events] == ["CanaryCrashed", "RolledBack"]
     assert all(e.warning for e in s.events)
+    assert {e.message for e in s.events} == {s.message}  # the Event says what status.message says
 
 
 def test_canary_waits_then_times_out() -> None:
@@ -1202,10 +1206,17 @@ def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
     for spec in (remedy_spec("off"), SPEC):  # off is the default
         s = step(Phase.CANARY, obs, spec)
         assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
-        assert s.message == (
-            f"candidate pod crashed: RuntimeError: Ninja build failed.; remedy for vllm {version}: "
-            f"{REMEDIES[version]}"
-        )
+        # The classified cause leads; the remedy, where it goes, then the engine's line.
+        assert s.message.startswith(
+            "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels "
+            "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed); "
+            f"remedy for vllm {version}: {REMEDIES[version]}; set spec."
+        ), s.message
+        assert s.message.endswith(
+            "; or set spec.canary.remediation: auto and kvgate applies it and tests again; "
+            "log: RuntimeError: Ninja build failed."
+        ), s.message
+        assert s.events[0].reason == "CanaryCrashed" and s.events[0].message == s.message
         assert Action.REMEDIATE not in s.actions
 
 
@@ -1239,7 +1250,8 @@ def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
                       candidate_scan=scan(), remedy=None)  # fmt: skip
     s = step(Phase.CANARY, obs, remedy_spec("auto"))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
-    assert s.message.startswith("control pod crashed")
+    assert s.message.startswith("control crashed: the attention backend could not JIT-compile")
+    assert "spec.extraArgs" not in s.message  # the control runs production's config
 
 
 def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_canary() -> None:

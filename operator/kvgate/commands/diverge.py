@@ -14,9 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.divergence import (
     DEFAULT_FACTOR,
@@ -35,6 +33,9 @@ from kvgate.divergence import (
 )
 from kvgate.errors import EvalError, SpecError
 from kvgate.inputs import bounded_int, finite_float
+
+if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
+    import httpx  # for its options, and may refuse a run before any request
 
 HELP = "token-level divergence screen: candidate vs control log-probs by context position"
 _CALIBRATION_CHARS: Final = 4000
@@ -153,6 +154,8 @@ class _Arm:
             "logprobs": k,
             "temperature": 0.0,
         }
+        import httpx
+
         try:
             response = self.client.post(self.url, json=payload)
         except httpx.HTTPError as exc:
@@ -251,6 +254,8 @@ def run_screen(endpoints: list[Any], rows: list[str], options: ScreenOptions) ->
 
 
 def _screen(endpoints: list[Any], rows: list[str], options: ScreenOptions) -> dict[str, Any]:
+    import httpx
+
     timeout = httpx.Timeout(options.timeout, connect=10.0)
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         control, candidate = (_Arm(client, e.name, e.url, e.model) for e in endpoints)

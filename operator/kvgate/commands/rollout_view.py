@@ -82,9 +82,11 @@ class RolloutView:
                 f"{progress.get('questions', '?')} questions{shown}"
             )
         if self.phase is Phase.AWAITING_APPROVAL and not self.reported and self.status.config_hash:
+            expires = self.status.approval_expires_at  # "2026-12-04T10:48:00Z"
+            when = f"; expires {expires[:10]} {expires[11:16]} UTC" if expires else ""
             out.append(
                 f"  approve: kvgate approve {self.name} -n {self.namespace}"
-                f"  (annotates kvgate.io/approve={self.status.config_hash})"
+                f"  (annotates kvgate.io/approve={self.status.config_hash}{when})"
             )
         for event in list(events)[-5:]:
             message = " ".join(str(event.get("message") or "").split())[:140]

@@ -5,6 +5,7 @@ and the report ConfigMap.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvgate.controller.context import (
     Ctx,
     adopt_child,
     iso,
+    parse_time,
 )
 from kvgate.controller.telemetry import (
     EVENTS,
@@ -97,7 +99,8 @@ def write_status(
     if step.verdict is not None:  # what the verdict was reached on, recorded with it
         key = verdictkey.key_of(RolloutStatus.from_dict(ctx.status), ctx.spec)
     status = fold(ctx.status, step, old_phase, now=iso(ctx.now), generation=ctx.generation,
-                  deployment_generation=deployment, verdict_key=key)  # fmt: skip
+                  deployment_generation=deployment, verdict_key=key,
+                  approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
     patch_status(patch, old, {**(cleared or {}), **status})
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
@@ -121,6 +124,7 @@ def fold(
     generation: int | None,
     deployment_generation: int | None,
     verdict_key: verdictkey.VerdictKey | None = None,
+    approval_ttl_s: float | None = None,
 ) -> dict[str, Any]:
     """The status after `step`, from the status this reconcile found and built (`found`, which
     is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
@@ -156,6 +160,15 @@ def fold(
     status.setdefault("startedAt", now)
     if step.phase is not old_phase or "phaseSince" not in status:
         status["phaseSince"] = now
+    since = parse_time(status["phaseSince"])
+    if (
+        step.phase is Phase.AWAITING_APPROVAL
+        and not reported
+        and approval_ttl_s is not None
+        and since
+    ):
+        # when the operator's approval TTL runs out (machine: phase time >= the TTL)
+        status["approvalExpiresAt"] = iso(since + dt.timedelta(seconds=approval_ttl_s))
     if step.progress is not None:
         status["progress"] = step.progress
     elif step.phase is not Phase.EVALUATING and "progress" in status:

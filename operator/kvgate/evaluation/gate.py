@@ -23,11 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
-
-import numpy as np
-import numpy.typing as npt
-from scipy.stats import binom
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.errors import SpecError
 from kvgate.stats import (
@@ -45,6 +41,9 @@ from kvgate.stats import (
     tango_statistics,
     z_one_sided,
 )
+
+if TYPE_CHECKING:  # numpy and scipy are imported where used (kvgate.stats says why)
+    import numpy as np
 
 # Chosen with bench/bench_accuracy_gate.py; see bench/RESULTS-accuracy-gate.md for the table.
 DEFAULT_CHUNK: Final = 50
@@ -179,6 +178,8 @@ def reason_arrays(
     plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
 ) -> np.ndarray:
     """Reason codes (NONE = continue, NONINFERIOR, WORSE_THAN_*, NOT_SHOWN) at 0-based `look`."""
+    import numpy as np
+
     t_margin = tango_statistics(n, losses, wins, -plan.margin)
     t_zero = tango_statistics(n, losses, wins, 0.0)
     fail_z = plan.fail_boundaries[look]
@@ -199,6 +200,10 @@ def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarr
     z = -2.0 but an exact one-sided p of 0.0625), so a fail needs both the z boundary (which
     keeps the error over all looks) and an exact p at most 1 - fail_confidence at this look.
     """
+    import numpy as np
+    import numpy.typing as npt
+    from scipy.stats import binom
+
     b = np.asarray(losses)
     m = b + np.asarray(wins)
     p_worse: npt.NDArray[np.float64] = binom.sf(b - 1, m, 0.5)  # scipy is untyped (Any)
@@ -207,15 +212,19 @@ def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarr
     return worse
 
 
-_REASON_TO_CODE: Final = np.array([CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE], dtype=np.int8)
+_REASON_TO_CODE: Final = (CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE)  # indexed by reason code
 
 
 def decide_arrays(
     plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
 ) -> np.ndarray:
     """Decision codes (CONTINUE, PASS, FAIL, INCONCLUSIVE) at 0-based `look` for many runs."""
+    import numpy as np
+    import numpy.typing as npt
+
     # numpy types an array indexed by an array as Any; the result is an int8 array
-    codes: npt.NDArray[np.int8] = _REASON_TO_CODE[reason_arrays(plan, look, n, losses, wins)]
+    to_code = np.array(_REASON_TO_CODE, dtype=np.int8)
+    codes: npt.NDArray[np.int8] = to_code[reason_arrays(plan, look, n, losses, wins)]
     return codes
 
 
@@ -253,6 +262,8 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
         raise SpecError(
             "look", f"look {look + 1} needs {plan.looks[look]} paired questions, got {counts.n}"
         )
+    import numpy as np
+
     reason = int(
         reason_arrays(
             plan,
@@ -269,7 +280,7 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
         pass_boundary=plan.boundaries[look],
         fail_statistic=tango_statistic(counts, 0.0),
         fail_boundary=plan.fail_boundaries[look],
-        verdict=_CODE_TO_VERDICT.get(int(_REASON_TO_CODE[reason])),
+        verdict=_CODE_TO_VERDICT.get(_REASON_TO_CODE[reason]),
         reason=REASONS.get(reason),
     )
 

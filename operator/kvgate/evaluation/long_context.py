@@ -24,8 +24,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
-from scipy.stats import binomtest
-
 from kvgate.errors import EvalError, SpecError
 from kvgate.stats import PairedCounts, lower_confidence_bound, upper_confidence_bound
 
@@ -349,6 +347,8 @@ def judge_bucket(
     lower = lower_confidence_bound(counts, plan.confidence)
     upper = upper_confidence_bound(counts, fail_conf)
     discordant = counts.discordant
+    from scipy.stats import binomtest  # imported where used (kvgate.stats says why)
+
     mcnemar = (
         float(binomtest(counts.control_only, discordant, 0.5, alternative="greater").pvalue)
         if discordant

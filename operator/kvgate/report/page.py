@@ -32,6 +32,7 @@ details pre{font-size:.85rem;margin:.3rem 0}
 svg{background:#fff;border:1px solid #e3e7ee;border-radius:.4rem;max-width:100%}
 ul.notes{margin:.3rem 0;padding-left:1.2rem}td.ok{color:#17612a;font-weight:600}
 td.no{color:#8a1c17;font-weight:600}td.maybe{color:#7a5500;font-weight:600}
+td.skip{color:#5b6475}.prod{border-left-color:#5b6475}
 """
 
 
@@ -51,6 +52,8 @@ def _result_class(status: str) -> str:
         return "ok"
     if status in ("False", "Failed", "Error"):
         return "no"
+    if status == "Skipped":  # nothing to look at: grey, not the amber of a warning
+        return "skip"
     return "maybe"
 
 
@@ -119,13 +122,25 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             out.append(f"<p class='msg where'><b>Where:</b> {e(headline.where)}</p>")
         if headline.raw:
             out.append(
-                "<details><summary>as the operator saw it</summary>"
+                "<details><summary>the engine's line</summary>"
                 f"<pre>{e(headline.raw)}</pre></details>"
             )
+    production = view.read_production(rollout)
+    if production:
+        out.append(f"<p class='msg prod'><b>Production:</b> {e(production)}</p>")
+    approval = view.read_approval(rollout)
+    if approval:
+        commands, expiry = approval[:2], approval[2:]
+        out.append(
+            "<p class='msg where'><b>Approve</b> with either command"
+            + "".join(f" ({e(x)})" for x in expiry)
+            + ":</p>"
+            f"<pre>{e(chr(10).join(commands))}</pre>"
+        )
     facts = []
     verdict = view.read_verdict(status)
     if verdict:
-        facts.append(f"verdict {verdict}")
+        facts.append(f"verdict: {verdict}")
     took = view.read_duration(status)
     if took:
         facts.append(f"took {took}")

@@ -167,8 +167,8 @@ class Progress:
 class Headline:
     """The message to lead with: the classified cause, the remedy and where it goes.
 
-    `raw` is the operator's own message (a crashed engine's log line, often a long command),
-    kept for the details; `where` says which spec field takes the remedy.
+    `raw` is a crashed engine's own log line (cut short: often a long command), kept for the
+    details; `where` says which spec field takes the remedy.
     """
 
     cause: str

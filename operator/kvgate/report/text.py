@@ -37,10 +37,17 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
         if headline.where:
             lines += _wrap(f"where: {headline.where}")
         if headline.raw:
-            lines += _wrap(f"as the operator saw it: {headline.raw}")
+            lines += _wrap(f"engine log: {headline.raw}")
     verdict = view.read_verdict(status)
     if verdict:
-        lines += _wrap(f"verdict {verdict}")
+        lines += _wrap(f"verdict: {verdict}")
+    production = view.read_production(rollout)
+    if production:
+        lines += _wrap(f"production: {production}")
+    approval = view.read_approval(rollout)
+    if approval:
+        lines.append("  approve with either command:")
+        lines += [f"    {line}" for line in approval]
     took = view.read_duration(status)
     if took:
         lines.append(f"  took {took}")

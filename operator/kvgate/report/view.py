@@ -15,8 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, overload
 
-from kvgate import gates, manifests
-from kvgate.logs.model import CAUSES
+from kvgate import crash, gates, manifests
 from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
@@ -424,14 +423,89 @@ def read_remediation(status: StatusLike) -> list[str]:
 # ---------------------------------------------------------------- verdict, timing, args
 
 
+# The verdict's decision in the words a user reads (the enum values are the operator's own).
+_DECISION_WORDS: Final = {
+    "Promote": "promote",
+    "RollBack": "roll back",
+    "Hold": "hold for approval",
+    "NotNeeded": "not needed",
+}
+
+
 def read_verdict(status: StatusLike) -> str | None:
-    """`status.verdict`: the decision and why, as one line."""
-    v = _typed(status).verdict
+    """`status.verdict` as one line in plain words; None when its message only repeats
+    `status.message` (the headline already says it)."""
+    typed = _typed(status)
+    v = typed.verdict
     if v is None:
         return None
-    if v.decision and v.message:
-        return f"{v.decision}: {v.message}"
-    return v.decision or v.message
+    message = v.message
+    if message and typed.message and message in typed.message:
+        return None
+    words = _DECISION_WORDS.get(v.decision or "", v.decision)
+    if words and message:
+        return f"{words}: {message}"
+    return words or message
+
+
+def read_production(rollout: Mapping[str, Any]) -> str | None:
+    """What the rollout did (or will do) to the target Deployment, in one line."""
+    head = read_header(rollout)
+    if head.target == DASH:
+        return None
+    status = read_status(rollout)
+    phase = status.phase or Phase.PENDING
+    target = head.target.replace("/", " ", 1)
+    dtype = head.kv_cache_dtype
+    config = (
+        "the FP8 config"
+        if dtype and dtype.lower().startswith("fp8")
+        else f"the --kv-cache-dtype {dtype} config"
+        if dtype
+        else "the candidate config"
+    )
+    if head.mode == "report":
+        return (
+            f"{target} unchanged: report mode writes the verdict and the args; apply them yourself"
+        )
+    if head.mode == "gate":
+        return (
+            f"{target} unchanged: gate mode writes the verdict (the rollout is Ready only on a "
+            "pass); your GitOps change applies the args"
+        )
+    reverted = status.revert is not None or (
+        status.promotion is not None and bool(status.promotion.patched)
+    )
+    if phase is Phase.PROMOTED:
+        return f"{target} now runs {config}"
+    if phase.value in BAD_PHASES or phase is Phase.NOT_NEEDED:
+        return f"{target} back on its previous config (kvgate's change reverted)" if reverted else (
+            f"{target} unchanged"
+        )  # fmt: skip
+    if phase is Phase.REVERTING:
+        return f"{target}: kvgate's change is being reverted"
+    if phase in (Phase.PROMOTING, Phase.VERIFYING):
+        return f"{target} is being changed to {config} ({phase.value})"
+    if phase is Phase.AWAITING_APPROVAL:
+        return f"{target} unchanged until approved"
+    return f"{target} unchanged so far (the canary pods run beside it)"
+
+
+def read_approval(rollout: Mapping[str, Any]) -> list[str]:
+    """Waiting for a manual approval: the commands that give it, and when the chance expires."""
+    status = read_status(rollout)
+    if status.phase is not Phase.AWAITING_APPROVAL or status.reported or not status.config_hash:
+        return []
+    head = read_header(rollout)
+    ns, name = head.namespace, head.name
+    lines = [
+        f"kvgate approve {name} -n {ns}",
+        f"kubectl annotate kvr/{name} -n {ns} kvgate.io/approve={status.config_hash}",
+    ]
+    expires = _parse_time(status.approval_expires_at)
+    if expires is not None:
+        lines.append(f"expires {expires.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC")
+    return lines
 
 
 def read_duration(status: StatusLike) -> str | None:
@@ -573,60 +647,19 @@ def read_header(rollout: Mapping[str, Any]) -> Header:
     )
 
 
-# A crash message: "<arm> pod crashed: <what>", as the operator writes it.
-_CRASHED = re.compile(r"^(control|candidate) pod crashed: ")
-_CRASH_REASONS: Final = frozenset({"CanaryCrashed"})
-
-
 def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
-    """The message to lead with. A crash leads with its classified cause (from the crashed arm's
-    log scan), then the remedy and where it goes; the engine's raw line is kept in `raw`."""
+    """The message to lead with. A crash message (`kvgate.crash`) leads with its classified cause,
+    then the remedy and where it goes; the engine's own line is kept in `raw`."""
     message = read_header(rollout).message
     if not message:
         return None
-    what, remedy = split_remedy(message)
-    status = read_status(rollout)
-    crashed = _CRASHED.match(what)
-    if crashed is None and status.reason not in _CRASH_REASONS:
+    found = crash.read(message)
+    if found is None:
+        what, remedy = split_remedy(message)
         return Headline(cause=what, remedy=remedy)
-    arm = crashed.group(1) if crashed is not None else "candidate"
-    code = next(
-        (f.code for f in _scan(status, arm).findings
-         if f.severity == "error" and f.code in CAUSES),
-        None,
-    )  # fmt: skip
-    where = _where(remedy, message) if arm == "candidate" and remedy else None
-    if code is None:
-        return Headline(cause=what, remedy=remedy, where=where)
     return Headline(
-        cause=f"{arm} crashed: {CAUSES[code]} ({code})", remedy=remedy, where=where, raw=what
+        cause=found.headline, remedy=found.remedy_shown, where=found.where, raw=found.raw
     )
-
-
-# "--attention-backend TRITON_ATTN" and "VLLM_USE_FLASHINFER_SAMPLER=0", as `Remedy.text` joins them.
-_ENV_PART = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
-
-
-def _where(remedy: str, message: str) -> str:
-    """Which spec fields take a candidate's remedy, and whether kvgate could apply it itself."""
-    known = " (for " in remedy  # "remedy for <engine> <version>": kvgate knows the exact change
-    text = remedy.split(" (", 1)[0]
-    parts = [p.strip() for p in text.split(" and ")]
-    args = [p for p in parts if p.startswith("--")]
-    env = [p for p in parts if _ENV_PART.match(p)]
-    if known and args and len(args) + len(env) == len(parts):
-        flags = ", ".join(a for arg in args for a in arg.split())
-        out = [f"spec.extraArgs: [{flags}]"]
-        if env:
-            out.append("spec.extraEnv: " + ", ".join(
-                f"{{name: {k}, value: {v!r}}}" for k, _, v in (e.partition("=") for e in env)
-            ))  # fmt: skip
-        where = "set " + " and ".join(out)
-    else:
-        where = "the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
-    if known and "already applied" not in message and "allowlist refuses" not in message:
-        where += "; or set spec.canary.remediation: auto and kvgate applies it and tests again"
-    return where
 
 
 def _target(spec: Mapping[str, Any]) -> str:
