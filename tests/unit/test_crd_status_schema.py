@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import json
 import re
 import types
 import typing
@@ -402,3 +403,10 @@ def test_every_status_key_the_controller_writes_by_name_is_in_the_schema() -> No
     assert undeclared == {}
     # the dataclass declares each of them, not only the schema
     assert every <= {f.key for f in fields(RolloutStatus)}
+
+
+def test_the_crd_still_fits_a_client_side_apply() -> None:
+    # `kubectl apply -f charts/kvgate/crds/` (the chart README) keeps the whole object in the
+    # last-applied annotation, and the apiserver refuses annotations over 256 KiB in total.
+    crd = yaml.safe_load(CRD.read_text())
+    assert len(json.dumps(crd, separators=(",", ":"))) < 200_000
