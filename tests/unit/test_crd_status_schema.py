@@ -410,3 +410,18 @@ def test_the_crd_still_fits_a_client_side_apply() -> None:
     # last-applied annotation, and the apiserver refuses annotations over 256 KiB in total.
     crd = yaml.safe_load(CRD.read_text())
     assert len(json.dumps(crd, separators=(",", ":"))) < 200_000
+
+
+def test_every_startup_log_scan_the_controller_stores_survives_pruning() -> None:
+    # The scan is stored as logs.LogScan.to_dict() gives it (snake_case): the largest block the
+    # controller writes outside the typed record. Every sample and field log, either engine.
+    from kvgate.controller.sources import scan_engine_log
+
+    data = ROOT / "tests" / "data"
+    logs = sorted((data / "logs").glob("*.txt")) + sorted((data / "field-logs").glob("*.log"))
+    assert len(logs) > 40
+    for path in logs:
+        engine = "sglang" if path.name.startswith("sglang") else "vllm"
+        scan = scan_engine_log(path.read_text(encoding="utf-8", errors="replace"), engine)
+        assert scan.get("engine"), path.name
+        assert_kept({"arms": {"candidate": {"scan": scan}}})
