@@ -53,6 +53,10 @@ _KOPF: Final = {
 # own fields (`arms.<arm>`) or as an object of its own (`capacity.<arm>`).
 _COPY_SECTIONS: Final[Mapping[type, str]] = {ArmStatus: "arms", CapacityStatus: "capacity"}
 _ARMS: Final = ("control", "candidate")
+_COPY_DOC: Final = (
+    "A copy of an arm's scan figure that earlier releases wrote; read where the arm's scan "
+    "lacks it."
+)
 
 
 class SchemaError(TypeError):
@@ -111,12 +115,6 @@ def _record(cls: type) -> dict[str, Any]:
     if open_doc:
         out[PRESERVE] = True
     return out
-
-
-_COPY_DOC: Final = (
-    "A copy of an arm's scan figure that earlier releases wrote; read where the arm's scan "
-    "lacks it."
-)
 
 
 def _copies(section: str) -> dict[str, Any]:
