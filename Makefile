@@ -22,7 +22,7 @@ CHECKOV_REQUIREMENTS := hack/checkov/requirements.txt
 CHECKOV_PYTHON ?= $(LOAD_PYTHON)
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 
-.PHONY: install loadenv checkovenv deps deps-tools test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
+.PHONY: install loadenv checkovenv deps deps-tools crd-status test test-fast test-unit lint demo images binaries cluster-up cluster-down cluster-status bench clean
 # The local cluster's node: `process` (hack/kubelet.py) or `containerd` (the real kubelet).
 NODE ?= process
 
@@ -67,6 +67,11 @@ deps-tools:
 binaries:
 	hack/build-binaries.sh --node
 	hack/build-binaries.sh --forge
+
+# The CRD's status schema, derived from kvgate.status.RolloutStatus (kvgate.statusschema); the
+# fast tier fails while the CRD differs from it (tests/unit/test_crd_status_schema.py).
+crd-status: $(STAMP)
+	PYTHONPATH=operator $(BIN)/python hack/gen_crd_status.py
 
 # Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.

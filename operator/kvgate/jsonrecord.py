@@ -21,13 +21,20 @@ from kvgate.model import Condition
 MAX_DEPTH: Final = 64  # open JSON deeper than this is cut (a hostile status cannot recurse us)
 
 
-def key(key: str | None = None, *aliases: str, default: Any = None, rest: bool = False) -> Any:
+def key(
+    key: str | None = None,
+    *aliases: str,
+    default: Any = None,
+    rest: bool = False,
+    doc: str | None = None,
+) -> Any:
     """A field's status key (camelCase of its name unless given) and older spellings it reads.
 
     `rest`: the field keeps the record's keys no other field reads (evidence another program
-    wrote, such as the eval Job's summary), written back beside the known keys.
+    wrote, such as the eval Job's summary), written back beside the known keys. `doc`: the
+    field's description in the CRD's schema (`statusschema`); an open field must say why.
     """
-    meta = {"key": key, "aliases": aliases, "rest": rest}
+    meta = {"key": key, "aliases": aliases, "rest": rest, "doc": doc}
     if isinstance(default, dict | tuple) and default == type(default)():
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -48,6 +55,7 @@ class _Field:
     aliases: tuple[str, ...]
     type: Any
     rest: bool
+    doc: str | None = None
 
 
 @functools.cache
@@ -59,7 +67,8 @@ def fields(cls: type) -> tuple[_Field, ...]:
         key = f.metadata.get("key") or _camel(f.name)
         spellings = (*f.metadata.get("aliases", ()), f.name)
         aliases = tuple(a for a in dict.fromkeys(spellings) if a != key)
-        out.append(_Field(f.name, key, aliases, hints[f.name], bool(f.metadata.get("rest"))))
+        rest, doc = bool(f.metadata.get("rest")), f.metadata.get("doc")
+        out.append(_Field(f.name, key, aliases, hints[f.name], rest, doc))
     return tuple(out)
 
 

@@ -23,6 +23,16 @@ from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
 
 JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
 
+# Why the open fields are open (their descriptions in the CRD's schema, `statusschema`).
+_JOB_KEYS: Final = (
+    "Open: the eval Job's own summary keys this record does not name, kept as the Job wrote "
+    "them (the Job's format, versioned with the eval image)."
+)
+_CONTAINER: Final = (
+    "Open: the container's command, args and env as Kubernetes holds them (env entries whole, "
+    "valueFrom included), literal values fingerprinted; the revert compares them verbatim."
+)
+
 # --- the parts -----------------------------------------------------------------------------------
 
 
@@ -78,7 +88,11 @@ class CacheTruth:
     engine: str | None = None
     cache_config: Mapping[str, str] = _key(default={})  # the engine's cache_config_info labels
     max_total_tokens: int | None = None
-    server_info: Mapping[str, JsonValue] = _key(default={})  # the engine's own answer, verbatim
+    server_info: Mapping[str, JsonValue] = _key(
+        default={},
+        doc="Open: SGLang's /server_info answer, verbatim (the engine's own format, which "
+        "changes between its versions).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +187,11 @@ class EvalStatus:
     attempt: int | None = None
     job: str | None = None
     nonce_sha256: str | None = None
-    progress: Mapping[str, JsonValue] = _key(default={})  # the eval Job's last progress line
+    progress: Mapping[str, JsonValue] = _key(
+        default={},
+        doc="Open: the eval Job's last progress line as the Job printed it (read as look, "
+        "looksPlanned, questions, difference).",
+    )
 
     @property
     def look_progress(self) -> EvalProgress | None:
@@ -195,7 +213,7 @@ class ArmAccuracy:
     correct: int | None = None
     total: int | None = _key(None, "n")
     wilson95: tuple[float, ...] = _key(None, "wilson", "interval", default=())
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +227,7 @@ class PairedRecord:
     both_wrong: int | None = None
     lower_bound: float | None = None
     upper_bound: float | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # the Job's notes on each figure
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # notes
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +246,7 @@ class BoundsRecord:
     upper_confidence: float | None = _key("upper_confidence", "upperConfidence")
     look: int | None = None  # the 1-based look the gate stopped at
     look_adjusted: bool | None = _key("look_adjusted", "lookAdjusted")
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)  # sides, method
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # sides, method
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +263,7 @@ class LongContextBucketRecord:
     recovery: float | None = None
     paired: PairedRecord | None = None
     bounds: BoundsRecord | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +274,7 @@ class LongContextRecord:
     buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
     tokenizer: str | None = None
     tokenizer_revision: str | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +308,7 @@ class DivergenceBucketRecord:
 @dataclass(frozen=True, slots=True)
 class DivergenceRecord:
     buckets: tuple[DivergenceBucketRecord, ...] = _key(default=())
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,13 +335,16 @@ class AccuracyStatus:
     long_context: LongContextRecord | None = None
     divergence: DivergenceRecord | None = None
     # The rest of the summary (the plan, its looks, bounds) as the Job wrote it.
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True)
+    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
 class HistogramTotals:
+    """An arm's TPOT histogram totals at one end of the speed window, or why they are missing."""
+
     sum: float | None = None
     count: float | None = None
+    error: str | None = None  # the arm's /metrics could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,8 +525,13 @@ class RolloutStatus:
     served_model: str | None = None
     evaluated_image: str | None = None
     config_hash: str | None = None
-    previous: Mapping[str, JsonValue] = _key(default={})  # the fingerprinted container configs
-    candidate: Mapping[str, JsonValue] = _key(default={})
+    previous: Mapping[str, JsonValue] = _key(
+        default={},
+        doc=f"The production container before the rollout (for the revert). {_CONTAINER}",
+    )
+    candidate: Mapping[str, JsonValue] = _key(
+        default={}, doc=f"The candidate container (what promotion applies). {_CONTAINER}"
+    )
     recommended_args: tuple[str, ...] = _key(default=())
     recommended_env: tuple[EnvVar, ...] = _key(default=())
     preflight: PreflightStatus | None = None
@@ -520,7 +546,11 @@ class RolloutStatus:
     revert: RevertStatus | None = None
     remediation: RemediationStatus | None = None
     conditions: tuple[Condition, ...] = _key(default=())
-    findings: tuple[FindingEntry | str, ...] = _key(default=())
+    findings: tuple[FindingEntry | str, ...] = _key(
+        default=(),
+        doc="Open: no release writes it; an entry is an object (gate, outcome, reason, message) "
+        "or a string, read for one release.",
+    )
 
     @classmethod
     def from_dict(cls, raw: object) -> RolloutStatus:
@@ -549,7 +579,7 @@ class RolloutStatus:
 
 # The copies of an arm's scan figures earlier releases wrote (`capacity.<arm>`, `arms.<arm>`):
 # read where the scan lacks them, never written again.
-_COPIES: Final = (
+COPIES: Final = (
     ("capacity", ("kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype"), "kvCacheDtype"),
     ("capacity", ("kvTokens", "kvCacheTokens", "kv_tokens", "tokens"), "capacity.kvTokens"),
     ("arms", ("kvTokens",), "capacity.kvTokens"),
@@ -563,7 +593,7 @@ def _with_copied_arm_figures(status: RolloutStatus, raw: Mapping[Any, Any]) -> R
     arms = dict(status.arms)
     for arm in ("control", "candidate"):
         copied: dict[str, Any] = {}
-        for section, keys, target in _COPIES:
+        for section, keys, target in COPIES:
             block = raw.get(section)
             block = block.get(arm) if isinstance(block, Mapping) else None
             if not isinstance(block, Mapping):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +167,46 @@ def test_a_name_too_long_for_the_child_labels_is_refused(crd: Any, namespace: st
         "apply", "-n", namespace, "-f", "-", input=_cr("r" * 63, {"targetRef": {"name": "q"}})
     )
     assert ok.returncode == 0
+
+
+def _covering_statuses() -> list[dict[str, Any]]:
+    """Statuses the fake-cluster controller writes (tests/unit), richest first, until together
+    they hold every top-level key any of them holds."""
+    unit = str(Path(__file__).resolve().parents[1] / "unit")
+    if unit not in sys.path:
+        sys.path.insert(0, unit)
+    from test_status import _leaves, fake_cluster_statuses
+
+    seen = sorted(fake_cluster_statuses(), key=lambda s: -len(list(_leaves(s))))
+    wanted = {k for s in seen for k in s}
+    chosen: list[dict[str, Any]] = []
+    for status in seen:
+        if not set(status) <= {k for c in chosen for k in c}:
+            chosen.append(status)
+    assert {k for c in chosen for k in c} == wanted
+    return chosen
+
+
+@pytest.mark.timeout(300)
+def test_a_full_status_is_stored_and_read_back_unchanged(
+    crd: Any, namespace: str, tmp_path: Path
+) -> None:
+    # GIVEN the statuses the fake-cluster controller writes (the typed schema's whole surface)
+    statuses = _covering_statuses()
+    assert {"arms", "preflight", "accuracy", "speed", "promotion", "remediation", "revert",
+            "gates", "verdict", "conditions", "capacity", "eval"} <= {k for s in statuses for k in s}  # fmt: skip
+    for i, status in enumerate(statuses):
+        name = f"full-{i}"
+        crd.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=_cr(name, {"targetRef": {"name": "q"}})
+        )
+        # WHEN each is written through the status subresource, as the operator writes it
+        patch = tmp_path / f"{name}.json"
+        patch.write_text(json.dumps({"status": status}))
+        crd.kubectl(
+            "patch", "kvr", name, "-n", namespace, "--subresource=status", "--type=merge",
+            "--patch-file", str(patch),
+        )  # fmt: skip
+        # THEN the apiserver keeps it whole: nothing pruned, nothing refused
+        obj = json.loads(crd.kubectl("get", "kvr", name, "-n", namespace, "-o", "json").stdout)
+        assert obj["status"] == status, name

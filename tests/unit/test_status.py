@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import functools
 import inspect
 import json
 import types
@@ -254,9 +255,10 @@ def _scenarios() -> list[Callable[[pytest.MonkeyPatch], None]]:
     return out
 
 
-def test_every_status_the_fake_cluster_controller_writes_loses_no_figure(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@functools.cache
+def fake_cluster_statuses() -> tuple[dict[str, Any], ...]:
+    """Every status the fake-cluster controller writes in the scenarios, after each reconcile
+    (recorded once per session: tests/unit/test_crd_status_schema.py prunes the same ones)."""
     seen: list[dict[str, Any]] = []
     reconcile = test_controller.World.reconcile
 
@@ -265,12 +267,18 @@ def test_every_status_the_fake_cluster_controller_writes_loses_no_figure(
         seen.append(copy.deepcopy(world.obj.get("status") or {}))
         return delay
 
-    monkeypatch.setattr(test_controller.World, "reconcile", recording)
     scenarios = _scenarios()
     assert len(scenarios) >= 20
-    for scenario in scenarios:
-        with pytest.MonkeyPatch.context() as mp:
-            scenario(mp)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(test_controller.World, "reconcile", recording)
+        for scenario in scenarios:
+            with pytest.MonkeyPatch.context() as mp:
+                scenario(mp)
+    return tuple(seen)
+
+
+def test_every_status_the_fake_cluster_controller_writes_loses_no_figure() -> None:
+    seen = fake_cluster_statuses()
     assert len(seen) > 250
     phases = {s.get("phase") for s in seen}
     assert {"Promoted", "RolledBack", "Reverting", "Verifying", "Canary", "Evaluating"} <= phases
