@@ -33,8 +33,20 @@ BAD_INPUT: dict[str, tuple[list[str], str, bool]] = {
         True,
     ),
     "load-job": (
-        ["--control-url", "ftp://a", "--candidate-url", "http://b", "--model", "m"]
-        + ["--production-concurrency", "8", "--prompt-tokens", "64", "--output-tokens", "8"],
+        [
+            "--control-url",
+            "ftp://a",
+            "--candidate-url",
+            "http://b",
+            "--model",
+            "m",
+            "--production-concurrency",
+            "8",
+            "--prompt-tokens",
+            "64",
+            "--output-tokens",
+            "8",
+        ],
         "--control-url: not an http(s) URL: 'ftp://a'",
         False,
     ),
@@ -91,7 +103,7 @@ def test_without_json_option_json_is_itself_the_usage_error(
     extra = ["--reason", "x"] if command == "abort" else []
     head = ["r"]
     if command == "load-job":  # its required options, and no positional argument
-        head, extra = [], ["--control-url", "http://a"] + BAD_INPUT[command][0][2:]
+        head, extra = [], ["--control-url", "http://a", *BAD_INPUT[command][0][2:]]
     code, out, err = _run(capsys, [command, *head, *extra, "--json"])
     assert (code, out) == (cli.EXIT_INPUT, "")
     assert err == f"kvgate {command}: error: unrecognized arguments: --json\n"
