@@ -100,9 +100,14 @@ def assess_throughput(
     load: LoadSummary | None,
     clocks: SpeedClocks | None = None,
     *,
+    production_concurrency: int | None = None,
     labels: tuple[str, str] = ("control", "candidate"),
 ) -> ThroughputFinding:
-    """The throughput gate: what the candidate buys at production's load, in one line."""
+    """The throughput gate: what the candidate buys at production's load, in one line.
+
+    `production_concurrency`: production's load as the operator read it; a load run made for
+    another load proves nothing about this one (None: the load the run was made for).
+    """
     if gate is None:
         return ThroughputFinding(
             GateResult(THROUGHPUT, Outcome.SKIPPED, Reason.GATE_OFF, "throughput not measured")
@@ -112,6 +117,11 @@ def assess_throughput(
     production = load.production_concurrency if load is not None else None
     if load is None or control is None or candidate is None or production is None:
         return _unknown("no load summary")
+    if production_concurrency is not None and production_concurrency != production:
+        return _unknown(
+            f"the load ran for production concurrency {production}, production is at "
+            f"{production_concurrency}"
+        )
     if load.verdict is LoadVerdict.ERROR or control.error or candidate.error:
         return _unknown(f"the load run failed: {load.error or 'an arm measured nothing'}")
     if clocks is not None and clocks.control is not None and clocks.candidate is not None:

@@ -153,6 +153,14 @@ def test_off_and_broken_runs_claim_nothing() -> None:
     )
     none = assess_throughput(GATE, None)
     assert none.result.message == "no throughput: no load summary"
+    stale = assess_throughput(GATE, FIELD, production_concurrency=32)
+    assert (stale.result.outcome, stale.result.message) == (
+        Outcome.ERROR,
+        "no throughput: the load ran for production concurrency 64, production is at 32",
+    )
+    assert assess_throughput(GATE, FIELD, production_concurrency=64).result.outcome is (
+        Outcome.SUCCESSFUL
+    )
 
 
 def test_the_status_keeps_the_load_once_and_round_trips() -> None:
