@@ -338,8 +338,8 @@ def _run_both(
     for thread in threads:
         thread.start()
     seen: set[tuple[str, int]] = set()
-    while any(thread.is_alive() for thread in threads):
-        threads[0].join(POLL_S)
+    while alive := [thread for thread in threads if thread.is_alive()]:
+        alive[0].join(POLL_S)  # a wait, also once the other run has ended
         for name in ARMS:
             reports = Path(plans[name].report_dir)
             for number, stage in enumerate(plans[name].stages):
