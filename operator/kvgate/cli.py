@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "scrape": "kvgate.commands.scrape",
     "stats": "kvgate.commands.stats",
     "eval": "kvgate.commands.eval",
+    "load-job": "kvgate.commands.load_job",
     "diverge": "kvgate.commands.diverge",
     "report": "kvgate.commands.report",
     "get": "kvgate.commands.get",

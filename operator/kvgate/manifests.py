@@ -1,4 +1,4 @@
-"""Manifests the operator creates: canary Pods, the eval Job and its NetworkPolicy, the
+"""Manifests the operator creates: canary Pods, the eval and load Jobs, the eval NetworkPolicy, the
 Deployment patch, the report.
 
 Builders are pure and deterministic: the same rollout gives the same names and bodies, so a
@@ -28,7 +28,7 @@ from kvgate.spec import RolloutSpec, is_local_path
 ARMS: Final = ("control", "candidate")
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "kvgate"}
 MAX_NAME: Final = 63  # pod names double as hostnames (DNS label)
-_SUFFIXES: Final = ("-candidate", "-control", "-report", "-eval-99")
+_SUFFIXES: Final = ("-candidate", "-control", "-report", "-eval-99", "-load-99")
 _LONGEST_SUFFIX: Final = max(len(s) for s in _SUFFIXES)
 
 
@@ -290,12 +290,140 @@ def build_eval_job(
     (name, key), read by the kubelet (e.g. HF_TOKEN for a gated model's tokenizer); the value
     never appears in the Job.
     """
-    labels = {**child_labels(rollout, "eval"), LABEL_ATTEMPT: str(attempt)}
+    return _judge_job(
+        name=eval_job_name(rollout, attempt),
+        role="eval",
+        rollout=rollout,
+        namespace=namespace,
+        attempt=attempt,
+        image=image,
+        command=command,
+        env={**env, **({EVAL_NONCE_ENV: nonce} if nonce is not None else {})},
+        resources=resources,
+        deadline_s=deadline_s,
+        config_hash=config_hash,
+        service_account_name=service_account_name,
+        writable_tmp=writable_tmp,
+        secret_env=secret_env,
+    )
+
+
+def load_job_name(rollout: str, attempt: int) -> str:
+    if not 1 <= attempt <= 99:
+        raise ValueError(f"load attempt {attempt} is outside [1, 99]")
+    return f"{_base(rollout)}-load-{attempt}"
+
+
+LOAD_NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
+LOAD_TMP_SIZE: Final = "2Gi"  # inference-perf's configs, logs, reports and the tokenizer
+# The load Job's bounds: two inference-perf runs (a main process and `num_workers` workers
+# each, every one with transformers and pyarrow loaded), measured at about 400 MiB a process.
+DEFAULT_LOAD_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "1", "memory": "1Gi"},
+    "limits": {"cpu": "4", "memory": "4Gi"},
+}
+
+
+def load_command(
+    *,
+    control_url: str,
+    candidate_url: str,
+    model: str,
+    production_concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    max_concurrency: int,
+    num_workers: int = 1,
+    server_type: str = "vllm",
+) -> list[str]:
+    """`kvgate load-job` against both arms' base URLs with production's workload shape."""
+    return [
+        "kvgate",
+        "load-job",
+        "--control-url",
+        control_url,
+        "--candidate-url",
+        candidate_url,
+        "--model",
+        model,
+        "--server-type",
+        server_type,
+        "--production-concurrency",
+        str(production_concurrency),
+        "--max-concurrency",
+        str(max_concurrency),
+        "--prompt-tokens",
+        str(prompt_tokens),
+        "--output-tokens",
+        str(output_tokens),
+        "--num-workers",
+        str(num_workers),
+    ]
+
+
+def build_load_job(
+    *,
+    rollout: str,
+    namespace: str,
+    attempt: int,
+    image: str,
+    command: Sequence[str],
+    deadline_s: float,
+    config_hash: str,
+    env: Mapping[str, str] | None = None,
+    resources: Mapping[str, Any] = DEFAULT_LOAD_RESOURCES,
+    service_account_name: str | None = None,
+    nonce: str | None = None,
+) -> dict[str, Any]:
+    """The load Job (`kvgate load-job` on both arms): locked down like the eval Job.
+
+    Same pod: no API token, Pod Security `restricted`, read-only root with an emptyDir at /tmp
+    (inference-perf writes its config, log and reports there), `backoffLimit: 0` (kvgate retries
+    with a new attempt), `activeDeadlineSeconds`. `nonce` becomes `KVGATE_LOAD_NONCE`, which the
+    summary line carries back.
+    """
+    return _judge_job(
+        name=load_job_name(rollout, attempt),
+        role="load",
+        rollout=rollout,
+        namespace=namespace,
+        attempt=attempt,
+        image=image,
+        command=command,
+        env={**(env or {}), **({LOAD_NONCE_ENV: nonce} if nonce is not None else {})},
+        resources=resources,
+        deadline_s=deadline_s,
+        config_hash=config_hash,
+        service_account_name=service_account_name,
+        writable_tmp=True,
+        tmp_size=LOAD_TMP_SIZE,
+        secret_env=None,
+    )
+
+
+def _judge_job(
+    *,
+    name: str,
+    role: str,
+    rollout: str,
+    namespace: str,
+    attempt: int,
+    image: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    resources: Mapping[str, Any],
+    deadline_s: float,
+    config_hash: str,
+    service_account_name: str | None,
+    writable_tmp: bool,
+    secret_env: Mapping[str, tuple[str, str]] | None,
+    tmp_size: str = EVAL_TMP_SIZE,
+) -> dict[str, Any]:
+    """A Job that talks HTTP to the two arms and judges: one attempt per Job, locked down."""
+    labels = {**child_labels(rollout, role), LABEL_ATTEMPT: str(attempt)}
     env_vars = dict(env)
-    if nonce is not None:
-        env_vars[EVAL_NONCE_ENV] = nonce
     container: dict[str, Any] = {
-        "name": "eval",
+        "name": role,
         "image": image,
         "command": list(command),
         "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())]
@@ -335,12 +463,12 @@ def build_eval_job(
         pod_spec["serviceAccountName"] = service_account_name
     if writable_tmp:
         container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
-        pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": EVAL_TMP_SIZE}}]
+        pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}}]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": eval_job_name(rollout, attempt),
+            "name": name,
             "namespace": namespace,
             "labels": labels,
             "annotations": {ANNOTATION_CONFIG_HASH: config_hash},

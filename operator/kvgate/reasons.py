@@ -53,6 +53,10 @@ class Reason(StrEnum):
     CAPACITY_GAINED = "CapacityGained"
     CAPACITY_NOT_GAINED = "CapacityNotGained"
     CAPACITY_UNKNOWN = "CapacityUnknown"
+    THROUGHPUT_GAINED = "ThroughputGained"
+    THROUGHPUT_NOT_NEEDED = "ThroughputNotNeeded"  # both arms serve production's load alike
+    THROUGHPUT_NOT_GAINED = "ThroughputNotGained"  # the candidate does not relieve the bottleneck
+    THROUGHPUT_UNKNOWN = "ThroughputUnknown"
     REMEDIATING = "Remediating"
     EVALUATING = "Evaluating"
     # Evaluating: accuracy, long context, divergence, speed
@@ -158,6 +162,8 @@ _WARNING: Final = frozenset(
         Reason.BACKEND_CHANGED,
         Reason.BACKEND_NOT_ALLOWED,
         Reason.CAPACITY_NOT_GAINED,
+        Reason.THROUGHPUT_NOT_GAINED,
+        Reason.THROUGHPUT_UNKNOWN,
         Reason.ACCURACY_REGRESSED,
         Reason.ACCURACY_INCONCLUSIVE,
         Reason.EVAL_ERROR,

@@ -153,8 +153,23 @@ class DivergenceGate:
 
 
 @dataclass(frozen=True, slots=True)
+class ThroughputGainGate:
+    """Measured output tok/s, candidate over control, at production's load (the load Job).
+
+    Optional SLOs (p99, milliseconds): a stage that misses one does not count as served.
+    """
+
+    min_ratio: float = 1.3
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    max_concurrency: int = 128
+    max_clock_difference: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityGainGate:
     min_ratio: float = 1.8
+    throughput_gain: ThroughputGainGate | None = None  # None: throughput not measured (off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +305,30 @@ class RolloutSpec:
             factor=dv.number("factor", 10.0, 1.0, 1e6),
             logprobs=dv.integer("logprobs", 5, 1, 20),
         )
-        gain = CapacityGainGate(g.section("capacityGain").number("minRatio", 1.8, 1.0, 8.0))
+        cg = g.section("capacityGain")
+        tg = cg.section("throughputGain")
+        gain = CapacityGainGate(
+            min_ratio=cg.number("minRatio", 1.8, 1.0, 8.0),
+            throughput_gain=(
+                ThroughputGainGate(
+                    min_ratio=tg.number("minRatio", 1.3, 0.0, 100.0, exclusive_min=True),
+                    ttft_p99_ms=(
+                        tg.number("ttftP99Ms", 0.0, 0.0, 3.6e6, exclusive_min=True)
+                        if tg.raw("ttftP99Ms") is not None
+                        else None
+                    ),
+                    tpot_p99_ms=(
+                        tg.number("tpotP99Ms", 0.0, 0.0, 6e4, exclusive_min=True)
+                        if tg.raw("tpotP99Ms") is not None
+                        else None
+                    ),
+                    max_concurrency=tg.integer("maxConcurrency", 128, 1, 4096),
+                    max_clock_difference=tg.number("maxClockDifference", 0.05, 0.0, 1.0),
+                )
+                if tg.present
+                else None
+            ),
+        )
         sp = g.section("speed")
         speed = (
             SpeedGate(

@@ -19,6 +19,7 @@ from kvgate.jsonrecord import fields as _fields
 from kvgate.jsonrecord import key as _key
 from kvgate.jsonrecord import read as _read
 from kvgate.jsonrecord import write as _write
+from kvgate.loadresult import LoadSummary
 from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
 
 JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
@@ -377,6 +378,21 @@ class SpeedStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadStatus:
+    """The load Job's measurement and what the throughput gate made of it.
+
+    `summary` holds every figure per arm per stage (once); `throughputGain` is candidate over
+    control output tok/s at production's load (a printer column), `bestGain` at each arm's best
+    stage.
+    """
+
+    attempt: int | None = None
+    throughput_gain: float | None = None
+    best_gain: float | None = None
+    summary: LoadSummary | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityStatus:
     """Candidate over control KV tokens; the tokens themselves are the arms' scans."""
 
@@ -540,6 +556,7 @@ class RolloutStatus:
     accuracy: AccuracyStatus | None = None
     capacity: CapacityStatus | None = None
     speed: SpeedStatus | None = None
+    load: LoadStatus | None = None
     gates: Mapping[str, GateRecord] = _key(default={})
     verdict: VerdictRecord | None = None
     promotion: PromotionStatus | None = None

@@ -143,14 +143,16 @@ def test_status_subresource_and_printer_columns(crd: Any, namespace: str) -> Non
     crd.kubectl(
         "patch", "kvr", "cols", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", '{"status": {"phase": "Evaluating", "reason": "Evaluating", "progress": "starting", '
-        '"capacity": {"ratio": 2.0}, "accuracy": {"differencePp": -0.5}}}',
+        '"capacity": {"ratio": 2.0}, "accuracy": {"differencePp": -0.5}, '
+        '"load": {"throughputGain": 1.41}}}',
     )  # fmt: skip
     out = crd.kubectl("get", "kvr", "-n", namespace).stdout.splitlines()
     assert out[0].split() == [
-        "NAME", "PHASE", "REASON", "TARGET", "DTYPE", "PROGRESS", "ACC-DELTA-PP", "CAP-GAIN", "AGE"
+        "NAME", "PHASE", "REASON", "TARGET", "DTYPE", "PROGRESS", "ACC-DELTA-PP", "CAP-GAIN",
+        "GAIN", "AGE"
     ]  # fmt: skip
-    assert out[1].split()[:8] == [
-        "cols", "Evaluating", "Evaluating", "qwen", "fp8", "starting", "-0.5", "2"
+    assert out[1].split()[:9] == [
+        "cols", "Evaluating", "Evaluating", "qwen", "fp8", "starting", "-0.5", "2", "1.41"
     ]  # fmt: skip
     wide = crd.kubectl("get", "kvr", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
     assert "READY" in wide and "MESSAGE" in wide

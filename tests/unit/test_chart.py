@@ -134,6 +134,21 @@ def test_kubectl_get_shows_the_reason_and_the_eval_progress() -> None:
         assert props[key]["type"] == "string" and key in written
 
 
+def test_kubectl_get_shows_the_measured_throughput_gain() -> None:
+    from kvgate.status import LoadStatus, RolloutStatus
+
+    crd = yaml.safe_load((ROOT / "crds" / CRD).read_text())
+    version = crd["spec"]["versions"][0]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Gain"]["jsonPath"] == ".status.load.throughputGain"
+    assert columns["Gain"]["type"] == "number" and columns["Gain"].get("priority", 0) == 0
+    # the schema keeps status.load (else the apiserver prunes it) and the typed status writes it
+    props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert props["load"]["x-kubernetes-preserve-unknown-fields"] is True
+    written = RolloutStatus(load=LoadStatus(throughput_gain=1.41)).to_dict()
+    assert written["load"]["throughputGain"] == 1.41
+
+
 def test_values_schema_is_json() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())

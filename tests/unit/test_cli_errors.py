@@ -32,6 +32,24 @@ BAD_INPUT: dict[str, tuple[list[str], str, bool]] = {
         "argument --documents: 0 is outside [1, 1000]",
         True,
     ),
+    "load-job": (
+        [
+            "--control-url",
+            "ftp://a",
+            "--candidate-url",
+            "http://b",
+            "--model",
+            "m",
+            "--production-concurrency",
+            "8",
+            "--prompt-tokens",
+            "64",
+            "--output-tokens",
+            "8",
+        ],
+        "--control-url: not an http(s) URL: 'ftp://a'",
+        False,
+    ),
     "report": (["-f", "{tmp}/absent.yaml"], "absent.yaml: no such file", True),
     "get": (["r", "--timeout", "soon"], "--timeout: 'soon' is not a duration", True),
     "wait": (["r", "--timeout", "soon"], "--timeout: 'soon' is not a duration", False),
@@ -83,7 +101,10 @@ def test_without_json_option_json_is_itself_the_usage_error(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = ["--reason", "x"] if command == "abort" else []
-    code, out, err = _run(capsys, [command, "r", *extra, "--json"])
+    head = ["r"]
+    if command == "load-job":  # its required options, and no positional argument
+        head, extra = [], ["--control-url", "http://a", *BAD_INPUT[command][0][2:]]
+    code, out, err = _run(capsys, [command, *head, *extra, "--json"])
     assert (code, out) == (cli.EXIT_INPUT, "")
     assert err == f"kvgate {command}: error: unrecognized arguments: --json\n"
 

@@ -52,7 +52,7 @@ def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
 
 ARGS, STAGES = parse((ROOT / "Dockerfile").read_text())
 BY_NAME = {s.name: s for s in STAGES}
-TARGETS = {"operator": "run", "eval": "eval"}
+TARGETS = {"operator": "run", "eval": "eval", "load": "load-job"}
 
 
 def chain(stage: Stage) -> list[Stage]:
@@ -147,7 +147,30 @@ def test_base_image_is_pinned() -> None:
     external = {s.base for s in STAGES if s.base not in BY_NAME}
     assert external
     for image in external:
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), image
+        assert re.fullmatch(r"python:3\.1[12]\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", image), (
+            image
+        )
+
+
+def test_load_target_runs_inference_perf_pinned_on_python_312() -> None:
+    # inference-perf 0.7.0 requires Python >= 3.12; the other images stay on 3.11.
+    (root,) = {s.base for s in chain(BY_NAME["load"]) if s.base not in BY_NAME}
+    assert root.startswith("python:3.12."), root
+    assert BY_NAME["operator"].base != root and chain(BY_NAME["eval"])[-1].base != root
+    copied = [rest for op, rest in BY_NAME["load"].instructions if op == "COPY"]
+    assert copied == ["--from=build-load /opt/kvgate /opt/kvgate"]
+    assert chain(BY_NAME["build-load"])[-1].base == root
+    runs = " ".join(rest for op, rest in BY_NAME["build-load"].instructions if op == "RUN")
+    requirements = "operator/kvgate/load/requirements.txt"
+    assert f"-r {requirements}" in runs
+    pins = [
+        line.strip()
+        for line in (ROOT / requirements).read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert pins == ["inference-perf==0.7.0"]
+    # the runner finds the tool in the image's venv, not in a repository's .venv-load
+    assert env_of(BY_NAME["load"])["KVGATE_INFERENCE_PERF"] == "/opt/kvgate/bin/inference-perf"
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -202,6 +225,25 @@ def test_operator_default_command_line_parses() -> None:
     args = build_parser(argv).parse_args(argv)  # exits 2 on an unknown flag
     assert (args.command, args.all_namespaces) == ("run", True)
     assert args.liveness == "http://0.0.0.0:8080/healthz"
+
+
+def test_load_entrypoint_takes_the_command_the_operator_builds() -> None:
+    from kvgate.cli import build_parser
+    from kvgate.manifests import load_command
+
+    entry = json.loads(effective(BY_NAME["load"], "ENTRYPOINT") or "null")
+    built = load_command(
+        control_url="http://10.0.0.1:8000",
+        candidate_url="http://10.0.0.2:8000",
+        model="Qwen/Qwen3-8B",
+        production_concurrency=64,
+        prompt_tokens=512,
+        output_tokens=128,
+        max_concurrency=128,
+    )
+    assert built[:2] == entry
+    args = build_parser(built[1:]).parse_args(built[1:])  # exits 2 on an unknown flag
+    assert (args.command, args.production_concurrency, args.num_workers) == ("load-job", 64, 1)
 
 
 def test_the_image_venv_gets_no_pip_and_no_bytecode() -> None:

@@ -282,3 +282,45 @@ def test_secret_names_finds_every_reference() -> None:
     job = {"kind": "Job", "spec": {"template": {"spec": pod["spec"]}}}
     assert m.secret_names(job) == {"a", "b", "d"}
     assert m.secret_names({"kind": "Job", "spec": {}}) == set()
+
+
+def test_load_job_is_the_eval_jobs_pod_with_its_own_name_role_and_bounds() -> None:
+    cmd = m.load_command(
+        control_url="http://127.0.0.2:8000", candidate_url="http://127.0.0.3:8000",
+        model="Qwen/Qwen3-8B", production_concurrency=64, prompt_tokens=512, output_tokens=128,
+        max_concurrency=128,
+    )  # fmt: skip
+    job = m.build_load_job(
+        rollout="r", namespace="ns", attempt=3, image="img", command=cmd, deadline_s=900,
+        config_hash="abc", nonce="n0nce",
+    )  # fmt: skip
+    eval_job = m.build_eval_job(
+        rollout="r", namespace="ns", attempt=3, image="img", command=cmd, env={},
+        resources=m.DEFAULT_LOAD_RESOURCES, deadline_s=900, config_hash="abc",
+    )  # fmt: skip
+    assert job["metadata"]["name"] == "r-load-3"
+    assert job["metadata"]["labels"]["kvgate.io/arm"] == "load"
+    assert job["spec"]["template"]["metadata"]["labels"]["kvgate.io/attempt"] == "3"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 900
+    pod, eval_pod = job["spec"]["template"]["spec"], eval_job["spec"]["template"]["spec"]
+    assert _restricted_violations(pod) == []
+    (c,), (ec,) = pod["containers"], eval_pod["containers"]
+    assert c["name"] == "load" and c["command"] == cmd
+    assert c["securityContext"] == ec["securityContext"]
+    assert pod["securityContext"] == eval_pod["securityContext"]
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert c["env"] == [{"name": "KVGATE_LOAD_NONCE", "value": "n0nce"}]
+    assert c["resources"] == {
+        "requests": {"cpu": "1", "memory": "1Gi"},
+        "limits": {"cpu": "4", "memory": "4Gi"},
+    }
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}}]
+    assert "--num-workers" in cmd and cmd[cmd.index("--num-workers") + 1] == "1"
+
+
+def test_load_job_names_stay_dns_labels() -> None:
+    long = "a" * 63
+    assert len(m.load_job_name(long, 99)) <= 63
+    assert len(m.eval_job_name(long, 99)) <= 63
+    with pytest.raises(ValueError, match="load attempt 0 is outside"):
+        m.load_job_name("r", 0)

@@ -42,8 +42,32 @@ def test_defaults_are_the_sre_defaults() -> None:
     assert spec.backend.allow_fallback is True and spec.backend.allowed == ()
     assert spec.accuracy.margin_pp == 2.0 and spec.accuracy.questions == 500
     assert spec.capacity_gain.min_ratio == 1.8
+    assert spec.capacity_gain.throughput_gain is None  # off: existing rollouts are unchanged
     assert spec.speed is None
     assert spec.promotion.mode is PromotionMode.AUTO and spec.promotion.verify_window_s == 600.0
+
+
+def test_the_throughput_gate_is_on_when_its_section_is_there() -> None:
+    on = RolloutSpec.from_dict(_with(gates={"capacityGain": {"throughputGain": {}}}))
+    gate = on.capacity_gain.throughput_gain
+    assert gate is not None and on.capacity_gain.min_ratio == 1.8
+    assert (gate.min_ratio, gate.ttft_p99_ms, gate.tpot_p99_ms, gate.max_concurrency) == (
+        1.3,
+        None,
+        None,
+        128,
+    )
+    slo = {"minRatio": 1.2, "ttftP99Ms": 2000, "tpotP99Ms": 60.5, "maxConcurrency": 256}
+    gate = RolloutSpec.from_dict(
+        _with(gates={"capacityGain": {"throughputGain": slo}})
+    ).capacity_gain.throughput_gain
+    assert gate is not None
+    assert (gate.min_ratio, gate.ttft_p99_ms, gate.tpot_p99_ms, gate.max_concurrency) == (
+        1.2,
+        2000.0,
+        60.5,
+        256,
+    )
 
 
 def test_full_spec_parses() -> None:
@@ -133,6 +157,19 @@ BAD_SPECS = [
     (
         _with(gates={"capacityGain": {"minRatio": 0.5}}),
         ["spec.gates.capacityGain.minRatio: 0.5 is outside [1, 8]; use a value in that range"],
+    ),
+    (
+        _with(gates={"capacityGain": {"throughputGain": {"minRatio": 0, "tpotP99Ms": "50ms"}}}),
+        [
+            "spec.gates.capacityGain.throughputGain.minRatio: 0 is outside (0, 100]; use a value "
+            "in that range",
+            "spec.gates.capacityGain.throughputGain.tpotP99Ms: '50ms' is not a number; use a "
+            "value in (0, 60000]",
+        ],
+    ),
+    (
+        _with(gates={"capacityGain": {"throughputGain": "on"}}),
+        ["spec.gates.capacityGain.throughputGain: 'on' is not an object"],
     ),
     (
         _with(canary={"startupTimeout": "0s"}),

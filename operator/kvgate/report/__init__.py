@@ -30,7 +30,12 @@ from kvgate.report.records import (
 )
 from kvgate.report.rows import divergence_rows as _divergence_rows
 from kvgate.report.rows import long_context_rows as _long_context_rows
-from kvgate.report.svg import render_difference_svg, render_long_context_svg, render_svg
+from kvgate.report.svg import (
+    render_difference_svg,
+    render_load_svg,
+    render_long_context_svg,
+    render_svg,
+)
 from kvgate.report.text import render_text
 from kvgate.report.view import (
     ARMS,
@@ -44,6 +49,7 @@ from kvgate.report.view import (
     read_findings,
     read_headline,
     read_kv_tokens,
+    read_load,
     read_log_findings,
     read_long_context,
     read_preflight,
@@ -93,6 +99,7 @@ __all__ = [
     "read_findings",
     "read_headline",
     "read_kv_tokens",
+    "read_load",
     "read_log_findings",
     "read_long_context",
     "read_preflight",
@@ -104,6 +111,7 @@ __all__ = [
     "read_verdict",
     "render_difference_svg",
     "render_html",
+    "render_load_svg",
     "render_long_context_svg",
     "render_svg",
     "render_text",

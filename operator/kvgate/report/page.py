@@ -8,7 +8,12 @@ from typing import Any, Final
 
 from kvgate.report import rows, view
 from kvgate.report.fmt import e, mark, shell_command
-from kvgate.report.svg import render_difference_svg, render_long_context_svg, render_svg
+from kvgate.report.svg import (
+    render_difference_svg,
+    render_load_svg,
+    render_long_context_svg,
+    render_svg,
+)
 
 _CSS: Final = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
@@ -212,5 +217,14 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     note = rows.clock_note(speed)
     if note:
         out.append(f"<p class='sub'>{e(note)}</p>")
+    load = view.read_load(status)
+    load_rows = rows.load_rows(load)
+    if load_rows:
+        out.append("<h2>Load (inference-perf on both arms at once)</h2>")
+        out.append(render_load_svg(status))
+        out.append(_html_table(rows.LOAD_HEADER, load_rows, numeric_from=1))
+        notes = rows.load_notes(load)
+        if notes:
+            out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

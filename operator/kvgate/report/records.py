@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvgate.loadresult import StagePoint
+
 
 @dataclass(frozen=True, slots=True)
 class ArmAccuracy:
@@ -175,3 +177,14 @@ class Headline:
     remedy: str | None = None
     where: str | None = None
     raw: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """`status.load`: both arms' stages by concurrency (ascending), production's marked."""
+
+    production_concurrency: int | None
+    gain: float | None  # candidate / control output tok/s at production's load
+    best_gain: float | None
+    levels: list[int]
+    arms: dict[str, dict[int, StagePoint]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from kvgate.loadresult import StagePoint
 from kvgate.report.fmt import (
     DASH,
     fmt_int,
@@ -19,6 +20,7 @@ from kvgate.report.records import (
     Accuracy,
     ArmCapacity,
     DivergenceBucket,
+    Load,
     LongContextBucket,
     Progress,
     Speed,
@@ -32,6 +34,12 @@ DIV_HEADER: Final = (
     "positions", "A/A mean KL", "candidate mean KL", "A/A top-1", "candidate top-1", "flag"
 )  # fmt: skip
 SPEED_HEADER: Final = ("metric", *ARMS)
+LOAD_HEADER: Final = (
+    "concurrent",
+    *(f"{arm} tok/s" for arm in ARMS),
+    *(f"{arm} TPOT p50 ms" for arm in ARMS),
+    *(f"{arm} TTFT p99 ms" for arm in ARMS),
+)
 
 
 def accuracy_rows(acc: Accuracy) -> list[list[str]]:
@@ -200,3 +208,48 @@ def clock_note(speed: Speed | None) -> str | None:
     if speed is None or speed.clocks is None or speed.clocks.note is None:
         return None
     return f"GPU clocks: {speed.clocks.note}"
+
+
+def _stage_cell(stage: StagePoint | None, value: float | None) -> str:
+    if stage is None:
+        return DASH
+    if not stage.measured:
+        return "error"
+    return fmt_num(value)
+
+
+def load_rows(load: Load | None) -> list[list[str]]:
+    """One row per concurrency level; a stage that is not a measurement reads `error`."""
+    if load is None:
+        return []
+    out = []
+    for level in load.levels:
+        stages = {arm: load.arms.get(arm, {}).get(level) for arm in ARMS}
+        mark = " (production)" if level == load.production_concurrency else ""
+        out.append(
+            [
+                f"{level}{mark}",
+                *(_stage_cell(s, s.output_tokens_per_s if s else None) for s in stages.values()),
+                *(_stage_cell(s, s.tpot_p50_ms if s else None) for s in stages.values()),
+                *(_stage_cell(s, s.ttft_p99_ms if s else None) for s in stages.values()),
+            ]
+        )
+    return out
+
+
+def load_notes(load: Load | None) -> list[str]:
+    """The gain at production's load and at the best stages, and why error stages are errors."""
+    if load is None:
+        return []
+    notes = []
+    if load.gain is not None:
+        notes.append(
+            f"throughput gain at production load {load.production_concurrency}: {load.gain:.2f}x"
+        )
+    if load.best_gain is not None:
+        notes.append(f"best stage against best stage: {load.best_gain:.2f}x")
+    for arm in ARMS:
+        for level, stage in sorted(load.arms.get(arm, {}).items()):
+            if not stage.measured and stage.reasons:
+                notes.append(f"{arm} at {level}: {stage.reasons[0]}")
+    return notes

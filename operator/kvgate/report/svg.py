@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Final, NamedTuple
 
+from kvgate.loadresult import StagePoint
 from kvgate.report import view
 from kvgate.report.fmt import e, fmt_int, kilo, pct, to_pp, wilson
 
@@ -272,3 +274,105 @@ def _pp_ticks(lo: float, hi: float) -> list[float]:
     step = next((s for s in (0.5, 1, 2, 5, 10, 20, 50) if span / s <= 8), 100)
     first = math.ceil(lo / step) * step
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def render_load_svg(status: view.StatusLike) -> str:
+    """Throughput and TPOT against concurrency for both arms, production's load marked.
+
+    Two panels on a log2 concurrency axis; a line joins each arm's measured stages, an error
+    stage is an x on the axis (not a measurement), and a dashed line marks production's
+    concurrency. '' without a load.
+    """
+    load = view.read_load(status)
+    if load is None:
+        return ""
+    width, height, pad = 640, 260, 52
+    panel = (width - 3 * pad) / 2
+    top, bottom = 36, height - 44
+    lo, hi = math.log2(load.levels[0]), math.log2(load.levels[-1])
+    span = max(hi - lo, 1.0)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" '
+        'aria-label="Output throughput and TPOT against concurrency per arm" '
+        'font-family="system-ui,sans-serif" font-size="12">'
+    ]
+    panels: tuple[tuple[str, Callable[[StagePoint], float | None]], ...] = (
+        ("Output tok/s against concurrency", lambda s: s.output_tokens_per_s),
+        ("TPOT p50 (ms) against concurrency", lambda s: s.tpot_p50_ms),
+    )
+    for index, (title, value_of) in enumerate(panels):
+        x0 = pad + index * (panel + pad)
+
+        def x(level: int, x0: float = x0) -> float:
+            return x0 + (math.log2(level) - lo) / span * panel
+
+        values = [
+            v
+            for stages in load.arms.values()
+            for s in stages.values()
+            if s.measured and (v := value_of(s)) is not None
+        ]
+        parts.append(f'<text x="{x0}" y="20" font-weight="600">{e(title)}</text>')
+        parts.append(
+            f'<line x1="{x0}" x2="{x0 + panel:.1f}" y1="{bottom}" y2="{bottom}" stroke="#9aa5b8"/>'
+        )
+        for level in load.levels:
+            parts.append(
+                f'<text x="{x(level):.1f}" y="{bottom + 16}" text-anchor="middle" '
+                f'fill="#5b6475">{level}</text>'
+            )
+        production = load.production_concurrency
+        if production is not None and production > 0:
+            px = x(production)
+            parts.append(
+                f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top}" y2="{bottom}" stroke="#7a5500" '
+                'stroke-dasharray="5,4"/>'
+                f'<text x="{px:.1f}" y="{bottom + 32}" text-anchor="middle" fill="#7a5500">'
+                f"production {production}</text>"
+            )
+        if not values:
+            parts.append(_no_data(x0, panel, top, bottom, "no stage measured"))
+            continue
+        peak = max(values) * 1.1 or 1.0
+
+        def y(v: float, peak: float = peak) -> float:
+            return bottom - v / peak * (bottom - top)
+
+        parts.append(
+            f'<text x="{x0 - 6}" y="{y(max(values)) + 4:.1f}" text-anchor="end" '
+            f'fill="#5b6475">{fmt_int(max(values))}</text>'
+            f'<text x="{x0 - 6}" y="{bottom + 4}" text-anchor="end" fill="#5b6475">0</text>'
+        )
+        for arm in view.ARMS:
+            color = _COLORS[arm]
+            stages = sorted(load.arms.get(arm, {}).items())
+            measured = [
+                (level, v) for level, s in stages if s.measured and (v := value_of(s)) is not None
+            ]
+            if len(measured) > 1:
+                line = " ".join(f"{x(level):.1f},{y(v):.1f}" for level, v in measured)
+                parts.append(
+                    f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{line}"/>'
+                )
+            for level, v in measured:
+                parts.append(
+                    f'<circle cx="{x(level):.1f}" cy="{y(v):.1f}" r="4" fill="{color}">'
+                    f"<title>{e(arm)} at {level}: {v:,.1f}</title></circle>"
+                )
+            for level, s in stages:
+                if not s.measured:
+                    cx, cy = x(level), bottom - 6
+                    why = s.reasons[0] if s.reasons else "not measured"
+                    parts.append(
+                        f'<path d="M{cx - 5:.1f},{cy - 5:.1f}l10,10m0,-10l-10,10" '
+                        f'stroke="{color}" stroke-width="2">'
+                        f"<title>{e(arm)} at {level}: error: {e(why)}</title></path>"
+                    )
+        for i, arm in enumerate(view.ARMS):
+            parts.append(
+                f'<text x="{x0 + panel:.1f}" y="{top + 14 * i}" text-anchor="end" '
+                f'fill="{_COLORS[arm]}">{e(arm)}</text>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -112,6 +112,17 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     if note:
         lines += _wrap(note)
 
+    load = view.read_load(status)
+    load_rows = rows.load_rows(load)
+    if load_rows:
+        lines += [
+            "",
+            "Load (inference-perf on both arms at once; tok/s and TPOT against concurrency)",
+        ]
+        lines += table(rows.LOAD_HEADER, load_rows)
+        for line in rows.load_notes(load):
+            lines += _wrap(line)
+
     args = view.read_recommended_args(status)
     lines += ["", view.args_heading(status)]
     lines += (

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, overload
 
 from kvgate import crash, gates, manifests
+from kvgate.loadresult import StagePoint
 from kvgate.model import Phase
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
@@ -28,6 +29,7 @@ from kvgate.report.records import (
     Finding,
     Header,
     Headline,
+    Load,
     LogLine,
     LongContextBucket,
     Progress,
@@ -333,6 +335,32 @@ def read_speed(status: StatusLike) -> Speed | None:
         for key in keys
     ]
     return Speed(metrics=metrics, clocks=_clocks(speed.clocks))
+
+
+def read_load(status: StatusLike) -> Load | None:
+    """`status.load`: every stage both arms ran, by concurrency (None: no load measured)."""
+    load = _typed(status).load
+    summary = load.summary if load is not None else None
+    if load is None or summary is None:
+        return None
+    arms: dict[str, dict[int, StagePoint]] = {}
+    for arm in ARMS:
+        record = summary.arm(arm)
+        stages = record.stages if record is not None else ()
+        arms[arm] = {}
+        for stage in stages:
+            if stage.concurrency is not None and stage.concurrency not in arms[arm]:
+                arms[arm][stage.concurrency] = stage
+    levels = sorted({c for stages in arms.values() for c in stages})
+    if not levels:
+        return None
+    return Load(
+        production_concurrency=summary.production_concurrency,
+        gain=load.throughput_gain,
+        best_gain=load.best_gain,
+        levels=levels,
+        arms=arms,
+    )
 
 
 def _mhz(value: float | None) -> float | None:

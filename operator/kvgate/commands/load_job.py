@@ -1,0 +1,385 @@
+"""`kvgate load-job`: inference-perf against both arms at once, each stage judged from its JSON.
+
+The load Job's program. Both arms get the same workload (fixed prompt and output lengths, the
+same stages, `load.num_workers` explicit) in two inference-perf runs started together, so both
+see the same conditions. The stages are production's concurrency first (measured while the arms
+are fresh, before any stage drives one into the ground), then the sweep's other levels upward,
+capped by `--max-concurrency`.
+
+inference-perf's exit code is not trusted (it exits 0 with every request failed): each stage is
+judged from its own report (`kvgate.load.report`); failures, cut-off streams, short outputs or a
+missing report make the stage `error`, never a measurement. After the runs each arm is asked
+whether it still answers, so an arm that died reads as such.
+
+stdout carries JSON lines only: `kvgate.load/progress` lines, then one `kvgate.load/summary`
+line (`kvgate.loadresult.LoadSummary`), always the last, carrying `KVGATE_LOAD_NONCE` when set.
+Exit 0 when every stage of both arms was measured, 3 when some were errors, 4 when an arm
+measured nothing or the run could not be made, 70 on a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any, Final
+
+from kvgate.commands.exit_codes import (
+    EXIT_BUG,
+    EXIT_EXTERNAL,
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+)
+from kvgate.errors import SpecError
+from kvgate.load.config import LoadPlan, LoadPlanError, Stage
+from kvgate.load.report import StageJudgement, stage_file
+from kvgate.loadresult import (
+    ARMS,
+    PROGRESS_KIND,
+    SUMMARY_KIND,
+    ArmLoad,
+    LoadSummary,
+    LoadVerdict,
+    StagePoint,
+    StageStatus,
+    overall,
+)
+
+HELP = "run inference-perf against a control and a candidate endpoint at once (the load Job)"
+EXAMPLES: Final = (
+    "kvgate load-job --control-url http://A:8000 --candidate-url http://B:8000 --model M "
+    "--production-concurrency 64 --prompt-tokens 512 --output-tokens 128",
+)
+SWEEP: Final = (1, 8, 32, 64, 128)
+DEFAULT_MAX_CONCURRENCY: Final = 128
+NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
+EXIT_CODES: Final = {
+    LoadVerdict.MEASURED: EXIT_OK,
+    LoadVerdict.PARTIAL: EXIT_INCONCLUSIVE,
+    LoadVerdict.ERROR: EXIT_EXTERNAL,
+}
+POLL_S: Final = 1.0
+PROBE_TIMEOUT_S: Final = 5.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--control-url", required=True, help="the arm's base URL, http://IP:PORT")
+    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument("--model", required=True, help="served model name of both arms")
+    parser.add_argument("--server-type", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument(
+        "--production-concurrency",
+        type=int,
+        required=True,
+        help="production's concurrent requests: the first stage, and where the gate reads",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENCY,
+        help=f"the sweep ({', '.join(map(str, SWEEP))}) stops here",
+    )
+    parser.add_argument(
+        "--stages", help="concurrency levels to run, comma-separated (replaces the sweep)"
+    )
+    parser.add_argument("--prompt-tokens", type=int, required=True)
+    parser.add_argument("--prompt-std-tokens", type=int, default=0)
+    parser.add_argument("--output-tokens", type=int, required=True)
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="requests per stage = concurrency x rounds"
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="inference-perf's worker processes per arm, set explicitly: the tool would take the node's CPU count",
+    )
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
+    parser.add_argument(
+        "--tokenizer", help="local tokenizer directory (default: built from --tokenizer-corpus)"
+    )
+    parser.add_argument(
+        "--tokenizer-corpus",
+        help="GSM8K train.jsonl for the word tokenizer that counts as kvgate.sim does "
+        "(default: $KVGATE_GSM8K_DIR/train.jsonl)",
+    )
+    parser.add_argument(
+        "--work-dir", help="where configs, logs and reports go (default: a temp dir)"
+    )
+
+
+def sweep(production: int, cap: int, ladder: Sequence[int] = SWEEP) -> tuple[int, ...]:
+    """Production's concurrency first, then the ladder's other levels upward, none above `cap`."""
+    if production < 1:
+        raise SpecError("--production-concurrency", f"must be >= 1, got {production}")
+    if cap < production:
+        raise SpecError(
+            "--max-concurrency", f"{cap} is below --production-concurrency {production}"
+        )
+    return (production, *sorted(c for c in set(ladder) if c != production and c <= cap))
+
+
+def explicit_stages(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SpecError("--stages", f"not a comma-separated list of integers: {text!r}") from None
+    if not levels or any(level < 1 for level in levels):
+        raise SpecError("--stages", f"give concurrency levels >= 1, got {text!r}")
+    return levels
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def stage_point(stage: Stage, judgement: StageJudgement) -> StagePoint:
+    """One judged stage as the summary keeps it: figures only from a measured stage."""
+    result = judgement.result
+    measured = judgement.status == "measured" and result is not None
+    figures = result if measured else None
+    return StagePoint(
+        concurrency=stage.concurrency,
+        requests=stage.num_requests,
+        status=StageStatus.MEASURED if measured else StageStatus.ERROR,
+        successes=result.successes if result is not None else None,
+        failures=result.failures if result is not None else None,
+        output_tokens_per_s=round(figures.output_tokens_per_s, 3) if figures else None,
+        ttft_p50_ms=_ms(figures.ttft_s.p50) if figures and figures.ttft_s else None,
+        ttft_p99_ms=_ms(figures.ttft_s.p99) if figures and figures.ttft_s else None,
+        tpot_p50_ms=_ms(figures.tpot_s.p50) if figures and figures.tpot_s else None,
+        tpot_p99_ms=_ms(figures.tpot_s.p99) if figures and figures.tpot_s else None,
+        itl_p50_ms=_ms(figures.itl_s.p50) if figures and figures.itl_s else None,
+        itl_p99_ms=_ms(figures.itl_s.p99) if figures and figures.itl_s else None,
+        reasons=tuple(r[:300] for r in judgement.reasons),
+    )
+
+
+def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
+    lock = threading.Lock()
+
+    def emit(obj: dict[str, Any]) -> None:
+        with lock:
+            stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            stream.flush()
+
+    return emit
+
+
+def _positive(value: float, option: str) -> None:
+    if not value > 0:
+        raise SpecError(option, f"must be > 0, got {value:g}")
+
+
+def _tokenizer_dir(args: argparse.Namespace, work: Path) -> Path:
+    if args.tokenizer:
+        path = Path(args.tokenizer)
+        if (
+            not (path / "tokenizer.json").is_file()
+            and not (path / "tokenizer_config.json").is_file()
+        ):
+            raise SpecError(
+                "--tokenizer", f"{path} holds no tokenizer.json or tokenizer_config.json"
+            )
+        return path
+    corpus = args.tokenizer_corpus or (
+        str(Path(os.environ["KVGATE_GSM8K_DIR"]) / "train.jsonl")
+        if os.environ.get("KVGATE_GSM8K_DIR")
+        else None
+    )
+    if not corpus:
+        raise SpecError(
+            "--tokenizer", "give a tokenizer directory, --tokenizer-corpus or KVGATE_GSM8K_DIR"
+        )
+    from kvgate.load.tokenizer import TokenizerBuildError, build_word_tokenizer
+
+    try:
+        return build_word_tokenizer(Path(corpus), work / "tokenizer")
+    except TokenizerBuildError as exc:
+        raise SpecError("--tokenizer-corpus", str(exc)) from None
+
+
+def _reachable(base_url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(base_url.rstrip("/") + "/v1/models", timeout=PROBE_TIMEOUT_S).is_success
+    except httpx.HTTPError:
+        return False
+
+
+def _arm_error(
+    stages: tuple[StagePoint, ...], exit_code: int | None, reachable: bool
+) -> str | None:
+    """Why the arm's run broke as a whole (None: it ran, whatever its stages say)."""
+    if not reachable:
+        measured = sum(s.measured for s in stages)
+        return f"the arm did not answer after the run ({measured} of {len(stages)} stages measured)"
+    if exit_code is None:
+        return "inference-perf was killed at the run's deadline"
+    if exit_code != 0:
+        return f"inference-perf exited {exit_code}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.load.runner import LoadToolMissing, run_load
+
+    for option in ("prompt_tokens", "output_tokens", "rounds", "num_workers", "max_concurrency"):
+        _positive(getattr(args, option), "--" + option.replace("_", "-"))
+    for option in ("request_timeout", "timeout"):
+        _positive(getattr(args, option), "--" + option.replace("_", "-"))
+    levels = (
+        explicit_stages(args.stages)
+        if args.stages
+        else sweep(args.production_concurrency, args.max_concurrency)
+    )
+    stages = tuple(Stage(level, level * args.rounds) for level in levels)
+    urls = {"control": args.control_url, "candidate": args.candidate_url}
+    for name, url in urls.items():
+        if not url.startswith(("http://", "https://")):
+            raise SpecError(f"--{name}-url", f"not an http(s) URL: {url!r}")
+    emit = _emitter(sys.stdout)
+    summary = LoadSummary(
+        kind=SUMMARY_KIND,
+        production_concurrency=args.production_concurrency,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        num_workers=args.num_workers,
+    )
+    exit_code: int | None = None
+    with tempfile.TemporaryDirectory(prefix="kvgate-load-") as scratch:
+        work = Path(args.work_dir) if args.work_dir else Path(scratch)
+        try:
+            tokenizer = _tokenizer_dir(args, work)
+            plans = {
+                name: LoadPlan(
+                    base_url=url,
+                    model_name=args.model,
+                    tokenizer_dir=str(tokenizer),
+                    report_dir=str(work / name / "reports"),
+                    stages=stages,
+                    prompt_tokens=args.prompt_tokens,
+                    prompt_std_tokens=args.prompt_std_tokens,
+                    output_tokens=args.output_tokens,
+                    num_workers=args.num_workers,
+                    server_type=args.server_type,
+                    request_timeout_s=args.request_timeout,
+                )
+                for name, url in urls.items()
+            }
+        except LoadPlanError as exc:
+            raise SpecError("load plan", str(exc)) from None
+        emit(
+            {
+                "kind": PROGRESS_KIND,
+                "event": "started",
+                "stages": list(levels),
+                "requests": [s.num_requests for s in stages],
+            }
+        )
+        try:
+            arms = _run_both(plans, work, args.timeout, emit, run_load)
+            summary = _finish(summary, arms)
+        except LoadToolMissing as exc:
+            summary = _failed(summary, str(exc))
+        except Exception as exc:  # a bug: the log still ends in a summary
+            traceback.print_exc(file=sys.stderr)
+            summary = _failed(summary, f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+            exit_code = EXIT_BUG
+    out = summary.to_dict()
+    nonce = os.environ.get(NONCE_ENV)
+    if nonce:
+        out["nonce"] = nonce
+    emit(out)
+    verdict = summary.verdict or LoadVerdict.ERROR
+    return exit_code if exit_code is not None else EXIT_CODES[verdict]
+
+
+def _failed(summary: LoadSummary, error: str) -> LoadSummary:
+    return replace(summary, verdict=LoadVerdict.ERROR, error=error)
+
+
+def _finish(summary: LoadSummary, arms: dict[str, ArmLoad]) -> LoadSummary:
+    control, candidate = arms["control"], arms["candidate"]
+    verdict = overall(control, candidate)
+    error = "; ".join(f"{n}: {a.error}" for n, a in arms.items() if a.error) or None
+    if error is None and verdict is LoadVerdict.ERROR:
+        error = "; ".join(f"{n}: no stage measured" for n, a in arms.items() if not a.measured)
+    return replace(summary, verdict=verdict, error=error, control=control, candidate=candidate)
+
+
+def _run_both(
+    plans: dict[str, LoadPlan],
+    work: Path,
+    timeout_s: float,
+    emit: Callable[[dict[str, Any]], None],
+    run_load: Callable[..., Any],
+) -> dict[str, ArmLoad]:
+    """Both runs started together; a progress line as each stage's report appears."""
+    runs: dict[str, Any] = {}
+    failures: dict[str, BaseException] = {}
+
+    def one(name: str) -> None:
+        try:
+            runs[name] = run_load(plans[name], work / name, timeout_s=timeout_s)
+        except BaseException as exc:  # re-raised in the main thread
+            failures[name] = exc
+
+    threads = [threading.Thread(target=one, args=(name,), daemon=True) for name in ARMS]
+    for thread in threads:
+        thread.start()
+    seen: set[tuple[str, int]] = set()
+    while alive := [thread for thread in threads if thread.is_alive()]:
+        alive[0].join(POLL_S)  # a wait, also once the other run has ended
+        for name in ARMS:
+            reports = Path(plans[name].report_dir)
+            for number, stage in enumerate(plans[name].stages):
+                if (name, number) not in seen and (reports / stage_file(number)).is_file():
+                    seen.add((name, number))
+                    emit(
+                        {
+                            "kind": PROGRESS_KIND,
+                            "event": "stage",
+                            "arm": name,
+                            "stage": number,
+                            "concurrency": stage.concurrency,
+                        }
+                    )
+    for name in ARMS:
+        if name in failures:
+            raise failures[name]
+    arms: dict[str, ArmLoad] = {}
+    for name in ARMS:
+        result = runs[name]
+        points = tuple(
+            stage_point(stage, judgement)
+            for stage, judgement in zip(plans[name].stages, result.stages, strict=True)
+        )
+        reachable = _reachable(plans[name].base_url)
+        arms[name] = ArmLoad(
+            url=plans[name].base_url,
+            exit_code=result.exit_code,
+            reachable_after=reachable,
+            error=_arm_error(points, result.exit_code, reachable),
+            stages=points,
+        )
+        emit(
+            {
+                "kind": PROGRESS_KIND,
+                "event": "finished",
+                "arm": name,
+                "measured": sum(p.measured for p in points),
+                "stages": len(points),
+                "logTail": result.log_tail[-300:] if arms[name].error else None,
+            }
+        )
+    return arms

@@ -1,0 +1,116 @@
+"""The load Job's summary as typed data: per arm, per stage, what inference-perf measured.
+
+`kvgate load-job` writes it as its log's last line (`kind` `kvgate.load/summary`); the gate and
+the report read it back. `LoadSummary.from_dict` is total, like the status's: any JSON value
+reads without raising, a field of the wrong type reads as unknown (None or empty). A stage is a
+measurement only when its `status` is `measured`; an `error` stage carries its reasons and no
+figures are to be taken from it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvgate.jsonrecord import key as _key
+from kvgate.jsonrecord import read as _read
+from kvgate.jsonrecord import write as _write
+
+SUMMARY_KIND: Final = "kvgate.load/summary"
+PROGRESS_KIND: Final = "kvgate.load/progress"
+ARMS: Final = ("control", "candidate")
+
+
+class StageStatus(enum.StrEnum):
+    MEASURED = "measured"
+    ERROR = "error"  # failures, cut-off streams, short outputs or no report: not a measurement
+
+
+class LoadVerdict(enum.StrEnum):
+    MEASURED = "measured"  # every stage of both arms
+    PARTIAL = "partial"  # some stages are errors (an arm ran out of room, or died), some measured
+    ERROR = "error"  # no stage of an arm measured, or the Job itself failed
+
+
+@dataclass(frozen=True, slots=True)
+class StagePoint:
+    """One stage of one arm. Latencies in milliseconds (p50 and p99 of the successful requests)."""
+
+    concurrency: int | None = None
+    requests: int | None = None  # planned
+    status: StageStatus | None = None
+    successes: int | None = None
+    failures: int | None = None
+    output_tokens_per_s: float | None = _key("outputTokensPerS")
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    reasons: tuple[str, ...] = _key(default=())
+
+    @property
+    def measured(self) -> bool:
+        return self.status is StageStatus.MEASURED
+
+
+@dataclass(frozen=True, slots=True)
+class ArmLoad:
+    """One arm's run: its stages in the order they ran, and why the run broke if it did."""
+
+    url: str | None = None
+    exit_code: int | None = None  # inference-perf's; None when killed at the deadline (or unknown)
+    reachable_after: bool | None = None  # the arm answered after the run (False: it died)
+    error: str | None = None
+    stages: tuple[StagePoint, ...] = _key(default=())
+
+    def at(self, concurrency: int) -> StagePoint | None:
+        """The stage run at `concurrency` (the first, if it ran twice)."""
+        return next((s for s in self.stages if s.concurrency == concurrency), None)
+
+    @property
+    def measured(self) -> tuple[StagePoint, ...]:
+        return tuple(s for s in self.stages if s.measured)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSummary:
+    """Both arms' runs (started together, same stages) and the workload they ran."""
+
+    kind: str | None = None
+    verdict: LoadVerdict | None = None
+    error: str | None = None
+    production_concurrency: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    num_workers: int | None = None
+    control: ArmLoad | None = None
+    candidate: ArmLoad | None = None
+
+    @classmethod
+    def from_dict(cls, raw: object) -> LoadSummary:
+        """Total: anything reads; what is not a summary reads as an empty one."""
+        value = _read(cls, raw, 0)
+        return value if isinstance(value, cls) else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = _write(self)
+        return out
+
+    def arm(self, name: str) -> ArmLoad | None:
+        if name not in ARMS:
+            raise ValueError(f"arm {name!r} is not one of {', '.join(ARMS)}")
+        arm: ArmLoad | None = getattr(self, name)
+        return arm
+
+
+def overall(control: ArmLoad, candidate: ArmLoad) -> LoadVerdict:
+    """measured: every stage of both; error: an arm broke or measured nothing; else partial."""
+    arms = (control, candidate)
+    if any(a.error or not a.measured for a in arms):
+        return LoadVerdict.ERROR
+    if all(s.measured for a in arms for s in a.stages):
+        return LoadVerdict.MEASURED
+    return LoadVerdict.PARTIAL

@@ -1,0 +1,211 @@
+"""What does FP8 buy, measured? The throughput gate, from the load Job's summary.
+
+The gate reads both arms' stages (`kvgate.loadresult`) at production's concurrency: an arm
+*serves* a stage when the stage was measured (no failures, no cut-off streams, every planned
+request) and met the spec's SLOs. Then:
+- both serve: the gain is candidate / control output tok/s there; at least `minRatio` is a gain,
+  less is NotNeeded (production's load is not where the KV cache limits);
+- only the candidate serves: the capacity case (the control runs out of KV cache and fails
+  while the candidate serves): a gain, quoted against the control's best stage;
+- the candidate does not serve it: Failed, with what the stage measured;
+- arms at different GPU clocks: no throughput claim (Inconclusive), as for the speed gate.
+Pure: data in, a `ThroughputFinding` out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from kvgate.gates import compare_clocks
+from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
+from kvgate.model import Outcome, SpeedClocks
+from kvgate.reasons import Reason
+from kvgate.spec import ThroughputGainGate
+from kvgate.verdict import GateResult
+
+THROUGHPUT: Final = "throughputGain"
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputFinding:
+    result: GateResult
+    gain: float | None = None  # candidate / control output tok/s at production's load
+    best_gain: float | None = None  # candidate's best served stage / control's best
+
+
+def slo_miss(stage: StagePoint, gate: ThroughputGainGate) -> str | None:
+    """Why a measured stage misses the spec's SLOs (None: it meets them, or there are none)."""
+    misses = [
+        f"{name} p99 {value:,.0f} ms over the SLO {limit:,.0f} ms"
+        for name, value, limit in (
+            ("TTFT", stage.ttft_p99_ms, gate.ttft_p99_ms),
+            ("TPOT", stage.tpot_p99_ms, gate.tpot_p99_ms),
+        )
+        if limit is not None and value is not None and value > limit
+    ]
+    return "; ".join(misses) or None
+
+
+def serves(stage: StagePoint | None, gate: ThroughputGainGate) -> bool:
+    return (
+        stage is not None
+        and stage.measured
+        and stage.output_tokens_per_s is not None
+        and slo_miss(stage, gate) is None
+    )
+
+
+def why_not(stage: StagePoint | None, gate: ThroughputGainGate) -> str:
+    if stage is None:
+        return "not run"
+    if not stage.measured:
+        return "; ".join(stage.reasons[:2]) or "not measured"
+    return slo_miss(stage, gate) or "no throughput figure"
+
+
+def best(arm: ArmLoad, gate: ThroughputGainGate) -> StagePoint | None:
+    served = [s for s in arm.stages if serves(s, gate)]
+    return max(served, key=lambda s: s.output_tokens_per_s or 0.0, default=None)
+
+
+def _tok(stage: StagePoint) -> str:
+    return f"{stage.output_tokens_per_s or 0:,.0f} tok/s"
+
+
+def tpot_clause(
+    control: ArmLoad, candidate: ArmLoad, production: int, gate: ThroughputGainGate
+) -> str | None:
+    """TPOT p50 change where both arms serve: the highest such concurrency up to production's."""
+    both = [
+        (c, k)
+        for c in control.stages
+        if serves(c, gate)
+        and c.concurrency is not None
+        and (k := candidate.at(c.concurrency)) is not None
+        and serves(k, gate)
+        and c.tpot_p50_ms
+        and k.tpot_p50_ms
+    ]
+    if not both:
+        return None
+    below = [pair for pair in both if (pair[0].concurrency or 0) <= production] or both
+    c, k = max(below, key=lambda pair: pair[0].concurrency or 0)
+    assert c.tpot_p50_ms and k.tpot_p50_ms
+    return f"TPOT {k.tpot_p50_ms / c.tpot_p50_ms - 1:+.0%} at {c.concurrency} concurrent"
+
+
+def assess_throughput(
+    gate: ThroughputGainGate | None,
+    load: LoadSummary | None,
+    clocks: SpeedClocks | None = None,
+    *,
+    production_concurrency: int | None = None,
+    labels: tuple[str, str] = ("control", "candidate"),
+) -> ThroughputFinding:
+    """The throughput gate: what the candidate buys at production's load, in one line.
+
+    `production_concurrency`: production's load as the operator read it; a load run made for
+    another load proves nothing about this one (None: the load the run was made for).
+    """
+    if gate is None:
+        return ThroughputFinding(
+            GateResult(THROUGHPUT, Outcome.SKIPPED, Reason.GATE_OFF, "throughput not measured")
+        )
+    control = load.control if load is not None else None
+    candidate = load.candidate if load is not None else None
+    production = load.production_concurrency if load is not None else None
+    if load is None or control is None or candidate is None or production is None:
+        return _unknown("no load summary")
+    if production_concurrency is not None and production_concurrency != production:
+        return _unknown(
+            f"the load ran for production concurrency {production}, production is at "
+            f"{production_concurrency}"
+        )
+    if load.verdict is LoadVerdict.ERROR or control.error or candidate.error:
+        return _unknown(f"the load run failed: {load.error or 'an arm measured nothing'}")
+    if clocks is not None and clocks.control is not None and clocks.candidate is not None:
+        mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
+        if mismatch is not None:
+            return ThroughputFinding(
+                GateResult(
+                    THROUGHPUT,
+                    Outcome.INCONCLUSIVE,
+                    Reason.CLOCKS_DIFFER,
+                    f"no throughput claim: the arms ran at different GPU clocks: {mismatch}",
+                )
+            )
+    ctl, cand = labels
+    at_c, at_k = control.at(production), candidate.at(production)
+    best_c, best_k = best(control, gate), best(candidate, gate)
+    best_gain = (
+        round((best_k.output_tokens_per_s or 0) / best_c.output_tokens_per_s, 4)
+        if best_c is not None and best_k is not None and best_c.output_tokens_per_s
+        else None
+    )
+    tpot = tpot_clause(control, candidate, production, gate)
+    tail = f"; {tpot}" if tpot else ""
+    where = f"at production load {production}"
+    if not serves(at_k, gate):
+        if serves(at_c, gate):
+            assert at_c is not None
+            message = (
+                f"{where}: {cand} does not serve it ({why_not(at_k, gate)}), {ctl} makes "
+                f"{_tok(at_c)}{tail}"
+            )
+        else:
+            message = (
+                f"{where}: neither arm serves it ({ctl}: {why_not(at_c, gate)}; {cand}: "
+                f"{why_not(at_k, gate)}): the candidate does not relieve the bottleneck"
+            )
+        return ThroughputFinding(
+            GateResult(THROUGHPUT, Outcome.FAILED, Reason.THROUGHPUT_NOT_GAINED, message),
+            best_gain=best_gain,
+        )
+    assert at_k is not None
+    if not serves(at_c, gate):
+        # The capacity case: the control fails where the candidate serves.
+        versus = (
+            f"; {ctl}'s best {_tok(best_c)} at {best_c.concurrency}, "
+            f"{(at_k.output_tokens_per_s or 0) / (best_c.output_tokens_per_s or 1) - 1:+.0%}"
+            if best_c is not None and best_c.output_tokens_per_s
+            else ""
+        )
+        gain = (
+            round((at_k.output_tokens_per_s or 0) / best_c.output_tokens_per_s, 4)
+            if best_c is not None and best_c.output_tokens_per_s
+            else None
+        )
+        message = (
+            f"{where}: {cand} {_tok(at_k)}, {ctl} does not serve it ({why_not(at_c, gate)})"
+            f"{versus}{tail}"
+        )
+        return ThroughputFinding(
+            GateResult(THROUGHPUT, Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED, message),
+            gain=gain,
+            best_gain=best_gain,
+        )
+    assert at_c is not None and at_c.output_tokens_per_s
+    ratio = (at_k.output_tokens_per_s or 0) / at_c.output_tokens_per_s
+    message = (
+        f"{where}: {_tok(at_k)} vs {_tok(at_c)}, {ratio - 1:+.0%} (at least "
+        f"{gate.min_ratio:g}x asked){tail}"
+    )
+    if best_gain is not None:
+        message += f"; best stages {best_gain:.2f}x"
+    if ratio >= gate.min_ratio:
+        result = GateResult(THROUGHPUT, Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED, message)
+    else:
+        result = GateResult(
+            THROUGHPUT,
+            Outcome.NOT_NEEDED,
+            Reason.THROUGHPUT_NOT_NEEDED,
+            f"{message}: both arms serve production's load, the KV cache is not what limits it",
+        )
+    return ThroughputFinding(result, gain=round(ratio, 4), best_gain=best_gain)
+
+
+def _unknown(why: str) -> ThroughputFinding:
+    return ThroughputFinding(
+        GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, f"no throughput: {why}")
+    )

@@ -1,0 +1,189 @@
+"""`kvgate load-job` against two `kvgate.sim` arms on 127.0.0.1 (inference-perf from the load venv).
+
+The program's contract is its stdout: JSON lines, the last one the `kvgate.load/summary`
+(carrying the attempt's nonce), and its exit code. An unreachable arm and an arm killed
+mid-run end as `error` stages with exit 4, although inference-perf itself exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvgate.load.runner import default_inference_perf
+from kvgate.loadresult import PROGRESS_KIND, SUMMARY_KIND, LoadSummary, LoadVerdict, StageStatus
+
+REPO = Path(__file__).resolve().parents[2]
+GSM8K_DIR = Path(os.environ.get("KVGATE_GSM8K_DIR") or REPO.parent / "shared" / "data" / "gsm8k")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.load,
+    pytest.mark.tools,
+    pytest.mark.skipif(
+        not default_inference_perf().is_file()
+        and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+        reason=f"{default_inference_perf()} missing: run `make loadenv`",
+    ),
+]
+
+ENGINE = ["vllm", "serve", "Qwen/Qwen3-8B", "--max-model-len", "8192"]
+FP8 = [*ENGINE, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"]  # no JIT on an L4
+NONCE = "nonce-for-this-attempt"
+TIMEOUT_S = 300.0
+
+
+def load_job(
+    control: str, candidate: str, tmp_path: Path, extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")])
+        ),
+        "KVGATE_LOAD_NONCE": NONCE,
+        "KVGATE_GSM8K_DIR": str(GSM8K_DIR),
+        "KVGATE_INFERENCE_PERF": str(default_inference_perf()),
+    }
+    argv = [
+        sys.executable, "-m", "kvgate", "load-job",
+        "--control-url", control,
+        "--candidate-url", candidate,
+        "--model", "Qwen/Qwen3-8B",
+        "--production-concurrency", "2",
+        "--max-concurrency", "8",
+        "--prompt-tokens", "256",
+        "--output-tokens", "32",
+        "--request-timeout", "20",
+        "--timeout", "240",
+        "--work-dir", str(tmp_path / "work"),
+        *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        stdout=(tmp_path / "stdout").open("wb"),
+        stderr=(tmp_path / "stderr").open("wb"),
+        env=env,
+        cwd=tmp_path,
+    )
+
+
+def finish(proc: subprocess.Popen[bytes], tmp_path: Path) -> tuple[int, list[dict[str, Any]]]:
+    code = proc.wait(TIMEOUT_S)
+    lines = [json.loads(line) for line in (tmp_path / "stdout").read_text().splitlines()]
+    assert lines, (tmp_path / "stderr").read_text()[-3000:]
+    return code, lines
+
+
+def summary_of(lines: list[dict[str, Any]]) -> LoadSummary:
+    last = lines[-1]
+    assert last["kind"] == SUMMARY_KIND and last["nonce"] == NONCE
+    assert all(line["kind"] == PROGRESS_KIND for line in lines[:-1])
+    summary = LoadSummary.from_dict(last)
+    assert LoadSummary.from_dict(summary.to_dict()) == summary
+    return summary
+
+
+def dead_url() -> str:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def successes(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:request_success_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    )
+
+
+def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Path) -> None:
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
+    candidate = sim(FP8, env={"KVGATE_SIM_SPEED": "0.01"})
+    code, lines = finish(load_job(control.url, candidate.url, tmp_path), tmp_path)
+    summary = summary_of(lines)
+    assert code == 0, summary
+    assert summary.verdict is LoadVerdict.MEASURED and summary.error is None
+    assert (summary.production_concurrency, summary.prompt_tokens, summary.output_tokens) == (
+        2,
+        256,
+        32,
+    )
+    assert summary.num_workers == 1
+    for arm in (summary.control, summary.candidate):
+        assert arm is not None and arm.error is None and arm.reachable_after is True
+        assert arm.exit_code == 0
+        # production's concurrency first, then the sweep upward to the cap
+        assert [s.concurrency for s in arm.stages] == [2, 1, 8]
+        assert [s.requests for s in arm.stages] == [4, 2, 16]
+        for stage in arm.stages:
+            assert stage.status is StageStatus.MEASURED, stage.reasons
+            assert stage.successes == stage.requests and stage.failures == 0
+            assert stage.output_tokens_per_s is not None and stage.output_tokens_per_s > 0
+            assert stage.ttft_p50_ms is not None and stage.ttft_p99_ms is not None
+            assert 0 < stage.ttft_p50_ms <= stage.ttft_p99_ms
+            assert stage.tpot_p50_ms is not None and stage.tpot_p99_ms is not None
+            assert 0 < stage.tpot_p50_ms <= stage.tpot_p99_ms
+    # each arm was sent exactly what was planned (4 + 2 + 16 requests)
+    assert successes(control.url) == successes(candidate.url) == 22
+    stage_lines = [line for line in lines if line.get("event") == "stage"]
+    assert {(line["arm"], line["concurrency"]) for line in stage_lines} == {
+        (arm, c) for arm in ("control", "candidate") for c in (2, 1, 8)
+    }
+
+
+def test_an_unreachable_arm_is_an_error_although_the_tool_exits_0(
+    sim: Callable[..., Any], tmp_path: Path
+) -> None:
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
+    code, lines = finish(load_job(control.url, dead_url(), tmp_path, ["--stages", "2"]), tmp_path)
+    summary = summary_of(lines)
+    assert code == 4
+    assert summary.verdict is LoadVerdict.ERROR
+    assert summary.control is not None and summary.candidate is not None
+    assert [s.status for s in summary.control.stages] == [StageStatus.MEASURED]
+    (stage,) = summary.candidate.stages
+    assert summary.candidate.exit_code == 0  # inference-perf called it a success
+    assert stage.status is StageStatus.ERROR and stage.output_tokens_per_s is None
+    assert "4 of 4 requests failed (Connection Error: 4)" in stage.reasons
+    assert summary.candidate.reachable_after is False
+    assert summary.error is not None and summary.error.startswith(
+        "candidate: the arm did not answer after the run (0 of 1 stages measured)"
+    )
+
+
+def test_an_arm_killed_mid_run_is_an_error(sim: Callable[..., Any], tmp_path: Path) -> None:
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.05"})
+    candidate = sim(FP8, env={"KVGATE_SIM_SPEED": "0.05"})
+    proc = load_job(control.url, candidate.url, tmp_path, ["--output-tokens", "64"])
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if successes(candidate.url) >= 4:  # the production stage is done
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    candidate.proc.kill()  # SIGKILL, as when the node or the OOM killer takes the pod
+    code, lines = finish(proc, tmp_path)
+    summary = summary_of(lines)
+    assert code == 4
+    assert summary.verdict is LoadVerdict.ERROR
+    assert summary.control is not None and summary.candidate is not None
+    assert all(s.measured for s in summary.control.stages)
+    first, *later = summary.candidate.stages
+    assert first.measured
+    assert later[-1].status is StageStatus.ERROR and later[-1].output_tokens_per_s is None
+    assert summary.candidate.reachable_after is False
+    assert summary.error is not None and "candidate: the arm did not answer" in summary.error

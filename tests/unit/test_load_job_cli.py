@@ -1,0 +1,278 @@
+"""`kvgate load-job` without inference-perf: the sweep, the stage figures, the summary and exits.
+
+The runs are replaced by judged report files (what `kvgate.load.runner.run_load` returns), so
+the summary line, its nonce and the exit code are checked here; the tools tier runs the tool.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvgate.cli import main
+from kvgate.commands import load_job
+from kvgate.load.config import LoadPlan
+from kvgate.load.report import Percentiles, StageJudgement, StageResult, judge_stage
+from kvgate.load.runner import LoadRun, LoadToolMissing
+from kvgate.loadresult import (
+    SUMMARY_KIND,
+    ArmLoad,
+    LoadSummary,
+    LoadVerdict,
+    StagePoint,
+    StageStatus,
+    overall,
+)
+
+
+def result(
+    concurrency: int, requests: int, *, failures: int = 0, tok_s: float = 1500.0
+) -> StageResult:
+    return StageResult(
+        stage=0, concurrency=concurrency, requests=requests, successes=requests - failures,
+        failures=failures, failures_by_label=(("Connection Error", failures),) if failures else (),
+        duration_s=10.0, output_tokens_per_s=tok_s, input_tokens_per_s=4 * tok_s,
+        requests_per_s=1.0, prompt_tokens_total=512.0 * requests, output_tokens_total=128.0 * requests,
+        output_tokens_min=128.0 if requests > failures else None, fallback_prompt=0, fallback_output=0,
+        token_count_mismatches=0, ttft_s=Percentiles(0.2, 0.9), tpot_s=Percentiles(0.021, 0.0305),
+        itl_s=Percentiles(0.02, 0.03), request_latency_s=Percentiles(3.0, 5.0),
+        goodput_percentage=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("production", "cap", "expected"),
+    [
+        (64, 128, (64, 1, 8, 32, 128)),
+        (1, 128, (1, 8, 32, 64, 128)),
+        (20, 32, (20, 1, 8, 32)),
+        (8, 8, (8, 1)),
+    ],
+)
+def test_the_sweep_runs_production_first_then_upward_to_the_cap(
+    production: int, cap: int, expected: tuple[int, ...]
+) -> None:
+    assert load_job.sweep(production, cap) == expected
+
+
+def test_the_sweep_refuses_a_cap_below_production() -> None:
+    with pytest.raises(load_job.SpecError, match=r"^--max-concurrency: 32 is below"):
+        load_job.sweep(64, 32)
+    with pytest.raises(load_job.SpecError, match=r"^--stages: not a comma-separated list"):
+        load_job.explicit_stages("1,x")
+
+
+def test_a_measured_stage_keeps_its_figures_in_ms_and_an_error_stage_none() -> None:
+    stage = load_job.Stage(32, 64)
+    good = load_job.stage_point(stage, judge_stage(result(32, 64), 64, 128))
+    assert good == StagePoint(
+        concurrency=32, requests=64, status=StageStatus.MEASURED, successes=64, failures=0,
+        output_tokens_per_s=1500.0, ttft_p50_ms=200.0, ttft_p99_ms=900.0, tpot_p50_ms=21.0,
+        tpot_p99_ms=30.5, itl_p50_ms=20.0, itl_p99_ms=30.0,
+    )  # fmt: skip
+    bad = load_job.stage_point(stage, judge_stage(result(32, 64, failures=3), 64, 128))
+    assert bad.status is StageStatus.ERROR and not bad.measured
+    assert (bad.successes, bad.failures) == (61, 3)
+    assert bad.output_tokens_per_s is None and bad.tpot_p99_ms is None
+    assert bad.reasons == ("3 of 64 requests failed (Connection Error: 3)",)
+    missing = load_job.stage_point(stage, StageJudgement(0, "error", ("no report x",), None))
+    assert missing.successes is None and missing.reasons == ("no report x",)
+
+
+def arm(*statuses: StageStatus, error: str | None = None) -> ArmLoad:
+    return ArmLoad(
+        error=error,
+        stages=tuple(
+            StagePoint(concurrency=c, status=s)
+            for c, s in zip((8, 32, 64)[: len(statuses)], statuses, strict=True)
+        ),
+    )
+
+
+M, E = StageStatus.MEASURED, StageStatus.ERROR
+
+
+def test_overall_verdict() -> None:
+    assert overall(arm(M, M), arm(M, M)) is LoadVerdict.MEASURED
+    # BF16 out of room at 64 while FP8 serves it: data for the gate, not a broken Job
+    assert overall(arm(M, M, E), arm(M, M, M)) is LoadVerdict.PARTIAL
+    assert overall(arm(E, E), arm(M, M)) is LoadVerdict.ERROR
+    assert overall(arm(M, E, error="the arm did not answer"), arm(M, M)) is LoadVerdict.ERROR
+
+
+def test_summary_round_trips_and_finds_stages() -> None:
+    summary = LoadSummary(
+        kind=SUMMARY_KIND, verdict=LoadVerdict.PARTIAL, production_concurrency=64,
+        prompt_tokens=512, output_tokens=128, num_workers=1,
+        control=arm(M, M, E), candidate=arm(M, M, M),
+    )  # fmt: skip
+    raw = json.loads(json.dumps(summary.to_dict()))
+    assert LoadSummary.from_dict(raw) == summary
+    assert raw["control"]["stages"][2] == {"concurrency": 64, "status": "error"}
+    control = summary.arm("control")
+    assert control is not None and control.at(64) == StagePoint(concurrency=64, status=E)
+    assert control.at(128) is None and len(control.measured) == 2
+    with pytest.raises(ValueError, match="arm 'eval' is not one of control, candidate"):
+        summary.arm("eval")
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["control", "stages", "status", "concurrency", "verdict", "x"])
+            | st.text(max_size=4),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=30,
+)
+
+
+@given(JSON)
+def test_from_dict_is_total(raw: Any) -> None:
+    summary = LoadSummary.from_dict(raw)
+    assert isinstance(summary, LoadSummary)
+    assert LoadSummary.from_dict(summary.to_dict()) == summary
+
+
+def test_from_dict_reads_a_wrong_type_as_unknown() -> None:
+    summary = LoadSummary.from_dict(
+        {
+            "verdict": "great",
+            "control": {"stages": [{"concurrency": "64", "status": "measured"}, 3]},
+        }
+    )
+    assert summary.verdict is None
+    assert summary.control == ArmLoad(stages=(StagePoint(status=M),))
+
+
+# ---- the command, its runs replaced -------------------------------------------------------------
+
+ARGV = [
+    "load-job", "--control-url", "http://127.0.0.1:1", "--candidate-url", "http://127.0.0.1:2",
+    "--model", "m", "--production-concurrency", "32", "--max-concurrency", "64",
+    "--prompt-tokens", "512", "--output-tokens", "128",
+]  # fmt: skip
+
+
+@pytest.fixture
+def tokenizer(tmp_path: Path) -> Path:
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    return tmp_path / "tok"
+
+
+def fake_runs(
+    monkeypatch: pytest.MonkeyPatch, failing: dict[str, set[int]], reachable: bool = True
+) -> None:
+    def run_load(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
+        arm = work_dir.name
+        stages = tuple(
+            judge_stage(
+                result(s.concurrency, s.num_requests, failures=s.num_requests if s.concurrency in failing.get(arm, set()) else 0),
+                s.num_requests,
+                plan.output_tokens,
+            )
+            for s in plan.stages
+        )  # fmt: skip
+        return LoadRun(0, stages, work_dir / "c.yaml", work_dir / "log", "")
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
+    monkeypatch.setattr(load_job, "_reachable", lambda url: reachable or url.endswith(":1"))
+    monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
+
+
+def summary_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["event"] == "started" and lines[0]["stages"] == [32, 1, 8, 64]
+    last: dict[str, Any] = lines[-1]
+    assert last["kind"] == SUMMARY_KIND and last["nonce"] == "n0nce"
+    return last
+
+
+def test_every_stage_measured_exits_0(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    fake_runs(monkeypatch, {})
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    last = summary_line(capsys)
+    assert code == 0 and last["verdict"] == "measured"
+    summary = LoadSummary.from_dict(last)
+    assert summary.candidate is not None
+    assert [s.requests for s in summary.candidate.stages] == [64, 2, 16, 128]
+
+
+def test_an_arm_out_of_room_at_a_stage_is_partial_and_exits_3(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    fake_runs(monkeypatch, {"control": {64}})
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    last = summary_line(capsys)
+    assert code == 3 and last["verdict"] == "partial" and "error" not in last
+    assert last["control"]["stages"][3]["status"] == "error"
+
+
+def test_a_dead_arm_is_an_error_and_exits_4(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    fake_runs(monkeypatch, {"candidate": {8, 64}}, reachable=False)
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    last = summary_line(capsys)
+    assert code == 4 and last["verdict"] == "error"
+    assert (
+        last["error"] == "candidate: the arm did not answer after the run (2 of 4 stages measured)"
+    )
+    assert last["candidate"]["reachableAfter"] is False and last["candidate"]["exitCode"] == 0
+
+
+def test_a_missing_tool_still_ends_in_a_summary(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    def missing(*args: object, **kwargs: object) -> LoadRun:
+        raise LoadToolMissing("/x/inference-perf: inference-perf not found (run `make loadenv`)")
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", missing)
+    monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    last = summary_line(capsys)
+    assert code == 4 and last["verdict"] == "error"
+    assert last["error"] == "/x/inference-perf: inference-perf not found (run `make loadenv`)"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-concurrency", "16"], "--max-concurrency: 16 is below --production-concurrency 32"),
+        (["--rounds", "0"], "--rounds: must be > 0, got 0"),
+        (["--stages", "8,0"], "--stages: give concurrency levels >= 1, got '8,0'"),
+        (["--tokenizer", "/nonexistent"], "--tokenizer: /nonexistent holds no tokenizer.json"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    argv = [*ARGV, *extra] if "--tokenizer" in extra else [*ARGV, "--tokenizer", "/t", *extra]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

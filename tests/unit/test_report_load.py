@@ -1,0 +1,85 @@
+"""The report's load section: throughput and TPOT against concurrency, production's load marked."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from kvgate import report
+from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
+from kvgate.status import LoadStatus, RolloutStatus
+
+OOM = "40 of 128 requests failed (Server Error: 40)"
+
+
+def ok(concurrency: int, tok_s: float, tpot_ms: float) -> StagePoint:
+    return StagePoint(
+        concurrency=concurrency, status=StageStatus.MEASURED, output_tokens_per_s=tok_s,
+        tpot_p50_ms=tpot_ms, ttft_p99_ms=900.0,
+    )  # fmt: skip
+
+
+ERR = StagePoint(concurrency=64, status=StageStatus.ERROR, reasons=(OOM,))
+SUMMARY = LoadSummary(
+    verdict=LoadVerdict.PARTIAL,
+    production_concurrency=64,
+    control=ArmLoad(stages=(ERR, ok(1, 61.0, 16.4), ok(8, 410.0, 19.5), ok(32, 1558.0, 20.5))),
+    candidate=ArmLoad(
+        stages=(ok(64, 2192.0, 29.2), ok(1, 59.0, 16.9), ok(8, 398.0, 20.1), ok(32, 1512.0, 21.1))
+    ),
+)
+
+
+def rollout(load: LoadStatus | None) -> dict[str, Any]:
+    status = RolloutStatus(load=load).to_dict()
+    return {"metadata": {"name": "r", "namespace": "ns"}, "spec": {}, "status": status}
+
+
+LOADED = rollout(LoadStatus(attempt=1, throughput_gain=1.4069, best_gain=1.4069, summary=SUMMARY))
+
+
+def test_the_text_report_tabulates_both_arms_by_concurrency() -> None:
+    text = report.render_text(LOADED)
+    lines = text.splitlines()
+    start = lines.index(
+        "Load (inference-perf on both arms at once; tok/s and TPOT against concurrency)"
+    )
+    table = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 : start + 7]]
+    assert table[0][:3] == ["concurrent", "control tok/s", "candidate tok/s"]
+    body = [row for row in table if row[0][0].isdigit()]
+    assert body == [
+        ["1", "61", "59", "16.4", "16.9", "900", "900"],
+        ["8", "410", "398", "19.5", "20.1", "900", "900"],
+        ["32", "1,558", "1,512", "20.5", "21.1", "900", "900"],
+        ["64 (production)", "error", "2,192", "error", "29.2", "error", "900"],
+    ]
+    assert "  throughput gain at production load 64: 1.41x" in lines
+    assert f"  control at 64: {OOM}" in lines
+
+
+def test_the_html_report_draws_both_curves_with_production_marked() -> None:
+    html = report.render_html(LOADED)
+    assert "<h2>Load (inference-perf on both arms at once)</h2>" in html
+    svg = report.render_load_svg(LOADED["status"])
+    assert svg in html
+    root = ET.fromstring(svg)  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    # two panels, each with one line per arm (the control's joins its 3 measured stages)
+    assert len(root.findall(f"{ns}polyline")) == 4
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert texts.count("production 64") == 2
+    assert "Output tok/s against concurrency" in texts
+    assert "TPOT p50 (ms) against concurrency" in texts
+    # the control's error at 64 is drawn as an error, not as a point at zero
+    titles = [t.text for t in root.iter(f"{ns}title")]
+    assert titles.count(f"control at 64: error: {OOM}") == 2
+    assert "candidate at 64: 2,192.0" in titles and "control at 32: 1,558.0" in titles
+
+
+def test_without_a_load_there_is_no_section() -> None:
+    bare = rollout(None)
+    assert report.render_load_svg(bare["status"]) == ""
+    assert "Load (" not in report.render_text(bare)
+    assert "<h2>Load" not in report.render_html(bare)
+    assert report.read_load(bare["status"]) is None
