@@ -144,7 +144,7 @@ def test_kubectl_get_shows_the_measured_throughput_gain() -> None:
     assert columns["Gain"]["type"] == "number" and columns["Gain"].get("priority", 0) == 0
     # the schema keeps status.load (else the apiserver prunes it) and the typed status writes it
     props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert props["load"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert props["load"]["properties"]["throughputGain"]["type"] == "number"  # typed (statusschema)
     written = RolloutStatus(load=LoadStatus(throughput_gain=1.41)).to_dict()
     assert written["load"]["throughputGain"] == 1.41
 
