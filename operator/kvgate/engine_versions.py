@@ -35,9 +35,14 @@ but 0.8-0.9 send FP8 KV to V0 unless FlashAttention takes it, vllm/engine/arg_ut
 0.8.0, :1257 in 0.9.0), and V0 itself moves an FP8 KV cache off FlashAttention to XFormers
 ("Cannot use FlashAttention-2 backend for FP8 KV cache", vllm/attention/selector.py:228 in
 0.6.0, vllm/platforms/cuda.py:246 in 0.8.0, :274 in 0.9.0): so XFORMERS is the remedy's
-backend before 0.10. Caveat: a pod that forces `VLLM_USE_V1=1` on 0.8-0.9 makes that V0
+backend before 0.10 (and 0.10.0-0.10.1, below). Caveat: a pod that forces `VLLM_USE_V1=1` on 0.8-0.9 makes that V0
 fallback an error (`_raise_or_fallback`); the remedy does not unset it.
-0.10.0/0.10.1 lack FLASHINFER_MLA (and 0.10.0 TREE_ATTN), so the 0.10.2 row starts at 0.10.2.
+0.10.0/0.10.1 still send FP8 KV to V0 unless FlashAttention takes it or the GPU is SM 10.x
+(`is_kv_cache_dtype_supported`, vllm/platforms/cuda.py:460 in 0.10.0, :498 in 0.10.1), and V0
+there rejects `TRITON_ATTN_VLLM_V1` ("Invalid attention backend for ...", cuda.py:340 in
+0.10.0): so their remedy is XFORMERS too (on an SM 10.x GPU, whose FP8 KV stays on V1, V1
+ignores XFORMERS there and picks its default). They also lack FLASHINFER_MLA (and 0.10.0
+TREE_ATTN), so the 0.10.2 row, with the Triton remedy, starts at 0.10.2.
 SGLang: `--kv-cache-dtype` / `--attention-backend` choices in sglang/srt/server_args.py
 (0.5.23: sglang/srt/arg_groups/fields/model.py and arg_groups/choices.py); no env variable
 chooses the backend; `--sampling-backend pytorch` avoids FlashInfer's sampler.
@@ -77,8 +82,8 @@ class VersionFacts:
     calculate_kv_scales: str  # "yes", "deprecated", "removed" or "never" (SGLang, vLLM 0.6)
     flashinfer_sampler_env: str | None = None
     sampling_backend_flag: str | None = None
-    # The backend (canonical name) a remedy moves an FP8 KV cache to: Triton from 0.10, where
-    # vLLM has one that stores FP8 KV; V0's XFormers before (see the module docstring).
+    # The backend (canonical name) a remedy moves an FP8 KV cache to: Triton from 0.10.2, where
+    # V1's Triton backend stores FP8 KV; V0's XFormers before (see the module docstring).
     fp8_backend: str = "TRITON_ATTN"
     verified: bool = True  # False: from the reference notes, no wheel of this row was read
 
@@ -169,7 +174,7 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
         _V_SAMPLER,
         fp8_backend="XFORMERS",
     ),
-    # 0.10.0: `fp8_inc`; the V1 Triton backend takes FP8 KV.
+    # 0.10.0-0.10.1: `fp8_inc`; FP8 KV still falls back to V0 (see the module docstring).
     VersionFacts(
         VLLM,
         (0, 10, 0),
@@ -181,6 +186,7 @@ VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
         _V0100_BACKENDS,
         "yes",
         _V_SAMPLER,
+        fp8_backend="XFORMERS",
     ),
     VersionFacts(
         VLLM,
@@ -502,7 +508,7 @@ def remedy_for(
 
     `attention-build-failed` (FlashInfer cannot JIT-compile its FP8 kernels, no nvcc/ninja)
     and `fp8-unsupported` (FlashAttention refuses an FP8 KV cache on this GPU) both move to the
-    Triton backend, which stores FP8 KV on every GPU kvgate targets (before vLLM 0.10: V0's
+    Triton backend, which stores FP8 KV on every GPU kvgate targets (before vLLM 0.10.2: V0's
     XFormers, the row's `fp8_backend`), and stop the FlashInfer sampler (vLLM:
     VLLM_USE_FLASHINFER_SAMPLER=0; SGLang: --sampling-backend pytorch), which JIT-compiles as
     well. Without a version there is no remedy: the flag that picks the backend does not exist

@@ -100,13 +100,16 @@ V06 = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}
         ("0.7.0", "XFORMERS", "yes", V06),
         ("0.8.5", "XFORMERS", "yes", V06),
         ("0.9.2", "XFORMERS", "yes", V06),
-        ("0.10.0", "TRITON_ATTN_VLLM_V1", "yes", V06 | {"fp8_inc"}),
-        ("0.10.1", "TRITON_ATTN_VLLM_V1", "yes", V06 | {"fp8_inc"}),
+        # 0.10.0-0.10.1 send FP8 KV to V0, which rejects TRITON_ATTN_VLLM_V1
+        ("0.10.0", "XFORMERS", "yes", V06 | {"fp8_inc"}),
+        ("0.10.1", "XFORMERS", "yes", V06 | {"fp8_inc"}),
+        ("0.10.2", "TRITON_ATTN_VLLM_V1", "yes", V06 | {"fp8_inc"}),
     ],
 )
-def test_rows_below_010(version: str, backend: str, calculate: str, dtypes: set[str]) -> None:
-    # GIVEN a vLLM older than 0.10.2 WHEN FlashInfer's JIT fails or FlashAttention refuses FP8
-    # THEN the remedy is the env variable (no flag before 0.13) naming a backend it has.
+def test_rows_below_0102(version: str, backend: str, calculate: str, dtypes: set[str]) -> None:
+    # GIVEN a vLLM up to 0.10.2 WHEN FlashInfer's JIT fails or FlashAttention refuses FP8
+    # THEN the remedy is the env variable (no flag before 0.13) naming a backend that holds an
+    # FP8 KV cache on the engine (V0 or V1) that release runs it on.
     row = ev.facts_for("vllm", version)
     assert row.kv_cache_dtypes == dtypes and row.calculate_kv_scales == calculate
     assert ("--calculate-kv-scales" in row.flags()) == (calculate == "yes")

@@ -85,8 +85,8 @@ def _remedy(engine: str | None, version: tuple[int, ...] | None, code: str) -> s
 
 
 _ALL_VLLM_REMEDIES: Final = (
-    "on vLLM 0.6-0.9 VLLM_ATTENTION_BACKEND=XFORMERS, "
-    "on 0.10 VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1, on 0.11-0.12 "
+    "on vLLM 0.6-0.10.1 VLLM_ATTENTION_BACKEND=XFORMERS, "
+    "on 0.10.2 VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1, on 0.11-0.12 "
     "VLLM_ATTENTION_BACKEND=TRITON_ATTN, on 0.13+ --attention-backend TRITON_ATTN "
     "(each with VLLM_USE_FLASHINFER_SAMPLER=0)"
 )
