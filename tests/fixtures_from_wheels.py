@@ -14,8 +14,9 @@ Each log line in a fixture is preceded by a provenance line
 and the log header (`INFO 09-13 10:00:00 [cache.py:175] `, `[2025-10-06 10:00:00] `) uses the
 file name and line of the logging call, as the engine's own formatter would. Tests read only
 the committed texts (tests/unit/test_logs_engine_source.py); without the wheels this script
-exits 2 and changes nothing. With only some wheels present it renders the fixtures it can and
-keeps the facts of the absent wheels, so the 200-400 MB wheels can be read a few at a time. `facts.json` holds what kvgate.engine_versions is checked
+exits 2 and changes nothing. With only some wheels present it keeps the facts read before from the
+absent ones (and renders no fixture if one needs an absent wheel), so the 200-400 MB wheels can
+be read a few at a time. `facts.json` holds what kvgate.engine_versions is checked
 against: the `--kv-cache-dtype` choices, the attention backend names and which flags and
 environment variables each version reads.
 """
