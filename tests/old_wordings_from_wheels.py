@@ -1,4 +1,4 @@
-"""Render tests/data/engine-source-old/ from vLLM wheels older than kvgate's table (0.6-0.8).
+"""Render tests/data/engine-source-old/ from vLLM 0.6-0.8 wheels (wordings older than 0.10.2).
 
     pip download --no-deps --only-binary=:all: vllm==0.6.3.post1 vllm==0.7.3 vllm==0.8.0 -d /tmp/wheels
     python tests/old_wordings_from_wheels.py --wheels /tmp/wheels [--check]

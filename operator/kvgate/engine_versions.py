@@ -3,14 +3,17 @@
 Every row was read out of the published wheels (tests/fixtures_from_wheels.py writes what it
 read to tests/data/engine-source/facts.json; tests/unit/test_engine_versions.py checks the
 rows below against it). A row holds from its `since` version until the next row's. vLLM: the
-wheels of 0.10.2 and of every x.y.0 release from 0.11.0 to 0.33.0 were read, so each `since`
-is exact to the minor release (patch releases, e.g. 0.20.1, and 0.10.0/0.10.1 were not read).
+wheels of every x.y.0 release from 0.6.0 to 0.33.0, of 0.10.1, 0.10.2 and 0.8.5 were read, so
+each `since` is exact to the minor release (other patch releases, e.g. 0.20.1, were not read);
+versions before 0.6.0 were not read and get no remedy.
 SGLang: every release from 0.4.6 to 0.5.23 was read (the base release of each, e.g. 0.5.6
 not 0.5.6.post2; 0.4.10 as 0.4.10.post2), so each `since` is exact to that; versions before
 0.4.6 were not read and get the 0.4.6 row.
 
     >>> remedy_for("vllm", "0.10.2", "attention-build-failed")
     ((), {'VLLM_ATTENTION_BACKEND': 'TRITON_ATTN_VLLM_V1', 'VLLM_USE_FLASHINFER_SAMPLER': '0'})
+    >>> remedy_for("vllm", "0.8.5", "attention-build-failed")
+    ((), {'VLLM_ATTENTION_BACKEND': 'XFORMERS', 'VLLM_USE_FLASHINFER_SAMPLER': '0'})
 
 Sources (vLLM): `CacheDType` in vllm/config/cache.py; backend names: `_Backend` in
 vllm/platforms/interface.py (0.10-0.11), `AttentionBackendEnum` in
@@ -22,6 +25,24 @@ flags `--attention-backend` and `--attention-config`/`-ac` in vllm/engine/arg_ut
 vllm/config/cache.py:240 in 0.20.0; the field is gone from 0.28).
 0.10 rejects a name missing from `_Backend` in vllm/attention/selector.py:200 (`Invalid
 attention backend: 'TRITON_ATTN'`), so the Triton backend is `TRITON_ATTN_VLLM_V1` there.
+Before 0.10 (V0 attention): the `--kv-cache-dtype` choices are the argparse `choices=` in
+vllm/engine/arg_utils.py (0.6.0:255, 0.7.0:348, 0.8.0:369; `CacheDType` in vllm/config.py
+from 0.8.5, :1291), backend names `_Backend` in vllm/attention/selector.py (0.6) and
+vllm/platforms/interface.py (0.7+), `VLLM_ATTENTION_BACKEND` and `VLLM_USE_FLASHINFER_SAMPLER`
+in vllm/envs.py (0.6.0:267/271), `--calculate-kv-scales` from 0.7.0 (arg_utils.py:953).
+There is no Triton backend for an FP8 KV cache there (`TRITON_ATTN_VLLM_V1` arrives in 0.8.5
+but 0.8-0.9 send FP8 KV to V0 unless FlashAttention takes it, vllm/engine/arg_utils.py:1480 in
+0.8.0, :1257 in 0.9.0), and V0 itself moves an FP8 KV cache off FlashAttention to XFormers
+("Cannot use FlashAttention-2 backend for FP8 KV cache", vllm/attention/selector.py:228 in
+0.6.0, vllm/platforms/cuda.py:246 in 0.8.0, :274 in 0.9.0): so XFORMERS is the remedy's
+backend before 0.10 (and 0.10.0-0.10.1, below). Caveat: a pod that forces `VLLM_USE_V1=1` on 0.8-0.9 makes that V0
+fallback an error (`_raise_or_fallback`); the remedy does not unset it.
+0.10.0/0.10.1 still send FP8 KV to V0 unless FlashAttention takes it or the GPU is SM 10.x
+(`is_kv_cache_dtype_supported`, vllm/platforms/cuda.py:460 in 0.10.0, :498 in 0.10.1), and V0
+there rejects `TRITON_ATTN_VLLM_V1` ("Invalid attention backend for ...", cuda.py:340 in
+0.10.0): so their remedy is XFORMERS too (on an SM 10.x GPU, whose FP8 KV stays on V1, V1
+ignores XFORMERS there and picks its default). They also lack FLASHINFER_MLA (and 0.10.0
+TREE_ATTN), so the 0.10.2 row, with the Triton remedy, starts at 0.10.2.
 SGLang: `--kv-cache-dtype` / `--attention-backend` choices in sglang/srt/server_args.py
 (0.5.23: sglang/srt/arg_groups/fields/model.py and arg_groups/choices.py); no env variable
 chooses the backend; `--sampling-backend pytorch` avoids FlashInfer's sampler.
@@ -39,10 +60,8 @@ SGLANG: Final = "sglang"
 
 # Finding codes of kvgate.logs that remedy_for knows a remedy for.
 REMEDIABLE_CODES: Final = ("attention-build-failed", "fp8-unsupported")
-# vLLM older than the table's first row is not extrapolated to: its Triton backend is named
-# otherwise or is missing (`_Backend` has no TRITON_ATTN_VLLM_V1 in the 0.6.3.post1, 0.7.3 and
-# 0.8.0 wheels, it appears in 0.8.5), and FP8 KV may fall back to V0. No remedy is named there.
-_VLLM_FIRST_REMEDY: Final = (0, 10, 0)
+# vLLM older than the table's first row (0.6.0) is not extrapolated to: no remedy there.
+_VLLM_FIRST_REMEDY: Final = (0, 6, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +79,12 @@ class VersionFacts:
     # backends kvgate may pick; names absent here are passed through only if in `backends`.
     backend_names: Mapping[str, str]
     backends: frozenset[str]  # every name this version accepts (the subset kvgate uses)
-    calculate_kv_scales: str  # "yes", "deprecated" or "removed" ("never" for SGLang)
+    calculate_kv_scales: str  # "yes", "deprecated", "removed" or "never" (SGLang, vLLM 0.6)
     flashinfer_sampler_env: str | None = None
     sampling_backend_flag: str | None = None
+    # The backend (canonical name) a remedy moves an FP8 KV cache to: Triton from 0.10.2, where
+    # V1's Triton backend stores FP8 KV; V0's XFormers before (see the module docstring).
+    fp8_backend: str = "TRITON_ATTN"
     verified: bool = True  # False: from the reference notes, no wheel of this row was read
 
     def backend_name(self, backend: str) -> str:
@@ -95,7 +117,8 @@ def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(str(p) for p in version)
 
 
-_V010_DTYPES: Final = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+_V06_DTYPES: Final = frozenset({"auto", "fp8", "fp8_e4m3", "fp8_e5m2"})
+_V010_DTYPES: Final = _V06_DTYPES | {"fp8_inc"}
 _V011_DTYPES: Final = _V010_DTYPES | {"bfloat16"}
 _V012_DTYPES: Final = _V011_DTYPES | {"fp8_ds_mla"}
 _V018_DTYPES: Final = _V012_DTYPES | {"float16"}
@@ -111,6 +134,8 @@ _V032_DTYPES: Final = _V030_DTYPES | {"ultraquant_4bit"}
 _V033_DTYPES: Final = _V032_DTYPES | {"octave_k3v4", "octave_k3v3", "octave_k3v3_compact"}
 
 _V_COMMON_BACKENDS: Final = frozenset({"FLASH_ATTN", "FLASHINFER", "FLEX_ATTENTION", "TREE_ATTN"})
+_V06_BACKENDS: Final = frozenset({"FLASH_ATTN", "FLASHINFER", "XFORMERS"})
+_V0100_BACKENDS: Final = _V06_BACKENDS | {"FLEX_ATTENTION", "TRITON_ATTN_VLLM_V1"}
 _V010_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN_VLLM_V1", "XFORMERS", "FLASHINFER_MLA"}
 _V011_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "XFORMERS", "FLASHINFER_MLA"}
 _V012_BACKENDS: Final = _V_COMMON_BACKENDS | {"TRITON_ATTN", "FLASHINFER_MLA"}
@@ -118,11 +143,54 @@ _V021_BACKENDS: Final = _V012_BACKENDS - {"TREE_ATTN"}  # TREE_ATTN is gone in 0
 _V010_NAMES: Final = {"TRITON_ATTN": "TRITON_ATTN_VLLM_V1"}
 _V_SAMPLER: Final = "VLLM_USE_FLASHINFER_SAMPLER"
 
-# One row per change point; every x.y.0 release from 0.11 to 0.33 (and 0.10.2) was read.
+# One row per change point; every x.y.0 release from 0.6 to 0.33 (and 0.8.5, 0.10.1, 0.10.2)
+# was read.
 VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
+    # 0.6: V0 attention; no `--calculate-kv-scales` yet.
+    VersionFacts(
+        VLLM,
+        (0, 6, 0),
+        _V06_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V06_BACKENDS,
+        "never",
+        _V_SAMPLER,
+        fp8_backend="XFORMERS",
+    ),
+    # 0.7-0.9: `--calculate-kv-scales` arrives (vllm/engine/arg_utils.py:953 in 0.7.0).
+    VersionFacts(
+        VLLM,
+        (0, 7, 0),
+        _V06_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V06_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+        fp8_backend="XFORMERS",
+    ),
+    # 0.10.0-0.10.1: `fp8_inc`; FP8 KV still falls back to V0 (see the module docstring).
     VersionFacts(
         VLLM,
         (0, 10, 0),
+        _V010_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        _V010_NAMES,
+        _V0100_BACKENDS,
+        "yes",
+        _V_SAMPLER,
+        fp8_backend="XFORMERS",
+    ),
+    VersionFacts(
+        VLLM,
+        (0, 10, 2),
         _V010_DTYPES,
         None,
         None,
@@ -440,11 +508,12 @@ def remedy_for(
 
     `attention-build-failed` (FlashInfer cannot JIT-compile its FP8 kernels, no nvcc/ninja)
     and `fp8-unsupported` (FlashAttention refuses an FP8 KV cache on this GPU) both move to the
-    Triton backend, which stores FP8 KV on every GPU kvgate targets, and stop the FlashInfer
-    sampler (vLLM: VLLM_USE_FLASHINFER_SAMPLER=0; SGLang: --sampling-backend pytorch), which
-    JIT-compiles as well. Without a version there is no remedy: the flag that picks the
-    backend does not exist before vLLM 0.13 and the env variable is ignored from 0.15 on
-    (SGLang's flags are the same in every version, so there it needs none).
+    Triton backend, which stores FP8 KV on every GPU kvgate targets (before vLLM 0.10.2: V0's
+    XFormers, the row's `fp8_backend`), and stop the FlashInfer sampler (vLLM:
+    VLLM_USE_FLASHINFER_SAMPLER=0; SGLang: --sampling-backend pytorch), which JIT-compiles as
+    well. Without a version there is no remedy: the flag that picks the backend does not exist
+    before vLLM 0.13 and the env variable is ignored from 0.15 on (SGLang's flags are the same
+    in every version, so there it needs none).
     """
     if finding_code not in REMEDIABLE_CODES:
         return None
@@ -456,7 +525,7 @@ def remedy_for(
         if _engine(engine) == VLLM and parse(version) < _VLLM_FIRST_REMEDY:
             return None
         row = facts_for(engine, version)
-        args, env = backend_settings(engine, "TRITON_ATTN", version)
+        args, env = backend_settings(engine, row.fp8_backend, version)
     except ValueError:
         return None
     if row.flashinfer_sampler_env is not None:

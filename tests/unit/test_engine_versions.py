@@ -30,9 +30,14 @@ def test_rows_match_the_wheels(key: str) -> None:
         assert (row.backend_env is not None) == read["env_VLLM_ATTENTION_BACKEND"]
         assert (row.backend_flag is not None) == read["flag_attention_backend"]
         assert (row.backend_json_flag is not None) == read["flag_attention_config"]
-        assert (row.calculate_kv_scales != "removed") == read["calculate_kv_scales"]
+        present = row.calculate_kv_scales in {"yes", "deprecated"}
+        assert present == read["calculate_kv_scales"]
         deprecated = read["calculate_kv_scales_deprecated"]
         assert (row.calculate_kv_scales == "deprecated") == deprecated
+        # recorded for the wheels read since the key was added (0.6.0-0.10.1)
+        sampler = read.get("env_VLLM_USE_FLASHINFER_SAMPLER", True)
+        assert (row.flashinfer_sampler_env is not None) == sampler
+        assert row.backend_name(row.fp8_backend) in read["attention_backends"]
 
 
 def _read_versions(engine: str) -> list[tuple[int, ...]]:
@@ -76,6 +81,44 @@ def test_rows_start_where_the_wheels_change(engine: str, releases: list[tuple[in
     for before, row in itertools.pairwise(rows):
         assert before.since < row.since
         assert what(before) != what(row), f"row {row.since} repeats the row before it"
+
+
+def test_every_minor_below_the_table_was_read() -> None:
+    read = [v for v in _read_versions("vllm") if v < (0, 11, 0)]
+    minors = [(0, m, 0) for m in range(6, 11)]
+    assert read == sorted([*minors, (0, 8, 5), (0, 10, 1), (0, 10, 2)])
+    assert ev.all_rows("vllm")[0].since == (0, 6, 0)
+
+
+V06 = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}
+
+
+@pytest.mark.parametrize(
+    ("version", "backend", "calculate", "dtypes"),
+    [
+        ("0.6.0", "XFORMERS", "never", V06),
+        ("0.7.0", "XFORMERS", "yes", V06),
+        ("0.8.5", "XFORMERS", "yes", V06),
+        ("0.9.2", "XFORMERS", "yes", V06),
+        # 0.10.0-0.10.1 send FP8 KV to V0, which rejects TRITON_ATTN_VLLM_V1
+        ("0.10.0", "XFORMERS", "yes", V06 | {"fp8_inc"}),
+        ("0.10.1", "XFORMERS", "yes", V06 | {"fp8_inc"}),
+        ("0.10.2", "TRITON_ATTN_VLLM_V1", "yes", V06 | {"fp8_inc"}),
+    ],
+)
+def test_rows_below_0102(version: str, backend: str, calculate: str, dtypes: set[str]) -> None:
+    # GIVEN a vLLM up to 0.10.2 WHEN FlashInfer's JIT fails or FlashAttention refuses FP8
+    # THEN the remedy is the env variable (no flag before 0.13) naming a backend that holds an
+    # FP8 KV cache on the engine (V0 or V1) that release runs it on.
+    row = ev.facts_for("vllm", version)
+    assert row.kv_cache_dtypes == dtypes and row.calculate_kv_scales == calculate
+    assert ("--calculate-kv-scales" in row.flags()) == (calculate == "yes")
+    for code in ev.REMEDIABLE_CODES:
+        assert ev.remedy_for("vllm", version, code) == (
+            (),
+            {"VLLM_ATTENTION_BACKEND": backend, "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        )
+    assert ev.remedy_for("vllm", "0.5.5", "attention-build-failed") is None
 
 
 def test_vllm_020_row() -> None:
@@ -162,7 +205,8 @@ def test_every_remedy_uses_only_what_its_version_has() -> None:
 
 
 def test_common_dtypes_for_an_unknown_version() -> None:
-    assert ev.kv_cache_dtypes("vllm", None) == {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"}
+    # fp8_inc arrived in 0.10.0 (`CacheDType`, vllm/config.py:1609): not every version takes it.
+    assert ev.kv_cache_dtypes("vllm", None) == {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"}
     assert "fp8" not in ev.kv_cache_dtypes("sglang", None)
 
 
@@ -198,6 +242,9 @@ def test_the_log_text_kvgate_reads_is_in_every_read_version() -> None:
         found = set(read["log_strings"])
         if engine == "vllm":
             core = {"kv-memory", "kv-size", "concurrency", "banner", "dtype", "scale-default"}
+            if ev.parse(version) < (0, 10, 0):  # V0 wordings: tests/old_wordings_from_wheels.py
+                assert {"banner", "dtype", "scale-default"} <= found, key
+                continue
             assert core | {"q-scale"} <= found, key
             assert ("backend-auto" in found) == (ev.parse(version) >= (0, 12, 0)), key
         else:

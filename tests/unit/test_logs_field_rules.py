@@ -136,3 +136,51 @@ def test_a_frame_wrapped_inside_its_path_is_joined_and_only_then() -> None:
     other = wrapped.replace("/vllm/engine/multi", "/mylib/engine/multi")
     scan = scan_log("INFO 02-02 18:01:24 model_runner.py:1116] x\n" + other)
     assert scan.engine == "vllm" and not scan.failed
+
+
+def test_a_banner_cut_after_the_version_still_tells_it() -> None:
+    # GIVEN the engine-init line of vLLM 0.24.0 as pasted in noonghunna/club-3090#612, cut
+    # before `kv_cache_dtype=` WHEN scanned THEN the version before the cut is read (the rule is
+    # anchored on its own needle, not on text later in the line).
+    cut = (
+        "(EngineCore pid=107) INFO 07-06 22:50:46 [core.py:114] Initializing a V1 LLM engine "
+        "(v0.24.0) with config: mo\n"
+    )
+    scan = scan_log(cut)
+    assert (scan.engine, scan.engine_version) == ("vllm", "0.24.0")
+    # an unclosed version is not guessed at
+    assert scan_log(cut.replace("(v0.24.0) with config: mo", "(v0.2")).engine_version is None
+
+
+# vLLM's "To serve at least one request..." as pasted: rewrapped after the first clause under
+# a quote bar (eugr/spark-vllm-docker#396) and wrapped mid-word by a terminal
+# (SergiioB/intel-arc-pro-b70-inference-cookbook#4).
+KV_TOO_SMALL_REWRAPPED = """\
+▎ ValueError: To serve at least one request with the model's max seq len (196608),
+▎ 23.25 GiB KV cache is needed, which is larger than the available KV cache memory (22.5 GiB).
+"""
+KV_TOO_SMALL_WRAPPED = """\
+(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach
+e is needed, which is larger than the available KV cache memory (4.25 GiB). Based on the avai
+"""
+KV_TOO_SMALL_WHOLE = (
+    "(EngineCore_DP0 pid=1094) ValueError: To serve at least one request with the models's max "
+    "seq len (262144), (24.0 GiB KV cache is needed, which is larger than the available KV cache "
+    "memory (3.18 GiB). Based on the available memory, the estimated maximum model length is "
+    "34736. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+    "initializing the engine.\n"
+)
+
+
+def test_a_kv_too_small_error_cut_or_wrapped_is_still_a_failed_start() -> None:
+    for text, max_len in ((KV_TOO_SMALL_REWRAPPED, "196608"), (KV_TOO_SMALL_WRAPPED, "100000")):
+        scan = scan_log(text)
+        finding = scan.finding("insufficient-kv-memory")
+        assert scan.failed and finding is not None
+        assert finding.hint.startswith(f"max_model_len {max_len} does not fit the KV cache: ")
+    whole = scan_log(KV_TOO_SMALL_WHOLE).finding("insufficient-kv-memory")
+    assert whole is not None
+    assert whole.hint == (
+        "max_model_len 262144 needs 24.0 GiB of KV cache but 3.18 GiB is free: set "
+        "--max-model-len 34736 or less, or raise --gpu-memory-utilization."
+    )

@@ -56,16 +56,19 @@ def test_every_old_fixture_is_tested() -> None:
     }
 
 
-def test_no_remedy_is_named_for_a_vllm_older_than_the_table() -> None:
-    """The Triton backend the remedy switches to is not in vLLM 0.6.3-0.8.0's `_Backend`."""
+def test_the_remedy_below_010_is_v0s_xformers() -> None:
+    """vLLM 0.6-0.9 have no Triton backend for FP8 KV: the remedy is the XFormers backend V0
+    itself falls back to (kvgate.engine_versions, read from the 0.6.0-0.9.0 wheels); it was
+    "no remedy" before those wheels were read. Older than 0.6 still gets none."""
     from kvgate import engine_versions
 
+    xformers = ((), {"VLLM_ATTENTION_BACKEND": "XFORMERS", "VLLM_USE_FLASHINFER_SAMPLER": "0"})
     for version in ("0.6.3.post1", "0.7.3", "0.8.0", "0.9.2"):
-        assert engine_versions.remedy_for("vllm", version, "attention-build-failed") is None
-    assert engine_versions.remedy_for("vllm", "0.10.1", "attention-build-failed") is not None
+        assert engine_versions.remedy_for("vllm", version, "attention-build-failed") == xformers
+    assert engine_versions.remedy_for("vllm", "0.5.4", "attention-build-failed") is None
     hint = scan("vllm-0.8.0-v1-flash-attn-fp8-refused").finding("fp8-unsupported")
     assert hint is not None
     assert hint.hint.startswith(
-        "This GPU/backend cannot store an FP8 KV cache: set a vLLM of 0.10.2 or later "
-        "(kvgate knows no backend switch for 0.8.0), then on vLLM 0.10 "
+        "This GPU/backend cannot store an FP8 KV cache: set VLLM_ATTENTION_BACKEND=XFORMERS and "
+        "VLLM_USE_FLASHINFER_SAMPLER=0"
     )

@@ -476,6 +476,11 @@ class _Folder:
             limit = (
                 f"--max-model-len {estimate} or less" if estimate else "a smaller --max-model-len"
             )
+            if needed is None:  # the paste cut or rewrapped the line after the max seq len
+                return (
+                    f"max_model_len {max_len} does not fit the KV cache: set {limit}, or raise "
+                    "--gpu-memory-utilization."
+                )
             return (
                 f"max_model_len {max_len} needs {needed} GiB of KV cache but {available} GiB is "
                 f"free: set {limit}, or raise --gpu-memory-utilization."

@@ -74,10 +74,10 @@ def _remedy(engine: str | None, version: tuple[int, ...] | None, code: str) -> s
     text = engine_versions.remedy_text(engine, _version_text(version), code)
     if text or engine != _V:
         return text
-    if version is not None and version < (0, 10):
-        # engine_versions names no remedy before 0.10 (its Triton backend is not there)
+    if version is not None and version < (0, 6):
+        # engine_versions names no remedy before 0.6 (no wheel that old was read)
         return (
-            f"a vLLM of 0.10.2 or later (kvgate knows no backend switch for "
+            f"a vLLM of 0.6 or later (kvgate knows no backend switch for "
             f"{_version_text(version)}), then " + _ALL_VLLM_REMEDIES
         )
     # Version unknown: name the remedy of every vLLM range; none fits them all.
@@ -85,7 +85,8 @@ def _remedy(engine: str | None, version: tuple[int, ...] | None, code: str) -> s
 
 
 _ALL_VLLM_REMEDIES: Final = (
-    "on vLLM 0.10 VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1, on 0.11-0.12 "
+    "on vLLM 0.6-0.10.1 VLLM_ATTENTION_BACKEND=XFORMERS, "
+    "on 0.10.2 VLLM_ATTENTION_BACKEND=TRITON_ATTN_VLLM_V1, on 0.11-0.12 "
     "VLLM_ATTENTION_BACKEND=TRITON_ATTN, on 0.13+ --attention-backend TRITON_ATTN "
     "(each with VLLM_USE_FLASHINFER_SAMPLER=0)"
 )

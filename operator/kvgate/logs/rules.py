@@ -133,7 +133,10 @@ RULES: Final[tuple[_Rule, ...]] = (
         _V,
     ),
     _r(V_VERSION, "server ", "vLLM server version ", r"vLLM server version v?([\w.+-]+?),? ", _V),
-    _r(V_BANNER, "ache", " LLM engine (v", r"LLM engine \(v([\w.+-]+)\) with config", _V),
+    # Anchored on its own needle, not on `kv_cache_dtype` later in the line: the version comes
+    # first ("Initializing a V1 LLM engine (v%s) with config: ...", vllm/v1/engine/core.py:77
+    # in 0.11.0), so a paste cut after it still tells the version.
+    _r(V_BANNER, " LLM engine (v", " LLM engine (v", r"LLM engine \(v([\w.+-]+)\)", _V),
     # vLLM >= 0.15 prints its version only in the ASCII logo (vllm/entrypoints/utils.py:307 in
     # 0.15.0, entrypoints/common/startup.py in 0.33.0): ` ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.15.0`
     _r(V_VERSION_LOGO, "█  version ", "█  version ", r"█  version v?([\w.+-]+)", _V),
@@ -326,11 +329,17 @@ RULES: Final[tuple[_Rule, ...]] = (
     _r(V_NO_CACHE_BLOCKS, "ache", "No available memory for the cache blocks", None, _V),
     _r(
         V_MAX_LEN,
-        "ache",
+        # Anchored on its own needle: pastes wrap this long line ("KV cach|e is needed") or
+        # rewrap it after the first clause, and the rest of the line is where "cache" was. Only
+        # the max seq len is required: vLLM raises this ValueError in
+        # vllm/v1/core/kv_cache_utils.py (`check_enough_kv_cache_memory`, later
+        # `_check_enough_kv_cache_memory`) from `get_kv_cache_configs`, which EngineCore calls
+        # while it is built, so the line alone is a failed start, whatever survived the paste.
         "To serve at least one request with the model",
-        r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
-        r"available KV cache memory \(([\d.]+) GiB\)\.(?: Based on the available memory, "
-        r"the estimated maximum model length is (\d+)\.)?",
+        "To serve at least one request with the model",
+        r"max seq len \((\d+)\),?(?: \(([\d.]+) GiB KV cache is needed, which is larger than "
+        r"the available KV cache memory \(([\d.]+) GiB\)\.(?: Based on the available memory, "
+        r"the estimated maximum model length is (\d+)\.)?)?",
         _V,
     ),
     _r(
