@@ -333,6 +333,61 @@ def test_cli_rejects_a_file_that_is_not_a_rollout(
     assert err.strip() == f"kvgate report: error: {path}: expected one KVCacheRollout object"
 
 
+@pytest.mark.parametrize(
+    ("content", "name", "expected"),
+    [
+        ("{}", None, "expected one KVCacheRollout object"),
+        ('{"metadata": {"name": "qwen3-fp8"}, "status": {}}', None, "expected one KVCacheRollout"),
+        (None, "other-name", "holds rollout 'qwen3-fp8', not 'other-name'"),
+    ],
+)
+def test_cli_refuses_a_file_that_is_not_the_named_rollout(
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    name: str | None,
+    expected: str,
+) -> None:
+    # GIVEN an empty object, an object of no kind, or one rollout under another name
+    import json
+
+    path = tmp_path / "kvr.json"
+    path.write_text(content if content is not None else json.dumps(PROMOTED))
+    # WHEN it is reported THEN it is bad input naming the file, never an empty report
+    code, out, err = _cli(["report", *([name] if name else []), "-f", str(path)], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"kvgate report: error: {path}: ") and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("phase", "stalled", "code"),
+    [
+        ("Promoted", False, 0),
+        ("NotNeeded", False, 0),
+        ("RolledBack", False, 1),
+        ("Failed", False, 1),
+        ("NotNeeded", True, 1),  # a closed gate (gate mode)
+        ("Evaluating", False, 3),
+    ],
+)
+def test_exit_status_answers_like_wait(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], phase: str, stalled: bool, code: int
+) -> None:
+    # GIVEN a saved rollout in each end (and one still running)
+    import json
+
+    rollout = copy.deepcopy(PROMOTED)
+    rollout["status"]["phase"] = phase
+    if stalled:
+        rollout["status"]["conditions"] = [{"type": "Stalled", "status": "True"}]
+    path = tmp_path / "kvr.json"
+    path.write_text(json.dumps(rollout))
+    # WHEN it is reported with --exit-status THEN the exit code is the verdict's, as `wait` gives
+    assert _cli(["report", "-f", str(path), "--exit-status"], capsys)[0] == code
+    # AND without the flag the report exits 0 whatever the phase
+    assert _cli(["report", "-f", str(path)], capsys)[0] == 0
+
+
 def test_cli_without_credentials_is_an_external_error(
     tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -346,6 +401,8 @@ def test_cli_without_credentials_is_an_external_error(
 # ---------------------------------------------------------------- the operator's status shape
 
 ROLLED_BACK: dict[str, Any] = {
+    "apiVersion": "kvgate.io/v1alpha1",
+    "kind": "KVCacheRollout",
     "metadata": {"name": "qwen3-fp8", "namespace": "demo"},
     "spec": {"targetRef": {"name": "vllm"}, "kvCacheDtype": "fp8"},
     "status": {

@@ -92,8 +92,11 @@ def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
             raise ParseError(
                 path, f"{len(items)} rollouts in the list; name one of: {', '.join(names)}"
             )
-    if not isinstance(obj, dict) or obj.get("kind") not in (None, "KVCacheRollout"):
+    if not isinstance(obj, dict) or obj.get("kind") != "KVCacheRollout":
         raise ParseError(path, "expected one KVCacheRollout object")
+    found = _metadata(obj).get("name")
+    if name is not None and found != name:
+        raise ParseError(path, f"holds rollout {str(found)[:253]!r}, not {name!r}")
     return obj
 
 

@@ -16,6 +16,7 @@ HELP = "show a KVCacheRollout as a readable report (text, --html FILE, or --json
 EXAMPLES: Final = (
     "kvgate report vllm-fp8 -n llm --html report.html",
     "kubectl get kvr vllm-fp8 -o json | kvgate report -f -",
+    "kvgate report vllm-fp8 -n llm --exit-status   # exit 0 passed, 1 rolled back, 3 not ended",
 )
 
 
@@ -31,6 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument(
+        "--exit-status",
+        action="store_true",
+        help="exit as `kvgate wait` would on this reading: 0 promoted, not needed or a reported "
+        "pass; 1 rolled back, failed or a closed gate; 3 not ended",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report.render_text(rollout))
         if args.html:
             print(f"\nHTML report: {args.html}")
+    if args.exit_status:
+        from kvgate.commands.rollout_view import RolloutView
+
+        return RolloutView.of(rollout).exit_code()
     return 0
 
 
