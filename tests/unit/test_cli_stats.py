@@ -173,6 +173,9 @@ def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
         (["--paired", "1,2,-3,4"], "--paired: '1,2,-3,4' is not four counts"),
         (["--paired", "0,0,0,0"], "--paired: '0,0,0,0' has 0 questions"),
         (["--paired", "1,2,3,4", "--margin", "2"], "--margin: 2.0 is not in (0, 1)"),
+        # the CRD's margin is in points: a value copied from the YAML gets its fraction named
+        (["--paired", "1,2,3,4", "--margin", "2"], "(2 pp = 0.02)"),
+        (["--paired", "1,2,3,4", "--margin", "150"], "use a fraction such as 0.02 (2 pp)"),
         (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
         ([], "kvgate stats: error: give exactly one of"),
         (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: error: give exactly one of"),
@@ -325,3 +328,12 @@ def test_from_a_summary_exits_with_its_verdict(
     got, out, _ = _run(capsys, "stats", "--from", str(path))
     assert got == code
     assert ("advice" in out) is (code == 3)
+
+
+def test_control_is_the_same_option_as_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN the word every other command uses for the unchanged arm
+    code, out, _ = _run(capsys, "stats", "--control", "459/500", "--candidate", "454/500")
+    # THEN it reads as --baseline does
+    assert code == 0
+    assert out == _run(capsys, "stats", "--baseline", "459/500", "--candidate", "454/500")[1]
+    assert "459/500" in out

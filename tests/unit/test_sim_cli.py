@@ -89,3 +89,23 @@ def test_sglang_refuses_fp8_like_argparse(capsys) -> None:
         "launch_server.py: error: argument --kv-cache-dtype: invalid choice: 'fp8' "
         "(choose from 'auto', 'fp8_e5m2', 'fp8_e4m3')"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["vllm", "--help"], "`vllm serve MODEL`"),
+        (["vllm", "Qwen/Qwen3-8B"], "`vllm serve MODEL`"),
+        (["llamacpp", "serve"], "unknown engine command 'llamacpp serve'"),
+    ],
+)
+def test_an_unknown_command_exits_2_with_the_way_in(
+    capsys: pytest.CaptureFixture[str], argv: list[str], hint: str
+) -> None:
+    from kvgate.sim.main import main
+
+    # WHEN the simulator is started the way the engine's own CLI would refuse
+    code = main(argv)
+    # THEN it exits 2 with one line that says how the engine is started
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and hint in err, err

@@ -40,7 +40,13 @@ _HEADER = f"{'arm':<11} {'right/n':>11}   accuracy  Wilson 95%"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline", metavar="K/N", help="right answers / questions")
+    parser.add_argument(
+        "--baseline",
+        "--control",
+        dest="baseline",
+        metavar="K/N",
+        help="the control arm's right answers / questions (--control is the same option)",
+    )
     parser.add_argument(
         "--candidate", metavar="K/N", action="append", default=[], help="repeatable"
     )
@@ -167,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
     # A value read from the file is named as the file's field, so the error points at the input.
     where = f"{args.source}: margin" if args.margin is None and summary else "--margin"
     if not 0.0 < margin < 1.0:
-        raise SpecError(where, f"{margin} is not in (0, 1); use a fraction such as 0.02")
+        hint = f" ({margin:g} pp = {margin / 100:g})" if 1.0 <= margin < 100.0 else ""
+        raise SpecError(
+            where, f"{margin} is not in (0, 1); use a fraction such as 0.02 (2 pp){hint}"
+        )
     where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
         raise SpecError(where, f"{confidence} is not in (0.5, 1); use e.g. 0.95")

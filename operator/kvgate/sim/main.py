@@ -51,7 +51,10 @@ def _split(argv: Sequence[str]) -> tuple[str, list[str]]:
         return "vllm", rest
     if head in ("sglang", "sglang.launch_server"):
         return "sglang", rest
-    raise SimConfigError(f"unknown engine command {' '.join(argv[:2])!r}")
+    hint = ""
+    if head == "vllm":  # as the real CLI: the server is a subcommand
+        hint = "; the vLLM server is `vllm serve MODEL` (flags: python -m kvgate.sim vllm serve --help)"
+    raise SimConfigError(f"unknown engine command {' '.join(argv[:2])!r}{hint}")
 
 
 def _version_for_cli(engine: str) -> tuple[int, ...]:
