@@ -67,7 +67,7 @@ def test_one_sample_is_inconclusive(
     assert (code, err, len(seen)) == (3, "", 1)
     assert out.splitlines() == [
         f"{URL}: vllm",
-        "  kv usage:        0.95 (vllm:kv_cache_usage_perc)",
+        "  kv usage:        95.0% (vllm:kv_cache_usage_perc)",
         "  running/waiting: 124 / 12",
         "  preemptions:     7",
         "  kv cache dtype:  fp8",
@@ -111,6 +111,50 @@ def test_roomy_pool_is_a_decided_no(
     code, out, _ = run(capsys, URL, "--samples", "3", "--interval", "0")
     assert code == 0
     assert "pool: not pressured" in out.splitlines()
+
+
+def test_a_server_lost_mid_window_keeps_the_samples_taken(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    # GIVEN a server that answers three samples, then goes away
+    text = (METRICS / "sglang-0.5.3-tp2.txt").read_text()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if len(seen) > 3:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return httpx.Response(200, text=text)
+
+    seen = serve(answer)
+    # WHEN five samples are asked for
+    code, out, _ = run(capsys, URL, "--samples", "5", "--interval", "0", "--json")
+    # THEN the three read still judge the pool, and the two lost are named, not a crash
+    data = json.loads(out)
+    assert (code, len(seen)) == (0, 5)
+    assert data["pool_pressure"]["samples"] == 3 and data["pool_pressure"]["pressured"] is True
+    assert [f.split(":")[0] for f in data["failed_samples"]] == ["sample 4", "sample 5"]
+    assert "Connection refused" in data["failed_samples"][0]
+    # AND the stamps are wall-clock seconds, not a monotonic clock's
+    assert data["snapshot"]["taken_at"] > 1.7e9
+
+
+def test_too_few_samples_left_is_inconclusive_not_an_error(
+    capsys: pytest.CaptureFixture[str], serve: Callable[[Handler], list[httpx.Request]]
+) -> None:
+    # GIVEN a server that answers once, then goes away
+    text = (METRICS / "sglang-0.5.3-tp2.txt").read_text()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if len(seen) > 1:
+            return httpx.Response(503)
+        return httpx.Response(200, text=text)
+
+    seen = serve(answer)
+    code, out, _ = run(capsys, URL, "--samples", "3", "--interval", "0")
+    # THEN one sample cannot judge the pool: inconclusive, with what was lost listed
+    assert code == 3
+    assert "pool: inconclusive" in out
+    assert "left out (2 sample(s) could not be read):" in out
+    assert "HTTP 503" in out
 
 
 def test_http_error_is_external(

@@ -198,10 +198,14 @@ def scrape_series(
     timeout: float = DEFAULT_TIMEOUT,
     clock: Callable[[], float] = time.monotonic,
     on_sample: Callable[[int, MetricSnapshot], None] | None = None,
+    on_failure: Callable[[int, ScrapeError], None] | None = None,
 ) -> list[MetricSnapshot]:
     """`samples` snapshots `interval` seconds apart (one connection; no sleep after the last).
 
     `on_sample(n, snapshot)` is called after each one (n counts from 1), e.g. for progress.
+    With `on_failure`, a sample that cannot be read once one has been is passed to it and left
+    out, so a server that goes away mid-window keeps the samples already taken; a first sample
+    that fails always raises (a wrong URL should not wait out the window).
     """
     if samples < 1:
         raise SpecError("samples", f"{samples} is below 1")
@@ -215,11 +219,18 @@ def scrape_series(
         for index in range(samples):
             if index:
                 sleep(interval)
-            series.append(
-                scrape_snapshot(url, engine=engine, client=http, timeout=timeout, clock=clock)
-            )
+            try:
+                snapshot = scrape_snapshot(
+                    url, engine=engine, client=http, timeout=timeout, clock=clock
+                )
+            except ScrapeError as exc:
+                if on_failure is None or not series:
+                    raise
+                on_failure(index + 1, exc)
+                continue
+            series.append(snapshot)
             if on_sample is not None:
-                on_sample(index + 1, series[-1])
+                on_sample(index + 1, snapshot)
         return series
     finally:
         if own:

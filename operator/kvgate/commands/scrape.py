@@ -12,10 +12,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from kvgate.errors import SpecError
+from kvgate.errors import ScrapeError, SpecError
 from kvgate.inputs import bounded_int, finite_float
 from kvgate.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
@@ -79,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
     from kvgate.adapters.http import scrape_series  # httpx only when scraping
 
     progress = _progress(args.samples, args.interval) if sys.stderr.isatty() else None
+    failed: list[str] = []
+
+    def lost(n: int, exc: ScrapeError) -> None:
+        failed.append(f"sample {n}: {exc}")
+        if progress is not None:
+            print(f"sample {n}/{args.samples}: failed: {exc}", file=sys.stderr, flush=True)
+
     snapshots = scrape_series(
         args.url,
         args.interval,
@@ -86,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
         SLEEP,
         engine=args.engine,
         timeout=args.timeout,
+        clock=time.time,  # wall-clock stamps: what `taken_at` in --json means to a reader
         on_sample=progress,
+        on_failure=lost,
     )
     window = delta(snapshots[0], snapshots[-1]) if len(snapshots) > 1 else None
     pressure = pool_pressure(
@@ -100,13 +109,14 @@ def run(args: argparse.Namespace) -> int:
                     "snapshot": snapshots[-1].to_dict(),
                     "window": window.to_dict() if window else None,
                     "pool_pressure": pressure.to_dict(),
+                    "failed_samples": failed,
                 },
                 sort_keys=True,
                 allow_nan=False,  # parse_metrics refuses non-finite values; never print Infinity
             )
         )
     else:
-        print(render_text(args.url, snapshots[-1], window, pressure))
+        print(render_text(args.url, snapshots[-1], window, pressure, failed))
     return EXIT_OK if pressure.pressured is not None else EXIT_INCONCLUSIVE
 
 
@@ -125,15 +135,26 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}g}"
 
 
+def _dtype(dtype: str | None) -> str:
+    if dtype == "auto":  # the engine's word for "no KV dtype of its own"
+        return "auto (the model's own dtype, unless the checkpoint sets one)"
+    return dtype or "n/a"
+
+
 def render_text(
-    url: str, snapshot: MetricSnapshot, window: MetricWindow | None, pressure: PoolPressure
+    url: str,
+    snapshot: MetricSnapshot,
+    window: MetricWindow | None,
+    pressure: PoolPressure,
+    failed: Sequence[str] = (),
 ) -> str:
+    usage = "n/a" if snapshot.kv_usage is None else f"{snapshot.kv_usage:.1%}"
     lines = [
         f"{url}: {snapshot.engine}",
-        f"  kv usage:        {_fmt(snapshot.kv_usage)} ({snapshot.names.get('kv_usage', 'absent')})",
+        f"  kv usage:        {usage} ({snapshot.names.get('kv_usage', 'absent')})",
         f"  running/waiting: {_fmt(snapshot.running)} / {_fmt(snapshot.waiting)}",
         f"  preemptions:     {_fmt(snapshot.preemptions, 6)}",
-        f"  kv cache dtype:  {snapshot.kv_cache_dtype or 'n/a'}",
+        f"  kv cache dtype:  {_dtype(snapshot.kv_cache_dtype)}",
         f"  kv pool tokens:  {snapshot.kv_capacity_tokens or 'n/a'}",
     ]
     if window is not None:
@@ -149,4 +170,7 @@ def render_text(
     verdict = {True: "pressured", False: "not pressured", None: "inconclusive"}[pressure.pressured]
     lines.append(f"pool: {verdict}")
     lines.extend(f"  {reason}" for reason in pressure.reasons)
+    if failed:
+        lines.append(f"left out ({len(failed)} sample(s) could not be read):")
+        lines.extend(f"  {line}" for line in failed)
     return "\n".join(lines)
