@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kvgate import __version__
+from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_BUG as EXIT_BUG
 from kvgate.commands.exit_codes import EXIT_EXTERNAL as EXIT_EXTERNAL
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
@@ -29,21 +30,8 @@ from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
 from kvgate.commands.failure import report_error
 from kvgate.errors import ExternalError, KvgateError
 
-COMMANDS: dict[str, str] = {
-    "preflight": "kvgate.commands.preflight",
-    "scan-logs": "kvgate.commands.scan_logs",
-    "scrape": "kvgate.commands.scrape",
-    "stats": "kvgate.commands.stats",
-    "eval": "kvgate.commands.eval",
-    "load-job": "kvgate.commands.load_job",
-    "diverge": "kvgate.commands.diverge",
-    "report": "kvgate.commands.report",
-    "get": "kvgate.commands.get",
-    "wait": "kvgate.commands.wait",
-    "approve": "kvgate.commands.approve",
-    "abort": "kvgate.commands.abort",
-    "run": "kvgate.commands.run",
-}
+# Subcommand -> its module (imported only when that command runs or shows its own help).
+COMMANDS: dict[str, str] = {name: module for name, (module, _) in catalog.COMMANDS.items()}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,8 +87,8 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = _command_name(argv)
     for name, module_name in COMMANDS.items():
-        if chosen is not None and name != chosen:
-            sub.add_parser(name)
+        if name != chosen:  # listed by its help line; its module (numpy, scipy...) stays unloaded
+            sub.add_parser(name, help=catalog.help_of(name))
             continue
         try:
             module = importlib.import_module(module_name)

@@ -10,10 +10,14 @@ import pytest
 from kvgate import cli
 
 
-def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = cli.build_parser([])  # no command chosen: every command is configured
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = cli.build_parser([name])  # only the chosen command is configured
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+    return sub.choices[name]
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    return {name: _subparser(name) for name in cli.COMMANDS}
 
 
 SUBPARSERS = _subparsers()
@@ -28,6 +32,38 @@ def _option_help(parser: argparse.ArgumentParser, action: argparse.Action) -> st
 
 def test_every_command_is_walked() -> None:
     assert set(SUBPARSERS) == set(cli.COMMANDS)
+
+
+def test_the_command_list_loads_no_command_module() -> None:
+    # GIVEN a fresh interpreter WHEN `kvgate --help` lists the commands
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "from kvgate import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try: cli.main(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('kvgate.commands.'))\n"
+        "heavy = sorted(m for m in ('numpy', 'scipy', 'httpx', 'kopf') if m in sys.modules)\n"
+        "print(loaded, heavy, all(h in out.getvalue() for h in ['scan-logs', 'approve']))\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    # THEN every command is listed with its help line, and none of their modules was imported
+    assert shown == (
+        "['kvgate.commands.catalog', 'kvgate.commands.exit_codes', 'kvgate.commands.failure'] "
+        "[] True"
+    )
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_the_listed_help_line_is_the_commands_own(name: str) -> None:
+    import importlib
+
+    assert SUBPARSERS[name].description == importlib.import_module(cli.COMMANDS[name]).HELP
 
 
 @pytest.mark.parametrize("name", list(SUBPARSERS))

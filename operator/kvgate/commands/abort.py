@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
+from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.model import ANNOTATION_ABORT
 
-HELP = "abort a KVCacheRollout (kvgate.io/abort); a patched Deployment is reverted first"
+HELP = catalog.help_of("abort")
 EXAMPLES: Final = ('kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"',)
 
 _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
+from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.model import ANNOTATION_APPROVE, Phase
 
-HELP = "approve the tested config of a KVCacheRollout awaiting approval (manual mode)"
+HELP = catalog.help_of("approve")
 EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from kvgate.commands import catalog
 from kvgate.divergence import (
     DEFAULT_FACTOR,
     DEFAULT_FIRST_EDGE,
@@ -37,7 +38,7 @@ from kvgate.inputs import bounded_int, finite_float
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
 
-HELP = "token-level divergence screen: candidate vs control log-probs by context position"
+HELP = catalog.help_of("diverge")
 _CALIBRATION_CHARS: Final = 4000
 _FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a document
 _MAX_BODY: Final = 256 << 20

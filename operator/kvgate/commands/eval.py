@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
+from kvgate.commands import catalog
 from kvgate.commands.diverge import ScreenOptions, add_screen_options
 from kvgate.commands.exit_codes import EXIT_BUG
 from kvgate.errors import EvalError, SpecError
@@ -36,7 +37,7 @@ from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
     from kvgate.evaluation.runner import Arm, EvalSettings
 
-HELP = "run the paired GSM8K accuracy job against a control and a candidate endpoint"
+HELP = catalog.help_of("eval")
 _LC_SPEC: Final = "--long-context-tasks"
 EXAMPLES: Final = (
     "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",

@@ -7,10 +7,11 @@ import json
 import time
 from typing import Final
 
+from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.commands.wait import durations
 
-HELP = "show a KVCacheRollout's phase, gates, eval progress and Events (--watch: until it ends)"
+HELP = catalog.help_of("get")
 EXAMPLES: Final = ("kvgate get vllm-fp8 -n llm --watch",)
 
 

@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Final
 
+from kvgate.commands import catalog
 from kvgate.commands.exit_codes import (
     EXIT_BUG,
     EXIT_EXTERNAL,
@@ -52,7 +53,7 @@ from kvgate.loadresult import (
     overall,
 )
 
-HELP = "run inference-perf against a control and a candidate endpoint at once (the load Job)"
+HELP = catalog.help_of("load-job")
 EXAMPLES: Final = (
     "kvgate load-job --control-url http://A:8000 --candidate-url http://B:8000 --model M "
     "--production-concurrency 64 --prompt-tokens 512 --output-tokens 128",

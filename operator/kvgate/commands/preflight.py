@@ -21,12 +21,13 @@ from kvgate.capacity import (
     vllm_pool,
 )
 from kvgate.checkpoint import ScaleReport, unknown_scales
+from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float
 
-HELP = "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)"
+HELP = catalog.help_of("preflight")
 DTYPES = ("bf16", "fp8")
 EXAMPLES: Final = (
     "kvgate preflight Qwen/Qwen3-8B --gpu-memory-gib 20 --max-model-len 32768",

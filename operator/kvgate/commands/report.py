@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvgate import report
+from kvgate.commands import catalog
 from kvgate.errors import ParseError
 
-HELP = "show a KVCacheRollout as a readable report (text, --html FILE, or --json)"
+HELP = catalog.help_of("report")
 EXAMPLES: Final = (
     "kvgate report vllm-fp8 -n llm --html report.html",
     "kubectl get kvr vllm-fp8 -o json | kvgate report -f -",

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final, TextIO
 
+from kvgate.commands import catalog
 from kvgate.errors import ParseError
 from kvgate.logs import LogScan, scan_lines
 
-HELP = "scan a vLLM or SGLang startup log for KV dtype, scales, attention backend and failures"
+HELP = catalog.help_of("scan-logs")
 EXAMPLES: Final = (
     "kvgate scan-logs vllm-startup.log",
     "kubectl logs deploy/vllm | kvgate scan-logs -",

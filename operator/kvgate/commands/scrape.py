@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from kvgate.commands import catalog
 from kvgate.errors import ScrapeError, SpecError
 from kvgate.inputs import bounded_int, finite_float
 from kvgate.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 
-HELP = "read an engine's /metrics: KV usage, queue, latency and whether the KV pool is the limit"
+HELP = catalog.help_of("scrape")
 EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --interval 10",)
 
 EXIT_OK = 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from kvgate.commands import catalog
 from kvgate.errors import InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
@@ -23,7 +24,7 @@ from kvgate.stats import (
     questions_needed,
 )
 
-HELP = "accuracy statistics: Wilson intervals, paired non-inferiority, saved eval results"
+HELP = catalog.help_of("stats")
 # Paired modes exit as the gate would: 0 pass, 1 candidate shown worse, 3 inconclusive
 # (a saved summary's own verdict decides for it; its `error` is 4).
 EXAMPLES: Final = (

@@ -7,15 +7,13 @@ import sys
 import time
 from typing import Final
 
+from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.spec import parse_duration
 
-HELP = (
-    "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back, "
-    "failed or a closed gate (gate mode), 3 still running at --timeout"
-)
+HELP = catalog.help_of("wait")
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
 
