@@ -448,6 +448,10 @@ SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (
 )
 
 ROWS: Final[Mapping[str, tuple[VersionFacts, ...]]] = {VLLM: VLLM_ROWS, SGLANG: SGLANG_ROWS}
+# The newest row per engine (for vLLM the newest wheel read; later wheels read changed nothing).
+NEWEST: Final[Mapping[str, tuple[int, ...]]] = {
+    engine: max(row.since for row in rows) for engine, rows in ROWS.items()
+}
 
 
 def parse(version: str) -> tuple[int, ...]:

@@ -240,15 +240,26 @@ def test_vllm_pool_of_a_sliding_window_model(capsys: pytest.CaptureFixture[str])
         capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192", "--json"
     )
     assert code == 0
+    # the default follows the newest vLLM kvgate read (what the examples and simulator run)
+    assert json.loads(out)["vllm_pool_version"] == "0.33.0"
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192",
+        "--vllm-version", "0.11.0", "--json",
+    )  # fmt: skip
+    assert code == 0
     result = json.loads(out)
     assert result["vllm_pool"]["bf16"] == {
         "num_blocks": 32768, "groups": 7, "group_size": 5, "kv_tokens": 74896,
         "max_concurrency": 19.62, "window_tokens": 160739,
     }  # fmt: skip
     assert result["vllm_pool"]["fp8"]["kv_tokens"] == 149792
-    code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192")
+    code, out, _ = run(
+        capsys, config, "--gpu-memory-gib", "10", "--max-model-len", "8192",
+        "--vllm-version", "0.11.0",
+    )  # fmt: skip
     assert "vLLM 0.11.0 pool at max-model-len 8,192" in out
     assert "bf16         74,896    19.62x      160,739  (7 groups of 5 layers)" in out
+    assert "FP8 holds 2.00x the tokens of BF16 in the same memory" in out
     # without --max-model-len: no vLLM figures (they depend on it)
     code, out, _ = run(capsys, config, "--gpu-memory-gib", "10", "--json")
     assert "vllm_pool" not in json.loads(out)
@@ -298,7 +309,7 @@ def test_scale_provenance_advice(capsys: pytest.CaptureFixture[str], tmp_path: P
     # a sliding-window model is told where its real capacity is
     code, out, _ = run(capsys, str(CONFIGS / "gemma-3-4b-it.json"), "--json")
     assert any(
-        a.startswith("29 sliding-window layers: vLLM 0.11 logs them as full")
+        a.startswith("29 sliding-window layers: vLLM up to 0.20 logs them as full")
         for a in json.loads(out)["advice"]
     )
 
@@ -313,3 +324,29 @@ def test_scale_provenance_names_the_tensor_format(
     assert json.loads(out)["advice"][0] == (
         "scales from the checkpoint: compressed-tensors output_scale tensors (all coverage)"
     )
+
+
+def test_the_text_says_each_thing_once_and_in_plain_numbers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configs = Path(__file__).resolve().parents[1] / "data" / "configs"
+    # a Gemma config whose defaults fill several fields: each note once
+    code, out, _ = run(capsys, str(configs / "gemma-3-4b-it.json"))
+    notes = [line for line in out.splitlines() if line.startswith("note")]
+    assert code == 0 and notes and len(notes) == len(set(notes)), notes
+    # one group of all layers is "1 group", and the gain is in the text, not only in --json
+    code, out, _ = run(
+        capsys, str(configs / "qwen3-8b.json"), "--gpu-memory-gib", "10", "--max-model-len", "8192"
+    )
+    assert "(1 group of 36 layers)" in out and "1 groups" not in out
+    assert "FP8 holds 2.00x the tokens of BF16 in the same memory" in out
+    # MLA: the pool figures kvgate cannot model are said to be missing, not silently dropped
+    code, out, _ = run(
+        capsys,
+        str(configs / "deepseek-v3.json"),
+        "--gpu-memory-gib",
+        "40",
+        "--max-model-len",
+        "8192",
+    )
+    assert "no vLLM pool figures: kvgate does not model vLLM's MLA pool" in out

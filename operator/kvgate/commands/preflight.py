@@ -13,7 +13,6 @@ from typing import Any, Final
 
 from kvgate import engine_versions
 from kvgate.capacity import (
-    DEFAULT_VLLM_VERSION,
     GIB,
     KVLayout,
     gib_to_bytes,
@@ -35,11 +34,16 @@ EXAMPLES: Final = (
 )
 
 
+# The pool figures follow the newest vLLM whose wheel was read unless --vllm-version says
+# otherwise (the examples and the simulator run it too).
+NEWEST_VLLM_READ: Final = engine_versions.NEWEST[engine_versions.VLLM]
+
+
 @dataclass(frozen=True, slots=True)
 class PoolOptions:
     """How the engine would size its pool: the vLLM version and its batched-token budget."""
 
-    version: tuple[int, ...] = DEFAULT_VLLM_VERSION
+    version: tuple[int, ...] = NEWEST_VLLM_READ
     max_num_batched_tokens: int = 2048
 
 
@@ -49,7 +53,7 @@ MAX_TOKEN_LENGTH: Final = 512
 # A name shown back in messages: SNAKE_CASE with at least one underscore (HF_TOKEN). A pasted
 # token can be upper case and digits alone (a hypothesis test found 'A0000000000000000000').
 _ENV_NAME: Final = re.compile(r"(?=.{3,64}$)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-_DEFAULT_VERSION_TEXT: Final = ".".join(map(str, DEFAULT_VLLM_VERSION))
+_DEFAULT_VERSION_TEXT: Final = ".".join(map(str, NEWEST_VLLM_READ))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -214,6 +218,10 @@ def _preflight(
         }
         summary["vllm_pool_max_model_len"] = max_model_len
         summary["vllm_pool_version"] = ".".join(map(str, pool.version))
+    elif memory_bytes is not None and max_model_len is not None:
+        summary["notes"].append(
+            "no vLLM pool figures: kvgate does not model vLLM's MLA pool (--max-model-len ignored)"
+        )
     summary["advice"] = advice(summary)
     return summary
 
@@ -294,7 +302,7 @@ def _summary(
         if memory_bytes is None
         else {d: layout.pool_tokens(memory_bytes, d) for d in DTYPES},
         "capacity_gain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
-        "notes": list(layout.notes),
+        "notes": list(dict.fromkeys(layout.notes)),  # a note said once, however many fields
         "scales": scales.to_dict(),
         "read": read,
     }
@@ -338,9 +346,9 @@ def advice(result: Mapping[str, Any]) -> list[str]:
         out.append("kv_cache_scheme is declared but not every layer has its scale tensors")
     if result.get("sliding_window_layers"):
         out.append(
-            f"{result['sliding_window_layers']} sliding-window layers: vLLM 0.11 logs them as "
-            "full in its KV tokens but frees their blocks past the window; see the vLLM pool "
-            "figures (--gpu-memory-gib with --max-model-len)"
+            f"{result['sliding_window_layers']} sliding-window layers: vLLM up to 0.20 logs them "
+            "as full in its KV tokens (0.21+ logs the tokens it serves) but frees their blocks "
+            "past the window; see the vLLM pool figures (--gpu-memory-gib with --max-model-len)"
         )
     return out
 
@@ -367,6 +375,9 @@ def render_text(result: dict[str, Any]) -> str:
         if pool is not None:
             row += f" {pool[dtype]:>24,}"
         rows.append(row)
+    bf16, fp8 = result["tokens_per_gib"]["bf16"], result["tokens_per_gib"]["fp8"]
+    if bf16:
+        rows.append(f"FP8 holds {fp8 / bf16:.2f}x the tokens of BF16 in the same memory")
     vpool = result.get("vllm_pool")
     if vpool:
         rows.append("")
@@ -379,7 +390,8 @@ def render_text(result: dict[str, Any]) -> str:
             p = vpool[dtype]
             rows.append(
                 f"{dtype:<6} {p['kv_tokens']:>12,} {p['max_concurrency']:>8.2f}x "
-                f"{p['window_tokens']:>12,}  ({p['groups']} groups of {p['group_size']} layers)"
+                f"{p['window_tokens']:>12,}  ({_count(p['groups'], 'group')} of "
+                f"{_count(p['group_size'], 'layer')})"
             )
     scales = result["scales"]
     rows.append("")
@@ -397,9 +409,11 @@ def render_text(result: dict[str, Any]) -> str:
     rows.extend(f"note       {note}" for note in result["notes"])
     read = result.get("read")
     if read:
+        headers = _count(len(read["files"]), "safetensors header")
+        extra = read["bytes_read"] - read["header_bytes"]
         rows.append(
-            f"read       {len(read['files'])} safetensors header(s), {read['bytes_read']:,} bytes "
-            f"for {read['header_bytes']:,} header bytes"
+            f"read       {headers}: {read['bytes_read']:,} bytes"
+            + (f" ({extra:,} beyond the headers)" if extra > 0 else "")
         )
     return "\n".join(rows)
 
@@ -412,6 +426,10 @@ def _per_layer(result: dict[str, Any]) -> str:
     if result["tensors_per_layer"] == 1:
         return f"one latent of {result['head_dim']} values per layer"
     return f"K and V of {result['kv_heads']} heads x {result['head_dim']} per layer"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _gib(value: float) -> str:
