@@ -41,6 +41,9 @@ class OperatorConfig:
     # KVGATE_EVAL_IMAGE: the judge's image; a rollout cannot choose it (spec.canary.evalImage
     # is refused). A digest reference (repo@sha256:...) pins it.
     eval_image: str = DEFAULT_EVAL_IMAGE
+    # KVGATE_LOAD_IMAGE: the load Job's image (inference-perf needs Python 3.12+, so it is its
+    # own image); None: the eval image. Like the eval image, a rollout cannot choose it.
+    load_image: str | None = None
     # KVGATE_EVAL_SERVICE_ACCOUNT: the eval Job's ServiceAccount (the chart creates one with
     # no RBAC and no token mounted); None: the namespace's default.
     eval_service_account: str | None = None
@@ -80,6 +83,11 @@ class OperatorConfig:
     # off, a rollout naming one fails (InvalidSpec) before anything is created.
     hub_token_secrets: bool = False
 
+    @property
+    def load_job_image(self) -> str:
+        """The image the load Job runs: KVGATE_LOAD_IMAGE, else the eval image."""
+        return self.load_image or self.eval_image
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorConfig:
         """Read the KVGATE_* variables; raises SpecError naming the bad variable."""
@@ -87,6 +95,7 @@ class OperatorConfig:
         return cls(
             gsm8k_dir=environ.get("KVGATE_GSM8K_DIR") or None,
             eval_image=_image(environ, "KVGATE_EVAL_IMAGE", d.eval_image),
+            load_image=_image(environ, "KVGATE_LOAD_IMAGE", "") or None,
             eval_service_account=_name(environ, "KVGATE_EVAL_SERVICE_ACCOUNT"),
             eval_writable_tmp=_bool(environ, "KVGATE_EVAL_WRITABLE_TMP", d.eval_writable_tmp),
             eval_resources=_resources(environ, "KVGATE_EVAL_RESOURCES", d.eval_resources),

@@ -27,6 +27,7 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
         Phase.PREFLIGHT: cap.sampling_deadline_s + c.startup_timeout_s,
         Phase.CANARY: c.startup_timeout_s,
         Phase.EVALUATING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,
+        Phase.MEASURING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,  # load Jobs
         Phase.PROMOTING: c.startup_timeout_s,
         Phase.VERIFYING: p.verify_window_s * 3 + c.startup_timeout_s,
     }

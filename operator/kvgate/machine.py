@@ -30,11 +30,12 @@ from kvgate.gates import (
     kv_tokens,
 )
 from kvgate.kubeobjects import PodHealth
+from kvgate.loadresult import LoadVerdict
 from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
-from kvgate.status import EvalProgress, read_eval_progress
+from kvgate.status import EvalProgress, LoadStatus, read_eval_progress
 from kvgate.steps import (
     EVAL_GRACE_S,
     MAX_DELAY_S,
@@ -49,6 +50,7 @@ from kvgate.steps import (
     gate_event,
     revert_step,
 )
+from kvgate.throughput import THROUGHPUT, assess_throughput
 from kvgate.verdict import Decision, GateResult, Verdict, decide
 
 
@@ -91,7 +93,7 @@ def _step(
     if (
         live is not None
         and live.ours_present
-        and state.phase in (Phase.PREFLIGHT, Phase.CANARY, Phase.EVALUATING)
+        and state.phase in (Phase.PREFLIGHT, Phase.CANARY, Phase.EVALUATING, Phase.MEASURING)
     ):
         # kvgate patches only in Promoting: a candidate on the Deployment now was put there by a
         # crashed run or by hand, and nothing here says it should stay.
@@ -419,8 +421,105 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             verdict=verdict,
             events=events,
         )
+    if spec.capacity_gain.throughput_gain is not None:
+        # The eval gates passed: measure what the candidate buys before any verdict.
+        return Step(
+            Phase.MEASURING,
+            Reason.MEASURING,
+            "accuracy gates passed; measuring throughput on both arms (load Job)",
+            actions=(Action.CREATE_LOAD_JOB,),
+            events=events,
+            gates=gates,
+            requeue_s=clamp_delay(poll_s),
+            load_attempts=1,
+        )
     step = _after_verdict(spec, state, verdict, gates)
     return replace(step, events=(*events, *step.events))
+
+
+def _load_error(obs: Observation) -> str | None:
+    """Why the load attempt gave no evidence (None: it did, or it is still running)."""
+    if obs.load_error is not None:
+        return obs.load_error
+    summary = obs.load_summary
+    if summary is None:
+        return None
+    if summary.verdict is LoadVerdict.ERROR or summary.verdict is None:
+        return f"the load run failed: {summary.error or 'an arm measured nothing'}"
+    return None
+
+
+def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    """The load Job on both arms, retried on error like the eval Job, then the throughput
+    gate and the verdict on every gate. A load that never gives evidence ends Failed, never a
+    verdict."""
+    lost = _arm_lost(obs)
+    if lost is not None:
+        gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
+        return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
+    attempts = max(state.load_attempts, 1)
+    # One attempt is bounded by the Job's deadline (evalTimeout); the phase by every attempt.
+    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    finding = None
+    error = _load_error(obs)
+    if error is None and obs.load_summary is not None:
+        finding = assess_throughput(
+            spec.capacity_gain.throughput_gain,
+            obs.load_summary,
+            obs.speed_clocks,
+            production_concurrency=obs.production_concurrency,
+        )
+        if finding.result.outcome is Outcome.ERROR:
+            error, finding = finding.result.message, None
+    stuck = error is None and finding is None and state.phase_elapsed_s >= budget
+    if stuck:
+        error = f"load did not finish within {budget:g}s ({attempts} attempt(s))"
+    if error is not None:
+        if attempts <= spec.canary.eval_retries and not stuck:
+            attempt = attempts + 1
+            return Step(
+                Phase.MEASURING,
+                Reason.LOAD_RETRY,
+                f"load attempt {attempts} errored ({error}); starting attempt {attempt}",
+                actions=(Action.CREATE_LOAD_JOB,),
+                events=(Event(Reason.LOAD_ERROR, error, warning=True),),
+                requeue_s=clamp_delay(poll_s),
+                load_attempts=attempt,
+            )
+        message = f"load failed {attempts} time(s), last: {error}"
+        gate = GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, message)
+        return end_step(Phase.FAILED, Reason.LOAD_ERROR, message, gates=(gate,))
+    if finding is None:
+        return Step(
+            Phase.MEASURING,
+            Reason.MEASURING,
+            f"load attempt {attempts} running: {_duration(state.phase_elapsed_s)} elapsed, "
+            f"at most {_duration(spec.canary.eval_timeout_s)} an attempt",
+            actions=() if obs.load_job_exists else (Action.CREATE_LOAD_JOB,),
+            requeue_s=clamp_delay(poll_s),
+        )
+    result = finding.result
+    load = LoadStatus(
+        attempt=attempts,
+        throughput_gain=finding.gain,
+        best_gain=finding.best_gain,
+        summary=obs.load_summary,
+    )
+    results = (*[g for g in state.gates.values() if g.gate != THROUGHPUT], result)
+    verdict = decide(
+        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
+    )
+    gain = Event(result.reason, result.message, warning=result.outcome is not Outcome.SUCCESSFUL)
+    if verdict.decision is Decision.ROLL_BACK:
+        step = end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
+                        gates=(result,), verdict=verdict, events=(gain,))  # fmt: skip
+    elif verdict.decision is Decision.NOT_NEEDED:
+        step = end_step(Phase.NOT_NEEDED, verdict.reasons[0].reason, verdict.message,
+                        gates=(result,), verdict=verdict, events=(gain,))  # fmt: skip
+    else:
+        step = _after_verdict(spec, state, verdict, (result,))
+        step = replace(step, events=(gain, *step.events))
+    return replace(step, load=load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,6 +639,7 @@ _PHASES: Final = {
     Phase.PREFLIGHT: _preflight,
     Phase.CANARY: _canary,
     Phase.EVALUATING: _evaluating,
+    Phase.MEASURING: _measuring,
     Phase.AWAITING_APPROVAL: _awaiting,
     Phase.PROMOTING: promoting.promoting,
     Phase.VERIFYING: promoting.verifying,

@@ -44,6 +44,7 @@ class Phase(StrEnum):
     PREFLIGHT = "Preflight"
     CANARY = "Canary"
     EVALUATING = "Evaluating"
+    MEASURING = "Measuring"  # the load Job on both arms (spec.gates.capacityGain.throughputGain)
     AWAITING_APPROVAL = "AwaitingApproval"
     PROMOTING = "Promoting"
     VERIFYING = "Verifying"

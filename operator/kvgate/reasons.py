@@ -57,6 +57,11 @@ class Reason(StrEnum):
     THROUGHPUT_NOT_NEEDED = "ThroughputNotNeeded"  # both arms serve production's load alike
     THROUGHPUT_NOT_GAINED = "ThroughputNotGained"  # the candidate does not relieve the bottleneck
     THROUGHPUT_UNKNOWN = "ThroughputUnknown"
+    # Measuring: the load Job
+    MEASURING = "Measuring"
+    LOAD_STARTED = "LoadStarted"
+    LOAD_RETRY = "LoadRetry"
+    LOAD_ERROR = "LoadError"
     REMEDIATING = "Remediating"
     EVALUATING = "Evaluating"
     # Evaluating: accuracy, long context, divergence, speed
@@ -167,6 +172,7 @@ _WARNING: Final = frozenset(
         Reason.ACCURACY_REGRESSED,
         Reason.ACCURACY_INCONCLUSIVE,
         Reason.EVAL_ERROR,
+        Reason.LOAD_ERROR,
         Reason.SPEED_REGRESSED,
         Reason.PROMOTION_FAILED,
         Reason.PROMOTION_REVERTED,

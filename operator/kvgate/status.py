@@ -387,6 +387,9 @@ class LoadStatus:
     """
 
     attempt: int | None = None
+    job: str | None = None
+    nonce_sha256: str | None = None  # the running attempt's nonce, hashed (as for the eval)
+    concurrency: int | None = None  # production's concurrency the attempt was asked to run at
     throughput_gain: float | None = None
     best_gain: float | None = None
     summary: LoadSummary | None = None

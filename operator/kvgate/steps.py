@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from kvgate.kubeobjects import PodHealth
+from kvgate.loadresult import LoadSummary
 from kvgate.model import (
     Outcome,
     Phase,
@@ -20,6 +21,7 @@ from kvgate.model import (
 )
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
+from kvgate.status import LoadStatus
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -31,7 +33,8 @@ class Action(StrEnum):
     CREATE_CANARIES = "CreateCanaries"
     DELETE_CANARIES = "DeleteCanaries"
     CREATE_EVAL_JOB = "CreateEvalJob"
-    DELETE_EVAL_JOB = "DeleteEvalJob"
+    DELETE_EVAL_JOB = "DeleteEvalJob"  # the eval and load Jobs, and the eval NetworkPolicy
+    CREATE_LOAD_JOB = "CreateLoadJob"
     SNAPSHOT_SPEED = "SnapshotSpeed"
     PATCH_DEPLOYMENT = "PatchDeployment"
     REVERT_DEPLOYMENT = "RevertDeployment"
@@ -53,6 +56,7 @@ class State:
     phase_elapsed_s: float = 0.0
     config_hash: str = ""
     eval_attempts: int = 0
+    load_attempts: int = 0  # Measuring: load Jobs started (status.load.attempt)
     gates: Mapping[str, GateResult] = field(default_factory=dict)
     approval: str | None = None  # the config hash an approval that counts names
     approver: str = ""  # who gave it (recorded by the approval policy), for status and Events
@@ -115,6 +119,11 @@ class Observation:
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
+    # Measuring: the load Job (`load_summary` only from a finished Job's nonce-carrying last line)
+    load_job_exists: bool = False
+    load_summary: LoadSummary | None = None
+    load_error: str | None = None
+    production_concurrency: int | None = None  # what the load Job was asked to run at
     # Promoting / Verifying
     rollout_done: bool = False
     rollout_crashed: str | None = None
@@ -136,6 +145,8 @@ class Step:
     requeue_s: float | None = None
     verdict: Verdict | None = None
     eval_attempts: int | None = None
+    load_attempts: int | None = None  # Measuring: the load attempt this step starts
+    load: LoadStatus | None = None  # Measuring: the measurement and the gain, for status.load
     revert: RevertIntent | None = None  # set on the step that enters Reverting
     patched: bool | None = None  # True: record that the candidate patch is on the Deployment
     verify_samples: int | None = None  # Verifying: passing samples so far in this window

@@ -22,6 +22,7 @@ from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
 from kvgate.model import Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import ThroughputGainGate
+from kvgate.status import PreflightStatus, RolloutStatus
 from kvgate.verdict import GateResult
 
 THROUGHPUT: Final = "throughputGain"
@@ -209,3 +210,31 @@ def _unknown(why: str) -> ThroughputFinding:
     return ThroughputFinding(
         GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, f"no throughput: {why}")
     )
+
+
+# The load Job's workload when production's request-length histograms have not been read (the
+# operator does not read them yet): the lengths `kvgate load-job`'s example and the field
+# report's sweep use (512 prompt tokens, 128 output tokens).
+DEFAULT_PROMPT_TOKENS: Final = 512
+DEFAULT_OUTPUT_TOKENS: Final = 128
+
+
+def production_concurrency(preflight: PreflightStatus | None) -> int:
+    """Production's load on one replica: the busiest pod's mean running + waiting requests over
+    the preflight samples, rounded (at least 1). 1 when preflight recorded no such figures
+    (capacity gate off, or engines without those metrics)."""
+    busiest = 0.0
+    for samples in (preflight.samples if preflight is not None else {}).values():
+        loads = [
+            (s.running or 0.0) + (s.waiting or 0.0)
+            for s in samples
+            if s.running is not None or s.waiting is not None
+        ]
+        if loads:
+            busiest = max(busiest, sum(loads) / len(loads))
+    return max(1, round(busiest))
+
+
+def status_production_concurrency(status: object) -> int:
+    """`production_concurrency` of a rollout's status as stored (any value reads)."""
+    return production_concurrency(RolloutStatus.from_dict(status).preflight)

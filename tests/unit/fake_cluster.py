@@ -45,6 +45,58 @@ SUMMARY_PASS = {
 }
 
 
+_JOB_FAILED: dict[str, Any] = {
+    "failed": 1,
+    "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit"}],
+}  # fmt: skip
+
+
+def _stage(concurrency: int, tok_s: float | None, tpot_ms: float = 20.0) -> dict[str, Any]:
+    """One stage of the load summary: measured at `tok_s`, or (None) an error stage."""
+    if tok_s is None:
+        return {"concurrency": concurrency, "requests": 2 * concurrency, "status": "error",
+                "successes": concurrency, "failures": concurrency,
+                "reasons": [f"{concurrency} of {2 * concurrency} requests failed"]}  # fmt: skip
+    return {"concurrency": concurrency, "requests": 2 * concurrency, "status": "measured",
+            "successes": 2 * concurrency, "failures": 0, "outputTokensPerS": tok_s,
+            "ttftP50Ms": 200.0, "ttftP99Ms": 900.0, "tpotP50Ms": tpot_ms,
+            "tpotP99Ms": 2 * tpot_ms}  # fmt: skip
+
+
+def field_load(production: int, *, fp8_gains: bool = True) -> dict[str, Any]:
+    """A load summary with the field report's shape, at production's concurrency `production`:
+    BF16 runs out of KV cache there (an error stage) and made 1,558 tok/s at its best stage;
+    FP8 serves it at 2,192 tok/s and is a few percent slower per token where both serve.
+    `fp8_gains=False`: both arms serve production's load alike (compute-bound: nothing gained).
+    """
+    best = 10_000 + production  # a sweep stage other than production's
+    control = [_stage(production, 2_000.0 if not fp8_gains else None), _stage(best, 1_558.0)]
+    candidate = [_stage(production, 2_010.0 if not fp8_gains else 2_192.0),
+                 _stage(best, 1_520.0, tpot_ms=20.6)]  # fmt: skip
+    return {
+        "kind": "kvgate.load/summary",
+        "verdict": "measured" if not fp8_gains else "partial",
+        "production_concurrency": production,
+        "prompt_tokens": 512,
+        "output_tokens": 128,
+        "num_workers": 1,
+        "control": {"url": "http://control:8000", "exit_code": 0, "stages": control},
+        "candidate": {"url": "http://candidate:8000", "exit_code": 0, "stages": candidate},
+    }
+
+
+def load_error_summary(production: int) -> dict[str, Any]:
+    """What `kvgate load-job` prints (exit 4) when an arm is unreachable: every stage an error."""
+    stages = [_stage(production, None)]
+    return {
+        "kind": "kvgate.load/summary", "verdict": "error", "production_concurrency": production,
+        "error": "control measured nothing: connection refused",
+        "control": {"error": "connection refused", "stages": stages},
+        "candidate": {"stages": [_stage(production, 2_192.0)]},
+    }  # fmt: skip
+
+
 class Crash(BaseException):
     """The operator process dies here (SIGKILL): nothing after it runs, status is not written."""
 
@@ -111,6 +163,13 @@ class FakeKube:
         self.eval_log_before = ""  # lines the eval pod logs before its summary
         self.hold_evals = False  # eval Jobs run (log `eval_log_before` only) until finish_evals()
         self.on_mutation: Callable[[FakeKube], None] | None = None
+        # The load Job: its pod logs `load_summary(production concurrency asked)` with the
+        # attempt's nonce as its last line; a Job whose summary is not `measured` fails (kvgate
+        # load-job exits 3 or 4). `load_summary` returning None: the Job fails logging nothing
+        # (killed, OOM). `load_nonce=False`: the summary line carries no nonce.
+        self.load_summary: Callable[[int], dict[str, Any] | None] = field_load
+        self.load_nonce = True
+        self.load_concurrency: list[int] = []  # --production-concurrency of each load Job
         # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
         self.registry_epoch = 0  # bumped by `retag`
         self.cache_info = {CONTROL_LOG: ("auto", 1806), CANDIDATE_LOG: ("fp8_e4m3", 3804)}
@@ -257,16 +316,37 @@ class FakeKube:
                 e["name"]: e.get("value")
                 for e in obj["spec"]["template"]["spec"]["containers"][0].get("env") or []
             }
+            if labels.get("kvgate.io/arm") == "load":
+                self._start_load(obj, pod, env)
+                return obj
             summary = {**self.eval_summary, "nonce": env.get("KVGATE_EVAL_NONCE")}
             pod["_summary"] = json.dumps(summary) + "\n"
             pod["_log"] = self.eval_log_before + ("" if self.hold_evals else pod["_summary"])
         return obj
 
+    def _start_load(self, job: dict[str, Any], pod: dict[str, Any], env: dict[str, Any]) -> None:
+        """The load Job runs to its end at once: its log, then Complete or Failed by the summary."""
+        command = [str(a) for a in job["spec"]["template"]["spec"]["containers"][0]["command"]]
+        production = int(command[command.index("--production-concurrency") + 1])
+        self.load_concurrency.append(production)
+        summary = self.load_summary(production)
+        progress = json.dumps({"kind": "kvgate.load/progress", "arm": "control", "stage": 1})
+        pod["_log"] = progress + "\n"
+        if summary is None:
+            job["status"] = copy.deepcopy(_JOB_FAILED)
+            return
+        if self.load_nonce:
+            summary = {**summary, "nonce": env.get("KVGATE_LOAD_NONCE")}
+        pod["_log"] += json.dumps(summary) + "\n"
+        ok = summary.get("verdict") == "measured"
+        job["status"] = copy.deepcopy(_JOB_DONE if ok else _JOB_FAILED)
+
     def finish_evals(self) -> None:
         """Every running eval Job completes now: its pod logs the summary, the Job is Complete."""
         self.hold_evals = False
         for job in self.of_kind("Job"):
-            if job["status"] != _JOB_DONE:
+            role = job["spec"]["template"]["metadata"]["labels"].get("kvgate.io/arm")
+            if job["status"] != _JOB_DONE and role == "eval":
                 job["status"] = copy.deepcopy(_JOB_DONE)
                 for pod in self.list_pods("", f"job-name={job['metadata']['name']}"):
                     self.objects[("Pod", pod["metadata"]["name"])]["_log"] += pod["_summary"]

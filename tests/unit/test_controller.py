@@ -17,11 +17,13 @@ import logging
 import re
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fake_cluster
 import kopf
 import pytest
+import yaml
 from fake_cluster import Crash, FakeKube, deployment
 
 from kvgate import crash, engine_versions, manifests, promotion, report
@@ -1380,3 +1382,120 @@ def test_a_manual_rollout_records_when_its_approval_expires(
     assert "expires " + status["approvalExpiresAt"][:10] in " ".join(
         report.render_text(world.obj).split()
     )
+
+
+# --- the load Job (spec.gates.capacityGain.throughputGain) ---------------------------------------
+
+THROUGHPUT_GATES = {"capacity": {"mode": "off"}, "capacityGain": {"throughputGain": {}}}
+
+
+def test_throughput_gain_measures_load_then_promotes_with_the_gain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the throughput gate on, and a load Job that measures the field report's shape:
+    # BF16 runs out of KV cache at production's load, FP8 serves it at 2,192 tok/s
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    # WHEN the rollout runs
+    assert world.run() == "Promoted"
+    world.assert_invariant()
+    # THEN the load was measured between the eval and the promotion, once
+    assert world.phases == [
+        "Preflight", "Canary", "Evaluating", "Measuring", "Promoting", "Verifying", "Promoted",
+    ]  # fmt: skip
+    assert world.kube.load_concurrency == [1]  # no preflight figures: production load 1
+    status = world.obj["status"]
+    load = status["load"]
+    assert load["attempt"] == 1 and load["job"] == "r-load-1"
+    assert load["concurrency"] == 1 and len(load["nonceSha256"]) == 64
+    # the capacity case: FP8 at production's load over BF16's best stage
+    assert load["throughputGain"] == pytest.approx(2_192 / 1_558, abs=1e-4)
+    assert load["summary"]["candidate"]["stages"][0]["outputTokensPerS"] == 2_192.0
+    gate = status["gates"]["throughputGain"]
+    assert gate["outcome"] == "Successful" and gate["reason"] == "ThroughputGained"
+    assert "2,192 tok/s" in gate["message"] and "+41%" in gate["message"]
+    gained = [(t, m) for t, r, m in world.events if r == "ThroughputGained"]
+    assert gained == [("Normal", gate["message"])]
+    assert world.reasons().count("LoadStarted") == 1
+    # the Gain printer column reads status.load.throughputGain
+    crd = manifests_crd()
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    gain_col = next(c for c in columns if c["name"] == "Gain")
+    assert gain_col["jsonPath"] == ".status.load.throughputGain"
+    # the load Job is the operator's: its image, both canaries, deleted at the end
+    assert world.kube.get("Job", "r-load-1") is None
+
+
+def manifests_crd() -> dict[str, Any]:
+    path = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
+    crd: dict[str, Any] = yaml.safe_load(path.read_text())
+    return crd
+
+
+def test_throughput_gate_candidate_gaining_nothing_ends_not_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN both arms serving production's load alike (compute-bound at short context)
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    world.kube.load_summary = lambda c: fake_cluster.field_load(c, fp8_gains=False)
+    # WHEN the rollout runs THEN it ends NotNeeded with the measured reason, unpatched
+    assert world.run() == "NotNeeded"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "ThroughputNotNeeded"
+    assert "2,010 tok/s vs 2,000 tok/s, +0%" in status["message"]
+    assert status["load"]["throughputGain"] == pytest.approx(1.005)
+    assert world.phases[-2:] == ["Measuring", "NotNeeded"]
+    assert ("Warning", "ThroughputNotNeeded") in [(t, r) for t, r, _ in world.events]
+
+
+@pytest.mark.parametrize("broken", ["error-summary", "no-summary"])
+def test_a_load_job_that_errors_is_retried_then_fails_without_a_verdict(
+    monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    # GIVEN a load Job that errors every time: exit 4 with every stage in error (an unreachable
+    # arm), or a Job that failed printing no summary (killed, OOM)
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    world.kube.load_summary = (
+        fake_cluster.load_error_summary if broken == "error-summary" else lambda c: None
+    )
+    # WHEN the rollout runs
+    assert world.run() == "Failed"
+    world.assert_invariant()
+    # THEN each attempt was a new Job (evalRetries 1: two attempts), then Failed: no verdict
+    status = world.obj["status"]
+    assert world.kube.load_concurrency == [1, 1]
+    assert status["reason"] == "LoadError" and status["load"]["attempt"] == 2
+    assert status["message"].startswith("load failed 2 time(s), last: ")
+    assert "verdict" not in status
+    assert status["gates"]["throughputGain"]["outcome"] == "Error"
+    assert world.reasons().count("LoadRetry") == 0  # the retry is a step reason, not an Event
+    assert world.reasons().count("LoadError") >= 2
+    assert world.kube.get("Job", "r-load-1") is None and world.kube.get("Job", "r-load-2") is None
+
+
+def test_a_load_summary_without_the_nonce_is_not_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a load Job whose summary line (a big gain) does not carry the attempt's nonce
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    world.kube.load_nonce = False
+    # WHEN the rollout runs THEN the gain is never taken: retried, then Failed, never Promoted
+    assert world.run() == "Failed"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "LoadError"
+    assert "throughputGain" not in status["load"]
+    assert "no load summary" in status["message"]
+
+
+def test_with_the_throughput_gate_off_no_load_job_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(monkeypatch)
+    assert world.run() == "Promoted"
+    assert world.phases == [
+        "Preflight",
+        "Canary",
+        "Evaluating",
+        "Promoting",
+        "Verifying",
+        "Promoted",
+    ]
+    assert world.kube.load_concurrency == [] and "load" not in world.obj["status"]
+    assert "throughputGain" not in world.obj["status"]["gates"]

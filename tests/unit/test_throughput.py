@@ -15,8 +15,12 @@ from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, Sta
 from kvgate.model import ArmClocks, ClockReading, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import ThroughputGainGate
-from kvgate.status import LoadStatus, RolloutStatus
-from kvgate.throughput import assess_throughput
+from kvgate.status import LoadStatus, PoolSample, PreflightStatus, RolloutStatus
+from kvgate.throughput import (
+    assess_throughput,
+    production_concurrency,
+    status_production_concurrency,
+)
 
 GATE = ThroughputGainGate()
 OOM = "40 of 128 requests failed (Server Error: 40)"
@@ -174,3 +178,21 @@ def test_the_status_keeps_the_load_once_and_round_trips() -> None:
     assert raw["load"]["throughputGain"] == pytest.approx(1.4069, abs=1e-4)
     assert raw["load"]["summary"]["candidate"]["stages"][0]["outputTokensPerS"] == 2192.0
     assert RolloutStatus.from_dict(raw) == status
+
+
+def test_production_concurrency_is_the_busiest_pods_mean_running_plus_waiting() -> None:
+    pre = PreflightStatus(
+        samples={
+            "a": (PoolSample(running=30.0, waiting=2.0), PoolSample(running=34.0, waiting=6.0)),
+            "b": (PoolSample(running=8.0, waiting=0.0),),
+            "c": (PoolSample(kv_usage=0.9),),  # no request figures: left out
+        }
+    )
+    assert production_concurrency(pre) == 36  # pod a: (32 + 40) / 2
+    assert production_concurrency(None) == 1
+    assert production_concurrency(PreflightStatus()) == 1
+    assert production_concurrency(PreflightStatus(samples={"c": (PoolSample(kv_usage=0.9),)})) == 1
+    # from a stored status: the same figures, and anything else reads as 1
+    stored = {"preflight": {"samples": {"a": [{"running": 3.0, "waiting": 1.0}]}}}
+    assert status_production_concurrency(stored) == 4
+    assert status_production_concurrency({"preflight": "junk"}) == 1

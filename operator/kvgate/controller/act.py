@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate import manifests, promotion
+from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
 from kvgate.controller.context import (
     Ctx,
@@ -42,7 +42,7 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
-from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, LABEL_ROLLOUT, config_hash
+from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec, is_local_path
 from kvgate.steps import Action, Step
@@ -205,6 +205,81 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
 
 
+def create_load_job(ctx: Ctx, step: Step) -> None:
+    """The load Job of this attempt: `kvgate load-job` on both canaries at production's load."""
+    load = dict(ctx.status.get("load") or {})
+    attempt = step.load_attempts or int(load.get("attempt") or 1)
+    ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
+    if not all(ips.values()):
+        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
+    port = ctx.status.get("port", 8000)
+    gate = ctx.spec.capacity_gain.throughput_gain
+    # Production's concurrency: the preflight's running + waiting requests, else 1.
+    concurrency = throughput.status_production_concurrency(ctx.status)
+    # Lengths: the operator does not read production's request-length histograms yet, so the
+    # load runs the fixed defaults (throughput.DEFAULT_PROMPT_TOKENS / DEFAULT_OUTPUT_TOKENS).
+    job = manifests.build_load_job(
+        rollout=ctx.name,
+        namespace=ctx.namespace,
+        attempt=attempt,
+        image=ctx.config.load_job_image,  # the operator's, never the rollout's
+        command=manifests.load_command(
+            control_url=f"http://{ips['control']}:{port}",
+            candidate_url=f"http://{ips['candidate']}:{port}",
+            model=str(ctx.status.get("servedModel") or ctx.status.get("model") or ""),
+            production_concurrency=concurrency,
+            prompt_tokens=throughput.DEFAULT_PROMPT_TOKENS,
+            output_tokens=throughput.DEFAULT_OUTPUT_TOKENS,
+            max_concurrency=max(gate.max_concurrency if gate else concurrency, concurrency),
+            server_type="sglang" if ctx.status.get("engine") == "sglang" else "vllm",
+        ),
+        deadline_s=ctx.spec.canary.eval_timeout_s,
+        config_hash=str(ctx.status.get("configHash")),
+        env={"PYTHONUNBUFFERED": "1"},
+        service_account_name=ctx.config.eval_service_account,
+        nonce=secrets.token_hex(16),
+    )
+    adopt_child(ctx, job, "load")
+    existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
+    if existing is not None and not owned(ctx, existing):
+        raise KvgateError(
+            f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
+            "touch it"
+        )
+    if existing is not None and leftover_child(ctx, existing):
+        delete_owned(ctx, "Job", existing)
+        raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
+    if existing is None:
+        existing = ctx.kube.create(job)
+        post_event(
+            ctx, Reason.LOAD_STARTED, f"load attempt {attempt}: Job {job['metadata']['name']}"
+        )
+    # As for the eval: the nonce of the Job that runs, hashed; and the load it was asked for.
+    load.update(
+        attempt=attempt,
+        job=job["metadata"]["name"],
+        nonceSha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
+        concurrency=job_concurrency(existing) or concurrency,
+    )
+    ctx.status["load"] = load
+
+
+def job_concurrency(job: Mapping[str, Any]) -> int | None:
+    """The --production-concurrency the Job runs with (a restarted operator finds its
+    predecessor's Job, made perhaps from other preflight figures)."""
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or [{}]
+    args = [
+        str(a) for a in [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
+    ]
+    if "--production-concurrency" in args:
+        i = args.index("--production-concurrency")
+        if i + 1 < len(args) and args[i + 1].isdigit():
+            return int(args[i + 1])
+    return None
+
+
 def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool) -> None:
     """The eval Job's NetworkPolicy, owned by the rollout; an owned one with another spec (an
     earlier run's port or hub rule) is deleted and made again on the next reconcile."""
@@ -253,25 +328,28 @@ def engine_max_model_len(arms: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def nonce_hash(job: Mapping[str, Any]) -> str | None:
+def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV) -> str | None:
     containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
         "containers"
     ) or [{}]
     for env in containers[0].get("env") or []:
-        if env.get("name") == "KVGATE_EVAL_NONCE" and env.get("value"):
+        if env.get("name") == env_name and env.get("value"):
             return hashlib.sha256(str(env["value"]).encode()).hexdigest()
     return None
 
 
 def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
-    selector = f"{LABEL_ROLLOUT}={ctx.name},{LABEL_ARM}=eval"
+    """The eval and load Jobs of every attempt, and the eval NetworkPolicy."""
     seen = set()
-    for pod in ctx.kube.list_pods(ctx.namespace, selector):
-        job = (pod["metadata"].get("labels") or {}).get("job-name")
-        if job and job not in seen:
+    for pod in own_pods(ctx).values():  # one LIST of the rollout's pods serves both roles
+        labels = pod["metadata"].get("labels") or {}
+        job = labels.get("job-name")
+        if job and labels.get(LABEL_ARM) in ("eval", "load"):
             seen.add(job)
     attempts = int((ctx.status.get("eval") or {}).get("attempt") or 0)
     seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
+    loads = int((ctx.status.get("load") or {}).get("attempt") or 0)
+    seen.update(manifests.load_job_name(ctx.name, a) for a in range(1, min(loads, 99) + 1))
     for name in sorted(seen):
         job = ctx.kube.read_job(ctx.namespace, name)
         if job is not None:
@@ -394,6 +472,7 @@ ACTIONS = {
     Action.DELETE_CANARIES: delete_canaries,
     Action.CREATE_EVAL_JOB: create_eval_job,
     Action.DELETE_EVAL_JOB: delete_eval_jobs,
+    Action.CREATE_LOAD_JOB: create_load_job,
     Action.SNAPSHOT_SPEED: snapshot_speed,
     Action.PATCH_DEPLOYMENT: apply_promotion_patch,
     Action.REVERT_DEPLOYMENT: revert_target,

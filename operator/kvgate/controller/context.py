@@ -134,6 +134,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         phase_elapsed_s=(ctx.now - since).total_seconds(),
         config_hash=str(ctx.status.get("configHash") or ""),
         eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
+        load_attempts=int((ctx.status.get("load") or {}).get("attempt") or 0),
         gates=gates,
         approval=approval,
         approver=redact.scrub_text(approver)[:253],

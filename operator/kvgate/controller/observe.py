@@ -47,6 +47,7 @@ from kvgate.controller.telemetry import (
 )
 from kvgate.errors import ExternalError, InputError, SpecError
 from kvgate.kubeobjects import PodHealth
+from kvgate.loadresult import LoadSummary
 from kvgate.model import (
     GateMode,
     Phase,
@@ -75,6 +76,8 @@ def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observatio
         return observe_canary(ctx)
     if phase is Phase.EVALUATING:
         return observe_eval(ctx)
+    if phase is Phase.MEASURING:
+        return observe_load(ctx)
     if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
         return observe_promoting(ctx)
     if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
@@ -419,7 +422,14 @@ def observe_eval(ctx: Ctx) -> Observation:
 def eval_lines(
     text: str, nonce_sha256: str | None
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(summary, latest progress) from the eval Job's log.
+    """(summary, latest progress) from the eval Job's log (see `job_lines`)."""
+    return job_lines(text, nonce_sha256, kind="kvgate.eval")
+
+
+def job_lines(
+    text: str, nonce_sha256: str | None, *, kind: str
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(summary, latest progress) from a judge Job's log: `<kind>/summary`, `<kind>/progress`.
 
     Evidence integrity: the summary is the log's last line only, and only when it carries the
     attempt's nonce (whose hash status keeps). lm-eval logs an arm's error bodies into the same
@@ -429,16 +439,53 @@ def eval_lines(
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in lines:
         obj = json_object(line)
-        if obj is not None and obj.get("kind") == "kvgate.eval/progress":
+        if obj is not None and obj.get("kind") == f"{kind}/progress":
             progress = obj
     last = json_object(lines[-1]) if lines else None
-    if last is None or last.get("kind") != "kvgate.eval/summary" or not nonce_sha256:
+    if last is None or last.get("kind") != f"{kind}/summary" or not nonce_sha256:
         return None, progress
     nonce = last.get("nonce")
     if not isinstance(nonce, str) or hashlib.sha256(nonce.encode()).hexdigest() != nonce_sha256:
         return None, progress
     summary = {k: v for k, v in last.items() if k != "nonce"}
     return summary, progress
+
+
+def observe_load(ctx: Ctx) -> Observation:
+    """The load Job of the current attempt: its summary once it finished, or why it failed.
+
+    The summary counts only from a finished Job, as its log's nonce-carrying last line (as for
+    the eval). `kvgate load-job` exits non-zero (the Job fails) for a partial run too (exit 3:
+    the control ran out of room at a stage), so the summary's verdict decides, not the exit; a
+    finished Job without such a summary (killed at its deadline, crashed) is an error.
+    """
+    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
+    load = dict(ctx.status.get("load") or {})
+    attempt = int(load.get("attempt") or 1)
+    job_name = manifests.load_job_name(ctx.name, attempt)
+    job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
+    clocks = SpeedClocks.from_dict((ctx.status.get("speed") or {}).get("clocks"))
+    concurrency = load.get("concurrency")
+    obs = Observation(
+        control=control,
+        candidate=candidate,
+        load_job_exists=job is not None,
+        speed_clocks=clocks,
+        production_concurrency=concurrency if isinstance(concurrency, int) else None,
+    )
+    if job is None or not kubeobjects.job_finished(job):
+        return obs
+    pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
+    text = ""
+    if pods:
+        text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+    summary, _ = job_lines(text, load.get("nonceSha256"), kind="kvgate.load")
+    if summary is not None:
+        return dataclasses.replace(obs, load_summary=LoadSummary.from_dict(summary))
+    tail = " | ".join(text.strip().splitlines()[-3:])
+    why = "no load summary with this attempt's nonce as the log's last line"
+    error = f"{why} ({kubeobjects.job_failure(job)}); log tail: {tail}"
+    return dataclasses.replace(obs, load_error=error[:500])
 
 
 def json_object(line: str) -> dict[str, Any] | None:

@@ -175,6 +175,10 @@ def fold(
         status["progress"] = None  # merge-patch null: the progress column empties after the eval
     if step.eval_attempts is not None:
         status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
+    if step.load_attempts is not None:
+        status["load"] = {**(status.get("load") or {}), "attempt": step.load_attempts}
+    if step.load is not None:  # the measurement and the gain, beside the attempt's job record
+        status["load"] = {**(status.get("load") or {}), **jsonrecord.write(step.load)}
     if step.verdict is not None:
         status["verdict"] = step.verdict.to_dict()
         if verdict_key is not None:
