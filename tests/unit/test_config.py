@@ -23,6 +23,17 @@ def test_hub_token_secrets_are_an_opt_in() -> None:
         OperatorConfig.from_env({"KVGATE_HUB_TOKEN_SECRETS": "maybe"})
 
 
+def test_the_load_image_defaults_to_the_eval_image() -> None:
+    config = OperatorConfig.from_env({"KVGATE_EVAL_IMAGE": "registry/kvgate:1"})
+    assert config.load_image is None and config.load_job_image == "registry/kvgate:1"
+    config = OperatorConfig.from_env(
+        {"KVGATE_EVAL_IMAGE": "registry/kvgate:1", "KVGATE_LOAD_IMAGE": "registry/load:2"}
+    )
+    assert config.load_job_image == "registry/load:2"
+    with pytest.raises(SpecError, match="KVGATE_LOAD_IMAGE"):
+        OperatorConfig.from_env({"KVGATE_LOAD_IMAGE": "img latest"})
+
+
 def test_environment() -> None:
     config = OperatorConfig.from_env(
         {

@@ -50,6 +50,17 @@ app.kubernetes.io/part-of: kvgate
 {{- end }}
 {{- end }}
 
+{{/* The load Job's image (empty: the operator uses the eval image). */}}
+{{- define "kvgate.loadImage" -}}
+{{- with .Values.loadImage }}{{- if .repository }}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository (default $.Chart.AppVersion .tag) }}
+{{- end }}
+{{- end }}{{- end }}
+{{- end }}
+
 {{/* The eval Job's ServiceAccount: created per watched namespace, or named by the user
      (cluster-wide the chart cannot create one in every namespace: empty unless named). */}}
 {{- define "kvgate.evalServiceAccountName" -}}

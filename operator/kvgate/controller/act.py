@@ -235,7 +235,11 @@ def create_load_job(ctx: Ctx, step: Step) -> None:
         ),
         deadline_s=ctx.spec.canary.eval_timeout_s,
         config_hash=str(ctx.status.get("configHash")),
-        env={"PYTHONUNBUFFERED": "1"},
+        # the word tokenizer that counts as the engines do is built from GSM8K's train split
+        env={
+            "PYTHONUNBUFFERED": "1",
+            **({"KVGATE_GSM8K_DIR": ctx.config.gsm8k_dir} if ctx.config.gsm8k_dir else {}),
+        },
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
     )
