@@ -53,9 +53,9 @@ def eval_job_name(rollout: str, attempt: int) -> str:
     return f"{_base(rollout)}-eval-{attempt}"
 
 
-def eval_policy_name(rollout: str) -> str:
-    """The eval Job's NetworkPolicy: one per rollout, for every attempt's Job."""
-    return f"{_base(rollout)}-eval"
+def eval_policy_name(rollout: str, role: str = "eval") -> str:
+    """The eval (or load) Job's NetworkPolicy: one per rollout, for every attempt's Job."""
+    return f"{_base(rollout)}-{role}"
 
 
 def report_name(rollout: str) -> str:
@@ -486,14 +486,15 @@ HUB_PORT: Final = 443  # the hub's HTTPS (huggingface.co and its CDN, or HF_ENDP
 
 
 def build_eval_network_policy(
-    *, rollout: str, namespace: str, canary_port: int, hub: bool
+    *, rollout: str, namespace: str, canary_port: int, hub: bool, role: str = "eval"
 ) -> dict[str, Any]:
     """The eval Job's NetworkPolicy: its pods take no ingress, and send only to the two canary
     pods' serving port, to DNS (53, UDP and TCP, any server: the cluster's resolver is not
     selectable portably), and, with `hub`, to HTTPS (443) at any address, since a NetworkPolicy
     selects addresses, not host names. Enforced only by a CNI that implements NetworkPolicy.
+    `role` "load": the same policy for the load Job's pods (its own object, `<rollout>-load`).
     """
-    selector = {LABEL_ROLLOUT: rollout, LABEL_ARM: "eval"}
+    selector = {LABEL_ROLLOUT: rollout, LABEL_ARM: role}
     egress: list[dict[str, Any]] = [
         {
             "to": [
@@ -513,9 +514,9 @@ def build_eval_network_policy(
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": eval_policy_name(rollout),
+            "name": eval_policy_name(rollout, role),
             "namespace": namespace,
-            "labels": child_labels(rollout, "eval"),
+            "labels": child_labels(rollout, role),
             "annotations": {ANNOTATION_POLICY_HASH: digest},
         },
         "spec": spec,

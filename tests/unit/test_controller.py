@@ -1499,3 +1499,48 @@ def test_with_the_throughput_gate_off_no_load_job_runs(monkeypatch: pytest.Monke
     ]
     assert world.kube.load_concurrency == [] and "load" not in world.obj["status"]
     assert "throughputGain" not in world.obj["status"]["gates"]
+
+
+def test_the_load_job_runs_in_the_operators_image_confined_to_the_canaries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the throughput gate, an operator with its own load image and a GSM8K copy
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    world.memo = kopf.Memo(
+        kube=world.kube,
+        config=OperatorConfig(poll_interval_s=1, hub_offline=True, gsm8k_dir="/data/gsm8k",
+                              load_image="registry/kvgate-load:1"),
+    )  # fmt: skip
+    seen: dict[str, Any] = {}
+
+    def look(w: World) -> None:
+        if w.phase == "Measuring" and not seen:
+            seen["job"] = copy.deepcopy(w.kube.get("Job", "r-load-1"))
+            seen["policy"] = copy.deepcopy(w.kube.get("NetworkPolicy", "r-load"))
+            seen["ips"] = {a: w.kube.get("Pod", f"r-{a}")["status"]["podIP"]  # type: ignore[index]
+                           for a in ("control", "candidate")}  # fmt: skip
+
+    world.before_reconcile = look
+    # WHEN the rollout runs
+    assert world.run() == "Promoted"
+    # THEN the load Job ran `kvgate load-job` on both canaries in the load image
+    pod = seen["job"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry/kvgate-load:1"
+    command = container["command"]
+    assert command[:2] == ["kvgate", "load-job"]
+    assert command[command.index("--control-url") + 1] == f"http://{seen['ips']['control']}:8000"
+    assert (
+        command[command.index("--candidate-url") + 1] == f"http://{seen['ips']['candidate']}:8000"
+    )
+    assert command[command.index("--prompt-tokens") + 1] == "512"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KVGATE_GSM8K_DIR"] == "/data/gsm8k" and len(env["KVGATE_LOAD_NONCE"]) == 32
+    assert pod["automountServiceAccountToken"] is False
+    # its NetworkPolicy selects the load pods and lets them reach the canaries' port and DNS only
+    policy = seen["policy"]["spec"]
+    assert policy["podSelector"]["matchLabels"]["kvgate.io/arm"] == "load"
+    assert {p["port"] for rule in policy["egress"] for p in rule["ports"]} == {8000, 53}
+    # and both are gone at the end
+    assert world.kube.get("NetworkPolicy", "r-load") is None
+    assert world.kube.get("NetworkPolicy", "r-eval") is None

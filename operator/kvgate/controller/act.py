@@ -243,6 +243,8 @@ def create_load_job(ctx: Ctx, step: Step) -> None:
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
     )
+    # Before the Job, as for the eval: its pods reach only the canaries' port and DNS.
+    ensure_eval_policy(ctx, port=int(port), hub=False, role="load")
     adopt_child(ctx, job, "load")
     existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
     if existing is not None and not owned(ctx, existing):
@@ -284,13 +286,13 @@ def job_concurrency(job: Mapping[str, Any]) -> int | None:
     return None
 
 
-def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool) -> None:
-    """The eval Job's NetworkPolicy, owned by the rollout; an owned one with another spec (an
-    earlier run's port or hub rule) is deleted and made again on the next reconcile."""
+def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool, role: str = "eval") -> None:
+    """The eval (or load) Job's NetworkPolicy, owned by the rollout; an owned one with another
+    spec (an earlier run's port or hub rule) is deleted and made again on the next reconcile."""
     policy = manifests.build_eval_network_policy(
-        rollout=ctx.name, namespace=ctx.namespace, canary_port=port, hub=hub
+        rollout=ctx.name, namespace=ctx.namespace, canary_port=port, hub=hub, role=role
     )
-    adopt_child(ctx, policy, "eval")
+    adopt_child(ctx, policy, role)
     name = policy["metadata"]["name"]
     existing = ctx.kube.read_network_policy(ctx.namespace, name)
     if existing is not None and not owned(ctx, existing):
@@ -358,9 +360,12 @@ def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
         job = ctx.kube.read_job(ctx.namespace, name)
         if job is not None:
             delete_owned(ctx, "Job", job)
-    policy = ctx.kube.read_network_policy(ctx.namespace, manifests.eval_policy_name(ctx.name))
-    if policy is not None:
-        delete_owned(ctx, "NetworkPolicy", policy)
+    for role in ("eval", "load"):
+        policy = ctx.kube.read_network_policy(
+            ctx.namespace, manifests.eval_policy_name(ctx.name, role)
+        )
+        if policy is not None:
+            delete_owned(ctx, "NetworkPolicy", policy)
 
 
 def snapshot_speed(ctx: Ctx, step: Step) -> None:
