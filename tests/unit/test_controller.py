@@ -1421,7 +1421,10 @@ def test_throughput_gain_measures_load_then_promotes_with_the_gain(
     columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
     gain_col = next(c for c in columns if c["name"] == "Gain")
     assert gain_col["jsonPath"] == ".status.load.throughputGain"
-    # the load Job is the operator's: its image, both canaries, deleted at the end
+    # the report shows the load section
+    text = report.render_text(world.obj)
+    assert "throughput gain at production load 1: 1.41x" in text
+    # the load Job is deleted at the end
     assert world.kube.get("Job", "r-load-1") is None
 
 
@@ -1544,3 +1547,37 @@ def test_the_load_job_runs_in_the_operators_image_confined_to_the_canaries(
     # and both are gone at the end
     assert world.kube.get("NetworkPolicy", "r-load") is None
     assert world.kube.get("NetworkPolicy", "r-eval") is None
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_crash_at_every_mutation_of_a_measured_rollout_keeps_the_invariant(
+    monkeypatch: pytest.MonkeyPatch, after: bool
+) -> None:
+    clean = World(monkeypatch, gates=THROUGHPUT_GATES)
+    assert clean.run() == "Promoted"
+    for k in range(1, clean.kube.mutations + 1):
+        world = World(monkeypatch, gates=THROUGHPUT_GATES)
+        world.kube.crash_at, world.kube.crash_after = k, after
+        end = world.run()
+        assert world.crashes == 1, f"mutation {k} was never reached"
+        world.assert_invariant()
+        assert end == "Promoted", f"crash {'after' if after else 'before'} mutation {k}: {end}"
+        assert world.obj["status"]["load"]["throughputGain"] == pytest.approx(1.407, abs=1e-3)
+        assert world.reasons().count("Promoting") <= 1, "the candidate was patched twice"
+
+
+def test_a_canary_lost_while_measuring_rolls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the throughput gate, and a candidate pod that disappears once the load Job runs
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+
+    def lose(w: World) -> None:
+        if w.phase == "Measuring" and w.kube.get("Pod", "r-candidate") is not None:
+            del w.kube.objects[("Pod", "r-candidate")]
+
+    world.before_reconcile = lose
+    # WHEN the rollout runs THEN it rolls back naming the lost arm, with no throughput claim
+    assert world.run() == "RolledBack"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "CanaryCrashed" and "candidate" in status["message"]
+    assert "throughputGain" not in status["gates"]
