@@ -182,27 +182,35 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     allowed = {ref[0] for ref in secret_env.values()}
     if not manifests.secret_names(job) <= allowed:
         raise KvgateError("the eval Job would reference a Secret that was not checked")
-    adopt_child(ctx, job, "eval")
-    existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
-    if existing is not None and not owned(ctx, existing):
-        raise KvgateError(
-            f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
-            "touch it"
-        )
-    if existing is not None and leftover_child(ctx, existing):
-        delete_owned(ctx, "Job", existing)
-        raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
-    if existing is None:
-        existing = ctx.kube.create(job)
-        post_event(
-            ctx, Reason.EVAL_STARTED, f"eval attempt {attempt}: Job {job['metadata']['name']}"
-        )
+    existing = ensure_job(ctx, job, "eval", Reason.EVAL_STARTED, attempt)
     # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
     # hash is kept in status, which rollout readers can see.
     ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=nonce_hash(existing))
     ev.pop("progress", None)
     ctx.status["eval"] = ev
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+
+
+def ensure_job(
+    ctx: Ctx, job: dict[str, Any], role: str, started: Reason, attempt: int
+) -> dict[str, Any]:
+    """This attempt's Job (`role`: eval or load), created once; the one that runs is returned.
+
+    A Job with the name that this rollout does not own is never touched; one of an earlier run
+    is deleted and waited for, never reused.
+    """
+    name = job["metadata"]["name"]
+    adopt_child(ctx, job, role)
+    existing = ctx.kube.read_job(ctx.namespace, name)
+    if existing is not None and not owned(ctx, existing):
+        raise KvgateError(f"Job {name} exists and is not this rollout's; kvgate does not touch it")
+    if existing is not None and leftover_child(ctx, existing):
+        delete_owned(ctx, "Job", existing)
+        raise KubeError(f"Job {name} of an earlier run is still terminating")
+    if existing is None:
+        existing = ctx.kube.create(job)
+        post_event(ctx, started, f"{role} attempt {attempt}: Job {name}")
+    return existing
 
 
 def create_load_job(ctx: Ctx, step: Step) -> None:
@@ -245,21 +253,7 @@ def create_load_job(ctx: Ctx, step: Step) -> None:
     )
     # Before the Job, as for the eval: its pods reach only the canaries' port and DNS.
     ensure_eval_policy(ctx, port=int(port), hub=False, role="load")
-    adopt_child(ctx, job, "load")
-    existing = ctx.kube.read_job(ctx.namespace, job["metadata"]["name"])
-    if existing is not None and not owned(ctx, existing):
-        raise KvgateError(
-            f"Job {job['metadata']['name']} exists and is not this rollout's; kvgate does not "
-            "touch it"
-        )
-    if existing is not None and leftover_child(ctx, existing):
-        delete_owned(ctx, "Job", existing)
-        raise KubeError(f"Job {job['metadata']['name']} of an earlier run is still terminating")
-    if existing is None:
-        existing = ctx.kube.create(job)
-        post_event(
-            ctx, Reason.LOAD_STARTED, f"load attempt {attempt}: Job {job['metadata']['name']}"
-        )
+    existing = ensure_job(ctx, job, "load", Reason.LOAD_STARTED, attempt)
     # As for the eval: the nonce of the Job that runs, hashed; and the load it was asked for.
     load.update(
         attempt=attempt,
