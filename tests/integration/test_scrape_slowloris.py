@@ -18,7 +18,9 @@ import pytest
 from kvgate.adapters.http import scrape
 from kvgate.errors import ScrapeError
 
-SLACK = 3.0  # seconds past the timeout that still count as "gave up at the deadline"
+# Seconds past the timeout that still count as "gave up at the deadline": a cut took 5.3 s at
+# load average 15 under `nice 19`, and without the watchdog each case runs 40 s or forever.
+SLACK = 9.0
 BODY = b"vllm:kv_cache_usage_perc 0.5\n"
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
 
