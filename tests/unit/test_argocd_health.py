@@ -18,6 +18,7 @@ PHASES = [
     "Preflight",
     "Canary",
     "Evaluating",
+    "Measuring",
     "AwaitingApproval",
     "Promoting",
     "Verifying",
