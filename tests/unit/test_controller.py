@@ -237,6 +237,8 @@ def test_a_reconcile_reads_the_rollouts_pods_with_one_request(
         sum(1 for s in lists[l0:l1] if s == "kvgate.io/rollout=r") for (_, l0), (_, l1) in spans
     )
     assert own_per_reconcile == 1
+    # the eval Job's log is found in that same LIST (its pods carry the rollout's label)
+    assert not [s for s in lists if s.startswith("job-name=")], lists
 
 
 def _changed_keys(before: dict[str, Any], after: dict[str, Any]) -> set[str]:

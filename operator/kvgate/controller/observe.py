@@ -34,6 +34,7 @@ from kvgate.controller.context import (
     live_container,
     live_target,
     metrics_url,
+    own_pods,
     parse_time,
     pod_container,
     production_pods,
@@ -390,10 +391,7 @@ def observe_eval(ctx: Ctx) -> Observation:
     if job is None:
         return obs
     finished = kubeobjects.job_finished(job)
-    pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
-    text = ""
-    if pods:
-        text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+    text = job_log(ctx, job_name)
     summary, progress = eval_lines(text, ev.get("nonceSha256"))
     if progress is not None:
         ev["progress"] = progress
@@ -417,6 +415,19 @@ def observe_eval(ctx: Ctx) -> Observation:
             obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
         )
     return obs
+
+
+def job_log(ctx: Ctx, job_name: str) -> str:
+    """The log of a judge Job's last pod ('' while it has none). Its pods carry the rollout's
+    label, so the reconcile's one LIST of the rollout's pods (`own_pods`) finds them."""
+    pods = [
+        p
+        for p in own_pods(ctx).values()
+        if (p["metadata"].get("labels") or {}).get("job-name") == job_name
+    ]
+    if not pods:
+        return ""
+    return ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
 
 
 def eval_lines(
@@ -475,10 +486,7 @@ def observe_load(ctx: Ctx) -> Observation:
     )
     if job is None or not kubeobjects.job_finished(job):
         return obs
-    pods = ctx.kube.list_pods(ctx.namespace, f"job-name={job_name}")
-    text = ""
-    if pods:
-        text = ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+    text = job_log(ctx, job_name)
     summary, _ = job_lines(text, load.get("nonceSha256"), kind="kvgate.load")
     if summary is not None:
         return dataclasses.replace(obs, load_summary=LoadSummary.from_dict(summary))
