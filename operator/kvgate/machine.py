@@ -510,11 +510,9 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
     )
     gain = Event(result.reason, result.message, warning=result.outcome is not Outcome.SUCCESSFUL)
-    if verdict.decision is Decision.ROLL_BACK:
-        step = end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
-                        gates=(result,), verdict=verdict, events=(gain,))  # fmt: skip
-    elif verdict.decision is Decision.NOT_NEEDED:
-        step = end_step(Phase.NOT_NEEDED, verdict.reasons[0].reason, verdict.message,
+    end = {Decision.ROLL_BACK: Phase.ROLLED_BACK, Decision.NOT_NEEDED: Phase.NOT_NEEDED}
+    if verdict.decision in end:
+        step = end_step(end[verdict.decision], verdict.reasons[0].reason, verdict.message,
                         gates=(result,), verdict=verdict, events=(gain,))  # fmt: skip
     else:
         step = _after_verdict(spec, state, verdict, (result,))
