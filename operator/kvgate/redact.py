@@ -199,11 +199,12 @@ _TEXT_RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
     (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), "<redacted token>"),
     # user:password@ in URLs.
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1<redacted>@"),
-    # token=..., api_key=... (query strings, key=value logs) and "token": "..." (JSON).
+    # token=..., api_key=... (query strings, key=value logs) and "token": "..." (JSON). A
+    # boolean is a setting, not a credential (a label such as kvgate.io/hub-token=true).
     (
         re.compile(
             r"(?i)\b([\w.-]*(?:token(?!s)|secret|api[_-]?key|password|passwd)[\w.-]*)"
-            r"=(?!<redacted)[^\s&,;\"']+"
+            r"=(?!<redacted)(?!(?:true|false)(?:[\s&,;\"']|$))[^\s&,;\"']+"
         ),
         r"\1=<redacted>",
     ),

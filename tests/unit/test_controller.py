@@ -823,6 +823,27 @@ def test_an_unclassified_crash_says_how_the_pod_ended_then_the_engine_line(
     assert ("Warning", "CanaryCrashed", expected) in world.events
 
 
+def test_a_crash_line_that_carries_a_token_reaches_no_status_field_or_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an engine whose last words quote a hub URL with its token (status quotes that line)
+    import json
+
+    token = "hf_" + "Ab1" * 10
+    world = World(monkeypatch)
+    world.kube.canary_crash_log = (
+        "INFO starting\nTraceback (most recent call last):\n"
+        f"OSError: 401 for https://huggingface.co/api/models/m?token={token}\n"
+    )
+    # WHEN the candidate crashes and the rollout rolls back
+    assert world.run() == "RolledBack"
+    status = world.obj["status"]
+    # THEN no status field (message, gate, condition, verdict) and no Event holds the token
+    assert token not in json.dumps(status) and token not in json.dumps(world.patches)
+    assert not [e for e in world.events if token in e[2]]
+    assert "token=<redacted" in status["message"], status["message"]
+
+
 def test_a_remedied_candidate_that_crashes_again_rolls_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1476,6 +1497,30 @@ def test_a_load_job_that_errors_is_retried_then_fails_without_a_verdict(
     assert world.reasons().count("LoadRetry") == 0  # the retry is a step reason, not an Event
     assert world.reasons().count("LoadError") >= 2
     assert world.kube.get("Job", "r-load-1") is None and world.kube.get("Job", "r-load-2") is None
+
+
+def test_a_job_error_that_quotes_a_token_is_scrubbed_from_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a load Job whose error quotes a credential (an arm's error page echoing the request)
+    import json
+
+    token = "hf_" + "Zq9" * 10
+
+    def leaky(production: int) -> dict[str, Any]:
+        summary = fake_cluster.load_error_summary(production)
+        summary["error"] = f"control measured nothing: 401 for /v1/models?api_key={token}"
+        return summary
+
+    world = World(monkeypatch, gates=THROUGHPUT_GATES)
+    world.kube.load_summary = leaky
+    # WHEN it errors on every attempt and the rollout ends
+    assert world.run() == "Failed"
+    # THEN the message names the error with the credential redacted, in every status written
+    status = world.obj["status"]
+    assert "api_key=<redacted" in status["message"], status["message"]
+    assert token not in json.dumps(world.patches) and token not in json.dumps(status)
+    assert not [e for e in world.events if token in e[2]]
 
 
 def test_a_load_summary_without_the_nonce_is_not_evidence(monkeypatch: pytest.MonkeyPatch) -> None:

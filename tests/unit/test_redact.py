@@ -148,6 +148,7 @@ def test_scrub_text_removes_credentials(text: str, secret: str, kept: str) -> No
     [
         "spec.model.tokenSecretRef.name: is required",
         "the KV pool holds 12345 tokens; max_tokens=512",
+        "label Secret hf kvgate.io/hub-token=true; chart value hubTokenSecrets.enabled=false",
         "CUDA out of memory. Tried to allocate 2.00 GiB",
         "",
     ],

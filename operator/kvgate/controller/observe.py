@@ -298,7 +298,8 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
     )
     scan = sources.scan_engine_log(text, ctx.status.get("engine"))
     if health.crashed:
-        scan["tail"] = [line[:300] for line in text.strip().splitlines()[-3:]]
+        # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
+        scan["tail"] = [redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:]]
     block.update(pod=pod, ip=health.ip, scan=scan)
     if health.image_id:  # the image the verdict is reached on, by digest (its key)
         block["imageID"] = health.image_id

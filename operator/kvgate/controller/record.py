@@ -5,6 +5,7 @@ and the report ConfigMap.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
@@ -115,6 +116,29 @@ def write_status(
     return status
 
 
+def scrubbed(step: Step) -> Step:
+    """`step` with its free text scrubbed of anything shaped like a credential, as Events are:
+    a rollout's status is as readable as its Events, and its messages quote engine log lines
+    (a crash's line, a Job's log tail). Structured fields (args, env) are redacted where made;
+    Events are scrubbed where posted."""
+    scrub = redact.scrub_text
+
+    def gate(g: GateResult) -> GateResult:
+        return dataclasses.replace(g, message=scrub(g.message))
+
+    verdict = step.verdict
+    if verdict is not None:
+        verdict = dataclasses.replace(
+            verdict, message=scrub(verdict.message), reasons=tuple(map(gate, verdict.reasons))
+        )
+    return dataclasses.replace(
+        step,
+        message=scrub(step.message),
+        gates=tuple(map(gate, step.gates)),
+        verdict=verdict,
+    )
+
+
 def fold(
     found: Mapping[str, Any],
     step: Step,
@@ -129,6 +153,7 @@ def fold(
     """The status after `step`, from the status this reconcile found and built (`found`, which
     is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
     promotion and its verify window, the finish time. Pure."""
+    step = scrubbed(step)
     status = copy.deepcopy(dict(found))
     conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     if not conditions:
