@@ -1,0 +1,78 @@
+"""The Kubernetes adapter's reads against a loopback HTTP server speaking as the apiserver: the
+raw JSON body is what the operator gets (no client model round trip), a 404 is None, and an
+answer that is not JSON is one KubeError naming the read, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from kvgate.adapters.kube import Kube
+from kvgate.errors import KubeError
+
+POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    # a field the client's V1Pod model does not know, and a timestamp as the apiserver writes it
+    "metadata": {
+        "name": "r-control",
+        "namespace": "ns",
+        "creationTimestamp": "2026-12-02T10:00:00Z",
+    },
+    "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0"}]},
+    "status": {"phase": "Running", "podIP": "10.0.0.7", "futureField": {"x": 1}},
+}
+ANSWERS: dict[str, tuple[int, bytes]] = {
+    "/api/v1/namespaces/ns/pods/r-control": (200, json.dumps(POD).encode()),
+    "/api/v1/namespaces/ns/pods": (200, json.dumps({"kind": "PodList", "items": [POD]}).encode()),
+    "/api/v1/namespaces/ns/pods/garbled": (200, b"<html>proxy login</html>"),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        status, body = ANSWERS.get(self.path.split("?")[0], (404, b'{"kind":"Status","code":404}'))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def kube() -> Iterator[Kube]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = k8s.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield Kube(k8s.ApiClient(config))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_read_is_the_apiservers_json_as_it_is(kube: Kube) -> None:
+    assert kube.read_pod("ns", "r-control") == POD  # unknown fields and "Z" times kept
+    assert kube.list_pods("ns", "kvgate.io/rollout=r") == [POD]
+    assert kube.requests == 2
+
+
+def test_a_missing_object_is_none(kube: Kube) -> None:
+    assert kube.read_pod("ns", "gone") is None
+    assert kube.read_job("ns", "gone") is None
+    assert kube.read_deployment("ns", "gone") is None
+
+
+def test_an_answer_that_is_not_json_is_one_kube_error(kube: Kube) -> None:
+    with pytest.raises(KubeError, match=r"^get pod ns/garbled: unreadable response: "):
+        kube.read_pod("ns", "garbled")
