@@ -359,7 +359,8 @@ def test_any_typed_status_survives_pruning(raw: Any) -> None:
 def _status_keys_written(tree: ast.Module) -> set[str]:
     """Top-level status keys a controller module writes by name: `<x>.status["k"] = ...`,
     `status["k"] = ...`, `<x>.status.update(k=...)`, `status.update(k=...)`,
-    `<x>.status.setdefault("k", ...)`."""
+    `<x>.status.setdefault("k", ...)`, and the keys observe and act return for status:
+    `StatusUpdate.of(k=...)`."""
 
     def is_status(node: ast.expr) -> bool:
         return (isinstance(node, ast.Name) and node.id == "status") or (
@@ -387,6 +388,14 @@ def _status_keys_written(tree: ast.Module) -> set[str]:
             first = node.args[0] if node.args else None
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 keys.add(first.value)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "of"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "StatusUpdate"
+        ):
+            keys.update(k.arg for k in node.keywords if k.arg)
     return keys
 
 

@@ -1,20 +1,22 @@
 """Acting on a `Step`: creating canaries and the eval Job, the promotion patch and the revert.
 
 Deletions are write-ahead (made on the reconcile after the one that recorded them); the patch and
-the revert only run in phases whose status write already recorded the decision.
+the revert only run in phases whose status write already recorded the decision. Each action
+returns what status keeps of what it did (a `StatusUpdate`); it writes no status itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
 from kvgate.controller.context import (
     Ctx,
+    StatusUpdate,
     adopt_child,
     arm_health,
     candidate_record,
@@ -53,34 +55,46 @@ from kvgate.steps import Action, Step
 DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
 
 
-def act_on(ctx: Ctx, step: Step) -> None:
+NOTHING: Final = StatusUpdate()
+
+
+def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:
+    """The step's actions in order, each seeing what the ones before it did, each yielding
+    what it did: a caller keeps what the actions before a failing one did."""
+    done = NOTHING
     for action in step.actions:
+        seen = ctx.seeing(done)
         if action in DEFERRED:
-            pending = set(ctx.status.get("pendingActions") or ())
-            ctx.status["pendingActions"] = sorted(pending | {action.value})
+            pending = set(seen.status.get("pendingActions") or ())
+            update = StatusUpdate.of(pendingActions=sorted(pending | {action.value}))
         else:
-            ACTIONS[action](ctx, step)
+            update = ACTIONS[action](seen, step)
+        done = done.then(update)
+        yield update
 
 
-def act_best_effort(ctx: Ctx, step: Step) -> None:
-    """Giving up after errors: try every action; owner references clean up what fails."""
+def act_best_effort(ctx: Ctx, step: Step) -> StatusUpdate:
+    """Giving up after errors: try every action; owner references clean up what fails. What
+    the actions before a failing one did is returned."""
+    done = NOTHING
     try:
-        act_on(ctx, step)
+        for update in acts(ctx, step):
+            done = done.then(update)
     except (ExternalError, KvgateError) as exc:
         ctx.logger.warning("acting failed while giving up: %s", exc)
+    return done
 
 
-def run_pending(ctx: Ctx, step: Step) -> None:
+def run_pending(ctx: Ctx, step: Step) -> StatusUpdate:
     """The deletions an earlier reconcile recorded; cleared once they all went through."""
     known = {a.value for a in Action}
     pending = [Action(a) for a in ctx.status.get("pendingActions") or () if a in known]
     for action in pending:
         ACTIONS[action](ctx, step)
-    if pending:
-        ctx.status["pendingActions"] = None
+    return StatusUpdate.of(pendingActions=None) if pending else NOTHING
 
 
-def create_canaries(ctx: Ctx, step: Step) -> None:
+def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
     dep = target_deployment(ctx)
     if dep is None:
         raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
@@ -114,10 +128,11 @@ def create_canaries(ctx: Ctx, step: Step) -> None:
             raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
         if existing is None:
             ctx.kube.create(pod)
-            ctx.rollout_pods = None
+            ctx.reads.rollout_pods = None
             created.append(pod["metadata"]["name"])
     if created:
         post_event(ctx, Reason.CANARY_CREATED, f"created {', '.join(created)}")
+    return NOTHING
 
 
 def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
@@ -125,18 +140,19 @@ def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
     if owned(ctx, obj):
         meta = obj["metadata"]
         ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
-        ctx.rollout_pods = None
+        ctx.reads.rollout_pods = None
 
 
-def delete_canaries(ctx: Ctx, step: Step) -> None:
+def delete_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
     pods = own_pods(ctx)
     for arm in manifests.ARMS:
         pod = pods.get(manifests.canary_name(ctx.name, arm))
         if pod is not None:
             delete_owned(ctx, "Pod", pod)
+    return NOTHING
 
 
-def create_eval_job(ctx: Ctx, step: Step) -> None:
+def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     ev = dict(ctx.status.get("eval") or {})
     attempt = step.eval_attempts or int(ev.get("attempt") or 1)
     arms = ctx.status.get("arms") or {}
@@ -187,8 +203,8 @@ def create_eval_job(ctx: Ctx, step: Step) -> None:
     # hash is kept in status, which rollout readers can see.
     ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=nonce_hash(existing))
     ev.pop("progress", None)
-    ctx.status["eval"] = ev
     del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+    return StatusUpdate.of(eval=ev)
 
 
 def ensure_job(
@@ -213,7 +229,7 @@ def ensure_job(
     return existing
 
 
-def create_load_job(ctx: Ctx, step: Step) -> None:
+def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     """The load Job of this attempt: `kvgate load-job` on both canaries at production's load."""
     load = dict(ctx.status.get("load") or {})
     attempt = step.load_attempts or int(load.get("attempt") or 1)
@@ -261,7 +277,7 @@ def create_load_job(ctx: Ctx, step: Step) -> None:
         nonceSha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
         concurrency=job_concurrency(existing) or concurrency,
     )
-    ctx.status["load"] = load
+    return StatusUpdate.of(load=load)
 
 
 def job_concurrency(job: Mapping[str, Any]) -> int | None:
@@ -338,7 +354,7 @@ def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV)
     return None
 
 
-def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
+def delete_eval_jobs(ctx: Ctx, step: Step) -> StatusUpdate:
     """The eval and load Jobs of every attempt, and the eval NetworkPolicy."""
     seen = set()
     for pod in own_pods(ctx).values():  # one LIST of the rollout's pods serves both roles
@@ -360,19 +376,20 @@ def delete_eval_jobs(ctx: Ctx, step: Step) -> None:
         )
         if policy is not None:
             delete_owned(ctx, "NetworkPolicy", policy)
+    return NOTHING
 
 
-def snapshot_speed(ctx: Ctx, step: Step) -> None:
+def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
     """Speed: TPOT histogram totals of both arms before the eval, which is the fixed load."""
     if ctx.spec.speed is None:
-        return
+        return NOTHING
     speed = dict(ctx.status.get("speed") or {})
     speed["before"] = tpot_totals(ctx)
     speed["startedAt"] = round(ctx.now.timestamp(), 3)  # the window of the arms' GPU clocks
-    ctx.status["speed"] = speed
+    return StatusUpdate.of(speed=speed)
 
 
-def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
+def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
     """Apply the candidate, once, as a test-and-set on the evaluated container.
 
     The decision is already in status (phase Promoting); the patch is refused by the apiserver
@@ -394,16 +411,16 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> None:
         patchedAt=iso(ctx.now),
         generation=dep["metadata"].get("generation"),
     )
-    ctx.status["promotion"] = promo
     post_event(
         ctx,
         Reason.PROMOTING,
         f"patched Deployment {ctx.spec.target.name} (generation {promo['generation']}): "
         f"{' '.join(ctx.status.get('recommendedArgs') or [])}",
     )
+    return StatusUpdate.of(promotion=promo)
 
 
-def revert_target(ctx: Ctx, step: Step) -> None:
+def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
     """Take kvgate's edits out of the live container (three-way), as a test-and-set.
 
     A refused patch is recorded, not raised: the next reconcile reads the Deployment back and
@@ -412,13 +429,13 @@ def revert_target(ctx: Ctx, step: Step) -> None:
     dep = target_deployment(ctx)
     found = live_container(ctx, dep)
     if dep is None or found is None:
-        return  # the observation says why; nothing to patch
+        return NOTHING  # the observation says why; nothing to patch
     index, live = found
     previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
     target = promotion.revert(live, previous, candidate, view=status_view(ctx, live))
     ops = promotion.patch_ops(index, live, target)
     if not ops:
-        return
+        return NOTHING
     revert = dict(ctx.status.get("revert") or {})
     revert["attempts"] = int(revert.get("attempts") or 0) + 1
     revert["lastAttemptAt"] = iso(ctx.now)
@@ -429,10 +446,10 @@ def revert_target(ctx: Ctx, step: Step) -> None:
         REVERT_FAILURES.labels(ctx.namespace, ctx.name).inc()
         revert["lastError"] = describe(exc)
         ctx.logger.warning("revert of %s refused: %s", ctx.spec.target.name, revert["lastError"])
-    ctx.status["revert"] = revert
+    return StatusUpdate.of(revert=revert)
 
 
-def remediate(ctx: Ctx, step: Step) -> None:
+def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
     """Record the step's remedy and the remedied candidate in status; no cluster write.
 
     The status write of this reconcile is the decision; the canaries are deleted (deferred)
@@ -450,7 +467,7 @@ def remediate(ctx: Ctx, step: Step) -> None:
     derive_candidate(ctx, live)  # the live container and the candidate are still the evaluated
     arms = ctx.status.get("arms") or {}
     first = dict(arms.get("candidate") or {})
-    ctx.status["remediation"] = {
+    decided = StatusUpdate.of(remediation={
         **remedy.to_dict(),
         "attempt": 1,
         "decidedAt": iso(ctx.now),
@@ -459,18 +476,20 @@ def remediate(ctx: Ctx, step: Step) -> None:
             "attentionBackend": first.get("attentionBackend"),
             "findings": [f.get("code") for f in (first.get("scan") or {}).get("findings") or []],
         },
-    }
-    candidate = derive_candidate_unchecked(ctx, live)
-    ctx.status.update(candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env))
-    ctx.status["configHash"] = config_hash(
-        {"evaluated": ctx.status.get("configHash"), "remediation": remedy.to_dict()}
-    )
-    ctx.status["arms"] = None  # merge patch: the first attempt's arms are gone
-    ctx.status["capacity"] = None
-    ctx.status["phaseSince"] = iso(ctx.now)  # the remedied candidate gets its own startup time
+    })  # fmt: skip
+    candidate = derive_candidate_unchecked(ctx.seeing(decided), live)
+    return decided.then(StatusUpdate.of(
+        **candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env),
+        configHash=config_hash(
+            {"evaluated": ctx.status.get("configHash"), "remediation": remedy.to_dict()}
+        ),
+        arms=None,  # merge patch: the first attempt's arms are gone
+        capacity=None,
+        phaseSince=iso(ctx.now),  # the remedied candidate gets its own startup time
+    ))  # fmt: skip
 
 
-ACTIONS = {
+ACTIONS: Final[dict[Action, Callable[[Ctx, Step], StatusUpdate]]] = {
     Action.CREATE_CANARIES: create_canaries,
     Action.DELETE_CANARIES: delete_canaries,
     Action.CREATE_EVAL_JOB: create_eval_job,

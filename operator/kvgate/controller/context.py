@@ -4,10 +4,12 @@ the reads every step shares (the live Deployment, read once; what kvgate evaluat
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import kopf
@@ -75,23 +77,95 @@ def parse_time(text: str | None) -> dt.datetime | None:
         return None
 
 
+class StatusView(Mapping[str, Any]):
+    """The status so far, read-only: the status this reconcile found with what its stages
+    returned applied (`StatusUpdate.applied_to`). It has no way to be written (item assignment
+    raises TypeError, and there is no update/setdefault/pop), and a value read is a copy, so an
+    edit of a nested block changes only the reader's copy: stages return what they found or
+    did, and `record.fold` alone builds the status that is written."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = copy.deepcopy(dict(data or {}))
+
+    @classmethod
+    def _owning(cls, data: dict[str, Any]) -> StatusView:
+        """A view of `data`, which nobody else holds (no second copy)."""
+        view = cls()
+        view._data = data
+        return view
+
+    def __getitem__(self, key: str) -> Any:
+        return copy.deepcopy(self._data[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"StatusView({self._data!r})"
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """What a stage of the reconcile found (observe) or did (act), for status: top-level status
+    keys with their whole new value (None removes the key, as in a merge patch), in the order
+    made. Applied with later stages winning; `record.fold` turns it into the new status.
+
+    An intermediate form on the way to a typed `RolloutStatus`: the values are the status blocks
+    as dicts; `record.fold` refuses a key `RolloutStatus` does not declare."""
+
+    changes: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **changes: Any) -> StatusUpdate:
+        return cls(copy.deepcopy(changes))
+
+    def then(self, later: StatusUpdate) -> StatusUpdate:
+        """This update followed by `later` (its keys win)."""
+        return StatusUpdate({**self.changes, **later.changes})
+
+    def applied_to(self, status: Mapping[str, Any]) -> dict[str, Any]:
+        """A new dict: `status` with these keys replaced (a None value is kept as None, which
+        the merge patch of the written status turns into a removal)."""
+        return copy.deepcopy({**status, **self.changes})
+
+
+@dataclass
+class Reads:
+    """What one reconcile read once and shares between its stages."""
+
+    deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
+    deployment_read: bool = False
+    rollout_pods: dict[str, dict[str, Any]] | None = None  # by name, listed once (`own_pods`)
+
+
 @dataclass
 class Ctx:
-    """One reconcile call: the object, its parsed spec, the clients and the status so far."""
+    """One reconcile call: the object, its parsed spec, the clients and the status so far (a
+    read-only view; `seeing` gives the context that sees a stage's update)."""
 
     body: kopf.Body
     namespace: str
     name: str
     generation: int | None
     spec: RolloutSpec
-    status: dict[str, Any]
+    status: StatusView
     kube: KubeApi
     config: OperatorConfig
     logger: logging.Logger | logging.LoggerAdapter[Any]
     now: dt.datetime
-    deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
-    deployment_read: bool = False
-    rollout_pods: dict[str, dict[str, Any]] | None = None  # by name, listed once (`own_pods`)
+    reads: Reads = field(default_factory=Reads)
+
+    def seeing(self, update: StatusUpdate) -> Ctx:
+        """This context with `update` applied to the status it sees (the reads are shared)."""
+        if not update.changes:
+            return self
+        status = StatusView._owning(update.applied_to(self.status))
+        return dataclasses.replace(self, status=status)
 
 
 def parse_spec(
@@ -161,10 +235,10 @@ def describe(exc: BaseException) -> str:
 
 def target_deployment(ctx: Ctx) -> dict[str, Any] | None:
     """The target Deployment, read once per reconcile."""
-    if not ctx.deployment_read:
-        ctx.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
-        ctx.deployment_read = True
-    return ctx.deployment
+    if not ctx.reads.deployment_read:
+        ctx.reads.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+        ctx.reads.deployment_read = True
+    return ctx.reads.deployment
 
 
 def evaluated_container(ctx: Ctx) -> dict[str, Any]:
@@ -286,10 +360,10 @@ def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
     """This rollout's pods (canaries, eval) by name: one LIST per reconcile serves every arm's
     read; `act` forgets it after it creates or deletes a pod. A pod that has a canary's name but
     not this rollout's label is not in it (creating the canary reads that name directly)."""
-    if ctx.rollout_pods is None:
+    if ctx.reads.rollout_pods is None:
         pods = ctx.kube.list_pods(ctx.namespace, f"{LABEL_ROLLOUT}={ctx.name}")
-        ctx.rollout_pods = {p["metadata"]["name"]: p for p in pods}
-    return ctx.rollout_pods
+        ctx.reads.rollout_pods = {p["metadata"]["name"]: p for p in pods}
+    return ctx.reads.rollout_pods
 
 
 def arm_health(ctx: Ctx, arm: str) -> PodHealth:

@@ -27,7 +27,7 @@ from kvgate.config import OperatorConfig
 from kvgate.controller import context
 from kvgate.controller.act import (
     act_best_effort,
-    act_on,
+    acts,
     delete_canaries,
     delete_eval_jobs,
     revert_target,
@@ -35,6 +35,8 @@ from kvgate.controller.act import (
 )
 from kvgate.controller.context import (
     Ctx,
+    StatusUpdate,
+    StatusView,
     describe,
     iso,
     live_key,
@@ -153,16 +155,18 @@ def reconcile(
         name=meta["name"],
         generation=generation,
         spec=spec,
-        status=status,
+        status=StatusView(status),
         kube=memo.kube,
         config=memo.config,
         logger=logger,
         now=context.utcnow(),
     )
     state = read_state(ctx, phase, meta)
+    done = StatusUpdate()  # what the stages that went through found and did, in order
     try:
-        run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
-        obs = observe(ctx, phase, spec_errors)
+        done = run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
+        obs, findings = observe(ctx.seeing(done), phase, spec_errors)
+        done = done.then(findings)
         step = machine.next_step(
             spec,
             state,
@@ -170,7 +174,8 @@ def reconcile(
             poll_s=ctx.config.poll_interval_s,
             approval_ttl_s=ctx.config.approval_ttl_s,
         )
-        act_on(ctx, step)
+        for update in acts(ctx.seeing(done), step):  # kept up to a failing action
+            done = done.then(update)
     except Exception as exc:
         # Not evidence against the candidate: retry, and past the limit (or the phase's
         # deadline) end the rollout, reverting first in the patched phases (never promoting).
@@ -190,8 +195,8 @@ def reconcile(
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
-        act_best_effort(ctx, step)
-    written = write_status(ctx, patch, old, phase, step, cleared=cleared)
+        done = done.then(act_best_effort(ctx.seeing(done), step))
+    written = write_status(ctx, patch, old, phase, step, done, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason.permanent:
@@ -216,7 +221,8 @@ def _side_ctx(
 ) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
     spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
-    return Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec, status,
+    return Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec,
+               StatusView(status),
                memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
-`Observation` (and recording what it read in the status being built). Reads only: the
-sources are read in `controller/sources.py`, the object rules live in `kubeobjects`.
+`Observation` and the findings status keeps of what it read (a `StatusUpdate`; it writes no
+status: `record.fold` does). Reads only: the sources are read in `controller/sources.py`, the
+object rules live in `kubeobjects`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgate import (
     engines,
@@ -26,6 +27,7 @@ from kvgate import (
 from kvgate.controller import sources
 from kvgate.controller.context import (
     Ctx,
+    StatusUpdate,
     arm_health,
     candidate_record,
     current_child,
@@ -61,16 +63,22 @@ if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
 
 
-def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observation:
+# What observe returns: the evidence for the core, and what status keeps of it.
+Observed = tuple[Observation, StatusUpdate]
+NOTHING: Final = StatusUpdate()
+
+
+def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observed:
     if phase is Phase.PENDING:
         return observe_pending(ctx, spec_errors)
     # Every phase after Pending reads the live Deployment: what status says kvgate did is
     # checked against what is there.
     live = live_target(ctx)
-    return dataclasses.replace(observe_phase(ctx, phase, live), live=live)
+    obs, found = observe_phase(ctx, phase, live)
+    return dataclasses.replace(obs, live=live), found
 
 
-def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
+def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observed:
     if phase is Phase.PREFLIGHT:
         return observe_preflight(ctx)
     if phase is Phase.CANARY:
@@ -78,24 +86,24 @@ def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observatio
     if phase is Phase.EVALUATING:
         return observe_eval(ctx)
     if phase is Phase.MEASURING:
-        return observe_load(ctx)
+        return observe_load(ctx), NOTHING
     if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
         return observe_promoting(ctx)
     if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
         return observe_verifying(ctx)
-    return Observation()
+    return Observation(), NOTHING
 
 
-def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
+def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
     if spec_errors:
-        return Observation(spec_errors=spec_errors)
+        return Observation(spec_errors=spec_errors), NOTHING
     secret_problem = hub_token_problem(ctx)
     if secret_problem:  # fail closed before any Pod or Job exists
-        return Observation(spec_errors=(secret_problem,))
+        return Observation(spec_errors=(secret_problem,)), NOTHING
     spec = ctx.spec
     dep = target_deployment(ctx)
     if dep is None:
-        return Observation(target_missing=True)
+        return Observation(target_missing=True), NOTHING
     template = (dep.get("spec") or {}).get("template") or {}
     try:
         index, container = manifests.find_container(
@@ -109,13 +117,14 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
             )
         candidate = manifests.candidate_container(spec, container)
     except LookupError as exc:
-        return Observation(target_problem=f"spec.targetRef: {exc}")
+        return Observation(target_problem=f"spec.targetRef: {exc}"), NOTHING
     except SpecError as exc:
         if exc.field == "kv_cache_dtype":
-            return Observation(dtype_problem=f"spec.kvCacheDtype: {str(exc).split(': ', 1)[-1]}")
-        return Observation(target_problem=str(exc))
+            why = str(exc).split(": ", 1)[-1]
+            return Observation(dtype_problem=f"spec.kvCacheDtype: {why}"), NOTHING
+        return Observation(target_problem=str(exc)), NOTHING
     except InputError as exc:
-        return Observation(target_problem=str(exc))
+        return Observation(target_problem=str(exc)), NOTHING
     conflicts = rollout_conflicts(ctx)
     # Status holds fingerprints, never literal env values or secret flag values: what is
     # patched is re-derived from the spec and the live container, not read back from status.
@@ -123,7 +132,7 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
     previous = redact.redact_config(manifests.container_config(container), show_env=show)
     record = candidate_record(spec, candidate, show)
     wanted = record["candidate"]
-    ctx.status.update(
+    found = StatusUpdate.of(
         **record,
         engine=str(info.engine),
         container=str(container.get("name")),
@@ -145,7 +154,7 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observation:
             }
         ),
     )
-    return Observation(conflicts=conflicts)
+    return Observation(conflicts=conflicts), found
 
 
 def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
@@ -158,10 +167,11 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def observe_preflight(ctx: Ctx) -> Observation:
+def observe_preflight(ctx: Ctx) -> Observed:
     """One pool sample per interval from every Ready production pod, kept in status."""
     gate = ctx.spec.capacity
     pre = dict(ctx.status.get("preflight") or {})
+    found = NOTHING
     if "checkpoint" not in pre:
         pre["checkpoint"] = sources.scan_checkpoint(
             ctx.status.get("model"),
@@ -173,7 +183,7 @@ def observe_preflight(ctx: Ctx) -> Observation:
             namespace=ctx.namespace,
         )
         pre["checkpointHasScales"] = pre["checkpoint"].get("present")
-        ctx.status["preflight"] = pre
+        found = StatusUpdate.of(preflight=pre)
     reasons = pre["checkpoint"].get("forcesFp8Kv") or []
     forced = (
         machine.control_runs_fp8(reasons, production_kv_dtype(ctx), ctx.spec.target.name)
@@ -181,7 +191,7 @@ def observe_preflight(ctx: Ctx) -> Observation:
         else None
     )
     if gate.mode is GateMode.OFF or forced:
-        return Observation(control_forced_fp8=forced)
+        return Observation(control_forced_fp8=forced), found
     series: dict[str, list[dict[str, Any]]] = {
         k: list(v) for k, v in (pre.get("samples") or {}).items()
     }
@@ -216,8 +226,8 @@ def observe_preflight(ctx: Ctx) -> Observation:
         deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
         pre["pressure"] = {**(deciding or {}), "pressured": pressured}
         pre["pressureByPod"] = per_pod
-    ctx.status["preflight"] = pre
-    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail)
+    found = StatusUpdate.of(preflight=pre)
+    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
 
 
 def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
@@ -283,14 +293,16 @@ def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
     )
 
 
-def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
-    """The arm's startup-log scan: from status when already read, else from the pod log."""
-    arms = ctx.status.setdefault("arms", {})
+def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, StatusUpdate]:
+    """The arm's startup-log scan: from status when already read, else from the pod log.
+
+    The update holds every arm's block (`arms`, {} while none was read)."""
+    arms = dict(ctx.status.get("arms") or {})
     block = dict(arms.get(arm) or {})
     if block.get("scan") is not None:
-        return dict(block["scan"])
+        return dict(block["scan"]), StatusUpdate.of(arms=arms)
     if not (health.ready or health.crashed):
-        return None
+        return None, StatusUpdate.of(arms=arms)
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.status.get("container")
     text = sources.pod_log(
@@ -305,23 +317,25 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> dict[str, Any] | None:
         block["imageID"] = health.image_id
     block["attentionBackend"] = scan.get("attention_backend")
     block["kvTokens"] = gates.kv_tokens(scan)
-    arms[arm] = block
-    return scan
+    return scan, StatusUpdate.of(arms={**arms, arm: block})
 
 
-def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, str | None]:
+def arm_metrics(
+    ctx: Ctx, arm: str, health: PodHealth
+) -> tuple[dict[str, Any] | None, str | None, StatusUpdate]:
     """The arm's /metrics cache info (`metrics.cache_truth`): from status, else scraped once.
 
-    Returns (truth, error); a failed scrape is kept in status (`metricsError`) and retried.
+    Returns (truth, error, update); a failed scrape is kept in status (`metricsError`) and
+    retried.
     """
     from kvgate import metrics
 
-    arms = ctx.status.setdefault("arms", {})
+    arms = dict(ctx.status.get("arms") or {})
     block = dict(arms.get(arm) or {})
     if isinstance(block.get("metrics"), Mapping):
-        return dict(block["metrics"]), None
+        return dict(block["metrics"]), None, StatusUpdate.of(arms=arms)
     if not (health.ready and health.ip):
-        return None, None
+        return None, None, StatusUpdate.of(arms=arms)
     source = "/metrics"
     try:
         truth = metrics.cache_truth(scrape_pod(ctx, health.ip))
@@ -333,27 +347,27 @@ def arm_metrics(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] |
     except (ExternalError, InputError) as exc:
         error = f"{arm} {source}: {str(exc)[:300]}"
         block["metricsError"] = error
-        arms[arm] = block
-        return None, error
+        return None, error, StatusUpdate.of(arms={**arms, arm: block})
     block.pop("metricsError", None)
     block["metrics"] = truth
-    arms[arm] = block
-    return truth, None
+    return truth, None, StatusUpdate.of(arms={**arms, arm: block})
 
 
-def observe_canary(ctx: Ctx) -> Observation:
+def observe_canary(ctx: Ctx) -> Observed:
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
-    control_scan = arm_scan(ctx, "control", control)
-    candidate_scan = arm_scan(ctx, "candidate", candidate)
-    record_capacity(ctx)
+    control_scan, found = arm_scan(ctx, "control", control)
+    candidate_scan, more = arm_scan(ctx.seeing(found), "candidate", candidate)
+    found = found.then(more)
+    found = found.then(record_capacity(ctx.seeing(found)))
     truths: dict[str, dict[str, Any] | None] = {}
     errors = []
     if control_scan is not None and candidate_scan is not None:
         for arm, health in (("control", control), ("candidate", candidate)):
-            truths[arm], error = arm_metrics(ctx, arm, health)
+            truths[arm], error, more = arm_metrics(ctx.seeing(found), arm, health)
+            found = found.then(more)
             if error:
                 errors.append(error)
-    return Observation(
+    obs = Observation(
         control=control,
         candidate=candidate,
         control_scan=control_scan,
@@ -369,9 +383,10 @@ def observe_canary(ctx: Ctx) -> Observation:
         ),
         checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
     )
+    return obs, found
 
 
-def record_capacity(ctx: Ctx) -> None:
+def record_capacity(ctx: Ctx) -> StatusUpdate:
     arms = ctx.status.get("arms") or {}
     control = (arms.get("control") or {}).get("kvTokens")
     candidate = (arms.get("candidate") or {}).get("kvTokens")
@@ -379,10 +394,10 @@ def record_capacity(ctx: Ctx) -> None:
     if control and candidate:
         block["ratio"] = round(candidate / control, 3)
         CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(block["ratio"])
-    ctx.status["capacity"] = block
+    return StatusUpdate.of(capacity=block)
 
 
-def observe_eval(ctx: Ctx) -> Observation:
+def observe_eval(ctx: Ctx) -> Observed:
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
     ev = dict(ctx.status.get("eval") or {})
     attempt = int(ev.get("attempt") or 1)
@@ -390,18 +405,18 @@ def observe_eval(ctx: Ctx) -> Observation:
     job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
     obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
     if job is None:
-        return obs
+        return obs, NOTHING
     finished = kubeobjects.job_finished(job)
     text = job_log(ctx, job_name)
     summary, progress = eval_lines(text, ev.get("nonceSha256"))
     if progress is not None:
         ev["progress"] = progress
         obs = dataclasses.replace(obs, eval_progress=progress)
-    ctx.status["eval"] = ev
+    found = StatusUpdate.of(eval=ev)
     if summary is not None and finished:
-        record_accuracy(ctx, summary)
-        control_tpot, candidate_tpot, clocks = speed_after_eval(ctx)
-        return dataclasses.replace(
+        found = found.then(record_accuracy(ctx, summary))
+        control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found))
+        obs = dataclasses.replace(
             obs,
             job_finished=True,
             eval_summary=summary,
@@ -409,13 +424,14 @@ def observe_eval(ctx: Ctx) -> Observation:
             candidate_tpot_s=candidate_tpot,
             speed_clocks=clocks,
         )
+        return obs, found.then(speed)
     if finished:
         reason = kubeobjects.job_failure(job)
         tail = " | ".join(text.strip().splitlines()[-3:])
-        return dataclasses.replace(
+        obs = dataclasses.replace(
             obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
         )
-    return obs
+    return obs, found
 
 
 def job_log(ctx: Ctx, job_name: str) -> str:
@@ -507,17 +523,17 @@ def json_object(line: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> None:
+def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:
     acc = dict(summary)
     diff = (summary.get("paired") or {}).get("difference")
     if isinstance(diff, int | float):
         acc["differencePp"] = round(diff * 100, 2)
         ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc["differencePp"])
     acc.pop("kind", None)
-    ctx.status["accuracy"] = acc
+    return StatusUpdate.of(accuracy=acc)
 
 
-def observe_promoting(ctx: Ctx) -> Observation:
+def observe_promoting(ctx: Ctx) -> Observed:
     dep = target_deployment(ctx)
     assert dep is not None  # the live target exists and carries the candidate
     promo = ctx.status.get("promotion") or {}
@@ -535,16 +551,18 @@ def observe_promoting(ctx: Ctx) -> Observation:
     for pod in new_pods:
         health = kubeobjects.pod_health(pod, ctx.status.get("container"))
         if health.crashed:
-            return Observation(rollout_crashed=f"pod {pod['metadata']['name']}: {health.detail}")
-    scan = None
+            crashed = f"pod {pod['metadata']['name']}: {health.detail}"
+            return Observation(rollout_crashed=crashed), NOTHING
+    scan, found = None, NOTHING
     if done and new_pods:
-        scan = production_scan(ctx, new_pods[0])
+        scan, found = production_scan(ctx, new_pods[0])
     candidate_scan = ((ctx.status.get("arms") or {}).get("candidate") or {}).get("scan")
     # The promoted pods are checked against the candidate canary: same backend, same scales.
-    return Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+    obs = Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+    return obs, found
 
 
-def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
+def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], StatusUpdate]:
     name = pod["metadata"]["name"]
     text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.status.get("container"))
     scan = sources.scan_engine_log(text, ctx.status.get("engine"))
@@ -554,15 +572,14 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> dict[str, Any]:
         "attentionBackend": scan.get("attention_backend"),
         "kvTokens": gates.kv_tokens(scan),
     }
-    ctx.status["promotion"] = promo
-    return scan
+    return scan, StatusUpdate.of(promotion=promo)
 
 
-def observe_verifying(ctx: Ctx) -> Observation:
+def observe_verifying(ctx: Ctx) -> Observed:
     """One verify sample when one is due: every check must pass (fail closed)."""
     state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
     if not promoting.verify_due(ctx.spec, state):
-        return Observation()
+        return Observation(), NOTHING
 
     dep = target_deployment(ctx)
     assert dep is not None  # the live target exists and carries the candidate
@@ -614,13 +631,14 @@ def observe_verifying(ctx: Ctx) -> Observation:
     elapsed = None if last is None else (ctx.now - last).total_seconds()
     problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
     # Kept for the next sample's rates (the status write copies the promotion record whole).
-    promo = ctx.status.setdefault("promotion", {})
+    promo = dict(ctx.status.get("promotion") or {})
     promo["verify"] = {
         **verify,
         "counters": {pod: {k: json_number(v) for k, v in c.to_dict().items()}
                      for pod, c in counters.items()},
     }  # fmt: skip
-    return Observation(production_problem="; ".join(problems) or None, sampled=True)
+    obs = Observation(production_problem="; ".join(problems) or None, sampled=True)
+    return obs, StatusUpdate.of(promotion=promo)
 
 
 def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
@@ -647,10 +665,12 @@ def tpot_totals(ctx: Ctx) -> dict[str, Any]:
     return sources.tpot_totals(lambda arm: arm_health(ctx, arm).ip, lambda ip: scrape_pod(ctx, ip))
 
 
-def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks | None]:
+def speed_after_eval(
+    ctx: Ctx,
+) -> tuple[float | None, float | None, SpeedClocks | None, StatusUpdate]:
     """Mean TPOT and GPU clocks of each arm over the eval window, recorded in status.speed."""
     if ctx.spec.speed is None:
-        return None, None, None
+        return None, None, None, NOTHING
     speed = dict(ctx.status.get("speed") or {})
     if "after" not in speed:
         speed["after"] = tpot_totals(ctx)
@@ -670,8 +690,7 @@ def speed_after_eval(ctx: Ctx) -> tuple[float | None, float | None, SpeedClocks 
             timeout=ctx.config.scrape_timeout_s,
         )
         speed["clocks"] = clocks.to_dict()
-    ctx.status["speed"] = speed
-    return tpots["control"], tpots["candidate"], clocks
+    return tpots["control"], tpots["candidate"], clocks, StatusUpdate.of(speed=speed)
 
 
 def eval_concurrency_of(ctx: Ctx) -> int:

@@ -4,11 +4,10 @@ and the report ConfigMap.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import kopf
 
@@ -16,6 +15,7 @@ from kvgate import conditions as cond
 from kvgate import jsonrecord, manifests, redact, verdictkey
 from kvgate.controller.context import (
     Ctx,
+    StatusUpdate,
     adopt_child,
     iso,
     parse_time,
@@ -49,6 +49,9 @@ def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool | None =
     EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
     ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})
 
+
+# The top-level keys a stage may return for status (`StatusUpdate`): the typed record's.
+STATUS_KEYS: Final = frozenset(f.key for f in jsonrecord.fields(RolloutStatus))
 
 GATE_CONDITIONS = {
     POOL: cond.POOL_PRESSURE,
@@ -89,18 +92,21 @@ def write_status(
     old: Mapping[str, Any],
     old_phase: Phase,
     step: Step,
+    done: StatusUpdate,
     *,
     cleared: Mapping[str, None] | None = None,
 ) -> dict[str, Any]:
     """Patch the step's status by what changed from `old` (the body's status; `cleared`: keys a
-    new spec removes); post its Events, metrics and, on the first finish, the report. Returns
-    the status written."""
-    deployment = (ctx.deployment or {}).get("metadata", {}).get("generation")
+    new spec removes); `ctx.status` is the status this reconcile started from and `done` what
+    its stages found and did. Post the step's Events, metrics and, on the first finish, the
+    report. Returns the status written."""
+    deployment = (ctx.reads.deployment or {}).get("metadata", {}).get("generation")
     key = None
     if step.verdict is not None:  # what the verdict was reached on, recorded with it
-        key = verdictkey.key_of(RolloutStatus.from_dict(ctx.status), ctx.spec)
-    status = fold(ctx.status, step, old_phase, now=iso(ctx.now), generation=ctx.generation,
-                  deployment_generation=deployment, verdict_key=key,
+        so_far = RolloutStatus.from_dict(done.applied_to(ctx.status))
+        key = verdictkey.key_of(so_far, ctx.spec)
+    status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
+                  generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
                   approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
     patch_status(patch, old, {**(cleared or {}), **status})
     for e in step.events:
@@ -144,17 +150,23 @@ def fold(
     step: Step,
     old_phase: Phase,
     *,
+    done: StatusUpdate | None = None,
     now: str,
     generation: int | None,
     deployment_generation: int | None,
     verdict_key: verdictkey.VerdictKey | None = None,
     approval_ttl_s: float | None = None,
 ) -> dict[str, Any]:
-    """The status after `step`, from the status this reconcile found and built (`found`, which
-    is left as it is): phase, conditions, gates, verdict, the write-ahead revert record, the
-    promotion and its verify window, the finish time. Pure."""
+    """The status after `step`, from the status this reconcile found (`found`, left as it is)
+    and what its stages found and did (`done`: observe's findings and act's results): phase,
+    conditions, gates, verdict, the write-ahead revert record, the promotion and its verify
+    window, the finish time. Pure, and the only place a new status is built."""
     step = scrubbed(step)
-    status = copy.deepcopy(dict(found))
+    done = done or StatusUpdate()
+    unknown = set(done.changes) - STATUS_KEYS
+    if unknown:  # a bug: the CRD would prune it, and no reader knows it
+        raise KvgateError(f"status has no key {', '.join(sorted(unknown))}")
+    status = done.applied_to(found)
     conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     if not conditions:
         conditions = cond.initial_conditions(generation, now)
