@@ -6,7 +6,7 @@ Three simulator productions (L4, Qwen3-8B), one `kvgate run` and a rollout on ea
       at production's concurrency (64, from the preflight's running + waiting) finds FP8 serving
       at least 1.3x BF16's output tok/s; the rollout promotes, status.load carries the gain and
       the ThroughputGained Event the gate's one line;
-  (room) production runs 2 short requests in a pool with room: both arms serve production's
+  (room) production runs 8 short requests in a pool with room: both arms serve production's
       load at about the same rate, so the gate ends the rollout NotNeeded
       (ThroughputNotNeeded), the Deployment untouched;
   (killed) like kvbound, but the control canary is deleted once the load Job has started:
@@ -47,7 +47,10 @@ pytestmark = pytest.mark.e2e
 # arms' throughput at 64 concurrent (at 0.01 the measured gain was 1.35x, CPU-bound: FP8's
 # TPOT +85% at the same step cost).
 PRESSURE = {"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.03"}
-ROOM = {"KVGATE_SIM_LOAD": "concurrency=2,prompt=500,output=100"}
+# A compute-bound production: 8 short requests in a pool with room for ~30. Paced at 0.1: at
+# 0.01 and 2 concurrent the stages lasted well under a second and the measured ratio swung
+# from 0.76x to 1.45x between runs (host noise, not the engine model).
+ROOM = {"KVGATE_SIM_LOAD": "concurrency=8,prompt=500,output=100", "KVGATE_SIM_SPEED": "0.1"}
 DEPLOYMENTS = {"kvbound": PRESSURE, "room": ROOM, "killed": PRESSURE}
 MIN_RATIO = 1.3
 
@@ -69,7 +72,7 @@ def _spec(max_concurrency: int) -> dict[str, Any]:
 
 
 # Small sweeps: production's stage and the ladder's levels below the cap (1, 8, 32 for 64).
-SPECS = {"kvbound": _spec(64), "room": _spec(2), "killed": _spec(64)}
+SPECS = {"kvbound": _spec(64), "room": _spec(8), "killed": _spec(64)}
 
 
 def _load_venv_or_skip() -> None:
@@ -184,7 +187,7 @@ def test_compute_bound_production_ends_not_needed_by_the_throughput_gate(
     assert gate["outcome"] == "NotNeeded"
     assert "the KV cache is not what limits it" in gate["message"]
     load = status["load"]
-    assert load["concurrency"] <= 4  # production's light load, as the preflight read it
+    assert 4 <= load["concurrency"] <= 12  # production's load, as the preflight read it
     assert load["throughputGain"] < MIN_RATIO
     for arm in ("control", "candidate"):  # both arms served production's load
         stage = next(
