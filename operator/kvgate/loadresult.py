@@ -10,6 +10,7 @@ figures are to be taken from it.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -114,3 +115,66 @@ def overall(control: ArmLoad, candidate: ArmLoad) -> LoadVerdict:
     if all(s.measured for a in arms for s in a.stages):
         return LoadVerdict.MEASURED
     return LoadVerdict.PARTIAL
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProgress:
+    """Where a running load Job stands, from its `kvgate.load/progress` lines (shown only, never
+    evidence): the stages planned per arm, how many each arm has a report for, which arms'
+    runs ended, and the concurrency of the latest stage reported."""
+
+    started: bool = False
+    stages: int | None = None
+    done: tuple[tuple[str, int], ...] = ()  # (arm, stages reported) in ARMS order
+    finished: tuple[str, ...] = ()
+    latest_concurrency: int | None = None
+
+    @classmethod
+    def from_log(cls, text: str) -> LoadProgress:
+        """Total: any text reads; lines that are not progress lines are skipped."""
+        started, planned, latest = False, None, None
+        seen: dict[str, set[int]] = {arm: set() for arm in ARMS}
+        finished: list[str] = []
+        for line in text.splitlines():
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict) or obj.get("kind") != PROGRESS_KIND:
+                continue
+            event, arm = obj.get("event"), obj.get("arm")
+            if event == "started":
+                started = True
+                stages = obj.get("stages")
+                planned = len(stages) if isinstance(stages, list) else None
+            elif event == "stage" and arm in seen and isinstance(obj.get("stage"), int):
+                seen[arm].add(obj["stage"])
+                concurrency = obj.get("concurrency")
+                latest = concurrency if isinstance(concurrency, int) else latest
+            elif event == "finished" and arm in seen and arm not in finished:
+                finished.append(arm)
+        return cls(
+            started=started,
+            stages=planned,
+            done=tuple((arm, len(seen[arm])) for arm in ARMS),
+            finished=tuple(a for a in ARMS if a in finished),
+            latest_concurrency=latest,
+        )
+
+    def describe(self) -> str:
+        """One line for status.message: 'stages control 2/4, candidate 1/4 (latest 32 concurrent)'."""
+        if not self.started:
+            return "starting inference-perf"
+        of = f"/{self.stages}" if self.stages is not None else ""
+        arms = ", ".join(
+            f"{arm} {n}{of}" + (" done" if arm in self.finished else "") for arm, n in self.done
+        )
+        latest = (
+            f" (latest {self.latest_concurrency} concurrent)"
+            if self.latest_concurrency is not None
+            else ""
+        )
+        return f"stages {arms}{latest}"

@@ -458,8 +458,11 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
         return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
     attempts = max(state.load_attempts, 1)
-    # One attempt is bounded by the Job's deadline (evalTimeout); the phase by every attempt.
-    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    # One attempt is bounded by the Job's deadline (throughputGain.timeout); the phase by
+    # every attempt.
+    gate_spec = spec.capacity_gain.throughput_gain
+    timeout_s = gate_spec.timeout_s if gate_spec is not None else spec.canary.eval_timeout_s
+    budget = timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
     finding = None
     error = _load_error(obs)
     if error is None and obs.load_summary is not None:
@@ -490,11 +493,12 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         gate = GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, message)
         return end_step(Phase.FAILED, Reason.LOAD_ERROR, message, gates=(gate,))
     if finding is None:
+        progress = f"{obs.load_progress.describe()}; " if obs.load_progress is not None else ""
         return Step(
             Phase.MEASURING,
             Reason.MEASURING,
-            f"load attempt {attempts} running: {_duration(state.phase_elapsed_s)} elapsed, "
-            f"at most {_duration(spec.canary.eval_timeout_s)} an attempt",
+            f"load attempt {attempts} running: {progress}{_duration(state.phase_elapsed_s)} "
+            f"elapsed, at most {_duration(timeout_s)} an attempt",
             actions=() if obs.load_job_exists else (Action.CREATE_LOAD_JOB,),
             requeue_s=clamp_delay(poll_s),
         )

@@ -335,8 +335,16 @@ def load_command(
     max_concurrency: int,
     num_workers: int = 1,
     server_type: str = "vllm",
+    prompt_std_tokens: int = 0,
+    deadline_s: float | None = None,
 ) -> list[str]:
-    """`kvgate load-job` against both arms' base URLs with production's workload shape."""
+    """`kvgate load-job` against both arms' base URLs with production's workload shape.
+
+    `deadline_s`: the Job's deadline; the runs get `load_run_timeout(deadline_s)` of it, so the
+    program still prints its summary before the Job is killed."""
+    extra = ["--prompt-std-tokens", str(prompt_std_tokens)] if prompt_std_tokens > 0 else []
+    if deadline_s is not None:
+        extra += ["--timeout", f"{load_run_timeout(deadline_s):g}"]
     return [
         "kvgate",
         "load-job",
@@ -358,7 +366,15 @@ def load_command(
         str(output_tokens),
         "--num-workers",
         str(num_workers),
+        *extra,
     ]
+
+
+def load_run_timeout(deadline_s: float) -> float:
+    """The inference-perf runs' bound inside a load Job of `deadline_s`: a margin (a tenth, at
+    least 60 s, at most half) is left for the tokenizer, the arms' probes and the summary."""
+    margin = min(max(60.0, deadline_s / 10), deadline_s / 2)
+    return round(deadline_s - margin, 1)
 
 
 def build_load_job(

@@ -82,6 +82,16 @@ HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:request_time_per_output_token_seconds",),
         "sglang": ("sglang:request_time_per_output_token_seconds",),
     },
+    # Finished requests' lengths in tokens (the load Job's workload shape). SGLang exports
+    # them with --collect-tokens-histogram.
+    "prompt_lengths": {
+        "vllm": ("vllm:request_prompt_tokens",),
+        "sglang": ("sglang:prompt_tokens_histogram",),
+    },
+    "output_lengths": {
+        "vllm": ("vllm:request_generation_tokens",),
+        "sglang": ("sglang:generation_tokens_histogram",),
+    },
 }
 
 
@@ -211,6 +221,8 @@ class MetricSnapshot:
         str, str
     ]  # concept -> metric name found, e.g. kv_usage -> vllm:gpu_cache_usage_perc
     taken_at: float | None = None
+    prompt_lengths: Histogram | None = None  # tokens per finished request's prompt
+    output_lengths: Histogram | None = None  # tokens per finished request's output
 
     @property
     def kv_cache_dtype(self) -> str | None:
@@ -451,6 +463,8 @@ def parse_metrics(
         cache_config=cache_config,
         names=names,
         taken_at=taken_at,
+        prompt_lengths=histograms["prompt_lengths"],
+        output_lengths=histograms["output_lengths"],
     )
 
 

@@ -164,6 +164,10 @@ class ThroughputGainGate:
     tpot_p99_ms: float | None = None
     max_concurrency: int = 128
     max_clock_difference: float = 0.05
+    # One load attempt's bound: the Job's activeDeadlineSeconds (`kvgate load-job` stops its
+    # runs a margin before, so its summary still gets printed). Past it the attempt is an
+    # error: retried within canary.evalRetries, then Failed/LoadError.
+    timeout_s: float = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +328,7 @@ class RolloutSpec:
                     ),
                     max_concurrency=tg.integer("maxConcurrency", 128, 1, 4096),
                     max_clock_difference=tg.number("maxClockDifference", 0.05, 0.0, 1.0),
+                    timeout_s=tg.duration("timeout", 1800.0, minimum=10.0),
                 )
                 if tg.present
                 else None

@@ -141,6 +141,11 @@ class PoolSample:
     preemptions: float | None = None
     ttft_sum: float | None = None
     ttft_count: float | None = None
+    # Totals of production's request-length histograms (tokens), since the engine started.
+    prompt_len_sum: float | None = None
+    prompt_len_count: float | None = None
+    output_len_sum: float | None = None
+    output_len_count: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +395,7 @@ class LoadStatus:
     job: str | None = None
     nonce_sha256: str | None = None  # the running attempt's nonce, hashed (as for the eval)
     concurrency: int | None = None  # production's concurrency the attempt was asked to run at
+    lengths: str | None = None  # where the load's prompt/output lengths came from, in words
     throughput_gain: float | None = None
     best_gain: float | None = None
     summary: LoadSummary | None = None

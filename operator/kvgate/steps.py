@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from kvgate.kubeobjects import PodHealth
-from kvgate.loadresult import LoadSummary
+from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
     Outcome,
     Phase,
@@ -123,6 +123,7 @@ class Observation:
     load_job_exists: bool = False
     load_summary: LoadSummary | None = None
     load_error: str | None = None
+    load_progress: LoadProgress | None = None  # the running Job's progress lines, folded
     production_concurrency: int | None = None  # what the load Job was asked to run at
     # Promoting / Verifying
     rollout_done: bool = False

@@ -14,15 +14,17 @@ Pure: data in, a `ThroughputFinding` out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
 from kvgate.gates import compare_clocks
 from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
+from kvgate.metrics import Histogram
 from kvgate.model import Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import ThroughputGainGate
-from kvgate.status import PreflightStatus, RolloutStatus
+from kvgate.status import PoolSample, PreflightStatus, RolloutStatus
 from kvgate.verdict import GateResult
 
 THROUGHPUT: Final = "throughputGain"
@@ -212,11 +214,99 @@ def _unknown(why: str) -> ThroughputFinding:
     )
 
 
-# The load Job's workload when production's request-length histograms have not been read (the
-# operator does not read them yet): the lengths `kvgate load-job`'s example and the field
-# report's sweep use (512 prompt tokens, 128 output tokens).
+# The load Job's workload when production's request-length histograms cannot be read: the
+# lengths `kvgate load-job`'s example and the field report's sweep use (512 prompt tokens, 128
+# output tokens).
 DEFAULT_PROMPT_TOKENS: Final = 512
 DEFAULT_OUTPUT_TOKENS: Final = 128
+# Lengths are taken from production only once this many requests finished in the histograms.
+MIN_LENGTH_REQUESTS: Final = 10
+# The load Job's bounds on a derived length (a runaway histogram must not plan a 10M prompt).
+MAX_PROMPT_TOKENS: Final = 1_000_000
+MAX_OUTPUT_TOKENS: Final = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLengths:
+    """The load Job's workload shape: mean prompt and output tokens (and the prompt's spread).
+
+    `derived`: read from production's request-length histograms; False: the fixed defaults,
+    and `message` says why."""
+
+    prompt_tokens: int
+    output_tokens: int
+    prompt_std_tokens: int
+    derived: bool
+    message: str
+
+
+def _bucket_std(histogram: Histogram, mean: float) -> float:
+    """Standard deviation from the buckets, each observation at its bucket's midpoint (the
+    +Inf bucket's at the highest finite bound)."""
+    finite = [upper for upper, _ in histogram.buckets if upper != math.inf]
+    if not finite or histogram.count <= 0:
+        return 0.0
+    lower, previous, total = 0.0, 0.0, 0.0
+    for upper, cumulative in histogram.buckets:
+        in_bucket = max(cumulative - previous, 0.0)
+        point = finite[-1] if upper == math.inf else (lower + upper) / 2
+        total += in_bucket * (point - mean) ** 2
+        if upper != math.inf:
+            lower = upper
+        previous = cumulative
+    return math.sqrt(total / histogram.count)
+
+
+def request_lengths(
+    prompt: Histogram | None,
+    output: Histogram | None,
+    *,
+    min_requests: int = MIN_LENGTH_REQUESTS,
+) -> RequestLengths:
+    """Production's request lengths for the load Job, from its request-length histograms
+    (vLLM `vllm:request_prompt_tokens` / `vllm:request_generation_tokens`, SGLang's
+    `*_tokens_histogram`; pass a window's `since()` delta when there is one): each mean from
+    sum / count, the prompt's spread from the buckets. Missing, empty or too few requests in
+    either: the fixed defaults, with a message saying so."""
+
+    def fallback(why: str) -> RequestLengths:
+        return RequestLengths(
+            DEFAULT_PROMPT_TOKENS,
+            DEFAULT_OUTPUT_TOKENS,
+            0,
+            derived=False,
+            message=(
+                f"production's request lengths unread ({why}): the load runs the fixed "
+                f"{DEFAULT_PROMPT_TOKENS} prompt / {DEFAULT_OUTPUT_TOKENS} output tokens"
+            ),
+        )
+
+    for name, histogram in (("prompt", prompt), ("output", output)):
+        if histogram is None:
+            return fallback(f"no {name}-length histogram in production's metrics")
+        if histogram.count < min_requests:
+            return fallback(
+                f"{histogram.count:g} requests in the {name}-length histogram, fewer than "
+                f"{min_requests}"
+            )
+    assert prompt is not None and output is not None
+    prompt_mean = prompt.sum / prompt.count
+    output_mean = output.sum / output.count
+    if not (math.isfinite(prompt_mean) and math.isfinite(output_mean)):
+        return fallback("a histogram's sum is not a number")
+    prompt_tokens = min(max(1, round(prompt_mean)), MAX_PROMPT_TOKENS)
+    output_tokens = min(max(1, round(output_mean)), MAX_OUTPUT_TOKENS)
+    std = min(round(_bucket_std(prompt, prompt_mean)), prompt_tokens - 1)
+    return RequestLengths(
+        prompt_tokens,
+        output_tokens,
+        max(std, 0),
+        derived=True,
+        message=(
+            f"production's request lengths over {prompt.count:g} requests: prompt mean "
+            f"{prompt_tokens} (std ~{max(std, 0)}), output mean {output_tokens} tokens"
+        ),
+    )
 
 
 def production_concurrency(preflight: PreflightStatus | None) -> int:
@@ -238,3 +328,29 @@ def production_concurrency(preflight: PreflightStatus | None) -> int:
 def status_production_concurrency(status: object) -> int:
     """`production_concurrency` of a rollout's status as stored (any value reads)."""
     return production_concurrency(RolloutStatus.from_dict(status).preflight)
+
+
+def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
+    """`request_lengths` of the preflight's latest sample with length totals (the busiest pod's
+    when several have them): production's finished requests since its engine started. Means
+    only: status keeps the histograms' sums and counts, not their buckets."""
+    best: PoolSample | None = None
+    for samples in (preflight.samples if preflight is not None else {}).values():
+        latest = next(
+            (s for s in reversed(samples) if s.prompt_len_count and s.output_len_count), None
+        )
+        if latest is not None and (
+            best is None or (latest.prompt_len_count or 0) > (best.prompt_len_count or 0)
+        ):
+            best = latest
+    if best is None:
+        return request_lengths(None, None)
+    return request_lengths(
+        Histogram((), best.prompt_len_sum or 0.0, best.prompt_len_count or 0.0),
+        Histogram((), best.output_len_sum or 0.0, best.output_len_count or 0.0),
+    )
+
+
+def status_production_lengths(status: object) -> RequestLengths:
+    """`production_lengths` of a rollout's status as stored (any value reads)."""
+    return production_lengths(RolloutStatus.from_dict(status).preflight)

@@ -169,6 +169,11 @@ class FakeKube:
         # (killed, OOM). `load_nonce=False`: the summary line carries no nonce.
         self.load_summary: Callable[[int], dict[str, Any] | None] = field_load
         self.load_nonce = True
+        # `hold_loads`: load Jobs stay running, their pod logging `load_log` (progress lines),
+        # until fail_loads() ends them as the Job controller does at activeDeadlineSeconds.
+        self.hold_loads = False
+        self.extra_metrics = ""  # appended to every pod's /metrics (e.g. length histograms)
+        self.load_log = ""
         self.load_concurrency: list[int] = []  # --production-concurrency of each load Job
         # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
         self.registry_epoch = 0  # bumped by `retag`
@@ -207,7 +212,7 @@ class FakeKube:
         dtype, blocks = self.cache_info.get(str(pod.get("_log")), ("auto", 1806))
         line = re.sub(r'cache_dtype="[^"]*"', f'cache_dtype="{dtype}"', _CACHE_INFO)
         line = re.sub(r'num_gpu_blocks="[^"]*"', f'num_gpu_blocks="{blocks}"', line)
-        return METRICS.replace(_CACHE_INFO, line)
+        return METRICS.replace(_CACHE_INFO, line) + self.extra_metrics
 
     # --- fault injection ---
 
@@ -329,6 +334,11 @@ class FakeKube:
         command = [str(a) for a in job["spec"]["template"]["spec"]["containers"][0]["command"]]
         production = int(command[command.index("--production-concurrency") + 1])
         self.load_concurrency.append(production)
+        if self.hold_loads:
+            job["status"] = {"active": 1}
+            pod["status"] = {"phase": "Running"}
+            pod["_log"] = self.load_log
+            return
         summary = self.load_summary(production)
         progress = json.dumps({"kind": "kvgate.load/progress", "arm": "control", "stage": 1})
         pod["_log"] = progress + "\n"
@@ -340,6 +350,26 @@ class FakeKube:
         pod["_log"] += json.dumps(summary) + "\n"
         ok = summary.get("verdict") == "measured"
         job["status"] = copy.deepcopy(_JOB_DONE if ok else _JOB_FAILED)
+
+    def log_loads(self, text: str) -> None:
+        """Every running load Job's pod logs `text` too."""
+        for job in self.of_kind("Job"):
+            role = job["spec"]["template"]["metadata"]["labels"].get("kvgate.io/arm")
+            if role == "load" and job["status"] == {"active": 1}:
+                for pod in self.list_pods("", f"job-name={job['metadata']['name']}"):
+                    self.objects[("Pod", pod["metadata"]["name"])]["_log"] += text
+
+    def fail_loads(self, reason: str = "DeadlineExceeded") -> None:
+        """Every running load Job fails now, its log unchanged (no summary): the Job controller
+        killing it at its activeDeadlineSeconds."""
+        for job in self.of_kind("Job"):
+            role = job["spec"]["template"]["metadata"]["labels"].get("kvgate.io/arm")
+            if role == "load" and job["status"] == {"active": 1}:
+                job["status"] = {
+                    "failed": 1,
+                    "conditions": [{"type": "Failed", "status": "True", "reason": reason,
+                                    "message": "Job was active longer than specified deadline"}],
+                }  # fmt: skip
 
     def finish_evals(self) -> None:
         """Every running eval Job completes now: its pod logs the summary, the Job is Complete."""

@@ -1499,6 +1499,185 @@ def test_a_load_job_that_errors_is_retried_then_fails_without_a_verdict(
     assert world.kube.get("Job", "r-load-1") is None and world.kube.get("Job", "r-load-2") is None
 
 
+LOAD_PROGRESS_LOG = "".join(
+    json.dumps({"kind": "kvgate.load/progress", **line}) + "\n"
+    for line in (
+        {"event": "started", "stages": [64, 1, 8, 32], "requests": [128, 2, 16, 64]},
+        {"event": "stage", "arm": "control", "stage": 0, "concurrency": 64},
+        {"event": "stage", "arm": "candidate", "stage": 0, "concurrency": 64},
+        {"event": "stage", "arm": "control", "stage": 1, "concurrency": 1},
+    )
+)
+
+
+def _held_load(monkeypatch: pytest.MonkeyPatch, timeout: str) -> World:
+    """A rollout with the throughput gate (load timeout `timeout`) whose load Job keeps running
+    with LOAD_PROGRESS_LOG as its log, run until the Job exists."""
+    gates = {**THROUGHPUT_GATES, "capacityGain": {"throughputGain": {"timeout": timeout}}}
+    world = World(monkeypatch, gates=gates)
+    world.kube.hold_loads = True
+    world.kube.load_log = LOAD_PROGRESS_LOG
+    for _ in range(200):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.kube.get("Job", "r-load-1") is not None and world.phase == "Measuring":
+            world.reconcile()
+            return world
+    raise AssertionError(f"no load Job: {world.obj.get('status')}")
+
+
+def test_measuring_shows_the_load_jobs_progress_in_status_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a load Job running: both arms past production's stage, the control one stage further
+    world = _held_load(monkeypatch, "20m")
+    # THEN status.message says where each arm stands, and the attempt's own bound
+    message = world.obj["status"]["message"]
+    assert message.startswith("load attempt 1 running: stages control 2/4, candidate 1/4 "), message
+    assert "(latest 1 concurrent)" in message and "at most 20 min an attempt" in message
+    # WHEN the control's run ends
+    world.kube.log_loads(
+        json.dumps({"kind": "kvgate.load/progress", "event": "finished", "arm": "control"}) + "\n"
+    )
+    world.reconcile()
+    assert "control 2/4 done, candidate 1/4" in world.obj["status"]["message"]
+
+
+def test_a_job_that_has_not_started_measuring_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    gates = {**THROUGHPUT_GATES, "capacityGain": {"throughputGain": {"timeout": "20m"}}}
+    world = World(monkeypatch, gates=gates)
+    world.kube.hold_loads = True  # its pod has logged nothing yet
+    for _ in range(200):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.phase == "Measuring" and world.kube.get("Job", "r-load-1") is not None:
+            world.reconcile()
+            break
+    assert "load attempt 1 running: starting inference-perf; " in world.obj["status"]["message"]
+
+
+def test_the_load_timeout_bounds_each_attempt_then_the_rollout_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN spec.gates.capacityGain.throughputGain.timeout 5m, evalTimeout 300s elsewhere
+    world = _held_load(monkeypatch, "5m")
+    job = world.kube.get("Job", "r-load-1")
+    assert job is not None
+    # THEN the load Job's deadline is the load timeout, and its runs stop a margin before it
+    assert job["spec"]["activeDeadlineSeconds"] == 300
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--timeout") + 1] == "240"
+    # WHEN the Job controller kills the attempt at that deadline (no summary printed)
+    world.kube.fail_loads()
+    world.reconcile()
+    # THEN it is retried within evalRetries (1): a second Job, the same bound
+    assert world.phase == "Measuring" and world.obj["status"]["load"]["attempt"] == 2
+    job2 = world.kube.get("Job", "r-load-2")
+    assert job2 is not None and job2["spec"]["activeDeadlineSeconds"] == 300
+    # WHEN the second attempt is killed at its deadline too
+    world.reconcile()
+    world.kube.fail_loads()
+    # THEN the rollout fails with LoadError naming the deadline, no verdict, production as it was
+    assert world.run() == "Failed"
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "LoadError"
+    assert "load failed 2 time(s)" in status["message"]
+    assert "longer than specified deadline" in status["message"]
+    assert "verdict" not in status and "throughputGain" not in status["load"]
+
+
+def test_a_load_job_that_never_ends_fails_after_every_attempts_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a load Job that never ends (its pod never scheduled, the deadline never enforced)
+    world = _held_load(monkeypatch, "1m")
+    # WHEN the rollout runs on THEN the phase's bound is the load timeout x attempts + grace
+    assert world.run(steps=400) == "Failed"
+    status = world.obj["status"]
+    assert status["reason"] == "LoadError"
+    assert "load did not finish within 180s" in status["message"]  # 60 x 2 + 60 grace
+
+
+def test_a_load_timeout_below_ten_seconds_is_refused_naming_the_field() -> None:
+    gain: dict[str, Any] = {"throughputGain": {"timeout": "5s"}}
+    with pytest.raises(ExceptionGroup) as caught:
+        RolloutSpec.from_dict({"targetRef": {"name": "d"}, "gates": {"capacityGain": gain}})
+    assert [str(e) for e in caught.value.exceptions] == [
+        "spec.gates.capacityGain.throughputGain.timeout: 5s is shorter than 10s; use a longer "
+        "duration"
+    ]
+    gain = {"throughputGain": {}}
+    spec = RolloutSpec.from_dict({"targetRef": {"name": "d"}, "gates": {"capacityGain": gain}})
+    gate = spec.capacity_gain.throughput_gain
+    assert gate is not None and gate.timeout_s == 1800.0
+
+
+LENGTH_HISTOGRAMS = """\
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{le="2000.0",model_name="m"} 40
+vllm:request_prompt_tokens_bucket{le="+Inf",model_name="m"} 40
+vllm:request_prompt_tokens_sum{model_name="m"} 72000
+vllm:request_prompt_tokens_count{model_name="m"} 40
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{le="500.0",model_name="m"} 40
+vllm:request_generation_tokens_bucket{le="+Inf",model_name="m"} 40
+vllm:request_generation_tokens_sum{model_name="m"} 16000
+vllm:request_generation_tokens_count{model_name="m"} 40
+"""
+
+
+def _load_command(world: World) -> list[str]:
+    job = world.kube.get("Job", "r-load-1")
+    if job is None:  # deleted at the end: the pod the fake made for it keeps the spec
+        job = world.kube.get("Pod", "r-load-1-x")
+        assert job is not None
+        return [str(a) for a in job["spec"]["containers"][0]["command"]]
+    return [str(a) for a in job["spec"]["template"]["spec"]["containers"][0]["command"]]
+
+
+def test_the_load_runs_productions_request_lengths_from_its_histograms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a production whose finished requests averaged 1,800 prompt and 400 output tokens,
+    # and the preflight sampling it (capacity gate on, warn)
+    gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
+    world = World(monkeypatch, gates=gates)
+    world.kube.extra_metrics = LENGTH_HISTOGRAMS
+    world.kube.hold_loads = True
+    for _ in range(200):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.kube.get("Job", "r-load-1") is not None:
+            break
+    # THEN the load Job runs those lengths, and status says where they came from
+    command = _load_command(world)
+    assert command[command.index("--prompt-tokens") + 1] == "1800"
+    assert command[command.index("--output-tokens") + 1] == "400"
+    lengths = world.obj["status"]["load"]["lengths"]
+    assert lengths.startswith("production's request lengths over 40 requests: prompt mean 1800")
+
+
+def test_without_length_histograms_the_load_runs_the_fixed_lengths_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
+    world = World(monkeypatch, gates=gates)
+    world.kube.hold_loads = True
+    for _ in range(200):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.kube.get("Job", "r-load-1") is not None:
+            break
+    command = _load_command(world)
+    assert command[command.index("--prompt-tokens") + 1] == "512"
+    assert command[command.index("--output-tokens") + 1] == "128"
+    assert world.obj["status"]["load"]["lengths"] == (
+        "production's request lengths unread (no prompt-length histogram in production's "
+        "metrics): the load runs the fixed 512 prompt / 128 output tokens"
+    )
+
+
 def test_a_job_error_that_quotes_a_token_is_scrubbed_from_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -240,8 +240,10 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     gate = ctx.spec.capacity_gain.throughput_gain
     # Production's concurrency: the preflight's running + waiting requests, else 1.
     concurrency = throughput.status_production_concurrency(ctx.status)
-    # Lengths: the operator does not read production's request-length histograms yet, so the
-    # load runs the fixed defaults (throughput.DEFAULT_PROMPT_TOKENS / DEFAULT_OUTPUT_TOKENS).
+    deadline_s = gate.timeout_s if gate else ctx.spec.canary.eval_timeout_s
+    # Lengths: the means of production's request-length histograms as the preflight read them,
+    # else the fixed defaults (the message says which).
+    lengths = throughput.status_production_lengths(ctx.status)
     job = manifests.build_load_job(
         rollout=ctx.name,
         namespace=ctx.namespace,
@@ -252,12 +254,14 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
             candidate_url=f"http://{ips['candidate']}:{port}",
             model=str(ctx.status.get("servedModel") or ctx.status.get("model") or ""),
             production_concurrency=concurrency,
-            prompt_tokens=throughput.DEFAULT_PROMPT_TOKENS,
-            output_tokens=throughput.DEFAULT_OUTPUT_TOKENS,
+            prompt_tokens=lengths.prompt_tokens,
+            output_tokens=lengths.output_tokens,
+            prompt_std_tokens=lengths.prompt_std_tokens,
             max_concurrency=max(gate.max_concurrency if gate else concurrency, concurrency),
             server_type="sglang" if ctx.status.get("engine") == "sglang" else "vllm",
+            deadline_s=deadline_s,
         ),
-        deadline_s=ctx.spec.canary.eval_timeout_s,
+        deadline_s=deadline_s,
         config_hash=str(ctx.status.get("configHash")),
         # the word tokenizer that counts as the engines do is built from GSM8K's train split
         env={
@@ -276,6 +280,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         job=job["metadata"]["name"],
         nonceSha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
         concurrency=job_concurrency(existing) or concurrency,
+        lengths=lengths.message,
     )
     return StatusUpdate.of(load=load)
 

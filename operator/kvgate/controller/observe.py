@@ -50,7 +50,7 @@ from kvgate.controller.telemetry import (
 )
 from kvgate.errors import ExternalError, InputError, SpecError
 from kvgate.kubeobjects import PodHealth
-from kvgate.loadresult import LoadSummary
+from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
     GateMode,
     Phase,
@@ -501,9 +501,11 @@ def observe_load(ctx: Ctx) -> Observation:
         speed_clocks=clocks,
         production_concurrency=concurrency if isinstance(concurrency, int) else None,
     )
-    if job is None or not kubeobjects.job_finished(job):
+    if job is None:
         return obs
     text = job_log(ctx, job_name)
+    if not kubeobjects.job_finished(job):
+        return dataclasses.replace(obs, load_progress=LoadProgress.from_log(text))
     summary, _ = job_lines(text, load.get("nonceSha256"), kind="kvgate.load")
     if summary is not None:
         return dataclasses.replace(obs, load_summary=LoadSummary.from_dict(summary))

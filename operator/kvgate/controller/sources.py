@@ -123,6 +123,11 @@ def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
     sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
     if snap.ttft is not None:  # the verify window's latency baseline
         sample.update(ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count))
+    # Production's request lengths so far (the load Job's workload: throughput.request_lengths)
+    for prefix, lengths in (("prompt", snap.prompt_lengths), ("output", snap.output_lengths)):
+        if lengths is not None:
+            sample[f"{prefix}_len_sum"] = json_number(lengths.sum)
+            sample[f"{prefix}_len_count"] = json_number(lengths.count)
     return sample
 
 
