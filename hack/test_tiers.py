@@ -11,8 +11,11 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers and e2e modules run one at a time: each e2e module's operator watches every namespace
-(tests/e2e/support.py, Operator), so modules run side by side would act on each other's rollouts.
+Tiers run one at a time. The fast and e2e tiers run on two pytest-xdist workers, a test file at a
+time per worker. Each e2e module's operator watches every namespace (tests/e2e/support.py,
+Operator), so two modules on one cluster would act on each other's rollouts: each e2e worker
+starts a cluster of its own, with its own slice of loopback pod IPs. Pytest args after `--` come
+last, so `-- -n 0` runs a tier serially.
 """
 
 from __future__ import annotations
@@ -27,13 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# pytest-xdist, a test file per worker at a time (--dist loadfile keeps a module's tests, their
+# module fixtures and their order on one worker). Two workers: CI has 2 cores.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
+SERIAL = ["-n", "0"]
 # The selection of each tier; together they are the whole suite (the markers are disjoint).
+# e2e runs on two workers, each with a cluster of its own (tests/conftest.py, `cluster`), so two
+# modules' operators never see each other's rollouts. lmeval and tools are CPU-bound already;
+# the harness starts clusters of its own: they stay serial.
 TIERS: dict[str, list[str]] = {
-    "fast": ["-m", "not lmeval and not tools and not e2e and not harness"],
-    "lmeval": ["--with-lmeval", "-m", "lmeval"],
-    "tools": ["--with-tools", "-m", "tools"],
-    "e2e": ["--with-e2e", "-m", "e2e"],
-    "harness": ["--with-harness", "-m", "harness"],
+    "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
+    "lmeval": ["--with-lmeval", "-m", "lmeval", *SERIAL],
+    "tools": ["--with-tools", "-m", "tools", *SERIAL],
+    "e2e": ["--with-e2e", "-m", "e2e", *PARALLEL],
+    "harness": ["--with-harness", "-m", "harness", *SERIAL],
 }
 PYTEST_NO_TESTS = 5
 
