@@ -42,7 +42,8 @@ TIERS: dict[str, list[str]] = {
     "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
     "lmeval": ["--with-lmeval", "-m", "lmeval", *SERIAL],
     "tools": ["--with-tools", "-m", "tools", *SERIAL],
-    "e2e": ["--with-e2e", "-m", "e2e", *PARALLEL],
+    # Files in collection order (the longest first, tests/conftest.py FIRST), not by test count.
+    "e2e": ["--with-e2e", "-m", "e2e", *PARALLEL, "--no-loadscope-reorder"],
     "harness": ["--with-harness", "-m", "harness", *SERIAL],
 }
 PYTEST_NO_TESTS = 5
