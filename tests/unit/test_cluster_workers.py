@@ -58,7 +58,9 @@ def test_two_workers_split_the_range_in_halves() -> None:
 
 def test_more_workers_than_prefixes_is_one_clear_error() -> None:
     with pytest.raises(cluster.ClusterError, match="gw239 of 240: at most 239 clusters"):
-        cluster.xdist_kubelet_args({"PYTEST_XDIST_WORKER": "gw239", "PYTEST_XDIST_WORKER_COUNT": "240"})
+        cluster.xdist_kubelet_args(
+            {"PYTEST_XDIST_WORKER": "gw239", "PYTEST_XDIST_WORKER_COUNT": "240"}
+        )
 
 
 @pytest.mark.parametrize("bad", ["", "16", "0-10", "10-5", "16-255", "a-b", "-5"])
