@@ -8,7 +8,8 @@ Each test belongs to one tier, chosen by marker:
   the simulator or local HTTP servers. `pytest` with no flags runs exactly these.
 - ``lmeval``: tests that start lm-eval itself (the `kvgate eval` runs, lm-eval's CLI).
 - ``tools``: tests that run the other real tools on loopback: inference-perf (the load venv),
-  a Gitea forge, and headless Chromium (the HTML reports at 1,280 px).
+  a Gitea forge, checkov, a real Prometheus scraping simulators, and headless Chromium (the HTML
+  reports at 1,280 px).
 - ``e2e``: tests/e2e, against the local control plane (the ``cluster`` fixture).
 - ``harness``: tests/harness, the control plane's and the real node's own tests.
 
@@ -17,7 +18,9 @@ As kopf's tests/conftest.py does for e2e, the slow tiers are opt-in by flag: wit
 skipped with a message naming the flag, and ``pytest -m TIER --with-TIER`` runs one tier.
 Tests under tests/e2e and tests/harness get their tier's marker by directory; a test in either
 that carries another tier's marker is a collection error, so a tier never loses a test.
-Collected items run fast tier first, then lmeval, tools, e2e and harness. `make test` (hack/test_tiers.py)
+Under pytest-xdist (`pytest` runs two workers, pyproject.toml) each worker runs whole files;
+the e2e ones start a cluster each (``cluster`` below). Collected items run fast tier first, then
+lmeval, tools, e2e and harness. `make test` (hack/test_tiers.py)
 runs every tier and keeps a junit XML and the durations of each under .test-output/.
 
 Control plane
@@ -31,7 +34,8 @@ kube-proxy and containerd running the project's images; hack/containerd_node.py)
 
 Fixtures
 --------
-``cluster`` (session): one cluster for the whole session, started in a temporary
+``cluster`` (session): one cluster for the whole session (under pytest-xdist, one per worker,
+each with its own slice of pod IPs: hack/cluster.py xdist_kubelet_args), started in a temporary
 state dir and torn down at session end (every process it started is killed; the
 components also die with the pytest process if it is killed). It also sets
 ``KUBECONFIG`` for the session, so code under test that calls
