@@ -75,12 +75,14 @@ crd-status: $(STAMP)
 
 # Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
+# fast and e2e run on two pytest-xdist workers (each e2e worker with a cluster of its own).
 TIERS ?=
 TEST_OUTPUT ?= .test-output
 test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps-tools binaries
 	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
 
-# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).
+# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval; 2 xdist
+# workers, addopts in pyproject.toml).
 test-fast: $(STAMP)
 	$(BIN)/pytest tests
 
