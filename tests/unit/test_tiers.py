@@ -69,7 +69,8 @@ def test_the_longest_e2e_modules_run_first_in_their_tier(project: pytest.Pyteste
     # so two xdist workers start on the two longest modules.
     for name in ("test_a", "test_operator_rollouts", "test_chaos"):
         (project.path / "e2e" / f"{name}.py").write_text(f"def test_{name[5:]}(): pass\n")
-    result = project.runpytest("--with-e2e", "-m", "e2e", "-v")
+    # importlib: this process may have imported the suite's own test_chaos.py as `test_chaos`.
+    result = project.runpytest("--with-e2e", "-m", "e2e", "-v", "--import-mode=importlib")
     ran = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
     assert ran == ["test_chaos", "test_operator_rollouts", "test_a", "test_e2e"]
 
