@@ -120,9 +120,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 OPT_IN_TIERS = ("lmeval", "tools", "e2e", "harness")
 # Every test under these directories belongs to that tier.
 TIER_DIRS = {TESTS_DIR / "e2e": "e2e", TESTS_DIR / "harness": "harness"}
-# The longest e2e modules (~11 min each of the tier's ~44 serial on 2 cores), run first: under
-# pytest-xdist (hack/test_tiers.py: --dist loadfile --no-loadscope-reorder) they start on the two
-# workers side by side instead of one of them ending the tier alone.
+# The longest e2e modules (~11 min each of the tier's ~44 serial on 2 cores), run first: on two
+# pytest-xdist workers (hack/test_tiers.py --e2e-workers 2: --dist loadfile
+# --no-loadscope-reorder) they start side by side instead of one of them ending the tier alone.
 FIRST = ("test_chaos.py", "test_operator_rollouts.py")
 
 
