@@ -75,12 +75,15 @@ crd-status: $(STAMP)
 
 # Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
+# fast runs on two pytest-xdist workers; e2e serially unless E2E_WORKERS=2 (a cluster a worker).
 TIERS ?=
 TEST_OUTPUT ?= .test-output
+E2E_WORKERS ?= 0
 test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps-tools binaries
-	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) $(TIERS)
+	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) --e2e-workers $(E2E_WORKERS) $(TIERS)
 
-# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval).
+# The fast tier alone: what `pytest` with no flags runs (no control plane, no lm-eval; 2 xdist
+# workers, addopts in pyproject.toml).
 test-fast: $(STAMP)
 	$(BIN)/pytest tests
 

@@ -48,7 +48,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,28 @@ def default_bin_dir() -> Path:
 
 def missing_binaries(bin_dir: Path) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+# The second octets the process kubelet gives pod IPs (127.LO-HI.x.y; hack/kubelet.py).
+POD_IP_PREFIXES = (16, 254)
+
+
+def xdist_kubelet_args(env: Mapping[str, str]) -> list[str]:
+    """The process kubelet's args for this pytest-xdist worker (env: PYTEST_XDIST_WORKER=gwN,
+    PYTEST_XDIST_WORKER_COUNT): each worker starts a cluster of its own, and each cluster gets
+    its own slice of POD_IP_PREFIXES, so two workers' pods never share an IP (nor IP:port).
+    Outside xdist: none (the kubelet picks from the whole range)."""
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return []
+    lo, hi = POD_IP_PREFIXES
+    index, width = int(worker[2:]), (hi - lo + 1) // max(int(count), 1)
+    if width < 1 or index >= int(count):
+        raise ClusterError(
+            f"PYTEST_XDIST_WORKER {worker} of {count}: at most {hi - lo + 1} clusters side by side"
+        )
+    first = lo + index * width
+    return [f"--ip-prefixes={first}-{first + width - 1}"]
 
 
 def free_port() -> int:

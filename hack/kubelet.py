@@ -938,8 +938,9 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self.by_name: dict[tuple[str, str], PodWorker] = {}
         self.lock = threading.Lock()
-        # A random second octet keeps two local clusters' pod IPs apart.
-        self.ip_prefix = random.randint(16, 254)
+        # A random second octet keeps two local clusters' pod IPs apart; clusters started side
+        # by side (one per pytest-xdist worker) get disjoint ranges, so they never share one.
+        self.ip_prefix = random.randint(*args.ip_prefixes)
         self.next_ip = 2
         self.used_ips: set[str] = set()
         self.bin_dir = str(Path(sys.executable).parent)
@@ -1469,7 +1470,15 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
 # --- main ----------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def ip_prefix_range(text: str) -> tuple[int, int]:
+    """`LO-HI` (1 <= LO <= HI <= 254): the second octets pod IPs may take."""
+    lo, sep, hi = text.partition("-")
+    if not (sep and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 254):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO-HI within 1-254")
+    return int(lo), int(hi)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="kvgate's process-running test kubelet")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node-name", default="kvgate-node")
@@ -1489,8 +1498,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="do not bind-mount volumes (they need root and mount namespaces)",
     )
+    parser.add_argument(
+        "--ip-prefixes",
+        type=ip_prefix_range,
+        default=(16, 254),
+        metavar="LO-HI",
+        help="range of the pod IPs' second octet, 127.LO-HI.x.y (default 16-254)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(threadName)s %(message)s",

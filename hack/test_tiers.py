@@ -11,8 +11,14 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers and e2e modules run one at a time: each e2e module's operator watches every namespace
-(tests/e2e/support.py, Operator), so modules run side by side would act on each other's rollouts.
+Tiers run one at a time. The fast tier runs on two pytest-xdist workers, a test file at a time
+per worker. e2e runs serially unless `--e2e-workers 2`: each e2e module's operator watches every
+namespace (tests/e2e/support.py, Operator), so two modules on one cluster would act on each
+other's rollouts, and each e2e worker starts a cluster of its own with its own slice of loopback
+pod IPs. Measured (bench/RESULTS-suite.md): 2 workers took e2e from 2,660 s to 1,600 s, but on a
+machine at load 10-17 three of test_operator_rollouts' timing-bound checks failed, so serial
+stays the default until that module is shown to hold under two clusters on 2 cores. Pytest args
+after `--` come last, so `-- -n 0` runs the fast tier serially.
 """
 
 from __future__ import annotations
@@ -27,13 +33,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# pytest-xdist, a test file per worker at a time (--dist loadfile keeps a module's tests, their
+# module fixtures and their order on one worker). Two workers: CI has 2 cores.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
+SERIAL = ["-n", "0"]
+# Files in collection order (the longest first, tests/conftest.py FIRST), not by test count.
+E2E_PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 # The selection of each tier; together they are the whole suite (the markers are disjoint).
+# e2e is serial unless --e2e-workers (E2E_PARALLEL: each worker with a cluster of its own,
+# tests/conftest.py `cluster`, so two modules' operators never see each other's rollouts).
+# lmeval and tools are CPU-bound already; the harness starts clusters of its own: serial.
 TIERS: dict[str, list[str]] = {
-    "fast": ["-m", "not lmeval and not tools and not e2e and not harness"],
-    "lmeval": ["--with-lmeval", "-m", "lmeval"],
-    "tools": ["--with-tools", "-m", "tools"],
-    "e2e": ["--with-e2e", "-m", "e2e"],
-    "harness": ["--with-harness", "-m", "harness"],
+    "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
+    "lmeval": ["--with-lmeval", "-m", "lmeval", *SERIAL],
+    "tools": ["--with-tools", "-m", "tools", *SERIAL],
+    "e2e": ["--with-e2e", "-m", "e2e", *SERIAL],
+    "harness": ["--with-harness", "-m", "harness", *SERIAL],
 }
 PYTEST_NO_TESTS = 5
 
@@ -111,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=ROOT / ".test-output")
     parser.add_argument("--slowest", type=int, default=10, help="slowest tests to print")
     parser.add_argument(
+        "--e2e-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run e2e on N pytest-xdist workers, a cluster each (default: serial)",
+    )
+    parser.add_argument(
         "--path", action="append", dest="paths", help="test file or dir (default: tests)"
     )
     args = parser.parse_args(ours)
@@ -121,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     results: list[TierResult] = []
     everything: list[tuple[float, str, str]] = []
+    if args.e2e_workers < 0:
+        parser.error(f"--e2e-workers {args.e2e_workers}: expected 0 (serial) or more")
     for tier in tiers:
-        result, times = run_tier(tier, args.output_dir, args.paths or ["tests"], extra)
+        more = extra
+        if tier == "e2e" and args.e2e_workers > 0:
+            more = ["-n", str(args.e2e_workers), *E2E_PARALLEL, *extra]
+        result, times = run_tier(tier, args.output_dir, args.paths or ["tests"], more)
         results.append(result)
         everything += [(seconds, tier, name) for seconds, name in times]
 

@@ -8,7 +8,8 @@ Each test belongs to one tier, chosen by marker:
   the simulator or local HTTP servers. `pytest` with no flags runs exactly these.
 - ``lmeval``: tests that start lm-eval itself (the `kvgate eval` runs, lm-eval's CLI).
 - ``tools``: tests that run the other real tools on loopback: inference-perf (the load venv),
-  a Gitea forge, and headless Chromium (the HTML reports at 1,280 px).
+  a Gitea forge, checkov, a real Prometheus scraping simulators, and headless Chromium (the HTML
+  reports at 1,280 px).
 - ``e2e``: tests/e2e, against the local control plane (the ``cluster`` fixture).
 - ``harness``: tests/harness, the control plane's and the real node's own tests.
 
@@ -17,7 +18,9 @@ As kopf's tests/conftest.py does for e2e, the slow tiers are opt-in by flag: wit
 skipped with a message naming the flag, and ``pytest -m TIER --with-TIER`` runs one tier.
 Tests under tests/e2e and tests/harness get their tier's marker by directory; a test in either
 that carries another tier's marker is a collection error, so a tier never loses a test.
-Collected items run fast tier first, then lmeval, tools, e2e and harness. `make test` (hack/test_tiers.py)
+Under pytest-xdist (`pytest` runs two workers, pyproject.toml) each worker runs whole files;
+the e2e ones start a cluster each (``cluster`` below). Collected items run fast tier first, then
+lmeval, tools, e2e and harness. `make test` (hack/test_tiers.py)
 runs every tier and keeps a junit XML and the durations of each under .test-output/.
 
 Control plane
@@ -31,7 +34,8 @@ kube-proxy and containerd running the project's images; hack/containerd_node.py)
 
 Fixtures
 --------
-``cluster`` (session): one cluster for the whole session, started in a temporary
+``cluster`` (session): one cluster for the whole session (under pytest-xdist, one per worker,
+each with its own slice of pod IPs: hack/cluster.py xdist_kubelet_args), started in a temporary
 state dir and torn down at session end (every process it started is killed; the
 components also die with the pytest process if it is killed). It also sets
 ``KUBECONFIG`` for the session, so code under test that calls
@@ -116,6 +120,10 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 OPT_IN_TIERS = ("lmeval", "tools", "e2e", "harness")
 # Every test under these directories belongs to that tier.
 TIER_DIRS = {TESTS_DIR / "e2e": "e2e", TESTS_DIR / "harness": "harness"}
+# The longest e2e modules (~11 min each of the tier's ~44 serial on 2 cores), run first: on two
+# pytest-xdist workers (hack/test_tiers.py --e2e-workers 2: --dist loadfile
+# --no-loadscope-reorder) they start side by side instead of one of them ending the tier alone.
+FIRST = ("test_chaos.py", "test_operator_rollouts.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -155,13 +163,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not (everything or config.getoption(f"--with-{tier}")):
             reason = f"{tier} tier: opt in with --with-{tier} (`make test` runs every tier)"
             item.add_marker(pytest.mark.skip(reason=reason))
-    # The slow tiers last, as kopf orders its e2e tests (a stable sort keeps file order).
-    items.sort(key=lambda item: order.index(tiers[item.nodeid]))
+    # The slow tiers last, as kopf orders its e2e tests (a stable sort keeps file order), and
+    # the longest e2e modules first in their tier.
+    items.sort(key=lambda item: (order.index(tiers[item.nodeid]), first_rank(item)))
+
+
+def first_rank(item: pytest.Item) -> int:
+    """Where the item's file is in FIRST (len(FIRST) if not there)."""
+    return FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each test ends with os.environ as it found it. Code under test may set variables for its
+    own process (NeedleRunner and EvalRunner set HF_HUB_OFFLINE=1, as a Job should): without
+    this, a later test in the same process saw them, which only the file order hid; under
+    pytest-xdist a worker runs another order (test_tokenizer_revision before
+    test_cli_hub_hostile failed its four online preflights)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from cluster import Cluster, default_bin_dir, missing_binaries
+    from cluster import (
+        Cluster,
+        ClusterError,
+        default_bin_dir,
+        missing_binaries,
+        xdist_kubelet_args,
+    )
 
     bin_dir = default_bin_dir()
     missing = missing_binaries(bin_dir)
@@ -173,9 +207,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         if IN_CI:
             pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
         pytest.skip(message)
-    state_dir = tmp_path_factory.mktemp("cluster")
-    c = Cluster(state_dir, bin_dir=bin_dir)
-    c.start(timeout=300)
+    # Under pytest-xdist each worker starts a cluster of its own (its own pod-IP slice). Its
+    # ports come from free_port(), so two clusters starting at once can, rarely, pick one port:
+    # the losing component exits and start() raises; a second try picks new ports.
+    for attempt in (1, 2):
+        state_dir = tmp_path_factory.mktemp("cluster")
+        c = Cluster(state_dir, bin_dir=bin_dir, kubelet_args=xdist_kubelet_args(os.environ))
+        try:
+            c.start(timeout=300)
+            break
+        except ClusterError as exc:
+            if attempt == 2:
+                raise
+            warnings.warn(f"cluster start failed, retrying on new ports: {exc}", stacklevel=1)
     old = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = c.kubeconfig
     try:

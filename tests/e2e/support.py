@@ -98,7 +98,8 @@ class Operator:
 
     It runs with `-A`: it watches every namespace and takes the one cluster-scope Lease, whatever
     `namespaces` (the ones its module made) says. So two modules' operators would act on each
-    other's rollouts and contend for that Lease: e2e modules run one at a time.
+    other's rollouts and contend for that Lease: e2e modules run one at a time per cluster
+    (under pytest-xdist, `--dist loadfile`, each worker has a cluster of its own).
     """
 
     def __init__(

@@ -33,8 +33,10 @@ import contextlib
 
 from prometheus import Prometheus, binary, free_port
 
+# The tools tier: a real Prometheus, ~80 s of the fast tier's ~470 s on 2 cores.
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.tools,
     pytest.mark.skipif(binary() is None, reason="prometheus is not installed"),
 ]
 

@@ -223,6 +223,11 @@ def test_hang_before_ready_never_binds(sim) -> None:
     import time
 
     engine = sim(LAUNCH, {"KVGATE_SIM_FAULTS": "hang-before-ready"}, ready=False)
+    # Its first line is written after it handles SIGTERM: on a loaded machine 1.5 s was not
+    # always enough to get there, and the SIGTERM below then killed it (-15, not 0).
+    deadline = time.monotonic() + 30
+    while "server_args=" not in engine.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(1.5)
     assert engine.proc.poll() is None
     with pytest.raises(httpx.ConnectError):

@@ -62,3 +62,30 @@ def test_a_test_in_two_tiers_is_refused(project: pytest.Pytester) -> None:
     result = project.runpytest("--all-tiers")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_both.py::test_both: under tests/e2e/ but marked lmeval*"])
+
+
+def test_the_longest_e2e_modules_run_first_in_their_tier(project: pytest.Pytester) -> None:
+    # test_chaos.py sorts after test_a.py by name; FIRST puts it (then operator_rollouts) ahead,
+    # so two xdist workers start on the two longest modules.
+    for name in ("test_a", "test_operator_rollouts", "test_chaos"):
+        (project.path / "e2e" / f"{name}.py").write_text(f"def test_{name[5:]}(): pass\n")
+    # importlib: this process may have imported the suite's own test_chaos.py as `test_chaos`.
+    result = project.runpytest("--with-e2e", "-m", "e2e", "-v", "--import-mode=importlib")
+    ran = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
+    assert ran == ["test_chaos", "test_operator_rollouts", "test_a", "test_e2e"]
+
+
+def test_a_variable_a_test_sets_is_gone_for_the_next_test(project: pytest.Pytester) -> None:
+    # Code under test may set os.environ for its process (NeedleRunner: HF_HUB_OFFLINE=1); the
+    # next test, whatever file or xdist worker order, starts from the environment as it was.
+    project.makepyfile(
+        test_env=(
+            "import os\n\n"
+            "def test_sets(): os.environ['KVGATE_TIERS_LEAK'] = '1'; os.environ.pop('HOME', None)\n\n"
+            "def test_sees_none():\n"
+            "    assert 'KVGATE_TIERS_LEAK' not in os.environ\n"
+            "    assert 'HOME' in os.environ\n"
+        )
+    )
+    result = project.runpytest("test_env.py", "-v")
+    result.assert_outcomes(passed=2)

@@ -109,13 +109,16 @@ class Handler(BaseHTTPRequestHandler):
             self.app.log.access(client, self.requestline, status, phrase)
 
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        # The access line first, as uvicorn writes it at the response's start: a client that has
+        # its answer finds the line in the log (after, a SIGTERM sent on that answer raced it
+        # past "Application shutdown complete.").
+        self._done(status)
         self.send_response(status)
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self._done(status)
 
     def _json(self, status: int, payload: Any) -> None:
         self._send(status, json.dumps(payload).encode())
