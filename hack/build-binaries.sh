@@ -215,6 +215,10 @@ if [ -n "$NODE" ]; then
 	for b in kubelet kube-proxy; do
 		build "$b" k8s "k8s.io/kubernetes/cmd/$b" "$KUBE_VERSION" "$KLD"
 	done
+	# The NetworkPolicy engine (before containerd's build tags, which it does not need).
+	build kube-router kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+		"$KUBE_ROUTER_VERSION" \
+		"-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 	# No btrfs, devmapper or zfs snapshotters: overlayfs and native serve, and their cgo is avoided.
 	export GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs"
 	CLD="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
@@ -224,8 +228,5 @@ if [ -n "$NODE" ]; then
 	# The pod sandbox ("pause") program: a static binary of our own, made into an image by
 	# hack/containerd_node.py (public pause images cannot be pulled here).
 	build kvgate-pause pause kvgate.local/hack/pause v1 "-s -w"
-	build kube-router kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
-		"$KUBE_ROUTER_VERSION" \
-		"-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 fi
 echo "$OUT"

@@ -282,6 +282,7 @@ def test_the_charts_operator_policy_is_enforced_on_the_real_node(
     helm = Helm(c, tmp_path / "helm")
     rendered = helm(
         "template", "kvgate", str(CHART), "--namespace", CHART_NS["release"],
+        "--kube-version", cluster_mod.KUBE_VERSION,
         "--set", "networkPolicy.enabled=true",
         "--set", f"networkPolicy.allowedNamespaces={{{CHART_NS['allowed']}}}",
         "--show-only", "templates/networkpolicy.yaml", "--output-dir", str(tmp_path / "out"),
@@ -294,6 +295,15 @@ def test_the_charts_operator_policy_is_enforced_on_the_real_node(
     for ns in CHART_NS.values():
         c.kubectl("create", "namespace", ns)
     try:
+        # Pods made before the namespace's default ServiceAccount exists are refused.
+        wait_for(
+            lambda: all(
+                c.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0
+                for ns in CHART_NS.values()
+            ),
+            60,
+            "the namespaces' default ServiceAccounts",
+        )
         # A stand-in for the operator's pod: the chart's selector labels, listening on the
         # health, metrics and one unlisted port; one client pod in each namespace.
         operator_labels = policy["spec"]["podSelector"]["matchLabels"]
