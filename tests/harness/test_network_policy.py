@@ -285,11 +285,11 @@ def test_the_charts_operator_policy_is_enforced_on_the_real_node(
         "--kube-version", cluster_mod.KUBE_VERSION,
         "--set", "networkPolicy.enabled=true",
         "--set", f"networkPolicy.allowedNamespaces={{{CHART_NS['allowed']}}}",
-        "--show-only", "templates/networkpolicy.yaml", "--output-dir", str(tmp_path / "out"),
+        "--show-only", "templates/networkpolicy.yaml",
     )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
-    (policy_file,) = (tmp_path / "out").rglob("networkpolicy.yaml")
-    policy = yaml.safe_load(policy_file.read_text())
+    (policy,) = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    assert policy["kind"] == "NetworkPolicy", policy
     ports = {p["port"] for p in policy["spec"]["ingress"][0]["ports"]}
     assert ports == {HEALTH_PORT, METRICS_PORT}, ports
     for ns in CHART_NS.values():
@@ -325,7 +325,7 @@ def test_the_charts_operator_policy_is_enforced_on_the_real_node(
 
         # WITHOUT the policy every client reaches every port.
         assert table() == dict.fromkeys(table_keys(), True)
-        c.kubectl("apply", "-f", str(policy_file))
+        c.kubectl("apply", "-f", "-", input=json.dumps(policy))
         wait_for(
             lambda: not reaches(c, "client-other", operator_ip, METRICS_PORT, CHART_NS["other"]),
             90,
