@@ -4,7 +4,8 @@
 # kubectl, etcd and helm, into a per-version cache outside the checkout.
 #
 #   hack/build-binaries.sh            build what is missing, print the bin dir
-#   hack/build-binaries.sh --node     also the real node: kubelet, kube-proxy, containerd
+#   hack/build-binaries.sh --node     also the real node: kubelet, kube-proxy, containerd,
+#                                     and its NetworkPolicy engine, kube-router
 #   hack/build-binaries.sh --forge    only the test forge: Gitea (opt-in; cgo, for sqlite)
 #   hack/build-binaries.sh --print    print the bin dir only
 #   hack/build-binaries.sh --update   regenerate hack/go/*/go.mod+go.sum for the
@@ -22,6 +23,10 @@ ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 CONTAINERD_VERSION="v2.3.7"
 GITEA_VERSION="v1.26.0"
+# The real node's NetworkPolicy engine (its firewall only: iptables + ipset). Not the SIG Network
+# reference engine kube-network-policies: that one needs nftables' `queue` expression, which
+# this kernel lacks (hack/containerd_node.py says how that was found).
+KUBE_ROUTER_VERSION="v2.1.0"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${KVGATE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate}"
@@ -39,7 +44,7 @@ update_wrappers() {
 	# (klog, utils, kube-openapi) carry real versions and must stay as they are.
 	mods="$(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$gomod")"
 	[ "$(wc -l <<<"$mods")" -ge 30 ] || { log "staging module list from $gomod looks wrong"; exit 1; }
-	mkdir -p "$HERE/go/k8s" "$HERE/go/etcd" "$HERE/go/helm" "$HERE/go/containerd"
+	mkdir -p "$HERE/go/k8s" "$HERE/go/etcd" "$HERE/go/helm" "$HERE/go/containerd" "$HERE/go/kube-router"
 	cat >"$HERE/go/k8s/go.mod" <<-EOF
 		module kvgate.local/hack/k8s
 
@@ -90,6 +95,15 @@ update_wrappers() {
 		${TAB}github.com/containerd/containerd/v2/cmd/ctr
 		)
 	EOF
+	cat >"$HERE/go/kube-router/go.mod" <<-EOF
+		module kvgate.local/hack/kube-router
+
+		go 1.26.0
+
+		require github.com/cloudnativelabs/kube-router/v2 $KUBE_ROUTER_VERSION
+
+		tool github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+	EOF
 	# Gitea: upstream's replace directives are what `go install` refuses; the wrapper copies them.
 	gomod="$(cd / && GOFLAGS= go mod download -json "code.gitea.io/gitea@$GITEA_VERSION" |
 		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
@@ -105,7 +119,7 @@ update_wrappers() {
 	EOF
 	sed -n 's#^replace \([^ ]*\) => \([^ ]*\) \(v[^ ]*\).*#\1=\2@\3#p' "$gomod" |
 		while read -r r; do (cd "$HERE/go/gitea" && go mod edit -replace="$r"); done
-	for d in k8s etcd helm containerd gitea; do
+	for d in k8s etcd helm containerd kube-router gitea; do
 		log "go mod tidy in hack/go/$d"
 		(cd "$HERE/go/$d" && GOFLAGS= go mod tidy)
 	done
@@ -201,6 +215,10 @@ if [ -n "$NODE" ]; then
 	for b in kubelet kube-proxy; do
 		build "$b" k8s "k8s.io/kubernetes/cmd/$b" "$KUBE_VERSION" "$KLD"
 	done
+	# The NetworkPolicy engine (before containerd's build tags, which it does not need).
+	build kube-router kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+		"$KUBE_ROUTER_VERSION" \
+		"-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 	# No btrfs, devmapper or zfs snapshotters: overlayfs and native serve, and their cgo is avoided.
 	export GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs"
 	CLD="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"

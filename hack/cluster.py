@@ -13,12 +13,15 @@ Two kinds of node (`--node`, or $KVGATE_NODE):
 
 CLI (the Makefile's cluster-up/down/status targets):
 
-    python hack/cluster.py up [--state-dir DIR] [--node containerd]  # prints the kubeconfig
+    python hack/cluster.py up [--state-dir DIR] [--node containerd [--network-policy]]
+                                                 # prints the kubeconfig
     python hack/cluster.py status [--state-dir DIR]
     python hack/cluster.py import [--state-dir DIR] ARCHIVE...   # images into the real node
     python hack/cluster.py down [--state-dir DIR]
 
 The state directory defaults to $KVGATE_CLUSTER_DIR or ~/.cache/kvgate/cluster.
+`--network-policy` (containerd node only) also runs a NetworkPolicy engine on the node
+(kube-router's firewall, see hack/containerd_node.py), so NetworkPolicies are enforced.
 `up` starts a detached supervisor (`cluster.py serve`) that owns every
 component; `down` stops it. Every cluster starts from an empty etcd.
 
@@ -68,6 +71,7 @@ COMPONENTS = (
     "containerd",
     "kubelet",
     "kube-proxy",
+    "kube-router",
 )
 NODE_KINDS = ("process", "containerd")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -291,6 +295,7 @@ class Cluster:
         log: Callable[[str], None] | None = None,
         kubelet_args: Sequence[str] = (),
         node_kind: str | None = None,
+        network_policy: bool = False,
     ) -> None:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_dir = self.state_dir.expanduser().resolve()
@@ -307,6 +312,9 @@ class Cluster:
             if self.node_kind == "containerd"
             else None
         )
+        if network_policy and not self.node:
+            raise ClusterError("network_policy needs the containerd node (node_kind='containerd')")
+        self.network_policy = network_policy
         self._log = log or (lambda msg: print(f"[cluster] {msg}", file=sys.stderr, flush=True))
         self.pki = self.state_dir / "pki"
         self.kubeconfig = str(self.state_dir / "admin.kubeconfig")
@@ -580,6 +588,8 @@ class Cluster:
         )
         self._wait("node Ready and untainted", self._node_schedulable, deadline)
         self._wait("default ServiceAccount", self._default_sa, deadline)
+        if self.node and self.network_policy:
+            self._start_policy_engine(deadline)
         (sd / "cluster.json").write_text(
             json.dumps(
                 {
@@ -590,6 +600,7 @@ class Cluster:
                     "pids": {n: pr.pid for n, pr in self._procs.items()},
                     "node": self.node_name,
                     "node_kind": self.node_kind,
+                    "network_policy": self.network_policy,
                 },
                 indent=2,
             )
@@ -612,6 +623,20 @@ class Cluster:
                 self.kubeconfig, p["kube-proxy-metrics"], p["kube-proxy-healthz"]
             ),
         )
+
+    def _start_policy_engine(self, deadline: float) -> None:
+        """kube-router's firewall, as a ServiceAccount of its own (after the node exists: it
+        reads its Node object once at start), then wait until its chains are in place."""
+        assert self.node
+        objects = {"apiVersion": "v1", "kind": "List", "items": list(realnode.POLICY_ENGINE_RBAC)}
+        self.kubectl("apply", "-f", "-", input=json.dumps(objects))
+        namespace, name = realnode.POLICY_ENGINE_SA
+        token = self.kubectl("create", "token", name, "-n", namespace, "--duration=48h")
+        kubeconfig = self.node.policy_engine_kubeconfig(
+            self.server, self.pki / "ca.crt", token.stdout.strip()
+        )
+        self._spawn("kube-router", self.node.policy_engine_argv(kubeconfig, SERVICE_CIDR))
+        self._wait("kube-router's NetworkPolicy chains", self.node.policy_engine_ready, deadline)
 
     def import_image(self, archive: Path) -> None:
         """Import an image archive into the real node (`buildah push ... oci-archive:`)."""
@@ -737,7 +762,9 @@ def _supervisor_pid(state_dir: Path) -> int | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the cluster in the foreground until SIGTERM/SIGINT (what `up` detaches)."""
     state_dir = Path(args.state_dir).expanduser().resolve()
-    cluster = Cluster(state_dir, bin_dir=args.bin_dir, node_kind=args.node)
+    cluster = Cluster(
+        state_dir, bin_dir=args.bin_dir, node_kind=args.node, network_policy=args.network_policy
+    )
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -772,6 +799,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if _supervisor_pid(state_dir) and info and (state_dir / "ready").exists():
         print(info["kubeconfig"])
         return 0
+    if args.network_policy and args.node != "containerd":
+        print("--network-policy needs --node containerd", file=sys.stderr)
+        return 2
     _sweep(state_dir)
     missing = missing_binaries(Path(args.bin_dir))
     if missing:
@@ -793,6 +823,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"--bin-dir={args.bin_dir}",
                 f"--timeout={args.timeout}",
                 f"--node={args.node}",
+                *(["--network-policy"] if args.network_policy else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -915,6 +946,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--bin-dir", default=str(default_bin_dir()))
         p.add_argument("--timeout", type=float, default=240.0)
         p.add_argument("--node", choices=NODE_KINDS, default=default_node())
+        p.add_argument(
+            "--network-policy",
+            action="store_true",
+            help="enforce NetworkPolicies on the containerd node (kube-router's firewall)",
+        )
         p.set_defaults(fn=fn)
     p = sub.add_parser("import", help="import image archives (OCI/docker) into the real node")
     p.add_argument("--state-dir", default=str(default_state_dir()))

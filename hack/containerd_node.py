@@ -16,7 +16,19 @@ directory alone (a supervisor that was SIGKILLed leaves enough to clean up after
 - mounts (overlay root file systems, /dev/shm, volumes) under the state directory;
 - the `kubepods` cgroups, and the KUBE-* iptables chains of the kubelet and kube-proxy
   (`start` refuses to run beside a foreign set of them);
-- the sysctls it turned on (ip_forward, bridge-nf-call-iptables), set back to what they were.
+- the sysctls it turned on (ip_forward, bridge-nf-call-iptables), set back to what they were;
+- with `network_policy` (`cluster.py up --network-policy`), the NetworkPolicy engine's
+  iptables chains (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*: KUBE-* like the others) and
+  its ipsets (KUBE-SRC-*, KUBE-DST-*, and its TMP-<16 base32> swap sets).
+
+NetworkPolicy: kube-proxy and the CNI bridge enforce none. With `network_policy` the cluster
+also runs kube-router's network policy controller (`--run-firewall` only: no routing, no
+service proxy) as a host process with a ServiceAccount token of its own
+(`POLICY_ENGINE_RBAC`). It enforces policies with iptables filter rules and ipsets, which
+bridged pod-to-pod traffic on `kvgate0` passes (bridge-nf-call-iptables=1, `physdev`). The
+SIG Network reference engine, kube-network-policies, cannot run on this kernel: its rules use
+nftables' `queue` expression, and the kernel is built without CONFIG_NFT_QUEUE and without
+module support (`nft add rule ... queue num 100` fails with "No such file or directory").
 
 The pod sandbox image is `hack/go/pause` (a static program of our own), written here as an
 OCI archive and imported, since public pause images cannot be pulled.
@@ -51,7 +63,62 @@ NODE_BINARIES = (
     "containerd-shim-runc-v2",
     "ctr",
     "kvgate-pause",
+    "kube-router",
 )
+# The NetworkPolicy engine: kube-router's network policy controller (hack/go/kube-router).
+POLICY_ENGINE = "kube-router"
+POLICY_ENGINE_SA = ("kube-system", "kvgate-netpol")
+# What kube-router's firewall reads (its informers list and watch each of these); nothing else.
+POLICY_ENGINE_RBAC: tuple[dict[str, object], ...] = (
+    {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": POLICY_ENGINE_SA[1], "namespace": POLICY_ENGINE_SA[0]},
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "kvgate:netpol"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "resources": ["networkpolicies"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "kvgate:netpol"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "kvgate:netpol",
+        },
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": POLICY_ENGINE_SA[1],
+                "namespace": POLICY_ENGINE_SA[0],
+            }
+        ],
+    },
+)
+# The chain kube-router's firewall hooks into FORWARD once it has synced.
+POLICY_ENGINE_FORWARD_CHAIN = "KUBE-ROUTER-FORWARD"
+# Its ipsets: per policy and pod selector, and the swap sets it restores through.
+_ENGINE_IPSET = re.compile(r"^(KUBE-SRC-|KUBE-DST-|TMP-[A-Z2-7]{16}$)")
 CNI_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 # The cgroup v1 controllers kubelet makes `kubepods` under (cgroupfs driver).
@@ -99,7 +166,7 @@ def missing(bin_dir: Path) -> list[str]:
         for p in CNI_PLUGINS
         if not os.access(CNI_DIR / p, os.X_OK)
     ]
-    for tool, pkg in (("iptables", "iptables"), ("ip", "iproute2")):
+    for tool, pkg in (("iptables", "iptables"), ("ip", "iproute2"), ("ipset", "ipset")):
         if not shutil.which(tool):
             out.append(f"{tool} (apt-get install {pkg})")
     return out
@@ -145,6 +212,13 @@ class ContainerdNode:
                 "iptables already has chains "
                 + ", ".join(sorted(foreign)[:4])
                 + " from another kubelet or kube-proxy on this host; refusing to share them"
+            )
+        foreign_sets = _engine_ipsets()
+        if foreign_sets:
+            raise NodeError(
+                "ipset already has sets "
+                + ", ".join(foreign_sets[:4])
+                + " from another NetworkPolicy engine on this host; refusing to share them"
             )
         check_socket_room(self.state)
         for sub in ("cni-conf", "cni-ipam", "kubelet", "runc", "netns", "opt"):
@@ -300,6 +374,55 @@ state = "{s / "cstate"}"
             "--v=1",
         ]
 
+    def policy_engine_kubeconfig(self, server: str, ca: Path, token: str) -> Path:
+        """A kubeconfig for the engine, as its own ServiceAccount (a bound token)."""
+        path = self.state / "netpol.kubeconfig"
+        path.touch(mode=0o600)
+        _write_json(
+            path,
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "kvgate",
+                        "cluster": {"server": server, "certificate-authority": str(ca)},
+                    }
+                ],
+                "users": [{"name": "netpol", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "netpol", "context": {"cluster": "kvgate", "user": "netpol"}}
+                ],
+                "current-context": "netpol",
+            },
+        )
+        return path
+
+    def policy_engine_argv(self, kubeconfig: Path, service_cidr: str) -> list[str]:
+        """kube-router as a NetworkPolicy engine only: no routes, no service proxy, no ports."""
+        return [
+            str(self.bin_dir / POLICY_ENGINE),
+            f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.node_name}",
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--run-loadbalancer=false",
+            "--enable-ipv4=true",
+            "--enable-ipv6=false",
+            f"--service-cluster-ip-range={service_cidr}",
+            # No health or metrics listener: nothing of it is reachable from the pods.
+            "--health-port=0",
+            "--metrics-port=0",
+            "--iptables-sync-period=30s",
+            "--v=1",
+        ]
+
+    def policy_engine_ready(self) -> bool:
+        """Its first full sync is done: FORWARD jumps to its chain."""
+        out = _run("iptables-save", "-t", "filter", check=False).stdout
+        return f"-j {POLICY_ENGINE_FORWARD_CHAIN}" in out
+
     # -- images --
 
     def _ctr(self) -> list[str]:
@@ -352,6 +475,8 @@ def teardown(state: Path, log: Callable[[str], None]) -> list[str]:
         for veth in _veths_on(BRIDGE):
             _run("ip", "link", "delete", veth, check=False)
         removed += [f"iptables chain {c}" for c in _remove_kube_chains()]
+        # The engine's ipsets, once no rule refers to them any more.
+        removed += [f"ipset {n}" for n in _remove_engine_ipsets()]
     with contextlib.suppress(OSError, ValueError):
         for key, value in json.loads((state / "sysctls.json").read_text()).items():
             if value is not None:
@@ -381,6 +506,7 @@ def leftovers(state: Path) -> list[str]:
         out.append(f"link {BRIDGE}")
     out += [f"veth {v}" for v in _veths_on(BRIDGE)]
     out += [f"iptables chain {c}" for c in sorted(_kube_chains())]
+    out += [f"ipset {n}" for n in _engine_ipsets()]
     out += [f"cgroup {c}" for c in _kubepods_cgroups()]
     if Path(f"/run/kvgate-{digest}").exists():
         out.append(f"/run/kvgate-{digest}")
@@ -492,6 +618,22 @@ def _remove_kube_chains() -> list[str]:
             for chain in chains:
                 if _run(tool, "-t", table, "-X", chain, check=False).returncode == 0:
                     gone.append(f"{tool}/{table}/{chain}")
+    return gone
+
+
+def _engine_ipsets() -> list[str]:
+    """The NetworkPolicy engine's ipsets on this host (none when ipset is not installed)."""
+    if not shutil.which("ipset"):
+        return []
+    names = _run("ipset", "list", "-n", check=False).stdout.split()
+    return sorted(n for n in names if _ENGINE_IPSET.match(n))
+
+
+def _remove_engine_ipsets() -> list[str]:
+    gone = []
+    for name in _engine_ipsets():
+        if _run("ipset", "destroy", name, check=False).returncode == 0:
+            gone.append(name)
     return gone
 
 

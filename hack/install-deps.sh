@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that `make test` and `make demo` need, when they are missing:
-# buildah and mmdebstrap build the images; runc, the CNI plugins, iptables and iproute2 make
+# buildah and mmdebstrap build the images; runc, the CNI plugins, iptables, ipset and iproute2 make
 # the real node; openssl makes the local cluster's certificates; prometheus (and promtool)
 # serve the metrics tests. With --tools (what `make test` asks for), also chromium: the tools
 # tier renders the HTML reports in headless Chromium (tests/integration/test_report_browser.py).
 # Needs root and apt-get; otherwise it names what is missing and exits 1. No service is started:
 # tests start their own servers on loopback.
 set -euo pipefail
-PACKAGES=(buildah mmdebstrap uidmap runc containernetworking-plugins iptables iproute2 openssl prometheus)
+PACKAGES=(buildah mmdebstrap uidmap runc containernetworking-plugins iptables ipset iproute2 openssl prometheus)
 TOOLS_PACKAGES=(chromium)
 case "${1:-}" in
   --tools) PACKAGES+=("${TOOLS_PACKAGES[@]}") ;;

@@ -95,3 +95,33 @@ def test_a_state_dir_too_deep_for_the_kubelets_sockets_is_refused_in_one_line() 
     edge = Path("/" + "s" * 70)
     containerd_node.check_socket_room(edge)
     assert len(str(edge / containerd_node.KUBELET_SOCKET_TAIL)) == 107
+
+
+def test_the_policy_engines_ipsets_are_told_from_foreign_ones() -> None:
+    """Teardown destroys exactly kube-router's sets: its policy sets and its swap sets."""
+    ours = ("KUBE-SRC-AB3XYZ", "KUBE-DST-QWERTY23", "TMP-ABCDEFGHIJKLMNOP")
+    foreign = ("TMP-short", "TMP-ABCDEFGHIJKLMNOPQ", "tmp-abcdefghijklmnop", "KUBE-OTHER", "cilium")
+    assert [n for n in ours if containerd_node._ENGINE_IPSET.match(n)] == list(ours)
+    assert [n for n in foreign if containerd_node._ENGINE_IPSET.match(n)] == []
+
+
+def test_the_policy_engine_listens_on_nothing_and_reads_as_its_own_account(
+    tmp_path: Path,
+) -> None:
+    node = containerd_node.ContainerdNode(tmp_path, tmp_path / "bin", "n1")
+    kubeconfig = node.policy_engine_kubeconfig(
+        "https://10.244.0.1:6443", tmp_path / "ca.crt", "tok-123"
+    )
+    assert kubeconfig.stat().st_mode & 0o777 == 0o600
+    config = json.loads(kubeconfig.read_text())
+    assert config["users"] == [{"name": "netpol", "user": {"token": "tok-123"}}]
+    argv = node.policy_engine_argv(kubeconfig, "10.0.0.0/24")
+    assert argv[0] == str(tmp_path / "bin" / "kube-router")
+    # Only its firewall runs; no health, metrics or BGP listener is opened.
+    for flag in ("--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+                 "--health-port=0", "--metrics-port=0", "--hostname-override=n1",
+                 f"--kubeconfig={kubeconfig}", "--service-cluster-ip-range=10.0.0.0/24"):  # fmt: skip
+        assert flag in argv
+    rules = next(o for o in containerd_node.POLICY_ENGINE_RBAC if o["kind"] == "ClusterRole")
+    verbs = {v for rule in rules["rules"] for v in rule["verbs"]}  # type: ignore[index,attr-defined]
+    assert verbs == {"get", "list", "watch"}

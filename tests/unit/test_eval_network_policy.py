@@ -2,9 +2,9 @@
 and deleted with it; the Job's pod takes no ingress and sends only to the two canary pods'
 serving port, DNS, and the hub's HTTPS when the eval downloads from the hub.
 
-The fake cluster does not enforce NetworkPolicy, and neither does the project's control plane
-(docs/security.md): what is checked is the object, and its selectors and ports matched against
-the pods that exist when the Job runs.
+The fake cluster does not enforce NetworkPolicy: what is checked here is the object, and its
+selectors and ports matched against the pods that exist when the Job runs. Enforcement is shown
+on the real node with a policy engine, by tests/harness/test_network_policy.py (docs/security.md).
 """
 
 from __future__ import annotations
