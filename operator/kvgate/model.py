@@ -113,11 +113,30 @@ class PromotionMode(StrEnum):
     # Report mode that fails closed: the rollout itself is the gate a GitOps sync waits on
     # (a passing verdict is Ready; any other end is Stalled, Degraded in Argo CD).
     GATE = "gate"
+    # kvgate proposes the tested change as a pull request on the GitOps repository and waits
+    # until the GitOps tool has applied it; it never patches the Deployment itself.
+    PULL_REQUEST = "pullRequest"
 
     @property
     def changes_deployment(self) -> bool:
-        """Whether kvgate patches the Deployment (auto, manual) or only reports (report, gate)."""
+        """Whether kvgate patches the Deployment (auto, manual) or not (report, gate,
+        pullRequest)."""
         return self in (PromotionMode.AUTO, PromotionMode.MANUAL)
+
+
+class ForgeProvider(StrEnum):
+    """The Git forge a `pullRequest` promotion talks to (its REST API)."""
+
+    GITEA = "gitea"
+    GITHUB = "github"
+    GITLAB = "gitlab"
+
+
+class GitFileKind(StrEnum):
+    """The one file kvgate owns in the GitOps repository."""
+
+    KUSTOMIZE_PATCH = "kustomizePatch"  # a strategic-merge patch naming the container
+    HELM_VALUES = "helmValues"  # a values file: the change under `valuesKey`
 
 
 class Remediation(StrEnum):
