@@ -49,17 +49,24 @@ class Phase(StrEnum):
     PROMOTING = "Promoting"
     VERIFYING = "Verifying"
     REVERTING = "Reverting"  # kvgate's change is being taken out; sticky until read back
+    # pullRequest mode: the tested change is proposed on the GitOps repository (waiting for a
+    # merge), then merged (waiting for the GitOps tool to apply it); kvgate never patches.
+    PULL_REQUEST_OPEN = "PullRequestOpen"
+    PULL_REQUEST_MERGED = "PullRequestMerged"
     PROMOTED = "Promoted"
     ROLLED_BACK = "RolledBack"
     NOT_NEEDED = "NotNeeded"
     FAILED = "Failed"
+    DECLINED = "Declined"  # pullRequest mode: the pull request was closed without a merge
 
     @property
     def terminal(self) -> bool:
         return self in _TERMINAL
 
 
-_TERMINAL: Final = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED})
+_TERMINAL: Final = frozenset(
+    {Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED, Phase.DECLINED}
+)
 # Report mode's end: the verdict is written, nothing more will happen (the phase stays
 # AwaitingApproval so GitOps health checks read a passing verdict as healthy).
 VERDICT_REPORTED: Final = Reason.VERDICT_REPORTED
@@ -122,6 +129,14 @@ class PromotionMode(StrEnum):
         """Whether kvgate patches the Deployment (auto, manual) or not (report, gate,
         pullRequest)."""
         return self in (PromotionMode.AUTO, PromotionMode.MANUAL)
+
+
+class PullRequestState(StrEnum):
+    """A pull (merge) request as the forge reports it."""
+
+    OPEN = "open"
+    MERGED = "merged"
+    CLOSED = "closed"  # closed without merging: declined
 
 
 class ForgeProvider(StrEnum):

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import kubeobjects, manifests, promotion, redact, verdictkey
+from kvgate import kubeobjects, manifests, promotion, proposing, redact, verdictkey
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
@@ -148,6 +148,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         revert_attempts=int(revert.get("attempts") or 0),
         revert_error=revert.get("lastError"),
         remedy_attempts=int((ctx.status.get("remediation") or {}).get("attempt") or 0),
+        pull_request=proposing.recorded(ctx.status),
     )
 
 

@@ -34,6 +34,7 @@ from kvgate.model import (
     Condition,
     Outcome,
     Phase,
+    PullRequestState,
 )
 from kvgate.reasons import Reason
 from kvgate.status import RolloutStatus
@@ -231,6 +232,11 @@ def fold(
         promo["verify"] = verify
     if promo:
         status["promotion"] = promo
+    if step.pull_request is not None:  # pullRequest mode: the intent, then what the forge said
+        pr = {**(status.get("pullRequest") or {}), **jsonrecord.write(step.pull_request)}
+        if step.pull_request.state == PullRequestState.MERGED.value:
+            pr.setdefault("mergedAt", now)
+        status["pullRequest"] = pr
     if (step.terminal or reported) and not status.get("finishedAt"):
         status["finishedAt"] = now
     return status
