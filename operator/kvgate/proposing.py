@@ -11,13 +11,16 @@ but not applied within `applyDeadline` ends it `Failed` with reason `NotApplied`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvgate.model import Phase, PullRequestState
 from kvgate.reasons import Reason
+from kvgate.redact import scrub_text
 from kvgate.spec import DEFAULT_APPLY_DEADLINE_S, RolloutSpec
-from kvgate.status import PullRequestStatus, RolloutStatus
+from kvgate.status import PullRequestStatus as PullRequestStatus  # re-exported
+from kvgate.status import RolloutStatus
 from kvgate.steps import (
     MAX_DELAY_S,
     MIN_DELAY_S,
@@ -39,7 +42,7 @@ def recorded(status: Mapping[str, Any]) -> PullRequestStatus | None:
     return RolloutStatus.from_dict({"pullRequest": status.get("pullRequest")}).pull_request
 
 
-def intent(spec: RolloutSpec, state: State) -> PullRequestStatus:
+def intent(spec: RolloutSpec, config_hash: str) -> PullRequestStatus:
     """What is recorded before the forge is called: where, and for which configuration."""
     pr = spec.promotion.pull_request
     return PullRequestStatus(
@@ -47,7 +50,7 @@ def intent(spec: RolloutSpec, state: State) -> PullRequestStatus:
         repository=pr.repository if pr else None,
         base_branch=pr.base_branch if pr else None,
         path=pr.path if pr else None,
-        config_hash=state.config_hash or None,
+        config_hash=config_hash or None,
         state=OPENING,
     )
 
@@ -70,9 +73,69 @@ def after_verdict(
         events=(Event(Reason.OPENING_PULL_REQUEST, message),),
         gates=gates,
         verdict=verdict,
-        pull_request=intent(spec, state),
+        pull_request=intent(spec, state.config_hash),
         requeue_s=MIN_DELAY_S,
     )
+
+
+def opened(
+    recorded: PullRequestStatus, *, branch: str, number: int, url: str, now: str
+) -> PullRequestStatus:
+    """The record once the forge answered: the intent with the branch, number and URL."""
+    return dataclasses.replace(
+        recorded,
+        branch=branch,
+        number=number,
+        url=url,
+        state=PullRequestState.OPEN.value,
+        opened_at=recorded.opened_at or now,
+    )
+
+
+def proposal_text(
+    *,
+    rollout: str,
+    namespace: str,
+    target: str,
+    verdict: str,
+    gates: Sequence[GateResult],
+    key: str,
+    config_hash: str,
+    args: Sequence[str],
+) -> tuple[str, str]:
+    """The pull request's title and body: the verdict table, the key, how to read the report."""
+    title = f"kvgate: FP8 KV cache for {namespace}/{target} (verdict {key})"
+    rows = "\n".join(
+        f"| {g.gate} | {g.outcome.value} | {g.reason} | {_cell(g.message)} |" for g in gates
+    )
+    body = f"""kvgate evaluated this change on paired canaries of Deployment `{target}` \
+(rollout `{namespace}/{rollout}`, configuration `{config_hash}`) and the verdict is to promote it.
+
+**Verdict:** {_cell(verdict) or "promote"}
+
+| gate | outcome | reason | detail |
+|---|---|---|---|
+{rows}
+
+Tested args: `{" ".join(args)}`
+
+The verdict key `{key}` (engine image digest and version, model, KV dtype, attention backend, the
+tested args/env, the eval policy) is set as the pod-template annotation `kvgate.io/verdict`: the
+pods that run this change name the evaluation they were promoted on.
+
+Read the full report with `kvgate report {rollout} -n {namespace}`, or in the ConfigMap
+`{rollout}-report` (report.txt, report.html, status.json).
+
+kvgate wrote only this file on this branch; it never changes the Deployment itself. Once this is
+merged, the rollout waits until your GitOps tool has applied it, then reads `Promoted`.
+Closing it unmerged ends the rollout `Declined`.
+"""
+    return title, scrub_text(body)
+
+
+def _cell(text: str) -> str:
+    """One table cell: one line, no pipe."""
+    return " ".join(text.split()).replace("|", "/")[:300]
 
 
 def _named(recorded: PullRequestStatus | None) -> str:
@@ -87,6 +150,15 @@ def _named(recorded: PullRequestStatus | None) -> str:
 
 def pull_request_open(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     recorded = state.pull_request
+    live = obs.live
+    if (recorded is None or recorded.number is None) and live is not None and not live.as_evaluated:
+        changed = ", ".join(live.differences) or "container"
+        return end_step(
+            Phase.FAILED,
+            Reason.TARGET_CHANGED,
+            f"Deployment {spec.target.name} changed since it was evaluated ({changed}); not "
+            "proposing evidence about another config: start a new rollout",
+        )
     if recorded is None or recorded.number is None:
         # The intent is recorded, the PR is not (yet, or the operator died after opening it):
         # open or update it; the forge finds an open PR of the branch, so none is duplicated.
@@ -95,7 +167,7 @@ def pull_request_open(spec: RolloutSpec, state: State, obs: Observation, poll_s:
             Reason.OPENING_PULL_REQUEST,
             "opening the pull request",
             actions=(Action.OPEN_PULL_REQUEST,),
-            pull_request=recorded or intent(spec, state),
+            pull_request=recorded or intent(spec, state.config_hash),
             requeue_s=MIN_DELAY_S,
         )
     seen = obs.pull_request

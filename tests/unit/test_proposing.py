@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvgate import machine, proposing
+from kvgate.errors import SpecError
 from kvgate.model import Outcome, Phase, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
@@ -65,7 +66,7 @@ def test_a_passing_verdict_records_the_intent_before_any_forge_call() -> None:
 
 
 def test_the_intent_without_a_number_opens_the_pull_request() -> None:
-    intent = proposing.intent(SPEC, State(Phase.PULL_REQUEST_OPEN, config_hash="0123456789abcdef"))
+    intent = proposing.intent(SPEC, "0123456789abcdef")
     s = step(Phase.PULL_REQUEST_OPEN, pull_request=intent)
     assert s.phase is Phase.PULL_REQUEST_OPEN
     assert s.actions == (Action.OPEN_PULL_REQUEST,)
@@ -133,3 +134,52 @@ def test_a_candidate_found_before_the_verdict_is_not_reverted_either() -> None:
     s = step(Phase.CANARY, Observation(live=live))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, Reason.UNEXPECTED_PATCH)
     assert s.revert is None and not set(NEVER) & set(s.actions)
+
+
+def test_helm_values_carry_the_full_args_the_changed_env_and_the_annotation() -> None:
+    import yaml
+
+    from kvgate import gitops
+
+    previous = {"args": ["--port", "8000"], "env": [{"name": "HF_HOME", "value": "/cache"}]}
+    candidate = {
+        "args": ["--port", "8000", "--kv-cache-dtype", "fp8"],
+        "env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "VLLM_X", "value": "1"}],
+    }
+    text = gitops.render_helm_values(
+        values_key="vllm.container", previous=previous, candidate=candidate, verdict_key="sha256:ab"
+    )
+    assert text.startswith("# Written by kvgate")
+    assert yaml.safe_load(text) == {
+        "vllm": {
+            "container": {
+                "args": ["--port", "8000", "--kv-cache-dtype", "fp8"],
+                "env": [{"name": "VLLM_X", "value": "1"}],
+                "podAnnotations": {"kvgate.io/verdict": "sha256:ab"},
+            }
+        }
+    }
+    with pytest.raises(SpecError, match="removes env HF_HOME"):
+        gitops.render_helm_values(
+            values_key="v", previous=previous, candidate={"args": []}, verdict_key="k"
+        )
+
+
+def test_the_pr_body_has_the_verdict_table_the_key_and_the_report() -> None:
+    from kvgate.verdict import GateResult
+
+    gate = GateResult("accuracy", Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, "a | b\nc")
+    title, body = proposing.proposal_text(
+        rollout="r", namespace="ns", target="vllm", verdict="all gates passed", gates=(gate,),
+        key="sha256:0123", config_hash="abc", args=("--kv-cache-dtype", "fp8"),
+    )  # fmt: skip
+    assert "ns/vllm" in title and "sha256:0123" in title
+    assert "| accuracy | Successful | AccuracyNonInferior | a / b c |" in body
+    assert "kvgate report r -n ns" in body and "`--kv-cache-dtype fp8`" in body
+
+
+def test_a_target_changed_since_the_eval_is_not_proposed() -> None:
+    live = LiveTarget(exists=True, as_evaluated=False, differences=("image",))
+    s = step(Phase.PULL_REQUEST_OPEN, Observation(live=live))
+    assert (s.phase, s.reason) == (Phase.FAILED, Reason.TARGET_CHANGED)
+    assert Action.OPEN_PULL_REQUEST not in s.actions

@@ -35,6 +35,7 @@ from kvgate.controller.observe import (
     hub_token_problem,
     tpot_totals,
 )
+from kvgate.controller.pullrequest import open_pull_request
 from kvgate.controller.record import (
     post_event,
 )
@@ -478,6 +479,7 @@ ACTIONS = {
     Action.CREATE_LOAD_JOB: create_load_job,
     Action.SNAPSHOT_SPEED: snapshot_speed,
     Action.PATCH_DEPLOYMENT: apply_promotion_patch,
+    Action.OPEN_PULL_REQUEST: open_pull_request,
     Action.REVERT_DEPLOYMENT: revert_target,
     Action.REMEDIATE: remediate,
 }

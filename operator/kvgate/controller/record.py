@@ -97,6 +97,8 @@ def write_status(
     new spec removes); post its Events, metrics and, on the first finish, the report. Returns
     the status written."""
     deployment = (ctx.deployment or {}).get("metadata", {}).get("generation")
+    if ctx.pull_request is not None:  # the pull request this reconcile opened, read back
+        step = dataclasses.replace(step, pull_request=ctx.pull_request)
     key = None
     if step.verdict is not None:  # what the verdict was reached on, recorded with it
         key = verdictkey.key_of(RolloutStatus.from_dict(ctx.status), ctx.spec)
