@@ -65,6 +65,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         ("AwaitingApproval", "VerdictReported", 0),
         ("RolledBack", "AccuracyRegressed", 1),
         ("Failed", "InvalidSpec", 1),
+        ("Declined", "Declined", 1),  # pullRequest mode: the pull request was closed unmerged
+        ("Failed", "NotApplied", 1),  # merged, never applied by the GitOps tool
     ],
 )
 def test_wait_exits_with_the_end(

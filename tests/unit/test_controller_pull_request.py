@@ -13,15 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import kopf
 import pytest
 import yaml
-from test_controller import World
+from test_controller import LOG, World
 from test_forge_providers import API, REPO, FakeForge
 
 from kvgate import proposing
 from kvgate.adapters.forge import RestForge, forge_for
 from kvgate.config import OperatorConfig
-from kvgate.controller import pullrequest
+from kvgate.controller import handlers, pullrequest
 
 TOKEN = "ghp_" + "Z9y8X7w6" * 5
 PATH = "apps/vllm/kvgate-fp8.patch.yaml"
@@ -279,3 +280,18 @@ def fake_crash() -> BaseException:
     from fake_cluster import Crash
 
     return Crash()
+
+
+def test_deleting_the_rollout_after_gitops_applied_it_reverts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="merged", merge_sha="c" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    w.gitops_applies()
+    applied = w.config_now()
+    assert "--kv-cache-dtype" in applied["args"]
+    body = kopf.Body(copy.deepcopy(w.obj))
+    handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
+    assert w.config_now() == applied and w.deployment_patches == []

@@ -44,14 +44,15 @@ class RolloutView:
         return self.status.ended
 
     def exit_code(self) -> int:
-        """0 promoted, not needed or a reported pass; 1 rolled back, failed or a closed gate (gate
-        mode: any end but a passing verdict is Stalled); 3 not ended."""
+        """0 promoted, not needed or a reported pass; 1 rolled back, failed, declined (the pull
+        request was closed) or a closed gate (gate mode: any end but a passing verdict is
+        Stalled); 3 not ended."""
         stalled = any(c.type == STALLED and c.status == TRUE for c in self.status.conditions)
         if self.finished and stalled:
             return EXIT_GATE_FAILED
         if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
             return EXIT_OK
-        if self.phase in (Phase.ROLLED_BACK, Phase.FAILED):
+        if self.phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED):
             return EXIT_GATE_FAILED
         return EXIT_INCONCLUSIVE
 
