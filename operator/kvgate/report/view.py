@@ -626,7 +626,14 @@ def is_finished(status: StatusLike) -> bool:
 
 # Phases a candidate reaches only after a passing verdict.
 _PASSED: Final = frozenset(
-    {Phase.AWAITING_APPROVAL, Phase.PROMOTING, Phase.VERIFYING, Phase.PROMOTED}
+    {
+        Phase.AWAITING_APPROVAL,
+        Phase.PROMOTING,
+        Phase.VERIFYING,
+        Phase.PULL_REQUEST_OPEN,
+        Phase.PULL_REQUEST_MERGED,
+        Phase.PROMOTED,
+    }
 )
 
 
