@@ -187,6 +187,14 @@ def test_get_says_when_the_approval_expires(api: Any, capsys: pytest.CaptureFixt
     ) in out
 
 
+def test_get_shows_the_pull_request(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pr = {"number": 7, "url": "https://forge/acme/deploy/pulls/7", "state": "merged",
+          "mergeSha": "f" * 40, "repository": "acme/deploy"}  # fmt: skip
+    api(rollout("PullRequestMerged", "WaitingForGitOps", message="waiting", pullRequest=pr))
+    _, out, _ = run(capsys, "get", "vllm-fp8", "-n", "llm")
+    assert "  pull request #7 merged as ffffffffffff: https://forge/acme/deploy/pulls/7" in out
+
+
 def test_get_watch_prints_each_change_once_and_exits_with_the_end(
     api: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -89,6 +89,12 @@ class RolloutView:
                 f"  approve: kvgate approve {self.name} -n {self.namespace}"
                 f"  (annotates kvgate.io/approve={self.status.config_hash}{when})"
             )
+        pr = self.status.pull_request
+        if pr is not None and pr.number is not None:  # pullRequest mode
+            merged = f" as {pr.merge_sha[:12]}" if pr.merge_sha else ""
+            out.append(
+                f"  pull request #{pr.number} {pr.state or '?'}{merged}: {pr.url or pr.repository}"
+            )
         for event in list(events)[-5:]:
             message = " ".join(str(event.get("message") or "").split())[:140]
             out.append(f"  event {event.get('type', '?'):<7} {event.get('reason', '?')}: {message}")
