@@ -295,3 +295,16 @@ def test_deleting_the_rollout_after_gitops_applied_it_reverts_nothing(
     body = kopf.Body(copy.deepcopy(w.obj))
     handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
     assert w.config_now() == applied and w.deployment_patches == []
+
+
+def test_applied_on_another_image_digest_is_not_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="merged", merge_sha="d" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    w.kube.registry_epoch += 1  # the tag now names other content: the new pods pull it
+    w.gitops_applies()
+    w.reconcile()
+    assert w.phase == "PullRequestMerged"
+    assert "another engine than the verdict tested" in w.status["message"]
+    assert "image digest" in w.status["message"]

@@ -199,8 +199,8 @@ def apply_gap(ctx: Ctx, live: LiveTarget | None) -> str | None:
     if not kubeobjects.rolled_out(dep, generation):
         return f"Deployment {name} has not finished rolling out generation {generation}"
     running = live_key(ctx)
-    if not running.image_digests:
-        return "no Ready pod runs the tested template yet"
+    if key is not None and key.image_digest and not running.image_digests:
+        return "no pod running the tested template reports its image digest yet"
     if key is not None:
         changed = verdictkey.stale_fields(key, running)
         if changed:
