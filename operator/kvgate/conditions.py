@@ -125,7 +125,7 @@ def summary_conditions(
     good = (
         phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or ready_without_terminal
     ) and not gate_closed
-    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED) or gate_closed
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED) or gate_closed
     done = phase.terminal or ready_without_terminal
     ready = TRUE if good else FALSE
     ready_reason = reason if (good or bad) else "Progressing"

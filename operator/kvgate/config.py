@@ -82,6 +82,10 @@ class OperatorConfig:
     # is honoured only when set, and then only for a Secret labelled kvgate.io/hub-token="true";
     # off, a rollout naming one fails (InvalidSpec) before anything is created.
     hub_token_secrets: bool = False
+    # KVGATE_FORGE_TOKEN_SECRETS: spec.promotion.pullRequest.tokenSecretRef is honoured only
+    # when set, and then only for a Secret labelled kvgate.io/forge-token="true"; off, a
+    # pullRequest rollout fails (InvalidSpec) before anything is created.
+    forge_token_secrets: bool = False
 
     @property
     def load_job_image(self) -> str:
@@ -114,6 +118,7 @@ class OperatorConfig:
             approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
             prometheus_url=_url(environ, "KVGATE_PROMETHEUS_URL"),
             hub_token_secrets=_bool(environ, "KVGATE_HUB_TOKEN_SECRETS", d.hub_token_secrets),
+            forge_token_secrets=_bool(environ, "KVGATE_FORGE_TOKEN_SECRETS", d.forge_token_secrets),
         )
 
     def with_overrides(self, **values: Any) -> OperatorConfig:

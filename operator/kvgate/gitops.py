@@ -11,6 +11,10 @@ a kustomize strategic-merge patch naming the Deployment and the container. It ca
 - the pod-template annotation `kvgate.io/verdict` with the verdict key, so the applied pod
   template names the evaluation it was promoted on (and changing the key rolls the pods).
 
+Or, with `kind: helmValues`, a Helm values file holding the same change under a declared
+`valuesKey` (`args`: the full list, `env`: the added or changed entries, `podAnnotations`: the
+verdict annotation) for a chart that renders those keys into the engine container.
+
 The user references the file once (`patches: [{path: ...}]` in their `kustomization.yaml`);
 rewriting it whole means no comment-preserving YAML edit and no conflict with other writers.
 """
@@ -152,3 +156,59 @@ def _env_changes(
             out.append({**dict(entry), **gone})
     out += [{"name": name, "$patch": "delete"} for name in previous if name not in candidate]
     return out
+
+
+_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}$")
+HELM_HEADER: Final = (
+    "# Written by kvgate, whole: edits here are replaced by its next pull request.\n"
+    "# The tested container change (args is the full list, env the entries kvgate changes)\n"
+    "# and the verdict it was promoted on, for the chart to render into the engine container.\n"
+)
+
+
+def render_helm_values(
+    *,
+    values_key: str,
+    previous: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    verdict_key: str,
+) -> str:
+    """A Helm values file (YAML text) with the change under `values_key` (dotted, e.g.
+    `vllm.container`): `args` (the full tested list), `env` (the added or changed entries,
+    by name) and `podAnnotations` (the verdict key). Deterministic.
+
+    Helm merges values maps but replaces lists, so `args` is the full list (as in the
+    kustomize patch) and `env` only what kvgate changes, for the chart to merge by name. A
+    change that removes a variable cannot be expressed as values: SpecError (use
+    kustomizePatch). A changed `command` likewise.
+    """
+    if not _VALUES_KEY.match(values_key):
+        raise SpecError("spec.promotion.pullRequest.valuesKey", f"{values_key!r} is not a.b.c")
+    if not _KEY.match(verdict_key):
+        raise SpecError("verdict key", "must be 1-256 printable characters without spaces")
+    if _string_list(previous, "command", "previous") != _string_list(
+        candidate, "command", "candidate"
+    ):
+        raise SpecError(
+            "spec.promotion.pullRequest.kind",
+            "the tested change sets the container's command, which helmValues does not carry; "
+            "use kustomizePatch",
+        )
+    env = _env_changes(_env_by_name(previous), _env_by_name(candidate))
+    removed = [e["name"] for e in env if e.get("$patch") == "delete"]
+    if removed:
+        raise SpecError(
+            "spec.promotion.pullRequest.kind",
+            f"the tested change removes env {', '.join(removed)}, which helmValues cannot "
+            "express; use kustomizePatch",
+        )
+    block: dict[str, Any] = {"args": _string_list(candidate, "args", "candidate") or []}
+    if env:
+        block["env"] = [{k: v for k, v in e.items() if v is not None} for e in env]
+    block["podAnnotations"] = {ANNOTATION_VERDICT: verdict_key}
+    values: dict[str, Any] = block
+    for part in reversed(values_key.split(".")):
+        values = {part: values}
+    return HELM_HEADER + yaml.safe_dump(
+        values, sort_keys=False, default_flow_style=False, width=1000
+    )

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kvgate import crash, promoting
+from kvgate import crash, promoting, proposing
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -71,6 +71,19 @@ def next_step(
     end but a passing verdict closes the gate.
     """
     step = _step(spec, state, obs, poll_s=poll_s, approval_ttl_s=approval_ttl_s)
+    if spec.promotion.mode is PromotionMode.PULL_REQUEST and step.revert is not None:
+        # kvgate never changes the Deployment in pullRequest mode, so it never reverts it
+        # either: what the GitOps tool applied stays until Git changes.
+        intent = step.revert
+        return end_step(
+            intent.phase,
+            intent.reason,
+            f"{intent.message}; the Deployment is left as it is (pullRequest mode: change it "
+            "in Git)",
+            gates=step.gates,
+            verdict=step.verdict,
+            events=step.events,
+        )
     if spec.promotion.mode is PromotionMode.GATE and step.terminal:
         # Fail closed: NotNeeded and Failed close the gate too; nothing here was shown safe.
         message = f"gate closed: {step.message}"
@@ -572,6 +585,8 @@ def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
 def _after_verdict(
     spec: RolloutSpec, state: State, verdict: Verdict, gates: tuple[GateResult, ...]
 ) -> Step:
+    if spec.promotion.mode is PromotionMode.PULL_REQUEST and verdict.decision is Decision.PROMOTE:
+        return proposing.after_verdict(spec, state, verdict, gates)
     if not spec.promotion.mode.changes_deployment:
         message = (
             f"verdict: promote ({verdict.message}); {spec.promotion.mode} mode: "
@@ -646,4 +661,6 @@ _PHASES: Final = {
     Phase.PROMOTING: promoting.promoting,
     Phase.VERIFYING: promoting.verifying,
     Phase.REVERTING: promoting.reverting,
+    Phase.PULL_REQUEST_OPEN: proposing.pull_request_open,
+    Phase.PULL_REQUEST_MERGED: proposing.pull_request_merged,
 }

@@ -49,17 +49,24 @@ class Phase(StrEnum):
     PROMOTING = "Promoting"
     VERIFYING = "Verifying"
     REVERTING = "Reverting"  # kvgate's change is being taken out; sticky until read back
+    # pullRequest mode: the tested change is proposed on the GitOps repository (waiting for a
+    # merge), then merged (waiting for the GitOps tool to apply it); kvgate never patches.
+    PULL_REQUEST_OPEN = "PullRequestOpen"
+    PULL_REQUEST_MERGED = "PullRequestMerged"
     PROMOTED = "Promoted"
     ROLLED_BACK = "RolledBack"
     NOT_NEEDED = "NotNeeded"
     FAILED = "Failed"
+    DECLINED = "Declined"  # pullRequest mode: the pull request was closed without a merge
 
     @property
     def terminal(self) -> bool:
         return self in _TERMINAL
 
 
-_TERMINAL: Final = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED})
+_TERMINAL: Final = frozenset(
+    {Phase.PROMOTED, Phase.ROLLED_BACK, Phase.NOT_NEEDED, Phase.FAILED, Phase.DECLINED}
+)
 # Report mode's end: the verdict is written, nothing more will happen (the phase stays
 # AwaitingApproval so GitOps health checks read a passing verdict as healthy).
 VERDICT_REPORTED: Final = Reason.VERDICT_REPORTED
@@ -113,11 +120,38 @@ class PromotionMode(StrEnum):
     # Report mode that fails closed: the rollout itself is the gate a GitOps sync waits on
     # (a passing verdict is Ready; any other end is Stalled, Degraded in Argo CD).
     GATE = "gate"
+    # kvgate proposes the tested change as a pull request on the GitOps repository and waits
+    # until the GitOps tool has applied it; it never patches the Deployment itself.
+    PULL_REQUEST = "pullRequest"
 
     @property
     def changes_deployment(self) -> bool:
-        """Whether kvgate patches the Deployment (auto, manual) or only reports (report, gate)."""
+        """Whether kvgate patches the Deployment (auto, manual) or not (report, gate,
+        pullRequest)."""
         return self in (PromotionMode.AUTO, PromotionMode.MANUAL)
+
+
+class PullRequestState(StrEnum):
+    """A pull (merge) request as the forge reports it."""
+
+    OPEN = "open"
+    MERGED = "merged"
+    CLOSED = "closed"  # closed without merging: declined
+
+
+class ForgeProvider(StrEnum):
+    """The Git forge a `pullRequest` promotion talks to (its REST API)."""
+
+    GITEA = "gitea"
+    GITHUB = "github"
+    GITLAB = "gitlab"
+
+
+class GitFileKind(StrEnum):
+    """The one file kvgate owns in the GitOps repository."""
+
+    KUSTOMIZE_PATCH = "kustomizePatch"  # a strategic-merge patch naming the container
+    HELM_VALUES = "helmValues"  # a values file: the change under `valuesKey`
 
 
 class Remediation(StrEnum):

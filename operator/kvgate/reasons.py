@@ -97,6 +97,13 @@ class Reason(StrEnum):
     PROMOTION_REVERTED = "PromotionReverted"
     VERIFYING = "Verifying"
     PROMOTED = "Promoted"
+    # pullRequest mode: the pull request and the GitOps tool's apply
+    OPENING_PULL_REQUEST = "OpeningPullRequest"
+    PULL_REQUEST_OPEN = "PullRequestOpen"
+    PULL_REQUEST_MERGED = "PullRequestMerged"
+    WAITING_FOR_GITOPS = "WaitingForGitOps"
+    DECLINED = "Declined"  # the pull request was closed without a merge
+    NOT_APPLIED = "NotApplied"  # merged, but the Deployment did not carry it within the deadline
     # Changes behind kvgate's back, and the revert
     TARGET_CHANGED = "TargetChanged"
     TARGET_DELETED = "TargetDeleted"
@@ -193,10 +200,11 @@ _WARNING: Final = frozenset(
         Reason.DRIFTED,
         Reason.STALE,
         Reason.RECONCILE_ERROR,
+        Reason.NOT_APPLIED,
     }
 )
 _PERMANENT: Final = frozenset({Reason.INVALID_SPEC, Reason.INVALID_TARGET})
-_STALLS: Final = frozenset({Reason.REVERT_FAILED})
+_STALLS: Final = frozenset({Reason.REVERT_FAILED, Reason.NOT_APPLIED})
 _OWN_EVENT: Final = frozenset(
     {
         Reason.SCALES_MISSING,

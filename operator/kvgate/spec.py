@@ -16,7 +16,15 @@ from typing import Any, Final, TypeVar
 
 from kvgate import policy
 from kvgate.errors import SpecError
-from kvgate.model import KV_DTYPES, Engine, GateMode, PromotionMode, Remediation
+from kvgate.model import (
+    KV_DTYPES,
+    Engine,
+    ForgeProvider,
+    GateMode,
+    GitFileKind,
+    PromotionMode,
+    Remediation,
+)
 
 ACCURACY_TASKS: Final = ("gsm8k", "gsm8k_cot")
 LONG_CONTEXT_TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
@@ -195,11 +203,36 @@ class CanarySpec:
     remediation: Remediation = Remediation.OFF
 
 
+# What a `pullRequest` promotion's fields may hold.
+_API_URL: Final = re.compile(r"^https?://[^/@\s]+(/[^\s]*)?$")
+_REPOSITORY: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$")
+_BRANCH: Final = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}$")
+_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}$")
+DEFAULT_APPLY_DEADLINE_S: Final = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequestSpec:
+    """`spec.promotion.pullRequest`: where the tested change is proposed, and how."""
+
+    provider: ForgeProvider
+    api_url: str
+    repository: str  # owner/name (GitLab: group/project)
+    path: str  # the file kvgate owns, relative to the repository root
+    token_secret: SecretKeyRef
+    base_branch: str = "main"
+    kind: GitFileKind = GitFileKind.KUSTOMIZE_PATCH
+    values_key: str | None = None  # helmValues: the dotted key the change goes under
+    # Merged but not applied to the Deployment within this long: Stalled.
+    apply_deadline_s: float = DEFAULT_APPLY_DEADLINE_S
+
+
 @dataclass(frozen=True, slots=True)
 class PromotionSpec:
     mode: PromotionMode = PromotionMode.AUTO
     verify_window_s: float = 600.0
     verify_samples: int = 5  # observations over the window, each must pass
+    pull_request: PullRequestSpec | None = None  # set exactly when mode is pullRequest
 
     @property
     def verify_interval_s(self) -> float:
@@ -364,6 +397,7 @@ class RolloutSpec:
             mode=p.choice("mode", PromotionMode, PromotionMode.AUTO),
             verify_window_s=p.duration("verifyWindow", 600.0, minimum=0.0),
             verify_samples=p.integer("verifySamples", 5, 1, 100),
+            pull_request=_pull_request(p),
         )
         r.raise_errors()
         return cls(
@@ -383,6 +417,65 @@ class RolloutSpec:
             canary=canary,
             promotion=promotion,
         )
+
+
+def _pull_request(p: _Reader) -> PullRequestSpec | None:
+    """spec.promotion.pullRequest: required by mode pullRequest, refused by the others."""
+    mode = p.raw("mode")
+    pr = p.section("pullRequest")
+    if mode != PromotionMode.PULL_REQUEST.value:
+        if pr.present:
+            p.error("pullRequest", f"is only read in mode pullRequest (mode is {mode or 'auto'})")
+        return None
+    if not pr.present:
+        p.error("pullRequest", "is required in mode pullRequest (provider, apiUrl, repository, "
+                "path, tokenSecretRef)")  # fmt: skip
+        return None
+    provider = pr.choice("provider", ForgeProvider, ForgeProvider.GITHUB)
+    if pr.raw("provider") is None:
+        pr.error("provider", "is required: one of gitea, github, gitlab")
+    api_url = pr.string("apiUrl", required=True) or ""
+    if api_url and not _API_URL.match(api_url):
+        pr.error("apiUrl", f"{api_url[:80]!r} is not an http(s) URL without credentials")
+    repository = pr.string("repository", required=True) or ""
+    if repository and (not _REPOSITORY.match(repository) or ".." in repository):
+        pr.error("repository", f"{repository[:80]!r} is not owner/name")
+    base = pr.string("baseBranch") or "main"
+    if not _BRANCH.match(base) or ".." in base or base.startswith("kvgate/"):
+        pr.error("baseBranch", f"{base[:80]!r} is not a branch kvgate may propose to")
+    path = pr.string("path", required=True) or ""
+    parts = path.split("/")
+    if path and (
+        path.startswith("/")
+        or "\\" in path
+        or any(part in ("", ".", "..") for part in parts)
+        or not path.endswith((".yaml", ".yml"))
+        or len(path) > 512
+    ):
+        pr.error("path", f"{path[:80]!r} is not a relative path of a .yaml or .yml file")
+    kind = pr.choice("kind", GitFileKind, GitFileKind.KUSTOMIZE_PATCH)
+    values_key = pr.string("valuesKey")
+    if kind is GitFileKind.HELM_VALUES and values_key is None:
+        pr.error("valuesKey", "is required with kind helmValues (e.g. vllm.container)")
+    elif kind is not GitFileKind.HELM_VALUES and values_key is not None:
+        pr.error("valuesKey", "is only read with kind helmValues")
+    elif values_key is not None and not _VALUES_KEY.match(values_key):
+        pr.error("valuesKey", f"{values_key[:80]!r} is not a dotted key (a.b.c)")
+    secret = pr.section("tokenSecretRef", required=True)
+    token_secret = SecretKeyRef(
+        secret.string("name", required=secret.present) or "", secret.string("key") or "token"
+    )
+    return PullRequestSpec(
+        provider=provider,
+        api_url=api_url,
+        repository=repository,
+        path=path,
+        token_secret=token_secret,
+        base_branch=base,
+        kind=kind,
+        values_key=values_key,
+        apply_deadline_s=pr.duration("applyDeadline", DEFAULT_APPLY_DEADLINE_S, minimum=1.0),
+    )
 
 
 def _long_context(lc: _Reader) -> LongContextTask | None:

@@ -441,6 +441,28 @@ class PromotionStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class PullRequestStatus:
+    """pullRequest mode: the pull request that proposes the tested change.
+
+    Written ahead: `state` "opening" with the configuration hash before the forge is called,
+    then the number and URL read back from the forge; a crash in between reuses the same
+    branch, hence the same pull request."""
+
+    provider: str | None = None
+    repository: str | None = None
+    base_branch: str | None = None
+    path: str | None = None
+    branch: str | None = None
+    config_hash: str | None = None
+    number: int | None = None
+    url: str | None = None
+    state: str | None = None  # opening, open, merged, closed
+    merge_sha: str | None = None
+    opened_at: str | None = None
+    merged_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RevertStatus:
     """The write-ahead record of a revert: how it ends once the Deployment reads back clean."""
 
@@ -569,6 +591,7 @@ class RolloutStatus:
     gates: Mapping[str, GateRecord] = _key(default={})
     verdict: VerdictRecord | None = None
     promotion: PromotionStatus | None = None
+    pull_request: PullRequestStatus | None = None
     revert: RevertStatus | None = None
     remediation: RemediationStatus | None = None
     conditions: tuple[Condition, ...] = _key(default=())

@@ -17,11 +17,12 @@ from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
     Outcome,
     Phase,
+    PullRequestState,
     SpeedClocks,
 )
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
-from kvgate.status import LoadStatus
+from kvgate.status import LoadStatus, PullRequestStatus
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -39,6 +40,9 @@ class Action(StrEnum):
     PATCH_DEPLOYMENT = "PatchDeployment"
     REVERT_DEPLOYMENT = "RevertDeployment"
     REMEDIATE = "Remediate"  # record the step's remedy and the remedied candidate in status
+    # pullRequest mode: open (or update) the pull request the recorded intent names; never a
+    # Deployment patch
+    OPEN_PULL_REQUEST = "OpenPullRequest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,7 @@ class State:
     revert_attempts: int = 0
     revert_error: str | None = None
     remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
+    pull_request: PullRequestStatus | None = None  # pullRequest mode: what status records
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,16 @@ class LiveTarget:
     differences: tuple[str, ...] = ()  # guarded fields that differ from the evaluated ones
     carries_candidate: bool = False  # every edit kvgate makes is there
     ours_present: bool = False  # at least one edit kvgate makes is there
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequestSeen:
+    """A pull request as the forge reported it in this reconcile."""
+
+    number: int
+    url: str
+    state: PullRequestState
+    merge_sha: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +146,12 @@ class Observation:
     rollout_scan: Mapping[str, Any] | None = None
     production_problem: str | None = None
     sampled: bool = False  # Verifying: a verify sample was taken now
+    # PullRequestOpen: the recorded pull request as the forge reports it now (None: not read)
+    pull_request: PullRequestSeen | None = None
+    # PullRequestMerged: the live Deployment carries the tested change (args/env, the verdict
+    # annotation, pods on the tested image digest); else `apply_gap` says what is missing
+    applied: bool = False
+    apply_gap: str = ""
     # Every phase after Pending: the live target
     live: LiveTarget | None = None
 
@@ -155,6 +176,7 @@ class Step:
     remedy: Remedy | None = None  # Canary: record it, then start the candidate again with it
     gate_closed: bool = False  # gate mode: an end that is not a passing verdict (Stalled)
     progress: str | None = None  # Evaluating: the eval's progress in a few words (status.progress)
+    pull_request: PullRequestStatus | None = None  # pullRequest mode: fields to record
 
     @property
     def terminal(self) -> bool:
@@ -168,7 +190,7 @@ def clamp_delay(seconds: float) -> float:
 def end_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
     """A terminal step; canaries and the eval Job are no longer needed."""
     actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
-    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED)
+    bad = phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED)
     events = list(kw.pop("events", ()))
     # The specific reason (alert on CanaryCrashed), then the outcome (alert on any RolledBack).
     for r in (reason, OUTCOME_EVENTS[phase]):
@@ -182,6 +204,7 @@ OUTCOME_EVENTS: Final = {
     Phase.ROLLED_BACK: Reason.ROLLED_BACK,
     Phase.NOT_NEEDED: Reason.NOT_NEEDED,
     Phase.FAILED: Reason.ROLLOUT_FAILED,
+    Phase.DECLINED: Reason.DECLINED,
 }
 
 

@@ -24,7 +24,7 @@ def test_examples_pass_the_api_servers_validation(cluster: Any, namespace: str) 
     cluster.kubectl(
         "wait", "--for=condition=Established", "crd/kvcacherollouts.kvgate.io", "--timeout=60s"
     )
-    for name in ("auto", "manual", "report", "gate", "vllm-deployment"):
+    for name in ("auto", "manual", "report", "gate", "pull-request", "vllm-deployment"):
         path = EXAMPLES / f"{name}.yaml"
         proc = cluster.kubectl(
             "apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False

@@ -52,6 +52,13 @@ def test_minimal_spec_gets_sre_defaults(crd: Any, namespace: str) -> None:
     assert "speed" not in spec["gates"]
 
 
+PULL_REQUEST = {
+    "provider": "gitea",
+    "apiUrl": "http://127.0.0.1:3000/api/v1",
+    "repository": "ops/serving",
+    "path": "apps/vllm/kvgate-patch.yaml",
+    "tokenSecretRef": {"name": "forge-token"},
+}
 INVALID = [
     ({}, "spec.targetRef: Required value"),
     ({"targetRef": {"name": "q"}, "engine": "trtllm"}, 'spec.engine: Unsupported value: "trtllm"'),
@@ -82,6 +89,34 @@ INVALID = [
     (
         {"targetRef": {"name": "q"}, "extraEnv": [{"name": "1BAD", "value": "x"}]},
         'spec.extraEnv[0].name: Invalid value: "1BAD"',
+    ),
+    (
+        {"targetRef": {"name": "q"}, "promotion": {"mode": "pullRequest"}},
+        "promotion.pullRequest is required with mode pullRequest and only read with it",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "promotion": {"mode": "gate", "pullRequest": PULL_REQUEST}},
+        "promotion.pullRequest is required with mode pullRequest and only read with it",
+    ),
+    (
+        {
+            "targetRef": {"name": "q"},
+            "promotion": {
+                "mode": "pullRequest",
+                "pullRequest": {**PULL_REQUEST, "kind": "helmValues"},
+            },
+        },
+        "valuesKey is required with kind helmValues and only read with it",
+    ),
+    (
+        {
+            "targetRef": {"name": "q"},
+            "promotion": {
+                "mode": "pullRequest",
+                "pullRequest": {**PULL_REQUEST, "apiUrl": "https://me:pw@forge/api"},
+            },
+        },
+        "spec.promotion.pullRequest.apiUrl: Invalid value",
     ),
 ]
 

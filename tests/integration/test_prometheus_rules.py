@@ -220,7 +220,8 @@ def cases(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         },
         {
             # Stuck: a working phase held for the whole `for:` (1h by default); terminal
-            # phases and AwaitingApproval never count, and a phase that moves on resets it.
+            # phases (Declined too), AwaitingApproval and PullRequestOpen (both wait for a
+            # person) never count, and a phase that moves on resets it.
             "interval": "5m",
             "input_series": [
                 series("kvgate_rollout_phase", "1x20", phase="Evaluating", **rollout),
@@ -232,6 +233,10 @@ def cases(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     namespace="e",
                     name="f",
                 ),
+                series(
+                    "kvgate_rollout_phase", "1x20", phase="PullRequestOpen", namespace="i", name="j"
+                ),
+                series("kvgate_rollout_phase", "1x20", phase="Declined", namespace="k", name="l"),
                 series("kvgate_rollout_phase", "1x8 0x12", phase="Canary", namespace="g", name="h"),
                 series(
                     "kvgate_rollout_phase", "0x8 1x12", phase="Evaluating", namespace="g", name="h"

@@ -297,6 +297,26 @@ class FakeKube:
         real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
         real.check_hub_token_secret(namespace, name, key)
 
+    def read_forge_token(self, namespace: str, name: str, key: str) -> str:
+        """The real `Kube.read_forge_token`, over this cluster's Secrets."""
+        from types import SimpleNamespace
+
+        from kubernetes import client as k8s
+        from kubernetes.client.exceptions import ApiException
+
+        from kvgate.adapters.kube import Kube
+
+        self.requests += 1
+
+        def read(secret_name: str, secret_namespace: str) -> Any:
+            if secret_name not in self.secrets:
+                raise ApiException(status=404, reason="NotFound")
+            return self.secrets[secret_name]
+
+        real = Kube(k8s.ApiClient())
+        real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
+        return real.read_forge_token(namespace, name, key)
+
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.requests += 1
         existing = self.objects.get((body["kind"], body["metadata"]["name"]))

@@ -23,10 +23,13 @@ PHASES = [
     "Promoting",
     "Verifying",
     "Reverting",
+    "PullRequestOpen",
+    "PullRequestMerged",
     "Promoted",
     "RolledBack",
     "NotNeeded",
     "Failed",
+    "Declined",
 ]
 
 
@@ -72,6 +75,8 @@ EXPECTED = {
     "RolledBack": "Degraded",
     "Failed": "Degraded",
     "AwaitingApproval": "Suspended",
+    "PullRequestOpen": "Suspended",  # pullRequest mode: a person merges (or closes) the PR
+    "Declined": "Degraded",  # the PR was closed unmerged: nothing was promoted
 }
 
 

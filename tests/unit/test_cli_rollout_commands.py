@@ -65,6 +65,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         ("AwaitingApproval", "VerdictReported", 0),
         ("RolledBack", "AccuracyRegressed", 1),
         ("Failed", "InvalidSpec", 1),
+        ("Declined", "Declined", 1),  # pullRequest mode: the pull request was closed unmerged
+        ("Failed", "NotApplied", 1),  # merged, never applied by the GitOps tool
     ],
 )
 def test_wait_exits_with_the_end(
@@ -183,6 +185,14 @@ def test_get_says_when_the_approval_expires(api: Any, capsys: pytest.CaptureFixt
         "kvgate approve vllm-fp8 -n llm  (annotates kvgate.io/approve=abc123; expires "
         "2026-12-04 10:48 UTC)"
     ) in out
+
+
+def test_get_shows_the_pull_request(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pr = {"number": 7, "url": "https://forge/acme/deploy/pulls/7", "state": "merged",
+          "mergeSha": "f" * 40, "repository": "acme/deploy"}  # fmt: skip
+    api(rollout("PullRequestMerged", "WaitingForGitOps", message="waiting", pullRequest=pr))
+    _, out, _ = run(capsys, "get", "vllm-fp8", "-n", "llm")
+    assert "  pull request #7 merged as ffffffffffff: https://forge/acme/deploy/pulls/7" in out
 
 
 def test_get_watch_prints_each_change_once_and_exits_with_the_end(

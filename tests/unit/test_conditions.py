@@ -68,6 +68,9 @@ SUMMARY = [
     (Phase.NOT_NEEDED, "True", "False", "False", "False", "False"),
     (Phase.ROLLED_BACK, "False", "False", "False", "False", "True"),
     (Phase.FAILED, "False", "False", "True", "False", "False"),
+    (Phase.PULL_REQUEST_OPEN, "False", "True", "False", "False", "False"),
+    (Phase.PULL_REQUEST_MERGED, "False", "True", "False", "False", "False"),
+    (Phase.DECLINED, "False", "False", "False", "False", "False"),
 ]
 
 

@@ -33,3 +33,12 @@ def test_the_flux_recipe_applies_the_app_only_after_the_gate() -> None:
     # the conditions the operator writes (conditions.summary_conditions) are the ones it reads
     assert "'Stalled'" in check["failed"] and "'Ready'" in check["current"]
     assert "'Reconciling'" in check["inProgress"]
+
+
+def test_the_pull_request_example_parses_and_never_changes_the_deployment() -> None:
+    obj = yaml.safe_load((EXAMPLES / "pull-request.yaml").read_text())
+    spec = RolloutSpec.from_dict(obj["spec"])
+    assert spec.promotion.mode is PromotionMode.PULL_REQUEST
+    assert not spec.promotion.mode.changes_deployment
+    pr = spec.promotion.pull_request
+    assert pr is not None and pr.path.endswith(".yaml") and pr.token_secret.name == "forge-token"

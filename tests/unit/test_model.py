@@ -181,7 +181,7 @@ BAD_SPECS = [
     ),
     (
         _with(promotion={"mode": "yolo"}),
-        ["spec.promotion.mode: 'yolo' is not one of auto, manual, report, gate"],
+        ["spec.promotion.mode: 'yolo' is not one of auto, manual, report, gate, pullRequest"],
     ),
     (_with(model={"tokenSecretRef": {}}), ["spec.model.tokenSecretRef.name: is required"]),
     (_with(gates=[]), ["spec.gates: [] is not an object"]),
@@ -330,6 +330,7 @@ def test_terminal_phases() -> None:
         Phase.ROLLED_BACK,
         Phase.NOT_NEEDED,
         Phase.FAILED,
+        Phase.DECLINED,
     }
 
 

@@ -6,10 +6,11 @@
 --                with reason VerdictReported) or no (RolledBack): nothing was changed;
 --                in gate mode only a passing verdict (AwaitingApproval, VerdictReported)
 --                that is not Stale (the engine image changed since: Progressing)
---   Degraded     RolledBack, Failed; or the Stalled condition is True (e.g. InvalidSpec,
+--   Degraded     RolledBack, Failed, Declined (pullRequest mode: the PR was closed); or the Stalled condition is True (e.g. InvalidSpec,
 --                RevertFailed); or Drifted is True after Promoted; in gate mode every end
 --                but a passing verdict (NotNeeded too: the gate fails closed)
---   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>)
+--   Suspended    AwaitingApproval (manual mode: waits for kvgate.io/approve=<configHash>),
+--                PullRequestOpen (pullRequest mode: waits for a person to merge the PR)
 --   Progressing  every other phase, and until the operator has seen the latest spec
 local hs = {}
 
@@ -99,9 +100,9 @@ end
 
 if phase == "Promoted" or phase == "NotNeeded" then
   hs.status = "Healthy"
-elseif phase == "RolledBack" or phase == "Failed" then
+elseif phase == "RolledBack" or phase == "Failed" or phase == "Declined" then
   hs.status = "Degraded"
-elseif phase == "AwaitingApproval" then
+elseif phase == "AwaitingApproval" or phase == "PullRequestOpen" then
   hs.status = "Suspended"
 else
   hs.status = "Progressing"

@@ -145,6 +145,17 @@ app.kubernetes.io/part-of: kvgate
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+{{- if .Values.forgeTokenSecrets.enabled }}
+# spec.promotion.pullRequest.tokenSecretRef: get one named Secret (never list or watch);
+# kvgate reads only Secrets labelled kvgate.io/forge-token="true".
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+  {{- with .Values.forgeTokenSecrets.names }}
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Cluster-scoped reads kopf makes at startup, whatever the watch mode. */}}

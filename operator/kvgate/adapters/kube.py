@@ -24,6 +24,9 @@ from kvgate.model import GROUP, PLURAL, VERSION
 _T = TypeVar("_T")
 _LOG_LIMIT_BYTES = 4 * 1024 * 1024  # enough for a startup log; bounds memory per read
 HUB_TOKEN_LABEL = "kvgate.io/hub-token"  # a Secret kvgate may read must carry it, = "true"
+# The same opt-in for the Git forge token of a pullRequest promotion (another label, so a
+# hub-token Secret is never sent to a forge, nor a forge token to the hub).
+FORGE_TOKEN_LABEL = "kvgate.io/forge-token"
 MAX_TOKEN_LENGTH = 512
 
 
@@ -331,7 +334,33 @@ class Kube:
         """
         self._hub_token(namespace, name, key, forbidden_is_input=True)
 
-    def _hub_token(self, namespace: str, name: str, key: str, *, forbidden_is_input: bool) -> str:
+    def read_forge_token(self, namespace: str, name: str, key: str) -> str:
+        """The Git forge token of a pullRequest promotion: the rule of `read_secret_value`
+        with the label `kvgate.io/forge-token: "true"`. A 403 is an InputError naming the
+        field (the operator was not given `get` on Secrets)."""
+        return self._hub_token(
+            namespace,
+            name,
+            key,
+            forbidden_is_input=True,
+            label=FORGE_TOKEN_LABEL,
+            field="spec.promotion.pullRequest.tokenSecretRef",
+            holds="a Git forge token",
+            enable="enable forgeTokenSecrets",
+        )
+
+    def _hub_token(
+        self,
+        namespace: str,
+        name: str,
+        key: str,
+        *,
+        forbidden_is_input: bool,
+        label: str = HUB_TOKEN_LABEL,
+        field: str = "spec.model.tokenSecretRef",
+        holds: str = "a hub token",
+        enable: str = "enable hubTokenSecrets (and list the name in hubTokenSecrets.names)",
+    ) -> str:
         where = f"Secret {namespace}/{name}"
         try:
             obj = self._call(
@@ -343,8 +372,7 @@ class Kube:
         except KubeError as exc:
             if exc.status == 403 and forbidden_is_input:
                 raise InputError(
-                    f"spec.model.tokenSecretRef: the operator may not read {where} (403); "
-                    "enable hubTokenSecrets (and list the name in hubTokenSecrets.names)"
+                    f"{field}: the operator may not read {where} (403); {enable}"
                 ) from None
             if exc.status == 403:
                 raise KubeError(
@@ -354,13 +382,13 @@ class Kube:
                 ) from exc
             raise
         if obj is None:
-            raise InputError(f"{where} (spec.model.tokenSecretRef) does not exist")
+            raise InputError(f"{where} ({field}) does not exist")
         meta = getattr(obj, "metadata", None)
         labels = (meta and meta.labels) or {}
-        if labels.get(HUB_TOKEN_LABEL) != "true":
+        if labels.get(label) != "true":
             raise InputError(
                 f"{where} does not opt in to being read by kvgate: label it "
-                f'{HUB_TOKEN_LABEL}="true" if it holds a hub token'
+                f'{label}="true" if it holds {holds}'
             )
         data = getattr(obj, "data", None) or {}
         raw = data.get(key) if isinstance(data, Mapping) else None

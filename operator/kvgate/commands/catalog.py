@@ -48,7 +48,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     ),
     "wait": (
         "kvgate.commands.wait",
-        "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back, failed or a closed gate (gate mode), 3 still running at --timeout",
+        "wait until a KVCacheRollout ends: exit 0 promoted, not needed or reported, 1 rolled back, failed, declined (pullRequest mode) or a closed gate (gate mode), 3 still running at --timeout",
     ),
     "approve": (
         "kvgate.commands.approve",

@@ -44,14 +44,15 @@ class RolloutView:
         return self.status.ended
 
     def exit_code(self) -> int:
-        """0 promoted, not needed or a reported pass; 1 rolled back, failed or a closed gate (gate
-        mode: any end but a passing verdict is Stalled); 3 not ended."""
+        """0 promoted, not needed or a reported pass; 1 rolled back, failed, declined (the pull
+        request was closed) or a closed gate (gate mode: any end but a passing verdict is
+        Stalled); 3 not ended."""
         stalled = any(c.type == STALLED and c.status == TRUE for c in self.status.conditions)
         if self.finished and stalled:
             return EXIT_GATE_FAILED
         if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
             return EXIT_OK
-        if self.phase in (Phase.ROLLED_BACK, Phase.FAILED):
+        if self.phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED):
             return EXIT_GATE_FAILED
         return EXIT_INCONCLUSIVE
 
@@ -87,6 +88,12 @@ class RolloutView:
             out.append(
                 f"  approve: kvgate approve {self.name} -n {self.namespace}"
                 f"  (annotates kvgate.io/approve={self.status.config_hash}{when})"
+            )
+        pr = self.status.pull_request
+        if pr is not None and pr.number is not None:  # pullRequest mode
+            merged = f" as {pr.merge_sha[:12]}" if pr.merge_sha else ""
+            out.append(
+                f"  pull request #{pr.number} {pr.state or '?'}{merged}: {pr.url or pr.repository}"
             )
         for event in list(events)[-5:]:
             message = " ".join(str(event.get("message") or "").split())[:140]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import kubeobjects, manifests, promotion, redact, verdictkey
+from kvgate import kubeobjects, manifests, promotion, proposing, redact, verdictkey
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KvgateError
@@ -52,6 +52,7 @@ class KubeApi(Protocol):
     ) -> str | None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str: ...
     def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None: ...
+    def read_forge_token(self, namespace: str, name: str, key: str) -> str: ...
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool: ...
@@ -222,6 +223,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         revert_attempts=int(revert.get("attempts") or 0),
         revert_error=revert.get("lastError"),
         remedy_attempts=int((ctx.status.get("remediation") or {}).get("attempt") or 0),
+        pull_request=proposing.recorded(ctx.status),
     )
 
 

@@ -66,6 +66,7 @@ from kvgate.model import (
     VERSION,
     Condition,
     Phase,
+    PromotionMode,
     ended,
 )
 from kvgate.reasons import Reason
@@ -235,13 +236,16 @@ def cleanup(
     retry: int,
     **_: Any,
 ) -> None:
-    """Revert kvgate's change unless Promoted (read back), then delete canaries and Jobs."""
+    """Revert kvgate's change unless Promoted (read back) or in pullRequest mode (kvgate made no
+    change there: Git did), then delete canaries and Jobs."""
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     step = Step(phase, Reason.DELETED, "rollout deleted")
     try:
-        live = live_target(ctx) if phase is not Phase.PROMOTED else None
+        # pullRequest mode: what is on the Deployment came from Git; kvgate never writes it.
+        never = phase is Phase.PROMOTED or ctx.spec.promotion.mode is PromotionMode.PULL_REQUEST
+        live = live_target(ctx) if not never else None
         if live is not None and live.exists and live.ours_present:
             # Fail closed: a change that was not verified is undone before the rollout goes.
             if retry >= ctx.config.error_limit:

@@ -24,7 +24,7 @@ from kvgate import (
     redact,
     remedy,
 )
-from kvgate.controller import sources
+from kvgate.controller import pullrequest, sources
 from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
@@ -91,13 +91,15 @@ def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observed:
         return observe_promoting(ctx)
     if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
         return observe_verifying(ctx)
+    if phase in (Phase.PULL_REQUEST_OPEN, Phase.PULL_REQUEST_MERGED):
+        return pullrequest.observe(ctx, phase, live), NOTHING
     return Observation(), NOTHING
 
 
 def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
     if spec_errors:
         return Observation(spec_errors=spec_errors), NOTHING
-    secret_problem = hub_token_problem(ctx)
+    secret_problem = hub_token_problem(ctx) or pullrequest.token_problem(ctx)
     if secret_problem:  # fail closed before any Pod or Job exists
         return Observation(spec_errors=(secret_problem,)), NOTHING
     spec = ctx.spec

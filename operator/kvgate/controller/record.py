@@ -34,6 +34,7 @@ from kvgate.model import (
     Condition,
     Outcome,
     Phase,
+    PullRequestState,
 )
 from kvgate.reasons import Reason
 from kvgate.status import RolloutStatus
@@ -243,6 +244,18 @@ def fold(
         promo["verify"] = verify
     if promo:
         status["promotion"] = promo
+    if step.pull_request is not None:  # pullRequest mode: the intent, then what the forge said
+        # what this reconcile's action did (the opened PR, read back) is later than the step's
+        # intent, so it wins over it
+        done_pr = (done.changes if done is not None else {}).get("pullRequest") or {}
+        pr = {
+            **(found.get("pullRequest") or {}),
+            **jsonrecord.write(step.pull_request),
+            **done_pr,
+        }
+        if step.pull_request.state == PullRequestState.MERGED.value:
+            pr.setdefault("mergedAt", now)
+        status["pullRequest"] = pr
     if (step.terminal or reported) and not status.get("finishedAt"):
         status["finishedAt"] = now
     return status

@@ -54,8 +54,9 @@ ARMS: Final = manifests.ARMS
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
 _GATE_ORDER: Final = {g: i for i, g in enumerate(gates.GATE_ORDER)}  # the order gates run in
 GOOD_PHASES: Final = frozenset({Phase.PROMOTED.value, Phase.NOT_NEEDED.value})
-BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value})
-WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value})
+BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value, Phase.DECLINED.value})
+# Waiting for a person: an approval (manual mode), a merge (pullRequest mode).
+WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value, Phase.PULL_REQUEST_OPEN.value})
 # A GPU clock outside this is not a reading (a unit slip, a counter, a hostile edit).
 _MAX_MHZ: Final = 100_000.0
 
@@ -516,6 +517,10 @@ def read_production(rollout: Mapping[str, Any]) -> str | None:
         return f"{target} is being changed to {config} ({phase.value})"
     if phase is Phase.AWAITING_APPROVAL:
         return f"{target} unchanged until approved"
+    if phase is Phase.PULL_REQUEST_OPEN:
+        return f"{target} unchanged until the pull request is merged and applied by GitOps"
+    if phase is Phase.PULL_REQUEST_MERGED:
+        return f"{target} changes when the GitOps tool applies the merged pull request"
     return f"{target} unchanged so far (the canary pods run beside it)"
 
 
@@ -621,7 +626,14 @@ def is_finished(status: StatusLike) -> bool:
 
 # Phases a candidate reaches only after a passing verdict.
 _PASSED: Final = frozenset(
-    {Phase.AWAITING_APPROVAL, Phase.PROMOTING, Phase.VERIFYING, Phase.PROMOTED}
+    {
+        Phase.AWAITING_APPROVAL,
+        Phase.PROMOTING,
+        Phase.VERIFYING,
+        Phase.PULL_REQUEST_OPEN,
+        Phase.PULL_REQUEST_MERGED,
+        Phase.PROMOTED,
+    }
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import enum
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -16,6 +15,7 @@ import httpx
 
 from kvgate.errors import ForgeAccessError, ForgeError, KvgateError, SpecError
 from kvgate.gitops import is_kvgate_branch
+from kvgate.model import PullRequestState as PullRequestState  # re-exported
 from kvgate.redact import scrub_text
 
 log = logging.getLogger(__name__)
@@ -26,12 +26,6 @@ _REPO: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$")
 # What an HTTP header value may carry without being refused or mangled: visible ASCII.
 _TOKEN: Final = re.compile(r"^[\x21-\x7e]{8,4096}$")
 _REDACTED: Final = "<redacted>"
-
-
-class PullRequestState(enum.StrEnum):
-    OPEN = "open"
-    MERGED = "merged"
-    CLOSED = "closed"  # closed without merging: declined
 
 
 @dataclass(frozen=True, slots=True)

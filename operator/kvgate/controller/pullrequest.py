@@ -1,0 +1,213 @@
+"""pullRequest promotion's I/O: the forge token, opening the pull request, reading it back, and
+whether the GitOps tool has applied the merged change to the live Deployment.
+
+The token is read from the opted-in Secret for one call and dropped: it is never stored in
+status, an Event or a log line (forge errors never carry it). kvgate writes one file on one
+branch, `kvgate/<rollout>-<configHash>`; opening is idempotent (the forge updates the open pull
+request of that branch), so an operator that dies between opening and recording opens nothing
+twice. The Deployment is only read here, never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final
+
+from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, verdictkey
+from kvgate.adapters.forge import Forge, RestForge, forge_for
+from kvgate.controller.context import (
+    Ctx,
+    StatusUpdate,
+    derive_candidate,
+    iso,
+    live_container,
+    live_key,
+    target_deployment,
+)
+from kvgate.controller.record import post_event
+from kvgate.errors import InputError, KvgateError
+from kvgate.model import GitFileKind, Phase, PullRequestState
+from kvgate.reasons import Reason
+from kvgate.spec import PullRequestSpec
+from kvgate.steps import LiveTarget, Observation, PullRequestSeen, Step
+from kvgate.verdict import GateResult
+
+# The forge client for (provider, apiUrl, token); tests swap in one over an in-memory forge.
+FORGE_FOR: Callable[[str, str, str], RestForge] = forge_for
+_FIELD: Final = "spec.promotion.pullRequest.tokenSecretRef"
+
+
+def _pull_request_spec(ctx: Ctx) -> PullRequestSpec:
+    pr = ctx.spec.promotion.pull_request
+    if pr is None:
+        raise KvgateError("spec.promotion.pullRequest: missing in pullRequest mode")
+    return pr
+
+
+def token_problem(ctx: Ctx) -> str | None:
+    """Why this rollout's forge token cannot be used (None: it can, or no pullRequest mode).
+
+    Checked in Pending, before any Pod or Job exists: the operator's opt-in
+    (KVGATE_FORGE_TOKEN_SECRETS) and the Secret's (label kvgate.io/forge-token=true)."""
+    pr = ctx.spec.promotion.pull_request
+    if pr is None:
+        return None
+    secret = pr.token_secret
+    if not ctx.config.forge_token_secrets:
+        return (
+            f"{_FIELD}: this operator does not use forge-token Secrets (the chart value "
+            f"forgeTokenSecrets.enabled is off); ask its admin to enable them, and label Secret "
+            f"{secret.name} kvgate.io/forge-token=true"
+        )
+    try:
+        ctx.kube.read_forge_token(ctx.namespace, secret.name, secret.key)
+    except InputError as exc:
+        text = str(exc)
+        return text if text.startswith(_FIELD) else f"{_FIELD}: {text}"
+    return None
+
+
+@contextlib.contextmanager
+def _forge(ctx: Ctx) -> Iterator[Forge]:
+    pr = _pull_request_spec(ctx)
+    if not ctx.config.forge_token_secrets:
+        raise InputError(f"{_FIELD}: this operator does not use forge-token Secrets")
+    token = ctx.kube.read_forge_token(ctx.namespace, pr.token_secret.name, pr.token_secret.key)
+    forge = FORGE_FOR(pr.provider.value, pr.api_url, token)
+    del token
+    try:
+        yield forge
+    finally:
+        forge.close()
+
+
+def proposed_file(ctx: Ctx, pr: PullRequestSpec, key: str) -> str:
+    """The file kvgate owns, rendered from the live (evaluated) container and the spec."""
+    found = live_container(ctx, target_deployment(ctx))
+    if found is None:
+        raise KvgateError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    _, live = found
+    candidate = manifests.container_config(derive_candidate(ctx, live))
+    previous = manifests.container_config(live)
+    if pr.kind is GitFileKind.HELM_VALUES:
+        return gitops.render_helm_values(
+            values_key=pr.values_key or "",
+            previous=previous,
+            candidate=candidate,
+            verdict_key=key,
+        )
+    return gitops.render_kustomize_patch(
+        deployment=ctx.spec.target.name,
+        container=str(ctx.status.get("container") or live.get("name") or ""),
+        previous=previous,
+        candidate=candidate,
+        verdict_key=key,
+    )
+
+
+def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
+    """Open (or update) the pull request the recorded intent names; record what the forge says.
+
+    The branch is a function of the rollout and the configuration hash, so a second call (an
+    operator that died before recording) updates the same pull request instead of opening one.
+    """
+    pr = _pull_request_spec(ctx)
+    config_hash = str(ctx.status.get("configHash") or "")
+    key = verdictkey.recorded(ctx.status)
+    if key is None:
+        raise KvgateError("no verdict key recorded with the verdict; not proposing")
+    branch = gitops.branch_name(ctx.name, config_hash)
+    files = {pr.path: proposed_file(ctx, pr, key.digest)}
+    gates = {
+        name: GateResult.from_dict(name, raw)
+        for name, raw in (ctx.status.get("gates") or {}).items()
+        if isinstance(raw, Mapping)
+    }
+    title, body = proposing.proposal_text(
+        rollout=ctx.name,
+        namespace=ctx.namespace,
+        target=ctx.spec.target.name,
+        verdict=str((ctx.status.get("verdict") or {}).get("message") or ""),
+        gates=tuple(gates.values()),
+        key=key.digest,
+        config_hash=config_hash,
+        args=tuple(ctx.status.get("recommendedArgs") or ()),
+    )
+    with _forge(ctx) as forge:
+        opened = forge.open_or_update_pull_request(
+            pr.repository, pr.base_branch, branch, files, title, body
+        )
+    recorded = proposing.recorded(ctx.status)
+    record = proposing.opened(
+        recorded or proposing.intent(ctx.spec, config_hash),
+        branch=branch,
+        number=opened.number,
+        url=opened.url,
+        now=iso(ctx.now),
+    )
+    what = "opened" if opened.created else "updated" if opened.committed else "found"
+    post_event(
+        ctx,
+        Reason.PULL_REQUEST_OPEN,
+        f"{what} pull request #{opened.number} on {pr.repository} ({opened.url}) from {branch}",
+    )
+    return StatusUpdate.of(pullRequest=jsonrecord.write(record))
+
+
+def observe(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
+    """PullRequestOpen: the recorded pull request's state. PullRequestMerged: is it applied?"""
+    recorded = proposing.recorded(ctx.status)
+    if phase is Phase.PULL_REQUEST_OPEN:
+        if recorded is None or recorded.number is None or recorded.repository is None:
+            return Observation()
+        with _forge(ctx) as forge:
+            seen = forge.pull_request_state(recorded.repository, recorded.number)
+        return Observation(
+            pull_request=PullRequestSeen(
+                number=seen.number,
+                url=seen.url,
+                state=PullRequestState(seen.state),
+                merge_sha=seen.merge_sha,
+            )
+        )
+    gap = apply_gap(ctx, live)
+    return Observation(applied=gap is None, apply_gap=gap or "")
+
+
+def apply_gap(ctx: Ctx, live: LiveTarget | None) -> str | None:
+    """What the live Deployment lacks of the tested change (None: it carries all of it).
+
+    The tested args/env in the container, the verdict annotation on the pod template, the
+    rollout of that template finished, and its pods on the image digest the verdict tested."""
+    name = ctx.spec.target.name
+    if live is None or not live.exists:
+        return f"Deployment {name} is gone"
+    if not live.container_found:
+        return f"Deployment {name} has no container {ctx.status.get('container')}"
+    if not live.carries_candidate:
+        return f"Deployment {name}'s container does not carry the tested args/env yet"
+    dep = target_deployment(ctx) or {}
+    template = (dep.get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    key = verdictkey.recorded(ctx.status)
+    have = annotations.get(gitops.ANNOTATION_VERDICT)
+    if key is not None and have != key.digest:
+        return (
+            f"the pod template's {gitops.ANNOTATION_VERDICT} annotation is "
+            f"{have or 'absent'}, not {key.digest}"
+        )
+    generation = int((dep.get("metadata") or {}).get("generation") or 0)
+    if not kubeobjects.rolled_out(dep, generation):
+        return f"Deployment {name} has not finished rolling out generation {generation}"
+    running = live_key(ctx)
+    if key is not None and key.image_digest and not running.image_digests:
+        return "no pod running the tested template reports its image digest yet"
+    if key is not None:
+        changed = verdictkey.stale_fields(key, running)
+        if changed:
+            return (
+                "the pods run another engine than the verdict tested "
+                f"({verdictkey.describe(changed, key, running)})"
+            )
+    return None

@@ -1,0 +1,171 @@
+"""pullRequest mode end to end: the local control plane, `kvgate run`, and a real Gitea on
+127.0.0.1 holding the GitOps repository (a kustomize base with the simulator Deployment).
+
+The test plays the GitOps tool: it applies the repository with `kubectl kustomize` + `kubectl
+apply --server-side` under its own field manager, before the rollout and again after merging
+kvgate's pull request through the API. The rollout must reach Promoted, and the Deployment's
+managedFields must show that no one but that field manager (and the Deployment controller's
+status) ever wrote it: kvgate never patched the pod template.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import (
+    FAST_GATES,
+    Operator,
+    get,
+    install_crd,
+    rollout,
+    sim_deployment,
+    wait_deployment_ready,
+    wait_for,
+    wait_phase,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from forge import LoopbackGitea, gitea_binary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.forge]
+
+PATCH = "apps/sim/kvgate-fp8.patch.yaml"
+GITOPS = "gitops-tool"  # the field manager the test applies Git's manifests with
+
+
+@pytest.fixture
+def gitea(tmp_path: Path) -> Iterator[LoopbackGitea]:
+    if gitea_binary() is None:
+        pytest.skip("no Gitea binary: run `hack/build-binaries.sh --forge`")
+    with LoopbackGitea.start(tmp_path / "gitea") as forge:
+        yield forge
+
+
+def _render_and_apply(cluster: Any, namespace: str, files: dict[str, str], work: Path) -> None:
+    """What Argo CD or Flux does with a commit: render the kustomization, apply it server-side."""
+    for path, text in files.items():
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
+        (work / path).write_text(text)
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(work / "apps/sim")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    cluster.kubectl(
+        "apply", "--server-side", f"--field-manager={GITOPS}", "--force-conflicts",
+        "-n", namespace, "-f", "-", input=rendered,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_a_pull_request_rollout_is_promoted_only_through_git(
+    cluster: Any, namespace: str, gitea: LoopbackGitea, tmp_path: Path
+) -> None:
+    install_crd(cluster)
+    deployment = sim_deployment(
+        "sim", env={"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400"}
+    )
+    base = {
+        "apps/sim/deployment.yaml": yaml.safe_dump(deployment),
+        "apps/sim/kustomization.yaml": yaml.safe_dump({"resources": ["deployment.yaml"]}),
+    }
+    repo = gitea.create_repo("deploy", files=base)
+    _render_and_apply(cluster, namespace, base, tmp_path / "v1")
+    wait_deployment_ready(cluster, namespace, "sim")
+
+    token = gitea.admin_token
+    cluster.kubectl(
+        "create", "secret", "generic", "forge-token", "-n", namespace,
+        f"--from-literal=token={token}",
+    )  # fmt: skip
+    cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
+                    "kvgate.io/forge-token=true")  # fmt: skip
+    operator = Operator(
+        cluster,
+        tmp_path / "operator.log",
+        namespaces=[namespace],
+        extra_env={"KVGATE_FORGE_TOKEN_SECRETS": "1", "NO_PROXY": "127.0.0.1,localhost",
+                   "no_proxy": "127.0.0.1,localhost"},
+    ).start()  # fmt: skip
+    try:
+        spec = {
+            "extraArgs": ["--attention-backend", "TRITON_ATTN"],
+            "gates": FAST_GATES,
+            "promotion": {
+                "mode": "pullRequest",
+                "pullRequest": {
+                    "provider": "gitea",
+                    "apiUrl": gitea.api_url,
+                    "repository": repo,
+                    "path": PATCH,
+                    "tokenSecretRef": {"name": "forge-token"},
+                    "applyDeadline": "5m",
+                },
+            },
+        }
+        body = rollout("sim-fp8", "sim", **spec)
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+        obj = wait_phase(cluster, namespace, "sim-fp8", {"PullRequestOpen", "RolledBack",
+                         "Failed", "NotNeeded"}, 600)  # fmt: skip
+        assert obj["status"]["phase"] == "PullRequestOpen", obj["status"].get("message")
+
+        def recorded() -> dict[str, Any] | None:
+            status = (get(cluster, namespace, "kvr", "sim-fp8") or {}).get("status") or {}
+            pr = status.get("pullRequest") or {}
+            return status if pr.get("number") else None
+
+        status = wait_for(recorded, 120, "the pull request recorded")
+        number = int(status["pullRequest"]["number"])
+        key = status["verdict"]["key"]["digest"]
+        branch = status["pullRequest"]["branch"]
+        patch = yaml.safe_load(gitea.file(repo, branch, PATCH))
+        entry = patch["spec"]["template"]["spec"]["containers"][0]
+        assert "--kv-cache-dtype" in entry["args"] and "TRITON_ATTN" in entry["args"]
+        assert patch["spec"]["template"]["metadata"]["annotations"] == {"kvgate.io/verdict": key}
+        # nothing changed in the cluster yet
+        live = get(cluster, namespace, "deployment", "sim") or {}
+        assert "--kv-cache-dtype" not in live["spec"]["template"]["spec"]["containers"][0]["args"]
+
+        # a person merges; the GitOps tool applies the merge commit
+        gitea.merge(repo, number)
+        obj = wait_phase(cluster, namespace, "sim-fp8", {"PullRequestMerged"}, 120)
+        merge_sha = obj["status"]["pullRequest"]["mergeSha"]
+        assert merge_sha == gitea.branch_head(repo, "main")
+        kustomization = {
+            "resources": ["deployment.yaml"],
+            "patches": [{"path": "kvgate-fp8.patch.yaml"}],
+        }
+        gitea.commit(repo, "main", {"apps/sim/kustomization.yaml": yaml.safe_dump(kustomization)},
+                     "reference kvgate's patch")  # fmt: skip
+        head = gitea.branch_head(repo, "main")
+        files = {p: gitea.file(repo, head, p) for p in (*base, PATCH)}
+        _render_and_apply(cluster, namespace, files, tmp_path / "v2")
+
+        obj = wait_phase(cluster, namespace, "sim-fp8", {"Promoted", "Failed"}, 300)
+        assert obj["status"]["phase"] == "Promoted", obj["status"].get("message")
+
+        shown = cluster.kubectl(
+            "get", "deployment", "sim", "-n", namespace, "-o", "json", "--show-managed-fields"
+        )  # fmt: skip
+        dep = json.loads(shown.stdout)
+        template_writers = {
+            m["manager"]
+            for m in dep["metadata"]["managedFields"]
+            if m.get("subresource") != "status" and "f:template" in json.dumps(m.get("fieldsV1"))
+        }
+        assert template_writers == {GITOPS}, template_writers
+        log = operator.log()
+        assert token not in log
+        assert token not in json.dumps(get(cluster, namespace, "kvr", "sim-fp8"))
+    finally:
+        operator.stop()

@@ -1,0 +1,310 @@
+"""promotion.mode pullRequest, the controller against the in-memory cluster and an in-memory
+GitHub: the PR carries the tested change, "GitOps" (this test) applies the merged patch, and
+kvgate never writes the Deployment; closed is Declined, merged but never applied Stalls, the
+token is never shown, and a crash between opening and recording reuses the PR."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import kopf
+import pytest
+import yaml
+from test_controller import LOG, World
+from test_forge_providers import API, REPO, FakeForge
+
+from kvgate import proposing
+from kvgate.adapters.forge import RestForge, forge_for
+from kvgate.config import OperatorConfig
+from kvgate.controller import handlers, pullrequest
+
+TOKEN = "ghp_" + "Z9y8X7w6" * 5
+PATH = "apps/vllm/kvgate-fp8.patch.yaml"
+PROMOTION: dict[str, Any] = {
+    "mode": "pullRequest",
+    "pullRequest": {
+        "provider": "github",
+        "apiUrl": API["github"],
+        "repository": REPO,
+        "path": PATH,
+        "tokenSecretRef": {"name": "forge-token"},
+        "applyDeadline": "120s",
+    },
+}
+END = {"Promoted", "RolledBack", "NotNeeded", "Failed", "Declined"}
+
+
+class PullRequestWorld(World):
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, enabled: bool = True) -> None:
+        super().__init__(monkeypatch, promotion=copy.deepcopy(PROMOTION))
+        self.memo.config = OperatorConfig(
+            poll_interval_s=1, hub_offline=True, forge_token_secrets=enabled
+        )
+        self.forge = FakeForge("github")
+        self.tokens: list[str] = []
+        self.deployment_patches: list[Any] = []
+        self.kube.add_secret("forge-token", TOKEN, labels={"kvgate.io/forge-token": "true"})
+
+        def client(provider: str, api_url: str, token: str) -> RestForge:
+            self.tokens.append(token)
+            transport = httpx.MockTransport(self.forge)
+            return forge_for(provider, api_url, token, client=httpx.Client(transport=transport))
+
+        monkeypatch.setattr(pullrequest, "FORGE_FOR", client)
+        real_patch = self.kube.patch_deployment
+
+        def patch(namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+            self.deployment_patches.append(ops)
+            return real_patch(namespace, name, ops)
+
+        self.kube.patch_deployment = patch  # type: ignore[method-assign]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.obj.get("status") or {})
+
+    def until(self, done: Callable[[PullRequestWorld], bool], steps: int = 200) -> None:
+        for _ in range(steps):
+            if done(self):
+                return
+            delay = self.reconcile()
+            self.now += dt.timedelta(seconds=min(delay, 30))
+        raise AssertionError(f"not reached after {steps} reconciles: {self.status}")
+
+    def patch_file(self) -> dict[str, Any]:
+        branch = self.forge.pulls[0]["head"]
+        text = self.forge.files[(branch, PATH)].decode()
+        assert text.startswith("# Written by kvgate")
+        loaded = yaml.safe_load(text)
+        assert isinstance(loaded, dict)
+        return loaded
+
+    def gitops_applies(self) -> None:
+        """What Argo CD or Flux does with the merged commit: the strategic-merge patch onto the
+        Deployment from Git (args replaced whole, env merged by name, the annotation added)."""
+        patch = self.patch_file()
+        template = patch["spec"]["template"]
+        entry = template["spec"]["containers"][0]
+        dep = self.kube.objects[("Deployment", "vllm")]
+        meta = dep["spec"]["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {}).update(template["metadata"]["annotations"])
+        env = {e["name"]: e for e in self.kube.container().get("env") or []}
+        for e in entry.get("env") or []:
+            env[e["name"]] = {k: v for k, v in e.items() if v is not None}
+        self.kube.edit_container("vllm", args=entry["args"], env=list(env.values()))
+
+    def text_shown(self, caplog: pytest.LogCaptureFixture) -> str:
+        return json.dumps([self.status, self.events]) + caplog.text
+
+
+def opened(w: PullRequestWorld) -> bool:
+    return w.phase == "PullRequestOpen" and bool((w.status.get("pullRequest") or {}).get("number"))
+
+
+def test_pass_opens_a_pr_with_the_tested_change_and_gitops_promotes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    assert w.phases[:4] == ["Preflight", "Canary", "Evaluating", "PullRequestOpen"]
+    status = w.status
+    key = status["verdict"]["key"]["digest"]
+    record = status["pullRequest"]
+    assert record["number"] == 1 and record["state"] == "open"
+    assert record["branch"] == f"kvgate/r-{status['configHash']}"
+    assert (record["provider"], record["repository"]) == ("github", REPO)
+    assert len(w.forge.pulls) == 1 and w.forge.pulls[0]["base"] == "main"
+    assert key in w.forge.pulls[0]["body"] and "| accuracy |" in w.forge.pulls[0]["body"]
+    # the file: the full tested args, the changed env, the verdict annotation
+    patch = w.patch_file()
+    assert patch["metadata"]["name"] == "vllm"
+    entry = patch["spec"]["template"]["spec"]["containers"][0]
+    wanted = w.candidate()
+    assert entry["name"] == "engine" and entry["args"] == wanted["args"]
+    assert patch["spec"]["template"]["metadata"]["annotations"] == {"kvgate.io/verdict": key}
+    assert w.config_now() == {k: w.original[k] for k in w.config_now()}  # not touched
+
+    # waits for the merge
+    for _ in range(3):
+        w.reconcile()
+        w.now += dt.timedelta(seconds=30)
+    assert w.phase == "PullRequestOpen" and len(w.forge.pulls) == 1
+
+    w.forge.pulls[0].update(state="merged", merge_sha="f" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    assert w.status["pullRequest"]["mergeSha"] == "f" * 40
+    assert w.status["pullRequest"]["state"] == "merged"
+    w.reconcile()
+    assert w.phase == "PullRequestMerged" and w.status["reason"] == "WaitingForGitOps"
+    assert "does not carry the tested args/env" in w.status["message"]
+
+    w.gitops_applies()
+    w.until(lambda w: w.phase in END)
+    assert w.phase == "Promoted"
+    w.assert_invariant()  # the Deployment runs the candidate
+    assert w.deployment_patches == []  # and kvgate never wrote it
+    ready = {c["type"]: c["status"] for c in w.status["conditions"]}
+    assert ready["Ready"] == "True" and ready["Stalled"] == "False"
+    assert "PullRequestMerged" in w.reasons() and "Promoted" in w.reasons()
+
+
+def test_the_annotation_alone_missing_keeps_it_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    entry = w.patch_file()["spec"]["template"]["spec"]["containers"][0]
+    w.forge.pulls[0].update(state="merged", merge_sha="a" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    w.kube.edit_container("vllm", args=entry["args"])  # args applied, annotation not
+    w.reconcile()
+    assert w.phase == "PullRequestMerged"
+    assert "kvgate.io/verdict annotation is absent" in w.status["message"]
+
+
+def test_closed_unmerged_is_declined_and_the_deployment_untouched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="closed")
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("Declined", "Declined")
+    w.assert_invariant()
+    assert w.deployment_patches == []
+    conditions = {c["type"]: c for c in w.status["conditions"]}
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Reconciling"]["status"] == "False"
+    assert w.status["pullRequest"]["state"] == "closed"
+    assert "Declined" in w.reasons()
+
+
+def test_merged_but_never_applied_stalls_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="merged", merge_sha="b" * 40)
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("Failed", "NotApplied")
+    stalled = next(c for c in w.status["conditions"] if c["type"] == "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("True", "NotApplied")
+    assert "not applied within 120s" in stalled["message"]
+    assert "does not carry the tested args/env" in stalled["message"]
+    w.assert_invariant()
+    assert w.deployment_patches == []
+
+
+def test_a_failing_verdict_opens_no_pull_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.kube.canary_crash_log = "Traceback (most recent call last):\nRuntimeError: boom\n"
+    w.until(lambda w: w.phase in END)
+    assert w.phase == "RolledBack"
+    assert w.forge.pulls == [] and w.forge.requests == [] and w.tokens == []
+    assert w.deployment_patches == []
+
+
+def test_a_token_without_access_is_one_clear_error_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    w = PullRequestWorld(monkeypatch)
+    w.forge.push = False  # read-only token: GitHub answers 403 to the first write
+    w.until(lambda w: w.status.get("consecutiveErrors", 0) >= 1 or w.phase in END)
+    message = w.status["message"]
+    assert message.startswith("retrying after:")
+    assert "may read but not push" in message and REPO in message and "\n" not in message
+    assert "Traceback" not in message
+    assert w.tokens and TOKEN not in w.text_shown(caplog)
+    assert w.forge.pulls == [] and w.deployment_patches == []
+
+
+def test_a_refused_token_never_reaches_status_events_or_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    w = PullRequestWorld(monkeypatch)
+    w.forge.refuse = 401  # the fake echoes the Authorization header back in its error body
+    w.until(lambda w: w.status.get("consecutiveErrors", 0) >= 2 or w.phase in END)
+    assert "token was refused (HTTP 401" in w.status["message"]
+    assert TOKEN not in w.text_shown(caplog)
+
+
+def test_a_secret_without_the_opt_in_label_fails_before_anything_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.kube.add_secret("forge-token", TOKEN)  # no kvgate.io/forge-token label
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("Failed", "InvalidSpec")
+    assert w.status["message"].startswith("spec.promotion.pullRequest.tokenSecretRef: ")
+    assert "kvgate.io/forge-token" in w.status["message"]
+    canaries = [p for p in w.kube.of_kind("Pod") if "kvgate.io/rollout" in p["metadata"]["labels"]]
+    assert canaries == [] and w.tokens == []
+
+
+def test_an_operator_without_forge_secrets_refuses_the_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch, enabled=False)
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("Failed", "InvalidSpec")
+    assert "forgeTokenSecrets.enabled is off" in w.status["message"]
+
+
+def test_a_crash_between_opening_and_recording_reuses_the_same_pr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    real = proposing.opened
+    crashes: list[int] = []
+
+    def crash_once(*args: Any, **kwargs: Any) -> Any:
+        if not crashes:
+            crashes.append(1)
+            raise fake_crash()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(proposing, "opened", crash_once)
+    w.until(opened)
+    assert crashes and w.crashes == 1
+    assert len(w.forge.pulls) == 1 and w.forge.commits == 1  # updated nothing, opened one
+    assert w.status["pullRequest"]["number"] == 1
+    assert w.status["pullRequest"]["openedAt"]
+    assert w.deployment_patches == []
+
+
+def fake_crash() -> BaseException:
+    from fake_cluster import Crash
+
+    return Crash()
+
+
+def test_deleting_the_rollout_after_gitops_applied_it_reverts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="merged", merge_sha="c" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    w.gitops_applies()
+    applied = w.config_now()
+    assert "--kv-cache-dtype" in applied["args"]
+    body = kopf.Body(copy.deepcopy(w.obj))
+    handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
+    assert w.config_now() == applied and w.deployment_patches == []
+
+
+def test_applied_on_another_image_digest_is_not_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.pulls[0].update(state="merged", merge_sha="d" * 40)
+    w.until(lambda w: w.phase == "PullRequestMerged")
+    w.kube.registry_epoch += 1  # the tag now names other content: the new pods pull it
+    w.gitops_applies()
+    w.reconcile()
+    assert w.phase == "PullRequestMerged"
+    assert "another engine than the verdict tested" in w.status["message"]
+    assert "image digest" in w.status["message"]
