@@ -89,6 +89,9 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
     )  # fmt: skip
     cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
                     "kvgate.io/forge-token=true")  # fmt: skip
+    cluster.kubectl("annotate", "secret", "forge-token", "-n", namespace,
+                    f"kvgate.io/forge-api-url={gitea.api_url}",
+                    f"kvgate.io/forge-repository={repo}")  # fmt: skip
     operator = Operator(
         cluster,
         tmp_path / "operator.log",

@@ -268,13 +268,19 @@ class FakeKube:
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         return None
 
-    def add_secret(self, name: str, value: str, labels: dict[str, str] | None = None) -> None:
+    def add_secret(
+        self,
+        name: str,
+        value: str,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         import base64
 
         from kubernetes import client as k8s
 
         data = {"token": base64.b64encode(value.encode()).decode()}
-        meta = k8s.V1ObjectMeta(name=name, namespace="ns", labels=labels)
+        meta = k8s.V1ObjectMeta(name=name, namespace="ns", labels=labels, annotations=annotations)
         self.secrets[name] = k8s.V1Secret(metadata=meta, data=data)
 
     def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
@@ -297,7 +303,9 @@ class FakeKube:
         real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
         real.check_hub_token_secret(namespace, name, key)
 
-    def read_forge_token(self, namespace: str, name: str, key: str) -> str:
+    def read_forge_token(
+        self, namespace: str, name: str, key: str, *, api_url: str, repository: str
+    ) -> str:
         """The real `Kube.read_forge_token`, over this cluster's Secrets."""
         from types import SimpleNamespace
 
@@ -315,7 +323,7 @@ class FakeKube:
 
         real = Kube(k8s.ApiClient())
         real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
-        return real.read_forge_token(namespace, name, key)
+        return real.read_forge_token(namespace, name, key, api_url=api_url, repository=repository)
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.requests += 1

@@ -38,6 +38,8 @@ PROMOTION: dict[str, Any] = {
     },
 }
 END = {"Promoted", "RolledBack", "NotNeeded", "Failed", "Declined"}
+# The forge and repository the token's Secret is for (a token goes only there).
+PINNED = {"kvgate.io/forge-api-url": API["github"], "kvgate.io/forge-repository": REPO}
 
 
 class PullRequestWorld(World):
@@ -49,7 +51,9 @@ class PullRequestWorld(World):
         self.forge = FakeForge("github")
         self.tokens: list[str] = []
         self.deployment_patches: list[Any] = []
-        self.kube.add_secret("forge-token", TOKEN, labels={"kvgate.io/forge-token": "true"})
+        self.kube.add_secret(
+            "forge-token", TOKEN, labels={"kvgate.io/forge-token": "true"}, annotations=PINNED
+        )
 
         def client(provider: str, api_url: str, token: str) -> RestForge:
             self.tokens.append(token)
@@ -243,6 +247,45 @@ def test_a_secret_without_the_opt_in_label_fails_before_anything_exists(
     assert "kvgate.io/forge-token" in w.status["message"]
     canaries = [p for p in w.kube.of_kind("Pod") if "kvgate.io/rollout" in p["metadata"]["labels"]]
     assert canaries == [] and w.tokens == []
+
+
+@pytest.mark.parametrize(
+    ("annotations", "field"),
+    [
+        (None, "apiUrl"),  # a labelled Secret that names no forge
+        ({**PINNED, "kvgate.io/forge-api-url": "https://forge.attacker.example/api/v3"}, "apiUrl"),
+        ({**PINNED, "kvgate.io/forge-repository": "acme/other"}, "repository"),
+        ({"kvgate.io/forge-api-url": API["github"]}, "repository"),
+    ],
+)
+def test_a_token_goes_only_to_the_forge_and_repository_its_secret_names(
+    monkeypatch: pytest.MonkeyPatch, annotations: dict[str, str] | None, field: str
+) -> None:
+    # A rollout author who may not read the Secret must not be able to send its token to a
+    # server of theirs (apiUrl) or use it on another repository: the Secret says where it goes.
+    w = PullRequestWorld(monkeypatch)
+    labels = {"kvgate.io/forge-token": "true"}
+    w.kube.add_secret("forge-token", TOKEN, labels=labels, annotations=annotations)
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("Failed", "InvalidSpec")
+    message = w.status["message"]
+    assert message.startswith("spec.promotion.pullRequest.tokenSecretRef: ")
+    assert f"spec.promotion.pullRequest.{field}" in message
+    canaries = [p for p in w.kube.of_kind("Pod") if "kvgate.io/rollout" in p["metadata"]["labels"]]
+    assert canaries == [] and w.tokens == [] and w.forge.requests == []
+    assert TOKEN not in json.dumps(w.status)
+
+
+def test_a_trailing_slash_of_the_api_url_is_the_same_forge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    pinned = {**PINNED, "kvgate.io/forge-api-url": API["github"] + "/"}
+    w.kube.add_secret(
+        "forge-token", TOKEN, labels={"kvgate.io/forge-token": "true"}, annotations=pinned
+    )
+    w.until(lambda w: w.phase in END or w.phase == "PullRequestOpen")
+    assert w.phase == "PullRequestOpen", w.status.get("message")
 
 
 def test_an_operator_without_forge_secrets_refuses_the_mode(

@@ -27,6 +27,10 @@ HUB_TOKEN_LABEL = "kvgate.io/hub-token"  # a Secret kvgate may read must carry i
 # The same opt-in for the Git forge token of a pullRequest promotion (another label, so a
 # hub-token Secret is never sent to a forge, nor a forge token to the hub).
 FORGE_TOKEN_LABEL = "kvgate.io/forge-token"
+# Where a forge token may be sent: its Secret names the forge's API URL and the one repository,
+# so a rollout author cannot point `apiUrl` at a server of theirs and receive the token.
+FORGE_API_URL_ANNOTATION = "kvgate.io/forge-api-url"
+FORGE_REPOSITORY_ANNOTATION = "kvgate.io/forge-repository"
 MAX_TOKEN_LENGTH = 512
 
 
@@ -334,10 +338,14 @@ class Kube:
         """
         self._hub_token(namespace, name, key, forbidden_is_input=True)
 
-    def read_forge_token(self, namespace: str, name: str, key: str) -> str:
+    def read_forge_token(
+        self, namespace: str, name: str, key: str, *, api_url: str, repository: str
+    ) -> str:
         """The Git forge token of a pullRequest promotion: the rule of `read_secret_value`
-        with the label `kvgate.io/forge-token: "true"`. A 403 is an InputError naming the
-        field (the operator was not given `get` on Secrets)."""
+        with the label `kvgate.io/forge-token: "true"`, and the Secret's annotations
+        `kvgate.io/forge-api-url` and `kvgate.io/forge-repository` must name `api_url` and
+        `repository` (the token goes only where its Secret says). A 403 is an InputError naming
+        the field (the operator was not given `get` on Secrets)."""
         return self._hub_token(
             namespace,
             name,
@@ -347,6 +355,10 @@ class Kube:
             field="spec.promotion.pullRequest.tokenSecretRef",
             holds="a Git forge token",
             enable="enable forgeTokenSecrets",
+            pinned={
+                FORGE_API_URL_ANNOTATION: (api_url, "spec.promotion.pullRequest.apiUrl"),
+                FORGE_REPOSITORY_ANNOTATION: (repository, "spec.promotion.pullRequest.repository"),
+            },
         )
 
     def _hub_token(
@@ -360,6 +372,7 @@ class Kube:
         field: str = "spec.model.tokenSecretRef",
         holds: str = "a hub token",
         enable: str = "enable hubTokenSecrets (and list the name in hubTokenSecrets.names)",
+        pinned: Mapping[str, tuple[str, str]] | None = None,
     ) -> str:
         where = f"Secret {namespace}/{name}"
         try:
@@ -390,6 +403,15 @@ class Kube:
                 f"{where} does not opt in to being read by kvgate: label it "
                 f'{label}="true" if it holds {holds}'
             )
+        annotations = (meta and meta.annotations) or {}
+        for annotation, (wanted, spec_field) in (pinned or {}).items():
+            have = annotations.get(annotation)
+            if not isinstance(have, str) or have.rstrip("/") != wanted.rstrip("/"):
+                raise InputError(
+                    f"{where} is not for {spec_field} {wanted!r}: its annotation {annotation} "
+                    f"is {'absent' if have is None else repr(str(have)[:200])}; annotate the "
+                    f"Secret with the forge it holds a token for (a token goes only there)"
+                )
         data = getattr(obj, "data", None) or {}
         raw = data.get(key) if isinstance(data, Mapping) else None
         if not raw:

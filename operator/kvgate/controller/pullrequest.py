@@ -61,7 +61,13 @@ def token_problem(ctx: Ctx) -> str | None:
             f"{secret.name} kvgate.io/forge-token=true"
         )
     try:
-        ctx.kube.read_forge_token(ctx.namespace, secret.name, secret.key)
+        ctx.kube.read_forge_token(
+            ctx.namespace,
+            secret.name,
+            secret.key,
+            api_url=pr.api_url,
+            repository=pr.repository,
+        )
     except InputError as exc:
         text = str(exc)
         return text if text.startswith(_FIELD) else f"{_FIELD}: {text}"
@@ -73,7 +79,13 @@ def _forge(ctx: Ctx) -> Iterator[Forge]:
     pr = _pull_request_spec(ctx)
     if not ctx.config.forge_token_secrets:
         raise InputError(f"{_FIELD}: this operator does not use forge-token Secrets")
-    token = ctx.kube.read_forge_token(ctx.namespace, pr.token_secret.name, pr.token_secret.key)
+    token = ctx.kube.read_forge_token(
+        ctx.namespace,
+        pr.token_secret.name,
+        pr.token_secret.key,
+        api_url=pr.api_url,
+        repository=pr.repository,
+    )
     forge = FORGE_FOR(pr.provider.value, pr.api_url, token)
     del token
     try:
