@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from kvgate import policy
 from kvgate.errors import SpecError
-from kvgate.spec import parse_duration
+from kvgate.specreader import parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
 # The eval Job's bounds when the chart sets none (the chart's evalResources defaults agree).

@@ -9,10 +9,9 @@ against hand-written objects (tests, `kvgate preflight`), so nothing is assumed.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from kvgate import policy
 from kvgate.errors import SpecError
@@ -25,6 +24,7 @@ from kvgate.model import (
     PromotionMode,
     Remediation,
 )
+from kvgate.specreader import SpecReader
 
 ACCURACY_TASKS: Final = ("gsm8k", "gsm8k_cot")
 LONG_CONTEXT_TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
@@ -33,25 +33,8 @@ MAX_CONTEXT_LENGTH: Final = 2**24
 GSM8K_TEST_SIZE: Final = 1319
 
 
-_DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ENV_NAME_RE: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _COMMIT: Final = re.compile(r"[0-9a-f]{40}")
-
-
-def parse_duration(text: str) -> float:
-    """`"1h30m"`, `"90s"`, `"250ms"` -> seconds; raises ValueError on anything else."""
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
-    pos, total = 0, 0.0
-    for match in _DURATION_RE.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text):
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
-    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +253,7 @@ class RolloutSpec:
         `kvgate.policy`; the operator passes its configured `OperatorConfig.allowlist`).
         """
         allow = policy.BUILTIN if allow is None else allow
-        r = _Reader(spec, "spec")
+        r = SpecReader(spec, "spec")
         target = r.section("targetRef", required=True)
         target_ref = TargetRef(
             name=target.string("name", required=True) or "",
@@ -419,7 +402,7 @@ class RolloutSpec:
         )
 
 
-def _pull_request(p: _Reader) -> PullRequestSpec | None:
+def _pull_request(p: SpecReader) -> PullRequestSpec | None:
     """spec.promotion.pullRequest: required by mode pullRequest, refused by the others."""
     mode = p.raw("mode")
     pr = p.section("pullRequest")
@@ -478,7 +461,7 @@ def _pull_request(p: _Reader) -> PullRequestSpec | None:
     )
 
 
-def _long_context(lc: _Reader) -> LongContextTask | None:
+def _long_context(lc: SpecReader) -> LongContextTask | None:
     """spec.gates.accuracy.longContext: absent means GSM8K only."""
     if not lc.present:
         return None
@@ -531,7 +514,7 @@ def is_local_path(name: str) -> bool:
 
 
 def _env_vars(
-    r: _Reader, engine: str | None = None, allow: policy.Allowlist = policy.BUILTIN
+    r: SpecReader, engine: str | None = None, allow: policy.Allowlist = policy.BUILTIN
 ) -> list[EnvVar]:
     """spec.extraEnv: valid names on the allowlist, literal printable values."""
     out: list[EnvVar] = []
@@ -565,153 +548,6 @@ def _env_vars(
             continue
         out.append(EnvVar(name, value))
     return out
-
-
-_E = TypeVar("_E", bound=StrEnum)
-_T = TypeVar("_T")
-
-
-class _Reader:
-    """Reads one mapping of a spec, collecting SpecErrors instead of raising at the first."""
-
-    def __init__(
-        self, data: Any, path: str, errors: list[SpecError] | None = None, present: bool = True
-    ) -> None:
-        self.path = path
-        self.errors: list[SpecError] = [] if errors is None else errors
-        self.present = present
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            self.error("", f"{data!r} is not an object")
-            data = {}
-        self.data: Mapping[str, Any] = data
-
-    def _field(self, key: str) -> str:
-        return f"{self.path}.{key}" if key else self.path
-
-    def error(self, key: str, message: str) -> None:
-        self.errors.append(SpecError(self._field(key), message))
-
-    def raw(self, key: str) -> Any:
-        return self.data.get(key)
-
-    def raise_errors(self) -> None:
-        if self.errors:
-            raise ExceptionGroup(f"{len(self.errors)} invalid field(s) in {self.path}", self.errors)
-
-    def section(self, key: str, *, required: bool = False) -> _Reader:
-        value = self.data.get(key)
-        if value is None and required:
-            self.error(key, "is required")
-        return _Reader(value, self._field(key), self.errors, present=value is not None)
-
-    def string(self, key: str, *, required: bool = False) -> str | None:
-        value = self.data.get(key)
-        if value is None or value == "":
-            if required:
-                self.error(key, "is required")
-            return None
-        if not isinstance(value, str):
-            self.error(key, f"{value!r} is not a string")
-            return None
-        return value
-
-    def mapping(self, key: str) -> dict[str, Any]:
-        value = self.data.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.error(key, f"{value!r} is not an object")
-            return {}
-        return dict(value)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            self.error(key, f"{value!r} is not true or false")
-            return default
-        return value
-
-    def choice(self, key: str, enum: type[_E], default: _E) -> _E:
-        value = self.data.get(key, default.value)
-        try:
-            return enum(value)
-        except ValueError:
-            allowed = ", ".join(m.value for m in enum)
-            self.error(key, f"{value!r} is not one of {allowed}")
-            return default
-
-    def one_of(self, key: str, allowed: Sequence[str], default: str) -> str:
-        value = self.data.get(key, default)
-        if value not in allowed:
-            self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
-            return default
-        return str(value)
-
-    def integer(self, key: str, default: int, minimum: int, maximum: int) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.error(key, f"{value!r} is not an integer; use a value in [{minimum}, {maximum}]")
-            return default
-        if not minimum <= value <= maximum:
-            self.error(key, f"{value} is outside [{minimum}, {maximum}]; use a value in that range")
-            return default
-        return value
-
-    def number(
-        self,
-        key: str,
-        default: float,
-        minimum: float,
-        maximum: float,
-        *,
-        exclusive_min: bool = False,
-    ) -> float:
-        value = self.data.get(key, default)
-        low = "(" if exclusive_min else "["
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.error(
-                key, f"{value!r} is not a number; use a value in {low}{minimum:g}, {maximum:g}]"
-            )
-            return default
-        too_low = value <= minimum if exclusive_min else value < minimum
-        if too_low or value > maximum:
-            self.error(
-                key,
-                f"{value:g} is outside {low}{minimum:g}, {maximum:g}]; use a value in that range",
-            )
-            return default
-        return float(value)
-
-    def duration(self, key: str, default: float, *, minimum: float) -> float:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        try:
-            seconds = parse_duration(value)
-        except ValueError as exc:
-            self.error(key, str(exc))
-            return default
-        if seconds < minimum:
-            self.error(key, f"{value} is shorter than {minimum:g}s; use a longer duration")
-            return default
-        return seconds
-
-    def list_of(self, key: str, kind: type[_T], what: str) -> list[_T]:
-        value = self.data.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.error(key, f"{value!r} is not a list")
-            return []
-        out: list[_T] = []
-        for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, kind):
-                self.error(f"{key}[{i}]", f"{item!r} is not {what}")
-            else:
-                out.append(item)
-        return out
 
 
 def spec_errors(spec: Mapping[str, Any]) -> list[SpecError]:

@@ -27,10 +27,10 @@ from kvgate.adapters.report_source import read_rollout_file
 from kvgate.capacity import capacity_table, parse_kv_layout
 from kvgate.checkpoint import parse_safetensors_header, scan_scales, unknown_scales
 from kvgate.commands.stats import read_saved_result
-from kvgate.controller.observe import eval_lines
 from kvgate.errors import KvgateError
 from kvgate.evaluation.records import read_question_lines
 from kvgate.gates import assess_accuracy
+from kvgate.joblog import eval_lines
 from kvgate.logs import scan_lines, scan_log
 from kvgate.metrics import parse_metrics
 from kvgate.report import read_accuracy, read_findings, render_html, render_svg, render_text

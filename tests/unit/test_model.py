@@ -17,7 +17,8 @@ from kvgate.model import (
     config_hash,
     worst,
 )
-from kvgate.spec import RolloutSpec, parse_duration, spec_errors
+from kvgate.spec import RolloutSpec, spec_errors
+from kvgate.specreader import parse_duration
 
 MINIMAL: dict[str, Any] = {"targetRef": {"name": "qwen"}}
 

@@ -11,7 +11,7 @@ from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
-from kvgate.spec import parse_duration
+from kvgate.specreader import parse_duration
 
 HELP = catalog.help_of("wait")
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)

@@ -7,8 +7,6 @@ object rules live in `kubeobjects`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -49,6 +47,7 @@ from kvgate.controller.telemetry import (
     CAPACITY_RATIO,
 )
 from kvgate.errors import ExternalError, InputError, SpecError
+from kvgate.joblog import eval_lines, job_lines
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
@@ -449,38 +448,6 @@ def job_log(ctx: Ctx, job_name: str) -> str:
     return ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
 
 
-def eval_lines(
-    text: str, nonce_sha256: str | None
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(summary, latest progress) from the eval Job's log (see `job_lines`)."""
-    return job_lines(text, nonce_sha256, kind="kvgate.eval")
-
-
-def job_lines(
-    text: str, nonce_sha256: str | None, *, kind: str
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(summary, latest progress) from a judge Job's log: `<kind>/summary`, `<kind>/progress`.
-
-    Evidence integrity: the summary is the log's last line only, and only when it carries the
-    attempt's nonce (whose hash status keeps). lm-eval logs an arm's error bodies into the same
-    log, so a summary-shaped line anywhere else proves nothing. Progress lines are only shown.
-    """
-    progress = None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:
-        obj = json_object(line)
-        if obj is not None and obj.get("kind") == f"{kind}/progress":
-            progress = obj
-    last = json_object(lines[-1]) if lines else None
-    if last is None or last.get("kind") != f"{kind}/summary" or not nonce_sha256:
-        return None, progress
-    nonce = last.get("nonce")
-    if not isinstance(nonce, str) or hashlib.sha256(nonce.encode()).hexdigest() != nonce_sha256:
-        return None, progress
-    summary = {k: v for k, v in last.items() if k != "nonce"}
-    return summary, progress
-
-
 def observe_load(ctx: Ctx) -> Observation:
     """The load Job of the current attempt: its summary once it finished, or why it failed.
 
@@ -515,16 +482,6 @@ def observe_load(ctx: Ctx) -> Observation:
     why = "no load summary with this attempt's nonce as the log's last line"
     error = f"{why} ({kubeobjects.job_failure(job)}); log tail: {tail}"
     return dataclasses.replace(obs, load_error=error[:500])
-
-
-def json_object(line: str) -> dict[str, Any] | None:
-    if not line.startswith("{") or len(line) > 1_000_000:
-        return None
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:

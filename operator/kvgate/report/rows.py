@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from kvgate.loadresult import StagePoint
+from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
     DASH,
     fmt_int,
@@ -25,7 +26,7 @@ from kvgate.report.records import (
     Progress,
     Speed,
 )
-from kvgate.report.view import ARMS, as_fraction, fmt_duration
+from kvgate.report.view import ARMS, fmt_duration
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")

@@ -8,6 +8,7 @@ from typing import Final, NamedTuple
 
 from kvgate.loadresult import StagePoint
 from kvgate.report import view
+from kvgate.report.fields import StatusLike
 from kvgate.report.fmt import e, fmt_int, kilo, pct, to_pp, wilson
 
 _COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
@@ -20,7 +21,7 @@ class _Point(NamedTuple):
     wilson: tuple[float, float] | None
 
 
-def render_svg(status: view.StatusLike) -> str:
+def render_svg(status: StatusLike) -> str:
     """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
     acc = view.read_accuracy(status)
     tokens = {arm: view.read_kv_tokens(status, arm) for arm in view.ARMS}
@@ -125,7 +126,7 @@ def render_svg(status: view.StatusLike) -> str:
     return "".join(parts)
 
 
-def _missing(status: view.StatusLike) -> str:
+def _missing(status: StatusLike) -> str:
     """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
     return "(not measured)" if view.is_finished(status) else "yet"
 
@@ -144,7 +145,7 @@ def _ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def render_long_context_svg(status: view.StatusLike) -> str:
+def render_long_context_svg(status: StatusLike) -> str:
     """Score against context length for both arms (log2 x axis), or '' without buckets."""
     points = [
         (math.log2(b.context_length), b.control, b.candidate, b.context_length)
@@ -189,7 +190,7 @@ def render_long_context_svg(status: view.StatusLike) -> str:
     return "".join(parts)
 
 
-def render_difference_svg(status: view.StatusLike) -> str:
+def render_difference_svg(status: StatusLike) -> str:
     """The paired difference (candidate minus control, pp) with its bounds against the margin.
 
     One row: the point estimate, the look-adjusted one-sided bounds the verdict rests on (the
@@ -276,7 +277,7 @@ def _pp_ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def render_load_svg(status: view.StatusLike) -> str:
+def render_load_svg(status: StatusLike) -> str:
     """Throughput and TPOT against concurrency for both arms, production's load marked.
 
     Two panels on a log2 concurrency axis; a line joins each arm's measured stages, an error

@@ -10,14 +10,23 @@ is optional, because a report is asked for at any phase; what is missing or unre
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, overload
+from typing import Any, Final
 
 from kvgate import crash, gates, manifests
 from kvgate.loadresult import StagePoint
 from kvgate.model import Phase
+from kvgate.report.fields import (
+    StatusLike,
+    as_fraction,
+    finite_number,
+    first_of,
+    integer,
+    interval,
+    str_or_none,
+    typed_status,
+)
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
@@ -47,8 +56,6 @@ from kvgate.status import (
     TokenAgreement,
 )
 
-StatusLike = Mapping[str, Any] | RolloutStatus
-
 ARMS: Final = manifests.ARMS
 # kstatus conditions say how the object is doing, not what the gates found.
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
@@ -61,147 +68,77 @@ WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value, Phase.PULL_REQUES
 _MAX_MHZ: Final = 100_000.0
 
 
-# ---------------------------------------------------------------- reading fields
-
-
-def _get(mapping: Any, *keys: str) -> Any:
-    """The first present key of `keys` in `mapping` (camelCase first, then snake_case)."""
-    if not isinstance(mapping, Mapping):
-        return None
-    for key in keys:
-        if key in mapping and mapping[key] is not None:
-            return mapping[key]
-    return None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:  # an int too large for a float
-            return None
-        return number if math.isfinite(number) else None
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return number if math.isfinite(number) else None
-    return None
-
-
-def _int(value: Any) -> int | None:
-    number = _num(value)
-    return int(number) if number is not None else None
-
-
-def _interval(value: Any) -> tuple[float, float] | None:
-    if isinstance(value, Mapping):
-        value = [_get(value, "low", "lower"), _get(value, "high", "upper")]
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        low, high = _num(value[0]), _num(value[1])
-        if low is not None and high is not None:
-            return (low, high)
-    return None
-
-
-@overload
-def as_fraction(value: float) -> float: ...
-@overload
-def as_fraction(value: float | None) -> float | None: ...
-def as_fraction(value: float | None) -> float | None:
-    """Accuracy may be a fraction (0.918) or a percentage (91.8); return a fraction."""
-    if value is None:
-        return None
-    return value / 100.0 if value > 1.0 else value
-
-
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _mappings(value: Any) -> list[Mapping[str, Any]]:
-    """The mappings of a list (anything else in it, or a non-list, is left out)."""
-    if not isinstance(value, list | tuple):
-        return []
-    return [v for v in value if isinstance(v, Mapping)]
-
-
-def _typed(status: StatusLike) -> RolloutStatus:
-    return status if isinstance(status, RolloutStatus) else RolloutStatus.from_dict(status)
-
-
 # ---------------------------------------------------------------- accuracy
 
 
 def read_accuracy(status: StatusLike) -> Accuracy | None:
     """`status.accuracy` (the eval summary) as an `Accuracy`."""
-    acc = _typed(status).accuracy
+    acc = typed_status(status).accuracy
     if acc is None:
         return None
     arms: dict[str, ArmAccuracy] = {}
     for arm, raw in (("control", acc.control), ("candidate", acc.candidate)):
         if raw is None:
             continue
-        correct, n = _int(raw.correct), _int(raw.total)
-        accuracy = as_fraction(_num(raw.accuracy))
+        correct, n = integer(raw.correct), integer(raw.total)
+        accuracy = as_fraction(finite_number(raw.accuracy))
         if accuracy is None and correct is not None and n:
             accuracy = correct / n
-        wilson = _interval(raw.wilson95)
+        wilson = interval(raw.wilson95)
         if wilson is not None and max(wilson) > 1.0:
             wilson = (wilson[0] / 100.0, wilson[1] / 100.0)
         arms[arm] = ArmAccuracy(correct, n, accuracy, wilson)
     paired = acc.paired or PairedRecord()
-    control_only, candidate_only = _int(paired.control_only), _int(paired.candidate_only)
-    points = _num(acc.difference_pp)  # the CRD's printer column, in points
+    control_only, candidate_only = integer(paired.control_only), integer(paired.candidate_only)
+    points = finite_number(acc.difference_pp)  # the CRD's printer column, in points
     return Accuracy(
         verdict=acc.verdict,
         task=acc.task,
-        margin=_num(acc.margin),
-        confidence=_num(acc.confidence),
-        questions_used=_int(acc.questions_used),
+        margin=finite_number(acc.margin),
+        confidence=finite_number(acc.confidence),
+        questions_used=integer(acc.questions_used),
         stopped_early=acc.stopped_early,
         arms=arms,
-        difference=points / 100.0 if points is not None else _num(paired.difference),
-        difference_ci=_interval(paired.tango95),
-        mcnemar_p=_num(paired.mcnemar_p),
+        difference=points / 100.0 if points is not None else finite_number(paired.difference),
+        difference_ci=interval(paired.tango95),
+        mcnemar_p=finite_number(paired.mcnemar_p),
         discordant=(
             (control_only, candidate_only)
             if control_only is not None and candidate_only is not None
             else None
         ),
-        ruled_out=_num(acc.largest_loss_ruled_out),
-        questions_needed=_int(acc.advice.questions_needed) if acc.advice is not None else None,
+        ruled_out=finite_number(acc.largest_loss_ruled_out),
+        questions_needed=integer(acc.advice.questions_needed) if acc.advice is not None else None,
         error=acc.error,
-        lower_bound=_num(paired.lower_bound),
-        upper_bound=_num(paired.upper_bound),
+        lower_bound=finite_number(paired.lower_bound),
+        upper_bound=finite_number(paired.upper_bound),
         shown_worse_by=_shown_worse_by(acc.smallest_loss_shown, paired.upper_bound),
-        fail_confidence=_num(acc.bounds.upper_confidence) if acc.bounds is not None else None,
-        looks=_int(acc.bounds.look) if acc.bounds is not None else None,
+        fail_confidence=finite_number(acc.bounds.upper_confidence)
+        if acc.bounds is not None
+        else None,
+        looks=integer(acc.bounds.look) if acc.bounds is not None else None,
     )
 
 
 def _shown_worse_by(shown: float | None, upper: float | None) -> float | None:
     """The loss a fail showed: the summary's figure, else minus the upper bound (at least 0)."""
-    value = _num(shown)
-    if value is None and (bound := _num(upper)) is not None:
+    value = finite_number(shown)
+    if value is None and (bound := finite_number(upper)) is not None:
         value = -bound
     return max(0.0, value) if value is not None else None
 
 
 def read_long_context(status: StatusLike) -> list[LongContextBucket]:
     """Per context-length bucket: both arms' scores, recovery, the lower bound, the verdict."""
-    acc = _typed(status).accuracy
+    acc = typed_status(status).accuracy
     block = acc.long_context if acc is not None else None
     return [
         LongContextBucket(
             context_length=b.context_length,
-            control=_num(b.control.accuracy) if b.control is not None else None,
-            candidate=_num(b.candidate.accuracy) if b.candidate is not None else None,
-            recovery=_num(b.recovery),
-            lower=_num(b.bounds.lower) if b.bounds is not None else None,
+            control=finite_number(b.control.accuracy) if b.control is not None else None,
+            candidate=finite_number(b.candidate.accuracy) if b.candidate is not None else None,
+            recovery=finite_number(b.recovery),
+            lower=finite_number(b.bounds.lower) if b.bounds is not None else None,
             verdict=DASH if b.verdict is None else b.verdict,
             reason=DASH if b.reason is None else b.reason,
         )
@@ -211,7 +148,7 @@ def read_long_context(status: StatusLike) -> list[LongContextBucket]:
 
 def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
     """Per position bucket: the A/A floor and the candidate, KL and top-1 agreement."""
-    acc = _typed(status).accuracy
+    acc = typed_status(status).accuracy
     block = acc.divergence if acc is not None else None
     out = []
     for b in block.buckets if block is not None else ():
@@ -219,10 +156,10 @@ def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
         out.append(
             DivergenceBucket(
                 bucket=DASH if b.bucket is None else b.bucket,
-                floor_kl=_num(floor.mean_kl),
-                candidate_kl=_num(cand.mean_kl),
-                floor_top1=_num(floor.top1_agreement),
-                candidate_top1=_num(cand.top1_agreement),
+                floor_kl=finite_number(floor.mean_kl),
+                candidate_kl=finite_number(cand.mean_kl),
+                floor_top1=finite_number(floor.top1_agreement),
+                candidate_top1=finite_number(cand.top1_agreement),
                 flagged=bool(b.flagged),
             )
         )
@@ -234,7 +171,7 @@ def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
 
 def read_findings(status: StatusLike) -> list[Finding]:
     """Gate results: `status.findings`, else `status.gates` (by gate name), else conditions."""
-    typed = _typed(status)
+    typed = typed_status(status)
     found: list[Finding] = []
     for item in typed.findings:
         if isinstance(item, FindingEntry):
@@ -268,7 +205,7 @@ def _scan(status: RolloutStatus, arm: str) -> ScanRecord:
 
 def read_log_findings(status: StatusLike) -> list[LogLine]:
     """Warnings and errors from each arm's startup-log scan (info lines are left out)."""
-    typed = _typed(status)
+    typed = typed_status(status)
     out: list[LogLine] = []
     for arm in ARMS:
         for f in _scan(typed, arm).findings:
@@ -291,18 +228,18 @@ def read_log_findings(status: StatusLike) -> list[LogLine]:
 
 def read_kv_tokens(status: StatusLike, arm: str) -> float | None:
     """The arm's KV cache size in tokens, as its engine reported it at startup."""
-    capacity = _scan(_typed(status), arm).capacity
-    return _num(capacity.kv_tokens) if capacity is not None else None
+    capacity = _scan(typed_status(status), arm).capacity
+    return finite_number(capacity.kv_tokens) if capacity is not None else None
 
 
 def read_capacity(status: StatusLike) -> list[ArmCapacity]:
     """Each arm with any KV figure: dtype, attention backend, KV tokens, max concurrency."""
-    typed = _typed(status)
+    typed = typed_status(status)
     out: list[ArmCapacity] = []
     for arm in ARMS:
         scan = _scan(typed, arm)
         tokens = read_kv_tokens(typed, arm)
-        conc = _num(scan.capacity.max_concurrency) if scan.capacity is not None else None
+        conc = finite_number(scan.capacity.max_concurrency) if scan.capacity is not None else None
         dtype, backend = scan.kv_cache_dtype, scan.attention_backend
         if dtype is None and tokens is None and conc is None and backend is None:
             continue
@@ -312,8 +249,8 @@ def read_capacity(status: StatusLike) -> list[ArmCapacity]:
 
 def read_capacity_gain(status: StatusLike) -> float | None:
     """Candidate KV tokens over control KV tokens (from the status, else computed)."""
-    typed = _typed(status)
-    gain = _num(typed.capacity.ratio) if typed.capacity is not None else None
+    typed = typed_status(status)
+    gain = finite_number(typed.capacity.ratio) if typed.capacity is not None else None
     if gain is not None:
         return gain
     control, candidate = read_kv_tokens(typed, "control"), read_kv_tokens(typed, "candidate")
@@ -324,15 +261,15 @@ def read_capacity_gain(status: StatusLike) -> float | None:
 
 def read_speed(status: StatusLike) -> Speed | None:
     """`status.speed`: the numeric figures per arm (whatever the operator measured), and clocks."""
-    speed = _typed(status).speed
+    speed = typed_status(status).speed
     if speed is None:
         return None
     blocks = {"control": speed.control, "candidate": speed.candidate}
     keys: list[str] = []
     for block in blocks.values():
-        keys.extend(k for k, v in block.items() if _num(v) is not None and k not in keys)
+        keys.extend(k for k, v in block.items() if finite_number(v) is not None and k not in keys)
     metrics = [
-        SpeedMetric(key, {arm: _num(block.get(key)) for arm, block in blocks.items()})
+        SpeedMetric(key, {arm: finite_number(block.get(key)) for arm, block in blocks.items()})
         for key in keys
     ]
     return Speed(metrics=metrics, clocks=_clocks(speed.clocks))
@@ -340,7 +277,7 @@ def read_speed(status: StatusLike) -> Speed | None:
 
 def read_load(status: StatusLike) -> Load | None:
     """`status.load`: every stage both arms ran, by concurrency (None: no load measured)."""
-    load = _typed(status).load
+    load = typed_status(status).load
     summary = load.summary if load is not None else None
     if load is None or summary is None:
         return None
@@ -365,12 +302,12 @@ def read_load(status: StatusLike) -> Load | None:
 
 
 def _mhz(value: float | None) -> float | None:
-    number = _num(value)
+    number = finite_number(value)
     return number if number is not None and 0.0 < number <= _MAX_MHZ else None
 
 
 def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
-    pair = _interval(value)
+    pair = interval(value)
     if pair is None:
         return None
     low, high = _mhz(pair[0]), _mhz(pair[1])
@@ -402,7 +339,7 @@ def _clocks(raw: ClocksRecord | None) -> Clocks | None:
 
 def read_preflight(status: StatusLike) -> list[str]:
     """One line each: production load against the KV pool, and the checkpoint's KV scales."""
-    pre = _typed(status).preflight
+    pre = typed_status(status).preflight
     if pre is None:
         return []
     lines: list[str] = []
@@ -412,13 +349,13 @@ def read_preflight(status: StatusLike) -> list[str]:
             pressure.pressured
         ] or "pool pressure unknown"
         facts = []
-        usage = _num(pressure.max_usage)
+        usage = finite_number(pressure.max_usage)
         if usage is not None:
             facts.append(f"KV usage up to {pct(usage)}")
-        waiting = _num(pressure.mean_waiting)
+        waiting = finite_number(pressure.mean_waiting)
         if waiting is not None:
             facts.append(f"{waiting:.1f} requests waiting on average")
-        samples = _int(pressure.samples)
+        samples = integer(pressure.samples)
         if samples is not None:
             facts.append(f"{samples} samples")
         lines.append(f"{verdict}" + (f" ({', '.join(facts)})" if facts else ""))
@@ -434,7 +371,7 @@ def read_preflight(status: StatusLike) -> list[str]:
 
 def read_remediation(status: StatusLike) -> list[str]:
     """`status.remediation`: both candidate attempts, the crash and the remedy applied."""
-    rem = _typed(status).remediation
+    rem = typed_status(status).remediation
     if rem is None:
         return []
     first = rem.first_attempt or FirstAttempt()
@@ -464,7 +401,7 @@ _DECISION_WORDS: Final = {
 def read_verdict(status: StatusLike) -> str | None:
     """`status.verdict` as one line in plain words; None when its message only repeats
     `status.message` (the headline already says it)."""
-    typed = _typed(status)
+    typed = typed_status(status)
     v = typed.verdict
     if v is None:
         return None
@@ -543,7 +480,7 @@ def read_approval(rollout: Mapping[str, Any]) -> list[str]:
 
 def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
-    typed = _typed(status)
+    typed = typed_status(status)
     seconds = _between(typed.started_at, typed.finished_at)
     return None if seconds is None else fmt_duration(seconds)
 
@@ -596,7 +533,7 @@ def read_progress(rollout: Mapping[str, Any], now: dt.datetime | None = None) ->
         looks_planned=look.looks_planned,
         questions=look.questions,
         questions_planned=read_header(rollout).questions_planned,
-        difference=_num(look.difference),
+        difference=finite_number(look.difference),
     )
 
 
@@ -619,7 +556,7 @@ def split_remedy(message: str) -> tuple[str, str | None]:
 
 def is_finished(status: StatusLike) -> bool:
     """The rollout ended (a final phase, or a finish time): what is missing now never comes."""
-    typed = _typed(status)
+    typed = typed_status(status)
     ended = typed.phase is not None and typed.phase.value in (GOOD_PHASES | BAD_PHASES)
     return bool(ended or typed.finished_at)
 
@@ -640,7 +577,7 @@ _PASSED: Final = frozenset(
 def args_heading(status: StatusLike) -> str:
     """The args are a recommendation only once a verdict passed them; before that they are
     under test, and a rejected candidate's args are labelled as such."""
-    typed = _typed(status)
+    typed = typed_status(status)
     phase = typed.phase
     if phase is not None and phase.value in BAD_PHASES:
         return "Rejected candidate args"
@@ -657,7 +594,7 @@ def args_heading(status: StatusLike) -> str:
 
 
 def read_recommended_args(status: StatusLike) -> list[str]:
-    return list(_typed(status).recommended_args)
+    return list(typed_status(status).recommended_args)
 
 
 # ---------------------------------------------------------------- identity
@@ -665,25 +602,25 @@ def read_recommended_args(status: StatusLike) -> list[str]:
 
 def read_status(rollout: Mapping[str, Any]) -> RolloutStatus:
     """`rollout.status` as the typed record (a fresh rollout has none: all unknown)."""
-    return RolloutStatus.from_dict(_get(rollout, "status"))
+    return RolloutStatus.from_dict(first_of(rollout, "status"))
 
 
 def read_header(rollout: Mapping[str, Any]) -> Header:
     """Identity, target, promotion mode, candidate dtype, phase and the message to show."""
-    spec = _get(rollout, "spec") or {}
+    spec = first_of(rollout, "spec") or {}
     status = read_status(rollout)
-    meta = _get(rollout, "metadata") or {}
+    meta = first_of(rollout, "metadata") or {}
     ready = next((c for c in status.conditions if c.type == "Ready"), None)
     message = status.message or (ready.message if ready is not None else None)
     return Header(
-        namespace=str(_get(meta, "namespace") or DASH),
-        name=str(_get(meta, "name") or DASH),
+        namespace=str(first_of(meta, "namespace") or DASH),
+        name=str(first_of(meta, "name") or DASH),
         target=_target(spec),
-        mode=_str_or_none(_get(_get(spec, "promotion"), "mode") or _get(spec, "mode")),
-        kv_cache_dtype=str(dtype) if (dtype := _get(spec, "kvCacheDtype")) else None,
+        mode=str_or_none(first_of(first_of(spec, "promotion"), "mode") or first_of(spec, "mode")),
+        kv_cache_dtype=str(dtype) if (dtype := first_of(spec, "kvCacheDtype")) else None,
         phase=status.phase.value if status.phase is not None else "Pending",
         message=message or None,
-        questions_planned=_int(_get(_get(spec, "accuracy"), "questions")),
+        questions_planned=integer(first_of(first_of(spec, "accuracy"), "questions")),
     )
 
 
@@ -703,8 +640,8 @@ def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
 
 
 def _target(spec: Mapping[str, Any]) -> str:
-    ref = _get(spec, "targetRef", "target", "deployment")
+    ref = first_of(spec, "targetRef", "target", "deployment")
     if isinstance(ref, Mapping):
-        kind = _get(ref, "kind") or "Deployment"
-        return f"{kind}/{_get(ref, 'name') or DASH}"
+        kind = first_of(ref, "kind") or "Deployment"
+        return f"{kind}/{first_of(ref, 'name') or DASH}"
     return str(ref) if ref else DASH
