@@ -75,7 +75,7 @@ def next_step(
         # kvgate never changes the Deployment in pullRequest mode, so it never reverts it
         # either: what the GitOps tool applied stays until Git changes.
         intent = step.revert
-        return end_step(
+        step = end_step(
             intent.phase,
             intent.reason,
             f"{intent.message}; the Deployment is left as it is (pullRequest mode: change it "
@@ -84,6 +84,8 @@ def next_step(
             verdict=step.verdict,
             events=step.events,
         )
+    if spec.promotion.mode is PromotionMode.PULL_REQUEST:
+        return proposing.closing(spec, state, step)
     if spec.promotion.mode is PromotionMode.GATE and step.terminal:
         # Fail closed: NotNeeded and Failed close the gate too; nothing here was shown safe.
         message = f"gate closed: {step.message}"

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvgate.model import Phase, PullRequestState
+from kvgate.model import Phase, PromotionMode, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.redact import scrub_text
 from kvgate.spec import DEFAULT_APPLY_DEADLINE_S, RolloutSpec
@@ -52,6 +52,33 @@ def intent(spec: RolloutSpec, config_hash: str) -> PullRequestStatus:
         path=pr.path if pr else None,
         config_hash=config_hash or None,
         state=OPENING,
+    )
+
+
+def open_pull_request(status: PullRequestStatus | None) -> PullRequestStatus | None:
+    """The recorded pull request if it is (as far as status knows) open; else None."""
+    if status is None or status.number is None or status.repository is None:
+        return None
+    return status if status.state == PullRequestState.OPEN.value else None
+
+
+def closing(spec: RolloutSpec, state: State, step: Step) -> Step:
+    """`step`, closing the open pull request when it ends the rollout otherwise than through
+    that pull request (an abort, an error past the limit, a deadline). Promoted and Declined
+    end through it; so does a merged one (Git has it, a close changes nothing)."""
+    pr = open_pull_request(state.pull_request)
+    if (
+        spec.promotion.mode is not PromotionMode.PULL_REQUEST
+        or pr is None
+        or not step.terminal
+        or step.phase in (Phase.PROMOTED, Phase.DECLINED)
+        or Action.CLOSE_PULL_REQUEST in step.actions
+    ):
+        return step
+    return dataclasses.replace(
+        step,
+        actions=(*step.actions, Action.CLOSE_PULL_REQUEST),
+        message=f"{step.message}; closing {_named(pr)} so it is not merged",
     )
 
 

@@ -101,6 +101,7 @@ class Reason(StrEnum):
     OPENING_PULL_REQUEST = "OpeningPullRequest"
     PULL_REQUEST_OPEN = "PullRequestOpen"
     PULL_REQUEST_MERGED = "PullRequestMerged"
+    PULL_REQUEST_CLOSED = "PullRequestClosed"  # kvgate closed it: the rollout ended otherwise
     WAITING_FOR_GITOPS = "WaitingForGitOps"
     DECLINED = "Declined"  # the pull request was closed without a merge
     NOT_APPLIED = "NotApplied"  # merged, but the Deployment did not carry it within the deadline

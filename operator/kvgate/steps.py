@@ -43,6 +43,9 @@ class Action(StrEnum):
     # pullRequest mode: open (or update) the pull request the recorded intent names; never a
     # Deployment patch
     OPEN_PULL_REQUEST = "OpenPullRequest"
+    # pullRequest mode: the rollout ended otherwise than through its pull request (aborted,
+    # given up): close it, so no one merges a change the rollout no longer stands behind
+    CLOSE_PULL_REQUEST = "ClosePullRequest"
 
 
 @dataclass(frozen=True, slots=True)

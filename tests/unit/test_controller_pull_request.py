@@ -351,3 +351,84 @@ def test_applied_on_another_image_digest_is_not_promoted(monkeypatch: pytest.Mon
     assert w.phase == "PullRequestMerged"
     assert "another engine than the verdict tested" in w.status["message"]
     assert "image digest" in w.status["message"]
+
+
+def test_an_abort_while_the_pr_is_open_closes_it_with_a_comment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An aborted rollout no longer stands behind its pull request: left open, anyone could
+    # merge a change the SRE stopped, and the GitOps tool would apply it unwatched.
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "wrong model"
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    pr = w.forge.pulls[0]
+    assert pr["state"] == "closed"
+    assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
+    assert w.status["pullRequest"]["state"] == "closed"
+    assert "closing pull request #1" in w.status["message"]
+    assert ("Normal", "PullRequestClosed", f"closed pull request #1 on {REPO}") in w.events
+    assert w.deployment_patches == []
+
+
+def test_a_forge_failing_the_close_holds_the_end_until_it_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
+    w.forge.refuse = 502
+    for _ in range(3):
+        w.reconcile()
+    assert w.phase == "PullRequestOpen" and w.status.get("consecutiveErrors", 0) >= 1
+    assert w.forge.pulls[0]["state"] == "open"
+    w.forge.refuse = None
+    w.until(lambda w: w.phase in END)
+    assert w.phase == "RolledBack" and w.forge.pulls[0]["state"] == "closed"
+
+
+def test_a_pr_merged_before_the_close_is_said_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
+    real = FakeForge.__call__
+
+    def merge_first(forge: FakeForge, request: httpx.Request) -> httpx.Response:
+        # someone merges it between the abort and kvgate's close
+        forge.pulls[0].update(state="merged", merge_sha="e" * 40)
+        return real(forge, request)
+
+    monkeypatch.setattr(FakeForge, "__call__", merge_first)
+    w.until(lambda w: w.phase in END)
+    assert w.phase == "RolledBack"
+    assert w.status["pullRequest"]["state"] == "merged"
+    assert w.status["pullRequest"]["mergeSha"] == "e" * 40
+    warnings = [m for t, r, m in w.events if t == "Warning" and r == "PullRequestMerged"]
+    assert warnings and "revert it there" in warnings[0] and "e" * 40 in warnings[0]
+
+
+def test_deleting_the_rollout_while_its_pr_is_open_closes_the_pr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    body = kopf.Body(copy.deepcopy(w.obj))
+    handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
+    assert w.forge.pulls[0]["state"] == "closed"
+    assert w.deployment_patches == []
+
+
+def test_a_delete_that_cannot_close_the_pr_is_retried_then_let_go_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.forge.refuse = 503
+    body = kopf.Body(copy.deepcopy(w.obj))
+    with pytest.raises(kopf.TemporaryError):
+        handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
+    limit = w.memo.config.error_limit
+    handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=limit)
+    warnings = [m for t, r, m in w.events if t == "Warning" and r == "ReconcileError"]
+    assert warnings and "close it by hand" in warnings[-1] and TOKEN not in warnings[-1]

@@ -37,7 +37,7 @@ from kvgate.controller.observe import (
     hub_token_problem,
     tpot_totals,
 )
-from kvgate.controller.pullrequest import open_pull_request
+from kvgate.controller.pullrequest import close_pull_request, open_pull_request
 from kvgate.controller.record import (
     post_event,
 )
@@ -504,6 +504,7 @@ ACTIONS: Final[dict[Action, Callable[[Ctx, Step], StatusUpdate]]] = {
     Action.SNAPSHOT_SPEED: snapshot_speed,
     Action.PATCH_DEPLOYMENT: apply_promotion_patch,
     Action.OPEN_PULL_REQUEST: open_pull_request,
+    Action.CLOSE_PULL_REQUEST: close_pull_request,
     Action.REVERT_DEPLOYMENT: revert_target,
     Action.REMEDIATE: remediate,
 }

@@ -21,7 +21,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import deadlines, machine, verdictkey
+from kvgate import deadlines, machine, proposing, verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -47,6 +47,7 @@ from kvgate.controller.context import (
 from kvgate.controller.observe import (
     observe,
 )
+from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_status,
     post_event,
@@ -195,7 +196,7 @@ def reconcile(
                 post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
-        step = given_up
+        step = proposing.closing(spec, state, given_up)  # pullRequest mode: no open PR left
         done = done.then(act_best_effort(ctx.seeing(done), step))
     written = write_status(ctx, patch, old, phase, step, done, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
@@ -256,6 +257,8 @@ def cleanup(
                 revert_target(ctx, step)
                 raise kopf.TemporaryError("rollout deleted: waiting for the revert to read back",
                                           delay=2)  # fmt: skip
+        if ctx.spec.promotion.mode is PromotionMode.PULL_REQUEST:
+            _close_pull_request(ctx, step, retry)
         delete_canaries(ctx, step)
         delete_eval_jobs(ctx, step)
     except ExternalError as exc:
@@ -267,6 +270,19 @@ def cleanup(
         DRIFTED.remove(ctx.namespace, ctx.name)
     with contextlib.suppress(KeyError):
         STALE.remove(ctx.namespace, ctx.name)
+
+
+def _close_pull_request(ctx: Ctx, step: Step, retry: int) -> None:
+    """A deleted rollout no longer stands behind its open pull request: close it (retried up to
+    the error limit, then a Warning Event; the deletion is not held forever by a forge)."""
+    try:
+        close_pull_request(ctx, step)
+    except KvgateError as exc:
+        if retry < ctx.config.error_limit:
+            raise kopf.TemporaryError(f"cleanup: closing the pull request: {exc}", delay=5) from exc
+        post_event(ctx, Reason.RECONCILE_ERROR,
+                   f"rollout deleted; its pull request could not be closed after {retry} "
+                   f"attempts ({describe(exc)}): close it by hand", warning=True)  # fmt: skip
 
 
 DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)

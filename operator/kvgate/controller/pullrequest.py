@@ -11,10 +11,11 @@ twice. The Deployment is only read here, never written.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
-from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, verdictkey
+from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, redact, verdictkey
 from kvgate.adapters.forge import Forge, RestForge, forge_for
 from kvgate.controller.context import (
     Ctx,
@@ -165,6 +166,37 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         f"{what} pull request #{opened.number} on {pr.repository} ({opened.url}) from {branch}",
     )
     return StatusUpdate.of(pullRequest=jsonrecord.write(record))
+
+
+def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
+    """Close the recorded pull request (the rollout ended otherwise than through it) and record
+    the state read back. One merged meanwhile cannot be closed: say so, loudly."""
+    pr = proposing.open_pull_request(proposing.recorded(ctx.status))
+    if pr is None or pr.repository is None or pr.number is None:
+        return StatusUpdate()
+    comment = (
+        f"kvgate closed this pull request: rollout {ctx.namespace}/{ctx.name} ended "
+        f"{step.phase.value} ({step.reason}) before it was merged, so it no longer stands "
+        "behind this change. Change the rollout's spec to evaluate and propose again."
+    )
+    with _forge(ctx) as forge:
+        seen = forge.close_pull_request(pr.repository, pr.number, redact.scrub_text(comment))
+    state = PullRequestState(seen.state)
+    if state is PullRequestState.MERGED:
+        post_event(
+            ctx,
+            Reason.PULL_REQUEST_MERGED,
+            f"pull request #{pr.number} on {pr.repository} was merged before kvgate could close "
+            f"it (merge {seen.merge_sha or 'unknown'}): the change reaches the Deployment "
+            "through Git; revert it there if it must not",
+            warning=True,
+        )
+    else:
+        post_event(
+            ctx, Reason.PULL_REQUEST_CLOSED, f"closed pull request #{pr.number} on {pr.repository}"
+        )
+    closed = dataclasses.replace(pr, state=state.value, merge_sha=seen.merge_sha or pr.merge_sha)
+    return StatusUpdate.of(pullRequest=jsonrecord.write(closed))
 
 
 def observe(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
