@@ -10,9 +10,8 @@ status) ever wrote it: kvgate never patched the pod template.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
