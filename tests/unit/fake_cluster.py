@@ -283,8 +283,8 @@ class FakeKube:
         meta = k8s.V1ObjectMeta(name=name, namespace="ns", labels=labels, annotations=annotations)
         self.secrets[name] = k8s.V1Secret(metadata=meta, data=data)
 
-    def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
-        """The real `Kube.check_hub_token_secret`, over this cluster's Secrets."""
+    def _secret_reader(self) -> Any:
+        """The real `Kube` (its Secret rules), reading this cluster's Secrets; one request."""
         from types import SimpleNamespace
 
         from kubernetes import client as k8s
@@ -301,29 +301,20 @@ class FakeKube:
 
         real = Kube(k8s.ApiClient())
         real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
-        real.check_hub_token_secret(namespace, name, key)
+        return real
+
+    def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
+        """The real `Kube.check_hub_token_secret`, over this cluster's Secrets."""
+        self._secret_reader().check_hub_token_secret(namespace, name, key)
 
     def read_forge_token(
         self, namespace: str, name: str, key: str, *, api_url: str, repository: str
     ) -> str:
         """The real `Kube.read_forge_token`, over this cluster's Secrets."""
-        from types import SimpleNamespace
-
-        from kubernetes import client as k8s
-        from kubernetes.client.exceptions import ApiException
-
-        from kvgate.adapters.kube import Kube
-
-        self.requests += 1
-
-        def read(secret_name: str, secret_namespace: str) -> Any:
-            if secret_name not in self.secrets:
-                raise ApiException(status=404, reason="NotFound")
-            return self.secrets[secret_name]
-
-        real = Kube(k8s.ApiClient())
-        real.core = SimpleNamespace(read_namespaced_secret=read)  # type: ignore[assignment]
-        return real.read_forge_token(namespace, name, key, api_url=api_url, repository=repository)
+        token: str = self._secret_reader().read_forge_token(
+            namespace, name, key, api_url=api_url, repository=repository
+        )
+        return token
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self.requests += 1

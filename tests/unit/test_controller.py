@@ -1636,20 +1636,28 @@ def _load_command(world: World) -> list[str]:
     return [str(a) for a in job["spec"]["template"]["spec"]["containers"][0]["command"]]
 
 
-def test_the_load_runs_productions_request_lengths_from_its_histograms(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # GIVEN a production whose finished requests averaged 1,800 prompt and 400 output tokens,
-    # and the preflight sampling it (capacity gate on, warn)
+def _until_the_load_job(monkeypatch: pytest.MonkeyPatch, histograms: str | None) -> World:
+    """A measured rollout whose preflight samples production (capacity gate on, warn), run
+    until its load Job exists; `histograms`: extra text in production's /metrics."""
     gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
     world = World(monkeypatch, gates=gates)
-    world.kube.extra_metrics = LENGTH_HISTOGRAMS
+    if histograms is not None:
+        world.kube.extra_metrics = histograms
     world.kube.hold_loads = True
     for _ in range(200):
         world.reconcile()
         world.now += dt.timedelta(seconds=1)
         if world.kube.get("Job", "r-load-1") is not None:
             break
+    return world
+
+
+def test_the_load_runs_productions_request_lengths_from_its_histograms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a production whose finished requests averaged 1,800 prompt and 400 output tokens,
+    # and the preflight sampling it (capacity gate on, warn)
+    world = _until_the_load_job(monkeypatch, LENGTH_HISTOGRAMS)
     # THEN the load Job runs those lengths, and status says where they came from
     command = _load_command(world)
     assert command[command.index("--prompt-tokens") + 1] == "1800"
@@ -1661,14 +1669,7 @@ def test_the_load_runs_productions_request_lengths_from_its_histograms(
 def test_without_length_histograms_the_load_runs_the_fixed_lengths_and_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
-    world = World(monkeypatch, gates=gates)
-    world.kube.hold_loads = True
-    for _ in range(200):
-        world.reconcile()
-        world.now += dt.timedelta(seconds=1)
-        if world.kube.get("Job", "r-load-1") is not None:
-            break
+    world = _until_the_load_job(monkeypatch, None)
     command = _load_command(world)
     assert command[command.index("--prompt-tokens") + 1] == "512"
     assert command[command.index("--output-tokens") + 1] == "128"
