@@ -161,3 +161,38 @@ def rollout_conflict(other: Mapping[str, Any], mine: tuple[str, str], target: st
     if claimed or (om.get("creationTimestamp") or "", om.get("name", "")) < mine:
         return str(om.get("name"))
     return None
+
+
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+_GPU_TEXT_MAX: Final = 63  # a label value's limit in Kubernetes
+
+
+def gpu_product(node: Mapping[str, Any] | None) -> str | None:
+    """The node's GPU product as GPU feature discovery labels it (None: no node, no label).
+
+    The value goes into status and Events: control and other unprintable characters are dropped,
+    whitespace collapsed and the text cut to a label value's 63 characters."""
+    labels = ((node or {}).get("metadata") or {}).get("labels")
+    value = labels.get(GPU_PRODUCT_LABEL) if isinstance(labels, Mapping) else None
+    if not isinstance(value, str):
+        return None
+    text = " ".join("".join(c if c.isprintable() else " " for c in value).split())
+    return text[:_GPU_TEXT_MAX].rstrip() or None
+
+
+def gpu_count(container: Mapping[str, Any]) -> int | None:
+    """The container's `nvidia.com/gpu` limit, else its request (None: neither, or unreadable).
+
+    Extended resources are whole numbers: "2", 2; anything else reads as unknown."""
+    resources = container.get("resources")
+    for kind in ("limits", "requests"):
+        amounts = resources.get(kind) if isinstance(resources, Mapping) else None
+        value = amounts.get(GPU_RESOURCE) if isinstance(amounts, Mapping) else None
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 4:
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value if 0 <= value <= 1024 else None
+        if value is not None:
+            return None  # "500m", a float, a list: not a GPU count kvgate can compare
+    return None

@@ -103,6 +103,9 @@ class ArmStatus:
     pod: str | None = None
     ip: str | None = None
     image_id: str | None = _key("imageID")  # the image the arm ran, by digest
+    node: str | None = None  # the node the arm's pod ran on
+    gpu_product: str | None = None  # the node's nvidia.com/gpu.product label (None: unknown)
+    gpu_count: int | None = None  # the container's nvidia.com/gpu limit (or request)
     scan: ScanRecord | None = None
     metrics: CacheTruth | None = None
     metrics_error: str | None = None
@@ -525,6 +528,8 @@ class VerdictKeyRecord:
     revision: str | None = None
     kv_cache_dtype: str | None = None
     attention_backend: str | None = None
+    gpu_product: str | None = None
+    gpu_count: int | None = None
     config: str | None = None
     eval_policy: str | None = None
     digest: str | None = None

@@ -3,7 +3,7 @@
 A verdict is only valid for the engine it tested: FP8 KV behaviour has changed between engine
 versions and GPUs. The key names what the verdict was reached on (the image by digest, the
 engine and its version, the model and revision, the KV dtype, the attention backend the engine
-chose, the tested args/env, the eval policy). After the verdict, a live key that differs in any
+chose, the GPU product and count, the tested args/env, the eval policy). After the verdict, a live key that differs in any
 field it can read makes the verdict stale.
 """
 
@@ -31,6 +31,8 @@ class VerdictKey:
     revision: str | None = None
     kv_cache_dtype: str | None = None
     attention_backend: str | None = None  # what the candidate's engine chose (its log)
+    gpu_product: str | None = None  # the candidate canary's node's nvidia.com/gpu.product
+    gpu_count: int | None = None  # the candidate container's nvidia.com/gpu limit (or request)
     config: str | None = None  # the tested container config (args, env, command), fingerprinted
     eval_policy: str | None = None  # the gates' settings, fingerprinted
 
@@ -64,6 +66,8 @@ def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
         revision=spec.model.revision,
         kv_cache_dtype=(scan.kv_cache_dtype if scan is not None else None) or spec.kv_cache_dtype,
         attention_backend=scan.attention_backend if scan is not None else None,
+        gpu_product=arm.gpu_product if arm is not None else None,
+        gpu_count=arm.gpu_count if arm is not None else None,
         config=_digest(status.candidate) if status.candidate else None,
         eval_policy=_digest(policy),
     )
@@ -83,19 +87,27 @@ class LiveKey:
 
     image: str | None
     image_digests: frozenset[str]  # of the pods running the tested config
+    # Of those pods: their nodes' GPU products and their containers' GPU counts (known ones only)
+    gpu_products: frozenset[str] = frozenset()
+    gpu_counts: frozenset[int] = frozenset()
 
 
 def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
     """The fields of `key` the live target no longer matches (empty: the verdict holds).
 
     An unknown on either side is no evidence of change: a missing imageID (a pod still
-    starting) never makes a verdict stale, and never makes a stale one fresh.
+    starting), a node without GPU feature discovery's label or one kvgate may not read never
+    makes a verdict stale, and never makes a stale one fresh.
     """
     changed = []
     if key.image and live.image and live.image != key.image:
         changed.append("image")
     if key.image_digest and any(d != key.image_digest for d in live.image_digests):
         changed.append("imageDigest")
+    if key.gpu_product and any(p != key.gpu_product for p in live.gpu_products):
+        changed.append("gpuProduct")
+    if key.gpu_count is not None and any(n != key.gpu_count for n in live.gpu_counts):
+        changed.append("gpuCount")
     return tuple(changed)
 
 
@@ -107,7 +119,7 @@ def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
     return (
         True,
         Reason.STALE,
-        f"the verdict was reached on another engine than runs now "
+        f"the verdict was reached on another engine or GPU than runs now "
         f"({describe(changed, key, live)}); create the rollout again to evaluate what runs",
     )
 
@@ -120,6 +132,12 @@ def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
         elif name == "imageDigest":
             now = ", ".join(sorted(d for d in live.image_digests if d != key.image_digest))
             parts.append(f"image digest {key.image_digest} -> {now}")
+        elif name == "gpuProduct":
+            now = ", ".join(sorted(p for p in live.gpu_products if p != key.gpu_product))
+            parts.append(f"GPU {key.gpu_product} -> {now}")
+        elif name == "gpuCount":
+            counts = sorted(n for n in live.gpu_counts if n != key.gpu_count)
+            parts.append(f"GPU count {key.gpu_count} -> {', '.join(map(str, counts))}")
     return "; ".join(parts)
 
 

@@ -134,6 +134,14 @@ def image_id(image: str, epoch: int = 0) -> str:
     return f"docker.io/{repo}@sha256:{hashlib.sha256(f'{image}/{epoch}'.encode()).hexdigest()}"
 
 
+def gpu_node(name: str, product: str | None) -> dict[str, Any]:
+    """A Node as GPU feature discovery labels it (no product: a node without the label)."""
+    labels = {"kubernetes.io/hostname": name}
+    if product is not None:
+        labels["nvidia.com/gpu.product"] = product
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
 def _matches(labels: Mapping[str, str], selector: str) -> bool:
     for term in filter(None, selector.split(",")):
         key, _, value = term.partition("=")
@@ -178,6 +186,10 @@ class FakeKube:
         # cache_config_info of each log's engine: what its /metrics say (a test may lie here)
         self.registry_epoch = 0  # bumped by `retag`
         self.cache_info = {CONTROL_LOG: ("auto", 1806), CANDIDATE_LOG: ("fp8_e4m3", 3804)}
+        # Pods are scheduled to `node` (a Node object the test may `add`, labelled by GPU
+        # feature discovery: `gpu_node`); `forbid_nodes`: reading a Node answers 403.
+        self.node = "gpu-node-1"
+        self.forbid_nodes = False
         self._ids = itertools.count(1)
 
     # --- helpers for tests ---
@@ -240,6 +252,12 @@ class FakeKube:
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read("Pod", name)
+
+    def read_node(self, name: str) -> dict[str, Any] | None:
+        if self.forbid_nodes:  # the chart's ClusterRole without `get` on nodes
+            self.requests += 1
+            raise KubeError(f"get node {name}: 403 Forbidden", status=403)
+        return self._read("Node", name)
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read("Job", name)
@@ -420,6 +438,7 @@ class FakeKube:
         env = container.get("env") or []
         crashed = crashed or any(str(e.get("value", "")).startswith("sha256:") for e in env)
         state: dict[str, Any] = {"running": {}}
+        pod["spec"]["nodeName"] = self.node
         pod["status"] = {
             "phase": "Running",
             "podIP": f"127.0.0.{next(self._ids) % 250 + 2}",
@@ -486,6 +505,11 @@ class FakeKube:
     def retag(self, name: str = "vllm") -> None:
         """The image's tag now names other content (a re-pushed tag); the pods roll over."""
         self.registry_epoch += 1
+        self._roll_out(self.objects[("Deployment", name)])
+
+    def reschedule(self, node: str, name: str = "vllm") -> None:
+        """The production pods move to `node` (drained, autoscaled): same template, same image."""
+        self.node = node
         self._roll_out(self.objects[("Deployment", name)])
 
     def edit_container(self, name: str, **fields: Any) -> None:

@@ -102,6 +102,7 @@ CLUSTER = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),
+    ("", "nodes", "get"),  # the verdict key's GPU product label, by node name
 }
 
 

@@ -28,10 +28,17 @@ POD: dict[str, Any] = {
     "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0"}]},
     "status": {"phase": "Running", "podIP": "10.0.0.7", "futureField": {"x": 1}},
 }
+NODE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+}
 ANSWERS: dict[str, tuple[int, bytes]] = {
     "/api/v1/namespaces/ns/pods/r-control": (200, json.dumps(POD).encode()),
     "/api/v1/namespaces/ns/pods": (200, json.dumps({"kind": "PodList", "items": [POD]}).encode()),
     "/api/v1/namespaces/ns/pods/garbled": (200, b"<html>proxy login</html>"),
+    "/api/v1/nodes/gpu-1": (200, json.dumps(NODE).encode()),
+    "/api/v1/nodes/secret-node": (403, b'{"kind":"Status","code":403,"reason":"Forbidden"}'),
 }
 
 
@@ -76,3 +83,12 @@ def test_a_missing_object_is_none(kube: Kube) -> None:
 def test_an_answer_that_is_not_json_is_one_kube_error(kube: Kube) -> None:
     with pytest.raises(KubeError, match=r"^get pod ns/garbled: unreadable response: "):
         kube.read_pod("ns", "garbled")
+
+
+def test_a_node_is_read_by_name_at_cluster_scope(kube: Kube) -> None:
+    assert kube.read_node("gpu-1") == NODE
+    assert kube.read_node("gone") is None
+    # a 403 is a KubeError carrying the status (the controller reads it as "GPU unknown")
+    with pytest.raises(KubeError, match=r"^get node secret-node: 403") as raised:
+        kube.read_node("secret-node")
+    assert raised.value.status == 403

@@ -54,10 +54,15 @@ RESOURCES = {
     "event": "events",
     "service": "services",
     "lease": "leases",
+    "node": "nodes",
 }
+# Cluster-scoped resources kube.py reads: granted in the discovery ClusterRole in either watch
+# mode (a Role cannot grant them), and only `get` (the candidate's node's GPU label).
+CLUSTER_SCOPED = {"nodes"}
 _METHOD = re.compile(
     r"(?P<verb>[a-z]+)_namespaced_(?P<what>[a-z_]+?)(?P<sub>_status|_scale)?$|"
-    r"(?P<cverb>[a-z]+)_(?P<cwhat>[a-z_]+?)_for_all_namespaces$"
+    r"(?P<cverb>[a-z]+)_(?P<cwhat>[a-z_]+?)_for_all_namespaces$|"
+    r"(?P<nverb>read)_(?P<nwhat>node)$"
 )
 
 # kopf's own calls (kopf 1.4x): it lists and watches the resource it serves, patches it
@@ -108,8 +113,8 @@ def client_calls(source: str) -> set[Grant]:
         method = node.func.attr
         match = _METHOD.fullmatch(method)
         assert match, f"kube.py calls {owner.attr}.{method}: add it to test_rbac.py's mapping"
-        verb = VERBS[match["verb"] or match["cverb"]]
-        what = match["what"] or match["cwhat"]
+        verb = VERBS[match["verb"] or match["cverb"] or match["nverb"]]
+        what = match["what"] or match["cwhat"] or match["nwhat"]
         sub = (match["sub"] or "").lstrip("_")
         if owner.attr == "custom":
             assert what == "custom_object", method
@@ -129,8 +134,8 @@ def client_calls(source: str) -> set[Grant]:
 def _grant(method: str, group: str, where: str) -> Grant:
     match = _METHOD.fullmatch(method)
     assert match, f"{where} calls {method}: add it to test_rbac.py's mapping"
-    verb = VERBS[match["verb"] or match["cverb"]]
-    what = match["what"] or match["cwhat"]
+    verb = VERBS[match["verb"] or match["cverb"] or match["nverb"]]
+    what = match["what"] or match["cwhat"] or match["nwhat"]
     sub = (match["sub"] or "").lstrip("_")
     assert what in RESOURCES, f"{where} calls {method}: add {what!r} to RESOURCES"
     return group, f"{RESOURCES[what]}/{sub}" if sub else RESOURCES[what], verb
@@ -198,10 +203,12 @@ def operator_needs(*, secrets: bool, leader: bool) -> tuple[set[Grant], set[Gran
 
     The first set is the same in either watch mode: a Role per namespace or one ClusterRole.
     """
-    namespaced = client_calls(KUBE_PY.read_text()) | KOPF
+    calls = client_calls(KUBE_PY.read_text())
+    cluster = {g for g in calls if g[1] in CLUSTER_SCOPED}
+    namespaced = (calls - cluster) | KOPF
     if not secrets:
         namespaced.discard(SECRET_GET)
-    return namespaced, set(KOPF_CLUSTER), leader_calls() if leader else set()
+    return namespaced, KOPF_CLUSTER | cluster, leader_calls() if leader else set()
 
 
 def test_the_source_scan_finds_the_calls_kube_py_makes() -> None:
@@ -216,9 +223,12 @@ def test_the_source_scan_finds_the_calls_kube_py_makes() -> None:
         ("", "secrets", "get"),
         ("kvgate.io", "kvcacherollouts", "get"),
         ("kvgate.io", "kvcacherollouts", "list"),
+        ("", "nodes", "get"),
     ]:
         assert grant in calls, grant
     assert ("apps", "deployments", "delete") not in calls
+    # nodes: get only (the GPU product label), never list or watch every node
+    assert {verb for _, resource, verb in calls if resource == "nodes"} == {"get"}
     assert not any(verb in ("update", "watch") for _, _, verb in calls)
 
 

@@ -168,6 +168,11 @@ app.kubernetes.io/part-of: kvgate
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+# The verdict key's GPU: the candidate canary's and production pods' node, by name, for its
+# nvidia.com/gpu.product label (get only: no list, no watch; without it the GPU is unknown).
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
 {{- end }}
 
 {{/* CEL list of the users that may write kvcacherollouts/status: the operator's SA and extras. */}}

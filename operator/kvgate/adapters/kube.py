@@ -154,6 +154,15 @@ class Kube:
             missing_ok=True,
         )
 
+    def read_node(self, name: str) -> dict[str, Any] | None:
+        """The Node (cluster-scoped; the chart grants `get` on nodes for its GPU label)."""
+        return self._call(
+            "get",
+            f"node {name}",
+            lambda: _raw(self.core.read_node(name, _preload_content=False)),
+            missing_ok=True,
+        )
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         obj = self._call(
             "list",

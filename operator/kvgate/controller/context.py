@@ -17,7 +17,7 @@ import kopf
 from kvgate import kubeobjects, manifests, promotion, proposing, redact, verdictkey
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
-from kvgate.errors import KvgateError
+from kvgate.errors import KubeError, KvgateError
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     ANNOTATION_ABORT,
@@ -43,6 +43,7 @@ class KubeApi(Protocol):
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def read_node(self, name: str) -> dict[str, Any] | None: ...
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
@@ -144,6 +145,7 @@ class Reads:
     deployment: dict[str, Any] | None = None  # read once per reconcile (`target_deployment`)
     deployment_read: bool = False
     rollout_pods: dict[str, dict[str, Any]] | None = None  # by name, listed once (`own_pods`)
+    node_gpus: dict[str, str | None] = field(default_factory=dict)  # by node (`node_gpu`)
 
 
 @dataclass
@@ -289,13 +291,15 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
 
 
 def live_key(ctx: Ctx) -> verdictkey.LiveKey:
-    """The live Deployment's image and the digests its pods run the tested config on."""
+    """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
+    the tested config on (what could not be read is left out: no evidence either way)."""
     found = live_container(ctx, target_deployment(ctx))
     previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
     container = ctx.status.get("container")
-    digests = set()
+    digests, products, counts = set(), set(), set()
     for pod in production_pods(ctx):
-        seen = status_view(ctx, pod_container(pod, container))
+        spec = pod_container(pod, container)
+        seen = status_view(ctx, spec)
         if pod["metadata"].get("deletionTimestamp") or not promotion.carries(
             seen, previous, candidate
         ):
@@ -303,8 +307,42 @@ def live_key(ctx: Ctx) -> verdictkey.LiveKey:
         health = kubeobjects.pod_health(pod, container)
         if health.image_id:
             digests.add(health.image_id)
+        if (product := node_gpu(ctx, pod_node(pod))) is not None:
+            products.add(product)
+        if (count := kubeobjects.gpu_count(spec)) is not None:
+            counts.add(count)
     image = found[1].get("image") if found else None
-    return verdictkey.LiveKey(image=image, image_digests=frozenset(digests))
+    return verdictkey.LiveKey(
+        image=image,
+        image_digests=frozenset(digests),
+        gpu_products=frozenset(products),
+        gpu_counts=frozenset(counts),
+    )
+
+
+def pod_node(pod: Mapping[str, Any] | None) -> str | None:
+    """The node the pod was scheduled to (None: not yet)."""
+    name = ((pod or {}).get("spec") or {}).get("nodeName")
+    return name if isinstance(name, str) and name else None
+
+
+def node_gpu(ctx: Ctx, node: str | None) -> str | None:
+    """The node's GPU product (`kubeobjects.gpu_product`), read once per node per reconcile.
+
+    Unknown (None), never an error, when there is no node, no label, no such node or kvgate may
+    not read nodes (403: a chart installed without the nodes grant); other API failures raise
+    like every other read, and the reconcile is retried."""
+    if node is None:
+        return None
+    if node not in ctx.reads.node_gpus:
+        try:
+            obj = ctx.kube.read_node(node)
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            obj = None
+        ctx.reads.node_gpus[node] = kubeobjects.gpu_product(obj)
+    return ctx.reads.node_gpus[node]
 
 
 def shown_env(ctx: Ctx) -> frozenset[str]:

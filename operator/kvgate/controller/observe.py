@@ -34,9 +34,11 @@ from kvgate.controller.context import (
     live_container,
     live_target,
     metrics_url,
+    node_gpu,
     own_pods,
     parse_time,
     pod_container,
+    pod_node,
     production_pods,
     read_state,
     status_view,
@@ -316,9 +318,23 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | No
     block.update(pod=pod, ip=health.ip, scan=scan)
     if health.image_id:  # the image the verdict is reached on, by digest (its key)
         block["imageID"] = health.image_id
+    block.update(arm_gpu(ctx, arm))
     block["attentionBackend"] = scan.get("attention_backend")
     block["kvTokens"] = gates.kv_tokens(scan)
     return scan, StatusUpdate.of(arms={**arms, arm: block})
+
+
+def arm_gpu(ctx: Ctx, arm: str) -> dict[str, Any]:
+    """The arm's node, its GPU product and the arm container's GPU count, for status (and the
+    candidate's for the verdict key); what is unknown is left out."""
+    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
+    node = pod_node(pod)
+    found = {
+        "node": node,
+        "gpuProduct": node_gpu(ctx, node),
+        "gpuCount": kubeobjects.gpu_count(pod_container(pod or {}, ctx.status.get("container"))),
+    }
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def arm_metrics(
