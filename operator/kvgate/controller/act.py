@@ -15,6 +15,7 @@ from typing import Any, Final
 from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
 from kvgate.controller.context import (
+    NOTHING,
     Ctx,
     StatusUpdate,
     adopt_child,
@@ -54,9 +55,6 @@ from kvgate.steps import Action, Step
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash
 # after deleting a canary and before the status write would read as "canary disappeared".
 DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
-
-
-NOTHING: Final = StatusUpdate()
 
 
 def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:

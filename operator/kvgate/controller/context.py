@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import kopf
 
@@ -136,6 +136,9 @@ class StatusUpdate:
         """A new dict: `status` with these keys replaced (a None value is kept as None, which
         the merge patch of the written status turns into a removal)."""
         return copy.deepcopy({**status, **self.changes})
+
+
+NOTHING: Final = StatusUpdate()  # a stage that found or did nothing for status
 
 
 @dataclass

@@ -34,8 +34,8 @@ from kvgate.controller.act import (
     run_pending,
 )
 from kvgate.controller.context import (
+    NOTHING,
     Ctx,
-    StatusUpdate,
     StatusView,
     describe,
     iso,
@@ -164,7 +164,7 @@ def reconcile(
         now=context.utcnow(),
     )
     state = read_state(ctx, phase, meta)
-    done = StatusUpdate()  # what the stages that went through found and did, in order
+    done = NOTHING  # what the stages that went through found and did, in order
     try:
         done = run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
         obs, findings = observe(ctx.seeing(done), phase, spec_errors)

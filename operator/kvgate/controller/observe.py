@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from kvgate import (
     engines,
@@ -24,6 +24,7 @@ from kvgate import (
 )
 from kvgate.controller import pullrequest, sources
 from kvgate.controller.context import (
+    NOTHING,
     Ctx,
     StatusUpdate,
     arm_health,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
 
 # What observe returns: the evidence for the core, and what status keeps of it.
 Observed = tuple[Observation, StatusUpdate]
-NOTHING: Final = StatusUpdate()
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observed:

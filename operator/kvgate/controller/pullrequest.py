@@ -18,6 +18,7 @@ from typing import Final
 from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, redact, verdictkey
 from kvgate.adapters.forge import Forge, RestForge, forge_for
 from kvgate.controller.context import (
+    NOTHING,
     Ctx,
     StatusUpdate,
     derive_candidate,
@@ -173,7 +174,7 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     the state read back. One merged meanwhile cannot be closed: say so, loudly."""
     pr = proposing.open_pull_request(proposing.recorded(ctx.status))
     if pr is None or pr.repository is None or pr.number is None:
-        return StatusUpdate()
+        return NOTHING
     comment = (
         f"kvgate closed this pull request: rollout {ctx.namespace}/{ctx.name} ended "
         f"{step.phase.value} ({step.reason}) before it was merged, so it no longer stands "

@@ -14,6 +14,7 @@ import kopf
 from kvgate import conditions as cond
 from kvgate import jsonrecord, manifests, redact, verdictkey
 from kvgate.controller.context import (
+    NOTHING,
     Ctx,
     StatusUpdate,
     adopt_child,
@@ -163,7 +164,7 @@ def fold(
     conditions, gates, verdict, the write-ahead revert record, the promotion and its verify
     window, the finish time. Pure, and the only place a new status is built."""
     step = scrubbed(step)
-    done = done or StatusUpdate()
+    done = done or NOTHING
     unknown = set(done.changes) - STATUS_KEYS
     if unknown:  # a bug: the CRD would prune it, and no reader knows it
         raise KvgateError(f"status has no key {', '.join(sorted(unknown))}")
