@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kvgate import crash, promoting, proposing
+from kvgate import crash, deadlines, promoting, proposing
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -91,6 +91,13 @@ def next_step(
         message = f"gate closed: {step.message}"
         return replace(step, gate_closed=True, message=message)
     return step
+
+
+def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
+    """`deadlines.give_up` (None: retry), ending as every end does in pullRequest mode: with
+    the rollout's open pull request closed."""
+    step = deadlines.give_up(spec, state, error, errors, limit=limit)
+    return None if step is None else proposing.closing(spec, state, step)
 
 
 def _step(

@@ -183,3 +183,21 @@ def test_a_target_changed_since_the_eval_is_not_proposed() -> None:
     s = step(Phase.PULL_REQUEST_OPEN, Observation(live=live))
     assert (s.phase, s.reason) == (Phase.FAILED, Reason.TARGET_CHANGED)
     assert Action.OPEN_PULL_REQUEST not in s.actions
+
+
+def test_giving_up_with_an_open_pull_request_closes_it() -> None:
+    # errors past the limit (a forge that stays down) end the rollout; the PR it left open
+    # must not stay mergeable
+    state = State(Phase.PULL_REQUEST_OPEN, config_hash="0123456789abcdef", pull_request=OPENED)
+    ended = machine.give_up(SPEC, state, "forge down", 31, limit=30)
+    assert ended is not None and ended.terminal
+    assert Action.CLOSE_PULL_REQUEST in ended.actions
+    assert machine.give_up(SPEC, state, "forge down", 1, limit=30) is None  # still retrying
+
+
+def test_an_end_without_an_open_pull_request_closes_nothing() -> None:
+    for recorded in (None, PullRequestStatus(state=PullRequestState.MERGED.value, number=3,
+                                             repository="acme/deploy")):  # fmt: skip
+        state = State(Phase.PULL_REQUEST_OPEN, pull_request=recorded)
+        ended = machine.give_up(SPEC, state, "forge down", 31, limit=30)
+        assert ended is not None and Action.CLOSE_PULL_REQUEST not in ended.actions

@@ -21,7 +21,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import deadlines, machine, proposing, verdictkey
+from kvgate import machine, verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -188,7 +188,7 @@ def reconcile(
             logger.warning("reconcile failed: %s", what)
         else:  # a bug: keep the traceback in the log, never in status or Events
             logger.error("reconcile failed: %s", what, exc_info=exc)
-        given_up = deadlines.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
+        given_up = machine.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if given_up is None:
             retry = {"consecutiveErrors": errors, "message": f"retrying after: {what}"}
             patch_status(patch, old, {**cleared, **retry})
@@ -196,7 +196,7 @@ def reconcile(
                 post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
-        step = proposing.closing(spec, state, given_up)  # pullRequest mode: no open PR left
+        step = given_up
         done = done.then(act_best_effort(ctx.seeing(done), step))
     written = write_status(ctx, patch, old, phase, step, done, cleared=cleared)
     extra = {"phase": step.phase.value, "reason": step.reason}
