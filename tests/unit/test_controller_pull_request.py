@@ -432,3 +432,31 @@ def test_a_delete_that_cannot_close_the_pr_is_retried_then_let_go_with_a_warning
     handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=limit)
     warnings = [m for t, r, m in w.events if t == "Warning" and r == "ReconcileError"]
     assert warnings and "close it by hand" in warnings[-1] and TOKEN not in warnings[-1]
+
+
+def test_an_operator_killed_after_the_close_landed_ends_the_same_on_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The close went through, the status write did not: the restarted operator closes again
+    # (a no-op on a closed PR) and records the end once.
+    w = PullRequestWorld(monkeypatch)
+    w.until(opened)
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
+    real = RestForge.close_pull_request
+    crashes: list[int] = []
+
+    def close_then_die(forge: RestForge, repo: str, number: int, comment: str) -> Any:
+        closed = real(forge, repo, number, comment)
+        if not crashes:
+            crashes.append(1)
+            raise fake_crash()
+        return closed
+
+    monkeypatch.setattr(RestForge, "close_pull_request", close_then_die)
+    w.until(lambda w: w.phase in END)
+    assert crashes and w.crashes == 1
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    assert w.forge.pulls[0]["state"] == "closed" and w.status["pullRequest"]["state"] == "closed"
+    closed_events = [m for t, r, m in w.events if r == "PullRequestClosed"]
+    assert len(closed_events) == 1  # the first close's Event died with the operator
+    assert len(w.forge.pulls[0].get("comments", [])) == 1
