@@ -35,8 +35,17 @@ GSM8K_DIR = os.environ.get("KVGATE_GSM8K_DIR") or str(ROOT.parent / "shared" / "
 _T = TypeVar("_T")
 
 
-def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: float = 0.5) -> _T:
-    """Poll until `predicate()` is truthy; its value is returned. No fixed sleeps elsewhere."""
+def wait_for(
+    predicate: Callable[[], _T],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    detail: Callable[[], str] | None = None,
+) -> _T:
+    """Poll until `predicate()` is truthy; its value is returned. No fixed sleeps elsewhere.
+
+    `detail`, when given, adds what it returns to the timeout's message (a log's tail, say).
+    """
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -44,7 +53,8 @@ def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: f
         if last:
             return last
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+    extra = f"\n{detail()}" if detail is not None else ""
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r}){extra}")
 
 
 def install_crd(cluster: Any) -> None:
@@ -116,8 +126,45 @@ class Operator:
         self.metrics_port = free_port()
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
 
     def start(self) -> Operator:
+        """Start `kvgate run` and wait until it serves metrics (its startup handler ran).
+
+        Fails at once, with the tail of its log, when the process exits first; a metrics port
+        taken between `free_port()` and the operator's bind (any process on this host may get
+        it as an ephemeral port) gets a fresh port and another start, not a failed test.
+        """
+        for _ in range(3):
+            self._spawn()
+            outcome = wait_for(self._started, 120, "operator metrics endpoint", detail=self.tail)
+            if outcome == "serving":
+                return self
+            if "Address already in use" not in self._this_start():
+                raise RuntimeError(f"the operator exited with {outcome}:\n{self.tail()}")
+            self.metrics_port = free_port()
+        raise RuntimeError(f"the operator found no free metrics port in 3 tries:\n{self.tail()}")
+
+    def _started(self) -> str | None:
+        if self.metrics() is not None:
+            return "serving"
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            return f"exit code {code}"
+        if "Address already in use" in self._this_start():
+            self.kill()
+            return "a taken metrics port"
+        return None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def _this_start(self) -> str:
+        """The log written since the last spawn (one log file holds every start's)."""
+        return self.log()[self._log_offset :]
+
+    def _spawn(self) -> None:
         env = {
             **os.environ,
             "KUBECONFIG": self.cluster.kubeconfig,
@@ -141,6 +188,7 @@ class Operator:
             **self.extra_env,
         }
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self._log_offset = len(self.log())
         self.proc = subprocess.Popen(
             [
                 str(VENV_BIN / "kvgate"),
@@ -156,8 +204,6 @@ class Operator:
             start_new_session=True,
         )
         log.close()
-        wait_for(lambda: self.metrics() is not None, 60, "operator metrics endpoint")
-        return self
 
     def metrics(self) -> str | None:
         import urllib.request
