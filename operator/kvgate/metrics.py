@@ -83,7 +83,7 @@ HISTOGRAMS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "sglang": ("sglang:request_time_per_output_token_seconds",),
     },
     # Finished requests' lengths in tokens (the load Job's workload shape). SGLang exports
-    # them with --collect-tokens-histogram.
+    # them with --enable-metrics from 0.5.11, before that only with --collect-tokens-histogram.
     "prompt_lengths": {
         "vllm": ("vllm:request_prompt_tokens",),
         "sglang": ("sglang:prompt_tokens_histogram",),

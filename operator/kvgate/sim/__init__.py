@@ -10,7 +10,9 @@ It prints the startup log of the emulated engine version for the GPU and checkpo
 environment, fails where that engine fails (FlashInfer JIT on an L4 with FP8 KV, a KV pool
 too small for max-model-len, argparse errors, injected faults), then serves `/health`,
 `/v1/models`, `/v1/completions`, `/v1/chat/completions` (SSE with `stream`), `/metrics`
-(vLLM always, SGLang with `--enable-metrics`), vLLM's `/version` `/ping` `/load` and
+(vLLM always, SGLang with `--enable-metrics`; with each finished request's prompt and
+generated tokens in the engine's request-length histograms, SGLang before 0.5.11 only with
+`--collect-tokens-histogram`), vLLM's `/version` `/ping` `/load` and
 SGLang's `/health_generate` `/get_server_info` `/server_info` `/get_model_info`.
 SIGTERM: the engine's shutdown lines, exit 0.
 

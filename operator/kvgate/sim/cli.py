@@ -105,6 +105,7 @@ class ServeArgs:
     disable_log_stats: bool
     access_log: bool
     skip_server_warmup: bool
+    collect_tokens_histogram: bool = False  # SGLang before 0.5.20 (a no-op from 0.5.11)
     non_default: dict[str, Any] = field(default_factory=dict)
     all_args: dict[str, Any] = field(default_factory=dict)
 
@@ -251,6 +252,8 @@ def parse_sglang(argv: Sequence[str], version: tuple[int, ...]) -> ServeArgs:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--enable-metrics", action="store_true")
     parser.add_argument("--skip-server-warmup", action="store_true")
+    if version < (0, 5, 20):  # deprecated in 0.5.11, gone in 0.5.20 (sim/metrics.py)
+        parser.add_argument("--collect-tokens-histogram", action="store_true")
     for name, kind, default in (
         ("--tp-size", int, 1), ("--dp-size", int, 1), ("--dtype", str, "auto"),
         ("--quantization", str, None), ("--quantization-param-path", str, None),
@@ -287,6 +290,7 @@ def parse_sglang(argv: Sequence[str], version: tuple[int, ...]) -> ServeArgs:
         disable_log_stats=False,
         access_log=True,
         skip_server_warmup=args.skip_server_warmup,
+        collect_tokens_histogram=getattr(args, "collect_tokens_histogram", False),
         non_default={k: v for k, v in values.items() if v != defaults.get(k)},
         all_args=values,
     )

@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client.utils import floatToGoString
+
 from kvgate.sim.config import GIB, GpuProfile, LoadSpec, ModelProfile
 
 MIN_TICK = 0.002  # wall seconds; shorter steps are batched into one tick to spare the CPU
@@ -44,10 +46,12 @@ class Histogram:
         self.n += count
 
     def cumulative(self) -> list[tuple[str, int]]:
+        """`(le, cumulative count)` rows; `le` spelled as prometheus_client's own Histogram
+        does (`1000.0`, but `1e+06`), so token-count bounds read like the engines'."""
         running, rows = 0, []
         for bound, count in zip([*self.bounds, math.inf], self.counts, strict=True):
             running += count
-            rows.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
+            rows.append((floatToGoString(bound), running))
         return rows
 
 
@@ -70,6 +74,10 @@ class Stats:
     tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    # Each finished request's prompt and generated tokens; the engine's bounds are set by the
+    # Scheduler (vLLM's depend on max-model-len, SGLang's on its version: sim/metrics.py).
+    prompt_lengths: Histogram = field(default_factory=lambda: Histogram(()))
+    output_lengths: Histogram = field(default_factory=lambda: Histogram(()))
     running: int = 0
     waiting: int = 0
     used_blocks: int = 0
@@ -128,6 +136,7 @@ class Scheduler:
         speed: float,
         on_finished: Callable[[Request], None] | None = None,
         fp8_kv: bool = False,
+        length_buckets: Sequence[float] = (),
     ) -> None:
         self.gpu = gpu
         self.fp8_kv = fp8_kv  # reading the pool costs the GPU's FP8 dequantization too
@@ -138,7 +147,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.speed = speed
         self.on_finished = on_finished
-        self.stats = Stats()
+        self.stats = Stats(
+            prompt_lengths=Histogram(length_buckets), output_lengths=Histogram(length_buckets)
+        )
         self.lock = threading.Lock()
         self._wake = threading.Condition(self.lock)
         self._waiting: deque[Request] = deque()
@@ -259,6 +270,10 @@ class Scheduler:
     def _finish(self, request: Request, now: float, aborted: bool = False) -> None:
         request.finished_at = now
         stats = self.stats
+        # Both engines observe the lengths where they count the finished request (vLLM beside
+        # request_success, SGLang beside num_requests_total), so aborted ones too.
+        stats.prompt_lengths.observe(request.prompt_tokens)
+        stats.output_lengths.observe(request.generated)
         if aborted:
             stats.finished["abort"] += 1
             request.error = "request does not fit in the KV cache"

@@ -22,7 +22,14 @@ from kvgate.sim.context import ContextModel
 from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
 from kvgate.sim.gsm8k import Answerer, Gsm8kIndex
 from kvgate.sim.logfmt import SglangLog, VllmLog
-from kvgate.sim.metrics import SglangCollector, VllmCollector, build_registry
+from kvgate.sim.metrics import (
+    SglangCollector,
+    VllmCollector,
+    build_registry,
+    sglang_collects_tokens,
+    sglang_token_buckets,
+    vllm_request_token_buckets,
+)
 from kvgate.sim.server import App, SimServer, make_server, serve_in_thread
 from kvgate.sim.sglang import SglangStartup
 from kvgate.sim.sglang import shutdown_lines as sglang_shutdown
@@ -235,9 +242,11 @@ class Runner:
         if isinstance(startup, VllmStartup):
             app.max_model_len = startup.max_model_len
             block, max_seqs = BLOCK_SIZE, args.max_num_seqs or 256
+            length_buckets = vllm_request_token_buckets(startup.max_model_len)
         else:
             app.max_model_len = startup.context_len
             block, max_seqs = 1, startup.max_running
+            length_buckets = sglang_token_buckets(env.version_tuple)
         scheduler = Scheduler(
             gpu=dcgm.clocked(env.gpu, *dcgm.clocks_for(env.dcgm, self.args.kv_cache_dtype)),
             model=env.model,
@@ -248,6 +257,7 @@ class Runner:
             speed=env.speed,
             on_finished=self._count,
             fp8_kv=kv_dtype_bytes(args.kv_cache_dtype) == 1,
+            length_buckets=length_buckets,
         )
         self.scheduler = app.scheduler = scheduler
         model = args.served_model_name
@@ -264,7 +274,12 @@ class Runner:
         else:
             if args.enable_metrics:  # SGLang serves /metrics only when asked
                 collector = SglangCollector(
-                    scheduler, model, env.version_tuple, plan.tokens, startup.context_len
+                    scheduler,
+                    model,
+                    env.version_tuple,
+                    plan.tokens,
+                    startup.context_len,
+                    sglang_collects_tokens(env.version_tuple, args.collect_tokens_histogram),
                 )
                 app.registry = build_registry(collector)
             app.server_info = self._server_info(startup)

@@ -20,6 +20,46 @@ from prometheus_client.registry import Collector
 
 from kvgate.sim.engine import Histogram, Scheduler
 
+# -- request-length histogram bounds ----------------------------------------------------------
+# SGLang's default_bucket_prompt_tokens, which both its prompt and its generation histograms use:
+# sglang/srt/metrics/collector.py (0.5.3) and sglang/srt/observability/metrics_collector.py
+# (0.5.10), `TokenizerMetricsCollector.__init__`.
+SGLANG_TOKEN_BUCKETS_OLD = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12000, 15000, 20000, 22000, 25000, 30000, 35000, 40000, 66000, 99000, 132000, 300000, 600000, 900000, 1100000]  # fmt: skip
+# The same list from 0.5.11 on (sglang/srt/observability/metrics_collector.py, 0.5.11 to 0.5.23).
+SGLANG_TOKEN_BUCKETS = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000]  # fmt: skip
+# SGLang 0.5.11 collects the token histograms whenever metrics are on and makes
+# --collect-tokens-histogram a deprecated no-op (server_args.py, DeprecatedAction); 0.5.20
+# drops the flag. Before 0.5.11 the histograms exist only with the flag.
+SGLANG_ALWAYS_COLLECTS_TOKENS = (0, 5, 11)
+SGLANG_DROPS_COLLECT_FLAG = (0, 5, 20)
+
+
+def vllm_request_token_buckets(max_model_len: int) -> list[int]:
+    """vLLM's `build_1_2_5_buckets(max_model_len)`: 1, 2, 5, 10, 20, 50... up to max_model_len
+    (vllm/v1/metrics/loggers.py in 0.10.2-0.20.0; vllm/v1/metrics/buckets.py in 0.33.0)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+def sglang_token_buckets(version: tuple[int, ...]) -> list[int]:
+    """SGLang's default bounds of `sglang:prompt_tokens_histogram` / `generation_tokens_histogram`."""
+    return (
+        SGLANG_TOKEN_BUCKETS
+        if version >= SGLANG_ALWAYS_COLLECTS_TOKENS
+        else SGLANG_TOKEN_BUCKETS_OLD
+    )
+
+
+def sglang_collects_tokens(version: tuple[int, ...], collect_flag: bool) -> bool:
+    """Whether SGLang (with --enable-metrics) exports its request-length histograms."""
+    return collect_flag or version >= SGLANG_ALWAYS_COLLECTS_TOKENS
+
 
 def _hist(name: str, doc: str, labels: dict[str, str], hist: Histogram) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=list(labels))
@@ -149,6 +189,19 @@ class VllmCollector(Collector):
             for reason in reasons:
                 success.add_metric([*labels.values(), reason], s.finished.get(reason, 0))
             yield success
+            # vllm/v1/metrics/loggers.py (0.10.2-0.33.0): the same help text as the counters
+            yield _hist(
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                labels,
+                s.prompt_lengths,
+            )
+            yield _hist(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                labels,
+                s.output_lengths,
+            )
             yield _hist(
                 "vllm:time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",
@@ -214,12 +267,14 @@ class SglangCollector(Collector):
         version: tuple[int, ...],
         max_total_tokens: int,
         context_len: int,
+        tokens_histogram: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.model_name = model_name
         self.version = version
         self.max_total_tokens = max_total_tokens
         self.context_len = context_len
+        self.tokens_histogram = tokens_histogram  # sglang_collects_tokens()
 
     def collect(self) -> Iterator[Metric]:
         sched = {
@@ -312,6 +367,19 @@ class SglangCollector(Collector):
                 tok,
                 s.generation_tokens,
             )
+            if self.tokens_histogram:  # TokenizerMetricsCollector, labels {model_name}
+                yield _hist(
+                    "sglang:prompt_tokens_histogram",
+                    "Histogram of prompt token length.",
+                    tok,
+                    s.prompt_lengths,
+                )
+                yield _hist(
+                    "sglang:generation_tokens_histogram",
+                    "Histogram of generation token length.",
+                    tok,
+                    s.output_lengths,
+                )
             yield _counter("sglang:cached_tokens", "Number of cached prompt tokens.", tok, 0)
             yield _counter(
                 "sglang:num_requests",
