@@ -184,3 +184,66 @@ def test_a_kv_too_small_error_cut_or_wrapped_is_still_a_failed_start() -> None:
         "max_model_len 262144 needs 24.0 GiB of KV cache but 3.18 GiB is free: set "
         "--max-model-len 34736 or less, or raise --gpu-memory-utilization."
     )
+
+
+# vLLM with --kv-cache-memory-bytes skips profiling and prints its budget in one line
+# (vllm/v1/worker/gpu_worker.py:467-479 in the 0.26.0 wheel), not "Available KV cache memory".
+KV_BYTES_RESERVED = (
+    "(Worker_TP{rank} pid=8{rank}) INFO 07-26 12:29:34 [gpu_worker.py:479] Initial free memory "
+    "93.88 GiB, reserved {gib} GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+    "config and skipped memory profiling. This does not respect the gpu_memory_utilization "
+    "config.\n"
+)
+
+
+def test_a_kv_budget_given_in_bytes_is_the_kv_memory() -> None:
+    # GIVEN two workers that each reserved their pinned budget WHEN scanned THEN the KV memory
+    # is the smaller one, as for "Available KV cache memory" (the pool is sized by the smallest)
+    log = KV_BYTES_RESERVED.format(rank=0, gib="49.0") + KV_BYTES_RESERVED.format(
+        rank=1, gib="48.5"
+    )
+    scan = scan_log(log)
+    assert (scan.engine, scan.capacity.kv_memory_gib, scan.failed) == ("vllm", 48.5, False)
+    # a paste wrapped after "as specified by" (as quoted in bench write-ups) still reads
+    wrapped = (
+        "reserved 5.59 GiB memory for KV Cache as specified by\nkv_cache_memory_bytes config\n"
+    )
+    assert scan_log(wrapped).capacity.kv_memory_gib == 5.59
+
+
+# SGLang raises this while sizing the pool in the scheduler's init, before any KV cache exists
+# (sglang/srt/mem_cache/kv_cache_configurator.py:1802 in the 0.5.18 wheel; SGLang PR #28855).
+SGLANG_WEIGHTS_FILL_BUDGET = (
+    "[2026-07-09 10:11:12 TP0] ValueError: Loaded weights leave no GPU memory for the KV cache "
+    "under --mem-fraction-static=0.88. Raise --mem-fraction-static above 0.912 (minimum viable = "
+    "1 - available/pre = 0.9113). If using speculative decoding, draft weights are now counted.\n"
+)
+
+
+def test_sglang_weights_filling_the_static_budget_is_a_failed_start_with_its_fix() -> None:
+    scan = scan_log(SGLANG_WEIGHTS_FILL_BUDGET)
+    finding = scan.finding("insufficient-kv-memory")
+    assert (scan.engine, scan.failed) == ("sglang", True)
+    assert finding is not None and finding.line == 1
+    assert finding.hint.startswith("Raise --mem-fraction-static above 0.912")
+    # cut after the fraction (SemiAnalysisAI/InferenceX#2128), no header: still the same failure
+    cut = scan_log(
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+        "--mem-fraction-static=0.88.\n  Rai\n"
+    )
+    cut_finding = cut.finding("insufficient-kv-memory")
+    assert (cut.engine, cut.failed) == ("sglang", True) and cut_finding is not None
+    assert "0.88" in cut_finding.hint
+
+
+def test_sglang_running_phase_sigquit_is_not_the_launch_phase_one() -> None:
+    # SGLang >= 0.5.1x: the launch-phase handler says "Received sigquit from a child process"
+    # (sglang/srt/entrypoints/engine.py:1728, 0.5.18); once serving, the tokenizer manager's
+    # handler replaces it (tokenizer_manager.py:2192/3632), so its wording is no start failure.
+    running = (
+        "[2026-08-23 09:11:09] SIGQUIT received. signum=None, frame=None. It usually means one "
+        "child failed.\n"
+    )
+    assert not scan_log(running).failed
+    launch = "[2026-08-23 09:11:09] Received sigquit from a child process. It usually means the child failed.\n"
+    assert scan_log(launch).failed

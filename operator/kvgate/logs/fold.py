@@ -371,7 +371,9 @@ class _Folder:
             self.add("invalid-kv-cache-dtype", "dtype", event, hint=hint)
         for event in self.by_rule(R.OOM, R.V_FREE_MEMORY, R.V_OOM_WARMUP):
             self.add("out-of-memory", R.OOM, event, hint=_HINT_OOM[engine or _V])
-        for event in self.by_rule(R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY):
+        for event in self.by_rule(
+            R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY, R.S_NO_KV_MEMORY
+        ):
             self.add("insufficient-kv-memory", "kv-memory", event, hint=self._kv_memory_hint(event))
         for event in self.by_rule(
             R.V_CORE_FAILED,
@@ -484,6 +486,18 @@ class _Folder:
             return (
                 f"max_model_len {max_len} needs {needed} GiB of KV cache but {available} GiB is "
                 f"free: set {limit}, or raise --gpu-memory-utilization."
+            )
+        if event.rule == R.S_NO_KV_MEMORY:
+            fraction, above = event.groups
+            if above:
+                return (
+                    f"Raise --mem-fraction-static above {above}: the loaded weights (a speculative "
+                    "draft's included) fill the static budget."
+                )
+            under = f" (now {fraction})" if fraction else ""
+            return (
+                f"Raise --mem-fraction-static{under}: the loaded weights (a speculative draft's "
+                "included) fill the static budget."
             )
         if event.rule == R.S_NOT_ENOUGH_MEMORY:
             return "Raise --mem-fraction-static (or lower --max-running-requests/--context-length)."

@@ -36,6 +36,7 @@ S_FA3_FP8: Final = "s.fa3_fp8"
 S_INIT_FAILED: Final = "s.init_failed"
 S_KV_SCALE_DEFAULT: Final = "s.kv_scale_default"
 S_NOT_ENOUGH_MEMORY: Final = "s.not_enough_memory"
+S_NO_KV_MEMORY: Final = "s.no_kv_memory"
 S_POOL: Final = "s.pool"
 S_POOL_POST: Final = "s.pool_post"
 S_RANK_DEAD: Final = "s.rank_dead"
@@ -349,6 +350,19 @@ RULES: Final[tuple[_Rule, ...]] = (
         None,
         _S,
     ),
+    # SGLang's pool sizing when the loaded weights (draft included) exceed the static budget:
+    # `raise ValueError(f"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-
+    # static={...}. Raise --mem-fraction-static above {...:.3f} (minimum viable = ...). ...")`
+    # (wheel 0.5.18: sglang/srt/mem_cache/kv_cache_configurator.py:1802; SGLang PR #28855), in
+    # the scheduler's init. Anchored on its own needle: pastes cut it after the fraction.
+    _r(
+        S_NO_KV_MEMORY,
+        "Loaded weights leave no GPU memory for the KV cache",
+        "Loaded weights leave no GPU memory for the KV cache",
+        r"KV cache(?: under --mem-fraction-static=(\d+(?:\.\d+)?))?"
+        r"(?:\. Raise --mem-fraction-static above (\d+(?:\.\d+)?))?",
+        _S,
+    ),
     _r(V_MEM_PROFILING, "rror", "Error in memory profiling", None, _V),
     # capacity
     _r(
@@ -356,6 +370,16 @@ RULES: Final[tuple[_Rule, ...]] = (
         "ache",
         "Available KV cache memory: ",
         r"Available KV cache memory: (-?[\d.]+) GiB",
+        _V,
+    ),
+    # --kv-cache-memory-bytes skips profiling; the budget comes in its own line instead: "Initial
+    # free memory %s GiB, reserved %s GiB memory for KV Cache as specified by kv_cache_memory_bytes
+    # config and skipped memory profiling. ..." (wheel 0.26.0: vllm/v1/worker/gpu_worker.py:467-479)
+    _r(
+        V_KV_MEMORY,
+        "ache",
+        "GiB memory for KV Cache as specified by",
+        r"reserved (-?[\d.]+) GiB memory for KV Cache as specified by",
         _V,
     ),
     _r(V_KV_TOKENS, "ache", "KV cache size: ", r"KV cache size: ([\d,]+) tokens", _V),
