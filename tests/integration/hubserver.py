@@ -47,10 +47,35 @@ class Request:
 @dataclass
 class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
-    served: Counter[str] = field(default_factory=Counter)  # body bytes sent, per file path
-    requests: list[Request] = field(default_factory=list)
+    _served: Counter[str] = field(default_factory=Counter)  # body bytes sent, per file path
+    _requests: list[Request] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Handlers between a request's arrival and its record: a client can have the whole response
+    # (and a test read the counts) before the handler thread records what it sent.
+    _busy: int = 0
+    _settled: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._settled = threading.Condition(self._lock)
+
+    def _settle(self) -> None:
+        """Wait (the lock held) until every request that arrived has been recorded."""
+        if not self._settled.wait_for(lambda: self._busy == 0, timeout=30):
+            raise TimeoutError("the fake hub's handlers did not finish in 30 s")
+
+    @property
+    def served(self) -> Counter[str]:
+        """Body bytes sent per file path, once every request so far is recorded."""
+        with self._lock:
+            self._settle()
+            return Counter(self._served)
+
+    @property
+    def requests(self) -> list[Request]:
+        with self._lock:
+            self._settle()
+            return list(self._requests)
 
     def add_repo(
         self,
@@ -80,12 +105,14 @@ class FakeHub:
 
     def bytes_served(self, suffix: str = "") -> int:
         with self._lock:
-            return sum(n for path, n in self.served.items() if path.endswith(suffix))
+            self._settle()
+            return sum(n for path, n in self._served.items() if path.endswith(suffix))
 
     def reset_counts(self) -> None:
         with self._lock:
-            self.served.clear()
-            self.requests.clear()
+            self._settle()
+            self._served.clear()
+            self._requests.clear()
 
     def start(self) -> FakeHub:
         hub = self
@@ -125,10 +152,20 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._route(body=True)
+        self._recorded(body=True)
 
     def do_HEAD(self) -> None:
-        self._route(body=False)
+        self._recorded(body=False)
+
+    def _recorded(self, body: bool) -> None:
+        with self.fake._lock:
+            self.fake._busy += 1
+        try:
+            self._route(body)
+        finally:
+            with self.fake._lock:
+                self.fake._busy -= 1
+                self.fake._settled.notify_all()
 
     def _route(self, body: bool) -> None:
         path = urlsplit(self.path).path
@@ -231,8 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
                 pass  # the client stopped reading early; count what it could not refuse
         with self.fake._lock:
             if filename is not None:
-                self.fake.served[filename] += sent
-            self.fake.requests.append(
+                self.fake._served[filename] += sent
+            self.fake._requests.append(
                 Request(
                     self.command,
                     self.path,
