@@ -35,6 +35,9 @@ ANNOTATION_ABORTED_BY: Final = "kvgate.io/aborted-by"
 ANNOTATION_CONFIG_HASH: Final = "kvgate.io/config-hash"
 # The eval NetworkPolicy's own spec hash: an owned policy with another hash is replaced.
 ANNOTATION_POLICY_HASH: Final = "kvgate.io/policy-hash"
+# `status.preflight.source` when the pool samples came from Prometheus (absent: the pods'
+# /metrics), and `status.speed.clocks.source`.
+PROMETHEUS_SOURCE: Final = "prometheus"
 
 
 class Phase(StrEnum):
@@ -264,7 +267,7 @@ class SpeedClocks:
         return self.control is not None and self.candidate is not None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": "prometheus"}
+        out: dict[str, Any] = {"source": PROMETHEUS_SOURCE}
         for arm, clocks in (("control", self.control), ("candidate", self.candidate)):
             if clocks is not None:
                 out[arm] = clocks.to_dict()

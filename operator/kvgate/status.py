@@ -175,7 +175,7 @@ class PreflightStatus:
     samples: Mapping[str, tuple[PoolSample, ...]] = _key(default={})
     ticks: int | None = None
     last_sample_at: str | None = None
-    source: str | None = None
+    source: str | None = None  # model.PROMETHEUS_SOURCE, or None: the pods' /metrics
     errors: tuple[str, ...] = _key(default=())
     pressure: PressureRecord | None = None
     pressure_by_pod: Mapping[str, PressureRecord] = _key(default={})

@@ -21,7 +21,7 @@ from typing import Final
 from kvgate.gates import compare_clocks
 from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
 from kvgate.metrics import Histogram
-from kvgate.model import Outcome, SpeedClocks
+from kvgate.model import PROMETHEUS_SOURCE, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import ThroughputGainGate
 from kvgate.status import PoolSample, PreflightStatus, RolloutStatus
@@ -224,6 +224,9 @@ MIN_LENGTH_REQUESTS: Final = 10
 # The load Job's bounds on a derived length (a runaway histogram must not plan a 10M prompt).
 MAX_PROMPT_TOKENS: Final = 1_000_000
 MAX_OUTPUT_TOKENS: Final = 100_000
+# Where production's request-length totals were read, in the words of `RequestLengths.message`.
+FROM_PODS: Final = "the pods' /metrics"
+FROM_PROMETHEUS: Final = "Prometheus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +265,14 @@ def request_lengths(
     output: Histogram | None,
     *,
     min_requests: int = MIN_LENGTH_REQUESTS,
+    source: str = FROM_PODS,
 ) -> RequestLengths:
     """Production's request lengths for the load Job, from its request-length histograms
     (vLLM `vllm:request_prompt_tokens` / `vllm:request_generation_tokens`, SGLang's
     `*_tokens_histogram`; pass a window's `since()` delta when there is one): each mean from
     sum / count, the prompt's spread from the buckets. Missing, empty or too few requests in
-    either: the fixed defaults, with a message saying so."""
+    either: the fixed defaults, with a message saying so. The message names `source`, where
+    the histograms were read."""
 
     def fallback(why: str) -> RequestLengths:
         return RequestLengths(
@@ -276,14 +281,14 @@ def request_lengths(
             0,
             derived=False,
             message=(
-                f"production's request lengths unread ({why}): the load runs the fixed "
-                f"{DEFAULT_PROMPT_TOKENS} prompt / {DEFAULT_OUTPUT_TOKENS} output tokens"
+                f"production's request lengths unread from {source} ({why}): the load runs "
+                f"the fixed {DEFAULT_PROMPT_TOKENS} prompt / {DEFAULT_OUTPUT_TOKENS} output tokens"
             ),
         )
 
     for name, histogram in (("prompt", prompt), ("output", output)):
         if histogram is None:
-            return fallback(f"no {name}-length histogram in production's metrics")
+            return fallback(f"no {name}-length histogram")
         if histogram.count < min_requests:
             return fallback(
                 f"{histogram.count:g} requests in the {name}-length histogram, fewer than "
@@ -303,8 +308,9 @@ def request_lengths(
         max(std, 0),
         derived=True,
         message=(
-            f"production's request lengths over {prompt.count:g} requests: prompt mean "
-            f"{prompt_tokens} (std ~{max(std, 0)}), output mean {output_tokens} tokens"
+            f"production's request lengths from {source} over {prompt.count:g} requests: "
+            f"prompt mean {prompt_tokens} (std ~{max(std, 0)}), output mean {output_tokens} "
+            "tokens"
         ),
     )
 
@@ -333,7 +339,14 @@ def status_production_concurrency(status: object) -> int:
 def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
     """`request_lengths` of the preflight's latest sample with length totals (the busiest pod's
     when several have them): production's finished requests since its engine started. Means
-    only: status keeps the histograms' sums and counts, not their buckets."""
+    only: status keeps the histograms' sums and counts, not their buckets. The samples are
+    scrapes of the pods or Prometheus' history (`preflight.source`), the same totals either way;
+    the message says which."""
+    source = (
+        FROM_PROMETHEUS
+        if preflight is not None and preflight.source == PROMETHEUS_SOURCE
+        else FROM_PODS
+    )
     best: PoolSample | None = None
     for samples in (preflight.samples if preflight is not None else {}).values():
         latest = next(
@@ -344,10 +357,11 @@ def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
         ):
             best = latest
     if best is None:
-        return request_lengths(None, None)
+        return request_lengths(None, None, source=source)
     return request_lengths(
         Histogram((), best.prompt_len_sum or 0.0, best.prompt_len_count or 0.0),
         Histogram((), best.output_len_sum or 0.0, best.output_len_count or 0.0),
+        source=source,
     )
 
 

@@ -19,14 +19,17 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from test_sim_request_lengths import send_requests
 
 from kvgate.adapters import prometheus as adapter
+from kvgate.controller.sources import pool_record
 from kvgate.errors import ExternalError, PrometheusError
 from kvgate.gates import assess_speed
 from kvgate.metrics import parse_metrics
 from kvgate.model import Outcome, SpeedClocks
 from kvgate.pool import pool_pressure
 from kvgate.spec import SpeedGate
+from kvgate.throughput import status_production_lengths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib
@@ -79,6 +82,41 @@ def test_history_from_prometheus_matches_a_direct_scrape(sim, tmp_path, engine, 
     assert (
         history["web-busy"][-1].names["kv_usage"]
         == parse_metrics(httpx.get(busy.url + "/metrics").text, engine).names["kv_usage"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "version"),
+    [("vllm", VLLM, "0.11.0"), ("sglang", [*SGLANG, "--skip-server-warmup"], "0.5.23")],
+)
+def test_request_lengths_from_prometheus_match_a_direct_scrape(
+    sim, tmp_path, engine, args, version
+) -> None:
+    # GIVEN a production engine that finished twelve requests of known lengths
+    production = sim(args, {"KVGATE_SIM_ENGINE_VERSION": version}, host="127.0.0.2")
+    send_requests(production)
+    # WHEN preflight reads its history from a real Prometheus that scraped it, and (to compare)
+    # its /metrics directly, each as status keeps a pool sample
+    with Prometheus(tmp_path / "prom", [f"{production.host}:{production.port}"]) as prom:
+        prom.wait_up(1)  # scraped once, after the requests finished
+        history = adapter.pool_history(
+            prom.url, engine, {"prod-0": production.host}, window_s=2, step_s=1, now=time.time()
+        )["prod-0"]
+    scraped = parse_metrics(httpx.get(production.url + "/metrics").text, engine)
+    samples = [pool_record(s) for s in history]
+    via_prometheus = status_production_lengths(
+        {"preflight": {"source": "prometheus", "samples": {"prod-0": samples}}}
+    )
+    via_scrape = status_production_lengths(
+        {"preflight": {"samples": {"prod-0": [pool_record(scraped)]}}}
+    )
+    # THEN both give the load the means of what was sent (1,083.67 and 111 tokens)
+    assert history and history[-1].prompt_lengths is not None
+    assert history[-1].names["prompt_lengths"] == scraped.names["prompt_lengths"]
+    shape = (via_prometheus.prompt_tokens, via_prometheus.output_tokens, via_prometheus.derived)
+    assert shape == (via_scrape.prompt_tokens, via_scrape.output_tokens, True) == (1084, 111, True)
+    assert via_prometheus.message.startswith(
+        "production's request lengths from Prometheus over 12 requests"
     )
 
 

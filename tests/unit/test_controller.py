@@ -1663,7 +1663,9 @@ def test_the_load_runs_productions_request_lengths_from_its_histograms(
     assert command[command.index("--prompt-tokens") + 1] == "1800"
     assert command[command.index("--output-tokens") + 1] == "400"
     lengths = world.obj["status"]["load"]["lengths"]
-    assert lengths.startswith("production's request lengths over 40 requests: prompt mean 1800")
+    assert lengths.startswith(
+        "production's request lengths from the pods' /metrics over 40 requests: prompt mean 1800"
+    )
 
 
 def test_without_length_histograms_the_load_runs_the_fixed_lengths_and_says_so(
@@ -1674,8 +1676,51 @@ def test_without_length_histograms_the_load_runs_the_fixed_lengths_and_says_so(
     assert command[command.index("--prompt-tokens") + 1] == "512"
     assert command[command.index("--output-tokens") + 1] == "128"
     assert world.obj["status"]["load"]["lengths"] == (
-        "production's request lengths unread (no prompt-length histogram in production's "
-        "metrics): the load runs the fixed 512 prompt / 128 output tokens"
+        "production's request lengths unread from the pods' /metrics (no prompt-length "
+        "histogram): the load runs the fixed 512 prompt / 128 output tokens"
+    )
+
+
+def _length_totals_matrix(world: World, url: str) -> str:
+    """A full pool's history whose every step also holds production's request-length totals:
+    40 finished requests, 1,800 prompt and 400 output tokens on average (LENGTH_HISTOGRAMS)."""
+    doc = json.loads(_matrix(world, url, 0.97, 6.0))
+    steps = [t for t, _ in doc["data"]["result"][0]["values"]]
+    for pod in world.kube.of_kind("Pod"):
+        instance = f"{pod['status']['podIP']}:8000"
+        for name, value in (
+            ("vllm:request_prompt_tokens_sum", 72000.0),
+            ("vllm:request_prompt_tokens_count", 40.0),
+            ("vllm:request_generation_tokens_sum", 16000.0),
+            ("vllm:request_generation_tokens_count", 40.0),
+        ):
+            labels = {"__name__": name, "instance": instance, "job": "vllm", "model_name": "m"}
+            doc["data"]["result"].append(
+                {"metric": labels, "values": [[t, str(value)] for t in steps]}
+            )
+    return json.dumps(doc)
+
+
+def test_the_load_runs_the_request_lengths_read_from_prometheus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN an operator reading production's pool from Prometheus, whose history holds the
+    # request-length totals of 40 requests of 1,800 / 400 tokens on average
+    gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
+    world, direct = _prometheus_world(monkeypatch, _length_totals_matrix, gates=gates)
+    world.kube.hold_loads = True
+    for _ in range(200):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.kube.get("Job", "r-load-1") is not None:
+            break
+    # THEN the load Job runs those lengths, and status says they came from Prometheus
+    assert world.obj["status"]["preflight"]["source"] == "prometheus" and direct == []
+    command = _load_command(world)
+    assert command[command.index("--prompt-tokens") + 1] == "1800"
+    assert command[command.index("--output-tokens") + 1] == "400"
+    assert world.obj["status"]["load"]["lengths"].startswith(
+        "production's request lengths from Prometheus over 40 requests: prompt mean 1800"
     )
 
 

@@ -6,17 +6,28 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from typing import Any
 
+import httpx
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.adapters import prometheus
-from kvgate.adapters.prometheus import Series, parse_matrix, pool_query, snapshots_from_series
+from kvgate.adapters.prometheus import (
+    Series,
+    parse_matrix,
+    pool_history,
+    pool_query,
+    snapshots_from_series,
+)
+from kvgate.controller.sources import pool_record
 from kvgate.errors import PrometheusError
 from kvgate.metrics import parse_metrics
 from kvgate.pool import pool_pressure
+from kvgate.throughput import RequestLengths, status_production_lengths
 
 FUZZ = settings(
     max_examples=150,
@@ -176,3 +187,193 @@ def test_a_value_no_engine_exports_is_one_prometheus_error_naming_the_metric(val
     text = str(caught.value)
     assert text.startswith("http://prom:9090: ") and "vllm:num_requests_waiting" in text
     assert "\n" not in text
+
+
+# -- production's request lengths (issue 21): the same totals from Prometheus as from a scrape --
+
+# One vLLM pod with two engines (their series add up), 40 requests of 1,800 / 400 tokens on average
+VLLM_LENGTHS = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine="0",le="2000.0",model_name="m"} 30
+vllm:request_prompt_tokens_bucket{engine="0",le="+Inf",model_name="m"} 30
+vllm:request_prompt_tokens_sum{engine="0",model_name="m"} 54000
+vllm:request_prompt_tokens_count{engine="0",model_name="m"} 30
+vllm:request_prompt_tokens_bucket{engine="1",le="2000.0",model_name="m"} 10
+vllm:request_prompt_tokens_bucket{engine="1",le="+Inf",model_name="m"} 10
+vllm:request_prompt_tokens_sum{engine="1",model_name="m"} 18000
+vllm:request_prompt_tokens_count{engine="1",model_name="m"} 10
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{engine="0",le="500.0",model_name="m"} 30
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="m"} 30
+vllm:request_generation_tokens_sum{engine="0",model_name="m"} 12000
+vllm:request_generation_tokens_count{engine="0",model_name="m"} 30
+vllm:request_generation_tokens_bucket{engine="1",le="500.0",model_name="m"} 10
+vllm:request_generation_tokens_bucket{engine="1",le="+Inf",model_name="m"} 10
+vllm:request_generation_tokens_sum{engine="1",model_name="m"} 4000
+vllm:request_generation_tokens_count{engine="1",model_name="m"} 10
+"""
+
+# One SGLang pod at TP 2: both ranks repeat the scheduler's totals (collapsed, not added)
+SGLANG_LENGTHS = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",tp_rank="0"} 2
+sglang:num_running_reqs{model_name="m",tp_rank="1"} 2
+# TYPE sglang:prompt_tokens_histogram histogram
+sglang:prompt_tokens_histogram_bucket{le="2000.0",model_name="m",tp_rank="0"} 40
+sglang:prompt_tokens_histogram_bucket{le="+Inf",model_name="m",tp_rank="0"} 40
+sglang:prompt_tokens_histogram_sum{model_name="m",tp_rank="0"} 72000
+sglang:prompt_tokens_histogram_count{model_name="m",tp_rank="0"} 40
+sglang:prompt_tokens_histogram_bucket{le="2000.0",model_name="m",tp_rank="1"} 40
+sglang:prompt_tokens_histogram_bucket{le="+Inf",model_name="m",tp_rank="1"} 40
+sglang:prompt_tokens_histogram_sum{model_name="m",tp_rank="1"} 72000
+sglang:prompt_tokens_histogram_count{model_name="m",tp_rank="1"} 40
+# TYPE sglang:generation_tokens_histogram histogram
+sglang:generation_tokens_histogram_bucket{le="500.0",model_name="m",tp_rank="0"} 40
+sglang:generation_tokens_histogram_bucket{le="+Inf",model_name="m",tp_rank="0"} 40
+sglang:generation_tokens_histogram_sum{model_name="m",tp_rank="0"} 16000
+sglang:generation_tokens_histogram_count{model_name="m",tp_rank="0"} 40
+sglang:generation_tokens_histogram_bucket{le="500.0",model_name="m",tp_rank="1"} 40
+sglang:generation_tokens_histogram_bucket{le="+Inf",model_name="m",tp_rank="1"} 40
+sglang:generation_tokens_histogram_sum{model_name="m",tp_rank="1"} 16000
+sglang:generation_tokens_histogram_count{model_name="m",tp_rank="1"} 40
+"""
+
+LENGTH_NAMES = {
+    "vllm": ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"),
+    "sglang": ("sglang:prompt_tokens_histogram", "sglang:generation_tokens_histogram"),
+}
+
+
+def _selector_label(query: str, label: str) -> re.Pattern[str]:
+    """A `label=~"regex"` matcher of the selector, its PromQL string escapes undone."""
+    found = re.search(label + r'=~"((?:[^"\\]|\\.)*)"', query)
+    assert found is not None, (label, query)
+    return re.compile(found.group(1).replace("\\\\", "\\"))
+
+
+def _prometheus_of(text: str, instance: str) -> httpx.Client:
+    """A Prometheus that scraped one pod serving `text` at every step: it answers a range query
+    with the series whose name and instance the query's selector matches, as Prometheus does."""
+    scraped = [
+        (sample.name, {**sample.labels, "instance": instance, "job": "engines"}, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        params = request.url.params
+        query = params["query"]
+        names, instances = _selector_label(query, "__name__"), _selector_label(query, "instance")
+        start, end, step = (float(params[k]) for k in ("start", "end", "step"))
+        times = [start + i * step for i in range(int((end - start) / step) + 1)]
+        result = [
+            {"metric": {"__name__": name, **labels}, "values": [[t, str(value)] for t in times]}
+            for name, labels, value in scraped
+            if names.fullmatch(name) and instances.fullmatch(labels["instance"])
+        ]
+        matrix = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+        return httpx.Response(200, json=matrix)
+
+    return httpx.Client(transport=httpx.MockTransport(answer))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_query_asks_for_the_request_length_totals(engine: str) -> None:
+    query = pool_query(engine, ["10.0.0.5"])
+    for family in LENGTH_NAMES[engine]:
+        assert f"{family}_sum" in query and f"{family}_count" in query
+    assert "_bucket" not in query  # status keeps totals only: no bucket series are fetched
+
+
+@pytest.mark.parametrize(("engine", "text"), [("vllm", VLLM_LENGTHS), ("sglang", SGLANG_LENGTHS)])
+def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
+    engine: str, text: str
+) -> None:
+    # GIVEN a production pod whose /metrics hold 40 finished requests of 1,800 / 400 tokens on
+    # average, and a Prometheus that scraped it
+    client = _prometheus_of(text, instance="10.0.0.5:8000")
+    # WHEN preflight reads the pod's history from Prometheus, and (elsewhere) scrapes it
+    history = pool_history(
+        "http://prom:9090",
+        engine,
+        {"web-0": "10.0.0.5"},
+        window_s=2,
+        step_s=1,
+        now=100.0,
+        client=client,
+    )["web-0"]
+    scraped = parse_metrics(text, engine)
+    # THEN every step carries the length totals the scrape has, named as the scrape names them
+    assert len(history) == 3
+    for snap in history:
+        for concept in ("prompt_lengths", "output_lengths"):
+            from_prometheus, from_scrape = getattr(snap, concept), getattr(scraped, concept)
+            assert from_prometheus is not None and from_scrape is not None
+            assert (from_prometheus.sum, from_prometheus.count) == (
+                from_scrape.sum,
+                from_scrape.count,
+            )
+            assert snap.names[concept] == scraped.names[concept]
+    assert snap.prompt_lengths is not None and snap.prompt_lengths.count == 40
+    # and status keeps the same record of both, so the load Job runs the same lengths
+    assert _lengths_record(pool_record(history[-1])) == _lengths_record(pool_record(scraped))
+    via_prometheus = status_production_lengths(
+        {
+            "preflight": {
+                "source": "prometheus",
+                "samples": {"web-0": [pool_record(s) for s in history]},
+            }
+        }
+    )
+    via_scrapes = status_production_lengths(
+        {"preflight": {"samples": {"web-0": [pool_record(scraped)]}}}
+    )
+    assert _shape(via_prometheus) == _shape(via_scrapes) == (1800, 400, 0, True)
+    # each saying where the lengths were read
+    assert via_prometheus.message.startswith(
+        "production's request lengths from Prometheus over 40 requests: prompt mean 1800"
+    )
+    assert via_scrapes.message.startswith(
+        "production's request lengths from the pods' /metrics over 40 requests"
+    )
+
+
+def _lengths_record(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if "_len_" in k}
+
+
+def _shape(lengths: RequestLengths) -> tuple[int, int, int, bool]:
+    return (
+        lengths.prompt_tokens,
+        lengths.output_tokens,
+        lengths.prompt_std_tokens,
+        lengths.derived,
+    )
+
+
+def test_a_pod_without_length_series_in_prometheus_runs_the_fixed_lengths_saying_so() -> None:
+    # GIVEN an SGLang before 0.5.11 without --collect-tokens-histogram: no length series
+    text = SGLANG_LENGTHS.split("# TYPE sglang:prompt_tokens_histogram")[0]
+    history = pool_history(
+        "http://prom:9090",
+        "sglang",
+        {"web-0": "10.0.0.5"},
+        window_s=2,
+        step_s=1,
+        now=100.0,
+        client=_prometheus_of(text, instance="10.0.0.5:30000"),
+    )["web-0"]
+    assert history and all(s.prompt_lengths is None and s.output_lengths is None for s in history)
+    assert "prompt_lengths" not in history[-1].names
+    records = [pool_record(s) for s in history]
+    assert not any(_lengths_record(r) for r in records)
+    lengths = status_production_lengths(
+        {"preflight": {"source": "prometheus", "samples": {"web-0": records}}}
+    )
+    assert not lengths.derived
+    assert lengths.message == (
+        "production's request lengths unread from Prometheus (no prompt-length histogram): the "
+        "load runs the fixed 512 prompt / 128 output tokens"
+    )

@@ -77,6 +77,22 @@ def test_the_html_report_draws_both_curves_with_production_marked() -> None:
     assert "candidate at 64: 2,192.0" in titles and "control at 32: 1,558.0" in titles
 
 
+def test_the_report_says_what_lengths_the_load_ran_and_where_they_were_read() -> None:
+    # GIVEN a load whose request lengths came from production's histograms in Prometheus
+    said = (
+        "production's request lengths from Prometheus over 40 requests: prompt mean 1800 "
+        "(std ~300), output mean 400 tokens"
+    )
+    loaded = rollout(LoadStatus(attempt=1, throughput_gain=1.4069, summary=SUMMARY, lengths=said))
+    # THEN both reports say so under the load table
+    text = " ".join(line.strip() for line in report.render_text(loaded).splitlines())
+    assert said in text
+    assert "<li>production&#x27;s request lengths from Prometheus over 40 requests" in (
+        report.render_html(loaded)
+    )
+    assert "request lengths" not in report.render_text(LOADED)  # none recorded: none shown
+
+
 def test_without_a_load_there_is_no_section() -> None:
     bare = rollout(None)
     assert report.render_load_svg(bare["status"]) == ""

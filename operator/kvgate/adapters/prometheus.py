@@ -5,12 +5,13 @@
     >>> pool.pool_pressure(history["web-0"])    # the same decision as over live scrapes
 
 One `query_range` over the window reads the engine's pool series (KV usage, running, waiting,
-retracted, preemptions, TTFT sum/count; names from `kvgate.metrics`, preferred first) of the
-production pods, matched by the scrape's `instance` label (`<pod IP>:<port>`, what
-kubernetes_sd's pod role and static targets both give). Each evaluation step becomes one
-`MetricSnapshot`, reduced like a parsed `/metrics`: rank labels collapsed, usage the fullest
-series, counts added up. Every pod asked for is in the answer; one Prometheus has no series
-of has no samples, so its pool is unknown, never judged.
+retracted, preemptions; the sum/count of TTFT and of the request-length histograms; names from
+`kvgate.metrics`, preferred first) of the production pods, matched by the scrape's `instance`
+label (`<pod IP>:<port>`, what kubernetes_sd's pod role and static targets both give). Each
+evaluation step becomes one `MetricSnapshot`, reduced like a parsed `/metrics`: rank labels
+collapsed, usage the fullest series, counts and histogram totals added up. Every pod asked
+for is in the answer; one Prometheus has no series of has no samples, so its pool is unknown,
+never judged.
 
 `gpu_clocks` reads the arms' GPU clocks over the speed window the same way: dcgm-exporter's
 `DCGM_FI_DEV_SM_CLOCK` / `DCGM_FI_DEV_MEM_CLOCK`, matched by the `pod` and `namespace` labels of
@@ -46,18 +47,32 @@ MAX_SERIES: Final = 5000
 MAX_POINTS: Final = 11000  # Prometheus' own limit of points per series of a range query
 DEFAULT_TIMEOUT: Final = 10.0
 
-# concept -> metric names per engine, preferred first: the pool sample's fields and the TTFT
-# totals the verify window compares against (kvgate.metrics holds the names).
+# concept -> metric names per engine, preferred first: the pool sample's fields, and the
+# histograms whose running totals a pool record keeps (kvgate.metrics holds the names).
 _POOL_CONCEPTS: Final = tuple(f for f in metrics.POOL_SAMPLE_FIELDS if f != "engine")
+# TTFT: the verify window's baseline; request lengths: the load Job's workload
+# (throughput.production_lengths). Their sum and count only: status keeps no buckets.
+_HISTOGRAM_TOTALS: Final = ("ttft", "prompt_lengths", "output_lengths")
 
 
 def _names(engine: str) -> dict[str, tuple[str, ...]]:
     table = {**metrics.GAUGES, **metrics.COUNTERS}
     names = {concept: table[concept][engine] for concept in _POOL_CONCEPTS}
-    ttft = metrics.HISTOGRAMS["ttft"][engine]
-    names["ttft_sum"] = tuple(n + "_sum" for n in ttft)
-    names["ttft_count"] = tuple(n + "_count" for n in ttft)
+    for concept in _HISTOGRAM_TOTALS:
+        family = metrics.HISTOGRAMS[concept][engine]
+        names[f"{concept}_sum"] = tuple(n + "_sum" for n in family)
+        names[f"{concept}_count"] = tuple(n + "_count" for n in family)
     return names
+
+
+def _totals(
+    values: dict[str, float | None], chosen: Mapping[str, str], concept: str
+) -> tuple[metrics.Histogram | None, str | None]:
+    """One histogram's step totals (taken out of `values`), bucketless, and the name read."""
+    total, count = values.pop(f"{concept}_sum"), values.pop(f"{concept}_count")
+    if total is None or count is None:
+        return None, None
+    return metrics.Histogram((), total, count), chosen[f"{concept}_sum"].removesuffix("_sum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,16 +213,25 @@ def snapshots_from_series(
                 )
             except ParseError as exc:
                 raise _fail(source, str(exc).removeprefix(f"{source}: ")) from None
-            ttft_sum, ttft_count = values.pop("ttft_sum"), values.pop("ttft_count")
-            ttft = (
-                metrics.Histogram((), ttft_sum, ttft_count)
-                if ttft_sum is not None and ttft_count is not None
-                else None
-            )
-            # The pool fields as a stored pool sample holds them; the rest unknown.
+            histograms: dict[str, metrics.Histogram | None] = {}
+            names_read = {c: n for c, n in chosen.items() if c in _POOL_CONCEPTS}
+            for concept in _HISTOGRAM_TOTALS:
+                histograms[concept], name = _totals(values, chosen, concept)
+                if name is not None:  # as parse_metrics names a histogram: its family
+                    names_read[concept] = name
+            # The pool fields as a stored pool sample holds them, the histograms' totals as
+            # sources.pool_record keeps them of a scrape; the rest unknown.
             pool = metrics.snapshot_from_pool_sample({**values, "engine": engine})
-            names_read = {c: n for c, n in chosen.items() if c not in ("ttft_sum", "ttft_count")}
-            snaps.append(dataclasses.replace(pool, ttft=ttft, names=names_read, taken_at=ts))
+            snaps.append(
+                dataclasses.replace(
+                    pool,
+                    ttft=histograms["ttft"],
+                    prompt_lengths=histograms["prompt_lengths"],
+                    output_lengths=histograms["output_lengths"],
+                    names=names_read,
+                    taken_at=ts,
+                )
+            )
         out[pod] = snaps
     return out
 

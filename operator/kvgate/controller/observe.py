@@ -54,6 +54,7 @@ from kvgate.joblog import eval_lines, job_lines
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
+    PROMETHEUS_SOURCE,
     GateMode,
     Phase,
     SpeedClocks,
@@ -208,7 +209,7 @@ def observe_preflight(ctx: Ctx) -> Observed:
         errors, history = pool_history(ctx)
         if history is not None:
             series, ticks = history, gate.samples
-        pre["source"] = "prometheus"
+        pre["source"] = PROMETHEUS_SOURCE
         pre["lastSampleAt"] = iso(ctx.now)
     elif due and ticks < gate.samples:
         sampled_before = sum(len(v) for v in series.values())

@@ -188,3 +188,4 @@ class Load:
     best_gain: float | None
     levels: list[int]
     arms: dict[str, dict[int, StagePoint]]
+    lengths: str | None = None  # the workload's request lengths and where they were read

@@ -239,7 +239,8 @@ def load_rows(load: Load | None) -> list[list[str]]:
 
 
 def load_notes(load: Load | None) -> list[str]:
-    """The gain at production's load and at the best stages, and why error stages are errors."""
+    """The gain at production's load and at the best stages, the workload's request lengths
+    (and where they were read), and why error stages are errors."""
     if load is None:
         return []
     notes = []
@@ -249,6 +250,8 @@ def load_notes(load: Load | None) -> list[str]:
         )
     if load.best_gain is not None:
         notes.append(f"best stage against best stage: {load.best_gain:.2f}x")
+    if load.lengths:
+        notes.append(load.lengths)
     for arm in ARMS:
         for level, stage in sorted(load.arms.get(arm, {}).items()):
             if not stage.measured and stage.reasons:

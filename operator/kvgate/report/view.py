@@ -298,6 +298,7 @@ def read_load(status: StatusLike) -> Load | None:
         best_gain=load.best_gain,
         levels=levels,
         arms=arms,
+        lengths=(load.lengths or "").strip() or None,
     )
 
 
