@@ -43,6 +43,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -77,6 +78,17 @@ NODE_KINDS = ("process", "containerd")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _kubectl_timeout(args: tuple[str, ...]) -> float:
+    """Seconds of the last `--timeout=N[s|m|h]` among kubectl's arguments (0 without one)."""
+    seconds = 0.0
+    for arg in args:
+        found = re.fullmatch(r"--timeout=(\d+(?:\.\d+)?)(s|m|h)?", arg)
+        if found:
+            unit = {"s": 1, "m": 60, "h": 3600}[found.group(2) or "s"]
+            seconds = float(found.group(1)) * unit
+    return seconds
 
 
 class ClusterError(RuntimeError):
@@ -363,7 +375,16 @@ class Cluster:
         check: bool = True,
         timeout: float = 60.0,
     ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this cluster; raises CalledProcessError if check and it fails."""
+        """Run kubectl against this cluster; raises CalledProcessError if check and it fails.
+
+        The process gets at least 30 s more than a `--timeout=` it is given, so kubectl's own
+        timeout (an answer with check=False) comes before the process is killed (an exception that
+        would skip a caller's cleanup: CI lost an operator's stop to one, and with it every later
+        module's Lease).
+        """
+        own = _kubectl_timeout(args)
+        if own:
+            timeout = max(timeout, own + 30)
         proc = subprocess.run(
             [str(Path(self.bin_dir) / "kubectl"), "--kubeconfig", self.kubeconfig, *args],
             input=input,

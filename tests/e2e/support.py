@@ -112,6 +112,19 @@ class Operator:
     (under pytest-xdist, `--dist loadfile`, each worker has a cluster of its own).
     """
 
+    # Every Operator whose process may still run: tests/e2e/conftest.py kills what a module
+    # leaves behind, so one module's missed stop cannot hold the Lease for the next ones.
+    running: set[Operator] = set()  # noqa: RUF012 - shared on purpose
+
+    @classmethod
+    def reap(cls) -> list[Path]:
+        """SIGKILL every Operator still running; the logs of those it killed."""
+        leaked = [op for op in cls.running if op.proc is not None and op.proc.poll() is None]
+        for op in leaked:
+            op.kill()
+        cls.running.clear()
+        return [op.log_path for op in leaked]
+
     def __init__(
         self,
         cluster: Any,
@@ -203,6 +216,7 @@ class Operator:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        Operator.running.add(self)
         log.close()
 
     def metrics(self) -> str | None:
@@ -403,13 +417,17 @@ def finish(cluster: Any, operator: Operator, namespaces: Iterable[str]) -> None:
     must be released), the operator stopped, the namespaces deleted; then the operator must
     have exited 0 with no traceback in its log."""
     names = list(namespaces)
-    for ns in names:
-        cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
-    for ns in names:
-        cluster.kubectl(
-            "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=60s", check=False
-        )
-    code = operator.stop()
+    try:
+        for ns in names:
+            cluster.kubectl("delete", "kvr", "--all", "-n", ns, "--wait=false", check=False)
+        for ns in names:
+            cluster.kubectl(
+                "wait", "--for=delete", "kvr", "--all", "-n", ns, "--timeout=120s", check=False
+            )
+    finally:
+        # Whatever the waits did: a running operator would keep the cluster-scope Lease and
+        # leave every later module's operator a follower.
+        code = operator.stop()
     text = operator.log()
     for ns in names:
         delete_namespace(cluster, ns)
