@@ -150,9 +150,11 @@ def test_kv_bound_production_promotes_with_the_measured_gain(world: ScenarioWorl
     assert load["concurrency"] >= 32
     summary = load["summary"]
     assert summary["productionConcurrency"] == load["concurrency"]
-    # the simulator exports no request-length histograms: the fixed lengths, said so
-    assert "the load runs the fixed 512 prompt / 128 output tokens" in load["lengths"]
-    assert (summary["promptTokens"], summary["outputTokens"]) == (512, 128)
+    # the load runs production's request lengths, read from its engines' length histograms
+    # (the synthetic production load: 2,000-token prompts, 400-token outputs), and says so
+    assert load["lengths"].startswith("production's request lengths from the pods' /metrics over")
+    assert "prompt mean 2000" in load["lengths"] and "output mean 400" in load["lengths"]
+    assert (summary["promptTokens"], summary["outputTokens"]) == (2000, 400)
     at = {
         arm: next(s for s in summary[arm]["stages"] if s["concurrency"] == load["concurrency"])
         for arm in ("control", "candidate")
