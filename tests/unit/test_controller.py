@@ -1643,6 +1643,11 @@ def _until_the_load_job(monkeypatch: pytest.MonkeyPatch, histograms: str | None)
     world = World(monkeypatch, gates=gates)
     if histograms is not None:
         world.kube.extra_metrics = histograms
+    return _run_until_load_job(world)
+
+
+def _run_until_load_job(world: World) -> World:
+    """Reconcile a second at a time until the load Job exists (its run held)."""
     world.kube.hold_loads = True
     for _ in range(200):
         world.reconcile()
@@ -1708,12 +1713,7 @@ def test_the_load_runs_the_request_lengths_read_from_prometheus(
     # request-length totals of 40 requests of 1,800 / 400 tokens on average
     gates = {**THROUGHPUT_GATES, "capacity": {"mode": "warn", "window": "3s", "samples": 3}}
     world, direct = _prometheus_world(monkeypatch, _length_totals_matrix, gates=gates)
-    world.kube.hold_loads = True
-    for _ in range(200):
-        world.reconcile()
-        world.now += dt.timedelta(seconds=1)
-        if world.kube.get("Job", "r-load-1") is not None:
-            break
+    _run_until_load_job(world)
     # THEN the load Job runs those lengths, and status says they came from Prometheus
     assert world.obj["status"]["preflight"]["source"] == "prometheus" and direct == []
     command = _load_command(world)

@@ -25,7 +25,8 @@ from kvgate.sim.engine import Histogram, Scheduler
 # sglang/srt/metrics/collector.py (0.5.3) and sglang/srt/observability/metrics_collector.py
 # (0.5.10), `TokenizerMetricsCollector.__init__`.
 SGLANG_TOKEN_BUCKETS_OLD = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12000, 15000, 20000, 22000, 25000, 30000, 35000, 40000, 66000, 99000, 132000, 300000, 600000, 900000, 1100000]  # fmt: skip
-# The same list from 0.5.11 on (sglang/srt/observability/metrics_collector.py, 0.5.11 to 0.5.23).
+# A longer list from 0.5.11 on (sglang/srt/observability/metrics_collector.py, 0.5.11 to 0.5.23).
+SGLANG_TOKEN_BUCKETS_FROM = (0, 5, 11)
 SGLANG_TOKEN_BUCKETS = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000]  # fmt: skip
 # SGLang 0.5.11 collects the token histograms whenever metrics are on and makes
 # --collect-tokens-histogram a deprecated no-op (server_args.py, DeprecatedAction); 0.5.20
@@ -50,9 +51,7 @@ def vllm_request_token_buckets(max_model_len: int) -> list[int]:
 def sglang_token_buckets(version: tuple[int, ...]) -> list[int]:
     """SGLang's default bounds of `sglang:prompt_tokens_histogram` / `generation_tokens_histogram`."""
     return (
-        SGLANG_TOKEN_BUCKETS
-        if version >= SGLANG_ALWAYS_COLLECTS_TOKENS
-        else SGLANG_TOKEN_BUCKETS_OLD
+        SGLANG_TOKEN_BUCKETS if version >= SGLANG_TOKEN_BUCKETS_FROM else SGLANG_TOKEN_BUCKETS_OLD
     )
 
 
