@@ -59,8 +59,11 @@ def pool_pressure(
     min_fraction: float = 0.5,
     min_samples: int = MIN_SAMPLES,
 ) -> PoolPressure:
-    """The pool is the limit when, in at least `min_fraction` of the samples, KV usage is at
-    or above `usage_threshold` AND requests wait or were preempted since the previous sample.
+    """The pool is the limit when, in at least `min_fraction` of the samples, it was full:
+    KV usage at or above `usage_threshold` with requests waiting, or a preemption since the
+    previous sample. Engines preempt (vLLM) or retract (SGLang) only when the pool has no free
+    block, so that counts whatever the usage gauge reads at the scrape: with prompts large
+    next to the pool, usage dips below the threshold between admissions while users queue.
 
     Fewer than `min_samples` usable samples, no KV usage metric, no queue or preemption
     metric, or no traffic at all give `pressured=None`.
@@ -92,7 +95,8 @@ def pool_pressure(
             have_preemption_signal = True
         queued = bool(snap.waiting)
         busy = busy or queued or preempted or bool(snap.running)
-        if snap.kv_usage is not None and snap.kv_usage >= usage_threshold and (queued or preempted):
+        full = snap.kv_usage is not None and snap.kv_usage >= usage_threshold
+        if preempted or (full and queued):
             pressured_samples += 1
         previous = snap
 
@@ -119,7 +123,7 @@ def pool_pressure(
         verdict = fraction is not None and fraction >= min_fraction
         reasons.append(
             f"{pressured_samples} of {len(usable)} samples had KV usage >= {usage_threshold:g} "
-            f"with requests waiting or preempted ({fraction:.0%}; needed {min_fraction:.0%})"
+            f"with requests waiting, or a preemption ({fraction:.0%}; needed {min_fraction:.0%})"
         )
         peak = max(usages)
         if not verdict and peak < usage_threshold:

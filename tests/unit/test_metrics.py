@@ -372,6 +372,9 @@ def snap(
 PRESSURE_CASES: dict[str, tuple[list[MetricSnapshot], bool | None, int]] = {
     "full and queued": ([snap(0.95, 4), snap(0.97, 6), snap(0.99, 2)], True, 3),
     "full and preempting": ([snap(0.95, 0, preemptions=1), snap(0.96, 0, preemptions=3), snap(0.95, 0, preemptions=6)], True, 2),
+    # a prompt of a tenth of the pool: usage dips under 0.9 between admissions, yet it preempts
+    "preempting below the threshold": ([snap(0.88, 55, preemptions=3), snap(0.89, 56, preemptions=8), snap(0.87, 55, preemptions=13)], True, 2),
+    "queued below the threshold, no preemption": ([snap(0.89, 55, preemptions=3), snap(0.88, 56, preemptions=3), snap(0.87, 55, preemptions=3)], False, 0),
     "full, nobody waits": ([snap(0.95, 0, preemptions=1), snap(0.96, 0, preemptions=1), snap(0.97, 0, preemptions=1)], False, 0),
     "queue but room": ([snap(0.5, 10), snap(0.6, 12), snap(0.55, 9)], False, 0),
     "exactly half": ([snap(0.95, 4), snap(0.95, 4), snap(0.2, 0), snap(0.2, 0)], True, 2),
@@ -411,7 +414,7 @@ def test_pool_pressure_figures() -> None:
         "usage_threshold": 0.9,
         "min_fraction": 0.5,
         "reasons": [
-            "2 of 3 samples had KV usage >= 0.9 with requests waiting or preempted (67%; needed 50%)"
+            "2 of 3 samples had KV usage >= 0.9 with requests waiting, or a preemption (67%; needed 50%)"
         ],
     }
 
