@@ -172,8 +172,8 @@ def assert_no_reference(cluster: Any, namespace: str, secret: str) -> None:
     assert holders == [], f"{holders} reference Secret {secret}"
 
 
-def _token_secret_policy(cluster: Any, namespace: str) -> str:
-    """The chart's token-secret policy and binding, for this namespace, as helm renders them."""
+def _admission_policy(cluster: Any, namespace: str, policy: str = "token-secret") -> str:
+    """The chart's `policy` and its binding, for this namespace, as helm renders them."""
     chart = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
     proc = subprocess.run(
         [str(Path(cluster.bin_dir) / "helm"), "template", "kvgate-hostile", str(chart),
@@ -184,7 +184,7 @@ def _token_secret_policy(cluster: Any, namespace: str) -> str:
              "HELM_CONFIG_HOME": "/tmp/kvgate-helm/config", "HELM_DATA_HOME": "/tmp/kvgate-helm/data"},
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    wanted = [d for d in docs if d["metadata"]["name"] == "kvgate-hostile-token-secret"]
+    wanted = [d for d in docs if d["metadata"]["name"] == f"kvgate-hostile-{policy}"]
     assert len(wanted) == 2, [d["metadata"]["name"] for d in docs]
     return yaml.safe_dump_all(wanted)
 
@@ -228,7 +228,7 @@ def test_a_token_secret_needs_the_operators_opt_in(
 
         # The chart refuses it at admission too (its ValidatingAdmissionPolicy, rendered here
         # as the chart installs it), and a rollout stored before the policy can still change.
-        policy = _token_secret_policy(cluster, namespace)
+        policy = _admission_policy(cluster, namespace)
         cluster.kubectl("apply", "-f", "-", input=policy)
         again = rollout("lc2-fp8", "lc", gates=LONG_CONTEXT, **spec)
 
@@ -250,3 +250,56 @@ def test_a_token_secret_needs_the_operators_opt_in(
         code = operator.stop()
         assert no_tracebacks(operator.log()) == [], operator.log()[-3000:]
         assert code == 0
+
+
+PULL_REQUEST = {
+    "mode": "pullRequest",
+    "pullRequest": {
+        "provider": "gitea", "apiUrl": "http://127.0.0.1:3000/api/v1", "repository": "ops/deploy",
+        "path": "apps/lc/kvgate-fp8.patch.yaml", "tokenSecretRef": {"name": "forge-token"},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_a_pull_request_is_refused_at_admission_without_the_forge_opt_in(
+    cluster: Any, namespace: str
+) -> None:
+    """The chart's default (forgeTokenSecrets.enabled=false) reads no forge token, so it refuses
+    mode pullRequest at admission: a GitOps sync fails on the apply, not on a Failed rollout.
+    Other modes pass, and a pullRequest rollout stored before the policy can still change."""
+    install_crd(cluster)
+    stored = rollout("stored-pr", "lc", gates=LONG_CONTEXT, promotion=PULL_REQUEST)
+    apply(cluster, namespace, stored)  # before the policy (no operator runs: it stays Pending)
+    policy = _admission_policy(cluster, namespace, "forge-token")
+    try:
+        cluster.kubectl("apply", "-f", "-", input=policy)
+        fresh = rollout("lc-pr", "lc", gates=LONG_CONTEXT, promotion=PULL_REQUEST)
+
+        def refused() -> str | None:
+            proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                                   input=yaml.safe_dump(fresh), check=False)  # fmt: skip
+            if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
+                cluster.kubectl("delete", "kvr", "lc-pr", "-n", namespace, check=False)
+                return None
+            return proc.stderr
+
+        stderr = wait_for(refused, 60, "the forge-token admission policy in force")
+        assert "spec.promotion.pullRequest: this kvgate install reads no forge-token" in stderr
+        assert "forgeTokenSecrets.enabled=false" in stderr
+        assert get(cluster, namespace, "kvcacherollout", "lc-pr") is None
+        # gate mode, the GitOps alternative the message names, is admitted
+        apply(cluster, namespace, rollout("lc-gate", "lc", gates=LONG_CONTEXT,
+                                          promotion={"mode": "gate"}))  # fmt: skip
+        # the stored one still takes metadata changes (finalizers, deletion) and spec edits
+        cluster.kubectl("annotate", "kvr", "stored-pr", "-n", namespace, "note=still-updatable")
+        # switching a stored gate rollout to pullRequest is a new use of the token: refused
+        switch = cluster.kubectl(
+            "patch", "kvr", "lc-gate", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"promotion": PULL_REQUEST}}), check=False,
+        )  # fmt: skip
+        assert switch.returncode != 0 and "spec.promotion.pullRequest" in switch.stderr
+    finally:
+        cluster.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False)
+        cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                        "kvgate-hostile-forge-token", "--ignore-not-found", check=False)  # fmt: skip

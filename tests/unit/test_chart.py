@@ -711,3 +711,29 @@ def test_a_token_secret_is_refused_at_admission_unless_enabled(helm: str) -> Non
     assert expr["values"] == ["team-a"]
     for sets in (("hubTokenSecrets.enabled=true",), ("statusAdmissionPolicy.enabled=false",)):
         assert not [d for d in render(helm, *sets) if "token-secret" in d["metadata"]["name"]]
+
+
+def test_a_pull_request_is_refused_at_admission_unless_forge_tokens_are_enabled(helm: str) -> None:
+    docs = render(helm, "watch.namespaces={team-a,team-b}")
+    policy = one(docs, "ValidatingAdmissionPolicy", "kvgate-forge-token")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["kvcacherollouts"] and rule["operations"] == ["CREATE", "UPDATE"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (check,) = policy["spec"]["validations"]
+    assert "!has(object.spec.promotion.pullRequest)" in check["expression"]
+    assert "oldObject.spec.promotion.pullRequest" in check["expression"]  # stored ones finalize
+    assert check["message"].startswith("spec.promotion.pullRequest: ")
+    assert "forgeTokenSecrets.enabled=false" in check["message"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "kvgate-forge-token")
+    assert binding["spec"]["policyName"] == "kvgate-forge-token"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["team-a", "team-b"]
+    cluster_wide = one(render(helm, "watch.allNamespaces=true"), "ValidatingAdmissionPolicyBinding",
+                       "kvgate-forge-token")  # fmt: skip
+    assert "matchResources" not in cluster_wide["spec"]
+    for sets in (("forgeTokenSecrets.enabled=true",), ("statusAdmissionPolicy.enabled=false",)):
+        assert not [d for d in render(helm, *sets) if "forge-token" in d["metadata"]["name"]]
+    # the other bindings, now rendered by one helper, still bind their own policy
+    for name in ("kvgate-status-writer", "kvgate-token-secret"):
+        assert one(docs, "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name

@@ -224,3 +224,27 @@ matchResources:
 - name: generation
   expression: "request.operation == 'UPDATE' ? oldObject.metadata.generation : 1"
 {{- end }}
+
+{{/* A Deny binding of the admission policy <fullname>-<policy>, limited to the watched
+     namespaces unless the operator watches them all. Args: dict "root" . "policy" name. */}}
+{{- define "kvgate.denyBinding" -}}
+{{- $root := .root }}
+{{- $name := printf "%s-%s" (include "kvgate.fullname" $root) .policy -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "kvgate.labels" $root | nindent 4 }}
+spec:
+  policyName: {{ $name }}
+  validationActions: [Deny]
+  {{- if not $root.Values.watch.allNamespaces }}
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+        - key: kubernetes.io/metadata.name
+          operator: In
+          values: [{{ include "kvgate.watchNamespaces" $root | splitList "," | join ", " }}]
+  {{- end }}
+{{- end }}
