@@ -5,7 +5,8 @@ The test plays the GitOps tool: it applies the repository with `kubectl kustomiz
 apply --server-side` under its own field manager, before the rollout and again after merging
 kvgate's pull request through the API. The rollout must reach Promoted, and the Deployment's
 managedFields must show that no one but that field manager (and the Deployment controller's
-status) ever wrote it: kvgate never patched the pod template.
+status) ever wrote it: kvgate never patched the pod template. Then an engine image bump from Git
+makes the verdict Stale, and kvgate still writes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import yaml
 from support import (
     FAST_GATES,
     Operator,
+    condition,
+    event_reasons,
     get,
     install_crd,
     rollout,
@@ -68,6 +71,18 @@ def _render_and_apply(cluster: Any, namespace: str, files: dict[str, str], work:
         "apply", "--server-side", f"--field-manager={GITOPS}", "--force-conflicts",
         "-n", namespace, "-f", "-", input=rendered,
     )  # fmt: skip
+
+
+def _template_writers(cluster: Any, namespace: str) -> set[str]:
+    """The field managers that wrote the Deployment's pod template (managedFields)."""
+    shown = cluster.kubectl(
+        "get", "deployment", "sim", "-n", namespace, "-o", "json", "--show-managed-fields"
+    )  # fmt: skip
+    return {
+        m["manager"]
+        for m in json.loads(shown.stdout)["metadata"]["managedFields"]
+        if m.get("subresource") != "status" and "f:template" in json.dumps(m.get("fieldsV1"))
+    }
 
 
 @pytest.mark.timeout(900)
@@ -161,16 +176,35 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
         obj = wait_phase(cluster, namespace, "sim-fp8", {"Promoted", "Failed"}, 300)
         assert obj["status"]["phase"] == "Promoted", obj["status"].get("message")
 
-        shown = cluster.kubectl(
-            "get", "deployment", "sim", "-n", namespace, "-o", "json", "--show-managed-fields"
-        )  # fmt: skip
-        dep = json.loads(shown.stdout)
-        template_writers = {
-            m["manager"]
-            for m in dep["metadata"]["managedFields"]
-            if m.get("subresource") != "status" and "f:template" in json.dumps(m.get("fieldsV1"))
-        }
-        assert template_writers == {GITOPS}, template_writers
+        assert _template_writers(cluster, namespace) == {GITOPS}
+        fresh = condition(obj, "Stale")
+        assert fresh.get("status") in (None, "False"), fresh  # what runs is what was tested
+
+        # An image bump from Git (the GitOps tool applies it): the verdict was reached on the
+        # old engine, so it goes Stale (condition, Event, metric); kvgate changes nothing.
+        bumped = {**files, "apps/sim/deployment.yaml": files["apps/sim/deployment.yaml"].replace(
+            "vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.1")}  # fmt: skip
+        assert bumped != files
+        gitea.commit(repo, "main", {"apps/sim/deployment.yaml": bumped["apps/sim/deployment.yaml"]},
+                     "bump the engine image")  # fmt: skip
+        _render_and_apply(cluster, namespace, bumped, tmp_path / "v3")
+
+        def stale() -> dict[str, Any] | None:
+            now = get(cluster, namespace, "kvr", "sim-fp8") or {}
+            return now if condition(now, "Stale").get("status") == "True" else None
+
+        obj = wait_for(stale, 120, "Stale=True after the image bump")
+        message = condition(obj, "Stale")["message"]
+        assert "image vllm/vllm-openai:v0.11.0 -> vllm/vllm-openai:v0.11.1" in message, message
+        assert obj["status"]["phase"] == "Promoted"  # the verdict stands; it is only stale
+        assert "Stale" in event_reasons(cluster, namespace, "sim-fp8")
+        gauge = f'kvgate_verdict_stale{{name="sim-fp8",namespace="{namespace}"}} 1.0'
+        assert gauge in (operator.metrics() or ""), "the stale gauge"
+        live = get(cluster, namespace, "deployment", "sim") or {}
+        assert live["spec"]["template"]["spec"]["containers"][0]["image"].endswith("v0.11.1")
+
+        assert _template_writers(cluster, namespace) == {GITOPS}  # still only Git wrote it
+
         log = operator.log()
         assert token not in log
         assert token not in json.dumps(get(cluster, namespace, "kvr", "sim-fp8"))
