@@ -62,11 +62,26 @@ def open_pull_request(status: PullRequestStatus | None) -> PullRequestStatus | N
     return status if status.state == PullRequestState.OPEN.value else None
 
 
+def unconfirmed(status: PullRequestStatus | None) -> PullRequestStatus | None:
+    """The recorded intent when the forge may hold a pull request whose number never made it
+    into status (the operator died between opening and recording it); else None."""
+    if (
+        status is None
+        or status.state != OPENING
+        or status.number is not None
+        or status.repository is None
+        or not status.config_hash
+    ):
+        return None
+    return status
+
+
 def closing(spec: RolloutSpec, state: State, step: Step) -> Step:
     """`step`, closing the open pull request when it ends the rollout otherwise than through
     that pull request (an abort, an error past the limit, a deadline). Promoted and Declined
-    end through it; so does a merged one (Git has it, a close changes nothing)."""
-    pr = open_pull_request(state.pull_request)
+    end through it; so does a merged one (Git has it, a close changes nothing). An intent
+    without a number closes whatever the forge has open from the rollout's branch."""
+    pr = open_pull_request(state.pull_request) or unconfirmed(state.pull_request)
     if (
         spec.promotion.mode is not PromotionMode.PULL_REQUEST
         or pr is None
@@ -166,6 +181,8 @@ def _cell(text: str) -> str:
 
 
 def _named(recorded: PullRequestStatus | None) -> str:
+    if recorded is not None and recorded.number is None and recorded.state == OPENING:
+        return "any pull request opened for it"  # the number was never recorded
     if recorded is None or recorded.number is None:
         return "the pull request"
     return (

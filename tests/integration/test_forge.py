@@ -258,6 +258,24 @@ def test_superseded_pull_request_is_closed_with_a_comment(
     assert forge.pull_request_state(repo, new.number).state is PullRequestState.OPEN
 
 
+def test_an_unrecorded_pull_request_is_found_again_by_its_branch(
+    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+) -> None:
+    # the operator died between opening and recording: the branch alone finds it, to close it
+    assert forge.find_open_pull_request(repo, "main", BRANCH) is None
+    opened = forge.open_or_update_pull_request(
+        repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
+    )
+    found = forge.find_open_pull_request(repo, "main", BRANCH)
+    assert found is not None
+    assert (found.number, found.state, found.branch) == (
+        opened.number, PullRequestState.OPEN, BRANCH,
+    )  # fmt: skip
+    assert found.url == opened.url
+    forge.close_pull_request(repo, found.number, "the rollout was aborted")
+    assert forge.find_open_pull_request(repo, "main", BRANCH) is None
+
+
 def test_never_closes_a_pull_request_outside_kvgate_branches(
     gitea: LoopbackGitea, forge: GiteaForge, repo: str
 ) -> None:

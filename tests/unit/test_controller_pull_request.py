@@ -301,6 +301,17 @@ def test_a_crash_between_opening_and_recording_reuses_the_same_pr(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     w = PullRequestWorld(monkeypatch)
+    crashes = _crash_after_opening(monkeypatch)
+    w.until(opened)
+    assert crashes and w.crashes == 1
+    assert len(w.forge.pulls) == 1 and w.forge.commits == 1  # updated nothing, opened one
+    assert w.status["pullRequest"]["number"] == 1
+    assert w.status["pullRequest"]["openedAt"]
+    assert w.deployment_patches == []
+
+
+def _crash_after_opening(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The forge opens the PR, then the operator dies before recording its number (once)."""
     real = proposing.opened
     crashes: list[int] = []
 
@@ -311,11 +322,55 @@ def test_a_crash_between_opening_and_recording_reuses_the_same_pr(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(proposing, "opened", crash_once)
-    w.until(opened)
-    assert crashes and w.crashes == 1
-    assert len(w.forge.pulls) == 1 and w.forge.commits == 1  # updated nothing, opened one
-    assert w.status["pullRequest"]["number"] == 1
-    assert w.status["pullRequest"]["openedAt"]
+    return crashes
+
+
+def test_an_abort_after_a_crash_before_recording_closes_the_unrecorded_pr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    crashes = _crash_after_opening(monkeypatch)
+    w.until(lambda w: bool(crashes))
+    assert len(w.forge.pulls) == 1 and w.forge.pulls[0]["state"] == "open"
+    recorded = w.status["pullRequest"]
+    assert recorded["state"] == "opening" and "number" not in recorded  # the forge has #1
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "wrong model"
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    pr = w.forge.pulls[0]
+    assert pr["state"] == "closed"
+    assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
+    assert w.status["pullRequest"]["state"] == "closed"
+    assert w.status["pullRequest"]["number"] == 1  # found by its branch, now on record
+    assert w.status["pullRequest"]["branch"] == pr["head"]
+    assert ("Normal", "PullRequestClosed", f"closed pull request #1 on {REPO}") in w.events
+    assert len(w.forge.pulls) == 1 and w.deployment_patches == []
+
+
+def test_an_abort_before_the_forge_was_called_closes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the intent is recorded, the forge never reached: the lookup finds nothing, ends clean
+    w = PullRequestWorld(monkeypatch)
+    w.until(lambda w: w.phase == "PullRequestOpen")
+    assert (w.status.get("pullRequest") or {}).get("state") == "opening" and not w.forge.pulls
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    assert w.forge.pulls == [] and w.forge.commits == 0
+    assert not [r for _, r, _ in w.events if r == "PullRequestClosed"]
+
+
+def test_deleting_the_rollout_after_a_crash_before_recording_closes_the_pr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = PullRequestWorld(monkeypatch)
+    crashes = _crash_after_opening(monkeypatch)
+    w.until(lambda w: bool(crashes))
+    assert "number" not in w.status["pullRequest"]
+    body = kopf.Body(copy.deepcopy(w.obj))
+    handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
+    assert w.forge.pulls[0]["state"] == "closed"
     assert w.deployment_patches == []
 
 

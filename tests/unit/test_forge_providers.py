@@ -500,3 +500,25 @@ def test_never_closes_a_pull_request_outside_kvgate_branches(kind: str) -> None:
     with pytest.raises(ForgeAccessError, match="kvgate closes only its own"):
         _forge(fake).close_pull_request(REPO, 1, "superseded")
     assert fake.pulls[0]["state"] == "open" and "comments" not in fake.pulls[0]
+
+
+@PROVIDERS
+def test_an_open_pull_request_is_found_again_by_its_branch(kind: str) -> None:
+    # how a pull request whose number never reached status is closed (the branch is derived)
+    fake = FakeForge(kind)
+    forge = _forge(fake)
+    assert forge.find_open_pull_request(REPO, "main", BRANCH) is None
+    opened = forge.open_or_update_pull_request(REPO, "main", BRANCH, {PATCH_PATH: "v\n"}, "T", "B")
+    found = forge.find_open_pull_request(REPO, "main", BRANCH)
+    assert found is not None
+    assert (found.number, found.state, found.branch) == (
+        opened.number,
+        PullRequestState.OPEN,
+        BRANCH,
+    )
+    assert forge.find_open_pull_request(REPO, "release", BRANCH) is None  # another base
+    assert forge.find_open_pull_request(REPO, "main", BRANCH + "-other") is None
+    fake.pulls[0]["state"] = "closed"
+    assert forge.find_open_pull_request(REPO, "main", BRANCH) is None  # only open ones
+    with pytest.raises(SpecError, match="not a kvgate/ branch"):
+        forge.find_open_pull_request(REPO, "main", "feature/x")

@@ -201,3 +201,22 @@ def test_an_end_without_an_open_pull_request_closes_nothing() -> None:
         state = State(Phase.PULL_REQUEST_OPEN, pull_request=recorded)
         ended = machine.give_up(SPEC, state, "forge down", 31, limit=30)
         assert ended is not None and Action.CLOSE_PULL_REQUEST not in ended.actions
+
+
+def test_an_end_with_an_intent_but_no_number_closes_what_the_forge_may_hold() -> None:
+    # the operator died between opening the PR and recording its number: an end must still
+    # close it (the controller finds it by the rollout's branch), not leave it mergeable
+    intent = proposing.intent(SPEC, "0123456789abcdef")
+    state = State(Phase.PULL_REQUEST_OPEN, config_hash="0123456789abcdef", pull_request=intent,
+                  abort="wrong model")  # fmt: skip
+    s = machine.next_step(SPEC, state, Observation(), poll_s=5.0)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, Reason.ABORTED)
+    assert Action.CLOSE_PULL_REQUEST in s.actions
+    assert "closing any pull request opened for it" in s.message
+    ended = machine.give_up(SPEC, State(Phase.PULL_REQUEST_OPEN, pull_request=intent), "x", 31,
+                            limit=30)  # fmt: skip
+    assert ended is not None and Action.CLOSE_PULL_REQUEST in ended.actions
+    # an intent that names no configuration cannot name a branch: nothing to look for
+    blank = PullRequestStatus(repository="ops/serving", state="opening")
+    assert proposing.unconfirmed(blank) is None
+    assert proposing.unconfirmed(OPENED) is None  # recorded: closed by its number

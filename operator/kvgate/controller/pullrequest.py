@@ -32,6 +32,7 @@ from kvgate.errors import InputError, KvgateError
 from kvgate.model import GitFileKind, Phase, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.spec import PullRequestSpec
+from kvgate.status import PullRequestStatus
 from kvgate.steps import LiveTarget, Observation, PullRequestSeen, Step
 from kvgate.verdict import GateResult
 
@@ -172,14 +173,17 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
 def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     """Close the recorded pull request (the rollout ended otherwise than through it) and record
     the state read back. One merged meanwhile cannot be closed: say so, loudly."""
-    pr = proposing.open_pull_request(proposing.recorded(ctx.status))
-    if pr is None or pr.repository is None or pr.number is None:
-        return NOTHING
+    recorded = proposing.recorded(ctx.status)
+    pr = proposing.open_pull_request(recorded)
     comment = (
         f"kvgate closed this pull request: rollout {ctx.namespace}/{ctx.name} ended "
         f"{step.phase.value} ({step.reason}) before it was merged, so it no longer stands "
         "behind this change. Change the rollout's spec to evaluate and propose again."
     )
+    if pr is None:
+        pr = _found_again(ctx, proposing.unconfirmed(recorded))
+    if pr is None or pr.repository is None or pr.number is None:
+        return NOTHING
     with _forge(ctx) as forge:
         seen = forge.close_pull_request(pr.repository, pr.number, redact.scrub_text(comment))
     state = PullRequestState(seen.state)
@@ -198,6 +202,22 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         )
     closed = dataclasses.replace(pr, state=state.value, merge_sha=seen.merge_sha or pr.merge_sha)
     return StatusUpdate.of(pullRequest=jsonrecord.write(closed))
+
+
+def _found_again(ctx: Ctx, intent: PullRequestStatus | None) -> PullRequestStatus | None:
+    """The open pull request of the recorded intent's branch, when its number was never
+    recorded (the branch is a function of the rollout and the configuration hash)."""
+    if intent is None or intent.repository is None or not intent.config_hash:
+        return None
+    branch = intent.branch or gitops.branch_name(ctx.name, intent.config_hash)
+    with _forge(ctx) as forge:
+        base = intent.base_branch or _pull_request_spec(ctx).base_branch
+        found = forge.find_open_pull_request(intent.repository, base, branch)
+    if found is None:
+        ctx.logger.info("no open pull request from %s to close", branch)
+        return None
+    return proposing.opened(intent, branch=branch, number=found.number, url=found.url,
+                            now=iso(ctx.now))  # fmt: skip
 
 
 def observe(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:

@@ -54,6 +54,8 @@ class Forge(Protocol):
 
     def pull_request_state(self, repo: str, number: int) -> PullRequest: ...
 
+    def find_open_pull_request(self, repo: str, base: str, branch: str) -> PullRequest | None: ...
+
     def close_pull_request(self, repo: str, number: int, comment: str) -> PullRequest: ...
 
 
@@ -182,6 +184,15 @@ class RestForge:
     def pull_request_state(self, repo: str, number: int) -> PullRequest:
         with self._answer_shape(repo):
             return self._state(repo, number)
+
+    def find_open_pull_request(self, repo: str, base: str, branch: str) -> PullRequest | None:
+        """The open pull request from kvgate's `branch` into `base` (None: there is none): how
+        a pull request whose number was never recorded is found again."""
+        if not is_kvgate_branch(branch):
+            raise SpecError("branch", f"{branch!r} is not a kvgate/ branch")
+        with self._answer_shape(repo):
+            found = self._find_open(repo, base, branch)
+            return None if found is None else self._state(repo, found[0])
 
     def close_pull_request(self, repo: str, number: int, comment: str) -> PullRequest:
         """Close an open pull request of kvgate's with a comment (a new configuration
