@@ -189,6 +189,24 @@ def _admission_policy(cluster: Any, namespace: str, policy: str = "token-secret"
     return yaml.safe_dump_all(wanted)
 
 
+def _refused_once_in_force(
+    cluster: Any, namespace: str, body: dict[str, Any], policy: str, timeout: float
+) -> str:
+    """kubectl's stderr once the apiserver refuses `body` (an admission policy takes effect
+    asynchronously: an apply that got through before is taken back and tried again)."""
+    name = body["metadata"]["name"]
+
+    def refused() -> str | None:
+        proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                               input=yaml.safe_dump(body), check=False)  # fmt: skip
+        if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
+            cluster.kubectl("delete", "kvr", name, "-n", namespace, check=False)
+            return None
+        return str(proc.stderr)
+
+    return wait_for(refused, timeout, f"the {policy} admission policy in force")
+
+
 def wait_end_watching(
     cluster: Any, namespace: str, name: str, secret: str, timeout: float
 ) -> dict[str, Any]:
@@ -231,16 +249,7 @@ def test_a_token_secret_needs_the_operators_opt_in(
         policy = _admission_policy(cluster, namespace)
         cluster.kubectl("apply", "-f", "-", input=policy)
         again = rollout("lc2-fp8", "lc", gates=LONG_CONTEXT, **spec)
-
-        def refused() -> str | None:
-            proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                                   input=yaml.safe_dump(again), check=False)  # fmt: skip
-            if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
-                cluster.kubectl("delete", "kvr", "lc2-fp8", "-n", namespace, check=False)
-                return None
-            return proc.stderr
-
-        stderr = wait_for(refused, 30, "the token-secret admission policy in force")
+        stderr = _refused_once_in_force(cluster, namespace, again, "token-secret", 30)
         assert "spec.model.tokenSecretRef: this kvgate install does not use hub-token" in stderr
         cluster.kubectl("annotate", "kvr", "lc-fp8", "-n", namespace, "note=still-updatable")
     finally:
@@ -275,16 +284,7 @@ def test_a_pull_request_is_refused_at_admission_without_the_forge_opt_in(
     try:
         cluster.kubectl("apply", "-f", "-", input=policy)
         fresh = rollout("lc-pr", "lc", gates=LONG_CONTEXT, promotion=PULL_REQUEST)
-
-        def refused() -> str | None:
-            proc = cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                                   input=yaml.safe_dump(fresh), check=False)  # fmt: skip
-            if proc.returncode == 0:  # the policy is not in force yet: take it back, retry
-                cluster.kubectl("delete", "kvr", "lc-pr", "-n", namespace, check=False)
-                return None
-            return proc.stderr
-
-        stderr = wait_for(refused, 60, "the forge-token admission policy in force")
+        stderr = _refused_once_in_force(cluster, namespace, fresh, "forge-token", 60)
         assert "spec.promotion.pullRequest: this kvgate install reads no forge-token" in stderr
         assert "forgeTokenSecrets.enabled=false" in stderr
         assert get(cluster, namespace, "kvcacherollout", "lc-pr") is None

@@ -334,13 +334,7 @@ def test_an_abort_after_a_crash_before_recording_closes_the_unrecorded_pr(
     assert len(w.forge.pulls) == 1 and w.forge.pulls[0]["state"] == "open"
     recorded = w.status["pullRequest"]
     assert recorded["state"] == "opening" and "number" not in recorded  # the forge has #1
-    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "wrong model"
-    w.until(lambda w: w.phase in END)
-    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
-    pr = w.forge.pulls[0]
-    assert pr["state"] == "closed"
-    assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
-    assert w.status["pullRequest"]["state"] == "closed"
+    pr = _abort_then_closed(w)
     assert w.status["pullRequest"]["number"] == 1  # found by its branch, now on record
     assert w.status["pullRequest"]["branch"] == pr["head"]
     assert ("Normal", "PullRequestClosed", f"closed pull request #1 on {REPO}") in w.events
@@ -372,6 +366,19 @@ def test_deleting_the_rollout_after_a_crash_before_recording_closes_the_pr(
     handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
     assert w.forge.pulls[0]["state"] == "closed"
     assert w.deployment_patches == []
+
+
+def _abort_then_closed(w: PullRequestWorld) -> dict[str, Any]:
+    """Abort the rollout, run it to its end: RolledBack, the PR closed with kvgate's comment
+    and its state on record. The forge's PR."""
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "wrong model"
+    w.until(lambda w: w.phase in END)
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    pr = w.forge.pulls[0]
+    assert pr["state"] == "closed"
+    assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
+    assert w.status["pullRequest"]["state"] == "closed"
+    return pr
 
 
 def fake_crash() -> BaseException:
@@ -415,13 +422,7 @@ def test_an_abort_while_the_pr_is_open_closes_it_with_a_comment(
     # merge a change the SRE stopped, and the GitOps tool would apply it unwatched.
     w = PullRequestWorld(monkeypatch)
     w.until(opened)
-    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "wrong model"
-    w.until(lambda w: w.phase in END)
-    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
-    pr = w.forge.pulls[0]
-    assert pr["state"] == "closed"
-    assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
-    assert w.status["pullRequest"]["state"] == "closed"
+    _abort_then_closed(w)
     assert "closing pull request #1" in w.status["message"]
     assert ("Normal", "PullRequestClosed", f"closed pull request #1 on {REPO}") in w.events
     assert w.deployment_patches == []
