@@ -10,7 +10,10 @@ listen on TCP ports and probe each other with `kubectl exec`:
 - with `manifests.build_eval_network_policy` for the rollout applied, it still reaches both
   canaries' serving port, and no longer the canary's other port, the production pod, nor
   does the canary reach it (the policy takes no ingress);
-- with the policy deleted, everything is reachable again: the policy, not the engine, blocked.
+- with the policy deleted, everything is reachable again: the policy, not the engine, blocked;
+- the load Job's policy (role "load") and the DNS and hub rules of both: a load pod reaches the
+  canaries, a resolver on 53 (UDP and TCP), not production nor a hub on 443; the eval pod of a
+  policy built with `hub` reaches the hub on 443; removing the load policy opens production again.
 
 Propagation is asynchronous: the test waits (bounded) for the condition, never for a time.
 After teardown the engine's chains and ipsets are gone with the rest of the node.
@@ -54,39 +57,57 @@ IMAGE = "ghcr.io/kvgate/kvgate:" + (
         if line.startswith("version = ")
     )
 )
-# Accepts on every port it is given and answers "ok" (the image's Python; no extra package).
+# Accepts on every port it is given and answers "ok" (the image's Python; no extra package);
+# a port given as "u<N>" is UDP and answers each datagram with "ok".
 LISTEN = """
 import select, socket, sys
-socks = []
+socks = {}
 for port in sys.argv[1:]:
-    s = socket.socket()
+    udp = port.startswith("u")
+    s = socket.socket(type=socket.SOCK_DGRAM if udp else socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", int(port)))
-    s.listen(16)
-    socks.append(s)
+    s.bind(("0.0.0.0", int(port.lstrip("u"))))
+    if not udp:
+        s.listen(16)
+    socks[s] = udp
 print("listening", *sys.argv[1:], flush=True)
 while True:
-    for s in select.select(socks, [], [])[0]:
+    for s in select.select(list(socks), [], [])[0]:
+        if socks[s]:
+            _, peer = s.recvfrom(64)
+            s.sendto(b"ok", peer)
+            continue
         c, _ = s.accept()
         c.sendall(b"ok")
         c.close()
 """
 PROBE = """
 import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+ip, port = sys.argv[1], sys.argv[2]
+if port.startswith("u"):
+    c = socket.socket(type=socket.SOCK_DGRAM)
+    c.settimeout(3)
+    c.sendto(b"q", (ip, int(port[1:])))
+else:
+    c = socket.create_connection((ip, int(port)), timeout=3)
 print(c.recv(2).decode())
 """
 
 
 def pod(
-    name: str, labels: dict[str, str], ports: tuple[int, ...], namespace: str = NAMESPACE
+    name: str, labels: dict[str, str], ports: tuple[int | str, ...], namespace: str = NAMESPACE
 ) -> dict[str, Any]:
+    """A listener pod; ports below 1024 (DNS, HTTPS) are bound without root or a capability
+    through the namespaced sysctl Kubernetes counts as safe."""
+    low = any(int(str(p).lstrip("u")) < 1024 for p in ports)
+    sysctls = [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}] if low else []
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "terminationGracePeriodSeconds": 0,
+            **({"securityContext": {"sysctls": sysctls}} if sysctls else {}),
             "containers": [
                 {
                     "name": "listen",
@@ -149,9 +170,10 @@ def policed_node(
 
 
 def reaches(
-    c: cluster_mod.Cluster, source: str, ip: str, port: int, namespace: str = NAMESPACE
+    c: cluster_mod.Cluster, source: str, ip: str, port: int | str, namespace: str = NAMESPACE
 ) -> bool:
-    """Whether pod `source` opens a TCP connection to ip:port and reads the listener's answer."""
+    """Whether pod `source` opens a TCP connection to ip:port (or sends a UDP datagram to
+    port "u<N>") and reads the listener's answer."""
     proc = c.kubectl(
         "exec", "-n", namespace, source, "--", "python", "-c", PROBE, ip, str(port),
         check=False, timeout=30,
@@ -188,6 +210,18 @@ def start_pods(c: cluster_mod.Cluster, pods: list[dict[str, Any]]) -> dict[str, 
         "the listeners bound",
     )
     return ips
+
+
+def lift(c: cluster_mod.Cluster, policy: dict[str, Any], source: str, blocked_ip: str) -> None:
+    """Delete `policy` and wait (bounded) until `source` reaches the serving port it blocked."""
+    name = policy["metadata"]["name"]
+    c.kubectl("delete", "networkpolicy", "-n", NAMESPACE, name)
+    wait_for(
+        lambda: reaches(c, source, blocked_ip, SERVING_PORT),
+        90,
+        f"the engine to lift {name}",
+        interval=1,
+    )
 
 
 def reachability(c: cluster_mod.Cluster, ips: dict[str, str]) -> dict[str, bool]:
@@ -254,13 +288,7 @@ def test_the_eval_jobs_policy_is_enforced_on_the_real_node(
     assert "iptables chain iptables/filter/KUBE-ROUTER-FORWARD" in held, held
 
     # The policy deleted: open again, so the policy (not the engine by itself) was the block.
-    c.kubectl("delete", "networkpolicy", "-n", NAMESPACE, policy["metadata"]["name"])
-    wait_for(
-        lambda: reaches(c, "np-eval", ips["np-production"], SERVING_PORT),
-        90,
-        "the engine to lift the policy",
-        interval=1,
-    )
+    lift(c, policy, "np-eval", ips["np-production"])
     assert reachability(c, ips) == ALL_OPEN
     c.kubectl("delete", "pods", "-n", NAMESPACE, *PODS, "--wait=false")
 
@@ -344,3 +372,74 @@ def test_the_charts_operator_policy_is_enforced_on_the_real_node(
 
 def table_keys() -> list[tuple[str, int]]:
     return [(k, port) for k in CHART_NS for port in (HEALTH_PORT, METRICS_PORT, UNLISTED_PORT)]
+
+
+LJ = "lj"  # a rollout of its own: the eval test's pods may still be terminating
+LJ_PODS: dict[str, tuple[dict[str, str], tuple[int | str, ...]]] = {
+    "lj-control": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "control"}, (SERVING_PORT,)),
+    "lj-candidate": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "candidate"}, (SERVING_PORT,)),
+    "lj-production": ({"app": "vllm-lj"}, (SERVING_PORT,)),
+    # The load Job's pod template labels (manifests.build_load_job): rollout + arm "load".
+    "lj-load": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "load"}, (EVAL_PORT,)),
+    "lj-eval": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "eval"}, (EVAL_PORT,)),
+    # Stand-ins for the cluster's resolver and the hub: the policies name ports, not addresses.
+    "lj-resolver": ({"role": "resolver"}, (manifests.DNS_PORT, f"u{manifests.DNS_PORT}")),
+    "lj-hub": ({"role": "hub"}, (manifests.HUB_PORT,)),
+}
+LJ_PROBES: dict[str, tuple[str, str, int | str]] = {
+    "load -> control:serving": ("lj-load", "lj-control", SERVING_PORT),
+    "load -> candidate:serving": ("lj-load", "lj-candidate", SERVING_PORT),
+    "load -> production:serving": ("lj-load", "lj-production", SERVING_PORT),
+    "load -> resolver:53/udp": ("lj-load", "lj-resolver", f"u{manifests.DNS_PORT}"),
+    "load -> resolver:53/tcp": ("lj-load", "lj-resolver", manifests.DNS_PORT),
+    "load -> hub:443": ("lj-load", "lj-hub", manifests.HUB_PORT),
+    "eval -> hub:443": ("lj-eval", "lj-hub", manifests.HUB_PORT),
+    "eval -> resolver:53/udp": ("lj-eval", "lj-resolver", f"u{manifests.DNS_PORT}"),
+    "eval -> production:serving": ("lj-eval", "lj-production", SERVING_PORT),
+    "control -> load": ("lj-control", "lj-load", EVAL_PORT),
+}
+LJ_POLICED = {
+    **dict.fromkeys(LJ_PROBES, True),
+    "load -> production:serving": False,
+    "load -> hub:443": False,  # the load policy is built without the hub
+    "eval -> production:serving": False,
+    "control -> load": False,  # no ingress
+}
+
+
+@pytest.mark.timeout(900)
+def test_the_load_jobs_policy_and_the_dns_and_hub_rules_on_the_real_node(
+    policed_node: cluster_mod.Cluster,
+) -> None:
+    c = policed_node
+    ips = start_pods(c, [pod(name, labels, ports) for name, (labels, ports) in LJ_PODS.items()])
+
+    def table() -> dict[str, bool]:
+        return {k: reaches(c, src, ips[dst], port) for k, (src, dst, port) in LJ_PROBES.items()}
+
+    assert table() == dict.fromkeys(LJ_PROBES, True)  # without policies: all open
+    load = manifests.build_eval_network_policy(
+        rollout=LJ, namespace=NAMESPACE, canary_port=SERVING_PORT, hub=False, role="load"
+    )
+    evaluation = manifests.build_eval_network_policy(
+        rollout=LJ, namespace=NAMESPACE, canary_port=SERVING_PORT, hub=True
+    )
+    assert load["metadata"]["name"] != evaluation["metadata"]["name"]
+    for policy in (load, evaluation):
+        c.kubectl("apply", "-f", "-", input=json.dumps(policy))
+    wait_for(
+        lambda: (
+            not reaches(c, "lj-load", ips["lj-production"], SERVING_PORT)
+            and not reaches(c, "lj-eval", ips["lj-production"], SERVING_PORT)
+        ),
+        90,
+        "the engine to enforce the load and eval policies",
+        interval=1,
+    )
+    assert table() == LJ_POLICED
+    lift(c, load, "lj-load", ips["lj-production"])
+    # the eval policy still holds: the two are separate objects with separate selectors
+    assert not reaches(c, "lj-eval", ips["lj-production"], SERVING_PORT)
+    assert reaches(c, "lj-load", ips["lj-hub"], manifests.HUB_PORT)
+    c.kubectl("delete", "networkpolicy", "-n", NAMESPACE, evaluation["metadata"]["name"])
+    c.kubectl("delete", "pods", "-n", NAMESPACE, *LJ_PODS, "--wait=false")
