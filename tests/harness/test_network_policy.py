@@ -383,7 +383,7 @@ LJ_PODS: dict[str, tuple[dict[str, str], tuple[int | str, ...]]] = {
     "lj-load": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "load"}, (EVAL_PORT,)),
     "lj-eval": ({LABEL_ROLLOUT: LJ, LABEL_ARM: "eval"}, (EVAL_PORT,)),
     # Stand-ins for the cluster's resolver and the hub: the policies name ports, not addresses.
-    "lj-resolver": ({"role": "resolver"}, (manifests.DNS_PORT, f"u{manifests.DNS_PORT}")),
+    "lj-resolver": ({"role": "resolver"}, (manifests.DNS_PORT, f"u{manifests.DNS_PORT}", "u5353")),
     "lj-hub": ({"role": "hub"}, (manifests.HUB_PORT,)),
 }
 LJ_PROBES: dict[str, tuple[str, str, int | str]] = {
@@ -392,6 +392,7 @@ LJ_PROBES: dict[str, tuple[str, str, int | str]] = {
     "load -> production:serving": ("lj-load", "lj-production", SERVING_PORT),
     "load -> resolver:53/udp": ("lj-load", "lj-resolver", f"u{manifests.DNS_PORT}"),
     "load -> resolver:53/tcp": ("lj-load", "lj-resolver", manifests.DNS_PORT),
+    "load -> resolver:5353/udp": ("lj-load", "lj-resolver", "u5353"),  # UDP, not DNS's port
     "load -> hub:443": ("lj-load", "lj-hub", manifests.HUB_PORT),
     "eval -> hub:443": ("lj-eval", "lj-hub", manifests.HUB_PORT),
     "eval -> resolver:53/udp": ("lj-eval", "lj-resolver", f"u{manifests.DNS_PORT}"),
@@ -401,6 +402,7 @@ LJ_PROBES: dict[str, tuple[str, str, int | str]] = {
 LJ_POLICED = {
     **dict.fromkeys(LJ_PROBES, True),
     "load -> production:serving": False,
+    "load -> resolver:5353/udp": False,  # the UDP probe can fail: only 53 is allowed
     "load -> hub:443": False,  # the load policy is built without the hub
     "eval -> production:serving": False,
     "control -> load": False,  # no ingress
