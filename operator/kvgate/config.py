@@ -24,6 +24,13 @@ DEFAULT_EVAL_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
     "requests": {"cpu": "100m", "memory": "256Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
+# The load Job's bounds when the chart sets none (the chart's loadResources defaults agree):
+# two inference-perf runs (a main process and `num_workers` workers each, every one with
+# transformers and pyarrow loaded), measured at about 400 MiB a process.
+DEFAULT_LOAD_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "1", "memory": "1Gi"},
+    "limits": {"cpu": "4", "memory": "4Gi"},
+}
 DEFAULT_EVAL_IMAGE: Final = "ghcr.io/kvgate/kvgate:0.1.0"
 DEFAULT_EVAL_CONCURRENCY: Final = 8
 DEFAULT_METRICS_PORT: Final = 9090
@@ -55,6 +62,11 @@ class OperatorConfig:
     # change a value but not drop one. "{}": none (BestEffort, unbounded memory).
     eval_resources: Mapping[str, Mapping[str, str]] = field(
         default_factory=lambda: DEFAULT_EVAL_RESOURCES
+    )
+    # KVGATE_LOAD_RESOURCES (the same JSON, the chart's loadResources): the load Job's
+    # bounds; rollouts do not change them. "{}": none.
+    load_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: DEFAULT_LOAD_RESOURCES
     )
     # KVGATE_MODEL_DIRS (os.pathsep-separated): the only places a local spec.model.name may be
     model_dirs: tuple[str, ...] = ()
@@ -103,6 +115,7 @@ class OperatorConfig:
             eval_service_account=_name(environ, "KVGATE_EVAL_SERVICE_ACCOUNT"),
             eval_writable_tmp=_bool(environ, "KVGATE_EVAL_WRITABLE_TMP", d.eval_writable_tmp),
             eval_resources=_resources(environ, "KVGATE_EVAL_RESOURCES", d.eval_resources),
+            load_resources=_resources(environ, "KVGATE_LOAD_RESOURCES", d.load_resources),
             model_dirs=tuple(
                 p for p in (environ.get("KVGATE_MODEL_DIRS") or "").split(os.pathsep) if p
             ),

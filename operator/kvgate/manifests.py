@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvgate import engines
+from kvgate.config import DEFAULT_LOAD_RESOURCES
 from kvgate.model import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_POLICY_HASH,
@@ -316,12 +317,6 @@ def load_job_name(rollout: str, attempt: int) -> str:
 
 LOAD_NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
 LOAD_TMP_SIZE: Final = "2Gi"  # inference-perf's configs, logs, reports and the tokenizer
-# The load Job's bounds: two inference-perf runs (a main process and `num_workers` workers
-# each, every one with transformers and pyarrow loaded), measured at about 400 MiB a process.
-DEFAULT_LOAD_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
-    "requests": {"cpu": "1", "memory": "1Gi"},
-    "limits": {"cpu": "4", "memory": "4Gi"},
-}
 
 
 def load_command(

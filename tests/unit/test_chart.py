@@ -667,6 +667,18 @@ def test_the_eval_job_is_bounded_by_the_chart_and_the_operator_reads_it(helm: st
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
                     "--set", "evalResources.limits.cpu=2 cores")  # fmt: skip
     assert proc.returncode != 0 and "evalResources" in proc.stderr
+    # the load Job's bounds, the same way (KVGATE_LOAD_RESOURCES)
+    from kvgate.config import DEFAULT_LOAD_RESOURCES
+
+    assert config_of().load_resources == DEFAULT_LOAD_RESOURCES
+    assert config_of("loadResources.limits.memory=8Gi").load_resources["limits"] == {
+        "cpu": "4",
+        "memory": "8Gi",
+    }
+    assert config_of("loadResources=null").load_resources == {}
+    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
+                    "--set", "loadResources.requests.cpu=lots")  # fmt: skip
+    assert proc.returncode != 0 and "loadResources" in proc.stderr
 
 
 def test_the_operators_network_policy_is_optional_and_opens_two_ports(helm: str) -> None:

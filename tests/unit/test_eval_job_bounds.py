@@ -1,6 +1,7 @@
-"""The eval Job is bounded by default (issue 25): requests and limits from the operator's
-config (the chart's evalResources, KVGATE_EVAL_RESOURCES), a rollout may change a value but
-not drop one."""
+"""The eval and load Jobs are bounded by default (issue 25): requests and limits from the
+operator's config (the chart's evalResources, KVGATE_EVAL_RESOURCES; loadResources,
+KVGATE_LOAD_RESOURCES); a rollout may change an eval value but not drop one, and does not
+change the load Job's."""
 
 from __future__ import annotations
 
@@ -78,3 +79,27 @@ def test_bad_resources_name_the_variable(raw: str, field: str) -> None:
     with pytest.raises(SpecError) as caught:
         OperatorConfig.from_env({"KVGATE_EVAL_RESOURCES": raw})
     assert str(caught.value).startswith(field), caught.value
+
+
+def test_the_load_jobs_bounds_come_from_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_controller import THROUGHPUT_GATES, _run_until_load_job
+
+    assert OperatorConfig().load_resources == config.DEFAULT_LOAD_RESOURCES
+    assert set(config.DEFAULT_LOAD_RESOURCES["limits"]) == {"cpu", "memory"}
+    raw = '{"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "6Gi"}}'
+    bounds = OperatorConfig.from_env({"KVGATE_LOAD_RESOURCES": raw}).load_resources
+    assert bounds == {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "6Gi"}}
+    assert OperatorConfig.from_env({"KVGATE_LOAD_RESOURCES": "{}"}).load_resources == {}
+    with pytest.raises(SpecError, match=r"^KVGATE_LOAD_RESOURCES\.limits\.cpu: "):
+        OperatorConfig.from_env({"KVGATE_LOAD_RESOURCES": '{"limits": {"cpu": "2 cores"}}'})
+
+    # a rollout's canary.resources bound the eval container, not the load Job's
+    w = World(monkeypatch, gates=THROUGHPUT_GATES, canary={
+        "startupTimeout": "60s", "evalTimeout": "120s",
+        "resources": {"limits": {"memory": "3Gi"}}})  # fmt: skip
+    w.memo.config = dataclasses.replace(w.memo.config, load_resources=bounds)
+    _run_until_load_job(w)
+    job = w.kube.get("Job", "r-load-1")
+    assert job is not None
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == bounds

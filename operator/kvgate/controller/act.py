@@ -267,6 +267,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
             "PYTHONUNBUFFERED": "1",
             **({"KVGATE_GSM8K_DIR": ctx.config.gsm8k_dir} if ctx.config.gsm8k_dir else {}),
         },
+        resources=ctx.config.load_resources,  # the operator's; a rollout does not change them
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
     )
