@@ -649,36 +649,29 @@ def test_the_chart_refuses_a_cluster_older_than_its_defaults_need(
         assert "kubeVersion: >=1.36.0-0" in errors[0] and "v1.35.4" in errors[0], errors
 
 
-def test_the_eval_job_is_bounded_by_the_chart_and_the_operator_reads_it(helm: str) -> None:
-    from kvgate.config import DEFAULT_EVAL_RESOURCES, OperatorConfig
+@pytest.mark.parametrize(
+    ("value", "field", "limit_cpu"),
+    [("evalResources", "eval_resources", "2"), ("loadResources", "load_resources", "4")],
+)
+def test_the_jobs_are_bounded_by_the_chart_and_the_operator_reads_it(
+    helm: str, value: str, field: str, limit_cpu: str
+) -> None:
+    from kvgate import config
+    from kvgate.config import OperatorConfig
 
-    def config_of(*sets: str) -> OperatorConfig:
+    def bounds_of(*sets: str) -> Any:
         c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-        return OperatorConfig.from_env({e["name"]: e["value"] for e in c["env"] if "value" in e})
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        return getattr(OperatorConfig.from_env(env), field)
 
     # the chart's defaults are the operator's: a `kvgate run` outside the chart is bounded too
-    assert config_of().eval_resources == DEFAULT_EVAL_RESOURCES
-    assert config_of("evalResources.limits.memory=4Gi").eval_resources["limits"] == {
-        "cpu": "2",
-        "memory": "4Gi",
-    }
+    assert bounds_of() == getattr(config, f"DEFAULT_{field.upper()}")
+    assert bounds_of(f"{value}.limits.memory=8Gi")["limits"] == {"cpu": limit_cpu, "memory": "8Gi"}
     # null deletes the chart's default, as {} does: no bounds, said explicitly to the operator
-    assert config_of("evalResources=null").eval_resources == {}
+    assert bounds_of(f"{value}=null") == {}
     proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
-                    "--set", "evalResources.limits.cpu=2 cores")  # fmt: skip
-    assert proc.returncode != 0 and "evalResources" in proc.stderr
-    # the load Job's bounds, the same way (KVGATE_LOAD_RESOURCES)
-    from kvgate.config import DEFAULT_LOAD_RESOURCES
-
-    assert config_of().load_resources == DEFAULT_LOAD_RESOURCES
-    assert config_of("loadResources.limits.memory=8Gi").load_resources["limits"] == {
-        "cpu": "4",
-        "memory": "8Gi",
-    }
-    assert config_of("loadResources=null").load_resources == {}
-    proc = run_helm(helm, "template", "kvgate", str(CHART), *KUBE,
-                    "--set", "loadResources.requests.cpu=lots")  # fmt: skip
-    assert proc.returncode != 0 and "loadResources" in proc.stderr
+                    "--set", f"{value}.limits.cpu=2 cores")  # fmt: skip
+    assert proc.returncode != 0 and value in proc.stderr
 
 
 def test_the_operators_network_policy_is_optional_and_opens_two_ports(helm: str) -> None:
