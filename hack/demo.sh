@@ -156,7 +156,7 @@ wait_for_pressure() {
 			import json, sys
 			try:
 			    p = json.loads(sys.argv[1])["pool_pressure"]
-			    print(f"{p['pressured_samples']}/{p['samples']} samples full with requests waiting, "
+			    print(f"{p['pressured_samples']}/{p['samples']} samples full (requests waiting, or a preemption), "
 			          f"max KV usage {p['max_usage']:.2f}, pressured={p['pressured']}")
 			except Exception:
 			    print("no readable sample yet")

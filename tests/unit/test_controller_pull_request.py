@@ -325,16 +325,24 @@ def _crash_after_opening(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return crashes
 
 
-def test_an_abort_after_a_crash_before_recording_closes_the_unrecorded_pr(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _opened_but_unrecorded(monkeypatch: pytest.MonkeyPatch) -> PullRequestWorld:
+    """A world where the forge opened PR #1 and the operator died before recording it."""
     w = PullRequestWorld(monkeypatch)
     crashes = _crash_after_opening(monkeypatch)
     w.until(lambda w: bool(crashes))
     assert len(w.forge.pulls) == 1 and w.forge.pulls[0]["state"] == "open"
     recorded = w.status["pullRequest"]
     assert recorded["state"] == "opening" and "number" not in recorded  # the forge has #1
+    return w
+
+
+def test_an_abort_after_a_crash_before_recording_closes_the_unrecorded_pr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = _opened_but_unrecorded(monkeypatch)
+    clients = len(w.tokens)
     pr = _abort_then_closed(w)
+    assert len(w.tokens) - clients == 1  # one token read for the lookup and the close
     assert w.status["pullRequest"]["number"] == 1  # found by its branch, now on record
     assert w.status["pullRequest"]["branch"] == pr["head"]
     assert ("Normal", "PullRequestClosed", f"closed pull request #1 on {REPO}") in w.events
@@ -353,15 +361,27 @@ def test_an_abort_before_the_forge_was_called_closes_nothing(
     assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
     assert w.forge.pulls == [] and w.forge.commits == 0
     assert not [r for _, r, _ in w.events if r == "PullRequestClosed"]
+    # it did look: the end asked the forge for the branch's open pull requests
+    assert any(r.method == "GET" and r.url.path.endswith("/pulls") for r in w.forge.requests)
+
+
+def test_killed_after_closing_an_unrecorded_pr_ends_once_on_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lookup found #1 and closed it, the status write did not land: the restarted operator
+    # finds no open PR of the branch, closes nothing more and records the end once (status
+    # keeps the intent without a number: the close's Event died with the operator).
+    w = _opened_but_unrecorded(monkeypatch)
+    died = _abort_dying_after_the_first_close(monkeypatch, w)
+    assert died == [1] and w.forge.pulls[0]["state"] == "closed"
+    assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
+    assert len(w.forge.pulls[0].get("comments", [])) == 1  # closed once, commented once
 
 
 def test_deleting_the_rollout_after_a_crash_before_recording_closes_the_pr(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    w = PullRequestWorld(monkeypatch)
-    crashes = _crash_after_opening(monkeypatch)
-    w.until(lambda w: bool(crashes))
-    assert "number" not in w.status["pullRequest"]
+    w = _opened_but_unrecorded(monkeypatch)
     body = kopf.Body(copy.deepcopy(w.obj))
     handlers.cleanup(body=body, meta=body.metadata, memo=w.memo, logger=LOG, retry=0)
     assert w.forge.pulls[0]["state"] == "closed"
@@ -379,6 +399,27 @@ def _abort_then_closed(w: PullRequestWorld) -> dict[str, Any]:
     assert any("kvgate closed this pull request" in c for c in pr.get("comments", []))
     assert w.status["pullRequest"]["state"] == "closed"
     return pr
+
+
+def _abort_dying_after_the_first_close(
+    monkeypatch: pytest.MonkeyPatch, w: PullRequestWorld
+) -> list[int]:
+    """Abort, and kill the operator right after its first close landed (before the status
+    write); run to the end. The numbers the dying close closed."""
+    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
+    real = RestForge.close_pull_request
+    died: list[int] = []
+
+    def close_then_die(forge: RestForge, repo: str, number: int, comment: str) -> Any:
+        closed = real(forge, repo, number, comment)
+        if not died:
+            died.append(number)
+            raise fake_crash()
+        return closed
+
+    monkeypatch.setattr(RestForge, "close_pull_request", close_then_die)
+    w.until(lambda w: w.phase in END)
+    return died
 
 
 def fake_crash() -> BaseException:
@@ -428,11 +469,22 @@ def test_an_abort_while_the_pr_is_open_closes_it_with_a_comment(
     assert w.deployment_patches == []
 
 
-def test_a_forge_failing_the_close_holds_the_end_until_it_is_closed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _opened_and_recorded(monkeypatch: pytest.MonkeyPatch) -> PullRequestWorld:
     w = PullRequestWorld(monkeypatch)
     w.until(opened)
+    return w
+
+
+# How the rollout knows its open pull request: by its recorded number, or only by its branch
+# (the operator died between opening it and recording it).
+KNOWN_BY = {"number": _opened_and_recorded, "branch": _opened_but_unrecorded}
+
+
+@pytest.mark.parametrize("known_by", sorted(KNOWN_BY))
+def test_a_forge_failing_the_close_holds_the_end_until_it_is_closed(
+    monkeypatch: pytest.MonkeyPatch, known_by: str
+) -> None:
+    w = KNOWN_BY[known_by](monkeypatch)
     w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
     w.forge.refuse = 502
     for _ in range(3):
@@ -442,6 +494,7 @@ def test_a_forge_failing_the_close_holds_the_end_until_it_is_closed(
     w.forge.refuse = None
     w.until(lambda w: w.phase in END)
     assert w.phase == "RolledBack" and w.forge.pulls[0]["state"] == "closed"
+    assert w.status["pullRequest"]["number"] == 1
 
 
 def test_a_pr_merged_before_the_close_is_said_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -495,21 +548,8 @@ def test_an_operator_killed_after_the_close_landed_ends_the_same_on_restart(
 ) -> None:
     # The close went through, the status write did not: the restarted operator closes again
     # (a no-op on a closed PR) and records the end once.
-    w = PullRequestWorld(monkeypatch)
-    w.until(opened)
-    w.obj["metadata"].setdefault("annotations", {})["kvgate.io/abort"] = "stop"
-    real = RestForge.close_pull_request
-    crashes: list[int] = []
-
-    def close_then_die(forge: RestForge, repo: str, number: int, comment: str) -> Any:
-        closed = real(forge, repo, number, comment)
-        if not crashes:
-            crashes.append(1)
-            raise fake_crash()
-        return closed
-
-    monkeypatch.setattr(RestForge, "close_pull_request", close_then_die)
-    w.until(lambda w: w.phase in END)
+    w = _opened_and_recorded(monkeypatch)
+    crashes = _abort_dying_after_the_first_close(monkeypatch, w)
     assert crashes and w.crashes == 1
     assert (w.phase, w.status["reason"]) == ("RolledBack", "Aborted")
     assert w.forge.pulls[0]["state"] == "closed" and w.status["pullRequest"]["state"] == "closed"

@@ -248,3 +248,32 @@ spec:
           values: [{{ include "kvgate.watchNamespaces" $root | splitList "," | join ", " }}]
   {{- end }}
 {{- end }}
+
+{{/* A ValidatingAdmissionPolicy <fullname>-<policy> refusing spec.<section>.<field> on a
+     rollout, and its Deny binding. A rollout stored with the field before the policy can still
+     be updated (finalizers, deletion); adding the field to a stored one is refused.
+     Args: dict "root" . "policy" "section" "field" "message". */}}
+{{- define "kvgate.refuseField" -}}
+{{- $root := .root }}
+{{- $path := printf "spec.%s.%s" .section .field -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ include "kvgate.fullname" $root }}-{{ .policy }}
+  labels:
+    {{- include "kvgate.labels" $root | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [kvgate.io]
+        apiVersions: ["*"]
+        operations: [CREATE, UPDATE]
+        resources: [kvcacherollouts]
+  validations:
+    - expression: {{ printf "!has(object.spec.%s) || !has(object.%s) || (request.operation == 'UPDATE' && has(oldObject.spec.%s) && has(oldObject.%s))" .section $path .section $path | quote }}
+      message: {{ printf "%s: %s" $path .message | quote }}
+      reason: Invalid
+---
+{{ include "kvgate.denyBinding" (dict "root" $root "policy" .policy) }}
+{{- end }}

@@ -172,19 +172,23 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
 
 def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     """Close the recorded pull request (the rollout ended otherwise than through it) and record
-    the state read back. One merged meanwhile cannot be closed: say so, loudly."""
+    the state read back. One merged meanwhile cannot be closed: say so, loudly. An intent whose
+    number never reached status closes the open pull request of the rollout's branch."""
     recorded = proposing.recorded(ctx.status)
     pr = proposing.open_pull_request(recorded)
+    intent = proposing.unconfirmed(recorded) if pr is None else None
+    if pr is None and intent is None:
+        return NOTHING
     comment = (
         f"kvgate closed this pull request: rollout {ctx.namespace}/{ctx.name} ended "
         f"{step.phase.value} ({step.reason}) before it was merged, so it no longer stands "
         "behind this change. Change the rollout's spec to evaluate and propose again."
     )
-    if pr is None:
-        pr = _found_again(ctx, proposing.unconfirmed(recorded))
-    if pr is None or pr.repository is None or pr.number is None:
-        return NOTHING
-    with _forge(ctx) as forge:
+    with _forge(ctx) as forge:  # one token read for the lookup and the close
+        if intent is not None:
+            pr = _found_again(ctx, forge, intent)
+        if pr is None or pr.repository is None or pr.number is None:
+            return NOTHING
         seen = forge.close_pull_request(pr.repository, pr.number, redact.scrub_text(comment))
     state = PullRequestState(seen.state)
     if state is PullRequestState.MERGED:
@@ -204,15 +208,14 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     return StatusUpdate.of(pullRequest=jsonrecord.write(closed))
 
 
-def _found_again(ctx: Ctx, intent: PullRequestStatus | None) -> PullRequestStatus | None:
-    """The open pull request of the recorded intent's branch, when its number was never
-    recorded (the branch is a function of the rollout and the configuration hash)."""
-    if intent is None or intent.repository is None or not intent.config_hash:
+def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullRequestStatus | None:
+    """The open pull request from the branch of an intent whose number was never recorded
+    (the branch is a function of the rollout and the configuration hash), as a record."""
+    if intent.repository is None or intent.config_hash is None:  # unconfirmed() ruled it out
         return None
-    branch = intent.branch or gitops.branch_name(ctx.name, intent.config_hash)
-    with _forge(ctx) as forge:
-        base = intent.base_branch or _pull_request_spec(ctx).base_branch
-        found = forge.find_open_pull_request(intent.repository, base, branch)
+    branch = gitops.branch_name(ctx.name, intent.config_hash)
+    base = intent.base_branch or _pull_request_spec(ctx).base_branch
+    found = forge.find_open_pull_request(intent.repository, base, branch)
     if found is None:
         ctx.logger.info("no open pull request from %s to close", branch)
         return None
