@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Build the Dockerfile's `operator` and `eval` images with buildah, without a registry.
+# Build the Dockerfile's `operator`, `eval` and `load` images with buildah, without a registry.
 #
-#   hack/build-images.sh            # kvgate:<version> and kvgate-eval:<version> in buildah's store
+#   hack/build-images.sh            # kvgate, kvgate-eval and kvgate-load:<version> in buildah's store
+#   KVGATE_IMAGES="operator eval"   # only those targets (the load image is the largest, ~0.9 GB)
 #   KVGATE_IMAGE_ARCHIVE_DIR=dir    # also write each image as an OCI archive into dir
 #
-# Public base images cannot be pulled here, so the base (Debian 12 with Python 3.11 and passwd, what the
-# Dockerfile's PYTHON_IMAGE names) is made by mmdebstrap from Debian's packages. Where a registry
-# is reachable, PYTHON_IMAGE=python:3.11.14-slim-bookworm uses the Dockerfile's own default.
+# Public base images cannot be pulled here, so the bases (Debian 12 with Python 3.11 and passwd, what the
+# Dockerfile's PYTHON_IMAGE names; Debian 13 with Python 3.13 for LOAD_PYTHON_IMAGE) are made by
+# mmdebstrap from Debian's packages. Where a registry is reachable, PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# and LOAD_PYTHON_IMAGE=python:3.12.12-slim-bookworm use the Dockerfile's own defaults.
 # The Dockerfile is used unchanged. Package traffic may pass a TLS proxy whose CA is in the
 # host's bundle: the bundle is mounted read-only into the build's RUN steps (never copied into a
 # layer), with a pip.conf that names it.
@@ -17,10 +19,16 @@
 # Offline clusters (this machine) have no Hugging Face Hub: with a GSM8K directory
 # (KVGATE_GSM8K_DIR, default ../shared/data/gsm8k when it exists; KVGATE_GSM8K_DIR= to skip)
 # one more layer bakes test.jsonl and train.jsonl into /data/gsm8k with
-# KVGATE_GSM8K_DIR=/data/gsm8k, for the simulator and the eval Job. Each final image is tagged
+# KVGATE_GSM8K_DIR=/data/gsm8k, for the simulator, the eval Job and the load Job's tokenizer. Each final image is tagged
 # localhost/<name>:<version> and with the chart's default name, ghcr.io/kvgate/<name>:<version>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Which of the Dockerfile's targets to build: all three unless KVGATE_IMAGES names some.
+TARGETS=${KVGATE_IMAGES:-operator eval load}
+for target in $TARGETS; do
+  case $target in operator|eval|load) ;; *) echo "build-images: KVGATE_IMAGES: no target '$target' (operator, eval, load)" >&2; exit 2;; esac
+done
 
 need() { command -v "$1" >/dev/null || { echo "build-images: $1 not found (apt-get install $2)" >&2; exit 2; }; }
 need buildah buildah
@@ -31,45 +39,61 @@ BUILDAH=(buildah ${KVGATE_STORAGE_DRIVER:+--storage-driver "$KVGATE_STORAGE_DRIV
 
 has_image() { "${BUILDAH[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 
-# ---- the base image ----
+# ---- the base images ----
+# Debian's python3 made into an image by mmdebstrap: bookworm (3.11) for the operator and eval
+# images, trixie (3.13) for the load image (inference-perf 0.7.0 requires Python 3.12+).
 BASE_PACKAGES="python3,python3-venv,ca-certificates,passwd"
 BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-if [ -n "${PYTHON_IMAGE:-}" ]; then
-  BASE=$PYTHON_IMAGE
-else
-  # usrmerge (which pulls in 47 MB of perl) did its work at install; apt is not run in an image.
-  BASE_PURGE="usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl perl-modules-5.36 libperl5.36 apt libapt-pkg6.0"
-  BASE_HASH=$(printf 'bookworm minbase %s %s python-link purge %s\n' "$BASE_PACKAGES" "$BASE_PATH" "$BASE_PURGE" | sha256sum | cut -c1-12)
-  BASE=localhost/kvgate-base:bookworm-$BASE_HASH
-  if ! has_image "$BASE"; then
+debian_base() {  # debian_base SUITE PURGE: prints the base image's name, building it if needed
+  local suite=$1 purge=$2 hash image started tarball ctr
+  hash=$(printf '%s minbase %s %s python-link purge %s\n' "$suite" "$BASE_PACKAGES" "$BASE_PATH" "$purge" | sha256sum | cut -c1-12)
+  image=localhost/kvgate-base:$suite-$hash
+  if ! has_image "$image"; then
     need mmdebstrap mmdebstrap
     started=$(date +%s)
-    tarball="$CACHE/base-$BASE_HASH.tar"
+    tarball="$CACHE/base-$suite-$hash.tar"
     # The host's sources (Debian's own mirror, through whatever proxy apt uses) serve the build.
     mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' \
-      --customize-hook="chroot \"\$1\" dpkg --purge --force-remove-essential --force-depends $BASE_PURGE >/dev/null" \
+      --customize-hook="chroot \"\$1\" dpkg --purge --force-remove-essential --force-depends $purge >/dev/null" \
       --customize-hook='rm -rf "$1"/var/cache/apt "$1"/var/lib/apt/lists' \
-      bookworm "$tarball"
+      "$suite" "$tarball" >&2
     ctr=$("${BUILDAH[@]}" from scratch)
-    "${BUILDAH[@]}" add "$ctr" "$tarball" /
+    "${BUILDAH[@]}" add "$ctr" "$tarball" / >/dev/null
     # The Dockerfile runs `python`; Debian's interpreter is python3.
     "${BUILDAH[@]}" run --isolation chroot "$ctr" -- ln -sf /usr/bin/python3 /usr/local/bin/python
     "${BUILDAH[@]}" config --env PATH=$BASE_PATH --cmd python3 "$ctr"
-    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$BASE" >/dev/null
+    "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$image" >/dev/null
     rm -f "$tarball"
-    echo "build-images: base $BASE in $(( $(date +%s) - started ))s"
+    echo "build-images: base $image in $(( $(date +%s) - started ))s" >&2
+  fi
+  echo "$image"
+}
+
+if [ -n "${PYTHON_IMAGE:-}" ]; then
+  BASE=$PYTHON_IMAGE
+else
+  # usrmerge (which pulls in 47 MB of perl) did its work at install; apt is not run in an image.
+  BASE=$(debian_base bookworm "usrmerge libfile-find-rule-perl libnumber-compare-perl libtext-glob-perl perl perl-modules-5.36 libperl5.36 apt libapt-pkg6.0")
+fi
+LOAD_BASE=""
+if [[ " $TARGETS " == *" load "* ]]; then
+  if [ -n "${LOAD_PYTHON_IMAGE:-}" ]; then
+    LOAD_BASE=$LOAD_PYTHON_IMAGE
+  else
+    LOAD_BASE=$(debian_base trixie "apt libapt-pkg7.0")
   fi
 fi
 
-# ---- the two targets ----
-inputs_hash() {
-  { printf '%s\n' "$BASE" "$1"; cat Dockerfile .dockerignore hack/trim-venv.sh pyproject.toml README.md
+# ---- the targets ----
+inputs_hash() {  # inputs_hash TARGET BASE
+  { printf '%s\n' "$2" "$1"; cat Dockerfile .dockerignore hack/trim-venv.sh pyproject.toml README.md
     git ls-files -z operator | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12
 }
 
 build_args=(--isolation chroot --layers --build-arg "PYTHON_IMAGE=$BASE")
+[ -n "$LOAD_BASE" ] && build_args+=(--build-arg "LOAD_PYTHON_IMAGE=$LOAD_BASE")
 ca=${KVGATE_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 if [ -r "$ca" ]; then
   pipconf="$CACHE/pip.conf"
@@ -83,9 +107,10 @@ if [ -n "$GSM8K" ] && ! [ -r "$GSM8K/test.jsonl" ] && [ -n "${KVGATE_GSM8K_DIR:-
 fi
 [ -r "$GSM8K/test.jsonl" ] && [ -r "$GSM8K/train.jsonl" ] || GSM8K=""
 
-for target in operator eval; do
-  name=kvgate; [ "$target" = eval ] && name=kvgate-eval
-  tag="localhost/$name:$VERSION-$(inputs_hash "$target")"
+for target in $TARGETS; do
+  name=kvgate; [ "$target" != operator ] && name=kvgate-$target
+  base=$BASE; [ "$target" = load ] && base=$LOAD_BASE
+  tag="localhost/$name:$VERSION-$(inputs_hash "$target" "$base")"
   if has_image "$tag"; then
     echo "build-images: $tag is up to date"
   else

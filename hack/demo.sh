@@ -56,7 +56,7 @@ fi
 export PATH="$BIN:$PATH"
 say "using $BIN"
 if [ "$NODE" = containerd ]; then
-	step "Images: the Dockerfile's operator and eval targets (buildah; cached by content hash)"
+	step "Images: the Dockerfile's operator, eval and load targets (buildah; cached by content hash)"
 	KVGATE_IMAGE_ARCHIVE_DIR="$STATE/images" hack/build-images.sh 2>"$OUT/images.err" | sed 's/^/  /' ||
 		fail "image build: $(grep -v -e pytablewriter -e pathvalidate -e '~~~' -e 'pip<24.1' "$OUT/images.err" | tail -5)"
 fi
@@ -105,8 +105,9 @@ EVAL_IMPORT=
 if [ "$NODE" = containerd ]; then
 	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate.tar" 2>&1 | sed 's/^/  /'
 	[ "${PIPESTATUS[0]}" -eq 0 ] || fail "importing the operator image into the node failed"
-	# The eval image is first needed by rollout 2: import it meanwhile.
-	timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate-eval.tar" >"$OUT/import-eval.txt" 2>&1 &
+	# The eval and load images are first needed by rollout 2: import them meanwhile.
+	{ timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate-eval.tar" &&
+		timeout 900 "$PY" hack/cluster.py import --state-dir "$STATE/cluster" "$STATE/images/kvgate-load.tar"; } >"$OUT/import-eval.txt" 2>&1 &
 	EVAL_IMPORT=$!
 fi
 kubectl get nodes -o wide --request-timeout=10s | sed 's/^/  /'
@@ -168,6 +169,15 @@ wait_for_pressure() {
 }
 wait_for_pressure
 
+# What FP8 buys, measured: the load gate runs inference-perf on both canaries at production's
+# load. Its pod runs the load image on the containerd node; the process kubelet's pods are host
+# processes and find inference-perf in the load venv (`make loadenv`), without which it is off.
+THROUGHPUT_GATE="throughputGain: {minRatio: 1.3, maxConcurrency: 64}"
+if [ "$NODE" = process ] && ! [ -x "$ROOT/.venv-load/bin/inference-perf" ]; then
+	THROUGHPUT_GATE=""
+	say "  ${D}no .venv-load/bin/inference-perf (make loadenv): the throughput gate is off for this run${N}"
+fi
+
 # A rollout for the demo: the gates of examples/auto.yaml, scaled down to a few minutes.
 rollout() { # name, extra args as a JSON list
 	cat <<-EOF
@@ -183,7 +193,7 @@ rollout() { # name, extra args as a JSON list
 		    capacity: {mode: require, window: 10s, samples: 4}
 		    scales: {mode: warn}
 		    accuracy: {questions: 200, chunk: 50, margin: 3}
-		    capacityGain: {minRatio: 1.8}
+		    capacityGain: {minRatio: 1.8${THROUGHPUT_GATE:+, $THROUGHPUT_GATE}}
 		  canary: {startupTimeout: 5m, evalTimeout: 10m, evalRetries: 1}
 		  promotion: {mode: auto, verifyWindow: 10s}
 	EOF
@@ -201,7 +211,7 @@ narrate() { # name, expected final phase
 		    p = subprocess.run(["kubectl", *args, "--request-timeout=10s"], capture_output=True, text=True, timeout=20)
 		    return json.loads(p.stdout) if p.returncode == 0 and p.stdout else None
 		terminal = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
-		t0, seen, phase, look = time.monotonic(), set(), None, None
+		t0, seen, phase, look, shown = time.monotonic(), set(), None, None, None
 		while True:
 		    now = time.monotonic() - t0
 		    obj = kubectl("get", "kvr", name, "-n", ns, "-o", "json") or {}
@@ -226,7 +236,11 @@ narrate() { # name, expected final phase
 		        phase = status["phase"]
 		        color = "32" if phase in ("Promoted", "NotNeeded") else "31" if phase in ("RolledBack", "Failed") else "36"
 		        msg = (status.get("message") or "")[:140]
+		        shown = status.get("message")
 		        print(f"  {now:6.1f}s {c('1;' + color, '→ ' + phase)}  {msg}", flush=True)
+		    elif phase == "Measuring" and status.get("message") and status["message"] != shown:
+		        shown = status["message"]  # the load Job's progress ("stages control 2/4, ...")
+		        print(f"  {now:6.1f}s {c('2', '·')} load: {shown[:130]}", flush=True)
 		    done = phase in terminal or (phase == "AwaitingApproval" and status.get("reason") == "VerdictReported")
 		    if done:
 		        sys.exit(0 if phase == expected else 1)
@@ -262,6 +276,10 @@ say "${D}Qwen3-8B ships no KV scales (a warning, scale 1.0); the paired GSM8K ga
 rollout qwen3-fp8-triton '["--attention-backend", "TRITON_ATTN"]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
 narrate qwen3-fp8-triton Promoted || fail "rollout qwen3-fp8-triton was not promoted"
 say "  production args now: $(kubectl get deploy -n "$NS" vllm -o jsonpath='{.spec.template.spec.containers[0].args}')"
+if [ -n "$THROUGHPUT_GATE" ]; then
+	# The throughput gate's one line: what the change buys at production's load.
+	say "  ${B}what FP8 buys:${N} $(kubectl get kvr -n "$NS" qwen3-fp8-triton -o jsonpath='{.status.gates.throughputGain.message}' --request-timeout=10s)"
+fi
 
 # ---- 7. the record ------------------------------------------------------------------------
 step "kubectl get kvr"

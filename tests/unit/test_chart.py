@@ -387,14 +387,16 @@ def test_container_args_are_a_valid_kvgate_command_line(helm: str, sets: tuple[s
     assert args.lease_namespace == ("kvgate-system" if leader else None)
 
 
-def test_load_image_is_the_eval_image_unless_set(helm: str) -> None:
+def test_load_image_is_the_load_target_unless_emptied(helm: str) -> None:
     def env_of(*sets: str) -> dict[str, Any]:
         c = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e.get("value") for e in c["env"]}
 
-    assert "KVGATE_LOAD_IMAGE" not in env_of()  # the operator falls back to the eval image
-    env = env_of("loadImage.repository=ghcr.io/kvgate/kvgate-load")
-    assert env["KVGATE_LOAD_IMAGE"] == "ghcr.io/kvgate/kvgate-load:0.1.0"
+    # by default the load image `make images` builds; an empty repository: the eval image
+    assert env_of()["KVGATE_LOAD_IMAGE"] == "ghcr.io/kvgate/kvgate-load:0.1.0"
+    assert "KVGATE_LOAD_IMAGE" not in env_of("loadImage.repository=")
+    env = env_of("loadImage.repository=registry.example/kvgate-load", "loadImage.tag=v2")
+    assert env["KVGATE_LOAD_IMAGE"] == "registry.example/kvgate-load:v2"
     digest = "sha256:" + "d" * 64
     env = env_of("loadImage.repository=ghcr.io/kvgate/kvgate-load", f"loadImage.digest={digest}")
     assert env["KVGATE_LOAD_IMAGE"] == f"ghcr.io/kvgate/kvgate-load@{digest}"

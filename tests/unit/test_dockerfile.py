@@ -289,3 +289,19 @@ print("imported", len(sys.modules))
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("imported")
+
+
+def test_make_images_builds_every_target_and_refuses_an_unknown_one() -> None:
+    script = ROOT / "hack/build-images.sh"
+    text = script.read_text()
+    (default,) = re.findall(r"^TARGETS=\$\{KVGATE_IMAGES:-([^}]*)\}$", text, re.MULTILINE)
+    assert sorted(default.split()) == sorted(TARGETS)  # operator, eval and load
+    # the load target gets a Python 3.12+ base (Debian 13's 3.13 unless LOAD_PYTHON_IMAGE)
+    assert "debian_base trixie" in text and '"LOAD_PYTHON_IMAGE=$LOAD_BASE"' in text
+    proc = subprocess.run(
+        [str(script)], env={"PATH": "/usr/bin:/bin", "KVGATE_IMAGES": "operator lod"},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr == ("build-images: KVGATE_IMAGES: no target 'lod' (operator, eval, load)\n")
+    assert proc.stdout == ""

@@ -99,3 +99,33 @@ def test_without_a_load_there_is_no_section() -> None:
     assert "Load (" not in report.render_text(bare)
     assert "<h2>Load" not in report.render_html(bare)
     assert report.read_load(bare["status"]) is None
+
+
+def test_the_text_report_draws_both_charts_scaled_to_their_largest_value() -> None:
+    lines = report.render_text(LOADED).splitlines()
+    tok = lines.index(
+        "  output tok/s against concurrency (# control, = candidate; * production's load)"
+    )
+    tpot = lines.index(
+        "  TPOT p50 ms against concurrency (# control, = candidate; * production's load)"
+    )
+    chart = lines[tok + 1 : tok + 9]
+    # FP8 at production's 64 is the largest throughput: the full width; BF16 errs there
+    assert chart[6:] == ["  64* control   error", "      candidate " + "=" * 32 + " 2,192"]
+    # a bar is proportional to its value: 1,558 of 2,192 is 23 of 32 marks
+    assert chart[4] == "  32  control   " + "#" * 23 + " 1,558"
+    assert chart[0] == "   1  control   # 61"  # never less than one mark
+    # TPOT: FP8 at 64 is the slowest per token; at equal concurrency FP8's bar is the longer
+    tpot_chart = lines[tpot + 1 : tpot + 9]
+    assert tpot_chart[7] == "      candidate " + "=" * 32 + " 29.2"
+    assert len(tpot_chart[5]) > len(tpot_chart[4])  # 21.1 ms against 20.5 ms at 32
+
+
+def test_no_chart_without_a_measured_stage() -> None:
+    failed = ArmLoad(stages=(ERR,))
+    summary = LoadSummary(
+        verdict=LoadVerdict.ERROR, production_concurrency=64, control=failed, candidate=failed
+    )
+    text = report.render_text(rollout(LoadStatus(attempt=1, summary=summary)))
+    assert "against concurrency (#" not in text
+    assert report.render_text(rollout(None)).find("against concurrency") == -1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from kvgate.loadresult import StagePoint
@@ -236,6 +237,51 @@ def load_rows(load: Load | None) -> list[list[str]]:
             ]
         )
     return out
+
+
+BAR_WIDTH: Final = 32
+BAR_MARKS: Final = {"control": "#", "candidate": "="}
+
+
+def load_charts(load: Load | None) -> list[str]:
+    """The load table as two text charts: output tok/s and TPOT p50 against concurrency, one bar
+    per arm and level, each chart scaled to its largest value. A stage that is not a
+    measurement reads `error`, an arm without the stage `-`; production's level is starred."""
+    if load is None or not load.levels:
+        return []
+    charts: tuple[tuple[str, Callable[[StagePoint], float | None]], ...] = (
+        ("output tok/s", lambda s: s.output_tokens_per_s),
+        ("TPOT p50 ms", lambda s: s.tpot_p50_ms),
+    )
+    legend = ", ".join(f"{mark} {arm}" for arm, mark in BAR_MARKS.items())
+    width = max(len(str(level)) for level in load.levels) + 1
+    lines: list[str] = []
+    for title, value_of in charts:
+        values = [
+            value_of(stage)
+            for arm in ARMS
+            for stage in load.arms.get(arm, {}).values()
+            if stage.measured and value_of(stage) is not None
+        ]
+        top = max((v for v in values if v is not None and v > 0), default=None)
+        if top is None:
+            continue
+        lines += [""] if lines else []
+        lines.append(f"{title} against concurrency ({legend}; * production's load)")
+        for level in load.levels:
+            star = "*" if level == load.production_concurrency else " "
+            for number, arm in enumerate(ARMS):
+                stage = load.arms.get(arm, {}).get(level)
+                label = f"{level}{star}".rjust(width) if number == 0 else " " * width
+                value = value_of(stage) if stage is not None and stage.measured else None
+                if stage is None:
+                    bar = DASH
+                elif value is None:
+                    bar = "error"
+                else:
+                    bar = f"{BAR_MARKS[arm] * max(1, round(BAR_WIDTH * value / top))} {fmt_num(value)}"
+                lines.append(f"{label} {arm:<9} {bar}")
+    return lines
 
 
 def load_notes(load: Load | None) -> list[str]:

@@ -122,6 +122,10 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
         lines += table(rows.LOAD_HEADER, load_rows)
         for line in rows.load_notes(load):
             lines += _wrap(line)
+        charts = rows.load_charts(load)
+        if charts:
+            lines.append("")
+            lines += [f"  {line}" for line in charts]
 
     args = view.read_recommended_args(status)
     lines += ["", view.args_heading(status)]
