@@ -172,7 +172,11 @@ wait_for_pressure
 # What FP8 buys, measured: the load gate runs inference-perf on both canaries at production's
 # load. Its pod runs the load image on the containerd node; the process kubelet's pods are host
 # processes and find inference-perf in the load venv (`make loadenv`), without which it is off.
-THROUGHPUT_GATE="throughputGain: {minRatio: 1.3, maxConcurrency: 64}"
+# minRatio 1.2: the simulator, paced 100x, is partly CPU-bound on 2 cores, so the host squeezes
+# the gain its engine model gives (about 1.7x when paced 33x): measured 1.57x on an idle
+# machine and 1.35x under `stress-ng --cpu 2`; paced 33x, 1.47x under stress but the rollout
+# took twice as long.
+THROUGHPUT_GATE="throughputGain: {minRatio: 1.2, maxConcurrency: 64}"
 if [ "$NODE" = process ] && ! [ -x "$ROOT/.venv-load/bin/inference-perf" ]; then
 	THROUGHPUT_GATE=""
 	say "  ${D}no .venv-load/bin/inference-perf (make loadenv): the throughput gate is off for this run${N}"
@@ -203,7 +207,7 @@ rollout() { # name, extra args as a JSON list
 narrate() { # name, expected final phase
 	# In the background, so that `wait` (unlike a foreground child) lets INT/TERM through.
 	"$PY" - "$NS" "$1" "$2" "$DEMO_TIMEOUT" <<-'PYEOF' &
-		import json, subprocess, sys, time
+		import json, re, subprocess, sys, time
 		ns, name, expected, limit = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 		tty = sys.stdout.isatty()
 		def c(code, text): return f"\033[{code}m{text}\033[0m" if tty else text
@@ -238,9 +242,12 @@ narrate() { # name, expected final phase
 		        msg = (status.get("message") or "")[:140]
 		        shown = status.get("message")
 		        print(f"  {now:6.1f}s {c('1;' + color, '→ ' + phase)}  {msg}", flush=True)
-		    elif phase == "Measuring" and status.get("message") and status["message"] != shown:
-		        shown = status["message"]  # the load Job's progress ("stages control 2/4, ...")
-		        print(f"  {now:6.1f}s {c('2', '·')} load: {shown[:130]}", flush=True)
+		    elif phase == "Measuring" and status.get("message"):
+		        # the load Job's progress ("stages control 2/4, ..."), when a stage ends
+		        stages = re.sub(r";[^;]*elapsed.*$", "", status["message"])
+		        if stages != shown:
+		            shown = stages
+		            print(f"  {now:6.1f}s {c('2', '·')} load: {stages[:130]}", flush=True)
 		    done = phase in terminal or (phase == "AwaitingApproval" and status.get("reason") == "VerdictReported")
 		    if done:
 		        sys.exit(0 if phase == expected else 1)
