@@ -43,6 +43,7 @@ from kvgate.steps import (
     Action,
     Event,
     Observation,
+    ReusedVerdict,
     State,
     Step,
     clamp_delay,
@@ -327,6 +328,8 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         return end_step(
             Phase.ROLLED_BACK, reason, early.message, gates=gates, events=events, verdict=early
         )
+    if obs.reused_verdict is not None:
+        return _reused(spec, state, obs.reused_verdict, gates, events)
     return Step(
         Phase.EVALUATING,
         Reason.EVALUATING,
@@ -337,6 +340,26 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         requeue_s=clamp_delay(poll_s),
         eval_attempts=1,
     )
+
+
+def _reused(
+    spec: RolloutSpec,
+    state: State,
+    reused: ReusedVerdict,
+    gates: tuple[GateResult, ...],
+    events: tuple[Event, ...],
+) -> Step:
+    """spec.reuseVerdict: another rollout's eval and load gates (same verdict key) stand in for
+    this one's; the canary's gates were judged here. Then the verdict, as after an eval."""
+    results = (*gates, *reused.gates)
+    verdict = decide(results, mode=spec.promotion.mode, config_hash=state.config_hash,
+                     approval=state.approval)  # fmt: skip
+    events = (*events, Event(Reason.VERDICT_REUSED, reused.message))
+    if verdict.decision is Decision.ROLL_BACK:
+        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
+                        gates=results, verdict=verdict, events=events, reused=reused)  # fmt: skip
+    step = _after_verdict(spec, state, verdict, results)
+    return replace(step, events=(*events, *step.events), reused=reused)
 
 
 def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: crash.Crash) -> Step | None:
@@ -491,7 +514,7 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         finding = assess_throughput(
             spec.capacity_gain.throughput_gain,
             obs.load_summary,
-            obs.speed_clocks,
+            obs.load_clocks,
             production_concurrency=obs.production_concurrency,
         )
         if finding.result.outcome is Outcome.ERROR:

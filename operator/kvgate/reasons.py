@@ -121,6 +121,7 @@ class Reason(StrEnum):
     DRIFTED = "Drifted"
     STALE = "Stale"
     VERDICT_CURRENT = "VerdictCurrent"
+    VERDICT_REUSED = "VerdictReused"  # spec.reuseVerdict: another rollout's gates, same key
     IN_SYNC = "InSync"
     TERMINAL = "Terminal"  # a reconcile of an ended rollout
     CLEANUP = "Cleanup"  # deleting an ended rollout's children

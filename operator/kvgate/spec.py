@@ -211,6 +211,15 @@ class PullRequestSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class VerdictReuse:
+    """spec.reuseVerdict: instead of the eval and the load, take the gates of a Promoted rollout
+    in this namespace whose verdict key is this candidate's and which ended at most `max_age_s`
+    ago. Off unless the field is set; `kvgate.reuse` says what may be reused."""
+
+    max_age_s: float = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
 class PromotionSpec:
     mode: PromotionMode = PromotionMode.AUTO
     verify_window_s: float = 600.0
@@ -242,6 +251,7 @@ class RolloutSpec:
     speed: SpeedGate | None = None
     canary: CanarySpec = field(default_factory=CanarySpec)
     promotion: PromotionSpec = field(default_factory=PromotionSpec)
+    reuse_verdict: VerdictReuse | None = None  # None: every rollout runs its own eval (default)
 
     @classmethod
     def from_dict(
@@ -382,6 +392,12 @@ class RolloutSpec:
             verify_samples=p.integer("verifySamples", 5, 1, 100),
             pull_request=_pull_request(p),
         )
+        rv = r.section("reuseVerdict")
+        reuse = (
+            VerdictReuse(max_age_s=rv.duration("maxAge", 86400.0, minimum=60.0))
+            if rv.present
+            else None
+        )
         r.raise_errors()
         return cls(
             target=target_ref,
@@ -399,6 +415,7 @@ class RolloutSpec:
             speed=speed,
             canary=canary,
             promotion=promotion,
+            reuse_verdict=reuse,
         )
 
 

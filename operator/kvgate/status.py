@@ -402,6 +402,8 @@ class LoadStatus:
     throughput_gain: float | None = None
     best_gain: float | None = None
     summary: LoadSummary | None = None
+    started_at: float | None = None  # when this attempt's Job was made: the clocks' window
+    clocks: ClocksRecord | None = None  # both arms' GPU clocks over the load (Prometheus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,6 +544,7 @@ class VerdictRecord:
     message: str | None = None
     reasons: tuple[str, ...] = _key(default=())
     key: VerdictKeyRecord | None = None
+    reused_from: str | None = None  # namespace/name of the rollout whose gates were reused
 
 
 @dataclass(frozen=True, slots=True)

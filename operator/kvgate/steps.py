@@ -104,6 +104,33 @@ class PullRequestSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class ReusedVerdict:
+    """The verdict this candidate takes: whose, how old, and its eval and load gates."""
+
+    source: str  # namespace/name of the rollout that reached it
+    finished_at: str
+    age_s: float
+    key_digest: str
+    gates: tuple[GateResult, ...]
+
+    @property
+    def message(self) -> str:
+        return (
+            f"reused the verdict of {self.source} (Promoted {_age(self.age_s)} ago, verdict "
+            f"key {self.key_digest}: the same image digest, engine version, GPU, backend, "
+            f"config and gates); no eval or load of its own"
+        )
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """What the handler saw this time; only the fields of the current phase are filled."""
 
@@ -137,6 +164,9 @@ class Observation:
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
+    load_clocks: SpeedClocks | None = None  # over the load Job's run; None: no Prometheus
+    # Canary, with spec.reuseVerdict: a verdict this candidate may take (`kvgate.reuse`)
+    reused_verdict: ReusedVerdict | None = None
     # Measuring: the load Job (`load_summary` only from a finished Job's nonce-carrying last line)
     load_job_exists: bool = False
     load_summary: LoadSummary | None = None
@@ -180,6 +210,7 @@ class Step:
     gate_closed: bool = False  # gate mode: an end that is not a passing verdict (Stalled)
     progress: str | None = None  # Evaluating: the eval's progress in a few words (status.progress)
     pull_request: PullRequestStatus | None = None  # pullRequest mode: fields to record
+    reused: ReusedVerdict | None = None  # the verdict was another rollout's (status.verdict)
 
     @property
     def terminal(self) -> bool:

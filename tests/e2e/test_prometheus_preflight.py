@@ -8,7 +8,10 @@ window from Prometheus in one range query instead of scraping the pods:
   - a production with room ends NotNeeded, no canary started;
   - with the speed gate on, arms whose GPUs ran at different clocks (the simulator's
     dcgm-exporter, its FP8 arm held at 1,410 MHz, scraped by the same Prometheus) get no speed
-    claim: the gate is Inconclusive, says why, and the rollout is rolled back.
+    claim: the gate is Inconclusive, says why, and the rollout is rolled back;
+  - with the throughput gate on instead, the same clocks over the load Job's run give its
+    figures no throughput claim: the load is measured and kept, the gate is Inconclusive and
+    says why, and the rollout is rolled back.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from support import (
     wait_phase,
 )
 
+from kvgate.load.runner import default_inference_perf
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 from prometheus import Prometheus, binary
 
@@ -44,15 +49,28 @@ pytestmark = [
 PRESSURE = "concurrency=64,prompt=2000,output=400"
 ROOM = "concurrency=2,prompt=500,output=100"
 TRITON = {"extraArgs": ["--attention-backend", "TRITON_ATTN"]}
-SCENARIOS = {"pressure": PRESSURE, "room": ROOM, "clocks": PRESSURE}
+SCENARIOS = {"pressure": PRESSURE, "room": ROOM, "clocks": PRESSURE, "clocksload": ROOM}
 # The production Deployment's env: every arm's emulated GPU runs at the L4's 2,040 MHz SM
 # clock except an FP8 one, held at 1,410 MHz (a GPU capped or throttled under the candidate).
-ENV = {"clocks": {"KVGATE_SIM_DCGM": "fp8-sm-clock=1410"}}
+ENV = {
+    "clocks": {"KVGATE_SIM_DCGM": "fp8-sm-clock=1410"},
+    "clocksload": {"KVGATE_SIM_DCGM": "fp8-sm-clock=1410"},
+}
 SPECS: dict[str, dict[str, Any]] = {
     "clocks": {
         **TRITON,
         "gates": {**FAST_GATES, "speed": {"concurrency": [8], "maxTpotRegression": 1.0}},
-    }
+    },
+    # A small production (2 concurrent) keeps the load short: the claim is what is tested, not
+    # the gain. `warn`: a pool with room does not end the rollout before the load is measured.
+    "clocksload": {
+        **TRITON,
+        "gates": {
+            **FAST_GATES,
+            "capacity": {"mode": "warn", "window": "3s", "samples": 3},
+            "capacityGain": {"throughputGain": {"minRatio": 1.3, "maxConcurrency": 2}},
+        },
+    },
 }
 
 
@@ -207,4 +225,34 @@ def test_arms_at_different_gpu_clocks_get_no_speed_claim(world: World) -> None:
     assert status["speed"]["control"]["tpotMs"] > 0 < status["speed"]["candidate"]["tpotMs"]
     assert status["phase"] == "RolledBack", status.get("message")
     assert "no speed claim: the arms ran at different GPU clocks" in status["message"]
+    assert condition(obj, "Promoted").get("status") != "True"
+
+
+@pytest.mark.timeout(600)
+def test_arms_at_different_gpu_clocks_under_load_get_no_throughput_claim(world: World) -> None:
+    # GIVEN the throughput gate on (the speed gate off), and the FP8 candidate's GPU at
+    # 1,410 MHz vs the control's 2,040 while the load Job runs on both
+    if not default_inference_perf().exists():
+        pytest.skip(f"no {default_inference_perf()} (make loadenv)")
+    ns = world.ns["clocksload"]
+    # WHEN the load has been measured
+    obj = wait_phase(world.cluster, ns, "clocksload-fp8", TERMINAL, 480)
+    status = obj["status"]
+    # THEN its figures are kept but make no claim; the gate says why; nothing is promoted
+    gate = status["gates"]["throughputGain"]
+    assert (gate["outcome"], gate["reason"]) == ("Inconclusive", "ClocksDiffer"), gate
+    assert gate["message"].startswith(
+        "no throughput claim: the arms ran at different GPU clocks: SM clock 1,410 MHz on the "
+        "candidate vs 2,040 MHz on the control (31% apart, tolerance 5%)"
+    ), gate
+    load = status["load"]
+    assert load["clocks"]["source"] == "prometheus" and "note" not in load["clocks"]
+    assert load["clocks"]["control"]["smMHz"] == 2040.0
+    assert load["clocks"]["candidate"]["smMHz"] == 1410.0
+    assert isinstance(load["startedAt"], float)
+    measured = [s for s in load["summary"]["candidate"]["stages"] if s["status"] == "measured"]
+    assert measured and all(s["outputTokensPerS"] > 0 for s in measured), load["summary"]
+    assert "speed" not in status["gates"] or status["gates"]["speed"]["outcome"] == "Skipped"
+    assert status["phase"] == "RolledBack", status.get("message")
+    assert status["reason"] == "ClocksDiffer"
     assert condition(obj, "Promoted").get("status") != "True"

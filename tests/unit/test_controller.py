@@ -1853,3 +1853,60 @@ def test_a_canary_lost_while_measuring_rolls_back(monkeypatch: pytest.MonkeyPatc
     status = world.obj["status"]
     assert status["reason"] == "CanaryCrashed" and "candidate" in status["message"]
     assert "throughputGain" not in status["gates"]
+
+
+def _load_clocks_world(
+    monkeypatch: pytest.MonkeyPatch, mhz: dict[str, float]
+) -> tuple[World, list[str]]:
+    """The throughput gate on (the speed gate off), Prometheus answering the pool and the
+    arms' DCGM clocks `mhz`; returns the world and the clock queries asked."""
+    asked: list[str] = []
+
+    def answer(world: World, url: str) -> str:
+        if "DCGM_FI_DEV" in urllib.parse.unquote_plus(url):
+            asked.append(url)
+            return _clock_matrix(world, url, mhz)
+        return _matrix(world, url, 0.97, 6.0)
+
+    world, _ = _prometheus_world(monkeypatch, answer, gates=THROUGHPUT_GATES)
+    return world, asked
+
+
+def test_arms_at_different_gpu_clocks_under_load_get_no_throughput_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the throughput gate without the speed gate, and the candidate's GPU held at
+    # 1,410 MHz while the control's runs at 2,040 during the load
+    world, asked = _load_clocks_world(monkeypatch, {"control": 2040.0, "candidate": 1410.0})
+    # WHEN the rollout runs
+    outcome = world.run()
+    world.assert_invariant()
+    # THEN the load's figures make no claim, the gate says why, and nothing is promoted
+    status = world.obj["status"]
+    gate = status["gates"]["throughputGain"]
+    assert (gate["outcome"], gate["reason"]) == ("Inconclusive", "ClocksDiffer"), gate
+    assert gate["message"].startswith(
+        "no throughput claim: the arms ran at different GPU clocks: SM clock 1,410 MHz on the "
+        "candidate vs 2,040 MHz on the control"
+    ), gate
+    assert outcome == "RolledBack" and "Promoting" not in world.phases, world.phases
+    assert status["reason"] == "ClocksDiffer", status["message"]
+    assert world.kube.container()["args"] == world.original["args"]
+    # the clocks were read once, over the load Job's run (from its creation), and kept
+    assert len(asked) == 1
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(asked[0]).query)
+    load = status["load"]
+    assert float(query["start"][0]) == pytest.approx(load["startedAt"], abs=1.0)
+    assert load["clocks"]["candidate"]["smMHz"] == 1410.0
+    assert load["clocks"]["control"]["smMHz"] == 2040.0
+    assert "speed" not in status or "clocks" not in (status.get("speed") or {})
+
+
+def test_matched_clocks_under_load_keep_the_throughput_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world, asked = _load_clocks_world(monkeypatch, {"control": 2040.0, "candidate": 2040.0})
+    assert world.run() == "Promoted", world.obj["status"].get("message")
+    gate = world.obj["status"]["gates"]["throughputGain"]
+    assert gate["reason"] == "ThroughputGained"
+    assert len(asked) == 1 and world.obj["status"]["load"]["clocks"]["source"] == "prometheus"

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvgate import report
 from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
-from kvgate.status import LoadStatus, RolloutStatus
+from kvgate.status import ClockRecord, ClocksRecord, LoadStatus, RolloutStatus
 
 OOM = "40 of 128 requests failed (Server Error: 40)"
 
@@ -129,3 +129,20 @@ def test_no_chart_without_a_measured_stage() -> None:
     text = report.render_text(rollout(LoadStatus(attempt=1, summary=summary)))
     assert "against concurrency (#" not in text
     assert report.render_text(rollout(None)).find("against concurrency") == -1
+
+
+def test_the_load_notes_give_the_arms_clocks_over_the_load_or_why_unknown() -> None:
+    clocks = ClocksRecord(
+        source="prometheus",
+        control=ClockRecord(sm_mhz=2040.0),
+        candidate=ClockRecord(sm_mhz=1410.0, sm_range_mhz=(1410.0, 1980.0)),
+    )
+    loaded = LoadStatus(attempt=1, throughput_gain=1.4, summary=SUMMARY, clocks=clocks)
+    lines = report.render_text(rollout(loaded)).splitlines()
+    assert (
+        "  GPU SM clocks during the load: control 2040 MHz, candidate 1410 (1410-1980) MHz"
+    ) in lines
+    note = ClocksRecord(source="prometheus", control=ClockRecord(sm_mhz=2040.0), note="no DCGM")
+    text = report.render_text(rollout(LoadStatus(attempt=1, summary=SUMMARY, clocks=note)))
+    assert "  GPU clocks during the load: no DCGM" in text.splitlines()
+    assert "during the load" not in report.render_text(LOADED)  # not read: nothing said

@@ -29,6 +29,7 @@ from kvgate.controller.context import (
     live_container,
     own_pods,
     owned,
+    parse_time,
     shown_env,
     status_view,
     target_deployment,
@@ -281,8 +282,18 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         nonceSha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
         concurrency=job_concurrency(existing) or concurrency,
         lengths=lengths.message,
+        # the window of the arms' GPU clocks under this load: from its Job's creation
+        startedAt=job_created_at(existing) or round(ctx.now.timestamp(), 3),
+        clocks=None,  # another attempt's clocks say nothing of this one's
     )
     return StatusUpdate.of(load=load)
+
+
+def job_created_at(job: Mapping[str, Any]) -> float | None:
+    """A Job's creationTimestamp as epoch seconds (None when absent or unreadable)."""
+    stamp = (job.get("metadata") or {}).get("creationTimestamp")
+    created = parse_time(stamp if isinstance(stamp, str) else None)
+    return round(created.timestamp(), 3) if created is not None else None
 
 
 def job_concurrency(job: Mapping[str, Any]) -> int | None:

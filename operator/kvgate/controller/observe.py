@@ -21,6 +21,7 @@ from kvgate import (
     promotion,
     redact,
     remedy,
+    reuse,
 )
 from kvgate.controller import pullrequest, sources
 from kvgate.controller.context import (
@@ -88,7 +89,7 @@ def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observed:
     if phase is Phase.EVALUATING:
         return observe_eval(ctx)
     if phase is Phase.MEASURING:
-        return observe_load(ctx), NOTHING
+        return observe_load(ctx)
     if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
         return observe_promoting(ctx)
     if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
@@ -401,6 +402,15 @@ def observe_canary(ctx: Ctx) -> Observed:
         ),
         checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
     )
+    if truths.get("control") is not None and truths.get("candidate") is not None:
+        # spec.reuseVerdict: a verdict of another rollout this candidate may take, read once
+        # both arms are read (the canary phase ends)
+        seen = ctx.seeing(found)
+        reused = reuse.find_for(
+            seen.status, ctx.spec, lambda: ctx.kube.list_rollouts(ctx.namespace),
+            namespace=ctx.namespace, name=ctx.name, now=ctx.now,
+        )  # fmt: skip
+        obs = dataclasses.replace(obs, reused_verdict=reused)
     return obs, found
 
 
@@ -465,7 +475,7 @@ def job_log(ctx: Ctx, job_name: str) -> str:
     return ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
 
 
-def observe_load(ctx: Ctx) -> Observation:
+def observe_load(ctx: Ctx) -> Observed:
     """The load Job of the current attempt: its summary once it finished, or why it failed.
 
     The summary counts only from a finished Job, as its log's nonce-carrying last line (as for
@@ -488,17 +498,29 @@ def observe_load(ctx: Ctx) -> Observation:
         production_concurrency=concurrency if isinstance(concurrency, int) else None,
     )
     if job is None:
-        return obs
+        return obs, NOTHING
     text = job_log(ctx, job_name)
     if not kubeobjects.job_finished(job):
-        return dataclasses.replace(obs, load_progress=LoadProgress.from_log(text))
+        return dataclasses.replace(obs, load_progress=LoadProgress.from_log(text)), NOTHING
     summary, _ = job_lines(text, load.get("nonceSha256"), kind="kvgate.load")
     if summary is not None:
-        return dataclasses.replace(obs, load_summary=LoadSummary.from_dict(summary))
+        # the arms' GPU clocks over the load, read once and kept: a claim needs matched clocks
+        clocks = SpeedClocks.from_dict(load.get("clocks"))
+        found = NOTHING
+        if clocks is None and ctx.config.prometheus_url:
+            clocks = sources.speed_clocks(
+                ctx.config.prometheus_url, ctx.namespace, ctx.name, load.get("startedAt"),
+                now=ctx.now.timestamp(), timeout=ctx.config.scrape_timeout_s,
+            )  # fmt: skip
+            found = StatusUpdate.of(load={**load, "clocks": clocks.to_dict()})
+        obs = dataclasses.replace(
+            obs, load_summary=LoadSummary.from_dict(summary), load_clocks=clocks
+        )
+        return obs, found
     tail = " | ".join(text.strip().splitlines()[-3:])
     why = "no load summary with this attempt's nonce as the log's last line"
     error = f"{why} ({kubeobjects.job_failure(job)}); log tail: {tail}"
-    return dataclasses.replace(obs, load_error=error[:500])
+    return dataclasses.replace(obs, load_error=error[:500]), NOTHING
 
 
 def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:

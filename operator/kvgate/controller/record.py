@@ -222,6 +222,8 @@ def fold(
         status["verdict"] = step.verdict.to_dict()
         if verdict_key is not None:
             status["verdict"]["key"] = jsonrecord.write(verdict_key.to_record())
+        if step.reused is not None:
+            status["verdict"]["reusedFrom"] = step.reused.source
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING

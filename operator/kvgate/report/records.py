@@ -189,3 +189,4 @@ class Load:
     levels: list[int]
     arms: dict[str, dict[int, StagePoint]]
     lengths: str | None = None  # the workload's request lengths and where they were read
+    clocks: Clocks | None = None  # the arms' GPU clocks over the load's run

@@ -212,6 +212,22 @@ def clock_note(speed: Speed | None) -> str | None:
     return f"GPU clocks: {speed.clocks.note}"
 
 
+def load_clock_note(load: Load) -> str | None:
+    """The arms' SM clocks over the load's run, or why they are unknown (None: not read)."""
+    clocks = load.clocks
+    if clocks is None:
+        return None
+    sm = {arm: clocks.arms.get(arm) for arm in ARMS}
+    if clocks.note or any(c is None or c.sm_mhz is None for c in sm.values()):
+        return f"GPU clocks during the load: {clocks.note or 'unknown'}"
+    shown = ", ".join(
+        f"{arm} {fmt_mhz(c.sm_mhz, *(c.sm_range or (None, None)))} MHz"
+        for arm, c in sm.items()
+        if c is not None
+    )
+    return f"GPU SM clocks during the load: {shown}"
+
+
 def _stage_cell(stage: StagePoint | None, value: float | None) -> str:
     if stage is None:
         return DASH
@@ -298,6 +314,9 @@ def load_notes(load: Load | None) -> list[str]:
         notes.append(f"best stage against best stage: {load.best_gain:.2f}x")
     if load.lengths:
         notes.append(load.lengths)
+    clocks = load_clock_note(load)
+    if clocks:
+        notes.append(clocks)
     for arm in ARMS:
         for level, stage in sorted(load.arms.get(arm, {}).items()):
             if not stage.measured and stage.reasons:

@@ -299,6 +299,7 @@ def read_load(status: StatusLike) -> Load | None:
         levels=levels,
         arms=arms,
         lengths=(load.lengths or "").strip() or None,
+        clocks=_clocks(load.clocks),
     )
 
 
@@ -407,12 +408,14 @@ def read_verdict(status: StatusLike) -> str | None:
     if v is None:
         return None
     message = v.message
+    reused = f" (reused from {v.reused_from}: its eval and load, the same verdict key)"
+    reused = reused if v.reused_from else ""
     if message and typed.message and message in typed.message:
-        return None
+        return f"reused from {v.reused_from}" if reused else None
     words = _DECISION_WORDS.get(v.decision or "", v.decision)
     if words and message:
-        return f"{words}: {message}"
-    return words or message
+        return f"{words}: {message}{reused}"
+    return (words or message or "") + reused or None
 
 
 def read_production(rollout: Mapping[str, Any]) -> str | None:
