@@ -66,12 +66,18 @@ def test_the_scanner_meets_the_issue_target_on_the_corpus() -> None:
 
 
 # The same excerpts as a cluster shows them: under `kubectl logs --prefix`, `--timestamps`,
-# journald, or both kubectl flags at once. The prefixes are stripped before the rules read.
+# journald, or both kubectl flags at once (prefixes stripped before the rules read), and as
+# stern prints them (stern/stern's default template without colour, `{{.PodName}}
+# {{.ContainerName}} {{.Message}}`; a namespace in front across namespaces; the older
+# `[pod] container message` of another stern lineage), whose words in front the rules read past.
 WRAPPERS = {
     "kubectl-prefix": lambda line: f"[pod/canary-0/engine] {line}",
     "kubectl-timestamps": lambda line: f"2026-11-29T19:02:03.123456789Z {line}",
     "kubectl-both": lambda line: f"2026-11-29T19:02:03.123456789Z [pod/canary-0/engine] {line}",
     "journald": lambda line: f"Nov 29 19:02:03 gpu-node-1 vllm[17578]: {line}",
+    "stern": lambda line: f"vllm-5b6bcd5985-c4xbp engine {line}",
+    "stern-all-namespaces": lambda line: f"llm vllm-5b6bcd5985-c4xbp engine {line}",
+    "stern-bracketed": lambda line: f"[vllm-5b6bcd5985-c4xbp] engine {line}",
 }
 
 
