@@ -1856,16 +1856,16 @@ def test_a_canary_lost_while_measuring_rolls_back(monkeypatch: pytest.MonkeyPatc
 
 
 def _load_clocks_world(
-    monkeypatch: pytest.MonkeyPatch, mhz: dict[str, float]
+    monkeypatch: pytest.MonkeyPatch, mhz: dict[str, float] | Callable[[World, str], str]
 ) -> tuple[World, list[str]]:
     """The throughput gate on (the speed gate off), Prometheus answering the pool and the
-    arms' DCGM clocks `mhz`; returns the world and the clock queries asked."""
+    arms' DCGM clocks `mhz` (or `mhz(world, url)`); returns the world and the clock queries."""
     asked: list[str] = []
 
     def answer(world: World, url: str) -> str:
         if "DCGM_FI_DEV" in urllib.parse.unquote_plus(url):
             asked.append(url)
-            return _clock_matrix(world, url, mhz)
+            return mhz(world, url) if callable(mhz) else _clock_matrix(world, url, mhz)
         return _matrix(world, url, 0.97, 6.0)
 
     world, _ = _prometheus_world(monkeypatch, answer, gates=THROUGHPUT_GATES)
@@ -1910,3 +1910,24 @@ def test_matched_clocks_under_load_keep_the_throughput_claim(
     gate = world.obj["status"]["gates"]["throughputGain"]
     assert gate["reason"] == "ThroughputGained"
     assert len(asked) == 1 and world.obj["status"]["load"]["clocks"]["source"] == "prometheus"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["refused", "<html>proxy error</html>", '{"status":"error","error":"query timed out"}'],
+    ids=["unreachable", "junk", "error"],
+)
+def test_a_prometheus_failing_on_the_load_clocks_is_retried_and_never_promotes(
+    monkeypatch: pytest.MonkeyPatch, reply: str
+) -> None:
+    # GIVEN a load measured, and Prometheus failing when asked for the clocks over it
+    world, asked = _load_clocks_world(monkeypatch, _prometheus_replying(reply))
+    # THEN it is retried like any external error, never read as "clocks unknown" (which
+    # would let the figures claim), and the rollout gives up without promoting
+    assert world.run(steps=400) == "Failed", world.obj["status"]
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["reason"] == "ExternalErrors", status
+    assert "prom.test:9090" in status["message"]
+    assert "Promoting" not in world.phases and "clocks" not in status["load"]
+    assert len(asked) == 31

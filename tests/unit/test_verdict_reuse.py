@@ -301,3 +301,23 @@ def test_the_report_says_whose_verdict_was_reused(
     text = " ".join(report.render_text(world.obj).split())
     assert "(reused from ns/first: its eval and load, the same verdict key)" in text
     assert "reused from" not in " ".join(report.render_text(first).split())
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_an_operator_killed_at_any_write_of_a_reuse_still_ends_promoted_once(
+    monkeypatch: pytest.MonkeyPatch, first: dict[str, Any], after: bool
+) -> None:
+    """Killed before or after each change kvgate makes to the cluster, the rollout resumes and
+    ends as the clean run did: Promoted on the reused verdict, patched once, no eval Job."""
+    clean, _, _ = _second(monkeypatch, first, **REUSE)
+    assert clean.run() == "Promoted"
+    mutations = clean.kube.mutations
+    assert mutations >= 4
+    for k in range(1, mutations + 1):
+        world, _, created = _second(monkeypatch, first, **REUSE)
+        world.kube.crash_at, world.kube.crash_after = k, after
+        assert world.run() == "Promoted", f"crash at mutation {k}"
+        assert world.crashes == 1, f"mutation {k} was never reached"
+        world.assert_invariant()
+        assert world.obj["status"]["verdict"]["reusedFrom"] == "ns/first"
+        assert "Job" not in created and world.reasons().count("Promoting") <= 1
