@@ -66,6 +66,9 @@ class ArmLoad:
     reachable_after: bool | None = None  # the arm answered after the run (False: it died)
     error: str | None = None
     stages: tuple[StagePoint, ...] = _key(default=())
+    # The engine's preemptions (vLLM) or retractions (SGLang) over the whole run, from its
+    # /metrics before and after; None: not exported, not readable, or the counter was reset.
+    preemptions: float | None = None
 
     def at(self, concurrency: int) -> StagePoint | None:
         """The stage run at `concurrency` (the first, if it ran twice)."""

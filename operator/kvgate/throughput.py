@@ -98,6 +98,18 @@ def tpot_clause(
     return f"TPOT {k.tpot_p50_ms / c.tpot_p50_ms - 1:+.0%} at {c.concurrency} concurrent"
 
 
+def preemption_clause(control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str]) -> str | None:
+    """How often each engine preempted (or retracted) requests over the load: the pool running
+    out, seen from the engine's side. None unless both counts are known."""
+    if control.preemptions is None or candidate.preemptions is None:
+        return None
+    ctl, cand = labels
+    return (
+        f"preemptions during the load: {ctl} {control.preemptions:,.0f}, "
+        f"{cand} {candidate.preemptions:,.0f}"
+    )
+
+
 def assess_throughput(
     gate: ThroughputGainGate | None,
     load: LoadSummary | None,
@@ -147,7 +159,8 @@ def assess_throughput(
         else None
     )
     tpot = tpot_clause(control, candidate, production, gate)
-    tail = f"; {tpot}" if tpot else ""
+    preempted = preemption_clause(control, candidate, labels)
+    tail = "".join(f"; {clause}" for clause in (tpot, preempted) if clause)
     where = f"at production load {production}"
     if not serves(at_k, gate):
         if serves(at_c, gate):

@@ -137,6 +137,10 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
             assert 0 < stage.tpot_p50_ms <= stage.tpot_p99_ms
     # each arm was sent exactly what was planned (4 + 2 + 16 requests)
     assert successes(control.url) == successes(candidate.url) == 22
+    # the engines' own preemption counters were read before and after: a small load on a
+    # pool with room preempts nothing
+    assert summary.control is not None and summary.candidate is not None
+    assert summary.control.preemptions == summary.candidate.preemptions == 0.0
     stage_lines = [line for line in lines if line.get("event") == "stage"]
     assert {(line["arm"], line["concurrency"]) for line in stage_lines} == {
         (arm, c) for arm in ("control", "candidate") for c in (2, 1, 8)

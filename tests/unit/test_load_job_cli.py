@@ -187,6 +187,7 @@ def fake_runs(
 
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
     monkeypatch.setattr(load_job, "_reachable", lambda url: reachable or url.endswith(":1"))
+    monkeypatch.setattr(load_job, "_preemptions", lambda url: None)
     monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
 
 
@@ -276,3 +277,53 @@ def test_bad_options_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("control", "candidate", "expected"),
+    [
+        ([10.0, 1244.0], [3.0, 3.0], (1234.0, 0.0)),  # read before and after each run
+        ([None, 5.0], [0.0, 0.0], (None, 0.0)),  # /metrics unreadable before the run
+        ([900.0, 12.0], [0.0, 0.0], (None, 0.0)),  # the counter began again: a restart
+    ],
+)
+def test_each_arms_preemptions_over_the_load_are_in_the_summary(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+    control: list[float | None],
+    candidate: list[float | None],
+    expected: tuple[float | None, float | None],
+) -> None:
+    fake_runs(monkeypatch, {})
+    readings = {"http://127.0.0.1:1": list(control), "http://127.0.0.1:2": list(candidate)}
+    monkeypatch.setattr(load_job, "_preemptions", lambda url: readings[url].pop(0))
+    assert main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")]) == 0
+    last = summary_line(capsys)
+    assert (last["control"].get("preemptions"), last["candidate"].get("preemptions")) == expected
+    assert readings == {"http://127.0.0.1:1": [], "http://127.0.0.1:2": []}  # before and after
+
+
+def test_preemptions_are_read_from_the_engines_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    pages = {
+        "http://a/metrics": httpx.Response(200, text="vllm:num_preemptions_total 17\n"
+                                           "vllm:num_requests_waiting 3\n"),
+        "http://b/metrics": httpx.Response(200, text="sglang:num_retracted_requests_total 4\n"
+                                           "sglang:num_queue_reqs 0\n"),
+        "http://c/metrics": httpx.Response(503, text="starting"),
+        "http://d/metrics": httpx.Response(200, text="<html>not metrics</html>"),
+    }  # fmt: skip
+
+    def get(url: str, **_: object) -> httpx.Response:
+        if url not in pages:
+            raise httpx.ConnectError("refused")
+        return pages[url]
+
+    monkeypatch.setattr(httpx, "get", get)
+    assert load_job._preemptions("http://a") == 17.0
+    assert load_job._preemptions("http://b/") == 4.0
+    for url in ("http://c", "http://d", "http://e"):
+        assert load_job._preemptions(url) is None

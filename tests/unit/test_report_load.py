@@ -146,3 +146,19 @@ def test_the_load_notes_give_the_arms_clocks_over_the_load_or_why_unknown() -> N
     text = report.render_text(rollout(LoadStatus(attempt=1, summary=SUMMARY, clocks=note)))
     assert "  GPU clocks during the load: no DCGM" in text.splitlines()
     assert "during the load" not in report.render_text(LOADED)  # not read: nothing said
+
+
+def test_the_load_notes_say_how_often_each_engine_preempted() -> None:
+    from dataclasses import replace
+
+    assert SUMMARY.control is not None and SUMMARY.candidate is not None
+    counted = replace(
+        SUMMARY,
+        control=replace(SUMMARY.control, preemptions=1234.0),
+        candidate=replace(SUMMARY.candidate, preemptions=0.0),
+    )
+    text = report.render_text(rollout(LoadStatus(attempt=1, summary=counted)))
+    assert "  preemptions during the load: control 1,234, candidate 0" in text.splitlines()
+    # one arm's count unknown: nothing is said
+    half = replace(counted, candidate=replace(SUMMARY.candidate, preemptions=None))
+    assert "preemptions" not in report.render_text(rollout(LoadStatus(attempt=1, summary=half)))

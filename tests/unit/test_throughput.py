@@ -196,3 +196,18 @@ def test_production_concurrency_is_the_busiest_pods_mean_running_plus_waiting() 
     stored = {"preflight": {"samples": {"a": [{"running": 3.0, "waiting": 1.0}]}}}
     assert status_production_concurrency(stored) == 4
     assert status_production_concurrency({"preflight": "junk"}) == 1
+
+
+def test_the_line_says_how_often_each_engine_preempted_during_the_load() -> None:
+    preempting = replace(
+        FIELD,
+        control=replace(BF16, preemptions=1234.0),
+        candidate=replace(FP8, preemptions=0.0),
+    )
+    message = assess_throughput(GATE, preempting, labels=LABELS).result.message
+    assert message.endswith(
+        "; TPOT +3% at 32 concurrent; preemptions during the load: BF16 1,234, FP8 0"
+    )
+    # one count unknown (not exported, unreadable, a reset counter): nothing is said
+    half = replace(preempting, candidate=replace(FP8, preemptions=None))
+    assert "preemptions" not in assess_throughput(GATE, half, labels=LABELS).result.message

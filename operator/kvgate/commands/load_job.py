@@ -217,6 +217,30 @@ def _reachable(base_url: str) -> bool:
         return False
 
 
+def _preemptions(base_url: str) -> float | None:
+    """The engine's cumulative preemptions (vLLM) or retractions (SGLang) now, from its
+    /metrics; None when it cannot be read or does not export them (never an error: the
+    count adds to the measurement, it is not one)."""
+    import httpx
+
+    from kvgate.errors import ParseError
+    from kvgate.metrics import parse_metrics
+
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=PROBE_TIMEOUT_S)
+        if not response.is_success:
+            return None
+        return parse_metrics(response.text[: 4 << 20]).preemptions
+    except (httpx.HTTPError, ParseError, ValueError):
+        return None
+
+
+def _increase(before: float | None, after: float | None) -> float | None:
+    if before is None or after is None or after < before:
+        return None  # unknown, or the engine restarted and its counter began again
+    return after - before
+
+
 def _arm_error(
     stages: tuple[StagePoint, ...], exit_code: int | None, reachable: bool
 ) -> str | None:
@@ -335,6 +359,7 @@ def _run_both(
         except BaseException as exc:  # re-raised in the main thread
             failures[name] = exc
 
+    preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
     threads = [threading.Thread(target=one, args=(name,), daemon=True) for name in ARMS]
     for thread in threads:
         thread.start()
@@ -372,6 +397,9 @@ def _run_both(
             reachable_after=reachable,
             error=_arm_error(points, result.exit_code, reachable),
             stages=points,
+            preemptions=_increase(
+                preempted_before[name], _preemptions(plans[name].base_url) if reachable else None
+            ),
         )
         emit(
             {

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvgate.loadresult import StagePoint
 
@@ -190,3 +190,4 @@ class Load:
     arms: dict[str, dict[int, StagePoint]]
     lengths: str | None = None  # the workload's request lengths and where they were read
     clocks: Clocks | None = None  # the arms' GPU clocks over the load's run
+    preemptions: dict[str, float] = field(default_factory=dict)  # by arm, over the load

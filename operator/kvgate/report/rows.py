@@ -317,6 +317,9 @@ def load_notes(load: Load | None) -> list[str]:
     clocks = load_clock_note(load)
     if clocks:
         notes.append(clocks)
+    if len(load.preemptions) == len(ARMS):
+        counts = ", ".join(f"{arm} {load.preemptions[arm]:,.0f}" for arm in ARMS)
+        notes.append(f"preemptions during the load: {counts}")
     for arm in ARMS:
         for level, stage in sorted(load.arms.get(arm, {}).items()):
             if not stage.measured and stage.reasons:

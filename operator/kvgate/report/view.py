@@ -300,6 +300,13 @@ def read_load(status: StatusLike) -> Load | None:
         arms=arms,
         lengths=(load.lengths or "").strip() or None,
         clocks=_clocks(load.clocks),
+        preemptions={
+            arm: count
+            for arm in ARMS
+            if (record := summary.arm(arm)) is not None
+            and (count := finite_number(record.preemptions)) is not None
+            and count >= 0
+        },
     )
 
 
