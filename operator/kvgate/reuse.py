@@ -24,6 +24,7 @@ from kvgate.spec import RolloutSpec, VerdictReuse
 from kvgate.status import RolloutStatus
 from kvgate.steps import ReusedVerdict
 from kvgate.throughput import THROUGHPUT
+from kvgate.timestamps import parse_time
 from kvgate.verdict import Decision, GateResult
 from kvgate.verdictkey import VerdictKey, key_of
 
@@ -105,7 +106,7 @@ def _reusable(
         return None
     if any(c.type == "Stale" and c.status == "True" for c in status.conditions):
         return None
-    finished = _time(status.finished_at)
+    finished = parse_time(status.finished_at)
     if finished is None:
         return None
     age_s = (now - finished).total_seconds()
@@ -131,12 +132,3 @@ def _reusable(
         key_digest=key.digest,
         gates=tuple(gates),
     )
-
-
-def _time(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None

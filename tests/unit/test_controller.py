@@ -1169,17 +1169,21 @@ def test_no_dcgm_series_leaves_the_claim_and_says_why(monkeypatch: pytest.Monkey
     ), gate
 
 
+@pytest.mark.parametrize("window", ["speed", "load"])
 @pytest.mark.parametrize(
     "reply",
     ["refused", "<html>proxy error</html>", '{"status":"error","error":"query timed out"}'],
     ids=["unreachable", "junk", "error"],
 )
 def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
-    monkeypatch: pytest.MonkeyPatch, reply: str
+    monkeypatch: pytest.MonkeyPatch, reply: str, window: str
 ) -> None:
-    world, asked = _speed_world(monkeypatch, _prometheus_replying(reply))
-    # THEN it is retried like any external error, not taken as "clocks unknown", and the
-    # rollout gives up without promoting, naming the server
+    # GIVEN Prometheus failing when asked for the arms' clocks over the eval (the speed gate)
+    # or over the load Job's run (the throughput gate)
+    build = _speed_world if window == "speed" else _load_clocks_world
+    world, asked = build(monkeypatch, _prometheus_replying(reply))
+    # THEN it is retried like any external error, not taken as "clocks unknown" (which would
+    # let the figures claim), and the rollout gives up without promoting, naming the server
     assert world.run(steps=400) == "Failed", world.obj["status"]
     world.assert_invariant()
     status = world.obj["status"]
@@ -1187,6 +1191,9 @@ def test_a_prometheus_failing_on_the_clocks_is_retried_and_never_promotes(
     assert status["message"].startswith("gave up after 31 consecutive errors (limit 30); last: ")
     assert "prom.test:9090" in status["message"]
     assert len(asked) == 31
+    assert "Promoting" not in world.phases
+    if window == "load":
+        assert "clocks" not in status["load"]
 
 
 def _argocd_health(obj: dict[str, Any]) -> str:
@@ -1910,24 +1917,3 @@ def test_matched_clocks_under_load_keep_the_throughput_claim(
     gate = world.obj["status"]["gates"]["throughputGain"]
     assert gate["reason"] == "ThroughputGained"
     assert len(asked) == 1 and world.obj["status"]["load"]["clocks"]["source"] == "prometheus"
-
-
-@pytest.mark.parametrize(
-    "reply",
-    ["refused", "<html>proxy error</html>", '{"status":"error","error":"query timed out"}'],
-    ids=["unreachable", "junk", "error"],
-)
-def test_a_prometheus_failing_on_the_load_clocks_is_retried_and_never_promotes(
-    monkeypatch: pytest.MonkeyPatch, reply: str
-) -> None:
-    # GIVEN a load measured, and Prometheus failing when asked for the clocks over it
-    world, asked = _load_clocks_world(monkeypatch, _prometheus_replying(reply))
-    # THEN it is retried like any external error, never read as "clocks unknown" (which
-    # would let the figures claim), and the rollout gives up without promoting
-    assert world.run(steps=400) == "Failed", world.obj["status"]
-    world.assert_invariant()
-    status = world.obj["status"]
-    assert status["reason"] == "ExternalErrors", status
-    assert "prom.test:9090" in status["message"]
-    assert "Promoting" not in world.phases and "clocks" not in status["load"]
-    assert len(asked) == 31

@@ -24,12 +24,10 @@ from kvgate.controller.context import (
     derive_candidate,
     derive_candidate_unchecked,
     describe,
-    iso,
     leftover_child,
     live_container,
     own_pods,
     owned,
-    parse_time,
     shown_env,
     status_view,
     target_deployment,
@@ -51,6 +49,7 @@ from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec, is_local_path
 from kvgate.steps import Action, Step
+from kvgate.timestamps import iso, parse_time
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash

@@ -32,6 +32,7 @@ from kvgate.model import (
 )
 from kvgate.spec import RolloutSpec, TargetRef
 from kvgate.steps import LiveTarget, State
+from kvgate.timestamps import parse_time
 from kvgate.verdict import GateResult, RevertIntent
 
 
@@ -66,19 +67,6 @@ class KubeApi(Protocol):
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def iso(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
 
 
 class StatusView(Mapping[str, Any]):

@@ -38,7 +38,6 @@ from kvgate.controller.context import (
     Ctx,
     StatusView,
     describe,
-    iso,
     live_key,
     live_target,
     parse_spec,
@@ -72,6 +71,7 @@ from kvgate.model import (
 )
 from kvgate.reasons import Reason
 from kvgate.steps import LiveTarget, Step
+from kvgate.timestamps import iso
 
 _metrics_lock = threading.Lock()
 

@@ -31,14 +31,12 @@ from kvgate.controller.context import (
     arm_health,
     candidate_record,
     current_child,
-    iso,
     json_number,
     live_container,
     live_target,
     metrics_url,
     node_gpu,
     own_pods,
-    parse_time,
     pod_container,
     pod_node,
     production_pods,
@@ -62,6 +60,7 @@ from kvgate.model import (
     config_hash,
 )
 from kvgate.steps import LiveTarget, Observation
+from kvgate.timestamps import iso, parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot

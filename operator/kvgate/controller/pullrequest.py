@@ -22,7 +22,6 @@ from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
     derive_candidate,
-    iso,
     live_container,
     live_key,
     target_deployment,
@@ -34,6 +33,7 @@ from kvgate.reasons import Reason
 from kvgate.spec import PullRequestSpec
 from kvgate.status import PullRequestStatus
 from kvgate.steps import LiveTarget, Observation, PullRequestSeen, Step
+from kvgate.timestamps import iso
 from kvgate.verdict import GateResult
 
 # The forge client for (provider, apiUrl, token); tests swap in one over an in-memory forge.

@@ -18,8 +18,6 @@ from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
     adopt_child,
-    iso,
-    parse_time,
 )
 from kvgate.controller.telemetry import (
     EVENTS,
@@ -40,6 +38,7 @@ from kvgate.model import (
 from kvgate.reasons import Reason
 from kvgate.status import RolloutStatus
 from kvgate.steps import Step
+from kvgate.timestamps import iso, parse_time
 from kvgate.verdict import GateResult
 
 
