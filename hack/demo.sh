@@ -172,11 +172,12 @@ wait_for_pressure
 # What FP8 buys, measured: the load gate runs inference-perf on both canaries at production's
 # load. Its pod runs the load image on the containerd node; the process kubelet's pods are host
 # processes and find inference-perf in the load venv (`make loadenv`), without which it is off.
-# minRatio 1.2: the simulator, paced 100x, is partly CPU-bound on 2 cores, so the host squeezes
-# the gain its engine model gives (about 1.7x when paced 33x): measured 1.57x on an idle
-# machine and 1.35x under `stress-ng --cpu 2`; paced 33x, 1.47x under stress but the rollout
-# took twice as long.
-THROUGHPUT_GATE="throughputGain: {minRatio: 1.2, maxConcurrency: 64}"
+# minRatio 1.1: the simulator, paced 100x, is partly CPU-bound on 2 cores (both arms, their
+# copies of production's synthetic traffic and inference-perf share them), so a busy host
+# squeezes the gain its engine model gives (about 1.7x when paced 33x). Measured: 1.57x idle,
+# 1.35x under `stress-ng --cpu 2`, 1.20x with the fast test tier running beside that; paced
+# 33x, 1.47x under stress but the rollout took twice as long. The line says what was measured.
+THROUGHPUT_GATE="throughputGain: {minRatio: 1.1, maxConcurrency: 64}"
 if [ "$NODE" = process ] && ! [ -x "$ROOT/.venv-load/bin/inference-perf" ]; then
 	THROUGHPUT_GATE=""
 	say "  ${D}no .venv-load/bin/inference-perf (make loadenv): the throughput gate is off for this run${N}"
