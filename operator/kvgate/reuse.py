@@ -31,8 +31,9 @@ from kvgate.verdictkey import VerdictKey, key_of
 # The gates the eval and the load decide: what a reused verdict stands in for. The canary's
 # own gates (dtype, engine truth, scales, backend, capacity) are judged on this candidate.
 REUSED_GATES: Final = (ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED, THROUGHPUT)
-# Every field of the key but `image` (the tag; its digest is `image_digest`) and `gpu_count`
-# (None where the container asks for no GPU count; equal on both sides still required).
+# Every field of the key must be known but `image` (the tag; its digest is `image_digest`),
+# `gpu_count` (None where the container asks for no GPU count) and `revision` (None where the
+# spec pins none); those must still be equal on both sides.
 REQUIRED: Final = tuple(
     f.name for f in fields(VerdictKey) if f.name not in ("image", "gpu_count", "revision")
 )
@@ -54,8 +55,10 @@ def find_for(
 ) -> ReusedVerdict | None:
     """`find` for a rollout with this status so far: the rollouts are listed (one LIST) only
     when the spec asks for reuse and the candidate's key is known in every field."""
+    if spec.reuse_verdict is None:
+        return None
     key = key_of(RolloutStatus.from_dict(status), spec)
-    if spec.reuse_verdict is None or unknown_fields(key):
+    if unknown_fields(key):
         return None
     return find(key, spec.reuse_verdict, list_rollouts(), namespace=namespace, name=name, now=now)
 
