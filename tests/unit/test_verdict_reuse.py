@@ -321,3 +321,34 @@ def test_an_operator_killed_at_any_write_of_a_reuse_still_ends_promoted_once(
         world.assert_invariant()
         assert world.obj["status"]["verdict"]["reusedFrom"] == "ns/first"
         assert "Job" not in created and world.reasons().count("Promoting") <= 1
+
+
+def test_an_approved_reuse_still_says_whose_verdict_it_was(
+    monkeypatch: pytest.MonkeyPatch, first: dict[str, Any]
+) -> None:
+    """In manual mode the approval decides the verdict again; it rests on the reused gates, so
+    `reusedFrom` stays, and the promoted rollout is never reused in turn (no chain of reuses
+    that would outlive maxAge)."""
+    manual = {"mode": "manual", "verifyWindow": "4s", "verifySamples": 3}
+    world, _, created = _second(monkeypatch, first, promotion=manual, **REUSE)
+    for _ in range(100):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=5)
+        if world.phase == "AwaitingApproval":
+            break
+    assert world.obj["status"]["verdict"]["reusedFrom"] == "ns/first"
+    approval = world.obj["status"]["configHash"]
+    world.obj["metadata"]["annotations"] = {"kvgate.io/approve": approval}
+    assert world.run() == "Promoted"
+    assert ("Normal", "Approved", f"approved for config {approval}") in world.events
+    assert world.obj["status"]["verdict"]["reusedFrom"] == "ns/first"
+    assert "Job" not in created
+    # a third rollout a minute later would not take it: a reused verdict is not lent again
+    status = RolloutStatus.from_dict(world.obj["status"])
+    assert status.verdict is not None and status.verdict.key is not None
+    key = VerdictKey.of_record(status.verdict.key)
+    later = world.now + dt.timedelta(minutes=1)
+    second = {**copy.deepcopy(world.obj), "metadata": {"name": "second"}}
+    assert reuse.find(key, DAY, [second], namespace="ns", name="third", now=later) is None
+    del second["status"]["verdict"]["reusedFrom"]  # what the approval used to write
+    assert reuse.find(key, DAY, [second], namespace="ns", name="third", now=later) is not None

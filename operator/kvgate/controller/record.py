@@ -218,11 +218,16 @@ def fold(
     if step.load is not None:  # the measurement and the gain, beside the attempt's job record
         status["load"] = {**(status.get("load") or {}), **jsonrecord.write(step.load)}
     if step.verdict is not None:
+        # A verdict decided again in this run (an approval) rests on the same gates: if they
+        # were reused, it still says whose (and so is never reused in turn).
+        reused_from = (status.get("verdict") or {}).get("reusedFrom")
         status["verdict"] = step.verdict.to_dict()
         if verdict_key is not None:
             status["verdict"]["key"] = jsonrecord.write(verdict_key.to_record())
         if step.reused is not None:
-            status["verdict"]["reusedFrom"] = step.reused.source
+            reused_from = step.reused.source
+        if reused_from:
+            status["verdict"]["reusedFrom"] = reused_from
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING
