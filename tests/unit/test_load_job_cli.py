@@ -7,6 +7,7 @@ the summary line, its nonce and the exit code are checked here; the tools tier r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -305,7 +306,7 @@ def test_each_arms_preemptions_over_the_load_are_in_the_summary(
     assert readings == {"http://127.0.0.1:1": [], "http://127.0.0.1:2": []}  # before and after
 
 
-def test_preemptions_are_read_from_the_engines_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_preemptions_are_read_from_the_engines_metrics() -> None:
     import httpx
 
     pages = {
@@ -317,13 +318,35 @@ def test_preemptions_are_read_from_the_engines_metrics(monkeypatch: pytest.Monke
         "http://d/metrics": httpx.Response(200, text="<html>not metrics</html>"),
     }  # fmt: skip
 
-    def get(url: str, **_: object) -> httpx.Response:
-        if url not in pages:
+    def get(request: httpx.Request) -> httpx.Response:
+        if str(request.url) not in pages:
             raise httpx.ConnectError("refused")
-        return pages[url]
+        return pages[str(request.url)]
 
-    monkeypatch.setattr(httpx, "get", get)
-    assert load_job._preemptions("http://a") == 17.0
-    assert load_job._preemptions("http://b/") == 4.0
+    client = httpx.Client(transport=httpx.MockTransport(get))
+    assert load_job._preemptions("http://a", client=client) == 17.0
+    assert load_job._preemptions("http://b/", client=client) == 4.0
     for url in ("http://c", "http://d", "http://e"):
-        assert load_job._preemptions(url) is None
+        assert load_job._preemptions(url, client=client) is None
+
+
+def test_an_endless_metrics_body_is_cut_off_not_read() -> None:
+    """A hostile or broken arm serving /metrics without end: the read stops at the scrape's
+    bound (MAX_BODY_BYTES) and the count is unknown, never a hang or unbounded memory."""
+    import httpx
+
+    from kvgate.adapters.http import MAX_BODY_BYTES
+
+    served = {"bytes": 0}
+
+    def endless() -> Iterator[bytes]:
+        chunk = b"vllm:num_preemptions_total 1\n" * 4096
+        while served["bytes"] <= 4 * MAX_BODY_BYTES:
+            served["bytes"] += len(chunk)
+            yield chunk
+
+    client = httpx.Client(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, content=endless()))
+    )
+    assert load_job._preemptions("http://a", client=client) is None
+    assert served["bytes"] <= MAX_BODY_BYTES + 2 * len(b"vllm:num_preemptions_total 1\n" * 4096)

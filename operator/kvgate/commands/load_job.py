@@ -217,21 +217,18 @@ def _reachable(base_url: str) -> bool:
         return False
 
 
-def _preemptions(base_url: str) -> float | None:
+def _preemptions(base_url: str, *, client: Any = None) -> float | None:
     """The engine's cumulative preemptions (vLLM) or retractions (SGLang) now, from its
-    /metrics; None when it cannot be read or does not export them (never an error: the
+    /metrics through kvgate's one scrape (bounded body and deadline, no proxy from the
+    environment); None when it cannot be read or does not export them (never an error: the
     count adds to the measurement, it is not one)."""
-    import httpx
+    from kvgate.adapters import http
+    from kvgate.errors import InputError, ScrapeError
 
-    from kvgate.errors import ParseError
-    from kvgate.metrics import parse_metrics
-
+    url = base_url.rstrip("/") + "/metrics"
     try:
-        response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=PROBE_TIMEOUT_S)
-        if not response.is_success:
-            return None
-        return parse_metrics(response.text[: 4 << 20]).preemptions
-    except (httpx.HTTPError, ParseError, ValueError):
+        return http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S).preemptions
+    except (ScrapeError, InputError):
         return None
 
 

@@ -415,14 +415,17 @@ def read_verdict(status: StatusLike) -> str | None:
     if v is None:
         return None
     message = v.message
-    reused = f" (reused from {v.reused_from}: its eval and load, the same verdict key)"
-    reused = reused if v.reused_from else ""
+    reused = (
+        f" (reused from {v.reused_from}: its eval and load, the same verdict key)"
+        if v.reused_from
+        else ""
+    )
     if message and typed.message and message in typed.message:
-        return f"reused from {v.reused_from}" if reused else None
+        return reused.strip(" ()") or None  # the headline says the rest
     words = _DECISION_WORDS.get(v.decision or "", v.decision)
     if words and message:
         return f"{words}: {message}{reused}"
-    return (words or message or "") + reused or None
+    return ((words or message or "") + reused) or None
 
 
 def read_production(rollout: Mapping[str, Any]) -> str | None:
