@@ -13,7 +13,7 @@ not the same GPU or backend. Pure: the controller lists the rollouts and passes 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any, Final
 
@@ -44,23 +44,13 @@ def unknown_fields(key: VerdictKey) -> tuple[str, ...]:
     return tuple(name for name in REQUIRED if getattr(key, name) in (None, ""))
 
 
-def find_for(
-    status: Mapping[str, Any],
-    spec: RolloutSpec,
-    list_rollouts: Callable[[], Iterable[Mapping[str, Any]]],
-    *,
-    namespace: str,
-    name: str,
-    now: dt.datetime,
-) -> ReusedVerdict | None:
-    """`find` for a rollout with this status so far: the rollouts are listed (one LIST) only
-    when the spec asks for reuse and the candidate's key is known in every field."""
+def wanted_key(status: Mapping[str, Any], spec: RolloutSpec) -> VerdictKey | None:
+    """The candidate's key when a reused verdict is worth looking for: the spec asks for it and
+    every required field is known (None: run the own eval; the caller lists nothing)."""
     if spec.reuse_verdict is None:
         return None
     key = key_of(RolloutStatus.from_dict(status), spec)
-    if unknown_fields(key):
-        return None
-    return find(key, spec.reuse_verdict, list_rollouts(), namespace=namespace, name=name, now=now)
+    return None if unknown_fields(key) else key
 
 
 def find(

@@ -404,12 +404,13 @@ def observe_canary(ctx: Ctx) -> Observed:
     if truths.get("control") is not None and truths.get("candidate") is not None:
         # spec.reuseVerdict: a verdict of another rollout this candidate may take, read once
         # both arms are read (the canary phase ends)
-        seen = ctx.seeing(found)
-        reused = reuse.find_for(
-            seen.status, ctx.spec, lambda: ctx.kube.list_rollouts(ctx.namespace),
-            namespace=ctx.namespace, name=ctx.name, now=ctx.now,
-        )  # fmt: skip
-        obs = dataclasses.replace(obs, reused_verdict=reused)
+        key = reuse.wanted_key(ctx.seeing(found).status, ctx.spec)
+        if key is not None:  # one LIST of the namespace's rollouts, only then
+            reused = reuse.find(
+                key, ctx.spec.reuse_verdict, ctx.kube.list_rollouts(ctx.namespace),
+                namespace=ctx.namespace, name=ctx.name, now=ctx.now,
+            )  # fmt: skip
+            obs = dataclasses.replace(obs, reused_verdict=reused)
     return obs, found
 
 
