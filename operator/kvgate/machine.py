@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from kvgate import crash, deadlines, promoting, proposing
+from kvgate import crash, deadlines, promoting, proposing, superseding
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -128,6 +128,8 @@ def _step(
         )
     if state.abort is not None and state.phase is not Phase.REVERTING:
         step = end_step(Phase.ROLLED_BACK, Reason.ABORTED, state.abort)
+    elif (superseded := superseding.superseded(spec, state, obs)) is not None:
+        return superseded
     elif (
         state.phase is Phase.AWAITING_APPROVAL
         and approval_ttl_s is not None

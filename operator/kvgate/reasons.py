@@ -109,6 +109,7 @@ class Reason(StrEnum):
     TARGET_CHANGED = "TargetChanged"
     TARGET_DELETED = "TargetDeleted"
     SUPERSEDED = "Superseded"
+    SPEC_CHANGED = "SpecChanged"  # a new spec mid-run: this run's evidence is for the old one
     UNEXPECTED_PATCH = "UnexpectedPatch"
     REVERTING = "Reverting"
     REVERT_FAILED = "RevertFailed"

@@ -562,6 +562,9 @@ class RolloutStatus:
     message: str | None = None
     progress: str | None = None  # the eval's progress in a few words (a printer column)
     observed_generation: int | None = None
+    # The generation whose spec this run evaluates (set in Pending); a newer one supersedes the
+    # run before anything is patched or merged, or starts a new run after its end.
+    run_generation: int | None = None
     started_at: str | None = None
     phase_since: str | None = None
     finished_at: str | None = None

@@ -30,6 +30,7 @@ PRESERVE: Final = "x-kubernetes-preserve-unknown-fields"
 # What the dataclasses cannot say: formats, a condition's closed status, the list-map keys.
 _EXTRA: Final[Mapping[tuple[type, str], Mapping[str, Any]]] = {
     (RolloutStatus, "observed_generation"): {"format": "int64"},
+    (RolloutStatus, "run_generation"): {"format": "int64"},
     (RolloutStatus, "conditions"): {
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],

@@ -79,6 +79,8 @@ class State:
     revert_error: str | None = None
     remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
     pull_request: PullRequestStatus | None = None  # pullRequest mode: what status records
+    # The spec's generation when it is newer than the one this run evaluates (None: the same)
+    spec_changed_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,7 @@ class Step:
     progress: str | None = None  # Evaluating: the eval's progress in a few words (status.progress)
     pull_request: PullRequestStatus | None = None  # pullRequest mode: fields to record
     reused: ReusedVerdict | None = None  # the verdict was another rollout's (status.verdict)
+    new_run: bool = False  # a newer spec superseded the run: status starts again (superseding)
 
     @property
     def terminal(self) -> bool:

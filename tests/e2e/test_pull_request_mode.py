@@ -3,7 +3,8 @@
 
 The test plays the GitOps tool: it applies the repository with `kubectl kustomize` + `kubectl
 apply --server-side` under its own field manager, before the rollout and again after merging
-kvgate's pull request through the API. The rollout must reach Promoted, and the Deployment's
+kvgate's pull request through the API. The rollout is edited while its first pull request is
+open: kvgate closes it with a comment and proposes the new spec in a second one. The rollout must reach Promoted, and the Deployment's
 managedFields must show that no one but that field manager (and the Deployment controller's
 status) ever wrote it: kvgate never patched the pod template. Then an engine image bump from Git
 makes the verdict Stale, and kvgate still writes nothing.
@@ -147,12 +148,38 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
             return status if pr.get("number") else None
 
         status = wait_for(recorded, 120, "the pull request recorded")
+        first = int(status["pullRequest"]["number"])
+        first_branch = status["pullRequest"]["branch"]
+
+        # The rollout is edited while its pull request is open: #first no longer carries what
+        # the rollout evaluates, so kvgate closes it, evaluates the new spec, proposes that.
+        edited = {**spec, "extraEnv": [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}]}
+        body = rollout("sim-fp8", "sim", **edited)
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+        def superseded() -> dict[str, Any] | None:
+            pr = gitea.api("GET", f"/repos/{repo}/pulls/{first}").json()
+            return pr if pr["state"] == "closed" and not pr.get("merged") else None
+
+        wait_for(superseded, 120, f"pull request #{first} closed by the spec change")
+        comments = gitea.api("GET", f"/repos/{repo}/issues/{first}/comments").json()
+        assert any("changed (generation 2)" in c["body"] for c in comments), comments
+        assert "SpecChanged" in event_reasons(cluster, namespace, "sim-fp8")
+
+        def proposed_again() -> dict[str, Any] | None:
+            status = recorded()
+            return status if status and status["pullRequest"]["number"] != first else None
+
+        status = wait_for(proposed_again, 600, "the new spec proposed in a new pull request")
+        assert status["runGeneration"] == 2 and status["pullRequest"]["branch"] != first_branch
         number = int(status["pullRequest"]["number"])
         key = status["verdict"]["key"]["digest"]
         branch = status["pullRequest"]["branch"]
         patch = yaml.safe_load(gitea.file(repo, branch, PATCH))
         entry = patch["spec"]["template"]["spec"]["containers"][0]
         assert "--kv-cache-dtype" in entry["args"] and "TRITON_ATTN" in entry["args"]
+        assert any(e.get("name") == "VLLM_USE_FLASHINFER_SAMPLER" and e.get("value") == "0"
+                   for e in entry.get("env") or []), entry  # fmt: skip
         assert patch["spec"]["template"]["metadata"]["annotations"] == {"kvgate.io/verdict": key}
         # nothing changed in the cluster yet
         live = get(cluster, namespace, "deployment", "sim") or {}

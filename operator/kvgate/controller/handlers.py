@@ -40,6 +40,7 @@ from kvgate.controller.context import (
     describe,
     live_key,
     live_target,
+    newer_generation,
     parse_spec,
     read_state,
 )
@@ -136,7 +137,7 @@ def reconcile(
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     generation = meta.get("generation")
     if ended(phase, status.get("reason")):
-        if status.get("observedGeneration") == generation:
+        if newer_generation(status, generation) is None:
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
@@ -145,10 +146,11 @@ def reconcile(
                     raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
                 patch_status(patch, old, {"pendingActions": None})
             return
-        # A new spec after the end starts a new rollout (like Flagger's retry by spec change);
-        # the last run's findings are cleared so none of them can vote in the new verdict.
+        # A new spec after the end (or during a run that had to finish first) starts a new
+        # rollout, like Flagger's retry by spec change; the last run's findings are cleared so
+        # none of them can vote in the new verdict. Its deletions still due go first.
         cleared = dict.fromkeys(status)
-        status = {"phase": Phase.PENDING.value}
+        status = {"phase": Phase.PENDING.value, "pendingActions": old.get("pendingActions") or None}
         phase = Phase.PENDING
     spec, spec_errors = parse_spec(body.get("spec") or {}, memo.config)
     ctx = Ctx(

@@ -44,10 +44,7 @@ from kvgate.controller.context import (
     status_view,
     target_deployment,
 )
-from kvgate.controller.telemetry import (
-    ACCURACY_DELTA,
-    CAPACITY_RATIO,
-)
+from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.errors import ExternalError, InputError, SpecError
 from kvgate.joblog import eval_lines, job_lines
 from kvgate.kubeobjects import PodHealth
@@ -147,6 +144,7 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
         servedModel=info.served_model_name or info.model,
         previous=previous,
         evaluatedImage=container.get("image"),
+        runGeneration=ctx.generation,
         configHash=config_hash(
             {
                 "deployment": spec.target.name,
@@ -584,14 +582,6 @@ def observe_verifying(ctx: Ctx) -> Observed:
     dep = target_deployment(ctx)
     assert dep is not None  # the live target exists and carries the candidate
     problems = []
-    generation = int(dep["metadata"].get("generation") or 0)
-    if not kubeobjects.rolled_out(dep, generation):
-        ds = dep.get("status") or {}
-        problems.append(
-            f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
-            f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
-            f"{ds.get('updatedReplicas') or 0} updated)"
-        )
     pods = [p for p in production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
     if not pods:
         problems.append("no production pods")
@@ -621,6 +611,14 @@ def observe_verifying(ctx: Ctx) -> Observed:
         if snap.waiting is not None:
             waiting[name] = snap.waiting
         counters[name] = pod_counters(snap)
+    # Last: a crashed pod also makes the Deployment unavailable; the message leads with the cause.
+    if not kubeobjects.rolled_out(dep, int(dep["metadata"].get("generation") or 0)):
+        ds = dep.get("status") or {}
+        problems.append(
+            f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
+            f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
+            f"{ds.get('updatedReplicas') or 0} updated)"
+        )
     verify = (ctx.status.get("promotion") or {}).get("verify") or {}
     before = {
         pod: production.PodCounters.from_dict(c)

@@ -184,6 +184,12 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         f"{step.phase.value} ({step.reason}) before it was merged, so it no longer stands "
         "behind this change. Change the rollout's spec to evaluate and propose again."
     )
+    if step.new_run:  # superseded: a newer spec is evaluated now
+        comment = (
+            f"kvgate closed this pull request: the spec of rollout {ctx.namespace}/{ctx.name} "
+            f"changed (generation {ctx.generation}) before it was merged, so this change is no "
+            "longer the one it evaluates. A new pull request follows if the new spec passes."
+        )
     with _forge(ctx) as forge:  # one token read for the lookup and the close
         if intent is not None:
             pr = _found_again(ctx, forge, intent)

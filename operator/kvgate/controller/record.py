@@ -12,7 +12,7 @@ from typing import Any, Final
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import jsonrecord, manifests, redact, verdictkey
+from kvgate import jsonrecord, manifests, proposing, redact, superseding, verdictkey
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
@@ -106,10 +106,15 @@ def write_status(
     if step.verdict is not None:  # what the verdict was reached on, recorded with it
         so_far = RolloutStatus.from_dict(done.applied_to(ctx.status))
         key = verdictkey.key_of(so_far, ctx.spec)
+    if step.new_run and superseding.merged(proposing.recorded(done.applied_to(ctx.status))):
+        step = superseding.merged_meanwhile(step)
     status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
                   generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
                   approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
-    patch_status(patch, old, {**(cleared or {}), **status})
+    if cleared or step.new_run:  # a new run: its status replaces the last one whole
+        patch_status(patch, old, merge_patch(old, status))
+    else:
+        patch_status(patch, old, status)
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
     for p in Phase:
@@ -168,6 +173,8 @@ def fold(
     if unknown:  # a bug: the CRD would prune it, and no reader knows it
         raise KvgateError(f"status has no key {', '.join(sorted(unknown))}")
     status = done.applied_to(found)
+    if step.new_run:  # a newer spec superseded the run: nothing of it may vote in the next
+        status = {"pendingActions": pending} if (pending := status.get("pendingActions")) else {}
     conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
     if not conditions:
         conditions = cond.initial_conditions(generation, now)
