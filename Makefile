@@ -75,10 +75,10 @@ crd-status: $(STAMP)
 
 # Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
-# fast runs on two pytest-xdist workers; e2e serially unless E2E_WORKERS=2 (a cluster a worker).
+# fast and e2e run on two pytest-xdist workers (e2e: a control plane a worker; E2E_WORKERS=0: serial).
 TIERS ?=
 TEST_OUTPUT ?= .test-output
-E2E_WORKERS ?= 0
+E2E_WORKERS ?= 2
 test: $(STAMP) $(LOAD_STAMP) $(CHECKOV_STAMP) deps-tools binaries
 	$(BIN)/python hack/test_tiers.py --output-dir $(TEST_OUTPUT) --e2e-workers $(E2E_WORKERS) $(TIERS)
 

@@ -12,12 +12,11 @@ tests of the whole run.
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
 Tiers run one at a time. The fast tier runs on two pytest-xdist workers, a test file at a time
-per worker. e2e runs serially unless `--e2e-workers 2`: each e2e module's operator watches every
-namespace (tests/e2e/support.py, Operator), so two modules on one cluster would act on each
-other's rollouts, and each e2e worker starts a cluster of its own with its own slice of loopback
-pod IPs. Measured (bench/RESULTS-suite.md): 2 workers took e2e from 2,660 s to 1,600 s, but on a
-machine at load 10-17 three of test_operator_rollouts' timing-bound checks failed, so serial
-stays the default until that module is shown to hold under two clusters on 2 cores. Pytest args
+per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
+serial): each e2e module's operator watches every namespace (tests/e2e/support.py, Operator),
+so two modules on one cluster would act on each other's rollouts, and each e2e worker starts a
+cluster of its own with its own slice of loopback pod IPs. Measured (bench/RESULTS-suite.md):
+2 workers took e2e from 2,145 s to 1,416 s (78 passed, the machine at load 5-10). Pytest args
 after `--` come last, so `-- -n 0` runs the fast tier serially.
 """
 
@@ -40,8 +39,9 @@ SERIAL = ["-n", "0"]
 # Files in collection order (the longest first, tests/conftest.py FIRST), not by test count.
 E2E_PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 # The selection of each tier; together they are the whole suite (the markers are disjoint).
-# e2e is serial unless --e2e-workers (E2E_PARALLEL: each worker with a cluster of its own,
-# tests/conftest.py `cluster`, so two modules' operators never see each other's rollouts).
+# e2e is serial unless --e2e-workers (`make test`: 2; E2E_PARALLEL: each worker with a cluster
+# of its own, tests/conftest.py `cluster`, so two modules' operators never see each other's
+# rollouts).
 # lmeval and tools are CPU-bound already; the harness starts clusters of its own: serial.
 TIERS: dict[str, list[str]] = {
     "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
