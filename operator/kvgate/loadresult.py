@@ -50,6 +50,9 @@ class StagePoint:
     tpot_p99_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
+    # Requests that met every SLO of the spec, in percent (inference-perf's goodput; None: no
+    # SLO given, or the stage was not measured)
+    goodput_percent: float | None = None
     reasons: tuple[str, ...] = _key(default=())
 
     @property

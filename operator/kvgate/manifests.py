@@ -332,14 +332,20 @@ def load_command(
     server_type: str = "vllm",
     prompt_std_tokens: int = 0,
     deadline_s: float | None = None,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> list[str]:
     """`kvgate load-job` against both arms' base URLs with production's workload shape.
 
     `deadline_s`: the Job's deadline; the runs get `load_run_timeout(deadline_s)` of it, so the
-    program still prints its summary before the Job is killed."""
+    program still prints its summary before the Job is killed. The SLOs (the gate's p99
+    bounds) make inference-perf count each stage's goodput: the requests that met them all."""
     extra = ["--prompt-std-tokens", str(prompt_std_tokens)] if prompt_std_tokens > 0 else []
     if deadline_s is not None:
         extra += ["--timeout", f"{load_run_timeout(deadline_s):g}"]
+    for option, bound in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):
+        if bound is not None:
+            extra += [option, f"{bound:g}"]
     return [
         "kvgate",
         "load-job",

@@ -110,6 +110,22 @@ def preemption_clause(control: ArmLoad, candidate: ArmLoad, labels: tuple[str, s
     )
 
 
+def goodput_clause(
+    control: StagePoint | None, candidate: StagePoint | None, labels: tuple[str, str]
+) -> str | None:
+    """The share of production-load requests that met every SLO, per arm (inference-perf's
+    goodput). None unless the spec gave SLOs and both arms' stages were measured."""
+    if control is None or candidate is None:
+        return None
+    if control.goodput_percent is None or candidate.goodput_percent is None:
+        return None
+    ctl, cand = labels
+    return (
+        f"requests within the SLOs: {cand} {candidate.goodput_percent:.0f}%, "
+        f"{ctl} {control.goodput_percent:.0f}%"
+    )
+
+
 def assess_throughput(
     gate: ThroughputGainGate | None,
     load: LoadSummary | None,
@@ -160,7 +176,8 @@ def assess_throughput(
     )
     tpot = tpot_clause(control, candidate, production, gate)
     preempted = preemption_clause(control, candidate, labels)
-    tail = "".join(f"; {clause}" for clause in (tpot, preempted) if clause)
+    goodput = goodput_clause(at_c, at_k, labels)
+    tail = "".join(f"; {clause}" for clause in (goodput, tpot, preempted) if clause)
     where = f"at production load {production}"
     if not serves(at_k, gate):
         if serves(at_c, gate):

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from kvgate.load.runner import default_inference_perf
 from kvgate.loadresult import PROGRESS_KIND, SUMMARY_KIND, LoadSummary, LoadVerdict, StageStatus
@@ -135,6 +136,7 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
             assert 0 < stage.ttft_p50_ms <= stage.ttft_p99_ms
             assert stage.tpot_p50_ms is not None and stage.tpot_p99_ms is not None
             assert 0 < stage.tpot_p50_ms <= stage.tpot_p99_ms
+            assert stage.goodput_percent is None  # no SLO given: inference-perf counts none
     # each arm was sent exactly what was planned (4 + 2 + 16 requests)
     assert successes(control.url) == successes(candidate.url) == 22
     # the engines' own preemption counters were read before and after: a small load on a
@@ -145,6 +147,26 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
     assert {(line["arm"], line["concurrency"]) for line in stage_lines} == {
         (arm, c) for arm in ("control", "candidate") for c in (2, 1, 8)
     }
+
+
+def test_the_slos_reach_inference_perf_and_its_goodput_comes_back(
+    sim: Callable[..., Any], tmp_path: Path
+) -> None:
+    # A TTFT bound every request meets and a TPOT bound none can (a microsecond): inference-perf
+    # counts goodput per stage, and 0% is a measured figure, not a missing one.
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
+    candidate = sim(FP8, env={"KVGATE_SIM_SPEED": "0.01"})
+    slo = ["--stages", "2", "--slo-ttft-ms", "600000", "--slo-tpot-ms", "0.001"]
+    code, lines = finish(load_job(control.url, candidate.url, tmp_path, slo), tmp_path)
+    summary = summary_of(lines)
+    assert code == 0, summary
+    config = yaml.safe_load((tmp_path / "work" / "control" / "inference-perf.yaml").read_text())
+    assert config["report"]["goodput"] == {"constraints": {"ttft": 600.0, "tpot": 1e-06}}
+    for arm in (summary.control, summary.candidate):
+        assert arm is not None and [s.concurrency for s in arm.stages] == [2]
+        (stage,) = arm.stages
+        assert stage.status is StageStatus.MEASURED, stage.reasons
+        assert stage.goodput_percent == 0.0
 
 
 def test_an_unreachable_arm_is_an_error_although_the_tool_exits_0(

@@ -1680,6 +1680,19 @@ def test_the_load_runs_productions_request_lengths_from_its_histograms(
     )
 
 
+def test_the_gates_slos_go_to_the_load_job_for_its_goodput(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN SLOs on the throughput gate WHEN the load Job starts THEN it is told them, so
+    # inference-perf counts each stage's requests that met them (the goodput)
+    gates = {**THROUGHPUT_GATES, "capacityGain": {"throughputGain": {"ttftP99Ms": 2500}}}
+    command = _load_command(_run_until_load_job(World(monkeypatch, gates=gates)))
+    assert command[command.index("--slo-ttft-ms") + 1] == "2500"
+    assert "--slo-tpot-ms" not in command
+    plain = _load_command(_run_until_load_job(World(monkeypatch, gates=THROUGHPUT_GATES)))
+    assert not any(a.startswith("--slo") for a in plain)
+
+
 def test_without_length_histograms_the_load_runs_the_fixed_lengths_and_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

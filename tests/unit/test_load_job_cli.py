@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from kvgate.cli import main
 from kvgate.commands import load_job
-from kvgate.load.config import LoadPlan
+from kvgate.load import runner as load_runner
+from kvgate.load.config import LoadPlan, Slo
 from kvgate.load.report import Percentiles, StageJudgement, StageResult, judge_stage
 from kvgate.load.runner import LoadRun, LoadToolMissing
 from kvgate.loadresult import (
@@ -32,7 +33,12 @@ from kvgate.loadresult import (
 
 
 def result(
-    concurrency: int, requests: int, *, failures: int = 0, tok_s: float = 1500.0
+    concurrency: int,
+    requests: int,
+    *,
+    failures: int = 0,
+    tok_s: float = 1500.0,
+    goodput: float | None = None,
 ) -> StageResult:
     return StageResult(
         stage=0, concurrency=concurrency, requests=requests, successes=requests - failures,
@@ -42,7 +48,7 @@ def result(
         output_tokens_min=128.0 if requests > failures else None, fallback_prompt=0, fallback_output=0,
         token_count_mismatches=0, ttft_s=Percentiles(0.2, 0.9), tpot_s=Percentiles(0.021, 0.0305),
         itl_s=Percentiles(0.02, 0.03), request_latency_s=Percentiles(3.0, 5.0),
-        goodput_percentage=None,
+        goodput_percentage=goodput,
     )  # fmt: skip
 
 
@@ -83,6 +89,22 @@ def test_a_measured_stage_keeps_its_figures_in_ms_and_an_error_stage_none() -> N
     assert bad.reasons == ("3 of 64 requests failed (Connection Error: 3)",)
     missing = load_job.stage_point(stage, StageJudgement(0, "error", ("no report x",), None))
     assert missing.successes is None and missing.reasons == ("no report x",)
+
+
+def test_a_measured_stage_keeps_its_goodput_and_an_error_stage_none() -> None:
+    # inference-perf counts goodput (the requests that met every SLO) only when it was given
+    # SLOs; an error stage's figures, its goodput too, are never a measurement.
+    stage = load_job.Stage(32, 64)
+    good = load_job.stage_point(stage, judge_stage(result(32, 64, goodput=97.5), 64, 128))
+    assert good.goodput_percent == 97.5
+    none = load_job.stage_point(stage, judge_stage(result(32, 64), 64, 128))
+    assert none.goodput_percent is None
+    bad = load_job.stage_point(
+        stage, judge_stage(result(32, 64, failures=3, goodput=90.0), 64, 128)
+    )
+    assert bad.goodput_percent is None
+    summary = LoadSummary(kind=SUMMARY_KIND, candidate=ArmLoad(stages=(good,)))
+    assert LoadSummary.from_dict(summary.to_dict()) == summary  # status keeps it
 
 
 def arm(*statuses: StageStatus, error: str | None = None) -> ArmLoad:
@@ -268,6 +290,8 @@ def test_a_missing_tool_still_ends_in_a_summary(
         (["--rounds", "0"], "--rounds: must be > 0, got 0"),
         (["--stages", "8,0"], "--stages: give concurrency levels >= 1, got '8,0'"),
         (["--tokenizer", "/nonexistent"], "--tokenizer: /nonexistent holds no tokenizer.json"),
+        (["--slo-ttft-ms", "0"], "--slo-ttft-ms: must be > 0, got 0"),
+        (["--slo-tpot-ms", "-5"], "--slo-tpot-ms: must be > 0, got -5"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
@@ -350,3 +374,33 @@ def test_an_endless_metrics_body_is_cut_off_not_read() -> None:
     )
     assert load_job._preemptions("http://a", client=client) is None
     assert served["bytes"] <= MAX_BODY_BYTES + 2 * len(b"vllm:num_preemptions_total 1\n" * 4096)
+
+
+@pytest.mark.parametrize(
+    ("extra", "slo"),
+    [
+        ([], None),
+        (["--slo-ttft-ms", "2000", "--slo-tpot-ms", "50"], Slo(ttft_s=2.0, tpot_s=0.05)),
+        (["--slo-tpot-ms", "80"], Slo(ttft_s=None, tpot_s=0.08)),
+    ],
+)
+def test_the_slos_reach_both_arms_plans_in_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+    extra: list[str],
+    slo: Slo | None,
+) -> None:
+    fake_runs(monkeypatch, {})
+    planned: dict[str, Slo | None] = {}
+    run_load = load_runner.run_load
+
+    def spy(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
+        planned[work_dir.name] = plan.slo
+        return run_load(plan, work_dir, timeout_s=timeout_s)
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", spy)
+    argv = [*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w"), *extra]
+    assert main(argv) == 0
+    assert planned == {"control": slo, "candidate": slo}

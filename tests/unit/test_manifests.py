@@ -324,3 +324,17 @@ def test_load_job_names_stay_dns_labels() -> None:
     assert len(m.eval_job_name(long, 99)) <= 63
     with pytest.raises(ValueError, match="load attempt 0 is outside"):
         m.load_job_name("r", 0)
+
+
+def test_the_load_command_passes_the_gates_slos_only_when_given() -> None:
+    common: dict[str, Any] = {
+        "control_url": "http://127.0.0.2:8000", "candidate_url": "http://127.0.0.3:8000",
+        "model": "m", "production_concurrency": 8, "prompt_tokens": 512, "output_tokens": 128,
+        "max_concurrency": 32,
+    }  # fmt: skip
+    plain = m.load_command(**common)
+    assert not any(a.startswith("--slo") for a in plain)
+    both = m.load_command(**common, slo_ttft_ms=2000.0, slo_tpot_ms=52.5)
+    assert both[len(plain) :] == ["--slo-ttft-ms", "2000", "--slo-tpot-ms", "52.5"]
+    one = m.load_command(**common, slo_tpot_ms=80.0)
+    assert one[len(plain) :] == ["--slo-tpot-ms", "80"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Any
 
 from kvgate import report
@@ -162,3 +163,23 @@ def test_the_load_notes_say_how_often_each_engine_preempted() -> None:
     # one arm's count unknown: nothing is said
     half = replace(counted, candidate=replace(SUMMARY.candidate, preemptions=None))
     assert "preemptions" not in report.render_text(rollout(LoadStatus(attempt=1, summary=half)))
+
+
+def test_goodput_is_a_column_only_when_the_slos_made_inference_perf_count_it() -> None:
+    # GIVEN a load run with SLOs: each measured stage counted the requests that met them
+    with_goodput = LoadSummary(
+        verdict=LoadVerdict.MEASURED,
+        production_concurrency=8,
+        control=ArmLoad(stages=(replace(ok(8, 410.0, 19.5), goodput_percent=62.5),)),
+        candidate=ArmLoad(stages=(replace(ERR, concurrency=8),)),
+    )
+    loaded = rollout(LoadStatus(attempt=1, summary=with_goodput))
+    lines = report.render_text(loaded).splitlines()
+    header = next(line for line in lines if line.strip().startswith("concurrent"))
+    assert re.split(r"\s{2,}", header.strip())[-2:] == ["control goodput %", "candidate goodput %"]
+    row = next(line for line in lines if line.strip().startswith("8 (production)"))
+    assert re.split(r"\s{2,}", row.strip())[-2:] == ["62.5", "error"]
+    assert re.search(r"<th[^>]*>control goodput %</th>", report.render_html(loaded))
+    # AND without SLOs the table is the one it always was
+    assert "goodput" not in report.render_text(LOADED)
+    assert "goodput" not in report.render_html(LOADED)

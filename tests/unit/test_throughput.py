@@ -211,3 +211,23 @@ def test_the_line_says_how_often_each_engine_preempted_during_the_load() -> None
     # one count unknown (not exported, unreadable, a reset counter): nothing is said
     half = replace(preempting, candidate=replace(FP8, preemptions=None))
     assert "preemptions" not in assess_throughput(GATE, half, labels=LABELS).result.message
+
+
+def test_the_line_says_how_many_requests_met_the_slos_at_production_load() -> None:
+    # GIVEN SLOs in the spec (the load Job passed them on: inference-perf counted goodput)
+    slo = replace(GATE, ttft_p99_ms=5000.0, tpot_p99_ms=60.0)
+    with_goodput = replace(
+        FIELD,
+        production_concurrency=32,
+        control=replace(BF16, stages=(replace(ok(32, 1558.0, 20.5), goodput_percent=41.0),)),
+        candidate=replace(FP8, stages=(replace(ok(32, 2100.0, 21.1), goodput_percent=97.66),)),
+    )
+    finding = assess_throughput(slo, with_goodput, labels=LABELS)
+    # THEN the one line says it per arm, next to the gain
+    assert finding.result.message.startswith(
+        "at production load 32: 2,100 tok/s vs 1,558 tok/s, +35% (at least 1.3x asked); "
+        "requests within the SLOs: FP8 98%, BF16 41%; TPOT +3% at 32 concurrent"
+    ), finding.result.message
+    # AND without SLOs (no goodput counted) the line has no such clause
+    plain = assess_throughput(GATE, FIELD, labels=LABELS)
+    assert "within the SLOs" not in plain.result.message

@@ -39,7 +39,7 @@ from kvgate.commands.exit_codes import (
     EXIT_OK,
 )
 from kvgate.errors import SpecError
-from kvgate.load.config import LoadPlan, LoadPlanError, Stage
+from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
 from kvgate.load.report import StageJudgement, stage_file
 from kvgate.loadresult import (
     ARMS,
@@ -102,6 +102,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="inference-perf's worker processes per arm, set explicitly: the tool would take the node's CPU count",
     )
+    parser.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        help="a request meets the SLO only with its time to first token at most this "
+        "(inference-perf's goodput; the gate's ttftP99Ms)",
+    )
+    parser.add_argument(
+        "--slo-tpot-ms", type=float, help="... and its time per output token at most this"
+    )
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
     parser.add_argument(
@@ -160,6 +169,11 @@ def stage_point(stage: Stage, judgement: StageJudgement) -> StagePoint:
         tpot_p99_ms=_ms(figures.tpot_s.p99) if figures and figures.tpot_s else None,
         itl_p50_ms=_ms(figures.itl_s.p50) if figures and figures.itl_s else None,
         itl_p99_ms=_ms(figures.itl_s.p99) if figures and figures.itl_s else None,
+        goodput_percent=(
+            round(figures.goodput_percentage, 2)
+            if figures and figures.goodput_percentage is not None
+            else None
+        ),
         reasons=tuple(r[:300] for r in judgement.reasons),
     )
 
@@ -259,6 +273,17 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, option), "--" + option.replace("_", "-"))
     for option in ("request_timeout", "timeout"):
         _positive(getattr(args, option), "--" + option.replace("_", "-"))
+    for option in ("slo_ttft_ms", "slo_tpot_ms"):
+        if getattr(args, option) is not None:
+            _positive(getattr(args, option), "--" + option.replace("_", "-"))
+    slo = (
+        Slo(
+            ttft_s=None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1000,
+            tpot_s=None if args.slo_tpot_ms is None else args.slo_tpot_ms / 1000,
+        )
+        if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None
+        else None
+    )
     levels = (
         explicit_stages(args.stages)
         if args.stages
@@ -295,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
                     num_workers=args.num_workers,
                     server_type=args.server_type,
                     request_timeout_s=args.request_timeout,
+                    slo=slo,
                 )
                 for name, url in urls.items()
             }

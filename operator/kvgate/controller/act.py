@@ -259,6 +259,8 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
             max_concurrency=max(gate.max_concurrency if gate else concurrency, concurrency),
             server_type="sglang" if ctx.status.get("engine") == "sglang" else "vllm",
             deadline_s=deadline_s,
+            slo_ttft_ms=gate.ttft_p99_ms if gate else None,
+            slo_tpot_ms=gate.tpot_p99_ms if gate else None,
         ),
         deadline_s=deadline_s,
         config_hash=str(ctx.status.get("configHash")),

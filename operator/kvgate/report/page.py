@@ -222,7 +222,7 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     if load_rows:
         out.append("<h2>Load (inference-perf on both arms at once)</h2>")
         out.append(render_load_svg(status))
-        out.append(_html_table(rows.LOAD_HEADER, load_rows, numeric_from=1))
+        out.append(_html_table(rows.load_header(load), load_rows, numeric_from=1))
         notes = rows.load_notes(load)
         if notes:
             out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")

@@ -42,6 +42,18 @@ LOAD_HEADER: Final = (
     *(f"{arm} TPOT p50 ms" for arm in ARMS),
     *(f"{arm} TTFT p99 ms" for arm in ARMS),
 )
+GOODPUT_HEADER: Final = tuple(f"{arm} goodput %" for arm in ARMS)
+
+
+def _has_goodput(load: Load | None) -> bool:
+    """Whether any stage counted goodput (the spec gave SLOs): only then is it a column."""
+    return load is not None and any(
+        s.goodput_percent is not None for stages in load.arms.values() for s in stages.values()
+    )
+
+
+def load_header(load: Load | None) -> tuple[str, ...]:
+    return (*LOAD_HEADER, *GOODPUT_HEADER) if _has_goodput(load) else LOAD_HEADER
 
 
 def accuracy_rows(acc: Accuracy) -> list[list[str]]:
@@ -240,18 +252,20 @@ def load_rows(load: Load | None) -> list[list[str]]:
     """One row per concurrency level; a stage that is not a measurement reads `error`."""
     if load is None:
         return []
+    goodput = _has_goodput(load)
     out = []
     for level in load.levels:
         stages = {arm: load.arms.get(arm, {}).get(level) for arm in ARMS}
         mark = " (production)" if level == load.production_concurrency else ""
-        out.append(
-            [
-                f"{level}{mark}",
-                *(_stage_cell(s, s.output_tokens_per_s if s else None) for s in stages.values()),
-                *(_stage_cell(s, s.tpot_p50_ms if s else None) for s in stages.values()),
-                *(_stage_cell(s, s.ttft_p99_ms if s else None) for s in stages.values()),
-            ]
-        )
+        row = [
+            f"{level}{mark}",
+            *(_stage_cell(s, s.output_tokens_per_s if s else None) for s in stages.values()),
+            *(_stage_cell(s, s.tpot_p50_ms if s else None) for s in stages.values()),
+            *(_stage_cell(s, s.ttft_p99_ms if s else None) for s in stages.values()),
+        ]
+        if goodput:
+            row += [_stage_cell(s, s.goodput_percent if s else None) for s in stages.values()]
+        out.append(row)
     return out
 
 

@@ -119,7 +119,7 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             "",
             "Load (inference-perf on both arms at once; tok/s and TPOT against concurrency)",
         ]
-        lines += table(rows.LOAD_HEADER, load_rows)
+        lines += table(rows.load_header(load), load_rows)
         for line in rows.load_notes(load):
             lines += _wrap(line)
         charts = rows.load_charts(load)
