@@ -94,9 +94,18 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
     deployment = sim_deployment(
         "sim", env={"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400"}
     )
+    # The recipe (examples/pull-request-placeholder.patch.yaml): the patch kvgate will own is
+    # referenced from the start, as a placeholder that changes nothing, so merging kvgate's pull
+    # request is all the GitOps tool has to apply.
+    placeholder = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sim"}}
+    kustomization = {
+        "resources": ["deployment.yaml"],
+        "patches": [{"path": "kvgate-fp8.patch.yaml"}],
+    }
     base = {
         "apps/sim/deployment.yaml": yaml.safe_dump(deployment),
-        "apps/sim/kustomization.yaml": yaml.safe_dump({"resources": ["deployment.yaml"]}),
+        "apps/sim/kustomization.yaml": yaml.safe_dump(kustomization),
+        PATCH: yaml.safe_dump(placeholder),
     }
     repo = gitea.create_repo("deploy", files=base)
     _render_and_apply(cluster, namespace, base, tmp_path / "v1")
@@ -190,14 +199,8 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
         obj = wait_phase(cluster, namespace, "sim-fp8", {"PullRequestMerged"}, 120)
         merge_sha = obj["status"]["pullRequest"]["mergeSha"]
         assert merge_sha == gitea.branch_head(repo, "main")
-        kustomization = {
-            "resources": ["deployment.yaml"],
-            "patches": [{"path": "kvgate-fp8.patch.yaml"}],
-        }
-        gitea.commit(repo, "main", {"apps/sim/kustomization.yaml": yaml.safe_dump(kustomization)},
-                     "reference kvgate's patch")  # fmt: skip
-        head = gitea.branch_head(repo, "main")
-        files = {p: gitea.file(repo, head, p) for p in (*base, PATCH)}
+        files = {p: gitea.file(repo, merge_sha, p) for p in base}  # the merge commit alone
+        assert files[PATCH] != base[PATCH]  # kvgate's change replaced the placeholder whole
         _render_and_apply(cluster, namespace, files, tmp_path / "v2")
 
         obj = wait_phase(cluster, namespace, "sim-fp8", {"Promoted", "Failed"}, 300)
