@@ -6,7 +6,8 @@ eval and its verdict and is promoted. `second-fp8`, the same change on the other
 `reuseVerdict`, starts its canaries (their image digest, engine version, backend and GPU are
 its key), finds first-fp8's verdict with the same key, and promotes without an eval Job of its
 own: `status.verdict.reusedFrom` names first-fp8 and a `VerdictReused` Event says so. A third,
-`late-fp8` with `maxAge` shorter than first-fp8's age, runs its own eval.
+`late-fp8` with `maxAge` shorter than first-fp8's age, runs its own eval. Then the node is
+relabelled with other GPUs: the promoted verdicts turn Stale, and current again once back.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from support import (
     TERMINAL,
     ScenarioWorld,
     apply,
+    condition,
     container_of,
     event_reasons,
     get,
     rollout,
     sim_deployment,
     wait_deployment_ready,
+    wait_for,
     wait_phase,
 )
 
@@ -117,3 +120,38 @@ def wait_until_older(iso: str, seconds: float) -> None:
     ended = dt.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     while (dt.datetime.now(dt.UTC) - ended).total_seconds() < seconds:
         time.sleep(1.0)
+
+
+@pytest.mark.timeout(300)
+def test_a_move_to_other_gpus_makes_the_promoted_verdicts_stale(world: ScenarioWorld) -> None:
+    # Last in the module: it relabels the node (the fixture removes the label at the end).
+    cluster, ns = world.cluster, world.ns["reuse"]
+    first = wait_phase(cluster, ns, "first-fp8", TERMINAL, 420)
+    assert first["status"]["phase"] == "Promoted"
+    assert condition(first, "Stale").get("status") in (None, "False")
+    # WHEN the pods' node turns out to carry other GPUs (what GPU feature discovery writes
+    # after a node pool change)
+    nodes = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+    for node in nodes:
+        cluster.kubectl("label", node, f"{LABEL}=NVIDIA-H100-80GB-HBM3", "--overwrite")
+
+    def stale(name: str) -> dict[str, Any] | None:
+        obj = get(cluster, ns, "kvr", name) or {}
+        return obj if condition(obj, "Stale").get("status") == "True" else None
+
+    # THEN every verdict reached on the L4 is Stale, naming the GPUs, and nothing is changed
+    for name in ("first-fp8", "second-fp8"):
+        obj = wait_for(lambda name=name: stale(name), 120, f"{name} Stale after the GPU move")
+        message = condition(obj, "Stale")["message"]
+        assert f"GPU {GPU} -> NVIDIA-H100-80GB-HBM3" in message, message
+        assert obj["status"]["phase"] == "Promoted"
+        assert "Stale" in event_reasons(cluster, ns, name)
+    # AND back on the GPUs it was tested on, the verdict is current again
+    for node in nodes:
+        cluster.kubectl("label", node, f"{LABEL}={GPU}", "--overwrite")
+
+    def fresh() -> dict[str, Any] | None:
+        obj = get(cluster, ns, "kvr", "first-fp8") or {}
+        return obj if condition(obj, "Stale").get("status") == "False" else None
+
+    wait_for(fresh, 120, "first-fp8 current again on the L4")
