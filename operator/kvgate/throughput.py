@@ -98,16 +98,21 @@ def tpot_clause(
     return f"TPOT {k.tpot_p50_ms / c.tpot_p50_ms - 1:+.0%} at {c.concurrency} concurrent"
 
 
+def _per_arm(
+    title: str, control: float | None, candidate: float | None, labels: tuple[str, str], unit: str
+) -> str | None:
+    """`title: control N, candidate M` (None unless both are known)."""
+    if control is None or candidate is None:
+        return None
+    ctl, cand = labels
+    return f"{title}: {ctl} {control:,.0f}{unit}, {cand} {candidate:,.0f}{unit}"
+
+
 def preemption_clause(control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str]) -> str | None:
     """How often each engine preempted (or retracted) requests over the load: the pool running
     out, seen from the engine's side. None unless both counts are known."""
-    if control.preemptions is None or candidate.preemptions is None:
-        return None
-    ctl, cand = labels
-    return (
-        f"preemptions during the load: {ctl} {control.preemptions:,.0f}, "
-        f"{cand} {candidate.preemptions:,.0f}"
-    )
+    title = "preemptions during the load"
+    return _per_arm(title, control.preemptions, candidate.preemptions, labels, "")
 
 
 def goodput_clause(
@@ -115,14 +120,12 @@ def goodput_clause(
 ) -> str | None:
     """The share of production-load requests that met every SLO, per arm (inference-perf's
     goodput). None unless the spec gave SLOs and both arms' stages were measured."""
-    if control is None or candidate is None:
-        return None
-    if control.goodput_percent is None or candidate.goodput_percent is None:
-        return None
-    ctl, cand = labels
-    return (
-        f"requests within the SLOs: {cand} {candidate.goodput_percent:.0f}%, "
-        f"{ctl} {control.goodput_percent:.0f}%"
+    return _per_arm(
+        "requests within the SLOs",
+        control.goodput_percent if control is not None else None,
+        candidate.goodput_percent if candidate is not None else None,
+        labels,
+        "%",
     )
 
 

@@ -226,7 +226,7 @@ def test_the_line_says_how_many_requests_met_the_slos_at_production_load() -> No
     # THEN the one line says it per arm, next to the gain
     assert finding.result.message.startswith(
         "at production load 32: 2,100 tok/s vs 1,558 tok/s, +35% (at least 1.3x asked); "
-        "requests within the SLOs: FP8 98%, BF16 41%; TPOT +3% at 32 concurrent"
+        "requests within the SLOs: BF16 41%, FP8 98%; TPOT +3% at 32 concurrent"
     ), finding.result.message
     # AND without SLOs (no goodput counted) the line has no such clause
     plain = assess_throughput(GATE, FIELD, labels=LABELS)
