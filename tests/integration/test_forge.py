@@ -167,6 +167,24 @@ def _kustomize_at(gitea: LoopbackGitea, repo: str, sha: str, tmp_path: Path) -> 
     assert container["env"] == [{"name": "VLLM_ATTENTION_BACKEND", "value": "TRITON_ATTN"}]
 
 
+def test_a_placeholder_on_the_base_branch_is_replaced_by_the_pull_request(
+    gitea: LoopbackGitea, forge: GiteaForge, tmp_path: Path
+) -> None:
+    # The recipe (examples/pull-request-placeholder.patch.yaml): the path kvgate owns holds a
+    # no-op patch from the start, so the kustomization renders before kvgate's first PR.
+    placeholder = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llama\n"
+    repo = gitea.create_repo(f"deploy-{next(_repos)}", {**BASE_FILES, PATCH_PATH: placeholder})
+    pr = forge.open_or_update_pull_request(
+        repo, "main", BRANCH, {PATCH_PATH: _patch("k2")}, "FP8", "b"
+    )
+    assert (pr.created, pr.committed) == (True, True)
+    assert gitea.file(repo, "main", PATCH_PATH) == placeholder
+    gitea.merge(repo, pr.number)
+    merged = forge.pull_request_state(repo, pr.number)
+    assert merged.merge_sha is not None
+    _kustomize_at(gitea, repo, merged.merge_sha, tmp_path)  # the tested change, rendered
+
+
 def test_closed_unmerged_reads_closed(gitea: LoopbackGitea, forge: GiteaForge, repo: str) -> None:
     pr = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"

@@ -311,6 +311,20 @@ PROVIDERS = pytest.mark.parametrize("kind", ["github", "gitlab"])
 
 
 @PROVIDERS
+def test_a_file_already_on_the_base_branch_is_replaced_whole(kind: str) -> None:
+    # The recipe commits a placeholder at the path kvgate owns (kustomize refuses a missing
+    # patch file): the first pull request updates it, as the forges require for a path that
+    # exists (GitHub: the blob's sha; GitLab: an update action), instead of creating it.
+    fake = FakeForge(kind)
+    fake.files[("main", PATCH_PATH)] = b"placeholder\n"
+    forge = _forge(fake)
+    pr = forge.open_or_update_pull_request(REPO, "main", BRANCH, {PATCH_PATH: "v1\n"}, "T", "B")
+    assert (pr.number, pr.created, pr.committed) == (1, True, True)
+    assert fake.files[(BRANCH, PATCH_PATH)] == b"v1\n"
+    assert fake.files[("main", PATCH_PATH)] == b"placeholder\n"  # main changes only by a merge
+
+
+@PROVIDERS
 def test_open_update_and_states(kind: str) -> None:
     fake = FakeForge(kind)
     forge = _forge(fake)

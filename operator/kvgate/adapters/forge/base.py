@@ -254,7 +254,10 @@ class RestForge:
         if self._branch_head(repo, branch) is None:
             if self._branch_head(repo, base) is None:
                 raise ForgeError(repo, f"base branch {base!r} does not exist")
-            changes = {path: (data, None) for path, data in wanted.items()}
+            # A file already on the base branch (the placeholder the recipes commit) is updated:
+            # the forges refuse to create a path that exists.
+            for path, data in wanted.items():
+                changes[path] = (data, self._read_file(repo, base, path)[1])
             self._commit(repo, branch, base, changes, title)
             committed = True
         else:
