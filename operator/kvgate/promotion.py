@@ -179,6 +179,25 @@ def revert(
     return out
 
 
+def _config(container: Mapping[str, Any]) -> dict[str, Any]:
+    """command, args and env (by name) of a container: what a config is, order of env aside."""
+    return {"command": _list(container, "command"), "args": _list(container, "args"),
+            "env": _env(container)}  # fmt: skip
+
+
+def changed_around(
+    live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
+) -> list[str]:
+    """The fields (command, args, env) in which the live container is neither the tested
+    candidate nor the config before the rollout: something other than kvgate's change (a backend
+    env edit, another arg) now runs with it, or instead of part of it. Empty for the candidate
+    and for the previous config (a change not applied yet, or taken out: not a new config)."""
+    now, tested, before = _config(live), _config(candidate), _config(previous)
+    if now in (tested, before):
+        return []
+    return [k for k in ("command", "args", "env") if now[k] != tested[k]]
+
+
 def guarded_view(container: Mapping[str, Any]) -> dict[str, Any]:
     """Image, command, args and env (with valueFrom): what must not change before promotion."""
     return {k: copy.deepcopy(container[k]) for k in GUARDED if k in container}

@@ -4,7 +4,8 @@ A verdict is only valid for the engine it tested: FP8 KV behaviour has changed b
 versions and GPUs. The key names what the verdict was reached on (the image by digest, the
 engine and its version, the model and revision, the KV dtype, the attention backend the engine
 chose, the GPU product and count, the tested args/env, the eval policy). After the verdict, a live key that differs in any
-field it can read makes the verdict stale.
+field it can read makes the verdict stale: the image, its digest, the GPUs, or a config that is
+neither the tested one nor the one before the rollout (a backend env edit).
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class LiveKey:
     # Of those pods: their nodes' GPU products and their containers' GPU counts (known ones only)
     gpu_products: frozenset[str] = frozenset()
     gpu_counts: frozenset[int] = frozenset()
+    # The Deployment's command/args/env fields that are neither the tested config nor the one
+    # before the rollout (promotion.changed_around): the config runs changed around the test
+    config_changed: tuple[str, ...] = ()
 
 
 def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
@@ -108,6 +112,8 @@ def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
         changed.append("gpuProduct")
     if key.gpu_count is not None and any(n != key.gpu_count for n in live.gpu_counts):
         changed.append("gpuCount")
+    if key.config and live.config_changed:
+        changed.append("config")
     return tuple(changed)
 
 
@@ -119,7 +125,7 @@ def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
     return (
         True,
         Reason.STALE,
-        f"the verdict was reached on another engine or GPU than runs now "
+        f"the verdict was reached on another engine, GPU or config than runs now "
         f"({describe(changed, key, live)}); create the rollout again to evaluate what runs",
     )
 
@@ -138,6 +144,9 @@ def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
         elif name == "gpuCount":
             counts = sorted(n for n in live.gpu_counts if n != key.gpu_count)
             parts.append(f"GPU count {key.gpu_count} -> {', '.join(map(str, counts))}")
+        elif name == "config":
+            fields = "/".join(live.config_changed)
+            parts.append(f"{fields} of the Deployment changed from the tested config")
     return "; ".join(parts)
 
 

@@ -452,7 +452,7 @@ def test_applied_on_another_image_digest_is_not_promoted(monkeypatch: pytest.Mon
     w.gitops_applies()
     w.reconcile()
     assert w.phase == "PullRequestMerged"
-    assert "another engine or GPU than the verdict tested" in w.status["message"]
+    assert "another engine, GPU or config than the verdict tested" in w.status["message"]
     assert "image digest" in w.status["message"]
 
 

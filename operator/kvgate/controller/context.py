@@ -313,11 +313,15 @@ def live_key(ctx: Ctx) -> verdictkey.LiveKey:
         if (count := kubeobjects.gpu_count(spec)) is not None:
             counts.add(count)
     image = found[1].get("image") if found else None
+    config = status_view(ctx, found[1]) if found else None
     return verdictkey.LiveKey(
         image=image,
         image_digests=frozenset(digests),
         gpu_products=frozenset(products),
         gpu_counts=frozenset(counts),
+        config_changed=tuple(promotion.changed_around(config, previous, candidate))
+        if config is not None and candidate
+        else (),
     )
 
 

@@ -281,7 +281,7 @@ def apply_gap(ctx: Ctx, live: LiveTarget | None) -> str | None:
         changed = verdictkey.stale_fields(key, running)
         if changed:
             return (
-                "the pods run another engine or GPU than the verdict tested "
+                "the pods run another engine, GPU or config than the verdict tested "
                 f"({verdictkey.describe(changed, key, running)})"
             )
     return None
