@@ -5,11 +5,10 @@ the config before the rollout, which is not a new config."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import pytest
-from test_controller import World, _argocd_health, _drift_check
+from test_controller import World, _argocd_health, _drift_check, passing_gate
 
 from kvgate import promotion, verdictkey
 from kvgate.verdictkey import LiveKey, VerdictKey
@@ -84,12 +83,7 @@ def test_a_gate_closes_again_when_git_edits_the_backend_env(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # GIVEN a passing gate, and Git applying the tested change
-    world = World(monkeypatch, promotion={"mode": "gate"})
-    for _ in range(200):
-        world.reconcile()
-        if (world.obj.get("status") or {}).get("reason") == "VerdictReported":
-            break
-        world.now += dt.timedelta(seconds=5)
+    world = passing_gate(monkeypatch)
     before = _drift_check(world).get("Stale") or {}  # before the sync: nothing new runs
     assert before.get("status") in (None, "False")
     tested = world.candidate()

@@ -1311,15 +1311,21 @@ def test_an_unreadable_digest_is_no_evidence_of_staleness(monkeypatch: pytest.Mo
     assert _drift_check(world)["Stale"]["status"] == "False"
 
 
-def test_a_gate_reopened_by_git_closes_again_when_the_engine_image_moves(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def passing_gate(monkeypatch: pytest.MonkeyPatch) -> World:
+    """A gate-mode rollout reconciled until its verdict passed (the gate is open)."""
     world = World(monkeypatch, promotion={"mode": "gate"})
     for _ in range(200):
         world.reconcile()
         if (world.obj.get("status") or {}).get("reason") == "VerdictReported":
             break
         world.now += dt.timedelta(seconds=5)
+    return world
+
+
+def test_a_gate_reopened_by_git_closes_again_when_the_engine_image_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = passing_gate(monkeypatch)
     assert handlers._has_verdict_in_force(world.obj["status"])
     tested = world.candidate()
     world.kube.edit_container("vllm", args=tested["args"], env=tested.get("env"))  # Git applies it
