@@ -12,7 +12,8 @@ newer spec starts after its end.
 from __future__ import annotations
 
 import dataclasses
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from kvgate import proposing
 from kvgate.model import Phase, PromotionMode, PullRequestState
@@ -32,6 +33,15 @@ SUPERSEDABLE: Final = frozenset(
         Phase.PULL_REQUEST_OPEN,
     }
 )
+
+
+def newer_generation(status: Mapping[str, Any], generation: int | None) -> int | None:
+    """`generation` when it is newer than the one the run in `status` evaluates (runGeneration;
+    a status from before it was recorded: observedGeneration); None when the same or unknown."""
+    run = status.get("runGeneration", status.get("observedGeneration"))
+    if isinstance(run, int) and isinstance(generation, int) and generation > run:
+        return generation
+    return None
 
 
 def merged(recorded: PullRequestStatus | None) -> bool:

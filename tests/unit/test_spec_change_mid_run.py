@@ -318,3 +318,21 @@ def test_a_new_spec_after_the_end_starts_a_run_that_keeps_nothing_of_the_last(
     assert w.run() == "Promoted"
     w.assert_invariant()
     assert env_of(w.kube.container())["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("status", "generation", "newer"),
+    [
+        ({"runGeneration": 1, "observedGeneration": 3}, 3, 3),  # edited while it had to finish
+        ({"runGeneration": 3, "observedGeneration": 3}, 3, None),
+        ({"observedGeneration": 2}, 3, 3),  # a status from before runGeneration
+        ({}, 3, None),
+        ({"runGeneration": "1"}, 3, None),  # an edited status: unknown, never a new run
+        ({"runGeneration": 4}, 3, None),  # never backwards
+        ({"runGeneration": 1}, None, None),
+    ],
+)
+def test_newer_generation_reads_only_what_it_can_trust(
+    status: dict[str, Any], generation: int | None, newer: int | None
+) -> None:
+    assert superseding.newer_generation(status, generation) == newer

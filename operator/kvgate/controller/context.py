@@ -14,7 +14,7 @@ from typing import Any, Final, Protocol
 
 import kopf
 
-from kvgate import kubeobjects, manifests, promotion, proposing, redact, verdictkey
+from kvgate import kubeobjects, manifests, promotion, proposing, redact, superseding, verdictkey
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KubeError, KvgateError
@@ -219,17 +219,8 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         revert_error=revert.get("lastError"),
         remedy_attempts=int((ctx.status.get("remediation") or {}).get("attempt") or 0),
         pull_request=proposing.recorded(ctx.status),
-        spec_changed_to=newer_generation(ctx.status, ctx.generation),
+        spec_changed_to=superseding.newer_generation(ctx.status, ctx.generation),
     )
-
-
-def newer_generation(status: Mapping[str, Any], generation: int | None) -> int | None:
-    """`generation` when it is newer than the one the run in `status` evaluates (runGeneration;
-    a status from before it was recorded: observedGeneration); None when the same or unknown."""
-    run = status.get("runGeneration", status.get("observedGeneration"))
-    if isinstance(run, int) and isinstance(generation, int) and generation > run:
-        return generation
-    return None
 
 
 def describe(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import machine, verdictkey
+from kvgate import machine, superseding, verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context
@@ -40,7 +40,6 @@ from kvgate.controller.context import (
     describe,
     live_key,
     live_target,
-    newer_generation,
     parse_spec,
     read_state,
 )
@@ -137,7 +136,7 @@ def reconcile(
     phase = Phase(status.get("phase") or Phase.PENDING.value)
     generation = meta.get("generation")
     if ended(phase, status.get("reason")):
-        if newer_generation(status, generation) is None:
+        if superseding.newer_generation(status, generation) is None:
             if status.get("pendingActions"):  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
@@ -200,7 +199,7 @@ def reconcile(
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
         done = done.then(act_best_effort(ctx.seeing(done), step))
-    written = write_status(ctx, patch, old, phase, step, done, cleared=cleared)
+    written = write_status(ctx, patch, old, phase, step, done, new_run=bool(cleared))
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason.permanent:

@@ -95,10 +95,11 @@ def write_status(
     step: Step,
     done: StatusUpdate,
     *,
-    cleared: Mapping[str, None] | None = None,
+    new_run: bool = False,
 ) -> dict[str, Any]:
-    """Patch the step's status by what changed from `old` (the body's status; `cleared`: keys a
-    new spec removes); `ctx.status` is the status this reconcile started from and `done` what
+    """Patch the step's status by what changed from `old` (the body's status; `new_run`: a new
+    spec after the end starts from an empty status); `ctx.status` is the status this reconcile
+    started from and `done` what
     its stages found and did. Post the step's Events, metrics and, on the first finish, the
     report. Returns the status written."""
     deployment = (ctx.reads.deployment or {}).get("metadata", {}).get("generation")
@@ -111,7 +112,7 @@ def write_status(
     status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
                   generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
                   approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
-    if cleared or step.new_run:  # a new run: its status replaces the last one whole
+    if new_run or step.new_run:  # a new run: its status replaces the last one whole
         patch_status(patch, old, merge_patch(old, status))
     else:
         patch_status(patch, old, status)
