@@ -252,6 +252,14 @@ class Operator:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+# Production's traffic (KVGATE_SIM_LOAD) reaches only pods with the Deployment's `app` label,
+# as through a Service: kvgate's canaries copy the env but not the label, so they get none.
+SERVICE_LABEL = {
+    "name": "KVGATE_SIM_SERVICE_LABEL",
+    "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}},
+}
+
+
 def sim_deployment(
     name: str,
     *,
@@ -289,7 +297,8 @@ def sim_deployment(
                             "image": "vllm/vllm-openai:v0.11.0",
                             "command": command,
                             "args": args or ["--max-model-len", "8192"],
-                            "env": [{"name": k, "value": v} for k, v in base_env.items()],
+                            "env": [{"name": k, "value": v} for k, v in base_env.items()]
+                            + [SERVICE_LABEL],
                             "readinessProbe": {
                                 "httpGet": {"path": "/health", "port": port},
                                 "periodSeconds": 1,

@@ -163,6 +163,30 @@ def test_synthetic_load_fills_the_pool_and_queues(sim) -> None:
     assert response.status_code == 200
 
 
+def test_a_pod_no_service_selects_gets_no_production_traffic(sim) -> None:
+    # GIVEN production's traffic in the env, copied into a canary whose labels (kvgate's) lack
+    # the one production's Service selects: the downward API gives an empty value
+    load = "concurrency=64,prompt=2000,output=400"
+    canary = sim(
+        SERVE,
+        {"KVGATE_SIM_LOAD": load, "KVGATE_SIM_SPEED": "0.01", "KVGATE_SIM_SERVICE_LABEL": ""},
+    )
+    production = sim(
+        SERVE,
+        {"KVGATE_SIM_LOAD": load, "KVGATE_SIM_SPEED": "0.01", "KVGATE_SIM_SERVICE_LABEL": "vllm"},
+    )
+    time.sleep(1.5)
+    # THEN the canary serves nothing but what is sent to it; production is under its load
+    idle, busy = scrape(canary), scrape(production)
+    assert value(idle, "vllm:num_requests_running") + value(idle, "vllm:num_requests_waiting") == 0
+    assert value(idle, "vllm:kv_cache_usage_perc") == 0
+    assert value(busy, "vllm:num_requests_running") + value(busy, "vllm:num_requests_waiting") == 64
+    response = httpx.post(
+        canary.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60
+    )
+    assert response.status_code == 200
+
+
 def test_requests_beyond_capacity_wait_and_get_preempted(sim) -> None:
     # GIVEN a pool of ~2,600 tokens and 12 requests of ~600 + 300 tokens each
     engine = sim(

@@ -74,6 +74,22 @@ def test_faults_and_load() -> None:
 
 
 @pytest.mark.parametrize(
+    ("label", "traffic"),
+    [(None, True), ("vllm", True), ("", False), ("  ", False)],
+)
+def test_production_traffic_reaches_only_pods_a_service_selects(
+    label: str | None, traffic: bool
+) -> None:
+    environ = {"KVGATE_SIM_LOAD": "concurrency=8"}
+    if label is not None:
+        environ["KVGATE_SIM_SERVICE_LABEL"] = label
+    env = read_env("vllm", environ)
+    assert env.load is not None  # the spec is read either way
+    assert (env.production_traffic is env.load) is traffic
+    assert (env.production_traffic is None) is not traffic
+
+
+@pytest.mark.parametrize(
     ("environ", "message"),
     [
         ({"KVGATE_SIM_GPU": "T4"}, "KVGATE_SIM_GPU: unknown GPU 'T4' (known: L4, A100, H100)"),

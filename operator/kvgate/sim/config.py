@@ -231,6 +231,23 @@ class SimEnv:
     logprob_jitter: float = 0.02
     niah_accuracy: float = 0.97
     dcgm: DcgmSpec = field(default_factory=DcgmSpec)
+    # Does production's Service route to this pod? Production traffic (`load`) reaches only
+    # such pods: kvgate's canaries carry its labels instead of the Deployment's, so no Service
+    # selects them and, like a real engine's canary, they serve only what is sent to them.
+    in_service: bool = True
+
+    @property
+    def production_traffic(self) -> LoadSpec | None:
+        """The synthetic production traffic this pod gets (None: none)."""
+        return self.load if self.in_service else None
+
+
+def in_service(environ: Mapping[str, str]) -> bool:
+    """`KVGATE_SIM_SERVICE_LABEL`: the value of the label production's Service selects, given
+    through the downward API (`fieldRef: metadata.labels['app']`). Set and empty means the pod
+    lacks that label, so no Service routes to it; unset means routed (a bare process)."""
+    value = environ.get("KVGATE_SIM_SERVICE_LABEL")
+    return value is None or bool(value.strip())
 
 
 def parse_version(text: str, variable: str = "KVGATE_SIM_ENGINE_VERSION") -> tuple[int, ...]:
@@ -444,4 +461,5 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
         logprob_jitter=_float(environ, "KVGATE_SIM_LOGPROB_JITTER", 0.02, 0.0, 10.0),
         niah_accuracy=_float(environ, "KVGATE_SIM_NIAH_ACCURACY", 0.97, 0.0, 1.0),
         dcgm=parse_dcgm(environ.get("KVGATE_SIM_DCGM", ""), gpu),
+        in_service=in_service(environ),
     )

@@ -284,8 +284,8 @@ class Runner:
                 app.registry = build_registry(collector)
             app.server_info = self._server_info(startup)
         scheduler.start()
-        if env.load is not None:
-            SyntheticLoad(scheduler, env.load).start()
+        if env.production_traffic is not None:
+            SyntheticLoad(scheduler, env.production_traffic).start()
         return scheduler
 
     def _server_info(self, startup: SglangStartup) -> dict[str, object]:
