@@ -122,8 +122,9 @@ def test_tpot_histogram_can_be_shown_in_012_to_014(sim) -> None:
     assert "vllm:time_per_output_token_seconds" in scrape(engine)
 
 
-def test_fp8_decodes_long_contexts_faster(sim) -> None:
-    """Inter-token latency follows the bytes of KV read per step; FP8 reads half."""
+def test_fp8_reads_half_the_kv_and_pays_for_dequantizing_it(sim) -> None:
+    """Inter-token latency follows the bytes of KV read per step; FP8 reads half but
+    dequantizes what it reads, which costs a little more than it saves (the field report)."""
     load = {"KVGATE_SIM_LOAD": "concurrency=8,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.01"}
     bf16 = sim(SERVE, load)
     fp8 = sim([*SERVE, "--kv-cache-dtype", "fp8"], load)
@@ -135,8 +136,9 @@ def test_fp8_decodes_long_contexts_faster(sim) -> None:
         count = next(s.value for s in itl.samples if s.name.endswith("_count"))
         assert count > 100
         means.append(total / count)
-    # an L4 reads ~16 GiB of weights per step (~70 ms); 8 x 2,000+ tokens of BF16 KV add ~10%
-    assert 0.05 < means[1] < means[0] < 0.1
+    # an L4 reads ~16 GiB of weights per step (~70 ms); 8 x 2,000+ tokens of BF16 KV add ~10%,
+    # FP8 half that plus its dequantization: a few percent slower per token
+    assert 0.05 < means[0] < means[1] < means[0] * 1.05 < 0.1
 
 
 def test_synthetic_load_fills_the_pool_and_queues(sim) -> None:

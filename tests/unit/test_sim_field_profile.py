@@ -24,12 +24,14 @@ def scheduler(gpu_name: str, fp8: bool) -> Scheduler:
     )  # fmt: skip
 
 
-def one_round(fp8: bool, concurrency: int) -> tuple[float, float, int]:
+def one_round(
+    fp8: bool, concurrency: int, gpu: str = "FIELD", prompt: int = PROMPT, output: int = OUTPUT
+) -> tuple[float, float, int]:
     """Engine-time output tok/s, mean TPOT and preemptions of `concurrency` requests sent at once
     (the steps are driven directly: no thread, no wall clock)."""
-    engine = scheduler("FIELD", fp8)
+    engine = scheduler(gpu, fp8)
     requests = [
-        Request(prompt_tokens=PROMPT, pieces=[" x"] * OUTPUT, finish_reason="length")
+        Request(prompt_tokens=prompt, pieces=[" x"] * output, finish_reason="length")
         for _ in range(concurrency)
     ]
     engine._waiting.extend(requests)
@@ -37,10 +39,10 @@ def one_round(fp8: bool, concurrency: int) -> tuple[float, float, int]:
         engine._tick()
     end = max(r.finished_at or 0.0 for r in requests)
     tpot = (
-        sum(((r.finished_at or 0.0) - (r.first_token or 0.0)) / (OUTPUT - 1) for r in requests)
+        sum(((r.finished_at or 0.0) - (r.first_token or 0.0)) / (output - 1) for r in requests)
         / concurrency
     )
-    return concurrency * OUTPUT / end, tpot, engine.stats.preemptions
+    return concurrency * output / end, tpot, engine.stats.preemptions
 
 
 def test_field_is_opt_in_and_its_pools_are_the_reports() -> None:
@@ -66,12 +68,43 @@ def test_decode_step_grows_with_kv_bytes_and_batch_and_fp8_pays_for_dequantizing
     assert 1.0 < kv_fp8 / kv_bf16 < 1.5
 
 
-def test_spec_sheet_gpus_pay_no_fitted_costs() -> None:
-    for gpu in GPUS.values():
-        assert gpu.step_overhead_s == gpu.seq_overhead_s == gpu.fp8_dequant_s_per_token == 0.0
-    l4 = scheduler("L4", True)
+def test_spec_sheet_gpus_pay_only_the_field_fits_fp8_dequantization() -> None:
+    fp8_read = {}
+    for gpu in [*GPUS.values(), FIELD]:
+        # dequantizing costs the same multiple of reading the token's FP8 bytes everywhere
+        fp8_read[gpu.name] = gpu.fp8_dequant_s_per_token / (
+            QWEN3_8B.kv_bytes_per_token(1) / (gpu.bandwidth_gbs * 1e9 * 0.8)
+        )
+        if gpu is not FIELD:
+            assert gpu.step_overhead_s == gpu.seq_overhead_s == 0.0
+    assert list(fp8_read.values()) == pytest.approx([fp8_read["FIELD"]] * len(fp8_read))
+    assert 1.3 < fp8_read["FIELD"] < 1.6
+    l4, l4_bf16 = scheduler("L4", True), scheduler("L4", False)
     bytes_read = QWEN3_8B.weights_gib * (1 << 30) + 2_000 * QWEN3_8B.kv_bytes_per_token(1)
-    assert l4.step_seconds([2_000], 0) == pytest.approx(bytes_read / l4._bandwidth)
+    dequant = 2_000 * GPUS["L4"].fp8_dequant_s_per_token
+    assert l4.step_seconds([2_000], 0) == pytest.approx(bytes_read / l4._bandwidth + dequant)
+    bf16_bytes = QWEN3_8B.weights_gib * (1 << 30) + 2_000 * QWEN3_8B.kv_bytes_per_token(2)
+    assert l4_bf16.step_seconds([2_000], 0) == pytest.approx(bf16_bytes / l4._bandwidth)
+
+
+def test_the_demos_l4_has_the_field_reports_shape_at_the_demos_load() -> None:
+    # examples/vllm-deployment.yaml: 2,000 + 400 tokens; the BF16 pool holds 8 such requests
+    def run(fp8: bool, concurrency: int) -> tuple[float, float, int]:
+        return one_round(fp8, concurrency, gpu="L4", prompt=2_000, output=400)
+
+    for concurrency in (1, 8):  # both pools hold them: FP8 a few percent slower per token
+        (bf16, bf16_tpot, bf16_pre), (fp8, fp8_tpot, _) = (
+            run(False, concurrency),
+            run(True, concurrency),
+        )
+        assert bf16_pre == 0
+        assert 1.0 < fp8_tpot / bf16_tpot < 1.05, concurrency
+        assert bf16 > fp8
+    # at the demo's 64 BF16 runs 8 at a time and preempts; FP8 runs twice as many
+    bf16_64, _, bf16_pre_64 = run(False, 64)
+    fp8_64, _, _ = run(True, 64)
+    assert bf16_pre_64 > 0
+    assert 1.5 < fp8_64 / bf16_64 < 2.0
 
 
 def test_engine_time_has_the_field_reports_shape() -> None:
