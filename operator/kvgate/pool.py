@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from kvgate.errors import SpecError
+from kvgate.jsonrecord import write
 from kvgate.metrics import MetricSnapshot, counter_increase
+from kvgate.status import PressureRecord
 
 MIN_SAMPLES: Final = 3
 
@@ -46,6 +48,24 @@ class PoolPressure:
             "min_fraction": self.min_fraction,
             "reasons": list(self.reasons),
         }
+
+    def status_record(self) -> dict[str, Any]:
+        """As status keeps it (`status.PressureRecord`: camelCase, nulls left out)."""
+        record = PressureRecord(
+            pressured=self.pressured,
+            samples=self.samples,
+            pressured_samples=self.pressured_samples,
+            fraction=self.fraction,
+            min_fraction=self.min_fraction,
+            usage_threshold=self.usage_threshold,
+            mean_usage=self.mean_usage,
+            max_usage=self.max_usage,
+            mean_waiting=self.mean_waiting,
+            preemptions=self.preemptions,
+            reasons=self.reasons,
+        )
+        out: dict[str, Any] = write(record)
+        return out
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate import poolsample
+
 # Bounds: a regression must be clear, not noise. Each is the larger of a ratio and a floor.
 WAITING_RATIO, WAITING_FLOOR = 2.0, 8.0  # requests waiting
 TTFT_RATIO, TTFT_FLOOR_S = 2.0, 0.25  # mean time to first token, seconds
@@ -74,13 +76,13 @@ def baseline_from_preflight(series: Mapping[str, Sequence[Mapping[str, Any]]]) -
     waiting: list[float] = []
     ttfts: list[float] = []
     for samples in series.values():
-        rows = [s for s in samples if isinstance(s, Mapping)]
-        waiting += [w for s in rows if (w := _number(s.get("waiting"))) is not None]
+        rows = [poolsample.sample_of(s) for s in samples if isinstance(s, Mapping)]
+        waiting += [w for s in rows if (w := _number(s.waiting)) is not None]
         if len(rows) < 2:
             continue
         first, last = rows[0], rows[-1]
-        total = _delta(_number(first.get("ttft_sum")), _number(last.get("ttft_sum")))
-        count = _delta(_number(first.get("ttft_count")), _number(last.get("ttft_count")))
+        total = _delta(_number(first.ttft_sum), _number(last.ttft_sum))
+        count = _delta(_number(first.ttft_count), _number(last.ttft_count))
         if total is not None and count and count >= MIN_TTFT_REQUESTS:
             ttfts.append(total / count)
     return Baseline(

@@ -141,6 +141,7 @@ class PoolSample:
     kv_usage: float | None = None
     running: float | None = None
     waiting: float | None = None
+    retracted: float | None = None  # SGLang's requests retracted (its preemption), a gauge
     preemptions: float | None = None
     ttft_sum: float | None = None
     ttft_count: float | None = None

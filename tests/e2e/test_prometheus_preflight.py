@@ -189,7 +189,7 @@ def test_a_kv_bound_production_passes_preflight_from_prometheus(world: World) ->
     assert series["metric"]["pod"].startswith("pressure-")
     peak = float(series["value"][1])
     assert peak >= 0.9
-    assert peak >= pre["pressure"]["max_usage"] - 1e-9, (peak, pre)
+    assert peak >= pre["pressure"]["maxUsage"] - 1e-9, (peak, pre)
 
 
 @pytest.mark.timeout(300)

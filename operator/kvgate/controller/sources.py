@@ -116,19 +116,10 @@ def scan_checkpoint(
 
 
 def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
-    """What status keeps of one pool sample: the pool fields and the TTFT totals."""
-    from kvgate import metrics
+    """What status keeps of one pool sample (`poolsample.record`)."""
+    from kvgate import poolsample
 
-    # Nulls are left out (merge-patch drops them); whole floats as the apiserver stores them.
-    sample = {k: json_number(v) for k, v in metrics.pool_sample(snap).items()}
-    if snap.ttft is not None:  # the verify window's latency baseline
-        sample.update(ttft_sum=json_number(snap.ttft.sum), ttft_count=json_number(snap.ttft.count))
-    # Production's request lengths so far (the load Job's workload: throughput.request_lengths)
-    for prefix, lengths in (("prompt", snap.prompt_lengths), ("output", snap.output_lengths)):
-        if lengths is not None:
-            sample[f"{prefix}_len_sum"] = json_number(lengths.sum)
-            sample[f"{prefix}_len_count"] = json_number(lengths.count)
-    return sample
+    return poolsample.record(snap)
 
 
 def pool_history(
@@ -198,16 +189,15 @@ def pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
 ) -> tuple[bool | None, str, dict[str, Any]]:
     """The pool verdict over the samples kept in status."""
-    from kvgate import metrics, pool
+    from kvgate import pool, poolsample
 
     snapshots = {
-        pod: [metrics.snapshot_from_pool_sample(s) for s in samples]
-        for pod, samples in series.items()
+        pod: [poolsample.snapshot_of(s) for s in samples] for pod, samples in series.items()
     }
     pressured, detail, results = pool.pool_pressure_across_replicas(
         snapshots, usage_threshold=usage_threshold
     )
-    return pressured, detail, {pod: r.to_dict() for pod, r in results.items()}
+    return pressured, detail, {pod: r.status_record() for pod, r in results.items()}
 
 
 def pod_log(

@@ -1,0 +1,54 @@
+"""What does status keep of one scrape of a production pod, and how is it read back?
+
+A scrape is kept as a `status.PoolSample` (camelCase, nulls left out, whole floats as ints as the
+apiserver stores them): the pool fields pool pressure reads, the TTFT totals (the verify window's
+baseline) and the request-length totals (the load Job's workload). Reading is total and takes
+either spelling, so a status an earlier release wrote (snake_case) reads the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvgate import metrics
+from kvgate.jsonrecord import MISSING, read, write
+from kvgate.status import PoolSample
+
+
+def _whole(value: Any) -> Any:
+    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
+    """The status record of one scrape."""
+    ttft, prompt, output = snap.ttft, snap.prompt_lengths, snap.output_lengths
+    sample = PoolSample(
+        engine=snap.engine,
+        kv_usage=snap.kv_usage,
+        running=snap.running,
+        waiting=snap.waiting,
+        retracted=snap.retracted,
+        preemptions=snap.preemptions,
+        ttft_sum=None if ttft is None else ttft.sum,
+        ttft_count=None if ttft is None else ttft.count,
+        prompt_len_sum=None if prompt is None else prompt.sum,
+        prompt_len_count=None if prompt is None else prompt.count,
+        output_len_sum=None if output is None else output.sum,
+        output_len_count=None if output is None else output.count,
+    )
+    return {k: _whole(v) for k, v in write(sample).items()}
+
+
+def sample_of(raw: object) -> PoolSample:
+    """A kept sample, read whatever its spelling; anything unreadable reads as empty."""
+    sample = read(PoolSample, raw, 0)
+    return PoolSample() if sample is MISSING else sample
+
+
+def snapshot_of(raw: object) -> metrics.MetricSnapshot:
+    """A kept sample as the pool fields of a snapshot (what pool pressure reads)."""
+    sample = sample_of(raw)
+    return metrics.snapshot_from_pool_sample(
+        {k: v for k in metrics.POOL_SAMPLE_FIELDS if (v := getattr(sample, k)) is not None}
+    )

@@ -1,0 +1,82 @@
+"""kvgate.poolsample: what status keeps of a scrape of a production pod, and reading it back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_crd_status_schema import assert_kept
+
+from kvgate import poolsample
+from kvgate.controller.sources import pool_verdict
+from kvgate.metrics import Histogram, MetricSnapshot
+from kvgate.pool import pool_pressure
+from kvgate.production import baseline_from_preflight
+
+
+def scrape(engine: str = "sglang", **values: Any) -> MetricSnapshot:
+    base: dict[str, Any] = {
+        "engine": engine, "kv_usage": 0.95, "running": 12.0, "waiting": 3.0, "retracted": None,
+        "preemptions": None, "generation_tokens": None, "prompt_tokens": None,
+        "max_total_tokens": None, "ttft": None, "itl": None, "tpot": None, "cache_config": {},
+        "names": {},
+    }  # fmt: skip
+    return MetricSnapshot(**{**base, **values})
+
+
+def test_a_scrape_is_kept_camel_case_whole_floats_as_ints_and_nulls_left_out() -> None:
+    snap = scrape(
+        retracted=2.0,
+        ttft=Histogram((), 6.5, 40.0),
+        prompt_lengths=Histogram((), 80_000.0, 40.0),
+        output_lengths=Histogram((), 16_000.0, 40.0),
+    )
+    kept = poolsample.record(snap)
+    assert kept == {
+        "engine": "sglang", "kvUsage": 0.95, "running": 12, "waiting": 3, "retracted": 2,
+        "ttftSum": 6.5, "ttftCount": 40, "promptLenSum": 80_000, "promptLenCount": 40,
+        "outputLenSum": 16_000, "outputLenCount": 40,
+    }  # fmt: skip
+    assert all(isinstance(v, int) for k, v in kept.items() if k.endswith("Count"))
+    # nothing of it is pruned by the CRD's schema (SGLang's retractions were, before)
+    assert_kept({"preflight": {"samples": {"prod-0": [kept]}}})
+
+
+def test_either_spelling_reads_back_the_same() -> None:
+    camel = poolsample.record(scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0)))
+    snake = {"engine": "sglang", "kv_usage": 0.95, "running": 12, "waiting": 3, "retracted": 2,
+             "ttft_sum": 6.5, "ttft_count": 40}  # fmt: skip
+    assert poolsample.sample_of(camel) == poolsample.sample_of(snake)
+    assert poolsample.snapshot_of(camel) == poolsample.snapshot_of(snake)
+
+
+@pytest.mark.parametrize("hostile", [None, 7, "x", [1], {"kvUsage": "high"}, {"waiting": True}])
+def test_anything_unreadable_reads_as_unknown(hostile: object) -> None:
+    sample = poolsample.sample_of(hostile)
+    assert sample.kv_usage is None and sample.waiting is None
+    assert poolsample.snapshot_of(hostile).kv_usage is None
+
+
+def test_retractions_kept_between_scrapes_still_count_as_pressure() -> None:
+    # SGLang at a pool with room for more, but retracting: each sample was a preemption
+    snaps = [scrape(kv_usage=0.5, waiting=0.0, retracted=1.0) for _ in range(3)]
+    kept = [poolsample.record(s) for s in snaps]
+    rebuilt = [poolsample.snapshot_of(k) for k in kept]
+    assert pool_pressure(rebuilt).to_dict() == pool_pressure(snaps).to_dict()
+    assert pool_pressure(rebuilt).pressured is True
+    pressured, _detail, by_pod = pool_verdict({"prod-0": kept}, 0.9)
+    assert pressured is True
+    assert by_pod["prod-0"]["pressuredSamples"] == 3 and by_pod["prod-0"]["maxUsage"] == 0.5
+    assert_kept({"preflight": {"pressure": by_pod["prod-0"], "pressureByPod": by_pod}})
+
+
+def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
+    camel = [
+        poolsample.record(scrape(engine="vllm", waiting=w, ttft=Histogram((), t, n)))
+        for w, t, n in ((3.0, 1.0, 10.0), (7.0, 3.0, 20.0))
+    ]
+    snake = [{"waiting": 3, "ttft_sum": 1.0, "ttft_count": 10},
+             {"waiting": 7, "ttft_sum": 3.0, "ttft_count": 20}]  # fmt: skip
+    assert baseline_from_preflight({"a": camel}) == baseline_from_preflight({"a": snake})
+    assert baseline_from_preflight({"a": camel}).waiting == 7
+    assert baseline_from_preflight({"a": camel}).ttft_s == pytest.approx(0.2)
