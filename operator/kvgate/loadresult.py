@@ -54,6 +54,11 @@ class StagePoint:
     # SLO given, or the stage was not measured)
     goodput_percent: float | None = None
     reasons: tuple[str, ...] = _key(default=())
+    # The engine's side of the stage, from the load Job's scrape of its /metrics once a second:
+    # its preemptions (vLLM) or retractions (SGLang) while the stage ran, and the most requests
+    # it held waiting. None: not exported or not readable. Kept for a stage that is an error too.
+    preemptions: float | None = None
+    max_waiting: float | None = None
 
     @property
     def measured(self) -> bool:

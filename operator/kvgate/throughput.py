@@ -108,9 +108,19 @@ def _per_arm(
     return f"{title}: {ctl} {control:,.0f}{unit}, {cand} {candidate:,.0f}{unit}"
 
 
-def preemption_clause(control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str]) -> str | None:
-    """How often each engine preempted (or retracted) requests over the load: the pool running
-    out, seen from the engine's side. None unless both counts are known."""
+def preemption_clause(
+    control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int | None = None
+) -> str | None:
+    """How often each engine preempted (or retracted) requests: the pool running out, seen
+    from the engine's side. At production's load when both arms' stages counted it, else over
+    the whole load; None unless both counts are known."""
+    at_c = control.at(production) if production is not None else None
+    at_k = candidate.at(production) if production is not None else None
+    if at_c is not None and at_k is not None:
+        title = f"preemptions at {production} concurrent"
+        found = _per_arm(title, at_c.preemptions, at_k.preemptions, labels, "")
+        if found is not None:
+            return found
     title = "preemptions during the load"
     return _per_arm(title, control.preemptions, candidate.preemptions, labels, "")
 
@@ -178,7 +188,7 @@ def assess_throughput(
         else None
     )
     tpot = tpot_clause(control, candidate, production, gate)
-    preempted = preemption_clause(control, candidate, labels)
+    preempted = preemption_clause(control, candidate, labels, production)
     goodput = goodput_clause(at_c, at_k, labels)
     tail = "".join(f"; {clause}" for clause in (goodput, tpot, preempted) if clause)
     where = f"at production load {production}"

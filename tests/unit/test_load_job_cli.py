@@ -7,6 +7,7 @@ the summary line, its nonce and the exit code are checked here; the tools tier r
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,13 @@ from kvgate.cli import main
 from kvgate.commands import load_job
 from kvgate.load import runner as load_runner
 from kvgate.load.config import LoadPlan, Slo
-from kvgate.load.report import Percentiles, StageJudgement, StageResult, judge_stage
+from kvgate.load.report import (
+    Percentiles,
+    StageJudgement,
+    StageResult,
+    judge_stage,
+    stage_file,
+)
 from kvgate.load.runner import LoadRun, LoadToolMissing
 from kvgate.loadresult import (
     SUMMARY_KIND,
@@ -211,6 +218,7 @@ def fake_runs(
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
     monkeypatch.setattr(load_job, "_reachable", lambda url: reachable or url.endswith(":1"))
     monkeypatch.setattr(load_job, "_preemptions", lambda url: None)
+    monkeypatch.setattr(load_job, "_engine_now", lambda url: None)
     monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
 
 
@@ -328,6 +336,78 @@ def test_each_arms_preemptions_over_the_load_are_in_the_summary(
     last = summary_line(capsys)
     assert (last["control"].get("preemptions"), last["candidate"].get("preemptions")) == expected
     assert readings == {"http://127.0.0.1:1": [], "http://127.0.0.1:2": []}  # before and after
+
+
+def _script(readings: list[tuple[float | None, float | None] | None]) -> Any:
+    """A scrape that returns `readings` in turn (None: unreadable), then the last one."""
+    left = list(readings)
+
+    def scrape() -> load_job.EngineNow | None:
+        now = left.pop(0) if len(left) > 1 else left[0]
+        return None if now is None else load_job.EngineNow(preemptions=now[0], waiting=now[1])
+
+    return scrape
+
+
+def test_each_stage_gets_the_preemptions_and_the_deepest_queue_it_caused() -> None:
+    watch = load_job.EngineWatch(
+        _script([
+            (100.0, 0.0),  # before the first stage
+            (100.0, 0.0), (100.0, 0.0),  # stage 0: a tick, then its report (tick + read)
+            (100.0, 0.0),
+            (130.0, 40.0), (190.0, 56.0), (210.0, 12.0),  # stage 1: two ticks, then the end
+            (210.0, 12.0),
+            None, None,  # stage 2: /metrics unreadable at its end
+            (5.0, 3.0), (5.0, 3.0),  # stage 3: the engine restarted (its counter began again)
+            (5.0, 3.0),
+        ])
+    )  # fmt: skip
+    watch.tick()
+    watch.stage_ended(0)
+    watch.tick()
+    watch.tick()
+    watch.stage_ended(1)
+    watch.stage_ended(2)
+    watch.stage_ended(3)
+    assert watch.stages == {0: (0.0, 0.0), 1: (110.0, 56.0), 2: (None, None), 3: (None, 3.0)}
+    point = watch.of(StagePoint(concurrency=64, status=StageStatus.ERROR), 1)
+    assert (point.preemptions, point.max_waiting, point.status) == (110.0, 56.0, StageStatus.ERROR)
+    assert watch.of(StagePoint(concurrency=8), 7) == StagePoint(concurrency=8)  # never seen
+
+
+def test_the_stages_engine_figures_reach_the_summary(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    # GIVEN runs that leave each stage's report in turn, and engines whose counters move
+    def run_load(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
+        reports = Path(plan.report_dir)
+        reports.mkdir(parents=True, exist_ok=True)
+        stages = []
+        for number, s in enumerate(plan.stages):
+            stages.append(judge_stage(result(s.concurrency, s.num_requests), s.num_requests,
+                                      plan.output_tokens))  # fmt: skip
+            counters[plan.base_url] += s.concurrency if plan.base_url.endswith(":1") else 0
+            (reports / stage_file(number)).write_text("{}")
+            time.sleep(0.05)
+        return LoadRun(0, tuple(stages), work_dir / "c.yaml", work_dir / "log", "")
+
+    counters = {"http://127.0.0.1:1": 0.0, "http://127.0.0.1:2": 0.0}
+    monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
+    monkeypatch.setattr(load_job, "POLL_S", 0.01)
+    monkeypatch.setattr(load_job, "_reachable", lambda url: True)
+    monkeypatch.setattr(load_job, "_preemptions", lambda url: counters[url])
+    monkeypatch.setattr(load_job, "_engine_now", lambda url: load_job.EngineNow(counters[url], 0.0))
+    monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
+    assert main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")]) == 0
+    # THEN each stage carries what it did to each engine: BF16 (control) preempts, FP8 not
+    summary = LoadSummary.from_dict(summary_line(capsys))
+    assert summary.control is not None and summary.candidate is not None
+    assert [s.preemptions for s in summary.control.stages] == [32, 1, 8, 64]
+    assert [s.preemptions for s in summary.candidate.stages] == [0, 0, 0, 0]
+    assert summary.control.preemptions == 105
 
 
 def test_preemptions_are_read_from_the_engines_metrics() -> None:

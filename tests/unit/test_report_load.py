@@ -165,6 +165,33 @@ def test_the_load_notes_say_how_often_each_engine_preempted() -> None:
     assert "preemptions" not in report.render_text(rollout(LoadStatus(attempt=1, summary=half)))
 
 
+def test_the_engines_side_of_each_stage_is_a_column_only_when_the_load_job_read_it() -> None:
+    from dataclasses import replace
+
+    assert SUMMARY.control is not None and SUMMARY.candidate is not None
+    assert "preemptions ctl/cand" not in report.render_text(LOADED)  # not read: no column
+    control = tuple(
+        replace(s, preemptions=412.0 if s.concurrency == 64 else 0.0, max_waiting=56.0)
+        for s in SUMMARY.control.stages
+    )
+    candidate = tuple(
+        replace(s, preemptions=0.0, max_waiting=None) for s in SUMMARY.candidate.stages
+    )
+    seen = replace(
+        SUMMARY,
+        control=replace(SUMMARY.control, stages=control),
+        candidate=replace(SUMMARY.candidate, stages=candidate),
+    )
+    text = report.render_text(rollout(LoadStatus(attempt=1, summary=seen)))
+    header = next(line for line in text.splitlines() if "concurrent" in line and "tok/s" in line)
+    assert header.rstrip().endswith("preemptions ctl/cand  waiting max ctl/cand")
+    row_64 = next(line for line in text.splitlines() if line.strip().startswith("64 (production)"))
+    # the control's stage at 64 is an error, and what the engine did under it is still shown
+    assert "error" in row_64 and row_64.split()[-6:] == ["412", "/", "0", "56", "/", "-"]
+    html = report.render_html(rollout(LoadStatus(attempt=1, summary=seen)))
+    assert "preemptions ctl/cand</th>" in html and "412 / 0</td>" in html
+
+
 def test_goodput_is_a_column_only_when_the_slos_made_inference_perf_count_it() -> None:
     # GIVEN a load run with SLOs: each measured stage counted the requests that met them
     with_goodput = LoadSummary(

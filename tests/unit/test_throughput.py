@@ -213,6 +213,26 @@ def test_the_line_says_how_often_each_engine_preempted_during_the_load() -> None
     assert "preemptions" not in assess_throughput(GATE, half, labels=LABELS).result.message
 
 
+def test_the_line_says_how_often_each_engine_preempted_at_production_load() -> None:
+    # GIVEN the load Job's per-stage counts: BF16 preempts at 64 (where it cannot hold the
+    # requests), FP8 does not; over the whole load they differ less
+    def counted(arm: ArmLoad, at_64: float, whole: float) -> ArmLoad:
+        stages = tuple(
+            replace(s, preemptions=at_64 if s.concurrency == 64 else 0.0) for s in arm.stages
+        )
+        return replace(arm, stages=stages, preemptions=whole)
+
+    summary = replace(FIELD, control=counted(BF16, 412.0, 500.0), candidate=counted(FP8, 0.0, 90.0))
+    message = assess_throughput(GATE, summary, labels=LABELS).result.message
+    assert message.endswith("; preemptions at 64 concurrent: BF16 412, FP8 0")
+    # an error stage's count is still the engine's evidence; one arm's stage unknown: the
+    # whole load's counts are said instead
+    unknown = replace(summary, candidate=replace(FP8, preemptions=90.0))
+    assert assess_throughput(GATE, unknown, labels=LABELS).result.message.endswith(
+        "; preemptions during the load: BF16 500, FP8 90"
+    )
+
+
 def test_the_line_says_how_many_requests_met_the_slos_at_production_load() -> None:
     # GIVEN SLOs in the spec (the load Job passed them on: inference-perf counted goodput)
     slo = replace(GATE, ttft_p99_ms=5000.0, tpot_p99_ms=60.0)

@@ -20,6 +20,7 @@ measured nothing or the run could not be made, 70 on a bug.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -231,19 +232,61 @@ def _reachable(base_url: str) -> bool:
         return False
 
 
-def _preemptions(base_url: str, *, client: Any = None) -> float | None:
-    """The engine's cumulative preemptions (vLLM) or retractions (SGLang) now, from its
-    /metrics through kvgate's one scrape (bounded body and deadline, no proxy from the
-    environment); None when it cannot be read or does not export them (never an error: the
-    count adds to the measurement, it is not one)."""
+def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
+    """The engine's cumulative preemptions (vLLM) or retractions (SGLang) and its queue now,
+    from its /metrics through kvgate's one scrape (bounded body and deadline, no proxy from the
+    environment); None when it cannot be read (never an error: the engine's side adds to the
+    measurement, it is not one)."""
     from kvgate.adapters import http
     from kvgate.errors import InputError, ScrapeError
 
     url = base_url.rstrip("/") + "/metrics"
     try:
-        return http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S).preemptions
+        snap = http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S)
     except (ScrapeError, InputError):
         return None
+    return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting)
+
+
+def _preemptions(base_url: str, *, client: Any = None) -> float | None:
+    now = _engine_now(base_url, client=client)
+    return None if now is None else now.preemptions
+
+
+@dataclass(frozen=True)
+class EngineNow:
+    preemptions: float | None
+    waiting: float | None
+
+
+class EngineWatch:
+    """One arm's engine seen from its /metrics while the load runs (a scrape a second): what
+    each stage did to it. A stage's figures run from the previous stage's report to its own,
+    so they are right to within a scrape interval."""
+
+    def __init__(self, scrape: Callable[[], EngineNow | None]) -> None:
+        self._scrape = scrape
+        first = scrape()
+        self._counter = None if first is None else first.preemptions
+        self._max_waiting: float | None = None
+        self.stages: dict[int, tuple[float | None, float | None]] = {}
+
+    def tick(self) -> None:
+        now = self._scrape()
+        if now is not None and now.waiting is not None:
+            self._max_waiting = max(self._max_waiting or 0.0, now.waiting)
+
+    def stage_ended(self, number: int) -> None:
+        """Stage `number`'s report appeared: its preemptions and deepest queue, kept."""
+        self.tick()
+        now = self._scrape()
+        counter = None if now is None else now.preemptions
+        self.stages[number] = (_increase(self._counter, counter), self._max_waiting)
+        self._counter, self._max_waiting = counter, None
+
+    def of(self, point: StagePoint, number: int) -> StagePoint:
+        preemptions, max_waiting = self.stages.get(number, (None, None))
+        return replace(point, preemptions=preemptions, max_waiting=max_waiting)
 
 
 def _increase(before: float | None, after: float | None) -> float | None:
@@ -383,17 +426,21 @@ def _run_both(
             failures[name] = exc
 
     preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
-    threads = [threading.Thread(target=one, args=(name,), daemon=True) for name in ARMS]
-    for thread in threads:
+    watches = {
+        name: EngineWatch(functools.partial(_engine_now, plans[name].base_url)) for name in ARMS
+    }
+    threads = {name: threading.Thread(target=one, args=(name,), daemon=True) for name in ARMS}
+    for thread in threads.values():
         thread.start()
     seen: set[tuple[str, int]] = set()
-    while alive := [thread for thread in threads if thread.is_alive()]:
-        alive[0].join(POLL_S)  # a wait, also once the other run has ended
+
+    def look() -> None:
         for name in ARMS:
             reports = Path(plans[name].report_dir)
             for number, stage in enumerate(plans[name].stages):
                 if (name, number) not in seen and (reports / stage_file(number)).is_file():
                     seen.add((name, number))
+                    watches[name].stage_ended(number)
                     emit(
                         {
                             "kind": PROGRESS_KIND,
@@ -403,6 +450,13 @@ def _run_both(
                             "concurrency": stage.concurrency,
                         }
                     )
+            if threads[name].is_alive():
+                watches[name].tick()
+
+    while alive := [thread for thread in threads.values() if thread.is_alive()]:
+        alive[0].join(POLL_S)  # a wait, also once the other run has ended
+        look()
+    look()  # the reports the last runs left as they ended
     for name in ARMS:
         if name in failures:
             raise failures[name]
@@ -410,8 +464,10 @@ def _run_both(
     for name in ARMS:
         result = runs[name]
         points = tuple(
-            stage_point(stage, judgement)
-            for stage, judgement in zip(plans[name].stages, result.stages, strict=True)
+            watches[name].of(stage_point(stage, judgement), number)
+            for number, (stage, judgement) in enumerate(
+                zip(plans[name].stages, result.stages, strict=True)
+            )
         )
         reachable = _reachable(plans[name].base_url)
         arms[name] = ArmLoad(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from kvgate.loadresult import StagePoint
@@ -43,6 +43,7 @@ LOAD_HEADER: Final = (
     *(f"{arm} TTFT p99 ms" for arm in ARMS),
 )
 GOODPUT_HEADER: Final = tuple(f"{arm} goodput %" for arm in ARMS)
+ENGINE_HEADER: Final = ("preemptions ctl/cand", "waiting max ctl/cand")
 
 
 def _has_goodput(load: Load | None) -> bool:
@@ -52,8 +53,32 @@ def _has_goodput(load: Load | None) -> bool:
     )
 
 
+def _has_engine_side(load: Load | None) -> bool:
+    """Whether any stage carries the engine's side (preemptions, queue): only then a column."""
+    return load is not None and any(
+        s.preemptions is not None or s.max_waiting is not None
+        for stages in load.arms.values()
+        for s in stages.values()
+    )
+
+
 def load_header(load: Load | None) -> tuple[str, ...]:
-    return (*LOAD_HEADER, *GOODPUT_HEADER) if _has_goodput(load) else LOAD_HEADER
+    goodput = GOODPUT_HEADER if _has_goodput(load) else ()
+    engine = ENGINE_HEADER if _has_engine_side(load) else ()
+    return (*LOAD_HEADER, *goodput, *engine)
+
+
+def _pair(
+    stages: Mapping[str, StagePoint | None], value: Callable[[StagePoint], float | None]
+) -> str:
+    """`control / candidate` of an engine-side figure, shown for an error stage too (what the
+    engine did under it is evidence); `-` where unknown."""
+    shown = []
+    for arm in ARMS:
+        stage = stages.get(arm)
+        number = value(stage) if stage is not None else None
+        shown.append(DASH if number is None else fmt_num(number))
+    return " / ".join(shown)
 
 
 def accuracy_rows(acc: Accuracy) -> list[list[str]]:
@@ -252,7 +277,7 @@ def load_rows(load: Load | None) -> list[list[str]]:
     """One row per concurrency level; a stage that is not a measurement reads `error`."""
     if load is None:
         return []
-    goodput = _has_goodput(load)
+    goodput, engine = _has_goodput(load), _has_engine_side(load)
     out = []
     for level in load.levels:
         stages = {arm: load.arms.get(arm, {}).get(level) for arm in ARMS}
@@ -265,6 +290,8 @@ def load_rows(load: Load | None) -> list[list[str]]:
         ]
         if goodput:
             row += [_stage_cell(s, s.goodput_percent if s else None) for s in stages.values()]
+        if engine:
+            row += [_pair(stages, lambda s: s.preemptions), _pair(stages, lambda s: s.max_waiting)]
         out.append(row)
     return out
 
