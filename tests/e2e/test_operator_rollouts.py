@@ -324,7 +324,14 @@ def test_triton_without_scales_is_promoted(world: World) -> None:
     before = container_of(world.before["happy"])
     assert status["previous"]["args"] == before["args"]
     assert [e["name"] for e in status["previous"]["env"]] == [e["name"] for e in before["env"]]
-    assert all(e["value"].startswith("sha256:") for e in status["previous"]["env"])
+    literal = [e for e in status["previous"]["env"] if "valueFrom" not in e]
+    assert literal and all(e["value"].startswith("sha256:") for e in literal)
+    # a downward-API entry has no value to hide: kept whole, as the revert restores it
+    assert (
+        [e for e in status["previous"]["env"] if "valueFrom" in e]
+        == [e for e in before["env"] if "valueFrom" in e]
+        != []
+    )
     assert GSM8K_DIR not in json.dumps([status["previous"], status["candidate"]])
     assert status["promotion"]["podScan"]["attentionBackend"] == "TRITON_ATTN"
     # The hub is out of reach here (loopback only): a finding, and the logs decide the scales.
