@@ -149,6 +149,40 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
     }
 
 
+def test_each_stage_says_what_it_did_to_each_engine(
+    sim: Callable[..., Any], tmp_path: Path
+) -> None:
+    # GIVEN pools sized so that 8 requests of 256 + 200 tokens overflow BF16's (1,968 tokens)
+    # and fit FP8's (3,936), paced so that a stage lasts seconds (the Job scrapes once a second)
+    small = ["vllm", "serve", "Qwen/Qwen3-8B", "--max-model-len", "1024",
+             "--gpu-memory-utilization", "0.786"]  # fmt: skip
+    env = {"KVGATE_SIM_SPEED": "0.1"}
+    control = sim(small, env=env)
+    candidate = sim(
+        [*small, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"], env=env
+    )
+    proc = load_job(control.url, candidate.url, tmp_path, ("--output-tokens", "200"))
+    code, lines = finish(proc, tmp_path)
+    summary = summary_of(lines)
+    assert code == 0, summary
+    assert summary.control is not None and summary.candidate is not None
+    at = {
+        (arm, s.concurrency): s
+        for arm, load in (("control", summary.control), ("candidate", summary.candidate))
+        for s in load.stages
+    }
+    # THEN BF16 runs out of room at 8 (it preempts), FP8 holds them all; at 1 and 2 neither
+    assert (at["control", 8].preemptions or 0) > 0, at["control", 8]
+    assert at["candidate", 8].preemptions == 0
+    for arm in ("control", "candidate"):
+        for level in (1, 2):
+            assert at[arm, level].preemptions == 0
+        for level in (1, 2, 8):  # a request can wait a step for admission, even with room
+            assert 0 <= (at[arm, level].max_waiting or 0) <= level
+    # the stages' counts add up to the whole load's (read before the first, after the last)
+    assert sum(s.preemptions or 0 for s in summary.control.stages) == summary.control.preemptions
+
+
 def test_the_slos_reach_inference_perf_and_its_goodput_comes_back(
     sim: Callable[..., Any], tmp_path: Path
 ) -> None:

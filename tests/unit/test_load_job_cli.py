@@ -349,30 +349,73 @@ def _script(readings: list[tuple[float | None, float | None] | None]) -> Any:
     return scrape
 
 
-def test_each_stage_gets_the_preemptions_and_the_deepest_queue_it_caused() -> None:
-    watch = load_job.EngineWatch(
-        _script([
-            (100.0, 0.0),  # before the first stage
-            (100.0, 0.0), (100.0, 0.0),  # stage 0: a tick, then its report (tick + read)
-            (100.0, 0.0),
-            (130.0, 40.0), (190.0, 56.0), (210.0, 12.0),  # stage 1: two ticks, then the end
-            (210.0, 12.0),
-            None, None,  # stage 2: /metrics unreadable at its end
-            (5.0, 3.0), (5.0, 3.0),  # stage 3: the engine restarted (its counter began again)
-            (5.0, 3.0),
-        ])
-    )  # fmt: skip
-    watch.tick()
-    watch.stage_ended(0)
-    watch.tick()
-    watch.tick()
-    watch.stage_ended(1)
-    watch.stage_ended(2)
-    watch.stage_ended(3)
-    assert watch.stages == {0: (0.0, 0.0), 1: (110.0, 56.0), 2: (None, None), 3: (None, 3.0)}
+def test_each_stage_gets_the_preemptions_and_the_deepest_queue_it_caused(tmp_path: Path) -> None:
+    # GIVEN inference-perf's log as it grows, and the engine's counters at each scrape
+    log = tmp_path / "inference-perf.log"
+    log.write_bytes(b"")
+    readings: list[tuple[float | None, float | None] | None] = []
+
+    def scrape() -> load_job.EngineNow | None:
+        now = readings.pop(0)
+        return None if now is None else load_job.EngineNow(preemptions=now[0], waiting=now[1])
+
+    def logged(line: str, *scrapes: tuple[float | None, float | None] | None) -> None:
+        with log.open("ab") as f:
+            f.write(line.encode())
+        readings.extend(scrapes)
+        watch.look()
+        assert readings == []  # exactly the scrapes the watch was expected to make
+
+    watch = load_job.EngineWatch(scrape, log)
+    logged("")  # nothing running: no scrape
+    logged("INFO Stage 0 - run started\n", (100.0, 0.0), (100.0, 0.0))  # start, then running
+    logged("", (100.0, 0.0))
+    logged("INFO Stage 0 - run completed\nINFO Stage 1 - run sta", (100.0, 0.0))
+    logged("rted\n", (130.0, 40.0), (130.0, 40.0))  # a line split between two reads
+    logged("", (190.0, 56.0))
+    logged("INFO Stage 1 - run failed\nINFO Stage 2 - run started\n", (210.0, 12.0), None, None)
+    logged("", None)
+    logged(
+        "INFO Stage 2 - run completed\nINFO Stage 3 - run started\n", None, (5.0, 3.0), (5.0, 3.0)
+    )
+    logged("", (5.0, 3.0))
+    logged("INFO Stage 3 - run completed\n", (5.0, 3.0))
+    # a stage whose start and end fall in one look, and one whose start was never seen
+    logged("INFO Stage 4 - run started\nINFO Stage 4 - run completed\n", (5.0, 0.0), (9.0, 0.0))
+    logged("INFO Stage 5 - run completed\n")
+    assert watch.stages == {
+        0: (0.0, 0.0),
+        1: (80.0, 56.0),  # from when its start was read; a failed stage still counts
+        2: (None, None),  # /metrics unreadable at its start and end
+        3: (0.0, 3.0),
+        4: (None, None),
+    }
     point = watch.of(StagePoint(concurrency=64, status=StageStatus.ERROR), 1)
-    assert (point.preemptions, point.max_waiting, point.status) == (110.0, 56.0, StageStatus.ERROR)
-    assert watch.of(StagePoint(concurrency=8), 7) == StagePoint(concurrency=8)  # never seen
+    assert (point.preemptions, point.max_waiting, point.status) == (80.0, 56.0, StageStatus.ERROR)
+    assert watch.of(StagePoint(concurrency=8), 5) == StagePoint(concurrency=8)  # never started
+
+
+def test_a_restarted_engine_gives_its_stage_no_count(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    counters = iter([900.0, 900.0, 12.0])
+    watch = load_job.EngineWatch(lambda: load_job.EngineNow(next(counters), 0.0), log)
+    log.write_text("Stage 0 - run started\n")
+    watch.look()
+    log.write_text("Stage 0 - run started\nStage 0 - run completed\n")
+    watch.look()
+    assert watch.stages == {0: (None, 0.0)}  # the counter began again: unknown, not negative
+
+
+def test_a_missing_or_flooding_log_is_no_error(tmp_path: Path) -> None:
+    watch = load_job.EngineWatch(lambda: None, tmp_path / "never-written")
+    watch.look()
+    assert watch.stages == {}
+    flood = tmp_path / "flood"
+    flood.write_bytes(b"x" * (3 << 20))  # 3 MiB without a newline
+    watch = load_job.EngineWatch(lambda: None, flood)
+    for _ in range(4):
+        watch.look()
+    assert len(watch._partial) <= 4096 and watch.stages == {}
 
 
 def test_the_stages_engine_figures_reach_the_summary(
@@ -383,16 +426,26 @@ def test_the_stages_engine_figures_reach_the_summary(
 ) -> None:
     # GIVEN runs that leave each stage's report in turn, and engines whose counters move
     def run_load(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
-        reports = Path(plan.report_dir)
-        reports.mkdir(parents=True, exist_ok=True)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        log = work_dir / "inference-perf.log"
         stages = []
         for number, s in enumerate(plan.stages):
+            with log.open("a") as f:
+                f.write(f"INFO Stage {number} - run started\n")
+            time.sleep(0.1)
             stages.append(judge_stage(result(s.concurrency, s.num_requests), s.num_requests,
                                       plan.output_tokens))  # fmt: skip
             counters[plan.base_url] += s.concurrency if plan.base_url.endswith(":1") else 0
+            time.sleep(0.1)
+            with log.open("a") as f:
+                f.write(f"INFO Stage {number} - run completed\n")
+            time.sleep(0.1)
+        # the reports only at the end, as inference-perf writes them
+        reports = Path(plan.report_dir)
+        reports.mkdir(parents=True, exist_ok=True)
+        for number in range(len(plan.stages)):
             (reports / stage_file(number)).write_text("{}")
-            time.sleep(0.05)
-        return LoadRun(0, tuple(stages), work_dir / "c.yaml", work_dir / "log", "")
+        return LoadRun(0, tuple(stages), work_dir / "c.yaml", log, "")
 
     counters = {"http://127.0.0.1:1": 0.0, "http://127.0.0.1:2": 0.0}
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)

@@ -23,6 +23,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -42,6 +43,7 @@ from kvgate.commands.exit_codes import (
 from kvgate.errors import SpecError
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
 from kvgate.load.report import StageJudgement, stage_file
+from kvgate.load.runner import INFERENCE_PERF_LOG
 from kvgate.loadresult import (
     ARMS,
     PROGRESS_KIND,
@@ -259,30 +261,69 @@ class EngineNow:
     waiting: float | None
 
 
-class EngineWatch:
-    """One arm's engine seen from its /metrics while the load runs (a scrape a second): what
-    each stage did to it. A stage's figures run from the previous stage's report to its own,
-    so they are right to within a scrape interval."""
+# inference-perf's log lines at each stage's start and end (loadgen/load_generator.py, 0.7.0)
+STAGE_LOG: Final = re.compile(rb"Stage (\d+) - run (started|completed|failed)")
 
-    def __init__(self, scrape: Callable[[], EngineNow | None]) -> None:
+
+class EngineWatch:
+    """One arm's engine seen from its /metrics while its load runs: what each stage did to it.
+
+    inference-perf writes its stage reports only when the whole run ends, so the stages are
+    followed in its log ("Stage N - run started" ... "run completed"), read once a second with a
+    scrape of the engine at each boundary and in between. The figures are right to within that
+    second; a stage whose start and end fall in the same second gets none (unknown, not 0)."""
+
+    def __init__(self, scrape: Callable[[], EngineNow | None], log: Path | None = None) -> None:
         self._scrape = scrape
-        first = scrape()
-        self._counter = None if first is None else first.preemptions
+        self._log, self._read, self._partial = log, 0, b""
+        self._stage: int | None = None  # the stage running, as far as the log has said
+        self._counter: float | None = None
         self._max_waiting: float | None = None
+        self._looks = 0  # looks at the log since the running stage started
         self.stages: dict[int, tuple[float | None, float | None]] = {}
 
-    def tick(self) -> None:
+    def _sample(self) -> float | None:
         now = self._scrape()
         if now is not None and now.waiting is not None:
             self._max_waiting = max(self._max_waiting or 0.0, now.waiting)
+        return None if now is None else now.preemptions
+
+    def stage_started(self, number: int) -> None:
+        self._stage, self._max_waiting, self._looks = number, None, 0
+        self._counter = self._sample()
 
     def stage_ended(self, number: int) -> None:
-        """Stage `number`'s report appeared: its preemptions and deepest queue, kept."""
-        self.tick()
-        now = self._scrape()
-        counter = None if now is None else now.preemptions
-        self.stages[number] = (_increase(self._counter, counter), self._max_waiting)
-        self._counter, self._max_waiting = counter, None
+        if self._stage != number:
+            return  # its start was not seen: nothing can be said of it
+        counter = self._sample()
+        seen_running = self._looks > 0
+        self.stages[number] = (
+            (_increase(self._counter, counter), self._max_waiting) if seen_running else (None, None)
+        )
+        self._stage = None
+
+    def look(self) -> None:
+        """Follow the log's new lines; sample the engine while a stage runs."""
+        if self._stage is not None:
+            self._looks += 1
+        for number, event in self._new_events():
+            if event == b"started":
+                self.stage_started(number)
+            else:
+                self.stage_ended(number)
+        if self._stage is not None:
+            self._sample()
+
+    def _new_events(self) -> list[tuple[int, bytes]]:
+        if self._log is None or not self._log.is_file():
+            return []
+        with self._log.open("rb") as f:
+            f.seek(self._read)
+            chunk = f.read(1 << 20)  # bounded: a log that floods is read a MiB a second
+        self._read += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        self._partial = self._partial[-4096:]
+        return [(int(m.group(1)), m.group(2)) for line in lines if (m := STAGE_LOG.search(line))]
 
     def of(self, point: StagePoint, number: int) -> StagePoint:
         preemptions, max_waiting = self.stages.get(number, (None, None))
@@ -427,7 +468,11 @@ def _run_both(
 
     preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
     watches = {
-        name: EngineWatch(functools.partial(_engine_now, plans[name].base_url)) for name in ARMS
+        name: EngineWatch(
+            functools.partial(_engine_now, plans[name].base_url),
+            work / name / INFERENCE_PERF_LOG,
+        )
+        for name in ARMS
     }
     threads = {name: threading.Thread(target=one, args=(name,), daemon=True) for name in ARMS}
     for thread in threads.values():
@@ -440,7 +485,6 @@ def _run_both(
             for number, stage in enumerate(plans[name].stages):
                 if (name, number) not in seen and (reports / stage_file(number)).is_file():
                     seen.add((name, number))
-                    watches[name].stage_ended(number)
                     emit(
                         {
                             "kind": PROGRESS_KIND,
@@ -450,8 +494,7 @@ def _run_both(
                             "concurrency": stage.concurrency,
                         }
                     )
-            if threads[name].is_alive():
-                watches[name].tick()
+            watches[name].look()
 
     while alive := [thread for thread in threads.values() if thread.is_alive()]:
         alive[0].join(POLL_S)  # a wait, also once the other run has ended

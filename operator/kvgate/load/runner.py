@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 LOAD_VENV = REPO / ".venv-load"  # made by `make loadenv`
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 LOG_TAIL_CHARS = 2000
+INFERENCE_PERF_LOG = "inference-perf.log"  # in the run's work dir: the tool's output
 
 
 class LoadToolMissing(RuntimeError):
@@ -87,7 +88,7 @@ def run_load(
         (report_dir / name).unlink()  # a report left by an earlier run must not pass for this one
     config_path = work_dir / "inference-perf.yaml"
     config_path.write_text(yaml.safe_dump(inference_perf_config(plan), sort_keys=False))
-    log_path = work_dir / "inference-perf.log"
+    log_path = work_dir / INFERENCE_PERF_LOG
     child_env = {**os.environ, **(env or {}), **OFFLINE}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
