@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate import crash
+from kvgate import crash, logs
 from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import (
@@ -79,7 +79,7 @@ def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> Gate
 
 
 def scale_warnings(scan: Mapping[str, Any] | None) -> list[str]:
-    """Texts of the KV-scale warnings in a log scan (`LogScan.to_dict()`)."""
+    """Texts of the KV-scale warnings in a log scan as status keeps it."""
     if not scan:
         return []
     # Only k/v scales count: a missing q scale is printed even when k/v scales were loaded.
@@ -129,7 +129,7 @@ def assess_scales(
         return GateResult(
             SCALES, Outcome.PENDING, Reason.SCALES_UNKNOWN, "waiting for the candidate log"
         )
-    if not candidate_scan.get("kv_cache_dtype"):
+    if not logs.LogScan.from_dict(candidate_scan).kv_cache_dtype:
         # A log that does not even name its KV dtype proves nothing by lacking a scale warning.
         return GateResult(
             SCALES,
@@ -153,8 +153,8 @@ def assess_backend(
         return GateResult(
             BACKEND, Outcome.PENDING, Reason.BACKEND_UNKNOWN, "waiting for both startup logs"
         )
-    control = control_scan.get("attention_backend")
-    candidate = candidate_scan.get("attention_backend")
+    control = logs.LogScan.from_dict(control_scan).attention_backend
+    candidate = logs.LogScan.from_dict(candidate_scan).attention_backend
     if candidate is None:
         return GateResult(
             BACKEND,
@@ -214,8 +214,8 @@ def assess_arms_dtype(
     server info; when neither names it, kvgate cannot tell the candidate runs FP8 and does not
     assume it (Inconclusive, which blocks promotion).
     """
-    control = control_scan.get("kv_cache_dtype")
-    candidate = candidate_scan.get("kv_cache_dtype")
+    control = logs.LogScan.from_dict(control_scan).kv_cache_dtype
+    candidate = logs.LogScan.from_dict(candidate_scan).kv_cache_dtype
     source = "log"
     if not candidate:
         candidate, source = truth_facts(candidate_truth)[0], "/metrics"
@@ -325,11 +325,8 @@ def assess_engine_truth(
 
 def kv_tokens(scan: Mapping[str, Any] | None, truth: Mapping[str, Any] | None = None) -> int | None:
     """KV tokens from a log scan's `capacity.kv_tokens`, else from the engine's own metrics."""
-    capacity = (scan or {}).get("capacity") or {}
-    value = capacity.get("kv_tokens") if isinstance(capacity, Mapping) else None
-    if isinstance(value, int | float) and value > 0:
-        return int(value)
-    return truth_facts(truth)[1]
+    value = logs.LogScan.from_dict(scan).capacity.kv_tokens
+    return value if value is not None else truth_facts(truth)[1]
 
 
 def assess_capacity_gain(

@@ -50,16 +50,13 @@ def find_remedy(
     either there is none (the flag or variable that picks a backend depends on the version).
     `allowlist` (a `kvgate.policy.Allowlist`) decides whether kvgate may apply it.
     """
-    from kvgate import engine_versions, policy
+    from kvgate import engine_versions, logs, policy
 
     if not scan or not engine:
         return None
-    version = scan.get("engine_version") or image_version
-    codes = [
-        str(f.get("code"))
-        for f in scan.get("findings") or []
-        if str(f.get("severity", "")).lower() == "error"
-    ]
+    kept = logs.LogScan.from_dict(scan)
+    version = kept.engine_version or image_version
+    codes = [f.code for f in kept.findings if f.severity.lower() == "error"]
     code = next((c for c in codes if c in engine_versions.REMEDIABLE_CODES), None)
     if code is None or not isinstance(version, str):
         return None

@@ -162,7 +162,7 @@ def test_log_and_metrics_disagreeing_rolls_back(
     assert f"{other}: " not in status["message"]  # the honest arm is not blamed
     assert status["gates"]["engineTruth"]["outcome"] == "Error"
     assert status["arms"][arm]["metrics"]["cacheConfig"]["cache_dtype"] == metrics_dtype
-    assert status["arms"][arm]["scan"]["kv_cache_dtype"] == log_dtype
+    assert status["arms"][arm]["scan"]["kvCacheDtype"] == log_dtype
     assert condition(obj, "RolledBack")["status"] == "True"
     reasons = event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
     assert "LogMetricsDisagree" in reasons and "RolledBack" in reasons
@@ -188,9 +188,9 @@ def test_sglang_log_and_server_info_disagreeing_rolls_back(world: ScenarioWorld)
     arms = status["arms"]
     assert arms["candidate"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
     assert arms["control"]["metrics"]["serverInfo"]["kvCacheDtype"] == "auto"
-    assert arms["candidate"]["scan"]["kv_cache_dtype"] == "fp8_e4m3"
+    assert arms["candidate"]["scan"]["kvCacheDtype"] == "fp8_e4m3"
     # the pool size server info reports is the one the log names: only the dtype disagrees
-    tokens = arms["candidate"]["scan"]["capacity"]["kv_tokens"]
+    tokens = arms["candidate"]["scan"]["capacity"]["kvTokens"]
     assert arms["candidate"]["metrics"]["serverInfo"]["maxTotalNumTokens"] == tokens
     assert "max_total_num_tokens" not in status["message"]
     assert "eval" not in status
@@ -226,7 +226,7 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
     assert record["env"] == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     # the remedied candidate was gated like any other: it ran Triton and FP8, logs = metrics
     assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
-    assert status["arms"]["candidate"]["scan"]["kv_cache_dtype"] == "fp8"
+    assert status["arms"]["candidate"]["scan"]["kvCacheDtype"] == "fp8"
     assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
     assert status["gates"]["accuracy"]["outcome"] == "Successful"
     reasons = event_reasons(world.cluster, world.ns[scenario], f"{scenario}-fp8")
@@ -285,7 +285,7 @@ def test_a_reworded_log_takes_its_facts_from_the_engines_metrics(world: Scenario
     )
     assert gates["capacityGain"]["reason"] == "CapacityGained", gates["capacityGain"]
     assert gates["scales"]["reason"] != "ScalesPresent"  # silence is not evidence of scales
-    assert status["arms"]["candidate"]["scan"].get("kv_cache_dtype") is None
+    assert status["arms"]["candidate"]["scan"].get("kvCacheDtype") is None
     # it went on to the paired eval on facts it read, not on a guess
     assert status["phase"] in ("Promoted", "RolledBack"), status["message"]
     assert "accuracy" in gates, gates

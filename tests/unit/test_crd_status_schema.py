@@ -422,8 +422,8 @@ def test_the_crd_still_fits_a_client_side_apply() -> None:
 
 
 def test_every_startup_log_scan_the_controller_stores_survives_pruning() -> None:
-    # The scan is stored as logs.LogScan.to_dict() gives it (snake_case): the largest block the
-    # controller writes outside the typed record. Every sample and field log, either engine.
+    # The scan is stored as logs.LogScan.status_record() gives it (status.ScanRecord, camelCase):
+    # the largest block the controller writes. Every sample and field log, either engine.
     from kvgate.controller.sources import scan_engine_log
 
     data = ROOT / "tests" / "data"

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
+from kvgate.controller import sources
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
@@ -356,9 +357,7 @@ def eval_secret_env(spec: RolloutSpec, model: str | None) -> dict[str, tuple[str
 
 def engine_max_model_len(arms: Mapping[str, Any]) -> int | None:
     """The control's max model length as its startup log states it (the production value)."""
-    scan = (arms.get("control") or {}).get("scan") or {}
-    value = (scan.get("capacity") or {}).get("max_model_len")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return sources.scan_of((arms.get("control") or {}).get("scan")).capacity.max_model_len
 
 
 def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV) -> str | None:

@@ -318,7 +318,7 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | No
     if health.image_id:  # the image the verdict is reached on, by digest (its key)
         block["imageID"] = health.image_id
     block.update(arm_gpu(ctx, arm))
-    block["attentionBackend"] = scan.get("attention_backend")
+    block["attentionBackend"] = sources.scan_of(scan).attention_backend
     block["kvTokens"] = gates.kv_tokens(scan)
     return scan, StatusUpdate.of(arms={**arms, arm: block})
 
@@ -567,7 +567,7 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], S
     promo = dict(ctx.status.get("promotion") or {})
     promo["podScan"] = {
         "pod": name,
-        "attentionBackend": scan.get("attention_backend"),
+        "attentionBackend": sources.scan_of(scan).attention_backend,
         "kvTokens": gates.kv_tokens(scan),
     }
     return scan, StatusUpdate.of(promotion=promo)

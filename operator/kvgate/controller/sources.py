@@ -15,6 +15,7 @@ from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
 from kvgate.model import SpeedClocks
 
 if TYPE_CHECKING:
+    from kvgate.logs import LogScan
     from kvgate.metrics import MetricSnapshot
     from kvgate.spec import CapacityGate, SecretKeyRef
 
@@ -215,7 +216,14 @@ def scan_engine_log(text: str, engine: str | None) -> dict[str, Any]:
     """The engine log's scan (`logs.scan_log`), compacted for status."""
     from kvgate import logs
 
-    return compact_scan(logs.scan_log(text, engine=engine).to_dict())
+    return compact_scan(logs.scan_log(text, engine=engine).status_record())
+
+
+def scan_of(raw: object) -> LogScan:
+    """A scan kept in status, typed (either spelling; anything unreadable reads as unknown)."""
+    from kvgate import logs
+
+    return logs.LogScan.from_dict(raw)
 
 
 def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.jsonrecord import read, write
+from kvgate.status import CapacityRecord, FindingRecord, ScanRecord
+
 ENGINES: Final = ("vllm", "sglang")
 SEVERITIES: Final = ("info", "warning", "error")
 
@@ -124,14 +127,51 @@ class LogScan:
         return next((f for f in self.findings if f.code == code), None)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LogScan:
-        """A scan back from its `to_dict` form (as kept in status); odd values become None.
+    def from_dict(cls, data: object) -> LogScan:
+        """A scan back from status (`status_record`, or the snake_case `to_dict` earlier releases
+        kept there; any spelling `status.ScanRecord` reads); odd values become None.
 
-        Findings are not rebuilt (status keeps a cut-down list): what is read back is what a
-        later check compares, the dtype, backend, version and capacity.
+        The findings are rebuilt as status keeps them (at most 20, lines cut).
         """
-        cap = data.get("capacity")
-        cap = cap if isinstance(cap, Mapping) else {}
+        record = read(ScanRecord, data, 0)
+        if not isinstance(record, ScanRecord):
+            record = ScanRecord()
+        capacity = record.capacity or CapacityRecord()
+        plain = {
+            "engine": record.engine,
+            "engine_version": record.engine_version,
+            "kv_cache_dtype": record.kv_cache_dtype,
+            "attention_backend": record.attention_backend,
+            "attention_backend_candidates": record.attention_backend_candidates,
+            "ready": record.ready,
+            "failed": record.failed,
+            "lines": record.lines,
+        }
+        cap = {
+            "kv_tokens": capacity.kv_tokens,
+            "max_concurrency": capacity.max_concurrency,
+            "kv_memory_gib": capacity.kv_memory_gib,
+            "max_model_len": capacity.max_model_len,
+            "num_gpu_blocks": capacity.num_gpu_blocks,
+        }
+        findings = tuple(
+            Finding(
+                code=f.code,
+                severity=f.severity or "info",
+                line=f.line or 0,
+                text=f.text or "",
+                hint=f.hint or "",
+                count=f.count or 1,
+            )
+            for f in record.findings
+            if f.code
+        )
+        return cls._checked(plain, cap, findings)
+
+    @classmethod
+    def _checked(
+        cls, data: Mapping[str, Any], cap: Mapping[str, Any], findings: tuple[Finding, ...]
+    ) -> LogScan:
 
         def text(value: object) -> str | None:
             return value if isinstance(value, str) and value else None
@@ -166,9 +206,43 @@ class LogScan:
             ),
             ready=data.get("ready") is True,
             failed=data.get("failed") is True,
-            findings=(),
+            findings=findings,
             lines=count(data.get("lines")) or 0,
         )
+
+    def status_record(self) -> dict[str, Any]:
+        """The scan as status keeps it (`status.ScanRecord`: camelCase, nulls left out)."""
+        cap = self.capacity
+        record = ScanRecord(
+            engine=self.engine,
+            engine_version=self.engine_version,
+            kv_cache_dtype=self.kv_cache_dtype,
+            attention_backend=self.attention_backend,
+            attention_backend_candidates=self.attention_backend_candidates,
+            capacity=CapacityRecord(
+                kv_tokens=cap.kv_tokens,
+                max_concurrency=cap.max_concurrency,
+                kv_memory_gib=cap.kv_memory_gib,
+                max_model_len=cap.max_model_len,
+                num_gpu_blocks=cap.num_gpu_blocks,
+            ),
+            ready=self.ready,
+            failed=self.failed,
+            findings=tuple(
+                FindingRecord(
+                    code=f.code,
+                    severity=f.severity,
+                    line=f.line,
+                    text=f.text,
+                    hint=f.hint or None,
+                    count=f.count,
+                )
+                for f in self.findings
+            ),
+            lines=self.lines,
+        )
+        out: dict[str, Any] = write(record)
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {

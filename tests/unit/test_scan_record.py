@@ -1,0 +1,64 @@
+"""A startup-log scan as status keeps it: camelCase through `status.ScanRecord`, read back typed
+whatever the spelling (a status an earlier release wrote kept the snake_case `to_dict`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvgate import gates, logs, remedy
+from kvgate.controller.sources import scan_engine_log, scan_of
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
+SAMPLES = sorted(DATA.glob("*.txt"))
+
+
+def test_the_kept_scan_is_camel_case() -> None:
+    kept = scan_engine_log((DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), "vllm")
+    assert {"engineVersion", "kvCacheDtype", "attentionBackend"} <= set(kept)
+    assert "kv_cache_dtype" not in kept and "kvTokens" in kept["capacity"]
+    assert all("hint" not in f or f["hint"] for f in kept["findings"])  # "" is left out
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_either_spelling_reads_back_the_same_scan(path: Path) -> None:
+    engine = "sglang" if path.name.startswith("sglang") else "vllm"
+    scan = logs.scan_log(path.read_text(encoding="utf-8", errors="replace"), engine=engine)
+    camel, snake = (
+        logs.LogScan.from_dict(scan.status_record()),
+        logs.LogScan.from_dict(scan.to_dict()),
+    )
+    assert camel == snake
+    assert (camel.kv_cache_dtype, camel.attention_backend, camel.engine_version) == (
+        scan.kv_cache_dtype, scan.attention_backend, scan.engine_version
+    )  # fmt: skip
+    assert camel.codes() == scan.codes()
+
+
+def test_the_gates_read_a_kept_scan_of_either_spelling() -> None:
+    scan = logs.scan_log(
+        (DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), engine="vllm"
+    )
+    for kept in (scan.status_record(), scan.to_dict()):
+        assert gates.kv_tokens(kept) == scan.capacity.kv_tokens
+        assert scan_of(kept).capacity.max_model_len == scan.capacity.max_model_len
+        assert scan_of(kept).attention_backend == scan.attention_backend
+    same = gates.assess_backend(gates.BackendGate(), scan.status_record(), scan.to_dict())
+    assert same.reason == "BackendUnchanged", same
+
+
+@pytest.mark.parametrize("hostile", [None, 7, "x", [1], {"capacity": "big"},
+                                     {"kvCacheDtype": 8, "findings": "nope"}])  # fmt: skip
+def test_anything_unreadable_reads_as_unknown(hostile: object) -> None:
+    scan = logs.LogScan.from_dict(hostile)
+    assert scan.kv_cache_dtype is None and scan.capacity.kv_tokens is None and scan.findings == ()
+    assert gates.kv_tokens(hostile if isinstance(hostile, dict) else None) is None
+    assert remedy.find_remedy(hostile if isinstance(hostile, dict) else None, "vllm", None) is None
+
+
+def test_the_remedy_reads_the_version_a_kept_scan_logged() -> None:
+    text = (DATA / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
+    scan = logs.scan_log(text, engine="vllm")
+    camel = remedy.find_remedy(scan.status_record(), "vllm", None)
+    assert camel is not None and camel == remedy.find_remedy(scan.to_dict(), "vllm", None)
