@@ -1936,3 +1936,25 @@ def test_matched_clocks_under_load_keep_the_throughput_claim(
     gate = world.obj["status"]["gates"]["throughputGain"]
     assert gate["reason"] == "ThroughputGained"
     assert len(asked) == 1 and world.obj["status"]["load"]["clocks"]["source"] == "prometheus"
+
+
+def test_a_block_rebuilt_from_new_readings_keeps_nothing_of_the_old_spelling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a rollout sampling its pool when the operator is upgraded: the status the earlier
+    # release wrote holds the pool verdict of an earlier window in its snake_case spelling
+    world = World(monkeypatch, gates={"capacity": {"mode": "warn", "window": "4s", "samples": 3}})
+    delay = world.reconcile()
+    assert world.phase == "Preflight"
+    stale = {"pressured": False, "max_usage": 0.12, "pressured_samples": 0, "samples": 1}
+    world.obj["status"].setdefault("preflight", {})["pressure"] = stale
+    # WHEN the new release decides the pool from the window
+    for _ in range(20):
+        world.now += dt.timedelta(seconds=delay)
+        delay = world.reconcile()
+        if world.phase != "Preflight":
+            break
+    # THEN the record is the new reading alone: no figure of the old one survives beside it
+    pressure = world.obj["status"]["preflight"]["pressure"]
+    assert pressure["samples"] == 3 and "maxUsage" in pressure and "usageThreshold" in pressure
+    assert not {"max_usage", "pressured_samples"} & set(pressure), pressure

@@ -199,7 +199,7 @@ def reconcile(
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
         done = done.then(act_best_effort(ctx.seeing(done), step))
-    written = write_status(ctx, patch, old, phase, step, done, new_run=bool(cleared))
+    written = write_status(ctx, patch, old, phase, step, done)
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason.permanent:

@@ -94,14 +94,11 @@ def write_status(
     old_phase: Phase,
     step: Step,
     done: StatusUpdate,
-    *,
-    new_run: bool = False,
 ) -> dict[str, Any]:
-    """Patch the step's status by what changed from `old` (the body's status; `new_run`: a new
-    spec after the end starts from an empty status); `ctx.status` is the status this reconcile
-    started from and `done` what
-    its stages found and did. Post the step's Events, metrics and, on the first finish, the
-    report. Returns the status written."""
+    """Patch the step's status by what changed from `old` (the body's status); `ctx.status` is
+    the status this reconcile started from (empty but for deletions still due, when a new spec
+    after the end starts a new run) and `done` what its stages found and did. Post the step's
+    Events, metrics and, on the first finish, the report. Returns the status written."""
     deployment = (ctx.reads.deployment or {}).get("metadata", {}).get("generation")
     key = None
     if step.verdict is not None:  # what the verdict was reached on, recorded with it
@@ -112,10 +109,10 @@ def write_status(
     status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
                   generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
                   approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
-    if new_run or step.new_run:  # a new run: its status replaces the last one whole
-        patch_status(patch, old, merge_patch(old, status))
-    else:
-        patch_status(patch, old, status)
+    # The status written is the fold's whole: a key it no longer holds is removed (a nested
+    # figure a new reading does not have must not survive from the last one), and a new run's
+    # status replaces the last run's.
+    patch_status(patch, old, merge_patch(old, status))
     for e in step.events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
     for p in Phase:
