@@ -3,6 +3,7 @@ objects; nothing here does I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ class PodHealth:
     ip: str | None = None
     unschedulable: bool = False  # the scheduler said why it cannot place the pod (in `detail`)
     image_id: str | None = None  # the image the kubelet runs, by digest (containerStatuses)
+    deleting: bool = False  # the pod has a deletionTimestamp: someone is deleting it
 
 
 _CRASH_WAITING: Final = frozenset(
@@ -38,7 +40,15 @@ _CRASH_WAITING: Final = frozenset(
 
 
 def pod_health(pod: Mapping[str, Any] | None, container: str | None = None) -> PodHealth:
-    """Ready, crashed or starting, from a Pod object (dict form of the API object)."""
+    """Ready, crashed or starting, from a Pod object (dict form of the API object), and whether
+    it is being deleted (a terminating pod's engine may already have exited cleanly)."""
+    health = _health(pod, container)
+    if pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return dataclasses.replace(health, deleting=True, detail=f"being deleted ({health.detail})")
+    return health
+
+
+def _health(pod: Mapping[str, Any] | None, container: str | None) -> PodHealth:
     if pod is None:
         return PodHealth(exists=False, detail="pod does not exist")
     status = pod.get("status") or {}

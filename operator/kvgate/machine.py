@@ -394,10 +394,10 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: crash.Cras
 
 def _arm_lost(obs: Observation) -> str | None:
     for arm, health in (("control", obs.control), ("candidate", obs.candidate)):
+        if health is not None and (health.deleting or not health.exists):
+            return f"{arm} pod disappeared: {health.detail}"
         if health is not None and health.crashed:
             return crash.describe(arm, None, health.detail).message
-        if health is not None and not health.exists:
-            return f"{arm} pod disappeared: {health.detail}"
     return None
 
 

@@ -716,6 +716,25 @@ def test_eval_arm_lost_rolls_back() -> None:
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
 
 
+def test_an_arm_deleted_under_the_eval_is_lost_whatever_its_engine_did_on_the_way_out() -> None:
+    # GIVEN the control canary deleted by someone else: its engine exits cleanly on SIGTERM, so
+    # the terminating pod may read Succeeded (or still Running) before it is gone
+    for phase in ("Succeeded", "Running"):
+        obj = pod(phase=phase, ready=phase == "Running")
+        obj["metadata"] = {"name": "r-control", "deletionTimestamp": "2026-12-03T23:00:00Z"}
+        control = kubeobjects.pod_health(obj, "engine")
+        assert control.deleting and control.detail.startswith("being deleted (")
+        s = step(
+            Phase.EVALUATING,
+            Observation(control=control, candidate=READY, job_exists=True),
+            eval_attempts=1,
+        )
+        # THEN the arm is lost (not "crashed, cause not classified"), and the rollout ends
+        assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
+        assert s.message.startswith("control pod disappeared: being deleted ("), s.message
+    assert not kubeobjects.pod_health(pod(), "engine").deleting
+
+
 def test_report_mode_stops_before_patching() -> None:
     spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "report"}})
     s = step(
