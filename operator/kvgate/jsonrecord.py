@@ -43,6 +43,25 @@ def key(
 MISSING: Final = object()
 
 
+def whole(value: Any) -> Any:
+    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def record_of(cls: type[Any], source: object, **given: Any) -> Any:
+    """A status record `cls` filled from `source`'s attributes of the same names (a result
+    type beside its status record), `given` for the fields that differ. A field neither has
+    raises AttributeError: a rename on one side must not silently empty the record."""
+    names = (f.name for f in dataclasses.fields(cls) if f.name not in given)
+    return cls(**{n: getattr(source, n) for n in names}, **given)
+
+
+def read_record(cls: type[Any], raw: object) -> Any:
+    """`raw` read as the record `cls` (total: anything unreadable reads as `cls()`)."""
+    value = read(cls, raw, 0)
+    return cls() if value is MISSING else value
+
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)

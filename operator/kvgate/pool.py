@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvgate.errors import SpecError
-from kvgate.jsonrecord import write
+from kvgate.jsonrecord import record_of, write
 from kvgate.metrics import MetricSnapshot, counter_increase
 from kvgate.status import PressureRecord
 
@@ -51,20 +51,7 @@ class PoolPressure:
 
     def status_record(self) -> dict[str, Any]:
         """As status keeps it (`status.PressureRecord`: camelCase, nulls left out)."""
-        record = PressureRecord(
-            pressured=self.pressured,
-            samples=self.samples,
-            pressured_samples=self.pressured_samples,
-            fraction=self.fraction,
-            min_fraction=self.min_fraction,
-            usage_threshold=self.usage_threshold,
-            mean_usage=self.mean_usage,
-            max_usage=self.max_usage,
-            mean_waiting=self.mean_waiting,
-            preemptions=self.preemptions,
-            reasons=self.reasons,
-        )
-        out: dict[str, Any] = write(record)
+        out: dict[str, Any] = write(record_of(PressureRecord, self))
         return out
 
 

@@ -11,25 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from kvgate import metrics
-from kvgate.jsonrecord import MISSING, read, write
+from kvgate.jsonrecord import read_record, record_of, whole, write
 from kvgate.status import PoolSample
-
-
-def _whole(value: Any) -> Any:
-    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
     """The status record of one scrape."""
     ttft, prompt, output = snap.ttft, snap.prompt_lengths, snap.output_lengths
-    sample = PoolSample(
-        engine=snap.engine,
-        kv_usage=snap.kv_usage,
-        running=snap.running,
-        waiting=snap.waiting,
-        retracted=snap.retracted,
-        preemptions=snap.preemptions,
+    sample = record_of(
+        PoolSample,
+        snap,
         ttft_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
         prompt_len_sum=None if prompt is None else prompt.sum,
@@ -37,13 +28,13 @@ def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
         output_len_sum=None if output is None else output.sum,
         output_len_count=None if output is None else output.count,
     )
-    return {k: _whole(v) for k, v in write(sample).items()}
+    return {k: whole(v) for k, v in write(sample).items()}
 
 
 def sample_of(raw: object) -> PoolSample:
     """A kept sample, read whatever its spelling; anything unreadable reads as empty."""
-    sample = read(PoolSample, raw, 0)
-    return PoolSample() if sample is MISSING else sample
+    sample: PoolSample = read_record(PoolSample, raw)
+    return sample
 
 
 def snapshot_of(raw: object) -> metrics.MetricSnapshot:

@@ -80,3 +80,24 @@ def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
     assert baseline_from_preflight({"a": camel}) == baseline_from_preflight({"a": snake})
     assert baseline_from_preflight({"a": camel}).waiting == 7
     assert baseline_from_preflight({"a": camel}).ttft_s == pytest.approx(0.2)
+
+
+def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
+    from dataclasses import dataclass
+
+    from kvgate.jsonrecord import read_record, record_of
+    from kvgate.status import PressureRecord
+
+    @dataclass
+    class Renamed:  # a result whose field was renamed on one side
+        pressured: bool = True
+
+    with pytest.raises(AttributeError, match="samples"):
+        record_of(PressureRecord, Renamed())
+    # every field the status record has is filled, none left at its default by omission
+    snap = scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0))
+    assert poolsample.sample_of(poolsample.record(snap)).retracted == 2
+    pressure = pool_pressure([snap, snap, snap])
+    kept = read_record(PressureRecord, pressure.status_record())
+    for name, value in pressure.to_dict().items():
+        assert getattr(kept, name) == (tuple(value) if isinstance(value, list) else value), name

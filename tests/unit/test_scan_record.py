@@ -62,3 +62,14 @@ def test_the_remedy_reads_the_version_a_kept_scan_logged() -> None:
     scan = logs.scan_log(text, engine="vllm")
     camel = remedy.find_remedy(scan.status_record(), "vllm", None)
     assert camel is not None and camel == remedy.find_remedy(scan.to_dict(), "vllm", None)
+
+
+def test_no_credential_an_engine_printed_reaches_the_kept_scan() -> None:
+    # GIVEN a crash log whose every line also carries a credential (engines print their args)
+    secret = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    text = (DATA / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
+    hostile = "\n".join(f"{line} --api-key {secret}" for line in text.splitlines())
+    kept = scan_engine_log(hostile, "vllm")
+    # THEN the findings still name the crash, and nothing of the credential is kept
+    assert "attention-build-failed" in [f["code"] for f in kept["findings"]]
+    assert secret not in str(kept) and "hf_abcdefgh" not in str(kept)

@@ -18,6 +18,7 @@ from kvgate import kubeobjects, manifests, promotion, proposing, redact, superse
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KubeError, KvgateError
+from kvgate.jsonrecord import whole
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     ANNOTATION_ABORT,
@@ -389,9 +390,7 @@ def metrics_url(ctx: Ctx, ip: str) -> str:
     return f"http://{ip}:{ctx.status.get('port', 8000)}{ctx.status.get('metricsPath', '/metrics')}"
 
 
-def json_number(value: Any) -> Any:
-    """13.0 -> 13, as the apiserver stores it, so status round-trips unchanged."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+json_number = whole  # 13.0 -> 13, as the apiserver stores it (`jsonrecord.whole`)
 
 
 def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:

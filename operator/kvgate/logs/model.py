@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvgate.jsonrecord import read, write
+from kvgate.jsonrecord import read_record, record_of, write
 from kvgate.status import CapacityRecord, FindingRecord, ScanRecord
 
 ENGINES: Final = ("vllm", "sglang")
@@ -133,9 +133,7 @@ class LogScan:
 
         The findings are rebuilt as status keeps them (at most 20, lines cut).
         """
-        record = read(ScanRecord, data, 0)
-        if not isinstance(record, ScanRecord):
-            record = ScanRecord()
+        record: ScanRecord = read_record(ScanRecord, data)
         capacity = record.capacity or CapacityRecord()
         plain = {
             "engine": record.engine,
@@ -212,34 +210,12 @@ class LogScan:
 
     def status_record(self) -> dict[str, Any]:
         """The scan as status keeps it (`status.ScanRecord`: camelCase, nulls left out)."""
-        cap = self.capacity
-        record = ScanRecord(
-            engine=self.engine,
-            engine_version=self.engine_version,
-            kv_cache_dtype=self.kv_cache_dtype,
-            attention_backend=self.attention_backend,
-            attention_backend_candidates=self.attention_backend_candidates,
-            capacity=CapacityRecord(
-                kv_tokens=cap.kv_tokens,
-                max_concurrency=cap.max_concurrency,
-                kv_memory_gib=cap.kv_memory_gib,
-                max_model_len=cap.max_model_len,
-                num_gpu_blocks=cap.num_gpu_blocks,
-            ),
-            ready=self.ready,
-            failed=self.failed,
-            findings=tuple(
-                FindingRecord(
-                    code=f.code,
-                    severity=f.severity,
-                    line=f.line,
-                    text=f.text,
-                    hint=f.hint or None,
-                    count=f.count,
-                )
-                for f in self.findings
-            ),
-            lines=self.lines,
+        record = record_of(
+            ScanRecord,
+            self,
+            capacity=record_of(CapacityRecord, self.capacity),
+            findings=tuple(record_of(FindingRecord, f, hint=f.hint or None) for f in self.findings),
+            tail=(),  # a crashed arm's last lines: the controller adds them from the pod log
         )
         out: dict[str, Any] = write(record)
         return out
