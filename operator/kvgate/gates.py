@@ -22,6 +22,7 @@ from kvgate.spec import (
     ScalesGate,
     SpeedGate,
 )
+from kvgate.status import HistogramTotals
 from kvgate.verdict import GateResult
 
 # Gate names, as keys of `status.gates`.
@@ -577,13 +578,15 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
     )
 
 
-def mean_between(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> float | None:
-    """Mean of a histogram over a window from its {sum, count} totals at both ends."""
-    try:
-        count = float(after["count"]) - float(before["count"])  # type: ignore[index]
-        total = float(after["sum"]) - float(before["sum"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError):
+def mean_between(before: HistogramTotals | None, after: HistogramTotals | None) -> float | None:
+    """Mean of a histogram over a window from its sum and count totals at both ends."""
+    if before is None or after is None:
         return None
+    ends = (before.sum, before.count, after.sum, after.count)
+    if any(v is None for v in ends):
+        return None
+    count = float(after.count or 0) - float(before.count or 0)
+    total = float(after.sum or 0) - float(before.sum or 0)
     return total / count if count > 0 and total >= 0 else None
 
 

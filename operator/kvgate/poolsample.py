@@ -28,6 +28,11 @@ def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
         output_len_sum=None if output is None else output.sum,
         output_len_count=None if output is None else output.count,
     )
+    return write_sample(sample)
+
+
+def write_sample(sample: PoolSample) -> dict[str, Any]:
+    """A sample as status keeps it (whole floats as ints, as the apiserver stores them)."""
     return {k: whole(v) for k, v in write(sample).items()}
 
 

@@ -12,15 +12,13 @@ but not applied within `applyDeadline` ends it `Failed` with reason `NotApplied`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from kvgate.model import Phase, PromotionMode, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.redact import scrub_text
 from kvgate.spec import DEFAULT_APPLY_DEADLINE_S, RolloutSpec
 from kvgate.status import PullRequestStatus as PullRequestStatus  # re-exported
-from kvgate.status import RolloutStatus
 from kvgate.steps import (
     MAX_DELAY_S,
     MIN_DELAY_S,
@@ -35,11 +33,6 @@ from kvgate.steps import (
 from kvgate.verdict import GateResult, Verdict
 
 OPENING = "opening"  # the write-ahead state: recorded before the forge is called
-
-
-def recorded(status: Mapping[str, Any]) -> PullRequestStatus | None:
-    """The pull request this status records (None: none yet)."""
-    return RolloutStatus.from_dict({"pullRequest": status.get("pullRequest")}).pull_request
 
 
 def intent(spec: RolloutSpec, config_hash: str) -> PullRequestStatus:

@@ -44,12 +44,12 @@ def unknown_fields(key: VerdictKey) -> tuple[str, ...]:
     return tuple(name for name in REQUIRED if getattr(key, name) in (None, ""))
 
 
-def wanted_key(status: Mapping[str, Any], spec: RolloutSpec) -> VerdictKey | None:
+def wanted_key(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey | None:
     """The candidate's key when a reused verdict is worth looking for: the spec asks for it and
     every required field is known (None: run the own eval; the caller lists nothing)."""
     if spec.reuse_verdict is None:
         return None
-    key = key_of(RolloutStatus.from_dict(status), spec)
+    key = key_of(status, spec)
     return None if unknown_fields(key) else key
 
 

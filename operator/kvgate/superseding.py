@@ -12,14 +12,13 @@ newer spec starts after its end.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from kvgate import proposing
 from kvgate.model import Phase, PromotionMode, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
-from kvgate.status import PullRequestStatus
+from kvgate.status import PullRequestStatus, RolloutStatus
 from kvgate.steps import MIN_DELAY_S, Action, Event, Observation, State, Step
 
 # Nothing of the run is on the Deployment or merged in Git in these phases.
@@ -35,10 +34,10 @@ SUPERSEDABLE: Final = frozenset(
 )
 
 
-def newer_generation(status: Mapping[str, Any], generation: int | None) -> int | None:
+def newer_generation(status: RolloutStatus, generation: int | None) -> int | None:
     """`generation` when it is newer than the one the run in `status` evaluates (runGeneration;
     a status from before it was recorded: observedGeneration); None when the same or unknown."""
-    run = status.get("runGeneration", status.get("observedGeneration"))
+    run = status.observed_generation if status.run_generation is None else status.run_generation
     if isinstance(run, int) and isinstance(generation, int) and generation > run:
         return generation
     return None

@@ -74,9 +74,9 @@ def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
     )
 
 
-def recorded(status: Mapping[str, Any]) -> VerdictKey | None:
+def recorded(status: RolloutStatus) -> VerdictKey | None:
     """The key recorded with the verdict in this status (None: none recorded)."""
-    verdict = RolloutStatus.from_dict(status).verdict
+    verdict = status.verdict
     if verdict is None or verdict.key is None:
         return None
     return VerdictKey.of_record(verdict.key)

@@ -225,7 +225,7 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
     assert record["args"] == args
     assert record["env"] == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     # the remedied candidate was gated like any other: it ran Triton and FP8, logs = metrics
-    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "TRITON_ATTN"
     assert status["arms"]["candidate"]["scan"]["kvCacheDtype"] == "fp8"
     assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
     assert status["gates"]["accuracy"]["outcome"] == "Successful"

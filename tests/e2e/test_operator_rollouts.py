@@ -191,7 +191,7 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
         "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels"
     )
     assert "--attention-backend TRITON_ATTN" in status["message"]
-    assert status["arms"]["candidate"]["attentionBackend"] == "FLASHINFER"
+    assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "FLASHINFER"
     assert condition(obj, "CanaryHealthy")["status"] == "False"
     assert condition(obj, "RolledBack")["status"] == "True"
     assert condition(obj, "Ready")["status"] == "False"
@@ -284,7 +284,7 @@ def test_applying_the_remedy_to_the_trap_restarts_and_promotes(world: World) -> 
     obj = wait_phase(world.cluster, ns, "trap-fp8", TERMINAL, 420)
     status = obj["status"]
     assert (status["phase"], status["observedGeneration"]) == ("Promoted", 2), status["message"]
-    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "TRITON_ATTN"
     assert "crashed" not in json.dumps(status["gates"])  # the first run's findings are gone
     assert condition(obj, "Promoted")["observedGeneration"] == 2
     assert "--attention-backend" in container_of(world.deployment("trap"))["args"]
@@ -534,8 +534,8 @@ def test_sglang_rollout_reports_a_verdict(world: World) -> None:
         json.dumps({"message": status["message"], "arms": status.get("arms")})[:4000]
     )
     assert status["engine"] == "sglang"
-    assert status["arms"]["control"]["attentionBackend"] == "flashinfer"
-    assert status["arms"]["candidate"]["attentionBackend"] == "triton"
+    assert status["arms"]["control"]["scan"]["attentionBackend"] == "flashinfer"
+    assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "triton"
     assert status["gates"]["scales"]["reason"] == "ScalesMissing"
     assert 1.9 <= status["capacity"]["ratio"] <= 2.1
     assert status["recommendedArgs"][-4:] == [

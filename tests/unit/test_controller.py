@@ -777,7 +777,7 @@ def test_remediation_auto_restarts_the_candidate_with_the_remedy_and_promotes_it
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-    assert status["arms"]["candidate"]["attentionBackend"] == "TRITON_ATTN"
+    assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "TRITON_ATTN"
     assert status["gates"]["engineTruth"]["reason"] == "LogMetricsAgree"
 
 

@@ -23,6 +23,7 @@ from kvgate.gates import _LC_KIND, assess_divergence, assess_long_context, bucke
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import GateMode, Outcome, Phase
 from kvgate.spec import DivergenceGate, LongContextTask, RolloutSpec
+from kvgate.status import RolloutStatus
 from kvgate.stats import PairedCounts
 from kvgate.steps import Observation, State
 
@@ -456,11 +457,14 @@ def test_gsm8k_failure_still_leads() -> None:
 def test_max_model_len_is_the_controls_logged_one() -> None:
     from kvgate.controller.act import engine_max_model_len
 
+    def of(arms: object) -> RolloutStatus:
+        return RolloutStatus.from_dict({"arms": arms})
+
     arms = {"control": {"scan": {"capacity": {"max_model_len": 32768}}}}
-    assert engine_max_model_len(arms) == 32768
+    assert engine_max_model_len(of(arms)) == 32768
     for bad in ({}, {"control": {"scan": None}}, {"control": {"scan": {"capacity": {
             "max_model_len": True}}}}, {"control": {"scan": {"capacity": {"max_model_len": -1}}}}):  # fmt: skip
-        assert engine_max_model_len(bad) is None
+        assert engine_max_model_len(of(bad)) is None
 
 
 def test_a_hub_tokenizer_gets_the_rollouts_token_by_reference() -> None:

@@ -20,7 +20,7 @@ from kvgate.model import Phase, PromotionMode, PullRequestState
 from kvgate.proposing import OPENING
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
-from kvgate.status import PullRequestStatus
+from kvgate.status import PullRequestStatus, RolloutStatus
 from kvgate.steps import Action, Observation, PullRequestSeen, State
 
 SAMPLER_OFF = [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}]
@@ -335,4 +335,4 @@ def test_a_new_spec_after_the_end_starts_a_run_that_keeps_nothing_of_the_last(
 def test_newer_generation_reads_only_what_it_can_trust(
     status: dict[str, Any], generation: int | None, newer: int | None
 ) -> None:
-    assert superseding.newer_generation(status, generation) == newer
+    assert superseding.newer_generation(RolloutStatus.from_dict(status), generation) == newer

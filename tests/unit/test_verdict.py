@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvgate import deadlines, kubeobjects, machine, remedy, steps
+from kvgate import deadlines, jsonrecord, kubeobjects, machine, remedy, steps
 from kvgate import verdict as v
 from kvgate.gates import (
     accuracy_detail,
@@ -32,6 +32,7 @@ from kvgate.spec import (
     ScalesGate,
     SpeedGate,
 )
+from kvgate.status import HistogramTotals
 from kvgate.steps import Action, LiveTarget, Observation, State
 from kvgate.verdict import Decision, GateResult
 
@@ -1079,7 +1080,10 @@ MEAN_GRID = [
 def test_mean_between(
     before: dict[str, Any] | None, after: dict[str, Any], mean: float | None
 ) -> None:
-    got = mean_between(before, after)
+    got = mean_between(
+        None if before is None else jsonrecord.read_record(HistogramTotals, before),
+        jsonrecord.read_record(HistogramTotals, after),
+    )
     assert got == pytest.approx(mean) if mean is not None else got is None
 
 

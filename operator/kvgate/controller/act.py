@@ -7,6 +7,7 @@ returns what status keeps of what it did (a `StatusUpdate`); it writes no status
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from collections.abc import Callable, Iterator, Mapping
@@ -14,13 +15,13 @@ from typing import Any, Final
 
 from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
-from kvgate.controller import sources
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
     StatusUpdate,
     adopt_child,
     arm_health,
+    canary_port,
     candidate_record,
     derive_candidate,
     derive_candidate_unchecked,
@@ -49,6 +50,17 @@ from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
 from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec, is_local_path
+from kvgate.status import (
+    ArmStatus,
+    EvalStatus,
+    FirstAttempt,
+    LoadStatus,
+    PromotionStatus,
+    RemediationStatus,
+    RevertStatus,
+    RolloutStatus,
+    SpeedStatus,
+)
 from kvgate.steps import Action, Step
 from kvgate.timestamps import iso, parse_time
 
@@ -65,8 +77,8 @@ def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:
     for action in step.actions:
         seen = ctx.seeing(done)
         if action in DEFERRED:
-            pending = set(seen.status.get("pendingActions") or ())
-            update = StatusUpdate.of(pendingActions=sorted(pending | {action.value}))
+            pending = set(seen.so_far.pending_actions)
+            update = StatusUpdate.of(pendingActions=tuple(sorted(pending | {action.value})))
         else:
             update = ACTIONS[action](seen, step)
         done = done.then(update)
@@ -88,7 +100,7 @@ def act_best_effort(ctx: Ctx, step: Step) -> StatusUpdate:
 def run_pending(ctx: Ctx, step: Step) -> StatusUpdate:
     """The deletions an earlier reconcile recorded; cleared once they all went through."""
     known = {a.value for a in Action}
-    pending = [Action(a) for a in ctx.status.get("pendingActions") or () if a in known]
+    pending = [Action(a) for a in ctx.so_far.pending_actions if a in known]
     for action in pending:
         ACTIONS[action](ctx, step)
     return StatusUpdate.of(pendingActions=None) if pending else NOTHING
@@ -99,9 +111,7 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
     if dep is None:
         raise KvgateError(f"Deployment {ctx.spec.target.name} disappeared")
     template = (dep.get("spec") or {}).get("template") or {}
-    index, container = manifests.find_container(
-        template.get("spec") or {}, ctx.status.get("container")
-    )
+    index, container = manifests.find_container(template.get("spec") or {}, ctx.so_far.container)
     # Both arms come from the live container and the spec (status only holds fingerprints).
     candidate = derive_candidate(ctx, container)
     arms = {"control": container, "candidate": candidate}
@@ -114,7 +124,7 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
             template=template,
             container_index=index,
             container=c,
-            config_hash=str(ctx.status.get("configHash")),
+            config_hash=str(ctx.so_far.config_hash),
         )
         adopt_child(ctx, pod, arm)
         existing = ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"])
@@ -153,15 +163,14 @@ def delete_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
 
 
 def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
-    ev = dict(ctx.status.get("eval") or {})
-    attempt = step.eval_attempts or int(ev.get("attempt") or 1)
-    arms = ctx.status.get("arms") or {}
+    status = ctx.so_far
+    attempt = step.eval_attempts or (status.eval.attempt if status.eval else None) or 1
     ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
     if not all(ips.values()):
         raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
-    port = ctx.status.get("port", 8000)
+    port = canary_port(status)
     env = {"PYTHONUNBUFFERED": "1"}
-    secret_env = eval_secret_env(ctx.spec, ctx.status.get("model"))
+    secret_env = eval_secret_env(ctx.spec, status.model)
     problem = hub_token_problem(ctx) if secret_env else None
     if problem:  # checked in Pending too; the label may have gone since (fail closed)
         raise InputError(problem)
@@ -169,8 +178,8 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
         env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
     # Before the Job: its pod never runs unconfined (where the CNI enforces NetworkPolicy).
     # The hub is reached for a hub tokenizer, and for GSM8K itself when no local copy is set.
-    hub = hub_tokenizer(ctx.spec, ctx.status.get("model")) is not None or not ctx.config.gsm8k_dir
-    ensure_eval_policy(ctx, port=int(port), hub=hub)
+    hub = hub_tokenizer(ctx.spec, status.model) is not None or not ctx.config.gsm8k_dir
+    ensure_eval_policy(ctx, port=port, hub=hub)
     job = manifests.build_eval_job(
         rollout=ctx.name,
         namespace=ctx.namespace,
@@ -180,15 +189,15 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
             ctx.spec,
             control_url=f"http://{ips['control']}:{port}/v1/completions",
             candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
-            model=ctx.status.get("servedModel") or ctx.status.get("model"),
+            model=status.served_model or status.model,
             concurrency=eval_concurrency_of(ctx),
-            max_model_len=engine_max_model_len(arms),
-            tokenizer=ctx.status.get("model"),
+            max_model_len=engine_max_model_len(status),
+            tokenizer=status.model,
         ),
         env=env,
         resources=manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources),
         deadline_s=ctx.spec.canary.eval_timeout_s,
-        config_hash=str(ctx.status.get("configHash")),
+        config_hash=str(status.config_hash),
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
         writable_tmp=ctx.config.eval_writable_tmp,
@@ -201,9 +210,13 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     existing = ensure_job(ctx, job, "eval", Reason.EVAL_STARTED, attempt)
     # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
     # hash is kept in status, which rollout readers can see.
-    ev.update(attempt=attempt, job=job["metadata"]["name"], nonceSha256=nonce_hash(existing))
-    ev.pop("progress", None)
-    del arms  # arms' IPs are read fresh: a restarted operator must not use stale ones
+    ev = dataclasses.replace(
+        status.eval or EvalStatus(),
+        attempt=attempt,
+        job=job["metadata"]["name"],
+        nonce_sha256=nonce_hash(existing),
+        progress={},
+    )
     return StatusUpdate.of(eval=ev)
 
 
@@ -231,19 +244,20 @@ def ensure_job(
 
 def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     """The load Job of this attempt: `kvgate load-job` on both canaries at production's load."""
-    load = dict(ctx.status.get("load") or {})
-    attempt = step.load_attempts or int(load.get("attempt") or 1)
+    status = ctx.so_far
+    load = status.load or LoadStatus()
+    attempt = step.load_attempts or load.attempt or 1
     ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
     if not all(ips.values()):
         raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
-    port = ctx.status.get("port", 8000)
+    port = canary_port(status)
     gate = ctx.spec.capacity_gain.throughput_gain
     # Production's concurrency: the preflight's running + waiting requests, else 1.
-    concurrency = throughput.status_production_concurrency(ctx.status)
+    concurrency = throughput.production_concurrency(status.preflight)
     deadline_s = gate.timeout_s if gate else ctx.spec.canary.eval_timeout_s
     # Lengths: the means of production's request-length histograms as the preflight read them,
     # else the fixed defaults (the message says which).
-    lengths = throughput.status_production_lengths(ctx.status)
+    lengths = throughput.production_lengths(status.preflight)
     job = manifests.build_load_job(
         rollout=ctx.name,
         namespace=ctx.namespace,
@@ -252,19 +266,19 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         command=manifests.load_command(
             control_url=f"http://{ips['control']}:{port}",
             candidate_url=f"http://{ips['candidate']}:{port}",
-            model=str(ctx.status.get("servedModel") or ctx.status.get("model") or ""),
+            model=status.served_model or status.model or "",
             production_concurrency=concurrency,
             prompt_tokens=lengths.prompt_tokens,
             output_tokens=lengths.output_tokens,
             prompt_std_tokens=lengths.prompt_std_tokens,
             max_concurrency=max(gate.max_concurrency if gate else concurrency, concurrency),
-            server_type="sglang" if ctx.status.get("engine") == "sglang" else "vllm",
+            server_type="sglang" if status.engine == "sglang" else "vllm",
             deadline_s=deadline_s,
             slo_ttft_ms=gate.ttft_p99_ms if gate else None,
             slo_tpot_ms=gate.tpot_p99_ms if gate else None,
         ),
         deadline_s=deadline_s,
-        config_hash=str(ctx.status.get("configHash")),
+        config_hash=str(status.config_hash),
         # the word tokenizer that counts as the engines do is built from GSM8K's train split
         env={
             "PYTHONUNBUFFERED": "1",
@@ -275,17 +289,18 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         nonce=secrets.token_hex(16),
     )
     # Before the Job, as for the eval: its pods reach only the canaries' port and DNS.
-    ensure_eval_policy(ctx, port=int(port), hub=False, role="load")
+    ensure_eval_policy(ctx, port=port, hub=False, role="load")
     existing = ensure_job(ctx, job, "load", Reason.LOAD_STARTED, attempt)
     # As for the eval: the nonce of the Job that runs, hashed; and the load it was asked for.
-    load.update(
+    load = dataclasses.replace(
+        load,
         attempt=attempt,
         job=job["metadata"]["name"],
-        nonceSha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
+        nonce_sha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
         concurrency=job_concurrency(existing) or concurrency,
         lengths=lengths.message,
         # the window of the arms' GPU clocks under this load: from its Job's creation
-        startedAt=job_created_at(existing) or round(ctx.now.timestamp(), 3),
+        started_at=job_created_at(existing) or round(ctx.now.timestamp(), 3),
         clocks=None,  # another attempt's clocks say nothing of this one's
     )
     return StatusUpdate.of(load=load)
@@ -355,9 +370,12 @@ def eval_secret_env(spec: RolloutSpec, model: str | None) -> dict[str, tuple[str
     return {"HF_TOKEN": (secret.name, secret.key)}
 
 
-def engine_max_model_len(arms: Mapping[str, Any]) -> int | None:
+def engine_max_model_len(status: RolloutStatus) -> int | None:
     """The control's max model length as its startup log states it (the production value)."""
-    return sources.scan_of((arms.get("control") or {}).get("scan")).capacity.max_model_len
+    control = status.arms.get("control")
+    scan = control.scan if control is not None else None
+    length = scan.capacity.max_model_len if scan is not None and scan.capacity else None
+    return length if length is not None and length > 0 else None
 
 
 def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV) -> str | None:
@@ -378,9 +396,10 @@ def delete_eval_jobs(ctx: Ctx, step: Step) -> StatusUpdate:
         job = labels.get("job-name")
         if job and labels.get(LABEL_ARM) in ("eval", "load"):
             seen.add(job)
-    attempts = int((ctx.status.get("eval") or {}).get("attempt") or 0)
+    status = ctx.so_far
+    attempts = (status.eval.attempt if status.eval else None) or 0
     seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
-    loads = int((ctx.status.get("load") or {}).get("attempt") or 0)
+    loads = (status.load.attempt if status.load else None) or 0
     seen.update(manifests.load_job_name(ctx.name, a) for a in range(1, min(loads, 99) + 1))
     for name in sorted(seen):
         job = ctx.kube.read_job(ctx.namespace, name)
@@ -399,9 +418,11 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
     """Speed: TPOT histogram totals of both arms before the eval, which is the fixed load."""
     if ctx.spec.speed is None:
         return NOTHING
-    speed = dict(ctx.status.get("speed") or {})
-    speed["before"] = tpot_totals(ctx)
-    speed["startedAt"] = round(ctx.now.timestamp(), 3)  # the window of the arms' GPU clocks
+    speed = dataclasses.replace(
+        ctx.so_far.speed or SpeedStatus(),
+        before=tpot_totals(ctx),
+        started_at=round(ctx.now.timestamp(), 3),  # the window of the arms' GPU clocks
+    )
     return StatusUpdate.of(speed=speed)
 
 
@@ -421,17 +442,18 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
     if not ops:
         raise KvgateError("the candidate equals the evaluated container: nothing to promote")
     dep = ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
-    promo = dict(ctx.status.get("promotion") or {})
-    promo.update(
+    generation = dep["metadata"].get("generation")
+    promo = dataclasses.replace(
+        ctx.so_far.promotion or PromotionStatus(),
         patched=True,
-        patchedAt=iso(ctx.now),
-        generation=dep["metadata"].get("generation"),
+        patched_at=iso(ctx.now),
+        generation=generation if isinstance(generation, int) else None,
     )
     post_event(
         ctx,
         Reason.PROMOTING,
-        f"patched Deployment {ctx.spec.target.name} (generation {promo['generation']}): "
-        f"{' '.join(ctx.status.get('recommendedArgs') or [])}",
+        f"patched Deployment {ctx.spec.target.name} (generation {generation}): "
+        f"{' '.join(ctx.so_far.recommended_args)}",
     )
     return StatusUpdate.of(promotion=promo)
 
@@ -447,21 +469,25 @@ def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
     if dep is None or found is None:
         return NOTHING  # the observation says why; nothing to patch
     index, live = found
-    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
     target = promotion.revert(live, previous, candidate, view=status_view(ctx, live))
     ops = promotion.patch_ops(index, live, target)
     if not ops:
         return NOTHING
-    revert = dict(ctx.status.get("revert") or {})
-    revert["attempts"] = int(revert.get("attempts") or 0) + 1
-    revert["lastAttemptAt"] = iso(ctx.now)
+    revert = ctx.so_far.revert or RevertStatus()
+    error = None
     try:
         ctx.kube.patch_deployment(ctx.namespace, ctx.spec.target.name, ops)
-        revert["lastError"] = None  # a merge patch: null removes the field
     except ExternalError as exc:
         REVERT_FAILURES.labels(ctx.namespace, ctx.name).inc()
-        revert["lastError"] = describe(exc)
-        ctx.logger.warning("revert of %s refused: %s", ctx.spec.target.name, revert["lastError"])
+        error = describe(exc)
+        ctx.logger.warning("revert of %s refused: %s", ctx.spec.target.name, error)
+    revert = dataclasses.replace(
+        revert,
+        attempts=(revert.attempts or 0) + 1,
+        last_attempt_at=iso(ctx.now),
+        last_error=error,
+    )
     return StatusUpdate.of(revert=revert)
 
 
@@ -481,23 +507,27 @@ def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
         raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
     _, live = found
     derive_candidate(ctx, live)  # the live container and the candidate are still the evaluated
-    arms = ctx.status.get("arms") or {}
-    first = dict(arms.get("candidate") or {})
-    decided = StatusUpdate.of(remediation={
-        **remedy.to_dict(),
-        "attempt": 1,
-        "decidedAt": iso(ctx.now),
-        "firstAttempt": {
-            "message": step.message[:500],
-            "attentionBackend": first.get("attentionBackend"),
-            "findings": [f.get("code") for f in (first.get("scan") or {}).get("findings") or []],
-        },
-    })  # fmt: skip
+    first = ctx.so_far.arms.get("candidate") or ArmStatus()
+    findings = first.scan.findings if first.scan is not None else ()
+    decided = StatusUpdate.of(remediation=RemediationStatus(
+        code=remedy.code,
+        engine=remedy.engine,
+        engine_version=remedy.version,
+        args=remedy.args,
+        env=dict(remedy.env),
+        attempt=1,
+        decided_at=iso(ctx.now),
+        first_attempt=FirstAttempt(
+            message=step.message[:500],
+            attention_backend=first.attention_backend,
+            findings=tuple(f.code for f in findings if f.code is not None),
+        ),
+    ))  # fmt: skip
     candidate = derive_candidate_unchecked(ctx.seeing(decided), live)
     return decided.then(StatusUpdate.of(
         **candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env),
         configHash=config_hash(
-            {"evaluated": ctx.status.get("configHash"), "remediation": remedy.to_dict()}
+            {"evaluated": ctx.so_far.config_hash, "remediation": remedy.to_dict()}
         ),
         arms=None,  # merge patch: the first attempt's arms are gone
         capacity=None,

@@ -14,7 +14,15 @@ from typing import Any, Final, Protocol
 
 import kopf
 
-from kvgate import kubeobjects, manifests, promotion, proposing, redact, superseding, verdictkey
+from kvgate import (
+    jsonrecord,
+    kubeobjects,
+    manifests,
+    promotion,
+    redact,
+    superseding,
+    verdictkey,
+)
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import KubeError, KvgateError
@@ -32,6 +40,13 @@ from kvgate.model import (
     Phase,
 )
 from kvgate.spec import RolloutSpec, TargetRef
+from kvgate.status import (
+    PromotionStatus,
+    RemediationStatus,
+    RevertStatus,
+    RolloutStatus,
+    VerifyStatus,
+)
 from kvgate.steps import LiveTarget, State
 from kvgate.timestamps import parse_time
 from kvgate.verdict import GateResult, RevertIntent
@@ -77,10 +92,18 @@ class StatusView(Mapping[str, Any]):
     edit of a nested block changes only the reader's copy: stages return what they found or
     did, and `record.fold` alone builds the status that is written."""
 
-    __slots__ = ("_data",)
+    __slots__ = ("_data", "_record")
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = copy.deepcopy(dict(data or {}))
+        self._record: RolloutStatus | None = None
+
+    @property
+    def record(self) -> RolloutStatus:
+        """The status read as the typed record (read once per view: a view never changes)."""
+        if self._record is None:
+            self._record = RolloutStatus.from_dict(self._data)
+        return self._record
 
     @classmethod
     def _owning(cls, data: dict[str, Any]) -> StatusView:
@@ -115,7 +138,8 @@ class StatusUpdate:
 
     @classmethod
     def of(cls, **changes: Any) -> StatusUpdate:
-        return cls(copy.deepcopy(changes))
+        """Top-level keys with their new values: status records (`kvgate.status`) or JSON."""
+        return cls({k: copy.deepcopy(jsonrecord.write(v)) for k, v in changes.items()})
 
     def then(self, later: StatusUpdate) -> StatusUpdate:
         """This update followed by `later` (its keys win)."""
@@ -157,6 +181,11 @@ class Ctx:
     now: dt.datetime
     reads: Reads = field(default_factory=Reads)
 
+    @property
+    def so_far(self) -> RolloutStatus:
+        """The status so far as the typed record: how every stage reads it."""
+        return self.status.record
+
     def seeing(self, update: StatusUpdate) -> Ctx:
         """This context with `update` applied to the status it sees (the reads are shared)."""
         if not update.changes:
@@ -177,17 +206,14 @@ def parse_spec(
 
 
 def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
-    since = parse_time(ctx.status.get("phaseSince")) or ctx.now
-    gates = {
-        k: GateResult.from_dict(k, v)
-        for k, v in (ctx.status.get("gates") or {}).items()
-        if isinstance(v, Mapping)
-    }
-    promo = ctx.status.get("promotion") or {}
-    verify = promo.get("verify") or {}
-    last = parse_time(verify.get("lastSampleAt"))
-    window = parse_time(verify.get("windowStartedAt"))
-    revert = ctx.status.get("revert") or {}
+    status = ctx.so_far
+    since = parse_time(status.phase_since) or ctx.now
+    gates = {k: GateResult.from_dict(k, jsonrecord.write(v)) for k, v in status.gates.items()}
+    promo = status.promotion or PromotionStatus()
+    verify = promo.verify or VerifyStatus()
+    last = parse_time(verify.last_sample_at)
+    window = parse_time(verify.window_started_at)
+    revert = status.revert or RevertStatus()
     annotations = meta.get("annotations") or {}
     record = ApprovalRecord(
         approve=annotations.get(ANNOTATION_APPROVE),
@@ -203,24 +229,24 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     return State(
         phase=phase,
         phase_elapsed_s=(ctx.now - since).total_seconds(),
-        config_hash=str(ctx.status.get("configHash") or ""),
-        eval_attempts=int((ctx.status.get("eval") or {}).get("attempt") or 0),
-        load_attempts=int((ctx.status.get("load") or {}).get("attempt") or 0),
+        config_hash=status.config_hash or "",
+        eval_attempts=(status.eval.attempt if status.eval else None) or 0,
+        load_attempts=(status.load.attempt if status.load else None) or 0,
         gates=gates,
         approval=approval,
         approver=redact.scrub_text(approver)[:253],
         approval_ignored=redact.scrub_text(ignored),
         abort=None if (text := abort_text(record)) is None else redact.scrub_text(text),
-        patched=bool(promo.get("patched")),
-        verify_samples=int(verify.get("samples") or 0),
+        patched=bool(promo.patched),
+        verify_samples=verify.samples or 0,
         since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
         window_elapsed_s=0.0 if window is None else (ctx.now - window).total_seconds(),
-        revert=RevertIntent.from_dict(revert) if revert.get("phase") else None,
-        revert_attempts=int(revert.get("attempts") or 0),
-        revert_error=revert.get("lastError"),
-        remedy_attempts=int((ctx.status.get("remediation") or {}).get("attempt") or 0),
-        pull_request=proposing.recorded(ctx.status),
-        spec_changed_to=superseding.newer_generation(ctx.status, ctx.generation),
+        revert=RevertIntent.from_dict(jsonrecord.write(revert)) if revert.phase else None,
+        revert_attempts=revert.attempts or 0,
+        revert_error=revert.last_error,
+        remedy_attempts=(status.remediation.attempt if status.remediation else None) or 0,
+        pull_request=status.pull_request,
+        spec_changed_to=superseding.newer_generation(status, ctx.generation),
     )
 
 
@@ -242,9 +268,9 @@ def target_deployment(ctx: Ctx) -> dict[str, Any] | None:
 
 def evaluated_container(ctx: Ctx) -> dict[str, Any]:
     """The production container as evaluated: image plus the command/args/env in status."""
-    out = dict(ctx.status.get("previous") or {})
-    if ctx.status.get("evaluatedImage") is not None:
-        out["image"] = ctx.status["evaluatedImage"]
+    out = dict(ctx.so_far.previous)
+    if ctx.so_far.evaluated_image is not None:
+        out["image"] = ctx.so_far.evaluated_image
     return out
 
 
@@ -254,7 +280,7 @@ def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[s
     try:
         return manifests.find_container(
             ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
-            ctx.status.get("container"),
+            ctx.so_far.container,
         )
     except LookupError:
         return None
@@ -262,7 +288,7 @@ def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[s
 
 def live_target(ctx: Ctx) -> LiveTarget | None:
     """The live Deployment against the evaluated container and kvgate's edits."""
-    if not ctx.status.get("candidate"):
+    if not ctx.so_far.candidate:
         return None  # nothing evaluated yet (Pending)
     dep = target_deployment(ctx)
     if dep is None:
@@ -271,7 +297,7 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
     if found is None:
         return LiveTarget(exists=True, container_found=False)
     _, live = found
-    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
     seen = status_view(ctx, live)
     differences = tuple(promotion.differences(evaluated_container(ctx), seen))
     return LiveTarget(
@@ -287,8 +313,8 @@ def live_key(ctx: Ctx) -> verdictkey.LiveKey:
     """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
     the tested config on (what could not be read is left out: no evidence either way)."""
     found = live_container(ctx, target_deployment(ctx))
-    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
-    container = ctx.status.get("container")
+    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
+    container = ctx.so_far.container
     digests, products, counts = set(), set(), set()
     for pod in production_pods(ctx):
         spec = pod_container(pod, container)
@@ -345,7 +371,7 @@ def node_gpu(ctx: Ctx, node: str | None) -> str | None:
 def shown_env(ctx: Ctx) -> frozenset[str]:
     """Env names whose values status may show: the engine's allowlist and the rollout's own
     extraEnv (the only variables kvgate changes, so the only ones a revert must restore)."""
-    engine = ctx.status.get("engine")
+    engine = ctx.so_far.engine
     return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
 
 
@@ -386,8 +412,13 @@ def production_pods(ctx: Ctx) -> list[dict[str, Any]]:
     return [p for p in pods if not (p["metadata"].get("labels") or {}).get(LABEL_ROLLOUT)]
 
 
+def canary_port(status: RolloutStatus) -> int:
+    """The port the engine serves on, as Pending read it from the container."""
+    return 8000 if status.port is None else status.port
+
+
 def metrics_url(ctx: Ctx, ip: str) -> str:
-    return f"http://{ip}:{ctx.status.get('port', 8000)}{ctx.status.get('metricsPath', '/metrics')}"
+    return f"http://{ip}:{canary_port(ctx.so_far)}{ctx.so_far.metrics_path or '/metrics'}"
 
 
 json_number = whole  # 13.0 -> 13, as the apiserver stores it (`jsonrecord.whole`)
@@ -405,7 +436,7 @@ def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
 
 def arm_health(ctx: Ctx, arm: str) -> PodHealth:
     pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
-    return kubeobjects.pod_health(pod, ctx.status.get("container"))
+    return kubeobjects.pod_health(pod, ctx.so_far.container)
 
 
 def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -413,7 +444,7 @@ def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None
     if obj is None:
         return None
     annotations = obj["metadata"].get("annotations") or {}
-    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.status.get("configHash") else None
+    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.so_far.config_hash else None
 
 
 def leftover_child(ctx: Ctx, obj: dict[str, Any] | None) -> bool:
@@ -460,7 +491,7 @@ def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
     if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
         raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
     candidate = manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
-    recorded = ctx.status.get("candidate") or {}
+    recorded = ctx.so_far.candidate
     if not recorded or status_view(ctx, manifests.container_config(candidate)) != recorded:
         raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
     return candidate
@@ -477,10 +508,10 @@ def recorded_remedy(ctx: Ctx) -> tuple[tuple[str, ...], dict[str, str]] | None:
     args or env status shows); None without one. A record no row answers raises."""
     from kvgate import engine_versions
 
-    record = ctx.status.get("remediation") or {}
-    if not record:
+    record = ctx.so_far.remediation
+    if record is None or record == RemediationStatus():
         return None
-    engine, version, code = (str(record.get(k)) for k in ("engine", "engineVersion", "code"))
+    engine, version, code = (str(v) for v in (record.engine, record.engine_version, record.code))
     try:
         remedy = engine_versions.remedy_for(engine, version, code)
     except ValueError:

@@ -48,6 +48,7 @@ from kvgate.controller.observe import (
 )
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
+    patch_fields,
     patch_status,
     post_event,
     write_status,
@@ -67,9 +68,9 @@ from kvgate.model import (
     Condition,
     Phase,
     PromotionMode,
-    ended,
 )
 from kvgate.reasons import Reason
+from kvgate.status import RolloutStatus
 from kvgate.steps import LiveTarget, Step
 from kvgate.timestamps import iso
 
@@ -132,24 +133,26 @@ def reconcile(
     """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
     old = _status_of(body)
     status = copy.deepcopy(old)
+    found = RolloutStatus.from_dict(old)
     cleared: dict[str, Any] = {}  # keys a new spec after the end removes
-    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    phase = found.phase or Phase.PENDING
     generation = meta.get("generation")
-    if ended(phase, status.get("reason")):
-        if superseding.newer_generation(status, generation) is None:
-            if status.get("pendingActions"):  # the end was recorded; its deletions are due
+    if found.ended:
+        if superseding.newer_generation(found, generation) is None:
+            if found.pending_actions:  # the end was recorded; its deletions are due
                 ctx = _side_ctx(body, meta, memo, logger, status)
                 try:
                     run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
                 except ExternalError as exc:
                     raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
-                patch_status(patch, old, {"pendingActions": None})
+                patch_fields(patch, old, pending_actions=())
             return
         # A new spec after the end (or during a run that had to finish first) starts a new
         # rollout, like Flagger's retry by spec change; the last run's findings are cleared so
         # none of them can vote in the new verdict. Its deletions still due go first.
         cleared = dict.fromkeys(status)
-        status = {"phase": Phase.PENDING.value, "pendingActions": old.get("pendingActions") or None}
+        fresh = RolloutStatus(phase=Phase.PENDING, pending_actions=found.pending_actions)
+        status = fresh.to_dict()
         phase = Phase.PENDING
     spec, spec_errors = parse_spec(body.get("spec") or {}, memo.config)
     ctx = Ctx(
@@ -182,7 +185,7 @@ def reconcile(
     except Exception as exc:
         # Not evidence against the candidate: retry, and past the limit (or the phase's
         # deadline) end the rollout, reverting first in the patched phases (never promoting).
-        errors = int(status.get("consecutiveErrors", 0)) + 1
+        errors = (RolloutStatus.from_dict(status).consecutive_errors or 0) + 1
         what = describe(exc)
         RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         if isinstance(exc, KvgateError):
@@ -191,8 +194,8 @@ def reconcile(
             logger.error("reconcile failed: %s", what, exc_info=exc)
         given_up = machine.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if given_up is None:
-            retry = {"consecutiveErrors": errors, "message": f"retrying after: {what}"}
-            patch_status(patch, old, {**cleared, **retry})
+            patch_status(patch, old, cleared)
+            patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
             if errors == 1 or errors % 10 == 0:
                 post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
                        warning=True)  # fmt: skip
@@ -206,7 +209,7 @@ def reconcile(
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
-    if step.terminal and written.get("pendingActions"):
+    if step.terminal and RolloutStatus.from_dict(written).pending_actions:
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
@@ -242,7 +245,7 @@ def cleanup(
     change there: Git did), then delete canaries and Jobs."""
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
-    phase = Phase(status.get("phase") or Phase.PENDING.value)
+    phase = ctx.so_far.phase or Phase.PENDING
     step = Step(phase, Reason.DELETED, "rollout deleted")
     try:
         # pullRequest mode: what is on the Deployment came from Git; kvgate never writes it.
@@ -292,10 +295,8 @@ DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
 def _has_verdict_in_force(status: Mapping[str, Any], **_: Any) -> bool:
     """Promoted, or a passing verdict reported (report and gate mode): a verdict that can go
     stale."""
-    return status.get("phase") == Phase.PROMOTED.value or (
-        status.get("phase") == Phase.AWAITING_APPROVAL.value
-        and status.get("reason") == Reason.VERDICT_REPORTED
-    )
+    found = RolloutStatus.from_dict(status)
+    return found.phase is Phase.PROMOTED or found.reported
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_has_verdict_in_force)
@@ -314,13 +315,13 @@ def drift(
     live = live_target(ctx)
     if live is None:
         return
-    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
+    conditions = ctx.so_far.conditions
     updated = conditions
-    if status.get("phase") == Phase.PROMOTED.value:
+    if ctx.so_far.phase is Phase.PROMOTED:
         updated = _drifted(ctx, live, updated)
     updated = _stale(ctx, live, updated)
     if updated != conditions:
-        patch_status(patch, _status_of(body), {"conditions": [c.to_dict() for c in updated]})
+        patch_fields(patch, _status_of(body), conditions=updated)
 
 
 def _drifted(
@@ -356,7 +357,7 @@ def _drifted(
 def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
     """Stale=True when the Deployment runs the tested config on another image than the one the
     verdict was reached on (a tag moved, an image bump from Git); an Event when it turns."""
-    key = verdictkey.recorded(ctx.status)
+    key = verdictkey.recorded(ctx.so_far)
     if key is None or not (live.exists and live.carries_candidate):
         return conditions  # nothing recorded, or the tested config is not there to judge
     stale, reason, message = verdictkey.judge(key, live_key(ctx))

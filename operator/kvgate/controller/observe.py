@@ -16,6 +16,7 @@ from kvgate import (
     kubeobjects,
     machine,
     manifests,
+    poolsample,
     production,
     promoting,
     promotion,
@@ -29,6 +30,7 @@ from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
     arm_health,
+    canary_port,
     candidate_record,
     current_child,
     json_number,
@@ -47,6 +49,7 @@ from kvgate.controller.context import (
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.errors import ExternalError, InputError, SpecError
 from kvgate.joblog import eval_lines, job_lines
+from kvgate.jsonrecord import read_record, write
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
@@ -55,6 +58,25 @@ from kvgate.model import (
     Phase,
     SpeedClocks,
     config_hash,
+)
+from kvgate.status import (
+    AccuracyStatus,
+    ArmStatus,
+    CacheTruth,
+    CapacityStatus,
+    CheckpointRecord,
+    ClocksRecord,
+    EvalStatus,
+    HistogramTotals,
+    LoadStatus,
+    PodCounters,
+    PodScanRecord,
+    PreflightStatus,
+    PressureRecord,
+    PromotionStatus,
+    ScanRecord,
+    SpeedStatus,
+    VerifyStatus,
 )
 from kvgate.steps import LiveTarget, Observation
 from kvgate.timestamps import iso, parse_time
@@ -172,33 +194,33 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
 def observe_preflight(ctx: Ctx) -> Observed:
     """One pool sample per interval from every Ready production pod, kept in status."""
     gate = ctx.spec.capacity
-    pre = dict(ctx.status.get("preflight") or {})
+    pre = ctx.so_far.preflight or PreflightStatus()
     found = NOTHING
-    if "checkpoint" not in pre:
-        pre["checkpoint"] = sources.scan_checkpoint(
-            ctx.status.get("model"),
+    if pre.checkpoint is None:
+        checkpoint = read_record(CheckpointRecord, sources.scan_checkpoint(
+            ctx.so_far.model,
             revision=ctx.spec.model.revision,
             model_dirs=ctx.config.model_dirs,
             hub_offline=ctx.config.hub_offline,
             token_secret=ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None,
             kube=ctx.kube,
             namespace=ctx.namespace,
+        ))  # fmt: skip
+        pre = dataclasses.replace(
+            pre, checkpoint=checkpoint, checkpoint_has_scales=checkpoint.present
         )
-        pre["checkpointHasScales"] = pre["checkpoint"].get("present")
         found = StatusUpdate.of(preflight=pre)
-    reasons = pre["checkpoint"].get("forcesFp8Kv") or []
+    reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
     forced = (
-        machine.control_runs_fp8(reasons, production_kv_dtype(ctx), ctx.spec.target.name)
+        machine.control_runs_fp8(list(reasons), production_kv_dtype(ctx), ctx.spec.target.name)
         if reasons
         else None
     )
     if gate.mode is GateMode.OFF or forced:
         return Observation(control_forced_fp8=forced), found
-    series: dict[str, list[dict[str, Any]]] = {
-        k: list(v) for k, v in (pre.get("samples") or {}).items()
-    }
-    ticks = int(pre.get("ticks") or 0)
-    last = parse_time(pre.get("lastSampleAt"))
+    series = kept_series(pre)
+    ticks = pre.ticks or 0
+    last = parse_time(pre.last_sample_at)
     due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
     errors: list[str] = []
     if due and ticks < gate.samples and ctx.config.prometheus_url:
@@ -207,35 +229,43 @@ def observe_preflight(ctx: Ctx) -> Observed:
         errors, history = pool_history(ctx)
         if history is not None:
             series, ticks = history, gate.samples
-        pre["source"] = PROMETHEUS_SOURCE
-        pre["lastSampleAt"] = iso(ctx.now)
+        pre = dataclasses.replace(pre, source=PROMETHEUS_SOURCE, last_sample_at=iso(ctx.now))
     elif due and ticks < gate.samples:
         sampled_before = sum(len(v) for v in series.values())
         ips, errors = ready_production_ips(ctx)
         errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
         if sum(len(v) for v in series.values()) > sampled_before:
             ticks += 1  # a round with no sample (no Ready pod yet) does not count
-        pre["lastSampleAt"] = iso(ctx.now)
+        pre = dataclasses.replace(pre, last_sample_at=iso(ctx.now))
     # The last round's errors stay until the next round (the verdict names them).
-    pre.update(samples=series, ticks=ticks, errors=errors[-3:] if due else pre.get("errors") or [])
+    pre = dataclasses.replace(
+        pre,
+        samples={pod: tuple(map(poolsample.sample_of, v)) for pod, v in series.items()},
+        ticks=ticks,
+        errors=tuple(errors[-3:]) if due else pre.errors,
+    )
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
     if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
         pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
-        if pressured is None and pre["errors"]:
-            detail = f"{detail}; last error: {pre['errors'][-1]}"
+        if pressured is None and pre.errors:
+            detail = f"{detail}; last error: {pre.errors[-1]}"
+        by_pod = {pod: read_record(PressureRecord, r) for pod, r in per_pod.items()}
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.
-        deciding = next((r for r in per_pod.values() if r.get("pressured") is pressured), None)
-        pre["pressure"] = {**(deciding or {}), "pressured": pressured}
-        pre["pressureByPod"] = per_pod
+        deciding = next((r for r in by_pod.values() if r.pressured is pressured), None)
+        pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
+        pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=by_pod)
     found = StatusUpdate.of(preflight=pre)
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
 
 
+def kept_series(pre: PreflightStatus) -> dict[str, list[dict[str, Any]]]:
+    """The preflight's kept samples per pod, as the pool sources read and extend them."""
+    return {pod: [poolsample.write_sample(s) for s in v] for pod, v in pre.samples.items()}
+
+
 def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
-    return sources.scrape_pod(
-        metrics_url(ctx, ip), ctx.status.get("engine"), ctx.config.scrape_timeout_s
-    )
+    return sources.scrape_pod(metrics_url(ctx, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s)
 
 
 def production_kv_dtype(ctx: Ctx) -> str:
@@ -275,7 +305,7 @@ def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
         return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
     return sources.pool_history(
         ctx.config.prometheus_url or "",
-        str(ctx.status.get("engine") or ""),
+        ctx.so_far.engine or "",
         ips,
         gate=ctx.spec.capacity,
         now=ctx.now.timestamp(),
@@ -286,54 +316,55 @@ def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
 
 def elapsed_s(ctx: Ctx) -> float:
     """Seconds since the rollout entered its phase."""
-    return (ctx.now - (parse_time(ctx.status.get("phaseSince")) or ctx.now)).total_seconds()
+    return (ctx.now - (parse_time(ctx.so_far.phase_since) or ctx.now)).total_seconds()
 
 
 def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
     return sources.ready_production_ips(
-        production_pods(ctx), ctx.status.get("container"), ctx.spec.target.name
+        production_pods(ctx), ctx.so_far.container, ctx.spec.target.name
     )
 
 
 def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, StatusUpdate]:
-    """The arm's startup-log scan: from status when already read, else from the pod log.
-
-    The update holds every arm's block (`arms`, {} while none was read)."""
-    arms = dict(ctx.status.get("arms") or {})
-    block = dict(arms.get(arm) or {})
-    if block.get("scan") is not None:
-        return dict(block["scan"]), StatusUpdate.of(arms=arms)
+    """The arm's startup-log scan: from status when already read, else from the pod log."""
+    block = ctx.so_far.arms.get(arm) or ArmStatus()
+    if block.scan is not None:
+        return write(block.scan), NOTHING
     if not (health.ready or health.crashed):
-        return None, StatusUpdate.of(arms=arms)
+        return None, NOTHING
     pod = manifests.canary_name(ctx.name, arm)
-    container = ctx.status.get("container")
+    container = ctx.so_far.container
     text = sources.pod_log(
         ctx.kube, ctx.namespace, pod, container, with_previous=bool(health.restarts)
     )
-    scan = sources.scan_engine_log(text, ctx.status.get("engine"))
+    scan = sources.scan_engine_log(text, ctx.so_far.engine)
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
         scan["tail"] = [redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:]]
-    block.update(pod=pod, ip=health.ip, scan=scan)
-    if health.image_id:  # the image the verdict is reached on, by digest (its key)
-        block["imageID"] = health.image_id
-    block.update(arm_gpu(ctx, arm))
-    block["attentionBackend"] = sources.scan_of(scan).attention_backend
-    block["kvTokens"] = gates.kv_tokens(scan)
-    return scan, StatusUpdate.of(arms={**arms, arm: block})
+    block = dataclasses.replace(
+        arm_gpu(ctx, arm, block),
+        pod=pod,
+        ip=health.ip,
+        scan=read_record(ScanRecord, scan),
+        # the image the verdict is reached on, by digest (its key)
+        image_id=health.image_id or block.image_id,
+    )
+    return scan, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
-def arm_gpu(ctx: Ctx, arm: str) -> dict[str, Any]:
-    """The arm's node, its GPU product and the arm container's GPU count, for status (and the
-    candidate's for the verdict key); what is unknown is left out."""
+def arm_gpu(ctx: Ctx, arm: str, block: ArmStatus) -> ArmStatus:
+    """`block` with the arm's node, its GPU product and the arm container's GPU count (the
+    candidate's are in the verdict key); what is unknown now is left as it was."""
     pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
     node = pod_node(pod)
-    found = {
-        "node": node,
-        "gpuProduct": node_gpu(ctx, node),
-        "gpuCount": kubeobjects.gpu_count(pod_container(pod or {}, ctx.status.get("container"))),
-    }
-    return {k: v for k, v in found.items() if v is not None}
+    product = node_gpu(ctx, node)
+    count = kubeobjects.gpu_count(pod_container(pod or {}, ctx.so_far.container))
+    return dataclasses.replace(
+        block,
+        node=block.node if node is None else node,
+        gpu_product=block.gpu_product if product is None else product,
+        gpu_count=block.gpu_count if count is None else count,
+    )
 
 
 def arm_metrics(
@@ -346,27 +377,25 @@ def arm_metrics(
     """
     from kvgate import metrics
 
-    arms = dict(ctx.status.get("arms") or {})
-    block = dict(arms.get(arm) or {})
-    if isinstance(block.get("metrics"), Mapping):
-        return dict(block["metrics"]), None, StatusUpdate.of(arms=arms)
+    block = ctx.so_far.arms.get(arm) or ArmStatus()
+    if block.metrics is not None:
+        return write(block.metrics), None, NOTHING
     if not (health.ready and health.ip):
-        return None, None, StatusUpdate.of(arms=arms)
+        return None, None, NOTHING
     source = "/metrics"
     try:
         truth = metrics.cache_truth(scrape_pod(ctx, health.ip))
-        if ctx.status.get("engine") == "sglang":
+        if ctx.so_far.engine == "sglang":
             source = "server info"
             truth["serverInfo"] = sources.server_info(
-                health.ip, ctx.status.get("port", 8000), ctx.config.scrape_timeout_s
+                health.ip, canary_port(ctx.so_far), ctx.config.scrape_timeout_s
             )
     except (ExternalError, InputError) as exc:
         error = f"{arm} {source}: {str(exc)[:300]}"
-        block["metricsError"] = error
-        return None, error, StatusUpdate.of(arms={**arms, arm: block})
-    block.pop("metricsError", None)
-    block["metrics"] = truth
-    return truth, None, StatusUpdate.of(arms={**arms, arm: block})
+        block = dataclasses.replace(block, metrics_error=error)
+        return None, error, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    block = dataclasses.replace(block, metrics=read_record(CacheTruth, truth), metrics_error=None)
+    return truth, None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
 def observe_canary(ctx: Ctx) -> Observed:
@@ -393,16 +422,18 @@ def observe_canary(ctx: Ctx) -> Observed:
         metrics_error="; ".join(errors) or None,
         remedy=remedy.find_remedy(
             candidate_scan if candidate.crashed else None,
-            ctx.status.get("engine"),
-            engines.image_version(str(ctx.status.get("evaluatedImage") or "")),
+            ctx.so_far.engine,
+            engines.image_version(ctx.so_far.evaluated_image or ""),
             ctx.config.allowlist,
         ),
-        checkpoint_has_scales=(ctx.status.get("preflight") or {}).get("checkpointHasScales"),
+        checkpoint_has_scales=(
+            ctx.so_far.preflight.checkpoint_has_scales if ctx.so_far.preflight else None
+        ),
     )
     if truths.get("control") is not None and truths.get("candidate") is not None:
         # spec.reuseVerdict: a verdict of another rollout this candidate may take, read once
         # both arms are read (the canary phase ends)
-        key = reuse.wanted_key(ctx.seeing(found).status, ctx.spec)
+        key = reuse.wanted_key(ctx.seeing(found).so_far, ctx.spec)
         if key is not None:  # one LIST of the namespace's rollouts, only then
             reused = reuse.find(
                 key, ctx.spec.reuse_verdict, ctx.kube.list_rollouts(ctx.namespace),
@@ -413,20 +444,21 @@ def observe_canary(ctx: Ctx) -> Observed:
 
 
 def record_capacity(ctx: Ctx) -> StatusUpdate:
-    arms = ctx.status.get("arms") or {}
-    control = (arms.get("control") or {}).get("kvTokens")
-    candidate = (arms.get("candidate") or {}).get("kvTokens")
-    block: dict[str, Any] = {"control": {"kvTokens": control}, "candidate": {"kvTokens": candidate}}
-    if control and candidate:
-        block["ratio"] = round(candidate / control, 3)
-        CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(block["ratio"])
-    return StatusUpdate.of(capacity=block)
+    """Candidate over control KV tokens, once both scans state them (the tokens are the scans')."""
+    arms = ctx.so_far.arms
+    control = arms["control"].kv_tokens if "control" in arms else None
+    candidate = arms["candidate"].kv_tokens if "candidate" in arms else None
+    if not (control and candidate):
+        return StatusUpdate.of(capacity=None)
+    ratio = round(candidate / control, 3)
+    CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(ratio)
+    return StatusUpdate.of(capacity=CapacityStatus(ratio=ratio))
 
 
 def observe_eval(ctx: Ctx) -> Observed:
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
-    ev = dict(ctx.status.get("eval") or {})
-    attempt = int(ev.get("attempt") or 1)
+    ev = ctx.so_far.eval or EvalStatus()
+    attempt = ev.attempt or 1
     job_name = manifests.eval_job_name(ctx.name, attempt)
     job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
     obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
@@ -434,11 +466,11 @@ def observe_eval(ctx: Ctx) -> Observed:
         return obs, NOTHING
     finished = kubeobjects.job_finished(job)
     text = job_log(ctx, job_name)
-    summary, progress = eval_lines(text, ev.get("nonceSha256"))
+    summary, progress = eval_lines(text, ev.nonce_sha256)
+    found = NOTHING
     if progress is not None:
-        ev["progress"] = progress
+        found = StatusUpdate.of(eval=dataclasses.replace(ev, progress=progress))
         obs = dataclasses.replace(obs, eval_progress=progress)
-    found = StatusUpdate.of(eval=ev)
     if summary is not None and finished:
         found = found.then(record_accuracy(ctx, summary))
         control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found))
@@ -482,35 +514,37 @@ def observe_load(ctx: Ctx) -> Observed:
     finished Job without such a summary (killed at its deadline, crashed) is an error.
     """
     control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
-    load = dict(ctx.status.get("load") or {})
-    attempt = int(load.get("attempt") or 1)
+    load = ctx.so_far.load or LoadStatus()
+    attempt = load.attempt or 1
     job_name = manifests.load_job_name(ctx.name, attempt)
     job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
-    clocks = SpeedClocks.from_dict((ctx.status.get("speed") or {}).get("clocks"))
-    concurrency = load.get("concurrency")
+    speed = ctx.so_far.speed
+    clocks = speed_clocks_of(speed.clocks if speed is not None else None)
+    concurrency = load.concurrency
     obs = Observation(
         control=control,
         candidate=candidate,
         load_job_exists=job is not None,
         speed_clocks=clocks,
-        production_concurrency=concurrency if isinstance(concurrency, int) else None,
+        production_concurrency=concurrency,
     )
     if job is None:
         return obs, NOTHING
     text = job_log(ctx, job_name)
     if not kubeobjects.job_finished(job):
         return dataclasses.replace(obs, load_progress=LoadProgress.from_log(text)), NOTHING
-    summary, _ = job_lines(text, load.get("nonceSha256"), kind="kvgate.load")
+    summary, _ = job_lines(text, load.nonce_sha256, kind="kvgate.load")
     if summary is not None:
         # the arms' GPU clocks over the load, read once and kept: a claim needs matched clocks
-        clocks = SpeedClocks.from_dict(load.get("clocks"))
+        clocks = speed_clocks_of(load.clocks)
         found = NOTHING
         if clocks is None and ctx.config.prometheus_url:
             clocks = sources.speed_clocks(
-                ctx.config.prometheus_url, ctx.namespace, ctx.name, load.get("startedAt"),
+                ctx.config.prometheus_url, ctx.namespace, ctx.name, load.started_at,
                 now=ctx.now.timestamp(), timeout=ctx.config.scrape_timeout_s,
             )  # fmt: skip
-            found = StatusUpdate.of(load={**load, "clocks": clocks.to_dict()})
+            kept = read_record(ClocksRecord, clocks.to_dict())
+            found = StatusUpdate.of(load=dataclasses.replace(load, clocks=kept))
         obs = dataclasses.replace(
             obs, load_summary=LoadSummary.from_dict(summary), load_clocks=clocks
         )
@@ -522,39 +556,42 @@ def observe_load(ctx: Ctx) -> Observed:
 
 
 def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:
-    acc = dict(summary)
-    diff = (summary.get("paired") or {}).get("difference")
-    if isinstance(diff, int | float):
-        acc["differencePp"] = round(diff * 100, 2)
-        ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc["differencePp"])
-    acc.pop("kind", None)
+    """The eval Job's summary as status keeps it, with the difference in points (a column)."""
+    acc: AccuracyStatus = read_record(AccuracyStatus, summary)
+    acc = dataclasses.replace(acc, more={k: v for k, v in acc.more.items() if k != "kind"})
+    diff = acc.paired.difference if acc.paired is not None else None
+    if diff is not None:
+        acc = dataclasses.replace(acc, difference_pp=round(diff * 100, 2))
+        ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc.difference_pp or 0.0)
     return StatusUpdate.of(accuracy=acc)
 
 
 def observe_promoting(ctx: Ctx) -> Observed:
     dep = target_deployment(ctx)
     assert dep is not None  # the live target exists and carries the candidate
-    promo = ctx.status.get("promotion") or {}
-    wanted_gen = int(promo.get("generation") or dep["metadata"].get("generation") or 0)
+    status = ctx.so_far
+    recorded = status.promotion.generation if status.promotion else None
+    wanted_gen = int(recorded or dep["metadata"].get("generation") or 0)
     done = kubeobjects.rolled_out(dep, wanted_gen)
-    previous, candidate = ctx.status.get("previous") or {}, ctx.status.get("candidate") or {}
+    previous, candidate = status.previous, status.candidate
     new_pods = [
         p
         for p in production_pods(ctx)
         if promotion.carries(
-            status_view(ctx, pod_container(p, ctx.status.get("container"))), previous, candidate
+            status_view(ctx, pod_container(p, status.container)), previous, candidate
         )
         and not p["metadata"].get("deletionTimestamp")
     ]
     for pod in new_pods:
-        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
+        health = kubeobjects.pod_health(pod, status.container)
         if health.crashed:
             crashed = f"pod {pod['metadata']['name']}: {health.detail}"
             return Observation(rollout_crashed=crashed), NOTHING
     scan, found = None, NOTHING
     if done and new_pods:
         scan, found = production_scan(ctx, new_pods[0])
-    candidate_scan = ((ctx.status.get("arms") or {}).get("candidate") or {}).get("scan")
+    arm = status.arms.get("candidate")
+    candidate_scan = write(arm.scan) if arm is not None and arm.scan is not None else None
     # The promoted pods are checked against the candidate canary: same backend, same scales.
     obs = Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
     return obs, found
@@ -562,14 +599,14 @@ def observe_promoting(ctx: Ctx) -> Observed:
 
 def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], StatusUpdate]:
     name = pod["metadata"]["name"]
-    text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.status.get("container"))
-    scan = sources.scan_engine_log(text, ctx.status.get("engine"))
-    promo = dict(ctx.status.get("promotion") or {})
-    promo["podScan"] = {
-        "pod": name,
-        "attentionBackend": sources.scan_of(scan).attention_backend,
-        "kvTokens": gates.kv_tokens(scan),
-    }
+    text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
+    scan = sources.scan_engine_log(text, ctx.so_far.engine)
+    pod_scan = PodScanRecord(
+        pod=name,
+        attention_backend=sources.scan_of(scan).attention_backend,
+        kv_tokens=gates.kv_tokens(scan),
+    )
+    promo = dataclasses.replace(ctx.so_far.promotion or PromotionStatus(), pod_scan=pod_scan)
     return scan, StatusUpdate.of(promotion=promo)
 
 
@@ -585,18 +622,18 @@ def observe_verifying(ctx: Ctx) -> Observed:
     pods = [p for p in production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
     if not pods:
         problems.append("no production pods")
-    candidate = ctx.status.get("candidate") or {}
-    previous = ctx.status.get("previous") or {}
+    status = ctx.so_far
+    candidate, previous = status.candidate, status.previous
     waiting: dict[str, float] = {}
     counters: dict[str, production.PodCounters] = {}
     for pod in pods:
         name = pod["metadata"]["name"]
         if not promotion.carries(
-            status_view(ctx, pod_container(pod, ctx.status.get("container"))), previous, candidate
+            status_view(ctx, pod_container(pod, status.container)), previous, candidate
         ):
             problems.append(f"pod {name} does not run the candidate")
             continue
-        health = kubeobjects.pod_health(pod, ctx.status.get("container"))
+        health = kubeobjects.pod_health(pod, status.container)
         if health.crashed:
             problems.append(f"pod {name}: {health.detail}")
             continue
@@ -619,22 +656,21 @@ def observe_verifying(ctx: Ctx) -> Observed:
             f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
             f"{ds.get('updatedReplicas') or 0} updated)"
         )
-    verify = (ctx.status.get("promotion") or {}).get("verify") or {}
+    promo = status.promotion or PromotionStatus()
+    verify = promo.verify or VerifyStatus()
     before = {
-        pod: production.PodCounters.from_dict(c)
-        for pod, c in (verify.get("counters") or {}).items()
-        if isinstance(c, Mapping)
+        pod: production.PodCounters(ttft_sum=c.ttft_sum, ttft_count=c.ttft_count)
+        for pod, c in verify.counters.items()
     }
-    last = parse_time(verify.get("lastSampleAt"))
+    last = parse_time(verify.last_sample_at)
     elapsed = None if last is None else (ctx.now - last).total_seconds()
     problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
     # Kept for the next sample's rates (the status write copies the promotion record whole).
-    promo = dict(ctx.status.get("promotion") or {})
-    promo["verify"] = {
-        **verify,
-        "counters": {pod: {k: json_number(v) for k, v in c.to_dict().items()}
-                     for pod, c in counters.items()},
-    }  # fmt: skip
+    kept = {
+        pod: PodCounters(ttft_sum=json_number(c.ttft_sum), ttft_count=json_number(c.ttft_count))
+        for pod, c in counters.items()
+    }
+    promo = dataclasses.replace(promo, verify=dataclasses.replace(verify, counters=kept))
     obs = Observation(production_problem="; ".join(problems) or None, sampled=True)
     return obs, StatusUpdate.of(promotion=promo)
 
@@ -649,17 +685,13 @@ def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
 
 def production_baseline(ctx: Ctx) -> production.Baseline:
     """Production's worst figures over the preflight window (what the verify window compares)."""
-    pre = ctx.status.get("preflight") or {}
-    series = pre.get("samples") or {}
-    if not isinstance(series, Mapping):
-        return production.Baseline()
     return production.baseline_from_preflight(
-        {k: v for k, v in series.items() if isinstance(v, list)}
+        kept_series(ctx.so_far.preflight or PreflightStatus())
     )
 
 
-def tpot_totals(ctx: Ctx) -> dict[str, Any]:
-    """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
+def tpot_totals(ctx: Ctx) -> dict[str, HistogramTotals]:
+    """Each arm's TPOT histogram totals now (arms without one are left out)."""
     return sources.tpot_totals(lambda arm: arm_health(ctx, arm).ip, lambda ip: scrape_pod(ctx, ip))
 
 
@@ -669,26 +701,40 @@ def speed_after_eval(
     """Mean TPOT and GPU clocks of each arm over the eval window, recorded in status.speed."""
     if ctx.spec.speed is None:
         return None, None, None, NOTHING
-    speed = dict(ctx.status.get("speed") or {})
-    if "after" not in speed:
-        speed["after"] = tpot_totals(ctx)
-    before, after = speed.get("before") or {}, speed["after"]
-    tpots = {arm: gates.mean_between(before.get(arm), after.get(arm)) for arm in manifests.ARMS}
-    for arm, tpot in tpots.items():
-        speed[arm] = {"tpotMs": None if tpot is None else round(tpot * 1000, 3)}
-    speed["concurrency"] = eval_concurrency_of(ctx)
-    clocks = SpeedClocks.from_dict(speed.get("clocks"))  # read once, then from status
+    speed = ctx.so_far.speed or SpeedStatus()
+    if not speed.after:
+        speed = dataclasses.replace(speed, after=tpot_totals(ctx))
+    tpots = {
+        arm: gates.mean_between(speed.before.get(arm), speed.after.get(arm))
+        for arm in manifests.ARMS
+    }
+    figures = {
+        arm: {} if tpot is None else {"tpotMs": round(tpot * 1000, 3)}
+        for arm, tpot in tpots.items()
+    }
+    speed = dataclasses.replace(
+        speed,
+        control=figures["control"],
+        candidate=figures["candidate"],
+        concurrency=eval_concurrency_of(ctx),
+    )
+    clocks = speed_clocks_of(speed.clocks)  # read once, then from status
     if clocks is None and ctx.config.prometheus_url:
         clocks = sources.speed_clocks(
             ctx.config.prometheus_url or "",
             ctx.namespace,
             ctx.name,
-            speed.get("startedAt"),
+            speed.started_at,
             now=ctx.now.timestamp(),
             timeout=ctx.config.scrape_timeout_s,
         )
-        speed["clocks"] = clocks.to_dict()
+        speed = dataclasses.replace(speed, clocks=read_record(ClocksRecord, clocks.to_dict()))
     return tpots["control"], tpots["candidate"], clocks, StatusUpdate.of(speed=speed)
+
+
+def speed_clocks_of(record: ClocksRecord | None) -> SpeedClocks | None:
+    """Clocks kept in status, as the speed and throughput gates read them (None: not read)."""
+    return None if record is None else SpeedClocks.from_dict(write(record))
 
 
 def eval_concurrency_of(ctx: Ctx) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, redact, verdictkey
@@ -114,7 +114,7 @@ def proposed_file(ctx: Ctx, pr: PullRequestSpec, key: str) -> str:
         )
     return gitops.render_kustomize_patch(
         deployment=ctx.spec.target.name,
-        container=str(ctx.status.get("container") or live.get("name") or ""),
+        container=str(ctx.so_far.container or live.get("name") or ""),
         previous=previous,
         candidate=candidate,
         verdict_key=key,
@@ -128,32 +128,31 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     operator that died before recording) updates the same pull request instead of opening one.
     """
     pr = _pull_request_spec(ctx)
-    config_hash = str(ctx.status.get("configHash") or "")
-    key = verdictkey.recorded(ctx.status)
+    config_hash = ctx.so_far.config_hash or ""
+    key = verdictkey.recorded(ctx.so_far)
     if key is None:
         raise KvgateError("no verdict key recorded with the verdict; not proposing")
     branch = gitops.branch_name(ctx.name, config_hash)
     files = {pr.path: proposed_file(ctx, pr, key.digest)}
     gates = {
-        name: GateResult.from_dict(name, raw)
-        for name, raw in (ctx.status.get("gates") or {}).items()
-        if isinstance(raw, Mapping)
+        name: GateResult.from_dict(name, jsonrecord.write(record))
+        for name, record in ctx.so_far.gates.items()
     }
     title, body = proposing.proposal_text(
         rollout=ctx.name,
         namespace=ctx.namespace,
         target=ctx.spec.target.name,
-        verdict=str((ctx.status.get("verdict") or {}).get("message") or ""),
+        verdict=(ctx.so_far.verdict.message if ctx.so_far.verdict else None) or "",
         gates=tuple(gates.values()),
         key=key.digest,
         config_hash=config_hash,
-        args=tuple(ctx.status.get("recommendedArgs") or ()),
+        args=ctx.so_far.recommended_args,
     )
     with _forge(ctx) as forge:
         opened = forge.open_or_update_pull_request(
             pr.repository, pr.base_branch, branch, files, title, body
         )
-    recorded = proposing.recorded(ctx.status)
+    recorded = ctx.so_far.pull_request
     record = proposing.opened(
         recorded or proposing.intent(ctx.spec, config_hash),
         branch=branch,
@@ -167,14 +166,14 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         Reason.PULL_REQUEST_OPEN,
         f"{what} pull request #{opened.number} on {pr.repository} ({opened.url}) from {branch}",
     )
-    return StatusUpdate.of(pullRequest=jsonrecord.write(record))
+    return StatusUpdate.of(pullRequest=record)
 
 
 def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     """Close the recorded pull request (the rollout ended otherwise than through it) and record
     the state read back. One merged meanwhile cannot be closed: say so, loudly. An intent whose
     number never reached status closes the open pull request of the rollout's branch."""
-    recorded = proposing.recorded(ctx.status)
+    recorded = ctx.so_far.pull_request
     pr = proposing.open_pull_request(recorded)
     intent = proposing.unconfirmed(recorded) if pr is None else None
     if pr is None and intent is None:
@@ -211,7 +210,7 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
             ctx, Reason.PULL_REQUEST_CLOSED, f"closed pull request #{pr.number} on {pr.repository}"
         )
     closed = dataclasses.replace(pr, state=state.value, merge_sha=seen.merge_sha or pr.merge_sha)
-    return StatusUpdate.of(pullRequest=jsonrecord.write(closed))
+    return StatusUpdate.of(pullRequest=closed)
 
 
 def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullRequestStatus | None:
@@ -231,7 +230,7 @@ def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullReque
 
 def observe(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
     """PullRequestOpen: the recorded pull request's state. PullRequestMerged: is it applied?"""
-    recorded = proposing.recorded(ctx.status)
+    recorded = ctx.so_far.pull_request
     if phase is Phase.PULL_REQUEST_OPEN:
         if recorded is None or recorded.number is None or recorded.repository is None:
             return Observation()
@@ -258,13 +257,13 @@ def apply_gap(ctx: Ctx, live: LiveTarget | None) -> str | None:
     if live is None or not live.exists:
         return f"Deployment {name} is gone"
     if not live.container_found:
-        return f"Deployment {name} has no container {ctx.status.get('container')}"
+        return f"Deployment {name} has no container {ctx.so_far.container}"
     if not live.carries_candidate:
         return f"Deployment {name}'s container does not carry the tested args/env yet"
     dep = target_deployment(ctx) or {}
     template = (dep.get("spec") or {}).get("template") or {}
     annotations = (template.get("metadata") or {}).get("annotations") or {}
-    key = verdictkey.recorded(ctx.status)
+    key = verdictkey.recorded(ctx.so_far)
     have = annotations.get(gitops.ANNOTATION_VERDICT)
     if key is not None and have != key.digest:
         return (

@@ -12,7 +12,7 @@ from typing import Any, Final
 import kopf
 
 from kvgate import conditions as cond
-from kvgate import jsonrecord, manifests, proposing, redact, superseding, verdictkey
+from kvgate import jsonrecord, manifests, redact, superseding, verdictkey
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
@@ -87,6 +87,14 @@ def patch_status(
     return new
 
 
+def patch_fields(patch: kopf.Patch, old: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """Patch these fields of the status (`RolloutStatus` names, values as the record holds
+    them; None or an empty collection removes the field). Returns the status that results."""
+    keys = {f.name: f.key for f in jsonrecord.fields(RolloutStatus)}
+    written = RolloutStatus(**fields).to_dict()
+    return patch_status(patch, old, {keys[n]: written.get(keys[n]) for n in fields})
+
+
 def write_status(
     ctx: Ctx,
     patch: kopf.Patch,
@@ -100,11 +108,10 @@ def write_status(
     after the end starts a new run) and `done` what its stages found and did. Post the step's
     Events, metrics and, on the first finish, the report. Returns the status written."""
     deployment = (ctx.reads.deployment or {}).get("metadata", {}).get("generation")
-    key = None
-    if step.verdict is not None:  # what the verdict was reached on, recorded with it
-        so_far = RolloutStatus.from_dict(done.applied_to(ctx.status))
-        key = verdictkey.key_of(so_far, ctx.spec)
-    if step.new_run and superseding.merged(proposing.recorded(done.applied_to(ctx.status))):
+    so_far = ctx.seeing(done).so_far
+    # what the verdict was reached on, recorded with it
+    key = verdictkey.key_of(so_far, ctx.spec) if step.verdict is not None else None
+    if step.new_run and superseding.merged(so_far.pull_request):
         step = superseding.merged_meanwhile(step)
     status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
                   generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
@@ -118,7 +125,7 @@ def write_status(
     for p in Phase:
         PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
     reported = step.reason == VERDICT_REPORTED
-    if status.get("finishedAt") and not ctx.status.get("finishedAt"):  # the first finish
+    if status.get("finishedAt") and not ctx.so_far.finished_at:  # the first finish
         ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
         if step.phase is Phase.ROLLED_BACK:
             ROLLBACKS.labels(step.reason).inc()

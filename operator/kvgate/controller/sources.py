@@ -13,6 +13,7 @@ from kvgate import engines, kubeobjects, manifests, redact
 from kvgate.controller.context import KubeApi, json_number
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
 from kvgate.model import SpeedClocks
+from kvgate.status import HistogramTotals
 
 if TYPE_CHECKING:
     from kvgate.logs import LogScan
@@ -239,9 +240,9 @@ def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
 
 def tpot_totals(
     arm_ip: Callable[[str], str | None], scrape: Callable[[str], MetricSnapshot]
-) -> dict[str, Any]:
-    """{arm: {sum, count}} of each arm's TPOT histogram now (arms without one are left out)."""
-    out: dict[str, Any] = {}
+) -> dict[str, HistogramTotals]:
+    """Each arm's TPOT histogram totals now (arms without one are left out)."""
+    out: dict[str, HistogramTotals] = {}
     for arm in manifests.ARMS:
         ip = arm_ip(arm)
         if not ip:
@@ -249,11 +250,11 @@ def tpot_totals(
         try:
             snap = scrape(ip)
         except (ExternalError, InputError) as exc:
-            out[arm] = {"error": str(exc)[:300]}
+            out[arm] = HistogramTotals(error=str(exc)[:300])
             continue
         hist = snap.tpot or snap.itl
         if hist is not None:
-            out[arm] = {"sum": json_number(hist.sum), "count": json_number(hist.count)}
+            out[arm] = HistogramTotals(sum=json_number(hist.sum), count=json_number(hist.count))
     return out
 
 
