@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from kvgate.errors import SpecError
-from kvgate.jsonrecord import record_of, write
+from kvgate.jsonrecord import record_of
 from kvgate.metrics import MetricSnapshot, counter_increase
 from kvgate.status import PressureRecord
 
@@ -49,10 +49,10 @@ class PoolPressure:
             "reasons": list(self.reasons),
         }
 
-    def status_record(self) -> dict[str, Any]:
-        """As status keeps it (`status.PressureRecord`: camelCase, nulls left out)."""
-        out: dict[str, Any] = write(record_of(PressureRecord, self))
-        return out
+    def status_record(self) -> PressureRecord:
+        """As status keeps it (`status.PressureRecord`)."""
+        record: PressureRecord = record_of(PressureRecord, self)
+        return record
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -23,8 +23,8 @@ from kvgate.gates import _LC_KIND, assess_divergence, assess_long_context, bucke
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import GateMode, Outcome, Phase
 from kvgate.spec import DivergenceGate, LongContextTask, RolloutSpec
-from kvgate.status import RolloutStatus
 from kvgate.stats import PairedCounts
+from kvgate.status import RolloutStatus
 from kvgate.steps import Observation, State
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"

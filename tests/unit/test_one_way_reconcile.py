@@ -147,7 +147,8 @@ def test_fold_applies_what_the_stages_returned_and_only_known_keys() -> None:
                            phaseSince="2026-12-01T10:00:00Z")  # fmt: skip
     new = record.fold(found, step, Phase.CANARY, done=done, **args)
     assert found == given
-    assert new["configHash"] == "h2" and new["arms"] is None and new["capacity"] is None
+    # the whole new status: a removed block is absent (the patch against `found` removes it)
+    assert new["configHash"] == "h2" and "arms" not in new and "capacity" not in new
     assert new["phase"] == "Canary" and new["phaseSince"] == "2026-12-01T10:00:00Z"
     # without it, fold builds the status from what it found alone (as before)
     assert record.fold(found, step, Phase.CANARY, **args)["configHash"] == "h1"

@@ -9,6 +9,7 @@ from test_crd_status_schema import assert_kept
 
 from kvgate import poolsample
 from kvgate.controller.sources import pool_verdict
+from kvgate.jsonrecord import write
 from kvgate.metrics import Histogram, MetricSnapshot
 from kvgate.pool import pool_pressure
 from kvgate.production import baseline_from_preflight
@@ -66,8 +67,11 @@ def test_retractions_kept_between_scrapes_still_count_as_pressure() -> None:
     assert pool_pressure(rebuilt).pressured is True
     pressured, _detail, by_pod = pool_verdict({"prod-0": kept}, 0.9)
     assert pressured is True
-    assert by_pod["prod-0"]["pressuredSamples"] == 3 and by_pod["prod-0"]["maxUsage"] == 0.5
-    assert_kept({"preflight": {"pressure": by_pod["prod-0"], "pressureByPod": by_pod}})
+    assert by_pod["prod-0"].pressured_samples == 3 and by_pod["prod-0"].max_usage == 0.5
+    kept_pressure = write(by_pod)
+    assert_kept(
+        {"preflight": {"pressure": kept_pressure["prod-0"], "pressureByPod": kept_pressure}}
+    )
 
 
 def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
@@ -85,7 +89,7 @@ def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
 def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
     from dataclasses import dataclass
 
-    from kvgate.jsonrecord import read_record, record_of
+    from kvgate.jsonrecord import read_record, record_of, write
     from kvgate.status import PressureRecord
 
     @dataclass
@@ -98,6 +102,6 @@ def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
     snap = scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0))
     assert poolsample.sample_of(poolsample.record(snap)).retracted == 2
     pressure = pool_pressure([snap, snap, snap])
-    kept = read_record(PressureRecord, pressure.status_record())
+    kept = read_record(PressureRecord, write(pressure.status_record()))
     for name, value in pressure.to_dict().items():
         assert getattr(kept, name) == (tuple(value) if isinstance(value, list) else value), name

@@ -9,13 +9,16 @@ import pytest
 
 from kvgate import gates, logs, remedy
 from kvgate.controller.sources import scan_engine_log, scan_of
+from kvgate.jsonrecord import write
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 SAMPLES = sorted(DATA.glob("*.txt"))
 
 
 def test_the_kept_scan_is_camel_case() -> None:
-    kept = scan_engine_log((DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), "vllm")
+    kept = write(
+        scan_engine_log((DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), "vllm")
+    )
     assert {"engineVersion", "kvCacheDtype", "attentionBackend"} <= set(kept)
     assert "kv_cache_dtype" not in kept and "kvTokens" in kept["capacity"]
     assert all("hint" not in f or f["hint"] for f in kept["findings"])  # "" is left out
@@ -26,7 +29,7 @@ def test_either_spelling_reads_back_the_same_scan(path: Path) -> None:
     engine = "sglang" if path.name.startswith("sglang") else "vllm"
     scan = logs.scan_log(path.read_text(encoding="utf-8", errors="replace"), engine=engine)
     camel, snake = (
-        logs.LogScan.from_dict(scan.status_record()),
+        logs.LogScan.from_dict(write(scan.status_record())),
         logs.LogScan.from_dict(scan.to_dict()),
     )
     assert camel == snake
@@ -40,11 +43,11 @@ def test_the_gates_read_a_kept_scan_of_either_spelling() -> None:
     scan = logs.scan_log(
         (DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), engine="vllm"
     )
-    for kept in (scan.status_record(), scan.to_dict()):
+    for kept in (write(scan.status_record()), scan.to_dict()):
         assert gates.kv_tokens(kept) == scan.capacity.kv_tokens
         assert scan_of(kept).capacity.max_model_len == scan.capacity.max_model_len
         assert scan_of(kept).attention_backend == scan.attention_backend
-    same = gates.assess_backend(gates.BackendGate(), scan.status_record(), scan.to_dict())
+    same = gates.assess_backend(gates.BackendGate(), write(scan.status_record()), scan.to_dict())
     assert same.reason == "BackendUnchanged", same
 
 
@@ -60,7 +63,7 @@ def test_anything_unreadable_reads_as_unknown(hostile: object) -> None:
 def test_the_remedy_reads_the_version_a_kept_scan_logged() -> None:
     text = (DATA / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
     scan = logs.scan_log(text, engine="vllm")
-    camel = remedy.find_remedy(scan.status_record(), "vllm", None)
+    camel = remedy.find_remedy(write(scan.status_record()), "vllm", None)
     assert camel is not None and camel == remedy.find_remedy(scan.to_dict(), "vllm", None)
 
 
@@ -69,7 +72,7 @@ def test_no_credential_an_engine_printed_reaches_the_kept_scan() -> None:
     secret = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
     text = (DATA / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
     hostile = "\n".join(f"{line} --api-key {secret}" for line in text.splitlines())
-    kept = scan_engine_log(hostile, "vllm")
+    kept = write(scan_engine_log(hostile, "vllm"))
     # THEN the findings still name the crash, and nothing of the credential is kept
     assert "attention-build-failed" in [f["code"] for f in kept["findings"]]
     assert secret not in str(kept) and "hf_abcdefgh" not in str(kept)

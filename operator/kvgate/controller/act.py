@@ -524,8 +524,8 @@ def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
         ),
     ))  # fmt: skip
     candidate = derive_candidate_unchecked(ctx.seeing(decided), live)
-    return decided.then(StatusUpdate.of(
-        **candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env),
+    record = candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env)
+    return decided.then(record.update()).then(StatusUpdate.of(
         configHash=config_hash(
             {"evaluated": ctx.so_far.config_hash, "remediation": remedy.to_dict()}
         ),

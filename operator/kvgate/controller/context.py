@@ -41,6 +41,7 @@ from kvgate.model import (
 )
 from kvgate.spec import RolloutSpec, TargetRef
 from kvgate.status import (
+    EnvVar,
     PromotionStatus,
     RemediationStatus,
     RevertStatus,
@@ -375,22 +376,38 @@ def shown_env(ctx: Ctx) -> frozenset[str]:
     return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
 
 
+@dataclass(frozen=True)
+class CandidateRecord:
+    """What status records of a candidate: its fingerprinted config and the args and env an SRE
+    would set by hand."""
+
+    config: dict[str, Any]
+    args: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+
+    def update(self) -> StatusUpdate:
+        return StatusUpdate.of(
+            candidate=self.config, recommendedArgs=self.args, recommendedEnv=self.env
+        )
+
+
 def candidate_record(
     spec: RolloutSpec,
     candidate: Mapping[str, Any],
     show_env: frozenset[str],
     remedy_env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """What status records of a candidate: its fingerprinted config and the args and env an SRE
-    would set by hand (the rollout's extraEnv, and a remedy's env on top)."""
+) -> CandidateRecord:
+    """The candidate as status records it (env: the rollout's extraEnv, a remedy's on top)."""
     env = {e.name: e.value for e in spec.extra_env} | dict(remedy_env or {})
-    return {
-        "candidate": redact.redact_config(manifests.container_config(candidate), show_env=show_env),
-        "recommendedArgs": redact.redact_args(
-            list(candidate.get("command") or []) + list(candidate.get("args") or [])
+    return CandidateRecord(
+        config=redact.redact_config(manifests.container_config(candidate), show_env=show_env),
+        args=tuple(
+            redact.redact_args(
+                list(candidate.get("command") or []) + list(candidate.get("args") or [])
+            )
         ),
-        "recommendedEnv": [{"name": k, "value": v} for k, v in env.items()],
-    }
+        env=tuple(EnvVar(name=k, value=v) for k, v in env.items()),
+    )
 
 
 def status_view(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:

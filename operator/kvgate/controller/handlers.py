@@ -209,7 +209,7 @@ def reconcile(
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
-    if step.terminal and RolloutStatus.from_dict(written).pending_actions:
+    if step.terminal and written.pending_actions:
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 

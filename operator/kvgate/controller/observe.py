@@ -74,7 +74,6 @@ from kvgate.status import (
     PreflightStatus,
     PressureRecord,
     PromotionStatus,
-    ScanRecord,
     SpeedStatus,
     VerifyStatus,
 )
@@ -154,9 +153,8 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
     show = ctx.config.allowlist.env_for(str(info.engine)) | {e.name for e in spec.extra_env}
     previous = redact.redact_config(manifests.container_config(container), show_env=show)
     record = candidate_record(spec, candidate, show)
-    wanted = record["candidate"]
-    found = StatusUpdate.of(
-        **record,
+    wanted = record.config
+    found = record.update().then(StatusUpdate.of(
         engine=str(info.engine),
         container=str(container.get("name")),
         containerIndex=index,
@@ -177,7 +175,7 @@ def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
                 "spec": ctx.body.get("spec"),
             }
         ),
-    )
+    ))  # fmt: skip
     return Observation(conflicts=conflicts), found
 
 
@@ -250,11 +248,10 @@ def observe_preflight(ctx: Ctx) -> Observed:
         pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
         if pressured is None and pre.errors:
             detail = f"{detail}; last error: {pre.errors[-1]}"
-        by_pod = {pod: read_record(PressureRecord, r) for pod, r in per_pod.items()}
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.
-        deciding = next((r for r in by_pod.values() if r.pressured is pressured), None)
+        deciding = next((r for r in per_pod.values() if r.pressured is pressured), None)
         pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
-        pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=by_pod)
+        pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
     found = StatusUpdate.of(preflight=pre)
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
 
@@ -340,16 +337,17 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | No
     scan = sources.scan_engine_log(text, ctx.so_far.engine)
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
-        scan["tail"] = [redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:]]
+        tail = tuple(redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:])
+        scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
         arm_gpu(ctx, arm, block),
         pod=pod,
         ip=health.ip,
-        scan=read_record(ScanRecord, scan),
+        scan=scan,
         # the image the verdict is reached on, by digest (its key)
         image_id=health.image_id or block.image_id,
     )
-    return scan, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    return write(scan), StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
 def arm_gpu(ctx: Ctx, arm: str, block: ArmStatus) -> ArmStatus:
@@ -384,18 +382,19 @@ def arm_metrics(
         return None, None, NOTHING
     source = "/metrics"
     try:
-        truth = metrics.cache_truth(scrape_pod(ctx, health.ip))
+        truth: CacheTruth = read_record(CacheTruth, metrics.cache_truth(scrape_pod(ctx, health.ip)))
         if ctx.so_far.engine == "sglang":
             source = "server info"
-            truth["serverInfo"] = sources.server_info(
+            info = sources.server_info(
                 health.ip, canary_port(ctx.so_far), ctx.config.scrape_timeout_s
             )
+            truth = dataclasses.replace(truth, server_info=info)
     except (ExternalError, InputError) as exc:
         error = f"{arm} {source}: {str(exc)[:300]}"
         block = dataclasses.replace(block, metrics_error=error)
         return None, error, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
-    block = dataclasses.replace(block, metrics=read_record(CacheTruth, truth), metrics_error=None)
-    return truth, None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    block = dataclasses.replace(block, metrics=truth, metrics_error=None)
+    return write(truth), None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
 def observe_canary(ctx: Ctx) -> Observed:
@@ -601,13 +600,10 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], S
     name = pod["metadata"]["name"]
     text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
     scan = sources.scan_engine_log(text, ctx.so_far.engine)
-    pod_scan = PodScanRecord(
-        pod=name,
-        attention_backend=sources.scan_of(scan).attention_backend,
-        kv_tokens=gates.kv_tokens(scan),
-    )
+    pod_scan = PodScanRecord(pod=name, attention_backend=scan.attention_backend,
+                             kv_tokens=scan.kv_tokens)  # fmt: skip
     promo = dataclasses.replace(ctx.so_far.promotion or PromotionStatus(), pod_scan=pod_scan)
-    return scan, StatusUpdate.of(promotion=promo)
+    return write(scan), StatusUpdate.of(promotion=promo)
 
 
 def observe_verifying(ctx: Ctx) -> Observed:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import kopf
 
@@ -30,16 +30,26 @@ from kvgate.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
 from kvgate.mergepatch import apply_merge_patch, merge_patch
 from kvgate.model import (
     VERDICT_REPORTED,
-    Condition,
     Outcome,
     Phase,
     PullRequestState,
 )
 from kvgate.reasons import Reason
-from kvgate.status import RolloutStatus
+from kvgate.status import (
+    EvalStatus,
+    GateRecord,
+    LoadStatus,
+    PromotionStatus,
+    RevertStatus,
+    RolloutStatus,
+    VerdictRecord,
+    VerifyStatus,
+)
 from kvgate.steps import Step
 from kvgate.timestamps import iso, parse_time
 from kvgate.verdict import GateResult
+
+Record = TypeVar("Record", bound=Any)  # a status record (`kvgate.status`)
 
 
 def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool | None = None) -> None:
@@ -102,7 +112,7 @@ def write_status(
     old_phase: Phase,
     step: Step,
     done: StatusUpdate,
-) -> dict[str, Any]:
+) -> RolloutStatus:
     """Patch the step's status by what changed from `old` (the body's status); `ctx.status` is
     the status this reconcile started from (empty but for deletions still due, when a new spec
     after the end starts a new run) and `done` what its stages found and did. Post the step's
@@ -113,9 +123,10 @@ def write_status(
     key = verdictkey.key_of(so_far, ctx.spec) if step.verdict is not None else None
     if step.new_run and superseding.merged(so_far.pull_request):
         step = superseding.merged_meanwhile(step)
-    status = fold(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
-                  generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
-                  approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
+    new = folded(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
+                 generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
+                 approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
+    status = new.to_dict()
     # The status written is the fold's whole: a key it no longer holds is removed (a nested
     # figure a new reading does not have must not survive from the last one), and a new run's
     # status replaces the last run's.
@@ -125,12 +136,12 @@ def write_status(
     for p in Phase:
         PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
     reported = step.reason == VERDICT_REPORTED
-    if status.get("finishedAt") and not ctx.so_far.finished_at:  # the first finish
+    if new.finished_at and not ctx.so_far.finished_at:  # the first finish
         ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
         if step.phase is Phase.ROLLED_BACK:
             ROLLBACKS.labels(step.reason).inc()
         write_report(ctx, status)
-    return status
+    return new
 
 
 def scrubbed(step: Step) -> Step:
@@ -156,7 +167,12 @@ def scrubbed(step: Step) -> Step:
     )
 
 
-def fold(
+def fold(found: Mapping[str, Any], step: Step, old_phase: Phase, **given: Any) -> dict[str, Any]:
+    """`folded` as the status dict that is written."""
+    return folded(found, step, old_phase, **given).to_dict()
+
+
+def folded(
     found: Mapping[str, Any],
     step: Step,
     old_phase: Phase,
@@ -167,7 +183,7 @@ def fold(
     deployment_generation: int | None,
     verdict_key: verdictkey.VerdictKey | None = None,
     approval_ttl_s: float | None = None,
-) -> dict[str, Any]:
+) -> RolloutStatus:
     """The status after `step`, from the status this reconcile found (`found`, left as it is)
     and what its stages found and did (`done`: observe's findings and act's results): phase,
     conditions, gates, verdict, the write-ahead revert record, the promotion and its verify
@@ -177,15 +193,13 @@ def fold(
     unknown = set(done.changes) - STATUS_KEYS
     if unknown:  # a bug: the CRD would prune it, and no reader knows it
         raise KvgateError(f"status has no key {', '.join(sorted(unknown))}")
-    status = done.applied_to(found)
+    status = RolloutStatus.from_dict(done.applied_to(found))
     if step.new_run:  # a newer spec superseded the run: nothing of it may vote in the next
-        status = {"pendingActions": pending} if (pending := status.get("pendingActions")) else {}
-    conditions = tuple(Condition.from_dict(c) for c in status.get("conditions") or [])
-    if not conditions:
-        conditions = cond.initial_conditions(generation, now)
-    gates = dict(status.get("gates") or {})
+        status = RolloutStatus(pending_actions=status.pending_actions)
+    conditions = status.conditions or cond.initial_conditions(generation, now)
+    gates = dict(status.gates)
     for g in step.gates:
-        gates[g.gate] = g.to_dict()
+        gates[g.gate] = GateRecord(outcome=g.outcome, reason=str(g.reason), message=g.message)
         ctype = GATE_CONDITIONS.get(g.gate)
         if ctype is not None:
             conditions = cond.set_condition(
@@ -198,19 +212,23 @@ def fold(
         generation=generation, now=now, ready_without_terminal=reported,
         stalled=step.reason.stalls or step.gate_closed, gate_closed=step.gate_closed,
     )  # fmt: skip
-    status.update(
-        phase=step.phase.value,
+    phase_since = status.phase_since
+    if step.phase is not old_phase or phase_since is None:
+        phase_since = now
+    status = dataclasses.replace(
+        status,
+        phase=step.phase,
         reason=str(step.reason),
         message=step.message,
-        observedGeneration=generation,
+        observed_generation=generation,
         gates=gates,
-        conditions=[c.to_dict() for c in conditions],
-        consecutiveErrors=0,
+        conditions=tuple(conditions),
+        consecutive_errors=0,
+        started_at=status.started_at or now,
+        phase_since=phase_since,
+        progress=_progress(status, step),
     )
-    status.setdefault("startedAt", now)
-    if step.phase is not old_phase or "phaseSince" not in status:
-        status["phaseSince"] = now
-    since = parse_time(status["phaseSince"])
+    since = parse_time(phase_since)
     if (
         step.phase is Phase.AWAITING_APPROVAL
         and not reported
@@ -218,66 +236,107 @@ def fold(
         and since
     ):
         # when the operator's approval TTL runs out (machine: phase time >= the TTL)
-        status["approvalExpiresAt"] = iso(since + dt.timedelta(seconds=approval_ttl_s))
-    if step.progress is not None:
-        status["progress"] = step.progress
-    elif step.phase is not Phase.EVALUATING and "progress" in status:
-        status["progress"] = None  # merge-patch null: the progress column empties after the eval
+        expires = iso(since + dt.timedelta(seconds=approval_ttl_s))
+        status = dataclasses.replace(status, approval_expires_at=expires)
     if step.eval_attempts is not None:
-        status["eval"] = {**(status.get("eval") or {}), "attempt": step.eval_attempts}
+        ev = dataclasses.replace(status.eval or EvalStatus(), attempt=step.eval_attempts)
+        status = dataclasses.replace(status, eval=ev)
     if step.load_attempts is not None:
-        status["load"] = {**(status.get("load") or {}), "attempt": step.load_attempts}
+        load = dataclasses.replace(status.load or LoadStatus(), attempt=step.load_attempts)
+        status = dataclasses.replace(status, load=load)
     if step.load is not None:  # the measurement and the gain, beside the attempt's job record
-        status["load"] = {**(status.get("load") or {}), **jsonrecord.write(step.load)}
+        status = dataclasses.replace(status, load=_over(status.load, step.load))
     if step.verdict is not None:
-        # A verdict decided again in this run (an approval) rests on the same gates: if they
-        # were reused, it still says whose (and so is never reused in turn).
-        reused_from = (status.get("verdict") or {}).get("reusedFrom")
-        status["verdict"] = step.verdict.to_dict()
-        if verdict_key is not None:
-            status["verdict"]["key"] = jsonrecord.write(verdict_key.to_record())
-        if step.reused is not None:
-            reused_from = step.reused.source
-        if reused_from:
-            status["verdict"]["reusedFrom"] = reused_from
+        status = dataclasses.replace(status, verdict=_verdict(status, step, verdict_key))
     if (
         step.revert is not None
         and step.phase is Phase.REVERTING
         and old_phase is not Phase.REVERTING
     ):
         # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
-        status["revert"] = {**step.revert.to_dict(), "startedAt": now, "attempts": 0}
-    promo = dict(status.get("promotion") or {})
-    if step.patched:
-        promo.update(patched=True, adoptedAt=now)
-        promo.setdefault("generation", deployment_generation)
-    if step.verify_samples is not None:
-        verify = dict(promo.get("verify") or {})
-        if step.restart_window:
-            verify["windowStartedAt"] = now
-            if verify.get("samples"):
-                verify["restarts"] = int(verify.get("restarts") or 0) + 1
-        verify["samples"] = step.verify_samples
-        if step.verify_samples:
-            verify["lastSampleAt"] = now
-        promo["verify"] = verify
-    if promo:
-        status["promotion"] = promo
+        revert = RevertStatus(
+            phase=step.revert.phase,
+            reason=str(step.revert.reason),
+            message=step.revert.message,
+            started_at=now,
+            attempts=0,
+        )
+        status = dataclasses.replace(status, revert=revert)
+    status = dataclasses.replace(
+        status, promotion=_promotion(status.promotion, step, now, deployment_generation)
+    )
     if step.pull_request is not None:  # pullRequest mode: the intent, then what the forge said
         # what this reconcile's action did (the opened PR, read back) is later than the step's
         # intent, so it wins over it
-        done_pr = (done.changes if done is not None else {}).get("pullRequest") or {}
-        pr = {
-            **(found.get("pullRequest") or {}),
-            **jsonrecord.write(step.pull_request),
-            **done_pr,
-        }
-        if step.pull_request.state == PullRequestState.MERGED.value:
-            pr.setdefault("mergedAt", now)
-        status["pullRequest"] = pr
-    if (step.terminal or reported) and not status.get("finishedAt"):
-        status["finishedAt"] = now
+        done_pr = RolloutStatus.from_dict(done.changes).pull_request
+        pr = _over(_over(RolloutStatus.from_dict(found).pull_request, step.pull_request), done_pr)
+        if step.pull_request.state == PullRequestState.MERGED.value and pr.merged_at is None:
+            pr = dataclasses.replace(pr, merged_at=now)
+        status = dataclasses.replace(status, pull_request=pr)
+    if (step.terminal or reported) and status.finished_at is None:
+        status = dataclasses.replace(status, finished_at=now)
     return status
+
+
+def _progress(status: RolloutStatus, step: Step) -> str | None:
+    """The eval's progress column: the step's, and empty once the eval is over."""
+    if step.progress is not None:
+        return step.progress
+    return None if step.phase is not Phase.EVALUATING else status.progress
+
+
+def _over(under: Record | None, over: Record | None) -> Record:
+    """`over` with its unknown fields taken from `under` (records of one type)."""
+    if over is None or under is None:
+        found = over if under is None else under
+        assert found is not None
+        return found
+    known = {
+        f.name: v for f in dataclasses.fields(over) if (v := getattr(over, f.name)) is not None
+    }
+    return dataclasses.replace(under, **known)
+
+
+def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | None) -> VerdictRecord:
+    """The step's verdict with its key. A verdict decided again in this run (an approval) rests
+    on the same gates: if they were reused, it still says whose (and so is never reused in turn)."""
+    assert step.verdict is not None
+    reused_from = status.verdict.reused_from if status.verdict is not None else None
+    if step.reused is not None:
+        reused_from = step.reused.source
+    record: VerdictRecord = jsonrecord.read_record(VerdictRecord, step.verdict.to_dict())
+    return dataclasses.replace(
+        record,
+        key=None if key is None else key.to_record(),
+        reused_from=reused_from or None,
+    )
+
+
+def _promotion(
+    promo: PromotionStatus | None, step: Step, now: str, deployment_generation: int | None
+) -> PromotionStatus | None:
+    """The promotion record after `step`: adopted when patched, and the verify window's samples."""
+    if step.patched:
+        promo = promo or PromotionStatus()
+        promo = dataclasses.replace(
+            promo,
+            patched=True,
+            adopted_at=now,
+            generation=deployment_generation if promo.generation is None else promo.generation,
+        )
+    if step.verify_samples is not None:
+        promo = promo or PromotionStatus()
+        verify = promo.verify or VerifyStatus()
+        if step.restart_window:
+            restarts = (verify.restarts or 0) + 1 if verify.samples else verify.restarts
+            verify = dataclasses.replace(verify, window_started_at=now, restarts=restarts)
+        verify = dataclasses.replace(
+            verify,
+            samples=step.verify_samples,
+            last_sample_at=now if step.verify_samples else verify.last_sample_at,
+        )
+        promo = dataclasses.replace(promo, verify=verify)
+    return promo
 
 
 def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:

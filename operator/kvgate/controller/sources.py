@@ -5,6 +5,7 @@ arguments, not the reconcile's context, and writes no status.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ from kvgate import engines, kubeobjects, manifests, redact
 from kvgate.controller.context import KubeApi, json_number
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
 from kvgate.model import SpeedClocks
-from kvgate.status import HistogramTotals
+from kvgate.status import HistogramTotals, PressureRecord, ScanRecord
 
 if TYPE_CHECKING:
     from kvgate.logs import LogScan
@@ -189,7 +190,7 @@ def sample_pool(
 
 def pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
-) -> tuple[bool | None, str, dict[str, Any]]:
+) -> tuple[bool | None, str, dict[str, PressureRecord]]:
     """The pool verdict over the samples kept in status."""
     from kvgate import pool, poolsample
 
@@ -213,7 +214,7 @@ def pod_log(
     return text
 
 
-def scan_engine_log(text: str, engine: str | None) -> dict[str, Any]:
+def scan_engine_log(text: str, engine: str | None) -> ScanRecord:
     """The engine log's scan (`logs.scan_log`), compacted for status."""
     from kvgate import logs
 
@@ -227,15 +228,14 @@ def scan_of(raw: object) -> LogScan:
     return logs.LogScan.from_dict(raw)
 
 
-def compact_scan(scan: dict[str, Any]) -> dict[str, Any]:
-    """Keep status small: at most 20 findings, each line text cut to 300 characters."""
-    findings = []
-    for f in (scan.get("findings") or [])[:20]:
-        f = dict(f)
-        if isinstance(f.get("text"), str):
-            f["text"] = redact.scrub_text(f["text"][:300])  # engines print their args
-        findings.append(f)
-    return {**scan, "findings": findings}
+def compact_scan(scan: ScanRecord) -> ScanRecord:
+    """Keep status small: at most 20 findings, each line text cut to 300 characters and
+    scrubbed (engines print their args)."""
+    findings = tuple(
+        f if f.text is None else dataclasses.replace(f, text=redact.scrub_text(f.text[:300]))
+        for f in scan.findings[:20]
+    )
+    return dataclasses.replace(scan, findings=findings)
 
 
 def tpot_totals(

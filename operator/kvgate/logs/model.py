@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvgate.jsonrecord import read_record, record_of, write
+from kvgate.jsonrecord import read_record, record_of
 from kvgate.status import CapacityRecord, FindingRecord, ScanRecord
 
 ENGINES: Final = ("vllm", "sglang")
@@ -208,17 +208,16 @@ class LogScan:
             lines=count(data.get("lines")) or 0,
         )
 
-    def status_record(self) -> dict[str, Any]:
-        """The scan as status keeps it (`status.ScanRecord`: camelCase, nulls left out)."""
-        record = record_of(
+    def status_record(self) -> ScanRecord:
+        """The scan as status keeps it (`status.ScanRecord`)."""
+        record: ScanRecord = record_of(
             ScanRecord,
             self,
             capacity=record_of(CapacityRecord, self.capacity),
             findings=tuple(record_of(FindingRecord, f, hint=f.hint or None) for f in self.findings),
             tail=(),  # a crashed arm's last lines: the controller adds them from the pod log
         )
-        out: dict[str, Any] = write(record)
-        return out
+        return record
 
     def to_dict(self) -> dict[str, object]:
         return {
