@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate import metrics
 from kvgate.jsonrecord import read_record, record_of, whole, write
-from kvgate.status import PoolSample
+from kvgate.status import PoolSample, PreflightStatus
 
 
 def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
@@ -34,6 +34,12 @@ def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
 def write_sample(sample: PoolSample) -> dict[str, Any]:
     """A sample as status keeps it (whole floats as ints, as the apiserver stores them)."""
     return {k: whole(v) for k, v in write(sample).items()}
+
+
+def kept_series(pre: PreflightStatus) -> dict[str, list[dict[str, Any]]]:
+    """The preflight's kept samples per pod, as status keeps them (what the pool sources read
+    and extend, and the verify baseline reads)."""
+    return {pod: [write_sample(s) for s in v] for pod, v in pre.samples.items()}
 
 
 def sample_of(raw: object) -> PoolSample:

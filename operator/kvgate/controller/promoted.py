@@ -1,0 +1,168 @@
+"""How is production doing on the promoted candidate? The evidence of Promoting (the rollout,
+the promoted pods' startup logs) and of Verifying (one sample of every production pod against
+the preflight's baseline), with what status keeps of it. Reads only, as `observe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvgate import kubeobjects, poolsample, production, promoting, promotion
+from kvgate.controller import sources
+from kvgate.controller.context import (
+    NOTHING,
+    Ctx,
+    StatusUpdate,
+    json_number,
+    metrics_url,
+    pod_container,
+    production_pods,
+    read_state,
+    status_view,
+    target_deployment,
+)
+from kvgate.errors import ExternalError, InputError
+from kvgate.jsonrecord import write
+from kvgate.model import Phase
+from kvgate.status import (
+    PodCounters,
+    PodScanRecord,
+    PreflightStatus,
+    PromotionStatus,
+    VerifyStatus,
+)
+from kvgate.steps import Observation
+from kvgate.timestamps import parse_time
+
+if TYPE_CHECKING:
+    from kvgate.metrics import MetricSnapshot
+
+# What observing returns: the evidence for the core, and what status keeps of it.
+Observed = tuple[Observation, StatusUpdate]
+
+
+def observe_promoting(ctx: Ctx) -> Observed:
+    """Promoting: has the Deployment rolled the candidate out, and do its pods log what the
+    candidate canary logged?"""
+    dep = target_deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
+    status = ctx.so_far
+    recorded = status.promotion.generation if status.promotion else None
+    wanted_gen = int(recorded or dep["metadata"].get("generation") or 0)
+    done = kubeobjects.rolled_out(dep, wanted_gen)
+    previous, candidate = status.previous, status.candidate
+    new_pods = [
+        p
+        for p in production_pods(ctx)
+        if promotion.carries(
+            status_view(ctx, pod_container(p, status.container)), previous, candidate
+        )
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    for pod in new_pods:
+        health = kubeobjects.pod_health(pod, status.container)
+        if health.crashed:
+            crashed = f"pod {pod['metadata']['name']}: {health.detail}"
+            return Observation(rollout_crashed=crashed), NOTHING
+    scan, found = None, NOTHING
+    if done and new_pods:
+        scan, found = production_scan(ctx, new_pods[0])
+    arm = status.arms.get("candidate")
+    candidate_scan = write(arm.scan) if arm is not None and arm.scan is not None else None
+    # The promoted pods are checked against the candidate canary: same backend, same scales.
+    obs = Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
+    return obs, found
+
+
+def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], StatusUpdate]:
+    name = pod["metadata"]["name"]
+    text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
+    scan = sources.scan_engine_log(text, ctx.so_far.engine)
+    pod_scan = PodScanRecord(pod=name, attention_backend=scan.attention_backend,
+                             kv_tokens=scan.kv_tokens)  # fmt: skip
+    promo = dataclasses.replace(ctx.so_far.promotion or PromotionStatus(), pod_scan=pod_scan)
+    return write(scan), StatusUpdate.of(promotion=promo)
+
+
+def observe_verifying(ctx: Ctx) -> Observed:
+    """One verify sample when one is due: every check must pass (fail closed)."""
+    state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
+    if not promoting.verify_due(ctx.spec, state):
+        return Observation(), NOTHING
+
+    dep = target_deployment(ctx)
+    assert dep is not None  # the live target exists and carries the candidate
+    problems = []
+    pods = [p for p in production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
+    if not pods:
+        problems.append("no production pods")
+    status = ctx.so_far
+    candidate, previous = status.candidate, status.previous
+    waiting: dict[str, float] = {}
+    counters: dict[str, production.PodCounters] = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if not promotion.carries(
+            status_view(ctx, pod_container(pod, status.container)), previous, candidate
+        ):
+            problems.append(f"pod {name} does not run the candidate")
+            continue
+        health = kubeobjects.pod_health(pod, status.container)
+        if health.crashed:
+            problems.append(f"pod {name}: {health.detail}")
+            continue
+        if not (health.ready and health.ip):
+            problems.append(f"pod {name} is not Ready ({health.detail})")
+            continue
+        try:
+            snap = sources.scrape_pod(
+                metrics_url(ctx, health.ip), status.engine, ctx.config.scrape_timeout_s
+            )
+        except (ExternalError, InputError) as exc:
+            problems.append(f"pod {name} metrics unreachable: {exc}")
+            continue
+        if snap.waiting is not None:
+            waiting[name] = snap.waiting
+        counters[name] = pod_counters(snap)
+    # Last: a crashed pod also makes the Deployment unavailable; the message leads with the cause.
+    if not kubeobjects.rolled_out(dep, int(dep["metadata"].get("generation") or 0)):
+        ds = dep.get("status") or {}
+        problems.append(
+            f"Deployment not fully available ({ds.get('availableReplicas') or 0}/"
+            f"{(dep.get('spec') or {}).get('replicas', 1)} available, "
+            f"{ds.get('updatedReplicas') or 0} updated)"
+        )
+    promo = status.promotion or PromotionStatus()
+    verify = promo.verify or VerifyStatus()
+    before = {
+        pod: production.PodCounters(ttft_sum=c.ttft_sum, ttft_count=c.ttft_count)
+        for pod, c in verify.counters.items()
+    }
+    last = parse_time(verify.last_sample_at)
+    elapsed = None if last is None else (ctx.now - last).total_seconds()
+    problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
+    # Kept for the next sample's rates (the status write copies the promotion record whole).
+    kept = {
+        pod: PodCounters(ttft_sum=json_number(c.ttft_sum), ttft_count=json_number(c.ttft_count))
+        for pod, c in counters.items()
+    }
+    promo = dataclasses.replace(promo, verify=dataclasses.replace(verify, counters=kept))
+    obs = Observation(production_problem="; ".join(problems) or None, sampled=True)
+    return obs, StatusUpdate.of(promotion=promo)
+
+
+def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
+    ttft = snap.ttft
+    return production.PodCounters(
+        ttft_sum=None if ttft is None else ttft.sum,
+        ttft_count=None if ttft is None else ttft.count,
+    )
+
+
+def production_baseline(ctx: Ctx) -> production.Baseline:
+    """Production's worst figures over the preflight window (what the verify window compares)."""
+    return production.baseline_from_preflight(
+        poolsample.kept_series(ctx.so_far.preflight or PreflightStatus())
+    )
