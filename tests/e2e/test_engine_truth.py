@@ -222,8 +222,8 @@ def test_auto_remediation_promotes_with_the_remedy_of_that_version(
         "attention-build-failed", version, 1,
     )  # fmt: skip
     assert record["firstAttempt"]["attentionBackend"] == "FLASHINFER"
-    assert record["args"] == args
-    assert record["env"] == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    assert record.get("args", []) == args  # status leaves empty lists out
+    assert record.get("env", {}) == {**env, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     # the remedied candidate was gated like any other: it ran Triton and FP8, logs = metrics
     assert status["arms"]["candidate"]["scan"]["attentionBackend"] == "TRITON_ATTN"
     assert status["arms"]["candidate"]["scan"]["kvCacheDtype"] == "fp8"

@@ -132,7 +132,7 @@ def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
         "Failed",
         "LongContextRegressed",
     )
-    lc = status["accuracy"]["long_context"]
+    lc = status["accuracy"]["longContext"]  # the Job's long_context, camelCase in status
     assert (lc["verdict"], lc["failing_bucket"], lc["context_lengths"]) == (
         "fail",
         "32768",
@@ -170,7 +170,7 @@ def test_a_sound_candidate_passes_all_three_and_is_promoted(world: ScenarioWorld
         ("divergence", "DivergenceWithinFloor"),
     ):
         assert (gates[gate]["outcome"], gates[gate]["reason"]) == ("Successful", reason), gates
-    lc = status["accuracy"]["long_context"]
+    lc = status["accuracy"]["longContext"]  # the Job's long_context, camelCase in status
     # buckets from the control's logged --max-model-len 32768
     assert lc["context_lengths"] == [4096, 8192, 16384, 32768]
     assert all(row["verdict"] == "pass" for row in lc["buckets"])

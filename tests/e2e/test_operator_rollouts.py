@@ -558,9 +558,9 @@ def test_a_target_the_operator_cannot_use_stalls_with_the_reason(world: World) -
     assert condition(obj, "Stalled")["status"] == "True"
     assert condition(obj, "Ready")["reason"] == "InvalidTarget"
     assert "InvalidTarget" in event_reasons(world.cluster, world.ns["room"], "room-bad")
-    # kopf was told the error is permanent: it does not retry the handler.
+    # the error is permanent: the rollout is not reconciled again until its spec changes
     log = world.operator.log()
-    assert "room-bad" in log and "Handler 'reconcile' failed permanently" in log
+    assert "room-bad" in log and "stalled, not retried until the spec changes" in log
 
 
 @pytest.mark.timeout(600)

@@ -3,8 +3,9 @@
 Run with `kvgate run` (or `kopf run -m kvgate.controller.handlers`). One handler, `reconcile`, drives a
 rollout: it is level-based (everything it needs is in `status` and in the cluster), so an
 operator restart resumes where the last status write left off, and a step that runs twice
-creates nothing twice (deterministic child names, create-if-absent). Waits are
-`kopf.TemporaryError`s with the delay the core chose; there are no sleeps.
+creates nothing twice (deterministic child names, create-if-absent). A timer (`poll`) runs it
+when due (`schedule`): after the delay the core chose, or at once on a new spec; there are no
+sleeps.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -53,6 +55,7 @@ from kvgate.controller.record import (
     post_event,
     write_status,
 )
+from kvgate.controller.schedule import schedule_of
 from kvgate.controller.telemetry import (
     API_REQUESTS,
     DRIFTED,
@@ -78,6 +81,13 @@ _metrics_lock = threading.Lock()
 
 
 _metrics_started: set[int] = set()
+
+
+class QuietTicks(logging.Filter):
+    """Drops kopf's "Timer 'poll' succeeded." lines (one per rollout per second)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timer 'poll' succeeded")
 
 
 @kopf.on.startup()
@@ -106,6 +116,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.default_backoff = 5
     for noisy in ("httpx", "httpcore", "kubernetes.client.rest"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The poll timer ticks every second per rollout; kopf logs each tick's success.
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietTicks) for f in objects.filters):
+        objects.addFilter(QuietTicks())
     with _metrics_lock:
         if config.metrics_port and config.metrics_port not in _metrics_started:
             prom.start_http_server(config.metrics_port)
@@ -119,9 +133,39 @@ def probe_rollouts(memo: kopf.Memo, **_: Any) -> int:
     return kube.requests if kube is not None else 0
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+TICK_S: Final = float(os.environ.get("KVGATE_TICK") or 1.0)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_S)
+def poll(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """Reconcile the rollout when it is due (`schedule`): the core's delay has passed, or its
+    spec changed. A rollout being deleted is the cleanup's."""
+    if meta.get("deletionTimestamp"):
+        return
+    schedule = schedule_of(memo)
+    generation, version = meta.get("generation"), meta.get("resourceVersion")
+    if not schedule.due(time.monotonic(), generation, version):
+        return
+    with schedule.lock:
+        delay: float | None = None
+        try:
+            reconcile(body=body, meta=meta, patch=patch, memo=memo, logger=logger)
+        except kopf.TemporaryError as exc:
+            delay = float(exc.delay) if exc.delay is not None else TICK_S
+        except kopf.PermanentError as exc:
+            logger.warning("stalled, not retried until the spec changes: %s", exc)
+            delay = None
+        wrote = bool(patch.get("status"))
+        schedule.ran_on(time.monotonic(), generation, version, delay=delay, wrote=wrote)
+
+
 def reconcile(
     body: kopf.Body,
     meta: kopf.Meta,
@@ -130,7 +174,8 @@ def reconcile(
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
-    """Drive one rollout a step; raise TemporaryError to come back after the core's delay."""
+    """Drive one rollout a step; raise TemporaryError to come back after the core's delay
+    (`poll` schedules it)."""
     old = _status_of(body)
     status = copy.deepcopy(old)
     found = RolloutStatus.from_dict(old)
@@ -243,6 +288,17 @@ def cleanup(
 ) -> None:
     """Revert kvgate's change unless Promoted (read back) or in pullRequest mode (kvgate made no
     change there: Git did), then delete canaries and Jobs."""
+    with schedule_of(memo).lock:  # after a reconcile in flight, never beside it
+        _clean_up(body, meta, memo, logger, retry)
+
+
+def _clean_up(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    retry: int,
+) -> None:
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
     phase = ctx.so_far.phase or Phase.PENDING
