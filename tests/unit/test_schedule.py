@@ -160,3 +160,27 @@ def test_kopfs_tick_lines_are_dropped_and_nothing_else() -> None:
     assert not quiet.filter(record("Timer 'poll' succeeded."))
     assert quiet.filter(record("Timer 'drift' succeeded."))
     assert quiet.filter(record("Preflight: sampling the pool"))
+
+
+def test_a_poll_that_waited_for_the_cleanup_does_not_reconcile_the_deleted_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(handlers, "reconcile", lambda **_: calls.append("reconcile"))
+    memo = kopf.Memo()
+    raw: dict[str, Any] = {"metadata": {"name": "r", "namespace": "ns", "generation": 1,
+                                        "resourceVersion": "v1"}}  # fmt: skip
+    body = kopf.Body(raw)  # a timer's body is a live view of the object
+    lock = schedule_of(memo).lock
+    lock.acquire()  # the cleanup runs
+    poller = threading.Thread(
+        target=handlers.poll,
+        kwargs={"body": body, "meta": body.metadata, "patch": kopf.Patch(), "memo": memo,
+                "logger": handlers.logging.getLogger("test")},
+    )  # fmt: skip
+    poller.start()
+    poller.join(0.3)
+    raw["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"  # the watch brings it
+    lock.release()
+    poller.join(10)
+    assert calls == []

@@ -112,6 +112,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     # Handlers never sleep, but scrapes and log reads block: one thread each for many rollouts.
     settings.execution.max_workers = config.max_workers
+    # A deleted rollout waits for its poll timer to exit; kopf checks again after this long
+    # (60 s by default, which held every deletion caught mid-tick for a minute).
+    settings.background.cancellation_polling = 1.0
     # Errors that are bugs retry with back-off rather than hot-looping.
     settings.execution.default_backoff = 5
     for noisy in ("httpx", "httpcore", "kubernetes.client.rest"):
@@ -154,6 +157,8 @@ def poll(
     if not schedule.due(time.monotonic(), generation, version):
         return
     with schedule.lock:
+        if meta.get("deletionTimestamp"):  # deleted while we waited for the lock (a live view)
+            return
         delay: float | None = None
         try:
             reconcile(body=body, meta=meta, patch=patch, memo=memo, logger=logger)
