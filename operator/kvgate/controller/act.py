@@ -47,6 +47,7 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
+from kvgate.jsonrecord import record_of
 from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec, is_local_path
@@ -509,11 +510,10 @@ def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
     derive_candidate(ctx, live)  # the live container and the candidate are still the evaluated
     first = ctx.so_far.arms.get("candidate") or ArmStatus()
     findings = first.scan.findings if first.scan is not None else ()
-    decided = StatusUpdate.of(remediation=RemediationStatus(
-        code=remedy.code,
-        engine=remedy.engine,
+    decided = StatusUpdate.of(remediation=record_of(
+        RemediationStatus,
+        remedy,
         engine_version=remedy.version,
-        args=remedy.args,
         env=dict(remedy.env),
         attempt=1,
         decided_at=iso(ctx.now),

@@ -48,7 +48,7 @@ from kvgate.status import (
     RolloutStatus,
     VerifyStatus,
 )
-from kvgate.steps import LiveTarget, State
+from kvgate.steps import LiveTarget, Observation, State
 from kvgate.timestamps import parse_time
 from kvgate.verdict import GateResult, RevertIntent
 
@@ -153,6 +153,9 @@ class StatusUpdate:
 
 
 NOTHING: Final = StatusUpdate()  # a stage that found or did nothing for status
+
+# What observing a phase returns: the evidence for the core, and what status keeps of it.
+Observed = tuple[Observation, StatusUpdate]
 
 
 @dataclass

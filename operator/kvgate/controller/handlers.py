@@ -235,7 +235,7 @@ def reconcile(
     except Exception as exc:
         # Not evidence against the candidate: retry, and past the limit (or the phase's
         # deadline) end the rollout, reverting first in the patched phases (never promoting).
-        errors = (RolloutStatus.from_dict(status).consecutive_errors or 0) + 1
+        errors = (ctx.so_far.consecutive_errors or 0) + 1
         what = describe(exc)
         RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         if isinstance(exc, KvgateError):

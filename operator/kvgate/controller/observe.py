@@ -25,6 +25,7 @@ from kvgate.controller import promoted, pullrequest, sources
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
+    Observed,
     StatusUpdate,
     arm_health,
     canary_port,
@@ -72,10 +73,6 @@ from kvgate.timestamps import iso, parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
-
-
-# What observe returns: the evidence for the core, and what status keeps of it.
-Observed = tuple[Observation, StatusUpdate]
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observed:

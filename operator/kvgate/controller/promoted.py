@@ -14,6 +14,7 @@ from kvgate.controller import sources
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
+    Observed,
     StatusUpdate,
     json_number,
     metrics_url,
@@ -38,9 +39,6 @@ from kvgate.timestamps import parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
-
-# What observing returns: the evidence for the core, and what status keeps of it.
-Observed = tuple[Observation, StatusUpdate]
 
 
 def observe_promoting(ctx: Ctx) -> Observed:
