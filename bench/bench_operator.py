@@ -61,7 +61,8 @@ def _operator_requests_by_verb(metrics: str) -> dict[str, float]:
     for line in metrics.splitlines():
         if line.startswith("kvgate_api_requests_total{"):
             verb = re.search(r'verb="([a-z_]+)"', line)
-            key = verb.group(1) if verb else "?"
+            resource = re.search(r'resource="([a-z_]+)"', line)
+            key = f"{verb.group(1) if verb else '?'} {resource.group(1) if resource else '?'}"
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
@@ -171,10 +172,11 @@ def main() -> int:
             print(f"  operator API calls (adapter)  {own:.0f} total, {own / n:.1f} per rollout")
             by_verb = _operator_requests_by_verb(metrics)
             print(
-                "  adapter calls by verb, per rollout "
+                "  adapter calls by verb and resource, per rollout "
                 + ", ".join(
                     f"{v} {(c - by_verb_before.get(v, 0.0)) / n:.1f}"
                     for v, c in sorted(by_verb.items())
+                    if c > by_verb_before.get(v, 0.0)
                 )
             )
             print(

@@ -335,11 +335,16 @@ class FakeKube:
         return token
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.ensure(body)[0]
+
+    def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """As the adapter: the object this created (True) or the one with the name (False)."""
         self.requests += 1
         existing = self.objects.get((body["kind"], body["metadata"]["name"]))
         if existing is not None:
-            return copy.deepcopy(existing)
-        return copy.deepcopy(self._mutate(lambda: self._create(body)))
+            self.requests += 1  # the adapter's GET after the 409
+            return copy.deepcopy(existing), False
+        return copy.deepcopy(self._mutate(lambda: self._create(body))), True
 
     def _create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         obj = self.add(dict(body))

@@ -38,13 +38,34 @@ ANSWERS: dict[str, tuple[int, bytes]] = {
     "/api/v1/namespaces/ns/pods": (200, json.dumps({"kind": "PodList", "items": [POD]}).encode()),
     "/api/v1/namespaces/ns/pods/garbled": (200, b"<html>proxy login</html>"),
     "/api/v1/nodes/gpu-1": (200, json.dumps(NODE).encode()),
+    "/api/v1/namespaces/ns/configmaps/r-report": (200, b'{"kind":"ConfigMap","data":{}}'),
     "/api/v1/nodes/secret-node": (403, b'{"kind":"Status","code":403,"reason":"Forbidden"}'),
 }
 
 
+# What the apiserver received: (method, path) in order.
+SEEN: list[tuple[str, str]] = []
+_CONFLICT = b'{"kind":"Status","code":409,"reason":"AlreadyExists"}'
+
+
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        status, body = ANSWERS.get(self.path.split("?")[0], (404, b'{"kind":"Status","code":404}'))
+        SEEN.append(("GET", self.path.split("?")[0]))
+        self._answer(*ANSWERS.get(self.path.split("?")[0], (404, b'{"kind":"Status","code":404}')))
+
+    def do_POST(self) -> None:  # a create: the name in the body is taken when ANSWERS has it
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        path = self.path.split("?")[0]
+        SEEN.append(("POST", path))
+        taken = f"{path}/{body['metadata']['name']}" in ANSWERS
+        self._answer(409, _CONFLICT) if taken else self._answer(201, json.dumps(body).encode())
+
+    def do_PATCH(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        SEEN.append(("PATCH", self.path.split("?")[0]))
+        self._answer(200, json.dumps({"kind": "ConfigMap", **json.loads(body)}).encode())
+
+    def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -57,6 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def kube() -> Iterator[Kube]:
+    SEEN.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -92,3 +114,42 @@ def test_a_node_is_read_by_name_at_cluster_scope(kube: Kube) -> None:
     with pytest.raises(KubeError, match=r"^get node secret-node: 403") as raised:
         kube.read_node("secret-node")
     assert raised.value.status == 403
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"}}
+
+
+def test_a_free_name_is_created_with_one_request_and_a_taken_one_is_read() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    counted: list[tuple[str, str]] = []
+    config = k8s.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+    kube = Kube(k8s.ApiClient(config), on_request=lambda verb, res: counted.append((verb, res)))
+    SEEN.clear()
+    try:
+        # a free name: the POST alone, and the object the apiserver made
+        made, created = kube.ensure(_pod("r-candidate"))
+        assert created and made["metadata"]["name"] == "r-candidate"
+        assert SEEN == [("POST", "/api/v1/namespaces/ns/pods")]
+        # a taken name: 409, then the object that holds it (the caller checks whose it is)
+        SEEN.clear()
+        existing, created = kube.ensure(_pod("r-control"))
+        assert not created and existing == POD
+        assert SEEN == [("POST", "/api/v1/namespaces/ns/pods"),
+                        ("GET", "/api/v1/namespaces/ns/pods/r-control")]  # fmt: skip
+        # the report's ConfigMap: created when free, patched (never read first) when taken
+        SEEN.clear()
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"report.md": "x"}}
+        kube.replace_configmap({**cm, "metadata": {"name": "r2-report", "namespace": "ns"}})
+        kube.replace_configmap({**cm, "metadata": {"name": "r-report", "namespace": "ns"}})
+        assert SEEN == [("POST", "/api/v1/namespaces/ns/configmaps"),
+                        ("POST", "/api/v1/namespaces/ns/configmaps"),
+                        ("PATCH", "/api/v1/namespaces/ns/configmaps/r-report")]  # fmt: skip
+        # every request is counted by verb and resource
+        assert counted == [("create", "pod"), ("create", "pod"), ("get", "pod"),
+                           ("create", "configmap"), ("create", "configmap"),
+                           ("patch", "configmap")]  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -227,13 +227,15 @@ def _second(
     listed = Listed(world, first)
     world.kube.list_rollouts = listed  # type: ignore[method-assign]
     created: list[str] = []
-    create = world.kube.create
+    ensure = world.kube.ensure
 
-    def recording(body: Mapping[str, Any]) -> dict[str, Any]:
-        created.append(str(body["kind"]))
-        return create(body)
+    def recording(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        obj, made = ensure(body)
+        if made:
+            created.append(str(body["kind"]))
+        return obj, made
 
-    world.kube.create = recording  # type: ignore[method-assign]
+    world.kube.ensure = recording  # type: ignore[method-assign]
     return world, listed, created
 
 

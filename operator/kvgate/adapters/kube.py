@@ -107,7 +107,9 @@ def _mapped(what: str) -> Iterator[None]:
 class Kube:
     """The operator's view of the API. Counts requests, for the benchmark and metrics."""
 
-    def __init__(self, api_client: k8s.ApiClient, on_request: Callable[[str], None] | None = None):
+    def __init__(
+        self, api_client: k8s.ApiClient, on_request: Callable[[str, str], None] | None = None
+    ):
         self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.apps = k8s.AppsV1Api(api_client)
@@ -121,8 +123,8 @@ class Kube:
         self, verb: str, what: str, fn: Callable[[], _T], *, missing_ok: bool = False
     ) -> _T | None:
         self.requests += 1
-        if self._on_request is not None:
-            self._on_request(verb)
+        if self._on_request is not None:  # `what` starts with the resource: "pods ns (sel)"
+            self._on_request(verb, what.split(" ", 1)[0].lower().removesuffix("s"))
         try:
             with _mapped(f"{verb} {what}"):
                 return fn()
@@ -239,47 +241,62 @@ class Kube:
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Create a Pod, Job, NetworkPolicy or ConfigMap; an existing one with that name is
         returned instead."""
+        return self.ensure(body)[0]
+
+    def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """`create`, and whether this call created it: one request when the name is free, so a
+        caller need not read the name first (an existing object costs a second, its GET)."""
         wire: Any = body  # the client sends a dict body as it is; its types name model classes
         kind = body["kind"]
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
         creators: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
             "Pod": (
-                lambda: self.core.create_namespaced_pod(ns, wire),
-                lambda: self.core.read_namespaced_pod(name, ns),
+                lambda: self.core.create_namespaced_pod(ns, wire, _preload_content=False),
+                lambda: self.core.read_namespaced_pod(name, ns, _preload_content=False),
             ),
             "Job": (
-                lambda: self.batch.create_namespaced_job(ns, wire),
-                lambda: self.batch.read_namespaced_job(name, ns),
+                lambda: self.batch.create_namespaced_job(ns, wire, _preload_content=False),
+                lambda: self.batch.read_namespaced_job(name, ns, _preload_content=False),
             ),
             "NetworkPolicy": (
-                lambda: self.networking.create_namespaced_network_policy(ns, wire),
-                lambda: self.networking.read_namespaced_network_policy(name, ns),
+                lambda: self.networking.create_namespaced_network_policy(
+                    ns, wire, _preload_content=False
+                ),
+                lambda: self.networking.read_namespaced_network_policy(
+                    name, ns, _preload_content=False
+                ),
             ),
             "ConfigMap": (
-                lambda: self.core.create_namespaced_config_map(ns, wire),
-                lambda: self.core.read_namespaced_config_map(name, ns),
+                lambda: self.core.create_namespaced_config_map(ns, wire, _preload_content=False),
+                lambda: self.core.read_namespaced_config_map(name, ns, _preload_content=False),
             ),
         }
         create, read = creators[kind]
         try:
-            return self._dict(self._call("create", f"{kind} {ns}/{name}", create))
+            made = self._call("create", f"{kind} {ns}/{name}", lambda: _raw(create()))
+            return cast("dict[str, Any]", made), True
         except KubeError as exc:
             if exc.status != 409:
                 raise
-        return self._dict(self._call("get", f"{kind} {ns}/{name}", read))
+        found = self._call("get", f"{kind} {ns}/{name}", lambda: _raw(read()))
+        return cast("dict[str, Any]", found), False
 
     def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]:
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
-        existing = self._call(
-            "get",
-            f"configmap {ns}/{name}",
-            lambda: self.core.read_namespaced_config_map(name, ns),
-            missing_ok=True,
-        )
-        if existing is None:
-            return self.create(body)
+        wire: Any = body
+        try:  # create first: the name is usually free (one request)
+            return self._dict(
+                self._call(
+                    "create",
+                    f"configmap {ns}/{name}",
+                    lambda: self.core.create_namespaced_config_map(ns, wire),
+                )
+            )
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
         return self._dict(
             self._call(
                 "patch",

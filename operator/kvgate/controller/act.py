@@ -128,22 +128,29 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
             config_hash=str(ctx.so_far.config_hash),
         )
         adopt_child(ctx, pod, arm)
-        existing = ctx.kube.read_pod(ctx.namespace, pod["metadata"]["name"])
-        if existing is not None and not owned(ctx, existing):
-            raise KvgateError(
-                f"pod {pod['metadata']['name']} exists and is not this rollout's; kvgate does "
-                "not touch it: rename the rollout or remove that pod"
-            )
-        if existing is not None and leftover_child(ctx, existing):
-            delete_owned(ctx, "Pod", existing)
-            raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
-        if existing is None:
-            ctx.kube.create(pod)
+        existing, made = ensure_child(ctx, pod)
+        if made:
             ctx.reads.rollout_pods = None
             created.append(pod["metadata"]["name"])
+        elif leftover_child(ctx, existing):
+            delete_owned(ctx, "Pod", existing)
+            raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
     if created:
         post_event(ctx, Reason.CANARY_CREATED, f"created {', '.join(created)}")
     return NOTHING
+
+
+def ensure_child(ctx: Ctx, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create `obj` (one request), or find the object that has its name, and whether this
+    created it. One this rollout does not own is never touched."""
+    existing, made = ctx.kube.ensure(obj)
+    if not made and not owned(ctx, existing):
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        raise KvgateError(
+            f"{kind} {name} exists and is not this rollout's; kvgate does not touch it: "
+            f"rename the rollout or remove that {kind}"
+        )
+    return existing, made
 
 
 def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
@@ -231,15 +238,12 @@ def ensure_job(
     """
     name = job["metadata"]["name"]
     adopt_child(ctx, job, role)
-    existing = ctx.kube.read_job(ctx.namespace, name)
-    if existing is not None and not owned(ctx, existing):
-        raise KvgateError(f"Job {name} exists and is not this rollout's; kvgate does not touch it")
-    if existing is not None and leftover_child(ctx, existing):
+    existing, made = ensure_child(ctx, job)
+    if made:
+        post_event(ctx, started, f"{role} attempt {attempt}: Job {name}")
+    elif leftover_child(ctx, existing):
         delete_owned(ctx, "Job", existing)
         raise KubeError(f"Job {name} of an earlier run is still terminating")
-    if existing is None:
-        existing = ctx.kube.create(job)
-        post_event(ctx, started, f"{role} attempt {attempt}: Job {name}")
     return existing
 
 
@@ -338,16 +342,10 @@ def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool, role: str = "eval") ->
     )
     adopt_child(ctx, policy, role)
     name = policy["metadata"]["name"]
-    existing = ctx.kube.read_network_policy(ctx.namespace, name)
-    if existing is not None and not owned(ctx, existing):
-        raise KvgateError(
-            f"NetworkPolicy {name} exists and is not this rollout's; kvgate does not touch it"
-        )
-    if existing is not None and policy_hash(existing) != policy_hash(policy):
+    existing, made = ensure_child(ctx, policy)
+    if not made and policy_hash(existing) != policy_hash(policy):
         delete_owned(ctx, "NetworkPolicy", existing)
         raise KubeError(f"NetworkPolicy {name} of an earlier run is being replaced")
-    if existing is None:
-        ctx.kube.create(policy)
 
 
 def policy_hash(obj: Mapping[str, Any]) -> str | None:

@@ -96,7 +96,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # `kvgate run` builds the config and passes it in memo; `kopf run -m` reads the environment.
     config = getattr(memo, "config", None) or OperatorConfig.from_env(os.environ)
     memo.config = config
-    memo.kube = Kube(load_api_client(), on_request=lambda verb: API_REQUESTS.labels(verb).inc())
+    memo.kube = Kube(
+        load_api_client(),
+        on_request=lambda verb, resource: API_REQUESTS.labels(verb, resource).inc(),
+    )
     # kvgate's own finalizer and storage keys, under its API group (not kopf.zalando.org).
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)

@@ -32,7 +32,9 @@ EVENTS = prom.Counter(
 )
 
 
-API_REQUESTS = prom.Counter("kvgate_api_requests_total", "Kubernetes API calls.", ["verb"])
+API_REQUESTS = prom.Counter(
+    "kvgate_api_requests_total", "Kubernetes API calls.", ["verb", "resource"]
+)
 
 
 RECONCILE_ERRORS = prom.Counter(

@@ -1,0 +1,238 @@
+"""A walk of the data: follow one argument of a function through kvgate and count how often the
+trip comes back into each module.
+
+    .venv/bin/python hack/walk.py [--entry kvgate.controller.handlers:reconcile] [--data body]
+                                  [--root operator] [--show-trip]
+
+The data starts as one parameter of the entry function. Inside a function, a name assigned from
+an expression that mentions the data carries it too (`ctx = Ctx(body=body)` makes `ctx` data).
+A call that passes the data (an argument mentioning a data name) hands it to the callee's
+matching parameters when the callee is a kvgate function the call resolves to statically: a
+function of the same module, a name imported from a kvgate module, `module.function` through an
+imported kvgate module, or `self.method` / `Class.method` in the same module. Calls on values of
+unknown type (`ctx.kube.read_pod(...)`) do not resolve; `sim/` is not walked.
+
+The trip is the sequence of modules the data is in, depth first: into the callee, and back into
+the caller when the callee returns. Each function is walked once; a later hand-over to a walked
+function is still a trip there and back. A module's re-entries are the times the trip enters it
+after the first. Issue 20 asks for at most 5 for every module, from `reconcile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Function:
+    module: str
+    qualname: str
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    params: list[str]
+
+
+@dataclass
+class Module:
+    name: str
+    functions: dict[str, Function] = field(default_factory=dict)
+    # local name -> ("module", "kvgate.x") or ("attr", "kvgate.x", "name")
+    imports: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    classes: set[str] = field(default_factory=set)
+
+
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = node.args
+    return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+
+
+def load(source_root: Path) -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for path in sorted((source_root / "kvgate").rglob("*.py")):
+        rel = path.relative_to(source_root).with_suffix("")
+        parts = list(rel.parts)
+        if "sim" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        mod = Module(name)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                mod.functions[node.name] = Function(name, node.name, node, _params(node))
+            elif isinstance(node, ast.ClassDef):
+                mod.classes.add(node.name)
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        q = f"{node.name}.{item.name}"
+                        mod.functions[q] = Function(name, q, item, _params(item)[1:])
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = package.split(".")
+                    pkg = pkg[: len(pkg) - (node.level - 1)]
+                    base = ".".join([*pkg, base] if base else pkg)
+                if not base.startswith("kvgate"):
+                    continue
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    mod.imports[local] = ("attr", base, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("kvgate"):
+                        mod.imports[alias.asname or alias.name] = ("module", alias.name)
+        modules[name] = mod
+    return modules
+
+
+class Walker:
+    def __init__(self, modules: dict[str, Module]):
+        self.modules = modules
+        self.walked: set[str] = set()
+        self.trip: list[str] = []
+
+    def _key(self, fn: Function) -> str:
+        return f"{fn.module}:{fn.qualname}"
+
+    def resolve(self, mod: Module, call: ast.Call, cls: str | None) -> Function | None:
+        f = call.func
+        if isinstance(f, ast.Name):
+            if f.id in mod.functions:
+                return mod.functions[f.id]
+            if f.id in mod.classes:
+                return mod.functions.get(f"{f.id}.__init__")
+            imp = mod.imports.get(f.id)
+            if imp and imp[0] == "attr":
+                target = self.modules.get(imp[1])
+                if target is None:  # `from kvgate import module` then `module(...)`: not a call
+                    return None
+                return target.functions.get(imp[2]) or target.functions.get(f"{imp[2]}.__init__")
+            return None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            base = f.value.id
+            if base == "self" and cls:
+                return mod.functions.get(f"{cls}.{f.attr}")
+            if base in mod.classes:
+                return mod.functions.get(f"{base}.{f.attr}")
+            imp = mod.imports.get(base)
+            if imp is None:
+                return None
+            target_name = imp[1] if imp[0] == "module" else f"{imp[1]}.{imp[2]}"
+            target = self.modules.get(target_name)
+            if target is not None:
+                return target.functions.get(f.attr)
+            if imp[0] == "attr":  # an imported class: Class.method
+                owner = self.modules.get(imp[1])
+                if owner is not None:
+                    return owner.functions.get(f"{imp[2]}.{f.attr}")
+        return None
+
+    def _enter(self, module: str) -> None:
+        if not self.trip or self.trip[-1] != module:
+            self.trip.append(module)
+
+    def walk(self, fn: Function, data: set[str]) -> None:
+        self._enter(fn.module)
+        key = self._key(fn)
+        if key in self.walked or not data:
+            return
+        self.walked.add(key)
+        mod = self.modules[fn.module]
+        cls = fn.qualname.split(".")[0] if "." in fn.qualname else None
+        carried = set(data)
+        changed = True
+        while changed:  # names assigned from the data carry it too
+            changed = False
+            for node in ast.walk(fn.node):
+                targets: list[ast.expr] = []
+                value: ast.expr | None = None
+                if isinstance(node, ast.Assign):
+                    targets, value = list(node.targets), node.value
+                elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                    targets, value = [node.target], node.value
+                elif isinstance(node, ast.For):
+                    targets, value = [node.target], node.iter
+                elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                    targets, value = [node.optional_vars], node.context_expr
+                elif isinstance(node, ast.NamedExpr):
+                    targets, value = [node.target], node.value
+                if value is None or not _mentions(value, carried):
+                    continue
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name) and n.id not in carried:
+                            carried.add(n.id)
+                            changed = True
+        calls = sorted(
+            (n for n in ast.walk(fn.node) if isinstance(n, ast.Call)),
+            key=lambda n: (n.lineno, n.col_offset),
+        )
+        for call in calls:
+            callee = self.resolve(mod, call, cls)
+            if callee is None:
+                continue
+            handed: set[str] = set()
+            for i, arg in enumerate(call.args):
+                if _mentions(arg, carried) and i < len(callee.params):
+                    handed.add(callee.params[i])
+            for kw in call.keywords:
+                if kw.arg and _mentions(kw.value, carried) and kw.arg in callee.params:
+                    handed.add(kw.arg)
+            if not handed:
+                continue
+            self.walk(callee, handed)
+            self._enter(fn.module)  # the callee returns
+
+
+def _mentions(expr: ast.AST, names: set[str]) -> bool:
+    """The expression is the data, or hands the data itself to a call (`Ctx(body=body)`,
+    `ctx.seeing(done)`); an attribute or item read off it (`ctx.namespace`) is other data."""
+    if isinstance(expr, ast.Name):
+        return expr.id in names
+    if isinstance(expr, ast.Starred):
+        return _mentions(expr.value, names)
+    if isinstance(expr, ast.Call):
+        f = expr.func
+        if isinstance(f, ast.Attribute) and _mentions(f.value, names):
+            return True  # a method of the data returns (a view of) the data
+        return any(_mentions(a, names) for a in expr.args) or any(
+            _mentions(k.value, names) for k in expr.keywords
+        )
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=ROOT / "operator")
+    parser.add_argument("--entry", default="kvgate.controller.handlers:reconcile")
+    parser.add_argument("--data", default="body", help="the entry's parameter to follow")
+    parser.add_argument("--show-trip", action="store_true")
+    args = parser.parse_args(argv)
+    modules = load(args.root)
+    module, _, qualname = args.entry.partition(":")
+    if module not in modules or qualname not in modules[module].functions:
+        print(f"walk: no function {args.entry} under {args.root}", file=sys.stderr)
+        return 2
+    walker = Walker(modules)
+    walker.walk(modules[module].functions[qualname], {args.data})
+    entries = Counter(walker.trip)
+    print(f"walk of {args.data!r} from {args.entry}: {len(walker.walked)} functions, "
+          f"{len(walker.trip)} stays, {len(entries)} modules")  # fmt: skip
+    print("re-entries by module (entries after the first):")
+    for name, count in entries.most_common():
+        print(f"  {count - 1:4d}  {name}")
+    if args.show_trip:
+        print(" -> ".join(walker.trip))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
