@@ -153,3 +153,27 @@ def test_a_free_name_is_created_with_one_request_and_a_taken_one_is_read() -> No
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_node_is_read_once_a_minute_for_every_rollout(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvgate.adapters.kube as adapter
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(adapter.time, "monotonic", lambda: clock["now"])
+    # GIVEN one node read by one rollout's arm
+    assert kube.read_node("gpu-1") == NODE
+    # WHEN other rollouts ask within the minute, THEN the apiserver is not asked again
+    clock["now"] += adapter.NODE_TTL_S - 1
+    assert kube.read_node("gpu-1") == NODE and kube.read_node("gone") is None
+    assert SEEN == [("GET", "/api/v1/nodes/gpu-1"), ("GET", "/api/v1/nodes/gone")]
+    # WHEN the minute is over, THEN it is read again (a relabelled node is seen within a minute)
+    clock["now"] += 2
+    assert kube.read_node("gpu-1") == NODE
+    assert SEEN[-1] == ("GET", "/api/v1/nodes/gpu-1") and len(SEEN) == 3
+    # a refusal is never kept: the next read asks again
+    for _ in range(2):
+        with pytest.raises(KubeError):
+            kube.read_node("secret-node")
+    assert SEEN[-2:] == [("GET", "/api/v1/nodes/secret-node")] * 2

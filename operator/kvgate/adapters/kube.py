@@ -9,6 +9,8 @@ every caller is idempotent.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -32,6 +34,9 @@ FORGE_TOKEN_LABEL = "kvgate.io/forge-token"
 FORGE_API_URL_ANNOTATION = "kvgate.io/forge-api-url"
 FORGE_REPOSITORY_ANNOTATION = "kvgate.io/forge-repository"
 MAX_TOKEN_LENGTH = 512
+# A Node's GPU labels change only when the node is replaced or relabelled: one read serves every
+# rollout on it for this long (100 rollouts on one node read it once, not 100 times).
+NODE_TTL_S = 60.0
 
 
 def _decode_token(where: str, key: str, raw: Any) -> str:
@@ -118,6 +123,8 @@ class Kube:
         self.custom = k8s.CustomObjectsApi(api_client)
         self.requests = 0
         self._on_request = on_request
+        self._nodes: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._nodes_lock = threading.Lock()
 
     def _call(
         self, verb: str, what: str, fn: Callable[[], _T], *, missing_ok: bool = False
@@ -157,13 +164,23 @@ class Kube:
         )
 
     def read_node(self, name: str) -> dict[str, Any] | None:
-        """The Node (cluster-scoped; the chart grants `get` on nodes for its GPU label)."""
-        return self._call(
+        """The Node (cluster-scoped; the chart grants `get` on nodes for its GPU label), read
+        at most once per NODE_TTL_S and shared by every rollout: callers must not change it."""
+        now = time.monotonic()
+        with self._nodes_lock:
+            kept = self._nodes.get(name)
+        if kept is not None and now - kept[0] < NODE_TTL_S:
+            return kept[1]
+        node = self._call(
             "get",
             f"node {name}",
             lambda: _raw(self.core.read_node(name, _preload_content=False)),
             missing_ok=True,
         )
+        with self._nodes_lock:
+            self._nodes = {n: v for n, v in self._nodes.items() if now - v[0] < NODE_TTL_S}
+            self._nodes[name] = (now, node)
+        return node
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         obj = self._call(

@@ -158,7 +158,9 @@ def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
     if owned(ctx, obj):
         meta = obj["metadata"]
         ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
-        ctx.reads.rollout_pods = None
+        listed = (ctx.reads.rollout_pods or {}).get(meta["name"]) if kind == "Pod" else None
+        if listed is not None:  # as a new LIST would show it: terminating (saves that LIST)
+            listed["metadata"]["deletionTimestamp"] = iso(ctx.now)
 
 
 def delete_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
@@ -388,23 +390,30 @@ def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV)
 
 
 def delete_eval_jobs(ctx: Ctx, step: Step) -> StatusUpdate:
-    """The eval and load Jobs of every attempt, and the eval NetworkPolicy."""
-    seen = set()
+    """The eval and load Jobs of every attempt, and their NetworkPolicies."""
+    jobs: dict[str, str] = {}  # name -> role
     for pod in own_pods(ctx).values():  # one LIST of the rollout's pods serves both roles
         labels = pod["metadata"].get("labels") or {}
-        job = labels.get("job-name")
-        if job and labels.get(LABEL_ARM) in ("eval", "load"):
-            seen.add(job)
+        job, role = labels.get("job-name"), labels.get(LABEL_ARM)
+        if job and role in ("eval", "load"):
+            jobs[job] = role
     status = ctx.so_far
     attempts = (status.eval.attempt if status.eval else None) or 0
-    seen.update(manifests.eval_job_name(ctx.name, a) for a in range(1, attempts + 1))
+    jobs.update((manifests.eval_job_name(ctx.name, a), "eval") for a in range(1, attempts + 1))
     loads = (status.load.attempt if status.load else None) or 0
-    seen.update(manifests.load_job_name(ctx.name, a) for a in range(1, min(loads, 99) + 1))
-    for name in sorted(seen):
+    jobs.update(
+        (manifests.load_job_name(ctx.name, a), "load") for a in range(1, min(loads, 99) + 1)
+    )
+    for name in sorted(jobs):
         job = ctx.kube.read_job(ctx.namespace, name)
         if job is not None:
             delete_owned(ctx, "Job", job)
-    for role in ("eval", "load"):
+    # A role's NetworkPolicy is made just before its first Job, by the act whose update records
+    # the attempt, so a role with no Job is not read for one (two GETs fewer per rollout). Only
+    # an operator killed between the two, whose rollout then ends before that act runs again,
+    # leaves a policy behind: it selects no running pod, and the rollout owns it (it goes with
+    # the rollout).
+    for role in sorted(set(jobs.values())):
         policy = ctx.kube.read_network_policy(
             ctx.namespace, manifests.eval_policy_name(ctx.name, role)
         )
