@@ -6,7 +6,6 @@ import re
 from collections import Counter
 from typing import Final
 
-import numpy as np
 from ahocorasick_rs import MATCHKIND_LEFTMOST_FIRST, BytesAhoCorasick
 
 from kvgate.logs import rules as R
@@ -64,9 +63,6 @@ _OVERLAP: Final = max(len(a.encode()) for a in ANCHORS) - 1
 # Searched a window at a time, and a window after a hit starts at that line's end, so a long
 # line of anchors costs one window of matches, not one per anchor in it.
 _WINDOW: Final = 64 << 10
-_NEWLINE: Final = 10
-# Above this many candidate lines in a chunk, line numbers come from one newline index.
-_FEW_CANDIDATES: Final = 32
 
 
 # Headers start within this many characters of a line (after the prefixes above).
@@ -120,20 +116,17 @@ class _Collector:
             self._head_left -= len(self.head[-1])
         data = chunk.encode("utf-8", "surrogatepass")  # lone surrogates of surrogateescape
         first_line = self.lines + 1
-        newlines = np.frombuffer(data, np.uint8) == _NEWLINE
-        self.lines += int(np.count_nonzero(newlines)) + (0 if data.endswith(b"\n") else 1)
+        self.lines += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
         candidates = self._candidates(data)
         if not candidates:
             return
-        starts = [start for start, _ in candidates]
-        if len(candidates) > _FEW_CANDIDATES:
-            before = np.searchsorted(np.flatnonzero(newlines), starts).tolist()
-        else:
-            before, counted, counted_to = [], 0, 0
-            for start in starts:
-                counted += int(np.count_nonzero(newlines[counted_to:start]))
-                counted_to = start
-                before.append(counted)
+        # Newlines before each candidate, counted between successive starts: one C-speed pass
+        # over the chunk however many candidates (no numpy in the operator's process).
+        before, counted, counted_to = [], 0, 0
+        for start, _ in candidates:
+            counted += data.count(b"\n", counted_to, start)
+            counted_to = start
+            before.append(counted)
         for (start, end), seen in zip(candidates, before, strict=True):
             line = data[start:end].decode("utf-8", "surrogatepass")
             # Rules read the first _MAX_LINE characters; an anchor past them can only matter
