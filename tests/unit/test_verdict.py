@@ -494,6 +494,22 @@ def test_canary_waits_then_times_out() -> None:
     assert (late.phase, late.reason) == (Phase.ROLLED_BACK, "CanaryTimeout")
 
 
+def test_a_wait_that_sees_nothing_new_keeps_its_message_for_ten_seconds() -> None:
+    # GIVEN canaries still starting, polled every second, WHEN nothing about them changes,
+    # THEN the message (so status) changes only as the wait crosses 10 s steps, then minutes
+    obs = Observation(control=READY, candidate=STARTING)
+    spec = RolloutSpec.from_dict(
+        {"targetRef": {"name": "qwen"}, "canary": {"startupTimeout": "15m"}}
+    )
+    messages = [step(Phase.CANARY, obs, spec, phase_elapsed_s=t).message for t in range(0, 130)]
+    assert len(set(messages)) == 8  # 0, 10, 20, 30, 40, 50 s, then 1 and 2 min
+    assert messages[9].startswith("waiting for canary pods Ready (0 s of at most 15 min)")
+    assert "(1 min of at most 15 min)" in messages[119]
+    # what the pods show still changes it at once
+    other = Observation(control=READY, candidate=PodHealth(True, detail="pulling image"))
+    assert step(Phase.CANARY, other, spec, phase_elapsed_s=3).message != messages[3]
+
+
 def _unschedulable(message: object) -> dict[str, Any]:
     obj = pod(phase="Pending", ready=False)
     obj["status"].pop("containerStatuses")
