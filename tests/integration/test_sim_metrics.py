@@ -190,14 +190,16 @@ def test_a_pod_no_service_selects_gets_no_production_traffic(sim) -> None:
 
 
 def test_requests_beyond_capacity_wait_and_get_preempted(sim) -> None:
-    # GIVEN a pool of ~2,600 tokens and 12 requests of ~600 + 300 tokens each
+    # GIVEN a pool of ~2,600 tokens and 12 requests of ~600 + 400 tokens each: any three that
+    # run together outgrow the pool, however the requests' arrivals spread on a busy machine
+    # (with 300 output tokens it took four at once, which a starved client could miss)
     engine = sim(
         ["vllm", "serve", MODEL, "--max-model-len", "2048", "--gpu-memory-utilization", "0.79",
          "--attention-backend", "TRITON_ATTN"],
         {"KVGATE_SIM_SPEED": "0.02"},
     )  # fmt: skip
     prompt = "word " * 600
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 300, "ignore_eos": True}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "ignore_eos": True}
     peak_waiting, peak_usage = 0.0, 0.0
     with ThreadPoolExecutor(12) as pool:
         futures = [
@@ -211,7 +213,7 @@ def test_requests_beyond_capacity_wait_and_get_preempted(sim) -> None:
             time.sleep(0.05)
         results = [f.result() for f in futures]
     assert all(r.status_code == 200 for r in results)
-    assert all(r.json()["usage"]["completion_tokens"] == 300 for r in results)
+    assert all(r.json()["usage"]["completion_tokens"] == 400 for r in results)
     assert peak_waiting >= 6
     assert peak_usage > 0.6
     families = scrape(engine)
