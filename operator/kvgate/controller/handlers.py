@@ -90,6 +90,19 @@ class QuietTicks(logging.Filter):
         return not str(record.msg).startswith("Timer 'poll' succeeded")
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No last-handled configuration: kvgate has no create, update, resume or field handler
+    (the timers read the spec as it is; tests/unit/test_kopf_handlers.py keeps it so), so the
+    diff kopf keeps for those is never read. Storing it cost a PATCH of each new rollout (and
+    of each spec change) carrying the whole spec in an annotation."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Operator settings in one place, each with its reason."""
@@ -103,9 +116,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kvgate's own finalizer and storage keys, under its API group (not kopf.zalando.org).
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Explicit watch timeouts against silent watch freezes (kopf #585, #787; dask does the same).
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
