@@ -52,6 +52,7 @@ from kvgate.steps import (
     revert_step,
 )
 from kvgate.throughput import THROUGHPUT, assess_throughput
+from kvgate.timestamps import duration, waited
 from kvgate.verdict import Decision, GateResult, Verdict, decide
 
 
@@ -282,8 +283,8 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         return Step(
             Phase.CANARY,
             Reason.WAITING_FOR_CANARY,
-            f"waiting for canary pods Ready ({_waited(state.phase_elapsed_s)} of at most "
-            f"{_duration(spec.canary.startup_timeout_s)}): control {control.detail}, "
+            f"waiting for canary pods Ready ({waited(state.phase_elapsed_s)} of at most "
+            f"{duration(spec.canary.startup_timeout_s)}): control {control.detail}, "
             f"candidate {candidate.detail}",
             actions=(Action.CREATE_CANARIES,) if missing else (),
             requeue_s=clamp_delay(poll_s),
@@ -436,8 +437,8 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     if obs.eval_summary is None:
         progress = eval_progress(read_eval_progress(obs.eval_progress), spec.accuracy.questions)
         elapsed = (
-            f"{_waited(state.phase_elapsed_s)} elapsed, "
-            f"at most {_duration(spec.canary.eval_timeout_s)} an attempt"
+            f"{waited(state.phase_elapsed_s)} elapsed, "
+            f"at most {duration(spec.canary.eval_timeout_s)} an attempt"
         )
         return Step(
             Phase.EVALUATING,
@@ -544,8 +545,8 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         return Step(
             Phase.MEASURING,
             Reason.MEASURING,
-            f"load attempt {attempts} running: {progress}{_waited(state.phase_elapsed_s)} "
-            f"elapsed, at most {_duration(timeout_s)} an attempt",
+            f"load attempt {attempts} running: {progress}{waited(state.phase_elapsed_s)} "
+            f"elapsed, at most {duration(timeout_s)} an attempt",
             actions=() if obs.load_job_exists else (Action.CREATE_LOAD_JOB,),
             requeue_s=clamp_delay(poll_s),
         )
@@ -591,22 +592,6 @@ def eval_progress(progress: EvalProgress | None, planned: int) -> ProgressText |
         + (f", candidate {points} so far" if points else ""),
         short=f"{progress.questions}/{planned} q, look {looks}" + (f", {points}" if points else ""),
     )
-
-
-def _duration(seconds: float) -> str:
-    """`45 s`, `12 min`, `1 h 5 min`: a wait read at a glance."""
-    total = max(0, int(seconds))
-    if total < 60:
-        return f"{total} s"
-    minutes = total // 60
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
-
-
-def _waited(seconds: float) -> str:
-    """How long a wait has lasted, in steps of 10 s (then of a minute): a waiting poll's message
-    changes, and so its status is written, at most that often, not at every poll."""
-    total = max(0, int(seconds))
-    return _duration(total - total % 10 if total < 60 else total)
 
 
 def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
