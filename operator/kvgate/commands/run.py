@@ -16,6 +16,7 @@ EXAMPLES: Final = ("kvgate run -n llm --liveness http://0.0.0.0:8080/healthz",)
 _LOG_FORMATS = ("plain", "full", "json")
 _M_ARENA_MAX: Final = -8  # glibc's mallopt parameter (malloc.h)
 MALLOC_ARENAS: Final = 2
+WRITE_CONNECTIONS: Final = 8
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +82,17 @@ def cap_malloc_arenas(limit: int = MALLOC_ARENAS) -> bool:
     return bool(mallopt(_M_ARENA_MAX, limit))
 
 
+def api_connections(namespaces: list[str], *, clusterwide: bool) -> int:
+    """kopf's connection bound: one long-lived watch stream per watched namespace (one for the
+    whole cluster) plus WRITE_CONNECTIONS for status writes and Events; 0 (no bound) when a
+    glob may match any number of namespaces, each with its own stream."""
+    if clusterwide:
+        return WRITE_CONNECTIONS + 1
+    if any(c in ns for ns in namespaces for c in "*?[!,"):
+        return 0
+    return WRITE_CONNECTIONS + len(namespaces) + 1  # + the namespaces watch kopf may open
+
+
 def run(args: argparse.Namespace) -> int:
     cap_malloc_arenas()  # first: kopf's and the handlers' threads start below
     import kopf
@@ -104,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         clusterwide=bool(args.all_namespaces),
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(config=config),
+        memo=kopf.Memo(
+            config=config,
+            api_connections=api_connections(namespaces, clusterwide=bool(args.all_namespaces)),
+        ),
     )
     if args.leader_elect:
         _exit_now(0)

@@ -103,6 +103,41 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+@kopf.on.login()
+async def login(
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    **kwargs: Any,
+) -> kopf.AiohttpSession | None:
+    """kopf's login through the kubernetes client, with a bounded connection pool.
+
+    kopf's own session opens one TLS connection per request in flight, without limit: 100
+    rollouts written at once held ~80 connections, each with its buffers. `kvgate run` sets the
+    bound (`memo.api_connections`: the watch streams plus a few for writes; 0, no bound, where a
+    namespace glob may add streams); writes beyond it wait for a free connection."""
+    info = kopf.login_via_client(logger=logger, settings=settings, **kwargs)
+    if info is None:
+        return None
+    import aiohttp  # kopf's HTTP client
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=int(getattr(memo, "api_connections", 0) or 0), ssl=info.as_ssl_context()
+        ),
+        headers=info.as_http_headers(),
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+    )
+    return kopf.AiohttpSession(
+        server=info.server,
+        default_namespace=info.default_namespace,
+        priority=info.priority,
+        expiration=info.expiration,
+        aiohttp_session=session,
+    )
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Operator settings in one place, each with its reason."""
