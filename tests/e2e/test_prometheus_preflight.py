@@ -16,6 +16,7 @@ window from Prometheus in one range query instead of scraping the pods:
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import threading
 from collections.abc import Iterator
@@ -253,7 +254,13 @@ def test_arms_at_different_gpu_clocks_under_load_get_no_throughput_claim(world: 
     assert load["clocks"]["source"] == "prometheus" and "note" not in load["clocks"]
     assert load["clocks"]["control"]["smMHz"] == 2040.0
     assert load["clocks"]["candidate"]["smMHz"] == 1410.0
-    assert isinstance(load["startedAt"], float)
+    # the clocks' window opens when the load Job was made: its creationTimestamp, whole
+    # seconds (a whole number in JSON), within the rollout's life
+    window = load["startedAt"]
+    assert isinstance(window, int | float) and not isinstance(window, bool), load
+    life = [dt.datetime.strptime(status[k], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+            for k in ("startedAt", "finishedAt")]  # fmt: skip
+    assert life[0].timestamp() - 1 <= window <= life[1].timestamp(), (window, life)
     measured = [s for s in load["summary"]["candidate"]["stages"] if s["status"] == "measured"]
     assert measured and all(s["outputTokensPerS"] > 0 for s in measured), load["summary"]
     assert "speed" not in status["gates"] or status["gates"]["speed"]["outcome"] == "Skipped"
