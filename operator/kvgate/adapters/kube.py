@@ -290,30 +290,31 @@ class Kube:
             ),
         }
         create, read = creators[kind]
+        made = self._created(f"{kind} {ns}/{name}", create)
+        if made is not None:
+            return made, True
+        found = self._call("get", f"{kind} {ns}/{name}", lambda: _raw(read()))
+        return cast("dict[str, Any]", found), False
+
+    def _created(self, what: str, create: Callable[[], Any]) -> dict[str, Any] | None:
+        """The object a create made, or None when its name is taken (409)."""
         try:
-            made = self._call("create", f"{kind} {ns}/{name}", lambda: _raw(create()))
-            return cast("dict[str, Any]", made), True
+            return cast("dict[str, Any]", self._call("create", what, lambda: _raw(create())))
         except KubeError as exc:
             if exc.status != 409:
                 raise
-        found = self._call("get", f"{kind} {ns}/{name}", lambda: _raw(read()))
-        return cast("dict[str, Any]", found), False
+        return None
 
     def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]:
         ns = body["metadata"]["namespace"]
         name = body["metadata"]["name"]
         wire: Any = body
-        try:  # create first: the name is usually free (one request)
-            return self._dict(
-                self._call(
-                    "create",
-                    f"configmap {ns}/{name}",
-                    lambda: self.core.create_namespaced_config_map(ns, wire),
-                )
-            )
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
+        made = self._created(  # create first: the name is usually free (one request)
+            f"configmap {ns}/{name}",
+            lambda: self.core.create_namespaced_config_map(ns, wire, _preload_content=False),
+        )
+        if made is not None:
+            return made
         return self._dict(
             self._call(
                 "patch",
