@@ -20,19 +20,14 @@ from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
     adopt_child,
-    arm_health,
     canary_port,
     candidate_record,
     derive_candidate,
     derive_candidate_unchecked,
     describe,
-    leftover_child,
-    live_container,
-    own_pods,
     owned,
     shown_env,
     status_view,
-    target_deployment,
 )
 from kvgate.controller.observe import (
     eval_concurrency_of,
@@ -42,6 +37,13 @@ from kvgate.controller.observe import (
 from kvgate.controller.pullrequest import close_pull_request, open_pull_request
 from kvgate.controller.record import (
     post_event,
+)
+from kvgate.controller.seen import (
+    arm_health,
+    leftover_child,
+    live_container,
+    own_pods,
+    target_deployment,
 )
 from kvgate.controller.telemetry import (
     REVERT_FAILURES,
@@ -428,7 +430,7 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
         return NOTHING
     speed = dataclasses.replace(
         ctx.so_far.speed or SpeedStatus(),
-        before=tpot_totals(ctx),
+        before=tpot_totals(ctx, {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}),
         started_at=round(ctx.now.timestamp(), 3),  # the window of the arms' GPU clocks
     )
     return StatusUpdate.of(speed=speed)

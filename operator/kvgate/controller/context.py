@@ -16,27 +16,22 @@ import kopf
 
 from kvgate import (
     jsonrecord,
-    kubeobjects,
     manifests,
     promotion,
     redact,
     superseding,
-    verdictkey,
 )
 from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
-from kvgate.errors import KubeError, KvgateError
+from kvgate.errors import KvgateError
 from kvgate.jsonrecord import whole
-from kvgate.kubeobjects import PodHealth
 from kvgate.model import (
     ANNOTATION_ABORT,
     ANNOTATION_ABORTED_BY,
     ANNOTATION_APPROVE,
     ANNOTATION_APPROVED_BY,
     ANNOTATION_APPROVED_GENERATION,
-    ANNOTATION_CONFIG_HASH,
     ANNOTATION_CREATED_BY,
-    LABEL_ROLLOUT,
     Phase,
 )
 from kvgate.spec import RolloutSpec, TargetRef
@@ -48,7 +43,7 @@ from kvgate.status import (
     RolloutStatus,
     VerifyStatus,
 )
-from kvgate.steps import LiveTarget, Observation, State
+from kvgate.steps import Observation, State
 from kvgate.timestamps import parse_time
 from kvgate.verdict import GateResult, RevertIntent
 
@@ -263,114 +258,12 @@ def describe(exc: BaseException) -> str:
     return text[:500]
 
 
-def target_deployment(ctx: Ctx) -> dict[str, Any] | None:
-    """The target Deployment, read once per reconcile."""
-    if not ctx.reads.deployment_read:
-        ctx.reads.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
-        ctx.reads.deployment_read = True
-    return ctx.reads.deployment
-
-
 def evaluated_container(ctx: Ctx) -> dict[str, Any]:
     """The production container as evaluated: image plus the command/args/env in status."""
     out = dict(ctx.so_far.previous)
     if ctx.so_far.evaluated_image is not None:
         out["image"] = ctx.so_far.evaluated_image
     return out
-
-
-def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
-    if dep is None:
-        return None
-    try:
-        return manifests.find_container(
-            ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
-            ctx.so_far.container,
-        )
-    except LookupError:
-        return None
-
-
-def live_target(ctx: Ctx) -> LiveTarget | None:
-    """The live Deployment against the evaluated container and kvgate's edits."""
-    if not ctx.so_far.candidate:
-        return None  # nothing evaluated yet (Pending)
-    dep = target_deployment(ctx)
-    if dep is None:
-        return LiveTarget(exists=False)
-    found = live_container(ctx, dep)
-    if found is None:
-        return LiveTarget(exists=True, container_found=False)
-    _, live = found
-    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
-    seen = status_view(ctx, live)
-    differences = tuple(promotion.differences(evaluated_container(ctx), seen))
-    return LiveTarget(
-        exists=True,
-        as_evaluated=not differences,
-        differences=differences,
-        carries_candidate=promotion.carries(seen, previous, candidate),
-        ours_present=not promotion.reverted(seen, previous, candidate),
-    )
-
-
-def live_key(ctx: Ctx) -> verdictkey.LiveKey:
-    """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
-    the tested config on (what could not be read is left out: no evidence either way)."""
-    found = live_container(ctx, target_deployment(ctx))
-    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
-    container = ctx.so_far.container
-    digests, products, counts = set(), set(), set()
-    for pod in production_pods(ctx):
-        spec = pod_container(pod, container)
-        seen = status_view(ctx, spec)
-        if pod["metadata"].get("deletionTimestamp") or not promotion.carries(
-            seen, previous, candidate
-        ):
-            continue
-        health = kubeobjects.pod_health(pod, container)
-        if health.image_id:
-            digests.add(health.image_id)
-        if (product := node_gpu(ctx, pod_node(pod))) is not None:
-            products.add(product)
-        if (count := kubeobjects.gpu_count(spec)) is not None:
-            counts.add(count)
-    image = found[1].get("image") if found else None
-    config = status_view(ctx, found[1]) if found else None
-    return verdictkey.LiveKey(
-        image=image,
-        image_digests=frozenset(digests),
-        gpu_products=frozenset(products),
-        gpu_counts=frozenset(counts),
-        config_changed=tuple(promotion.changed_around(config, previous, candidate))
-        if config is not None and candidate
-        else (),
-    )
-
-
-def pod_node(pod: Mapping[str, Any] | None) -> str | None:
-    """The node the pod was scheduled to (None: not yet)."""
-    name = ((pod or {}).get("spec") or {}).get("nodeName")
-    return name if isinstance(name, str) and name else None
-
-
-def node_gpu(ctx: Ctx, node: str | None) -> str | None:
-    """The node's GPU product (`kubeobjects.gpu_product`), read once per node per reconcile.
-
-    Unknown (None), never an error, when there is no node, no label, no such node or kvgate may
-    not read nodes (403: a chart installed without the nodes grant); other API failures raise
-    like every other read, and the reconcile is retried."""
-    if node is None:
-        return None
-    if node not in ctx.reads.node_gpus:
-        try:
-            obj = ctx.kube.read_node(node)
-        except KubeError as exc:
-            if exc.status != 403:
-                raise
-            obj = None
-        ctx.reads.node_gpus[node] = kubeobjects.gpu_product(obj)
-    return ctx.reads.node_gpus[node]
 
 
 def shown_env(ctx: Ctx) -> frozenset[str]:
@@ -423,16 +316,6 @@ def status_view(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def production_pods(ctx: Ctx) -> list[dict[str, Any]]:
-    dep = target_deployment(ctx)
-    if dep is None:
-        return []
-    labels = (((dep.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
-    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    pods = ctx.kube.list_pods(ctx.namespace, selector) if selector else []
-    return [p for p in pods if not (p["metadata"].get("labels") or {}).get(LABEL_ROLLOUT)]
-
-
 def canary_port(status: RolloutStatus) -> int:
     """The port the engine serves on, as Pending read it from the container."""
     return 8000 if status.port is None else status.port
@@ -443,41 +326,6 @@ def metrics_url(ctx: Ctx, ip: str) -> str:
 
 
 json_number = whole  # 13.0 -> 13, as the apiserver stores it (`jsonrecord.whole`)
-
-
-def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
-    """This rollout's pods (canaries, eval) by name: one LIST per reconcile serves every arm's
-    read; `act` forgets it after it creates or deletes a pod. A pod that has a canary's name but
-    not this rollout's label is not in it (creating the canary reads that name directly)."""
-    if ctx.reads.rollout_pods is None:
-        pods = ctx.kube.list_pods(ctx.namespace, f"{LABEL_ROLLOUT}={ctx.name}")
-        ctx.reads.rollout_pods = {p["metadata"]["name"]: p for p in pods}
-    return ctx.reads.rollout_pods
-
-
-def arm_health(ctx: Ctx, arm: str) -> PodHealth:
-    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
-    return kubeobjects.pod_health(pod, ctx.so_far.container)
-
-
-def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`obj` if it belongs to this run's config, else None (a leftover of an earlier run)."""
-    if obj is None:
-        return None
-    annotations = obj["metadata"].get("annotations") or {}
-    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.so_far.config_hash else None
-
-
-def leftover_child(ctx: Ctx, obj: dict[str, Any] | None) -> bool:
-    """An object with our name from an earlier run: wait until it is gone, never reuse it."""
-    return obj is not None and current_child(ctx, obj) is None
-
-
-def pod_container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
-    try:
-        return manifests.find_container(pod.get("spec") or {}, name)[1]
-    except LookupError:
-        return {}
 
 
 def adopt_child(ctx: Ctx, obj: dict[str, Any], arm: str) -> None:

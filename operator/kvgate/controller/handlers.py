@@ -40,8 +40,6 @@ from kvgate.controller.context import (
     Ctx,
     StatusView,
     describe,
-    live_key,
-    live_target,
     parse_spec,
     read_state,
 )
@@ -56,6 +54,7 @@ from kvgate.controller.record import (
     write_status,
 )
 from kvgate.controller.schedule import schedule_of
+from kvgate.controller.seen import live_key, live_target
 from kvgate.controller.telemetry import (
     API_REQUESTS,
     DRIFTED,
@@ -270,7 +269,7 @@ def reconcile(
     done = NOTHING  # what the stages that went through found and did, in order
     try:
         done = run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
-        obs, findings = observe(ctx.seeing(done), phase, spec_errors)
+        obs, findings = observe(ctx.seeing(done), phase, spec_errors, state)
         done = done.then(findings)
         step = machine.next_step(
             spec,

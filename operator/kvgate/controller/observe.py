@@ -27,15 +27,15 @@ from kvgate.controller.context import (
     Ctx,
     Observed,
     StatusUpdate,
-    arm_health,
     canary_port,
     candidate_record,
-    current_child,
-    live_container,
-    live_target,
     metrics_url,
+)
+from kvgate.controller.seen import (
+    Seen,
+    live_container,
+    look,
     node_gpu,
-    own_pods,
     pod_container,
     pod_node,
     production_pods,
@@ -68,38 +68,37 @@ from kvgate.status import (
     PressureRecord,
     SpeedStatus,
 )
-from kvgate.steps import LiveTarget, Observation
+from kvgate.steps import Observation, State
 from kvgate.timestamps import iso, parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
 
 
-def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...]) -> Observed:
+def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:
     if phase is Phase.PENDING:
         return observe_pending(ctx, spec_errors)
-    # Every phase after Pending reads the live Deployment: what status says kvgate did is
-    # checked against what is there.
-    live = live_target(ctx)
-    obs, found = observe_phase(ctx, phase, live)
-    return dataclasses.replace(obs, live=live), found
+    seen = look(ctx, phase, state)  # the phase's reads, once
+    obs, found = observe_phase(ctx, phase, seen, state)
+    return dataclasses.replace(obs, live=seen.live), found
 
 
-def observe_phase(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observed:
+def observe_phase(ctx: Ctx, phase: Phase, seen: Seen, state: State) -> Observed:
+    carried = seen.live is not None and seen.live.carries_candidate
     if phase is Phase.PREFLIGHT:
-        return observe_preflight(ctx)
+        return observe_preflight(ctx, seen)
     if phase is Phase.CANARY:
-        return observe_canary(ctx)
+        return observe_canary(ctx, seen)
     if phase is Phase.EVALUATING:
-        return observe_eval(ctx)
+        return observe_eval(ctx, seen)
     if phase is Phase.MEASURING:
-        return observe_load(ctx)
-    if phase is Phase.PROMOTING and live is not None and live.carries_candidate:
-        return promoted.observe_promoting(ctx)
-    if phase is Phase.VERIFYING and live is not None and live.carries_candidate:
-        return promoted.observe_verifying(ctx)
+        return observe_load(ctx, seen)
+    if phase is Phase.PROMOTING and carried:
+        return promoted.observe_promoting(ctx, seen)
+    if phase is Phase.VERIFYING and carried:
+        return promoted.observe_verifying(ctx, seen, state)
     if phase in (Phase.PULL_REQUEST_OPEN, Phase.PULL_REQUEST_MERGED):
-        return pullrequest.observe(ctx, phase, live), NOTHING
+        return pullrequest.observe(ctx, phase, seen.live), NOTHING
     return Observation(), NOTHING
 
 
@@ -176,7 +175,7 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def observe_preflight(ctx: Ctx) -> Observed:
+def observe_preflight(ctx: Ctx, seen: Seen) -> Observed:
     """One pool sample per interval from every Ready production pod, kept in status."""
     gate = ctx.spec.capacity
     pre = ctx.so_far.preflight or PreflightStatus()
@@ -197,7 +196,9 @@ def observe_preflight(ctx: Ctx) -> Observed:
         found = StatusUpdate.of(preflight=pre)
     reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
     forced = (
-        machine.control_runs_fp8(list(reasons), production_kv_dtype(ctx), ctx.spec.target.name)
+        machine.control_runs_fp8(
+            list(reasons), production_kv_dtype(ctx, seen), ctx.spec.target.name
+        )
         if reasons
         else None
     )
@@ -247,8 +248,8 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     return sources.scrape_pod(metrics_url(ctx, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s)
 
 
-def production_kv_dtype(ctx: Ctx) -> str:
-    found = live_container(ctx, target_deployment(ctx))
+def production_kv_dtype(ctx: Ctx, seen: Seen) -> str:
+    found = live_container(ctx, seen.deployment)
     return sources.production_kv_dtype(found[1] if found else None)
 
 
@@ -304,8 +305,9 @@ def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
     )
 
 
-def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | None, StatusUpdate]:
+def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, StatusUpdate]:
     """The arm's startup-log scan: from status when already read, else from the pod log."""
+    health = seen.arm(arm)
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.scan is not None:
         return write(block.scan), NOTHING
@@ -322,7 +324,7 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | No
         tail = tuple(redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:])
         scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
-        arm_gpu(ctx, arm, block),
+        arm_gpu(ctx, seen.arm_pod(arm), block),
         pod=pod,
         ip=health.ip,
         scan=scan,
@@ -332,10 +334,9 @@ def arm_scan(ctx: Ctx, arm: str, health: PodHealth) -> tuple[dict[str, Any] | No
     return write(scan), StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
-def arm_gpu(ctx: Ctx, arm: str, block: ArmStatus) -> ArmStatus:
-    """`block` with the arm's node, its GPU product and the arm container's GPU count (the
+def arm_gpu(ctx: Ctx, pod: Mapping[str, Any] | None, block: ArmStatus) -> ArmStatus:
+    """`block` with the arm pod's node, its GPU product and the arm container's GPU count (the
     candidate's are in the verdict key); what is unknown now is left as it was."""
-    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
     node = pod_node(pod)
     product = node_gpu(ctx, node)
     count = kubeobjects.gpu_count(pod_container(pod or {}, ctx.so_far.container))
@@ -379,10 +380,10 @@ def arm_metrics(
     return write(truth), None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
-def observe_canary(ctx: Ctx) -> Observed:
-    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
-    control_scan, found = arm_scan(ctx, "control", control)
-    candidate_scan, more = arm_scan(ctx.seeing(found), "candidate", candidate)
+def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
+    control, candidate = seen.control, seen.candidate
+    control_scan, found = arm_scan(ctx, seen, "control")
+    candidate_scan, more = arm_scan(ctx.seeing(found), seen, "candidate")
     found = found.then(more)
     found = found.then(record_capacity(ctx.seeing(found)))
     truths: dict[str, dict[str, Any] | None] = {}
@@ -436,17 +437,13 @@ def record_capacity(ctx: Ctx) -> StatusUpdate:
     return StatusUpdate.of(capacity=CapacityStatus(ratio=ratio))
 
 
-def observe_eval(ctx: Ctx) -> Observed:
-    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
+def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
+    control, candidate, job, text = seen.control, seen.candidate, seen.job, seen.job_log
     ev = ctx.so_far.eval or EvalStatus()
-    attempt = ev.attempt or 1
-    job_name = manifests.eval_job_name(ctx.name, attempt)
-    job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
     obs = Observation(control=control, candidate=candidate, job_exists=job is not None)
     if job is None:
         return obs, NOTHING
     finished = kubeobjects.job_finished(job)
-    text = job_log(ctx, job_name)
     summary, progress = eval_lines(text, ev.nonce_sha256)
     found = NOTHING
     if progress is not None:
@@ -454,7 +451,7 @@ def observe_eval(ctx: Ctx) -> Observed:
         obs = dataclasses.replace(obs, eval_progress=progress)
     if summary is not None and finished:
         found = found.then(record_accuracy(ctx, summary))
-        control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found))
+        control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found), seen)
         obs = dataclasses.replace(
             obs,
             job_finished=True,
@@ -473,20 +470,7 @@ def observe_eval(ctx: Ctx) -> Observed:
     return obs, found
 
 
-def job_log(ctx: Ctx, job_name: str) -> str:
-    """The log of a judge Job's last pod ('' while it has none). Its pods carry the rollout's
-    label, so the reconcile's one LIST of the rollout's pods (`own_pods`) finds them."""
-    pods = [
-        p
-        for p in own_pods(ctx).values()
-        if (p["metadata"].get("labels") or {}).get("job-name") == job_name
-    ]
-    if not pods:
-        return ""
-    return ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
-
-
-def observe_load(ctx: Ctx) -> Observed:
+def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     """The load Job of the current attempt: its summary once it finished, or why it failed.
 
     The summary counts only from a finished Job, as its log's nonce-carrying last line (as for
@@ -494,11 +478,8 @@ def observe_load(ctx: Ctx) -> Observed:
     the control ran out of room at a stage), so the summary's verdict decides, not the exit; a
     finished Job without such a summary (killed at its deadline, crashed) is an error.
     """
-    control, candidate = arm_health(ctx, "control"), arm_health(ctx, "candidate")
+    control, candidate, job, text = seen.control, seen.candidate, seen.job, seen.job_log
     load = ctx.so_far.load or LoadStatus()
-    attempt = load.attempt or 1
-    job_name = manifests.load_job_name(ctx.name, attempt)
-    job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
     speed = ctx.so_far.speed
     clocks = speed_clocks_of(speed.clocks if speed is not None else None)
     concurrency = load.concurrency
@@ -511,7 +492,6 @@ def observe_load(ctx: Ctx) -> Observed:
     )
     if job is None:
         return obs, NOTHING
-    text = job_log(ctx, job_name)
     if not kubeobjects.job_finished(job):
         return dataclasses.replace(obs, load_progress=LoadProgress.from_log(text)), NOTHING
     summary, _ = job_lines(text, load.nonce_sha256, kind="kvgate.load")
@@ -547,20 +527,22 @@ def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:
     return StatusUpdate.of(accuracy=acc)
 
 
-def tpot_totals(ctx: Ctx) -> dict[str, HistogramTotals]:
-    """Each arm's TPOT histogram totals now (arms without one are left out)."""
-    return sources.tpot_totals(lambda arm: arm_health(ctx, arm).ip, lambda ip: scrape_pod(ctx, ip))
+def tpot_totals(ctx: Ctx, ips: Mapping[str, str | None]) -> dict[str, HistogramTotals]:
+    """Each arm's TPOT histogram totals now, by the arms' pod IPs (arms without one are left
+    out)."""
+    return sources.tpot_totals(ips.get, lambda ip: scrape_pod(ctx, ip))
 
 
 def speed_after_eval(
-    ctx: Ctx,
+    ctx: Ctx, seen: Seen
 ) -> tuple[float | None, float | None, SpeedClocks | None, StatusUpdate]:
     """Mean TPOT and GPU clocks of each arm over the eval window, recorded in status.speed."""
     if ctx.spec.speed is None:
         return None, None, None, NOTHING
     speed = ctx.so_far.speed or SpeedStatus()
     if not speed.after:
-        speed = dataclasses.replace(speed, after=tpot_totals(ctx))
+        ips = {"control": seen.control.ip, "candidate": seen.candidate.ip}
+        speed = dataclasses.replace(speed, after=tpot_totals(ctx, ips))
     tpots = {
         arm: gates.mean_between(speed.before.get(arm), speed.after.get(arm))
         for arm in manifests.ARMS

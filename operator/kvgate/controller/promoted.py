@@ -6,10 +6,9 @@ the preflight's baseline), with what status keeps of it. Reads only, as `observe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvgate import kubeobjects, poolsample, production, promoting, promotion
+from kvgate import kubeobjects, poolsample, production, promoting
 from kvgate.controller import sources
 from kvgate.controller.context import (
     NOTHING,
@@ -18,15 +17,10 @@ from kvgate.controller.context import (
     StatusUpdate,
     json_number,
     metrics_url,
-    pod_container,
-    production_pods,
-    read_state,
-    status_view,
-    target_deployment,
 )
+from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
 from kvgate.jsonrecord import write
-from kvgate.model import Phase
 from kvgate.status import (
     PodCounters,
     PodScanRecord,
@@ -34,35 +28,26 @@ from kvgate.status import (
     PromotionStatus,
     VerifyStatus,
 )
-from kvgate.steps import Observation
+from kvgate.steps import Observation, State
 from kvgate.timestamps import parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
 
 
-def observe_promoting(ctx: Ctx) -> Observed:
+def observe_promoting(ctx: Ctx, seen: Seen) -> Observed:
     """Promoting: has the Deployment rolled the candidate out, and do its pods log what the
     candidate canary logged?"""
-    dep = target_deployment(ctx)
+    dep = seen.deployment
     assert dep is not None  # the live target exists and carries the candidate
     status = ctx.so_far
     recorded = status.promotion.generation if status.promotion else None
     wanted_gen = int(recorded or dep["metadata"].get("generation") or 0)
     done = kubeobjects.rolled_out(dep, wanted_gen)
-    previous, candidate = status.previous, status.candidate
-    new_pods = [
-        p
-        for p in production_pods(ctx)
-        if promotion.carries(
-            status_view(ctx, pod_container(p, status.container)), previous, candidate
-        )
-        and not p["metadata"].get("deletionTimestamp")
-    ]
+    new_pods = [p for p in seen.production or () if p.carries_candidate and not p.terminating]
     for pod in new_pods:
-        health = kubeobjects.pod_health(pod, status.container)
-        if health.crashed:
-            crashed = f"pod {pod['metadata']['name']}: {health.detail}"
+        if pod.health.crashed:
+            crashed = f"pod {pod.name}: {pod.health.detail}"
             return Observation(rollout_crashed=crashed), NOTHING
     scan, found = None, NOTHING
     if done and new_pods:
@@ -74,8 +59,8 @@ def observe_promoting(ctx: Ctx) -> Observed:
     return obs, found
 
 
-def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], StatusUpdate]:
-    name = pod["metadata"]["name"]
+def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[dict[str, Any], StatusUpdate]:
+    name = pod.name
     text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
     scan = sources.scan_engine_log(text, ctx.so_far.engine)
     pod_scan = PodScanRecord(pod=name, attention_backend=scan.attention_backend,
@@ -84,30 +69,25 @@ def production_scan(ctx: Ctx, pod: Mapping[str, Any]) -> tuple[dict[str, Any], S
     return write(scan), StatusUpdate.of(promotion=promo)
 
 
-def observe_verifying(ctx: Ctx) -> Observed:
+def observe_verifying(ctx: Ctx, seen: Seen, state: State) -> Observed:
     """One verify sample when one is due: every check must pass (fail closed)."""
-    state = read_state(ctx, Phase.VERIFYING, ctx.body.get("metadata") or {})
-    if not promoting.verify_due(ctx.spec, state):
+    if not promoting.verify_due(ctx.spec, state) or seen.production is None:
         return Observation(), NOTHING
 
-    dep = target_deployment(ctx)
+    dep = seen.deployment
     assert dep is not None  # the live target exists and carries the candidate
     problems = []
-    pods = [p for p in production_pods(ctx) if not p["metadata"].get("deletionTimestamp")]
+    pods = [p for p in seen.production if not p.terminating]
     if not pods:
         problems.append("no production pods")
     status = ctx.so_far
-    candidate, previous = status.candidate, status.previous
     waiting: dict[str, float] = {}
     counters: dict[str, production.PodCounters] = {}
     for pod in pods:
-        name = pod["metadata"]["name"]
-        if not promotion.carries(
-            status_view(ctx, pod_container(pod, status.container)), previous, candidate
-        ):
+        name, health = pod.name, pod.health
+        if not pod.carries_candidate:
             problems.append(f"pod {name} does not run the candidate")
             continue
-        health = kubeobjects.pod_health(pod, status.container)
         if health.crashed:
             problems.append(f"pod {name}: {health.detail}")
             continue

@@ -22,11 +22,9 @@ from kvgate.controller.context import (
     Ctx,
     StatusUpdate,
     derive_candidate,
-    live_container,
-    live_key,
-    target_deployment,
 )
 from kvgate.controller.record import post_event
+from kvgate.controller.seen import live_container, live_key, target_deployment
 from kvgate.errors import InputError, KvgateError
 from kvgate.model import GitFileKind, Phase, PullRequestState
 from kvgate.reasons import Reason

@@ -1,0 +1,274 @@
+"""What does the cluster show this reconcile? The reads of the target Deployment, the rollout's
+own pods and Jobs and production's pods, each made once per reconcile (`Ctx.reads` keeps them for
+`act`), and `look`: the reads one phase's observation needs, made at its start and handed to the
+observers as a typed `Seen`, so that they read attributes, not the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate import kubeobjects, manifests, promoting, promotion, verdictkey
+from kvgate.controller.context import Ctx, evaluated_container, status_view
+from kvgate.errors import KubeError
+from kvgate.kubeobjects import PodHealth
+from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
+from kvgate.steps import LiveTarget, State
+
+NO_POD = PodHealth(exists=False, detail="pod does not exist")
+
+# The phases whose observation reads the canary arms; which of the rollout's Jobs each reads.
+ARM_PHASES = frozenset({Phase.CANARY, Phase.EVALUATING, Phase.MEASURING})
+
+
+@dataclass(frozen=True)
+class ProductionPod:
+    """A production pod as this reconcile listed it, against the candidate kvgate promoted."""
+
+    name: str
+    pod: Mapping[str, Any]
+    health: PodHealth
+    carries_candidate: bool  # every edit kvgate makes is in its container
+    terminating: bool
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The cluster as one phase's observation needs it, read once at the reconcile's start.
+
+    What the phase does not read stays at its default: no Deployment before Pending looked, the
+    arms absent outside the canary, eval and load phases, no production pods unless Promoting
+    or a due Verifying sample reads them (`None`: not read, `()`: none there).
+    """
+
+    deployment: Mapping[str, Any] | None = None
+    live: LiveTarget | None = None
+    control: PodHealth = NO_POD
+    candidate: PodHealth = NO_POD
+    control_pod: Mapping[str, Any] | None = None
+    candidate_pod: Mapping[str, Any] | None = None
+    job: Mapping[str, Any] | None = None  # the phase's Job of this run (eval or load)
+    job_log: str = ""  # the log of that Job's last pod ('' while it has none)
+    production: tuple[ProductionPod, ...] | None = None
+
+    def arm(self, arm: str) -> PodHealth:
+        return self.control if arm == "control" else self.candidate
+
+    def arm_pod(self, arm: str) -> Mapping[str, Any] | None:
+        return self.control_pod if arm == "control" else self.candidate_pod
+
+
+def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
+    """The reads `phase`'s observation needs (every phase after Pending reads the live
+    Deployment: what status says kvgate did is checked against what is there)."""
+    live = live_target(ctx)
+    dep = target_deployment(ctx) if live is not None else None
+    pods: dict[str, Any] = {}
+    if phase in ARM_PHASES:
+        own = own_pods(ctx)
+        for arm in manifests.ARMS:
+            pods[f"{arm}_pod"] = current_child(ctx, own.get(manifests.canary_name(ctx.name, arm)))
+            pods[arm] = kubeobjects.pod_health(pods[f"{arm}_pod"], ctx.so_far.container)
+    job, log = None, ""
+    job_name = phase_job(ctx, phase)
+    if job_name is not None:
+        job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
+        log = "" if job is None else job_log(ctx, job_name)
+    production = None
+    carried = live is not None and live.carries_candidate
+    if carried and (
+        phase is Phase.PROMOTING
+        or (phase is Phase.VERIFYING and promoting.verify_due(ctx.spec, state))
+    ):
+        production = production_seen(ctx)
+    return Seen(deployment=dep, live=live, job=job, job_log=log, production=production, **pods)
+
+
+def phase_job(ctx: Ctx, phase: Phase) -> str | None:
+    """The name of the Job `phase` waits for: the current attempt's eval or load Job."""
+    status = ctx.so_far
+    if phase is Phase.EVALUATING:
+        return manifests.eval_job_name(ctx.name, (status.eval.attempt if status.eval else 0) or 1)
+    if phase is Phase.MEASURING:
+        return manifests.load_job_name(ctx.name, (status.load.attempt if status.load else 0) or 1)
+    return None
+
+
+def job_log(ctx: Ctx, job_name: str) -> str:
+    """The log of a Job's last pod ('' while it has none). Its pods carry the rollout's label,
+    so the reconcile's one LIST of the rollout's pods (`own_pods`) finds them."""
+    pods = [
+        p
+        for p in own_pods(ctx).values()
+        if (p["metadata"].get("labels") or {}).get("job-name") == job_name
+    ]
+    if not pods:
+        return ""
+    return ctx.kube.read_log(ctx.namespace, pods[-1]["metadata"]["name"]) or ""
+
+
+def production_seen(ctx: Ctx) -> tuple[ProductionPod, ...]:
+    """Production's pods, each with its health and whether it runs the promoted candidate."""
+    status = ctx.so_far
+    found = []
+    for pod in production_pods(ctx):
+        view = status_view(ctx, pod_container(pod, status.container))
+        found.append(
+            ProductionPod(
+                name=pod["metadata"]["name"],
+                pod=pod,
+                health=kubeobjects.pod_health(pod, status.container),
+                carries_candidate=promotion.carries(view, status.previous, status.candidate),
+                terminating=bool(pod["metadata"].get("deletionTimestamp")),
+            )
+        )
+    return tuple(found)
+
+
+def target_deployment(ctx: Ctx) -> dict[str, Any] | None:
+    """The target Deployment, read once per reconcile."""
+    if not ctx.reads.deployment_read:
+        ctx.reads.deployment = ctx.kube.read_deployment(ctx.namespace, ctx.spec.target.name)
+        ctx.reads.deployment_read = True
+    return ctx.reads.deployment
+
+
+def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]] | None:
+    if dep is None:
+        return None
+    try:
+        return manifests.find_container(
+            ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
+            ctx.so_far.container,
+        )
+    except LookupError:
+        return None
+
+
+def live_target(ctx: Ctx) -> LiveTarget | None:
+    """The live Deployment against the evaluated container and kvgate's edits."""
+    if not ctx.so_far.candidate:
+        return None  # nothing evaluated yet (Pending)
+    dep = target_deployment(ctx)
+    if dep is None:
+        return LiveTarget(exists=False)
+    found = live_container(ctx, dep)
+    if found is None:
+        return LiveTarget(exists=True, container_found=False)
+    _, live = found
+    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
+    seen = status_view(ctx, live)
+    differences = tuple(promotion.differences(evaluated_container(ctx), seen))
+    return LiveTarget(
+        exists=True,
+        as_evaluated=not differences,
+        differences=differences,
+        carries_candidate=promotion.carries(seen, previous, candidate),
+        ours_present=not promotion.reverted(seen, previous, candidate),
+    )
+
+
+def live_key(ctx: Ctx) -> verdictkey.LiveKey:
+    """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
+    the tested config on (what could not be read is left out: no evidence either way)."""
+    found = live_container(ctx, target_deployment(ctx))
+    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
+    container = ctx.so_far.container
+    digests, products, counts = set(), set(), set()
+    for pod in production_pods(ctx):
+        spec = pod_container(pod, container)
+        seen = status_view(ctx, spec)
+        if pod["metadata"].get("deletionTimestamp") or not promotion.carries(
+            seen, previous, candidate
+        ):
+            continue
+        health = kubeobjects.pod_health(pod, container)
+        if health.image_id:
+            digests.add(health.image_id)
+        if (product := node_gpu(ctx, pod_node(pod))) is not None:
+            products.add(product)
+        if (count := kubeobjects.gpu_count(spec)) is not None:
+            counts.add(count)
+    image = found[1].get("image") if found else None
+    config = status_view(ctx, found[1]) if found else None
+    return verdictkey.LiveKey(
+        image=image,
+        image_digests=frozenset(digests),
+        gpu_products=frozenset(products),
+        gpu_counts=frozenset(counts),
+        config_changed=tuple(promotion.changed_around(config, previous, candidate))
+        if config is not None and candidate
+        else (),
+    )
+
+
+def production_pods(ctx: Ctx) -> list[dict[str, Any]]:
+    dep = target_deployment(ctx)
+    if dep is None:
+        return []
+    labels = (((dep.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    pods = ctx.kube.list_pods(ctx.namespace, selector) if selector else []
+    return [p for p in pods if not (p["metadata"].get("labels") or {}).get(LABEL_ROLLOUT)]
+
+
+def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
+    """This rollout's pods (canaries, eval) by name: one LIST per reconcile serves every arm's
+    read; `act` forgets it after it creates or deletes a pod. A pod that has a canary's name but
+    not this rollout's label is not in it (creating the canary reads that name directly)."""
+    if ctx.reads.rollout_pods is None:
+        pods = ctx.kube.list_pods(ctx.namespace, f"{LABEL_ROLLOUT}={ctx.name}")
+        ctx.reads.rollout_pods = {p["metadata"]["name"]: p for p in pods}
+    return ctx.reads.rollout_pods
+
+
+def arm_health(ctx: Ctx, arm: str) -> PodHealth:
+    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
+    return kubeobjects.pod_health(pod, ctx.so_far.container)
+
+
+def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`obj` if it belongs to this run's config, else None (a leftover of an earlier run)."""
+    if obj is None:
+        return None
+    annotations = obj["metadata"].get("annotations") or {}
+    return obj if annotations.get(ANNOTATION_CONFIG_HASH) == ctx.so_far.config_hash else None
+
+
+def leftover_child(ctx: Ctx, obj: dict[str, Any] | None) -> bool:
+    """An object with our name from an earlier run: wait until it is gone, never reuse it."""
+    return obj is not None and current_child(ctx, obj) is None
+
+
+def pod_container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
+    try:
+        return manifests.find_container(pod.get("spec") or {}, name)[1]
+    except LookupError:
+        return {}
+
+
+def pod_node(pod: Mapping[str, Any] | None) -> str | None:
+    """The node the pod was scheduled to (None: not yet)."""
+    name = ((pod or {}).get("spec") or {}).get("nodeName")
+    return name if isinstance(name, str) and name else None
+
+
+def node_gpu(ctx: Ctx, node: str | None) -> str | None:
+    """The node's GPU product (`kubeobjects.gpu_product`), read once per node per reconcile.
+
+    Unknown (None), never an error, when there is no node, no label, no such node or kvgate may
+    not read nodes (403: a chart installed without the nodes grant); other API failures raise
+    like every other read, and the reconcile is retried."""
+    if node is None:
+        return None
+    if node not in ctx.reads.node_gpus:
+        try:
+            obj = ctx.kube.read_node(node)
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            obj = None
+        ctx.reads.node_gpus[node] = kubeobjects.gpu_product(obj)
+    return ctx.reads.node_gpus[node]
