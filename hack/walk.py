@@ -167,9 +167,9 @@ class Walker:
                 if value is None or not _mentions(value, carried):
                     continue
                 for t in targets:
-                    for n in ast.walk(t):
-                        if isinstance(n, ast.Name) and n.id not in carried:
-                            carried.add(n.id)
+                    for name in _bound(t):
+                        if name not in carried:
+                            carried.add(name)
                             changed = True
         calls = sorted(
             (n for n in ast.walk(fn.node) if isinstance(n, ast.Call)),
@@ -190,6 +190,20 @@ class Walker:
                 continue
             self.walk(callee, handed)
             self._enter(fn.module)  # the callee returns
+
+
+def _bound(target: ast.expr) -> list[str]:
+    """The names an assignment target binds or changes: `a`, `a, b`; `a[key] = x` and
+    `a.attr = x` change `a` (the key is not data: `pods[arm] = data` carries `pods`)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Tuple | ast.List):
+        return [n for elt in target.elts for n in _bound(elt)]
+    if isinstance(target, ast.Starred):
+        return _bound(target.value)
+    if isinstance(target, ast.Subscript | ast.Attribute):
+        return _bound(target.value)
+    return []
 
 
 def _mentions(expr: ast.AST, names: set[str]) -> bool:

@@ -1966,3 +1966,39 @@ def test_a_block_rebuilt_from_new_readings_keeps_nothing_of_the_old_spelling(
     pressure = world.obj["status"]["preflight"]["pressure"]
     assert pressure["samples"] == 3 and "maxUsage" in pressure and "usageThreshold" in pressure
     assert not {"max_usage", "pressured_samples"} & set(pressure), pressure
+
+
+@pytest.mark.parametrize("gates", [None, "throughput"])
+def test_a_reconcile_reads_each_object_once_whichever_stage_needs_it(
+    monkeypatch: pytest.MonkeyPatch, gates: str | None
+) -> None:
+    # GIVEN a rollout through every phase that reads the cluster (with the throughput gate:
+    # Measuring too), its reads counted per reconcile by what they read
+    world = World(monkeypatch, **({"gates": THROUGHPUT_GATES} if gates else {}))
+    reads: list[tuple[str, str]] = []
+    for method in ("read_deployment", "read_job", "read_log"):
+        real = getattr(world.kube, method)
+
+        def counted(*args: Any, _real: Any = real, _what: str = method, **kw: Any) -> Any:
+            reads.append((_what, args[1]))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(world.kube, method, counted)
+    marks: list[int] = []
+    world.before_reconcile = lambda _: marks.append(len(reads))
+    # WHEN it runs to its end
+    end = world.run()
+    marks.append(len(reads))
+    # THEN no reconcile reads the target Deployment, a Job or a pod's log twice: observation
+    # reads what its phase needs once, at its start (`seen.look`), and acting reuses it
+    assert end == "Promoted"
+    seen_kinds = set()
+    for i, (start, stop) in enumerate(itertools.pairwise(marks)):
+        these = reads[start:stop]
+        twice = {r for r in these if these.count(r) > 1}
+        assert not twice, f"reconcile {i} ({world.phases}): read twice {sorted(twice)}"
+        seen_kinds |= {what for what, _ in these}
+    assert seen_kinds == {"read_deployment", "read_job", "read_log"}
+    if gates:
+        assert "Measuring" in world.phases
+        assert any(name.startswith("r-load") for what, name in reads if what == "read_job")

@@ -1,5 +1,6 @@
-"""One reconcile's context: the rollout, its parsed spec and status, the clients, the clock, and
-the reads every step shares (the live Deployment, read once; what kvgate evaluated; ownership).
+"""One reconcile's context: the rollout, its parsed spec and status, the clients, the clock, the
+cache of what it read (`Reads`, filled by `controller/seen.py`), what kvgate evaluated, and
+ownership.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
 `Observation` and the findings status keeps of what it read (a `StatusUpdate`; it writes no
-status: `record.fold` does). Reads only: the sources are read in `controller/sources.py`, the
-object rules live in `kubeobjects`.
+status: `record.fold` does). The cluster reads a phase needs come in one `Seen`
+(`controller/seen.py`, read once at the start); what only some reconciles read (a startup log,
+/metrics, Prometheus, the checkpoint) is read in `controller/sources.py`; the object rules live
+in `kubeobjects`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ observers as a typed `Seen`, so that they read attributes, not the cluster.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate import kubeobjects, manifests, promoting, promotion, verdictkey
@@ -19,7 +19,7 @@ from kvgate.steps import LiveTarget, State
 
 NO_POD = PodHealth(exists=False, detail="pod does not exist")
 
-# The phases whose observation reads the canary arms; which of the rollout's Jobs each reads.
+# The phases whose observation reads the canary arms (`phase_job` names the Job each waits for).
 ARM_PHASES = frozenset({Phase.CANARY, Phase.EVALUATING, Phase.MEASURING})
 
 
@@ -64,26 +64,29 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     """The reads `phase`'s observation needs (every phase after Pending reads the live
     Deployment: what status says kvgate did is checked against what is there)."""
     live = live_target(ctx)
-    dep = target_deployment(ctx) if live is not None else None
-    pods: dict[str, Any] = {}
+    seen = Seen(deployment=target_deployment(ctx) if live is not None else None, live=live)
     if phase in ARM_PHASES:
         own = own_pods(ctx)
-        for arm in manifests.ARMS:
-            pods[f"{arm}_pod"] = current_child(ctx, own.get(manifests.canary_name(ctx.name, arm)))
-            pods[arm] = kubeobjects.pod_health(pods[f"{arm}_pod"], ctx.so_far.container)
-    job, log = None, ""
+        control_pod = current_child(ctx, own.get(manifests.canary_name(ctx.name, "control")))
+        candidate_pod = current_child(ctx, own.get(manifests.canary_name(ctx.name, "candidate")))
+        seen = replace(
+            seen,
+            control=kubeobjects.pod_health(control_pod, ctx.so_far.container),
+            candidate=kubeobjects.pod_health(candidate_pod, ctx.so_far.container),
+            control_pod=control_pod,
+            candidate_pod=candidate_pod,
+        )
     job_name = phase_job(ctx, phase)
     if job_name is not None:
         job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
-        log = "" if job is None else job_log(ctx, job_name)
-    production = None
+        seen = replace(seen, job=job, job_log="" if job is None else job_log(ctx, job_name))
     carried = live is not None and live.carries_candidate
     if carried and (
         phase is Phase.PROMOTING
         or (phase is Phase.VERIFYING and promoting.verify_due(ctx.spec, state))
     ):
-        production = production_seen(ctx)
-    return Seen(deployment=dep, live=live, job=job, job_log=log, production=production, **pods)
+        seen = replace(seen, production=production_seen(ctx))
+    return seen
 
 
 def phase_job(ctx: Ctx, phase: Phase) -> str | None:
