@@ -323,8 +323,9 @@ def canary_port(status: RolloutStatus) -> int:
     return 8000 if status.port is None else status.port
 
 
-def metrics_url(ctx: Ctx, ip: str) -> str:
-    return f"http://{ip}:{canary_port(ctx.so_far)}{ctx.so_far.metrics_path or '/metrics'}"
+def metrics_url(status: RolloutStatus, ip: str) -> str:
+    """The engine's /metrics at `ip`, on the port and path Pending read from the container."""
+    return f"http://{ip}:{canary_port(status)}{status.metrics_path or '/metrics'}"
 
 
 json_number = whole  # 13.0 -> 13, as the apiserver stores it (`jsonrecord.whole`)

@@ -96,7 +96,7 @@ def observe_verifying(ctx: Ctx, seen: Seen, state: State) -> Observed:
             continue
         try:
             snap = sources.scrape_pod(
-                metrics_url(ctx, health.ip), status.engine, ctx.config.scrape_timeout_s
+                metrics_url(status, health.ip), status.engine, ctx.config.scrape_timeout_s
             )
         except (ExternalError, InputError) as exc:
             problems.append(f"pod {name} metrics unreachable: {exc}")
