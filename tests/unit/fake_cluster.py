@@ -262,22 +262,16 @@ class FakeKube:
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read("Job", name)
 
-    def _list(self, kind: str, selector: str) -> list[dict[str, Any]]:
-        self.requests += 1
-        return [
-            copy.deepcopy(o)
-            for o in self.of_kind(kind)
-            if _matches(o["metadata"].get("labels") or {}, selector)
-        ]
+    def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read("NetworkPolicy", name)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list("Pod", selector)
-
-    def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list("Job", selector)
-
-    def list_network_policies(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list("NetworkPolicy", selector)
+        self.requests += 1
+        return [
+            copy.deepcopy(p)
+            for p in self.of_kind("Pod")
+            if _matches(p["metadata"].get("labels") or {}, selector)
+        ]
 
     def list_rollouts(self, namespace: str) -> list[dict[str, Any]]:
         return []

@@ -92,8 +92,8 @@ NAMESPACED = {
     *(("apps", "deployments", v) for v in ("get", "patch")),
     *(("", "pods", v) for v in ("create", "get", "list", "delete")),
     ("", "pods/log", "get"),
-    *(("batch", "jobs", v) for v in ("create", "get", "list", "delete")),
-    *(("networking.k8s.io", "networkpolicies", v) for v in ("create", "get", "list", "delete")),
+    *(("batch", "jobs", v) for v in ("create", "get", "delete")),
+    *(("networking.k8s.io", "networkpolicies", v) for v in ("create", "get", "delete")),
     *(("", "configmaps", v) for v in ("create", "get", "patch")),
     ("", "events", "create"),
 }

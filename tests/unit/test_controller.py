@@ -346,42 +346,6 @@ def test_a_crash_at_every_mutation_keeps_the_invariant(
         assert left == [], f"crash at mutation {k} left children behind: {left}"
 
 
-def test_an_operator_killed_between_a_policy_and_its_job_leaves_neither_when_the_rollout_ends(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # GIVEN an operator killed right after it made the eval Job's NetworkPolicy, before the Job
-    # (status has recorded no eval attempt), and a rollout aborted before the operator is back
-    world = World(monkeypatch)
-
-    def die_after_the_policy(kube: FakeKube) -> None:
-        if kube.of_kind("NetworkPolicy") and not kube.of_kind("Job"):
-            kube.on_mutation = None
-            raise Crash("after the eval NetworkPolicy")
-
-    world.kube.on_mutation = die_after_the_policy
-    for _ in range(60):
-        world.reconcile()
-        world.now += dt.timedelta(seconds=1)
-        if world.crashes:
-            break
-    assert world.crashes == 1 and world.kube.of_kind("NetworkPolicy"), "never killed there"
-    assert not (world.obj["status"].get("eval") or {}).get("attempt")
-    world.obj["metadata"]["annotations"] = {"kvgate.io/abort": "stop: the window closed"}
-    # WHEN the restarted operator ends it and runs the deletions the end recorded
-    end = world.run()
-    for _ in range(5):
-        if not world.obj["status"].get("pendingActions"):
-            break
-        world.reconcile()
-    # THEN nothing of the rollout is left: the policy is found by its label, not by status
-    assert end in TERMINAL and end != "Promoted"
-    world.assert_invariant()
-    left = [key for key, obj in world.kube.objects.items()
-            if key[0] in ("Pod", "Job", "NetworkPolicy")
-            and obj["metadata"].get("ownerReferences")]  # fmt: skip
-    assert left == [], f"left behind: {left}"
-
-
 @pytest.mark.parametrize("setup", [happy, new_pods_crash], ids=["promote", "revert"])
 def test_a_crash_between_every_reconcile_keeps_the_invariant(
     monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]

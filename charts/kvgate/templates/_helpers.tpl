@@ -121,11 +121,11 @@ app.kubernetes.io/part-of: kvgate
 # The paired accuracy Job.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [create, get, list, delete]
+  verbs: [create, get, delete]
 # The eval Job's NetworkPolicy (one per rollout, owned by it).
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create, get, list, delete]
+  verbs: [create, get, delete]
 # Reports kept next to the rollout.
 - apiGroups: [""]
   resources: [configmaps]

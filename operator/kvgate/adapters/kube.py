@@ -202,29 +202,17 @@ class Kube:
             missing_ok=True,
         )
 
-    def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        obj = self._call(
-            "list",
-            f"jobs {namespace} ({selector})",
+    def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call(
+            "get",
+            f"networkpolicy {namespace}/{name}",
             lambda: _raw(
-                self.batch.list_namespaced_job(
-                    namespace, label_selector=selector, _preload_content=False
+                self.networking.read_namespaced_network_policy(
+                    name, namespace, _preload_content=False
                 )
             ),
+            missing_ok=True,
         )
-        return list((obj or {}).get("items") or [])
-
-    def list_network_policies(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        obj = self._call(
-            "list",
-            f"networkpolicies {namespace} ({selector})",
-            lambda: _raw(
-                self.networking.list_namespaced_network_policy(
-                    namespace, label_selector=selector, _preload_content=False
-                )
-            ),
-        )
-        return list((obj or {}).get("items") or [])
 
     def read_log(
         self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False

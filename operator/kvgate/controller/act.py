@@ -50,7 +50,7 @@ from kvgate.controller.telemetry import (
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
 from kvgate.jsonrecord import record_of
-from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ROLLOUT, config_hash
+from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec, is_local_path
 from kvgate.status import (
@@ -392,20 +392,36 @@ def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV)
 
 
 def delete_eval_jobs(ctx: Ctx, step: Step) -> StatusUpdate:
-    """The eval and load Jobs of every attempt, and their NetworkPolicies: what carries this
-    rollout's label and is this rollout's, found by one LIST of each kind. Status is not asked
-    which exist: the attempt is recorded after its policy and Job are made, so an operator
-    killed between the two, whose rollout then ends, would leave them behind."""
-    selector = f"{LABEL_ROLLOUT}={ctx.name}"
-    for job in sorted(ctx.kube.list_jobs(ctx.namespace, selector), key=_name):
-        delete_owned(ctx, "Job", job)
-    for policy in sorted(ctx.kube.list_network_policies(ctx.namespace, selector), key=_name):
-        delete_owned(ctx, "NetworkPolicy", policy)
+    """The eval and load Jobs of every attempt, and their NetworkPolicies."""
+    jobs: dict[str, str] = {}  # name -> role
+    for pod in own_pods(ctx).values():  # one LIST of the rollout's pods serves both roles
+        labels = pod["metadata"].get("labels") or {}
+        job, role = labels.get("job-name"), labels.get(LABEL_ARM)
+        if job and role in ("eval", "load"):
+            jobs[job] = role
+    status = ctx.so_far
+    attempts = (status.eval.attempt if status.eval else None) or 0
+    jobs.update((manifests.eval_job_name(ctx.name, a), "eval") for a in range(1, attempts + 1))
+    loads = (status.load.attempt if status.load else None) or 0
+    jobs.update(
+        (manifests.load_job_name(ctx.name, a), "load") for a in range(1, min(loads, 99) + 1)
+    )
+    for name in sorted(jobs):
+        job = ctx.kube.read_job(ctx.namespace, name)
+        if job is not None:
+            delete_owned(ctx, "Job", job)
+    # A role's NetworkPolicy is made just before its first Job, by the act whose update records
+    # the attempt, so a role with no Job is not read for one (two GETs fewer per rollout). Only
+    # an operator killed between the two, whose rollout then ends before that act runs again,
+    # leaves a policy behind: it selects no running pod, and the rollout owns it (it goes with
+    # the rollout).
+    for role in sorted(set(jobs.values())):
+        policy = ctx.kube.read_network_policy(
+            ctx.namespace, manifests.eval_policy_name(ctx.name, role)
+        )
+        if policy is not None:
+            delete_owned(ctx, "NetworkPolicy", policy)
     return NOTHING
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str(obj["metadata"]["name"])
 
 
 def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
