@@ -6,9 +6,8 @@ next phase, the actions to take, events and the requeue delay. Nothing here does
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from kvgate import crash, deadlines, promoting, proposing, superseding
@@ -35,7 +34,7 @@ from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMo
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
-from kvgate.status import EvalProgress, LoadStatus, read_eval_progress
+from kvgate.status import LoadStatus, read_eval_progress
 from kvgate.steps import (
     EVAL_GRACE_S,
     MAX_DELAY_S,
@@ -48,6 +47,7 @@ from kvgate.steps import (
     Step,
     clamp_delay,
     end_step,
+    eval_progress,
     gate_event,
     revert_step,
 )
@@ -337,7 +337,8 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         Phase.EVALUATING,
         Reason.EVALUATING,
         f"running the paired {spec.accuracy.task} eval ({spec.accuracy.questions} questions)",
-        actions=(Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB),
+        # Write-ahead: this step records attempt 1; the next reconcile makes its NetworkPolicy
+        # and Job (`_evaluating`), so that whatever ends the rollout finds them by status.
         events=events,
         gates=gates,
         requeue_s=clamp_delay(poll_s),
@@ -415,7 +416,11 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         error = str(obs.eval_summary.get("error") or "eval reported an error")
     elif obs.eval_summary is not None and error is None:
         error = _task_error(spec, obs.eval_summary)
-    stuck = error is None and state.phase_elapsed_s >= budget
+    stuck = (
+        error is None
+        and state.phase_elapsed_s >= budget
+        and not _cannot_make(state, obs.job_exists)
+    )
     if stuck:
         error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
     if error is not None:
@@ -426,7 +431,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
                 Phase.EVALUATING,
                 Reason.EVAL_RETRY,
                 f"eval attempt {state.eval_attempts} errored ({error}); starting attempt {attempt}",
-                actions=(Action.CREATE_EVAL_JOB,),
+                # recorded first, made by the next reconcile (write-ahead, as attempt 1)
                 events=(Event(Reason.EVAL_ERROR, error, warning=True),),
                 requeue_s=clamp_delay(poll_s),
                 eval_attempts=attempt,
@@ -446,7 +451,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             f"eval attempt {state.eval_attempts} running: "
             + (f"{progress.long}; " if progress is not None else "no look yet; ")
             + elapsed,
-            actions=() if obs.job_exists else (Action.CREATE_EVAL_JOB,),
+            actions=() if obs.job_exists else _eval_start(state),
             requeue_s=clamp_delay(poll_s),
             progress=progress.short if progress is not None else "starting",
         )
@@ -475,7 +480,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
             Phase.MEASURING,
             Reason.MEASURING,
             "accuracy gates passed; measuring throughput on both arms (load Job)",
-            actions=(Action.CREATE_LOAD_JOB,),
+            # recorded first, made by the next reconcile (write-ahead, as the eval's)
             events=events,
             gates=gates,
             requeue_s=clamp_delay(poll_s),
@@ -483,6 +488,21 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         )
     step = _after_verdict(spec, state, verdict, gates)
     return replace(step, events=(*events, *step.events))
+
+
+def _cannot_make(state: State, job_exists: bool) -> bool:
+    """The recorded attempt's Job is not there and the reconciles that make it keep failing:
+    not an eval or load that did not finish, an outside error that `deadlines.give_up` ends
+    (Failed, naming it) at the same deadline."""
+    return not job_exists and state.consecutive_errors > 0
+
+
+def _eval_start(state: State) -> tuple[Action, ...]:
+    """The actions that make the recorded eval attempt's Job: the first attempt opens the speed
+    gate's window (TPOT totals before it) right before its Job."""
+    if state.eval_attempts <= 1:
+        return (Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB)
+    return (Action.CREATE_EVAL_JOB,)
 
 
 def _load_error(obs: Observation) -> str | None:
@@ -522,7 +542,12 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         )
         if finding.result.outcome is Outcome.ERROR:
             error, finding = finding.result.message, None
-    stuck = error is None and finding is None and state.phase_elapsed_s >= budget
+    stuck = (
+        error is None
+        and finding is None
+        and state.phase_elapsed_s >= budget
+        and not _cannot_make(state, obs.load_job_exists)
+    )
     if stuck:
         error = f"load did not finish within {budget:g}s ({attempts} attempt(s))"
     if error is not None:
@@ -532,7 +557,6 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
                 Phase.MEASURING,
                 Reason.LOAD_RETRY,
                 f"load attempt {attempts} errored ({error}); starting attempt {attempt}",
-                actions=(Action.CREATE_LOAD_JOB,),
                 events=(Event(Reason.LOAD_ERROR, error, warning=True),),
                 requeue_s=clamp_delay(poll_s),
                 load_attempts=attempt,
@@ -570,28 +594,6 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         step = _after_verdict(spec, state, verdict, (result,))
         step = replace(step, events=(gain, *step.events))
     return replace(step, load=load)
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressText:
-    """The eval's progress in words: `long` for status.message, `short` for the printer column."""
-
-    long: str
-    short: str
-
-
-def eval_progress(progress: EvalProgress | None, planned: int) -> ProgressText | None:
-    """`look 2/6, 200 of 600 questions, candidate -0.5 pp so far` (None before the first look)."""
-    if progress is None or progress.look is None or progress.questions is None:
-        return None
-    looks = f"{progress.look}/{progress.looks_planned or '?'}"
-    diff = progress.difference
-    points = f"{100 * diff:+.1f} pp" if diff is not None and math.isfinite(diff) else ""
-    return ProgressText(
-        long=f"look {looks}, {progress.questions:,} of {planned:,} questions"
-        + (f", candidate {points} so far" if points else ""),
-        short=f"{progress.questions}/{planned} q, look {looks}" + (f", {points}" if points else ""),
-    )
 
 
 def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:

@@ -7,6 +7,7 @@ actions to take, events and the requeue delay. Nothing here does I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -22,7 +23,7 @@ from kvgate.model import (
 )
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
-from kvgate.status import LoadStatus, PullRequestStatus
+from kvgate.status import EvalProgress, LoadStatus, PullRequestStatus
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -78,6 +79,9 @@ class State:
     revert_attempts: int = 0
     revert_error: str | None = None
     remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
+    # reconciles that failed in a row (an action raised): the phase's deadline is then
+    # `deadlines.give_up`'s, which names the failure
+    consecutive_errors: int = 0
     pull_request: PullRequestStatus | None = None  # pullRequest mode: what status records
     # The spec's generation when it is newer than the one this run evaluates (None: the same)
     spec_changed_to: int | None = None
@@ -271,4 +275,26 @@ def revert_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
         revert=intent,
         requeue_s=MIN_DELAY_S,
         **kw,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressText:
+    """The eval's progress in words: `long` for status.message, `short` for the printer column."""
+
+    long: str
+    short: str
+
+
+def eval_progress(progress: EvalProgress | None, planned: int) -> ProgressText | None:
+    """`look 2/6, 200 of 600 questions, candidate -0.5 pp so far` (None before the first look)."""
+    if progress is None or progress.look is None or progress.questions is None:
+        return None
+    looks = f"{progress.look}/{progress.looks_planned or '?'}"
+    diff = progress.difference
+    points = f"{100 * diff:+.1f} pp" if diff is not None and math.isfinite(diff) else ""
+    return ProgressText(
+        long=f"look {looks}, {progress.questions:,} of {planned:,} questions"
+        + (f", candidate {points} so far" if points else ""),
+        short=f"{progress.questions}/{planned} q, look {looks}" + (f", {points}" if points else ""),
     )

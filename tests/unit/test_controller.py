@@ -346,6 +346,48 @@ def test_a_crash_at_every_mutation_keeps_the_invariant(
         assert left == [], f"crash at mutation {k} left children behind: {left}"
 
 
+@pytest.mark.parametrize("gates", [None, "throughput"])
+def test_an_operator_killed_between_a_policy_and_its_job_leaves_neither_when_the_rollout_ends(
+    monkeypatch: pytest.MonkeyPatch, gates: str | None
+) -> None:
+    # GIVEN an operator killed right after it made a Job's NetworkPolicy (the eval's, or with
+    # the throughput gate the load's), before that Job, and a rollout aborted before the
+    # operator is back
+    world = World(monkeypatch, **({"gates": THROUGHPUT_GATES} if gates else {}))
+    role = "load" if gates else "eval"
+
+    def die_after_the_policy(kube: FakeKube) -> None:
+        policies = [p["metadata"]["name"] for p in kube.of_kind("NetworkPolicy")]
+        jobs = [j["metadata"]["name"] for j in kube.of_kind("Job")]
+        if f"r-{role}" in policies and not [j for j in jobs if j.startswith(f"r-{role}")]:
+            kube.on_mutation = None
+            raise Crash(f"after the {role} NetworkPolicy")
+
+    world.kube.on_mutation = die_after_the_policy
+    for _ in range(120):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.crashes:
+            break
+    assert world.crashes == 1, "never killed there"
+    # the attempt was recorded before its policy was made (write-ahead)
+    assert (world.obj["status"].get(role) or {}).get("attempt") == 1
+    world.obj["metadata"]["annotations"] = {"kvgate.io/abort": "stop: the window closed"}
+    # WHEN the restarted operator ends it and runs the deletions the end recorded
+    end = world.run()
+    for _ in range(5):
+        if not world.obj["status"].get("pendingActions"):
+            break
+        world.reconcile()
+    # THEN nothing of the rollout is left, and the Deployment is as it was
+    assert end in TERMINAL and end != "Promoted"
+    world.assert_invariant()
+    left = [key for key, obj in world.kube.objects.items()
+            if key[0] in ("Pod", "Job", "NetworkPolicy")
+            and obj["metadata"].get("ownerReferences")]  # fmt: skip
+    assert left == [], f"left behind: {left}"
+
+
 @pytest.mark.parametrize("setup", [happy, new_pods_crash], ids=["promote", "revert"])
 def test_a_crash_between_every_reconcile_keeps_the_invariant(
     monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]
@@ -1591,8 +1633,11 @@ def test_the_load_timeout_bounds_each_attempt_then_the_rollout_fails(
     # WHEN the Job controller kills the attempt at that deadline (no summary printed)
     world.kube.fail_loads()
     world.reconcile()
-    # THEN it is retried within evalRetries (1): a second Job, the same bound
+    # THEN it is retried within evalRetries (1): attempt 2 recorded first (write-ahead), then
+    # made by the next reconcile, a second Job with the same bound
     assert world.phase == "Measuring" and world.obj["status"]["load"]["attempt"] == 2
+    assert world.kube.get("Job", "r-load-2") is None
+    world.reconcile()
     job2 = world.kube.get("Job", "r-load-2")
     assert job2 is not None and job2["spec"]["activeDeadlineSeconds"] == 300
     # WHEN the second attempt is killed at its deadline too
@@ -1823,7 +1868,7 @@ def test_the_load_job_runs_in_the_operators_image_confined_to_the_canaries(
     seen: dict[str, Any] = {}
 
     def look(w: World) -> None:
-        if w.phase == "Measuring" and not seen:
+        if w.phase == "Measuring" and not seen and w.kube.get("Job", "r-load-1") is not None:
             seen["job"] = copy.deepcopy(w.kube.get("Job", "r-load-1"))
             seen["policy"] = copy.deepcopy(w.kube.get("NetworkPolicy", "r-load"))
             seen["ips"] = {a: w.kube.get("Pod", f"r-{a}")["status"]["podIP"]  # type: ignore[index]

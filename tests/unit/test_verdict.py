@@ -566,7 +566,8 @@ def test_canary_ready_goes_to_eval_with_findings() -> None:
             ),
         ),
     )
-    assert s.phase is Phase.EVALUATING and Action.CREATE_EVAL_JOB in s.actions
+    # attempt 1 is recorded first; the next reconcile makes its Job (write-ahead)
+    assert s.phase is Phase.EVALUATING and s.actions == ()
     assert {g.gate: g.reason for g in s.gates} == {
         "canary": "CanaryHealthy",
         "engineTruth": "LogMetricsAgree",
@@ -703,7 +704,7 @@ def test_eval_error_retries_then_rolls_back() -> None:
         eval_attempts=1,
     )
     assert (retry.phase, retry.reason, retry.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
-    assert retry.actions == (Action.CREATE_EVAL_JOB,)
+    assert retry.actions == ()  # attempt 2 is recorded first, made by the next reconcile
     final = step(
         Phase.EVALUATING,
         Observation(control=READY, candidate=READY, job_exists=True, eval_error="boom"),
@@ -711,6 +712,20 @@ def test_eval_error_retries_then_rolls_back() -> None:
     )
     assert (final.phase, final.reason) == (Phase.ROLLED_BACK, "EvalError")
     assert final.message == "eval failed 2 time(s), last: boom"
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_a_recorded_eval_attempt_without_its_job_makes_it(attempt: int) -> None:
+    # GIVEN the attempt status recorded (the step before made nothing), no Job yet
+    s = step(
+        Phase.EVALUATING,
+        Observation(control=READY, candidate=READY, job_exists=False),
+        eval_attempts=attempt,
+    )
+    # THEN this reconcile makes it; the first attempt opens the speed window right before
+    assert (s.phase, s.reason) == (Phase.EVALUATING, "Evaluating")
+    expected = (Action.SNAPSHOT_SPEED,) if attempt == 1 else ()
+    assert s.actions == (*expected, Action.CREATE_EVAL_JOB)
 
 
 def test_eval_earlier_warning_does_not_block_but_earlier_failure_does() -> None:

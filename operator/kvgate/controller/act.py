@@ -410,11 +410,9 @@ def delete_eval_jobs(ctx: Ctx, step: Step) -> StatusUpdate:
         job = ctx.kube.read_job(ctx.namespace, name)
         if job is not None:
             delete_owned(ctx, "Job", job)
-    # A role's NetworkPolicy is made just before its first Job, by the act whose update records
-    # the attempt, so a role with no Job is not read for one (two GETs fewer per rollout). Only
-    # an operator killed between the two, whose rollout then ends before that act runs again,
-    # leaves a policy behind: it selects no running pod, and the rollout owns it (it goes with
-    # the rollout).
+    # A role's NetworkPolicy and Job are made only after status recorded the attempt (the step
+    # before records it: write-ahead), so the roles status names are all there can be; a
+    # rollout that never recorded one is not read for them (two GETs fewer per rollout).
     for role in sorted(set(jobs.values())):
         policy = ctx.kube.read_network_policy(
             ctx.namespace, manifests.eval_policy_name(ctx.name, role)

@@ -246,6 +246,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         revert_attempts=revert.attempts or 0,
         revert_error=revert.last_error,
         remedy_attempts=(status.remediation.attempt if status.remediation else None) or 0,
+        consecutive_errors=status.consecutive_errors or 0,
         pull_request=status.pull_request,
         spec_changed_to=superseding.newer_generation(status, ctx.generation),
     )

@@ -247,7 +247,9 @@ def observe_preflight(ctx: Ctx, seen: Seen) -> Observed:
 
 
 def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
-    return sources.scrape_pod(metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s)
+    return sources.scrape_pod(
+        metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s
+    )
 
 
 def production_kv_dtype(ctx: Ctx, seen: Seen) -> str:
