@@ -49,8 +49,8 @@ from kvgate.controller.observe import (
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_fields,
-    patch_status,
     post_event,
+    write_retry,
     write_status,
 )
 from kvgate.controller.schedule import schedule_of
@@ -292,11 +292,7 @@ def reconcile(
             logger.error("reconcile failed: %s", what, exc_info=exc)
         given_up = machine.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
         if given_up is None:
-            patch_status(patch, old, cleared)
-            patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
-            if errors == 1 or errors % 10 == 0:
-                post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
-                       warning=True)  # fmt: skip
+            write_retry(ctx, patch, old, cleared, errors, what)
             raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
         step = given_up
         done = done.then(act_best_effort(ctx.seeing(done), step))

@@ -105,6 +105,23 @@ def patch_fields(patch: kopf.Patch, old: Mapping[str, Any], **fields: Any) -> di
     return patch_status(patch, old, {keys[n]: written.get(keys[n]) for n in fields})
 
 
+def write_retry(
+    ctx: Ctx,
+    patch: kopf.Patch,
+    old: Mapping[str, Any],
+    cleared: Mapping[str, Any],
+    errors: int,
+    what: str,
+) -> None:
+    """A reconcile that failed and is retried: the keys a new run clears, the count of failures
+    in a row and the last one in status, and a warning Event on the first and every tenth."""
+    patch_status(patch, old, cleared)
+    patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
+    if errors == 1 or errors % 10 == 0:
+        post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
+                   warning=True)  # fmt: skip
+
+
 def write_status(
     ctx: Ctx,
     patch: kopf.Patch,
