@@ -17,7 +17,7 @@ from kvgate.kubeobjects import PodHealth
 from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
 from kvgate.steps import LiveTarget, State
 
-NO_POD = PodHealth(exists=False, detail="pod does not exist")
+NO_POD = kubeobjects.pod_health(None)  # an arm not read, or not there
 
 # The phases whose observation reads the canary arms (`phase_job` names the Job each waits for).
 ARM_PHASES = frozenset({Phase.CANARY, Phase.EVALUATING, Phase.MEASURING})
@@ -28,7 +28,6 @@ class ProductionPod:
     """A production pod as this reconcile listed it, against the candidate kvgate promoted."""
 
     name: str
-    pod: Mapping[str, Any]
     health: PodHealth
     carries_candidate: bool  # every edit kvgate makes is in its container
     terminating: bool
@@ -38,9 +37,10 @@ class ProductionPod:
 class Seen:
     """The cluster as one phase's observation needs it, read once at the reconcile's start.
 
-    What the phase does not read stays at its default: no Deployment before Pending looked, the
-    arms absent outside the canary, eval and load phases, no production pods unless Promoting
-    or a due Verifying sample reads them (`None`: not read, `()`: none there).
+    What the phase does not read stays at its default: no Deployment while nothing is evaluated
+    yet (`live` None), the arms absent outside the canary, eval and load phases, no Job outside
+    the eval and load phases, no production pods unless Promoting or a due Verifying sample
+    reads them (`None`: not read, `()`: none there).
     """
 
     deployment: Mapping[str, Any] | None = None
@@ -121,7 +121,6 @@ def production_seen(ctx: Ctx) -> tuple[ProductionPod, ...]:
         found.append(
             ProductionPod(
                 name=pod["metadata"]["name"],
-                pod=pod,
                 health=kubeobjects.pod_health(pod, status.container),
                 carries_candidate=promotion.carries(view, status.previous, status.candidate),
                 terminating=bool(pod["metadata"].get("deletionTimestamp")),
