@@ -19,6 +19,19 @@ from kvgate.steps import (
 REVERT_BACKOFF_MAX_S: Final = 60.0  # production may be crashing meanwhile: retry every minute
 
 
+def load_timeout_s(spec: RolloutSpec) -> float:
+    """One load attempt's bound (its Job's deadline): throughputGain.timeout, else the eval's."""
+    gate = spec.capacity_gain.throughput_gain
+    return gate.timeout_s if gate is not None else spec.canary.eval_timeout_s
+
+
+def job_phase_deadline(spec: RolloutSpec, phase: Phase) -> float:
+    """Evaluating or Measuring: every attempt's bound plus a grace for scheduling; the one
+    bound of the phase, whether its Jobs never finish or the reconciles that make them fail."""
+    per_attempt = load_timeout_s(spec) if phase is Phase.MEASURING else spec.canary.eval_timeout_s
+    return per_attempt * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+
+
 def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
     """How long a phase may last, even while observation keeps failing (None: no limit)."""
     c, p, cap = spec.canary, spec.promotion, spec.capacity
@@ -26,8 +39,8 @@ def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
         Phase.PENDING: c.startup_timeout_s,
         Phase.PREFLIGHT: cap.sampling_deadline_s + c.startup_timeout_s,
         Phase.CANARY: c.startup_timeout_s,
-        Phase.EVALUATING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,
-        Phase.MEASURING: c.eval_timeout_s * (c.eval_retries + 1) + EVAL_GRACE_S,  # load Jobs
+        Phase.EVALUATING: job_phase_deadline(spec, Phase.EVALUATING),
+        Phase.MEASURING: job_phase_deadline(spec, Phase.MEASURING),
         Phase.PROMOTING: c.startup_timeout_s,
         Phase.VERIFYING: p.verify_window_s * 3 + c.startup_timeout_s,
     }

@@ -36,7 +36,6 @@ from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
 from kvgate.status import LoadStatus, read_eval_progress
 from kvgate.steps import (
-    EVAL_GRACE_S,
     MAX_DELAY_S,
     MIN_DELAY_S,
     Action,
@@ -410,7 +409,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
     # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); the phase as a whole
     # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
-    budget = spec.canary.eval_timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    budget = deadlines.job_phase_deadline(spec, Phase.EVALUATING)
     error = obs.eval_error
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
@@ -493,7 +492,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
 def _cannot_make(state: State, job_exists: bool) -> bool:
     """The recorded attempt's Job is not there and the reconciles that make it keep failing:
     not an eval or load that did not finish, an outside error that `deadlines.give_up` ends
-    (Failed, naming it) at the same deadline."""
+    (Failed, naming it) at the same deadline (`deadlines.job_phase_deadline`)."""
     return not job_exists and state.consecutive_errors > 0
 
 
@@ -528,9 +527,8 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     attempts = max(state.load_attempts, 1)
     # One attempt is bounded by the Job's deadline (throughputGain.timeout); the phase by
     # every attempt.
-    gate_spec = spec.capacity_gain.throughput_gain
-    timeout_s = gate_spec.timeout_s if gate_spec is not None else spec.canary.eval_timeout_s
-    budget = timeout_s * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    timeout_s = deadlines.load_timeout_s(spec)
+    budget = deadlines.job_phase_deadline(spec, Phase.MEASURING)
     finding = None
     error = _load_error(obs)
     if error is None and obs.load_summary is not None:

@@ -29,6 +29,7 @@ from fake_cluster import Crash, FakeKube, deployment
 from kvgate import crash, engine_versions, manifests, promotion, report
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
+from kvgate.errors import KubeError
 from kvgate.spec import RolloutSpec
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
@@ -1663,6 +1664,30 @@ def test_a_load_job_that_never_ends_fails_after_every_attempts_timeout(
     status = world.obj["status"]
     assert status["reason"] == "LoadError"
     assert "load did not finish within 180s" in status["message"]  # 60 x 2 + 60 grace
+
+
+def test_a_load_job_that_cannot_be_made_fails_at_the_load_deadline_naming_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the load attempt recorded, and making its Job failing on every reconcile (load
+    # timeout 1m; the eval's is 120s, so the eval's bound would be 300s)
+    gates = {**THROUGHPUT_GATES, "capacityGain": {"throughputGain": {"timeout": "1m"}}}
+    world = World(monkeypatch, gates=gates)
+
+    def refused(ctx: Any, step: Any) -> None:
+        raise KubeError("create job ns/r-load-1: 403 Forbidden", status=403)
+
+    monkeypatch.setitem(act.ACTIONS, act.Action.CREATE_LOAD_JOB, refused)
+    # WHEN the rollout runs on
+    assert world.run(steps=400) == "Failed"
+    # THEN it ends at the load phase's own bound (1m x 2 attempts + 60s grace), naming the
+    # failure, not as a load that did not finish; production is as it was
+    status = world.obj["status"]
+    assert status["reason"] == "ExternalErrors"
+    assert "phase Measuring passed its deadline of 180s" in status["message"]
+    assert "403 Forbidden" in status["message"]
+    assert world.kube.get("Job", "r-load-1") is None
+    world.assert_invariant()
 
 
 def test_a_load_timeout_below_ten_seconds_is_refused_naming_the_field() -> None:
