@@ -39,7 +39,7 @@ from kvgate.controller.record import (
     post_event,
 )
 from kvgate.controller.seen import (
-    arm_health,
+    arm_ips,
     leftover_child,
     live_container,
     own_pods,
@@ -177,7 +177,7 @@ def delete_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
 def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     status = ctx.so_far
     attempt = step.eval_attempts or (status.eval.attempt if status.eval else None) or 1
-    ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
+    ips = arm_ips(ctx)
     if not all(ips.values()):
         raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
     port = canary_port(status)
@@ -256,7 +256,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     status = ctx.so_far
     load = status.load or LoadStatus()
     attempt = step.load_attempts or load.attempt or 1
-    ips = {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}
+    ips = arm_ips(ctx)
     if not all(ips.values()):
         raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
     port = canary_port(status)
@@ -428,7 +428,7 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
         return NOTHING
     speed = dataclasses.replace(
         ctx.so_far.speed or SpeedStatus(),
-        before=tpot_totals(ctx, {arm: arm_health(ctx, arm).ip for arm in manifests.ARMS}),
+        before=tpot_totals(ctx, arm_ips(ctx)),
         started_at=round(ctx.now.timestamp(), 3),  # the window of the arms' GPU clocks
     )
     return StatusUpdate.of(speed=speed)

@@ -81,11 +81,11 @@ def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) 
     if phase is Phase.PENDING:
         return observe_pending(ctx, spec_errors)
     seen = look(ctx, phase, state)  # the phase's reads, once
-    obs, found = observe_phase(ctx, phase, seen, state)
+    obs, found = observe_phase(ctx, phase, seen)
     return dataclasses.replace(obs, live=seen.live), found
 
 
-def observe_phase(ctx: Ctx, phase: Phase, seen: Seen, state: State) -> Observed:
+def observe_phase(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
     carried = seen.live is not None and seen.live.carries_candidate
     if phase is Phase.PREFLIGHT:
         return observe_preflight(ctx, seen)
@@ -98,7 +98,7 @@ def observe_phase(ctx: Ctx, phase: Phase, seen: Seen, state: State) -> Observed:
     if phase is Phase.PROMOTING and carried:
         return promoted.observe_promoting(ctx, seen)
     if phase is Phase.VERIFYING and carried:
-        return promoted.observe_verifying(ctx, seen, state)
+        return promoted.observe_verifying(ctx, seen)
     if phase in (Phase.PULL_REQUEST_OPEN, Phase.PULL_REQUEST_MERGED):
         return pullrequest.observe(ctx, phase, seen.live), NOTHING
     return Observation(), NOTHING
@@ -545,8 +545,7 @@ def speed_after_eval(
         return None, None, None, NOTHING
     speed = ctx.so_far.speed or SpeedStatus()
     if not speed.after:
-        ips = {"control": seen.control.ip, "candidate": seen.candidate.ip}
-        speed = dataclasses.replace(speed, after=tpot_totals(ctx, ips))
+        speed = dataclasses.replace(speed, after=tpot_totals(ctx, seen.ips))
     tpots = {
         arm: gates.mean_between(speed.before.get(arm), speed.after.get(arm))
         for arm in manifests.ARMS

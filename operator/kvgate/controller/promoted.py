@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from kvgate import kubeobjects, poolsample, production, promoting
+from kvgate import kubeobjects, poolsample, production
 from kvgate.controller import sources
 from kvgate.controller.context import (
     NOTHING,
@@ -28,7 +28,7 @@ from kvgate.status import (
     PromotionStatus,
     VerifyStatus,
 )
-from kvgate.steps import Observation, State
+from kvgate.steps import Observation
 from kvgate.timestamps import parse_time
 
 if TYPE_CHECKING:
@@ -69,9 +69,10 @@ def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[dict[str, Any], Statu
     return write(scan), StatusUpdate.of(promotion=promo)
 
 
-def observe_verifying(ctx: Ctx, seen: Seen, state: State) -> Observed:
-    """One verify sample when one is due: every check must pass (fail closed)."""
-    if not promoting.verify_due(ctx.spec, state) or seen.production is None:
+def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
+    """One verify sample when one is due (`seen.look` reads production's pods only then):
+    every check must pass (fail closed)."""
+    if seen.production is None:
         return Observation(), NOTHING
 
     dep = seen.deployment

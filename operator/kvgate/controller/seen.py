@@ -59,6 +59,10 @@ class Seen:
     def arm_pod(self, arm: str) -> Mapping[str, Any] | None:
         return self.control_pod if arm == "control" else self.candidate_pod
 
+    @property
+    def ips(self) -> dict[str, str | None]:
+        return {"control": self.control.ip, "candidate": self.candidate.ip}
+
 
 def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     """The reads `phase`'s observation needs (every phase after Pending reads the live
@@ -66,9 +70,7 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     live = live_target(ctx)
     seen = Seen(deployment=target_deployment(ctx) if live is not None else None, live=live)
     if phase in ARM_PHASES:
-        own = own_pods(ctx)
-        control_pod = current_child(ctx, own.get(manifests.canary_name(ctx.name, "control")))
-        candidate_pod = current_child(ctx, own.get(manifests.canary_name(ctx.name, "candidate")))
+        control_pod, candidate_pod = canary_pod(ctx, "control"), canary_pod(ctx, "candidate")
         seen = replace(
             seen,
             control=kubeobjects.pod_health(control_pod, ctx.so_far.container),
@@ -80,6 +82,7 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     if job_name is not None:
         job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
         seen = replace(seen, job=job, job_log="" if job is None else job_log(ctx, job_name))
+    # Verifying samples production only when a sample is due: what Seen.production says.
     carried = live is not None and live.carries_candidate
     if carried and (
         phase is Phase.PROMOTING
@@ -226,9 +229,17 @@ def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
     return ctx.reads.rollout_pods
 
 
-def arm_health(ctx: Ctx, arm: str) -> PodHealth:
-    pod = current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
-    return kubeobjects.pod_health(pod, ctx.so_far.container)
+def canary_pod(ctx: Ctx, arm: str) -> dict[str, Any] | None:
+    """The arm's canary of this run (None: none, or a leftover of an earlier run)."""
+    return current_child(ctx, own_pods(ctx).get(manifests.canary_name(ctx.name, arm)))
+
+
+def arm_ips(ctx: Ctx) -> dict[str, str | None]:
+    """Each arm's canary pod IP as the reconcile's pod LIST has it (None: not there yet)."""
+    container = ctx.so_far.container
+    return {
+        arm: kubeobjects.pod_health(canary_pod(ctx, arm), container).ip for arm in manifests.ARMS
+    }
 
 
 def current_child(ctx: Ctx, obj: dict[str, Any] | None) -> dict[str, Any] | None:
