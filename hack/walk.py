@@ -10,7 +10,10 @@ A call that passes the data (an argument mentioning a data name) hands it to the
 matching parameters when the callee is a kvgate function the call resolves to statically: a
 function of the same module, a name imported from a kvgate module, `module.function` through an
 imported kvgate module, or `self.method` / `Class.method` in the same module. Calls on values of
-unknown type (`ctx.kube.read_pod(...)`) do not resolve; `sim/` is not walked.
+unknown type (`ctx.kube.read_pod(...)`) do not resolve; `sim/` is not walked. An attribute read
+off the data is other data (`ctx.namespace`), unless it is a holder of the data itself: a field
+of a kvgate class annotated with the data's type, or with a class that holds it (`begun.ctx`,
+where `Begun.ctx: Ctx` and `Ctx.body: kopf.Body`). A tuple that holds the data is the data.
 
 The trip is the sequence of modules the data is in, depth first: into the callee, and back into
 the caller when the callee returns. Each function is walked once; a later hand-over to a walked
@@ -45,6 +48,8 @@ class Module:
     # local name -> ("module", "kvgate.x") or ("attr", "kvgate.x", "name")
     imports: dict[str, tuple[str, ...]] = field(default_factory=dict)
     classes: set[str] = field(default_factory=set)
+    # class name -> {field: annotation source}
+    fields: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -70,6 +75,11 @@ def load(source_root: Path) -> dict[str, Module]:
                 mod.functions[node.name] = Function(name, node.name, node, _params(node))
             elif isinstance(node, ast.ClassDef):
                 mod.classes.add(node.name)
+                mod.fields[node.name] = {
+                    item.target.id: ast.unparse(item.annotation)
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                }
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
                         q = f"{node.name}.{item.name}"
@@ -93,11 +103,33 @@ def load(source_root: Path) -> dict[str, Module]:
     return modules
 
 
+def holder_fields(modules: dict[str, Module], data_type: str) -> frozenset[str]:
+    """The field names of kvgate classes that hold the data: annotated with its type, or with
+    a class that holds it (to a fixed point)."""
+    holders = {data_type.rpartition(".")[2]}
+    names: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for mod in modules.values():
+            for cls, fields in mod.fields.items():
+                for name, annotation in fields.items():
+                    words = set(annotation.replace(".", " ").replace("|", " ").split())
+                    if words & holders and name not in names:
+                        names.add(name)
+                        changed = True
+                    if words & holders and cls not in holders:
+                        holders.add(cls)
+                        changed = True
+    return frozenset(names)
+
+
 class Walker:
-    def __init__(self, modules: dict[str, Module]):
+    def __init__(self, modules: dict[str, Module], holders: frozenset[str] = frozenset()):
         self.modules = modules
         self.walked: set[str] = set()
         self.trip: list[str] = []
+        self.holders = holders  # attributes that carry the data (`holder_fields`)
 
     def _key(self, fn: Function) -> str:
         return f"{fn.module}:{fn.qualname}"
@@ -158,13 +190,13 @@ class Walker:
                     targets, value = list(node.targets), node.value
                 elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
                     targets, value = [node.target], node.value
-                elif isinstance(node, ast.For):
+                elif isinstance(node, ast.For):  # (a comprehension's names are its own)
                     targets, value = [node.target], node.iter
                 elif isinstance(node, ast.withitem) and node.optional_vars is not None:
                     targets, value = [node.optional_vars], node.context_expr
                 elif isinstance(node, ast.NamedExpr):
                     targets, value = [node.target], node.value
-                if value is None or not _mentions(value, carried):
+                if value is None or not _mentions(value, carried, self.holders):
                     continue
                 for t in targets:
                     for name in _bound(t):
@@ -172,24 +204,66 @@ class Walker:
                             carried.add(name)
                             changed = True
         calls = sorted(
-            (n for n in ast.walk(fn.node) if isinstance(n, ast.Call)),
-            key=lambda n: (n.lineno, n.col_offset),
+            _calls(fn.node, carried, self.holders), key=lambda c: (c[0].lineno, c[0].col_offset)
         )
-        for call in calls:
+        for call, carried in calls:
             callee = self.resolve(mod, call, cls)
             if callee is None:
                 continue
             handed: set[str] = set()
             for i, arg in enumerate(call.args):
-                if _mentions(arg, carried) and i < len(callee.params):
+                if _mentions(arg, carried, self.holders) and i < len(callee.params):
                     handed.add(callee.params[i])
             for kw in call.keywords:
-                if kw.arg and _mentions(kw.value, carried) and kw.arg in callee.params:
+                if (
+                    kw.arg
+                    and _mentions(kw.value, carried, self.holders)
+                    and kw.arg in callee.params
+                ):
                     handed.add(kw.arg)
             if not handed:
                 continue
             self.walk(callee, handed)
             self._enter(fn.module)  # the callee returns
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _scope(
+    expr: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp,
+    names: set[str],
+    holders: frozenset[str],
+) -> set[str]:
+    """The data names inside a comprehension: its targets carry the data when their iterable
+    does, and shadow the outer names they rebind when it does not."""
+    inner = set(names)
+    for gen in expr.generators:
+        bound = set(_bound(gen.target))
+        inner = inner | bound if _mentions(gen.iter, inner, holders) else inner - bound
+    return inner
+
+
+def _calls(
+    node: ast.AST, names: set[str], holders: frozenset[str]
+) -> list[tuple[ast.Call, set[str]]]:
+    """Every call under `node` with the data names in its scope (a comprehension's own)."""
+    found: list[tuple[ast.Call, set[str]]] = []
+    if isinstance(node, ast.Call):
+        found.append((node, names))
+    if isinstance(node, _COMPREHENSIONS):
+        inner = _scope(node, names, holders)
+        for gen in node.generators:  # the first iterable is evaluated outside
+            found += _calls(gen.iter, names if gen is node.generators[0] else inner, holders)
+            for cond in gen.ifs:
+                found += _calls(cond, inner, holders)
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        for part in parts:
+            found += _calls(part, inner, holders)
+        return found
+    for child in ast.iter_child_nodes(node):
+        found += _calls(child, names, holders)
+    return found
 
 
 def _bound(target: ast.expr) -> list[str]:
@@ -206,21 +280,41 @@ def _bound(target: ast.expr) -> list[str]:
     return []
 
 
-def _mentions(expr: ast.AST, names: set[str]) -> bool:
+def _mentions(expr: ast.AST, names: set[str], holders: frozenset[str] = frozenset()) -> bool:
     """The expression is the data, or hands the data itself to a call (`Ctx(body=body)`,
-    `ctx.seeing(done)`); an attribute or item read off it (`ctx.namespace`) is other data."""
+    `ctx.seeing(done)`), or holds it (`(ctx, phase)`, `begun.ctx`); an attribute or item read off
+    it (`ctx.namespace`) is other data."""
     if isinstance(expr, ast.Name):
         return expr.id in names
     if isinstance(expr, ast.Starred):
-        return _mentions(expr.value, names)
+        return _mentions(expr.value, names, holders)
+    if isinstance(expr, ast.Tuple | ast.List):
+        return any(_mentions(e, names, holders) for e in expr.elts)
+    if isinstance(expr, _COMPREHENSIONS):
+        inner = _scope(expr, names, holders)
+        parts = [expr.key, expr.value] if isinstance(expr, ast.DictComp) else [expr.elt]
+        return _mentions(expr.generators[0].iter, names, holders) or any(
+            _mentions(e, inner, holders) for e in parts
+        )
+    if isinstance(expr, ast.Attribute):
+        return expr.attr in holders and _mentions(expr.value, names, holders)
     if isinstance(expr, ast.Call):
         f = expr.func
-        if isinstance(f, ast.Attribute) and _mentions(f.value, names):
+        if isinstance(f, ast.Attribute) and _mentions(f.value, names, holders):
             return True  # a method of the data returns (a view of) the data
-        return any(_mentions(a, names) for a in expr.args) or any(
-            _mentions(k.value, names) for k in expr.keywords
+        return any(_mentions(a, names, holders) for a in expr.args) or any(
+            _mentions(k.value, names, holders) for k in expr.keywords
         )
     return False
+
+
+def _annotation(fn: Function, param: str) -> str:
+    """The source of `param`'s annotation in `fn` ('' without one)."""
+    a = fn.node.args
+    for p in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+        if p.arg == param and p.annotation is not None:
+            return ast.unparse(p.annotation)
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if module not in modules or qualname not in modules[module].functions:
         print(f"walk: no function {args.entry} under {args.root}", file=sys.stderr)
         return 2
-    walker = Walker(modules)
-    walker.walk(modules[module].functions[qualname], {args.data})
+    entry = modules[module].functions[qualname]
+    walker = Walker(modules, holder_fields(modules, _annotation(entry, args.data)))
+    walker.walk(entry, {args.data})
     entries = Counter(walker.trip)
     print(f"walk of {args.data!r} from {args.entry}: {len(walker.walked)} functions, "
           f"{len(walker.trip)} stays, {len(entries)} modules")  # fmt: skip

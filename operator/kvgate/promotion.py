@@ -209,6 +209,32 @@ def differences(evaluated: Mapping[str, Any], live: Mapping[str, Any]) -> list[s
     return [k for k in GUARDED if a.get(k) != b.get(k)]
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """A live container, as status records it, against the evaluated one and kvgate's change."""
+
+    differences: tuple[str, ...]  # guarded fields that differ from the evaluated container
+    carries_candidate: bool  # every edit kvgate makes is there
+    ours_present: bool  # at least one edit kvgate makes is there
+    changed_around: tuple[str, ...]  # fields where it is neither the candidate nor the previous
+
+
+def compare(
+    live: Mapping[str, Any],
+    evaluated: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+) -> Comparison:
+    """`live` against the evaluated container and kvgate's change (`previous` -> `candidate`;
+    nothing is changed around an empty candidate: none was recorded)."""
+    return Comparison(
+        differences=tuple(differences(evaluated, live)),
+        carries_candidate=carries(live, previous, candidate),
+        ours_present=not reverted(live, previous, candidate),
+        changed_around=tuple(changed_around(live, previous, candidate)) if candidate else (),
+    )
+
+
 def patch_ops(
     index: int, live: Mapping[str, Any], wanted: Mapping[str, Any]
 ) -> list[dict[str, Any]]:

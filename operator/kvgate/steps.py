@@ -97,6 +97,8 @@ class LiveTarget:
     differences: tuple[str, ...] = ()  # guarded fields that differ from the evaluated ones
     carries_candidate: bool = False  # every edit kvgate makes is there
     ours_present: bool = False  # at least one edit kvgate makes is there
+    # fields where it is neither the candidate nor the config before (`promotion.changed_around`)
+    changed_around: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

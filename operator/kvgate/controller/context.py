@@ -44,7 +44,7 @@ from kvgate.status import (
     RolloutStatus,
     VerifyStatus,
 )
-from kvgate.steps import Observation, State
+from kvgate.steps import Observation, State, Step
 from kvgate.timestamps import parse_time
 from kvgate.verdict import GateResult, RevertIntent
 
@@ -252,6 +252,74 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     )
 
 
+@dataclass(frozen=True)
+class Begun:
+    """A reconcile's start: its context, the status it found and what it goes on from.
+
+    `ended`: the rollout ended and its spec did not change since, so only its recorded
+    deletions are due (`state` is None then). A new spec after the end starts a new run from an
+    empty status (`cleared`: the keys the new run removes), its deletions still due kept."""
+
+    ctx: Ctx
+    old: dict[str, Any]  # the body's status, our own copy
+    phase: Phase
+    spec_errors: tuple[str, ...] = ()
+    state: State | None = None
+    cleared: dict[str, Any] = field(default_factory=dict)
+    ended: bool = False
+
+
+def begin(
+    body: kopf.Body,
+    meta: Mapping[str, Any],
+    kube: KubeApi,
+    config: OperatorConfig,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> Begun:
+    """The context of one reconcile of `body`, from its status and spec as they are now."""
+    old = copy.deepcopy(dict(body.get("status") or {}))  # nothing may change kopf's body
+    status = copy.deepcopy(old)
+    found = RolloutStatus.from_dict(old)
+    phase = found.phase or Phase.PENDING
+    generation = meta.get("generation")
+    ended = found.ended and superseding.newer_generation(found, generation) is None
+    cleared: dict[str, Any] = {}
+    if found.ended and not ended:
+        # A new spec after the end (or during a run that had to finish first) starts a new
+        # rollout, like Flagger's retry by spec change; the last run's findings are cleared so
+        # none of them can vote in the new verdict. Its deletions still due go first.
+        cleared = dict.fromkeys(status)
+        status = RolloutStatus(phase=Phase.PENDING, pending_actions=found.pending_actions).to_dict()
+        phase = Phase.PENDING
+    spec, spec_errors = parse_spec(body.get("spec") or {}, config)
+    ctx = Ctx(body, meta["namespace"], meta["name"], generation, spec, StatusView(status),
+              kube, config, logger, utcnow())  # fmt: skip
+    if ended:
+        return Begun(ctx, old, phase, ended=True)
+    return Begun(ctx, old, phase, spec_errors, read_state(ctx, phase, meta), cleared)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The reconcile failed and comes back: not evidence against the candidate."""
+
+    what: str  # one line for status and Events (`describe`)
+    error: BaseException
+    errors: int = 0  # failures in a row, this one included (0: an ended rollout's cleanup)
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one reconcile came to: the step decided and what its stages found and did, in
+    order (kept up to a failing action); or a retry; or, for an ended rollout, whether its
+    recorded deletions went through (`cleaned`)."""
+
+    step: Step | None = None
+    done: StatusUpdate = NOTHING
+    retry: Retry | None = None
+    cleaned: bool = False
+
+
 def describe(exc: BaseException) -> str:
     """One line for status and Events: the kind of failure and its message, bounded."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -318,6 +386,13 @@ def status_view(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
+def against(ctx: Ctx, container: Mapping[str, Any]) -> promotion.Comparison:
+    """`container` against the evaluated container and status.previous -> status.candidate."""
+    status = ctx.so_far
+    view = status_view(ctx, container)
+    return promotion.compare(view, evaluated_container(ctx), status.previous, status.candidate)
+
+
 def canary_port(status: RolloutStatus) -> int:
     """The port the engine serves on, as Pending read it from the container."""
     return 8000 if status.port is None else status.port
@@ -360,7 +435,7 @@ def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
     one recorded in Pending. Anything else raises: a changed target or an edited status never
     reaches a pod or the Deployment.
     """
-    if promotion.differences(evaluated_container(ctx), status_view(ctx, live)):
+    if against(ctx, live).differences:
         raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
     candidate = manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
     recorded = ctx.so_far.candidate

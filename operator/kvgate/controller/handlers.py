@@ -23,35 +23,26 @@ import kopf
 import prometheus_client as prom
 
 from kvgate import conditions as cond
-from kvgate import machine, superseding, verdictkey
+from kvgate import verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
-from kvgate.controller import context
+from kvgate.controller import context, stages
 from kvgate.controller.act import (
-    act_best_effort,
-    acts,
     delete_canaries,
     delete_eval_jobs,
     revert_target,
-    run_pending,
 )
 from kvgate.controller.context import (
-    NOTHING,
     Ctx,
     StatusView,
     describe,
     parse_spec,
-    read_state,
-)
-from kvgate.controller.observe import (
-    observe,
 )
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_fields,
     post_event,
-    write_retry,
-    write_status,
+    write,
 )
 from kvgate.controller.schedule import schedule_of
 from kvgate.controller.seen import live_key, live_target
@@ -59,7 +50,6 @@ from kvgate.controller.telemetry import (
     API_REQUESTS,
     DRIFTED,
     PHASE,
-    RECONCILE_ERRORS,
     STALE,
 )
 from kvgate.errors import ExternalError, KvgateError
@@ -228,82 +218,25 @@ def reconcile(
     **_: Any,
 ) -> None:
     """Drive one rollout a step; raise TemporaryError to come back after the core's delay
-    (`poll` schedules it)."""
-    old = _status_of(body)
-    status = copy.deepcopy(old)
-    found = RolloutStatus.from_dict(old)
-    cleared: dict[str, Any] = {}  # keys a new spec after the end removes
-    phase = found.phase or Phase.PENDING
-    generation = meta.get("generation")
-    if found.ended:
-        if superseding.newer_generation(found, generation) is None:
-            if found.pending_actions:  # the end was recorded; its deletions are due
-                ctx = _side_ctx(body, meta, memo, logger, status)
-                try:
-                    run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
-                except ExternalError as exc:
-                    raise kopf.TemporaryError(f"cleanup: {exc}", delay=5) from exc
-                patch_fields(patch, old, pending_actions=())
-            return
-        # A new spec after the end (or during a run that had to finish first) starts a new
-        # rollout, like Flagger's retry by spec change; the last run's findings are cleared so
-        # none of them can vote in the new verdict. Its deletions still due go first.
-        cleared = dict.fromkeys(status)
-        fresh = RolloutStatus(phase=Phase.PENDING, pending_actions=found.pending_actions)
-        status = fresh.to_dict()
-        phase = Phase.PENDING
-    spec, spec_errors = parse_spec(body.get("spec") or {}, memo.config)
-    ctx = Ctx(
-        body=body,
-        namespace=meta["namespace"],
-        name=meta["name"],
-        generation=generation,
-        spec=spec,
-        status=StatusView(status),
-        kube=memo.kube,
-        config=memo.config,
-        logger=logger,
-        now=context.utcnow(),
-    )
-    state = read_state(ctx, phase, meta)
-    done = NOTHING  # what the stages that went through found and did, in order
-    try:
-        done = run_pending(ctx, Step(phase, Reason.CLEANUP, "deleting children"))
-        obs, findings = observe(ctx.seeing(done), phase, spec_errors, state)
-        done = done.then(findings)
-        step = machine.next_step(
-            spec,
-            state,
-            obs,
-            poll_s=ctx.config.poll_interval_s,
-            approval_ttl_s=ctx.config.approval_ttl_s,
-        )
-        for update in acts(ctx.seeing(done), step):  # kept up to a failing action
-            done = done.then(update)
-    except Exception as exc:
-        # Not evidence against the candidate: retry, and past the limit (or the phase's
-        # deadline) end the rollout, reverting first in the patched phases (never promoting).
-        errors = (ctx.so_far.consecutive_errors or 0) + 1
-        what = describe(exc)
-        RECONCILE_ERRORS.labels(type(exc).__name__).inc()
-        if isinstance(exc, KvgateError):
-            logger.warning("reconcile failed: %s", what)
-        else:  # a bug: keep the traceback in the log, never in status or Events
-            logger.error("reconcile failed: %s", what, exc_info=exc)
-        given_up = machine.give_up(spec, state, what, errors, limit=ctx.config.error_limit)
-        if given_up is None:
-            write_retry(ctx, patch, old, cleared, errors, what)
-            raise kopf.TemporaryError(f"{what} (consecutive errors: {errors})", delay=10) from exc
-        step = given_up
-        done = done.then(act_best_effort(ctx.seeing(done), step))
-    written = write_status(ctx, patch, old, phase, step, done)
+    (`poll` schedules it). Begin, run the stages, write what they came to: one way."""
+    begun = context.begin(body, meta, memo.kube, memo.config, logger)
+    outcome = stages.run(begun)
+    written = write(begun, patch, outcome)
+    retry, step = outcome.retry, outcome.step
+    if retry is not None:
+        if not retry.errors:
+            raise kopf.TemporaryError(retry.what, delay=5) from retry.error
+        message = f"{retry.what} (consecutive errors: {retry.errors})"
+        raise kopf.TemporaryError(message, delay=10) from retry.error
+    if step is None:
+        return
     extra = {"phase": step.phase.value, "reason": step.reason}
     logger.info("%s: %s", step.phase.value, step.message, extra=extra)
     if step.phase is Phase.FAILED and step.reason.permanent:
         raise kopf.PermanentError(step.message)  # status says Stalled; retrying cannot help
     if step.requeue_s is not None and not step.terminal:
         raise kopf.TemporaryError(step.message, delay=step.requeue_s)
-    if step.terminal and written.pending_actions:
+    if step.terminal and written is not None and written.pending_actions:
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 

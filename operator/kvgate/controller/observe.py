@@ -16,14 +16,12 @@ from kvgate import (
     engines,
     gates,
     kubeobjects,
-    machine,
     manifests,
-    poolsample,
     redact,
     remedy,
     reuse,
 )
-from kvgate.controller import promoted, pullrequest, sources
+from kvgate.controller import preflight, promoted, pullrequest, sources
 from kvgate.controller.context import (
     NOTHING,
     Ctx,
@@ -35,13 +33,7 @@ from kvgate.controller.context import (
 )
 from kvgate.controller.seen import (
     Seen,
-    live_container,
     look,
-    node_gpu,
-    pod_container,
-    pod_node,
-    production_pods,
-    target_deployment,
 )
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.errors import ExternalError, InputError, SpecError
@@ -50,8 +42,6 @@ from kvgate.jsonrecord import read_record, write
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary
 from kvgate.model import (
-    PROMETHEUS_SOURCE,
-    GateMode,
     Phase,
     SpeedClocks,
     config_hash,
@@ -59,27 +49,22 @@ from kvgate.model import (
 from kvgate.status import (
     AccuracyStatus,
     ArmStatus,
-    CacheTruth,
     CapacityStatus,
-    CheckpointRecord,
     ClocksRecord,
     EvalStatus,
     HistogramTotals,
     LoadStatus,
-    PreflightStatus,
-    PressureRecord,
     SpeedStatus,
 )
 from kvgate.steps import Observation, State
-from kvgate.timestamps import iso, parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:
-    if phase is Phase.PENDING:
-        return observe_pending(ctx, spec_errors)
+    if phase is Phase.PENDING and spec_errors:
+        return Observation(spec_errors=spec_errors), NOTHING
     seen = look(ctx, phase, state)  # the phase's reads, once
     obs, found = observe_phase(ctx, phase, seen)
     return dataclasses.replace(obs, live=seen.live), found
@@ -87,31 +72,29 @@ def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) 
 
 def observe_phase(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
     carried = seen.live is not None and seen.live.carries_candidate
+    if phase is Phase.PENDING:
+        return observe_pending(ctx, seen)
     if phase is Phase.PREFLIGHT:
-        return observe_preflight(ctx, seen)
+        return preflight.observe(ctx, seen)
     if phase is Phase.CANARY:
         return observe_canary(ctx, seen)
     if phase is Phase.EVALUATING:
         return observe_eval(ctx, seen)
     if phase is Phase.MEASURING:
         return observe_load(ctx, seen)
-    if phase is Phase.PROMOTING and carried:
-        return promoted.observe_promoting(ctx, seen)
-    if phase is Phase.VERIFYING and carried:
-        return promoted.observe_verifying(ctx, seen)
+    if phase in (Phase.PROMOTING, Phase.VERIFYING) and carried:
+        return promoted.observe(ctx, phase, seen)
     if phase in (Phase.PULL_REQUEST_OPEN, Phase.PULL_REQUEST_MERGED):
-        return pullrequest.observe(ctx, phase, seen.live), NOTHING
+        return pullrequest.observe(ctx, phase, seen), NOTHING
     return Observation(), NOTHING
 
 
-def observe_pending(ctx: Ctx, spec_errors: tuple[str, ...]) -> Observed:
-    if spec_errors:
-        return Observation(spec_errors=spec_errors), NOTHING
+def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
     secret_problem = hub_token_problem(ctx) or pullrequest.token_problem(ctx)
     if secret_problem:  # fail closed before any Pod or Job exists
         return Observation(spec_errors=(secret_problem,)), NOTHING
     spec = ctx.spec
-    dep = target_deployment(ctx)
+    dep = seen.deployment
     if dep is None:
         return Observation(target_missing=True), NOTHING
     template = (dep.get("spec") or {}).get("template") or {}
@@ -177,84 +160,10 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def observe_preflight(ctx: Ctx, seen: Seen) -> Observed:
-    """One pool sample per interval from every Ready production pod, kept in status."""
-    gate = ctx.spec.capacity
-    pre = ctx.so_far.preflight or PreflightStatus()
-    found = NOTHING
-    if pre.checkpoint is None:
-        checkpoint = read_record(CheckpointRecord, sources.scan_checkpoint(
-            ctx.so_far.model,
-            revision=ctx.spec.model.revision,
-            model_dirs=ctx.config.model_dirs,
-            hub_offline=ctx.config.hub_offline,
-            token_secret=ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None,
-            kube=ctx.kube,
-            namespace=ctx.namespace,
-        ))  # fmt: skip
-        pre = dataclasses.replace(
-            pre, checkpoint=checkpoint, checkpoint_has_scales=checkpoint.present
-        )
-        found = StatusUpdate.of(preflight=pre)
-    reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
-    forced = (
-        machine.control_runs_fp8(
-            list(reasons), production_kv_dtype(ctx, seen), ctx.spec.target.name
-        )
-        if reasons
-        else None
-    )
-    if gate.mode is GateMode.OFF or forced:
-        return Observation(control_forced_fp8=forced), found
-    series = poolsample.kept_series(pre)
-    ticks = pre.ticks or 0
-    last = parse_time(pre.last_sample_at)
-    due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
-    errors: list[str] = []
-    if due and ticks < gate.samples and ctx.config.prometheus_url:
-        # The window's history at once; a failed query is retried next interval, and a
-        # Prometheus that never answers leaves the pool unknown at the sampling deadline.
-        errors, history = pool_history(ctx)
-        if history is not None:
-            series, ticks = history, gate.samples
-        pre = dataclasses.replace(pre, source=PROMETHEUS_SOURCE, last_sample_at=iso(ctx.now))
-    elif due and ticks < gate.samples:
-        sampled_before = sum(len(v) for v in series.values())
-        ips, errors = ready_production_ips(ctx)
-        errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
-        if sum(len(v) for v in series.values()) > sampled_before:
-            ticks += 1  # a round with no sample (no Ready pod yet) does not count
-        pre = dataclasses.replace(pre, last_sample_at=iso(ctx.now))
-    # The last round's errors stay until the next round (the verdict names them).
-    pre = dataclasses.replace(
-        pre,
-        samples={pod: tuple(map(poolsample.sample_of, v)) for pod, v in series.items()},
-        ticks=ticks,
-        errors=tuple(errors[-3:]) if due else pre.errors,
-    )
-    pressured: bool | None = None
-    detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
-    if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
-        pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
-        if pressured is None and pre.errors:
-            detail = f"{detail}; last error: {pre.errors[-1]}"
-        # `pressure` is the deciding replica's figures (what the report shows); all are kept.
-        deciding = next((r for r in per_pod.values() if r.pressured is pressured), None)
-        pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
-        pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
-    found = StatusUpdate.of(preflight=pre)
-    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
-
-
 def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     return sources.scrape_pod(
         metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s
     )
-
-
-def production_kv_dtype(ctx: Ctx, seen: Seen) -> str:
-    found = live_container(ctx, seen.deployment)
-    return sources.production_kv_dtype(found[1] if found else None)
 
 
 def hub_token_problem(ctx: Ctx) -> str | None:
@@ -282,40 +191,13 @@ def hub_token_problem(ctx: Ctx) -> str | None:
     return None
 
 
-def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
-    """Production's pool samples over the last window from Prometheus (None: no answer)."""
-    ips, errors = ready_production_ips(ctx)
-    if not ips:
-        return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
-    return sources.pool_history(
-        ctx.config.prometheus_url or "",
-        ctx.so_far.engine or "",
-        ips,
-        gate=ctx.spec.capacity,
-        now=ctx.now.timestamp(),
-        elapsed_s=elapsed_s(ctx),
-        timeout=ctx.config.scrape_timeout_s,
-    )
-
-
-def elapsed_s(ctx: Ctx) -> float:
-    """Seconds since the rollout entered its phase."""
-    return (ctx.now - (parse_time(ctx.so_far.phase_since) or ctx.now)).total_seconds()
-
-
-def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
-    return sources.ready_production_ips(
-        production_pods(ctx), ctx.so_far.container, ctx.spec.target.name
-    )
-
-
 def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, StatusUpdate]:
     """The arm's startup-log scan: from status when already read, else from the pod log."""
     health = seen.arm(arm)
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.scan is not None:
         return write(block.scan), NOTHING
-    if not (health.ready or health.crashed):
+    if arm not in seen.to_scan:  # not yet (or not again)
         return None, NOTHING
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.so_far.container
@@ -328,7 +210,7 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, Sta
         tail = tuple(redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:])
         scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
-        arm_gpu(ctx, seen.arm_pod(arm), block),
+        arm_gpu(seen, arm, block),
         pod=pod,
         ip=health.ip,
         scan=scan,
@@ -338,17 +220,15 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, Sta
     return write(scan), StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
-def arm_gpu(ctx: Ctx, pod: Mapping[str, Any] | None, block: ArmStatus) -> ArmStatus:
+def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
     """`block` with the arm pod's node, its GPU product and the arm container's GPU count (the
     candidate's are in the verdict key); what is unknown now is left as it was."""
-    node = pod_node(pod)
-    product = node_gpu(ctx, node)
-    count = kubeobjects.gpu_count(pod_container(pod or {}, ctx.so_far.container))
+    place = seen.placement(arm)
     return dataclasses.replace(
         block,
-        node=block.node if node is None else node,
-        gpu_product=block.gpu_product if product is None else product,
-        gpu_count=block.gpu_count if count is None else count,
+        node=block.node if place.node is None else place.node,
+        gpu_product=block.gpu_product if place.gpu_product is None else place.gpu_product,
+        gpu_count=block.gpu_count if place.gpu_count is None else place.gpu_count,
     )
 
 
@@ -360,8 +240,6 @@ def arm_metrics(
     Returns (truth, error, update); a failed scrape is kept in status (`metricsError`) and
     retried.
     """
-    from kvgate import metrics
-
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.metrics is not None:
         return write(block.metrics), None, NOTHING
@@ -369,7 +247,8 @@ def arm_metrics(
         return None, None, NOTHING
     source = "/metrics"
     try:
-        truth: CacheTruth = read_record(CacheTruth, metrics.cache_truth(scrape_pod(ctx, health.ip)))
+        url = metrics_url(ctx.so_far, health.ip)
+        truth = sources.cache_truth(url, ctx.so_far.engine, ctx.config.scrape_timeout_s)
         if ctx.so_far.engine == "sglang":
             source = "server info"
             info = sources.server_info(

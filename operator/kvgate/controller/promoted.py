@@ -21,6 +21,7 @@ from kvgate.controller.context import (
 from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
 from kvgate.jsonrecord import write
+from kvgate.model import Phase
 from kvgate.status import (
     PodCounters,
     PodScanRecord,
@@ -33,6 +34,13 @@ from kvgate.timestamps import parse_time
 
 if TYPE_CHECKING:
     from kvgate.metrics import MetricSnapshot
+
+
+def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
+    """Promoting or Verifying, once the live Deployment carries the candidate."""
+    if phase is Phase.PROMOTING:
+        return observe_promoting(ctx, seen)
+    return observe_verifying(ctx, seen)
 
 
 def observe_promoting(ctx: Ctx, seen: Seen) -> Observed:

@@ -24,13 +24,13 @@ from kvgate.controller.context import (
     derive_candidate,
 )
 from kvgate.controller.record import post_event
-from kvgate.controller.seen import live_container, live_key, target_deployment
+from kvgate.controller.seen import Seen, live_container, live_key, target_deployment
 from kvgate.errors import InputError, KvgateError
 from kvgate.model import GitFileKind, Phase, PullRequestState
 from kvgate.reasons import Reason
 from kvgate.spec import PullRequestSpec
 from kvgate.status import PullRequestStatus
-from kvgate.steps import LiveTarget, Observation, PullRequestSeen, Step
+from kvgate.steps import Observation, PullRequestSeen, Step
 from kvgate.timestamps import iso
 from kvgate.verdict import GateResult
 
@@ -226,39 +226,39 @@ def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullReque
                             now=iso(ctx.now))  # fmt: skip
 
 
-def observe(ctx: Ctx, phase: Phase, live: LiveTarget | None) -> Observation:
+def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observation:
     """PullRequestOpen: the recorded pull request's state. PullRequestMerged: is it applied?"""
     recorded = ctx.so_far.pull_request
     if phase is Phase.PULL_REQUEST_OPEN:
         if recorded is None or recorded.number is None or recorded.repository is None:
             return Observation()
         with _forge(ctx) as forge:
-            seen = forge.pull_request_state(recorded.repository, recorded.number)
+            pr = forge.pull_request_state(recorded.repository, recorded.number)
         return Observation(
             pull_request=PullRequestSeen(
-                number=seen.number,
-                url=seen.url,
-                state=PullRequestState(seen.state),
-                merge_sha=seen.merge_sha,
+                number=pr.number,
+                url=pr.url,
+                state=PullRequestState(pr.state),
+                merge_sha=pr.merge_sha,
             )
         )
-    gap = apply_gap(ctx, live)
+    gap = apply_gap(ctx, seen)
     return Observation(applied=gap is None, apply_gap=gap or "")
 
 
-def apply_gap(ctx: Ctx, live: LiveTarget | None) -> str | None:
+def apply_gap(ctx: Ctx, seen: Seen) -> str | None:
     """What the live Deployment lacks of the tested change (None: it carries all of it).
 
     The tested args/env in the container, the verdict annotation on the pod template, the
     rollout of that template finished, and its pods on the image digest the verdict tested."""
-    name = ctx.spec.target.name
+    name, live = ctx.spec.target.name, seen.live
     if live is None or not live.exists:
         return f"Deployment {name} is gone"
     if not live.container_found:
         return f"Deployment {name} has no container {ctx.so_far.container}"
     if not live.carries_candidate:
         return f"Deployment {name}'s container does not carry the tested args/env yet"
-    dep = target_deployment(ctx) or {}
+    dep = seen.deployment or {}
     template = (dep.get("spec") or {}).get("template") or {}
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     key = verdictkey.recorded(ctx.so_far)

@@ -15,7 +15,9 @@ from kvgate import conditions as cond
 from kvgate import jsonrecord, manifests, redact, superseding, verdictkey
 from kvgate.controller.context import (
     NOTHING,
+    Begun,
     Ctx,
+    Reconciled,
     StatusUpdate,
     adopt_child,
 )
@@ -103,6 +105,24 @@ def patch_fields(patch: kopf.Patch, old: Mapping[str, Any], **fields: Any) -> di
     keys = {f.name: f.key for f in jsonrecord.fields(RolloutStatus)}
     written = RolloutStatus(**fields).to_dict()
     return patch_status(patch, old, {keys[n]: written.get(keys[n]) for n in fields})
+
+
+def write(begun: Begun, patch: kopf.Patch, outcome: Reconciled) -> RolloutStatus | None:
+    """Put what a reconcile came to in status: the step's status, a retry's error count and
+    message, or an ended rollout's deletions done. Returns the status a step wrote (None: no
+    step)."""
+    ctx, old = begun.ctx, begun.old
+    if outcome.cleaned:
+        patch_fields(patch, old, pending_actions=())
+        return None
+    retry = outcome.retry
+    if retry is not None:
+        if retry.errors:  # an ended rollout's failed cleanup is retried without a count
+            write_retry(ctx, patch, old, begun.cleared, retry.errors, retry.what)
+        return None
+    if outcome.step is None:
+        return None
+    return write_status(ctx, patch, old, begun.phase, outcome.step, outcome.done)
 
 
 def write_retry(

@@ -7,14 +7,15 @@ observers as a typed `Seen`, so that they read attributes, not the cluster.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvgate import kubeobjects, manifests, promoting, promotion, verdictkey
-from kvgate.controller.context import Ctx, evaluated_container, status_view
+from kvgate import kubeobjects, manifests, promoting, verdictkey
+from kvgate.controller.context import Ctx, against
 from kvgate.errors import KubeError
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
+from kvgate.status import ArmStatus
 from kvgate.steps import LiveTarget, State
 
 NO_POD = kubeobjects.pod_health(None)  # an arm not read, or not there
@@ -31,6 +32,27 @@ class ProductionPod:
     health: PodHealth
     carries_candidate: bool  # every edit kvgate makes is in its container
     terminating: bool
+    node: str | None = None  # the node it was scheduled to (None: not yet)
+    gpu_count: int | None = None  # its container's GPU limit (None: none stated)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a canary runs: its node, the node's GPU product and its container's GPU count
+    (None: not known, or not read)."""
+
+    node: str | None = None
+    gpu_product: str | None = None
+    gpu_count: int | None = None
+
+
+UNPLACED = Placement()
+
+
+def scan_due(block: ArmStatus, health: PodHealth) -> bool:
+    """The arm's startup log is to be read now: not read yet, and its engine got far enough
+    (Ready, or crashed: the crash is the finding)."""
+    return block.scan is None and (health.ready or health.crashed)
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,7 @@ class Seen:
     """
 
     deployment: Mapping[str, Any] | None = None
+    container: Mapping[str, Any] | None = None  # the target container in it (None: not there)
     live: LiveTarget | None = None
     control: PodHealth = NO_POD
     candidate: PodHealth = NO_POD
@@ -52,12 +75,17 @@ class Seen:
     job: Mapping[str, Any] | None = None  # the phase's Job of this run (eval or load)
     job_log: str = ""  # the log of that Job's last pod ('' while it has none)
     production: tuple[ProductionPod, ...] | None = None
+    # the arms whose startup log is read now (`scan_due`), with where they run
+    to_scan: Mapping[str, Placement] = field(default_factory=dict)
 
     def arm(self, arm: str) -> PodHealth:
         return self.control if arm == "control" else self.candidate
 
     def arm_pod(self, arm: str) -> Mapping[str, Any] | None:
         return self.control_pod if arm == "control" else self.candidate_pod
+
+    def placement(self, arm: str) -> Placement:
+        return self.to_scan.get(arm, UNPLACED)
 
     @property
     def ips(self) -> dict[str, str | None]:
@@ -68,15 +96,26 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     """The reads `phase`'s observation needs (every phase after Pending reads the live
     Deployment: what status says kvgate did is checked against what is there)."""
     live = live_target(ctx)
-    seen = Seen(deployment=target_deployment(ctx) if live is not None else None, live=live)
+    seen = Seen(live=live)
+    if live is not None or phase is Phase.PENDING:
+        dep = target_deployment(ctx)
+        found = live_container(ctx, dep)
+        seen = replace(seen, deployment=dep, container=None if found is None else found[1])
     if phase in ARM_PHASES:
-        control_pod, candidate_pod = canary_pod(ctx, "control"), canary_pod(ctx, "candidate")
+        container = ctx.so_far.container
+        pods = {arm: canary_pod(ctx, arm) for arm in manifests.ARMS}
+        health = {arm: kubeobjects.pod_health(pod, container) for arm, pod in pods.items()}
         seen = replace(
             seen,
-            control=kubeobjects.pod_health(control_pod, ctx.so_far.container),
-            candidate=kubeobjects.pod_health(candidate_pod, ctx.so_far.container),
-            control_pod=control_pod,
-            candidate_pod=candidate_pod,
+            control=health["control"],
+            candidate=health["candidate"],
+            control_pod=pods["control"],
+            candidate_pod=pods["candidate"],
+            to_scan={
+                arm: placement(ctx, pod)
+                for arm, pod in pods.items()
+                if scan_due(ctx.so_far.arms.get(arm) or ArmStatus(), health[arm])
+            },
         )
     job_name = phase_job(ctx, phase)
     if job_name is not None:
@@ -90,6 +129,15 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     ):
         seen = replace(seen, production=production_seen(ctx))
     return seen
+
+
+def placement(ctx: Ctx, pod: Mapping[str, Any] | None) -> Placement:
+    node = pod_node(pod)
+    return Placement(
+        node=node,
+        gpu_product=node_gpu(ctx, node),
+        gpu_count=kubeobjects.gpu_count(pod_container(pod or {}, ctx.so_far.container)),
+    )
 
 
 def phase_job(ctx: Ctx, phase: Phase) -> str | None:
@@ -116,17 +164,20 @@ def job_log(ctx: Ctx, job_name: str) -> str:
 
 
 def production_seen(ctx: Ctx) -> tuple[ProductionPod, ...]:
-    """Production's pods, each with its health and whether it runs the promoted candidate."""
-    status = ctx.so_far
+    """Production's pods, each with its health, where it runs and whether it runs the promoted
+    candidate."""
+    container = ctx.so_far.container
     found = []
     for pod in production_pods(ctx):
-        view = status_view(ctx, pod_container(pod, status.container))
+        spec = pod_container(pod, container)
         found.append(
             ProductionPod(
                 name=pod["metadata"]["name"],
-                health=kubeobjects.pod_health(pod, status.container),
-                carries_candidate=promotion.carries(view, status.previous, status.candidate),
+                health=kubeobjects.pod_health(pod, container),
+                carries_candidate=against(ctx, spec).carries_candidate,
                 terminating=bool(pod["metadata"].get("deletionTimestamp")),
+                node=pod_node(pod),
+                gpu_count=kubeobjects.gpu_count(spec),
             )
         )
     return tuple(found)
@@ -162,16 +213,14 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
     found = live_container(ctx, dep)
     if found is None:
         return LiveTarget(exists=True, container_found=False)
-    _, live = found
-    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
-    seen = status_view(ctx, live)
-    differences = tuple(promotion.differences(evaluated_container(ctx), seen))
+    live = against(ctx, found[1])
     return LiveTarget(
         exists=True,
-        as_evaluated=not differences,
-        differences=differences,
-        carries_candidate=promotion.carries(seen, previous, candidate),
-        ours_present=not promotion.reverted(seen, previous, candidate),
+        as_evaluated=not live.differences,
+        differences=live.differences,
+        carries_candidate=live.carries_candidate,
+        ours_present=live.ours_present,
+        changed_around=live.changed_around,
     )
 
 
@@ -179,33 +228,23 @@ def live_key(ctx: Ctx) -> verdictkey.LiveKey:
     """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
     the tested config on (what could not be read is left out: no evidence either way)."""
     found = live_container(ctx, target_deployment(ctx))
-    previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
-    container = ctx.so_far.container
+    live = live_target(ctx)
     digests, products, counts = set(), set(), set()
-    for pod in production_pods(ctx):
-        spec = pod_container(pod, container)
-        seen = status_view(ctx, spec)
-        if pod["metadata"].get("deletionTimestamp") or not promotion.carries(
-            seen, previous, candidate
-        ):
+    for pod in production_seen(ctx):
+        if pod.terminating or not pod.carries_candidate:
             continue
-        health = kubeobjects.pod_health(pod, container)
-        if health.image_id:
-            digests.add(health.image_id)
-        if (product := node_gpu(ctx, pod_node(pod))) is not None:
+        if pod.health.image_id:
+            digests.add(pod.health.image_id)
+        if (product := node_gpu(ctx, pod.node)) is not None:
             products.add(product)
-        if (count := kubeobjects.gpu_count(spec)) is not None:
-            counts.add(count)
-    image = found[1].get("image") if found else None
-    config = status_view(ctx, found[1]) if found else None
+        if pod.gpu_count is not None:
+            counts.add(pod.gpu_count)
     return verdictkey.LiveKey(
-        image=image,
+        image=found[1].get("image") if found else None,
         image_digests=frozenset(digests),
         gpu_products=frozenset(products),
         gpu_counts=frozenset(counts),
-        config_changed=tuple(promotion.changed_around(config, previous, candidate))
-        if config is not None and candidate
-        else (),
+        config_changed=live.changed_around if live is not None else (),
     )
 
 

@@ -10,11 +10,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvgate import engines, kubeobjects, manifests, redact
+from kvgate import engines, manifests, redact
 from kvgate.controller.context import KubeApi, json_number
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
+from kvgate.jsonrecord import read_record
 from kvgate.model import SpeedClocks
-from kvgate.status import HistogramTotals, PressureRecord, ScanRecord
+from kvgate.status import CacheTruth, HistogramTotals, PressureRecord, ScanRecord
 
 if TYPE_CHECKING:
     from kvgate.logs import LogScan
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
     from kvgate.spec import CapacityGate, SecretKeyRef
 
 Series = dict[str, list[dict[str, Any]]]
+
+
+def cache_truth(url: str, engine: str | None, timeout: float) -> CacheTruth:
+    """What the engine's /metrics at `url` states of its KV cache (`metrics.cache_truth`)."""
+    from kvgate import metrics
+
+    truth: CacheTruth = read_record(
+        CacheTruth, metrics.cache_truth(scrape_pod(url, engine, timeout))
+    )
+    return truth
 
 
 def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
@@ -156,20 +167,6 @@ def pool_history(
         shown = ", ".join(f"{pod}: {n}" for pod, n in sorted(short.items()))
         return [f"Prometheus holds fewer than {gate.samples} samples in the window ({shown})"], None
     return [], {pod: [pool_record(s) for s in snaps] for pod, snaps in found.items()}
-
-
-def ready_production_ips(
-    pods: list[dict[str, Any]], container: str | None, deployment: str
-) -> tuple[dict[str, str], list[str]]:
-    """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
-    if not pods:
-        return {}, [f"no production pods of Deployment {deployment}"]
-    ips = {}
-    for pod in pods:
-        health = kubeobjects.pod_health(pod, container)
-        if health.ready and health.ip:
-            ips[pod["metadata"]["name"]] = health.ip
-    return ips, []
 
 
 def sample_pool(

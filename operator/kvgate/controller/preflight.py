@@ -1,0 +1,126 @@
+"""Preflight's evidence: is the pool the limit (production's KV cache use, sampled from every
+Ready production pod or asked of Prometheus over a window), and does the checkpoint force an FP8
+KV cache on the control arm? What it sampled stays in status.preflight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from kvgate import machine, poolsample
+from kvgate.controller import sources
+from kvgate.controller.context import NOTHING, Ctx, Observed, StatusUpdate, metrics_url
+from kvgate.controller.seen import Seen, production_seen
+from kvgate.jsonrecord import read_record
+from kvgate.model import PROMETHEUS_SOURCE, GateMode
+from kvgate.status import CheckpointRecord, PreflightStatus, PressureRecord
+from kvgate.steps import Observation
+from kvgate.timestamps import iso, parse_time
+
+if TYPE_CHECKING:
+    from kvgate.metrics import MetricSnapshot
+
+
+def observe(ctx: Ctx, seen: Seen) -> Observed:
+    """One pool sample per interval from every Ready production pod, kept in status."""
+    gate = ctx.spec.capacity
+    pre = ctx.so_far.preflight or PreflightStatus()
+    found = NOTHING
+    if pre.checkpoint is None:
+        checkpoint = read_record(CheckpointRecord, sources.scan_checkpoint(
+            ctx.so_far.model,
+            revision=ctx.spec.model.revision,
+            model_dirs=ctx.config.model_dirs,
+            hub_offline=ctx.config.hub_offline,
+            token_secret=ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None,
+            kube=ctx.kube,
+            namespace=ctx.namespace,
+        ))  # fmt: skip
+        pre = dataclasses.replace(
+            pre, checkpoint=checkpoint, checkpoint_has_scales=checkpoint.present
+        )
+        found = StatusUpdate.of(preflight=pre)
+    reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
+    forced = (
+        machine.control_runs_fp8(
+            list(reasons), sources.production_kv_dtype(seen.container), ctx.spec.target.name
+        )
+        if reasons
+        else None
+    )
+    if gate.mode is GateMode.OFF or forced:
+        return Observation(control_forced_fp8=forced), found
+    series = poolsample.kept_series(pre)
+    ticks = pre.ticks or 0
+    last = parse_time(pre.last_sample_at)
+    due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
+    errors: list[str] = []
+    if due and ticks < gate.samples and ctx.config.prometheus_url:
+        # The window's history at once; a failed query is retried next interval, and a
+        # Prometheus that never answers leaves the pool unknown at the sampling deadline.
+        errors, history = pool_history(ctx)
+        if history is not None:
+            series, ticks = history, gate.samples
+        pre = dataclasses.replace(pre, source=PROMETHEUS_SOURCE, last_sample_at=iso(ctx.now))
+    elif due and ticks < gate.samples:
+        sampled_before = sum(len(v) for v in series.values())
+        ips, errors = ready_production_ips(ctx)
+        errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
+        if sum(len(v) for v in series.values()) > sampled_before:
+            ticks += 1  # a round with no sample (no Ready pod yet) does not count
+        pre = dataclasses.replace(pre, last_sample_at=iso(ctx.now))
+    # The last round's errors stay until the next round (the verdict names them).
+    pre = dataclasses.replace(
+        pre,
+        samples={pod: tuple(map(poolsample.sample_of, v)) for pod, v in series.items()},
+        ticks=ticks,
+        errors=tuple(errors[-3:]) if due else pre.errors,
+    )
+    pressured: bool | None = None
+    detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
+    if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
+        pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
+        if pressured is None and pre.errors:
+            detail = f"{detail}; last error: {pre.errors[-1]}"
+        # `pressure` is the deciding replica's figures (what the report shows); all are kept.
+        deciding = next((r for r in per_pod.values() if r.pressured is pressured), None)
+        pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
+        pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
+    found = StatusUpdate.of(preflight=pre)
+    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
+
+
+def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
+    return sources.scrape_pod(
+        metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s
+    )
+
+
+def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
+    """Production's pool samples over the last window from Prometheus (None: no answer)."""
+    ips, errors = ready_production_ips(ctx)
+    if not ips:
+        return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
+    return sources.pool_history(
+        ctx.config.prometheus_url or "",
+        ctx.so_far.engine or "",
+        ips,
+        gate=ctx.spec.capacity,
+        now=ctx.now.timestamp(),
+        elapsed_s=elapsed_s(ctx),
+        timeout=ctx.config.scrape_timeout_s,
+    )
+
+
+def elapsed_s(ctx: Ctx) -> float:
+    """Seconds since the rollout entered its phase."""
+    return (ctx.now - (parse_time(ctx.so_far.phase_since) or ctx.now)).total_seconds()
+
+
+def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
+    """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
+    pods = production_seen(ctx)
+    if not pods:
+        return {}, [f"no production pods of Deployment {ctx.spec.target.name}"]
+    return {p.name: p.health.ip for p in pods if p.health.ready and p.health.ip}, []
