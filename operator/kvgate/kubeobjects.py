@@ -25,6 +25,29 @@ class PodHealth:
     deleting: bool = False  # the pod has a deletionTimestamp: someone is deleting it
 
 
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What kvgate reads of a pod: its health, the node it was scheduled to (None: not yet) and
+    its container's GPU count (`gpu_count`)."""
+
+    health: PodHealth
+    node: str | None = None
+    gpu_count: int | None = None
+
+
+def pod_facts(
+    pod: Mapping[str, Any] | None, container: str | None, spec: Mapping[str, Any]
+) -> PodFacts:
+    """`pod`'s facts; `spec` is its container `container` (`{}`: none)."""
+    return PodFacts(pod_health(pod, container), pod_node(pod), gpu_count(spec))
+
+
+def pod_node(pod: Mapping[str, Any] | None) -> str | None:
+    """The node the pod was scheduled to (None: not yet)."""
+    name = ((pod or {}).get("spec") or {}).get("nodeName")
+    return name if isinstance(name, str) and name else None
+
+
 _CRASH_WAITING: Final = frozenset(
     {
         "CrashLoopBackOff",

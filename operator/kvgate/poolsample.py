@@ -8,11 +8,15 @@ either spelling, so a status an earlier release wrote (snake_case) reads the sam
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from kvgate import metrics
 from kvgate.jsonrecord import read_record, record_of, whole, write
+from kvgate.model import GateMode
+from kvgate.spec import CapacityGate
 from kvgate.status import PoolSample, PreflightStatus
+from kvgate.timestamps import parse_time
 
 
 def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
@@ -34,6 +38,15 @@ def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
 def write_sample(sample: PoolSample) -> dict[str, Any]:
     """A sample as status keeps it (whole floats as ints, as the apiserver stores them)."""
     return {k: whole(v) for k, v in write(sample).items()}
+
+
+def round_due(gate: CapacityGate, pre: PreflightStatus, now: dt.datetime) -> bool:
+    """Whether Preflight samples the pool now: the gate is on, samples are missing, and an
+    interval (less a tenth: polls come a little early or late) has passed since the last round."""
+    if gate.mode is GateMode.OFF or (pre.ticks or 0) >= gate.samples:
+        return False
+    last = parse_time(pre.last_sample_at)
+    return last is None or (now - last).total_seconds() >= gate.interval_s * 0.9
 
 
 def kept_series(pre: PreflightStatus) -> dict[str, list[dict[str, Any]]]:

@@ -105,3 +105,24 @@ def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
     kept = read_record(PressureRecord, write(pressure.status_record()))
     for name, value in pressure.to_dict().items():
         assert getattr(kept, name) == (tuple(value) if isinstance(value, list) else value), name
+
+
+def test_a_pool_round_is_due_while_samples_are_missing_and_an_interval_has_passed() -> None:
+    import datetime as dt
+
+    from kvgate.model import GateMode
+    from kvgate.spec import CapacityGate
+    from kvgate.status import PreflightStatus
+    from kvgate.timestamps import iso
+
+    now = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
+    gate = CapacityGate(samples=3, window_s=60)  # a sample every 30 s
+    ago = lambda s: iso(now - dt.timedelta(seconds=s))  # noqa: E731
+    # the first round, and one a little early (polls jitter), are due
+    assert poolsample.round_due(gate, PreflightStatus(), now)
+    assert poolsample.round_due(gate, PreflightStatus(ticks=1, last_sample_at=ago(27)), now)
+    # too early, every sample taken, or the gate off: not due (no pod LIST)
+    assert not poolsample.round_due(gate, PreflightStatus(ticks=1, last_sample_at=ago(26)), now)
+    assert not poolsample.round_due(gate, PreflightStatus(ticks=3, last_sample_at=ago(60)), now)
+    off = CapacityGate(mode=GateMode.OFF, samples=3, window_s=60)
+    assert not poolsample.round_due(off, PreflightStatus(), now)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvgate import machine, poolsample
 from kvgate.controller import sources
 from kvgate.controller.context import NOTHING, Ctx, Observed, StatusUpdate, metrics_url
-from kvgate.controller.seen import Seen, production_seen
+from kvgate.controller.seen import Seen
 from kvgate.jsonrecord import read_record
 from kvgate.model import PROMETHEUS_SOURCE, GateMode
 from kvgate.status import CheckpointRecord, PreflightStatus, PressureRecord
@@ -53,19 +53,18 @@ def observe(ctx: Ctx, seen: Seen) -> Observed:
         return Observation(control_forced_fp8=forced), found
     series = poolsample.kept_series(pre)
     ticks = pre.ticks or 0
-    last = parse_time(pre.last_sample_at)
-    due = last is None or (ctx.now - last).total_seconds() >= gate.interval_s * 0.9
+    due = seen.production is not None  # `look` read production's pods: a round is due
     errors: list[str] = []
-    if due and ticks < gate.samples and ctx.config.prometheus_url:
+    if due and ctx.config.prometheus_url:
         # The window's history at once; a failed query is retried next interval, and a
         # Prometheus that never answers leaves the pool unknown at the sampling deadline.
-        errors, history = pool_history(ctx)
+        errors, history = pool_history(ctx, seen)
         if history is not None:
             series, ticks = history, gate.samples
         pre = dataclasses.replace(pre, source=PROMETHEUS_SOURCE, last_sample_at=iso(ctx.now))
-    elif due and ticks < gate.samples:
+    elif due:
         sampled_before = sum(len(v) for v in series.values())
-        ips, errors = ready_production_ips(ctx)
+        ips, errors = ready_production_ips(ctx, seen)
         errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
         if sum(len(v) for v in series.values()) > sampled_before:
             ticks += 1  # a round with no sample (no Ready pod yet) does not count
@@ -97,9 +96,9 @@ def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
     )
 
 
-def pool_history(ctx: Ctx) -> tuple[list[str], sources.Series | None]:
+def pool_history(ctx: Ctx, seen: Seen) -> tuple[list[str], sources.Series | None]:
     """Production's pool samples over the last window from Prometheus (None: no answer)."""
-    ips, errors = ready_production_ips(ctx)
+    ips, errors = ready_production_ips(ctx, seen)
     if not ips:
         return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None
     return sources.pool_history(
@@ -118,9 +117,9 @@ def elapsed_s(ctx: Ctx) -> float:
     return (ctx.now - (parse_time(ctx.so_far.phase_since) or ctx.now)).total_seconds()
 
 
-def ready_production_ips(ctx: Ctx) -> tuple[dict[str, str], list[str]]:
+def ready_production_ips(ctx: Ctx, seen: Seen) -> tuple[dict[str, str], list[str]]:
     """Production's Ready pods (name -> IP), and the error when the Deployment has no pods."""
-    pods = production_seen(ctx)
+    pods = seen.production or ()
     if not pods:
         return {}, [f"no production pods of Deployment {ctx.spec.target.name}"]
     return {p.name: p.health.ip for p in pods if p.health.ready and p.health.ip}, []

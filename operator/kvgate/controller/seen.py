@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvgate import kubeobjects, manifests, promoting, verdictkey
+from kvgate import kubeobjects, manifests, poolsample, promoting, verdictkey
 from kvgate.controller.context import Ctx, against
 from kvgate.errors import KubeError
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
-from kvgate.status import ArmStatus
+from kvgate.status import ArmStatus, PreflightStatus
 from kvgate.steps import LiveTarget, State
 
 NO_POD = kubeobjects.pod_health(None)  # an arm not read, or not there
@@ -61,8 +61,8 @@ class Seen:
 
     What the phase does not read stays at its default: no Deployment while nothing is evaluated
     yet (`live` None), the arms absent outside the canary, eval and load phases, no Job outside
-    the eval and load phases, no production pods unless Promoting or a due Verifying sample
-    reads them (`None`: not read, `()`: none there).
+    the eval and load phases, no production pods unless Promoting, a due pool round of
+    Preflight or a due Verifying sample reads them (`None`: not read, `()`: none there).
     """
 
     deployment: Mapping[str, Any] | None = None
@@ -102,42 +102,47 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
         found = live_container(ctx, dep)
         seen = replace(seen, deployment=dep, container=None if found is None else found[1])
     if phase in ARM_PHASES:
-        container = ctx.so_far.container
         pods = {arm: canary_pod(ctx, arm) for arm in manifests.ARMS}
-        health = {arm: kubeobjects.pod_health(pod, container) for arm, pod in pods.items()}
+        facts = {arm: pod_facts(ctx, pod)[0] for arm, pod in pods.items()}
         seen = replace(
             seen,
-            control=health["control"],
-            candidate=health["candidate"],
+            control=facts["control"].health,
+            candidate=facts["candidate"].health,
             control_pod=pods["control"],
             candidate_pod=pods["candidate"],
             to_scan={
-                arm: placement(ctx, pod)
-                for arm, pod in pods.items()
-                if scan_due(ctx.so_far.arms.get(arm) or ArmStatus(), health[arm])
+                arm: placement(ctx, fact)
+                for arm, fact in facts.items()
+                if scan_due(ctx.so_far.arms.get(arm) or ArmStatus(), fact.health)
             },
         )
     job_name = phase_job(ctx, phase)
     if job_name is not None:
         job = current_child(ctx, ctx.kube.read_job(ctx.namespace, job_name))
         seen = replace(seen, job=job, job_log="" if job is None else job_log(ctx, job_name))
-    # Verifying samples production only when a sample is due: what Seen.production says.
+    # Preflight samples the pool and Verifying production only when a round is due: what
+    # Seen.production says.
     carried = live is not None and live.carries_candidate
-    if carried and (
-        phase is Phase.PROMOTING
-        or (phase is Phase.VERIFYING and promoting.verify_due(ctx.spec, state))
+    pre = ctx.so_far.preflight or PreflightStatus()
+    if (
+        (phase is Phase.PREFLIGHT and poolsample.round_due(ctx.spec.capacity, pre, ctx.now))
+        or (carried and phase is Phase.PROMOTING)
+        or (carried and phase is Phase.VERIFYING and promoting.verify_due(ctx.spec, state))
     ):
         seen = replace(seen, production=production_seen(ctx))
     return seen
 
 
-def placement(ctx: Ctx, pod: Mapping[str, Any] | None) -> Placement:
-    node = pod_node(pod)
-    return Placement(
-        node=node,
-        gpu_product=node_gpu(ctx, node),
-        gpu_count=kubeobjects.gpu_count(pod_container(pod or {}, ctx.so_far.container)),
-    )
+def placement(ctx: Ctx, facts: kubeobjects.PodFacts) -> Placement:
+    return Placement(facts.node, node_gpu(ctx, facts.node), facts.gpu_count)
+
+
+def pod_facts(
+    ctx: Ctx, pod: Mapping[str, Any] | None
+) -> tuple[kubeobjects.PodFacts, dict[str, Any]]:
+    """A pod's facts (`kubeobjects.pod_facts`) and its container of the target's name."""
+    spec = pod_container(pod or {}, ctx.so_far.container)
+    return kubeobjects.pod_facts(pod, ctx.so_far.container, spec), spec
 
 
 def phase_job(ctx: Ctx, phase: Phase) -> str | None:
@@ -166,18 +171,17 @@ def job_log(ctx: Ctx, job_name: str) -> str:
 def production_seen(ctx: Ctx) -> tuple[ProductionPod, ...]:
     """Production's pods, each with its health, where it runs and whether it runs the promoted
     candidate."""
-    container = ctx.so_far.container
     found = []
     for pod in production_pods(ctx):
-        spec = pod_container(pod, container)
+        facts, spec = pod_facts(ctx, pod)
         found.append(
             ProductionPod(
                 name=pod["metadata"]["name"],
-                health=kubeobjects.pod_health(pod, container),
+                health=facts.health,
                 carries_candidate=against(ctx, spec).carries_candidate,
                 terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                node=pod_node(pod),
-                gpu_count=kubeobjects.gpu_count(spec),
+                node=facts.node,
+                gpu_count=facts.gpu_count,
             )
         )
     return tuple(found)
@@ -299,12 +303,6 @@ def pod_container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
         return manifests.find_container(pod.get("spec") or {}, name)[1]
     except LookupError:
         return {}
-
-
-def pod_node(pod: Mapping[str, Any] | None) -> str | None:
-    """The node the pod was scheduled to (None: not yet)."""
-    name = ((pod or {}).get("spec") or {}).get("nodeName")
-    return name if isinstance(name, str) and name else None
 
 
 def node_gpu(ctx: Ctx, node: str | None) -> str | None:
