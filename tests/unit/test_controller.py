@@ -2072,3 +2072,39 @@ def test_a_reconcile_reads_each_object_once_whichever_stage_needs_it(
     if gates:
         assert "Measuring" in world.phases
         assert any(name.startswith("r-load") for what, name in reads if what == "read_job")
+
+
+def test_an_ended_rollouts_deletions_that_fail_are_retried_uncounted_then_cleared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a rollout that ended (Promoted) with the deletion of its canaries recorded
+    world = World(monkeypatch)
+    for _ in range(200):
+        world.now += dt.timedelta(seconds=min(world.reconcile(), 30))
+        if world.phase in TERMINAL and world.obj["status"].get("pendingActions"):
+            break
+    assert world.phase == "Promoted" and world.obj["status"]["pendingActions"]
+    ended = copy.deepcopy(world.obj["status"])
+    real_delete = world.kube.delete
+
+    def refused(kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        raise KubeError(f"deleting {kind} {name}: 503 apiserver unavailable", status=503)
+
+    # WHEN the API refuses the deletions on the next reconcile
+    monkeypatch.setattr(world.kube, "delete", refused)
+    delay = world.reconcile()
+    # THEN it comes back after 5 s, having written nothing: an ended rollout's status is
+    # final (no error count, no message), and its deletions are still recorded
+    assert delay == 5.0
+    assert world.patches[-1][1] == {}
+    assert world.obj["status"] == ended
+    # WHEN the API answers again, the deletions go through and their record is cleared
+    monkeypatch.setattr(world.kube, "delete", real_delete)
+    world.reconcile()
+    assert "pendingActions" not in world.obj["status"]
+    assert world.obj["status"]["phase"] == "Promoted"
+    left = [key for key, obj in world.kube.objects.items()
+            if key[0] in ("Pod", "Job", "NetworkPolicy")
+            and obj["metadata"].get("ownerReferences")]  # fmt: skip
+    assert left == []
+    world.assert_invariant()

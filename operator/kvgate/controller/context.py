@@ -305,7 +305,17 @@ class Retry:
 
     what: str  # one line for status and Events (`describe`)
     error: BaseException
-    errors: int = 0  # failures in a row, this one included (0: an ended rollout's cleanup)
+    # failures in a row, this one included; 0: not counted (an ended rollout's deletions, whose
+    # status is final: nothing is written, they are tried again)
+    errors: int = 0
+
+    @property
+    def message(self) -> str:
+        return f"{self.what} (consecutive errors: {self.errors})" if self.errors else self.what
+
+    @property
+    def delay_s(self) -> float:
+        return 10.0 if self.errors else 5.0
 
 
 @dataclass(frozen=True)

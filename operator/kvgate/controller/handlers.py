@@ -224,10 +224,7 @@ def reconcile(
     written = write(begun, patch, outcome)
     retry, step = outcome.retry, outcome.step
     if retry is not None:
-        if not retry.errors:
-            raise kopf.TemporaryError(retry.what, delay=5) from retry.error
-        message = f"{retry.what} (consecutive errors: {retry.errors})"
-        raise kopf.TemporaryError(message, delay=10) from retry.error
+        raise kopf.TemporaryError(retry.message, delay=retry.delay_s) from retry.error
     if step is None:
         return
     extra = {"phase": step.phase.value, "reason": step.reason}
