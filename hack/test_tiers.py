@@ -11,8 +11,10 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers run one at a time. The fast tier runs on two pytest-xdist workers, a test file at a time
-per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
+Tiers run one at a time, but for the harness, which runs beside fast, lmeval and tools when
+they run too (`BESIDE`; `--one-at-a-time` to keep it alone): its output is printed when it
+ends, before e2e starts. fast, lmeval and tools run on two pytest-xdist workers, a test file at
+a time per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
 serial): each e2e module's operator watches every namespace (tests/e2e/support.py, Operator),
 so two modules on one cluster would act on each other's rollouts, and each e2e worker starts a
 cluster of its own with its own slice of loopback pod IPs. Measured (bench/RESULTS-suite.md):
@@ -26,6 +28,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -42,15 +45,24 @@ E2E_PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 # e2e is serial unless --e2e-workers (`make test`: 2; E2E_PARALLEL: each worker with a cluster
 # of its own, tests/conftest.py `cluster`, so two modules' operators never see each other's
 # rollouts).
-# lmeval and tools are CPU-bound already; the harness starts clusters of its own: serial.
+# lmeval and tools mostly wait (on engines' simulated latency, inference-perf's timed stages,
+# Prometheus' scrapes): run serially, the machine was 45-93% idle through them (vmstat,
+# bench/RESULTS-suite.md), so they run on two workers, a file at a time each (every server they
+# start listens on a port of its own). The harness starts clusters of its own: serial.
 TIERS: dict[str, list[str]] = {
     "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
-    "lmeval": ["--with-lmeval", "-m", "lmeval", *SERIAL],
-    "tools": ["--with-tools", "-m", "tools", *SERIAL],
+    "lmeval": ["--with-lmeval", "-m", "lmeval", *PARALLEL],
+    "tools": ["--with-tools", "-m", "tools", *PARALLEL],
     "e2e": ["--with-e2e", "-m", "e2e", *SERIAL],
     "harness": ["--with-harness", "-m", "harness", *SERIAL],
 }
 PYTEST_NO_TESTS = 5
+# The harness runs beside these tiers when they run too: it mostly waits on the real node's
+# timed windows (the machine was ~90% idle through it, bench/RESULTS-suite.md), it alone builds
+# images, and its clusters' addresses are not theirs (the real node's bridge; the test
+# kubelet's pods on 127.16-254.x.y; the tools tier's servers on 127.0.0.1-3). e2e, whose two
+# clusters keep both cores busy, starts after it. `--one-at-a-time` runs every tier alone.
+BESIDE: dict[str, tuple[str, ...]] = {"harness": ("fast", "lmeval", "tools")}
 
 
 @dataclass
@@ -86,14 +98,15 @@ def read_junit(path: Path) -> tuple[dict[str, int], list[tuple[float, str]]]:
 
 
 def run_tier(
-    tier: str, out: Path, paths: list[str], extra: list[str]
+    tier: str, out: Path, paths: list[str], extra: list[str], *, echo: bool = True
 ) -> tuple[TierResult, list[tuple[float, str]]]:
     junit, log = out / f"{tier}.xml", out / f"{tier}.log"
     for stale in (junit, log, out / f"{tier}.durations.txt"):
         stale.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "pytest", *paths, *TIERS[tier]]
     argv += [f"--junitxml={junit}", "-o", f"junit_suite_name={tier}", "--durations=30", *extra]
-    print(f"\n=== tier {tier}: {' '.join(argv[1:])}", flush=True)
+    where = "" if echo else f" (beside the others; its output in {log} and below when it ends)"
+    print(f"\n=== tier {tier}{where}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -101,8 +114,9 @@ def run_tier(
         # To the console and the log as it comes (pytest's progress dots end no line).
         fd = proc.stdout.fileno()
         for chunk in iter(lambda: os.read(fd, 65536), b""):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+            if echo:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
             sink.write(chunk)
         code = proc.wait()
     result = TierResult(tier, code, time.monotonic() - started)
@@ -114,6 +128,16 @@ def run_tier(
     lines = [f"{seconds:9.2f}s  {name}" for seconds, name in times]
     (out / f"{tier}.durations.txt").write_text("\n".join(lines) + "\n")
     return result, times
+
+
+def _finish(thread: threading.Thread, tier: str, out: Path) -> None:
+    """Wait for a tier that ran beside the others, then show its output."""
+    thread.join()
+    print(f"\n=== tier {tier} (ran beside the others): its output", flush=True)
+    log = out / f"{tier}.log"
+    if log.exists():
+        sys.stdout.buffer.write(log.read_bytes())
+        sys.stdout.buffer.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--path", action="append", dest="paths", help="test file or dir (default: tests)"
     )
+    parser.add_argument(
+        "--one-at-a-time", action="store_true", help="no tier beside another (see BESIDE)"
+    )
     args = parser.parse_args(ours)
     unknown = [t for t in args.tiers if t not in TIERS]
     if unknown:
@@ -145,13 +172,33 @@ def main(argv: list[str] | None = None) -> int:
     everything: list[tuple[float, str, str]] = []
     if args.e2e_workers < 0:
         parser.error(f"--e2e-workers {args.e2e_workers}: expected 0 (serial) or more")
+    paths = args.paths or ["tests"]
+    done: list[tuple[TierResult, list[tuple[float, str]]]] = []
+    beside: dict[str, threading.Thread] = {}
+    for tier, company in BESIDE.items():
+        if tier in tiers and set(company) & set(tiers) and not args.one_at_a_time:
+            thread = threading.Thread(
+                target=lambda t=tier: done.append(
+                    run_tier(t, args.output_dir, paths, extra, echo=False)
+                )
+            )
+            thread.start()
+            beside[tier] = thread
+    started_beside = set(beside)
     for tier in tiers:
+        if tier in started_beside:
+            continue
+        for other in [b for b in beside if tier not in BESIDE[b]]:
+            _finish(beside.pop(other), other, args.output_dir)
         more = extra
         if tier == "e2e" and args.e2e_workers > 0:
             more = ["-n", str(args.e2e_workers), *E2E_PARALLEL, *extra]
-        result, times = run_tier(tier, args.output_dir, args.paths or ["tests"], more)
+        done.append(run_tier(tier, args.output_dir, paths, more))
+    for other in list(beside):
+        _finish(beside.pop(other), other, args.output_dir)
+    for result, times in sorted(done, key=lambda d: tiers.index(d[0].tier)):
         results.append(result)
-        everything += [(seconds, tier, name) for seconds, name in times]
+        everything += [(seconds, result.tier, name) for seconds, name in times]
 
     print(f"\n=== tiers (junit, logs and durations in {args.output_dir})")
     for r in results:

@@ -1,0 +1,67 @@
+"""hack/test_tiers.py's schedule: the harness runs beside fast, lmeval and tools, and e2e starts
+only after it ended; every tier's result is reported in the tiers' order."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kvgate_test_tiers", ROOT / "hack/test_tiers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_the_harness_runs_beside_the_quick_tiers_and_ends_before_e2e(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    one_at_a_time: bool,
+) -> None:
+    tiers = _tool()
+    events: list[str] = []
+    lock = threading.Lock()
+    harness_started = threading.Event()
+
+    def run_tier(tier: str, out: Path, paths: list[str], extra: list[str], *, echo: bool = True):  # type: ignore[no-untyped-def]
+        with lock:
+            events.append(f"start {tier}")
+        if tier == "harness":
+            harness_started.set()
+            (out / "harness.log").write_text("harness output\n")
+            time.sleep(0.3)  # longer than the quick tiers here
+        else:
+            time.sleep(0.01)
+        with lock:
+            events.append(f"end {tier}")
+        return tiers.TierResult(tier, 0, 1.0, tests=1), [(1.0, f"{tier}::t")]
+
+    monkeypatch.setattr(tiers, "run_tier", run_tier)
+    argv = ["--output-dir", str(tmp_path)] + (["--one-at-a-time"] if one_at_a_time else [])
+    assert tiers.main(argv) == 0
+    printed = capsys.readouterr().out
+    if one_at_a_time:
+        assert events == [f"{w} {t}" for t in tiers.TIERS for w in ("start", "end")]
+    else:
+        # the harness started first and ran while the quick tiers did; e2e after it ended
+        assert events[0] == "start harness"
+        assert events.index("end harness") > events.index("end tools")
+        assert events.index("start e2e") > events.index("end harness")
+        assert "harness output" in printed
+    # each tier ran once; the summary lists every tier in the tiers' order
+    assert sorted(events) == sorted(f"{w} {t}" for t in tiers.TIERS for w in ("start", "end"))
+    summary = [line.split()[0] for line in printed.splitlines() if " ok " in f" {line} "]
+    assert summary == list(tiers.TIERS)
