@@ -38,26 +38,26 @@ def _re_entries(root: Path, entry: str, data: str) -> Counter[str]:
     return Counter({m: n - 1 for m, n in Counter(walker.trip).items()})
 
 
-def test_the_walk_counts_each_return_into_the_caller(tmp_path: Path) -> None:
-    # GIVEN a stage that hands the data to two helpers of another module, and a key that is
-    # not data (`found[arm] = ...` carries `found`, not `arm`)
-    pkg = tmp_path / "kvgate"
+def _package(root: Path, helpers: tuple[str, ...], **modules: str) -> None:
+    """A package `kvgate` under `root`: `helpers.py` with an identity function of each name, and
+    the other modules' sources."""
+    pkg = root / "kvgate"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "helpers.py").write_text(
-        textwrap.dedent("""
-        def one(x):
-            return x
-
-        def two(x):
-            return x
-
-        def name_of(arm):
-            return arm
-    """)
+        "".join(f"def {name}(x):\n    return x\n\n" for name in helpers)
     )
-    (pkg / "stage.py").write_text(
-        textwrap.dedent("""
+    for name, source in modules.items():
+        (pkg / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+def test_the_walk_counts_each_return_into_the_caller(tmp_path: Path) -> None:
+    # GIVEN a stage that hands the data to two helpers of another module, and a key that is
+    # not data (`found[arm] = ...` carries `found`, not `arm`)
+    _package(
+        tmp_path,
+        ("one", "two", "name_of"),
+        stage="""
         from kvgate import helpers
 
         def run(body):
@@ -67,7 +67,7 @@ def test_the_walk_counts_each_return_into_the_caller(tmp_path: Path) -> None:
             helpers.two(found)
             helpers.name_of(arm)
             return helpers.one(body.attribute)
-    """)
+    """,
     )
     # WHEN the body is walked from the stage
     counts = _re_entries(tmp_path, "kvgate.stage:run", "body")
@@ -82,11 +82,10 @@ def test_the_walk_follows_the_data_through_holders_tuples_and_comprehensions(
     # GIVEN a stage that wraps the body in a holder (`Ctx.body: Body`, `Begun.ctx: Ctx`), hands
     # the holder on, reads it back off an attribute, and hands the data on inside a tuple and a
     # comprehension; and an attribute that is not a holder (`ctx.name`)
-    pkg = tmp_path / "kvgate"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "kinds.py").write_text(
-        textwrap.dedent("""
+    _package(
+        tmp_path,
+        ("one", "pair", "each", "named"),
+        kinds="""
         from dataclasses import dataclass
 
         @dataclass
@@ -98,25 +97,8 @@ def test_the_walk_follows_the_data_through_holders_tuples_and_comprehensions(
         class Begun:
             ctx: Ctx
             phase: str
-    """)
-    )
-    (pkg / "helpers.py").write_text(
-        textwrap.dedent("""
-        def one(x):
-            return x
-
-        def pair(x):
-            return x
-
-        def each(x):
-            return x
-
-        def named(x):
-            return x
-    """)
-    )
-    (pkg / "stage.py").write_text(
-        textwrap.dedent("""
+    """,
+        stage="""
         from kvgate import helpers
         from kvgate.kinds import Begun, Ctx
 
@@ -127,7 +109,7 @@ def test_the_walk_follows_the_data_through_holders_tuples_and_comprehensions(
             helpers.pair((ctx, 1))
             helpers.each([p for p in helpers.one(ctx)])
             helpers.named(ctx.name)
-    """)
+    """,
     )
     # WHEN the body is walked from the stage
     counts = _re_entries(tmp_path, "kvgate.stage:run", "body")
