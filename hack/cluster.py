@@ -126,13 +126,26 @@ def missing_binaries(bin_dir: Path) -> list[str]:
 
 # The second octets the process kubelet gives pod IPs (127.LO-HI.x.y; hack/kubelet.py).
 POD_IP_PREFIXES = (16, 254)
+# A cluster that runs beside the xdist workers' clusters (`make test`'s harness tier beside e2e,
+# hack/test_tiers.py) takes one prefix below their range: KVGATE_POD_IP_PREFIX=15 (127.15.x.y;
+# 127.0.x.y is the tests' own servers').
+BESIDE_PREFIXES = range(1, POD_IP_PREFIXES[0])
 
 
 def xdist_kubelet_args(env: Mapping[str, str]) -> list[str]:
     """The process kubelet's args for this pytest-xdist worker (env: PYTEST_XDIST_WORKER=gwN,
     PYTEST_XDIST_WORKER_COUNT): each worker starts a cluster of its own, and each cluster gets
     its own slice of POD_IP_PREFIXES, so two workers' pods never share an IP (nor IP:port).
-    Outside xdist: none (the kubelet picks from the whole range)."""
+    Outside xdist: none (the kubelet picks from the whole range), or the one prefix
+    KVGATE_POD_IP_PREFIX names (a cluster beside the workers', `BESIDE_PREFIXES`)."""
+    beside = env.get("KVGATE_POD_IP_PREFIX", "")
+    if beside:
+        if not (beside.isdigit() and int(beside) in BESIDE_PREFIXES):
+            raise ClusterError(
+                f"KVGATE_POD_IP_PREFIX={beside!r}: expected one of "
+                f"{BESIDE_PREFIXES.start}-{BESIDE_PREFIXES.stop - 1} (below the workers' range)"
+            )
+        return [f"--ip-prefixes={beside}-{beside}"]
     worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
         return []

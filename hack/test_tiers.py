@@ -11,9 +11,8 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers run one at a time, but for the harness, which runs beside fast, lmeval and tools when
-they run too (`BESIDE`; `--one-at-a-time` to keep it alone): its output is printed when it
-ends, before e2e starts. fast, lmeval and tools run on two pytest-xdist workers, a test file at
+Tiers run one at a time, but for the harness, which runs beside the others (`BESIDE`;
+`--one-at-a-time` to keep it alone): its output is printed when it ends. fast, lmeval and tools run on two pytest-xdist workers, a test file at
 a time per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
 serial): each e2e module's operator watches every namespace (tests/e2e/support.py, Operator),
 so two modules on one cluster would act on each other's rollouts, and each e2e worker starts a
@@ -59,10 +58,11 @@ TIERS: dict[str, list[str]] = {
 PYTEST_NO_TESTS = 5
 # The harness runs beside these tiers when they run too: it mostly waits on the real node's
 # timed windows (the machine was ~90% idle through it, bench/RESULTS-suite.md), it alone builds
-# images, and its clusters' addresses are not theirs (the real node's bridge; the test
-# kubelet's pods on 127.16-254.x.y; the tools tier's servers on 127.0.0.1-3). e2e, whose two
-# clusters keep both cores busy, starts after it. `--one-at-a-time` runs every tier alone.
-BESIDE: dict[str, tuple[str, ...]] = {"harness": ("fast", "lmeval", "tools")}
+# images, and its clusters' addresses are not theirs: the real node's pods are on its bridge
+# (10.244.0.0/24), its test kubelet's on 127.15.x.y (`BESIDE_ENV`, below the e2e workers'
+# 127.16-254), the other tiers' servers on 127.0.0.x. `--one-at-a-time` runs every tier alone.
+BESIDE: dict[str, tuple[str, ...]] = {"harness": ("fast", "lmeval", "tools", "e2e")}
+BESIDE_ENV: dict[str, str] = {"KVGATE_POD_IP_PREFIX": "15"}  # hack/cluster.py BESIDE_PREFIXES
 
 
 @dataclass
@@ -98,7 +98,13 @@ def read_junit(path: Path) -> tuple[dict[str, int], list[tuple[float, str]]]:
 
 
 def run_tier(
-    tier: str, out: Path, paths: list[str], extra: list[str], *, echo: bool = True
+    tier: str,
+    out: Path,
+    paths: list[str],
+    extra: list[str],
+    *,
+    echo: bool = True,
+    env: dict[str, str] | None = None,
 ) -> tuple[TierResult, list[tuple[float, str]]]:
     junit, log = out / f"{tier}.xml", out / f"{tier}.log"
     for stale in (junit, log, out / f"{tier}.durations.txt"):
@@ -109,7 +115,13 @@ def run_tier(
     print(f"\n=== tier {tier}{where}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
     with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
         assert proc.stdout is not None
         # To the console and the log as it comes (pytest's progress dots end no line).
         fd = proc.stdout.fileno()
@@ -118,6 +130,7 @@ def run_tier(
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
             sink.write(chunk)
+            sink.flush()  # a tier beside the others is followed in its log
         code = proc.wait()
     result = TierResult(tier, code, time.monotonic() - started)
     if not junit.exists():
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         if tier in tiers and set(company) & set(tiers) and not args.one_at_a_time:
             thread = threading.Thread(
                 target=lambda t=tier: done.append(
-                    run_tier(t, args.output_dir, paths, extra, echo=False)
+                    run_tier(t, args.output_dir, paths, extra, echo=False, env=BESIDE_ENV)
                 )
             )
             thread.start()

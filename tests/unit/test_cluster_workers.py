@@ -67,3 +67,22 @@ def test_more_workers_than_prefixes_is_one_clear_error() -> None:
 def test_a_bad_prefix_range_is_refused_naming_it(bad: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected LO-HI within 1-254"):
         kubelet.ip_prefix_range(bad)
+
+
+def test_a_cluster_beside_the_workers_takes_a_prefix_below_their_range() -> None:
+    # the harness tier's test kubelet, run beside the e2e workers (hack/test_tiers.py BESIDE_ENV)
+    (arg,) = cluster.xdist_kubelet_args({"KVGATE_POD_IP_PREFIX": "15"})
+    assert arg == "--ip-prefixes=15-15"
+    lo, hi = kubelet.ip_prefix_range(arg.partition("=")[2])
+    workers = [prefixes(f"gw{i}", n) for n in (1, 2, 3) for i in range(n)]
+    assert all(lo not in s and hi not in s for s in workers)
+    # it wins over an xdist worker's slice (a beside tier run under xdist keeps its prefix)
+    both = {"KVGATE_POD_IP_PREFIX": "15", "PYTEST_XDIST_WORKER": "gw0",
+            "PYTEST_XDIST_WORKER_COUNT": "2"}  # fmt: skip
+    assert cluster.xdist_kubelet_args(both) == ["--ip-prefixes=15-15"]
+
+
+@pytest.mark.parametrize("bad", ["16", "200", "0", "x", "15-15"])
+def test_a_beside_prefix_in_the_workers_range_or_malformed_is_refused(bad: str) -> None:
+    with pytest.raises(cluster.ClusterError, match="KVGATE_POD_IP_PREFIX"):
+        cluster.xdist_kubelet_args({"KVGATE_POD_IP_PREFIX": bad})
