@@ -75,8 +75,8 @@ crd-status: $(STAMP)
 
 # Every tier of the suite (tests/conftest.py), each run even if one fails: junit XML, log and
 # durations per tier in $(TEST_OUTPUT), then the slowest tests. `make test TIERS="fast e2e"` runs some.
-# fast, lmeval, tools and e2e run in turn on two pytest-xdist workers (e2e: a control plane a
-# worker; E2E_WORKERS=0: serial), the harness beside them (hack/test_tiers.py BESIDE).
+# fast, lmeval and tools run in turn on two pytest-xdist workers with the harness beside them
+# (hack/test_tiers.py BESIDE), then e2e (a control plane a worker; E2E_WORKERS=0: serial).
 TIERS ?=
 TEST_OUTPUT ?= .test-output
 E2E_WORKERS ?= 2

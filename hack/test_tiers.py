@@ -11,8 +11,9 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers run one at a time, but for the harness, which runs beside the others (`BESIDE`;
-`--one-at-a-time` to keep it alone): its output is printed when it ends. fast, lmeval and tools run on two pytest-xdist workers, a test file at
+Tiers run one at a time, but for the harness, which runs beside fast, lmeval and tools
+(`BESIDE`; `--one-at-a-time` to keep it alone): its output is printed when it ends, before
+e2e starts. fast, lmeval and tools run on two pytest-xdist workers, a test file at
 a time per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
 serial): each e2e module's operator watches every namespace (tests/e2e/support.py, Operator),
 so two modules on one cluster would act on each other's rollouts, and each e2e worker starts a
@@ -60,8 +61,11 @@ PYTEST_NO_TESTS = 5
 # timed windows (the machine was ~90% idle through it, bench/RESULTS-suite.md), it alone builds
 # images, and its clusters' addresses are not theirs: the real node's pods are on its bridge
 # (10.244.0.0/24), its test kubelet's on 127.15.x.y (`BESIDE_ENV`, below the e2e workers'
-# 127.16-254), the other tiers' servers on 127.0.0.x. `--one-at-a-time` runs every tier alone.
-BESIDE: dict[str, tuple[str, ...]] = {"harness": ("fast", "lmeval", "tools", "e2e")}
+# 127.16-254), the other tiers' servers on 127.0.0.x. Not beside e2e, whose measurements
+# (the load gate's throughput gain) want the CPUs the two e2e workers already share: e2e starts
+# when the harness ended (bench/RESULTS-suite.md, run 3). `--one-at-a-time` runs every tier
+# alone.
+BESIDE: dict[str, tuple[str, ...]] = {"harness": ("fast", "lmeval", "tools")}
 BESIDE_ENV: dict[str, str] = {"KVGATE_POD_IP_PREFIX": "15"}  # hack/cluster.py BESIDE_PREFIXES
 
 

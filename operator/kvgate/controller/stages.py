@@ -1,6 +1,6 @@
 """What one reconcile of a rollout comes to: the deletions an earlier reconcile recorded, then
-observe, decide and act, each once and in that order. It returns an `Reconciled` for
-`record.write` to put in status (`context.Reconciled`); nothing here writes status or speaks to kopf.
+observe, decide and act, each once and in that order. It returns a `context.Reconciled` for
+`record.write` to put in status; nothing here writes status or speaks to kopf.
 """
 
 from __future__ import annotations
