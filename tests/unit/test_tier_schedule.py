@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -36,7 +35,7 @@ def test_the_harness_runs_beside_the_quick_tiers_and_ends_before_e2e(
     events: list[str] = []
     envs: dict[str, dict[str, str] | None] = {}
     lock = threading.Lock()
-    harness_started = threading.Event()
+    tools_ended = threading.Event()  # the harness ends after tools, if they overlap at all
 
     def run_tier(tier: str, out: Path, paths: list[str], extra: list[str], *, echo: bool = True,  # type: ignore[no-untyped-def]
                  env: dict[str, str] | None = None):  # fmt: skip
@@ -44,13 +43,14 @@ def test_the_harness_runs_beside_the_quick_tiers_and_ends_before_e2e(
             events.append(f"start {tier}")
             envs[tier] = env
         if tier == "harness":
-            harness_started.set()
             (out / "harness.log").write_text("harness output\n")
-            time.sleep(0.3)  # longer than the quick tiers here
-        else:
-            time.sleep(0.01)
+            # beside the quick tiers it outlasts them; run alone first it would wait here in
+            # vain (1 s) and end before fast started, which the assertions below catch
+            tools_ended.wait(timeout=1.0)
         with lock:
             events.append(f"end {tier}")
+        if tier == "tools":
+            tools_ended.set()
         return tiers.TierResult(tier, 0, 1.0, tests=1), [(1.0, f"{tier}::t")]
 
     monkeypatch.setattr(tiers, "run_tier", run_tier)
