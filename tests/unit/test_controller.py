@@ -2108,3 +2108,40 @@ def test_an_ended_rollouts_deletions_that_fail_are_retried_uncounted_then_cleare
             and obj["metadata"].get("ownerReferences")]  # fmt: skip
     assert left == []
     world.assert_invariant()
+
+
+def test_preflight_lists_productions_pods_only_when_a_pool_round_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a rollout sampling the pool every 10 s (samples 5 over a 40 s window), every LIST of
+    # production's pods (not the rollout's own) counted per reconcile
+    world = World(
+        monkeypatch, gates={"capacity": {"mode": "require", "window": "40s", "samples": 5}}
+    )
+    lists: list[str] = []
+    real = world.kube.list_pods
+
+    def counted(namespace: str, selector: str) -> list[dict[str, Any]]:
+        if not selector.startswith("kvgate.io/"):
+            lists.append(selector)
+        return real(namespace, selector)
+
+    monkeypatch.setattr(world.kube, "list_pods", counted)
+    while world.phase != "Preflight":
+        world.reconcile()
+    world.reconcile()  # the first round: due at once
+    first = world.obj["status"]["preflight"]["ticks"]
+    assert first == 1 and len(lists) == 1
+    # WHEN it is reconciled again before the interval has passed (a spec poll, a retry)
+    lists.clear()
+    for _ in range(3):
+        world.now += dt.timedelta(seconds=2)
+        world.reconcile()
+    # THEN no reconcile listed production's pods, and no sample was taken
+    assert lists == []
+    assert world.obj["status"]["preflight"]["ticks"] == first
+    # WHEN the interval has passed: one LIST, and the round is counted
+    world.now += dt.timedelta(seconds=10)
+    world.reconcile()
+    assert len(lists) == 1
+    assert world.obj["status"]["preflight"]["ticks"] == first + 1

@@ -29,7 +29,6 @@ from kvgate.controller.context import (
     StatusUpdate,
     canary_port,
     candidate_record,
-    metrics_url,
 )
 from kvgate.controller.seen import (
     Seen,
@@ -59,23 +58,23 @@ from kvgate.status import (
 from kvgate.steps import Observation, State
 
 if TYPE_CHECKING:
-    from kvgate.metrics import MetricSnapshot
+    pass
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:
     if phase is Phase.PENDING and spec_errors:
         return Observation(spec_errors=spec_errors), NOTHING
     seen = look(ctx, phase, state)  # the phase's reads, once
-    obs, found = observe_phase(ctx, phase, seen)
+    obs, found = observe_phase(ctx, phase, seen, state)
     return dataclasses.replace(obs, live=seen.live), found
 
 
-def observe_phase(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
+def observe_phase(ctx: Ctx, phase: Phase, seen: Seen, state: State) -> Observed:
     carried = seen.live is not None and seen.live.carries_candidate
     if phase is Phase.PENDING:
         return observe_pending(ctx, seen)
     if phase is Phase.PREFLIGHT:
-        return preflight.observe(ctx, seen)
+        return preflight.observe(ctx, seen, state.phase_elapsed_s)
     if phase is Phase.CANARY:
         return observe_canary(ctx, seen)
     if phase is Phase.EVALUATING:
@@ -160,12 +159,6 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
-    return sources.scrape_pod(
-        metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s
-    )
-
-
 def hub_token_problem(ctx: Ctx) -> str | None:
     """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none).
 
@@ -247,8 +240,7 @@ def arm_metrics(
         return None, None, NOTHING
     source = "/metrics"
     try:
-        url = metrics_url(ctx.so_far, health.ip)
-        truth = sources.cache_truth(url, ctx.so_far.engine, ctx.config.scrape_timeout_s)
+        truth = sources.cache_truth(ctx.so_far, health.ip, ctx.config.scrape_timeout_s)
         if ctx.so_far.engine == "sglang":
             source = "server info"
             info = sources.server_info(
@@ -413,7 +405,9 @@ def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:
 def tpot_totals(ctx: Ctx, ips: Mapping[str, str | None]) -> dict[str, HistogramTotals]:
     """Each arm's TPOT histogram totals now, by the arms' pod IPs (arms without one are left
     out)."""
-    return sources.tpot_totals(ips.get, lambda ip: scrape_pod(ctx, ip))
+    return sources.tpot_totals(
+        ips.get, lambda ip: sources.scrape_engine(ctx.so_far, ip, ctx.config.scrape_timeout_s)
+    )
 
 
 def speed_after_eval(

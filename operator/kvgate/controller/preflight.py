@@ -10,20 +10,21 @@ from typing import TYPE_CHECKING
 
 from kvgate import machine, poolsample
 from kvgate.controller import sources
-from kvgate.controller.context import NOTHING, Ctx, Observed, StatusUpdate, metrics_url
+from kvgate.controller.context import NOTHING, Ctx, Observed, StatusUpdate
 from kvgate.controller.seen import Seen
 from kvgate.jsonrecord import read_record
 from kvgate.model import PROMETHEUS_SOURCE, GateMode
 from kvgate.status import CheckpointRecord, PreflightStatus, PressureRecord
 from kvgate.steps import Observation
-from kvgate.timestamps import iso, parse_time
+from kvgate.timestamps import iso
 
 if TYPE_CHECKING:
-    from kvgate.metrics import MetricSnapshot
+    pass
 
 
-def observe(ctx: Ctx, seen: Seen) -> Observed:
-    """One pool sample per interval from every Ready production pod, kept in status."""
+def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
+    """One pool sample per interval from every Ready production pod, kept in status
+    (`elapsed_s`: seconds in Preflight, `State.phase_elapsed_s`)."""
     gate = ctx.spec.capacity
     pre = ctx.so_far.preflight or PreflightStatus()
     found = NOTHING
@@ -58,14 +59,18 @@ def observe(ctx: Ctx, seen: Seen) -> Observed:
     if due and ctx.config.prometheus_url:
         # The window's history at once; a failed query is retried next interval, and a
         # Prometheus that never answers leaves the pool unknown at the sampling deadline.
-        errors, history = pool_history(ctx, seen)
+        errors, history = pool_history(ctx, seen, elapsed_s)
         if history is not None:
             series, ticks = history, gate.samples
         pre = dataclasses.replace(pre, source=PROMETHEUS_SOURCE, last_sample_at=iso(ctx.now))
     elif due:
         sampled_before = sum(len(v) for v in series.values())
         ips, errors = ready_production_ips(ctx, seen)
-        errors += sources.sample_pool(ips, series, lambda ip: scrape_pod(ctx, ip))
+        errors += sources.sample_pool(
+            ips,
+            series,
+            lambda ip: sources.scrape_engine(ctx.so_far, ip, ctx.config.scrape_timeout_s),
+        )
         if sum(len(v) for v in series.values()) > sampled_before:
             ticks += 1  # a round with no sample (no Ready pod yet) does not count
         pre = dataclasses.replace(pre, last_sample_at=iso(ctx.now))
@@ -78,7 +83,7 @@ def observe(ctx: Ctx, seen: Seen) -> Observed:
     )
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
-    if ticks >= gate.samples or elapsed_s(ctx) >= gate.sampling_deadline_s:
+    if ticks >= gate.samples or elapsed_s >= gate.sampling_deadline_s:
         pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
         if pressured is None and pre.errors:
             detail = f"{detail}; last error: {pre.errors[-1]}"
@@ -90,13 +95,7 @@ def observe(ctx: Ctx, seen: Seen) -> Observed:
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
 
 
-def scrape_pod(ctx: Ctx, ip: str) -> MetricSnapshot:
-    return sources.scrape_pod(
-        metrics_url(ctx.so_far, ip), ctx.so_far.engine, ctx.config.scrape_timeout_s
-    )
-
-
-def pool_history(ctx: Ctx, seen: Seen) -> tuple[list[str], sources.Series | None]:
+def pool_history(ctx: Ctx, seen: Seen, elapsed_s: float) -> tuple[list[str], sources.Series | None]:
     """Production's pool samples over the last window from Prometheus (None: no answer)."""
     ips, errors = ready_production_ips(ctx, seen)
     if not ips:
@@ -107,14 +106,9 @@ def pool_history(ctx: Ctx, seen: Seen) -> tuple[list[str], sources.Series | None
         ips,
         gate=ctx.spec.capacity,
         now=ctx.now.timestamp(),
-        elapsed_s=elapsed_s(ctx),
+        elapsed_s=elapsed_s,
         timeout=ctx.config.scrape_timeout_s,
     )
-
-
-def elapsed_s(ctx: Ctx) -> float:
-    """Seconds since the rollout entered its phase."""
-    return (ctx.now - (parse_time(ctx.so_far.phase_since) or ctx.now)).total_seconds()
 
 
 def ready_production_ips(ctx: Ctx, seen: Seen) -> tuple[dict[str, str], list[str]]:

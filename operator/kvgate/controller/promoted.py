@@ -16,7 +16,6 @@ from kvgate.controller.context import (
     Observed,
     StatusUpdate,
     json_number,
-    metrics_url,
 )
 from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
@@ -104,9 +103,7 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
             problems.append(f"pod {name} is not Ready ({health.detail})")
             continue
         try:
-            snap = sources.scrape_pod(
-                metrics_url(status, health.ip), status.engine, ctx.config.scrape_timeout_s
-            )
+            snap = sources.scrape_engine(status, health.ip, ctx.config.scrape_timeout_s)
         except (ExternalError, InputError) as exc:
             problems.append(f"pod {name} metrics unreachable: {exc}")
             continue

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvgate import engines, manifests, redact
-from kvgate.controller.context import KubeApi, json_number
+from kvgate.controller.context import KubeApi, json_number, metrics_url
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
 from kvgate.jsonrecord import read_record
 from kvgate.model import SpeedClocks
-from kvgate.status import CacheTruth, HistogramTotals, PressureRecord, ScanRecord
+from kvgate.status import CacheTruth, HistogramTotals, PressureRecord, RolloutStatus, ScanRecord
 
 if TYPE_CHECKING:
     from kvgate.logs import LogScan
@@ -25,14 +25,19 @@ if TYPE_CHECKING:
 Series = dict[str, list[dict[str, Any]]]
 
 
-def cache_truth(url: str, engine: str | None, timeout: float) -> CacheTruth:
-    """What the engine's /metrics at `url` states of its KV cache (`metrics.cache_truth`)."""
+def cache_truth(status: RolloutStatus, ip: str, timeout: float) -> CacheTruth:
+    """What the engine's /metrics at `ip` states of its KV cache (`metrics.cache_truth`)."""
     from kvgate import metrics
 
     truth: CacheTruth = read_record(
-        CacheTruth, metrics.cache_truth(scrape_pod(url, engine, timeout))
+        CacheTruth, metrics.cache_truth(scrape_engine(status, ip, timeout))
     )
     return truth
+
+
+def scrape_engine(status: RolloutStatus, ip: str, timeout: float) -> MetricSnapshot:
+    """The engine's /metrics at `ip`, on the port and path Pending read from its container."""
+    return scrape_pod(metrics_url(status, ip), status.engine, timeout)
 
 
 def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
