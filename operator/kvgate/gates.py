@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvgate import crash, logs
-from kvgate.model import ArmClocks, GateMode, Outcome, SpeedClocks
+from kvgate.model import CONTROL_BELOW_FLOOR, ArmClocks, GateMode, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import (
     AccuracyGate,
@@ -366,6 +366,9 @@ def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> Ga
         return GateResult(ACCURACY, Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, detail)
     if verdict == "fail":
         return GateResult(ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, detail)
+    if verdict == "inconclusive" and summary.get("reason") == CONTROL_BELOW_FLOOR:
+        floor = str(summary.get("claim") or "the control scored below the margin")
+        return GateResult(ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, floor)
     if verdict == "inconclusive":
         advice = summary.get("advice")
         needed = advice.get("questions_needed") if isinstance(advice, Mapping) else None

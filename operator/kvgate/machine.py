@@ -6,11 +6,11 @@ next phase, the actions to take, events and the requeue delay. Nothing here does
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
-from kvgate import crash, deadlines, promoting, proposing, superseding
+from kvgate import crash, deadlines, promoting, proposing, steps, superseding
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -29,7 +29,6 @@ from kvgate.gates import (
     kv_tokens,
 )
 from kvgate.kubeobjects import PodHealth
-from kvgate.loadresult import LoadVerdict
 from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
@@ -332,6 +331,8 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.reused_verdict is not None:
         return _reused(spec, state, obs.reused_verdict, gates, events)
+    if spec.accuracy.mode is GateMode.OFF:
+        return _without_eval(spec, state, gates, events, poll_s)
     return Step(
         Phase.EVALUATING,
         Reason.EVALUATING,
@@ -343,6 +344,19 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         requeue_s=clamp_delay(poll_s),
         eval_attempts=1,
     )
+
+
+def _without_eval(
+    spec: RolloutSpec,
+    state: State,
+    canary_gates: tuple[GateResult, ...],
+    events: tuple[Event, ...],
+    poll_s: float,
+) -> Step:
+    """Accuracy off: no eval Job; the accuracy gate reads Skipped, saying so."""
+    message = "accuracy not evaluated: spec.gates.accuracy.mode is off"
+    skipped = GateResult(ACCURACY, Outcome.SKIPPED, Reason.ACCURACY_OFF, message)
+    return _judged(spec, state, (), (*canary_gates, skipped), events, poll_s, "accuracy off")
 
 
 def _reused(
@@ -414,7 +428,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
         error = str(obs.eval_summary.get("error") or "eval reported an error")
     elif obs.eval_summary is not None and error is None:
-        error = _task_error(spec, obs.eval_summary)
+        error = steps.task_error(spec, obs.eval_summary)
     stuck = (
         error is None
         and state.phase_elapsed_s >= budget
@@ -459,32 +473,36 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     divergence = assess_divergence(spec.divergence, obs.eval_summary)
     speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s, obs.speed_clocks)
     gates = (accuracy, long_context, divergence, speed)
-    results = (*[g for g in state.gates.values() if g.gate not in EVAL_GATES], *gates)
-    verdict = decide(
-        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
-    )
+    earlier = tuple(g for g in state.gates.values() if g.gate not in EVAL_GATES)
     events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
+    return _judged(spec, state, earlier, gates, events, poll_s, "accuracy gates passed")
+
+
+def _judged(
+    spec: RolloutSpec,
+    state: State,
+    earlier: tuple[GateResult, ...],
+    gates: tuple[GateResult, ...],
+    events: tuple[Event, ...],
+    poll_s: float,
+    passed: str,
+) -> Step:
+    """The verdict on the accuracy stage's `gates` with the `earlier` ones: roll back, or
+    measure what the candidate buys (the load Job) before any verdict, or the verdict."""
+    verdict = decide(
+        (*earlier, *gates),
+        mode=spec.promotion.mode,
+        config_hash=state.config_hash,
+        approval=state.approval,
+    )
     if verdict.decision is Decision.ROLL_BACK:
-        return end_step(
-            Phase.ROLLED_BACK,
-            verdict.reasons[0].reason,
-            verdict.message,
-            gates=gates,
-            verdict=verdict,
-            events=events,
-        )
+        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
+                        gates=gates, verdict=verdict, events=events)  # fmt: skip
     if spec.capacity_gain.throughput_gain is not None:
-        # The eval gates passed: measure what the candidate buys before any verdict.
-        return Step(
-            Phase.MEASURING,
-            Reason.MEASURING,
-            "accuracy gates passed; measuring throughput on both arms (load Job)",
-            # recorded first, made by the next reconcile (write-ahead, as the eval's)
-            events=events,
-            gates=gates,
-            requeue_s=clamp_delay(poll_s),
-            load_attempts=1,
-        )
+        # recorded first, made by the next reconcile (write-ahead, as the eval's)
+        return Step(Phase.MEASURING, Reason.MEASURING,
+                    f"{passed}; measuring throughput on both arms (load Job)", events=events,
+                    gates=gates, requeue_s=clamp_delay(poll_s), load_attempts=1)  # fmt: skip
     step = _after_verdict(spec, state, verdict, gates)
     return replace(step, events=(*events, *step.events))
 
@@ -504,18 +522,6 @@ def _eval_start(state: State) -> tuple[Action, ...]:
     return (Action.CREATE_EVAL_JOB,)
 
 
-def _load_error(obs: Observation) -> str | None:
-    """Why the load attempt gave no evidence (None: it did, or it is still running)."""
-    if obs.load_error is not None:
-        return obs.load_error
-    summary = obs.load_summary
-    if summary is None:
-        return None
-    if summary.verdict is LoadVerdict.ERROR or summary.verdict is None:
-        return f"the load run failed: {summary.error or 'an arm measured nothing'}"
-    return None
-
-
 def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     """The load Job on both arms, retried on error like the eval Job, then the throughput
     gate and the verdict on every gate. A load that never gives evidence ends Failed, never a
@@ -530,7 +536,7 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     timeout_s = deadlines.load_timeout_s(spec)
     budget = deadlines.job_phase_deadline(spec, Phase.MEASURING)
     finding = None
-    error = _load_error(obs)
+    error = steps.load_error(obs)
     if error is None and obs.load_summary is not None:
         finding = assess_throughput(
             spec.capacity_gain.throughput_gain,
@@ -592,20 +598,6 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         step = _after_verdict(spec, state, verdict, (result,))
         step = replace(step, events=(gain, *step.events))
     return replace(step, load=load)
-
-
-def _task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
-    """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
-    a GSM8K error. A missing block is not retried: the gate fails it closed."""
-    lc = summary.get("long_context")
-    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
-    if lc.get("verdict") == "error":
-        return f"long-context task: {lc.get('error') or 'error'}"
-    dv = summary.get("divergence")
-    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
-    if dv.get("verdict") == "error":
-        return f"divergence screen: {dv.get('error') or 'error'}"
-    return None
 
 
 def _after_verdict(

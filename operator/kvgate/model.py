@@ -40,6 +40,11 @@ ANNOTATION_POLICY_HASH: Final = "kvgate.io/policy-hash"
 PROMETHEUS_SOURCE: Final = "prometheus"
 
 
+# The eval summary's reason for an accuracy look whose control scored below the margin: no loss
+# of the margin can be measured there (kvgate.evaluation.gate), so it is inconclusive.
+CONTROL_BELOW_FLOOR: Final = "control_below_floor"
+
+
 class Phase(StrEnum):
     """Where a rollout is; the terminal ones never change again."""
 

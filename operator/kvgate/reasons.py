@@ -72,6 +72,7 @@ class Reason(StrEnum):
     ACCURACY_NON_INFERIOR = "AccuracyNonInferior"
     ACCURACY_REGRESSED = "AccuracyRegressed"
     ACCURACY_INCONCLUSIVE = "AccuracyInconclusive"
+    ACCURACY_OFF = "AccuracyOff"  # spec.gates.accuracy.mode off: no eval Job, Skipped
     LONG_CONTEXT_NON_INFERIOR = "LongContextNonInferior"
     LONG_CONTEXT_REGRESSED = "LongContextRegressed"
     LONG_CONTEXT_INCONCLUSIVE = "LongContextInconclusive"

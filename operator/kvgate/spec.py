@@ -119,6 +119,10 @@ class LongContextTask:
 
 @dataclass(frozen=True, slots=True)
 class AccuracyGate:
+    """The paired accuracy eval. `mode` off: no eval Job at all, the gate reads Skipped (for a
+    model whose accuracy cannot be measured, e.g. random weights; never the default)."""
+
+    mode: GateMode = GateMode.REQUIRE
     task: str = "gsm8k"
     questions: int = 500
     few_shot: int = 5
@@ -309,6 +313,7 @@ class RolloutSpec:
         acc = g.section("accuracy")
         questions = acc.integer("questions", 500, 20, GSM8K_TEST_SIZE)
         accuracy = AccuracyGate(
+            mode=acc.choice("mode", GateMode, GateMode.REQUIRE),
             task=acc.one_of("task", ACCURACY_TASKS, "gsm8k"),
             questions=questions,
             few_shot=acc.integer("fewShot", 5, 0, 8),
@@ -323,6 +328,9 @@ class RolloutSpec:
                 "chunk",
                 f"{accuracy.chunk} exceeds questions ({questions}); use a chunk <= questions",
             )
+        if accuracy.mode is GateMode.WARN:
+            acc.error("mode", "'warn' is not offered: an accuracy loss is never a warning; use "
+                      "require or off")  # fmt: skip
         dv = g.section("divergence")
         divergence = DivergenceGate(
             mode=dv.choice("mode", GateMode, GateMode.OFF),
@@ -398,6 +406,12 @@ class RolloutSpec:
             if rv.present
             else None
         )
+        if accuracy.mode is GateMode.OFF and (
+            divergence.mode is not GateMode.OFF or speed is not None
+        ):
+            # Both are measured in the eval Job's window, which accuracy off does not open.
+            acc.error("mode", "off runs no eval Job, which the divergence screen and the speed "
+                      "gate need; turn them off too, or keep accuracy on")  # fmt: skip
         r.raise_errors()
         return cls(
             target=target_ref,

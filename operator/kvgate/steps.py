@@ -14,8 +14,9 @@ from enum import StrEnum
 from typing import Any, Final
 
 from kvgate.kubeobjects import PodHealth
-from kvgate.loadresult import LoadProgress, LoadSummary
+from kvgate.loadresult import LoadProgress, LoadSummary, LoadVerdict
 from kvgate.model import (
+    GateMode,
     Outcome,
     Phase,
     PullRequestState,
@@ -23,6 +24,7 @@ from kvgate.model import (
 )
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
+from kvgate.spec import RolloutSpec
 from kvgate.status import EvalProgress, LoadStatus, PullRequestStatus
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
@@ -300,3 +302,29 @@ def eval_progress(progress: EvalProgress | None, planned: int) -> ProgressText |
         + (f", candidate {points} so far" if points else ""),
         short=f"{progress.questions}/{planned} q, look {looks}" + (f", {points}" if points else ""),
     )
+
+
+def load_error(obs: Observation) -> str | None:
+    """Why the load attempt gave no evidence (None: it did, or it is still running)."""
+    if obs.load_error is not None:
+        return obs.load_error
+    summary = obs.load_summary
+    if summary is None:
+        return None
+    if summary.verdict is LoadVerdict.ERROR or summary.verdict is None:
+        return f"the load run failed: {summary.error or 'an arm measured nothing'}"
+    return None
+
+
+def task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
+    """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
+    a GSM8K error. A missing block is not retried: the gate fails it closed."""
+    lc = summary.get("long_context")
+    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
+    if lc.get("verdict") == "error":
+        return f"long-context task: {lc.get('error') or 'error'}"
+    dv = summary.get("divergence")
+    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
+    if dv.get("verdict") == "error":
+        return f"divergence screen: {dv.get('error') or 'error'}"
+    return None

@@ -9,6 +9,10 @@ T(0) (the latter is McNemar's z):
           candidate is shown worse than control, and worse than the margin as well when also
           T(-margin) ≤ -f_k;
   * at the last look, when neither: inconclusive.
+A pass also needs a control that has something to lose: the control's accuracy (its one-sided
+Wilson lower bound at `confidence`) at least the margin. Below that floor no loss of `margin`
+can be measured (a random model scores 0 on both arms and "passes" any margin), so the look
+ends inconclusive (`control_below_floor`), never non-inferior.
 Both boundary sequences are computed with the other stop treated as non-binding, so each claim
 keeps its own error rate whatever the other rule does. After any stop the summary reports the
 repeated confidence bounds of that look (Jennison & Turnbull 1989): the lower bound solves
@@ -26,6 +30,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.errors import SpecError
+from kvgate.model import CONTROL_BELOW_FLOOR
 from kvgate.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
@@ -39,6 +44,7 @@ from kvgate.stats import (
     tango_interval,
     tango_statistic,
     tango_statistics,
+    wilson_interval,
     z_one_sided,
 )
 
@@ -273,6 +279,10 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
             np.array([counts.candidate_only]),
         )[0]
     )
+    verdict = _CODE_TO_VERDICT.get(_REASON_TO_CODE[reason])
+    named = REASONS.get(reason)
+    if verdict is Verdict.PASS and control_below_floor(plan, counts):
+        verdict, named = Verdict.INCONCLUSIVE, CONTROL_BELOW_FLOOR
     return LookResult(
         look=look + 1,
         questions=counts.n,
@@ -280,9 +290,21 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
         pass_boundary=plan.boundaries[look],
         fail_statistic=tango_statistic(counts, 0.0),
         fail_boundary=plan.fail_boundaries[look],
-        verdict=_CODE_TO_VERDICT.get(_REASON_TO_CODE[reason]),
-        reason=REASONS.get(reason),
+        verdict=verdict,
+        reason=named,
     )
+
+
+def control_floor(plan: GatePlan, counts: PairedCounts) -> float:
+    """The control's accuracy that a pass can rest on: its one-sided Wilson lower bound at the
+    plan's confidence (a loss larger than the control's own accuracy cannot be observed)."""
+    control = counts.both + counts.control_only
+    return wilson_interval(control, counts.n, 2 * plan.confidence - 1)[0]
+
+
+def control_below_floor(plan: GatePlan, counts: PairedCounts) -> bool:
+    """True when the control scores too little for a loss of the margin to be measured."""
+    return counts.n > 0 and control_floor(plan, counts) < plan.margin
 
 
 def _finite(x: float) -> float | None:
@@ -397,6 +419,17 @@ def claim(plan: GatePlan, reason: str | None, bounds: Bounds) -> str | None:
     return None
 
 
+def floor_claim(plan: GatePlan, counts: PairedCounts) -> str:
+    """What a look below the control's floor says instead of a pass."""
+    control = counts.both + counts.control_only
+    return (
+        f"the control scored {control}/{counts.n} ({control / counts.n:.1%}; at least "
+        f"{control_floor(plan, counts):.1%}, one-sided {plan.confidence:.1%}), below the "
+        f"{100 * plan.margin:g} pp margin: a loss of the margin cannot be measured on this "
+        "model, so the candidate is not shown non-inferior"
+    )
+
+
 def build_summary(
     *,
     plan: GatePlan,
@@ -450,7 +483,12 @@ def build_summary(
                     "verdict", f"{verdict} does not follow from the counts ({got.verdict})"
                 )
             reason = got.reason
-            summary.update(reason=reason, claim=claim(plan, reason, bounds))
+            said = (
+                floor_claim(plan, counts)
+                if reason == CONTROL_BELOW_FLOOR
+                else claim(plan, reason, bounds)
+            )
+            summary.update(reason=reason, claim=said)
         summary.update(
             control=counts.control().to_dict(),
             candidate=counts.candidate().to_dict(),
