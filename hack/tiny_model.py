@@ -12,8 +12,8 @@ Variants (`kv_scales`), for the FP8 KV-cache gate:
   an FP8 KV checkpoint. vLLM 0.32 accepts empty ``config_groups``: layers without a weight
   scheme fall back to the unquantized linear method (CompressedTensorsConfig.get_quant_method).
 - ``broken``: as calibrated, but k and v scales are 0.0 in the odd layers (a calibration that
-  saw no tokens). vLLM 0.32 asserts ``layer.k_scale > 0.0`` in BaseKVCacheMethod
-  .process_weights_after_loading, so the engine does not start with ``--kv-cache-dtype fp8``.
+  saw no tokens). vLLM 0.32 (CPU) loads them without a word and starts; the first request
+  kills the engine ("k_scale must be positive for FP8 path"; tests/data/real-engine/).
 
 Usage: python hack/tiny_model.py OUT_DIR --arch qwen3 --layers 4 --kv-scales calibrated
 """

@@ -248,3 +248,26 @@ def test_kvgate_scanner_reads_the_variants(built: dict[str, Path]) -> None:
 def test_bad_arguments_are_refused(tmp_path: Path, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         tiny_model.build(tmp_path, corpus="words", **kwargs)
+
+
+REAL_ENGINE = Path(__file__).resolve().parents[1] / "data" / "real-engine"
+
+
+def test_real_engine_logs_are_stable_fixtures() -> None:
+    """The recorded vLLM 0.32 logs (README there): placeholders only, and what each showed."""
+    logs = {p.stem: p.read_text(encoding="utf-8") for p in REAL_ENGINE.glob("*.log")}
+    assert set(logs) >= {
+        "qwen3-bf16",
+        "qwen3-fp8",
+        "llama-bf16",
+        "qwen3-l2-h8-kv4-d32-bf16",
+        "qwen3-calibrated-fp8",
+        "qwen3-broken-fp8",
+    }
+    for name, text in logs.items():
+        assert "/tmp/kv" not in text and "scratch-model" not in text, name
+        assert "version 0.32.0" in text and "model   /models/tiny-" in text, name
+    assert "quantization=compressed-tensors" in logs["qwen3-calibrated-fp8"]
+    assert "kv_cache_dtype=fp8" in logs["qwen3-calibrated-fp8"]
+    assert "k_scale must be positive for FP8 path" in logs["qwen3-broken-fp8"]
+    assert "k_scale must be positive" not in logs["qwen3-calibrated-fp8"]
