@@ -50,11 +50,18 @@ E2E_PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 # bench/RESULTS-suite.md), so they run on two workers, a file at a time each (every server they
 # start listens on a port of its own). The harness starts clusters of its own: serial.
 TIERS: dict[str, list[str]] = {
-    "fast": ["-m", "not lmeval and not tools and not e2e and not harness", *PARALLEL],
+    "fast": [
+        "-m",
+        "not lmeval and not tools and not e2e and not harness and not realengine",
+        *PARALLEL,
+    ],
     "lmeval": ["--with-lmeval", "-m", "lmeval", *PARALLEL],
     "tools": ["--with-tools", "-m", "tools", *PARALLEL],
     "e2e": ["--with-e2e", "-m", "e2e", *SERIAL],
     "harness": ["--with-harness", "-m", "harness", *SERIAL],
+    # Real vLLM (CPU) serving tiny models: each server takes most of a core while it starts, so
+    # the tier runs alone, last, one module at a time.
+    "realengine": ["--with-realengine", "-m", "realengine", *SERIAL],
 }
 PYTEST_NO_TESTS = 5
 # The harness runs beside these tiers when they run too: it mostly waits on the real node's

@@ -117,9 +117,13 @@ pytest_plugins = ["pytester"]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The opt-in tiers in run order (the fast tier, unmarked, runs first); each has a --with-<tier>.
-OPT_IN_TIERS = ("lmeval", "tools", "e2e", "harness")
+OPT_IN_TIERS = ("lmeval", "tools", "e2e", "harness", "realengine")
 # Every test under these directories belongs to that tier.
-TIER_DIRS = {TESTS_DIR / "e2e": "e2e", TESTS_DIR / "harness": "harness"}
+TIER_DIRS = {
+    TESTS_DIR / "e2e": "e2e",
+    TESTS_DIR / "harness": "harness",
+    TESTS_DIR / "realengine": "realengine",
+}
 # The longest e2e modules (~11 min each of the tier's ~44 serial on 2 cores), run first: on two
 # pytest-xdist workers (hack/test_tiers.py --e2e-workers 2: --dist loadfile
 # --no-loadscope-reorder) they start side by side instead of one of them ending the tier alone.
