@@ -9,7 +9,9 @@ capped by `--max-concurrency`.
 inference-perf's exit code is not trusted (it exits 0 with every request failed): each stage is
 judged from its own report (`kvgate.load.report`); failures, cut-off streams, short outputs or a
 missing report make the stage `error`, never a measurement. After the runs each arm is asked
-whether it still answers, so an arm that died reads as such.
+whether it still answers, so an arm that died reads as such, and each arm's token counters
+(read before and after its run) must agree with what its client counted (`kvgate.load.counts`):
+a load tokenizer that is not the served model's makes the arm an error naming both counts.
 
 stdout carries JSON lines only: `kvgate.load/progress` lines, then one `kvgate.load/summary`
 line (`kvgate.loadresult.LoadSummary`), always the last, carrying `KVGATE_LOAD_NONCE` when set.
@@ -42,6 +44,7 @@ from kvgate.commands.exit_codes import (
 )
 from kvgate.errors import SpecError
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
+from kvgate.load.counts import EngineCounters, check_counts, client_counts
 from kvgate.load.report import StageJudgement, stage_file
 from kvgate.load.runner import INFERENCE_PERF_LOG
 from kvgate.loadresult import (
@@ -248,6 +251,22 @@ def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
     except (ScrapeError, InputError):
         return None
     return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting)
+
+
+def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | None:
+    """The engine's cumulative prompt and generation token counters now (None: unreadable)."""
+    from kvgate.adapters import http
+    from kvgate.errors import InputError, ScrapeError
+
+    try:
+        snap = http.scrape_snapshot(
+            base_url.rstrip("/") + "/metrics", client=client, timeout=PROBE_TIMEOUT_S
+        )
+    except (ScrapeError, InputError):
+        return None
+    return EngineCounters(
+        prompt_tokens=snap.prompt_tokens, generation_tokens=snap.generation_tokens
+    )
 
 
 def _preemptions(base_url: str, *, client: Any = None) -> float | None:
@@ -467,6 +486,8 @@ def _run_both(
             failures[name] = exc
 
     preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
+    # Read last before the runs start: the arms' counters may move only by this load from here.
+    counted_before = {name: _token_counters(plans[name].base_url) for name in ARMS}
     watches = {
         name: EngineWatch(
             functools.partial(_engine_now, plans[name].base_url),
@@ -513,11 +534,24 @@ def _run_both(
             )
         )
         reachable = _reachable(plans[name].base_url)
+        broke = _arm_error(points, result.exit_code, reachable)
+        # An arm that died has its error; the counts of one that answers must be the engine's.
+        miscounted = (
+            check_counts(
+                client_counts(result.stages, [s.num_requests for s in plans[name].stages]),
+                counted_before[name],
+                _token_counters(plans[name].base_url),
+                output_tokens=plans[name].output_tokens,
+                engine=plans[name].server_type,
+            )
+            if reachable
+            else ()
+        )
         arms[name] = ArmLoad(
             url=plans[name].base_url,
             exit_code=result.exit_code,
             reachable_after=reachable,
-            error=_arm_error(points, result.exit_code, reachable),
+            error="; ".join(filter(None, (broke, *miscounted))) or None,
             stages=points,
             preemptions=_increase(
                 preempted_before[name], _preemptions(plans[name].base_url) if reachable else None
