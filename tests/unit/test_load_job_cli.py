@@ -367,19 +367,71 @@ def test_a_missing_tool_still_ends_in_a_summary(
         (["--max-concurrency", "16"], "--max-concurrency: 16 is below --production-concurrency 32"),
         (["--rounds", "0"], "--rounds: must be > 0, got 0"),
         (["--stages", "8,0"], "--stages: give concurrency levels >= 1, got '8,0'"),
-        (["--tokenizer", "/nonexistent"], "--tokenizer: /nonexistent holds no tokenizer.json"),
+        (
+            ["--tokenizer", "/nonexistent"],
+            "--tokenizer: /nonexistent holds no tokenizer this Job can read; give",
+        ),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms: must be > 0, got 0"),
         (["--slo-tpot-ms", "-5"], "--slo-tpot-ms: must be > 0, got -5"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
 ) -> None:
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)  # no word tokenizer to fall back on
     argv = [*ARGV, *extra] if "--tokenizer" in extra else [*ARGV, "--tokenizer", "/t", *extra]
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def started_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    first: dict[str, Any] = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["event"] == "started"
+    return first
+
+
+def test_a_hub_models_tokenizer_is_read_from_the_cache_never_downloaded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tests.hf_cache_layout import add_to_cache
+
+    snapshot = add_to_cache(tmp_path / "hub", "org/served", {"tokenizer.json": b"{}"})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake_runs(monkeypatch, {})
+    planned: list[str] = []
+    run_load = load_runner.run_load
+
+    def spy(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
+        planned.append(plan.tokenizer_dir)
+        return run_load(plan, work_dir, timeout_s=timeout_s)
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", spy)
+    argv = [*ARGV, "--tokenizer", "org/served", "--work-dir", str(tmp_path / "w")]
+    assert main(argv) == 0
+    assert started_line(capsys)["tokenizer"] == "the model's: org/served"
+    assert planned == [str(snapshot)] * 2
+
+
+def test_a_model_source_the_job_cannot_read_falls_back_to_the_word_tokenizer_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # the engines' counters, not the Job, then judge it (see the wrong-tokenizer test above)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text(json.dumps({"question": "How many apples?", "answer": "Three."}) + "\n")
+    fake_runs(monkeypatch, {})
+    argv = [*ARGV, "--tokenizer", "org/absent", "--tokenizer-corpus", str(corpus),
+            "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    assert main(argv) == 0
+    assert started_line(capsys)["tokenizer"] == (
+        "the word tokenizer that counts as kvgate.sim does (org/absent: no tokenizer this Job "
+        "can read)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
     parser.add_argument(
-        "--tokenizer", help="local tokenizer directory (default: built from --tokenizer-corpus)"
+        "--tokenizer",
+        help="the served model's source: a tokenizer directory, or a hub repo id read from the "
+        "Hugging Face cache, never downloaded (else, or when unreadable: the word tokenizer "
+        "built from --tokenizer-corpus, which the engines' token counters then check)",
     )
     parser.add_argument(
         "--tokenizer-corpus",
@@ -200,32 +203,38 @@ def _positive(value: float, option: str) -> None:
         raise SpecError(option, f"must be > 0, got {value:g}")
 
 
-def _tokenizer_dir(args: argparse.Namespace, work: Path) -> Path:
-    if args.tokenizer:
-        path = Path(args.tokenizer)
-        if (
-            not (path / "tokenizer.json").is_file()
-            and not (path / "tokenizer_config.json").is_file()
-        ):
-            raise SpecError(
-                "--tokenizer", f"{path} holds no tokenizer.json or tokenizer_config.json"
-            )
-        return path
+def _tokenizer_dir(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The tokenizer the clients count with, and which one it is (for the log): the model
+    source's (`--tokenizer`) where this Job can read it, else the word tokenizer that counts as
+    kvgate.sim does (the engines' token counters then say whether it was right:
+    `kvgate.load.tokenizer`)."""
+    from kvgate.load.tokenizer import (
+        TokenizerBuildError,
+        build_word_tokenizer,
+        readable_tokenizer_dir,
+    )
+
+    source = args.tokenizer
+    found = readable_tokenizer_dir(source, os.environ) if source else None
+    if found is not None:
+        return found, f"the model's: {source}"
     corpus = args.tokenizer_corpus or (
         str(Path(os.environ["KVGATE_GSM8K_DIR"]) / "train.jsonl")
         if os.environ.get("KVGATE_GSM8K_DIR")
         else None
     )
     if not corpus:
+        why = f"{source} holds no tokenizer this Job can read" if source else "none given"
         raise SpecError(
-            "--tokenizer", "give a tokenizer directory, --tokenizer-corpus or KVGATE_GSM8K_DIR"
+            "--tokenizer",
+            f"{why}; give a tokenizer directory, --tokenizer-corpus or KVGATE_GSM8K_DIR",
         )
-    from kvgate.load.tokenizer import TokenizerBuildError, build_word_tokenizer
-
     try:
-        return build_word_tokenizer(Path(corpus), work / "tokenizer")
+        built = build_word_tokenizer(Path(corpus), work / "tokenizer")
     except TokenizerBuildError as exc:
         raise SpecError("--tokenizer-corpus", str(exc)) from None
+    unread = f" ({source}: no tokenizer this Job can read)" if source else ""
+    return built, f"the word tokenizer that counts as kvgate.sim does{unread}"
 
 
 def _reachable(base_url: str) -> bool:
@@ -409,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvgate-load-") as scratch:
         work = Path(args.work_dir) if args.work_dir else Path(scratch)
         try:
-            tokenizer = _tokenizer_dir(args, work)
+            tokenizer, counting_with = _tokenizer_dir(args, work)
             plans = {
                 name: LoadPlan(
                     base_url=url,
@@ -435,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
                 "event": "started",
                 "stages": list(levels),
                 "requests": [s.num_requests for s in stages],
+                "tokenizer": counting_with,
             }
         )
         try:
