@@ -334,8 +334,12 @@ def load_command(
     deadline_s: float | None = None,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
+    tokenizer: str | None = None,
 ) -> list[str]:
     """`kvgate load-job` against both arms' base URLs with production's workload shape.
+
+    `tokenizer`: the model's source (a directory or a hub repo id), whose tokenizer the clients
+    count with where the Job can read it (`kvgate.load.tokenizer`).
 
     `deadline_s`: the Job's deadline; the runs get `load_run_timeout(deadline_s)` of it, so the
     program still prints its summary before the Job is killed. The SLOs (the gate's p99
@@ -346,6 +350,8 @@ def load_command(
     for option, bound in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):
         if bound is not None:
             extra += [option, f"{bound:g}"]
+    if tokenizer:
+        extra += ["--tokenizer", tokenizer]
     return [
         "kvgate",
         "load-job",

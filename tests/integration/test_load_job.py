@@ -143,6 +143,9 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
     # pool with room preempts nothing
     assert summary.control is not None and summary.candidate is not None
     assert summary.control.preemptions == summary.candidate.preemptions == 0.0
+    # the clients counted with the word tokenizer (no tokenizer for the served model here) and
+    # the engines' own token counters agreed with them, or the arms would be errors
+    assert lines[0]["tokenizer"].startswith("the word tokenizer that counts as kvgate.sim does")
     stage_lines = [line for line in lines if line.get("event") == "stage"]
     assert {(line["arm"], line["concurrency"]) for line in stage_lines} == {
         (arm, c) for arm in ("control", "candidate") for c in (2, 1, 8)
@@ -181,6 +184,28 @@ def test_each_stage_says_what_it_did_to_each_engine(
             assert 0 <= (at[arm, level].max_waiting or 0) <= level
     # the stages' counts add up to the whole load's (read before the first, after the last)
     assert sum(s.preemptions or 0 for s in summary.control.stages) == summary.control.preemptions
+
+
+def test_a_tokenizer_that_is_not_the_engines_makes_the_run_an_error(
+    sim: Callable[..., Any], tmp_path: Path, local_tokenizer: Path
+) -> None:
+    # GIVEN clients counting with a BPE tokenizer while the engines count words
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
+    candidate = sim(FP8, env={"KVGATE_SIM_SPEED": "0.01"})
+    extra = ["--tokenizer", str(local_tokenizer), "--stages", "2"]
+    code, lines = finish(load_job(control.url, candidate.url, tmp_path, extra), tmp_path)
+    # THEN every stage ran, yet no arm is a measurement: the counts differ, both named
+    summary = summary_of(lines)
+    assert code == 4 and summary.verdict is LoadVerdict.ERROR
+    assert lines[0]["tokenizer"] == f"the model's: {local_tokenizer}"
+    for arm in (summary.control, summary.candidate):
+        assert arm is not None and arm.error is not None
+        assert all(stage.status is StageStatus.MEASURED for stage in arm.stages)
+        assert re.search(
+            r"client counted [\d,]+ output tokens, the engine [\d,]+ "
+            r"\(vllm:generation_tokens_total\): the load tokenizer is not the served model's",
+            arm.error,
+        ), arm.error
 
 
 def test_the_slos_reach_inference_perf_and_its_goodput_comes_back(

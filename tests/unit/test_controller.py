@@ -1764,6 +1764,17 @@ def test_the_load_runs_productions_request_lengths_from_its_histograms(
     )
 
 
+def test_the_load_job_is_given_the_models_source_for_its_tokenizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN a rollout whose engine serves a model WHEN the load Job starts THEN its clients are
+    # pointed at that model's source for their tokenizer (the same for a simulator: no case)
+    world = _until_the_load_job(monkeypatch, LENGTH_HISTOGRAMS)
+    command = _load_command(world)
+    model = world.obj["status"]["model"]
+    assert model and command[command.index("--tokenizer") + 1] == model
+
+
 def test_the_gates_slos_go_to_the_load_job_for_its_goodput(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

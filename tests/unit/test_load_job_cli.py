@@ -20,6 +20,7 @@ from kvgate.cli import main
 from kvgate.commands import load_job
 from kvgate.load import runner as load_runner
 from kvgate.load.config import LoadPlan, Slo
+from kvgate.load.counts import EngineCounters, client_counts
 from kvgate.load.report import (
     Percentiles,
     StageJudgement,
@@ -55,7 +56,8 @@ def result(
         output_tokens_min=128.0 if requests > failures else None, fallback_prompt=0, fallback_output=0,
         token_count_mismatches=0, ttft_s=Percentiles(0.2, 0.9), tpot_s=Percentiles(0.021, 0.0305),
         itl_s=Percentiles(0.02, 0.03), request_latency_s=Percentiles(3.0, 5.0),
-        goodput_percentage=goodput,
+        goodput_percentage=goodput, output_tokens_client=128.0 * (requests - failures),
+        prompt_tokens_max=512.0,
     )  # fmt: skip
 
 
@@ -200,9 +202,37 @@ def tokenizer(tmp_path: Path) -> Path:
     return tmp_path / "tok"
 
 
-def fake_runs(
-    monkeypatch: pytest.MonkeyPatch, failing: dict[str, set[int]], reachable: bool = True
+def engines_that_count(monkeypatch: pytest.MonkeyPatch) -> dict[str, EngineCounters]:
+    """Each arm's engine token counters (0 before the run; `after`, filled by `engine_saw`,
+    after it), read through the Job's own `_token_counters`."""
+    after: dict[str, EngineCounters] = {}
+    zero = EngineCounters(prompt_tokens=0.0, generation_tokens=0.0)
+    monkeypatch.setattr(load_job, "_token_counters", lambda url: after.get(url, zero))
+    return after
+
+
+def engine_saw(
+    after: dict[str, EngineCounters],
+    plan: LoadPlan,
+    stages: tuple[StageJudgement, ...],
+    output_factor: float = 1.0,
 ) -> None:
+    """The engine counted what the client did (times `output_factor`: another tokenizer)."""
+    counted = client_counts(stages, [s.num_requests for s in plan.stages])
+    after[plan.base_url] = EngineCounters(
+        prompt_tokens=counted.prompt_tokens,
+        generation_tokens=(counted.output_tokens or 0.0) * output_factor,
+    )
+
+
+def fake_runs(
+    monkeypatch: pytest.MonkeyPatch,
+    failing: dict[str, set[int]],
+    reachable: bool = True,
+    output_factor: dict[str, float] | None = None,
+) -> None:
+    after = engines_that_count(monkeypatch)
+
     def run_load(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
         arm = work_dir.name
         stages = tuple(
@@ -213,6 +243,7 @@ def fake_runs(
             )
             for s in plan.stages
         )  # fmt: skip
+        engine_saw(after, plan, stages, (output_factor or {}).get(arm, 1.0))
         return LoadRun(0, stages, work_dir / "c.yaml", work_dir / "log", "")
 
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
@@ -274,6 +305,45 @@ def test_a_dead_arm_is_an_error_and_exits_4(
     assert last["candidate"]["reachableAfter"] is False and last["candidate"]["exitCode"] == 0
 
 
+def test_a_load_tokenizer_that_is_not_the_served_models_makes_the_run_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    # GIVEN every stage measured, but the candidate's engine generated 1.3x the tokens its
+    # client counted (the client's tokenizer splits text into fewer, longer tokens)
+    fake_runs(monkeypatch, {}, output_factor={"candidate": 1.3})
+    # WHEN the Job runs
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    # THEN the run is an error naming both counts, never a measurement
+    assert code == 4
+    summary = LoadSummary.from_dict(summary_line(capsys))
+    assert summary.verdict is LoadVerdict.ERROR
+    assert summary.control is not None and summary.control.error is None
+    assert summary.candidate is not None
+    assert summary.candidate.error == (
+        "client counted 26,880 output tokens, the engine 34,944 "
+        "(vllm:generation_tokens_total): the load tokenizer is not the served model's"
+    )
+    assert summary.error == f"candidate: {summary.candidate.error}"
+
+
+def test_an_engine_whose_counters_cannot_be_read_leaves_the_run_unchecked_and_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    fake_runs(monkeypatch, {})
+    monkeypatch.setattr(load_job, "_token_counters", lambda url: None)
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    assert code == 4
+    summary = LoadSummary.from_dict(summary_line(capsys))
+    assert summary.control is not None and summary.control.error is not None
+    assert "vllm:generation_tokens_total could not be read" in summary.control.error
+
+
 def test_a_missing_tool_still_ends_in_a_summary(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -297,19 +367,71 @@ def test_a_missing_tool_still_ends_in_a_summary(
         (["--max-concurrency", "16"], "--max-concurrency: 16 is below --production-concurrency 32"),
         (["--rounds", "0"], "--rounds: must be > 0, got 0"),
         (["--stages", "8,0"], "--stages: give concurrency levels >= 1, got '8,0'"),
-        (["--tokenizer", "/nonexistent"], "--tokenizer: /nonexistent holds no tokenizer.json"),
+        (
+            ["--tokenizer", "/nonexistent"],
+            "--tokenizer: /nonexistent holds no tokenizer this Job can read; give",
+        ),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms: must be > 0, got 0"),
         (["--slo-tpot-ms", "-5"], "--slo-tpot-ms: must be > 0, got -5"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
-    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
 ) -> None:
+    monkeypatch.delenv("KVGATE_GSM8K_DIR", raising=False)  # no word tokenizer to fall back on
     argv = [*ARGV, *extra] if "--tokenizer" in extra else [*ARGV, "--tokenizer", "/t", *extra]
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def started_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    first: dict[str, Any] = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["event"] == "started"
+    return first
+
+
+def test_a_hub_models_tokenizer_is_read_from_the_cache_never_downloaded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tests.hf_cache_layout import add_to_cache
+
+    snapshot = add_to_cache(tmp_path / "hub", "org/served", {"tokenizer.json": b"{}"})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake_runs(monkeypatch, {})
+    planned: list[str] = []
+    run_load = load_runner.run_load
+
+    def spy(plan: LoadPlan, work_dir: Path, *, timeout_s: float) -> LoadRun:
+        planned.append(plan.tokenizer_dir)
+        return run_load(plan, work_dir, timeout_s=timeout_s)
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", spy)
+    argv = [*ARGV, "--tokenizer", "org/served", "--work-dir", str(tmp_path / "w")]
+    assert main(argv) == 0
+    assert started_line(capsys)["tokenizer"] == "the model's: org/served"
+    assert planned == [str(snapshot)] * 2
+
+
+def test_a_model_source_the_job_cannot_read_falls_back_to_the_word_tokenizer_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # the engines' counters, not the Job, then judge it (see the wrong-tokenizer test above)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text(json.dumps({"question": "How many apples?", "answer": "Three."}) + "\n")
+    fake_runs(monkeypatch, {})
+    argv = [*ARGV, "--tokenizer", "org/absent", "--tokenizer-corpus", str(corpus),
+            "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    assert main(argv) == 0
+    assert started_line(capsys)["tokenizer"] == (
+        "the word tokenizer that counts as kvgate.sim does (org/absent: no tokenizer this Job "
+        "can read)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -440,6 +562,7 @@ def test_the_stages_engine_figures_reach_the_summary(
             with log.open("a") as f:
                 f.write(f"INFO Stage {number} - run completed\n")
             time.sleep(0.1)
+        engine_saw(after, plan, tuple(stages))
         # the reports only at the end, as inference-perf writes them
         reports = Path(plan.report_dir)
         reports.mkdir(parents=True, exist_ok=True)
@@ -448,6 +571,7 @@ def test_the_stages_engine_figures_reach_the_summary(
         return LoadRun(0, tuple(stages), work_dir / "c.yaml", log, "")
 
     counters = {"http://127.0.0.1:1": 0.0, "http://127.0.0.1:2": 0.0}
+    after = engines_that_count(monkeypatch)
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
     monkeypatch.setattr(load_job, "POLL_S", 0.01)
     monkeypatch.setattr(load_job, "_reachable", lambda url: True)

@@ -9,7 +9,9 @@ capped by `--max-concurrency`.
 inference-perf's exit code is not trusted (it exits 0 with every request failed): each stage is
 judged from its own report (`kvgate.load.report`); failures, cut-off streams, short outputs or a
 missing report make the stage `error`, never a measurement. After the runs each arm is asked
-whether it still answers, so an arm that died reads as such.
+whether it still answers, so an arm that died reads as such, and each arm's token counters
+(read before and after its run) must agree with what its client counted (`kvgate.load.counts`):
+a load tokenizer that is not the served model's makes the arm an error naming both counts.
 
 stdout carries JSON lines only: `kvgate.load/progress` lines, then one `kvgate.load/summary`
 line (`kvgate.loadresult.LoadSummary`), always the last, carrying `KVGATE_LOAD_NONCE` when set.
@@ -42,6 +44,7 @@ from kvgate.commands.exit_codes import (
 )
 from kvgate.errors import SpecError
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
+from kvgate.load.counts import EngineCounters, check_counts, client_counts
 from kvgate.load.report import StageJudgement, stage_file
 from kvgate.load.runner import INFERENCE_PERF_LOG
 from kvgate.loadresult import (
@@ -117,7 +120,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
     parser.add_argument(
-        "--tokenizer", help="local tokenizer directory (default: built from --tokenizer-corpus)"
+        "--tokenizer",
+        help="the served model's source: a tokenizer directory, or a hub repo id read from the "
+        "Hugging Face cache, never downloaded (else, or when unreadable: the word tokenizer "
+        "built from --tokenizer-corpus, which the engines' token counters then check)",
     )
     parser.add_argument(
         "--tokenizer-corpus",
@@ -197,32 +203,38 @@ def _positive(value: float, option: str) -> None:
         raise SpecError(option, f"must be > 0, got {value:g}")
 
 
-def _tokenizer_dir(args: argparse.Namespace, work: Path) -> Path:
-    if args.tokenizer:
-        path = Path(args.tokenizer)
-        if (
-            not (path / "tokenizer.json").is_file()
-            and not (path / "tokenizer_config.json").is_file()
-        ):
-            raise SpecError(
-                "--tokenizer", f"{path} holds no tokenizer.json or tokenizer_config.json"
-            )
-        return path
+def _tokenizer_dir(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The tokenizer the clients count with, and which one it is (for the log): the model
+    source's (`--tokenizer`) where this Job can read it, else the word tokenizer that counts as
+    kvgate.sim does (the engines' token counters then say whether it was right:
+    `kvgate.load.tokenizer`)."""
+    from kvgate.load.tokenizer import (
+        TokenizerBuildError,
+        build_word_tokenizer,
+        readable_tokenizer_dir,
+    )
+
+    source = args.tokenizer
+    found = readable_tokenizer_dir(source, os.environ) if source else None
+    if found is not None:
+        return found, f"the model's: {source}"
     corpus = args.tokenizer_corpus or (
         str(Path(os.environ["KVGATE_GSM8K_DIR"]) / "train.jsonl")
         if os.environ.get("KVGATE_GSM8K_DIR")
         else None
     )
     if not corpus:
+        why = f"{source} holds no tokenizer this Job can read" if source else "none given"
         raise SpecError(
-            "--tokenizer", "give a tokenizer directory, --tokenizer-corpus or KVGATE_GSM8K_DIR"
+            "--tokenizer",
+            f"{why}; give a tokenizer directory, --tokenizer-corpus or KVGATE_GSM8K_DIR",
         )
-    from kvgate.load.tokenizer import TokenizerBuildError, build_word_tokenizer
-
     try:
-        return build_word_tokenizer(Path(corpus), work / "tokenizer")
+        built = build_word_tokenizer(Path(corpus), work / "tokenizer")
     except TokenizerBuildError as exc:
         raise SpecError("--tokenizer-corpus", str(exc)) from None
+    unread = f" ({source}: no tokenizer this Job can read)" if source else ""
+    return built, f"the word tokenizer that counts as kvgate.sim does{unread}"
 
 
 def _reachable(base_url: str) -> bool:
@@ -248,6 +260,22 @@ def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
     except (ScrapeError, InputError):
         return None
     return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting)
+
+
+def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | None:
+    """The engine's cumulative prompt and generation token counters now (None: unreadable)."""
+    from kvgate.adapters import http
+    from kvgate.errors import InputError, ScrapeError
+
+    try:
+        snap = http.scrape_snapshot(
+            base_url.rstrip("/") + "/metrics", client=client, timeout=PROBE_TIMEOUT_S
+        )
+    except (ScrapeError, InputError):
+        return None
+    return EngineCounters(
+        prompt_tokens=snap.prompt_tokens, generation_tokens=snap.generation_tokens
+    )
 
 
 def _preemptions(base_url: str, *, client: Any = None) -> float | None:
@@ -390,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvgate-load-") as scratch:
         work = Path(args.work_dir) if args.work_dir else Path(scratch)
         try:
-            tokenizer = _tokenizer_dir(args, work)
+            tokenizer, counting_with = _tokenizer_dir(args, work)
             plans = {
                 name: LoadPlan(
                     base_url=url,
@@ -416,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
                 "event": "started",
                 "stages": list(levels),
                 "requests": [s.num_requests for s in stages],
+                "tokenizer": counting_with,
             }
         )
         try:
@@ -467,6 +496,8 @@ def _run_both(
             failures[name] = exc
 
     preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
+    # Read last before the runs start: the arms' counters may move only by this load from here.
+    counted_before = {name: _token_counters(plans[name].base_url) for name in ARMS}
     watches = {
         name: EngineWatch(
             functools.partial(_engine_now, plans[name].base_url),
@@ -513,11 +544,24 @@ def _run_both(
             )
         )
         reachable = _reachable(plans[name].base_url)
+        broke = _arm_error(points, result.exit_code, reachable)
+        # An arm that died has its error; the counts of one that answers must be the engine's.
+        miscounted = (
+            check_counts(
+                client_counts(result.stages, [s.num_requests for s in plans[name].stages]),
+                counted_before[name],
+                _token_counters(plans[name].base_url),
+                output_tokens=plans[name].output_tokens,
+                engine=plans[name].server_type,
+            )
+            if reachable
+            else ()
+        )
         arms[name] = ArmLoad(
             url=plans[name].base_url,
             exit_code=result.exit_code,
             reachable_after=reachable,
-            error=_arm_error(points, result.exit_code, reachable),
+            error="; ".join(filter(None, (broke, *miscounted))) or None,
             stages=points,
             preemptions=_increase(
                 preempted_before[name], _preemptions(plans[name].base_url) if reachable else None

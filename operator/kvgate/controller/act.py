@@ -285,10 +285,13 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
             deadline_s=deadline_s,
             slo_ttft_ms=gate.ttft_p99_ms if gate else None,
             slo_tpot_ms=gate.tpot_p99_ms if gate else None,
+            # the served model's source: the clients count with its tokenizer where the Job can
+            # read it, else with the word tokenizer, and the engines' counters check either
+            tokenizer=status.model,
         ),
         deadline_s=deadline_s,
         config_hash=str(status.config_hash),
-        # the word tokenizer that counts as the engines do is built from GSM8K's train split
+        # the word tokenizer (counts as kvgate.sim does) is built from GSM8K's train split
         env={
             "PYTHONUNBUFFERED": "1",
             **({"KVGATE_GSM8K_DIR": ctx.config.gsm8k_dir} if ctx.config.gsm8k_dir else {}),

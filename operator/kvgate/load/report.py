@@ -61,6 +61,11 @@ class StageResult:
     itl_s: Percentiles | None
     request_latency_s: Percentiles | None
     goodput_percentage: float | None
+    # The client's own count of the successes' output tokens (its tokenizer over the streamed
+    # text: the count tok/s and TPOT are computed from; `output_tokens_total` is the engine's
+    # usage), and the longest prompt. None: not in the report (no success).
+    output_tokens_client: float | None = None
+    prompt_tokens_max: float | None = None
 
 
 Status = Literal["measured", "error"]
@@ -129,6 +134,7 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
     successes = _count(data, "successes.count", source)
     output_min = _number(data, "successes.output_tokens.min", source) if successes > 0 else None
     goodput = data["successes"].get("goodput_metrics")
+    client_output = data["successes"].get("output_len")
     return StageResult(
         stage=stage,
         concurrency=_count(data, "load_summary.concurrency", source),
@@ -154,6 +160,15 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
             _number(data, "successes.goodput_metrics.goodput_percentage", source)
             if isinstance(goodput, Mapping)
             else None
+        ),
+        # output_len has a mean but no total: mean x successes is the client's total
+        output_tokens_client=(
+            _number(data, "successes.output_len.mean", source) * successes
+            if successes > 0 and isinstance(client_output, Mapping) and client_output
+            else None
+        ),
+        prompt_tokens_max=(
+            _number(data, "successes.prompt_tokens.max", source) if successes > 0 else None
         ),
     )
 

@@ -1,4 +1,21 @@
-"""A word-level tokenizer that counts exactly as `kvgate.sim` does, built offline from GSM8K.
+"""The load Job's tokenizer: the served model's where the Job can read it, else kvgate.sim's.
+
+Why a local tokenizer, from the model's own source: inference-perf makes its prompts from token
+ids and counts every response's tokens (the count its tok/s and TPOT are computed from) with a
+tokenizer *directory* it loads itself, offline; the engine's POST /tokenize (which vLLM serves)
+cannot stand in for that, so the served model's tokenizer files must be on the Job's disk. The
+operator passes the model source it already knows (`spec.model.name`, else the engine's
+`--model`), as it does for the eval's long-context task: a directory the Job can read, or a hub
+repo id found in the Job's Hugging Face cache (offline: the load Job's pods reach no hub).
+
+When the source names nothing the Job can read, the Job counts with the word tokenizer below,
+which counts exactly as the simulator does, and says so in its log. That is not a guess that the
+engine is the simulator: every run's counts are checked against the engine's own token counters
+(`kvgate.load.counts`), so the word tokenizer passes only where the engine counts words, and a
+real model's run with it ends an error naming both counts. The operator never tells the two
+apart.
+
+A word-level tokenizer that counts exactly as `kvgate.sim` does, built offline from GSM8K.
 
 inference-perf needs a local tokenizer directory (offline it cannot fetch one). The
 simulator counts a token per `\\s*(?:\\w+|[^\\w\\s])` piece; this tokenizer splits on
@@ -11,7 +28,10 @@ committed. A real engine's own tokenizer files go in its place.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+
+from kvgate.config import hf_hub_cache
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 VOCAB_SIZE = 30000
@@ -24,6 +44,30 @@ TOKENIZER_CONFIG = {
     "model_max_length": 131072,
     "clean_up_tokenization_spaces": False,
 }
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def readable_tokenizer_dir(source: str, environ: Mapping[str, str]) -> Path | None:
+    """The directory holding `source`'s tokenizer (a local directory, or a hub repo id's snapshot
+    in the Hugging Face cache `environ` names, never downloaded), or None when the Job cannot
+    read one."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path if any((path / name).is_file() for name in TOKENIZER_FILES) else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    for name in TOKENIZER_FILES:
+        try:
+            found = try_to_load_from_cache(source, name, cache_dir=hf_hub_cache(environ))
+        except ValueError:  # not a repo id (huggingface_hub validates it)
+            return None
+        if isinstance(found, str):
+            return Path(found).parent
+    return None
 
 
 class TokenizerBuildError(ValueError):

@@ -202,6 +202,22 @@ class Scheduler:
             self._wake.notify()
         return request
 
+    def abort(self, request: Request, reason: str = "client disconnected") -> bool:
+        """Stop a request where it is and free its KV blocks, as vLLM does when its client
+        disconnects; False when it had already ended."""
+        with self.lock:
+            if request in self._running:
+                self._running.remove(request)
+            elif request in self._waiting:
+                self._waiting.remove(request)
+            else:
+                return False
+            self._finish(request, self.clock, aborted=reason)
+            # the loop refreshes these only while it has work: an idle engine must read idle
+            self._refresh_gauges()
+            self._wake.notify()
+        return True
+
     def usage(self) -> float:
         return self.stats.used_blocks / self.total_blocks
 
@@ -244,13 +260,16 @@ class Scheduler:
                 if not self._running and need > self.total_blocks:
                     # can never fit: vLLM rejects these up front; here it is aborted
                     self._waiting.popleft()
-                    self._finish(request, now, aborted=True)
+                    self._finish(request, now, aborted="request does not fit in the KV cache")
                     continue
                 break
             self._waiting.popleft()
             if request.admitted is None:
                 request.admitted = now
                 self.stats.queue_time.observe(now - request.arrival)
+                # counted once per request, as vLLM V1 does: a preempted sequence's recompute
+                # is prefill work, not more prompt tokens
+                self.stats.prompt_tokens += request.prompt_tokens
             self._running.append(request)
             used_blocks += need
             prefill += request.context
@@ -267,16 +286,17 @@ class Scheduler:
             self.stats.preemptions += 1
             self.stats.last_preemptions += 1
 
-    def _finish(self, request: Request, now: float, aborted: bool = False) -> None:
+    def _finish(self, request: Request, now: float, aborted: str | None = None) -> None:
+        """`aborted`: why the request ends unfinished (counted as finished with reason abort)."""
         request.finished_at = now
         stats = self.stats
         # Both engines observe the lengths where they count the finished request (vLLM beside
         # request_success, SGLang beside num_requests_total), so aborted ones too.
         stats.prompt_lengths.observe(request.prompt_tokens)
         stats.output_lengths.observe(request.generated)
-        if aborted:
+        if aborted is not None:
             stats.finished["abort"] += 1
-            request.error = "request does not fit in the KV cache"
+            request.error = aborted
         else:
             stats.finished[request.finish_reason] = stats.finished.get(request.finish_reason, 0) + 1
             stats.e2e.observe(now - request.arrival)
@@ -312,7 +332,6 @@ class Scheduler:
         used = sum(self._blocks(r.context) for r in self._running)
         used, prefill = self._admit(used)
         stats = self.stats
-        stats.prompt_tokens += prefill
         stats.last_preemptions = 0
         prefill += self._prefill_debt  # admitted at the end of the last tick
         self._prefill_debt = 0
@@ -369,13 +388,16 @@ class Scheduler:
         if finished and self._waiting and not self._halted:
             # refill freed slots now, so the batch never looks empty between ticks
             _, admitted = self._admit(sum(self._blocks(r.context) for r in self._running))
-            stats.prompt_tokens += admitted
             self._prefill_debt += admitted
+        self._refresh_gauges()
+        return max(wall, 1e-4)
+
+    def _refresh_gauges(self) -> None:
+        stats = self.stats
         stats.running = len(self._running)
         stats.waiting = len(self._waiting)
         stats.used_tokens = sum(r.context for r in self._running)
         stats.used_blocks = sum(self._blocks(r.context) for r in self._running)
-        return max(wall, 1e-4)
 
 
 class SyntheticLoad:

@@ -7,7 +7,10 @@ thread produces tokens, so concurrency behaves like continuous batching.
 from __future__ import annotations
 
 import json
+import queue
 import secrets
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +29,12 @@ from kvgate.sim.logfmt import SglangLog, VllmLog
 from kvgate.sim.metrics import render
 
 _REQUEST_TIMEOUT = 3600.0
+# How often a handler waiting on the engine looks whether its client is still there.
+DISCONNECT_POLL_S = 0.1
+
+
+class ClientGone(Exception):
+    """The client closed its connection; its requests were aborted and nothing is answered."""
 
 
 class BadRequest(Exception):
@@ -191,6 +200,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._not_found()
         except BadRequest as exc:
             self._error(exc.status, str(exc), exc.param)
+        except ClientGone:
+            self.close_connection = True
         except EngineDead:
             self._error(
                 500, "EngineCore encountered an issue. See stack trace (above) for the root cause."
@@ -324,11 +335,30 @@ class Handler(BaseHTTPRequestHandler):
             stop_reason=textgen.matched_stop(text, stop) if reason == "stop" else None,
         )
 
+    def _client_gone(self) -> bool:
+        """The client closed its end (a readable socket with nothing to read). Bytes waiting
+        are a pipelined next request, not a disconnect."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _abort(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.app.scheduler.abort(request)
+
     def _run(self, requests: list[Request]) -> None:
+        """Wait for every request; a client that disconnects meanwhile has them aborted, as vLLM
+        does (its engine would otherwise decode for no one, and a load tool's next stage with it)."""
         for request in requests:
             self.app.scheduler.submit(request)
+        deadline = time.monotonic() + _REQUEST_TIMEOUT
         for request in requests:
-            request.done.wait(_REQUEST_TIMEOUT)
+            while not request.done.wait(DISCONNECT_POLL_S):
+                if self._client_gone() or time.monotonic() > deadline:
+                    self._abort(requests)
+                    raise ClientGone()
             if request.error is not None:
                 raise EngineDead(request.error)
 
@@ -501,11 +531,17 @@ class Handler(BaseHTTPRequestHandler):
             }
 
         assert request.stream is not None
+        deadline = time.monotonic() + _REQUEST_TIMEOUT
         try:
             if chat:
                 event(choice("", None, first=True))
             while True:
-                piece = request.stream.get(timeout=_REQUEST_TIMEOUT)
+                try:
+                    piece = request.stream.get(timeout=DISCONNECT_POLL_S)
+                except queue.Empty:  # queued or slow: is anyone still listening?
+                    if self._client_gone() or time.monotonic() > deadline:
+                        raise ConnectionResetError from None
+                    continue
                 if piece is None:
                     break
                 if piece:  # the EOS token is not shown
@@ -517,6 +553,9 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
+            # vLLM aborts a stream whose client went away: no more decoding, its blocks freed
+            self.app.scheduler.abort(request)
+            self.close_connection = True
             return
         self._done(200)
 
