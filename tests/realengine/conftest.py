@@ -20,8 +20,9 @@ E2E_DIR = Path(__file__).resolve().parents[1] / "e2e"
 if str(E2E_DIR) not in sys.path:
     sys.path.insert(0, str(E2E_DIR))
 
-import real_vllm  # noqa: E402 - hack/ is put on sys.path by tests/conftest.py
 from support import Operator  # noqa: E402
+
+import real_vllm  # noqa: E402 - hack/ is put on sys.path by tests/conftest.py
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -49,4 +50,6 @@ def no_operator_outlives_its_module() -> Iterator[None]:
     """As tests/e2e/conftest.py: kill any `kvgate run` a module left running."""
     yield
     for log in Operator.reap():
-        warnings.warn(f"an operator outlived its module and was killed; its log: {log}", stacklevel=1)
+        warnings.warn(
+            f"an operator outlived its module and was killed; its log: {log}", stacklevel=1
+        )

@@ -1,0 +1,178 @@
+"""A whole rollout on real vLLM: `kubectl apply` to the end, every engine fact from the engine.
+
+Production is a Deployment of real vLLM 0.32 (CPU build) serving a tiny Qwen3 built offline,
+with an 8 MiB KV pool (4,096 BF16 tokens), run by the test kubelet (hack/kubelet.py: the pod's
+command as a process at its loopback IP; the real node would need a 6 GB image of vLLM built
+first, for no more realism in what kvgate reads). One operator, two rollouts in turn:
+
+  (a) a candidate that cannot start: its extraArgs shrink its pool to 1 MiB, which holds 1,024
+      FP8 tokens, fewer than the 2,048 of one request at max-model-len. vLLM refuses to start
+      (its own ValueError); the rollout is RolledBack naming the engine's words and the remedy,
+      production untouched.
+  (b) FP8 promoted on real evidence: Preflight samples production's real /metrics while client
+      threads keep its pool full (requests waiting, preemptions); the control and the FP8
+      candidate are real vLLM; the log scan and the /metrics cross-check read their real
+      lines; the capacity gain is the engines' own KV tokens (8,192 / 4,096 = 2.00x). The
+      accuracy gate is off (a random model scores 0 on both arms: it cannot be measured; the
+      fast tier shows that with it on, such a rollout is never promoted). Promoted: the
+      Deployment runs FP8, and its new pod's /metrics say so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support import (
+    Operator,
+    apply,
+    container_of,
+    create_namespace,
+    finish,
+    get,
+    install_crd,
+    phase,
+    pods,
+    rollout,
+    wait_deployment_ready,
+    wait_for,
+    wait_phase,
+)
+
+import real_vllm
+from kvgate.model import Phase
+
+pytestmark = pytest.mark.realengine
+
+TARGET = "vllm"
+TERMINAL = {p.value for p in Phase if p.terminal}
+# Two real servers start at once beside production on two cores: give them room.
+CANARY = {"startupTimeout": "600s", "evalTimeout": "300s", "evalRetries": 0}
+
+
+class World:
+    def __init__(self, cluster: Any, model: Path, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.ns = create_namespace(cluster, "kvgate-real-engine")
+        install_crd(cluster)
+        self.operator = Operator(cluster, log_dir / "operator.log", namespaces=[self.ns]).start()
+        apply(cluster, self.ns, real_vllm.engine_deployment(TARGET, model))
+
+    def production_url(self) -> str:
+        ready = [
+            p
+            for p in pods(self.cluster, self.ns, f"app={TARGET}")
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+        ]
+        assert len(ready) == 1, [p["metadata"]["name"] for p in ready]
+        return f"http://{ready[0]['status']['podIP']}:{real_vllm.PORT}"
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = get(self.cluster, self.ns, "kvcacherollout", name) or {}
+        return dict(obj.get("status") or {})
+
+    def deployment(self) -> dict[str, Any]:
+        obj = get(self.cluster, self.ns, "deployment", TARGET)
+        assert obj is not None
+        return obj
+
+
+@pytest.fixture(scope="module")
+def world(
+    cluster: Any, vllm_installed: None, tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    w = World(cluster, tiny_qwen3, tmp_path_factory.mktemp("real-engine"))
+    try:
+        wait_deployment_ready(cluster, w.ns, TARGET, timeout=600)
+        yield w
+    finally:
+        finish(cluster, w.operator, [w.ns])
+
+
+def gates_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict(status.get("gates") or {})
+
+
+def test_a_candidate_that_cannot_start_is_rolled_back_with_the_engines_error(world: World) -> None:
+    before = container_of(world.deployment())
+    spec = rollout(
+        "tight",
+        TARGET,
+        extraArgs=["--kv-cache-memory-bytes", "1048576"],
+        gates={"capacity": {"mode": "off"}, "accuracy": {"mode": "off"}},
+        canary=CANARY,
+    )
+    apply(world.cluster, world.ns, spec)
+    obj = wait_phase(world.cluster, world.ns, "tight", TERMINAL, timeout=900)
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "CanaryCrashed"), status
+    message = status["message"]
+    # the engine's own error, as vLLM 0.32 words it, and the remedy kvgate derives from it
+    assert "candidate" in message, message
+    assert re.search(r"estimated maximum model length is \d+|max.model.len", message), message
+    assert "--max-model-len" in message, message
+    assert container_of(world.deployment()) == before  # production untouched
+    world.cluster.kubectl("delete", "kvr", "tight", "-n", world.ns, "--wait=true", timeout=180)
+
+
+def test_fp8_is_promoted_on_the_real_engines_evidence(world: World) -> None:
+    pressure = real_vllm.Pressure(world.production_url(), str(world.model)).start()
+    try:
+        apply(
+            world.cluster,
+            world.ns,
+            rollout(
+                "fp8",
+                TARGET,
+                gates={
+                    "capacity": {"mode": "require", "window": "6s", "samples": 3},
+                    "accuracy": {"mode": "off"},
+                },
+                canary=CANARY,
+                promotion={"mode": "auto", "verifyWindow": "10s", "verifySamples": 3},
+            ),
+        )
+        # Production's pool is kept full only while Preflight samples it: two more real
+        # servers start next, on the same two cores.
+        wait_for(
+            lambda: phase(world.cluster, world.ns, "fp8") not in (None, "Pending", "Preflight"),
+            300,
+            "fp8 past Preflight",
+            interval=1.0,
+            detail=lambda: json.dumps(world.status("fp8"))[:3000],
+        )
+    finally:
+        pressure.stop()
+    assert pressure.answered > 0, "the pressure threads got no answer from production"
+    obj = wait_phase(world.cluster, world.ns, "fp8", TERMINAL, timeout=1200)
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("Promoted", "Promoted"), json.dumps(status)[
+        :4000
+    ]
+
+    gates = gates_of(status)
+    assert gates["capacity"]["reason"] == "PoolPressured", gates["capacity"]
+    assert gates["engineTruth"]["reason"] == "LogMetricsAgree", gates["engineTruth"]
+    assert gates["backend"]["reason"] == "BackendUnchanged", gates["backend"]
+    assert "CPU_ATTN" in gates["backend"]["message"], gates["backend"]
+    assert gates["capacityGain"]["reason"] == "CapacityGained", gates["capacityGain"]
+    assert (gates["accuracy"]["outcome"], gates["accuracy"]["reason"]) == ("Skipped", "AccuracyOff")
+    # the capacity each arm's engine reported: 4,096 BF16 tokens, 8,192 FP8 tokens
+    arms = status["arms"]
+    assert arms["control"]["scan"]["kvCacheTokens"] == 4096, arms["control"]
+    assert arms["candidate"]["scan"]["kvCacheTokens"] == 8192, arms["candidate"]
+
+    container = container_of(world.deployment())
+    args = container.get("args") or []
+    assert "--kv-cache-dtype" in args and args[args.index("--kv-cache-dtype") + 1] == "fp8", args
+    # The promoted pod is real vLLM running FP8: its own /metrics say so.
+    wait_deployment_ready(world.cluster, world.ns, TARGET, timeout=600)
+    metrics = httpx.get(f"{world.production_url()}/metrics", timeout=10).text
+    info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info"))
+    assert 'cache_dtype="fp8"' in info and 'kv_cache_size_tokens="8192"' in info, info
