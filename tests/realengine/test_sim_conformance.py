@@ -641,11 +641,6 @@ def test_real_vllm_aborts_on_disconnect(servers: tuple[Server, Server]) -> None:
     check_abort(servers[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulator keeps generating for a client that hung up; abort-on-disconnect is "
-    "being added to kvgate.sim in another branch (remove this mark when it lands)",
-)
 def test_simulator_aborts_on_disconnect(servers: tuple[Server, Server]) -> None:
     check_abort(servers[1])
 
