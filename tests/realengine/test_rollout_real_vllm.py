@@ -47,7 +47,9 @@ from support import (
 import real_vllm
 from kvgate.model import Phase
 
-pytestmark = pytest.mark.realengine
+# Four real servers start in turn here (production, two canaries, the promoted pod), each 40-90 s
+# on an idle 2-core machine and several times that on a busy one.
+pytestmark = [pytest.mark.realengine, pytest.mark.timeout(2400)]
 
 TARGET = "vllm"
 TERMINAL = {p.value for p in Phase if p.terminal}
@@ -89,10 +91,30 @@ def world(
 ) -> Iterator[World]:
     w = World(cluster, tiny_qwen3, tmp_path_factory.mktemp("real-engine"))
     try:
-        wait_deployment_ready(cluster, w.ns, TARGET, timeout=600)
+        wait_engine_ready(w)
         yield w
     finally:
         finish(cluster, w.operator, [w.ns])
+
+
+def wait_engine_ready(world: World, timeout: float = 900) -> None:
+    """Production's real vLLM pod Ready; a pod whose engine keeps exiting fails at once with its
+    last log lines (a broken install says why here, not after the deadline)."""
+
+    def ready() -> bool:
+        for pod in pods(world.cluster, world.ns, f"app={TARGET}"):
+            (state,) = pod["status"].get("containerStatuses") or [{}]
+            if state.get("restartCount", 0) >= 2:
+                name = pod["metadata"]["name"]
+                log = world.cluster.kubectl(
+                    "logs", name, "-n", world.ns, "--previous", "--tail=30", check=False
+                )
+                raise AssertionError(f"{name}: the engine keeps exiting:\n{log.stdout}")
+            if state.get("ready"):
+                return True
+        return False
+
+    wait_for(ready, timeout, "production's real vLLM Ready", interval=2.0)
 
 
 def gates_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -172,7 +194,7 @@ def test_fp8_is_promoted_on_the_real_engines_evidence(world: World) -> None:
     args = container.get("args") or []
     assert "--kv-cache-dtype" in args and args[args.index("--kv-cache-dtype") + 1] == "fp8", args
     # The promoted pod is real vLLM running FP8: its own /metrics say so.
-    wait_deployment_ready(world.cluster, world.ns, TARGET, timeout=600)
+    wait_deployment_ready(world.cluster, world.ns, TARGET, timeout=900)
     metrics = httpx.get(f"{world.production_url()}/metrics", timeout=10).text
     info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info"))
     assert 'cache_dtype="fp8"' in info and 'kv_cache_size_tokens="8192"' in info, info
