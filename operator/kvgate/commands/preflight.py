@@ -45,6 +45,9 @@ class PoolOptions:
 
     version: tuple[int, ...] = NEWEST_VLLM_READ
     max_num_batched_tokens: int = 2048
+    # vLLM's default on GPUs (vllm/config/cache.py DEFAULT_BLOCK_SIZE); its CPU platform uses 128
+    # for every non-MLA model (vllm/platforms/cpu.py, check_and_update_config, 0.32.0).
+    block_size: int = 16
 
 
 _DEFAULT_POOL: Final = PoolOptions()
@@ -102,6 +105,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --max-model-len: the engine's --max-num-batched-tokens; a sliding-window layer "
         "holds its window plus this many tokens per request",
     )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=_DEFAULT_POOL.block_size,
+        metavar="N",
+        help="with --gpu-memory-gib: the engine's KV block size; the pool is a whole number of "
+        "blocks (vLLM: 16 on GPUs, 128 on its CPU build)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -119,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--vllm-version", str(exc)) from None
     if not 0 < args.timeout <= 3600:
         raise SpecError("--timeout", f"{args.timeout:g} is not in (0, 3600] seconds")
-    pool = PoolOptions(version, args.max_num_batched_tokens)
+    if not 1 <= args.block_size <= 4096:
+        raise SpecError("--block-size", f"{args.block_size} is not in [1, 4096] tokens")
+    pool = PoolOptions(version, args.max_num_batched_tokens, args.block_size)
     result = preflight(
         args.model,
         args.revision,
@@ -203,7 +216,9 @@ def _preflight(
             )
         layout, scales = headers.analyse()
         source, commit, read = headers.source, headers.commit, headers.to_dict()
-    summary = _summary(source, revision, commit, layout, scales, memory_bytes, read)
+    summary = _summary(
+        source, revision, commit, layout, scales, memory_bytes, read, block_size=pool.block_size
+    )
     if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
         summary["vllm_pool"] = {
             d: vllm_pool(
@@ -213,6 +228,7 @@ def _preflight(
                 max_model_len=max_model_len,
                 max_num_batched_tokens=pool.max_num_batched_tokens,
                 version=pool.version,
+                block_size=pool.block_size,
             ).to_dict()
             for d in DTYPES
         }
@@ -281,6 +297,8 @@ def _summary(
     scales: ScaleReport,
     memory_bytes: int | None,
     read: dict[str, Any] | None,
+    *,
+    block_size: int = _DEFAULT_POOL.block_size,
 ) -> dict[str, Any]:
     return {
         "kind": "kvgate.preflight",
@@ -300,7 +318,7 @@ def _summary(
         "pool_memory_gib": None if memory_bytes is None else memory_bytes / GIB,
         "pool_tokens": None
         if memory_bytes is None
-        else {d: layout.pool_tokens(memory_bytes, d) for d in DTYPES},
+        else {d: layout.pool_tokens(memory_bytes, d, block_size) for d in DTYPES},
         "capacity_gain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
         "notes": list(dict.fromkeys(layout.notes)),  # a note said once, however many fields
         "scales": scales.to_dict(),
