@@ -146,6 +146,7 @@ class Pressure:
     model: str
     workers: int = 16
     max_tokens: int = 512
+    sent: int = 0
     answered: int = 0
     failed: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -169,6 +170,8 @@ class Pressure:
         }
         with httpx.Client(timeout=httpx.Timeout(300.0, connect=5.0)) as client:
             while not self._stop.is_set():
+                with self._lock:
+                    self.sent += 1
                 try:
                     ok = client.post(f"{self.url}/v1/completions", json=body).status_code == 200
                 except httpx.HTTPError:

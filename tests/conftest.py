@@ -12,11 +12,14 @@ Each test belongs to one tier, chosen by marker:
   reports at 1,280 px).
 - ``e2e``: tests/e2e, against the local control plane (the ``cluster`` fixture).
 - ``harness``: tests/harness, the control plane's and the real node's own tests.
+- ``realengine``: tests/realengine, real vLLM (the CPU build in .venv-vllm, `make vllmenv`)
+  serving tiny models built offline, under the operator and beside the simulator.
 
 As kopf's tests/conftest.py does for e2e, the slow tiers are opt-in by flag: without
-``--with-lmeval``, ``--with-tools``, ``--with-e2e`` or ``--with-harness`` (or ``--all-tiers``) their tests are
+``--with-lmeval``, ``--with-tools``, ``--with-e2e``, ``--with-harness`` or ``--with-realengine``
+(or ``--all-tiers``) their tests are
 skipped with a message naming the flag, and ``pytest -m TIER --with-TIER`` runs one tier.
-Tests under tests/e2e and tests/harness get their tier's marker by directory; a test in either
+Tests under tests/e2e, tests/harness and tests/realengine get their tier's marker by directory; a test in either
 that carries another tier's marker is a collection error, so a tier never loses a test.
 Under pytest-xdist (`pytest` runs two workers, pyproject.toml) each worker runs whole files;
 the e2e ones start a cluster each (``cluster`` below). Collected items run fast tier first, then

