@@ -179,7 +179,7 @@ def test_fp8_is_promoted_on_the_real_engines_evidence(world: World) -> None:
     ]
 
     gates = gates_of(status)
-    assert gates["capacity"]["reason"] == "PoolPressured", gates["capacity"]
+    assert gates["poolPressure"]["reason"] == "PoolPressured", gates["poolPressure"]
     assert gates["engineTruth"]["reason"] == "LogMetricsAgree", gates["engineTruth"]
     assert gates["backend"]["reason"] == "BackendUnchanged", gates["backend"]
     assert "CPU_ATTN" in gates["backend"]["message"], gates["backend"]
@@ -187,8 +187,8 @@ def test_fp8_is_promoted_on_the_real_engines_evidence(world: World) -> None:
     assert (gates["accuracy"]["outcome"], gates["accuracy"]["reason"]) == ("Skipped", "AccuracyOff")
     # the capacity each arm's engine reported: 4,096 BF16 tokens, 8,192 FP8 tokens
     arms = status["arms"]
-    assert arms["control"]["scan"]["kvCacheTokens"] == 4096, arms["control"]
-    assert arms["candidate"]["scan"]["kvCacheTokens"] == 8192, arms["candidate"]
+    assert arms["control"]["scan"]["capacity"]["kvTokens"] == 4096, arms["control"]
+    assert arms["candidate"]["scan"]["capacity"]["kvTokens"] == 8192, arms["candidate"]
 
     container = container_of(world.deployment())
     args = container.get("args") or []
