@@ -200,6 +200,48 @@ def serve(
 ) -> Iterator[str]:
     """One real vLLM on 127.0.0.1:`port`, its output in `log_path`; yields its base URL once
     /health answers, and stops it (its whole process group) on the way out."""
+    proc, url = _start(model_dir, log_path, port, kv_cache_dtype, pool_bytes, extra)
+    try:
+        _wait_ready(proc, url, log_path, ready_timeout)
+        yield url
+    finally:
+        stop_group(proc)
+
+
+@contextmanager
+def serve_side_by_side(
+    model_dir: Path,
+    log_dir: Path,
+    dtypes: tuple[str, ...],
+    *,
+    pool_bytes: int = SMALL_POOL_BYTES,
+    ready_timeout: float = 420.0,
+) -> Iterator[dict[str, str]]:
+    """One real vLLM per KV cache dtype, all started at once (one wait for all, not one after
+    the other); yields {dtype: base URL} once every one answers /health, then stops them all.
+    Logs: `log_dir`/vllm-DTYPE.log."""
+    started: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    try:
+        for dtype in dtypes:
+            log = log_dir / f"vllm-{dtype}.log"
+            started[dtype] = _start(model_dir, log, free_port(), dtype, pool_bytes, None)
+        deadline = time.monotonic() + ready_timeout
+        for dtype, (proc, url) in started.items():
+            _wait_ready(proc, url, log_dir / f"vllm-{dtype}.log", deadline - time.monotonic())
+        yield {dtype: url for dtype, (_, url) in started.items()}
+    finally:
+        for proc, _ in started.values():
+            stop_group(proc)
+
+
+def _start(
+    model_dir: Path,
+    log_path: Path,
+    port: int,
+    kv_cache_dtype: str,
+    pool_bytes: int,
+    extra: Mapping[str, str] | None,
+) -> tuple[subprocess.Popen[bytes], str]:
     scratch = log_path.parent / f"scratch-{port}"
     scratch.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
@@ -210,20 +252,17 @@ def serve(
         proc = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with {proc.returncode} before ready; see {log_path}"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM not ready within {ready_timeout:g}s; see {log_path}")
-            time.sleep(1.0)
-        yield url
-    finally:
-        stop_group(proc)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _healthy(url):
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode} before ready; see {log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM not ready within {timeout:g}s; see {log_path}")
+        time.sleep(1.0)
 
 
 def _healthy(url: str) -> bool:
@@ -298,6 +337,7 @@ class Burst:
     ttft_s: tuple[float, ...]
     tpot_s: tuple[float, ...]
     failed: int
+    samples: int  # /metrics samples taken during the burst (the peaks are of these)
 
     @property
     def tok_s(self) -> float:
@@ -395,10 +435,11 @@ def burst(
         t.start()
     start.wait()
     t0 = time.monotonic()
-    peak_waiting, peak_usage = 0.0, 0.0
+    peak_waiting, peak_usage, samples = 0.0, 0.0, 0
     while any(t.is_alive() for t in threads):
         try:
             m = scrape(url)
+            samples += 1
         except httpx.HTTPError:
             m = {}
         peak_waiting = max(peak_waiting, m.get("vllm:num_requests_waiting", 0.0))
@@ -429,6 +470,7 @@ def burst(
         ttft_s=tuple(r[0] for r in results),
         tpot_s=tuple(r[1] for r in results),
         failed=len(failures),
+        samples=samples,
     )
 
 
@@ -481,12 +523,12 @@ def compare(
         )
 
     if side_by_side:
-        with server("auto") as bf16, server("fp8") as fp8:
-            urls = {"auto": bf16, "fp8": fp8}
+        with serve_side_by_side(model_dir, log_dir, ARMS, pool_bytes=pool_bytes) as urls:
             for url in urls.values():
                 warm(url)
-            for c in levels:
-                for dtype in ARMS:
+            for i, c in enumerate(levels):
+                # Turns alternate, so that a machine getting busier does not always hit one arm.
+                for dtype in ARMS if i % 2 == 0 else ARMS[::-1]:
                     run(dtype, urls[dtype], c)
     else:
         for dtype in ARMS:
@@ -501,8 +543,8 @@ def table(results: dict[str, list[Burst]]) -> str:
     """The side-by-side table, a Markdown one (readable as text too)."""
     rows = [
         "| KV cache | KV tokens | concurrent | preemptions | peak waiting | peak KV usage "
-        "| out tok/s | TPOT mean / p50 / p99 (ms) | TTFT p50 / p99 (s) | failed |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "| out tok/s | TPOT mean / p50 / p99 (ms) | TTFT p50 / p99 (s) | wall (s) | samples | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     names = {"auto": "BF16 (auto)", "fp8": "FP8"}
     levels = sorted({b.concurrency for bs in results.values() for b in bs})
@@ -513,6 +555,7 @@ def table(results: dict[str, list[Burst]]) -> str:
                     f"| {names.get(dtype, dtype)} | {b.kv_tokens:,} | {c} | {b.preemptions} "
                     f"| {b.peak_waiting} | {b.peak_usage:.2f} | {b.tok_s:,.0f} "
                     f"| {b.tpot_mean_ms:.1f} / {b.tpot_ms(0.5):.1f} / {b.tpot_ms(0.99):.1f} "
-                    f"| {b.ttft(0.5):.2f} / {b.ttft(0.99):.2f} | {b.failed} |"
+                    f"| {b.ttft(0.5):.2f} / {b.ttft(0.99):.2f} | {b.wall_s:.1f} | {b.samples} "
+                    f"| {b.failed} |"
                 )
     return "\n".join(rows)
