@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
         c(
             "2",
             "vLLM 0.32 (CPU build), a tiny Qwen3 with random weights, 2 servers started at once; "
-            f"bursts of {', '.join(map(str, levels))} requests (~100 tokens in, 512 out), "
+            f"bursts of {', '.join(map(str, levels))} requests (140 tokens in, 512 out), "
             "one server at a time.",
         )
     )
@@ -214,12 +214,11 @@ def pool_full(url: str, since: dict[str, float]) -> str | None:
 
 
 def the_rollout(cluster: Cluster, model: Path, log_dir: Path, timeout: float) -> None:
-    step("A rollout on real vLLM: production is real vLLM 0.32 (CPU), 4,096 BF16 tokens of pool")
     create_namespace(cluster, NS)
     install_crd(cluster)
     operator = Operator(cluster, log_dir / "operator.log", namespaces=[NS]).start()
     try:
-        rollout_on_real_vllm(cluster, operator, model, timeout)
+        rollout_on_real_vllm(cluster, operator, model, timeout, log_dir)
     except BaseException:
         say(c("31", "\n== What went wrong"))
         obj = get(cluster, NS, "kvcacherollout", "fp8") or {}
@@ -243,7 +242,9 @@ def the_rollout(cluster: Cluster, model: Path, log_dir: Path, timeout: float) ->
         )
 
 
-def rollout_on_real_vllm(cluster: Cluster, operator: Operator, model: Path, timeout: float) -> None:
+def rollout_on_real_vllm(
+    cluster: Cluster, operator: Operator, model: Path, timeout: float, log_dir: Path
+) -> None:
     apply(cluster, NS, real_vllm.engine_deployment(TARGET, model))
     say(f"  {c('2', '·')} Deployment {TARGET}: `python -m vllm.entrypoints.openai.api_server` on")
     say(f"    {model.name}, --kv-cache-memory-bytes {real_vllm.SMALL_POOL_BYTES}; the kubelet runs")
@@ -290,7 +291,7 @@ def rollout_on_real_vllm(cluster: Cluster, operator: Operator, model: Path, time
         pressure.stop()
     say(c("2", f"  (the clients stop: {pressure.answered} answers, {pressure.failed} errors)"))
     status = narrator.until(lambda s: s.get("phase") in TERMINAL, timeout, "fp8 ended")
-    verdict(cluster, status)
+    verdict(cluster, status, log_dir)
     if status.get("phase") != "Promoted":
         raise RuntimeError(f"the rollout ended {status.get('phase')}: {status.get('message')}")
     t = time.monotonic()
@@ -313,33 +314,44 @@ def kv_line(url: str) -> str:
     return f"its /metrics: cache_dtype={dtype}, kv_cache_size_tokens={info:,}"
 
 
-def verdict(cluster: Cluster, status: dict[str, Any]) -> None:
+def verdict(cluster: Cluster, status: dict[str, Any], log_dir: Path) -> None:
+    (log_dir / "rollout-fp8.status.json").write_text(json.dumps(status, indent=2) + "\n")
     say(f"\n  {c('1', 'verdict')}: {status.get('phase')} ({status.get('reason')})")
-    gates = status.get("gates") or {}
-    for name in ("capacity", "scales", "engineTruth", "backend", "capacityGain", "accuracy"):
-        g = gates.get(name)
-        if g:
-            say(
-                f"    {name:13} {g.get('reason', g.get('outcome', '?')):22} {(g.get('message') or '')[:95]}"
-            )
+    for name, g in (status.get("gates") or {}).items():
+        reason = g.get("reason") or g.get("outcome") or "?"
+        say(f"    {name:13} {reason:18} {(g.get('message') or '')[:100]}")
     arms = status.get("arms") or {}
-    tokens = {a: ((arms.get(a) or {}).get("scan") or {}).get("kvCacheTokens") for a in arms}
-    if tokens:
-        say(f"    KV tokens the arms' engines logged: {tokens}")
+    tokens = {
+        arm: (
+            (((arms.get(arm) or {}).get("scan") or {}).get("capacity") or {}).get("kvCacheTokens")
+        )
+        for arm in ("control", "candidate")
+    }
+    say(
+        f"    the arms' startup logs: control {tokens['control']} KV tokens, candidate "
+        f"{tokens['candidate']}"
+    )
     dep = get(cluster, NS, "deployment", TARGET)
     if dep is not None:
-        say(f"  production args now: {' '.join(container_of(dep).get('args') or [])[-120:]}")
+        args = container_of(dep).get("args") or []
+        say(f"  production's args now: {' '.join(args[2:])}")  # after --model DIR
 
 
 # ---- main ---------------------------------------------------------------------------------
 
 
+def interrupted(signum: int, frame: object) -> None:
+    """SIGTERM (demo.sh's trap) as Ctrl-C: the `finally`s tear down what was started."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", type=Path, required=True, help="the cluster's and logs")
     parser.add_argument("--bin-dir", type=Path, default=default_bin_dir())
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the rollout")
-    parser.add_argument("--levels", default="4,12", help="concurrent requests per burst")
+    parser.add_argument("--levels", default="4,10", help="concurrent requests per burst")
     parser.add_argument("--skip-numbers", action="store_true", help="the rollout only")
     parser.add_argument("--skip-rollout", action="store_true", help="the numbers only")
     args = parser.parse_args()
@@ -355,45 +367,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-real-") as tmp:
         model = build(Path(tmp) / "tiny-qwen3", corpus="words")
         cluster: Cluster | None = None
-        started: list[BaseException] = []
-
-        def up() -> None:
-            nonlocal cluster
-            try:
+        try:
+            if not args.skip_numbers:
+                numbers(model, levels, logs)
+            if not args.skip_rollout:
+                # In this thread: the control plane's processes die with the thread that
+                # started them (PR_SET_PDEATHSIG), and after (a), which wants the cores.
+                step("A rollout on real vLLM: production is real vLLM 0.32 (CPU), 4,096 tokens")
+                t = time.monotonic()
                 cluster = Cluster(
                     state / "cluster",
                     args.bin_dir,
                     node_kind="process",
                     kubelet_args=[f"--ip-prefixes={POD_IP_PREFIX}-{POD_IP_PREFIX}"],
                     log=lambda msg: append(logs / "cluster.log", msg),
-                ).start(timeout=300)
-            except BaseException as exc:
-                started.append(exc)
-
-        # The control plane starts while the two servers of (a) start: mostly waiting, both.
-        booting = threading.Thread(target=up, daemon=True) if not args.skip_rollout else None
-        if booting is not None:
-            booting.start()
-        try:
-            if not args.skip_numbers:
-                numbers(model, levels, logs)
-            if booting is not None:
-                booting.join(timeout=360)
-                if booting.is_alive() or started or cluster is None:
-                    raise RuntimeError(
-                        f"the cluster did not start: {started[0] if started else 'timed out'}; "
-                        f"see {logs / 'cluster.log'} and {state / 'cluster'}"
-                    )
+                )
+                cluster.start(timeout=300)
+                up = time.monotonic() - t
+                say(f"  a small cluster of its own with the process kubelet: up in {up:.0f}s")
                 the_rollout(cluster, model, logs, args.timeout)
         except BaseException as exc:
             say(c("31", f"real-engine part failed: {exc!r}"))
-            for log in sorted(logs.glob("vllm-*.log")):
+            if isinstance(exc, subprocess.CalledProcessError):
+                say(f"{exc.stdout or ''}{exc.stderr or ''}")
+            for log in sorted(logs.glob("vllm-*.log")) if "vllm-" in str(exc) else []:
                 say(f"-- {log} (last 10 lines)")
                 say("\n".join(log.read_text(errors="replace").splitlines()[-10:]))
             return 1
         finally:
-            if booting is not None:
-                booting.join(timeout=360)
             if cluster is not None:
                 cluster.stop()  # the kubelet stops its pods' process groups with it
             leftover = stray_servers(model)
