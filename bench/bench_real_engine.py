@@ -95,7 +95,7 @@ def main() -> int:
     ).stdout.strip()
     mode = "one after the other" if args.one_after_another else "side by side, bursts in turn"
     head = (
-        f"vLLM {version} (CPU), tiny Qwen3, pool 8 MiB, ~100 tokens in / {args.max_tokens} out "
+        f"vLLM {version} (CPU), tiny Qwen3, pool 8 MiB, 140 tokens in / {args.max_tokens} out "
         f"(ignore_eos); servers {mode}; nproc {os.cpu_count()}; "
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; load average (1/5/15 min) at start {loads[0]}, "
         f"after each burst {', '.join(x.split()[0] for x in loads[1:])}; wall {wall:.0f} s"
