@@ -110,7 +110,6 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
         ("KV tokens", lambda b: f"{b.kv_tokens:,}"),
         ("preemptions", lambda b: str(b.preemptions)),
         ("peak waiting", lambda b: str(b.peak_waiting)),
-        ("peak KV usage", lambda b: f"{b.peak_usage:.0%}"),
         ("output tok/s", lambda b: f"{b.tok_s:,.0f}"),
         ("TPOT mean (ms)", lambda b: f"{b.tpot_mean_ms:.1f}"),
         ("TPOT p99 (ms)", lambda b: f"{b.tpot_ms(0.99):.1f}"),
@@ -123,11 +122,18 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
     ratio = fp8[0].kv_tokens / bf16[0].kv_tokens
     say()
     say(
-        f"  {c('1', 'FP8 holds ' + f'{ratio:.2f}x' + ' the tokens in the same bytes')}; where "
-        "BF16's pool runs out, its requests are preempted and wait (and recomputed); FP8's "
-        "TPOT where both fit is the per-token cost of the FP8 cache on this CPU."
+        f"  {c('1', 'FP8 holds ' + f'{ratio:.2f}x' + ' the tokens in the same bytes')}. Where "
+        "BF16's pool runs out and FP8's does not, BF16's requests are preempted (recomputed) "
+        "and wait; FP8's are not. Where both fit, the TPOT difference is FP8's cost per token "
+        "on this CPU build, and this machine's noise (bench/RESULTS-real-engine.md has more)."
     )
-    say(c("2", "  TPOT from the client's stream timestamps; the rest from each engine's /metrics."))
+    say(
+        c(
+            "2",
+            "  TPOT from the client's stream timestamps; the rest from each engine's /metrics "
+            "(peak waiting: samples every 0.5 s).",
+        )
+    )
 
 
 # ---- (b) the rollout ----------------------------------------------------------------------
@@ -136,11 +142,16 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
 class Narrator:
     """A line per phase change and per new Event of one rollout (as hack/demo.sh's narrate)."""
 
-    def __init__(self, cluster: Cluster, name: str) -> None:
-        self.cluster, self.name = cluster, name
+    def __init__(self, cluster: Cluster, name: str, model: Path) -> None:
+        self.cluster, self.name, self.model = cluster, name, model
         self.t0 = time.monotonic()
         self.seen: set[str] = set()
         self.phase: str | None = None
+
+    def short(self, text: str | None) -> str:
+        """The line without the long paths (the server's command, the model's directory)."""
+        text = (text or "").replace(" ".join(real_vllm.VLLM_SERVER), "vllm")
+        return text.replace(str(self.model.parent) + "/", "")[:150]
 
     def status(self) -> dict[str, Any]:
         obj = get(self.cluster, NS, "kvcacherollout", self.name) or {}
@@ -159,7 +170,7 @@ class Narrator:
                 continue
             self.seen.add(ev["metadata"]["uid"])
             mark = c("33", "!") if ev.get("type") == "Warning" else c("2", "·")
-            say(f"  {now:6.1f}s {mark} {ev.get('reason')}: {(ev.get('message') or '')[:130]}")
+            say(f"  {now:6.1f}s {mark} {ev.get('reason')}: {self.short(ev.get('message'))}")
         status = self.status()
         if status.get("phase") and status["phase"] != self.phase:
             self.phase = status["phase"]
@@ -170,7 +181,7 @@ class Narrator:
                 if self.phase in ("RolledBack", "Failed")
                 else "36"
             )
-            msg = (status.get("message") or "")[:140]
+            msg = self.short(status.get("message"))
             say(f"  {now:6.1f}s {c('1;' + color, '→ ' + self.phase)}  {msg}")
         return status
 
@@ -234,7 +245,9 @@ def the_rollout(cluster: Cluster, model: Path, log_dir: Path, timeout: float) ->
         cluster.kubectl(
             "wait", "--for=delete", "kvr", "--all", "-n", NS, "--timeout=60s", check=False
         )
-        operator.stop()
+        code = operator.stop()
+        if code != 0 or "Traceback" in operator.log():
+            say(c("33", f"  the operator exited {code}; its log: {operator.log_path}"))
         # Production's pod is real vLLM: stopped by its kubelet before the cluster goes.
         cluster.kubectl("delete", "deployment", TARGET, "-n", NS, "--wait=false", check=False)
         cluster.kubectl(
@@ -256,7 +269,7 @@ def rollout_on_real_vllm(
     say(f"    {kv_line(url)}")
 
     pressure = real_vllm.Pressure(url, str(model), workers=16).start()
-    narrator = Narrator(cluster, "fp8")
+    narrator = Narrator(cluster, "fp8", model)
     try:
         since = real_vllm.scrape(url)
         full = wait_for(lambda: pool_full(url, since), 180, "production's pool full", interval=0.5)
