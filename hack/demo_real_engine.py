@@ -330,20 +330,19 @@ def kv_line(url: str) -> str:
 def verdict(cluster: Cluster, status: dict[str, Any], log_dir: Path) -> None:
     (log_dir / "rollout-fp8.status.json").write_text(json.dumps(status, indent=2) + "\n")
     say(f"\n  {c('1', 'verdict')}: {status.get('phase')} ({status.get('reason')})")
-    for name, g in (status.get("gates") or {}).items():
+    gates = status.get("gates") or {}
+    order = ["poolPressure", "scales", "canary", "engineTruth", "backend", "capacityGain"]
+    for name, g in sorted(gates.items(), key=lambda kv: [*order, kv[0]].index(kv[0])):
         reason = g.get("reason") or g.get("outcome") or "?"
         say(f"    {name:13} {reason:18} {(g.get('message') or '')[:100]}")
-    arms = status.get("arms") or {}
-    tokens = {
-        arm: (
-            (((arms.get(arm) or {}).get("scan") or {}).get("capacity") or {}).get("kvCacheTokens")
+    for arm, a in sorted((status.get("arms") or {}).items(), reverse=True):  # control first
+        logged = ((a.get("scan") or {}).get("capacity") or {}).get("kvTokens")
+        served = ((a.get("metrics") or {}).get("cacheConfig") or {}).get("kv_cache_size_tokens")
+        dtype = (a.get("scan") or {}).get("kvCacheDtype")
+        say(
+            f"    {arm:9} pod {a.get('pod')}: KV {dtype}, {logged} tokens in its startup log, "
+            f"{served} in its /metrics"
         )
-        for arm in ("control", "candidate")
-    }
-    say(
-        f"    the arms' startup logs: control {tokens['control']} KV tokens, candidate "
-        f"{tokens['candidate']}"
-    )
     dep = get(cluster, NS, "deployment", TARGET)
     if dep is not None:
         args = container_of(dep).get("args") or []
