@@ -316,7 +316,8 @@ if [ "$CLUSTER_UP" = 1 ] && [ "$KEEP" != 1 ]; then
 fi
 [ -x "$ROOT/.venv-vllm/bin/python" ] || fail "no real vLLM at $ROOT/.venv-vllm: run \`make vllmenv\`"
 # In the background, as the narrator: INT/TERM reach it, and it tears down what it started.
-"$PY" hack/demo_real_engine.py --state-dir "$STATE/real-engine" --bin-dir "$BIN" --timeout "$DEMO_TIMEOUT" &
+"$PY" hack/demo_real_engine.py --state-dir "$STATE/real-engine" --bin-dir "$BIN" --timeout "$DEMO_TIMEOUT" \
+	--elapsed "$((SECONDS - T0))" &
 NARRATOR=$!
 wait "$NARRATOR" || fail "the real-engine part failed (its logs: $STATE/real-engine/logs)"
 
