@@ -122,7 +122,7 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(BIN)/python hack/cluster.py status
 
-bench: $(STAMP) $(LOAD_STAMP)
+bench: $(STAMP) $(LOAD_STAMP) vllmenv
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvgate end to end, narrated: the project's images, a local control plane with a real node
 # (kubelet + kube-proxy on containerd), the Helm chart, a simulated vLLM Deployment on an L4,
-# and two FP8 KV-cache rollouts, one rolled back, one promoted.
+# and two FP8 KV-cache rollouts, one rolled back, one promoted; then real vLLM (CPU, a tiny
+# model): what FP8 buys measured, and a rollout of it (hack/demo_real_engine.py).
 #
 #   hack/demo.sh            # run it, then tear everything down
 #   hack/demo.sh --keep     # leave the cluster up afterwards (or KEEP=1)
@@ -19,7 +20,7 @@ KEEP="${KEEP:-0}"
 for arg in "$@"; do
 	case "$arg" in
 	--keep) KEEP=1 ;;
-	-h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
 	esac
 done
@@ -300,5 +301,25 @@ kubectl get events -n "$NS" --field-selector involvedObject.kind=KVCacheRollout 
 step "kvgate report qwen3-fp8-triton"
 kvgate report qwen3-fp8-triton -n "$NS" --html "$OUT/report.html"
 kvgate report qwen3-fp8 -n "$NS" --html "$OUT/report-rolled-back.html" >/dev/null
+
+# ---- 8. the real engine -------------------------------------------------------------------
+# Everything above ran the simulator (an L4 and Qwen3-8B, as kvgate.sim models them). The last
+# part runs real vLLM 0.32, its CPU build (`make vllmenv`), on a tiny random Qwen3 built offline:
+# the numbers (BF16 vs FP8 in the same pool, measured), then a rollout of a real vLLM Deployment
+# on a small cluster of its own with the process kubelet (there is no vLLM image for the
+# containerd node: it would be 6 GB), the operator as `kvgate run`. The simulated cluster goes
+# first (unless --keep): the real engine wants the cores for itself.
+if [ "$CLUSTER_UP" = 1 ] && [ "$KEEP" != 1 ]; then
+	step "Tear down the simulated cluster"
+	timeout 90 "$PY" hack/cluster.py down --state-dir "$STATE/cluster" 2>&1 | sed 's/^/  /'
+	CLUSTER_UP=0
+fi
+[ -x "$ROOT/.venv-vllm/bin/python" ] || fail "no real vLLM at $ROOT/.venv-vllm: run \`make vllmenv\`"
+# In the background, as the narrator: INT/TERM reach it, and it tears down what it started.
+"$PY" hack/demo_real_engine.py --state-dir "$STATE/real-engine" --bin-dir "$BIN" --timeout "$DEMO_TIMEOUT" \
+	--elapsed "$((SECONDS - T0))" &
+NARRATOR=$!
+wait "$NARRATOR" || fail "the real-engine part failed (its logs: $STATE/real-engine/logs)"
+
 say "${G}Demo done in $((SECONDS - T0)) s.${N} HTML reports: $OUT/report.html, $OUT/report-rolled-back.html"
 say "The rollouts as JSON: $OUT/rollouts.json (kvgate report qwen3-fp8 -f $OUT/rollouts.json)"
