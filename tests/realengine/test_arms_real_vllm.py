@@ -1,4 +1,5 @@
-"""What kvgate says about a real vLLM 0.32 holds on a shape none of the other tests use.
+"""Two real vLLM 0.32 arms (BF16 and FP8 KV, side by side) of a shape no other test uses: what
+kvgate reads from them, and how its accuracy gate judges them.
 
 A tiny Llama with 3 layers, 8 heads, 4 KV heads and head_dim 32 (1,536 bytes of BF16 KV a
 token: 8 MiB is not a whole number of the CPU build's 128-token blocks, so the rounding shows),
@@ -6,12 +7,15 @@ served with BF16 and with FP8 KV. For each, kvgate's three readings must agree w
 engine's own numbers: the startup log (`scan_log`: version, dtype, backend, KV tokens, max
 concurrency, ready), the /metrics (`parse_metrics`: dtype and pool tokens), and `preflight`'s
 prediction from the checkpoint alone (with the CPU build's block size).
+
+Then the paired GSM8K eval (`kvgate eval`: lm-eval against both OpenAI servers): a random model
+scores about 0 on both arms, and kvgate must say that no loss can be measured on it
+(inconclusive, `control_below_floor`), never non-inferior.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,12 +33,6 @@ pytestmark = [pytest.mark.realengine, pytest.mark.timeout(1200)]
 
 SHAPE: dict[str, Any] = {"arch": "llama", "layers": 3, "heads": 8, "kv_heads": 4, "head_dim": 32}
 CPU_BLOCK = 128  # vllm/platforms/cpu.py: every non-MLA model on the CPU build
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +59,27 @@ def predicted(model: Path) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-@pytest.fixture(scope="module", params=["auto", "fp8"])
+@pytest.fixture(scope="module")
+def arm_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("arms")
+
+
+@pytest.fixture(scope="module")
+def arms(model: Path, arm_logs: Path) -> Iterator[dict[str, str]]:
+    """{kv dtype: base URL} of the two servers, started at once (logs: vllm-DTYPE.log)."""
+    with real_vllm.serve_side_by_side(model, arm_logs, ("auto", "fp8")) as urls:
+        yield urls
+
+
+@pytest.fixture(params=["auto", "fp8"])
 def served(
-    request: pytest.FixtureRequest, model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str, str]]:
-    """(kv dtype, startup log, /metrics) of a real server, read while it runs."""
+    request: pytest.FixtureRequest, arms: dict[str, str], arm_logs: Path
+) -> tuple[str, str, str]:
+    """(kv dtype, startup log, /metrics) of one arm."""
     dtype = str(request.param)
-    log = tmp_path_factory.mktemp(f"shape-{dtype}") / "vllm.log"
-    with real_vllm.serve(model, log, port=free_port(), kv_cache_dtype=dtype) as url:
-        metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        yield dtype, log.read_text(errors="replace"), metrics
+    log = arm_logs / f"vllm-{dtype}.log"
+    metrics = httpx.get(f"{arms[dtype]}/metrics", timeout=10).text
+    return dtype, log.read_text(errors="replace"), metrics
 
 
 def test_kvgate_reads_the_real_engine_as_it_is(
@@ -106,3 +115,24 @@ def test_fp8_holds_what_preflight_says(predicted: dict[str, Any]) -> None:
     """Not exactly twice here: 8 MiB holds 42 blocks of BF16 and 85 of FP8."""
     pool = predicted["vllm_pool"]
     assert (pool["bf16"]["kv_tokens"], pool["fp8"]["kv_tokens"]) == (42 * 128, 85 * 128)
+
+
+def test_the_eval_says_no_loss_can_be_measured_on_a_random_model(
+    arms: dict[str, str], tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "kvgate", "eval", "--json",
+            "--control-url", f"{arms['auto']}/v1/completions",
+            "--candidate-url", f"{arms['fp8']}/v1/completions",
+            "--limit", "30", "--num-fewshot", "0", "--max-gen-toks", "32", "--margin", "0.1",
+            "--output", str(tmp_path / "answers.jsonl"),
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    summary = next(line for line in lines if line.get("kind") == "kvgate.eval/summary")
+    assert proc.returncode == 3, proc.stderr[-2000:]  # inconclusive
+    assert (summary["verdict"], summary["reason"]) == ("inconclusive", "control_below_floor")
+    assert summary["questions_used"] == 30 and summary["control"]["accuracy"] < 0.1, summary
+    assert "cannot be measured" in summary["claim"], summary["claim"]
