@@ -11,7 +11,8 @@ tests of the whole run.
     hack/test_tiers.py fast e2e             # some tiers
     hack/test_tiers.py e2e --path tests/e2e/test_crd.py -- -x   # some files; pytest args after --
 
-Tiers run one at a time, but for the harness, which runs beside fast, lmeval and tools
+Tiers run one at a time (realengine, real vLLM on two cores, last and alone), but for the
+harness, which runs beside fast, lmeval and tools
 (`BESIDE`; `--one-at-a-time` to keep it alone): its output is printed when it ends, before
 e2e starts. fast, lmeval and tools run on two pytest-xdist workers, a test file at
 a time per worker. e2e runs on `--e2e-workers N` (`make test` passes 2; this script's default is
