@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support import GSM8K_DIR
 
 import real_vllm
 from kvgate.logs import scan_log
@@ -93,7 +94,7 @@ def test_kvgate_reads_the_real_engine_as_it_is(
     info = snapshot.cache_config
     assert (info["cache_dtype"], int(info["block_size"])) == (dtype, CPU_BLOCK), info
     tokens = int(info["kv_cache_size_tokens"])
-    assert snapshot.kv_capacity_tokens() == tokens == int(info["num_gpu_blocks"]) * CPU_BLOCK
+    assert snapshot.kv_capacity_tokens == tokens == int(info["num_gpu_blocks"]) * CPU_BLOCK
 
     scan = scan_log(log)
     assert (scan.engine, scan.engine_version, scan.ready, scan.failed) == (
@@ -126,7 +127,7 @@ def test_the_eval_says_no_loss_can_be_measured_on_a_random_model(
             "--control-url", f"{arms['auto']}/v1/completions",
             "--candidate-url", f"{arms['fp8']}/v1/completions",
             "--limit", "30", "--num-fewshot", "0", "--max-gen-toks", "32", "--margin", "0.1",
-            "--output", str(tmp_path / "answers.jsonl"),
+            "--output", str(tmp_path / "answers.jsonl"), "--data-dir", GSM8K_DIR,
         ],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
