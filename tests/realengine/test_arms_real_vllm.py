@@ -10,7 +10,11 @@ prediction from the checkpoint alone (with the CPU build's block size).
 
 Then the paired GSM8K eval (`kvgate eval`: lm-eval against both OpenAI servers): a random model
 scores about 0 on both arms, and kvgate must say that no loss can be measured on it
-(inconclusive, `control_below_floor`), never non-inferior.
+(inconclusive, `control_below_floor`), never non-inferior. And the divergence screen on the
+arms' real log-probs. The model's tokenizer is trained on GSM8K (the builder's default): the
+screen sizes its GSM8K documents by the characters a token of one sample takes, and a tokenizer
+trained on other text (the builder's word list) made that estimate twice too low: 1,024 tokens
+asked, more than 2,048 sent, and the engine refused the document.
 """
 
 from __future__ import annotations
@@ -40,9 +44,7 @@ CPU_BLOCK = 128  # vllm/platforms/cpu.py: every non-MLA model on the CPU build
 def model(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_model import build
 
-    return build(
-        tmp_path_factory.mktemp("shape") / "tiny-llama-l3-h8-kv4-d32", corpus="words", **SHAPE
-    )
+    return build(tmp_path_factory.mktemp("shape") / "tiny-llama-l3-h8-kv4-d32", **SHAPE)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +139,29 @@ def test_the_eval_says_no_loss_can_be_measured_on_a_random_model(
     assert (summary["verdict"], summary["reason"]) == ("inconclusive", "control_below_floor")
     assert summary["questions_used"] == 30 and summary["control"]["accuracy"] < 0.1, summary
     assert "cannot be measured" in summary["claim"], summary["claim"]
+
+
+def test_the_divergence_screen_runs_on_real_numerics(arms: dict[str, str]) -> None:
+    """`kvgate diverge`: the control's own repeat (the A/A floor) against the FP8 candidate, by
+    context position, on the engines' real log-probs. Random weights flatten the distributions,
+    so what is asserted is that the screen measured both comparisons on real numbers, not a
+    verdict about FP8."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "kvgate", "diverge", "--json",
+            "--control-url", f"{arms['auto']}/v1/completions",
+            "--candidate-url", f"{arms['fp8']}/v1/completions",
+            "--documents", "2", "--max-tokens", "1024", "--first-bucket", "256",
+            "--data-dir", GSM8K_DIR,
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["kind"] == "kvgate.diverge/summary", summary
+    assert summary["verdict"] in ("pass", "flag"), summary
+    assert proc.returncode == (0 if summary["verdict"] == "pass" else 1), proc.stderr[-2000:]
+    measured = [b for b in summary["buckets"] if b["candidate"]["positions"]]
+    assert measured, summary
+    for bucket in measured:
+        # real numerics: the FP8 arm's log-probs differ from the BF16 control's somewhere
+        assert bucket["floor"]["mean_kl"] is not None and bucket["candidate"]["mean_kl"] > 0, bucket
