@@ -379,3 +379,33 @@ def test_scales_missing_claims_the_vllm_warning_only_where_vllm_prints_it(
     assert "vLLM warns 'Using KV cache scaling factor 1.0 for fp8_e4m3' if quant_method 'fp8'" in (
         message
     )
+
+
+@pytest.mark.parametrize("bad", ["0", "-16", "4097"])
+def test_a_block_size_out_of_range_is_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    config = str(CONFIGS / "qwen3-8b.json")
+    code, _, err = run(
+        capsys, config, "--gpu-memory-gib", "1", "--max-model-len", "2048", "--block-size", bad
+    )
+    assert code == 2 and f"--block-size: {bad} is not in [1, 4096] tokens" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_cpu_block_size_sizes_the_pool_in_128_token_blocks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Qwen3-8B at 1 GiB: 7,280 tokens in 455 blocks of 16 (vLLM on GPUs), 7,168 in 56 blocks
+    of 128 (its CPU build)."""
+    config = str(CONFIGS / "qwen3-8b.json")
+    pools = {}
+    for block in ("16", "128"):
+        code, out, _ = run(
+            capsys, config, "--json", "--gpu-memory-gib", "1", "--max-model-len", "2048",
+            "--vllm-version", "0.32.0", "--block-size", block,
+        )  # fmt: skip
+        assert code == 0
+        pools[block] = json.loads(out)["vllm_pool"]["bf16"]
+    assert (pools["16"]["kv_tokens"], pools["16"]["num_blocks"]) == (7280, 455)
+    assert (pools["128"]["kv_tokens"], pools["128"]["num_blocks"]) == (7168, 56)
