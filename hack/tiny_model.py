@@ -27,6 +27,7 @@ import os
 import struct
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -134,18 +135,40 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, object]]:
         return json.loads(f.read(length))
 
 
-def weight_shapes(
-    arch: Arch,
-    *,
-    layers: int,
-    hidden_size: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    intermediate_size: int,
-    vocab_size: int,
-) -> dict[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Shape:
+    """What sizes a tiny model: its architecture and every dimension the weights depend on."""
+
+    arch: Arch = "qwen3"
+    layers: int = 4
+    hidden_size: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 512
+    vocab_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, not {self.arch!r}")
+        dims = (self.layers, self.hidden_size, self.heads, self.kv_heads, self.head_dim)
+        if min(*dims, self.intermediate_size) <= 0:
+            raise ValueError("every shape parameter must be positive")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ValueError(
+                f"vocab_size must hold the 256 bytes and {len(SPECIAL_TOKENS)} specials"
+            )
+
+
+def weight_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes as transformers and vLLM name them (lm_head tied, not stored)."""
+    arch, layers, hidden_size, heads = shape.arch, shape.layers, shape.hidden_size, shape.heads
+    kv_heads, head_dim, intermediate_size = shape.kv_heads, shape.head_dim, shape.intermediate_size
+    vocab_size = shape.vocab_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (vocab_size, hidden_size),
         "model.norm.weight": (hidden_size,),
@@ -182,29 +205,19 @@ def kv_scale_values(kv_scales: KVScales, layers: int, seed: int) -> dict[int, tu
 
 
 def build_config(
-    arch: Arch,
-    *,
-    layers: int,
-    hidden_size: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    intermediate_size: int,
-    vocab_size: int,
-    kv_scales: KVScales,
-    bos_token_id: int,
-    eos_token_id: int,
+    shape: Shape, *, kv_scales: KVScales, bos_token_id: int, eos_token_id: int
 ) -> dict[str, object]:
+    arch, layers = shape.arch, shape.layers
     config: dict[str, object] = {
         "architectures": ["Qwen3ForCausalLM" if arch == "qwen3" else "LlamaForCausalLM"],
         "model_type": arch,
-        "hidden_size": hidden_size,
+        "hidden_size": shape.hidden_size,
         "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": intermediate_size,
-        "vocab_size": vocab_size,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "intermediate_size": shape.intermediate_size,
+        "vocab_size": shape.vocab_size,
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
@@ -345,18 +358,13 @@ def build(
     seed: int = 0,
 ) -> Path:
     """Write a servable tiny checkpoint into `out` (created if missing); returns `out`."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {ARCHS}, not {arch!r}")
+    shape = Shape(
+        arch, layers, hidden_size, heads, kv_heads, head_dim, intermediate_size, vocab_size
+    )
     if kv_scales not in KV_SCALE_VARIANTS:
         raise ValueError(f"kv_scales must be one of {KV_SCALE_VARIANTS}, not {kv_scales!r}")
     if corpus not in CORPORA:
         raise ValueError(f"corpus must be one of {CORPORA}, not {corpus!r}")
-    if min(layers, hidden_size, heads, kv_heads, head_dim, intermediate_size) <= 0:
-        raise ValueError("every shape parameter must be positive")
-    if heads % kv_heads:
-        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must hold the 256 bytes and {len(SPECIAL_TOKENS)} specials")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -370,44 +378,23 @@ def build(
         {"bos_token_id": bos_id, "eos_token_id": [eos_id, bos_id], "pad_token_id": bos_id},
     )
 
-    shapes = weight_shapes(
-        arch,
-        layers=layers,
-        hidden_size=hidden_size,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab_size,
-    )
+    shapes = weight_shapes(shape)
     rng = np.random.default_rng(seed)
     tensors: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     for name in sorted(shapes):  # draw in name order: the stream does not depend on dict order
-        shape = shapes[name]
+        dims = shapes[name]
         if name.endswith("norm.weight"):
-            values = np.ones(shape, dtype=np.float32)
+            values = np.ones(dims, dtype=np.float32)
         else:
-            values = rng.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_STD)
-        tensors[name] = ("BF16", shape, bf16_bytes(values))
+            values = rng.standard_normal(dims, dtype=np.float32) * np.float32(WEIGHT_STD)
+        tensors[name] = ("BF16", dims, bf16_bytes(values))
     for layer, (k_scale, v_scale) in kv_scale_values(kv_scales, layers, seed).items():
         p = f"model.layers.{layer}.self_attn"
         tensors[f"{p}.k_scale"] = ("F32", (), struct.pack("<f", k_scale))
         tensors[f"{p}.v_scale"] = ("F32", (), struct.pack("<f", v_scale))
     write_safetensors(out / "model.safetensors", tensors)
 
-    config = build_config(
-        arch,
-        layers=layers,
-        hidden_size=hidden_size,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab_size,
-        kv_scales=kv_scales,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-    )
+    config = build_config(shape, kv_scales=kv_scales, bos_token_id=bos_id, eos_token_id=eos_id)
     _write_json(out / "config.json", config)
     return out
 
