@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,7 @@ def engine_env(host_ip: str, scratch: Path | None = None) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",  # the log is read while the server runs
     }
     if scratch is not None:
         env |= {"TMPDIR": str(scratch), "VLLM_CACHE_ROOT": str(scratch / "vllm-cache")}
@@ -199,11 +200,13 @@ def serve(
     kv_cache_dtype: str = "auto",
     pool_bytes: int = SMALL_POOL_BYTES,
     extra: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
     ready_timeout: float = 420.0,
 ) -> Iterator[str]:
     """One real vLLM on 127.0.0.1:`port`, its output in `log_path`; yields its base URL once
-    /health answers, and stops it (its whole process group) on the way out."""
-    proc, url = _start(model_dir, log_path, port, kv_cache_dtype, pool_bytes, extra)
+    /health answers, and stops it (its whole process group) on the way out. `extra_args` go
+    after the others (e.g. --served-model-name)."""
+    proc, url = _start(model_dir, log_path, port, kv_cache_dtype, pool_bytes, extra, extra_args)
     try:
         _wait_ready(proc, url, log_path, ready_timeout)
         yield url
@@ -244,13 +247,14 @@ def _start(
     kv_cache_dtype: str,
     pool_bytes: int,
     extra: Mapping[str, str] | None,
+    extra_args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     scratch = log_path.parent / f"scratch-{port}"
     scratch.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env |= engine_env("127.0.0.1", scratch) | dict(extra or {})
     argv = [*VLLM_SERVER, "--model", str(model_dir), *engine_args(host="127.0.0.1", port=port,
-            pool_bytes=pool_bytes), "--kv-cache-dtype", kv_cache_dtype]  # fmt: skip
+            pool_bytes=pool_bytes), "--kv-cache-dtype", kv_cache_dtype, *extra_args]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

