@@ -13,7 +13,10 @@ from kvgate.load.runner import read_report_files
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "load"
 ZERO = EngineCounters(prompt_tokens=0.0, generation_tokens=0.0)
-WRONG_TOKENIZER = "the load tokenizer is not the served model's"
+WRONG_TOKENIZER = (
+    "the client re-tokenizes the streamed text into other tokens than the engine generated (a "
+    "load tokenizer that is not the served model's, or output that does not re-tokenize to itself)"
+)
 
 
 def counted(prompt: float, output: float, unfinished: int = 0) -> ClientCounts:

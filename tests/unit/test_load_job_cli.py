@@ -324,7 +324,9 @@ def test_a_load_tokenizer_that_is_not_the_served_models_makes_the_run_an_error(
     assert summary.candidate is not None
     assert summary.candidate.error == (
         "client counted 26,880 output tokens, the engine 34,944 "
-        "(vllm:generation_tokens_total): the load tokenizer is not the served model's"
+        "(vllm:generation_tokens_total): the client re-tokenizes the streamed text into other "
+        "tokens than the engine generated (a load tokenizer that is not the served model's, or "
+        "output that does not re-tokenize to itself)"
     )
     assert summary.error == f"candidate: {summary.candidate.error}"
 

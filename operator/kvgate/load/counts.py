@@ -23,8 +23,9 @@ Pure: takes counts, returns the problems found.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from kvgate.load.report import StageJudgement
 
@@ -100,6 +101,42 @@ def _compare(
     )
 
 
+# Why the client's output count can differ from the engine's: it re-tokenizes the streamed text.
+# Measured on real vLLM 0.32 with the served model's own tokenizer: a random model's byte-level
+# BPE output re-merges when encoded again (15,307 counted, 21,504 generated), so the tokenizer
+# is not the only suspect.
+OUTPUT_CAUSE: Final = (
+    "the client re-tokenizes the streamed text into other tokens than the engine generated "
+    "(a load tokenizer that is not the served model's, or output that does not re-tokenize "
+    "to itself)"
+)
+PROMPT_CAUSE: Final = "other traffic reached the arm, or the client counted prompts itself"
+
+
+def _checked(
+    counter: str,
+    what: str,
+    span: tuple[float | None, float | None],
+    client: float | None,
+    allowance: float | None,
+    unfinished: int,
+    cause: str,
+) -> str | None:
+    """Why the client's `what` total disagrees with the counter's increase over the run
+    (`span`: before, after), None when it agrees."""
+    start, end = span
+    if start is None or end is None:
+        return (f"{counter} could not be read before and after the run: the client's {what} "
+                "token counts are unchecked")  # fmt: skip
+    if end < start:
+        return (f"{counter} went back ({_tokens(start)} to {_tokens(end)}): the engine "
+                "restarted during the run")  # fmt: skip
+    if client is None:
+        return (f"the client's own {what} token count is missing from its reports: tok/s and "
+                "TPOT are unchecked")  # fmt: skip
+    return _compare(what, client, end - start, counter, allowance, unfinished, cause)
+
+
 def check_counts(
     client: ClientCounts,
     before: EngineCounters | None,
@@ -109,42 +146,18 @@ def check_counts(
     engine: str = "vllm",
 ) -> tuple[str, ...]:
     """Why the client's counts cannot be trusted against the engine's (empty: they agree)."""
-    generation, prompt = f"{engine}:generation_tokens_total", f"{engine}:prompt_tokens_total"
-    problems: list[str] = []
-    readers: tuple[tuple[str, str, Callable[[EngineCounters], float | None]], ...] = (
-        ("output", generation, lambda c: c.generation_tokens),
-        ("prompt", prompt, lambda c: c.prompt_tokens),
-    )
-    for what, counter, read in readers:
-        start, end = (None if c is None else read(c) for c in (before, after))
-        if start is None or end is None:
-            problems.append(f"{counter} could not be read before and after the run: the "
-                            f"client's {what} token counts are unchecked")  # fmt: skip
-            continue
-        if end < start:
-            problems.append(f"{counter} went back ({_tokens(start)} to {_tokens(end)}): the "
-                            "engine restarted during the run")  # fmt: skip
-            continue
-        if what == "output":
-            if client.output_tokens is None:
-                problems.append("the client's own output token count is missing from its "
-                                "reports: tok/s and TPOT are unchecked")  # fmt: skip
-                continue
-            found = _compare(
-                what, client.output_tokens, end - start, counter,
-                client.unfinished * output_tokens, client.unfinished,
-                "the load tokenizer is not the served model's",
-            )  # fmt: skip
-        else:
-            allowance = (
-                0.0 if not client.unfinished
-                else None if client.longest_prompt is None
-                else client.unfinished * client.longest_prompt
-            )  # fmt: skip
-            found = _compare(
-                what, client.prompt_tokens, end - start, counter, allowance, client.unfinished,
-                "other traffic reached the arm, or the client counted prompts itself",
-            )  # fmt: skip
-        if found:
-            problems.append(found)
-    return tuple(problems)
+    b, a = before or EngineCounters(None, None), after or EngineCounters(None, None)
+    # each unfinished request may have added up to max_tokens and one prompt (the longest seen)
+    prompt_allowance = (
+        0.0 if not client.unfinished
+        else None if client.longest_prompt is None
+        else client.unfinished * client.longest_prompt
+    )  # fmt: skip
+    found = (
+        _checked(f"{engine}:generation_tokens_total", "output",
+                 (b.generation_tokens, a.generation_tokens), client.output_tokens,
+                 client.unfinished * output_tokens, client.unfinished, OUTPUT_CAUSE),
+        _checked(f"{engine}:prompt_tokens_total", "prompt", (b.prompt_tokens, a.prompt_tokens),
+                 client.prompt_tokens, prompt_allowance, client.unfinished, PROMPT_CAUSE),
+    )  # fmt: skip
+    return tuple(problem for problem in found if problem)
