@@ -47,7 +47,7 @@ if [ ! -f "$DEST/.installed" ]; then
 	"$PYTHON" -m venv "$DEST"
 	"$DEST/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQUIREMENTS"
 	# The install is only done when vLLM imports and takes this machine for a CPU platform.
-	"$DEST/bin/python" - <<'PY'
+	"$DEST/bin/python" - >&2 <<'PY'
 import vllm
 from vllm.platforms import current_platform
 assert current_platform.is_cpu(), f"vLLM sees {type(current_platform).__name__}, not the CPU platform"
