@@ -70,11 +70,14 @@ deps:
 deps-tools:
 	hack/install-deps.sh --tools
 
-# The control plane's and the real node's binaries, and the test forge (Gitea), built once into
-# ~/.cache/kvgate and reused.
+# The control plane's and the real node's binaries, the test forge (Gitea) and the GitOps tools'
+# own code (argocd-health: Argo CD's health evaluator; Flux's source-controller and
+# kustomize-controller), built once into ~/.cache/kvgate and reused.
 binaries:
 	hack/build-binaries.sh --node
 	hack/build-binaries.sh --forge
+	hack/build-binaries.sh --gitops
+	hack/build-binaries.sh --flux
 
 # The CRD's status schema, derived from kvgate.status.RolloutStatus (kvgate.statusschema); the
 # fast tier fails while the CRD differs from it (tests/unit/test_crd_status_schema.py).

@@ -3,17 +3,17 @@
 Prints the table; writes nothing into the repository (`--out FILE` writes the table there).
 
     make vllmenv
-    .venv/bin/python bench/bench_real_engine.py [--concurrency 4,6,10,32] [--one-after-another]
+    .venv/bin/python bench/bench_real_engine.py [--concurrency 4,6,12,32] [--one-after-another]
 
 The model is hack/tiny_model.py's default tiny Qwen3 (random weights, 2,048 bytes of BF16 KV a
 token), built into a temp dir. The pool is `--kv-cache-memory-bytes 8388608`: 4,096 BF16 tokens
-(32 blocks of 128), 8,192 FP8 ones (64 blocks). Each request is hack/real_vllm.PROMPT (140 tokens
-with this model's tokenizer) and 512 new tokens with ignore_eos, so it ends up holding 652 tokens
-in 6 blocks: 5 such requests fit in BF16's pool at once, 10 in FP8's. The default levels: 4 (both
-roomy), 6 (BF16 at its edge), 10 (BF16 2x over, FP8 at its edge), 32 (both over).
-The client is httpx, streaming (hack/real_vllm.burst): one thread a request, all sent at once.
-Engine figures come from /metrics (counter deltas over the burst, gauges sampled every 0.5 s);
-TTFT and TPOT from the client's stream timestamps.
+(32 blocks of 128), 8,192 FP8 ones (64 blocks). Each request is 128 random tokens of this
+model's tokenizer and 512 new tokens with ignore_eos, so it ends up holding 640 tokens in 5
+blocks: 6 such requests fit in BF16's pool at once, 12 in FP8's. The default levels: 4 (both
+roomy), 6 (BF16 at its edge), 12 (BF16 2x over, FP8 at its edge), 32 (both over).
+The client is inference-perf (hack/real_vllm.burst: one stage of N requests at N in flight,
+the load Job's config); tok/s, TTFT and TPOT from its stage report, in the engine's tokens.
+Engine figures come from /metrics (counter deltas over the burst, gauges sampled every 0.5 s).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def loadavg() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", default="4,6,10,32", help="comma-separated levels")
+    parser.add_argument("--concurrency", default="4,6,12,32", help="comma-separated levels")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument(
         "--one-after-another",
@@ -95,7 +95,8 @@ def main() -> int:
     ).stdout.strip()
     mode = "one after the other" if args.one_after_another else "side by side, bursts in turn"
     head = (
-        f"vLLM {version} (CPU), tiny Qwen3, pool 8 MiB, 140 tokens in / {args.max_tokens} out "
+        f"vLLM {version} (CPU), tiny Qwen3, pool 8 MiB, inference-perf bursts, 128 random tokens "
+        f"in / {args.max_tokens} out "
         f"(ignore_eos); servers {mode}; nproc {os.cpu_count()}; "
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; load average (1/5/15 min) at start {loads[0]}, "
         f"after each burst {', '.join(x.split()[0] for x in loads[1:])}; wall {wall:.0f} s"

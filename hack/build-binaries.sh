@@ -7,6 +7,10 @@
 #   hack/build-binaries.sh --node     also the real node: kubelet, kube-proxy, containerd,
 #                                     and its NetworkPolicy engine, kube-router
 #   hack/build-binaries.sh --forge    only the test forge: Gitea (opt-in; cgo, for sqlite)
+#   hack/build-binaries.sh --gitops   only the GitOps tools' own code: argocd-health (Argo CD's
+#                                     Lua health evaluator, hack/go/argocd-health/)
+#   hack/build-binaries.sh --flux     only Flux: source-controller, kustomize-controller and
+#                                     their CRDs (flux-crds/)
 #   hack/build-binaries.sh --print    print the bin dir only
 #   hack/build-binaries.sh --update   regenerate hack/go/*/go.mod+go.sum for the
 #                                     versions below (needs the module proxy)
@@ -23,6 +27,16 @@ ETCD_VERSION="v3.6.16"
 HELM_VERSION="v3.22.0"
 CONTAINERD_VERSION="v2.3.7"
 GITEA_VERSION="v1.26.0"
+# Argo CD's health evaluator (util/lua + util/settings + gitops-engine's health package). v3.2.12
+# is the newest release the module proxy serves whole to Go 1.26: v3.3.0 to v3.5.8 replace
+# github.com/argoproj/argo-cd/gitops-engine with ./gitops-engine, a nested module no module zip
+# carries (its pinned pseudo-version answers 403), and v3.6.x declares `go 1.27.0`.
+ARGOCD_VERSION="v3.2.12"
+# Flux's source-controller and kustomize-controller (one Flux release). v1.10.x declares
+# `go 1.27.0`; v1.9.6's source-controller requires github.com/fluxcd/pkg/artifact v0.18.3, which
+# the module proxy refuses (403, v0.18.2 too): hack/go/flux-source/ replaces it with v0.18.1.
+FLUX_SOURCE_VERSION="v1.9.6"
+FLUX_KUSTOMIZE_VERSION="v1.9.6"
 # The real node's NetworkPolicy engine (its firewall only: iptables + ipset). Not the SIG Network
 # reference engine kube-network-policies: that one needs nftables' `queue` expression, which
 # this kernel lacks (hack/containerd_node.py says how that was found).
@@ -119,10 +133,37 @@ update_wrappers() {
 	EOF
 	sed -n 's#^replace \([^ ]*\) => \([^ ]*\) \(v[^ ]*\).*#\1=\2@\3#p' "$gomod" |
 		while read -r r; do (cd "$HERE/go/gitea" && go mod edit -replace="$r"); done
-	for d in k8s etcd helm containerd kube-router gitea; do
-		log "go mod tidy in hack/go/$d"
-		(cd "$HERE/go/$d" && GOFLAGS= go mod tidy)
+	# Argo CD and Flux: the same (upstream's replace directives to module versions; ./ ones are
+	# the modules' own subdirectories), around our main.go for Argo CD (kept as it is).
+	wrap argocd-health "github.com/argoproj/argo-cd/v3" "$ARGOCD_VERSION"
+	wrap flux-source "github.com/fluxcd/source-controller" "$FLUX_SOURCE_VERSION" \
+		"github.com/fluxcd/pkg/artifact=github.com/fluxcd/pkg/artifact@v0.18.1"
+	wrap flux-kustomize "github.com/fluxcd/kustomize-controller" "$FLUX_KUSTOMIZE_VERSION"
+	for d in flux-source flux-kustomize; do
+		printf '\ntool %s\n' "$(sed -n 's/^require \([^ ]*\) .*/\1/p' "$HERE/go/$d/go.mod")" >>"$HERE/go/$d/go.mod"
 	done
+	for d in k8s etcd helm containerd kube-router gitea argocd-health flux-source flux-kustomize; do
+		log "go mod tidy in hack/go/$d"
+		# -e: test-only imports of upstream's (flux-source: fluxcd/pkg/helmtestserver) may be refused
+		(cd "$HERE/go/$d" && GOFLAGS= go mod tidy -e)
+	done
+}
+
+# wrap DIR MODULE VERSION [EXTRA_REPLACE...]: a wrapper go.mod requiring MODULE@VERSION with
+# upstream's replace directives that name module versions (single and in blocks; comments and
+# ./ paths left out), plus EXTRA_REPLACE (old=new@version).
+wrap() {
+	local dir="$1" mod="$2" ver="$3" gomod r
+	shift 3
+	gomod="$(cd / && GOFLAGS= go mod download -json "$mod@$ver" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+	mkdir -p "$HERE/go/$dir"
+	printf 'module kvgate.local/hack/%s\n\ngo 1.26.0\n\nrequire %s %s\n' "$dir" "$mod" "$ver" >"$HERE/go/$dir/go.mod"
+	{
+		sed -n 's#^replace \([^ /][^ ]*\) => \([^ .][^ ]*\) \(v[^ ]*\).*#\1=\2@\3#p' "$gomod"
+		sed -n '/^replace (/,/^)/s#^[[:space:]]*\([^ /][^ ]*\) => \([^ .][^ ]*\) \(v[^ ]*\).*#\1=\2@\3#p' "$gomod"
+		for r in "$@"; do echo "$r"; done
+	} | while read -r r; do (cd "$HERE/go/$dir" && go mod edit -replace="$r"); done
 }
 
 # --- build one binary unless the cached one has the same stamp ---------------
@@ -184,22 +225,70 @@ build_forge() {
 	fi
 }
 
+# --- --gitops: Argo CD's own health evaluator, for charts/kvgate/argocd/health.lua --
+# hack/go/argocd-health/main.go calls Argo CD's util/settings, util/lua and gitops-engine's
+# health package (the application controller's path for an argocd-cm resource customization).
+build_gitops() {
+	local src
+	# The stamp covers our main.go too: a change there rebuilds.
+	src="$(cd "$HERE/go/argocd-health" && cat go.mod go.sum main.go | sha256sum | cut -c1-12)"
+	build argocd-health argocd-health kvgate.local/hack/argocd-health "$ARGOCD_VERSION $src" "-s -w"
+}
+
+# --- --flux: Flux's source-controller and kustomize-controller, and their CRDs ----------------
+# Both go.mods replace their api/ modules with ./api (and pin go-digest), which `go install`
+# refuses: hack/go/flux-source/ and hack/go/flux-kustomize/ are the wrappers. The CRDs come from
+# the same module versions (config/crd/bases/), copied next to the binaries.
+build_flux() {
+	local dir name ver d
+	build flux-source-controller flux-source github.com/fluxcd/source-controller \
+		"$FLUX_SOURCE_VERSION" "-s -w"
+	build flux-kustomize-controller flux-kustomize github.com/fluxcd/kustomize-controller \
+		"$FLUX_KUSTOMIZE_VERSION" "-s -w"
+	if [ "$(cat "$OUT/flux-crds/.stamp" 2>/dev/null)" != "$FLUX_SOURCE_VERSION $FLUX_KUSTOMIZE_VERSION" ]; then
+		rm -rf "$OUT/flux-crds" && mkdir -p "$OUT/flux-crds"
+		for d in "flux-source source-controller" "flux-kustomize kustomize-controller"; do
+			read -r dir name <<<"$d"
+			ver="$(cd "$HERE/go/$dir" && GOFLAGS=-mod=mod go mod download -json "github.com/fluxcd/$name" |
+				sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+			[ -d "$ver/config/crd/bases" ] || { log "flux: $name's CRDs not found ($ver)"; exit 1; }
+			cp "$ver"/config/crd/bases/*.yaml "$OUT/flux-crds/"
+		done
+		chmod -R u+w "$OUT/flux-crds"
+		echo "$FLUX_SOURCE_VERSION $FLUX_KUSTOMIZE_VERSION" >"$OUT/flux-crds/.stamp"
+	fi
+}
+
 TAB="$(printf '\t')"
+FLUX=""
 NODE=""
 FORGE=""
+GITOPS=""
 case "${1:-}" in
 --print) echo "$OUT"; exit 0 ;;
 --update) update_wrappers; exit 0 ;;
 --node) NODE=1 ;;
 --forge) FORGE=1 ;;
+--gitops) GITOPS=1 ;;
+--flux) FLUX=1 ;;
 "") ;;
-*) echo "usage: $0 [--node|--forge|--print|--update]" >&2; exit 2 ;;
+*) echo "usage: $0 [--node|--forge|--gitops|--flux|--print|--update]" >&2; exit 2 ;;
 esac
 
 command -v go >/dev/null || { log "go is not on PATH: install Go >= 1.26"; exit 1; }
 mkdir -p "$OUT"
 if [ -n "$FORGE" ]; then
 	build_forge
+	echo "$OUT"
+	exit 0
+fi
+if [ -n "$GITOPS" ]; then
+	build_gitops
+	echo "$OUT"
+	exit 0
+fi
+if [ -n "$FLUX" ]; then
+	build_flux
 	echo "$OUT"
 	exit 0
 fi

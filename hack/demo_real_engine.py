@@ -6,11 +6,11 @@ Called by hack/demo.sh (or alone, after `make vllmenv`):
 
 (a) The numbers: real vLLM 0.32 (CPU build) serving a tiny random Qwen3 (hack/tiny_model.py),
     with a BF16 KV cache and an FP8 one in the same 8 MiB pool, both started at once; a burst of
-    `--levels` concurrent long requests on each in turn (hack/real_vllm.compare, as
+    `--levels` concurrent long requests on each in turn, sent by inference-perf (hack/real_vllm.compare, as
     bench/bench_real_engine.py): KV tokens, preemptions, peak waiting, tok/s, TPOT.
 (b) A rollout on real vLLM: a small cluster of its own with the process kubelet (real vLLM has
     no image for the containerd node: it would be 6 GB), the operator as `kvgate run`, production
-    a Deployment of real vLLM (hack/real_vllm.engine_deployment) whose pool client threads keep
+    a Deployment of real vLLM (hack/real_vllm.engine_deployment) whose pool inference-perf keeps
     full (real_vllm.Pressure) while Preflight samples it. Narrated like the demo's rollouts. The
     accuracy gate is off: a random model scores 0 on both arms.
 
@@ -90,8 +90,8 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
         c(
             "2",
             "vLLM 0.32 (CPU build), a tiny Qwen3 with random weights, 2 servers started at once; "
-            f"bursts of {', '.join(map(str, levels))} requests (140 tokens in, 512 out), "
-            "one server at a time.",
+            f"inference-perf bursts of {', '.join(map(str, levels))} requests (128 tokens in, "
+            "512 out), one server at a time.",
         )
     )
 
@@ -114,8 +114,8 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
         ("preemptions", lambda b: str(b.preemptions)),
         ("peak waiting", lambda b: str(b.peak_waiting)),
         ("output tok/s", lambda b: f"{b.tok_s:,.0f}"),
-        ("TPOT mean (ms)", lambda b: f"{b.tpot_mean_ms:.1f}"),
-        ("TPOT p99 (ms)", lambda b: f"{b.tpot_ms(0.99):.1f}"),
+        ("TPOT p50 (ms)", lambda b: f"{b.tpot_p50_ms:.1f}"),
+        ("TPOT p99 (ms)", lambda b: f"{b.tpot_p99_ms:.1f}"),
     ]
     for label, cell in rows:
         say(
@@ -133,8 +133,8 @@ def numbers(model: Path, levels: tuple[int, ...], log_dir: Path) -> None:
     say(
         c(
             "2",
-            "  TPOT from the client's stream timestamps; the rest from each engine's /metrics "
-            "(peak waiting: samples every 0.5 s).",
+            "  tok/s, TPOT: inference-perf's report, in the engine's tokens; the rest from each "
+            "engine's /metrics (peak waiting: samples every 0.5 s).",
         )
     )
 
@@ -211,22 +211,6 @@ def production_url(cluster: Cluster) -> str | None:
     return None
 
 
-def pool_full(url: str, since: dict[str, float]) -> str | None:
-    """What shows production's pool is the limit now: requests waiting, or new preemptions."""
-    try:
-        m = real_vllm.scrape(url)
-    except Exception:  # a scrape that fails is no evidence yet
-        return None
-    waiting = m.get("vllm:num_requests_waiting", 0.0)
-    preempted = m.get("vllm:num_preemptions_total", 0.0) - since.get(
-        "vllm:num_preemptions_total", 0.0
-    )
-    usage = m.get("vllm:kv_cache_usage_perc", 0.0)
-    if waiting > 0 or preempted > 0:
-        return f"KV usage {usage:.0%}, {waiting:.0f} waiting, {preempted:.0f} preempted so far"
-    return None
-
-
 def the_rollout(cluster: Cluster, model: Path, log_dir: Path, timeout: float) -> None:
     create_namespace(cluster, NS)
     install_crd(cluster)
@@ -274,9 +258,8 @@ def rollout_on_real_vllm(
     pressure = real_vllm.Pressure(url, str(model), workers=16).start()
     narrator = Narrator(cluster, "fp8", model)
     try:
-        since = real_vllm.scrape(url)
-        full = wait_for(lambda: pool_full(url, since), 180, "production's pool full", interval=0.5)
-        say(f"  16 clients keep production's pool full: {full}")
+        full = pressure.wait_full(timeout=300)
+        say(f"  inference-perf, 16 concurrent streams, keeps production's pool full: {full}")
         say(
             c(
                 "2",
@@ -305,7 +288,7 @@ def rollout_on_real_vllm(
         )
     finally:
         pressure.stop()
-    say(c("2", f"  (the clients stop: {pressure.answered} answers, {pressure.failed} errors)"))
+    say(c("2", "  (inference-perf stops; vLLM aborts the requests it had in flight)"))
     status = narrator.until(lambda s: s.get("phase") in TERMINAL, timeout, "fp8 ended")
     verdict(cluster, status, log_dir)
     if status.get("phase") != "Promoted":

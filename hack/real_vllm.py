@@ -4,8 +4,8 @@ and the demo share.
 - `engine_deployment`: a Deployment whose pod runs `vllm serve` on a tiny model built offline
   (hack/tiny_model.py), with a small KV pool so that a burst of requests fills it, on the test
   kubelet (hack/kubelet.py runs the command as a process, at the pod's loopback IP);
-- `Pressure`: client threads that keep a server's KV pool full (long generations, ignore_eos)
-  until stopped, so that Preflight measures a pool that is the limit;
+- `Pressure`: inference-perf keeping a server's KV pool full (long generations, ignore_eos)
+  until stopped, so that Preflight measures a pool that is the limit under the real load tool;
 - `serve`: one real server on 127.0.0.1 outside any cluster (the conformance test, the bench).
 
 Everything talks to loopback only. vLLM is told so (VLLM_HOST_IP): without it, it looks for the
@@ -14,7 +14,6 @@ host's outward address for its message queue.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -131,8 +130,8 @@ def engine_deployment(
     }
 
 
-# A prompt of about a hundred tokens for the tiny models' tokenizers; the length of what is
-# generated is what fills the pool.
+# A prompt of about a hundred tokens for the tiny models' tokenizers (the bursts and the
+# conformance requests); the length of what is generated is what fills the pool.
 PROMPT: Final = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
     "May. How many clips did Natalia sell altogether in April and May? Weng earns $12 an hour "
@@ -143,52 +142,87 @@ PROMPT: Final = (
 
 @dataclass
 class Pressure:
-    """`workers` client threads, each sending one long completion after another to `url`
-    (`http://IP:PORT`) until `stop()`: the pool stays full, requests wait and get preempted."""
+    """inference-perf (the load venv's, the tool the load Job runs) keeping `url`'s KV pool full
+    until `stop()`: `workers` concurrent streams of `prompt_tokens` random tokens (the served
+    model's tokenizer) and `max_tokens` generated with ignore_eos, one stage long enough to
+    outlast any Preflight. Requests in flight when it stops are cut, and vLLM aborts them."""
 
     url: str
-    model: str
+    model: str  # the model's directory: its served name and its tokenizer
     workers: int = 16
     max_tokens: int = 512
-    sent: int = 0
-    answered: int = 0
-    failed: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    prompt_tokens: int = 256
+    work_dir: Path | None = None  # config, reports, and the tool's output (default: a temp dir)
+    _proc: subprocess.Popen[bytes] | None = None
+    _log: Any = None
 
     def start(self) -> Pressure:
-        for i in range(self.workers):
-            thread = threading.Thread(target=self._loop, name=f"pressure-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        import tempfile
+
+        import yaml
+
+        from kvgate.load.config import LoadPlan, Stage, inference_perf_config
+        from kvgate.load.runner import OFFLINE, default_inference_perf
+
+        work = self.work_dir or Path(tempfile.mkdtemp(prefix="kvgate-pressure-"))
+        work.mkdir(parents=True, exist_ok=True)
+        plan = LoadPlan(
+            base_url=self.url, model_name=self.model, tokenizer_dir=self.model,
+            report_dir=str(work / "reports"), stages=(Stage(self.workers, self.workers * 1000),),
+            prompt_tokens=self.prompt_tokens, output_tokens=self.max_tokens, num_workers=1,
+            request_timeout_s=600.0, pregenerate_prompts=False,
+        )  # fmt: skip
+        config = work / "pressure.yaml"
+        config.write_text(yaml.safe_dump(inference_perf_config(plan), sort_keys=False))
+        self._log = (work / "inference-perf.log").open("wb")
+        self._proc = subprocess.Popen(
+            [str(default_inference_perf()), "--config_file", str(config)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=work,
+            env={**os.environ, **OFFLINE}, start_new_session=True,
+        )  # fmt: skip
         return self
 
-    def _loop(self) -> None:
-        body = {
-            "model": self.model,
-            "prompt": PROMPT,
-            "max_tokens": self.max_tokens,
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-        with httpx.Client(timeout=httpx.Timeout(300.0, connect=5.0)) as client:
-            while not self._stop.is_set():
-                with self._lock:
-                    self.sent += 1
-                try:
-                    ok = client.post(f"{self.url}/v1/completions", json=body).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                with self._lock:
-                    self.answered += ok
-                    self.failed += not ok
-                if not ok:  # the server is not there (yet, or any more): do not spin
-                    self._stop.wait(1.0)
+    def wait_full(self, timeout: float = 300.0) -> str:
+        """Until the engine's /metrics show its pool is the limit (requests waiting, or new
+        preemptions): inference-perf takes seconds to start sending. What showed it."""
+        since = scrape(self.url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"inference-perf exited {self._proc.returncode} ({self._log.name})"
+                )
+            if full := pool_full(self.url, since):
+                return full
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.url}: the pool not full after {timeout:g}s ({self._log.name})")
 
     def stop(self) -> None:
-        """Stop sending; requests in flight finish (or time out) in their threads."""
-        self._stop.set()
+        """Stop the tool and its workers (their process group, as the load Job's runner does);
+        the engine aborts what they had in flight."""
+        from kvgate.load.runner import stop_group
+
+        if self._proc is not None and self._proc.poll() is None:
+            stop_group(self._proc)
+        if self._log is not None:
+            self._log.close()
+
+
+def pool_full(url: str, since: dict[str, float]) -> str | None:
+    """What shows `url`'s pool is the limit now (requests waiting, or preemptions since
+    `since`, a scrape), None while nothing does or the scrape fails."""
+    try:
+        m = scrape(url)
+    except httpx.HTTPError:  # a scrape that fails is no evidence yet
+        return None
+    waiting = m.get("vllm:num_requests_waiting", 0.0)
+    preempted = m.get("vllm:num_preemptions_total", 0.0) - since.get(
+        "vllm:num_preemptions_total", 0.0
+    )
+    usage = m.get("vllm:kv_cache_usage_perc", 0.0)
+    if waiting > 0 or preempted > 0:
+        return f"KV usage {usage:.0%}, {waiting:.0f} waiting, {preempted:.0f} preempted so far"
+    return None
 
 
 @contextmanager
@@ -326,87 +360,34 @@ def kv_tokens(url: str) -> int:
 
 @dataclass(frozen=True)
 class Burst:
-    """One burst of `concurrency` streamed completions, sent at once, on one server.
+    """One burst of `concurrency` streamed completions, sent at once by inference-perf (one
+    stage of `concurrency` requests at `concurrency` in flight) to one server.
 
-    Engine side (/metrics): preemptions and generated tokens as deltas of their counters over
-    the burst, peaks of waiting requests and KV usage from samples every `interval` s. Client
-    side (the stream's timestamps): TTFT is send to first token, TPOT a request's (last token -
-    first token) / (tokens - 1); mean, p50 and p99 are over the burst's requests.
+    Client side (inference-perf's stage report, in the engine's tokens: the Job's config, with
+    `use_server_output_tokens`): output tok/s over the stage, TTFT and TPOT p50/p99. Engine
+    side (/metrics): preemptions as the delta of the counter over the burst, peaks of waiting
+    requests and KV usage from samples every `interval` s.
     """
 
     concurrency: int
     kv_tokens: int
-    wall_s: float
-    output_tokens: int
+    wall_s: float  # the stage's own duration, as inference-perf measured it
+    tok_s: float
     preemptions: int
     peak_waiting: int
     peak_usage: float
-    ttft_s: tuple[float, ...]
-    tpot_s: tuple[float, ...]
+    ttft_s: tuple[float, float]  # p50, p99
+    tpot_s: tuple[float, float]
     failed: int
     samples: int  # /metrics samples taken during the burst (the peaks are of these)
 
     @property
-    def tok_s(self) -> float:
-        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+    def tpot_p50_ms(self) -> float:
+        return 1000 * self.tpot_s[0]
 
     @property
-    def tpot_mean_ms(self) -> float:
-        return 1000 * sum(self.tpot_s) / len(self.tpot_s) if self.tpot_s else float("nan")
-
-    def tpot_ms(self, q: float) -> float:
-        return 1000 * quantile(self.tpot_s, q)
-
-    def ttft(self, q: float) -> float:
-        return quantile(self.ttft_s, q)
-
-
-def quantile(values: tuple[float, ...] | list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN when empty."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _stream_one(url: str, model: str, max_tokens: int, timeout: float) -> tuple[float, float, int]:
-    """One streamed completion: (TTFT s, TPOT s, output tokens); raises on failure."""
-    body = {
-        "model": model,
-        "prompt": PROMPT,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.monotonic()
-    first = last = 0.0
-    chunks = 0
-    tokens = 0
-    with (
-        httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0)) as client,
-        client.stream("POST", f"{url}/v1/completions", json=body) as resp,
-    ):
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                tokens = int(data["usage"].get("completion_tokens") or 0)
-            if any(c.get("text") for c in data.get("choices") or []):
-                now = time.monotonic()
-                first = first or now
-                last = now
-                chunks += 1
-    tokens = tokens or chunks
-    if not chunks or tokens < 2:
-        raise RuntimeError(f"a stream of {chunks} chunks, {tokens} tokens")
-    return first - t0, (last - first) / (tokens - 1), tokens
+    def tpot_p99_ms(self) -> float:
+        return 1000 * self.tpot_s[1]
 
 
 def burst(
@@ -415,69 +396,69 @@ def burst(
     concurrency: int,
     *,
     max_tokens: int = 512,
+    prompt_tokens: int = 128,
     interval: float = 0.5,
     timeout: float = 600.0,
+    work_dir: Path | None = None,
 ) -> Burst:
-    """Send `concurrency` long completions at once to `url` and measure them (see `Burst`)."""
+    """inference-perf sends `concurrency` long completions at once to `url` (the served model
+    `model` is a directory: its tokenizer makes the prompts); measured as `Burst` says."""
+    import tempfile
+
+    from kvgate.load.config import LoadPlan, Stage
+    from kvgate.load.runner import run_load
+
+    work = work_dir or Path(tempfile.mkdtemp(prefix=f"kvgate-burst-{concurrency}-"))
+    plan = LoadPlan(
+        base_url=url, model_name=model, tokenizer_dir=model, report_dir=str(work / "reports"),
+        stages=(Stage(concurrency, concurrency),), prompt_tokens=prompt_tokens,
+        output_tokens=max_tokens, num_workers=1, request_timeout_s=timeout,
+    )  # fmt: skip
     tokens = kv_tokens(url)
     before = scrape(url)
-    results: list[tuple[float, float, int]] = []
-    failures: list[BaseException] = []
-    lock = threading.Lock()
-    start = threading.Barrier(concurrency + 1)
+    done = threading.Event()
+    peaks = {"waiting": 0.0, "usage": 0.0, "samples": 0.0}
 
-    def one() -> None:
-        start.wait()
-        try:
-            r = _stream_one(url, model, max_tokens, timeout)
-        except Exception as exc:  # counted, and the first one shown
-            with lock:
-                failures.append(exc)
-            return
-        with lock:
-            results.append(r)
+    def sample() -> None:
+        while not done.wait(interval):
+            try:
+                m = scrape(url)
+            except httpx.HTTPError:
+                continue
+            peaks["samples"] += 1
+            peaks["waiting"] = max(peaks["waiting"], m.get("vllm:num_requests_waiting", 0.0))
+            peaks["usage"] = max(peaks["usage"], m.get("vllm:kv_cache_usage_perc", 0.0))
 
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.monotonic()
-    peak_waiting, peak_usage, samples = 0.0, 0.0, 0
-    while any(t.is_alive() for t in threads):
-        try:
-            m = scrape(url)
-            samples += 1
-        except httpx.HTTPError:
-            m = {}
-        peak_waiting = max(peak_waiting, m.get("vllm:num_requests_waiting", 0.0))
-        peak_usage = max(peak_usage, m.get("vllm:kv_cache_usage_perc", 0.0))
-        if time.monotonic() - t0 > timeout + 30:
-            raise TimeoutError(
-                f"a burst of {concurrency} on {url} still running after {timeout:g}s"
-            )
-        tick = time.monotonic() + interval
-        for t in threads:  # until the next sample, or sooner when every request is done
-            t.join(timeout=max(0.0, tick - time.monotonic()))
-    wall = time.monotonic() - t0
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        run = run_load(plan, work, timeout_s=timeout + 120)
+    finally:
+        done.set()
+        sampler.join()
     after = scrape(url)
-
-    def delta(name: str) -> int:
-        return round(after.get(name, 0.0) - before.get(name, 0.0))
-
-    if failures and not results:
-        raise RuntimeError(f"every request of the burst failed; the first: {failures[0]!r}")
+    (stage,) = run.stages
+    result = stage.result
+    if stage.status != "measured" or result is None or not result.ttft_s or not result.tpot_s:
+        raise RuntimeError(
+            f"inference-perf's burst of {concurrency} on {url}: {'; '.join(stage.reasons)} "
+            f"(its output: {run.log_path})"
+        )
     return Burst(
         concurrency=concurrency,
         kv_tokens=tokens,
-        wall_s=wall,
-        output_tokens=delta("vllm:generation_tokens_total"),
-        preemptions=delta("vllm:num_preemptions_total"),
-        peak_waiting=round(peak_waiting),
-        peak_usage=peak_usage,
-        ttft_s=tuple(r[0] for r in results),
-        tpot_s=tuple(r[1] for r in results),
-        failed=len(failures),
-        samples=samples,
+        wall_s=result.duration_s,
+        tok_s=result.output_tokens_per_s,
+        preemptions=round(
+            after.get("vllm:num_preemptions_total", 0.0)
+            - before.get("vllm:num_preemptions_total", 0.0)
+        ),
+        peak_waiting=round(peaks["waiting"]),
+        peak_usage=peaks["usage"],
+        ttft_s=(result.ttft_s.p50, result.ttft_s.p99),
+        tpot_s=(result.tpot_s.p50, result.tpot_s.p99),
+        failed=result.failures,
+        samples=int(peaks["samples"]),
     )
 
 
@@ -550,7 +531,7 @@ def table(results: dict[str, list[Burst]]) -> str:
     """The side-by-side table, a Markdown one (readable as text too)."""
     rows = [
         "| KV cache | KV tokens | concurrent | preemptions | peak waiting | peak KV usage "
-        "| out tok/s | TPOT mean / p50 / p99 (ms) | TTFT p50 / p99 (s) | wall (s) | samples | failed |",
+        "| out tok/s | TPOT p50 / p99 (ms) | TTFT p50 / p99 (s) | wall (s) | samples | failed |",
         "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     names = {"auto": "BF16 (auto)", "fp8": "FP8"}
@@ -561,8 +542,8 @@ def table(results: dict[str, list[Burst]]) -> str:
                 rows.append(
                     f"| {names.get(dtype, dtype)} | {b.kv_tokens:,} | {c} | {b.preemptions} "
                     f"| {b.peak_waiting} | {b.peak_usage:.2f} | {b.tok_s:,.0f} "
-                    f"| {b.tpot_mean_ms:.1f} / {b.tpot_ms(0.5):.1f} / {b.tpot_ms(0.99):.1f} "
-                    f"| {b.ttft(0.5):.2f} / {b.ttft(0.99):.2f} | {b.wall_s:.1f} | {b.samples} "
+                    f"| {b.tpot_p50_ms:.1f} / {b.tpot_p99_ms:.1f} "
+                    f"| {b.ttft_s[0]:.2f} / {b.ttft_s[1]:.2f} | {b.wall_s:.1f} | {b.samples} "
                     f"| {b.failed} |"
                 )
     return "\n".join(rows)

@@ -26,10 +26,11 @@ import json
 import os
 import struct
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -396,6 +397,33 @@ def build(
 
     config = build_config(shape, kv_scales=kv_scales, bos_token_id=bos_id, eos_token_id=eos_id)
     _write_json(out / "config.json", config)
+    return out
+
+
+# Where `cached` keeps built models: beside the other built things kvgate's tests reuse, and not
+# under /tmp, which the load and eval Jobs' pods mount an emptyDir over (a model there is out
+# of their sight, and a load Job that cannot read the served model's tokenizer cannot measure).
+CACHE: Final = Path(os.environ.get("KVGATE_CACHE") or Path.home() / ".cache" / "kvgate") / "models"
+
+
+def cached(name: str, **options: Any) -> Path:
+    """`build(..., **options)` once into the model cache, named `name`-<key of this builder's
+    source and the options>; a model already there is the same bytes (the build is
+    deterministic) and is reused. Made in a sibling directory, then renamed into place, so a
+    half-built model is never found."""
+    source = Path(__file__).read_bytes()
+    key = hashlib.sha256(source + json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+    out = CACHE / f"{name}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=CACHE) as scratch:
+        build(Path(scratch) / "model", **options)
+        try:
+            (Path(scratch) / "model").rename(out)
+        except OSError:  # another process put the same model there first
+            if not (out / "config.json").is_file():
+                raise
     return out
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate import engine_versions, kvformats
 from kvgate.errors import ParseError, SpecError, UnsupportedError, brief
 
 GIB: Final = 1024**3
@@ -105,27 +106,92 @@ class KVLayout:
     sliding_window_layers: int
     sliding_window: int | None
     notes: tuple[str, ...]
+    sliding_layer_indices: tuple[int, ...] = ()
 
     @property
     def elements_per_token(self) -> int:
         return self.kv_layers * self.tensors_per_layer * self.kv_heads * self.head_dim
 
-    def bytes_per_token(self, dtype: str) -> int:
-        """Bytes one token occupies across all KV-holding layers."""
-        return self.elements_per_token * kv_dtype_bytes(dtype)
+    def bytes_per_token(
+        self,
+        dtype: str,
+        *,
+        skip_layers: Sequence[str] = (),
+        engine: str = engine_versions.VLLM,
+        backend: str | None = None,
+    ) -> int:
+        """Bytes one token occupies across all KV-holding layers, in `engine`'s format `dtype`
+        (scale sidecars included), with `skip_layers` (and the format's own boundary layers)
+        kept in the model's 16-bit dtype (see `layer_bytes`)."""
+        layers = self.layer_bytes(dtype, skip_layers=skip_layers, engine=engine, backend=backend)
+        return sum(layers.values())
 
-    def tokens_per_gib(self, dtype: str) -> float:
-        return GIB / self.bytes_per_token(dtype)
+    def layer_bytes(
+        self,
+        dtype: str,
+        *,
+        skip_layers: Sequence[str] = (),
+        engine: str = engine_versions.VLLM,
+        backend: str | None = None,
+    ) -> dict[int, int]:
+        """Per KV layer index: bytes one token takes there. A layer is skipped (16-bit) when its
+        index is in `skip_layers`, when `sliding_window` is and the layer slides
+        (vllm/model_executor/layers/attention/attention.py:299-316, vLLM 0.32), or when it is
+        one of the format's boundary layers (TurboQuant/UltraQuant on a model without
+        linear-attention or Mamba layers: the first and last min(2, layers // 2))."""
+        skipped = self.skipped_layers(dtype, skip_layers=skip_layers, engine=engine)
+        quantized = _per_layer_bytes(self, dtype, engine, backend)
+        baseline = _per_layer_bytes(self, "auto", engine, backend)
+        return {i: baseline if i in skipped else quantized for i in self.kv_layer_indices}
+
+    def skipped_layers(
+        self, dtype: str, *, skip_layers: Sequence[str] = (), engine: str = engine_versions.VLLM
+    ) -> frozenset[int]:
+        """The KV layers a format leaves in 16 bits (see `layer_bytes`)."""
+        wanted: set[int] = set()
+        for entry in skip_layers:
+            text = str(entry).strip()
+            if text == "sliding_window":
+                wanted.update(self.sliding_layer_indices)
+            elif text.isdigit() and int(text) < self.num_layers:
+                wanted.add(int(text))
+            else:
+                raise SpecError(
+                    "kvCache.skipLayers",
+                    f"{brief(entry)} is neither a layer index below {self.num_layers} nor "
+                    "'sliding_window'",
+                )
+        fmt = _format(dtype, engine)
+        if fmt is not None and fmt.boundary_layers and self.attention != "hybrid":
+            n = min(fmt.boundary_layers, self.num_layers // 2)
+            wanted.update(range(n))
+            wanted.update(range(self.num_layers - n, self.num_layers))
+        return frozenset(wanted & set(self.kv_layer_indices))
+
+    def tokens_per_gib(
+        self, dtype: str, *, skip_layers: Sequence[str] = (), engine: str = engine_versions.VLLM
+    ) -> float:
+        return GIB / self.bytes_per_token(dtype, skip_layers=skip_layers, engine=engine)
 
     def pool_tokens(
-        self, memory_bytes: int, dtype: str, block_size: int = DEFAULT_BLOCK_SIZE
+        self,
+        memory_bytes: int,
+        dtype: str,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        skip_layers: Sequence[str] = (),
+        engine: str = engine_versions.VLLM,
+        backend: str | None = None,
     ) -> int:
         """Tokens a KV pool of `memory_bytes` holds, rounded down to whole blocks."""
         if memory_bytes < 0:
             raise SpecError("memory_bytes", f"{memory_bytes} is negative; use a size >= 0")
         if block_size < 1:
             raise SpecError("block_size", f"{block_size} is below 1; use a positive block size")
-        blocks = memory_bytes // (self.bytes_per_token(dtype) * block_size)
+        per_token = self.bytes_per_token(
+            dtype, skip_layers=skip_layers, engine=engine, backend=backend
+        )
+        blocks = memory_bytes // (per_token * block_size)
         return blocks * block_size
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +208,41 @@ class KVLayout:
             "sliding_window": self.sliding_window,
             "notes": list(self.notes),
         }
+
+
+def _format(dtype: str, engine: str) -> kvformats.KVFormat | None:
+    """The engine's format for `dtype`; None for kvgate's own 16/8-bit spellings (bf16...)."""
+    if dtype.lower() in KV_DTYPE_BYTES:
+        return None
+    try:
+        return kvformats.lookup(engine, dtype)
+    except SpecError:
+        known = ", ".join(
+            sorted(set(KV_DTYPE_BYTES) | {n for e, n in kvformats.FORMATS if e == engine})
+        )
+        raise SpecError(
+            "kv_cache_dtype", f"'{dtype}' is not a known KV cache dtype; use one of {known}"
+        ) from None
+
+
+def _per_layer_bytes(layout: KVLayout, dtype: str, engine: str, backend: str | None) -> int:
+    """Bytes one token takes in one KV layer of `layout` in format `dtype`."""
+    fmt = _format(dtype, engine)
+    if fmt is None:
+        return layout.tensors_per_layer * layout.kv_heads * layout.head_dim * kv_dtype_bytes(dtype)
+    mla = layout.attention == "mla"
+    if fmt.mla_only and not mla and backend is None:
+        raise UnsupportedError(
+            f"KV cache format '{fmt.name}' is for DeepSeek MLA models only; "
+            f"this model's attention is {layout.attention}"
+        )
+    if mla and fmt.quantized and not fmt.mla_only and fmt.policy_class != kvformats.FP8:
+        raise UnsupportedError(
+            f"KV cache format '{fmt.name}' on an MLA model: its page layout is not modelled"
+        )
+    if mla:  # one latent per token and layer (head_dim here is kv_lora_rank + rope)
+        return fmt.bytes_per_head(layout.head_dim, 0, backend=backend)
+    return layout.kv_heads * fmt.bytes_per_head(layout.head_dim, backend=backend)
 
 
 def kv_dtype_bytes(dtype: str) -> int:
@@ -246,6 +347,7 @@ def parse_kv_layout(config: Mapping[str, Any], source: str = "config.json") -> K
         sliding_window_layers=sliding_layers,
         sliding_window=sliding_window,
         notes=tuple(notes),
+        sliding_layer_indices=tuple(i for i, kind in enumerate(kinds) if kind == "sliding"),
     )
 
 
@@ -488,8 +590,23 @@ def vllm_pool(
     block_size: int = DEFAULT_BLOCK_SIZE,
     version: tuple[int, ...] = DEFAULT_VLLM_VERSION,
     async_scheduling: bool = True,
+    skip_layers: Sequence[str] = (),
+    kernel_block: int | None = None,
+    backend: str | None = None,
 ) -> VllmPool:
-    """vLLM `version`'s own accounting of a KV pool of `memory_bytes` (see `VllmPool`)."""
+    """vLLM `version`'s own accounting of a KV pool of `memory_bytes` (see `VllmPool`).
+
+    `dtype` is any vLLM format (its page per layer from `layer_bytes`). With layers of two
+    page sizes (`skip_layers`, TurboQuant's boundary layers) on a model whose layers are all
+    full attention, every layer keeps one block size and the layers form one group whose page
+    is the sum of theirs (`UniformTypeKVCacheSpecs`, vllm/v1/kv_cache_interface.py:1225-1304,
+    0.32); the block first grows until the quantized page covers a 16-bit page of the smallest
+    kernel block, `kernel_block` (default: `block_size`; CPU_ATTN's is 32, FlashAttention's
+    16): `_align_heterogeneous_kv_block_size`, vllm/platforms/interface.py:825-920 (0.32).
+    Mixed pages next to sliding-window layers are padded to a shared page: not modelled.
+    `backend` is the attention backend (e.g. CPU_ATTN), which owns the page layout (see
+    `kvformats.KVFormat.bytes_per_head`).
+    """
     if memory_bytes < 0 or max_model_len < 1 or max_num_batched_tokens < 1 or block_size < 1:
         raise SpecError(
             "memory_bytes",
@@ -506,9 +623,22 @@ def vllm_pool(
         group_size = max(counts)
     full_groups, sliding_groups = _cdiv(full, group_size), _cdiv(sliding, group_size)
     groups = full_groups + sliding_groups
-    page = block_size * layout.tensors_per_layer * layout.kv_heads * layout.head_dim
-    page *= kv_dtype_bytes(dtype)
-    num_blocks = memory_bytes // page // group_size
+    pages = layout.layer_bytes(dtype, skip_layers=skip_layers, backend=backend)
+    if len(set(pages.values())) > 1:
+        if sliding_groups:
+            raise UnsupportedError(
+                "vllm_pool: skipped (16-bit) layers beside sliding-window layers share a padded "
+                "page in vLLM; not modelled"
+            )
+        kernel = kernel_block or block_size
+        align = max(kernel, block_size)
+        primary, padded = min(pages.values()), max(pages.values())
+        block_size = max(block_size, align * _cdiv(padded * kernel, align * primary))
+        groups, group_size = 1, len(pages)
+        num_blocks = memory_bytes // (block_size * sum(pages.values()))
+    else:
+        page = block_size * next(iter(pages.values()))
+        num_blocks = memory_bytes // page // group_size
     per_request = full_groups * _cdiv(max_model_len, block_size)
     if sliding_groups:
         batches = 2 if version >= (0, 26, 0) and async_scheduling else 1

@@ -15,11 +15,13 @@ every variant onto `<layer>.self_attn.attn.{k,v,q}_scale`:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from kvgate import kvformats
 from kvgate.capacity import MAX_LAYERS
 from kvgate.errors import ParseError
 from kvgate.inputs import load_json
@@ -57,6 +59,8 @@ class TensorInfo:
     name: str
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
+    # [begin, end) of the tensor's bytes after the header (safetensors `data_offsets`)
+    data_offsets: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         shape = None if self.shape is None else list(self.shape)
@@ -114,6 +118,27 @@ class ScaleReport:
     kv_cache_scheme: Mapping[str, Any] | None
     kv_cache_quant_algo: str | None
     findings: tuple[Finding, ...]
+    # Values: how many k/v scale tensors were read, and the ones that cannot scale
+    # (layer, "k_scale 0.0"), zero, negative, NaN or infinite.
+    values_read: int = 0
+    broken: tuple[tuple[int, str], ...] = ()
+    kv_heads: int | None = None  # num_key_value_heads, to tell per-head scales from others
+    per_head: tuple[str, ...] = ()  # scale tensors shaped [num_kv_heads]
+
+    @property
+    def broken_layers(self) -> tuple[int, ...]:
+        return tuple(sorted({layer for layer, _ in self.broken}))
+
+    def effective_kv_format(self, requested: str, engine: str = "vllm") -> str:
+        """What the engine stores when started with `--kv-cache-dtype requested` on this
+        checkpoint: `auto` becomes FP8 when the checkpoint forces it (`forces_fp8_kv`;
+        measured on vLLM 0.32 CPU: a `kv_cache_scheme` checkpoint on auto sized 8,192 tokens,
+        the FP8 pool, while its config line said auto, tests/data/real-engine/README.md)."""
+        if requested.lower() != "auto" or not self.forces_fp8_kv:
+            return requested
+        if engine.lower() == "sglang" or not self.kv_cache_scheme:
+            return "fp8_e4m3"
+        return "fp8"
 
     @property
     def present(self) -> bool | None:
@@ -190,6 +215,12 @@ class ScaleReport:
             "kv_cache_scheme": dict(self.kv_cache_scheme) if self.kv_cache_scheme else None,
             "kv_cache_quant_algo": self.kv_cache_quant_algo,
             "forces_fp8_kv": list(self.forces_fp8_kv),
+            "effective_kv_format_under_auto": self.effective_kv_format("auto"),
+            "values": {
+                "read": self.values_read,
+                "broken": [f"layer {layer}: {what}" for layer, what in self.broken],
+                "per_head": list(self.per_head),
+            },
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -201,8 +232,12 @@ def scan_scales(
     kv_layers: Sequence[int] | None = None,
     modelopt_config: Mapping[str, Any] | None = None,
     source: str = "checkpoint",
+    values: Mapping[str, Sequence[float]] | None = None,
 ) -> ScaleReport:
     """Judge a checkpoint's tensor list (names, or headers with shapes) for KV scales.
+
+    `values` holds what the k/v scale tensors contain (by tensor name; `adapters.hub` reads
+    them): a zero, negative, NaN or infinite one is a broken scale (finding ScalesBroken).
 
     `kv_layers` are the layers that hold KV (hybrid models have fewer than all); by default
     every layer of `num_hidden_layers` in `config`, or else every layer seen in the names.
@@ -218,6 +253,10 @@ def scan_scales(
     weight_kinds: dict[str, int] = {}
     weight_dtypes: dict[str, int] = {}
     non_scalar: list[str] = []
+    per_head: list[str] = []
+    broken: list[tuple[int, str]] = []
+    read = 0
+    kv_heads = _kv_heads(config)
     decoder_layers: set[int] = set()
     for info in infos:
         suffix = info.name.rsplit(".", 1)[-1]
@@ -238,7 +277,18 @@ def scan_scales(
                 slots.setdefault(slot, info.name)
             kinds_seen.add(kind)
             if info.elements is not None and info.elements > 1:
-                non_scalar.append(f"{info.name} {list(info.shape or ())}")
+                if kv_heads is not None and info.elements == kv_heads and kind != "q":
+                    per_head.append(info.name)
+                else:
+                    non_scalar.append(f"{info.name} {list(info.shape or ())}")
+            if kind in ("k", "v", "kv") and values is not None and info.name in values:
+                read += 1
+                bad = _bad_values(values[info.name])
+                if bad:
+                    label = info.name.rsplit(".", 1)[-1]
+                    if label == "output_scale":
+                        label = info.name.rsplit(".", 2)[-2][0] + "_scale"
+                    broken.append((layer, f"{label} {bad}"))
             break
 
     if kv_layers is not None:
@@ -271,9 +321,27 @@ def scan_scales(
         kv_cache_scheme=quant.get("kv_cache_scheme"),
         kv_cache_quant_algo=_kv_cache_quant_algo(quant, modelopt_config),
         findings=(),
+        values_read=read,
+        broken=tuple(broken),
+        kv_heads=kv_heads,
+        per_head=tuple(per_head),
     )
     findings = _findings(report, kinds_seen, non_scalar)
     return _with_findings(report, findings)
+
+
+def _bad_values(values: Sequence[float]) -> str:
+    """ "" when every value can scale; else what is wrong ("0.0", "-1.5", "nan", "inf")."""
+    for value in values:
+        if not math.isfinite(value) or value <= 0.0:
+            return repr(float(value)) if math.isfinite(value) else str(value)
+    return ""
+
+
+def _kv_heads(config: Mapping[str, Any]) -> int | None:
+    text = _text_config(config)
+    value = text.get("num_key_value_heads", text.get("num_attention_heads"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def unknown_scales(
@@ -342,8 +410,26 @@ def parse_safetensors_header(header: bytes, source: str) -> dict[str, TensorInfo
                 f"safetensors header entry '{name[:80]}' has shape {str(shape)[:80]}; "
                 f"a shape is at most {_MAX_RANK} sizes, each an integer 0 <= n < 2**48",
             )
-        tensors[name] = TensorInfo(name, str(entry.get("dtype")), tuple(shape))
+        offsets = entry.get("data_offsets")
+        span = None
+        if (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and 0 <= o < _MAX_DIM for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            span = (offsets[0], offsets[1])
+        tensors[name] = TensorInfo(name, str(entry.get("dtype")), tuple(shape), span)
     return tensors
+
+
+def is_kv_scale(name: str) -> bool:
+    """True for a decoder layer's k, v (or legacy kv) scale tensor (the ones whose values matter)."""
+    match = _LAYER_NAME.search(name)
+    if match is None or _NOT_DECODER.search(name):
+        return False
+    rest = match.group(2)
+    return any(pattern.search(rest) for kind, pattern in _SCALE_KINDS if kind in ("k", "v", "kv"))
 
 
 def _with_findings(report: ScaleReport, findings: Sequence[Finding]) -> ScaleReport:
@@ -441,6 +527,21 @@ def _findings(report: ScaleReport, kinds_seen: set[str], non_scalar: list[str]) 
                 "attention backends (flash-attn or flashinfer)",
             )
         )
+    if report.broken:
+        findings.append(broken_finding(report))
+    if report.per_head:
+        findings.append(
+            Finding(
+                "PerHeadKVScales",
+                f"{len(report.per_head)} k/v scale(s) hold one value per KV head (e.g. "
+                f"{report.per_head[0]}, llm-compressor strategy attn_head): vLLM reads them "
+                "only on a backend with per-head scales, FLASH_ATTN on FA3 (Hopper) or "
+                "TURBOQUANT (supports_per_head_quant_scales, vllm/v1/attention/backends/"
+                "flash_attn.py:410, 0.32); any other refuses the model ('per-head quant scales "
+                "not supported', vllm/v1/attention/backend.py:323); SGLang has none (sglang#26436 "
+                "closed unmerged)",
+            )
+        )
     if non_scalar:
         findings.append(
             Finding(
@@ -506,3 +607,53 @@ def _config_findings(report: ScaleReport) -> list[Finding]:
             )
         )
     return findings
+
+
+def broken_finding(report: ScaleReport) -> Finding:
+    """ScalesBroken: which layers hold scales that cannot scale, what happens, what to do."""
+    shown = "; ".join(f"layer {layer} {what}" for layer, what in report.broken[:8])
+    more = f" and {len(report.broken) - 8} more" if len(report.broken) > 8 else ""
+    layers = report.broken_layers
+    return Finding(
+        "ScalesBroken",
+        f"{len(layers)} of {len(report.expected_layers)} attention layers have k/v scales that "
+        f"cannot scale (zero, negative, NaN or infinite): {shown}{more}. An FP8 KV cache with "
+        "them is garbage or a crash: vLLM 0.32 loads them without a word and its engine dies at "
+        "the first request ('k_scale must be positive for FP8 path', measured on the CPU "
+        "build). Remedy: recalibrate with data that reaches every layer (llm-compressor "
+        "kv_cache_scheme), or remove the kv_cache_scheme and these scale tensors and run FP8 "
+        "at scale 1.0 or a per-token-head format (fp8_per_token_head, vLLM 0.20+), which "
+        "ignores checkpoint scales",
+    )
+
+
+def format_findings(report: ScaleReport, engine: str, kv_format: str) -> tuple[Finding, ...]:
+    """What the scan means for one candidate format (see kvgate.kvformats)."""
+    fmt = kvformats.lookup(engine, kv_format)
+    has_scales = report.coverage in ("all", "partial")
+    if fmt.scale_mode == kvformats.SCALES_DYNAMIC:
+        if not has_scales:
+            return ()
+        broken = " (including the broken ones)" if report.broken else ""
+        return (
+            Finding(
+                "ScalesUnused",
+                f"checkpoint scales unused: {fmt.name} computes a scale per (token, head) when "
+                f"it writes the cache, and vLLM sets the checkpoint's k/v scales{broken} to 1.0 "
+                "and drops them (vllm/model_executor/layers/quantization/kv_cache.py:98-108, "
+                "0.32); no scale gate applies, the accuracy gate decides",
+            ),
+        )
+    if not fmt.quantized:
+        return ()
+    if fmt.scale_mode != kvformats.SCALES_CHECKPOINT:
+        if not has_scales:
+            return ()
+        return (
+            Finding(
+                "ScalesNotApplicable",
+                f"{fmt.name} keeps its own scales ({fmt.scale_mode}): the checkpoint's per-tensor "
+                "k/v scales are not what it reads",
+            ),
+        )
+    return (broken_finding(report),) if report.broken else ()

@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final
 
 from kvgate.logs.model import CAUSES
+from kvgate.remedy import Remedy
+from kvgate.status import FindingRecord, ScanRecord
 
 # The engine's own line (often a ~300-character ninja command) is evidence, not the headline.
 RAW_CHARS: Final = 160
@@ -25,23 +27,6 @@ APPLIED_NOTE: Final = " (already applied: the remedied candidate crashed too)"
 GENERIC_WHERE: Final = (
     "the candidate's flags go in spec.extraArgs, its environment in spec.extraEnv"
 )
-
-
-class RemedyLike(Protocol):
-    """What `kvgate.remedy.Remedy` offers here (that module sits beside this one, not below)."""
-
-    @property
-    def engine(self) -> str: ...
-    @property
-    def version(self) -> str: ...
-    @property
-    def args(self) -> tuple[str, ...]: ...
-    @property
-    def env(self) -> Mapping[str, str]: ...
-    @property
-    def refused(self) -> str: ...
-    @property
-    def text(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +69,15 @@ class Crash:
         return out
 
 
-def root_cause(scan: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def root_cause(scan: ScanRecord | None) -> FindingRecord | None:
     """The crashed arm's first error finding, a specific one before a generic one."""
-    findings = (scan or {}).get("findings")
-    errors = [
-        f
-        for f in (findings if isinstance(findings, list) else [])
-        if isinstance(f, Mapping) and str(f.get("severity", "")).lower() in _ERROR
-    ]
-    errors.sort(key=lambda f: f.get("code") in GENERIC_FAILURES)
+    findings = scan.findings if scan is not None else ()
+    errors = [f for f in findings if (f.severity or "").lower() in _ERROR]
+    errors.sort(key=lambda f: f.code in GENERIC_FAILURES)
     return errors[0] if errors else None
 
 
-def classify(scan: Mapping[str, Any] | None, detail: str) -> tuple[str, str | None, str | None]:
+def classify(scan: ScanRecord | None, detail: str) -> tuple[str, str | None, str | None]:
     """(cause, the engine's line, the log rule's hint) of a crashed arm's log scan.
 
     A known signature leads with what it means (`CAUSES`); anything else says how the pod
@@ -104,14 +85,14 @@ def classify(scan: Mapping[str, Any] | None, detail: str) -> tuple[str, str | No
     line) follows.
     """
     finding = root_cause(scan)
-    code = str(finding.get("code")) if finding is not None else None
+    code = str(finding.code) if finding is not None else None
     if finding is not None and code in CAUSES:
-        return f"{CAUSES[code]} ({code})", _cut(finding.get("text")), _hint(finding)
+        return f"{CAUSES[code]} ({code})", _cut(finding.text), finding.hint or None
     ended = f"{detail}, cause not classified" if detail else "cause not classified"
     if finding is not None:
-        return ended, _cut(finding.get("text") or code), _hint(finding)
-    tail = (scan or {}).get("tail")
-    if isinstance(tail, list) and tail:
+        return ended, _cut(finding.text or code), finding.hint or None
+    tail = scan.tail if scan is not None else ()
+    if tail:
         return ended, _cut(tail[-1]), None
     return ended, None, None
 
@@ -133,9 +114,9 @@ def where(arm: str, args: Sequence[str], env: Mapping[str, str], *, offer_auto: 
 
 def describe(
     arm: str,
-    scan: Mapping[str, Any] | None,
+    scan: ScanRecord | None,
     detail: str,
-    fix: RemedyLike | None = None,
+    fix: Remedy | None = None,
     *,
     auto: bool = False,
     already_applied: bool = False,
@@ -182,13 +163,13 @@ def read(message: str) -> Crash | None:
     if m is None:
         return None
     return Crash(
-        m["arm"],
-        m["cause"],
-        remedy=m["remedy"] or None,
-        remedy_for=m["version"] or None,
-        note=m["note"] or "",
-        where=m["where"] or None,
-        raw=m["raw"] or None,
+        m.group("arm"),
+        m.group("cause"),
+        remedy=m.group("remedy") or None,
+        remedy_for=m.group("version") or None,
+        note=m.group("note") or "",
+        where=m.group("where") or None,
+        raw=m.group("raw") or None,
     )
 
 
@@ -197,8 +178,3 @@ def _cut(text: object) -> str | None:
     if not line:
         return None
     return line if len(line) <= RAW_CHARS else line[: RAW_CHARS - 1] + "…"
-
-
-def _hint(finding: Mapping[str, Any]) -> str | None:
-    hint = finding.get("hint")
-    return str(hint) if hint else None

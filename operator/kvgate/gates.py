@@ -7,9 +7,10 @@ missing evidence is ERROR or PENDING and never promotes (fail closed). Nothing h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
-from kvgate import crash, logs
+from kvgate import crash, kvformats
+from kvgate.evalsummary import AccuracyStatus, DivergenceBucketRecord, LongContextBucketRecord
 from kvgate.model import CONTROL_BELOW_FLOOR, ArmClocks, GateMode, Outcome, SpeedClocks
 from kvgate.reasons import Reason
 from kvgate.spec import (
@@ -22,7 +23,7 @@ from kvgate.spec import (
     ScalesGate,
     SpeedGate,
 )
-from kvgate.status import HistogramTotals
+from kvgate.status import CacheTruth, FindingRecord, HistogramTotals, ScanRecord
 from kvgate.verdict import GateResult
 
 # Gate names, as keys of `status.gates`.
@@ -79,83 +80,82 @@ def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> Gate
     )
 
 
-def scale_warnings(scan: Mapping[str, Any] | None) -> list[str]:
+def scale_warnings(scan: ScanRecord | None) -> list[str]:
     """Texts of the KV-scale warnings in a log scan as status keeps it."""
-    if not scan:
+    if scan is None:
         return []
     # Only k/v scales count: a missing q scale is printed even when k/v scales were loaded.
-    return [
-        str(f.get("text") or f.get("code"))
-        for f in scan.get("findings") or []
-        if f.get("code") == KV_SCALE_DEFAULT
-    ]
+    return [str(f.text or f.code) for f in scan.findings if f.code == KV_SCALE_DEFAULT]
 
 
 def assess_scales(
-    gate: ScalesGate, checkpoint_has_scales: bool | None, candidate_scan: Mapping[str, Any] | None
+    gate: ScalesGate,
+    checkpoint_has_scales: bool | None,
+    candidate_scan: ScanRecord | None,
+    broken_scales: tuple[str, ...] = (),
+    kv_cache_dtype: str = "fp8",
 ) -> GateResult:
     """KV scales: from the checkpoint scan and the candidate's startup log.
 
     A checkpoint with scales whose candidate still warns means the loader dropped them: that is
-    ScalesDropped, a separate and louder finding than ScalesMissing.
+    ScalesDropped, a separate and louder finding than ScalesMissing. Scales that cannot scale
+    (zero, negative, NaN, infinite: the checkpoint's values) fail it in any mode but off when
+    the candidate's format reads them.
     """
+
+    def result(outcome: Outcome, reason: Reason, message: str) -> GateResult:
+        return GateResult(SCALES, outcome, reason, message)
+
     if gate.mode is GateMode.OFF:
-        return GateResult(
-            SCALES, Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)"
-        )
+        return result(Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)")
+    engine = candidate_scan.engine if candidate_scan is not None else None
+    if broken_scales and kvformats.reads_checkpoint_scales(engine, kv_cache_dtype):
+        more = f"; {len(broken_scales) - 3} more" if len(broken_scales) > 3 else ""
+        return result(Outcome.FAILED, Reason.SCALES_BROKEN,
+                      f"the checkpoint's k/v scales cannot scale ({'; '.join(broken_scales[:3])}"
+                      f"{more}) and {kv_cache_dtype} reads them (real vLLM 0.32 loads such a "
+                      "checkpoint silently and dies at its first request: 'k_scale must be "
+                      "positive for FP8 path'); recalibrate the KV scales, or choose a "
+                      "per-token-head format, which ignores them")  # fmt: skip
     warned = scale_warnings(candidate_scan)
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
-    if checkpoint_has_scales is True and (candidate_scan or {}).get("engine") == "sglang":
+    if checkpoint_has_scales is True and engine == "sglang":
         # SGLang prints its 1.0 warning without --quantization-param-path even when it loaded
         # the checkpoint's per-layer scales (sglang#31224): the checkpoint scan is the evidence.
-        return GateResult(
-            SCALES,
-            Outcome.SUCCESSFUL,
-            Reason.SCALES_PRESENT,
-            "checkpoint has k/v scales for every layer",
+        return result(
+            Outcome.SUCCESSFUL, Reason.SCALES_PRESENT, "checkpoint has k/v scales for every layer"
         )
     if checkpoint_has_scales is True and warned:
-        return GateResult(
-            SCALES,
-            bad,
-            Reason.SCALES_DROPPED,
-            f"checkpoint has KV scales but the candidate warns they were not used: {warned[0]}",
-        )
+        return result(bad, Reason.SCALES_DROPPED,
+                      f"checkpoint has KV scales but the candidate warns they were not used: "
+                      f"{warned[0]}")  # fmt: skip
     if checkpoint_has_scales is False or warned:
         why = warned[0] if warned else "the checkpoint scan found no k/v scales"
-        return GateResult(
-            SCALES, bad, Reason.SCALES_MISSING, f"no KV scales: FP8 KV uses scale 1.0 ({why})"
-        )
+        return result(bad, Reason.SCALES_MISSING, f"no KV scales: FP8 KV uses scale 1.0 ({why})")
     if candidate_scan is None:
-        return GateResult(
-            SCALES, Outcome.PENDING, Reason.SCALES_UNKNOWN, "waiting for the candidate log"
-        )
-    if not logs.LogScan.from_dict(candidate_scan).kv_cache_dtype:
+        return result(Outcome.PENDING, Reason.SCALES_UNKNOWN, "waiting for the candidate log")
+    if not candidate_scan.kv_cache_dtype:
         # A log that does not even name its KV dtype proves nothing by lacking a scale warning.
-        return GateResult(
-            SCALES,
-            Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
-            Reason.SCALES_UNKNOWN,
-            "the candidate's startup log names no KV dtype, so its silence about KV scales "
-            "proves nothing, and the checkpoint scan could not tell",
-        )
-    return GateResult(
-        SCALES, Outcome.SUCCESSFUL, Reason.SCALES_PRESENT, "no KV-scale warning; scales used"
-    )
+        return result(Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
+                      Reason.SCALES_UNKNOWN,
+                      "the candidate's startup log names no KV dtype, so its silence about KV "
+                      "scales proves nothing, and the checkpoint scan could not tell")  # fmt: skip
+    return result(Outcome.SUCCESSFUL, Reason.SCALES_PRESENT,
+                  "no KV-scale warning in the candidate's log (the checkpoint scan could not "
+                  "tell; vLLM warns of scale 1.0 only for checkpoints with a "
+                  "quantization_config)")  # fmt: skip
 
 
 def assess_backend(
-    gate: BackendGate,
-    control_scan: Mapping[str, Any] | None,
-    candidate_scan: Mapping[str, Any] | None,
+    gate: BackendGate, control_scan: ScanRecord | None, candidate_scan: ScanRecord | None
 ) -> GateResult:
     """The candidate's attention backend: allowed, and whether it changed from the control's."""
     if control_scan is None or candidate_scan is None:
         return GateResult(
             BACKEND, Outcome.PENDING, Reason.BACKEND_UNKNOWN, "waiting for both startup logs"
         )
-    control = logs.LogScan.from_dict(control_scan).attention_backend
-    candidate = logs.LogScan.from_dict(candidate_scan).attention_backend
+    control = control_scan.attention_backend or None
+    candidate = candidate_scan.attention_backend or None
     if candidate is None:
         return GateResult(
             BACKEND,
@@ -189,15 +189,15 @@ def _fp8_family(dtype: str | None) -> str | None:
     return "fp8_e5m2" if dtype == "fp8_e5m2" else ("fp8_e4m3" if dtype.startswith("fp8") else dtype)
 
 
-def truth_facts(truth: Mapping[str, Any] | None) -> tuple[str | None, int | None]:
+def truth_facts(truth: CacheTruth | None) -> tuple[str | None, int | None]:
     """(KV dtype, KV tokens) an arm's own engine states: its /metrics `cache_config_info`, else
     SGLang's server info. The second source when the startup log does not say."""
     from kvgate import metrics
 
-    if not truth:
+    if truth is None:
         return None, None
     snapshot = metrics.snapshot_from_cache_truth(truth)
-    info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+    info = metrics.ServerInfo.from_status(truth.server_info)
     dtype = snapshot.kv_cache_dtype or (info.kv_cache_dtype if info else None)
     tokens = snapshot.kv_capacity_tokens or (info.max_total_num_tokens if info else None)
     return dtype, tokens
@@ -205,9 +205,9 @@ def truth_facts(truth: Mapping[str, Any] | None) -> tuple[str | None, int | None
 
 def assess_arms_dtype(
     wanted: str,
-    control_scan: Mapping[str, Any],
-    candidate_scan: Mapping[str, Any],
-    candidate_truth: Mapping[str, Any] | None = None,
+    control_scan: ScanRecord,
+    candidate_scan: ScanRecord,
+    candidate_truth: CacheTruth | None = None,
 ) -> GateResult:
     """Both arms Ready, and each runs the KV dtype it should: else the comparison is void.
 
@@ -215,8 +215,8 @@ def assess_arms_dtype(
     server info; when neither names it, kvgate cannot tell the candidate runs FP8 and does not
     assume it (Inconclusive, which blocks promotion).
     """
-    control = logs.LogScan.from_dict(control_scan).kv_cache_dtype
-    candidate = logs.LogScan.from_dict(candidate_scan).kv_cache_dtype
+    control = control_scan.kv_cache_dtype or None
+    candidate = candidate_scan.kv_cache_dtype or None
     source = "log"
     if not candidate:
         candidate, source = truth_facts(candidate_truth)[0], "/metrics"
@@ -252,7 +252,7 @@ def assess_arms_dtype(
 
 
 def assess_engine_truth(
-    scans: Mapping[str, Mapping[str, Any]], truths: Mapping[str, Mapping[str, Any]]
+    scans: Mapping[str, ScanRecord | None], truths: Mapping[str, CacheTruth | None]
 ) -> GateResult:
     """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
 
@@ -267,12 +267,13 @@ def assess_engine_truth(
 
     problems: list[str] = []
     compared: dict[str, list[str]] = {}
+    read: dict[str, logs.LogScan] = {}
     for arm in ("candidate", "control"):
-        scan = logs.LogScan.from_dict(scans.get(arm) or {})
-        truth = truths.get(arm) or {}
+        scan = read[arm] = logs.LogScan.of(scans.get(arm) or ScanRecord())
+        truth = truths.get(arm) or CacheTruth()
         snapshot = metrics.snapshot_from_cache_truth(truth)
         problems.extend(f"{arm}: {f.text}" for f in crosscheck.cross_check_log(scan, snapshot))
-        info = metrics.ServerInfo.from_status(truth.get("serverInfo"))
+        info = metrics.ServerInfo.from_status(truth.server_info)
         server_dtype = info.kv_cache_dtype if info else None
         server_tokens = info.max_total_num_tokens if info else None
         problems.extend(
@@ -296,11 +297,12 @@ def assess_engine_truth(
             "startup log and /metrics disagree: " + "; ".join(problems),
         )
     detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
-    log_says = logs.LogScan.from_dict(scans.get("candidate") or {})
+    arm = "candidate"
+    log_says = read[arm]
     if (
-        not compared["candidate"]
+        not compared[arm]
         and not (log_says.kv_cache_dtype or log_says.capacity.kv_tokens)
-        and any(truth_facts(truths.get("candidate")))
+        and any(truth_facts(truths.get(arm)))
     ):
         return GateResult(
             ENGINE_TRUTH,
@@ -309,7 +311,7 @@ def assess_engine_truth(
             "the candidate's startup log names no KV dtype or KV tokens in a form kvgate reads: "
             "its own /metrics are the only source",
         )
-    if not compared["candidate"]:
+    if not compared[arm]:
         return GateResult(
             ENGINE_TRUTH,
             Outcome.WARNING,
@@ -324,9 +326,9 @@ def assess_engine_truth(
     )
 
 
-def kv_tokens(scan: Mapping[str, Any] | None, truth: Mapping[str, Any] | None = None) -> int | None:
+def kv_tokens(scan: ScanRecord | None, truth: CacheTruth | None = None) -> int | None:
     """KV tokens from a log scan's `capacity.kv_tokens`, else from the engine's own metrics."""
-    value = logs.LogScan.from_dict(scan).capacity.kv_tokens
+    value = scan.kv_tokens if scan is not None else None
     return value if value is not None else truth_facts(truth)[1]
 
 
@@ -354,35 +356,32 @@ def assess_capacity_gain(
     return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, Reason.CAPACITY_GAINED, detail)
 
 
-def assess_accuracy(gate: AccuracyGate, summary: Mapping[str, Any] | None) -> GateResult:
+def assess_accuracy(gate: AccuracyGate, summary: AccuracyStatus | None) -> GateResult:
     """The eval summary's verdict (pass / fail / inconclusive / error) as an outcome."""
     if summary is None:
         return GateResult(
             ACCURACY, Outcome.PENDING, Reason.ACCURACY_PENDING, "accuracy not evaluated yet"
         )
-    verdict = summary.get("verdict")
+    verdict = summary.verdict
     detail = accuracy_detail(summary)
     if verdict == "pass":
         return GateResult(ACCURACY, Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, detail)
     if verdict == "fail":
         return GateResult(ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, detail)
-    if verdict == "inconclusive" and summary.get("reason") == CONTROL_BELOW_FLOOR:
-        floor = str(summary.get("claim") or "the control scored below the margin")
+    if verdict == "inconclusive" and summary.reason == CONTROL_BELOW_FLOOR:
+        floor = summary.claim or "the control scored below the margin"
         return GateResult(ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, floor)
     if verdict == "inconclusive":
-        advice = summary.get("advice")
-        needed = advice.get("questions_needed") if isinstance(advice, Mapping) else None
+        needed = summary.advice.questions_needed if summary.advice is not None else None
         more = f"; about {needed} questions would decide" if needed else ""
         return GateResult(
             ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, detail + more
         )
-    error = (
-        summary.get("error") or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
-    )
-    return GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, str(error))
+    error = summary.error or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
+    return GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, error)
 
 
-def accuracy_detail(summary: Mapping[str, Any]) -> str:
+def accuracy_detail(summary: AccuracyStatus) -> str:
     """The accuracy evidence in one line, with the one-sided bound the decision rests on.
 
     `control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.9 pp (95% one-sided,
@@ -391,34 +390,34 @@ def accuracy_detail(summary: Mapping[str, Any]) -> str:
     one-sided, adjusted for 3 looks) (margin 2 pp, n=300)`. Summaries without look-adjusted
     bounds (older eval images) show the two-sided interval, labelled as such.
     """
-    try:
-        c, k = summary["control"], summary["candidate"]
-        paired = summary.get("paired") or {}
-        diff = float(paired["difference"]) * 100
-        margin = float(summary.get("margin", 0)) * 100
-        control, candidate = float(c["accuracy"]) * 100, float(k["accuracy"]) * 100
-        head = f"control {control:.1f}% vs candidate {candidate:.1f}%, difference {diff:+.1f} pp"
-        tail = f"(margin {margin:g} pp, n={summary.get('questions_used')})"
-        bounds = summary.get("bounds")
-        if isinstance(bounds, Mapping) and isinstance(bounds.get("lower"), int | float):
-            adjusted = (
-                f", adjusted for {bounds.get('look')} looks" if bounds.get("look_adjusted") else ""
+    c, k, paired = summary.control, summary.candidate, summary.paired
+    if c is None or k is None or paired is None:
+        return f"eval verdict {summary.verdict!r}"
+    if c.accuracy is None or k.accuracy is None or paired.difference is None:
+        return f"eval verdict {summary.verdict!r}"
+    diff = paired.difference * 100
+    margin = (summary.margin or 0) * 100
+    control, candidate = c.accuracy * 100, k.accuracy * 100
+    head = f"control {control:.1f}% vs candidate {candidate:.1f}%, difference {diff:+.1f} pp"
+    tail = f"(margin {margin:g} pp, n={summary.questions_used})"
+    bounds = summary.bounds
+    if bounds is not None and bounds.lower is not None:
+        adjusted = f", adjusted for {bounds.look} looks" if bounds.look_adjusted else ""
+        if summary.verdict == "fail" and bounds.upper is not None:
+            sure = (bounds.upper_confidence or 0.975) * 100
+            return (
+                f"candidate worse: {candidate:.1f}% vs control {control:.1f}%, difference "
+                f"{diff:+.1f} pp; shown worse by at least {max(0.0, -bounds.upper) * 100:.1f}"
+                f" pp ({sure:g}% one-sided{adjusted}) {tail}"
             )
-            upper = bounds.get("upper")
-            if summary.get("verdict") == "fail" and isinstance(upper, int | float):
-                sure = float(bounds.get("upper_confidence") or 0.975) * 100
-                return (
-                    f"candidate worse: {candidate:.1f}% vs control {control:.1f}%, difference "
-                    f"{diff:+.1f} pp; shown worse by at least {max(0.0, -float(upper)) * 100:.1f}"
-                    f" pp ({sure:g}% one-sided{adjusted}) {tail}"
-                )
-            sure = float(bounds.get("lower_confidence") or 0.95) * 100
-            text = f"{head}; at least {float(bounds['lower']) * 100:+.1f} pp ({sure:g}% one-sided{adjusted})"
-            return f"{text} {tail}"
-        low, high = (float(x) * 100 for x in paired.get("tango95") or (float("nan"),) * 2)
-        return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
-    except (KeyError, TypeError, ValueError):
-        return f"eval verdict {summary.get('verdict')!r}"
+        sure = (bounds.lower_confidence or 0.95) * 100
+        text = f"{head}; at least {bounds.lower * 100:+.1f} pp ({sure:g}% one-sided{adjusted})"
+        return f"{text} {tail}"
+    interval = paired.tango95 or (float("nan"),) * 2
+    if len(interval) != 2:
+        return f"eval verdict {summary.verdict!r}"
+    low, high = (x * 100 for x in interval)
+    return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
 
 
 _LC_KIND: Final = "kvgate.eval/long_context"
@@ -437,7 +436,22 @@ def bucket_label(length: int) -> str:
     return f"{_tokens(length // 2)}-{_tokens(length)}"
 
 
-def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]) -> GateResult:
+def _bucket_figures(
+    row: LongContextBucketRecord,
+) -> tuple[float, int, float, float, int, float] | None:
+    """(difference, context length, control and candidate accuracy, items, lower bound) of a
+    long-context bucket; None when one is missing."""
+    diff = row.paired.difference if row.paired else None
+    ctl = row.control.accuracy if row.control else None
+    cand = row.candidate.accuracy if row.candidate else None
+    lower = row.bounds.lower if row.bounds else None
+    length, items = row.context_length, row.items
+    if diff is None or ctl is None or cand is None or lower is None or length is None:
+        return None
+    return None if items is None else (diff, length, ctl, cand, items, lower)
+
+
+def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -> GateResult:
     """The eval summary's `long_context` block as the long-context task's outcome.
 
     Fail closed: when the task was asked for, a missing, malformed or self-contradicting block
@@ -449,64 +463,56 @@ def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]
         return GateResult(
             LONG_CONTEXT, Outcome.SKIPPED, Reason.GATE_OFF, "long context not evaluated"
         )
-    block = summary.get("long_context")
+    block = summary.long_context
 
     def broken(why: str) -> GateResult:
         return GateResult(LONG_CONTEXT, Outcome.ERROR, Reason.LONG_CONTEXT_ERROR, why)
 
-    if not isinstance(block, Mapping) or block.get("kind") != _LC_KIND:
+    if block is None or block.kind != _LC_KIND:
         return broken(
             "the eval summary has no long_context block, though spec.gates.accuracy.longContext "
             "asks for it (an eval image without the task?)"
         )
-    verdict = block.get("verdict")
+    verdict = block.verdict
     if verdict == "error" or verdict not in ("pass", "fail", "inconclusive"):
-        return broken(f"long-context task: {block.get('error') or f'verdict {verdict!r}'}")
-    if list(block.get("tasks") or []) != list(gate.tasks):
+        return broken(f"long-context task: {block.error or f'verdict {verdict!r}'}")
+    if list(block.tasks) != list(gate.tasks):
+        return broken(f"long-context block ran tasks {list(block.tasks)!r}, not {list(gate.tasks)}")
+    if gate.context_lengths and list(block.context_lengths) != list(gate.context_lengths):
         return broken(
-            f"long-context block ran tasks {block.get('tasks')!r}, not {list(gate.tasks)}"
-        )
-    if gate.context_lengths and list(block.get("context_lengths") or []) != list(
-        gate.context_lengths
-    ):
-        return broken(
-            f"long-context block judged lengths {block.get('context_lengths')!r}, not "
+            f"long-context block judged lengths {list(block.context_lengths)!r}, not "
             f"{list(gate.context_lengths)}"
         )
-    rows = block.get("buckets")
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
+    rows = block.buckets
+    if not rows:
         return broken("long-context block judged no bucket")
-    try:
-        worst_rows = [r for r in rows if r["verdict"] == verdict]
-        if (verdict == "pass" and len(worst_rows) != len(rows)) or not worst_rows:
-            return broken(f"long-context verdict {verdict} contradicts its buckets")
-        row = min(worst_rows, key=lambda r: float(r["paired"]["difference"]))
-        length = int(row["context_length"])
-        detail = (
-            f"control {float(row['control']['accuracy']):.0%} vs candidate "
-            f"{float(row['candidate']['accuracy']):.0%} on {int(row['items'])} items"
-        )
-        recovery = row.get("recovery")
-        if isinstance(recovery, int | float):
-            detail += f", recovery {recovery:.2f} (floor {gate.recovery_floor:g})"
-        lower = float(row["bounds"]["lower"]) * 100
-    except (KeyError, TypeError, ValueError) as exc:
-        return broken(f"long-context block is malformed ({type(exc).__name__}: {exc})")
+    figures = [_bucket_figures(r) for r in rows]
+    worst_rows = [(r, f) for r, f in zip(rows, figures, strict=True) if r.verdict == verdict]
+    if (verdict == "pass" and len(worst_rows) != len(rows)) or not worst_rows:
+        return broken(f"long-context verdict {verdict} contradicts its buckets")
+    if any(f is None for f in figures):
+        return broken("long-context block is malformed (a bucket lacks its figures)")
+    row, worst = min(worst_rows, key=lambda pair: pair[1][0] if pair[1] else 0.0)
+    assert worst is not None
+    _, length, control, candidate, items, lower = worst
+    detail = f"control {control:.0%} vs candidate {candidate:.0%} on {items} items"
+    if row.recovery is not None:
+        detail += f", recovery {row.recovery:.2f} (floor {gate.recovery_floor:g})"
     if verdict == "pass":
-        lengths = ", ".join(bucket_label(int(r["context_length"])) for r in rows)
+        lengths = ", ".join(bucket_label(f[1]) for f in figures if f is not None)
         return GateResult(
             LONG_CONTEXT,
             Outcome.SUCCESSFUL,
             Reason.LONG_CONTEXT_NON_INFERIOR,
             f"long context non-inferior in every bucket ({lengths}); closest: "
-            f"{bucket_label(length)} {detail}, at least {lower:+.1f} pp "
+            f"{bucket_label(length)} {detail}, at least {lower * 100:+.1f} pp "
             f"(margin {gate.margin_pp:g} pp)",
         )
     outcome, reason = _LC_VERDICTS[verdict]
     why = {
         "worse_than_margin": f"worse than the {gate.margin_pp:g} pp margin",
         "below_recovery_floor": f"below {gate.recovery_floor:.0%} of the control's score",
-    }.get(str(row.get("reason")), "not shown non-inferior")
+    }.get(str(row.reason), "not shown non-inferior")
     return GateResult(
         LONG_CONTEXT,
         outcome,
@@ -518,7 +524,25 @@ def assess_long_context(gate: LongContextTask | None, summary: Mapping[str, Any]
 _DIV_KIND: Final = "kvgate.diverge/summary"
 
 
-def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateResult:
+def _flag_message(gate: DivergenceGate, first: DivergenceBucketRecord | None) -> str | None:
+    """The first flagged bucket's figures in words (None when one is missing)."""
+    f, c = (first.floor, first.candidate) if first is not None else (None, None)
+    if first is None or f is None or c is None:
+        return None
+    low, high, kl, floor_kl = first.low, first.high, c.mean_kl, f.mean_kl
+    agree, floor_agree = c.top1_agreement, f.top1_agreement
+    if low is None or high is None or kl is None or floor_kl is None:
+        return None
+    if agree is None or floor_agree is None:
+        return None
+    return (
+        f"token divergence above {gate.factor:g}x the A/A floor from position bucket "
+        f"{low:,}-{high:,}: mean KL {kl:.3g} vs floor {floor_kl:.3g}, "
+        f"top-1 agreement {agree:.0%} vs {floor_agree:.0%}"
+    )
+
+
+def assess_divergence(gate: DivergenceGate, summary: AccuracyStatus) -> GateResult:
     """The eval summary's `divergence` block (the screen's own summary) as an outcome.
 
     `require`: a flag fails, and a screen that did not run (missing block, error) is an ERROR;
@@ -528,23 +552,18 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
         return GateResult(DIVERGENCE, Outcome.SKIPPED, Reason.GATE_OFF, "divergence not screened")
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
     unknown = Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING
-    block = summary.get("divergence")
-    if not isinstance(block, Mapping) or block.get("kind") != _DIV_KIND:
+    block = summary.divergence
+    if block is None or block.kind != _DIV_KIND:
         return GateResult(
             DIVERGENCE,
             unknown,
             Reason.DIVERGENCE_UNKNOWN,
             "the eval summary has no divergence block, though spec.gates.divergence asks for it",
         )
-    verdict = block.get("verdict")
+    verdict = block.verdict
     if verdict == "pass":
-        try:
-            rows = list(block["buckets"])
-            positions = int(block["positions"])
-            ok = bool(rows) and positions > 0 and not any(r["flagged"] for r in rows)
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if ok:
+        positions = block.positions or 0
+        if block.buckets and positions > 0 and all(r.flagged is False for r in block.buckets):
             return GateResult(
                 DIVERGENCE,
                 Outcome.SUCCESSFUL,
@@ -559,25 +578,16 @@ def assess_divergence(gate: DivergenceGate, summary: Mapping[str, Any]) -> GateR
             "divergence pass contradicts its buckets",
         )
     if verdict == "flag":
-        first = block.get("first_flagged")
-        try:
-            assert isinstance(first, Mapping)
-            f, c = first["floor"], first["candidate"]
-            message = (
-                f"token divergence above {gate.factor:g}x the A/A floor from position bucket "
-                f"{int(first['low']):,}-{int(first['high']):,}: mean KL "
-                f"{float(c['mean_kl']):.3g} vs floor {float(f['mean_kl']):.3g}, top-1 agreement "
-                f"{float(c['top1_agreement']):.0%} vs {float(f['top1_agreement']):.0%}"
-            )
-        except (AssertionError, KeyError, TypeError, ValueError):
-            flagged = block.get("flagged_buckets")
-            message = f"token divergence above the A/A floor in position buckets {flagged!r}"
+        message = _flag_message(gate, block.first_flagged) or (
+            "token divergence above the A/A floor in position buckets "
+            f"{list(block.flagged_buckets)!r}"
+        )
         return GateResult(DIVERGENCE, bad, Reason.DIVERGENCE_FLAGGED, message)
     return GateResult(
         DIVERGENCE,
         unknown,
         Reason.DIVERGENCE_UNKNOWN,
-        f"divergence screen: {block.get('error') or f'verdict {verdict!r}'}",
+        f"divergence screen: {block.error or f'verdict {verdict!r}'}",
     )
 
 
@@ -665,12 +675,12 @@ def assess_speed(
     return GateResult(SPEED, Outcome.SUCCESSFUL, Reason.SPEED_WITHIN_LIMIT, detail)
 
 
-def crash_summary(scan: Mapping[str, Any] | None, fallback: str) -> tuple[str, str | None]:
+def crash_summary(scan: ScanRecord | None, fallback: str) -> tuple[str, str | None]:
     """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
-    f = crash.root_cause(scan)
+    f: FindingRecord | None = crash.root_cause(scan)
     if f is not None:
-        return str(f.get("text") or f.get("code") or fallback), f.get("hint") or None
-    tail = (scan or {}).get("tail") or []
+        return str(f.text or f.code or fallback), f.hint or None
+    tail = scan.tail if scan is not None else ()
     if tail:  # a cause the scanner does not know: the last line says most
-        return f"{fallback}; last log line: {str(tail[-1])[:300]}", None
+        return f"{fallback}; last log line: {tail[-1][:300]}", None
     return fallback, None

@@ -88,6 +88,23 @@ def load_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     return load_yaml(text, str(path))
 
 
+def load_documents(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[Any]:
+    """Every document of a multi-document YAML file (`---` between them), or of a JSON value
+    (an array: its elements); a `kind: List` (`kubectl get -o yaml` of several objects) gives
+    its items."""
+    text = read_text(path, max_bytes=max_bytes)
+    if text.lstrip()[:1] in ("{", "["):
+        value = load_json(text, str(path))
+        docs = value if isinstance(value, list) else [value]
+    else:
+        docs = load_yaml(text, str(path), every=True)
+    out: list[Any] = []
+    for doc in docs:
+        items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else None
+        out.extend(items if isinstance(items, list) else [doc])
+    return [d for d in out if d is not None]  # an empty document (a trailing `---`)
+
+
 # -- texts -------------------------------------------------------------------------------------
 
 
@@ -107,8 +124,9 @@ def load_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
-def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """`yaml.safe_load` without aliases and at most `max_depth` levels deep."""
+def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH, every: bool = False) -> Any:
+    """`yaml.safe_load` without aliases and at most `max_depth` levels deep (`every`: the list
+    of all documents, as `yaml.safe_load_all`)."""
     if len(text) > MAX_FILE_BYTES:
         raise ParseError(source, f"is larger than {_size(MAX_FILE_BYTES)}; not a kvgate input")
     depth = 0
@@ -124,6 +142,8 @@ def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
                     raise ParseError(source, f"nests deeper than {max_depth} levels")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
+        if every:
+            return list(yaml.load_all(text, Loader=_LOADER))
         return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

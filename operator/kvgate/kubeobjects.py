@@ -23,6 +23,7 @@ class PodHealth:
     unschedulable: bool = False  # the scheduler said why it cannot place the pod (in `detail`)
     image_id: str | None = None  # the image the kubelet runs, by digest (containerStatuses)
     deleting: bool = False  # the pod has a deletionTimestamp: someone is deleting it
+    gpus: int | None = None  # an unschedulable pod's GPU ask (`gpu_count` over its containers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ def _health(pod: Mapping[str, Any] | None, container: str | None) -> PodHealth:
     if cs is None:
         why = unschedulable_reason(status)
         if why is not None:
-            return PodHealth(True, detail=why, ip=ip, unschedulable=True)
+            return PodHealth(True, detail=why, ip=ip, unschedulable=True, gpus=_pod_gpus(pod))
         return PodHealth(True, detail=f"pod {status.get('phase', 'Pending')}", ip=ip)
     restarts = int(cs.get("restartCount") or 0)
     state = cs.get("state") or {}
@@ -125,6 +126,45 @@ def unschedulable_reason(status: Mapping[str, Any]) -> str | None:
         lead = f"waiting for {', '.join(lacking)}" if lacking else "unschedulable"
         return f"{lead}: {message}"
     return None
+
+
+def said_once(arms: Mapping[str, PodHealth]) -> str:
+    """Each arm's state, words the arms share said once ("control and candidate waiting for
+    nvidia.com/gpu: 0/4 nodes are available ...")."""
+    details = {h.detail for h in arms.values()}
+    if len(arms) > 1 and len(details) == 1:
+        return f"{' and '.join(arms)} {details.pop()}"
+    return ", ".join(f"{arm} {h.detail}" for arm, h in arms.items())
+
+
+def never_fits(health: PodHealth) -> bool:
+    """The scheduler's reason holds as long as production runs: its pod holds a
+    ReadWriteOncePod claim the canary copies (`kvgate check` names it before any rollout)."""
+    return health.unschedulable and "ReadWriteOncePod" in health.detail
+
+
+def unschedulable_message(stuck: Mapping[str, PodHealth], within: str | None) -> str:
+    """Why the arms in `stuck` never ran, in the scheduler's words once, the GPUs to free and
+    how to run the rollout again (`within`: the startup timeout that passed; None: it never
+    can fit)."""
+    arms = " and ".join(stuck)
+    gpus = sum(h.gpus or 0 for h in stuck.values())
+    free = f"free {gpus} {GPU_RESOURCE} ({arms})" if gpus else "free what the scheduler names"
+    when = f"not scheduled within {within}" if within else "cannot be scheduled"
+    return (
+        f"{arms} {when} ({said_once(stuck)}); no verdict: the candidate args were not tested; "
+        f"{free}, then change the spec (or re-create the rollout) to run it again"
+    )
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int | None:
+    containers = (pod.get("spec") or {}).get("containers")
+    counts = (
+        [gpu_count(c) for c in containers if isinstance(c, Mapping)]
+        if isinstance(containers, list)
+        else []
+    )
+    return sum(c for c in counts if c) or None
 
 
 def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
-from kvgate import crash, deadlines, promoting, proposing, steps, superseding
+from kvgate import crash, deadlines, kubeobjects, promoting, proposing, steps, superseding
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -33,7 +33,7 @@ from kvgate.model import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMo
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
-from kvgate.status import LoadStatus, read_eval_progress
+from kvgate.status import LoadStatus
 from kvgate.steps import (
     MAX_DELAY_S,
     MIN_DELAY_S,
@@ -267,7 +267,16 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 events=(Event(Reason.CANARY_CRASHED, message, warning=True),),
             )
     if not (control.ready and candidate.ready):
-        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+        arms = {"control": control, "candidate": candidate}
+        stuck = {arm: h for arm, h in arms.items() if h.unschedulable and not h.ready}
+        timed_out = state.phase_elapsed_s >= spec.canary.startup_timeout_s
+        if stuck and (timed_out or any(kubeobjects.never_fits(h) for h in stuck.values())):
+            # no node took a canary: no verdict, so Failed (never a rollback)
+            within = duration(spec.canary.startup_timeout_s) if timed_out else None
+            message = kubeobjects.unschedulable_message(stuck, within)
+            gate = GateResult(CANARY, Outcome.ERROR, Reason.CANARY_UNSCHEDULABLE, message)
+            return end_step(Phase.FAILED, Reason.CANARY_UNSCHEDULABLE, message, gates=(gate,))
+        if timed_out:
             waiting = [
                 a for a, h in (("control", control), ("candidate", candidate)) if not h.ready
             ]
@@ -282,8 +291,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
             Phase.CANARY,
             Reason.WAITING_FOR_CANARY,
             f"waiting for canary pods Ready ({waited(state.phase_elapsed_s)} of at most "
-            f"{duration(spec.canary.startup_timeout_s)}): control {control.detail}, "
-            f"candidate {candidate.detail}",
+            f"{duration(spec.canary.startup_timeout_s)}): {kubeobjects.said_once(arms)}",
             actions=(Action.CREATE_CANARIES,) if missing else (),
             requeue_s=clamp_delay(poll_s),
         )
@@ -314,7 +322,13 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
     gates = (
         healthy,
         truth,
-        assess_scales(spec.scales, obs.checkpoint_has_scales, obs.candidate_scan),
+        assess_scales(
+            spec.scales,
+            obs.checkpoint_has_scales,
+            obs.candidate_scan,
+            obs.broken_scales,
+            spec.kv_cache_dtype,
+        ),
         assess_backend(spec.backend, obs.control_scan, obs.candidate_scan),
         assess_capacity_gain(
             spec.capacity_gain,
@@ -425,8 +439,8 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
     budget = deadlines.job_phase_deadline(spec, Phase.EVALUATING)
     error = obs.eval_error
-    if obs.eval_summary is not None and obs.eval_summary.get("verdict") == "error":
-        error = str(obs.eval_summary.get("error") or "eval reported an error")
+    if obs.eval_summary is not None and obs.eval_summary.verdict == "error":
+        error = obs.eval_summary.error or "eval reported an error"
     elif obs.eval_summary is not None and error is None:
         error = steps.task_error(spec, obs.eval_summary)
     stuck = (
@@ -453,7 +467,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         message = f"eval failed {state.eval_attempts} time(s), last: {error}"
         return end_step(Phase.ROLLED_BACK, Reason.EVAL_ERROR, message, gates=(gate,))
     if obs.eval_summary is None:
-        progress = eval_progress(read_eval_progress(obs.eval_progress), spec.accuracy.questions)
+        progress = eval_progress(obs.eval_progress, spec.accuracy.questions)
         elapsed = (
             f"{waited(state.phase_elapsed_s)} elapsed, "
             f"at most {duration(spec.canary.eval_timeout_s)} an attempt"

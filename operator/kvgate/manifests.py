@@ -96,7 +96,8 @@ def candidate_container(
     candidate = engines.rewrite_container(
         container,
         kv_cache_dtype=spec.kv_cache_dtype,
-        extra_args=list(spec.extra_args),
+        engine_version=spec.kv_cache.engine_version,  # else the image tag's version
+        extra_args=[*spec.extra_args, *spec.kv_cache.candidate_args()],
         extra_env={e.name: e.value for e in spec.extra_env} or None,
     )
     if remedy is None:
@@ -140,6 +141,13 @@ def build_canary_pod(
         },
         "spec": pod_spec,
     }
+
+
+def eval_concurrency(spec: RolloutSpec, default: int) -> int:
+    """The eval's fixed concurrency: the speed gate's first level, else the operator default."""
+    if spec.speed is not None and spec.speed.concurrency:
+        return spec.speed.concurrency[0]
+    return default
 
 
 def eval_command(

@@ -19,12 +19,13 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypedDict, TypeGuard, cast
+from typing import Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.errors import ParseError, SpecError
 from kvgate.model import check_engine
+from kvgate.status import CacheTruth
 
 ENGINES: Final = ("vllm", "sglang")
 
@@ -656,13 +657,11 @@ def cache_truth(snapshot: MetricSnapshot) -> dict[str, object]:
     return truth
 
 
-def snapshot_from_cache_truth(truth: Mapping[str, Any]) -> MetricSnapshot:
-    """A MetricSnapshot rebuilt from `cache_truth` output; everything else is unknown."""
-    config = truth.get("cacheConfig")
-    config = config if isinstance(config, Mapping) else {}
-    total = truth.get("maxTotalTokens")
+def snapshot_from_cache_truth(truth: CacheTruth) -> MetricSnapshot:
+    """A MetricSnapshot rebuilt from `cache_truth` as status keeps it; the rest is unknown."""
+    config, total = truth.cache_config, truth.max_total_tokens
     return MetricSnapshot(
-        engine=str(truth.get("engine") or ""),
+        engine=truth.engine or "",
         kv_usage=None,
         running=None,
         waiting=None,
@@ -670,7 +669,7 @@ def snapshot_from_cache_truth(truth: Mapping[str, Any]) -> MetricSnapshot:
         preemptions=None,
         generation_tokens=None,
         prompt_tokens=None,
-        max_total_tokens=float(total) if isinstance(total, int | float) and total > 0 else None,
+        max_total_tokens=float(total) if total is not None and total > 0 else None,
         ttft=None,
         itl=None,
         tpot=None,

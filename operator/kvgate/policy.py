@@ -410,10 +410,5 @@ def cel_arg_message_expression() -> str:
     return "self.split('=')[0] + " + _cel_str(_CEL_TAIL.format(why=ARG_WHY))
 
 
-def cel_env_message_expression() -> str:
-    """The CRD's error for a refused variable, naming it."""
-    return "self.name + " + _cel_str(_CEL_TAIL.format(why=ENV_WHY))
-
-
 def _cel_str(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

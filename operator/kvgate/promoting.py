@@ -86,7 +86,7 @@ def promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
         )
         if g is not None and g.outcome.blocks
     ]
-    if obs.rollout_scan.get("failed"):
+    if obs.rollout_scan.failed:
         what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
         problems.append(GateResult(CANARY, Outcome.FAILED, Reason.PROMOTION_FAILED, what))
     if problems:

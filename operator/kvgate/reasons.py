@@ -28,6 +28,7 @@ class Reason(StrEnum):
     SCALES_PRESENT = "ScalesPresent"
     SCALES_MISSING = "ScalesMissing"
     SCALES_DROPPED = "ScalesDropped"
+    SCALES_BROKEN = "ScalesBroken"
     SCALES_UNKNOWN = "ScalesUnknown"
     # Canary: the two arms, their logs and metrics
     CANARY_STARTING = "CanaryStarting"
@@ -38,6 +39,7 @@ class Reason(StrEnum):
     CANARY_HEALTHY = "CanaryHealthy"
     CANARY_CRASHED = "CanaryCrashed"
     CANARY_TIMEOUT = "CanaryTimeout"
+    CANARY_UNSCHEDULABLE = "CanaryUnschedulable"  # no node took a canary: no verdict (Failed)
     LOG_SILENT = "LogSilent"
     METRICS_SILENT = "MetricsSilent"
     METRICS_UNREADABLE = "MetricsUnreadable"
@@ -173,8 +175,10 @@ _WARNING: Final = frozenset(
         Reason.POOL_PRESSURE_UNKNOWN,
         Reason.SCALES_MISSING,
         Reason.SCALES_DROPPED,
+        Reason.SCALES_BROKEN,
         Reason.CANARY_CRASHED,
         Reason.CANARY_TIMEOUT,
+        Reason.CANARY_UNSCHEDULABLE,
         Reason.BACKEND_CHANGED,
         Reason.BACKEND_NOT_ALLOWED,
         Reason.CAPACITY_NOT_GAINED,
@@ -213,9 +217,12 @@ _OWN_EVENT: Final = frozenset(
     {
         Reason.SCALES_MISSING,
         Reason.SCALES_DROPPED,
+        Reason.SCALES_BROKEN,
         Reason.BACKEND_CHANGED,
         Reason.BACKEND_NOT_ALLOWED,
         Reason.DIVERGENCE_FLAGGED,
     }
 )
-_REFUTES: Final = frozenset({Reason.SCALES_MISSING, Reason.SCALES_DROPPED, Reason.POOL_HAS_ROOM})
+_REFUTES: Final = frozenset(
+    {Reason.SCALES_MISSING, Reason.SCALES_DROPPED, Reason.SCALES_BROKEN, Reason.POOL_HAS_ROOM}
+)

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.status import ScanRecord
+
 
 @dataclass(frozen=True, slots=True)
 class Remedy:
@@ -39,7 +41,7 @@ class Remedy:
 
 
 def find_remedy(
-    scan: Mapping[str, Any] | None,
+    scan: ScanRecord | None,
     engine: str | None,
     image_version: str | None,
     allowlist: Any = None,
@@ -50,13 +52,12 @@ def find_remedy(
     either there is none (the flag or variable that picks a backend depends on the version).
     `allowlist` (a `kvgate.policy.Allowlist`) decides whether kvgate may apply it.
     """
-    from kvgate import engine_versions, logs, policy
+    from kvgate import engine_versions, policy
 
-    if not scan or not engine:
+    if scan is None or not engine:
         return None
-    kept = logs.LogScan.from_dict(scan)
-    version = kept.engine_version or image_version
-    codes = [f.code for f in kept.findings if f.severity.lower() == "error"]
+    version = scan.engine_version or image_version
+    codes = [f.code for f in scan.findings if (f.severity or "").lower() == "error"]
     code = next((c for c in codes if c in engine_versions.REMEDIABLE_CODES), None)
     if code is None or not isinstance(version, str):
         return None

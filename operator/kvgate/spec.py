@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from kvgate import policy
 from kvgate.errors import SpecError
+from kvgate.kvpolicy import KVCachePolicy, read_kv_cache
 from kvgate.model import (
     KV_DTYPES,
     Engine,
@@ -242,7 +243,8 @@ class RolloutSpec:
 
     target: TargetRef
     engine: Engine = Engine.AUTO
-    kv_cache_dtype: str = "fp8"
+    kv_cache_dtype: str = "fp8"  # = kv_cache.format (the v1alpha1 name every consumer reads)
+    kv_cache: KVCachePolicy = field(default_factory=KVCachePolicy)
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[EnvVar, ...] = ()
     model: ModelRef = field(default_factory=ModelRef)
@@ -275,8 +277,15 @@ class RolloutSpec:
         )
         engine = r.choice("engine", Engine, Engine.AUTO)
         dtype = r.one_of("kvCacheDtype", KV_DTYPES, "fp8")
-        if engine is Engine.SGLANG and dtype == "fp8":
+        if engine is Engine.SGLANG and dtype == "fp8" and not r.section("kvCache").present:
             r.error("kvCacheDtype", "sglang does not accept fp8; use fp8_e4m3 or fp8_e5m2")
+        legacy = r.raw("kvCacheDtype")
+        kv_cache = read_kv_cache(
+            r,
+            None if engine is Engine.AUTO else engine.value,
+            legacy if isinstance(legacy, str) and legacy in KV_DTYPES else None,
+        )
+        dtype = kv_cache.format
         extra_args = tuple(r.list_of("extraArgs", str, "a string"))
         policy_engine = None if engine is Engine.AUTO else engine.value
         if not any(e.field.startswith("spec.extraArgs") for e in r.errors):
@@ -417,6 +426,7 @@ class RolloutSpec:
             target=target_ref,
             engine=engine,
             kv_cache_dtype=dtype,
+            kv_cache=kv_cache,
             extra_args=extra_args,
             extra_env=extra_env,
             model=model,

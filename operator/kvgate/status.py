@@ -3,8 +3,7 @@
 `RolloutStatus.from_dict` is total: any JSON value (or anything else) reads without raising; a field
 of the wrong type reads as unknown (None or empty), never as a guess. It also reads the snake_case
 spellings earlier releases wrote (for one release). `to_dict` writes camelCase only, leaves nulls and
-empty collections out, and stores each figure once. `merge_patch` is the RFC 7386 patch between two
-status dicts: only what changed, `{}` when nothing did.
+empty collections out, and stores each figure once.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.evalsummary import AccuracyStatus, JsonValue
 from kvgate.jsonrecord import MISSING as _MISSING
 from kvgate.jsonrecord import fields as _fields
 from kvgate.jsonrecord import key as _key
@@ -22,13 +22,7 @@ from kvgate.jsonrecord import write as _write
 from kvgate.loadresult import LoadSummary
 from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
 
-JsonValue = Any  # an open JSON value, kept verbatim (only where the data really is open)
-
 # Why the open fields are open (their descriptions in the CRD's schema, `statusschema`).
-_JOB_KEYS: Final = (
-    "Open: the eval Job's own summary keys this record does not name, kept as the Job wrote "
-    "them (the Job's format, versioned with the eval image)."
-)
 _CONTAINER: Final = (
     "Open: the container's command, args and env as Kubernetes holds them (env entries whole, "
     "valueFrom included), literal values fingerprinted; the revert compares them verbatim."
@@ -131,6 +125,9 @@ class CheckpointRecord:
     expected_capacity_gain: float | None = None
     forces_fp8_kv: tuple[str, ...] = _key(default=())
     kv_bytes_per_token: Mapping[str, int] = _key(default={})
+    # k/v scales that cannot scale ("layer 1: k_scale 0.0"; kvgate.checkpoint, ScalesBroken)
+    broken_scales: tuple[str, ...] = _key(default=())
+    effective_control_format: str | None = None  # what `auto` runs on this checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,137 +212,6 @@ def read_eval_progress(line: object) -> EvalProgress | None:
     if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
         return None
     return read
-
-
-@dataclass(frozen=True, slots=True)
-class ArmAccuracy:
-    accuracy: float | None = None
-    correct: int | None = None
-    total: int | None = _key(None, "n")
-    wilson95: tuple[float, ...] = _key(None, "wilson", "interval", default=())
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
-
-
-@dataclass(frozen=True, slots=True)
-class PairedRecord:
-    difference: float | None = None
-    tango95: tuple[float, ...] = _key(None, "interval", "ci95", default=())
-    mcnemar_p: float | None = None
-    control_only: int | None = None
-    candidate_only: int | None = None
-    both_right: int | None = None
-    both_wrong: int | None = None
-    lower_bound: float | None = None
-    upper_bound: float | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # notes
-
-
-@dataclass(frozen=True, slots=True)
-class AdviceRecord:
-    questions_needed: int | None = None
-    discordance: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BoundsRecord:
-    """One-sided bounds on candidate minus control, with their levels (the Job's own keys)."""
-
-    lower: float | None = None
-    upper: float | None = None
-    lower_confidence: float | None = _key("lower_confidence", "lowerConfidence")
-    upper_confidence: float | None = _key("upper_confidence", "upperConfidence")
-    look: int | None = None  # the 1-based look the gate stopped at
-    look_adjusted: bool | None = _key("look_adjusted", "lookAdjusted")
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # sides, method
-
-
-@dataclass(frozen=True, slots=True)
-class LongContextBucketRecord:
-    """One context length of the long-context task, as the eval Job judged it."""
-
-    bucket: str | None = None
-    context_length: int | None = None
-    verdict: str | None = None
-    reason: str | None = None
-    items: int | None = None
-    control: ArmAccuracy | None = None
-    candidate: ArmAccuracy | None = None
-    recovery: float | None = None
-    paired: PairedRecord | None = None
-    bounds: BoundsRecord | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
-
-
-@dataclass(frozen=True, slots=True)
-class LongContextRecord:
-    """The long-context block: per-bucket results, and the hub tokenizer with the commit it was
-    read at (the spec's tokenizerRevision, or the one the eval Job resolved when unpinned)."""
-
-    buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
-    tokenizer: str | None = None
-    tokenizer_revision: str | None = None
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenAgreement:
-    """How closely one arm's next-token distributions follow the reference, over a bucket."""
-
-    positions: int | None = None
-    top1_agreement: float | None = None
-    mean_kl: float | None = None
-    p99_kl: float | None = None
-    max_kl: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DivergenceBucketRecord:
-    """One position bucket of the divergence screen: the A/A floor against the candidate."""
-
-    bucket: str | None = None
-    low: int | None = None
-    high: int | None = None
-    positions: int | None = None
-    floor: TokenAgreement | None = None
-    candidate: TokenAgreement | None = None
-    kl_ratio: float | None = None
-    kl_limit: float | None = None
-    disagreement_limit: float | None = None
-    flagged: bool | None = None
-    reasons: tuple[str, ...] = _key(default=())
-
-
-@dataclass(frozen=True, slots=True)
-class DivergenceRecord:
-    buckets: tuple[DivergenceBucketRecord, ...] = _key(default=())
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
-
-
-@dataclass(frozen=True, slots=True)
-class AccuracyStatus:
-    """The eval Job's summary as the accuracy gate read it (`differencePp` for the printer column)."""
-
-    verdict: str | None = None
-    reason: str | None = None
-    error: str | None = None
-    task: str | None = None
-    margin: float | None = None
-    confidence: float | None = None
-    questions_used: int | None = None
-    questions_planned: int | None = None
-    stopped_early: bool | None = None
-    control: ArmAccuracy | None = None
-    candidate: ArmAccuracy | None = None
-    paired: PairedRecord | None = None
-    difference_pp: float | None = None
-    bounds: BoundsRecord | None = None  # the look-adjusted one-sided bounds the verdict rests on
-    largest_loss_ruled_out: float | None = None
-    smallest_loss_shown: float | None = None  # a fail: the candidate is worse by at least this
-    advice: AdviceRecord | None = None
-    long_context: LongContextRecord | None = None
-    divergence: DivergenceRecord | None = None
-    # The rest of the summary (the plan, its looks, bounds) as the Job wrote it.
-    more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)

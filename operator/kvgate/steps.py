@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from kvgate.evalsummary import AccuracyStatus
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary, LoadVerdict
 from kvgate.model import (
@@ -25,7 +26,7 @@ from kvgate.model import (
 from kvgate.reasons import Reason
 from kvgate.remedy import Remedy
 from kvgate.spec import RolloutSpec
-from kvgate.status import EvalProgress, LoadStatus, PullRequestStatus
+from kvgate.status import CacheTruth, EvalProgress, LoadStatus, PullRequestStatus, ScanRecord
 from kvgate.verdict import GateResult, RevertIntent, Verdict
 
 MIN_DELAY_S: Final = 1.0
@@ -154,23 +155,24 @@ class Observation:
     pool_pressured: bool | None = None
     pool_detail: str = ""
     checkpoint_has_scales: bool | None = None
+    broken_scales: tuple[str, ...] = ()  # k/v scales in the checkpoint that cannot scale
     control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
     # Canary
     control: PodHealth | None = None
     candidate: PodHealth | None = None
-    control_scan: Mapping[str, Any] | None = None
-    candidate_scan: Mapping[str, Any] | None = None
+    control_scan: ScanRecord | None = None
+    candidate_scan: ScanRecord | None = None
     # Canary: each arm's `metrics.cache_truth`, once its /metrics was read (None: not yet)
-    control_metrics: Mapping[str, Any] | None = None
-    candidate_metrics: Mapping[str, Any] | None = None
+    control_metrics: CacheTruth | None = None
+    candidate_metrics: CacheTruth | None = None
     metrics_error: str | None = None  # the last failed scrape of an arm's /metrics
     remedy: Remedy | None = None  # Canary: the remedy for the candidate's crash, if known
     # Evaluating
     job_exists: bool = False
     job_finished: bool = False
-    eval_summary: Mapping[str, Any] | None = None
+    eval_summary: AccuracyStatus | None = None  # the finished Job's summary, read once
     eval_error: str | None = None
-    eval_progress: Mapping[str, Any] | None = None  # the running attempt's last progress line
+    eval_progress: EvalProgress | None = None  # the running attempt's last look
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
     speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
@@ -186,7 +188,7 @@ class Observation:
     # Promoting / Verifying
     rollout_done: bool = False
     rollout_crashed: str | None = None
-    rollout_scan: Mapping[str, Any] | None = None
+    rollout_scan: ScanRecord | None = None
     production_problem: str | None = None
     sampled: bool = False  # Verifying: a verify sample was taken now
     # PullRequestOpen: the recorded pull request as the forge reports it now (None: not read)
@@ -316,15 +318,13 @@ def load_error(obs: Observation) -> str | None:
     return None
 
 
-def task_error(spec: RolloutSpec, summary: Mapping[str, Any]) -> str | None:
+def task_error(spec: RolloutSpec, summary: AccuracyStatus) -> str | None:
     """An asked-for task that ran and errored (a timeout on a long prompt...): retried like
     a GSM8K error. A missing block is not retried: the gate fails it closed."""
-    lc = summary.get("long_context")
-    lc = lc if isinstance(lc, Mapping) and spec.accuracy.long_context is not None else {}
-    if lc.get("verdict") == "error":
-        return f"long-context task: {lc.get('error') or 'error'}"
-    dv = summary.get("divergence")
-    dv = dv if isinstance(dv, Mapping) and spec.divergence.mode is GateMode.REQUIRE else {}
-    if dv.get("verdict") == "error":
-        return f"divergence screen: {dv.get('error') or 'error'}"
+    lc = summary.long_context if spec.accuracy.long_context is not None else None
+    if lc is not None and lc.verdict == "error":
+        return f"long-context task: {lc.error or 'error'}"
+    dv = summary.divergence if spec.divergence.mode is GateMode.REQUIRE else None
+    if dv is not None and dv.verdict == "error":
+        return f"divergence screen: {dv.error or 'error'}"
     return None

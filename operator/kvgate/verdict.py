@@ -7,7 +7,7 @@ reason; missing evidence is ERROR or PENDING and never promotes (fail closed). `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -19,6 +19,7 @@ from kvgate.model import (
     worst,
 )
 from kvgate.reasons import Reason
+from kvgate.status import GateRecord, RevertStatus
 
 
 class Decision(StrEnum):
@@ -39,12 +40,11 @@ class GateResult:
         return {"outcome": self.outcome.value, "reason": str(self.reason), "message": self.message}
 
     @classmethod
-    def from_dict(cls, gate: str, data: Mapping[str, Any]) -> GateResult:
-        try:
-            outcome = Outcome(data.get("outcome", "Error"))
-        except ValueError:
-            outcome = Outcome.ERROR  # unreadable status never promotes
-        return cls(gate, outcome, Reason.read(data.get("reason")), str(data.get("message", "")))
+    def of_record(cls, gate: str, record: GateRecord) -> GateResult:
+        """The gate's result as status keeps it; an unreadable outcome is an ERROR (never
+        promotes)."""
+        outcome = record.outcome or Outcome.ERROR
+        return cls(gate, outcome, Reason.read(record.reason), record.message or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +116,10 @@ class RevertIntent:
         return {"phase": self.phase.value, "reason": str(self.reason), "message": self.message}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RevertIntent:
-        try:
-            phase = Phase(data.get("phase", Phase.ROLLED_BACK.value))
-        except ValueError:
-            phase = Phase.ROLLED_BACK
+    def of_record(cls, record: RevertStatus) -> RevertIntent:
+        """The revert's end as its write-ahead record keeps it (never Promoted)."""
+        phase = record.phase or Phase.ROLLED_BACK
         if not phase.terminal or phase is Phase.PROMOTED:
             phase = Phase.ROLLED_BACK  # a revert never ends Promoted
-        return cls(
-            phase,
-            Reason.read(data.get("reason") or Reason.PROMOTION_REVERTED),
-            str(data.get("message") or ""),
-        )
+        reason = Reason.read(record.reason or Reason.PROMOTION_REVERTED)
+        return cls(phase, reason, record.message or "")

@@ -279,7 +279,7 @@ def sim_deployment(
     command = ["python", "-m", "kvgate.sim", "vllm", "serve", "Qwen/Qwen3-8B", "--port", "8000"]
     if engine == "sglang":
         command = ["python", "-m", "kvgate.sim", "sglang", "--model-path", "Qwen/Qwen3-8B"]
-        command += ["--port", "30000", "--enable-metrics"]
+        command += ["--host", "0.0.0.0", "--port", "30000", "--enable-metrics"]
         args = args or ["--context-length", "8192"]
     return {
         "apiVersion": "apps/v1",

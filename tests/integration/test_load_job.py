@@ -186,27 +186,28 @@ def test_each_stage_says_what_it_did_to_each_engine(
     assert sum(s.preemptions or 0 for s in summary.control.stages) == summary.control.preemptions
 
 
-def test_a_tokenizer_that_is_not_the_engines_makes_the_run_an_error(
+def test_a_tokenizer_that_is_not_the_engines_makes_every_stage_an_error(
     sim: Callable[..., Any], tmp_path: Path, local_tokenizer: Path
 ) -> None:
-    # GIVEN clients counting with a BPE tokenizer while the engines count words
+    # GIVEN clients making prompts with a BPE tokenizer while the engines count words
     control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
     candidate = sim(FP8, env={"KVGATE_SIM_SPEED": "0.01"})
     extra = ["--tokenizer", str(local_tokenizer), "--stages", "2"]
     code, lines = finish(load_job(control.url, candidate.url, tmp_path, extra), tmp_path)
-    # THEN every stage ran, yet no arm is a measurement: the counts differ, both named
+    # THEN every request ran, yet no stage is a measurement: the engine counted the prompts
+    # otherwise than planned, both lengths named
     summary = summary_of(lines)
     assert code == 4 and summary.verdict is LoadVerdict.ERROR
     assert lines[0]["tokenizer"] == f"the model's: {local_tokenizer}"
     for arm in (summary.control, summary.candidate):
-        assert arm is not None and arm.error is not None
-        assert all(stage.status is StageStatus.MEASURED for stage in arm.stages)
-        assert re.search(
-            r"client counted [\d,]+ output tokens, the engine [\d,]+ "
-            r"\(vllm:generation_tokens_total\): the client re-tokenizes the streamed text .*"
-            r"a load tokenizer that is not the served model's",
-            arm.error,
-        ), arm.error
+        assert arm is not None
+        assert [stage.status for stage in arm.stages] == [StageStatus.ERROR]
+        (reason,) = arm.stages[0].reasons
+        assert re.fullmatch(
+            r"prompts planned at [\d,]+ tokens reached the engine as [\d,]+( to [\d,]+)? "
+            r"\(its usage\): the load tokenizer is not the served model's",
+            reason,
+        ), reason
 
 
 def test_the_slos_reach_inference_perf_and_its_goodput_comes_back(

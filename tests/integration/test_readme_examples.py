@@ -11,6 +11,7 @@ Rules for what cannot run here (explicit, checked in `_skip_reason`):
 - ENDPOINTS: `eval` and `diverge` need two serving engines; skipped.
 Stand-ins for what the example names but the reader has:
 - a log file named in the example is a healthy vLLM startup log from tests/data/logs;
+- a YAML file named in the example is examples/vllm-deployment.yaml;
 - an http URL given to `scrape` is served by a loopback /metrics server (a vLLM dump from
   tests/data/metrics, pool full with requests waiting), and the waits between samples are
   recorded, not slept.
@@ -39,6 +40,7 @@ README = ROOT / "README.md"
 SECTION = "## Try the CLI"
 STARTUP_LOG = ROOT / "tests" / "data" / "logs" / "vllm-0.11-bf16-ready.txt"
 METRICS = ROOT / "tests" / "data" / "metrics" / "vllm-0.33-dp2.txt"
+DEPLOYMENT = ROOT / "examples" / "vllm-deployment.yaml"
 
 CLUSTER = {"report", "get", "wait", "approve", "abort", "run"}
 ENDPOINTS = {"eval", "diverge"}
@@ -46,6 +48,7 @@ ENDPOINTS = {"eval", "diverge"}
 # What each runnable README example must answer, as words of the README table's cell for its
 # command; the table then gives the exit code. A new example needs a line here or a rule above.
 EXPECTED = {
+    "kvgate check -f examples/vllm-deployment.yaml": "passed",
     "kvgate scan-logs vllm-startup.log": "started healthy",
     "kvgate scrape http://10.0.0.7:8000/metrics": "pool judged",
     "kvgate stats --baseline 459/500 --candidate 454/500": "the Wilson table",
@@ -159,6 +162,9 @@ def test_readme_example_exits_as_the_readme_table_says(
     for arg in argv[1:]:
         if arg.endswith(".log"):
             shutil.copy(STARTUP_LOG, tmp_path / arg)
+        if arg.endswith(".yaml"):
+            (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(DEPLOYMENT, tmp_path / arg)
     argv = [re.sub(r"^http://[^/]+", metrics_url, arg) for arg in argv]
     sleeps: list[float] = []
     monkeypatch.setattr(scrape_command, "SLEEP", sleeps.append)

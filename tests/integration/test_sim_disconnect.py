@@ -47,10 +47,10 @@ def wait_for(url: str, running: float, timeout: float = 5.0) -> dict[str, float]
 
 
 def assert_aborted(url: str, aborted_before: float) -> None:
-    started = time.monotonic()
-    state = wait_for(url, running=0)
+    # a wait, not a timed assert: finishing the 6,000 tokens instead would take minutes, so 30 s
+    # tells an abort from a finish even on a machine too busy for the abort to show in 2 s
+    state = wait_for(url, running=0, timeout=30.0)
     assert state["vllm:num_requests_running"] == 0, "still decoding after its client left"
-    assert time.monotonic() - started < 2.0
     assert state.get("vllm:kv_cache_usage_perc", 0.0) == 0.0  # its blocks freed
     assert state["aborted"] == aborted_before + 1
     time.sleep(0.5)

@@ -37,12 +37,13 @@ def vllm_installed() -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_qwen3() -> Path:
     """The default tiny Qwen3 (hidden 256, 4 layers, 2 KV heads, head_dim 64; 2,048 bytes of
-    BF16 KV a token), under the temp dir, where the operator may read local checkpoints."""
-    from tiny_model import build
+    BF16 KV a token), in the model cache (hack/tiny_model.cached): not under /tmp, which the
+    load Job's pod mounts an emptyDir over."""
+    from tiny_model import cached
 
-    return build(tmp_path_factory.mktemp("models") / "tiny-qwen3", corpus="words")
+    return cached("tiny-qwen3", corpus="words")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -20,6 +20,7 @@ asked, more than 2,048 sent, and the engine refused the document.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,10 +42,10 @@ CPU_BLOCK = 128  # vllm/platforms/cpu.py: every non-MLA model on the CPU build
 
 
 @pytest.fixture(scope="module")
-def model(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_model import build
+def model(vllm_installed: None) -> Path:
+    from tiny_model import cached
 
-    return build(tmp_path_factory.mktemp("shape") / "tiny-llama-l3-h8-kv4-d32", **SHAPE)
+    return cached("tiny-llama-l3-h8-kv4-d32", **SHAPE)
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +166,53 @@ def test_the_divergence_screen_runs_on_real_numerics(arms: dict[str, str]) -> No
     for bucket in measured:
         # real numerics: the FP8 arm's log-probs differ from the BF16 control's somewhere
         assert bucket["floor"]["mean_kl"] is not None and bucket["candidate"]["mean_kl"] > 0, bucket
+
+
+def _load_job(arms: dict[str, str], model: Path, work: Path, *tokenizer: str) -> dict[str, Any]:
+    """`kvgate load-job` (inference-perf against both arms at once) at 8 concurrent; its
+    summary line."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "kvgate", "load-job",
+            "--control-url", arms["auto"], "--candidate-url", arms["fp8"], "--model", str(model),
+            "--production-concurrency", "8", "--stages", "8", "--rounds", "1",
+            "--prompt-tokens", "256", "--output-tokens", "64", "--work-dir", str(work),
+            "--tokenizer-corpus", str(Path(GSM8K_DIR) / "train.jsonl"), *tokenizer,
+        ],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["kind"] == "kvgate.load/summary", proc.stdout[-2000:]
+    assert proc.returncode == (0 if summary["verdict"] == "measured" else 4), proc.stderr[-2000:]
+    return summary
+
+
+def test_the_load_job_measures_real_arms_in_the_engines_tokens(
+    arms: dict[str, str], model: Path, tmp_path: Path
+) -> None:
+    # WITH the served model's own tokenizer: every stage measured, in the engine's tokens (the
+    # usage of each response; the counters' increase agrees with it, or the arm is an error)
+    summary = _load_job(arms, model, tmp_path / "model", "--tokenizer", str(model))
+    assert summary["verdict"] == "measured", json.dumps(summary)[:3000]
+    for arm in ("control", "candidate"):
+        (stage,) = summary[arm]["stages"]
+        assert (stage["status"], stage["requests"]) == ("measured", 8), stage
+        assert stage["outputTokensPerS"] > 0 and stage["tpotP50Ms"] > 0, stage
+
+
+def test_a_load_tokenizer_that_is_not_the_served_models_fails_every_stage(
+    arms: dict[str, str], model: Path, tmp_path: Path
+) -> None:
+    # WITH the word tokenizer kvgate.sim counts with (no --tokenizer): its 256-"token" prompts
+    # are other lengths to the real model's BPE, and the engine's usage says so
+    summary = _load_job(arms, model, tmp_path / "words")
+    assert summary["verdict"] == "error", json.dumps(summary)[:3000]
+    for arm in ("control", "candidate"):
+        (stage,) = summary[arm]["stages"]
+        assert stage["status"] == "error", stage
+        (reason,) = stage["reasons"]
+        assert re.fullmatch(
+            r"prompts planned at 256 tokens reached the engine as [\d,]+( to [\d,]+)? \(its "
+            r"usage\): the load tokenizer is not the served model's",
+            reason,
+        ), reason

@@ -119,6 +119,9 @@ def deployment(name: str = "vllm") -> dict[str, Any]:
                             "command": ["vllm", "serve", "Qwen/Qwen3-8B"],
                             "args": ["--port", "8000", "--max-model-len", "8192"],
                             "env": [{"name": "HF_HOME", "value": "/cache"}],
+                            # kvgate reads a canary's startup log once it is Ready
+                            # (`kvgate.targetcheck`: a target without it is invalid)
+                            "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
                         }
                     ]
                 },

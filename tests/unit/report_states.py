@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import test_report
+from evidence import as_scan
 
 from kvgate import crash, engine_versions, logs
 from kvgate.remedy import Remedy
@@ -36,7 +37,7 @@ def l4_crash() -> dict[str, Any]:
     found = engine_versions.remedy_for("vllm", "0.13.0", "attention-build-failed")
     assert found is not None
     fix = Remedy("attention-build-failed", "vllm", "0.13.0", *found)
-    message = crash.describe("candidate", scan, "exited with code 1 (Error)", fix).message
+    message = crash.describe("candidate", as_scan(scan), "exited with code 1 (Error)", fix).message
     control = copy.deepcopy(test_report.ROLLED_BACK["status"]["arms"]["control"])
     return _rollout(
         {

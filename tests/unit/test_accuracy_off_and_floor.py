@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from evidence import as_summary
 from test_verdict import READY, SCALE_WARNING, agreeing, scan, step
 
 from kvgate.errors import SpecError
@@ -116,7 +117,7 @@ def test_a_control_below_the_margin_is_inconclusive_never_non_inferior(control_r
     )
     assert summary["reason"] == CONTROL_BELOW_FLOOR
     assert f"the control scored {control_right}/500" in summary["claim"]
-    gate = assess_accuracy(_spec().accuracy, summary)
+    gate = assess_accuracy(_spec().accuracy, as_summary(summary))
     assert gate.outcome is Outcome.INCONCLUSIVE and gate.outcome.blocks
     assert "cannot be measured" in gate.message
 

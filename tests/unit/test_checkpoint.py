@@ -408,7 +408,9 @@ def test_local_sharded_checkpoint_reads_only_headers(tmp_path: Path, shards: int
     shard_files = sorted(directory.glob("*.safetensors"))
     assert headers.files == tuple(p.name for p in shard_files)
     assert headers.header_bytes == sum(header_size(p) for p in shard_files)
-    assert headers.bytes_read == headers.header_bytes
+    # the headers and the k/v scales (two 4-byte scalars a layer), never the weights
+    assert headers.bytes_read == headers.header_bytes + LAYERS * 2 * 4
+    assert headers.scale_values is not None and set(headers.scale_values.values()) == {(1.0,)}
     assert headers.bytes_read < sum(p.stat().st_size for p in shard_files) / 10
     assert len(headers.tensors) == LAYERS * 3
     assert headers.config == {

@@ -19,6 +19,7 @@ from kvgate.commands import failure
 # must hold, and whether the command takes --json.
 BAD_INPUT: dict[str, tuple[list[str], str, bool]] = {
     "preflight": (["{tmp}/absent.json"], "absent.json: no such file", True),
+    "check": (["-f", "{tmp}/absent.yaml"], "absent.yaml: no such file", True),
     "scan-logs": (["{tmp}/absent.log"], "absent.log: no such file", True),
     "scrape": (["ftp://x/metrics"], "'ftp://x/metrics' is not an http(s) URL", True),
     "stats": (["--paired", "1,2,3"], "--paired: '1,2,3' is not four counts", True),

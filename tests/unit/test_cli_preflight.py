@@ -108,7 +108,9 @@ def test_model_dir_with_scales_and_pool(tmp_path: Path, capsys: pytest.CaptureFi
     assert scales["layers"] == {"total": 36, "expected": 36, "covered": 36, "missing": []}
     assert result["read"]["files"] == ["model.safetensors"]
     with (directory / "model.safetensors").open("rb") as f:
-        assert result["read"]["bytes_read"] == 8 + struct.unpack("<Q", f.read(8))[0]
+        # the header, then the 72 k/v scales (4-byte scalars) one by one
+        assert result["read"]["bytes_read"] == 8 + struct.unpack("<Q", f.read(8))[0] + 72 * 4
+    assert scales["values"]["read"] == 72
 
 
 def test_fp8_weights_without_kv_scales(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

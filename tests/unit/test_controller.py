@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import re
+import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -196,6 +197,33 @@ def test_happy_path_promotes_with_one_patch(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+def test_the_status_is_parsed_once_per_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the happy path, with every parse of a status the controller makes counted (the
+    # report's renderers, which parse what they are given, are not the controller's)
+    from kvgate.status import RolloutStatus
+
+    world = World(monkeypatch)
+    parses: list[str] = []
+    parse = RolloutStatus.from_dict.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[RolloutStatus], raw: object) -> RolloutStatus:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("kvgate.controller"):
+            parses.append(caller)
+        return parse(cls, raw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(RolloutStatus, "from_dict", classmethod(counted))
+    per_reconcile: list[int] = []
+    world.before_reconcile = lambda _: per_reconcile.append(len(parses))
+    # WHEN it runs to its end
+    assert world.run() == "Promoted"
+    per_reconcile.append(len(parses))
+    # THEN each reconcile parses the status it found once (`context.begin`), and no stage
+    # parses it again: they see it typed, with the updates before them applied
+    counts = [b - a for a, b in itertools.pairwise(per_reconcile)]
+    assert counts and set(counts) == {1}, (counts, parses)
+
+
 @pytest.mark.parametrize("setup", [happy, new_pods_crash])
 def test_a_reconcile_reads_the_rollouts_pods_with_one_request(
     monkeypatch: pytest.MonkeyPatch, setup: Callable[[World], None]
@@ -269,6 +297,7 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
     from kvgate.model import Outcome, Phase
+    from kvgate.status import RolloutStatus
     from kvgate.steps import Step
     from kvgate.verdict import GateResult, RevertIntent
 
@@ -281,9 +310,12 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     step = Step(Phase.REVERTING, Reason.REVERTING, "slower", eval_attempts=2, revert=intent,
                 gates=(GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower"),))  # fmt: skip
     args = {"now": "2026-12-01T10:00:09Z", "generation": 3, "deployment_generation": 5}
-    new = record.fold(found, step, Phase.VERIFYING, **args)
+    new = record.folded(RolloutStatus.from_dict(found), step, Phase.VERIFYING, **args).to_dict()
     assert found == given  # read, never written
-    assert record.fold(found, step, Phase.VERIFYING, **args) == new
+    assert (
+        record.folded(RolloutStatus.from_dict(found), step, Phase.VERIFYING, **args).to_dict()
+        == new
+    )
     assert new["phase"] == "Reverting" and new["phaseSince"] == args["now"]
     assert new["observedGeneration"] == 3 and new["eval"] == {"job": "j", "attempt": 2}
     assert new["gates"] == {
@@ -292,7 +324,7 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     # the write-ahead record of the revert, written with the step that enters Reverting
     assert new["revert"] == {**intent.to_dict(), "startedAt": args["now"], "attempts": 0}
     assert new["promotion"] == found["promotion"] and not new.get("finishedAt")
-    again = record.fold(new, step, Phase.REVERTING, **args)
+    again = record.folded(RolloutStatus.from_dict(new), step, Phase.REVERTING, **args).to_dict()
     assert again["revert"] == new["revert"] and again["phaseSince"] == new["phaseSince"]
 
 
@@ -1001,6 +1033,49 @@ def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
         assert status["reason"] == "ControlRunsFP8"
         assert "the canary would compare FP8 with FP8" in status["message"]
         assert world.kube.get("Pod", "r-control") is None and "arms" not in status
+
+
+def test_a_checkpoint_whose_scales_cannot_scale_is_rolled_back_before_any_eval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    # GIVEN a checkpoint with per-layer k/v scales, layer 1's k_scale 0.0 (a calibration bug)
+    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    scales = {
+        f"model.layers.{layer}.self_attn.{kind}": np.array(
+            0.0 if (layer, kind) == (1, "k_scale") else 0.02, np.float32
+        )
+        for layer in range(config["num_hidden_layers"])
+        for kind in ("k_scale", "v_scale")
+    }
+    save_file(
+        {"model.embed_tokens.weight": np.ones((2, 2), np.float32), **scales},
+        str(tmp_path / "model.safetensors"),
+    )
+    world = World(monkeypatch, model={"name": str(tmp_path)})
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(tmp_path),)
+    )
+    # WHEN the FP8 rollout (a format that reads the checkpoint's scales) runs
+    end = world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    # THEN the scale values were read, and the candidate is rolled back at the canary stage,
+    # before any eval Job, naming the layer and the remedy; production untouched
+    assert status["preflight"]["checkpoint"]["brokenScales"] == ["layer 1: k_scale 0.0"]
+    assert (end, status["reason"]) == ("RolledBack", "ScalesBroken"), status["message"]
+    gate = status["gates"]["scales"]
+    assert (gate["outcome"], gate["reason"]) == ("Failed", "ScalesBroken")
+    assert gate["message"].startswith(
+        "the checkpoint's k/v scales cannot scale (layer 1: k_scale 0.0) and fp8 reads them"
+    )
+    assert "recalibrate the KV scales" in gate["message"]
+    assert "Evaluating" not in world.phases
+    assert not [key for key in world.kube.objects if key[0] == "Job"]
+    assert world.kube.container() == world.original
 
 
 # -- config.prometheusURL: preflight reads the pool's history from Prometheus -----------------

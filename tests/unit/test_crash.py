@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from evidence import as_scan
 
 from kvgate import crash, engine_versions, logs
 from kvgate.remedy import Remedy
@@ -24,7 +25,7 @@ def l4_fix(**kw: Any) -> Remedy:
 
 def test_the_l4_crash_leads_with_its_cause_and_cuts_the_ninja_line() -> None:
     scan = logs.scan_log(L4_LOG.read_text()).to_dict()
-    got = crash.describe("candidate", scan, "exited with code 1 (Error)", l4_fix())
+    got = crash.describe("candidate", as_scan(scan), "exited with code 1 (Error)", l4_fix())
     assert got.headline == (
         "candidate crashed: the attention backend could not JIT-compile its FP8 KV kernels "
         "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed)"
@@ -41,7 +42,7 @@ def test_the_l4_crash_leads_with_its_cause_and_cuts_the_ninja_line() -> None:
 
 def test_an_unclassified_crash_leads_with_how_the_pod_ended() -> None:
     tail = {"findings": [], "tail": ["x", "OSError: [Errno 98] Address already in use"]}
-    got = crash.describe("candidate", tail, "exited with code 1 (Error)")
+    got = crash.describe("candidate", as_scan(tail), "exited with code 1 (Error)")
     assert got.message == (
         "candidate crashed: exited with code 1 (Error), cause not classified; "
         "log: OSError: [Errno 98] Address already in use"
@@ -92,7 +93,7 @@ def test_an_env_only_remedy_names_spec_extra_env() -> None:
 def test_the_control_gets_no_where() -> None:
     scan = {"findings": [{"code": "out-of-memory", "severity": "error", "text": "CUDA OOM",
                           "hint": "lower --max-model-len"}]}  # fmt: skip
-    got = crash.describe("control", scan, "exited with code 1")
+    got = crash.describe("control", as_scan(scan), "exited with code 1")
     assert got.message == (
         "control crashed: the GPU ran out of memory (out-of-memory); remedy: lower "
         "--max-model-len; log: CUDA OOM"

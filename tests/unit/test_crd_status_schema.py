@@ -360,7 +360,7 @@ def _status_keys_written(tree: ast.Module) -> set[str]:
     """Top-level status keys a controller module writes by name: `<x>.status["k"] = ...`,
     `status["k"] = ...`, `<x>.status.update(k=...)`, `status.update(k=...)`,
     `<x>.status.setdefault("k", ...)`, and the keys observe and act return for status:
-    `StatusUpdate.of(k=...)`."""
+    `StatusUpdate.of(field=...)`."""
 
     def is_status(node: ast.expr) -> bool:
         return (isinstance(node, ast.Name) and node.id == "status") or (
@@ -395,7 +395,7 @@ def _status_keys_written(tree: ast.Module) -> set[str]:
             and isinstance(node.func.value, ast.Name)
             and node.func.value.id == "StatusUpdate"
         ):
-            keys.update(k.arg for k in node.keywords if k.arg)
+            keys.update(by_field[k.arg] for k in node.keywords if k.arg)
         # typed: `dataclasses.replace(status, field=...)` and `RolloutStatus(field=...)` write the
         # field's key (mypy checks the field exists; this checks the key is in the schema)
         replaced = (

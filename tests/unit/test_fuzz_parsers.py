@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from evidence import as_summary
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,7 @@ from kvgate.capacity import capacity_table, parse_kv_layout
 from kvgate.checkpoint import parse_safetensors_header, scan_scales, unknown_scales
 from kvgate.commands.stats import read_saved_result
 from kvgate.errors import KvgateError
+from kvgate.evalsummary import AccuracyStatus
 from kvgate.evaluation.records import read_question_lines
 from kvgate.gates import assess_accuracy
 from kvgate.joblog import eval_lines
@@ -352,7 +354,8 @@ NONCE_SHA = "2b8a3df1c1a2b0c7a5f1d1b8f6a1a83c0f0a41d93fc1f8b7b9a4c4b6a5f3e2d1"
 @given(summaries)
 def test_eval_summary_readers(summary: Any) -> None:
     if isinstance(summary, dict):
-        _own(assess_accuracy, AccuracyGate(), summary)
+        # read once (as the controller does), then judged: neither raises but kvgate's own
+        _own(lambda raw: assess_accuracy(AccuracyGate(), AccuracyStatus.from_summary(raw)), summary)
     line = _json_dumps(summary)
     _own(eval_lines, f"noise\n{line}\n", NONCE_SHA)
 
@@ -612,7 +615,7 @@ def test_found_30_million_layers_in_the_scale_report() -> None:  # was MemoryErr
 
 def test_found_advice_that_is_not_an_object() -> None:  # was AttributeError
     summary = {"kind": "kvgate.eval/summary", "verdict": "inconclusive", "advice": True}
-    assert assess_accuracy(AccuracyGate(), summary).reason == "AccuracyInconclusive"
+    assert assess_accuracy(AccuracyGate(), as_summary(summary)).reason == "AccuracyInconclusive"
 
 
 def test_found_a_phase_that_is_not_a_string() -> None:  # was TypeError in the report

@@ -47,6 +47,7 @@ def result(
     failures: int = 0,
     tok_s: float = 1500.0,
     goodput: float | None = None,
+    prompt: float = 512.0,
 ) -> StageResult:
     return StageResult(
         stage=0, concurrency=concurrency, requests=requests, successes=requests - failures,
@@ -56,8 +57,7 @@ def result(
         output_tokens_min=128.0 if requests > failures else None, fallback_prompt=0, fallback_output=0,
         token_count_mismatches=0, ttft_s=Percentiles(0.2, 0.9), tpot_s=Percentiles(0.021, 0.0305),
         itl_s=Percentiles(0.02, 0.03), request_latency_s=Percentiles(3.0, 5.0),
-        goodput_percentage=goodput, output_tokens_client=128.0 * (requests - failures),
-        prompt_tokens_max=512.0,
+        goodput_percentage=goodput, prompt_tokens_min=prompt, prompt_tokens_max=prompt,
     )  # fmt: skip
 
 
@@ -230,6 +230,7 @@ def fake_runs(
     failing: dict[str, set[int]],
     reachable: bool = True,
     output_factor: dict[str, float] | None = None,
+    prompt_factor: dict[str, float] | None = None,
 ) -> None:
     after = engines_that_count(monkeypatch)
 
@@ -237,9 +238,11 @@ def fake_runs(
         arm = work_dir.name
         stages = tuple(
             judge_stage(
-                result(s.concurrency, s.num_requests, failures=s.num_requests if s.concurrency in failing.get(arm, set()) else 0),
+                result(s.concurrency, s.num_requests, failures=s.num_requests if s.concurrency in failing.get(arm, set()) else 0,
+                       prompt=plan.prompt_tokens * (prompt_factor or {}).get(arm, 1.0)),
                 s.num_requests,
                 plan.output_tokens,
+                prompt_bounds=plan.prompt_bounds(),
             )
             for s in plan.stages
         )  # fmt: skip
@@ -305,14 +308,41 @@ def test_a_dead_arm_is_an_error_and_exits_4(
     assert last["candidate"]["reachableAfter"] is False and last["candidate"]["exitCode"] == 0
 
 
-def test_a_load_tokenizer_that_is_not_the_served_models_makes_the_run_an_error(
+def test_a_load_tokenizer_that_is_not_the_served_models_makes_every_stage_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    # GIVEN the candidate's engine counting each 512-token prompt as 1,331 tokens (measured on
+    # real vLLM: the word tokenizer's prompts reached a BPE model as 1,269 to 1,378 tokens)
+    fake_runs(monkeypatch, {}, prompt_factor={"candidate": 2.6})
+    # WHEN the Job runs
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    # THEN no candidate stage is a measurement, each naming both lengths; the control's are
+    assert code == 4
+    summary = LoadSummary.from_dict(summary_line(capsys))
+    assert summary.verdict is LoadVerdict.ERROR
+    assert summary.control is not None
+    assert all(stage.status is StageStatus.MEASURED for stage in summary.control.stages)
+    assert summary.candidate is not None
+    assert [stage.status for stage in summary.candidate.stages] == [StageStatus.ERROR] * 4
+    assert {stage.reasons for stage in summary.candidate.stages} == {
+        (
+            "prompts planned at 512 tokens reached the engine as 1,331 (its usage): the load "
+            "tokenizer is not the served model's",
+        )
+    }
+
+
+def test_usage_the_engines_counters_do_not_show_makes_the_run_an_error(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     tokenizer: Path,
     tmp_path: Path,
 ) -> None:
     # GIVEN every stage measured, but the candidate's engine generated 1.3x the tokens its
-    # client counted (the client's tokenizer splits text into fewer, longer tokens)
+    # responses' usage reported (other traffic on the arm, or a counter that is not its own)
     fake_runs(monkeypatch, {}, output_factor={"candidate": 1.3})
     # WHEN the Job runs
     code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
@@ -324,9 +354,8 @@ def test_a_load_tokenizer_that_is_not_the_served_models_makes_the_run_an_error(
     assert summary.candidate is not None
     assert summary.candidate.error == (
         "client counted 26,880 output tokens, the engine 34,944 "
-        "(vllm:generation_tokens_total): the client re-tokenizes the streamed text into other "
-        "tokens than the engine generated (a load tokenizer that is not the served model's, or "
-        "output that does not re-tokenize to itself)"
+        "(vllm:generation_tokens_total): other traffic reached the arm, or the counter is not "
+        "this engine's"
     )
     assert summary.error == f"candidate: {summary.candidate.error}"
 
@@ -400,7 +429,7 @@ def started_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
 def test_a_hub_models_tokenizer_is_read_from_the_cache_never_downloaded(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from tests.hf_cache_layout import add_to_cache
+    from hf_cache_layout import add_to_cache
 
     snapshot = add_to_cache(tmp_path / "hub", "org/served", {"tokenizer.json": b"{}"})
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

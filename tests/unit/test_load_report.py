@@ -24,14 +24,19 @@ from kvgate.load.runner import read_report_files
 DATA = Path(__file__).resolve().parents[1] / "data" / "load"
 
 
-def plan(stages: tuple[Stage, ...], output: int, report_dir: Path) -> LoadPlan:
+def plan(
+    stages: tuple[Stage, ...], output: int, report_dir: Path, prompt: tuple[int, int] = (256, 32)
+) -> LoadPlan:
+    """A plan as the recorded runs were made (tests/data/load/README.md: ok/ asked for prompts
+    of normal(256, 32), crash/ for 128)."""
     return LoadPlan(
         base_url="http://127.0.0.1:1",
         model_name="Qwen/Qwen3-8B",
         tokenizer_dir="tok",
         report_dir=str(report_dir),
         stages=stages,
-        prompt_tokens=128,
+        prompt_tokens=prompt[0],
+        prompt_std_tokens=prompt[1],
         output_tokens=output,
         num_workers=1,
     )
@@ -39,7 +44,7 @@ def plan(stages: tuple[Stage, ...], output: int, report_dir: Path) -> LoadPlan:
 
 OK = plan((Stage(1, 4), Stage(4, 8)), 32, DATA / "ok")
 UNREACHABLE = plan((Stage(2, 4),), 16, DATA / "unreachable")
-CRASH = plan((Stage(1, 4), Stage(4, 12), Stage(4, 8)), 64, DATA / "crash")
+CRASH = plan((Stage(1, 4), Stage(4, 12), Stage(4, 8)), 64, DATA / "crash", prompt=(128, 0))
 
 
 def judged(p: LoadPlan) -> tuple:  # type: ignore[type-arg]
@@ -97,6 +102,30 @@ def test_a_cut_off_stream_alone_is_an_error(tmp_path: Path) -> None:
     (stage,) = judged(plan((Stage(4, 8),), 32, tmp_path))
     assert stage.status == "error"
     assert stage.reasons[-1] == "short outputs: min 31 of 32 tokens"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reason"),
+    [
+        # the engine counted the recorded 194-286-token prompts against a plan of exactly 128:
+        # a load tokenizer that is not the served model's makes prompts of other lengths
+        ((128, 0), "prompts planned at 128 tokens reached the engine as 194 to 286 (its usage): "
+                   "the load tokenizer is not the served model's"),
+        ((256, 16), "prompts planned at 224 to 288 tokens reached the engine as 194 to 286 (its "
+                    "usage): the load tokenizer is not the served model's"),
+    ],
+)  # fmt: skip
+def test_prompts_the_engine_counted_otherwise_than_planned_make_the_stage_an_error(
+    prompt: tuple[int, int], reason: str
+) -> None:
+    _, second = judged(plan((Stage(1, 4), Stage(4, 8)), 32, DATA / "ok", prompt=prompt))
+    assert second.status == "error" and second.reasons == (reason,)
+
+
+def test_prompts_within_one_percent_of_the_plan_are_measured() -> None:
+    # the shortest recorded prompt, 194, is within 1% of a plan whose shortest is 195 (241 - 2 x 23)
+    _, second = judged(plan((Stage(1, 4), Stage(4, 8)), 32, DATA / "ok", prompt=(241, 23)))
+    assert second.status == "measured"
 
 
 def test_a_missing_report_and_fewer_requests_than_planned_are_errors(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ def plan(tmp_path: Path) -> LoadPlan:
         report_dir=str(tmp_path / "reports"),
         stages=(Stage(1, 4), Stage(4, 8)),
         prompt_tokens=256,
+        prompt_std_tokens=32,  # as tests/data/load/ok was recorded: normal(256, 32)
         output_tokens=32,
         num_workers=1,
     )

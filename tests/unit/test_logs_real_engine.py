@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from evidence import as_scan
 
 from kvgate import gates
 from kvgate.jsonrecord import write
@@ -55,14 +56,16 @@ def test_cpu_engine_runs_cpu_attn_though_it_logs_no_backend(name: str) -> None:
 
 def test_backend_gate_passes_a_real_cpu_pair() -> None:
     control, candidate = real(BF16), real(FP8)
-    got = gates.assess_backend(BackendGate(), control.to_dict(), candidate.to_dict())
+    got = gates.assess_backend(
+        BackendGate(), as_scan(control.to_dict()), as_scan(candidate.to_dict())
+    )
     assert (got.outcome, got.reason) == (Outcome.SUCCESSFUL, "BackendUnchanged")
     assert got.message == "both arms use CPU_ATTN"
     # as status keeps the scans (the controller reads them back from there)
     kept_control, kept_candidate = write(control.status_record()), write(candidate.status_record())
     assert LogScan.from_dict(kept_candidate).attention_backend == "CPU_ATTN"
     allowed = BackendGate(allowed=("CPU_ATTN",))
-    got = gates.assess_backend(allowed, kept_control, kept_candidate)
+    got = gates.assess_backend(allowed, as_scan(kept_control), as_scan(kept_candidate))
     assert got.outcome is Outcome.SUCCESSFUL
 
 
@@ -71,10 +74,13 @@ def test_cpu_log_cut_before_the_model_is_built_stays_unknown() -> None:
     scan = scan_log(EARLY_CPU_LINES)
     assert (scan.engine, scan.attention_backend) == ("vllm", None)
     control = real(BF16).to_dict()
-    got = gates.assess_backend(BackendGate(), control, scan.to_dict())
+    got = gates.assess_backend(BackendGate(), as_scan(control), as_scan(scan.to_dict()))
     assert (got.outcome, got.reason) == (Outcome.WARNING, "BackendUnknown")
     strict = BackendGate(allowed=("CPU_ATTN",))
-    assert gates.assess_backend(strict, control, scan.to_dict()).outcome is Outcome.ERROR
+    assert (
+        gates.assess_backend(strict, as_scan(control), as_scan(scan.to_dict())).outcome
+        is Outcome.ERROR
+    )
 
 
 @pytest.mark.parametrize("backend", ["CPU_MLA", "AMX_MLA"])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from evidence import as_summary
 
 from kvgate import machine, manifests, steps
 from kvgate import verdict as v
@@ -283,11 +284,11 @@ def test_bucket_label(length: int, label: str) -> None:
 
 
 def test_off_when_not_asked() -> None:
-    assert assess_long_context(None, GSM8K_PASS).outcome is Outcome.SKIPPED
+    assert assess_long_context(None, as_summary(GSM8K_PASS)).outcome is Outcome.SKIPPED
 
 
 def test_collapse_fails_naming_the_worst_bucket() -> None:
-    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(COLLAPSED)})
+    got = assess_long_context(LC, as_summary({**GSM8K_PASS, "long_context": lc_block(COLLAPSED)}))
     assert (got.gate, got.outcome, got.reason) == ("longContext", Outcome.FAILED,
                                                   "LongContextRegressed")  # fmt: skip
     # 16k and 32k both fail; the 32k bucket lost most and is named
@@ -297,20 +298,20 @@ def test_collapse_fails_naming_the_worst_bucket() -> None:
 
 
 def test_sound_candidate_passes_every_bucket() -> None:
-    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(SOUND)})
+    got = assess_long_context(LC, as_summary({**GSM8K_PASS, "long_context": lc_block(SOUND)}))
     assert (got.outcome, got.reason) == (Outcome.SUCCESSFUL, "LongContextNonInferior")
     assert "every bucket (4k-8k, 16k-32k)" in got.message
 
 
 def test_too_few_items_is_inconclusive_and_names_the_bucket() -> None:
     few = {8192: PairedCounts(9, 0, 0, 1), 32768: PairedCounts(29, 0, 0, 1)}
-    got = assess_long_context(LC, {**GSM8K_PASS, "long_context": lc_block(few)})
+    got = assess_long_context(LC, as_summary({**GSM8K_PASS, "long_context": lc_block(few)}))
     assert (got.outcome, got.reason) == (Outcome.INCONCLUSIVE, "LongContextInconclusive")
     assert got.message.startswith("long-context bucket 4k-8k (8,192 tokens): not shown")
 
 
 def _broken(block: Any) -> v.GateResult:
-    return assess_long_context(LC, {**GSM8K_PASS, "long_context": block})
+    return assess_long_context(LC, as_summary({**GSM8K_PASS, "long_context": block}))
 
 
 def test_missing_or_malformed_block_fails_closed() -> None:
@@ -333,12 +334,14 @@ def test_missing_or_malformed_block_fails_closed() -> None:
         assert (got.outcome, got.reason) == (Outcome.ERROR, "LongContextError"), block
     assert "no long_context block" in _broken(None).message
     assert "tokenizer not found" in _broken(cases[4]).message
-    assert assess_long_context(None, {**GSM8K_PASS}).outcome is Outcome.SKIPPED
+    assert assess_long_context(None, as_summary({**GSM8K_PASS})).outcome is Outcome.SKIPPED
 
 
 def test_lengths_other_than_the_spec_lists_fail_closed() -> None:
     task = LongContextTask(items=30, margin_pp=15.0, context_lengths=(8192, 16384, 32768))
-    got = assess_long_context(task, {**GSM8K_PASS, "long_context": lc_block(SOUND, task)})
+    got = assess_long_context(
+        task, as_summary({**GSM8K_PASS, "long_context": lc_block(SOUND, task)})
+    )
     assert (got.outcome, got.reason) == (Outcome.ERROR, "LongContextError")
     assert "not [8192, 16384, 32768]" in got.message
 
@@ -357,7 +360,9 @@ def test_lengths_other_than_the_spec_lists_fail_closed() -> None:
     ],
 )
 def test_divergence_modes(mode: GateMode, kl: float, outcome: Outcome, reason: str) -> None:
-    got = assess_divergence(DivergenceGate(mode=mode), {**GSM8K_PASS, "divergence": div_block(kl)})
+    got = assess_divergence(
+        DivergenceGate(mode=mode), as_summary({**GSM8K_PASS, "divergence": div_block(kl)})
+    )
     assert (got.gate, got.outcome, got.reason) == ("divergence", outcome, reason)
     if reason == "DivergenceFlagged":
         assert got.message.startswith(
@@ -377,9 +382,9 @@ def test_divergence_that_did_not_run_never_passes(mode: GateMode, outcome: Outco
     empty = div_block(6e-4)
     empty["buckets"] = []
     for block in (None, {"kind": "x", "verdict": "pass"}, errored, lying, empty):
-        got = assess_divergence(gate, {**GSM8K_PASS, "divergence": block})
+        got = assess_divergence(gate, as_summary({**GSM8K_PASS, "divergence": block}))
         assert (got.outcome, got.reason) == (outcome, "DivergenceUnknown"), block
-    got = assess_divergence(gate, {**GSM8K_PASS, "divergence": errored})
+    got = assess_divergence(gate, as_summary({**GSM8K_PASS, "divergence": errored}))
     assert "max_logprobs" in got.message
 
 
@@ -390,7 +395,9 @@ READY = PodHealth(True, ready=True, ip="127.0.0.9")
 
 def evaluated(gates: dict[str, Any], summary: dict[str, Any]) -> steps.Step:
     spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "gates": gates})
-    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
+    obs = Observation(
+        control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(summary)
+    )
     return machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
 
 
@@ -542,7 +549,9 @@ def test_a_task_that_errored_is_retried_then_rolls_back() -> None:
     errored = lc_block(SOUND)
     errored.update(verdict="error", error="candidate endpoint: ReadTimeout", buckets=[])
     summary = {**GSM8K_PASS, "long_context": errored, "divergence": div_block(6e-4)}
-    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
+    obs = Observation(
+        control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(summary)
+    )
     first = machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
     assert (first.phase, first.reason, first.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
     assert "long-context task: candidate endpoint: ReadTimeout" in first.message
@@ -552,7 +561,9 @@ def test_a_task_that_errored_is_retried_then_rolls_back() -> None:
     screen_error = summary_header(ScreenOptions())
     screen_error["error"] = "HTTP 400"
     broken = {**GSM8K_PASS, "long_context": lc_block(SOUND), "divergence": screen_error}
-    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=broken)
+    obs = Observation(
+        control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(broken)
+    )
     again = machine.next_step(spec, State(phase=Phase.EVALUATING, eval_attempts=1), obs, poll_s=2.0)
     assert (again.reason, "divergence screen: HTTP 400" in again.message) == ("EvalRetry", True)
     warn = RolloutSpec.from_dict(

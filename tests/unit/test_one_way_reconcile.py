@@ -1,20 +1,22 @@
-"""The reconcile is one-way: observe and act return what they found and did, `record.fold` alone
-builds the new status, and the status so far is a read-only view."""
+"""The reconcile is one-way: observe and act return what they found and did, `record.folded`
+alone builds the new status, and the status so far is a frozen record."""
 
 from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvgate.controller import record
-from kvgate.controller.context import StatusUpdate, StatusView
-from kvgate.errors import KvgateError
+from kvgate.controller.changes import StatusFields, StatusUpdate
 from kvgate.model import Phase
 from kvgate.reasons import Reason
+from kvgate.status import EvalStatus, RolloutStatus
 from kvgate.steps import Step
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "kvgate" / "controller"
@@ -158,56 +160,108 @@ status = {"phase": "Pending"}
     assert lines == [2, 3, 4, 5, 6, 7, 8, 9, 10]  # each write once, no read, no copy
 
 
+def _records(cls: type, seen: set[type] | None = None) -> set[type]:
+    """`cls` and every status record reachable from its fields."""
+    seen = set() if seen is None else seen
+    if cls in seen or not dataclasses.is_dataclass(cls):
+        return seen
+    seen.add(cls)
+    for hint in typing.get_type_hints(cls).values():
+        for arg in (hint, *_args(hint)):
+            if isinstance(arg, type):
+                _records(arg, seen)
+    return seen
+
+
+def _args(hint: Any) -> tuple[Any, ...]:
+    out: tuple[Any, ...] = ()
+    for arg in typing.get_args(hint):
+        out += (arg, *_args(arg))
+    return out
+
+
 def test_the_status_so_far_cannot_be_written() -> None:
-    view = StatusView({"phase": "Canary", "arms": {"control": {"kvTokens": 10}}})
-    with pytest.raises(TypeError):
-        view["phase"] = "Failed"  # type: ignore[index]
-    with pytest.raises(TypeError):
-        del view["phase"]  # type: ignore[attr-defined]
-    for name in ("update", "setdefault", "pop", "clear"):
-        assert not hasattr(view, name)
-    # a block read is the reader's copy: editing it changes nothing the next reader sees
-    view["arms"]["control"]["kvTokens"] = 99
-    assert view["arms"] == {"control": {"kvTokens": 10}}
-    assert dict(view) == {"phase": "Canary", "arms": {"control": {"kvTokens": 10}}}
+    status = RolloutStatus.from_dict({"phase": "Canary", "arms": {"control": {"pod": "p"}}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.phase = Phase.FAILED  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.arms["control"].pod = "q"  # type: ignore[misc]
+    # Every record is frozen and every collection in it is typed read-only (tuple, Mapping),
+    # so mypy refuses a write into a block a stage reads (`status.arms["x"] = ...`).
+    records = _records(RolloutStatus)
+    assert len(records) > 30
+    for record_type in records:
+        assert record_type.__dataclass_params__.frozen, record_type  # type: ignore[attr-defined]
+        for name, hint in typing.get_type_hints(record_type).items():
+            mutable = {typing.get_origin(a) or a for a in (hint, *_args(hint))} & {dict, list, set}
+            assert not mutable, f"{record_type.__name__}.{name}: {hint}"
 
 
-def test_a_view_is_its_own_copy_of_what_it_was_given() -> None:
+def test_the_status_so_far_is_its_own_copy_of_what_it_was_given() -> None:
     given = {"eval": {"attempt": 1}}
-    view = StatusView(given)
+    status = RolloutStatus.from_dict(given)
     given["eval"]["attempt"] = 2
-    assert view["eval"] == {"attempt": 1}
+    assert status.eval is not None and status.eval.attempt == 1
 
 
 def test_updates_apply_in_order_and_leave_the_status_they_are_applied_to() -> None:
-    found = {"phase": "Canary", "arms": {"control": {"scan": {}}}, "capacity": {"ratio": 2}}
-    given = copy.deepcopy(found)
-    block = {"attempt": 1}
-    first = StatusUpdate.of(eval=block, pendingActions=["DeleteCanaries"])
-    block["attempt"] = 5  # the update holds its own copy
-    later = StatusUpdate.of(arms=None, capacity=None, pendingActions=None)
-    applied = first.then(later).applied_to(found)
+    raw = {"phase": "Canary", "arms": {"control": {"pod": "p"}}, "capacity": {"ratio": 2}}
+    found = RolloutStatus.from_dict(raw)
+    given = RolloutStatus.from_dict(copy.deepcopy(raw))
+    first = StatusUpdate.of(eval=EvalStatus(attempt=1), pending_actions=("DeleteCanaries",))
+    first = first.then(StatusUpdate.event(Reason.EVAL_STARTED, "eval attempt 1"))
+    later = StatusUpdate.of(arms={}, capacity=None, pending_actions=())
+    later = later.then(StatusUpdate.event(Reason.PROMOTING, "patched"))
+    both = first.then(later)
+    applied = both.applied_to(found)
     assert found == given
-    assert applied == {"phase": "Canary", "eval": {"attempt": 1}, "arms": None,
-                       "capacity": None, "pendingActions": None}  # fmt: skip
-    # read through a view, a removed key reads as absent-or-None, as the handlers read it
-    assert (StatusView(applied).get("arms") or {}) == {}
+    assert applied.to_dict() == {"phase": "Canary", "eval": {"attempt": 1}}
+    assert (applied.arms, applied.capacity, applied.pending_actions) == ({}, None, ())
+    assert [e.reason for e in both.events] == [Reason.EVAL_STARTED, Reason.PROMOTING]
 
 
-def test_fold_applies_what_the_stages_returned_and_only_known_keys() -> None:
-    found = {"phase": "Canary", "arms": {"control": {"kvTokens": 10}}, "configHash": "h1"}
-    given = copy.deepcopy(found)
+def test_a_status_update_names_the_fields_of_the_status() -> None:
+    # mypy checks `StatusUpdate.of(...)` against StatusFields: the two must say the same
+    fields = typing.get_type_hints(StatusFields)
+    assert fields == typing.get_type_hints(RolloutStatus)
+
+
+def test_fold_applies_what_the_stages_returned_and_only_known_fields() -> None:
+    raw = {"phase": "Canary", "arms": {"control": {"pod": "p"}}, "configHash": "h1"}
+    found = RolloutStatus.from_dict(raw)
+    given = RolloutStatus.from_dict(copy.deepcopy(raw))
     step = Step(Phase.CANARY, Reason.WAITING_FOR_CANARY, "waiting for the canaries")
     args: dict[str, Any] = {"now": "2026-12-01T10:00:00Z", "generation": 1,
                             "deployment_generation": None}  # fmt: skip
-    done = StatusUpdate.of(arms=None, capacity=None, configHash="h2",
-                           phaseSince="2026-12-01T10:00:00Z")  # fmt: skip
-    new = record.fold(found, step, Phase.CANARY, done=done, **args)
+    done = StatusUpdate.of(arms={}, capacity=None, config_hash="h2",
+                           phase_since="2026-12-01T10:00:00Z")  # fmt: skip
+    new = record.folded(found, step, Phase.CANARY, done=done, **args).to_dict()
     assert found == given
     # the whole new status: a removed block is absent (the patch against `found` removes it)
     assert new["configHash"] == "h2" and "arms" not in new and "capacity" not in new
     assert new["phase"] == "Canary" and new["phaseSince"] == "2026-12-01T10:00:00Z"
     # without it, fold builds the status from what it found alone (as before)
-    assert record.fold(found, step, Phase.CANARY, **args)["configHash"] == "h1"
-    with pytest.raises(KvgateError, match="status has no key armz"):
-        record.fold(found, step, Phase.CANARY, done=StatusUpdate.of(armz={}), **args)
+    assert record.folded(found, step, Phase.CANARY, **args).to_dict()["configHash"] == "h1"
+    with pytest.raises(TypeError, match="armz"):  # and mypy refuses it before it runs
+        record.folded(found, step, Phase.CANARY, done=StatusUpdate.of(armz={}), **args)  # type: ignore[call-arg]
+
+
+def _calls(path: Path, name: str) -> list[str]:
+    """Each call of `name` (a function or `module.function`) in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if func == name or func.endswith(f".{name}"):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_events_are_posted_from_one_module() -> None:
+    # On 94fe2f3 they were posted from act (3), handlers (4), pullrequest (3) and record (2);
+    # now the stages return theirs in their StatusUpdate and `record` posts them all.
+    package = sorted(CONTROLLER.parent.rglob("*.py"))
+    kopf_events = [c for p in package for c in _calls(p, "kopf.event")]
+    assert [c.split(":")[0] for c in kopf_events] == ["events.py"]
+    posts = [c for p in package for c in _calls(p, "post_event")]
+    assert posts and {c.split(":")[0] for c in posts} == {"record.py"}

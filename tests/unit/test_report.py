@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import report_states
+from evidence import as_scan
 
 from kvgate import crash, report
 from kvgate.model import Phase
@@ -818,7 +819,7 @@ _NINJA = {"findings": [{"code": "x", "severity": "error", "text": "ninja failed"
 
 
 def _crashed(arm: str, fix: Remedy | None = None, **kw: Any) -> str:
-    return crash.describe(arm, _NINJA, "exited with code 1 (Error)", fix, **kw).message
+    return crash.describe(arm, as_scan(_NINJA), "exited with code 1 (Error)", fix, **kw).message
 
 
 def test_a_remedy_kvgate_cannot_apply_itself_names_the_fields_without_auto() -> None:

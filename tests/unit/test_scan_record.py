@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from evidence import as_scan
 
 from kvgate import gates, logs, remedy
-from kvgate.controller.sources import scan_engine_log, scan_of
+from kvgate.controller.sources import scan_engine_log
 from kvgate.jsonrecord import write
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
@@ -44,10 +45,12 @@ def test_the_gates_read_a_kept_scan_of_either_spelling() -> None:
         (DATA / "vllm-0.33-fp8-h100-no-scales-ready.txt").read_text(), engine="vllm"
     )
     for kept in (write(scan.status_record()), scan.to_dict()):
-        assert gates.kv_tokens(kept) == scan.capacity.kv_tokens
-        assert scan_of(kept).capacity.max_model_len == scan.capacity.max_model_len
-        assert scan_of(kept).attention_backend == scan.attention_backend
-    same = gates.assess_backend(gates.BackendGate(), write(scan.status_record()), scan.to_dict())
+        assert gates.kv_tokens(as_scan(kept)) == scan.capacity.kv_tokens
+        assert logs.LogScan.from_dict(kept).capacity.max_model_len == scan.capacity.max_model_len
+        assert logs.LogScan.from_dict(kept).attention_backend == scan.attention_backend
+    same = gates.assess_backend(
+        gates.BackendGate(), as_scan(write(scan.status_record())), as_scan(scan.to_dict())
+    )
     assert same.reason == "BackendUnchanged", same
 
 
@@ -56,15 +59,18 @@ def test_the_gates_read_a_kept_scan_of_either_spelling() -> None:
 def test_anything_unreadable_reads_as_unknown(hostile: object) -> None:
     scan = logs.LogScan.from_dict(hostile)
     assert scan.kv_cache_dtype is None and scan.capacity.kv_tokens is None and scan.findings == ()
-    assert gates.kv_tokens(hostile if isinstance(hostile, dict) else None) is None
-    assert remedy.find_remedy(hostile if isinstance(hostile, dict) else None, "vllm", None) is None
+    assert gates.kv_tokens(as_scan(hostile if isinstance(hostile, dict) else None)) is None
+    assert (
+        remedy.find_remedy(as_scan(hostile if isinstance(hostile, dict) else None), "vllm", None)
+        is None
+    )
 
 
 def test_the_remedy_reads_the_version_a_kept_scan_logged() -> None:
     text = (DATA / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()
     scan = logs.scan_log(text, engine="vllm")
-    camel = remedy.find_remedy(write(scan.status_record()), "vllm", None)
-    assert camel is not None and camel == remedy.find_remedy(scan.to_dict(), "vllm", None)
+    camel = remedy.find_remedy(as_scan(write(scan.status_record())), "vllm", None)
+    assert camel is not None and camel == remedy.find_remedy(as_scan(scan.to_dict()), "vllm", None)
 
 
 def test_no_credential_an_engine_printed_reaches_the_kept_scan() -> None:

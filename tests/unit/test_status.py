@@ -150,7 +150,7 @@ def test_long_context_and_divergence_buckets_are_typed() -> None:
     assert (bucket.bounds.lower, bucket.more) == (-0.01, {"mcnemar_p_one_sided": 0.5})
     floor = acc.divergence.buckets[0].floor
     assert floor is not None and floor.mean_kl == 0.001
-    assert acc.long_context.more == {"verdict": "pass"}
+    assert (acc.long_context.verdict, acc.long_context.more) == ("pass", {})
     assert_no_figure_lost({"accuracy": summary})
 
 

@@ -234,11 +234,12 @@ def test_kvgate_scanner_reads_the_variants(built: dict[str, Path]) -> None:
     assert calibrated.coverage == "all" and calibrated.present is True
     assert calibrated.kv_cache_scheme is not None and calibrated.forces_fp8_kv
 
-    # The scanner reads headers only (names and shapes, never values): zero scales look
-    # calibrated to it. vLLM 0.32 refuses them at load (tests/data/real-engine/README.md).
+    # By name the zero scales look calibrated; their values say otherwise (vLLM 0.32 loads them
+    # and dies at the first request: tests/data/real-engine/README.md).
     _, broken = read_local_checkpoint(built["broken"]).analyse()
     assert broken.coverage == "all"
-    assert not any("zero" in f.message.lower() for f in broken.findings)
+    assert broken.broken_layers == (1, 3)
+    assert any(f.code == "ScalesBroken" and "zero" in f.message for f in broken.findings)
 
 
 @pytest.mark.parametrize(
@@ -276,3 +277,27 @@ def test_real_engine_logs_are_stable_fixtures() -> None:
     assert "kv_cache_dtype=fp8" in logs["qwen3-calibrated-fp8"]
     assert "k_scale must be positive for FP8 path" in logs["qwen3-broken-fp8"]
     assert "k_scale must be positive" not in logs["qwen3-calibrated-fp8"]
+
+
+def test_a_cached_model_is_built_once_whole_and_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tiny_model, "CACHE", tmp_path / "models")
+    builds: list[dict[str, Any]] = []
+    real_build = tiny_model.build
+
+    def counted(out: Path, **options: Any) -> Path:
+        builds.append(options)
+        return real_build(out, **options)
+
+    monkeypatch.setattr(tiny_model, "build", counted)
+    first = tiny_model.cached("tiny", corpus="words", layers=2)
+    again = tiny_model.cached("tiny", corpus="words", layers=2)
+    other = tiny_model.cached("tiny", corpus="words", layers=3)
+    # built once per options, outside any temp dir the Jobs' pods hide, nothing half-made left
+    assert first == again != other and len(builds) == 2
+    assert first.parent == tmp_path / "models" and first.name.startswith("tiny-")
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == sorted(
+        [first.name, other.name]
+    )
+    assert digests(first) == digests(real_build(tmp_path / "direct", corpus="words", layers=2))

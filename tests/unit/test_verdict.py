@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from evidence import arms_of, as_scan, as_summary, as_truth
 
 from kvgate import deadlines, jsonrecord, kubeobjects, machine, remedy, steps
 from kvgate import verdict as v
@@ -21,6 +22,7 @@ from kvgate.gates import (
     crash_summary,
     mean_between,
 )
+from kvgate.jsonrecord import read_record
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import GateMode, Outcome, Phase, PromotionMode
 from kvgate.spec import (
@@ -32,7 +34,7 @@ from kvgate.spec import (
     ScalesGate,
     SpeedGate,
 )
-from kvgate.status import HistogramTotals
+from kvgate.status import GateRecord, HistogramTotals
 from kvgate.steps import Action, LiveTarget, Observation, State
 from kvgate.verdict import Decision, GateResult
 
@@ -73,10 +75,14 @@ def truth(dtype: str | None = "fp8", tokens: int | None = 100_000) -> dict[str, 
 def agreeing(control: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
     """Observation fields: both arms' /metrics say what their logs say."""
     return {
-        "control_scan": control,
-        "candidate_scan": candidate,
-        "control_metrics": truth(control["kv_cache_dtype"], control["capacity"]["kv_tokens"]),
-        "candidate_metrics": truth(candidate["kv_cache_dtype"], candidate["capacity"]["kv_tokens"]),
+        "control_scan": as_scan(control),
+        "candidate_scan": as_scan(candidate),
+        "control_metrics": as_truth(
+            truth(control["kv_cache_dtype"], control["capacity"]["kv_tokens"])
+        ),
+        "candidate_metrics": as_truth(
+            truth(candidate["kv_cache_dtype"], candidate["capacity"]["kv_tokens"])
+        ),
     }
 
 
@@ -137,12 +143,12 @@ def test_scales_gate(
     mode: GateMode, has: bool | None, warns: bool, outcome: Outcome, reason: str
 ) -> None:
     candidate = scan("TRITON_ATTN", 200_000, *([SCALE_WARNING] if warns else []))
-    got = assess_scales(ScalesGate(mode), has, candidate)
+    got = assess_scales(ScalesGate(mode), has, as_scan(candidate))
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_scales_dropped_message_is_louder() -> None:
-    got = assess_scales(ScalesGate(GateMode.WARN), True, scan("X", 1, SCALE_WARNING))
+    got = assess_scales(ScalesGate(GateMode.WARN), True, as_scan(scan("X", 1, SCALE_WARNING)))
     assert got.message == (
         "checkpoint has KV scales but the candidate warns they were not used: "
         "Using KV cache scaling factor 1.0 for fp8_e4m3."
@@ -182,12 +188,12 @@ BACKEND_GRID = [
 def test_backend_gate(
     gate: BackendGate, control: str, candidate: str | None, outcome: Outcome, reason: str
 ) -> None:
-    got = assess_backend(gate, scan(control), scan(candidate))
+    got = assess_backend(gate, as_scan(scan(control)), as_scan(scan(candidate)))
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_backend_changed_message() -> None:
-    got = assess_backend(BackendGate(), scan("FLASH_ATTN"), scan("TRITON_ATTN"))
+    got = assess_backend(BackendGate(), as_scan(scan("FLASH_ATTN")), as_scan(scan("TRITON_ATTN")))
     assert got.message == (
         "attention backend changed from FLASH_ATTN to TRITON_ATTN: "
         "two things changed at once (KV dtype and kernel)"
@@ -227,12 +233,12 @@ ACCURACY_GRID = [
 
 @pytest.mark.parametrize(("verdict", "outcome", "reason"), ACCURACY_GRID)
 def test_accuracy_gate(verdict: str, outcome: Outcome, reason: str) -> None:
-    got = assess_accuracy(AccuracyGate(), {**SUMMARY_PASS, "verdict": verdict})
+    got = assess_accuracy(AccuracyGate(), as_summary({**SUMMARY_PASS, "verdict": verdict}))
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
 def test_accuracy_detail_message() -> None:
-    got = assess_accuracy(AccuracyGate(), SUMMARY_PASS)
+    got = assess_accuracy(AccuracyGate(), as_summary(SUMMARY_PASS))
     assert got.message == (
         "control 91.0% vs candidate 90.5%, difference -0.5 pp [-1.9, +0.9] (two-sided 95%) "
         "(margin 2 pp, n=200)"
@@ -243,16 +249,16 @@ def test_accuracy_detail_shows_the_one_sided_look_adjusted_bound() -> None:
     # A PASS must not print a two-sided interval whose low end is below minus the margin.
     bounds = {"lower": -0.011, "lower_confidence": 0.95, "upper": 0.0, "look": 14,
               "look_adjusted": True}  # fmt: skip
-    got = accuracy_detail({**SUMMARY_PASS, "bounds": bounds})
+    got = accuracy_detail(as_summary({**SUMMARY_PASS, "bounds": bounds}))
     assert got == (
         "control 91.0% vs candidate 90.5%, difference -0.5 pp; at least -1.1 pp (95% one-sided, "
         "adjusted for 14 looks) (margin 2 pp, n=200)"
     )
     # A FAIL leads with what was shown (a loss of at least 3 pp), not with what was ruled out
     # (a loss above 9 pp reads as reassuring).
-    failed = accuracy_detail({**SUMMARY_PASS, "verdict": "fail",
+    failed = accuracy_detail(as_summary({**SUMMARY_PASS, "verdict": "fail",
                               "bounds": {**bounds, "lower": -0.09, "upper": -0.03,
-                                         "upper_confidence": 0.975}})  # fmt: skip
+                                         "upper_confidence": 0.975}}))  # fmt: skip
     assert failed == (
         "candidate worse: 90.5% vs control 91.0%, difference -0.5 pp; shown worse by at least "
         "3.0 pp (97.5% one-sided, adjusted for 14 looks) (margin 2 pp, n=200)"
@@ -345,8 +351,9 @@ def test_stale_approval_is_named() -> None:
 
 
 def test_unreadable_stored_outcome_fails_closed() -> None:
-    assert GateResult.from_dict("x", {"outcome": "Maybe"}).outcome is Outcome.ERROR
-    assert GateResult.from_dict("x", {}).outcome is Outcome.ERROR
+    unreadable, absent = (read_record(GateRecord, r) for r in ({"outcome": "Maybe"}, {}))
+    assert GateResult.of_record("x", unreadable).outcome is Outcome.ERROR
+    assert GateResult.of_record("x", absent).outcome is Outcome.ERROR
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -472,7 +479,10 @@ def test_canary_crash_rolls_back_with_the_remedy() -> None:
             "hint": "add --attention-backend TRITON_ATTN",
         },
     )
-    s = step(Phase.CANARY, Observation(control=READY, candidate=CRASHED, candidate_scan=crash_scan))
+    s = step(
+        Phase.CANARY,
+        Observation(control=READY, candidate=CRASHED, candidate_scan=as_scan(crash_scan)),
+    )
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
     # A code kvgate's log rules do not classify: the pod's end leads, the engine's line follows.
     assert s.message == (
@@ -528,7 +538,9 @@ def test_an_unschedulable_canary_says_what_the_scheduler_lacks() -> None:
     assert (wait.phase, wait.reason) == (Phase.CANARY, "WaitingForCanary")
     assert f"candidate waiting for nvidia.com/gpu: {why}" in wait.message
     late = step(Phase.CANARY, Observation(control=READY, candidate=got), phase_elapsed_s=60)
-    assert late.reason == "CanaryTimeout" and "Insufficient nvidia.com/gpu" in late.message
+    # no node took it: no verdict, so Failed (never a rollback), the scheduler's words kept
+    assert (late.phase, late.reason) == (Phase.FAILED, "CanaryUnschedulable")
+    assert "Insufficient nvidia.com/gpu" in late.message
 
 
 @pytest.mark.parametrize(
@@ -608,7 +620,7 @@ def test_candidate_log_fp8_but_metrics_not_rolls_back_naming_both() -> None:
     obs = Observation(
         control=READY,
         candidate=READY,
-        **{**agreeing(control, candidate), "candidate_metrics": truth("auto", 201_000)},
+        **{**agreeing(control, candidate), "candidate_metrics": as_truth(truth("auto", 201_000))},
     )
     s = step(Phase.CANARY, obs)
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
@@ -622,7 +634,7 @@ def test_control_metrics_fp8_behind_a_bf16_log_rolls_back() -> None:
     obs = Observation(
         control=READY,
         candidate=READY,
-        **{**agreeing(control, candidate), "control_metrics": truth("fp8", 100_000)},
+        **{**agreeing(control, candidate), "control_metrics": as_truth(truth("fp8", 100_000))},
     )
     s = step(Phase.CANARY, obs)
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "LogMetricsDisagree")
@@ -633,7 +645,8 @@ def test_control_metrics_fp8_behind_a_bf16_log_rolls_back() -> None:
 def test_engine_truth_gate() -> None:
     arms = {"control": scan(dtype="auto"), "candidate": scan(tokens=200_000)}
     ok = assess_engine_truth(
-        arms, {"control": truth("bfloat16"), "candidate": truth("fp8_e4m3", 200_000)}
+        arms_of(as_scan, arms),
+        arms_of(as_truth, {"control": truth("bfloat16"), "candidate": truth("fp8_e4m3", 200_000)}),
     )
     assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
     assert (
@@ -641,21 +654,30 @@ def test_engine_truth_gate() -> None:
         == "log and /metrics agree (candidate: KV dtype, KV tokens; control: KV dtype, KV tokens)"
     )
     # another pool behind the same dtype: the tokens disagree
-    pool = assess_engine_truth(arms, {"control": truth("auto"), "candidate": truth("fp8", 100_000)})
+    pool = assess_engine_truth(
+        arms_of(as_scan, arms),
+        arms_of(as_truth, {"control": truth("auto"), "candidate": truth("fp8", 100_000)}),
+    )
     assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert "candidate: startup log says 200,000 KV tokens, /metrics 100,000" in pool.message
     # e5m2 is another cache than e4m3
     e5 = assess_engine_truth(
-        arms, {"control": truth("auto"), "candidate": truth("fp8_e5m2", 200_000)}
+        arms_of(as_scan, arms),
+        arms_of(as_truth, {"control": truth("auto"), "candidate": truth("fp8_e5m2", 200_000)}),
     )
     assert e5.outcome is Outcome.ERROR
     # metrics without cache info: nothing to compare for the candidate, a warning
-    silent = assess_engine_truth(arms, {"control": truth(None, None), "candidate": {}})
+    silent = assess_engine_truth(
+        arms_of(as_scan, arms), arms_of(as_truth, {"control": truth(None, None), "candidate": {}})
+    )
     assert (silent.outcome, silent.reason) == (Outcome.WARNING, "MetricsSilent")
 
 
 def test_canary_waits_for_metrics_then_fails_closed() -> None:
-    scans = {"control_scan": scan(dtype="auto"), "candidate_scan": scan(tokens=201_000)}
+    scans = {
+        "control_scan": as_scan(scan(dtype="auto")),
+        "candidate_scan": as_scan(scan(tokens=201_000)),
+    }
     obs = Observation(
         control=READY, candidate=READY, metrics_error="candidate /metrics: refused", **scans
     )
@@ -673,7 +695,9 @@ GOOD_GATES = {"capacityGain": R(Outcome.SUCCESSFUL, "CapacityGained", "capacityG
 def test_eval_pass_promotes() -> None:
     s = step(
         Phase.EVALUATING,
-        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        Observation(
+            control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS)
+        ),
         eval_attempts=1,
         gates=GOOD_GATES,
     )
@@ -689,7 +713,7 @@ def test_eval_fail_rolls_back() -> None:
             control=READY,
             candidate=READY,
             job_exists=True,
-            eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+            eval_summary=as_summary({**SUMMARY_PASS, "verdict": "fail"}),
         ),
         eval_attempts=1,
         gates=GOOD_GATES,
@@ -732,7 +756,9 @@ def test_eval_earlier_warning_does_not_block_but_earlier_failure_does() -> None:
     bad = {"scales": R(Outcome.FAILED, "ScalesMissing", "scales")}
     s = step(
         Phase.EVALUATING,
-        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        Observation(
+            control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS)
+        ),
         eval_attempts=1,
         gates=bad,
     )
@@ -771,7 +797,9 @@ def test_report_mode_stops_before_patching() -> None:
     spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "report"}})
     s = step(
         Phase.EVALUATING,
-        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        Observation(
+            control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS)
+        ),
         spec=spec,
         eval_attempts=1,
     )
@@ -897,7 +925,7 @@ def test_a_terminal_end_with_the_candidate_live_reverts_first() -> None:
     # GIVEN an eval that fails while the Deployment carries the candidate (a crashed run's patch)
     s = step(
         Phase.EVALUATING,
-        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS,
+        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS),
                     live=STUCK),
         eval_attempts=1,
         gates=GOOD_GATES,
@@ -914,8 +942,8 @@ def test_promotion_backend_drift_reverts_when_fallback_not_allowed() -> None:
         Phase.PROMOTING,
         Observation(
             rollout_done=True,
-            rollout_scan=scan("FLASHINFER"),
-            control_scan=scan("TRITON_ATTN"),
+            rollout_scan=as_scan(scan("FLASHINFER")),
+            control_scan=as_scan(scan("TRITON_ATTN")),
             live=STUCK,
         ),
         spec=spec,
@@ -935,8 +963,8 @@ def test_verify_needs_every_sample_and_the_whole_window() -> None:
         Phase.PROMOTING,
         Observation(
             rollout_done=True,
-            rollout_scan=scan("TRITON_ATTN"),
-            control_scan=scan("TRITON_ATTN"),
+            rollout_scan=as_scan(scan("TRITON_ATTN")),
+            control_scan=as_scan(scan("TRITON_ATTN")),
             live=STUCK,
         ),
         spec=VERIFY,
@@ -1015,7 +1043,9 @@ DTYPE_GRID = [
 def test_arms_must_run_the_dtypes_they_stand_for(
     wanted: str, control: str, candidate: str | None, outcome: Outcome, reason: str
 ) -> None:
-    got = assess_arms_dtype(wanted, {"kv_cache_dtype": control}, {"kv_cache_dtype": candidate})
+    got = assess_arms_dtype(
+        wanted, as_scan({"kv_cache_dtype": control}), as_scan({"kv_cache_dtype": candidate})
+    )
     assert (got.outcome, got.reason) == (outcome, reason)
 
 
@@ -1054,7 +1084,12 @@ def _truth(
 def test_a_log_that_does_not_name_the_dtype_takes_the_engines_metrics_or_blocks(
     truth: dict[str, Any] | None, outcome: Outcome, reason: str, said: str
 ) -> None:
-    got = assess_arms_dtype("fp8", {"kv_cache_dtype": "auto"}, {"kv_cache_dtype": None}, truth)
+    got = assess_arms_dtype(
+        "fp8",
+        as_scan({"kv_cache_dtype": "auto"}),
+        as_scan({"kv_cache_dtype": None}),
+        as_truth(truth),
+    )
     assert (got.outcome, got.reason) == (outcome, reason) and said in got.message
     verdict = v.decide((got,), mode=PromotionMode.AUTO, config_hash="h", approval="h")
     assert (verdict.decision is Decision.PROMOTE) is (outcome is Outcome.SUCCESSFUL)
@@ -1063,17 +1098,25 @@ def test_a_log_that_does_not_name_the_dtype_takes_the_engines_metrics_or_blocks(
 def test_capacity_and_engine_truth_read_the_metrics_when_the_log_is_silent() -> None:
     from kvgate.gates import assess_engine_truth, kv_tokens
 
-    assert kv_tokens({"capacity": {}}, _truth("fp8", blocks=2000)) == 32000
-    assert kv_tokens({"capacity": {"kv_tokens": 7}}, _truth("fp8", blocks=2000)) == 7
+    assert kv_tokens(as_scan({"capacity": {}}), as_truth(_truth("fp8", blocks=2000))) == 32000
+    assert (
+        kv_tokens(as_scan({"capacity": {"kv_tokens": 7}}), as_truth(_truth("fp8", blocks=2000)))
+        == 7
+    )
     assert kv_tokens(None, None) is None
     silent = {"kv_cache_dtype": None, "capacity": {}}
     got = assess_engine_truth(
-        {"candidate": silent, "control": silent},
-        {"candidate": _truth("fp8", blocks=2000), "control": _truth("auto", blocks=1000)},
+        arms_of(as_scan, {"candidate": silent, "control": silent}),
+        arms_of(
+            as_truth,
+            {"candidate": _truth("fp8", blocks=2000), "control": _truth("auto", blocks=1000)},
+        ),
     )
     assert (got.outcome, got.reason) == (Outcome.WARNING, "LogSilent")
     assert "its own /metrics are the only source" in got.message
-    got = assess_engine_truth({"candidate": silent, "control": silent}, {})
+    got = assess_engine_truth(
+        arms_of(as_scan, {"candidate": silent, "control": silent}), arms_of(as_truth, {})
+    )
     assert (got.outcome, got.reason) == (Outcome.WARNING, "MetricsSilent")
 
 
@@ -1094,7 +1137,7 @@ def test_crash_summary_prefers_the_root_cause() -> None:
             "hint": "use TRITON_ATTN",
         },
     )
-    assert crash_summary(crashed, "fallback") == ("Ninja build failed", "use TRITON_ATTN")
+    assert crash_summary(as_scan(crashed), "fallback") == ("Ninja build failed", "use TRITON_ATTN")
     assert crash_summary(None, "exited with code 1") == ("exited with code 1", None)
 
 
@@ -1120,8 +1163,12 @@ def test_mean_between(
 
 def test_sglang_scale_warning_does_not_mean_dropped_when_the_checkpoint_has_scales() -> None:
     sglang = {**scan("triton", 45_911, SCALE_WARNING), "engine": "sglang"}
-    assert assess_scales(ScalesGate(GateMode.REQUIRE), True, sglang).reason == "ScalesPresent"
-    assert assess_scales(ScalesGate(GateMode.REQUIRE), None, sglang).reason == "ScalesMissing"
+    assert (
+        assess_scales(ScalesGate(GateMode.REQUIRE), True, as_scan(sglang)).reason == "ScalesPresent"
+    )
+    assert (
+        assess_scales(ScalesGate(GateMode.REQUIRE), None, as_scan(sglang)).reason == "ScalesMissing"
+    )
 
 
 GIVE_UP_GRID = [
@@ -1184,7 +1231,7 @@ def test_a_job_error_is_retried_even_late_in_the_phase() -> None:
 
 def test_crash_summary_falls_back_to_the_last_log_line() -> None:
     crashed = {**scan(None, None), "tail": ["...", "OSError: [Errno 98] Address already in use"]}
-    assert crash_summary(crashed, "exited with code 1 (Error)") == (
+    assert crash_summary(as_scan(crashed), "exited with code 1 (Error)") == (
         "exited with code 1 (Error); last log line: OSError: [Errno 98] Address already in use",
         None,
     )
@@ -1221,7 +1268,7 @@ def remedy_spec(mode: str) -> RolloutSpec:
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_the_remedy_fits_the_engine_version(version: str) -> None:
-    fix = remedy.find_remedy(crashed_scan(version), "vllm", "0.9.0")
+    fix = remedy.find_remedy(as_scan(crashed_scan(version)), "vllm", "0.9.0")
     assert fix is not None and fix.refused == ""
     assert (fix.code, fix.version, fix.text) == (
         "attention-build-failed",
@@ -1229,16 +1276,18 @@ def test_the_remedy_fits_the_engine_version(version: str) -> None:
         REMEDIES[version],
     )
     # the log's version wins over the image tag; the tag is the fallback
-    assert remedy.find_remedy(crashed_scan(None), "vllm", version).text == REMEDIES[version]
+    assert (
+        remedy.find_remedy(as_scan(crashed_scan(None)), "vllm", version).text == REMEDIES[version]
+    )
     # no version at all: no remedy (the way to pick a backend depends on it)
-    assert remedy.find_remedy(crashed_scan(None), "vllm", None) is None
+    assert remedy.find_remedy(as_scan(crashed_scan(None)), "vllm", None) is None
 
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: str) -> None:
-    fix = remedy.find_remedy(crashed_scan(version), "vllm", None)
+    fix = remedy.find_remedy(as_scan(crashed_scan(version)), "vllm", None)
     obs = Observation(
-        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+        control=READY, candidate=CRASHED, candidate_scan=as_scan(crashed_scan(version)), remedy=fix
     )
     s = step(Phase.CANARY, obs, remedy_spec("auto"))
     assert (s.phase, s.reason, s.remedy) == (Phase.CANARY, "Remediating", fix)
@@ -1253,9 +1302,9 @@ def test_auto_remediation_restarts_the_candidate_once_with_that_remedy(version: 
 
 @pytest.mark.parametrize("version", sorted(REMEDIES))
 def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
-    fix = remedy.find_remedy(crashed_scan(version), "vllm", None)
+    fix = remedy.find_remedy(as_scan(crashed_scan(version)), "vllm", None)
     obs = Observation(
-        control=READY, candidate=CRASHED, candidate_scan=crashed_scan(version), remedy=fix
+        control=READY, candidate=CRASHED, candidate_scan=as_scan(crashed_scan(version)), remedy=fix
     )
     for spec in (remedy_spec("off"), SPEC):  # off is the default
         s = step(Phase.CANARY, obs, spec)
@@ -1281,12 +1330,12 @@ def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
         def env_allowed(self, engine: Any, name: str) -> bool:
             return name != "VLLM_USE_FLASHINFER_SAMPLER"
 
-    fix = remedy.find_remedy(crashed_scan("0.33.0"), "vllm", None, NoSampler())
+    fix = remedy.find_remedy(as_scan(crashed_scan("0.33.0")), "vllm", None, NoSampler())
     assert (
         fix is not None and "VLLM_USE_FLASHINFER_SAMPLER is not an allowed variable" in fix.refused
     )
     obs = Observation(
-        control=READY, candidate=CRASHED, candidate_scan=crashed_scan("0.33.0"), remedy=fix
+        control=READY, candidate=CRASHED, candidate_scan=as_scan(crashed_scan("0.33.0")), remedy=fix
     )
     s = step(Phase.CANARY, obs, remedy_spec("auto"))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
@@ -1295,13 +1344,13 @@ def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
 
 def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
     oom = {"code": "out-of-memory", "severity": "error", "text": "CUDA out of memory"}
-    assert remedy.find_remedy(crashed_scan("0.33.0", oom), "vllm", None) is None
+    assert remedy.find_remedy(as_scan(crashed_scan("0.33.0", oom)), "vllm", None) is None
     refused = {"code": "fp8-unsupported", "severity": "error", "text": "FlashAttention refuses"}
-    fix = remedy.find_remedy(crashed_scan("0.15.0", refused), "vllm", None)
+    fix = remedy.find_remedy(as_scan(crashed_scan("0.15.0", refused)), "vllm", None)
     assert fix is not None and fix.text == REMEDIES["0.33.0"]
     # a crashed control is never remedied: its config is production's
-    obs = Observation(control=CRASHED, candidate=READY, control_scan=crashed_scan("0.33.0"),
-                      candidate_scan=scan(), remedy=None)  # fmt: skip
+    obs = Observation(control=CRASHED, candidate=READY, control_scan=as_scan(crashed_scan("0.33.0")),
+                      candidate_scan=as_scan(scan()), remedy=None)  # fmt: skip
     s = step(Phase.CANARY, obs, remedy_spec("auto"))
     assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "CanaryCrashed")
     assert s.message.startswith("control crashed: the attention backend could not JIT-compile")
@@ -1339,14 +1388,19 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
         return out
 
     ok = assess_engine_truth(
-        {"control": control, "candidate": sg},
-        {"control": sg_truth("auto", 100_000), "candidate": sg_truth("fp8_e4m3", 200_000)},
+        arms_of(as_scan, {"control": control, "candidate": sg}),
+        arms_of(
+            as_truth,
+            {"control": sg_truth("auto", 100_000), "candidate": sg_truth("fp8_e4m3", 200_000)},
+        ),
     )
     assert (ok.outcome, ok.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
     assert "candidate: KV dtype (server info), KV tokens;" in ok.message
     lie = assess_engine_truth(
-        {"control": control, "candidate": sg},
-        {"control": sg_truth("auto", 100_000), "candidate": sg_truth("auto", 200_000)},
+        arms_of(as_scan, {"control": control, "candidate": sg}),
+        arms_of(
+            as_truth, {"control": sg_truth("auto", 100_000), "candidate": sg_truth("auto", 200_000)}
+        ),
     )
     assert (lie.outcome, lie.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert (
@@ -1357,25 +1411,31 @@ def test_sglang_dtype_is_checked_against_server_info() -> None:
     # server info's pool is another than the log's: a disagreement even where /metrics (0.5.3)
     # export no capacity
     pool = assess_engine_truth(
-        {"control": control, "candidate": sg},
-        {
-            "control": sg_truth("auto", 100_000),
-            "candidate": {
-                "engine": "sglang",
-                "cacheConfig": {},
-                "serverInfo": {"kvCacheDtype": "fp8_e4m3", "maxTotalNumTokens": 150_000},
+        arms_of(as_scan, {"control": control, "candidate": sg}),
+        arms_of(
+            as_truth,
+            {
+                "control": sg_truth("auto", 100_000),
+                "candidate": {
+                    "engine": "sglang",
+                    "cacheConfig": {},
+                    "serverInfo": {"kvCacheDtype": "fp8_e4m3", "maxTotalNumTokens": 150_000},
+                },
             },
-        },
+        ),
     )
     assert (pool.outcome, pool.reason) == (Outcome.ERROR, "LogMetricsDisagree")
     assert "max_total_num_tokens=150,000" in pool.message
     # an SGLang without the endpoint: nothing to compare, the capacity check still runs
     absent = assess_engine_truth(
-        {"control": control, "candidate": sg},
-        {
-            "control": {**sg_truth(None, 100_000), "serverInfo": {"absent": "HTTP 404"}},
-            "candidate": {**sg_truth(None, 200_000), "serverInfo": {"absent": "HTTP 404"}},
-        },
+        arms_of(as_scan, {"control": control, "candidate": sg}),
+        arms_of(
+            as_truth,
+            {
+                "control": {**sg_truth(None, 100_000), "serverInfo": {"absent": "HTTP 404"}},
+                "candidate": {**sg_truth(None, 200_000), "serverInfo": {"absent": "HTTP 404"}},
+            },
+        ),
     )
     assert (absent.outcome, absent.reason) == (Outcome.SUCCESSFUL, "LogMetricsAgree")
     assert "KV dtype" not in absent.message
@@ -1389,9 +1449,11 @@ def test_a_silent_log_is_no_evidence_that_scales_were_used(
     mode: GateMode, outcome: Outcome
 ) -> None:
     # checkpoint unknown, and a log that names no KV dtype: its lack of a warning proves nothing
-    got = assess_scales(ScalesGate(mode), None, {"kv_cache_dtype": None, "findings": []})
+    got = assess_scales(ScalesGate(mode), None, as_scan({"kv_cache_dtype": None, "findings": []}))
     assert (got.outcome, got.reason) == (outcome, "ScalesUnknown")
-    spoken = assess_scales(ScalesGate(mode), None, {"kv_cache_dtype": "fp8", "findings": []})
+    spoken = assess_scales(
+        ScalesGate(mode), None, as_scan({"kv_cache_dtype": "fp8", "findings": []})
+    )
     assert (spoken.outcome, spoken.reason) == (Outcome.SUCCESSFUL, "ScalesPresent")
 
 
@@ -1399,7 +1461,9 @@ def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
     spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "gate"}})
     passing = step(
         Phase.EVALUATING,
-        Observation(control=READY, candidate=READY, job_exists=True, eval_summary=SUMMARY_PASS),
+        Observation(
+            control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS)
+        ),
         spec=spec,
         eval_attempts=1,
     )
@@ -1409,7 +1473,7 @@ def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
     assert Action.PATCH_DEPLOYMENT not in passing.actions
     regressed = Observation(
         control=READY, candidate=READY, job_exists=True,
-        eval_summary={**SUMMARY_PASS, "verdict": "fail"},
+        eval_summary=as_summary({**SUMMARY_PASS, "verdict": "fail"}),
     )  # fmt: skip
     failing = step(
         Phase.EVALUATING,
@@ -1430,3 +1494,32 @@ def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
         eval_attempts=1,
     )
     assert (reported.phase, reported.gate_closed) == (Phase.ROLLED_BACK, False)
+
+
+BROKEN = ("layer 1: k_scale 0.0", "layer 3: v_scale nan")
+
+
+@pytest.mark.parametrize("mode", [GateMode.REQUIRE, GateMode.WARN])
+def test_scales_that_cannot_scale_fail_the_gate_in_any_mode_but_off(mode: GateMode) -> None:
+    vllm = as_scan(scan("flash_attn", 45_911))
+    result = assess_scales(ScalesGate(mode), True, vllm, BROKEN, "fp8")
+    assert (result.outcome, result.reason) == (Outcome.FAILED, "ScalesBroken")
+    assert "(layer 1: k_scale 0.0; layer 3: v_scale nan) and fp8 reads them" in result.message
+    off = assess_scales(ScalesGate(GateMode.OFF), True, vllm, BROKEN, "fp8")
+    assert off.outcome is Outcome.SKIPPED
+
+
+def test_broken_scales_do_not_matter_to_a_format_that_ignores_them() -> None:
+    vllm = as_scan(scan("flash_attn", 45_911))
+    # int8_per_token_head scales each token and head itself: the checkpoint's are unused
+    result = assess_scales(ScalesGate(GateMode.REQUIRE), True, vllm, BROKEN, "int8_per_token_head")
+    assert result.reason != "ScalesBroken"
+
+
+def test_broken_scales_under_a_format_kvgate_does_not_know_fail_closed() -> None:
+    vllm = as_scan(scan("flash_attn", 45_911))
+    result = assess_scales(ScalesGate(GateMode.REQUIRE), True, vllm, BROKEN, "fp9_future")
+    assert result.reason == "ScalesBroken"
+    many = tuple(f"layer {n}: k_scale 0.0" for n in range(5))
+    shown = assess_scales(ScalesGate(GateMode.REQUIRE), True, vllm, many, "fp8").message
+    assert "layer 2: k_scale 0.0; 2 more)" in shown

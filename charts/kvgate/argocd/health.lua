@@ -33,6 +33,15 @@ local function describe(status, fallback)
   return fallback
 end
 
+-- "Phase: message", or the phase alone while the operator has written no message.
+local function with_phase(phase, status)
+  local text = describe(status, "")
+  if text == "" then
+    return phase
+  end
+  return phase .. ": " .. text
+end
+
 local status = obj.status
 if status == nil or status.phase == nil or status.phase == "" then
   hs.status = "Progressing"
@@ -84,7 +93,7 @@ if mode == "gate" then
     hs.message = "Gate closed: " .. describe(status, phase)
   else
     hs.status = "Progressing"
-    hs.message = phase .. ": " .. describe(status, "")
+    hs.message = with_phase(phase, status)
   end
   return hs
 end
@@ -107,10 +116,5 @@ elseif phase == "AwaitingApproval" or phase == "PullRequestOpen" then
 else
   hs.status = "Progressing"
 end
-local text = describe(status, "")
-if text == "" then
-  hs.message = phase
-else
-  hs.message = phase .. ": " .. text
-end
+hs.message = with_phase(phase, status)
 return hs

@@ -45,6 +45,7 @@ from huggingface_hub.utils import (
 )
 from huggingface_hub.utils._http import default_client_factory
 
+from kvgate import checkpoint
 from kvgate.capacity import KVLayout, parse_kv_layout
 from kvgate.checkpoint import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
@@ -76,6 +77,8 @@ class CheckpointHeaders:
     bytes_read: int | None  # safetensors bytes read or received; None when not counted
     commit: str | None = None
     modelopt_config: Mapping[str, Any] | None = None  # hf_quant_config.json, when present
+    # What the k/v scale tensors hold, by name (local checkpoints: `read_scale_values`)
+    scale_values: Mapping[str, tuple[float, ...]] | None = None
 
     def analyse(self) -> tuple[KVLayout, ScaleReport]:
         """The KV layout from config.json and the KV-scale report from the tensor headers."""
@@ -88,6 +91,7 @@ class CheckpointHeaders:
             kv_layers=layout.kv_layer_indices,
             modelopt_config=self.modelopt_config,
             source=self.source,
+            values=self.scale_values,
         )
         return layout, scales
 
@@ -126,14 +130,88 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
     modelopt = read_json_file(modelopt_path) if modelopt_path.exists() else None
 
     tensors: dict[str, TensorInfo] = {}
-    header_bytes = 0
+    values: dict[str, tuple[float, ...]] = {}
+    header_bytes = scale_bytes = 0
     for name in files:
         header, size = _read_local_header(directory / name)
-        tensors.update(parse_safetensors_header(header, str(directory / name)))
+        found = parse_safetensors_header(header, str(directory / name))
+        tensors.update(found)
         header_bytes += size
-    # pread asks for exactly the header, so what was read is what the header takes
+        read, count = read_scale_values(directory / name, size, found.values())
+        values.update(read)
+        scale_bytes += count
+    # pread asks for exactly the header and each scale, so that is what was read
     return CheckpointHeaders(
-        str(path), config, tensors, tuple(files), header_bytes, header_bytes, None, modelopt
+        str(path),
+        config,
+        tensors,
+        tuple(files),
+        header_bytes,
+        header_bytes + scale_bytes,
+        None,
+        modelopt,
+        values,
+    )
+
+
+def read_scale_values(
+    path: Path, data_start: int, infos: Iterable[TensorInfo]
+) -> tuple[dict[str, tuple[float, ...]], int]:
+    """The values of the k/v scale tensors among `infos` of one safetensors file, read one by
+    one with pread at `data_start` (8 + header length) + their offsets; nothing else is read.
+    Returns ({name: values}, bytes read)."""
+    wanted = [info for info in infos if readable_scale(info)]
+    if not wanted:
+        return {}, 0
+    out: dict[str, tuple[float, ...]] = {}
+    total = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for info in wanted:
+            begin, end = info.data_offsets or (0, 0)
+            data = os.pread(fd, end - begin, data_start + begin)
+            total += len(data)
+            if len(data) != end - begin:
+                raise ParseError(str(path), f"tensor '{info.name[:80]}' ends past the file's end")
+            out[info.name] = decode_scale(info, data)
+    finally:
+        os.close(fd)
+    return out, total
+
+
+# Scale tensors worth reading: per-tensor scalars or per-head vectors. A "scale" this large is
+# not a KV scale; it is left unread (and unjudged) rather than read.
+MAX_SCALE_ELEMENTS: Final = 4096
+SCALE_DTYPES: Final[Mapping[str, tuple[str, int]]] = {
+    "F32": ("<f", 4),
+    "F64": ("<d", 8),
+    "F16": ("<e", 2),
+    "BF16": ("bf16", 2),
+}
+
+
+def decode_scale(info: TensorInfo, data: bytes) -> tuple[float, ...]:
+    """The values of a small float tensor's bytes (little-endian, as safetensors stores them)."""
+    fmt, size = SCALE_DTYPES[str(info.dtype)]
+    count = len(data) // size
+    if fmt == "bf16":  # the high half of a float32
+        return tuple(
+            struct.unpack("<f", b"\x00\x00" + data[i * 2 : i * 2 + 2])[0] for i in range(count)
+        )
+    return struct.unpack(f"<{count}{fmt[1]}", data[: count * size])
+
+
+def readable_scale(info: TensorInfo) -> bool:
+    """A KV scale small enough, and of a float dtype, to read (see MAX_SCALE_ELEMENTS)."""
+    elements = info.elements
+    return (
+        checkpoint.is_kv_scale(info.name)
+        and info.dtype in SCALE_DTYPES
+        and info.data_offsets is not None
+        and elements is not None
+        and elements <= MAX_SCALE_ELEMENTS
+        and info.data_offsets[1] - info.data_offsets[0]
+        == elements * SCALE_DTYPES[str(info.dtype)][1]
     )
 
 
@@ -405,21 +483,27 @@ def read_cached_checkpoint(
         return config_path
     modelopt_path = cached(MODELOPT_FILE)
     tensors: dict[str, TensorInfo] = {}
-    header_bytes = 0
+    values: dict[str, tuple[float, ...]] = {}
+    header_bytes = scale_bytes = 0
     for name, path in zip(files, weights, strict=True):
         assert path is not None  # checked above
         header, size = _read_local_header(path)
-        tensors.update(parse_safetensors_header(header, f"{where}/{name}"))
+        found = parse_safetensors_header(header, f"{where}/{name}")
+        tensors.update(found)
         header_bytes += size
+        read, count = read_scale_values(path, size, found.values())
+        values.update(read)
+        scale_bytes += count
     return CheckpointHeaders(
         source=where,
         config=read_json_file(config_path),
         tensors=tensors,
         files=tuple(files),
         header_bytes=header_bytes,
-        bytes_read=header_bytes,
+        bytes_read=header_bytes + scale_bytes,
         commit=snapshot.name,
         modelopt_config=None if modelopt_path is None else read_json_file(modelopt_path),
+        scale_values=values,
     )
 
 
@@ -490,7 +574,7 @@ def _read_with_hfapi(
     except SafetensorsParsingError as exc:
         raise ParseError(where, _first_line(exc)) from exc
     tensors = {
-        name: TensorInfo(name, info.dtype, tuple(info.shape))
+        name: TensorInfo(name, info.dtype, tuple(info.shape), _offsets(info.data_offsets))
         for file_metadata in metadata.files_metadata.values()
         for name, info in file_metadata.tensors.items()
     }
@@ -501,6 +585,13 @@ def _read_with_hfapi(
     )
     # the library does not report what it received; the caller counts on its side
     return CheckpointHeaders(where, config, tensors, files, header_bytes, None, commit)
+
+
+def _offsets(value: Any) -> tuple[int, int] | None:
+    """huggingface_hub's (begin, end), as the header reader keeps them."""
+    if isinstance(value, list | tuple) and len(value) == 2 and all(type(v) is int for v in value):
+        return (value[0], value[1])
+    return None
 
 
 def _header_dict(file_metadata: Any) -> dict[str, Any]:

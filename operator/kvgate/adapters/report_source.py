@@ -6,7 +6,9 @@ named by KUBECONFIG or ~/.kube/config); API failures become `KubeError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,30 +41,39 @@ def _load_config() -> str | None:
     return namespace
 
 
+def _read_one(kind: str, short: str, ns: str, name: str, call: Callable[[], Any]) -> Any:
+    """`call()`, its failure one KubeError naming `kind` ns/name (404: how to list them)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            raise KubeError(
+                f"{kind} {ns}/{name} not found; list them with `kubectl get {short} -n {ns}`",
+                status=404,
+            ) from exc
+        raise KubeError(
+            f"reading {kind} {ns}/{name}: {exc.status} {exc.reason}", status=exc.status
+        ) from exc
+    except HTTPError as exc:
+        raise KubeError(f"reading {kind} {ns}/{name}: {exc}") from exc
+
+
 def read_rollout(name: str, namespace: str | None = None) -> dict[str, Any]:
     """GET one KVCacheRollout; `namespace` defaults to the kubeconfig's, then `default`."""
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
 
     ns = namespace or _load_config() or "default"
     if namespace:
         _load_config()
-    try:
-        obj = client.CustomObjectsApi().get_namespaced_custom_object(
+    obj = _read_one(
+        "kvcacherollout", "kvr", ns, name,
+        lambda: client.CustomObjectsApi().get_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            raise KubeError(
-                f"kvcacherollout {ns}/{name} not found; list them with `kubectl get kvr -n {ns}`",
-                status=404,
-            ) from exc
-        raise KubeError(
-            f"reading kvcacherollout {ns}/{name}: {exc.status} {exc.reason}", status=exc.status
-        ) from exc
-    except HTTPError as exc:
-        raise KubeError(f"reading kvcacherollout {ns}/{name}: {exc}") from exc
+        ),
+    )  # fmt: skip
     # The client gives the decoded JSON body, typed as object.
     return dict(cast("Mapping[str, Any]", obj))
 
@@ -129,6 +140,47 @@ def annotate_rollout(name: str, namespace: str | None, annotations: Mapping[str,
     except HTTPError as exc:
         raise KubeError(f"annotating kvcacherollout {ns}/{name}: {exc}") from exc
     return ns
+
+
+@dataclass(frozen=True)
+class LiveTarget:
+    """A Deployment with the Services and PersistentVolumeClaims of its namespace, for
+    `kvgate check` (None: that list could not be read)."""
+
+    namespace: str
+    deployment: dict[str, Any]
+    services: list[dict[str, Any]] | None
+    claims: dict[str, dict[str, Any]] | None
+
+
+def read_target(name: str, namespace: str | None = None) -> LiveTarget:
+    """GET one Deployment and LIST its namespace's Services and PVCs (each list that cannot be
+    read, e.g. for RBAC, is None: the check then says what it could not see)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    ns = namespace or _load_config() or "default"
+    if namespace:
+        _load_config()
+    api = client.ApiClient()
+    dep = _read_one(
+        "deployment", "deploy", ns, name,
+        lambda: client.AppsV1Api().read_namespaced_deployment(name, ns),
+    )  # fmt: skip
+    core = client.CoreV1Api()
+    services: list[dict[str, Any]] | None = None
+    claims: dict[str, dict[str, Any]] | None = None
+    with contextlib.suppress(ApiException, HTTPError):
+        found = core.list_namespaced_service(ns).items or []
+        services = [api.sanitize_for_serialization(s) for s in found]
+    with contextlib.suppress(ApiException, HTTPError):
+        pvcs = [
+            api.sanitize_for_serialization(c)
+            for c in core.list_namespaced_persistent_volume_claim(ns).items or []
+        ]
+        claims = {str((c.get("metadata") or {}).get("name")): c for c in pvcs}
+    return LiveTarget(ns, api.sanitize_for_serialization(dep), services, claims)
 
 
 def rollout_events(name: str, namespace: str) -> list[dict[str, Any]]:

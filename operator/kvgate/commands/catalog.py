@@ -14,6 +14,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
         "kvgate.commands.preflight",
         "KV bytes per token, tokens per GiB and checkpoint KV scales of a model (dir, repo id or config.json)",
     ),
+    "check": (
+        "kvgate.commands.check",
+        "check a Deployment (manifest file or live) as a rollout target: engine, /metrics, GPUs, probes, volumes, model",
+    ),
     "scan-logs": (
         "kvgate.commands.scan_logs",
         "scan a vLLM or SGLang startup log for KV dtype, scales, attention backend and failures",

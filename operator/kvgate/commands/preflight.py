@@ -6,12 +6,12 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kvgate import engine_versions
+from kvgate import engine_versions, kvformats
 from kvgate.capacity import (
     GIB,
     KVLayout,
@@ -19,11 +19,12 @@ from kvgate.capacity import (
     parse_kv_layout,
     vllm_pool,
 )
-from kvgate.checkpoint import ScaleReport, unknown_scales
+from kvgate.checkpoint import ScaleReport, format_findings, unknown_scales
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
+from kvgate.formatcapacity import format_capacity
 from kvgate.inputs import finite_float
 
 HELP = catalog.help_of("preflight")
@@ -48,6 +49,11 @@ class PoolOptions:
     # vLLM's default on GPUs (vllm/config/cache.py DEFAULT_BLOCK_SIZE); its CPU platform uses 128
     # for every non-MLA model (vllm/platforms/cpu.py, check_and_update_config, 0.32.0).
     block_size: int = 16
+    # The attention backend, which owns a format's page layout (None: the one that packs it;
+    # CPU_ATTN stores per-token-head and nvfp4 names as plain 1-byte elements), and its
+    # smallest kernel block (CPU_ATTN 32), which sizes blocks when layers are skipped.
+    attention_backend: str | None = None
+    kernel_block: int | None = None
 
 
 _DEFAULT_POOL: Final = PoolOptions()
@@ -113,6 +119,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --gpu-memory-gib: the engine's KV block size; the pool is a whole number of "
         "blocks (vLLM: 16 on GPUs, 128 on its CPU build)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        action="append",
+        default=[],
+        metavar="FORMAT",
+        help="also size this vLLM KV format (repeatable; e.g. fp8_per_token_head, nvfp4): "
+        "bytes per token with its scale sidecars, pool tokens, gain over auto",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype-skip-layers",
+        nargs="+",
+        default=[],
+        metavar="LAYER",
+        help="layers the formats of --kv-cache-dtype leave in 16 bits (indices or sliding_window)",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        metavar="NAME",
+        help="the backend whose page layout to follow for --kv-cache-dtype (e.g. CPU_ATTN)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -132,7 +158,19 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--timeout", f"{args.timeout:g} is not in (0, 3600] seconds")
     if not 1 <= args.block_size <= 4096:
         raise SpecError("--block-size", f"{args.block_size} is not in [1, 4096] tokens")
-    pool = PoolOptions(version, args.max_num_batched_tokens, args.block_size)
+    for name in args.kv_cache_dtype:
+        try:
+            kvformats.lookup(engine_versions.VLLM, name)
+        except SpecError as exc:
+            raise SpecError("--kv-cache-dtype", str(exc).split(": ", 1)[1]) from None
+    backend = args.attention_backend.upper() if args.attention_backend else None
+    pool = PoolOptions(
+        version,
+        args.max_num_batched_tokens,
+        args.block_size,
+        attention_backend=backend,
+        kernel_block=32 if backend == "CPU_ATTN" else None,  # cpu_attn.py:65-66, 0.32
+    )
     result = preflight(
         args.model,
         args.revision,
@@ -141,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         args.max_model_len,
         pool,
         timeout_s=args.timeout,
+        formats=tuple(args.kv_cache_dtype),
+        skip_layers=tuple(args.kv_cache_dtype_skip_layers),
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -160,12 +200,15 @@ def preflight(
     pool: PoolOptions | None = None,
     *,
     timeout_s: float = DEFAULT_HUB_TIMEOUT_S,
+    formats: Sequence[str] = (),
+    skip_layers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Read what `target` names and return the preflight summary as plain data."""
+    """Read what `target` names and return the preflight summary as plain data; `formats`
+    adds a `formats` section (kvgate.formatcapacity) for each named vLLM KV format."""
     from kvgate.adapters import hub
 
     try:
-        return _preflight(
+        summary = _preflight(
             hub,
             target,
             revision,
@@ -175,10 +218,46 @@ def preflight(
             pool or _DEFAULT_POOL,
             timeout_s,
         )
+        layout, scales = summary.pop("_layout"), summary.pop("_scales")
+        if formats:
+            summary["formats"] = _formats(
+                layout, scales, formats, skip_layers, memory_bytes, max_model_len,
+                pool or _DEFAULT_POOL,
+            )  # fmt: skip
+        return summary
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
             raise
         raise ParseError(target[:200], f"cannot be read ({type(exc).__name__})") from None
+
+
+def _formats(
+    layout: KVLayout,
+    scales: ScaleReport,
+    formats: Sequence[str],
+    skip_layers: Sequence[str],
+    memory_bytes: int | None,
+    max_model_len: int | None,
+    pool: PoolOptions,
+) -> dict[str, Any]:
+    """Per format: its capacity row and what the checkpoint's scales mean for it."""
+    out: dict[str, Any] = {}
+    for name in formats:
+        row = format_capacity(
+            layout,
+            name,
+            version=pool.version,
+            skip_layers=skip_layers,
+            backend=pool.attention_backend,
+            memory_bytes=memory_bytes,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=pool.max_num_batched_tokens,
+            block_size=pool.block_size,
+            kernel_block=pool.kernel_block,
+        )
+        row["scale_findings"] = [f.to_dict() for f in format_findings(scales, "vllm", name)]
+        out[name] = row
+    return out
 
 
 def _preflight(
@@ -239,6 +318,7 @@ def _preflight(
             "no vLLM pool figures: kvgate does not model vLLM's MLA pool (--max-model-len ignored)"
         )
     summary["advice"] = advice(summary)
+    summary["_layout"], summary["_scales"] = layout, scales  # for _formats; popped there
     return summary
 
 
@@ -411,6 +491,7 @@ def render_text(result: dict[str, Any]) -> str:
                 f"{p['window_tokens']:>12,}  ({_count(p['groups'], 'group')} of "
                 f"{_count(p['group_size'], 'layer')})"
             )
+    rows.extend(_format_rows(result.get("formats") or {}))
     scales = result["scales"]
     rows.append("")
     if scales["coverage"] == "unknown":
@@ -486,3 +567,23 @@ def _token(variable: str | None) -> str | None:
             "hub token is one printable line (its value is not shown)",
         )
     return token
+
+
+def _format_rows(formats: Mapping[str, Any]) -> list[str]:
+    """One line per --kv-cache-dtype format: class, bytes a token, gain over auto, pools."""
+    rows = ["", "format (class, scales): bytes/token, gain over auto, pool tokens, vLLM KV tokens"]
+    for name, row in formats.items():
+        head = f"{name} ({row['class']}, {row['scale_mode']})"
+        if "error" in row:
+            rows.append(f"{head}: {row['error']}")
+            continue
+        line = f"{head}: {row['kv_bytes_per_token']:,}, {row['capacity_gain']:.2f}x"
+        if row.get("pool_tokens") is not None:
+            line += f", {row['pool_tokens']:,}"
+        if row.get("vllm_pool"):
+            line += f", {row['vllm_pool']['kv_tokens']:,}"
+        if row.get("offered") is False:
+            line += f" (not offered by this version; from {row.get('floor')})"
+        rows.append(line)
+        rows.extend(f"  {f['code']}: {f['message']}" for f in row["scale_findings"])
+    return rows

@@ -15,29 +15,17 @@ from typing import Any, Final
 
 from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
-from kvgate.controller.context import (
-    NOTHING,
-    Ctx,
-    StatusUpdate,
-    adopt_child,
-    canary_port,
+from kvgate.controller.candidate import (
     candidate_record,
     derive_candidate,
     derive_candidate_unchecked,
-    describe,
-    owned,
+    fingerprint_container,
     shown_env,
-    status_view,
 )
-from kvgate.controller.observe import (
-    eval_concurrency_of,
-    hub_token_problem,
-    tpot_totals,
-)
+from kvgate.controller.changes import NOTHING, StatusUpdate
+from kvgate.controller.context import Ctx, describe
+from kvgate.controller.ownership import adopt_child, owned
 from kvgate.controller.pullrequest import close_pull_request, open_pull_request
-from kvgate.controller.record import (
-    post_event,
-)
 from kvgate.controller.seen import (
     arm_ips,
     leftover_child,
@@ -45,6 +33,7 @@ from kvgate.controller.seen import (
     own_pods,
     target_deployment,
 )
+from kvgate.controller.sources import arm_tpot_totals, canary_port, hub_token_problem
 from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
@@ -81,7 +70,7 @@ def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:
         seen = ctx.seeing(done)
         if action in DEFERRED:
             pending = set(seen.so_far.pending_actions)
-            update = StatusUpdate.of(pendingActions=tuple(sorted(pending | {action.value})))
+            update = StatusUpdate.of(pending_actions=tuple(sorted(pending | {action.value})))
         else:
             update = ACTIONS[action](seen, step)
         done = done.then(update)
@@ -106,7 +95,7 @@ def run_pending(ctx: Ctx, step: Step) -> StatusUpdate:
     pending = [Action(a) for a in ctx.so_far.pending_actions if a in known]
     for action in pending:
         ACTIONS[action](ctx, step)
-    return StatusUpdate.of(pendingActions=None) if pending else NOTHING
+    return StatusUpdate.of(pending_actions=()) if pending else NOTHING
 
 
 def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
@@ -138,7 +127,7 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
             delete_owned(ctx, "Pod", existing)
             raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
     if created:
-        post_event(ctx, Reason.CANARY_CREATED, f"created {', '.join(created)}")
+        return StatusUpdate.event(Reason.CANARY_CREATED, f"created {', '.join(created)}")
     return NOTHING
 
 
@@ -183,7 +172,9 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     port = canary_port(status)
     env = {"PYTHONUNBUFFERED": "1"}
     secret_env = eval_secret_env(ctx.spec, status.model)
-    problem = hub_token_problem(ctx) if secret_env else None
+    problem = (
+        hub_token_problem(ctx.kube, ctx.config, ctx.namespace, ctx.spec) if secret_env else None
+    )
     if problem:  # checked in Pending too; the label may have gone since (fail closed)
         raise InputError(problem)
     if ctx.config.gsm8k_dir:
@@ -202,7 +193,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
             control_url=f"http://{ips['control']}:{port}/v1/completions",
             candidate_url=f"http://{ips['candidate']}:{port}/v1/completions",
             model=status.served_model or status.model,
-            concurrency=eval_concurrency_of(ctx),
+            concurrency=manifests.eval_concurrency(ctx.spec, ctx.config.eval_concurrency),
             max_model_len=engine_max_model_len(status),
             tokenizer=status.model,
         ),
@@ -219,7 +210,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     allowed = {ref[0] for ref in secret_env.values()}
     if not manifests.secret_names(job) <= allowed:
         raise KvgateError("the eval Job would reference a Secret that was not checked")
-    existing = ensure_job(ctx, job, "eval", Reason.EVAL_STARTED, attempt)
+    existing, started = ensure_job(ctx, job, "eval", Reason.EVAL_STARTED, attempt)
     # The nonce of the Job that runs (a restarted operator finds its predecessor's); only its
     # hash is kept in status, which rollout readers can see.
     ev = dataclasses.replace(
@@ -229,13 +220,14 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
         nonce_sha256=nonce_hash(existing),
         progress={},
     )
-    return StatusUpdate.of(eval=ev)
+    return started.then(StatusUpdate.of(eval=ev))
 
 
 def ensure_job(
     ctx: Ctx, job: dict[str, Any], role: str, started: Reason, attempt: int
-) -> dict[str, Any]:
-    """This attempt's Job (`role`: eval or load), created once; the one that runs is returned.
+) -> tuple[dict[str, Any], StatusUpdate]:
+    """This attempt's Job (`role`: eval or load), created once: the one that runs, and the
+    Event of its start when this made it.
 
     A Job with the name that this rollout does not own is never touched; one of an earlier run
     is deleted and waited for, never reused.
@@ -244,11 +236,11 @@ def ensure_job(
     adopt_child(ctx, job, role)
     existing, made = ensure_child(ctx, job)
     if made:
-        post_event(ctx, started, f"{role} attempt {attempt}: Job {name}")
-    elif leftover_child(ctx, existing):
+        return existing, StatusUpdate.event(started, f"{role} attempt {attempt}: Job {name}")
+    if leftover_child(ctx, existing):
         delete_owned(ctx, "Job", existing)
         raise KubeError(f"Job {name} of an earlier run is still terminating")
-    return existing
+    return existing, NOTHING
 
 
 def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
@@ -302,7 +294,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     )
     # Before the Job, as for the eval: its pods reach only the canaries' port and DNS.
     ensure_eval_policy(ctx, port=port, hub=False, role="load")
-    existing = ensure_job(ctx, job, "load", Reason.LOAD_STARTED, attempt)
+    existing, started = ensure_job(ctx, job, "load", Reason.LOAD_STARTED, attempt)
     # As for the eval: the nonce of the Job that runs, hashed; and the load it was asked for.
     load = dataclasses.replace(
         load,
@@ -315,7 +307,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         started_at=job_created_at(existing) or round(ctx.now.timestamp(), 3),
         clocks=None,  # another attempt's clocks say nothing of this one's
     )
-    return StatusUpdate.of(load=load)
+    return started.then(StatusUpdate.of(load=load))
 
 
 def job_created_at(job: Mapping[str, Any]) -> float | None:
@@ -431,7 +423,7 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
         return NOTHING
     speed = dataclasses.replace(
         ctx.so_far.speed or SpeedStatus(),
-        before=tpot_totals(ctx, arm_ips(ctx)),
+        before=arm_tpot_totals(ctx.so_far, arm_ips(ctx), ctx.config.scrape_timeout_s),
         started_at=round(ctx.now.timestamp(), 3),  # the window of the arms' GPU clocks
     )
     return StatusUpdate.of(speed=speed)
@@ -460,13 +452,12 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
         patched_at=iso(ctx.now),
         generation=generation if isinstance(generation, int) else None,
     )
-    post_event(
-        ctx,
+    patched = StatusUpdate.event(
         Reason.PROMOTING,
         f"patched Deployment {ctx.spec.target.name} (generation {generation}): "
         f"{' '.join(ctx.so_far.recommended_args)}",
     )
-    return StatusUpdate.of(promotion=promo)
+    return patched.then(StatusUpdate.of(promotion=promo))
 
 
 def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
@@ -481,7 +472,7 @@ def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
         return NOTHING  # the observation says why; nothing to patch
     index, live = found
     previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
-    target = promotion.revert(live, previous, candidate, view=status_view(ctx, live))
+    target = promotion.revert(live, previous, candidate, view=fingerprint_container(ctx, live))
     ops = promotion.patch_ops(index, live, target)
     if not ops:
         return NOTHING
@@ -536,12 +527,12 @@ def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
     candidate = derive_candidate_unchecked(ctx.seeing(decided), live)
     record = candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env)
     return decided.then(record.update()).then(StatusUpdate.of(
-        configHash=config_hash(
+        config_hash=config_hash(
             {"evaluated": ctx.so_far.config_hash, "remediation": remedy.to_dict()}
         ),
-        arms=None,  # merge patch: the first attempt's arms are gone
+        arms={},  # the first attempt's arms are gone
         capacity=None,
-        phaseSince=iso(ctx.now),  # the remedied candidate gets its own startup time
+        phase_since=iso(ctx.now),  # the remedied candidate gets its own startup time
     ))  # fmt: skip
 
 

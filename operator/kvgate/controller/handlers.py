@@ -32,16 +32,11 @@ from kvgate.controller.act import (
     delete_eval_jobs,
     revert_target,
 )
-from kvgate.controller.context import (
-    Ctx,
-    StatusView,
-    describe,
-    parse_spec,
-)
+from kvgate.controller.context import Ctx, describe, parse_spec
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_fields,
-    post_event,
+    post_events,
     write,
 )
 from kvgate.controller.schedule import schedule_of
@@ -63,7 +58,7 @@ from kvgate.model import (
 )
 from kvgate.reasons import Reason
 from kvgate.status import RolloutStatus
-from kvgate.steps import LiveTarget, Step
+from kvgate.steps import Event, LiveTarget, Step
 from kvgate.timestamps import iso
 
 _metrics_lock = threading.Lock()
@@ -252,7 +247,7 @@ def _side_ctx(
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
     spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
     return Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec,
-               StatusView(status),
+               RolloutStatus.from_dict(status),
                memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
 
 
@@ -289,9 +284,9 @@ def _clean_up(
         if live is not None and live.exists and live.ours_present:
             # Fail closed: a change that was not verified is undone before the rollout goes.
             if retry >= ctx.config.error_limit:
-                post_event(ctx, Reason.REVERT_FAILED, "rollout deleted; the revert was not confirmed after "
-                       f"{retry} attempts: the Deployment may still carry kvgate's change",
-                       warning=True)  # fmt: skip
+                post_events(ctx, (Event(Reason.REVERT_FAILED, "rollout deleted; the revert was not "
+                       f"confirmed after {retry} attempts: the Deployment may still carry kvgate's "
+                       "change", warning=True),))  # fmt: skip
             else:
                 revert_target(ctx, step)
                 raise kopf.TemporaryError("rollout deleted: waiting for the revert to read back",
@@ -315,13 +310,13 @@ def _close_pull_request(ctx: Ctx, step: Step, retry: int) -> None:
     """A deleted rollout no longer stands behind its open pull request: close it (retried up to
     the error limit, then a Warning Event; the deletion is not held forever by a forge)."""
     try:
-        close_pull_request(ctx, step)
+        post_events(ctx, close_pull_request(ctx, step).events)
     except KvgateError as exc:
         if retry < ctx.config.error_limit:
             raise kopf.TemporaryError(f"cleanup: closing the pull request: {exc}", delay=5) from exc
-        post_event(ctx, Reason.RECONCILE_ERROR,
+        post_events(ctx, (Event(Reason.RECONCILE_ERROR,
                    f"rollout deleted; its pull request could not be closed after {retry} "
-                   f"attempts ({describe(exc)}): close it by hand", warning=True)  # fmt: skip
+                   f"attempts ({describe(exc)}): close it by hand", warning=True),))  # fmt: skip
 
 
 DRIFT_INTERVAL_S: Final = float(os.environ.get("KVGATE_DRIFT_INTERVAL") or 60)
@@ -372,7 +367,7 @@ def _drifted(
         what = "is gone" if not live.exists else "no longer carries the promoted config"
         message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
         reason = Reason.DRIFTED
-        post_event(ctx, reason, message, warning=True)
+        post_events(ctx, (Event(reason, message, warning=True),))
     else:
         reason, message = (
             Reason.IN_SYNC,
@@ -402,6 +397,6 @@ def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tup
     if was is not None and (was.status, was.message) == (status, message):
         return conditions  # unchanged: no write, no second Event
     if stale:
-        post_event(ctx, reason, message, warning=True)
+        post_events(ctx, (Event(reason, message, warning=True),))
     return cond.set_condition(conditions, cond.STALE, status, reason, message,
                               generation=ctx.generation, now=iso(ctx.now))  # fmt: skip

@@ -1,6 +1,6 @@
 """Gathering evidence for `machine.next_step`: one `observe_*` per phase, each returning an
 `Observation` and the findings status keeps of what it read (a `StatusUpdate`; it writes no
-status: `record.fold` does). The cluster reads a phase needs come in one `Seen`
+status: `record.folded` does). The cluster reads a phase needs come in one `Seen`
 (`controller/seen.py`, read once at the start); what only some reconciles read (a startup log,
 /metrics, Prometheus, the checkpoint) is read in `controller/sources.py`; the object rules live
 in `kubeobjects`.
@@ -9,8 +9,6 @@ in `kubeobjects`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from kvgate import (
     engines,
@@ -20,48 +18,40 @@ from kvgate import (
     redact,
     remedy,
     reuse,
+    targetcheck,
 )
 from kvgate.controller import preflight, promoted, pullrequest, sources
-from kvgate.controller.context import (
-    NOTHING,
-    Ctx,
-    Observed,
-    StatusUpdate,
-    canary_port,
-    candidate_record,
-)
+from kvgate.controller.candidate import candidate_record
+from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
+from kvgate.controller.context import Ctx
 from kvgate.controller.seen import (
     Seen,
     look,
 )
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.errors import ExternalError, InputError, SpecError
+from kvgate.evalsummary import AccuracyStatus
 from kvgate.joblog import eval_lines, job_lines
 from kvgate.jsonrecord import read_record, write
 from kvgate.kubeobjects import PodHealth
 from kvgate.loadresult import LoadProgress, LoadSummary
-from kvgate.model import (
-    Phase,
-    SpeedClocks,
-    config_hash,
-)
+from kvgate.model import Phase, SpeedClocks, config_hash
 from kvgate.status import (
-    AccuracyStatus,
     ArmStatus,
+    CacheTruth,
     CapacityStatus,
     ClocksRecord,
     EvalStatus,
-    HistogramTotals,
     LoadStatus,
+    ScanRecord,
     SpeedStatus,
+    read_eval_progress,
 )
 from kvgate.steps import Observation, State
 
-if TYPE_CHECKING:
-    pass
-
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:
+    """The phase's evidence: its cluster reads once (`seen.look`), then its observer."""
     if phase is Phase.PENDING and spec_errors:
         return Observation(spec_errors=spec_errors), NOTHING
     seen = look(ctx, phase, state)  # the phase's reads, once
@@ -89,7 +79,8 @@ def observe_phase(ctx: Ctx, phase: Phase, seen: Seen, state: State) -> Observed:
 
 
 def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
-    secret_problem = hub_token_problem(ctx) or pullrequest.token_problem(ctx)
+    args = (ctx.kube, ctx.config, ctx.namespace, ctx.spec)
+    secret_problem = sources.hub_token_problem(*args) or sources.forge_token_problem(*args)
     if secret_problem:  # fail closed before any Pod or Job exists
         return Observation(spec_errors=(secret_problem,)), NOTHING
     spec = ctx.spec
@@ -117,6 +108,10 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
         return Observation(target_problem=str(exc)), NOTHING
     except InputError as exc:
         return Observation(target_problem=str(exc)), NOTHING
+    # What `kvgate check` calls an error: a target no rollout can reach a verdict on.
+    problem = targetcheck.check(dep, container=spec.target.container).problem()
+    if problem:
+        return Observation(target_problem=problem), NOTHING
     conflicts = rollout_conflicts(ctx)
     # Status holds fingerprints, never literal env values or secret flag values: what is
     # patched is re-derived from the spec and the live container, not read back from status.
@@ -127,15 +122,15 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
     found = record.update().then(StatusUpdate.of(
         engine=str(info.engine),
         container=str(container.get("name")),
-        containerIndex=index,
+        container_index=index,
         port=info.port,
-        metricsPath=info.metrics_path,
+        metrics_path=info.metrics_path,
         model=spec.model.name or info.model,
-        servedModel=info.served_model_name or info.model,
+        served_model=info.served_model_name or info.model,
         previous=previous,
-        evaluatedImage=container.get("image"),
-        runGeneration=ctx.generation,
-        configHash=config_hash(
+        evaluated_image=container.get("image"),
+        run_generation=ctx.generation,
+        config_hash=config_hash(
             {
                 "deployment": spec.target.name,
                 "container": container.get("name"),
@@ -159,37 +154,12 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def hub_token_problem(ctx: Ctx) -> str | None:
-    """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none).
-
-    Only with the operator's opt-in (KVGATE_HUB_TOKEN_SECRETS, the chart's
-    hubTokenSecrets.enabled) and for a Secret that passes the adapter's hub-token rule (the
-    kvgate.io/hub-token label, one printable line): a rollout author must not be able to hand
-    another Secret of the namespace to the eval Job, whose kubelet resolves it without kvgate.
-    """
-    secret = ctx.spec.model.token_secret
-    if secret is None:
-        return None
-    if not ctx.config.hub_token_secrets:
-        return (
-            f"spec.model.tokenSecretRef: this operator does not use hub-token Secrets "
-            f"(chart value hubTokenSecrets.enabled=false); remove the field or ask its admin "
-            f"to enable them and label Secret {secret.name} kvgate.io/hub-token=true"
-        )
-    try:
-        ctx.kube.check_hub_token_secret(ctx.namespace, secret.name, secret.key)
-    except InputError as exc:
-        text = str(exc)
-        return text if text.startswith("spec.model") else f"spec.model.tokenSecretRef: {text}"
-    return None
-
-
-def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, StatusUpdate]:
+def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, StatusUpdate]:
     """The arm's startup-log scan: from status when already read, else from the pod log."""
     health = seen.arm(arm)
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.scan is not None:
-        return write(block.scan), NOTHING
+        return block.scan, NOTHING
     if arm not in seen.to_scan:  # not yet (or not again)
         return None, NOTHING
     pod = manifests.canary_name(ctx.name, arm)
@@ -210,7 +180,7 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[dict[str, Any] | None, Sta
         # the image the verdict is reached on, by digest (its key)
         image_id=health.image_id or block.image_id,
     )
-    return write(scan), StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    return scan, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
 def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
@@ -227,7 +197,7 @@ def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
 
 def arm_metrics(
     ctx: Ctx, arm: str, health: PodHealth
-) -> tuple[dict[str, Any] | None, str | None, StatusUpdate]:
+) -> tuple[CacheTruth | None, str | None, StatusUpdate]:
     """The arm's /metrics cache info (`metrics.cache_truth`): from status, else scraped once.
 
     Returns (truth, error, update); a failed scrape is kept in status (`metricsError`) and
@@ -235,7 +205,7 @@ def arm_metrics(
     """
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.metrics is not None:
-        return write(block.metrics), None, NOTHING
+        return block.metrics, None, NOTHING
     if not (health.ready and health.ip):
         return None, None, NOTHING
     source = "/metrics"
@@ -244,7 +214,7 @@ def arm_metrics(
         if ctx.so_far.engine == "sglang":
             source = "server info"
             info = sources.server_info(
-                health.ip, canary_port(ctx.so_far), ctx.config.scrape_timeout_s
+                health.ip, sources.canary_port(ctx.so_far), ctx.config.scrape_timeout_s
             )
             truth = dataclasses.replace(truth, server_info=info)
     except (ExternalError, InputError) as exc:
@@ -252,7 +222,7 @@ def arm_metrics(
         block = dataclasses.replace(block, metrics_error=error)
         return None, error, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
     block = dataclasses.replace(block, metrics=truth, metrics_error=None)
-    return write(truth), None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    return truth, None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
 
 
 def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
@@ -261,7 +231,7 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     candidate_scan, more = arm_scan(ctx.seeing(found), seen, "candidate")
     found = found.then(more)
     found = found.then(record_capacity(ctx.seeing(found)))
-    truths: dict[str, dict[str, Any] | None] = {}
+    truths: dict[str, CacheTruth | None] = {}
     errors = []
     if control_scan is not None and candidate_scan is not None:
         for arm, health in (("control", control), ("candidate", candidate)):
@@ -285,6 +255,11 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
         ),
         checkpoint_has_scales=(
             ctx.so_far.preflight.checkpoint_has_scales if ctx.so_far.preflight else None
+        ),
+        broken_scales=(
+            ctx.so_far.preflight.checkpoint.broken_scales
+            if ctx.so_far.preflight and ctx.so_far.preflight.checkpoint
+            else ()
         ),
     )
     if truths.get("control") is not None and truths.get("candidate") is not None:
@@ -323,14 +298,15 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
     found = NOTHING
     if progress is not None:
         found = StatusUpdate.of(eval=dataclasses.replace(ev, progress=progress))
-        obs = dataclasses.replace(obs, eval_progress=progress)
+        obs = dataclasses.replace(obs, eval_progress=read_eval_progress(progress))
     if summary is not None and finished:
-        found = found.then(record_accuracy(ctx, summary))
+        accuracy = AccuracyStatus.from_summary(summary)  # read once: judged and kept
+        found = found.then(record_accuracy(ctx, accuracy))
         control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found), seen)
         obs = dataclasses.replace(
             obs,
             job_finished=True,
-            eval_summary=summary,
+            eval_summary=accuracy,
             control_tpot_s=control_tpot,
             candidate_tpot_s=candidate_tpot,
             speed_clocks=clocks,
@@ -391,23 +367,11 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     return dataclasses.replace(obs, load_error=error[:500]), NOTHING
 
 
-def record_accuracy(ctx: Ctx, summary: Mapping[str, Any]) -> StatusUpdate:
+def record_accuracy(ctx: Ctx, acc: AccuracyStatus) -> StatusUpdate:
     """The eval Job's summary as status keeps it, with the difference in points (a column)."""
-    acc: AccuracyStatus = read_record(AccuracyStatus, summary)
-    acc = dataclasses.replace(acc, more={k: v for k, v in acc.more.items() if k != "kind"})
-    diff = acc.paired.difference if acc.paired is not None else None
-    if diff is not None:
-        acc = dataclasses.replace(acc, difference_pp=round(diff * 100, 2))
+    if acc.paired is not None and acc.paired.difference is not None:
         ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc.difference_pp or 0.0)
     return StatusUpdate.of(accuracy=acc)
-
-
-def tpot_totals(ctx: Ctx, ips: Mapping[str, str | None]) -> dict[str, HistogramTotals]:
-    """Each arm's TPOT histogram totals now, by the arms' pod IPs (arms without one are left
-    out)."""
-    return sources.tpot_totals(
-        ips.get, lambda ip: sources.scrape_engine(ctx.so_far, ip, ctx.config.scrape_timeout_s)
-    )
 
 
 def speed_after_eval(
@@ -418,7 +382,9 @@ def speed_after_eval(
         return None, None, None, NOTHING
     speed = ctx.so_far.speed or SpeedStatus()
     if not speed.after:
-        speed = dataclasses.replace(speed, after=tpot_totals(ctx, seen.ips))
+        speed = dataclasses.replace(
+            speed, after=sources.arm_tpot_totals(ctx.so_far, seen.ips, ctx.config.scrape_timeout_s)
+        )
     tpots = {
         arm: gates.mean_between(speed.before.get(arm), speed.after.get(arm))
         for arm in manifests.ARMS
@@ -431,7 +397,7 @@ def speed_after_eval(
         speed,
         control=figures["control"],
         candidate=figures["candidate"],
-        concurrency=eval_concurrency_of(ctx),
+        concurrency=manifests.eval_concurrency(ctx.spec, ctx.config.eval_concurrency),
     )
     clocks = speed_clocks_of(speed.clocks)  # read once, then from status
     if clocks is None and ctx.config.prometheus_url:
@@ -450,10 +416,3 @@ def speed_after_eval(
 def speed_clocks_of(record: ClocksRecord | None) -> SpeedClocks | None:
     """Clocks kept in status, as the speed and throughput gates read them (None: not read)."""
     return None if record is None else SpeedClocks.from_dict(write(record))
-
-
-def eval_concurrency_of(ctx: Ctx) -> int:
-    """The eval's fixed concurrency: the speed gate's first level, else the operator default."""
-    if ctx.spec.speed is not None and ctx.spec.speed.concurrency:
-        return ctx.spec.speed.concurrency[0]
-    return ctx.config.eval_concurrency

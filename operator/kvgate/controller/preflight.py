@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from kvgate import machine, poolsample
 from kvgate.controller import sources
-from kvgate.controller.context import NOTHING, Ctx, Observed, StatusUpdate
+from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
+from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen
 from kvgate.jsonrecord import read_record
 from kvgate.model import PROMETHEUS_SOURCE, GateMode
@@ -37,6 +38,7 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
             token_secret=ctx.spec.model.token_secret if ctx.config.hub_token_secrets else None,
             kube=ctx.kube,
             namespace=ctx.namespace,
+            kv_cache_dtype=ctx.spec.kv_cache_dtype,
         ))  # fmt: skip
         pre = dataclasses.replace(
             pre, checkpoint=checkpoint, checkpoint_has_scales=checkpoint.present

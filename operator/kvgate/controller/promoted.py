@@ -6,26 +6,22 @@ the preflight's baseline), with what status keeps of it. Reads only, as `observe
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvgate import kubeobjects, poolsample, production
 from kvgate.controller import sources
-from kvgate.controller.context import (
-    NOTHING,
-    Ctx,
-    Observed,
-    StatusUpdate,
-    json_number,
-)
+from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
+from kvgate.controller.context import Ctx
 from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
-from kvgate.jsonrecord import write
+from kvgate.jsonrecord import whole
 from kvgate.model import Phase
 from kvgate.status import (
     PodCounters,
     PodScanRecord,
     PreflightStatus,
     PromotionStatus,
+    ScanRecord,
     VerifyStatus,
 )
 from kvgate.steps import Observation
@@ -60,20 +56,20 @@ def observe_promoting(ctx: Ctx, seen: Seen) -> Observed:
     if done and new_pods:
         scan, found = production_scan(ctx, new_pods[0])
     arm = status.arms.get("candidate")
-    candidate_scan = write(arm.scan) if arm is not None and arm.scan is not None else None
+    candidate_scan = arm.scan if arm is not None else None
     # The promoted pods are checked against the candidate canary: same backend, same scales.
     obs = Observation(rollout_done=done, rollout_scan=scan, control_scan=candidate_scan)
     return obs, found
 
 
-def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[dict[str, Any], StatusUpdate]:
+def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[ScanRecord, StatusUpdate]:
     name = pod.name
     text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
     scan = sources.scan_engine_log(text, ctx.so_far.engine)
     pod_scan = PodScanRecord(pod=name, attention_backend=scan.attention_backend,
                              kv_tokens=scan.kv_tokens)  # fmt: skip
     promo = dataclasses.replace(ctx.so_far.promotion or PromotionStatus(), pod_scan=pod_scan)
-    return write(scan), StatusUpdate.of(promotion=promo)
+    return scan, StatusUpdate.of(promotion=promo)
 
 
 def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
@@ -129,7 +125,7 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
     problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
     # Kept for the next sample's rates (the status write copies the promotion record whole).
     kept = {
-        pod: PodCounters(ttft_sum=json_number(c.ttft_sum), ttft_count=json_number(c.ttft_count))
+        pod: PodCounters(ttft_sum=whole(c.ttft_sum), ttft_count=whole(c.ttft_count))
         for pod, c in counters.items()
     }
     promo = dataclasses.replace(promo, verify=dataclasses.replace(verify, counters=kept))

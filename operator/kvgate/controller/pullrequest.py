@@ -13,18 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Final
 
-from kvgate import gitops, jsonrecord, kubeobjects, manifests, proposing, redact, verdictkey
+from kvgate import gitops, kubeobjects, manifests, proposing, redact, verdictkey
 from kvgate.adapters.forge import Forge, RestForge, forge_for
-from kvgate.controller.context import (
-    NOTHING,
-    Ctx,
-    StatusUpdate,
-    derive_candidate,
-)
-from kvgate.controller.record import post_event
+from kvgate.controller.candidate import derive_candidate
+from kvgate.controller.changes import NOTHING, StatusUpdate
+from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen, live_container, live_key, target_deployment
+from kvgate.controller.sources import FORGE_TOKEN_FIELD
 from kvgate.errors import InputError, KvgateError
 from kvgate.model import GitFileKind, Phase, PullRequestState
 from kvgate.reasons import Reason
@@ -36,7 +32,6 @@ from kvgate.verdict import GateResult
 
 # The forge client for (provider, apiUrl, token); tests swap in one over an in-memory forge.
 FORGE_FOR: Callable[[str, str, str], RestForge] = forge_for
-_FIELD: Final = "spec.promotion.pullRequest.tokenSecretRef"
 
 
 def _pull_request_spec(ctx: Ctx) -> PullRequestSpec:
@@ -46,40 +41,11 @@ def _pull_request_spec(ctx: Ctx) -> PullRequestSpec:
     return pr
 
 
-def token_problem(ctx: Ctx) -> str | None:
-    """Why this rollout's forge token cannot be used (None: it can, or no pullRequest mode).
-
-    Checked in Pending, before any Pod or Job exists: the operator's opt-in
-    (KVGATE_FORGE_TOKEN_SECRETS) and the Secret's (label kvgate.io/forge-token=true)."""
-    pr = ctx.spec.promotion.pull_request
-    if pr is None:
-        return None
-    secret = pr.token_secret
-    if not ctx.config.forge_token_secrets:
-        return (
-            f"{_FIELD}: this operator does not use forge-token Secrets (the chart value "
-            f"forgeTokenSecrets.enabled is off); ask its admin to enable them, and label Secret "
-            f"{secret.name} kvgate.io/forge-token=true"
-        )
-    try:
-        ctx.kube.read_forge_token(
-            ctx.namespace,
-            secret.name,
-            secret.key,
-            api_url=pr.api_url,
-            repository=pr.repository,
-        )
-    except InputError as exc:
-        text = str(exc)
-        return text if text.startswith(_FIELD) else f"{_FIELD}: {text}"
-    return None
-
-
 @contextlib.contextmanager
 def _forge(ctx: Ctx) -> Iterator[Forge]:
     pr = _pull_request_spec(ctx)
     if not ctx.config.forge_token_secrets:
-        raise InputError(f"{_FIELD}: this operator does not use forge-token Secrets")
+        raise InputError(f"{FORGE_TOKEN_FIELD}: this operator does not use forge-token Secrets")
     token = ctx.kube.read_forge_token(
         ctx.namespace,
         pr.token_secret.name,
@@ -132,10 +98,7 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         raise KvgateError("no verdict key recorded with the verdict; not proposing")
     branch = gitops.branch_name(ctx.name, config_hash)
     files = {pr.path: proposed_file(ctx, pr, key.digest)}
-    gates = {
-        name: GateResult.from_dict(name, jsonrecord.write(record))
-        for name, record in ctx.so_far.gates.items()
-    }
+    gates = {name: GateResult.of_record(name, g) for name, g in ctx.so_far.gates.items()}
     title, body = proposing.proposal_text(
         rollout=ctx.name,
         namespace=ctx.namespace,
@@ -159,12 +122,11 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         now=iso(ctx.now),
     )
     what = "opened" if opened.created else "updated" if opened.committed else "found"
-    post_event(
-        ctx,
+    said = StatusUpdate.event(
         Reason.PULL_REQUEST_OPEN,
         f"{what} pull request #{opened.number} on {pr.repository} ({opened.url}) from {branch}",
     )
-    return StatusUpdate.of(pullRequest=record)
+    return said.then(StatusUpdate.of(pull_request=record))
 
 
 def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
@@ -195,8 +157,7 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         seen = forge.close_pull_request(pr.repository, pr.number, redact.scrub_text(comment))
     state = PullRequestState(seen.state)
     if state is PullRequestState.MERGED:
-        post_event(
-            ctx,
+        said = StatusUpdate.event(
             Reason.PULL_REQUEST_MERGED,
             f"pull request #{pr.number} on {pr.repository} was merged before kvgate could close "
             f"it (merge {seen.merge_sha or 'unknown'}): the change reaches the Deployment "
@@ -204,11 +165,11 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
             warning=True,
         )
     else:
-        post_event(
-            ctx, Reason.PULL_REQUEST_CLOSED, f"closed pull request #{pr.number} on {pr.repository}"
+        said = StatusUpdate.event(
+            Reason.PULL_REQUEST_CLOSED, f"closed pull request #{pr.number} on {pr.repository}"
         )
     closed = dataclasses.replace(pr, state=state.value, merge_sha=seen.merge_sha or pr.merge_sha)
-    return StatusUpdate.of(pullRequest=closed)
+    return said.then(StatusUpdate.of(pull_request=closed))
 
 
 def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullRequestStatus | None:

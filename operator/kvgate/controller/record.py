@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 import kopf
 
 from kvgate import conditions as cond
 from kvgate import jsonrecord, manifests, redact, superseding, verdictkey
-from kvgate.controller.context import (
-    NOTHING,
-    Begun,
-    Ctx,
-    Reconciled,
-    StatusUpdate,
-    adopt_child,
-)
+from kvgate.controller.changes import NOTHING, StatusUpdate
+from kvgate.controller.context import Begun, Ctx, Reconciled
+from kvgate.controller.events import post_event
+from kvgate.controller.ownership import adopt_child
 from kvgate.controller.telemetry import (
-    EVENTS,
     PHASE,
     ROLLBACKS,
     ROLLOUTS,
@@ -47,24 +42,18 @@ from kvgate.status import (
     VerdictRecord,
     VerifyStatus,
 )
-from kvgate.steps import Step
+from kvgate.steps import Event, Step
 from kvgate.timestamps import iso, parse_time
 from kvgate.verdict import GateResult
 
 Record = TypeVar("Record", bound=Any)  # a status record (`kvgate.status`)
 
 
-def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool | None = None) -> None:
-    warn = reason.warning if warning is None else warning
-    type_ = "Warning" if warn else "Normal"
-    message = redact.scrub_text(message)  # Events are readable by anyone who reads the namespace
-    kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
-    EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
-    ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})
+def post_events(ctx: Ctx, events: Iterable[Event]) -> None:
+    """Post Events on the rollout, in order (the only caller of `events.post_event`)."""
+    for e in events:
+        post_event(ctx, e.reason, e.message, warning=e.warning)
 
-
-# The top-level keys a stage may return for status (`StatusUpdate`): the typed record's.
-STATUS_KEYS: Final = frozenset(f.key for f in jsonrecord.fields(RolloutStatus))
 
 GATE_CONDITIONS = {
     POOL: cond.POOL_PRESSURE,
@@ -117,6 +106,7 @@ def write(begun: Begun, patch: kopf.Patch, outcome: Reconciled) -> RolloutStatus
         return None
     retry = outcome.retry
     if retry is not None:
+        post_events(ctx, outcome.done.events)  # of what went through before the failure
         if retry.errors:  # an ended rollout's failed cleanup is retried without a count
             write_retry(ctx, patch, old, begun.cleared, retry.errors, retry.what)
         return None
@@ -138,8 +128,8 @@ def write_retry(
     patch_status(patch, old, cleared)
     patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
     if errors == 1 or errors % 10 == 0:
-        post_event(ctx, Reason.RECONCILE_ERROR, f"{what} (consecutive errors: {errors})",
-                   warning=True)  # fmt: skip
+        message = f"{what} (consecutive errors: {errors})"
+        post_events(ctx, (Event(Reason.RECONCILE_ERROR, message, warning=True),))
 
 
 def write_status(
@@ -150,7 +140,7 @@ def write_status(
     step: Step,
     done: StatusUpdate,
 ) -> RolloutStatus:
-    """Patch the step's status by what changed from `old` (the body's status); `ctx.status` is
+    """Patch the step's status by what changed from `old` (the body's status); `ctx.so_far` is
     the status this reconcile started from (empty but for deletions still due, when a new spec
     after the end starts a new run) and `done` what its stages found and did. Post the step's
     Events, metrics and, on the first finish, the report. Returns the status written."""
@@ -160,7 +150,7 @@ def write_status(
     key = verdictkey.key_of(so_far, ctx.spec) if step.verdict is not None else None
     if step.new_run and superseding.merged(so_far.pull_request):
         step = superseding.merged_meanwhile(step)
-    new = folded(ctx.status, step, old_phase, done=done, now=iso(ctx.now),
+    new = folded(ctx.so_far, step, old_phase, done=done, now=iso(ctx.now),
                  generation=ctx.generation, deployment_generation=deployment, verdict_key=key,
                  approval_ttl_s=ctx.config.approval_ttl_s)  # fmt: skip
     status = new.to_dict()
@@ -168,8 +158,7 @@ def write_status(
     # figure a new reading does not have must not survive from the last one), and a new run's
     # status replaces the last run's.
     patch_status(patch, old, merge_patch(old, status))
-    for e in step.events:
-        post_event(ctx, e.reason, e.message, warning=e.warning)
+    post_events(ctx, (*done.events, *step.events))  # what the stages did, then the step
     for p in Phase:
         PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
     reported = step.reason == VERDICT_REPORTED
@@ -204,13 +193,8 @@ def scrubbed(step: Step) -> Step:
     )
 
 
-def fold(found: Mapping[str, Any], step: Step, old_phase: Phase, **given: Any) -> dict[str, Any]:
-    """`folded` as the status dict that is written."""
-    return folded(found, step, old_phase, **given).to_dict()
-
-
 def folded(
-    found: Mapping[str, Any],
+    found: RolloutStatus,
     step: Step,
     old_phase: Phase,
     *,
@@ -227,10 +211,7 @@ def folded(
     window, the finish time. Pure, and the only place a new status is built."""
     step = scrubbed(step)
     done = done or NOTHING
-    unknown = set(done.changes) - STATUS_KEYS
-    if unknown:  # a bug: the CRD would prune it, and no reader knows it
-        raise KvgateError(f"status has no key {', '.join(sorted(unknown))}")
-    status = RolloutStatus.from_dict(done.applied_to(found))
+    status = done.applied_to(found)
     if step.new_run:  # a newer spec superseded the run: nothing of it may vote in the next
         status = RolloutStatus(pending_actions=status.pending_actions)
     conditions = status.conditions or cond.initial_conditions(generation, now)
@@ -305,8 +286,8 @@ def folded(
     if step.pull_request is not None:  # pullRequest mode: the intent, then what the forge said
         # what this reconcile's action did (the opened PR, read back) is later than the step's
         # intent, so it wins over it
-        done_pr = RolloutStatus.from_dict(done.changes).pull_request
-        pr = _over(_over(RolloutStatus.from_dict(found).pull_request, step.pull_request), done_pr)
+        done_pr = done.applied_to(RolloutStatus()).pull_request
+        pr = _over(_over(found.pull_request, step.pull_request), done_pr)
         if step.pull_request.state == PullRequestState.MERGED.value and pr.merged_at is None:
             pr = dataclasses.replace(pr, merged_at=now)
         status = dataclasses.replace(status, pull_request=pr)
@@ -341,9 +322,12 @@ def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | Non
     reused_from = status.verdict.reused_from if status.verdict is not None else None
     if step.reused is not None:
         reused_from = step.reused.source
-    record: VerdictRecord = jsonrecord.read_record(VerdictRecord, step.verdict.to_dict())
-    return dataclasses.replace(
-        record,
+    v = step.verdict
+    return VerdictRecord(
+        decision=v.decision.value,
+        outcome=v.outcome,
+        message=v.message,
+        reasons=tuple(str(r.reason) for r in v.reasons),
         key=None if key is None else key.to_record(),
         reused_from=reused_from or None,
     )

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvgate import kubeobjects, manifests, poolsample, promoting, verdictkey
-from kvgate.controller.context import Ctx, against
+from kvgate.controller.candidate import against
+from kvgate.controller.context import Ctx
 from kvgate.errors import KubeError
 from kvgate.kubeobjects import PodHealth
 from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase

@@ -8,21 +8,31 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgate import engines, manifests, redact
-from kvgate.controller.context import KubeApi, json_number, metrics_url
+from kvgate.controller.context import KubeApi
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
-from kvgate.jsonrecord import read_record
+from kvgate.jsonrecord import read_record, whole
 from kvgate.model import SpeedClocks
 from kvgate.status import CacheTruth, HistogramTotals, PressureRecord, RolloutStatus, ScanRecord
 
 if TYPE_CHECKING:
-    from kvgate.logs import LogScan
+    from kvgate.config import OperatorConfig
     from kvgate.metrics import MetricSnapshot
-    from kvgate.spec import CapacityGate, SecretKeyRef
+    from kvgate.spec import CapacityGate, RolloutSpec, SecretKeyRef
 
 Series = dict[str, list[dict[str, Any]]]
+
+
+def canary_port(status: RolloutStatus) -> int:
+    """The port the engine serves on, as Pending read it from the container."""
+    return 8000 if status.port is None else status.port
+
+
+def metrics_url(status: RolloutStatus, ip: str) -> str:
+    """The engine's /metrics at `ip`, on the port and path Pending read from the container."""
+    return f"http://{ip}:{canary_port(status)}{status.metrics_path or '/metrics'}"
 
 
 def cache_truth(status: RolloutStatus, ip: str, timeout: float) -> CacheTruth:
@@ -66,6 +76,75 @@ def server_info(ip: str, port: Any, timeout: float) -> dict[str, object]:
     return {"absent": f"HTTP 404 on {' and '.join(metrics.SERVER_INFO_PATHS)}"}
 
 
+def hub_token_problem(
+    kube: KubeApi, config: OperatorConfig, namespace: str, spec: RolloutSpec
+) -> str | None:
+    """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none).
+
+    Only with the operator's opt-in (KVGATE_HUB_TOKEN_SECRETS, the chart's
+    hubTokenSecrets.enabled) and for a Secret that passes the adapter's hub-token rule (the
+    kvgate.io/hub-token label, one printable line): a rollout author must not be able to hand
+    another Secret of the namespace to the eval Job, whose kubelet resolves it without kvgate.
+    """
+    secret = spec.model.token_secret
+    if secret is None:
+        return None
+    if not config.hub_token_secrets:
+        return (
+            f"spec.model.tokenSecretRef: this operator does not use hub-token Secrets "
+            f"(chart value hubTokenSecrets.enabled=false); remove the field or ask its admin "
+            f"to enable them and label Secret {secret.name} kvgate.io/hub-token=true"
+        )
+    try:
+        kube.check_hub_token_secret(namespace, secret.name, secret.key)
+    except InputError as exc:
+        text = str(exc)
+        return text if text.startswith("spec.model") else f"spec.model.tokenSecretRef: {text}"
+    return None
+
+
+FORGE_TOKEN_FIELD: Final = "spec.promotion.pullRequest.tokenSecretRef"
+
+
+def forge_token_problem(
+    kube: KubeApi, config: OperatorConfig, namespace: str, spec: RolloutSpec
+) -> str | None:
+    """Why this rollout's forge token cannot be used (None: it can, or no pullRequest mode).
+
+    Checked in Pending, before any Pod or Job exists: the operator's opt-in
+    (KVGATE_FORGE_TOKEN_SECRETS) and the Secret's (label kvgate.io/forge-token=true)."""
+    pr = spec.promotion.pull_request
+    if pr is None:
+        return None
+    secret = pr.token_secret
+    if not config.forge_token_secrets:
+        return (
+            f"{FORGE_TOKEN_FIELD}: this operator does not use forge-token Secrets (the chart value "
+            f"forgeTokenSecrets.enabled is off); ask its admin to enable them, and label Secret "
+            f"{secret.name} kvgate.io/forge-token=true"
+        )
+    try:
+        kube.read_forge_token(
+            namespace,
+            secret.name,
+            secret.key,
+            api_url=pr.api_url,
+            repository=pr.repository,
+        )
+    except InputError as exc:
+        text = str(exc)
+        return text if text.startswith(FORGE_TOKEN_FIELD) else f"{FORGE_TOKEN_FIELD}: {text}"
+    return None
+
+
+def arm_tpot_totals(
+    status: RolloutStatus, ips: Mapping[str, str | None], timeout: float
+) -> dict[str, HistogramTotals]:
+    """Each arm's TPOT histogram totals now, by the arms' pod IPs (arms without one are left
+    out)."""
+    return tpot_totals(ips.get, lambda ip: scrape_engine(status, ip, timeout))
+
+
 def production_kv_dtype(container: Mapping[str, Any] | None) -> str:
     """The --kv-cache-dtype the production container runs (`auto` when unset or unreadable)."""
     try:
@@ -93,8 +172,10 @@ def scan_checkpoint(
     token_secret: SecretKeyRef | None,
     kube: KubeApi,
     namespace: str,
+    kv_cache_dtype: str = "fp8",
 ) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding.
+    The expected capacity gain is `kv_cache_dtype`'s over the model's 16-bit cache.
 
     `token_secret` is the hub token's Secret, already allowed by the operator (or None)."""
     from kvgate.adapters import hub
@@ -129,9 +210,21 @@ def scan_checkpoint(
         "present": scales.present,
         "coverage": scales.coverage,
         "forcesFp8Kv": list(scales.forces_fp8_kv),
-        "expectedCapacityGain": layout.bytes_per_token("bf16") / layout.bytes_per_token("fp8"),
+        "expectedCapacityGain": _capacity_gain(layout, kv_cache_dtype),
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
+        "brokenScales": scales.to_dict()["values"]["broken"],
+        "effectiveControlFormat": scales.effective_kv_format("auto"),
     }
+
+
+def _capacity_gain(layout: Any, kv_cache_dtype: str) -> float | None:
+    """The candidate format's tokens per BF16 token (kvgate.formatcapacity); None if unsized."""
+    from kvgate.formatcapacity import expected_capacity_gain
+
+    try:
+        return expected_capacity_gain(layout, "auto", kv_cache_dtype)
+    except KvgateError:
+        return None
 
 
 def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
@@ -223,13 +316,6 @@ def scan_engine_log(text: str, engine: str | None) -> ScanRecord:
     return compact_scan(logs.scan_log(text, engine=engine).status_record())
 
 
-def scan_of(raw: object) -> LogScan:
-    """A scan kept in status, typed (either spelling; anything unreadable reads as unknown)."""
-    from kvgate import logs
-
-    return logs.LogScan.from_dict(raw)
-
-
 def compact_scan(scan: ScanRecord) -> ScanRecord:
     """Keep status small: at most 20 findings, each line text cut to 300 characters and
     scrubbed (engines print their args)."""
@@ -256,7 +342,7 @@ def tpot_totals(
             continue
         hist = snap.tpot or snap.itl
         if hist is not None:
-            out[arm] = HistogramTotals(sum=json_number(hist.sum), count=json_number(hist.count))
+            out[arm] = HistogramTotals(sum=whole(hist.sum), count=whole(hist.count))
     return out
 
 

@@ -1,13 +1,17 @@
 """What one reconcile of a rollout comes to: the deletions an earlier reconcile recorded, then
 observe, decide and act, each once and in that order. It returns a `context.Reconciled` for
 `record.write` to put in status; nothing here writes status or speaks to kopf.
+
+The stage rooms `observe` (with `preflight` and `promoted`), `act` and `record` do not import
+each other; `pullrequest` serves both observe and act in pullRequest mode.
 """
 
 from __future__ import annotations
 
 from kvgate import machine
 from kvgate.controller.act import act_best_effort, acts, run_pending
-from kvgate.controller.context import NOTHING, Begun, Reconciled, Retry, describe
+from kvgate.controller.changes import NOTHING
+from kvgate.controller.context import Begun, Reconciled, Retry, describe
 from kvgate.controller.observe import observe
 from kvgate.controller.telemetry import RECONCILE_ERRORS
 from kvgate.errors import ExternalError, KvgateError

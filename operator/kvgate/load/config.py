@@ -87,6 +87,12 @@ class LoadPlan:
         if not self.model_name:
             raise LoadPlanError("model_name: must be set")
 
+    def prompt_bounds(self) -> tuple[int, int]:
+        """The shortest and longest prompt the plan asks for, in the load tokenizer's tokens:
+        with the served model's tokenizer, the engine counts each prompt within them."""
+        spread = 2 * self.prompt_std_tokens
+        return max(1, self.prompt_tokens - spread), self.prompt_tokens + spread
+
 
 def _prompt_distribution(plan: LoadPlan, tokens: int) -> dict[str, Any]:
     if plan.prompt_std_tokens == 0:
@@ -133,6 +139,11 @@ def inference_perf_config(plan: LoadPlan) -> dict[str, Any]:
             "per_stage": True,
             "per_request": False,
             "percentiles": list(PERCENTILES),
+            # tok/s and TPOT from the engine's own count of each response (usage, a count of
+            # decode steps), not the client re-tokenizing the streamed text: on real vLLM a
+            # random model's output, re-tokenized by the served model's own tokenizer, counted
+            # 6,102 tokens where the engine generated 5,120 (bench/RESULTS-real-engine.md).
+            "use_server_output_tokens": True,
         }
     }
     if plan.slo is not None:

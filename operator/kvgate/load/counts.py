@@ -1,14 +1,13 @@
 """The client's token counts checked against the engine's own counters, per arm over a run.
 
-inference-perf computes output tok/s and TPOT from its *own* count of each response's tokens
-(the load tokenizer re-tokenizing the streamed text), while the engine counts the tokens it
-generated (`vllm:generation_tokens_total`). With the served model's tokenizer the two agree; with
-another one (the simulator's word tokenizer against a real model) tok/s and TPOT are in the
-wrong units. So the Job reads each arm's counters before the run and after it, and the deltas
-must match the clients' totals to within `TOLERANCE`; otherwise the arm is an error, not a
-measurement. The prompt counter is checked too: the client records the engine's usage there,
-so a mismatch means other traffic reached the arm (a canary gets none) or a counter that is not
-the engine's.
+inference-perf computes output tok/s and TPOT from the engine's usage of each response (the
+Job sets `use_server_output_tokens`: re-tokenizing the streamed text counts other tokens than
+the engine generated, on real vLLM by 19%), and records each prompt's length as the engine's
+usage too. Summed over the run, the usage must equal the increase of the engine's counters
+(`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`) to within `TOLERANCE`; otherwise
+other traffic reached the arm (a canary gets none) or the counters are not this engine's, and
+the arm is an error, not a measurement. Whether the load tokenizer is the served model's is
+judged per stage from the prompts' lengths (`report.judge_stage`).
 
 Only finished requests are in the client's totals, while the engine also counted what it did for
 requests that did not finish (failed, timed out, cut at a stage's end, then aborted): each such
@@ -44,8 +43,8 @@ class EngineCounters:
 class ClientCounts:
     """What the load tool counted over a run's finished requests."""
 
-    prompt_tokens: float  # as the client recorded them (the engine's usage, where it gave one)
-    output_tokens: float | None  # the client's own count: the units of tok/s and TPOT
+    prompt_tokens: float  # the engine's usage, as the client recorded it
+    output_tokens: float  # the same: the units of tok/s and TPOT
     unfinished: int  # planned requests without a successful report entry
     longest_prompt: float | None  # the longest prompt of a finished request
 
@@ -53,8 +52,7 @@ class ClientCounts:
 def client_counts(stages: Sequence[StageJudgement], planned: Sequence[int]) -> ClientCounts:
     """The run's finished requests summed over its stages (a stage without a report: all its
     planned requests unfinished)."""
-    prompt, unfinished = 0.0, 0
-    output: float | None = 0.0
+    prompt, output, unfinished = 0.0, 0.0, 0
     longest: float | None = None
     for judgement, requests in zip(stages, planned, strict=True):
         result = judgement.result
@@ -63,11 +61,9 @@ def client_counts(stages: Sequence[StageJudgement], planned: Sequence[int]) -> C
             continue
         unfinished += max(requests - result.successes, 0)
         prompt += result.prompt_tokens_total
-        if result.successes:
-            client_output = result.output_tokens_client
-            output = None if output is None or client_output is None else output + client_output
-            if result.prompt_tokens_max is not None:
-                longest = max(longest or 0.0, result.prompt_tokens_max)
+        output += result.output_tokens_total
+        if result.prompt_tokens_max is not None:
+            longest = max(longest or 0.0, result.prompt_tokens_max)
     return ClientCounts(prompt, output, unfinished, longest)
 
 
@@ -101,23 +97,15 @@ def _compare(
     )
 
 
-# Why the client's output count can differ from the engine's: it re-tokenizes the streamed text.
-# Measured on real vLLM 0.32 with the served model's own tokenizer: a random model's byte-level
-# BPE output re-merges when encoded again (15,307 counted, 21,504 generated), so the tokenizer
-# is not the only suspect.
-OUTPUT_CAUSE: Final = (
-    "the client re-tokenizes the streamed text into other tokens than the engine generated "
-    "(a load tokenizer that is not the served model's, or output that does not re-tokenize "
-    "to itself)"
-)
-PROMPT_CAUSE: Final = "other traffic reached the arm, or the client counted prompts itself"
+# Why the usage the client recorded can differ from the engine's counters.
+USAGE_CAUSE: Final = "other traffic reached the arm, or the counter is not this engine's"
 
 
 def _checked(
     counter: str,
     what: str,
     span: tuple[float | None, float | None],
-    client: float | None,
+    client: float,
     allowance: float | None,
     unfinished: int,
     cause: str,
@@ -131,9 +119,6 @@ def _checked(
     if end < start:
         return (f"{counter} went back ({_tokens(start)} to {_tokens(end)}): the engine "
                 "restarted during the run")  # fmt: skip
-    if client is None:
-        return (f"the client's own {what} token count is missing from its reports: tok/s and "
-                "TPOT are unchecked")  # fmt: skip
     return _compare(what, client, end - start, counter, allowance, unfinished, cause)
 
 
@@ -156,8 +141,8 @@ def check_counts(
     found = (
         _checked(f"{engine}:generation_tokens_total", "output",
                  (b.generation_tokens, a.generation_tokens), client.output_tokens,
-                 client.unfinished * output_tokens, client.unfinished, OUTPUT_CAUSE),
+                 client.unfinished * output_tokens, client.unfinished, USAGE_CAUSE),
         _checked(f"{engine}:prompt_tokens_total", "prompt", (b.prompt_tokens, a.prompt_tokens),
-                 client.prompt_tokens, prompt_allowance, client.unfinished, PROMPT_CAUSE),
+                 client.prompt_tokens, prompt_allowance, client.unfinished, USAGE_CAUSE),
     )  # fmt: skip
     return tuple(problem for problem in found if problem)

@@ -61,10 +61,8 @@ class StageResult:
     itl_s: Percentiles | None
     request_latency_s: Percentiles | None
     goodput_percentage: float | None
-    # The client's own count of the successes' output tokens (its tokenizer over the streamed
-    # text: the count tok/s and TPOT are computed from; `output_tokens_total` is the engine's
-    # usage), and the longest prompt. None: not in the report (no success).
-    output_tokens_client: float | None = None
+    # The shortest and longest prompt as the engine counted them (its usage). None: no success.
+    prompt_tokens_min: float | None = None
     prompt_tokens_max: float | None = None
 
 
@@ -134,7 +132,6 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
     successes = _count(data, "successes.count", source)
     output_min = _number(data, "successes.output_tokens.min", source) if successes > 0 else None
     goodput = data["successes"].get("goodput_metrics")
-    client_output = data["successes"].get("output_len")
     return StageResult(
         stage=stage,
         concurrency=_count(data, "load_summary.concurrency", source),
@@ -161,11 +158,8 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
             if isinstance(goodput, Mapping)
             else None
         ),
-        # output_len has a mean but no total: mean x successes is the client's total
-        output_tokens_client=(
-            _number(data, "successes.output_len.mean", source) * successes
-            if successes > 0 and isinstance(client_output, Mapping) and client_output
-            else None
+        prompt_tokens_min=(
+            _number(data, "successes.prompt_tokens.min", source) if successes > 0 else None
         ),
         prompt_tokens_max=(
             _number(data, "successes.prompt_tokens.max", source) if successes > 0 else None
@@ -192,10 +186,37 @@ def validation_errors(text: str | None) -> dict[str, tuple[str, ...]]:
     return found
 
 
+# How far the engine's count of a prompt may stray from the plan's before the load tokenizer is
+# taken for another model's. With the served model's tokenizer it is exact (real vLLM 0.32: every
+# 512-token prompt counted 512); with a word tokenizer against a BPE model, 1,269 to 1,378.
+PROMPT_TOLERANCE = 0.01
+
+
+def _prompt_mismatch(result: StageResult, bounds: tuple[int, int]) -> str | None:
+    """Why the engine's prompt lengths are not the plan's, None when they are."""
+    low, high = bounds
+    if result.prompt_tokens_min is None or result.prompt_tokens_max is None:
+        return None
+    seen_low, seen_high = result.prompt_tokens_min, result.prompt_tokens_max
+    if seen_low >= low * (1 - PROMPT_TOLERANCE) and seen_high <= high * (1 + PROMPT_TOLERANCE):
+        return None
+    planned = f"{low:,}" if low == high else f"{low:,} to {high:,}"
+    seen = f"{seen_low:,.0f}" if seen_low == seen_high else f"{seen_low:,.0f} to {seen_high:,.0f}"
+    return (
+        f"prompts planned at {planned} tokens reached the engine as {seen} "
+        "(its usage): the load tokenizer is not the served model's"
+    )
+
+
 def judge_stage(
-    result: StageResult, num_requests: int, output_tokens: int, errors: tuple[str, ...] = ()
+    result: StageResult,
+    num_requests: int,
+    output_tokens: int,
+    errors: tuple[str, ...] = (),
+    prompt_bounds: tuple[int, int] | None = None,
 ) -> StageJudgement:
-    """`measured` only if all `num_requests` ran and succeeded with `output_tokens` each."""
+    """`measured` only if all `num_requests` ran and succeeded with `output_tokens` each, and
+    the engine counted each prompt as the plan's `prompt_bounds` say (when given)."""
     reasons: list[str] = []
     if result.failures:
         labels = ", ".join(f"{label}: {count}" for label, count in result.failures_by_label)
@@ -213,6 +234,8 @@ def judge_stage(
         )
     if result.output_tokens_min is not None and result.output_tokens_min < output_tokens:
         reasons.append(f"short outputs: min {result.output_tokens_min:g} of {output_tokens} tokens")
+    if prompt_bounds is not None and (mismatch := _prompt_mismatch(result, prompt_bounds)):
+        reasons.append(mismatch)
     reasons += [f"inference-perf's validation: {error}" for error in errors]
     status: Status = "error" if reasons else "measured"
     return StageJudgement(result.stage, status, tuple(reasons), result)
@@ -234,6 +257,12 @@ def judge_reports(plan: LoadPlan, files: Mapping[str, str]) -> tuple[StageJudgem
             judgements.append(StageJudgement(number, "error", (str(exc),), None))
             continue
         judgements.append(
-            judge_stage(result, stage.num_requests, plan.output_tokens, checks.get(name, ()))
+            judge_stage(
+                result,
+                stage.num_requests,
+                plan.output_tokens,
+                checks.get(name, ()),
+                plan.prompt_bounds(),
+            )
         )
     return tuple(judgements)

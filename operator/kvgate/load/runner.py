@@ -57,7 +57,8 @@ def read_report_files(report_dir: Path, plan: LoadPlan) -> dict[str, str]:
     }
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the tool's process group, SIGKILL it after 10 s if it lingers."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -102,7 +103,7 @@ def run_load(
         try:
             exit_code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
+            stop_group(proc)
             exit_code = None
     stages = judge_reports(plan, read_report_files(report_dir, plan))
     if exit_code != 0:

@@ -133,7 +133,11 @@ class LogScan:
 
         The findings are rebuilt as status keeps them (at most 20, lines cut).
         """
-        record: ScanRecord = read_record(ScanRecord, data)
+        return cls.of(read_record(ScanRecord, data))
+
+    @classmethod
+    def of(cls, record: ScanRecord) -> LogScan:
+        """A scan as status keeps it (`status_record`), back in the scanner's form."""
         capacity = record.capacity or CapacityRecord()
         plain = {
             "engine": record.engine,

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvgate import crash, gates, manifests
+from kvgate.evalsummary import PairedRecord, TokenAgreement
 from kvgate.loadresult import StagePoint
 from kvgate.model import Phase
 from kvgate.report.fields import (
@@ -50,10 +51,8 @@ from kvgate.status import (
     ClocksRecord,
     FindingEntry,
     FirstAttempt,
-    PairedRecord,
     RolloutStatus,
     ScanRecord,
-    TokenAgreement,
 )
 
 ARMS: Final = manifests.ARMS
@@ -588,18 +587,25 @@ _PASSED: Final = frozenset(
 )
 
 
+_REJECTED: Final = "Rejected candidate args"
+
+
 def args_heading(status: StatusLike) -> str:
     """The args are a recommendation only once a verdict passed them; before that they are
-    under test, and a rejected candidate's args are labelled as such."""
+    under test, a rejected candidate's args are labelled as such, and those of a rollout that
+    failed before any verdict (a canary no node took) as not tested."""
     typed = typed_status(status)
     phase = typed.phase
-    if phase is not None and phase.value in BAD_PHASES:
-        return "Rejected candidate args"
+    untested = typed.verdict is None
     if phase is Phase.REVERTING:  # on its way to the end the revert record names
         end = typed.revert.phase if typed.revert is not None else None
-        return (
-            "Candidate args (not needed)" if end is Phase.NOT_NEEDED else "Rejected candidate args"
-        )
+        if end is Phase.NOT_NEEDED:
+            return "Candidate args (not needed)"
+        return "Candidate args (not tested)" if end is Phase.FAILED and untested else _REJECTED
+    if phase is Phase.FAILED and untested:
+        return "Candidate args (not tested)"
+    if phase is not None and phase.value in BAD_PHASES:
+        return _REJECTED
     if phase is Phase.NOT_NEEDED:
         return "Candidate args (not needed)"
     if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):

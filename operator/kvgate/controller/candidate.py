@@ -1,0 +1,128 @@
+"""What is the candidate container, and is the live one still the evaluated one?
+
+Status holds fingerprints only (literal env values and secret-looking flag values hashed), so
+the candidate is derived again from the spec and the live container whenever a pod or the
+Deployment is written, and checked against what Pending recorded; anything else fails closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate import manifests, promotion, redact
+from kvgate.controller.changes import StatusUpdate
+from kvgate.controller.context import Ctx
+from kvgate.errors import KvgateError
+from kvgate.spec import RolloutSpec
+from kvgate.status import EnvVar, RemediationStatus
+
+
+def evaluated_container(ctx: Ctx) -> dict[str, Any]:
+    """The production container as evaluated: image plus the command/args/env in status."""
+    out = dict(ctx.so_far.previous)
+    if ctx.so_far.evaluated_image is not None:
+        out["image"] = ctx.so_far.evaluated_image
+    return out
+
+
+def shown_env(ctx: Ctx) -> frozenset[str]:
+    """Env names whose values status may show: the engine's allowlist and the rollout's own
+    extraEnv (the only variables kvgate changes, so the only ones a revert must restore)."""
+    engine = ctx.so_far.engine
+    return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """What status records of a candidate: its fingerprinted config and the args and env an SRE
+    would set by hand."""
+
+    config: dict[str, Any]
+    args: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+
+    def update(self) -> StatusUpdate:
+        return StatusUpdate.of(
+            candidate=self.config, recommended_args=self.args, recommended_env=self.env
+        )
+
+
+def candidate_record(
+    spec: RolloutSpec,
+    candidate: Mapping[str, Any],
+    show_env: frozenset[str],
+    remedy_env: Mapping[str, str] | None = None,
+) -> CandidateRecord:
+    """The candidate as status records it (env: the rollout's extraEnv, a remedy's on top)."""
+    env = {e.name: e.value for e in spec.extra_env} | dict(remedy_env or {})
+    return CandidateRecord(
+        config=redact.redact_config(manifests.container_config(candidate), show_env=show_env),
+        args=tuple(
+            redact.redact_args(
+                list(candidate.get("command") or []) + list(candidate.get("args") or [])
+            )
+        ),
+        env=tuple(EnvVar(name=k, value=v) for k, v in env.items()),
+    )
+
+
+def fingerprint_container(ctx: Ctx, container: Mapping[str, Any]) -> dict[str, Any]:
+    """A container as status records it: literal env values and secret-looking flag values
+    fingerprinted (token for token, so positions in args are kept), image as it is."""
+    view = redact.redact_config(manifests.container_config(container), show_env=shown_env(ctx))
+    if "image" in container:
+        view["image"] = container["image"]
+    return view
+
+
+def against(ctx: Ctx, container: Mapping[str, Any]) -> promotion.Comparison:
+    """`container` against the evaluated container and status.previous -> status.candidate."""
+    status = ctx.so_far
+    view = fingerprint_container(ctx, container)
+    return promotion.compare(view, evaluated_container(ctx), status.previous, status.candidate)
+
+
+def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate container, from the spec and the live container; fail closed.
+
+    Status holds only fingerprints, so what is created or patched is derived again here; the
+    live container must still be the evaluated one, and the derived candidate must match the
+    one recorded in Pending. Anything else raises: a changed target or an edited status never
+    reaches a pod or the Deployment.
+    """
+    if against(ctx, live).differences:
+        raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
+    candidate = manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
+    recorded = ctx.so_far.candidate
+    if (
+        not recorded
+        or fingerprint_container(ctx, manifests.container_config(candidate)) != recorded
+    ):
+        raise KvgateError("the candidate derived now differs from the one evaluated in Pending")
+    return candidate
+
+
+def derive_candidate_unchecked(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
+    """The candidate with status.remediation applied, before status records its fingerprint
+    (only `act.remediate` calls this, right after `derive_candidate` checked the unremedied)."""
+    return manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
+
+
+def recorded_remedy(ctx: Ctx) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """The remedy status.remediation names, derived again from the engine table (never the
+    args or env status shows); None without one. A record no row answers raises."""
+    from kvgate import engine_versions
+
+    record = ctx.so_far.remediation
+    if record is None or record == RemediationStatus():
+        return None
+    engine, version, code = (str(v) for v in (record.engine, record.engine_version, record.code))
+    try:
+        remedy = engine_versions.remedy_for(engine, version, code)
+    except ValueError:
+        remedy = None
+    if remedy is None:
+        raise KvgateError(f"status.remediation names no known remedy ({engine} {version} {code})")
+    return remedy
