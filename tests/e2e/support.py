@@ -367,20 +367,34 @@ def wait_phase(
         raise TimeoutError(f"{exc}; status: {json.dumps(obj.get('status'))[:3000]}") from None
 
 
-def rollout_events(cluster: Any, namespace: str, name: str) -> list[tuple[str, str]]:
-    """(reason, message) of each Event about the rollout, in the order posted."""
-    proc = cluster.kubectl(
-        "get", "events", "-n", namespace, "-o", "json",
-        f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
-    )  # fmt: skip
-    items = json.loads(proc.stdout).get("items") or []
-    # Timestamps have one-second resolution; the etcd revision orders the posts exactly.
-    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
-    return [(e["reason"], e["message"]) for e in items]
+def rollout_events(
+    cluster: Any, namespace: str, name: str, expect: Iterable[str] = (), timeout: float = 60
+) -> list[tuple[str, str]]:
+    """(reason, message) of each Event about the rollout, in the order posted.
+
+    The operator posts an Event after the status patch it reports, so a test that has just read a
+    phase waits (up to `timeout` s) until every reason in `expect` has arrived before it reads.
+    """
+    wanted = set(expect)
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = cluster.kubectl(
+            "get", "events", "-n", namespace, "-o", "json",
+            f"--field-selector=involvedObject.name={name},involvedObject.kind=KVCacheRollout",
+        )  # fmt: skip
+        items = json.loads(proc.stdout).get("items") or []
+        # Timestamps have one-second resolution; the etcd revision orders the posts exactly.
+        items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
+        events = [(e["reason"], e["message"]) for e in items]
+        if wanted <= {reason for reason, _ in events} or time.monotonic() > deadline:
+            return events
+        time.sleep(1)
 
 
-def event_reasons(cluster: Any, namespace: str, name: str) -> list[str]:
-    return [reason for reason, _ in rollout_events(cluster, namespace, name)]
+def event_reasons(
+    cluster: Any, namespace: str, name: str, expect: Iterable[str] = ()
+) -> list[str]:
+    return [reason for reason, _ in rollout_events(cluster, namespace, name, expect)]
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:

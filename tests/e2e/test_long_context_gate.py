@@ -150,7 +150,10 @@ def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
     div = status["accuracy"]["divergence"]
     assert div["verdict"] == "flag" and "16384-32768" in div["flagged_buckets"]
     assert "0-512" not in div["flagged_buckets"]
-    reasons = event_reasons(world.cluster, world.ns["collapse"], "collapse-fp8")
+    reasons = event_reasons(
+        world.cluster, world.ns["collapse"], "collapse-fp8",
+        ["LongContextRegressed", "DivergenceFlagged", "RolledBack"],
+    )  # fmt: skip
     assert {"LongContextRegressed", "DivergenceFlagged", "RolledBack"} <= set(reasons)
     assert condition(obj, "RolledBack")["status"] == "True"
     now = world.deployment("collapse")

@@ -205,7 +205,7 @@ def test_a_kubectl_revert_while_verifying_is_superseded_not_repatched(world: Wor
     original = container_of(world.before["superseded"])
     obj = wait_phase(world.cluster, ns, "superseded-fp8", TERMINAL, 120)
     assert (obj["status"]["phase"], obj["status"]["reason"]) == ("Failed", "Superseded")
-    assert event_reasons(world.cluster, ns, "superseded-fp8").count("Promoting") == 1
+    assert event_reasons(world.cluster, ns, "superseded-fp8", ["Promoting"]).count("Promoting") == 1
     assert container_of(world.deployment("superseded"))["args"] == original["args"]
 
 
@@ -258,7 +258,7 @@ def test_a_refused_revert_is_stalled_until_it_can_be_read_back(world: World) -> 
     obj = wait_phase(world.cluster, ns, "refused-fp8", TERMINAL, CONFIRM_S)
     assert (obj["status"]["phase"], obj["status"]["reason"]) == ("RolledBack", "PromotionReverted")
     assert container_of(world.deployment("refused")) == container_of(world.before["refused"])
-    assert "RevertFailed" in event_reasons(world.cluster, ns, "refused-fp8")
+    assert "RevertFailed" in event_reasons(world.cluster, ns, "refused-fp8", ["RevertFailed"])
 
 
 @pytest.mark.timeout(600)
@@ -273,7 +273,7 @@ def test_drift_after_promotion_is_reported_not_reapplied(world: World) -> None:
         "Drifted=True",
     )
     assert "--kv-cache-dtype" not in container_of(world.deployment("drift"))["args"]
-    assert "Drifted" in event_reasons(world.cluster, ns, "drift-fp8")
+    assert "Drifted" in event_reasons(world.cluster, ns, "drift-fp8", ["Drifted"])
 
 
 @pytest.mark.timeout(600)

@@ -86,7 +86,9 @@ def test_operator_killed_mid_evaluation_resumes(
         )
         assert obj["status"]["phase"] == "Promoted", obj["status"]["message"]
         assert obj["status"]["eval"]["attempt"] == 1
-        reasons = event_reasons(cluster, namespace, "resume-fp8")
+        reasons = event_reasons(
+            cluster, namespace, "resume-fp8", ["CanaryCreated", "EvalStarted", "Promoted"]
+        )
         assert reasons.count("CanaryCreated") == 1
         assert reasons.count("EvalStarted") == 1
         assert reasons.count("Promoted") == 1

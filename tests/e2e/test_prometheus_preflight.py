@@ -202,7 +202,7 @@ def test_a_production_with_room_is_not_needed_from_prometheus(world: World) -> N
     assert status["preflight"]["source"] == "prometheus"
     assert status["preflight"]["pressure"]["pressured"] is False
     assert condition(obj, "PoolPressure")["status"] == "False"
-    reasons = event_reasons(world.cluster, world.ns["room"], "room-fp8")
+    reasons = event_reasons(world.cluster, world.ns["room"], "room-fp8", ["PoolHasRoom"])
     assert "PoolHasRoom" in reasons and "CanaryCreated" not in reasons
     wait_for(lambda: _production_ip(world, "room"), 5, "the room production pod")
 

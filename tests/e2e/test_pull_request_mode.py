@@ -173,7 +173,7 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
         wait_for(superseded, 120, f"pull request #{first} closed by the spec change")
         comments = gitea.api("GET", f"/repos/{repo}/issues/{first}/comments").json()
         assert any("changed (generation 2)" in c["body"] for c in comments), comments
-        assert "SpecChanged" in event_reasons(cluster, namespace, "sim-fp8")
+        assert "SpecChanged" in event_reasons(cluster, namespace, "sim-fp8", ["SpecChanged"])
 
         def proposed_again() -> dict[str, Any] | None:
             status = recorded()
@@ -227,7 +227,7 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
         message = condition(obj, "Stale")["message"]
         assert "image vllm/vllm-openai:v0.11.0 -> vllm/vllm-openai:v0.11.1" in message, message
         assert obj["status"]["phase"] == "Promoted"  # the verdict stands; it is only stale
-        assert "Stale" in event_reasons(cluster, namespace, "sim-fp8")
+        assert "Stale" in event_reasons(cluster, namespace, "sim-fp8", ["Stale"])
         gauge = f'kvgate_verdict_stale{{name="sim-fp8",namespace="{namespace}"}} 1.0'
         assert gauge in (operator.metrics() or ""), "the stale gauge"
         live = get(cluster, namespace, "deployment", "sim") or {}
