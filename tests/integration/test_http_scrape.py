@@ -143,7 +143,8 @@ def test_timeout(server: tuple[str, MovingMetrics]) -> None:
     url, _ = server
     with pytest.raises(ScrapeError) as info:
         scrape(url + "/slow", timeout=0.2)
-    assert str(info.value) == f"{url}/slow: no answer within 0.2 s (ReadTimeout)"
+    assert str(info.value) == f"{url}/slow: no complete answer within 0.2 s"
+    assert isinstance(info.value.__cause__, httpx.HTTPError)
 
 
 def test_closed_port() -> None:

@@ -37,7 +37,7 @@ def engine_state(url: str) -> dict[str, float]:
     return found
 
 
-def wait_for(url: str, running: float, timeout: float = 5.0) -> dict[str, float]:
+def wait_for(url: str, running: float, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         state = engine_state(url)

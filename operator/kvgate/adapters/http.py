@@ -120,7 +120,9 @@ def scrape(
     http = client if client is not None else httpx.Client(trust_env=False)
     deadline = clock() + timeout
     watchdog = _Watchdog(timeout + _WATCHDOG_GRACE)
-    late = f"no complete answer within {timeout:g} s (headers or body too slow)"
+    # One sentence whichever fires first (httpx's read timeout or the watchdog, which wins on a
+    # busy machine); the exception that fired stays the cause.
+    late = f"no complete answer within {timeout:g} s"
     try:
         with http.stream(
             "GET",
@@ -155,7 +157,7 @@ def scrape(
             message += " (SGLang serves /metrics only with --enable-metrics)"
         raise ScrapeError(shown, message, status) from exc
     except httpx.TimeoutException as exc:  # a silent server: the read timed out first
-        raise ScrapeError(shown, f"no answer within {timeout:g} s ({type(exc).__name__})") from exc
+        raise ScrapeError(shown, late) from exc
     except httpx.HTTPError as exc:
         if watchdog.fired:  # the watchdog cut a trickling answer
             raise ScrapeError(shown, late) from exc
