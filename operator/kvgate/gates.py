@@ -134,16 +134,21 @@ def assess_scales(
         return result(bad, Reason.SCALES_MISSING, f"no KV scales: FP8 KV uses scale 1.0 ({why})")
     if candidate_scan is None:
         return result(Outcome.PENDING, Reason.SCALES_UNKNOWN, "waiting for the candidate log")
-    if not candidate_scan.kv_cache_dtype:
-        # A log that does not even name its KV dtype proves nothing by lacking a scale warning.
-        return result(Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
-                      Reason.SCALES_UNKNOWN,
-                      "the candidate's startup log names no KV dtype, so its silence about KV "
-                      "scales proves nothing, and the checkpoint scan could not tell")  # fmt: skip
-    return result(Outcome.SUCCESSFUL, Reason.SCALES_PRESENT,
-                  "no KV-scale warning in the candidate's log (the checkpoint scan could not "
-                  "tell; vLLM warns of scale 1.0 only for checkpoints with a "
-                  "quantization_config)")  # fmt: skip
+    if checkpoint_has_scales is True:
+        return result(Outcome.SUCCESSFUL, Reason.SCALES_PRESENT,
+                      "checkpoint has k/v scales for every layer; the candidate did not warn")  # fmt: skip
+    # The checkpoint could not be read (offline, a gated model without a token) and the log is
+    # silent: real vLLM 0.32 loads a checkpoint without scales without a word, so silence proves
+    # nothing. Any doubt means no promotion in require mode.
+    names = (
+        "names no KV dtype" if not candidate_scan.kv_cache_dtype else "says nothing of KV scales"
+    )
+    return result(Outcome.INCONCLUSIVE if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
+                  Reason.SCALES_UNKNOWN,
+                  f"the checkpoint could not be read and the candidate's startup log {names}: "
+                  "nothing shows the k/v scales (an engine may load a checkpoint without them "
+                  "silently); make the checkpoint readable to the operator (spec.model.name, "
+                  "spec.model.tokenSecretRef for a gated model)")  # fmt: skip
 
 
 def assess_backend(

@@ -2231,3 +2231,27 @@ def test_preflight_lists_productions_pods_only_when_a_pool_round_is_due(
     world.reconcile()
     assert len(lists) == 1
     assert world.obj["status"]["preflight"]["ticks"] == first + 1
+
+
+@pytest.mark.parametrize("mode", ["warn", "require"])
+def test_scales_the_operator_could_not_read_are_no_reason_to_promote_in_require_mode(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # GIVEN a hub model the operator cannot read (offline) and a candidate whose log says
+    # nothing of KV scales (as real vLLM 0.32 serves a checkpoint without them)
+    world = World(monkeypatch, gates={"capacity": {"mode": "off"}, "scales": {"mode": mode}})
+    # WHEN the rollout runs
+    end = world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    gate = status["gates"]["scales"]
+    # THEN the gate says it does not know, never ScalesPresent; in require mode that doubt is
+    # enough to stop the promotion and leave production as it was
+    assert gate["reason"] == "ScalesUnknown", gate
+    assert "could not be read" in gate["message"]
+    if mode == "warn":
+        assert (end, gate["outcome"]) == ("Promoted", "Warning")
+    else:
+        assert gate["outcome"] == "Inconclusive"
+        assert end != "Promoted" and "Promoting" not in world.phases, (end, status["message"])
+        assert world.kube.container() == world.original

@@ -132,7 +132,10 @@ SCALES_GRID = [
     (GateMode.WARN, True, True, Outcome.WARNING, "ScalesDropped"),
     (GateMode.REQUIRE, True, True, Outcome.FAILED, "ScalesDropped"),
     (GateMode.REQUIRE, True, False, Outcome.SUCCESSFUL, "ScalesPresent"),
-    (GateMode.WARN, None, False, Outcome.SUCCESSFUL, "ScalesPresent"),
+    # the checkpoint unread and a silent log: nothing shows the scales (real vLLM 0.32 loads a
+    # checkpoint without them silently), so no promotion in require mode
+    (GateMode.WARN, None, False, Outcome.WARNING, "ScalesUnknown"),
+    (GateMode.REQUIRE, None, False, Outcome.INCONCLUSIVE, "ScalesUnknown"),
     (GateMode.REQUIRE, False, False, Outcome.FAILED, "ScalesMissing"),
     (GateMode.OFF, False, True, Outcome.SKIPPED, "GateOff"),
 ]
@@ -1451,10 +1454,15 @@ def test_a_silent_log_is_no_evidence_that_scales_were_used(
     # checkpoint unknown, and a log that names no KV dtype: its lack of a warning proves nothing
     got = assess_scales(ScalesGate(mode), None, as_scan({"kv_cache_dtype": None, "findings": []}))
     assert (got.outcome, got.reason) == (outcome, "ScalesUnknown")
+    # a log that names its KV dtype but says nothing of scales proves no more: real vLLM 0.32
+    # serves a checkpoint without scales without a word
     spoken = assess_scales(
         ScalesGate(mode), None, as_scan({"kv_cache_dtype": "fp8", "findings": []})
     )
-    assert (spoken.outcome, spoken.reason) == (Outcome.SUCCESSFUL, "ScalesPresent")
+    assert (spoken.outcome, spoken.reason) == (outcome, "ScalesUnknown")
+    assert "spec.model.name" in spoken.message
+    read = assess_scales(ScalesGate(mode), True, as_scan({"kv_cache_dtype": "fp8", "findings": []}))
+    assert (read.outcome, read.reason) == (Outcome.SUCCESSFUL, "ScalesPresent")
 
 
 def test_gate_mode_opens_only_on_a_passing_verdict_and_never_patches() -> None:
