@@ -260,6 +260,36 @@ SERVICE_LABEL = {
 }
 
 
+def start_forge_operator(
+    cluster: Any, namespace: str, api_url: str, token: str, repo: str, log_path: Path
+) -> Operator:
+    """The forge token as the operator finds it (a labelled, annotated Secret) and an operator
+    allowed to read such Secrets (KVGATE_FORGE_TOKEN_SECRETS), started; the forge on loopback."""
+    cluster.kubectl("create", "secret", "generic", "forge-token", "-n", namespace,
+                    f"--from-literal=token={token}")  # fmt: skip
+    cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
+                    "kvgate.io/forge-token=true")  # fmt: skip
+    cluster.kubectl("annotate", "secret", "forge-token", "-n", namespace,
+                    f"kvgate.io/forge-api-url={api_url}",
+                    f"kvgate.io/forge-repository={repo}")  # fmt: skip
+    return Operator(
+        cluster,
+        log_path,
+        namespaces=[namespace],
+        extra_env={"KVGATE_FORGE_TOKEN_SECRETS": "1", "NO_PROXY": "127.0.0.1,localhost",
+                   "no_proxy": "127.0.0.1,localhost"},
+    ).start()  # fmt: skip
+
+
+def pull_request_promotion(api_url: str, repo: str, path: str, deadline: str) -> dict[str, Any]:
+    """spec.promotion for a pull request on the loopback Gitea, its token in forge-token."""
+    return {
+        "mode": "pullRequest",
+        "pullRequest": {"provider": "gitea", "apiUrl": api_url, "repository": repo, "path": path,
+                        "tokenSecretRef": {"name": "forge-token"}, "applyDeadline": deadline},
+    }  # fmt: skip
+
+
 def sim_deployment(
     name: str,
     *,

@@ -35,8 +35,10 @@ from support import (
     finish,
     get,
     install_crd,
+    pull_request_promotion,
     rollout,
     sim_deployment,
+    start_forge_operator,
     wait_deployment_ready,
     wait_for,
     wait_phase,
@@ -178,37 +180,14 @@ def test_flux_applies_the_merged_pull_request_and_kvgate_promotes_it(
     assert template_writers(cluster, namespace) == {FLUX_MANAGER}
 
     token = gitea.admin_token
-    cluster.kubectl(
-        "create", "secret", "generic", "forge-token", "-n", namespace,
-        f"--from-literal=token={token}",
-    )  # fmt: skip
-    cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
-                    "kvgate.io/forge-token=true")  # fmt: skip
-    cluster.kubectl("annotate", "secret", "forge-token", "-n", namespace,
-                    f"kvgate.io/forge-api-url={gitea.api_url}",
-                    f"kvgate.io/forge-repository={repo}")  # fmt: skip
-    operator = Operator(
-        cluster,
-        tmp_path / "operator.log",
-        namespaces=[namespace],
-        extra_env={"KVGATE_FORGE_TOKEN_SECRETS": "1", "NO_PROXY": "127.0.0.1,localhost",
-                   "no_proxy": "127.0.0.1,localhost"},
-    ).start()  # fmt: skip
+    operator = start_forge_operator(
+        cluster, namespace, gitea.api_url, token, repo, tmp_path / "operator.log"
+    )
     try:
         spec = {
             "extraArgs": ["--attention-backend", "TRITON_ATTN"],
             "gates": FAST_GATES,
-            "promotion": {
-                "mode": "pullRequest",
-                "pullRequest": {
-                    "provider": "gitea",
-                    "apiUrl": gitea.api_url,
-                    "repository": repo,
-                    "path": PATCH,
-                    "tokenSecretRef": {"name": "forge-token"},
-                    "applyDeadline": "5m",
-                },
-            },
+            "promotion": pull_request_promotion(gitea.api_url, repo, PATCH, "5m"),
         }
         apply(cluster, namespace, rollout("sim-fp8", "sim", **spec))
         obj = wait_phase(cluster, namespace, "sim-fp8", {"PullRequestOpen", "RolledBack",
@@ -404,20 +383,9 @@ def test_under_flux_a_declined_pull_request_and_a_merge_unlike_the_test(
         wait_for(lambda n=n: kustomization_ready(cluster, namespace, n, f"main@sha1:{head}"),
                  180, f"Flux applied {n}", detail=flux.tails)  # fmt: skip
         wait_deployment_ready(cluster, namespace, n)
-    cluster.kubectl("create", "secret", "generic", "forge-token", "-n", namespace,
-                    f"--from-literal=token={gitea.admin_token}")  # fmt: skip
-    cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
-                    "kvgate.io/forge-token=true")  # fmt: skip
-    cluster.kubectl("annotate", "secret", "forge-token", "-n", namespace,
-                    f"kvgate.io/forge-api-url={gitea.api_url}",
-                    f"kvgate.io/forge-repository={repo}")  # fmt: skip
-    operator = Operator(
-        cluster,
-        tmp_path / "operator.log",
-        namespaces=[namespace],
-        extra_env={"KVGATE_FORGE_TOKEN_SECRETS": "1", "NO_PROXY": "127.0.0.1,localhost",
-                   "no_proxy": "127.0.0.1,localhost"},
-    ).start()  # fmt: skip
+    operator = start_forge_operator(
+        cluster, namespace, gitea.api_url, gitea.admin_token, repo, tmp_path / "operator.log"
+    )
     try:
         for n in names:
             pr = {"provider": "gitea", "apiUrl": gitea.api_url, "repository": repo,

@@ -24,13 +24,14 @@ import pytest
 import yaml
 from support import (
     FAST_GATES,
-    Operator,
     condition,
     event_reasons,
     get,
     install_crd,
+    pull_request_promotion,
     rollout,
     sim_deployment,
+    start_forge_operator,
     wait_deployment_ready,
     wait_for,
     wait_phase,
@@ -112,37 +113,14 @@ def test_a_pull_request_rollout_is_promoted_only_through_git(
     wait_deployment_ready(cluster, namespace, "sim")
 
     token = gitea.admin_token
-    cluster.kubectl(
-        "create", "secret", "generic", "forge-token", "-n", namespace,
-        f"--from-literal=token={token}",
-    )  # fmt: skip
-    cluster.kubectl("label", "secret", "forge-token", "-n", namespace,
-                    "kvgate.io/forge-token=true")  # fmt: skip
-    cluster.kubectl("annotate", "secret", "forge-token", "-n", namespace,
-                    f"kvgate.io/forge-api-url={gitea.api_url}",
-                    f"kvgate.io/forge-repository={repo}")  # fmt: skip
-    operator = Operator(
-        cluster,
-        tmp_path / "operator.log",
-        namespaces=[namespace],
-        extra_env={"KVGATE_FORGE_TOKEN_SECRETS": "1", "NO_PROXY": "127.0.0.1,localhost",
-                   "no_proxy": "127.0.0.1,localhost"},
-    ).start()  # fmt: skip
+    operator = start_forge_operator(
+        cluster, namespace, gitea.api_url, token, repo, tmp_path / "operator.log"
+    )
     try:
         spec = {
             "extraArgs": ["--attention-backend", "TRITON_ATTN"],
             "gates": FAST_GATES,
-            "promotion": {
-                "mode": "pullRequest",
-                "pullRequest": {
-                    "provider": "gitea",
-                    "apiUrl": gitea.api_url,
-                    "repository": repo,
-                    "path": PATCH,
-                    "tokenSecretRef": {"name": "forge-token"},
-                    "applyDeadline": "5m",
-                },
-            },
+            "promotion": pull_request_promotion(gitea.api_url, repo, PATCH, "5m"),
         }
         body = rollout("sim-fp8", "sim", **spec)
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
