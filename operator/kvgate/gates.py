@@ -110,7 +110,9 @@ def assess_scales(
         return result(Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)")
     engine = candidate_scan.engine if candidate_scan is not None else None
     if broken_scales and kvformats.reads_checkpoint_scales(engine, kv_cache_dtype):
-        more = f"; {len(broken_scales) - 3} more" if len(broken_scales) > 3 else ""
+        more = (
+            "; more in status.preflight.checkpoint.brokenScales" if len(broken_scales) > 3 else ""
+        )
         return result(Outcome.FAILED, Reason.SCALES_BROKEN,
                       f"the checkpoint's k/v scales cannot scale ({'; '.join(broken_scales[:3])}"
                       f"{more}) and {kv_cache_dtype} reads them (real vLLM 0.32 loads such a "

@@ -2255,3 +2255,39 @@ def test_scales_the_operator_could_not_read_are_no_reason_to_promote_in_require_
         assert gate["outcome"] == "Inconclusive"
         assert end != "Promoted" and "Promoting" not in world.phases, (end, status["message"])
         assert world.kube.container() == world.original
+
+
+def test_a_checkpoint_naming_thousands_of_broken_scales_keeps_the_status_small(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    # GIVEN a hostile checkpoint: a config of 4,000 layers, every k/v scale 0.0 (8,000 findings)
+    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
+    config["num_hidden_layers"] = 4000
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    scales = {
+        f"model.layers.{layer}.self_attn.{kind}": np.array(0.0, np.float32)
+        for layer in range(4000)
+        for kind in ("k_scale", "v_scale")
+    }
+    save_file(scales, str(tmp_path / "model.safetensors"))
+    world = World(monkeypatch, model={"name": str(tmp_path)})
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(tmp_path),)
+    )
+    # WHEN the rollout runs
+    end = world.run()
+    status = world.obj["status"]
+    # THEN it is refused on the broken scales, and the status keeps 16 of them and a count, not
+    # 8,000 lines: the apiserver refuses an object past 1.5 MiB and the operator would stall
+    broken = status["preflight"]["checkpoint"]["brokenScales"]
+    assert (end, status["reason"]) == ("RolledBack", "ScalesBroken"), status["message"]
+    assert len(broken) == 17 and broken[-1] == "and 7984 more", broken[-3:]
+    assert broken[0] == "layer 0: k_scale 0.0"
+    assert (
+        "more in status.preflight.checkpoint.brokenScales" in status["gates"]["scales"]["message"]
+    )
+    assert len(json.dumps(status)) < 64_000
+    assert world.kube.container() == world.original

@@ -212,9 +212,20 @@ def scan_checkpoint(
         "forcesFp8Kv": list(scales.forces_fp8_kv),
         "expectedCapacityGain": _capacity_gain(layout, kv_cache_dtype),
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
-        "brokenScales": scales.to_dict()["values"]["broken"],
+        "brokenScales": _capped(scales.to_dict()["values"]["broken"]),
         "effectiveControlFormat": scales.effective_kv_format("auto"),
     }
+
+
+# A checkpoint's header names as many layers as it likes: the status keeps the first few broken
+# scales and a count, so a hostile header cannot grow the object past what the apiserver stores.
+BROKEN_SCALES_KEPT = 16
+
+
+def _capped(broken: list[str]) -> list[str]:
+    if len(broken) <= BROKEN_SCALES_KEPT:
+        return broken
+    return [*broken[:BROKEN_SCALES_KEPT], f"and {len(broken) - BROKEN_SCALES_KEPT} more"]
 
 
 def _capacity_gain(layout: Any, kv_cache_dtype: str) -> float | None:
