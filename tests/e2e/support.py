@@ -191,8 +191,10 @@ class Operator:
             # the tests' own files.
             "KVGATE_EVAL_WRITABLE_TMP": "0",
             "KVGATE_DRIFT_INTERVAL": "2",
-            # Local checkpoints the tests write live under the temp dir.
+            # Local checkpoints the tests write live under the temp dir; test traffic stays on
+            # loopback, so the hub is never consulted for a checkpoint named by a hub id.
             "KVGATE_MODEL_DIRS": tempfile.gettempdir(),
+            "HF_HUB_OFFLINE": "1",
             # A short Lease, so a replacement for a SIGKILLed operator leads within seconds.
             "KVGATE_LEASE_DURATION": "4",
             "KVGATE_LEASE_RENEW_DEADLINE": "3",
