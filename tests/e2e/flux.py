@@ -11,9 +11,12 @@ SIGTERM to each process group.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +24,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from support import ROOT, free_port, wait_for
+import pytest
+import yaml
+from support import ROOT, apply, free_port, get, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from forge import LoopbackGitea, gitea_binary
 
 BUILD = ROOT / "hack/build-binaries.sh"
 NAMES = ("flux-source-controller", "flux-kustomize-controller")
@@ -162,3 +170,114 @@ class FluxControllers:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+# The pieces both Flux test modules share: the forge and Flux fixtures, the GitRepository,
+# the examples' Kustomizations moved into a test's namespace, and Flux's readiness as read.
+PATCH = "apps/sim/kvgate-fp8.patch.yaml"
+FLUX_MANAGER = "kustomize-controller"  # the field manager Flux applies with
+
+
+def _needed(what: str | None, message: str) -> None:
+    if what is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(name="gitea")
+def gitea_fixture(tmp_path: Path) -> Iterator[LoopbackGitea]:
+    binary = gitea_binary()
+    _needed(binary and str(binary), "no Gitea binary: run `make binaries` (--forge)")
+    with LoopbackGitea.start(tmp_path / "gitea") as forge:
+        yield forge
+
+
+@pytest.fixture(name="flux")
+def flux_fixture(cluster: Any, tmp_path: Path) -> Iterator[FluxControllers]:
+    bin_dir = flux_bin_dir()
+    _needed(bin_dir and str(bin_dir), "no Flux controllers: run `make binaries` (--flux)")
+    assert bin_dir is not None
+    with FluxControllers.start(cluster, tmp_path / "flux", bin_dir) as controllers:
+        yield controllers
+
+
+def git_repository(cluster: Any, namespace: str, gitea: LoopbackGitea, repo: str) -> dict[str, Any]:
+    """A GitRepository on the Gitea repository's main branch, read with a read-only token."""
+    token = gitea.admin_token_with(["read:repository"])
+    cluster.kubectl(
+        "create", "secret", "generic", "git-auth", "-n", namespace,
+        "--from-literal=username=kvgate-admin", f"--from-literal=password={token}",
+    )  # fmt: skip
+    source = {
+        "apiVersion": "source.toolkit.fluxcd.io/v1",
+        "kind": "GitRepository",
+        "metadata": {"name": "deploy", "namespace": namespace},
+        "spec": {
+            "interval": "5s",  # how soon Flux sees a merge
+            "url": f"{gitea.url}/{repo}.git",
+            "ref": {"branch": "main"},
+            "secretRef": {"name": "git-auth"},
+        },
+    }
+    apply(cluster, namespace, source)
+    return source
+
+
+def recipe(path: Path, namespace: str, renames: dict[str, str]) -> list[dict[str, Any]]:
+    """An example's Kustomizations, moved into the test's namespace and repository."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    out = []
+    for doc in docs:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["namespace"] = namespace
+        doc["metadata"]["name"] = renames.get(doc["metadata"]["name"], doc["metadata"]["name"])
+        spec = doc["spec"]
+        for dep in spec.get("dependsOn") or []:
+            dep["name"] = renames.get(dep["name"], dep["name"])
+        spec["sourceRef"] = {"kind": "GitRepository", "name": "deploy"}
+        spec["targetNamespace"] = namespace
+        spec["path"] = renames.get(spec["path"], spec["path"])
+        for check in spec.get("healthChecks") or []:
+            check["namespace"] = namespace
+            check["name"] = renames.get(check["name"], check["name"])
+        out.append(doc)
+    return out
+
+
+KS = "kustomizations.kustomize.toolkit.fluxcd.io"
+
+
+def ks_ready(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    """The Kustomization's Ready condition ({} before it has one)."""
+    status = (get(cluster, namespace, KS, name) or {}).get("status") or {}
+    ready: dict[str, Any] = {c["type"]: c for c in status.get("conditions") or []}.get("Ready", {})
+    return {**ready, "lastAppliedRevision": status.get("lastAppliedRevision")}
+
+
+def kustomization_ready(cluster: Any, namespace: str, name: str, revision: str) -> bool:
+    ready = ks_ready(cluster, namespace, name)
+    return bool(ready.get("status") == "True" and ready["lastAppliedRevision"] == revision)
+
+
+def template_writers(cluster: Any, namespace: str, name: str = "sim") -> set[str]:
+    shown = cluster.kubectl(
+        "get", "deployment", name, "-n", namespace, "-o", "json", "--show-managed-fields"
+    )  # fmt: skip
+    return {
+        m["manager"]
+        for m in json.loads(shown.stdout)["metadata"]["managedFields"]
+        if m.get("subresource") != "status" and "f:template" in json.dumps(m.get("fieldsV1"))
+    }
+
+
+def recorded_pr(cluster: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The rollout's status.pullRequest once its number is recorded."""
+    status = (get(cluster, namespace, "kvr", name) or {}).get("status") or {}
+    pr: dict[str, Any] = status.get("pullRequest") or {}
+    return pr if pr.get("number") else None
+
+
+def deployment_args(cluster: Any, namespace: str, name: str) -> list[str]:
+    live = get(cluster, namespace, "deployment", name) or {}
+    return list(live["spec"]["template"]["spec"]["containers"][0].get("args") or [])

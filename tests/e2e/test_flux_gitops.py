@@ -7,31 +7,37 @@ The recipes are read from examples/ and only moved into the test's namespace, re
 paths. pullRequest mode (examples/pull-request-flux.yaml): Flux applies the base; the rollout
 passes and opens its pull request; the test merges it as a person would; Flux fetches the merge
 commit and applies it; kvgate verifies what Flux applied and ends Promoted, and only Flux's field
-manager ever wrote the pod template. Then a pull request closed unmerged (Declined) and one a
-person edited before merging (Failed/NotApplied). Gate mode (examples/gate-flux.yaml): Flux holds
-the FP8 args until the gate opens, and keeps them out when it closes. docs/gitops.md says what
-each asserts and how long it takes.
+manager ever wrote the pod template. Gate mode (examples/gate-flux.yaml): Flux holds the FP8 args
+until the gate opens, and keeps them out when it closes. A declined pull request and one edited
+before its merge are in test_flux_review.py (one module each keeps each under 5 minutes).
+docs/gitops.md says what each asserts and how long it takes.
 """
 
-from __future__ import annotations
-
 import copy
-import json
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from flux import FluxControllers, flux_bin_dir
+from flux import (  # noqa: F401 - pytest fixtures: flux, gitea
+    FLUX_MANAGER,
+    PATCH,
+    FluxControllers,
+    deployment_args,
+    flux_fixture,
+    git_repository,
+    gitea_fixture,
+    ks_ready,
+    kustomization_ready,
+    recipe,
+    template_writers,
+)
+from forge import LoopbackGitea
 from support import (
     EXAMPLES,
     FAST_GATES,
     Operator,
     apply,
-    condition,
     finish,
     get,
     install_crd,
@@ -44,106 +50,7 @@ from support import (
     wait_phase,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from forge import LoopbackGitea, gitea_binary
-
 pytestmark = [pytest.mark.e2e, pytest.mark.forge]
-
-PATCH = "apps/sim/kvgate-fp8.patch.yaml"
-FLUX_MANAGER = "kustomize-controller"  # the field manager Flux applies with
-
-
-def _needed(what: str | None, message: str) -> None:
-    if what is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
-        pytest.skip(message)
-
-
-@pytest.fixture
-def gitea(tmp_path: Path) -> Iterator[LoopbackGitea]:
-    binary = gitea_binary()
-    _needed(binary and str(binary), "no Gitea binary: run `make binaries` (--forge)")
-    with LoopbackGitea.start(tmp_path / "gitea") as forge:
-        yield forge
-
-
-@pytest.fixture
-def flux(cluster: Any, tmp_path: Path) -> Iterator[FluxControllers]:
-    bin_dir = flux_bin_dir()
-    _needed(bin_dir and str(bin_dir), "no Flux controllers: run `make binaries` (--flux)")
-    assert bin_dir is not None
-    with FluxControllers.start(cluster, tmp_path / "flux", bin_dir) as controllers:
-        yield controllers
-
-
-def git_repository(cluster: Any, namespace: str, gitea: LoopbackGitea, repo: str) -> dict[str, Any]:
-    """A GitRepository on the Gitea repository's main branch, read with a read-only token."""
-    token = gitea.admin_token_with(["read:repository"])
-    cluster.kubectl(
-        "create", "secret", "generic", "git-auth", "-n", namespace,
-        "--from-literal=username=kvgate-admin", f"--from-literal=password={token}",
-    )  # fmt: skip
-    source = {
-        "apiVersion": "source.toolkit.fluxcd.io/v1",
-        "kind": "GitRepository",
-        "metadata": {"name": "deploy", "namespace": namespace},
-        "spec": {
-            "interval": "5s",  # how soon Flux sees a merge
-            "url": f"{gitea.url}/{repo}.git",
-            "ref": {"branch": "main"},
-            "secretRef": {"name": "git-auth"},
-        },
-    }
-    apply(cluster, namespace, source)
-    return source
-
-
-def recipe(path: Path, namespace: str, renames: dict[str, str]) -> list[dict[str, Any]]:
-    """An example's Kustomizations, moved into the test's namespace and repository."""
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    out = []
-    for doc in docs:
-        doc = copy.deepcopy(doc)
-        doc["metadata"]["namespace"] = namespace
-        doc["metadata"]["name"] = renames.get(doc["metadata"]["name"], doc["metadata"]["name"])
-        spec = doc["spec"]
-        for dep in spec.get("dependsOn") or []:
-            dep["name"] = renames.get(dep["name"], dep["name"])
-        spec["sourceRef"] = {"kind": "GitRepository", "name": "deploy"}
-        spec["targetNamespace"] = namespace
-        spec["path"] = renames.get(spec["path"], spec["path"])
-        for check in spec.get("healthChecks") or []:
-            check["namespace"] = namespace
-            check["name"] = renames.get(check["name"], check["name"])
-        out.append(doc)
-    return out
-
-
-KS = "kustomizations.kustomize.toolkit.fluxcd.io"
-
-
-def ks_ready(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
-    """The Kustomization's Ready condition ({} before it has one)."""
-    status = (get(cluster, namespace, KS, name) or {}).get("status") or {}
-    ready: dict[str, Any] = {c["type"]: c for c in status.get("conditions") or []}.get("Ready", {})
-    return {**ready, "lastAppliedRevision": status.get("lastAppliedRevision")}
-
-
-def kustomization_ready(cluster: Any, namespace: str, name: str, revision: str) -> bool:
-    ready = ks_ready(cluster, namespace, name)
-    return bool(ready.get("status") == "True" and ready["lastAppliedRevision"] == revision)
-
-
-def template_writers(cluster: Any, namespace: str, name: str = "sim") -> set[str]:
-    shown = cluster.kubectl(
-        "get", "deployment", name, "-n", namespace, "-o", "json", "--show-managed-fields"
-    )  # fmt: skip
-    return {
-        m["manager"]
-        for m in json.loads(shown.stdout)["metadata"]["managedFields"]
-        if m.get("subresource") != "status" and "f:template" in json.dumps(m.get("fieldsV1"))
-    }
 
 
 @pytest.mark.timeout(900)
@@ -231,18 +138,6 @@ def test_flux_applies_the_merged_pull_request_and_kvgate_promotes_it(
         finish(cluster, operator, [namespace])
 
 
-def recorded_pr(cluster: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    """The rollout's status.pullRequest once its number is recorded."""
-    status = (get(cluster, namespace, "kvr", name) or {}).get("status") or {}
-    pr: dict[str, Any] = status.get("pullRequest") or {}
-    return pr if pr.get("number") else None
-
-
-def _args(cluster: Any, namespace: str, name: str) -> list[str]:
-    live = get(cluster, namespace, "deployment", name) or {}
-    return list(live["spec"]["template"]["spec"]["containers"][0].get("args") or [])
-
-
 @pytest.mark.timeout(900)
 def test_flux_applies_the_fp8_args_only_through_an_open_gate(
     cluster: Any, namespace: str, gitea: LoopbackGitea, flux: FluxControllers, tmp_path: Path
@@ -279,7 +174,7 @@ def test_flux_applies_the_fp8_args_only_through_an_open_gate(
                  180, f"Flux applied {name}", detail=flux.tails)  # fmt: skip
     for n in names:
         wait_deployment_ready(cluster, namespace, n)
-        assert "--kv-cache-dtype" not in _args(cluster, namespace, n)
+        assert "--kv-cache-dtype" not in deployment_args(cluster, namespace, n)
 
     operator = Operator(cluster, tmp_path / "operator.log", namespaces=[namespace]).start()
     try:
@@ -315,7 +210,7 @@ def test_flux_applies_the_fp8_args_only_through_an_open_gate(
             f"dependency '{namespace}/gate-good' is not ready",
             f"dependency '{namespace}/gate-good' revision is not up to date",
         ), app
-        assert "--kv-cache-dtype" not in _args(cluster, namespace, "good")
+        assert "--kv-cache-dtype" not in deployment_args(cluster, namespace, "good")
 
         # The open gate: Flux applies the tested args at the gate's revision
         obj = wait_phase(cluster, namespace, "good-fp8", {"AwaitingApproval", "RolledBack",
@@ -323,7 +218,11 @@ def test_flux_applies_the_fp8_args_only_through_an_open_gate(
         assert obj["status"]["reason"] == "VerdictReported", obj["status"]
         wait_for(lambda: kustomization_ready(cluster, namespace, "good", revision), 180,
                  "Flux applied the gated args", detail=flux.tails)  # fmt: skip
-        assert _args(cluster, namespace, "good")[-4:] == ["--kv-cache-dtype", "fp8", *extra["good"]]
+        assert deployment_args(cluster, namespace, "good")[-4:] == [
+            "--kv-cache-dtype",
+            "fp8",
+            *extra["good"],
+        ]
 
         # The closed gate: production keeps its args; Flux says the gate failed
         obj = wait_phase(cluster, namespace, "bad-fp8", {"AwaitingApproval", "RolledBack",
@@ -345,94 +244,7 @@ def test_flux_applies_the_fp8_args_only_through_an_open_gate(
         assert (app["status"], app["reason"]) == ("False", "DependencyNotReady"), app
         assert app["message"] == f"dependency '{namespace}/gate-bad' is not ready", app
         assert app["lastAppliedRevision"] == f"main@sha1:{head}", app  # production as it was
-        assert "--kv-cache-dtype" not in _args(cluster, namespace, "bad")
+        assert "--kv-cache-dtype" not in deployment_args(cluster, namespace, "bad")
         assert reason == "CanaryCrashed", obj["status"]
-    finally:
-        finish(cluster, operator, [namespace])
-
-
-@pytest.mark.timeout(900)
-def test_under_flux_a_declined_pull_request_and_a_merge_unlike_the_test(
-    cluster: Any, namespace: str, gitea: LoopbackGitea, flux: FluxControllers, tmp_path: Path
-) -> None:
-    """Two pullRequest rollouts side by side under examples/pull-request-flux.yaml: `keep`'s
-    pull request is closed unmerged (Declined, production unchanged); `edit`'s is edited by a
-    person before the merge (another --max-model-len), so what Flux applies is not what was
-    tested: the rollout never reads Promoted and ends Failed/NotApplied at its applyDeadline,
-    naming what the Deployment lacks."""
-    install_crd(cluster)
-    names = ("keep", "edit")
-    placeholder = {"apiVersion": "apps/v1", "kind": "Deployment"}
-    files: dict[str, str] = {}
-    for n in names:
-        files[f"apps/{n}/deployment.yaml"] = yaml.safe_dump(sim_deployment(n, env={"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400"}))  # fmt: skip
-        files[f"apps/{n}/kustomization.yaml"] = yaml.safe_dump(
-            {"resources": ["deployment.yaml"], "patches": [{"path": "kvgate-fp8.patch.yaml"}]}
-        )
-        files[f"apps/{n}/kvgate-fp8.patch.yaml"] = yaml.safe_dump({**placeholder, "metadata": {"name": n}})  # fmt: skip
-    repo = gitea.create_repo("deploy", files=files)
-    head = gitea.branch_head(repo, "main")
-    git_repository(cluster, namespace, gitea, repo)
-    apps = []
-    for n in names:
-        (app,) = recipe(EXAMPLES / "pull-request-flux.yaml", namespace,
-                        {"./apps/vllm": f"./apps/{n}", "vllm": n})  # fmt: skip
-        apps.append(app)
-    apply(cluster, namespace, *apps)
-    for n in names:
-        wait_for(lambda n=n: kustomization_ready(cluster, namespace, n, f"main@sha1:{head}"),
-                 180, f"Flux applied {n}", detail=flux.tails)  # fmt: skip
-        wait_deployment_ready(cluster, namespace, n)
-    operator = start_forge_operator(
-        cluster, namespace, gitea.api_url, gitea.admin_token, repo, tmp_path / "operator.log"
-    )
-    try:
-        for n in names:
-            pr = {"provider": "gitea", "apiUrl": gitea.api_url, "repository": repo,
-                  "path": f"apps/{n}/kvgate-fp8.patch.yaml",
-                  "tokenSecretRef": {"name": "forge-token"}, "applyDeadline": "45s"}  # fmt: skip
-            spec = {"extraArgs": ["--attention-backend", "TRITON_ATTN"], "gates": FAST_GATES,
-                    "promotion": {"mode": "pullRequest", "pullRequest": pr}}  # fmt: skip
-            apply(cluster, namespace, rollout(f"{n}-fp8", n, **spec))
-        opened = {}
-        for n in names:
-            obj = wait_phase(cluster, namespace, f"{n}-fp8", {"PullRequestOpen", "RolledBack",
-                             "Failed", "NotNeeded"}, 600)  # fmt: skip
-            assert obj["status"]["phase"] == "PullRequestOpen", obj["status"].get("message")
-            opened[n] = wait_for(
-                lambda n=n: recorded_pr(cluster, namespace, f"{n}-fp8"),
-                120,
-                f"{n}'s pull request recorded",
-            )
-
-        # keep: a person closes the pull request unmerged
-        gitea.api(
-            "PATCH", f"/repos/{repo}/pulls/{opened['keep']['number']}", json={"state": "closed"}
-        )
-        obj = wait_phase(cluster, namespace, "keep-fp8", {"Declined", "Promoted", "Failed"}, 120)
-        assert obj["status"]["phase"] == "Declined", obj["status"]
-
-        # edit: a person changes the tested args on kvgate's branch, then merges
-        branch = opened["edit"]["branch"]
-        path = "apps/edit/kvgate-fp8.patch.yaml"
-        tested = gitea.file(repo, branch, path)
-        assert "8192" in tested
-        gitea.commit(repo, branch, {path: tested.replace("8192", "4096")}, "a shorter context")
-        gitea.merge(repo, int(opened["edit"]["number"]))
-        merged = gitea.branch_head(repo, "main")
-        wait_for(lambda: kustomization_ready(cluster, namespace, "edit", f"main@sha1:{merged}"),
-                 180, "Flux applied the edited merge", detail=flux.tails)  # fmt: skip
-        assert "4096" in _args(cluster, namespace, "edit")
-        obj = wait_phase(cluster, namespace, "edit-fp8", {"Promoted", "Failed"}, 240)
-        status = obj["status"]
-        assert (status["phase"], status["reason"]) == ("Failed", "NotApplied"), status
-        assert f"was merged ({merged})" in status["message"], status["message"]
-        assert "args of the Deployment changed from the tested config" in status["message"]
-        assert condition(obj, "Stalled")["status"] == "True"
-
-        # keep: Flux still applies main, which never had keep's change
-        assert "--kv-cache-dtype" not in _args(cluster, namespace, "keep")
-        assert template_writers(cluster, namespace, "keep") == {FLUX_MANAGER}
-        assert template_writers(cluster, namespace, "edit") == {FLUX_MANAGER}
     finally:
         finish(cluster, operator, [namespace])
