@@ -1530,4 +1530,5 @@ def test_broken_scales_under_a_format_kvgate_does_not_know_fail_closed() -> None
     assert result.reason == "ScalesBroken"
     many = tuple(f"layer {n}: k_scale 0.0" for n in range(5))
     shown = assess_scales(ScalesGate(GateMode.REQUIRE), True, vllm, many, "fp8").message
-    assert "layer 2: k_scale 0.0; 2 more)" in shown
+    # the first three, and where the rest are (the status keeps 16 and a count)
+    assert "layer 2: k_scale 0.0; more in status.preflight.checkpoint.brokenScales)" in shown
