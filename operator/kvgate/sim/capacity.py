@@ -35,6 +35,11 @@ def kv_dtype_bytes(kv_cache_dtype: str) -> int:
     return 1 if kv_cache_dtype.startswith("fp8") else 2
 
 
+def quantized_kv(kv_cache_dtype: str) -> bool:
+    """The arm the FP8-only faults apply to (KVGATE_SIM_FAULTS: the candidate, not the control)."""
+    return kv_dtype_bytes(kv_cache_dtype) == 1
+
+
 @dataclass(frozen=True)
 class KvPlan:
     """What the engine allocates for the KV cache."""

@@ -17,6 +17,7 @@ from kvgate.sim.capacity import (
     KvPlan,
     not_emulated,
     plan_vllm,
+    quantized_kv,
 )
 from kvgate.sim.cli import ServeArgs
 from kvgate.sim.config import GIB, SimEnv
@@ -426,6 +427,11 @@ class VllmStartup:
     def version(self) -> tuple[int, ...]:
         return self.env.version_tuple
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Off only under the no-prefix-caching fault, on a quantized KV arm."""
+        return not (self.env.faults.no_prefix_caching and quantized_kv(self.args.kv_cache_dtype))
+
     def _pause(self, share: float) -> None:
         if self.env.startup_delay:
             time.sleep(self.env.startup_delay * share)
@@ -552,7 +558,8 @@ class VllmStartup:
             f"disable_custom_all_reduce=False, quantization={env.checkpoint_quant}, "
             "enforce_eager=False, "
             f"kv_cache_dtype={kv}, device_config=cuda, seed=0, served_model_name={args.served_model_name}, "
-            "enable_prefix_caching=True, chunked_prefill_enabled=True, pooler_config=None",
+            f"enable_prefix_caching={self.prefix_caching}, chunked_prefill_enabled=True, "
+            "pooler_config=None",
         )
         log.info(
             CORE,
@@ -699,7 +706,7 @@ class VllmStartup:
             "block_size": BLOCK_SIZE,
             "cache_dtype": self.env.faults.metrics_kv_dtype or self.args.kv_cache_dtype,
             "cpu_offload_gb": 0,
-            "enable_prefix_caching": True,
+            "enable_prefix_caching": self.prefix_caching,
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
             "is_attention_free": False,
             "kv_cache_memory_bytes": None,

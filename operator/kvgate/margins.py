@@ -1,0 +1,109 @@
+"""How much accuracy may a KV policy give up? The accuracy margin by policy class (issue 39).
+
+- FP8 and per-(token, head) formats (`kvgate.kvformats` classes `fp8`, `per-token-head`) keep
+  the non-inferiority question: the candidate may be at most `DEFAULT_MARGIN_PP` percentage
+  points of GSM8K accuracy below the control, shown by the one-sided bound at the gate's
+  confidence. The default is an *absolute* margin (2 points), not a recovery ratio: vLLM's FP8
+  study (kv-policy.md, 2.2) avoids FP8 below 95% recovery, which at a control near 90% is a loss
+  of about 4.5 points; 2 points is the stricter of the two there.
+- Sub-8-bit formats (class `sub-8-bit`: int4, FP4/NVFP4, TurboQuant, UltraQuant, Octave) trade
+  accuracy for capacity on purpose (TurboQuant: 4 to 18 GSM8K points, vllm#38479), so no
+  default fits: the spec states the loss it accepts (`spec.gates.accuracy.margin`), up to
+  `MAX_SUB8BIT_MARGIN_PP`, and keeps the accuracy gate on. The verdict then reports both sides
+  (`both_sides`): the accuracy given up, bounded, and the capacity and throughput bought,
+  measured.
+
+Pure: data in, data out. The CRD states the same rules in CEL (`tests/unit/test_margins.py`
+checks that its format list is `SUB8BIT_FORMATS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+
+from kvgate import kvformats
+from kvgate.verdict import GateResult, Verdict, decide
+
+if TYPE_CHECKING:  # types only: spec reads this module's rules
+    from kvgate.spec import RolloutSpec
+    from kvgate.steps import State
+
+# The one default margin, in percentage points of accuracy (spec.gates.accuracy.margin).
+DEFAULT_MARGIN_PP: Final = 2.0
+MAX_MARGIN_PP: Final = 10.0  # FP8 and per-token-head formats
+MAX_SUB8BIT_MARGIN_PP: Final = 50.0  # a stated trade: TurboQuant 3-bit loses about 18 points
+MARGIN_FIELD: Final = "gates.accuracy.margin"
+# Every format name of the sub-8-bit class, either engine (the CRD's CEL list).
+SUB8BIT_FORMATS: Final = tuple(
+    sorted({f.name for f in kvformats.FORMATS.values() if f.policy_class == kvformats.SUB8BIT})
+)
+
+
+def needs_stated_margin(policy_class: str) -> bool:
+    """Whether a candidate of this class must state its margin (no default applies)."""
+    return policy_class == kvformats.SUB8BIT
+
+
+def margin_problems(
+    policy_class: str, format_name: str, margin_pp: float | None, accuracy_on: bool
+) -> list[tuple[str, str]]:
+    """(field, message) for every margin rule the spec breaks; `margin_pp` None: not stated."""
+    problems: list[tuple[str, str]] = []
+    if needs_stated_margin(policy_class):
+        if margin_pp is None:
+            problems.append(
+                (
+                    MARGIN_FIELD,
+                    f"is required for the sub-8-bit KV format '{format_name}': it trades "
+                    "accuracy for capacity on purpose, so state the loss you accept in "
+                    "percentage points (e.g. 6); no default applies",
+                )
+            )
+        if not accuracy_on:
+            problems.append(
+                (
+                    "gates.accuracy.mode",
+                    f"off is refused for the sub-8-bit KV format '{format_name}': the accuracy "
+                    "it gives up must be measured and bounded; use require",
+                )
+            )
+    elif margin_pp is not None and margin_pp > MAX_MARGIN_PP:
+        problems.append(
+            (
+                MARGIN_FIELD,
+                f"{margin_pp:g} exceeds {MAX_MARGIN_PP:g} points, the most an FP8 or "
+                f"per-token-head format ('{format_name}') may lose; margins up to "
+                f"{MAX_SUB8BIT_MARGIN_PP:g} are for sub-8-bit formats",
+            )
+        )
+    return problems
+
+
+def both_sides(results: Sequence[GateResult]) -> str:
+    """The trade a sub-8-bit verdict rests on, in one line: the accuracy given up (the accuracy
+    gate's one-sided bound against the stated margin) and what it bought (the capacity gate's
+    KV tokens and, when the load ran, the throughput gate's tok/s at production's load)."""
+    by_gate = {r.gate: r for r in results}
+    accuracy = by_gate.get("accuracy")
+    given = accuracy.message if accuracy is not None else "not measured"
+    bought = [
+        f"{label}: {by_gate[gate].message}"
+        for gate, label in (("capacityGain", "capacity"), ("throughputGain", "throughput"))
+        if gate in by_gate
+    ]
+    return f"trade: accuracy given up (bounded): {given}; bought (measured): " + (
+        "; ".join(bought) or "nothing measured"
+    )
+
+
+def judged(spec: RolloutSpec, state: State, results: Sequence[GateResult]) -> Verdict:
+    """`verdict.decide` on `results` for this rollout; a sub-8-bit candidate's verdict also
+    states its trade (`both_sides`), whatever it decides."""
+    verdict = decide(
+        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
+    )
+    if not needs_stated_margin(spec.kv_cache.policy_class):
+        return verdict
+    return replace(verdict, message=f"{verdict.message}; {both_sides(results)}")
