@@ -10,7 +10,7 @@
   accuracy for capacity on purpose (TurboQuant: 4 to 18 GSM8K points, vllm#38479), so no
   default fits: the spec states the loss it accepts (`spec.gates.accuracy.margin`), up to
   `MAX_SUB8BIT_MARGIN_PP`, and keeps the accuracy gate on. The verdict then reports both sides
-  (`both_sides`): the accuracy given up, bounded, and the capacity and throughput bought,
+  (`kvgate.tradeoff`): the accuracy given up, bounded, and the capacity and throughput bought,
   measured.
 
 Pure: data in, data out. The CRD states the same rules in CEL (`tests/unit/test_margins.py`
@@ -19,16 +19,9 @@ checks that its format list is `SUB8BIT_FORMATS`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from kvgate import kvformats
-from kvgate.verdict import GateResult, Verdict, decide
-
-if TYPE_CHECKING:  # types only: spec reads this module's rules
-    from kvgate.spec import RolloutSpec
-    from kvgate.steps import State
 
 # The one default margin, in percentage points of accuracy (spec.gates.accuracy.margin).
 DEFAULT_MARGIN_PP: Final = 2.0
@@ -79,31 +72,3 @@ def margin_problems(
             )
         )
     return problems
-
-
-def both_sides(results: Sequence[GateResult]) -> str:
-    """The trade a sub-8-bit verdict rests on, in one line: the accuracy given up (the accuracy
-    gate's one-sided bound against the stated margin) and what it bought (the capacity gate's
-    KV tokens and, when the load ran, the throughput gate's tok/s at production's load)."""
-    by_gate = {r.gate: r for r in results}
-    accuracy = by_gate.get("accuracy")
-    given = accuracy.message if accuracy is not None else "not measured"
-    bought = [
-        f"{label}: {by_gate[gate].message}"
-        for gate, label in (("capacityGain", "capacity"), ("throughputGain", "throughput"))
-        if gate in by_gate
-    ]
-    return f"trade: accuracy given up (bounded): {given}; bought (measured): " + (
-        "; ".join(bought) or "nothing measured"
-    )
-
-
-def judged(spec: RolloutSpec, state: State, results: Sequence[GateResult]) -> Verdict:
-    """`verdict.decide` on `results` for this rollout; a sub-8-bit candidate's verdict also
-    states its trade (`both_sides`), whatever it decides."""
-    verdict = decide(
-        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
-    )
-    if not needs_stated_margin(spec.kv_cache.policy_class):
-        return verdict
-    return replace(verdict, message=f"{verdict.message}; {both_sides(results)}")

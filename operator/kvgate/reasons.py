@@ -59,6 +59,8 @@ class Reason(StrEnum):
     THROUGHPUT_NOT_NEEDED = "ThroughputNotNeeded"  # both arms serve production's load alike
     THROUGHPUT_NOT_GAINED = "ThroughputNotGained"  # the candidate does not relieve the bottleneck
     THROUGHPUT_UNKNOWN = "ThroughputUnknown"
+    OUTPUT_DEGENERATE = "OutputDegenerate"  # the candidate's output cannot be counted (outputcheck)
+    PREFIX_CACHE_OFF = "PrefixCacheOff"  # the candidate lost the control's prefix caching
     # Measuring: the load Job
     MEASURING = "Measuring"
     LOAD_STARTED = "LoadStarted"
@@ -184,6 +186,8 @@ _WARNING: Final = frozenset(
         Reason.CAPACITY_NOT_GAINED,
         Reason.THROUGHPUT_NOT_GAINED,
         Reason.THROUGHPUT_UNKNOWN,
+        Reason.OUTPUT_DEGENERATE,
+        Reason.PREFIX_CACHE_OFF,
         Reason.ACCURACY_REGRESSED,
         Reason.ACCURACY_INCONCLUSIVE,
         Reason.EVAL_ERROR,

@@ -12,7 +12,6 @@ from kvgate import kvformats
 from kvgate.manifests import candidate_container
 from kvgate.spec import RolloutSpec
 
-
 # a sub-8-bit format must state its margin (kvgate.margins): given here where the case is about
 # something else, so that the one error is the case's
 STATED: dict[str, Any] = {"gates": {"accuracy": {"margin": 6}}}

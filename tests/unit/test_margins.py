@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate import gates, kvformats, margins
+from kvgate import gates, kvformats, margins, tradeoff
 from kvgate.model import Outcome, Phase, PromotionMode
 from kvgate.reasons import Reason
 from kvgate.spec import RolloutSpec
@@ -119,12 +119,12 @@ THROUGHPUT_GAIN = GateResult(
 
 
 def test_the_gate_names_the_trade_reads_are_the_gates() -> None:
-    line = margins.both_sides([ACCURACY_PASS, CAPACITY, THROUGHPUT_GAIN])
+    line = tradeoff.both_sides([ACCURACY_PASS, CAPACITY, THROUGHPUT_GAIN])
     assert line == (
         f"trade: accuracy given up (bounded): {ACCURACY_PASS.message}; bought (measured): "
         f"capacity: {CAPACITY.message}; throughput: {THROUGHPUT_GAIN.message}"
     )
-    assert margins.both_sides([]) == (
+    assert tradeoff.both_sides([]) == (
         "trade: accuracy given up (bounded): not measured; bought (measured): nothing measured"
     )
 
@@ -133,18 +133,18 @@ def test_a_sub8bit_verdict_states_both_sides_an_fp8_one_does_not() -> None:
     state = State(Phase.MEASURING, config_hash="h")
     results = (ACCURACY_PASS, CAPACITY, THROUGHPUT_GAIN)
     sub8 = RolloutSpec.from_dict(spec("turboquant_4bit_nc", margin=6))
-    verdict = margins.judged(sub8, state, results)
+    verdict = tradeoff.judged(sub8, state, results)
     assert verdict.decision is Decision.PROMOTE
     assert verdict.message.startswith("all gates passed; trade: accuracy given up (bounded): ")
     assert "at least -5.3 pp (95% one-sided" in verdict.message
     assert "3.00x" in verdict.message and "+80%" in verdict.message
-    fp8 = margins.judged(RolloutSpec.from_dict(spec("fp8")), state, results)
+    fp8 = tradeoff.judged(RolloutSpec.from_dict(spec("fp8")), state, results)
     assert fp8.message == "all gates passed"
     # a refused sub-8-bit candidate still says what the trade would have been
     worse = GateResult(
         gates.ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, "candidate worse: 9 pp"
     )
-    rolled = margins.judged(sub8, state, (worse, CAPACITY))
+    rolled = tradeoff.judged(sub8, state, (worse, CAPACITY))
     assert rolled.decision is Decision.ROLL_BACK
     assert rolled.message == (
         "candidate worse: 9 pp; trade: accuracy given up (bounded): candidate worse: 9 pp; "
@@ -152,5 +152,5 @@ def test_a_sub8bit_verdict_states_both_sides_an_fp8_one_does_not() -> None:
     )
     manual = RolloutSpec.from_dict({**spec("nvfp4", margin=6), "promotion": {"mode": "manual"}})
     assert manual.promotion.mode is PromotionMode.MANUAL
-    held = margins.judged(manual, state, results)
+    held = tradeoff.judged(manual, state, results)
     assert held.decision is Decision.HOLD and "trade: accuracy given up" in held.message
