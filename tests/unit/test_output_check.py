@@ -38,7 +38,8 @@ def sse(pieces: list[str], completion_tokens: int | None) -> str:
 
 
 def entry(pieces: list[str], completion_tokens: int | None, error: Any = None) -> dict[str, Any]:
-    """One entry of per_request_lifecycle_metrics.json with the load Job's fields (info only)."""
+    """One entry of per_request_lifecycle_metrics.json with the load Job's fields, as
+    inference-perf 0.7.0 wrote it for the simulator (tests/integration/test_load_job.py)."""
     usage = None if completion_tokens is None else {"completion_tokens": completion_tokens}
     return {
         "start_time": 1.0,
@@ -46,8 +47,9 @@ def entry(pieces: list[str], completion_tokens: int | None, error: Any = None) -
         "info": {
             "request_metrics": {"text": {"input_tokens": 9}},
             "response_metrics": {"output_tokens": len(pieces), "server_usage": usage},
-            "extra_info": {"raw_response": sse(pieces, completion_tokens)},
+            "extra_info": {},  # inference-perf moves the raw body to `response`
         },
+        "response": sse(pieces, completion_tokens),
         "error": error,
     }
 
@@ -85,12 +87,12 @@ def test_a_missing_or_foreign_report_is_no_figures_or_none_counted(text: str | N
     assert found is None or found.requests == 0
 
 
-def test_the_load_job_asks_for_the_response_metadata_only() -> None:
+def test_the_load_job_asks_for_the_responses_not_the_prompts() -> None:
     lifecycle = inference_perf_config(plan())["report"]["request_lifecycle"]
     assert lifecycle["per_request"] is True
     assert lifecycle["per_request_fields"] == {
         "request": False,
-        "response": False,
+        "response": True,
         "info": True,
         "response_chunks": False,
         "computed_metrics": False,

@@ -138,13 +138,13 @@ def inference_perf_config(plan: LoadPlan) -> dict[str, Any]:
             "summary": True,
             "per_stage": True,
             # each response's streamed pieces and usage, read for what the output holds
-            # (kvgate.load.output): the response metadata only, not the prompts
+            # (kvgate.load.output): the raw SSE body and the usage, not the prompts
             "per_request": True,
             "per_request_fields": {
                 "request": False,
-                "response": False,
+                "response": True,
                 "info": True,
-                "response_chunks": False,  # the same pieces are in extra_info.raw_response
+                "response_chunks": False,  # the same pieces are in the response body
                 "computed_metrics": False,
             },
             "percentiles": list(PERCENTILES),

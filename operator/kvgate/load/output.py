@@ -3,8 +3,8 @@
 A throughput figure counts tokens, not what they say: an FP8 KV bug that emitted every second
 token twice (intel/llm-scaler#721) measured faster in the harnesses that ran it. So the load Job
 asks inference-perf for `per_request_lifecycle_metrics.json` (the response metadata only) and
-reads, per successful request, the streamed text pieces (one per SSE chunk, from
-`info.extra_info.raw_response`) and the engine's usage (`completion_tokens`):
+reads, per successful request, the streamed text pieces (one per SSE chunk of its `response`,
+the raw body inference-perf 0.7.0 keeps there) and the engine's usage (`completion_tokens`):
 - a piece equal to the piece before it in the same response is *repeated*; a sound model repeats
   seldom, a duplicating engine half the time (compared across arms by `kvgate.outputcheck`);
 - a response whose usage is not the `max_tokens` asked (the plan sets `ignore_eos`), or that
@@ -72,7 +72,7 @@ def read_output(text: str | None, output_tokens: int) -> OutputFigures | None:
     for entry in entries:
         if _get(entry, "error") is not None:
             continue  # a failed request: counted by the stage's failures, not here
-        raw = _get(entry, "info", "extra_info", "raw_response")
+        raw = _get(entry, "response")
         if not isinstance(raw, str):
             continue
         texts = list(_pieces(raw))
