@@ -29,6 +29,7 @@ class Reason(StrEnum):
     SCALES_MISSING = "ScalesMissing"
     SCALES_DROPPED = "ScalesDropped"
     SCALES_BROKEN = "ScalesBroken"
+    SCALES_UNUSED = "ScalesUnused"  # a per-(token, head) format computes its own (issue 39)
     SCALES_UNKNOWN = "ScalesUnknown"
     # Canary: the two arms, their logs and metrics
     CANARY_STARTING = "CanaryStarting"

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from kvgate import gates, kvformats, margins, tradeoff
-from kvgate.model import Outcome, Phase, PromotionMode
+from kvgate.model import GateMode, Outcome, Phase, PromotionMode
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec
+from kvgate.spec import RolloutSpec, ScalesGate
 from kvgate.steps import State
 from kvgate.throughput import THROUGHPUT
 from kvgate.verdict import Decision, GateResult
@@ -154,3 +154,49 @@ def test_a_sub8bit_verdict_states_both_sides_an_fp8_one_does_not() -> None:
     assert manual.promotion.mode is PromotionMode.MANUAL
     held = tradeoff.judged(manual, state, results)
     assert held.decision is Decision.HOLD and "trade: accuracy given up" in held.message
+
+
+# -- a rollout per policy class: the per-(token, head) formats' scales --------------------------
+
+
+@pytest.mark.parametrize("broken", [(), ("layer 1: k_scale 0.0",)])
+@pytest.mark.parametrize("has_scales", [True, False, None])
+@pytest.mark.parametrize("mode", [GateMode.REQUIRE, GateMode.WARN])
+def test_a_per_token_head_format_says_the_checkpoint_scales_are_unused(
+    broken: tuple[str, ...], has_scales: bool | None, mode: GateMode
+) -> None:
+    """Whatever the checkpoint holds (none, good, zero) and whatever the log says, a dynamic
+    format never reads it: neither ScalesMissing (which require would fail) nor ScalesBroken."""
+    got = gates.assess_scales(ScalesGate(mode), has_scales, None, broken, "int8_per_token_head")
+    assert (got.outcome, got.reason) == (Outcome.SUCCESSFUL, Reason.SCALES_UNUSED)
+    assert got.message.startswith(
+        "checkpoint scales unused: int8_per_token_head computes a scale per (token, head)"
+    )
+    assert ("(broken ones included)" in got.message) is bool(broken)
+    # the same checkpoint under FP8, which reads its scales: broken fails, none is missing
+    fp8 = gates.assess_scales(ScalesGate(mode), has_scales, None, broken, "fp8")
+    assert fp8.reason is not Reason.SCALES_UNUSED
+    if broken:
+        assert (fp8.outcome, fp8.reason) == (Outcome.FAILED, Reason.SCALES_BROKEN)
+    assert gates.assess_scales(ScalesGate(GateMode.OFF), True, None, broken, "int8_per_token_head")\
+        .reason is Reason.GATE_OFF  # fmt: skip
+
+
+def test_which_formats_compute_their_scales() -> None:
+    dynamic = {n for (_, n), f in kvformats.FORMATS.items() if kvformats.computes_scales(n)}
+    assert dynamic == {"fp8_per_token_head", "int8_per_token_head", "int4_per_token_head"}
+    assert not kvformats.computes_scales("no-such-format")
+
+
+def test_the_simulator_sizes_per_token_head_pages_as_kvformats_does() -> None:
+    from kvgate.sim.capacity import EMULATED_KV_DTYPES, kv_bytes_per_token, quantized_kv
+    from kvgate.sim.config import QWEN3_8B
+
+    for name in ("int8_per_token_head", "int4_per_token_head"):
+        assert name in EMULATED_KV_DTYPES and quantized_kv(name)
+        per_head = kvformats.lookup("vllm", name).bytes_per_head(128, backend="TRITON_ATTN")
+        assert kv_bytes_per_token(QWEN3_8B, name) == 36 * 8 * per_head
+    assert kv_bytes_per_token(QWEN3_8B, "int8_per_token_head") == 36 * 8 * 264
+    assert kv_bytes_per_token(QWEN3_8B, "int4_per_token_head") == 36 * 8 * 136
+    assert kv_bytes_per_token(QWEN3_8B, "auto") == 2 * kv_bytes_per_token(QWEN3_8B, "fp8")
+    assert not quantized_kv("auto") and quantized_kv("fp8_e4m3")

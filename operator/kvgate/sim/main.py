@@ -200,7 +200,7 @@ class Runner:
 
     def _app(self, index: Gsm8kIndex) -> App:
         args, env = self.args, self.env
-        fp8 = args.kv_cache_dtype.startswith("fp8")
+        fp8 = quantized_kv(args.kv_cache_dtype)  # any KV cache below 16 bits loses alike
         context = ContextModel(
             fp8=fp8,
             curve=env.fp8_context,

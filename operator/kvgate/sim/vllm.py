@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvgate.sim.capacity import (
     BLOCK_SIZE,
     EMULATED_KV_DTYPES,
+    PER_TOKEN_HEAD,
     KvPlan,
     not_emulated,
     plan_vllm,
@@ -38,6 +39,10 @@ SITE = "/usr/local/lib/python3.12/dist-packages"
 FP8_INFO_OLD = (
     "Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the "
     "performance. Meanwhile, it may cause accuracy drop without a proper scaling factor."
+)
+PER_TOKEN_HEAD_INFO = (
+    "Using %s data type to store kv cache. It reduces the GPU memory footprint and boosts the "
+    "performance. Dynamic per-token-head scales will be computed at runtime."
 )
 FP8_INFO_NEW = (
     "Using %s data type to store kv cache. It reduces the GPU memory footprint and boosts the "
@@ -540,6 +545,8 @@ class VllmStartup:
                 log.info(API, "cache.py:180", FP8_INFO_OLD)
             else:
                 log.info(API, "cache.py:206", FP8_INFO_NEW.replace("%s", kv))
+        elif kv in PER_TOKEN_HEAD:  # tests/data/real-engine/kv-formats/int8_per_token_head.log
+            log.info(API, "cache.py:354", PER_TOKEN_HEAD_INFO.replace("%s", kv))
         if v < (0, 11) and not v1_supports_kv_dtype_010(env.gpu.sm, kv, self.explicit_backend()):
             raise self._v0_fallback()
         log.info(
