@@ -48,6 +48,9 @@ ROOM = {"KVGATE_SIM_LOAD": "concurrency=8,prompt=500,output=100", "KVGATE_SIM_SP
 TRITON = ["--attention-backend", "TRITON_ATTN"]  # L4 + FlashInfer FP8: the JIT fault
 CHECKPOINT = "<checkpoint>"  # replaced by the zero-scale checkpoint's path in the fixture
 FORCES_FP8 = "<forces-fp8>"  # replaced by the kv_cache_scheme checkpoint's path
+# The per-token-head formats are vLLM 0.20+ (int4: 0.25+): those scenarios run a 0.32 image
+NEWER = ("sub8", "int8")
+IMAGE_032 = "vllm/vllm-openai:v0.32.0"
 GATES = {
     "capacity": {"mode": "require", "window": "3s", "samples": 3},
     "accuracy": {"questions": 150, "chunk": 50, "margin": 3},
@@ -78,7 +81,7 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "dup": (ROOM, _load_spec("duplicate-tokens")),
     "cold": (ROOM, _load_spec("no-prefix-caching")),
     "sub8": (
-        {"KVGATE_SIM_LOAD": PRESSURE},
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.32.0"},
         {
             "engine": "vllm",
             "kvCache": {"format": "int4_per_token_head"},
@@ -87,7 +90,7 @@ SCENARIOS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         },
     ),
     "int8": (
-        {"KVGATE_SIM_LOAD": PRESSURE},
+        {"KVGATE_SIM_LOAD": PRESSURE, "KVGATE_SIM_ENGINE_VERSION": "0.32.0"},
         {
             "engine": "vllm",
             "kvCache": {"format": "int8_per_token_head"},
@@ -152,6 +155,12 @@ def _fp8_scheme_checkpoint(directory: Path) -> str:
     return str(directory)
 
 
+def brief(status: dict[str, Any]) -> str:
+    """What a failed assertion shows: the end, its reason and message, then the gates."""
+    head = {k: status.get(k) for k in ("phase", "reason", "message")}
+    return json.dumps(head) + " " + json.dumps(status.get("gates"))[:2000]
+
+
 class World(ScenarioWorld):
     def untouched(self, scenario: str) -> None:
         now, before = self.deployment(scenario), self.before[scenario]
@@ -179,7 +188,10 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
     w = World(cluster, tmp_path_factory.mktemp("operator"), "policy", SCENARIOS, settle_timeout=600)
     w.operator.start()
     try:
-        w.deploy({s: sim_deployment(s, env=env) for s, (env, _) in SCENARIOS.items()})
+        deployments = {s: sim_deployment(s, env=env) for s, (env, _) in SCENARIOS.items()}
+        for s in NEWER:
+            deployments[s]["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGE_032
+        w.deploy(deployments)
         paths = {
             CHECKPOINT: _zero_scale_checkpoint(Path(tmp_path_factory.mktemp("zero"))),
             FORCES_FP8: _fp8_scheme_checkpoint(Path(tmp_path_factory.mktemp("fp8ctl"))),
@@ -210,7 +222,7 @@ def world(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
 @pytest.mark.timeout(900)
 def test_a_candidate_that_doubles_its_tokens_is_not_called_faster(world: World) -> None:
     status = world.rollout("dup")["status"]
-    assert (status["phase"], status["reason"]) == ("RolledBack", "OutputDegenerate"), status
+    assert (status["phase"], status["reason"]) == ("RolledBack", "OutputDegenerate"), brief(status)
     gate = status["gates"]["throughputGain"]
     assert (gate["outcome"], gate["reason"]) == ("Failed", "OutputDegenerate")
     assert gate["message"].startswith(
@@ -232,7 +244,7 @@ def test_a_candidate_that_doubles_its_tokens_is_not_called_faster(world: World) 
 @pytest.mark.timeout(900)
 def test_a_candidate_without_prefix_caching_is_not_called_faster(world: World) -> None:
     status = world.rollout("cold")["status"]
-    assert (status["phase"], status["reason"]) == ("RolledBack", "PrefixCacheOff"), status
+    assert (status["phase"], status["reason"]) == ("RolledBack", "PrefixCacheOff"), brief(status)
     gate = status["gates"]["throughputGain"]
     assert (gate["outcome"], gate["reason"]) == ("Failed", "PrefixCacheOff")
     assert gate["message"] == (
@@ -255,7 +267,7 @@ def test_a_sub8bit_format_needs_a_margin_and_its_verdict_states_both_sides(world
         assert get(world.cluster, world.ns["sub8"], "kvr", name) is None
     obj = world.rollout("sub8")
     status = obj["status"]
-    assert status["phase"] in ("Promoted", "RolledBack"), status  # decided, either way
+    assert status["phase"] in ("Promoted", "RolledBack"), brief(status)  # decided, either way
     verdict = status["verdict"]["message"]
     # the accuracy given up, bounded: the one-sided bound against the stated 6 points
     assert "trade: accuracy given up (bounded): " in verdict
@@ -273,6 +285,7 @@ def test_a_sub8bit_format_needs_a_margin_and_its_verdict_states_both_sides(world
 @pytest.mark.timeout(900)
 def test_a_per_token_head_rollout_says_the_checkpoint_scales_are_unused(world: World) -> None:
     status = world.rollout("int8")["status"]
+    assert "gates" in status, brief(status)
     gate = status["gates"]["scales"]
     assert (gate["outcome"], gate["reason"]) == ("Successful", "ScalesUnused"), gate
     assert gate["message"].startswith(
@@ -289,7 +302,7 @@ def test_a_per_token_head_rollout_says_the_checkpoint_scales_are_unused(world: W
 @pytest.mark.timeout(900)
 def test_zero_scales_roll_an_fp8_candidate_back_before_any_eval(world: World) -> None:
     status = world.rollout("zero")["status"]
-    assert (status["phase"], status["reason"]) == ("RolledBack", "ScalesBroken"), status
+    assert (status["phase"], status["reason"]) == ("RolledBack", "ScalesBroken"), brief(status)
     gate = status["gates"]["scales"]
     assert gate["message"].startswith(
         "the checkpoint's k/v scales cannot scale (layer 1: k_scale 0.0) and fp8 reads them"
@@ -301,7 +314,7 @@ def test_zero_scales_roll_an_fp8_candidate_back_before_any_eval(world: World) ->
 @pytest.mark.timeout(900)
 def test_a_control_that_runs_fp8_is_read_as_fp8(world: World) -> None:
     status = world.rollout("fp8ctl")["status"]
-    assert (status["phase"], status["reason"]) == ("Failed", "ControlRunsFP8"), status
+    assert (status["phase"], status["reason"]) == ("Failed", "ControlRunsFP8"), brief(status)
     assert status["preflight"]["checkpoint"]["forcesFp8Kv"] == [
         "quantization_config.kv_cache_scheme is set: vLLM 0.26+ switches an auto KV cache to fp8"
     ]

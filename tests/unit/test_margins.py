@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_kvpolicy import errors
 
 from kvgate import gates, kvformats, margins, tradeoff
 from kvgate.model import GateMode, Outcome, Phase, PromotionMode
@@ -27,14 +28,6 @@ def spec(fmt: str, **accuracy: Any) -> dict[str, Any]:
     if accuracy:
         raw["gates"] = {"accuracy": accuracy}
     return raw
-
-
-def errors(raw: dict[str, Any]) -> list[str]:
-    try:
-        RolloutSpec.from_dict(raw)
-    except ExceptionGroup as group:
-        return [str(e) for e in group.exceptions]
-    return []
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_e4m3", "int8_per_token_head", "fp8_per_token_head"])
