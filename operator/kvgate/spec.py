@@ -330,7 +330,7 @@ class RolloutSpec:
                 "margin",
                 margins.DEFAULT_MARGIN_PP,
                 0.0,
-                margins.MAX_SUB8BIT_MARGIN_PP,
+                margins.max_margin_pp(kv_cache.policy_class),
                 exclusive_min=True,
             ),
             confidence=acc.number("confidence", 0.95, 0.8, 0.999),
