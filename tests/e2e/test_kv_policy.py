@@ -8,7 +8,8 @@ Scenarios, run at once (one namespace each):
   (cold) an FP8 candidate with prefix caching off (no-prefix-caching, rwlove/home-ops#13384):
          refused as PrefixCacheOff; production untouched;
   (sub8) int4_per_token_head, a sub-8-bit format: refused at admission without a margin (the
-         CRD's CEL); with one (6 points) decided, its verdict stating both sides;
+         CRD's CEL); with one (6 points) decided, its verdict stating both sides (the accuracy
+         bound, the KV tokens and the load gate's tok/s);
   (int8) int8_per_token_head (dynamic per-(token, head) scales) on a checkpoint whose scales
          include a zero: the scales gate says the checkpoint's scales are unused, and the
          rollout is decided by its other gates;
@@ -73,7 +74,9 @@ def _sub8_gates(margin: float | None) -> dict[str, Any]:
     accuracy: dict[str, Any] = {"questions": 150, "chunk": 50}
     if margin is not None:
         accuracy["margin"] = margin
-    return {"capacity": GATES["capacity"], "accuracy": accuracy}
+    # the load gate on too, so that the verdict's trade quotes the throughput bought as well
+    gain = {"throughputGain": {"minRatio": 1.3, "maxConcurrency": 64}}
+    return {"capacity": GATES["capacity"], "accuracy": accuracy, "capacityGain": gain}
 
 
 # scenario -> (Deployment env, rollout spec overrides)
@@ -267,7 +270,8 @@ def test_a_sub8bit_format_needs_a_margin_and_its_verdict_states_both_sides(world
         assert get(world.cluster, world.ns["sub8"], "kvr", name) is None
     obj = world.rollout("sub8")
     status = obj["status"]
-    assert status["phase"] in ("Promoted", "RolledBack"), brief(status)  # decided, either way
+    decided = ("Promoted", "RolledBack", "NotNeeded")  # whichever: the trade is stated
+    assert status["phase"] in decided, brief(status)
     verdict = status["verdict"]["message"]
     # the accuracy given up, bounded: the one-sided bound against the stated 6 points
     assert "trade: accuracy given up (bounded): " in verdict
@@ -277,6 +281,10 @@ def test_a_sub8bit_format_needs_a_margin_and_its_verdict_states_both_sides(world
     assert bought.startswith("capacity: ") and "KV tokens = " in bought
     capacity = status["gates"]["capacityGain"]["message"]
     assert capacity in bought
+    # and the load gate's line: the tok/s at production's load, measured on both arms
+    throughput = status["gates"]["throughputGain"]["message"]
+    assert f"; throughput: {throughput}" in bought
+    assert throughput.startswith(f"at production load {status['load']['concurrency']}")
     if status["phase"] == "Promoted":
         args = container_of(world.deployment("sub8")).get("args", [])
         assert args[args.index("--kv-cache-dtype") + 1] == "int4_per_token_head"
