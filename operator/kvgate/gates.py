@@ -108,6 +108,12 @@ def assess_scales(
 
     if gate.mode is GateMode.OFF:
         return result(Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)")
+    if kvformats.computes_scales(kv_cache_dtype):  # nothing of the checkpoint's is read
+        return result(Outcome.SUCCESSFUL, Reason.SCALES_UNUSED,
+                      f"checkpoint scales unused: {kv_cache_dtype} computes a scale per (token, "
+                      "head) as it writes the cache and sets the checkpoint's k/v scales"
+                      f"{' (broken ones included)' if broken_scales else ''} to 1.0 (vLLM "
+                      "kv_cache.py:98-108, 0.32); the accuracy gate decides")  # fmt: skip
     engine = candidate_scan.engine if candidate_scan is not None else None
     if broken_scales and kvformats.reads_checkpoint_scales(engine, kv_cache_dtype):
         more = (

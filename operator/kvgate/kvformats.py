@@ -358,6 +358,12 @@ def reads_checkpoint_scales(engine: str | None, name: str) -> bool:
     return found is None or found.uses_checkpoint_scales
 
 
+def computes_scales(name: str) -> bool:
+    """Whether the format computes its scales per (token, head) at write time, whichever engine
+    offers it (vLLM only): the checkpoint's k/v scales are then unused."""
+    return any(f.scale_mode == SCALES_DYNAMIC for (_, n), f in FORMATS.items() if n == name)
+
+
 def formats_for(engine: str, version: str | tuple[int, ...] | None) -> tuple[KVFormat, ...]:
     """The formats `version` accepts (every known version's common ones for None)."""
     if version is None:

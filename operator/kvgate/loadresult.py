@@ -66,6 +66,45 @@ class StagePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputFigures:
+    """What one arm's finished requests returned, from inference-perf's per-request report
+    (`kvgate.load.output`): the text pieces streamed (one per chunk), those equal to the piece
+    before them in the same response, and the requests whose length was not the one asked
+    (the engine's usage against max_tokens, or more pieces than the usage counts)."""
+
+    requests: int | None = None
+    pieces: int | None = None
+    repeated: int | None = None
+    wrong_length: int | None = None
+    example: str | None = None  # the first wrong-length or most-repeated response, cut short
+
+    @property
+    def repeated_share(self) -> float | None:
+        if self.pieces is None or self.repeated is None or self.requests is None:
+            return None
+        pairs = self.pieces - self.requests  # each response's first piece has none before it
+        return self.repeated / pairs if pairs > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixProbe:
+    """One arm's prefix cache, probed before its load: the same prompt sent twice, and the
+    engine's prefix cache counters (vLLM `prefix_cache_queries`/`_hits`, in tokens) across
+    both; `enabled` is cache_config_info's enable_prefix_caching (None: not exported)."""
+
+    queries: float | None = None
+    hits: float | None = None
+    enabled: bool | None = None
+    error: str | None = None
+
+    @property
+    def hit_rate(self) -> float | None:
+        if self.queries is None or self.hits is None:
+            return None
+        return self.hits / self.queries if self.queries > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ArmLoad:
     """One arm's run: its stages in the order they ran, and why the run broke if it did."""
 
@@ -77,6 +116,8 @@ class ArmLoad:
     # The engine's preemptions (vLLM) or retractions (SGLang) over the whole run, from its
     # /metrics before and after; None: not exported, not readable, or the counter was reset.
     preemptions: float | None = None
+    output: OutputFigures | None = None  # None: no per-request report (an older load Job)
+    prefix_cache: PrefixProbe | None = None  # None: not probed (an older load Job)
 
     def at(self, concurrency: int) -> StagePoint | None:
         """The stage run at `concurrency` (the first, if it ran twice)."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
-from kvgate import crash, deadlines, kubeobjects, promoting, proposing, steps, superseding
+from kvgate import crash, deadlines, kubeobjects, promoting, proposing, steps, superseding, tradeoff
 from kvgate.gates import (
     ACCURACY,
     CANARY,
@@ -503,12 +503,7 @@ def _judged(
 ) -> Step:
     """The verdict on the accuracy stage's `gates` with the `earlier` ones: roll back, or
     measure what the candidate buys (the load Job) before any verdict, or the verdict."""
-    verdict = decide(
-        (*earlier, *gates),
-        mode=spec.promotion.mode,
-        config_hash=state.config_hash,
-        approval=state.approval,
-    )
+    verdict = tradeoff.judged(spec, state, (*earlier, *gates))
     if verdict.decision is Decision.ROLL_BACK:
         return end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
                         gates=gates, verdict=verdict, events=events)  # fmt: skip
@@ -600,9 +595,7 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
         summary=obs.load_summary,
     )
     results = (*[g for g in state.gates.values() if g.gate != THROUGHPUT], result)
-    verdict = decide(
-        results, mode=spec.promotion.mode, config_hash=state.config_hash, approval=state.approval
-    )
+    verdict = tradeoff.judged(spec, state, results)
     gain = Event(result.reason, result.message, warning=result.outcome is not Outcome.SUCCESSFUL)
     end = {Decision.ROLL_BACK: Phase.ROLLED_BACK, Decision.NOT_NEEDED: Phase.NOT_NEEDED}
     if verdict.decision in end:

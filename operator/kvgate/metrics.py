@@ -65,6 +65,15 @@ COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:prompt_tokens_total",),
         "sglang": ("sglang:prompt_tokens_total",),
     },
+    # vLLM's prefix cache, in tokens (the gpu_ names before 0.11); SGLang has a hit-rate gauge
+    "prefix_cache_queries": {
+        "vllm": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        "sglang": (),
+    },
+    "prefix_cache_hits": {
+        "vllm": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        "sglang": (),
+    },
 }
 
 
@@ -224,6 +233,8 @@ class MetricSnapshot:
     taken_at: float | None = None
     prompt_lengths: Histogram | None = None  # tokens per finished request's prompt
     output_lengths: Histogram | None = None  # tokens per finished request's output
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
 
     @property
     def kv_cache_dtype(self) -> str | None:
@@ -466,6 +477,8 @@ def parse_metrics(
         taken_at=taken_at,
         prompt_lengths=histograms["prompt_lengths"],
         output_lengths=histograms["output_lengths"],
+        prefix_cache_queries=values["prefix_cache_queries"],
+        prefix_cache_hits=values["prefix_cache_hits"],
     )
 
 

@@ -29,6 +29,7 @@ class Reason(StrEnum):
     SCALES_MISSING = "ScalesMissing"
     SCALES_DROPPED = "ScalesDropped"
     SCALES_BROKEN = "ScalesBroken"
+    SCALES_UNUSED = "ScalesUnused"  # a per-(token, head) format computes its own (issue 39)
     SCALES_UNKNOWN = "ScalesUnknown"
     # Canary: the two arms, their logs and metrics
     CANARY_STARTING = "CanaryStarting"
@@ -59,6 +60,8 @@ class Reason(StrEnum):
     THROUGHPUT_NOT_NEEDED = "ThroughputNotNeeded"  # both arms serve production's load alike
     THROUGHPUT_NOT_GAINED = "ThroughputNotGained"  # the candidate does not relieve the bottleneck
     THROUGHPUT_UNKNOWN = "ThroughputUnknown"
+    OUTPUT_DEGENERATE = "OutputDegenerate"  # the candidate's output cannot be counted (outputcheck)
+    PREFIX_CACHE_OFF = "PrefixCacheOff"  # the candidate lost the control's prefix caching
     # Measuring: the load Job
     MEASURING = "Measuring"
     LOAD_STARTED = "LoadStarted"
@@ -184,6 +187,8 @@ _WARNING: Final = frozenset(
         Reason.CAPACITY_NOT_GAINED,
         Reason.THROUGHPUT_NOT_GAINED,
         Reason.THROUGHPUT_UNKNOWN,
+        Reason.OUTPUT_DEGENERATE,
+        Reason.PREFIX_CACHE_OFF,
         Reason.ACCURACY_REGRESSED,
         Reason.ACCURACY_INCONCLUSIVE,
         Reason.EVAL_ERROR,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvgate import policy
+from kvgate import margins, policy
 from kvgate.errors import SpecError
 from kvgate.kvpolicy import KVCachePolicy, read_kv_cache
 from kvgate.model import (
@@ -127,7 +127,7 @@ class AccuracyGate:
     task: str = "gsm8k"
     questions: int = 500
     few_shot: int = 5
-    margin_pp: float = 2.0
+    margin_pp: float = margins.DEFAULT_MARGIN_PP  # by policy class: kvgate.margins
     confidence: float = 0.95
     sequential: bool = True
     chunk: int = 100
@@ -326,12 +326,25 @@ class RolloutSpec:
             task=acc.one_of("task", ACCURACY_TASKS, "gsm8k"),
             questions=questions,
             few_shot=acc.integer("fewShot", 5, 0, 8),
-            margin_pp=acc.number("margin", 2.0, 0.0, 10.0, exclusive_min=True),
+            margin_pp=acc.number(
+                "margin",
+                margins.DEFAULT_MARGIN_PP,
+                0.0,
+                margins.max_margin_pp(kv_cache.policy_class),
+                exclusive_min=True,
+            ),
             confidence=acc.number("confidence", 0.95, 0.8, 0.999),
             sequential=acc.boolean("sequential", True),
             chunk=acc.integer("chunk", 100, 10, GSM8K_TEST_SIZE),
             long_context=_long_context(acc.section("longContext")),
         )
+        for where, problem in margins.margin_problems(
+            kv_cache.policy_class,
+            kv_cache.format,
+            accuracy.margin_pp if acc.raw("margin") is not None else None,
+            accuracy.mode is not GateMode.OFF,
+        ):
+            r.error(where, problem)
         if accuracy.chunk > questions:
             acc.error(
                 "chunk",

@@ -22,6 +22,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from kvgate.errors import SpecError
+from kvgate.margins import DEFAULT_MARGIN_PP
 
 # numpy and scipy (about 1-3 s to import, most of a short command's time) are imported in the
 # functions that use them: planning a fixed-n gate and the paired counts need neither, so
@@ -33,7 +34,7 @@ _NORMAL = NormalDist()  # quantiles: the standard library's (Wichura AS241, ~1e-
 
 Interval = tuple[float, float]
 
-DEFAULT_MARGIN = 0.02
+DEFAULT_MARGIN = DEFAULT_MARGIN_PP / 100  # the one default margin, as a fraction
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_POWER = 0.80
 

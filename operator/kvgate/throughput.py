@@ -8,7 +8,9 @@ request) and met the spec's SLOs. Then:
 - only the candidate serves: the capacity case (the control runs out of KV cache and fails
   while the candidate serves): a gain, quoted against the control's best stage;
 - the candidate does not serve it: Failed, with what the stage measured;
-- arms at different GPU clocks: no throughput claim (Inconclusive), as for the speed gate.
+- arms at different GPU clocks: no throughput claim (Inconclusive), as for the speed gate;
+- before any of these, a candidate whose output is degenerate or whose prefix caching is off
+  where the control's is on is Failed (OutputDegenerate, PrefixCacheOff: `kvgate.outputcheck`).
 Pure: data in, a `ThroughputFinding` out.
 """
 
@@ -22,6 +24,7 @@ from kvgate.gates import compare_clocks
 from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
 from kvgate.metrics import Histogram
 from kvgate.model import PROMETHEUS_SOURCE, Outcome, SpeedClocks
+from kvgate.outputcheck import refusal
 from kvgate.reasons import Reason
 from kvgate.spec import ThroughputGainGate
 from kvgate.status import PoolSample, PreflightStatus, RolloutStatus
@@ -168,6 +171,9 @@ def assess_throughput(
         )
     if load.verdict is LoadVerdict.ERROR or control.error or candidate.error:
         return _unknown(f"the load run failed: {load.error or 'an arm measured nothing'}")
+    refused = refusal(control, candidate)
+    if refused is not None:  # whatever tok/s it measured (kvgate.outputcheck)
+        return ThroughputFinding(GateResult(THROUGHPUT, Outcome.FAILED, *refused))
     if clocks is not None and clocks.control is not None and clocks.candidate is not None:
         mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
         if mismatch is not None:

@@ -47,7 +47,10 @@ def test_minimal_spec_gets_sre_defaults(crd: Any, namespace: str) -> None:
     }
     assert spec["gates"]["scales"] == {"mode": "warn"}
     assert spec["gates"]["capacityGain"] == {"minRatio": 1.8}
-    assert spec["gates"]["accuracy"]["margin"] == 2
+    # no schema default for the margin (issue 39): a stated one must be told from none, since a
+    # sub-8-bit format requires one; the operator reads 2 points when unset (kvgate.margins)
+    assert "margin" not in spec["gates"]["accuracy"]
+    assert spec["gates"]["accuracy"]["questions"] == 500  # the section's other defaults stay
     assert spec["promotion"] == {"mode": "auto", "verifyWindow": "10m", "verifySamples": 5}
     assert "speed" not in spec["gates"]
 
@@ -77,6 +80,25 @@ INVALID = [
     (
         {"targetRef": {"name": "q"}, "gates": {"accuracy": {"margin": 0}}},
         "spec.gates.accuracy.margin: Invalid value: 0: spec.gates.accuracy.margin in body should be greater than 0",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "gates": {"accuracy": {"margin": 10.5}}},
+        "spec.gates.accuracy.margin: Invalid value: gates.accuracy.margin above 10 "
+        "points is for sub-8-bit KV formats only",
+    ),
+    (
+        {"targetRef": {"name": "q"}, "kvCache": {"format": "turboquant_4bit_nc"}},
+        "spec.gates.accuracy.margin: Required value: gates.accuracy.margin is required for a "
+        "sub-8-bit KV format",
+    ),
+    (
+        {
+            "targetRef": {"name": "q"},
+            "kvCache": {"format": "nvfp4"},
+            "gates": {"accuracy": {"mode": "off", "margin": 6}},
+        },
+        "spec.gates.accuracy.mode: Invalid value: gates.accuracy.mode off is refused "
+        "for a sub-8-bit KV format",
     ),
     (
         {"targetRef": {"name": "q"}, "gates": {"capacity": {"window": "5 minutes"}}},

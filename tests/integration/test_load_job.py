@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,10 @@ import yaml
 
 from kvgate.load.runner import default_inference_perf
 from kvgate.loadresult import PROGRESS_KIND, SUMMARY_KIND, LoadSummary, LoadVerdict, StageStatus
+from kvgate.model import Outcome
+from kvgate.reasons import Reason
+from kvgate.spec import ThroughputGainGate
+from kvgate.throughput import assess_throughput
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K_DIR = Path(os.environ.get("KVGATE_GSM8K_DIR") or REPO.parent / "shared" / "data" / "gsm8k")
@@ -137,8 +142,9 @@ def test_both_arms_measured_at_every_stage(sim: Callable[..., Any], tmp_path: Pa
             assert stage.tpot_p50_ms is not None and stage.tpot_p99_ms is not None
             assert 0 < stage.tpot_p50_ms <= stage.tpot_p99_ms
             assert stage.goodput_percent is None  # no SLO given: inference-perf counts none
-    # each arm was sent exactly what was planned (4 + 2 + 16 requests)
-    assert successes(control.url) == successes(candidate.url) == 22
+    # each arm was sent exactly what was planned (4 + 2 + 16 requests), and the prefix probe's
+    # two before them
+    assert successes(control.url) == successes(candidate.url) == 22 + 2
     # the engines' own preemption counters were read before and after: a small load on a
     # pool with room preempts nothing
     assert summary.control is not None and summary.candidate is not None
@@ -257,7 +263,7 @@ def test_an_arm_killed_mid_run_is_an_error(sim: Callable[..., Any], tmp_path: Pa
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if successes(candidate.url) >= 4:  # the production stage is done
+            if successes(candidate.url) >= 2 + 4:  # the prefix probe and the production stage
                 break
         except httpx.HTTPError:
             pass
@@ -274,3 +280,41 @@ def test_an_arm_killed_mid_run_is_an_error(sim: Callable[..., Any], tmp_path: Pa
     assert later[-1].status is StageStatus.ERROR and later[-1].output_tokens_per_s is None
     assert summary.candidate.reachable_after is False
     assert summary.error is not None and "candidate: the arm did not answer" in summary.error
+
+
+def test_doubled_tokens_and_a_lost_prefix_cache_are_measured_per_arm(
+    sim: Callable[..., Any], tmp_path: Path
+) -> None:
+    # GIVEN a sound BF16 control and an FP8 candidate that doubles every second token and runs
+    # without prefix caching (the simulator's faults touch the quantized arm only)
+    control = sim(ENGINE, env={"KVGATE_SIM_SPEED": "0.01"})
+    faults = {"KVGATE_SIM_SPEED": "0.01", "KVGATE_SIM_FAULTS": "duplicate-tokens,no-prefix-caching"}
+    candidate = sim(FP8, env=faults)
+    code, lines = finish(load_job(control.url, candidate.url, tmp_path), tmp_path)
+    summary = summary_of(lines)
+    # THEN the run itself is a measurement (the usage is what was asked): only the output says
+    assert code == 0 and summary.verdict is LoadVerdict.MEASURED, summary
+    assert summary.control is not None and summary.candidate is not None
+    mine, theirs = summary.candidate.output, summary.control.output
+    assert mine is not None and theirs is not None
+    assert mine.requests == theirs.requests == 22  # every successful request was read
+    assert mine.pieces == theirs.pieces == 22 * 32  # one piece per token, as vLLM streams
+    assert mine.wrong_length == theirs.wrong_length == 0
+    assert theirs.repeated_share is not None and theirs.repeated_share < 0.05
+    assert mine.repeated_share is not None and mine.repeated_share > 0.45  # 1 of every 2
+    # the probe: the control's second send hit its first's blocks, the candidate's nothing
+    probe_c, probe_k = summary.control.prefix_cache, summary.candidate.prefix_cache
+    assert probe_c is not None and probe_k is not None
+    assert probe_c.error is None and probe_k.error is None
+    assert probe_c.enabled is True and probe_k.enabled is False
+    assert probe_c.hits is not None and probe_c.hits >= 16 * 8 and probe_c.hit_rate
+    assert (probe_k.queries, probe_k.hits) == (0.0, 0.0)  # vLLM counts nothing with it off
+    # AND the throughput gate refuses the candidate with its own reason, whatever it measured
+    finding = assess_throughput(ThroughputGainGate(min_ratio=0.01), summary)
+    assert finding.result.reason is Reason.OUTPUT_DEGENERATE, finding.result
+    assert finding.result.outcome is Outcome.FAILED
+    sound_output = replace(summary.candidate, output=theirs)
+    only_cold = assess_throughput(
+        ThroughputGainGate(min_ratio=0.01), replace(summary, candidate=sound_output)
+    )
+    assert only_cold.result.reason is Reason.PREFIX_CACHE_OFF, only_cold.result

@@ -12,6 +12,10 @@ from kvgate import kvformats
 from kvgate.manifests import candidate_container
 from kvgate.spec import RolloutSpec
 
+# a sub-8-bit format must state its margin (kvgate.margins): given here where the case is about
+# something else, so that the one error is the case's
+STATED: dict[str, Any] = {"gates": {"accuracy": {"margin": 6}}}
+
 
 def spec(**overrides: Any) -> dict[str, Any]:
     return {"targetRef": {"name": "qwen", "container": "engine"}, **overrides}
@@ -69,17 +73,21 @@ def test_a_policy_with_every_field() -> None:
     ("overrides", "expected"),
     [
         (
-            {"engine": "vllm", "kvCache": {"format": "nvfp4", "engineVersion": "0.19.0"}},
+            {"engine": "vllm", "kvCache": {"format": "nvfp4", "engineVersion": "0.19.0"}, **STATED},
             "spec.kvCache.format: 'nvfp4' is not a KV cache format of vllm 0.19.0: vllm offers "
             "it from 0.20.0",
         ),
         (
-            {"engine": "sglang", "kvCache": {"format": "fp4_e2m1", "engineVersion": "0.5.21"}},
+            {
+                "engine": "sglang",
+                "kvCache": {"format": "fp4_e2m1", "engineVersion": "0.5.21"},
+                **STATED,
+            },
             "spec.kvCache.format: 'fp4_e2m1' is not a KV cache format of sglang 0.5.21: sglang "
             "dropped it in 0.5.21",
         ),
         (
-            {"kvCache": {"format": "nvfp4", "engineVersion": "0.32.0"}},
+            {"kvCache": {"format": "nvfp4", "engineVersion": "0.32.0"}, **STATED},
             "spec.kvCache.engineVersion: needs spec.engine (vllm or sglang) to know whose version",
         ),
         (

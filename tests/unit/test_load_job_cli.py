@@ -34,6 +34,8 @@ from kvgate.loadresult import (
     ArmLoad,
     LoadSummary,
     LoadVerdict,
+    OutputFigures,
+    PrefixProbe,
     StagePoint,
     StageStatus,
     overall,
@@ -247,13 +249,23 @@ def fake_runs(
             for s in plan.stages
         )  # fmt: skip
         engine_saw(after, plan, stages, (output_factor or {}).get(arm, 1.0))
-        return LoadRun(0, stages, work_dir / "c.yaml", work_dir / "log", "")
+        output = OutputFigures(requests=210, pieces=210 * 128, repeated=OUTPUT_REPEATS[arm])
+        return LoadRun(0, stages, work_dir / "c.yaml", work_dir / "log", "", output)
 
     monkeypatch.setattr("kvgate.load.runner.run_load", run_load)
     monkeypatch.setattr(load_job, "_reachable", lambda url: reachable or url.endswith(":1"))
     monkeypatch.setattr(load_job, "_preemptions", lambda url: None)
     monkeypatch.setattr(load_job, "_engine_now", lambda url: None)
+    monkeypatch.setattr(load_job, "_prefix_probe", lambda url, model: PROBES[url])
     monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
+
+
+# What each arm's responses held and its prefix probe found (per arm, by URL): carried as is
+OUTPUT_REPEATS = {"control": 3, "candidate": 13_000}
+PROBES = {
+    "http://127.0.0.1:1": PrefixProbe(queries=200.0, hits=96.0, enabled=True),
+    "http://127.0.0.1:2": PrefixProbe(queries=0.0, hits=0.0, enabled=False),
+}
 
 
 def summary_line(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -277,6 +289,12 @@ def test_every_stage_measured_exits_0(
     summary = LoadSummary.from_dict(last)
     assert summary.candidate is not None
     assert [s.requests for s in summary.candidate.stages] == [64, 2, 16, 128]
+    # each arm's output figures and prefix probe are in the summary the gate reads
+    assert summary.control is not None and summary.control.output is not None
+    assert (summary.control.output.repeated, summary.candidate.output.repeated) == (3, 13_000)  # type: ignore[union-attr]
+    assert summary.control.prefix_cache == PROBES["http://127.0.0.1:1"]
+    assert summary.candidate.prefix_cache == PROBES["http://127.0.0.1:2"]
+    assert last["candidate"]["prefixCache"]["enabled"] is False
 
 
 def test_an_arm_out_of_room_at_a_stage_is_partial_and_exits_3(

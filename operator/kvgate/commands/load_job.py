@@ -54,6 +54,7 @@ from kvgate.loadresult import (
     ArmLoad,
     LoadSummary,
     LoadVerdict,
+    PrefixProbe,
     StagePoint,
     StageStatus,
     overall,
@@ -74,6 +75,12 @@ EXIT_CODES: Final = {
 }
 POLL_S: Final = 1.0
 PROBE_TIMEOUT_S: Final = 5.0
+# The prefix probe's prompt, sent twice: long enough for several whole KV blocks (16 tokens on
+# vLLM) in any tokenizer, so the second send hits the first's blocks when prefix caching is on.
+PREFIX_PROBE_PROMPT: Final = " ".join(
+    f"Line {n}: kvgate sends this same prompt twice to see the prefix cache hit." for n in range(16)
+)
+PREFIX_PROBE_READS: Final = 5  # the counters move with the engine's next stats record
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +288,41 @@ def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | No
 def _preemptions(base_url: str, *, client: Any = None) -> float | None:
     now = _engine_now(base_url, client=client)
     return None if now is None else now.preemptions
+
+
+def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixProbe:
+    """The engine's prefix cache seen from outside: its counters across the same prompt sent
+    twice (max_tokens 1), read again up to PREFIX_PROBE_READS times a second apart until the
+    hits or queries move; and cache_config_info's enable_prefix_caching. Before the load and
+    its counted window, so the token counts checked after the run are not touched."""
+    import time
+
+    import httpx
+
+    from kvgate.adapters import http
+    from kvgate.errors import InputError, ScrapeError
+
+    metrics = base_url.rstrip("/") + "/metrics"
+    body = {"model": model, "prompt": PREFIX_PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
+    try:
+        before = http.scrape_snapshot(metrics, client=client, timeout=PROBE_TIMEOUT_S)
+        with httpx.Client(trust_env=False, timeout=PROBE_TIMEOUT_S * 6) as poster:
+            for _ in range(2):
+                poster.post(base_url.rstrip("/") + "/v1/completions", json=body).raise_for_status()
+        for read in range(PREFIX_PROBE_READS):
+            after = http.scrape_snapshot(metrics, client=client, timeout=PROBE_TIMEOUT_S)
+            if (after.prefix_cache_hits or 0) > (before.prefix_cache_hits or 0):
+                break
+            if read + 1 < PREFIX_PROBE_READS:
+                time.sleep(1.0)
+    except (ScrapeError, InputError, httpx.HTTPError) as exc:
+        return PrefixProbe(error=f"prefix probe: {str(exc)[:200]}")
+    flag = after.cache_config.get("enable_prefix_caching")
+    return PrefixProbe(
+        queries=_increase(before.prefix_cache_queries, after.prefix_cache_queries),
+        hits=_increase(before.prefix_cache_hits, after.prefix_cache_hits),
+        enabled=None if flag is None else flag.lower() == "true",
+    )
 
 
 @dataclass(frozen=True)
@@ -495,6 +537,13 @@ def _run_both(
         except BaseException as exc:  # re-raised in the main thread
             failures[name] = exc
 
+    # vLLM's prefix cache (SGLang exports no such counters), probed before the counted window
+    probes = {
+        name: _prefix_probe(plans[name].base_url, plans[name].model_name)
+        if plans[name].server_type == "vllm"
+        else None
+        for name in ARMS
+    }
     preempted_before = {name: _preemptions(plans[name].base_url) for name in ARMS}
     # Read last before the runs start: the arms' counters may move only by this load from here.
     counted_before = {name: _token_counters(plans[name].base_url) for name in ARMS}
@@ -566,6 +615,8 @@ def _run_both(
             preemptions=_increase(
                 preempted_before[name], _preemptions(plans[name].base_url) if reachable else None
             ),
+            output=result.output,
+            prefix_cache=probes[name],
         )
         emit(
             {

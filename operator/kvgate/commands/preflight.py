@@ -25,6 +25,7 @@ from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.formatcapacity import format_capacity
+from kvgate.fp8advice import fp8_guidance
 from kvgate.inputs import finite_float
 
 HELP = catalog.help_of("preflight")
@@ -139,6 +140,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the backend whose page layout to follow for --kv-cache-dtype (e.g. CPU_ATTN)",
     )
+    parser.add_argument(
+        "--typical-context",
+        type=int,
+        metavar="N",
+        help="prompt plus output tokens of a typical request: checked against vLLM's FP8 "
+        "decode break-even (about 7k tokens)",
+    )
+    parser.add_argument(
+        "--ttft-objective",
+        action="store_true",
+        help="production has a TTFT objective (head_dim 256 prefill costs more under FP8)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -156,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--vllm-version", str(exc)) from None
     if not 0 < args.timeout <= 3600:
         raise SpecError("--timeout", f"{args.timeout:g} is not in (0, 3600] seconds")
+    if args.typical_context is not None and args.typical_context < 1:
+        raise SpecError("--typical-context", f"{args.typical_context} is below 1; use tokens")
     if not 1 <= args.block_size <= 4096:
         raise SpecError("--block-size", f"{args.block_size} is not in [1, 4096] tokens")
     for name in args.kv_cache_dtype:
@@ -181,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         formats=tuple(args.kv_cache_dtype),
         skip_layers=tuple(args.kv_cache_dtype_skip_layers),
+        typical_context=args.typical_context,
+        ttft_objective=args.ttft_objective,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -202,9 +219,12 @@ def preflight(
     timeout_s: float = DEFAULT_HUB_TIMEOUT_S,
     formats: Sequence[str] = (),
     skip_layers: Sequence[str] = (),
+    typical_context: int | None = None,
+    ttft_objective: bool = False,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data; `formats`
-    adds a `formats` section (kvgate.formatcapacity) for each named vLLM KV format."""
+    adds a `formats` section (kvgate.formatcapacity) for each named vLLM KV format, and
+    `fp8_guidance` holds vLLM's own reasons to avoid FP8 that apply (kvgate.fp8advice)."""
     from kvgate.adapters import hub
 
     try:
@@ -219,6 +239,15 @@ def preflight(
             timeout_s,
         )
         layout, scales = summary.pop("_layout"), summary.pop("_scales")
+        guidance = fp8_guidance(
+            head_dim=layout.head_dim,
+            sliding_window_layers=layout.sliding_window_layers,
+            kv_layers=layout.kv_layers,
+            typical_context=typical_context,
+            ttft_objective=ttft_objective,
+            skip_layers=tuple(skip_layers),
+        )
+        summary["fp8_guidance"] = [g.to_dict() for g in guidance]
         if formats:
             summary["formats"] = _formats(
                 layout, scales, formats, skip_layers, memory_bytes, max_model_len,
@@ -505,6 +534,9 @@ def render_text(result: dict[str, Any]) -> str:
         )
     rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
     rows.extend(f"advice     {line}" for line in result.get("advice") or advice(result))
+    rows.extend(
+        f"vllm says  {g['message']} ({g['source']})" for g in result.get("fp8_guidance") or ()
+    )
     rows.extend(f"note       {note}" for note in result["notes"])
     read = result.get("read")
     if read:

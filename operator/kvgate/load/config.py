@@ -137,7 +137,16 @@ def inference_perf_config(plan: LoadPlan) -> dict[str, Any]:
         "request_lifecycle": {
             "summary": True,
             "per_stage": True,
-            "per_request": False,
+            # each response's streamed pieces and usage, read for what the output holds
+            # (kvgate.load.output): the raw SSE body and the usage, not the prompts
+            "per_request": True,
+            "per_request_fields": {
+                "request": False,
+                "response": True,
+                "info": True,
+                "response_chunks": False,  # the same pieces are in the response body
+                "computed_metrics": False,
+            },
             "percentiles": list(PERCENTILES),
             # tok/s and TPOT from the engine's own count of each response (usage, a count of
             # decode steps), not the client re-tokenizing the streamed text: on real vLLM a

@@ -17,7 +17,9 @@ from pathlib import Path
 import yaml
 
 from kvgate.load.config import LoadPlan, inference_perf_config
+from kvgate.load.output import PER_REQUEST_FILE, read_output
 from kvgate.load.report import VALIDATION_FILE, StageJudgement, judge_reports, stage_file
+from kvgate.loadresult import OutputFigures
 
 REPO = Path(__file__).resolve().parents[3]
 LOAD_VENV = REPO / ".venv-load"  # made by `make loadenv`
@@ -44,6 +46,7 @@ class LoadRun:
     config_path: Path
     log_path: Path
     log_tail: str
+    output: OutputFigures | None = None  # what the responses held (None: no per-request report)
 
     @property
     def all_measured(self) -> bool:
@@ -51,7 +54,7 @@ class LoadRun:
 
 
 def read_report_files(report_dir: Path, plan: LoadPlan) -> dict[str, str]:
-    names = [stage_file(number) for number in range(len(plan.stages))] + [VALIDATION_FILE]
+    names = [stage_file(n) for n in range(len(plan.stages))] + [VALIDATION_FILE, PER_REQUEST_FILE]
     return {
         name: (report_dir / name).read_text() for name in names if (report_dir / name).is_file()
     }
@@ -105,7 +108,9 @@ def run_load(
         except subprocess.TimeoutExpired:
             stop_group(proc)
             exit_code = None
-    stages = judge_reports(plan, read_report_files(report_dir, plan))
+    files = read_report_files(report_dir, plan)
+    stages = judge_reports(plan, files)
+    output = read_output(files.get(PER_REQUEST_FILE), plan.output_tokens)
     if exit_code != 0:
         why = (
             f"inference-perf killed after {timeout_s:g}s"
@@ -116,4 +121,4 @@ def run_load(
             replace(stage, status="error", reasons=(*stage.reasons, why)) for stage in stages
         )
     tail = log_path.read_bytes()[-LOG_TAIL_CHARS:].decode(errors="replace")
-    return LoadRun(exit_code, stages, config_path, log_path, tail)
+    return LoadRun(exit_code, stages, config_path, log_path, tail, output)

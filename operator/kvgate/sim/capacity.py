@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Final
 
 from kvgate.sim.config import GIB, ModelProfile
 
@@ -13,10 +14,15 @@ ACTIVATION_PEAK_GIB = 1.02  # profile run at max_num_batched_tokens for an 8B mo
 CUDA_GRAPH_GIB = 0.45  # counted against the budget from vLLM 0.21 (memory profiling of graphs)
 
 
-# Dtypes the engines accept and the simulator models; others (nvfp4, per-token-head, ...)
+# Dtypes the engines accept and the simulator models; others (nvfp4, fp8_per_token_head, ...)
 # are valid engine choices but refused here rather than silently run as BF16.
+# vLLM's integer per-(token, head) formats, by bytes per element: on TRITON_ATTN (the backend
+# that packs them) a token's page per layer and KV head is K and V at that size plus one fp32
+# scale each (triton_attn.py:283-295 in 0.32; kvgate.kvformats). Scales are computed at write
+# time, never read from the checkpoint.
+PER_TOKEN_HEAD: Final = {"int8_per_token_head": 1.0, "int4_per_token_head": 0.5}
 EMULATED_KV_DTYPES = frozenset(
-    {"auto", "bfloat16", "bf16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"}
+    {"auto", "bfloat16", "bf16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", *PER_TOKEN_HEAD}
 )
 
 
@@ -33,6 +39,19 @@ def not_emulated(engine: str, version: str, kv_cache_dtype: str) -> int:
 def kv_dtype_bytes(kv_cache_dtype: str) -> int:
     """Bytes per element: FP8 variants are one byte, everything else BF16."""
     return 1 if kv_cache_dtype.startswith("fp8") else 2
+
+
+def quantized_kv(kv_cache_dtype: str) -> bool:
+    """A KV cache below 16 bits: the arm KVGATE_SIM_FP8_* and the FP8-only faults apply to."""
+    return kv_dtype_bytes(kv_cache_dtype) == 1 or kv_cache_dtype in PER_TOKEN_HEAD
+
+
+def kv_bytes_per_token(model: ModelProfile, kv_cache_dtype: str) -> int:
+    """The bytes one token occupies in the pool, every layer's K and V (and their scales)."""
+    element = PER_TOKEN_HEAD.get(kv_cache_dtype)
+    if element is None:
+        return model.kv_bytes_per_token(kv_dtype_bytes(kv_cache_dtype))
+    return model.layers * model.kv_heads * (int(2 * model.head_dim * element) + 2 * 4)
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ def plan_vllm(
     if version >= (0, 21):
         overhead += CUDA_GRAPH_GIB
     available = max(0, int((requested - overhead) * GIB))
-    per_token = model.kv_bytes_per_token(kv_dtype_bytes(kv_cache_dtype))
+    per_token = kv_bytes_per_token(model, kv_cache_dtype)
     blocks = available // (per_token * BLOCK_SIZE)
     return KvPlan(total_gib, requested, available, per_token, blocks, blocks * BLOCK_SIZE)
 
@@ -75,7 +94,7 @@ def plan_sglang(
     """SGLang: what is left of total x mem_fraction_static after the weights, per token."""
     requested = total_gib * mem_fraction_static
     available = max(0, int((requested - model.weights_gib - NON_TORCH_GIB) * GIB))
-    per_token = model.kv_bytes_per_token(kv_dtype_bytes(kv_cache_dtype))
+    per_token = kv_bytes_per_token(model, kv_cache_dtype)
     tokens = available // per_token
     return KvPlan(total_gib, requested, available, per_token, tokens, tokens)
 

@@ -144,6 +144,8 @@ FAULTS = (
     "metrics-kv-dtype",
     "reworded-log",
     "no-cache-info",
+    "duplicate-tokens",
+    "no-prefix-caching",
 )
 
 
@@ -163,6 +165,12 @@ class Faults:
     reworded_log: bool = False
     # vLLM's /metrics without vllm:cache_config_info (an engine that exports no cache info)
     no_cache_info: bool = False
+    # A quantized KV arm emits every second output token as a copy of the one before it, the
+    # usage still counting what was asked (intel/llm-scaler#721: a harness read it as faster)
+    duplicate_tokens: bool = False
+    # A quantized KV arm runs with prefix caching off (rwlove/home-ops#13384): no prefix hits,
+    # cache_config_info enable_prefix_caching False
+    no_prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,6 +422,8 @@ def parse_faults(raw: str, gpu: GpuProfile) -> Faults:
         metrics_kv_dtype=metrics_dtype,
         reworded_log="reworded-log" in flags,
         no_cache_info="no-cache-info" in flags,
+        duplicate_tokens="duplicate-tokens" in flags,
+        no_prefix_caching="no-prefix-caching" in flags,
     )
 
 

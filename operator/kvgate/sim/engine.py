@@ -18,7 +18,7 @@ import math
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +29,7 @@ from kvgate.sim.config import GIB, GpuProfile, LoadSpec, ModelProfile
 MIN_TICK = 0.002  # wall seconds; shorter steps are batched into one tick to spare the CPU
 BANDWIDTH_EFFICIENCY = 0.8
 PREFILL_MFU = 0.5
+PREFIX_CACHE_BLOCKS = 1 << 16  # block hashes remembered for prefix hits (LRU)
 
 
 class Histogram:
@@ -66,6 +67,10 @@ class Stats:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    # vLLM's prefix cache counters, in tokens: queried (0 while caching is off, as vLLM counts
+    # nothing then) and found cached, by whole blocks
+    prefix_queries: int = 0
+    prefix_hits: int = 0
     preemptions: int = 0
     last_preemptions: int = 0  # in the last scheduler step (SGLang's gauge)
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
@@ -107,6 +112,8 @@ class Request:
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    # one hash per whole block of the prompt, each over every token up to the block's end
+    prefix_blocks: tuple[int, ...] = ()
 
     @property
     def target(self) -> int:
@@ -137,6 +144,7 @@ class Scheduler:
         on_finished: Callable[[Request], None] | None = None,
         fp8_kv: bool = False,
         length_buckets: Sequence[float] = (),
+        prefix_caching: bool = True,
     ) -> None:
         self.gpu = gpu
         self.fp8_kv = fp8_kv  # reading the pool costs the GPU's FP8 dequantization too
@@ -164,6 +172,9 @@ class Scheduler:
         self._gen_window: deque[tuple[float, int]] = deque()
         self._prefill_debt = 0
         self.clock = 0.0  # engine seconds: advanced by each step's modelled duration
+        # Prefix caching, counted only: hits do not shorten prefill or share blocks here
+        self.prefix_caching = prefix_caching
+        self._cached_blocks: OrderedDict[int, None] = OrderedDict()
 
     # ---- public -------------------------------------------------------------
     def start(self) -> None:
@@ -270,10 +281,29 @@ class Scheduler:
                 # counted once per request, as vLLM V1 does: a preempted sequence's recompute
                 # is prefill work, not more prompt tokens
                 self.stats.prompt_tokens += request.prompt_tokens
+                self._count_prefix(request)
             self._running.append(request)
             used_blocks += need
             prefill += request.context
         return used_blocks, prefill
+
+    def _count_prefix(self, request: Request) -> None:
+        """vLLM's prefix cache counters for one admitted request: the leading blocks already
+        seen are hits; then its blocks are remembered (the oldest forgotten past a bound)."""
+        if not self.prefix_caching:
+            return
+        self.stats.prefix_queries += request.prompt_tokens
+        hit = 0
+        for block in request.prefix_blocks:
+            if block not in self._cached_blocks:
+                break
+            hit += 1
+        self.stats.prefix_hits += hit * self.block_size
+        for block in request.prefix_blocks:
+            self._cached_blocks[block] = None
+            self._cached_blocks.move_to_end(block)
+        while len(self._cached_blocks) > PREFIX_CACHE_BLOCKS:
+            self._cached_blocks.popitem(last=False)
 
     def _preempt(self) -> None:
         """Free the newest sequences until the pool fits again (recompute on readmission)."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from kvgate.sim import cli, dcgm
-from kvgate.sim.capacity import BLOCK_SIZE, kv_dtype_bytes
+from kvgate.sim.capacity import BLOCK_SIZE, kv_dtype_bytes, quantized_kv
 from kvgate.sim.config import SimConfigError, SimEnv, parse_version, read_env
 from kvgate.sim.context import ContextModel
 from kvgate.sim.engine import Request, Scheduler, SyntheticLoad
@@ -200,7 +200,7 @@ class Runner:
 
     def _app(self, index: Gsm8kIndex) -> App:
         args, env = self.args, self.env
-        fp8 = args.kv_cache_dtype.startswith("fp8")
+        fp8 = quantized_kv(args.kv_cache_dtype)  # any KV cache below 16 bits loses alike
         context = ContextModel(
             fp8=fp8,
             curve=env.fp8_context,
@@ -232,6 +232,7 @@ class Runner:
             log=self.vlog if args.engine == "vllm" else self.slog,
             registry=None,
             access_log=args.access_log,
+            duplicate_tokens=env.faults.duplicate_tokens and quantized_kv(args.kv_cache_dtype),
         )
 
     def _start_engine(self, startup: VllmStartup | SglangStartup, app: App) -> Scheduler:
@@ -258,6 +259,7 @@ class Runner:
             on_finished=self._count,
             fp8_kv=kv_dtype_bytes(args.kv_cache_dtype) == 1,
             length_buckets=length_buckets,
+            prefix_caching=not (env.faults.no_prefix_caching and quantized_kv(args.kv_cache_dtype)),
         )
         self.scheduler = app.scheduler = scheduler
         model = args.served_model_name

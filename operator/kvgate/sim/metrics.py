@@ -135,14 +135,14 @@ class VllmCollector(Collector):
                     "GPU prefix cache queries, in terms of number of queried"
                     "tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.",
                     labels,
-                    s.prompt_tokens,
+                    s.prefix_queries,
                 )
                 yield _counter(
                     "vllm:gpu_prefix_cache_hits",
                     "GPU prefix cache hits, in terms of number of cached "
                     "tokens. DEPRECATED: Use vllm:prefix_cache_hits instead.",
                     labels,
-                    0,
+                    s.prefix_hits,
                 )
             yield _gauge(
                 "vllm:kv_cache_usage_perc",
@@ -154,13 +154,13 @@ class VllmCollector(Collector):
                 "vllm:prefix_cache_queries",
                 "Prefix cache queries, in terms of number of queried tokens.",
                 labels,
-                s.prompt_tokens,
+                s.prefix_queries,
             )
             yield _counter(
                 "vllm:prefix_cache_hits",
                 "Prefix cache hits, in terms of number of cached tokens.",
                 labels,
-                0,
+                s.prefix_hits,
             )
             yield _counter(
                 "vllm:num_preemptions",

@@ -63,6 +63,8 @@ class App:
     state: str = "starting"
     created: int = field(default_factory=lambda: int(time.time()))
     context: ContextModel = field(default_factory=lambda: ContextModel(fp8=False))
+    # KVGATE_SIM_FAULTS duplicate-tokens on a quantized KV arm: every second piece repeats
+    duplicate_tokens: bool = False
 
     def count_tokens(self, text: str) -> int:
         return textgen.count_tokens(text)
@@ -383,8 +385,11 @@ class Handler(BaseHTTPRequestHandler):
             text += filler * repeats
         stop = _stop_list(body)
         pieces, reason = textgen.plan_output(text, stop, max_tokens, ends_with_eos=not ignore_eos)
+        if self.app.duplicate_tokens:
+            pieces = [pieces[i - 1] if i % 2 else piece for i, piece in enumerate(pieces)]
         return Request(
             prompt_tokens=prompt_tokens,
+            prefix_blocks=textgen.block_hashes(rendered, self.app.scheduler.block_size),
             pieces=pieces,
             finish_reason=reason,
             stream=Queue() if stream else None,

@@ -20,6 +20,18 @@ def count_tokens(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
+def block_hashes(text: str, block_size: int) -> tuple[int, ...]:
+    """One hash per whole block of `text`'s tokens, each covering every token before the
+    block's end (vLLM's chained block hash): equal hashes mean an equal prefix."""
+    pieces = _PIECE.findall(text)
+    hashes: list[int] = []
+    running = 0
+    for end in range(block_size, len(pieces) + 1, block_size):
+        running = hash((running, tuple(pieces[end - block_size : end])))
+        hashes.append(running)
+    return tuple(hashes)
+
+
 def plan_output(
     text: str, stop: Sequence[str], max_tokens: int, ends_with_eos: bool = True
 ) -> tuple[list[str], str]:

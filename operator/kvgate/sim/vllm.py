@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from kvgate.sim.capacity import (
     BLOCK_SIZE,
     EMULATED_KV_DTYPES,
+    PER_TOKEN_HEAD,
     KvPlan,
     not_emulated,
     plan_vllm,
+    quantized_kv,
 )
 from kvgate.sim.cli import ServeArgs
 from kvgate.sim.config import GIB, SimEnv
@@ -37,6 +39,10 @@ SITE = "/usr/local/lib/python3.12/dist-packages"
 FP8_INFO_OLD = (
     "Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the "
     "performance. Meanwhile, it may cause accuracy drop without a proper scaling factor."
+)
+PER_TOKEN_HEAD_INFO = (
+    "Using %s data type to store kv cache. It reduces the GPU memory footprint and boosts the "
+    "performance. Dynamic per-token-head scales will be computed at runtime."
 )
 FP8_INFO_NEW = (
     "Using %s data type to store kv cache. It reduces the GPU memory footprint and boosts the "
@@ -426,6 +432,11 @@ class VllmStartup:
     def version(self) -> tuple[int, ...]:
         return self.env.version_tuple
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Off only under the no-prefix-caching fault, on a quantized KV arm."""
+        return not (self.env.faults.no_prefix_caching and quantized_kv(self.args.kv_cache_dtype))
+
     def _pause(self, share: float) -> None:
         if self.env.startup_delay:
             time.sleep(self.env.startup_delay * share)
@@ -534,6 +545,8 @@ class VllmStartup:
                 log.info(API, "cache.py:180", FP8_INFO_OLD)
             else:
                 log.info(API, "cache.py:206", FP8_INFO_NEW.replace("%s", kv))
+        elif kv in PER_TOKEN_HEAD:  # tests/data/real-engine/kv-formats/int8_per_token_head.log
+            log.info(API, "cache.py:354", PER_TOKEN_HEAD_INFO.replace("%s", kv))
         if v < (0, 11) and not v1_supports_kv_dtype_010(env.gpu.sm, kv, self.explicit_backend()):
             raise self._v0_fallback()
         log.info(
@@ -552,7 +565,8 @@ class VllmStartup:
             f"disable_custom_all_reduce=False, quantization={env.checkpoint_quant}, "
             "enforce_eager=False, "
             f"kv_cache_dtype={kv}, device_config=cuda, seed=0, served_model_name={args.served_model_name}, "
-            "enable_prefix_caching=True, chunked_prefill_enabled=True, pooler_config=None",
+            f"enable_prefix_caching={self.prefix_caching}, chunked_prefill_enabled=True, "
+            "pooler_config=None",
         )
         log.info(
             CORE,
@@ -699,7 +713,7 @@ class VllmStartup:
             "block_size": BLOCK_SIZE,
             "cache_dtype": self.env.faults.metrics_kv_dtype or self.args.kv_cache_dtype,
             "cpu_offload_gb": 0,
-            "enable_prefix_caching": True,
+            "enable_prefix_caching": self.prefix_caching,
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
             "is_attention_free": False,
             "kv_cache_memory_bytes": None,
