@@ -196,7 +196,8 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["KVGATE_METRICS_PORT"] == "9090"
     assert env["KVGATE_EVAL_IMAGE"] == "ghcr.io/kvgate/kvgate-eval:0.1.0"
-    assert "KVGATE_GSM8K_DIR" not in env
+    # the eval image's copy by default: the eval Job's policy then opens no HTTPS (security-2 C)
+    assert env["KVGATE_GSM8K_DIR"] == "/data/gsm8k"
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
     svc = one(docs, "Service")

@@ -83,6 +83,10 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
     secret_problem = sources.hub_token_problem(*args) or sources.forge_token_problem(*args)
     if secret_problem:  # fail closed before any Pod or Job exists
         return Observation(spec_errors=(secret_problem,)), NOTHING
+    try:  # the eval Job's bounds: a rollout may lower them, never raise or drop them
+        manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources)
+    except InputError as exc:
+        return Observation(spec_errors=(str(exc),)), NOTHING
     spec = ctx.spec
     dep = seen.deployment
     if dep is None:

@@ -33,6 +33,9 @@ from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 TASK_FILES: Final = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k_cot.yaml"}
 GSM8K_ENV: Final = "KVGATE_GSM8K_DIR"
 HF_DATASET: Final = ("openai/gsm8k", "main")
+# The dataset's commit on the Hub: a download never takes whatever `main` is that day, so two
+# evals (and a cache filled elsewhere) read the same questions (security-2.md, finding B).
+GSM8K_REVISION: Final = "e53f048856ff4f594e959d75785d2c2d37b678ee"
 # The Hub dataset's parquet files for the "main" config, fetched (or found in the local HF cache)
 # before any arm is contacted; lm-eval then reads them as local files.
 HF_FILES: Final = {
@@ -167,6 +170,7 @@ def resolve_hub_dataset(
                     HF_DATASET[0],
                     filename,
                     repo_type="dataset",
+                    revision=GSM8K_REVISION,
                     cache_dir=cache,
                     local_files_only=local_only,
                     endpoint=endpoint,
