@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 from kvgate.commands import catalog
 from kvgate.commands.diverge import ScreenOptions, add_screen_options
 from kvgate.commands.exit_codes import EXIT_BUG
+from kvgate.commands.failure import report_summary_error
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -48,8 +49,15 @@ SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-m
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
-    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument(
+        "--control-url",
+        required=True,
+        help="the control engine: http://IP:8000 or its completions endpoint "
+        "http://IP:8000/v1/completions",
+    )
+    parser.add_argument(
+        "--candidate-url", required=True, help="the candidate engine, the same form"
+    )
     parser.add_argument(
         "--model", help="served model name of both arms (default: the one each endpoint serves)"
     )
@@ -194,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         EvalSettings,
         LmEvalRunner,
         check_endpoint,
-        check_url,
+        completions_url,
         count_test_questions,
         resolve_data_dir,
         resolve_hub_dataset,
@@ -204,12 +212,13 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, field), "--" + field.replace("_", "-"))
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
+    chat = args.api == "chat" or args.chat_template
     requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
-        "control": (args.control_url, args.control_model or args.model),
-        "candidate": (args.candidate_url, args.candidate_model or args.model),
-    }
-    for name, (url, _) in requested.items():
-        check_url(name, url)
+        "control": (completions_url("control", args.control_url, chat=chat),
+                    args.control_model or args.model),
+        "candidate": (completions_url("candidate", args.candidate_url, chat=chat),
+                      args.candidate_model or args.model),
+    }  # fmt: skip
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     settings = EvalSettings(
         task=args.task,
@@ -339,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
         summary["nonce"] = nonce
     emit(summary)
     final = summary["overall"]["verdict"] if long_context is not None else summary["verdict"]
+    report_summary_error("eval", summary, final)
     return exit_code if exit_code is not None else EXIT_CODES[Verdict(final)]
 
 

@@ -260,6 +260,26 @@ def check_url(name: str, url: str) -> None:
         raise SpecError(f"--{name}-url", f"{url!r} is not an http(s) URL")
 
 
+def completions_url(name: str, url: str, *, chat: bool = False) -> str:
+    """The arm's completions endpoint from what was typed: a base URL (`http://A:8000`, the
+    form `load-job` takes) or `.../v1` gets the path appended; a URL ending in `/completions`
+    is kept. Anything else is refused before a request is sent (first-hour-2 N2: a base URL
+    was posted to as is, and the engine's 400 came back after three retries as exit 4)."""
+    check_url(name, url)
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    endpoint = "chat/completions" if chat else "completions"
+    if path in ("", "/v1"):
+        path = f"{path or '/v1'}/{endpoint}"
+    elif not path.endswith("/completions"):
+        raise SpecError(
+            f"--{name}-url",
+            f"{url!r} is neither a base URL ({parts.scheme}://{parts.netloc}) nor the "
+            f"completions endpoint ({parts.scheme}://{parts.netloc}/v1/{endpoint})",
+        )
+    return parts._replace(path=path).geturl()
+
+
 def check_endpoint(name: str, url: str, model: str | None, timeout: float = 10.0) -> Arm:
     """GET {server}/v1/models: the endpoint answers and serves the model name we will send.
 
