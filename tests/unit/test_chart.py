@@ -633,23 +633,37 @@ def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize(("version", "installs"), [("v1.35.4", False), ("v1.36.0", True)])
-def test_the_chart_refuses_a_cluster_older_than_its_defaults_need(
-    helm: str, version: str, installs: bool
+@pytest.mark.parametrize(
+    ("version", "sets", "refused_by"),
+    [
+        ("v1.29.9", [], "kubeVersion: >=1.30.0-0"),
+        ("v1.35.4", [], "approvalPolicy needs Kubernetes 1.36 or newer"),
+        ("v1.35.4", ["approvalPolicy.enabled=false"], None),
+        ("v1.30.0", ["approvalPolicy.enabled=false"], None),
+        ("v1.36.0", [], None),
+    ],
+)
+def test_the_chart_installs_from_1_30_and_says_what_1_30_to_1_35_need(
+    helm: str, version: str, sets: list[str], refused_by: str | None
 ) -> None:
-    # The default MutatingAdmissionPolicy is admissionregistration.k8s.io/v1, GA from 1.36: on
-    # 1.35 a default install would fail half-way, so helm must refuse it up front, in one line.
-    result = run_helm(helm, "template", "kvgate", str(CHART), "--kube-version", version)
-    if installs:
+    """first-hour-2 N6: the floor was 1.36 although only the approval policy needs it. Now 1.30
+    (the status policy's v1 ValidatingAdmissionPolicy); before 1.36 the approval policy's
+    template stops the install in one line naming approvalPolicy.enabled=false."""
+    args = [a for s in sets for a in ("--set", s)]
+    result = run_helm(helm, "template", "kvgate", str(CHART), "--kube-version", version, *args)
+    if refused_by is None:
         assert result.returncode == 0, result.stderr
-        assert "kind: MutatingAdmissionPolicy" in result.stdout
-        assert "apiVersion: admissionregistration.k8s.io/v1" in result.stdout
+        kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
+        assert "ValidatingAdmissionPolicy" in kinds  # the status policy stays on
+        assert ("MutatingAdmissionPolicy" in kinds) is (not sets)
     else:
         assert result.returncode != 0
         # helm's own lines (the CRD symlink note, "Use --debug") aside, one error says why.
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1, result.stderr
-        assert "kubeVersion: >=1.36.0-0" in errors[0] and "v1.35.4" in errors[0], errors
+        assert refused_by in errors[0] and version in errors[0], errors
+        if "approvalPolicy" in refused_by:
+            assert "--set approvalPolicy.enabled=false" in errors[0]
 
 
 @pytest.mark.parametrize(
