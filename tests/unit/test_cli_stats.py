@@ -174,8 +174,8 @@ def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
         (["--paired", "0,0,0,0"], "--paired: '0,0,0,0' has 0 questions"),
         (["--paired", "1,2,3,4", "--margin", "2"], "--margin: 2.0 is not in (0, 1)"),
         # the CRD's margin is in points: a value copied from the YAML gets its fraction named
-        (["--paired", "1,2,3,4", "--margin", "2"], "(2 pp = 0.02)"),
-        (["--paired", "1,2,3,4", "--margin", "150"], "use a fraction such as 0.02 (2 pp)"),
+        (["--paired", "1,2,3,4", "--margin", "2"], "a margin is a fraction; write 0.02 or 2pp"),
+        (["--paired", "1,2,3,4", "--margin", "150"], "a margin is a fraction; write 0.02 or 2pp"),
         (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
         ([], "kvgate stats: error: give exactly one of"),
         (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: error: give exactly one of"),

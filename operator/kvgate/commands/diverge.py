@@ -34,7 +34,7 @@ from kvgate.divergence import (
     screen,
 )
 from kvgate.errors import EvalError, SpecError
-from kvgate.inputs import bounded_int, finite_float
+from kvgate.inputs import bounded_int, finite_float, seconds
 
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
@@ -115,7 +115,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default: $KVGATE_GSM8K_DIR)")
     parser.add_argument(
-        "--timeout", type=finite_float(1.0, 86400.0), default=600.0, help="seconds per request"
+        "--timeout", type=seconds(1.0, 86400.0), default=600.0, help="time per request (600, 10m)"
     )
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
 

@@ -31,7 +31,7 @@ from kvgate.evaluation.gate import (
 from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, LongContextPlan
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
-from kvgate.inputs import bounded_int, finite_float
+from kvgate.inputs import bounded_int, finite_float, fraction, seconds
 from kvgate.spec import is_commit, is_local_path
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 
@@ -110,17 +110,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-retries", type=bounded_int(-100, 100), default=3, help="attempts per request"
     )
     parser.add_argument(
-        "--timeout", type=finite_float(-86400, 86400), default=300.0, help="seconds per request"
+        "--timeout",
+        type=seconds(-86400, 86400),
+        default=300.0,
+        help="time per request: seconds or a duration (300, 5m)",
     )
     parser.add_argument(
         "--margin",
-        type=finite_float(),
+        type=fraction(),
         default=DEFAULT_MARGIN,
-        help="largest tolerated loss (fraction)",
+        help="largest tolerated loss: a fraction or a percentage (0.02, 2pp)",
     )
     parser.add_argument(
         "--confidence",
-        type=finite_float(),
+        type=fraction(),
         default=DEFAULT_CONFIDENCE,
         help="one-sided confidence of the non-inferiority claim",
     )
@@ -158,9 +161,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     lc.add_argument(
         "--long-context-margin",
-        type=finite_float(),
+        type=fraction(),
         default=LC_MARGIN,
-        help="largest tolerated loss per bucket (fraction)",
+        help="largest tolerated loss per bucket: a fraction or a percentage",
     )
     lc.add_argument(
         "--recovery-floor",

@@ -43,6 +43,7 @@ from kvgate.commands.exit_codes import (
     EXIT_OK,
 )
 from kvgate.errors import SpecError
+from kvgate.inputs import seconds
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
 from kvgate.load.counts import EngineCounters, check_counts, client_counts
 from kvgate.load.report import StageJudgement, stage_file
@@ -117,8 +118,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slo-tpot-ms", type=float, help="... and its time per output token at most this"
     )
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
+    parser.add_argument(
+        "--request-timeout", type=seconds(), default=120.0, help="time per request (120, 2m)"
+    )
+    parser.add_argument(
+        "--timeout", type=seconds(), default=1800.0, help="time for each arm's run (1800, 30m)"
+    )
     parser.add_argument(
         "--tokenizer",
         help="the served model's source: a tokenizer directory, or a hub repo id read from the "

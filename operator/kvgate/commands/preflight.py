@@ -25,7 +25,7 @@ from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.formatcapacity import format_capacity
-from kvgate.inputs import finite_float
+from kvgate.inputs import finite_float, seconds
 
 HELP = catalog.help_of("preflight")
 DTYPES = ("bf16", "fp8")
@@ -77,10 +77,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=finite_float(),
+        type=seconds(),
         default=DEFAULT_HUB_TIMEOUT_S,
         metavar="S",
-        help="seconds the whole hub read may take, however slowly the hub answers",
+        help="how long the whole hub read may take, however slowly the hub answers "
+        "(seconds or a duration: 30, 30s, 2m)",
     )
     parser.add_argument(
         "--gpu-memory-gib",

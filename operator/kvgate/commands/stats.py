@@ -14,7 +14,7 @@ from kvgate.commands import catalog
 from kvgate.errors import InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
-from kvgate.inputs import finite_float, load_json, read_text
+from kvgate.inputs import fraction, load_json, read_text
 from kvgate.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
@@ -61,13 +61,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--margin",
-        type=finite_float(),
+        type=fraction(),
         default=None,
-        help=f"largest tolerated loss, a fraction (default: {DEFAULT_MARGIN})",
+        help=f"largest tolerated loss: a fraction or a percentage, 0.02 or 2pp "
+        f"(default: {DEFAULT_MARGIN})",
     )
     parser.add_argument(
         "--confidence",
-        type=finite_float(),
+        type=fraction(),
         default=None,
         help=f"one-sided (default: {DEFAULT_CONFIDENCE})",
     )
@@ -174,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
     # A value read from the file is named as the file's field, so the error points at the input.
     where = f"{args.source}: margin" if args.margin is None and summary else "--margin"
     if not 0.0 < margin < 1.0:
-        hint = f" ({margin:g} pp = {margin / 100:g})" if 1.0 <= margin < 100.0 else ""
+        example = f"{margin / 100:g} or {margin:g}pp" if 1.0 <= margin < 100.0 else "0.02 or 2pp"
         raise SpecError(
-            where, f"{margin} is not in (0, 1); use a fraction such as 0.02 (2 pp){hint}"
+            where, f"{margin} is not in (0, 1): a margin is a fraction; write {example}"
         )
     where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
