@@ -8,6 +8,7 @@ Before, `scrape --timeout 5m` was "not a finite number", `wait --timeout 5` "not
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -129,13 +130,17 @@ def test_not_a_duration(text: str) -> None:
          "--usage-threshold: 90 is outside (0, 1]: a fraction; write 0.9 or 90%"),
         (["stats", "--paired", "1,2,3,4", "--margin", "2"],
          "--margin: 2.0 is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"),
+        (["eval", *URLS, "--margin", "2", "--data-dir", "{data}"],
+         "margin: 2.0 is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"),
         (["wait", "r", "--timeout", "soon"],
          "--timeout: 'soon' is not seconds (90) or a duration (90s, 5m, 1h30m)"),
     ],
 )  # fmt: skip
 def test_a_value_in_the_wrong_unit_is_refused_with_the_forms(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert cli.main(argv) == 2
+    for split in ("test", "train"):
+        (tmp_path / f"{split}.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    assert cli.main([a.format(data=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err

@@ -151,7 +151,9 @@ def plan_gate(
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise SpecError("chunk", f"{chunk!r} is not a positive number of questions")
     if not (0.0 < margin < 1.0):
-        raise SpecError("margin", f"{margin!r} is not in (0, 1); use a fraction such as 0.02")
+        raise SpecError(
+            "margin", f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
+        )
     if not (0.5 < confidence < 1.0):
         raise SpecError("confidence", f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
     if not (0.5 < fail_confidence < 1.0):
