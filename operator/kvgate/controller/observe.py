@@ -168,13 +168,15 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, StatusU
         return None, NOTHING
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.so_far.container
-    text = sources.pod_log(
-        ctx.kube, ctx.namespace, pod, container, with_previous=bool(health.restarts)
-    )
-    scan = sources.scan_engine_log(text, ctx.so_far.engine)
+    if health.restarts:  # the crash is in the previous container's log, the restart in this
+        previous, text = sources.pod_logs(ctx.kube, ctx.namespace, pod, container)
+    else:
+        previous, text = "", sources.pod_log(ctx.kube, ctx.namespace, pod, container)
+    scan = sources.scan_engine_log(text, ctx.so_far.engine, previous=previous)
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
-        tail = tuple(redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:])
+        both = f"{previous}\n{text}"  # a container that died at once has an empty log
+        tail = tuple(redact.scrub_text(line[:300]) for line in both.strip().splitlines()[-3:])
         scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
         arm_gpu(seen, arm, block),
