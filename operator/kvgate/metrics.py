@@ -224,6 +224,8 @@ class MetricSnapshot:
     taken_at: float | None = None
     prompt_lengths: Histogram | None = None  # tokens per finished request's prompt
     output_lengths: Histogram | None = None  # tokens per finished request's output
+    # kvgate.sim only, off real time: wall seconds per engine second (0.01: 100x faster)
+    time_scale: float | None = None
 
     @property
     def kv_cache_dtype(self) -> str | None:
@@ -466,6 +468,7 @@ def parse_metrics(
         taken_at=taken_at,
         prompt_lengths=histograms["prompt_lengths"],
         output_lengths=histograms["output_lengths"],
+        time_scale=next(iter(samples.by_name.get("kvgate_sim_time_scale", {}).values()), None),
     )
 
 

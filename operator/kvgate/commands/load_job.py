@@ -264,7 +264,7 @@ def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
         snap = http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S)
     except (ScrapeError, InputError):
         return None
-    return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting)
+    return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting, time_scale=snap.time_scale)
 
 
 def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | None:
@@ -292,6 +292,14 @@ def _preemptions(base_url: str, *, client: Any = None) -> float | None:
 class EngineNow:
     preemptions: float | None
     waiting: float | None
+    time_scale: float | None = None  # kvgate.sim off real time (kvgate_sim_time_scale)
+
+
+def _time_scale(base_url: str) -> float | None:
+    """A simulated engine's wall seconds per engine second, when it is not 1 (else None)."""
+    now = _engine_now(base_url)
+    scale = None if now is None else now.time_scale
+    return scale if scale is not None and 0 < scale < 1e6 and scale != 1 else None
 
 
 # inference-perf's log lines at each stage's start and end (loadgen/load_generator.py, 0.7.0)
@@ -571,6 +579,7 @@ def _run_both(
             preemptions=_increase(
                 preempted_before[name], _preemptions(plans[name].base_url) if reachable else None
             ),
+            time_scale=_time_scale(plans[name].base_url) if reachable else None,
         )
         emit(
             {

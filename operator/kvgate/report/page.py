@@ -226,7 +226,9 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     load = view.read_load(status)
     load_rows = rows.load_rows(load)
     if load_rows:
-        out.append("<h2>Load (inference-perf on both arms at once)</h2>")
+        out.append(
+            f"<h2>{e(rows.load_title(load, 'Load (inference-perf on both arms at once)'))}</h2>"
+        )
         out.append(render_load_svg(status))
         out.append(_html_table(rows.load_header(load), load_rows, numeric_from=1))
         notes = rows.load_notes(load)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from kvgate.loadresult import StagePoint
+from kvgate.loadresult import StagePoint, sim_time_note
 from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
     DASH,
@@ -346,7 +346,7 @@ def load_notes(load: Load | None) -> list[str]:
     (and where they were read), and why error stages are errors."""
     if load is None:
         return []
-    notes = []
+    notes = [sim_time_note(load.time_scale)] if load.time_scale is not None else []
     if load.gain is not None:
         notes.append(
             f"throughput gain at production load {load.production_concurrency}: {load.gain:.2f}x"
@@ -366,3 +366,10 @@ def load_notes(load: Load | None) -> list[str]:
             if not stage.measured and stage.reasons:
                 notes.append(f"{arm} at {level}: {stage.reasons[0]}")
     return notes
+
+
+def load_title(load: Load | None, what: str) -> str:
+    """The load section's heading; on a sped-up simulator it says so where the figures start."""
+    if load is None or load.time_scale is None:
+        return what
+    return f"{what}: simulated, {1 / load.time_scale:,.0f}x real time, wall-clock figures"

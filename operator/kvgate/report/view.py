@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from kvgate import crash, gates, manifests
 from kvgate.evalsummary import PairedRecord, TokenAgreement
-from kvgate.loadresult import StagePoint
+from kvgate.loadresult import StagePoint, time_scale
 from kvgate.model import Phase
 from kvgate.report.fields import (
     StatusLike,
@@ -306,6 +306,7 @@ def read_load(status: StatusLike) -> Load | None:
             and (count := finite_number(record.preemptions)) is not None
             and count >= 0
         },
+        time_scale=time_scale(summary.control, summary.candidate),
     )
 
 
