@@ -878,7 +878,7 @@ def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.Monkey
         "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed); "
         "remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and "
         "VLLM_USE_FLASHINFER_SAMPLER=0; set spec.extraArgs: [--attention-backend, TRITON_ATTN] "
-        "and spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        'and spec.extraEnv: [{name: VLLM_USE_FLASHINFER_SAMPLER, value: "0"}]; or set '
         "spec.canary.remediation: auto and kvgate applies it and tests again; "
         "log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), message

@@ -801,7 +801,7 @@ def test_the_l4_crash_leads_with_its_cause_and_says_where_the_remedy_goes() -> N
         "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed) "
         "remedy: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0 (for vllm "
         "0.13.0) where: set spec.extraArgs: [--attention-backend, TRITON_ATTN] and "
-        "spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        'spec.extraEnv: [{name: VLLM_USE_FLASHINFER_SAMPLER, value: "0"}]; or set '
         "spec.canary.remediation: auto and kvgate applies it and tests again "
         "engine log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), head
@@ -1062,3 +1062,14 @@ def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
     assert "<td>scales</td><td class='maybe'>Warning</td>" in page
     css = page[page.index("<style>") : page.index("</style>")]
     assert "td.skip{color:#5b6475}" in css and "td.maybe{color:#7a5500" in css
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(45, "45 s"), (252, "4 min 12 s"), (7500, "2 h 5 min"), (6782 * 60 + 18, "4 d 17 h")],
+)
+def test_long_durations_read_in_hours_and_days(seconds: float, text: str) -> None:
+    """first-hour-2 N10: a rollout awaiting approval for days read "6782 min 18 s"."""
+    from kvgate.report.view import fmt_duration
+
+    assert fmt_duration(seconds) == text

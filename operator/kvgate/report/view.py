@@ -521,8 +521,12 @@ def _between(start_text: str | None, end: str | dt.datetime | None) -> float | N
 
 
 def fmt_duration(seconds: float) -> str:
-    """`45 s`, `4 min 12 s`."""
+    """`45 s`, `4 min 12 s`, `2 h 5 min`, `4 d 17 h` (first-hour-2 N10: not `6782 min 18 s`)."""
     whole = int(seconds)
+    if whole >= 86400:
+        return f"{whole // 86400} d {whole % 86400 // 3600} h"
+    if whole >= 3600:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
 
 
