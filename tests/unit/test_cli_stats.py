@@ -337,3 +337,29 @@ def test_control_is_the_same_option_as_baseline(capsys: pytest.CaptureFixture[st
     assert code == 0
     assert out == _run(capsys, "stats", "--baseline", "459/500", "--candidate", "454/500")[1]
     assert "459/500" in out
+
+
+@pytest.mark.parametrize(
+    ("looks", "paired", "after"),
+    [
+        (0, None, ""),  # an arm never answered: no paired counts at all
+        (3, {"both": 120, "control_only": 25, "candidate_only": 2, "neither": 3}, " after 3 look(s)"),
+    ],
+)  # fmt: skip
+def test_a_saved_eval_error_is_shown_with_exit_4(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    looks: int,
+    paired: dict[str, int] | None,
+    after: str,
+) -> None:
+    """first-hour-2 N5: exit 2 "the summary has no paired counts", or the last claim without
+    the error; the README's row says stats 4 is "a saved eval's error"."""
+    error = "control endpoint http://10.0.0.1:8000/v1/models is unreachable: [Errno 111] refused"
+    summary = {"kind": "kvgate.eval/summary", "verdict": "error", "error": error,
+               "looks": looks, "paired": paired}  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, err = _run(capsys, "stats", "--from", str(path))
+    assert (code, out) == (4, "")
+    assert err == f"kvgate stats: error: {path}: the eval ended in error{after}: {error}\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvgate.commands import catalog
-from kvgate.errors import InputError, ParseError, SpecError
+from kvgate.errors import EvalError, InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
 from kvgate.inputs import fraction, load_json, read_text
@@ -112,6 +112,13 @@ def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
     # shallowly, so the per-question reader below cannot hit RecursionError or huge numbers.
     text = read_text(path, regular=True)
     summary = _find_summary(text, str(path))
+    if summary is not None and summary.get("verdict") == "error":
+        # the eval's own error is the answer, exit 4 (first-hour-2 N5: an eval that never
+        # reached an arm read as "no paired counts", exit 2, and a mid-run one hid its error)
+        looks = summary.get("looks")
+        after = f" after {looks} look(s)" if isinstance(looks, int) and looks > 0 else ""
+        error = summary.get("error")
+        raise EvalError(f"{path}: the eval ended in error{after}: {error or 'no error text saved'}")
     has_questions = f'"{QUESTION_KIND}"' in text
     if has_questions:
         for line_no, line in enumerate(text.splitlines(), start=1):
