@@ -188,7 +188,7 @@ ERRORS: list[tuple[Any, str]] = [
     ),
     (
         lambda t: [str(CONFIGS / "qwen3-8b.json"), "--gpu-memory-gib", "-1"],
-        "kvgate preflight: error: gpu_memory_gib: -1.0 is not a size in GiB; use a number >= 0",
+        "kvgate preflight: error: --gpu-memory-gib: -1.0 is not a size in GiB; use a number >= 0",
     ),
     (
         lambda t: ["org/model", "--token-env", "KVGATE_TEST_UNSET_TOKEN"],
@@ -411,3 +411,22 @@ def test_the_cpu_block_size_sizes_the_pool_in_128_token_blocks(
         pools[block] = json.loads(out)["vllm_pool"]["bf16"]
     assert (pools["16"]["kv_tokens"], pools["16"]["num_blocks"]) == (7280, 455)
     assert (pools["128"]["kv_tokens"], pools["128"]["num_blocks"]) == (7168, 56)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-model-len", "8192"],
+         "kvgate preflight: error: --max-model-len: needs --gpu-memory-gib"),
+        (["--gpu-memory-gib", "-3"],
+         "kvgate preflight: error: --gpu-memory-gib: -3.0 is not a size in GiB"),
+    ],
+)  # fmt: skip
+def test_pool_options_are_checked_as_typed(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """first-hour-2 N17: --max-model-len alone was ignored; -3 GiB named `gpu_memory_gib`."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen3-8b.json"
+    code = main(["preflight", str(config), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message), err

@@ -144,9 +144,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
+    try:
+        memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
+    except SpecError as exc:  # named as the user typed it (first-hour-2 N17)
+        raise SpecError("--gpu-memory-gib", str(exc).split(": ", 1)[-1]) from None
     if args.max_model_len is not None and args.max_model_len < 1:
         raise SpecError("--max-model-len", f"{args.max_model_len} is below 1; use a token count")
+    if args.max_model_len is not None and memory is None:  # it was silently ignored
+        raise SpecError(
+            "--max-model-len",
+            "needs --gpu-memory-gib (the memory left for the KV cache), which sizes the pool",
+        )
     if args.max_num_batched_tokens < 1:
         raise SpecError(
             "--max-num-batched-tokens", f"{args.max_num_batched_tokens} is below 1; use a count"
