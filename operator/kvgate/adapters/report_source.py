@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from kvgate.errors import KubeError, ParseError
+from kvgate.errors import InputError, KubeError, ParseError
 from kvgate.inputs import load_file
 
 GROUP = "kvgate.io"
@@ -50,10 +50,7 @@ def _read_one(kind: str, short: str, ns: str, name: str, call: Callable[[], Any]
         return call()
     except ApiException as exc:
         if exc.status == 404:
-            raise KubeError(
-                f"{kind} {ns}/{name} not found; list them with `kubectl get {short} -n {ns}`",
-                status=404,
-            ) from exc
+            raise _not_found(exc, kind, short, ns, name) from exc
         raise KubeError(
             f"reading {kind} {ns}/{name}: {exc.status} {exc.reason}", status=exc.status
         ) from exc
@@ -131,7 +128,7 @@ def annotate_rollout(name: str, namespace: str | None, annotations: Mapping[str,
         )
     except ApiException as exc:
         if exc.status == 404:
-            raise KubeError(f"kvcacherollout {ns}/{name} not found", status=404) from exc
+            raise _not_found(exc, "kvcacherollout", "kvr", ns, name) from exc
         raise KubeError(
             f"annotating kvcacherollout {ns}/{name}: {exc.status} {exc.reason}"
             + (f": {_api_message(exc)}" if _api_message(exc) else ""),
@@ -199,6 +196,24 @@ def rollout_events(name: str, namespace: str) -> list[dict[str, Any]]:
         (e for e in out if isinstance(e, dict)),
         key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
     )
+
+
+def _not_found(exc: Any, kind: str, short: str, ns: str, name: str) -> Exception:
+    """A 404: the object is not there (bad input, exit 2: a typo is not an outage), or, for a
+    rollout, the API itself is missing: the CRD is not installed (first-hour-2 N15)."""
+    import json
+
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        details = {}
+    if kind == "kvcacherollout" and details.get("name") != name:
+        return KubeError(
+            f"the KVCacheRollout CRD is not installed in this cluster (no {PLURAL}.{GROUP}); "
+            "install kvgate's chart (helm install kvgate charts/kvgate ...)",
+            status=404,
+        )
+    return InputError(f"{kind} {ns}/{name} not found; list them with `kubectl get {short} -n {ns}`")
 
 
 def _api_message(exc: Any) -> str:
