@@ -67,3 +67,22 @@ def test_a_cluster_without_the_crd_says_so(
     assert code == 4, err
     assert "the KVCacheRollout CRD is not installed in this cluster" in err
     assert "helm install kvgate" in err
+
+
+def test_a_tls_skipping_kubeconfig_adds_no_warning_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """first-hour-2 N19: two lines of urllib3's InsecureRequestWarning before the one-line error."""
+    import warnings
+
+    from kubernetes import config
+    from urllib3.exceptions import InsecureRequestWarning
+
+    monkeypatch.setattr(config, "load_incluster_config", lambda: (_ for _ in ()).throw(
+        config.config_exception.ConfigException("not in a pod")))  # fmt: skip
+    monkeypatch.setattr(config, "load_kube_config", lambda: None)
+    monkeypatch.setattr(config, "list_kube_config_contexts", lambda: ([], {"context": {}}))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.warn(InsecureRequestWarning("before"), stacklevel=1)  # the control
+        report_source._load_config()
+        warnings.warn(InsecureRequestWarning("after"), stacklevel=1)
+    assert [str(w.message) for w in seen] == ["before"]

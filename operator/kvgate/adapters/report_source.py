@@ -25,6 +25,7 @@ def _load_config() -> str | None:
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
+    quiet_tls_warnings()
     try:
         config.load_incluster_config()
     except ConfigException:
@@ -39,6 +40,17 @@ def _load_config() -> str | None:
         raise KubeError(f"no cluster credentials (in-cluster or kubeconfig): {exc}") from exc
     namespace: str | None = (active or {}).get("context", {}).get("namespace")
     return namespace
+
+
+def quiet_tls_warnings() -> None:
+    """A kubeconfig with `insecure-skip-tls-verify: true` is the user's choice: urllib3's
+    two-line InsecureRequestWarning on every call would precede kvgate's one-line error
+    (first-hour-2 N19)."""
+    import warnings
+
+    from urllib3.exceptions import InsecureRequestWarning
+
+    warnings.filterwarnings("ignore", category=InsecureRequestWarning)
 
 
 def _read_one(kind: str, short: str, ns: str, name: str, call: Callable[[], Any]) -> Any:
