@@ -759,3 +759,32 @@ def test_a_pull_request_is_refused_at_admission_unless_forge_tokens_are_enabled(
     # the other bindings, now rendered by one helper, still bind their own policy
     for name in ("kvgate-status-writer", "kvgate-token-secret"):
         assert one(docs, "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
+
+
+def notes(helm: str, tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as helm renders it after an install (`helm template` leaves NOTES out: a copy
+    of the chart renders it through `tpl` into a ConfigMap)."""
+    chart = tmp_path / "kvgate"
+    shutil.copytree(CHART, chart, symlinks=False)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-source.txt")
+    (chart / "templates" / "notes-as-cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+        '{{ tpl (.Files.Get "notes-source.txt") . | indent 4 }}\n'
+    )
+    proc = run_helm(helm, "template", "kvgate", str(chart), "--show-only",
+                    "templates/notes-as-cm.yaml", *args)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return str(yaml.safe_load(proc.stdout)["data"]["notes"])
+
+
+def test_notes_point_at_kvgate_wait_and_warn_when_the_approval_policy_is_off(
+    helm: str, tmp_path: Path
+) -> None:
+    """first-hour-2 N7 (NOTES advised `kubectl wait --for=condition=Ready`, which waits the
+    full 90 minutes after a rollback) and N6 (the cost of approvalPolicy.enabled=false)."""
+    default = notes(helm, tmp_path / "a", *KUBE)
+    assert "kvgate wait <name> -n <namespace> --timeout 90m" in default
+    assert "--for=condition=Ready" not in default and "approvalPolicy" not in default
+    off = notes(helm, tmp_path / "b", "--kube-version", "v1.33.0",
+                "--set", "approvalPolicy.enabled=false")  # fmt: skip
+    assert "Warning: approvalPolicy.enabled=false: a manual approval is an annotation" in off
