@@ -430,3 +430,20 @@ def test_pool_options_are_checked_as_typed(
     code = main(["preflight", str(config), *extra])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(message), err
+
+
+def test_a_checkpoint_that_forces_fp8_says_it_once_and_why_the_exit_is_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """first-hour-2 #15: the same fact three times in ~750 characters, and no line saying it
+    blocks (the exit 1)."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "llama-3-8b-fp8-kv.json"
+    code = main(["preflight", str(config)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.count("kv_cache_scheme is set") == 1  # was: a finding, ControlRunsFP8, advice
+    assert "KVCacheSchemeSet" not in out and out.count("ControlRunsFP8:") == 1
+    assert out.splitlines()[-1].startswith("result     exit 1: ControlRunsFP8 blocks a rollout")
+    code = main(["preflight", str(config), "--json"])  # the JSON keeps every finding
+    codes = [f["code"] for f in json.loads(capsys.readouterr().out)["scales"]["findings"]]
+    assert code == 1 and "KVCacheSchemeSet" in codes and "ControlRunsFP8" in codes

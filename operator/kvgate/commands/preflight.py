@@ -512,8 +512,22 @@ def render_text(result: dict[str, Any]) -> str:
             f"of {layers['expected']} attention layers; weight scales "
             f"{scales['weight_scales']['count']}"
         )
-    rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
-    rows.extend(f"advice     {line}" for line in result.get("advice") or advice(result))
+    # ControlRunsFP8 says what KVCacheSchemeSet and the first advice line say, and the fix:
+    # the text states it once, and that it is why the exit is 1 (first-hour-2 #15)
+    blocking = any(f["code"] == "ControlRunsFP8" for f in scales["findings"])
+    rows.extend(
+        f"  {f['code']}: {f['message']}"
+        for f in scales["findings"]
+        if not (blocking and f["code"] == "KVCacheSchemeSet")
+    )
+    lines = result.get("advice") or advice(result)
+    same = "the checkpoint config switches --kv-cache-dtype auto to FP8"
+    rows.extend(f"advice     {line}" for line in lines if not (blocking and line.startswith(same)))
+    if blocking:
+        rows.append(
+            "result     exit 1: ControlRunsFP8 blocks a rollout of this checkpoint (the operator "
+            "ends one Failed/ControlRunsFP8) until the control's dtype is pinned"
+        )
     rows.extend(f"note       {note}" for note in result["notes"])
     read = result.get("read")
     if read:
