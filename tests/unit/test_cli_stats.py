@@ -275,7 +275,10 @@ def test_from_a_sequential_summary_shows_its_look_adjusted_claim(
     # The one-look figure (1.27 pp) and the eval's, adjusted for 14 looks (1.89 pp).
     assert data["largest_loss_ruled_out"] < 0.013 < data["eval"]["largest_loss_ruled_out"] <= 0.02
     code, out, _ = _run(capsys, "stats", "--from", str(path))
-    assert "eval claim  candidate minus control ≥ -1.89 pp" in out
+    # the look-adjusted claim, once: in the verdict line (first-hour-2 #13: it came twice)
+    verdict_line = next(line for line in out.splitlines() if line.startswith("verdict"))
+    assert "candidate minus control ≥ -1.89 pp" in verdict_line
+    assert out.count("candidate minus control ≥ -1.89 pp") == 1
 
 
 def test_a_candidate_shown_worse_exits_1_and_says_so_first(
@@ -363,3 +366,27 @@ def test_a_saved_eval_error_is_shown_with_exit_4(
     code, out, err = _run(capsys, "stats", "--from", str(path))
     assert (code, out) == (4, "")
     assert err == f"kvgate stats: error: {path}: the eval ended in error{after}: {error}\n"
+
+
+def test_a_sequential_summary_labels_the_one_look_figures_and_states_its_claim_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """first-hour-2 #13: the fixed-n line read as the verdict's, and the claim came twice."""
+    claim = "no loss larger than 1.63 pp (97.5% one-sided, adjusted for 10 looks)"
+    summary = {"kind": "kvgate.eval/summary", "verdict": "pass", "claim": claim, "looks": 10,
+               "margin": 0.02, "confidence": 0.95,
+               "paired": {"both": 440, "control_only": 6, "candidate_only": 8, "neither": 46}}  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, _ = _run(capsys, "stats", "--from", str(path))
+    assert code == 0
+    assert "one look, descriptive (ignores the eval's 10 looks): non-inferior" in out
+    assert out.count(claim) == 1
+
+
+def test_a_fail_rules_nothing_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """first-hour-2 N13: "losses above 11.07 pp are ruled out" for a candidate 11 pp worse."""
+    code, out, _ = _run(capsys, "stats", "--paired", "400,60,5,35")
+    assert code == 1
+    assert "ruled out" not in out.replace("nothing is ruled out", "")
+    assert "nothing is ruled out (the candidate is shown worse)" in out

@@ -312,11 +312,23 @@ def _print_paired(
         f"[{100 * low:+.2f}, {100 * high:+.2f}] pp  McNemar exact p = {analysis.mcnemar_p:.3g}"
     )
     one_look = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
+    looks = summary.get("looks") if summary is not None else None
+    # first-hour-2 #13: a sequential eval's counts judged as one look are a description, not
+    # the verdict; N13: on a fail, "losses above X pp are ruled out" read as reassurance
+    label = (
+        f"one look, descriptive (ignores the eval's {looks} looks)"
+        if isinstance(looks, int) and looks > 1
+        else "one look"
+    )
+    bound = (
+        "nothing is ruled out (the candidate is shown worse)"
+        if verdict.verdict is Verdict.FAIL
+        else f"losses above {100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
+    )
     print(
-        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, one look: "
+        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, {label}: "
         f"{one_look} (p = {analysis.noninferiority_p:.3g}); lower bound "
-        f"{100 * analysis.lower_bound:+.2f} pp, losses above "
-        f"{100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
+        f"{100 * analysis.lower_bound:+.2f} pp, {bound}"
     )
     print(f"verdict     {verdict.sentence}")
     if verdict.verdict is Verdict.INCONCLUSIVE:  # more questions can only help an open question
@@ -327,7 +339,7 @@ def _print_paired(
     if summary is not None:
         print(f"eval        verdict {summary.get('verdict')} after {summary.get('looks')} look(s)")
         figures = _eval_figures(summary)
-        if figures.get("claim"):
+        if figures.get("claim") and str(figures["claim"]) not in verdict.sentence:
             # A sequential eval's own figures account for its looks; the ones above do not.
             print(f"eval claim  {figures['claim']}")
 
