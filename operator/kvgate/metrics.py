@@ -421,6 +421,8 @@ def parse_metrics(
         )
     if not text.strip():
         raise ParseError(source, "the metrics text is empty")
+    if text.lstrip()[:1] in ("{", "["):  # first-hour-2 N22: /v1/models echoed 600 characters
+        raise ParseError(source, "this is JSON, not Prometheus text: use the engine's /metrics")
     samples = _Samples()
     try:
         for family in text_string_to_metric_families(text):

@@ -576,3 +576,19 @@ def test_a_huge_metrics_text_is_refused() -> None:
 
     with pytest.raises(ParseError, match="larger than"):
         parse_metrics("#" * (metrics.MAX_METRICS_CHARS + 1), source="pod")
+
+
+def test_a_json_answer_is_named_as_json_not_echoed() -> None:
+    """first-hour-2 N22: `scrape http://A:8000/v1/models` echoed ~600 characters of the JSON."""
+    import pytest
+
+    from kvgate.errors import ParseError
+    from kvgate.metrics import parse_metrics
+
+    body = '{"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "secret-looking": "' + "x" * 500
+    with pytest.raises(ParseError) as caught:
+        parse_metrics(body + '"}]}', source="http://a:8000/v1/models")
+    message = str(caught.value)
+    assert message == (
+        "http://a:8000/v1/models: this is JSON, not Prometheus text: use the engine's /metrics"
+    )
