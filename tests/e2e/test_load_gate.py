@@ -167,9 +167,7 @@ def test_kv_bound_production_promotes_with_the_measured_gain(world: ScenarioWorl
     gate = status["gates"]["throughputGain"]
     assert gate["outcome"] == "Successful" and gate["reason"] == "ThroughputGained"
     assert f"at production load {load['concurrency']}" in gate["message"]
-    events = rollout_events(
-        world.cluster, world.ns["kvbound"], "kvbound-fp8", ["ThroughputGained"]
-    )
+    events = rollout_events(world.cluster, world.ns["kvbound"], "kvbound-fp8", ["ThroughputGained"])
     assert ("ThroughputGained", gate["message"]) in events
     assert "\n" not in gate["message"]
     # `kubectl get kvr` shows the gain (the Gain printer column)

@@ -230,7 +230,11 @@ def test_a_web_apps_log_is_not_an_engine_that_started(
 @pytest.mark.parametrize(
     ("name", "engine", "looks_like"),
     [
-        ("sglang-0.5.23-fp8-ready.txt", "vllm", "an SGLang log (drop --engine, or --engine sglang)"),
+        (
+            "sglang-0.5.23-fp8-ready.txt",
+            "vllm",
+            "an SGLang log (drop --engine, or --engine sglang)",
+        ),
         ("sglang-0.4.6-bf16-ready.txt", "vllm", "an SGLang log"),
         ("vllm-0.11-bf16-ready.txt", "sglang", "a vLLM log (drop --engine, or --engine vllm)"),
         ("vllm-0.33-fp8-h100-no-scales-ready.txt", "sglang", "a vLLM log"),

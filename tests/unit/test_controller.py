@@ -1153,7 +1153,7 @@ def test_prometheus_history_of_a_pool_with_room_is_not_needed(
     world, direct = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.3, 0.0))
     assert world.run() == "NotNeeded", world.obj["status"]
     world.assert_invariant()
-    assert "KV usage peaked at 0.30" in world.obj["status"]["message"]
+    assert "KV usage peaked at 30%" in world.obj["status"]["message"]
     assert direct == []
 
 

@@ -414,7 +414,7 @@ def test_pool_pressure_figures() -> None:
         "usage_threshold": 0.9,
         "min_fraction": 0.5,
         "reasons": [
-            "2 of 3 samples had KV usage >= 0.9 with requests waiting, or a preemption (67%; needed 50%)"
+            "2 of 3 samples had KV usage >= 90% with requests waiting, or a preemption (67%; needed 50%)"
         ],
     }
 
@@ -422,7 +422,7 @@ def test_pool_pressure_figures() -> None:
 @pytest.mark.parametrize(
     ("samples", "reason"),
     [
-        ([snap(0.5, 10)] * 3, "KV usage peaked at 0.50, below 0.9"),
+        ([snap(0.5, 10)] * 3, "KV usage peaked at 50%, below 90%"),
         ([snap(0.95, 4)] * 2, "only 2 usable sample(s); at least 3 needed"),
         ([snap(None)] * 3, "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"),
         ([snap(0.9, None)] * 3, "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"),
