@@ -17,6 +17,8 @@ from kvgate.commands import wait
 from kvgate.inputs import duration_seconds, share
 
 URLS = ["--control-url", "http://a:1", "--candidate-url", "http://b:1"]
+LOAD_JOB = [*URLS, "--model", "m", "--production-concurrency", "1", "--prompt-tokens", "8",
+            "--output-tokens", "8"]  # fmt: skip
 # command, its other required arguments, its time flags
 TIME_FLAGS: list[tuple[str, list[str], str]] = [
     ("scrape", ["http://a:1/metrics"], "--timeout"),
@@ -24,36 +26,8 @@ TIME_FLAGS: list[tuple[str, list[str], str]] = [
     ("eval", URLS, "--timeout"),
     ("diverge", URLS, "--timeout"),
     ("preflight", ["m.json"], "--timeout"),
-    (
-        "load-job",
-        [
-            *URLS,
-            "--model",
-            "m",
-            "--production-concurrency",
-            "1",
-            "--prompt-tokens",
-            "8",
-            "--output-tokens",
-            "8",
-        ],
-        "--request-timeout",
-    ),
-    (
-        "load-job",
-        [
-            *URLS,
-            "--model",
-            "m",
-            "--production-concurrency",
-            "1",
-            "--prompt-tokens",
-            "8",
-            "--output-tokens",
-            "8",
-        ],
-        "--timeout",
-    ),
+    ("load-job", LOAD_JOB, "--request-timeout"),
+    ("load-job", LOAD_JOB, "--timeout"),
 ]
 SHARE_FLAGS: list[tuple[str, list[str], str]] = [
     ("eval", URLS, "--margin"),
