@@ -102,7 +102,11 @@ def test_text_shows_the_accuracy_table_with_wilson_intervals() -> None:
     assert lines[0] == "KVCacheRollout demo/qwen3-fp8: Promoted"
     assert "  control      1,211  1,319     91.8%  [90.2, 93.2]" in lines
     assert "  candidate    1,208  1,319     91.6%  [90.0, 93.0]" in lines
-    assert "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp, McNemar p=0.66" in lines
+    # the fixed-n interval is labelled, beside the sequential bound (first-hour-2 N12)
+    assert (
+        "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp (fixed-n, two-sided), "
+        "McNemar p=0.66" in lines
+    )
     assert "  verdict: pass (the sequential test rules out a loss larger than 0.9 pp)" in lines
     assert "Accuracy (gsm8k, paired, 1,319 questions, margin 2.0 pp, 95% confidence)" in lines
 
@@ -1073,3 +1077,12 @@ def test_long_durations_read_in_hours_and_days(seconds: float, text: str) -> Non
     from kvgate.report.view import fmt_duration
 
     assert fmt_duration(seconds) == text
+
+
+def test_the_fixed_n_interval_says_it_ignores_the_looks() -> None:
+    """first-hour-2 N12: "95% CI [-0.6, +1.6] pp" beside the look-adjusted "rules out a loss
+    larger than 1.6 pp", unlabelled."""
+    rollout = report_states.promoted()
+    rollout["status"]["accuracy"]["bounds"] = {"look": 10}  # the look it stopped at
+    text = " ".join(report.render_text(rollout).split())
+    assert "pp (fixed-n, two-sided, ignores the 10 looks)" in text

@@ -134,7 +134,11 @@ def accuracy_notes(acc: Accuracy) -> list[str]:
         line = f"candidate - control: {pp(acc.difference)}"
         if acc.difference_ci is not None:
             low, high = acc.difference_ci
-            line += f", 95% CI [{to_pp(low):+.1f}, {to_pp(high):+.1f}] pp"
+            # fixed-n and two-sided: not the bound the verdict rests on (first-hour-2 N12)
+            looks = f", ignores the {acc.looks} looks" if acc.looks and acc.looks > 1 else ""
+            line += (
+                f", 95% CI [{to_pp(low):+.1f}, {to_pp(high):+.1f}] pp (fixed-n, two-sided{looks})"
+            )
         if acc.mcnemar_p is not None:
             line += f", McNemar p={acc.mcnemar_p:.3g}"
         notes.append(line)
