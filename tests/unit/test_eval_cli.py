@@ -147,14 +147,16 @@ def test_on_a_terminal_progress_and_summary_are_for_a_person(
     out, err = capsys.readouterr()
     assert code == 0
     assert "{" not in out  # no JSON for a person
-    assert out.startswith("verdict: pass\ngsm8k: pass (noninferior)\n  candidate minus control")
+    assert out.startswith(
+        "verdict: pass\ngsm8k: pass (no loss beyond the margin)\n  candidate minus control"
+    )
     assert "  control   100.0% (" in out and "right only on control" in out
     looks = [line for line in err.splitlines() if line.startswith("kvgate eval: look ")]
     assert looks[0] == (
         "kvgate eval: look 1/4: 100 questions, control 100.0%, candidate 99.0% (-1.0 pp); "
         "continuing"
     )
-    assert looks[-1].endswith("; pass (noninferior)")
+    assert looks[-1].endswith("; pass (no loss beyond the margin)")
     # one line per look taken, as many as the summary reports
     assert f"look {len(looks)} of 4" in out
 
@@ -317,3 +319,15 @@ def test_diverge_with_an_unreachable_arm_prints_the_error_line(
     assert err.splitlines()[-1].startswith(
         "kvgate diverge: error: control endpoint http://127.0.0.1:9/v1/models is unreachable"
     )
+
+
+def test_the_terminal_summary_says_its_reason_in_words(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    """first-hour-2 N18: "gsm8k: inconclusive (not_shown)" and other enum words."""
+    from kvgate.commands.eval import summary_text
+
+    code, lines, _ = _eval(capsys, data_dir, "--limit", "60")
+    assert code == 3
+    text = summary_text(lines[-1])
+    assert "gsm8k: inconclusive (neither shown)" in text and "not_shown" not in text

@@ -27,6 +27,7 @@ from kvgate.evaluation.gate import (
     Verdict,
     build_summary,
     plan_gate,
+    reason_words,
 )
 from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, LongContextPlan
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
@@ -627,7 +628,8 @@ def progress_text(line: dict[str, Any]) -> str:
     n = line["questions"]
     control = paired["both"] + paired["control_only"]
     candidate = paired["both"] + paired["candidate_only"]
-    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({line['reason']})"
+    reason = reason_words(line["reason"])
+    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({reason})"
     return (
         f"kvgate eval: look {line['look']}/{line['looks_planned']}: {n} questions, "
         f"control {_pct(control, n)}, candidate {_pct(candidate, n)} "
@@ -647,7 +649,7 @@ def summary_text(summary: dict[str, Any]) -> str:
     if task != NO_TASK:
         lines.append(
             f"{task}: {summary['verdict']}"
-            + (f" ({summary['reason']})" if summary.get("reason") else "")
+            + (f" ({reason_words(summary['reason'])})" if summary.get("reason") else "")
         )
     if summary.get("claim"):
         lines.append(f"  {summary['claim']}")

@@ -70,6 +70,17 @@ REASONS: Final = {
     WORSE_THAN_CONTROL: "worse_than_control",
     NOT_SHOWN: "not_shown",
 }
+# The reasons as a person reads them (first-hour-2 N18: "inconclusive (not_shown)").
+REASON_WORDS: Final = {
+    "noninferior": "no loss beyond the margin",
+    "worse_than_margin": "worse by more than the margin",
+    "worse_than_control": "shown worse than the control",
+    "not_shown": "neither shown",
+}
+
+
+def reason_words(reason: str | None) -> str:
+    return REASON_WORDS.get(reason or "", reason or "")
 
 
 class Verdict(StrEnum):
