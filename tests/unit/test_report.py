@@ -1022,7 +1022,9 @@ def test_the_verdict_is_not_repeated_nor_named_by_its_enum() -> None:
     assert rollout["status"]["verdict"]["message"] == rollout["status"]["message"]
     # THEN the report says it once, and no internal decision word appears
     for rendered in (report.render_text(rollout, now=NOW), report.render_html(rollout, now=NOW)):
-        assert rendered.count("all gates passed; approve with annotation") == 1
+        # once, without the annotation the two approve commands below carry (#26)
+        assert rendered.count("all gates passed") == 1
+        assert "approve with annotation" not in rendered
         assert "verdict: hold" not in rendered and "verdict: promote" not in rendered
         assert not re.search(r"\b(Promote|RollBack|Hold)\b", rendered)
     # a verdict that adds something is said in words
@@ -1086,3 +1088,14 @@ def test_the_fixed_n_interval_says_it_ignores_the_looks() -> None:
     rollout["status"]["accuracy"]["bounds"] = {"look": 10}  # the look it stopped at
     text = " ".join(report.render_text(rollout).split())
     assert "pp (fixed-n, two-sided, ignores the 10 looks)" in text
+
+
+def test_the_header_says_each_thing_once() -> None:
+    """first-hour-2 #26: "verdict: promote: every gate passed" under "passed every gate", and
+    "approve with annotation ...=HASH" right above the two approve commands."""
+    promoted = report.render_text(report_states.promoted())
+    assert "passed every gate" in promoted and "verdict: promote" not in promoted
+    awaiting = report.render_text(report_states.awaiting_approval())
+    assert "approve with annotation" not in awaiting
+    assert "approve with either command:" in awaiting
+    assert awaiting.count("kvgate.io/approve=18cab288d5712cfa") == 1  # in the kubectl command

@@ -407,6 +407,9 @@ _DECISION_WORDS: Final = {
 }
 
 
+_ALL_PASSED: Final = ("every gate passed", "all gates passed")
+
+
 def read_verdict(status: StatusLike) -> str | None:
     """`status.verdict` as one line in plain words; None when its message only repeats
     `status.message` (the headline already says it)."""
@@ -422,6 +425,8 @@ def read_verdict(status: StatusLike) -> str | None:
     )
     if message and typed.message and message in typed.message:
         return reused.strip(" ()") or None  # the headline says the rest
+    if str(v.decision).lower() == "promote" and message in _ALL_PASSED:  # #26: said above
+        return reused.strip(" ()") or None
     words = _DECISION_WORDS.get(v.decision or "", v.decision)
     if words and message:
         return f"{words}: {message}{reused}"
@@ -658,6 +663,8 @@ def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
     found = crash.read(message)
     if found is None:
         what, remedy = split_remedy(message)
+        if read_approval(rollout):  # the commands follow, with the hash (first-hour-2 #26)
+            what = what.split("; approve with annotation ")[0]
         return Headline(cause=what, remedy=remedy)
     return Headline(
         cause=found.headline, remedy=found.remedy_shown, where=found.where, raw=found.raw
