@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -309,3 +310,28 @@ def test_the_hub_download_asks_for_the_pinned_revision(
     resolve_hub_dataset({"HF_HOME": str(tmp_path / "h")}, probe=lambda endpoint: None)
     assert {revision for _, revision in asked} == {GSM8K_REVISION}
     assert len(asked) >= 3  # the cache first, then the download of both files
+
+
+def test_lm_eval_runs_no_git_and_draws_no_bars_into_a_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """first-hour-2 #14: "fatal: not a git repository" twice per look, and tqdm bars in the
+    Job's log."""
+    import io
+    import subprocess
+    import sys
+
+    import lm_eval.evaluator
+
+    from kvgate.evaluation.runner import quiet_lm_eval
+
+    def no_git(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError(f"lm-eval ran {args}")
+
+    monkeypatch.setattr(subprocess, "check_output", no_git)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log, not a terminal
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"})
+    monkeypatch.chdir(tmp_path)  # not a git checkout, as the Job's /tmp is not
+    quiet_lm_eval()
+    assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert os.environ.get("TQDM_DISABLE") == "1"

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -50,6 +51,17 @@ DATA_NEXT_STEP: Final = (
 
 log = logging.getLogger(__name__)
 _DATASET_LOCK = threading.Lock()
+
+
+def quiet_lm_eval() -> None:
+    """lm-eval's noise the eval's output does not need (first-hour-2 #14): its results' git hash
+    runs `git describe` in the Job's working directory, which prints "fatal: not a git
+    repository" per arm per look; and its progress bars fill a log that is not a terminal."""
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,6 +453,7 @@ class LmEvalRunner:
 
         arm, model, task_manager = self._arms[arm_name]
         s = self.settings
+        quiet_lm_eval()
         try:
             # Build the task (it loads the dataset) one arm at a time: datasets' file listing
             # uses tqdm's thread_map, whose class-level lock races between threads.
