@@ -391,7 +391,9 @@ def rollout_events(
         time.sleep(1)
 
 
-def event_reasons(cluster: Any, namespace: str, name: str, expect: Iterable[str] = ()) -> list[str]:
+def event_reasons(
+    cluster: Any, namespace: str, name: str, expect: Iterable[str] = ()
+) -> list[str]:
     return [reason for reason, _ in rollout_events(cluster, namespace, name, expect)]
 
 

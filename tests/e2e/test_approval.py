@@ -184,12 +184,7 @@ def _run(cluster: Any, ns: str, tmp_path: Path) -> None:
         assert (end["phase"], end["reason"]) == ("RolledBack", "Aborted"), end
         assert end["message"] == "aborted by dave (kvgate.io/abort: pager: p99 up)"
         assert container_of(get(cluster, ns, "deployment", "abort") or {}) == before["abort"]
-        reasons = [
-            r
-            for r, _ in rollout_events(
-                cluster, ns, "abort-fp8", ["PromotionReverted", "Aborted", "RolledBack"]
-            )
-        ]
+        reasons = [r for r, _ in rollout_events(cluster, ns, "abort-fp8", ["PromotionReverted", "Aborted", "RolledBack"])]
         assert {"PromotionReverted", "Aborted", "RolledBack"} <= set(reasons), reasons
 
         # --- approval: refused for the author, the verb-less and the approver who may not

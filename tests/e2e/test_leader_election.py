@@ -57,12 +57,7 @@ def test_only_the_lease_holder_acts_and_a_follower_takes_over(
         started.join(timeout=60)
         obj = wait_phase(cluster, namespace, "leader-fp8", TERMINAL, 420)
         assert obj["status"]["phase"] == "Promoted", obj["status"]["message"]
-        assert (
-            event_reasons(cluster, namespace, "leader-fp8", ["CanaryCreated"]).count(
-                "CanaryCreated"
-            )
-            == 1
-        )
+        assert event_reasons(cluster, namespace, "leader-fp8", ["CanaryCreated"]).count("CanaryCreated") == 1
     finally:
         first.kill()
         cluster.kubectl("delete", "kvr", "--all", "-n", namespace, "--timeout=60s", check=False)

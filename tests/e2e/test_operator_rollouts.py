@@ -209,10 +209,7 @@ def test_l4_trap_rolls_back_with_the_triton_remedy(world: World) -> None:
         "--timeout=60s",
     )
     reasons = event_reasons(
-        world.cluster,
-        world.ns["trap"],
-        "trap-fp8",
-        ["CanaryCreated", "CanaryCrashed", "RolledBack"],
+        world.cluster, world.ns["trap"], "trap-fp8", ["CanaryCreated", "CanaryCrashed", "RolledBack"]
     )
     assert (
         reasons.index("CanaryCreated")
@@ -591,10 +588,7 @@ def test_an_eval_that_errors_is_retried_then_rolled_back_as_an_error(world: Worl
     assert status["gates"]["accuracy"]["outcome"] == "Error"  # an error, not a failed eval
     assert condition(obj, "AccuracyNonInferior")["status"] == "Unknown"
     reasons = event_reasons(
-        world.cluster,
-        world.ns["evalerr"],
-        "evalerr-fp8",
-        ["EvalStarted", "EvalError", "RolledBack"],
+        world.cluster, world.ns["evalerr"], "evalerr-fp8", ["EvalStarted", "EvalError", "RolledBack"]
     )
     assert reasons.count("EvalStarted") == 2
     assert reasons.index("EvalStarted") < reasons.index("EvalError") < reasons.index("RolledBack")
