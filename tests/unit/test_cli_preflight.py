@@ -447,3 +447,16 @@ def test_a_checkpoint_that_forces_fp8_says_it_once_and_why_the_exit_is_1(
     code = main(["preflight", str(config), "--json"])  # the JSON keeps every finding
     codes = [f["code"] for f in json.loads(capsys.readouterr().out)["scales"]["findings"]]
     assert code == 1 and "KVCacheSchemeSet" in codes and "ControlRunsFP8" in codes
+
+
+def test_a_directory_without_safetensors_is_named_not_called_config_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """first-hour-2 N17: "only config.json was read ... scan the model directory" for the
+    model directory that was scanned."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen3-8b.json"
+    shutil.copy(config, tmp_path / "config.json")
+    assert main(["preflight", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"ScalesUnknown: {tmp_path} has no *.safetensors" in out
+    assert "only config.json was read" not in out

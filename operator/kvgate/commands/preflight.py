@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -286,12 +287,18 @@ def _preflight(
         cached = _hub_or_cache(hub, target, revision, token, timeout_s, os.environ)
         if isinstance(cached, Path):  # only config.json is cached: capacity, scales unknown
             path = cached
+    scanned_dir = None
     if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
-        path = path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: capacity still, scales unknown
+        scanned_dir, path = path, path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: scales unknown
     if path.is_file() and path.suffix != ".safetensors":
         config = hub.read_json_file(path)
         layout = parse_kv_layout(config, source=str(path))
         scales = unknown_scales(config, source=str(path))
+        if scanned_dir is not None:  # it was scanned: say what it lacks (first-hour-2 N17)
+            why = f"{scanned_dir} has no *.safetensors (a .bin checkpoint, or config.json alone)"
+            scales = dataclasses.replace(scales, findings=tuple(
+                dataclasses.replace(f, message=f"{why}: whether it carries k/v scales is unknown")
+                if f.code == "ScalesUnknown" else f for f in scales.findings))  # fmt: skip
         source, commit = str(path), None
     else:
         if cached is not None:
