@@ -422,7 +422,8 @@ def claim(plan: GatePlan, reason: str | None, bounds: Bounds) -> str | None:
     if reason == "worse_than_control":
         return (
             f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
-            f"control; a loss beyond the {margin} margin is not shown"
+            f"control by at least {-hi:.2f} pp; whether the loss exceeds the {margin} margin "
+            "is not known"  # not "not shown", which read as reassurance (first-hour-2 N13)
         )
     if reason == "not_shown":
         return (
