@@ -106,6 +106,9 @@ if [ -n "$GSM8K" ] && ! [ -r "$GSM8K/test.jsonl" ] && [ -n "${KVGATE_GSM8K_DIR:-
   echo "build-images: KVGATE_GSM8K_DIR=$GSM8K has no test.jsonl" >&2; exit 2
 fi
 [ -r "$GSM8K/test.jsonl" ] && [ -r "$GSM8K/train.jsonl" ] || GSM8K=""
+if [ -z "$GSM8K" ]; then  # said, not silent: the chart's default config.gsm8kDir is /data/gsm8k
+  echo "build-images: no GSM8K (KVGATE_GSM8K_DIR): the eval image has no /data/gsm8k; install the chart with --set config.gsm8kDir= (the eval Job then downloads openai/gsm8k from the hub) or rebuild with KVGATE_GSM8K_DIR set" >&2
+fi
 
 for target in $TARGETS; do
   name=kvgate; [ "$target" != operator ] && name=kvgate-$target

@@ -159,7 +159,7 @@ wait_for_pressure() {
 			try:
 			    p = json.loads(sys.argv[1])["pool_pressure"]
 			    print(f"{p['pressured_samples']}/{p['samples']} samples full (requests waiting, or a preemption), "
-			          f"max KV usage {p['max_usage']:.2f}, pressured={p['pressured']}")
+			          f"max KV usage {p['max_usage']:.0%}, pressured={p['pressured']}")
 			except Exception:
 			    print("no readable sample yet")
 		PYEOF

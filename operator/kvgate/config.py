@@ -59,7 +59,7 @@ class OperatorConfig:
     eval_writable_tmp: bool = True
     # KVGATE_EVAL_RESOURCES (JSON {"requests": {...}, "limits": {...}}, the chart's
     # evalResources): the eval container's bounds; a rollout's spec.canary.resources may
-    # change a value but not drop one. "{}": none (BestEffort, unbounded memory).
+    # lower a value, never raise or drop one (jobresources). "{}": none (BestEffort).
     eval_resources: Mapping[str, Mapping[str, str]] = field(
         default_factory=lambda: DEFAULT_EVAL_RESOURCES
     )

@@ -8,6 +8,7 @@ for the report, so the operator and the report say the same thing. Pure: data in
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -106,8 +107,10 @@ def where(arm: str, args: Sequence[str], env: Mapping[str, str], *, offer_auto: 
     if args:
         out.append(f"spec.extraArgs: [{', '.join(a for arg in args for a in arg.split())}]")
     if env:
-        pairs = ", ".join(f"{{name: {k}, value: {v!r}}}" for k, v in env.items())
-        out.append(f"spec.extraEnv: {pairs}")
+        # a YAML list, as the CRD's extraEnv is: pasted as is, it passes the schema (first-hour-2
+        # N11: a bare `{name: ..., value: '0'}` mapping was refused)
+        pairs = ", ".join(f"{{name: {k}, value: {json.dumps(str(v))}}}" for k, v in env.items())
+        out.append(f"spec.extraEnv: [{pairs}]")
     text = "set " + " and ".join(out) if out else GENERIC_WHERE
     return f"{text}; {AUTO_HINT}" if offer_auto and out else text
 

@@ -27,6 +27,7 @@ from typing import Any, Final
 import yaml
 
 from kvgate.errors import ParseError
+from kvgate.specreader import parse_duration
 
 MAX_FILE_BYTES: Final = 8 << 20
 MAX_DEPTH: Final = 64
@@ -202,6 +203,88 @@ def finite_float(
         return value
 
     parse.__name__ = "number"  # argparse names the type in its messages
+    return parse
+
+
+# One convention for every command (first-hour-2 #20, N16, N22): a time is seconds (90) or a
+# duration (90s, 5m, 1h30m); a share (margin, threshold, confidence) is a fraction (0.02) or a
+# number with its unit (2%, 2pp).
+DURATION_FORMS: Final = "seconds (90) or a duration (90s, 5m, 1h30m)"
+FRACTION_FORMS: Final = "a fraction (0.02) or a percentage (2%, 2pp)"
+
+
+def duration_seconds(text: str) -> float:
+    """`"90"`, `"90s"`, `"5m"`, `"1h30m"`, `"250ms"` -> seconds; ValueError names both forms."""
+    stripped = text.strip() if isinstance(text, str) else ""
+    try:
+        value = float(stripped) if stripped.isascii() else math.nan
+    except ValueError:
+        try:
+            return parse_duration(stripped)
+        except ValueError:
+            raise ValueError(f"{text[:40]!r} is not {DURATION_FORMS}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]!r} is not {DURATION_FORMS}")
+    return value
+
+
+def share(text: str) -> float:
+    """`"0.02"`, `"2%"`, `"2pp"` -> 0.02; ValueError names the forms."""
+    stripped = text.strip().lower() if isinstance(text, str) else ""
+    scale = 1.0
+    for unit in ("pp", "%"):
+        if stripped.endswith(unit):
+            stripped, scale = stripped.removesuffix(unit).strip(), 0.01
+            break
+    try:
+        value = float(stripped) * scale if stripped.isascii() else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]!r} is not {FRACTION_FORMS}")
+    return value
+
+
+def seconds(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a time in seconds, written as seconds or a duration, in [low, high]."""
+    return _bounded(duration_seconds, "duration", low, high, low_open, " s")
+
+
+def fraction(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a share written as a fraction or a percentage, in [low, high]."""
+    return _bounded(share, "fraction", low, high, low_open, "")
+
+
+def _bounded(
+    read: Callable[[str], float],
+    name: str,
+    low: float | None,
+    high: float | None,
+    low_open: bool,
+    unit: str,
+) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        too_low = low is not None and (value <= low if low_open else value < low)
+        if too_low or (high is not None and value > high):
+            left = "(" if low_open else "["
+            hint = ""
+            if name == "fraction" and high is not None and high <= 1 < value <= 100:
+                hint = f": a fraction; write {value / 100:g} or {value:g}%"
+            raise argparse.ArgumentTypeError(
+                f"{text.strip()[:40]} is outside {left}{_g(low, '-inf')}, {_g(high, 'inf')}]"
+                f"{unit}{hint}"
+            )
+        return value
+
+    parse.__name__ = name
     return parse
 
 

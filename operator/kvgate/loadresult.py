@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -118,6 +119,9 @@ class ArmLoad:
     preemptions: float | None = None
     output: OutputFigures | None = None  # None: no per-request report (an older load Job)
     prefix_cache: PrefixProbe | None = None  # None: not probed (an older load Job)
+    # kvgate.sim off real time: wall seconds per engine second (0.01: the engine ran 100x faster,
+    # so the client's wall-clock tok/s are 100x and TPOT 1/100 of the engine's). None: real time.
+    time_scale: float | None = None
 
     def at(self, concurrency: int) -> StagePoint | None:
         """The stage run at `concurrency` (the first, if it ran twice)."""
@@ -126,6 +130,24 @@ class ArmLoad:
     @property
     def measured(self) -> tuple[StagePoint, ...]:
         return tuple(s for s in self.stages if s.measured)
+
+
+def time_scale(*arms: ArmLoad | None) -> float | None:
+    """The arms' simulated time scale (the slowest clock's when they differ); None: real time."""
+    scales = [a.time_scale for a in arms if a is not None and a.time_scale is not None]
+    good = [s for s in scales if math.isfinite(s) and 0 < s < 1e6 and s != 1]
+    return max(good) if good else None
+
+
+def sim_time_note(scale: float) -> str:
+    """What a load figure measured on a sped-up simulator means (first-hour issue 40, item 4)."""
+    times = 1 / scale
+    ratio = f"{times:,.0f}x" if times >= 10 else f"{times:.2g}x"
+    return (
+        f"simulated engines at {ratio} real time (KVGATE_SIM_SPEED={scale:g}): tok/s, TTFT and "
+        f"TPOT are the client's wall-clock figures of the sped-up engines; in engine time tok/s "
+        f"are {ratio} lower and TTFT and TPOT {ratio} higher (gains, ratios of the arms, hold)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

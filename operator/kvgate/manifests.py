@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from kvgate import engines
+from kvgate import engines, jobresources
 from kvgate.config import DEFAULT_LOAD_RESOURCES
 from kvgate.model import (
     ANNOTATION_CONFIG_HASH,
@@ -260,14 +260,9 @@ def secret_names(obj: Mapping[str, Any]) -> set[str]:
 def eval_resources(
     operator: Mapping[str, Any], rollout: Mapping[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """The eval container's resources: the operator's bounds, each key the rollout's
-    spec.canary.resources names replaced by its value (a rollout cannot drop a bound)."""
-    merged: dict[str, dict[str, Any]] = {}
-    for part in ("requests", "limits"):
-        values = {**dict(operator.get(part) or {}), **dict(rollout.get(part) or {})}
-        if values:
-            merged[part] = values
-    return merged
+    """The eval container's resources: the operator's bounds, which the rollout's
+    spec.canary.resources may lower but never raise or drop (`jobresources`; InputError)."""
+    return jobresources.eval_resources(operator, rollout)
 
 
 def build_eval_job(

@@ -235,6 +235,8 @@ class MetricSnapshot:
     output_lengths: Histogram | None = None  # tokens per finished request's output
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    # kvgate.sim only, off real time: wall seconds per engine second (0.01: 100x faster)
+    time_scale: float | None = None
 
     @property
     def kv_cache_dtype(self) -> str | None:
@@ -430,6 +432,8 @@ def parse_metrics(
         )
     if not text.strip():
         raise ParseError(source, "the metrics text is empty")
+    if text.lstrip()[:1] in ("{", "["):  # first-hour-2 N22: /v1/models echoed 600 characters
+        raise ParseError(source, "this is JSON, not Prometheus text: use the engine's /metrics")
     samples = _Samples()
     try:
         for family in text_string_to_metric_families(text):
@@ -479,6 +483,7 @@ def parse_metrics(
         output_lengths=histograms["output_lengths"],
         prefix_cache_queries=values["prefix_cache_queries"],
         prefix_cache_hits=values["prefix_cache_hits"],
+        time_scale=next(iter(samples.by_name.get("kvgate_sim_time_scale", {}).values()), None),
     )
 
 

@@ -49,7 +49,9 @@ def _check_confidence(confidence: float, field: str = "confidence") -> None:
 
 def _check_margin(margin: float, field: str = "margin") -> None:
     if not (isinstance(margin, int | float) and 0.0 < margin < 1.0):
-        raise SpecError(field, f"{margin!r} is not in (0, 1); use a fraction such as 0.02")
+        raise SpecError(
+            field, f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
+        )
 
 
 def _check_count(value: int, field: str) -> None:

@@ -430,8 +430,8 @@ def _needs(
         )
     out.append(f"chart: watch.namespaces includes {ns} (or watch.allNamespaces=true)")
     out.append(
-        "chart: config.gsm8kDir=/data/gsm8k when the eval Job cannot reach "
-        "huggingface.co (the eval image holds GSM8K there when built with it)"
+        "chart: config.gsm8kDir=/data/gsm8k (the default) needs an eval image built with "
+        "GSM8K; config.gsm8kDir= makes the eval Job download it from huggingface.co"
     )
     if info is not None and info.model and _REPO_ID.match(info.model):
         out.append(

@@ -16,12 +16,20 @@ Pure: data in, a `ThroughputFinding` out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Final
 
 from kvgate.gates import compare_clocks
-from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint
+from kvgate.loadresult import (
+    ArmLoad,
+    LoadSummary,
+    LoadVerdict,
+    StagePoint,
+    sim_time_note,
+    time_scale,
+)
 from kvgate.metrics import Histogram
 from kvgate.model import PROMETHEUS_SOURCE, Outcome, SpeedClocks
 from kvgate.outputcheck import refusal
@@ -153,8 +161,26 @@ def assess_throughput(
     """The throughput gate: what the candidate buys at production's load, in one line.
 
     `production_concurrency`: production's load as the operator read it; a load run made for
-    another load proves nothing about this one (None: the load the run was made for).
+    another load proves nothing about this one (None: the load the run was made for). On a
+    sped-up simulator the line says its figures are wall-clock ones of a faster engine.
     """
+    found = _assess(gate, load, clocks, production_concurrency, labels)
+    scale = time_scale(load.control, load.candidate) if load is not None else None
+    if scale is None or found.result.outcome in (Outcome.SKIPPED, Outcome.ERROR):
+        return found
+    note = sim_time_note(scale)
+    return dataclasses.replace(
+        found, result=dataclasses.replace(found.result, message=f"{found.result.message}; {note}")
+    )
+
+
+def _assess(
+    gate: ThroughputGainGate | None,
+    load: LoadSummary | None,
+    clocks: SpeedClocks | None,
+    production_concurrency: int | None,
+    labels: tuple[str, str],
+) -> ThroughputFinding:
     if gate is None:
         return ThroughputFinding(
             GateResult(THROUGHPUT, Outcome.SKIPPED, Reason.GATE_OFF, "throughput not measured")

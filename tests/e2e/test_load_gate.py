@@ -167,6 +167,10 @@ def test_kv_bound_production_promotes_with_the_measured_gain(world: ScenarioWorl
     gate = status["gates"]["throughputGain"]
     assert gate["outcome"] == "Successful" and gate["reason"] == "ThroughputGained"
     assert f"at production load {load['concurrency']}" in gate["message"]
+    # the simulator runs 33x faster than real time (PRESSURE): the load Job read it from each
+    # engine's /metrics, and the gate's line says its figures are wall-clock ones (issue 40 #4)
+    assert (summary["control"]["timeScale"], summary["candidate"]["timeScale"]) == (0.03, 0.03)
+    assert "simulated engines at 33x real time (KVGATE_SIM_SPEED=0.03)" in gate["message"]
     events = rollout_events(world.cluster, world.ns["kvbound"], "kvbound-fp8", ["ThroughputGained"])
     assert ("ThroughputGained", gate["message"]) in events
     assert "\n" not in gate["message"]

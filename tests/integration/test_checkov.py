@@ -2,10 +2,14 @@
 
 Scanned: the chart rendered by helm with each value set below, and the objects the operator
 builds at run time (the eval Job, as `manifests.build_eval_job` makes it with the chart's
-defaults, its image named by tag and, as the least-rights install has it, by digest), each
-with the NetworkPolicy the operator creates for it. Every finding must be listed in docs/security.md's "Expected checkov findings", one
-line each with its reason; a finding not listed fails the test, and so does a listed one that no
-longer occurs (the list stays true). Tools tier: checkov takes about a minute per run.
+defaults, and the load Job, as `manifests.build_load_job` makes it; each with its image named
+by tag and, as the least-rights install has it, by digest), each with the NetworkPolicy the
+operator creates for it. Each value set and each Job is scanned in a directory of its own:
+checkov's graph checks match a NetworkPolicy to any pod in the same scan, so one value set's
+operator policy would otherwise hide another's missing one (security-2.md, finding E). Every
+finding must be listed in docs/security.md's "Expected checkov findings", one line each with
+its reason; a finding not listed fails the test, and so does a listed one that no longer occurs
+(the list stays true). Tools tier: checkov takes about a minute per run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +39,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.tools,
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),
     # Under CI a missing venv is a failure (make test builds it), never a silent skip.
     pytest.mark.skipif(
         not CHECKOV.is_file() and not IN_CI, reason=f"{CHECKOV} missing: run `make checkovenv`"
@@ -50,6 +55,7 @@ VALUE_SETS: dict[str, list[str]] = {
         "watch.namespaces={llm-prod}",
         f"image.digest={DIGEST}",
         f"evalImage.digest={DIGEST}",
+        f"loadImage.digest={DIGEST}",
         "hubTokenSecrets.enabled=true",
         "hubTokenSecrets.names={hf-token}",
         "networkPolicy.enabled=true",
@@ -106,6 +112,53 @@ def eval_job(rollout: str, image: str | None = None) -> dict[str, Any]:
         service_account_name="kvgate-eval",  # the chart's evalServiceAccount
         nonce="0" * 32,
     )
+
+
+def load_job(rollout: str, image: str | None = None) -> dict[str, Any]:
+    """The load Job as the operator builds it with the chart's settings (create_load_job)."""
+    config = OperatorConfig()
+    return manifests.build_load_job(
+        rollout=rollout,
+        namespace="llm-prod",
+        attempt=1,
+        image=image or config.load_job_image,
+        command=manifests.load_command(
+            control_url="http://10.0.0.1:8000",
+            candidate_url="http://10.0.0.2:8000",
+            model="Qwen/Qwen3-8B",
+            production_concurrency=8,
+            prompt_tokens=512,
+            output_tokens=128,
+            max_concurrency=64,
+            deadline_s=1800,
+            tokenizer="Qwen/Qwen3-8B",
+        ),
+        deadline_s=1800,
+        config_hash="0" * 16,
+        env={"PYTHONUNBUFFERED": "1", "KVGATE_GSM8K_DIR": "/data/gsm8k"},
+        resources=config.load_resources,
+        service_account_name="kvgate-eval",
+        nonce="0" * 32,
+    )
+
+
+def run_time_objects() -> dict[str, list[dict[str, Any]]]:
+    """Each Job the operator makes, with the NetworkPolicy it creates before it (act.py)."""
+    pinned = f"@{DIGEST}"
+    jobs = {
+        "eval-job": (eval_job("demo"), True),
+        "eval-job-pinned": (eval_job("pinned", f"ghcr.io/kvgate/kvgate-eval{pinned}"), True),
+        "load-job": (load_job("demo"), False),
+        "load-job-pinned": (load_job("pinned", f"ghcr.io/kvgate/kvgate-load{pinned}"), False),
+    }
+    out = {}
+    for name, (job, hub) in jobs.items():
+        policy = manifests.build_eval_network_policy(
+            rollout=job["metadata"]["labels"][LABEL_ROLLOUT], namespace="llm-prod",
+            canary_port=8000, hub=hub, role=job["metadata"]["labels"]["kvgate.io/arm"],
+        )  # fmt: skip
+        out[name] = [policy, job]
+    return out
 
 
 def object_names(directory: Path) -> set[str]:
@@ -178,21 +231,22 @@ def test_checkov_finds_only_the_expected(tmp_path: Path) -> None:
         if IN_CI:
             pytest.fail("helm is missing: run hack/build-binaries.sh")
         pytest.skip("helm is not built yet (hack/build-binaries.sh)")
-    for name, sets in VALUE_SETS.items():
-        (tmp_path / f"chart-{name}.yaml").write_text(render(helm, sets))
-    # As a default install runs it (image by tag) and as the least-rights one (evalImage.digest).
-    pinned = eval_job("pinned", f"ghcr.io/kvgate/kvgate-eval@{DIGEST}")
-    for name, job in (("eval-job", eval_job("demo")), ("eval-job-pinned", pinned)):
-        rollout = job["metadata"]["labels"][LABEL_ROLLOUT]
-        policy = manifests.build_eval_network_policy(
-            rollout=rollout, namespace="llm-prod", canary_port=8000, hub=True
-        )  # the Job's own NetworkPolicy, created before it (controller/act.py)
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump_all([policy, job], sort_keys=False))
+    scans: dict[str, str] = {
+        f"chart-{name}": render(helm, sets) for name, sets in VALUE_SETS.items()
+    }
+    for name, objects in run_time_objects().items():
+        scans[name] = yaml.safe_dump_all(objects, sort_keys=False)
+    for name, text in scans.items():  # one directory each: no scan sees another's objects
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.yaml").write_text(text)
 
     expected = expected_findings()
     seen: dict[tuple[str, str], set[str]] = {}
-    for check, resource, file in findings(tmp_path):
-        seen.setdefault((check, resource), set()).add(Path(file).name)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # checkov is single-threaded
+        scanned = list(pool.map(lambda name: list(findings(tmp_path / name)), sorted(scans)))
+    for found in scanned:
+        for check, resource, file in found:
+            seen.setdefault((check, resource), set()).add(Path(file).name)
     unexpected = [
         f"{check} {resource} in {', '.join(sorted(files))}"
         for (check, resource), files in sorted(seen.items())
@@ -201,3 +255,14 @@ def test_checkov_finds_only_the_expected(tmp_path: Path) -> None:
     stale = [f"{c} {r}" for c, r in sorted(expected) if (c, r) not in seen]
     assert not unexpected, "checkov findings not in docs/security.md:\n" + "\n".join(unexpected)
     assert not stale, "listed in docs/security.md but no longer found:\n" + "\n".join(stale)
+
+
+def test_each_value_set_and_each_job_is_scanned_alone() -> None:
+    """The scan list: every value set and both Jobs, each with its image by tag and by digest."""
+    objects = run_time_objects()
+    assert sorted(objects) == ["eval-job", "eval-job-pinned", "load-job", "load-job-pinned"]
+    for name, (policy, job) in objects.items():
+        arm = job["metadata"]["labels"]["kvgate.io/arm"]
+        assert policy["spec"]["podSelector"]["matchLabels"]["kvgate.io/arm"] == arm, name
+        assert job["kind"] == "Job" and arm in name
+    assert "loadImage.digest=" + DIGEST in VALUE_SETS["least-rights"]

@@ -27,7 +27,7 @@ import pytest
 
 from hf_cache_layout import add_to_cache
 from kvgate.cli import main
-from kvgate.evaluation.runner import HF_FILES
+from kvgate.evaluation.runner import GSM8K_REVISION, HF_FILES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -203,7 +203,7 @@ def test_offline_eval_reads_gsm8k_from_the_hf_cache(sim: Any, tmp_path: Path) ->
         pq.write_table(pa.Table.from_pylist(rows), sink)
         files[name] = sink.getvalue().to_pybytes()
     home = tmp_path / "hf-home"
-    add_to_cache(home / "hub", "openai/gsm8k", files, kind="dataset")
+    add_to_cache(home / "hub", "openai/gsm8k", files, kind="dataset", commit=GSM8K_REVISION)
     sim_env = {"KVGATE_SIM_SPEED": "0.0005", "KVGATE_GSM8K_DIR": str(data)}
     control = sim(["vllm", "serve", MODEL, "--max-model-len", "8192"], sim_env)
     candidate = sim(["vllm", "serve", MODEL, "--max-model-len", "8192"], sim_env)

@@ -12,6 +12,7 @@ Rules for what cannot run here (explicit, checked in `_skip_reason`):
 Stand-ins for what the example names but the reader has:
 - a log file named in the example is a healthy vLLM startup log from tests/data/logs;
 - a YAML file named in the example is examples/vllm-deployment.yaml;
+- a file under examples/status/ is the repository's own;
 - an http URL given to `scrape` is served by a loopback /metrics server (a vLLM dump from
   tests/data/metrics, pool full with requests waiting), and the waits between samples are
   recorded, not slept.
@@ -53,6 +54,7 @@ EXPECTED = {
     "kvgate scrape http://10.0.0.7:8000/metrics": "pool judged",
     "kvgate stats --baseline 459/500 --candidate 454/500": "the Wilson table",
     "kvgate stats --paired 440,19,14,27 --margin 0.02": "inconclusive",
+    "kvgate report -f examples/status/l4-crash.json": "shown",
 }
 
 
@@ -165,6 +167,9 @@ def test_readme_example_exits_as_the_readme_table_says(
         if arg.endswith(".yaml"):
             (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(DEPLOYMENT, tmp_path / arg)
+        if arg.startswith("examples/status/"):  # the repository's saved rollouts, as named
+            (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / arg, tmp_path / arg)
     argv = [re.sub(r"^http://[^/]+", metrics_url, arg) for arg in argv]
     sleeps: list[float] = []
     monkeypatch.setattr(scrape_command, "SLEEP", sleeps.append)

@@ -196,7 +196,8 @@ def test_default_render_runs_one_locked_down_operator(helm: str) -> None:
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["KVGATE_METRICS_PORT"] == "9090"
     assert env["KVGATE_EVAL_IMAGE"] == "ghcr.io/kvgate/kvgate-eval:0.1.0"
-    assert "KVGATE_GSM8K_DIR" not in env
+    # the eval image's copy by default: the eval Job's policy then opens no HTTPS (security-2 C)
+    assert env["KVGATE_GSM8K_DIR"] == "/data/gsm8k"
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp"}
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
     svc = one(docs, "Service")
@@ -632,23 +633,37 @@ def test_schema_rejects_bad_approval_values(helm: str, bad: str) -> None:
     assert bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize(("version", "installs"), [("v1.35.4", False), ("v1.36.0", True)])
-def test_the_chart_refuses_a_cluster_older_than_its_defaults_need(
-    helm: str, version: str, installs: bool
+@pytest.mark.parametrize(
+    ("version", "sets", "refused_by"),
+    [
+        ("v1.29.9", [], "kubeVersion: >=1.30.0-0"),
+        ("v1.35.4", [], "approvalPolicy needs Kubernetes 1.36 or newer"),
+        ("v1.35.4", ["approvalPolicy.enabled=false"], None),
+        ("v1.30.0", ["approvalPolicy.enabled=false"], None),
+        ("v1.36.0", [], None),
+    ],
+)
+def test_the_chart_installs_from_1_30_and_says_what_1_30_to_1_35_need(
+    helm: str, version: str, sets: list[str], refused_by: str | None
 ) -> None:
-    # The default MutatingAdmissionPolicy is admissionregistration.k8s.io/v1, GA from 1.36: on
-    # 1.35 a default install would fail half-way, so helm must refuse it up front, in one line.
-    result = run_helm(helm, "template", "kvgate", str(CHART), "--kube-version", version)
-    if installs:
+    """first-hour-2 N6: the floor was 1.36 although only the approval policy needs it. Now 1.30
+    (the status policy's v1 ValidatingAdmissionPolicy); before 1.36 the approval policy's
+    template stops the install in one line naming approvalPolicy.enabled=false."""
+    args = [a for s in sets for a in ("--set", s)]
+    result = run_helm(helm, "template", "kvgate", str(CHART), "--kube-version", version, *args)
+    if refused_by is None:
         assert result.returncode == 0, result.stderr
-        assert "kind: MutatingAdmissionPolicy" in result.stdout
-        assert "apiVersion: admissionregistration.k8s.io/v1" in result.stdout
+        kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
+        assert "ValidatingAdmissionPolicy" in kinds  # the status policy stays on
+        assert ("MutatingAdmissionPolicy" in kinds) is (not sets)
     else:
         assert result.returncode != 0
         # helm's own lines (the CRD symlink note, "Use --debug") aside, one error says why.
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1, result.stderr
-        assert "kubeVersion: >=1.36.0-0" in errors[0] and "v1.35.4" in errors[0], errors
+        assert refused_by in errors[0] and version in errors[0], errors
+        if "approvalPolicy" in refused_by:
+            assert "--set approvalPolicy.enabled=false" in errors[0]
 
 
 @pytest.mark.parametrize(
@@ -744,3 +759,32 @@ def test_a_pull_request_is_refused_at_admission_unless_forge_tokens_are_enabled(
     # the other bindings, now rendered by one helper, still bind their own policy
     for name in ("kvgate-status-writer", "kvgate-token-secret"):
         assert one(docs, "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
+
+
+def notes(helm: str, tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as helm renders it after an install (`helm template` leaves NOTES out: a copy
+    of the chart renders it through `tpl` into a ConfigMap)."""
+    chart = tmp_path / "kvgate"
+    shutil.copytree(CHART, chart, symlinks=False)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-source.txt")
+    (chart / "templates" / "notes-as-cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+        '{{ tpl (.Files.Get "notes-source.txt") . | indent 4 }}\n'
+    )
+    proc = run_helm(helm, "template", "kvgate", str(chart), "--show-only",
+                    "templates/notes-as-cm.yaml", *args)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return str(yaml.safe_load(proc.stdout)["data"]["notes"])
+
+
+def test_notes_point_at_kvgate_wait_and_warn_when_the_approval_policy_is_off(
+    helm: str, tmp_path: Path
+) -> None:
+    """first-hour-2 N7 (NOTES advised `kubectl wait --for=condition=Ready`, which waits the
+    full 90 minutes after a rollback) and N6 (the cost of approvalPolicy.enabled=false)."""
+    default = notes(helm, tmp_path / "a", *KUBE)
+    assert "kvgate wait <name> -n <namespace> --timeout 90m" in default
+    assert "--for=condition=Ready" not in default and "approvalPolicy" not in default
+    off = notes(helm, tmp_path / "b", "--kube-version", "v1.33.0",
+                "--set", "approvalPolicy.enabled=false")  # fmt: skip
+    assert "Warning: approvalPolicy.enabled=false: a manual approval is an annotation" in off

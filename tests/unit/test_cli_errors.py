@@ -52,8 +52,16 @@ BAD_INPUT: dict[str, tuple[list[str], str, bool]] = {
         False,
     ),
     "report": (["-f", "{tmp}/absent.yaml"], "absent.yaml: no such file", True),
-    "get": (["r", "--timeout", "soon"], "--timeout: 'soon' is not a duration", True),
-    "wait": (["r", "--timeout", "soon"], "--timeout: 'soon' is not a duration", False),
+    "get": (
+        ["r", "--timeout", "soon"],
+        "--timeout: 'soon' is not seconds (90) or a duration",
+        True,
+    ),
+    "wait": (
+        ["r", "--timeout", "soon"],
+        "--timeout: 'soon' is not seconds (90) or a duration",
+        False,
+    ),
     "approve": ([], "the following arguments are required: name", False),
     "abort": (["r"], "the following arguments are required: --reason", False),
     "run": (["--log-format", "x"], "argument --log-format: invalid choice: 'x'", True),

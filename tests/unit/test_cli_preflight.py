@@ -188,7 +188,7 @@ ERRORS: list[tuple[Any, str]] = [
     ),
     (
         lambda t: [str(CONFIGS / "qwen3-8b.json"), "--gpu-memory-gib", "-1"],
-        "kvgate preflight: error: gpu_memory_gib: -1.0 is not a size in GiB; use a number >= 0",
+        "kvgate preflight: error: --gpu-memory-gib: -1.0 is not a size in GiB; use a number >= 0",
     ),
     (
         lambda t: ["org/model", "--token-env", "KVGATE_TEST_UNSET_TOKEN"],
@@ -411,3 +411,52 @@ def test_the_cpu_block_size_sizes_the_pool_in_128_token_blocks(
         pools[block] = json.loads(out)["vllm_pool"]["bf16"]
     assert (pools["16"]["kv_tokens"], pools["16"]["num_blocks"]) == (7280, 455)
     assert (pools["128"]["kv_tokens"], pools["128"]["num_blocks"]) == (7168, 56)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-model-len", "8192"],
+         "kvgate preflight: error: --max-model-len: needs --gpu-memory-gib"),
+        (["--gpu-memory-gib", "-3"],
+         "kvgate preflight: error: --gpu-memory-gib: -3.0 is not a size in GiB"),
+    ],
+)  # fmt: skip
+def test_pool_options_are_checked_as_typed(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """first-hour-2 N17: --max-model-len alone was ignored; -3 GiB named `gpu_memory_gib`."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen3-8b.json"
+    code = main(["preflight", str(config), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message), err
+
+
+def test_a_checkpoint_that_forces_fp8_says_it_once_and_why_the_exit_is_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """first-hour-2 #15: the same fact three times in ~750 characters, and no line saying it
+    blocks (the exit 1)."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "llama-3-8b-fp8-kv.json"
+    code = main(["preflight", str(config)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.count("kv_cache_scheme is set") == 1  # was: a finding, ControlRunsFP8, advice
+    assert "KVCacheSchemeSet" not in out and out.count("ControlRunsFP8:") == 1
+    assert out.splitlines()[-1].startswith("result     exit 1: ControlRunsFP8 blocks a rollout")
+    code = main(["preflight", str(config), "--json"])  # the JSON keeps every finding
+    codes = [f["code"] for f in json.loads(capsys.readouterr().out)["scales"]["findings"]]
+    assert code == 1 and "KVCacheSchemeSet" in codes and "ControlRunsFP8" in codes
+
+
+def test_a_directory_without_safetensors_is_named_not_called_config_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """first-hour-2 N17: "only config.json was read ... scan the model directory" for the
+    model directory that was scanned."""
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen3-8b.json"
+    shutil.copy(config, tmp_path / "config.json")
+    assert main(["preflight", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"ScalesUnknown: {tmp_path} has no *.safetensors" in out
+    assert "only config.json was read" not in out

@@ -217,3 +217,30 @@ def test_get_json_is_the_typed_status(api: Any, capsys: pytest.CaptureFixture[st
     data = json.loads(out)
     assert got == 0 and data["status"]["phase"] == "Promoted"
     assert data["status"]["configHash"] == "abc"
+
+
+def test_get_watch_says_it_stopped_at_its_timeout(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """first-hour-2 N23: it ended with exit 3 and nothing saying it stopped."""
+    api(rollout("Evaluating", "EvalRunning", message="eval attempt 1 running"))
+    code, out, err = run(capsys, "get", "vllm-fp8", "-n", "llm", "--watch", "--timeout", "0s",
+                         "--interval", "1s")  # fmt: skip
+    assert code == 3 and "Evaluating" in out
+    assert err.strip() == "stopped watching after 0s; still Evaluating"
+
+
+def test_long_messages_are_cut_at_a_word_with_an_ellipsis(
+    api: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """first-hour-2 N9/N23: "...4 I (still running after 3s)" and "... (margin " with no mark."""
+    scheduler = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. " * 8
+    api(
+        rollout("Canary", "WaitingForCanary", message=f"control and candidate waiting: {scheduler}")
+    )
+    code, out, _ = run(capsys, "wait", "vllm-fp8", "-n", "llm", "--timeout", "0s")
+    assert code == 3
+    line = out.strip()
+    assert line.endswith("… (still running after 0s)")
+    cut = line.removesuffix("… (still running after 0s)")
+    assert cut.split()[-1] in scheduler.split()  # a whole word before the mark

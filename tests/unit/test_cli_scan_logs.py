@@ -203,3 +203,53 @@ def test_real_cpu_engine_log(capsys: pytest.CaptureFixture[str]) -> None:
         "attention-backend: attention backend CPU_ATTN (not logged: vLLM on CPU" in line
         for line in lines
     )
+
+
+UVICORN_APP = (
+    "INFO:     Started server process [1]\n"
+    "INFO:     Waiting for application startup.\n"
+    "INFO:     Application startup complete.\n"
+    "INFO:     Uvicorn running on http://0.0.0.0:8080 (Press CTRL+C to quit)\n"
+)
+
+
+@pytest.mark.parametrize("engine", [None, "vllm", "sglang"])
+def test_a_web_apps_log_is_not_an_engine_that_started(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, engine: str | None
+) -> None:
+    """first-hour-2 N3: a router's or proxy's uvicorn log (what `kubectl logs deploy/vllm` may
+    pick) read "ready", exit 0."""
+    path = tmp_path / "app.log"
+    path.write_text(UVICORN_APP)
+    code, out, err = run(capsys, str(path), *(["--engine", engine] if engine else []))
+    assert (code, out) == (2, "")
+    assert "only a web server's startup; is this the engine's container?" in err
+    assert "kubectl logs POD -c CONTAINER" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "engine", "looks_like"),
+    [
+        (
+            "sglang-0.5.23-fp8-ready.txt",
+            "vllm",
+            "an SGLang log (drop --engine, or --engine sglang)",
+        ),
+        ("sglang-0.4.6-bf16-ready.txt", "vllm", "an SGLang log"),
+        ("vllm-0.11-bf16-ready.txt", "sglang", "a vLLM log (drop --engine, or --engine vllm)"),
+        ("vllm-0.33-fp8-h100-no-scales-ready.txt", "sglang", "a vLLM log"),
+    ],
+)
+def test_the_other_engines_log_is_named_not_called_ready_or_starting(
+    capsys: pytest.CaptureFixture[str], name: str, engine: str, looks_like: str
+) -> None:
+    code, out, err = run(capsys, str(LOGS / name), "--engine", engine)
+    assert (code, out) == (2, "")
+    which = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    assert f"no {which} line recognised" in err and f"this looks like {looks_like}" in err
+
+
+def test_every_engine_log_of_the_corpus_still_scans(capsys: pytest.CaptureFixture[str]) -> None:
+    for path in sorted(LOGS.glob("*.txt")):
+        code, _, err = run(capsys, str(path))
+        assert code in (0, 1, 3) and err == "", (path.name, err)

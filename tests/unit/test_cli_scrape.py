@@ -212,14 +212,14 @@ def test_garbage_is_input_error(
     [
         (["ftp://x/metrics"], "kvgate scrape: error: url: 'ftp://x/metrics' is not an http(s) URL; use e.g. http://10.0.0.5:8000/metrics\n"),
         ([URL, "--samples", "0"], "kvgate scrape: error: argument --samples: 0 is outside [1, 100000]\n"),
-        ([URL, "--interval", "-1"], "kvgate scrape: error: argument --interval: -1 is outside [0, 86400]\n"),
-        ([URL, "--timeout", "0"], "kvgate scrape: error: argument --timeout: 0 is outside (0, 3600]\n"),
-        ([URL, "--interval", "inf"], "kvgate scrape: error: argument --interval: 'inf' is not a finite number\n"),
-        ([URL, "--timeout", "nan"], "kvgate scrape: error: argument --timeout: 'nan' is not a finite number\n"),
+        ([URL, "--interval", "-1"], "kvgate scrape: error: argument --interval: -1 is outside [0, 86400] s\n"),
+        ([URL, "--timeout", "0"], "kvgate scrape: error: argument --timeout: 0 is outside (0, 3600] s\n"),
+        ([URL, "--interval", "inf"], "kvgate scrape: error: argument --interval: 'inf' is not seconds (90) or a duration (90s, 5m, 1h30m)\n"),
+        ([URL, "--timeout", "nan"], "kvgate scrape: error: argument --timeout: 'nan' is not seconds (90) or a duration (90s, 5m, 1h30m)\n"),
         ([URL, "--samples", "1" * 5000], "kvgate scrape: error: argument --samples: '1111111111111111111111111111111111111111' is not an integer\n"),
         ([URL, "--samples", "١٢"], "kvgate scrape: error: argument --samples: '١٢' is not an integer\n"),
         ([URL, "--engine", "tgi"], "kvgate scrape: error: engine 'tgi' is not known; use vllm, sglang or auto\n"),
-        ([URL, "--usage-threshold", "2"], "kvgate scrape: error: argument --usage-threshold: 2 is outside (0, 1]\n"),
+        ([URL, "--usage-threshold", "2"], "kvgate scrape: error: argument --usage-threshold: 2 is outside (0, 1]: a fraction; write 0.02 or 2%\n"),
     ],
 )  # fmt: skip
 def test_bad_input(

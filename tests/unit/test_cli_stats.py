@@ -174,8 +174,8 @@ def test_a_summary_margin_outside_0_1_is_refused_not_made_positive(
         (["--paired", "0,0,0,0"], "--paired: '0,0,0,0' has 0 questions"),
         (["--paired", "1,2,3,4", "--margin", "2"], "--margin: 2.0 is not in (0, 1)"),
         # the CRD's margin is in points: a value copied from the YAML gets its fraction named
-        (["--paired", "1,2,3,4", "--margin", "2"], "(2 pp = 0.02)"),
-        (["--paired", "1,2,3,4", "--margin", "150"], "use a fraction such as 0.02 (2 pp)"),
+        (["--paired", "1,2,3,4", "--margin", "2"], "a margin is a fraction; write 0.02 or 2pp"),
+        (["--paired", "1,2,3,4", "--margin", "150"], "a margin is a fraction; write 0.02 or 2pp"),
         (["--paired", "1,2,3,4", "--confidence", "95"], "--confidence: 95.0 is not in (0.5, 1)"),
         ([], "kvgate stats: error: give exactly one of"),
         (["--paired", "1,2,3,4", "--baseline", "1/2"], "kvgate stats: error: give exactly one of"),
@@ -275,7 +275,10 @@ def test_from_a_sequential_summary_shows_its_look_adjusted_claim(
     # The one-look figure (1.27 pp) and the eval's, adjusted for 14 looks (1.89 pp).
     assert data["largest_loss_ruled_out"] < 0.013 < data["eval"]["largest_loss_ruled_out"] <= 0.02
     code, out, _ = _run(capsys, "stats", "--from", str(path))
-    assert "eval claim  candidate minus control ≥ -1.89 pp" in out
+    # the look-adjusted claim, once: in the verdict line (first-hour-2 #13: it came twice)
+    verdict_line = next(line for line in out.splitlines() if line.startswith("verdict"))
+    assert "candidate minus control ≥ -1.89 pp" in verdict_line
+    assert out.count("candidate minus control ≥ -1.89 pp") == 1
 
 
 def test_a_candidate_shown_worse_exits_1_and_says_so_first(
@@ -337,3 +340,53 @@ def test_control_is_the_same_option_as_baseline(capsys: pytest.CaptureFixture[st
     assert code == 0
     assert out == _run(capsys, "stats", "--baseline", "459/500", "--candidate", "454/500")[1]
     assert "459/500" in out
+
+
+@pytest.mark.parametrize(
+    ("looks", "paired", "after"),
+    [
+        (0, None, ""),  # an arm never answered: no paired counts at all
+        (3, {"both": 120, "control_only": 25, "candidate_only": 2, "neither": 3}, " after 3 look(s)"),
+    ],
+)  # fmt: skip
+def test_a_saved_eval_error_is_shown_with_exit_4(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    looks: int,
+    paired: dict[str, int] | None,
+    after: str,
+) -> None:
+    """first-hour-2 N5: exit 2 "the summary has no paired counts", or the last claim without
+    the error; the README's row says stats 4 is "a saved eval's error"."""
+    error = "control endpoint http://10.0.0.1:8000/v1/models is unreachable: [Errno 111] refused"
+    summary = {"kind": "kvgate.eval/summary", "verdict": "error", "error": error,
+               "looks": looks, "paired": paired}  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, err = _run(capsys, "stats", "--from", str(path))
+    assert (code, out) == (4, "")
+    assert err == f"kvgate stats: error: {path}: the eval ended in error{after}: {error}\n"
+
+
+def test_a_sequential_summary_labels_the_one_look_figures_and_states_its_claim_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """first-hour-2 #13: the fixed-n line read as the verdict's, and the claim came twice."""
+    claim = "no loss larger than 1.63 pp (97.5% one-sided, adjusted for 10 looks)"
+    summary = {"kind": "kvgate.eval/summary", "verdict": "pass", "claim": claim, "looks": 10,
+               "margin": 0.02, "confidence": 0.95,
+               "paired": {"both": 440, "control_only": 6, "candidate_only": 8, "neither": 46}}  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    code, out, _ = _run(capsys, "stats", "--from", str(path))
+    assert code == 0
+    assert "one look, descriptive (ignores the eval's 10 looks): non-inferior" in out
+    assert out.count(claim) == 1
+
+
+def test_a_fail_rules_nothing_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """first-hour-2 N13: "losses above 11.07 pp are ruled out" for a candidate 11 pp worse."""
+    code, out, _ = _run(capsys, "stats", "--paired", "400,60,5,35")
+    assert code == 1
+    assert "ruled out" not in out.replace("nothing is ruled out", "")
+    assert "nothing is ruled out (the candidate is shown worse)" in out

@@ -878,7 +878,7 @@ def test_remediation_off_rolls_back_naming_the_remedy(monkeypatch: pytest.Monkey
         "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed); "
         "remedy for vllm 0.13.0: --attention-backend TRITON_ATTN and "
         "VLLM_USE_FLASHINFER_SAMPLER=0; set spec.extraArgs: [--attention-backend, TRITON_ATTN] "
-        "and spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        'and spec.extraEnv: [{name: VLLM_USE_FLASHINFER_SAMPLER, value: "0"}]; or set '
         "spec.canary.remediation: auto and kvgate applies it and tests again; "
         "log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), message
@@ -1153,7 +1153,7 @@ def test_prometheus_history_of_a_pool_with_room_is_not_needed(
     world, direct = _prometheus_world(monkeypatch, lambda w, url: _matrix(w, url, 0.3, 0.0))
     assert world.run() == "NotNeeded", world.obj["status"]
     world.assert_invariant()
-    assert "KV usage peaked at 0.30" in world.obj["status"]["message"]
+    assert "KV usage peaked at 30%" in world.obj["status"]["message"]
     assert direct == []
 
 

@@ -35,7 +35,7 @@ def test_the_l4_crash_leads_with_its_cause_and_cuts_the_ninja_line() -> None:
     assert len(got.raw) == crash.RAW_CHARS and got.raw.endswith("…")
     assert got.where == (
         "set spec.extraArgs: [--attention-backend, TRITON_ATTN] and spec.extraEnv: "
-        "{name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; " + crash.AUTO_HINT
+        '[{name: VLLM_USE_FLASHINFER_SAMPLER, value: "0"}]; ' + crash.AUTO_HINT
     )
     assert crash.read(got.message) == got
 
@@ -85,7 +85,7 @@ def test_an_env_only_remedy_names_spec_extra_env() -> None:
     fix = dataclasses.replace(l4_fix(), args=(), env={"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"})
     got = crash.describe("candidate", None, "exited with code 1", fix)
     assert got.where == (
-        "set spec.extraEnv: {name: VLLM_ATTENTION_BACKEND, value: 'TRITON_ATTN'}; "
+        'set spec.extraEnv: [{name: VLLM_ATTENTION_BACKEND, value: "TRITON_ATTN"}]; '
         + crash.AUTO_HINT
     )
 
@@ -106,3 +106,22 @@ def test_the_control_gets_no_where() -> None:
 )
 def test_read_answers_none_for_other_messages(message: str) -> None:
     assert crash.read(message) is None
+
+
+def test_the_where_line_pastes_into_the_spec_as_the_crd_takes_it() -> None:
+    """first-hour-2 N11: `spec.extraEnv: {name: ..., value: '0'}` was a mapping; the CRD's
+    extraEnv is a list, so the pasted line was refused by the schema."""
+    import yaml
+
+    text = crash.where("candidate", ["--attention-backend TRITON_ATTN"],
+                       {"VLLM_USE_FLASHINFER_SAMPLER": "0", "X": "a: b"}, offer_auto=False)  # fmt: skip
+    assert text is not None
+    env = text.split("spec.extraEnv: ", 1)[1]
+    assert yaml.safe_load(f"extraEnv: {env}") == {
+        "extraEnv": [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"},
+                     {"name": "X", "value": "a: b"}]
+    }  # fmt: skip
+    args = text.split("spec.extraArgs: ", 1)[1].split(" and ", 1)[0]
+    assert yaml.safe_load(f"extraArgs: {args}") == {
+        "extraArgs": ["--attention-backend", "TRITON_ATTN"]
+    }

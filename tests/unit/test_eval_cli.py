@@ -147,14 +147,16 @@ def test_on_a_terminal_progress_and_summary_are_for_a_person(
     out, err = capsys.readouterr()
     assert code == 0
     assert "{" not in out  # no JSON for a person
-    assert out.startswith("verdict: pass\ngsm8k: pass (noninferior)\n  candidate minus control")
+    assert out.startswith(
+        "verdict: pass\ngsm8k: pass (no loss beyond the margin)\n  candidate minus control"
+    )
     assert "  control   100.0% (" in out and "right only on control" in out
     looks = [line for line in err.splitlines() if line.startswith("kvgate eval: look ")]
     assert looks[0] == (
         "kvgate eval: look 1/4: 100 questions, control 100.0%, candidate 99.0% (-1.0 pp); "
         "continuing"
     )
-    assert looks[-1].endswith("; pass (noninferior)")
+    assert looks[-1].endswith("; pass (no loss beyond the margin)")
     # one line per look taken, as many as the summary reports
     assert f"look {len(looks)} of 4" in out
 
@@ -262,3 +264,70 @@ def test_task_none_needs_long_context(capsys: pytest.CaptureFixture[str]) -> Non
         "--task: none runs only the long-context task: add --long-context-tasks"
         in (capsys.readouterr()[1])
     )
+
+
+# ---- first-hour-2 N2, N4, N24 (with tests/unit/test_eval_urls_and_errors.py) ----
+
+
+def test_eval_with_base_urls_sends_to_the_completions_endpoints(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    code = main(["eval", "--control-url", "http://10.0.0.1:8000",
+                 "--candidate-url", "http://10.0.0.2:8000/v1", "--data-dir", str(data_dir)])  # fmt: skip
+    out, _ = capsys.readouterr()
+    summary = json.loads(out.splitlines()[-1])
+    assert code == 0, summary
+    assert summary["arms"]["control"]["url"] == "http://10.0.0.1:8000/v1/completions"
+    assert summary["arms"]["candidate"]["url"] == "http://10.0.0.2:8000/v1/completions"
+
+
+@pytest.mark.parametrize("command", ["eval", "diverge"])
+def test_a_wrong_path_is_bad_input_before_any_request(
+    command: str, capsys: pytest.CaptureFixture[str], data_dir: Path
+) -> None:
+    # 127.0.0.1:9 refuses: a request sent would be exit 4, not 2
+    code = main([command, "--control-url", "http://127.0.0.1:9/v1/models",
+                 "--candidate-url", "http://127.0.0.1:9", "--data-dir", str(data_dir)])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(f"kvgate {command}: error: --control-url: 'http://127.0.0.1:9/v1/models'")
+
+
+def test_an_eval_error_is_the_summary_on_stdout_and_the_error_line_on_stderr(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    fake.explode = EvalError("candidate endpoint http://10.0.0.2:8000 failed after 3 attempts")
+    code = main(["eval", "--control-url", "http://10.0.0.1:8000",
+                 "--candidate-url", "http://10.0.0.2:8000", "--data-dir", str(data_dir)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 4
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["verdict"] == "error" and summary["error"].startswith("candidate endpoint")
+    assert err.splitlines()[-1] == (
+        "kvgate eval: error: candidate endpoint http://10.0.0.2:8000 failed after 3 attempts"
+    )
+
+
+def test_diverge_with_an_unreachable_arm_prints_the_error_line(
+    capsys: pytest.CaptureFixture[str], data_dir: Path
+) -> None:
+    code = main(["diverge", "--control-url", "http://127.0.0.1:9",
+                 "--candidate-url", "http://127.0.0.1:9", "--data-dir", str(data_dir)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 4
+    assert json.loads(out.splitlines()[-1])["verdict"] == "error"
+    assert err.splitlines()[-1].startswith(
+        "kvgate diverge: error: control endpoint http://127.0.0.1:9/v1/models is unreachable"
+    )
+
+
+def test_the_terminal_summary_says_its_reason_in_words(
+    capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
+) -> None:
+    """first-hour-2 N18: "gsm8k: inconclusive (not_shown)" and other enum words."""
+    from kvgate.commands.eval import summary_text
+
+    code, lines, _ = _eval(capsys, data_dir, "--limit", "60")
+    assert code == 3
+    text = summary_text(lines[-1])
+    assert "gsm8k: inconclusive (neither shown)" in text and "not_shown" not in text

@@ -317,3 +317,17 @@ def test_summary_refuses_a_verdict_the_counts_do_not_give() -> None:
             counts=PairedCounts(0, 46, 0, 4),
             looks_taken=1,
         )
+
+
+def test_a_fail_within_the_margin_is_not_worded_as_reassurance() -> None:
+    """first-hour-2 N13: "worse than control; a loss beyond the 2 pp margin is not shown" read
+    as reassurance for a candidate shown worse."""
+    from kvgate.evaluation.gate import Bounds, claim, plan_gate
+
+    plan = plan_gate(500, margin=0.02)
+    bounds = Bounds(look=0, lower=-0.03, upper=-0.0034, noninferiority_p=0.9)
+    text = claim(plan, "worse_than_control", bounds)
+    assert text is not None
+    assert "worse than control by at least 0.34 pp" in text
+    assert "whether the loss exceeds the 2 pp margin is not known" in text
+    assert "not shown" not in text

@@ -1,7 +1,8 @@
 """The eval and load Jobs are bounded by default (issue 25): requests and limits from the
 operator's config (the chart's evalResources, KVGATE_EVAL_RESOURCES; loadResources,
-KVGATE_LOAD_RESOURCES); a rollout may change an eval value but not drop one, and does not
-change the load Job's."""
+KVGATE_LOAD_RESOURCES); a rollout may lower an eval value but not raise or drop one (security
+finding A of security-2.md: it could zero them or ask for GPUs), and does not change the load
+Job's."""
 
 from __future__ import annotations
 
@@ -23,14 +24,11 @@ def test_defaults_bound_cpu_and_memory() -> None:
         assert set(bounds[part]) == {"cpu", "memory"}, part
 
 
-def test_a_rollout_changes_a_value_but_cannot_drop_a_bound() -> None:
-    merged = manifests.eval_resources(
-        config.DEFAULT_EVAL_RESOURCES,
-        {"limits": {"memory": "8Gi"}, "requests": {"nvidia.com/gpu": "0"}},
-    )
+def test_a_rollout_lowers_a_value_but_cannot_drop_a_bound() -> None:
+    merged = manifests.eval_resources(config.DEFAULT_EVAL_RESOURCES, {"limits": {"memory": "1Gi"}})
     assert merged == {
-        "requests": {"cpu": "100m", "memory": "256Mi", "nvidia.com/gpu": "0"},
-        "limits": {"cpu": "2", "memory": "8Gi"},
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "2", "memory": "1Gi"},
     }
     assert manifests.eval_resources({}, {}) == {}  # an operator configured with "{}": none
     assert manifests.eval_resources({}, {"limits": {"cpu": "1"}}) == {"limits": {"cpu": "1"}}
@@ -38,7 +36,7 @@ def test_a_rollout_changes_a_value_but_cannot_drop_a_bound() -> None:
 
 def test_the_operators_bounds_reach_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World(monkeypatch, canary={"startupTimeout": "60s", "evalTimeout": "120s",
-                                   "resources": {"limits": {"memory": "3Gi"}}})  # fmt: skip
+                                   "resources": {"limits": {"memory": "768Mi"}}})  # fmt: skip
     bounds = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
     w.memo.config = dataclasses.replace(w.memo.config, eval_resources=bounds)
     for _ in range(100):
@@ -50,7 +48,7 @@ def test_the_operators_bounds_reach_the_job(monkeypatch: pytest.MonkeyPatch) -> 
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == {
         "requests": {"cpu": "250m", "memory": "512Mi"},
-        "limits": {"memory": "3Gi"},  # the rollout's value for the key it names
+        "limits": {"memory": "768Mi"},  # the rollout's (lower) value for the key it names
     }
 
 
@@ -96,7 +94,7 @@ def test_the_load_jobs_bounds_come_from_the_operator(monkeypatch: pytest.MonkeyP
     # a rollout's canary.resources bound the eval container, not the load Job's
     w = World(monkeypatch, gates=THROUGHPUT_GATES, canary={
         "startupTimeout": "60s", "evalTimeout": "120s",
-        "resources": {"limits": {"memory": "3Gi"}}})  # fmt: skip
+        "resources": {"limits": {"memory": "1Gi"}}})  # fmt: skip
     w.memo.config = dataclasses.replace(w.memo.config, load_resources=bounds)
     _run_until_load_job(w)
     job = w.kube.get("Job", "r-load-1")

@@ -195,3 +195,32 @@ def test_an_earlier_runs_policy_is_replaced_not_reused(monkeypatch: pytest.Monke
     (policy,) = w.kube.of_kind("NetworkPolicy")
     assert policy["spec"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": 8000}]
     assert len(policy["spec"]["egress"]) == 2
+
+
+def test_a_default_chart_installs_eval_reaches_the_two_canaries_and_dns_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """security-2.md finding C: the chart's default config.gsm8kDir is the eval image's copy,
+    so a default install's judge opens no HTTPS to any address."""
+    from pathlib import Path
+
+    import yaml
+
+    from kvgate.config import OperatorConfig
+
+    values = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "charts/kvgate/values.yaml").read_text()
+    )
+    default_dir = values["config"]["gsm8kDir"]
+    assert default_dir == "/data/gsm8k"
+    chart_config = OperatorConfig.from_env({"KVGATE_GSM8K_DIR": default_dir})
+    w = world(monkeypatch, gsm8k_dir=chart_config.gsm8k_dir, gates={"capacity": {"mode": "off"}})
+    until_job(w)
+    (policy,) = w.kube.of_kind("NetworkPolicy")
+    meta = w.obj["metadata"]
+    only_canaries = manifests.build_eval_network_policy(
+        rollout=meta["name"], namespace=meta["namespace"], canary_port=8000, hub=False
+    )
+    assert policy["spec"]["egress"] == only_canaries["spec"]["egress"]  # canaries:8000, DNS
+    assert all("ipBlock" not in peer and "namespaceSelector" not in peer
+               for rule in policy["spec"]["egress"] for peer in rule.get("to", []))  # fmt: skip

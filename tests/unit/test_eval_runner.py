@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hf_cache_layout import COMMIT, add_to_cache
+from hf_cache_layout import add_to_cache
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.runner import (
     DATA_NEXT_STEP,
+    GSM8K_REVISION,
     HF_FILES,
     TASK_FILES,
     EvalSettings,
@@ -208,6 +210,7 @@ def hf_home(tmp_path: Path) -> Path:
             HF_FILES["train"]: _parquet([{"question": "q2", "answer": "#### 2"}]),
         },
         kind="dataset",
+        commit=GSM8K_REVISION,
     )
     return home
 
@@ -221,7 +224,7 @@ def test_hub_dataset_comes_from_the_cache_without_the_network(
     hf_home: Path, offline: dict[str, str]
 ) -> None:
     files = resolve_hub_dataset({"HF_HOME": str(hf_home), **offline}, probe=_no_probe)
-    snapshot = hf_home / "hub" / "datasets--openai--gsm8k" / "snapshots" / COMMIT
+    snapshot = hf_home / "hub" / "datasets--openai--gsm8k" / "snapshots" / GSM8K_REVISION
     assert files == HubFiles(test=snapshot / HF_FILES["test"], train=snapshot / HF_FILES["train"])
     settings = EvalSettings(hub_files=files)
     assert settings.to_dict()["dataset"] == f"openai/gsm8k ({snapshot})"
@@ -276,3 +279,59 @@ def test_unreachable_hub_is_probed_once_and_named(tmp_path: Path) -> None:
 )
 def test_offline_requested(env: dict[str, str], offline: bool) -> None:
     assert offline_requested(env) is offline
+
+
+def test_a_cache_of_another_gsm8k_revision_is_not_used(tmp_path: Path) -> None:
+    """The download is pinned: a cached `main` of another commit is not the pinned dataset."""
+    home = tmp_path / "hf-home"
+    add_to_cache(home / "hub", "openai/gsm8k", {name: b"x" for name in HF_FILES.values()},
+                 kind="dataset", commit="f" * 40)  # fmt: skip
+    with pytest.raises(EvalError, match="not in the Hugging Face cache"):
+        resolve_hub_dataset({"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}, probe=_no_probe)
+
+
+def test_the_hub_download_asks_for_the_pinned_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    asked: list[tuple[str, str | None]] = []
+
+    def download(repo_id: str, filename: str, **kw: object) -> str:
+        asked.append((filename, kw.get("revision")))  # type: ignore[arg-type]
+        if kw.get("local_files_only"):
+            raise FileNotFoundError(filename)
+        path = tmp_path / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    resolve_hub_dataset({"HF_HOME": str(tmp_path / "h")}, probe=lambda endpoint: None)
+    assert {revision for _, revision in asked} == {GSM8K_REVISION}
+    assert len(asked) >= 3  # the cache first, then the download of both files
+
+
+def test_lm_eval_runs_no_git_and_draws_no_bars_into_a_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """first-hour-2 #14: "fatal: not a git repository" twice per look, and tqdm bars in the
+    Job's log."""
+    import io
+    import subprocess
+    import sys
+
+    import lm_eval.evaluator
+
+    from kvgate.evaluation.runner import quiet_lm_eval
+
+    def no_git(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError(f"lm-eval ran {args}")
+
+    monkeypatch.setattr(subprocess, "check_output", no_git)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log, not a terminal
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"})
+    monkeypatch.chdir(tmp_path)  # not a git checkout, as the Job's /tmp is not
+    quiet_lm_eval()
+    assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert os.environ.get("TQDM_DISABLE") == "1"

@@ -414,7 +414,7 @@ def test_pool_pressure_figures() -> None:
         "usage_threshold": 0.9,
         "min_fraction": 0.5,
         "reasons": [
-            "2 of 3 samples had KV usage >= 0.9 with requests waiting, or a preemption (67%; needed 50%)"
+            "2 of 3 samples had KV usage >= 90% with requests waiting, or a preemption (67%; needed 50%)"
         ],
     }
 
@@ -422,7 +422,7 @@ def test_pool_pressure_figures() -> None:
 @pytest.mark.parametrize(
     ("samples", "reason"),
     [
-        ([snap(0.5, 10)] * 3, "KV usage peaked at 0.50, below 0.9"),
+        ([snap(0.5, 10)] * 3, "KV usage peaked at 50%, below 90%"),
         ([snap(0.95, 4)] * 2, "only 2 usable sample(s); at least 3 needed"),
         ([snap(None)] * 3, "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"),
         ([snap(0.9, None)] * 3, "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"),
@@ -576,3 +576,19 @@ def test_a_huge_metrics_text_is_refused() -> None:
 
     with pytest.raises(ParseError, match="larger than"):
         parse_metrics("#" * (metrics.MAX_METRICS_CHARS + 1), source="pod")
+
+
+def test_a_json_answer_is_named_as_json_not_echoed() -> None:
+    """first-hour-2 N22: `scrape http://A:8000/v1/models` echoed ~600 characters of the JSON."""
+    import pytest
+
+    from kvgate.errors import ParseError
+    from kvgate.metrics import parse_metrics
+
+    body = '{"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "secret-looking": "' + "x" * 500
+    with pytest.raises(ParseError) as caught:
+        parse_metrics(body + '"}]}', source="http://a:8000/v1/models")
+    message = str(caught.value)
+    assert message == (
+        "http://a:8000/v1/models: this is JSON, not Prometheus text: use the engine's /metrics"
+    )

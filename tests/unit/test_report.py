@@ -102,7 +102,11 @@ def test_text_shows_the_accuracy_table_with_wilson_intervals() -> None:
     assert lines[0] == "KVCacheRollout demo/qwen3-fp8: Promoted"
     assert "  control      1,211  1,319     91.8%  [90.2, 93.2]" in lines
     assert "  candidate    1,208  1,319     91.6%  [90.0, 93.0]" in lines
-    assert "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp, McNemar p=0.66" in lines
+    # the fixed-n interval is labelled, beside the sequential bound (first-hour-2 N12)
+    assert (
+        "  candidate - control: -0.2 pp, 95% CI [-0.9, +0.5] pp (fixed-n, two-sided), "
+        "McNemar p=0.66" in lines
+    )
     assert "  verdict: pass (the sequential test rules out a loss larger than 0.9 pp)" in lines
     assert "Accuracy (gsm8k, paired, 1,319 questions, margin 2.0 pp, 95% confidence)" in lines
 
@@ -801,7 +805,7 @@ def test_the_l4_crash_leads_with_its_cause_and_says_where_the_remedy_goes() -> N
         "(FlashInfer without nvcc/ninja in the image: the L4 trap) (attention-build-failed) "
         "remedy: --attention-backend TRITON_ATTN and VLLM_USE_FLASHINFER_SAMPLER=0 (for vllm "
         "0.13.0) where: set spec.extraArgs: [--attention-backend, TRITON_ATTN] and "
-        "spec.extraEnv: {name: VLLM_USE_FLASHINFER_SAMPLER, value: '0'}; or set "
+        'spec.extraEnv: [{name: VLLM_USE_FLASHINFER_SAMPLER, value: "0"}]; or set '
         "spec.canary.remediation: auto and kvgate applies it and tests again "
         "engine log: subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
     ), head
@@ -854,15 +858,21 @@ def test_a_remedy_kvgate_cannot_apply_itself_names_the_fields_without_auto() -> 
 
 def test_long_log_lines_fold_into_details_and_tables_wrap() -> None:
     page = report.render_html(report_states.l4_crash())
-    assert "table-layout:fixed" in page and "overflow-wrap:anywhere}" in page.split("th,td")[1]
+    # words stay whole in short columns (first-hour-2 N1: "Successfu/l" under a fixed layout);
+    # only message, line and remedy cells may break a word, so nothing overflows either
+    assert "table-layout:fixed" not in page
+    css = page[page.index("<style>") : page.index("</style>")]
+    assert "td.long{overflow-wrap:anywhere}" in css
+    assert "overflow-wrap" not in css.split("th,td{", 1)[1].split("}", 1)[0]
     logs = page[page.index("<h2>Startup logs</h2>") :]
     logs = logs[: logs.index("</table>")]
     # the 290-character ninja command shows its first 160 characters, the rest on a click
     assert "<details><summary>subprocess.CalledProcessError: Command &#x27;[&#x27;ninja" in logs
     assert "build.ninja&#x27;]&#x27; returned non-zero exit status 1.</pre></details>" in logs
     # short lines and the remedies (what to do) are never folded
-    assert "<td>EngineCore failed to start.</td>" in logs
-    assert "<td>FlashInfer could not JIT-compile its FP8 KV kernels" in logs
+    assert '<td class="long">EngineCore failed to start.</td>' in logs
+    assert '<td class="long">FlashInfer could not JIT-compile its FP8 KV kernels' in logs
+    assert "<td>candidate</td>" in logs  # the arm: a short column, whole words
 
 
 @pytest.mark.parametrize(
@@ -1012,7 +1022,9 @@ def test_the_verdict_is_not_repeated_nor_named_by_its_enum() -> None:
     assert rollout["status"]["verdict"]["message"] == rollout["status"]["message"]
     # THEN the report says it once, and no internal decision word appears
     for rendered in (report.render_text(rollout, now=NOW), report.render_html(rollout, now=NOW)):
-        assert rendered.count("all gates passed; approve with annotation") == 1
+        # once, without the annotation the two approve commands below carry (#26)
+        assert rendered.count("all gates passed") == 1
+        assert "approve with annotation" not in rendered
         assert "verdict: hold" not in rendered and "verdict: promote" not in rendered
         assert not re.search(r"\b(Promote|RollBack|Hold)\b", rendered)
     # a verdict that adds something is said in words
@@ -1056,3 +1068,34 @@ def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
     assert "<td>scales</td><td class='maybe'>Warning</td>" in page
     css = page[page.index("<style>") : page.index("</style>")]
     assert "td.skip{color:#5b6475}" in css and "td.maybe{color:#7a5500" in css
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(45, "45 s"), (252, "4 min 12 s"), (7500, "2 h 5 min"), (6782 * 60 + 18, "4 d 17 h")],
+)
+def test_long_durations_read_in_hours_and_days(seconds: float, text: str) -> None:
+    """first-hour-2 N10: a rollout awaiting approval for days read "6782 min 18 s"."""
+    from kvgate.report.view import fmt_duration
+
+    assert fmt_duration(seconds) == text
+
+
+def test_the_fixed_n_interval_says_it_ignores_the_looks() -> None:
+    """first-hour-2 N12: "95% CI [-0.6, +1.6] pp" beside the look-adjusted "rules out a loss
+    larger than 1.6 pp", unlabelled."""
+    rollout = report_states.promoted()
+    rollout["status"]["accuracy"]["bounds"] = {"look": 10}  # the look it stopped at
+    text = " ".join(report.render_text(rollout).split())
+    assert "pp (fixed-n, two-sided, ignores the 10 looks)" in text
+
+
+def test_the_header_says_each_thing_once() -> None:
+    """first-hour-2 #26: "verdict: promote: every gate passed" under "passed every gate", and
+    "approve with annotation ...=HASH" right above the two approve commands."""
+    promoted = report.render_text(report_states.promoted())
+    assert "passed every gate" in promoted and "verdict: promote" not in promoted
+    awaiting = report.render_text(report_states.awaiting_approval())
+    assert "approve with annotation" not in awaiting
+    assert "approve with either command:" in awaiting
+    assert awaiting.count("kvgate.io/approve=18cab288d5712cfa") == 1  # in the kubectl command

@@ -59,11 +59,11 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+def _chromium(*args: str, width: int = WIDTH) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None, "chromium is not installed: hack/install-deps.sh --tools"
     return subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", "--disable-extensions", f"--window-size={WIDTH},2000", *args],
+         "--no-first-run", "--disable-extensions", f"--window-size={width},2000", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -91,3 +91,43 @@ def test_the_report_fits_a_1280_px_window(state: str, tmp_path: Path) -> None:
     assert widths["innerWidth"] == WIDTH
     assert widths["scrollWidth"] <= WIDTH, f"{state}: wider than {WIDTH} px: {widths['wide']}"
     assert widths["wide"] == []
+
+
+# Writes into the DOM every word of a table cell that the layout broke over two lines: a Range
+# over the word has one client rect per line box it spans (first-hour-2 N1: "Successfu" / "l").
+# Cells of class "long" (messages, log lines, remedies) may break a word; the others may not
+# (a break after a hyphen, as in "attention-/build-failed", is a line break, not a broken word).
+_BROKEN_WORDS = """<script>
+window.addEventListener("load", () => {
+  const broken = [];
+  for (const cell of document.querySelectorAll("td:not(.long), th")) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.data.matchAll(/[^\\s-]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  const out = document.createElement("pre");
+  out.id = "kvgate-broken";
+  out.textContent = JSON.stringify(broken.slice(0, 20));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+@pytest.mark.parametrize("state", ["l4-crash", "promoted", "regressed"])
+def test_no_word_breaks_in_a_short_column(state: str, width: int, tmp_path: Path) -> None:
+    assert state in report_states.STATES
+    page = report.render_html(report_states.STATES[state](), now=NOW)
+    probed = tmp_path / f"{state}.html"
+    probed.write_text(page.replace("</body>", _BROKEN_WORDS + "</body>"))
+    dom = _chromium("--dump-dom", probed.as_uri(), width=width)
+    found = re.search(r'<pre id="kvgate-broken">(.*?)</pre>', dom.stdout, re.S)
+    assert found is not None, f"no probe output in the DOM: {dom.stderr[-2000:]}"
+    assert json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&")) == []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from kvgate.errors import KubeError, ParseError
+from kvgate.errors import InputError, KubeError, ParseError
 from kvgate.inputs import load_file
 
 GROUP = "kvgate.io"
@@ -25,6 +25,7 @@ def _load_config() -> str | None:
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
+    quiet_tls_warnings()
     try:
         config.load_incluster_config()
     except ConfigException:
@@ -41,6 +42,17 @@ def _load_config() -> str | None:
     return namespace
 
 
+def quiet_tls_warnings() -> None:
+    """A kubeconfig with `insecure-skip-tls-verify: true` is the user's choice: urllib3's
+    two-line InsecureRequestWarning on every call would precede kvgate's one-line error
+    (first-hour-2 N19)."""
+    import warnings
+
+    from urllib3.exceptions import InsecureRequestWarning
+
+    warnings.filterwarnings("ignore", category=InsecureRequestWarning)
+
+
 def _read_one(kind: str, short: str, ns: str, name: str, call: Callable[[], Any]) -> Any:
     """`call()`, its failure one KubeError naming `kind` ns/name (404: how to list them)."""
     from kubernetes.client.exceptions import ApiException
@@ -50,10 +62,7 @@ def _read_one(kind: str, short: str, ns: str, name: str, call: Callable[[], Any]
         return call()
     except ApiException as exc:
         if exc.status == 404:
-            raise KubeError(
-                f"{kind} {ns}/{name} not found; list them with `kubectl get {short} -n {ns}`",
-                status=404,
-            ) from exc
+            raise _not_found(exc, kind, short, ns, name) from exc
         raise KubeError(
             f"reading {kind} {ns}/{name}: {exc.status} {exc.reason}", status=exc.status
         ) from exc
@@ -131,7 +140,7 @@ def annotate_rollout(name: str, namespace: str | None, annotations: Mapping[str,
         )
     except ApiException as exc:
         if exc.status == 404:
-            raise KubeError(f"kvcacherollout {ns}/{name} not found", status=404) from exc
+            raise _not_found(exc, "kvcacherollout", "kvr", ns, name) from exc
         raise KubeError(
             f"annotating kvcacherollout {ns}/{name}: {exc.status} {exc.reason}"
             + (f": {_api_message(exc)}" if _api_message(exc) else ""),
@@ -199,6 +208,24 @@ def rollout_events(name: str, namespace: str) -> list[dict[str, Any]]:
         (e for e in out if isinstance(e, dict)),
         key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
     )
+
+
+def _not_found(exc: Any, kind: str, short: str, ns: str, name: str) -> Exception:
+    """A 404: the object is not there (bad input, exit 2: a typo is not an outage), or, for a
+    rollout, the API itself is missing: the CRD is not installed (first-hour-2 N15)."""
+    import json
+
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        details = {}
+    if kind == "kvcacherollout" and details.get("name") != name:
+        return KubeError(
+            f"the KVCacheRollout CRD is not installed in this cluster (no {PLURAL}.{GROUP}); "
+            "install kvgate's chart (helm install kvgate charts/kvgate ...)",
+            status=404,
+        )
+    return InputError(f"{kind} {ns}/{name} not found; list them with `kubectl get {short} -n {ns}`")
 
 
 def _api_message(exc: Any) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
+from kvgate.commands.failure import report_summary_error
 from kvgate.divergence import (
     DEFAULT_FACTOR,
     DEFAULT_FIRST_EDGE,
@@ -33,7 +34,7 @@ from kvgate.divergence import (
     screen,
 )
 from kvgate.errors import EvalError, SpecError
-from kvgate.inputs import bounded_int, finite_float
+from kvgate.inputs import bounded_int, finite_float, seconds
 
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
@@ -82,8 +83,14 @@ def add_screen_options(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
-    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument(
+        "--control-url",
+        required=True,
+        help="the control engine: http://IP:8000 or http://IP:8000/v1/completions",
+    )
+    parser.add_argument(
+        "--candidate-url", required=True, help="the candidate engine, the same form"
+    )
     parser.add_argument("--model", help="served model name of both arms (default: the served one)")
     parser.add_argument("--control-model")
     parser.add_argument("--candidate-model")
@@ -108,14 +115,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-dir", help="GSM8K jsonl directory (default: $KVGATE_GSM8K_DIR)")
     parser.add_argument(
-        "--timeout", type=finite_float(1.0, 86400.0), default=600.0, help="seconds per request"
+        "--timeout", type=seconds(1.0, 86400.0), default=600.0, help="time per request (600, 10m)"
     )
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
 
 
 def documents_source(data_dir: Path | None) -> list[str]:
     if data_dir is None:
-        raise SpecError("--data-dir", "no GSM8K directory: pass --data-dir or KVGATE_GSM8K_DIR")
+        raise EvalError(
+            "GSM8K dataset: no local copy (KVGATE_GSM8K_DIR and --data-dir unset); diverge "
+            "builds its documents from GSM8K's train.jsonl: set KVGATE_GSM8K_DIR or pass "
+            "--data-dir (a directory with test.jsonl and train.jsonl)"
+        )
     rows = []
     with (data_dir / "train.jsonl").open(encoding="utf-8") as handle:
         for line in handle:
@@ -181,16 +192,17 @@ class _Arm:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.evaluation.runner import check_endpoint, check_url, resolve_data_dir
+    from kvgate.evaluation.runner import check_endpoint, completions_url, resolve_data_dir
 
     requested = {
-        "control": (args.control_url, args.control_model or args.model),
-        "candidate": (args.candidate_url, args.candidate_model or args.model),
+        "control": (completions_url("control", args.control_url), args.control_model or args.model),
+        "candidate": (
+            completions_url("candidate", args.candidate_url),
+            args.candidate_model or args.model,
+        ),
     }
-    for name, (url, _) in requested.items():
-        check_url(name, url)
     settings = ScreenSettings(args.factor, args.min_kl, args.min_disagreement)
-    rows = documents_source(resolve_data_dir(args.data_dir, os.environ))
+    data_dir = resolve_data_dir(args.data_dir, os.environ)
     options = ScreenOptions(
         documents=args.documents,
         max_tokens=args.max_tokens,
@@ -199,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         settings=settings,
     )
-    try:
+    try:  # a missing dataset is an outside failure, exit 4, as for eval (first-hour-2 N24)
+        rows = documents_source(data_dir)
         endpoints = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
     except EvalError as exc:
         summary = summary_header(options)
@@ -211,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         summary["nonce"] = nonce
     sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
     sys.stdout.flush()
+    report_summary_error("diverge", summary, summary["verdict"])
     return EXIT_CODES[Verdict(summary["verdict"])]
 
 

@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 from kvgate.commands import catalog
 from kvgate.commands.diverge import ScreenOptions, add_screen_options
 from kvgate.commands.exit_codes import EXIT_BUG
+from kvgate.commands.failure import report_summary_error
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -26,11 +27,12 @@ from kvgate.evaluation.gate import (
     Verdict,
     build_summary,
     plan_gate,
+    reason_words,
 )
 from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, LongContextPlan
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
-from kvgate.inputs import bounded_int, finite_float
+from kvgate.inputs import bounded_int, finite_float, fraction, seconds
 from kvgate.spec import is_commit, is_local_path
 from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 
@@ -48,8 +50,15 @@ SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-m
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--control-url", required=True, help="e.g. http://IP:8000/v1/completions")
-    parser.add_argument("--candidate-url", required=True)
+    parser.add_argument(
+        "--control-url",
+        required=True,
+        help="the control engine: http://IP:8000 or its completions endpoint "
+        "http://IP:8000/v1/completions",
+    )
+    parser.add_argument(
+        "--candidate-url", required=True, help="the candidate engine, the same form"
+    )
     parser.add_argument(
         "--model", help="served model name of both arms (default: the one each endpoint serves)"
     )
@@ -102,17 +111,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-retries", type=bounded_int(-100, 100), default=3, help="attempts per request"
     )
     parser.add_argument(
-        "--timeout", type=finite_float(-86400, 86400), default=300.0, help="seconds per request"
+        "--timeout",
+        type=seconds(-86400, 86400),
+        default=300.0,
+        help="time per request: seconds or a duration (300, 5m)",
     )
     parser.add_argument(
         "--margin",
-        type=finite_float(),
+        type=fraction(),
         default=DEFAULT_MARGIN,
-        help="largest tolerated loss (fraction)",
+        help="largest tolerated loss: a fraction or a percentage (0.02, 2pp)",
     )
     parser.add_argument(
         "--confidence",
-        type=finite_float(),
+        type=fraction(),
         default=DEFAULT_CONFIDENCE,
         help="one-sided confidence of the non-inferiority claim",
     )
@@ -150,9 +162,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     lc.add_argument(
         "--long-context-margin",
-        type=finite_float(),
+        type=fraction(),
         default=LC_MARGIN,
-        help="largest tolerated loss per bucket (fraction)",
+        help="largest tolerated loss per bucket: a fraction or a percentage",
     )
     lc.add_argument(
         "--recovery-floor",
@@ -194,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         EvalSettings,
         LmEvalRunner,
         check_endpoint,
-        check_url,
+        completions_url,
         count_test_questions,
         resolve_data_dir,
         resolve_hub_dataset,
@@ -204,12 +216,13 @@ def run(args: argparse.Namespace) -> int:
         _positive(getattr(args, field), "--" + field.replace("_", "-"))
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
+    chat = args.api == "chat" or args.chat_template
     requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
-        "control": (args.control_url, args.control_model or args.model),
-        "candidate": (args.candidate_url, args.candidate_model or args.model),
-    }
-    for name, (url, _) in requested.items():
-        check_url(name, url)
+        "control": (completions_url("control", args.control_url, chat=chat),
+                    args.control_model or args.model),
+        "candidate": (completions_url("candidate", args.candidate_url, chat=chat),
+                      args.candidate_model or args.model),
+    }  # fmt: skip
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     settings = EvalSettings(
         task=args.task,
@@ -339,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
         summary["nonce"] = nonce
     emit(summary)
     final = summary["overall"]["verdict"] if long_context is not None else summary["verdict"]
+    report_summary_error("eval", summary, final)
     return exit_code if exit_code is not None else EXIT_CODES[Verdict(final)]
 
 
@@ -614,7 +628,8 @@ def progress_text(line: dict[str, Any]) -> str:
     n = line["questions"]
     control = paired["both"] + paired["control_only"]
     candidate = paired["both"] + paired["candidate_only"]
-    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({line['reason']})"
+    reason = reason_words(line["reason"])
+    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({reason})"
     return (
         f"kvgate eval: look {line['look']}/{line['looks_planned']}: {n} questions, "
         f"control {_pct(control, n)}, candidate {_pct(candidate, n)} "
@@ -634,7 +649,7 @@ def summary_text(summary: dict[str, Any]) -> str:
     if task != NO_TASK:
         lines.append(
             f"{task}: {summary['verdict']}"
-            + (f" ({summary['reason']})" if summary.get("reason") else "")
+            + (f" ({reason_words(summary['reason'])})" if summary.get("reason") else "")
         )
     if summary.get("claim"):
         lines.append(f"  {summary['claim']}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Final, TextIO
+from collections.abc import Mapping
+from typing import Any, Final, TextIO
 
 MAX_MESSAGE: Final = 1000
 
@@ -50,3 +51,19 @@ def report_error(
         out.flush()
     print(error_line(command, message), file=stderr if stderr is not None else sys.stderr)
     return exit_code
+
+
+def report_summary_error(
+    command: str, summary: Mapping[str, Any], verdict: str, stderr: TextIO | None = None
+) -> None:
+    """`eval` and `diverge` end in their summary line on stdout, which the operator's Job reads,
+    also for an error (`"verdict": "error"`, `"error": <message>`); an error also gets every
+    command's error line on stderr, on a terminal or piped (first-hour-2 N4)."""
+    if verdict != "error":
+        return
+    blocks = [
+        summary,
+        *(b for k in ("long_context", "divergence") if isinstance(b := summary.get(k), Mapping)),
+    ]
+    message = next((str(b["error"]) for b in blocks if b.get("error")), "ended in error")
+    print(error_line(command, message), file=stderr if stderr is not None else sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Final
 
@@ -46,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
                 shown = lines
         if not args.watch or view.finished:
             return view.exit_code() if args.watch else 0
-        if time.monotonic() + interval > deadline:
+        if time.monotonic() + interval > deadline:  # said, as wait says it (first-hour-2 N23)
+            print(
+                f"stopped watching after {args.timeout}; still {view.phase.value}", file=sys.stderr
+            )
             return view.exit_code()
         time.sleep(interval)

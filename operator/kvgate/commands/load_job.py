@@ -43,6 +43,7 @@ from kvgate.commands.exit_codes import (
     EXIT_OK,
 )
 from kvgate.errors import SpecError
+from kvgate.inputs import seconds
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
 from kvgate.load.counts import EngineCounters, check_counts, client_counts
 from kvgate.load.report import StageJudgement, stage_file
@@ -124,8 +125,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slo-tpot-ms", type=float, help="... and its time per output token at most this"
     )
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for each arm's run")
+    parser.add_argument(
+        "--request-timeout", type=seconds(), default=120.0, help="time per request (120, 2m)"
+    )
+    parser.add_argument(
+        "--timeout", type=seconds(), default=1800.0, help="time for each arm's run (1800, 30m)"
+    )
     parser.add_argument(
         "--tokenizer",
         help="the served model's source: a tokenizer directory, or a hub repo id read from the "
@@ -266,7 +271,7 @@ def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
         snap = http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S)
     except (ScrapeError, InputError):
         return None
-    return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting)
+    return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting, time_scale=snap.time_scale)
 
 
 def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | None:
@@ -329,6 +334,14 @@ def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixPro
 class EngineNow:
     preemptions: float | None
     waiting: float | None
+    time_scale: float | None = None  # kvgate.sim off real time (kvgate_sim_time_scale)
+
+
+def _time_scale(base_url: str) -> float | None:
+    """A simulated engine's wall seconds per engine second, when it is not 1 (else None)."""
+    now = _engine_now(base_url)
+    scale = None if now is None else now.time_scale
+    return scale if scale is not None and 0 < scale < 1e6 and scale != 1 else None
 
 
 # inference-perf's log lines at each stage's start and end (loadgen/load_generator.py, 0.7.0)
@@ -617,6 +630,7 @@ def _run_both(
             ),
             output=result.output,
             prefix_cache=probes[name],
+            time_scale=_time_scale(plans[name].base_url) if reachable else None,
         )
         emit(
             {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.formatcapacity import format_capacity
 from kvgate.fp8advice import fp8_guidance
-from kvgate.inputs import finite_float
+from kvgate.inputs import finite_float, seconds
 
 HELP = catalog.help_of("preflight")
 DTYPES = ("bf16", "fp8")
@@ -78,10 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=finite_float(),
+        type=seconds(),
         default=DEFAULT_HUB_TIMEOUT_S,
         metavar="S",
-        help="seconds the whole hub read may take, however slowly the hub answers",
+        help="how long the whole hub read may take, however slowly the hub answers "
+        "(seconds or a duration: 30, 30s, 2m)",
     )
     parser.add_argument(
         "--gpu-memory-gib",
@@ -156,9 +158,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
+    try:
+        memory = gib_to_bytes(args.gpu_memory_gib) if args.gpu_memory_gib is not None else None
+    except SpecError as exc:  # named as the user typed it (first-hour-2 N17)
+        raise SpecError("--gpu-memory-gib", str(exc).split(": ", 1)[-1]) from None
     if args.max_model_len is not None and args.max_model_len < 1:
         raise SpecError("--max-model-len", f"{args.max_model_len} is below 1; use a token count")
+    if args.max_model_len is not None and memory is None:  # it was silently ignored
+        raise SpecError(
+            "--max-model-len",
+            "needs --gpu-memory-gib (the memory left for the KV cache), which sizes the pool",
+        )
     if args.max_num_batched_tokens < 1:
         raise SpecError(
             "--max-num-batched-tokens", f"{args.max_num_batched_tokens} is below 1; use a count"
@@ -306,12 +316,18 @@ def _preflight(
         cached = _hub_or_cache(hub, target, revision, token, timeout_s, os.environ)
         if isinstance(cached, Path):  # only config.json is cached: capacity, scales unknown
             path = cached
+    scanned_dir = None
     if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
-        path = path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: capacity still, scales unknown
+        scanned_dir, path = path, path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: scales unknown
     if path.is_file() and path.suffix != ".safetensors":
         config = hub.read_json_file(path)
         layout = parse_kv_layout(config, source=str(path))
         scales = unknown_scales(config, source=str(path))
+        if scanned_dir is not None:  # it was scanned: say what it lacks (first-hour-2 N17)
+            why = f"{scanned_dir} has no *.safetensors (a .bin checkpoint, or config.json alone)"
+            scales = dataclasses.replace(scales, findings=tuple(
+                dataclasses.replace(f, message=f"{why}: whether it carries k/v scales is unknown")
+                if f.code == "ScalesUnknown" else f for f in scales.findings))  # fmt: skip
         source, commit = str(path), None
     else:
         if cached is not None:
@@ -532,8 +548,22 @@ def render_text(result: dict[str, Any]) -> str:
             f"of {layers['expected']} attention layers; weight scales "
             f"{scales['weight_scales']['count']}"
         )
-    rows.extend(f"  {f['code']}: {f['message']}" for f in scales["findings"])
-    rows.extend(f"advice     {line}" for line in result.get("advice") or advice(result))
+    # ControlRunsFP8 says what KVCacheSchemeSet and the first advice line say, and the fix:
+    # the text states it once, and that it is why the exit is 1 (first-hour-2 #15)
+    blocking = any(f["code"] == "ControlRunsFP8" for f in scales["findings"])
+    rows.extend(
+        f"  {f['code']}: {f['message']}"
+        for f in scales["findings"]
+        if not (blocking and f["code"] == "KVCacheSchemeSet")
+    )
+    lines = result.get("advice") or advice(result)
+    same = "the checkpoint config switches --kv-cache-dtype auto to FP8"
+    rows.extend(f"advice     {line}" for line in lines if not (blocking and line.startswith(same)))
+    if blocking:
+        rows.append(
+            "result     exit 1: ControlRunsFP8 blocks a rollout of this checkpoint (the operator "
+            "ends one Failed/ControlRunsFP8) until the control's dtype is pinned"
+        )
     rows.extend(
         f"vllm says  {g['message']} ({g['source']})" for g in result.get("fp8_guidance") or ()
     )

@@ -58,7 +58,7 @@ class RolloutView:
 
     def headline(self) -> str:
         reason = f" ({self.status.reason})" if self.status.reason else ""
-        message = " ".join((self.status.message or "").split())[:300]
+        message = clip(self.status.message or "", 300)
         return f"kvr/{self.name} in {self.namespace}: {self.phase.value}{reason}" + (
             f": {message}" if message else ""
         )
@@ -68,7 +68,7 @@ class RolloutView:
         out = [self.headline()]
         for gate, record in self.status.gates.items():
             outcome = record.outcome.value if isinstance(record.outcome, Outcome) else "-"
-            detail = " ".join((record.message or record.reason or "").split())[:140]
+            detail = clip(record.message or record.reason or "", 140)
             out.append(f"  gate {gate:<14} {outcome:<12} {detail}")
         progress = self.status.eval.progress if self.status.eval else {}
         if progress and not self.finished:
@@ -96,6 +96,17 @@ class RolloutView:
                 f"  pull request #{pr.number} {pr.state or '?'}{merged}: {pr.url or pr.repository}"
             )
         for event in list(events)[-5:]:
-            message = " ".join(str(event.get("message") or "").split())[:140]
+            message = clip(str(event.get("message") or ""), 140)
             out.append(f"  event {event.get('type', '?'):<7} {event.get('reason', '?')}: {message}")
         return out
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one line, cut at a word before `limit` with an ellipsis when longer (first-hour-2
+    N9, N23: "...4 I (still running after 3s)", "... (margin " with nothing to say it was cut)."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:(") + "…"

@@ -86,13 +86,9 @@ def run(args: argparse.Namespace) -> int:
     source = "<stdin>" if args.file == "-" else args.file
     with _open(args.file) as handle:
         scan = scan_lines(_bounded_lines(handle, source), args.engine, source=source)
-    if _recognised_nothing(scan):
-        # "not ready" would send the user to wait for a start that this text cannot show.
-        raise ParseError(
-            source,
-            f"no vLLM or SGLang line recognised in {scan.lines} line(s); "
-            "is this the engine's startup log (kubectl logs POD)?",
-        )
+    if not _engine_facts(scan) and (scan.engine is None or args.engine):
+        # "ready" or "not ready" would vouch for a log that is not this engine's
+        raise ParseError(source, _not_the_engine(scan, args.engine, source))
     if args.json:
         print(json.dumps({"source": source, **scan.to_dict()}, sort_keys=True))
     else:
@@ -100,16 +96,43 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(scan)
 
 
-def _recognised_nothing(scan: LogScan) -> bool:
-    return (
-        scan.engine is None
-        and not scan.findings
-        and not scan.ready
-        and not scan.failed
-        and scan.kv_cache_dtype is None
-        and scan.attention_backend is None
-        and scan.capacity.kv_tokens is None
+_NAMES: Final = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def _engine_facts(scan: LogScan) -> bool:
+    """Did any line say something only an engine's log says? A web server's own "Application
+    startup complete." (uvicorn, which vLLM and SGLang also run) is not such a line."""
+    return bool(
+        scan.engine_version
+        or scan.kv_cache_dtype
+        or scan.attention_backend
+        or scan.capacity.kv_tokens is not None
+        or scan.failed
+        or any(f.code != "ready" for f in scan.findings)
     )
+
+
+def _not_the_engine(scan: LogScan, named: str | None, source: str) -> str:
+    """Why this is not the (named) engine's startup log, and what to run instead."""
+    which = _NAMES.get(named or "", "vLLM or SGLang")
+    what = f"no {which} line recognised in {scan.lines} line(s)"
+    if named and source != "<stdin>":  # what the text is when nothing is assumed
+        with _open(source) as handle:
+            unnamed = scan_lines(_bounded_lines(handle, source), None, source=source)
+        found = unnamed.engine
+        if found and found != named:
+            article = "an" if found == "sglang" else "a"
+            return (
+                f"{what}; this looks like {article} {_NAMES.get(found, found)} log "
+                f"(drop --engine, or --engine {found})"
+            )
+        scan = unnamed if unnamed.ready else scan
+    if scan.ready:
+        return (
+            f"{what}, only a web server's startup; is this the engine's container? "
+            "(kubectl logs POD -c CONTAINER)"
+        )
+    return f"{what}; is this the engine's startup log (kubectl logs POD -c CONTAINER)?"
 
 
 def exit_code(scan: LogScan) -> int:

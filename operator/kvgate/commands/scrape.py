@@ -17,7 +17,7 @@ from typing import Final
 
 from kvgate.commands import catalog
 from kvgate.errors import ScrapeError, SpecError
-from kvgate.inputs import bounded_int, finite_float
+from kvgate.inputs import bounded_int, fraction, seconds
 from kvgate.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 
@@ -37,10 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="metrics URL, e.g. http://10.0.0.5:8000/metrics")
     parser.add_argument(
         "--interval",
-        type=finite_float(0, 86400),
+        type=seconds(0, 86400),
         default=DEFAULT_INTERVAL,
         metavar="S",
-        help="seconds between samples",
+        help="time between samples: seconds or a duration (5, 5s, 1m)",
     )
     parser.add_argument(
         "--samples",
@@ -52,24 +52,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="auto", metavar="ENGINE", help="vllm, sglang or auto")
     parser.add_argument(
         "--usage-threshold",
-        type=finite_float(0, 1, low_open=True),
+        type=fraction(0, 1, low_open=True),
         default=0.9,
         metavar="F",
-        help="full-pool KV usage",
+        help="full-pool KV usage: a fraction or a percentage (0.9, 90%%)",
     )
     parser.add_argument(
         "--min-fraction",
-        type=finite_float(0, 1, low_open=True),
+        type=fraction(0, 1, low_open=True),
         default=0.5,
         metavar="F",
         help="share of samples that must show a full pool with requests waiting",
     )
     parser.add_argument(
         "--timeout",
-        type=finite_float(0, 3600, low_open=True),
+        type=seconds(0, 3600, low_open=True),
         default=5.0,
         metavar="S",
-        help="seconds per request",
+        help="time per request: seconds or a duration (5, 5s, 1m)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvgate.commands import catalog
-from kvgate.errors import InputError, ParseError, SpecError
+from kvgate.errors import EvalError, InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
-from kvgate.inputs import finite_float, load_json, read_text
+from kvgate.inputs import fraction, load_json, read_text
 from kvgate.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
@@ -61,13 +61,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--margin",
-        type=finite_float(),
+        type=fraction(),
         default=None,
-        help=f"largest tolerated loss, a fraction (default: {DEFAULT_MARGIN})",
+        help=f"largest tolerated loss: a fraction or a percentage, 0.02 or 2pp "
+        f"(default: {DEFAULT_MARGIN})",
     )
     parser.add_argument(
         "--confidence",
-        type=finite_float(),
+        type=fraction(),
         default=None,
         help=f"one-sided (default: {DEFAULT_CONFIDENCE})",
     )
@@ -111,6 +112,13 @@ def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
     # shallowly, so the per-question reader below cannot hit RecursionError or huge numbers.
     text = read_text(path, regular=True)
     summary = _find_summary(text, str(path))
+    if summary is not None and summary.get("verdict") == "error":
+        # the eval's own error is the answer, exit 4 (first-hour-2 N5: an eval that never
+        # reached an arm read as "no paired counts", exit 2, and a mid-run one hid its error)
+        looks = summary.get("looks")
+        after = f" after {looks} look(s)" if isinstance(looks, int) and looks > 0 else ""
+        error = summary.get("error")
+        raise EvalError(f"{path}: the eval ended in error{after}: {error or 'no error text saved'}")
     has_questions = f'"{QUESTION_KIND}"' in text
     if has_questions:
         for line_no, line in enumerate(text.splitlines(), start=1):
@@ -174,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
     # A value read from the file is named as the file's field, so the error points at the input.
     where = f"{args.source}: margin" if args.margin is None and summary else "--margin"
     if not 0.0 < margin < 1.0:
-        hint = f" ({margin:g} pp = {margin / 100:g})" if 1.0 <= margin < 100.0 else ""
+        example = f"{margin / 100:g} or {margin:g}pp" if 1.0 <= margin < 100.0 else "0.02 or 2pp"
         raise SpecError(
-            where, f"{margin} is not in (0, 1); use a fraction such as 0.02 (2 pp){hint}"
+            where, f"{margin} is not in (0, 1): a margin is a fraction; write {example}"
         )
     where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
@@ -304,11 +312,23 @@ def _print_paired(
         f"[{100 * low:+.2f}, {100 * high:+.2f}] pp  McNemar exact p = {analysis.mcnemar_p:.3g}"
     )
     one_look = "non-inferior" if analysis.noninferior else "non-inferiority not shown"
+    looks = summary.get("looks") if summary is not None else None
+    # first-hour-2 #13: a sequential eval's counts judged as one look are a description, not
+    # the verdict; N13: on a fail, "losses above X pp are ruled out" read as reassurance
+    label = (
+        f"one look, descriptive (ignores the eval's {looks} looks)"
+        if isinstance(looks, int) and looks > 1
+        else "one look"
+    )
+    bound = (
+        "nothing is ruled out (the candidate is shown worse)"
+        if verdict.verdict is Verdict.FAIL
+        else f"losses above {100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
+    )
     print(
-        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, one look: "
+        f"margin      {100 * margin:.1f} pp at {100 * confidence:.0f}% one-sided, {label}: "
         f"{one_look} (p = {analysis.noninferiority_p:.3g}); lower bound "
-        f"{100 * analysis.lower_bound:+.2f} pp, losses above "
-        f"{100 * analysis.largest_loss_ruled_out:.2f} pp are ruled out"
+        f"{100 * analysis.lower_bound:+.2f} pp, {bound}"
     )
     print(f"verdict     {verdict.sentence}")
     if verdict.verdict is Verdict.INCONCLUSIVE:  # more questions can only help an open question
@@ -319,7 +339,7 @@ def _print_paired(
     if summary is not None:
         print(f"eval        verdict {summary.get('verdict')} after {summary.get('looks')} look(s)")
         figures = _eval_figures(summary)
-        if figures.get("claim"):
+        if figures.get("claim") and str(figures["claim"]) not in verdict.sentence:
             # A sequential eval's own figures account for its looks; the ones above do not.
             print(f"eval claim  {figures['claim']}")
 

@@ -11,7 +11,7 @@ from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
-from kvgate.specreader import parse_duration
+from kvgate.inputs import duration_seconds
 
 HELP = catalog.help_of("wait")
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
@@ -28,7 +28,7 @@ def durations(args: argparse.Namespace) -> tuple[float, float]:
     found = []
     for flag, text in (("--timeout", args.timeout), ("--interval", args.interval)):
         try:
-            found.append(parse_duration(text))
+            found.append(duration_seconds(text))
         except ValueError as exc:
             raise SpecError(flag, str(exc)) from None
     timeout, interval = found

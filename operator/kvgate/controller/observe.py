@@ -83,6 +83,10 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
     secret_problem = sources.hub_token_problem(*args) or sources.forge_token_problem(*args)
     if secret_problem:  # fail closed before any Pod or Job exists
         return Observation(spec_errors=(secret_problem,)), NOTHING
+    try:  # the eval Job's bounds: a rollout may lower them, never raise or drop them
+        manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources)
+    except InputError as exc:
+        return Observation(spec_errors=(str(exc),)), NOTHING
     spec = ctx.spec
     dep = seen.deployment
     if dep is None:
@@ -164,13 +168,15 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, StatusU
         return None, NOTHING
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.so_far.container
-    text = sources.pod_log(
-        ctx.kube, ctx.namespace, pod, container, with_previous=bool(health.restarts)
-    )
-    scan = sources.scan_engine_log(text, ctx.so_far.engine)
+    if health.restarts:  # the crash is in the previous container's log, the restart in this
+        previous, text = sources.pod_logs(ctx.kube, ctx.namespace, pod, container)
+    else:
+        previous, text = "", sources.pod_log(ctx.kube, ctx.namespace, pod, container)
+    scan = sources.scan_engine_log(text, ctx.so_far.engine, previous=previous)
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
-        tail = tuple(redact.scrub_text(line[:300]) for line in text.strip().splitlines()[-3:])
+        both = f"{previous}\n{text}"  # a container that died at once has an empty log
+        tail = tuple(redact.scrub_text(line[:300]) for line in both.strip().splitlines()[-3:])
         scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
         arm_gpu(seen, arm, block),

@@ -309,22 +309,26 @@ def pool_verdict(
     return pressured, detail, {pod: r.status_record() for pod, r in results.items()}
 
 
-def pod_log(
-    kube: KubeApi, namespace: str, pod: str, container: str | None, *, with_previous: bool = False
-) -> str:
-    """The pod's log ("" when none), led by the previous container's when `with_previous`."""
-    text = kube.read_log(namespace, pod, container) or ""
-    if with_previous:
-        previous = kube.read_log(namespace, pod, container, previous=True)
-        text = (previous or "") + "\n" + text
-    return text
+def pod_log(kube: KubeApi, namespace: str, pod: str, container: str | None) -> str:
+    """The pod's log ("" when none)."""
+    return kube.read_log(namespace, pod, container) or ""
 
 
-def scan_engine_log(text: str, engine: str | None) -> ScanRecord:
-    """The engine log's scan (`logs.scan_log`), compacted for status."""
+def pod_logs(kube: KubeApi, namespace: str, pod: str, container: str | None) -> tuple[str, str]:
+    """The previous container's log and the current one's ("" when none)."""
+    previous = kube.read_log(namespace, pod, container, previous=True) or ""
+    return previous, kube.read_log(namespace, pod, container) or ""
+
+
+def scan_engine_log(text: str, engine: str | None, *, previous: str | None = None) -> ScanRecord:
+    """The engine log's scan (`logs.scan_log`), compacted for status. With the `previous`
+    container's log, both are scanned as one and each line is named in its own log."""
     from kvgate import logs
+    from kvgate.logs.containers import joined, per_container
 
-    return compact_scan(logs.scan_log(text, engine=engine).status_record())
+    whole, previous_lines = joined(previous, text)
+    scan = logs.scan_log(whole, engine=engine).status_record()
+    return compact_scan(per_container(scan, previous_lines))
 
 
 def compact_scan(scan: ScanRecord) -> ScanRecord:

@@ -70,6 +70,17 @@ REASONS: Final = {
     WORSE_THAN_CONTROL: "worse_than_control",
     NOT_SHOWN: "not_shown",
 }
+# The reasons as a person reads them (first-hour-2 N18: "inconclusive (not_shown)").
+REASON_WORDS: Final = {
+    "noninferior": "no loss beyond the margin",
+    "worse_than_margin": "worse by more than the margin",
+    "worse_than_control": "shown worse than the control",
+    "not_shown": "neither shown",
+}
+
+
+def reason_words(reason: str | None) -> str:
+    return REASON_WORDS.get(reason or "", reason or "")
 
 
 class Verdict(StrEnum):
@@ -151,7 +162,9 @@ def plan_gate(
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise SpecError("chunk", f"{chunk!r} is not a positive number of questions")
     if not (0.0 < margin < 1.0):
-        raise SpecError("margin", f"{margin!r} is not in (0, 1); use a fraction such as 0.02")
+        raise SpecError(
+            "margin", f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
+        )
     if not (0.5 < confidence < 1.0):
         raise SpecError("confidence", f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
     if not (0.5 < fail_confidence < 1.0):
@@ -409,7 +422,8 @@ def claim(plan: GatePlan, reason: str | None, bounds: Bounds) -> str | None:
     if reason == "worse_than_control":
         return (
             f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
-            f"control; a loss beyond the {margin} margin is not shown"
+            f"control by at least {-hi:.2f} pp; whether the loss exceeds the {margin} margin "
+            "is not known"  # not "not shown", which read as reassurance (first-hour-2 N13)
         )
     if reason == "not_shown":
         return (

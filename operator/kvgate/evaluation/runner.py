@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -33,6 +34,9 @@ from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 TASK_FILES: Final = {"gsm8k": "gsm8k.yaml", "gsm8k_cot": "gsm8k_cot.yaml"}
 GSM8K_ENV: Final = "KVGATE_GSM8K_DIR"
 HF_DATASET: Final = ("openai/gsm8k", "main")
+# The dataset's commit on the Hub: a download never takes whatever `main` is that day, so two
+# evals (and a cache filled elsewhere) read the same questions (security-2.md, finding B).
+GSM8K_REVISION: Final = "e53f048856ff4f594e959d75785d2c2d37b678ee"
 # The Hub dataset's parquet files for the "main" config, fetched (or found in the local HF cache)
 # before any arm is contacted; lm-eval then reads them as local files.
 HF_FILES: Final = {
@@ -47,6 +51,17 @@ DATA_NEXT_STEP: Final = (
 
 log = logging.getLogger(__name__)
 _DATASET_LOCK = threading.Lock()
+
+
+def quiet_lm_eval() -> None:
+    """lm-eval's noise the eval's output does not need (first-hour-2 #14): its results' git hash
+    runs `git describe` in the Job's working directory, which prints "fatal: not a git
+    repository" per arm per look; and its progress bars fill a log that is not a terminal."""
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +182,7 @@ def resolve_hub_dataset(
                     HF_DATASET[0],
                     filename,
                     repo_type="dataset",
+                    revision=GSM8K_REVISION,
                     cache_dir=cache,
                     local_files_only=local_only,
                     endpoint=endpoint,
@@ -254,6 +270,26 @@ def check_url(name: str, url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SpecError(f"--{name}-url", f"{url!r} is not an http(s) URL")
+
+
+def completions_url(name: str, url: str, *, chat: bool = False) -> str:
+    """The arm's completions endpoint from what was typed: a base URL (`http://A:8000`, the
+    form `load-job` takes) or `.../v1` gets the path appended; a URL ending in `/completions`
+    is kept. Anything else is refused before a request is sent (first-hour-2 N2: a base URL
+    was posted to as is, and the engine's 400 came back after three retries as exit 4)."""
+    check_url(name, url)
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    endpoint = "chat/completions" if chat else "completions"
+    if path in ("", "/v1"):
+        path = f"{path or '/v1'}/{endpoint}"
+    elif not path.endswith("/completions"):
+        raise SpecError(
+            f"--{name}-url",
+            f"{url!r} is neither a base URL ({parts.scheme}://{parts.netloc}) nor the "
+            f"completions endpoint ({parts.scheme}://{parts.netloc}/v1/{endpoint})",
+        )
+    return parts._replace(path=path).geturl()
 
 
 def check_endpoint(name: str, url: str, model: str | None, timeout: float = 10.0) -> Arm:
@@ -417,6 +453,7 @@ class LmEvalRunner:
 
         arm, model, task_manager = self._arms[arm_name]
         s = self.settings
+        quiet_lm_eval()
         try:
             # Build the task (it loads the dataset) one arm at a time: datasets' file listing
             # uses tqdm's thread_map, whose class-level lock races between threads.

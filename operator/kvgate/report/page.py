@@ -23,9 +23,9 @@ h1{font-size:1.5rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.8rem 0 .5rem}
 border-radius:1rem;font-weight:600;font-size:.9rem;vertical-align:middle;margin-left:.5rem}
 .good{background:#dff5e3;color:#17612a}.bad{background:#fde2e1;color:#8a1c17}
 .wait{background:#fff1cc;color:#7a5500}.info{background:#e4ecfb;color:#1f3f7a}
-table{border-collapse:collapse;width:100%;max-width:100%;margin:.3rem 0;table-layout:fixed}
-th,td{padding:.35rem .6rem;border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top;
-overflow-wrap:anywhere}td.n,th.n{text-align:right;
+table{border-collapse:collapse;width:100%;max-width:100%;margin:.3rem 0}
+th,td{padding:.35rem .6rem;border-bottom:1px solid #e3e7ee;text-align:left;vertical-align:top}
+td.long{overflow-wrap:anywhere}td.n,th.n{text-align:right;
 font-variant-numeric:tabular-nums}th{font-weight:600;color:#5b6475;font-size:.85rem}
 code{background:#eef1f6;padding:.15rem .35rem;border-radius:.25rem}
 pre{background:#eef1f6;padding:.7rem .9rem;border-radius:.4rem;white-space:pre-wrap;
@@ -81,12 +81,17 @@ def _html_table(
     numeric_from: int,
     widths: Sequence[int] = (),
     fold: Sequence[int] = (),
+    long: Sequence[int] = (),
 ) -> str:
-    """A table whose cells wrap (fixed layout, `widths` in percent per column); the long
-    cells of the `fold` columns (raw log lines) fold into <details>."""
+    """A table sized by its content (`widths` in percent per column as a preference). Words
+    stay whole, so short columns are as wide as their longest word ("Successful" never breaks);
+    only the `long` and `fold` columns (messages, raw log lines) may break a word anywhere, and
+    the long cells of the `fold` columns fold into <details>."""
 
     def cell(tag: str, i: int, text: str) -> str:
-        cls = ' class="n"' if i >= numeric_from else ""
+        classes = [c for c, on in (("n", i >= numeric_from),
+                                   ("long", tag == "td" and (i in long or i in fold))) if on]  # fmt: skip
+        cls = f' class="{" ".join(classes)}"' if classes else ""
         return f"<{tag}{cls}>{folded(text) if tag == 'td' and i in fold else e(text)}</{tag}>"
 
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
@@ -163,7 +168,7 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
         out.append("<h2>Findings</h2>")
         trs = "".join(
             f"<tr><td>{e(f.gate)}</td><td class='{_result_class(f.status)}'>{e(mark(f.status))}"
-            f"</td><td>{e(f.reason)}</td><td>{folded(f.message)}</td></tr>"
+            f"</td><td>{e(f.reason)}</td><td class='long'>{folded(f.message)}</td></tr>"
             for f in findings
         )
         cols = "".join(f'<col style="width:{w}%">' for w in (15, 11, 20, 54))
@@ -185,6 +190,7 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
                 numeric_from=99,
                 widths=(11, 10, 17, 34, 28),
                 fold=(3,),
+                long=(4,),
             )
         )
     acc = view.read_accuracy(status)
@@ -220,7 +226,9 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     load = view.read_load(status)
     load_rows = rows.load_rows(load)
     if load_rows:
-        out.append("<h2>Load (inference-perf on both arms at once)</h2>")
+        out.append(
+            f"<h2>{e(rows.load_title(load, 'Load (inference-perf on both arms at once)'))}</h2>"
+        )
         out.append(render_load_svg(status))
         out.append(_html_table(rows.load_header(load), load_rows, numeric_from=1))
         notes = rows.load_notes(load)

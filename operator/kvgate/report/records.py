@@ -191,3 +191,4 @@ class Load:
     lengths: str | None = None  # the workload's request lengths and where they were read
     clocks: Clocks | None = None  # the arms' GPU clocks over the load's run
     preemptions: dict[str, float] = field(default_factory=dict)  # by arm, over the load
+    time_scale: float | None = None  # a sped-up simulator's wall seconds per engine second

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from kvgate.loadresult import StagePoint
+from kvgate.loadresult import StagePoint, sim_time_note
 from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
     DASH,
@@ -134,7 +134,11 @@ def accuracy_notes(acc: Accuracy) -> list[str]:
         line = f"candidate - control: {pp(acc.difference)}"
         if acc.difference_ci is not None:
             low, high = acc.difference_ci
-            line += f", 95% CI [{to_pp(low):+.1f}, {to_pp(high):+.1f}] pp"
+            # fixed-n and two-sided: not the bound the verdict rests on (first-hour-2 N12)
+            looks = f", ignores the {acc.looks} looks" if acc.looks and acc.looks > 1 else ""
+            line += (
+                f", 95% CI [{to_pp(low):+.1f}, {to_pp(high):+.1f}] pp (fixed-n, two-sided{looks})"
+            )
         if acc.mcnemar_p is not None:
             line += f", McNemar p={acc.mcnemar_p:.3g}"
         notes.append(line)
@@ -346,7 +350,7 @@ def load_notes(load: Load | None) -> list[str]:
     (and where they were read), and why error stages are errors."""
     if load is None:
         return []
-    notes = []
+    notes = [sim_time_note(load.time_scale)] if load.time_scale is not None else []
     if load.gain is not None:
         notes.append(
             f"throughput gain at production load {load.production_concurrency}: {load.gain:.2f}x"
@@ -366,3 +370,10 @@ def load_notes(load: Load | None) -> list[str]:
             if not stage.measured and stage.reasons:
                 notes.append(f"{arm} at {level}: {stage.reasons[0]}")
     return notes
+
+
+def load_title(load: Load | None, what: str) -> str:
+    """The load section's heading; on a sped-up simulator it says so where the figures start."""
+    if load is None or load.time_scale is None:
+        return what
+    return f"{what}: simulated, {1 / load.time_scale:,.0f}x real time, wall-clock figures"

@@ -117,7 +117,10 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     if load_rows:
         lines += [
             "",
-            "Load (inference-perf on both arms at once; tok/s and TPOT against concurrency)",
+            rows.load_title(
+                load,
+                "Load (inference-perf on both arms at once; tok/s and TPOT against concurrency)",
+            ),
         ]
         lines += table(rows.load_header(load), load_rows)
         for line in rows.load_notes(load):

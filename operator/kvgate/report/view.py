@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from kvgate import crash, gates, manifests
 from kvgate.evalsummary import PairedRecord, TokenAgreement
-from kvgate.loadresult import StagePoint
+from kvgate.loadresult import StagePoint, time_scale
 from kvgate.model import Phase
 from kvgate.report.fields import (
     StatusLike,
@@ -306,6 +306,7 @@ def read_load(status: StatusLike) -> Load | None:
             and (count := finite_number(record.preemptions)) is not None
             and count >= 0
         },
+        time_scale=time_scale(summary.control, summary.candidate),
     )
 
 
@@ -406,6 +407,9 @@ _DECISION_WORDS: Final = {
 }
 
 
+_ALL_PASSED: Final = ("every gate passed", "all gates passed")
+
+
 def read_verdict(status: StatusLike) -> str | None:
     """`status.verdict` as one line in plain words; None when its message only repeats
     `status.message` (the headline already says it)."""
@@ -421,6 +425,8 @@ def read_verdict(status: StatusLike) -> str | None:
     )
     if message and typed.message and message in typed.message:
         return reused.strip(" ()") or None  # the headline says the rest
+    if str(v.decision).lower() == "promote" and message in _ALL_PASSED:  # #26: said above
+        return reused.strip(" ()") or None
     words = _DECISION_WORDS.get(v.decision or "", v.decision)
     if words and message:
         return f"{words}: {message}{reused}"
@@ -520,8 +526,12 @@ def _between(start_text: str | None, end: str | dt.datetime | None) -> float | N
 
 
 def fmt_duration(seconds: float) -> str:
-    """`45 s`, `4 min 12 s`."""
+    """`45 s`, `4 min 12 s`, `2 h 5 min`, `4 d 17 h` (first-hour-2 N10: not `6782 min 18 s`)."""
     whole = int(seconds)
+    if whole >= 86400:
+        return f"{whole // 86400} d {whole % 86400 // 3600} h"
+    if whole >= 3600:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
 
 
@@ -653,6 +663,8 @@ def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
     found = crash.read(message)
     if found is None:
         what, remedy = split_remedy(message)
+        if read_approval(rollout):  # the commands follow, with the hash (first-hour-2 #26)
+            what = what.split("; approve with annotation ")[0]
         return Headline(cause=what, remedy=remedy)
     return Headline(
         cause=found.headline, remedy=found.remedy_shown, where=found.where, raw=found.raw

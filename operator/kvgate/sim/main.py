@@ -272,7 +272,7 @@ class Runner:
                 {} if env.faults.no_cache_info else startup.cache_config(),
                 hidden,
             )
-            app.registry = build_registry(collector)
+            app.registry = build_registry(collector, env.speed)
         else:
             if args.enable_metrics:  # SGLang serves /metrics only when asked
                 collector = SglangCollector(
@@ -283,7 +283,7 @@ class Runner:
                     startup.context_len,
                     sglang_collects_tokens(env.version_tuple, args.collect_tokens_histogram),
                 )
-                app.registry = build_registry(collector)
+                app.registry = build_registry(collector, env.speed)
             app.server_info = self._server_info(startup)
         scheduler.start()
         if env.production_traffic is not None:

@@ -7,7 +7,7 @@ the exposition (counters gain `_total`, histograms `_bucket/_sum/_count`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -419,14 +419,36 @@ class SglangCollector(Collector):
                 )
 
 
-def build_registry(collector: Collector) -> CollectorRegistry:
-    """The engine's families plus the process and GC families every prometheus_client app has."""
+# The simulator's one metric of its own: how its clock relates to the wall clock. Exported only
+# when it differs from real time, so a client's wall-clock figures (inference-perf's tok/s and
+# TPOT) can be labelled as those of a sped-up engine; the engine's own histograms are in engine
+# seconds already (docs/engine-model.md).
+TIME_SCALE: Final = "kvgate_sim_time_scale"
+
+
+class TimeScaleCollector(Collector):
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            TIME_SCALE,
+            "Wall seconds per engine second (KVGATE_SIM_SPEED): 0.01 runs 100x faster than real time.",
+            value=self.speed,
+        )
+
+
+def build_registry(collector: Collector, speed: float = 1.0) -> CollectorRegistry:
+    """The engine's families plus the process and GC families every prometheus_client app has
+    (and, off real time, the simulator's time scale)."""
     from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
 
     registry = CollectorRegistry(auto_describe=False)
     for default in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
         registry.register(default)
     registry.register(collector)
+    if speed != 1.0:
+        registry.register(TimeScaleCollector(speed))
     return registry
 
 
