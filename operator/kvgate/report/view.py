@@ -49,7 +49,6 @@ from kvgate.report.records import (
 from kvgate.status import (
     ClockRecord,
     ClocksRecord,
-    FindingEntry,
     FirstAttempt,
     RolloutStatus,
     ScanRecord,
@@ -169,24 +168,14 @@ def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
 
 
 def read_findings(status: StatusLike) -> list[Finding]:
-    """Gate results: `status.findings`, else `status.gates` (by gate name), else conditions."""
+    """Gate results: `status.gates` (by gate name, in gate order), else conditions."""
     typed = typed_status(status)
-    found: list[Finding] = []
-    for item in typed.findings:
-        if isinstance(item, FindingEntry):
-            found.append(
-                Finding(item.gate or DASH, item.outcome or DASH, item.reason or "",
-                        item.message or "")
-            )  # fmt: skip
-        else:
-            found.append(Finding(gate="Finding", status=DASH, reason="", message=item))
-    if not found and typed.gates:
-        found = [
-            Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
-            for gate, g in typed.gates.items()
-        ]
-        # The order the gates run in; unknown names keep their place after them.
-        found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
+    found = [
+        Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
+        for gate, g in typed.gates.items()
+    ]
+    # The order the gates run in; unknown names keep their place after them.
+    found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
         return found
     return [
