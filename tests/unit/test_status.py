@@ -414,14 +414,14 @@ def test_the_older_copies_of_an_arms_figures_fill_only_what_its_scan_lacks() -> 
 
 def test_the_report_reads_the_typed_status() -> None:
     from kvgate import report
-    from kvgate.report import view
 
     raw = {"phase": "Promoted", "arms": {"control": {"scan": {"capacity": {"kv_tokens": 10}}}},
            "speed": {"control": {"tpotMs": 12.5, "label": "x"}}}  # fmt: skip
-    typed = view.read_status({"status": raw})
-    assert isinstance(typed, RolloutStatus)
+    typed = RolloutStatus.from_dict(raw)
     for read in (report.read_capacity, report.read_speed, report.read_findings):
         assert read(typed) == read(raw)
+    built = report.view_of({"status": raw})  # the one view the renderers take
+    assert (built.capacity, built.speed) == (report.read_capacity(typed), report.read_speed(typed))
     speed = report.read_speed(typed)
     assert speed is not None and [m.key for m in speed.metrics] == ["tpotMs"]
 
