@@ -103,23 +103,28 @@ def test_wrong_types_read_as_unknown(raw: Any) -> None:
     assert RolloutStatus.from_dict(raw).to_dict().get("port") is None
 
 
+# A status as main's dict writer stored it (up to d77d297; the snake_case accuracy keys up to
+# 3dfa341): what `oldspellings` keeps readable. tests/e2e/test_crd.py stores it for real.
+DICT_WRITER_STATUS: dict[str, Any] = {
+    "preflight": {"checkpointHasScales": True,
+                  "pressure": {"max_usage": 0.9, "pressured_samples": 3},
+                  "samples": {"p": [{"kv_usage": 0.5, "ttft_sum": 2.0, "ttft_count": 4}]}},
+    "arms": {"control": {"kvTokens": 7, "attentionBackend": "FLASH_ATTN",
+                         "scan": {"kv_cache_dtype": "auto", "engine_version": "0.9.1"}}},
+    "capacity": {"candidate": {"kvTokens": 14}, "ratio": 2.0},
+    "accuracy": {"questions_used": 500, "stopped_early": False,
+                 "paired": {"mcnemar_p": 0.5, "control_only": 3},
+                 "control": {"n": 10, "wilson95": [0.1, 0.2]},
+                 "bounds": {"lower_confidence": 0.95, "look_adjusted": True},
+                 "divergence": {"flagged_buckets": ["0-512"]}},
+    "eval": {"progress": {"look": 1, "looks_planned": 4, "questions": 50}},
+}  # fmt: skip
+
+
 def test_a_status_the_dict_writer_stored_still_reads() -> None:
     """The spellings main's writer stored (up to d77d297, and the typed writer's snake_case
     accuracy keys up to 3dfa341) read as the camelCase fields (`oldspellings`)."""
-    old = {
-        "preflight": {"checkpointHasScales": True,
-                      "pressure": {"max_usage": 0.9, "pressured_samples": 3},
-                      "samples": {"p": [{"kv_usage": 0.5, "ttft_sum": 2.0, "ttft_count": 4}]}},
-        "arms": {"control": {"kvTokens": 7, "attentionBackend": "FLASH_ATTN",
-                             "scan": {"kv_cache_dtype": "auto", "engine_version": "0.9.1"}}},
-        "capacity": {"candidate": {"kvTokens": 14}, "ratio": 2.0},
-        "accuracy": {"questions_used": 500, "stopped_early": False,
-                     "paired": {"mcnemar_p": 0.5, "control_only": 3},
-                     "control": {"n": 10, "wilson95": [0.1, 0.2]},
-                     "bounds": {"lower_confidence": 0.95, "look_adjusted": True},
-                     "divergence": {"flagged_buckets": ["0-512"]}},
-        "eval": {"progress": {"look": 1, "looks_planned": 4, "questions": 50}},
-    }  # fmt: skip
+    old = copy.deepcopy(DICT_WRITER_STATUS)
     status = RolloutStatus.from_dict(old)
     new = status.to_dict()
     assert new["preflight"] == {
