@@ -55,6 +55,8 @@ OLD_SPELLINGS: Final[tuple[OldSpelling, ...]] = (
     *_snake("PressureRecord", "mean_usage max_usage mean_waiting", _PRESSURE),
     *_snake("AccuracyStatus", "questions_used questions_planned stopped_early", _JOB),
     *_snake("AccuracyStatus", "largest_loss_ruled_out smallest_loss_shown long_context", _JOB),
+    # The Job still prints `n` (its edge, evalsummary.job_keys, reads it through this row): the
+    # Job prints `total` before this row goes.
     OldSpelling("ArmAccuracy", "total", "n", _JOB, _DICT_WRITER),
     *_snake("PairedRecord", "mcnemar_p control_only candidate_only lower_bound upper_bound", _JOB),
     *_snake("AdviceRecord", "questions_needed", _JOB),
