@@ -227,7 +227,7 @@ narrate() { # name, expected final phase
 		        look = progress["look"]
 		        diff = progress.get("difference")
 		        diff = f", candidate - control {100 * diff:+.1f} pp" if isinstance(diff, (int, float)) else ""
-		        print(f"  {now:6.1f}s {c('2', '·')} eval look {look}/{progress.get('looks_planned', '?')}: "
+		        print(f"  {now:6.1f}s {c('2', '·')} eval look {look}/{progress.get('looksPlanned', '?')}: "
 		              f"{progress.get('questions', '?')} questions{diff}", flush=True)
 		    events = kubectl("get", "events", "-n", ns, "--field-selector",
 		                     f"involvedObject.kind=KVCacheRollout,involvedObject.name={name}", "-o", "json") or {}

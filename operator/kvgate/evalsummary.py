@@ -1,8 +1,9 @@
 """What did the eval Job's summary say? Its accuracy, long-context and divergence blocks as typed
 records, read once (`AccuracyStatus.from_summary`) for the gates to judge and status to keep.
 
-The Job writes snake_case keys; the records read them (and the camelCase status spells them in),
-and keep the keys they do not name in `more`, as the Job wrote them.
+The Job writes snake_case keys; they are turned to camelCase once, here (`job_keys`), so the
+records and the status they are kept in speak one spelling, `more` (the keys a record does not
+name) included.
 """
 
 from __future__ import annotations
@@ -12,30 +13,50 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.jsonrecord import MAX_DEPTH, camel, read_record
 from kvgate.jsonrecord import key as _key
-from kvgate.jsonrecord import read_record
 
 JsonValue = Any  # an open JSON value, kept verbatim
 
 _JOB_KEYS: Final = (
-    "Open: the eval Job's own summary keys this record does not name, kept as the Job wrote "
-    "them (the Job's format, versioned with the eval image)."
+    "Open: the eval Job's own summary keys this record does not name, camelCased (the Job's "
+    "format, versioned with the eval image)."
 )
+
+
+def job_keys(value: object, depth: int = 0) -> object:
+    """A JSON value the eval Job printed, every object key in camelCase (`looks_planned` ->
+    `looksPlanned`), values unchanged: the one place the Job's spelling becomes the status's."""
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        return {
+            camel(k) if isinstance(k, str) else k: job_keys(v, depth + 1) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [job_keys(v, depth + 1) for v in value]
+    return value
+
+
+def progress_line(line: Mapping[str, Any]) -> dict[str, Any]:
+    """The eval Job's progress line as status keeps it (`eval.progress`, camelCase keys)."""
+    out = job_keys(line)
+    return dict(out) if isinstance(out, Mapping) else {}
 
 
 @dataclass(frozen=True, slots=True)
 class ArmAccuracy:
     accuracy: float | None = None
     correct: int | None = None
-    total: int | None = _key(None, "n")
-    wilson95: tuple[float, ...] = _key(None, "wilson", "interval", default=())
+    total: int | None = None
+    wilson95: tuple[float, ...] = _key(default=())
     more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
 class PairedRecord:
     difference: float | None = None
-    tango95: tuple[float, ...] = _key(None, "interval", "ci95", default=())
+    tango95: tuple[float, ...] = _key(default=())
     mcnemar_p: float | None = None
     control_only: int | None = None
     candidate_only: int | None = None
@@ -58,10 +79,10 @@ class BoundsRecord:
 
     lower: float | None = None
     upper: float | None = None
-    lower_confidence: float | None = _key("lower_confidence", "lowerConfidence")
-    upper_confidence: float | None = _key("upper_confidence", "upperConfidence")
+    lower_confidence: float | None = None
+    upper_confidence: float | None = None
     look: int | None = None  # the 1-based look the gate stopped at
-    look_adjusted: bool | None = _key("look_adjusted", "lookAdjusted")
+    look_adjusted: bool | None = None
     more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # sides, method
 
 
@@ -91,7 +112,7 @@ class LongContextRecord:
     verdict: str | None = None
     error: str | None = None
     tasks: tuple[str, ...] = _key(default=())
-    context_lengths: tuple[int, ...] = _key("context_lengths", default=())
+    context_lengths: tuple[int, ...] = _key(default=())
     buckets: tuple[LongContextBucketRecord, ...] = _key(default=())
     tokenizer: str | None = None
     tokenizer_revision: str | None = None
@@ -134,8 +155,8 @@ class DivergenceRecord:
     verdict: str | None = None
     error: str | None = None
     positions: int | None = None
-    flagged_buckets: tuple[str, ...] = _key("flagged_buckets", default=())
-    first_flagged: DivergenceBucketRecord | None = _key("first_flagged")  # noqa: RUF009
+    flagged_buckets: tuple[str, ...] = _key(default=())
+    first_flagged: DivergenceBucketRecord | None = None
     buckets: tuple[DivergenceBucketRecord, ...] = _key(default=())
     more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)
 
@@ -170,7 +191,7 @@ class AccuracyStatus:
     @classmethod
     def from_summary(cls, summary: object) -> AccuracyStatus:
         """The eval Job's summary line, read once: what the gates judge and status keeps."""
-        acc: AccuracyStatus = read_record(cls, summary)
+        acc: AccuracyStatus = read_record(cls, job_keys(summary))
         diff = acc.paired.difference if acc.paired is not None else None
         return dataclasses.replace(
             acc,

@@ -17,24 +17,26 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvgate.model import Condition
+from kvgate.oldspellings import spellings_of
 
 MAX_DEPTH: Final = 64  # open JSON deeper than this is cut (a hostile status cannot recurse us)
 
 
 def key(
     key: str | None = None,
-    *aliases: str,
+    *,
     default: Any = None,
     rest: bool = False,
     doc: str | None = None,
 ) -> Any:
-    """A field's status key (camelCase of its name unless given) and older spellings it reads.
+    """A field's status key (camelCase of its name unless given); the older spellings it reads
+    are listed in `oldspellings`, not here.
 
     `rest`: the field keeps the record's keys no other field reads (evidence another program
     wrote, such as the eval Job's summary), written back beside the known keys. `doc`: the
     field's description in the CRD's schema (`statusschema`); an open field must say why.
     """
-    meta = {"key": key, "aliases": aliases, "rest": rest, "doc": doc}
+    meta = {"key": key, "rest": rest, "doc": doc}
     if isinstance(default, dict | tuple) and default == type(default)():
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -62,7 +64,7 @@ def read_record(cls: type[Any], raw: object) -> Any:
     return cls() if value is MISSING else value
 
 
-def _camel(name: str) -> str:
+def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
@@ -79,13 +81,13 @@ class _Field:
 
 @functools.cache
 def fields(cls: type) -> tuple[_Field, ...]:
-    """Each field of a status record: its key, the older spellings it reads, its type."""
+    """Each field of a status record: its key, the older spellings it reads (only those a
+    release wrote: `oldspellings`), its type."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        key = f.metadata.get("key") or _camel(f.name)
-        spellings = (*f.metadata.get("aliases", ()), f.name)
-        aliases = tuple(a for a in dict.fromkeys(spellings) if a != key)
+        key = f.metadata.get("key") or camel(f.name)
+        aliases = tuple(a for a in spellings_of(cls.__name__, f.name) if a != key)
         rest, doc = bool(f.metadata.get("rest")), f.metadata.get("doc")
         out.append(_Field(f.name, key, aliases, hints[f.name], rest, doc))
     return tuple(out)

@@ -1,8 +1,8 @@
 """The rollout status as one typed record: what kvgate has found and done.
 
 `RolloutStatus.from_dict` is total: any JSON value (or anything else) reads without raising; a field
-of the wrong type reads as unknown (None or empty), never as a guess. It also reads the snake_case
-spellings earlier releases wrote (for one release). `to_dict` writes camelCase only, leaves nulls and
+of the wrong type reads as unknown (None or empty), never as a guess. It also reads the older
+spellings a release wrote, and only those (`oldspellings`, each with the release that removes it). `to_dict` writes camelCase only, leaves nulls and
 empty collections out, and stores each figure once.
 """
 
@@ -21,6 +21,7 @@ from kvgate.jsonrecord import read as _read
 from kvgate.jsonrecord import write as _write
 from kvgate.loadresult import LoadSummary
 from kvgate.model import VERDICT_REPORTED, Condition, Outcome, Phase, ended
+from kvgate.oldspellings import COPIES
 
 # Why the open fields are open (their descriptions in the CRD's schema, `statusschema`).
 _CONTAINER: Final = (
@@ -47,7 +48,7 @@ class FindingRecord:
 class CapacityRecord:
     """The KV pool as the engine's startup log reported it."""
 
-    kv_tokens: int | None = _key(None, "kvCacheTokens", "tokens")
+    kv_tokens: int | None = None
     max_concurrency: float | None = None
     kv_memory_gib: float | None = _key("kvMemoryGiB")
     max_model_len: int | None = None
@@ -60,8 +61,8 @@ class ScanRecord:
 
     engine: str | None = None
     engine_version: str | None = None
-    kv_cache_dtype: str | None = _key(None, "kvDtype", "dtype")
-    attention_backend: str | None = _key(None, "backend")
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None
     attention_backend_candidates: tuple[str, ...] = _key(default=())
     capacity: CapacityRecord | None = None
     ready: bool | None = None
@@ -184,7 +185,7 @@ class EvalProgress:
     """Where the eval Job's sequential test stands after its latest look (its progress line)."""
 
     look: int | None = None  # 1-based
-    looks_planned: int | None = _key("looks_planned", "looksPlanned")
+    looks_planned: int | None = None
     questions: int | None = None  # paired questions answered so far
     difference: float | None = None  # candidate minus control accuracy so far, a fraction
 
@@ -227,10 +228,10 @@ class HistogramTotals:
 class ClockRecord:
     """An arm's GPU clocks over the speed window (`model.ArmClocks` in status form)."""
 
-    sm_mhz: float | None = _key("smMHz", "sm_mhz")
-    sm_range_mhz: tuple[float, ...] = _key("smRangeMHz", "sm_range_mhz", default=())
-    mem_mhz: float | None = _key("memMHz", "mem_mhz")
-    mem_range_mhz: tuple[float, ...] = _key("memRangeMHz", "mem_range_mhz", default=())
+    sm_mhz: float | None = _key("smMHz")
+    sm_range_mhz: tuple[float, ...] = _key("smRangeMHz", default=())
+    mem_mhz: float | None = _key("memMHz")
+    mem_range_mhz: tuple[float, ...] = _key("memRangeMHz", default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +278,7 @@ class LoadStatus:
 class CapacityStatus:
     """Candidate over control KV tokens; the tokens themselves are the arms' scans."""
 
-    ratio: float | None = _key(None, "gain", "kvTokensRatio")
+    ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,17 +371,7 @@ class RemediationStatus:
 class GateRecord:
     """One gate's result (`verdict.GateResult` without its name, which is the key)."""
 
-    outcome: Outcome | None = _key(None, "status", "result", "verdict")  # noqa: RUF009 (a field())
-    reason: str | None = None
-    message: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FindingEntry:
-    """One entry of `status.findings`, which no release writes: read for one release."""
-
-    gate: str | None = _key(None, "type", "name")
-    outcome: str | None = _key(None, "status", "result", "verdict")
+    outcome: Outcome | None = None
     reason: str | None = None
     message: str | None = None
 
@@ -473,11 +464,6 @@ class RolloutStatus:
     revert: RevertStatus | None = None
     remediation: RemediationStatus | None = None
     conditions: tuple[Condition, ...] = _key(default=())
-    findings: tuple[FindingEntry | str, ...] = _key(
-        default=(),
-        doc="Open: no release writes it; an entry is an object (gate, outcome, reason, message) "
-        "or a string, read for one release.",
-    )
 
     @classmethod
     def from_dict(cls, raw: object) -> RolloutStatus:
@@ -504,28 +490,17 @@ class RolloutStatus:
 
 # --- reading and writing -------------------------------------------------------------------------
 
-# The copies of an arm's scan figures earlier releases wrote (`capacity.<arm>`, `arms.<arm>`):
-# read where the scan lacks them, never written again.
-COPIES: Final = (
-    ("capacity", ("kvCacheDtype", "kvDtype", "kv_cache_dtype", "dtype"), "kvCacheDtype"),
-    ("capacity", ("kvTokens", "kvCacheTokens", "kv_tokens", "tokens"), "capacity.kvTokens"),
-    ("arms", ("kvTokens",), "capacity.kvTokens"),
-    ("capacity", ("maxConcurrency", "max_concurrency"), "capacity.maxConcurrency"),
-    ("capacity", ("attentionBackend", "backend"), "attentionBackend"),
-    ("arms", ("attentionBackend",), "attentionBackend"),
-)
-
 
 def _with_copied_arm_figures(status: RolloutStatus, raw: Mapping[Any, Any]) -> RolloutStatus:
     arms = dict(status.arms)
     for arm in ("control", "candidate"):
         copied: dict[str, Any] = {}
-        for section, keys, target in COPIES:
+        for section, key, target in COPIES:
             block = raw.get(section)
             block = block.get(arm) if isinstance(block, Mapping) else None
             if not isinstance(block, Mapping):
                 continue
-            value = next((block[k] for k in keys if block.get(k) is not None), None)
+            value = block.get(key)
             where, _, leaf = target.rpartition(".")
             into = copied.setdefault(where, {}) if where else copied
             if value is not None and leaf not in into:

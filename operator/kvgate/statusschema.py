@@ -2,8 +2,8 @@
 
 One source: the CRD's status schema is `status_schema()` (`hack/gen_crd_status.py` writes it in;
 a test fails when they differ). The apiserver prunes what a structural schema does not declare, so
-it declares every key the typed reader reads: each field's key, the other spellings it reads, and
-the copies of an arm's figures that `status.COPIES` reads. Only truly open content keeps
+it declares every key the typed reader reads: each field's key once, and the older spellings a
+release wrote (`oldspellings`, each described with the release that removes it). Only truly open content keeps
 `x-kubernetes-preserve-unknown-fields`, and each such field says why in its description.
 """
 
@@ -19,7 +19,8 @@ from typing import Any, Final
 
 from kvgate.jsonrecord import fields
 from kvgate.model import Condition, Outcome, Phase
-from kvgate.status import COPIES, ArmStatus, CapacityStatus, RolloutStatus, ScanRecord
+from kvgate.oldspellings import COPIES, OLD_SPELLINGS, REMOVED_IN
+from kvgate.status import ArmStatus, CapacityStatus, RolloutStatus, ScanRecord
 
 # Enums the CRD closes: only this operator's code writes them, and an unknown value in an enum
 # makes the apiserver refuse the whole status write. Every other enum is a plain string.
@@ -50,13 +51,13 @@ _KOPF: Final = {
     PRESERVE: True,
 }
 
-# The sections of `status.COPIES`, by the record that holds them: per arm, beside the arm's
+# The sections of `oldspellings.COPIES`, by the record that holds them: per arm, beside the arm's
 # own fields (`arms.<arm>`) or as an object of its own (`capacity.<arm>`).
 _COPY_SECTIONS: Final[Mapping[type, str]] = {ArmStatus: "arms", CapacityStatus: "capacity"}
 _ARMS: Final = ("control", "candidate")
 _COPY_DOC: Final = (
-    "A copy of an arm's scan figure that earlier releases wrote; read where the arm's scan "
-    "lacks it."
+    "A copy of an arm's scan figure that releases up to d77d297 wrote; read where the arm's scan "
+    f"lacks it, until {REMOVED_IN}."
 )
 
 
@@ -96,7 +97,7 @@ def _record(cls: type) -> dict[str, Any]:
         schema.update(_EXTRA.get((cls, f.name), {}))
         props[f.key] = schema
         for alias in f.aliases:
-            aliases.setdefault(alias, _alias(schema, f.key))
+            aliases.setdefault(alias, _alias(schema, f.key, _written(cls, f.name, alias)))
     section = _COPY_SECTIONS.get(cls)
     if section is not None:
         copies = _copies(section)
@@ -119,15 +120,14 @@ def _record(cls: type) -> dict[str, Any]:
 
 
 def _copies(section: str) -> dict[str, Any]:
-    """The copied figures `status.COPIES` reads from `section`, typed as the scan field they fill."""
+    """The copied figures `COPIES` reads from `section`, typed as the scan field they fill."""
     out: dict[str, Any] = {}
-    for where, keys, target in COPIES:
-        if where != section:
-            continue
-        schema = _alias(_scan_field(target), target)
-        schema["description"] = f"{_COPY_DOC} (scan.{target})"
-        for k in keys:
-            out.setdefault(k, schema)
+    for where, key, target in COPIES:
+        if where == section:
+            out[key] = {
+                **_alias(_scan_field(target), target, ""),
+                "description": f"{_COPY_DOC} (scan.{target})",
+            }
     return out
 
 
@@ -138,16 +138,26 @@ def _scan_field(target: str) -> dict[str, Any]:
     for part in target.split("."):
         found = next((f for f in fields(cls) if f.key == part), None)
         if found is None:
-            raise SchemaError(f"status.COPIES: ScanRecord has no {target}")
+            raise SchemaError(f"oldspellings.COPIES: ScanRecord has no {target}")
         schema = _schema(found.type, f"ScanRecord.{found.name}", found.doc)
         cls = _optional_arg(found.type)
     return schema
 
 
-def _alias(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """Another spelling of `key`: its type without a closed enum (older writers wrote it)."""
+def _written(cls: type, name: str, spelling: str) -> str:
+    """Who wrote `spelling` of `cls.name`, and until when (its `oldspellings` row)."""
+    row = next(
+        o
+        for o in OLD_SPELLINGS
+        if (o.record, o.field, o.spelling) == (cls.__name__, name, spelling)
+    )
+    return f"written by {row.writer} until {row.last_written}"
+
+
+def _alias(schema: Mapping[str, Any], key: str, written: str) -> dict[str, Any]:
+    """An older spelling of `key`: its type without a closed enum (a release wrote it)."""
     out = {k: v for k, v in schema.items() if k not in ("enum", "description")}
-    said = f"Read as {key} (another spelling the status reader accepts)."
+    said = f"Old spelling of {key} ({written}); read until {REMOVED_IN}."
     if out.get(PRESERVE):  # why it is open goes with it
         said = f"{said} {schema.get('description', '')}".strip()
     return {"description": said, **out}

@@ -269,3 +269,35 @@ def test_a_full_status_is_stored_and_read_back_unchanged(
         # THEN the apiserver keeps it whole: nothing pruned, nothing refused
         obj = json.loads(crd.kubectl("get", "kvr", name, "-n", namespace, "-o", "json").stdout)
         assert obj["status"] == status, name
+
+
+@pytest.mark.timeout(180)
+def test_an_old_stored_status_survives_and_a_never_written_spelling_does_not(
+    crd: Any, namespace: str, tmp_path: Path
+) -> None:
+    """One name per fact (issue 38): the spellings a release wrote are declared, so a status
+    the dict writer stored is kept whole; a spelling nobody wrote is not, so it is pruned."""
+    unit = str(Path(__file__).resolve().parents[1] / "unit")
+    if unit not in sys.path:
+        sys.path.insert(0, unit)
+    from test_status import DICT_WRITER_STATUS
+
+    guessed = {"arms": {"control": {"scan": {"kvDtype": "auto", "kvCacheDtype": "fp8"}}},
+               "recommended_args": ["vllm"], "capacity": {"gain": 2.0, "ratio": 2.0}}  # fmt: skip
+    for name, status in (("old-status", DICT_WRITER_STATUS), ("guessed", guessed)):
+        crd.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=_cr(name, {"targetRef": {"name": "q"}})
+        )
+        patch = tmp_path / f"{name}.json"
+        patch.write_text(json.dumps({"status": status}))
+        crd.kubectl(
+            "patch", "kvr", name, "-n", namespace, "--subresource=status", "--type=merge",
+            "--patch-file", str(patch),
+        )  # fmt: skip
+    stored = json.loads(
+        crd.kubectl("get", "kvr", "old-status", "-n", namespace, "-o", "json").stdout
+    )
+    assert stored["status"] == DICT_WRITER_STATUS
+    pruned = json.loads(crd.kubectl("get", "kvr", "guessed", "-n", namespace, "-o", "json").stdout)
+    assert pruned["status"] == {"arms": {"control": {"scan": {"kvCacheDtype": "fp8"}}},
+                                "capacity": {"ratio": 2.0}}  # fmt: skip

@@ -133,7 +133,7 @@ def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
         "LongContextRegressed",
     )
     lc = status["accuracy"]["longContext"]  # the Job's long_context, camelCase in status
-    assert (lc["verdict"], lc["failing_bucket"], lc["context_lengths"]) == (
+    assert (lc["verdict"], lc["failingBucket"], lc["contextLengths"]) == (
         "fail",
         "32768",
         [8192, 32768],
@@ -148,8 +148,8 @@ def test_gsm8k_passes_but_the_long_context_gate_rolls_back_naming_the_bucket(
     )
     assert "position bucket 16,384-32,768" in gates["divergence"]["message"]
     div = status["accuracy"]["divergence"]
-    assert div["verdict"] == "flag" and "16384-32768" in div["flagged_buckets"]
-    assert "0-512" not in div["flagged_buckets"]
+    assert div["verdict"] == "flag" and "16384-32768" in div["flaggedBuckets"]
+    assert "0-512" not in div["flaggedBuckets"]
     reasons = event_reasons(
         world.cluster, world.ns["collapse"], "collapse-fp8",
         ["LongContextRegressed", "DivergenceFlagged", "RolledBack"],
@@ -175,11 +175,11 @@ def test_a_sound_candidate_passes_all_three_and_is_promoted(world: ScenarioWorld
         assert (gates[gate]["outcome"], gates[gate]["reason"]) == ("Successful", reason), gates
     lc = status["accuracy"]["longContext"]  # the Job's long_context, camelCase in status
     # buckets from the control's logged --max-model-len 32768
-    assert lc["context_lengths"] == [4096, 8192, 16384, 32768]
+    assert lc["contextLengths"] == [4096, 8192, 16384, 32768]
     assert all(row["verdict"] == "pass" for row in lc["buckets"])
     div = status["accuracy"]["divergence"]
-    assert div["verdict"] == "pass" and div["max_tokens"] == 32768
-    assert div["document_tokens"][0] > 16384
+    assert div["verdict"] == "pass" and div["maxTokens"] == 32768
+    assert div["documentTokens"][0] > 16384
     args = container_of(world.deployment("sound")).get("args") or []
     assert "--kv-cache-dtype" in args and "fp8" in args
 

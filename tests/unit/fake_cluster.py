@@ -77,12 +77,12 @@ def field_load(production: int, *, fp8_gains: bool = True) -> dict[str, Any]:
     return {
         "kind": "kvgate.load/summary",
         "verdict": "measured" if not fp8_gains else "partial",
-        "production_concurrency": production,
-        "prompt_tokens": 512,
-        "output_tokens": 128,
-        "num_workers": 1,
-        "control": {"url": "http://control:8000", "exit_code": 0, "stages": control},
-        "candidate": {"url": "http://candidate:8000", "exit_code": 0, "stages": candidate},
+        "productionConcurrency": production,
+        "promptTokens": 512,
+        "outputTokens": 128,
+        "numWorkers": 1,
+        "control": {"url": "http://control:8000", "exitCode": 0, "stages": control},
+        "candidate": {"url": "http://candidate:8000", "exitCode": 0, "stages": candidate},
     }
 
 
@@ -90,7 +90,7 @@ def load_error_summary(production: int) -> dict[str, Any]:
     """What `kvgate load-job` prints (exit 4) when an arm is unreachable: every stage an error."""
     stages = [_stage(production, None)]
     return {
-        "kind": "kvgate.load/summary", "verdict": "error", "production_concurrency": production,
+        "kind": "kvgate.load/summary", "verdict": "error", "productionConcurrency": production,
         "error": "control measured nothing: connection refused",
         "control": {"error": "connection refused", "stages": stages},
         "candidate": {"stages": [_stage(production, 2_192.0)]},

@@ -1492,8 +1492,8 @@ def test_a_running_eval_shows_its_progress_and_elapsed_time(
         message,
     ), message
     assert column == "200/500 q, look 2/5, -0.5 pp"
-    # the stored line keeps the Job's own keys (the CLI's live view reads them)
-    assert world.obj["status"]["eval"]["progress"]["looks_planned"] == 5
+    # the stored line is camelCase, as the rest of status (the CLI's live view reads it)
+    assert world.obj["status"]["eval"]["progress"]["looksPlanned"] == 5
     # once the eval is over the progress column is empty again
     assert "progress" not in world.obj["status"]
 

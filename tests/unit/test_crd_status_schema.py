@@ -27,7 +27,8 @@ from test_status import _applied, fake_cluster_statuses, status_shaped
 import gen_crd_status
 from kvgate.jsonrecord import fields, write
 from kvgate.model import Outcome, Phase
-from kvgate.status import COPIES, RolloutStatus
+from kvgate.oldspellings import COPIES, OLD_SPELLINGS
+from kvgate.status import EvalProgress, RolloutStatus
 from kvgate.statusschema import PRESERVE, SchemaError, status_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,10 +329,41 @@ def test_every_field_under_every_spelling_survives_pruning() -> None:
         stored = prune(_crd_status(), raw)
         assert stored == raw, (spelling, _first_difference(raw, stored))
     # and the copies of an arm's figures earlier releases wrote, which the reader still reads
-    for section, keys, _ in COPIES:
-        for k in keys:
-            raw = {section: {"candidate": {k: 1}}}
-            assert prune(_crd_status(), raw) == raw
+    for section, k, _ in COPIES:
+        raw = {section: {"candidate": {k: 1}}}
+        assert prune(_crd_status(), raw) == raw
+
+
+def _property_names(schema: Mapping[str, Any]) -> set[str]:
+    """Every property name declared anywhere under `schema`."""
+    names: set[str] = set()
+    for name, sub in (schema.get("properties") or {}).items():
+        names |= {name, *_property_names(sub)}
+    for nested in ("items", "additionalProperties"):
+        if isinstance(schema.get(nested), Mapping):
+            names |= _property_names(schema[nested])
+    return names
+
+
+def test_the_crd_declares_no_spelling_that_no_release_wrote() -> None:
+    """Each status field once, by its key; another spelling only where `oldspellings` lists
+    what wrote it (issue 38: the report's guesses and never-written snake_case are gone)."""
+    declared = _property_names(_crd_status())
+    records = _records(RolloutStatus)
+    keys = {f.key for cls in records for f in fields(cls)}
+    in_schema = {r.__name__ for r in records}  # eval.progress is open: EvalProgress is not
+    written = {o.spelling for o in OLD_SPELLINGS if o.record in in_schema}
+    written |= {k for _, k, _ in COPIES}
+    assert declared - keys - {"kopf"} == written - keys
+    never_written = {"config_hash", "recommended_args", "observed_generation", "kvDtype",
+                     "kvCacheTokens", "tokens", "backend", "gain", "kvTokensRatio", "wilson",
+                     "interval", "ci95", "sm_mhz", "result"}  # fmt: skip
+    assert not declared & never_written
+    assert "findings" not in _crd_status()["properties"]  # status.findings: nobody wrote it
+    for row in OLD_SPELLINGS:  # a row names a field that exists, and says what wrote it
+        record = next(c for c in records | {EvalProgress} if c.__name__ == row.record)
+        assert row.spelling in {a for f in fields(record) if f.name == row.field for a in f.aliases}
+        assert row.writer and row.last_written
 
 
 def _records(tp: Any) -> set[type]:

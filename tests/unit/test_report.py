@@ -66,13 +66,19 @@ PROMOTED: dict[str, Any] = {
             "largest_loss_ruled_out": -0.009,
             "advice": {"questions_needed": None},
         },
-        "capacity": {
-            "control": {"kvCacheDtype": "auto", "kvTokens": 58000, "maxConcurrency": 14.2},
+        "arms": {  # each arm's figures once, in its scan (as the operator stores them)
+            "control": {
+                "scan": {
+                    "kvCacheDtype": "auto",
+                    "capacity": {"kvTokens": 58000, "maxConcurrency": 14.2},
+                }
+            },
             "candidate": {
-                "kvCacheDtype": "fp8",
-                "kvTokens": 116000,
-                "maxConcurrency": 28.3,
-                "attentionBackend": "TRITON_ATTN",
+                "scan": {
+                    "kvCacheDtype": "fp8",
+                    "attentionBackend": "TRITON_ATTN",
+                    "capacity": {"kvTokens": 116000, "maxConcurrency": 28.3},
+                }
             },
         },
         "speed": {
@@ -127,13 +133,14 @@ def test_findings_come_from_gate_conditions_not_kstatus_ones() -> None:
     assert "Reconciling" not in text
 
 
-def test_explicit_findings_list_wins_over_conditions() -> None:
+def test_gate_results_win_over_conditions() -> None:
+    # (status.findings, which no release wrote, is no longer read: status.gates is the list)
     rollout = copy.deepcopy(PROMOTED)
-    rollout["status"]["findings"] = [
-        {"gate": "CanaryHealthy", "outcome": "Failed", "reason": "CanaryCrashed", "message": "x"}
-    ]
+    rollout["status"]["gates"] = {
+        "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": "x"}
+    }
     assert report.read_findings(rollout["status"]) == [
-        report.Finding("CanaryHealthy", "Failed", "CanaryCrashed", "x")
+        report.Finding("canary", "Failed", "CanaryCrashed", "x")
     ]
 
 
@@ -1059,10 +1066,10 @@ def test_manual_approval_prints_both_commands_and_the_expiry() -> None:
 
 def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
     rollout = copy.deepcopy(ROLLED_BACK)
-    rollout["status"]["findings"] = [
-        {"gate": "speed", "outcome": "Skipped", "reason": "NoSpeedGate", "message": "off"},
-        {"gate": "scales", "outcome": "Warning", "reason": "ScalesMissing", "message": "1.0"},
-    ]
+    rollout["status"]["gates"] = {
+        "speed": {"outcome": "Skipped", "reason": "NoSpeedGate", "message": "off"},
+        "scales": {"outcome": "Warning", "reason": "ScalesMissing", "message": "1.0"},
+    }
     page = report.render_html(rollout)
     assert "<td>speed</td><td class='skip'>Skipped</td>" in page
     assert "<td>scales</td><td class='maybe'>Warning</td>" in page

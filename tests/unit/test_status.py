@@ -24,6 +24,7 @@ from test_fuzz_parsers import FUZZ as PROPERTY
 from test_fuzz_parsers import json_values
 
 from kvgate import status as status_module
+from kvgate.evalsummary import AccuracyStatus, progress_line
 from kvgate.mergepatch import apply_merge_patch, merge_patch
 from kvgate.model import Phase
 from kvgate.status import ArmStatus, RolloutStatus
@@ -102,27 +103,77 @@ def test_wrong_types_read_as_unknown(raw: Any) -> None:
     assert RolloutStatus.from_dict(raw).to_dict().get("port") is None
 
 
-def test_the_snake_case_and_alias_spellings_read_as_the_camel_case_ones() -> None:
-    old = {
-        "recommended_args": ["vllm", "serve"],
-        "preflight": {"checkpoint_has_scales": True, "pressure": {"max_usage": 0.9}},
-        "arms": {"control": {"scan": {"kv_cache_dtype": "auto", "capacity": {"kvCacheTokens": 7}}}},
-        "accuracy": {"questions_used": 500, "stopped_early": False, "paired": {"ci95": [-0.1, 0.2],
-                     "mcnemar_p": 0.5, "control_only": 3}, "control": {"n": 10, "wilson": [0.1, 0.2]}},
-        "speed": {"clocks": {"control": {"sm_mhz": 1410.0, "sm_range_mhz": [1400.0, 1420.0]}}},
-        "gates": {"accuracy": {"status": "Successful"}},
+# A status as main's dict writer stored it (up to d77d297; the snake_case accuracy keys up to
+# 3dfa341): what `oldspellings` keeps readable. tests/e2e/test_crd.py stores it for real.
+DICT_WRITER_STATUS: dict[str, Any] = {
+    "preflight": {"checkpointHasScales": True,
+                  "pressure": {"max_usage": 0.9, "pressured_samples": 3},
+                  "samples": {"p": [{"kv_usage": 0.5, "ttft_sum": 2.0, "ttft_count": 4}]}},
+    "arms": {"control": {"kvTokens": 7, "attentionBackend": "FLASH_ATTN",
+                         "scan": {"kv_cache_dtype": "auto", "engine_version": "0.9.1"}}},
+    "capacity": {"candidate": {"kvTokens": 14}, "ratio": 2.0},
+    "accuracy": {"questions_used": 500, "stopped_early": False,
+                 "paired": {"mcnemar_p": 0.5, "control_only": 3},
+                 "control": {"n": 10, "wilson95": [0.1, 0.2]},
+                 "bounds": {"lower_confidence": 0.95, "look_adjusted": True},
+                 "divergence": {"flagged_buckets": ["0-512"]}},
+    "eval": {"progress": {"look": 1, "looks_planned": 4, "questions": 50}},
+}  # fmt: skip
+
+
+def test_a_status_the_dict_writer_stored_still_reads() -> None:
+    """The spellings main's writer stored (up to d77d297, and the typed writer's snake_case
+    accuracy keys up to 3dfa341) read as the camelCase fields (`oldspellings`)."""
+    old = copy.deepcopy(DICT_WRITER_STATUS)
+    status = RolloutStatus.from_dict(old)
+    new = status.to_dict()
+    assert new["preflight"] == {
+        "checkpointHasScales": True, "pressure": {"maxUsage": 0.9, "pressuredSamples": 3},
+        "samples": {"p": [{"kvUsage": 0.5, "ttftSum": 2.0, "ttftCount": 4}]},
     }  # fmt: skip
-    new = RolloutStatus.from_dict(old).to_dict()
-    assert new["recommendedArgs"] == ["vllm", "serve"]
-    assert new["preflight"] == {"checkpointHasScales": True, "pressure": {"maxUsage": 0.9}}
-    assert new["arms"]["control"]["scan"] == {"kvCacheDtype": "auto", "capacity": {"kvTokens": 7}}
+    assert new["arms"]["control"]["scan"] == {
+        "kvCacheDtype": "auto", "engineVersion": "0.9.1", "attentionBackend": "FLASH_ATTN",
+        "capacity": {"kvTokens": 7},
+    }  # fmt: skip
+    assert new["arms"]["candidate"]["scan"] == {"capacity": {"kvTokens": 14}}
     assert new["accuracy"] == {
         "questionsUsed": 500, "stoppedEarly": False,
-        "paired": {"tango95": [-0.1, 0.2], "mcnemarP": 0.5, "controlOnly": 3},
+        "paired": {"mcnemarP": 0.5, "controlOnly": 3},
         "control": {"total": 10, "wilson95": [0.1, 0.2]},
+        "bounds": {"lowerConfidence": 0.95, "lookAdjusted": True},
+        "divergence": {"flaggedBuckets": ["0-512"]},
     }  # fmt: skip
-    assert new["speed"]["clocks"]["control"] == {"smMHz": 1410.0, "smRangeMHz": [1400.0, 1420.0]}
-    assert new["gates"] == {"accuracy": {"outcome": "Successful"}}
+    assert status.eval is not None and status.eval.look_progress is not None
+    assert status.eval.look_progress.looks_planned == 4
+
+
+def test_a_spelling_no_release_wrote_is_not_read() -> None:
+    """The report's old guesses and the snake_case of keys always written camelCase read as
+    unknown: nobody stored them, so nothing is lost."""
+    guessed = {
+        "recommended_args": ["vllm", "serve"],
+        "config_hash": "abc",
+        "arms": {"control": {"scan": {"kvDtype": "auto", "backend": "X",
+                                      "capacity": {"kvCacheTokens": 7}}}},
+        "capacity": {"gain": 2.0, "control": {"kv_tokens": 7, "dtype": "auto"}},
+        "accuracy": {"paired": {"ci95": [-0.1, 0.2]}, "control": {"wilson": [0.1, 0.2]}},
+        "speed": {"clocks": {"control": {"sm_mhz": 1410.0}}},
+        "gates": {"accuracy": {"status": "Successful"}},
+        "findings": [{"gate": "accuracy"}],
+    }  # fmt: skip
+    status = RolloutStatus.from_dict(guessed)
+    assert status.recommended_args == () and status.config_hash is None
+    scan = status.arms["control"].scan
+    assert scan is not None and scan.kv_cache_dtype is None and scan.attention_backend is None
+    assert scan.kv_tokens is None
+    assert status.capacity is not None and status.capacity.ratio is None
+    assert status.accuracy is not None and status.accuracy.paired is not None
+    assert status.accuracy.paired.tango95 == ()
+    assert status.accuracy.control is not None and status.accuracy.control.wilson95 == ()
+    assert status.speed is not None and status.speed.clocks is not None
+    assert status.speed.clocks.control is not None and status.speed.clocks.control.sm_mhz is None
+    assert status.gates["accuracy"].outcome is None
+    assert "findings" not in status.to_dict()
 
 
 def test_the_eval_summary_keeps_what_the_record_does_not_name() -> None:
@@ -132,6 +183,51 @@ def test_the_eval_summary_keeps_what_the_record_does_not_name() -> None:
     assert acc is not None and acc.verdict == "pass"
     assert acc.more == {"looks": [{"look": 1}]}
     assert RolloutStatus.from_dict({"accuracy": summary}).to_dict()["accuracy"] == summary
+
+
+def _keys(value: object) -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield k
+            yield from _keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _keys(v)
+
+
+def test_the_eval_jobs_snake_case_ends_where_the_operator_reads_it() -> None:
+    """N14: the Job prints snake_case; status keeps camelCase only, `more` included."""
+    summary = {
+        "kind": "kvgate.eval/summary", "verdict": "pass", "questions_used": 500,
+        "control": {"n": 10, "correct": 9, "accuracy": 0.9, "wilson95": [0.6, 0.98]},
+        "paired": {"difference": 0.01, "mcnemar_p": 0.5, "tango95_sided": "two-sided"},
+        "bounds": {"lower": -0.01, "lower_confidence": 0.95, "look_adjusted": True,
+                   "sides": "one-sided"},
+        "looks": [{"look": 1, "fail_boundary": 0.1}],
+        "long_context": {"context_lengths": [4096],
+                         "buckets": [{"context_length": 4096, "mcnemar_p_one_sided": 0.5}]},
+        "divergence": {"flagged_buckets": [], "first_flagged": {"kl_ratio": 2.0}},
+    }  # fmt: skip
+    acc = AccuracyStatus.from_summary(summary)
+    stored = RolloutStatus(accuracy=acc).to_dict()["accuracy"]
+    assert [k for k in _keys(stored) if "_" in k] == []
+    assert stored["bounds"] == {"lower": -0.01, "lowerConfidence": 0.95, "lookAdjusted": True,
+                                "sides": "one-sided"}  # fmt: skip
+    assert stored["control"] == {
+        "total": 10,
+        "correct": 9,
+        "accuracy": 0.9,
+        "wilson95": [0.6, 0.98],
+    }
+    assert stored["looks"] == [{"look": 1, "failBoundary": 0.1}]
+    assert stored["paired"]["tango95Sided"] == "two-sided"
+    assert stored["longContext"]["buckets"] == [{"contextLength": 4096, "mcnemarPOneSided": 0.5}]
+    assert stored["divergence"] == {"firstFlagged": {"klRatio": 2.0}}
+    assert RolloutStatus.from_dict({"accuracy": stored}).accuracy == acc  # reads back the same
+    assert acc.questions_used == 500 and acc.bounds is not None and acc.bounds.look_adjusted
+    line = {"kind": "kvgate.eval/progress", "look": 2, "looks_planned": 5, "questions": 200}
+    assert progress_line(line) == {"kind": "kvgate.eval/progress", "look": 2, "looksPlanned": 5,
+                                   "questions": 200}  # fmt: skip
 
 
 def test_long_context_and_divergence_buckets_are_typed() -> None:
@@ -299,9 +395,11 @@ def test_a_dropped_figure_is_caught() -> None:
 
 
 def test_the_older_copies_of_an_arms_figures_fill_only_what_its_scan_lacks() -> None:
+    # capacity.<arm>.kvTokens and arms.<arm>.kvTokens/attentionBackend were written (up to
+    # d77d297); capacity.<arm>.kvCacheDtype/maxConcurrency/attentionBackend never were.
     raw = {
         "capacity": {"control": {"kvCacheDtype": "auto", "kvTokens": 58000, "maxConcurrency": 14.2},
-                     "candidate": {"kvTokens": 1, "attentionBackend": "FLASHINFER"}, "gain": 2.0},
+                     "candidate": {"kvTokens": 1, "attentionBackend": "FLASHINFER"}, "ratio": 2.0},
         "arms": {"candidate": {"kvTokens": 2, "attentionBackend": "X",
                                "scan": {"attention_backend": "TRITON_ATTN",
                                         "capacity": {"kv_tokens": 116000}}}},
@@ -309,8 +407,7 @@ def test_the_older_copies_of_an_arms_figures_fill_only_what_its_scan_lacks() -> 
     status = RolloutStatus.from_dict(raw)
     assert status.to_dict() == {
         "arms": {
-            "control": {"scan": {"kvCacheDtype": "auto",
-                                 "capacity": {"kvTokens": 58000, "maxConcurrency": 14.2}}},
+            "control": {"scan": {"capacity": {"kvTokens": 58000}}},
             "candidate": {"scan": {"attentionBackend": "TRITON_ATTN",
                                    "capacity": {"kvTokens": 116000}}},
         },
@@ -322,14 +419,14 @@ def test_the_older_copies_of_an_arms_figures_fill_only_what_its_scan_lacks() -> 
 
 def test_the_report_reads_the_typed_status() -> None:
     from kvgate import report
-    from kvgate.report import view
 
     raw = {"phase": "Promoted", "arms": {"control": {"scan": {"capacity": {"kv_tokens": 10}}}},
            "speed": {"control": {"tpotMs": 12.5, "label": "x"}}}  # fmt: skip
-    typed = view.read_status({"status": raw})
-    assert isinstance(typed, RolloutStatus)
+    typed = RolloutStatus.from_dict(raw)
     for read in (report.read_capacity, report.read_speed, report.read_findings):
         assert read(typed) == read(raw)
+    built = report.view_of({"status": raw})  # the one view the renderers take
+    assert (built.capacity, built.speed) == (report.read_capacity(typed), report.read_speed(typed))
     speed = report.read_speed(typed)
     assert speed is not None and [m.key for m in speed.metrics] == ["tpotMs"]
 

@@ -19,6 +19,7 @@ from test_controller import TERMINAL, World
 from kvgate import manifests
 from kvgate.commands import eval as eval_cmd
 from kvgate.errors import EvalError, SpecError
+from kvgate.evalsummary import AccuracyStatus
 from kvgate.evaluation.long_context_runner import load_tokenizer, snapshot_commit
 from kvgate.spec import RolloutSpec
 from kvgate.status import RolloutStatus
@@ -227,10 +228,10 @@ def test_snapshot_commit_reads_the_cache_layout() -> None:
 def test_the_resolved_commit_is_a_typed_status_field() -> None:
     summary = {"verdict": "pass", "long_context": {"verdict": "pass", "tokenizer": "org/tok",
                                                    "tokenizer_revision": HEAD}}  # fmt: skip
-    acc = RolloutStatus.from_dict({"accuracy": summary}).accuracy
-    assert acc is not None and acc.long_context is not None
+    acc = AccuracyStatus.from_summary(summary)  # where the operator reads the Job's summary
+    assert acc.long_context is not None
     assert (acc.long_context.tokenizer, acc.long_context.tokenizer_revision) == ("org/tok", HEAD)
-    written = RolloutStatus.from_dict({"accuracy": summary}).to_dict()["accuracy"]["longContext"]
+    written = RolloutStatus(accuracy=acc).to_dict()["accuracy"]["longContext"]
     assert written["tokenizerRevision"] == HEAD
 
 

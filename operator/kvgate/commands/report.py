@@ -52,15 +52,16 @@ def run(args: argparse.Namespace) -> int:
         rollout = read_rollout(args.name, args.namespace)
     else:
         raise ParseError("kvgate report", "give a rollout NAME or --file FILE")
+    view = report.view_of(rollout)  # read once; every output renders this view
     if args.html:
         try:
-            Path(args.html).write_text(report.render_html(rollout), encoding="utf-8")
+            Path(args.html).write_text(report.page.render(view), encoding="utf-8")
         except OSError as exc:
             raise ParseError(args.html, f"cannot write: {exc.strerror}") from exc
     if args.json:
-        print(json.dumps(summary(rollout), sort_keys=True))
+        print(json.dumps(summary(view), sort_keys=True))
     else:
-        sys.stdout.write(report.render_text(rollout))
+        sys.stdout.write(report.text.render(view))
         if args.html:
             print(f"\nHTML report: {args.html}")
     if args.exit_status:
@@ -70,20 +71,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(rollout: dict[str, Any]) -> dict[str, Any]:
+def summary(view: report.ReportView) -> dict[str, Any]:
     """What scripts want from a report: identity, phase, findings, figures, args."""
-    status = rollout.get("status") or {}
-    meta = rollout.get("metadata") or {}
-    acc = report.read_accuracy(status)
+    head, acc = view.header, view.accuracy
     return {
         "kind": "kvgate.report",
-        "namespace": meta.get("namespace"),
-        "name": meta.get("name"),
-        "phase": status.get("phase") or "Pending",
-        "message": status.get("message"),
-        "findings": [dataclasses.asdict(f) for f in report.read_findings(status)],
+        "namespace": head.namespace,
+        "name": head.name,
+        "phase": head.phase,
+        "message": head.message,
+        "findings": [dataclasses.asdict(f) for f in view.findings],
         "accuracy": dataclasses.asdict(acc) if acc is not None else None,
-        "kvTokens": {arm: report.read_kv_tokens(status, arm) for arm in report.ARMS},
-        "capacityRatio": report.read_capacity_gain(status),
-        "recommendedArgs": report.read_recommended_args(status),
+        "kvTokens": view.kv_tokens,
+        "capacityRatio": view.capacity_gain,
+        "recommendedArgs": view.args,
     }

@@ -70,17 +70,13 @@ class RolloutView:
             outcome = record.outcome.value if isinstance(record.outcome, Outcome) else "-"
             detail = clip(record.message or record.reason or "", 140)
             out.append(f"  gate {gate:<14} {outcome:<12} {detail}")
-        progress = self.status.eval.progress if self.status.eval else {}
-        if progress and not self.finished:
-            diff = progress.get("difference")
-            shown = (
-                f", candidate - control {100 * diff:+.1f} pp"
-                if isinstance(diff, int | float) and not isinstance(diff, bool)
-                else ""
-            )
+        progress = self.status.eval.look_progress if self.status.eval else None
+        if progress is not None and not self.finished:
+            diff = progress.difference
+            shown = f", candidate - control {100 * diff:+.1f} pp" if diff is not None else ""
             out.append(
-                f"  eval look {progress.get('look', '?')}/{progress.get('looks_planned', '?')}: "
-                f"{progress.get('questions', '?')} questions{shown}"
+                f"  eval look {progress.look}/{progress.looks_planned or '?'}: "
+                f"{progress.questions} questions{shown}"
             )
         if self.phase is Phase.AWAITING_APPROVAL and not self.reported and self.status.config_hash:
             expires = self.status.approval_expires_at  # "2026-12-04T10:48:00Z"

@@ -20,7 +20,6 @@ from kvgate.status import (
     CapacityStatus,
     EnvVar,
     EvalStatus,
-    FindingEntry,
     GateRecord,
     LoadStatus,
     PreflightStatus,
@@ -77,7 +76,6 @@ class StatusFields(TypedDict, total=False):
     revert: RevertStatus | None
     remediation: RemediationStatus | None
     conditions: tuple[Condition, ...]
-    findings: tuple[FindingEntry | str, ...]
 
 
 @dataclass(frozen=True)

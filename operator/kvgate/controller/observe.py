@@ -30,7 +30,7 @@ from kvgate.controller.seen import (
 )
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.errors import ExternalError, InputError, SpecError
-from kvgate.evalsummary import AccuracyStatus
+from kvgate.evalsummary import AccuracyStatus, progress_line
 from kvgate.joblog import eval_lines, job_lines
 from kvgate.jsonrecord import read_record, write
 from kvgate.kubeobjects import PodHealth
@@ -303,6 +303,7 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
     summary, progress = eval_lines(text, ev.nonce_sha256)
     found = NOTHING
     if progress is not None:
+        progress = progress_line(progress)  # the Job's spelling ends here
         found = StatusUpdate.of(eval=dataclasses.replace(ev, progress=progress))
         obs = dataclasses.replace(obs, eval_progress=read_eval_progress(progress))
     if summary is not None and finished:

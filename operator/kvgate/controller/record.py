@@ -166,7 +166,7 @@ def write_status(
         ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
         if step.phase is Phase.ROLLED_BACK:
             ROLLBACKS.labels(step.reason).inc()
-        write_report(ctx, status)
+        write_report(ctx, new)
     return new
 
 
@@ -360,15 +360,17 @@ def _promotion(
     return promo
 
 
-def write_report(ctx: Ctx, status: Mapping[str, Any]) -> None:
-    """The `<rollout>-report` ConfigMap: status.json, and the text and HTML reports."""
+def write_report(ctx: Ctx, new: RolloutStatus) -> None:
+    """The `<rollout>-report` ConfigMap: status.json, and the text and HTML reports, rendered
+    from one view of the typed spec and the status just written."""
     from kvgate import report
 
-    rollout = {**dict(ctx.body), "status": dict(status)}
+    rollout = {**dict(ctx.body), "status": new.to_dict()}
     files = {"status.json": redact.scrub_text(manifests.status_json(rollout))}
     try:
-        files["report.txt"] = report.render_text(rollout)
-        files["report.html"] = report.render_html(rollout)
+        view = report.build(ctx.spec, new, namespace=ctx.namespace, name=ctx.name, now=ctx.now)
+        files["report.txt"] = report.text.render(view)
+        files["report.html"] = report.page.render(view)
     except (KvgateError, ValueError, KeyError, TypeError) as exc:  # status.json still goes
         ctx.logger.warning("report rendering failed: %s", exc)
     cm = manifests.build_report_configmap(rollout=ctx.name, namespace=ctx.namespace, files=files)

@@ -1,19 +1,22 @@
 """Render a KVCacheRollout for people: a terminal summary and a self-contained HTML page.
 
 Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it) and
-returns text. `view` reads the status into the frozen records of `records` (what is missing is "-", never
-guessed), `rows` turns them into the tables both renderers share, `fmt` writes numbers, and
-`text`, `page` (HTML) and `svg` (the charts) render. A new chart is a function in `svg` (or a
-module of its own) over a `view` record.
+returns text. `assemble` builds its one `ReportView`, once, from the typed spec and status (`view`
+reads each status block into the frozen records of `records`; what is missing is "-", never
+guessed); `rows` turns them into the tables both renderers share, `fmt` writes numbers, and
+`text`, `page` (HTML) and `svg` (the charts) render the view. A new chart is a function in `svg`
+(or a module of its own) over the view.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from kvgate.report import page, svg, text
+from kvgate.report.assemble import build, view_of
 from kvgate.report.fmt import shell_command
-from kvgate.report.page import render_html
 from kvgate.report.records import (
     Accuracy,
     ArmAccuracy,
@@ -25,42 +28,68 @@ from kvgate.report.records import (
     Header,
     LogLine,
     LongContextBucket,
+    ReportView,
     Speed,
     SpeedMetric,
 )
 from kvgate.report.rows import divergence_rows as _divergence_rows
 from kvgate.report.rows import long_context_rows as _long_context_rows
-from kvgate.report.svg import (
-    render_difference_svg,
-    render_load_svg,
-    render_long_context_svg,
-    render_svg,
-)
-from kvgate.report.text import render_text
 from kvgate.report.view import (
     ARMS,
     args_heading,
     read_accuracy,
-    read_approval,
     read_capacity,
     read_capacity_gain,
     read_divergence,
     read_duration,
     read_findings,
-    read_headline,
     read_kv_tokens,
     read_load,
     read_log_findings,
     read_long_context,
     read_preflight,
-    read_production,
-    read_progress,
     read_recommended_args,
     read_remediation,
     read_speed,
     read_verdict,
     split_remedy,
 )
+
+
+def render_text(rollout: object, now: dt.datetime | None = None) -> str:
+    """The terminal report of any rollout JSON (`now`, default the clock: how long it runs)."""
+    return text.render(view_of(rollout, now))
+
+
+def render_html(rollout: object, now: dt.datetime | None = None) -> str:
+    """The self-contained HTML page of any rollout JSON."""
+    return page.render(view_of(rollout, now))
+
+
+def _status_view(status: object) -> ReportView:
+    return view_of({"status": status})
+
+
+def render_svg(status: object) -> str:
+    """The accuracy and KV tokens chart of a status alone."""
+    return svg.render_svg(_status_view(status))
+
+
+def render_difference_svg(status: object) -> str:
+    return svg.render_difference_svg(_status_view(status))
+
+
+def render_long_context_svg(status: object) -> str:
+    return svg.render_long_context_svg(_status_view(status))
+
+
+def render_load_svg(status: object) -> str:
+    return svg.render_load_svg(_status_view(status))
+
+
+def read_approval(rollout: object) -> list[str]:
+    """The approval commands of a rollout waiting for one (its view's)."""
+    return view_of(rollout).approval
 
 
 def long_context_rows(status: Mapping[str, Any]) -> list[list[str]]:
@@ -85,9 +114,11 @@ __all__ = [
     "Header",
     "LogLine",
     "LongContextBucket",
+    "ReportView",
     "Speed",
     "SpeedMetric",
     "args_heading",
+    "build",
     "divergence_rows",
     "long_context_rows",
     "read_accuracy",
@@ -97,14 +128,11 @@ __all__ = [
     "read_divergence",
     "read_duration",
     "read_findings",
-    "read_headline",
     "read_kv_tokens",
     "read_load",
     "read_log_findings",
     "read_long_context",
     "read_preflight",
-    "read_production",
-    "read_progress",
     "read_recommended_args",
     "read_remediation",
     "read_speed",
@@ -117,4 +145,5 @@ __all__ = [
     "render_text",
     "shell_command",
     "split_remedy",
+    "view_of",
 ]

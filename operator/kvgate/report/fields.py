@@ -1,5 +1,5 @@
 """Reading a status's fields for the report without ever raising: the first present spelling of
-a key, a finite number from anything, an interval, the mappings of a list, the typed status.
+a key, a finite number from anything, an interval, the mappings of a list.
 """
 
 from __future__ import annotations
@@ -76,7 +76,3 @@ def mappings(value: Any) -> list[Mapping[str, Any]]:
     if not isinstance(value, list | tuple):
         return []
     return [v for v in value if isinstance(v, Mapping)]
-
-
-def typed_status(status: StatusLike) -> RolloutStatus:
-    return status if isinstance(status, RolloutStatus) else RolloutStatus.from_dict(status)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Sequence
+from typing import Final
 
-from kvgate.report import rows, view
+from kvgate.report import rows
 from kvgate.report.fmt import e, mark, shell_command
+from kvgate.report.records import ReportView
 from kvgate.report.svg import (
     render_difference_svg,
     render_load_svg,
     render_long_context_svg,
     render_svg,
 )
+from kvgate.report.view import BAD_PHASES, GOOD_PHASES, WAIT_PHASES
 
 _CSS: Final = """
 body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
@@ -42,11 +43,11 @@ td.skip{color:#5b6475}.prod{border-left-color:#5b6475}
 
 
 def _phase_class(phase: str) -> str:
-    if phase in view.GOOD_PHASES:
+    if phase in GOOD_PHASES:
         return "good"
-    if phase in view.BAD_PHASES:
+    if phase in BAD_PHASES:
         return "bad"
-    if phase in view.WAIT_PHASES:
+    if phase in WAIT_PHASES:
         return "wait"
     return "info"
 
@@ -103,13 +104,9 @@ def _html_table(
     return f"<table>{colgroup}<thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
 
 
-def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> str:
-    """A self-contained page (inline CSS and SVG, no scripts, no external links).
-
-    `now` (default: the clock) only says how long an unfinished rollout has been running.
-    """
-    head = view.read_header(rollout)
-    status = view.read_status(rollout)
+def render(view: ReportView) -> str:
+    """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
+    head = view.header
     namespace, name, phase = head.namespace, head.name, head.phase
     out = [
         "<!DOCTYPE html>",
@@ -123,7 +120,7 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
         + (f", mode <code>{e(head.mode)}</code>" if head.mode else "")
         + "</p>",
     ]
-    headline = view.read_headline(rollout)
+    headline = view.headline
     if headline is not None:
         out.append(f"<p class='msg'>{e(headline.cause)}</p>")
         if headline.remedy:
@@ -135,10 +132,10 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
                 "<details><summary>the engine's line</summary>"
                 f"<pre>{e(headline.raw)}</pre></details>"
             )
-    production = view.read_production(rollout)
+    production = view.production
     if production:
         out.append(f"<p class='msg prod'><b>Production:</b> {e(production)}</p>")
-    approval = view.read_approval(rollout)
+    approval = view.approval
     if approval:
         commands, expiry = approval[:2], approval[2:]
         out.append(
@@ -148,22 +145,22 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             f"<pre>{e(chr(10).join(commands))}</pre>"
         )
     facts = []
-    verdict = view.read_verdict(status)
+    verdict = view.verdict
     if verdict:
         facts.append(f"verdict: {verdict}")
-    took = view.read_duration(status)
+    took = view.duration
     if took:
         facts.append(f"took {took}")
-    facts += rows.progress_lines(view.read_progress(rollout, now))
+    facts += rows.progress_lines(view.progress)
     if facts:
         out.append("<p class='sub'>" + " · ".join(e(f) for f in facts) + "</p>")
     out.append("<h2>Control and candidate</h2>")
-    out.append(render_svg(status))
-    args = view.read_recommended_args(status)
-    out.append(f"<h2>{view.args_heading(status)}</h2>")
+    out.append(render_svg(view))
+    args = view.args
+    out.append(f"<h2>{view.args_heading}</h2>")
     out.append(f"<pre>{e(shell_command(args))}</pre>" if args else "<p>(none yet)</p>")
 
-    findings = view.read_findings(status)
+    findings = view.findings
     if findings:
         out.append("<h2>Findings</h2>")
         trs = "".join(
@@ -176,11 +173,11 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             f"<table><colgroup>{cols}</colgroup><thead><tr><th>gate</th><th>result</th>"
             f"<th>reason</th><th>message</th></tr></thead><tbody>{trs}</tbody></table>"
         )
-    pre = view.read_preflight(status)
+    pre = view.preflight
     if pre:
         out.append("<h2>Production</h2><ul class='notes'>")
         out.append("".join(f"<li>{e(p)}</li>" for p in pre) + "</ul>")
-    log_lines = view.read_log_findings(status)
+    log_lines = view.log_lines
     if log_lines:
         out.append("<h2>Startup logs</h2>")
         out.append(
@@ -193,29 +190,29 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
                 long=(4,),
             )
         )
-    acc = view.read_accuracy(status)
+    acc = view.accuracy
     if acc is not None:
         out.append(f"<h2>{e(rows.accuracy_heading(acc))}</h2>")
-        out.append(render_difference_svg(status))
+        out.append(render_difference_svg(view))
         if acc.arms:
             out.append(_html_table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc), numeric_from=1))
         notes = rows.accuracy_notes(acc)
         if notes:
             out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
-    lc_rows = rows.long_context_rows(view.read_long_context(status))
+    lc_rows = rows.long_context_rows(view.long_context)
     if lc_rows:
         out.append("<h2>Long context (paired, per context length)</h2>")
-        out.append(render_long_context_svg(status))
+        out.append(render_long_context_svg(view))
         out.append(_html_table(rows.LC_HEADER, lc_rows, numeric_from=1))
-    div_rows = rows.divergence_rows(view.read_divergence(status))
+    div_rows = rows.divergence_rows(view.divergence)
     if div_rows:
         out.append("<h2>Token divergence (teacher-forced, per position bucket)</h2>")
         out.append(_html_table(rows.DIV_HEADER, div_rows, numeric_from=1))
-    cap_rows = rows.capacity_rows(view.read_capacity(status))
+    cap_rows = rows.capacity_rows(view.capacity)
     if cap_rows:
         out.append("<h2>Capacity</h2>")
         out.append(_html_table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3))
-    speed = view.read_speed(status)
+    speed = view.speed
     speed_rows = rows.speed_rows(speed)
     if speed_rows:
         out.append("<h2>Speed</h2>")
@@ -223,13 +220,13 @@ def render_html(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     note = rows.clock_note(speed)
     if note:
         out.append(f"<p class='sub'>{e(note)}</p>")
-    load = view.read_load(status)
+    load = view.load
     load_rows = rows.load_rows(load)
     if load_rows:
         out.append(
             f"<h2>{e(rows.load_title(load, 'Load (inference-perf on both arms at once)'))}</h2>"
         )
-        out.append(render_load_svg(status))
+        out.append(render_load_svg(view))
         out.append(_html_table(rows.load_header(load), load_rows, numeric_from=1))
         notes = rows.load_notes(load)
         if notes:

@@ -1,6 +1,7 @@
 """The report's view model: small frozen records of what a rollout's status says.
 
-`view` reads the status dict into them; `rows`, `text`, `page` and `svg` render them.
+`view` reads the typed status into them, `assemble` builds the one `ReportView` of a rollout;
+`rows`, `text`, `page` and `svg` render it.
 """
 
 from __future__ import annotations
@@ -192,3 +193,32 @@ class Load:
     clocks: Clocks | None = None  # the arms' GPU clocks over the load's run
     preemptions: dict[str, float] = field(default_factory=dict)  # by arm, over the load
     time_scale: float | None = None  # a sped-up simulator's wall seconds per engine second
+
+
+@dataclass(frozen=True)
+class ReportView:
+    """Everything the report shows of one rollout, computed once (`assemble.build`); the text, HTML and
+    SVG renderers take it and read nothing else."""
+
+    header: Header
+    finished: bool  # what is missing now never comes
+    headline: Headline | None
+    verdict: str | None
+    production: str | None
+    approval: list[str]
+    duration: str | None
+    progress: Progress | None
+    remediation: list[str]
+    preflight: list[str]
+    findings: list[Finding]
+    log_lines: list[LogLine]
+    accuracy: Accuracy | None
+    long_context: list[LongContextBucket]
+    divergence: list[DivergenceBucket]
+    capacity: list[ArmCapacity]
+    kv_tokens: dict[str, float | None]
+    capacity_gain: float | None
+    speed: Speed | None
+    load: Load | None
+    args: list[str]
+    args_heading: str

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 from kvgate.loadresult import StagePoint
-from kvgate.report import view
-from kvgate.report.fields import StatusLike
+from kvgate.manifests import ARMS
 from kvgate.report.fmt import e, fmt_int, kilo, pct, to_pp, wilson
+from kvgate.report.records import ReportView
 
 _COLORS: Final = {"control": "#5b6f95", "candidate": "#d9822b"}
 
@@ -21,10 +21,10 @@ class _Point(NamedTuple):
     wilson: tuple[float, float] | None
 
 
-def render_svg(status: StatusLike) -> str:
+def render_svg(view: ReportView) -> str:
     """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
-    acc = view.read_accuracy(status)
-    tokens = {arm: view.read_kv_tokens(status, arm) for arm in view.ARMS}
+    acc = view.accuracy
+    tokens = {arm: view.kv_tokens[arm] for arm in ARMS}
     width, height, pad = 640, 260, 44
     panel = (width - 3 * pad) / 2
     top, bottom = 36, height - 40
@@ -62,7 +62,7 @@ def render_svg(status: StatusLike) -> str:
                 f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#5b6475">'
                 f"{100 * tick:.0f}%</text>"
             )
-        for i, arm in enumerate(view.ARMS):
+        for i, arm in enumerate(ARMS):
             a = points.get(arm)
             if a is None:
                 continue
@@ -87,7 +87,7 @@ def render_svg(status: StatusLike) -> str:
                 f'<text x="{cx:.1f}" y="{bottom + 18}" text-anchor="middle">{e(arm)}</text>'
             )
     else:
-        parts.append(_no_data(x0, panel, top, bottom, f"no accuracy {_missing(status)}"))
+        parts.append(_no_data(x0, panel, top, bottom, f"no accuracy {_missing(view)}"))
     # Right panel: KV tokens as bars from zero, because the point is the ratio.
     x1 = 2 * pad + panel
     parts.append(f'<text x="{x1}" y="20" font-weight="600">KV cache size (tokens)</text>')
@@ -95,7 +95,7 @@ def render_svg(status: StatusLike) -> str:
     if known:
         peak = max(known.values()) or 1.0
         bar = panel / 4
-        for i, arm in enumerate(view.ARMS):
+        for i, arm in enumerate(ARMS):
             value = known.get(arm)
             cx = x1 + panel * (i + 1) / 3
             parts.append(
@@ -114,21 +114,21 @@ def render_svg(status: StatusLike) -> str:
         parts.append(
             f'<line x1="{x1}" x2="{x1 + panel:.1f}" y1="{bottom}" y2="{bottom}" stroke="#9aa5b8"/>'
         )
-        gain = view.read_capacity_gain(status)
+        gain = view.capacity_gain
         if gain is not None:
             parts.append(
                 f'<text x="{x1 + panel:.1f}" y="20" text-anchor="end" fill="#5b6475">'
                 f"{gain:.2f}x</text>"
             )
     else:
-        parts.append(_no_data(x1, panel, top, bottom, f"no KV figures {_missing(status)}"))
+        parts.append(_no_data(x1, panel, top, bottom, f"no KV figures {_missing(view)}"))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _missing(status: StatusLike) -> str:
+def _missing(view: ReportView) -> str:
     """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
-    return "(not measured)" if view.is_finished(status) else "yet"
+    return "(not measured)" if view.finished else "yet"
 
 
 def _no_data(x: float, w: float, top: float, bottom: float, text: str) -> str:
@@ -145,11 +145,11 @@ def _ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def render_long_context_svg(status: StatusLike) -> str:
+def render_long_context_svg(view: ReportView) -> str:
     """Score against context length for both arms (log2 x axis), or '' without buckets."""
     points = [
         (math.log2(b.context_length), b.control, b.candidate, b.context_length)
-        for b in view.read_long_context(status)
+        for b in view.long_context
         if b.context_length and b.context_length > 0
         and b.control is not None and b.candidate is not None
     ]  # fmt: skip
@@ -190,14 +190,14 @@ def render_long_context_svg(status: StatusLike) -> str:
     return "".join(parts)
 
 
-def render_difference_svg(status: StatusLike) -> str:
+def render_difference_svg(view: ReportView) -> str:
     """The paired difference (candidate minus control, pp) with its bounds against the margin.
 
     One row: the point estimate, the look-adjusted one-sided bounds the verdict rests on (the
     two-sided interval when the summary has none), zero, and a dashed line at minus the margin,
     green when the gate passed and red when it failed. '' without a difference.
     """
-    acc = view.read_accuracy(status)
+    acc = view.accuracy
     if acc is None or acc.difference is None:
         return ""
     diff = to_pp(acc.difference)
@@ -277,14 +277,14 @@ def _pp_ticks(lo: float, hi: float) -> list[float]:
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def render_load_svg(status: StatusLike) -> str:
+def render_load_svg(view: ReportView) -> str:
     """Throughput and TPOT against concurrency for both arms, production's load marked.
 
     Two panels on a log2 concurrency axis; a line joins each arm's measured stages, an error
     stage is an x on the axis (not a measurement), and a dashed line marks production's
     concurrency. '' without a load.
     """
-    load = view.read_load(status)
+    load = view.load
     if load is None:
         return ""
     width, height, pad = 640, 260, 52
@@ -345,7 +345,7 @@ def render_load_svg(status: StatusLike) -> str:
             f'fill="#5b6475">{fmt_int(max(values))}</text>'
             f'<text x="{x0 - 6}" y="{bottom + 4}" text-anchor="end" fill="#5b6475">0</text>'
         )
-        for arm in view.ARMS:
+        for arm in ARMS:
             color = _COLORS[arm]
             stages = sorted(load.arms.get(arm, {}).items())
             measured = [
@@ -370,7 +370,7 @@ def render_load_svg(status: StatusLike) -> str:
                         f'stroke="{color}" stroke-width="2">'
                         f"<title>{e(arm)} at {level}: error: {e(why)}</title></path>"
                     )
-        for i, arm in enumerate(view.ARMS):
+        for i, arm in enumerate(ARMS):
             parts.append(
                 f'<text x="{x0 + panel:.1f}" y="{top + 14 * i}" text-anchor="end" '
                 f'fill="{_COLORS[arm]}">{e(arm)}</text>'

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import textwrap
-from collections.abc import Mapping
-from typing import Any
 
-from kvgate.report import rows, view
+from kvgate.report import rows
 from kvgate.report.fmt import WRAP, mark, shell_command, table
+from kvgate.report.records import ReportView
 
 
 def _wrap(text: str, indent: str = "  ", then: str = "    ") -> list[str]:
     return textwrap.wrap(text, WRAP, initial_indent=indent, subsequent_indent=then)
 
 
-def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> str:
-    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args.
-
-    `now` (default: the clock) only says how long an unfinished rollout has been running.
-    """
-    head = view.read_header(rollout)
-    status = view.read_status(rollout)
+def render(view: ReportView) -> str:
+    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args."""
+    head = view.header
     lines = [f"KVCacheRollout {head.namespace}/{head.name}: {head.phase}"]
     facts = [f"target {head.target}"]
     if head.mode:
@@ -29,7 +23,7 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     if head.kv_cache_dtype:
         facts.append(f"candidate --kv-cache-dtype {head.kv_cache_dtype}")
     lines.append("  " + ", ".join(facts))
-    headline = view.read_headline(rollout)
+    headline = view.headline
     if headline is not None:
         lines += _wrap(headline.cause)
         if headline.remedy:
@@ -38,32 +32,32 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             lines += _wrap(f"where: {headline.where}")
         if headline.raw:
             lines += _wrap(f"engine log: {headline.raw}")
-    verdict = view.read_verdict(status)
+    verdict = view.verdict
     if verdict:
         lines += _wrap(f"verdict: {verdict}")
-    production = view.read_production(rollout)
+    production = view.production
     if production:
         lines += _wrap(f"production: {production}")
-    approval = view.read_approval(rollout)
+    approval = view.approval
     if approval:
         lines.append("  approve with either command:")
         lines += [f"    {line}" for line in approval]
-    took = view.read_duration(status)
+    took = view.duration
     if took:
         lines.append(f"  took {took}")
-    lines += [f"  {line}" for line in rows.progress_lines(view.read_progress(rollout, now))]
+    lines += [f"  {line}" for line in rows.progress_lines(view.progress)]
 
-    remediation = view.read_remediation(status)
+    remediation = view.remediation
     if remediation:
         lines += ["", "Remediation"]
         for line in remediation:
             lines += _wrap(line)
 
-    pre = view.read_preflight(status)
+    pre = view.preflight
     if pre:
         lines += ["", "Production", *[f"  {p}" for p in pre]]
 
-    findings = view.read_findings(status)
+    findings = view.findings
     if findings:
         lines += ["", "Findings"]
         lines += table(
@@ -72,7 +66,7 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             numeric_from=99,
         )
 
-    log_lines = view.read_log_findings(status)
+    log_lines = view.log_lines
     if log_lines:
         lines += ["", "Startup logs"]
         for ll in log_lines:
@@ -80,30 +74,30 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             if ll.hint:
                 lines += _wrap(f"remedy: {ll.hint}", indent="    ", then="      ")
 
-    acc = view.read_accuracy(status)
+    acc = view.accuracy
     if acc is not None:
         lines += ["", rows.accuracy_heading(acc)]
         if acc.arms:
             lines += table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc))
         lines += [f"  {line}" for line in rows.accuracy_notes(acc)]
-    lc_rows = rows.long_context_rows(view.read_long_context(status))
+    lc_rows = rows.long_context_rows(view.long_context)
     if lc_rows:
         lines += ["", "Long context (paired, per context length)"]
         lines += table(rows.LC_HEADER, lc_rows)
-    div_rows = rows.divergence_rows(view.read_divergence(status))
+    div_rows = rows.divergence_rows(view.divergence)
     if div_rows:
         lines += ["", "Token divergence (teacher-forced, per position bucket)"]
         lines += table(rows.DIV_HEADER, div_rows)
 
-    cap_rows = rows.capacity_rows(view.read_capacity(status))
+    cap_rows = rows.capacity_rows(view.capacity)
     if cap_rows:
         lines += ["", "Capacity"]
         lines += table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3)
-        gain = view.read_capacity_gain(status)
+        gain = view.capacity_gain
         if gain is not None:
             lines.append(f"  candidate holds {gain:.2f}x the control's KV tokens")
 
-    speed = view.read_speed(status)
+    speed = view.speed
     speed_rows = rows.speed_rows(speed)
     if speed_rows:
         lines += ["", "Speed"]
@@ -112,7 +106,7 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
     if note:
         lines += _wrap(note)
 
-    load = view.read_load(status)
+    load = view.load
     load_rows = rows.load_rows(load)
     if load_rows:
         lines += [
@@ -130,8 +124,8 @@ def render_text(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> s
             lines.append("")
             lines += [f"  {line}" for line in charts]
 
-    args = view.read_recommended_args(status)
-    lines += ["", view.args_heading(status)]
+    args = view.args
+    lines += ["", view.args_heading]
     lines += (
         [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
     )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
-from kvgate import crash, gates, manifests
+from kvgate import gates, manifests
 from kvgate.evalsummary import PairedRecord, TokenAgreement
 from kvgate.loadresult import StagePoint, time_scale
 from kvgate.model import Phase
@@ -22,11 +22,8 @@ from kvgate.report.fields import (
     StatusLike,
     as_fraction,
     finite_number,
-    first_of,
     integer,
     interval,
-    str_or_none,
-    typed_status,
 )
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
@@ -43,13 +40,13 @@ from kvgate.report.records import (
     LogLine,
     LongContextBucket,
     Progress,
+    ReportView,
     Speed,
     SpeedMetric,
 )
 from kvgate.status import (
     ClockRecord,
     ClocksRecord,
-    FindingEntry,
     FirstAttempt,
     RolloutStatus,
     ScanRecord,
@@ -65,6 +62,49 @@ BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value, Phas
 WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value, Phase.PULL_REQUEST_OPEN.value})
 # A GPU clock outside this is not a reading (a unit slip, a counter, a hostile edit).
 _MAX_MHZ: Final = 100_000.0
+
+
+def typed_status(status: StatusLike) -> RolloutStatus:
+    """The status as the typed record (a record is itself: a view reads it, never re-parses)."""
+    return status if isinstance(status, RolloutStatus) else RolloutStatus.from_dict(status)
+
+
+def read_view(
+    status: RolloutStatus,
+    header: Header,
+    *,
+    headline: Headline | None,
+    production: str | None,
+    approval: list[str],
+    now: dt.datetime,
+) -> ReportView:
+    """The report's one view: every status block read once, beside what the spec and the
+    rollout's name give (`assemble` reads those); `now` only says how long it has been running."""
+    finished = is_finished(status)
+    return ReportView(
+        header=header,
+        finished=finished,
+        headline=headline,
+        verdict=read_verdict(status),
+        production=production,
+        approval=approval,
+        duration=read_duration(status),
+        progress=None if finished else read_progress(status, header, now),
+        remediation=read_remediation(status),
+        preflight=read_preflight(status),
+        findings=read_findings(status),
+        log_lines=read_log_findings(status),
+        accuracy=read_accuracy(status),
+        long_context=read_long_context(status),
+        divergence=read_divergence(status),
+        capacity=read_capacity(status),
+        kv_tokens={arm: read_kv_tokens(status, arm) for arm in ARMS},
+        capacity_gain=read_capacity_gain(status),
+        speed=read_speed(status),
+        load=read_load(status),
+        args=read_recommended_args(status),
+        args_heading=args_heading(status),
+    )
 
 
 # ---------------------------------------------------------------- accuracy
@@ -169,24 +209,14 @@ def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
 
 
 def read_findings(status: StatusLike) -> list[Finding]:
-    """Gate results: `status.findings`, else `status.gates` (by gate name), else conditions."""
+    """Gate results: `status.gates` (by gate name, in gate order), else conditions."""
     typed = typed_status(status)
-    found: list[Finding] = []
-    for item in typed.findings:
-        if isinstance(item, FindingEntry):
-            found.append(
-                Finding(item.gate or DASH, item.outcome or DASH, item.reason or "",
-                        item.message or "")
-            )  # fmt: skip
-        else:
-            found.append(Finding(gate="Finding", status=DASH, reason="", message=item))
-    if not found and typed.gates:
-        found = [
-            Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
-            for gate, g in typed.gates.items()
-        ]
-        # The order the gates run in; unknown names keep their place after them.
-        found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
+    found = [
+        Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
+        for gate, g in typed.gates.items()
+    ]
+    # The order the gates run in; unknown names keep their place after them.
+    found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
         return found
     return [
@@ -433,78 +463,14 @@ def read_verdict(status: StatusLike) -> str | None:
     return ((words or message or "") + reused) or None
 
 
-def read_production(rollout: Mapping[str, Any]) -> str | None:
-    """What the rollout did (or will do) to the target Deployment, in one line."""
-    head = read_header(rollout)
-    if head.target == DASH:
-        return None
-    status = read_status(rollout)
-    phase = status.phase or Phase.PENDING
-    target = head.target.replace("/", " ", 1)
-    dtype = head.kv_cache_dtype
-    config = (
-        "the FP8 config"
-        if dtype and dtype.lower().startswith("fp8")
-        else f"the --kv-cache-dtype {dtype} config"
-        if dtype
-        else "the candidate config"
-    )
-    if head.mode == "report":
-        return (
-            f"{target} unchanged: report mode writes the verdict and the args; apply them yourself"
-        )
-    if head.mode == "gate":
-        return (
-            f"{target} unchanged: gate mode writes the verdict (the rollout is Ready only on a "
-            "pass); your GitOps change applies the args"
-        )
-    reverted = status.revert is not None or (
-        status.promotion is not None and bool(status.promotion.patched)
-    )
-    if phase is Phase.PROMOTED:
-        return f"{target} now runs {config}"
-    if phase.value in BAD_PHASES or phase is Phase.NOT_NEEDED:
-        return f"{target} back on its previous config (kvgate's change reverted)" if reverted else (
-            f"{target} unchanged"
-        )  # fmt: skip
-    if phase is Phase.REVERTING:
-        return f"{target}: kvgate's change is being reverted"
-    if phase in (Phase.PROMOTING, Phase.VERIFYING):
-        return f"{target} is being changed to {config} ({phase.value})"
-    if phase is Phase.AWAITING_APPROVAL:
-        return f"{target} unchanged until approved"
-    if phase is Phase.PULL_REQUEST_OPEN:
-        return f"{target} unchanged until the pull request is merged and applied by GitOps"
-    if phase is Phase.PULL_REQUEST_MERGED:
-        return f"{target} changes when the GitOps tool applies the merged pull request"
-    return f"{target} unchanged so far (the canary pods run beside it)"
-
-
-def read_approval(rollout: Mapping[str, Any]) -> list[str]:
-    """Waiting for a manual approval: the commands that give it, and when the chance expires."""
-    status = read_status(rollout)
-    if status.phase is not Phase.AWAITING_APPROVAL or status.reported or not status.config_hash:
-        return []
-    head = read_header(rollout)
-    ns, name = head.namespace, head.name
-    lines = [
-        f"kvgate approve {name} -n {ns}",
-        f"kubectl annotate kvr/{name} -n {ns} kvgate.io/approve={status.config_hash}",
-    ]
-    expires = _parse_time(status.approval_expires_at)
-    if expires is not None:
-        lines.append(f"expires {expires.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC")
-    return lines
-
-
 def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
     typed = typed_status(status)
-    seconds = _between(typed.started_at, typed.finished_at)
+    seconds = between(typed.started_at, typed.finished_at)
     return None if seconds is None else fmt_duration(seconds)
 
 
-def _parse_time(text: str | None) -> dt.datetime | None:
+def parse_time(text: str | None) -> dt.datetime | None:
     if text is None:
         return None
     try:
@@ -513,11 +479,11 @@ def _parse_time(text: str | None) -> dt.datetime | None:
         return None
 
 
-def _between(start_text: str | None, end: str | dt.datetime | None) -> float | None:
+def between(start_text: str | None, end: str | dt.datetime | None) -> float | None:
     """Seconds from `start_text` to `end`; None when either is missing or unreadable, when one
     has a zone and the other not (not comparable), or when the end comes first."""
-    start = _parse_time(start_text)
-    stop = end if isinstance(end, dt.datetime) else _parse_time(end)
+    start = parse_time(start_text)
+    stop = end if isinstance(end, dt.datetime) else parse_time(end)
     if start is None or stop is None or (start.tzinfo is None) != (stop.tzinfo is None):
         return None
     if stop < start:
@@ -533,31 +499,6 @@ def fmt_duration(seconds: float) -> str:
     if whole >= 3600:
         return f"{whole // 3600} h {whole % 3600 // 60} min"
     return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
-
-
-def read_progress(rollout: Mapping[str, Any], now: dt.datetime | None = None) -> Progress | None:
-    """How long an unfinished rollout has run (and been in its phase), and a running eval's
-    latest look; None once the rollout finished (`read_duration` says how long it took)."""
-    status = read_status(rollout)
-    if is_finished(status):
-        return None
-    now = now or dt.datetime.now(dt.UTC)
-    look = status.eval.look_progress if status.eval is not None else None
-    evaluating = status.phase is Phase.EVALUATING
-    running = _between(status.started_at, now)
-    if running is None and not (look and evaluating):
-        return None
-    if look is None or not evaluating:
-        return Progress(running_s=running, phase_s=_between(status.phase_since, now))
-    return Progress(
-        running_s=running,
-        phase_s=_between(status.phase_since, now),
-        look=look.look,
-        looks_planned=look.looks_planned,
-        questions=look.questions,
-        questions_planned=read_header(rollout).questions_planned,
-        difference=finite_number(look.difference),
-    )
 
 
 # The operator ends a message with "; remedy: <text>", or "; remedy for <engine> <version>:
@@ -627,53 +568,22 @@ def read_recommended_args(status: StatusLike) -> list[str]:
     return list(typed_status(status).recommended_args)
 
 
-# ---------------------------------------------------------------- identity
-
-
-def read_status(rollout: Mapping[str, Any]) -> RolloutStatus:
-    """`rollout.status` as the typed record (a fresh rollout has none: all unknown)."""
-    return RolloutStatus.from_dict(first_of(rollout, "status"))
-
-
-def read_header(rollout: Mapping[str, Any]) -> Header:
-    """Identity, target, promotion mode, candidate dtype, phase and the message to show."""
-    spec = first_of(rollout, "spec") or {}
-    status = read_status(rollout)
-    meta = first_of(rollout, "metadata") or {}
-    ready = next((c for c in status.conditions if c.type == "Ready"), None)
-    message = status.message or (ready.message if ready is not None else None)
-    return Header(
-        namespace=str(first_of(meta, "namespace") or DASH),
-        name=str(first_of(meta, "name") or DASH),
-        target=_target(spec),
-        mode=str_or_none(first_of(first_of(spec, "promotion"), "mode") or first_of(spec, "mode")),
-        kv_cache_dtype=str(dtype) if (dtype := first_of(spec, "kvCacheDtype")) else None,
-        phase=status.phase.value if status.phase is not None else "Pending",
-        message=message or None,
-        questions_planned=integer(first_of(first_of(spec, "accuracy"), "questions")),
-    )
-
-
-def read_headline(rollout: Mapping[str, Any]) -> Headline | None:
-    """The message to lead with. A crash message (`kvgate.crash`) leads with its classified cause,
-    then the remedy and where it goes; the engine's own line is kept in `raw`."""
-    message = read_header(rollout).message
-    if not message:
+def read_progress(status: RolloutStatus, head: Header, now: dt.datetime) -> Progress | None:
+    """How long an unfinished rollout has run (and been in its phase), and a running eval's
+    latest look."""
+    look = status.eval.look_progress if status.eval is not None else None
+    evaluating = status.phase is Phase.EVALUATING
+    running = between(status.started_at, now)
+    if running is None and not (look and evaluating):
         return None
-    found = crash.read(message)
-    if found is None:
-        what, remedy = split_remedy(message)
-        if read_approval(rollout):  # the commands follow, with the hash (first-hour-2 #26)
-            what = what.split("; approve with annotation ")[0]
-        return Headline(cause=what, remedy=remedy)
-    return Headline(
-        cause=found.headline, remedy=found.remedy_shown, where=found.where, raw=found.raw
+    if look is None or not evaluating:
+        return Progress(running_s=running, phase_s=between(status.phase_since, now))
+    return Progress(
+        running_s=running,
+        phase_s=between(status.phase_since, now),
+        look=look.look,
+        looks_planned=look.looks_planned,
+        questions=look.questions,
+        questions_planned=head.questions_planned,
+        difference=look.difference,
     )
-
-
-def _target(spec: Mapping[str, Any]) -> str:
-    ref = first_of(spec, "targetRef", "target", "deployment")
-    if isinstance(ref, Mapping):
-        kind = first_of(ref, "kind") or "Deployment"
-        return f"{kind}/{first_of(ref, 'name') or DASH}"
-    return str(ref) if ref else DASH
