@@ -427,6 +427,22 @@ def event_reasons(cluster: Any, namespace: str, name: str, expect: Iterable[str]
     return [reason for reason, _ in rollout_events(cluster, namespace, name, expect)]
 
 
+def policy_binding(name: str, namespace: str) -> dict[str, Any]:
+    """A ValidatingAdmissionPolicyBinding that denies what policy `name` refuses, in one namespace."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+
+
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == type_:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import apply, get, wait_for
+from support import apply, get, policy_binding, wait_for
 
 from kvgate import manifests
 
@@ -43,18 +43,7 @@ def doc_policy(namespace: str) -> dict[str, Any]:
 def objects(namespace: str) -> list[dict[str, Any]]:
     policy = doc_policy(namespace)
     name = policy["metadata"]["name"]
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
-        },
-    }
+    binding = policy_binding(name, namespace)
     rights = {  # the operator's networkpolicies rights (tests/unit/test_rbac.py derives them)
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",

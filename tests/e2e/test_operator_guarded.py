@@ -28,6 +28,7 @@ from support import (
     event_reasons,
     get,
     pods,
+    policy_binding,
     send_completions,
     sim_deployment,
     wait_for,
@@ -100,18 +101,7 @@ def _policy(namespace: str) -> list[dict[str, Any]]:
                 ],
             },
         },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-                },
-            },
-        },
+        policy_binding(name, namespace),
     ]
 
 
