@@ -721,6 +721,68 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
         Line("sglang/srt/entrypoints/http_server.py", "fired up and ready to roll"),
     ]
     result.append(f)
+    # SGLang 0.5.23 on a compressed-tensors FP8 KV checkpoint whose attention layers have no k/v
+    # scale parameter: maybe_remap_kv_scale_name drops the scales with a warning (sglang#35455,
+    # 2026-08-19, made them load); the 1.0 warning SGLang prints anyway proves nothing
+    # (sglang#31224).
+    f = Fixture("sglang-0.5.23-fp8-scales-dropped", "sglang-0.5.23", S)
+    f.lines.extend(
+        _sglang_server_args_dict(
+            wheels,
+            "sglang-0.5.23",
+            {
+                "model_path": "RedHatAI/Qwen3-8B-FP8-KV",
+                "kv_cache_dtype": "fp8_e4m3",
+                "attention_backend": None,
+            },
+        )
+    )
+    f.lines += [
+        Line(
+            "sglang/srt/arg_groups/overrides.py",
+            "Attention backend not specified. Use",
+            ("flashinfer",),
+        ),
+        # print_warning_once: one line for k, one for v, whatever the number of layers
+        Line(
+            "sglang/srt/model_loader/weight_utils.py",
+            "but not found the expected name in the model",
+            (
+                ".k_scale",
+                "model.layers.0.self_attn.k_scale",
+                "model.layers.0.self_attn.attn.k_scale",
+                ".k_scale",
+            ),
+            nth=1,
+        ),  # fmt: skip
+        Line(
+            "sglang/srt/model_loader/weight_utils.py",
+            "but not found the expected name in the model",
+            (
+                ".v_scale",
+                "model.layers.0.self_attn.v_scale",
+                "model.layers.0.self_attn.attn.v_scale",
+                ".v_scale",
+            ),
+            nth=1,
+        ),  # fmt: skip
+        Line(
+            "sglang/srt/model_executor/model_runner_components/load_model_utils.py",
+            "no scaling factors",
+        ),
+        Line(
+            "sglang/srt/mem_cache/memory_pool.py",
+            ". dtype: ",
+            ("KV Cache", "is allocated", "torch.float8_e4m3fn", 454112, 3.46, 3.46),
+        ),
+        Line(
+            "sglang/srt/managers/scheduler.py",
+            "max_total_num_tokens=",
+            (454112, 8192, 16384, 2048, 40960, "available_gpu_mem", 8.4),
+        ),
+        Line("sglang/srt/entrypoints/http_server.py", "fired up and ready to roll"),
+    ]
+    result.append(f)
     return result
 
 

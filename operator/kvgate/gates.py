@@ -45,6 +45,7 @@ EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
 
 KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
+KV_SCALE_DROPPED: Final = "kv-scale-dropped"  # logs.py: SGLang's loader skipped the scales
 
 
 def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
@@ -80,12 +81,12 @@ def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> Gate
     )
 
 
-def scale_warnings(scan: ScanRecord | None) -> list[str]:
-    """Texts of the KV-scale warnings in a log scan as status keeps it."""
+def scale_warnings(scan: ScanRecord | None, code: str = KV_SCALE_DEFAULT) -> list[str]:
+    """Texts of one kind of KV-scale finding in a log scan (by default the 1.0 fallback)."""
     if scan is None:
         return []
     # Only k/v scales count: a missing q scale is printed even when k/v scales were loaded.
-    return [str(f.text or f.code) for f in scan.findings if f.code == KV_SCALE_DEFAULT]
+    return [str(f.text or f.code) for f in scan.findings if f.code == code]
 
 
 def assess_scales(
@@ -126,17 +127,17 @@ def assess_scales(
                       "positive for FP8 path'); recalibrate the KV scales, or choose a "
                       "per-token-head format, which ignores them")  # fmt: skip
     warned = scale_warnings(candidate_scan)
+    dropped = scale_warnings(candidate_scan, KV_SCALE_DROPPED)  # the loader's own words
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
-    if checkpoint_has_scales is True and engine == "sglang":
+    if checkpoint_has_scales is True and engine == "sglang" and not dropped:
         # SGLang prints its 1.0 warning without --quantization-param-path even when it loaded
         # the checkpoint's per-layer scales (sglang#31224): the checkpoint scan is the evidence.
-        return result(
-            Outcome.SUCCESSFUL, Reason.SCALES_PRESENT, "checkpoint has k/v scales for every layer"
-        )
-    if checkpoint_has_scales is True and warned:
+        return result(Outcome.SUCCESSFUL, Reason.SCALES_PRESENT,
+                      "checkpoint has k/v scales for every layer")  # fmt: skip
+    if checkpoint_has_scales is True and (dropped or warned):
         return result(bad, Reason.SCALES_DROPPED,
                       f"checkpoint has KV scales but the candidate warns they were not used: "
-                      f"{warned[0]}")  # fmt: skip
+                      f"{(dropped or warned)[0]}")  # fmt: skip
     if checkpoint_has_scales is False or warned:
         why = warned[0] if warned else "the checkpoint scan found no k/v scales"
         return result(bad, Reason.SCALES_MISSING, f"no KV scales: FP8 KV uses scale 1.0 ({why})")

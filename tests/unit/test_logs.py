@@ -349,6 +349,7 @@ SEVERITY = {
     "kv-capacity": "info",
     "ready": "info",
     "kv-scale-default": "warning",
+    "kv-scale-dropped": "warning",
     "q-scale-missing": "warning",
     "uncalibrated-q-scale": "warning",
     "attention-backend-fallback": "warning",

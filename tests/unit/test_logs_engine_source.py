@@ -138,6 +138,18 @@ EXPECTED: dict[str, tuple[object, ...]] = {
         False,
         {"fp8-kv-enabled", "kv-scale-default", "ready"},
     ),
+    # the loader's own line says the checkpoint's scales were dropped (the 1.0 line proves
+    # nothing on SGLang: sglang#31224)
+    "sglang-0.5.23-fp8-scales-dropped": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "flashinfer",
+        (454112, 11.09, 6.92),
+        True,
+        False,
+        {"fp8-kv-enabled", "kv-scale-dropped", "kv-scale-default", "ready"},
+    ),
     "sglang-0.5.23-fp8-triton-crash": (
         "sglang",
         None,

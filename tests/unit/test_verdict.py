@@ -1532,3 +1532,49 @@ def test_broken_scales_under_a_format_kvgate_does_not_know_fail_closed() -> None
     shown = assess_scales(ScalesGate(GateMode.REQUIRE), True, vllm, many, "fp8").message
     # the first three, and where the rest are (the status keeps 16 and a count)
     assert "layer 2: k_scale 0.0; more in status.preflight.checkpoint.brokenScales)" in shown
+
+
+SGLANG_DROPPED_LINES = [
+    # sglang/srt/model_loader/weight_utils.py:1838 (0.5.23): maybe_remap_kv_scale_name
+    "[2025-10-06 10:00:00] Found .k_scale in the checkpoint (e.g. model.layers.0.self_attn.k_scale)"
+    ", but not found the expected name in the model (e.g. model.layers.0.self_attn.attn.k_scale)."
+    " .k_scale is not loaded.",
+    # sglang/srt/models/qwen3.py:760 (0.5.23), the line sglang#35455 quotes
+    "[2025-10-06 10:00:00] Parameter model.layers.3.self_attn.v_scale not found in params_dict",
+]
+
+
+@pytest.mark.parametrize("dropped", SGLANG_DROPPED_LINES)
+def test_sglang_dropping_the_checkpoints_scales_is_scales_dropped(dropped: str) -> None:
+    from kvgate import logs
+
+    # GIVEN an SGLang candidate whose loader skipped the checkpoint's k/v scales, then printed its
+    # 1.0 line (which it prints whether or not it loaded them: sglang#31224)
+    log = "\n".join([
+        "[2025-10-06 10:00:00] server_args={'model_path': 'm', 'kv_cache_dtype': 'fp8_e4m3'}",
+        dropped,
+        "[2025-10-06 10:00:00] Using FP8 KV cache but no scaling factors provided. Defaulting to "
+        "scaling factors of 1.0.",
+        "[2025-10-06 10:00:00] The server is fired up and ready to roll!",
+    ])  # fmt: skip
+    scan = logs.scan_log(log, engine="sglang").status_record()
+    # THEN the checkpoint's scales do not make it ScalesPresent: the loader's own words decide
+    for mode, outcome in ((GateMode.REQUIRE, Outcome.FAILED), (GateMode.WARN, Outcome.WARNING)):
+        got = assess_scales(ScalesGate(mode), True, scan)
+        assert (got.outcome, got.reason) == (outcome, "ScalesDropped")
+        assert dropped.split("] ", 1)[1] in got.message
+
+
+def test_an_sglang_parameter_that_is_no_kv_scale_drops_nothing() -> None:
+    from kvgate import logs
+
+    log = "\n".join([
+        "[2025-10-06 10:00:00] server_args={'model_path': 'm', 'kv_cache_dtype': 'fp8_e4m3'}",
+        "[2025-10-06 10:00:00] Parameter model.layers.3.mlp.gate_up_proj.bias not found in "
+        "params_dict",
+        "[2025-10-06 10:00:00] The server is fired up and ready to roll!",
+    ])  # fmt: skip
+    scan = logs.scan_log(log, engine="sglang").status_record()
+    assert "kv-scale-dropped" not in {f.code for f in scan.findings}
+    got = assess_scales(ScalesGate(GateMode.REQUIRE), True, scan)
+    assert got.reason == "ScalesPresent"

@@ -74,6 +74,10 @@ def _integer(text: str | None) -> int | None:
     return int(text.replace(",", "")) if text else None
 
 
+_WARNINGS: Final = frozenset({"kv-scale-default", "kv-scale-dropped", "q-scale-missing",
+                              "uncalibrated-q-scale", "attention-backend-fallback"})  # fmt: skip
+
+
 @dataclass
 class _Folder:
     """Pass 2: fold events (already filtered to one engine) into findings and fields."""
@@ -91,11 +95,7 @@ class _Folder:
                 old.code, old.severity, old.line, old.text, old.hint, old.count + 1
             )
             return
-        severity = "error" if code in ERROR_CODES else "info"
-        if code in {"kv-scale-default", "q-scale-missing", "uncalibrated-q-scale"} or (
-            code == "attention-backend-fallback"
-        ):
-            severity = "warning"
+        severity = "error" if code in ERROR_CODES else "warning" if code in _WARNINGS else "info"
         self.findings[key] = Finding(code, severity, event.line, text or event.text, hint)
 
     def by_rule(self, *names: str) -> list[Event]:
@@ -354,6 +354,8 @@ class _Folder:
             self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_DEFAULT_S)
         for event in self.by_rule(R.V_SCALE_NOT_LOADED):
             self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_NOT_LOADED)
+        for event in self.by_rule(R.S_SCALE_NOT_LOADED, R.S_SCALE_PARAM_MISSING):
+            self.add("kv-scale-dropped", event.rule, event, hint=_HINT_SCALE_NOT_LOADED)
         for event in self.by_rule(R.V_Q_SCALE_MISSING):
             self.add("q-scale-missing", event.rule, event, hint=_HINT_Q_SCALE)
         for event in self.by_rule(R.V_UNCALIBRATED_Q):

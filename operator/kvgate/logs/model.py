@@ -17,6 +17,7 @@ SEVERITIES: Final = ("info", "warning", "error")
 CODES: Final = (
     "fp8-kv-enabled",
     "kv-scale-default",
+    "kv-scale-dropped",
     "q-scale-missing",
     "uncalibrated-q-scale",
     "attention-backend",

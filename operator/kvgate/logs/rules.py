@@ -42,6 +42,8 @@ S_POOL_POST: Final = "s.pool_post"
 S_RANK_DEAD: Final = "s.rank_dead"
 S_READY: Final = "s.ready"
 S_SCALE_UNSUPPORTED: Final = "s.scale_unsupported"
+S_SCALE_NOT_LOADED: Final = "s.scale_not_loaded"
+S_SCALE_PARAM_MISSING: Final = "s.scale_param_missing"
 S_SIGQUIT: Final = "s.sigquit"
 S_SKIP_WARMUP: Final = "s.skip_warmup"
 S_SUMMARY: Final = "s.summary"
@@ -197,6 +199,23 @@ RULES: Final[tuple[_Rule, ...]] = (
     _r(V_PER_TENSOR, "upport", "Only support per-tensor scaling factor", None, _V),
     _r(S_KV_SCALE_DEFAULT, "scal", "Using FP8 KV cache but no scaling factors provided", None, _S),
     _r(S_SCALE_UNSUPPORTED, "upport", "does not support loading scaling factors", None, _S),
+    # SGLang's loader skipping the checkpoint's k/v scales: maybe_remap_kv_scale_name
+    # (sglang/srt/model_loader/weight_utils.py:1838, 0.5.23) and a model's load_weights
+    # (sglang/srt/models/qwen3.py:760, 0.5.23; the line sglang#35455 quotes)
+    _r(
+        S_SCALE_NOT_LOADED,
+        "scal",
+        "but not found the expected name in the model",
+        r"Found (\S+) in the checkpoint",
+        _S,
+    ),
+    _r(
+        S_SCALE_PARAM_MISSING,
+        "params_dict",
+        "not found in params_dict",
+        r"Parameter (\S*\b[kv]_scale) not found in params_dict",
+        _S,
+    ),
     # attention backend
     _r(
         V_BACKEND_AUTO,
