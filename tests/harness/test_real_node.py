@@ -362,7 +362,8 @@ def test_chart_in_a_restricted_namespace_promotes_under_its_own_service_account(
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"kvgate 0.1.0 is installed as {release} in namespace {namespace}" in proc.stdout
-        assert "kubectl wait kvr/<name> --for=condition=Ready" in proc.stdout
+        # NOTES advise kvgate wait, which ends at a rollback too (first-hour-2 N7)
+        assert "kvgate wait <name> -n <namespace> --timeout 90m" in proc.stdout
 
         # GIVEN the operator pod, Ready, under the chart's SA with the kubelet's token.
         (pod,) = kubectl_json(
