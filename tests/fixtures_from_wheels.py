@@ -698,6 +698,7 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
             },
         )
     )
+    arg_lines = len(f.lines)
     f.lines += [
         Line(
             "sglang/srt/arg_groups/overrides.py",
@@ -724,7 +725,8 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
     # SGLang 0.5.23 on a compressed-tensors FP8 KV checkpoint whose attention layers have no k/v
     # scale parameter: maybe_remap_kv_scale_name drops the scales with a warning (sglang#35455,
     # 2026-08-19, made them load); the 1.0 warning SGLang prints anyway proves nothing
-    # (sglang#31224).
+    # (sglang#31224). The rest is the served startup above.
+    served = f.lines[arg_lines:]  # backend, the 1.0 line, pool, token budget, ready
     f = Fixture("sglang-0.5.23-fp8-scales-dropped", "sglang-0.5.23", S)
     f.lines.extend(
         _sglang_server_args_dict(
@@ -737,51 +739,22 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
             },
         )
     )
-    f.lines += [
-        Line(
-            "sglang/srt/arg_groups/overrides.py",
-            "Attention backend not specified. Use",
-            ("flashinfer",),
-        ),
-        # print_warning_once: one line for k, one for v, whatever the number of layers
+    # print_warning_once: one line for k, one for v, whatever the number of layers
+    dropped = [
         Line(
             "sglang/srt/model_loader/weight_utils.py",
             "but not found the expected name in the model",
             (
-                ".k_scale",
-                "model.layers.0.self_attn.k_scale",
-                "model.layers.0.self_attn.attn.k_scale",
-                ".k_scale",
+                f".{kv}_scale",
+                f"model.layers.0.self_attn.{kv}_scale",
+                f"model.layers.0.self_attn.attn.{kv}_scale",
+                f".{kv}_scale",
             ),
             nth=1,
-        ),  # fmt: skip
-        Line(
-            "sglang/srt/model_loader/weight_utils.py",
-            "but not found the expected name in the model",
-            (
-                ".v_scale",
-                "model.layers.0.self_attn.v_scale",
-                "model.layers.0.self_attn.attn.v_scale",
-                ".v_scale",
-            ),
-            nth=1,
-        ),  # fmt: skip
-        Line(
-            "sglang/srt/model_executor/model_runner_components/load_model_utils.py",
-            "no scaling factors",
-        ),
-        Line(
-            "sglang/srt/mem_cache/memory_pool.py",
-            ". dtype: ",
-            ("KV Cache", "is allocated", "torch.float8_e4m3fn", 454112, 3.46, 3.46),
-        ),
-        Line(
-            "sglang/srt/managers/scheduler.py",
-            "max_total_num_tokens=",
-            (454112, 8192, 16384, 2048, 40960, "available_gpu_mem", 8.4),
-        ),
-        Line("sglang/srt/entrypoints/http_server.py", "fired up and ready to roll"),
+        )
+        for kv in "kv"
     ]
+    f.lines += [served[0], *dropped, *served[1:]]
     result.append(f)
     return result
 
