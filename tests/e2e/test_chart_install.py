@@ -15,6 +15,8 @@ import pytest
 import yaml
 from support import CHART, EXAMPLES
 
+from kvgate.margins import DEFAULT_MARGIN_PP
+
 
 @pytest.mark.e2e
 @pytest.mark.timeout(120)
@@ -54,5 +56,9 @@ def test_examples_pass_the_api_servers_validation(cluster: Any, namespace: str) 
         spelled[leaf] = default
     for key in ("engine", "kvCacheDtype", "canary", "promotion"):
         assert defaulted[key] == example[key], key
+    # The margin has no schema default (a sub-8-bit format must state one, so an unset margin
+    # must stay unset): the example spells the operator's own default, 2 points.
+    assert "margin" not in defaulted["gates"]["accuracy"]
+    assert example["gates"]["accuracy"].pop("margin") == DEFAULT_MARGIN_PP
     for gate, values in example["gates"].items():
         assert defaulted["gates"][gate] == values, gate

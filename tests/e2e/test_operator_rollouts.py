@@ -346,9 +346,12 @@ def test_triton_without_scales_is_promoted(world: World) -> None:
     )
     assert GSM8K_DIR not in json.dumps([status["previous"], status["candidate"]])
     assert status["promotion"]["podScan"]["attentionBackend"] == "TRITON_ATTN"
-    # The hub is out of reach here (loopback only): a finding, and the logs decide the scales.
+    # The hub is not consulted here (HF_HUB_OFFLINE: test traffic stays on loopback): a finding,
+    # and the logs decide the scales.
     assert status["preflight"]["checkpoint"].get("present") is None
-    assert status["preflight"]["checkpoint"]["finding"].startswith("HubError: ")
+    assert status["preflight"]["checkpoint"]["finding"] == (
+        "Qwen/Qwen3-8B: hub not consulted (HF_HUB_OFFLINE)"
+    )
     reasons = event_reasons(world.cluster, world.ns["happy"], "happy-fp8")
     for reason in (
         "CanaryCreated",
