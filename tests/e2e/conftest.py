@@ -6,7 +6,11 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
+from flux import flux_fixture, gitea_fixture
 from support import Operator
+
+# The loopback Gitea and Flux's controllers (tests/e2e/flux.py), for every module that asks.
+__all__ = ["flux_fixture", "gitea_fixture"]
 
 
 @pytest.fixture(autouse=True, scope="module")

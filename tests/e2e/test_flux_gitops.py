@@ -19,14 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
-from flux import (  # noqa: F401 - pytest fixtures: flux, gitea
+from flux import (
     FLUX_MANAGER,
     PATCH,
     FluxControllers,
     deployment_args,
-    flux_fixture,
     git_repository,
-    gitea_fixture,
     ks_ready,
     kustomization_ready,
     recipe,

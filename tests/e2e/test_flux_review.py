@@ -9,13 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
-from flux import (  # noqa: F401 - pytest fixtures: flux, gitea
+from flux import (
     FLUX_MANAGER,
     FluxControllers,
     deployment_args,
-    flux_fixture,
     git_repository,
-    gitea_fixture,
     kustomization_ready,
     recipe,
     recorded_pr,

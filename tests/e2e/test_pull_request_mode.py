@@ -13,10 +13,8 @@ makes the verdict Stale, and kvgate still writes nothing.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +36,12 @@ from support import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from forge import LoopbackGitea, gitea_binary
+from forge import LoopbackGitea
 
 pytestmark = [pytest.mark.e2e, pytest.mark.forge]
 
 PATCH = "apps/sim/kvgate-fp8.patch.yaml"
 GITOPS = "gitops-tool"  # the field manager the test applies Git's manifests with
-
-
-@pytest.fixture
-def gitea(tmp_path: Path) -> Iterator[LoopbackGitea]:
-    if gitea_binary() is None:
-        message = "no Gitea binary: run `hack/build-binaries.sh --forge` (`make binaries`)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + " (CI=true: not skipping)", pytrace=False)
-        pytest.skip(message)
-    with LoopbackGitea.start(tmp_path / "gitea") as forge:
-        yield forge
 
 
 def _render_and_apply(cluster: Any, namespace: str, files: dict[str, str], work: Path) -> None:
