@@ -79,7 +79,7 @@ binaries:
 	hack/build-binaries.sh --gitops
 	hack/build-binaries.sh --flux
 
-# The CRD's status schema, derived from kvgate.status.RolloutStatus (kvgate.statusschema); the
+# The CRD's status schema, derived from kvgate.records.status.RolloutStatus (kvgate.records.schema); the
 # fast tier fails while the CRD differs from it (tests/unit/test_crd_status_schema.py).
 crd-status: $(STAMP)
 	PYTHONPATH=operator $(BIN)/python hack/gen_crd_status.py

@@ -43,7 +43,7 @@ from kvgate.evaluation.gate import (
     plan_gate,
     reason_arrays,
 )
-from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN, tango_statistics, z_one_sided
+from kvgate.judge.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN, tango_statistics, z_one_sided
 
 BASELINE = 0.918
 LOSSES = (0.0, 0.01, 0.02, 0.05, 0.10)

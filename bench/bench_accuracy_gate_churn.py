@@ -22,7 +22,7 @@ import numpy as np
 
 from bench_accuracy_gate import run_gate, simulate_looks
 from kvgate.evaluation.gate import DEFAULT_CHUNK, GSM8K_TEST_QUESTIONS, plan_gate
-from kvgate.stats import DEFAULT_MARGIN
+from kvgate.judge.stats import DEFAULT_MARGIN
 
 RESULTS = Path(__file__).with_name("RESULTS-accuracy-gate-churn.md")
 CHURNS = (0.0, 0.01, 0.02, 0.025, 0.03)

@@ -25,7 +25,7 @@ from huggingface_hub import constants, get_local_safetensors_metadata  # noqa: E
 from huggingface_hub.utils import disable_progress_bars  # noqa: E402
 
 from kvgate.adapters.hub import read_hub_checkpoint, read_local_checkpoint  # noqa: E402
-from kvgate.checkpoint import scan_scales  # noqa: E402
+from kvgate.checkpoint.scales import scan_scales  # noqa: E402
 
 SHARDS = 30
 LAYERS = 36

@@ -1,4 +1,4 @@
-"""Score of `kvgate.logs` on the field corpus (tests/data/field-logs, issue 23): met/total.
+"""Score of `kvgate.evidence.logs` on the field corpus (tests/data/field-logs, issue 23): met/total.
 
     .venv/bin/python bench/bench_field_logs.py [--misses]
 

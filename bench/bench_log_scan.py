@@ -1,4 +1,4 @@
-"""Throughput of `kvgate.logs` on a 100 MB production-shaped log, and its worst lines.
+"""Throughput of `kvgate.evidence.logs` on a 100 MB production-shaped log, and its worst lines.
 
     .venv/bin/python bench/bench_log_scan.py [--mb 100] [--repeat 3] [--profile]
 
@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "operator"))
 
-from kvgate.logs import RULES, LogScan, scan_lines, scan_log  # noqa: E402
+from kvgate.evidence.logs import RULES, LogScan, scan_lines, scan_log  # noqa: E402
 
 SOURCE = ROOT / "tests/data/engine-source"
 STARTUP = SOURCE / "vllm-0.33.0-fp8-flashinfer-ready.log"

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "hack"))
 
 from kvgate.adapters import prometheus as adapter  # noqa: E402
 from kvgate.adapters.http import scrape  # noqa: E402
-from kvgate.metrics import parse_metrics  # noqa: E402
-from kvgate.pool import pool_pressure  # noqa: E402
+from kvgate.evidence.metrics import parse_metrics  # noqa: E402
+from kvgate.evidence.pool import pool_pressure  # noqa: E402
 from prometheus import Prometheus, binary, free_port  # noqa: E402
 
 NAMES = (

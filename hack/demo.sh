@@ -268,7 +268,7 @@ say "${D}On an L4 (SM 8.9) FlashInfer cannot build its FP8 KV kernels: the candi
 rollout qwen3-fp8 '[]' | kubectl apply -n "$NS" -f - --request-timeout=10s | sed 's/^/  /'
 narrate qwen3-fp8 RolledBack || fail "rollout qwen3-fp8 did not end RolledBack"
 MESSAGE="$(kubectl get kvr -n "$NS" qwen3-fp8 -o jsonpath='{.status.message}' --request-timeout=10s)"
-# The operator's crash message (kvgate/crash.py): "candidate crashed: <cause>; remedy[ for
+# The operator's crash message (kvgate/judge/crash.py): "candidate crashed: <cause>; remedy[ for
 # <engine> <version>]: <what>; <where it goes>; log: <the engine's line>".
 say "  why:    ${MESSAGE%%; remedy*}" | cut -c1-160
 REMEDY="${MESSAGE#*; remedy}"

@@ -16,7 +16,7 @@ file name and line of the logging call, as the engine's own formatter would. Tes
 the committed texts (tests/unit/test_logs_engine_source.py); without the wheels this script
 exits 2 and changes nothing. With only some wheels present it keeps the facts read before from the
 absent ones (and renders no fixture if one needs an absent wheel), so the 200-400 MB wheels can
-be read a few at a time. `facts.json` holds what kvgate.engine_versions is checked
+be read a few at a time. `facts.json` holds what kvgate.engines.versions is checked
 against: the `--kv-cache-dtype` choices, the attention backend names and which flags and
 environment variables each version reads.
 """
@@ -869,7 +869,7 @@ def _resolve_name(wheels: Wheels, key: str, node: ast.expr) -> list[str]:
     return [f"<{name}: not found>"]
 
 
-# Log text kvgate.logs reads (each a needle of one of its rules) that must be in every version's
+# Log text kvgate.evidence.logs reads (each a needle of one of its rules) that must be in every version's
 # source: which of them a wheel holds is recorded as `log_strings` (a raw substring search of
 # the engine's .py files; strings split across literals are not listed here).
 LOG_STRINGS: dict[str, dict[str, str]] = {
@@ -934,7 +934,7 @@ def facts(wheels: Wheels) -> dict[str, Any]:
                 _sglang_choices(wheels, key, "--attention-backend")
             )
             entry["log_strings"] = _log_strings(wheels, key, "sglang")
-            # the KV dtype source SGLang's /metrics lack (kvgate.metrics.SERVER_INFO_PATHS)
+            # the KV dtype source SGLang's /metrics lack (kvgate.evidence.metrics.SERVER_INFO_PATHS)
             http = wheels.text(key, "sglang/srt/entrypoints/http_server.py")
             entry["endpoints_server_info"] = [
                 p for p in ("/get_server_info", "/server_info") if f'@app.get("{p}")' in http

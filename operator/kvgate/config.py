@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from kvgate import policy
 from kvgate.errors import SpecError
-from kvgate.specreader import parse_duration
+from kvgate.spec import allowed as policy
+from kvgate.spec.reader import parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
 # The eval Job's bounds when the chart sets none (the chart's evalResources defaults agree).
@@ -71,7 +71,7 @@ class OperatorConfig:
     # KVGATE_MODEL_DIRS (os.pathsep-separated): the only places a local spec.model.name may be
     model_dirs: tuple[str, ...] = ()
     # KVGATE_EXTRA_ALLOWED_ARGS / KVGATE_EXTRA_ALLOWED_ENV (comma lists; env entries may end
-    # in `*` for a prefix): what rollouts may set beyond kvgate.policy's built-in lists. The
+    # in `*` for a prefix): what rollouts may set beyond kvgate.spec.allowed's built-in lists. The
     # denylist the CRD enforces cannot be extended.
     allowlist: policy.Allowlist = policy.BUILTIN
     eval_concurrency: int = DEFAULT_EVAL_CONCURRENCY  # KVGATE_EVAL_CONCURRENCY

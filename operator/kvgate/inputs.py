@@ -27,7 +27,7 @@ from typing import Any, Final
 import yaml
 
 from kvgate.errors import ParseError
-from kvgate.specreader import parse_duration
+from kvgate.spec.reader import parse_duration
 
 MAX_FILE_BYTES: Final = 8 << 20
 MAX_DEPTH: Final = 64

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from kvgate.model import Phase
+from kvgate.vocabulary import Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
@@ -562,7 +562,7 @@ def pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
 def _pool_pressured(cluster: Any, namespace: str, name: str) -> bool:
     import urllib.request
 
-    from kvgate.metrics import parse_metrics
+    from kvgate.evidence.metrics import parse_metrics
 
     found = [p for p in pods(cluster, namespace, f"app={name}")
              if (p.get("status") or {}).get("podIP")

@@ -37,9 +37,9 @@ from support import (
     wait_deployment_ready,
 )
 
+from kvgate.change.manifests import candidate_container
 from kvgate.config import OperatorConfig
-from kvgate.manifests import candidate_container
-from kvgate.spec import RolloutSpec
+from kvgate.spec.rollout import RolloutSpec
 
 pytestmark = pytest.mark.e2e
 

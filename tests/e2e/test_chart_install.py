@@ -15,7 +15,7 @@ import pytest
 import yaml
 from support import CHART, EXAMPLES
 
-from kvgate.margins import DEFAULT_MARGIN_PP
+from kvgate.spec.margins import DEFAULT_MARGIN_PP
 
 
 @pytest.mark.e2e

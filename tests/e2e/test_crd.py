@@ -48,7 +48,7 @@ def test_minimal_spec_gets_sre_defaults(crd: Any, namespace: str) -> None:
     assert spec["gates"]["scales"] == {"mode": "warn"}
     assert spec["gates"]["capacityGain"] == {"minRatio": 1.8}
     # no schema default for the margin (issue 39): a stated one must be told from none, since a
-    # sub-8-bit format requires one; the operator reads 2 points when unset (kvgate.margins)
+    # sub-8-bit format requires one; the operator reads 2 points when unset (kvgate.spec.margins)
     assert "margin" not in spec["gates"]["accuracy"]
     assert spec["gates"]["accuracy"]["questions"] == 500  # the section's other defaults stay
     assert spec["promotion"] == {"mode": "auto", "verifyWindow": "10m", "verifySamples": 5}

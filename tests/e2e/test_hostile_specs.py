@@ -36,7 +36,7 @@ from support import (
     wait_phase,
 )
 
-from kvgate import manifests
+from kvgate.change import manifests
 
 pytestmark = pytest.mark.e2e
 

@@ -37,8 +37,8 @@ from support import (
     wait_for,
 )
 
+from kvgate.change.manifests import canary_name
 from kvgate.load.runner import default_inference_perf
-from kvgate.manifests import canary_name
 
 pytestmark = pytest.mark.e2e
 

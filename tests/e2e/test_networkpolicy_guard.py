@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support import apply, get, policy_binding, wait_for
 
-from kvgate import manifests
+from kvgate.change import manifests
 
 pytestmark = pytest.mark.e2e
 

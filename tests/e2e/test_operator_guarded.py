@@ -35,7 +35,7 @@ from support import (
     wait_phase,
 )
 
-from kvgate.deadlines import REVERT_BACKOFF_MAX_S
+from kvgate.flow.deadlines import REVERT_BACKOFF_MAX_S
 
 pytestmark = pytest.mark.e2e
 

@@ -41,7 +41,7 @@ from support import (
     wait_phase,
 )
 
-from kvgate.model import Phase
+from kvgate.vocabulary import Phase
 
 pytestmark = pytest.mark.e2e
 

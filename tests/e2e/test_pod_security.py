@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support import CHART, EXAMPLES, Helm
 
-from kvgate import manifests
+from kvgate.change import manifests
 from kvgate.config import OperatorConfig
 
 pytestmark = pytest.mark.e2e

@@ -40,8 +40,8 @@ from support import CHART, Helm, wait_for  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
 import containerd_node  # noqa: E402
-from kvgate import manifests  # noqa: E402
-from kvgate.model import LABEL_ARM, LABEL_ROLLOUT  # noqa: E402
+from kvgate.change import manifests  # noqa: E402
+from kvgate.vocabulary import LABEL_ARM, LABEL_ROLLOUT  # noqa: E402
 
 pytestmark = [pytest.mark.harness]
 

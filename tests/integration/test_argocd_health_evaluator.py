@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate import conditions as cond
-from kvgate.model import Phase
+from kvgate.records import conditions as cond
+from kvgate.vocabulary import Phase
 
 pytestmark = [pytest.mark.integration, pytest.mark.tools]
 
@@ -120,7 +120,7 @@ ENDS = {"Promoted", "RolledBack", "NotNeeded", "Failed", "Declined"}
 
 
 def matrix_rollout(mode: str, phase: str) -> dict[str, Any]:
-    """A rollout in `phase` under `mode`, its conditions from kvgate.conditions as record.py
+    """A rollout in `phase` under `mode`, its conditions from kvgate.records.conditions as record.py
     sets them (gate mode closes on every end but a passing verdict; a report or gate verdict
     parks in AwaitingApproval with reason VerdictReported)."""
     verdict = phase == "AwaitingApproval" and mode in ("report", "gate")

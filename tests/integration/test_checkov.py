@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate import manifests
+from kvgate.change import manifests
 from kvgate.config import OperatorConfig
-from kvgate.model import LABEL_ROLLOUT
-from kvgate.spec import RolloutSpec
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import LABEL_ROLLOUT
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKOV = Path(os.environ.get("KVGATE_CHECKOV") or REPO / ".venv-checkov" / "bin" / "checkov")

@@ -19,8 +19,8 @@ import yaml
 from forge import LoopbackGitea, gitea_binary
 
 from kvgate.adapters.forge import GiteaForge, PullRequestState
+from kvgate.change.gitops import ANNOTATION_VERDICT, branch_name, render_kustomize_patch
 from kvgate.errors import ForgeAccessError, KvgateError
-from kvgate.gitops import ANNOTATION_VERDICT, branch_name, render_kustomize_patch
 
 pytestmark = [pytest.mark.integration, pytest.mark.forge, pytest.mark.tools]
 

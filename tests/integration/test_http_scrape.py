@@ -20,9 +20,9 @@ from kvgate.adapters.http import scrape, scrape_series, scrape_snapshot
 from kvgate.cli import main
 from kvgate.commands import scrape as scrape_command
 from kvgate.errors import ScrapeError
-from kvgate.logs import scan_log
-from kvgate.metrics import delta
-from kvgate.pool import pool_pressure
+from kvgate.evidence.logs import scan_log
+from kvgate.evidence.metrics import delta
+from kvgate.evidence.pool import pool_pressure
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

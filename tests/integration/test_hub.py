@@ -17,7 +17,7 @@ from hubserver import FakeHub, header_bytes, write_checkpoint
 from huggingface_hub import constants
 
 from kvgate.adapters.hub import read_hub_checkpoint
-from kvgate.checkpoint import scan_scales
+from kvgate.checkpoint.scales import scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
 
 pytestmark = pytest.mark.integration

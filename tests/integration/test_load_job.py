@@ -23,12 +23,18 @@ import httpx
 import pytest
 import yaml
 
+from kvgate.judge.throughput import assess_throughput
 from kvgate.load.runner import default_inference_perf
-from kvgate.loadresult import PROGRESS_KIND, SUMMARY_KIND, LoadSummary, LoadVerdict, StageStatus
-from kvgate.model import Outcome
 from kvgate.reasons import Reason
-from kvgate.spec import ThroughputGainGate
-from kvgate.throughput import assess_throughput
+from kvgate.records.loadresult import (
+    PROGRESS_KIND,
+    SUMMARY_KIND,
+    LoadSummary,
+    LoadVerdict,
+    StageStatus,
+)
+from kvgate.spec.rollout import ThroughputGainGate
+from kvgate.vocabulary import Outcome
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K_DIR = Path(os.environ.get("KVGATE_GSM8K_DIR") or REPO.parent / "shared" / "data" / "gsm8k")

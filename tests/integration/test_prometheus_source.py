@@ -24,12 +24,12 @@ from test_sim_request_lengths import send_requests
 from kvgate.adapters import prometheus as adapter
 from kvgate.controller.sources import pool_record
 from kvgate.errors import ExternalError, PrometheusError
-from kvgate.gates import assess_speed
-from kvgate.metrics import parse_metrics
-from kvgate.model import Outcome, SpeedClocks
-from kvgate.pool import pool_pressure
-from kvgate.spec import SpeedGate
-from kvgate.throughput import status_production_lengths
+from kvgate.evidence.metrics import parse_metrics
+from kvgate.evidence.pool import pool_pressure
+from kvgate.judge.gates import assess_speed
+from kvgate.judge.throughput import status_production_lengths
+from kvgate.spec.rollout import SpeedGate
+from kvgate.vocabulary import Outcome, SpeedClocks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib

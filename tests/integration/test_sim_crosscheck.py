@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.logs import scan_log
+from kvgate.evidence.logs import scan_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -87,7 +87,7 @@ def test_scanner_reads_the_emulated_log(sim, args, env, starts, backend, errors)
         assert scan.engine_version == env.get("KVGATE_SIM_ENGINE_VERSION", "0.33.0")
 
 
-# ---- kvgate.metrics on the sim's /metrics -------------------------------------------------
+# ---- kvgate.evidence.metrics on the sim's /metrics -------------------------------------------------
 METRIC_CASES = [
     pytest.param([*VLLM, "--kv-cache-dtype", "fp8", "--attention-backend", "TRITON_ATTN"],
                  {"KVGATE_SIM_ENGINE_VERSION": v}, "fp8", id=f"vllm-{v}")
@@ -105,7 +105,7 @@ METRIC_CASES = [
 
 @pytest.mark.parametrize(("args", "env", "dtype"), METRIC_CASES)
 def test_kvgate_metrics_reads_the_sim(sim, args, env, dtype) -> None:
-    from kvgate.metrics import delta, parse_metrics
+    from kvgate.evidence.metrics import delta, parse_metrics
 
     engine = sim(args, env)
     before = parse_metrics(httpx.get(engine.url + "/metrics").text, taken_at=0.0)
@@ -124,8 +124,8 @@ def test_kvgate_metrics_reads_the_sim(sim, args, env, dtype) -> None:
 
 
 def test_kvgate_sees_pool_pressure_only_under_load(sim) -> None:
-    from kvgate.metrics import parse_metrics
-    from kvgate.pool import pool_pressure
+    from kvgate.evidence.metrics import parse_metrics
+    from kvgate.evidence.pool import pool_pressure
 
     load = {"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.01"}
     busy = sim(VLLM, load)
@@ -166,8 +166,8 @@ def test_kvgate_scan_logs_cli_on_emulated_logs(sim, tmp_path) -> None:
     ],
 )  # fmt: skip
 def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> None:
-    from kvgate.crosscheck import cross_check_log
-    from kvgate.metrics import parse_metrics
+    from kvgate.evidence.crosscheck import cross_check_log
+    from kvgate.evidence.metrics import parse_metrics
 
     honest = sim(args)
     lying = sim(args, {"KVGATE_SIM_FAULTS": f"metrics-kv-dtype={lie}"})
@@ -181,8 +181,8 @@ def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> 
 @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])
 def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, version) -> None:
     # SGLang's /metrics carry no KV dtype: the second source is its server info.
-    from kvgate.crosscheck import cross_check_server_info
-    from kvgate.metrics import parse_server_info
+    from kvgate.evidence.crosscheck import cross_check_server_info
+    from kvgate.evidence.metrics import parse_server_info
 
     args = [*SGLANG, "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "triton"]
     env = {"KVGATE_SIM_ENGINE_VERSION": version}

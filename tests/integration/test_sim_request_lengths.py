@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.adapters.http import scrape_snapshot
 from kvgate.controller.sources import sample_pool, scrape_pod
-from kvgate.throughput import request_lengths, status_production_lengths
+from kvgate.judge.throughput import request_lengths, status_production_lengths
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvgate import logs
+from kvgate.evidence import logs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

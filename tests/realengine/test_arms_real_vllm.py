@@ -32,8 +32,8 @@ import pytest
 from support import GSM8K_DIR
 
 import real_vllm
-from kvgate.logs import scan_log
-from kvgate.metrics import parse_metrics
+from kvgate.evidence.logs import scan_log
+from kvgate.evidence.metrics import parse_metrics
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(1200)]
 

@@ -1,4 +1,4 @@
-"""The page sizes kvgate.kvformats uses are what the installed real vLLM's own code computes
+"""The page sizes kvgate.engines.kvformats uses are what the installed real vLLM's own code computes
 today (hack/real_kv_formats.py --pages: no server, the engine's `customize_spec` and layout
 helpers), and the committed record of them (tests/data/real-engine/kv-formats/
 pages-vllm-0.32.0.json, which the fast tier tests) is that output."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import kvformats
+from kvgate.engines import kvformats
 from real_kv_formats import pages
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]

@@ -50,7 +50,7 @@ from support import (
 
 import real_vllm
 import tiny_model
-from kvgate.model import Phase
+from kvgate.vocabulary import Phase
 
 # Four real servers start in turn here (production, two canaries, the promoted pod), each 40-90 s
 # on an idle 2-core machine and several times that on a busy one.

@@ -33,9 +33,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import real_vllm
-from kvgate.jsonrecord import write
-from kvgate.logs import LogScan, scan_log
-from kvgate.metrics import CACHE_TRUTH_KEYS, MetricSnapshot, parse_metrics
+from kvgate.evidence.logs import LogScan, scan_log
+from kvgate.evidence.metrics import CACHE_TRUTH_KEYS, MetricSnapshot, parse_metrics
+from kvgate.records.codec import write
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
@@ -47,7 +47,7 @@ VERSION = "0.32.0"
 READY_TIMEOUT = 300.0  # real vLLM starts in 40-90 s on 2 idle cores; a busy host is slower
 ABORT_BOUND = 15.0  # seconds for num_requests_running to return to 0 after a disconnect
 
-# The metric families kvgate reads from a vLLM 0.32 /metrics (kvgate/metrics.py GAUGES,
+# The metric families kvgate reads from a vLLM 0.32 /metrics (kvgate/evidence/metrics.py GAUGES,
 # COUNTERS, HISTOGRAMS, CACHE_CONFIG; pool.py and crosscheck.py read the same snapshot), by the
 # family name and type prometheus_client's parser gives (counters lose `_total`).
 KVGATE_FAMILIES: Mapping[str, str] = {

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from kvgate.evalsummary import AccuracyStatus
-from kvgate.jsonrecord import read_record
-from kvgate.status import CacheTruth, ScanRecord
+from kvgate.records.codec import read_record
+from kvgate.records.evalsummary import AccuracyStatus
+from kvgate.records.status import CacheTruth, ScanRecord
 
 T = TypeVar("T")
 

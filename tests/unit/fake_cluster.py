@@ -120,7 +120,7 @@ def deployment(name: str = "vllm") -> dict[str, Any]:
                             "args": ["--port", "8000", "--max-model-len", "8192"],
                             "env": [{"name": "HF_HOME", "value": "/cache"}],
                             # kvgate reads a canary's startup log once it is Ready
-                            # (`kvgate.targetcheck`: a target without it is invalid)
+                            # (`kvgate.judge.target`: a target without it is invalid)
                             "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
                         }
                     ]

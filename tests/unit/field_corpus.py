@@ -1,4 +1,4 @@
-"""Score kvgate.logs on the field corpus (tests/data/field-logs/corpus.yaml, issue 23).
+"""Score kvgate.evidence.logs on the field corpus (tests/data/field-logs/corpus.yaml, issue 23).
 
 Each corpus entry names a verbatim log excerpt from a public issue and the facts its text
 proves; `score()` scans every excerpt (engine auto-detected, as the gate does for a pod it has
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from kvgate.logs import LogScan, scan_log
+from kvgate.evidence.logs import LogScan, scan_log
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "field-logs"
 

@@ -2,7 +2,7 @@
 
 Built from the report tests' own fixtures (`test_report.PROMOTED`, `ROLLED_BACK`) and, for the
 L4 crash, from the real vLLM 0.13 log of FlashInfer failing to JIT-compile on an L4: its scan
-and the message the operator writes for it (`kvgate.crash`: the cause, the remedy, where it
+and the message the operator writes for it (`kvgate.judge.crash`: the cause, the remedy, where it
 goes, and the ninja command with its ~200-character cache path, cut short).
 """
 
@@ -16,8 +16,10 @@ from typing import Any
 import test_report
 from evidence import as_scan
 
-from kvgate import crash, engine_versions, logs
-from kvgate.remedy import Remedy
+from kvgate.engines import versions as engine_versions
+from kvgate.evidence import logs
+from kvgate.judge import crash
+from kvgate.judge.remedy import Remedy
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 L4_LOG = DATA / "logs" / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt"

@@ -11,11 +11,11 @@ from test_verdict import READY, SCALE_WARNING, agreeing, scan, step
 
 from kvgate.errors import SpecError
 from kvgate.evaluation.gate import assess_look, build_summary, plan_gate
-from kvgate.gates import assess_accuracy
-from kvgate.model import CONTROL_BELOW_FLOOR, GateMode, Outcome, Phase
-from kvgate.spec import RolloutSpec
-from kvgate.stats import PairedCounts
-from kvgate.steps import Observation
+from kvgate.flow.steps import Observation
+from kvgate.judge.accuracy import assess_accuracy
+from kvgate.judge.stats import PairedCounts
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import CONTROL_BELOW_FLOOR, GateMode, Outcome, Phase
 
 
 def _spec(**accuracy: Any) -> RolloutSpec:

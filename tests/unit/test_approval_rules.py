@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from test_controller import World
 
-from kvgate import machine, steps
-from kvgate.approval import ApprovalRecord, abort_text, read_approval
 from kvgate.config import OperatorConfig
 from kvgate.errors import SpecError
-from kvgate.model import Outcome, Phase
-from kvgate.spec import RolloutSpec
-from kvgate.steps import Action, LiveTarget, Observation, State
-from kvgate.verdict import GateResult
+from kvgate.flow import machine, steps
+from kvgate.flow.steps import Action, LiveTarget, Observation, State
+from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
+from kvgate.judge.verdict import GateResult
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Outcome, Phase
 
 MANUAL = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": "manual"}})
 PASSED = {"accuracy": GateResult("accuracy", Outcome.SUCCESSFUL, "AccuracyNonInferior", "ok")}

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 from test_controller import World
 
-from kvgate import kubeobjects, machine, report
+from kvgate import report
 from kvgate.controller.telemetry import ROLLBACKS
-from kvgate.kubeobjects import PodHealth
-from kvgate.model import Phase
-from kvgate.spec import RolloutSpec
-from kvgate.steps import Observation, State
+from kvgate.evidence import kubeobjects
+from kvgate.evidence.kubeobjects import PodHealth
+from kvgate.flow import machine
+from kvgate.flow.steps import Observation, State
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Phase
 
 SPEC = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "canary": {"startupTimeout": "15m"}})
 WHY = (

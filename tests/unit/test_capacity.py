@@ -1,4 +1,4 @@
-"""kvgate.capacity: KV bytes per token from config.json, for GQA, MLA, hybrid and multimodal."""
+"""kvgate.checkpoint.capacity: KV bytes per token from config.json, for GQA, MLA, hybrid and multimodal."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvgate.capacity import (
+from kvgate.checkpoint.capacity import (
     GIB,
     VllmPool,
     capacity_table,

@@ -126,7 +126,7 @@ def test_kubectl_get_shows_the_reason_and_the_eval_progress() -> None:
     assert all(columns[n].get("priority", 0) == 0 for n in ("Reason", "Progress"))
     # Every status column reads a field the schema keeps (else the apiserver prunes it) and
     # the operator's typed status writes.
-    from kvgate.status import RolloutStatus
+    from kvgate.records.status import RolloutStatus
 
     props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     written = RolloutStatus.from_dict({"reason": "r", "progress": "p", "message": "m"}).to_dict()
@@ -136,7 +136,7 @@ def test_kubectl_get_shows_the_reason_and_the_eval_progress() -> None:
 
 
 def test_kubectl_get_shows_the_measured_throughput_gain() -> None:
-    from kvgate.status import LoadStatus, RolloutStatus
+    from kvgate.records.status import LoadStatus, RolloutStatus
 
     crd = yaml.safe_load((ROOT / "crds" / CRD).read_text())
     version = crd["spec"]["versions"][0]

@@ -1,4 +1,4 @@
-"""kvgate.checkpoint (tensor names -> ScaleReport) and the local header reader of kvgate.adapters.hub."""
+"""kvgate.checkpoint.scales (tensor names -> ScaleReport) and the local header reader of kvgate.adapters.hub."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from kvgate.adapters.hub import read_json_file, read_local_checkpoint
-from kvgate.checkpoint import (
+from kvgate.checkpoint.scales import (
     Finding,
     TensorInfo,
     parse_safetensors_header,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.adapters import hub
-from kvgate.checkpoint import ScaleReport, format_findings
+from kvgate.checkpoint.scales import ScaleReport, format_findings
 from tiny_model import build, read_safetensors_header, write_safetensors
 
 REAL_ENGINE = Path(__file__).resolve().parents[1] / "data" / "real-engine"

@@ -260,7 +260,7 @@ def test_from_a_sequential_summary_shows_its_look_adjusted_claim(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from kvgate.evaluation.gate import assess_look, build_summary, plan_gate
-    from kvgate.stats import PairedCounts
+    from kvgate.judge.stats import PairedCounts
 
     plan = plan_gate(1319, chunk=50)
     counts = PairedCounts(596, 4, 0, 100)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate import conditions as c
-from kvgate.model import Condition, Phase
 from kvgate.reasons import Reason
+from kvgate.records import conditions as c
+from kvgate.vocabulary import Condition, Phase
 
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from test_controller import World, _argocd_health, _drift_check, passing_gate
 
-from kvgate import promotion, verdictkey
-from kvgate.verdictkey import LiveKey, VerdictKey
+from kvgate.change import container as promotion
+from kvgate.judge import verdictkey
+from kvgate.judge.verdictkey import LiveKey, VerdictKey
 
 PREVIOUS = {"command": ["vllm", "serve", "m"], "args": ["--max-model-len", "8192"],
             "env": [{"name": "HF_HOME", "value": "/data"}]}  # fmt: skip

@@ -27,11 +27,15 @@ import pytest
 import yaml
 from fake_cluster import Crash, FakeKube, deployment
 
-from kvgate import crash, engine_versions, manifests, promotion, report
+from kvgate import report
+from kvgate.change import container as promotion
+from kvgate.change import manifests
 from kvgate.config import OperatorConfig
 from kvgate.controller import act, context, handlers
+from kvgate.engines import versions as engine_versions
 from kvgate.errors import KubeError
-from kvgate.spec import RolloutSpec
+from kvgate.judge import crash
+from kvgate.spec.rollout import RolloutSpec
 
 TERMINAL = {"Promoted", "RolledBack", "NotNeeded", "Failed"}
 LOG = logging.getLogger("test-controller")
@@ -200,7 +204,7 @@ def test_happy_path_promotes_with_one_patch(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_status_is_parsed_once_per_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN the happy path, with every parse of a status the controller makes counted (the
     # report's renderers, which parse what they are given, are not the controller's)
-    from kvgate.status import RolloutStatus
+    from kvgate.records.status import RolloutStatus
 
     world = World(monkeypatch)
     parses: list[str] = []
@@ -296,10 +300,10 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
-    from kvgate.model import Outcome, Phase
-    from kvgate.status import RolloutStatus
-    from kvgate.steps import Step
-    from kvgate.verdict import GateResult, RevertIntent
+    from kvgate.flow.steps import Step
+    from kvgate.judge.verdict import GateResult, RevertIntent
+    from kvgate.records.status import RolloutStatus
+    from kvgate.vocabulary import Outcome, Phase
 
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
              "promotion": {"patched": True, "verify": {"samples": 2, "windowStartedAt": "t0"}}}  # fmt: skip

@@ -19,10 +19,10 @@ import yaml
 from test_controller import LOG, World
 from test_forge_providers import API, REPO, FakeForge
 
-from kvgate import proposing
 from kvgate.adapters.forge import RestForge, forge_for
 from kvgate.config import OperatorConfig
 from kvgate.controller import handlers, pullrequest
+from kvgate.flow import proposing
 
 TOKEN = "ghp_" + "Z9y8X7w6" * 5
 PATH = "apps/vllm/kvgate-fp8.patch.yaml"

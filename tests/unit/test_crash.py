@@ -1,4 +1,4 @@
-"""kvgate.crash: a crashed canary's message leads with its cause; the report reads it back."""
+"""kvgate.judge.crash: a crashed canary's message leads with its cause; the report reads it back."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from evidence import as_scan
 
-from kvgate import crash, engine_versions, logs
-from kvgate.remedy import Remedy
+from kvgate.engines import versions as engine_versions
+from kvgate.evidence import logs
+from kvgate.judge import crash
+from kvgate.judge.remedy import Remedy
 
 L4_LOG = (
     Path(__file__).resolve().parents[1] / "data/logs/vllm-0.13-fp8-l4-flashinfer-jit-failed.txt"

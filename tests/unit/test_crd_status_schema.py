@@ -1,4 +1,4 @@
-"""The CRD's status schema is the one `kvgate.statusschema` derives from `RolloutStatus`, and the
+"""The CRD's status schema is the one `kvgate.records.schema` derives from `RolloutStatus`, and the
 apiserver's pruning of it loses nothing the operator writes (checked here by a pruner that walks the
 schema as the apiserver does; tests/e2e/test_crd.py checks the real one).
 """
@@ -25,11 +25,11 @@ from test_fuzz_parsers import FUZZ as PROPERTY
 from test_status import _applied, fake_cluster_statuses, status_shaped
 
 import gen_crd_status
-from kvgate.jsonrecord import fields, write
-from kvgate.model import Outcome, Phase
-from kvgate.oldspellings import COPIES, OLD_SPELLINGS
-from kvgate.status import EvalProgress, RolloutStatus
-from kvgate.statusschema import PRESERVE, SchemaError, status_schema
+from kvgate.records.codec import fields, write
+from kvgate.records.oldspellings import COPIES, OLD_SPELLINGS
+from kvgate.records.schema import PRESERVE, SchemaError, status_schema
+from kvgate.records.status import EvalProgress, RolloutStatus
+from kvgate.vocabulary import Outcome, Phase
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kvgate.io_kvcacherollouts.yaml"
@@ -169,7 +169,7 @@ def test_what_the_apiserver_would_refuse_is_named(raw: dict[str, Any], refused: 
 
 
 def test_the_crd_status_schema_is_the_generated_one() -> None:
-    # Run `make crd-status` (hack/gen_crd_status.py) after changing kvgate/status.py.
+    # Run `make crd-status` (hack/gen_crd_status.py) after changing kvgate/records/status.py.
     assert _crd_status() == status_schema()
     assert gen_crd_status.render(CRD.read_text()) == CRD.read_text()
 
@@ -244,8 +244,8 @@ def test_every_open_field_says_why() -> None:
 def test_an_open_field_without_a_reason_is_refused() -> None:
     from dataclasses import dataclass
 
-    from kvgate import statusschema
-    from kvgate.jsonrecord import key
+    from kvgate.records import schema as statusschema
+    from kvgate.records.codec import key
 
     @dataclass(frozen=True)
     class Loose:

@@ -1,4 +1,4 @@
-"""kvgate.divergence: top-k KL against hand-computed values, buckets, and the flag rule."""
+"""kvgate.judge.divergence: top-k KL against hand-computed values, buckets, and the flag rule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from kvgate.divergence import (
+from kvgate.errors import EvalError, SpecError
+from kvgate.judge.divergence import (
     BucketStats,
     DocumentLogprobs,
     ScreenSettings,
@@ -19,7 +20,6 @@ from kvgate.divergence import (
     top1,
     topk_kl,
 )
-from kvgate.errors import EvalError, SpecError
 
 
 def lp(**probs: float) -> dict[str, float]:

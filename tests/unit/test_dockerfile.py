@@ -228,8 +228,8 @@ def test_operator_default_command_line_parses() -> None:
 
 
 def test_load_entrypoint_takes_the_command_the_operator_builds() -> None:
+    from kvgate.change.manifests import load_command
     from kvgate.cli import build_parser
-    from kvgate.manifests import load_command
 
     entry = json.loads(effective(BY_NAME["load"], "ENTRYPOINT") or "null")
     built = load_command(

@@ -1,4 +1,4 @@
-"""kvgate.engine_versions against what tests/fixtures_from_wheels.py read out of the wheels."""
+"""kvgate.engines.versions against what tests/fixtures_from_wheels.py read out of the wheels."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvgate import engine_versions as ev
+from kvgate.engines import versions as ev
 
 FACTS: dict[str, Any] = json.loads(
     (Path(__file__).parents[1] / "data" / "engine-source" / "facts.json").read_text()
@@ -228,7 +228,7 @@ def _script_log_strings() -> dict[str, dict[str, str]]:
 
 
 def test_the_log_text_kvgate_reads_is_in_every_read_version() -> None:
-    from kvgate.logs.rules import RULES
+    from kvgate.evidence.logs.rules import RULES
 
     strings = _script_log_strings()
     for engine, table in strings.items():
@@ -253,7 +253,7 @@ def test_the_log_text_kvgate_reads_is_in_every_read_version() -> None:
 
 
 def test_every_sglang_version_serves_a_server_info_path_kvgate_asks() -> None:
-    from kvgate.metrics import SERVER_INFO_PATHS
+    from kvgate.evidence.metrics import SERVER_INFO_PATHS
 
     for key, read in FACTS.items():
         if not key.startswith("sglang-"):

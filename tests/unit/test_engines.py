@@ -1,4 +1,4 @@
-"""kvgate.engines: recognise vLLM / SGLang containers, read and rewrite their flags."""
+"""kvgate.engines.launch: recognise vLLM / SGLang containers, read and rewrite their flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvgate.engines import (
+from kvgate.engines.launch import (
     FACTS,
     ArgChange,
     attention_backend_settings,
@@ -19,7 +19,7 @@ from kvgate.engines import (
     validate_kv_cache_dtype,
 )
 from kvgate.errors import SpecError, UnsupportedError
-from kvgate.model import Engine
+from kvgate.vocabulary import Engine
 
 
 def container(

@@ -13,9 +13,9 @@ from test_eval_cli import FakeRunner
 import kvgate.commands.diverge as diverge
 import kvgate.evaluation.runner as runner_module
 from kvgate.cli import main
-from kvgate.divergence import DocumentLogprobs
 from kvgate.errors import EvalError
 from kvgate.evaluation.runner import Arm
+from kvgate.judge.divergence import DocumentLogprobs
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from kvgate.evaluation.gate import (
     plan_gate,
     progress_line,
 )
-from kvgate.stats import (
+from kvgate.judge.stats import (
     PairedCounts,
     efficacy_boundaries,
     score_limit,

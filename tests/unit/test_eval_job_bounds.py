@@ -12,7 +12,8 @@ import datetime as dt
 import pytest
 from test_controller import World
 
-from kvgate import config, manifests
+from kvgate import config
+from kvgate.change import manifests
 from kvgate.config import OperatorConfig
 from kvgate.errors import SpecError
 

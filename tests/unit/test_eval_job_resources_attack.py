@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from test_controller import TERMINAL, World
 
-from kvgate import config, jobresources, manifests
+from kvgate import config
+from kvgate.change import manifests
 from kvgate.errors import InputError
-from kvgate.model import LABEL_ROLLOUT
+from kvgate.spec import jobresources
+from kvgate.vocabulary import LABEL_ROLLOUT
 
 BOUNDS = config.DEFAULT_EVAL_RESOURCES  # requests 100m/256Mi, limits 2/2Gi
 

@@ -13,7 +13,7 @@ from kvgate.evaluation.long_context import (
     judge_bucket,
     process_results,
 )
-from kvgate.stats import PairedCounts
+from kvgate.judge.stats import PairedCounts
 
 
 def words(text: str) -> int:

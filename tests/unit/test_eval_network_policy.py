@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from test_controller import World
 
-from kvgate import manifests
-from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, LABEL_ROLLOUT
+from kvgate.change import manifests
+from kvgate.vocabulary import ANNOTATION_POLICY_HASH, LABEL_ARM, LABEL_ROLLOUT
 
 DNS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
 

@@ -16,7 +16,7 @@ from kvgate.evaluation.records import (
     pair_answers,
     read_question_lines,
 )
-from kvgate.stats import PairedCounts
+from kvgate.judge.stats import PairedCounts
 
 
 def _sample(doc_id: int, filt: str, right: bool, prompt: str = "p", answer: str = "18") -> dict:

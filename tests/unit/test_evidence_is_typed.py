@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.steps import Observation
+from kvgate.flow.steps import Observation
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "kvgate"
-JUDGES = ("gates", "machine", "crash", "remedy")
+JUDGES = ("judge/gates", "flow/machine", "judge/crash", "judge/remedy")
 
 
 def string_key_reads(source: str) -> list[str]:
@@ -44,7 +44,7 @@ def test_the_finder_finds_both_shapes() -> None:
 @pytest.mark.parametrize("module", JUDGES)
 def test_the_judge_reads_no_evidence_by_string_key(module: str) -> None:
     source = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
-    assert string_key_reads(source) == [], f"kvgate.{module} reads by string key"
+    assert string_key_reads(source) == [], f"kvgate/{module}.py reads by string key"
 
 
 def test_observation_holds_no_open_json() -> None:

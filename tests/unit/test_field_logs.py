@@ -1,4 +1,4 @@
-"""kvgate.logs on the field corpus: startup logs users pasted into public issues (issue 23).
+"""kvgate.evidence.logs on the field corpus: startup logs users pasted into public issues (issue 23).
 
 tests/data/field-logs/corpus.yaml lists each verbatim excerpt with its source URL and the facts
 its text proves (written before the scanner ran on them). Every fact is checked; the few that
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from field_corpus import CORPUS_DIR, Check, check_entry, load_corpus, score
 
-from kvgate.logs import LogScan, scan_log
+from kvgate.evidence.logs import LogScan, scan_log
 
 # (entry, expectation) -> why kvgate leaves it unmet
 KNOWN_MISSES: dict[tuple[str, str], str] = {

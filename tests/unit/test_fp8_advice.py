@@ -1,4 +1,4 @@
-"""Preflight advice from vLLM's own FP8 study (kvgate.fp8advice, issue 39 item 6): each note
+"""Preflight advice from vLLM's own FP8 study (kvgate.checkpoint.advice, issue 39 item 6): each note
 applies at its threshold and not below, states its figure and its source, and `kvgate
 preflight` shows them (gemma-3-4b: head_dim 256, 29 of 34 layers sliding-window)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.checkpoint.advice import STUDY, fp8_guidance
 from kvgate.cli import main
-from kvgate.fp8advice import STUDY, fp8_guidance
 
 GEMMA = Path(__file__).resolve().parents[1] / "data" / "configs" / "gemma-3-4b-it.json"
 QWEN = GEMMA.with_name("qwen3-8b.json")

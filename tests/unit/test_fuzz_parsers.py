@@ -25,18 +25,18 @@ from hypothesis import strategies as st
 
 from kvgate.adapters.hub import read_local_checkpoint
 from kvgate.adapters.report_source import read_rollout_file
-from kvgate.capacity import capacity_table, parse_kv_layout
-from kvgate.checkpoint import parse_safetensors_header, scan_scales, unknown_scales
+from kvgate.checkpoint.capacity import capacity_table, parse_kv_layout
+from kvgate.checkpoint.scales import parse_safetensors_header, scan_scales, unknown_scales
 from kvgate.commands.stats import read_saved_result
 from kvgate.errors import KvgateError
-from kvgate.evalsummary import AccuracyStatus
 from kvgate.evaluation.records import read_question_lines
-from kvgate.gates import assess_accuracy
-from kvgate.joblog import eval_lines
-from kvgate.logs import scan_lines, scan_log
-from kvgate.metrics import parse_metrics
+from kvgate.evidence.logs import scan_lines, scan_log
+from kvgate.evidence.metrics import parse_metrics
+from kvgate.judge.accuracy import assess_accuracy
+from kvgate.records.evalsummary import AccuracyStatus
+from kvgate.records.joblog import eval_lines
 from kvgate.report import read_accuracy, read_findings, render_html, render_svg, render_text
-from kvgate.spec import AccuracyGate
+from kvgate.spec.rollout import AccuracyGate
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = settings(
@@ -533,13 +533,13 @@ PRELUDE = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     from kvgate.adapters.hub import read_local_checkpoint
     from kvgate.adapters.report_source import read_rollout_file
-    from kvgate.capacity import parse_kv_layout
-    from kvgate.checkpoint import unknown_scales
+    from kvgate.checkpoint.capacity import parse_kv_layout
+    from kvgate.checkpoint.scales import unknown_scales
     from kvgate.commands.stats import read_saved_result
     from kvgate.errors import KvgateError
     from kvgate.evaluation.records import read_question_lines
-    from kvgate.logs import scan_log
-    from kvgate.metrics import parse_metrics
+    from kvgate.evidence.logs import scan_log
+    from kvgate.evidence.metrics import parse_metrics
 
     def write(files):
         root = Path(tempfile.mkdtemp())

@@ -6,8 +6,8 @@ import pathlib
 
 import yaml
 
-from kvgate.model import PromotionMode
-from kvgate.spec import RolloutSpec
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import PromotionMode
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 

@@ -12,14 +12,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvgate.errors import SpecError
-from kvgate.gitops import (
+from kvgate.change.gitops import (
     ANNOTATION_VERDICT,
     BRANCH_PREFIX,
     branch_name,
     is_kvgate_branch,
     render_kustomize_patch,
 )
+from kvgate.errors import SpecError
 
 PREVIOUS: dict[str, Any] = {
     "args": ["serve", "Qwen/Qwen3-8B", "--max-model-len", "8192"],

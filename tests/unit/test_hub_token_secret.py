@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from test_controller import TERMINAL, World
 
-from kvgate import manifests
-from kvgate.model import LABEL_ROLLOUT
+from kvgate.change import manifests
+from kvgate.vocabulary import LABEL_ROLLOUT
 
 OPT_IN = {"kvgate.io/hub-token": "true"}
 HUB_MODEL = {"name": "Qwen/Qwen3-8B", "tokenSecretRef": {"name": "hf", "key": "token"}}

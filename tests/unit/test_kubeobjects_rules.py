@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvgate import kubeobjects
+from kvgate.evidence import kubeobjects
 
 
 def _deployment(replicas: int = 2, generation: int = 3, **status: int) -> dict[str, Any]:

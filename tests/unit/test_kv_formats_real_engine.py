@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kvgate.capacity import parse_kv_layout, vllm_pool
-from kvgate.logs import scan_log
+from kvgate.checkpoint.capacity import parse_kv_layout, vllm_pool
+from kvgate.evidence.logs import scan_log
 from tiny_model import Shape, build_config
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "real-engine" / "kv-formats"
@@ -83,7 +83,7 @@ def test_the_packed_layouts_would_have_predicted_other_pools() -> None:
 
 
 def test_every_name_of_the_version_was_served() -> None:
-    from kvgate import engine_versions
+    from kvgate.engines import versions as engine_versions
 
     served = {e["kv_cache_dtype"] for e in RESULTS}
     assert engine_versions.facts_for("vllm", "0.32.0").kv_cache_dtypes - served == {"auto"}
@@ -94,7 +94,7 @@ def test_zero_scales_are_fatal_under_fp8_and_unused_per_token_head(tmp_path: Pat
     """The same broken checkpoint: fp8 died at the first request, int8_per_token_head served,
     which is what the scan's per-format findings say."""
     from kvgate.adapters.hub import read_local_checkpoint
-    from kvgate.checkpoint import format_findings
+    from kvgate.checkpoint.scales import format_findings
     from tiny_model import build
 
     fp8 = (DATA.parent / "qwen3-broken-fp8.log").read_text()

@@ -1,4 +1,4 @@
-"""kvgate.kvformats: every KV format the version table lists has a class, a scale mode and a
+"""kvgate.engines.kvformats: every KV format the version table lists has a class, a scale mode and a
 byte count, and the byte counts are vLLM's own (tests/data/real-engine/kv-formats/
 pages-vllm-0.32.0.json, written by `hack/real_kv_formats.py --pages` from the real engine's
 code; tests/realengine/test_kv_formats_real_vllm.py regenerates it)."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kvgate import engine_versions as ev
-from kvgate import kvformats as kf
-from kvgate.capacity import parse_kv_layout
+from kvgate.checkpoint.capacity import parse_kv_layout
+from kvgate.engines import kvformats as kf
+from kvgate.engines import versions as ev
 from kvgate.errors import SpecError, UnsupportedError
 
 PAGES: dict[str, Any] = json.loads(

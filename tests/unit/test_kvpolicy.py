@@ -1,4 +1,4 @@
-"""spec.kvCache (kvgate.kvpolicy): a format from the engine's own list, admission refusing a
+"""spec.kvCache (kvgate.spec.kvcache): a format from the engine's own list, admission refusing a
 format the named engine version lacks (naming the floor), kvCacheDtype as its one alias, and the
 candidate Deployment getting the skip list."""
 
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from kvgate import kvformats
-from kvgate.manifests import candidate_container
-from kvgate.spec import RolloutSpec
+from kvgate.change.manifests import candidate_container
+from kvgate.engines import kvformats
+from kvgate.spec.rollout import RolloutSpec
 
-# a sub-8-bit format must state its margin (kvgate.margins): given here where the case is about
+# a sub-8-bit format must state its margin (kvgate.spec.margins): given here where the case is about
 # something else, so that the one error is the case's
 STATED: dict[str, Any] = {"gates": {"accuracy": {"margin": 6}}}
 

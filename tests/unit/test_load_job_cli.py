@@ -29,7 +29,7 @@ from kvgate.load.report import (
     stage_file,
 )
 from kvgate.load.runner import LoadRun, LoadToolMissing
-from kvgate.loadresult import (
+from kvgate.records.loadresult import (
     SUMMARY_KIND,
     ArmLoad,
     LoadSummary,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kvgate import manifests
-from kvgate.loadresult import PROGRESS_KIND, LoadProgress
+from kvgate.change import manifests
+from kvgate.records.loadresult import PROGRESS_KIND, LoadProgress
 
 
 def line(**fields: object) -> str:

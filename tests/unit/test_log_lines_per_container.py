@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import logs
 from kvgate.controller import sources
-from kvgate.logs.containers import CURRENT, PREVIOUS, joined, per_container
+from kvgate.evidence import logs
+from kvgate.evidence.logs.containers import CURRENT, PREVIOUS, joined, per_container
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 CRASH = (LOGS / "vllm-0.13-fp8-l4-flashinfer-jit-failed.txt").read_text()

@@ -1,4 +1,4 @@
-"""kvgate.logs: startup logs of vLLM 0.10-0.33 and SGLang 0.4-0.5 -> LogScan.
+"""kvgate.evidence.logs: startup logs of vLLM 0.10-0.33 and SGLang 0.4-0.5 -> LogScan.
 
 The fixtures in tests/data/logs are built from the engines' format strings
 (reference/engines.md); prefixes, colours, CRLF, interleaving and truncation are applied
@@ -17,7 +17,7 @@ from typing import Final
 import pytest
 
 from kvgate.errors import ParseError, UnsupportedError
-from kvgate.logs import ANCHORS, CODES, RULES, Finding, LogScan, scan_lines, scan_log
+from kvgate.evidence.logs import ANCHORS, CODES, RULES, Finding, LogScan, scan_lines, scan_log
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"
 
@@ -1206,18 +1206,18 @@ def test_the_growth_measure_catches_a_quadratic_pattern() -> None:
 def test_the_log_regexes_are_linear_on_a_long_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the line cap, each rule and header regex runs in linear time on lines of
     repeated partial matches (a quadratic pattern took 4-6 s on 115 KB, minutes on 1 MB)."""
-    import kvgate.logs.collect
+    import kvgate.evidence.logs.collect
 
-    monkeypatch.setattr(kvgate.logs.collect, "_MAX_LINE", 2 * MB)
+    monkeypatch.setattr(kvgate.evidence.logs.collect, "_MAX_LINE", 2 * MB)
     growth, case = _steepest(8 << 10)
     assert growth < GROWTH_LIMIT, f"{case}: {GROWTH}x the line took {growth:.1f}x the time"
 
 
 def test_an_overlong_line_is_read_to_its_cap_only() -> None:
     """Rules look at the first _MAX_LINE characters of a line, whatever its length."""
-    import kvgate.logs.collect
+    import kvgate.evidence.logs.collect
 
-    cap = kvgate.logs._MAX_LINE
+    cap = kvgate.evidence.logs._MAX_LINE
     found = scan_log("INFO 01-01 00:00:00 [x.py:1] KV cache size: 1,234 tokens\n")
     assert found.capacity.kv_tokens == 1234
     beyond = scan_log("x" * cap + " KV cache size: 1,234 tokens\n")

@@ -1,4 +1,4 @@
-"""kvgate.logs over startup logs rendered from the engines' own format strings.
+"""kvgate.evidence.logs over startup logs rendered from the engines' own format strings.
 
 tests/data/engine-source/*.log come from tests/fixtures_from_wheels.py: every log line is
 preceded by `#: <wheel> <file>:<line>`, the string it was rendered from.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import logs
+from kvgate.evidence import logs
 
 DATA = Path(__file__).parents[1] / "data" / "engine-source"
 

@@ -3,8 +3,8 @@ must NOT read as a failure, and how the engine is told by line shape alone."""
 
 from __future__ import annotations
 
-from kvgate.logs import scan_log
-from kvgate.logs.shapes import engine_by_shape
+from kvgate.evidence.logs import scan_log
+from kvgate.evidence.logs.shapes import engine_by_shape
 
 # vLLM 0.7 V1: the same "EngineCore hit an exception" wraps a crash while serving (here an
 # ngram-speculation crash after requests were served, vllm issue text): no start failure.

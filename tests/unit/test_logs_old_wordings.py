@@ -1,4 +1,4 @@
-"""kvgate.logs over vLLM 0.6-0.8 lines rendered from the published wheels' own strings.
+"""kvgate.evidence.logs over vLLM 0.6-0.8 lines rendered from the published wheels' own strings.
 
 tests/data/engine-source-old/*.log come from tests/old_wordings_from_wheels.py (each line is
 preceded by `#: <wheel> <path>:<line>`): the older wordings the field corpus met (issue 23).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvgate.logs import LogScan, scan_log
+from kvgate.evidence.logs import LogScan, scan_log
 
 DATA = Path(__file__).parents[1] / "data" / "engine-source-old"
 
@@ -58,9 +58,9 @@ def test_every_old_fixture_is_tested() -> None:
 
 def test_the_remedy_below_010_is_v0s_xformers() -> None:
     """vLLM 0.6-0.9 have no Triton backend for FP8 KV: the remedy is the XFormers backend V0
-    itself falls back to (kvgate.engine_versions, read from the 0.6.0-0.9.0 wheels); it was
+    itself falls back to (kvgate.engines.versions, read from the 0.6.0-0.9.0 wheels); it was
     "no remedy" before those wheels were read. Older than 0.6 still gets none."""
-    from kvgate import engine_versions
+    from kvgate.engines import versions as engine_versions
 
     xformers = ((), {"VLLM_ATTENTION_BACKEND": "XFORMERS", "VLLM_USE_FLASHINFER_SAMPLER": "0"})
     for version in ("0.6.3.post1", "0.7.3", "0.8.0", "0.9.2"):

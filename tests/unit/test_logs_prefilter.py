@@ -1,11 +1,11 @@
-"""The one-pass anchor prefilter of kvgate.logs.collect: windows, bytes and line numbers."""
+"""The one-pass anchor prefilter of kvgate.evidence.logs.collect: windows, bytes and line numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvgate.logs import scan_lines, scan_log
-from kvgate.logs.collect import _WINDOW
+from kvgate.evidence.logs import scan_lines, scan_log
+from kvgate.evidence.logs.collect import _WINDOW
 
 FAILED = "(EngineCore pid=93) ERROR 09-13 10:00:00 [core.py:946] EngineCore failed to start."
 NOISE = '(APIServer pid=1) INFO:     10.42.0.7:51234 - "POST /v1/chat/completions HTTP/1.1" 200'

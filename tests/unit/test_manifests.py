@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kvgate import manifests as m
-from kvgate import promotion
-from kvgate.spec import RolloutSpec
+from kvgate.change import container as promotion
+from kvgate.change import manifests as m
+from kvgate.spec.rollout import RolloutSpec
 
 CONTAINER: dict[str, Any] = {
     "name": "engine",

@@ -1,4 +1,4 @@
-"""Margins by policy class (kvgate.margins, issue 39 item 4): FP8 and per-token-head formats keep
+"""Margins by policy class (kvgate.spec.margins, issue 39 item 4): FP8 and per-token-head formats keep
 the default 2-point margin (at most 10), a sub-8-bit format must state one (up to 50) with the
 accuracy gate on, the CRD's CEL says the same, and a sub-8-bit verdict states both sides."""
 
@@ -11,13 +11,15 @@ import pytest
 import yaml
 from test_kvpolicy import errors
 
-from kvgate import gates, kvformats, margins, tradeoff
-from kvgate.model import GateMode, Outcome, Phase, PromotionMode
+from kvgate.engines import kvformats
+from kvgate.flow.steps import State
+from kvgate.judge import gates, tradeoff
+from kvgate.judge.throughput import THROUGHPUT
+from kvgate.judge.verdict import Decision, GateResult
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec, ScalesGate
-from kvgate.steps import State
-from kvgate.throughput import THROUGHPUT
-from kvgate.verdict import Decision, GateResult
+from kvgate.spec import margins
+from kvgate.spec.rollout import RolloutSpec, ScalesGate
+from kvgate.vocabulary import GateMode, Outcome, Phase, PromotionMode
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
 
@@ -125,18 +127,25 @@ def test_a_sub8bit_verdict_states_both_sides_an_fp8_one_does_not() -> None:
     state = State(Phase.MEASURING, config_hash="h")
     results = (ACCURACY_PASS, CAPACITY, THROUGHPUT_GAIN)
     sub8 = RolloutSpec.from_dict(spec("turboquant_4bit_nc", margin=6))
-    verdict = tradeoff.judged(sub8, state, results)
+    verdict = tradeoff.judged(sub8, results, config_hash=state.config_hash, approval=state.approval)
     assert verdict.decision is Decision.PROMOTE
     assert verdict.message.startswith("all gates passed; trade: accuracy given up (bounded): ")
     assert "at least -5.3 pp (95% one-sided" in verdict.message
     assert "3.00x" in verdict.message and "+80%" in verdict.message
-    fp8 = tradeoff.judged(RolloutSpec.from_dict(spec("fp8")), state, results)
+    fp8 = tradeoff.judged(
+        RolloutSpec.from_dict(spec("fp8")),
+        results,
+        config_hash=state.config_hash,
+        approval=state.approval,
+    )
     assert fp8.message == "all gates passed"
     # a refused sub-8-bit candidate still says what the trade would have been
     worse = GateResult(
         gates.ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, "candidate worse: 9 pp"
     )
-    rolled = tradeoff.judged(sub8, state, (worse, CAPACITY))
+    rolled = tradeoff.judged(
+        sub8, (worse, CAPACITY), config_hash=state.config_hash, approval=state.approval
+    )
     assert rolled.decision is Decision.ROLL_BACK
     assert rolled.message == (
         "candidate worse: 9 pp; trade: accuracy given up (bounded): candidate worse: 9 pp; "
@@ -144,7 +153,7 @@ def test_a_sub8bit_verdict_states_both_sides_an_fp8_one_does_not() -> None:
     )
     manual = RolloutSpec.from_dict({**spec("nvfp4", margin=6), "promotion": {"mode": "manual"}})
     assert manual.promotion.mode is PromotionMode.MANUAL
-    held = tradeoff.judged(manual, state, results)
+    held = tradeoff.judged(manual, results, config_hash=state.config_hash, approval=state.approval)
     assert held.decision is Decision.HOLD and "trade: accuracy given up" in held.message
 
 

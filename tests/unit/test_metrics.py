@@ -1,4 +1,4 @@
-"""kvgate.metrics: /metrics of vLLM and SGLang across renames, windows and pool pressure."""
+"""kvgate.evidence.metrics: /metrics of vLLM and SGLang across renames, windows and pool pressure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.errors import ParseError, SpecError, UnsupportedError
-from kvgate.metrics import (
+from kvgate.evidence.metrics import (
     Histogram,
     MetricSnapshot,
     delta,
@@ -16,7 +16,7 @@ from kvgate.metrics import (
     pool_sample,
     snapshot_from_pool_sample,
 )
-from kvgate.pool import pool_pressure, pool_pressure_across_replicas
+from kvgate.evidence.pool import pool_pressure, pool_pressure_across_replicas
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
 
@@ -572,7 +572,7 @@ def test_cache_config_with_odd_digits_has_no_capacity() -> None:
 
 
 def test_a_huge_metrics_text_is_refused() -> None:
-    from kvgate import metrics
+    from kvgate.evidence import metrics
 
     with pytest.raises(ParseError, match="larger than"):
         parse_metrics("#" * (metrics.MAX_METRICS_CHARS + 1), source="pod")
@@ -583,7 +583,7 @@ def test_a_json_answer_is_named_as_json_not_echoed() -> None:
     import pytest
 
     from kvgate.errors import ParseError
-    from kvgate.metrics import parse_metrics
+    from kvgate.evidence.metrics import parse_metrics
 
     body = '{"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "secret-looking": "' + "x" * 500
     with pytest.raises(ParseError) as caught:

@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import logs
-from kvgate.crosscheck import cross_check_log, cross_check_server_info
 from kvgate.errors import ParseError
-from kvgate.metrics import MetricSnapshot, ServerInfo, parse_server_info, server_info_kv_dtype
+from kvgate.evidence import logs
+from kvgate.evidence.crosscheck import cross_check_log, cross_check_server_info
+from kvgate.evidence.metrics import (
+    MetricSnapshot,
+    ServerInfo,
+    parse_server_info,
+    server_info_kv_dtype,
+)
 
 LOG = (
     "INFO 09-13 10:00:00 [core.py:76] Initializing a V1 LLM engine (v0.11.0) with config: "

@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from kvgate.errors import SpecError
-from kvgate.model import (
+from kvgate.spec.reader import parse_duration
+from kvgate.spec.rollout import RolloutSpec, spec_errors
+from kvgate.vocabulary import (
     Engine,
     GateMode,
     Outcome,
@@ -17,8 +19,6 @@ from kvgate.model import (
     config_hash,
     worst,
 )
-from kvgate.spec import RolloutSpec, spec_errors
-from kvgate.specreader import parse_duration
 
 MINIMAL: dict[str, Any] = {"targetRef": {"name": "qwen"}}
 
@@ -255,7 +255,7 @@ def test_the_allowlist_follows_the_engine() -> None:
 
 
 def test_operator_allowlist_extends_what_a_rollout_may_set() -> None:
-    from kvgate.policy import Allowlist
+    from kvgate.spec.allowed import Allowlist
 
     spec = _with(
         extraArgs=["--attention-backend", "TRITON_ATTN", "--enforce-eager"],

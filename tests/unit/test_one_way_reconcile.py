@@ -14,10 +14,10 @@ import pytest
 
 from kvgate.controller import record
 from kvgate.controller.changes import StatusFields, StatusUpdate
-from kvgate.model import Phase
+from kvgate.flow.steps import Step
 from kvgate.reasons import Reason
-from kvgate.status import EvalStatus, RolloutStatus
-from kvgate.steps import Step
+from kvgate.records.status import EvalStatus, RolloutStatus
+from kvgate.vocabulary import Phase
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "operator" / "kvgate" / "controller"
 MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__",

@@ -1,6 +1,6 @@
 """A load gate that checks the output it measures (issue 39 item 5), with fixed figures:
 inference-perf's per-request report read for repeated pieces and lengths (kvgate.load.output),
-the rules that refuse a candidate (kvgate.outputcheck), the throughput gate refusing a faster
+the rules that refuse a candidate (kvgate.judge.outputcheck), the throughput gate refusing a faster
 candidate with its own reason, and the simulator's faults that make such a candidate."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pytest
 from test_load_config import plan
 from test_throughput import FIELD, GATE, LABELS
 
+from kvgate.judge.outputcheck import output_problem, prefix_problem, refusal
+from kvgate.judge.throughput import assess_throughput
 from kvgate.load.config import inference_perf_config
 from kvgate.load.output import read_output
-from kvgate.loadresult import OutputFigures, PrefixProbe
-from kvgate.model import Outcome
-from kvgate.outputcheck import output_problem, prefix_problem, refusal
 from kvgate.reasons import Reason
+from kvgate.records.loadresult import OutputFigures, PrefixProbe
 from kvgate.sim import textgen
 from kvgate.sim.config import GPUS, QWEN3_8B, parse_faults
 from kvgate.sim.engine import Request, Scheduler
-from kvgate.throughput import assess_throughput
+from kvgate.vocabulary import Outcome
 
 
 def sse(pieces: list[str], completion_tokens: int | None) -> str:

@@ -1,4 +1,4 @@
-"""kvgate.policy: what a rollout may change, and the CRD's CEL rules rendered from the same lists."""
+"""kvgate.spec.allowed: what a rollout may change, and the CRD's CEL rules rendered from the same lists."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate import policy
-from kvgate.policy import Allowlist, check_args, check_env_name
+from kvgate.spec import allowed as policy
+from kvgate.spec.allowed import Allowlist, check_args, check_env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds/kvgate.io_kvcacherollouts.yaml"

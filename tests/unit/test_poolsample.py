@@ -1,4 +1,4 @@
-"""kvgate.poolsample: what status keeps of a scrape of a production pod, and reading it back."""
+"""kvgate.evidence.poolsample: what status keeps of a scrape of a production pod, and reading it back."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from test_crd_status_schema import assert_kept
 
-from kvgate import poolsample
 from kvgate.controller.sources import pool_verdict
-from kvgate.jsonrecord import write
-from kvgate.metrics import Histogram, MetricSnapshot
-from kvgate.pool import pool_pressure
-from kvgate.production import baseline_from_preflight
+from kvgate.evidence import poolsample
+from kvgate.evidence.metrics import Histogram, MetricSnapshot
+from kvgate.evidence.pool import pool_pressure
+from kvgate.judge.verify import baseline_from_preflight
+from kvgate.records.codec import write
 
 
 def scrape(engine: str = "sglang", **values: Any) -> MetricSnapshot:
@@ -89,8 +89,8 @@ def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
 def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
     from dataclasses import dataclass
 
-    from kvgate.jsonrecord import read_record, record_of, write
-    from kvgate.status import PressureRecord
+    from kvgate.records.codec import read_record, record_of, write
+    from kvgate.records.status import PressureRecord
 
     @dataclass
     class Renamed:  # a result whose field was renamed on one side
@@ -110,10 +110,10 @@ def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
 def test_a_pool_round_is_due_while_samples_are_missing_and_an_interval_has_passed() -> None:
     import datetime as dt
 
-    from kvgate.model import GateMode
-    from kvgate.spec import CapacityGate
-    from kvgate.status import PreflightStatus
-    from kvgate.timestamps import iso
+    from kvgate.records.status import PreflightStatus
+    from kvgate.records.timestamps import iso
+    from kvgate.spec.rollout import CapacityGate
+    from kvgate.vocabulary import GateMode
 
     now = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
     gate = CapacityGate(samples=3, window_s=60)  # a sample every 30 s

@@ -1,10 +1,10 @@
-"""kvgate.production: the verify window's checks of production against the preflight baseline."""
+"""kvgate.judge.verify: the verify window's checks of production against the preflight baseline."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvgate.production import Baseline, PodCounters, baseline_from_preflight, regressions
+from kvgate.judge.verify import Baseline, PodCounters, baseline_from_preflight, regressions
 
 NONE: dict[str, PodCounters] = {}
 

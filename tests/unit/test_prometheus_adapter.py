@@ -25,9 +25,9 @@ from kvgate.adapters.prometheus import (
 )
 from kvgate.controller.sources import pool_record
 from kvgate.errors import PrometheusError
-from kvgate.metrics import parse_metrics
-from kvgate.pool import pool_pressure
-from kvgate.throughput import RequestLengths, status_production_lengths
+from kvgate.evidence.metrics import parse_metrics
+from kvgate.evidence.pool import pool_pressure
+from kvgate.judge.throughput import RequestLengths, status_production_lengths
 
 FUZZ = settings(
     max_examples=150,

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from kvgate import machine, proposing
 from kvgate.errors import SpecError
-from kvgate.model import Outcome, Phase, PullRequestState
+from kvgate.flow import machine, proposing
+from kvgate.flow.steps import Action, LiveTarget, Observation, PullRequestSeen, State, Step
+from kvgate.judge.verdict import Decision, Verdict
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec
-from kvgate.status import PullRequestStatus
-from kvgate.steps import Action, LiveTarget, Observation, PullRequestSeen, State, Step
-from kvgate.verdict import Decision, Verdict
+from kvgate.records.status import PullRequestStatus
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Outcome, Phase, PullRequestState
 
 PR: dict[str, Any] = {
     "provider": "gitea",
@@ -139,7 +139,7 @@ def test_a_candidate_found_before_the_verdict_is_not_reverted_either() -> None:
 def test_helm_values_carry_the_full_args_the_changed_env_and_the_annotation() -> None:
     import yaml
 
-    from kvgate import gitops
+    from kvgate.change import gitops
 
     previous = {"args": ["--port", "8000"], "env": [{"name": "HF_HOME", "value": "/cache"}]}
     candidate = {
@@ -166,7 +166,7 @@ def test_helm_values_carry_the_full_args_the_changed_env_and_the_annotation() ->
 
 
 def test_the_pr_body_has_the_verdict_table_the_key_and_the_report() -> None:
-    from kvgate.verdict import GateResult
+    from kvgate.judge.verdict import GateResult
 
     gate = GateResult("accuracy", Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, "a | b\nc")
     title, body = proposing.proposal_text(

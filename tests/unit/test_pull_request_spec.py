@@ -10,8 +10,8 @@ import yaml
 
 from kvgate.config import OperatorConfig
 from kvgate.errors import SpecError
-from kvgate.model import ForgeProvider, GitFileKind, PromotionMode
-from kvgate.spec import RolloutSpec
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import ForgeProvider, GitFileKind, PromotionMode
 
 CRD = Path(__file__).parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
 

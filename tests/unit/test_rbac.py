@@ -88,8 +88,8 @@ SECRET_GET = ("", "secrets", "get")
 
 
 def _constant(name: str) -> str | None:
-    """A string constant of kvgate.model that kube.py passes (GROUP, PLURAL)."""
-    from kvgate import model
+    """A string constant of kvgate.vocabulary that kube.py passes (GROUP, PLURAL)."""
+    from kvgate import vocabulary as model
 
     value = getattr(model, name, None)
     return value if isinstance(value, str) else None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvgate.commands.preflight import PoolOptions, preflight
-from kvgate.logs import scan_log
+from kvgate.evidence.logs import scan_log
 from tiny_model import build
 
 REAL_ENGINE = Path(__file__).resolve().parents[1] / "data" / "real-engine"

@@ -13,7 +13,17 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "operator" / "kvgate"
 # The modules whose control flow follows a rollout's reason (the core's decisions, the controller).
 DECIDING = [
     *sorted((PACKAGE / "controller").glob("*.py")),
-    *(PACKAGE / f"{m}.py" for m in ("machine", "steps", "gates", "verdict", "deadlines", "remedy")),
+    *(
+        PACKAGE / f"{m}.py"
+        for m in (
+            "flow/machine",
+            "flow/steps",
+            "judge/gates",
+            "judge/verdict",
+            "flow/deadlines",
+            "judge/remedy",
+        )
+    ),
 ]
 
 

@@ -15,9 +15,10 @@ import pytest
 import report_states
 from evidence import as_scan
 
-from kvgate import crash, report
-from kvgate.model import Phase
-from kvgate.remedy import Remedy
+from kvgate import report
+from kvgate.judge import crash
+from kvgate.judge.remedy import Remedy
+from kvgate.vocabulary import Phase
 
 PROMOTED: dict[str, Any] = {
     "apiVersion": "kvgate.io/v1alpha1",
@@ -260,7 +261,7 @@ def test_gates_mapping_is_read_as_findings() -> None:
 
 
 def test_every_gate_is_shown_in_the_order_the_operator_runs_it() -> None:
-    from kvgate import gates as verdict_gates
+    from kvgate.judge import gates as verdict_gates
 
     gates = {g: {"outcome": "Skipped"} for g in sorted(verdict_gates.GATE_ORDER, reverse=True)}
     found = report.read_findings({"gates": {"zz-unknown": {"outcome": "Skipped"}, **gates}})

@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvgate import report
-from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
-from kvgate.status import ClockRecord, ClocksRecord, LoadStatus, RolloutStatus
+from kvgate.records.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
+from kvgate.records.status import ClockRecord, ClocksRecord, LoadStatus, RolloutStatus
 
 OOM = "40 of 128 requests failed (Server Error: 40)"
 

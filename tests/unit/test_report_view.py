@@ -17,9 +17,9 @@ from test_fuzz_parsers import FUZZ, json_values
 from test_report import PROMOTED
 
 from kvgate import report
+from kvgate.records.status import RolloutStatus
 from kvgate.report import assemble
-from kvgate.spec import RolloutSpec
-from kvgate.status import RolloutStatus
+from kvgate.spec.rollout import RolloutSpec
 
 REPORT = Path(__file__).resolve().parents[2] / "operator" / "kvgate" / "report"
 RENDERERS = ("text.py", "page.py", "svg.py")
@@ -36,7 +36,9 @@ def test_a_renderer_takes_the_view_and_reads_no_status(module: str) -> None:
     }
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     # no status record, no status reader, no spec: the view is all a renderer sees
-    assert not modules & {"kvgate.status", "kvgate.spec", "kvgate.report.fields"}, modules
+    assert not modules & {"kvgate.records.status", "kvgate.spec.rollout", "kvgate.report.fields"}, (
+        modules
+    )
     assert not {n for n in imported if n.startswith("read_") or n == "view"}, imported
     public = [
         node

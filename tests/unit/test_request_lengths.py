@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from kvgate.metrics import Histogram, parse_metrics
-from kvgate.throughput import (
+from kvgate.evidence.metrics import Histogram, parse_metrics
+from kvgate.judge.throughput import (
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
     MAX_PROMPT_TOKENS,

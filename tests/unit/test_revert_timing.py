@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from test_controller import TERMINAL, World
 
-from kvgate import deadlines, machine, steps
-from kvgate.model import Phase
-from kvgate.spec import RolloutSpec
-from kvgate.verdict import RevertIntent
+from kvgate.flow import deadlines, machine, steps
+from kvgate.judge.verdict import RevertIntent
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Phase
 
 FREEZE_S = 75.0
 

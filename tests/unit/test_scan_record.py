@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from evidence import as_scan
 
-from kvgate import gates, logs, remedy
 from kvgate.controller.sources import scan_engine_log
-from kvgate.jsonrecord import write
+from kvgate.evidence import logs
+from kvgate.judge import gates, remedy
+from kvgate.records.codec import write
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 SAMPLES = sorted(DATA.glob("*.txt"))

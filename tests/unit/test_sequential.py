@@ -26,7 +26,7 @@ from kvgate.evaluation.gate import (
     plan_gate,
     reason_arrays,
 )
-from kvgate.stats import tango_statistics, z_one_sided
+from kvgate.judge.stats import tango_statistics, z_one_sided
 
 RUNS = 4000
 ALPHA = 0.05  # pass claim: one-sided 95%

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from kvgate.logs import scan_lines
+from kvgate.evidence.logs import scan_lines
 from kvgate.sim.config import GPUS, parse_faults
 from kvgate.sim.logfmt import REWORDED, VllmLog
 

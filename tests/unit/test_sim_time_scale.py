@@ -21,12 +21,12 @@ from test_report_load import SUMMARY, rollout
 from kvgate import report
 from kvgate.cli import main
 from kvgate.commands import load_job
-from kvgate.loadresult import ArmLoad, LoadSummary, sim_time_note, time_scale
-from kvgate.metrics import parse_metrics
+from kvgate.evidence.metrics import parse_metrics
+from kvgate.judge.throughput import assess_throughput
+from kvgate.records.loadresult import ArmLoad, LoadSummary, sim_time_note, time_scale
+from kvgate.records.status import LoadStatus
 from kvgate.sim.metrics import TIME_SCALE, build_registry, render
-from kvgate.spec import ThroughputGainGate
-from kvgate.status import LoadStatus
-from kvgate.throughput import assess_throughput
+from kvgate.spec.rollout import ThroughputGainGate
 
 NOW = dt.datetime(2026, 12, 1, 10, 12, 30, tzinfo=dt.UTC)
 

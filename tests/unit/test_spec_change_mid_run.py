@@ -1,4 +1,4 @@
-"""A new spec while a run is under way (kvgate.superseding): before anything is patched or
+"""A new spec while a run is under way (kvgate.flow.superseding): before anything is patched or
 merged the run ends at once (its children deleted, its open pull request closed) and a new run
 evaluates the new spec; once the Deployment is patched or the pull request merged, the run
 finishes first and the new spec gets its run after the end. Against the in-memory cluster and
@@ -14,14 +14,14 @@ import pytest
 from test_controller import TERMINAL, World
 from test_controller_pull_request import PATH, PullRequestWorld, opened
 
-from kvgate import superseding
 from kvgate.adapters.forge import RestForge
-from kvgate.model import Phase, PromotionMode, PullRequestState
-from kvgate.proposing import OPENING
+from kvgate.flow import superseding
+from kvgate.flow.proposing import OPENING
+from kvgate.flow.steps import Action, Observation, PullRequestSeen, State
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec
-from kvgate.status import PullRequestStatus, RolloutStatus
-from kvgate.steps import Action, Observation, PullRequestSeen, State
+from kvgate.records.status import PullRequestStatus, RolloutStatus
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Phase, PromotionMode, PullRequestState
 
 SAMPLER_OFF = [{"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}]
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from kvgate.adapters.prometheus import Series, clock_query, clocks_from_series
 from kvgate.errors import PrometheusError, SpecError
-from kvgate.gates import assess_speed, compare_clocks
-from kvgate.model import ArmClocks, ClockReading, Outcome, SpeedClocks
-from kvgate.spec import RolloutSpec, SpeedGate, spec_errors
+from kvgate.judge.gates import assess_speed, compare_clocks
+from kvgate.spec.rollout import RolloutSpec, SpeedGate, spec_errors
+from kvgate.vocabulary import ArmClocks, ClockReading, Outcome, SpeedClocks
 
 L4 = ArmClocks(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
 SLOW_SM = ArmClocks(sm=ClockReading(1410, 1410, 1410), mem=ClockReading(6251, 6251, 6251))

@@ -1,4 +1,4 @@
-"""kvgate.stats against the published vectors of reference/eval-stats.md §6.
+"""kvgate.judge.stats against the published vectors of reference/eval-stats.md §6.
 
 Sources of the expected values: Wilson table (the published field check, 459/454/458 of 500);
 cavo_2012 from contingencytables tests/testthat/test-ch8.R (Fagerland, Lydersen & Laake);
@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import binom, binomtest
 
 from kvgate.errors import InputError, SpecError
-from kvgate.stats import (
+from kvgate.judge.stats import (
     ArmResult,
     PairedCounts,
     agresti_min_interval,

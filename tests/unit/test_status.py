@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from test_fuzz_parsers import FUZZ as PROPERTY
 from test_fuzz_parsers import json_values
 
-from kvgate import status as status_module
-from kvgate.evalsummary import AccuracyStatus, progress_line
-from kvgate.mergepatch import apply_merge_patch, merge_patch
-from kvgate.model import Phase
-from kvgate.status import ArmStatus, RolloutStatus
+from kvgate.records import status as status_module
+from kvgate.records.evalsummary import AccuracyStatus, progress_line
+from kvgate.records.mergepatch import apply_merge_patch, merge_patch
+from kvgate.records.status import ArmStatus, RolloutStatus
+from kvgate.vocabulary import Phase
 
 finite_scalars = st.one_of(
     st.none(),
@@ -434,7 +434,7 @@ def test_the_report_reads_the_typed_status() -> None:
 @pytest.mark.parametrize("phase", list(Phase))
 @pytest.mark.parametrize("reason", ["VerdictReported", "AwaitingApproval", None])
 def test_report_modes_end_is_one_rule(phase: Phase, reason: str | None) -> None:
-    from kvgate.model import ended
+    from kvgate.vocabulary import ended
 
     reported = phase is Phase.AWAITING_APPROVAL and reason == "VerdictReported"
     assert ended(phase, reason) is (phase.terminal or reported)

@@ -1,4 +1,4 @@
-"""`kvgate check` and the operator's Pending check (`kvgate.targetcheck`): the example
+"""`kvgate check` and the operator's Pending check (`kvgate.judge.target`): the example
 Deployment passes; each broken target is named by one line that says its fix."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate import cli, targetcheck
+from kvgate import cli
+from kvgate.judge import target as targetcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "vllm-deployment.yaml"

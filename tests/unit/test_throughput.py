@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import pytest
 
-from kvgate.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
-from kvgate.model import ArmClocks, ClockReading, Outcome, SpeedClocks
-from kvgate.reasons import Reason
-from kvgate.spec import ThroughputGainGate
-from kvgate.status import LoadStatus, PoolSample, PreflightStatus, RolloutStatus
-from kvgate.throughput import (
+from kvgate.judge.throughput import (
     assess_throughput,
     production_concurrency,
     status_production_concurrency,
 )
+from kvgate.reasons import Reason
+from kvgate.records.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
+from kvgate.records.status import LoadStatus, PoolSample, PreflightStatus, RolloutStatus
+from kvgate.spec.rollout import ThroughputGainGate
+from kvgate.vocabulary import ArmClocks, ClockReading, Outcome, SpeedClocks
 
 GATE = ThroughputGainGate()
 OOM = "40 of 128 requests failed (Server Error: 40)"

@@ -16,13 +16,13 @@ import pytest
 import yaml
 from test_controller import TERMINAL, World
 
-from kvgate import manifests
+from kvgate.change import manifests
 from kvgate.commands import eval as eval_cmd
 from kvgate.errors import EvalError, SpecError
-from kvgate.evalsummary import AccuracyStatus
 from kvgate.evaluation.long_context_runner import load_tokenizer, snapshot_commit
-from kvgate.spec import RolloutSpec
-from kvgate.status import RolloutStatus
+from kvgate.records.evalsummary import AccuracyStatus
+from kvgate.records.status import RolloutStatus
+from kvgate.spec.rollout import RolloutSpec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "kvgate.io_kvcacherollouts.yaml"
 PINNED = "0123456789abcdef0123456789abcdef01234567"

@@ -7,11 +7,14 @@ from typing import Any
 import pytest
 from evidence import arms_of, as_scan, as_summary, as_truth
 
-from kvgate import deadlines, jsonrecord, kubeobjects, machine, remedy, steps
-from kvgate import verdict as v
-from kvgate.gates import (
-    accuracy_detail,
-    assess_accuracy,
+from kvgate.evidence import kubeobjects
+from kvgate.evidence.kubeobjects import PodHealth
+from kvgate.flow import deadlines, machine, steps
+from kvgate.flow.steps import Action, LiveTarget, Observation, State
+from kvgate.judge import remedy
+from kvgate.judge import verdict as v
+from kvgate.judge.accuracy import accuracy_detail, assess_accuracy
+from kvgate.judge.gates import (
     assess_arms_dtype,
     assess_backend,
     assess_capacity_gain,
@@ -22,10 +25,11 @@ from kvgate.gates import (
     crash_summary,
     mean_between,
 )
-from kvgate.jsonrecord import read_record
-from kvgate.kubeobjects import PodHealth
-from kvgate.model import GateMode, Outcome, Phase, PromotionMode
-from kvgate.spec import (
+from kvgate.judge.verdict import Decision, GateResult
+from kvgate.records import codec as jsonrecord
+from kvgate.records.codec import read_record
+from kvgate.records.status import GateRecord, HistogramTotals
+from kvgate.spec.rollout import (
     AccuracyGate,
     BackendGate,
     CapacityGainGate,
@@ -34,9 +38,7 @@ from kvgate.spec import (
     ScalesGate,
     SpeedGate,
 )
-from kvgate.status import GateRecord, HistogramTotals
-from kvgate.steps import Action, LiveTarget, Observation, State
-from kvgate.verdict import Decision, GateResult
+from kvgate.vocabulary import GateMode, Outcome, Phase, PromotionMode
 
 SCALE_WARNING = {
     "code": "kv-scale-default",
@@ -1099,7 +1101,7 @@ def test_a_log_that_does_not_name_the_dtype_takes_the_engines_metrics_or_blocks(
 
 
 def test_capacity_and_engine_truth_read_the_metrics_when_the_log_is_silent() -> None:
-    from kvgate.gates import assess_engine_truth, kv_tokens
+    from kvgate.judge.gates import assess_engine_truth, kv_tokens
 
     assert kv_tokens(as_scan({"capacity": {}}), as_truth(_truth("fp8", blocks=2000))) == 32000
     assert (
@@ -1327,7 +1329,7 @@ def test_remediation_off_rolls_back_naming_that_remedy(version: str) -> None:
 
 
 def test_a_remedy_off_the_allowlist_is_named_not_applied() -> None:
-    from kvgate.policy import Allowlist
+    from kvgate.spec.allowed import Allowlist
 
     class NoSampler(Allowlist):
         def env_allowed(self, engine: Any, name: str) -> bool:
@@ -1546,7 +1548,7 @@ SGLANG_DROPPED_LINES = [
 
 @pytest.mark.parametrize("dropped", SGLANG_DROPPED_LINES)
 def test_sglang_dropping_the_checkpoints_scales_is_scales_dropped(dropped: str) -> None:
-    from kvgate import logs
+    from kvgate.evidence import logs
 
     # GIVEN an SGLang candidate whose loader skipped the checkpoint's k/v scales, then printed its
     # 1.0 line (which it prints whether or not it loaded them: sglang#31224)
@@ -1566,7 +1568,7 @@ def test_sglang_dropping_the_checkpoints_scales_is_scales_dropped(dropped: str) 
 
 
 def test_an_sglang_parameter_that_is_no_kv_scale_drops_nothing() -> None:
-    from kvgate import logs
+    from kvgate.evidence import logs
 
     log = "\n".join([
         "[2025-10-06 10:00:00] server_args={'model_path': 'm', 'kv_cache_dtype': 'fp8_e4m3'}",

@@ -1,6 +1,6 @@
 """spec.reuseVerdict: a candidate takes another rollout's verdict only for exactly what it runs.
 
-The pure rule (`kvgate.reuse.find`) against hostile and near-miss statuses, then the controller
+The pure rule (`kvgate.flow.reuse.find`) against hostile and near-miss statuses, then the controller
 on the fake cluster: a second rollout of the same change on the same GPU, image digest and
 backend skips its eval and load and promotes with the first one's gates; off by default, and a
 different GPU, image digest or a GPU nobody can read always runs its own eval.
@@ -18,13 +18,13 @@ import pytest
 from fake_cluster import gpu_node
 from test_controller import World
 
-from kvgate import reuse
-from kvgate.model import Outcome
+from kvgate.flow import reuse
+from kvgate.judge.verdictkey import VerdictKey
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec, VerdictReuse
-from kvgate.specreader import SpecError
-from kvgate.status import RolloutStatus
-from kvgate.verdictkey import VerdictKey
+from kvgate.records.status import RolloutStatus
+from kvgate.spec.reader import SpecError
+from kvgate.spec.rollout import RolloutSpec, VerdictReuse
+from kvgate.vocabulary import Outcome
 
 L4, H100 = "NVIDIA L4", "NVIDIA H100 80GB HBM3"
 NOW = dt.datetime(2026, 12, 2, 12, 0, 0, tzinfo=dt.UTC)

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from kvgate import kubeobjects, verdictkey
+from kvgate.evidence import kubeobjects
+from kvgate.judge import verdictkey
+from kvgate.judge.verdictkey import LiveKey, VerdictKey
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec, TargetRef
-from kvgate.status import RolloutStatus
-from kvgate.verdictkey import LiveKey, VerdictKey
+from kvgate.records.status import RolloutStatus
+from kvgate.spec.rollout import RolloutSpec, TargetRef
 
 L4, H100 = "NVIDIA L4", "NVIDIA H100 80GB HBM3"
 SPEC = RolloutSpec(target=TargetRef("vllm"))

@@ -17,7 +17,7 @@ from typing import Any, Final
 import httpx
 
 from kvgate.errors import ScrapeError, SpecError
-from kvgate.metrics import MetricSnapshot, parse_metrics
+from kvgate.evidence.metrics import MetricSnapshot, parse_metrics
 from kvgate.redact import scrub_text
 
 DEFAULT_TIMEOUT: Final = 5.0

@@ -45,9 +45,9 @@ from huggingface_hub.utils import (
 )
 from huggingface_hub.utils._http import default_client_factory
 
-from kvgate import checkpoint
-from kvgate.capacity import KVLayout, parse_kv_layout
-from kvgate.checkpoint import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
+from kvgate.checkpoint import scales as checkpoint
+from kvgate.checkpoint.capacity import KVLayout, parse_kv_layout
+from kvgate.checkpoint.scales import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
 from kvgate.errors import HubError, ParseError, SpecError
 from kvgate.inputs import load_json, read_text
 from kvgate.redact import hide

@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from kvgate.errors import InputError, KubeError
-from kvgate.model import GROUP, PLURAL, VERSION
+from kvgate.vocabulary import GROUP, PLURAL, VERSION
 
 _T = TypeVar("_T")
 _LOG_LIMIT_BYTES = 4 * 1024 * 1024  # enough for a startup log; bounds memory per read

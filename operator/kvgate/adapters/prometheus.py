@@ -6,7 +6,7 @@
 
 One `query_range` over the window reads the engine's pool series (KV usage, running, waiting,
 retracted, preemptions; the sum/count of TTFT and of the request-length histograms; names from
-`kvgate.metrics`, preferred first) of the production pods, matched by the scrape's `instance`
+`kvgate.evidence.metrics`, preferred first) of the production pods, matched by the scrape's `instance`
 label (`<pod IP>:<port>`, what kubernetes_sd's pod role and static targets both give). Each
 evaluation step becomes one `MetricSnapshot`, reduced like a parsed `/metrics`: rank labels
 collapsed, usage the fullest series, counts and histogram totals added up. Every pod asked
@@ -36,10 +36,10 @@ from typing import Any, Final
 
 import httpx
 
-from kvgate import metrics
 from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
-from kvgate.model import ArmClocks, ClockReading
+from kvgate.evidence import metrics
+from kvgate.vocabulary import ArmClocks, ClockReading
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -48,7 +48,7 @@ MAX_POINTS: Final = 11000  # Prometheus' own limit of points per series of a ran
 DEFAULT_TIMEOUT: Final = 10.0
 
 # concept -> metric names per engine, preferred first: the pool sample's fields, and the
-# histograms whose running totals a pool record keeps (kvgate.metrics holds the names).
+# histograms whose running totals a pool record keeps (kvgate.evidence.metrics holds the names).
 _POOL_CONCEPTS: Final = tuple(f for f in metrics.POOL_SAMPLE_FIELDS if f != "engine")
 # TTFT: the verify window's baseline; request lengths: the load Job's workload
 # (throughput.production_lengths). Their sum and count only: status keeps no buckets.

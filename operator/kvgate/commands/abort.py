@@ -8,7 +8,7 @@ from typing import Final
 from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
-from kvgate.model import ANNOTATION_ABORT
+from kvgate.vocabulary import ANNOTATION_ABORT
 
 HELP = catalog.help_of("abort")
 EXAMPLES: Final = ('kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"',)

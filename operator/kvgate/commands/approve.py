@@ -8,7 +8,7 @@ from typing import Final
 from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
-from kvgate.model import ANNOTATION_APPROVE, Phase
+from kvgate.vocabulary import ANNOTATION_APPROVE, Phase
 
 HELP = catalog.help_of("approve")
 EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)

@@ -1,6 +1,6 @@
 """`kvgate check`: can a Deployment be a rollout's target? From a manifest file or the cluster.
 
-The check itself is `kvgate.targetcheck` (the operator runs it in Pending too); this command
+The check itself is `kvgate.judge.target` (the operator runs it in Pending too); this command
 reads the objects and prints one line per problem with its fix, then what a rollout of the
 target needs. Exit 0: no error (warnings may remain), 1: an error a rollout would fail on,
 2: the file or options are wrong, 4: the cluster could not be read.
@@ -13,10 +13,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate import targetcheck
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.errors import InputError, ParseError
+from kvgate.judge import target as targetcheck
 
 HELP = catalog.help_of("check")
 EXAMPLES: Final = (

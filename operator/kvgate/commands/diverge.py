@@ -3,7 +3,7 @@
 Sends the same long documents (GSM8K train text concatenated to the wanted length) to the
 control twice and to the candidate once, with vLLM completions `echo: true, max_tokens: 0,
 logprobs: k`, and compares the next-token distributions per position bucket
-(`kvgate.divergence`). Prints one JSON summary line, `kind: kvgate.diverge/summary`.
+(`kvgate.judge.divergence`). Prints one JSON summary line, `kind: kvgate.diverge/summary`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.failure import report_summary_error
-from kvgate.divergence import (
+from kvgate.errors import EvalError, SpecError
+from kvgate.inputs import bounded_int, finite_float, seconds
+from kvgate.judge.divergence import (
     DEFAULT_FACTOR,
     DEFAULT_FIRST_EDGE,
     DEFAULT_MIN_DISAGREEMENT,
@@ -33,8 +35,6 @@ from kvgate.divergence import (
     parse_completion,
     screen,
 )
-from kvgate.errors import EvalError, SpecError
-from kvgate.inputs import bounded_int, finite_float, seconds
 
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request

@@ -33,8 +33,8 @@ from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, Long
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
 from kvgate.evaluation.records import FILTERS, QuestionRecord
 from kvgate.inputs import bounded_int, finite_float, fraction, seconds
-from kvgate.spec import is_commit, is_local_path
-from kvgate.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
+from kvgate.judge.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
+from kvgate.spec.rollout import is_commit, is_local_path
 
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
     from kvgate.evaluation.runner import Arm, EvalSettings
@@ -424,7 +424,7 @@ def _long_context_request(args: argparse.Namespace) -> LongContextRequest | None
 
 def _divergence_request(args: argparse.Namespace) -> ScreenOptions | None:
     """The divergence screen's options (None: not asked), checked before anything is sent."""
-    from kvgate.divergence import ScreenSettings
+    from kvgate.judge.divergence import ScreenSettings
 
     if args.divergence_documents is None:
         return None

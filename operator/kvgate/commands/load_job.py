@@ -14,7 +14,7 @@ whether it still answers, so an arm that died reads as such, and each arm's toke
 a load tokenizer that is not the served model's makes the arm an error naming both counts.
 
 stdout carries JSON lines only: `kvgate.load/progress` lines, then one `kvgate.load/summary`
-line (`kvgate.loadresult.LoadSummary`), always the last, carrying `KVGATE_LOAD_NONCE` when set.
+line (`kvgate.records.loadresult.LoadSummary`), always the last, carrying `KVGATE_LOAD_NONCE` when set.
 Exit 0 when every stage of both arms was measured, 3 when some were errors, 4 when an arm
 measured nothing or the run could not be made, 70 on a bug.
 """
@@ -48,7 +48,7 @@ from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
 from kvgate.load.counts import EngineCounters, check_counts, client_counts
 from kvgate.load.report import StageJudgement, stage_file
 from kvgate.load.runner import INFERENCE_PERF_LOG
-from kvgate.loadresult import (
+from kvgate.records.loadresult import (
     ARMS,
     PROGRESS_KIND,
     SUMMARY_KIND,

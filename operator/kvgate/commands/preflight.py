@@ -12,21 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kvgate import engine_versions, kvformats
-from kvgate.capacity import (
+from kvgate.checkpoint.advice import fp8_guidance
+from kvgate.checkpoint.capacity import (
     GIB,
     KVLayout,
     gib_to_bytes,
     parse_kv_layout,
     vllm_pool,
 )
-from kvgate.checkpoint import ScaleReport, format_findings, unknown_scales
+from kvgate.checkpoint.formats import format_capacity
+from kvgate.checkpoint.scales import ScaleReport, format_findings, unknown_scales
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
+from kvgate.engines import kvformats
+from kvgate.engines import versions as engine_versions
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
-from kvgate.formatcapacity import format_capacity
-from kvgate.fp8advice import fp8_guidance
 from kvgate.inputs import finite_float, seconds
 
 HELP = catalog.help_of("preflight")
@@ -233,8 +234,8 @@ def preflight(
     ttft_objective: bool = False,
 ) -> dict[str, Any]:
     """Read what `target` names and return the preflight summary as plain data; `formats`
-    adds a `formats` section (kvgate.formatcapacity) for each named vLLM KV format, and
-    `fp8_guidance` holds vLLM's own reasons to avoid FP8 that apply (kvgate.fp8advice)."""
+    adds a `formats` section (kvgate.checkpoint.formats) for each named vLLM KV format, and
+    `fp8_guidance` holds vLLM's own reasons to avoid FP8 that apply (kvgate.checkpoint.advice)."""
     from kvgate.adapters import hub
 
     try:

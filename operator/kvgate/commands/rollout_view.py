@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
-from kvgate.conditions import STALLED, TRUE
-from kvgate.model import Outcome, Phase
-from kvgate.status import RolloutStatus
+from kvgate.records.conditions import STALLED, TRUE
+from kvgate.records.status import RolloutStatus
+from kvgate.vocabulary import Outcome, Phase
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Final, TextIO
 
 from kvgate.commands import catalog
 from kvgate.errors import ParseError
-from kvgate.logs import LogScan, scan_lines
+from kvgate.evidence.logs import LogScan, scan_lines
 
 HELP = catalog.help_of("scan-logs")
 EXAMPLES: Final = (

@@ -17,9 +17,9 @@ from typing import Final
 
 from kvgate.commands import catalog
 from kvgate.errors import ScrapeError, SpecError
+from kvgate.evidence.metrics import MetricSnapshot, MetricWindow, delta
+from kvgate.evidence.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 from kvgate.inputs import bounded_int, fraction, seconds
-from kvgate.metrics import MetricSnapshot, MetricWindow, delta
-from kvgate.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 
 HELP = catalog.help_of("scrape")
 EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --interval 10",)

@@ -15,7 +15,7 @@ from kvgate.errors import EvalError, InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
 from kvgate.inputs import fraction, load_json, read_text
-from kvgate.stats import (
+from kvgate.judge.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
     ArmResult,
@@ -267,7 +267,9 @@ def _arm_line(name: str, arm: ArmResult) -> str:
 
 def _print_arms(arms: list[tuple[str, ArmResult]], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"kind": "kvgate.stats/wilson", **{n: a.to_dict() for n, a in arms}}))
+        print(
+            json.dumps({"kind": "kvgate.judge.stats/wilson", **{n: a.to_dict() for n, a in arms}})
+        )
         return
     print(_HEADER)
     for name, arm in arms:
@@ -287,7 +289,7 @@ def _print_paired(
     control, candidate = counts.control(), counts.candidate()
     if as_json:
         out: dict[str, Any] = {
-            "kind": "kvgate.stats/paired",
+            "kind": "kvgate.judge.stats/paired",
             **analysis.to_dict(),
             "control": control.to_dict(),
             "candidate": candidate.to_dict(),

@@ -13,8 +13,9 @@ import secrets
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
-from kvgate import manifests, promotion, throughput
 from kvgate.adapters import hub
+from kvgate.change import container as promotion
+from kvgate.change import manifests
 from kvgate.controller.candidate import (
     candidate_record,
     derive_candidate,
@@ -38,11 +39,11 @@ from kvgate.controller.telemetry import (
     REVERT_FAILURES,
 )
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
-from kvgate.jsonrecord import record_of
-from kvgate.model import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
+from kvgate.flow.steps import Action, Step
+from kvgate.judge import throughput
 from kvgate.reasons import Reason
-from kvgate.spec import RolloutSpec, is_local_path
-from kvgate.status import (
+from kvgate.records.codec import record_of
+from kvgate.records.status import (
     ArmStatus,
     EvalStatus,
     FirstAttempt,
@@ -53,8 +54,9 @@ from kvgate.status import (
     RolloutStatus,
     SpeedStatus,
 )
-from kvgate.steps import Action, Step
-from kvgate.timestamps import iso, parse_time
+from kvgate.records.timestamps import iso, parse_time
+from kvgate.spec.rollout import RolloutSpec, is_local_path
+from kvgate.vocabulary import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash

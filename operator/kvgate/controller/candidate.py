@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate import manifests, promotion, redact
+from kvgate import redact
+from kvgate.change import container as promotion
+from kvgate.change import manifests
 from kvgate.controller.changes import StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.errors import KvgateError
-from kvgate.spec import RolloutSpec
-from kvgate.status import EnvVar, RemediationStatus
+from kvgate.records.status import EnvVar, RemediationStatus
+from kvgate.spec.rollout import RolloutSpec
 
 
 def evaluated_container(ctx: Ctx) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def derive_candidate_unchecked(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, A
 def recorded_remedy(ctx: Ctx) -> tuple[tuple[str, ...], dict[str, str]] | None:
     """The remedy status.remediation names, derived again from the engine table (never the
     args or env status shows); None without one. A record no row answers raises."""
-    from kvgate import engine_versions
+    from kvgate.engines import versions as engine_versions
 
     record = ctx.so_far.remediation
     if record is None or record == RemediationStatus():

@@ -12,10 +12,10 @@ from typing import Final, TypedDict
 
 from typing_extensions import Unpack
 
-from kvgate.evalsummary import AccuracyStatus, JsonValue
-from kvgate.model import Condition, Phase
+from kvgate.flow.steps import Event, Observation
 from kvgate.reasons import Reason
-from kvgate.status import (
+from kvgate.records.evalsummary import AccuracyStatus, JsonValue
+from kvgate.records.status import (
     ArmStatus,
     CapacityStatus,
     EnvVar,
@@ -31,7 +31,7 @@ from kvgate.status import (
     SpeedStatus,
     VerdictRecord,
 )
-from kvgate.steps import Event, Observation
+from kvgate.vocabulary import Condition, Phase
 
 
 class StatusFields(TypedDict, total=False):

@@ -16,15 +16,23 @@ from typing import Any, Protocol
 
 import kopf
 
-from kvgate import (
-    redact,
-    superseding,
-)
-from kvgate.approval import ApprovalRecord, abort_text, read_approval
+from kvgate import redact
 from kvgate.config import OperatorConfig
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.errors import KvgateError
-from kvgate.model import (
+from kvgate.flow import superseding
+from kvgate.flow.steps import State, Step
+from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
+from kvgate.judge.verdict import GateResult, RevertIntent
+from kvgate.records.status import (
+    PromotionStatus,
+    RevertStatus,
+    RolloutStatus,
+    VerifyStatus,
+)
+from kvgate.records.timestamps import parse_time
+from kvgate.spec.rollout import RolloutSpec, TargetRef
+from kvgate.vocabulary import (
     ANNOTATION_ABORT,
     ANNOTATION_ABORTED_BY,
     ANNOTATION_APPROVE,
@@ -33,16 +41,6 @@ from kvgate.model import (
     ANNOTATION_CREATED_BY,
     Phase,
 )
-from kvgate.spec import RolloutSpec, TargetRef
-from kvgate.status import (
-    PromotionStatus,
-    RevertStatus,
-    RolloutStatus,
-    VerifyStatus,
-)
-from kvgate.steps import State, Step
-from kvgate.timestamps import parse_time
-from kvgate.verdict import GateResult, RevertIntent
 
 
 class KubeApi(Protocol):

@@ -22,8 +22,6 @@ from typing import Any, Final
 import kopf
 import prometheus_client as prom
 
-from kvgate import conditions as cond
-from kvgate import verdictkey
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context, stages
@@ -48,7 +46,13 @@ from kvgate.controller.telemetry import (
     STALE,
 )
 from kvgate.errors import ExternalError, KvgateError
-from kvgate.model import (
+from kvgate.flow.steps import Event, LiveTarget, Step
+from kvgate.judge import verdictkey
+from kvgate.reasons import Reason
+from kvgate.records import conditions as cond
+from kvgate.records.status import RolloutStatus
+from kvgate.records.timestamps import iso
+from kvgate.vocabulary import (
     GROUP,
     PLURAL,
     VERSION,
@@ -56,10 +60,6 @@ from kvgate.model import (
     Phase,
     PromotionMode,
 )
-from kvgate.reasons import Reason
-from kvgate.status import RolloutStatus
-from kvgate.steps import Event, LiveTarget, Step
-from kvgate.timestamps import iso
 
 _metrics_lock = threading.Lock()
 

@@ -10,16 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvgate import (
-    engines,
-    gates,
-    kubeobjects,
-    manifests,
-    redact,
-    remedy,
-    reuse,
-    targetcheck,
-)
+from kvgate import redact
+from kvgate.change import manifests
 from kvgate.controller import preflight, promoted, pullrequest, sources
 from kvgate.controller.candidate import candidate_record
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
@@ -29,14 +21,19 @@ from kvgate.controller.seen import (
     look,
 )
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
+from kvgate.engines import launch as engines
 from kvgate.errors import ExternalError, InputError, SpecError
-from kvgate.evalsummary import AccuracyStatus, progress_line
-from kvgate.joblog import eval_lines, job_lines
-from kvgate.jsonrecord import read_record, write
-from kvgate.kubeobjects import PodHealth
-from kvgate.loadresult import LoadProgress, LoadSummary
-from kvgate.model import Phase, SpeedClocks, config_hash
-from kvgate.status import (
+from kvgate.evidence import kubeobjects
+from kvgate.evidence.kubeobjects import PodHealth
+from kvgate.flow import reuse
+from kvgate.flow.steps import Observation, State
+from kvgate.judge import gates, remedy
+from kvgate.judge import target as targetcheck
+from kvgate.records.codec import read_record, write
+from kvgate.records.evalsummary import AccuracyStatus, progress_line
+from kvgate.records.joblog import eval_lines, job_lines
+from kvgate.records.loadresult import LoadProgress, LoadSummary
+from kvgate.records.status import (
     ArmStatus,
     CacheTruth,
     CapacityStatus,
@@ -47,7 +44,7 @@ from kvgate.status import (
     SpeedStatus,
     read_eval_progress,
 )
-from kvgate.steps import Observation, State
+from kvgate.vocabulary import Phase, SpeedClocks, config_hash
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:

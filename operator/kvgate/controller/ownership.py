@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from kvgate import manifests
+from kvgate.change import manifests
 from kvgate.controller.context import Ctx
 
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from kvgate import machine, poolsample
 from kvgate.controller import sources
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen
-from kvgate.jsonrecord import read_record
-from kvgate.model import PROMETHEUS_SOURCE, GateMode
-from kvgate.status import CheckpointRecord, PreflightStatus, PressureRecord
-from kvgate.steps import Observation
-from kvgate.timestamps import iso
+from kvgate.evidence import poolsample
+from kvgate.flow import machine
+from kvgate.flow.steps import Observation
+from kvgate.records.codec import read_record
+from kvgate.records.status import CheckpointRecord, PreflightStatus, PressureRecord
+from kvgate.records.timestamps import iso
+from kvgate.vocabulary import PROMETHEUS_SOURCE, GateMode
 
 if TYPE_CHECKING:
     pass

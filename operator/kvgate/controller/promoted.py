@@ -8,15 +8,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from kvgate import kubeobjects, poolsample, production
 from kvgate.controller import sources
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
-from kvgate.jsonrecord import whole
-from kvgate.model import Phase
-from kvgate.status import (
+from kvgate.evidence import kubeobjects, poolsample
+from kvgate.flow.steps import Observation
+from kvgate.judge import verify as production
+from kvgate.records.codec import whole
+from kvgate.records.status import (
     PodCounters,
     PodScanRecord,
     PreflightStatus,
@@ -24,11 +25,11 @@ from kvgate.status import (
     ScanRecord,
     VerifyStatus,
 )
-from kvgate.steps import Observation
-from kvgate.timestamps import parse_time
+from kvgate.records.timestamps import parse_time
+from kvgate.vocabulary import Phase
 
 if TYPE_CHECKING:
-    from kvgate.metrics import MetricSnapshot
+    from kvgate.evidence.metrics import MetricSnapshot
 
 
 def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:

@@ -14,21 +14,25 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from kvgate import gitops, kubeobjects, manifests, proposing, redact, verdictkey
+from kvgate import redact
 from kvgate.adapters.forge import Forge, RestForge, forge_for
+from kvgate.change import gitops, manifests
 from kvgate.controller.candidate import derive_candidate
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen, live_container, live_key, target_deployment
 from kvgate.controller.sources import FORGE_TOKEN_FIELD
 from kvgate.errors import InputError, KvgateError
-from kvgate.model import GitFileKind, Phase, PullRequestState
+from kvgate.evidence import kubeobjects
+from kvgate.flow import proposing
+from kvgate.flow.steps import Observation, PullRequestSeen, Step
+from kvgate.judge import verdictkey
+from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
-from kvgate.spec import PullRequestSpec
-from kvgate.status import PullRequestStatus
-from kvgate.steps import Observation, PullRequestSeen, Step
-from kvgate.timestamps import iso
-from kvgate.verdict import GateResult
+from kvgate.records.status import PullRequestStatus
+from kvgate.records.timestamps import iso
+from kvgate.spec.rollout import PullRequestSpec
+from kvgate.vocabulary import GitFileKind, Phase, PullRequestState
 
 # The forge client for (provider, apiUrl, token); tests swap in one over an in-memory forge.
 FORGE_FOR: Callable[[str, str, str], RestForge] = forge_for

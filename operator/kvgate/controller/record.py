@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import kopf
 
-from kvgate import conditions as cond
-from kvgate import jsonrecord, manifests, redact, superseding, verdictkey
+from kvgate import redact
+from kvgate.change import manifests
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Begun, Ctx, Reconciled
 from kvgate.controller.events import post_event
@@ -23,16 +23,16 @@ from kvgate.controller.telemetry import (
     ROLLOUTS,
 )
 from kvgate.errors import ExternalError, KvgateError
-from kvgate.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
-from kvgate.mergepatch import apply_merge_patch, merge_patch
-from kvgate.model import (
-    VERDICT_REPORTED,
-    Outcome,
-    Phase,
-    PullRequestState,
-)
+from kvgate.flow import superseding
+from kvgate.flow.steps import Event, Step
+from kvgate.judge import verdictkey
+from kvgate.judge.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
+from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
-from kvgate.status import (
+from kvgate.records import codec as jsonrecord
+from kvgate.records import conditions as cond
+from kvgate.records.mergepatch import apply_merge_patch, merge_patch
+from kvgate.records.status import (
     EvalStatus,
     GateRecord,
     LoadStatus,
@@ -42,11 +42,15 @@ from kvgate.status import (
     VerdictRecord,
     VerifyStatus,
 )
-from kvgate.steps import Event, Step
-from kvgate.timestamps import iso, parse_time
-from kvgate.verdict import GateResult
+from kvgate.records.timestamps import iso, parse_time
+from kvgate.vocabulary import (
+    VERDICT_REPORTED,
+    Outcome,
+    Phase,
+    PullRequestState,
+)
 
-Record = TypeVar("Record", bound=Any)  # a status record (`kvgate.status`)
+Record = TypeVar("Record", bound=Any)  # a status record (`kvgate.records.status`)
 
 
 def post_events(ctx: Ctx, events: Iterable[Event]) -> None:

@@ -10,14 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvgate import kubeobjects, manifests, poolsample, promoting, verdictkey
+from kvgate.change import manifests
 from kvgate.controller.candidate import against
 from kvgate.controller.context import Ctx
 from kvgate.errors import KubeError
-from kvgate.kubeobjects import PodHealth
-from kvgate.model import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
-from kvgate.status import ArmStatus, PreflightStatus
-from kvgate.steps import LiveTarget, State
+from kvgate.evidence import kubeobjects, poolsample
+from kvgate.evidence.kubeobjects import PodHealth
+from kvgate.flow import promoting
+from kvgate.flow.steps import LiveTarget, State
+from kvgate.judge import verdictkey
+from kvgate.records.status import ArmStatus, PreflightStatus
+from kvgate.vocabulary import ANNOTATION_CONFIG_HASH, LABEL_ROLLOUT, Phase
 
 NO_POD = kubeobjects.pod_health(None)  # an arm not read, or not there
 

@@ -10,17 +10,25 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from kvgate import engines, manifests, redact
+from kvgate import redact
+from kvgate.change import manifests
 from kvgate.controller.context import KubeApi
+from kvgate.engines import launch as engines
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
-from kvgate.jsonrecord import read_record, whole
-from kvgate.model import SpeedClocks
-from kvgate.status import CacheTruth, HistogramTotals, PressureRecord, RolloutStatus, ScanRecord
+from kvgate.records.codec import read_record, whole
+from kvgate.records.status import (
+    CacheTruth,
+    HistogramTotals,
+    PressureRecord,
+    RolloutStatus,
+    ScanRecord,
+)
+from kvgate.vocabulary import SpeedClocks
 
 if TYPE_CHECKING:
     from kvgate.config import OperatorConfig
-    from kvgate.metrics import MetricSnapshot
-    from kvgate.spec import CapacityGate, RolloutSpec, SecretKeyRef
+    from kvgate.evidence.metrics import MetricSnapshot
+    from kvgate.spec.rollout import CapacityGate, RolloutSpec, SecretKeyRef
 
 Series = dict[str, list[dict[str, Any]]]
 
@@ -37,7 +45,7 @@ def metrics_url(status: RolloutStatus, ip: str) -> str:
 
 def cache_truth(status: RolloutStatus, ip: str, timeout: float) -> CacheTruth:
     """What the engine's /metrics at `ip` states of its KV cache (`metrics.cache_truth`)."""
-    from kvgate import metrics
+    from kvgate.evidence import metrics
 
     truth: CacheTruth = read_record(
         CacheTruth, metrics.cache_truth(scrape_engine(status, ip, timeout))
@@ -52,8 +60,8 @@ def scrape_engine(status: RolloutStatus, ip: str, timeout: float) -> MetricSnaps
 
 def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
     """One pod's /metrics, read with the operator's deadline and parsed for this engine."""
-    from kvgate import metrics
     from kvgate.adapters import http
+    from kvgate.evidence import metrics
 
     return metrics.parse_metrics(http.scrape(url, timeout=timeout), engine)
 
@@ -61,8 +69,8 @@ def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
 def server_info(ip: str, port: Any, timeout: float) -> dict[str, object]:
     """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
     source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
-    from kvgate import metrics
     from kvgate.adapters import http
+    from kvgate.evidence import metrics
 
     base = f"http://{ip}:{port}"
     for path in metrics.SERVER_INFO_PATHS:
@@ -229,8 +237,8 @@ def _capped(broken: list[str]) -> list[str]:
 
 
 def _capacity_gain(layout: Any, kv_cache_dtype: str) -> float | None:
-    """The candidate format's tokens per BF16 token (kvgate.formatcapacity); None if unsized."""
-    from kvgate.formatcapacity import expected_capacity_gain
+    """The candidate format's tokens per BF16 token (kvgate.checkpoint.formats); None if unsized."""
+    from kvgate.checkpoint.formats import expected_capacity_gain
 
     try:
         return expected_capacity_gain(layout, "auto", kv_cache_dtype)
@@ -240,7 +248,7 @@ def _capacity_gain(layout: Any, kv_cache_dtype: str) -> float | None:
 
 def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
     """What status keeps of one pool sample (`poolsample.record`)."""
-    from kvgate import poolsample
+    from kvgate.evidence import poolsample
 
     return poolsample.record(snap)
 
@@ -298,7 +306,7 @@ def pool_verdict(
     series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
 ) -> tuple[bool | None, str, dict[str, PressureRecord]]:
     """The pool verdict over the samples kept in status."""
-    from kvgate import pool, poolsample
+    from kvgate.evidence import pool, poolsample
 
     snapshots = {
         pod: [poolsample.snapshot_of(s) for s in samples] for pod, samples in series.items()
@@ -323,8 +331,8 @@ def pod_logs(kube: KubeApi, namespace: str, pod: str, container: str | None) -> 
 def scan_engine_log(text: str, engine: str | None, *, previous: str | None = None) -> ScanRecord:
     """The engine log's scan (`logs.scan_log`), compacted for status. With the `previous`
     container's log, both are scanned as one and each line is named in its own log."""
-    from kvgate import logs
-    from kvgate.logs.containers import joined, per_container
+    from kvgate.evidence import logs
+    from kvgate.evidence.logs.containers import joined, per_container
 
     whole, previous_lines = joined(previous, text)
     scan = logs.scan_log(whole, engine=engine).status_record()

@@ -8,15 +8,15 @@ each other; `pullrequest` serves both observe and act in pullRequest mode.
 
 from __future__ import annotations
 
-from kvgate import machine
 from kvgate.controller.act import act_best_effort, acts, run_pending
 from kvgate.controller.changes import NOTHING
 from kvgate.controller.context import Begun, Reconciled, Retry, describe
 from kvgate.controller.observe import observe
 from kvgate.controller.telemetry import RECONCILE_ERRORS
 from kvgate.errors import ExternalError, KvgateError
+from kvgate.flow import machine
+from kvgate.flow.steps import Step
 from kvgate.reasons import Reason
-from kvgate.steps import Step
 
 
 def run(begun: Begun) -> Reconciled:

@@ -30,8 +30,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.errors import SpecError
-from kvgate.model import CONTROL_BELOW_FLOOR
-from kvgate.stats import (
+from kvgate.judge.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
     PairedCounts,
@@ -47,8 +46,9 @@ from kvgate.stats import (
     wilson_interval,
     z_one_sided,
 )
+from kvgate.vocabulary import CONTROL_BELOW_FLOOR
 
-if TYPE_CHECKING:  # numpy and scipy are imported where used (kvgate.stats says why)
+if TYPE_CHECKING:  # numpy and scipy are imported where used (kvgate.judge.stats says why)
     import numpy as np
 
 # Chosen with bench/bench_accuracy_gate.py; see bench/RESULTS-accuracy-gate.md for the table.

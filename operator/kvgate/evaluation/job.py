@@ -19,7 +19,7 @@ from kvgate.evaluation.gate import (
     progress_line,
 )
 from kvgate.evaluation.records import ArmAnswer, QuestionRecord, count_pairs, pair_answers
-from kvgate.stats import PairedCounts
+from kvgate.judge.stats import PairedCounts
 
 
 class ArmRunner(Protocol):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final, TypedDict
 
 from kvgate.errors import EvalError, SpecError
-from kvgate.stats import PairedCounts, lower_confidence_bound, upper_confidence_bound
+from kvgate.judge.stats import PairedCounts, lower_confidence_bound, upper_confidence_bound
 
 TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
 DEFAULT_TASKS: Final = ("niah_single_1",)
@@ -347,7 +347,7 @@ def judge_bucket(
     lower = lower_confidence_bound(counts, plan.confidence)
     upper = upper_confidence_bound(counts, fail_conf)
     discordant = counts.discordant
-    from scipy.stats import binomtest  # imported where used (kvgate.stats says why)
+    from scipy.stats import binomtest  # imported where used (kvgate.judge.stats says why)
 
     mcnemar = (
         float(binomtest(counts.control_only, discordant, 0.5, alternative="greater").pvalue)

@@ -31,7 +31,7 @@ from kvgate.evaluation.runner import (
     _strict_model_classes,
     writable_cache_environment,
 )
-from kvgate.spec import is_commit, is_local_path
+from kvgate.spec.rollout import is_commit, is_local_path
 
 TASK_NAME: Final = "kvgate_niah"
 _UTILS: Final = "from kvgate.evaluation.long_context import process_results  # noqa: F401\n"

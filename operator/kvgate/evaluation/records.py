@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from kvgate.errors import EvalError, ParseError
 from kvgate.inputs import load_json, read_text
-from kvgate.stats import PairedCounts
+from kvgate.judge.stats import PairedCounts
 
 QUESTION_KIND: Final = "kvgate.eval/question"
 FILTERS: Final = ("strict-match", "flexible-extract")

@@ -6,7 +6,7 @@ asks inference-perf for `per_request_lifecycle_metrics.json` (the response metad
 reads, per successful request, the streamed text pieces (one per SSE chunk of its `response`,
 the raw body inference-perf 0.7.0 keeps there) and the engine's usage (`completion_tokens`):
 - a piece equal to the piece before it in the same response is *repeated*; a sound model repeats
-  seldom, a duplicating engine half the time (compared across arms by `kvgate.outputcheck`);
+  seldom, a duplicating engine half the time (compared across arms by `kvgate.judge.outputcheck`);
 - a response whose usage is not the `max_tokens` asked (the plan sets `ignore_eos`), or that
   streamed more pieces than its usage counts, has the *wrong length*.
 
@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from kvgate.loadresult import OutputFigures
+from kvgate.records.loadresult import OutputFigures
 
 PER_REQUEST_FILE: Final = "per_request_lifecycle_metrics.json"
 EXAMPLE_CHARS: Final = 160

@@ -19,7 +19,7 @@ import yaml
 from kvgate.load.config import LoadPlan, inference_perf_config
 from kvgate.load.output import PER_REQUEST_FILE, read_output
 from kvgate.load.report import VALIDATION_FILE, StageJudgement, judge_reports, stage_file
-from kvgate.loadresult import OutputFigures
+from kvgate.records.loadresult import OutputFigures
 
 REPO = Path(__file__).resolve().parents[3]
 LOAD_VENV = REPO / ".venv-load"  # made by `make loadenv`

@@ -13,14 +13,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 
-from kvgate import crash
 from kvgate.errors import KvgateError
-from kvgate.model import Phase, PromotionMode
+from kvgate.judge import crash
+from kvgate.records.status import RolloutStatus
 from kvgate.report import view
 from kvgate.report.fmt import DASH
 from kvgate.report.records import Header, Headline, ReportView
-from kvgate.spec import RolloutSpec
-from kvgate.status import RolloutStatus
+from kvgate.spec.rollout import RolloutSpec
+from kvgate.vocabulary import Phase, PromotionMode
 
 
 def view_of(rollout: object, now: dt.datetime | None = None) -> ReportView:
@@ -85,7 +85,7 @@ def _header(
 
 
 def _headline(message: str | None, approval_shown: bool) -> Headline | None:
-    """The message to lead with. A crash message (`kvgate.crash`) leads with its classified cause,
+    """The message to lead with. A crash message (`kvgate.judge.crash`) leads with its classified cause,
     then the remedy and where it goes; the engine's own line is kept in `raw`."""
     if not message:
         return None

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
-from kvgate.status import RolloutStatus
+from kvgate.records.status import RolloutStatus
 
 StatusLike = Mapping[str, Any] | RolloutStatus
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvgate.loadresult import StagePoint
+from kvgate.records.loadresult import StagePoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from kvgate.loadresult import StagePoint, sim_time_note
+from kvgate.records.loadresult import StagePoint, sim_time_note
 from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
     DASH,

@@ -14,10 +14,17 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from kvgate import gates, manifests
-from kvgate.evalsummary import PairedRecord, TokenAgreement
-from kvgate.loadresult import StagePoint, time_scale
-from kvgate.model import Phase
+from kvgate.change import manifests
+from kvgate.judge import gates
+from kvgate.records.evalsummary import PairedRecord, TokenAgreement
+from kvgate.records.loadresult import StagePoint, time_scale
+from kvgate.records.status import (
+    ClockRecord,
+    ClocksRecord,
+    FirstAttempt,
+    RolloutStatus,
+    ScanRecord,
+)
 from kvgate.report.fields import (
     StatusLike,
     as_fraction,
@@ -44,13 +51,7 @@ from kvgate.report.records import (
     Speed,
     SpeedMetric,
 )
-from kvgate.status import (
-    ClockRecord,
-    ClocksRecord,
-    FirstAttempt,
-    RolloutStatus,
-    ScanRecord,
-)
+from kvgate.vocabulary import Phase
 
 ARMS: Final = manifests.ARMS
 # kstatus conditions say how the object is doing, not what the gates found.

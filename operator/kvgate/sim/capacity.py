@@ -18,7 +18,7 @@ CUDA_GRAPH_GIB = 0.45  # counted against the budget from vLLM 0.21 (memory profi
 # are valid engine choices but refused here rather than silently run as BF16.
 # vLLM's integer per-(token, head) formats, by bytes per element: on TRITON_ATTN (the backend
 # that packs them) a token's page per layer and KV head is K and V at that size plus one fp32
-# scale each (triton_attn.py:283-295 in 0.32; kvgate.kvformats). Scales are computed at write
+# scale each (triton_attn.py:283-295 in 0.32; kvgate.engines.kvformats). Scales are computed at write
 # time, never read from the checkpoint.
 PER_TOKEN_HEAD: Final = {"int8_per_token_head": 1.0, "int4_per_token_head": 0.5}
 EMULATED_KV_DTYPES = frozenset(

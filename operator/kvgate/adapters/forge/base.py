@@ -13,10 +13,10 @@ from urllib.parse import quote
 
 import httpx
 
+from kvgate.change.gitops import is_kvgate_branch
 from kvgate.errors import ForgeAccessError, ForgeError, KvgateError, SpecError
-from kvgate.gitops import is_kvgate_branch
-from kvgate.model import PullRequestState as PullRequestState  # re-exported
 from kvgate.redact import scrub_text
+from kvgate.vocabulary import PullRequestState as PullRequestState  # re-exported
 
 log = logging.getLogger(__name__)
 

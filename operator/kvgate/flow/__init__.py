@@ -1,0 +1,1 @@
+"""What happens next: the state machine, its steps, deadlines, promotion and the pull-request path."""

@@ -1,0 +1,125 @@
+"""Promote, roll back, hold or not needed? `decide` over every gate's result.
+
+`decide` takes the worst outcome: any FAILED, ERROR or INCONCLUSIVE rolls back, listing every
+reason; missing evidence is ERROR or PENDING and never promotes (fail closed). `GateResult` and
+`RevertIntent` are the status forms of a gate and of a revert. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kvgate.reasons import Reason
+from kvgate.records.status import GateRecord, RevertStatus
+from kvgate.vocabulary import (
+    Outcome,
+    Phase,
+    PromotionMode,
+    worst,
+)
+
+
+class Decision(StrEnum):
+    PROMOTE = "Promote"
+    ROLL_BACK = "RollBack"
+    HOLD = "Hold"
+    NOT_NEEDED = "NotNeeded"
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    gate: str
+    outcome: Outcome
+    reason: Reason
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"outcome": self.outcome.value, "reason": str(self.reason), "message": self.message}
+
+    @classmethod
+    def of_record(cls, gate: str, record: GateRecord) -> GateResult:
+        """The gate's result as status keeps it; an unreadable outcome is an ERROR (never
+        promotes)."""
+        outcome = record.outcome or Outcome.ERROR
+        return cls(gate, outcome, Reason.read(record.reason), record.message or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    outcome: Outcome
+    reasons: tuple[GateResult, ...]  # the gates that decided, worst first
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision.value,
+            "outcome": self.outcome.value,
+            "reasons": [str(r.reason) for r in self.reasons],
+            "message": self.message,
+        }
+
+
+def decide(
+    results: Sequence[GateResult],
+    *,
+    mode: PromotionMode,
+    config_hash: str,
+    approval: str | None,
+) -> Verdict:
+    """Promote, roll back, hold or not-needed from every gate result; fail closed.
+
+    Any blocking outcome rolls back and every blocking reason is listed. PENDING holds. A pass
+    in manual mode holds until the approval annotation equals `config_hash`, so an approval
+    given for another candidate never promotes this one.
+    """
+    if not results:
+        return Verdict(Decision.HOLD, Outcome.PENDING, (), "no evidence yet")
+    overall = worst(r.outcome for r in results)
+    ranked = sorted(results, key=lambda r: list(Outcome).index(r.outcome), reverse=True)
+    if overall.blocks:
+        blocking = tuple(r for r in ranked if r.outcome.blocks)
+        return Verdict(
+            Decision.ROLL_BACK, overall, blocking, "; ".join(r.message for r in blocking)
+        )
+    if overall is Outcome.NOT_NEEDED:
+        why = tuple(r for r in ranked if r.outcome is Outcome.NOT_NEEDED)
+        return Verdict(Decision.NOT_NEEDED, overall, why, "; ".join(r.message for r in why))
+    if overall is Outcome.PENDING:
+        waiting = tuple(r for r in ranked if r.outcome is Outcome.PENDING)
+        return Verdict(Decision.HOLD, overall, waiting, "; ".join(r.message for r in waiting))
+    warnings = tuple(r for r in ranked if r.outcome is Outcome.WARNING)
+    note = f" (warnings: {'; '.join(r.message for r in warnings)})" if warnings else ""
+    if mode is PromotionMode.MANUAL and approval != config_hash:
+        stale = f"; approval {approval!r} is for another config" if approval else ""
+        return Verdict(
+            Decision.HOLD,
+            overall,
+            warnings,
+            f"all gates passed; approve with annotation kvgate.io/approve={config_hash}{stale}{note}",
+        )
+    return Verdict(Decision.PROMOTE, overall, warnings, f"all gates passed{note}")
+
+
+@dataclass(frozen=True, slots=True)
+class RevertIntent:
+    """Recorded before a revert starts: the terminal phase, reason and message it ends with."""
+
+    phase: Phase
+    reason: Reason
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"phase": self.phase.value, "reason": str(self.reason), "message": self.message}
+
+    @classmethod
+    def of_record(cls, record: RevertStatus) -> RevertIntent:
+        """The revert's end as its write-ahead record keeps it (never Promoted)."""
+        phase = record.phase or Phase.ROLLED_BACK
+        if not phase.terminal or phase is Phase.PROMOTED:
+            phase = Phase.ROLLED_BACK  # a revert never ends Promoted
+        reason = Reason.read(record.reason or Reason.PROMOTION_REVERTED)
+        return cls(phase, reason, record.message or "")

@@ -1,0 +1,155 @@
+"""On what was a verdict reached, and does it still hold for what runs now?
+
+A verdict is only valid for the engine it tested: FP8 KV behaviour has changed between engine
+versions and GPUs. The key names what the verdict was reached on (the image by digest, the
+engine and its version, the model and revision, the KV dtype, the attention backend the engine
+chose, the GPU product and count, the tested args/env, the eval policy). After the verdict, a live key that differs in any
+field it can read makes the verdict stale: the image, its digest, the GPUs, or a config that is
+neither the tested one nor the one before the rollout (a backend env edit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.reasons import Reason
+from kvgate.records.status import RolloutStatus, VerdictKeyRecord
+from kvgate.spec.rollout import RolloutSpec
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictKey:
+    image: str | None = None  # the image reference evaluated (a tag can move)
+    image_digest: str | None = None  # what the candidate arm ran (containerStatuses[].imageID)
+    engine: str | None = None
+    engine_version: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    kv_cache_dtype: str | None = None
+    attention_backend: str | None = None  # what the candidate's engine chose (its log)
+    gpu_product: str | None = None  # the candidate canary's node's nvidia.com/gpu.product
+    gpu_count: int | None = None  # the candidate container's nvidia.com/gpu limit (or request)
+    config: str | None = None  # the tested container config (args, env, command), fingerprinted
+    eval_policy: str | None = None  # the gates' settings, fingerprinted
+
+    @property
+    def digest(self) -> str:
+        return _digest(dataclasses.asdict(self))
+
+    def to_record(self) -> VerdictKeyRecord:
+        return VerdictKeyRecord(**dataclasses.asdict(self), digest=self.digest)
+
+    @classmethod
+    def of_record(cls, record: VerdictKeyRecord) -> VerdictKey:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in dataclasses.asdict(record).items() if k in fields})
+
+
+def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
+    """The key of the verdict this status is reaching (the candidate arm's evidence)."""
+    arm = status.arms.get("candidate")
+    scan = arm.scan if arm is not None else None
+    policy = {
+        name: dataclasses.asdict(getattr(spec, name))
+        for name in ("scales", "backend", "accuracy", "divergence", "capacity_gain")
+    }
+    return VerdictKey(
+        image=status.evaluated_image,
+        image_digest=arm.image_id if arm is not None else None,
+        engine=status.engine or (scan.engine if scan is not None else None),
+        engine_version=scan.engine_version if scan is not None else None,
+        model=status.model,
+        revision=spec.model.revision,
+        kv_cache_dtype=(scan.kv_cache_dtype if scan is not None else None) or spec.kv_cache_dtype,
+        attention_backend=scan.attention_backend if scan is not None else None,
+        gpu_product=arm.gpu_product if arm is not None else None,
+        gpu_count=arm.gpu_count if arm is not None else None,
+        config=_digest(status.candidate) if status.candidate else None,
+        eval_policy=_digest(policy),
+    )
+
+
+def recorded(status: RolloutStatus) -> VerdictKey | None:
+    """The key recorded with the verdict in this status (None: none recorded)."""
+    verdict = status.verdict
+    if verdict is None or verdict.key is None:
+        return None
+    return VerdictKey.of_record(verdict.key)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveKey:
+    """What can be read of the key from the live Deployment and its Ready pods, cheaply."""
+
+    image: str | None
+    image_digests: frozenset[str]  # of the pods running the tested config
+    # Of those pods: their nodes' GPU products and their containers' GPU counts (known ones only)
+    gpu_products: frozenset[str] = frozenset()
+    gpu_counts: frozenset[int] = frozenset()
+    # The Deployment's command/args/env fields that are neither the tested config nor the one
+    # before the rollout (promotion.changed_around): the config runs changed around the test
+    config_changed: tuple[str, ...] = ()
+
+
+def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
+    """The fields of `key` the live target no longer matches (empty: the verdict holds).
+
+    An unknown on either side is no evidence of change: a missing imageID (a pod still
+    starting), a node without GPU feature discovery's label or one kvgate may not read never
+    makes a verdict stale, and never makes a stale one fresh.
+    """
+    changed = []
+    if key.image and live.image and live.image != key.image:
+        changed.append("image")
+    if key.image_digest and any(d != key.image_digest for d in live.image_digests):
+        changed.append("imageDigest")
+    if key.gpu_product and any(p != key.gpu_product for p in live.gpu_products):
+        changed.append("gpuProduct")
+    if key.gpu_count is not None and any(n != key.gpu_count for n in live.gpu_counts):
+        changed.append("gpuCount")
+    if key.config and live.config_changed:
+        changed.append("config")
+    return tuple(changed)
+
+
+def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
+    """(stale, reason, message) of the Stale condition for what runs now."""
+    changed = stale_fields(key, live)
+    if not changed:
+        return False, Reason.VERDICT_CURRENT, "what runs is what the verdict was reached on"
+    return (
+        True,
+        Reason.STALE,
+        f"the verdict was reached on another engine, GPU or config than runs now "
+        f"({describe(changed, key, live)}); create the rollout again to evaluate what runs",
+    )
+
+
+def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
+    parts = []
+    for name in fields:
+        if name == "image":
+            parts.append(f"image {key.image} -> {live.image}")
+        elif name == "imageDigest":
+            now = ", ".join(sorted(d for d in live.image_digests if d != key.image_digest))
+            parts.append(f"image digest {key.image_digest} -> {now}")
+        elif name == "gpuProduct":
+            now = ", ".join(sorted(p for p in live.gpu_products if p != key.gpu_product))
+            parts.append(f"GPU {key.gpu_product} -> {now}")
+        elif name == "gpuCount":
+            counts = sorted(n for n in live.gpu_counts if n != key.gpu_count)
+            parts.append(f"GPU count {key.gpu_count} -> {', '.join(map(str, counts))}")
+        elif name == "config":
+            fields = "/".join(live.config_changed)
+            parts.append(f"{fields} of the Deployment changed from the tested config")
+    return "; ".join(parts)
+
+
+def _digest(value: Mapping[str, Any]) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]

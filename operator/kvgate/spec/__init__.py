@@ -1,0 +1,1 @@
+"""What the user asks: the KVCacheRollout's spec, read, checked and bounded."""

@@ -1,0 +1,414 @@
+"""What a KVCacheRollout may change in a production container: the one place for the lists.
+
+Creating a rollout is a lower privilege than editing the Deployment, so a rollout may only add
+KV-cache and attention flags (`spec.extraArgs`) and a few attention environment variables
+(`spec.extraEnv`). Two walls read these lists:
+
+1. the CRD's CEL rules (`crds/kvgate.io_kvcacherollouts.yaml`) refuse the DENYLIST at
+   admission. CEL cannot see the operator's configuration, so the CRD cannot hold the
+   allowlist (operators extend it per installation); it holds the known-dangerous set instead.
+   `cel_arg_rule()` / `cel_env_rule()` render the rules; a unit test checks the CRD carries
+   exactly them.
+2. the operator (`RolloutSpec.from_dict(spec, allow=...)`) enforces the ALLOWLIST: built-in
+   per-engine lists plus what the operator's configuration adds (`KVGATE_EXTRA_ALLOWED_ARGS`,
+   `KVGATE_EXTRA_ALLOWED_ENV`). The denylist wins over any extension.
+
+Pure: no I/O. Flags are compared in their canonical spelling (`--kv_cache_dtype` is
+`--kv-cache-dtype`, as argparse in both engines accepts either); both `--flag value` and
+`--flag=value` are understood. Environment names are compared as written (they are
+case-sensitive), the denylist case-insensitively.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, TypeVar
+
+from kvgate.vocabulary import Engine
+
+_X = TypeVar("_X")
+
+
+class Kind(StrEnum):
+    """How a flag takes its value."""
+
+    VALUE = "value"  # `--flag v` or `--flag=v`
+    SWITCH = "switch"  # `--flag` alone
+    EITHER = "either"  # operator-added flags: kvgate does not know, so both forms pass
+
+
+# --- the allowlist (the operator's wall) ---------------------------------------------------------
+
+VLLM_ARGS: Final[Mapping[str, Kind]] = {
+    "--kv-cache-dtype": Kind.VALUE,  # normally set by kvgate from spec.kvCacheDtype
+    "--attention-backend": Kind.VALUE,
+    "--attention-config.backend": Kind.VALUE,  # newer vLLM spelling of the same
+    "--calculate-kv-scales": Kind.SWITCH,
+    "--kv-cache-dtype-skip-layers": Kind.VALUE,
+    "--block-size": Kind.VALUE,
+    "--gpu-memory-utilization": Kind.VALUE,
+    "--kv-cache-memory-bytes": Kind.VALUE,
+    "--num-gpu-blocks-override": Kind.VALUE,
+    "--max-num-seqs": Kind.VALUE,
+    "--max-num-batched-tokens": Kind.VALUE,
+    "--max-model-len": Kind.VALUE,
+    "--enable-prefix-caching": Kind.SWITCH,
+    "--no-enable-prefix-caching": Kind.SWITCH,
+    "--prefix-caching-hash-algo": Kind.VALUE,
+    "--enable-chunked-prefill": Kind.SWITCH,
+    "--no-enable-chunked-prefill": Kind.SWITCH,
+}
+SGLANG_ARGS: Final[Mapping[str, Kind]] = {
+    "--kv-cache-dtype": Kind.VALUE,
+    "--attention-backend": Kind.VALUE,
+    "--prefill-attention-backend": Kind.VALUE,
+    "--decode-attention-backend": Kind.VALUE,
+    "--mem-fraction-static": Kind.VALUE,
+    "--max-running-requests": Kind.VALUE,
+    "--max-total-tokens": Kind.VALUE,
+    "--chunked-prefill-size": Kind.VALUE,
+    "--page-size": Kind.VALUE,
+    "--context-length": Kind.VALUE,
+    "--disable-radix-cache": Kind.SWITCH,
+    "--disable-cuda-graph": Kind.SWITCH,
+}
+VLLM_ENV: Final = frozenset(
+    {
+        "VLLM_USE_FLASHINFER_SAMPLER",
+        "VLLM_ATTENTION_BACKEND",
+        "VLLM_FLASH_ATTN_VERSION",
+        "VLLM_USE_TRITON_FLASH_ATTN",
+        "VLLM_FLASHINFER_FORCE_TENSOR_CORES",
+    }
+)
+SGLANG_ENV: Final = frozenset(
+    {
+        "SGLANG_IS_FLASHINFER_AVAILABLE",
+        "SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS",
+        "SGLANG_ENABLE_JIT_DEEPGEMM",
+    }
+)
+# kvgate sets this flag itself from spec.kvCacheDtype; a second value in extraArgs would win
+# over it (argparse keeps the last), so the candidate would not test what the rollout says.
+KVGATE_OWNED_ARGS: Final = frozenset({"--kv-cache-dtype"})
+
+# --- the denylist (the CRD's wall; also refused by the operator whatever it is configured) ------
+
+# Flags that load code or files, reach other hosts, change what is served or who may call it.
+DENIED_ARGS: Final = (
+    "--trust-remote-code",
+    "--middleware",
+    "--config",
+    "--model",
+    "--model-path",
+    "--tokenizer",
+    "--tokenizer-path",
+    "--revision",
+    "--code-revision",
+    "--tokenizer-revision",
+    "--download-dir",
+    "--load-format",
+    "--chat-template",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--api-key",
+    "--root-path",
+    "--allowed-origins",
+    "--allowed-local-media-path",
+    "--tool-parser-plugin",
+    "--reasoning-parser-plugin",
+    "--logits-processors",
+    "--worker-cls",
+    "--worker-extension-cls",
+    "--kv-transfer-config",
+    "--kv-events-config",
+    "--otlp-traces-endpoint",
+    "--enable-custom-logit-processor",
+    "--hf-token",
+)
+DENIED_ARG_PREFIXES: Final = ("--ssl-", "--hf-", "--override-", "--lora")
+# Variables that load code, redirect downloads or traffic, or carry credentials.
+DENIED_ENV_NAMES: Final = (
+    "PATH",
+    "HOME",
+    "VLLM_PLUGINS",
+    "VLLM_LOGGING_CONFIG_PATH",
+    "VLLM_API_KEY",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    "VLLM_USE_MODELSCOPE",
+    "VLLM_HOST_IP",
+    "VLLM_PORT",
+    "POD_IP",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+)
+DENIED_ENV_PREFIXES: Final = (
+    "LD_",
+    "PYTHON",
+    "HF_",
+    "HUGGINGFACE",
+    "HUGGING_FACE",
+    "TRANSFORMERS_",
+    "SSL_",
+    "KUBERNETES_",
+    "AWS_",
+    "GOOGLE_",
+    "AZURE_",
+)
+DENIED_ENV_SUFFIXES: Final = ("_ENDPOINT", "_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_URL")
+
+MAX_VALUE_LENGTH: Final = 256
+MAX_ENV_VALUE_LENGTH: Final = 1024
+_VALUE_RE: Final = re.compile(r"[A-Za-z0-9._,:+=/-]+")
+_FLAG_RE: Final = re.compile(r"--[a-z0-9][a-z0-9.-]*")
+_ENV_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def canonical_flag(token: str) -> str:
+    """`--kv_cache_dtype=fp8` -> `--kv-cache-dtype` (the name argparse sees)."""
+    return token.partition("=")[0].replace("_", "-").lower()
+
+
+def arg_denied(name: str) -> bool:
+    """True for a flag (canonical name) that the CRD refuses at admission."""
+    return name in DENIED_ARGS or name.startswith(DENIED_ARG_PREFIXES)
+
+
+def env_denied(name: str) -> bool:
+    """True for an environment variable name that the CRD refuses at admission."""
+    upper = name.upper()
+    return (
+        upper in DENIED_ENV_NAMES
+        or upper.startswith(DENIED_ENV_PREFIXES)
+        or upper.endswith(DENIED_ENV_SUFFIXES)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Allowlist:
+    """The flags and variables a rollout may set; built-ins plus operator-configured extras."""
+
+    extra_args: frozenset[str] = frozenset()  # canonical flag names, either form
+    extra_env: frozenset[str] = frozenset()  # names; `PREFIX*` matches a prefix
+    _env_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prefixes = tuple(sorted(e[:-1] for e in self.extra_env if e.endswith("*")))
+        object.__setattr__(self, "_env_prefixes", prefixes)
+
+    @classmethod
+    def from_config(cls, args: Iterable[str] = (), env: Iterable[str] = ()) -> Allowlist:
+        """Validated extras; raises ValueError naming the first bad entry."""
+        arg_set = set()
+        for raw in args:
+            name = raw.strip()
+            if not name:
+                continue
+            canon = canonical_flag(name)
+            if not _FLAG_RE.fullmatch(canon) or "=" in name:
+                raise ValueError(f"{name!r} is not a --flag name")
+            if arg_denied(canon):
+                raise ValueError(
+                    f"{name} is on the denylist the CRD enforces; it cannot be allowed"
+                )
+            arg_set.add(canon)
+        env_set = set()
+        for raw in env:
+            name = raw.strip()
+            if not name:
+                continue
+            bare = name[:-1] if name.endswith("*") else name
+            if not _ENV_RE.fullmatch(bare):
+                raise ValueError(f"{name!r} is not a variable name (or NAME_PREFIX*)")
+            if env_denied(bare):
+                raise ValueError(
+                    f"{name} is on the denylist the CRD enforces; it cannot be allowed"
+                )
+            env_set.add(name)
+        return cls(frozenset(arg_set), frozenset(env_set))
+
+    def args_for(self, engine: Engine | str | None) -> dict[str, Kind]:
+        """Allowed flags of `engine` (None or "auto": either engine's) with how they take values."""
+        tables = _tables(engine, VLLM_ARGS, SGLANG_ARGS)
+        allowed: dict[str, Kind] = {}
+        for table in tables:
+            allowed.update(table)
+        for name in self.extra_args:
+            allowed.setdefault(name, Kind.EITHER)
+        return {k: v for k, v in allowed.items() if not arg_denied(k)}
+
+    def env_for(self, engine: Engine | str | None) -> frozenset[str]:
+        """Allowed variable names (exact) of `engine`; prefixes are in `env_allowed`."""
+        names = frozenset().union(*_tables(engine, VLLM_ENV, SGLANG_ENV))
+        return names | {e for e in self.extra_env if not e.endswith("*")}
+
+    def env_allowed(self, engine: Engine | str | None, name: str) -> bool:
+        if env_denied(name):
+            return False
+        return name in self.env_for(engine) or name.startswith(self._env_prefixes)
+
+    def describe_env(self, engine: Engine | str | None) -> str:
+        return ", ".join(sorted(self.env_for(engine) | {f"{p}*" for p in self._env_prefixes}))
+
+    def describe_args(self, engine: Engine | str | None) -> str:
+        return ", ".join(sorted(self.args_for(engine)))
+
+
+BUILTIN: Final = Allowlist()
+
+
+def _tables(engine: Engine | str | None, vllm: _X, sglang: _X) -> tuple[_X, ...]:
+    value = None if engine is None else str(engine)
+    if value == Engine.VLLM:
+        return (vllm,)
+    if value == Engine.SGLANG:
+        return (sglang,)
+    return (vllm, sglang)  # auto: the engine is known only once the Deployment is read
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One refused item: `index` into the list checked, and why (never echoing a secret)."""
+
+    index: int
+    message: str
+    subfield: str = ""  # e.g. ".name" for an env entry
+
+
+def check_args(
+    args: Sequence[str], engine: Engine | str | None, allow: Allowlist = BUILTIN
+) -> list[Violation]:
+    """Every problem in an extraArgs list: unknown or denied flags, values in the wrong place."""
+    allowed = allow.args_for(engine)
+    out: list[Violation] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--"):
+            out.append(
+                Violation(i, f"{_show(token)} is not a --flag; give each value after its flag")
+            )
+            i += 1
+            continue
+        name = canonical_flag(token)
+        _, eq, inline = token.partition("=")
+        has_next = i + 1 < len(args) and not args[i + 1].startswith("--")
+        if name in KVGATE_OWNED_ARGS:
+            out.append(Violation(i, f"{name} is set by kvgate from spec.kvCacheDtype; set that"))
+            i += 2 if has_next and not eq else 1
+            continue
+        kind = allowed.get(name)
+        if kind is None:
+            why = f" ({ARG_WHY})"
+            reason = "is not an allowed flag" + (why if arg_denied(name) else "")
+            out.append(
+                Violation(i, f"{_show(name)} {reason}; allowed: {', '.join(sorted(allowed))}")
+            )
+            i += 2 if has_next and not eq else 1
+            continue
+        value: str | None = inline if eq else None
+        value_index = i
+        if not eq and has_next and kind is not Kind.SWITCH:
+            value, value_index = args[i + 1], i + 1
+            i += 1
+        if kind is Kind.SWITCH and (eq or has_next):
+            out.append(Violation(i, f"{name} takes no value"))
+            i += 2 if has_next and not eq else 1
+            continue
+        if kind is Kind.VALUE and value is None:
+            out.append(Violation(i, f"{name} needs a value (--flag value or --flag=value)"))
+        elif value is not None:
+            problem = _bad_value(value)
+            if problem:
+                out.append(Violation(value_index, f"the value of {name} {problem}"))
+        i += 1
+    return out
+
+
+def check_env_name(
+    name: str, engine: Engine | str | None, allow: Allowlist = BUILTIN
+) -> str | None:
+    """Why `name` may not be set by a rollout, or None when it may."""
+    if allow.env_allowed(engine, name):
+        return None
+    if env_denied(name):
+        return (
+            f"{_show(name)} is not an allowed variable ({ENV_WHY}); "
+            f"allowed: {allow.describe_env(engine)}"
+        )
+    return f"{_show(name)} is not an allowed variable; allowed: {allow.describe_env(engine)}"
+
+
+def check_env_value(value: str) -> str | None:
+    """Why an extraEnv value is refused (control characters, unbounded), or None."""
+    if len(value) > MAX_ENV_VALUE_LENGTH:
+        return f"is longer than {MAX_ENV_VALUE_LENGTH} characters"
+    if any(not c.isprintable() for c in value):
+        return "holds a control character or line break"
+    return None
+
+
+def _bad_value(value: str) -> str | None:
+    if not value:
+        return "is empty"
+    if len(value) > MAX_VALUE_LENGTH:
+        return f"is longer than {MAX_VALUE_LENGTH} characters"
+    if not _VALUE_RE.fullmatch(value):
+        return "may only hold letters, digits and . _ , : + = / -"
+    return None
+
+
+def _show(text: str, limit: int = 64) -> str:
+    """A token for a message: printable, bounded (a refused token may be pasted junk)."""
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
+
+# --- CEL rules for the CRD (rendered from the lists above) ---------------------------------------
+
+
+def _cel_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def cel_arg_rule() -> str:
+    """The rule on each `spec.extraArgs` item: a `--flag` token must not be on the denylist."""
+    name = "self.split('=')[0].replace('_', '-').lowerAscii()"
+    return (
+        f"!self.startsWith('--') || (!({name} in {_cel_list(DENIED_ARGS)}) && "
+        f"!{_cel_list(DENIED_ARG_PREFIXES)}.exists(p, {name}.startsWith(p)))"
+    )
+
+
+def cel_env_rule() -> str:
+    """The rule on each `spec.extraEnv` item: its name must not be on the denylist."""
+    name = "self.name.upperAscii()"
+    return (
+        f"!({name} in {_cel_list(DENIED_ENV_NAMES)}) && "
+        f"!{_cel_list(DENIED_ENV_PREFIXES)}.exists(p, {name}.startsWith(p)) && "
+        f"!{_cel_list(DENIED_ENV_SUFFIXES)}.exists(s, {name}.endsWith(s))"
+    )
+
+
+ARG_WHY: Final = "it loads code, reaches other hosts or changes what is served"
+ENV_WHY: Final = "it loads code, redirects downloads or traffic, or carries a credential"
+_CEL_TAIL: Final = " is refused for a rollout ({why}); see docs/security.md"
+CEL_ARG_MESSAGE: Final = "this flag" + _CEL_TAIL.format(why=ARG_WHY)
+CEL_ENV_MESSAGE: Final = "this variable" + _CEL_TAIL.format(why=ENV_WHY)
+
+
+def cel_arg_message_expression() -> str:
+    """The CRD's error for a refused flag, naming it (the field path is added by the apiserver)."""
+    return "self.split('=')[0] + " + _cel_str(_CEL_TAIL.format(why=ARG_WHY))
+
+
+def _cel_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

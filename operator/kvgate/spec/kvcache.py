@@ -1,0 +1,138 @@
+"""What KV policy does a KVCacheRollout ask for? `spec.kvCache`, read and checked.
+
+    kvCache:
+      format: int8_per_token_head     # one of the engine's own --kv-cache-dtype names
+      engineVersion: "0.32.0"         # the candidate's engine version: the format must exist there
+      skipLayers: ["0", "sliding_window"]   # vLLM --kv-cache-dtype-skip-layers
+      scaleMode: dynamic-per-token-head     # optional; must be the format's own (kvgate.engines.kvformats)
+      control:
+        format: auto                  # what the control runs; `auto` is read from the checkpoint
+
+`spec.kvCacheDtype` (v1alpha1) is one documented alias of `kvCache.format`: alone it means
+`kvCache: {format: <it>}`. Beside `kvCache`, it must name the same format or be the CRD's
+default (`fp8`, which the apiserver writes into every object); anything else is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from kvgate.engines import kvformats
+from kvgate.engines import versions as engine_versions
+from kvgate.errors import SpecError
+from kvgate.spec.reader import SpecReader
+
+LEGACY_DEFAULT: Final = "fp8"  # the CRD's default for kvCacheDtype
+# scaleMode spellings a user may state, per the format's own mode (kvgate.engines.kvformats): FP8 with
+# checkpoint scales may also be run per attention head (llm-compressor attn_head) or at 1.0.
+_STATABLE: Final = {
+    kvformats.SCALES_CHECKPOINT: ("checkpoint", "per-head", "none"),
+    kvformats.SCALES_DYNAMIC: (kvformats.SCALES_DYNAMIC,),
+    kvformats.SCALES_NONE: ("none",),
+    kvformats.SCALES_BLOCK: (kvformats.SCALES_BLOCK,),
+    kvformats.SCALES_PACKED: (kvformats.SCALES_PACKED,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KVCachePolicy:
+    """The candidate's KV format and how it is run; `control_format` what the control runs."""
+
+    format: str = LEGACY_DEFAULT
+    policy_class: str = kvformats.FP8
+    scale_mode: str = kvformats.SCALES_CHECKPOINT
+    skip_layers: tuple[str, ...] = ()
+    engine_version: str | None = None
+    control_format: str = "auto"  # `auto`: read from the checkpoint, never assumed 16-bit
+    from_alias: bool = False  # written as spec.kvCacheDtype
+
+    def candidate_args(self) -> tuple[str, ...]:
+        """Flags beside --kv-cache-dtype the candidate needs (vLLM's skip list)."""
+        return ("--kv-cache-dtype-skip-layers", *self.skip_layers) if self.skip_layers else ()
+
+
+def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCachePolicy:
+    """`spec.kvCache` (or the alias `spec.kvCacheDtype` = `legacy`) for `engine` (None: auto,
+    the format must be one some engine knows). Errors are recorded on `r`, not raised."""
+    k = r.section("kvCache")
+    engines = (engine,) if engine else (engine_versions.VLLM, engine_versions.SGLANG)
+    if not k.present:
+        name = legacy or LEGACY_DEFAULT  # its enum and the sglang rule are checked in spec
+        fmt = next(
+            (kvformats.FORMATS[e, name] for e in engines if (e, name) in kvformats.FORMATS), None
+        )
+        return KVCachePolicy(
+            format=name,
+            policy_class=fmt.policy_class if fmt else kvformats.FP8,
+            scale_mode=fmt.scale_mode if fmt else kvformats.SCALES_CHECKPOINT,
+            from_alias=True,
+        )
+    name = k.string("format", required=True) or LEGACY_DEFAULT
+    if legacy is not None and legacy not in (name, LEGACY_DEFAULT):
+        r.error(
+            "kvCacheDtype",
+            f"'{legacy}' contradicts kvCache.format '{name}': kvCacheDtype is the v1alpha1 alias "
+            "of kvCache.format; set kvCache.format alone",
+        )
+    fmt = _lookup(k, "format", name, engines)
+    version = k.string("engineVersion")
+    if version is not None and engine is None:
+        k.error("engineVersion", "needs spec.engine (vllm or sglang) to know whose version")
+    elif version is not None and fmt is not None and engine is not None:
+        try:
+            engine_versions.parse(version)
+            kvformats.require(engine, version, name, field="format")
+        except SpecError as exc:
+            k.error("format", str(exc).removeprefix("format: "))
+        except ValueError as exc:
+            k.error("engineVersion", str(exc))
+    skip = tuple(k.list_of("skipLayers", str, "a layer index or sliding_window"))
+    for i, entry in enumerate(skip):
+        if not (entry.isdigit() or entry == "sliding_window"):
+            k.error(
+                f"skipLayers[{i}]", f"'{entry[:40]}' is neither a layer index nor sliding_window"
+            )
+    if skip and engine == engine_versions.SGLANG:
+        k.error("skipLayers", "sglang has no --kv-cache-dtype-skip-layers; it is a vLLM flag")
+    elif len(skip) > 1:
+        k.error(
+            "skipLayers",
+            f"{len(skip)} entries: kvgate writes the candidate's flags as one value each, and "
+            "vLLM's flag takes several values after one flag; give one (e.g. sliding_window)",
+        )
+    mode = fmt.scale_mode if fmt else kvformats.SCALES_CHECKPOINT
+    stated = k.string("scaleMode")
+    if stated is not None and fmt is not None:
+        allowed = _STATABLE[fmt.scale_mode]
+        if stated not in allowed:
+            k.error(
+                "scaleMode",
+                f"'{stated}' is not how {fmt.name} is scaled; use {' or '.join(allowed)}",
+            )
+        else:
+            mode = stated
+    control = k.section("control")
+    control_format = control.string("format") or "auto"
+    _lookup(control, "format", control_format, engines)
+    return KVCachePolicy(
+        format=name,
+        policy_class=fmt.policy_class if fmt else kvformats.FP8,
+        scale_mode=mode,
+        skip_layers=skip,
+        engine_version=version,
+        control_format=control_format,
+    )
+
+
+def _lookup(
+    r: SpecReader, key: str, name: str, engines: tuple[str, ...]
+) -> kvformats.KVFormat | None:
+    """The format `name` of the first of `engines` that has it; else an error on `key`."""
+    for engine in engines:
+        if (engine, name) in kvformats.FORMATS:
+            return kvformats.FORMATS[engine, name]
+    known = sorted({n for e, n in kvformats.FORMATS if e in engines})
+    r.error(key, f"'{name[:40]}' is not a KV cache format of {' or '.join(engines)}; use one of "
+            + ", ".join(known))  # fmt: skip
+    return None
