@@ -21,6 +21,7 @@ from kvgate.report.fmt import DASH
 from kvgate.report.records import Header, Headline, ReportView
 from kvgate.spec import RolloutSpec
 from kvgate.status import RolloutStatus
+from kvgate.timestamps import parse_time
 
 
 def view_of(rollout: object, now: dt.datetime | None = None) -> ReportView:
@@ -154,7 +155,7 @@ def _approval(head: Header, status: RolloutStatus) -> list[str]:
         f"kvgate approve {name} -n {ns}",
         f"kubectl annotate kvr/{name} -n {ns} kvgate.io/approve={status.config_hash}",
     ]
-    expires = view.parse_time(status.approval_expires_at)
+    expires = parse_time(status.approval_expires_at)
     if expires is not None:
         lines.append(f"expires {expires.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC")
     return lines
