@@ -28,12 +28,13 @@ def _walk_tool() -> ModuleType:
     return module
 
 
-def _re_entries(root: Path, entry: str, data: str) -> Counter[str]:
+def _re_entries(root: Path, entry: str, data: str, **rules: bool) -> Counter[str]:
     walk = _walk_tool()
     modules = walk.load(root)
     module, _, name = entry.partition(":")
     entry_fn = modules[module].functions[name]
-    walker = walk.Walker(modules, walk.holder_fields(modules, walk._annotation(entry_fn, data)))
+    holders = walk.holder_fields(modules, walk._annotation(entry_fn, data))
+    walker = walk.Walker(modules, holders, **rules)
     walker.walk(entry_fn, {data})
     return Counter({m: n - 1 for m, n in Counter(walker.trip).items()})
 
@@ -116,6 +117,108 @@ def test_the_walk_follows_the_data_through_holders_tuples_and_comprehensions(
     # THEN the holder read back, the tuple and the comprehension carried it (four trips out and
     # back); `ctx.name` did not
     assert counts == {"kvgate.stage": 4, "kvgate.helpers": 3}
+
+
+def test_the_walk_follows_calls_on_values_typed_by_annotations(tmp_path: Path) -> None:
+    # GIVEN a stage that hands the data to methods of values whose class only annotations tell:
+    # a parameter (`reader: Reader`), a dataclass field (`ctx.spec: Spec`), a property's
+    # return (`ctx.spec.target`), a function's return (`make()`), a constructor, a base class's
+    # method; and the data behind `or {}`
+    _package(
+        tmp_path,
+        (),
+        kinds="""
+        from __future__ import annotations
+
+        from dataclasses import dataclass
+
+        class Base:
+            def inherited(self, data):
+                return data
+
+        class Reader(Base):
+            def read(self, data):
+                return data
+
+        @dataclass
+        class Target:
+            name: str
+
+            def check(self, data):
+                return data
+
+        @dataclass
+        class Spec:
+            raw: dict
+
+            @property
+            def target(self) -> Target:
+                return Target("t")
+
+            def parse(self, data):
+                return data
+
+        @dataclass
+        class Ctx:
+            spec: Spec | None
+
+        def make() -> "Reader":
+            return Reader()
+    """,
+        stage="""
+        from kvgate import kinds
+        from kvgate.kinds import Ctx, Reader
+
+        def run(body, ctx: Ctx, reader: Reader):
+            reader.read(body)
+            ctx.spec.parse(body.get("spec") or {})
+            ctx.spec.target.check(body)
+            made = kinds.make()
+            made.inherited(body)
+            own = Reader()
+            own.read(body)
+            reader.read("not the data")
+    """,
+    )
+    # WHEN the body is walked from the stage
+    counts = _re_entries(tmp_path, "kvgate.stage:run", "body", annotations=True)
+    # THEN each of the five calls that hand the body on went out and came back; the call
+    # without the data stayed home
+    assert counts == {"kvgate.stage": 5, "kvgate.kinds": 4}
+    # (issue 20's walk resolves none of them)
+    assert _re_entries(tmp_path, "kvgate.stage:run", "body") == {"kvgate.stage": 0}
+
+
+def test_the_receiver_is_handed_over_only_when_asked(tmp_path: Path) -> None:
+    _package(
+        tmp_path,
+        (),
+        kinds="""
+        class Reader:
+            def __init__(self, data):
+                self.data = data
+
+            def string(self, key):
+                return self.data.get(key)
+    """,
+        stage="""
+        from kvgate.kinds import Reader
+
+        def run(body):
+            r = Reader(body)
+            return r.string("a"), r.string("b")
+    """,
+    )
+    walk = _walk_tool()
+    modules = walk.load(tmp_path)
+    entry = modules["kvgate.stage"].functions["run"]
+    trips = {}
+    for receiver in (False, True):
+        walker = walk.Walker(modules, annotations=True, receiver=receiver)
+        walker.walk(entry, {"body"})
+        trips[receiver] = len(walker.trip)
+    # the constructor is a hand-over either way; each `r.string(...)` only with --receiver
+    assert trips == {False: 3, True: 7}
 
 
 def test_no_module_is_re_entered_more_than_five_times() -> None:
