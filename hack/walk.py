@@ -263,18 +263,13 @@ class Walker:
         for node in _in_order(fn.node):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 typ = self.class_named(mod, ast.unparse(node.annotation))
-            elif (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)
-            ):
-                typ = self.type_of(mod, node.value, types, cls)
-            else:
-                continue
-            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
-            assert isinstance(target, ast.Name)
-            if typ is not None:
-                types.setdefault(target.id, typ)
+                if typ is not None:
+                    types.setdefault(node.target.id, typ)
+            elif isinstance(node, ast.Assign):
+                for name, value in _pairs(node):
+                    typ = self.type_of(mod, value, types, cls)
+                    if typ is not None:
+                        types.setdefault(name, typ)
         return types
 
     # --- calls -------------------------------------------------------------------------------
@@ -399,6 +394,25 @@ class Walker:
 
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _pairs(node: ast.Assign) -> list[tuple[str, ast.expr]]:
+    """(name, value) of an assignment: `a = b = v`, and `a, b = x, y` element by element."""
+    pairs: list[tuple[str, ast.expr]] = []
+    for target in node.targets:
+        if isinstance(target, ast.Name):
+            pairs.append((target.id, node.value))
+        elif (
+            isinstance(target, ast.Tuple)
+            and isinstance(node.value, ast.Tuple)
+            and len(target.elts) == len(node.value.elts)
+        ):
+            pairs += [
+                (t.id, v)
+                for t, v in zip(target.elts, node.value.elts, strict=True)
+                if isinstance(t, ast.Name)
+            ]
+    return pairs
 
 
 def _in_order(node: ast.AST) -> list[ast.AST]:
