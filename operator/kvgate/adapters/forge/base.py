@@ -276,49 +276,44 @@ class RestForge:
     ) -> PullRequest:
         _check_arguments(repo, base, branch, files)
         with self._answer_shape(repo):
-            return self._open_or_update(repo, base, branch, files, title, body)
-
-    def _open_or_update(
-        self,
-        repo: str,
-        base: str,
-        branch: str,
-        files: Mapping[str, str],
-        title: str,
-        body: str,
-    ) -> PullRequest:
-        self._check_write_access(repo)
-        wanted = {path: text.encode() for path, text in files.items()}
-        changes: dict[str, tuple[bytes, str | None]] = {}
-        if self._branch_head(repo, branch) is None:
-            if self._branch_head(repo, base) is None:
-                raise ForgeError(repo, f"base branch {base!r} does not exist")
-            # A file already on the base branch (the placeholder the recipes commit) is updated:
-            # the forges refuse to create a path that exists.
-            for path, data in wanted.items():
-                changes[path] = (data, self._read_file(repo, base, path)[1])
-            self._commit(repo, branch, base, changes, title)
-            committed = True
-        else:
-            for path, data in wanted.items():
-                current, file_id = self._read_file(repo, branch, path)
-                if current != data:
-                    changes[path] = (data, file_id)
-            committed = bool(changes)
-            if committed:
-                self._commit(repo, branch, None, changes, title)
-        found = self._find_open(repo, base, branch)
-        if found is None:
-            pr = self._create(repo, base, branch, title, body)
-            log.info("%s %s: opened pull request #%d from %s", self.name, repo, pr.number, branch)
-            return with_flags(pr, committed=committed, created=True)
-        number, old_title, old_body = found
-        if (old_title, old_body) != (title, body):
-            self._edit(repo, number, title, body)
-        log.info(
-            "%s %s: updated pull request #%d (new commit: %s)", self.name, repo, number, committed
-        )
-        return with_flags(self._state(repo, number), committed=committed)
+            self._check_write_access(repo)
+            wanted = {path: text.encode() for path, text in files.items()}
+            changes: dict[str, tuple[bytes, str | None]] = {}
+            if self._branch_head(repo, branch) is None:
+                if self._branch_head(repo, base) is None:
+                    raise ForgeError(repo, f"base branch {base!r} does not exist")
+                # A file already on the base branch (the placeholder the recipes commit) is
+                # updated: the forges refuse to create a path that exists.
+                for path, data in wanted.items():
+                    changes[path] = (data, self._read_file(repo, base, path)[1])
+                self._commit(repo, branch, base, changes, title)
+                committed = True
+            else:
+                for path, data in wanted.items():
+                    current, file_id = self._read_file(repo, branch, path)
+                    if current != data:
+                        changes[path] = (data, file_id)
+                committed = bool(changes)
+                if committed:
+                    self._commit(repo, branch, None, changes, title)
+            found = self._find_open(repo, base, branch)
+            if found is None:
+                pr = self._create(repo, base, branch, title, body)
+                log.info(
+                    "%s %s: opened pull request #%d from %s", self.name, repo, pr.number, branch
+                )
+                return with_flags(pr, committed=committed, created=True)
+            number, old_title, old_body = found
+            if (old_title, old_body) != (title, body):
+                self._edit(repo, number, title, body)
+            log.info(
+                "%s %s: updated pull request #%d (new commit: %s)",
+                self.name,
+                repo,
+                number,
+                committed,
+            )
+            return with_flags(self._state(repo, number), committed=committed)
 
     # --- each forge's API, read from its table ----------------------------------------------
 
