@@ -1,4 +1,5 @@
-"""What the three forges share: the records, the errors' rules and the algorithm (`RestForge`)."""
+"""What the three forges share: the records, the errors' rules, the algorithm, and the one
+client (`RestForge`) that speaks each forge's API from its table (`ForgeApi`, in `providers`)."""
 
 from __future__ import annotations
 
