@@ -3,7 +3,6 @@
 Every command that reads a JSON or YAML file goes through here:
 
     >>> obj = load_file("rollout.yaml")          # JSON or YAML, one object
-    >>> config = load_json_file("config.json")   # JSON only
 
 A file is read up to `max_bytes` (more is refused, so `/dev/zero` costs 8 MiB, not all
 memory), must be UTF-8, may nest at most `MAX_DEPTH` levels, and YAML may not use aliases
@@ -75,10 +74,6 @@ def decode(data: bytes, source: str) -> str:
 
 def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False) -> str:
     return decode(read_bytes(path, max_bytes=max_bytes, regular=regular), str(path))
-
-
-def load_json_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
-    return load_json(read_text(path, max_bytes=max_bytes), str(path))
 
 
 def load_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:

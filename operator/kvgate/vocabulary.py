@@ -188,29 +188,22 @@ def check_engine(engine: str | None) -> str | None:
 
 KV_DTYPES: Final = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
-# Spellings of one KV dtype: vLLM's `fp8` is e4m3 on CUDA; `auto` on a BF16 model is 16-bit.
-KV_DTYPE_FAMILIES: Final[Mapping[str, str]] = {
-    "fp8": "fp8_e4m3",
-    "fp8_e4m3": "fp8_e4m3",
-    "float8_e4m3fn": "fp8_e4m3",
-    "torch.float8_e4m3fn": "fp8_e4m3",
-    "fp8_e5m2": "fp8_e5m2",
-    "float8_e5m2": "fp8_e5m2",
-    "torch.float8_e5m2": "fp8_e5m2",
-    "auto": "16-bit",
-    "bf16": "16-bit",
-    "bfloat16": "16-bit",
-    "float16": "16-bit",
-    "fp16": "16-bit",
-    "half": "16-bit",
-    "torch.bfloat16": "16-bit",
-    "torch.float16": "16-bit",
-}
+# The spellings of a 16-bit KV cache: `auto` on a BF16 or FP16 model, and the dtypes themselves.
+_SIXTEEN_BIT: Final = frozenset({"auto", "bf16", "bfloat16", "float16", "fp16", "half"})
 
 
 def kv_dtype_family(dtype: str) -> str:
-    """What a KV dtype name stores: `auto`, bf16 and fp16 are all 16-bit."""
-    return KV_DTYPE_FAMILIES.get(dtype.lower(), dtype.lower())
+    """What a KV dtype name stores, however a flag, a log, /metrics or torch spells it: `auto`,
+    bf16 and fp16 are all 16-bit; `fp8_e5m2` is e5m2; vLLM's `fp8` and every other FP8 cache
+    (`fp8_e4m3`, `float8_e4m3fn`, `fp8_inc`) is e4m3 on CUDA. The one dtype normaliser."""
+    name = dtype.strip("'\"").lower().removeprefix("torch.")
+    if name in _SIXTEEN_BIT:
+        return "16-bit"
+    if name.startswith(("fp8_e5m2", "float8_e5m2")):
+        return "fp8_e5m2"
+    if name.startswith(("fp8", "float8_e4m3")):
+        return "fp8_e4m3"
+    return name
 
 
 @dataclass(frozen=True, slots=True)

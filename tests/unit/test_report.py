@@ -1084,9 +1084,9 @@ def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:
 )
 def test_long_durations_read_in_hours_and_days(seconds: float, text: str) -> None:
     """first-hour-2 N10: a rollout awaiting approval for days read "6782 min 18 s"."""
-    from kvgate.report.view import fmt_duration
+    from kvgate.records.timestamps import duration
 
-    assert fmt_duration(seconds) == text
+    assert duration(seconds) == text
 
 
 def test_the_fixed_n_interval_says_it_ignores_the_looks() -> None:

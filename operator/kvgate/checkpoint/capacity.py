@@ -109,10 +109,6 @@ class KVLayout:
     notes: tuple[str, ...]
     sliding_layer_indices: tuple[int, ...] = ()
 
-    @property
-    def elements_per_token(self) -> int:
-        return self.kv_layers * self.tensors_per_layer * self.kv_heads * self.head_dim
-
     def bytes_per_token(
         self,
         dtype: str,

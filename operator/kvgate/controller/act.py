@@ -64,10 +64,11 @@ from kvgate.vocabulary import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
 DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
 
 
-def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:
-    """The step's actions in order, each seeing what the ones before it did, each yielding
-    what it did: a caller keeps what the actions before a failing one did."""
-    done = NOTHING
+def acts(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Iterator[StatusUpdate]:
+    """The step's actions in order, each seeing what the ones before it did (after `before`,
+    what the reconcile's stages did so far), each yielding what it did: a caller keeps what the
+    actions before a failing one did."""
+    done = before
     for action in step.actions:
         seen = ctx.seeing(done)
         if action in DEFERRED:
@@ -79,12 +80,12 @@ def acts(ctx: Ctx, step: Step) -> Iterator[StatusUpdate]:
         yield update
 
 
-def act_best_effort(ctx: Ctx, step: Step) -> StatusUpdate:
-    """Giving up after errors: try every action; owner references clean up what fails. What
-    the actions before a failing one did is returned."""
+def act_best_effort(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> StatusUpdate:
+    """Giving up after errors: try every action (seeing `before`, as `acts`); owner references
+    clean up what fails. What the actions before a failing one did is returned."""
     done = NOTHING
     try:
-        for update in acts(ctx, step):
+        for update in acts(ctx, step, before):
             done = done.then(update)
     except (ExternalError, KvgateError) as exc:
         ctx.logger.warning("acting failed while giving up: %s", exc)

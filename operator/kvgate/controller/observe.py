@@ -9,6 +9,7 @@ in `kubeobjects`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from kvgate import redact
 from kvgate.change import manifests
@@ -155,14 +156,15 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     return tuple(name for name in found if name is not None)
 
 
-def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, StatusUpdate]:
-    """The arm's startup-log scan: from status when already read, else from the pod log."""
+def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, ArmStatus | None]:
+    """The arm's startup-log scan: from status when already read, else from the pod log (and
+    then the arm's status block that keeps it; None: the block is as it was)."""
     health = seen.arm(arm)
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.scan is not None:
-        return block.scan, NOTHING
+        return block.scan, None
     if arm not in seen.to_scan:  # not yet (or not again)
-        return None, NOTHING
+        return None, None
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.so_far.container
     if health.restarts:  # the crash is in the previous container's log, the restart in this
@@ -183,7 +185,7 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, StatusU
         # the image the verdict is reached on, by digest (its key)
         image_id=health.image_id or block.image_id,
     )
-    return scan, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+    return scan, block
 
 
 def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
@@ -199,18 +201,19 @@ def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
 
 
 def arm_metrics(
-    ctx: Ctx, arm: str, health: PodHealth
-) -> tuple[CacheTruth | None, str | None, StatusUpdate]:
-    """The arm's /metrics cache info (`metrics.cache_truth`): from status, else scraped once.
+    ctx: Ctx, arm: str, health: PodHealth, block: ArmStatus | None
+) -> tuple[CacheTruth | None, str | None, ArmStatus | None]:
+    """The arm's /metrics cache info (`metrics.cache_truth`): from its status `block`, else
+    scraped once.
 
-    Returns (truth, error, update); a failed scrape is kept in status (`metricsError`) and
-    retried.
+    Returns (truth, error, the block that keeps them; None: as it was); a failed scrape is kept
+    in status (`metricsError`) and retried.
     """
-    block = ctx.so_far.arms.get(arm) or ArmStatus()
+    block = block or ArmStatus()
     if block.metrics is not None:
-        return block.metrics, None, NOTHING
+        return block.metrics, None, None
     if not (health.ready and health.ip):
-        return None, None, NOTHING
+        return None, None, None
     source = "/metrics"
     try:
         truth = sources.cache_truth(ctx.so_far, health.ip, ctx.config.scrape_timeout_s)
@@ -222,26 +225,29 @@ def arm_metrics(
             truth = dataclasses.replace(truth, server_info=info)
     except (ExternalError, InputError) as exc:
         error = f"{arm} {source}: {str(exc)[:300]}"
-        block = dataclasses.replace(block, metrics_error=error)
-        return None, error, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
-    block = dataclasses.replace(block, metrics=truth, metrics_error=None)
-    return truth, None, StatusUpdate.of(arms={**ctx.so_far.arms, arm: block})
+        return None, error, dataclasses.replace(block, metrics_error=error)
+    return truth, None, dataclasses.replace(block, metrics=truth, metrics_error=None)
 
 
 def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     control, candidate = seen.control, seen.candidate
-    control_scan, found = arm_scan(ctx, seen, "control")
-    candidate_scan, more = arm_scan(ctx.seeing(found), seen, "candidate")
-    found = found.then(more)
-    found = found.then(record_capacity(ctx.seeing(found)))
+    control_scan, control_block = arm_scan(ctx, seen, "control")
+    candidate_scan, candidate_block = arm_scan(ctx, seen, "candidate")
+    arms = dict(ctx.so_far.arms)  # each arm's status block as this look leaves it
+    for arm, block in (("control", control_block), ("candidate", candidate_block)):
+        if block is not None:
+            arms[arm] = block
+    capacity = record_capacity(ctx, arms)
     truths: dict[str, CacheTruth | None] = {}
     errors = []
     if control_scan is not None and candidate_scan is not None:
         for arm, health in (("control", control), ("candidate", candidate)):
-            truths[arm], error, more = arm_metrics(ctx.seeing(found), arm, health)
-            found = found.then(more)
+            truths[arm], error, block = arm_metrics(ctx, arm, health, arms.get(arm))
+            if block is not None:
+                arms[arm] = block
             if error:
                 errors.append(error)
+    found = StatusUpdate.of(arms=arms).then(capacity) if arms != dict(ctx.so_far.arms) else capacity
     obs = Observation(
         control=control,
         candidate=candidate,
@@ -278,9 +284,8 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     return obs, found
 
 
-def record_capacity(ctx: Ctx) -> StatusUpdate:
+def record_capacity(ctx: Ctx, arms: Mapping[str, ArmStatus]) -> StatusUpdate:
     """Candidate over control KV tokens, once both scans state them (the tokens are the scans')."""
-    arms = ctx.so_far.arms
     control = arms["control"].kv_tokens if "control" in arms else None
     candidate = arms["candidate"].kv_tokens if "candidate" in arms else None
     if not (control and candidate):

@@ -85,9 +85,6 @@ class Seen:
     def arm(self, arm: str) -> PodHealth:
         return self.control if arm == "control" else self.candidate
 
-    def arm_pod(self, arm: str) -> Mapping[str, Any] | None:
-        return self.control_pod if arm == "control" else self.candidate_pod
-
     def placement(self, arm: str) -> Placement:
         return self.to_scan.get(arm, UNPLACED)
 

@@ -35,7 +35,7 @@ def run(begun: Begun) -> Reconciled:
         step = machine.next_step(
             spec, state, obs, poll_s=config.poll_interval_s, approval_ttl_s=config.approval_ttl_s
         )
-        for update in acts(ctx.seeing(done), step):  # kept up to a failing action
+        for update in acts(ctx, step, done):  # kept up to a failing action
             done = done.then(update)
         return Reconciled(step, done)
     except Exception as exc:
@@ -55,4 +55,4 @@ def run(begun: Begun) -> Reconciled:
         given_up = machine.give_up(spec, state, what, errors, limit=config.error_limit)
         if given_up is None:
             return Reconciled(done=done, retry=Retry(what, exc, errors))
-        return Reconciled(given_up, done.then(act_best_effort(ctx.seeing(done), given_up)))
+        return Reconciled(given_up, done.then(act_best_effort(ctx, given_up, done)))

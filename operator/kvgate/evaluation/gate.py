@@ -60,7 +60,7 @@ GSM8K_TEST_QUESTIONS: Final = 1319
 SUMMARY_KIND: Final = "kvgate.eval/summary"
 PROGRESS_KIND: Final = "kvgate.eval/progress"
 
-# Codes of `decide_arrays`.
+# A look's decision codes (`_REASON_TO_CODE`).
 CONTINUE, PASS, FAIL, INCONCLUSIVE = 0, 1, 2, 3
 # Reasons of `reason_arrays`.
 NONE, NONINFERIOR, WORSE_THAN_MARGIN, WORSE_THAN_CONTROL, NOT_SHOWN = 0, 1, 2, 3, 4
@@ -232,19 +232,6 @@ def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarr
 
 
 _REASON_TO_CODE: Final = (CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE)  # indexed by reason code
-
-
-def decide_arrays(
-    plan: GatePlan, look: int, n: np.ndarray, losses: np.ndarray, wins: np.ndarray
-) -> np.ndarray:
-    """Decision codes (CONTINUE, PASS, FAIL, INCONCLUSIVE) at 0-based `look` for many runs."""
-    import numpy as np
-    import numpy.typing as npt
-
-    # numpy types an array indexed by an array as Any; the result is an int8 array
-    to_code = np.array(_REASON_TO_CODE, dtype=np.int8)
-    codes: npt.NDArray[np.int8] = to_code[reason_arrays(plan, look, n, losses, wins)]
-    return codes
 
 
 @dataclass(frozen=True, slots=True)

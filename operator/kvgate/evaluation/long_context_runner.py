@@ -24,11 +24,10 @@ from kvgate.evaluation.long_context import (
     write_items,
 )
 from kvgate.evaluation.runner import (
-    _DATASET_LOCK,
     Arm,
     EvalSettings,
-    _endpoint_errors,
-    _strict_model_classes,
+    evaluate_arm,
+    strict_model,
     writable_cache_environment,
 )
 from kvgate.spec.rollout import is_commit, is_local_path
@@ -144,53 +143,15 @@ class NeedleRunner:
         os.environ.update(writable_cache_environment(os.environ, workdir))
         write_task(items, self.workdir)
         self.arms = list(arms)
-        self._errors = _endpoint_errors()
 
     def _run_arm(self, arm: Arm) -> dict[int, NeedleAnswer]:
-        import lm_eval
-        from lm_eval.tasks import TaskManager, get_task_dict
+        from lm_eval.tasks import TaskManager
 
-        strict_completions, _ = _strict_model_classes()
         s = self.settings
-        model = strict_completions(
-            model=arm.model,
-            base_url=arm.url,
-            tokenizer_backend=None,
-            tokenized_requests=False,
-            num_concurrent=s.concurrency,
-            max_retries=s.max_retries,
-            max_gen_toks=TOKENS_TO_GENERATE,
-            timeout=s.timeout,
-            seed=s.seed,
-        )
+        model = strict_model(s, arm, chat=False, max_gen_toks=TOKENS_TO_GENERATE)
         manager = TaskManager(include_path=str(self.workdir), include_defaults=False)
-        try:
-            with _DATASET_LOCK:
-                task = get_task_dict([TASK_NAME], manager)[TASK_NAME]
-            result = lm_eval.simple_evaluate(
-                model=model,
-                tasks=[task],
-                task_manager=manager,
-                log_samples=True,
-                bootstrap_iters=0,
-                random_seed=s.seed,
-                numpy_random_seed=s.seed,
-                torch_random_seed=s.seed,
-                fewshot_random_seed=s.seed,
-                verbosity="WARNING",
-            )
-        except self._errors as exc:
-            raise EvalError(
-                f"{arm.name} endpoint {arm.url} failed on the needle task after "
-                f"{s.max_retries} attempts: {type(exc).__name__}: {str(exc)[:300]}"
-            ) from exc
-        except OSError as exc:
-            raise EvalError(
-                f"{arm.name} arm: lm-eval could not run the needle task: {exc}"
-            ) from exc
-        if not isinstance(result, dict) or TASK_NAME not in result.get("samples", {}):
-            raise EvalError(f"{arm.name}: lm-eval returned no needle samples")
-        return answers_from_samples(result["samples"][TASK_NAME], arm.name)
+        samples = evaluate_arm(s, arm, model, manager, TASK_NAME, doing=" on the needle task")
+        return answers_from_samples(samples, arm.name)
 
     def run(self) -> dict[str, dict[int, NeedleAnswer]]:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-niah") as pool:

@@ -419,71 +419,97 @@ class LmEvalRunner:
         write_task_config(settings, workdir)
         from lm_eval.tasks import TaskManager  # after the offline variables are set
 
-        strict_completions, strict_chat = _strict_model_classes()
-        model_class = strict_chat if settings.chat else strict_completions
         # One model and one task manager per arm: the arms may run in parallel threads.
         # Only our pinned YAML is indexed: the ~10k stock task files cost seconds per job.
         self._arms = {
             arm.name: (
                 arm,
-                self._build_model(model_class, arm),
+                strict_model(settings, arm, chat=settings.chat, max_gen_toks=settings.max_gen_toks),
                 TaskManager(include_path=str(workdir), include_defaults=False),
             )
             for arm in arms
         }
-        self._errors = _endpoint_errors()
-
-    def _build_model(self, model_class: type, arm: Arm) -> Any:
-        return model_class(
-            model=arm.model,
-            base_url=arm.url,
-            tokenizer_backend=None,  # no tokenizer download; the server tokenizes strings
-            tokenized_requests=False,
-            num_concurrent=self.settings.concurrency,
-            max_retries=self.settings.max_retries,
-            max_gen_toks=self.settings.max_gen_toks,
-            timeout=self.settings.timeout,
-            seed=self.settings.seed,
-        )
 
     def run(self, arm_name: str, doc_ids: Sequence[int]) -> dict[int, ArmAnswer]:
         """Evaluate `doc_ids` on one arm; returns graded answers by doc id."""
-        import lm_eval
-        from lm_eval.tasks import get_task_dict
-
         arm, model, task_manager = self._arms[arm_name]
         s = self.settings
-        quiet_lm_eval()
-        try:
-            # Build the task (it loads the dataset) one arm at a time: datasets' file listing
-            # uses tqdm's thread_map, whose class-level lock races between threads.
-            with _DATASET_LOCK:
-                task = get_task_dict([s.task_name], task_manager)[s.task_name]
-            result = lm_eval.simple_evaluate(
-                model=model,
-                tasks=[task],
-                task_manager=task_manager,
-                num_fewshot=s.num_fewshot,
-                samples={s.task_name: list(doc_ids)},
-                log_samples=True,
-                bootstrap_iters=0,
-                apply_chat_template=s.chat,
-                fewshot_as_multiturn=s.chat,
-                random_seed=s.seed,
-                numpy_random_seed=s.seed,
-                torch_random_seed=s.seed,
-                fewshot_random_seed=s.seed,
-                verbosity="WARNING",
-            )
-        except self._errors as exc:
-            raise EvalError(
-                f"{arm.name} endpoint {arm.url} failed after {s.max_retries} attempts: "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
-            ) from exc
-        except OSError as exc:  # data files, dataset cache: the job's environment, not the arm
-            raise EvalError(
-                f"{arm.name} arm: lm-eval could not run: {type(exc).__name__}: {str(exc)[:300]}"
-            ) from exc
-        if not isinstance(result, dict) or s.task_name not in result.get("samples", {}):
-            raise EvalError(f"{arm.name}: lm-eval returned no per-question samples")
-        return answers_from_samples(result["samples"][s.task_name], arm.name)
+        samples = evaluate_arm(
+            s,
+            arm,
+            model,
+            task_manager,
+            s.task_name,
+            num_fewshot=s.num_fewshot,
+            samples={s.task_name: list(doc_ids)},
+            apply_chat_template=s.chat,
+            fewshot_as_multiturn=s.chat,
+        )
+        return answers_from_samples(samples, arm.name)
+
+
+def strict_model(settings: EvalSettings, arm: Arm, *, chat: bool, max_gen_toks: int) -> Any:
+    """lm-eval's local (chat) completions model for one arm, validating each response."""
+    completions, chat_completions = _strict_model_classes()
+    return (chat_completions if chat else completions)(
+        model=arm.model,
+        base_url=arm.url,
+        tokenizer_backend=None,  # no tokenizer download; the server tokenizes strings
+        tokenized_requests=False,
+        num_concurrent=settings.concurrency,
+        max_retries=settings.max_retries,
+        max_gen_toks=max_gen_toks,
+        timeout=settings.timeout,
+        seed=settings.seed,
+    )
+
+
+def evaluate_arm(
+    settings: EvalSettings,
+    arm: Arm,
+    model: Any,
+    task_manager: Any,
+    task_name: str,
+    *,
+    doing: str = "",
+    **options: Any,
+) -> list[Any]:
+    """The one lm-eval call: `task_name` on one arm, seeded by the settings, every sample
+    logged; the per-sample records. `doing` names the task in errors (" on the needle task");
+    `options` are the task's own `simple_evaluate` arguments. An endpoint's failure or the
+    environment's (data files, dataset cache) is one EvalError naming the arm."""
+    import lm_eval
+    from lm_eval.tasks import get_task_dict
+
+    quiet_lm_eval()
+    seed = settings.seed
+    try:
+        # Build the task (it loads the dataset) one arm at a time: datasets' file listing
+        # uses tqdm's thread_map, whose class-level lock races between threads.
+        with _DATASET_LOCK:
+            task = get_task_dict([task_name], task_manager)[task_name]
+        result = lm_eval.simple_evaluate(
+            model=model,
+            tasks=[task],
+            task_manager=task_manager,
+            log_samples=True,
+            bootstrap_iters=0,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            verbosity="WARNING",
+            **options,
+        )
+    except _endpoint_errors() as exc:
+        raise EvalError(
+            f"{arm.name} endpoint {arm.url} failed{doing} after {settings.max_retries} "
+            f"attempts: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
+    except OSError as exc:  # data files, dataset cache: the job's environment, not the arm
+        raise EvalError(
+            f"{arm.name} arm: lm-eval could not run{doing}: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
+    if not isinstance(result, dict) or task_name not in result.get("samples", {}):
+        raise EvalError(f"{arm.name}: lm-eval returned no samples of {task_name}")
+    return list(result["samples"][task_name])

@@ -21,7 +21,13 @@ from kvgate.spec.rollout import (
     ScalesGate,
     SpeedGate,
 )
-from kvgate.vocabulary import ArmClocks, GateMode, Outcome, SpeedClocks
+from kvgate.vocabulary import (
+    ArmClocks,
+    GateMode,
+    Outcome,
+    SpeedClocks,
+    kv_dtype_family,
+)
 
 # Gate names, as keys of `status.gates`.
 POOL: Final = "poolPressure"
@@ -193,13 +199,6 @@ def assess_backend(
     )
 
 
-def _fp8_family(dtype: str | None) -> str | None:
-    """`fp8` and `fp8_e4m3` are the same cache on CUDA; `fp8_e5m2` is another."""
-    if not dtype:
-        return None
-    return "fp8_e5m2" if dtype == "fp8_e5m2" else ("fp8_e4m3" if dtype.startswith("fp8") else dtype)
-
-
 def truth_facts(truth: CacheTruth | None) -> tuple[str | None, int | None]:
     """(KV dtype, KV tokens) an arm's own engine states: its /metrics `cache_config_info`, else
     SGLang's server info. The second source when the startup log does not say."""
@@ -239,14 +238,14 @@ def assess_arms_dtype(
             "neither the candidate's startup log nor its /metrics (cache_config_info) or server "
             f"info name its KV cache dtype in a form kvgate reads: it cannot be shown to run {wanted}",
         )
-    if _fp8_family(candidate) != _fp8_family(wanted):
+    if kv_dtype_family(candidate) != kv_dtype_family(wanted):
         return GateResult(
             CANARY,
             Outcome.ERROR,
             Reason.CANDIDATE_DTYPE_MISMATCH,
             f"the candidate's {source} shows KV cache dtype {candidate}, not {wanted}",
         )
-    if control is not None and _fp8_family(control) == _fp8_family(wanted):
+    if control is not None and kv_dtype_family(control) == kv_dtype_family(wanted):
         return GateResult(
             CANARY,
             Outcome.ERROR,

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from kvgate.errors import KvgateError
 from kvgate.judge import crash
 from kvgate.records.status import RolloutStatus
+from kvgate.records.timestamps import parse_time
 from kvgate.report import view
 from kvgate.report.fmt import DASH
 from kvgate.report.records import Header, Headline, ReportView
@@ -154,7 +155,7 @@ def _approval(head: Header, status: RolloutStatus) -> list[str]:
         f"kvgate approve {name} -n {ns}",
         f"kubectl annotate kvr/{name} -n {ns} kvgate.io/approve={status.config_hash}",
     ]
-    expires = view.parse_time(status.approval_expires_at)
+    expires = parse_time(status.approval_expires_at)
     if expires is not None:
         lines.append(f"expires {expires.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC")
     return lines

@@ -1,5 +1,5 @@
 """Reading a status's fields for the report without ever raising: the first present spelling of
-a key, a finite number from anything, an interval, the mappings of a list.
+a key, a finite number from anything, an interval.
 """
 
 from __future__ import annotations
@@ -65,14 +65,3 @@ def as_fraction(value: float | None) -> float | None:
     if value is None:
         return None
     return value / 100.0 if value > 1.0 else value
-
-
-def str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def mappings(value: Any) -> list[Mapping[str, Any]]:
-    """The mappings of a list (anything else in it, or a non-list, is left out)."""
-    if not isinstance(value, list | tuple):
-        return []
-    return [v for v in value if isinstance(v, Mapping)]

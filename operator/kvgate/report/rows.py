@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from kvgate.records.loadresult import StagePoint, sim_time_note
+from kvgate.records.timestamps import duration
 from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
     DASH,
@@ -27,7 +28,7 @@ from kvgate.report.records import (
     Progress,
     Speed,
 )
-from kvgate.report.view import ARMS, fmt_duration
+from kvgate.report.view import ARMS
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")
@@ -180,9 +181,9 @@ def progress_lines(progress: Progress | None) -> list[str]:
             line += f", candidate - control {pp(progress.difference)} so far"
         lines.append(line)
     if progress.running_s is not None:
-        line = f"running {fmt_duration(progress.running_s)}"
+        line = f"running {duration(progress.running_s)}"
         if progress.phase_s is not None:
-            line += f" (in this phase {fmt_duration(progress.phase_s)})"
+            line += f" (in this phase {duration(progress.phase_s)})"
         lines.append(line)
     return lines
 

@@ -25,6 +25,7 @@ from kvgate.records.status import (
     RolloutStatus,
     ScanRecord,
 )
+from kvgate.records.timestamps import duration, parse_time
 from kvgate.report.fields import (
     StatusLike,
     as_fraction,
@@ -468,38 +469,19 @@ def read_duration(status: StatusLike) -> str | None:
     """How long the rollout ran (startedAt to finishedAt), e.g. "4 min 12 s"."""
     typed = typed_status(status)
     seconds = between(typed.started_at, typed.finished_at)
-    return None if seconds is None else fmt_duration(seconds)
-
-
-def parse_time(text: str | None) -> dt.datetime | None:
-    if text is None:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return None if seconds is None else duration(seconds)
 
 
 def between(start_text: str | None, end: str | dt.datetime | None) -> float | None:
-    """Seconds from `start_text` to `end`; None when either is missing or unreadable, when one
-    has a zone and the other not (not comparable), or when the end comes first."""
+    """Seconds from `start_text` to `end`; None when either is missing or unreadable (a time
+    without a zone is), when `end` has no zone, or when the end comes first."""
     start = parse_time(start_text)
     stop = end if isinstance(end, dt.datetime) else parse_time(end)
-    if start is None or stop is None or (start.tzinfo is None) != (stop.tzinfo is None):
+    if start is None or stop is None or stop.tzinfo is None:
         return None
     if stop < start:
         return None
     return (stop - start).total_seconds()
-
-
-def fmt_duration(seconds: float) -> str:
-    """`45 s`, `4 min 12 s`, `2 h 5 min`, `4 d 17 h` (first-hour-2 N10: not `6782 min 18 s`)."""
-    whole = int(seconds)
-    if whole >= 86400:
-        return f"{whole // 86400} d {whole % 86400 // 3600} h"
-    if whole >= 3600:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
 
 
 # The operator ends a message with "; remedy: <text>", or "; remedy for <engine> <version>:

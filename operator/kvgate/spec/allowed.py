@@ -258,9 +258,6 @@ class Allowlist:
     def describe_env(self, engine: Engine | str | None) -> str:
         return ", ".join(sorted(self.env_for(engine) | {f"{p}*" for p in self._env_prefixes}))
 
-    def describe_args(self, engine: Engine | str | None) -> str:
-        return ", ".join(sorted(self.args_for(engine)))
-
 
 BUILTIN: Final = Allowlist()
 

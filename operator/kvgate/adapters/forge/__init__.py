@@ -25,14 +25,14 @@ from typing import Final
 
 import httpx
 
-from kvgate.adapters.forge.base import Forge, PullRequest, PullRequestState, RestForge
-from kvgate.adapters.forge.gitea import GiteaForge, GitHubForge
-from kvgate.adapters.forge.gitlab import GitLabForge
+from kvgate.adapters.forge.base import Forge, ForgeApi, PullRequest, PullRequestState, RestForge
+from kvgate.adapters.forge.providers import GiteaForge, GitHubForge, GitLabForge
 from kvgate.errors import SpecError
 
 __all__ = [
     "FORGES",
     "Forge",
+    "ForgeApi",
     "GitHubForge",
     "GitLabForge",
     "GiteaForge",

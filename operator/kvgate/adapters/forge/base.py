@@ -1,11 +1,12 @@
-"""What the three forges share: the records, the errors' rules and the algorithm (`RestForge`)."""
+"""What the three forges share: the records, the errors' rules, the algorithm, and the one
+client (`RestForge`) that speaks each forge's API from its table (`ForgeApi`, in `providers`)."""
 
 from __future__ import annotations
 
 import base64
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -26,6 +27,7 @@ _REPO: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$")
 # What an HTTP header value may carry without being refused or mangled: visible ASCII.
 _TOKEN: Final = re.compile(r"^[\x21-\x7e]{8,4096}$")
 _REDACTED: Final = "<redacted>"
+Changes = Mapping[str, tuple[bytes, str | None]]  # path -> (content, blob id; None: new)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +76,51 @@ def _check_arguments(repo: str, base: str, branch: str, files: Mapping[str, str]
             raise SpecError("promotion.git.path", f"{path!r} is not a relative file path")
 
 
-class RestForge:
-    """The algorithm, shared by the three forges; subclasses speak each one's API."""
+@dataclass(frozen=True, slots=True)
+class ForgeApi:
+    """One forge's REST API as data: where each call goes and the words of its answers. Paths
+    are under the repository's (`repo_root` and the quoted repository)."""
 
-    name: str = "forge"
+    name: str
+    auth_header: str  # the token's header, and what stands before the token in it
+    auth_prefix: str
+    headers: Mapping[str, str]  # the other headers
+    repo_root: str
+    quote_slashes: bool  # GitLab: a project, a branch or a file path is one URL part
+    repo_word: str  # what the forge calls a repository
+    write_refusal: Callable[[Any], str]  # the repository's JSON -> why the token cannot push
+    write_permission: str
+    branch: str  # + the branch: its head commit at `branch_sha`
+    branch_sha: tuple[str, ...]
+    file: str  # + the path (`?ref=` the branch): base64 `content`, blob id at `file_id`
+    file_id: str
+    # (branch, start from, changes, message) -> the JSON posted to `commits`; None: the
+    # contents API, a commit per file (GitHub)
+    commit_payload: Callable[[str, str | None, Changes, str], dict[str, Any]] | None
+    commits: str
+    noun: str  # "pull request", "merge request"
+    sign: str  # before its number in the forge's own text
+    pulls: str  # the list, the create and (+ /number) one pull request
+    open_filter: Callable[[str, str, str], dict[str, str | int]]  # (repo, base, branch)
+    page_size: int  # 0: one page (the filter finds it)
+    number: str  # a pull request's JSON: its number, web address, head and base branch, body
+    url: str
+    head: tuple[str, ...]
+    base: tuple[str, ...]
+    body: str
+    edit_method: str
+    comments: str  # with {number}
+    close: Mapping[str, str]  # what the edit sends to close
+
+
+class RestForge:
+    """The algorithm, shared by the three forges; `api` is the forge's table."""
+
+    api: ForgeApi
+
+    @property
+    def name(self) -> str:
+        return self.api.name
 
     def __init__(
         self,
@@ -98,9 +141,6 @@ class RestForge:
             self._http.close()
 
     # --- HTTP and errors --------------------------------------------------------------------
-
-    def _headers(self) -> dict[str, str]:
-        raise NotImplementedError
 
     def _scrub(self, text: str) -> str:
         return scrub_text(text.replace(self._token, _REDACTED))
@@ -237,61 +277,98 @@ class RestForge:
     ) -> PullRequest:
         _check_arguments(repo, base, branch, files)
         with self._answer_shape(repo):
-            return self._open_or_update(repo, base, branch, files, title, body)
+            self._check_write_access(repo)
+            wanted = {path: text.encode() for path, text in files.items()}
+            changes: dict[str, tuple[bytes, str | None]] = {}
+            if self._branch_head(repo, branch) is None:
+                if self._branch_head(repo, base) is None:
+                    raise ForgeError(repo, f"base branch {base!r} does not exist")
+                # A file already on the base branch (the placeholder the recipes commit) is
+                # updated: the forges refuse to create a path that exists.
+                for path, data in wanted.items():
+                    changes[path] = (data, self._read_file(repo, base, path)[1])
+                self._commit(repo, branch, base, changes, title)
+                committed = True
+            else:
+                for path, data in wanted.items():
+                    current, file_id = self._read_file(repo, branch, path)
+                    if current != data:
+                        changes[path] = (data, file_id)
+                committed = bool(changes)
+                if committed:
+                    self._commit(repo, branch, None, changes, title)
+            found = self._find_open(repo, base, branch)
+            if found is None:
+                pr = self._create(repo, base, branch, title, body)
+                log.info(
+                    "%s %s: opened pull request #%d from %s", self.name, repo, pr.number, branch
+                )
+                return with_flags(pr, committed=committed, created=True)
+            number, old_title, old_body = found
+            if (old_title, old_body) != (title, body):
+                self._edit(repo, number, title, body)
+            log.info(
+                "%s %s: updated pull request #%d (new commit: %s)",
+                self.name,
+                repo,
+                number,
+                committed,
+            )
+            return with_flags(self._state(repo, number), committed=committed)
 
-    def _open_or_update(
-        self,
-        repo: str,
-        base: str,
-        branch: str,
-        files: Mapping[str, str],
-        title: str,
-        body: str,
-    ) -> PullRequest:
-        self._check_write_access(repo)
-        wanted = {path: text.encode() for path, text in files.items()}
-        changes: dict[str, tuple[bytes, str | None]] = {}
-        if self._branch_head(repo, branch) is None:
-            if self._branch_head(repo, base) is None:
-                raise ForgeError(repo, f"base branch {base!r} does not exist")
-            # A file already on the base branch (the placeholder the recipes commit) is updated:
-            # the forges refuse to create a path that exists.
-            for path, data in wanted.items():
-                changes[path] = (data, self._read_file(repo, base, path)[1])
-            self._commit(repo, branch, base, changes, title)
-            committed = True
-        else:
-            for path, data in wanted.items():
-                current, file_id = self._read_file(repo, branch, path)
-                if current != data:
-                    changes[path] = (data, file_id)
-            committed = bool(changes)
-            if committed:
-                self._commit(repo, branch, None, changes, title)
-        found = self._find_open(repo, base, branch)
-        if found is None:
-            pr = self._create(repo, base, branch, title, body)
-            log.info("%s %s: opened pull request #%d from %s", self.name, repo, pr.number, branch)
-            return with_flags(pr, committed=committed, created=True)
-        number, old_title, old_body = found
-        if (old_title, old_body) != (title, body):
-            self._edit(repo, number, title, body)
-        log.info(
-            "%s %s: updated pull request #%d (new commit: %s)", self.name, repo, number, committed
-        )
-        return with_flags(self._state(repo, number), committed=committed)
+    # --- each forge's API, read from its table ----------------------------------------------
 
-    # --- what each forge implements ---------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        api = self.api
+        return {api.auth_header: api.auth_prefix + self._token, **api.headers}
+
+    def _repo(self, repo: str) -> str:
+        parts = [repo] if self.api.quote_slashes else repo.split("/", 1)
+        return self.api.repo_root + "/".join(quote_part(p) for p in parts)
+
+    def _quote(self, part: str) -> str:
+        return quote_part(part) if self.api.quote_slashes else quote_path(part)
 
     def _check_write_access(self, repo: str) -> None:
-        raise NotImplementedError
+        api = self.api
+        data = self._call(
+            "GET",
+            self._repo(repo),
+            repo,
+            f"reading the {api.repo_word}",
+            permission=f"read the {api.repo_word}",
+        )
+        refusal = api.write_refusal(data)
+        if refusal:
+            raise ForgeAccessError(repo, refusal)
 
     def _branch_head(self, repo: str, branch: str) -> str | None:
-        raise NotImplementedError
+        data = self._call(
+            "GET",
+            f"{self._repo(repo)}{self.api.branch}{self._quote(branch)}",
+            repo,
+            f"reading branch {branch}",
+            permission="read the repository",
+            ok404=True,
+        )
+        return None if data is None else str(_dig(data, self.api.branch_sha))
 
     def _read_file(self, repo: str, branch: str, path: str) -> tuple[bytes | None, str | None]:
         """The file's bytes and its blob id on `branch`; (None, None) when it is not there."""
-        raise NotImplementedError
+        data = self._call(
+            "GET",
+            f"{self._repo(repo)}{self.api.file}{self._quote(path)}",
+            repo,
+            f"reading {path} on {branch}",
+            permission="read the repository",
+            ok404=True,
+            params={"ref": branch},
+        )
+        if data is None:
+            return None, None
+        if not isinstance(data, Mapping) or data.get("type", "file") != "file":
+            raise ForgeError(repo, f"{path} on {branch} is not a file")  # GitLab has no type
+        return decode_content(data.get("content", ""), path, repo), str(data[self.api.file_id])
 
     def _commit(
         self,
@@ -302,24 +379,141 @@ class RestForge:
         message: str,
     ) -> None:
         """Commit `changes` ({path: (content, blob id or None for a new file)}) on `branch`,
-        creating it from `start_from` when given."""
-        raise NotImplementedError
+        creating it from `start_from` when given: in one commit where the forge takes several
+        files, else the branch first and a commit per file (GitHub's contents API)."""
+        api, doing = self.api, f"committing on {branch}"
+        if api.commit_payload is not None:
+            payload = api.commit_payload(branch, start_from, changes, message)
+            self._call(
+                "POST",
+                self._repo(repo) + api.commits,
+                repo,
+                doing,
+                permission=api.write_permission,
+                json=payload,
+            )
+            return
+        if start_from is not None:
+            self._call(
+                "POST",
+                f"{self._repo(repo)}/git/refs",
+                repo,
+                f"creating branch {branch}",
+                permission=api.write_permission,
+                json={"ref": f"refs/heads/{branch}", "sha": self._branch_head(repo, start_from)},
+            )
+        for path, (data, sha) in changes.items():
+            one: dict[str, Any] = {"message": message, "content": b64(data), "branch": branch}
+            if sha is not None:
+                one["sha"] = sha
+            self._call(
+                "PUT",
+                f"{self._repo(repo)}{api.file}{self._quote(path)}",
+                repo,
+                f"committing {path} on {branch}",
+                permission=api.write_permission,
+                json=one,
+            )
 
     def _find_open(self, repo: str, base: str, branch: str) -> tuple[int, str, str] | None:
-        """(number, title, body) of the open pull request from `branch` into `base`."""
-        raise NotImplementedError
+        """(number, title, body) of the open pull request from `branch` into `base`; the filter
+        is checked again on each answer (old GitLabs ignored it, Gitea has none)."""
+        api = self.api
+        params = api.open_filter(repo, base, branch)
+        for page in range(1, MAX_PAGES + 1):
+            paged = {"limit": api.page_size, "page": page} if api.page_size else {}
+            items = self._call(
+                "GET",
+                self._repo(repo) + api.pulls,
+                repo,
+                f"listing {api.noun}s",
+                permission=f"read {api.noun}s",
+                params={**params, **paged},
+            )
+            for pr in items or []:
+                if _dig(pr, api.head) == branch and _dig(pr, api.base) == base:
+                    return int(pr[api.number]), str(pr["title"]), str(pr.get(api.body) or "")
+            if not api.page_size or not items or len(items) < api.page_size:
+                return None
+        return None
 
     def _create(self, repo: str, base: str, branch: str, title: str, body: str) -> PullRequest:
-        raise NotImplementedError
+        api = self.api
+        data = self._call(
+            "POST",
+            self._repo(repo) + api.pulls,
+            repo,
+            f"opening a {api.noun}",
+            permission=f"open {api.noun}s",
+            json={api.head[0]: branch, api.base[0]: base, "title": title, api.body: body},
+        )
+        return self._pull_request(data)
 
     def _edit(self, repo: str, number: int, title: str, body: str) -> None:
-        raise NotImplementedError
+        api = self.api
+        self._call(
+            api.edit_method,
+            f"{self._repo(repo)}{api.pulls}/{number}",
+            repo,
+            f"editing {api.noun} {api.sign}{number}",
+            permission=f"edit {api.noun}s",
+            json={"title": title, api.body: body},
+        )
 
     def _state(self, repo: str, number: int) -> PullRequest:
-        raise NotImplementedError
+        api = self.api
+        data = self._call(
+            "GET",
+            f"{self._repo(repo)}{api.pulls}/{int(number)}",
+            repo,
+            f"reading {api.noun} {api.sign}{number}",
+            permission=f"read {api.noun}s",
+        )
+        return self._pull_request(data)
 
     def _close(self, repo: str, number: int, comment: str) -> None:
-        raise NotImplementedError
+        api, which = self.api, f"{self.api.noun} {self.api.sign}{number}"
+        self._call(
+            "POST",
+            self._repo(repo) + api.comments.format(number=int(number)),
+            repo,
+            f"commenting on {which}",
+            permission=f"comment on {api.noun}s",
+            json={"body": comment},
+        )
+        self._call(
+            api.edit_method,
+            f"{self._repo(repo)}{api.pulls}/{int(number)}",
+            repo,
+            f"closing {which}",
+            permission=f"edit {api.noun}s",
+            json=dict(api.close),
+        )
+
+    def _pull_request(self, data: Mapping[str, Any]) -> PullRequest:
+        """Gitea's and GitHub's `merged` flag, or GitLab's `merged` state; GitHub sets a test
+        merge commit on an open pull request, so the sha is read only once merged."""
+        merged = bool(data.get("merged")) or data.get("state") == "merged"
+        if merged:
+            state = PullRequestState.MERGED
+        elif data.get("state") == "closed":
+            state = PullRequestState.CLOSED
+        else:
+            state = PullRequestState.OPEN
+        sha = data.get("merge_commit_sha") or data.get("squash_commit_sha") if merged else None
+        return PullRequest(
+            int(data[self.api.number]),
+            str(data.get(self.api.url, "")),
+            state,
+            str(sha) if sha else None,
+            branch=str(_dig(data, self.api.head)),
+        )
+
+
+def _dig(data: Any, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        data = data[key]
+    return data
 
 
 def with_flags(pr: PullRequest, *, committed: bool, created: bool = False) -> PullRequest:

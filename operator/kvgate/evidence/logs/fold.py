@@ -28,6 +28,7 @@ from kvgate.evidence.logs.hints import (
 )
 from kvgate.evidence.logs.model import CODES, ERROR_CODES, Capacity, Event, Finding, LogScan
 from kvgate.evidence.logs.rules import _S, _V
+from kvgate.vocabulary import kv_dtype_family
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
@@ -38,15 +39,12 @@ def _version_tuple(version: str | None) -> tuple[int, ...] | None:
 
 
 def _normalise_dtype(value: str) -> str:
-    value = value.strip("'\"")
-    value = value.removeprefix("torch.")
+    """The dtype as the scan reports it: `auto` for an unquantised cache, torch's FP8 names by
+    their family, any other name as the engine spelled it (`fp8` stays `fp8`)."""
+    value = value.strip("'\"").removeprefix("torch.")
     if value in _UNQUANTISED:
         return "auto"
-    if value.startswith("float8_e4m3"):
-        return "fp8_e4m3"
-    if value.startswith("float8_e5m2"):
-        return "fp8_e5m2"
-    return value
+    return kv_dtype_family(value) if value.startswith("float8_") else value
 
 
 def _v0_tokens(blocks: int, concurrency: float, max_len: int) -> int | None:
