@@ -549,13 +549,12 @@ class _Folder:
                 if not any(w in (e.groups[1] or "") for w in _WRAPPER_ERRORS)
             ]
             after = [e for e in exceptions if e.line >= failure.line] or exceptions
-            starts = [e.line for e in self.by_rule(R.TB_START) if e.line <= failure.line]
             if after:
                 hint = f"Root cause at line {after[0].line}: {after[0].text}"
-            elif starts:  # its summary line is missing: where the last traceback begins
-                hint = f"See the traceback from line {starts[-1]}."
-            else:
-                hint = f"See the traceback around line {failure.line}."
+            else:  # no summary line: where the last traceback before the failure begins
+                starts = [e.line for e in self.by_rule(R.TB_START) if e.line <= failure.line]
+                where = f"from line {starts[-1]}" if starts else f"around line {failure.line}"
+                hint = f"See the traceback {where}."
         self.findings[key] = Finding(
             failure.code, failure.severity, failure.line, failure.text, hint, failure.count
         )
