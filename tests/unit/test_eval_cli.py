@@ -384,3 +384,9 @@ def test_a_decided_eval_gives_no_advice(
     assert (advice_text(beyond) or "").endswith(
         "; more than GSM8K's 1,319: a wider --margin decides)"
     )
+    # more questions than the estimate already used: the observed loss, not the count, is why
+    spent = {**beyond, "questions_used": 600, "advice": {"questions_needed": 400,
+                                                         "discordance": 0.05}}  # fmt: skip
+    assert (advice_text(spent) or "").endswith(
+        "; this run used 600: its observed difference keeps it open)"
+    )

@@ -133,6 +133,9 @@ def advice_text(summary: dict[str, Any]) -> str | None:
         f"about {needed:,} questions would decide (an estimate: 80% power at this run's "
         f"{100 * discordance:.1f}% discordant questions, if the candidate loses nothing"
     )
+    used = summary.get("questions_used")
+    if isinstance(used, int) and used >= needed:  # the estimate assumes no loss; one was seen
+        return text + f"; this run used {used:,}: its observed difference keeps it open)"
     if needed > GSM8K_TEST_QUESTIONS:
         return text + f"; more than GSM8K's {GSM8K_TEST_QUESTIONS:,}: a wider --margin decides)"
     return text + ")"
