@@ -98,6 +98,8 @@ WHEELS = {
     "sglang-0.5.23": "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
     "uvicorn-0.35.0": "uvicorn-0.35.0-py3-none-any.whl",
     "flashinfer-0.6.1": "flashinfer_python-0.6.1-py3-none-any.whl",
+    # the Triton under an SGLang traceback (its frames and its fp8 error)
+    "triton-3.9.0": "triton-3.9.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
 }
 
 
@@ -686,6 +688,41 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
         ),
     ]
     result.append(f)
+    # The same start on a GPU below sm89 (an A100): Triton cannot type the decode kernel's
+    # fp8e4nv K/V pointers, and the scheduler's traceback ends in its CompilationError. The
+    # traceback is the `{traceback}` hole of the scheduler's line, its frames read from the two
+    # wheels (`_frame`), its last line Triton's own error (triton/language/core.py:599).
+    f = Fixture("sglang-0.5.23-fp8-triton-sm80-crash", "sglang-0.5.23", S)
+    f.lines.extend(
+        _sglang_server_args_dict(
+            wheels,
+            "sglang-0.5.23",
+            {
+                "model_path": "Qwen/Qwen3-8B",
+                "tp_size": 1,
+                "kv_cache_dtype": "fp8_e4m3",
+                "attention_backend": "triton",
+                "host": "0.0.0.0",
+                "port": 30000,
+            },
+        )
+    )
+    where, traceback = _fp8e4nv_traceback(wheels)
+    f.lines += [
+        f"#: frames: {where}",
+        Line(
+            "sglang/srt/managers/scheduler.py",
+            "Scheduler hit an exception: ",
+            (traceback,),
+            level="ERROR",
+        ),
+        Line(
+            "sglang/srt/entrypoints/engine.py",
+            "Received sigquit from a child process",
+            nth=0,
+        ),
+    ]
+    result.append(f)
     f = Fixture("sglang-0.5.23-fp8-ready", "sglang-0.5.23", S)
     f.lines.extend(
         _sglang_server_args_dict(
@@ -757,6 +794,88 @@ def fixtures(wheels: Wheels) -> list[Fixture]:
     f.lines += [served[0], *dropped, *served[1:]]
     result.append(f)
     return result
+
+
+_SITE = "/usr/local/lib/python3.11/site-packages/"
+
+
+def _frame(
+    wheels: Wheels, key: str, path: str, function: str, needle: str, shown: str | None = None
+) -> tuple[str, str]:
+    """One traceback frame as Python 3.11 prints it (its `^` markers left out): the first line
+    of `function` in `path` that holds `needle`, and where it was read. `shown`: the name
+    Python prints when the frame is a lambda inside `function`."""
+    lines = wheels.text(key, path).splitlines()
+    for node in ast.walk(wheels.tree(key, path)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == function:
+            end = node.end_lineno or node.lineno
+            for n in range(node.lineno, end + 1):
+                if needle in lines[n - 1]:
+                    text = lines[n - 1].strip()
+                    frame = f'  File "{_SITE}{path}", line {n}, in {shown or function}\n    {text}'
+                    return frame, f"{path}:{n}"
+    raise LookupError(f"{key} {path}: no line with {needle!r} in {function}")
+
+
+def _fp8e4nv_traceback(wheels: Wheels) -> tuple[str, str]:
+    """SGLang's scheduler dying in Triton's compile of the FP8 decode kernel: where each frame
+    was read, and the traceback (frames between the model runner's construction and the
+    attention backend's decode call are left out: the chain there has no fixed depth)."""
+    sg, tr = "sglang-0.5.23", "triton-3.9.0"
+    sched, kernels = "sglang/srt/managers/scheduler.py", "sglang/kernels/ops/attention/"
+    jit, compiler = "triton/runtime/jit.py", "triton/compiler/"
+    frames = [
+        (sg, sched, "run_scheduler_process", "Scheduler(", None),
+        (sg, sched, "__init__", "self.init_model_worker()", None),
+        (sg, sched, "init_model_worker", "self.init_tp_model_worker()", None),
+        (sg, sched, "init_tp_model_worker", "= TpModelWorker(**worker_kwargs)", None),
+        (sg, "sglang/srt/managers/tp_worker.py", "__init__", "self._init_model_runner()", None),
+        (sg, "sglang/srt/managers/tp_worker.py", "_init_model_runner", "ModelRunner(", None),
+        (sg, "sglang/srt/model_executor/model_runner.py", "__init__", "self.initialize(", None),
+        (sg, "sglang/srt/layers/attention/triton_backend.py", "forward_decode",
+         "self.decode_attention_fwd(", None),
+        (sg, kernels + "decode_attention.py", "decode_attention_fwd",
+         "decode_attention_fwd_grouped(", None),
+        (sg, kernels + "decode_attention.py", "decode_attention_fwd_grouped",
+         "_decode_grouped_att_m_fwd(", None),
+        (sg, kernels + "decode_attention.py", "_decode_grouped_att_m_fwd",
+         "_fwd_grouped_kernel_stage1[grid](", None),
+        (tr, jit, "__getitem__", "lambda *args, **kwargs: self.run(", "<lambda>"),
+        (tr, jit, "run", "kernel = self._do_compile(", None),
+        (tr, jit, "_do_compile", "kernel = self.compile(src, target=target, options", None),
+        (tr, compiler + "compiler.py", "compile", "module = src.make_ir(", None),
+        (tr, compiler + "compiler.py", "make_ir", "return ast_to_ttir(", None),
+        (tr, compiler + "code_generator.py", "ast_to_ttir", "generator.visit(fn.parse())", None),
+        (tr, compiler + "code_generator.py", "visit", "raise CompilationError(", None),
+    ]  # fmt: skip
+    read = [_frame(wheels, key, path, fn, needle, shown) for key, path, fn, needle, shown in frames]
+    # the error: ValueError(f"type {self} not supported in this architecture. The supported
+    # fp8 dtypes are {...}"), below sm89 ('fp8e4b15', 'fp8e5') (triton/backends/nvidia/
+    # compiler.py:137 and :241, sorted), wrapped as CompilationError(src, node, repr(e))
+    error = wheels.find(tr, "triton/language/core.py", "not supported in this architecture")
+    message = error.render(("fp8e4nv", ("fp8e4b15", "fp8e5")))
+    kernel = wheels.text(sg, kernels + "decode_attention.py").splitlines()
+    head = next(line for line in kernel if line.startswith("def _fwd_grouped_kernel_stage1("))
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            *(frame for frame, _ in read),
+            f"triton.compiler.errors.CompilationError: at 1:0:\n{head}\n^",
+            repr(ValueError(message)),
+        ]
+    )
+    read_in = {key: [w for (k, *_), (_, w) in zip(frames, read, strict=True) if k == key]
+               for key in (sg, tr)}  # fmt: skip
+    where = " ".join(
+        [
+            WHEELS[sg],
+            *read_in[sg],
+            WHEELS[tr],
+            *read_in[tr],
+            f"triton/language/core.py:{error.line}",
+        ]
+    )
+    return f"{where} (frames from initialize() to forward_decode left out)", text
 
 
 def _enum_members(wheels: Wheels, key: str, path: str, name: str) -> list[str]:

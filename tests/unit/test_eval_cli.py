@@ -325,9 +325,68 @@ def test_the_terminal_summary_says_its_reason_in_words(
     capsys: pytest.CaptureFixture[str], data_dir: Path, fake: type[FakeRunner]
 ) -> None:
     """first-hour-2 N18: "gsm8k: inconclusive (not_shown)" and other enum words."""
-    from kvgate.commands.eval import summary_text
+    from kvgate.commands.terminal import summary_text
 
     code, lines, _ = _eval(capsys, data_dir, "--limit", "60")
     assert code == 3
     text = summary_text(lines[-1])
     assert "gsm8k: inconclusive (neither shown)" in text and "not_shown" not in text
+
+
+@pytest.mark.parametrize(("wrong", "limit"), [(frozenset({1, 7}), "60"), (frozenset(), "60")])
+def test_an_open_question_says_about_how_many_questions_would_decide(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+    wrong: frozenset[int],
+    limit: str,
+) -> None:
+    """first-hour-2 N18: the advice `stats` gives, on eval's terminal summary, as an estimate."""
+    from kvgate.judge.stats import questions_needed
+
+    fake.wrong = wrong
+    code, lines, _ = _eval(capsys, data_dir, "--limit", limit)
+    summary = lines[-1]
+    assert (code, summary["verdict"]) == (3, "inconclusive")
+    discordance = len(wrong) / int(limit)
+    needed = questions_needed(discordance, summary["margin"], summary["confidence"])
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    fake.wrong = wrong
+    assert main(["eval", "--control-url", "http://10.0.0.1:8000",
+                 "--candidate-url", "http://10.0.0.2:8000", "--data-dir", str(data_dir),
+                 "--limit", limit]) == 3  # fmt: skip
+    out = capsys.readouterr().out
+    (advice,) = [line for line in out.splitlines() if "would decide" in line]
+    assert advice.startswith(f"  about {needed:,} questions would decide (an estimate: 80% power")
+    assert f"at this run's {100 * discordance:.1f}% discordant questions" in advice
+    # the fourth line after the figures it rests on; said once
+    assert out.count("would decide") == 1 and out.index("difference") < out.index("would decide")
+
+
+def test_a_decided_eval_gives_no_advice(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    fake: type[FakeRunner],
+) -> None:
+    from kvgate.commands.terminal import advice_text
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["eval", "--control-url", "http://10.0.0.1:8000",
+                 "--candidate-url", "http://10.0.0.2:8000", "--data-dir", str(data_dir)]) == 0  # fmt: skip
+    assert "would decide" not in capsys.readouterr().out
+    below_floor = {"verdict": "inconclusive", "reason": "control_below_floor",
+                   "advice": {"questions_needed": 900, "discordance": 0.1}}  # fmt: skip
+    assert advice_text(below_floor) is None  # more questions cannot lift the control
+    beyond = {**below_floor, "reason": "not_shown", "advice": {"questions_needed": 5000,
+                                                               "discordance": 0.2}}  # fmt: skip
+    assert (advice_text(beyond) or "").endswith(
+        "; more than GSM8K's 1,319: a wider --margin decides)"
+    )
+    # more questions than the estimate already used: the observed loss, not the count, is why
+    spent = {**beyond, "questions_used": 600, "advice": {"questions_needed": 400,
+                                                         "discordance": 0.05}}  # fmt: skip
+    assert (advice_text(spent) or "").endswith(
+        "; this run used 600: its observed difference keeps it open)"
+    )

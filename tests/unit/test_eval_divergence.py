@@ -4,6 +4,7 @@ block is in the one summary line (lm-eval and HTTP replaced; the screen itself i
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,56 @@ def test_screen_documents_default_to_the_engines_max_model_len(
     assert block["max_tokens"] == max_tokens
     # the documents fill the length, aiming a little below it
     assert 0.9 * max_tokens < max(block["document_tokens"]) <= max_tokens
+
+
+def run_diverge(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    *extra: str,
+    tty: bool,
+) -> tuple[int, str]:
+    monkeypatch.setattr(
+        runner_module, "check_endpoint", lambda name, url, model: Arm(name, url, model or "m")
+    )
+    monkeypatch.setattr(diverge._Arm, "echo", fake_echo(1024))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+    code = main(["diverge", "--control-url", "http://10.0.0.1:8000",
+                 "--candidate-url", "http://10.0.0.2:8000", "--data-dir", str(data_dir),
+                 "--documents", "2", "--max-tokens", "2048", *extra])  # fmt: skip
+    return code, capsys.readouterr().out
+
+
+def test_diverge_on_a_terminal_prints_a_summary_for_a_person(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], data_dir: Path
+) -> None:
+    """first-hour #14: `kvgate diverge` printed its JSON line on a terminal."""
+    code, out = run_diverge(monkeypatch, capsys, data_dir, tty=True)
+    assert code == 1 and "{" not in out
+    lines = out.splitlines()
+    assert lines[0] == (
+        "divergence screen: flag (2 documents of 2048 tokens); flagged positions 1024-2048"
+    )
+    assert "a bucket is flagged above 10x the control's run-to-run floor (A/A)" in lines[1]
+    flagged = [line for line in lines if line.startswith("  positions 1024-2048: ")]
+    assert flagged and flagged[0].endswith("; flagged (mean KL and top-1 disagreement)")
+    assert "top-1 differs 100.0% vs A/A 0.0%" in flagged[0]
+    assert [line for line in lines[2:] if line.endswith("; ok")]  # the buckets before it
+
+
+@pytest.mark.parametrize(("extra", "tty"), [(("--json",), True), ((), False)])
+def test_diverge_prints_json_with_json_or_when_piped(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    data_dir: Path,
+    extra: tuple[str, ...],
+    tty: bool,
+) -> None:
+    code, out = run_diverge(monkeypatch, capsys, data_dir, *extra, tty=tty)
+    (line,) = out.splitlines()
+    summary = json.loads(line)
+    assert (code, summary["kind"], summary["flagged_buckets"]) == (
+        1,
+        "kvgate.diverge/summary",
+        ["1024-2048"],
+    )

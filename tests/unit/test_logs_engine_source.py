@@ -160,6 +160,17 @@ EXPECTED: dict[str, tuple[object, ...]] = {
         True,
         {"fp8-kv-enabled", "engine-start-failed"},
     ),
+    # the same start on an A100: the scheduler's traceback ends in Triton's fp8e4nv error
+    "sglang-0.5.23-fp8-triton-sm80-crash": (
+        "sglang",
+        None,
+        "fp8_e4m3",
+        "triton",
+        (None, None, None),
+        False,
+        True,
+        {"fp8-kv-enabled", "fp8-unsupported", "engine-start-failed"},
+    ),
 }
 
 
@@ -216,6 +227,46 @@ def test_remedies_fit_the_version() -> None:
     assert refused is not None and "--attention-backend TRITON_ATTN" in refused.hint
     old = logs.scan_log(_log("vllm-0.10.2-fp8-v0-fallback-ready").replace("FP8 KV cache.", "x"))
     assert old.engine_version == "0.10.2"
+
+
+def test_an_sglang_crash_names_its_root_cause_line_per_container() -> None:
+    """first-hour #22: "See the traceback around line 7" named the sigquit line after the
+    traceback (line 5 of the reviewer's file). Lines count from 1 in each container's log."""
+    from kvgate.controller.sources import scan_engine_log
+    from kvgate.judge import crash
+
+    def start_failed(scan: logs.LogScan) -> logs.Finding:
+        found = scan.finding("engine-start-failed")
+        assert found is not None
+        return found
+
+    # the reviewer's file as it is (provenance lines and all): the traceback's head, line 5
+    raw = (DATA / "sglang-0.5.23-fp8-triton-crash.log").read_text()
+    assert raw.splitlines()[4].endswith("Scheduler hit an exception: Traceback (most recent "
+                                        "call last):")  # fmt: skip
+    assert start_failed(logs.scan_log(raw)).hint == "See the traceback from line 5."
+    assert start_failed(logs.scan_log(_log("sglang-0.5.23-fp8-triton-crash"))).hint == (
+        "See the traceback from line 2."
+    )
+    # the whole traceback: its last line is Triton's error, which is the root cause
+    log = _log("sglang-0.5.23-fp8-triton-sm80-crash")
+    lines = log.splitlines()
+    error = next(i for i, line in enumerate(lines, 1) if "type fp8e4nv not supported" in line)
+    assert lines[error - 1].startswith('ValueError("type fp8e4nv') and error == len(lines) - 1
+    scan = logs.scan_log(log)
+    unsupported = scan.finding("fp8-unsupported")
+    assert unsupported is not None and unsupported.line == error
+    assert start_failed(scan).hint == f"Root cause: fp8-unsupported at line {error}."
+    # the operator: the crash in the previous container, a restart after it; each line counted
+    # in its own log, and the crash classifier's root cause is Triton's line
+    record = scan_engine_log(_log("sglang-0.5.23-fp8-ready"), "sglang", previous=log)
+    cause = crash.root_cause(record)
+    assert cause is not None and (cause.code, cause.line) == ("fp8-unsupported", error)
+    failed = next(f for f in record.findings if f.code == "engine-start-failed")
+    assert failed.hint == (
+        f"Root cause: fp8-unsupported at line {error} of the previous container's log "
+        "(kubectl logs --previous)."
+    )
 
 
 def test_sglang_dict_line_is_not_read_as_vllm() -> None:

@@ -930,13 +930,22 @@ def test_a_running_eval_shows_its_look_questions_difference_and_elapsed_time() -
 
 
 def test_a_failed_gate_leads_with_what_was_shown() -> None:
-    lines = report.render_text(report_states.regressed()).splitlines()
+    # a fail the headline does not state (here: a rollout aborted after its eval failed)
+    rollout = report_states.regressed()
+    rollout["status"].update(reason="Aborted", message="aborted by hand: the cluster is moving")
+    lines = report.render_text(rollout).splitlines()
     at = lines.index("Accuracy (gsm8k, paired, 300 questions, margin 2.0 pp, 95% confidence)")
     assert lines[at + 4] == (
         "  candidate worse: 82.0% vs control 88.7% (-6.7 pp); shown worse by at least 2.1 pp "
         "(97.5% one-sided, 3 looks)"
     )
     assert "  verdict: fail, stopped early" in lines
+    assert not [line for line in lines if "rules out" in line]
+    # the rollout ended on it: the headline says it, the section refers to it (#26)
+    lines = report.render_text(report_states.regressed()).splitlines()
+    at = lines.index("Accuracy (gsm8k, paired, 300 questions, margin 2.0 pp, 95% confidence)")
+    assert lines[at + 4].startswith("  candidate - control: -6.7 pp, 95% CI")
+    assert "  verdict: fail, stopped early (shown worse: the headline above)" in lines
     assert not [line for line in lines if "rules out" in line]
     # a pass keeps what it ruled out
     assert "  verdict: pass (the sequential test rules out a loss larger than 0.9 pp)" in (
@@ -1107,3 +1116,32 @@ def test_the_header_says_each_thing_once() -> None:
     assert "approve with annotation" not in awaiting
     assert "approve with either command:" in awaiting
     assert awaiting.count("kvgate.io/approve=18cab288d5712cfa") == 1  # in the kubectl command
+
+
+def test_a_failed_accuracy_gate_is_said_once_in_the_headline() -> None:
+    """first-hour-2 #26: the fail was stated in the header, the Findings row and the Accuracy
+    section; now in the headline only, which the other two point at."""
+    rollout = report_states.regressed()
+    status = rollout["status"]
+    status["gates"] = {
+        "scales": {"outcome": "Warning", "reason": "ScalesMissing",
+                   "message": "no k/v scales; the engine uses 1.0"},
+        "accuracy": {"outcome": "Failed", "reason": "AccuracyRegressed",
+                     "message": status["message"]},
+    }  # fmt: skip
+    shown = "shown worse by at least 2.1 pp"
+    text = report.render_text(rollout)
+    page = report.render_html(rollout)
+    for rendered in (" ".join(text.split()), page):  # unwrapped
+        assert rendered.count(shown) == 1 and rendered.count("candidate worse") == 1
+        assert rendered.count("shown worse: the headline above") == 2  # Findings and Accuracy
+    lines = text.splitlines()
+    assert lines[2].startswith("  candidate worse: 82.0% vs control 88.7%")  # the headline
+    (row,) = [line for line in lines if line.startswith("  accuracy ")]
+    assert row.endswith("AccuracyRegressed  shown worse: the headline above; the figures under "
+                        "Accuracy")  # fmt: skip
+    # the other gates' rows keep their own words
+    assert "no k/v scales; the engine uses 1.0" in text
+    # with two blocking gates the headline joins both messages: still said there once
+    status.update(reason="CapacityNotGained", message=f"capacity 1.0x; {status['message']}")
+    assert " ".join(report.render_text(rollout).split()).count(shown) == 1  # unwrapped

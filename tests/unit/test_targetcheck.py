@@ -289,6 +289,32 @@ def test_cli_names_every_problem_once_and_exits_1(
 
 
 @pytest.mark.parametrize(
+    ("dep", "claims", "services", "where", "words"),
+    [case[1:] for case in BROKEN],
+    ids=[case[0] for case in BROKEN],
+)
+def test_cli_on_each_broken_deployment_names_its_problem_and_fix(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    dep: Callable[[], dict[str, Any]],
+    claims: list[dict[str, Any]],
+    services: list[dict[str, Any]],
+    where: str,
+    words: str,
+) -> None:
+    # issue 40's done-when: `kvgate check` passes the example and names each broken one's problem
+    path = write(tmp_path, dep(), *claims, *services)
+    container = ["-c", "vllm"] if where == "Deployment vllm" else []
+    code, lines, err = run(capsys, "-f", path, *container)
+    assert (code, err) == (1, "")
+    (error,) = [line for line in lines if line.startswith("error:")]
+    assert error.startswith(f"error: {where}: ") and words in error
+    problem, fix = error.split("; fix: ", 1)
+    assert words in problem and fix.strip()
+    assert lines[-1].startswith("result: 1 error, ")
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("a: [\n", "target.yaml:2: not YAML"),

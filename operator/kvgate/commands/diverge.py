@@ -3,7 +3,8 @@
 Sends the same long documents (GSM8K train text concatenated to the wanted length) to the
 control twice and to the candidate once, with vLLM completions `echo: true, max_tokens: 0,
 logprobs: k`, and compares the next-token distributions per position bucket
-(`kvgate.judge.divergence`). Prints one JSON summary line, `kind: kvgate.diverge/summary`.
+(`kvgate.judge.divergence`). Prints one JSON summary line, `kind: kvgate.diverge/summary`, when
+stdout is piped or with --json; on a terminal, the same summary as text (`commands.terminal`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.failure import report_summary_error
+from kvgate.commands.terminal import diverge_text, is_terminal
 from kvgate.errors import EvalError, SpecError
 from kvgate.inputs import bounded_int, finite_float, seconds
 from kvgate.judge.divergence import (
@@ -117,7 +119,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=seconds(1.0, 86400.0), default=600.0, help="time per request (600, 10m)"
     )
-    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="the JSON summary line, also on a terminal (the output when stdout is not a terminal)",
+    )
 
 
 def documents_source(data_dir: Path | None) -> list[str]:
@@ -222,7 +228,10 @@ def run(args: argparse.Namespace) -> int:
     nonce = os.environ.get("KVGATE_EVAL_NONCE")
     if nonce:
         summary["nonce"] = nonce
-    sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+    if not args.json and is_terminal(sys.stdout):  # a person: text, as `eval` (first-hour #14)
+        sys.stdout.write(diverge_text(summary) + "\n")
+    else:  # piped (the eval Job's log) or --json: the one JSON summary line
+        sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     report_summary_error("diverge", summary, summary["verdict"])
     return EXIT_CODES[Verdict(summary["verdict"])]

@@ -18,16 +18,15 @@ from kvgate.commands import catalog
 from kvgate.commands.diverge import ScreenOptions, add_screen_options
 from kvgate.commands.exit_codes import EXIT_BUG
 from kvgate.commands.failure import report_summary_error
+from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
     EXIT_CODES,
-    PROGRESS_KIND,
     GatePlan,
     Verdict,
     build_summary,
     plan_gate,
-    reason_words,
 )
 from kvgate.evaluation.long_context import DEFAULT_ITEMS, DEFAULT_RECOVERY, LongContextPlan
 from kvgate.evaluation.long_context import DEFAULT_MARGIN as LC_MARGIN
@@ -45,7 +44,6 @@ EXAMPLES: Final = (
     "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",
 )
 TASKS: Final = ("gsm8k", "gsm8k_cot")
-NO_TASK: Final = "none"
 SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-model-len
 
 
@@ -255,8 +253,8 @@ def run(args: argparse.Namespace) -> int:
         "plan": plan.to_dict(),
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
-    human = not args.json and _isatty(sys.stdout)
-    emit = _human_emitter(sys.stdout, sys.stderr) if human else _emitter(sys.stdout)
+    human = not args.json and is_terminal(sys.stdout)
+    emit = human_emitter(sys.stdout, sys.stderr) if human else _emitter(sys.stdout)
     exit_code: int | None = None
     output: IO[str] | None = None
     try:
@@ -592,108 +590,3 @@ def _keeper(output: IO[str] | None) -> Callable[[QuestionRecord], None]:
             output.flush()
 
     return keep
-
-
-# ---- human output (a terminal without --json) -----------------------------------------------
-
-
-def _isatty(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # a closed or exotic stream: not a terminal
-        return False
-
-
-def _human_emitter(out: IO[str], err: IO[str]) -> Callable[[dict[str, Any]], None]:
-    """One stderr line per look, and the summary as text on `out` (the real stdout)."""
-
-    def emit(obj: dict[str, Any]) -> None:
-        if obj.get("kind") == PROGRESS_KIND:
-            err.write(progress_text(obj) + "\n")
-            err.flush()
-        else:
-            out.write(summary_text(obj) + "\n")
-            out.flush()
-
-    return emit
-
-
-def _pct(correct: int, n: int) -> str:
-    return f"{100 * correct / n:.1f}%" if n else "-"
-
-
-def progress_text(line: dict[str, Any]) -> str:
-    """`look 2/6: 200 questions, control 88.0%, candidate 87.5% (-0.5 pp); continuing`."""
-    paired = line["paired"]
-    n = line["questions"]
-    control = paired["both"] + paired["control_only"]
-    candidate = paired["both"] + paired["candidate_only"]
-    reason = reason_words(line["reason"])
-    state = "continuing" if line["verdict"] is None else f"{line['verdict']} ({reason})"
-    return (
-        f"kvgate eval: look {line['look']}/{line['looks_planned']}: {n} questions, "
-        f"control {_pct(control, n)}, candidate {_pct(candidate, n)} "
-        f"({100 * line['difference']:+.1f} pp); {state}"
-    )
-
-
-def summary_text(summary: dict[str, Any]) -> str:
-    """The summary for a person: verdict and claim first, then the figures behind them."""
-    overall = summary.get("overall")
-    verdict = overall["verdict"] if overall else summary["verdict"]
-    lines = [f"verdict: {verdict}"]
-    if overall and overall["task"]:
-        where = f" at {overall['bucket']} tokens" if overall.get("bucket") else ""
-        lines[0] += f" (decided by {overall['task']}{where}: {overall['reason']})"
-    task = summary["task"]
-    if task != NO_TASK:
-        lines.append(
-            f"{task}: {summary['verdict']}"
-            + (f" ({reason_words(summary['reason'])})" if summary.get("reason") else "")
-        )
-    if summary.get("claim"):
-        lines.append(f"  {summary['claim']}")
-    if summary.get("error") and (task != NO_TASK or summary.get("long_context") is None):
-        lines.append(f"  error: {summary['error']}")
-    control, candidate = summary.get("control"), summary.get("candidate")
-    if control and candidate:
-        lines.append(
-            f"  {summary['questions_used']} of {summary['questions_planned']} questions, "
-            f"look {summary['looks']} of {summary['looks_planned']}"
-        )
-        lines.append(
-            f"  control   {_pct(control['correct'], control['n'])} "
-            f"({control['correct']}/{control['n']})"
-        )
-        lines.append(
-            f"  candidate {_pct(candidate['correct'], candidate['n'])} "
-            f"({candidate['correct']}/{candidate['n']})"
-        )
-        paired = summary["paired"]
-        lines.append(
-            f"  difference {100 * paired['difference']:+.1f} pp "
-            f"({paired['control_only']} right only on control, "
-            f"{paired['candidate_only']} only on candidate)"
-        )
-    lc = summary.get("long_context")
-    if lc is not None:
-        text = f"long context: {lc['verdict']}"
-        if lc.get("failing_bucket"):
-            text += f" at {lc['failing_bucket']} tokens"
-        if lc.get("reason"):
-            text += f" ({lc['reason']})"
-        if lc.get("error"):
-            text += f"; {lc['error']}"
-        lines.append(text)
-    div = summary.get("divergence")
-    if div is not None:
-        text = f"divergence screen: {div['verdict']} ({div['documents']} documents of "
-        text += f"{div['max_tokens']} tokens)"
-        if div.get("flagged_buckets"):
-            text += f"; flagged positions {', '.join(div['flagged_buckets'])}"
-        if div.get("error"):
-            text += f"; {div['error']}"
-        lines.append(text)
-    if summary.get("output"):
-        lines.append(f"per-question records: {summary['output']}")
-    return "\n".join(lines)

@@ -45,6 +45,9 @@ class Accuracy:
     shown_worse_by: float | None = None  # a fail: the candidate is worse by at least this
     fail_confidence: float | None = None
     looks: int | None = None  # the look the gate stopped at
+    # A fail the report's headline states (the rollout ended on it): the section refers to it
+    # instead of saying it again (first-hour-2 #26).
+    in_headline: bool = False
 
 
 @dataclass(frozen=True, slots=True)

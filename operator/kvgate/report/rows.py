@@ -28,7 +28,7 @@ from kvgate.report.records import (
     Progress,
     Speed,
 )
-from kvgate.report.view import ARMS
+from kvgate.report.view import ARMS, SEE_HEADLINE
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")
@@ -129,7 +129,7 @@ def failed_accuracy(acc: Accuracy) -> str | None:
 def accuracy_notes(acc: Accuracy) -> list[str]:
     notes = []
     failed = failed_accuracy(acc)
-    if failed is not None:
+    if failed is not None and not acc.in_headline:
         notes.append(failed)
     if acc.difference is not None:
         line = f"candidate - control: {pp(acc.difference)}"
@@ -157,6 +157,8 @@ def accuracy_notes(acc: Accuracy) -> list[str]:
             )
         if acc.stopped_early:
             verdict += ", stopped early"
+        if acc.in_headline:
+            verdict += f" ({SEE_HEADLINE})"
         notes.append(verdict)
     if acc.questions_needed is not None and acc.verdict == "inconclusive":
         notes.append(f"about {acc.questions_needed:,} questions would settle it")

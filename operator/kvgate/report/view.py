@@ -9,6 +9,7 @@ is optional, because a report is asked for at any phase; what is missing or unre
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Final
 
 from kvgate.change import manifests
 from kvgate.judge import gates
+from kvgate.reasons import Reason
 from kvgate.records.evalsummary import PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
@@ -83,6 +85,7 @@ def read_view(
     """The report's one view: every status block read once, beside what the spec and the
     rollout's name give (`assemble` reads those); `now` only says how long it has been running."""
     finished = is_finished(status)
+    accuracy, findings = said_once(status, header, read_accuracy(status), read_findings(status))
     return ReportView(
         header=header,
         finished=finished,
@@ -94,9 +97,9 @@ def read_view(
         progress=None if finished else read_progress(status, header, now),
         remediation=read_remediation(status),
         preflight=read_preflight(status),
-        findings=read_findings(status),
+        findings=findings,
         log_lines=read_log_findings(status),
-        accuracy=read_accuracy(status),
+        accuracy=accuracy,
         long_context=read_long_context(status),
         divergence=read_divergence(status),
         capacity=read_capacity(status),
@@ -208,6 +211,30 @@ def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
 
 
 # ---------------------------------------------------------------- findings and logs
+
+
+_ACCURACY_ROWS: Final = frozenset({gates.ACCURACY, "AccuracyNonInferior"})  # gate, condition
+# Where the headline already states a failed accuracy gate, the Findings row and the Accuracy
+# section point at it rather than say it again (first-hour-2 #26).
+SEE_HEADLINE: Final = "shown worse: the headline above"
+
+
+def said_once(
+    status: RolloutStatus, header: Header, acc: Accuracy | None, findings: list[Finding]
+) -> tuple[Accuracy | None, list[Finding]]:
+    """A failed accuracy gate the headline states (the rollout ended on it) is said there
+    only: its Findings row and the Accuracy section refer to it (first-hour-2 #26)."""
+    message = header.message or ""
+    if acc is None or acc.verdict != "fail" or not message:
+        return acc, findings
+    rows_ = [f for f in findings if f.gate in _ACCURACY_ROWS]
+    ended_on_it = status.reason == Reason.ACCURACY_REGRESSED
+    if not (ended_on_it or any(f.message and f.message in message for f in rows_)):
+        return acc, findings
+    refer = f"{SEE_HEADLINE}; the figures under Accuracy"
+    return dataclasses.replace(acc, in_headline=True), [
+        dataclasses.replace(f, message=refer) if f in rows_ else f for f in findings
+    ]
 
 
 def read_findings(status: StatusLike) -> list[Finding]:

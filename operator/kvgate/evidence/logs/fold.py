@@ -549,8 +549,10 @@ class _Folder:
             after = [e for e in exceptions if e.line >= failure.line] or exceptions
             if after:
                 hint = f"Root cause at line {after[0].line}: {after[0].text}"
-            else:
-                hint = f"See the traceback around line {failure.line}."
+            else:  # no summary line: where the last traceback before the failure begins
+                starts = [e.line for e in self.by_rule(R.TB_START) if e.line <= failure.line]
+                where = f"from line {starts[-1]}" if starts else f"around line {failure.line}"
+                hint = f"See the traceback {where}."
         self.findings[key] = Finding(
             failure.code, failure.severity, failure.line, failure.text, hint, failure.count
         )

@@ -102,6 +102,7 @@ V_FA_V1_FP8: Final = "v.fa_v1_fp8"
 V_DTYPE_NAMESPACE: Final = "v.dtype.namespace"
 V_V1_GPU_BLOCKS: Final = "v.v1_gpu_blocks"
 TB_FRAME: Final = "tb_frame"
+TB_START: Final = "tb_start"
 TB_FRAME_HEAD: Final = "tb_frame_head"
 TB_FRAME_TAIL: Final = "tb_frame_tail"
 V_OOM_WARMUP: Final = "v.oom_warmup"
@@ -496,6 +497,10 @@ RULES: Final[tuple[_Rule, ...]] = (
     _r(S_RANK_DEAD, "scheduler is dead", "scheduler is dead", None, _S),
     _r(S_INIT_FAILED, "failed", "Initialization failed.", None, _S),
     _r(EXCEPTION, "rror", "Error", r"^(?:[\w.]+\.)?([A-Z]\w*Error)(?::\s*(.*))?$"),
+    # Python's traceback head; SGLang logs it after "Scheduler hit an exception: " (wheel
+    # 0.5.23: sglang/srt/managers/scheduler.py:6372): where a traceback without its summary
+    # line starts (first-hour #22: the hint named the sigquit line after it)
+    _r(TB_START, "raceback", "Traceback (most recent call last)", None),
     # readiness
     _r(STARTUP_COMPLETE, "startup complete", "Application startup complete", None),
     _r(S_READY, "server ", "The server is fired up and ready to roll", None, _S),
