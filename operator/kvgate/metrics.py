@@ -65,14 +65,20 @@ COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:prompt_tokens_total",),
         "sglang": ("sglang:prompt_tokens_total",),
     },
-    # vLLM's prefix cache, in tokens (the gpu_ names before 0.11); SGLang has a hit-rate gauge
+    # The prefix cache, in tokens. vLLM: tokens queried and hit (the gpu_ names before 0.11).
+    # SGLang 0.5.23 (sglang/srt/observability/metrics_collector.py, TokenizerMetricsCollector):
+    # each finished request adds its prompt tokens to sglang:prompt_tokens_total (:1855-1858,
+    # :2109) and, when its radix cache held some, those to sglang:cached_tokens_total
+    # {cache_source=device|host|storage, or total} (:1934-1938, :2115-2134; a labelled counter,
+    # so absent until the first hit). Its sglang:cache_hit_rate gauge (:388-393) is the last
+    # batch's rate (`mostrecent`), not a window's: not used.
     "prefix_cache_queries": {
         "vllm": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-        "sglang": (),
+        "sglang": ("sglang:prompt_tokens_total",),
     },
     "prefix_cache_hits": {
         "vllm": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-        "sglang": (),
+        "sglang": ("sglang:cached_tokens_total",),
     },
 }
 
