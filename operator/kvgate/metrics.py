@@ -65,13 +65,10 @@ COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:prompt_tokens_total",),
         "sglang": ("sglang:prompt_tokens_total",),
     },
-    # The prefix cache, in tokens. vLLM: tokens queried and hit (the gpu_ names before 0.11).
-    # SGLang 0.5.23 (sglang/srt/observability/metrics_collector.py, TokenizerMetricsCollector):
-    # each finished request adds its prompt tokens to sglang:prompt_tokens_total (:1855-1858,
-    # :2109) and, when its radix cache held some, those to sglang:cached_tokens_total
-    # {cache_source=device|host|storage, or total} (:1934-1938, :2115-2134; a labelled counter,
-    # so absent until the first hit). Its sglang:cache_hit_rate gauge (:388-393) is the last
-    # batch's rate (`mostrecent`), not a window's: not used.
+    # Prefix cache tokens. vLLM: queried and hit (gpu_ names before 0.11). SGLang 0.5.23
+    # (sglang/srt/observability/metrics_collector.py): a finished request's prompt tokens
+    # (:1855, :2109) and those its radix cache held, by cache_source (:1934, :2115-2134; absent
+    # until the first hit). The sglang:cache_hit_rate gauge (:388) is the last batch's: unused.
     "prefix_cache_queries": {
         "vllm": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
         "sglang": ("sglang:prompt_tokens_total",),
