@@ -153,7 +153,12 @@ class KVLayout:
             text = str(entry).strip()
             if text == "sliding_window":
                 wanted.update(self.sliding_layer_indices)
-            elif text.isdigit() and int(text) < self.num_layers:
+            elif (
+                text.isascii()
+                and text.isdecimal()
+                and len(text) < 8
+                and int(text) < self.num_layers
+            ):
                 wanted.add(int(text))
             else:  # vLLM would start and skip nothing for it (it matches str(layer_idx))
                 raise SpecError(

@@ -158,20 +158,19 @@ def _skip_entry_problem(entry: object, seen: dict[str, int]) -> str | None:
             f"{brief(entry)} is not a string; write a layer index as a string ('3'), as "
             "vLLM's --kv-cache-dtype-skip-layers reads it"
         )
+    shown = brief(entry, 40)  # repr: one line whatever the entry holds
     if entry in seen:
-        return f"'{entry[:40]}' is already skipLayers[{seen[entry]}]; give each layer once"
+        return f"{shown} is already skipLayers[{seen[entry]}]; give each layer once"
     if entry == SLIDING_WINDOW:
         return None
-    if entry.startswith("-") and entry[1:].isdecimal():
-        return f"'{entry[:40]}' is negative; layer indices count from 0"
+    if entry.startswith("-") and entry[1:].isascii() and entry[1:].isdecimal():
+        return f"{shown} is negative; layer indices count from 0"
     if not (entry.isascii() and entry.isdecimal()):
-        return f"'{entry[:40]}' is neither a layer index nor sliding_window"
-    if entry != str(int(entry)):
-        return (
-            f"'{entry[:40]}' names no layer: vLLM matches str(layer_index), so write '{int(entry)}'"
-        )
-    if int(entry) >= MAX_LAYERS:
-        return f"'{entry[:40]}' is past any model's layers (kvgate reads at most {MAX_LAYERS})"
+        return f"{shown} is neither a layer index nor sliding_window"
+    if len(entry) > 1 and entry.startswith("0"):
+        return f"{shown} names no layer: vLLM matches str(layer_index), so write '{int(entry)}'"
+    if len(entry) > len(str(MAX_LAYERS)) or int(entry) >= MAX_LAYERS:  # no int() of 10k digits
+        return f"{shown} is past any model's layers (kvgate reads at most {MAX_LAYERS})"
     return None
 
 

@@ -109,6 +109,16 @@ def test_the_bound_is_the_largest_config_kvgate_reads() -> None:
         (["0,1"], "spec.kvCache.skipLayers[0]: '0,1' is neither a layer index nor sliding_window"),
         (["٣"], "spec.kvCache.skipLayers[0]: '٣' is neither a layer index nor sliding_window"),
         ([""], "spec.kvCache.skipLayers[0]: '' is neither a layer index nor sliding_window"),
+        (["²"], "spec.kvCache.skipLayers[0]: '²' is neither a layer index nor sliding_window"),
+        # a line break stays escaped: the error is one line
+        (["1\nFAKE: ok"], "spec.kvCache.skipLayers[0]: '1\\nFAKE: ok' is neither"),
+        # 10,000 digits: past any model, said without converting them (int() would refuse)
+        (
+            ["9" * 10_000],
+            "spec.kvCache.skipLayers[0]: '999999999999999999999999999999999999... is past any "
+            "model's layers",
+        ),
+        (["-" + "9" * 10_000], "spec.kvCache.skipLayers[0]: '-99999999999999999999"),
         (
             ["0", 1],
             "spec.kvCache.skipLayers[1]: 1 is not a string; write a layer index as a string ('3')",
@@ -127,6 +137,7 @@ def test_the_bound_is_the_largest_config_kvgate_reads() -> None:
 def test_a_hostile_entry_is_one_line_naming_it(entries: Any, expected: str) -> None:
     found = errors(spec(skipLayers=entries))
     assert len(found) == 1 and found[0].startswith(expected), found
+    assert "\n" not in found[0] and len(found[0]) < 300
 
 
 def test_every_layer_of_the_largest_model_passes() -> None:
