@@ -31,6 +31,7 @@ class Reason(StrEnum):
     SCALES_BROKEN = "ScalesBroken"
     SCALES_UNUSED = "ScalesUnused"  # a per-(token, head) format computes its own (issue 39)
     SCALES_UNKNOWN = "ScalesUnknown"
+    ENGINE_ADVICE = "EngineAdvice"  # the engine's own guidance applies (advice, not a gate)
     # Canary: the two arms, their logs and metrics
     CANARY_STARTING = "CanaryStarting"
     CANARY_CREATED = "CanaryCreated"
@@ -214,6 +215,7 @@ _WARNING: Final = frozenset(
         Reason.STALE,
         Reason.RECONCILE_ERROR,
         Reason.NOT_APPLIED,
+        Reason.ENGINE_ADVICE,
     }
 )
 _PERMANENT: Final = frozenset({Reason.INVALID_SPEC, Reason.INVALID_TARGET})

@@ -131,7 +131,7 @@ def test_sliding_window_skip_and_bad_entries() -> None:
     skipped = layout.skipped_layers("fp8", skip_layers=["sliding_window"])
     assert len(skipped) == layout.sliding_window_layers > 0
     assert skipped.isdisjoint(i for i in range(layout.num_layers) if (i + 1) % 6 == 0)
-    with pytest.raises(SpecError, match=r"kvCache\.skipLayers: 'ten' is neither"):
+    with pytest.raises(SpecError, match=r"kvCache\.skipLayers\[0\]: 'ten' is neither"):
         layout.bytes_per_token("fp8", skip_layers=["ten"])
     with pytest.raises(SpecError, match="'99' is neither a layer index below 62"):
         layout.bytes_per_token("fp8", skip_layers=["99"])

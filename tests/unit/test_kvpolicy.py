@@ -115,8 +115,8 @@ def test_a_policy_with_every_field() -> None:
             "spec.kvCache.skipLayers[0]: 'first' is neither a layer index nor sliding_window",
         ),
         (
-            {"kvCache": {"format": "fp8", "skipLayers": ["0", "1"]}},
-            "spec.kvCache.skipLayers: 2 entries: kvgate writes the candidate's flags as one value",
+            {"kvCache": {"format": "fp8", "skipLayers": ["0", "sliding_window", "0"]}},
+            "spec.kvCache.skipLayers[2]: '0' is already skipLayers[0]; give each layer once",
         ),
         (
             {"engine": "vllm", "kvCache": {"format": "fp8", "control": {"format": "bf16"}}},

@@ -37,7 +37,6 @@ def _messages(args: list[str], engine: str | None = "vllm", allow: Allowlist = p
         ("vllm", ["--attention_backend", "FLASHINFER"]),  # argparse accepts either spelling
         ("vllm", ["--calculate-kv-scales", "--block-size", "16", "--max-num-seqs=128"]),
         ("vllm", ["--gpu-memory-utilization", "0.92", "--no-enable-prefix-caching"]),
-        ("vllm", ["--kv-cache-dtype-skip-layers", "0,1,35"]),
         ("sglang", ["--attention-backend", "triton", "--mem-fraction-static", "0.85"]),
         ("sglang", ["--max-running-requests=64", "--chunked-prefill-size", "4096"]),
         (None, ["--attention-backend", "triton", "--mem-fraction-static", "0.8"]),  # auto
@@ -106,6 +105,28 @@ def test_flags_of_the_other_engine_are_refused_once_the_engine_is_known() -> Non
         (
             ["--kv-cache-dtype", "auto"],
             [(0, "--kv-cache-dtype is set by kvgate from spec.kvCacheDtype; set that")],
+        ),
+        # the skip list is spec.kvCache.skipLayers' (checked entry by entry there): one line for
+        # the flag and all its values; '0,1,35' would be one entry that names no layer in vLLM
+        (
+            ["--kv-cache-dtype-skip-layers", "0", "1", "35", "--block-size", "16"],
+            [
+                (
+                    0,
+                    "--kv-cache-dtype-skip-layers is set by kvgate from spec.kvCache.skipLayers; "
+                    "set that",
+                )
+            ],
+        ),
+        (
+            ["--kv_cache_dtype_skip_layers=0,1,35"],
+            [
+                (
+                    0,
+                    "--kv-cache-dtype-skip-layers is set by kvgate from spec.kvCache.skipLayers; "
+                    "set that",
+                )
+            ],
         ),
     ],
 )

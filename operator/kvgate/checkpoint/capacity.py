@@ -146,17 +146,23 @@ class KVLayout:
     ) -> frozenset[int]:
         """The KV layers a format leaves in 16 bits (see `layer_bytes`)."""
         wanted: set[int] = set()
-        for entry in skip_layers:
+        for i, entry in enumerate(skip_layers):
             text = str(entry).strip()
             if text == "sliding_window":
                 wanted.update(self.sliding_layer_indices)
-            elif text.isdigit() and int(text) < self.num_layers:
+            elif (
+                text.isascii()
+                and text.isdecimal()
+                and len(text) < 8
+                and int(text) < self.num_layers
+            ):
                 wanted.add(int(text))
-            else:
+            else:  # vLLM would start and skip nothing for it (it matches str(layer_idx))
                 raise SpecError(
-                    "kvCache.skipLayers",
+                    f"kvCache.skipLayers[{i}]",
                     f"{brief(entry)} is neither a layer index below {self.num_layers} nor "
-                    "'sliding_window'",
+                    f"'sliding_window' ({self.architecture}: num_hidden_layers "
+                    f"{self.num_layers})",
                 )
         fmt = _format(dtype, engine)
         if fmt is not None and fmt.boundary_layers and self.attention != "hybrid":

@@ -51,6 +51,7 @@ from kvgate.load.runner import INFERENCE_PERF_LOG
 from kvgate.records.loadresult import (
     ARMS,
     PROGRESS_KIND,
+    SGLANG_SWITCH,
     SUMMARY_KIND,
     ArmLoad,
     LoadSummary,
@@ -298,8 +299,10 @@ def _preemptions(base_url: str, *, client: Any = None) -> float | None:
 def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixProbe:
     """The engine's prefix cache seen from outside: its counters across the same prompt sent
     twice (max_tokens 1), read again up to PREFIX_PROBE_READS times a second apart until the
-    hits or queries move; and cache_config_info's enable_prefix_caching. Before the load and
-    its counted window, so the token counts checked after the run are not touched."""
+    hits or queries move; and whether the engine says its prefix cache is on (vLLM:
+    cache_config_info's enable_prefix_caching; SGLang: /server_info's disable_radix_cache).
+    Before the load and its counted window, so the token counts checked after the run are not
+    touched."""
     import time
 
     import httpx
@@ -322,12 +325,47 @@ def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixPro
                 time.sleep(1.0)
     except (ScrapeError, InputError, httpx.HTTPError) as exc:
         return PrefixProbe(error=f"prefix probe: {str(exc)[:200]}")
+    if after.engine == "sglang":
+        # sglang:cached_tokens_total is a labelled counter: absent until the first cached token
+        # (metrics_collector.py:2115, 0.5.23), so absent is 0 once the prompt tokens counted
+        hits_before, hits_after = before.prefix_cache_hits, after.prefix_cache_hits
+        if after.prefix_cache_queries is not None:
+            hits_before = 0.0 if hits_before is None else hits_before
+            hits_after = hits_before if hits_after is None else hits_after
+        return PrefixProbe(
+            queries=_increase(before.prefix_cache_queries, after.prefix_cache_queries),
+            hits=_increase(hits_before, hits_after),
+            enabled=_radix_cache_on(base_url),
+            switch=SGLANG_SWITCH,
+        )
     flag = after.cache_config.get("enable_prefix_caching")
     return PrefixProbe(
         queries=_increase(before.prefix_cache_queries, after.prefix_cache_queries),
         hits=_increase(before.prefix_cache_hits, after.prefix_cache_hits),
         enabled=None if flag is None else flag.lower() == "true",
     )
+
+
+def _radix_cache_on(base_url: str) -> bool | None:
+    """Not SGLang's /server_info `disable_radix_cache` (server_args.resolved_dict(), 0.5.23
+    sglang/srt/utils/common.py:3589; /get_server_info before 0.5.6: metrics.SERVER_INFO_PATHS);
+    None when neither answers with a bool."""
+    import httpx
+
+    from kvgate.evidence.metrics import SERVER_INFO_PATHS
+
+    for path in SERVER_INFO_PATHS:
+        try:
+            with httpx.Client(trust_env=False, timeout=PROBE_TIMEOUT_S) as getter:
+                answer = getter.get(base_url.rstrip("/") + path)
+            if answer.status_code != 200:
+                continue
+            info = answer.json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        value = info.get("disable_radix_cache") if isinstance(info, dict) else None
+        return (not value) if isinstance(value, bool) else None
+    return None
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ class RolloutView:
         )
 
     def lines(self, events: Sequence[Mapping[str, Any]] = ()) -> list[str]:
-        """The status view: phase, gates, eval progress, the approval hash and recent Events."""
+        """The status view: phase, gates, eval progress, the engine's advice, the approval hash
+        and recent Events."""
         out = [self.headline()]
         for gate, record in self.status.gates.items():
             outcome = record.outcome.value if isinstance(record.outcome, Outcome) else "-"
@@ -85,6 +86,9 @@ class RolloutView:
                 f"  approve: kvgate approve {self.name} -n {self.namespace}"
                 f"  (annotates kvgate.io/approve={self.status.config_hash}{when})"
             )
+        pre = self.status.preflight
+        for note in pre.advice if pre is not None else ():  # the engine's guidance: not a gate
+            out.append(f"  advice {note.code or '?'}: {clip(note.message or '', 140)}")
         pr = self.status.pull_request
         if pr is not None and pr.number is not None:  # pullRequest mode
             merged = f" as {pr.merge_sha[:12]}" if pr.merge_sha else ""

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgate import redact
 from kvgate.change import manifests
 from kvgate.controller.context import KubeApi
 from kvgate.engines import launch as engines
-from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError
+from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
 from kvgate.records.codec import read_record, whole
 from kvgate.records.status import (
     CacheTruth,
@@ -181,9 +181,13 @@ def scan_checkpoint(
     kube: KubeApi,
     namespace: str,
     kv_cache_dtype: str = "fp8",
+    skip_layers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding.
-    The expected capacity gain is `kv_cache_dtype`'s over the model's 16-bit cache.
+    The expected capacity gain is `kv_cache_dtype`'s (`skip_layers` kept in 16 bits) over the
+    model's 16-bit cache; a skip list naming a layer the model does not have is
+    `skipLayersProblem` (vLLM would start and skip nothing for it). The model facts vLLM's FP8
+    study advises on (head_dim, sliding-window layers) are kept for `kvgate.checkpoint.advice`.
 
     `token_secret` is the hub token's Secret, already allowed by the operator (or None)."""
     from kvgate.adapters import hub
@@ -218,7 +222,11 @@ def scan_checkpoint(
         "present": scales.present,
         "coverage": scales.coverage,
         "forcesFp8Kv": list(scales.forces_fp8_kv),
-        "expectedCapacityGain": _capacity_gain(layout, kv_cache_dtype),
+        "expectedCapacityGain": _capacity_gain(layout, kv_cache_dtype, skip_layers),
+        "skipLayersProblem": _skip_layers_problem(layout, kv_cache_dtype, skip_layers),
+        "headDim": layout.head_dim,
+        "kvLayers": layout.kv_layers,
+        "slidingWindowLayers": layout.sliding_window_layers,
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
         "brokenScales": _capped(scales.to_dict()["values"]["broken"]),
         "effectiveControlFormat": scales.effective_kv_format("auto"),
@@ -236,14 +244,29 @@ def _capped(broken: list[str]) -> list[str]:
     return [*broken[:BROKEN_SCALES_KEPT], f"and {len(broken) - BROKEN_SCALES_KEPT} more"]
 
 
-def _capacity_gain(layout: Any, kv_cache_dtype: str) -> float | None:
+def _capacity_gain(
+    layout: Any, kv_cache_dtype: str, skip_layers: Sequence[str] = ()
+) -> float | None:
     """The candidate format's tokens per BF16 token (kvgate.checkpoint.formats); None if unsized."""
     from kvgate.checkpoint.formats import expected_capacity_gain
 
     try:
-        return expected_capacity_gain(layout, "auto", kv_cache_dtype)
+        return expected_capacity_gain(layout, "auto", kv_cache_dtype, skip_layers=skip_layers)
     except KvgateError:
         return None
+
+
+def _skip_layers_problem(
+    layout: Any, kv_cache_dtype: str, skip_layers: Sequence[str]
+) -> str | None:
+    """`spec.kvCache.skipLayers[i]: ...` when an entry is not a layer of this model."""
+    try:
+        layout.skipped_layers(kv_cache_dtype, skip_layers=skip_layers)
+    except SpecError as exc:
+        return f"spec.{exc}"
+    except KvgateError:
+        return None  # an unknown format: the capacity gain says unsized
+    return None
 
 
 def pool_record(snap: MetricSnapshot) -> dict[str, Any]:

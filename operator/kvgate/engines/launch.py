@@ -26,6 +26,14 @@ from functools import partial
 from typing import Any, Final
 
 from kvgate.engines import versions as engine_versions
+from kvgate.engines.argtokens import MULTI_VALUE_FLAGS
+from kvgate.engines.argtokens import Token as _Token
+from kvgate.engines.argtokens import Value as _Value
+from kvgate.engines.argtokens import flag_pairs as _flag_pairs
+from kvgate.engines.argtokens import replace_flag as _replace_flag
+from kvgate.engines.argtokens import replace_values as _replace_values
+from kvgate.engines.argtokens import split_flag as _split_flag
+from kvgate.engines.argtokens import values_after as _values_after
 from kvgate.errors import SpecError, UnsupportedError
 from kvgate.vocabulary import ENGINE_NAMES, Engine
 
@@ -175,15 +183,6 @@ class ArgChange:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "before": self.before, "after": self.after}
-
-
-@dataclass(frozen=True, slots=True)
-class _Token:
-    """One engine-argument token and where it lives in the container."""
-
-    list_name: str  # "command" or "args"
-    index: int
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,11 +362,13 @@ def rewrite_container(
     only a value every known version accepts passes (`bfloat16` is not one: vLLM 0.10 lacks it).
 
     A flag already present keeps its place and form (`--flag value` or `--flag=value`) and
-    gets the new value; a missing flag is appended to `args`. `extra_env` sets variables
-    (None removes one). The input is never modified.
+    gets the new value; a missing flag is appended to `args`. A flag of MULTI_VALUE_FLAGS takes
+    every value after it (`--flag a b c`): all its old values are replaced by the new ones, in
+    `--flag=a` form only when there was that form and there is one new value. `extra_env` sets
+    variables (None removes one). The input is never modified.
     """
     launch = _find_launch(container)
-    wanted = _flag_pairs(list(extra_args), source="extra_args")
+    wanted: list[tuple[str, _Value]] = _flag_pairs(list(extra_args), source="extra_args")
     if kv_cache_dtype is not None:
         version = engine_version or _image_engine_version(container)
         validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version, strict=True)
@@ -384,8 +385,15 @@ def rewrite_container(
         wanted = []
     appended: list[str] = []
     for flag, value in wanted:
+        if isinstance(value, tuple):
+            continue  # below, once the one-value flags are in place (it changes list lengths)
         if not _replace_flag(lists, launch.tokens, flag, value):
             appended.extend([flag] if value is None else [flag, value])
+    for flag, value in wanted:
+        if isinstance(value, tuple):
+            tokens = _find_launch({**result, **lists}).tokens
+            if not _replace_values(lists, tokens, flag, value):
+                appended.extend([flag, *value])
     lists["args"].extend(appended)
     for name in ("command", "args"):
         if lists[name] or name in result:
@@ -535,12 +543,17 @@ def _with_value(match: re.Match[str], value: str) -> str:
     return f"{match['flag']}{match['sep']}{value}"
 
 
+def _with_values(match: re.Match[str], values: str) -> str:
+    """The multi-value flag as spelled in the script, then its new (quoted) values."""
+    return f"{match['flag']} {values}"
+
+
 def _is_shell_operator(word: str) -> bool:
     return bool(word) and all(c in "();<>|&" for c in word)
 
 
 def _rewrite_script(
-    script: str, launch: _Launch, wanted: Sequence[tuple[str, str | None]], name: str
+    script: str, launch: _Launch, wanted: Sequence[tuple[str, _Value]], name: str
 ) -> str:
     """Set flags inside a shell script's text, leaving the rest ($VARS, quoting) as written."""
     present = {_split_flag(t.text)[0] for t in launch.tokens if t.text.startswith("--")}
@@ -548,11 +561,17 @@ def _rewrite_script(
     for flag, value in wanted:
         spelled = "--" + "[-_]".join(re.escape(part) for part in flag[2:].split("-"))
         if flag not in present:
-            appended.extend([flag] if value is None else [flag, value])
+            appended.extend([flag] if value is None else _spelled(flag, value))
+        elif isinstance(value, tuple):  # every word up to the next option or shell operator
+            pattern = re.compile(
+                rf"(?<![\w-])(?P<flag>{spelled})"
+                rf"(?:=(?:{_SCRIPT_WORD})|(?:[ \t]+(?!-\D)(?:{_SCRIPT_WORD}))*)"
+            )
+            new = " ".join(shlex.quote(v) for v in value)
+            script = pattern.sub(partial(_with_values, values=new), script)
         elif value is not None:
             pattern = re.compile(
-                rf"(?<![\w-])(?P<flag>{spelled})(?P<sep>=|[ \t]+)"
-                r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s;&|<>]+)"
+                rf"(?<![\w-])(?P<flag>{spelled})(?P<sep>=|[ \t]+)(?P<value>{_SCRIPT_WORD})"
             )
             script = pattern.sub(partial(_with_value, value=shlex.quote(value)), script)
     if appended:
@@ -564,6 +583,14 @@ def _rewrite_script(
             )
         script = script.rstrip() + " " + shlex.join(appended)
     return script
+
+
+_SCRIPT_WORD: Final = r"\"[^\"]*\"|'[^']*'|[^\s;&|<>]+"
+
+
+def _spelled(flag: str, value: str | tuple[str, ...]) -> list[str]:
+    """`flag` and its value(s) as words."""
+    return [flag, value] if isinstance(value, str) else [flag, *value]
 
 
 def _engine_of_image(image: str) -> Engine | None:
@@ -581,12 +608,6 @@ def _engine_of_image(image: str) -> Engine | None:
     return None
 
 
-def _split_flag(text: str) -> tuple[str, str | None]:
-    """`--kv_cache_dtype=fp8` -> (`--kv-cache-dtype`, `fp8`); argparse in vLLM accepts both spellings."""
-    name, sep, value = text.partition("=")
-    return name.replace("_", "-"), (value if sep else None)
-
-
 def _flag_values(texts: Sequence[str]) -> dict[str, list[str]]:
     """Every flag with its values in order; a flag without a value maps to ""."""
     flags: dict[str, list[str]] = {}
@@ -601,7 +622,11 @@ def _flag_values(texts: Sequence[str]) -> dict[str, list[str]]:
             continue
         name, value = _split_flag(text)
         takes_value = name not in _BOOLEAN_FLAGS and i + 1 < len(texts)
-        if value is None and takes_value and not texts[i + 1].startswith("--"):
+        if value is None and name in MULTI_VALUE_FLAGS:
+            values = _values_after(texts, i)
+            value = " ".join(values) if values else None
+            i += len(values)
+        elif value is None and takes_value and not texts[i + 1].startswith("--"):
             value = texts[i + 1]
             i += 1
         flags.setdefault(name, []).append(value if value is not None else "")
@@ -615,45 +640,6 @@ def _last(flags: Mapping[str, list[str]], *names: str) -> str | None:
         if name in flags:
             return flags[name][-1]
     return None
-
-
-def _flag_pairs(texts: list[str], source: str) -> list[tuple[str, str | None]]:
-    pairs: list[tuple[str, str | None]] = []
-    i = 0
-    while i < len(texts):
-        text = texts[i]
-        if not text.startswith("--"):
-            raise SpecError(source, f"'{text}' is not a --flag; pass flags as ('--flag', 'value')")
-        name, value = _split_flag(text)
-        if value is None and i + 1 < len(texts) and not texts[i + 1].startswith("--"):
-            value = texts[i + 1]
-            i += 1
-        pairs.append((name, value))
-        i += 1
-    return pairs
-
-
-def _replace_flag(
-    lists: dict[str, list[str]], tokens: Sequence[_Token], flag: str, value: str | None
-) -> bool:
-    """Give every occurrence of `flag` the new value in place; False if the flag is absent."""
-    found = False
-    for position, token in enumerate(tokens):
-        name, old_value = _split_flag(token.text)
-        if not token.text.startswith("--") or name != flag:
-            continue
-        found = True
-        if value is None:
-            continue  # a boolean flag that is already there
-        if old_value is not None:
-            original_name = token.text.partition("=")[0]
-            lists[token.list_name][token.index] = f"{original_name}={value}"
-        elif position + 1 < len(tokens) and not tokens[position + 1].text.startswith("--"):
-            following = tokens[position + 1]
-            lists[following.list_name][following.index] = value
-        else:  # `--flag` with its value missing: write it in `=` form
-            lists[token.list_name][token.index] = f"{token.text}={value}"
-    return found
 
 
 def _env_values(container: Mapping[str, Any]) -> dict[str, str]:

@@ -65,14 +65,17 @@ COUNTERS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
         "vllm": ("vllm:prompt_tokens_total",),
         "sglang": ("sglang:prompt_tokens_total",),
     },
-    # vLLM's prefix cache, in tokens (the gpu_ names before 0.11); SGLang has a hit-rate gauge
+    # Prefix cache tokens. vLLM: queried and hit (gpu_ names before 0.11). SGLang 0.5.23
+    # (sglang/srt/observability/metrics_collector.py): a finished request's prompt tokens
+    # (:1855, :2109) and those its radix cache held, by cache_source (:1934, :2115-2134; absent
+    # until the first hit). The sglang:cache_hit_rate gauge (:388) is the last batch's: unused.
     "prefix_cache_queries": {
         "vllm": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-        "sglang": (),
+        "sglang": ("sglang:prompt_tokens_total",),
     },
     "prefix_cache_hits": {
         "vllm": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-        "sglang": (),
+        "sglang": ("sglang:cached_tokens_total",),
     },
 }
 

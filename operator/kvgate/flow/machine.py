@@ -203,6 +203,8 @@ def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str)
 
 
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
+    if obs.skip_layers_problem:  # known once the model's config is read: still the spec's fault
+        return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.skip_layers_problem)
     if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
         return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, obs.control_forced_fp8)
     gate = spec.capacity

@@ -12,8 +12,10 @@ is Failed with its own reason, whatever it measured.
   the candidate and on on the control (FP8 KV that left vLLM with prefix caching off re-prefilled
   about 96k tokens per agent step: rwlove/home-ops#13384). The load itself shares no prefix, so
   the probe is the only place a lost prefix cache shows.
-Arms without the figures (an older load Job, SGLang's prefix cache, a probe that failed) are not
-judged by the rule that needs them. Pure.
+  SGLang arms alike: its prompt/cached token counters and /server_info's disable_radix_cache
+  (kvgate.evidence.metrics.COUNTERS cites the wheel).
+Arms without the figures (an older load Job, an engine without --enable-metrics, a probe that
+failed) are not judged by the rule that needs them. Pure.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from typing import Final
 
 from kvgate.reasons import Reason
-from kvgate.records.loadresult import ArmLoad, OutputFigures, PrefixProbe
+from kvgate.records.loadresult import SGLANG_SWITCH, ArmLoad, OutputFigures, PrefixProbe
 
 REPEAT_EXCESS: Final = 0.10  # share of output pieces repeating the one before, over the control's
 PREFIX_FLOOR: Final = 0.5  # the candidate's probe hit rate at least this share of the control's
@@ -58,6 +60,10 @@ def prefix_problem(control: PrefixProbe | None, candidate: PrefixProbe | None) -
     if control is None or candidate is None or control.error or candidate.error:
         return None
     if control.enabled is True and candidate.enabled is False:
+        if candidate.switch == SGLANG_SWITCH:
+            return (
+                "server_info says disable_radix_cache true on the candidate, false on the control"
+            )
         return (
             "cache_config_info says enable_prefix_caching False on the candidate, True on the "
             "control"

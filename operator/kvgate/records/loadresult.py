@@ -87,16 +87,22 @@ class OutputFigures:
         return self.repeated / pairs if pairs > 0 else None
 
 
+SGLANG_SWITCH: Final = "server_info.disable_radix_cache"  # PrefixProbe.switch of an SGLang arm
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixProbe:
     """One arm's prefix cache, probed before its load: the same prompt sent twice, and the
-    engine's prefix cache counters (vLLM `prefix_cache_queries`/`_hits`, in tokens) across
-    both; `enabled` is cache_config_info's enable_prefix_caching (None: not exported)."""
+    engine's prefix cache counters across both, in tokens (vLLM `prefix_cache_queries`/`_hits`;
+    SGLang `prompt_tokens`/`cached_tokens`, kvgate.evidence.metrics.COUNTERS); `enabled` is whether the
+    engine says its prefix cache is on, read from `switch` (vLLM: cache_config_info's
+    enable_prefix_caching; SGLang: /server_info's disable_radix_cache); None: not said."""
 
     queries: float | None = None
     hits: float | None = None
     enabled: bool | None = None
     error: str | None = None
+    switch: str | None = None  # where `enabled` was read (None: vLLM's cache_config_info)
 
     @property
     def hit_rate(self) -> float | None:

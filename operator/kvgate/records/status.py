@@ -129,6 +129,22 @@ class CheckpointRecord:
     # k/v scales that cannot scale ("layer 1: k_scale 0.0"; kvgate.checkpoint.scales, ScalesBroken)
     broken_scales: tuple[str, ...] = _key(default=())
     effective_control_format: str | None = None  # what `auto` runs on this checkpoint
+    # spec.kvCache.skipLayers against this model's layers: why an entry names none (InvalidSpec)
+    skip_layers_problem: str | None = None
+    # The model facts vLLM's FP8 study advises on (kvgate.checkpoint.advice)
+    head_dim: int | None = None
+    kv_layers: int | None = None
+    sliding_window_layers: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GuidanceRecord:
+    """One note of the engine's own guidance that applies to this rollout (kvgate.checkpoint.advice):
+    advice to weigh, never a gate."""
+
+    code: str | None = None
+    message: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +186,8 @@ class PressureRecord:
 @dataclass(frozen=True, slots=True)
 class PreflightStatus:
     checkpoint: CheckpointRecord | None = None
+    # vLLM's FP8-study cautions for this model and spec, written once with the checkpoint scan
+    advice: tuple[GuidanceRecord, ...] = _key(default=())
     checkpoint_has_scales: bool | None = None
     samples: Mapping[str, tuple[PoolSample, ...]] = _key(default={})
     ticks: int | None = None

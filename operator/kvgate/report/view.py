@@ -406,7 +406,8 @@ def _clocks(raw: ClocksRecord | None) -> Clocks | None:
 
 
 def read_preflight(status: StatusLike) -> list[str]:
-    """One line each: production load against the KV pool, and the checkpoint's KV scales."""
+    """One line each: production load against the KV pool, the checkpoint's KV scales, and the
+    engine's advice for this model (status.preflight.advice)."""
     pre = typed_status(status).preflight
     if pre is None:
         return []
@@ -434,6 +435,9 @@ def read_preflight(status: StatusLike) -> list[str]:
             if scales
             else "checkpoint has no k/v scales: FP8 KV uses scale 1.0"
         )
+    for note in pre.advice:  # the engine's own guidance, each with its source: not a gate
+        lines.append(f"advice {note.code or '?'} (not a gate): {note.message or ''} "
+                     f"[source: {note.source or 'unknown'}]")  # fmt: skip
     return lines
 
 

@@ -259,7 +259,7 @@ class Runner:
             on_finished=self._count,
             fp8_kv=kv_dtype_bytes(args.kv_cache_dtype) == 1,
             length_buckets=length_buckets,
-            prefix_caching=not (env.faults.no_prefix_caching and quantized_kv(args.kv_cache_dtype)),
+            prefix_caching=self._prefix_caching(),
         )
         self.scheduler = app.scheduler = scheduler
         model = args.served_model_name
@@ -290,9 +290,19 @@ class Runner:
             SyntheticLoad(scheduler, env.production_traffic).start()
         return scheduler
 
+    def _prefix_caching(self) -> bool:
+        """vLLM's prefix cache / SGLang's radix cache: on unless `--disable-radix-cache`
+        (SGLang) or the no-prefix-caching fault on a quantized KV arm."""
+        if self.args.all_args.get("disable_radix_cache"):
+            return False
+        return not (self.env.faults.no_prefix_caching and quantized_kv(self.args.kv_cache_dtype))
+
     def _server_info(self, startup: SglangStartup) -> dict[str, object]:
-        """SGLang's /get_server_info: the server args plus what the engine resolved."""
+        """SGLang's /get_server_info: the server args plus what the engine resolved
+        (`disable_radix_cache` as the radix cache runs: the no-prefix-caching fault turns it
+        off as `--disable-radix-cache` would)."""
         info: dict[str, object] = {k: v for k, v in self.args.all_args.items()}
+        info["disable_radix_cache"] = not self._prefix_caching()
         info.update(
             kv_cache_dtype=self.env.faults.metrics_kv_dtype or self.args.kv_cache_dtype,
             attention_backend=startup.backend,

@@ -379,7 +379,19 @@ class SglangCollector(Collector):
                     tok,
                     s.output_lengths,
                 )
-            yield _counter("sglang:cached_tokens", "Number of cached prompt tokens.", tok, 0)
+            if self.version >= (0, 5, 23):
+                # a labelled counter, absent until the radix cache first hits; each finished
+                # request adds its cached prompt tokens by source (0.5.23 sglang/srt/
+                # observability/metrics_collector.py:1934-1938, :2115-2134)
+                if s.prefix_hits:
+                    yield _counter(
+                        "sglang:cached_tokens",
+                        "Number of cached prompt tokens by source (device/host/storage).",
+                        {**tok, "cache_source": "device"},
+                        s.prefix_hits,
+                    )
+            else:
+                yield _counter("sglang:cached_tokens", "Number of cached prompt tokens.", tok, 0)
             yield _counter(
                 "sglang:num_requests",
                 "Number of requests processed.",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, TypeVar
 
+from kvgate.engines.argtokens import MULTI_VALUE_FLAGS
 from kvgate.vocabulary import Engine
 
 _X = TypeVar("_X")
@@ -47,7 +48,6 @@ VLLM_ARGS: Final[Mapping[str, Kind]] = {
     "--attention-backend": Kind.VALUE,
     "--attention-config.backend": Kind.VALUE,  # newer vLLM spelling of the same
     "--calculate-kv-scales": Kind.SWITCH,
-    "--kv-cache-dtype-skip-layers": Kind.VALUE,
     "--block-size": Kind.VALUE,
     "--gpu-memory-utilization": Kind.VALUE,
     "--kv-cache-memory-bytes": Kind.VALUE,
@@ -91,9 +91,14 @@ SGLANG_ENV: Final = frozenset(
         "SGLANG_ENABLE_JIT_DEEPGEMM",
     }
 )
-# kvgate sets this flag itself from spec.kvCacheDtype; a second value in extraArgs would win
-# over it (argparse keeps the last), so the candidate would not test what the rollout says.
-KVGATE_OWNED_ARGS: Final = frozenset({"--kv-cache-dtype"})
+# kvgate sets these flags itself from the spec field named; a second value in extraArgs would
+# win over it (argparse keeps the last), so the candidate would not test what the rollout says.
+# The skip list is written from spec.kvCache.skipLayers, whose entries are checked one by one
+# (a value like '0,1,35' would be one entry naming no layer: kvgate.spec.kvcache.candidate_args).
+KVGATE_OWNED_ARGS: Final[Mapping[str, str]] = {
+    "--kv-cache-dtype": "spec.kvCacheDtype",
+    "--kv-cache-dtype-skip-layers": "spec.kvCache.skipLayers",
+}
 
 # --- the denylist (the CRD's wall; also refused by the operator whatever it is configured) ------
 
@@ -299,8 +304,14 @@ def check_args(
         _, eq, inline = token.partition("=")
         has_next = i + 1 < len(args) and not args[i + 1].startswith("--")
         if name in KVGATE_OWNED_ARGS:
-            out.append(Violation(i, f"{name} is set by kvgate from spec.kvCacheDtype; set that"))
-            i += 2 if has_next and not eq else 1
+            out.append(Violation(i, f"{name} is set by kvgate from {KVGATE_OWNED_ARGS[name]}; "
+                                 "set that"))  # fmt: skip
+            if eq:
+                i += 1
+            elif name in MULTI_VALUE_FLAGS:  # nargs="+": every value up to the next flag
+                i += 1 + _values_after(args, i)
+            else:
+                i += 2 if has_next else 1
             continue
         kind = allowed.get(name)
         if kind is None:
@@ -328,6 +339,14 @@ def check_args(
                 out.append(Violation(value_index, f"the value of {name} {problem}"))
         i += 1
     return out
+
+
+def _values_after(args: Sequence[str], i: int) -> int:
+    """How many tokens after args[i] are not flags (the values an owned flag took)."""
+    n = 0
+    while i + 1 + n < len(args) and not args[i + 1 + n].startswith("--"):
+        n += 1
+    return n
 
 
 def check_env_name(

@@ -3,7 +3,7 @@
     kvCache:
       format: int8_per_token_head     # one of the engine's own --kv-cache-dtype names
       engineVersion: "0.32.0"         # the candidate's engine version: the format must exist there
-      skipLayers: ["0", "sliding_window"]   # vLLM --kv-cache-dtype-skip-layers
+      skipLayers: ["0", "5", "sliding_window"]  # vLLM --kv-cache-dtype-skip-layers, any number
       scaleMode: dynamic-per-token-head     # optional; must be the format's own (kvgate.engines.kvformats)
       control:
         format: auto                  # what the control runs; `auto` is read from the checkpoint
@@ -20,10 +20,17 @@ from typing import Final
 
 from kvgate.engines import kvformats
 from kvgate.engines import versions as engine_versions
-from kvgate.errors import SpecError
+from kvgate.errors import SpecError, brief
 from kvgate.spec.reader import SpecReader
 
 LEGACY_DEFAULT: Final = "fp8"  # the CRD's default for kvCacheDtype
+SKIP_LAYERS_FLAG: Final = "--kv-cache-dtype-skip-layers"
+SLIDING_WINDOW: Final = "sliding_window"
+# The layers of the largest config kvgate reads (kvgate.checkpoint.capacity.MAX_LAYERS, which sits above
+# this module; a unit test holds them equal): no index reaches it, and no more skipLayers
+# entries than that are read (the CRD's maxItems is the same).
+MAX_LAYERS: Final = 4096
+MAX_SKIP_ENTRIES: Final = MAX_LAYERS
 # scaleMode spellings a user may state, per the format's own mode (kvgate.engines.kvformats): FP8 with
 # checkpoint scales may also be run per attention head (llm-compressor attn_head) or at 1.0.
 _STATABLE: Final = {
@@ -48,8 +55,14 @@ class KVCachePolicy:
     from_alias: bool = False  # written as spec.kvCacheDtype
 
     def candidate_args(self) -> tuple[str, ...]:
-        """Flags beside --kv-cache-dtype the candidate needs (vLLM's skip list)."""
-        return ("--kv-cache-dtype-skip-layers", *self.skip_layers) if self.skip_layers else ()
+        """Flags beside --kv-cache-dtype the candidate needs: vLLM's skip list as one flag and
+        its values (`--kv-cache-dtype-skip-layers 0 5 sliding_window`), the only form that
+        carries several: the flag is `nargs="+"` (vllm/engine/arg_utils.py:252 and :1384 in
+        0.32.0); `--flag=0 5` is refused ("unrecognized arguments: 5") and `--flag=0,5` is one
+        entry '0,5' that names no layer (vllm/model_executor/layers/attention/attention.py:312
+        compares `str(layer_idx)`); a second `--flag` replaces the first ("Found duplicate
+        keys"). Read from the CPU build of 0.32.0's parser; tests/unit/test_skip_layers.py."""
+        return (SKIP_LAYERS_FLAG, *self.skip_layers) if self.skip_layers else ()
 
 
 def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCachePolicy:
@@ -87,20 +100,9 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
             k.error("format", str(exc).removeprefix("format: "))
         except ValueError as exc:
             k.error("engineVersion", str(exc))
-    skip = tuple(k.list_of("skipLayers", str, "a layer index or sliding_window"))
-    for i, entry in enumerate(skip):
-        if not (entry.isdigit() or entry == "sliding_window"):
-            k.error(
-                f"skipLayers[{i}]", f"'{entry[:40]}' is neither a layer index nor sliding_window"
-            )
+    skip = read_skip_layers(k)
     if skip and engine == engine_versions.SGLANG:
         k.error("skipLayers", "sglang has no --kv-cache-dtype-skip-layers; it is a vLLM flag")
-    elif len(skip) > 1:
-        k.error(
-            "skipLayers",
-            f"{len(skip)} entries: kvgate writes the candidate's flags as one value each, and "
-            "vLLM's flag takes several values after one flag; give one (e.g. sliding_window)",
-        )
     mode = fmt.scale_mode if fmt else kvformats.SCALES_CHECKPOINT
     stated = k.string("scaleMode")
     if stated is not None and fmt is not None:
@@ -123,6 +125,54 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
         engine_version=version,
         control_format=control_format,
     )
+
+
+def read_skip_layers(k: SpecReader) -> tuple[str, ...]:
+    """`kvCache.skipLayers`: layer indices (decimal strings, as vLLM compares them) and/or
+    `sliding_window`, each at most once. The first bad entry is one error naming it (a hostile
+    list of 10,000 junk entries is one line, not 10,000); () then. Whether each index is a layer
+    of the model is checked once its config is read (`kvgate.checkpoint.capacity`, at preflight)."""
+    raw = k.raw("skipLayers")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        k.error("skipLayers", f"{brief(raw)} is not a list; give layer indices and/or "
+                "sliding_window, e.g. ['0', 'sliding_window']")  # fmt: skip
+        return ()
+    if len(raw) > MAX_SKIP_ENTRIES:
+        k.error(f"skipLayers[{MAX_SKIP_ENTRIES}]", f"{len(raw):,} entries: at most "
+                f"{MAX_SKIP_ENTRIES}, one per layer of the largest model kvgate reads")  # fmt: skip
+        return ()
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        problem = _skip_entry_problem(entry, seen)
+        if problem is not None:
+            k.error(f"skipLayers[{i}]", problem)
+            return ()
+        seen[entry] = i
+    return tuple(raw)
+
+
+def _skip_entry_problem(entry: object, seen: dict[str, int]) -> str | None:
+    if not isinstance(entry, str):
+        return (
+            f"{brief(entry)} is not a string; write a layer index as a string ('3'), as "
+            "vLLM's --kv-cache-dtype-skip-layers reads it"
+        )
+    shown = brief(entry, 40)  # repr: one line whatever the entry holds
+    if entry in seen:
+        return f"{shown} is already skipLayers[{seen[entry]}]; give each layer once"
+    if entry == SLIDING_WINDOW:
+        return None
+    if entry.startswith("-") and entry[1:].isascii() and entry[1:].isdecimal():
+        return f"{shown} is negative; layer indices count from 0"
+    if not (entry.isascii() and entry.isdecimal()):
+        return f"{shown} is neither a layer index nor sliding_window"
+    if len(entry) > 1 and entry.startswith("0"):
+        return f"{shown} names no layer: vLLM matches str(layer_index), so write '{int(entry)}'"
+    if len(entry) > len(str(MAX_LAYERS)) or int(entry) >= MAX_LAYERS:  # no int() of 10k digits
+        return f"{shown} is past any model's layers (kvgate reads at most {MAX_LAYERS})"
+    return None
 
 
 def _lookup(
