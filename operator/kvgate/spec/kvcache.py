@@ -132,33 +132,26 @@ def read_skip_layers(k: SpecReader) -> tuple[str, ...]:
     `sliding_window`, each at most once. The first bad entry is one error naming it (a hostile
     list of 10,000 junk entries is one line, not 10,000); () then. Whether each index is a layer
     of the model is checked once its config is read (`kvgate.checkpoint.capacity`, at preflight)."""
-    raw = k.raw("skipLayers")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        k.error("skipLayers", f"{brief(raw)} is not a list; give layer indices and/or "
-                "sliding_window, e.g. ['0', 'sliding_window']")  # fmt: skip
-        return ()
-    if len(raw) > MAX_SKIP_ENTRIES:
-        k.error(f"skipLayers[{MAX_SKIP_ENTRIES}]", f"{len(raw):,} entries: at most "
-                f"{MAX_SKIP_ENTRIES}, one per layer of the largest model kvgate reads")  # fmt: skip
-        return ()
+    entries = k.list_of(
+        "skipLayers",
+        str,
+        "a string; write a layer index as a string ('3'), as vLLM's "
+        "--kv-cache-dtype-skip-layers reads it",
+        at_most=MAX_SKIP_ENTRIES,
+        why="; give layer indices and/or sliding_window, one per layer of the largest model "
+        "kvgate reads, e.g. ['0', 'sliding_window']",
+    )
     seen: dict[str, int] = {}
-    for i, entry in enumerate(raw):
+    for i, entry in enumerate(entries):
         problem = _skip_entry_problem(entry, seen)
         if problem is not None:
             k.error(f"skipLayers[{i}]", problem)
             return ()
         seen[entry] = i
-    return tuple(raw)
+    return tuple(entries)
 
 
-def _skip_entry_problem(entry: object, seen: dict[str, int]) -> str | None:
-    if not isinstance(entry, str):
-        return (
-            f"{brief(entry)} is not a string; write a layer index as a string ('3'), as "
-            "vLLM's --kv-cache-dtype-skip-layers reads it"
-        )
+def _skip_entry_problem(entry: str, seen: dict[str, int]) -> str | None:
     shown = brief(entry, 40)  # repr: one line whatever the entry holds
     if entry in seen:
         return f"{shown} is already skipLayers[{seen[entry]}]; give each layer once"

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from kvgate.errors import SpecError
+from kvgate.errors import SpecError, brief
 
 _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -162,17 +162,23 @@ class SpecReader:
             return default
         return seconds
 
-    def list_of(self, key: str, kind: type[_T], what: str) -> list[_T]:
+    def list_of(
+        self, key: str, kind: type[_T], what: str, *, at_most: int | None = None, why: str = ""
+    ) -> list[_T]:
+        """A list of `kind`. Hostile input is one error, never a message the size of the input:
+        the value is shown cut (`errors.brief`), a list longer than `at_most` is refused by its
+        length, and only the first entry that is not `kind` is named."""
         value = self.data.get(key)
         if value is None:
             return []
         if not isinstance(value, list):
-            self.error(key, f"{value!r} is not a list")
+            self.error(key, f"{brief(value)} is not a list{why}")
             return []
-        out: list[_T] = []
+        if at_most is not None and len(value) > at_most:
+            self.error(f"{key}[{at_most}]", f"{len(value):,} entries: at most {at_most}{why}")
+            return []
         for i, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, kind):
-                self.error(f"{key}[{i}]", f"{item!r} is not {what}")
-            else:
-                out.append(item)
-        return out
+                self.error(f"{key}[{i}]", f"{brief(item)} is not {what}")
+                return []
+        return list(value)
