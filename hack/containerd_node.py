@@ -258,6 +258,10 @@ state = "{s / "cstate"}"
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      # Our shim, not the first on PATH: a host with Debian's containerd or docker.io has a
+      # 1.x containerd-shim-runc-v2 in /usr/bin, which this containerd cannot start
+      # ("io.containerd.runc.v2: type with url ...: not found").
+      runtime_path = "{self.bin_dir / "containerd-shim-runc-v2"}"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
         BinaryName = "{runc}"

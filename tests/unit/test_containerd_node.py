@@ -125,3 +125,20 @@ def test_the_policy_engine_listens_on_nothing_and_reads_as_its_own_account(
     rules = next(o for o in containerd_node.POLICY_ENGINE_RBAC if o["kind"] == "ClusterRole")
     verbs = {v for rule in rules["rules"] for v in rule["verbs"]}  # type: ignore[index,attr-defined]
     assert verbs == {"get", "list", "watch"}
+
+
+def test_containerd_starts_our_shim_whatever_is_first_on_path(tmp_path: Path) -> None:
+    """A host with Debian's containerd or docker.io has a 1.x containerd-shim-runc-v2 in
+    /usr/bin; found on PATH, this containerd cannot start it ("io.containerd.runc.v2: type with
+    url ...: not found") and no pod gets a sandbox (seen on this machine after docker.io was
+    installed). The config names the shim built beside containerd."""
+    import tomllib
+
+    node = containerd_node.ContainerdNode(tmp_path, tmp_path / "bin", "n1")
+    for sub in ("cni-conf", "cni-ipam", "kubelet", "runc", "netns", "opt"):
+        (tmp_path / sub).mkdir()
+    node._write_configs()
+    config = tomllib.loads((tmp_path / "containerd.toml").read_text())
+    runc = config["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["runtime_path"] == str(tmp_path / "bin" / "containerd-shim-runc-v2")
