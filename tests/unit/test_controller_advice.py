@@ -20,7 +20,7 @@ from test_controller import World
 from kvgate import report
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.config import OperatorConfig
-from kvgate.controller.preflight import advice
+from kvgate.judge.guidance import for_rollout as advice
 from kvgate.records.status import CheckpointRecord
 from kvgate.spec.rollout import RolloutSpec
 

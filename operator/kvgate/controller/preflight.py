@@ -10,20 +10,18 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from kvgate.checkpoint import advice as fp8advice
 from kvgate.controller import sources
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen
-from kvgate.engines import versions as engine_versions
 from kvgate.evidence import poolsample
 from kvgate.flow import machine
 from kvgate.flow.steps import Observation
+from kvgate.judge import guidance
 from kvgate.reasons import Reason
 from kvgate.records.codec import read_record
-from kvgate.records.status import CheckpointRecord, GuidanceRecord, PreflightStatus, PressureRecord
+from kvgate.records.status import CheckpointRecord, PreflightStatus, PressureRecord
 from kvgate.records.timestamps import iso
-from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import PROMETHEUS_SOURCE, GateMode
 
 if TYPE_CHECKING:
@@ -48,13 +46,13 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
             kv_cache_dtype=ctx.spec.kv_cache_dtype,
             skip_layers=ctx.spec.kv_cache.skip_layers,
         ))  # fmt: skip
-        notes = advice(ctx.spec, ctx.so_far.engine, checkpoint)
+        notes = guidance.for_rollout(ctx.spec, ctx.so_far.engine, checkpoint)
         pre = dataclasses.replace(
             pre, checkpoint=checkpoint, checkpoint_has_scales=checkpoint.present, advice=notes
         )
         found = StatusUpdate.of(preflight=pre)
         if notes:
-            found = found.then(StatusUpdate.event(Reason.ENGINE_ADVICE, advice_line(notes)))
+            found = found.then(StatusUpdate.event(Reason.ENGINE_ADVICE, guidance.event_line(notes)))
     problem = pre.checkpoint.skip_layers_problem if pre.checkpoint is not None else None
     if problem:  # the skip list names a layer this model does not have: fail before any canary
         return Observation(skip_layers_problem=problem), found
@@ -110,34 +108,6 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
         pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
     found = StatusUpdate(StatusUpdate.of(preflight=pre).fields, events)
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
-
-
-def advice(
-    spec: RolloutSpec, engine: str | None, checkpoint: CheckpointRecord
-) -> tuple[GuidanceRecord, ...]:
-    """vLLM's FP8-study cautions that apply, from the checkpoint's config (head_dim,
-    sliding-window layers) and the spec (a TTFT objective, the skip list). None without the
-    config. The study is vLLM's: the sliding-window note names a vLLM flag, so an SGLang
-    rollout (no --kv-cache-dtype-skip-layers) gets the other notes only. No typical context:
-    the spec states none (the CLI's `kvgate preflight --typical-context` takes one)."""
-    if checkpoint.head_dim is None:
-        return ()
-    gain = spec.capacity_gain.throughput_gain
-    sglang = (engine or str(spec.engine)) == engine_versions.SGLANG
-    notes = fp8advice.fp8_guidance(
-        head_dim=checkpoint.head_dim,
-        sliding_window_layers=0 if sglang else checkpoint.sliding_window_layers or 0,
-        kv_layers=checkpoint.kv_layers or 0,
-        ttft_objective=gain is not None and gain.ttft_p99_ms is not None,
-        skip_layers=spec.kv_cache.skip_layers,
-    )
-    return tuple(GuidanceRecord(n.code, n.message, n.source) for n in notes)
-
-
-def advice_line(notes: tuple[GuidanceRecord, ...]) -> str:
-    """The advice as one Event line: each note's code and message, then the source once."""
-    text = "; ".join(f"{n.code}: {n.message}" for n in notes)
-    return f"{text} (advice, not a gate; source: {notes[0].source})"
 
 
 def pool_history(ctx: Ctx, seen: Seen, elapsed_s: float) -> tuple[list[str], sources.Series | None]:
