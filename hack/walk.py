@@ -17,9 +17,10 @@ found on the class or its kvgate bases. The data is handed through arguments onl
 called on the data (`reader.string("key")`) is not a hand-over unless `--receiver` is given.
 `x or {}` and `a if c else b` carry the data of their branches. `sim/` is not walked. An
 attribute read off the data is other data (`ctx.namespace`), unless it is a holder of the data
-itself: a field of a kvgate class annotated with the data's type, or with a class that holds it
-(`begun.ctx`, where `Begun.ctx: Ctx` and `Ctx.body: kopf.Body`). A tuple that holds the data is
-the data.
+itself: a field of a kvgate class annotated with the data's type, with a carrier (`--carrier`,
+default `Ctx`: the reconcile's context, which `begin` builds of the parsed body and which holds
+no field of the body's type), or with a class that holds either (`begun.ctx`, where `Begun.ctx:
+Ctx`). A tuple that holds the data is the data.
 
 The trip is the sequence of modules the data is in, depth first: into the callee, and back into
 the caller when the callee returns. Each function is walked once; a later hand-over to a walked
@@ -120,10 +121,13 @@ def load(source_root: Path) -> dict[str, Module]:
     return modules
 
 
-def holder_fields(modules: dict[str, Module], data_type: str) -> frozenset[str]:
-    """The field names of kvgate classes that hold the data: annotated with its type, or with
-    a class that holds it (to a fixed point)."""
-    holders = {data_type.rpartition(".")[2]}
+def holder_fields(
+    modules: dict[str, Module], data_type: str, carriers: tuple[str, ...] = ()
+) -> frozenset[str]:
+    """The field names of kvgate classes that hold the data: annotated with its type, with a
+    carrier (a class built from the data: `Ctx`, which `begin` makes of the parsed body), or
+    with a class that holds either (to a fixed point)."""
+    holders = {data_type.rpartition(".")[2], *carriers}
     names: set[str] = set()
     changed = True
     while changed:
@@ -524,6 +528,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT / "operator")
     parser.add_argument("--entry", default="kvgate.controller.handlers:reconcile")
     parser.add_argument("--data", default="body", help="the entry's parameter to follow")
+    parser.add_argument(
+        "--carrier",
+        action="append",
+        default=None,
+        help="a class built from the data that carries it on (default: Ctx, the reconcile's "
+        "context, made of the parsed body; --carrier '' for none)",
+    )
     parser.add_argument("--show-trip", action="store_true")
     parser.add_argument(
         "--no-annotations",
@@ -542,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"walk: no function {args.entry} under {args.root}", file=sys.stderr)
         return 2
     entry = modules[module].functions[qualname]
-    holders = holder_fields(modules, _annotation(entry, args.data))
+    carriers = tuple(c for c in (args.carrier if args.carrier is not None else ["Ctx"]) if c)
+    holders = holder_fields(modules, _annotation(entry, args.data), carriers)
     walker = Walker(modules, holders, annotations=not args.no_annotations, receiver=args.receiver)
     walker.walk(entry, {args.data})
     entries = Counter(walker.trip)

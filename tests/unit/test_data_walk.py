@@ -28,12 +28,14 @@ def _walk_tool() -> ModuleType:
     return module
 
 
-def _re_entries(root: Path, entry: str, data: str, **rules: bool) -> Counter[str]:
+def _re_entries(
+    root: Path, entry: str, data: str, carriers: tuple[str, ...] = ("Ctx",), **rules: bool
+) -> Counter[str]:
     walk = _walk_tool()
     modules = walk.load(root)
     module, _, name = entry.partition(":")
     entry_fn = modules[module].functions[name]
-    holders = walk.holder_fields(modules, walk._annotation(entry_fn, data))
+    holders = walk.holder_fields(modules, walk._annotation(entry_fn, data), carriers)
     walker = walk.Walker(modules, holders, **rules)
     walker.walk(entry_fn, {data})
     return Counter({m: n - 1 for m, n in Counter(walker.trip).items()})
@@ -117,6 +119,47 @@ def test_the_walk_follows_the_data_through_holders_tuples_and_comprehensions(
     # THEN the holder read back, the tuple and the comprehension carried it (four trips out and
     # back); `ctx.name` did not
     assert counts == {"kvgate.stage": 4, "kvgate.helpers": 3}
+
+
+def test_a_context_built_from_the_parsed_body_carries_it_without_holding_the_body(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a context that keeps only what `begin` parsed of the body (no field of the body's
+    # type), handed on through a holder of it: taking the raw body out of the context must not
+    # take the stages out of the walk
+    _package(
+        tmp_path,
+        ("one", "parse"),
+        kinds="""
+        from dataclasses import dataclass
+
+        @dataclass
+        class Ctx:
+            spec: dict
+            name: str
+
+        @dataclass
+        class Begun:
+            ctx: Ctx
+    """,
+        stage="""
+        from kvgate import helpers
+        from kvgate.kinds import Begun, Ctx
+
+        def run(body: Body):
+            begun = Begun(Ctx(helpers.parse(body), "r"))
+            ctx = begun.ctx
+            helpers.one(ctx)
+            helpers.one(ctx.name)
+    """,
+    )
+    # WHEN the body is walked with `Ctx` as a carrier (the default), and without one
+    carried = _re_entries(tmp_path, "kvgate.stage:run", "body")
+    bare = _re_entries(tmp_path, "kvgate.stage:run", "body", carriers=())
+    # THEN the context read back off `begun` is the data (a trip out to `one` and back), and
+    # without the carrier the walk would have stopped at the parse
+    assert carried == {"kvgate.stage": 2, "kvgate.helpers": 1}
+    assert bare == {"kvgate.stage": 1, "kvgate.helpers": 0}
 
 
 def test_the_walk_follows_calls_on_values_typed_by_annotations(tmp_path: Path) -> None:

@@ -570,6 +570,6 @@ def build_report_configmap(
     }
 
 
-def status_json(rollout: Mapping[str, Any]) -> str:
+def status_json(status: Mapping[str, Any]) -> str:
     """The rollout's status as pretty JSON, for the report ConfigMap."""
-    return json.dumps(rollout.get("status") or {}, indent=2, sort_keys=True, default=str)
+    return json.dumps(status, indent=2, sort_keys=True, default=str)

@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import kopf
 
@@ -87,12 +87,43 @@ class Reads:
     node_gpus: dict[str, str | None] = field(default_factory=dict)  # by node (`node_gpu`)
 
 
+@dataclass(frozen=True)
+class RolloutRef:
+    """Which rollout this is, as its children's owner references and its Events name it; the
+    raw body goes no further than `begin`."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str | None
+    created: str  # creationTimestamp: the older of two rollouts on a Deployment goes first
+    labels: Mapping[str, str]
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> RolloutRef:
+        meta = body.get("metadata") or {}
+        return cls(str(body.get("apiVersion") or ""), str(body.get("kind") or ""),
+                   str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+                   meta.get("uid"), str(meta.get("creationTimestamp") or ""),
+                   dict(meta.get("labels") or {}))  # fmt: skip
+
+    def owner(self) -> kopf.Body:
+        """The object kopf adopts children to and posts Events on."""
+        meta = {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+        raw: dict[str, Any] = {"apiVersion": self.api_version, "kind": self.kind,
+                               "metadata": {**meta, "labels": dict(self.labels)}}  # fmt: skip
+        return kopf.Body(cast("kopf.RawBody", raw))
+
+
 @dataclass
 class Ctx:
-    """One reconcile call: the object, its parsed spec, the clients and the status so far (the
-    typed record, parsed once in `begin`; `seeing` gives the context that sees a stage's update)."""
+    """One reconcile call: which rollout, its spec (as written, and parsed), the clients and the
+    status so far (the typed record, parsed once in `begin`; `seeing` gives the context that
+    sees a stage's update)."""
 
-    body: kopf.Body
+    rollout: RolloutRef
+    spec_source: Mapping[str, Any]  # the spec as written: the candidate's config hash covers it
     namespace: str
     name: str
     generation: int | None
@@ -206,8 +237,9 @@ def begin(
         cleared = dict.fromkeys(old)
         status = RolloutStatus(phase=Phase.PENDING, pending_actions=found.pending_actions)
         phase = Phase.PENDING
-    spec, spec_errors = parse_spec(body.get("spec") or {}, config)
-    ctx = Ctx(body, meta["namespace"], meta["name"], generation, spec, status,
+    source = copy.deepcopy(dict(body.get("spec") or {}))
+    spec, spec_errors = parse_spec(source, config)
+    ctx = Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"], generation, spec, status,
               kube, config, logger, utcnow())  # fmt: skip
     if ended:
         return Begun(ctx, old, phase, ended=True)

@@ -16,6 +16,6 @@ from kvgate.reasons import Reason
 def post_event(ctx: Ctx, reason: Reason, message: str, *, warning: bool) -> None:
     type_ = "Warning" if warning else "Normal"
     message = redact.scrub_text(message)  # Events are readable by anyone who reads the namespace
-    kopf.event(ctx.body, type=type_, reason=reason, message=message[:1000])
+    kopf.event(ctx.rollout.owner(), type=type_, reason=reason, message=message[:1000])
     EVENTS.labels(ctx.namespace, ctx.name, type_, reason).inc()
     ctx.logger.info("event %s: %s", reason, message, extra={"reason": reason})

@@ -30,7 +30,7 @@ from kvgate.controller.act import (
     delete_eval_jobs,
     revert_target,
 )
-from kvgate.controller.context import Ctx, describe, parse_spec
+from kvgate.controller.context import Ctx, RolloutRef, describe, parse_spec
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_fields,
@@ -245,8 +245,9 @@ def _side_ctx(
     status: dict[str, Any],
 ) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
-    spec, _errors = parse_spec(body.get("spec") or {}, memo.config)
-    return Ctx(body, meta["namespace"], meta["name"], meta.get("generation"), spec,
+    source = copy.deepcopy(dict(body.get("spec") or {}))
+    spec, _errors = parse_spec(source, memo.config)
+    return Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"], meta.get("generation"), spec,
                RolloutStatus.from_dict(status),
                memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
 

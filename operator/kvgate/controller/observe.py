@@ -139,7 +139,7 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
                 "image": container.get("image"),
                 "previous": previous,
                 "candidate": wanted,
-                "spec": ctx.body.get("spec"),
+                "spec": ctx.spec_source,
             }
         ),
     ))  # fmt: skip
@@ -148,7 +148,7 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
 
 def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
     """Older active rollouts on the same Deployment (the oldest one wins)."""
-    mine = (ctx.body["metadata"].get("creationTimestamp") or "", ctx.name)
+    mine = (ctx.rollout.created, ctx.name)
     found = (
         kubeobjects.rollout_conflict(other, mine, ctx.spec.target.name)
         for other in ctx.kube.list_rollouts(ctx.namespace)

@@ -14,7 +14,7 @@ from kvgate.controller.context import Ctx
 
 
 def adopt_child(ctx: Ctx, obj: dict[str, Any], arm: str) -> None:
-    kopf.adopt(obj, owner=ctx.body)
+    kopf.adopt(obj, owner=ctx.rollout.owner())
     # adopt() copies the rollout's labels onto the child; a label like app=<model> would let a
     # production Service route traffic to a canary, so children keep kvgate's labels only.
     obj["metadata"]["labels"] = {
@@ -29,6 +29,6 @@ def adopt_child(ctx: Ctx, obj: dict[str, Any], arm: str) -> None:
 
 def owned(ctx: Ctx, obj: Mapping[str, Any]) -> bool:
     """Whether this rollout (this very object, by uid) owns `obj`."""
-    uid = (ctx.body.get("metadata") or {}).get("uid")
+    uid = ctx.rollout.uid
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return bool(uid) and any(r.get("uid") == uid for r in refs)

@@ -369,8 +369,7 @@ def write_report(ctx: Ctx, new: RolloutStatus) -> None:
     from one view of the typed spec and the status just written."""
     from kvgate import report
 
-    rollout = {**dict(ctx.body), "status": new.to_dict()}
-    files = {"status.json": redact.scrub_text(manifests.status_json(rollout))}
+    files = {"status.json": redact.scrub_text(manifests.status_json(new.to_dict()))}
     try:
         view = report.build(ctx.spec, new, namespace=ctx.namespace, name=ctx.name, now=ctx.now)
         files["report.txt"] = report.text.render(view)
