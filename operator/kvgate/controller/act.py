@@ -66,8 +66,8 @@ DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
 
 def acts(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Iterator[StatusUpdate]:
     """The step's actions in order, each seeing what the ones before it did (after `before`,
-    what the reconcile's stages did so far), each yielding what it did: a caller keeps what the
-    actions before a failing one did."""
+    what the reconcile's stages did so far), yielding after each the fold so far (`before` and
+    the actions done): a caller keeps what the actions before a failing one did."""
     done = before
     for action in step.actions:
         seen = ctx.seeing(done)
@@ -77,16 +77,16 @@ def acts(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Iterator[Statu
         else:
             update = ACTIONS[action](seen, step)
         done = done.then(update)
-        yield update
+        yield done
 
 
 def act_best_effort(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> StatusUpdate:
     """Giving up after errors: try every action (seeing `before`, as `acts`); owner references
-    clean up what fails. What the actions before a failing one did is returned."""
-    done = NOTHING
+    clean up what fails. Returns `before` and what the actions before a failing one did."""
+    done = before
     try:
-        for update in acts(ctx, step, before):
-            done = done.then(update)
+        for done in acts(ctx, step, before):  # noqa: B007 (the fold so far is the result)
+            pass
     except (ExternalError, KvgateError) as exc:
         ctx.logger.warning("acting failed while giving up: %s", exc)
     return done

@@ -12,17 +12,15 @@ from typing import Any, TypeVar
 import kopf
 
 from kvgate import redact
-from kvgate.change import manifests
+from kvgate.controller import reportmap
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Begun, Ctx, Reconciled
 from kvgate.controller.events import post_event
-from kvgate.controller.ownership import adopt_child
 from kvgate.controller.telemetry import (
     PHASE,
     ROLLBACKS,
     ROLLOUTS,
 )
-from kvgate.errors import ExternalError, KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import Event, Step
 from kvgate.judge import verdictkey
@@ -161,7 +159,8 @@ def write_status(
     # The status written is the fold's whole: a key it no longer holds is removed (a nested
     # figure a new reading does not have must not survive from the last one), and a new run's
     # status replaces the last run's.
-    patch_status(patch, old, merge_patch(old, status))
+    for changed, value in merge_patch(old, status).items():  # the changed keys only
+        patch.status[changed] = value
     post_events(ctx, (*done.events, *step.events))  # what the stages did, then the step
     for p in Phase:
         PHASE.labels(ctx.namespace, ctx.name, p.value).set(1 if p is step.phase else 0)
@@ -170,7 +169,7 @@ def write_status(
         ROLLOUTS.labels(step.phase.value if not reported else "Reported").inc()
         if step.phase is Phase.ROLLED_BACK:
             ROLLBACKS.labels(step.reason).inc()
-        write_report(ctx, new)
+        reportmap.write_report(ctx, new)
     return new
 
 
@@ -362,23 +361,3 @@ def _promotion(
         )
         promo = dataclasses.replace(promo, verify=verify)
     return promo
-
-
-def write_report(ctx: Ctx, new: RolloutStatus) -> None:
-    """The `<rollout>-report` ConfigMap: status.json, and the text and HTML reports, rendered
-    from one view of the typed spec and the status just written."""
-    from kvgate import report
-
-    files = {"status.json": redact.scrub_text(manifests.status_json(new.to_dict()))}
-    try:
-        view = report.build(ctx.spec, new, namespace=ctx.namespace, name=ctx.name, now=ctx.now)
-        files["report.txt"] = report.text.render(view)
-        files["report.html"] = report.page.render(view)
-    except (KvgateError, ValueError, KeyError, TypeError) as exc:  # status.json still goes
-        ctx.logger.warning("report rendering failed: %s", exc)
-    cm = manifests.build_report_configmap(rollout=ctx.name, namespace=ctx.namespace, files=files)
-    adopt_child(ctx, cm, "report")
-    try:
-        ctx.kube.replace_configmap(cm)
-    except ExternalError as exc:  # the verdict is in status already; the report is a copy
-        ctx.logger.warning("could not write the report ConfigMap: %s", exc)

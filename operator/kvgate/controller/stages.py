@@ -35,8 +35,8 @@ def run(begun: Begun) -> Reconciled:
         step = machine.next_step(
             spec, state, obs, poll_s=config.poll_interval_s, approval_ttl_s=config.approval_ttl_s
         )
-        for update in acts(ctx, step, done):  # kept up to a failing action
-            done = done.then(update)
+        for fold in acts(ctx, step, done):  # what the actions did, kept up to a failing one
+            done = fold
         return Reconciled(step, done)
     except Exception as exc:
         if begun.ended or state is None:  # an ended rollout's deletions: retried, not counted
@@ -55,4 +55,4 @@ def run(begun: Begun) -> Reconciled:
         given_up = machine.give_up(spec, state, what, errors, limit=config.error_limit)
         if given_up is None:
             return Reconciled(done=done, retry=Retry(what, exc, errors))
-        return Reconciled(given_up, done.then(act_best_effort(ctx, given_up, done)))
+        return Reconciled(given_up, act_best_effort(ctx, given_up, done))
