@@ -8,7 +8,6 @@ scan, and posted as one Warning Event; advice never decides anything.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from kvgate.controller import sources
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
@@ -23,9 +22,6 @@ from kvgate.records.codec import read_record
 from kvgate.records.status import CheckpointRecord, PreflightStatus, PressureRecord
 from kvgate.records.timestamps import iso
 from kvgate.vocabulary import PROMETHEUS_SOURCE, GateMode
-
-if TYPE_CHECKING:
-    pass
 
 
 def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
@@ -66,7 +62,6 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     )
     if gate.mode is GateMode.OFF or forced:
         return Observation(control_forced_fp8=forced), found
-    events = found.events  # the advice's Event, posted with this round's status
     series = poolsample.kept_series(pre)
     ticks = pre.ticks or 0
     due = seen.production is not None  # `look` read production's pods: a round is due
@@ -106,7 +101,7 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
         deciding = next((r for r in per_pod.values() if r.pressured is pressured), None)
         pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
         pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
-    found = StatusUpdate(StatusUpdate.of(preflight=pre).fields, events)
+    found = found.then(StatusUpdate.of(preflight=pre))  # the advice's Event kept
     return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
 
 

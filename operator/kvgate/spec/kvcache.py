@@ -93,8 +93,7 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
     if version is not None and engine is None:
         k.error("engineVersion", "needs spec.engine (vllm or sglang) to know whose version")
     elif version is not None and fmt is not None and engine is not None:
-        try:
-            engine_versions.parse(version)
+        try:  # an unreadable version is a ValueError of its parse, inside
             kvformats.require(engine, version, name, field="format")
         except SpecError as exc:
             k.error("format", str(exc).removeprefix("format: "))
