@@ -162,6 +162,7 @@ class Walker:
         self.receiver = receiver
         self.walked: set[str] = set()
         self.trip: list[str] = []
+        self.calls: Counter[str] = Counter()  # hand-overs into each module from another
         self.holders = holders  # attributes that carry the data (`holder_fields`)
 
     def _key(self, fn: Function) -> str:
@@ -330,6 +331,8 @@ class Walker:
             self.trip.append(module)
 
     def walk(self, fn: Function, data: set[str]) -> None:
+        if self.trip and self.trip[-1] != fn.module:
+            self.calls[fn.module] += 1
         self._enter(fn.module)
         key = self._key(fn)
         if key in self.walked or not data:
@@ -563,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     print("re-entries by module (entries after the first):")
     for name, count in entries.most_common():
         print(f"  {count - 1:4d}  {name}")
+    print("called into by module (hand-overs from another module; returns not counted):")
+    for name, count in walker.calls.most_common():
+        print(f"  {count:4d}  {name}")
     if args.show_trip:
         print(" -> ".join(walker.trip))
     return 0

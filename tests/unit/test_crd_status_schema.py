@@ -399,17 +399,30 @@ def _status_keys_written(tree: ast.Module) -> set[str]:
             isinstance(node, ast.Attribute) and node.attr == "status"
         )
 
+    # names bound to `StatusFields()`: `fields["accuracy"] = ...` writes the field's key
+    typed_fields = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "StatusFields"
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     keys: set[str] = set()
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else []
         for t in targets:
             if (
                 isinstance(t, ast.Subscript)
-                and is_status(t.value)
                 and isinstance(t.slice, ast.Constant)
                 and isinstance(t.slice.value, str)
             ):
-                keys.add(t.slice.value)
+                if is_status(t.value):
+                    keys.add(t.slice.value)
+                elif isinstance(t.value, ast.Name) and t.value.id in typed_fields:
+                    keys.add(by_field[t.slice.value])
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

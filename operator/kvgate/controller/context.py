@@ -1,5 +1,5 @@
 """One reconcile's context: the rollout, its parsed spec and status (parsed once, in `begin`), the
-clients, the clock, the cache of what it read (`Reads`, filled by `controller/seen.py`), the
+clients (`kubeapi.KubeApi`), the clock, the cache of what it read (`Reads`, filled by `controller/seen.py`), the
 `State` the machine reads, and what the reconcile came to (`Reconciled`). The candidate
 container is `candidate`'s, ownership `ownership`'s, Events `events`'s.
 """
@@ -12,13 +12,14 @@ import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import kopf
 
 from kvgate import redact
 from kvgate.config import OperatorConfig
 from kvgate.controller.changes import NOTHING, StatusUpdate
+from kvgate.controller.kubeapi import KubeApi
 from kvgate.errors import KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import State, Step
@@ -41,36 +42,6 @@ from kvgate.vocabulary import (
     ANNOTATION_CREATED_BY,
     Phase,
 )
-
-
-class KubeApi(Protocol):
-    """What the controller needs of the API (`kvgate.adapters.kube.Kube`; an in-memory fake in
-    the unit tests). Objects are the API's JSON dicts; reads of absent objects return None."""
-
-    requests: int
-
-    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def read_node(self, name: str) -> dict[str, Any] | None: ...
-    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
-    def list_rollouts(self, namespace: str) -> list[dict[str, Any]]: ...
-    def read_log(
-        self, namespace: str, pod: str, container: str | None = None, *, previous: bool = False
-    ) -> str | None: ...
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str: ...
-    def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None: ...
-    def read_forge_token(
-        self, namespace: str, name: str, key: str, *, api_url: str, repository: str
-    ) -> str: ...
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
-    def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]: ...
-    def replace_configmap(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
-    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool: ...
-    def patch_deployment(
-        self, namespace: str, name: str, ops: list[dict[str, Any]]
-    ) -> dict[str, Any]: ...
 
 
 def utcnow() -> dt.datetime:

@@ -15,7 +15,7 @@ from kvgate import redact
 from kvgate.change import manifests
 from kvgate.controller import preflight, promoted, pullrequest, sources
 from kvgate.controller.candidate import candidate_record
-from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
+from kvgate.controller.changes import NOTHING, Observed, StatusFields, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import (
     Seen,
@@ -237,7 +237,7 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     for arm, block in (("control", control_block), ("candidate", candidate_block)):
         if block is not None:
             arms[arm] = block
-    capacity = record_capacity(ctx, arms)
+    capacity = capacity_of(ctx, arms)
     truths: dict[str, CacheTruth | None] = {}
     errors = []
     if control_scan is not None and candidate_scan is not None:
@@ -247,7 +247,11 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
                 arms[arm] = block
             if error:
                 errors.append(error)
-    found = StatusUpdate.of(arms=arms).then(capacity) if arms != dict(ctx.so_far.arms) else capacity
+    found = (
+        StatusUpdate.of(arms=arms, capacity=capacity)
+        if arms != dict(ctx.so_far.arms)
+        else StatusUpdate.of(capacity=capacity)
+    )
     obs = Observation(
         control=control,
         candidate=candidate,
@@ -274,25 +278,24 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     if truths.get("control") is not None and truths.get("candidate") is not None:
         # spec.reuseVerdict: a verdict of another rollout this candidate may take, read once
         # both arms are read (the canary phase ends)
-        key = reuse.wanted_key(ctx.seeing(found).so_far, ctx.spec)
-        if key is not None:  # one LIST of the namespace's rollouts, only then
-            reused = reuse.find(
-                key, ctx.spec.reuse_verdict, ctx.kube.list_rollouts(ctx.namespace),
-                namespace=ctx.namespace, name=ctx.name, now=ctx.now,
-            )  # fmt: skip
-            obs = dataclasses.replace(obs, reused_verdict=reused)
+        reused = reuse.reusable(
+            dataclasses.replace(ctx.so_far, arms=arms), ctx.spec,
+            lambda: ctx.kube.list_rollouts(ctx.namespace),
+            namespace=ctx.namespace, name=ctx.name, now=ctx.now,
+        )  # fmt: skip
+        obs = dataclasses.replace(obs, reused_verdict=reused)
     return obs, found
 
 
-def record_capacity(ctx: Ctx, arms: Mapping[str, ArmStatus]) -> StatusUpdate:
+def capacity_of(ctx: Ctx, arms: Mapping[str, ArmStatus]) -> CapacityStatus | None:
     """Candidate over control KV tokens, once both scans state them (the tokens are the scans')."""
     control = arms["control"].kv_tokens if "control" in arms else None
     candidate = arms["candidate"].kv_tokens if "candidate" in arms else None
     if not (control and candidate):
-        return StatusUpdate.of(capacity=None)
+        return None
     ratio = round(candidate / control, 3)
     CAPACITY_RATIO.labels(ctx.namespace, ctx.name).set(ratio)
-    return StatusUpdate.of(capacity=CapacityStatus(ratio=ratio))
+    return CapacityStatus(ratio=ratio)
 
 
 def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
@@ -303,15 +306,18 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
         return obs, NOTHING
     finished = kubeobjects.job_finished(job)
     summary, progress = eval_lines(text, ev.nonce_sha256)
-    found = NOTHING
+    fields = StatusFields()  # what the look finds, one update
     if progress is not None:
         progress = progress_line(progress)  # the Job's spelling ends here
-        found = StatusUpdate.of(eval=dataclasses.replace(ev, progress=progress))
+        fields["eval"] = dataclasses.replace(ev, progress=progress)
         obs = dataclasses.replace(obs, eval_progress=read_eval_progress(progress))
     if summary is not None and finished:
         accuracy = AccuracyStatus.from_summary(summary)  # read once: judged and kept
-        found = found.then(record_accuracy(ctx, accuracy))
-        control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx.seeing(found), seen)
+        fields["accuracy"] = accuracy
+        publish_accuracy(ctx, accuracy)
+        control_tpot, candidate_tpot, clocks, speed = speed_after_eval(ctx, seen)
+        if speed is not None:
+            fields["speed"] = speed
         obs = dataclasses.replace(
             obs,
             job_finished=True,
@@ -320,14 +326,14 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
             candidate_tpot_s=candidate_tpot,
             speed_clocks=clocks,
         )
-        return obs, found.then(speed)
+        return obs, StatusUpdate(fields)
     if finished:
         reason = kubeobjects.job_failure(job)
         tail = " | ".join(text.strip().splitlines()[-3:])
         obs = dataclasses.replace(
             obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
         )
-    return obs, found
+    return obs, StatusUpdate(fields)
 
 
 def observe_load(ctx: Ctx, seen: Seen) -> Observed:
@@ -376,19 +382,19 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     return dataclasses.replace(obs, load_error=error[:500]), NOTHING
 
 
-def record_accuracy(ctx: Ctx, acc: AccuracyStatus) -> StatusUpdate:
-    """The eval Job's summary as status keeps it, with the difference in points (a column)."""
+def publish_accuracy(ctx: Ctx, acc: AccuracyStatus) -> None:
+    """The difference in points as a metric (a dashboard's column)."""
     if acc.paired is not None and acc.paired.difference is not None:
         ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc.difference_pp or 0.0)
-    return StatusUpdate.of(accuracy=acc)
 
 
 def speed_after_eval(
     ctx: Ctx, seen: Seen
-) -> tuple[float | None, float | None, SpeedClocks | None, StatusUpdate]:
-    """Mean TPOT and GPU clocks of each arm over the eval window, recorded in status.speed."""
+) -> tuple[float | None, float | None, SpeedClocks | None, SpeedStatus | None]:
+    """Mean TPOT and GPU clocks of each arm over the eval window, and status.speed with them
+    (None: the spec measures no speed)."""
     if ctx.spec.speed is None:
-        return None, None, None, NOTHING
+        return None, None, None, None
     speed = ctx.so_far.speed or SpeedStatus()
     if not speed.after:
         speed = dataclasses.replace(
@@ -419,7 +425,7 @@ def speed_after_eval(
             timeout=ctx.config.scrape_timeout_s,
         )
         speed = dataclasses.replace(speed, clocks=read_record(ClocksRecord, clocks.to_dict()))
-    return tpots["control"], tpots["candidate"], clocks, StatusUpdate.of(speed=speed)
+    return tpots["control"], tpots["candidate"], clocks, speed
 
 
 def speed_clocks_of(record: ClocksRecord | None) -> SpeedClocks | None:

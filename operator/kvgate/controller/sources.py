@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvgate import redact
 from kvgate.change import manifests
-from kvgate.controller.context import KubeApi
+from kvgate.controller.kubeapi import KubeApi
 from kvgate.engines import launch as engines
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
 from kvgate.records.codec import read_record, whole

@@ -13,7 +13,7 @@ not the same GPU or backend. Pure: the controller lists the rollouts and passes 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any, Final
 
@@ -51,6 +51,23 @@ def wanted_key(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey | None:
         return None
     key = key_of(status, spec)
     return None if unknown_fields(key) else key
+
+
+def reusable(
+    status: RolloutStatus,
+    spec: RolloutSpec,
+    list_rollouts: Callable[[], Iterable[Mapping[str, Any]]],
+    *,
+    namespace: str,
+    name: str,
+    now: dt.datetime,
+) -> ReusedVerdict | None:
+    """The verdict of another rollout this candidate may take (`find`), the namespace's
+    rollouts listed once, and only when the candidate's key is known."""
+    key = wanted_key(status, spec)
+    if key is None:
+        return None
+    return find(key, spec.reuse_verdict, list_rollouts(), namespace=namespace, name=name, now=now)
 
 
 def find(
