@@ -9,8 +9,8 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
-from typing import Any
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
