@@ -239,11 +239,7 @@ def apply_gap(ctx: Ctx, seen: Seen) -> str | None:
     running = live_key(ctx)
     if key is not None and key.image_digest and not running.image_digests:
         return "no pod running the tested template reports its image digest yet"
-    if key is not None:
-        changed = verdictkey.stale_fields(key, running)
-        if changed:
-            return (
-                "the pods run another engine, GPU or config than the verdict tested "
-                f"({verdictkey.describe(changed, key, running)})"
-            )
+    changed = None if key is None else verdictkey.changes(key, running)
+    if changed is not None:
+        return f"the pods run another engine, GPU or config than the verdict tested ({changed})"
     return None

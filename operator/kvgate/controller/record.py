@@ -29,7 +29,7 @@ from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
 from kvgate.records import conditions as cond
-from kvgate.records.mergepatch import apply_merge_patch, merge_patch
+from kvgate.records.mergepatch import merge_patch, minimal
 from kvgate.records.status import (
     EvalStatus,
     GateRecord,
@@ -84,8 +84,8 @@ def patch_status(
     `changes` is a merge patch (None removes a key, objects merge key by key), so the status
     that results is the one sending `changes` whole would give. Returns that status.
     """
-    new = apply_merge_patch(old, changes)
-    for key, value in merge_patch(old, new).items():
+    new, changed = minimal(old, changes)
+    for key, value in changed.items():
         patch.status[key] = value
     return new
 

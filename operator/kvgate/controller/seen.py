@@ -74,8 +74,6 @@ class Seen:
     live: LiveTarget | None = None
     control: PodHealth = NO_POD
     candidate: PodHealth = NO_POD
-    control_pod: Mapping[str, Any] | None = None
-    candidate_pod: Mapping[str, Any] | None = None
     job: Mapping[str, Any] | None = None  # the phase's Job of this run (eval or load)
     job_log: str = ""  # the log of that Job's last pod ('' while it has none)
     production: tuple[ProductionPod, ...] | None = None
@@ -109,8 +107,6 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
             seen,
             control=facts["control"].health,
             candidate=facts["candidate"].health,
-            control_pod=pods["control"],
-            candidate_pod=pods["candidate"],
             to_scan={
                 arm: placement(ctx, fact)
                 for arm, fact in facts.items()

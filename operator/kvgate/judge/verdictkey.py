@@ -119,15 +119,21 @@ def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
 
 def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
     """(stale, reason, message) of the Stale condition for what runs now."""
-    changed = stale_fields(key, live)
-    if not changed:
+    changed = changes(key, live)
+    if changed is None:
         return False, Reason.VERDICT_CURRENT, "what runs is what the verdict was reached on"
     return (
         True,
         Reason.STALE,
         f"the verdict was reached on another engine, GPU or config than runs now "
-        f"({describe(changed, key, live)}); create the rollout again to evaluate what runs",
+        f"({changed}); create the rollout again to evaluate what runs",
     )
+
+
+def changes(key: VerdictKey, live: LiveKey) -> str | None:
+    """What of `key` the live target no longer matches, in words (None: the verdict holds)."""
+    changed = stale_fields(key, live)
+    return describe(changed, key, live) if changed else None
 
 
 def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:

@@ -48,6 +48,15 @@ def apply_merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> di
     return out
 
 
+def minimal(
+    old: Mapping[str, Any], changes: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the document `changes` makes of `old`, the merge patch of what it really changes):
+    a merge patch that sets a key to the value it has is no change."""
+    new = apply_merge_patch(old, changes)
+    return new, merge_patch(old, new)
+
+
 def _without_nulls(value: Any) -> Any:
     """A merge-patch value as applied: nulls in objects mean absent; arrays are taken whole."""
     if isinstance(value, Mapping):
