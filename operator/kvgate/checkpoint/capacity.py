@@ -500,24 +500,6 @@ def _kind_of(layer_type: object, index: int, field: str, source: str) -> str:
     )
 
 
-def capacity_table(
-    layout: KVLayout,
-    dtypes: Sequence[str] = ("bf16", "fp8"),
-    memory_bytes: int | None = None,
-) -> dict[str, dict[str, float | int]]:
-    """Per dtype: bytes per token, tokens per GiB and, given a pool size, pool tokens."""
-    table: dict[str, dict[str, float | int]] = {}
-    for dtype in dtypes:
-        row: dict[str, float | int] = {
-            "kv_bytes_per_token": layout.bytes_per_token(dtype),
-            "tokens_per_gib": layout.tokens_per_gib(dtype),
-        }
-        if memory_bytes is not None:
-            row["pool_tokens"] = layout.pool_tokens(memory_bytes, dtype)
-        table[dtype] = row
-    return table
-
-
 def gib_to_bytes(gib: float) -> int:
     """GiB (as the engines print them) to bytes; rejects negative and non-finite sizes."""
     if not math.isfinite(gib) or gib < 0:

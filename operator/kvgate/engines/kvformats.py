@@ -54,7 +54,6 @@ BASELINE: Final = "baseline"  # 16-bit: the control every other class is measure
 FP8: Final = "fp8"  # 8-bit float with per-tensor scales: the non-inferiority margin applies
 PER_TOKEN_HEAD: Final = "per-token-head"  # 8/4-bit with dynamic per-(token, head) scales
 SUB8BIT: Final = "sub-8-bit"  # FP4 and TurboQuant-like: accuracy traded for capacity on purpose
-CLASSES: Final = (BASELINE, FP8, PER_TOKEN_HEAD, SUB8BIT)
 
 # Where the scales come from.
 SCALES_NONE: Final = "none"  # 16-bit: nothing to scale
@@ -77,8 +76,6 @@ class KVFormat:
     mla_only: bool = False
     # Dense layers the engine keeps in the model dtype on its own (TurboQuant: 2 each side).
     boundary_layers: int = 0
-    # 16-bit element aliases resolve to the model's own dtype (auto) or a named one.
-    alias_of: str | None = None
     # The attention backends that pack this format (their `customize_spec`); on any other
     # backend the page holds K and V at `element_bytes` each (the storage dtype's size,
     # `STR_DTYPE_TO_TORCH_DTYPE`, vllm/utils/torch_utils.py:33-55): measured on vLLM 0.32's
@@ -175,9 +172,9 @@ _ULTRAQUANT: Final = frozenset({"ULTRAQUANT"})
 _MLA: Final = frozenset({"FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE", "FLASHMLA", "CPU_MLA"})
 _S: Final = SGLANG
 _FORMATS: Final[tuple[KVFormat, ...]] = (
-    KVFormat(_V, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)", alias_of="auto"),
-    KVFormat(_V, "bfloat16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
-    KVFormat(_V, "float16", BASELINE, SCALES_NONE, "16-bit", alias_of="float16"),
+    KVFormat(_V, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
+    KVFormat(_V, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
+    KVFormat(_V, "float16", BASELINE, SCALES_NONE, "16-bit"),
     KVFormat(_V, "fp8", FP8, SCALES_CHECKPOINT, "fp8 e4m3 on CUDA, per-tensor scales"),
     KVFormat(_V, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
     KVFormat(_V, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales (e5m2 needs none)"),
@@ -288,9 +285,9 @@ _FORMATS: Final[tuple[KVFormat, ...]] = (
     KVFormat(_V, "octave_k3v4", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3_compact", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
-    KVFormat(_S, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)", alias_of="auto"),
-    KVFormat(_S, "bf16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
-    KVFormat(_S, "bfloat16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
+    KVFormat(_S, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
+    KVFormat(_S, "bf16", BASELINE, SCALES_NONE, "16-bit"),
+    KVFormat(_S, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
     KVFormat(_S, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
     KVFormat(_S, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales; not on CPU"),
     KVFormat(_S, "mxfp8", FP8, SCALES_BLOCK, "fp8 + one scale per 32 (FA4 backend)"),
@@ -362,15 +359,6 @@ def computes_scales(name: str) -> bool:
     """Whether the format computes its scales per (token, head) at write time, whichever engine
     offers it (vLLM only): the checkpoint's k/v scales are then unused."""
     return any(f.scale_mode == SCALES_DYNAMIC for (_, n), f in FORMATS.items() if n == name)
-
-
-def formats_for(engine: str, version: str | tuple[int, ...] | None) -> tuple[KVFormat, ...]:
-    """The formats `version` accepts (every known version's common ones for None)."""
-    if version is None:
-        names = engine_versions.kv_cache_dtypes(engine, None)
-    else:
-        names = engine_versions.facts_for(engine, version).kv_cache_dtypes
-    return tuple(lookup(engine, n) for n in sorted(names))
 
 
 def floor(engine: str, name: str) -> tuple[int, ...] | None:

@@ -106,7 +106,6 @@ KV_CACHE_DTYPE_FLAG: Final = "--kv-cache-dtype"
 ATTENTION_BACKEND_FLAG: Final = "--attention-backend"
 # vLLM took --attention-backend in 0.13.0; before that only the environment variable worked,
 # and from 0.15.0 on the environment variable is ignored (kvgate.engines.versions).
-VLLM_ATTENTION_BACKEND_FLAG_SINCE: Final = (0, 13, 0)
 VLLM_ATTENTION_BACKEND_ENV_UNTIL: Final = (0, 15, 0)
 ATTENTION_CONFIG_FLAGS: Final = ("--attention-config", "-ac")
 
@@ -170,19 +169,6 @@ class EngineInfo:
             "engine_args": list(self.engine_args),
             "findings": list(self.findings),
         }
-
-
-@dataclass(frozen=True, slots=True)
-class ArgChange:
-    """One flag or environment variable that differs between two containers."""
-
-    kind: str  # "arg" or "env"
-    name: str
-    before: str | None  # None: absent; "" for a flag without value
-    after: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "before": self.before, "after": self.after}
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,32 +308,6 @@ def detect_engine(container: Mapping[str, Any], version: str | None = None) -> E
     )
 
 
-def attention_backend_settings(
-    engine: Engine | str, backend: str, version: str | None = None
-) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The (extra_args, extra_env) that select an attention backend on this engine version.
-
-    The name is translated to the version's spelling (`TRITON_ATTN` is `TRITON_ATTN_VLLM_V1`
-    in vLLM 0.10, `triton` in SGLang). vLLM needs the version: 0.10-0.12 have no flag, 0.15+
-    ignore the env variable, so no setting is right for every version; SGLang's flag is.
-    """
-    engine = _engine(engine)
-    if version is None:
-        if engine is Engine.SGLANG:
-            version = ".".join(map(str, engine_versions.all_rows("sglang")[-1].since))
-        else:
-            raise SpecError(
-                "engine_version",
-                "vLLM chooses the attention backend by VLLM_ATTENTION_BACKEND up to 0.12 and by "
-                "--attention-backend from 0.13 (the variable is ignored from 0.15): give the "
-                "target's version",
-            )
-    try:
-        return engine_versions.backend_settings(engine.value, backend, version)
-    except ValueError as exc:
-        raise SpecError("attention_backend", str(exc)) from None
-
-
 def rewrite_container(
     container: Mapping[str, Any],
     *,
@@ -401,26 +361,6 @@ def rewrite_container(
     if extra_env:
         result["env"] = _rewrite_env(result.get("env") or [], extra_env)
     return result
-
-
-def container_args_diff(
-    before: Mapping[str, Any], after: Mapping[str, Any]
-) -> tuple[ArgChange, ...]:
-    """Flags and environment variables that differ, flags first, each sorted by name."""
-    old_flags = _flag_values([t.text for t in _find_launch(before).tokens])
-    new_flags = _flag_values([t.text for t in _find_launch(after).tokens])
-    changes = [
-        ArgChange("arg", name, _last(old_flags, name), _last(new_flags, name))
-        for name in sorted(old_flags.keys() | new_flags.keys())
-        if _last(old_flags, name) != _last(new_flags, name)
-    ]
-    old_env, new_env = _env_values(before), _env_values(after)
-    changes.extend(
-        ArgChange("env", name, old_env.get(name), new_env.get(name))
-        for name in sorted(old_env.keys() | new_env.keys())
-        if old_env.get(name) != new_env.get(name)
-    )
-    return tuple(changes)
 
 
 def _image_engine_version(container: Mapping[str, Any]) -> str | None:
