@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.failure import report_summary_error
-from kvgate.commands.terminal import diverge_text, is_terminal
+from kvgate.commands.terminal import diverge_text, is_terminal, json_line
 from kvgate.errors import EvalError, SpecError
 from kvgate.inputs import bounded_int, finite_float, seconds
 from kvgate.judge.divergence import (
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json and is_terminal(sys.stdout):  # a person: text, as `eval` (first-hour #14)
         sys.stdout.write(diverge_text(summary) + "\n")
     else:  # piped (the eval Job's log) or --json: the one JSON summary line
-        sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+        sys.stdout.write(json_line(summary))
     sys.stdout.flush()
     report_summary_error("diverge", summary, summary["verdict"])
     return EXIT_CODES[Verdict(summary["verdict"])]

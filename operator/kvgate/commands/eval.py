@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -17,8 +16,8 @@ from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 from kvgate.commands import catalog
 from kvgate.commands.diverge import ScreenOptions, add_screen_options
 from kvgate.commands.exit_codes import EXIT_BUG
-from kvgate.commands.failure import report_summary_error
-from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal
+from kvgate.commands.failure import internal_error, report_summary_error
+from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal, json_emitter, json_line
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -254,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
     human = not args.json and is_terminal(sys.stdout)
-    emit = human_emitter(sys.stdout, sys.stderr) if human else _emitter(sys.stdout)
+    emit = human_emitter(sys.stdout, sys.stderr) if human else json_emitter(sys.stdout)
     exit_code: int | None = None
     output: IO[str] | None = None
     try:
@@ -319,13 +318,13 @@ def run(args: argparse.Namespace) -> int:
                 verdict=Verdict.ERROR,
                 counts=None,
                 looks_taken=0,
-                error=f"internal error: {type(exc).__name__}: {str(exc)[:300]}",
+                error=internal_error(exc),
                 extra=extra,
             )
             exit_code = EXIT_BUG
         if output is not None:
             summary["output"] = args.output
-            output.write(json.dumps(summary, separators=(",", ":")) + "\n")
+            output.write(json_line(summary))
     finally:
         if output is not None:
             output.close()
@@ -461,7 +460,7 @@ def _run_divergence(
     except Exception as exc:  # a bug here must not hide the other results
         traceback.print_exc(file=sys.stderr)
         block = summary_header(options)
-        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        block["error"] = internal_error(exc)
         return block
 
 
@@ -522,7 +521,7 @@ def _run_long_context(
         return block
     except Exception as exc:  # a bug here must not hide the GSM8K result
         traceback.print_exc(file=sys.stderr)
-        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        block["error"] = internal_error(exc)
         return block
     block.update(verdict=str(verdict), reason=reason, buckets=rows)
     if str(verdict) != "pass":
@@ -573,20 +572,10 @@ def _overall(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
-    """Writes JSON lines to `stream`, the real stdout, also while lm-eval's goes to stderr."""
-
-    def emit(obj: dict[str, Any]) -> None:
-        stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        stream.flush()
-
-    return emit
-
-
 def _keeper(output: IO[str] | None) -> Callable[[QuestionRecord], None]:
     def keep(record: QuestionRecord) -> None:
         if output is not None:
-            output.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+            output.write(json_line(record.to_dict()))
             output.flush()
 
     return keep
