@@ -473,10 +473,10 @@ def test_backend_settings(
     assert engine_versions.backend_settings(engine, "TRITON_ATTN", version) == settings
 
 
-def test_facts_to_dict() -> None:
-    facts = FACTS[Engine.SGLANG].to_dict()
-    assert (facts["default_port"], facts["metrics_flag"]) == (30000, "--enable-metrics")
-    assert facts["kv_cache_dtypes"]["0.4.6"] == ["auto", "fp8_e4m3", "fp8_e5m2"]
+def test_sglang_facts() -> None:
+    facts = FACTS[Engine.SGLANG]
+    assert (facts.default_port, facts.metrics_flag) == (30000, "--enable-metrics")
+    assert kv_cache_dtypes(Engine.SGLANG, "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
 
 
 def test_backend_settings_reject_names_of_other_versions() -> None:

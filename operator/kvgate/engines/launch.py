@@ -50,32 +50,6 @@ class EngineFacts:
     metrics_flag: str | None
     model_flags: tuple[str, ...]
     attention_backend_env: str | None  # vLLM 0.10-0.14 only (kvgate.engines.versions)
-    # (first version, accepted --kv-cache-dtype values) in ascending order.
-    kv_cache_dtypes: tuple[tuple[tuple[int, ...], frozenset[str]], ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "default_port": self.default_port,
-            "default_host": self.default_host,
-            "metrics_path": self.metrics_path,
-            "health_path": self.health_path,
-            "metrics_flag": self.metrics_flag,
-            "model_flags": list(self.model_flags),
-            "attention_backend_env": self.attention_backend_env,
-            "kv_cache_dtypes": {
-                ".".join(map(str, since)): sorted(choices)
-                for since, choices in self.kv_cache_dtypes
-            },
-        }
-
-
-def _dtype_table(engine: str) -> tuple[tuple[tuple[int, ...], frozenset[str]], ...]:
-    rows = engine_versions.all_rows(engine)
-    table = [(rows[0].since, rows[0].kv_cache_dtypes)]
-    for row in rows[1:]:
-        if row.kv_cache_dtypes != table[-1][1]:
-            table.append((row.since, row.kv_cache_dtypes))
-    return tuple(table)
 
 
 FACTS: Final[Mapping[Engine, EngineFacts]] = {
@@ -87,7 +61,6 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag=None,
         model_flags=("--model",),
         attention_backend_env="VLLM_ATTENTION_BACKEND",
-        kv_cache_dtypes=_dtype_table("vllm"),
     ),
     Engine.SGLANG: EngineFacts(
         default_port=30000,
@@ -98,7 +71,6 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag="--enable-metrics",
         model_flags=("--model-path", "--model"),
         attention_backend_env=None,
-        kv_cache_dtypes=_dtype_table("sglang"),
     ),
 }
 
@@ -191,15 +163,10 @@ def parse_version(version: str) -> tuple[int, ...]:
 
 def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
     """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
-    table = FACTS[_engine(engine)].kv_cache_dtypes
+    name = _engine(engine).value
     if version is None:
-        return frozenset().union(*(choices for _, choices in table))
-    wanted = parse_version(version)
-    chosen = table[0][1]
-    for since, choices in table:
-        if since <= wanted:
-            chosen = choices
-    return chosen
+        return frozenset().union(*(row.kv_cache_dtypes for row in engine_versions.all_rows(name)))
+    return engine_versions.facts_for(name, parse_version(version)).kv_cache_dtypes
 
 
 def validate_kv_cache_dtype(
