@@ -197,21 +197,6 @@ class KVLayout:
         blocks = memory_bytes // (per_token * block_size)
         return blocks * block_size
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "architecture": self.architecture,
-            "attention": self.attention,
-            "num_layers": self.num_layers,
-            "kv_layers": self.kv_layers,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "tensors_per_layer": self.tensors_per_layer,
-            "kv_layer_indices": list(self.kv_layer_indices),
-            "sliding_window_layers": self.sliding_window_layers,
-            "sliding_window": self.sliding_window,
-            "notes": list(self.notes),
-        }
-
 
 def _format(dtype: str, engine: str) -> kvformats.KVFormat | None:
     """The engine's format for `dtype`; None for kvgate's own 16/8-bit spellings (bf16...)."""
