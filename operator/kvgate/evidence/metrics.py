@@ -18,7 +18,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -201,13 +201,7 @@ class LatencySummary:
         return cls(histogram.count, histogram.mean(), p50, p90, p99)
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "count": self.count,
-            "mean": self.mean,
-            "p50": self.p50,
-            "p90": self.p90,
-            "p99": self.p99,
-        }
+        return asdict(self)
 
 
 # -- snapshots -------------------------------------------------------------------------------

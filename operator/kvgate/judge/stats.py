@@ -16,7 +16,7 @@ import itertools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -184,12 +184,7 @@ class PairedCounts:
             raise SpecError("paired", "0 questions; a paired comparison needs at least one")
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "both": self.both,
-            "control_only": self.control_only,
-            "candidate_only": self.candidate_only,
-            "neither": self.neither,
-        }
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------- McNemar
