@@ -197,16 +197,25 @@ class _Arm:
         return doc, prompt_tokens if isinstance(prompt_tokens, int) else len(doc.tokens)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvgate.evaluation.runner import check_endpoint, completions_url, resolve_data_dir
+def requested_arms(
+    args: argparse.Namespace, *, chat: bool = False
+) -> dict[str, tuple[str, str | None]]:
+    """Per arm: its completions URL and the served model name given (None: the one it serves)."""
+    from kvgate.evaluation.runner import completions_url
 
-    requested = {
-        "control": (completions_url("control", args.control_url), args.control_model or args.model),
-        "candidate": (
-            completions_url("candidate", args.candidate_url),
-            args.candidate_model or args.model,
-        ),
+    return {
+        arm: (
+            completions_url(arm, getattr(args, f"{arm}_url"), chat=chat),
+            getattr(args, f"{arm}_model") or args.model,
+        )
+        for arm in ("control", "candidate")
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.evaluation.runner import check_endpoint, resolve_data_dir
+
+    requested = requested_arms(args)
     settings = ScreenSettings(args.factor, args.min_kl, args.min_disagreement)
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     options = ScreenOptions(

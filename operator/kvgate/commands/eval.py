@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
 from kvgate.commands import catalog
-from kvgate.commands.diverge import ScreenOptions, add_screen_options
+from kvgate.commands.diverge import ScreenOptions, add_screen_options, requested_arms
 from kvgate.commands.exit_codes import EXIT_BUG
 from kvgate.commands.failure import internal_error, report_summary_error
 from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal, json_emitter, json_line
@@ -203,7 +203,6 @@ def run(args: argparse.Namespace) -> int:
         EvalSettings,
         LmEvalRunner,
         check_endpoint,
-        completions_url,
         count_test_questions,
         resolve_data_dir,
         resolve_hub_dataset,
@@ -214,16 +213,11 @@ def run(args: argparse.Namespace) -> int:
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
     chat = args.api == "chat" or args.chat_template
-    requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
-        "control": (completions_url("control", args.control_url, chat=chat),
-                    args.control_model or args.model),
-        "candidate": (completions_url("candidate", args.candidate_url, chat=chat),
-                      args.candidate_model or args.model),
-    }  # fmt: skip
+    requested = requested_arms(args, chat=chat)
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     settings = EvalSettings(
         task=args.task,
-        chat=args.api == "chat" or args.chat_template,
+        chat=chat,
         num_fewshot=args.num_fewshot,
         seed=args.seed,
         concurrency=args.concurrency,
