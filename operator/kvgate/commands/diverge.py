@@ -84,18 +84,27 @@ def add_screen_options(
     )
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def add_arm_options(parser: argparse.ArgumentParser) -> None:
+    """The two engines and their served model names, shared by `kvgate diverge` and `kvgate eval`
+    (read back by `requested_arms`)."""
     parser.add_argument(
         "--control-url",
         required=True,
-        help="the control engine: http://IP:8000 or http://IP:8000/v1/completions",
+        help="the control engine: http://IP:8000 or its completions endpoint "
+        "http://IP:8000/v1/completions",
     )
     parser.add_argument(
         "--candidate-url", required=True, help="the candidate engine, the same form"
     )
-    parser.add_argument("--model", help="served model name of both arms (default: the served one)")
-    parser.add_argument("--control-model")
-    parser.add_argument("--candidate-model")
+    parser.add_argument(
+        "--model", help="served model name of both arms (default: the one each endpoint serves)"
+    )
+    parser.add_argument("--control-model", help="served model name of the control arm")
+    parser.add_argument("--candidate-model", help="served model name of the candidate arm")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_arm_options(parser)
     add_screen_options(parser, documents_default=4, documents_help="documents to send")
     parser.add_argument(
         "--min-kl",

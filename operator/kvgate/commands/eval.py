@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
 from kvgate.commands import catalog
-from kvgate.commands.diverge import ScreenOptions, add_screen_options, requested_arms
+from kvgate.commands.diverge import (
+    ScreenOptions,
+    add_arm_options,
+    add_screen_options,
+    requested_arms,
+)
 from kvgate.commands.exit_codes import EXIT_BUG
 from kvgate.commands.failure import internal_error, report_summary_error
 from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal, json_emitter, json_line
@@ -47,20 +52,7 @@ SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-m
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--control-url",
-        required=True,
-        help="the control engine: http://IP:8000 or its completions endpoint "
-        "http://IP:8000/v1/completions",
-    )
-    parser.add_argument(
-        "--candidate-url", required=True, help="the candidate engine, the same form"
-    )
-    parser.add_argument(
-        "--model", help="served model name of both arms (default: the one each endpoint serves)"
-    )
-    parser.add_argument("--control-model", help="served model name of the control arm")
-    parser.add_argument("--candidate-model", help="served model name of the candidate arm")
+    add_arm_options(parser)
     parser.add_argument(
         "--task",
         choices=(*TASKS, NO_TASK),
