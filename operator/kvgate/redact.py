@@ -155,25 +155,6 @@ def redact_config(
     return out
 
 
-def redact_changes(
-    changes: Iterable[Mapping[str, Any]], *, show_env: Collection[str] = ()
-) -> list[dict[str, Any]]:
-    """`engines.ArgChange.to_dict()` rows (`kind`, `name`, `before`, `after`) safe to show."""
-    out: list[dict[str, Any]] = []
-    for change in changes:
-        row = dict(change)
-        name = str(row.get("name", ""))
-        secret = looks_secret(name)
-        hide = secret if row.get("kind") == "arg" else (secret or name not in show_env)
-        if hide:
-            for side in ("before", "after"):
-                value = row.get(side)
-                if value not in (None, "", "<valueFrom>"):
-                    row[side] = fingerprint(str(value))
-        out.append(row)
-    return out
-
-
 # --- free-form text -------------------------------------------------------------------------------
 
 _TEXT_RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = (

@@ -27,7 +27,8 @@ from kvgate.errors import ExternalError, PrometheusError
 from kvgate.evidence.metrics import parse_metrics
 from kvgate.evidence.pool import pool_pressure
 from kvgate.judge.gates import assess_speed
-from kvgate.judge.throughput import status_production_lengths
+from kvgate.judge.throughput import RequestLengths, production_lengths
+from kvgate.records.status import RolloutStatus
 from kvgate.spec.rollout import SpeedGate
 from kvgate.vocabulary import Outcome, SpeedClocks
 
@@ -48,6 +49,11 @@ SGLANG = ["sglang", "--model-path", "Qwen/Qwen3-8B", "--enable-metrics"]
 BUSY = {"KVGATE_SIM_LOAD": "concurrency=64,prompt=2000,output=400", "KVGATE_SIM_SPEED": "0.01"}
 QUIET = {"KVGATE_SIM_LOAD": "concurrency=2,prompt=500,output=200", "KVGATE_SIM_SPEED": "0.01"}
 WINDOW_S, STEP_S = 6.0, 1.0
+
+
+def _stored_lengths(status: object) -> RequestLengths:
+    """The production lengths of a rollout's status as stored."""
+    return production_lengths(RolloutStatus.from_dict(status).preflight)
 
 
 def direct(url: str, engine: str, n: int = 7) -> bool | None:
@@ -104,12 +110,10 @@ def test_request_lengths_from_prometheus_match_a_direct_scrape(
         )["prod-0"]
     scraped = parse_metrics(httpx.get(production.url + "/metrics").text, engine)
     samples = [pool_record(s) for s in history]
-    via_prometheus = status_production_lengths(
+    via_prometheus = _stored_lengths(
         {"preflight": {"source": "prometheus", "samples": {"prod-0": samples}}}
     )
-    via_scrape = status_production_lengths(
-        {"preflight": {"samples": {"prod-0": [pool_record(scraped)]}}}
-    )
+    via_scrape = _stored_lengths({"preflight": {"samples": {"prod-0": [pool_record(scraped)]}}})
     # THEN both give the load the means of what was sent (1,083.67 and 111 tokens)
     assert history and history[-1].prompt_lengths is not None
     assert history[-1].names["prompt_lengths"] == scraped.names["prompt_lengths"]

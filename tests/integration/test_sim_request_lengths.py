@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.adapters.http import scrape_snapshot
 from kvgate.controller.sources import sample_pool, scrape_pod
-from kvgate.judge.throughput import request_lengths, status_production_lengths
+from kvgate.judge.throughput import RequestLengths, production_lengths, request_lengths
+from kvgate.records.status import RolloutStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -38,6 +39,11 @@ VLLM_BOUNDS_40960 = [*VLLM_BOUNDS_8192, 10000, 20000]
 SGLANG_BOUNDS_OLD = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12000, 15000, 20000, 22000, 25000, 30000, 35000, 40000, 66000, 99000, 132000, 300000, 600000, 900000, 1100000]  # fmt: skip
 # sglang/srt/observability/metrics_collector.py (0.5.11-0.5.23)
 SGLANG_BOUNDS = [100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000]  # fmt: skip
+
+
+def _stored_lengths(status: object) -> RequestLengths:
+    """The production lengths of a rollout's status as stored."""
+    return production_lengths(RolloutStatus.from_dict(status).preflight)
 
 
 def send_requests(engine) -> None:
@@ -172,7 +178,7 @@ def test_kvgate_derives_the_lengths_sent_from_a_live_sim(sim, name, args, env) -
     assert sample_pool({"prod-0": engine.host}, series, lambda _: scrape_pod(
         engine.url + "/metrics", name, 10.0
     )) == []  # fmt: skip
-    stored = status_production_lengths({"preflight": {"samples": series}})
+    stored = _stored_lengths({"preflight": {"samples": series}})
     assert (stored.prompt_tokens, stored.output_tokens, stored.derived) == (1084, 111, True)
 
 

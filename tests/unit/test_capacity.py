@@ -11,7 +11,6 @@ import pytest
 from kvgate.checkpoint.capacity import (
     GIB,
     VllmPool,
-    capacity_table,
     gib_to_bytes,
     kv_dtype_bytes,
     parse_kv_layout,
@@ -143,12 +142,11 @@ def test_pool_tokens_round_down_to_blocks() -> None:
     assert layout.pool_tokens(0, "fp8") == 0
 
 
-def test_capacity_table() -> None:
+def test_bytes_per_token_and_pool_tokens() -> None:
     layout = parse_kv_layout(load("qwen3-8b.json"))
-    table = capacity_table(layout, memory_bytes=gib_to_bytes(10.0))
-    assert table["bf16"]["kv_bytes_per_token"] == 147_456
+    assert layout.bytes_per_token("bf16") == 147_456
     # 10 GiB / 72 KiB = 145,635.6 tokens -> 9,102 blocks of 16
-    assert table["fp8"]["pool_tokens"] == 9_102 * 16
+    assert layout.pool_tokens(gib_to_bytes(10.0), "fp8") == 9_102 * 16
 
 
 @pytest.mark.parametrize(

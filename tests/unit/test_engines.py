@@ -7,11 +7,9 @@ from typing import Any
 
 import pytest
 
+from kvgate.engines import versions as engine_versions
 from kvgate.engines.launch import (
     FACTS,
-    ArgChange,
-    attention_backend_settings,
-    container_args_diff,
     detect_engine,
     kv_cache_dtypes,
     parse_version,
@@ -394,24 +392,6 @@ def test_rewrite_rejects_positional_extra_args() -> None:
     )
 
 
-def test_container_args_diff() -> None:
-    before = container(["vllm", "serve", "M"], ["--kv-cache-dtype=auto", "--port", "8000"])
-    before["env"] = [{"name": "A", "value": "1"}]
-    after = rewrite_container(
-        before,
-        kv_cache_dtype="fp8",
-        extra_args=("--enforce-eager",),
-        extra_env={"A": None, "B": "2"},
-    )
-    assert container_args_diff(before, after) == (
-        ArgChange("arg", "--enforce-eager", None, ""),
-        ArgChange("arg", "--kv-cache-dtype", "auto", "fp8"),
-        ArgChange("env", "A", "1", None),
-        ArgChange("env", "B", None, "2"),
-    )
-    assert container_args_diff(before, before) == ()
-
-
 VALID = [
     ("vllm", "fp8", None),
     ("vllm", "fp8_e4m3", "0.11.0"),
@@ -484,32 +464,26 @@ def test_parse_version(text: str, parsed: tuple[int, ...]) -> None:
         ("vllm", "0.12.0", ((), {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"})),
         ("vllm", "0.13.0", (("--attention-backend", "TRITON_ATTN"), {})),
         ("vllm", "0.33.0", (("--attention-backend", "TRITON_ATTN"), {})),
-        (Engine.SGLANG, "0.5.3", (("--attention-backend", "triton"), {})),
-        (Engine.SGLANG, None, (("--attention-backend", "triton"), {})),
+        ("sglang", "0.5.3", (("--attention-backend", "triton"), {})),
     ],
 )
-def test_attention_backend_settings(
-    engine: str, version: str | None, settings: tuple[tuple[str, ...], dict[str, str]]
+def test_backend_settings(
+    engine: str, version: str, settings: tuple[tuple[str, ...], dict[str, str]]
 ) -> None:
-    assert attention_backend_settings(engine, "TRITON_ATTN", version) == settings
+    assert engine_versions.backend_settings(engine, "TRITON_ATTN", version) == settings
 
 
-def test_facts_to_dict() -> None:
-    facts = FACTS[Engine.SGLANG].to_dict()
-    assert (facts["default_port"], facts["metrics_flag"]) == (30000, "--enable-metrics")
-    assert facts["kv_cache_dtypes"]["0.4.6"] == ["auto", "fp8_e4m3", "fp8_e5m2"]
+def test_sglang_facts() -> None:
+    facts = FACTS[Engine.SGLANG]
+    assert (facts.default_port, facts.metrics_flag) == (30000, "--enable-metrics")
+    assert kv_cache_dtypes(Engine.SGLANG, "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
 
 
-def test_attention_backend_settings_need_the_vllm_version() -> None:
-    with pytest.raises(SpecError, match="give the target's version"):
-        attention_backend_settings("vllm", "TRITON_ATTN", None)
-
-
-def test_attention_backend_settings_reject_names_of_other_versions() -> None:
-    with pytest.raises(SpecError, match="no attention backend 'TRITON_ATTN_VLLM_V1'"):
-        attention_backend_settings("vllm", "TRITON_ATTN_VLLM_V1", "0.11.0")
-    with pytest.raises(SpecError, match="XFORMERS"):
-        attention_backend_settings("vllm", "XFORMERS", "0.15.0")
+def test_backend_settings_reject_names_of_other_versions() -> None:
+    with pytest.raises(ValueError, match="no attention backend 'TRITON_ATTN_VLLM_V1'"):
+        engine_versions.backend_settings("vllm", "TRITON_ATTN_VLLM_V1", "0.11.0")
+    with pytest.raises(ValueError, match="XFORMERS"):
+        engine_versions.backend_settings("vllm", "XFORMERS", "0.15.0")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from kvgate.evaluation.gate import (
 )
 from kvgate.judge.stats import (
     PairedCounts,
-    efficacy_boundaries,
     score_limit,
     sequential_boundaries,
     tango_interval,
@@ -181,7 +180,7 @@ def test_progress_line() -> None:
     assert line["kind"] == PROGRESS_KIND
     assert line["look"] == 1 and line["looks_planned"] == 2
     assert line["verdict"] is None
-    assert line["pass_boundary"] == round(efficacy_boundaries([0.5, 1.0], 0.05)[0], 4)
+    assert line["pass_boundary"] == round(sequential_boundaries([0.5, 1.0], 0.05)[0], 4)
 
 
 def test_exit_codes() -> None:

@@ -13,8 +13,6 @@ from kvgate.evidence.metrics import (
     MetricSnapshot,
     delta,
     parse_metrics,
-    pool_sample,
-    snapshot_from_pool_sample,
 )
 from kvgate.evidence.pool import pool_pressure, pool_pressure_across_replicas
 
@@ -507,14 +505,6 @@ def test_deployment_verdict_from_replicas(replicas: dict[str, list], expected: b
         assert detail.count(f"{name}: ") == 1
     if not replicas:
         assert detail == "no samples"
-
-
-def test_pool_sample_round_trips_what_pool_pressure_reads() -> None:
-    original = [snap(0.93, waiting=5.0, preemptions=float(i)) for i in range(4)]
-    kept = [pool_sample(s) for s in original]
-    assert all("ttft" not in k and "retracted" not in k for k in kept)  # None fields left out
-    rebuilt = [snapshot_from_pool_sample(k) for k in kept]
-    assert pool_pressure(rebuilt).to_dict() == pool_pressure(original).to_dict()
 
 
 # -- hostile values: non-finite or absurd numbers are parse errors -----------------------------

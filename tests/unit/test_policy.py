@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -245,13 +246,42 @@ def test_allowed_and_denied_lists_never_overlap() -> None:
 # --- the CRD's CEL wall reads the same lists ------------------------------------------------------
 
 
+def _cel_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def _cel_arg_rule() -> str:
+    """The rule on each `spec.extraArgs` item: a `--flag` token must not be on the denylist."""
+    name = "self.split('=')[0].replace('_', '-').lowerAscii()"
+    return (
+        f"!self.startsWith('--') || (!({name} in {_cel_list(policy.DENIED_ARGS)}) && "
+        f"!{_cel_list(policy.DENIED_ARG_PREFIXES)}.exists(p, {name}.startsWith(p)))"
+    )
+
+
+def _cel_env_rule() -> str:
+    """The rule on each `spec.extraEnv` item: its name must not be on the denylist."""
+    name = "self.name.upperAscii()"
+    return (
+        f"!({name} in {_cel_list(policy.DENIED_ENV_NAMES)}) && "
+        f"!{_cel_list(policy.DENIED_ENV_PREFIXES)}.exists(p, {name}.startsWith(p)) && "
+        f"!{_cel_list(policy.DENIED_ENV_SUFFIXES)}.exists(s, {name}.endsWith(s))"
+    )
+
+
+def _cel_arg_message_expression() -> str:
+    """The CRD's error for a refused flag, naming it (the field path is added by the apiserver)."""
+    tail = f" is refused for a rollout ({policy.ARG_WHY}); see docs/security.md"
+    return "self.split('=')[0] + '" + tail.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def test_crd_cel_rules_are_rendered_from_the_policy_lists() -> None:
     spec = _spec_schema()["properties"]
     (arg_rule,) = spec["extraArgs"]["items"]["x-kubernetes-validations"]
-    assert arg_rule["rule"] == policy.cel_arg_rule()
-    assert arg_rule["messageExpression"] == policy.cel_arg_message_expression()
+    assert arg_rule["rule"] == _cel_arg_rule()
+    assert arg_rule["messageExpression"] == _cel_arg_message_expression()
     (env_rule,) = spec["extraEnv"]["items"]["x-kubernetes-validations"]
-    assert env_rule["rule"] == policy.cel_env_rule()
+    assert env_rule["rule"] == _cel_env_rule()
     assert env_rule["fieldPath"] == ".name"
     assert spec["extraEnv"]["items"]["properties"]["value"]["maxLength"] == (
         policy.MAX_ENV_VALUE_LENGTH

@@ -27,7 +27,8 @@ from kvgate.controller.sources import pool_record
 from kvgate.errors import PrometheusError
 from kvgate.evidence.metrics import parse_metrics
 from kvgate.evidence.pool import pool_pressure
-from kvgate.judge.throughput import RequestLengths, status_production_lengths
+from kvgate.judge.throughput import RequestLengths, production_lengths
+from kvgate.records.status import RolloutStatus
 
 FUZZ = settings(
     max_examples=150,
@@ -77,6 +78,11 @@ answers = st.one_of(
         }
     ),
 )
+
+
+def _stored_lengths(status: object) -> RequestLengths:
+    """The production lengths of a rollout's status as stored."""
+    return production_lengths(RolloutStatus.from_dict(status).preflight)
 
 
 @FUZZ
@@ -319,7 +325,7 @@ def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
     assert snap.prompt_lengths is not None and snap.prompt_lengths.count == 40
     # and status keeps the same record of both, so the load Job runs the same lengths
     assert _lengths_record(pool_record(history[-1])) == _lengths_record(pool_record(scraped))
-    via_prometheus = status_production_lengths(
+    via_prometheus = _stored_lengths(
         {
             "preflight": {
                 "source": "prometheus",
@@ -327,9 +333,7 @@ def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
             }
         }
     )
-    via_scrapes = status_production_lengths(
-        {"preflight": {"samples": {"web-0": [pool_record(scraped)]}}}
-    )
+    via_scrapes = _stored_lengths({"preflight": {"samples": {"web-0": [pool_record(scraped)]}}})
     assert _shape(via_prometheus) == _shape(via_scrapes) == (1800, 400, 0, True)
     # each saying where the lengths were read
     assert via_prometheus.message.startswith(
@@ -369,7 +373,7 @@ def test_a_pod_without_length_series_in_prometheus_runs_the_fixed_lengths_saying
     assert "prompt_lengths" not in history[-1].names
     records = [pool_record(s) for s in history]
     assert not any(_lengths_record(r) for r in records)
-    lengths = status_production_lengths(
+    lengths = _stored_lengths(
         {"preflight": {"source": "prometheus", "samples": {"web-0": records}}}
     )
     assert not lengths.derived

@@ -17,19 +17,13 @@ from kvgate.errors import InputError, SpecError
 from kvgate.judge.stats import (
     ArmResult,
     PairedCounts,
-    agresti_min_interval,
     analyse_paired,
-    efficacy_boundaries,
     lower_confidence_bound,
-    mcnemar_asymptotic,
     mcnemar_exact_p,
-    mcnemar_mid_p,
-    newcombe_interval,
     noninferiority_p,
     obf_spending,
     power_spending,
     questions_needed,
-    questions_needed_unpaired,
     score_limit,
     sequential_boundaries,
     spending,
@@ -37,7 +31,6 @@ from kvgate.judge.stats import (
     tango_interval,
     tango_statistic,
     tango_statistics,
-    wald_interval,
     wilson_interval,
 )
 
@@ -109,42 +102,19 @@ def test_arm_result_to_dict() -> None:
 CAVO = PairedCounts(both=59, control_only=16, candidate_only=6, neither=80)
 
 
-@pytest.mark.parametrize(
-    ("name", "got", "expected", "places"),
-    [
-        ("mcnemar exact", lambda: mcnemar_exact_p(CAVO), 0.052479, 6),
-        ("mcnemar mid-p", lambda: mcnemar_mid_p(CAVO), 0.034690, 6),
-        ("mcnemar asymptotic p", lambda: mcnemar_asymptotic(CAVO)[1], 0.033006, 6),
-        ("mcnemar asymptotic z", lambda: mcnemar_asymptotic(CAVO)[0], -2.132, 3),
-    ],
-)
-def test_mcnemar_cavo(name: str, got, expected: float, places: int) -> None:
-    assert round(got(), places) == expected, name
-
-
-@pytest.mark.parametrize(
-    ("method", "expected"),
-    [
-        (wald_interval, (-0.1184, -0.0058)),
-        (agresti_min_interval, (-0.1182, -0.0045)),
-        (newcombe_interval, (-0.1186, -0.0046)),
-        (tango_interval, (-0.1240, -0.0054)),
-    ],
-)
-def test_paired_intervals_cavo(method, expected: tuple[float, float]) -> None:
-    assert tuple(round(x, 4) for x in method(CAVO, 0.95)) == expected
+def test_mcnemar_and_tango_interval_cavo() -> None:
+    assert round(mcnemar_exact_p(CAVO), 6) == 0.052479
+    assert tuple(round(x, 4) for x in tango_interval(CAVO, 0.95)) == (-0.1240, -0.0054)
 
 
 # --------------------------------------------------------------------------- worked NI examples
 
-# (a, b, c, d), McNemar exact p, Tango 90%, Newcombe-10 90%, Agresti-Min 90% (pp), NI p, PASS
+# (a, b, c, d), McNemar exact p, Tango 90% (pp), NI p, PASS
 WORKED = [
     (
         (449, 10, 5, 36),
         0.302,
         (-2.44, 0.30),
-        (-2.41, 0.35),
-        (-2.30, 0.31),
         0.116,
         False,
     ),
@@ -152,8 +122,6 @@ WORKED = [
         (444, 15, 10, 31),
         0.424,
         (-2.76, 0.68),
-        (-2.75, 0.71),
-        (-2.67, 0.67),
         0.166,
         False,
     ),
@@ -161,8 +129,6 @@ WORKED = [
         (452, 7, 6, 35),
         1.000,
         (-1.51, 1.08),
-        (-1.51, 1.10),
-        (-1.43, 1.03),
         0.016,
         True,
     ),
@@ -173,21 +139,17 @@ def _pp(interval: tuple[float, float]) -> tuple[float, float]:
     return (round(100 * interval[0], 2), round(100 * interval[1], 2))
 
 
-@pytest.mark.parametrize(("cells", "p_mc", "tango", "newc", "am", "p_ni", "passes"), WORKED)
+@pytest.mark.parametrize(("cells", "p_mc", "tango", "p_ni", "passes"), WORKED)
 def test_worked_noninferiority_examples(
     cells: tuple[int, int, int, int],
     p_mc: float,
     tango: tuple,
-    newc: tuple,
-    am: tuple,
     p_ni: float,
     passes: bool,
 ) -> None:
     counts = PairedCounts(*cells)
     assert round(mcnemar_exact_p(counts), 3) == p_mc
     assert _pp(tango_interval(counts, 0.90)) == tango
-    assert _pp(newcombe_interval(counts, 0.90)) == newc
-    assert _pp(agresti_min_interval(counts, 0.90)) == am
     assert round(noninferiority_p(counts, 0.02), 3) == p_ni
     analysis = analyse_paired(counts, margin=0.02, confidence=0.95)
     assert analysis.noninferior is passes
@@ -319,13 +281,6 @@ def test_questions_needed_other_margins(margin: float, n: int) -> None:
     assert questions_needed(0.05, margin, 0.95) == n
 
 
-@pytest.mark.parametrize(
-    ("p_candidate", "confidence", "n"), [(0.9, 0.95, 2783), (0.9, 0.975, 3532), (0.895, 0.95, 5056)]
-)
-def test_unpaired_needs_far_more(p_candidate: float, confidence: float, n: int) -> None:
-    assert questions_needed_unpaired(0.9, p_candidate, 0.02, confidence) == n
-
-
 def test_questions_needed_rejects_loss_beyond_margin() -> None:
     with pytest.raises(SpecError, match="true_difference"):
         questions_needed(0.05, 0.02, 0.95, 0.8, true_difference=-0.02)
@@ -346,7 +301,7 @@ BOUNDARIES = [
 
 @pytest.mark.parametrize(("alpha", "fractions", "expected"), BOUNDARIES)
 def test_obf_boundaries_match_published(alpha: float, fractions: tuple, expected: tuple) -> None:
-    got = efficacy_boundaries(fractions, alpha)
+    got = sequential_boundaries(fractions, alpha)
     assert tuple(round(z, 3) for z in got) == expected
 
 
@@ -354,7 +309,7 @@ def test_obf_boundaries_spend_exactly_alpha() -> None:
     # Monte Carlo check of the recursive integration: crossing probability under H0 ≈ α.
     rng = np.random.default_rng(11)
     fractions = np.array([0.25, 0.5, 0.75, 1.0])
-    bounds = np.array(efficacy_boundaries(fractions, 0.05))
+    bounds = np.array(sequential_boundaries(fractions, 0.05))
     increments = rng.standard_normal((200_000, 4)) * np.sqrt(np.diff(fractions, prepend=0.0))
     z = np.cumsum(increments, axis=1) / np.sqrt(fractions)
     crossed = (z >= bounds).any(axis=1).mean()
@@ -380,13 +335,13 @@ def test_obf_spending_function() -> None:
 )
 def test_boundaries_reject_bad_plans(fractions: tuple, alpha: float, field: str) -> None:
     with pytest.raises(SpecError) as err:
-        efficacy_boundaries(fractions, alpha)
+        sequential_boundaries(fractions, alpha)
     assert err.value.field == field
 
 
 def test_single_look_boundary_is_fixed_n_z() -> None:
-    assert efficacy_boundaries((1.0,), 0.05)[0] == pytest.approx(1.6448536, abs=1e-6)
-    assert math.isfinite(efficacy_boundaries((0.01, 1.0), 0.05)[0])
+    assert sequential_boundaries((1.0,), 0.05)[0] == pytest.approx(1.6448536, abs=1e-6)
+    assert math.isfinite(sequential_boundaries((0.01, 1.0), 0.05)[0])
 
 
 @pytest.mark.parametrize("n", [100, 300])
@@ -406,40 +361,6 @@ def test_exact_size_of_the_fixed_n_noninferiority_test(n: int) -> None:
             size += pm * binom.pmf(losses, m, p_loss / psi)[t >= 1.6448536].sum()
         worst = max(worst, size)
     assert 0.03 < worst <= 0.06
-
-
-# --------------------------------------------------------------------------- mid-p, b = c
-
-
-def _mid_p_by_definition(b: int, c: int) -> float:
-    """P(outcomes less likely than observed) + ½ P(outcomes exactly as likely), b ~ Bin(m, ½)."""
-    m = b + c
-    pmf = binom.pmf(np.arange(m + 1), m, 0.5)
-    obs = pmf[b]
-    close = np.isclose(pmf, obs, rtol=1e-12, atol=0)
-    return float(pmf[(pmf < obs) & ~close].sum() + 0.5 * pmf[close].sum())
-
-
-@pytest.mark.parametrize("k", [1, 2, 3, 7, 20])
-def test_mid_p_when_both_discordant_cells_are_equal(k: int) -> None:
-    # b = c > 0: the observed split is the only one that likely, so mid-p = 1 - ½·pmf (it was
-    # 1 - pmf, subtracting the point probability twice).
-    counts = PairedCounts(10, k, k, 3)
-    point = binom.pmf(k, 2 * k, 0.5)
-    assert mcnemar_mid_p(counts) == pytest.approx(1 - 0.5 * point)
-    assert mcnemar_mid_p(counts) == pytest.approx(_mid_p_by_definition(k, k))
-    assert mcnemar_mid_p(counts) < mcnemar_exact_p(counts) == 1.0
-
-
-@pytest.mark.parametrize(("b", "c"), [(16, 6), (0, 5), (3, 4), (10, 30), (1, 0)])
-def test_mid_p_matches_its_definition(b: int, c: int) -> None:
-    counts = PairedCounts(5, b, c, 5)
-    assert mcnemar_mid_p(counts) == pytest.approx(_mid_p_by_definition(b, c))
-    assert mcnemar_mid_p(counts) <= mcnemar_exact_p(counts)
-
-
-def test_mid_p_without_discordant_pairs_is_one() -> None:
-    assert mcnemar_mid_p(PairedCounts(10, 0, 0, 3)) == 1.0
 
 
 # --------------------------------------------------------------------------- look-adjusted
@@ -481,7 +402,7 @@ def test_power_boundaries_spend_alpha_by_monte_carlo() -> None:
 
 def test_stagewise_p_agrees_with_the_boundaries() -> None:
     fractions = [n / 1319 for n in (*range(50, 1319, 50), 1319)]
-    bounds = efficacy_boundaries(fractions, 0.05)
+    bounds = sequential_boundaries(fractions, 0.05)
     last = len(fractions) - 1
     # At a boundary the p is the α spent up to that look; the last boundary spends all of α.
     for k in (0, 5, 13):
@@ -498,7 +419,7 @@ def test_stagewise_p_agrees_with_the_boundaries() -> None:
 def test_stagewise_p_by_monte_carlo() -> None:
     rng = np.random.default_rng(13)
     fractions = np.array([0.25, 0.5, 0.75, 1.0])
-    bounds = efficacy_boundaries(fractions, 0.05)
+    bounds = sequential_boundaries(fractions, 0.05)
     increments = rng.standard_normal((200_000, 4)) * np.sqrt(np.diff(fractions, prepend=0.0))
     z = np.cumsum(increments, axis=1) / np.sqrt(fractions)
     crossed_before = (z[:, :2] >= np.array(bounds[:2])).any(axis=1)

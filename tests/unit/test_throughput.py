@@ -14,7 +14,6 @@ import pytest
 from kvgate.judge.throughput import (
     assess_throughput,
     production_concurrency,
-    status_production_concurrency,
 )
 from kvgate.reasons import Reason
 from kvgate.records.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
@@ -194,8 +193,8 @@ def test_production_concurrency_is_the_busiest_pods_mean_running_plus_waiting() 
     assert production_concurrency(PreflightStatus(samples={"c": (PoolSample(kv_usage=0.9),)})) == 1
     # from a stored status: the same figures, and anything else reads as 1
     stored = {"preflight": {"samples": {"a": [{"running": 3.0, "waiting": 1.0}]}}}
-    assert status_production_concurrency(stored) == 4
-    assert status_production_concurrency({"preflight": "junk"}) == 1
+    assert production_concurrency(RolloutStatus.from_dict(stored).preflight) == 4
+    assert production_concurrency(RolloutStatus.from_dict({"preflight": "junk"}).preflight) == 1
 
 
 def test_the_line_says_how_often_each_engine_preempted_during_the_load() -> None:

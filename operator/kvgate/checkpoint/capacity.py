@@ -197,21 +197,6 @@ class KVLayout:
         blocks = memory_bytes // (per_token * block_size)
         return blocks * block_size
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "architecture": self.architecture,
-            "attention": self.attention,
-            "num_layers": self.num_layers,
-            "kv_layers": self.kv_layers,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "tensors_per_layer": self.tensors_per_layer,
-            "kv_layer_indices": list(self.kv_layer_indices),
-            "sliding_window_layers": self.sliding_window_layers,
-            "sliding_window": self.sliding_window,
-            "notes": list(self.notes),
-        }
-
 
 def _format(dtype: str, engine: str) -> kvformats.KVFormat | None:
     """The engine's format for `dtype`; None for kvgate's own 16/8-bit spellings (bf16...)."""
@@ -498,24 +483,6 @@ def _kind_of(layer_type: object, index: int, field: str, source: str) -> str:
         f"{source}: field '{field}' has unknown layer type {brief(layer_type)} at index {index}; "
         f"known types: {known}"
     )
-
-
-def capacity_table(
-    layout: KVLayout,
-    dtypes: Sequence[str] = ("bf16", "fp8"),
-    memory_bytes: int | None = None,
-) -> dict[str, dict[str, float | int]]:
-    """Per dtype: bytes per token, tokens per GiB and, given a pool size, pool tokens."""
-    table: dict[str, dict[str, float | int]] = {}
-    for dtype in dtypes:
-        row: dict[str, float | int] = {
-            "kv_bytes_per_token": layout.bytes_per_token(dtype),
-            "tokens_per_gib": layout.tokens_per_gib(dtype),
-        }
-        if memory_bytes is not None:
-            row["pool_tokens"] = layout.pool_tokens(memory_bytes, dtype)
-        table[dtype] = row
-    return table
 
 
 def gib_to_bytes(gib: float) -> int:

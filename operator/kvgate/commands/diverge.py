@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.failure import report_summary_error
-from kvgate.commands.terminal import diverge_text, is_terminal
+from kvgate.commands.terminal import diverge_text, is_terminal, json_line
 from kvgate.errors import EvalError, SpecError
 from kvgate.inputs import bounded_int, finite_float, seconds
 from kvgate.judge.divergence import (
@@ -84,18 +84,27 @@ def add_screen_options(
     )
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def add_arm_options(parser: argparse.ArgumentParser) -> None:
+    """The two engines and their served model names, shared by `kvgate diverge` and `kvgate eval`
+    (read back by `requested_arms`)."""
     parser.add_argument(
         "--control-url",
         required=True,
-        help="the control engine: http://IP:8000 or http://IP:8000/v1/completions",
+        help="the control engine: http://IP:8000 or its completions endpoint "
+        "http://IP:8000/v1/completions",
     )
     parser.add_argument(
         "--candidate-url", required=True, help="the candidate engine, the same form"
     )
-    parser.add_argument("--model", help="served model name of both arms (default: the served one)")
-    parser.add_argument("--control-model")
-    parser.add_argument("--candidate-model")
+    parser.add_argument(
+        "--model", help="served model name of both arms (default: the one each endpoint serves)"
+    )
+    parser.add_argument("--control-model", help="served model name of the control arm")
+    parser.add_argument("--candidate-model", help="served model name of the candidate arm")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_arm_options(parser)
     add_screen_options(parser, documents_default=4, documents_help="documents to send")
     parser.add_argument(
         "--min-kl",
@@ -197,16 +206,25 @@ class _Arm:
         return doc, prompt_tokens if isinstance(prompt_tokens, int) else len(doc.tokens)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvgate.evaluation.runner import check_endpoint, completions_url, resolve_data_dir
+def requested_arms(
+    args: argparse.Namespace, *, chat: bool = False
+) -> dict[str, tuple[str, str | None]]:
+    """Per arm: its completions URL and the served model name given (None: the one it serves)."""
+    from kvgate.evaluation.runner import completions_url
 
-    requested = {
-        "control": (completions_url("control", args.control_url), args.control_model or args.model),
-        "candidate": (
-            completions_url("candidate", args.candidate_url),
-            args.candidate_model or args.model,
-        ),
+    return {
+        arm: (
+            completions_url(arm, getattr(args, f"{arm}_url"), chat=chat),
+            getattr(args, f"{arm}_model") or args.model,
+        )
+        for arm in ("control", "candidate")
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvgate.evaluation.runner import check_endpoint, resolve_data_dir
+
+    requested = requested_arms(args)
     settings = ScreenSettings(args.factor, args.min_kl, args.min_disagreement)
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     options = ScreenOptions(
@@ -231,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json and is_terminal(sys.stdout):  # a person: text, as `eval` (first-hour #14)
         sys.stdout.write(diverge_text(summary) + "\n")
     else:  # piped (the eval Job's log) or --json: the one JSON summary line
-        sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+        sys.stdout.write(json_line(summary))
     sys.stdout.flush()
     report_summary_error("diverge", summary, summary["verdict"])
     return EXIT_CODES[Verdict(summary["verdict"])]

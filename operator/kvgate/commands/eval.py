@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -15,10 +14,15 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
 from kvgate.commands import catalog
-from kvgate.commands.diverge import ScreenOptions, add_screen_options
+from kvgate.commands.diverge import (
+    ScreenOptions,
+    add_arm_options,
+    add_screen_options,
+    requested_arms,
+)
 from kvgate.commands.exit_codes import EXIT_BUG
-from kvgate.commands.failure import report_summary_error
-from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal
+from kvgate.commands.failure import internal_error, report_summary_error
+from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal, json_emitter, json_line
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
@@ -48,20 +52,7 @@ SCREEN_TOKENS: Final = 8192  # the divergence screen's documents without --max-m
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--control-url",
-        required=True,
-        help="the control engine: http://IP:8000 or its completions endpoint "
-        "http://IP:8000/v1/completions",
-    )
-    parser.add_argument(
-        "--candidate-url", required=True, help="the candidate engine, the same form"
-    )
-    parser.add_argument(
-        "--model", help="served model name of both arms (default: the one each endpoint serves)"
-    )
-    parser.add_argument("--control-model", help="served model name of the control arm")
-    parser.add_argument("--candidate-model", help="served model name of the candidate arm")
+    add_arm_options(parser)
     parser.add_argument(
         "--task",
         choices=(*TASKS, NO_TASK),
@@ -204,7 +195,6 @@ def run(args: argparse.Namespace) -> int:
         EvalSettings,
         LmEvalRunner,
         check_endpoint,
-        completions_url,
         count_test_questions,
         resolve_data_dir,
         resolve_hub_dataset,
@@ -215,16 +205,11 @@ def run(args: argparse.Namespace) -> int:
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise SpecError("--num-fewshot", f"{args.num_fewshot} is negative")
     chat = args.api == "chat" or args.chat_template
-    requested: dict[str, tuple[str, str | None]] = {  # arm: (url, served model name if given)
-        "control": (completions_url("control", args.control_url, chat=chat),
-                    args.control_model or args.model),
-        "candidate": (completions_url("candidate", args.candidate_url, chat=chat),
-                      args.candidate_model or args.model),
-    }  # fmt: skip
+    requested = requested_arms(args, chat=chat)
     data_dir = resolve_data_dir(args.data_dir, os.environ)
     settings = EvalSettings(
         task=args.task,
-        chat=args.api == "chat" or args.chat_template,
+        chat=chat,
         num_fewshot=args.num_fewshot,
         seed=args.seed,
         concurrency=args.concurrency,
@@ -254,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         "arms": {n: {"name": n, "url": u, "model": m} for n, (u, m) in requested.items()},
     }
     human = not args.json and is_terminal(sys.stdout)
-    emit = human_emitter(sys.stdout, sys.stderr) if human else _emitter(sys.stdout)
+    emit = human_emitter(sys.stdout, sys.stderr) if human else json_emitter(sys.stdout)
     exit_code: int | None = None
     output: IO[str] | None = None
     try:
@@ -319,13 +304,13 @@ def run(args: argparse.Namespace) -> int:
                 verdict=Verdict.ERROR,
                 counts=None,
                 looks_taken=0,
-                error=f"internal error: {type(exc).__name__}: {str(exc)[:300]}",
+                error=internal_error(exc),
                 extra=extra,
             )
             exit_code = EXIT_BUG
         if output is not None:
             summary["output"] = args.output
-            output.write(json.dumps(summary, separators=(",", ":")) + "\n")
+            output.write(json_line(summary))
     finally:
         if output is not None:
             output.close()
@@ -461,7 +446,7 @@ def _run_divergence(
     except Exception as exc:  # a bug here must not hide the other results
         traceback.print_exc(file=sys.stderr)
         block = summary_header(options)
-        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        block["error"] = internal_error(exc)
         return block
 
 
@@ -522,7 +507,7 @@ def _run_long_context(
         return block
     except Exception as exc:  # a bug here must not hide the GSM8K result
         traceback.print_exc(file=sys.stderr)
-        block["error"] = f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+        block["error"] = internal_error(exc)
         return block
     block.update(verdict=str(verdict), reason=reason, buckets=rows)
     if str(verdict) != "pass":
@@ -573,20 +558,10 @@ def _overall(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
-    """Writes JSON lines to `stream`, the real stdout, also while lm-eval's goes to stderr."""
-
-    def emit(obj: dict[str, Any]) -> None:
-        stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        stream.flush()
-
-    return emit
-
-
 def _keeper(output: IO[str] | None) -> Callable[[QuestionRecord], None]:
     def keep(record: QuestionRecord) -> None:
         if output is not None:
-            output.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
+            output.write(json_line(record.to_dict()))
             output.flush()
 
     return keep

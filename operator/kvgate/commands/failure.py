@@ -53,6 +53,11 @@ def report_error(
     return exit_code
 
 
+def internal_error(exc: BaseException) -> str:
+    """What a summary says of a bug (ours or a library's): its type and the start of its text."""
+    return f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+
+
 def report_summary_error(
     command: str, summary: Mapping[str, Any], verdict: str, stderr: TextIO | None = None
 ) -> None:

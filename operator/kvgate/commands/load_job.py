@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import re
 import sys
@@ -33,7 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import (
@@ -42,6 +41,8 @@ from kvgate.commands.exit_codes import (
     EXIT_INCONCLUSIVE,
     EXIT_OK,
 )
+from kvgate.commands.failure import internal_error
+from kvgate.commands.terminal import json_emitter
 from kvgate.errors import SpecError
 from kvgate.inputs import seconds
 from kvgate.load.config import LoadPlan, LoadPlanError, Slo, Stage
@@ -198,17 +199,6 @@ def stage_point(stage: Stage, judgement: StageJudgement) -> StagePoint:
         ),
         reasons=tuple(r[:300] for r in judgement.reasons),
     )
-
-
-def _emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
-    lock = threading.Lock()
-
-    def emit(obj: dict[str, Any]) -> None:
-        with lock:
-            stream.write(json.dumps(obj, separators=(",", ":")) + "\n")
-            stream.flush()
-
-    return emit
 
 
 def _positive(value: float, option: str) -> None:
@@ -499,7 +489,7 @@ def run(args: argparse.Namespace) -> int:
     for name, url in urls.items():
         if not url.startswith(("http://", "https://")):
             raise SpecError(f"--{name}-url", f"not an http(s) URL: {url!r}")
-    emit = _emitter(sys.stdout)
+    emit = json_emitter(sys.stdout)
     summary = LoadSummary(
         kind=SUMMARY_KIND,
         production_concurrency=args.production_concurrency,
@@ -547,7 +537,7 @@ def run(args: argparse.Namespace) -> int:
             summary = _failed(summary, str(exc))
         except Exception as exc:  # a bug: the log still ends in a summary
             traceback.print_exc(file=sys.stderr)
-            summary = _failed(summary, f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+            summary = _failed(summary, internal_error(exc))
             exit_code = EXIT_BUG
     out = summary.to_dict()
     nonce = os.environ.get(NONCE_ENV)

@@ -7,7 +7,9 @@ the verdict and its claim first, then the figures behind them (first-hour #14, N
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import threading
+from collections.abc import Callable, Mapping
 from typing import IO, Any, Final
 
 from kvgate.evaluation.gate import GSM8K_TEST_QUESTIONS, PROGRESS_KIND, reason_words
@@ -21,6 +23,24 @@ def is_terminal(stream: IO[str]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # a closed or exotic stream: not a terminal
         return False
+
+
+def json_line(obj: Mapping[str, Any]) -> str:
+    """One compact JSON line: how the Jobs' logs carry progress and summaries."""
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def json_emitter(stream: IO[str]) -> Callable[[dict[str, Any]], None]:
+    """Writes JSON lines to `stream`, the real stdout (also while lm-eval's goes to stderr),
+    one line at a time from any thread."""
+    lock = threading.Lock()
+
+    def emit(obj: dict[str, Any]) -> None:
+        with lock:
+            stream.write(json_line(obj))
+            stream.flush()
+
+    return emit
 
 
 def human_emitter(out: IO[str], err: IO[str]) -> Callable[[dict[str, Any]], None]:

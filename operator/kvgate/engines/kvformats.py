@@ -54,7 +54,6 @@ BASELINE: Final = "baseline"  # 16-bit: the control every other class is measure
 FP8: Final = "fp8"  # 8-bit float with per-tensor scales: the non-inferiority margin applies
 PER_TOKEN_HEAD: Final = "per-token-head"  # 8/4-bit with dynamic per-(token, head) scales
 SUB8BIT: Final = "sub-8-bit"  # FP4 and TurboQuant-like: accuracy traded for capacity on purpose
-CLASSES: Final = (BASELINE, FP8, PER_TOKEN_HEAD, SUB8BIT)
 
 # Where the scales come from.
 SCALES_NONE: Final = "none"  # 16-bit: nothing to scale
@@ -77,8 +76,6 @@ class KVFormat:
     mla_only: bool = False
     # Dense layers the engine keeps in the model dtype on its own (TurboQuant: 2 each side).
     boundary_layers: int = 0
-    # 16-bit element aliases resolve to the model's own dtype (auto) or a named one.
-    alias_of: str | None = None
     # The attention backends that pack this format (their `customize_spec`); on any other
     # backend the page holds K and V at `element_bytes` each (the storage dtype's size,
     # `STR_DTYPE_TO_TORCH_DTYPE`, vllm/utils/torch_utils.py:33-55): measured on vLLM 0.32's
@@ -174,108 +171,46 @@ _ULTRAQUANT: Final = frozenset({"ULTRAQUANT"})
 # such a name on CPU_ATTN stores 1-byte elements (measured, tests/data/real-engine/kv-formats)
 _MLA: Final = frozenset({"FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE", "FLASHMLA", "CPU_MLA"})
 _S: Final = SGLANG
+
+
+def _ds_mla_format(name: str, policy: str, note: str) -> KVFormat:
+    return KVFormat(_V, name, policy, SCALES_PACKED, note, mla_only=True, packed_by=_MLA)
+
+
+def _per_token_head_format(name: str, policy: str, note: str) -> KVFormat:
+    return KVFormat(_V, name, policy, SCALES_DYNAMIC, note, packed_by=_TRITON)
+
+
+def _nvfp4_format(name: str, note: str) -> KVFormat:
+    return KVFormat(_V, name, SUB8BIT, SCALES_BLOCK, note, packed_by=_FLASHINFER)
+
+
+def _turboquant_format(name: str, note: str) -> KVFormat:
+    """TurboQuant keeps two dense layers each side in the model dtype on its own."""
+    return KVFormat(
+        _V, name, SUB8BIT, SCALES_PACKED, note, boundary_layers=2, packed_by=_TURBOQUANT
+    )
+
+
 _FORMATS: Final[tuple[KVFormat, ...]] = (
-    KVFormat(_V, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)", alias_of="auto"),
-    KVFormat(_V, "bfloat16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
-    KVFormat(_V, "float16", BASELINE, SCALES_NONE, "16-bit", alias_of="float16"),
+    KVFormat(_V, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
+    KVFormat(_V, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
+    KVFormat(_V, "float16", BASELINE, SCALES_NONE, "16-bit"),
     KVFormat(_V, "fp8", FP8, SCALES_CHECKPOINT, "fp8 e4m3 on CUDA, per-tensor scales"),
     KVFormat(_V, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
     KVFormat(_V, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales (e5m2 needs none)"),
     KVFormat(_V, "fp8_inc", FP8, SCALES_CHECKPOINT, "Intel Gaudi (INC) fp8"),
-    KVFormat(
-        _V,
-        "fp8_ds_mla",
-        FP8,
-        SCALES_PACKED,
-        "DeepSeek MLA fp8 + scales",
-        mla_only=True,
-        packed_by=_MLA,
-    ),
-    KVFormat(
-        _V,
-        "nvfp4_ds_mla",
-        SUB8BIT,
-        SCALES_PACKED,
-        "DeepSeek MLA nvfp4",
-        mla_only=True,
-        packed_by=_MLA,
-    ),
-    KVFormat(
-        _V,
-        "fp8_per_token_head",
-        PER_TOKEN_HEAD,
-        SCALES_DYNAMIC,
-        "fp8 + fp32 scale",
-        packed_by=_TRITON,
-    ),
-    KVFormat(
-        _V,
-        "int8_per_token_head",
-        PER_TOKEN_HEAD,
-        SCALES_DYNAMIC,
-        "int8 + fp32 scale",
-        packed_by=_TRITON,
-    ),
-    KVFormat(
-        _V,
-        "int4_per_token_head",
-        SUB8BIT,
-        SCALES_DYNAMIC,
-        "int4 (RHT, zero point)",
-        packed_by=_TRITON,
-    ),
-    KVFormat(
-        _V,
-        "nvfp4",
-        SUB8BIT,
-        SCALES_BLOCK,
-        "fp4 + fp8 scale per 16; SM100 (FlashInfer)",
-        packed_by=_FLASHINFER,
-    ),
-    KVFormat(
-        _V,
-        "nvfp4_4over6",
-        SUB8BIT,
-        SCALES_BLOCK,
-        "nvfp4 layout, max/6 or max/4 scales",
-        packed_by=_FLASHINFER,
-    ),
-    KVFormat(
-        _V,
-        "turboquant_k8v4",
-        SUB8BIT,
-        SCALES_PACKED,
-        "fp8 K, 4-bit V",
-        boundary_layers=2,
-        packed_by=_TURBOQUANT,
-    ),
-    KVFormat(
-        _V,
-        "turboquant_4bit_nc",
-        SUB8BIT,
-        SCALES_PACKED,
-        "4-bit K and V",
-        boundary_layers=2,
-        packed_by=_TURBOQUANT,
-    ),
-    KVFormat(
-        _V,
-        "turboquant_k3v4_nc",
-        SUB8BIT,
-        SCALES_PACKED,
-        "3-bit K, 4-bit V",
-        boundary_layers=2,
-        packed_by=_TURBOQUANT,
-    ),
-    KVFormat(
-        _V,
-        "turboquant_3bit_nc",
-        SUB8BIT,
-        SCALES_PACKED,
-        "3-bit K and V",
-        boundary_layers=2,
-        packed_by=_TURBOQUANT,
-    ),
+    _ds_mla_format("fp8_ds_mla", FP8, "DeepSeek MLA fp8 + scales"),
+    _ds_mla_format("nvfp4_ds_mla", SUB8BIT, "DeepSeek MLA nvfp4"),
+    _per_token_head_format("fp8_per_token_head", PER_TOKEN_HEAD, "fp8 + fp32 scale"),
+    _per_token_head_format("int8_per_token_head", PER_TOKEN_HEAD, "int8 + fp32 scale"),
+    _per_token_head_format("int4_per_token_head", SUB8BIT, "int4 (RHT, zero point)"),
+    _nvfp4_format("nvfp4", "fp4 + fp8 scale per 16; SM100 (FlashInfer)"),
+    _nvfp4_format("nvfp4_4over6", "nvfp4 layout, max/6 or max/4 scales"),
+    _turboquant_format("turboquant_k8v4", "fp8 K, 4-bit V"),
+    _turboquant_format("turboquant_4bit_nc", "4-bit K and V"),
+    _turboquant_format("turboquant_k3v4_nc", "3-bit K, 4-bit V"),
+    _turboquant_format("turboquant_3bit_nc", "3-bit K and V"),
     KVFormat(
         _V,
         "ultraquant_4bit",
@@ -288,9 +223,9 @@ _FORMATS: Final[tuple[KVFormat, ...]] = (
     KVFormat(_V, "octave_k3v4", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3_compact", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
-    KVFormat(_S, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)", alias_of="auto"),
-    KVFormat(_S, "bf16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
-    KVFormat(_S, "bfloat16", BASELINE, SCALES_NONE, "16-bit", alias_of="bfloat16"),
+    KVFormat(_S, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
+    KVFormat(_S, "bf16", BASELINE, SCALES_NONE, "16-bit"),
+    KVFormat(_S, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
     KVFormat(_S, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
     KVFormat(_S, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales; not on CPU"),
     KVFormat(_S, "mxfp8", FP8, SCALES_BLOCK, "fp8 + one scale per 32 (FA4 backend)"),
@@ -362,15 +297,6 @@ def computes_scales(name: str) -> bool:
     """Whether the format computes its scales per (token, head) at write time, whichever engine
     offers it (vLLM only): the checkpoint's k/v scales are then unused."""
     return any(f.scale_mode == SCALES_DYNAMIC for (_, n), f in FORMATS.items() if n == name)
-
-
-def formats_for(engine: str, version: str | tuple[int, ...] | None) -> tuple[KVFormat, ...]:
-    """The formats `version` accepts (every known version's common ones for None)."""
-    if version is None:
-        names = engine_versions.kv_cache_dtypes(engine, None)
-    else:
-        names = engine_versions.facts_for(engine, version).kv_cache_dtypes
-    return tuple(lookup(engine, n) for n in sorted(names))
 
 
 def floor(engine: str, name: str) -> tuple[int, ...] | None:

@@ -50,32 +50,6 @@ class EngineFacts:
     metrics_flag: str | None
     model_flags: tuple[str, ...]
     attention_backend_env: str | None  # vLLM 0.10-0.14 only (kvgate.engines.versions)
-    # (first version, accepted --kv-cache-dtype values) in ascending order.
-    kv_cache_dtypes: tuple[tuple[tuple[int, ...], frozenset[str]], ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "default_port": self.default_port,
-            "default_host": self.default_host,
-            "metrics_path": self.metrics_path,
-            "health_path": self.health_path,
-            "metrics_flag": self.metrics_flag,
-            "model_flags": list(self.model_flags),
-            "attention_backend_env": self.attention_backend_env,
-            "kv_cache_dtypes": {
-                ".".join(map(str, since)): sorted(choices)
-                for since, choices in self.kv_cache_dtypes
-            },
-        }
-
-
-def _dtype_table(engine: str) -> tuple[tuple[tuple[int, ...], frozenset[str]], ...]:
-    rows = engine_versions.all_rows(engine)
-    table = [(rows[0].since, rows[0].kv_cache_dtypes)]
-    for row in rows[1:]:
-        if row.kv_cache_dtypes != table[-1][1]:
-            table.append((row.since, row.kv_cache_dtypes))
-    return tuple(table)
 
 
 FACTS: Final[Mapping[Engine, EngineFacts]] = {
@@ -87,7 +61,6 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag=None,
         model_flags=("--model",),
         attention_backend_env="VLLM_ATTENTION_BACKEND",
-        kv_cache_dtypes=_dtype_table("vllm"),
     ),
     Engine.SGLANG: EngineFacts(
         default_port=30000,
@@ -98,7 +71,6 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         metrics_flag="--enable-metrics",
         model_flags=("--model-path", "--model"),
         attention_backend_env=None,
-        kv_cache_dtypes=_dtype_table("sglang"),
     ),
 }
 
@@ -106,7 +78,6 @@ KV_CACHE_DTYPE_FLAG: Final = "--kv-cache-dtype"
 ATTENTION_BACKEND_FLAG: Final = "--attention-backend"
 # vLLM took --attention-backend in 0.13.0; before that only the environment variable worked,
 # and from 0.15.0 on the environment variable is ignored (kvgate.engines.versions).
-VLLM_ATTENTION_BACKEND_FLAG_SINCE: Final = (0, 13, 0)
 VLLM_ATTENTION_BACKEND_ENV_UNTIL: Final = (0, 15, 0)
 ATTENTION_CONFIG_FLAGS: Final = ("--attention-config", "-ac")
 
@@ -173,19 +144,6 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class ArgChange:
-    """One flag or environment variable that differs between two containers."""
-
-    kind: str  # "arg" or "env"
-    name: str
-    before: str | None  # None: absent; "" for a flag without value
-    after: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "before": self.before, "after": self.after}
-
-
-@dataclass(frozen=True, slots=True)
 class _Launch:
     engine: Engine
     tokens: tuple[_Token, ...]  # engine arguments only (after the launcher)
@@ -205,15 +163,10 @@ def parse_version(version: str) -> tuple[int, ...]:
 
 def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
     """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
-    table = FACTS[_engine(engine)].kv_cache_dtypes
+    name = _engine(engine).value
     if version is None:
-        return frozenset().union(*(choices for _, choices in table))
-    wanted = parse_version(version)
-    chosen = table[0][1]
-    for since, choices in table:
-        if since <= wanted:
-            chosen = choices
-    return chosen
+        return frozenset().union(*(row.kv_cache_dtypes for row in engine_versions.all_rows(name)))
+    return engine_versions.facts_for(name, parse_version(version)).kv_cache_dtypes
 
 
 def validate_kv_cache_dtype(
@@ -322,32 +275,6 @@ def detect_engine(container: Mapping[str, Any], version: str | None = None) -> E
     )
 
 
-def attention_backend_settings(
-    engine: Engine | str, backend: str, version: str | None = None
-) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The (extra_args, extra_env) that select an attention backend on this engine version.
-
-    The name is translated to the version's spelling (`TRITON_ATTN` is `TRITON_ATTN_VLLM_V1`
-    in vLLM 0.10, `triton` in SGLang). vLLM needs the version: 0.10-0.12 have no flag, 0.15+
-    ignore the env variable, so no setting is right for every version; SGLang's flag is.
-    """
-    engine = _engine(engine)
-    if version is None:
-        if engine is Engine.SGLANG:
-            version = ".".join(map(str, engine_versions.all_rows("sglang")[-1].since))
-        else:
-            raise SpecError(
-                "engine_version",
-                "vLLM chooses the attention backend by VLLM_ATTENTION_BACKEND up to 0.12 and by "
-                "--attention-backend from 0.13 (the variable is ignored from 0.15): give the "
-                "target's version",
-            )
-    try:
-        return engine_versions.backend_settings(engine.value, backend, version)
-    except ValueError as exc:
-        raise SpecError("attention_backend", str(exc)) from None
-
-
 def rewrite_container(
     container: Mapping[str, Any],
     *,
@@ -401,26 +328,6 @@ def rewrite_container(
     if extra_env:
         result["env"] = _rewrite_env(result.get("env") or [], extra_env)
     return result
-
-
-def container_args_diff(
-    before: Mapping[str, Any], after: Mapping[str, Any]
-) -> tuple[ArgChange, ...]:
-    """Flags and environment variables that differ, flags first, each sorted by name."""
-    old_flags = _flag_values([t.text for t in _find_launch(before).tokens])
-    new_flags = _flag_values([t.text for t in _find_launch(after).tokens])
-    changes = [
-        ArgChange("arg", name, _last(old_flags, name), _last(new_flags, name))
-        for name in sorted(old_flags.keys() | new_flags.keys())
-        if _last(old_flags, name) != _last(new_flags, name)
-    ]
-    old_env, new_env = _env_values(before), _env_values(after)
-    changes.extend(
-        ArgChange("env", name, old_env.get(name), new_env.get(name))
-        for name in sorted(old_env.keys() | new_env.keys())
-        if old_env.get(name) != new_env.get(name)
-    )
-    return tuple(changes)
 
 
 def _image_engine_version(container: Mapping[str, Any]) -> str | None:

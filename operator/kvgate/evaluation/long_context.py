@@ -28,7 +28,6 @@ from kvgate.errors import EvalError, SpecError
 from kvgate.judge.stats import PairedCounts, lower_confidence_bound, upper_confidence_bound
 
 TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
-DEFAULT_TASKS: Final = ("niah_single_1",)
 DEFAULT_ITEMS: Final = 50
 DEFAULT_MARGIN: Final = 0.10
 DEFAULT_RECOVERY: Final = 0.95  # vLLM: calibrate below 95% of the baseline's score

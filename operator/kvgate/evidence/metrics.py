@@ -18,7 +18,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final, TypedDict, TypeGuard, cast
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -201,13 +201,7 @@ class LatencySummary:
         return cls(histogram.count, histogram.mean(), p50, p90, p99)
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "count": self.count,
-            "mean": self.mean,
-            "p50": self.p50,
-            "p90": self.p90,
-            "p99": self.p99,
-        }
+        return asdict(self)
 
 
 # -- snapshots -------------------------------------------------------------------------------
@@ -565,12 +559,6 @@ def delta(
 POOL_SAMPLE_FIELDS: Final = ("engine", "kv_usage", "running", "waiting", "retracted", "preemptions")
 
 
-def pool_sample(snapshot: MetricSnapshot) -> dict[str, object]:
-    """The part of a scrape that pool_pressure needs, as plain JSON (nulls left out)."""
-    sample = {k: getattr(snapshot, k) for k in POOL_SAMPLE_FIELDS}
-    return {k: v for k, v in sample.items() if v is not None}
-
-
 class _PoolValues(TypedDict):
     """The POOL_SAMPLE_FIELDS of a MetricSnapshot, with their types."""
 
@@ -583,8 +571,8 @@ class _PoolValues(TypedDict):
 
 
 def snapshot_from_pool_sample(sample: Mapping[str, object]) -> MetricSnapshot:
-    """A MetricSnapshot rebuilt from `pool_sample` output; latency and token fields are unknown."""
-    # The sample is pool_sample's JSON, kept between scrapes: each value has its field's type,
+    """A MetricSnapshot rebuilt from its POOL_SAMPLE_FIELDS; latency and token fields are unknown."""
+    # The sample is the pool fields kept between scrapes: each value has its field's type,
     # and a field left out was None. Taken as it is, not checked again.
     values = cast(_PoolValues, {k: sample.get(k) for k in POOL_SAMPLE_FIELDS})
     return MetricSnapshot(

@@ -5,9 +5,8 @@ Paired notation (both arms answered the same n questions):
 The difference is candidate minus control: (c - b) / n. Non-inferiority at margin δ tests
 H0: Δ ≤ -δ with Tango's score statistic; `confidence` is the one-sided level of that claim.
 
-References (formulas and test vectors): Wilson 1927; McNemar 1947; Newcombe 1998 (method 10);
-Agresti & Min 2005; Tango 1998; Nam 1997 / Liu et al. 2002 (sample size); Lan & DeMets 1983
-(O'Brien-Fleming-type alpha spending).
+References (formulas and test vectors): Wilson 1927; McNemar 1947; Tango 1998; Nam 1997 /
+Liu et al. 2002 (sample size); Lan & DeMets 1983 (O'Brien-Fleming-type alpha spending).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import itertools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -185,12 +184,7 @@ class PairedCounts:
             raise SpecError("paired", "0 questions; a paired comparison needs at least one")
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "both": self.both,
-            "control_only": self.control_only,
-            "candidate_only": self.candidate_only,
-            "neither": self.neither,
-        }
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------- McNemar
@@ -207,85 +201,7 @@ def mcnemar_exact_p(counts: PairedCounts) -> float:
     return float(binomtest(k, m, 0.5, alternative="two-sided").pvalue)
 
 
-def mcnemar_mid_p(counts: PairedCounts) -> float:
-    """Two-sided McNemar mid-p (Fagerland et al. 2013; Lancaster 1961).
-
-    The probability of the outcomes less likely than the observed one plus half that of the
-    outcomes exactly as likely. For b != c that is 2·P(X < k) + P(X = k) = exact p - P(X = k);
-    for b = c > 0 the observed split is the only outcome that likely, so it is 1 - P(X = k)/2
-    (not 1 - P(X = k), which subtracts the point probability twice).
-    """
-    from scipy.stats import binom
-
-    m = counts.discordant
-    if m == 0:
-        return 1.0
-    k = min(counts.control_only, counts.candidate_only)
-    point = float(binom.pmf(k, m, 0.5))
-    if 2 * k == m:
-        return 1.0 - 0.5 * point
-    return float(min(1.0, 2.0 * binom.cdf(k - 1, m, 0.5) + point))
-
-
-def mcnemar_asymptotic(counts: PairedCounts) -> tuple[float, float]:
-    """Asymptotic McNemar (z, two-sided p); z = (c - b) / sqrt(b + c)."""
-    from scipy.stats import norm
-
-    m = counts.discordant
-    if m == 0:
-        return (0.0, 1.0)
-    z = (counts.candidate_only - counts.control_only) / math.sqrt(m)
-    return (z, float(2 * norm.sf(abs(z))))
-
-
 # --------------------------------------------------------------------------- paired intervals
-
-
-def wald_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """Wald interval for the paired difference (undercovers; diagnostics only)."""
-    n, b, c = counts.n, counts.control_only, counts.candidate_only
-    z = z_two_sided(confidence)
-    delta = counts.difference
-    se = math.sqrt(max(0.0, b + c - (c - b) ** 2 / n)) / n
-    return (delta - z * se, delta + z * se)
-
-
-def agresti_min_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """Agresti-Min 2005 'Wald+2' interval (add 1/2 to every cell)."""
-    counts._require_questions()
-    n, b, c = counts.n, counts.control_only, counts.candidate_only
-    z = z_two_sided(confidence)
-    delta = (c - b) / (n + 2)
-    se = math.sqrt((b + c + 1) - (c - b) ** 2 / (n + 2)) / (n + 2)
-    return (max(-1.0, delta - z * se), min(1.0, delta + z * se))
-
-
-def newcombe_interval(counts: PairedCounts, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
-    """Newcombe 1998 method 10 (square-and-add Wilson, continuity-adjusted phi)."""
-    a, b, c, d, n = (
-        counts.both,
-        counts.control_only,
-        counts.candidate_only,
-        counts.neither,
-        counts.n,
-    )
-    p_cand, p_ctrl = (a + c) / n, (a + b) / n
-    l1, u1 = wilson_interval(a + c, n, confidence)
-    l2, u2 = wilson_interval(a + b, n, confidence)
-    # The phi adjustment of contingencytables::Newcombe_square_and_add_CI_paired_2x2.
-    big_a: float = a * d - b * c
-    if big_a > n / 2:
-        big_a -= n / 2
-    elif big_a >= 0:
-        big_a = 0.0
-    margins = (a + c) * (b + d) * (a + b) * (c + d)
-    phi = big_a / math.sqrt(margins) if margins > 0 else 0.0
-    delta = p_cand - p_ctrl
-    dl1, du2 = p_cand - l1, u2 - p_ctrl
-    dl2, du1 = p_ctrl - l2, u1 - p_cand
-    low = delta - math.sqrt(max(0.0, dl1**2 + du2**2 - 2 * phi * dl1 * du2))
-    high = delta + math.sqrt(max(0.0, dl2**2 + du1**2 - 2 * phi * dl2 * du1))
-    return (low, high)
 
 
 def _tango_loss_mle(n: float, b: float, c: float, delta0: float) -> float:
@@ -475,25 +391,6 @@ def questions_needed(
     return max(1, math.ceil(n - 1e-9))
 
 
-def questions_needed_unpaired(
-    p_control: float,
-    p_candidate: float,
-    margin: float = DEFAULT_MARGIN,
-    confidence: float = DEFAULT_CONFIDENCE,
-    power: float = DEFAULT_POWER,
-) -> int:
-    """Questions per arm for an NI test on independent samples (for comparison only)."""
-    _check_margin(margin)
-    _check_confidence(confidence)
-    _check_confidence(power, "power")
-    effect = p_candidate - p_control + margin
-    if effect <= 0:
-        raise SpecError("p_candidate", "the assumed loss is at or beyond the margin")
-    z_a, z_b = z_one_sided(confidence), z_one_sided(power)
-    var = p_control * (1 - p_control) + p_candidate * (1 - p_candidate)
-    return max(1, math.ceil((z_a + z_b) ** 2 * var / effect**2 - 1e-9))
-
-
 # --------------------------------------------------------------------------- group-sequential
 
 
@@ -609,11 +506,6 @@ def _boundaries(ts: tuple[float, ...], alpha: float, function: str) -> tuple[flo
             break
         grid, mass = _continuation(k, list(ts), c, grid, mass)
     return tuple(boundaries)
-
-
-def efficacy_boundaries(fractions: Sequence[float], alpha: float) -> tuple[float, ...]:
-    """One-sided z boundaries under O'Brien-Fleming-type (Lan-DeMets) spending."""
-    return sequential_boundaries(fractions, alpha, "obf")
 
 
 def stagewise_p(

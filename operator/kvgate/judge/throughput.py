@@ -34,7 +34,7 @@ from kvgate.records.loadresult import (
     sim_time_note,
     time_scale,
 )
-from kvgate.records.status import PoolSample, PreflightStatus, RolloutStatus
+from kvgate.records.status import PoolSample, PreflightStatus
 from kvgate.spec.rollout import ThroughputGainGate
 from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome, SpeedClocks
 
@@ -406,11 +406,6 @@ def production_concurrency(preflight: PreflightStatus | None) -> int:
     return max(1, round(busiest))
 
 
-def status_production_concurrency(status: object) -> int:
-    """`production_concurrency` of a rollout's status as stored (any value reads)."""
-    return production_concurrency(RolloutStatus.from_dict(status).preflight)
-
-
 def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
     """`request_lengths` of the preflight's latest sample with length totals (the busiest pod's
     when several have them): production's finished requests since its engine started. Means
@@ -438,8 +433,3 @@ def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
         Histogram((), best.output_len_sum or 0.0, best.output_len_count or 0.0),
         source=source,
     )
-
-
-def status_production_lengths(status: object) -> RequestLengths:
-    """`production_lengths` of a rollout's status as stored (any value reads)."""
-    return production_lengths(RolloutStatus.from_dict(status).preflight)

@@ -48,10 +48,6 @@ class LoadRun:
     log_tail: str
     output: OutputFigures | None = None  # what the responses held (None: no per-request report)
 
-    @property
-    def all_measured(self) -> bool:
-        return all(stage.status == "measured" for stage in self.stages)
-
 
 def read_report_files(report_dir: Path, plan: LoadPlan) -> dict[str, str]:
     names = [stage_file(n) for n in range(len(plan.stages))] + [VALIDATION_FILE, PER_REQUEST_FILE]

@@ -7,7 +7,7 @@ KV-cache and attention flags (`spec.extraArgs`) and a few attention environment 
 1. the CRD's CEL rules (`crds/kvgate.io_kvcacherollouts.yaml`) refuse the DENYLIST at
    admission. CEL cannot see the operator's configuration, so the CRD cannot hold the
    allowlist (operators extend it per installation); it holds the known-dangerous set instead.
-   `cel_arg_rule()` / `cel_env_rule()` render the rules; a unit test checks the CRD carries
+   tests/unit/test_policy.py renders the rules from these lists and checks the CRD carries
    exactly them.
 2. the operator (`RolloutSpec.from_dict(spec, allow=...)`) enforces the ALLOWLIST: built-in
    per-engine lists plus what the operator's configuration adds (`KVGATE_EXTRA_ALLOWED_ARGS`,
@@ -388,43 +388,5 @@ def _show(text: str, limit: int = 64) -> str:
     return clean if len(clean) <= limit else clean[: limit - 3] + "..."
 
 
-# --- CEL rules for the CRD (rendered from the lists above) ---------------------------------------
-
-
-def _cel_list(items: Iterable[str]) -> str:
-    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
-
-
-def cel_arg_rule() -> str:
-    """The rule on each `spec.extraArgs` item: a `--flag` token must not be on the denylist."""
-    name = "self.split('=')[0].replace('_', '-').lowerAscii()"
-    return (
-        f"!self.startsWith('--') || (!({name} in {_cel_list(DENIED_ARGS)}) && "
-        f"!{_cel_list(DENIED_ARG_PREFIXES)}.exists(p, {name}.startsWith(p)))"
-    )
-
-
-def cel_env_rule() -> str:
-    """The rule on each `spec.extraEnv` item: its name must not be on the denylist."""
-    name = "self.name.upperAscii()"
-    return (
-        f"!({name} in {_cel_list(DENIED_ENV_NAMES)}) && "
-        f"!{_cel_list(DENIED_ENV_PREFIXES)}.exists(p, {name}.startsWith(p)) && "
-        f"!{_cel_list(DENIED_ENV_SUFFIXES)}.exists(s, {name}.endsWith(s))"
-    )
-
-
 ARG_WHY: Final = "it loads code, reaches other hosts or changes what is served"
 ENV_WHY: Final = "it loads code, redirects downloads or traffic, or carries a credential"
-_CEL_TAIL: Final = " is refused for a rollout ({why}); see docs/security.md"
-CEL_ARG_MESSAGE: Final = "this flag" + _CEL_TAIL.format(why=ARG_WHY)
-CEL_ENV_MESSAGE: Final = "this variable" + _CEL_TAIL.format(why=ENV_WHY)
-
-
-def cel_arg_message_expression() -> str:
-    """The CRD's error for a refused flag, naming it (the field path is added by the apiserver)."""
-    return "self.split('=')[0] + " + _cel_str(_CEL_TAIL.format(why=ARG_WHY))
-
-
-def _cel_str(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
