@@ -575,4 +575,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:  # `walk.py | head`: the reader has what it wanted
+        sys.stderr.close()
+        raise SystemExit(0) from None

@@ -187,6 +187,22 @@ class Begun:
     ended: bool = False
 
 
+def context_of(
+    body: kopf.Body,
+    meta: Mapping[str, Any],
+    kube: KubeApi,
+    config: OperatorConfig,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    status: RolloutStatus,
+) -> tuple[Ctx, tuple[str, ...]]:
+    """The context of a handler of `body` seeing `status`, and what is wrong with its spec."""
+    source = copy.deepcopy(dict(body.get("spec") or {}))  # nothing may change kopf's body
+    spec, spec_errors = parse_spec(source, config)
+    ctx = Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"],
+              meta.get("generation"), spec, status, kube, config, logger, utcnow())  # fmt: skip
+    return ctx, spec_errors
+
+
 def begin(
     body: kopf.Body,
     meta: Mapping[str, Any],
@@ -208,10 +224,7 @@ def begin(
         cleared = dict.fromkeys(old)
         status = RolloutStatus(phase=Phase.PENDING, pending_actions=found.pending_actions)
         phase = Phase.PENDING
-    source = copy.deepcopy(dict(body.get("spec") or {}))
-    spec, spec_errors = parse_spec(source, config)
-    ctx = Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"], generation, spec, status,
-              kube, config, logger, utcnow())  # fmt: skip
+    ctx, spec_errors = context_of(body, meta, kube, config, logger, status)
     if ended:
         return Begun(ctx, old, phase, ended=True)
     return Begun(ctx, old, phase, spec_errors, read_state(ctx, phase, meta), cleared)

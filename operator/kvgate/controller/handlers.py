@@ -30,7 +30,7 @@ from kvgate.controller.act import (
     delete_eval_jobs,
     revert_target,
 )
-from kvgate.controller.context import Ctx, RolloutRef, describe, parse_spec
+from kvgate.controller.context import Ctx, describe
 from kvgate.controller.pullrequest import close_pull_request
 from kvgate.controller.record import (
     patch_fields,
@@ -245,11 +245,8 @@ def _side_ctx(
     status: dict[str, Any],
 ) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
-    source = copy.deepcopy(dict(body.get("spec") or {}))
-    spec, _errors = parse_spec(source, memo.config)
-    return Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"], meta.get("generation"), spec,
-               RolloutStatus.from_dict(status),
-               memo.kube, memo.config, logger, context.utcnow())  # fmt: skip
+    return context.context_of(body, meta, memo.kube, memo.config, logger,
+                              RolloutStatus.from_dict(status))[0]  # fmt: skip
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
