@@ -39,6 +39,7 @@ from kvgate.records.status import (
     PromotionStatus,
     RevertStatus,
     RolloutStatus,
+    VerdictKey,
     VerdictRecord,
     VerifyStatus,
 )
@@ -206,7 +207,7 @@ def folded(
     now: str,
     generation: int | None,
     deployment_generation: int | None,
-    verdict_key: verdictkey.VerdictKey | None = None,
+    verdict_key: VerdictKey | None = None,
     approval_ttl_s: float | None = None,
 ) -> RolloutStatus:
     """The status after `step`, from the status this reconcile found (`found`, left as it is)
@@ -319,7 +320,7 @@ def _over(under: Record | None, over: Record | None) -> Record:
     return dataclasses.replace(under, **known)
 
 
-def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | None) -> VerdictRecord:
+def _verdict(status: RolloutStatus, step: Step, key: VerdictKey | None) -> VerdictRecord:
     """The step's verdict with its key. A verdict decided again in this run (an approval) rests
     on the same gates: if they were reused, it still says whose (and so is never reused in turn)."""
     assert step.verdict is not None
@@ -332,7 +333,7 @@ def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | Non
         outcome=v.outcome,
         message=v.message,
         reasons=tuple(str(r.reason) for r in v.reasons),
-        key=None if key is None else key.to_record(),
+        key=key,
         reused_from=reused_from or None,
     )
 

@@ -21,9 +21,9 @@ from kvgate.flow.steps import ReusedVerdict
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT, SPEED
 from kvgate.judge.throughput import THROUGHPUT
 from kvgate.judge.verdict import Decision, GateResult
-from kvgate.judge.verdictkey import VerdictKey, key_of
+from kvgate.judge.verdictkey import key_of
 from kvgate.reasons import Reason
-from kvgate.records.status import RolloutStatus
+from kvgate.records.status import RolloutStatus, VerdictKey
 from kvgate.records.timestamps import parse_time
 from kvgate.spec.rollout import RolloutSpec, VerdictReuse
 from kvgate.vocabulary import Outcome, Phase
@@ -94,8 +94,8 @@ def _reusable(
         return None
     if verdict.decision != Decision.PROMOTE.value or verdict.reused_from:
         return None  # only a verdict reached by an eval, never one reused in turn
-    # The stored digest is not trusted: the key is compared field by field.
-    if VerdictKey.of_record(verdict.key) != key:
+    # The stored digest is not trusted (it is computed again on reading): field by field.
+    if verdict.key != key:
         return None
     if any(c.type == "Stale" and c.status == "True" for c in status.conditions):
         return None
