@@ -301,8 +301,8 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
     from kvgate.flow.steps import Step
-    from kvgate.judge.verdict import GateResult, RevertIntent
-    from kvgate.records.status import RolloutStatus
+    from kvgate.judge.verdict import RevertIntent
+    from kvgate.records.status import GateResult, RolloutStatus
     from kvgate.vocabulary import Outcome, Phase
 
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,

@@ -25,10 +25,10 @@ from kvgate.judge.gates import (
     crash_summary,
     mean_between,
 )
-from kvgate.judge.verdict import Decision, GateResult
+from kvgate.judge.verdict import Decision
+from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
-from kvgate.records.codec import read_record
-from kvgate.records.status import GateRecord, HistogramTotals
+from kvgate.records.status import GateResult, HistogramTotals, RolloutStatus
 from kvgate.spec.rollout import (
     AccuracyGate,
     BackendGate,
@@ -356,9 +356,18 @@ def test_stale_approval_is_named() -> None:
 
 
 def test_unreadable_stored_outcome_fails_closed() -> None:
-    unreadable, absent = (read_record(GateRecord, r) for r in ({"outcome": "Maybe"}, {}))
-    assert GateResult.of_record("x", unreadable).outcome is Outcome.ERROR
-    assert GateResult.of_record("x", absent).outcome is Outcome.ERROR
+    gates = RolloutStatus.from_dict({"gates": {"x": {"outcome": "Maybe"}, "y": {}}}).gates
+    assert gates["x"].outcome is Outcome.ERROR and gates["x"].gate == "x"
+    assert gates["y"].outcome is Outcome.ERROR and gates["y"].gate == "y"
+
+
+def test_a_gate_is_stored_under_its_name_without_it() -> None:
+    gate = GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower")
+    written = RolloutStatus(gates={"speed": gate}).to_dict()
+    assert written["gates"] == {
+        "speed": {"outcome": "Failed", "reason": "SpeedRegressed", "message": "slower"}
+    }
+    assert RolloutStatus.from_dict(written).gates == {"speed": gate}
 
 
 # --- pods -------------------------------------------------------------------------------------

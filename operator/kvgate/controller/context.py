@@ -23,7 +23,7 @@ from kvgate.errors import KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import State, Step
 from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
-from kvgate.judge.verdict import GateResult, RevertIntent
+from kvgate.judge.verdict import RevertIntent
 from kvgate.records.status import (
     PromotionStatus,
     RevertStatus,
@@ -125,7 +125,6 @@ def parse_spec(
 def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     status = ctx.so_far
     since = parse_time(status.phase_since) or ctx.now
-    gates = {k: GateResult.of_record(k, v) for k, v in status.gates.items()}
     promo = status.promotion or PromotionStatus()
     verify = promo.verify or VerifyStatus()
     last = parse_time(verify.last_sample_at)
@@ -149,7 +148,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         config_hash=status.config_hash or "",
         eval_attempts=(status.eval.attempt if status.eval else None) or 0,
         load_attempts=(status.load.attempt if status.load else None) or 0,
-        gates=gates,
+        gates=status.gates,
         approval=approval,
         approver=redact.scrub_text(approver)[:253],
         approval_ignored=redact.scrub_text(ignored),

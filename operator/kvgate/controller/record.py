@@ -27,14 +27,13 @@ from kvgate.flow import superseding
 from kvgate.flow.steps import Event, Step
 from kvgate.judge import verdictkey
 from kvgate.judge.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
 from kvgate.records import conditions as cond
 from kvgate.records.mergepatch import apply_merge_patch, merge_patch
 from kvgate.records.status import (
     EvalStatus,
-    GateRecord,
+    GateResult,
     LoadStatus,
     PromotionStatus,
     RevertStatus,
@@ -74,7 +73,7 @@ def gate_condition_status(result: GateResult) -> str:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
-    if result.reason.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
+    if result.why.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
         return cond.FALSE
     return cond.UNKNOWN
 
@@ -222,7 +221,7 @@ def folded(
     conditions = status.conditions or cond.initial_conditions(generation, now)
     gates = dict(status.gates)
     for g in step.gates:
-        gates[g.gate] = GateRecord(outcome=g.outcome, reason=str(g.reason), message=g.message)
+        gates[g.gate] = g
         ctype = GATE_CONDITIONS.get(g.gate)
         if ctype is not None:
             conditions = cond.set_condition(

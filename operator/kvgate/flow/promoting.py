@@ -20,8 +20,9 @@ from kvgate.flow.steps import (
     revert_step,
 )
 from kvgate.judge.gates import CANARY, assess_backend, crash_summary
-from kvgate.judge.verdict import GateResult, RevertIntent
+from kvgate.judge.verdict import RevertIntent
 from kvgate.reasons import Reason
+from kvgate.records.status import GateResult
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import Outcome, Phase
 

@@ -20,9 +20,8 @@ from typing import Any, Final
 from kvgate.flow.steps import ReusedVerdict
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT, SPEED
 from kvgate.judge.throughput import THROUGHPUT
-from kvgate.judge.verdict import Decision, GateResult
+from kvgate.judge.verdict import Decision
 from kvgate.judge.verdictkey import key_of
-from kvgate.reasons import Reason
 from kvgate.records.status import RolloutStatus, VerdictKey
 from kvgate.records.timestamps import parse_time
 from kvgate.spec.rollout import RolloutSpec, VerdictReuse
@@ -107,12 +106,9 @@ def _reusable(
         return None
     gates = []
     for gate in REUSED_GATES:
-        record = status.gates.get(gate)
-        if record is None:
+        result = status.gates.get(gate)
+        if result is None:
             continue
-        result = GateResult(
-            gate, record.outcome or Outcome.ERROR, Reason.read(record.reason), record.message or ""
-        )
         if result.outcome not in (Outcome.SUCCESSFUL, Outcome.SKIPPED, Outcome.WARNING):
             return None  # a Promoted rollout has none; a status that says so is not reused
         gates.append(result)

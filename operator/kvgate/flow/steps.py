@@ -15,13 +15,14 @@ from typing import Any, Final
 
 from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.judge.remedy import Remedy
-from kvgate.judge.verdict import GateResult, RevertIntent, Verdict
+from kvgate.judge.verdict import RevertIntent, Verdict
 from kvgate.reasons import Reason
 from kvgate.records.evalsummary import AccuracyStatus
 from kvgate.records.loadresult import LoadProgress, LoadSummary, LoadVerdict
 from kvgate.records.status import (
     CacheTruth,
     EvalProgress,
+    GateResult,
     LoadStatus,
     PullRequestStatus,
     ScanRecord,
@@ -268,10 +269,10 @@ def gate_event(result: GateResult) -> Event | None:
     A passing accuracy gate is one too: its message carries the headline figures (both arms'
     accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
     """
-    if result.reason is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
-        return Event(result.reason, result.message)
-    if result.reason.own_event:
-        return Event(result.reason, result.message, warning=True)
+    if result.why is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
+        return Event(result.why, result.message)
+    if result.why.own_event:
+        return Event(result.why, result.message, warning=True)
     return None
 
 

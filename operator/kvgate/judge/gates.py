@@ -11,9 +11,8 @@ from typing import Final
 
 from kvgate.engines import kvformats
 from kvgate.judge import crash
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
-from kvgate.records.status import CacheTruth, FindingRecord, HistogramTotals, ScanRecord
+from kvgate.records.status import CacheTruth, FindingRecord, GateResult, HistogramTotals, ScanRecord
 from kvgate.spec.rollout import (
     BackendGate,
     CapacityGainGate,

@@ -1,8 +1,8 @@
 """Promote, roll back, hold or not needed? `decide` over every gate's result.
 
 `decide` takes the worst outcome: any FAILED, ERROR or INCONCLUSIVE rolls back, listing every
-reason; missing evidence is ERROR or PENDING and never promotes (fail closed). `GateResult` and
-`RevertIntent` are the status forms of a gate and of a revert. Nothing here does I/O.
+reason; missing evidence is ERROR or PENDING and never promotes (fail closed). A gate's result
+is status's own record (`records.status.GateResult`). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from kvgate.reasons import Reason
-from kvgate.records.status import GateRecord, RevertStatus
+from kvgate.records.status import GateResult, RevertStatus
 from kvgate.vocabulary import (
     Outcome,
     Phase,
@@ -27,24 +27,6 @@ class Decision(StrEnum):
     ROLL_BACK = "RollBack"
     HOLD = "Hold"
     NOT_NEEDED = "NotNeeded"
-
-
-@dataclass(frozen=True, slots=True)
-class GateResult:
-    gate: str
-    outcome: Outcome
-    reason: Reason
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"outcome": self.outcome.value, "reason": str(self.reason), "message": self.message}
-
-    @classmethod
-    def of_record(cls, gate: str, record: GateRecord) -> GateResult:
-        """The gate's result as status keeps it; an unreadable outcome is an ERROR (never
-        promotes)."""
-        outcome = record.outcome or Outcome.ERROR
-        return cls(gate, outcome, Reason.read(record.reason), record.message or "")
 
 
 @dataclass(frozen=True, slots=True)

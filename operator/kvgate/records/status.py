@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.reasons import Reason
 from kvgate.records.codec import MISSING as _MISSING
 from kvgate.records.codec import fields as _fields
 from kvgate.records.codec import key as _key
@@ -388,12 +389,21 @@ class RemediationStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class GateRecord:
-    """One gate's result (`verdict.GateResult` without its name, which is the key)."""
+class GateResult:
+    """One gate's result, under the gate's name: an unreadable outcome reads as Error.
 
-    outcome: Outcome | None = None
-    reason: str | None = None
-    message: str | None = None
+    The judge makes it with a `Reason` (`judge.verdict.decide` weighs them); a stored reason is
+    kept as written (a report shows one another release wrote), `why` reads it as a `Reason`."""
+
+    gate: str = _key(named=True, default="")
+    outcome: Outcome = Outcome.ERROR
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def why(self) -> Reason:
+        """The reason as this release knows it (Unknown for a word it does not know)."""
+        return Reason.read(self.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +500,7 @@ class RolloutStatus:
     capacity: CapacityStatus | None = None
     speed: SpeedStatus | None = None
     load: LoadStatus | None = None
-    gates: Mapping[str, GateRecord] = _key(default={})
+    gates: Mapping[str, GateResult] = _key(default={})
     verdict: VerdictRecord | None = None
     promotion: PromotionStatus | None = None
     pull_request: PullRequestStatus | None = None

@@ -240,10 +240,7 @@ def said_once(
 def read_findings(status: StatusLike) -> list[Finding]:
     """Gate results: `status.gates` (by gate name, in gate order), else conditions."""
     typed = typed_status(status)
-    found = [
-        Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
-        for gate, g in typed.gates.items()
-    ]
+    found = [Finding(gate, g.outcome.value, g.reason, g.message) for gate, g in typed.gates.items()]
     # The order the gates run in; unknown names keep their place after them.
     found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
