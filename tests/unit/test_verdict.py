@@ -28,7 +28,7 @@ from kvgate.judge.gates import (
 from kvgate.judge.verdict import Decision
 from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
-from kvgate.records.status import GateResult, HistogramTotals, RolloutStatus
+from kvgate.records.status import GateResult, HistogramTotals, RevertStatus, RolloutStatus
 from kvgate.spec.rollout import (
     AccuracyGate,
     BackendGate,
@@ -883,7 +883,7 @@ def test_promotion_crash_enters_reverting_without_patching_yet() -> None:
         patched=True,
     )
     assert s.phase is Phase.REVERTING and Action.REVERT_DEPLOYMENT not in s.actions
-    assert s.revert == v.RevertIntent(
+    assert s.revert == RevertStatus(
         Phase.ROLLED_BACK,
         "PromotionReverted",
         "promotion reverted: new pods failed: pod x: restarted 1x",
@@ -891,7 +891,7 @@ def test_promotion_crash_enters_reverting_without_patching_yet() -> None:
 
 
 def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
-    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    intent = RevertStatus(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     first = step(Phase.REVERTING, Observation(live=STUCK), revert=intent, patched=True)
     assert (first.phase, first.actions) == (Phase.REVERTING, (Action.REVERT_DEPLOYMENT,))
     done = step(Phase.REVERTING, Observation(live=CLEAN), revert=intent, revert_attempts=1)
@@ -903,7 +903,7 @@ def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
 
 
 def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
-    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    intent = RevertStatus(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     for attempts in (1, 2, 7):
         # The next attempt is due a back-off after the last (5 s, 10 s ... every minute), and
         # is read back on the next reconcile, not after another back-off (issue 25).

@@ -23,7 +23,6 @@ from kvgate.errors import KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import State, Step
 from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
-from kvgate.judge.verdict import RevertIntent
 from kvgate.records.status import (
     PromotionStatus,
     RevertStatus,
@@ -157,7 +156,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         verify_samples=verify.samples or 0,
         since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
         window_elapsed_s=0.0 if window is None else (ctx.now - window).total_seconds(),
-        revert=RevertIntent.of_record(revert) if revert.phase else None,
+        revert=status.revert if revert.phase else None,
         revert_attempts=revert.attempts or 0,
         revert_error=revert.last_error,
         remedy_attempts=(status.remediation.attempt if status.remediation else None) or 0,

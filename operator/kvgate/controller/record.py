@@ -278,7 +278,7 @@ def folded(
         # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
         revert = RevertStatus(
             phase=step.revert.phase,
-            reason=str(step.revert.reason),
+            reason=step.revert.reason,
             message=step.revert.message,
             started_at=now,
             attempts=0,

@@ -76,9 +76,9 @@ def next_step(
         # either: what the GitOps tool applied stays until Git changes.
         intent = step.revert
         step = end_step(
-            intent.phase,
-            intent.reason,
-            f"{intent.message}; the Deployment is left as it is (pullRequest mode: change it "
+            intent.end,
+            intent.why,
+            f"{intent.message or ''}; the Deployment is left as it is (pullRequest mode: change it "
             "in Git)",
             gates=step.gates,
             verdict=step.verdict,

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kvgate.reasons import Reason
-from kvgate.records.status import GateResult, RevertStatus
+from kvgate.records.status import GateResult
 from kvgate.vocabulary import (
     Outcome,
-    Phase,
     PromotionMode,
     worst,
 )
@@ -84,24 +82,3 @@ def decide(
             f"all gates passed; approve with annotation kvgate.io/approve={config_hash}{stale}{note}",
         )
     return Verdict(Decision.PROMOTE, overall, warnings, f"all gates passed{note}")
-
-
-@dataclass(frozen=True, slots=True)
-class RevertIntent:
-    """Recorded before a revert starts: the terminal phase, reason and message it ends with."""
-
-    phase: Phase
-    reason: Reason
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"phase": self.phase.value, "reason": str(self.reason), "message": self.message}
-
-    @classmethod
-    def of_record(cls, record: RevertStatus) -> RevertIntent:
-        """The revert's end as its write-ahead record keeps it (never Promoted)."""
-        phase = record.phase or Phase.ROLLED_BACK
-        if not phase.terminal or phase is Phase.PROMOTED:
-            phase = Phase.ROLLED_BACK  # a revert never ends Promoted
-        reason = Reason.read(record.reason or Reason.PROMOTION_REVERTED)
-        return cls(phase, reason, record.message or "")

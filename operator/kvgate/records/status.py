@@ -368,6 +368,17 @@ class RevertStatus:
     last_attempt_at: str | None = None
     last_error: str | None = None
 
+    @property
+    def end(self) -> Phase:
+        """The phase the revert ends in: never Promoted, RolledBack when unknown."""
+        phase = self.phase or Phase.ROLLED_BACK
+        return phase if phase.terminal and phase is not Phase.PROMOTED else Phase.ROLLED_BACK
+
+    @property
+    def why(self) -> Reason:
+        """The reason it ends with (PromotionReverted when none is recorded)."""
+        return Reason.read(self.reason or Reason.PROMOTION_REVERTED)
+
 
 @dataclass(frozen=True, slots=True)
 class FirstAttempt:
