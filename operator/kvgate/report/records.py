@@ -8,17 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvgate.records.evalsummary import ArmAccuracy
 from kvgate.records.loadresult import StagePoint
-
-
-@dataclass(frozen=True, slots=True)
-class ArmAccuracy:
-    """One arm's GSM8K score: right answers, questions, and the 95% Wilson interval."""
-
-    correct: int | None
-    n: int | None
-    accuracy: float | None
-    wilson: tuple[float, float] | None
+from kvgate.records.status import ClockRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +23,7 @@ class Accuracy:
     confidence: float | None
     questions_used: int | None
     stopped_early: bool | None
-    arms: dict[str, ArmAccuracy]
+    arms: dict[str, ArmAccuracy]  # as status keeps them, figures checked (`view.read_accuracy`)
     difference: float | None
     difference_ci: tuple[float, float] | None
     mcnemar_p: float | None
@@ -91,20 +83,10 @@ class SpeedMetric:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmClock:
-    """One arm's GPU clocks while it was measured: means and (min, max) ranges, in MHz."""
-
-    sm_mhz: float | None
-    mem_mhz: float | None
-    sm_range: tuple[float, float] | None
-    mem_range: tuple[float, float] | None
-
-
-@dataclass(frozen=True, slots=True)
 class Clocks:
     """`status.speed.clocks`: each arm's GPU clocks, where they came from, or why unknown."""
 
-    arms: dict[str, ArmClock]
+    arms: dict[str, ClockRecord]  # as status keeps them, unreadable clocks left out (`view`)
     source: str | None
     note: str | None
 

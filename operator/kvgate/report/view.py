@@ -18,7 +18,7 @@ from typing import Final
 from kvgate.change import manifests
 from kvgate.judge import gates
 from kvgate.reasons import Reason
-from kvgate.records.evalsummary import PairedRecord, TokenAgreement
+from kvgate.records.evalsummary import ArmAccuracy, PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
     ClockRecord,
@@ -38,9 +38,7 @@ from kvgate.report.fields import (
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
-    ArmAccuracy,
     ArmCapacity,
-    ArmClock,
     Clocks,
     DivergenceBucket,
     Finding,
@@ -131,7 +129,9 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         wilson = interval(raw.wilson95)
         if wilson is not None and max(wilson) > 1.0:
             wilson = (wilson[0] / 100.0, wilson[1] / 100.0)
-        arms[arm] = ArmAccuracy(correct, n, accuracy, wilson)
+        arms[arm] = dataclasses.replace(
+            raw, correct=correct, total=n, accuracy=accuracy, wilson95=wilson or ()
+        )
     paired = acc.paired or PairedRecord()
     control_only, candidate_only = integer(paired.control_only), integer(paired.candidate_only)
     points = finite_number(acc.difference_pp)  # the CRD's printer column, in points
@@ -386,11 +386,11 @@ def _clocks(raw: ClocksRecord | None) -> Clocks | None:
     arms = {}
     for arm, block in (("control", raw.control), ("candidate", raw.candidate)):
         block = block or ClockRecord()
-        arms[arm] = ArmClock(
+        arms[arm] = ClockRecord(
             sm_mhz=_mhz(block.sm_mhz),
+            sm_range_mhz=_mhz_range(block.sm_range_mhz) or (),
             mem_mhz=_mhz(block.mem_mhz),
-            sm_range=_mhz_range(block.sm_range_mhz),
-            mem_range=_mhz_range(block.mem_range_mhz),
+            mem_range_mhz=_mhz_range(block.mem_range_mhz) or (),
         )
     return Clocks(
         arms=arms,
