@@ -764,7 +764,7 @@ def test_hostile_clocks_read_as_unknown_never_a_traceback(clocks: Any) -> None:
 def test_view_reads_clocks_into_the_speed_record() -> None:
     speed = report.read_speed(_with_clocks({**CLOCKS, "note": " partial "})["status"])
     assert speed is not None and speed.clocks is not None
-    assert speed.clocks.arms["control"] == ClockRecord(
+    assert speed.clocks.control == ClockRecord(
         sm_mhz=2040.0, mem_mhz=6251.0, sm_range_mhz=(2010.0, 2040.0), mem_range_mhz=(6251.0, 6251.0)
     )
     assert (speed.clocks.source, speed.clocks.note) == ("prometheus", "partial")

@@ -20,7 +20,6 @@ from kvgate.report.fmt import shell_command
 from kvgate.report.records import (
     Accuracy,
     ArmCapacity,
-    Clocks,
     DivergenceBucket,
     Finding,
     Header,
@@ -104,7 +103,6 @@ __all__ = [
     "ARMS",
     "Accuracy",
     "ArmCapacity",
-    "Clocks",
     "DivergenceBucket",
     "Finding",
     "Header",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from kvgate.records.evalsummary import ArmAccuracy
 from kvgate.records.loadresult import StagePoint
-from kvgate.records.status import ClockRecord
+from kvgate.records.status import ClocksRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,20 +83,11 @@ class SpeedMetric:
 
 
 @dataclass(frozen=True, slots=True)
-class Clocks:
-    """`status.speed.clocks`: each arm's GPU clocks, where they came from, or why unknown."""
-
-    arms: dict[str, ClockRecord]  # as status keeps them, unreadable clocks left out (`view`)
-    source: str | None
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Speed:
     """`status.speed`: the figures per arm, and the GPU clocks they were measured at."""
 
     metrics: list[SpeedMetric]
-    clocks: Clocks | None
+    clocks: ClocksRecord | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +166,7 @@ class Load:
     levels: list[int]
     arms: dict[str, dict[int, StagePoint]]
     lengths: str | None = None  # the workload's request lengths and where they were read
-    clocks: Clocks | None = None  # the arms' GPU clocks over the load's run
+    clocks: ClocksRecord | None = None  # the arms' GPU clocks over the load's run
     preemptions: dict[str, float] = field(default_factory=dict)  # by arm, over the load
     time_scale: float | None = None  # a sped-up simulator's wall seconds per engine second
 

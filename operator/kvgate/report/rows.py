@@ -239,8 +239,7 @@ def speed_rows(speed: Speed | None) -> list[list[str]]:
     clocks = speed.clocks
     if clocks is not None:
         sm, mem = [], []
-        for arm in ARMS:
-            c = clocks.arms.get(arm)
+        for c in (clocks.control, clocks.candidate):  # ARMS' order
             sm_range = c.sm_range_mhz if c else ()
             mem_range = c.mem_range_mhz if c else ()
             sm.append(fmt_mhz(c.sm_mhz if c else None, *(sm_range or (None, None))))
@@ -261,7 +260,7 @@ def load_clock_note(load: Load) -> str | None:
     clocks = load.clocks
     if clocks is None:
         return None
-    sm = {arm: clocks.arms.get(arm) for arm in ARMS}
+    sm = {"control": clocks.control, "candidate": clocks.candidate}
     if clocks.note or any(c is None or c.sm_mhz is None for c in sm.values()):
         return f"GPU clocks during the load: {clocks.note or 'unknown'}"
     shown = ", ".join(

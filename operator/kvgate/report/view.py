@@ -39,7 +39,6 @@ from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
     ArmCapacity,
-    Clocks,
     DivergenceBucket,
     Finding,
     Header,
@@ -379,22 +378,24 @@ def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
     return (low, high) if low is not None and high is not None and low <= high else None
 
 
-def _clocks(raw: ClocksRecord | None) -> Clocks | None:
-    """`status.speed.clocks`; an unreadable clock is None (shown "-"), never a guess."""
+def _clocks(raw: ClocksRecord | None) -> ClocksRecord | None:
+    """`status.speed.clocks` with both arms, an unreadable clock None (shown "-"), never a guess."""
     if raw is None:
         return None
-    arms = {}
-    for arm, block in (("control", raw.control), ("candidate", raw.candidate)):
+
+    def checked(block: ClockRecord | None) -> ClockRecord:
         block = block or ClockRecord()
-        arms[arm] = ClockRecord(
+        return ClockRecord(
             sm_mhz=_mhz(block.sm_mhz),
             sm_range_mhz=_mhz_range(block.sm_range_mhz) or (),
             mem_mhz=_mhz(block.mem_mhz),
             mem_range_mhz=_mhz_range(block.mem_range_mhz) or (),
         )
-    return Clocks(
-        arms=arms,
+
+    return ClocksRecord(
         source=raw.source or None,
+        control=checked(raw.control),
+        candidate=checked(raw.candidate),
         note=raw.note.strip() or None if raw.note is not None else None,
     )
 
