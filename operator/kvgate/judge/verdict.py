@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from kvgate.records.status import GateResult
 from kvgate.vocabulary import (
@@ -29,18 +28,15 @@ class Decision(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """What `decide` found. Not status's `VerdictRecord`, which says less and more: this keeps
+    the deciding gates whole (a run ends with the first one's reason and their messages), status
+    only their reason words, beside what the judge does not know (the key the verdict was
+    reached on, whose gates were reused). `controller.record` writes the one from the other."""
+
     decision: Decision
     outcome: Outcome
     reasons: tuple[GateResult, ...]  # the gates that decided, worst first
     message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision.value,
-            "outcome": self.outcome.value,
-            "reasons": [str(r.reason) for r in self.reasons],
-            "message": self.message,
-        }
 
 
 def decide(
