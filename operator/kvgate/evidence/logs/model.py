@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
@@ -85,26 +86,6 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
-class Capacity:
-    """KV pool size as the engine reported it; None where the log does not say."""
-
-    kv_tokens: int | None = None
-    max_concurrency: float | None = None
-    kv_memory_gib: float | None = None
-    max_model_len: int | None = None
-    num_gpu_blocks: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "kv_tokens": self.kv_tokens,
-            "max_concurrency": self.max_concurrency,
-            "kv_memory_gib": self.kv_memory_gib,
-            "max_model_len": self.max_model_len,
-            "num_gpu_blocks": self.num_gpu_blocks,
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class LogScan:
     """What a startup log says about the KV cache, the attention backend and the outcome."""
 
@@ -113,7 +94,7 @@ class LogScan:
     kv_cache_dtype: str | None
     attention_backend: str | None
     attention_backend_candidates: tuple[str, ...]
-    capacity: Capacity
+    capacity: CapacityRecord  # status's own record: the log's figures, None where it is silent
     ready: bool
     failed: bool
     findings: tuple[Finding, ...]
@@ -130,7 +111,7 @@ class LogScan:
         record: ScanRecord = record_of(
             ScanRecord,
             self,
-            capacity=record_of(CapacityRecord, self.capacity),
+            capacity=self.capacity,
             findings=tuple(record_of(FindingRecord, f, hint=f.hint or None) for f in self.findings),
             tail=(),  # a crashed arm's last lines: the controller adds them from the pod log
         )
@@ -143,7 +124,7 @@ class LogScan:
             "kv_cache_dtype": self.kv_cache_dtype,
             "attention_backend": self.attention_backend,
             "attention_backend_candidates": list(self.attention_backend_candidates),
-            "capacity": self.capacity.to_dict(),
+            "capacity": dataclasses.asdict(self.capacity),
             "ready": self.ready,
             "failed": self.failed,
             "findings": [f.to_dict() for f in self.findings],
