@@ -173,7 +173,7 @@ def test_metrics_kv_dtype_fault_is_caught_by_the_cross_check(sim, args, lie) -> 
     lying = sim(args, {"KVGATE_SIM_FAULTS": f"metrics-kv-dtype={lie}"})
     for engine, codes in ((honest, []), (lying, ["log-metrics-dtype-mismatch"])):
         snap = parse_metrics(httpx.get(engine.url + "/metrics", timeout=10).text)
-        scan = scan_log(engine.log())
+        scan = scan_log(engine.log()).status_record()
         assert [f.code for f in cross_check_log(scan, snap)] == codes
     assert parse_metrics(httpx.get(lying.url + "/metrics", timeout=10).text).kv_cache_dtype == lie
 
@@ -194,8 +194,8 @@ def test_sglang_server_info_dtype_fault_is_caught_by_the_cross_check(sim, versio
     ):
         path = "/server_info" if version == "0.5.23" else "/get_server_info"  # as the operator
         info = parse_server_info(httpx.get(engine.url + path, timeout=10).text)
-        scan = scan_log(engine.log())
+        scan = scan_log(engine.log()).status_record()
         assert (scan.kv_cache_dtype, info.kv_cache_dtype) == ("fp8_e4m3", dtype)
-        assert info.max_total_num_tokens == scan.capacity.kv_tokens  # the same pool
+        assert info.max_total_num_tokens == scan.kv_tokens  # the same pool
         found = cross_check_server_info(scan, info.kv_cache_dtype, info.max_total_num_tokens)
         assert [f.code for f in found] == codes

@@ -35,7 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import real_vllm
 from kvgate.evidence.logs import LogScan, scan_log
 from kvgate.evidence.metrics import CACHE_TRUTH_KEYS, MetricSnapshot, parse_metrics
-from kvgate.records.codec import write
+from kvgate.records.codec import read_record, write
+from kvgate.records.status import ScanRecord
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(900)]
 
@@ -402,7 +403,8 @@ def test_the_log_scanner_finds_the_same_fact_kinds(servers: tuple[Server, Server
     assert scans[simulated.name].attention_backend_candidates
     # both scans survive the round trip through status, as the operator keeps them
     for scan in scans.values():
-        assert LogScan.from_dict(write(scan.status_record())).capacity == scan.capacity
+        kept = scan.status_record()
+        assert read_record(ScanRecord, write(kept)) == kept
 
 
 # -- the OpenAI surface ------------------------------------------------------------------------

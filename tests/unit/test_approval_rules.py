@@ -19,7 +19,7 @@ from kvgate.errors import SpecError
 from kvgate.flow import machine, steps
 from kvgate.flow.steps import Action, LiveTarget, Observation, State
 from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
-from kvgate.judge.verdict import GateResult
+from kvgate.records.status import GateResult
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import Outcome, Phase
 

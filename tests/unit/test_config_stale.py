@@ -12,7 +12,8 @@ from test_controller import World, _argocd_health, _drift_check, passing_gate
 
 from kvgate.change import container as promotion
 from kvgate.judge import verdictkey
-from kvgate.judge.verdictkey import LiveKey, VerdictKey
+from kvgate.judge.verdictkey import LiveKey
+from kvgate.records.status import VerdictKey
 
 PREVIOUS = {"command": ["vllm", "serve", "m"], "args": ["--max-model-len", "8192"],
             "env": [{"name": "HF_HOME", "value": "/data"}]}  # fmt: skip

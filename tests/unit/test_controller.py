@@ -301,8 +301,7 @@ def test_each_reconcile_patches_only_the_status_keys_it_changes(
 def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     from kvgate.controller import record
     from kvgate.flow.steps import Step
-    from kvgate.judge.verdict import GateResult, RevertIntent
-    from kvgate.records.status import RolloutStatus
+    from kvgate.records.status import GateResult, RevertStatus, RolloutStatus
     from kvgate.vocabulary import Outcome, Phase
 
     found = {"phase": "Verifying", "eval": {"job": "j"}, "finishedAt": None,
@@ -310,7 +309,7 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
     given = copy.deepcopy(found)
     from kvgate.reasons import Reason
 
-    intent = RevertIntent(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "slower")
+    intent = RevertStatus(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "slower")
     step = Step(Phase.REVERTING, Reason.REVERTING, "slower", eval_attempts=2, revert=intent,
                 gates=(GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower"),))  # fmt: skip
     args = {"now": "2026-12-01T10:00:09Z", "generation": 3, "deployment_generation": 5}
@@ -326,7 +325,10 @@ def test_fold_builds_the_next_status_and_leaves_what_it_was_given() -> None:
         "speed": {"outcome": "Failed", "reason": "SpeedRegressed", "message": "slower"}
     }
     # the write-ahead record of the revert, written with the step that enters Reverting
-    assert new["revert"] == {**intent.to_dict(), "startedAt": args["now"], "attempts": 0}
+    assert new["revert"] == {
+        "phase": "RolledBack", "reason": "PromotionReverted", "message": "slower",
+        "startedAt": args["now"], "attempts": 0,
+    }  # fmt: skip
     assert new["promotion"] == found["promotion"] and not new.get("finishedAt")
     again = record.folded(RolloutStatus.from_dict(new), step, Phase.REVERTING, **args).to_dict()
     assert again["revert"] == new["revert"] and again["phaseSince"] == new["phaseSince"]

@@ -1234,17 +1234,3 @@ def test_scan_lines_of_an_overlong_line_keeps_line_numbers() -> None:
     scan = scan_lines(iter(text.splitlines(keepends=True)))
     assert scan.finding("ready") is not None
     assert scan.finding("ready").line == 2  # type: ignore[union-attr]
-
-
-@pytest.mark.parametrize(
-    ("stored", "read"),
-    [(0.45, 0.45), (3.2, 3.2), (12, 12.0), (0, None), (-1.5, None), (True, None), ("2x", None)],
-)
-def test_a_scan_read_back_from_status_keeps_a_concurrency_below_one(
-    stored: object, read: float | None
-) -> None:
-    # vLLM prints "Maximum concurrency for 40960 tokens per request: 0.45x" when one full-length
-    # request does not fit: read back from status it is that figure, not "unknown".
-    scan = LogScan.from_dict({"capacity": {"max_concurrency": stored, "kv_memory_gib": stored}})
-    assert scan.capacity.max_concurrency == read
-    assert scan.capacity.kv_memory_gib == read

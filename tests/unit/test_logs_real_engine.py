@@ -63,7 +63,8 @@ def test_backend_gate_passes_a_real_cpu_pair() -> None:
     assert got.message == "both arms use CPU_ATTN"
     # as status keeps the scans (the controller reads them back from there)
     kept_control, kept_candidate = write(control.status_record()), write(candidate.status_record())
-    assert LogScan.from_dict(kept_candidate).attention_backend == "CPU_ATTN"
+    read = as_scan(kept_candidate)
+    assert read is not None and read.attention_backend == "CPU_ATTN"
     allowed = BackendGate(allowed=("CPU_ATTN",))
     got = gates.assess_backend(allowed, as_scan(kept_control), as_scan(kept_candidate))
     assert got.outcome is Outcome.SUCCESSFUL

@@ -15,8 +15,9 @@ from kvgate.engines import kvformats
 from kvgate.flow.steps import State
 from kvgate.judge import gates, tradeoff
 from kvgate.judge.throughput import THROUGHPUT
-from kvgate.judge.verdict import Decision, GateResult
+from kvgate.judge.verdict import Decision
 from kvgate.reasons import Reason
+from kvgate.records.status import GateResult
 from kvgate.spec import margins
 from kvgate.spec.rollout import RolloutSpec, ScalesGate
 from kvgate.vocabulary import GateMode, Outcome, Phase, PromotionMode

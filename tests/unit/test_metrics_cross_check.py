@@ -17,12 +17,18 @@ from kvgate.evidence.metrics import (
     parse_server_info,
     server_info_kv_dtype,
 )
+from kvgate.records.status import ScanRecord
 
 LOG = (
     "INFO 09-13 10:00:00 [core.py:76] Initializing a V1 LLM engine (v0.11.0) with config: "
     "model='M', kv_cache_dtype=fp8, device_config=cuda\n"
     "INFO 09-13 10:00:00 [kv_cache_utils.py:1087] GPU KV cache size: 80,368 tokens\n"
 )
+
+
+def scan_of(text: str) -> ScanRecord:
+    """The log's scan as status keeps it (what the engine-truth gate checks)."""
+    return logs.scan_log(text).status_record()
 
 
 def _snapshot(**cache: str) -> MetricSnapshot:
@@ -32,17 +38,17 @@ def _snapshot(**cache: str) -> MetricSnapshot:
 
 
 def test_agreeing_sources_give_nothing() -> None:
-    scan = logs.scan_log(LOG)
+    scan = scan_of(LOG)
     snap = _snapshot(cache_dtype="fp8", num_gpu_blocks="5023", block_size="16")
     assert cross_check_log(scan, snap) == ()
 
 
 def test_dtype_disagreement_both_ways() -> None:
-    scan = logs.scan_log(LOG)
+    scan = scan_of(LOG)
     found = cross_check_log(scan, _snapshot(cache_dtype="auto"))
     assert [f.code for f in found] == ["log-metrics-dtype-mismatch"]
     assert found[0].severity == "error"
-    bf16 = logs.scan_log(LOG.replace("kv_cache_dtype=fp8", "kv_cache_dtype=auto"))
+    bf16 = scan_of(LOG.replace("kv_cache_dtype=fp8", "kv_cache_dtype=auto"))
     assert [f.code for f in cross_check_log(bf16, _snapshot(cache_dtype="fp8"))] == [
         "log-metrics-dtype-mismatch"
     ]
@@ -50,7 +56,7 @@ def test_dtype_disagreement_both_ways() -> None:
 
 
 def test_capacity_and_blocks_disagreement() -> None:
-    scan = logs.scan_log(LOG)
+    scan = scan_of(LOG)
     snap = _snapshot(cache_dtype="fp8", num_gpu_blocks="2500", block_size="16")
     assert [f.code for f in cross_check_log(scan, snap)] == ["log-metrics-capacity-mismatch"]
     with_blocks = dataclasses.replace(
@@ -61,7 +67,7 @@ def test_capacity_and_blocks_disagreement() -> None:
 
 
 def test_missing_values_are_not_disagreements() -> None:
-    assert cross_check_log(logs.scan_log(LOG), _snapshot()) == ()
+    assert cross_check_log(scan_of(LOG), _snapshot()) == ()
 
 
 # ---- SGLang: the log's KV dtype against /get_server_info (its /metrics carry none) ----
@@ -69,8 +75,8 @@ def test_missing_values_are_not_disagreements() -> None:
 ENGINE_SOURCE = Path(__file__).parents[1] / "data" / "engine-source"
 
 
-def _sglang(name: str) -> logs.LogScan:
-    return logs.scan_log((ENGINE_SOURCE / f"{name}.log").read_text())
+def _sglang(name: str) -> ScanRecord:
+    return scan_of((ENGINE_SOURCE / f"{name}.log").read_text())
 
 
 def _server_info(**fields: object) -> str:

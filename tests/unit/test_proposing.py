@@ -166,7 +166,7 @@ def test_helm_values_carry_the_full_args_the_changed_env_and_the_annotation() ->
 
 
 def test_the_pr_body_has_the_verdict_table_the_key_and_the_report() -> None:
-    from kvgate.judge.verdict import GateResult
+    from kvgate.records.status import GateResult
 
     gate = GateResult("accuracy", Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, "a | b\nc")
     title, body = proposing.proposal_text(

@@ -18,6 +18,7 @@ from evidence import as_scan
 from kvgate import report
 from kvgate.judge import crash
 from kvgate.judge.remedy import Remedy
+from kvgate.records.status import ClockRecord
 from kvgate.vocabulary import Phase
 
 PROMOTED: dict[str, Any] = {
@@ -158,7 +159,7 @@ def test_percent_accuracies_are_normalised_to_fractions() -> None:
     }
     arm = report.read_accuracy(status).arms["control"]  # type: ignore[union-attr]
     assert arm.accuracy == pytest.approx(0.9)
-    assert arm.wilson == pytest.approx((0.596, 0.982))
+    assert arm.wilson95 == pytest.approx((0.596, 0.982))
 
 
 def test_accuracy_is_computed_from_counts_when_missing() -> None:
@@ -200,7 +201,7 @@ def test_inconclusive_verdict_says_how_many_questions_would_settle_it() -> None:
 @pytest.mark.parametrize("bad", [["x", 1], [float("nan"), 0.5], [0.1], "0.1,0.2", None])
 def test_unreadable_intervals_are_shown_as_a_dash(bad: Any) -> None:
     status = {"accuracy": {"control": {"correct": 1, "n": 2, "wilson95": bad}}}
-    assert report.read_accuracy(status).arms["control"].wilson is None  # type: ignore[union-attr]
+    assert report.read_accuracy(status).arms["control"].wilson95 == ()  # type: ignore[union-attr]
 
 
 def test_html_is_self_contained_and_escapes_text() -> None:
@@ -763,8 +764,8 @@ def test_hostile_clocks_read_as_unknown_never_a_traceback(clocks: Any) -> None:
 def test_view_reads_clocks_into_the_speed_record() -> None:
     speed = report.read_speed(_with_clocks({**CLOCKS, "note": " partial "})["status"])
     assert speed is not None and speed.clocks is not None
-    assert speed.clocks.arms["control"] == report.ArmClock(
-        sm_mhz=2040.0, mem_mhz=6251.0, sm_range=(2010.0, 2040.0), mem_range=(6251.0, 6251.0)
+    assert speed.clocks.control == ClockRecord(
+        sm_mhz=2040.0, mem_mhz=6251.0, sm_range_mhz=(2010.0, 2040.0), mem_range_mhz=(6251.0, 6251.0)
     )
     assert (speed.clocks.source, speed.clocks.note) == ("prometheus", "partial")
     assert [m.key for m in speed.metrics] == ["tokensPerSecond"]

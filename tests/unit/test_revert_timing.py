@@ -15,7 +15,7 @@ import pytest
 from test_controller import TERMINAL, World
 
 from kvgate.flow import deadlines, machine, steps
-from kvgate.judge.verdict import RevertIntent
+from kvgate.records.status import RevertStatus
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import Phase
 
@@ -88,7 +88,7 @@ def test_the_back_off_is_capped_at_a_minute() -> None:
 def test_a_successful_patch_is_read_back_at_once_even_late_in_the_back_off() -> None:
     """After many refusals the next try waits; the try itself is read back in seconds."""
     spec = RolloutSpec.from_dict({"targetRef": {"name": "vllm"}})
-    intent = RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "crashed")
+    intent = RevertStatus(Phase.ROLLED_BACK, "PromotionReverted", "crashed")
     live = steps.LiveTarget(exists=True, ours_present=True, container_found=True)
     obs = steps.Observation(live=live)
     due = deadlines.revert_retry_due_s(8)

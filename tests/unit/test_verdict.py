@@ -25,10 +25,10 @@ from kvgate.judge.gates import (
     crash_summary,
     mean_between,
 )
-from kvgate.judge.verdict import Decision, GateResult
+from kvgate.judge.verdict import Decision
+from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
-from kvgate.records.codec import read_record
-from kvgate.records.status import GateRecord, HistogramTotals
+from kvgate.records.status import GateResult, HistogramTotals, RevertStatus, RolloutStatus
 from kvgate.spec.rollout import (
     AccuracyGate,
     BackendGate,
@@ -356,9 +356,18 @@ def test_stale_approval_is_named() -> None:
 
 
 def test_unreadable_stored_outcome_fails_closed() -> None:
-    unreadable, absent = (read_record(GateRecord, r) for r in ({"outcome": "Maybe"}, {}))
-    assert GateResult.of_record("x", unreadable).outcome is Outcome.ERROR
-    assert GateResult.of_record("x", absent).outcome is Outcome.ERROR
+    gates = RolloutStatus.from_dict({"gates": {"x": {"outcome": "Maybe"}, "y": {}}}).gates
+    assert gates["x"].outcome is Outcome.ERROR and gates["x"].gate == "x"
+    assert gates["y"].outcome is Outcome.ERROR and gates["y"].gate == "y"
+
+
+def test_a_gate_is_stored_under_its_name_without_it() -> None:
+    gate = GateResult("speed", Outcome.FAILED, Reason.SPEED_REGRESSED, "slower")
+    written = RolloutStatus(gates={"speed": gate}).to_dict()
+    assert written["gates"] == {
+        "speed": {"outcome": "Failed", "reason": "SpeedRegressed", "message": "slower"}
+    }
+    assert RolloutStatus.from_dict(written).gates == {"speed": gate}
 
 
 # --- pods -------------------------------------------------------------------------------------
@@ -874,7 +883,7 @@ def test_promotion_crash_enters_reverting_without_patching_yet() -> None:
         patched=True,
     )
     assert s.phase is Phase.REVERTING and Action.REVERT_DEPLOYMENT not in s.actions
-    assert s.revert == v.RevertIntent(
+    assert s.revert == RevertStatus(
         Phase.ROLLED_BACK,
         "PromotionReverted",
         "promotion reverted: new pods failed: pod x: restarted 1x",
@@ -882,7 +891,7 @@ def test_promotion_crash_enters_reverting_without_patching_yet() -> None:
 
 
 def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
-    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    intent = RevertStatus(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     first = step(Phase.REVERTING, Observation(live=STUCK), revert=intent, patched=True)
     assert (first.phase, first.actions) == (Phase.REVERTING, (Action.REVERT_DEPLOYMENT,))
     done = step(Phase.REVERTING, Observation(live=CLEAN), revert=intent, revert_attempts=1)
@@ -894,7 +903,7 @@ def test_reverting_patches_then_ends_only_after_the_read_back() -> None:
 
 
 def test_a_revert_that_does_not_take_is_sticky_revert_failed() -> None:
-    intent = v.RevertIntent(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
+    intent = RevertStatus(Phase.ROLLED_BACK, "PromotionReverted", "new pods failed")
     for attempts in (1, 2, 7):
         # The next attempt is due a back-off after the last (5 s, 10 s ... every minute), and
         # is read back on the next reconcile, not after another back-off (issue 25).

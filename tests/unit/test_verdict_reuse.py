@@ -19,9 +19,8 @@ from fake_cluster import gpu_node
 from test_controller import World
 
 from kvgate.flow import reuse
-from kvgate.judge.verdictkey import VerdictKey
 from kvgate.reasons import Reason
-from kvgate.records.status import RolloutStatus
+from kvgate.records.status import RolloutStatus, VerdictKey
 from kvgate.spec.reader import SpecError
 from kvgate.spec.rollout import RolloutSpec, VerdictReuse
 from kvgate.vocabulary import Outcome
@@ -348,7 +347,7 @@ def test_an_approved_reuse_still_says_whose_verdict_it_was(
     # a third rollout a minute later would not take it: a reused verdict is not lent again
     status = RolloutStatus.from_dict(world.obj["status"])
     assert status.verdict is not None and status.verdict.key is not None
-    key = VerdictKey.of_record(status.verdict.key)
+    key = status.verdict.key
     later = world.now + dt.timedelta(minutes=1)
     second = {**copy.deepcopy(world.obj), "metadata": {"name": "second"}}
     assert reuse.find(key, DAY, [second], namespace="ns", name="third", now=later) is None

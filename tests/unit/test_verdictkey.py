@@ -9,9 +9,9 @@ import pytest
 
 from kvgate.evidence import kubeobjects
 from kvgate.judge import verdictkey
-from kvgate.judge.verdictkey import LiveKey, VerdictKey
+from kvgate.judge.verdictkey import LiveKey
 from kvgate.reasons import Reason
-from kvgate.records.status import RolloutStatus
+from kvgate.records.status import RolloutStatus, VerdictKey, VerdictRecord
 from kvgate.spec.rollout import RolloutSpec, TargetRef
 
 L4, H100 = "NVIDIA L4", "NVIDIA H100 80GB HBM3"
@@ -30,9 +30,12 @@ def _status(**candidate: Any) -> RolloutStatus:
 def test_key_of_records_the_candidate_arms_gpu() -> None:
     key = verdictkey.key_of(_status(node="n1", gpuProduct=L4, gpuCount=2), SPEC)
     assert (key.gpu_product, key.gpu_count) == (L4, 2)
-    record = key.to_record()
-    assert (record.gpu_product, record.gpu_count) == (L4, 2)
-    assert VerdictKey.of_record(record) == key
+    raw = RolloutStatus(verdict=VerdictRecord(key=key)).to_dict()
+    assert (raw["verdict"]["key"]["gpuProduct"], raw["verdict"]["key"]["gpuCount"]) == (L4, 2)
+    raw["verdict"]["key"]["digest"] = "sha256:x"
+    record = RolloutStatus.from_dict(raw).verdict
+    assert record is not None and record.key == key
+    assert record.key.digest == key.digest != "sha256:x"  # computed again, never trusted
     # round-trips through status as camelCase
     written = RolloutStatus.from_dict({"arms": {"candidate": {"gpuProduct": L4, "gpuCount": 2}}})
     arm = written.to_dict()["arms"]["candidate"]

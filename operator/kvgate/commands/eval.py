@@ -27,6 +27,7 @@ from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
     DEFAULT_CHUNK,
     EXIT_CODES,
+    SEVERITY,
     GatePlan,
     Verdict,
     build_summary,
@@ -531,9 +532,6 @@ def _no_task_summary(plan: GatePlan, extra: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-_ORDER: Final = {"pass": 0, "inconclusive": 1, "error": 2, "fail": 3}
-
-
 def _overall(summary: dict[str, Any]) -> dict[str, Any]:
     """The worst task's verdict, naming the task (and the bucket for long context)."""
     lc = summary["long_context"]
@@ -548,7 +546,7 @@ def _overall(summary: dict[str, Any]) -> dict[str, Any]:
     ]
     if summary["task"] == NO_TASK:
         tasks = tasks[1:]
-    worst = max(tasks, key=lambda t: _ORDER[t["verdict"]])
+    worst = max(tasks, key=lambda t: SEVERITY[Verdict(t["verdict"])])
     return {
         "verdict": worst["verdict"],
         "task": worst["task"] if worst["verdict"] != "pass" else None,

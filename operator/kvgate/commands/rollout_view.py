@@ -9,7 +9,7 @@ from typing import Any
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvgate.records.conditions import STALLED, TRUE
 from kvgate.records.status import RolloutStatus
-from kvgate.vocabulary import Outcome, Phase
+from kvgate.vocabulary import Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,8 @@ class RolloutView:
         and recent Events."""
         out = [self.headline()]
         for gate, record in self.status.gates.items():
-            outcome = record.outcome.value if isinstance(record.outcome, Outcome) else "-"
-            detail = clip(record.message or record.reason or "", 140)
+            outcome = record.outcome.value
+            detail = clip(record.message or record.reason, 140)
             out.append(f"  gate {gate:<14} {outcome:<12} {detail}")
         progress = self.status.eval.look_progress if self.status.eval else None
         if progress is not None and not self.finished:

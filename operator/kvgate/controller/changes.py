@@ -20,7 +20,7 @@ from kvgate.records.status import (
     CapacityStatus,
     EnvVar,
     EvalStatus,
-    GateRecord,
+    GateResult,
     LoadStatus,
     PreflightStatus,
     PromotionStatus,
@@ -69,7 +69,7 @@ class StatusFields(TypedDict, total=False):
     capacity: CapacityStatus | None
     speed: SpeedStatus | None
     load: LoadStatus | None
-    gates: Mapping[str, GateRecord]
+    gates: Mapping[str, GateResult]
     verdict: VerdictRecord | None
     promotion: PromotionStatus | None
     pull_request: PullRequestStatus | None

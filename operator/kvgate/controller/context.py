@@ -24,7 +24,6 @@ from kvgate.errors import KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import State, Step
 from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
-from kvgate.judge.verdict import GateResult, RevertIntent
 from kvgate.records.status import (
     PromotionStatus,
     RevertStatus,
@@ -127,7 +126,6 @@ def parse_spec(
 def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     status = ctx.so_far
     since = parse_time(status.phase_since) or ctx.now
-    gates = {k: GateResult.of_record(k, v) for k, v in status.gates.items()}
     promo = status.promotion or PromotionStatus()
     verify = promo.verify or VerifyStatus()
     last = parse_time(verify.last_sample_at)
@@ -151,7 +149,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         config_hash=status.config_hash or "",
         eval_attempts=(status.eval.attempt if status.eval else None) or 0,
         load_attempts=(status.load.attempt if status.load else None) or 0,
-        gates=gates,
+        gates=status.gates,
         approval=approval,
         approver=redact.scrub_text(approver)[:253],
         approval_ignored=redact.scrub_text(ignored),
@@ -160,7 +158,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         verify_samples=verify.samples or 0,
         since_last_sample_s=None if last is None else (ctx.now - last).total_seconds(),
         window_elapsed_s=0.0 if window is None else (ctx.now - window).total_seconds(),
-        revert=RevertIntent.of_record(revert) if revert.phase else None,
+        revert=status.revert if revert.phase else None,
         revert_attempts=revert.attempts or 0,
         revert_error=revert.last_error,
         remedy_attempts=(status.remediation.attempt if status.remediation else None) or 0,

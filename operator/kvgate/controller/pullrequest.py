@@ -27,7 +27,6 @@ from kvgate.evidence import kubeobjects
 from kvgate.flow import proposing
 from kvgate.flow.steps import Observation, PullRequestSeen, Step
 from kvgate.judge import verdictkey
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records.status import PullRequestStatus
 from kvgate.records.timestamps import iso
@@ -102,7 +101,7 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
         raise KvgateError("no verdict key recorded with the verdict; not proposing")
     branch = gitops.branch_name(ctx.name, config_hash)
     files = {pr.path: proposed_file(ctx, pr, key.digest)}
-    gates = {name: GateResult.of_record(name, g) for name, g in ctx.so_far.gates.items()}
+    gates = ctx.so_far.gates
     title, body = proposing.proposal_text(
         rollout=ctx.name,
         namespace=ctx.namespace,

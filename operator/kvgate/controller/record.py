@@ -25,18 +25,18 @@ from kvgate.flow import superseding
 from kvgate.flow.steps import Event, Step
 from kvgate.judge import verdictkey
 from kvgate.judge.gates import ACCURACY, CANARY, CAPACITY_GAIN, POOL, SCALES
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records import codec as jsonrecord
 from kvgate.records import conditions as cond
 from kvgate.records.mergepatch import merge_patch, minimal
 from kvgate.records.status import (
     EvalStatus,
-    GateRecord,
+    GateResult,
     LoadStatus,
     PromotionStatus,
     RevertStatus,
     RolloutStatus,
+    VerdictKey,
     VerdictRecord,
     VerifyStatus,
 )
@@ -71,7 +71,7 @@ def gate_condition_status(result: GateResult) -> str:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
-    if result.reason.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
+    if result.why.refutes:  # ScalesMissing, PoolHasRoom: known false, not unknown
         return cond.FALSE
     return cond.UNKNOWN
 
@@ -205,7 +205,7 @@ def folded(
     now: str,
     generation: int | None,
     deployment_generation: int | None,
-    verdict_key: verdictkey.VerdictKey | None = None,
+    verdict_key: VerdictKey | None = None,
     approval_ttl_s: float | None = None,
 ) -> RolloutStatus:
     """The status after `step`, from the status this reconcile found (`found`, left as it is)
@@ -220,7 +220,7 @@ def folded(
     conditions = status.conditions or cond.initial_conditions(generation, now)
     gates = dict(status.gates)
     for g in step.gates:
-        gates[g.gate] = GateRecord(outcome=g.outcome, reason=str(g.reason), message=g.message)
+        gates[g.gate] = g
         ctype = GATE_CONDITIONS.get(g.gate)
         if ctype is not None:
             conditions = cond.set_condition(
@@ -277,7 +277,7 @@ def folded(
         # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
         revert = RevertStatus(
             phase=step.revert.phase,
-            reason=str(step.revert.reason),
+            reason=step.revert.reason,
             message=step.revert.message,
             started_at=now,
             attempts=0,
@@ -318,7 +318,7 @@ def _over(under: Record | None, over: Record | None) -> Record:
     return dataclasses.replace(under, **known)
 
 
-def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | None) -> VerdictRecord:
+def _verdict(status: RolloutStatus, step: Step, key: VerdictKey | None) -> VerdictRecord:
     """The step's verdict with its key. A verdict decided again in this run (an approval) rests
     on the same gates: if they were reused, it still says whose (and so is never reused in turn)."""
     assert step.verdict is not None
@@ -331,7 +331,7 @@ def _verdict(status: RolloutStatus, step: Step, key: verdictkey.VerdictKey | Non
         outcome=v.outcome,
         message=v.message,
         reasons=tuple(str(r.reason) for r in v.reasons),
-        key=None if key is None else key.to_record(),
+        key=key,
         reused_from=reused_from or None,
     )
 

@@ -25,6 +25,7 @@ Without `chunk` there is one look: e_1 = z_{confidence}, f_1 = z_{fail_confidenc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -84,10 +85,25 @@ def reason_words(reason: str | None) -> str:
 
 
 class Verdict(StrEnum):
+    """A paired accuracy test's verdict, GSM8K's and long context's alike (the eval Job's JSON).
+
+    Not `vocabulary.Outcome`: these are the eval Job's own lower-case words, which its summary
+    and exit code carry; `judge.accuracy` maps them onto gate outcomes. Not the divergence
+    screen's `judge.divergence.Verdict` either: a screen flags, it never passes a test.
+    """
+
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
     ERROR = "error"
+
+
+SEVERITY: Final = {Verdict.PASS: 0, Verdict.INCONCLUSIVE: 1, Verdict.ERROR: 2, Verdict.FAIL: 3}
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict:
+    """The worst of `verdicts` (PASS when there are none): fail over error over inconclusive."""
+    return max(verdicts, key=SEVERITY.__getitem__, default=Verdict.PASS)
 
 
 _CODE_TO_VERDICT: Final = {

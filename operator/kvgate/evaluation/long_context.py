@@ -20,11 +20,11 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
 from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.gate import Verdict, worst
 from kvgate.judge.stats import PairedCounts, lower_confidence_bound, upper_confidence_bound
 
 TASKS: Final = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
@@ -265,20 +265,6 @@ def pair_by_length(
             raise EvalError(f"needle item {doc_id}: the arms were sent different prompts")
         outcomes.setdefault(c.length, []).append((c.right, k.right))
     return {n: PairedCounts.from_outcomes(pairs) for n, pairs in sorted(outcomes.items())}
-
-
-class Verdict(StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-    ERROR = "error"
-
-
-_WORST: Final = {Verdict.PASS: 0, Verdict.INCONCLUSIVE: 1, Verdict.ERROR: 2, Verdict.FAIL: 3}
-
-
-def worst(verdicts: Iterable[Verdict]) -> Verdict:
-    return max(verdicts, key=lambda v: _WORST[v], default=Verdict.PASS)
 
 
 @dataclass(frozen=True, slots=True)

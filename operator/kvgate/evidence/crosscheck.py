@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvgate.evidence.metrics import MetricSnapshot, is_count
+from kvgate.records.status import ScanRecord
 from kvgate.vocabulary import kv_dtype_family
 
 # Relative difference of KV tokens between log and metrics that is still the same pool.
@@ -18,8 +19,8 @@ def _pools_differ(log_tokens: int | None, other_tokens: int | None) -> bool:
     return abs(log_tokens - other_tokens) > CAPACITY_TOLERANCE * max(log_tokens, other_tokens)
 
 
-def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
-    """Disagreements between a startup log scan (`kvgate.evidence.logs.LogScan`) and `/metrics`.
+def cross_check_log(scan: ScanRecord, snapshot: MetricSnapshot) -> tuple[Any, ...]:
+    """Disagreements between a startup log scan (as status keeps it) and `/metrics`.
 
     Returns `kvgate.evidence.logs.Finding`s, severity `error` (the gate should fail closed):
     `log-metrics-dtype-mismatch` (the log's KV dtype and `cache_config_info{cache_dtype}`
@@ -42,7 +43,7 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
                 "The pod does not run the dtype one source claims: do not trust this arm.",
             )
         )
-    log_tokens, metric_tokens = scan.capacity.kv_tokens, snapshot.kv_capacity_tokens
+    log_tokens, metric_tokens = scan.kv_tokens, snapshot.kv_capacity_tokens
     if _pools_differ(log_tokens, metric_tokens):
         findings.append(
             Finding(
@@ -54,7 +55,8 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
                 "a DP rank): compare the same process.",
             )
         )
-    log_blocks = scan.capacity.num_gpu_blocks
+    log_blocks = scan.capacity.num_gpu_blocks if scan.capacity is not None else None
+    log_blocks = log_blocks if log_blocks is not None and log_blocks > 0 else None
     metric_blocks = snapshot.cache_config.get("num_gpu_blocks")
     if log_blocks is not None and is_count(metric_blocks) and int(metric_blocks) != log_blocks:
         findings.append(
@@ -71,7 +73,7 @@ def cross_check_log(scan: Any, snapshot: MetricSnapshot) -> tuple[Any, ...]:
 
 
 def cross_check_server_info(
-    scan: Any, server_dtype: str | None, server_tokens: int | None = None
+    scan: ScanRecord, server_dtype: str | None, server_tokens: int | None = None
 ) -> tuple[Any, ...]:
     """The log against SGLang's server info (SERVER_INFO_PATHS): `kv_cache_dtype` and
     `max_total_num_tokens`.
@@ -84,7 +86,7 @@ def cross_check_server_info(
     from kvgate.evidence.logs.model import Finding
 
     findings: list[Finding] = []
-    log_tokens = scan.capacity.kv_tokens
+    log_tokens = scan.kv_tokens
     if _pools_differ(log_tokens, server_tokens):
         findings.append(
             Finding(

@@ -46,9 +46,9 @@ from kvgate.judge.gates import (
 )
 from kvgate.judge.remedy import Remedy
 from kvgate.judge.throughput import THROUGHPUT, assess_throughput
-from kvgate.judge.verdict import Decision, GateResult, Verdict, decide
+from kvgate.judge.verdict import Decision, Verdict, decide
 from kvgate.reasons import Reason
-from kvgate.records.status import LoadStatus
+from kvgate.records.status import GateResult, LoadStatus
 from kvgate.records.timestamps import duration, waited
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
@@ -76,9 +76,9 @@ def next_step(
         # either: what the GitOps tool applied stays until Git changes.
         intent = step.revert
         step = end_step(
-            intent.phase,
-            intent.reason,
-            f"{intent.message}; the Deployment is left as it is (pullRequest mode: change it "
+            intent.end,
+            intent.why,
+            f"{intent.message or ''}; the Deployment is left as it is (pullRequest mode: change it "
             "in Git)",
             gates=step.gates,
             verdict=step.verdict,
@@ -222,11 +222,9 @@ def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if pool.outcome is Outcome.NOT_NEEDED:
         return end_step(Phase.NOT_NEEDED, Reason.POOL_HAS_ROOM, pool.message, gates=tuple(gates))
     if pool.outcome.blocks:
-        return end_step(Phase.FAILED, pool.reason, pool.message, gates=tuple(gates))
+        return end_step(Phase.FAILED, pool.why, pool.message, gates=tuple(gates))
     if pool.outcome is Outcome.WARNING:
-        events.append(
-            Event(pool.reason, pool.message, warning=pool.reason is not Reason.POOL_HAS_ROOM)
-        )
+        events.append(Event(pool.why, pool.message, warning=pool.why is not Reason.POOL_HAS_ROOM))
     return Step(
         Phase.CANARY,
         Reason.CANARY_STARTING,
@@ -341,7 +339,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
     events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
     early = decide(gates, mode=PromotionMode.AUTO, config_hash="", approval="")
     if early.decision is Decision.ROLL_BACK:
-        reason = early.reasons[0].reason
+        reason = early.reasons[0].why
         return end_step(
             Phase.ROLLED_BACK, reason, early.message, gates=gates, events=events, verdict=early
         )
@@ -389,7 +387,7 @@ def _reused(
                      approval=state.approval)  # fmt: skip
     events = (*events, Event(Reason.VERDICT_REUSED, reused.message))
     if verdict.decision is Decision.ROLL_BACK:
-        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
+        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].why, verdict.message,
                         gates=results, verdict=verdict, events=events, reused=reused)  # fmt: skip
     step = _after_verdict(spec, state, verdict, results)
     return replace(step, events=(*events, *step.events), reused=reused)
@@ -509,7 +507,7 @@ def _judged(
         spec, (*earlier, *gates), config_hash=state.config_hash, approval=state.approval
     )
     if verdict.decision is Decision.ROLL_BACK:
-        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message,
+        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].why, verdict.message,
                         gates=gates, verdict=verdict, events=events)  # fmt: skip
     if spec.capacity_gain.throughput_gain is not None:
         # recorded first, made by the next reconcile (write-ahead, as the eval's)
@@ -600,10 +598,10 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     )
     results = (*[g for g in state.gates.values() if g.gate != THROUGHPUT], result)
     verdict = tradeoff.judged(spec, results, config_hash=state.config_hash, approval=state.approval)
-    gain = Event(result.reason, result.message, warning=result.outcome is not Outcome.SUCCESSFUL)
+    gain = Event(result.why, result.message, warning=result.outcome is not Outcome.SUCCESSFUL)
     end = {Decision.ROLL_BACK: Phase.ROLLED_BACK, Decision.NOT_NEEDED: Phase.NOT_NEEDED}
     if verdict.decision in end:
-        step = end_step(end[verdict.decision], verdict.reasons[0].reason, verdict.message,
+        step = end_step(end[verdict.decision], verdict.reasons[0].why, verdict.message,
                         gates=(result,), verdict=verdict, events=(gain,))  # fmt: skip
     else:
         step = _after_verdict(spec, state, verdict, (result,))
@@ -669,9 +667,7 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
             step, events=(Event(Reason.APPROVED, f"approved{by} for config {state.config_hash}"),)
         )
     if verdict.decision is Decision.ROLL_BACK:
-        return end_step(
-            Phase.ROLLED_BACK, verdict.reasons[0].reason, verdict.message, verdict=verdict
-        )
+        return end_step(Phase.ROLLED_BACK, verdict.reasons[0].why, verdict.message, verdict=verdict)
     message = verdict.message
     if state.approval_ignored:
         message = f"{message}; {state.approval_ignored}"

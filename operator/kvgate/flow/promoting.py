@@ -20,8 +20,8 @@ from kvgate.flow.steps import (
     revert_step,
 )
 from kvgate.judge.gates import CANARY, assess_backend, crash_summary
-from kvgate.judge.verdict import GateResult, RevertIntent
 from kvgate.reasons import Reason
+from kvgate.records.status import GateResult, RevertStatus
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import Outcome, Phase
 
@@ -168,18 +168,17 @@ def verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
 
 
 def reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    intent = state.revert or RevertIntent(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "reverting")
+    intent = state.revert or RevertStatus(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, "reverting")
+    message = intent.message or ""
     live = obs.live or LiveTarget(exists=False)
     name = spec.target.name
     if not live.exists:
-        return end_step(
-            intent.phase, intent.reason, f"{intent.message} (Deployment {name} is gone)"
-        )
+        return end_step(intent.end, intent.why, f"{message} (Deployment {name} is gone)")
     if not live.ours_present:
         # Read back: none of kvgate's edits is left on the Deployment.
         events = (Event(Reason.PROMOTION_REVERTED, f"Deployment {name} read back without kvgate's "
                         "change", warning=True),) if state.patched or state.revert_attempts else ()  # fmt: skip
-        return end_step(intent.phase, intent.reason, intent.message, events=events)
+        return end_step(intent.end, intent.why, message, events=events)
     if not live.container_found:
         message = f"cannot revert Deployment {name}: its container is gone or renamed"
         return Step(
@@ -210,7 +209,7 @@ def reverting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     return Step(
         Phase.REVERTING,
         Reason.REVERTING,
-        f"reverting Deployment {name}: {intent.message}",
+        f"reverting Deployment {name}: {message}",
         actions=(Action.REVERT_DEPLOYMENT,),
         requeue_s=MIN_DELAY_S,
     )

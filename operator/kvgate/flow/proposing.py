@@ -25,8 +25,9 @@ from kvgate.flow.steps import (
     clamp_delay,
     end_step,
 )
-from kvgate.judge.verdict import GateResult, Verdict
+from kvgate.judge.verdict import Verdict
 from kvgate.reasons import Reason
+from kvgate.records.status import GateResult
 from kvgate.records.status import PullRequestStatus as PullRequestStatus  # re-exported
 from kvgate.redact import scrub_text
 from kvgate.spec.rollout import DEFAULT_APPLY_DEADLINE_S, RolloutSpec
@@ -141,7 +142,7 @@ def proposal_text(
     """The pull request's title and body: the verdict table, the key, how to read the report."""
     title = f"kvgate: FP8 KV cache for {namespace}/{target} (verdict {key})"
     rows = "\n".join(
-        f"| {g.gate} | {g.outcome.value} | {g.reason} | {_cell(g.message)} |" for g in gates
+        f"| {g.gate} | {g.outcome.value} | {g.why} | {_cell(g.message)} |" for g in gates
     )
     body = f"""kvgate evaluated this change on paired canaries of Deployment `{target}` \
 (rollout `{namespace}/{rollout}`, configuration `{config_hash}`) and the verdict is to promote it.

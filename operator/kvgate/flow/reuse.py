@@ -20,10 +20,9 @@ from typing import Any, Final
 from kvgate.flow.steps import ReusedVerdict
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT, SPEED
 from kvgate.judge.throughput import THROUGHPUT
-from kvgate.judge.verdict import Decision, GateResult
-from kvgate.judge.verdictkey import VerdictKey, key_of
-from kvgate.reasons import Reason
-from kvgate.records.status import RolloutStatus
+from kvgate.judge.verdict import Decision
+from kvgate.judge.verdictkey import key_of
+from kvgate.records.status import RolloutStatus, VerdictKey
 from kvgate.records.timestamps import parse_time
 from kvgate.spec.rollout import RolloutSpec, VerdictReuse
 from kvgate.vocabulary import Outcome, Phase
@@ -111,8 +110,8 @@ def _reusable(
         return None
     if verdict.decision != Decision.PROMOTE.value or verdict.reused_from:
         return None  # only a verdict reached by an eval, never one reused in turn
-    # The stored digest is not trusted: the key is compared field by field.
-    if VerdictKey.of_record(verdict.key) != key:
+    # The stored digest is not trusted (it is computed again on reading): field by field.
+    if verdict.key != key:
         return None
     if any(c.type == "Stale" and c.status == "True" for c in status.conditions):
         return None
@@ -124,12 +123,9 @@ def _reusable(
         return None
     gates = []
     for gate in REUSED_GATES:
-        record = status.gates.get(gate)
-        if record is None:
+        result = status.gates.get(gate)
+        if result is None:
             continue
-        result = GateResult(
-            gate, record.outcome or Outcome.ERROR, Reason.read(record.reason), record.message or ""
-        )
         if result.outcome not in (Outcome.SUCCESSFUL, Outcome.SKIPPED, Outcome.WARNING):
             return None  # a Promoted rollout has none; a status that says so is not reused
         gates.append(result)

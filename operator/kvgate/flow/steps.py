@@ -15,15 +15,17 @@ from typing import Any, Final
 
 from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.judge.remedy import Remedy
-from kvgate.judge.verdict import GateResult, RevertIntent, Verdict
+from kvgate.judge.verdict import Verdict
 from kvgate.reasons import Reason
 from kvgate.records.evalsummary import AccuracyStatus
 from kvgate.records.loadresult import LoadProgress, LoadSummary, LoadVerdict
 from kvgate.records.status import (
     CacheTruth,
     EvalProgress,
+    GateResult,
     LoadStatus,
     PullRequestStatus,
+    RevertStatus,
     ScanRecord,
 )
 from kvgate.spec.rollout import RolloutSpec
@@ -84,7 +86,7 @@ class State:
     verify_samples: int = 0  # passing verify samples in the current window
     since_last_sample_s: float | None = None
     window_elapsed_s: float = 0.0
-    revert: RevertIntent | None = None
+    revert: RevertStatus | None = None
     revert_attempts: int = 0
     revert_error: str | None = None
     remedy_attempts: int = 0  # candidates started again with a remedy (at most one)
@@ -221,7 +223,7 @@ class Step:
     eval_attempts: int | None = None
     load_attempts: int | None = None  # Measuring: the load attempt this step starts
     load: LoadStatus | None = None  # Measuring: the measurement and the gain, for status.load
-    revert: RevertIntent | None = None  # set on the step that enters Reverting
+    revert: RevertStatus | None = None  # set on the step that enters Reverting
     patched: bool | None = None  # True: record that the candidate patch is on the Deployment
     verify_samples: int | None = None  # Verifying: passing samples so far in this window
     restart_window: bool = False  # Verifying: the window starts over at this sample
@@ -268,17 +270,17 @@ def gate_event(result: GateResult) -> Event | None:
     A passing accuracy gate is one too: its message carries the headline figures (both arms'
     accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
     """
-    if result.reason is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
-        return Event(result.reason, result.message)
-    if result.reason.own_event:
-        return Event(result.reason, result.message, warning=True)
+    if result.why is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
+        return Event(result.why, result.message)
+    if result.why.own_event:
+        return Event(result.why, result.message, warning=True)
     return None
 
 
 def revert_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
     """Enter Reverting: the end (phase, reason, message) is recorded first; the revert patch is
     made on the next reconcile, after this status write succeeded."""
-    intent = RevertIntent(phase, reason, message)
+    intent = RevertStatus(phase, reason, message)
     return Step(
         Phase.REVERTING,
         Reason.REVERTING,

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Final
 
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records.evalsummary import (
     AccuracyStatus,
     DivergenceBucketRecord,
     LongContextBucketRecord,
 )
+from kvgate.records.status import GateResult
 from kvgate.spec.rollout import AccuracyGate, DivergenceGate, LongContextTask
 from kvgate.vocabulary import CONTROL_BELOW_FLOOR, GateMode, Outcome
 

@@ -11,9 +11,8 @@ from typing import Final
 
 from kvgate.engines import kvformats
 from kvgate.judge import crash
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
-from kvgate.records.status import CacheTruth, FindingRecord, HistogramTotals, ScanRecord
+from kvgate.records.status import CacheTruth, FindingRecord, GateResult, HistogramTotals, ScanRecord
 from kvgate.spec.rollout import (
     BackendGate,
     CapacityGainGate,
@@ -273,13 +272,13 @@ def assess_engine_truth(
     so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
     nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
     """
-    from kvgate.evidence import crosscheck, logs, metrics
+    from kvgate.evidence import crosscheck, metrics
 
     problems: list[str] = []
     compared: dict[str, list[str]] = {}
-    read: dict[str, logs.LogScan] = {}
+    read: dict[str, ScanRecord] = {}
     for arm in ("candidate", "control"):
-        scan = read[arm] = logs.LogScan.of(scans.get(arm) or ScanRecord())
+        scan = read[arm] = scans.get(arm) or ScanRecord()
         truth = truths.get(arm) or CacheTruth()
         snapshot = metrics.snapshot_from_cache_truth(truth)
         problems.extend(f"{arm}: {f.text}" for f in crosscheck.cross_check_log(scan, snapshot))
@@ -295,9 +294,9 @@ def assess_engine_truth(
             what.append("KV dtype")
         if scan.kv_cache_dtype and server_dtype:
             what.append("KV dtype (server info)")
-        if scan.capacity.kv_tokens and server_tokens:
+        if scan.kv_tokens and server_tokens:
             what.append("KV tokens (server info)")
-        if scan.capacity.kv_tokens and snapshot.kv_capacity_tokens:
+        if scan.kv_tokens and snapshot.kv_capacity_tokens:
             what.append("KV tokens")
     if problems:
         return GateResult(
@@ -311,7 +310,7 @@ def assess_engine_truth(
     log_says = read[arm]
     if (
         not compared[arm]
-        and not (log_says.kv_cache_dtype or log_says.capacity.kv_tokens)
+        and not (log_says.kv_cache_dtype or log_says.kv_tokens)
         and any(truth_facts(truths.get(arm)))
     ):
         return GateResult(

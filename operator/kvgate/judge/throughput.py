@@ -24,7 +24,6 @@ from typing import Final
 from kvgate.evidence.metrics import Histogram
 from kvgate.judge.gates import compare_clocks
 from kvgate.judge.outputcheck import refusal
-from kvgate.judge.verdict import GateResult
 from kvgate.reasons import Reason
 from kvgate.records.loadresult import (
     ArmLoad,
@@ -34,7 +33,7 @@ from kvgate.records.loadresult import (
     sim_time_note,
     time_scale,
 )
-from kvgate.records.status import PoolSample, PreflightStatus
+from kvgate.records.status import GateResult, PoolSample, PreflightStatus
 from kvgate.spec.rollout import ThroughputGainGate
 from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome, SpeedClocks
 

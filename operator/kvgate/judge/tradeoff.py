@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvgate.judge.gates import ACCURACY, CAPACITY_GAIN
-from kvgate.judge.verdict import GateResult, Verdict, decide
+from kvgate.judge.verdict import Verdict, decide
+from kvgate.records.status import GateResult
 from kvgate.spec import margins
 
 if TYPE_CHECKING:

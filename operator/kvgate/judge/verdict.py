@@ -1,8 +1,8 @@
 """Promote, roll back, hold or not needed? `decide` over every gate's result.
 
 `decide` takes the worst outcome: any FAILED, ERROR or INCONCLUSIVE rolls back, listing every
-reason; missing evidence is ERROR or PENDING and never promotes (fail closed). `GateResult` and
-`RevertIntent` are the status forms of a gate and of a revert. Nothing here does I/O.
+reason; missing evidence is ERROR or PENDING and never promotes (fail closed). A gate's result
+is status's own record (`records.status.GateResult`). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -10,13 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from kvgate.reasons import Reason
-from kvgate.records.status import GateRecord, RevertStatus
+from kvgate.records.status import GateResult
 from kvgate.vocabulary import (
     Outcome,
-    Phase,
     PromotionMode,
     worst,
 )
@@ -30,37 +27,16 @@ class Decision(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class GateResult:
-    gate: str
-    outcome: Outcome
-    reason: Reason
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"outcome": self.outcome.value, "reason": str(self.reason), "message": self.message}
-
-    @classmethod
-    def of_record(cls, gate: str, record: GateRecord) -> GateResult:
-        """The gate's result as status keeps it; an unreadable outcome is an ERROR (never
-        promotes)."""
-        outcome = record.outcome or Outcome.ERROR
-        return cls(gate, outcome, Reason.read(record.reason), record.message or "")
-
-
-@dataclass(frozen=True, slots=True)
 class Verdict:
+    """What `decide` found. Not status's `VerdictRecord`, which says less and more: this keeps
+    the deciding gates whole (a run ends with the first one's reason and their messages), status
+    only their reason words, beside what the judge does not know (the key the verdict was
+    reached on, whose gates were reused). `controller.record` writes the one from the other."""
+
     decision: Decision
     outcome: Outcome
     reasons: tuple[GateResult, ...]  # the gates that decided, worst first
     message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "decision": self.decision.value,
-            "outcome": self.outcome.value,
-            "reasons": [str(r.reason) for r in self.reasons],
-            "message": self.message,
-        }
 
 
 def decide(
@@ -102,24 +78,3 @@ def decide(
             f"all gates passed; approve with annotation kvgate.io/approve={config_hash}{stale}{note}",
         )
     return Verdict(Decision.PROMOTE, overall, warnings, f"all gates passed{note}")
-
-
-@dataclass(frozen=True, slots=True)
-class RevertIntent:
-    """Recorded before a revert starts: the terminal phase, reason and message it ends with."""
-
-    phase: Phase
-    reason: Reason
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"phase": self.phase.value, "reason": str(self.reason), "message": self.message}
-
-    @classmethod
-    def of_record(cls, record: RevertStatus) -> RevertIntent:
-        """The revert's end as its write-ahead record keeps it (never Promoted)."""
-        phase = record.phase or Phase.ROLLED_BACK
-        if not phase.terminal or phase is Phase.PROMOTED:
-            phase = Phase.ROLLED_BACK  # a revert never ends Promoted
-        reason = Reason.read(record.reason or Reason.PROMOTION_REVERTED)
-        return cls(phase, reason, record.message or "")

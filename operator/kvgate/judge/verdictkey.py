@@ -11,43 +11,12 @@ neither the tested one nor the one before the rollout (a backend env edit).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from kvgate.reasons import Reason
-from kvgate.records.status import RolloutStatus, VerdictKeyRecord
+from kvgate.records.status import RolloutStatus, VerdictKey, fingerprint
 from kvgate.spec.rollout import RolloutSpec
-
-
-@dataclass(frozen=True, slots=True)
-class VerdictKey:
-    image: str | None = None  # the image reference evaluated (a tag can move)
-    image_digest: str | None = None  # what the candidate arm ran (containerStatuses[].imageID)
-    engine: str | None = None
-    engine_version: str | None = None
-    model: str | None = None
-    revision: str | None = None
-    kv_cache_dtype: str | None = None
-    attention_backend: str | None = None  # what the candidate's engine chose (its log)
-    gpu_product: str | None = None  # the candidate canary's node's nvidia.com/gpu.product
-    gpu_count: int | None = None  # the candidate container's nvidia.com/gpu limit (or request)
-    config: str | None = None  # the tested container config (args, env, command), fingerprinted
-    eval_policy: str | None = None  # the gates' settings, fingerprinted
-
-    @property
-    def digest(self) -> str:
-        return _digest(dataclasses.asdict(self))
-
-    def to_record(self) -> VerdictKeyRecord:
-        return VerdictKeyRecord(**dataclasses.asdict(self), digest=self.digest)
-
-    @classmethod
-    def of_record(cls, record: VerdictKeyRecord) -> VerdictKey:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in dataclasses.asdict(record).items() if k in fields})
 
 
 def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
@@ -69,8 +38,8 @@ def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
         attention_backend=scan.attention_backend if scan is not None else None,
         gpu_product=arm.gpu_product if arm is not None else None,
         gpu_count=arm.gpu_count if arm is not None else None,
-        config=_digest(status.candidate) if status.candidate else None,
-        eval_policy=_digest(policy),
+        config=fingerprint(status.candidate) if status.candidate else None,
+        eval_policy=fingerprint(policy),
     )
 
 
@@ -79,7 +48,7 @@ def recorded(status: RolloutStatus) -> VerdictKey | None:
     verdict = status.verdict
     if verdict is None or verdict.key is None:
         return None
-    return VerdictKey.of_record(verdict.key)
+    return verdict.key
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +123,3 @@ def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
             fields = "/".join(live.config_changed)
             parts.append(f"{fields} of the Deployment changed from the tested config")
     return "; ".join(parts)
-
-
-def _digest(value: Mapping[str, Any]) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -28,6 +28,7 @@ def key(
     default: Any = None,
     rest: bool = False,
     doc: str | None = None,
+    named: bool = False,
 ) -> Any:
     """A field's status key (camelCase of its name unless given); the older spellings it reads
     are listed in `oldspellings`, not here.
@@ -35,8 +36,10 @@ def key(
     `rest`: the field keeps the record's keys no other field reads (evidence another program
     wrote, such as the eval Job's summary), written back beside the known keys. `doc`: the
     field's description in the CRD's schema (`statusschema`); an open field must say why.
+    `named`: the field is the record's key in the mapping that holds it (a gate's name in
+    `gates`), neither read nor written as a field but filled from that key on reading.
     """
-    meta = {"key": key, "rest": rest, "doc": doc}
+    meta = {"key": key, "rest": rest, "doc": doc, "named": named}
     if isinstance(default, dict | tuple) and default == type(default)():
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -86,6 +89,8 @@ def fields(cls: type) -> tuple[_Field, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("named"):
+            continue
         key = f.metadata.get("key") or camel(f.name)
         aliases = tuple(a for a in spellings_of(cls.__name__, f.name) if a != key)
         rest, doc = bool(f.metadata.get("rest")), f.metadata.get("doc")
@@ -96,6 +101,13 @@ def fields(cls: type) -> tuple[_Field, ...]:
 @functools.cache
 def _known_keys(cls: type) -> frozenset[str]:
     return frozenset(k for f in fields(cls) if not f.rest for k in (f.key, *f.aliases))
+
+
+def _named(tp: Any) -> str | None:
+    """The field of record type `tp` its mapping's key fills (`key(named=True)`), if any."""
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return None
+    return next((f.name for f in dataclasses.fields(tp) if f.metadata.get("named")), None)
 
 
 def read(tp: Any, raw: object, depth: int) -> Any:
@@ -120,7 +132,10 @@ def read(tp: Any, raw: object, depth: int) -> Any:
             return MISSING
         item = typing.get_args(tp)[1]
         pairs = ((k, read(item, v, depth + 1)) for k, v in raw.items() if isinstance(k, str))
-        return {k: v for k, v in pairs if v is not MISSING}
+        name = _named(item)
+        if name is None:
+            return {k: v for k, v in pairs if v is not MISSING}
+        return {k: dataclasses.replace(v, **{name: k}) for k, v in pairs if v is not MISSING}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(raw, Mapping):
             return MISSING

@@ -9,10 +9,13 @@ empty collections out, and stores each figure once.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvgate.reasons import Reason
 from kvgate.records.codec import MISSING as _MISSING
 from kvgate.records.codec import fields as _fields
 from kvgate.records.codec import key as _key
@@ -365,6 +368,17 @@ class RevertStatus:
     last_attempt_at: str | None = None
     last_error: str | None = None
 
+    @property
+    def end(self) -> Phase:
+        """The phase the revert ends in: never Promoted, RolledBack when unknown."""
+        phase = self.phase or Phase.ROLLED_BACK
+        return phase if phase.terminal and phase is not Phase.PROMOTED else Phase.ROLLED_BACK
+
+    @property
+    def why(self) -> Reason:
+        """The reason it ends with (PromotionReverted when none is recorded)."""
+        return Reason.read(self.reason or Reason.PROMOTION_REVERTED)
+
 
 @dataclass(frozen=True, slots=True)
 class FirstAttempt:
@@ -386,31 +400,53 @@ class RemediationStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class GateRecord:
-    """One gate's result (`verdict.GateResult` without its name, which is the key)."""
+class GateResult:
+    """One gate's result, under the gate's name: an unreadable outcome reads as Error.
 
-    outcome: Outcome | None = None
-    reason: str | None = None
-    message: str | None = None
+    The judge makes it with a `Reason` (`judge.verdict.decide` weighs them); a stored reason is
+    kept as written (a report shows one another release wrote), `why` reads it as a `Reason`."""
+
+    gate: str = _key(named=True, default="")
+    outcome: Outcome = Outcome.ERROR
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def why(self) -> Reason:
+        """The reason as this release knows it (Unknown for a word it does not know)."""
+        return Reason.read(self.reason)
 
 
 @dataclass(frozen=True, slots=True)
-class VerdictKeyRecord:
-    """What the verdict was reached on (`verdictkey.VerdictKey`); a change of it makes it stale."""
+class VerdictKey:
+    """What the verdict was reached on (`judge.verdictkey` reads and judges it); a change of it
+    makes the verdict stale. `digest` is the other fields' fingerprint, always computed (a value
+    given or read is not kept), and written beside them."""
 
-    image: str | None = None
-    image_digest: str | None = None
+    image: str | None = None  # the image reference evaluated (a tag can move)
+    image_digest: str | None = None  # what the candidate arm ran (containerStatuses[].imageID)
     engine: str | None = None
     engine_version: str | None = None
     model: str | None = None
     revision: str | None = None
     kv_cache_dtype: str | None = None
-    attention_backend: str | None = None
-    gpu_product: str | None = None
-    gpu_count: int | None = None
-    config: str | None = None
-    eval_policy: str | None = None
-    digest: str | None = None
+    attention_backend: str | None = None  # what the candidate's engine chose (its log)
+    gpu_product: str | None = None  # the candidate canary's node's nvidia.com/gpu.product
+    gpu_count: int | None = None  # the candidate container's nvidia.com/gpu limit (or request)
+    config: str | None = None  # the tested container config (args, env, command), fingerprinted
+    eval_policy: str | None = None  # the gates' settings, fingerprinted
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del named["digest"]
+        object.__setattr__(self, "digest", fingerprint(named))
+
+
+def fingerprint(value: Mapping[str, Any]) -> str:
+    """A short sha256 of `value` as canonical JSON (what a verdict key's fields hold)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +455,7 @@ class VerdictRecord:
     outcome: Outcome | None = None
     message: str | None = None
     reasons: tuple[str, ...] = _key(default=())
-    key: VerdictKeyRecord | None = None
+    key: VerdictKey | None = None
     reused_from: str | None = None  # namespace/name of the rollout whose gates were reused
 
 
@@ -475,7 +511,7 @@ class RolloutStatus:
     capacity: CapacityStatus | None = None
     speed: SpeedStatus | None = None
     load: LoadStatus | None = None
-    gates: Mapping[str, GateRecord] = _key(default={})
+    gates: Mapping[str, GateResult] = _key(default={})
     verdict: VerdictRecord | None = None
     promotion: PromotionStatus | None = None
     pull_request: PullRequestStatus | None = None

@@ -19,10 +19,7 @@ from kvgate.report.assemble import build, view_of
 from kvgate.report.fmt import shell_command
 from kvgate.report.records import (
     Accuracy,
-    ArmAccuracy,
     ArmCapacity,
-    ArmClock,
-    Clocks,
     DivergenceBucket,
     Finding,
     Header,
@@ -105,10 +102,7 @@ def divergence_rows(status: Mapping[str, Any]) -> list[list[str]]:
 __all__ = [
     "ARMS",
     "Accuracy",
-    "ArmAccuracy",
     "ArmCapacity",
-    "ArmClock",
-    "Clocks",
     "DivergenceBucket",
     "Finding",
     "Header",

@@ -49,8 +49,11 @@ def to_pp(value: float) -> float:
     return value * 100.0 if abs(value) <= 1.0 else value
 
 
-def wilson(ci: tuple[float, float] | None) -> str:
-    return DASH if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+def wilson(ci: tuple[float, ...] | None) -> str:
+    """A 95% interval of fractions, in percent; "-" without one (None, or not a pair)."""
+    if ci is None or len(ci) != 2:
+        return DASH
+    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
 def fmt_mhz(mean: float | None, low: float | None, high: float | None) -> str:

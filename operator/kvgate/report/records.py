@@ -8,17 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvgate.records.evalsummary import ArmAccuracy
 from kvgate.records.loadresult import StagePoint
-
-
-@dataclass(frozen=True, slots=True)
-class ArmAccuracy:
-    """One arm's GSM8K score: right answers, questions, and the 95% Wilson interval."""
-
-    correct: int | None
-    n: int | None
-    accuracy: float | None
-    wilson: tuple[float, float] | None
+from kvgate.records.status import ClocksRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +23,7 @@ class Accuracy:
     confidence: float | None
     questions_used: int | None
     stopped_early: bool | None
-    arms: dict[str, ArmAccuracy]
+    arms: dict[str, ArmAccuracy]  # as status keeps them, figures checked (`view.read_accuracy`)
     difference: float | None
     difference_ci: tuple[float, float] | None
     mcnemar_p: float | None
@@ -91,30 +83,11 @@ class SpeedMetric:
 
 
 @dataclass(frozen=True, slots=True)
-class ArmClock:
-    """One arm's GPU clocks while it was measured: means and (min, max) ranges, in MHz."""
-
-    sm_mhz: float | None
-    mem_mhz: float | None
-    sm_range: tuple[float, float] | None
-    mem_range: tuple[float, float] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Clocks:
-    """`status.speed.clocks`: each arm's GPU clocks, where they came from, or why unknown."""
-
-    arms: dict[str, ArmClock]
-    source: str | None
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Speed:
     """`status.speed`: the figures per arm, and the GPU clocks they were measured at."""
 
     metrics: list[SpeedMetric]
-    clocks: Clocks | None
+    clocks: ClocksRecord | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +166,7 @@ class Load:
     levels: list[int]
     arms: dict[str, dict[int, StagePoint]]
     lengths: str | None = None  # the workload's request lengths and where they were read
-    clocks: Clocks | None = None  # the arms' GPU clocks over the load's run
+    clocks: ClocksRecord | None = None  # the arms' GPU clocks over the load's run
     preemptions: dict[str, float] = field(default_factory=dict)  # by arm, over the load
     time_scale: float | None = None  # a sped-up simulator's wall seconds per engine second
 

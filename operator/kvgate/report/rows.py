@@ -84,7 +84,7 @@ def _pair(
 
 def accuracy_rows(acc: Accuracy) -> list[list[str]]:
     return [
-        [arm, fmt_int(a.correct), fmt_int(a.n), pct(a.accuracy), wilson(a.wilson)]
+        [arm, fmt_int(a.correct), fmt_int(a.total), pct(a.accuracy), wilson(a.wilson95)]
         for arm, a in acc.arms.items()
     ]
 
@@ -239,10 +239,9 @@ def speed_rows(speed: Speed | None) -> list[list[str]]:
     clocks = speed.clocks
     if clocks is not None:
         sm, mem = [], []
-        for arm in ARMS:
-            c = clocks.arms.get(arm)
-            sm_range = c.sm_range if c else None
-            mem_range = c.mem_range if c else None
+        for c in (clocks.control, clocks.candidate):  # ARMS' order
+            sm_range = c.sm_range_mhz if c else ()
+            mem_range = c.mem_range_mhz if c else ()
             sm.append(fmt_mhz(c.sm_mhz if c else None, *(sm_range or (None, None))))
             mem.append(fmt_mhz(c.mem_mhz if c else None, *(mem_range or (None, None))))
         rows += [["SM clock (MHz)", *sm], ["memory clock (MHz)", *mem]]
@@ -261,11 +260,11 @@ def load_clock_note(load: Load) -> str | None:
     clocks = load.clocks
     if clocks is None:
         return None
-    sm = {arm: clocks.arms.get(arm) for arm in ARMS}
+    sm = {"control": clocks.control, "candidate": clocks.candidate}
     if clocks.note or any(c is None or c.sm_mhz is None for c in sm.values()):
         return f"GPU clocks during the load: {clocks.note or 'unknown'}"
     shown = ", ".join(
-        f"{arm} {fmt_mhz(c.sm_mhz, *(c.sm_range or (None, None)))} MHz"
+        f"{arm} {fmt_mhz(c.sm_mhz, *(c.sm_range_mhz or (None, None)))} MHz"
         for arm, c in sm.items()
         if c is not None
     )

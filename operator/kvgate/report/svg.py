@@ -18,7 +18,7 @@ class _Point(NamedTuple):
     """An arm with a score, as the accuracy panel draws it."""
 
     accuracy: float
-    wilson: tuple[float, float] | None
+    wilson: tuple[float, ...]  # (low, high), or () without one
 
 
 def render_svg(view: ReportView) -> str:
@@ -39,7 +39,7 @@ def render_svg(view: ReportView) -> str:
     x0 = pad
     parts.append(f'<text x="{x0}" y="20" font-weight="600">Accuracy, 95% Wilson interval</text>')
     points = {
-        arm: _Point(a.accuracy, a.wilson)
+        arm: _Point(a.accuracy, a.wilson95)
         for arm, a in (acc.arms.items() if acc else [])
         if a.accuracy is not None
     }
@@ -68,7 +68,7 @@ def render_svg(view: ReportView) -> str:
                 continue
             cx = x0 + panel * (i + 1) / 3
             color = _COLORS[arm]
-            if a.wilson is not None:
+            if a.wilson:
                 y1, y2 = y_of(a.wilson[0]), y_of(a.wilson[1])
                 parts.append(
                     f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y1:.1f}" y2="{y2:.1f}" '

@@ -18,7 +18,7 @@ from typing import Final
 from kvgate.change import manifests
 from kvgate.judge import gates
 from kvgate.reasons import Reason
-from kvgate.records.evalsummary import PairedRecord, TokenAgreement
+from kvgate.records.evalsummary import ArmAccuracy, PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
     ClockRecord,
@@ -38,10 +38,7 @@ from kvgate.report.fields import (
 from kvgate.report.fmt import DASH, pct
 from kvgate.report.records import (
     Accuracy,
-    ArmAccuracy,
     ArmCapacity,
-    ArmClock,
-    Clocks,
     DivergenceBucket,
     Finding,
     Header,
@@ -131,7 +128,9 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         wilson = interval(raw.wilson95)
         if wilson is not None and max(wilson) > 1.0:
             wilson = (wilson[0] / 100.0, wilson[1] / 100.0)
-        arms[arm] = ArmAccuracy(correct, n, accuracy, wilson)
+        arms[arm] = dataclasses.replace(
+            raw, correct=correct, total=n, accuracy=accuracy, wilson95=wilson or ()
+        )
     paired = acc.paired or PairedRecord()
     control_only, candidate_only = integer(paired.control_only), integer(paired.candidate_only)
     points = finite_number(acc.difference_pp)  # the CRD's printer column, in points
@@ -240,10 +239,7 @@ def said_once(
 def read_findings(status: StatusLike) -> list[Finding]:
     """Gate results: `status.gates` (by gate name, in gate order), else conditions."""
     typed = typed_status(status)
-    found = [
-        Finding(gate, g.outcome.value if g.outcome else DASH, g.reason or "", g.message or "")
-        for gate, g in typed.gates.items()
-    ]
+    found = [Finding(gate, g.outcome.value, g.reason, g.message) for gate, g in typed.gates.items()]
     # The order the gates run in; unknown names keep their place after them.
     found.sort(key=lambda f: _GATE_ORDER.get(f.gate, len(_GATE_ORDER)))
     if found:
@@ -382,22 +378,24 @@ def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
     return (low, high) if low is not None and high is not None and low <= high else None
 
 
-def _clocks(raw: ClocksRecord | None) -> Clocks | None:
-    """`status.speed.clocks`; an unreadable clock is None (shown "-"), never a guess."""
+def _clocks(raw: ClocksRecord | None) -> ClocksRecord | None:
+    """`status.speed.clocks` with both arms, an unreadable clock None (shown "-"), never a guess."""
     if raw is None:
         return None
-    arms = {}
-    for arm, block in (("control", raw.control), ("candidate", raw.candidate)):
+
+    def checked(block: ClockRecord | None) -> ClockRecord:
         block = block or ClockRecord()
-        arms[arm] = ArmClock(
+        return ClockRecord(
             sm_mhz=_mhz(block.sm_mhz),
+            sm_range_mhz=_mhz_range(block.sm_range_mhz) or (),
             mem_mhz=_mhz(block.mem_mhz),
-            sm_range=_mhz_range(block.sm_range_mhz),
-            mem_range=_mhz_range(block.mem_range_mhz),
+            mem_range_mhz=_mhz_range(block.mem_range_mhz) or (),
         )
-    return Clocks(
-        arms=arms,
+
+    return ClocksRecord(
         source=raw.source or None,
+        control=checked(raw.control),
+        candidate=checked(raw.candidate),
         note=raw.note.strip() or None if raw.note is not None else None,
     )
 

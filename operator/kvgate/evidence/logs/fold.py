@@ -26,8 +26,9 @@ from kvgate.evidence.logs.hints import (
     _jit_hint,
     _remedy,
 )
-from kvgate.evidence.logs.model import CODES, ERROR_CODES, Capacity, Event, Finding, LogScan
+from kvgate.evidence.logs.model import CODES, ERROR_CODES, Event, Finding, LogScan
 from kvgate.evidence.logs.rules import _S, _V
+from kvgate.records.status import CapacityRecord
 from kvgate.vocabulary import kv_dtype_family
 
 
@@ -557,7 +558,7 @@ class _Folder:
             failure.code, failure.severity, failure.line, failure.text, hint, failure.count
         )
 
-    def _capacity(self) -> tuple[Capacity, Event | None]:
+    def _capacity(self) -> tuple[CapacityRecord, Event | None]:
         tokens: int | None = None
         concurrency: float | None = None
         memory: float | None = None
@@ -599,7 +600,7 @@ class _Folder:
                     concurrency = round(tokens / max_len, 2)  # SGLang prints no such line
         if tokens is None and v0_blocks and blocks and concurrency and max_len:
             tokens = _v0_tokens(blocks, concurrency, max_len)
-        capacity = Capacity(tokens, concurrency, memory, max_len, blocks)
+        capacity = CapacityRecord(tokens, concurrency, memory, max_len, blocks)
         return capacity, anchor
 
     def _ready(self) -> Event | None:

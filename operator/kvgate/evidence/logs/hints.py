@@ -6,8 +6,8 @@ from typing import Final
 
 from kvgate.engines import versions as engine_versions
 from kvgate.evidence.logs import rules as R
-from kvgate.evidence.logs.model import Capacity
 from kvgate.evidence.logs.rules import _S, _V
+from kvgate.records.status import CapacityRecord
 
 _V1_BACKENDS: Final = {
     "FlashInfer": "FLASHINFER",
@@ -129,7 +129,7 @@ def _fp8_hint(rule: str, engine: str | None, version: tuple[int, ...] | None = N
     )
 
 
-def _capacity_text(capacity: Capacity) -> str:
+def _capacity_text(capacity: CapacityRecord) -> str:
     parts = []
     if capacity.kv_tokens is not None:
         parts.append(f"{capacity.kv_tokens:,} KV tokens")

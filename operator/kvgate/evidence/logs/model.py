@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from kvgate.records.codec import read_record, record_of
+from kvgate.records.codec import record_of
 from kvgate.records.status import CapacityRecord, FindingRecord, ScanRecord
 
 ENGINES: Final = ("vllm", "sglang")
@@ -87,26 +86,6 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
-class Capacity:
-    """KV pool size as the engine reported it; None where the log does not say."""
-
-    kv_tokens: int | None = None
-    max_concurrency: float | None = None
-    kv_memory_gib: float | None = None
-    max_model_len: int | None = None
-    num_gpu_blocks: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "kv_tokens": self.kv_tokens,
-            "max_concurrency": self.max_concurrency,
-            "kv_memory_gib": self.kv_memory_gib,
-            "max_model_len": self.max_model_len,
-            "num_gpu_blocks": self.num_gpu_blocks,
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class LogScan:
     """What a startup log says about the KV cache, the attention backend and the outcome."""
 
@@ -115,7 +94,7 @@ class LogScan:
     kv_cache_dtype: str | None
     attention_backend: str | None
     attention_backend_candidates: tuple[str, ...]
-    capacity: Capacity
+    capacity: CapacityRecord  # status's own record: the log's figures, None where it is silent
     ready: bool
     failed: bool
     findings: tuple[Finding, ...]
@@ -127,98 +106,12 @@ class LogScan:
     def finding(self, code: str) -> Finding | None:
         return next((f for f in self.findings if f.code == code), None)
 
-    @classmethod
-    def from_dict(cls, data: object) -> LogScan:
-        """A scan back from status (`status_record`, or the snake_case `to_dict` earlier releases
-        kept there; any spelling `status.ScanRecord` reads); odd values become None.
-
-        The findings are rebuilt as status keeps them (at most 20, lines cut).
-        """
-        return cls.of(read_record(ScanRecord, data))
-
-    @classmethod
-    def of(cls, record: ScanRecord) -> LogScan:
-        """A scan as status keeps it (`status_record`), back in the scanner's form."""
-        capacity = record.capacity or CapacityRecord()
-        plain = {
-            "engine": record.engine,
-            "engine_version": record.engine_version,
-            "kv_cache_dtype": record.kv_cache_dtype,
-            "attention_backend": record.attention_backend,
-            "attention_backend_candidates": record.attention_backend_candidates,
-            "ready": record.ready,
-            "failed": record.failed,
-            "lines": record.lines,
-        }
-        cap = {
-            "kv_tokens": capacity.kv_tokens,
-            "max_concurrency": capacity.max_concurrency,
-            "kv_memory_gib": capacity.kv_memory_gib,
-            "max_model_len": capacity.max_model_len,
-            "num_gpu_blocks": capacity.num_gpu_blocks,
-        }
-        findings = tuple(
-            Finding(
-                code=f.code,
-                severity=f.severity or "info",
-                line=f.line or 0,
-                text=f.text or "",
-                hint=f.hint or "",
-                count=f.count or 1,
-            )
-            for f in record.findings
-            if f.code
-        )
-        return cls._checked(plain, cap, findings)
-
-    @classmethod
-    def _checked(
-        cls, data: Mapping[str, Any], cap: Mapping[str, Any], findings: tuple[Finding, ...]
-    ) -> LogScan:
-
-        def text(value: object) -> str | None:
-            return value if isinstance(value, str) and value else None
-
-        def count(value: object) -> int | None:
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                return int(value)
-            return None
-
-        def amount(value: object) -> float | None:
-            # a positive finite quantity: vLLM logs a concurrency below one ("0.45x") when one
-            # request of max_model_len does not fit, and that is a figure, not an unknown
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                number = float(value)
-                return number if math.isfinite(number) and number > 0 else None
-            return None
-
-        return cls(
-            engine=text(data.get("engine")),
-            engine_version=text(data.get("engine_version")),
-            kv_cache_dtype=text(data.get("kv_cache_dtype")),
-            attention_backend=text(data.get("attention_backend")),
-            attention_backend_candidates=tuple(
-                c for c in (data.get("attention_backend_candidates") or ()) if isinstance(c, str)
-            ),
-            capacity=Capacity(
-                kv_tokens=count(cap.get("kv_tokens")),
-                max_concurrency=amount(cap.get("max_concurrency")),
-                kv_memory_gib=amount(cap.get("kv_memory_gib")),
-                max_model_len=count(cap.get("max_model_len")),
-                num_gpu_blocks=count(cap.get("num_gpu_blocks")),
-            ),
-            ready=data.get("ready") is True,
-            failed=data.get("failed") is True,
-            findings=findings,
-            lines=count(data.get("lines")) or 0,
-        )
-
     def status_record(self) -> ScanRecord:
         """The scan as status keeps it (`status.ScanRecord`)."""
         record: ScanRecord = record_of(
             ScanRecord,
             self,
-            capacity=record_of(CapacityRecord, self.capacity),
+            capacity=self.capacity,
             findings=tuple(record_of(FindingRecord, f, hint=f.hint or None) for f in self.findings),
             tail=(),  # a crashed arm's last lines: the controller adds them from the pod log
         )
@@ -231,7 +124,7 @@ class LogScan:
             "kv_cache_dtype": self.kv_cache_dtype,
             "attention_backend": self.attention_backend,
             "attention_backend_candidates": list(self.attention_backend_candidates),
-            "capacity": self.capacity.to_dict(),
+            "capacity": dataclasses.asdict(self.capacity),
             "ready": self.ready,
             "failed": self.failed,
             "findings": [f.to_dict() for f in self.findings],
