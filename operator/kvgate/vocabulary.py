@@ -1,7 +1,7 @@
 """What words does kvgate speak? The KVCacheRollout's names, phases, outcomes and modes.
 
-The spec (what the user asked for) is `kvgate.spec.rollout`; `ClockReading`, `ArmClocks`, `SpeedClocks` and
-`Condition` are status pieces.
+The spec (what the user asked for) is `kvgate.spec.rollout`; `Condition` is a status
+piece (the rest of status is `kvgate.records.status`).
 """
 
 from __future__ import annotations
@@ -204,85 +204,6 @@ def kv_dtype_family(dtype: str) -> str:
     if name.startswith(("fp8", "float8_e4m3")):
         return "fp8_e4m3"
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class ClockReading:
-    """One clock of one arm over the speed window, in MHz."""
-
-    mean: float
-    low: float
-    high: float
-
-
-@dataclass(frozen=True, slots=True)
-class ArmClocks:
-    """An arm's GPU clocks as DCGM reported them (None: no series for that clock)."""
-
-    sm: ClockReading | None = None
-    mem: ClockReading | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, reading in (("sm", self.sm), ("mem", self.mem)):
-            if reading is not None:
-                out[f"{key}MHz"] = round(reading.mean, 1)
-                out[f"{key}RangeMHz"] = [round(reading.low, 1), round(reading.high, 1)]
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> ArmClocks | None:
-        """Read back what `to_dict` wrote into status; anything malformed is None (unknown)."""
-        if not isinstance(raw, Mapping):
-            return None
-        readings: dict[str, ClockReading | None] = {}
-        for key in ("sm", "mem"):
-            span = raw.get(f"{key}RangeMHz")
-            numbers = [raw.get(f"{key}MHz"), *(span if isinstance(span, list) else ())]
-            if len(numbers) == 3 and all(
-                isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < 1e6
-                for n in numbers
-            ):
-                mean, low, high = (float(n) for n in numbers)
-                readings[key] = ClockReading(mean, low, high) if low <= high else None
-            else:
-                readings[key] = None
-        if readings["sm"] is None and readings["mem"] is None:
-            return None
-        return cls(sm=readings["sm"], mem=readings["mem"])
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedClocks:
-    """Both arms' clocks over the speed window, or why they are unknown (`note`)."""
-
-    control: ArmClocks | None = None
-    candidate: ArmClocks | None = None
-    note: str | None = None
-
-    @property
-    def known(self) -> bool:
-        return self.control is not None and self.candidate is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": PROMETHEUS_SOURCE}
-        for arm, clocks in (("control", self.control), ("candidate", self.candidate)):
-            if clocks is not None:
-                out[arm] = clocks.to_dict()
-        if self.note:
-            out["note"] = self.note
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> SpeedClocks | None:
-        if not isinstance(raw, Mapping):
-            return None
-        note = raw.get("note")
-        return cls(
-            control=ArmClocks.from_dict(raw.get("control")),
-            candidate=ArmClocks.from_dict(raw.get("candidate")),
-            note=str(note)[:300] if note is not None else None,
-        )
 
 
 @dataclass(frozen=True, slots=True)

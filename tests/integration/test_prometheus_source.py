@@ -28,9 +28,9 @@ from kvgate.evidence.metrics import parse_metrics
 from kvgate.evidence.pool import pool_pressure
 from kvgate.judge.gates import assess_speed
 from kvgate.judge.throughput import RequestLengths, production_lengths
-from kvgate.records.status import RolloutStatus
+from kvgate.records.status import ClocksRecord, RolloutStatus
 from kvgate.spec.rollout import SpeedGate
-from kvgate.vocabulary import Outcome, SpeedClocks
+from kvgate.vocabulary import Outcome
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 import contextlib
@@ -159,7 +159,7 @@ def test_arms_gpu_clocks_from_a_real_prometheus(sim, tmp_path) -> None:
     assert control.mem.mean == candidate.mem.mean == 6251.0
     assert other_ns == {"r-fp8-control": None, "r-fp8-candidate": None}  # the namespace counts
     gate = SpeedGate(max_clock_difference=0.05)
-    result = assess_speed(gate, 0.020, 0.022, SpeedClocks(control=control, candidate=candidate))
+    result = assess_speed(gate, 0.020, 0.022, ClocksRecord(control=control, candidate=candidate))
     assert (result.outcome, result.reason) == (Outcome.INCONCLUSIVE, "ClocksDiffer")
 
 

@@ -16,24 +16,26 @@ from hypothesis import strategies as st
 from kvgate.adapters.prometheus import Series, clock_query, clocks_from_series
 from kvgate.errors import PrometheusError, SpecError
 from kvgate.judge.gates import assess_speed, compare_clocks
+from kvgate.records.codec import read_record, write
+from kvgate.records.status import ClockReading, ClockRecord, ClocksRecord
 from kvgate.spec.rollout import RolloutSpec, SpeedGate, spec_errors
-from kvgate.vocabulary import ArmClocks, ClockReading, Outcome, SpeedClocks
+from kvgate.vocabulary import Outcome
 
-L4 = ArmClocks(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
-SLOW_SM = ArmClocks(sm=ClockReading(1410, 1410, 1410), mem=ClockReading(6251, 6251, 6251))
+L4 = ClockRecord.of(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
+SLOW_SM = ClockRecord.of(sm=ClockReading(1410, 1410, 1410), mem=ClockReading(6251, 6251, 6251))
 GATE = SpeedGate(max_tpot_regression=0.1, max_clock_difference=0.05)
 
 
 def test_same_clocks_compare_and_the_claim_says_so() -> None:
     assert compare_clocks(L4, L4, 0.05) is None
-    result = assess_speed(GATE, 0.020, 0.021, SpeedClocks(control=L4, candidate=L4))
+    result = assess_speed(GATE, 0.020, 0.021, ClocksRecord(control=L4, candidate=L4))
     assert (result.outcome, result.reason) == (Outcome.SUCCESSFUL, "SpeedWithinLimit")
     assert result.message.endswith("at matched GPU clocks (2,040 MHz)")
 
 
 def test_arms_at_different_sm_clocks_get_no_speed_claim() -> None:
     # GIVEN a candidate whose GPU ran at 1,410 MHz while the control's ran at 2,040 MHz
-    clocks = SpeedClocks(control=L4, candidate=SLOW_SM)
+    clocks = ClocksRecord(control=L4, candidate=SLOW_SM)
     # WHEN the candidate looks 40% slower, or 40% faster
     for candidate_tpot in (0.028, 0.012):
         result = assess_speed(GATE, 0.020, candidate_tpot, clocks)
@@ -48,32 +50,32 @@ def test_arms_at_different_sm_clocks_get_no_speed_claim() -> None:
 
 
 def test_memory_clock_difference_alone_is_enough() -> None:
-    slow_mem = ArmClocks(sm=L4.sm, mem=ClockReading(5001, 5001, 5001))
+    slow_mem = ClockRecord.of(sm=L4.sm, mem=ClockReading(5001, 5001, 5001))
     reason = compare_clocks(L4, slow_mem, 0.05)
     assert reason is not None and reason.startswith("memory clock 5,001 MHz on the candidate")
 
 
 def test_within_tolerance_is_the_same_clock() -> None:
-    near = ArmClocks(sm=ClockReading(1980, 1980, 1980), mem=L4.mem)  # 2.9% below 2,040
+    near = ClockRecord.of(sm=ClockReading(1980, 1980, 1980), mem=L4.mem)  # 2.9% below 2,040
     assert compare_clocks(L4, near, 0.05) is None
     assert compare_clocks(L4, near, 0.02) is not None  # a tighter tolerance refuses it
 
 
 def test_a_clock_that_throttled_mid_window_is_not_one_clock() -> None:
     # Equal means, but the candidate's SM clock spanned 1,500-2,200 MHz during the window.
-    throttled = ArmClocks(sm=ClockReading(2040, 1500, 2200), mem=L4.mem)
+    throttled = ClockRecord.of(sm=ClockReading(2040, 1500, 2200), mem=L4.mem)
     reason = compare_clocks(L4, throttled, 0.05)
     assert reason == (
         "the candidate's SM clock varied 1,500-2,200 MHz in the window (more than 5%)"
     )
-    assert assess_speed(GATE, 0.02, 0.02, SpeedClocks(L4, throttled)).outcome is (
-        Outcome.INCONCLUSIVE
-    )
+    assert assess_speed(
+        GATE, 0.02, 0.02, ClocksRecord(control=L4, candidate=throttled)
+    ).outcome is (Outcome.INCONCLUSIVE)
 
 
 def test_unknown_clocks_leave_the_claim_and_say_why() -> None:
     note = "no DCGM clock series for pod r-fp8-candidate in Prometheus"
-    result = assess_speed(GATE, 0.020, 0.021, SpeedClocks(control=L4, note=note))
+    result = assess_speed(GATE, 0.020, 0.021, ClocksRecord(control=L4, note=note))
     assert result.outcome is Outcome.SUCCESSFUL
     assert result.message.endswith(f"(GPU clocks not compared: {note})")
     # No Prometheus configured: no clause at all, as before.
@@ -82,15 +84,15 @@ def test_unknown_clocks_leave_the_claim_and_say_why() -> None:
 
 
 def test_a_regression_at_matched_clocks_still_fails() -> None:
-    result = assess_speed(GATE, 0.020, 0.025, SpeedClocks(control=L4, candidate=L4))
+    result = assess_speed(GATE, 0.020, 0.025, ClocksRecord(control=L4, candidate=L4))
     assert (result.outcome, result.reason) == (Outcome.FAILED, "SpeedRegressed")
 
 
 def test_status_round_trip_and_hostile_status() -> None:
-    clocks = SpeedClocks(control=L4, candidate=SLOW_SM)
-    assert SpeedClocks.from_dict(clocks.to_dict()) == clocks
-    only_note = SpeedClocks(note="Prometheus: unreachable")
-    assert SpeedClocks.from_dict(only_note.to_dict()) == only_note
+    clocks = ClocksRecord(control=L4, candidate=SLOW_SM)
+    assert read_record(ClocksRecord, write(clocks)) == clocks
+    only_note = ClocksRecord(note="Prometheus: unreachable")
+    assert read_record(ClocksRecord, write(only_note)) == only_note
     # Edited or corrupted status is unknown clocks, never a crash or an invented clock.
     for bad in (
         {"smMHz": "2040", "smRangeMHz": [1, 2]},
@@ -99,7 +101,8 @@ def test_status_round_trip_and_hostile_status() -> None:
         {"smMHz": True, "smRangeMHz": [1, 2]},
         {"smMHz": 2040.0, "smRangeMHz": [1.0] * 10_000},
     ):
-        assert ArmClocks.from_dict(bad) is None, bad
+        read = read_record(ClockRecord, bad)
+        assert (read.sm, read.mem, read.known) == (None, None, False), bad
 
 
 @given(
@@ -110,11 +113,12 @@ def test_status_round_trip_and_hostile_status() -> None:
     )
 )
 def test_any_status_value_reads_as_clocks_or_none(raw: Any) -> None:
-    parsed = SpeedClocks.from_dict(raw)
-    assert parsed is None or isinstance(parsed, SpeedClocks)
-    for arm in ("control", "candidate"):
-        if isinstance(raw, dict):
-            ArmClocks.from_dict(raw.get(arm))
+    parsed = read_record(ClocksRecord, raw)
+    assert isinstance(parsed, ClocksRecord)
+    for arm in (parsed.control, parsed.candidate):
+        if arm is not None:  # a reading is checked or None, never a crash
+            for reading in (arm.sm, arm.mem):
+                assert reading is None or 0 < reading.low <= reading.high < 1e6
 
 
 def test_the_spec_field_and_its_bounds() -> None:

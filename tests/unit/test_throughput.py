@@ -17,9 +17,17 @@ from kvgate.judge.throughput import (
 )
 from kvgate.reasons import Reason
 from kvgate.records.loadresult import ArmLoad, LoadSummary, LoadVerdict, StagePoint, StageStatus
-from kvgate.records.status import LoadStatus, PoolSample, PreflightStatus, RolloutStatus
+from kvgate.records.status import (
+    ClockReading,
+    ClockRecord,
+    ClocksRecord,
+    LoadStatus,
+    PoolSample,
+    PreflightStatus,
+    RolloutStatus,
+)
 from kvgate.spec.rollout import ThroughputGainGate
-from kvgate.vocabulary import ArmClocks, ClockReading, Outcome, SpeedClocks
+from kvgate.vocabulary import Outcome
 
 GATE = ThroughputGainGate()
 OOM = "40 of 128 requests failed (Server Error: 40)"
@@ -122,9 +130,9 @@ def test_a_stage_that_misses_an_slo_is_not_served() -> None:
 
 
 def test_arms_at_different_clocks_make_no_throughput_claim() -> None:
-    l4 = ArmClocks(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
-    slow = ArmClocks(sm=ClockReading(1410, 1410, 1410), mem=l4.mem)
-    finding = assess_throughput(GATE, FIELD, SpeedClocks(control=l4, candidate=slow))
+    l4 = ClockRecord.of(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
+    slow = ClockRecord.of(sm=ClockReading(1410, 1410, 1410), mem=l4.mem)
+    finding = assess_throughput(GATE, FIELD, ClocksRecord(control=l4, candidate=slow))
     assert finding.result.outcome is Outcome.INCONCLUSIVE
     assert finding.result.reason is Reason.CLOCKS_DIFFER
     assert finding.result.message.startswith(
@@ -132,7 +140,7 @@ def test_arms_at_different_clocks_make_no_throughput_claim() -> None:
         "candidate vs 2,040 MHz on the control"
     )
     assert finding.gain is None and finding.best_gain is None
-    same = assess_throughput(GATE, FIELD, SpeedClocks(control=l4, candidate=l4))
+    same = assess_throughput(GATE, FIELD, ClocksRecord(control=l4, candidate=l4))
     assert same.result.outcome is Outcome.SUCCESSFUL
 
 

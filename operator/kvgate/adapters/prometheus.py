@@ -39,7 +39,7 @@ import httpx
 from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
 from kvgate.evidence import metrics
-from kvgate.vocabulary import ArmClocks, ClockReading
+from kvgate.records.status import ClockReading, ClockRecord
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -285,7 +285,7 @@ def clock_query(namespace: str, pods: Sequence[str]) -> str:
 
 def clocks_from_series(
     pods: Sequence[str], found: Sequence[Series], *, source: str = "prometheus"
-) -> dict[str, ArmClocks | None]:
+) -> dict[str, ClockRecord | None]:
     """Range-query series -> each pod's clocks over the window (pure; None: no series).
 
     Every GPU of a pod (tensor parallel) and every point count: the mean is over all of them,
@@ -302,14 +302,14 @@ def clocks_from_series(
             if not (0 < value < _MAX_MHZ):  # NaN fails too
                 raise _fail(source, f"{s.labels['__name__']} of pod {pod} is {value:g} MHz")
             values[pod][key].append(value)
-    out: dict[str, ArmClocks | None] = {}
+    out: dict[str, ClockRecord | None] = {}
     for pod in pods:
         readings = {
             key: ClockReading(sum(v) / len(v), min(v), max(v)) if v else None
             for key, v in ((k, values[pod].get(k, [])) for k in CLOCK_METRICS)
         }
         has_any = any(r is not None for r in readings.values())
-        out[pod] = ArmClocks(sm=readings["sm"], mem=readings["mem"]) if has_any else None
+        out[pod] = ClockRecord.of(sm=readings["sm"], mem=readings["mem"]) if has_any else None
     return out
 
 
@@ -322,7 +322,7 @@ def gpu_clocks(
     end: float,
     timeout: float = DEFAULT_TIMEOUT,
     client: httpx.Client | None = None,
-) -> dict[str, ArmClocks | None]:
+) -> dict[str, ClockRecord | None]:
     """Each pod's SM and memory clocks over `[start, end]` from the DCGM series in Prometheus."""
     if not pods:
         return {}

@@ -30,7 +30,6 @@ from kvgate.flow import reuse
 from kvgate.flow.steps import Observation, State
 from kvgate.judge import gates, remedy
 from kvgate.judge import target as targetcheck
-from kvgate.records.codec import read_record, write
 from kvgate.records.evalsummary import AccuracyStatus, progress_line
 from kvgate.records.joblog import eval_lines, job_lines
 from kvgate.records.loadresult import LoadProgress, LoadSummary
@@ -45,7 +44,7 @@ from kvgate.records.status import (
     SpeedStatus,
     read_eval_progress,
 )
-from kvgate.vocabulary import Phase, SpeedClocks, config_hash
+from kvgate.vocabulary import Phase, config_hash
 
 
 def observe(ctx: Ctx, phase: Phase, spec_errors: tuple[str, ...], state: State) -> Observed:
@@ -347,7 +346,7 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     control, candidate, job, text = seen.control, seen.candidate, seen.job, seen.job_log
     load = ctx.so_far.load or LoadStatus()
     speed = ctx.so_far.speed
-    clocks = speed_clocks_of(speed.clocks if speed is not None else None)
+    clocks = speed.clocks if speed is not None else None
     concurrency = load.concurrency
     obs = Observation(
         control=control,
@@ -363,15 +362,14 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     summary, _ = job_lines(text, load.nonce_sha256, kind="kvgate.load")
     if summary is not None:
         # the arms' GPU clocks over the load, read once and kept: a claim needs matched clocks
-        clocks = speed_clocks_of(load.clocks)
+        clocks = load.clocks
         found = NOTHING
         if clocks is None and ctx.config.prometheus_url:
             clocks = sources.speed_clocks(
                 ctx.config.prometheus_url, ctx.namespace, ctx.name, load.started_at,
                 now=ctx.now.timestamp(), timeout=ctx.config.scrape_timeout_s,
             )  # fmt: skip
-            kept = read_record(ClocksRecord, clocks.to_dict())
-            found = StatusUpdate.of(load=dataclasses.replace(load, clocks=kept))
+            found = StatusUpdate.of(load=dataclasses.replace(load, clocks=clocks))
         obs = dataclasses.replace(
             obs, load_summary=LoadSummary.from_dict(summary), load_clocks=clocks
         )
@@ -390,7 +388,7 @@ def publish_accuracy(ctx: Ctx, acc: AccuracyStatus) -> None:
 
 def speed_after_eval(
     ctx: Ctx, seen: Seen
-) -> tuple[float | None, float | None, SpeedClocks | None, SpeedStatus | None]:
+) -> tuple[float | None, float | None, ClocksRecord | None, SpeedStatus | None]:
     """Mean TPOT and GPU clocks of each arm over the eval window, and status.speed with them
     (None: the spec measures no speed)."""
     if ctx.spec.speed is None:
@@ -414,7 +412,7 @@ def speed_after_eval(
         candidate=figures["candidate"],
         concurrency=manifests.eval_concurrency(ctx.spec, ctx.config.eval_concurrency),
     )
-    clocks = speed_clocks_of(speed.clocks)  # read once, then from status
+    clocks = speed.clocks  # read once, then from status
     if clocks is None and ctx.config.prometheus_url:
         clocks = sources.speed_clocks(
             ctx.config.prometheus_url or "",
@@ -424,10 +422,5 @@ def speed_after_eval(
             now=ctx.now.timestamp(),
             timeout=ctx.config.scrape_timeout_s,
         )
-        speed = dataclasses.replace(speed, clocks=read_record(ClocksRecord, clocks.to_dict()))
+        speed = dataclasses.replace(speed, clocks=clocks)
     return tpots["control"], tpots["candidate"], clocks, speed
-
-
-def speed_clocks_of(record: ClocksRecord | None) -> SpeedClocks | None:
-    """Clocks kept in status, as the speed and throughput gates read them (None: not read)."""
-    return None if record is None else SpeedClocks.from_dict(write(record))

@@ -18,12 +18,13 @@ from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, S
 from kvgate.records.codec import read_record, whole
 from kvgate.records.status import (
     CacheTruth,
+    ClocksRecord,
     HistogramTotals,
     PressureRecord,
     RolloutStatus,
     ScanRecord,
 )
-from kvgate.vocabulary import SpeedClocks
+from kvgate.vocabulary import PROMETHEUS_SOURCE
 
 if TYPE_CHECKING:
     from kvgate.config import OperatorConfig
@@ -400,7 +401,7 @@ def speed_clocks(
     *,
     now: float,
     timeout: float,
-) -> SpeedClocks:
+) -> ClocksRecord:
     """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing.
 
     A Prometheus that fails (unreachable, errors, junk) raises: the reconcile retries like any
@@ -423,4 +424,4 @@ def speed_clocks(
     control, candidate = found.get(pods["control"]), found.get(pods["candidate"])
     missing = [pods[arm] for arm, c in (("control", control), ("candidate", candidate)) if not c]
     note = f"no DCGM clock series for pod {', '.join(missing)} in Prometheus" if missing else None
-    return SpeedClocks(control=control, candidate=candidate, note=note)
+    return ClocksRecord(PROMETHEUS_SOURCE, control, candidate, note)

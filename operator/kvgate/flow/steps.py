@@ -21,6 +21,7 @@ from kvgate.records.evalsummary import AccuracyStatus
 from kvgate.records.loadresult import LoadProgress, LoadSummary, LoadVerdict
 from kvgate.records.status import (
     CacheTruth,
+    ClocksRecord,
     EvalProgress,
     GateResult,
     LoadStatus,
@@ -34,7 +35,6 @@ from kvgate.vocabulary import (
     Outcome,
     Phase,
     PullRequestState,
-    SpeedClocks,
 )
 
 MIN_DELAY_S: Final = 1.0
@@ -184,8 +184,8 @@ class Observation:
     eval_progress: EvalProgress | None = None  # the running attempt's last look
     control_tpot_s: float | None = None
     candidate_tpot_s: float | None = None
-    speed_clocks: SpeedClocks | None = None  # None: no Prometheus to ask
-    load_clocks: SpeedClocks | None = None  # over the load Job's run; None: no Prometheus
+    speed_clocks: ClocksRecord | None = None  # None: no Prometheus to ask
+    load_clocks: ClocksRecord | None = None  # over the load Job's run; None: no Prometheus
     # Canary, with spec.reuseVerdict: a verdict this candidate may take (`kvgate.flow.reuse`)
     reused_verdict: ReusedVerdict | None = None
     # Measuring: the load Job (`load_summary` only from a finished Job's nonce-carrying last line)

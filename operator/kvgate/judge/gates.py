@@ -12,7 +12,15 @@ from typing import Final
 from kvgate.engines import kvformats
 from kvgate.judge import crash
 from kvgate.reasons import Reason
-from kvgate.records.status import CacheTruth, FindingRecord, GateResult, HistogramTotals, ScanRecord
+from kvgate.records.status import (
+    CacheTruth,
+    ClockRecord,
+    ClocksRecord,
+    FindingRecord,
+    GateResult,
+    HistogramTotals,
+    ScanRecord,
+)
 from kvgate.spec.rollout import (
     BackendGate,
     CapacityGainGate,
@@ -21,10 +29,8 @@ from kvgate.spec.rollout import (
     SpeedGate,
 )
 from kvgate.vocabulary import (
-    ArmClocks,
     GateMode,
     Outcome,
-    SpeedClocks,
     kv_dtype_family,
 )
 
@@ -380,7 +386,7 @@ def mean_between(before: HistogramTotals | None, after: HistogramTotals | None) 
 _CLOCK_NAMES: Final = (("sm", "SM"), ("mem", "memory"))
 
 
-def compare_clocks(control: ArmClocks, candidate: ArmClocks, tolerance: float) -> str | None:
+def compare_clocks(control: ClockRecord, candidate: ClockRecord, tolerance: float) -> str | None:
     """Why the two arms' speeds cannot be compared (None: same clocks within `tolerance`).
 
     Each clock both arms report is compared by its window mean, and each arm's own range
@@ -411,7 +417,7 @@ def assess_speed(
     gate: SpeedGate | None,
     control_tpot_s: float | None,
     candidate_tpot_s: float | None,
-    clocks: SpeedClocks | None = None,
+    clocks: ClocksRecord | None = None,
 ) -> GateResult:
     """Candidate TPOT against control TPOT under the same load, at the same GPU clocks.
 
@@ -427,7 +433,7 @@ def assess_speed(
         )
     regression = candidate_tpot_s / control_tpot_s - 1.0
     tpots = f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms"
-    if clocks is not None and clocks.control is not None and clocks.candidate is not None:
+    if clocks is not None and clocks.known and clocks.control and clocks.candidate:
         mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
         if mismatch is not None:
             return GateResult(
@@ -440,7 +446,7 @@ def assess_speed(
         sm = clocks.candidate.sm or clocks.candidate.mem
         where = f" at matched GPU clocks ({sm.mean:,.0f} MHz)" if sm is not None else ""
     elif clocks is not None:
-        where = f" (GPU clocks not compared: {clocks.note or 'an arm has no DCGM series'})"
+        where = f" (GPU clocks not compared: {(clocks.note or 'an arm has no DCGM series')[:300]})"
     else:
         where = ""
     detail = f"{tpots} ({regression:+.0%}, limit +{gate.max_tpot_regression:.0%}){where}"

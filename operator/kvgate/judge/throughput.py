@@ -33,9 +33,9 @@ from kvgate.records.loadresult import (
     sim_time_note,
     time_scale,
 )
-from kvgate.records.status import GateResult, PoolSample, PreflightStatus
+from kvgate.records.status import ClocksRecord, GateResult, PoolSample, PreflightStatus
 from kvgate.spec.rollout import ThroughputGainGate
-from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome, SpeedClocks
+from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome
 
 THROUGHPUT: Final = "throughputGain"
 
@@ -152,7 +152,7 @@ def goodput_clause(
 def assess_throughput(
     gate: ThroughputGainGate | None,
     load: LoadSummary | None,
-    clocks: SpeedClocks | None = None,
+    clocks: ClocksRecord | None = None,
     *,
     production_concurrency: int | None = None,
     labels: tuple[str, str] = ("control", "candidate"),
@@ -176,7 +176,7 @@ def assess_throughput(
 def _assess(
     gate: ThroughputGainGate | None,
     load: LoadSummary | None,
-    clocks: SpeedClocks | None,
+    clocks: ClocksRecord | None,
     production_concurrency: int | None,
     labels: tuple[str, str],
 ) -> ThroughputFinding:
@@ -199,7 +199,7 @@ def _assess(
     refused = refusal(control, candidate)
     if refused is not None:  # whatever tok/s it measured (kvgate.judge.outputcheck)
         return ThroughputFinding(GateResult(THROUGHPUT, Outcome.FAILED, *refused))
-    if clocks is not None and clocks.control is not None and clocks.candidate is not None:
+    if clocks is not None and clocks.known and clocks.control and clocks.candidate:
         mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
         if mismatch is not None:
             return ThroughputFinding(

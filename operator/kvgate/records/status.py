@@ -13,7 +13,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from kvgate.reasons import Reason
 from kvgate.records.codec import MISSING as _MISSING
@@ -245,22 +245,76 @@ class HistogramTotals:
     error: str | None = None  # the arm's /metrics could not be read
 
 
+class ClockReading(NamedTuple):
+    """One clock of one arm over the speed window, in MHz."""
+
+    mean: float
+    low: float
+    high: float
+
+
+_MAX_MHZ: Final = 1e6  # no GPU clock is near it: a larger figure is junk
+
+
+def _reading(mean: object, span: tuple[object, ...]) -> ClockReading | None:
+    numbers = [mean, *span]
+    if len(numbers) != 3 or not all(
+        isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < _MAX_MHZ for n in numbers
+    ):
+        return None  # absent, or an edited status: unknown, never a guess
+    m, low, high = (float(n) for n in numbers)  # type: ignore[arg-type]
+    return ClockReading(m, low, high) if low <= high else None
+
+
 @dataclass(frozen=True, slots=True)
 class ClockRecord:
-    """An arm's GPU clocks over the speed window (`model.ArmClocks` in status form)."""
+    """An arm's GPU clocks over the speed window as DCGM reported them: the SM and the memory
+    clock's mean and (lowest, highest), rounded to 0.1 MHz."""
 
     sm_mhz: float | None = _key("smMHz")
     sm_range_mhz: tuple[float, ...] = _key("smRangeMHz", default=())
     mem_mhz: float | None = _key("memMHz")
     mem_range_mhz: tuple[float, ...] = _key("memRangeMHz", default=())
 
+    @classmethod
+    def of(cls, sm: ClockReading | None = None, mem: ClockReading | None = None) -> ClockRecord:
+        def kept(r: ClockReading | None) -> tuple[float | None, tuple[float, ...]]:
+            return (
+                (None, ()) if r is None else (round(r.mean, 1), (round(r.low, 1), round(r.high, 1)))
+            )
+
+        (sm_mhz, sm_range), (mem_mhz, mem_range) = kept(sm), kept(mem)
+        return cls(sm_mhz, sm_range, mem_mhz, mem_range)
+
+    @property
+    def sm(self) -> ClockReading | None:
+        """The SM clock, checked (None: not reported, or not a reading)."""
+        return _reading(self.sm_mhz, self.sm_range_mhz)
+
+    @property
+    def mem(self) -> ClockReading | None:
+        """The memory clock, checked (None: not reported, or not a reading)."""
+        return _reading(self.mem_mhz, self.mem_range_mhz)
+
+    @property
+    def known(self) -> bool:
+        return self.sm is not None or self.mem is not None
+
 
 @dataclass(frozen=True, slots=True)
 class ClocksRecord:
+    """Both arms' GPU clocks over a window (the eval's speed, the load), or why they are
+    unknown (`note`)."""
+
     source: str | None = None
     control: ClockRecord | None = None
     candidate: ClockRecord | None = None
     note: str | None = None
+
+    @property
+    def known(self) -> bool:
+        """Both arms report a clock: the two can be compared."""
+        return bool(self.control and self.control.known and self.candidate and self.candidate.known)
 
 
 @dataclass(frozen=True, slots=True)
