@@ -10,7 +10,7 @@ A call that passes the data (an argument mentioning a data name) hands it to the
 matching parameters when the callee is a kvgate function the call resolves to statically: a
 function of the same module, a name imported from a kvgate module, `module.function` through an
 imported kvgate module, `self.method` / `Class.method`, or a method of a value whose kvgate class
-the annotations tell (`spec.target.name_of(body)`, `ctx.kube.read_pod(...)`): a parameter's or a
+the annotations tell (`spec.target.name_of(body)`, `ctx.kube.read_job(...)`): a parameter's or a
 variable's annotation, a dataclass field's or a property's (`ctx.spec` where `Ctx.spec:
 RolloutSpec`), a constructor (`r = SpecReader(...)`) or a function's return annotation, methods
 found on the class or its kvgate bases. The data is handed through arguments only: a method

@@ -253,9 +253,6 @@ class FakeKube:
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read("Deployment", name)
 
-    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._read("Pod", name)
-
     def read_node(self, name: str) -> dict[str, Any] | None:
         if self.forbid_nodes:  # the chart's ClusterRole without `get` on nodes
             self.requests += 1

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kvgate.adapters import report_source
+from kvgate.adapters import kube_cli
 from kvgate.cli import main
 
 # What the apiserver answers (k8s.io/apimachinery StatusReasonNotFound): an object that is not
@@ -28,11 +28,14 @@ def api(monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]) -> None:
         raise error
 
     class Api:
+        def __init__(self, *args: object) -> None:
+            pass
+
         get_namespaced_custom_object = refuse
         patch_namespaced_custom_object = refuse
 
     monkeypatch.setattr("kubernetes.client.CustomObjectsApi", Api)
-    monkeypatch.setattr(report_source, "_load_config", lambda: "llm")
+    monkeypatch.setattr(kube_cli, "configure", lambda: "llm")
 
 
 @pytest.mark.parametrize(
@@ -83,6 +86,6 @@ def test_a_tls_skipping_kubeconfig_adds_no_warning_lines(monkeypatch: pytest.Mon
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         warnings.warn(InsecureRequestWarning("before"), stacklevel=1)  # the control
-        report_source._load_config()
+        kube_cli.for_cli(None)
         warnings.warn(InsecureRequestWarning("after"), stacklevel=1)
     assert [str(w.message) for w in seen] == ["before"]

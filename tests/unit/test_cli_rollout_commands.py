@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvgate.adapters import report_source
+from kvgate.adapters import kube_cli
 from kvgate.cli import main
 
 
@@ -30,21 +30,21 @@ class Api:
         self.reads = list(reads)
         self.annotated: list[tuple[str, str | None, dict[str, str]]] = []
 
-    def read(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get_rollout(self, namespace: str, name: str) -> dict[str, Any]:
         return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
 
-    def annotate(self, name: str, namespace: str | None, annotations: Any) -> str:
+    def annotate_rollout(self, namespace: str, name: str, annotations: Any) -> None:
         self.annotated.append((name, namespace, dict(annotations)))
-        return namespace or "default"
+
+    def rollout_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return []
 
 
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def install(*reads: dict[str, Any]) -> Api:
         fake = Api(*reads)
-        monkeypatch.setattr(report_source, "read_rollout", fake.read)
-        monkeypatch.setattr(report_source, "annotate_rollout", fake.annotate)
-        monkeypatch.setattr(report_source, "rollout_events", lambda name, ns: [])
+        monkeypatch.setattr(kube_cli, "for_cli", lambda ns: (fake, ns or "default"))
         monkeypatch.setattr("time.sleep", lambda s: None)
         return fake
 

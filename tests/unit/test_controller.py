@@ -237,17 +237,18 @@ def test_a_reconcile_reads_the_rollouts_pods_with_one_request(
     setup(world)
     gets: list[str] = []
     lists: list[str] = []
-    read_pod, list_pods = world.kube.read_pod, world.kube.list_pods
+    read, list_pods = world.kube._read, world.kube.list_pods
 
-    def counted_read(namespace: str, name: str) -> dict[str, Any] | None:
-        gets.append(name)
-        return read_pod(namespace, name)
+    def counted_read(kind: str, name: str) -> dict[str, Any] | None:
+        if kind == "Pod":
+            gets.append(name)
+        return read(kind, name)
 
     def counted_list(namespace: str, selector: str) -> list[dict[str, Any]]:
         lists.append(selector)
         return list_pods(namespace, selector)
 
-    monkeypatch.setattr(world.kube, "read_pod", counted_read)
+    monkeypatch.setattr(world.kube, "_read", counted_read)
     monkeypatch.setattr(world.kube, "list_pods", counted_list)
     per_reconcile: list[tuple[int, int]] = []
 

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgate.adapters.hub import read_local_checkpoint
-from kvgate.adapters.report_source import read_rollout_file
 from kvgate.checkpoint.capacity import parse_kv_layout
 from kvgate.checkpoint.scales import parse_safetensors_header, scan_scales, unknown_scales
+from kvgate.commands.report import read_rollout_file
 from kvgate.commands.stats import read_saved_result
 from kvgate.errors import KvgateError
 from kvgate.evaluation.records import read_question_lines
@@ -533,7 +533,7 @@ PRELUDE = textwrap.dedent(
     from pathlib import Path
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
     from kvgate.adapters.hub import read_local_checkpoint
-    from kvgate.adapters.report_source import read_rollout_file
+    from kvgate.commands.report import read_rollout_file
     from kvgate.checkpoint.capacity import parse_kv_layout
     from kvgate.checkpoint.scales import unknown_scales
     from kvgate.commands.stats import read_saved_result

@@ -14,7 +14,8 @@ import pytest
 from kubernetes import client as k8s
 
 from kvgate.adapters.kube import Kube
-from kvgate.errors import KubeError
+from kvgate.adapters.kube_cli import CliKube
+from kvgate.errors import InputError, KubeError
 
 POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -28,6 +29,14 @@ POD: dict[str, Any] = {
     "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0"}]},
     "status": {"phase": "Running", "podIP": "10.0.0.7", "futureField": {"x": 1}},
 }
+DEPLOYMENT: dict[str, Any] = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "vllm", "namespace": "ns", "creationTimestamp": "2026-12-02T10:00:00Z"},
+    "spec": {"replicas": 1, "futureField": {"x": 1}},
+}
+EVENT = {"kind": "Event", "reason": "Started", "lastTimestamp": "2026-12-02T10:00:00Z"}
+LATER = {"kind": "Event", "reason": "Verdict", "lastTimestamp": "2026-12-02T10:05:00Z"}
 NODE: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Node",
@@ -38,6 +47,18 @@ ANSWERS: dict[str, tuple[int, bytes]] = {
     "/api/v1/namespaces/ns/pods": (200, json.dumps({"kind": "PodList", "items": [POD]}).encode()),
     "/api/v1/namespaces/ns/pods/garbled": (200, b"<html>proxy login</html>"),
     "/api/v1/nodes/gpu-1": (200, json.dumps(NODE).encode()),
+    "/apis/apps/v1/namespaces/ns/deployments/vllm": (200, json.dumps(DEPLOYMENT).encode()),
+    "/apis/apps/v1/namespaces/ns/deployments/garbled": (200, b"<html>proxy login</html>"),
+    "/api/v1/namespaces/ns/services": (403, b'{"kind":"Status","code":403}'),
+    "/api/v1/namespaces/ns/persistentvolumeclaims": (
+        200,
+        json.dumps({"items": [{"metadata": {"name": "models"}}]}).encode(),
+    ),
+    "/api/v1/namespaces/ns/events": (200, json.dumps({"items": [LATER, EVENT]}).encode()),
+    "/apis/kvgate.io/v1alpha1/namespaces/ns/kvcacherollouts/denied": (
+        403,
+        b'{"kind":"Status","code":403,"message":"kvcacherollouts \\"denied\\" is\\n forbidden"}',
+    ),
     "/api/v1/namespaces/ns/configmaps/r-report": (200, b'{"kind":"ConfigMap","data":{}}'),
     "/api/v1/nodes/secret-node": (403, b'{"kind":"Status","code":403,"reason":"Forbidden"}'),
 }
@@ -91,20 +112,19 @@ def kube() -> Iterator[Kube]:
 
 
 def test_a_read_is_the_apiservers_json_as_it_is(kube: Kube) -> None:
-    assert kube.read_pod("ns", "r-control") == POD  # unknown fields and "Z" times kept
+    assert kube.read_deployment("ns", "vllm") == DEPLOYMENT  # unknown fields and "Z" times kept
     assert kube.list_pods("ns", "kvgate.io/rollout=r") == [POD]
     assert kube.requests == 2
 
 
 def test_a_missing_object_is_none(kube: Kube) -> None:
-    assert kube.read_pod("ns", "gone") is None
     assert kube.read_job("ns", "gone") is None
     assert kube.read_deployment("ns", "gone") is None
 
 
 def test_an_answer_that_is_not_json_is_one_kube_error(kube: Kube) -> None:
-    with pytest.raises(KubeError, match=r"^get pod ns/garbled: unreadable response: "):
-        kube.read_pod("ns", "garbled")
+    with pytest.raises(KubeError, match=r"^get deployment ns/garbled: unreadable response: "):
+        kube.read_deployment("ns", "garbled")
 
 
 def test_a_node_is_read_by_name_at_cluster_scope(kube: Kube) -> None:
@@ -113,6 +133,22 @@ def test_a_node_is_read_by_name_at_cluster_scope(kube: Kube) -> None:
     # a 403 is a KubeError carrying the status (the controller reads it as "GPU unknown")
     with pytest.raises(KubeError, match=r"^get node secret-node: 403") as raised:
         kube.read_node("secret-node")
+    assert raised.value.status == 403
+
+
+def test_the_clis_reads_name_what_failed_on_one_line(kube: Kube) -> None:
+    cli = CliKube(kube.api)  # the operator's client, with the CLI's reads
+    # `kvgate check`: the Deployment, and each list it could not read is None (403 here)
+    live = cli.read_target("ns", "vllm")
+    assert (live.deployment, live.services) == (DEPLOYMENT, None)
+    assert live.claims == {"models": {"metadata": {"name": "models"}}}
+    with pytest.raises(InputError, match=r"^deployment ns/gone not found; list them with `kubectl get deploy -n ns`$"):  # fmt: skip
+        cli.read_target("ns", "gone")
+    # `kvgate get`: the Events oldest first
+    assert cli.rollout_events("ns", "r") == [EVENT, LATER]
+    # a refusal carries the apiserver's own sentence, on one line
+    with pytest.raises(KubeError, match=r'^reading kvcacherollout ns/denied: 403 .*: kvcacherollouts "denied" is forbidden$') as raised:  # fmt: skip
+        cli.get_rollout("ns", "denied")
     assert raised.value.status == 403
 
 

@@ -363,17 +363,18 @@ def test_cli_picks_one_deployment_of_several(
 def test_cli_live_reads_the_cluster_and_says_what_it_could_not_list(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kvgate.adapters import report_source
+    from kvgate.adapters import kube_cli
 
     dep = with_volume(example(), MODEL_PVC)
     asked: list[tuple[str, str | None]] = []
 
-    def read_target(name: str, namespace: str | None) -> report_source.LiveTarget:
-        asked.append((name, namespace))
-        claims = {"models": pvc("models", "ReadWriteOncePod")}
-        return report_source.LiveTarget("llm", dep, None, claims)
+    class Cluster:
+        def read_target(self, namespace: str, name: str) -> kube_cli.LiveTarget:
+            asked.append((name, namespace))
+            claims = {"models": pvc("models", "ReadWriteOncePod")}
+            return kube_cli.LiveTarget("llm", dep, None, claims)
 
-    monkeypatch.setattr(report_source, "read_target", read_target)
+    monkeypatch.setattr(kube_cli, "for_cli", lambda ns: (Cluster(), ns or "default"))
     code, lines, _ = run(capsys, "--deployment", "vllm", "-n", "llm")
     assert (code, asked) == (1, [("vllm", "llm")])
     assert [line for line in lines if line.startswith("error:")] == [

@@ -3,7 +3,8 @@
 Objects come back as plain camelCase dicts (the API's JSON form), so the core never sees a
 kubernetes model class. `ApiException` and transport errors become `KubeError` with the status.
 Reads of absent objects return None; creates of existing objects return the existing one, so
-every caller is idempotent.
+every caller is idempotent. The chart's RBAC is derived from the client calls made here
+(tests/unit/test_rbac.py): the CLI's own calls, on the user's credentials, are in `kube_cli`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import urllib3
@@ -34,6 +36,7 @@ FORGE_TOKEN_LABEL = "kvgate.io/forge-token"
 FORGE_API_URL_ANNOTATION = "kvgate.io/forge-api-url"
 FORGE_REPOSITORY_ANNOTATION = "kvgate.io/forge-repository"
 MAX_TOKEN_LENGTH = 512
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # A Node's GPU labels change only when the node is replaced or relabelled: one read serves every
 # rollout on it for this long (100 rollouts on one node read it once, not 100 times).
 NODE_TTL_S = 60.0
@@ -71,15 +74,27 @@ def _decode_token(where: str, key: str, raw: Any) -> str:
     return text
 
 
-def load_api_client() -> k8s.ApiClient:
-    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+def configure() -> str | None:
+    """Load in-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config), as the
+    client's default; return the namespace they name (the service account's, the context's)."""
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
-        try:
-            k8s_config.load_kube_config()
-        except (k8s_config.ConfigException, OSError) as exc:
-            raise KubeError(f"no Kubernetes credentials: {exc}") from exc
+        pass
+    else:
+        return _SA_NAMESPACE.read_text().strip() if _SA_NAMESPACE.exists() else None
+    try:
+        k8s_config.load_kube_config()
+        _, active = k8s_config.list_kube_config_contexts()
+    except (k8s_config.ConfigException, OSError) as exc:
+        raise KubeError(f"no cluster credentials (in-cluster or kubeconfig): {exc}") from exc
+    namespace: str | None = (active or {}).get("context", {}).get("namespace")
+    return namespace
+
+
+def load_api_client() -> k8s.ApiClient:
+    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    configure()
     return k8s.ApiClient()
 
 
@@ -152,14 +167,6 @@ class Kube:
             lambda: _raw(
                 self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
             ),
-            missing_ok=True,
-        )
-
-    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(
-            "get",
-            f"pod {namespace}/{name}",
-            lambda: _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False)),
             missing_ok=True,
         )
 

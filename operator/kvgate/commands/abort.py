@@ -23,15 +23,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.adapters.report_source import annotate_rollout, read_rollout
+    from kvgate.adapters.kube_cli import for_cli
 
     reason = " ".join(str(args.reason).split())
     if not reason or not reason.isprintable() or len(reason) > _MAX_REASON:
         raise SpecError("--reason", f"give one printable line of at most {_MAX_REASON} characters")
-    view = RolloutView.of(read_rollout(args.name, args.namespace))
+    kube, ns = for_cli(args.namespace)
+    view = RolloutView.of(kube.get_rollout(ns, args.name))
     if view.finished:
         raise SpecError(f"kvr/{args.name}", f"has ended ({view.phase.value}): nothing to abort")
-    ns = annotate_rollout(view.name, args.namespace, {ANNOTATION_ABORT: reason})
+    kube.annotate_rollout(ns, view.name, {ANNOTATION_ABORT: reason})
     print(
         f"abort requested for kvr/{view.name} in {ns} ({reason}); it ends RolledBack, after "
         f"reverting production if kvgate had patched it (kvgate wait {view.name} -n {ns})"

@@ -25,9 +25,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.adapters.report_source import annotate_rollout, read_rollout
+    from kvgate.adapters.kube_cli import for_cli
 
-    view = RolloutView.of(read_rollout(args.name, args.namespace))
+    kube, ns = for_cli(args.namespace)
+    view = RolloutView.of(kube.get_rollout(ns, args.name))
     config = view.status.config_hash
     if view.phase is not Phase.AWAITING_APPROVAL or view.reported or not config:
         raise SpecError(
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             f"is {view.phase.value} ({view.status.reason or 'no reason'}), not awaiting approval: "
             "nothing to approve",
         )
-    ns = annotate_rollout(view.name, args.namespace, {ANNOTATION_APPROVE: config})
+    kube.annotate_rollout(ns, view.name, {ANNOTATION_APPROVE: config})
     print(
         f"approved config {config} of kvr/{view.name} in {ns}; the operator promotes it on its "
         f"next reconcile (follow with: kvgate get {view.name} -n {ns} --watch)"

@@ -60,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if args.file:
         result = _check_file(args.file, args.deployment, args.container, args.namespace)
     elif args.deployment:
-        from kvgate.adapters.report_source import read_target
+        from kvgate.adapters.kube_cli import for_cli
 
-        live = read_target(args.deployment, args.namespace)
+        kube, namespace = for_cli(args.namespace)
+        live = kube.read_target(namespace, args.deployment)
         result = targetcheck.check(
             live.deployment, container=args.container, services=live.services, claims=live.claims
         )

@@ -28,18 +28,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.adapters.report_source import read_rollout, rollout_events
+    from kvgate.adapters.kube_cli import for_cli
 
     timeout, interval = durations(args)
+    kube, namespace = for_cli(args.namespace)
     deadline = time.monotonic() + timeout
     shown: list[str] = []
     while True:
-        view = RolloutView.of(read_rollout(args.name, args.namespace))
+        view = RolloutView.of(kube.get_rollout(namespace, args.name))
         if args.json:
             print(json.dumps({"name": view.name, "namespace": view.namespace,
                               "status": view.status.to_dict()}, sort_keys=True))  # fmt: skip
         else:
-            lines = view.lines(rollout_events(view.name, view.namespace))
+            lines = view.lines(kube.rollout_events(view.namespace, view.name))
             if lines != shown:  # --watch prints what changed, not the same screen again
                 if shown:
                     print()

@@ -12,6 +12,7 @@ from typing import Any, Final
 from kvgate import report
 from kvgate.commands import catalog
 from kvgate.errors import ParseError
+from kvgate.inputs import load_file
 
 HELP = catalog.help_of("report")
 EXAMPLES: Final = (
@@ -43,13 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.file:
-        from kvgate.adapters.report_source import read_rollout_file
-
         rollout = read_rollout_file(args.file, args.name)
     elif args.name:
-        from kvgate.adapters.report_source import read_rollout
+        from kvgate.adapters.kube_cli import for_cli
 
-        rollout = read_rollout(args.name, args.namespace)
+        kube, namespace = for_cli(args.namespace)
+        rollout = kube.get_rollout(namespace, args.name)
     else:
         raise ParseError("kvgate report", "give a rollout NAME or --file FILE")
     view = report.view_of(rollout)  # read once; every output renders this view
@@ -86,3 +86,36 @@ def summary(view: report.ReportView) -> dict[str, Any]:
         "capacityRatio": view.capacity_gain,
         "recommendedArgs": view.args,
     }
+
+
+def _metadata(item: dict[str, Any]) -> dict[str, Any]:
+    meta = item.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
+    """A rollout saved with `kubectl get kvr -o json` (or -o yaml); `-` is stdin.
+
+    A list (`kubectl get kvr -o json` without a name) is accepted: `name` picks the item,
+    and may be left out when the list holds one rollout.
+    """
+    obj = load_file(path)  # bounded: size, UTF-8, depth, no YAML aliases
+    if isinstance(obj, dict) and isinstance(obj.get("items"), list):
+        items = [i for i in obj["items"] if isinstance(i, dict)]
+        names = [str(_metadata(i).get("name"))[:253] for i in items]
+        if name is not None:
+            if name not in names:
+                raise ParseError(path, f"no rollout {name!r} in the list ({', '.join(names)})")
+            obj = items[names.index(name)]
+        elif len(items) == 1:
+            obj = items[0]
+        else:
+            raise ParseError(
+                path, f"{len(items)} rollouts in the list; name one of: {', '.join(names)}"
+            )
+    if not isinstance(obj, dict) or obj.get("kind") != "KVCacheRollout":
+        raise ParseError(path, "expected one KVCacheRollout object")
+    found = _metadata(obj).get("name")
+    if name is not None and found != name:
+        raise ParseError(path, f"holds rollout {str(found)[:253]!r}, not {name!r}")
+    return obj

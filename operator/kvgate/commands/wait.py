@@ -38,13 +38,14 @@ def durations(args: argparse.Namespace) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.adapters.report_source import read_rollout
+    from kvgate.adapters.kube_cli import for_cli
 
     timeout, interval = durations(args)
+    kube, namespace = for_cli(args.namespace)
     deadline = time.monotonic() + timeout
     last = ""
     while True:
-        view = RolloutView.of(read_rollout(args.name, args.namespace))
+        view = RolloutView.of(kube.get_rollout(namespace, args.name))
         headline = view.headline()
         if headline != last and sys.stderr.isatty():
             print(headline, file=sys.stderr)
