@@ -85,8 +85,8 @@ def act_best_effort(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Sta
     clean up what fails. Returns `before` and what the actions before a failing one did."""
     done = before
     try:
-        for done in acts(ctx, step, before):  # noqa: B007 (the fold so far is the result)
-            pass
+        for fold in acts(ctx, step, before):  # what the actions did, kept up to a failing one
+            done = fold
     except (ExternalError, KvgateError) as exc:
         ctx.logger.warning("acting failed while giving up: %s", exc)
     return done

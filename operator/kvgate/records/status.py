@@ -258,11 +258,14 @@ _MAX_MHZ: Final = 1e6  # no GPU clock is near it: a larger figure is junk
 
 def _reading(mean: object, span: tuple[object, ...]) -> ClockReading | None:
     numbers = [mean, *span]
-    if len(numbers) != 3 or not all(
-        isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < _MAX_MHZ for n in numbers
-    ):
+    plausible = [
+        float(n)
+        for n in numbers
+        if isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < _MAX_MHZ
+    ]
+    if len(numbers) != 3 or len(plausible) != 3:
         return None  # absent, or an edited status: unknown, never a guess
-    m, low, high = (float(n) for n in numbers)  # type: ignore[arg-type]
+    m, low, high = plausible
     return ClockReading(m, low, high) if low <= high else None
 
 
