@@ -31,7 +31,7 @@ from kvgate.commands.failure import report_error
 from kvgate.errors import ExternalError, KvgateError
 
 # Subcommand -> its module (imported only when that command runs or shows its own help).
-COMMANDS: dict[str, str] = {name: module for name, (module, _) in catalog.COMMANDS.items()}
+COMMANDS: dict[str, str] = {n: "kvgate.commands." + n.replace("-", "_") for n in catalog.COMMANDS}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,26 +76,17 @@ def _epilog(notes: str | None, examples: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _command_name(argv: Sequence[str]) -> str | None:
-    return next((a for a in argv if a in COMMANDS), None)
-
-
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="kvgate", description="Gate an FP8 KV-cache change on evidence.")
     parser.add_argument("--version", action="version", version=f"kvgate {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    chosen = _command_name(argv)
+    chosen = next((a for a in argv if a in COMMANDS), None)
     for name, module_name in COMMANDS.items():
         if name != chosen:  # listed by its help line; its module (numpy, scipy...) stays unloaded
-            sub.add_parser(name, help=catalog.help_of(name))
+            sub.add_parser(name, help=catalog.COMMANDS[name])
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # command not built yet
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(
             name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter
         )
@@ -110,8 +101,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
                 action.help = "(default: %(default)s)"
         cmd.command = name
         cmd.json_errors = "--json" in argv and "--json" in cmd._option_string_actions
-        if chosen is not None:
-            parser.command, parser.json_errors = name, cmd.json_errors
+        parser.command, parser.json_errors = name, cmd.json_errors
         cmd.set_defaults(_run=module.run)
     return parser
 

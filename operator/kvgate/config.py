@@ -7,12 +7,13 @@ the operator runs is here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from kvgate.errors import SpecError
 from kvgate.spec import allowed as policy
@@ -32,12 +33,7 @@ DEFAULT_LOAD_RESOURCES: Final[Mapping[str, Mapping[str, str]]] = {
     "limits": {"cpu": "4", "memory": "4Gi"},
 }
 DEFAULT_EVAL_IMAGE: Final = "ghcr.io/kvgate/kvgate:0.1.0"
-DEFAULT_EVAL_CONCURRENCY: Final = 8
 DEFAULT_METRICS_PORT: Final = 9090
-DEFAULT_MAX_WORKERS: Final = 16
-DEFAULT_REPORT_TIMEOUT_S: Final = 10.0
-DEFAULT_APPROVAL_TTL_S: Final = 72 * 3600.0
-DEFAULT_ERROR_LIMIT: Final = 30  # consecutive outside errors (10 s apart) before giving up
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +70,20 @@ class OperatorConfig:
     # in `*` for a prefix): what rollouts may set beyond kvgate.spec.allowed's built-in lists. The
     # denylist the CRD enforces cannot be extended.
     allowlist: policy.Allowlist = policy.BUILTIN
-    eval_concurrency: int = DEFAULT_EVAL_CONCURRENCY  # KVGATE_EVAL_CONCURRENCY
+    eval_concurrency: int = 8  # KVGATE_EVAL_CONCURRENCY
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # KVGATE_POLL_INTERVAL
     metrics_port: int = DEFAULT_METRICS_PORT  # KVGATE_METRICS_PORT; 0 disables
-    max_workers: int = DEFAULT_MAX_WORKERS  # KVGATE_MAX_WORKERS: handler threads
+    max_workers: int = 16  # KVGATE_MAX_WORKERS: handler threads
     hub_offline: bool = False  # HF_HUB_OFFLINE: never reach the hub for the scale scan
-    scrape_timeout_s: float = DEFAULT_REPORT_TIMEOUT_S  # KVGATE_SCRAPE_TIMEOUT
-    error_limit: int = DEFAULT_ERROR_LIMIT  # KVGATE_ERROR_LIMIT
+    scrape_timeout_s: float = 10.0  # KVGATE_SCRAPE_TIMEOUT
+    # KVGATE_ERROR_LIMIT: consecutive outside errors (10 s apart) before giving up
+    error_limit: int = 30
     # KVGATE_APPROVAL_IDENTITY: an approval counts only with the approver, author and
     # generation the chart's admission policy records (the chart sets it with the policy).
     approval_identity: bool = False
     # KVGATE_APPROVAL_TTL (a duration, e.g. 72h): how long after the verdict an approval may
     # come; past it the rollout ends ApprovalExpired. "0" or "never": no limit.
-    approval_ttl_s: float | None = DEFAULT_APPROVAL_TTL_S
+    approval_ttl_s: float | None = 72 * 3600.0
     # KVGATE_PROMETHEUS_URL (http(s)://host:port of the Prometheus HTTP API): preflight reads
     # production's pool history there with PromQL instead of scraping the pods; None: scrape.
     prometheus_url: str | None = None
@@ -120,13 +117,17 @@ class OperatorConfig:
                 p for p in (environ.get("KVGATE_MODEL_DIRS") or "").split(os.pathsep) if p
             ),
             allowlist=_allowlist(environ),
-            eval_concurrency=_int(environ, "KVGATE_EVAL_CONCURRENCY", d.eval_concurrency, 1),
-            poll_interval_s=_float(environ, "KVGATE_POLL_INTERVAL", d.poll_interval_s, 0.1),
-            metrics_port=_int(environ, "KVGATE_METRICS_PORT", d.metrics_port, 0),
-            max_workers=_int(environ, "KVGATE_MAX_WORKERS", d.max_workers, 1),
+            eval_concurrency=_number(
+                environ, "KVGATE_EVAL_CONCURRENCY", int, d.eval_concurrency, 1
+            ),
+            poll_interval_s=_number(environ, "KVGATE_POLL_INTERVAL", float, d.poll_interval_s, 0.1),
+            metrics_port=_number(environ, "KVGATE_METRICS_PORT", int, d.metrics_port, 0),
+            max_workers=_number(environ, "KVGATE_MAX_WORKERS", int, d.max_workers, 1),
             hub_offline=environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"),
-            scrape_timeout_s=_float(environ, "KVGATE_SCRAPE_TIMEOUT", d.scrape_timeout_s, 0.1),
-            error_limit=_int(environ, "KVGATE_ERROR_LIMIT", d.error_limit, 1),
+            scrape_timeout_s=_number(
+                environ, "KVGATE_SCRAPE_TIMEOUT", float, d.scrape_timeout_s, 0.1
+            ),
+            error_limit=_number(environ, "KVGATE_ERROR_LIMIT", int, d.error_limit, 1),
             approval_identity=_bool(environ, "KVGATE_APPROVAL_IDENTITY", d.approval_identity),
             approval_ttl_s=_ttl(environ, "KVGATE_APPROVAL_TTL", d.approval_ttl_s),
             prometheus_url=_url(environ, "KVGATE_PROMETHEUS_URL"),
@@ -139,29 +140,24 @@ class OperatorConfig:
         return replace(self, **{k: v for k, v in values.items() if v is not None})
 
 
-def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+_N = TypeVar("_N", int, float)
+
+
+def _number(environ: Mapping[str, str], name: str, kind: type[_N], default: _N, minimum: _N) -> _N:
+    """An int or a finite float, as `kind` says (nan would pass every minimum)."""
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
+    spec = "d" if kind is int else "g"
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise SpecError(name, f"{raw!r} is not an integer") from None
+        what = "an integer" if kind is int else "a number"
+        raise SpecError(name, f"{raw!r} is not {what}") from None
+    if not math.isfinite(value):
+        raise SpecError(name, f"{raw!r} is not a finite number")
     if value < minimum:
-        raise SpecError(name, f"{value} is below the minimum {minimum}")
-    return value
-
-
-def _float(environ: Mapping[str, str], name: str, default: float, minimum: float) -> float:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SpecError(name, f"{raw!r} is not a number") from None
-    if value < minimum:
-        raise SpecError(name, f"{value:g} is below the minimum {minimum:g}")
+        raise SpecError(name, f"{value:{spec}} is below the minimum {minimum:{spec}}")
     return value
 
 
@@ -257,18 +253,14 @@ def _resources(
 
 
 def _allowlist(environ: Mapping[str, str]) -> policy.Allowlist:
-    def items(name: str) -> list[str]:
-        return [x.strip() for x in (environ.get(name) or "").split(",") if x.strip()]
-
-    try:
-        args = policy.Allowlist.from_config(args=items("KVGATE_EXTRA_ALLOWED_ARGS"))
-    except ValueError as exc:
-        raise SpecError("KVGATE_EXTRA_ALLOWED_ARGS", str(exc)) from None
-    try:
-        env = policy.Allowlist.from_config(env=items("KVGATE_EXTRA_ALLOWED_ENV"))
-    except ValueError as exc:
-        raise SpecError("KVGATE_EXTRA_ALLOWED_ENV", str(exc)) from None
-    return policy.Allowlist(extra_args=args.extra_args, extra_env=env.extra_env)
+    read: dict[str, policy.Allowlist] = {}
+    for kind, name in (("args", "KVGATE_EXTRA_ALLOWED_ARGS"), ("env", "KVGATE_EXTRA_ALLOWED_ENV")):
+        items = [x.strip() for x in (environ.get(name) or "").split(",") if x.strip()]
+        try:
+            read[kind] = policy.Allowlist.from_config(**{kind: items})
+        except ValueError as exc:
+            raise SpecError(name, str(exc)) from None
+    return policy.Allowlist(extra_args=read["args"].extra_args, extra_env=read["env"].extra_env)
 
 
 # ---- the Hugging Face environment (the eval Job's dataset, preflight's checkpoints) ------------

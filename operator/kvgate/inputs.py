@@ -4,7 +4,7 @@ Every command that reads a JSON or YAML file goes through here:
 
     >>> obj = load_file("rollout.yaml")          # JSON or YAML, one object
 
-A file is read up to `max_bytes` (more is refused, so `/dev/zero` costs 8 MiB, not all
+A file is read up to `MAX_FILE_BYTES` (more is refused, so `/dev/zero` costs 8 MiB, not all
 memory), must be UTF-8, may nest at most `MAX_DEPTH` levels, and YAML may not use aliases
 (a "billion laughs" document expands a few hundred bytes into gigabytes). Failures are one
 `ParseError` naming the file. `finite_float` and `bounded_int` are argparse types that give
@@ -30,25 +30,25 @@ from kvgate.spec.reader import parse_duration
 
 MAX_FILE_BYTES: Final = 8 << 20
 MAX_DEPTH: Final = 64
+_TOO_LARGE: Final = f"is larger than {MAX_FILE_BYTES >> 20} MiB; not a kvgate input"
 _LOADER: Final = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 # -- files -------------------------------------------------------------------------------------
 
 
-def read_bytes(
-    path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False
-) -> bytes:
-    """At most `max_bytes` of a file (`-` is stdin); a larger file is refused, not cut."""
+def read_text(path: str | Path, *, regular: bool = False) -> str:
+    """At most MAX_FILE_BYTES of a UTF-8 file (`-` is stdin; a BOM is dropped): a larger file is
+    refused, not cut, and other bytes are one ParseError with the offset."""
     name = str(path)
     if name == "-":
-        data = sys.stdin.buffer.read(max_bytes + 1)
+        data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
     else:
         try:
             with open(path, "rb") as handle:
                 if regular and not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                     raise ParseError(name, "is not a regular file")
-                data = handle.read(max_bytes + 1)
+                data = handle.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             raise ParseError(name, "no such file") from None
         except IsADirectoryError:
@@ -59,36 +59,27 @@ def read_bytes(
             raise ParseError(
                 name, f"cannot be read ({exc.strerror or type(exc).__name__})"
             ) from None
-    if len(data) > max_bytes:
-        raise ParseError(name, f"is larger than {_size(max_bytes)}; not a kvgate input")
-    return data
-
-
-def decode(data: bytes, source: str) -> str:
-    """UTF-8 text (a BOM is dropped); other bytes are one ParseError with the offset."""
+    if len(data) > MAX_FILE_BYTES:
+        raise ParseError(name, _TOO_LARGE)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ParseError(source, f"is not UTF-8 text (byte {exc.start})") from None
+        raise ParseError(name, f"is not UTF-8 text (byte {exc.start})") from None
 
 
-def read_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES, regular: bool = False) -> str:
-    return decode(read_bytes(path, max_bytes=max_bytes, regular=regular), str(path))
-
-
-def load_file(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
+def load_file(path: str | Path) -> Any:
     """A JSON or YAML document (JSON when it starts with `{` or `[`)."""
-    text = read_text(path, max_bytes=max_bytes)
+    text = read_text(path)
     if text.lstrip()[:1] in ("{", "["):
         return load_json(text, str(path))
     return load_yaml(text, str(path))
 
 
-def load_documents(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> list[Any]:
+def load_documents(path: str | Path) -> list[Any]:
     """Every document of a multi-document YAML file (`---` between them), or of a JSON value
     (an array: its elements); a `kind: List` (`kubectl get -o yaml` of several objects) gives
     its items."""
-    text = read_text(path, max_bytes=max_bytes)
+    text = read_text(path)
     if text.lstrip()[:1] in ("{", "["):
         value = load_json(text, str(path))
         docs = value if isinstance(value, list) else [value]
@@ -107,7 +98,7 @@ def load_documents(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> list
 def load_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
     """`json.loads` with its deep-nesting, huge-number and malformed cases as ParseError."""
     if len(text) > MAX_FILE_BYTES:
-        raise ParseError(source, f"is larger than {_size(MAX_FILE_BYTES)}; not a kvgate input")
+        raise ParseError(source, _TOO_LARGE)
     try:
         value = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
@@ -120,11 +111,11 @@ def load_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
-def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH, every: bool = False) -> Any:
-    """`yaml.safe_load` without aliases and at most `max_depth` levels deep (`every`: the list
+def load_yaml(text: str, source: str, *, every: bool = False) -> Any:
+    """`yaml.safe_load` without aliases and at most MAX_DEPTH levels deep (`every`: the list
     of all documents, as `yaml.safe_load_all`)."""
     if len(text) > MAX_FILE_BYTES:
-        raise ParseError(source, f"is larger than {_size(MAX_FILE_BYTES)}; not a kvgate input")
+        raise ParseError(source, _TOO_LARGE)
     depth = 0
     try:
         # Events first (libyaml, no recursion): aliases and depth are refused before any
@@ -134,8 +125,8 @@ def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH, every: bool
                 raise ParseError(source, "uses YAML aliases (*name); write the values out")
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
-                if depth > max_depth:
-                    raise ParseError(source, f"nests deeper than {max_depth} levels")
+                if depth > MAX_DEPTH:
+                    raise ParseError(source, f"nests deeper than {MAX_DEPTH} levels")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
         if every:
@@ -147,7 +138,9 @@ def load_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH, every: bool
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise ParseError(source, f"not YAML: {str(problem)[:120]}", line_no=line) from None
     except RecursionError:
-        raise ParseError(source, f"nests deeper than {max_depth} levels") from None
+        raise ParseError(source, f"nests deeper than {MAX_DEPTH} levels") from None
+    except ParseError:  # an alias or the depth, said above (a ParseError is a ValueError)
+        raise
     except ValueError as exc:  # e.g. a huge YAML integer
         raise ParseError(source, f"not YAML: {str(exc)[:120]}") from None
 
@@ -167,18 +160,11 @@ def _check_depth(value: Any, source: str, max_depth: int) -> None:
             stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
-
-
 # -- argparse types ----------------------------------------------------------------------------
 
 
 def finite_float(
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    low_open: bool = False,
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
 ) -> Callable[[str], float]:
     """An argparse type: a finite float in [low, high] (or (low, high] with `low_open`)."""
 
@@ -189,12 +175,8 @@ def finite_float(
             value = math.nan
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
-        too_low = low is not None and (value <= low if low_open else value < low)
-        if too_low or (high is not None and value > high):
-            left = "(" if low_open else "["
-            raise argparse.ArgumentTypeError(
-                f"{value:g} is outside {left}{_g(low, '-inf')}, {_g(high, 'inf')}]"
-            )
+        if (limits := _outside(value, low, high, low_open)) is not None:
+            raise argparse.ArgumentTypeError(f"{value:g} is outside {limits}")
         return value
 
     parse.__name__ = "number"  # argparse names the type in its messages
@@ -267,16 +249,11 @@ def _bounded(
             value = read(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        too_low = low is not None and (value <= low if low_open else value < low)
-        if too_low or (high is not None and value > high):
-            left = "(" if low_open else "["
+        if (limits := _outside(value, low, high, low_open)) is not None:
             hint = ""
             if name == "fraction" and high is not None and high <= 1 < value <= 100:
                 hint = f": a fraction; write {value / 100:g} or {value:g}%"
-            raise argparse.ArgumentTypeError(
-                f"{text.strip()[:40]} is outside {left}{_g(low, '-inf')}, {_g(high, 'inf')}]"
-                f"{unit}{hint}"
-            )
+            raise argparse.ArgumentTypeError(f"{text.strip()[:40]} is outside {limits}{unit}{hint}")
         return value
 
     parse.__name__ = name
@@ -297,6 +274,15 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def _outside(value: float, low: float | None, high: float | None, low_open: bool) -> str | None:
+    """The range `value` is outside of, as the messages print it ("[0, 1]"); None: inside."""
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        left = "(" if low_open else "["
+        return f"{left}{_g(low, '-inf')}, {_g(high, 'inf')}]"
+    return None
 
 
 def _g(bound: float | None, none: str) -> str:

@@ -88,13 +88,9 @@ def redact_env(
             continue
         item = {k: copy.deepcopy(v) for k, v in entry.items() if k != "value"}
         if "value" in entry:
-            value = entry["value"]
-            name = str(entry.get("name", ""))
-            keep = name in show and not looks_secret(name)
-            if value is None or value == "" or keep:
-                item["value"] = value
-            else:
-                item["value"] = fingerprint(str(value))
+            value, name = entry["value"], str(entry.get("name", ""))
+            keep = value is None or value == "" or (name in show and not looks_secret(name))
+            item["value"] = value if keep else fingerprint(str(value))
         out.append(item)
     return out
 
@@ -106,24 +102,20 @@ def redact_args(args: Sequence[str] | None) -> list[str]:
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token.startswith("--"):
-            name, eq, value = token.partition("=")
-            if looks_secret(name):
-                if eq:
-                    out.append(f"{name}={fingerprint(value)}")
-                    i += 1
-                    continue
-                out.append(token)
-                if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                    out.append(fingerprint(tokens[i + 1]))
-                    i += 2
-                    continue
-                i += 1
+        i += 1
+        name, eq, value = token.partition("=")
+        if token.startswith("--") and looks_secret(name):
+            if eq:
+                out.append(f"{name}={fingerprint(value)}")
                 continue
+            out.append(token)
+            if i < len(tokens) and not tokens[i].startswith("--"):
+                out.append(fingerprint(tokens[i]))
+                i += 1
+            continue
         if any(c.isspace() for c in token):  # an `sh -c` script: redact inside its text
             token = _redact_script(token)
         out.append(token)
-        i += 1
     return out
 
 

@@ -217,17 +217,6 @@ class Condition:
     observed_generation: int | None = None
     last_transition_time: str | None = None
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Condition:
-        return cls(
-            type=str(data.get("type", "")),
-            status=str(data.get("status", "Unknown")),
-            reason=str(data.get("reason", "")),
-            message=str(data.get("message", "")),
-            observed_generation=data.get("observedGeneration"),
-            last_transition_time=data.get("lastTransitionTime"),
-        )
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "type": self.type,

@@ -1,7 +1,7 @@
 """The /metrics scrape gives up at its deadline when a loopback server trickles its answer a
 byte at a time (slowloris): httpx's timeouts are per read, so each byte would reset them.
 
-Before the watchdog these took minutes to hours (h11 reads up to 16 KiB of headers, one byte
+Without the overall deadline these took minutes to hours (h11 reads up to 16 KiB of headers, one byte
 per gap); the bound below is the 1 s timeout plus slack for 2 loaded cores, not a benchmark.
 """
 
@@ -19,7 +19,7 @@ from kvgate.adapters.http import scrape
 from kvgate.errors import ScrapeError
 
 # Seconds past the timeout that still count as "gave up at the deadline": a cut took 5.3 s at
-# load average 15 under `nice 19`, and without the watchdog each case runs 40 s or forever.
+# load average 15 under `nice 19`, and without the deadline each case runs 40 s or forever.
 SLACK = 9.0
 BODY = b"vllm:kv_cache_usage_perc 0.5\n"
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
@@ -97,3 +97,15 @@ def test_a_prompt_server_is_still_read() -> None:
     answer = OK_HEAD + b"Content-Length: 29\r\n\r\n" + BODY
     with _server(answer, 0.0) as (url, _):
         assert scrape(url, timeout=2.0) == BODY.decode()
+
+
+def test_a_tls_handshake_a_byte_at_a_time() -> None:
+    # A handshake record that announces 16 KiB and then trickles, each byte within a read
+    # timeout: the handshake is one operation under the time left (CPython's ssl keeps one
+    # deadline across its reads), so it ends by the call's deadline too.
+    record_head = b"\x16\x03\x03\x40\x00"
+    with _server(b"\x02", 0.2, head=record_head) as (url, sent):
+        took, message = _timed_scrape(url.replace("http://", "https://"), timeout=1.0)
+    assert took < 1.0 + SLACK, f"the handshake took {took:.2f} s with a 1 s timeout"
+    assert "within 1 s" in message
+    assert sent[0] >= 1  # the server was trickling, not silent

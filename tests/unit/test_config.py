@@ -67,6 +67,10 @@ def test_flags_override_the_environment() -> None:
         ({"KVGATE_POLL_INTERVAL": "soon"}, "KVGATE_POLL_INTERVAL: 'soon' is not a number"),
         ({"KVGATE_POLL_INTERVAL": "0"}, "KVGATE_POLL_INTERVAL: 0 is below the minimum 0.1"),
         ({"KVGATE_METRICS_PORT": "-1"}, "KVGATE_METRICS_PORT: -1 is below the minimum 0"),
+        # nan passes every minimum, inf never ends a scrape
+        ({"KVGATE_SCRAPE_TIMEOUT": "nan"}, "KVGATE_SCRAPE_TIMEOUT: 'nan' is not a finite number"),
+        ({"KVGATE_SCRAPE_TIMEOUT": "inf"}, "KVGATE_SCRAPE_TIMEOUT: 'inf' is not a finite number"),
+        ({"KVGATE_POLL_INTERVAL": "NaN"}, "KVGATE_POLL_INTERVAL: 'NaN' is not a finite number"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None:

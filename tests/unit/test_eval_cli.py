@@ -390,3 +390,43 @@ def test_a_decided_eval_gives_no_advice(
     assert (advice_text(spent) or "").endswith(
         "; this run used 600: its observed difference keeps it open)"
     )
+
+
+def test_a_bug_in_the_divergence_screen_stays_in_its_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    import kvgate.commands.eval as eval_cmd
+    from kvgate.commands import diverge
+
+    def broken(*args: object) -> dict[str, object]:
+        raise RuntimeError("a bug in the screen")
+
+    monkeypatch.setattr(diverge, "documents_source", lambda data_dir: ["a document"])
+    monkeypatch.setattr(diverge, "run_screen", broken)
+    settings = SimpleNamespace(data_dir=tmp_path, hub_files=None)
+    block = eval_cmd._run_divergence(diverge.ScreenOptions(), [], settings)  # type: ignore[arg-type]
+    assert block["verdict"] == "error" and block["kind"] == diverge.SUMMARY_KIND
+    assert block["error"].startswith("internal error:") and "RuntimeError" in block["error"]
+    assert "a bug in the screen" in capsys.readouterr().err  # the traceback, for the bug report
+
+
+def test_a_bug_in_the_long_context_task_stays_in_its_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import kvgate.commands.eval as eval_cmd
+    from kvgate.evaluation import long_context, long_context_runner
+
+    def broken(*args: object) -> tuple[int, str]:
+        raise RuntimeError("a bug in the needle task")
+
+    monkeypatch.setattr(long_context_runner, "load_tokenizer", broken)
+    request = {
+        "tasks": ["niah_single_1"], "lengths": [4096], "items": 2, "tokenizer": "t",
+        "tokenizer_revision": None, "plan": long_context.LongContextPlan(),
+    }  # fmt: skip
+    block = eval_cmd._run_long_context(request, None, [], tmp_path, 0)  # type: ignore[arg-type]
+    assert block["verdict"] == "error" and block["kind"] == long_context.BLOCK_KIND
+    assert block["error"].startswith("internal error:") and "RuntimeError" in block["error"]
+    assert "a bug in the needle task" in capsys.readouterr().err

@@ -147,3 +147,11 @@ def test_mla_formats_only_on_mla() -> None:
         mla.bytes_per_token("int8_per_token_head")
     with pytest.raises(UnsupportedError, match="for DeepSeek MLA models only"):
         parse_kv_layout(LLAMA).bytes_per_token("nvfp4_ds_mla")
+
+
+def test_every_format_with_scales_is_quantized() -> None:
+    # scales.format_findings asks "checkpoint or dynamic scales?" before "quantized?": the two
+    # orders agree only while no 16-bit format carries scales
+    for format_ in kf.FORMATS.values():
+        if format_.scale_mode in (kf.SCALES_CHECKPOINT, kf.SCALES_DYNAMIC):
+            assert format_.quantized, format_

@@ -410,6 +410,25 @@ def test_a_missing_tool_still_ends_in_a_summary(
     assert last["error"] == "/x/inference-perf: inference-perf not found (run `make loadenv`)"
 
 
+def test_a_bug_in_the_run_still_ends_in_a_summary_with_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tokenizer: Path,
+    tmp_path: Path,
+) -> None:
+    def broken(*args: object, **kwargs: object) -> LoadRun:
+        raise RuntimeError("a bug in the runner")
+
+    monkeypatch.setattr("kvgate.load.runner.run_load", broken)
+    monkeypatch.setenv("KVGATE_LOAD_NONCE", "n0nce")
+    code = main([*ARGV, "--tokenizer", str(tokenizer), "--work-dir", str(tmp_path / "w")])
+    out, err = capsys.readouterr()
+    last = json.loads(out.strip().splitlines()[-1])
+    assert code == 70 and last["verdict"] == "error"
+    assert last["error"].startswith("internal error:") and "RuntimeError" in last["error"]
+    assert "Traceback" in err and "a bug in the runner" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

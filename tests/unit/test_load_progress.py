@@ -80,3 +80,11 @@ def test_without_a_deadline_or_spread_the_command_is_as_before() -> None:
         production_concurrency=4, prompt_tokens=512, output_tokens=128, max_concurrency=8,
     )  # fmt: skip
     assert "--timeout" not in command and "--prompt-std-tokens" not in command
+
+
+def test_a_hostile_progress_log_is_bounded_and_never_raises() -> None:
+    started = json.dumps({"kind": PROGRESS_KIND, "event": "started", "stages": [1, 2]})
+    deep = '{"a":' + "[" * 100_000 + "]" * 100_000 + "}"  # past the parser's recursion limit
+    huge = json.dumps({"kind": PROGRESS_KIND, "event": "started", "pad": "x" * 1_100_000})
+    assert LoadProgress.from_log(f"{deep}\n{started}").started  # the deep line is skipped
+    assert not LoadProgress.from_log(huge).started  # a line past 1 MB is not read

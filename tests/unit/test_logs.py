@@ -1217,7 +1217,7 @@ def test_an_overlong_line_is_read_to_its_cap_only() -> None:
     """Rules look at the first _MAX_LINE characters of a line, whatever its length."""
     import kvgate.evidence.logs.collect
 
-    cap = kvgate.evidence.logs._MAX_LINE
+    cap = kvgate.evidence.logs.collect._MAX_LINE
     found = scan_log("INFO 01-01 00:00:00 [x.py:1] KV cache size: 1,234 tokens\n")
     assert found.capacity.kv_tokens == 1234
     beyond = scan_log("x" * cap + " KV cache size: 1,234 tokens\n")

@@ -326,6 +326,7 @@ def test_cli_on_each_broken_deployment_names_its_problem_and_fix(
             "2 Deployments (a, b); pick one with --deployment NAME",
         ),
         ("a: &x 1\nb: *x\n", "uses YAML aliases"),
+        ("- " * 70 + "1\n", "nests deeper than 64 levels"),
     ],
 )
 def test_cli_bad_files_are_one_line_and_exit_2(
@@ -336,6 +337,7 @@ def test_cli_bad_files_are_one_line_and_exit_2(
     code, lines, err = run(capsys, "-f", str(path))
     assert (code, lines) == (2, [])
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert err.count(str(path)) == 1, err  # the file is named once, not wrapped twice
 
 
 def test_cli_missing_file_and_no_target_exit_2(

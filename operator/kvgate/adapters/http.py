@@ -5,15 +5,16 @@ Pass a `client` to reuse connections or, in tests, an `httpx.Client(transport=Mo
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import logging
 import math
-import socket
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
 from typing import Any, Final
 
+import httpcore
 import httpx
 
 from kvgate.errors import ScrapeError, SpecError
@@ -24,9 +25,9 @@ DEFAULT_TIMEOUT: Final = 5.0
 # A vLLM /metrics body is tens to hundreds of KiB; 4 MiB leaves room for many models/replicas.
 MAX_BODY_BYTES: Final = 4 << 20
 MAX_INTERVAL: Final = 86400.0
-# The watchdog fires this long after the timeout, so a silent server trips httpx's own read
-# timeout first (and is reported as such).
-_WATCHDOG_GRACE: Final = 0.1
+# The sockets' deadline is this long after the timeout, so a body trickling in is cut by the
+# check between its chunks (and is reported as such) before a read is.
+_DEADLINE_GRACE: Final = 0.1
 
 # Owned clients ignore HTTP(S)_PROXY: pod IPs are scraped directly.
 # httpx logs one INFO line per request; at scrape rate that drowns the operator's log.
@@ -57,45 +58,102 @@ def _check_url(url: str) -> None:
         )
 
 
-class _Watchdog:
-    """Shuts the request's socket down at the deadline.
+# --- an overall deadline on a client's sockets ----------------------------------------------
+# httpx's timeouts bound each read, not the request: a server that sends its headers or body a
+# byte at a time never trips them (and huggingface_hub's client has no timeout at all). Within
+# `deadline(at)`, every socket operation of a client put on `bounded_sockets` gets a timeout cut
+# to what is left, and past `at` raises its library's own timeout error (hence `errors`: httpcore
+# under httpx, httpcore2 under huggingface_hub's httpx2), so the whole call ends by `at`.
 
-    httpx's timeouts bound each read, not the request: a server that sends its headers or body
-    a byte at a time never trips them. The TCP socket is taken from httpcore's trace event when
-    it connects (the request says `Connection: close`, so it is never a pooled one), and a timer
-    shuts it down, which wakes the blocked read.
-    """
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kvgate_http_deadline", default=None
+)
 
-    def __init__(self, seconds: float) -> None:
-        self.fired = False
-        self._socket: socket.socket | None = None
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
 
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event != "connection.connect_tcp.complete":
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        with self._lock:
-            self._socket = sock if isinstance(sock, socket.socket) else None
-            if self.fired:
-                self._shutdown()
+def _left(timeout: float | None, late: type[Exception]) -> float | None:
+    """The socket timeout for one read, write or connect: never past the caller's deadline."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise late("the overall deadline passed")
+    return left if timeout is None else min(timeout, left)
 
-    def _fire(self) -> None:
-        with self._lock:
-            self.fired = True
-            self._shutdown()
 
-    def _shutdown(self) -> None:
-        if self._socket is not None:
-            with contextlib.suppress(OSError):  # already closed
-                self._socket.shutdown(socket.SHUT_RDWR)
+class _DeadlineStream:
+    """A socket stream whose every operation ends by the deadline of the call using it."""
 
-    def cancel(self) -> None:
-        self._timer.cancel()
+    def __init__(self, inner: Any, errors: ModuleType) -> None:
+        self._inner, self._errors = inner, errors
+
+    def __getattr__(self, name: str) -> Any:  # close, get_extra_info: the inner stream's
+        return getattr(self._inner, name)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        data: bytes = self._inner.read(max_bytes, _left(timeout, self._errors.ReadTimeout))
+        return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(timeout, self._errors.WriteTimeout))
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> _DeadlineStream:
+        late = self._errors.ConnectTimeout
+        inner = self._inner.start_tls(ssl_context, server_hostname, _left(timeout, late))
+        return _DeadlineStream(inner, self._errors)
+
+
+class _DeadlineBackend:
+    def __init__(self, inner: Any, errors: ModuleType) -> None:
+        self._inner, self._errors = inner, errors
+
+    def __getattr__(self, name: str) -> Any:  # sleep: the inner backend's
+        return getattr(self._inner, name)
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> _DeadlineStream:
+        late = self._errors.ConnectTimeout
+        stream = self._inner.connect_tcp(
+            host, port, _left(timeout, late), local_address, socket_options
+        )
+        return _DeadlineStream(stream, self._errors)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> _DeadlineStream:
+        late = self._errors.ConnectTimeout
+        stream = self._inner.connect_unix_socket(path, _left(timeout, late), socket_options)
+        return _DeadlineStream(stream, self._errors)
+
+
+def bounded_sockets(client: Any, errors: ModuleType) -> None:
+    """Put the client's connection pools (direct and proxied) on deadline-bound sockets; a
+    client on another transport (a test's MockTransport) is left as it is."""
+    transports = [getattr(client, "_transport", None), *getattr(client, "_mounts", {}).values()]
+    for transport in transports:
+        pool: Any = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if backend is not None and not isinstance(backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(backend, errors)
+
+
+@contextmanager
+def deadline(at: float) -> Iterator[None]:
+    """Every bounded socket operation of this call (and of the tasks it copies its context
+    into) ends by the monotonic time `at`."""
+    reset = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(reset)
 
 
 def scrape(
@@ -118,19 +176,14 @@ def scrape(
         raise SpecError("timeout", f"{timeout} must be a finite number of seconds above 0")
     own = client is None
     http = client if client is not None else httpx.Client(trust_env=False)
-    deadline = clock() + timeout
-    watchdog = _Watchdog(timeout + _WATCHDOG_GRACE)
-    # One sentence whichever fires first (httpx's read timeout or the watchdog, which wins on a
-    # busy machine); the exception that fired stays the cause.
-    late = f"no complete answer within {timeout:g} s"
+    bounded_sockets(http, httpcore)
+    ends = clock() + timeout
     try:
-        with http.stream(
-            "GET",
-            url,
-            timeout=timeout,
-            headers={"Connection": "close"},
-            extensions={"trace": watchdog.trace},
-        ) as response:
+        # `Connection: close`: a fresh socket, made under this call's deadline
+        with (
+            deadline(time.monotonic() + timeout + _DEADLINE_GRACE),
+            http.stream("GET", url, timeout=timeout, headers={"Connection": "close"}) as response,
+        ):
             response.raise_for_status()
             body = bytearray()
             for chunk in response.iter_bytes():
@@ -140,12 +193,10 @@ def scrape(
                         shown,
                         f"body is larger than {max_bytes >> 20} MiB; not an engine's /metrics",
                     )
-                if clock() > deadline:
+                if clock() > ends:
                     raise ScrapeError(
                         shown, f"body not complete within {timeout:g} s ({len(body):,} bytes read)"
                     )
-            if watchdog.fired:  # a body read to EOF after the shutdown is cut, not whole
-                raise ScrapeError(shown, late)
             try:
                 return body.decode(response.charset_encoding or "utf-8", errors="replace")
             except LookupError:  # a charset Python does not know
@@ -156,22 +207,14 @@ def scrape(
         if status == 404 and httpx.URL(url).path.endswith("/metrics"):
             message += " (SGLang serves /metrics only with --enable-metrics)"
         raise ScrapeError(shown, message, status) from exc
-    except httpx.TimeoutException as exc:  # a silent server: the read timed out first
-        raise ScrapeError(shown, late) from exc
+    except httpx.TimeoutException as exc:  # silent (a read timed out), or past the deadline
+        raise ScrapeError(shown, f"no complete answer within {timeout:g} s") from exc
     except httpx.HTTPError as exc:
-        if watchdog.fired:  # the watchdog cut a trickling answer
-            raise ScrapeError(shown, late) from exc
-        raise ScrapeError(shown, scrub_text(f"{type(exc).__name__}: {_first_line(exc)}")) from exc
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]  # not a request echo
+        raise ScrapeError(shown, scrub_text(f"{type(exc).__name__}: {first}")) from exc
     finally:
-        watchdog.cancel()
         if own:
             http.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    """The error's first line, cut short: never a request echo or a body."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
 
 
 def scrape_snapshot(
@@ -202,7 +245,7 @@ def scrape_series(
     on_sample: Callable[[int, MetricSnapshot], None] | None = None,
     on_failure: Callable[[int, ScrapeError], None] | None = None,
 ) -> list[MetricSnapshot]:
-    """`samples` snapshots `interval` seconds apart (one connection; no sleep after the last).
+    """`samples` snapshots `interval` seconds apart (no sleep after the last).
 
     `on_sample(n, snapshot)` is called after each one (n counts from 1), e.g. for progress.
     With `on_failure`, a sample that cannot be read once one has been is passed to it and left
@@ -213,27 +256,20 @@ def scrape_series(
         raise SpecError("samples", f"{samples} is below 1")
     if not (math.isfinite(interval) and 0 <= interval <= MAX_INTERVAL):
         raise SpecError("interval", f"{interval:g} is not in [0, {MAX_INTERVAL:g}] seconds")
-    _check_url(url)
-    own = client is None
-    http = client if client is not None else httpx.Client(trust_env=False)
-    try:
-        series: list[MetricSnapshot] = []
-        for index in range(samples):
-            if index:
-                sleep(interval)
-            try:
-                snapshot = scrape_snapshot(
-                    url, engine=engine, client=http, timeout=timeout, clock=clock
-                )
-            except ScrapeError as exc:
-                if on_failure is None or not series:
-                    raise
-                on_failure(index + 1, exc)
-                continue
-            series.append(snapshot)
-            if on_sample is not None:
-                on_sample(index + 1, snapshot)
-        return series
-    finally:
-        if own:
-            http.close()
+    series: list[MetricSnapshot] = []
+    for index in range(samples):
+        if index:
+            sleep(interval)
+        try:
+            snapshot = scrape_snapshot(
+                url, engine=engine, client=client, timeout=timeout, clock=clock
+            )
+        except ScrapeError as exc:
+            if on_failure is None or not series:
+                raise
+            on_failure(index + 1, exc)
+            continue
+        series.append(snapshot)
+        if on_sample is not None:
+            on_sample(index + 1, snapshot)
+    return series

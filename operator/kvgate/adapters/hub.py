@@ -17,9 +17,8 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -45,6 +44,7 @@ from huggingface_hub.utils import (
 )
 from huggingface_hub.utils._http import default_client_factory
 
+from kvgate.adapters import http
 from kvgate.checkpoint import scales as checkpoint
 from kvgate.checkpoint.capacity import KVLayout, parse_kv_layout
 from kvgate.checkpoint.scales import ScaleReport, TensorInfo, parse_safetensors_header, scan_scales
@@ -59,6 +59,7 @@ INDEX_FILE: Final = constants.SAFETENSORS_INDEX_FILE
 MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
 HEADER_WORKERS: Final = 8
 MAX_SHARDS: Final = 4096
+_NOT_SAFETENSORS: Final = f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
 _REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # The whole hub read (model info, config, every header) ends by then, however the hub answers:
 # huggingface_hub's client has no timeout, and a per-read timeout never trips on a trickle.
@@ -129,53 +130,55 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
     config = read_json_file(config_path) if config_path.exists() else None
     modelopt = read_json_file(modelopt_path) if modelopt_path.exists() else None
 
-    tensors: dict[str, TensorInfo] = {}
-    values: dict[str, tuple[float, ...]] = {}
-    header_bytes = scale_bytes = 0
-    for name in files:
-        header, size = _read_local_header(directory / name)
-        found = parse_safetensors_header(header, str(directory / name))
-        tensors.update(found)
-        header_bytes += size
-        read, count = read_scale_values(directory / name, size, found.values())
-        values.update(read)
-        scale_bytes += count
-    # pread asks for exactly the header and each scale, so that is what was read
+    tensors, values, header_bytes, read = _read_local_files(
+        [(str(directory / name), directory / name) for name in files]
+    )
     return CheckpointHeaders(
-        str(path),
-        config,
-        tensors,
-        tuple(files),
-        header_bytes,
-        header_bytes + scale_bytes,
-        None,
-        modelopt,
-        values,
+        str(path), config, tensors, tuple(files), header_bytes, read, None, modelopt, values
     )
 
 
+def _read_local_files(
+    files: Iterable[tuple[str, Path]],
+) -> tuple[dict[str, TensorInfo], dict[str, tuple[float, ...]], int, int]:
+    """(tensors, scale values, header bytes, bytes read) of local safetensors files, each given
+    as (how messages name it, path)."""
+    tensors: dict[str, TensorInfo] = {}
+    values: dict[str, tuple[float, ...]] = {}
+    header_bytes = scale_bytes = 0
+    for shown, path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            header = _read_local_header(fd, str(path))
+            found = parse_safetensors_header(header, shown)
+            read, count = read_scale_values(fd, str(path), 8 + len(header), found.values())
+        finally:
+            os.close(fd)
+        tensors.update(found)
+        values.update(read)
+        header_bytes += 8 + len(header)
+        scale_bytes += count
+    # pread asks for exactly the header and each scale, so that is what was read
+    return tensors, values, header_bytes, header_bytes + scale_bytes
+
+
 def read_scale_values(
-    path: Path, data_start: int, infos: Iterable[TensorInfo]
+    fd: int, where: str, data_start: int, infos: Iterable[TensorInfo]
 ) -> tuple[dict[str, tuple[float, ...]], int]:
-    """The values of the k/v scale tensors among `infos` of one safetensors file, read one by
-    one with pread at `data_start` (8 + header length) + their offsets; nothing else is read.
+    """The values of the k/v scale tensors among `infos` of one open safetensors file, read one
+    by one with pread at `data_start` (8 + header length) + their offsets; nothing else is read.
     Returns ({name: values}, bytes read)."""
-    wanted = [info for info in infos if readable_scale(info)]
-    if not wanted:
-        return {}, 0
     out: dict[str, tuple[float, ...]] = {}
     total = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for info in wanted:
-            begin, end = info.data_offsets or (0, 0)
-            data = os.pread(fd, end - begin, data_start + begin)
-            total += len(data)
-            if len(data) != end - begin:
-                raise ParseError(str(path), f"tensor '{info.name[:80]}' ends past the file's end")
-            out[info.name] = decode_scale(info, data)
-    finally:
-        os.close(fd)
+    for info in infos:
+        if not readable_scale(info):
+            continue
+        begin, end = info.data_offsets or (0, 0)
+        data = os.pread(fd, end - begin, data_start + begin)
+        total += len(data)
+        if len(data) != end - begin:
+            raise ParseError(where, f"tensor '{info.name[:80]}' ends past the file's end")
+        out[info.name] = decode_scale(info, data)
     return out, total
 
 
@@ -215,112 +218,19 @@ def readable_scale(info: TensorInfo) -> bool:
     )
 
 
-# --- an overall deadline on the hub client's sockets ---------------------------------------------
-
-_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "kvgate_hub_deadline", default=None
-)
-
-
-def _left(timeout: float | None, late: type[Exception]) -> float | None:
-    """The socket timeout for one read, write or connect: never past the caller's deadline."""
-    deadline = _DEADLINE.get()
-    if deadline is None:
-        return timeout
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise late("the overall deadline passed")
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream(httpcore2.NetworkStream):
-    """A socket stream whose every operation ends by the deadline of the call using it."""
-
-    def __init__(self, inner: httpcore2.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _left(timeout, httpcore2.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, _left(timeout, httpcore2.WriteTimeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore2.NetworkStream:
-        inner = self._inner.start_tls(
-            ssl_context, server_hostname, _left(timeout, httpcore2.ConnectTimeout)
-        )
-        return _DeadlineStream(inner)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore2.NetworkBackend):
-    def __init__(self, inner: httpcore2.NetworkBackend) -> None:
-        self._inner = inner
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.NetworkStream:
-        stream = self._inner.connect_tcp(
-            host, port, _left(timeout, httpcore2.ConnectTimeout), local_address, socket_options
-        )
-        return _DeadlineStream(stream)
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore2.NetworkStream:
-        stream = self._inner.connect_unix_socket(
-            path, _left(timeout, httpcore2.ConnectTimeout), socket_options
-        )
-        return _DeadlineStream(stream)
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
+# --- an overall deadline on the hub client's sockets (adapters.http's) -------------------------
 
 
 def _client_with_deadlines() -> httpx2.Client:
     """huggingface_hub's own client, its connection pools on deadline-bound sockets."""
     client = default_client_factory()
-    transports = [client._transport, *client._mounts.values()]  # direct and proxied
-    for transport in transports:
-        pool = getattr(transport, "_pool", None)
-        if pool is not None and hasattr(pool, "_network_backend"):
-            pool._network_backend = _DeadlineBackend(pool._network_backend)
+    http.bounded_sockets(client, httpcore2)
     return client
 
 
 _installed = threading.Lock()
 _factory_set = False
-
-
 _DEADLINE_TOLERANCE_S: Final = 0.25
-
-
-@contextmanager
-def _deadline(at: float) -> Iterator[None]:
-    """Every hub socket operation of this call (and of the tasks it copies its context into)
-    ends by the monotonic time `at`."""
-    global _factory_set
-    with _installed:
-        if not _factory_set:
-            set_client_factory(_client_with_deadlines)
-            _factory_set = True
-    reset = _DEADLINE.set(at)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(reset)
 
 
 def read_hub_checkpoint(
@@ -342,9 +252,15 @@ def read_hub_checkpoint(
         raise SpecError("reader", f"'{reader}' is not a header reader; use ranges or hfapi")
     sent = token if isinstance(token, str) else (None if token is False else get_token())
     where = f"{repo_id}@{revision or constants.DEFAULT_REVISION}"
+    global _factory_set
+    with _installed:
+        if not _factory_set:
+            set_client_factory(_client_with_deadlines)
+            _factory_set = True
     deadline = time.monotonic() + deadline_s
     try:
-        with _deadline(deadline):
+        # every hub socket operation of this call, and of the tasks it copies its context into
+        with http.deadline(deadline):
             return _read_hub_checkpoint(repo_id, revision, token, endpoint, reader, where)
     except httpx2.TimeoutException as exc:
         # a socket timeout is cut to what is left, so it ends at the deadline, give or take
@@ -381,15 +297,9 @@ def _read_hub_checkpoint(
         commit = info.sha or revision or constants.DEFAULT_REVISION
         siblings = {s.rfilename for s in info.siblings or []}
         fetch = _HubFiles(api.endpoint, repo_id, commit, token)
-        config = (
-            _json_object(fetch.text(CONFIG_FILE), f"{where}/{CONFIG_FILE}")
-            if CONFIG_FILE in siblings
-            else None
-        )
-        modelopt = (
-            _json_object(fetch.text(MODELOPT_FILE), f"{where}/{MODELOPT_FILE}")
-            if MODELOPT_FILE in siblings
-            else None
+        config, modelopt = (
+            _json_object(fetch.text(name), f"{where}/{name}") if name in siblings else None
+            for name in (CONFIG_FILE, MODELOPT_FILE)
         )
         if reader == "hfapi":
             return _read_with_hfapi(api, repo_id, commit, token, where, config)
@@ -482,28 +392,13 @@ def read_cached_checkpoint(
     if not files or any(path is None for path in weights):
         return config_path
     modelopt_path = cached(MODELOPT_FILE)
-    tensors: dict[str, TensorInfo] = {}
-    values: dict[str, tuple[float, ...]] = {}
-    header_bytes = scale_bytes = 0
-    for name, path in zip(files, weights, strict=True):
-        assert path is not None  # checked above
-        header, size = _read_local_header(path)
-        found = parse_safetensors_header(header, f"{where}/{name}")
-        tensors.update(found)
-        header_bytes += size
-        read, count = read_scale_values(path, size, found.values())
-        values.update(read)
-        scale_bytes += count
+    tensors, values, header_bytes, read = _read_local_files(
+        (f"{where}/{name}", path) for name, path in zip(files, weights, strict=True) if path
+    )
+    config = read_json_file(config_path)
+    modelopt = None if modelopt_path is None else read_json_file(modelopt_path)
     return CheckpointHeaders(
-        source=where,
-        config=read_json_file(config_path),
-        tensors=tensors,
-        files=tuple(files),
-        header_bytes=header_bytes,
-        bytes_read=header_bytes + scale_bytes,
-        commit=snapshot.name,
-        modelopt_config=None if modelopt_path is None else read_json_file(modelopt_path),
-        scale_values=values,
+        where, config, tensors, tuple(files), header_bytes, read, snapshot.name, modelopt, values
     )
 
 
@@ -527,14 +422,7 @@ class _HubFiles:
     def safetensors_header(self, filename: str) -> tuple[bytes, int]:
         """(JSON header, bytes received): the 8-byte length, then exactly the header."""
         prefix, received = self._range(filename, 0, 8)
-        (length,) = struct.unpack("<Q", prefix)
-        where = f"{self.repo_id}@{self.commit}/{filename}"
-        if length > MAX_HEADER_BYTES:
-            raise ParseError(
-                where,
-                f"not a safetensors file: its header length is larger than the cap of "
-                f"{MAX_HEADER_BYTES:,} bytes",
-            )
+        length = _header_length(prefix, f"{self.repo_id}@{self.commit}/{filename}")
         header, more = self._range(filename, 8, length)
         return header, received + more
 
@@ -568,9 +456,7 @@ def _read_with_hfapi(
     try:
         metadata = api.get_safetensors_metadata(repo_id, revision=commit, token=token)
     except NotASafetensorsRepoError as exc:
-        raise ParseError(
-            where, f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
-        ) from exc
+        raise ParseError(where, _NOT_SAFETENSORS) from exc
     except SafetensorsParsingError as exc:
         raise ParseError(where, _first_line(exc)) from exc
     tensors = {
@@ -611,9 +497,7 @@ def _hub_weight_files(siblings: set[str], fetch: _HubFiles, where: str) -> list[
     top_level = sorted(s for s in siblings if s.endswith(".safetensors") and "/" not in s)
     if top_level:
         return top_level
-    raise ParseError(
-        where, f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
-    )
+    raise ParseError(where, _NOT_SAFETENSORS)
 
 
 def _local_weight_files(directory: Path) -> list[str]:
@@ -637,10 +521,7 @@ def _local_weight_files(directory: Path) -> list[str]:
         return [SINGLE_FILE]
     files = sorted(p.name for p in directory.glob("*.safetensors") if p.is_file())
     if not files:
-        raise ParseError(
-            str(directory),
-            f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints",
-        )
+        raise ParseError(str(directory), _NOT_SAFETENSORS)
     return files
 
 
@@ -657,33 +538,32 @@ def _index_files(index: Mapping[str, Any], source: str) -> list[str]:
     return sorted(names)
 
 
-def _read_local_header(path: Path) -> tuple[bytes, int]:
-    """(JSON header, bytes read) with unbuffered reads: exactly 8 + header length bytes."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        prefix = os.pread(fd, 8, 0)
-        if len(prefix) < 8:
-            raise ParseError(str(path), f"file has {len(prefix)} bytes; not a safetensors file")
-        (length,) = struct.unpack("<Q", prefix)
-        size = os.fstat(fd).st_size
-        # The length is not echoed: for a file that is not safetensors it is 8 of its bytes.
-        if length > MAX_HEADER_BYTES or length > size - 8:
-            limit = (
-                f"the file ({size:,} bytes)"
-                if length <= MAX_HEADER_BYTES
-                else f"the cap of {MAX_HEADER_BYTES:,} bytes"
-            )
-            raise ParseError(
-                str(path), f"not a safetensors file: its header length is larger than {limit}"
-            )
-        header = os.pread(fd, length, 8)
-    finally:
-        os.close(fd)
+def _read_local_header(fd: int, where: str) -> bytes:
+    """The JSON header, with unbuffered reads: exactly 8 + header length bytes."""
+    prefix = os.pread(fd, 8, 0)
+    if len(prefix) < 8:
+        raise ParseError(where, f"file has {len(prefix)} bytes; not a safetensors file")
+    length = _header_length(prefix, where, os.fstat(fd).st_size)
+    header = os.pread(fd, length, 8)
     if len(header) < length:
         raise ParseError(
-            str(path), f"header needs {length} bytes but the file ends after {len(header)}"
+            where, f"header needs {length} bytes but the file ends after {len(header)}"
         )
-    return header, 8 + length
+    return header
+
+
+def _header_length(prefix: bytes, where: str, size: int | None = None) -> int:
+    """The JSON header's length from the 8-byte prefix, refused past the cap or the file's end."""
+    length: int = struct.unpack("<Q", prefix)[0]
+    # The length is not echoed: for a file that is not safetensors it is 8 of its bytes.
+    if length > MAX_HEADER_BYTES or (size is not None and length > size - 8):
+        limit = (
+            f"the file ({size:,} bytes)"
+            if length <= MAX_HEADER_BYTES
+            else f"the cap of {MAX_HEADER_BYTES:,} bytes"
+        )
+        raise ParseError(where, f"not a safetensors file: its header length is larger than {limit}")
+    return length
 
 
 def _json_object(text: str, source: str) -> dict[str, Any]:

@@ -158,16 +158,16 @@ class Kube:
     def _dict(self, obj: Any) -> dict[str, Any]:
         return dict(self.api.sanitize_for_serialization(obj))
 
+    def _get(self, what: str, read: Callable[[], Any]) -> dict[str, Any] | None:
+        """A raw read (`_preload_content=False`) of one object; None when it is not there."""
+        return self._call("get", what, lambda: _raw(read()), missing_ok=True)
+
     # --- reads ---
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(
-            "get",
+        return self._get(
             f"deployment {namespace}/{name}",
-            lambda: _raw(
-                self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
-            ),
-            missing_ok=True,
+            lambda: self.apps.read_namespaced_deployment(name, namespace, _preload_content=False),
         )
 
     def read_node(self, name: str) -> dict[str, Any] | None:
@@ -178,12 +178,7 @@ class Kube:
             kept = self._nodes.get(name)
         if kept is not None and now - kept[0] < NODE_TTL_S:
             return kept[1]
-        node = self._call(
-            "get",
-            f"node {name}",
-            lambda: _raw(self.core.read_node(name, _preload_content=False)),
-            missing_ok=True,
-        )
+        node = self._get(f"node {name}", lambda: self.core.read_node(name, _preload_content=False))
         with self._nodes_lock:
             self._nodes = {n: v for n, v in self._nodes.items() if now - v[0] < NODE_TTL_S}
             self._nodes[name] = (now, node)
@@ -202,23 +197,17 @@ class Kube:
         return list((obj or {}).get("items") or [])
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(
-            "get",
+        return self._get(
             f"job {namespace}/{name}",
-            lambda: _raw(self.batch.read_namespaced_job(name, namespace, _preload_content=False)),
-            missing_ok=True,
+            lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False),
         )
 
     def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(
-            "get",
+        return self._get(
             f"networkpolicy {namespace}/{name}",
-            lambda: _raw(
-                self.networking.read_namespaced_network_policy(
-                    name, namespace, _preload_content=False
-                )
+            lambda: self.networking.read_namespaced_network_policy(
+                name, namespace, _preload_content=False
             ),
-            missing_ok=True,
         )
 
     def read_log(

@@ -37,10 +37,6 @@ def lease_name(namespaces: Sequence[str], clusterwide: bool) -> str:
     return f"kvgate-leader-{hashlib.sha256(scope.encode()).hexdigest()[:10]}"
 
 
-def identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
 def wait_for_leadership(settings: LeaseSettings) -> None:
     """Block until this process holds the Lease; renew it in a thread; exit if it is lost."""
     from kubernetes.leaderelection import electionconfig, leaderelection
@@ -50,7 +46,7 @@ def wait_for_leadership(settings: LeaseSettings) -> None:
 
     load_api_client()  # loads the default configuration the Lease lock's client uses
     leading = threading.Event()
-    me = identity()
+    me = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     def started() -> None:
         LOG.info("acquired Lease %s/%s as %s", settings.namespace, settings.name, me)

@@ -1,26 +1,20 @@
-"""Production's pool history from Prometheus (`config.prometheusURL`) instead of live scrapes.
+"""Production's pool history and the arms' GPU clocks from Prometheus (`config.prometheusURL`)
+instead of live scrapes.
 
-    >>> history = pool_history("http://prometheus:9090", "vllm", {"web-0": "10.0.0.5"},
-    ...                        window_s=300, step_s=30, now=time.time())
-    >>> pool.pool_pressure(history["web-0"])    # the same decision as over live scrapes
+`pool_history`: one `query_range` over the window reads the engine's pool series (names from
+`kvgate.evidence.metrics`, preferred first) of the production pods, matched by the scrape's
+`instance` label (`<pod IP>:<port>`, what kubernetes_sd's pod role and static targets both
+give). Each evaluation step becomes one `MetricSnapshot`, reduced like a parsed `/metrics`. A
+pod Prometheus has no samples of has an unknown pool, never judged.
 
-One `query_range` over the window reads the engine's pool series (KV usage, running, waiting,
-retracted, preemptions; the sum/count of TTFT and of the request-length histograms; names from
-`kvgate.evidence.metrics`, preferred first) of the production pods, matched by the scrape's `instance`
-label (`<pod IP>:<port>`, what kubernetes_sd's pod role and static targets both give). Each
-evaluation step becomes one `MetricSnapshot`, reduced like a parsed `/metrics`: rank labels
-collapsed, usage the fullest series, counts and histogram totals added up. Every pod asked
-for is in the answer; one Prometheus has no series of has no samples, so its pool is unknown,
-never judged.
-
-`gpu_clocks` reads the arms' GPU clocks over the speed window the same way: dcgm-exporter's
-`DCGM_FI_DEV_SM_CLOCK` / `DCGM_FI_DEV_MEM_CLOCK`, matched by the `pod` and `namespace` labels of
-its pod mapping (or their `exported_` names when scraped without honor_labels).
+`gpu_clocks`: dcgm-exporter's `DCGM_FI_DEV_SM_CLOCK` / `DCGM_FI_DEV_MEM_CLOCK`, matched by the
+`pod` and `namespace` labels of its pod mapping (or their `exported_` names when scraped
+without honor_labels).
 
 Any failure (unreachable, slow, HTTP error, `status: error`, junk or oversized JSON, values
 outside what an engine exports) is a `PrometheusError`: the caller's "unknown", never a
-verdict. The request goes through `adapters.http.scrape`: the whole request is bounded by
-`timeout` and the body by `max_bytes`.
+verdict. The request goes through `adapters.http.scrape` (the whole request bounded by
+`timeout`, the body by `max_bytes`).
 """
 
 from __future__ import annotations
@@ -213,7 +207,7 @@ def snapshots_from_series(
                 )
             except ParseError as exc:
                 raise _fail(source, str(exc).removeprefix(f"{source}: ")) from None
-            histograms: dict[str, metrics.Histogram | None] = {}
+            histograms: dict[str, Any] = {}  # the snapshot's fields: ttft, prompt/output_lengths
             names_read = {c: n for c, n in chosen.items() if c in _POOL_CONCEPTS}
             for concept in _HISTOGRAM_TOTALS:
                 histograms[concept], name = _totals(values, chosen, concept)
@@ -222,16 +216,7 @@ def snapshots_from_series(
             # The pool fields as a stored pool sample holds them, the histograms' totals as
             # sources.pool_record keeps them of a scrape; the rest unknown.
             pool = metrics.snapshot_from_pool_sample({**values, "engine": engine})
-            snaps.append(
-                dataclasses.replace(
-                    pool,
-                    ttft=histograms["ttft"],
-                    prompt_lengths=histograms["prompt_lengths"],
-                    output_lengths=histograms["output_lengths"],
-                    names=names_read,
-                    taken_at=ts,
-                )
-            )
+            snaps.append(dataclasses.replace(pool, **histograms, names=names_read, taken_at=ts))
         out[pod] = snaps
     return out
 

@@ -36,7 +36,7 @@ def _list(container: Mapping[str, Any], key: str) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-def _env(container: Mapping[str, Any]) -> dict[str, Any]:
+def env_by_name(container: Mapping[str, Any]) -> dict[str, Any]:
     """env by name (the last entry wins, as in the kubelet)."""
     out: dict[str, Any] = {}
     for item in _list(container, "env"):
@@ -84,7 +84,7 @@ def _live_span(candidate: Sequence[Any], live: Sequence[Any], edit: _ListEdit) -
 
 def _env_changes(previous: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
     """Names whose entry kvgate added, changed or removed."""
-    p, c = _env(previous), _env(candidate)
+    p, c = env_by_name(previous), env_by_name(candidate)
     return sorted(n for n in p.keys() | c.keys() if p.get(n) != c.get(n))
 
 
@@ -110,7 +110,7 @@ def _present(
             span = _live_span(cand, _list(live, key), edit)
             if span is not None:
                 found.append((edit, span))
-    live_env, cand_env = _env(live), _env(candidate)
+    live_env, cand_env = env_by_name(live), env_by_name(candidate)
     names = _env_changes(previous, candidate)
     total += len(names)
     env_found = [n for n in names if live_env.get(n) == cand_env.get(n)]
@@ -160,7 +160,7 @@ def revert(
         else:
             out.pop(key, None)
     if env_found:
-        prev_env = _env(previous)
+        prev_env = env_by_name(previous)
         entries: list[Any] = []
         restored: set[str] = set()
         for item in _list(live, "env"):
@@ -182,7 +182,7 @@ def revert(
 def _config(container: Mapping[str, Any]) -> dict[str, Any]:
     """command, args and env (by name) of a container: what a config is, order of env aside."""
     return {"command": _list(container, "command"), "args": _list(container, "args"),
-            "env": _env(container)}  # fmt: skip
+            "env": env_by_name(container)}  # fmt: skip
 
 
 def changed_around(

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import yaml
 
+from kvgate.change.container import env_by_name
 from kvgate.errors import SpecError
 
 BRANCH_PREFIX: Final = "kvgate/"
@@ -69,16 +70,6 @@ def is_kvgate_branch(branch: str) -> bool:
     )
 
 
-def _env_by_name(container: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """env by name; the last entry wins, as in the kubelet."""
-    out: dict[str, dict[str, Any]] = {}
-    env = container.get("env")
-    for item in env if isinstance(env, list) else []:
-        if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-            out[item["name"]] = dict(item)
-    return out
-
-
 def _string_list(container: Mapping[str, Any], key: str, side: str) -> list[str] | None:
     value = container.get(key)
     if value is None:
@@ -119,7 +110,7 @@ def render_kustomize_patch(
         if key == "args" or before != after:
             # null deletes the field in a strategic-merge patch: the candidate has none.
             entry[key] = after
-    env = _env_changes(_env_by_name(previous), _env_by_name(candidate))
+    env = _env_changes(previous, candidate)
     if env:
         entry["env"] = env
 
@@ -141,13 +132,14 @@ def render_kustomize_patch(
 
 
 def _env_changes(
-    previous: Mapping[str, Mapping[str, Any]], candidate: Mapping[str, Mapping[str, Any]]
+    previous_container: Mapping[str, Any], candidate_container: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """The candidate's added or changed entries, then `$patch: delete` for removed names.
+    """The candidate's added or changed env entries, then `$patch: delete` for removed names.
 
     A changed entry also nulls the keys only the previous one had (`valueFrom` -> `value`),
     since a strategic merge merges the entry's fields and would otherwise keep both.
     """
+    previous, candidate = env_by_name(previous_container), env_by_name(candidate_container)
     out: list[dict[str, Any]] = []
     for name, entry in candidate.items():
         before = previous.get(name)
@@ -174,13 +166,12 @@ def render_helm_values(
     verdict_key: str,
 ) -> str:
     """A Helm values file (YAML text) with the change under `values_key` (dotted, e.g.
-    `vllm.container`): `args` (the full tested list), `env` (the added or changed entries,
-    by name) and `podAnnotations` (the verdict key). Deterministic.
+    `vllm.container`): `args`, `env` and `podAnnotations` (the verdict key). Deterministic.
 
-    Helm merges values maps but replaces lists, so `args` is the full list (as in the
-    kustomize patch) and `env` only what kvgate changes, for the chart to merge by name. A
-    change that removes a variable cannot be expressed as values: SpecError (use
-    kustomizePatch). A changed `command` likewise.
+    Helm merges values maps but replaces lists, so `args` is the full tested list (as in the
+    kustomize patch) and `env` only the entries kvgate adds or changes, for the chart to merge
+    by name. A removed variable or a changed `command` cannot be expressed as values: SpecError
+    (use kustomizePatch).
     """
     if not _VALUES_KEY.match(values_key):
         raise SpecError("spec.promotion.pullRequest.valuesKey", f"{values_key!r} is not a.b.c")
@@ -194,7 +185,7 @@ def render_helm_values(
             "the tested change sets the container's command, which helmValues does not carry; "
             "use kustomizePatch",
         )
-    env = _env_changes(_env_by_name(previous), _env_by_name(candidate))
+    env = _env_changes(previous, candidate)
     removed = [e["name"] for e in env if e.get("$patch") == "delete"]
     if removed:
         raise SpecError(

@@ -69,6 +69,22 @@ def child_labels(rollout: str, arm: str) -> dict[str, str]:
     return {LABEL_ROLLOUT: rollout, LABEL_ARM: arm, **MANAGED_BY}
 
 
+def _object(
+    api_version: str,
+    kind: str,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+    **body: Any,
+) -> dict[str, Any]:
+    """A namespaced object of kvgate's: its metadata, then `body` (spec, data)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
+
+
 def find_container(pod_spec: Mapping[str, Any], name: str | None) -> tuple[int, dict[str, Any]]:
     """(index, container) of `name`, or of the only/first container when `name` is None."""
     containers = list(pod_spec.get("containers") or [])
@@ -131,17 +147,9 @@ def build_canary_pod(
     pod_spec["restartPolicy"] = "Never"
     annotations = dict((template.get("metadata") or {}).get("annotations") or {})
     annotations[ANNOTATION_CONFIG_HASH] = config_hash
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": canary_name(rollout, arm),
-            "namespace": namespace,
-            "labels": child_labels(rollout, arm),
-            "annotations": annotations,
-        },
-        "spec": pod_spec,
-    }
+    labels = child_labels(rollout, arm)
+    name = canary_name(rollout, arm)
+    return _object("v1", "Pod", name, namespace, labels, annotations, spec=pod_spec)
 
 
 def eval_concurrency(spec: RolloutSpec, default: int) -> int:
@@ -169,42 +177,33 @@ def eval_command(
     (documents of its maxTokens, else just under `max_model_len`).
     """
     acc = spec.accuracy
-    cmd = [
-        "kvgate",
+    cmd = _command(
         "eval",
-        "--control-url",
-        control_url,
-        "--candidate-url",
-        candidate_url,
-        "--task",
-        acc.task,
-        "--limit",
-        str(acc.questions),
-        "--num-fewshot",
-        str(acc.few_shot),
-        "--margin",
-        f"{acc.margin_pp / 100:g}",
-        "--confidence",
-        f"{acc.confidence:g}",
-        "--concurrency",
-        str(concurrency),
-    ]
+        {
+            "--control-url": control_url,
+            "--candidate-url": candidate_url,
+            "--task": acc.task,
+            "--limit": str(acc.questions),
+            "--num-fewshot": str(acc.few_shot),
+            "--margin": f"{acc.margin_pp / 100:g}",
+            "--confidence": f"{acc.confidence:g}",
+            "--concurrency": str(concurrency),
+        },
+    )
     if acc.sequential:
         cmd += ["--sequential", "--chunk", str(acc.chunk)]
     if model:
         cmd += ["--model", model]
     lc = acc.long_context
     if lc is not None:
-        cmd += [
-            "--long-context-tasks",
-            ",".join(lc.tasks),
-            "--long-context-items",
-            str(lc.items),
-            "--long-context-margin",
-            f"{lc.margin_pp / 100:g}",
-            "--recovery-floor",
-            f"{lc.recovery_floor:g}",
-        ]
+        cmd += _flags(
+            {
+                "--long-context-tasks": ",".join(lc.tasks),
+                "--long-context-items": str(lc.items),
+                "--long-context-margin": f"{lc.margin_pp / 100:g}",
+                "--recovery-floor": f"{lc.recovery_floor:g}",
+            }
+        )
         if lc.context_lengths:
             cmd += ["--context-lengths", ",".join(str(n) for n in lc.context_lengths)]
         elif max_model_len:
@@ -216,14 +215,13 @@ def eval_command(
             cmd += ["--tokenizer-revision", lc.tokenizer_revision]
     div = spec.divergence
     if div.mode is not GateMode.OFF:
-        cmd += [
-            "--divergence-documents",
-            str(div.documents),
-            "--divergence-factor",
-            f"{div.factor:g}",
-            "--divergence-logprobs",
-            str(div.logprobs),
-        ]
+        cmd += _flags(
+            {
+                "--divergence-documents": str(div.documents),
+                "--divergence-factor": f"{div.factor:g}",
+                "--divergence-logprobs": str(div.logprobs),
+            }
+        )
         doc_tokens = div.max_tokens or max_model_len
         if doc_tokens:
             cmd += ["--divergence-max-tokens", str(doc_tokens)]
@@ -255,15 +253,9 @@ def secret_names(obj: Mapping[str, Any]) -> set[str]:
     return names
 
 
-# The eval Job's default bounds (the chart's evalResources; KVGATE_EVAL_RESOURCES): it sends
-# HTTP requests and, for the long-context task, tokenizes prompts. Requests keep it out of
-# BestEffort (evicted first); limits bound a runaway tokenizer or summary.
-def eval_resources(
-    operator: Mapping[str, Any], rollout: Mapping[str, Any]
-) -> dict[str, dict[str, Any]]:
-    """The eval container's resources: the operator's bounds, which the rollout's
-    spec.canary.resources may lower but never raise or drop (`jobresources`; InputError)."""
-    return jobresources.eval_resources(operator, rollout)
+# The eval container's resources: the operator's bounds (the chart's evalResources), which the
+# rollout's spec.canary.resources may lower but never raise or drop (InputError).
+eval_resources = jobresources.eval_resources
 
 
 def build_eval_job(
@@ -296,7 +288,6 @@ def build_eval_job(
     never appears in the Job.
     """
     return _judge_job(
-        name=eval_job_name(rollout, attempt),
         role="eval",
         rollout=rollout,
         namespace=namespace,
@@ -356,29 +347,27 @@ def load_command(
             extra += [option, f"{bound:g}"]
     if tokenizer:
         extra += ["--tokenizer", tokenizer]
-    return [
-        "kvgate",
-        "load-job",
-        "--control-url",
-        control_url,
-        "--candidate-url",
-        candidate_url,
-        "--model",
-        model,
-        "--server-type",
-        server_type,
-        "--production-concurrency",
-        str(production_concurrency),
-        "--max-concurrency",
-        str(max_concurrency),
-        "--prompt-tokens",
-        str(prompt_tokens),
-        "--output-tokens",
-        str(output_tokens),
-        "--num-workers",
-        str(num_workers),
-        *extra,
-    ]
+    options = {
+        "--control-url": control_url,
+        "--candidate-url": candidate_url,
+        "--model": model,
+        "--server-type": server_type,
+        "--production-concurrency": str(production_concurrency),
+        "--max-concurrency": str(max_concurrency),
+        "--prompt-tokens": str(prompt_tokens),
+        "--output-tokens": str(output_tokens),
+        "--num-workers": str(num_workers),
+    }
+    return [*_command("load-job", options), *extra]
+
+
+def _flags(options: Mapping[str, str]) -> list[str]:
+    """`--flag value` pairs, in the mapping's order."""
+    return [token for pair in options.items() for token in pair]
+
+
+def _command(subcommand: str, options: Mapping[str, str]) -> list[str]:
+    return ["kvgate", subcommand, *_flags(options)]
 
 
 def load_run_timeout(deadline_s: float) -> float:
@@ -402,15 +391,10 @@ def build_load_job(
     service_account_name: str | None = None,
     nonce: str | None = None,
 ) -> dict[str, Any]:
-    """The load Job (`kvgate load-job` on both arms): locked down like the eval Job.
-
-    Same pod: no API token, Pod Security `restricted`, read-only root with an emptyDir at /tmp
-    (inference-perf writes its config, log and reports there), `backoffLimit: 0` (kvgate retries
-    with a new attempt), `activeDeadlineSeconds`. `nonce` becomes `KVGATE_LOAD_NONCE`, which the
-    summary line carries back.
-    """
+    """The load Job (`kvgate load-job` on both arms), locked down as the eval Job; inference-perf
+    writes its config, log and reports in /tmp. `nonce` becomes `KVGATE_LOAD_NONCE`, which the
+    summary line carries back."""
     return _judge_job(
-        name=load_job_name(rollout, attempt),
         role="load",
         rollout=rollout,
         namespace=namespace,
@@ -422,15 +406,14 @@ def build_load_job(
         deadline_s=deadline_s,
         config_hash=config_hash,
         service_account_name=service_account_name,
-        writable_tmp=True,
-        tmp_size=LOAD_TMP_SIZE,
+        writable_tmp=True,  # inference-perf writes its config, log and reports there
         secret_env=None,
+        tmp_size=LOAD_TMP_SIZE,
     )
 
 
 def _judge_job(
     *,
-    name: str,
     role: str,
     rollout: str,
     namespace: str,
@@ -442,11 +425,12 @@ def _judge_job(
     deadline_s: float,
     config_hash: str,
     service_account_name: str | None,
-    writable_tmp: bool,
+    writable_tmp: bool,  # stated by each builder: the lock-down is never a default
     secret_env: Mapping[str, tuple[str, str]] | None,
     tmp_size: str = EVAL_TMP_SIZE,
 ) -> dict[str, Any]:
     """A Job that talks HTTP to the two arms and judges: one attempt per Job, locked down."""
+    name = (eval_job_name if role == "eval" else load_job_name)(rollout, attempt)
     labels = {**child_labels(rollout, role), LABEL_ATTEMPT: str(attempt)}
     env_vars = dict(env)
     container: dict[str, Any] = {
@@ -491,21 +475,13 @@ def _judge_job(
     if writable_tmp:
         container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
         pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}}]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
-        },
-        "spec": {
-            "backoffLimit": 0,  # kvgate retries itself, with a fresh Job and a counted attempt
-            "activeDeadlineSeconds": max(int(deadline_s), 1),
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
+    job_spec = {
+        "backoffLimit": 0,  # kvgate retries itself, with a fresh Job and a counted attempt
+        "activeDeadlineSeconds": max(int(deadline_s), 1),
+        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
+    annotations = {ANNOTATION_CONFIG_HASH: config_hash}
+    return _object("batch/v1", "Job", name, namespace, labels, annotations, spec=job_spec)
 
 
 DNS_PORT: Final = 53
@@ -537,17 +513,11 @@ def build_eval_network_policy(
     spec = {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress", "Egress"],
             "egress": egress}  # fmt: skip
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": eval_policy_name(rollout, role),
-            "namespace": namespace,
-            "labels": child_labels(rollout, role),
-            "annotations": {ANNOTATION_POLICY_HASH: digest},
-        },
-        "spec": spec,
-    }
+    name, labels = eval_policy_name(rollout, role), child_labels(rollout, role)
+    annotations = {ANNOTATION_POLICY_HASH: digest}
+    return _object(
+        "networking.k8s.io/v1", "NetworkPolicy", name, namespace, labels, annotations, spec=spec
+    )
 
 
 def container_config(container: Mapping[str, Any]) -> dict[str, Any]:
@@ -558,16 +528,8 @@ def container_config(container: Mapping[str, Any]) -> dict[str, Any]:
 def build_report_configmap(
     *, rollout: str, namespace: str, files: Mapping[str, str]
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": report_name(rollout),
-            "namespace": namespace,
-            "labels": child_labels(rollout, "report"),
-        },
-        "data": dict(files),
-    }
+    labels = child_labels(rollout, "report")
+    return _object("v1", "ConfigMap", report_name(rollout), namespace, labels, data=dict(files))
 
 
 def status_json(status: Mapping[str, Any]) -> str:

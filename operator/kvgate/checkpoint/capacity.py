@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from kvgate.engines import kvformats
@@ -117,9 +117,7 @@ class KVLayout:
         engine: str = engine_versions.VLLM,
         backend: str | None = None,
     ) -> int:
-        """Bytes one token occupies across all KV-holding layers, in `engine`'s format `dtype`
-        (scale sidecars included), with `skip_layers` (and the format's own boundary layers)
-        kept in the model's 16-bit dtype (see `layer_bytes`)."""
+        """Bytes one token occupies across all KV-holding layers (`layer_bytes` summed)."""
         layers = self.layer_bytes(dtype, skip_layers=skip_layers, engine=engine, backend=backend)
         return sum(layers.values())
 
@@ -171,10 +169,8 @@ class KVLayout:
             wanted.update(range(self.num_layers - n, self.num_layers))
         return frozenset(wanted & set(self.kv_layer_indices))
 
-    def tokens_per_gib(
-        self, dtype: str, *, skip_layers: Sequence[str] = (), engine: str = engine_versions.VLLM
-    ) -> float:
-        return GIB / self.bytes_per_token(dtype, skip_layers=skip_layers, engine=engine)
+    def tokens_per_gib(self, dtype: str) -> float:
+        return GIB / self.bytes_per_token(dtype)
 
     def pool_tokens(
         self,
@@ -533,14 +529,8 @@ class VllmPool:
     window_tokens: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_blocks": self.num_blocks,
-            "groups": self.groups,
-            "group_size": self.group_size,
-            "kv_tokens": self.kv_tokens,
-            "max_concurrency": round(self.max_concurrency, 2),
-            "window_tokens": self.window_tokens,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return out | {"max_concurrency": round(self.max_concurrency, 2)}
 
 
 def _cdiv(a: int, b: int) -> int:

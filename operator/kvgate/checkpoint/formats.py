@@ -24,14 +24,11 @@ def expected_capacity_gain(
     candidate: str,
     *,
     skip_layers: Sequence[str] = (),
-    control_skip_layers: Sequence[str] = (),
     engine: str = engine_versions.VLLM,
     backend: str | None = None,
 ) -> float:
     """Tokens the candidate's format holds per token of the control's, in the same memory."""
-    control_bytes = layout.bytes_per_token(
-        control, skip_layers=control_skip_layers, engine=engine, backend=backend
-    )
+    control_bytes = layout.bytes_per_token(control, engine=engine, backend=backend)
     candidate_bytes = layout.bytes_per_token(
         candidate, skip_layers=skip_layers, engine=engine, backend=backend
     )

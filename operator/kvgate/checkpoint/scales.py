@@ -68,12 +68,7 @@ class TensorInfo:
 
     @property
     def elements(self) -> int | None:
-        if self.shape is None:
-            return None
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return None if self.shape is None else math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +94,11 @@ class Finding:
 
     def to_dict(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
+
+
+class _Findings(list[Finding]):
+    def add(self, code: str, message: str) -> None:
+        self.append(Finding(code, message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +193,7 @@ class ScaleReport:
             "source": self.source,
             "present": self.present,
             "coverage": self.coverage,
-            "k": self._count("k") if known else None,
-            "v": self._count("v") if known else None,
-            "q": self._count("q") if known else None,
-            "prob": self._count("prob") if known else None,
+            **{kind: self._count(kind) if known else None for kind in ("k", "v", "q", "prob")},
             "layers": {
                 "total": self.total_layers,
                 "expected": len(self.expected_layers),
@@ -243,7 +240,10 @@ def scan_scales(
     every layer of `num_hidden_layers` in `config`, or else every layer seen in the names.
     `modelopt_config` is hf_quant_config.json, where ModelOpt checkpoints declare the KV algo.
     """
-    infos = _tensor_infos(tensors)
+    if isinstance(tensors, Mapping):
+        infos = list(tensors.values())
+    else:
+        infos = [t if isinstance(t, TensorInfo) else TensorInfo(str(t)) for t in tensors]
     config = config or {}
     quant = _quantization_config(config, source)
     total_layers = _num_layers(config, source)
@@ -326,8 +326,7 @@ def scan_scales(
         kv_heads=kv_heads,
         per_head=tuple(per_head),
     )
-    findings = _findings(report, kinds_seen, non_scalar)
-    return _with_findings(report, findings)
+    return replace(report, findings=tuple(_findings(report, kinds_seen, non_scalar)))
 
 
 def _bad_values(values: Sequence[float]) -> str:
@@ -344,46 +343,25 @@ def _kv_heads(config: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def unknown_scales(
-    config: Mapping[str, Any],
-    source: str = "config.json",
-    modelopt_config: Mapping[str, Any] | None = None,
-) -> ScaleReport:
+def unknown_scales(config: Mapping[str, Any], source: str = "config.json") -> ScaleReport:
     """The report for a config.json alone: the config's quantization hints, scales unknown."""
-    quant = _quantization_config(config, source)
-    total_layers = _num_layers(config, source)
-    report = ScaleReport(
-        source=source,
-        coverage="unknown",
-        total_layers=total_layers,
-        expected_layers=tuple(range(total_layers or 0)),
-        layers=(),
-        tensor_count=0,
-        weight_scale_kinds=(),
-        weight_scale_count=0,
-        weight_dtypes={},
-        quant_method=quant.get("quant_method"),
-        kv_cache_scheme=quant.get("kv_cache_scheme"),
-        kv_cache_quant_algo=_kv_cache_quant_algo(quant, modelopt_config),
-        findings=(),
+    # The report of a checkpoint without tensors, but nothing is known of them.
+    scanned = scan_scales((), config=config, source=source)
+    report = replace(scanned, coverage="unknown", kv_heads=None, findings=())
+    findings = _Findings()
+    findings.add(
+        "ScalesUnknown",
+        "only config.json was read: whether the checkpoint carries k/v scales is unknown; "
+        "scan the model directory or hub repo to find out",
     )
-    findings = [
-        Finding(
-            "ScalesUnknown",
-            "only config.json was read: whether the checkpoint carries k/v scales is unknown; "
-            "scan the model directory or hub repo to find out",
-        )
-    ]
     if report.quant_method and not report.kv_cache_scheme:
-        findings.append(
-            Finding(
-                "WeightsQuantized",
-                f"config.json declares quant_method '{report.quant_method}': that quantizes "
-                "weights; it does not put k/v scales in the checkpoint",
-            )
+        findings.add(
+            "WeightsQuantized",
+            f"config.json declares quant_method '{report.quant_method}': that quantizes "
+            "weights; it does not put k/v scales in the checkpoint",
         )
     findings.extend(_config_findings(report))
-    return _with_findings(report, findings)
+    return replace(report, findings=tuple(findings))
 
 
 def parse_safetensors_header(header: bytes, source: str) -> dict[str, TensorInfo]:
@@ -432,18 +410,6 @@ def is_kv_scale(name: str) -> bool:
     return any(pattern.search(rest) for kind, pattern in _SCALE_KINDS if kind in ("k", "v", "kv"))
 
 
-def _with_findings(report: ScaleReport, findings: Sequence[Finding]) -> ScaleReport:
-    return replace(report, findings=tuple(findings))
-
-
-def _tensor_infos(
-    tensors: Iterable[str] | Iterable[TensorInfo] | Mapping[str, TensorInfo],
-) -> list[TensorInfo]:
-    if isinstance(tensors, Mapping):
-        return list(tensors.values())
-    return [t if isinstance(t, TensorInfo) else TensorInfo(str(t)) for t in tensors]
-
-
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     nested = config.get("text_config")
     return nested if isinstance(nested, Mapping) else config
@@ -481,74 +447,60 @@ def _quantization_config(config: Mapping[str, Any], source: str) -> Mapping[str,
 
 
 def _findings(report: ScaleReport, kinds_seen: set[str], non_scalar: list[str]) -> list[Finding]:
-    findings: list[Finding] = []
+    findings = _Findings()
     expected = len(report.expected_layers)
     if report.coverage == "none":
         if report.weight_scale_count:
-            findings.append(
-                Finding(
-                    "FP8WeightsWithoutKVScales",
-                    f"the checkpoint has {report.weight_scale_count} weight/activation scales "
-                    f"({', '.join(report.weight_scale_kinds)}) but no k/v scales: quantized "
-                    "weights do not calibrate the KV cache, which will run with scale 1.0",
-                )
+            findings.add(
+                "FP8WeightsWithoutKVScales",
+                f"the checkpoint has {report.weight_scale_count} weight/activation scales "
+                f"({', '.join(report.weight_scale_kinds)}) but no k/v scales: quantized "
+                "weights do not calibrate the KV cache, which will run with scale 1.0",
             )
         else:
-            findings.append(
-                Finding(
-                    "ScalesMissing",
-                    f"no k/v scale tensors among {report.tensor_count} tensors: with an FP8 KV "
-                    f"cache the engines use scale 1.0 ({_scale_default_warning(report)})",
-                )
+            findings.add(
+                "ScalesMissing",
+                f"no k/v scale tensors among {report.tensor_count} tensors: with an FP8 KV "
+                f"cache the engines use scale 1.0 ({_scale_default_warning(report)})",
             )
     elif report.coverage == "partial":
         missing = report.missing_layers
         shown = ", ".join(str(i) for i in missing[:8]) + (", ..." if len(missing) > 8 else "")
-        findings.append(
-            Finding(
-                "ScalesPartial",
-                f"k/v scales cover {len(report.covered_layers)} of {expected} attention layers; "
-                f"missing in layer(s) {shown}",
-            )
+        findings.add(
+            "ScalesPartial",
+            f"k/v scales cover {len(report.covered_layers)} of {expected} attention layers; "
+            f"missing in layer(s) {shown}",
         )
     if "kv" in kinds_seen:
-        findings.append(
-            Finding(
-                "LegacyKVScale",
-                "the checkpoint uses the deprecated single kv_scale per layer: vLLM copies it "
-                "to k_scale and v_scale and logs 'DEPRECATED. Found kv_scale in the checkpoint'",
-            )
+        findings.add(
+            "LegacyKVScale",
+            "the checkpoint uses the deprecated single kv_scale per layer: vLLM copies it "
+            "to k_scale and v_scale and logs 'DEPRECATED. Found kv_scale in the checkpoint'",
         )
     if report.coverage in ("all", "partial") and "q" not in kinds_seen:
-        findings.append(
-            Finding(
-                "QScaleMissing",
-                "no q scales: vLLM sets q_scale to k_scale, which only matters for FP8 "
-                "attention backends (flash-attn or flashinfer)",
-            )
+        findings.add(
+            "QScaleMissing",
+            "no q scales: vLLM sets q_scale to k_scale, which only matters for FP8 "
+            "attention backends (flash-attn or flashinfer)",
         )
     if report.broken:
         findings.append(broken_finding(report))
     if report.per_head:
-        findings.append(
-            Finding(
-                "PerHeadKVScales",
-                f"{len(report.per_head)} k/v scale(s) hold one value per KV head (e.g. "
-                f"{report.per_head[0]}, llm-compressor strategy attn_head): vLLM reads them "
-                "only on a backend with per-head scales, FLASH_ATTN on FA3 (Hopper) or "
-                "TURBOQUANT (supports_per_head_quant_scales, vllm/v1/attention/backends/"
-                "flash_attn.py:410, 0.32); any other refuses the model ('per-head quant scales "
-                "not supported', vllm/v1/attention/backend.py:323); SGLang has none (sglang#26436 "
-                "closed unmerged)",
-            )
+        findings.add(
+            "PerHeadKVScales",
+            f"{len(report.per_head)} k/v scale(s) hold one value per KV head (e.g. "
+            f"{report.per_head[0]}, llm-compressor strategy attn_head): vLLM reads them "
+            "only on a backend with per-head scales, FLASH_ATTN on FA3 (Hopper) or "
+            "TURBOQUANT (supports_per_head_quant_scales, vllm/v1/attention/backends/"
+            "flash_attn.py:410, 0.32); any other refuses the model ('per-head quant scales "
+            "not supported', vllm/v1/attention/backend.py:323); SGLang has none (sglang#26436 "
+            "closed unmerged)",
         )
     if non_scalar:
-        findings.append(
-            Finding(
-                "NonScalarKVScale",
-                f"{len(non_scalar)} k/v/q scale(s) are not per-tensor (e.g. {non_scalar[0]}): "
-                "vLLM refuses them ('Only support per-tensor scaling factor for fp8 KV cache')",
-            )
+        findings.add(
+            "NonScalarKVScale",
+            f"{len(non_scalar)} k/v/q scale(s) are not per-tensor (e.g. {non_scalar[0]}): "
+            "vLLM refuses them ('Only support per-tensor scaling factor for fp8 KV cache')",
         )
     findings.extend(_config_findings(report))
     return findings
@@ -577,34 +529,28 @@ def _scale_default_warning(report: ScaleReport) -> str:
 
 
 def _config_findings(report: ScaleReport) -> list[Finding]:
-    findings: list[Finding] = []
+    findings = _Findings()
     if report.kv_cache_scheme:
-        findings.append(
-            Finding(
-                "KVCacheSchemeSet",
-                "config.json quantization_config.kv_cache_scheme is set: vLLM (0.26+) runs the "
-                "KV cache in FP8 even with --kv-cache-dtype auto, and logs no line saying so",
-            )
+        findings.add(
+            "KVCacheSchemeSet",
+            "config.json quantization_config.kv_cache_scheme is set: vLLM (0.26+) runs the "
+            "KV cache in FP8 even with --kv-cache-dtype auto, and logs no line saying so",
         )
     if str(report.kv_cache_quant_algo or "").upper() == "FP8":
-        findings.append(
-            Finding(
-                "KVCacheQuantAlgoFP8",
-                "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang resolves "
-                "--kv-cache-dtype auto to fp8_e4m3 without saying so",
-            )
+        findings.add(
+            "KVCacheQuantAlgoFP8",
+            "kv_cache_quant_algo is FP8 (quantization_config or hf_quant_config.json): SGLang resolves "
+            "--kv-cache-dtype auto to fp8_e4m3 without saying so",
         )
     forced = report.forces_fp8_kv
     if forced:
-        findings.append(
-            Finding(
-                "ControlRunsFP8",
-                f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ("
-                f"{'; '.join(forced)}): a control (and production) on auto runs FP8 already, "
-                "so the canary would compare FP8 with FP8; pin the control's dtype "
-                "(--kv-cache-dtype bfloat16, vLLM 0.11+ / SGLang 0.5.10+) or treat production "
-                "as FP8",
-            )
+        findings.add(
+            "ControlRunsFP8",
+            f"the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto ("
+            f"{'; '.join(forced)}): a control (and production) on auto runs FP8 already, "
+            "so the canary would compare FP8 with FP8; pin the control's dtype "
+            "(--kv-cache-dtype bfloat16, vLLM 0.11+ / SGLang 0.5.10+) or treat production "
+            "as FP8",
         )
     return findings
 
@@ -630,30 +576,21 @@ def broken_finding(report: ScaleReport) -> Finding:
 def format_findings(report: ScaleReport, engine: str, kv_format: str) -> tuple[Finding, ...]:
     """What the scan means for one candidate format (see kvgate.engines.kvformats)."""
     fmt = kvformats.lookup(engine, kv_format)
-    has_scales = report.coverage in ("all", "partial")
+    if fmt.scale_mode == kvformats.SCALES_CHECKPOINT:
+        return (broken_finding(report),) if report.broken else ()
+    if not fmt.quantized or report.coverage not in ("all", "partial"):
+        return ()  # nothing to scale, or no checkpoint scales to ignore
     if fmt.scale_mode == kvformats.SCALES_DYNAMIC:
-        if not has_scales:
-            return ()
         broken = " (including the broken ones)" if report.broken else ""
-        return (
-            Finding(
-                "ScalesUnused",
-                f"checkpoint scales unused: {fmt.name} computes a scale per (token, head) when "
-                f"it writes the cache, and vLLM sets the checkpoint's k/v scales{broken} to 1.0 "
-                "and drops them (vllm/model_executor/layers/quantization/kv_cache.py:98-108, "
-                "0.32); no scale gate applies, the accuracy gate decides",
-            ),
+        message = (
+            f"checkpoint scales unused: {fmt.name} computes a scale per (token, head) when "
+            f"it writes the cache, and vLLM sets the checkpoint's k/v scales{broken} to 1.0 "
+            "and drops them (vllm/model_executor/layers/quantization/kv_cache.py:98-108, "
+            "0.32); no scale gate applies, the accuracy gate decides"
         )
-    if not fmt.quantized:
-        return ()
-    if fmt.scale_mode != kvformats.SCALES_CHECKPOINT:
-        if not has_scales:
-            return ()
-        return (
-            Finding(
-                "ScalesNotApplicable",
-                f"{fmt.name} keeps its own scales ({fmt.scale_mode}): the checkpoint's per-tensor "
-                "k/v scales are not what it reads",
-            ),
-        )
-    return (broken_finding(report),) if report.broken else ()
+        return (Finding("ScalesUnused", message),)
+    message = (
+        f"{fmt.name} keeps its own scales ({fmt.scale_mode}): the checkpoint's per-tensor "
+        "k/v scales are not what it reads"
+    )
+    return (Finding("ScalesNotApplicable", message),)

@@ -10,7 +10,7 @@ from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.vocabulary import ANNOTATION_ABORT
 
-HELP = catalog.help_of("abort")
+HELP = catalog.COMMANDS["abort"]
 EXAMPLES: Final = ('kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"',)
 
 _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--reason", f"give one printable line of at most {_MAX_REASON} characters")
     kube, ns = for_cli(args.namespace)
     view = RolloutView.of(kube.get_rollout(ns, args.name))
-    if view.finished:
+    if view.status.ended:
         raise SpecError(f"kvr/{args.name}", f"has ended ({view.phase.value}): nothing to abort")
     kube.annotate_rollout(ns, view.name, {ANNOTATION_ABORT: reason})
     print(

@@ -10,7 +10,7 @@ from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.vocabulary import ANNOTATION_APPROVE, Phase
 
-HELP = catalog.help_of("approve")
+HELP = catalog.COMMANDS["approve"]
 EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)
 
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     kube, ns = for_cli(args.namespace)
     view = RolloutView.of(kube.get_rollout(ns, args.name))
     config = view.status.config_hash
-    if view.phase is not Phase.AWAITING_APPROVAL or view.reported or not config:
+    if view.phase is not Phase.AWAITING_APPROVAL or view.status.reported or not config:
         raise SpecError(
             f"kvr/{args.name}",
             f"is {view.phase.value} ({view.status.reason or 'no reason'}), not awaiting approval: "

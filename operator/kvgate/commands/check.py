@@ -9,16 +9,18 @@ target needs. Exit 0: no error (warnings may remain), 1: an error a rollout woul
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
+from kvgate.commands.rollout_view import metadata
 from kvgate.errors import InputError, ParseError
 from kvgate.judge import target as targetcheck
 
-HELP = catalog.help_of("check")
+HELP = catalog.COMMANDS["check"]
 EXAMPLES: Final = (
     "kvgate check -f deployment.yaml          # offline: the Deployment, its Service and PVCs",
     "kvgate check --deployment vllm -n llm    # live, with the namespace's Services and PVCs",
@@ -71,15 +73,11 @@ def run(args: argparse.Namespace) -> int:
             unread = [
                 w for w, v in (("Services", live.services), ("PVCs", live.claims)) if v is None
             ]
-            result = _note(
-                result, f"could not list the namespace's {' and '.join(unread)}: not checked"
-            )
+            note = f"note: could not list the namespace's {' and '.join(unread)}: not checked"
+            result = dataclasses.replace(result, needs=(*result.needs, note))
     else:
         raise InputError("give --file FILE (a manifest) or --deployment NAME (in the cluster)")
-    if args.json:
-        print(json.dumps(result.to_dict(), sort_keys=True))
-    else:
-        print("\n".join(lines(result)))
+    print(json.dumps(result.to_dict(), sort_keys=True) if args.json else "\n".join(lines(result)))
     return EXIT_GATE_FAILED if result.errors else EXIT_OK
 
 
@@ -111,7 +109,7 @@ def _check_file(
             raise ParseError(path, f"holds a {type(doc).__name__}, not a Kubernetes object")
         by_kind.setdefault(str(doc.get("kind")), []).append(doc)
     deployments = by_kind.get("Deployment", [])
-    names = [str(_meta(d).get("name")) for d in deployments]
+    names = [str(metadata(d).get("name")) for d in deployments]
     if not deployments:
         kinds = ", ".join(sorted(by_kind)) or "nothing"
         raise ParseError(path, f"holds no Deployment (found {kinds}); kvgate checks a Deployment")
@@ -127,22 +125,11 @@ def _check_file(
     else:
         deployment = deployments[0]
     if namespace:  # where it will be applied (the chart's watch.namespaces must hold it)
-        deployment = {**deployment, "metadata": {**_meta(deployment), "namespace": namespace}}
-    claims = {str(_meta(c).get("name")): c for c in by_kind.get("PersistentVolumeClaim", [])}
+        deployment = {**deployment, "metadata": {**metadata(deployment), "namespace": namespace}}
+    claims = {str(metadata(c).get("name")): c for c in by_kind.get("PersistentVolumeClaim", [])}
     return targetcheck.check(
         deployment, container=container, services=by_kind.get("Service", []), claims=claims
     )
-
-
-def _note(result: targetcheck.TargetCheck, text: str) -> targetcheck.TargetCheck:
-    import dataclasses
-
-    return dataclasses.replace(result, needs=(*result.needs, f"note: {text}"))
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
 
 
 def _count(n: int, word: str) -> str:

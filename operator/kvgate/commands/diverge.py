@@ -41,7 +41,7 @@ from kvgate.judge.divergence import (
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
 
-HELP = catalog.help_of("diverge")
+HELP = catalog.COMMANDS["diverge"]
 _CALIBRATION_CHARS: Final = 4000
 _FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a document
 _MAX_BODY: Final = 256 << 20
@@ -183,24 +183,20 @@ class _Arm:
         }
         import httpx
 
+        where = f"{self.name} endpoint {self.url}"
         try:
             response = self.client.post(self.url, json=payload)
         except httpx.HTTPError as exc:
-            raise EvalError(
-                f"{self.name} endpoint {self.url}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise EvalError(f"{where}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise EvalError(
-                f"{self.name} endpoint {self.url}: HTTP {response.status_code}: "
-                f"{response.text[:300]}"
-            )
+            raise EvalError(f"{where}: HTTP {response.status_code}: {response.text[:300]}")
         if len(response.content) > _MAX_BODY:
             raise EvalError(f"{self.name}: response over {_MAX_BODY} bytes")
         try:
             body = response.json()
         except ValueError as exc:
-            raise EvalError(f"{self.name} endpoint {self.url}: body is not JSON") from exc
-        doc = parse_completion(body, f"{self.name} endpoint {self.url}")
+            raise EvalError(f"{where}: body is not JSON") from exc
+        doc = parse_completion(body, where)
         usage = body.get("usage") if isinstance(body, dict) else None
         prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         return doc, prompt_tokens if isinstance(prompt_tokens, int) else len(doc.tokens)
@@ -239,12 +235,10 @@ def run(args: argparse.Namespace) -> int:
         rows = documents_source(data_dir)
         endpoints = [check_endpoint(n, u, m) for n, (u, m) in requested.items()]
     except EvalError as exc:
-        summary = summary_header(options)
-        summary["error"] = str(exc)
+        summary = {**summary_header(options), "error": str(exc)}
     else:
         summary = run_screen(endpoints, rows, options)
-    nonce = os.environ.get("KVGATE_EVAL_NONCE")
-    if nonce:
+    if nonce := os.environ.get("KVGATE_EVAL_NONCE"):
         summary["nonce"] = nonce
     if not args.json and is_terminal(sys.stdout):  # a person: text, as `eval` (first-hour #14)
         sys.stdout.write(diverge_text(summary) + "\n")

@@ -7,7 +7,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from kvgate.commands.diverge import (
     requested_arms,
 )
 from kvgate.commands.exit_codes import EXIT_BUG
-from kvgate.commands.failure import internal_error, report_summary_error
+from kvgate.commands.failure import error_text, report_summary_error
 from kvgate.commands.terminal import NO_TASK, human_emitter, is_terminal, json_emitter, json_line
 from kvgate.errors import EvalError, SpecError
 from kvgate.evaluation.gate import (
@@ -43,7 +42,7 @@ from kvgate.spec.rollout import is_commit, is_local_path
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
     from kvgate.evaluation.runner import Arm, EvalSettings
 
-HELP = catalog.help_of("eval")
+HELP = catalog.COMMANDS["eval"]
 _LC_SPEC: Final = "--long-context-tasks"
 EXAMPLES: Final = (
     "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",
@@ -287,28 +286,18 @@ def run(args: argparse.Namespace) -> int:
                         )
                 if divergence is not None:
                     summary["divergence"] = _run_divergence(divergence, arms, settings)
-        except EvalError as exc:
+        except Exception as exc:  # a bug (ours or lm-eval's) too: the Job log ends in a summary
+            if not isinstance(exc, EvalError):
+                exit_code = EXIT_BUG
             summary = build_summary(
                 plan=plan,
                 task=args.task,
                 verdict=Verdict.ERROR,
                 counts=None,
                 looks_taken=0,
-                error=str(exc),
+                error=error_text(exc, EvalError),
                 extra=extra,
             )
-        except Exception as exc:  # a bug (ours or lm-eval's): the Job log still ends in a summary
-            traceback.print_exc(file=sys.stderr)
-            summary = build_summary(
-                plan=plan,
-                task=args.task,
-                verdict=Verdict.ERROR,
-                counts=None,
-                looks_taken=0,
-                error=internal_error(exc),
-                extra=extra,
-            )
-            exit_code = EXIT_BUG
         if output is not None:
             summary["output"] = args.output
             output.write(json_line(summary))
@@ -319,20 +308,19 @@ def run(args: argparse.Namespace) -> int:
     # summary-shaped line an arm puts into this log (lm-eval logs error bodies) proves nothing.
     if not gsm8k:  # no questions were planned, whichever way the run ended
         summary.update(questions_planned=0, looks_planned=0, plan=None)
+    not_run = (
+        f"not run: the GSM8K task ended in {summary['verdict']}"
+        if gsm8k
+        else f"not run: {summary['error']}"
+    )
     if long_context is not None:
-        summary.setdefault("long_context", _skipped_block(long_context, summary))
+        summary.setdefault("long_context", {**_block_header(long_context), "error": not_run})
         summary["overall"] = _overall(summary)
     if divergence is not None and "divergence" not in summary:
         from kvgate.commands.diverge import summary_header
 
-        summary["divergence"] = summary_header(divergence)
-        summary["divergence"]["error"] = (
-            f"not run: {summary['error']}"
-            if not gsm8k
-            else f"not run: the GSM8K task ended in {summary['verdict']}"
-        )
-    nonce = os.environ.get("KVGATE_EVAL_NONCE")
-    if nonce:
+        summary["divergence"] = {**summary_header(divergence), "error": not_run}
+    if nonce := os.environ.get("KVGATE_EVAL_NONCE"):
         summary["nonce"] = nonce
     emit(summary)
     final = summary["overall"]["verdict"] if long_context is not None else summary["verdict"]
@@ -340,12 +328,7 @@ def run(args: argparse.Namespace) -> int:
     return exit_code if exit_code is not None else EXIT_CODES[Verdict(final)]
 
 
-# ---- long context ---------------------------------------------------------------------------
-
-
-class LongContextRequest(TypedDict):
-    """The long-context options as checked by `_long_context_request`."""
-
+class LongContextRequest(TypedDict):  # as `_long_context_request` checked them
     tasks: list[str]
     lengths: list[int]
     items: int
@@ -440,15 +423,10 @@ def _run_divergence(
         else:
             rows = documents_source(settings.data_dir)
         return run_screen(arms, rows, options)
-    except (EvalError, SpecError, OSError, ValueError) as exc:
-        block = summary_header(options)
-        block["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        return block
-    except Exception as exc:  # a bug here must not hide the other results
-        traceback.print_exc(file=sys.stderr)
-        block = summary_header(options)
-        block["error"] = internal_error(exc)
-        return block
+    except Exception as exc:  # a bug here must not hide the other results either
+        expected = (EvalError, SpecError, OSError, ValueError)
+        text = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return {**summary_header(options), "error": error_text(exc, expected, text)}
 
 
 def _parquet_documents(path: Path) -> list[str]:
@@ -503,25 +481,12 @@ def _run_long_context(
         answers = NeedleRunner(settings, arms, workdir, items).run()
         per_length = pair_by_length(answers["control"], answers["candidate"], len(items))
         verdict, reason, bucket, rows = judge(per_length, request["plan"])
-    except (EvalError, SpecError) as exc:
-        block["error"] = str(exc)
-        return block
-    except Exception as exc:  # a bug here must not hide the GSM8K result
-        traceback.print_exc(file=sys.stderr)
-        block["error"] = internal_error(exc)
+    except Exception as exc:  # a bug here must not hide the GSM8K result either
+        block["error"] = error_text(exc, (EvalError, SpecError))
         return block
     block.update(verdict=str(verdict), reason=reason, buckets=rows)
     if str(verdict) != "pass":
         block["failing_bucket"] = bucket
-    return block
-
-
-def _skipped_block(request: LongContextRequest, summary: dict[str, Any]) -> dict[str, Any]:
-    block = _block_header(request)
-    if summary["task"] == NO_TASK:
-        block["error"] = f"not run: {summary['error']}"
-    else:
-        block["error"] = f"not run: the GSM8K task ended in {summary['verdict']}"
     return block
 
 

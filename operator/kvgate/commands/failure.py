@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from collections.abc import Mapping
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 MAX_MESSAGE: Final = 1000
 
@@ -31,25 +32,14 @@ def error_line(command: str | None, message: str) -> str:
     return f"{prog}: error: {one_line(message)}"
 
 
-def error_object(command: str | None, message: str, exit_code: int) -> dict[str, object]:
-    return {"error": {"command": command, "message": one_line(message), "exitCode": exit_code}}
-
-
 def report_error(
-    command: str | None,
-    message: str,
-    exit_code: int,
-    *,
-    as_json: bool = False,
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
+    command: str | None, message: str, exit_code: int, *, as_json: bool = False
 ) -> int:
     """Print the error line (and, `as_json`, the JSON object on stdout); returns `exit_code`."""
     if as_json:
-        out = stdout if stdout is not None else sys.stdout
-        print(json.dumps(error_object(command, message, exit_code), sort_keys=True), file=out)
-        out.flush()
-    print(error_line(command, message), file=stderr if stderr is not None else sys.stderr)
+        error = {"command": command, "message": one_line(message), "exitCode": exit_code}
+        print(json.dumps({"error": error}, sort_keys=True), flush=True)
+    print(error_line(command, message), file=sys.stderr)
     return exit_code
 
 
@@ -58,9 +48,18 @@ def internal_error(exc: BaseException) -> str:
     return f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
 
 
-def report_summary_error(
-    command: str, summary: Mapping[str, Any], verdict: str, stderr: TextIO | None = None
-) -> None:
+def error_text(
+    exc: Exception, expected: type[Exception] | tuple[type[Exception], ...], text: str = ""
+) -> str:
+    """A summary's error: an `expected` failure's `text` (default: its message); else a bug's,
+    its traceback on stderr."""
+    if isinstance(exc, expected):
+        return text or str(exc)
+    traceback.print_exc(file=sys.stderr)
+    return internal_error(exc)
+
+
+def report_summary_error(command: str, summary: Mapping[str, Any], verdict: str) -> None:
     """`eval` and `diverge` end in their summary line on stdout, which the operator's Job reads,
     also for an error (`"verdict": "error"`, `"error": <message>`); an error also gets every
     command's error line on stderr, on a terminal or piped (first-hour-2 N4)."""
@@ -71,4 +70,4 @@ def report_summary_error(
         *(b for k in ("long_context", "divergence") if isinstance(b := summary.get(k), Mapping)),
     ]
     message = next((str(b["error"]) for b in blocks if b.get("error")), "ended in error")
-    print(error_line(command, message), file=stderr if stderr is not None else sys.stderr)
+    print(error_line(command, message), file=sys.stderr)

@@ -12,7 +12,7 @@ from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.commands.wait import durations
 
-HELP = catalog.help_of("get")
+HELP = catalog.COMMANDS["get"]
 EXAMPLES: Final = ("kvgate get vllm-fp8 -n llm --watch",)
 
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                     print()
                 print("\n".join(lines), flush=True)
                 shown = lines
-        if not args.watch or view.finished:
+        if not args.watch or view.status.ended:
             return view.exit_code() if args.watch else 0
         if time.monotonic() + interval > deadline:  # said, as wait says it (first-hour-2 N23)
             print(

@@ -28,11 +28,10 @@ import re
 import sys
 import tempfile
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import (
@@ -41,7 +40,7 @@ from kvgate.commands.exit_codes import (
     EXIT_INCONCLUSIVE,
     EXIT_OK,
 )
-from kvgate.commands.failure import internal_error
+from kvgate.commands.failure import error_text
 from kvgate.commands.terminal import json_emitter
 from kvgate.errors import SpecError
 from kvgate.inputs import seconds
@@ -63,7 +62,10 @@ from kvgate.records.loadresult import (
     overall,
 )
 
-HELP = catalog.help_of("load-job")
+if TYPE_CHECKING:
+    from kvgate.evidence.metrics import MetricSnapshot
+
+HELP = catalog.COMMANDS["load-job"]
 EXAMPLES: Final = (
     "kvgate load-job --control-url http://A:8000 --candidate-url http://B:8000 --model M "
     "--production-concurrency 64 --prompt-tokens 512 --output-tokens 128",
@@ -254,31 +256,32 @@ def _engine_now(base_url: str, *, client: Any = None) -> EngineNow | None:
     from its /metrics through kvgate's one scrape (bounded body and deadline, no proxy from the
     environment); None when it cannot be read (never an error: the engine's side adds to the
     measurement, it is not one)."""
-    from kvgate.adapters import http
-    from kvgate.errors import InputError, ScrapeError
-
-    url = base_url.rstrip("/") + "/metrics"
-    try:
-        snap = http.scrape_snapshot(url, client=client, timeout=PROBE_TIMEOUT_S)
-    except (ScrapeError, InputError):
+    snap = _snapshot(base_url, client)
+    if snap is None:
         return None
     return EngineNow(preemptions=snap.preemptions, waiting=snap.waiting, time_scale=snap.time_scale)
 
 
-def _token_counters(base_url: str, *, client: Any = None) -> EngineCounters | None:
+def _token_counters(base_url: str) -> EngineCounters | None:
     """The engine's cumulative prompt and generation token counters now (None: unreadable)."""
-    from kvgate.adapters import http
-    from kvgate.errors import InputError, ScrapeError
-
-    try:
-        snap = http.scrape_snapshot(
-            base_url.rstrip("/") + "/metrics", client=client, timeout=PROBE_TIMEOUT_S
-        )
-    except (ScrapeError, InputError):
+    snap = _snapshot(base_url)
+    if snap is None:
         return None
     return EngineCounters(
         prompt_tokens=snap.prompt_tokens, generation_tokens=snap.generation_tokens
     )
+
+
+def _snapshot(base_url: str, client: Any = None) -> MetricSnapshot | None:
+    from kvgate.adapters import http
+    from kvgate.errors import InputError, ScrapeError
+
+    try:
+        return http.scrape_snapshot(
+            base_url.rstrip("/") + "/metrics", client=client, timeout=PROBE_TIMEOUT_S
+        )
+    except (ScrapeError, InputError):
+        return None
 
 
 def _preemptions(base_url: str, *, client: Any = None) -> float | None:
@@ -286,7 +289,7 @@ def _preemptions(base_url: str, *, client: Any = None) -> float | None:
     return None if now is None else now.preemptions
 
 
-def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixProbe:
+def _prefix_probe(base_url: str, model: str) -> PrefixProbe:
     """The engine's prefix cache seen from outside: its counters across the same prompt sent
     twice (max_tokens 1), read again up to PREFIX_PROBE_READS times a second apart until the
     hits or queries move; and whether the engine says its prefix cache is on (vLLM:
@@ -303,36 +306,33 @@ def _prefix_probe(base_url: str, model: str, *, client: Any = None) -> PrefixPro
     metrics = base_url.rstrip("/") + "/metrics"
     body = {"model": model, "prompt": PREFIX_PROBE_PROMPT, "max_tokens": 1, "temperature": 0}
     try:
-        before = http.scrape_snapshot(metrics, client=client, timeout=PROBE_TIMEOUT_S)
+        before = http.scrape_snapshot(metrics, timeout=PROBE_TIMEOUT_S)
         with httpx.Client(trust_env=False, timeout=PROBE_TIMEOUT_S * 6) as poster:
             for _ in range(2):
                 poster.post(base_url.rstrip("/") + "/v1/completions", json=body).raise_for_status()
         for read in range(PREFIX_PROBE_READS):
-            after = http.scrape_snapshot(metrics, client=client, timeout=PROBE_TIMEOUT_S)
+            after = http.scrape_snapshot(metrics, timeout=PROBE_TIMEOUT_S)
             if (after.prefix_cache_hits or 0) > (before.prefix_cache_hits or 0):
                 break
             if read + 1 < PREFIX_PROBE_READS:
                 time.sleep(1.0)
     except (ScrapeError, InputError, httpx.HTTPError) as exc:
         return PrefixProbe(error=f"prefix probe: {str(exc)[:200]}")
+    hits_before, hits_after = before.prefix_cache_hits, after.prefix_cache_hits
+    flag = after.cache_config.get("enable_prefix_caching")
+    enabled, switch = (None if flag is None else flag.lower() == "true"), None
     if after.engine == "sglang":
         # sglang:cached_tokens_total is a labelled counter: absent until the first cached token
         # (metrics_collector.py:2115, 0.5.23), so absent is 0 once the prompt tokens counted
-        hits_before, hits_after = before.prefix_cache_hits, after.prefix_cache_hits
         if after.prefix_cache_queries is not None:
             hits_before = 0.0 if hits_before is None else hits_before
             hits_after = hits_before if hits_after is None else hits_after
-        return PrefixProbe(
-            queries=_increase(before.prefix_cache_queries, after.prefix_cache_queries),
-            hits=_increase(hits_before, hits_after),
-            enabled=_radix_cache_on(base_url),
-            switch=SGLANG_SWITCH,
-        )
-    flag = after.cache_config.get("enable_prefix_caching")
+        enabled, switch = _radix_cache_on(base_url), SGLANG_SWITCH
     return PrefixProbe(
         queries=_increase(before.prefix_cache_queries, after.prefix_cache_queries),
-        hits=_increase(before.prefix_cache_hits, after.prefix_cache_hits),
-        enabled=None if flag is None else flag.lower() == "true",
+        hits=_increase(hits_before, hits_after),
+        enabled=enabled,
+        switch=switch,
     )
 
 
@@ -464,13 +464,13 @@ def _arm_error(
 def run(args: argparse.Namespace) -> int:
     from kvgate.load.runner import LoadToolMissing, run_load
 
-    for option in ("prompt_tokens", "output_tokens", "rounds", "num_workers", "max_concurrency"):
-        _positive(getattr(args, option), "--" + option.replace("_", "-"))
-    for option in ("request_timeout", "timeout"):
-        _positive(getattr(args, option), "--" + option.replace("_", "-"))
-    for option in ("slo_ttft_ms", "slo_tpot_ms"):
-        if getattr(args, option) is not None:
-            _positive(getattr(args, option), "--" + option.replace("_", "-"))
+    for option in (
+        *("prompt_tokens", "output_tokens", "rounds", "num_workers", "max_concurrency"),
+        *("request_timeout", "timeout", "slo_ttft_ms", "slo_tpot_ms"),
+    ):
+        value = getattr(args, option)
+        if value is not None or not option.startswith("slo_"):  # only the SLOs may be left out
+            _positive(value, "--" + option.replace("_", "-"))
     slo = (
         Slo(
             ttft_s=None if args.slo_ttft_ms is None else args.slo_ttft_ms / 1000,
@@ -533,23 +533,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             arms = _run_both(plans, work, args.timeout, emit, run_load)
             summary = _finish(summary, arms)
-        except LoadToolMissing as exc:
-            summary = _failed(summary, str(exc))
-        except Exception as exc:  # a bug: the log still ends in a summary
-            traceback.print_exc(file=sys.stderr)
-            summary = _failed(summary, internal_error(exc))
-            exit_code = EXIT_BUG
+        except Exception as exc:  # a bug too: the log still ends in a summary
+            error = error_text(exc, LoadToolMissing)
+            summary = replace(summary, verdict=LoadVerdict.ERROR, error=error)
+            if not isinstance(exc, LoadToolMissing):
+                exit_code = EXIT_BUG
     out = summary.to_dict()
-    nonce = os.environ.get(NONCE_ENV)
-    if nonce:
+    if nonce := os.environ.get(NONCE_ENV):
         out["nonce"] = nonce
     emit(out)
     verdict = summary.verdict or LoadVerdict.ERROR
     return exit_code if exit_code is not None else EXIT_CODES[verdict]
-
-
-def _failed(summary: LoadSummary, error: str) -> LoadSummary:
-    return replace(summary, verdict=LoadVerdict.ERROR, error=error)
 
 
 def _finish(summary: LoadSummary, arms: dict[str, ArmLoad]) -> LoadSummary:

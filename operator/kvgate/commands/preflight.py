@@ -30,7 +30,7 @@ from kvgate.engines import versions as engine_versions
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float, seconds
 
-HELP = catalog.help_of("preflight")
+HELP = catalog.COMMANDS["preflight"]
 DTYPES = ("bf16", "fp8")
 EXAMPLES: Final = (
     "kvgate preflight Qwen/Qwen3-8B --gpu-memory-gib 20 --max-model-len 32768",
@@ -210,10 +210,7 @@ def run(args: argparse.Namespace) -> int:
         typical_context=args.typical_context,
         ttft_objective=args.ttft_objective,
     )
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        print(render_text(result))
+    print(json.dumps(result, sort_keys=True) if args.json else render_text(result))
     # The operator ends such a rollout Failed/ControlRunsFP8 (a control under `auto` would run
     # FP8 too): a script that gates on this command must stop here as well.
     return EXIT_GATE_FAILED if result["scales"].get("forces_fp8_kv") else EXIT_OK
@@ -238,18 +235,65 @@ def preflight(
     `fp8_guidance` holds vLLM's own reasons to avoid FP8 that apply (kvgate.checkpoint.advice)."""
     from kvgate.adapters import hub
 
+    pool = pool or _DEFAULT_POOL
     try:
-        summary = _preflight(
-            hub,
-            target,
-            revision,
-            token,
-            memory_bytes,
-            max_model_len,
-            pool or _DEFAULT_POOL,
-            timeout_s,
+        path = Path(target)
+        read: dict[str, Any] | None = None
+        cached: Any = None
+        if not path.exists() and hub.looks_like_repo_id(target) and not target.endswith(".json"):
+            cached = _hub_or_cache(hub, target, revision, token, timeout_s, os.environ)
+            if isinstance(cached, Path):  # only config.json is cached: capacity, scales unknown
+                path = cached
+        scanned_dir = None
+        if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
+            scanned_dir, path = path, path / hub.CONFIG_FILE  # e.g. a .bin: scales unknown
+        if path.is_file() and path.suffix != ".safetensors":
+            config = hub.read_json_file(path)
+            layout = parse_kv_layout(config, source=str(path))
+            scales = unknown_scales(config, source=str(path))
+            if scanned_dir is not None:  # it was scanned: say what it lacks (first-hour-2 N17)
+                why = (
+                    f"{scanned_dir} has no *.safetensors (a .bin checkpoint, or config.json "
+                    "alone): whether it carries k/v scales is unknown"
+                )
+                scales = dataclasses.replace(scales, findings=tuple(
+                    dataclasses.replace(f, message=why) if f.code == "ScalesUnknown" else f
+                    for f in scales.findings))  # fmt: skip
+            source, commit = str(path), None
+        else:
+            if cached is not None:
+                headers = cached
+            elif path.exists():
+                headers = hub.read_local_checkpoint(path)
+            else:
+                raise ParseError(
+                    target, "no such file or directory, and not a hub repo id like org/name"
+                )
+            layout, scales = headers.analyse()
+            source, commit, read = headers.source, headers.commit, headers.to_dict()
+        summary = _summary(
+            source, revision, commit, layout, scales, memory_bytes, read, block_size=pool.block_size
         )
-        layout, scales = summary.pop("_layout"), summary.pop("_scales")
+        if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
+            summary["vllm_pool"] = {
+                d: vllm_pool(
+                    layout,
+                    memory_bytes,
+                    d,
+                    max_model_len=max_model_len,
+                    max_num_batched_tokens=pool.max_num_batched_tokens,
+                    version=pool.version,
+                    block_size=pool.block_size,
+                ).to_dict()
+                for d in DTYPES
+            }
+            summary["vllm_pool_max_model_len"] = max_model_len
+            summary["vllm_pool_version"] = ".".join(map(str, pool.version))
+        elif memory_bytes is not None and max_model_len is not None:
+            summary["notes"].append(
+                "no vLLM pool figures: kvgate does not model vLLM's MLA pool (--max-model-len ignored)"
+            )
+        summary["advice"] = advice(summary)
         guidance = fp8_guidance(
             head_dim=layout.head_dim,
             sliding_window_layers=layout.sliding_window_layers,
@@ -261,9 +305,8 @@ def preflight(
         summary["fp8_guidance"] = [g.to_dict() for g in guidance]
         if formats:
             summary["formats"] = _formats(
-                layout, scales, formats, skip_layers, memory_bytes, max_model_len,
-                pool or _DEFAULT_POOL,
-            )  # fmt: skip
+                layout, scales, formats, skip_layers, memory_bytes, max_model_len, pool
+            )
         return summary
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
@@ -300,74 +343,6 @@ def _formats(
     return out
 
 
-def _preflight(
-    hub: Any,
-    target: str,
-    revision: str | None,
-    token: str | None,
-    memory_bytes: int | None,
-    max_model_len: int | None,
-    pool: PoolOptions,
-    timeout_s: float,
-) -> dict[str, Any]:
-    path = Path(target)
-    read: dict[str, Any] | None = None
-    cached: Any = None
-    if not path.exists() and hub.looks_like_repo_id(target) and not target.endswith(".json"):
-        cached = _hub_or_cache(hub, target, revision, token, timeout_s, os.environ)
-        if isinstance(cached, Path):  # only config.json is cached: capacity, scales unknown
-            path = cached
-    scanned_dir = None
-    if path.is_dir() and (path / hub.CONFIG_FILE).is_file() and not _has_safetensors(path):
-        scanned_dir, path = path, path / hub.CONFIG_FILE  # e.g. a .bin checkpoint: scales unknown
-    if path.is_file() and path.suffix != ".safetensors":
-        config = hub.read_json_file(path)
-        layout = parse_kv_layout(config, source=str(path))
-        scales = unknown_scales(config, source=str(path))
-        if scanned_dir is not None:  # it was scanned: say what it lacks (first-hour-2 N17)
-            why = f"{scanned_dir} has no *.safetensors (a .bin checkpoint, or config.json alone)"
-            scales = dataclasses.replace(scales, findings=tuple(
-                dataclasses.replace(f, message=f"{why}: whether it carries k/v scales is unknown")
-                if f.code == "ScalesUnknown" else f for f in scales.findings))  # fmt: skip
-        source, commit = str(path), None
-    else:
-        if cached is not None:
-            headers = cached
-        elif path.exists():
-            headers = hub.read_local_checkpoint(path)
-        else:
-            raise ParseError(
-                target, "no such file or directory, and not a hub repo id like org/name"
-            )
-        layout, scales = headers.analyse()
-        source, commit, read = headers.source, headers.commit, headers.to_dict()
-    summary = _summary(
-        source, revision, commit, layout, scales, memory_bytes, read, block_size=pool.block_size
-    )
-    if memory_bytes is not None and max_model_len is not None and layout.attention != "mla":
-        summary["vllm_pool"] = {
-            d: vllm_pool(
-                layout,
-                memory_bytes,
-                d,
-                max_model_len=max_model_len,
-                max_num_batched_tokens=pool.max_num_batched_tokens,
-                version=pool.version,
-                block_size=pool.block_size,
-            ).to_dict()
-            for d in DTYPES
-        }
-        summary["vllm_pool_max_model_len"] = max_model_len
-        summary["vllm_pool_version"] = ".".join(map(str, pool.version))
-    elif memory_bytes is not None and max_model_len is not None:
-        summary["notes"].append(
-            "no vLLM pool figures: kvgate does not model vLLM's MLA pool (--max-model-len ignored)"
-        )
-    summary["advice"] = advice(summary)
-    summary["_layout"], summary["_scales"] = layout, scales  # for _formats; popped there
-    return summary
-
-
 OFFLINE_NEXT_STEP: Final = (
     "pass a local checkpoint directory or its config.json as MODEL, or set HF_HOME "
     "(or HF_HUB_CACHE) to a Hugging Face cache that has the model"
@@ -388,31 +363,24 @@ def _hub_or_cache(
     or a cached config.json's path); raises HubError with the next step when neither serves.
     """
     cache = hf_hub_cache(environ)
-    where = f"{repo_id}@{revision or 'main'}"
     if offline_requested(environ):
-        cached = hub.read_cached_checkpoint(repo_id, revision=revision, cache_dir=cache)
-        if cached is None:
-            raise HubError(
-                f"{where}: HF_HUB_OFFLINE is set and the Hugging Face cache {cache} does not "
-                f"have the model's config.json; {OFFLINE_NEXT_STEP}",
-                unreachable=True,
-            )
-        return cached
-    try:
-        return hub.read_hub_checkpoint(
-            repo_id, revision=revision, token=token, deadline_s=timeout_s
+        why = (
+            f"{repo_id}@{revision or 'main'}: HF_HUB_OFFLINE is set and the Hugging Face cache "
+            f"{cache} does not have the model's config.json; "
         )
-    except HubError as exc:
-        if not exc.unreachable:
-            raise
-        cached = hub.read_cached_checkpoint(repo_id, revision=revision, cache_dir=cache)
-        if cached is None:
-            raise HubError(
-                f"{exc}; the Hugging Face cache {cache} does not have it either; offline? "
-                f"{OFFLINE_NEXT_STEP}",
-                unreachable=True,
-            ) from None
-        return cached
+    else:
+        try:
+            return hub.read_hub_checkpoint(
+                repo_id, revision=revision, token=token, deadline_s=timeout_s
+            )
+        except HubError as exc:
+            if not exc.unreachable:
+                raise
+            why = f"{exc}; the Hugging Face cache {cache} does not have it either; offline? "
+    cached = hub.read_cached_checkpoint(repo_id, revision=revision, cache_dir=cache)
+    if cached is None:
+        raise HubError(why + OFFLINE_NEXT_STEP, unreachable=True)
+    return cached
 
 
 def _summary(
@@ -509,7 +477,7 @@ def render_text(result: dict[str, Any]) -> str:
     pool = result["pool_tokens"]
     header = f"{'dtype':<6} {'bytes/token':>12} {'tokens/GiB':>11}"
     if pool is not None:
-        header += f" {'pool tokens (' + _gib(result['pool_memory_gib']) + ' GiB)':>24}"
+        header += f" {'pool tokens (' + format(result['pool_memory_gib'], 'g') + ' GiB)':>24}"
     rows.append(header)
     for dtype in DTYPES:
         row = (
@@ -592,10 +560,6 @@ def _per_layer(result: dict[str, Any]) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
-
-
-def _gib(value: float) -> str:
-    return f"{value:g}"
 
 
 def _token(variable: str | None) -> str | None:

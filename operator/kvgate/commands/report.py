@@ -11,10 +11,11 @@ from typing import Any, Final
 
 from kvgate import report
 from kvgate.commands import catalog
+from kvgate.commands.rollout_view import RolloutView, metadata
 from kvgate.errors import ParseError
 from kvgate.inputs import load_file
 
-HELP = catalog.help_of("report")
+HELP = catalog.COMMANDS["report"]
 EXAMPLES: Final = (
     "kvgate report vllm-fp8 -n llm --html report.html",
     "kubectl get kvr vllm-fp8 -o json | kvgate report -f -",
@@ -65,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             print(f"\nHTML report: {args.html}")
     if args.exit_status:
-        from kvgate.commands.rollout_view import RolloutView
-
         return RolloutView.of(rollout).exit_code()
     return 0
 
@@ -88,11 +87,6 @@ def summary(view: report.ReportView) -> dict[str, Any]:
     }
 
 
-def _metadata(item: dict[str, Any]) -> dict[str, Any]:
-    meta = item.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
 def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
     """A rollout saved with `kubectl get kvr -o json` (or -o yaml); `-` is stdin.
 
@@ -102,7 +96,7 @@ def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
     obj = load_file(path)  # bounded: size, UTF-8, depth, no YAML aliases
     if isinstance(obj, dict) and isinstance(obj.get("items"), list):
         items = [i for i in obj["items"] if isinstance(i, dict)]
-        names = [str(_metadata(i).get("name"))[:253] for i in items]
+        names = [str(metadata(i).get("name"))[:253] for i in items]
         if name is not None:
             if name not in names:
                 raise ParseError(path, f"no rollout {name!r} in the list ({', '.join(names)})")
@@ -115,7 +109,7 @@ def read_rollout_file(path: str, name: str | None = None) -> dict[str, Any]:
             )
     if not isinstance(obj, dict) or obj.get("kind") != "KVCacheRollout":
         raise ParseError(path, "expected one KVCacheRollout object")
-    found = _metadata(obj).get("name")
+    found = metadata(obj).get("name")
     if name is not None and found != name:
         raise ParseError(path, f"holds rollout {str(found)[:253]!r}, not {name!r}")
     return obj

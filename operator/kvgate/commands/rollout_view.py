@@ -21,8 +21,7 @@ class RolloutView:
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> RolloutView:
-        meta = obj.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
+        meta = metadata(obj)
         generation = meta.get("generation")
         return cls(
             name=str(meta.get("name") or "-"),
@@ -35,22 +34,14 @@ class RolloutView:
     def phase(self) -> Phase:
         return self.status.phase or Phase.PENDING
 
-    @property
-    def reported(self) -> bool:
-        return self.status.reported
-
-    @property
-    def finished(self) -> bool:
-        return self.status.ended
-
     def exit_code(self) -> int:
         """0 promoted, not needed or a reported pass; 1 rolled back, failed, declined (the pull
         request was closed) or a closed gate (gate mode: any end but a passing verdict is
         Stalled); 3 not ended."""
         stalled = any(c.type == STALLED and c.status == TRUE for c in self.status.conditions)
-        if self.finished and stalled:
+        if self.status.ended and stalled:
             return EXIT_GATE_FAILED
-        if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.reported:
+        if self.phase in (Phase.PROMOTED, Phase.NOT_NEEDED) or self.status.reported:
             return EXIT_OK
         if self.phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED):
             return EXIT_GATE_FAILED
@@ -72,14 +63,18 @@ class RolloutView:
             detail = clip(record.message or record.reason, 140)
             out.append(f"  gate {gate:<14} {outcome:<12} {detail}")
         progress = self.status.eval.look_progress if self.status.eval else None
-        if progress is not None and not self.finished:
+        if progress is not None and not self.status.ended:
             diff = progress.difference
             shown = f", candidate - control {100 * diff:+.1f} pp" if diff is not None else ""
             out.append(
                 f"  eval look {progress.look}/{progress.looks_planned or '?'}: "
                 f"{progress.questions} questions{shown}"
             )
-        if self.phase is Phase.AWAITING_APPROVAL and not self.reported and self.status.config_hash:
+        if (
+            self.phase is Phase.AWAITING_APPROVAL
+            and not self.status.reported
+            and self.status.config_hash
+        ):
             expires = self.status.approval_expires_at  # "2026-12-04T10:48:00Z"
             when = f"; expires {expires[:10]} {expires[11:16]} UTC" if expires else ""
             out.append(
@@ -99,6 +94,11 @@ class RolloutView:
             message = clip(str(event.get("message") or ""), 140)
             out.append(f"  event {event.get('type', '?'):<7} {event.get('reason', '?')}: {message}")
         return out
+
+
+def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def clip(text: str, limit: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Final
 from kvgate.commands import catalog
 from kvgate.config import DEFAULT_METRICS_PORT, DEFAULT_POLL_INTERVAL_S, OperatorConfig
 
-HELP = catalog.help_of("run")
+HELP = catalog.COMMANDS["run"]
 EXAMPLES: Final = ("kvgate run -n llm --liveness http://0.0.0.0:8080/healthz",)
 
 _LOG_FORMATS = ("plain", "full", "json")

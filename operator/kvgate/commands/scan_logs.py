@@ -17,7 +17,7 @@ from kvgate.commands import catalog
 from kvgate.errors import ParseError
 from kvgate.evidence.logs import LogScan, scan_lines
 
-HELP = catalog.help_of("scan-logs")
+HELP = catalog.COMMANDS["scan-logs"]
 EXAMPLES: Final = (
     "kvgate scan-logs vllm-startup.log",
     "kubectl logs deploy/vllm | kvgate scan-logs -",
@@ -68,15 +68,10 @@ def _bounded_lines(handle: TextIO, source: str) -> Iterator[str]:
         if not line:
             return
         total += len(line)
-        while not line.endswith(("\n", "\r")):  # an overlong line: skip its rest
-            more = handle.readline(_READ_CHARS)
-            if not more:
-                break
-            total += len(more)
-            if total > MAX_LOG_CHARS:
-                break
-            if more.endswith(("\n", "\r")):
-                break
+        rest = line
+        while rest and not rest.endswith(("\n", "\r")) and total <= MAX_LOG_CHARS:
+            rest = handle.readline(_READ_CHARS)  # an overlong line: skip its rest
+            total += len(rest)
         if total > MAX_LOG_CHARS:
             raise ParseError(source, f"is larger than {MAX_LOG_CHARS >> 30} GiB; not a startup log")
         yield line

@@ -16,16 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from kvgate.commands import catalog
-from kvgate.errors import ScrapeError, SpecError
+from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE, EXIT_OK
+from kvgate.errors import ScrapeError
 from kvgate.evidence.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.evidence.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 from kvgate.inputs import bounded_int, fraction, seconds
 
-HELP = catalog.help_of("scrape")
+HELP = catalog.COMMANDS["scrape"]
 EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --interval 10",)
 
-EXIT_OK = 0
-EXIT_INCONCLUSIVE = 3
 # The pool verdict needs MIN_SAMPLES usable samples (ones with a KV usage reading); the
 # default takes two more, over a 20 s window.
 DEFAULT_SAMPLES: Final = MIN_SAMPLES + 2
@@ -75,8 +74,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.timeout <= 0:
-        raise SpecError("--timeout", f"{args.timeout:g} must be above 0")
     from kvgate.adapters.http import scrape_series  # httpx only when scraping
 
     progress = _progress(args.samples, args.interval) if sys.stderr.isatty() else None

@@ -24,7 +24,7 @@ from kvgate.judge.stats import (
     questions_needed,
 )
 
-HELP = catalog.help_of("stats")
+HELP = catalog.COMMANDS["stats"]
 # Paired modes exit as the gate would: 0 pass, 1 candidate shown worse, 3 inconclusive
 # (a saved summary's own verdict decides for it; its `error` is 4).
 EXAMPLES: Final = (
@@ -81,10 +81,7 @@ def parse_fraction(text: str, field: str) -> ArmResult:
     if m is None:
         raise SpecError(field, f"{text[:40]!r} is not K/N (right answers/questions), e.g. 459/500")
     k, n = int(m.group(1)), int(m.group(2))
-    if n > MAX_COUNT:
-        raise SpecError(field, f"{n} questions is more than {MAX_COUNT:,}")
-    if n == 0:
-        raise SpecError(field, f"{text!r} has 0 questions")
+    _check_questions(n, text, field)
     if k > n:
         raise SpecError(field, f"{text!r}: {k} right answers out of {n} questions; K must be ≤ N")
     return ArmResult.from_counts(k, n)
@@ -99,11 +96,15 @@ def parse_paired(text: str, field: str = "--paired") -> PairedCounts:
             f"{text[:60]!r} is not four counts BOTH,BASE_ONLY,CAND_ONLY,NEITHER, e.g. 452,7,6,35",
         )
     counts = PairedCounts(*(int(p) for p in parts))
-    if counts.n > MAX_COUNT:
-        raise SpecError(field, f"{counts.n} questions is more than {MAX_COUNT:,}")
-    if counts.n == 0:
-        raise SpecError(field, f"{text!r} has 0 questions")
+    _check_questions(counts.n, text, field)
     return counts
+
+
+def _check_questions(n: int, text: str, field: str) -> None:
+    if n > MAX_COUNT:
+        raise SpecError(field, f"{n} questions is more than {MAX_COUNT:,}")
+    if n == 0:
+        raise SpecError(field, f"{text!r} has 0 questions")
 
 
 def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:

@@ -100,14 +100,8 @@ def summary_text(summary: dict[str, Any]) -> str:
             f"  {summary['questions_used']} of {summary['questions_planned']} questions, "
             f"look {summary['looks']} of {summary['looks_planned']}"
         )
-        lines.append(
-            f"  control   {_pct(control['correct'], control['n'])} "
-            f"({control['correct']}/{control['n']})"
-        )
-        lines.append(
-            f"  candidate {_pct(candidate['correct'], candidate['n'])} "
-            f"({candidate['correct']}/{candidate['n']})"
-        )
+        for name, arm in (("control  ", control), ("candidate", candidate)):
+            lines.append(f"  {name} {_pct(arm['correct'], arm['n'])} ({arm['correct']}/{arm['n']})")
         paired = summary["paired"]
         lines.append(
             f"  difference {100 * paired['difference']:+.1f} pp "

@@ -13,7 +13,7 @@ from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
 from kvgate.inputs import duration_seconds
 
-HELP = catalog.help_of("wait")
+HELP = catalog.COMMANDS["wait"]
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         if headline != last and sys.stderr.isatty():
             print(headline, file=sys.stderr)
         last = headline
-        if view.finished:
+        if view.status.ended:
             print(headline)
             return view.exit_code()
         if time.monotonic() + interval > deadline:

@@ -35,9 +35,7 @@ from kvgate.controller.seen import (
     target_deployment,
 )
 from kvgate.controller.sources import arm_tpot_totals, canary_port, hub_token_problem
-from kvgate.controller.telemetry import (
-    REVERT_FAILURES,
-)
+from kvgate.controller.telemetry import REVERT_FAILURES
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
 from kvgate.flow.steps import Action, Step
 from kvgate.judge import throughput
@@ -65,9 +63,8 @@ DEFERRED: Final = (Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
 
 
 def acts(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Iterator[StatusUpdate]:
-    """The step's actions in order, each seeing what the ones before it did (after `before`,
-    what the reconcile's stages did so far), yielding after each the fold so far (`before` and
-    the actions done): a caller keeps what the actions before a failing one did."""
+    """The step's actions in order, each seeing what `before` and the ones before it did; yields
+    the fold after each, so a caller keeps what the actions before a failing one did."""
     done = before
     for action in step.actions:
         seen = ctx.seeing(done)
@@ -81,8 +78,8 @@ def acts(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> Iterator[Statu
 
 
 def act_best_effort(ctx: Ctx, step: Step, before: StatusUpdate = NOTHING) -> StatusUpdate:
-    """Giving up after errors: try every action (seeing `before`, as `acts`); owner references
-    clean up what fails. Returns `before` and what the actions before a failing one did."""
+    """Giving up after errors: try every action (as `acts`); owner references clean up what
+    fails."""
     done = before
     try:
         for fold in acts(ctx, step, before):  # what the actions did, kept up to a failing one
@@ -121,22 +118,30 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
             container=c,
             config_hash=str(ctx.so_far.config_hash),
         )
-        adopt_child(ctx, pod, arm)
-        existing, made = ensure_child(ctx, pod)
-        if made:
+        if ensure_fresh(ctx, pod, arm, "pod")[1]:
             ctx.reads.rollout_pods = None
             created.append(pod["metadata"]["name"])
-        elif leftover_child(ctx, existing):
-            delete_owned(ctx, "Pod", existing)
-            raise KubeError(f"pod {pod['metadata']['name']} of an earlier run is still terminating")
     if created:
         return StatusUpdate.event(Reason.CANARY_CREATED, f"created {', '.join(created)}")
     return NOTHING
 
 
+def ensure_fresh(
+    ctx: Ctx, obj: dict[str, Any], role: str, shown: str
+) -> tuple[dict[str, Any], bool]:
+    """`ensure_child` of `obj`, adopted; one of an earlier run is deleted and waited for."""
+    adopt_child(ctx, obj, role)
+    existing, made = ensure_child(ctx, obj)
+    if not made and leftover_child(ctx, existing):
+        delete_owned(ctx, obj["kind"], existing)
+        name = obj["metadata"]["name"]
+        raise KubeError(f"{shown} {name} of an earlier run is still terminating")
+    return existing, made
+
+
 def ensure_child(ctx: Ctx, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Create `obj` (one request), or find the object that has its name, and whether this
-    created it. One this rollout does not own is never touched."""
+    """Create `obj`, or find the one of its name, and whether this made it; one this rollout
+    does not own is never touched."""
     existing, made = ctx.kube.ensure(obj)
     if not made and not owned(ctx, existing):
         kind, name = obj["kind"], obj["metadata"]["name"]
@@ -148,7 +153,7 @@ def ensure_child(ctx: Ctx, obj: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def delete_owned(ctx: Ctx, kind: str, obj: Mapping[str, Any]) -> None:
-    """Delete `obj` only if this rollout owns it, and only that object (uid precondition)."""
+    """Delete `obj` if this rollout owns it, and only that object (uid precondition)."""
     if owned(ctx, obj):
         meta = obj["metadata"]
         ctx.kube.delete(kind, ctx.namespace, meta["name"], uid=meta.get("uid"))
@@ -169,19 +174,11 @@ def delete_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
 def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     status = ctx.so_far
     attempt = step.eval_attempts or (status.eval.attempt if status.eval else None) or 1
-    ips = arm_ips(ctx)
-    if not all(ips.values()):
-        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
-    port = canary_port(status)
-    env = {"PYTHONUNBUFFERED": "1"}
+    ips, port = arm_addresses(ctx)
     secret_env = eval_secret_env(ctx.spec, status.model)
-    problem = (
-        hub_token_problem(ctx.kube, ctx.config, ctx.namespace, ctx.spec) if secret_env else None
-    )
-    if problem:  # checked in Pending too; the label may have gone since (fail closed)
+    # checked in Pending too; the label may have gone since (fail closed)
+    if secret_env and (problem := hub_token_problem(ctx.kube, ctx.config, ctx.namespace, ctx.spec)):
         raise InputError(problem)
-    if ctx.config.gsm8k_dir:
-        env["KVGATE_GSM8K_DIR"] = ctx.config.gsm8k_dir
     # Before the Job: its pod never runs unconfined (where the CNI enforces NetworkPolicy).
     # The hub is reached for a hub tokenizer, and for GSM8K itself when no local copy is set.
     hub = hub_tokenizer(ctx.spec, status.model) is not None or not ctx.config.gsm8k_dir
@@ -200,7 +197,7 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
             max_model_len=engine_max_model_len(status),
             tokenizer=status.model,
         ),
-        env=env,
+        env=job_env(ctx),
         resources=manifests.eval_resources(ctx.config.eval_resources, ctx.spec.canary.resources),
         deadline_s=ctx.spec.canary.eval_timeout_s,
         config_hash=str(status.config_hash),
@@ -226,35 +223,30 @@ def create_eval_job(ctx: Ctx, step: Step) -> StatusUpdate:
     return started.then(StatusUpdate.of(eval=ev))
 
 
+def arm_addresses(ctx: Ctx) -> tuple[dict[str, str | None], int]:
+    ips = arm_ips(ctx)
+    if not all(ips.values()):
+        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
+    return ips, canary_port(ctx.so_far)
+
+
 def ensure_job(
     ctx: Ctx, job: dict[str, Any], role: str, started: Reason, attempt: int
 ) -> tuple[dict[str, Any], StatusUpdate]:
-    """This attempt's Job (`role`: eval or load), created once: the one that runs, and the
-    Event of its start when this made it.
-
-    A Job with the name that this rollout does not own is never touched; one of an earlier run
-    is deleted and waited for, never reused.
-    """
-    name = job["metadata"]["name"]
-    adopt_child(ctx, job, role)
-    existing, made = ensure_child(ctx, job)
+    """This attempt's Job, created once: the one that runs, and the Event of its start."""
+    existing, made = ensure_fresh(ctx, job, role, "Job")
     if made:
+        name = job["metadata"]["name"]
         return existing, StatusUpdate.event(started, f"{role} attempt {attempt}: Job {name}")
-    if leftover_child(ctx, existing):
-        delete_owned(ctx, "Job", existing)
-        raise KubeError(f"Job {name} of an earlier run is still terminating")
     return existing, NOTHING
 
 
 def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
-    """The load Job of this attempt: `kvgate load-job` on both canaries at production's load."""
+    """`kvgate load-job` on both canaries at production's load."""
     status = ctx.so_far
     load = status.load or LoadStatus()
     attempt = step.load_attempts or load.attempt or 1
-    ips = arm_ips(ctx)
-    if not all(ips.values()):
-        raise KvgateError("a canary pod has no IP")  # bug-level: the core checked readiness
-    port = canary_port(status)
+    ips, port = arm_addresses(ctx)
     gate = ctx.spec.capacity_gain.throughput_gain
     # Production's concurrency: the preflight's running + waiting requests, else 1.
     concurrency = throughput.production_concurrency(status.preflight)
@@ -287,10 +279,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         deadline_s=deadline_s,
         config_hash=str(status.config_hash),
         # the word tokenizer (counts as kvgate.sim does) is built from GSM8K's train split
-        env={
-            "PYTHONUNBUFFERED": "1",
-            **({"KVGATE_GSM8K_DIR": ctx.config.gsm8k_dir} if ctx.config.gsm8k_dir else {}),
-        },
+        env=job_env(ctx),
         resources=ctx.config.load_resources,  # the operator's; a rollout does not change them
         service_account_name=ctx.config.eval_service_account,
         nonce=secrets.token_hex(16),
@@ -313,8 +302,12 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     return started.then(StatusUpdate.of(load=load))
 
 
+def job_env(ctx: Ctx) -> dict[str, str]:
+    gsm8k = {"KVGATE_GSM8K_DIR": ctx.config.gsm8k_dir} if ctx.config.gsm8k_dir else {}
+    return {"PYTHONUNBUFFERED": "1", **gsm8k}
+
+
 def job_created_at(job: Mapping[str, Any]) -> float | None:
-    """A Job's creationTimestamp as epoch seconds (None when absent or unreadable)."""
     stamp = (job.get("metadata") or {}).get("creationTimestamp")
     created = parse_time(stamp if isinstance(stamp, str) else None)
     return round(created.timestamp(), 3) if created is not None else None
@@ -323,12 +316,8 @@ def job_created_at(job: Mapping[str, Any]) -> float | None:
 def job_concurrency(job: Mapping[str, Any]) -> int | None:
     """The --production-concurrency the Job runs with (a restarted operator finds its
     predecessor's Job, made perhaps from other preflight figures)."""
-    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "containers"
-    ) or [{}]
-    args = [
-        str(a) for a in [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
-    ]
+    container = job_container(job)
+    args = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
     if "--production-concurrency" in args:
         i = args.index("--production-concurrency")
         if i + 1 < len(args) and args[i + 1].isdigit():
@@ -337,8 +326,8 @@ def job_concurrency(job: Mapping[str, Any]) -> int | None:
 
 
 def ensure_eval_policy(ctx: Ctx, *, port: int, hub: bool, role: str = "eval") -> None:
-    """The eval (or load) Job's NetworkPolicy, owned by the rollout; an owned one with another
-    spec (an earlier run's port or hub rule) is deleted and made again on the next reconcile."""
+    """The Job's NetworkPolicy; an owned one with another spec (an earlier run's port or hub
+    rule) is deleted and made again on the next reconcile."""
     policy = manifests.build_eval_network_policy(
         rollout=ctx.name, namespace=ctx.namespace, canary_port=port, hub=hub, role=role
     )
@@ -379,11 +368,15 @@ def engine_max_model_len(status: RolloutStatus) -> int | None:
     return length if length is not None and length > 0 else None
 
 
+def job_container(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A kvgate Job's one container ({} when the object has none)."""
+    pod_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    container: Mapping[str, Any] = (pod_spec.get("containers") or [{}])[0]
+    return container
+
+
 def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV) -> str | None:
-    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "containers"
-    ) or [{}]
-    for env in containers[0].get("env") or []:
+    for env in job_container(job).get("env") or []:
         if env.get("name") == env_name and env.get("value"):
             return hashlib.sha256(str(env["value"]).encode()).hexdigest()
     return None
@@ -432,17 +425,17 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
     return StatusUpdate.of(speed=speed)
 
 
-def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
-    """Apply the candidate, once, as a test-and-set on the evaluated container.
-
-    The decision is already in status (phase Promoting); the patch is refused by the apiserver
-    if the container changed since this read, and its result is recorded in status.promotion.
-    """
-    dep = target_deployment(ctx)
-    found = live_container(ctx, dep)
-    if dep is None or found is None:
+def evaluated_live(ctx: Ctx) -> tuple[int, dict[str, Any]]:
+    found = live_container(ctx, target_deployment(ctx))
+    if found is None:
         raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
-    index, live = found
+    return found
+
+
+def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
+    """Apply the candidate once (the decision is in status: Promoting), as a test-and-set the
+    apiserver refuses if the container changed since this read."""
+    index, live = evaluated_live(ctx)
     wanted = manifests.container_config(derive_candidate(ctx, live))
     ops = promotion.patch_ops(index, live, wanted)
     if not ops:
@@ -464,14 +457,11 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
 
 
 def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
-    """Take kvgate's edits out of the live container (three-way), as a test-and-set.
-
-    A refused patch is recorded, not raised: the next reconcile reads the Deployment back and
-    either confirms the revert or reports RevertFailed and tries again after a back-off.
-    """
-    dep = target_deployment(ctx)
-    found = live_container(ctx, dep)
-    if dep is None or found is None:
+    """Take kvgate's edits out of the live container (three-way), as a test-and-set. A refused
+    patch is recorded, not raised: the next reconcile reads the Deployment back and confirms the
+    revert or reports RevertFailed and tries again after a back-off."""
+    found = live_container(ctx, target_deployment(ctx))
+    if found is None:
         return NOTHING  # the observation says why; nothing to patch
     index, live = found
     previous, candidate = ctx.so_far.previous, ctx.so_far.candidate
@@ -497,20 +487,13 @@ def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:
 
 
 def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
-    """Record the step's remedy and the remedied candidate in status; no cluster write.
-
-    The status write of this reconcile is the decision; the canaries are deleted (deferred)
-    and created again, remedied, after it (`derive_candidate` applies status.remediation). A
-    new config hash makes the crashed pods leftovers that are never read as this attempt's.
-    """
+    """Record the step's remedy and the remedied candidate in status; no cluster write. The
+    canaries are deleted (deferred) and created again, remedied, after this status write; a new
+    config hash makes the crashed pods leftovers never read as this attempt's."""
     remedy = step.remedy
     if remedy is None:
         raise KvgateError("a Remediate action without a remedy")
-    dep = target_deployment(ctx)
-    found = live_container(ctx, dep)
-    if dep is None or found is None:
-        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
-    _, live = found
+    _, live = evaluated_live(ctx)
     derive_candidate(ctx, live)  # the live container and the candidate are still the evaluated
     first = ctx.so_far.arms.get("candidate") or ArmStatus()
     findings = first.scan.findings if first.scan is not None else ()

@@ -30,16 +30,15 @@ def evaluated_container(ctx: Ctx) -> dict[str, Any]:
 
 
 def shown_env(ctx: Ctx) -> frozenset[str]:
-    """Env names whose values status may show: the engine's allowlist and the rollout's own
-    extraEnv (the only variables kvgate changes, so the only ones a revert must restore)."""
+    """Env names status may show the values of: the engine's allowlist and the extraEnv (the
+    only variables kvgate changes, so the only ones a revert must restore)."""
     engine = ctx.so_far.engine
     return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
 
 
 @dataclass(frozen=True)
 class CandidateRecord:
-    """What status records of a candidate: its fingerprinted config and the args and env an SRE
-    would set by hand."""
+    """A candidate's fingerprinted config and the args and env an SRE would set by hand."""
 
     config: dict[str, Any]
     args: tuple[str, ...]
@@ -87,13 +86,9 @@ def against(ctx: Ctx, container: Mapping[str, Any]) -> promotion.Comparison:
 
 
 def derive_candidate(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, Any]:
-    """The candidate container, from the spec and the live container; fail closed.
-
-    Status holds only fingerprints, so what is created or patched is derived again here; the
-    live container must still be the evaluated one, and the derived candidate must match the
-    one recorded in Pending. Anything else raises: a changed target or an edited status never
-    reaches a pod or the Deployment.
-    """
+    """The candidate container, derived again from the spec and the live container; fail
+    closed: the live container must still be the evaluated one and the candidate the one
+    recorded in Pending, so a changed target or an edited status never reaches a pod."""
     if against(ctx, live).differences:
         raise KvgateError("the Deployment changed since it was evaluated; not acting on it")
     candidate = manifests.candidate_container(ctx.spec, live, remedy=recorded_remedy(ctx))
@@ -113,8 +108,8 @@ def derive_candidate_unchecked(ctx: Ctx, live: Mapping[str, Any]) -> dict[str, A
 
 
 def recorded_remedy(ctx: Ctx) -> tuple[tuple[str, ...], dict[str, str]] | None:
-    """The remedy status.remediation names, derived again from the engine table (never the
-    args or env status shows); None without one. A record no row answers raises."""
+    """The remedy status.remediation names, from the engine table (never the args or env status
+    shows); a record no row answers raises."""
     from kvgate.engines import versions as engine_versions
 
     record = ctx.so_far.remediation

@@ -81,8 +81,7 @@ class StatusFields(TypedDict, total=False):
 @dataclass(frozen=True)
 class StatusUpdate:
     """What a stage found (observe) or did (act): status fields with their whole new value (None
-    or an empty collection removes the field), and Events, in the order made. Applied with later
-    stages winning; `record` folds it into the status it writes and posts its Events."""
+    or an empty collection removes the field), and Events, in the order made."""
 
     fields: StatusFields = field(default_factory=lambda: StatusFields())
     events: tuple[Event, ...] = ()

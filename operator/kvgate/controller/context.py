@@ -24,12 +24,7 @@ from kvgate.errors import KvgateError
 from kvgate.flow import superseding
 from kvgate.flow.steps import State, Step
 from kvgate.judge.approval import ApprovalRecord, abort_text, read_approval
-from kvgate.records.status import (
-    PromotionStatus,
-    RevertStatus,
-    RolloutStatus,
-    VerifyStatus,
-)
+from kvgate.records.status import PromotionStatus, RevertStatus, RolloutStatus, VerifyStatus
 from kvgate.records.timestamps import parse_time
 from kvgate.spec.rollout import RolloutSpec, TargetRef
 from kvgate.vocabulary import (
@@ -41,6 +36,8 @@ from kvgate.vocabulary import (
     ANNOTATION_CREATED_BY,
     Phase,
 )
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]  # what kopf hands a handler
 
 
 def utcnow() -> dt.datetime:
@@ -59,8 +56,8 @@ class Reads:
 
 @dataclass(frozen=True)
 class RolloutRef:
-    """Which rollout this is, as its children's owner references and its Events name it; the
-    raw body goes no further than `begin`."""
+    """Which rollout this is, as owner references and Events name it; the raw body goes no
+    further than `begin`."""
 
     api_version: str
     kind: str
@@ -89,8 +86,7 @@ class RolloutRef:
 @dataclass
 class Ctx:
     """One reconcile call: which rollout, its spec (as written, and parsed), the clients and the
-    status so far (the typed record, parsed once in `begin`; `seeing` gives the context that
-    sees a stage's update)."""
+    status so far (parsed once in `begin`)."""
 
     rollout: RolloutRef
     spec_source: Mapping[str, Any]  # the spec as written: the candidate's config hash covers it
@@ -101,7 +97,7 @@ class Ctx:
     so_far: RolloutStatus
     kube: KubeApi
     config: OperatorConfig
-    logger: logging.Logger | logging.LoggerAdapter[Any]
+    logger: Logger
     now: dt.datetime
     reads: Reads = field(default_factory=Reads)
 
@@ -170,11 +166,9 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
 
 @dataclass(frozen=True)
 class Begun:
-    """A reconcile's start: its context, the status it found and what it goes on from.
-
-    `ended`: the rollout ended and its spec did not change since, so only its recorded
-    deletions are due (`state` is None then). A new spec after the end starts a new run from an
-    empty status (`cleared`: the keys the new run removes), its deletions still due kept."""
+    """A reconcile's start. `ended`: the rollout ended and its spec did not change since, so
+    only its recorded deletions are due (`state` None). A new spec after the end starts a new
+    run from an empty status (`cleared`: the keys it removes), its deletions still due kept."""
 
     ctx: Ctx
     old: dict[str, Any]  # the body's status, our own copy
@@ -190,10 +184,10 @@ def context_of(
     meta: Mapping[str, Any],
     kube: KubeApi,
     config: OperatorConfig,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: Logger,
     status: RolloutStatus,
 ) -> tuple[Ctx, tuple[str, ...]]:
-    """The context of a handler of `body` seeing `status`, and what is wrong with its spec."""
+    """The context of a handler of `body` seeing `status`, and its spec's errors."""
     source = copy.deepcopy(dict(body.get("spec") or {}))  # nothing may change kopf's body
     spec, spec_errors = parse_spec(source, config)
     ctx = Ctx(RolloutRef.of(body), source, meta["namespace"], meta["name"],
@@ -202,11 +196,7 @@ def context_of(
 
 
 def begin(
-    body: kopf.Body,
-    meta: Mapping[str, Any],
-    kube: KubeApi,
-    config: OperatorConfig,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    body: kopf.Body, meta: Mapping[str, Any], kube: KubeApi, config: OperatorConfig, logger: Logger
 ) -> Begun:
     """The context of one reconcile of `body`, from its status and spec as they are now."""
     old = copy.deepcopy(dict(body.get("status") or {}))  # nothing may change kopf's body
@@ -249,9 +239,8 @@ class Retry:
 
 @dataclass(frozen=True)
 class Reconciled:
-    """What one reconcile came to: the step decided and what its stages found and did, in
-    order (kept up to a failing action); or a retry; or, for an ended rollout, whether its
-    recorded deletions went through (`cleaned`)."""
+    """What one reconcile came to: the step and what its stages found and did (kept up to a
+    failing action); or a retry; or an ended rollout's deletions done (`cleaned`)."""
 
     step: Step | None = None
     done: StatusUpdate = NOTHING

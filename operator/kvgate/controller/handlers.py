@@ -25,26 +25,13 @@ import prometheus_client as prom
 from kvgate.adapters.kube import Kube, load_api_client
 from kvgate.config import OperatorConfig
 from kvgate.controller import context, stages
-from kvgate.controller.act import (
-    delete_canaries,
-    delete_eval_jobs,
-    revert_target,
-)
-from kvgate.controller.context import Ctx, describe
+from kvgate.controller.act import delete_canaries, delete_eval_jobs, revert_target
+from kvgate.controller.context import Ctx, Logger, describe
 from kvgate.controller.pullrequest import close_pull_request
-from kvgate.controller.record import (
-    patch_fields,
-    post_events,
-    write,
-)
+from kvgate.controller.record import patch_fields, post_events, write
 from kvgate.controller.schedule import schedule_of
 from kvgate.controller.seen import live_key, live_target
-from kvgate.controller.telemetry import (
-    API_REQUESTS,
-    DRIFTED,
-    PHASE,
-    STALE,
-)
+from kvgate.controller.telemetry import API_REQUESTS, DRIFTED, PHASE, STALE
 from kvgate.errors import ExternalError, KvgateError
 from kvgate.flow.steps import Event, LiveTarget, Step
 from kvgate.judge import verdictkey
@@ -62,8 +49,6 @@ from kvgate.vocabulary import (
 )
 
 _metrics_lock = threading.Lock()
-
-
 _metrics_started: set[int] = set()
 
 
@@ -89,7 +74,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 @kopf.on.login()
 async def login(
-    logger: logging.Logger | logging.LoggerAdapter[Any],
+    logger: Logger,
     settings: kopf.OperatorSettings,
     memo: kopf.Memo,
     **kwargs: Any,
@@ -174,12 +159,7 @@ TICK_S: Final = float(os.environ.get("KVGATE_TICK") or 1.0)
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_S)
 def poll(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    **_: Any,
+    body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, logger: Logger, **_: Any
 ) -> None:
     """Reconcile the rollout when it is due (`schedule`): the core's delay has passed, or its
     spec changed. A rollout being deleted is the cleanup's."""
@@ -197,20 +177,14 @@ def poll(
             reconcile(body=body, meta=meta, patch=patch, memo=memo, logger=logger)
         except kopf.TemporaryError as exc:
             delay = float(exc.delay) if exc.delay is not None else TICK_S
-        except kopf.PermanentError as exc:
+        except kopf.PermanentError as exc:  # no delay: not retried until the spec changes
             logger.warning("stalled, not retried until the spec changes: %s", exc)
-            delay = None
         wrote = bool(patch.get("status"))
         schedule.ran_on(time.monotonic(), generation, version, delay=delay, wrote=wrote)
 
 
 def reconcile(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    **_: Any,
+    body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, logger: Logger, **_: Any
 ) -> None:
     """Drive one rollout a step; raise TemporaryError to come back after the core's delay
     (`poll` schedules it). Begin, run the stages, write what they came to: one way."""
@@ -238,11 +212,7 @@ def _status_of(body: kopf.Body) -> dict[str, Any]:
 
 
 def _side_ctx(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    status: dict[str, Any],
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger, status: dict[str, Any]
 ) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
     return context.context_of(body, meta, memo.kube, memo.config, logger,
@@ -251,12 +221,7 @@ def _side_ctx(
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def cleanup(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    retry: int,
-    **_: Any,
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger, retry: int, **_: Any
 ) -> None:
     """Revert kvgate's change unless Promoted (read back) or in pullRequest mode (kvgate made no
     change there: Git did), then delete canaries and Jobs."""
@@ -265,11 +230,7 @@ def cleanup(
 
 
 def _clean_up(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    retry: int,
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger, retry: int
 ) -> None:
     status = _status_of(body)
     ctx = _side_ctx(body, meta, memo, logger, status)
@@ -298,10 +259,9 @@ def _clean_up(
     for p in Phase:
         with contextlib.suppress(KeyError):  # this operator never saw it in that phase
             PHASE.remove(ctx.namespace, ctx.name, p.value)
-    with contextlib.suppress(KeyError):
-        DRIFTED.remove(ctx.namespace, ctx.name)
-    with contextlib.suppress(KeyError):
-        STALE.remove(ctx.namespace, ctx.name)
+    for gauge in (DRIFTED, STALE):
+        with contextlib.suppress(KeyError):
+            gauge.remove(ctx.namespace, ctx.name)
 
 
 def _close_pull_request(ctx: Ctx, step: Step, retry: int) -> None:
@@ -329,12 +289,7 @@ def _has_verdict_in_force(status: Mapping[str, Any], **_: Any) -> bool:
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=DRIFT_INTERVAL_S, when=_has_verdict_in_force)
 def drift(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    logger: logging.Logger | logging.LoggerAdapter[Any],
-    **_: Any,
+    body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, logger: Logger, **_: Any
 ) -> None:
     """After the verdict: does the Deployment still carry the promoted config (Promoted only),
     and does what runs still match what the verdict was reached on (Stale)? Never re-applied."""
@@ -343,8 +298,7 @@ def drift(
     live = live_target(ctx)
     if live is None:
         return
-    conditions = ctx.so_far.conditions
-    updated = conditions
+    conditions = updated = ctx.so_far.conditions
     if ctx.so_far.phase is Phase.PROMOTED:
         updated = _drifted(ctx, live, updated)
     updated = _stale(ctx, live, updated)
@@ -355,31 +309,14 @@ def drift(
 def _drifted(
     ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]
 ) -> tuple[Condition, ...]:
-    spec = ctx.spec
+    name = ctx.spec.target.name
     drifted = not (live.exists and live.carries_candidate)
-    DRIFTED.labels(ctx.namespace, ctx.name).set(1 if drifted else 0)
-    was = cond.get_condition(conditions, cond.DRIFTED)
-    if was is not None and (was.status == cond.TRUE) == drifted:
-        return conditions
     if drifted:
         what = "is gone" if not live.exists else "no longer carries the promoted config"
-        message = f"Deployment {spec.target.name} {what}; kvgate does not re-apply it"
-        reason = Reason.DRIFTED
-        post_events(ctx, (Event(reason, message, warning=True),))
+        reason, message = Reason.DRIFTED, f"Deployment {name} {what}; kvgate does not re-apply it"
     else:
-        reason, message = (
-            Reason.IN_SYNC,
-            f"Deployment {spec.target.name} carries the promoted config",
-        )
-    return cond.set_condition(
-        conditions,
-        cond.DRIFTED,
-        cond.TRUE if drifted else cond.FALSE,
-        reason,
-        message,
-        generation=ctx.generation,
-        now=iso(ctx.now),
-    )
+        reason, message = Reason.IN_SYNC, f"Deployment {name} carries the promoted config"
+    return _flagged(ctx, conditions, cond.DRIFTED, DRIFTED, drifted, reason, message)
 
 
 def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tuple[Condition, ...]:
@@ -389,12 +326,32 @@ def _stale(ctx: Ctx, live: LiveTarget, conditions: tuple[Condition, ...]) -> tup
     if key is None or not (live.exists and live.carries_candidate):
         return conditions  # nothing recorded, or the tested config is not there to judge
     stale, reason, message = verdictkey.judge(key, live_key(ctx))
-    STALE.labels(ctx.namespace, ctx.name).set(1 if stale else 0)
-    status = cond.TRUE if stale else cond.FALSE
-    was = cond.get_condition(conditions, cond.STALE)
-    if was is not None and (was.status, was.message) == (status, message):
-        return conditions  # unchanged: no write, no second Event
-    if stale:
+    return _flagged(ctx, conditions, cond.STALE, STALE, stale, reason, message, by_message=True)
+
+
+def _flagged(
+    ctx: Ctx,
+    conditions: tuple[Condition, ...],
+    ctype: str,
+    gauge: prom.Gauge,
+    flagged: bool,
+    reason: Reason,
+    message: str,
+    by_message: bool = False,
+) -> tuple[Condition, ...]:
+    """Condition `ctype` and its gauge set to `flagged`, with a Warning Event when it turns
+    True; unchanged (no write, no second Event) while its status (`by_message`: and message) is
+    as it was."""
+    gauge.labels(ctx.namespace, ctx.name).set(1 if flagged else 0)
+    status = cond.TRUE if flagged else cond.FALSE
+    was = cond.get_condition(conditions, ctype)
+    if was is not None and (
+        (was.status, was.message) == (status, message)
+        if by_message
+        else (was.status == cond.TRUE) == flagged
+    ):
+        return conditions
+    if flagged:
         post_events(ctx, (Event(reason, message, warning=True),))
-    return cond.set_condition(conditions, cond.STALE, status, reason, message,
+    return cond.set_condition(conditions, ctype, status, reason, message,
                               generation=ctx.generation, now=iso(ctx.now))  # fmt: skip

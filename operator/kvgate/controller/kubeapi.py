@@ -9,8 +9,7 @@ from typing import Any, Protocol
 
 
 class KubeApi(Protocol):
-    """What the controller needs of the API (`kvgate.adapters.kube.Kube`; an in-memory fake in
-    the unit tests). Objects are the API's JSON dicts; reads of absent objects return None."""
+    """Objects are the API's JSON dicts; reads of absent objects return None."""
 
     requests: int
 

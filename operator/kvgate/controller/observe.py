@@ -17,10 +17,7 @@ from kvgate.controller import preflight, promoted, pullrequest, sources
 from kvgate.controller.candidate import candidate_record
 from kvgate.controller.changes import NOTHING, Observed, StatusFields, StatusUpdate
 from kvgate.controller.context import Ctx
-from kvgate.controller.seen import (
-    Seen,
-    look,
-)
+from kvgate.controller.seen import Seen, look
 from kvgate.controller.telemetry import ACCURACY_DELTA, CAPACITY_RATIO
 from kvgate.engines import launch as engines
 from kvgate.errors import ExternalError, InputError, SpecError
@@ -40,6 +37,7 @@ from kvgate.records.status import (
     ClocksRecord,
     EvalStatus,
     LoadStatus,
+    PreflightStatus,
     ScanRecord,
     SpeedStatus,
     read_eval_progress,
@@ -156,8 +154,8 @@ def rollout_conflicts(ctx: Ctx) -> tuple[str, ...]:
 
 
 def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, ArmStatus | None]:
-    """The arm's startup-log scan: from status when already read, else from the pod log (and
-    then the arm's status block that keeps it; None: the block is as it was)."""
+    """The arm's startup-log scan: from status, else from the pod log (with the status block
+    that keeps it; None: as it was)."""
     health = seen.arm(arm)
     block = ctx.so_far.arms.get(arm) or ArmStatus()
     if block.scan is not None:
@@ -166,10 +164,10 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, ArmStat
         return None, None
     pod = manifests.canary_name(ctx.name, arm)
     container = ctx.so_far.container
-    if health.restarts:  # the crash is in the previous container's log, the restart in this
-        previous, text = sources.pod_logs(ctx.kube, ctx.namespace, pod, container)
-    else:
-        previous, text = "", sources.pod_log(ctx.kube, ctx.namespace, pod, container)
+    # after a restart, the crash is in the previous container's log, the restart in this one
+    previous, text = sources.pod_logs(
+        ctx.kube, ctx.namespace, pod, container, previous=bool(health.restarts)
+    )
     scan = sources.scan_engine_log(text, ctx.so_far.engine, previous=previous)
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
@@ -188,8 +186,8 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, ArmStat
 
 
 def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
-    """`block` with the arm pod's node, its GPU product and the arm container's GPU count (the
-    candidate's are in the verdict key); what is unknown now is left as it was."""
+    """`block` with where the arm runs (the candidate's is in the verdict key); what is unknown
+    now is left as it was."""
     place = seen.placement(arm)
     return dataclasses.replace(
         block,
@@ -202,12 +200,9 @@ def arm_gpu(seen: Seen, arm: str, block: ArmStatus) -> ArmStatus:
 def arm_metrics(
     ctx: Ctx, arm: str, health: PodHealth, block: ArmStatus | None
 ) -> tuple[CacheTruth | None, str | None, ArmStatus | None]:
-    """The arm's /metrics cache info (`metrics.cache_truth`): from its status `block`, else
-    scraped once.
-
-    Returns (truth, error, the block that keeps them; None: as it was); a failed scrape is kept
-    in status (`metricsError`) and retried.
-    """
+    """The arm's /metrics cache info: from its status `block`, else scraped once. Returns
+    (truth, error, the block that keeps them; None: as it was); a failed scrape is kept in
+    status (`metricsError`) and retried."""
     block = block or ArmStatus()
     if block.metrics is not None:
         return block.metrics, None, None
@@ -230,18 +225,20 @@ def arm_metrics(
 
 def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
     control, candidate = seen.control, seen.candidate
-    control_scan, control_block = arm_scan(ctx, seen, "control")
-    candidate_scan, candidate_block = arm_scan(ctx, seen, "candidate")
     arms = dict(ctx.so_far.arms)  # each arm's status block as this look leaves it
-    for arm, block in (("control", control_block), ("candidate", candidate_block)):
+    scans: dict[str, ScanRecord | None] = {}
+    for arm in manifests.ARMS:
+        scans[arm], block = arm_scan(ctx, seen, arm)
         if block is not None:
             arms[arm] = block
+    control_scan, candidate_scan = scans["control"], scans["candidate"]
     capacity = capacity_of(ctx, arms)
+    pre = ctx.so_far.preflight or PreflightStatus()
     truths: dict[str, CacheTruth | None] = {}
     errors = []
     if control_scan is not None and candidate_scan is not None:
-        for arm, health in (("control", control), ("candidate", candidate)):
-            truths[arm], error, block = arm_metrics(ctx, arm, health, arms.get(arm))
+        for arm in manifests.ARMS:
+            truths[arm], error, block = arm_metrics(ctx, arm, seen.arm(arm), arms.get(arm))
             if block is not None:
                 arms[arm] = block
             if error:
@@ -265,14 +262,8 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
             engines.image_version(ctx.so_far.evaluated_image or ""),
             ctx.config.allowlist,
         ),
-        checkpoint_has_scales=(
-            ctx.so_far.preflight.checkpoint_has_scales if ctx.so_far.preflight else None
-        ),
-        broken_scales=(
-            ctx.so_far.preflight.checkpoint.broken_scales
-            if ctx.so_far.preflight and ctx.so_far.preflight.checkpoint
-            else ()
-        ),
+        checkpoint_has_scales=pre.checkpoint_has_scales,
+        broken_scales=pre.checkpoint.broken_scales if pre.checkpoint else (),
     )
     if truths.get("control") is not None and truths.get("candidate") is not None:
         # spec.reuseVerdict: a verdict of another rollout this candidate may take, read once
@@ -287,7 +278,7 @@ def observe_canary(ctx: Ctx, seen: Seen) -> Observed:
 
 
 def capacity_of(ctx: Ctx, arms: Mapping[str, ArmStatus]) -> CapacityStatus | None:
-    """Candidate over control KV tokens, once both scans state them (the tokens are the scans')."""
+    """Candidate over control KV tokens, once both scans state them."""
     control = arms["control"].kv_tokens if "control" in arms else None
     candidate = arms["candidate"].kv_tokens if "candidate" in arms else None
     if not (control and candidate):
@@ -336,13 +327,10 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
 
 
 def observe_load(ctx: Ctx, seen: Seen) -> Observed:
-    """The load Job of the current attempt: its summary once it finished, or why it failed.
-
-    The summary counts only from a finished Job, as its log's nonce-carrying last line (as for
-    the eval). `kvgate load-job` exits non-zero (the Job fails) for a partial run too (exit 3:
-    the control ran out of room at a stage), so the summary's verdict decides, not the exit; a
-    finished Job without such a summary (killed at its deadline, crashed) is an error.
-    """
+    """The load Job's summary once it finished (its log's nonce-carrying last line), or why it
+    failed. `kvgate load-job` exits non-zero for a partial run too (exit 3: the control ran out
+    of room at a stage), so the summary decides, not the exit; a finished Job without one
+    (killed at its deadline, crashed) is an error."""
     control, candidate, job, text = seen.control, seen.candidate, seen.job, seen.job_log
     load = ctx.so_far.load or LoadStatus()
     speed = ctx.so_far.speed
@@ -365,10 +353,7 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
         clocks = load.clocks
         found = NOTHING
         if clocks is None and ctx.config.prometheus_url:
-            clocks = sources.speed_clocks(
-                ctx.config.prometheus_url, ctx.namespace, ctx.name, load.started_at,
-                now=ctx.now.timestamp(), timeout=ctx.config.scrape_timeout_s,
-            )  # fmt: skip
+            clocks = speed_clocks(ctx, load.started_at)
             found = StatusUpdate.of(load=dataclasses.replace(load, clocks=clocks))
         obs = dataclasses.replace(
             obs, load_summary=LoadSummary.from_dict(summary), load_clocks=clocks
@@ -380,8 +365,19 @@ def observe_load(ctx: Ctx, seen: Seen) -> Observed:
     return dataclasses.replace(obs, load_error=error[:500]), NOTHING
 
 
+def speed_clocks(ctx: Ctx, started_at: float | None) -> ClocksRecord:
+    return sources.speed_clocks(
+        ctx.config.prometheus_url or "",
+        ctx.namespace,
+        ctx.name,
+        started_at,
+        now=ctx.now.timestamp(),
+        timeout=ctx.config.scrape_timeout_s,
+    )
+
+
 def publish_accuracy(ctx: Ctx, acc: AccuracyStatus) -> None:
-    """The difference in points as a metric (a dashboard's column)."""
+    """The difference in points as a metric."""
     if acc.paired is not None and acc.paired.difference is not None:
         ACCURACY_DELTA.labels(ctx.namespace, ctx.name).set(acc.difference_pp or 0.0)
 
@@ -389,8 +385,7 @@ def publish_accuracy(ctx: Ctx, acc: AccuracyStatus) -> None:
 def speed_after_eval(
     ctx: Ctx, seen: Seen
 ) -> tuple[float | None, float | None, ClocksRecord | None, SpeedStatus | None]:
-    """Mean TPOT and GPU clocks of each arm over the eval window, and status.speed with them
-    (None: the spec measures no speed)."""
+    """Each arm's mean TPOT and GPU clocks over the eval window, and status.speed with them."""
     if ctx.spec.speed is None:
         return None, None, None, None
     speed = ctx.so_far.speed or SpeedStatus()
@@ -414,13 +409,6 @@ def speed_after_eval(
     )
     clocks = speed.clocks  # read once, then from status
     if clocks is None and ctx.config.prometheus_url:
-        clocks = sources.speed_clocks(
-            ctx.config.prometheus_url or "",
-            ctx.namespace,
-            ctx.name,
-            speed.started_at,
-            now=ctx.now.timestamp(),
-            timeout=ctx.config.scrape_timeout_s,
-        )
+        clocks = speed_clocks(ctx, speed.started_at)
         speed = dataclasses.replace(speed, clocks=clocks)
     return tpots["control"], tpots["candidate"], clocks, speed

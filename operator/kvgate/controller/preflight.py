@@ -26,7 +26,7 @@ from kvgate.vocabulary import PROMETHEUS_SOURCE, GateMode
 
 def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     """One pool sample per interval from every Ready production pod, kept in status
-    (`elapsed_s`: seconds in Preflight, `State.phase_elapsed_s`)."""
+    (`elapsed_s`: seconds in Preflight)."""
     gate = ctx.spec.capacity
     pre = ctx.so_far.preflight or PreflightStatus()
     found = NOTHING
@@ -106,7 +106,7 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
 
 
 def pool_history(ctx: Ctx, seen: Seen, elapsed_s: float) -> tuple[list[str], sources.Series | None]:
-    """Production's pool samples over the last window from Prometheus (None: no answer)."""
+    """`sources.pool_history` of production's Ready pods."""
     ips, errors = ready_production_ips(ctx, seen)
     if not ips:
         return errors or [f"no Ready production pod of Deployment {ctx.spec.target.name}"], None

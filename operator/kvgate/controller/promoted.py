@@ -40,8 +40,8 @@ def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
 
 
 def observe_promoting(ctx: Ctx, seen: Seen) -> Observed:
-    """Promoting: has the Deployment rolled the candidate out, and do its pods log what the
-    candidate canary logged?"""
+    """Has the Deployment rolled the candidate out, and do its pods log what the candidate
+    canary logged?"""
     dep = seen.deployment
     assert dep is not None  # the live target exists and carries the candidate
     status = ctx.so_far
@@ -65,7 +65,7 @@ def observe_promoting(ctx: Ctx, seen: Seen) -> Observed:
 
 def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[ScanRecord, StatusUpdate]:
     name = pod.name
-    text = sources.pod_log(ctx.kube, ctx.namespace, name, ctx.so_far.container)
+    _, text = sources.pod_logs(ctx.kube, ctx.namespace, name, ctx.so_far.container, previous=False)
     scan = sources.scan_engine_log(text, ctx.so_far.engine)
     pod_scan = PodScanRecord(pod=name, attention_backend=scan.attention_backend,
                              kv_tokens=scan.kv_tokens)  # fmt: skip
@@ -74,8 +74,7 @@ def production_scan(ctx: Ctx, pod: ProductionPod) -> tuple[ScanRecord, StatusUpd
 
 
 def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
-    """One verify sample when one is due (`seen.look` reads production's pods only then):
-    every check must pass (fail closed)."""
+    """One verify sample when one is due: every check must pass (fail closed)."""
     if seen.production is None:
         return Observation(), NOTHING
 
@@ -143,7 +142,7 @@ def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
 
 
 def production_baseline(ctx: Ctx) -> production.Baseline:
-    """Production's worst figures over the preflight window (what the verify window compares)."""
+    """Production's worst figures over the preflight window."""
     return production.baseline_from_preflight(
         poolsample.kept_series(ctx.so_far.preflight or PreflightStatus())
     )

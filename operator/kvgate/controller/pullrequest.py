@@ -49,12 +49,9 @@ def _forge(ctx: Ctx) -> Iterator[Forge]:
     pr = _pull_request_spec(ctx)
     if not ctx.config.forge_token_secrets:
         raise InputError(f"{FORGE_TOKEN_FIELD}: this operator does not use forge-token Secrets")
+    secret = pr.token_secret
     token = ctx.kube.read_forge_token(
-        ctx.namespace,
-        pr.token_secret.name,
-        pr.token_secret.key,
-        api_url=pr.api_url,
-        repository=pr.repository,
+        ctx.namespace, secret.name, secret.key, api_url=pr.api_url, repository=pr.repository
     )
     forge = FORGE_FOR(pr.provider.value, pr.api_url, token)
     del token
@@ -90,10 +87,8 @@ def proposed_file(ctx: Ctx, pr: PullRequestSpec, key: str) -> str:
 
 def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     """Open (or update) the pull request the recorded intent names; record what the forge says.
-
-    The branch is a function of the rollout and the configuration hash, so a second call (an
-    operator that died before recording) updates the same pull request instead of opening one.
-    """
+    The branch is a function of the rollout and the config hash, so a second call (an operator
+    that died before recording) updates the same pull request."""
     pr = _pull_request_spec(ctx)
     config_hash = ctx.so_far.config_hash or ""
     key = verdictkey.recorded(ctx.so_far)
@@ -133,9 +128,9 @@ def open_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
 
 
 def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
-    """Close the recorded pull request (the rollout ended otherwise than through it) and record
-    the state read back. One merged meanwhile cannot be closed: say so, loudly. An intent whose
-    number never reached status closes the open pull request of the rollout's branch."""
+    """Close the recorded pull request and record the state read back; one merged meanwhile
+    cannot be closed: say so, loudly. An intent whose number never reached status closes the
+    open pull request of the rollout's branch."""
     recorded = ctx.so_far.pull_request
     pr = proposing.open_pull_request(recorded)
     intent = proposing.unconfirmed(recorded) if pr is None else None
@@ -176,8 +171,7 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
 
 
 def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullRequestStatus | None:
-    """The open pull request from the branch of an intent whose number was never recorded
-    (the branch is a function of the rollout and the configuration hash), as a record."""
+    """The open pull request from the branch of an intent whose number was never recorded."""
     if intent.repository is None or intent.config_hash is None:  # unconfirmed() ruled it out
         return None
     branch = gitops.branch_name(ctx.name, intent.config_hash)
@@ -211,10 +205,8 @@ def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observation:
 
 
 def apply_gap(ctx: Ctx, seen: Seen) -> str | None:
-    """What the live Deployment lacks of the tested change (None: it carries all of it).
-
-    The tested args/env in the container, the verdict annotation on the pod template, the
-    rollout of that template finished, and its pods on the image digest the verdict tested."""
+    """What the live Deployment lacks of the tested change: the args/env, the verdict annotation,
+    the rollout of that template, its pods on the tested image digest (None: nothing)."""
     name, live = ctx.spec.target.name, seen.live
     if live is None or not live.exists:
         return f"Deployment {name} is gone"

@@ -16,11 +16,7 @@ from kvgate.controller import reportmap
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Begun, Ctx, Reconciled
 from kvgate.controller.events import post_event
-from kvgate.controller.telemetry import (
-    PHASE,
-    ROLLBACKS,
-    ROLLOUTS,
-)
+from kvgate.controller.telemetry import PHASE, ROLLBACKS, ROLLOUTS
 from kvgate.flow import superseding
 from kvgate.flow.steps import Event, Step
 from kvgate.judge import verdictkey
@@ -52,7 +48,7 @@ Record = TypeVar("Record", bound=Any)  # a status record (`kvgate.records.status
 
 
 def post_events(ctx: Ctx, events: Iterable[Event]) -> None:
-    """Post Events on the rollout, in order (the only caller of `events.post_event`)."""
+    """The only caller of `events.post_event`."""
     for e in events:
         post_event(ctx, e.reason, e.message, warning=e.warning)
 
@@ -67,7 +63,7 @@ GATE_CONDITIONS = {
 
 
 def gate_condition_status(result: GateResult) -> str:
-    if result.outcome in (Outcome.SUCCESSFUL,):
+    if result.outcome == Outcome.SUCCESSFUL:
         return cond.TRUE
     if result.outcome in (Outcome.FAILED, Outcome.NOT_NEEDED):
         return cond.FALSE
@@ -79,11 +75,8 @@ def gate_condition_status(result: GateResult) -> str:
 def patch_status(
     patch: kopf.Patch, old: Mapping[str, Any], changes: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Patch only what `changes` changes in `old`; nothing at all when it changes nothing.
-
-    `changes` is a merge patch (None removes a key, objects merge key by key), so the status
-    that results is the one sending `changes` whole would give. Returns that status.
-    """
+    """Patch only what the merge patch `changes` changes in `old` (nothing when nothing), so the
+    status that results, returned, is the one sending `changes` whole would give."""
     new, changed = minimal(old, changes)
     for key, value in changed.items():
         patch.status[key] = value
@@ -91,17 +84,15 @@ def patch_status(
 
 
 def patch_fields(patch: kopf.Patch, old: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-    """Patch these fields of the status (`RolloutStatus` names, values as the record holds
-    them; None or an empty collection removes the field). Returns the status that results."""
+    """Patch these `RolloutStatus` fields (None or an empty collection removes one)."""
     keys = {f.name: f.key for f in jsonrecord.fields(RolloutStatus)}
     written = RolloutStatus(**fields).to_dict()
     return patch_status(patch, old, {keys[n]: written.get(keys[n]) for n in fields})
 
 
 def write(begun: Begun, patch: kopf.Patch, outcome: Reconciled) -> RolloutStatus | None:
-    """Put what a reconcile came to in status: the step's status, a retry's error count and
-    message, or an ended rollout's deletions done. Returns the status a step wrote (None: no
-    step)."""
+    """Put what a reconcile came to in status: the step's status (returned), a retry's error
+    count and message, or an ended rollout's deletions done."""
     ctx, old = begun.ctx, begun.old
     if outcome.cleaned:
         patch_fields(patch, old, pending_actions=())
@@ -125,8 +116,8 @@ def write_retry(
     errors: int,
     what: str,
 ) -> None:
-    """A reconcile that failed and is retried: the keys a new run clears, the count of failures
-    in a row and the last one in status, and a warning Event on the first and every tenth."""
+    """A failed reconcile: the keys a new run clears, the failures in a row and the last one,
+    and a warning Event on the first and every tenth."""
     patch_status(patch, old, cleared)
     patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
     if errors == 1 or errors % 10 == 0:
@@ -142,10 +133,8 @@ def write_status(
     step: Step,
     done: StatusUpdate,
 ) -> RolloutStatus:
-    """Patch the step's status by what changed from `old` (the body's status); `ctx.so_far` is
-    the status this reconcile started from (empty but for deletions still due, when a new spec
-    after the end starts a new run) and `done` what its stages found and did. Post the step's
-    Events, metrics and, on the first finish, the report. Returns the status written."""
+    """Patch the step's status by what changed from `old` (the body's status); `done` is what
+    the stages found and did. Post the Events, metrics and, on the first finish, the report."""
     deployment = (ctx.reads.deployment or {}).get("metadata", {}).get("generation")
     so_far = ctx.seeing(done).so_far
     # what the verdict was reached on, recorded with it
@@ -174,10 +163,8 @@ def write_status(
 
 
 def scrubbed(step: Step) -> Step:
-    """`step` with its free text scrubbed of anything shaped like a credential, as Events are:
-    a rollout's status is as readable as its Events, and its messages quote engine log lines
-    (a crash's line, a Job's log tail). Structured fields (args, env) are redacted where made;
-    Events are scrubbed where posted."""
+    """`step` with its free text scrubbed of credentials, as Events are: status is as readable
+    as Events, and its messages quote engine log lines (a crash's line, a Job's log tail)."""
     scrub = redact.scrub_text
 
     def gate(g: GateResult) -> GateResult:
@@ -208,10 +195,8 @@ def folded(
     verdict_key: VerdictKey | None = None,
     approval_ttl_s: float | None = None,
 ) -> RolloutStatus:
-    """The status after `step`, from the status this reconcile found (`found`, left as it is)
-    and what its stages found and did (`done`: observe's findings and act's results): phase,
-    conditions, gates, verdict, the write-ahead revert record, the promotion and its verify
-    window, the finish time. Pure, and the only place a new status is built."""
+    """The status after `step`, from the status this reconcile found and what its stages found
+    and did (`done`). Pure, and the only place a new status is built."""
     step = scrubbed(step)
     done = done or NOTHING
     status = done.applied_to(found)
@@ -300,7 +285,7 @@ def folded(
 
 
 def _progress(status: RolloutStatus, step: Step) -> str | None:
-    """The eval's progress column: the step's, and empty once the eval is over."""
+    """The step's progress, and none once the eval is over."""
     if step.progress is not None:
         return step.progress
     return None if step.phase is not Phase.EVALUATING else status.progress
@@ -339,7 +324,7 @@ def _verdict(status: RolloutStatus, step: Step, key: VerdictKey | None) -> Verdi
 def _promotion(
     promo: PromotionStatus | None, step: Step, now: str, deployment_generation: int | None
 ) -> PromotionStatus | None:
-    """The promotion record after `step`: adopted when patched, and the verify window's samples."""
+    """Adopted when patched, and the verify window's samples."""
     if step.patched:
         promo = promo or PromotionStatus()
         promo = dataclasses.replace(

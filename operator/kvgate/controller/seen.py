@@ -30,7 +30,7 @@ ARM_PHASES = frozenset({Phase.CANARY, Phase.EVALUATING, Phase.MEASURING})
 
 @dataclass(frozen=True)
 class ProductionPod:
-    """A production pod as this reconcile listed it, against the candidate kvgate promoted."""
+    """A production pod as this reconcile listed it."""
 
     name: str
     health: PodHealth
@@ -42,8 +42,7 @@ class ProductionPod:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a canary runs: its node, the node's GPU product and its container's GPU count
-    (None: not known, or not read)."""
+    """Where a canary runs (None: not known, or not read)."""
 
     node: str | None = None
     gpu_product: str | None = None
@@ -54,20 +53,16 @@ UNPLACED = Placement()
 
 
 def scan_due(block: ArmStatus, health: PodHealth) -> bool:
-    """The arm's startup log is to be read now: not read yet, and its engine got far enough
-    (Ready, or crashed: the crash is the finding)."""
+    """Not read yet, and the engine got far enough (Ready, or crashed: the crash is the
+    finding)."""
     return block.scan is None and (health.ready or health.crashed)
 
 
 @dataclass(frozen=True)
 class Seen:
-    """The cluster as one phase's observation needs it, read once at the reconcile's start.
-
-    What the phase does not read stays at its default: no Deployment while nothing is evaluated
-    yet (`live` None), the arms absent outside the canary, eval and load phases, no Job outside
-    the eval and load phases, no production pods unless Promoting, a due pool round of
-    Preflight or a due Verifying sample reads them (`None`: not read, `()`: none there).
-    """
+    """The cluster as one phase's observation needs it, read once at the reconcile's start;
+    what the phase does not read stays at its default (`production` None: not read, `()`: none
+    there)."""
 
     deployment: Mapping[str, Any] | None = None
     container: Mapping[str, Any] | None = None  # the target container in it (None: not there)
@@ -92,8 +87,8 @@ class Seen:
 
 
 def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
-    """The reads `phase`'s observation needs (every phase after Pending reads the live
-    Deployment: what status says kvgate did is checked against what is there)."""
+    """The reads `phase`'s observation needs (every phase after Pending checks what status says
+    kvgate did against the live Deployment)."""
     live = live_target(ctx)
     seen = Seen(live=live)
     if live is not None or phase is Phase.PENDING:
@@ -137,13 +132,13 @@ def placement(ctx: Ctx, facts: kubeobjects.PodFacts) -> Placement:
 def pod_facts(
     ctx: Ctx, pod: Mapping[str, Any] | None
 ) -> tuple[kubeobjects.PodFacts, dict[str, Any]]:
-    """A pod's facts (`kubeobjects.pod_facts`) and its container of the target's name."""
+    """A pod's facts and its container of the target's name."""
     spec = pod_container(pod or {}, ctx.so_far.container)
     return kubeobjects.pod_facts(pod, ctx.so_far.container, spec), spec
 
 
 def phase_job(ctx: Ctx, phase: Phase) -> str | None:
-    """The name of the Job `phase` waits for: the current attempt's eval or load Job."""
+    """The current attempt's eval or load Job `phase` waits for."""
     status = ctx.so_far
     if phase is Phase.EVALUATING:
         return manifests.eval_job_name(ctx.name, (status.eval.attempt if status.eval else 0) or 1)
@@ -153,8 +148,7 @@ def phase_job(ctx: Ctx, phase: Phase) -> str | None:
 
 
 def job_log(ctx: Ctx, job_name: str) -> str:
-    """The log of a Job's last pod ('' while it has none). Its pods carry the rollout's label,
-    so the reconcile's one LIST of the rollout's pods (`own_pods`) finds them."""
+    """The log of a Job's last pod ('' while it has none), found by `own_pods`' one LIST."""
     pods = [
         p
         for p in own_pods(ctx).values()
@@ -166,8 +160,7 @@ def job_log(ctx: Ctx, job_name: str) -> str:
 
 
 def production_seen(ctx: Ctx) -> tuple[ProductionPod, ...]:
-    """Production's pods, each with its health, where it runs and whether it runs the promoted
-    candidate."""
+    """Production's pods, each with whether it runs the promoted candidate."""
     found = []
     for pod in production_pods(ctx):
         facts, spec = pod_facts(ctx, pod)
@@ -226,8 +219,8 @@ def live_target(ctx: Ctx) -> LiveTarget | None:
 
 
 def live_key(ctx: Ctx) -> verdictkey.LiveKey:
-    """The live Deployment's image, and the digests, GPU products and GPU counts its pods run
-    the tested config on (what could not be read is left out: no evidence either way)."""
+    """The live Deployment's image, and the digests, GPU products and counts its pods run the
+    tested config on (what could not be read is left out: no evidence either way)."""
     found = live_container(ctx, target_deployment(ctx))
     live = live_target(ctx)
     digests, products, counts = set(), set(), set()
@@ -260,9 +253,8 @@ def production_pods(ctx: Ctx) -> list[dict[str, Any]]:
 
 
 def own_pods(ctx: Ctx) -> dict[str, dict[str, Any]]:
-    """This rollout's pods (canaries, eval) by name: one LIST per reconcile serves every arm's
-    read; `act` forgets it after it creates or deletes a pod. A pod that has a canary's name but
-    not this rollout's label is not in it (creating the canary reads that name directly)."""
+    """This rollout's pods by name, listed once per reconcile (`act` forgets it after creating
+    a pod). A pod with a canary's name but not this rollout's label is not in it."""
     if ctx.reads.rollout_pods is None:
         pods = ctx.kube.list_pods(ctx.namespace, f"{LABEL_ROLLOUT}={ctx.name}")
         ctx.reads.rollout_pods = {p["metadata"]["name"]: p for p in pods}
@@ -275,7 +267,7 @@ def canary_pod(ctx: Ctx, arm: str) -> dict[str, Any] | None:
 
 
 def arm_ips(ctx: Ctx) -> dict[str, str | None]:
-    """Each arm's canary pod IP as the reconcile's pod LIST has it (None: not there yet)."""
+    """Each arm's canary pod IP (None: not there yet)."""
     container = ctx.so_far.container
     return {
         arm: kubeobjects.pod_health(canary_pod(ctx, arm), container).ip for arm in manifests.ARMS
@@ -303,11 +295,9 @@ def pod_container(pod: Mapping[str, Any], name: str | None) -> dict[str, Any]:
 
 
 def node_gpu(ctx: Ctx, node: str | None) -> str | None:
-    """The node's GPU product (`kubeobjects.gpu_product`), read once per node per reconcile.
-
-    Unknown (None), never an error, when there is no node, no label, no such node or kvgate may
-    not read nodes (403: a chart installed without the nodes grant); other API failures raise
-    like every other read, and the reconcile is retried."""
+    """The node's GPU product, read once per node per reconcile. None, never an error, when
+    there is no node, label or such node, or kvgate may not read nodes (403: a chart without the
+    nodes grant); other API failures raise, and the reconcile is retried."""
     if node is None:
         return None
     if node not in ctx.reads.node_gpus:

@@ -35,7 +35,7 @@ Series = dict[str, list[dict[str, Any]]]
 
 
 def canary_port(status: RolloutStatus) -> int:
-    """The port the engine serves on, as Pending read it from the container."""
+    """The engine's port, as Pending read it from the container."""
     return 8000 if status.port is None else status.port
 
 
@@ -55,7 +55,6 @@ def cache_truth(status: RolloutStatus, ip: str, timeout: float) -> CacheTruth:
 
 
 def scrape_engine(status: RolloutStatus, ip: str, timeout: float) -> MetricSnapshot:
-    """The engine's /metrics at `ip`, on the port and path Pending read from its container."""
     return scrape_pod(metrics_url(status, ip), status.engine, timeout)
 
 
@@ -88,13 +87,10 @@ def server_info(ip: str, port: Any, timeout: float) -> dict[str, object]:
 def hub_token_problem(
     kube: KubeApi, config: OperatorConfig, namespace: str, spec: RolloutSpec
 ) -> str | None:
-    """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none).
-
-    Only with the operator's opt-in (KVGATE_HUB_TOKEN_SECRETS, the chart's
-    hubTokenSecrets.enabled) and for a Secret that passes the adapter's hub-token rule (the
-    kvgate.io/hub-token label, one printable line): a rollout author must not be able to hand
-    another Secret of the namespace to the eval Job, whose kubelet resolves it without kvgate.
-    """
+    """Why spec.model.tokenSecretRef may not be used (None: it may, or there is none): only with
+    the operator's opt-in (KVGATE_HUB_TOKEN_SECRETS) and for a Secret that passes the adapter's
+    hub-token rule. A rollout author must not be able to hand another Secret of the namespace
+    to the eval Job, whose kubelet resolves it without kvgate."""
     secret = spec.model.token_secret
     if secret is None:
         return None
@@ -118,10 +114,8 @@ FORGE_TOKEN_FIELD: Final = "spec.promotion.pullRequest.tokenSecretRef"
 def forge_token_problem(
     kube: KubeApi, config: OperatorConfig, namespace: str, spec: RolloutSpec
 ) -> str | None:
-    """Why this rollout's forge token cannot be used (None: it can, or no pullRequest mode).
-
-    Checked in Pending, before any Pod or Job exists: the operator's opt-in
-    (KVGATE_FORGE_TOKEN_SECRETS) and the Secret's (label kvgate.io/forge-token=true)."""
+    """Why this rollout's forge token cannot be used (None: it can, or no pullRequest mode):
+    the operator's opt-in (KVGATE_FORGE_TOKEN_SECRETS) and the Secret's label."""
     pr = spec.promotion.pull_request
     if pr is None:
         return None
@@ -134,11 +128,7 @@ def forge_token_problem(
         )
     try:
         kube.read_forge_token(
-            namespace,
-            secret.name,
-            secret.key,
-            api_url=pr.api_url,
-            repository=pr.repository,
+            namespace, secret.name, secret.key, api_url=pr.api_url, repository=pr.repository
         )
     except InputError as exc:
         text = str(exc)
@@ -149,9 +139,21 @@ def forge_token_problem(
 def arm_tpot_totals(
     status: RolloutStatus, ips: Mapping[str, str | None], timeout: float
 ) -> dict[str, HistogramTotals]:
-    """Each arm's TPOT histogram totals now, by the arms' pod IPs (arms without one are left
-    out)."""
-    return tpot_totals(ips.get, lambda ip: scrape_engine(status, ip, timeout))
+    """Each arm's TPOT histogram totals now (arms without an IP are left out)."""
+    out: dict[str, HistogramTotals] = {}
+    for arm in manifests.ARMS:
+        ip = ips.get(arm)
+        if not ip:
+            continue
+        try:
+            snap = scrape_engine(status, ip, timeout)
+        except (ExternalError, InputError) as exc:
+            out[arm] = HistogramTotals(error=str(exc)[:300])
+            continue
+        hist = snap.tpot or snap.itl
+        if hist is not None:
+            out[arm] = HistogramTotals(sum=whole(hist.sum), count=whole(hist.count))
+    return out
 
 
 def production_kv_dtype(container: Mapping[str, Any] | None) -> str:
@@ -184,13 +186,10 @@ def scan_checkpoint(
     kv_cache_dtype: str = "fp8",
     skip_layers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """KV scales and capacity math from the checkpoint headers; any failure is a finding.
-    The expected capacity gain is `kv_cache_dtype`'s (`skip_layers` kept in 16 bits) over the
-    model's 16-bit cache; a skip list naming a layer the model does not have is
-    `skipLayersProblem` (vLLM would start and skip nothing for it). The model facts vLLM's FP8
-    study advises on (head_dim, sliding-window layers) are kept for `kvgate.checkpoint.advice`.
-
-    `token_secret` is the hub token's Secret, already allowed by the operator (or None)."""
+    """KV scales and capacity math from the checkpoint headers; any failure is a finding. A skip
+    list naming a layer the model does not have is `skipLayersProblem` (vLLM would start and skip
+    nothing for it); head_dim and the sliding-window layers are kept for
+    `kvgate.checkpoint.advice`. `token_secret`: already allowed by the operator (or None)."""
     from kvgate.adapters import hub
 
     if not model:
@@ -313,8 +312,7 @@ def pool_history(
 def sample_pool(
     ips: Mapping[str, str], series: Series, scrape: Callable[[str], MetricSnapshot]
 ) -> list[str]:
-    """One live scrape of each Ready production pod (`scrape(ip)`), appended to `series`; the
-    errors."""
+    """One scrape of each Ready production pod, appended to `series`; the errors."""
     errors = []
     for name, ip in ips.items():
         try:
@@ -341,15 +339,12 @@ def pool_verdict(
     return pressured, detail, {pod: r.status_record() for pod, r in results.items()}
 
 
-def pod_log(kube: KubeApi, namespace: str, pod: str, container: str | None) -> str:
-    """The pod's log ("" when none)."""
-    return kube.read_log(namespace, pod, container) or ""
-
-
-def pod_logs(kube: KubeApi, namespace: str, pod: str, container: str | None) -> tuple[str, str]:
-    """The previous container's log and the current one's ("" when none)."""
-    previous = kube.read_log(namespace, pod, container, previous=True) or ""
-    return previous, kube.read_log(namespace, pod, container) or ""
+def pod_logs(
+    kube: KubeApi, namespace: str, pod: str, container: str | None, *, previous: bool = True
+) -> tuple[str, str]:
+    """The previous container's log (when `previous`) and the current one's ("" when none)."""
+    before = (kube.read_log(namespace, pod, container, previous=True) or "") if previous else ""
+    return before, kube.read_log(namespace, pod, container) or ""
 
 
 def scan_engine_log(text: str, engine: str | None, *, previous: str | None = None) -> ScanRecord:
@@ -373,26 +368,6 @@ def compact_scan(scan: ScanRecord) -> ScanRecord:
     return dataclasses.replace(scan, findings=findings)
 
 
-def tpot_totals(
-    arm_ip: Callable[[str], str | None], scrape: Callable[[str], MetricSnapshot]
-) -> dict[str, HistogramTotals]:
-    """Each arm's TPOT histogram totals now (arms without one are left out)."""
-    out: dict[str, HistogramTotals] = {}
-    for arm in manifests.ARMS:
-        ip = arm_ip(arm)
-        if not ip:
-            continue
-        try:
-            snap = scrape(ip)
-        except (ExternalError, InputError) as exc:
-            out[arm] = HistogramTotals(error=str(exc)[:300])
-            continue
-        hist = snap.tpot or snap.itl
-        if hist is not None:
-            out[arm] = HistogramTotals(sum=whole(hist.sum), count=whole(hist.count))
-    return out
-
-
 def speed_clocks(
     prometheus_url: str,
     namespace: str,
@@ -403,22 +378,18 @@ def speed_clocks(
     timeout: float,
 ) -> ClocksRecord:
     """Both arms' DCGM clocks over the speed window from Prometheus; a note says what is missing.
-
-    A Prometheus that fails (unreachable, errors, junk) raises: the reconcile retries like any
-    external error and, past the limit, ends without promoting. Only an answer without DCGM
-    series (a cluster without dcgm-exporter) leaves the clocks unknown.
-    """
+    A Prometheus that fails raises (retried, and past the limit the rollout ends without
+    promoting); only an answer without DCGM series (no dcgm-exporter) leaves them unknown."""
     from kvgate.adapters import prometheus
 
     pods = {arm: manifests.canary_name(rollout, arm) for arm in manifests.ARMS}
-    end = now
-    start = float(started_at) if isinstance(started_at, int | float) else end - 300.0
+    start = float(started_at) if isinstance(started_at, int | float) else now - 300.0
     found = prometheus.gpu_clocks(
         prometheus_url,
         namespace,
         list(pods.values()),
-        start=min(start, end - 1.0),
-        end=end,
+        start=min(start, now - 1.0),
+        end=now,
         timeout=timeout,
     )
     control, candidate = found.get(pods["control"]), found.get(pods["candidate"])

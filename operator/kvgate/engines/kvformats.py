@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from kvgate.engines import versions as engine_versions
@@ -82,6 +82,8 @@ class KVFormat:
     # CPU_ATTN, which takes per-token-head and nvfp4 names as 1-byte FP8 pages.
     packed_by: frozenset[str] = frozenset()
     element_bytes: int = 1
+    # Bytes per (token, layer, KV head) on a packing backend; None: the layout was not read.
+    size: _Bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def uses_checkpoint_scales(self) -> bool:
@@ -100,13 +102,12 @@ class KVFormat:
         dv = head_dim if head_dim_v is None else head_dim_v
         if backend is not None and self.packed_by and backend.upper() not in self.packed_by:
             return (head_dim + dv) * self.element_bytes
-        size = _BYTES.get((self.engine, self.name))
-        if size is None:
+        if self.size is None:
             raise UnsupportedError(
                 f"{self.engine} KV cache format '{self.name}': its page layout was not read "
                 "(vLLM 0.33 octave_*); kvgate cannot size it"
             )
-        return size(head_dim, dv)
+        return self.size(head_dim, dv)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -173,103 +174,74 @@ _MLA: Final = frozenset({"FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE", "FLASHMLA",
 _S: Final = SGLANG
 
 
-def _ds_mla_format(name: str, policy: str, note: str) -> KVFormat:
-    return KVFormat(_V, name, policy, SCALES_PACKED, note, mla_only=True, packed_by=_MLA)
+def _baseline(engine: str, name: str, note: str = "16-bit") -> KVFormat:
+    return KVFormat(engine, name, BASELINE, SCALES_NONE, note, size=_elements(2))
 
 
-def _per_token_head_format(name: str, policy: str, note: str) -> KVFormat:
-    return KVFormat(_V, name, policy, SCALES_DYNAMIC, note, packed_by=_TRITON)
+def _fp8(engine: str, name: str, note: str) -> KVFormat:
+    return KVFormat(engine, name, FP8, SCALES_CHECKPOINT, note, size=_elements(1))
 
 
-def _nvfp4_format(name: str, note: str) -> KVFormat:
-    return KVFormat(_V, name, SUB8BIT, SCALES_BLOCK, note, packed_by=_FLASHINFER)
-
-
-def _turboquant_format(name: str, note: str) -> KVFormat:
-    """TurboQuant keeps two dense layers each side in the model dtype on its own."""
+def _ds_mla_format(name: str, policy: str, per_layer: int, note: str) -> KVFormat:
     return KVFormat(
-        _V, name, SUB8BIT, SCALES_PACKED, note, boundary_layers=2, packed_by=_TURBOQUANT
+        _V, name, policy, SCALES_PACKED, note, mla_only=True, packed_by=_MLA, size=_mla(per_layer)
     )
 
 
+def _token_head(name: str, policy: str, size: _Bytes, note: str) -> KVFormat:
+    return KVFormat(_V, name, policy, SCALES_DYNAMIC, note, packed_by=_TRITON, size=size)
+
+
+def _nvfp4_format(name: str, note: str) -> KVFormat:
+    return KVFormat(_V, name, SUB8BIT, SCALES_BLOCK, note, packed_by=_FLASHINFER, size=_nvfp4_vllm)
+
+
+def _boundary_packed(name: str, packed_by: frozenset[str], size: _Bytes, note: str) -> KVFormat:
+    """TurboQuant and UltraQuant keep two dense layers each side in the model dtype on their own."""
+    return KVFormat(
+        _V, name, SUB8BIT, SCALES_PACKED, note, boundary_layers=2, packed_by=packed_by, size=size
+    )
+
+
+def _sglang_block(name: str, policy: str, size: _Bytes, note: str) -> KVFormat:
+    return KVFormat(_S, name, policy, SCALES_BLOCK, note, size=size)
+
+
 _FORMATS: Final[tuple[KVFormat, ...]] = (
-    KVFormat(_V, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
-    KVFormat(_V, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
-    KVFormat(_V, "float16", BASELINE, SCALES_NONE, "16-bit"),
-    KVFormat(_V, "fp8", FP8, SCALES_CHECKPOINT, "fp8 e4m3 on CUDA, per-tensor scales"),
-    KVFormat(_V, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
-    KVFormat(_V, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales (e5m2 needs none)"),
-    KVFormat(_V, "fp8_inc", FP8, SCALES_CHECKPOINT, "Intel Gaudi (INC) fp8"),
-    _ds_mla_format("fp8_ds_mla", FP8, "DeepSeek MLA fp8 + scales"),
-    _ds_mla_format("nvfp4_ds_mla", SUB8BIT, "DeepSeek MLA nvfp4"),
-    _per_token_head_format("fp8_per_token_head", PER_TOKEN_HEAD, "fp8 + fp32 scale"),
-    _per_token_head_format("int8_per_token_head", PER_TOKEN_HEAD, "int8 + fp32 scale"),
-    _per_token_head_format("int4_per_token_head", SUB8BIT, "int4 (RHT, zero point)"),
+    _baseline(_V, "auto", "the model's dtype (16-bit)"),
+    _baseline(_V, "bfloat16"),
+    _baseline(_V, "float16"),
+    _fp8(_V, "fp8", "fp8 e4m3 on CUDA, per-tensor scales"),
+    _fp8(_V, "fp8_e4m3", "per-tensor scales"),
+    _fp8(_V, "fp8_e5m2", "per-tensor scales (e5m2 needs none)"),
+    _fp8(_V, "fp8_inc", "Intel Gaudi (INC) fp8"),
+    _ds_mla_format("fp8_ds_mla", FP8, 656, "DeepSeek MLA fp8 + scales"),
+    _ds_mla_format("nvfp4_ds_mla", SUB8BIT, 352, "DeepSeek MLA nvfp4"),
+    _token_head("fp8_per_token_head", PER_TOKEN_HEAD, _per_token_head(1), "fp8 + fp32 scale"),
+    _token_head("int8_per_token_head", PER_TOKEN_HEAD, _per_token_head(1), "int8 + fp32 scale"),
+    _token_head("int4_per_token_head", SUB8BIT, _int4_per_token_head, "int4 (RHT, zero point)"),
     _nvfp4_format("nvfp4", "fp4 + fp8 scale per 16; SM100 (FlashInfer)"),
     _nvfp4_format("nvfp4_4over6", "nvfp4 layout, max/6 or max/4 scales"),
-    _turboquant_format("turboquant_k8v4", "fp8 K, 4-bit V"),
-    _turboquant_format("turboquant_4bit_nc", "4-bit K and V"),
-    _turboquant_format("turboquant_k3v4_nc", "3-bit K, 4-bit V"),
-    _turboquant_format("turboquant_3bit_nc", "3-bit K and V"),
-    KVFormat(
-        _V,
-        "ultraquant_4bit",
-        SUB8BIT,
-        SCALES_PACKED,
-        "fp4 + E8M0 per 32",
-        boundary_layers=2,
-        packed_by=_ULTRAQUANT,
-    ),
+    _boundary_packed("turboquant_k8v4", _TURBOQUANT, _turboquant(8, 4), "fp8 K, 4-bit V"),
+    _boundary_packed("turboquant_4bit_nc", _TURBOQUANT, _turboquant(4, 4), "4-bit K and V"),
+    _boundary_packed("turboquant_k3v4_nc", _TURBOQUANT, _turboquant(3, 4), "3-bit K, 4-bit V"),
+    _boundary_packed("turboquant_3bit_nc", _TURBOQUANT, _turboquant(3, 3), "3-bit K and V"),
+    _boundary_packed("ultraquant_4bit", _ULTRAQUANT, _ultraquant, "fp4 + E8M0 per 32"),
     KVFormat(_V, "octave_k3v4", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
     KVFormat(_V, "octave_k3v3_compact", SUB8BIT, SCALES_PACKED, "0.33; layout not read"),
-    KVFormat(_S, "auto", BASELINE, SCALES_NONE, "the model's dtype (16-bit)"),
-    KVFormat(_S, "bf16", BASELINE, SCALES_NONE, "16-bit"),
-    KVFormat(_S, "bfloat16", BASELINE, SCALES_NONE, "16-bit"),
-    KVFormat(_S, "fp8_e4m3", FP8, SCALES_CHECKPOINT, "per-tensor scales"),
-    KVFormat(_S, "fp8_e5m2", FP8, SCALES_CHECKPOINT, "per-tensor scales; not on CPU"),
-    KVFormat(_S, "mxfp8", FP8, SCALES_BLOCK, "fp8 + one scale per 32 (FA4 backend)"),
-    KVFormat(
-        _S,
-        "fp4_e2m1",
-        SUB8BIT,
-        SCALES_BLOCK,
-        "fp4 (0.5.5-0.5.20); layout assumed as nvfp4, not read",
+    _baseline(_S, "auto", "the model's dtype (16-bit)"),
+    _baseline(_S, "bf16"),
+    _baseline(_S, "bfloat16"),
+    _fp8(_S, "fp8_e4m3", "per-tensor scales"),
+    _fp8(_S, "fp8_e5m2", "per-tensor scales; not on CPU"),
+    _sglang_block("mxfp8", FP8, _mxfp8, "fp8 + one scale per 32 (FA4 backend)"),
+    _sglang_block(
+        "fp4_e2m1", SUB8BIT, _sglang_fp4, "fp4 (0.5.5-0.5.20); layout assumed as nvfp4, not read"
     ),
-    KVFormat(_S, "nvfp4", SUB8BIT, SCALES_BLOCK, "fp4 + fp8 scale per 16 + global; SM100/SM120"),
-    KVFormat(_S, "fp4_mx_block16", SUB8BIT, SCALES_BLOCK, "fp4 + scale per 16 (MX style)"),
+    _sglang_block("nvfp4", SUB8BIT, _sglang_fp4, "fp4 + fp8 scale per 16 + global; SM100/SM120"),
+    _sglang_block("fp4_mx_block16", SUB8BIT, _sglang_fp4, "fp4 + scale per 16 (MX style)"),
 )
-
-_BYTES: Final[Mapping[tuple[str, str], _Bytes]] = {
-    (_V, "auto"): _elements(2),
-    (_V, "bfloat16"): _elements(2),
-    (_V, "float16"): _elements(2),
-    (_V, "fp8"): _elements(1),
-    (_V, "fp8_e4m3"): _elements(1),
-    (_V, "fp8_e5m2"): _elements(1),
-    (_V, "fp8_inc"): _elements(1),
-    (_V, "fp8_ds_mla"): _mla(656),
-    (_V, "nvfp4_ds_mla"): _mla(352),
-    (_V, "fp8_per_token_head"): _per_token_head(1),
-    (_V, "int8_per_token_head"): _per_token_head(1),
-    (_V, "int4_per_token_head"): _int4_per_token_head,
-    (_V, "nvfp4"): _nvfp4_vllm,
-    (_V, "nvfp4_4over6"): _nvfp4_vllm,
-    (_V, "turboquant_k8v4"): _turboquant(8, 4),
-    (_V, "turboquant_4bit_nc"): _turboquant(4, 4),
-    (_V, "turboquant_k3v4_nc"): _turboquant(3, 4),
-    (_V, "turboquant_3bit_nc"): _turboquant(3, 3),
-    (_V, "ultraquant_4bit"): _ultraquant,
-    (_S, "auto"): _elements(2),
-    (_S, "bf16"): _elements(2),
-    (_S, "bfloat16"): _elements(2),
-    (_S, "fp8_e4m3"): _elements(1),
-    (_S, "fp8_e5m2"): _elements(1),
-    (_S, "mxfp8"): _mxfp8,
-    (_S, "fp4_e2m1"): _sglang_fp4,
-    (_S, "nvfp4"): _sglang_fp4,
-    (_S, "fp4_mx_block16"): _sglang_fp4,
-}
 
 FORMATS: Final[Mapping[tuple[str, str], KVFormat]] = {(f.engine, f.name): f for f in _FORMATS}
 
@@ -301,21 +273,9 @@ def computes_scales(name: str) -> bool:
 
 def floor(engine: str, name: str) -> tuple[int, ...] | None:
     """The first version whose row lists `name` (None: no version does)."""
-    for row in engine_versions.all_rows(engine):
-        if name in row.kv_cache_dtypes:
-            return row.since
-    return None
-
-
-def last(engine: str, name: str) -> tuple[int, ...] | None:
-    """The first version that no longer lists `name` after listing it (None: still listed)."""
-    seen = False
-    for row in engine_versions.all_rows(engine):
-        if name in row.kv_cache_dtypes:
-            seen = True
-        elif seen:
-            return row.since
-    return None
+    return next(
+        (r.since for r in engine_versions.all_rows(engine) if name in r.kv_cache_dtypes), None
+    )
 
 
 def require(engine: str, version: str | None, name: str, field: str = "kvCache.format") -> KVFormat:
@@ -326,8 +286,11 @@ def require(engine: str, version: str | None, name: str, field: str = "kvCache.f
     offered = engine_versions.facts_for(engine, version).kv_cache_dtypes
     if name.lower() in offered:
         return fmt
-    first, gone = floor(engine, fmt.name), last(engine, fmt.name)
+    first = floor(engine, fmt.name)
     dotted = ".".join(map(str, first)) if first else None
+    # the first version that no longer lists it after listing it
+    after = [row for row in engine_versions.all_rows(engine) if first and row.since > first]
+    gone = next((row.since for row in after if fmt.name not in row.kv_cache_dtypes), None)
     if gone is not None and engine_versions.parse(version) >= gone:
         why = f"{engine} dropped it in {'.'.join(map(str, gone))}"
     elif dotted is not None:

@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Final
 
@@ -44,20 +44,18 @@ class EngineFacts:
 
     default_port: int
     default_host: str
-    metrics_path: str
-    health_path: str
     # Flag that turns /metrics on; None when it is always served.
     metrics_flag: str | None
     model_flags: tuple[str, ...]
     attention_backend_env: str | None  # vLLM 0.10-0.14 only (kvgate.engines.versions)
+    metrics_path: str = "/metrics"
+    health_path: str = "/health"
 
 
 FACTS: Final[Mapping[Engine, EngineFacts]] = {
     Engine.VLLM: EngineFacts(
         default_port=8000,
         default_host="0.0.0.0",
-        metrics_path="/metrics",
-        health_path="/health",
         metrics_flag=None,
         model_flags=("--model",),
         attention_backend_env="VLLM_ATTENTION_BACKEND",
@@ -66,8 +64,6 @@ FACTS: Final[Mapping[Engine, EngineFacts]] = {
         default_port=30000,
         # SGLang binds loopback unless told otherwise; a pod needs --host 0.0.0.0.
         default_host="127.0.0.1",
-        metrics_path="/metrics",
-        health_path="/health",
         metrics_flag="--enable-metrics",
         model_flags=("--model-path", "--model"),
         attention_backend_env=None,
@@ -126,21 +122,9 @@ class EngineInfo:
     findings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": str(self.engine),
-            "model": self.model,
-            "revision": self.revision,
-            "served_model_name": self.served_model_name,
-            "host": self.host,
-            "port": self.port,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "attention_backend": self.attention_backend,
-            "metrics_path": self.metrics_path,
-            "metrics_enabled": self.metrics_enabled,
-            "health_path": self.health_path,
-            "engine_args": list(self.engine_args),
-            "findings": list(self.findings),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        lists = {"engine_args": list(self.engine_args), "findings": list(self.findings)}
+        return out | {"engine": str(self.engine), **lists}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +134,7 @@ class _Launch:
     script: _Token | None = None  # the `sh -c` script that holds the engine command, if any
     # Flags can be appended at the end of the script: the engine command is its last part.
     script_appendable: bool = False
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -204,18 +188,19 @@ def image_version(image: str) -> str | None:
     return found.group(1) if found else None
 
 
-def detect_engine(container: Mapping[str, Any], version: str | None = None) -> EngineInfo:
-    """Which engine the container runs, its model, port, KV dtype and attention backend.
-
-    `version` (else the image tag's) decides whether vLLM reads VLLM_ATTENTION_BACKEND
-    (0.10-0.14) and which flags exist.
-    """
+def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
+    """Which engine the container runs, its model, port, KV dtype and attention backend; the
+    image tag's version decides whether vLLM reads VLLM_ATTENTION_BACKEND (0.10-0.14)."""
     launch = _find_launch(container)
-    version = version or _image_engine_version(container)
+    version = _image_engine_version(container)
     facts = FACTS[launch.engine]
     texts = [t.text for t in launch.tokens]
     flags = _flag_values(texts)
-    env = _env_values(container)
+    env = {  # valueFrom entries have no literal value; record that they are set
+        str(entry["name"]): str(entry.get("value", "<valueFrom>"))
+        for entry in container.get("env") or []
+        if isinstance(entry, Mapping) and "name" in entry
+    }
     findings = list(launch.notes)
 
     model = _last(flags, *facts.model_flags)
@@ -375,14 +360,9 @@ def _find_launch(container: Mapping[str, Any]) -> _Launch:
             raise SpecError(f"container '{name}'.{list_name}", "must be a list of strings")
         tokens.extend(_Token(list_name, i, v) for i, v in enumerate(values))
 
-    launch = _launcher_in(tokens)
+    launch = _launcher_in(tokens) or _launcher_in_script(tokens, name)
     if launch is not None:
         return launch
-    script = _shell_script(tokens)
-    if script is not None:
-        launch = _launcher_in_script(script, name)
-        if launch is not None:
-            return launch
     image = str(container.get("image", ""))
     if not container.get("command"):
         engine = _engine_of_image(image)
@@ -417,15 +397,12 @@ def _after_serve(tokens: Sequence[_Token], start: int) -> tuple[_Token, ...]:
     return tuple(tokens[start:])
 
 
-def _shell_script(tokens: Sequence[_Token]) -> _Token | None:
-    texts = [t.text for t in tokens]
-    if len(texts) >= 3 and texts[0].rsplit("/", 1)[-1] in _SHELLS and "-c" in texts[1:-1]:
-        return tokens[texts.index("-c", 1) + 1]
-    return None
-
-
-def _launcher_in_script(script: _Token, name: str) -> _Launch | None:
+def _launcher_in_script(tokens: Sequence[_Token], name: str) -> _Launch | None:
     """The engine command inside `sh -c SCRIPT`, looked for in each simple command."""
+    texts = [t.text for t in tokens]
+    if len(texts) < 3 or texts[0].rsplit("/", 1)[-1] not in _SHELLS or "-c" not in texts[1:-1]:
+        return None
+    script = tokens[texts.index("-c", 1) + 1]
     lexer = shlex.shlex(script.text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -445,14 +422,9 @@ def _launcher_in_script(script: _Token, name: str) -> _Launch | None:
     return None
 
 
-def _with_value(match: re.Match[str], value: str) -> str:
-    """The flag as spelled in the script, its separator, then the new (quoted) value."""
-    return f"{match['flag']}{match['sep']}{value}"
-
-
-def _with_values(match: re.Match[str], values: str) -> str:
-    """The multi-value flag as spelled in the script, then its new (quoted) values."""
-    return f"{match['flag']} {values}"
+def _flag_then(match: re.Match[str], text: str) -> str:
+    """The flag as spelled in the script (with its separator, if matched), then `text`."""
+    return match["flag"] + text
 
 
 def _is_shell_operator(word: str) -> bool:
@@ -468,19 +440,18 @@ def _rewrite_script(
     for flag, value in wanted:
         spelled = "--" + "[-_]".join(re.escape(part) for part in flag[2:].split("-"))
         if flag not in present:
-            appended.extend([flag] if value is None else _spelled(flag, value))
+            words = (value,) if isinstance(value, str) else value or ()
+            appended.extend([flag, *words])
         elif isinstance(value, tuple):  # every word up to the next option or shell operator
             pattern = re.compile(
                 rf"(?<![\w-])(?P<flag>{spelled})"
                 rf"(?:=(?:{_SCRIPT_WORD})|(?:[ \t]+(?!-\D)(?:{_SCRIPT_WORD}))*)"
             )
-            new = " ".join(shlex.quote(v) for v in value)
-            script = pattern.sub(partial(_with_values, values=new), script)
+            new = " " + " ".join(shlex.quote(v) for v in value)
+            script = pattern.sub(partial(_flag_then, text=new), script)
         elif value is not None:
-            pattern = re.compile(
-                rf"(?<![\w-])(?P<flag>{spelled})(?P<sep>=|[ \t]+)(?P<value>{_SCRIPT_WORD})"
-            )
-            script = pattern.sub(partial(_with_value, value=shlex.quote(value)), script)
+            pattern = re.compile(rf"(?<![\w-])(?P<flag>{spelled}(?:=|[ \t]+))(?:{_SCRIPT_WORD})")
+            script = pattern.sub(partial(_flag_then, text=shlex.quote(value)), script)
     if appended:
         if not launch.script_appendable:
             raise UnsupportedError(
@@ -493,11 +464,6 @@ def _rewrite_script(
 
 
 _SCRIPT_WORD: Final = r"\"[^\"]*\"|'[^']*'|[^\s;&|<>]+"
-
-
-def _spelled(flag: str, value: str | tuple[str, ...]) -> list[str]:
-    """`flag` and its value(s) as words."""
-    return [flag, value] if isinstance(value, str) else [flag, *value]
 
 
 def _engine_of_image(image: str) -> Engine | None:
@@ -547,15 +513,6 @@ def _last(flags: Mapping[str, list[str]], *names: str) -> str | None:
         if name in flags:
             return flags[name][-1]
     return None
-
-
-def _env_values(container: Mapping[str, Any]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for entry in container.get("env") or []:
-        if isinstance(entry, Mapping) and "name" in entry:
-            # valueFrom entries have no literal value; record that they are set
-            values[str(entry["name"])] = str(entry.get("value", "<valueFrom>"))
-    return values
 
 
 def _rewrite_env(

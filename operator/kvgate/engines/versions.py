@@ -53,7 +53,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 VLLM: Final = "vllm"
 SGLANG: Final = "sglang"
@@ -88,9 +88,8 @@ class VersionFacts:
 
     def backend_name(self, backend: str) -> str:
         """This version's spelling of `backend` (canonical or native); ValueError if unknown."""
-        name = self.backend_names.get(backend.upper(), backend)
-        if self.engine == SGLANG:
-            name = self.backend_names.get(backend.upper(), backend.lower())
+        native = backend.lower() if self.engine == SGLANG else backend
+        name = self.backend_names.get(backend.upper(), native)
         if name not in self.backends:
             known = ", ".join(sorted(self.backends))
             raise ValueError(
@@ -100,15 +99,10 @@ class VersionFacts:
         return name
 
     def flags(self) -> frozenset[str]:
-        present = {"--kv-cache-dtype"}
-        if self.backend_flag:
-            present.add(self.backend_flag)
-        if self.backend_json_flag:
-            present.add(self.backend_json_flag)
+        optional = (self.backend_flag, self.backend_json_flag, self.sampling_backend_flag)
+        present = {"--kv-cache-dtype", *filter(None, optional)}
         if self.calculate_kv_scales in {"yes", "deprecated"}:
             present.add("--calculate-kv-scales")
-        if self.sampling_backend_flag:
-            present.add(self.sampling_backend_flag)
         return frozenset(present)
 
 
@@ -142,85 +136,68 @@ _V021_BACKENDS: Final = _V012_BACKENDS - {"TREE_ATTN"}  # TREE_ATTN is gone in 0
 _V010_NAMES: Final = {"TRITON_ATTN": "TRITON_ATTN_VLLM_V1"}
 _V_SAMPLER: Final = "VLLM_USE_FLASHINFER_SAMPLER"
 
+
+def _rows(first: VersionFacts, *changes: Mapping[str, Any]) -> tuple[VersionFacts, ...]:
+    """`first`, then each row as the one before with what changed."""
+    rows = [first]
+    for change in changes:
+        rows.append(replace(rows[-1], **change))
+    return tuple(rows)
+
+
 # One row per change point; every x.y.0 release from 0.6 to 0.33 (and 0.8.5, 0.10.1, 0.10.2)
-# was read. Each row is the one before with what changed.
-# 0.6: V0 attention; no `--calculate-kv-scales` yet.
-_V06: Final = VersionFacts(
-    VLLM,
-    (0, 6, 0),
-    _V06_DTYPES,
-    None,
-    None,
-    "VLLM_ATTENTION_BACKEND",
-    {},
-    _V06_BACKENDS,
-    "never",
-    _V_SAMPLER,
-    fp8_backend="XFORMERS",
-)
-# 0.7-0.9: `--calculate-kv-scales` arrives (vllm/engine/arg_utils.py:953 in 0.7.0).
-_V07: Final = replace(_V06, since=(0, 7, 0), calculate_kv_scales="yes")
-# 0.10.0-0.10.1: `fp8_inc`; FP8 KV still falls back to V0 (see the module docstring).
-_V0100: Final = replace(
-    _V07,
-    since=(0, 10, 0),
-    kv_cache_dtypes=_V010_DTYPES,
-    backend_names=_V010_NAMES,
-    backends=_V0100_BACKENDS,
-)
-_V0102: Final = replace(
-    _V0100, since=(0, 10, 2), backends=_V010_BACKENDS, fp8_backend="TRITON_ATTN"
-)
-_V011: Final = replace(
-    _V0102,
-    since=(0, 11, 0),
-    kv_cache_dtypes=_V011_DTYPES,
-    backend_names={},
-    backends=_V011_BACKENDS,
-)
-_V012: Final = replace(
-    _V011, since=(0, 12, 0), kv_cache_dtypes=_V012_DTYPES, backends=_V012_BACKENDS
-)
-# 0.13-0.14: the flag arrives; the env variable still works.
-_V013: Final = replace(
-    _V012,
-    since=(0, 13, 0),
-    backend_flag="--attention-backend",
-    backend_json_flag="--attention-config",
-)
-# 0.15: VLLM_ATTENTION_BACKEND is gone from vllm/envs.py.
-_V015: Final = replace(_V013, since=(0, 15, 0), backend_env=None)
-_V018: Final = replace(_V015, since=(0, 18, 0), kv_cache_dtypes=_V018_DTYPES)
-# 0.19: `--calculate-kv-scales` warns that it is deprecated (vllm/config/cache.py).
-_V019: Final = replace(_V018, since=(0, 19, 0), calculate_kv_scales="deprecated")
-_V020: Final = replace(_V019, since=(0, 20, 0), kv_cache_dtypes=_V020_DTYPES)
-_V021: Final = replace(_V020, since=(0, 21, 0), backends=_V021_BACKENDS)
-_V025: Final = replace(_V021, since=(0, 25, 0), kv_cache_dtypes=_V025_DTYPES)
-# 0.28: `calculate_kv_scales` is gone from CacheConfig.
-_V028: Final = replace(
-    _V025, since=(0, 28, 0), kv_cache_dtypes=_V028_DTYPES, calculate_kv_scales="removed"
-)
-_V030: Final = replace(_V028, since=(0, 30, 0), kv_cache_dtypes=_V030_DTYPES)
-_V032: Final = replace(_V030, since=(0, 32, 0), kv_cache_dtypes=_V032_DTYPES)
-_V033: Final = replace(_V032, since=(0, 33, 0), kv_cache_dtypes=_V033_DTYPES)
-VLLM_ROWS: Final[tuple[VersionFacts, ...]] = (
-    _V06,
-    _V07,
-    _V0100,
-    _V0102,
-    _V011,
-    _V012,
-    _V013,
-    _V015,
-    _V018,
-    _V019,
-    _V020,
-    _V021,
-    _V025,
-    _V028,
-    _V030,
-    _V032,
-    _V033,
+# was read.
+VLLM_ROWS: Final = _rows(
+    # 0.6: V0 attention; no `--calculate-kv-scales` yet.
+    VersionFacts(
+        VLLM,
+        (0, 6, 0),
+        _V06_DTYPES,
+        None,
+        None,
+        "VLLM_ATTENTION_BACKEND",
+        {},
+        _V06_BACKENDS,
+        "never",
+        _V_SAMPLER,
+        fp8_backend="XFORMERS",
+    ),
+    # 0.7-0.9: `--calculate-kv-scales` arrives (vllm/engine/arg_utils.py:953 in 0.7.0).
+    {"since": (0, 7, 0), "calculate_kv_scales": "yes"},
+    # 0.10.0-0.10.1: `fp8_inc`; FP8 KV still falls back to V0 (see the module docstring).
+    {
+        "since": (0, 10, 0),
+        "kv_cache_dtypes": _V010_DTYPES,
+        "backend_names": _V010_NAMES,
+        "backends": _V0100_BACKENDS,
+    },
+    {"since": (0, 10, 2), "backends": _V010_BACKENDS, "fp8_backend": "TRITON_ATTN"},
+    {
+        "since": (0, 11, 0),
+        "kv_cache_dtypes": _V011_DTYPES,
+        "backend_names": {},
+        "backends": _V011_BACKENDS,
+    },
+    {"since": (0, 12, 0), "kv_cache_dtypes": _V012_DTYPES, "backends": _V012_BACKENDS},
+    # 0.13-0.14: the flag arrives; the env variable still works.
+    {
+        "since": (0, 13, 0),
+        "backend_flag": "--attention-backend",
+        "backend_json_flag": "--attention-config",
+    },
+    # 0.15: VLLM_ATTENTION_BACKEND is gone from vllm/envs.py.
+    {"since": (0, 15, 0), "backend_env": None},
+    {"since": (0, 18, 0), "kv_cache_dtypes": _V018_DTYPES},
+    # 0.19: `--calculate-kv-scales` warns that it is deprecated (vllm/config/cache.py).
+    {"since": (0, 19, 0), "calculate_kv_scales": "deprecated"},
+    {"since": (0, 20, 0), "kv_cache_dtypes": _V020_DTYPES},
+    {"since": (0, 21, 0), "backends": _V021_BACKENDS},
+    {"since": (0, 25, 0), "kv_cache_dtypes": _V025_DTYPES},
+    # 0.28: `calculate_kv_scales` is gone from CacheConfig.
+    {"since": (0, 28, 0), "kv_cache_dtypes": _V028_DTYPES, "calculate_kv_scales": "removed"},
+    {"since": (0, 30, 0), "kv_cache_dtypes": _V030_DTYPES},
+    {"since": (0, 32, 0), "kv_cache_dtypes": _V032_DTYPES},
+    {"since": (0, 33, 0), "kv_cache_dtypes": _V033_DTYPES},
 )
 
 _S_NAMES: Final = {"TRITON_ATTN": "triton", "FLASHINFER": "flashinfer", "FLASH_ATTN": "fa3"}
@@ -233,24 +210,25 @@ _S0521_DTYPES: Final = _S0516_DTYPES - {"fp4_e2m1"}  # fp4_e2m1 is gone in 0.5.2
 _S053_BACKENDS: Final = _S_BACKENDS | {"fa4", "flex_attention"}
 
 # One row per change point; every release from 0.4.6 to 0.5.23 (0.4.10 as 0.4.10.post2) was read.
-_S046: Final = VersionFacts(
-    SGLANG,
-    (0, 4, 6),
-    _S046_DTYPES,
-    "--attention-backend",
-    None,
-    None,
-    _S_NAMES,
-    _S_BACKENDS,
-    "never",
-    sampling_backend_flag="--sampling-backend",
+SGLANG_ROWS: Final = _rows(
+    VersionFacts(
+        SGLANG,
+        (0, 4, 6),
+        _S046_DTYPES,
+        "--attention-backend",
+        None,
+        None,
+        _S_NAMES,
+        _S_BACKENDS,
+        "never",
+        sampling_backend_flag="--sampling-backend",
+    ),
+    {"since": (0, 5, 3), "backends": _S053_BACKENDS},
+    {"since": (0, 5, 4), "kv_cache_dtypes": _S054_DTYPES},
+    {"since": (0, 5, 5), "kv_cache_dtypes": _S055_DTYPES},
+    {"since": (0, 5, 16), "kv_cache_dtypes": _S0516_DTYPES},
+    {"since": (0, 5, 21), "kv_cache_dtypes": _S0521_DTYPES},
 )
-_S053: Final = replace(_S046, since=(0, 5, 3), backends=_S053_BACKENDS)
-_S054: Final = replace(_S053, since=(0, 5, 4), kv_cache_dtypes=_S054_DTYPES)
-_S055: Final = replace(_S054, since=(0, 5, 5), kv_cache_dtypes=_S055_DTYPES)
-_S0516: Final = replace(_S055, since=(0, 5, 16), kv_cache_dtypes=_S0516_DTYPES)
-_S0521: Final = replace(_S0516, since=(0, 5, 21), kv_cache_dtypes=_S0521_DTYPES)
-SGLANG_ROWS: Final[tuple[VersionFacts, ...]] = (_S046, _S053, _S054, _S055, _S0516, _S0521)
 
 ROWS: Final[Mapping[str, tuple[VersionFacts, ...]]] = {VLLM: VLLM_ROWS, SGLANG: SGLANG_ROWS}
 # The newest row per engine (for vLLM the newest wheel read; later wheels read changed nothing).
@@ -289,11 +267,7 @@ def all_rows(engine: str) -> tuple[VersionFacts, ...]:
 def kv_cache_dtypes(engine: str, version: str | None) -> frozenset[str]:
     """Valid `--kv-cache-dtype` values for `version`; for None, those every known version takes."""
     if version is None:
-        rows = ROWS[_engine(engine)]
-        common = rows[0].kv_cache_dtypes
-        for row in rows[1:]:
-            common = common & row.kv_cache_dtypes
-        return common
+        return frozenset.intersection(*(row.kv_cache_dtypes for row in ROWS[_engine(engine)]))
     return facts_for(engine, version).kv_cache_dtypes
 
 
@@ -352,11 +326,8 @@ def remedy_text(engine: str | None, version: str | None, finding_code: str) -> s
     if remedy is None:
         return ""
     args, env = remedy
-    parts = []
-    if args:
-        parts.append(" ".join(args))
-    parts.extend(f"{k}={v}" for k, v in env.items())
-    return " and ".join(parts)
+    parts = [" ".join(args)] if args else []
+    return " and ".join([*parts, *(f"{k}={v}" for k, v in env.items())])
 
 
 def _engine(engine: str) -> str:

@@ -61,8 +61,6 @@ GSM8K_TEST_QUESTIONS: Final = 1319
 SUMMARY_KIND: Final = "kvgate.eval/summary"
 PROGRESS_KIND: Final = "kvgate.eval/progress"
 
-# A look's decision codes (`_REASON_TO_CODE`).
-CONTINUE, PASS, FAIL, INCONCLUSIVE = 0, 1, 2, 3
 # Reasons of `reason_arrays`.
 NONE, NONINFERIOR, WORSE_THAN_MARGIN, WORSE_THAN_CONTROL, NOT_SHOWN = 0, 1, 2, 3, 4
 REASONS: Final = {
@@ -106,11 +104,8 @@ def worst(verdicts: Iterable[Verdict]) -> Verdict:
     return max(verdicts, key=SEVERITY.__getitem__, default=Verdict.PASS)
 
 
-_CODE_TO_VERDICT: Final = {
-    PASS: Verdict.PASS,
-    FAIL: Verdict.FAIL,
-    INCONCLUSIVE: Verdict.INCONCLUSIVE,
-}
+# A look's verdict per reason code (NONE: the gate continues).
+_VERDICTS: Final = (None, Verdict.PASS, Verdict.FAIL, Verdict.FAIL, Verdict.INCONCLUSIVE)
 EXIT_CODES: Final = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 3, Verdict.ERROR: 4}
 
 
@@ -187,25 +182,16 @@ def plan_gate(
         raise SpecError("fail_confidence", f"{fail_confidence!r} is not in (0.5, 1)")
     spending(1.0, 0.05, fail_spending)  # validates the name
     if chunk is None or chunk >= total:
-        return GatePlan(
-            (total,),
-            (z_one_sided(confidence),),
-            (z_one_sided(fail_confidence),),
-            margin,
-            confidence,
-            fail_confidence,
-            fail_spending,
-        )
-    looks = (*range(chunk, total, chunk), total)
-    fractions = [n / total for n in looks]
+        looks: tuple[int, ...] = (total,)
+        boundaries: tuple[float, ...] = (z_one_sided(confidence),)
+        fail_boundaries: tuple[float, ...] = (z_one_sided(fail_confidence),)
+    else:
+        looks = (*range(chunk, total, chunk), total)
+        fractions = [n / total for n in looks]
+        boundaries = sequential_boundaries(fractions, 1.0 - confidence, PASS_SPENDING)
+        fail_boundaries = sequential_boundaries(fractions, 1.0 - fail_confidence, fail_spending)
     return GatePlan(
-        looks,
-        sequential_boundaries(fractions, 1.0 - confidence, PASS_SPENDING),
-        sequential_boundaries(fractions, 1.0 - fail_confidence, fail_spending),
-        margin,
-        confidence,
-        fail_confidence,
-        fail_spending,
+        looks, boundaries, fail_boundaries, margin, confidence, fail_confidence, fail_spending
     )
 
 
@@ -245,9 +231,6 @@ def _exact_worse(losses: np.ndarray, wins: np.ndarray, level: float) -> np.ndarr
     # numpy types arithmetic on arrays of unknown dtype as Any; these comparisons give booleans
     worse: npt.NDArray[np.bool_] = (m > 0) & (p_worse <= level)
     return worse
-
-
-_REASON_TO_CODE: Final = (CONTINUE, PASS, FAIL, FAIL, INCONCLUSIVE)  # indexed by reason code
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +278,7 @@ def assess_look(plan: GatePlan, look: int, counts: PairedCounts) -> LookResult:
             np.array([counts.candidate_only]),
         )[0]
     )
-    verdict = _CODE_TO_VERDICT.get(_REASON_TO_CODE[reason])
+    verdict = _VERDICTS[reason]
     named = REASONS.get(reason)
     if verdict is Verdict.PASS and control_below_floor(plan, counts):
         verdict, named = Verdict.INCONCLUSIVE, CONTROL_BELOW_FLOOR
@@ -369,7 +352,8 @@ def look_bounds(plan: GatePlan, look: int, counts: PairedCounts) -> Bounds:
 
     lower solves T(Δ) = e_k and upper T(Δ) = -f_k: repeated confidence bounds, valid at their
     levels whatever the stopping rule did (upper is raised to 0 unless the gate failed, when
-    the exact test did not confirm a loss the score bound alone would show). The p-value is ≤ α exactly when the gate passed.
+    the exact test did not confirm a loss the score bound alone would show). The p-value is
+    ≤ α exactly when the gate passed.
     """
     if counts.n != plan.looks[look]:
         raise SpecError("look", f"look {look + 1} needs {plan.looks[look]} questions")
@@ -417,15 +401,12 @@ def claim(plan: GatePlan, reason: str | None, bounds: Bounds) -> str | None:
             f"candidate minus control ≥ {lo:+.2f} pp (one-sided {conf}{looks}): no loss larger "
             f"than {max(0.0, -lo):.2f} pp, within the {margin} margin{worse}"
         )
+    worse = f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than control"
     if reason == "worse_than_margin":
-        return (
-            f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
-            f"control by more than the {margin} margin"
-        )
+        return f"{worse} by more than the {margin} margin"
     if reason == "worse_than_control":
         return (
-            f"candidate minus control ≤ {hi:+.2f} pp (one-sided {fconf}{looks}): worse than "
-            f"control by at least {-hi:.2f} pp; whether the loss exceeds the {margin} margin "
+            f"{worse} by at least {-hi:.2f} pp; whether the loss exceeds the {margin} margin "
             "is not known"  # not "not shown", which read as reassurance (first-hour-2 N13)
         )
     if reason == "not_shown":

@@ -6,9 +6,10 @@ a fake in unit tests), so the loop itself does no I/O beyond the callbacks it is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 from kvgate.errors import EvalError
 from kvgate.evaluation.gate import (
@@ -20,6 +21,8 @@ from kvgate.evaluation.gate import (
 )
 from kvgate.evaluation.records import ArmAnswer, QuestionRecord, count_pairs, pair_answers
 from kvgate.judge.stats import PairedCounts
+
+T = TypeVar("T")
 
 
 class ArmRunner(Protocol):
@@ -42,6 +45,7 @@ def run_gate(
     With `parallel`, both arms answer each chunk at the same time, so they share the same
     wall-clock conditions and the job takes half as long.
     """
+    summary = partial(build_summary, plan=plan, task=task, extra=extra)
     counts = PairedCounts(0, 0, 0, 0)
     looks_taken = 0
     start = 0
@@ -58,24 +62,18 @@ def run_gate(
             start = end
             emit(progress_line(plan, result, counts))
             if result.verdict is not None:
-                return build_summary(
-                    plan=plan,
-                    task=task,
+                return summary(
                     verdict=result.verdict,
                     counts=counts,
                     looks_taken=looks_taken,
-                    extra=extra,
                     reason=result.reason,
                 )
     except EvalError as exc:
-        return build_summary(
-            plan=plan,
-            task=task,
+        return summary(
             verdict=Verdict.ERROR,
             counts=counts if counts.n else None,
             looks_taken=looks_taken,
             error=str(exc),
-            extra=extra,
         )
     raise AssertionError("the last look always decides")  # pragma: no cover
 
@@ -87,8 +85,13 @@ def _run_arms(
     order = ("control", "candidate") if look % 2 == 0 else ("candidate", "control")
     if not parallel:
         return {name: runner.run(name, doc_ids) for name in order}
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-arm") as pool:
-        futures = {name: pool.submit(runner.run, name, doc_ids) for name in order}
+    return on_both_arms(lambda name: runner.run(name, doc_ids), order, "kvgate-arm")
+
+
+def on_both_arms(run: Callable[[str], T], names: Iterable[str], prefix: str) -> dict[str, T]:
+    """`run` on each arm at once, its results by arm in the order of `names`."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix=prefix) as pool:
+        futures = {name: pool.submit(run, name) for name in names}
         # Wait for both before raising, so no request is still in flight when the job ends.
         wait(futures.values())
-        return {name: futures[name].result() for name in order}
+        return {name: future.result() for name, future in futures.items()}

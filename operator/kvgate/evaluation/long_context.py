@@ -136,21 +136,22 @@ def _render(task: str, num_haystack: int, rng: random.Random) -> tuple[str, list
     return text, [value], key
 
 
-def _fits(count: CountTokens, text: str, length: int) -> bool:
-    return count(text) + TOKENS_TO_GENERATE <= length
-
-
 def _haystack_size(task: str, length: int, count: CountTokens, seed: int) -> int:
     """The largest haystack whose prompt plus the answer budget fits `length` tokens."""
     probe = random.Random(seed)
+
+    def fits(size: int) -> bool:
+        text = _render(task, size, random.Random(probe.random()))[0]
+        return count(text) + TOKENS_TO_GENERATE <= length
+
     low, high = 1, 2
-    while _fits(count, _render(task, high, random.Random(probe.random()))[0], length):
+    while fits(high):
         low, high = high, high * 2
         if high > 4 * length:
             raise SpecError("--tokenizer", "the tokenizer under-reports lengths (0 tokens?)")
     while high - low > 1:
         mid = (low + high) // 2
-        if _fits(count, _render(task, mid, random.Random(probe.random()))[0], length):
+        if fits(mid):
             low = mid
         else:
             high = mid

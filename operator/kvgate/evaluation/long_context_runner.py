@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Final
 
 import yaml
 
 from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.job import on_both_arms
 from kvgate.evaluation.long_context import (
     TOKENS_TO_GENERATE,
     NeedleAnswer,
@@ -23,13 +23,7 @@ from kvgate.evaluation.long_context import (
     answers_from_samples,
     write_items,
 )
-from kvgate.evaluation.runner import (
-    Arm,
-    EvalSettings,
-    evaluate_arm,
-    strict_model,
-    writable_cache_environment,
-)
+from kvgate.evaluation.runner import Arm, EvalSettings, LmEvalTask, writable_cache_environment
 from kvgate.spec.rollout import is_commit, is_local_path
 
 TASK_NAME: Final = "kvgate_niah"
@@ -125,7 +119,7 @@ def write_task(items: Sequence[NeedleItem], directory: Path) -> None:
     (directory / "kvgate_niah_utils.py").write_text(_UTILS, encoding="utf-8")
 
 
-class NeedleRunner:
+class NeedleRunner(LmEvalTask):
     """Both arms through lm-eval on the same item file, in parallel."""
 
     def __init__(
@@ -135,26 +129,23 @@ class NeedleRunner:
         workdir: Path,
         items: Sequence[NeedleItem],
     ) -> None:
-        self.settings = settings
-        self.items = items
-        self.workdir = workdir / "niah"
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        include = workdir / "niah"
+        include.mkdir(parents=True, exist_ok=True)
         os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         os.environ.update(writable_cache_environment(os.environ, workdir))
-        write_task(items, self.workdir)
-        self.arms = list(arms)
-
-    def _run_arm(self, arm: Arm) -> dict[int, NeedleAnswer]:
-        from lm_eval.tasks import TaskManager
-
-        s = self.settings
-        model = strict_model(s, arm, chat=False, max_gen_toks=TOKENS_TO_GENERATE)
-        manager = TaskManager(include_path=str(self.workdir), include_defaults=False)
-        samples = evaluate_arm(s, arm, model, manager, TASK_NAME, doing=" on the needle task")
-        return answers_from_samples(samples, arm.name)
+        write_task(items, include)
+        super().__init__(
+            settings,
+            arms,
+            include,
+            TASK_NAME,
+            chat=False,
+            max_gen_toks=TOKENS_TO_GENERATE,
+            doing=" on the needle task",
+        )
 
     def run(self) -> dict[str, dict[int, NeedleAnswer]]:
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-niah") as pool:
-            futures = {arm.name: pool.submit(self._run_arm, arm) for arm in self.arms}
-            wait(futures.values())
-            return {name: future.result() for name, future in futures.items()}
+        def run_arm(name: str) -> dict[int, NeedleAnswer]:
+            return answers_from_samples(self.samples(name), name)
+
+        return on_both_arms(run_arm, self._arms, "kvgate-niah")

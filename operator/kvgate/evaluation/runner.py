@@ -28,6 +28,7 @@ import yaml
 
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.errors import EvalError, SpecError
+from kvgate.evaluation.gate import GSM8K_TEST_QUESTIONS
 from kvgate.evaluation.records import ArmAnswer, answers_from_samples
 
 # Our task names; the stock `gsm8k` would clash with lm-eval's registry.
@@ -224,7 +225,7 @@ def _first_line(exc: BaseException) -> str:
 def count_test_questions(data_dir: Path | None) -> int:
     """Questions in the test split (1,319 for the Hub dataset)."""
     if data_dir is None:
-        return 1319
+        return GSM8K_TEST_QUESTIONS
     with (data_dir / "test.jsonl").open("rb") as f:
         return sum(1 for line in f if line.strip())
 
@@ -293,10 +294,8 @@ def completions_url(name: str, url: str, *, chat: bool = False) -> str:
 
 
 def check_endpoint(name: str, url: str, model: str | None, timeout: float = 10.0) -> Arm:
-    """GET {server}/v1/models: the endpoint answers and serves the model name we will send.
-
-    Without `model`, the one model the endpoint serves is used.
-    """
+    """GET {server}/v1/models: the endpoint answers and serves the model name we will send
+    (without `model`: the one model it serves)."""
     check_url(name, url)
     parts = urlsplit(url)
     models_url = f"{parts.scheme}://{parts.netloc}/v1/models"
@@ -384,12 +383,10 @@ def _endpoint_errors() -> tuple[type[BaseException], ...]:
     )
 
 
-def _can_write(path: Path) -> bool:
-    return os.access(path, os.W_OK)
-
-
 def writable_cache_environment(
-    environ: Mapping[str, str], scratch: Path, can_write: Callable[[Path], bool] = _can_write
+    environ: Mapping[str, str],
+    scratch: Path,
+    can_write: Callable[[Path], bool] = lambda path: os.access(path, os.W_OK),
 ) -> dict[str, str]:
     """HF_HOME under `scratch` when the default cache cannot be written (read-only home in a Job).
 
@@ -406,110 +403,109 @@ def writable_cache_environment(
     return {"HF_HOME": str(scratch / "hf-home")}
 
 
-class LmEvalRunner:
-    """Runs chunks of GSM8K doc ids through lm-eval against each arm; same settings for both.
+class LmEvalTask:
+    """One lm-eval task from the files in `include`, on each arm; same settings for both.
 
     lm-eval may print to stdout; callers that own stdout (the eval command) redirect it.
     """
 
-    def __init__(self, settings: EvalSettings, arms: Sequence[Arm], workdir: Path) -> None:
-        self.settings = settings
-        os.environ.update(offline_environment(settings))
-        os.environ.update(writable_cache_environment(os.environ, workdir))
-        write_task_config(settings, workdir)
+    def __init__(
+        self,
+        settings: EvalSettings,
+        arms: Sequence[Arm],
+        include: Path,
+        task_name: str,
+        *,
+        chat: bool,
+        max_gen_toks: int,
+        doing: str = "",
+    ) -> None:
         from lm_eval.tasks import TaskManager  # after the offline variables are set
 
+        completions, chat_completions = _strict_model_classes()
+        self.settings, self.task_name, self.doing = settings, task_name, doing
         # One model and one task manager per arm: the arms may run in parallel threads.
-        # Only our pinned YAML is indexed: the ~10k stock task files cost seconds per job.
+        # Only our YAML is indexed: the ~10k stock task files cost seconds per job.
         self._arms = {
             arm.name: (
                 arm,
-                strict_model(settings, arm, chat=settings.chat, max_gen_toks=settings.max_gen_toks),
-                TaskManager(include_path=str(workdir), include_defaults=False),
+                (chat_completions if chat else completions)(
+                    model=arm.model,
+                    base_url=arm.url,
+                    tokenizer_backend=None,  # no tokenizer download; the server tokenizes strings
+                    tokenized_requests=False,
+                    num_concurrent=settings.concurrency,
+                    max_retries=settings.max_retries,
+                    max_gen_toks=max_gen_toks,
+                    timeout=settings.timeout,
+                    seed=settings.seed,
+                ),
+                TaskManager(include_path=str(include), include_defaults=False),
             )
             for arm in arms
         }
 
+    def samples(self, arm_name: str, **options: Any) -> list[Any]:
+        """The one lm-eval call: the task on one arm, seeded by the settings, every sample
+        logged; the per-sample records. `options` are the task's own `simple_evaluate`
+        arguments. An endpoint's failure or the environment's (data files, dataset cache) is
+        one EvalError naming the arm (and the task, by `doing`: " on the needle task")."""
+        import lm_eval
+        from lm_eval.tasks import get_task_dict
+
+        arm, model, task_manager = self._arms[arm_name]
+        name, doing, seed = self.task_name, self.doing, self.settings.seed
+        quiet_lm_eval()
+        try:
+            # Build the task (it loads the dataset) one arm at a time: datasets' file listing
+            # uses tqdm's thread_map, whose class-level lock races between threads.
+            with _DATASET_LOCK:
+                task = get_task_dict([name], task_manager)[name]
+            result = lm_eval.simple_evaluate(
+                model=model,
+                tasks=[task],
+                task_manager=task_manager,
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                verbosity="WARNING",
+                **options,
+            )
+        except _endpoint_errors() as exc:
+            raise EvalError(
+                f"{arm.name} endpoint {arm.url} failed{doing} after {self.settings.max_retries} "
+                f"attempts: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+        except OSError as exc:  # data files, dataset cache: the job's environment, not the arm
+            raise EvalError(
+                f"{arm.name} arm: lm-eval could not run{doing}: {type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+        if not isinstance(result, dict) or name not in result.get("samples", {}):
+            raise EvalError(f"{arm.name}: lm-eval returned no samples of {name}")
+        return list(result["samples"][name])
+
+
+class LmEvalRunner(LmEvalTask):
+    """Runs chunks of GSM8K doc ids through lm-eval against each arm."""
+
+    def __init__(self, settings: EvalSettings, arms: Sequence[Arm], workdir: Path) -> None:
+        os.environ.update(offline_environment(settings))
+        os.environ.update(writable_cache_environment(os.environ, workdir))
+        write_task_config(settings, workdir)
+        s = settings
+        super().__init__(s, arms, workdir, s.task_name, chat=s.chat, max_gen_toks=s.max_gen_toks)
+
     def run(self, arm_name: str, doc_ids: Sequence[int]) -> dict[int, ArmAnswer]:
         """Evaluate `doc_ids` on one arm; returns graded answers by doc id."""
-        arm, model, task_manager = self._arms[arm_name]
         s = self.settings
-        samples = evaluate_arm(
-            s,
-            arm,
-            model,
-            task_manager,
-            s.task_name,
+        samples = self.samples(
+            arm_name,
             num_fewshot=s.num_fewshot,
             samples={s.task_name: list(doc_ids)},
             apply_chat_template=s.chat,
             fewshot_as_multiturn=s.chat,
         )
-        return answers_from_samples(samples, arm.name)
-
-
-def strict_model(settings: EvalSettings, arm: Arm, *, chat: bool, max_gen_toks: int) -> Any:
-    """lm-eval's local (chat) completions model for one arm, validating each response."""
-    completions, chat_completions = _strict_model_classes()
-    return (chat_completions if chat else completions)(
-        model=arm.model,
-        base_url=arm.url,
-        tokenizer_backend=None,  # no tokenizer download; the server tokenizes strings
-        tokenized_requests=False,
-        num_concurrent=settings.concurrency,
-        max_retries=settings.max_retries,
-        max_gen_toks=max_gen_toks,
-        timeout=settings.timeout,
-        seed=settings.seed,
-    )
-
-
-def evaluate_arm(
-    settings: EvalSettings,
-    arm: Arm,
-    model: Any,
-    task_manager: Any,
-    task_name: str,
-    *,
-    doing: str = "",
-    **options: Any,
-) -> list[Any]:
-    """The one lm-eval call: `task_name` on one arm, seeded by the settings, every sample
-    logged; the per-sample records. `doing` names the task in errors (" on the needle task");
-    `options` are the task's own `simple_evaluate` arguments. An endpoint's failure or the
-    environment's (data files, dataset cache) is one EvalError naming the arm."""
-    import lm_eval
-    from lm_eval.tasks import get_task_dict
-
-    quiet_lm_eval()
-    seed = settings.seed
-    try:
-        # Build the task (it loads the dataset) one arm at a time: datasets' file listing
-        # uses tqdm's thread_map, whose class-level lock races between threads.
-        with _DATASET_LOCK:
-            task = get_task_dict([task_name], task_manager)[task_name]
-        result = lm_eval.simple_evaluate(
-            model=model,
-            tasks=[task],
-            task_manager=task_manager,
-            log_samples=True,
-            bootstrap_iters=0,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-            verbosity="WARNING",
-            **options,
-        )
-    except _endpoint_errors() as exc:
-        raise EvalError(
-            f"{arm.name} endpoint {arm.url} failed{doing} after {settings.max_retries} "
-            f"attempts: {type(exc).__name__}: {str(exc)[:300]}"
-        ) from exc
-    except OSError as exc:  # data files, dataset cache: the job's environment, not the arm
-        raise EvalError(
-            f"{arm.name} arm: lm-eval could not run{doing}: {type(exc).__name__}: {str(exc)[:300]}"
-        ) from exc
-    if not isinstance(result, dict) or task_name not in result.get("samples", {}):
-        raise EvalError(f"{arm.name}: lm-eval returned no samples of {task_name}")
-    return list(result["samples"][task_name])
+        return answers_from_samples(samples, arm_name)

@@ -40,13 +40,9 @@ def pod_facts(
     pod: Mapping[str, Any] | None, container: str | None, spec: Mapping[str, Any]
 ) -> PodFacts:
     """`pod`'s facts; `spec` is its container `container` (`{}`: none)."""
-    return PodFacts(pod_health(pod, container), pod_node(pod), gpu_count(spec))
-
-
-def pod_node(pod: Mapping[str, Any] | None) -> str | None:
-    """The node the pod was scheduled to (None: not yet)."""
-    name = ((pod or {}).get("spec") or {}).get("nodeName")
-    return name if isinstance(name, str) and name else None
+    node = ((pod or {}).get("spec") or {}).get("nodeName")
+    node = node if isinstance(node, str) and node else None
+    return PodFacts(pod_health(pod, container), node, gpu_count(spec))
 
 
 _CRASH_WAITING: Final = frozenset(
@@ -159,12 +155,9 @@ def unschedulable_message(stuck: Mapping[str, PodHealth], within: str | None) ->
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int | None:
     containers = (pod.get("spec") or {}).get("containers")
-    counts = (
-        [gpu_count(c) for c in containers if isinstance(c, Mapping)]
-        if isinstance(containers, list)
-        else []
-    )
-    return sum(c for c in counts if c) or None
+    if not isinstance(containers, list):
+        return None
+    return sum(gpu_count(c) or 0 for c in containers if isinstance(c, Mapping)) or None
 
 
 def _terminated_detail(cs: Mapping[str, Any] | None, status: Mapping[str, Any]) -> str:
@@ -178,12 +171,10 @@ def rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
     """The Deployment controller saw `generation` and every replica is updated and available."""
     ds, spec = dep.get("status") or {}, dep.get("spec") or {}
     replicas = int(spec.get("replicas", 1))
+    counts = ("updatedReplicas", "availableReplicas", "readyReplicas", "replicas")
     return (
         int(ds.get("observedGeneration") or 0) >= generation > 0
-        and int(ds.get("updatedReplicas") or 0) == replicas
-        and int(ds.get("availableReplicas") or 0) == replicas
-        and int(ds.get("readyReplicas") or 0) == replicas
-        and int(ds.get("replicas") or 0) == replicas
+        and all(int(ds.get(count) or 0) == replicas for count in counts)
         and not int(ds.get("unavailableReplicas") or 0)
     )
 
@@ -191,27 +182,16 @@ def rolled_out(dep: Mapping[str, Any], generation: int) -> bool:
 def job_finished(job: Mapping[str, Any]) -> bool:
     """The Job failed, succeeded or completed (its status says so)."""
     js = job.get("status") or {}
-    conditions = js.get("conditions") or []
-    failed = any(c.get("type") == "Failed" and c.get("status") == "True" for c in conditions)
-    return (
-        failed
-        or bool(js.get("succeeded"))
-        or any(c.get("type") == "Complete" and c.get("status") == "True" for c in conditions)
-    )
+    true = [c.get("type") for c in js.get("conditions") or [] if c.get("status") == "True"]
+    return "Failed" in true or bool(js.get("succeeded")) or "Complete" in true
 
 
 def job_failure(job: Mapping[str, Any]) -> str:
     """Why the Job failed, in its own words (else that it ended without a summary line)."""
-    return str(
-        next(
-            (
-                c.get("message") or c.get("reason")
-                for c in (job.get("status") or {}).get("conditions") or []
-                if c.get("type") == "Failed"
-            ),
-            "the Job ended without a summary line",
-        )
-    )
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed":
+            return str(c.get("message") or c.get("reason"))
+    return "the Job ended without a summary line"
 
 
 def rollout_conflict(other: Mapping[str, Any], mine: tuple[str, str], target: str) -> str | None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Final, TypedDict, TypeGuard, cast
+from typing import Any, Final, TypeGuard
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,8 +112,7 @@ CACHE_CONFIG: Final = {"vllm": "vllm:cache_config_info", "sglang": "sglang:cache
 
 
 # Labels that only say which TP/PP/EP worker repeated the same scheduler numbers.
-RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
-_RANK_LABELS: Final = RANK_LABELS
+_RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
 # Labels that name a series rather than describe the cache (dropped from cache_config).
 _SERIES_LABELS: Final = _RANK_LABELS | {"engine", "model_name", "engine_type", "dp_rank"}
 _QUANTILES: Final = (0.5, 0.9, 0.99)
@@ -175,14 +174,10 @@ class Histogram:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "buckets": [[_bound_text(upper), count] for upper, count in self.buckets],
+            "buckets": [["+Inf" if up == math.inf else up, n] for up, n in self.buckets],
             "sum": self.sum,
             "count": self.count,
         }
-
-
-def _bound_text(upper: float) -> str | float:
-    return "+Inf" if upper == math.inf else upper
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +195,6 @@ class LatencySummary:
         p50, p90, p99 = (histogram.quantile(q) for q in _QUANTILES)
         return cls(histogram.count, histogram.mean(), p50, p90, p99)
 
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 # -- snapshots -------------------------------------------------------------------------------
 
@@ -212,21 +204,20 @@ class MetricSnapshot:
     """One scrape, reduced to what kvgate reads. None: the engine does not export it."""
 
     engine: str
-    kv_usage: float | None
-    running: float | None
-    waiting: float | None
-    retracted: float | None
-    preemptions: float | None
-    generation_tokens: float | None
-    prompt_tokens: float | None
-    max_total_tokens: float | None
-    ttft: Histogram | None
-    itl: Histogram | None
-    tpot: Histogram | None
-    cache_config: Mapping[str, str]
-    names: Mapping[
-        str, str
-    ]  # concept -> metric name found, e.g. kv_usage -> vllm:gpu_cache_usage_perc
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    retracted: float | None = None
+    preemptions: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    max_total_tokens: float | None = None
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    tpot: Histogram | None = None
+    cache_config: Mapping[str, str] = field(default_factory=dict)
+    # concept -> metric name found, e.g. kv_usage -> vllm:gpu_cache_usage_perc
+    names: Mapping[str, str] = field(default_factory=dict)
     taken_at: float | None = None
     prompt_lengths: Histogram | None = None  # tokens per finished request's prompt
     output_lengths: Histogram | None = None  # tokens per finished request's output
@@ -290,12 +281,6 @@ class _Samples:
 
     by_name: dict[str, dict[_Labels, float]] = field(default_factory=lambda: defaultdict(dict))
 
-    def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        self.by_name[name][tuple(sorted(labels.items()))] = value
-
-    def first_present(self, names: Iterable[str]) -> str | None:
-        return next((name for name in names if name in self.by_name), None)
-
     def series(self, name: str) -> dict[_Labels, float]:
         """Series of `name` with rank labels collapsed (max: ranks repeat one value)."""
         collapsed: dict[_Labels, float] = {}
@@ -318,7 +303,7 @@ def reduce_concepts(
     values: dict[str, float | None] = {}
     names: dict[str, str] = {}
     for concept, candidates in table.items():
-        name = samples.first_present(candidates)
+        name = next((n for n in candidates if n in samples.by_name), None)
         values[concept] = None
         if name is None:
             continue
@@ -334,16 +319,12 @@ def samples_of(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> _Samples
     """Samples from (metric name, labels, value) rows, as a parsed exposition holds them."""
     samples = _Samples()
     for name, labels, value in rows:
-        samples.add(name, labels, value)
+        samples.by_name[name][tuple(sorted(labels.items()))] = value
     return samples
 
 
 def _engine_of(samples: _Samples) -> str | None:
-    counts = {engine: 0 for engine in ENGINES}
-    for name in samples.by_name:
-        prefix = name.split(":", 1)[0]
-        if prefix in counts:
-            counts[prefix] += 1
+    counts = Counter(name.split(":", 1)[0] for name in samples.by_name)
     best = max(ENGINES, key=lambda e: counts[e])
     return best if counts[best] else None
 
@@ -431,11 +412,13 @@ def parse_metrics(
         raise ParseError(source, "the metrics text is empty")
     if text.lstrip()[:1] in ("{", "["):  # first-hour-2 N22: /v1/models echoed 600 characters
         raise ParseError(source, "this is JSON, not Prometheus text: use the engine's /metrics")
-    samples = _Samples()
+    rows = (
+        (sample.name, sample.labels, float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples.add(sample.name, sample.labels, float(sample.value))
+        samples = samples_of(rows)
     except ValueError as exc:
         line_no = _first_bad_line(text)
         raise ParseError(source, f"not Prometheus text format: {exc}", line_no) from exc
@@ -460,26 +443,14 @@ def parse_metrics(
         names["cache_config"] = CACHE_CONFIG[detected]
         labels = dict(next(iter(info)))
         cache_config = {k: v for k, v in labels.items() if k not in _SERIES_LABELS}
+    # Every concept of the tables is a MetricSnapshot field of the same name.
+    concepts: dict[str, Any] = {**values, **histograms}
     return MetricSnapshot(
         engine=detected,
-        kv_usage=values["kv_usage"],
-        running=values["running"],
-        waiting=values["waiting"],
-        retracted=values["retracted"],
-        preemptions=values["preemptions"],
-        generation_tokens=values["generation_tokens"],
-        prompt_tokens=values["prompt_tokens"],
-        max_total_tokens=values["max_total_tokens"],
-        ttft=histograms["ttft"],
-        itl=histograms["itl"],
-        tpot=histograms["tpot"],
+        **concepts,
         cache_config=cache_config,
         names=names,
         taken_at=taken_at,
-        prompt_lengths=histograms["prompt_lengths"],
-        output_lengths=histograms["output_lengths"],
-        prefix_cache_queries=values["prefix_cache_queries"],
-        prefix_cache_hits=values["prefix_cache_hits"],
         time_scale=next(iter(samples.by_name.get("kvgate_sim_time_scale", {}).values()), None),
     )
 
@@ -508,16 +479,7 @@ class MetricWindow:
     preemptions: float | None
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "seconds": self.seconds,
-            "ttft": self.ttft.to_dict() if self.ttft else None,
-            "itl": self.itl.to_dict() if self.itl else None,
-            "tpot": self.tpot.to_dict() if self.tpot else None,
-            "generation_tokens": self.generation_tokens,
-            "generation_token_rate": self.generation_token_rate,
-            "prompt_tokens": self.prompt_tokens,
-            "preemptions": self.preemptions,
-        }
+        return asdict(self)
 
 
 def delta(
@@ -559,33 +521,12 @@ def delta(
 POOL_SAMPLE_FIELDS: Final = ("engine", "kv_usage", "running", "waiting", "retracted", "preemptions")
 
 
-class _PoolValues(TypedDict):
-    """The POOL_SAMPLE_FIELDS of a MetricSnapshot, with their types."""
-
-    engine: str
-    kv_usage: float | None
-    running: float | None
-    waiting: float | None
-    retracted: float | None
-    preemptions: float | None
-
-
 def snapshot_from_pool_sample(sample: Mapping[str, object]) -> MetricSnapshot:
     """A MetricSnapshot rebuilt from its POOL_SAMPLE_FIELDS; latency and token fields are unknown."""
     # The sample is the pool fields kept between scrapes: each value has its field's type,
     # and a field left out was None. Taken as it is, not checked again.
-    values = cast(_PoolValues, {k: sample.get(k) for k in POOL_SAMPLE_FIELDS})
-    return MetricSnapshot(
-        **values,
-        generation_tokens=None,
-        prompt_tokens=None,
-        max_total_tokens=None,
-        ttft=None,
-        itl=None,
-        tpot=None,
-        cache_config={},
-        names={},
-    )
+    values: dict[str, Any] = {k: sample.get(k) for k in POOL_SAMPLE_FIELDS}
+    return MetricSnapshot(**values)
 
 
 # -- SGLang's server info: the KV dtype its /metrics do not carry --------------------------------
@@ -671,17 +612,6 @@ def snapshot_from_cache_truth(truth: CacheTruth) -> MetricSnapshot:
     config, total = truth.cache_config, truth.max_total_tokens
     return MetricSnapshot(
         engine=truth.engine or "",
-        kv_usage=None,
-        running=None,
-        waiting=None,
-        retracted=None,
-        preemptions=None,
-        generation_tokens=None,
-        prompt_tokens=None,
         max_total_tokens=float(total) if total is not None and total > 0 else None,
-        ttft=None,
-        itl=None,
-        tpot=None,
         cache_config={str(k): str(v) for k, v in config.items() if k in CACHE_TRUTH_KEYS},
-        names={},
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final
 
 from kvgate.errors import SpecError
@@ -35,19 +35,7 @@ class PoolPressure:
     reasons: tuple[str, ...]
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "pressured": self.pressured,
-            "samples": self.samples,
-            "pressured_samples": self.pressured_samples,
-            "fraction": self.fraction,
-            "max_usage": self.max_usage,
-            "mean_usage": self.mean_usage,
-            "mean_waiting": self.mean_waiting,
-            "preemptions": self.preemptions,
-            "usage_threshold": self.usage_threshold,
-            "min_fraction": self.min_fraction,
-            "reasons": list(self.reasons),
-        }
+        return {**asdict(self), "reasons": list(self.reasons)}
 
     def status_record(self) -> PressureRecord:
         """As status keeps it (`status.PressureRecord`)."""
@@ -108,23 +96,19 @@ def pool_pressure(
         previous = snap
 
     reasons: list[str] = []
-    verdict: bool | None
+    verdict: bool | None = None
     fraction = pressured_samples / len(usable) if usable else None
     if not usable:
-        verdict = None
         reasons.append(
             "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"
         )
     elif len(usable) < min_samples:
-        verdict = None
         reasons.append(f"only {len(usable)} usable sample(s); at least {min_samples} needed")
     elif not waiting and not have_preemption_signal:
-        verdict = None
         reasons.append(
             "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"
         )
     elif not busy:
-        verdict = None
         reasons.append("no requests running or waiting in any sample: no load to judge the pool by")
     else:
         verdict = fraction is not None and fraction >= min_fraction

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvgate.flow.steps import (
-    EVAL_GRACE_S,
-    Event,
-    State,
-    Step,
-    end_step,
-    revert_step,
-)
+from kvgate.flow.steps import EVAL_GRACE_S, Event, State, Step, end_step, revert_step
 from kvgate.reasons import Reason
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import PATCHED_PHASES, Phase
@@ -26,8 +19,7 @@ def load_timeout_s(spec: RolloutSpec) -> float:
 
 
 def job_phase_deadline(spec: RolloutSpec, phase: Phase) -> float:
-    """Evaluating or Measuring: every attempt's bound plus a grace for scheduling; the one
-    bound of the phase, whether its Jobs never finish or the reconciles that make them fail."""
+    """Evaluating or Measuring: every attempt's bound plus a grace for scheduling."""
     per_attempt = load_timeout_s(spec) if phase is Phase.MEASURING else spec.canary.eval_timeout_s
     return per_attempt * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
 
@@ -53,11 +45,8 @@ def revert_backoff(attempts: int) -> float:
 
 
 def revert_retry_due_s(attempts: int) -> float:
-    """When, in seconds after Reverting began, the attempt after `attempts` refused ones is due.
-
-    Counted from the phase's start (status has no per-attempt clock the core sees); after an
-    operator outage the overdue attempts come one per read-back until the schedule is met.
-    """
+    """When, in seconds after Reverting began, the attempt after `attempts` refused ones is due
+    (status has no per-attempt clock; after an outage overdue attempts come one per read-back)."""
     return sum(revert_backoff(a) for a in range(1, attempts + 1))
 
 

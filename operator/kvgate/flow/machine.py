@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Final
 
 from kvgate.evidence import kubeobjects
@@ -25,7 +26,7 @@ from kvgate.flow.steps import (
     clamp_delay,
     end_step,
     eval_progress,
-    gate_event,
+    gate_events,
     revert_step,
 )
 from kvgate.judge import crash, tradeoff
@@ -52,6 +53,8 @@ from kvgate.records.status import GateResult, LoadStatus
 from kvgate.records.timestamps import duration, waited
 from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import VERDICT_REPORTED, GateMode, Outcome, Phase, PromotionMode, Remediation
+
+_APPROVAL_S: Final = MAX_DELAY_S / 3  # how often an awaited approval is looked for
 
 
 def next_step(
@@ -94,8 +97,7 @@ def next_step(
 
 
 def give_up(spec: RolloutSpec, state: State, error: str, errors: int, *, limit: int) -> Step | None:
-    """`deadlines.give_up` (None: retry), ending as every end does in pullRequest mode: with
-    the rollout's open pull request closed."""
+    """`deadlines.give_up` (None: retry), closing an open pull request as every end does."""
     step = deadlines.give_up(spec, state, error, errors, limit=limit)
     return None if step is None else proposing.closing(spec, state, step)
 
@@ -217,21 +219,20 @@ def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
             requeue_s=clamp_delay(gate.interval_s),
         )
     pool = assess_pool(gate, obs.pool_pressured, obs.pool_detail or "no samples")
-    gates = [pool]
-    events: list[Event] = []
     if pool.outcome is Outcome.NOT_NEEDED:
-        return end_step(Phase.NOT_NEEDED, Reason.POOL_HAS_ROOM, pool.message, gates=tuple(gates))
+        return end_step(Phase.NOT_NEEDED, Reason.POOL_HAS_ROOM, pool.message, gates=(pool,))
     if pool.outcome.blocks:
-        return end_step(Phase.FAILED, pool.why, pool.message, gates=tuple(gates))
+        return end_step(Phase.FAILED, pool.why, pool.message, gates=(pool,))
+    events: tuple[Event, ...] = ()
     if pool.outcome is Outcome.WARNING:
-        events.append(Event(pool.why, pool.message, warning=pool.why is not Reason.POOL_HAS_ROOM))
+        events = (Event(pool.why, pool.message, warning=pool.why is not Reason.POOL_HAS_ROOM),)
     return Step(
         Phase.CANARY,
         Reason.CANARY_STARTING,
         "starting the control and candidate pods",
         actions=(Action.CREATE_CANARIES,),
-        events=tuple(events),
-        gates=tuple(gates),
+        events=events,
+        gates=(pool,),
         requeue_s=clamp_delay(poll_s),
     )
 
@@ -258,14 +259,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 if step is not None:
                     return step
             message = crashed.message
-            gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, message)
-            return end_step(
-                Phase.ROLLED_BACK,
-                Reason.CANARY_CRASHED,
-                message,
-                gates=(gate,),
-                events=(Event(Reason.CANARY_CRASHED, message, warning=True),),
-            )
+            return _ended(Phase.ROLLED_BACK, CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, message)
     if not (control.ready and candidate.ready):
         arms = {"control": control, "candidate": candidate}
         stuck = {arm: h for arm, h in arms.items() if h.unschedulable and not h.ready}
@@ -274,18 +268,14 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
             # no node took a canary: no verdict, so Failed (never a rollback)
             within = duration(spec.canary.startup_timeout_s) if timed_out else None
             message = kubeobjects.unschedulable_message(stuck, within)
-            gate = GateResult(CANARY, Outcome.ERROR, Reason.CANARY_UNSCHEDULABLE, message)
-            return end_step(Phase.FAILED, Reason.CANARY_UNSCHEDULABLE, message, gates=(gate,))
+            return _ended(Phase.FAILED, CANARY, Outcome.ERROR, Reason.CANARY_UNSCHEDULABLE, message)
         if timed_out:
-            waiting = [
-                a for a, h in (("control", control), ("candidate", candidate)) if not h.ready
-            ]
+            waiting = [a for a, h in arms.items() if not h.ready]
             message = (
                 f"{' and '.join(waiting)} not Ready within {spec.canary.startup_timeout_s:g}s "
                 f"({candidate.detail if not candidate.ready else control.detail})"
             )
-            gate = GateResult(CANARY, Outcome.ERROR, Reason.CANARY_TIMEOUT, message)
-            return end_step(Phase.ROLLED_BACK, Reason.CANARY_TIMEOUT, message, gates=(gate,))
+            return _ended(Phase.ROLLED_BACK, CANARY, Outcome.ERROR, Reason.CANARY_TIMEOUT, message)
         missing = not (control.exists and candidate.exists)
         return Step(
             Phase.CANARY,
@@ -305,8 +295,9 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
                 f"the arms' /metrics were not readable within {spec.canary.startup_timeout_s:g}s"
                 f" ({obs.metrics_error or 'no scrape answered'}): the log cannot be checked"
             )
-            gate = GateResult(ENGINE_TRUTH, Outcome.ERROR, Reason.METRICS_UNREADABLE, message)
-            return end_step(Phase.ROLLED_BACK, Reason.METRICS_UNREADABLE, message, gates=(gate,))
+            return _ended(
+                Phase.ROLLED_BACK, ENGINE_TRUTH, Outcome.ERROR, Reason.METRICS_UNREADABLE, message
+            )
         why = f": {obs.metrics_error}" if obs.metrics_error else ""
         return Step(
             Phase.CANARY, Reason.READING_METRICS, f"reading the arms' /metrics{why}",
@@ -336,7 +327,7 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
             kv_tokens(obs.candidate_scan, obs.candidate_metrics),
         ),
     )
-    events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
+    events = gate_events(gates)
     early = decide(gates, mode=PromotionMode.AUTO, config_hash="", approval="")
     if early.decision is Decision.ROLL_BACK:
         reason = early.reasons[0].why
@@ -345,8 +336,10 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
         )
     if obs.reused_verdict is not None:
         return _reused(spec, state, obs.reused_verdict, gates, events)
-    if spec.accuracy.mode is GateMode.OFF:
-        return _without_eval(spec, state, gates, events, poll_s)
+    if spec.accuracy.mode is GateMode.OFF:  # no eval Job; the accuracy gate says so
+        message = "accuracy not evaluated: spec.gates.accuracy.mode is off"
+        skipped = GateResult(ACCURACY, Outcome.SKIPPED, Reason.ACCURACY_OFF, message)
+        return _judged(spec, state, (), (*gates, skipped), events, poll_s, "accuracy off")
     return Step(
         Phase.EVALUATING,
         Reason.EVALUATING,
@@ -360,19 +353,6 @@ def _canary(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) ->
     )
 
 
-def _without_eval(
-    spec: RolloutSpec,
-    state: State,
-    canary_gates: tuple[GateResult, ...],
-    events: tuple[Event, ...],
-    poll_s: float,
-) -> Step:
-    """Accuracy off: no eval Job; the accuracy gate reads Skipped, saying so."""
-    message = "accuracy not evaluated: spec.gates.accuracy.mode is off"
-    skipped = GateResult(ACCURACY, Outcome.SKIPPED, Reason.ACCURACY_OFF, message)
-    return _judged(spec, state, (), (*canary_gates, skipped), events, poll_s, "accuracy off")
-
-
 def _reused(
     spec: RolloutSpec,
     state: State,
@@ -381,7 +361,7 @@ def _reused(
     events: tuple[Event, ...],
 ) -> Step:
     """spec.reuseVerdict: another rollout's eval and load gates (same verdict key) stand in for
-    this one's; the canary's gates were judged here. Then the verdict, as after an eval."""
+    this one's; the canary's gates were judged here."""
     results = (*gates, *reused.gates)
     verdict = decide(results, mode=spec.promotion.mode, config_hash=state.config_hash,
                      approval=state.approval)  # fmt: skip
@@ -421,20 +401,27 @@ def _remediate(spec: RolloutSpec, state: State, fix: Remedy, crashed: crash.Cras
     )
 
 
-def _arm_lost(obs: Observation) -> str | None:
+def _ended(phase: Phase, gate: str, outcome: Outcome, reason: Reason, message: str) -> Step:
+    """An end decided by one gate's result, which says the same."""
+    return end_step(phase, reason, message, gates=(GateResult(gate, outcome, reason, message),))
+
+
+def _arm_lost(obs: Observation) -> Step | None:
+    """A canary lost mid-eval or mid-load: the comparison is void."""
     for arm, health in (("control", obs.control), ("candidate", obs.candidate)):
         if health is not None and (health.deleting or not health.exists):
-            return f"{arm} pod disappeared: {health.detail}"
-        if health is not None and health.crashed:
-            return crash.describe(arm, None, health.detail).message
+            lost = f"{arm} pod disappeared: {health.detail}"
+        elif health is not None and health.crashed:
+            lost = crash.describe(arm, None, health.detail).message
+        else:
+            continue
+        return _ended(Phase.ROLLED_BACK, CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
     return None
 
 
 def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    lost = _arm_lost(obs)
-    if lost is not None:
-        gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
-        return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
+    if (lost := _arm_lost(obs)) is not None:
+        return lost
     # evalTimeout bounds one attempt (the Job's activeDeadlineSeconds); the phase as a whole
     # only catches a Job that never runs (every attempt's time, plus a scheduling grace).
     budget = deadlines.job_phase_deadline(spec, Phase.EVALUATING)
@@ -488,7 +475,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     speed = assess_speed(spec.speed, obs.control_tpot_s, obs.candidate_tpot_s, obs.speed_clocks)
     gates = (accuracy, long_context, divergence, speed)
     earlier = tuple(g for g in state.gates.values() if g.gate not in EVAL_GATES)
-    events = tuple(e for e in (gate_event(g) for g in gates) if e is not None)
+    events = gate_events(gates)
     return _judged(spec, state, earlier, gates, events, poll_s, "accuracy gates passed")
 
 
@@ -501,8 +488,7 @@ def _judged(
     poll_s: float,
     passed: str,
 ) -> Step:
-    """The verdict on the accuracy stage's `gates` with the `earlier` ones: roll back, or
-    measure what the candidate buys (the load Job) before any verdict, or the verdict."""
+    """Roll back, or measure what the candidate buys (the load Job), or the verdict."""
     verdict = tradeoff.judged(
         spec, (*earlier, *gates), config_hash=state.config_hash, approval=state.approval
     )
@@ -520,27 +506,22 @@ def _judged(
 
 def _cannot_make(state: State, job_exists: bool) -> bool:
     """The recorded attempt's Job is not there and the reconciles that make it keep failing:
-    not an eval or load that did not finish, an outside error that `deadlines.give_up` ends
-    (Failed, naming it) at the same deadline (`deadlines.job_phase_deadline`)."""
+    an outside error that `deadlines.give_up` ends (Failed, naming it) at the same deadline."""
     return not job_exists and state.consecutive_errors > 0
 
 
 def _eval_start(state: State) -> tuple[Action, ...]:
-    """The actions that make the recorded eval attempt's Job: the first attempt opens the speed
-    gate's window (TPOT totals before it) right before its Job."""
+    """The first eval attempt opens the speed gate's window (TPOT totals) right before its Job."""
     if state.eval_attempts <= 1:
         return (Action.SNAPSHOT_SPEED, Action.CREATE_EVAL_JOB)
     return (Action.CREATE_EVAL_JOB,)
 
 
 def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
-    """The load Job on both arms, retried on error like the eval Job, then the throughput
-    gate and the verdict on every gate. A load that never gives evidence ends Failed, never a
-    verdict."""
-    lost = _arm_lost(obs)
-    if lost is not None:
-        gate = GateResult(CANARY, Outcome.FAILED, Reason.CANARY_CRASHED, lost)
-        return end_step(Phase.ROLLED_BACK, Reason.CANARY_CRASHED, lost, gates=(gate,))
+    """The load Job, retried on error like the eval Job, then the throughput gate and the
+    verdict. A load that never gives evidence ends Failed, never a verdict."""
+    if (lost := _arm_lost(obs)) is not None:
+        return lost
     attempts = max(state.load_attempts, 1)
     # One attempt is bounded by the Job's deadline (throughputGain.timeout); the phase by
     # every attempt.
@@ -614,41 +595,25 @@ def _after_verdict(
 ) -> Step:
     if spec.promotion.mode is PromotionMode.PULL_REQUEST and verdict.decision is Decision.PROMOTE:
         return proposing.after_verdict(spec, state, verdict, gates)
+    judged = partial(Step, actions=(Action.DELETE_CANARIES,), gates=gates, verdict=verdict)
     if not spec.promotion.mode.changes_deployment:
         message = (
             f"verdict: promote ({verdict.message}); {spec.promotion.mode} mode: "
             "the Deployment is not changed"
         )
-        return Step(
-            Phase.AWAITING_APPROVAL,
-            VERDICT_REPORTED,
-            message,
-            actions=(Action.DELETE_CANARIES,),
-            events=(Event(VERDICT_REPORTED, message),),
-            gates=gates,
-            verdict=verdict,
-        )
+        events = (Event(VERDICT_REPORTED, message),)
+        return judged(Phase.AWAITING_APPROVAL, VERDICT_REPORTED, message, events=events)
     if verdict.decision is Decision.HOLD:
-        return Step(
+        return judged(
             Phase.AWAITING_APPROVAL,
             Reason.AWAITING_APPROVAL,
             verdict.message,
-            actions=(Action.DELETE_CANARIES,),
-            gates=gates,
-            verdict=verdict,
-            requeue_s=MAX_DELAY_S / 3,
+            requeue_s=_APPROVAL_S,
         )
     # Write-ahead: this step only records the decision; the patch is made in Promoting, on
     # the next reconcile, after this status write succeeded.
-    return Step(
-        Phase.PROMOTING,
-        Reason.PROMOTING,
-        f"promotion decided; patching Deployment {spec.target.name}",
-        actions=(Action.DELETE_CANARIES,),
-        gates=gates,
-        verdict=verdict,
-        requeue_s=MIN_DELAY_S,
-    )
+    patching = f"promotion decided; patching Deployment {spec.target.name}"
+    return judged(Phase.PROMOTING, Reason.PROMOTING, patching, requeue_s=MIN_DELAY_S)
 
 
 def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
@@ -671,9 +636,7 @@ def _awaiting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     message = verdict.message
     if state.approval_ignored:
         message = f"{message}; {state.approval_ignored}"
-    return Step(
-        Phase.AWAITING_APPROVAL, Reason.AWAITING_APPROVAL, message, requeue_s=MAX_DELAY_S / 3
-    )
+    return Step(Phase.AWAITING_APPROVAL, Reason.AWAITING_APPROVAL, message, requeue_s=_APPROVAL_S)
 
 
 _PHASES: Final = {

@@ -59,17 +59,10 @@ def promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     if not live.carries_candidate:
         return _superseded(name)
     if obs.rollout_crashed:
-        return revert_step(
-            Phase.ROLLED_BACK,
-            Reason.PROMOTION_REVERTED,
-            f"promotion reverted: new pods failed: {obs.rollout_crashed}",
-        )
+        return _reverted(f": new pods failed: {obs.rollout_crashed}")
     if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
-        return revert_step(
-            Phase.ROLLED_BACK,
-            Reason.PROMOTION_REVERTED,
-            f"promotion reverted: Deployment not rolled out within {spec.canary.startup_timeout_s:g}s",
-        )
+        timeout = spec.canary.startup_timeout_s
+        return _reverted(f": Deployment not rolled out within {timeout:g}s")
     if not obs.rollout_done or obs.rollout_scan is None:
         return Step(
             Phase.PROMOTING,
@@ -77,24 +70,15 @@ def promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
             f"waiting for Deployment {name} to roll out",
             requeue_s=clamp_delay(poll_s),
         )
-    problems = [
-        g
-        for g in (
-            assess_backend(spec.backend, obs.control_scan, obs.rollout_scan)
-            if obs.control_scan is not None
-            else None,
-        )
-        if g is not None and g.outcome.blocks
-    ]
+    problems: list[GateResult] = []
+    if obs.control_scan is not None:
+        backend = assess_backend(spec.backend, obs.control_scan, obs.rollout_scan)
+        problems = [backend] if backend.outcome.blocks else []
     if obs.rollout_scan.failed:
         what, _ = crash_summary(obs.rollout_scan, "startup log reports a failure")
         problems.append(GateResult(CANARY, Outcome.FAILED, Reason.PROMOTION_FAILED, what))
     if problems:
-        return revert_step(
-            Phase.ROLLED_BACK,
-            Reason.PROMOTION_REVERTED,
-            "promotion reverted: " + "; ".join(p.message for p in problems),
-        )
+        return _reverted(": " + "; ".join(p.message for p in problems))
     return Step(
         Phase.VERIFYING,
         Reason.VERIFYING,
@@ -104,6 +88,10 @@ def promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
         restart_window=True,
         requeue_s=MIN_DELAY_S,
     )
+
+
+def _reverted(why: str) -> Step:
+    return revert_step(Phase.ROLLED_BACK, Reason.PROMOTION_REVERTED, f"promotion reverted{why}")
 
 
 def _superseded(name: str) -> Step:
@@ -129,11 +117,7 @@ def verifying(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
     if not live.carries_candidate:
         return _superseded(name)
     if obs.production_problem:
-        return revert_step(
-            Phase.ROLLED_BACK,
-            Reason.PROMOTION_REVERTED,
-            f"promotion reverted during verification: {obs.production_problem}",
-        )
+        return _reverted(f" during verification: {obs.production_problem}")
     interval = p.verify_interval_s
     if not obs.sampled:
         left = interval - (state.since_last_sample_s or 0.0)

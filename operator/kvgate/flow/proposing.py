@@ -72,9 +72,8 @@ def unconfirmed(status: PullRequestStatus | None) -> PullRequestStatus | None:
 
 def closing(spec: RolloutSpec, state: State, step: Step) -> Step:
     """`step`, closing the open pull request when it ends the rollout otherwise than through
-    that pull request (an abort, an error past the limit, a deadline). Promoted and Declined
-    end through it; so does a merged one (Git has it, a close changes nothing). An intent
-    without a number closes whatever the forge has open from the rollout's branch."""
+    it (an abort, an error past the limit, a deadline). A merged one is not closed (Git has
+    it); an intent without a number closes what the forge has open from the rollout's branch."""
     pr = open_pull_request(state.pull_request) or unconfirmed(state.pull_request)
     if (
         spec.promotion.mode is not PromotionMode.PULL_REQUEST
@@ -179,11 +178,8 @@ def _named(recorded: PullRequestStatus | None) -> str:
         return "any pull request opened for it"  # the number was never recorded
     if recorded is None or recorded.number is None:
         return "the pull request"
-    return (
-        f"pull request #{recorded.number} ({recorded.url})"
-        if recorded.url
-        else (f"pull request #{recorded.number}")
-    )
+    url = f" ({recorded.url})" if recorded.url else ""
+    return f"pull request #{recorded.number}{url}"
 
 
 def pull_request_open(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:

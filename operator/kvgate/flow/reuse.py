@@ -43,15 +43,6 @@ def unknown_fields(key: VerdictKey) -> tuple[str, ...]:
     return tuple(name for name in REQUIRED if getattr(key, name) in (None, ""))
 
 
-def wanted_key(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey | None:
-    """The candidate's key when a reused verdict is worth looking for: the spec asks for it and
-    every required field is known (None: run the own eval; the caller lists nothing)."""
-    if spec.reuse_verdict is None:
-        return None
-    key = key_of(status, spec)
-    return None if unknown_fields(key) else key
-
-
 def reusable(
     status: RolloutStatus,
     spec: RolloutSpec,
@@ -61,10 +52,12 @@ def reusable(
     name: str,
     now: dt.datetime,
 ) -> ReusedVerdict | None:
-    """The verdict of another rollout this candidate may take (`find`), the namespace's
-    rollouts listed once, and only when the candidate's key is known."""
-    key = wanted_key(status, spec)
-    if key is None:
+    """The verdict of another rollout this candidate may take (`find`): the namespace's
+    rollouts are listed only when the spec asks for reuse and the candidate's key is known."""
+    if spec.reuse_verdict is None:
+        return None
+    key = key_of(status, spec)
+    if unknown_fields(key):
         return None
     return find(key, spec.reuse_verdict, list_rollouts(), namespace=namespace, name=name, now=now)
 
@@ -121,14 +114,9 @@ def _reusable(
     age_s = (now - finished).total_seconds()
     if not 0 <= age_s <= reuse.max_age_s:
         return None
-    gates = []
-    for gate in REUSED_GATES:
-        result = status.gates.get(gate)
-        if result is None:
-            continue
-        if result.outcome not in (Outcome.SUCCESSFUL, Outcome.SKIPPED, Outcome.WARNING):
-            return None  # a Promoted rollout has none; a status that says so is not reused
-        gates.append(result)
+    gates = [r for g in REUSED_GATES if (r := status.gates.get(g)) is not None]
+    if any(r.outcome not in (Outcome.SUCCESSFUL, Outcome.SKIPPED, Outcome.WARNING) for r in gates):
+        return None  # a Promoted rollout has none; a status that says so is not reused
     if not any(g.gate == ACCURACY and g.outcome is Outcome.SUCCESSFUL for g in gates):
         return None  # the eval's own verdict is what is reused: it must be there
     return ReusedVerdict(

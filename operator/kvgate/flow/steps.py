@@ -8,7 +8,7 @@ actions to take, events and the requeue delay. Nothing here does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
@@ -30,12 +30,7 @@ from kvgate.records.status import (
     ScanRecord,
 )
 from kvgate.spec.rollout import RolloutSpec
-from kvgate.vocabulary import (
-    GateMode,
-    Outcome,
-    Phase,
-    PullRequestState,
-)
+from kvgate.vocabulary import GateMode, Outcome, Phase, PullRequestState
 
 MIN_DELAY_S: Final = 1.0
 EVAL_GRACE_S: Final = 60.0  # scheduling and Job-controller slack on top of the eval attempts
@@ -52,11 +47,9 @@ class Action(StrEnum):
     PATCH_DEPLOYMENT = "PatchDeployment"
     REVERT_DEPLOYMENT = "RevertDeployment"
     REMEDIATE = "Remediate"  # record the step's remedy and the remedied candidate in status
-    # pullRequest mode: open (or update) the pull request the recorded intent names; never a
-    # Deployment patch
-    OPEN_PULL_REQUEST = "OpenPullRequest"
-    # pullRequest mode: the rollout ended otherwise than through its pull request (aborted,
-    # given up): close it, so no one merges a change the rollout no longer stands behind
+    OPEN_PULL_REQUEST = "OpenPullRequest"  # open (or update) the recorded intent's PR
+    # An end not through the pull request (aborted, given up): close it, so no one merges a
+    # change the rollout no longer stands behind
     CLOSE_PULL_REQUEST = "ClosePullRequest"
 
 
@@ -244,7 +237,7 @@ def clamp_delay(seconds: float) -> float:
 
 
 def end_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:
-    """A terminal step; canaries and the eval Job are no longer needed."""
+    """A terminal step; canaries and the Jobs are no longer needed."""
     actions = (*kw.pop("actions", ()), Action.DELETE_CANARIES, Action.DELETE_EVAL_JOB)
     bad = phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED)
     events = list(kw.pop("events", ()))
@@ -264,17 +257,15 @@ OUTCOME_EVENTS: Final = {
 }
 
 
-def gate_event(result: GateResult) -> Event | None:
-    """Gate results worth an Event of their own (alerting matches the reason).
-
-    A passing accuracy gate is one too: its message carries the headline figures (both arms'
-    accuracy, the difference and the bound it rests on, n), what `kubectl describe` should say.
-    """
-    if result.why is Reason.ACCURACY_NON_INFERIOR and result.outcome is Outcome.SUCCESSFUL:
-        return Event(result.why, result.message)
-    if result.why.own_event:
-        return Event(result.why, result.message, warning=True)
-    return None
+def gate_events(results: Sequence[GateResult]) -> tuple[Event, ...]:
+    """Events of the gate results worth one of their own (alerting matches the reason); a
+    passing accuracy gate too: its headline figures are what `kubectl describe` should say."""
+    events = []
+    for r in results:
+        passed = r.why is Reason.ACCURACY_NON_INFERIOR and r.outcome is Outcome.SUCCESSFUL
+        if passed or r.why.own_event:
+            events.append(Event(r.why, r.message, warning=not passed))
+    return tuple(events)
 
 
 def revert_step(phase: Phase, reason: Reason, message: str, **kw: Any) -> Step:

@@ -7,6 +7,7 @@ or PENDING and never promotes. The gate names are `kvgate.judge.gates`'. Nothing
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Final
 
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT
@@ -23,27 +24,24 @@ from kvgate.vocabulary import CONTROL_BELOW_FLOOR, GateMode, Outcome
 
 def assess_accuracy(gate: AccuracyGate, summary: AccuracyStatus | None) -> GateResult:
     """The eval summary's verdict (pass / fail / inconclusive / error) as an outcome."""
+    result = partial(GateResult, ACCURACY)
     if summary is None:
-        return GateResult(
-            ACCURACY, Outcome.PENDING, Reason.ACCURACY_PENDING, "accuracy not evaluated yet"
-        )
+        return result(Outcome.PENDING, Reason.ACCURACY_PENDING, "accuracy not evaluated yet")
     verdict = summary.verdict
     detail = accuracy_detail(summary)
     if verdict == "pass":
-        return GateResult(ACCURACY, Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, detail)
+        return result(Outcome.SUCCESSFUL, Reason.ACCURACY_NON_INFERIOR, detail)
     if verdict == "fail":
-        return GateResult(ACCURACY, Outcome.FAILED, Reason.ACCURACY_REGRESSED, detail)
+        return result(Outcome.FAILED, Reason.ACCURACY_REGRESSED, detail)
     if verdict == "inconclusive" and summary.reason == CONTROL_BELOW_FLOOR:
         floor = summary.claim or "the control scored below the margin"
-        return GateResult(ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, floor)
+        return result(Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, floor)
     if verdict == "inconclusive":
         needed = summary.advice.questions_needed if summary.advice is not None else None
         more = f"; about {needed} questions would decide" if needed else ""
-        return GateResult(
-            ACCURACY, Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, detail + more
-        )
+        return result(Outcome.INCONCLUSIVE, Reason.ACCURACY_INCONCLUSIVE, detail + more)
     error = summary.error or f"eval summary verdict {verdict!r} is not pass/fail/inconclusive"
-    return GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, error)
+    return result(Outcome.ERROR, Reason.EVAL_ERROR, error)
 
 
 def accuracy_detail(summary: AccuracyStatus) -> str:
@@ -124,14 +122,11 @@ def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -
     A fail or inconclusive names the worst bucket: of those with the block's verdict, the one
     where the candidate lost most.
     """
+    result = partial(GateResult, LONG_CONTEXT)
     if gate is None:
-        return GateResult(
-            LONG_CONTEXT, Outcome.SKIPPED, Reason.GATE_OFF, "long context not evaluated"
-        )
+        return result(Outcome.SKIPPED, Reason.GATE_OFF, "long context not evaluated")
     block = summary.long_context
-
-    def broken(why: str) -> GateResult:
-        return GateResult(LONG_CONTEXT, Outcome.ERROR, Reason.LONG_CONTEXT_ERROR, why)
+    broken = partial(result, Outcome.ERROR, Reason.LONG_CONTEXT_ERROR)
 
     if block is None or block.kind != _LC_KIND:
         return broken(
@@ -165,8 +160,7 @@ def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -
         detail += f", recovery {row.recovery:.2f} (floor {gate.recovery_floor:g})"
     if verdict == "pass":
         lengths = ", ".join(bucket_label(f[1]) for f in figures if f is not None)
-        return GateResult(
-            LONG_CONTEXT,
+        return result(
             Outcome.SUCCESSFUL,
             Reason.LONG_CONTEXT_NON_INFERIOR,
             f"long context non-inferior in every bucket ({lengths}); closest: "
@@ -178,12 +172,8 @@ def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -
         "worse_than_margin": f"worse than the {gate.margin_pp:g} pp margin",
         "below_recovery_floor": f"below {gate.recovery_floor:.0%} of the control's score",
     }.get(str(row.reason), "not shown non-inferior")
-    return GateResult(
-        LONG_CONTEXT,
-        outcome,
-        reason,
-        f"long-context bucket {bucket_label(length)} ({length:,} tokens): {why}: {detail}",
-    )
+    label = f"{bucket_label(length)} ({length:,} tokens)"
+    return result(outcome, reason, f"long-context bucket {label}: {why}: {detail}")
 
 
 _DIV_KIND: Final = "kvgate.diverge/summary"
@@ -191,15 +181,13 @@ _DIV_KIND: Final = "kvgate.diverge/summary"
 
 def _flag_message(gate: DivergenceGate, first: DivergenceBucketRecord | None) -> str | None:
     """The first flagged bucket's figures in words (None when one is missing)."""
-    f, c = (first.floor, first.candidate) if first is not None else (None, None)
-    if first is None or f is None or c is None:
+    if first is None or first.floor is None or first.candidate is None:
         return None
-    low, high, kl, floor_kl = first.low, first.high, c.mean_kl, f.mean_kl
-    agree, floor_agree = c.top1_agreement, f.top1_agreement
-    if low is None or high is None or kl is None or floor_kl is None:
+    f, c = first.floor, first.candidate
+    figures = (first.low, first.high, c.mean_kl, f.mean_kl, c.top1_agreement, f.top1_agreement)
+    if any(x is None for x in figures):
         return None
-    if agree is None or floor_agree is None:
-        return None
+    low, high, kl, floor_kl, agree, floor_agree = figures
     return (
         f"token divergence above {gate.factor:g}x the A/A floor from position bucket "
         f"{low:,}-{high:,}: mean KL {kl:.3g} vs floor {floor_kl:.3g}, "
@@ -213,44 +201,35 @@ def assess_divergence(gate: DivergenceGate, summary: AccuracyStatus) -> GateResu
     `require`: a flag fails, and a screen that did not run (missing block, error) is an ERROR;
     `warn`: both are WARNINGs. The message names the first flagged position bucket.
     """
+    result = partial(GateResult, DIVERGENCE)
     if gate.mode is GateMode.OFF:
-        return GateResult(DIVERGENCE, Outcome.SKIPPED, Reason.GATE_OFF, "divergence not screened")
+        return result(Outcome.SKIPPED, Reason.GATE_OFF, "divergence not screened")
     bad = Outcome.FAILED if gate.mode is GateMode.REQUIRE else Outcome.WARNING
-    unknown = Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING
+    unknown = partial(
+        result,
+        Outcome.ERROR if gate.mode is GateMode.REQUIRE else Outcome.WARNING,
+        Reason.DIVERGENCE_UNKNOWN,
+    )
     block = summary.divergence
     if block is None or block.kind != _DIV_KIND:
-        return GateResult(
-            DIVERGENCE,
-            unknown,
-            Reason.DIVERGENCE_UNKNOWN,
-            "the eval summary has no divergence block, though spec.gates.divergence asks for it",
+        return unknown(
+            "the eval summary has no divergence block, though spec.gates.divergence asks for it"
         )
     verdict = block.verdict
     if verdict == "pass":
         positions = block.positions or 0
         if block.buckets and positions > 0 and all(r.flagged is False for r in block.buckets):
-            return GateResult(
-                DIVERGENCE,
+            return result(
                 Outcome.SUCCESSFUL,
                 Reason.DIVERGENCE_WITHIN_FLOOR,
                 f"token divergence within {gate.factor:g}x the A/A floor in every position "
                 f"bucket ({positions:,} positions)",
             )
-        return GateResult(
-            DIVERGENCE,
-            unknown,
-            Reason.DIVERGENCE_UNKNOWN,
-            "divergence pass contradicts its buckets",
-        )
+        return unknown("divergence pass contradicts its buckets")
     if verdict == "flag":
         message = _flag_message(gate, block.first_flagged) or (
             "token divergence above the A/A floor in position buckets "
             f"{list(block.flagged_buckets)!r}"
         )
-        return GateResult(DIVERGENCE, bad, Reason.DIVERGENCE_FLAGGED, message)
-    return GateResult(
-        DIVERGENCE,
-        unknown,
-        Reason.DIVERGENCE_UNKNOWN,
-        f"divergence screen: {block.error or f'verdict {verdict!r}'}",
-    )
+        return result(bad, Reason.DIVERGENCE_FLAGGED, message)
+    return unknown(f"divergence screen: {block.error or f'verdict {verdict!r}'}")

@@ -34,25 +34,19 @@ def read_approval(
     if by and record.created_by and by == record.created_by:
         return None, by, f"approval by {by} ignored: {by} created this rollout"
     if require_identity and not (by and record.created_by and record.approved_generation):
-        return (
-            None,
-            by,
-            (
-                "approval ignored: it carries no approver or author recorded by the apiserver "
-                "(kvgate.io/approved-by, kvgate.io/created-by); re-approve with the approval "
-                "policy installed"
-            ),
+        why = (
+            "approval ignored: it carries no approver or author recorded by the apiserver "
+            "(kvgate.io/approved-by, kvgate.io/created-by); re-approve with the approval "
+            "policy installed"
         )
+        return None, by, why
     given = record.approved_generation
     if given is not None and given != str(generation):
-        return (
-            None,
-            by,
-            (
-                f"approval ignored: it was given for generation {given}, the spec is now "
-                f"generation {generation}; approve again"
-            ),
+        why = (
+            f"approval ignored: it was given for generation {given}, the spec is now "
+            f"generation {generation}; approve again"
         )
+        return None, by, why
     return record.approve, by, ""
 
 

@@ -56,8 +56,7 @@ class Crash:
 
     @property
     def message(self) -> str:
-        """`status.message` and the Event: "<arm> crashed: <cause>; remedy[ for E V]: <what>;
-        <where>; log: <the engine's line>"."""
+        """`status.message` and the Event (`read` parses it back)."""
         out = self.headline
         if self.remedy:
             label = f"remedy for {self.remedy_for}" if self.remedy_for else "remedy"
@@ -82,9 +81,7 @@ def classify(scan: ScanRecord | None, detail: str) -> tuple[str, str | None, str
     """(cause, the engine's line, the log rule's hint) of a crashed arm's log scan.
 
     A known signature leads with what it means (`CAUSES`); anything else says how the pod
-    ended and that kvgate does not know why, and the line (the error, else the log's last
-    line) follows.
-    """
+    ended and that kvgate does not know why."""
     finding = root_cause(scan)
     code = str(finding.code) if finding is not None else None
     if finding is not None and code in CAUSES:
@@ -93,14 +90,12 @@ def classify(scan: ScanRecord | None, detail: str) -> tuple[str, str | None, str
     if finding is not None:
         return ended, _cut(finding.text or code), finding.hint or None
     tail = scan.tail if scan is not None else ()
-    if tail:
-        return ended, _cut(tail[-1]), None
-    return ended, None, None
+    return ended, _cut(tail[-1]) if tail else None, None
 
 
 def where(arm: str, args: Sequence[str], env: Mapping[str, str], *, offer_auto: bool) -> str | None:
     """Which spec fields take a candidate's remedy (None for the control: its config is
-    production's). Without args or env, only the fields are named."""
+    production's)."""
     if arm != "candidate":
         return None
     out = []
@@ -126,10 +121,8 @@ def describe(
 ) -> Crash:
     """A crashed arm, from its log scan and its pod's end (`detail`).
 
-    `fix` is the engine version's known remedy (a candidate only); without it the log rule's
-    hint is the remedy. `auto`: the rollout asked kvgate to apply remedies itself (so a refused
-    or already applied one is said so); `already_applied`: this candidate carried it.
-    """
+    `fix` is the engine version's known remedy (a candidate only), else the log rule's hint.
+    `auto`: kvgate applies remedies itself, so a refused or already applied one is said so."""
     cause, raw, hint = classify(scan, detail)
     note = ""
     if fix is not None and auto and fix.refused:

@@ -17,9 +17,10 @@ bucket its divergence exceeds the floor by a configured factor.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Final
 
@@ -128,15 +129,6 @@ def bucket_edges(max_position: int, first: int = DEFAULT_FIRST_EDGE) -> list[int
     return edges
 
 
-@dataclass(slots=True)
-class _Accumulator:
-    positions: int = 0
-    agree: int = 0
-    kl_sum: float = 0.0
-    kl_max: float = 0.0
-    kls: list[float] | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class BucketStats:
     """One comparison (A/A or candidate) in one position bucket [low, high)."""
@@ -154,13 +146,7 @@ class BucketStats:
         return None if self.top1_agreement is None else 1.0 - self.top1_agreement
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "positions": self.positions,
-            "top1_agreement": self.top1_agreement,
-            "mean_kl": self.mean_kl,
-            "p99_kl": self.p99_kl,
-            "max_kl": self.max_kl,
-        }
+        return {k: v for k, v in asdict(self).items() if k not in ("low", "high")}
 
 
 def compare(
@@ -171,7 +157,8 @@ def compare(
     """Per bucket of position: top-1 agreement and KL(reference || other), over all documents."""
     if len(reference) != len(other):
         raise EvalError(f"{len(reference)} reference documents against {len(other)}")
-    accs = [_Accumulator(kls=[]) for _ in range(len(edges) - 1)]
+    agree = [0] * (len(edges) - 1)
+    kls: list[list[float]] = [[] for _ in range(len(edges) - 1)]
     for doc, (ref, oth) in enumerate(zip(reference, other, strict=True)):
         if ref.tokens != oth.tokens:
             raise EvalError(
@@ -181,40 +168,27 @@ def compare(
         for position, (p, q) in enumerate(zip(ref.top, oth.top, strict=True)):
             if p is None or q is None:
                 continue
-            b = _bucket_of(position, edges)
-            if b is None:
+            b = bisect.bisect_right(edges, position) - 1  # edges increase (`bucket_edges`)
+            if not 0 <= b < len(edges) - 1:
                 continue
-            kl = topk_kl(p, q)
-            acc = accs[b]
-            acc.positions += 1
-            acc.agree += top1(p) == top1(q)
-            acc.kl_sum += kl
-            acc.kl_max = max(acc.kl_max, kl)
-            assert acc.kls is not None
-            acc.kls.append(kl)
+            kls[b].append(topk_kl(p, q))  # first: it refuses a position with no log-probs
+            agree[b] += top1(p) == top1(q)
     out = []
-    for b, acc in enumerate(accs):
-        n = acc.positions
-        kls = sorted(acc.kls or [])
+    for b, found in enumerate(kls):
+        n = len(found)
+        ranked = sorted(found)
         out.append(
             BucketStats(
                 low=edges[b],
                 high=edges[b + 1],
                 positions=n,
-                top1_agreement=acc.agree / n if n else None,
-                mean_kl=acc.kl_sum / n if n else None,
-                p99_kl=kls[min(n - 1, math.ceil(0.99 * n) - 1)] if n else None,
-                max_kl=acc.kl_max if n else None,
+                top1_agreement=agree[b] / n if n else None,
+                mean_kl=sum(found) / n if n else None,
+                p99_kl=ranked[min(n - 1, math.ceil(0.99 * n) - 1)] if n else None,
+                max_kl=max(found) if n else None,  # each KL is >= 0
             )
         )
     return out
-
-
-def _bucket_of(position: int, edges: Sequence[int]) -> int | None:
-    for b in range(len(edges) - 1):
-        if edges[b] <= position < edges[b + 1]:
-            return b
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +206,7 @@ class ScreenSettings:
                 raise SpecError("--" + name.replace("_", "-"), f"{value} must be positive")
 
     def to_dict(self) -> dict[str, float]:
-        return {
-            "factor": self.factor,
-            "min_kl": self.min_kl,
-            "min_disagreement": self.min_disagreement,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ missing evidence is ERROR or PENDING and never promotes (fail closed). Nothing h
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Final
 
 from kvgate.engines import kvformats
@@ -58,35 +59,21 @@ KV_SCALE_DROPPED: Final = "kv-scale-dropped"  # logs.py: SGLang's loader skipped
 
 def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
     """Is the KV pool the limit? Room plus `require` means the change is not needed."""
+    result = partial(GateResult, POOL)
+    require = gate.mode is GateMode.REQUIRE
     if gate.mode is GateMode.OFF:
-        return GateResult(
-            POOL, Outcome.SKIPPED, Reason.GATE_OFF, "pool pressure not checked (mode off)"
-        )
+        return result(Outcome.SKIPPED, Reason.GATE_OFF, "pool pressure not checked (mode off)")
     if pressured is True:
-        return GateResult(
-            POOL, Outcome.SUCCESSFUL, Reason.POOL_PRESSURED, f"KV pool is the limit: {detail}"
-        )
+        return result(Outcome.SUCCESSFUL, Reason.POOL_PRESSURED, f"KV pool is the limit: {detail}")
+    if pressured is False and require:
+        room = f"KV pool has room: {detail}; an FP8 KV cache buys nothing here"
+        return result(Outcome.NOT_NEEDED, Reason.POOL_HAS_ROOM, room)
     if pressured is False:
-        if gate.mode is GateMode.REQUIRE:
-            return GateResult(
-                POOL,
-                Outcome.NOT_NEEDED,
-                Reason.POOL_HAS_ROOM,
-                f"KV pool has room: {detail}; an FP8 KV cache buys nothing here",
-            )
-        return GateResult(
-            POOL, Outcome.WARNING, Reason.POOL_HAS_ROOM, f"KV pool has room: {detail}"
-        )
-    if gate.mode is GateMode.REQUIRE:
-        return GateResult(
-            POOL,
-            Outcome.ERROR,
-            Reason.POOL_PRESSURE_UNKNOWN,
-            f"could not tell whether the KV pool is the limit: {detail}",
-        )
-    return GateResult(
-        POOL, Outcome.WARNING, Reason.POOL_PRESSURE_UNKNOWN, f"pool pressure unknown: {detail}"
-    )
+        return result(Outcome.WARNING, Reason.POOL_HAS_ROOM, f"KV pool has room: {detail}")
+    if require:
+        unknown = f"could not tell whether the KV pool is the limit: {detail}"
+        return result(Outcome.ERROR, Reason.POOL_PRESSURE_UNKNOWN, unknown)
+    return result(Outcome.WARNING, Reason.POOL_PRESSURE_UNKNOWN, f"pool pressure unknown: {detail}")
 
 
 def scale_warnings(scan: ScanRecord | None, code: str = KV_SCALE_DEFAULT) -> list[str]:
@@ -106,15 +93,11 @@ def assess_scales(
 ) -> GateResult:
     """KV scales: from the checkpoint scan and the candidate's startup log.
 
-    A checkpoint with scales whose candidate still warns means the loader dropped them: that is
-    ScalesDropped, a separate and louder finding than ScalesMissing. Scales that cannot scale
-    (zero, negative, NaN, infinite: the checkpoint's values) fail it in any mode but off when
-    the candidate's format reads them.
+    A checkpoint with scales whose candidate still warns means the loader dropped them
+    (ScalesDropped, louder than ScalesMissing). Scales that cannot scale (zero, negative, NaN,
+    infinite) fail it in any mode but off when the candidate's format reads them.
     """
-
-    def result(outcome: Outcome, reason: Reason, message: str) -> GateResult:
-        return GateResult(SCALES, outcome, reason, message)
-
+    result = partial(GateResult, SCALES)
     if gate.mode is GateMode.OFF:
         return result(Outcome.SKIPPED, Reason.GATE_OFF, "KV scales not checked (mode off)")
     if kvformats.computes_scales(kv_cache_dtype):  # nothing of the checkpoint's is read
@@ -172,36 +155,29 @@ def assess_backend(
     gate: BackendGate, control_scan: ScanRecord | None, candidate_scan: ScanRecord | None
 ) -> GateResult:
     """The candidate's attention backend: allowed, and whether it changed from the control's."""
+    result = partial(GateResult, BACKEND)
     if control_scan is None or candidate_scan is None:
-        return GateResult(
-            BACKEND, Outcome.PENDING, Reason.BACKEND_UNKNOWN, "waiting for both startup logs"
-        )
+        return result(Outcome.PENDING, Reason.BACKEND_UNKNOWN, "waiting for both startup logs")
     control = control_scan.attention_backend or None
     candidate = candidate_scan.attention_backend or None
     if candidate is None:
-        return GateResult(
-            BACKEND,
+        return result(
             Outcome.WARNING if not gate.allowed else Outcome.ERROR,
             Reason.BACKEND_UNKNOWN,
             "the candidate's startup log names no attention backend",
         )
     if gate.allowed and candidate not in gate.allowed:
-        return GateResult(
-            BACKEND,
-            Outcome.FAILED,
-            Reason.BACKEND_NOT_ALLOWED,
-            f"candidate uses {candidate}, not one of {', '.join(gate.allowed)}",
-        )
+        allowed = ", ".join(gate.allowed)
+        message = f"candidate uses {candidate}, not one of {allowed}"
+        return result(Outcome.FAILED, Reason.BACKEND_NOT_ALLOWED, message)
     if control is not None and control != candidate:
         message = (
             f"attention backend changed from {control} to {candidate}: "
             "two things changed at once (KV dtype and kernel)"
         )
         outcome = Outcome.WARNING if gate.allow_fallback else Outcome.FAILED
-        return GateResult(BACKEND, outcome, Reason.BACKEND_CHANGED, message)
-    return GateResult(
-        BACKEND, Outcome.SUCCESSFUL, Reason.BACKEND_UNCHANGED, f"both arms use {candidate}"
-    )
+        return result(outcome, Reason.BACKEND_CHANGED, message)
+    return result(Outcome.SUCCESSFUL, Reason.BACKEND_UNCHANGED, f"both arms use {candidate}")
 
 
 def truth_facts(truth: CacheTruth | None) -> tuple[str | None, int | None]:
@@ -226,44 +202,31 @@ def assess_arms_dtype(
 ) -> GateResult:
     """Both arms Ready, and each runs the KV dtype it should: else the comparison is void.
 
-    The candidate's dtype comes from its startup log, else from its engine's own metrics or
-    server info; when neither names it, kvgate cannot tell the candidate runs FP8 and does not
-    assume it (Inconclusive, which blocks promotion).
+    The candidate's dtype comes from its startup log, else its metrics or server info; when
+    neither names it, kvgate does not assume FP8 (Inconclusive, which blocks promotion).
     """
+    result = partial(GateResult, CANARY)
     control = control_scan.kv_cache_dtype or None
     candidate = candidate_scan.kv_cache_dtype or None
     source = "log"
     if not candidate:
         candidate, source = truth_facts(candidate_truth)[0], "/metrics"
     if not candidate:
-        return GateResult(
-            CANARY,
+        return result(
             Outcome.INCONCLUSIVE,
             Reason.CANDIDATE_DTYPE_UNREAD,
             "neither the candidate's startup log nor its /metrics (cache_config_info) or server "
             f"info name its KV cache dtype in a form kvgate reads: it cannot be shown to run {wanted}",
         )
     if kv_dtype_family(candidate) != kv_dtype_family(wanted):
-        return GateResult(
-            CANARY,
-            Outcome.ERROR,
-            Reason.CANDIDATE_DTYPE_MISMATCH,
-            f"the candidate's {source} shows KV cache dtype {candidate}, not {wanted}",
-        )
+        message = f"the candidate's {source} shows KV cache dtype {candidate}, not {wanted}"
+        return result(Outcome.ERROR, Reason.CANDIDATE_DTYPE_MISMATCH, message)
     if control is not None and kv_dtype_family(control) == kv_dtype_family(wanted):
-        return GateResult(
-            CANARY,
-            Outcome.ERROR,
-            Reason.CONTROL_DTYPE_MISMATCH,
-            f"the control already runs KV cache dtype {control}: nothing to compare",
-        )
+        message = f"the control already runs KV cache dtype {control}: nothing to compare"
+        return result(Outcome.ERROR, Reason.CONTROL_DTYPE_MISMATCH, message)
     via = "" if source == "log" else " (read from its /metrics: its log does not say)"
-    return GateResult(
-        CANARY,
-        Outcome.SUCCESSFUL,
-        Reason.CANARY_HEALTHY,
-        f"both arms Ready; candidate runs {candidate}{via}",
-    )
+    message = f"both arms Ready; candidate runs {candidate}{via}"
+    return result(Outcome.SUCCESSFUL, Reason.CANARY_HEALTHY, message)
 
 
 def assess_engine_truth(
@@ -271,12 +234,10 @@ def assess_engine_truth(
 ) -> GateResult:
     """Each arm's startup log against its own /metrics (`metrics.cache_truth`); fail closed.
 
-    `scans` and `truths` are keyed by arm. SGLang's /metrics carry no KV dtype: its dtype is
-    checked against its server info's `kv_cache_dtype` (`serverInfo` in the truth) instead.
-    Any disagreement (KV dtype, KV tokens, GPU blocks)
-    is an ERROR naming the arm and both values: the pod does not run what one source claims,
-    so neither arm's evidence can be trusted. A candidate whose metrics give neither dtype
-    nor capacity (an engine that exports no cache info) is a WARNING: the log stands alone.
+    SGLang's /metrics carry no KV dtype: its server info's `kv_cache_dtype` is checked instead.
+    Any disagreement is an ERROR naming the arm and both values: the pod does not run what one
+    source claims, so neither arm's evidence can be trusted. A candidate whose metrics give
+    neither dtype nor capacity is a WARNING: the log stands alone.
     """
     from kvgate.evidence import crosscheck, metrics
 
@@ -304,40 +265,30 @@ def assess_engine_truth(
             what.append("KV tokens (server info)")
         if scan.kv_tokens and snapshot.kv_capacity_tokens:
             what.append("KV tokens")
+    result = partial(GateResult, ENGINE_TRUTH)
     if problems:
-        return GateResult(
-            ENGINE_TRUTH,
-            Outcome.ERROR,
-            Reason.LOG_METRICS_DISAGREE,
-            "startup log and /metrics disagree: " + "; ".join(problems),
-        )
+        disagree = "startup log and /metrics disagree: " + "; ".join(problems)
+        return result(Outcome.ERROR, Reason.LOG_METRICS_DISAGREE, disagree)
     detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
     arm = "candidate"
     log_says = read[arm]
-    if (
-        not compared[arm]
-        and not (log_says.kv_cache_dtype or log_says.kv_tokens)
-        and any(truth_facts(truths.get(arm)))
-    ):
-        return GateResult(
-            ENGINE_TRUTH,
-            Outcome.WARNING,
-            Reason.LOG_SILENT,
-            "the candidate's startup log names no KV dtype or KV tokens in a form kvgate reads: "
-            "its own /metrics are the only source",
-        )
     if not compared[arm]:
-        return GateResult(
-            ENGINE_TRUTH,
+        if not (log_says.kv_cache_dtype or log_says.kv_tokens) and any(
+            truth_facts(truths.get(arm))
+        ):
+            return result(
+                Outcome.WARNING,
+                Reason.LOG_SILENT,
+                "the candidate's startup log names no KV dtype or KV tokens in a form kvgate "
+                "reads: its own /metrics are the only source",
+            )
+        return result(
             Outcome.WARNING,
             Reason.METRICS_SILENT,
             "the candidate's /metrics give no KV dtype or capacity to check its log against",
         )
-    return GateResult(
-        ENGINE_TRUTH,
-        Outcome.SUCCESSFUL,
-        Reason.LOG_METRICS_AGREE,
-        f"log and /metrics agree ({detail})",
+    return result(
+        Outcome.SUCCESSFUL, Reason.LOG_METRICS_AGREE, f"log and /metrics agree ({detail})"
     )
 
 
@@ -351,24 +302,17 @@ def assess_capacity_gain(
     gate: CapacityGainGate, control_tokens: int | None, candidate_tokens: int | None
 ) -> GateResult:
     """Candidate KV tokens over control KV tokens against the minimum ratio."""
+    result = partial(GateResult, CAPACITY_GAIN)
     if control_tokens is None or candidate_tokens is None:
         missing = "control" if control_tokens is None else "candidate"
-        return GateResult(
-            CAPACITY_GAIN,
-            Outcome.ERROR,
-            Reason.CAPACITY_UNKNOWN,
-            f"neither the {missing} startup log nor its /metrics give a KV cache size",
-        )
+        message = f"neither the {missing} startup log nor its /metrics give a KV cache size"
+        return result(Outcome.ERROR, Reason.CAPACITY_UNKNOWN, message)
     ratio = candidate_tokens / control_tokens
     detail = f"{candidate_tokens:,} / {control_tokens:,} KV tokens = {ratio:.2f}x"
     if ratio < gate.min_ratio:
-        return GateResult(
-            CAPACITY_GAIN,
-            Outcome.FAILED,
-            Reason.CAPACITY_NOT_GAINED,
-            f"{detail}, below the minimum {gate.min_ratio:g}x",
-        )
-    return GateResult(CAPACITY_GAIN, Outcome.SUCCESSFUL, Reason.CAPACITY_GAINED, detail)
+        below = f"{detail}, below the minimum {gate.min_ratio:g}x"
+        return result(Outcome.FAILED, Reason.CAPACITY_NOT_GAINED, below)
+    return result(Outcome.SUCCESSFUL, Reason.CAPACITY_GAINED, detail)
 
 
 def mean_between(before: HistogramTotals | None, after: HistogramTotals | None) -> float | None:
@@ -389,9 +333,8 @@ _CLOCK_NAMES: Final = (("sm", "SM"), ("mem", "memory"))
 def compare_clocks(control: ClockRecord, candidate: ClockRecord, tolerance: float) -> str | None:
     """Why the two arms' speeds cannot be compared (None: same clocks within `tolerance`).
 
-    Each clock both arms report is compared by its window mean, and each arm's own range
-    must stay within the tolerance too (a clock that throttled mid-window is not one clock).
-    """
+    Window means are compared, and each arm's own range must stay within the tolerance too (a
+    clock that throttled mid-window is not one clock)."""
     problems: list[str] = []
     for key, label in _CLOCK_NAMES:
         a, b = getattr(control, key), getattr(candidate, key)
@@ -421,23 +364,19 @@ def assess_speed(
 ) -> GateResult:
     """Candidate TPOT against control TPOT under the same load, at the same GPU clocks.
 
-    Clocks that differ make the comparison worthless either way: no speed claim, and the
-    gate (asked for, so required) is Inconclusive. Unknown clocks (no DCGM in Prometheus)
-    leave the claim standing and say so.
-    """
+    Clocks that differ void the comparison (Inconclusive); unknown clocks (no DCGM in
+    Prometheus) leave the claim standing and say so."""
+    result = partial(GateResult, SPEED)
     if gate is None:
-        return GateResult(SPEED, Outcome.SKIPPED, Reason.GATE_OFF, "speed not checked")
+        return result(Outcome.SKIPPED, Reason.GATE_OFF, "speed not checked")
     if not control_tpot_s or candidate_tpot_s is None:
-        return GateResult(
-            SPEED, Outcome.ERROR, Reason.SPEED_UNKNOWN, "no TPOT from the engines' metrics"
-        )
+        return result(Outcome.ERROR, Reason.SPEED_UNKNOWN, "no TPOT from the engines' metrics")
     regression = candidate_tpot_s / control_tpot_s - 1.0
     tpots = f"TPOT {candidate_tpot_s * 1000:.1f} ms vs {control_tpot_s * 1000:.1f} ms"
     if clocks is not None and clocks.known and clocks.control and clocks.candidate:
         mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
         if mismatch is not None:
-            return GateResult(
-                SPEED,
+            return result(
                 Outcome.INCONCLUSIVE,
                 Reason.CLOCKS_DIFFER,
                 f"no speed claim: the arms ran at different GPU clocks: {mismatch}; "
@@ -451,8 +390,8 @@ def assess_speed(
         where = ""
     detail = f"{tpots} ({regression:+.0%}, limit +{gate.max_tpot_regression:.0%}){where}"
     if regression > gate.max_tpot_regression:
-        return GateResult(SPEED, Outcome.FAILED, Reason.SPEED_REGRESSED, detail)
-    return GateResult(SPEED, Outcome.SUCCESSFUL, Reason.SPEED_WITHIN_LIMIT, detail)
+        return result(Outcome.FAILED, Reason.SPEED_REGRESSED, detail)
+    return result(Outcome.SUCCESSFUL, Reason.SPEED_WITHIN_LIMIT, detail)
 
 
 def crash_summary(scan: ScanRecord | None, fallback: str) -> tuple[str, str | None]:

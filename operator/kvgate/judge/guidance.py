@@ -14,11 +14,10 @@ from kvgate.spec.rollout import RolloutSpec
 def for_rollout(
     spec: RolloutSpec, engine: str | None, checkpoint: CheckpointRecord
 ) -> tuple[GuidanceRecord, ...]:
-    """vLLM's FP8-study cautions that apply, from the checkpoint's config (head_dim,
-    sliding-window layers) and the spec (a TTFT objective, the skip list). None without the
-    config. The study is vLLM's: the sliding-window note names a vLLM flag, so an SGLang
-    rollout (no --kv-cache-dtype-skip-layers) gets the other notes only. No typical context:
-    the spec states none (the CLI's `kvgate preflight --typical-context` takes one)."""
+    """vLLM's FP8-study cautions that apply, from the checkpoint's config and the spec (none
+    without the config). The sliding-window note names a vLLM flag, so an SGLang rollout (no
+    --kv-cache-dtype-skip-layers) gets the other notes only. No typical context: the spec
+    states none (the CLI's `kvgate preflight --typical-context` takes one)."""
     if checkpoint.head_dim is None:
         return ()
     gain = spec.capacity_gain.throughput_gain

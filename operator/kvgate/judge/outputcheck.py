@@ -1,7 +1,7 @@
 """Can the candidate be called faster? What its output held and whether it kept its prefix cache.
 
-The throughput gate (`kvgate.judge.throughput`) asks this before any tok/s: a candidate refused here
-is Failed with its own reason, whatever it measured.
+The throughput gate asks this before any tok/s: a candidate refused here is Failed with its own
+reason, whatever it measured.
 - OutputDegenerate: its responses are not the length asked (usage against max_tokens, or more
   streamed pieces than the usage counts), or it repeats the piece before it in a share of its
   output more than `REPEAT_EXCESS` above the control's (an FP8 KV bug that emitted every second
@@ -29,10 +29,6 @@ REPEAT_EXCESS: Final = 0.10  # share of output pieces repeating the one before, 
 PREFIX_FLOOR: Final = 0.5  # the candidate's probe hit rate at least this share of the control's
 
 
-def _pct(share: float) -> str:
-    return f"{share:.0%}"
-
-
 def output_problem(control: OutputFigures | None, candidate: OutputFigures | None) -> str | None:
     """Why the candidate's output is degenerate (None: it is not, or it was not read)."""
     if candidate is None or not candidate.requests:
@@ -46,9 +42,9 @@ def output_problem(control: OutputFigures | None, candidate: OutputFigures | Non
     mine = candidate.repeated_share
     theirs = control.repeated_share if control is not None else None
     if mine is not None and mine - (theirs or 0.0) > REPEAT_EXCESS:
-        versus = f", the control {_pct(theirs)}" if theirs is not None else ""
+        versus = f", the control {theirs:.0%}" if theirs is not None else ""
         return (
-            f"the candidate repeats the token before it in {_pct(mine)} of its output "
+            f"the candidate repeats the token before it in {mine:.0%} of its output "
             f"({candidate.repeated:,} of {candidate.pieces:,} pieces){versus}{example}"
         )
     return None
@@ -56,7 +52,7 @@ def output_problem(control: OutputFigures | None, candidate: OutputFigures | Non
 
 def prefix_problem(control: PrefixProbe | None, candidate: PrefixProbe | None) -> str | None:
     """Why the candidate's prefix caching is off where the control's is on (None: it is not, or
-    either arm's probe gave nothing to compare)."""
+    nothing to compare)."""
     if control is None or candidate is None or control.error or candidate.error:
         return None
     if control.enabled is True and candidate.enabled is False:
@@ -73,8 +69,8 @@ def prefix_problem(control: PrefixProbe | None, candidate: PrefixProbe | None) -
         return None
     if mine < theirs * PREFIX_FLOOR:
         return (
-            f"the candidate's prefix cache hit {_pct(mine)} of the probe's prompt tokens, the "
-            f"control's {_pct(theirs)}: prefix caching is off on the candidate"
+            f"the candidate's prefix cache hit {mine:.0%} of the probe's prompt tokens, the "
+            f"control's {theirs:.0%}: prefix caching is off on the candidate"
         )
     return None
 

@@ -11,11 +11,8 @@ from kvgate.records.status import ScanRecord
 
 @dataclass(frozen=True, slots=True)
 class Remedy:
-    """The documented remedy for a candidate's crash signature, valid for its engine version.
-
-    From `kvgate.engines.versions.remedy_for`; `refused` says why the operator's allowlist does
-    not let kvgate apply it (empty: allowed).
-    """
+    """The documented remedy for a candidate's crash signature, valid for its engine version;
+    `refused` says why the operator's allowlist does not let kvgate apply it (empty: allowed)."""
 
     code: str  # the finding it answers: attention-build-failed or fp8-unsupported
     engine: str
@@ -48,9 +45,8 @@ def find_remedy(
 ) -> Remedy | None:
     """The remedy for the first remediable error finding of a crashed candidate's scan.
 
-    The version is the one the engine logged (what it runs), else the image tag's; without
-    either there is none (the flag or variable that picks a backend depends on the version).
-    `allowlist` (a `kvgate.spec.allowed.Allowlist`) decides whether kvgate may apply it.
+    The version is the one the engine logged, else the image tag's; without either there is
+    none (the flag or variable that picks a backend depends on the version).
     """
     from kvgate.engines import versions as engine_versions
     from kvgate.spec import allowed as policy

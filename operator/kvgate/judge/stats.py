@@ -15,17 +15,17 @@ import functools
 import itertools
 import math
 import numbers
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from kvgate.errors import SpecError
 from kvgate.spec.margins import DEFAULT_MARGIN_PP
 
-# numpy and scipy (about 1-3 s to import, most of a short command's time) are imported in the
-# functions that use them: planning a fixed-n gate and the paired counts need neither, so
-# `kvgate eval` can refuse a run (no GSM8K, say) before paying for them.
+# numpy and scipy (about 1-3 s to import) are imported in the functions that use them: planning a
+# fixed-n gate and the paired counts need neither, so `kvgate eval` can refuse a run early.
 if TYPE_CHECKING:
     import numpy as np
 
@@ -105,12 +105,7 @@ class ArmResult:
         return cls(correct=correct, n=n, accuracy=correct / n, wilson95=low_high)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "correct": self.correct,
-            "n": self.n,
-            "accuracy": self.accuracy,
-            "wilson95": [self.wilson95[0], self.wilson95[1]],
-        }
+        return {**asdict(self), "wilson95": list(self.wilson95)}
 
 
 # --------------------------------------------------------------------------- paired counts
@@ -132,25 +127,11 @@ class PairedCounts:
     @classmethod
     def from_outcomes(cls, outcomes: Iterable[tuple[bool, bool]]) -> PairedCounts:
         """Count (control_right, candidate_right) pairs."""
-        a = b = c = d = 0
-        for control_right, candidate_right in outcomes:
-            if control_right and candidate_right:
-                a += 1
-            elif control_right:
-                b += 1
-            elif candidate_right:
-                c += 1
-            else:
-                d += 1
-        return cls(a, b, c, d)
+        seen = Counter((bool(control), bool(candidate)) for control, candidate in outcomes)
+        return cls(seen[True, True], seen[True, False], seen[False, True], seen[False, False])
 
     def __add__(self, other: PairedCounts) -> PairedCounts:
-        return PairedCounts(
-            self.both + other.both,
-            self.control_only + other.control_only,
-            self.candidate_only + other.candidate_only,
-            self.neither + other.neither,
-        )
+        return PairedCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     @property
     def n(self) -> int:

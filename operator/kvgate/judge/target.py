@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
@@ -53,12 +53,7 @@ class Finding:
         return f"{self.severity}: {self.where}: {self.problem}{fix}"
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "severity": str(self.severity),
-            "where": self.where,
-            "problem": self.problem,
-            "fix": self.fix,
-        }
+        return {**asdict(self), "severity": str(self.severity)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +112,8 @@ def check(
 ) -> TargetCheck:
     """Check `deployment` (an API-shaped dict) as a rollout target.
 
-    `container` is spec.targetRef.container (None: the first). `services` are the namespace's
-    Services (None: not known); `claims` the PersistentVolumeClaims by name (None: not known,
-    and a claim missing from it is unknown too). Unknown objects are not checked.
+    `container`: spec.targetRef.container (None: the first). `services` and `claims` (the
+    PersistentVolumeClaims by name): None when not known; unknown objects are not checked.
     """
     name = str(_map(deployment.get("metadata")).get("name") or "?")
     spec = _map(deployment.get("spec"))
@@ -156,9 +150,8 @@ def check(
         found.error(
             where,
             f"engine not readable: {exc}",
-            "run `vllm serve MODEL ...` or "
-            "`python -m sglang.launch_server ...` in command/args (or the "
-            "vllm/vllm-openai image with flags in args)",
+            "run `vllm serve MODEL ...` or `python -m sglang.launch_server ...` in command/args "
+            "(or the vllm/vllm-openai image with flags in args)",
         )
     if info is not None:
         _engine(found, where, info)
@@ -225,9 +218,8 @@ def _model(found: _Found, where: str, info: EngineInfo) -> None:
             + ": the operator reads a local checkpoint only under its own model mounts "
             "(KVGATE_MODEL_DIRS), "
             "else the KV-scale gate says ScalesUnknown",
-            "set the rollout's spec.model.name to the hub repo id the files came "
-            "from, or mount them into the operator and set KVGATE_MODEL_DIRS with the "
-            "chart's extraEnv",
+            "set the rollout's spec.model.name to the hub repo id the files came from, or mount "
+            "them into the operator and set KVGATE_MODEL_DIRS with the chart's extraEnv",
         )
 
 
@@ -240,9 +232,8 @@ def _probes(found: _Found, where: str, c: Mapping[str, Any], info: EngineInfo | 
     if not ready and not startup:
         found.error(
             where,
-            "no readinessProbe: a canary counts as Ready when its container "
-            "starts, and kvgate reads its startup log then, before the engine "
-            "has said its KV dtype",
+            "no readinessProbe: a canary counts as Ready when its container starts, and kvgate "
+            "reads its startup log then, before the engine has said its KV dtype",
             f"add readinessProbe: {{httpGet: {{path: {health}, port: {port}}}}}",
         )
     if live and not startup:
@@ -309,8 +300,7 @@ def _placement(found: _Found, name: str, pod: Mapping[str, Any]) -> None:
                 found.warning(
                     f"container {_map(c).get('name')}",
                     f"hostPort {p['hostPort']}: "
-                    "production and the two canaries need three nodes with that "
-                    "port free",
+                    "production and the two canaries need three nodes with that port free",
                     "drop hostPort; reach the engine through a Service",
                 )
 
@@ -359,9 +349,8 @@ def _volumes(
         elif "ReadWriteOnce" in modes:
             found.warning(
                 where,
-                "ReadWriteOnce: the canaries can only run on the node that "
-                "mounts it, so that node needs the canaries' GPUs free beside "
-                "production",
+                "ReadWriteOnce: the canaries can only run on the node that mounts it, so that node "
+                "needs the canaries' GPUs free beside production",
                 "use a ReadOnlyMany or ReadWriteMany claim for the model",
             )
 
@@ -370,9 +359,8 @@ def _selector(found: _Found, name: str, spec: Mapping[str, Any]) -> None:
     if not _map(_map(spec.get("selector")).get("matchLabels")):
         found.warning(
             f"Deployment {name}",
-            "spec.selector has no matchLabels: kvgate finds "
-            "production's pods by them, so Preflight samples none and the pool's "
-            "pressure stays unknown",
+            "spec.selector has no matchLabels: kvgate finds production's pods by them, so "
+            "Preflight samples none and the pool's pressure stays unknown",
             "select the pods with matchLabels",
         )
 
@@ -391,8 +379,7 @@ def _services(
             found.error(
                 f"Service {sname}",
                 f"selects {_labels(selector)}, which kvgate's "
-                "canaries carry: production traffic would reach them and skew "
-                "every measurement",
+                "canaries carry: production traffic would reach them and skew every measurement",
                 f"select production's own pod labels ({_labels(labels) or 'none set'})",
             )
 
@@ -407,8 +394,7 @@ def _sim_label(found: _Found, where: str, c: Mapping[str, Any], labels: Mapping[
             found.warning(
                 where,
                 f"{_SIM_LABEL_ENV} reads label {match.group(1)}, which the "
-                "pod template does not carry: the simulated production gets no "
-                "traffic",
+                "pod template does not carry: the simulated production gets no traffic",
                 "name a label the pods carry and the Service selects",
             )
 
@@ -426,9 +412,8 @@ def _needs(
         )
     if gpus:
         out.append(
-            f"GPUs: each canary takes {gpus} {kubeobjects.GPU_RESOURCE}, so a rollout "
-            f"needs {2 * gpus} free from Canary until the verdict, beside production's "
-            f"{replicas * gpus}"
+            f"GPUs: each canary takes {gpus} {kubeobjects.GPU_RESOURCE}, so a rollout needs "
+            f"{2 * gpus} free from Canary until the verdict, beside production's {replicas * gpus}"
         )
     out.append(f"chart: watch.namespaces includes {ns} (or watch.allNamespaces=true)")
     out.append(
@@ -444,8 +429,7 @@ def _needs(
     if secret:
         out.append(
             f"chart: hubTokenSecrets.enabled=true for a gated model, with Secret {secret} "
-            "labelled kvgate.io/hub-token=true and named in the rollout's "
-            "spec.model.tokenSecretRef"
+            "labelled kvgate.io/hub-token=true and named in the rollout's spec.model.tokenSecretRef"
         )
     return tuple(out)
 

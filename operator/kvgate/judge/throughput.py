@@ -1,17 +1,16 @@
 """What does FP8 buy, measured? The throughput gate, from the load Job's summary.
 
-The gate reads both arms' stages (`kvgate.records.loadresult`) at production's concurrency: an arm
-*serves* a stage when the stage was measured (no failures, no cut-off streams, every planned
-request) and met the spec's SLOs. Then:
+The gate reads both arms' stages at production's concurrency: an arm *serves* a stage when the
+stage was measured (no failures, no cut-off streams, every planned request) and met the SLOs.
 - both serve: the gain is candidate / control output tok/s there; at least `minRatio` is a gain,
   less is NotNeeded (production's load is not where the KV cache limits);
-- only the candidate serves: the capacity case (the control runs out of KV cache and fails
-  while the candidate serves): a gain, quoted against the control's best stage;
-- the candidate does not serve it: Failed, with what the stage measured;
+- only the candidate serves: the capacity case (the control runs out of KV cache): a gain,
+  quoted against the control's best stage;
+- the candidate does not serve it: Failed;
 - arms at different GPU clocks: no throughput claim (Inconclusive), as for the speed gate;
 - before any of these, a candidate whose output is degenerate or whose prefix caching is off
-  where the control's is on is Failed (OutputDegenerate, PrefixCacheOff: `kvgate.judge.outputcheck`).
-Pure: data in, a `ThroughputFinding` out.
+  where the control's is on is Failed (`kvgate.judge.outputcheck`).
+Pure.
 """
 
 from __future__ import annotations
@@ -111,7 +110,6 @@ def tpot_clause(
 def _per_arm(
     title: str, control: float | None, candidate: float | None, labels: tuple[str, str], unit: str
 ) -> str | None:
-    """`title: control N, candidate M` (None unless both are known)."""
     if control is None or candidate is None:
         return None
     ctl, cand = labels
@@ -122,8 +120,8 @@ def preemption_clause(
     control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int | None = None
 ) -> str | None:
     """How often each engine preempted (or retracted) requests: the pool running out, seen
-    from the engine's side. At production's load when both arms' stages counted it, else over
-    the whole load; None unless both counts are known."""
+    from the engine's side. At production's load when both stages counted it, else over the
+    whole load."""
     at_c = control.at(production) if production is not None else None
     at_k = candidate.at(production) if production is not None else None
     if at_c is not None and at_k is not None:
@@ -139,7 +137,7 @@ def goodput_clause(
     control: StagePoint | None, candidate: StagePoint | None, labels: tuple[str, str]
 ) -> str | None:
     """The share of production-load requests that met every SLO, per arm (inference-perf's
-    goodput). None unless the spec gave SLOs and both arms' stages were measured."""
+    goodput)."""
     return _per_arm(
         "requests within the SLOs",
         control.goodput_percent if control is not None else None,
@@ -160,9 +158,8 @@ def assess_throughput(
     """The throughput gate: what the candidate buys at production's load, in one line.
 
     `production_concurrency`: production's load as the operator read it; a load run made for
-    another load proves nothing about this one (None: the load the run was made for). On a
-    sped-up simulator the line says its figures are wall-clock ones of a faster engine.
-    """
+    another load proves nothing about this one. On a sped-up simulator the line says its
+    figures are wall-clock ones of a faster engine."""
     found = _assess(gate, load, clocks, production_concurrency, labels)
     scale = time_scale(load.control, load.candidate) if load is not None else None
     if scale is None or found.result.outcome in (Outcome.SKIPPED, Outcome.ERROR):
@@ -181,9 +178,7 @@ def _assess(
     labels: tuple[str, str],
 ) -> ThroughputFinding:
     if gate is None:
-        return ThroughputFinding(
-            GateResult(THROUGHPUT, Outcome.SKIPPED, Reason.GATE_OFF, "throughput not measured")
-        )
+        return _found(Outcome.SKIPPED, Reason.GATE_OFF, "throughput not measured")
     control = load.control if load is not None else None
     candidate = load.candidate if load is not None else None
     production = load.production_concurrency if load is not None else None
@@ -198,26 +193,16 @@ def _assess(
         return _unknown(f"the load run failed: {load.error or 'an arm measured nothing'}")
     refused = refusal(control, candidate)
     if refused is not None:  # whatever tok/s it measured (kvgate.judge.outputcheck)
-        return ThroughputFinding(GateResult(THROUGHPUT, Outcome.FAILED, *refused))
+        return _found(Outcome.FAILED, *refused)
     if clocks is not None and clocks.known and clocks.control and clocks.candidate:
         mismatch = compare_clocks(clocks.control, clocks.candidate, gate.max_clock_difference)
         if mismatch is not None:
-            return ThroughputFinding(
-                GateResult(
-                    THROUGHPUT,
-                    Outcome.INCONCLUSIVE,
-                    Reason.CLOCKS_DIFFER,
-                    f"no throughput claim: the arms ran at different GPU clocks: {mismatch}",
-                )
-            )
+            no_claim = f"no throughput claim: the arms ran at different GPU clocks: {mismatch}"
+            return _found(Outcome.INCONCLUSIVE, Reason.CLOCKS_DIFFER, no_claim)
     ctl, cand = labels
     at_c, at_k = control.at(production), candidate.at(production)
-    best_c, best_k = best(control, gate), best(candidate, gate)
-    best_gain = (
-        round((best_k.output_tokens_per_s or 0) / best_c.output_tokens_per_s, 4)
-        if best_c is not None and best_k is not None and best_c.output_tokens_per_s
-        else None
-    )
+    best_c = best(control, gate)
+    best_gain = _gain(best(candidate, gate), best_c)
     tpot = tpot_clause(control, candidate, production, gate)
     preempted = preemption_clause(control, candidate, labels, production)
     goodput = goodput_clause(at_c, at_k, labels)
@@ -235,10 +220,7 @@ def _assess(
                 f"{where}: neither arm serves it ({ctl}: {why_not(at_c, gate)}; {cand}: "
                 f"{why_not(at_k, gate)}): the candidate does not relieve the bottleneck"
             )
-        return ThroughputFinding(
-            GateResult(THROUGHPUT, Outcome.FAILED, Reason.THROUGHPUT_NOT_GAINED, message),
-            best_gain=best_gain,
-        )
+        return _found(Outcome.FAILED, Reason.THROUGHPUT_NOT_GAINED, message, best_gain=best_gain)
     assert at_k is not None
     if not serves(at_c, gate):
         # The capacity case: the control fails where the candidate serves.
@@ -248,20 +230,12 @@ def _assess(
             if best_c is not None and best_c.output_tokens_per_s
             else ""
         )
-        gain = (
-            round((at_k.output_tokens_per_s or 0) / best_c.output_tokens_per_s, 4)
-            if best_c is not None and best_c.output_tokens_per_s
-            else None
-        )
         message = (
             f"{where}: {cand} {_tok(at_k)}, {ctl} does not serve it ({why_not(at_c, gate)})"
             f"{versus}{tail}"
         )
-        return ThroughputFinding(
-            GateResult(THROUGHPUT, Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED, message),
-            gain=gain,
-            best_gain=best_gain,
-        )
+        gain = _gain(at_k, best_c)
+        return _found(Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED, message, gain, best_gain)
     assert at_c is not None and at_c.output_tokens_per_s
     ratio = (at_k.output_tokens_per_s or 0) / at_c.output_tokens_per_s
     message = (
@@ -271,26 +245,36 @@ def _assess(
     if best_gain is not None:
         message += f"; best stages {best_gain:.2f}x"
     if ratio >= gate.min_ratio:
-        result = GateResult(THROUGHPUT, Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED, message)
+        outcome, reason = Outcome.SUCCESSFUL, Reason.THROUGHPUT_GAINED
     else:
-        result = GateResult(
-            THROUGHPUT,
-            Outcome.NOT_NEEDED,
-            Reason.THROUGHPUT_NOT_NEEDED,
-            f"{message}: both arms serve production's load, the KV cache is not what limits it",
-        )
-    return ThroughputFinding(result, gain=round(ratio, 4), best_gain=best_gain)
+        outcome, reason = Outcome.NOT_NEEDED, Reason.THROUGHPUT_NOT_NEEDED
+        message += ": both arms serve production's load, the KV cache is not what limits it"
+    return _found(outcome, reason, message, round(ratio, 4), best_gain)
+
+
+def _gain(stage: StagePoint | None, base: StagePoint | None) -> float | None:
+    """`stage`'s output tok/s over `base`'s, rounded (None without both)."""
+    if stage is None or base is None or not base.output_tokens_per_s:
+        return None
+    return round((stage.output_tokens_per_s or 0) / base.output_tokens_per_s, 4)
+
+
+def _found(
+    outcome: Outcome,
+    reason: Reason,
+    message: str,
+    gain: float | None = None,
+    best_gain: float | None = None,
+) -> ThroughputFinding:
+    return ThroughputFinding(GateResult(THROUGHPUT, outcome, reason, message), gain, best_gain)
 
 
 def _unknown(why: str) -> ThroughputFinding:
-    return ThroughputFinding(
-        GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, f"no throughput: {why}")
-    )
+    return _found(Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, f"no throughput: {why}")
 
 
 # The load Job's workload when production's request-length histograms cannot be read: the
-# lengths `kvgate load-job`'s example and the field report's sweep use (512 prompt tokens, 128
-# output tokens).
+# lengths `kvgate load-job`'s example and the field report's sweep use.
 DEFAULT_PROMPT_TOKENS: Final = 512
 DEFAULT_OUTPUT_TOKENS: Final = 128
 # Lengths are taken from production only once this many requests finished in the histograms.
@@ -298,17 +282,15 @@ MIN_LENGTH_REQUESTS: Final = 10
 # The load Job's bounds on a derived length (a runaway histogram must not plan a 10M prompt).
 MAX_PROMPT_TOKENS: Final = 1_000_000
 MAX_OUTPUT_TOKENS: Final = 100_000
-# Where production's request-length totals were read, in the words of `RequestLengths.message`.
+# Where production's request-length totals were read (`RequestLengths.message`).
 FROM_PODS: Final = "the pods' /metrics"
 FROM_PROMETHEUS: Final = "Prometheus"
 
 
 @dataclass(frozen=True, slots=True)
 class RequestLengths:
-    """The load Job's workload shape: mean prompt and output tokens (and the prompt's spread).
-
-    `derived`: read from production's request-length histograms; False: the fixed defaults,
-    and `message` says why."""
+    """The load Job's workload shape. `derived`: read from production's request-length
+    histograms; False: the fixed defaults, and `message` says why."""
 
     prompt_tokens: int
     output_tokens: int
@@ -318,8 +300,8 @@ class RequestLengths:
 
 
 def _bucket_std(histogram: Histogram, mean: float) -> float:
-    """Standard deviation from the buckets, each observation at its bucket's midpoint (the
-    +Inf bucket's at the highest finite bound)."""
+    """Standard deviation from the buckets, each observation at its bucket's midpoint (+Inf's
+    at the highest finite bound)."""
     finite = [upper for upper, _ in histogram.buckets if upper != math.inf]
     if not finite or histogram.count <= 0:
         return 0.0
@@ -343,10 +325,8 @@ def request_lengths(
 ) -> RequestLengths:
     """Production's request lengths for the load Job, from its request-length histograms
     (vLLM `vllm:request_prompt_tokens` / `vllm:request_generation_tokens`, SGLang's
-    `*_tokens_histogram`; pass a window's `since()` delta when there is one): each mean from
-    sum / count, the prompt's spread from the buckets. Missing, empty or too few requests in
-    either: the fixed defaults, with a message saying so. The message names `source`, where
-    the histograms were read."""
+    `*_tokens_histogram`; a window's `since()` delta when there is one): means from sum /
+    count, the prompt's spread from the buckets. Too few requests: the fixed defaults."""
 
     def fallback(why: str) -> RequestLengths:
         return RequestLengths(
@@ -391,8 +371,7 @@ def request_lengths(
 
 def production_concurrency(preflight: PreflightStatus | None) -> int:
     """Production's load on one replica: the busiest pod's mean running + waiting requests over
-    the preflight samples, rounded (at least 1). 1 when preflight recorded no such figures
-    (capacity gate off, or engines without those metrics)."""
+    the preflight samples, rounded (at least 1, also when preflight recorded none)."""
     busiest = 0.0
     for samples in (preflight.samples if preflight is not None else {}).values():
         loads = [
@@ -407,10 +386,8 @@ def production_concurrency(preflight: PreflightStatus | None) -> int:
 
 def production_lengths(preflight: PreflightStatus | None) -> RequestLengths:
     """`request_lengths` of the preflight's latest sample with length totals (the busiest pod's
-    when several have them): production's finished requests since its engine started. Means
-    only: status keeps the histograms' sums and counts, not their buckets. The samples are
-    scrapes of the pods or Prometheus' history (`preflight.source`), the same totals either way;
-    the message says which."""
+    when several have them). Means only: status keeps the histograms' sums and counts, not
+    their buckets."""
     source = (
         FROM_PROMETHEUS
         if preflight is not None and preflight.source == PROMETHEUS_SOURCE

@@ -25,9 +25,7 @@ THROUGHPUT = "throughputGain"  # kvgate.judge.throughput.THROUGHPUT (which sits 
 
 
 def both_sides(results: Sequence[GateResult]) -> str:
-    """The trade a sub-8-bit verdict rests on, in one line: the accuracy given up (the accuracy
-    gate's one-sided bound against the stated margin) and what it bought (the capacity gate's
-    KV tokens and, when the load ran, the throughput gate's tok/s at production's load)."""
+    """The trade a sub-8-bit verdict rests on, in one line (see the module's docstring)."""
     by_gate = {r.gate: r for r in results}
     accuracy = by_gate.get(ACCURACY)
     given = accuracy.message if accuracy is not None else "not measured"
@@ -44,8 +42,7 @@ def both_sides(results: Sequence[GateResult]) -> str:
 def judged(
     spec: RolloutSpec, results: Sequence[GateResult], *, config_hash: str, approval: str | None
 ) -> Verdict:
-    """`verdict.decide` on `results` for this rollout (its config hash and the approval that
-    counts); a sub-8-bit candidate's verdict also states its trade (`both_sides`), whatever it
+    """`verdict.decide`; a sub-8-bit candidate's verdict also states its trade, whatever it
     decides."""
     verdict = decide(results, mode=spec.promotion.mode, config_hash=config_hash, approval=approval)
     if not margins.needs_stated_margin(spec.kv_cache.policy_class):

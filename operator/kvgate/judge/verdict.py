@@ -1,8 +1,7 @@
 """Promote, roll back, hold or not needed? `decide` over every gate's result.
 
 `decide` takes the worst outcome: any FAILED, ERROR or INCONCLUSIVE rolls back, listing every
-reason; missing evidence is ERROR or PENDING and never promotes (fail closed). A gate's result
-is status's own record (`records.status.GateResult`). Nothing here does I/O.
+reason; missing evidence is ERROR or PENDING and never promotes (fail closed). Pure.
 """
 
 from __future__ import annotations
@@ -12,11 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvgate.records.status import GateResult
-from kvgate.vocabulary import (
-    Outcome,
-    PromotionMode,
-    worst,
-)
+from kvgate.vocabulary import Outcome, PromotionMode, worst
 
 
 class Decision(StrEnum):
@@ -28,10 +23,8 @@ class Decision(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What `decide` found. Not status's `VerdictRecord`, which says less and more: this keeps
-    the deciding gates whole (a run ends with the first one's reason and their messages), status
-    only their reason words, beside what the judge does not know (the key the verdict was
-    reached on, whose gates were reused). `controller.record` writes the one from the other."""
+    """What `decide` found: the deciding gates whole, where status's `VerdictRecord` keeps only
+    their reason words (and what the judge does not know: the key, reused gates)."""
 
     decision: Decision
     outcome: Outcome
@@ -48,9 +41,8 @@ def decide(
 ) -> Verdict:
     """Promote, roll back, hold or not-needed from every gate result; fail closed.
 
-    Any blocking outcome rolls back and every blocking reason is listed. PENDING holds. A pass
-    in manual mode holds until the approval annotation equals `config_hash`, so an approval
-    given for another candidate never promotes this one.
+    PENDING holds. A pass in manual mode holds until the approval annotation equals
+    `config_hash`, so an approval given for another candidate never promotes this one.
     """
     if not results:
         return Verdict(Decision.HOLD, Outcome.PENDING, (), "no evidence yet")

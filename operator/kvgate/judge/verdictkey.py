@@ -3,15 +3,14 @@
 A verdict is only valid for the engine it tested: FP8 KV behaviour has changed between engine
 versions and GPUs. The key names what the verdict was reached on (the image by digest, the
 engine and its version, the model and revision, the KV dtype, the attention backend the engine
-chose, the GPU product and count, the tested args/env, the eval policy). After the verdict, a live key that differs in any
-field it can read makes the verdict stale: the image, its digest, the GPUs, or a config that is
-neither the tested one nor the one before the rollout (a backend env edit).
+chose, the GPU product and count, the tested args/env, the eval policy). After the verdict, a
+live key that differs in any field it can read makes the verdict stale: the image, its digest,
+the GPUs, or a config that is neither the tested one nor the one before the rollout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvgate.reasons import Reason
@@ -45,10 +44,7 @@ def key_of(status: RolloutStatus, spec: RolloutSpec) -> VerdictKey:
 
 def recorded(status: RolloutStatus) -> VerdictKey | None:
     """The key recorded with the verdict in this status (None: none recorded)."""
-    verdict = status.verdict
-    if verdict is None or verdict.key is None:
-        return None
-    return verdict.key
+    return status.verdict.key if status.verdict is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +64,8 @@ class LiveKey:
 def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
     """The fields of `key` the live target no longer matches (empty: the verdict holds).
 
-    An unknown on either side is no evidence of change: a missing imageID (a pod still
-    starting), a node without GPU feature discovery's label or one kvgate may not read never
-    makes a verdict stale, and never makes a stale one fresh.
-    """
+    An unknown on either side (a pod still starting, a node without GPU feature discovery's
+    label) is no evidence of change: it never makes a verdict stale, nor a stale one fresh."""
     changed = []
     if key.image and live.image and live.image != key.image:
         changed.append("image")
@@ -101,13 +95,8 @@ def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
 
 def changes(key: VerdictKey, live: LiveKey) -> str | None:
     """What of `key` the live target no longer matches, in words (None: the verdict holds)."""
-    changed = stale_fields(key, live)
-    return describe(changed, key, live) if changed else None
-
-
-def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
     parts = []
-    for name in fields:
+    for name in stale_fields(key, live):
         if name == "image":
             parts.append(f"image {key.image} -> {live.image}")
         elif name == "imageDigest":
@@ -122,4 +111,4 @@ def describe(fields: Iterable[str], key: VerdictKey, live: LiveKey) -> str:
         elif name == "config":
             fields = "/".join(live.config_changed)
             parts.append(f"{fields} of the Deployment changed from the tested config")
-    return "; ".join(parts)
+    return "; ".join(parts) or None

@@ -100,9 +100,7 @@ def regressions(
 ) -> list[str]:
     """Why production is clearly worse than before the promotion (empty: it is not).
 
-    `waiting` and `now` are this sample's scrapes, `before` the previous sample's, `elapsed_s`
-    the time between them (None on the window's first sample: counters need a previous scrape).
-    """
+    `elapsed_s` is None on the window's first sample: counters need a previous scrape."""
     found: list[str] = []
     base = baseline.describe()
     if baseline.waiting is not None:

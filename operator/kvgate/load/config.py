@@ -70,11 +70,10 @@ class LoadPlan:
                     f"stages[{number}]: concurrency and num_requests must be >= 1, got "
                     f"{stage.concurrency} and {stage.num_requests}"
                 )
-        for name in ("prompt_tokens", "output_tokens", "num_workers"):
-            if getattr(self, name) < 1:
-                raise LoadPlanError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.prompt_std_tokens < 0:
-            raise LoadPlanError(f"prompt_std_tokens: must be >= 0, got {self.prompt_std_tokens}")
+        least = {"prompt_tokens": 1, "output_tokens": 1, "num_workers": 1, "prompt_std_tokens": 0}
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise LoadPlanError(f"{name}: must be >= {low}, got {getattr(self, name)}")
         if self.request_timeout_s <= 0:
             raise LoadPlanError(f"request_timeout_s: must be > 0, got {self.request_timeout_s}")
         if self.pregenerate_prompts and self.prompt_tokens - 2 * self.prompt_std_tokens <= (

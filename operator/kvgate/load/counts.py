@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from kvgate.load.report import StageJudgement
 
@@ -71,20 +70,27 @@ def _tokens(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _compare(
-    what: str,
-    client: float,
-    engine: float,
+def _checked(
     counter: str,
+    what: str,
+    span: tuple[float | None, float | None],
+    client: float,
     allowance: float | None,
     unfinished: int,
-    cause: str,
 ) -> str | None:
-    """None when `engine` is within TOLERANCE of `client` (plus what unfinished requests may
-    have added; `allowance` None: any amount)."""
-    low = client * (1 - TOLERANCE)
+    """Why the client's `what` total disagrees with the counter's increase over the run
+    (`span`: before, after), None when it is within TOLERANCE (plus what unfinished requests
+    may have added; `allowance` None: any amount)."""
+    start, end = span
+    if start is None or end is None:
+        return (f"{counter} could not be read before and after the run: the client's {what} "
+                "token counts are unchecked")  # fmt: skip
+    if end < start:
+        return (f"{counter} went back ({_tokens(start)} to {_tokens(end)}): the engine "
+                "restarted during the run")  # fmt: skip
+    engine = end - start
     high = None if allowance is None else client * (1 + TOLERANCE) + allowance
-    if engine >= low and (high is None or engine <= high):
+    if engine >= client * (1 - TOLERANCE) and (high is None or engine <= high):
         return None
     extra = (
         f", with up to {_tokens(allowance)} more from {unfinished} unfinished requests"
@@ -93,33 +99,8 @@ def _compare(
     )
     return (
         f"client counted {_tokens(client)} {what} tokens, the engine {_tokens(engine)} "
-        f"({counter}{extra}): {cause}"
+        f"({counter}{extra}): other traffic reached the arm, or the counter is not this engine's"
     )
-
-
-# Why the usage the client recorded can differ from the engine's counters.
-USAGE_CAUSE: Final = "other traffic reached the arm, or the counter is not this engine's"
-
-
-def _checked(
-    counter: str,
-    what: str,
-    span: tuple[float | None, float | None],
-    client: float,
-    allowance: float | None,
-    unfinished: int,
-    cause: str,
-) -> str | None:
-    """Why the client's `what` total disagrees with the counter's increase over the run
-    (`span`: before, after), None when it agrees."""
-    start, end = span
-    if start is None or end is None:
-        return (f"{counter} could not be read before and after the run: the client's {what} "
-                "token counts are unchecked")  # fmt: skip
-    if end < start:
-        return (f"{counter} went back ({_tokens(start)} to {_tokens(end)}): the engine "
-                "restarted during the run")  # fmt: skip
-    return _compare(what, client, end - start, counter, allowance, unfinished, cause)
 
 
 def check_counts(
@@ -141,8 +122,8 @@ def check_counts(
     found = (
         _checked(f"{engine}:generation_tokens_total", "output",
                  (b.generation_tokens, a.generation_tokens), client.output_tokens,
-                 client.unfinished * output_tokens, client.unfinished, USAGE_CAUSE),
+                 client.unfinished * output_tokens, client.unfinished),
         _checked(f"{engine}:prompt_tokens_total", "prompt", (b.prompt_tokens, a.prompt_tokens),
-                 client.prompt_tokens, prompt_allowance, client.unfinished, USAGE_CAUSE),
+                 client.prompt_tokens, prompt_allowance, client.unfinished),
     )  # fmt: skip
     return tuple(problem for problem in found if problem)

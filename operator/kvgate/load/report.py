@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from kvgate.load.config import LoadPlan
@@ -129,41 +130,44 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
     by_label = tuple(
         sorted((str(label), _count(labels, f"{label}.count", source)) for label in labels)
     )
-    successes = _count(data, "successes.count", source)
-    output_min = _number(data, "successes.output_tokens.min", source) if successes > 0 else None
+    number = partial(_number, data, source=source)
+    count = partial(_count, data, source=source)
+    latency = partial(_percentiles, data, source=source)
+    successes = count("successes.count")
+
+    def tokens(path: str) -> float | None:  # null where no request succeeded
+        return number(path) if successes > 0 else None
+
+    output_min = tokens("successes.output_tokens.min")
     goodput = data["successes"].get("goodput_metrics")
     return StageResult(
         stage=stage,
-        concurrency=_count(data, "load_summary.concurrency", source),
-        requests=_count(data, "load_summary.count", source),
+        concurrency=count("load_summary.concurrency"),
+        requests=count("load_summary.count"),
         successes=successes,
-        failures=_count(data, "failures.count", source),
+        failures=count("failures.count"),
         failures_by_label=by_label,
-        duration_s=_number(data, "benchmark_time_seconds", source),
-        output_tokens_per_s=_number(data, "successes.throughput.output_tokens_per_sec", source),
-        input_tokens_per_s=_number(data, "successes.throughput.input_tokens_per_sec", source),
-        requests_per_s=_number(data, "successes.throughput.requests_per_sec", source),
-        prompt_tokens_total=_number(data, "successes.prompt_tokens.total", source),
-        output_tokens_total=_number(data, "successes.output_tokens.total", source),
+        duration_s=number("benchmark_time_seconds"),
+        output_tokens_per_s=number("successes.throughput.output_tokens_per_sec"),
+        input_tokens_per_s=number("successes.throughput.input_tokens_per_sec"),
+        requests_per_s=number("successes.throughput.requests_per_sec"),
+        prompt_tokens_total=number("successes.prompt_tokens.total"),
+        output_tokens_total=number("successes.output_tokens.total"),
         output_tokens_min=output_min,
-        fallback_prompt=_count(data, "successes.client_fallback_requests.prompt", source),
-        fallback_output=_count(data, "successes.client_fallback_requests.output", source),
-        token_count_mismatches=_count(data, "successes.token_count_mismatches", source),
-        ttft_s=_percentiles(data, "successes.latency.time_to_first_token", source),
-        tpot_s=_percentiles(data, "successes.latency.time_per_output_token", source),
-        itl_s=_percentiles(data, "successes.latency.inter_token_latency", source),
-        request_latency_s=_percentiles(data, "successes.latency.request_latency", source),
+        fallback_prompt=count("successes.client_fallback_requests.prompt"),
+        fallback_output=count("successes.client_fallback_requests.output"),
+        token_count_mismatches=count("successes.token_count_mismatches"),
+        ttft_s=latency("successes.latency.time_to_first_token"),
+        tpot_s=latency("successes.latency.time_per_output_token"),
+        itl_s=latency("successes.latency.inter_token_latency"),
+        request_latency_s=latency("successes.latency.request_latency"),
         goodput_percentage=(
-            _number(data, "successes.goodput_metrics.goodput_percentage", source)
+            number("successes.goodput_metrics.goodput_percentage")
             if isinstance(goodput, Mapping)
             else None
         ),
-        prompt_tokens_min=(
-            _number(data, "successes.prompt_tokens.min", source) if successes > 0 else None
-        ),
-        prompt_tokens_max=(
-            _number(data, "successes.prompt_tokens.max", source) if successes > 0 else None
-        ),
+        prompt_tokens_min=tokens("successes.prompt_tokens.min"),
+        prompt_tokens_max=tokens("successes.prompt_tokens.max"),
     )
 
 
@@ -248,10 +252,9 @@ def judge_reports(plan: LoadPlan, files: Mapping[str, str]) -> tuple[StageJudgem
     for number, stage in enumerate(plan.stages):
         name = stage_file(number)
         text = files.get(name)
-        if text is None:
-            judgements.append(StageJudgement(number, "error", (f"no report {name}",), None))
-            continue
         try:
+            if text is None:
+                raise ReportError(f"no report {name}")
             result = parse_stage(text, number, name)
         except ReportError as exc:
             judgements.append(StageJudgement(number, "error", (str(exc),), None))

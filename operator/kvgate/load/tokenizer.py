@@ -8,21 +8,17 @@ operator passes the model source it already knows (`spec.model.name`, else the e
 `--model`), as it does for the eval's long-context task: a directory the Job can read, or a hub
 repo id found in the Job's Hugging Face cache (offline: the load Job's pods reach no hub).
 
-When the source names nothing the Job can read, the Job counts with the word tokenizer below,
-which counts exactly as the simulator does, and says so in its log. That is not a guess that the
+When the source names nothing the Job can read, the Job counts with a word-level tokenizer that
+counts exactly as `kvgate.sim` does, and says so in its log. That is not a guess that the
 engine is the simulator: every run's counts are checked against the engine's own token counters
 (`kvgate.load.counts`), so the word tokenizer passes only where the engine counts words, and a
 real model's run with it ends an error naming both counts. The operator never tells the two
 apart.
 
-A word-level tokenizer that counts exactly as `kvgate.sim` does, built offline from GSM8K.
-
-inference-perf needs a local tokenizer directory (offline it cannot fetch one). The
-simulator counts a token per `\\s*(?:\\w+|[^\\w\\s])` piece; this tokenizer splits on
-whitespace and then into `\\w+` runs and single punctuation marks, so both agree on every
-text that does not end in whitespace. The vocabulary comes from GSM8K's train split (14,855
-words), so the build is deterministic and needs no network; it is made at run time, never
-committed. A real engine's own tokenizer files go in its place.
+The simulator counts a token per `\\s*(?:\\w+|[^\\w\\s])` piece; the word tokenizer splits on
+whitespace and then into `\\w+` runs and single punctuation marks, so both agree on every text
+that does not end in whitespace. Its vocabulary comes from GSM8K's train split (14,855 words),
+so the build is deterministic and needs no network; it is made at run time, never committed.
 """
 
 from __future__ import annotations
@@ -44,8 +40,6 @@ TOKENIZER_CONFIG = {
     "model_max_length": 131072,
     "clean_up_tokenization_spaces": False,
 }
-
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 

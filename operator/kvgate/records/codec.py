@@ -30,14 +30,12 @@ def key(
     doc: str | None = None,
     named: bool = False,
 ) -> Any:
-    """A field's status key (camelCase of its name unless given); the older spellings it reads
-    are listed in `oldspellings`, not here.
+    """A field's status key (camelCase of its name unless given; older spellings: `oldspellings`).
 
-    `rest`: the field keeps the record's keys no other field reads (evidence another program
-    wrote, such as the eval Job's summary), written back beside the known keys. `doc`: the
-    field's description in the CRD's schema (`statusschema`); an open field must say why.
-    `named`: the field is the record's key in the mapping that holds it (a gate's name in
-    `gates`), neither read nor written as a field but filled from that key on reading.
+    `rest`: the field keeps the keys no other field reads (evidence another program wrote, such
+    as the eval Job's summary), written back beside them. `doc`: its description in the CRD's
+    schema (`schema`); an open field must say why. `named`: the field is the record's key in the
+    mapping holding it (a gate's name in `gates`), filled from that key on reading, not written.
     """
     meta = {"key": key, "rest": rest, "doc": doc, "named": named}
     if isinstance(default, dict | tuple) and default == type(default)():
@@ -84,8 +82,7 @@ class _Field:
 
 @functools.cache
 def fields(cls: type) -> tuple[_Field, ...]:
-    """Each field of a status record: its key, the older spellings it reads (only those a
-    release wrote: `oldspellings`), its type."""
+    """Each field of a status record: its key, its older spellings (`oldspellings`), its type."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -111,7 +108,6 @@ def _named(tp: Any) -> str | None:
 
 
 def read(tp: Any, raw: object, depth: int) -> Any:
-    """`raw` as a value of `tp`, or MISSING when it is not one."""
     if depth > MAX_DEPTH:
         return MISSING
     origin = typing.get_origin(tp)
@@ -142,12 +138,8 @@ def read(tp: Any, raw: object, depth: int) -> Any:
         values: dict[str, Any] = {}
         for f in fields(tp):
             if f.rest:
-                known = _known_keys(tp)
-                rest = {
-                    k: v
-                    for k, v in raw.items()
-                    if isinstance(k, str) and k not in known and v is not None
-                }
+                known = _known_keys(tp)  # _json drops the keys that are not str
+                rest = {k: v for k, v in raw.items() if k not in known and v is not None}
                 values[f.name] = _json(rest, depth + 1)
                 continue
             for k in (f.key, *f.aliases):
@@ -162,16 +154,14 @@ def read(tp: Any, raw: object, depth: int) -> Any:
             return tp(raw) if isinstance(raw, str) else MISSING
         except ValueError:
             return MISSING
-    if tp is bool:
-        return raw if isinstance(raw, bool) else MISSING
+    if tp is bool or tp is str:
+        return raw if isinstance(raw, tp) else MISSING
     if tp is int:
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else MISSING
     if tp is float:  # an int stays an int (200 counts are not 200.0 in the patch)
         if isinstance(raw, bool) or not isinstance(raw, int | float):
             return MISSING
         return raw if isinstance(raw, int) or math.isfinite(raw) else MISSING
-    if tp is str:
-        return raw if isinstance(raw, str) else MISSING
     return MISSING
 
 

@@ -7,7 +7,6 @@ programmatic API: alert rules match them without reading messages, so each one n
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Final
 
 from kvgate.vocabulary import Condition, Phase
@@ -68,39 +67,26 @@ def set_condition(
     if status not in (TRUE, FALSE, UNKNOWN):
         raise ValueError(f"condition status {status!r} is not True, False or Unknown")
     out: list[Condition] = []
-    found = False
     for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        moved = cond.status != status or cond.last_transition_time is None
-        out.append(
-            replace(
-                cond,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=now if moved else cond.last_transition_time,
-            )
-        )
-    if not found:
+        if cond.type == type_:
+            moved = cond.status != status or cond.last_transition_time is None
+            since = now if moved else cond.last_transition_time
+            cond = Condition(type_, status, reason, message, generation, since)
+        out.append(cond)
+    if get_condition(conditions, type_) is None:
         out.append(Condition(type_, status, reason, message, generation, now))
     return tuple(out)
 
 
 def initial_conditions(generation: int | None, now: str) -> tuple[Condition, ...]:
     """Every condition as Unknown: a controller states all its conditions on first visit."""
-    conds: tuple[Condition, ...] = ()
-    for t in ALL_TYPES:
-        status, reason = UNKNOWN, "NotYetObserved"
-        if t == RECONCILING:
-            status, reason = TRUE, "Progressing"
-        elif t in (STALLED, PROMOTED, ROLLED_BACK):
-            status, reason = FALSE, "NotYetObserved"
-        conds = set_condition(conds, t, status, reason, "", generation=generation, now=now)
-    return conds
+    false = (STALLED, PROMOTED, ROLLED_BACK)
+    return tuple(
+        Condition(t, TRUE, "Progressing", "", generation, now)
+        if t == RECONCILING
+        else Condition(t, FALSE if t in false else UNKNOWN, "NotYetObserved", "", generation, now)
+        for t in ALL_TYPES
+    )
 
 
 def summary_conditions(
@@ -127,30 +113,18 @@ def summary_conditions(
     ) and not gate_closed
     bad = phase in (Phase.ROLLED_BACK, Phase.FAILED, Phase.DECLINED) or gate_closed
     done = phase.terminal or ready_without_terminal
-    ready = TRUE if good else FALSE
-    ready_reason = reason if (good or bad) else "Progressing"
-    c = set_condition(c, READY, ready, ready_reason, message, generation=generation, now=now)
-    c = set_condition(
-        c,
-        RECONCILING,
-        FALSE if done else TRUE,
-        reason if done else f"Phase{phase.value}",
-        "" if done else message,
-        generation=generation,
-        now=now,
-    )
     stuck = stalled or phase is Phase.FAILED  # `stalled`: cannot progress by itself (RevertFailed)
-    c = set_condition(
-        c,
-        STALLED,
-        TRUE if stuck else FALSE,
-        reason if stuck else "NotStalled",
-        message if stuck else "",
-        generation=generation,
-        now=now,
-    )
+    rows = [
+        (READY, TRUE if good else FALSE, reason if (good or bad) else "Progressing", message),
+        (RECONCILING, FALSE, reason, "")
+        if done
+        else (RECONCILING, TRUE, f"Phase{phase.value}", message),
+        (STALLED, TRUE, reason, message) if stuck else (STALLED, FALSE, "NotStalled", ""),
+    ]
     if phase is Phase.PROMOTED:
-        c = set_condition(c, PROMOTED, TRUE, reason, message, generation=generation, now=now)
+        rows.append((PROMOTED, TRUE, reason, message))
     if phase is Phase.ROLLED_BACK:
-        c = set_condition(c, ROLLED_BACK, TRUE, reason, message, generation=generation, now=now)
+        rows.append((ROLLED_BACK, TRUE, reason, message))
+    for type_, status, why, said in rows:
+        c = set_condition(c, type_, status, why, said, generation=generation, now=now)
     return c

@@ -4,16 +4,10 @@ last, a summary carrying the attempt's nonce; only that last line counts (pure).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from typing import Any
-
-
-def eval_lines(
-    text: str, nonce_sha256: str | None
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(summary, latest progress) from the eval Job's log (see `job_lines`)."""
-    return job_lines(text, nonce_sha256, kind="kvgate.eval")
+from typing import Any, Final
 
 
 def job_lines(
@@ -49,3 +43,6 @@ def json_object(line: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+eval_lines: Final = functools.partial(job_lines, kind="kvgate.eval")  # the eval Job's log

@@ -10,14 +10,14 @@ figures are to be taken from it.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kvgate.records.codec import key as _key
-from kvgate.records.codec import read as _read
+from kvgate.records.codec import read_record
 from kvgate.records.codec import write as _write
+from kvgate.records.joblog import json_object
 
 SUMMARY_KIND: Final = "kvgate.load/summary"
 PROGRESS_KIND: Final = "kvgate.load/progress"
@@ -173,12 +173,11 @@ class LoadSummary:
     @classmethod
     def from_dict(cls, raw: object) -> LoadSummary:
         """Total: anything reads; what is not a summary reads as an empty one."""
-        value = _read(cls, raw, 0)
-        return value if isinstance(value, cls) else cls()
+        summary: LoadSummary = read_record(cls, raw)
+        return summary
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = _write(self)
-        return out
+        return dict(_write(self))
 
     def arm(self, name: str) -> ArmLoad | None:
         if name not in ARMS:
@@ -216,14 +215,8 @@ class LoadProgress:
         seen: dict[str, set[int]] = {arm: set() for arm in ARMS}
         finished: list[str] = []
         for line in text.splitlines():
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(obj, dict) or obj.get("kind") != PROGRESS_KIND:
+            obj = json_object(line.strip())
+            if obj is None or obj.get("kind") != PROGRESS_KIND:
                 continue
             event, arm = obj.get("event"), obj.get("arm")
             if event == "started":
@@ -252,9 +245,6 @@ class LoadProgress:
         arms = ", ".join(
             f"{arm} {n}{of}" + (" done" if arm in self.finished else "") for arm, n in self.done
         )
-        latest = (
-            f" (latest {self.latest_concurrency} concurrent)"
-            if self.latest_concurrency is not None
-            else ""
-        )
+        c = self.latest_concurrency
+        latest = f" (latest {c} concurrent)" if c is not None else ""
         return f"stages {arms}{latest}"

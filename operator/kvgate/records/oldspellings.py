@@ -1,6 +1,6 @@
 """Which older spellings of a status key does the reader still accept, who wrote them, and when
-do they go? One list, the only place the status codec (`jsonrecord`) and the CRD's schema
-(`statusschema`) take another spelling from.
+do they go? One list, the only place the status codec (`codec`) and the CRD's schema (`schema`)
+take another spelling from.
 
 The rule: a spelling is listed only when an operator built from main wrote it into a stored
 status (there are no tagged releases, so "a release" is a commit on main). Each row names the
@@ -10,7 +10,6 @@ reader guessed (the report's `kvDtype`, `gain`, `wilson`...) are not listed: nob
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -77,15 +76,8 @@ OLD_SPELLINGS: Final[tuple[OldSpelling, ...]] = (
 
 def spellings_of(record: str, field: str) -> tuple[str, ...]:
     """The old spellings of `record.field` the reader accepts (usually none)."""
-    return _BY_FIELD.get((record, field), ())
+    return tuple(o.spelling for o in OLD_SPELLINGS if (o.record, o.field) == (record, field))
 
-
-_BY_FIELD: Final[Mapping[tuple[str, str], tuple[str, ...]]] = {
-    (r.record, r.field): tuple(
-        o.spelling for o in OLD_SPELLINGS if (o.record, o.field) == (r.record, r.field)
-    )
-    for r in OLD_SPELLINGS
-}
 
 # The copies of an arm's scan figures the dict writer kept beside the scan (`capacity.<arm>`,
 # `arms.<arm>`, until d77d297): (section, its key, the scan key they fill). Read where the scan

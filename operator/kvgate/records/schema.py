@@ -3,8 +3,8 @@
 One source: the CRD's status schema is `status_schema()` (`hack/gen_crd_status.py` writes it in;
 a test fails when they differ). The apiserver prunes what a structural schema does not declare, so
 it declares every key the typed reader reads: each field's key once, and the older spellings a
-release wrote (`oldspellings`, each described with the release that removes it). Only truly open content keeps
-`x-kubernetes-preserve-unknown-fields`, and each such field says why in its description.
+release wrote (`oldspellings`, each described with the release that removes it). Only truly open
+content keeps `x-kubernetes-preserve-unknown-fields`, and each such field says why.
 """
 
 from __future__ import annotations
@@ -177,14 +177,11 @@ def _open(where: str, doc: str | None, **schema: Any) -> dict[str, Any]:
 
 
 def _schema(tp: Any, where: str, doc: str | None) -> dict[str, Any]:
+    if (inner := _optional_arg(tp)) is not tp:
+        return _schema(inner, where, doc)
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return _schema(args[0], where, doc)
-        return _open(where, doc)  # one of several shapes: a structural schema has one type
-    if tp is Any:
-        return _open(where, doc)
+    if tp is Any or origin in (typing.Union, types.UnionType):
+        return _open(where, doc)  # or one of several shapes: a structural schema has one type
     if origin is tuple:
         item = _schema(typing.get_args(tp)[0], where, doc)
         if item.get(PRESERVE) and "type" not in item:  # the reason is the array's, once

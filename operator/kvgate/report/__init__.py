@@ -11,42 +11,20 @@ guessed); `rows` turns them into the tables both renderers share, `fmt` writes n
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
 
 from kvgate.report import page, svg, text
 from kvgate.report.assemble import build, view_of
 from kvgate.report.fmt import shell_command
-from kvgate.report.records import (
-    Accuracy,
-    ArmCapacity,
-    DivergenceBucket,
-    Finding,
-    Header,
-    LogLine,
-    LongContextBucket,
-    ReportView,
-    Speed,
-    SpeedMetric,
-)
-from kvgate.report.rows import divergence_rows as _divergence_rows
-from kvgate.report.rows import long_context_rows as _long_context_rows
+from kvgate.report.records import Finding, ReportView
 from kvgate.report.view import (
-    ARMS,
     args_heading,
     read_accuracy,
     read_capacity,
     read_capacity_gain,
-    read_divergence,
     read_duration,
     read_findings,
-    read_kv_tokens,
     read_load,
-    read_log_findings,
-    read_long_context,
     read_preflight,
-    read_recommended_args,
-    read_remediation,
     read_speed,
     read_verdict,
     split_remedy,
@@ -89,46 +67,19 @@ def read_approval(rollout: object) -> list[str]:
     return view_of(rollout).approval
 
 
-def long_context_rows(status: Mapping[str, Any]) -> list[list[str]]:
-    """Per context-length bucket of `status`: the long-context table's cells."""
-    return _long_context_rows(read_long_context(status))
-
-
-def divergence_rows(status: Mapping[str, Any]) -> list[list[str]]:
-    """Per position bucket of `status`: the divergence table's cells."""
-    return _divergence_rows(read_divergence(status))
-
-
 __all__ = [
-    "ARMS",
-    "Accuracy",
-    "ArmCapacity",
-    "DivergenceBucket",
     "Finding",
-    "Header",
-    "LogLine",
-    "LongContextBucket",
     "ReportView",
-    "Speed",
-    "SpeedMetric",
     "args_heading",
     "build",
-    "divergence_rows",
-    "long_context_rows",
     "read_accuracy",
     "read_approval",
     "read_capacity",
     "read_capacity_gain",
-    "read_divergence",
     "read_duration",
     "read_findings",
-    "read_kv_tokens",
     "read_load",
-    "read_log_findings",
-    "read_long_context",
     "read_preflight",
-    "read_recommended_args",
-    "read_remediation",
     "read_speed",
     "read_verdict",
     "render_difference_svg",

@@ -1,6 +1,5 @@
-"""Reading a status's fields for the report without ever raising: the first present spelling of
-a key, a finite number from anything, an interval.
-"""
+"""Reading a typed status's figures for the report without ever raising: a finite number from
+anything, an interval, a fraction."""
 
 from __future__ import annotations
 
@@ -13,32 +12,14 @@ from kvgate.records.status import RolloutStatus
 StatusLike = Mapping[str, Any] | RolloutStatus
 
 
-def first_of(mapping: Any, *keys: str) -> Any:
-    """The first present key of `keys` in `mapping` (camelCase first, then snake_case)."""
-    if not isinstance(mapping, Mapping):
-        return None
-    for key in keys:
-        if key in mapping and mapping[key] is not None:
-            return mapping[key]
-    return None
-
-
 def finite_number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
-    if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:  # an int too large for a float
-            return None
-        return number if math.isfinite(number) else None
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return number if math.isfinite(number) else None
-    return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):  # an int too large for a float, a word
+        return None
+    return number if math.isfinite(number) else None
 
 
 def integer(value: Any) -> int | None:
@@ -46,14 +27,12 @@ def integer(value: Any) -> int | None:
     return int(number) if number is not None else None
 
 
-def interval(value: Any) -> tuple[float, float] | None:
-    if isinstance(value, Mapping):
-        value = [first_of(value, "low", "lower"), first_of(value, "high", "upper")]
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        low, high = finite_number(value[0]), finite_number(value[1])
-        if low is not None and high is not None:
-            return (low, high)
-    return None
+def interval(value: Sequence[Any]) -> tuple[float, float] | None:
+    """A pair of finite numbers (the typed status keeps intervals as tuples), else None."""
+    if len(value) != 2:
+        return None
+    low, high = finite_number(value[0]), finite_number(value[1])
+    return (low, high) if low is not None and high is not None else None
 
 
 @overload

@@ -56,13 +56,13 @@ def wilson(ci: tuple[float, ...] | None) -> str:
     return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
-def fmt_mhz(mean: float | None, low: float | None, high: float | None) -> str:
-    """A clock in MHz, with its range when it moved: "1725 (1410-2040)"; "-" without a mean."""
+def fmt_mhz(mean: float | None, span: Sequence[float] = ()) -> str:
+    """A clock in MHz, with its (low, high) when it moved: "1725 (1410-2040)"; "-" without a mean."""
     if mean is None:
         return DASH
     text = f"{mean:.0f}"
-    if low is not None and high is not None and f"{low:.0f}" != f"{high:.0f}":
-        text += f" ({low:.0f}-{high:.0f})"
+    if len(span) == 2 and f"{span[0]:.0f}" != f"{span[1]:.0f}":
+        text += f" ({span[0]:.0f}-{span[1]:.0f})"
     return text
 
 

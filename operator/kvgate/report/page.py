@@ -104,6 +104,10 @@ def _html_table(
     return f"<table>{colgroup}<thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
 
 
+def _notes(notes: list[str]) -> str:
+    return "<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
+
+
 def render(view: ReportView) -> str:
     """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
     head = view.header
@@ -132,58 +136,47 @@ def render(view: ReportView) -> str:
                 "<details><summary>the engine's line</summary>"
                 f"<pre>{e(headline.raw)}</pre></details>"
             )
-    production = view.production
-    if production:
-        out.append(f"<p class='msg prod'><b>Production:</b> {e(production)}</p>")
-    approval = view.approval
-    if approval:
-        commands, expiry = approval[:2], approval[2:]
+    if view.production:
+        out.append(f"<p class='msg prod'><b>Production:</b> {e(view.production)}</p>")
+    if view.approval:
+        commands, expiry = view.approval[:2], view.approval[2:]
         out.append(
             "<p class='msg where'><b>Approve</b> with either command"
             + "".join(f" ({e(x)})" for x in expiry)
             + ":</p>"
             f"<pre>{e(chr(10).join(commands))}</pre>"
         )
-    facts = []
-    verdict = view.verdict
-    if verdict:
-        facts.append(f"verdict: {verdict}")
-    took = view.duration
-    if took:
-        facts.append(f"took {took}")
+    facts = [f"verdict: {view.verdict}"] if view.verdict else []
+    facts += [f"took {view.duration}"] if view.duration else []
     facts += rows.progress_lines(view.progress)
     if facts:
         out.append("<p class='sub'>" + " · ".join(e(f) for f in facts) + "</p>")
     out.append("<h2>Control and candidate</h2>")
     out.append(render_svg(view))
-    args = view.args
     out.append(f"<h2>{view.args_heading}</h2>")
-    out.append(f"<pre>{e(shell_command(args))}</pre>" if args else "<p>(none yet)</p>")
+    out.append(f"<pre>{e(shell_command(view.args))}</pre>" if view.args else "<p>(none yet)</p>")
 
-    findings = view.findings
-    if findings:
+    if view.findings:
         out.append("<h2>Findings</h2>")
         trs = "".join(
             f"<tr><td>{e(f.gate)}</td><td class='{_result_class(f.status)}'>{e(mark(f.status))}"
             f"</td><td>{e(f.reason)}</td><td class='long'>{folded(f.message)}</td></tr>"
-            for f in findings
+            for f in view.findings
         )
         cols = "".join(f'<col style="width:{w}%">' for w in (15, 11, 20, 54))
         out.append(
             f"<table><colgroup>{cols}</colgroup><thead><tr><th>gate</th><th>result</th>"
             f"<th>reason</th><th>message</th></tr></thead><tbody>{trs}</tbody></table>"
         )
-    pre = view.preflight
-    if pre:
+    if view.preflight:
         out.append("<h2>Production</h2><ul class='notes'>")
-        out.append("".join(f"<li>{e(p)}</li>" for p in pre) + "</ul>")
-    log_lines = view.log_lines
-    if log_lines:
+        out.append("".join(f"<li>{e(p)}</li>" for p in view.preflight) + "</ul>")
+    if view.log_lines:
         out.append("<h2>Startup logs</h2>")
         out.append(
             _html_table(
                 ["arm", "severity", "finding", "line", "remedy"],
-                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in log_lines],
+                [[ll.arm, ll.severity, ll.code, ll.text, ll.hint] for ll in view.log_lines],
                 numeric_from=99,
                 widths=(11, 10, 17, 34, 28),
                 fold=(3,),
@@ -196,9 +189,8 @@ def render(view: ReportView) -> str:
         out.append(render_difference_svg(view))
         if acc.arms:
             out.append(_html_table(rows.ACCURACY_HEADER, rows.accuracy_rows(acc), numeric_from=1))
-        notes = rows.accuracy_notes(acc)
-        if notes:
-            out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+        if notes := rows.accuracy_notes(acc):
+            out.append(_notes(notes))
     lc_rows = rows.long_context_rows(view.long_context)
     if lc_rows:
         out.append("<h2>Long context (paired, per context length)</h2>")
@@ -212,12 +204,11 @@ def render(view: ReportView) -> str:
     if cap_rows:
         out.append("<h2>Capacity</h2>")
         out.append(_html_table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3))
-    speed = view.speed
-    speed_rows = rows.speed_rows(speed)
+    speed_rows = rows.speed_rows(view.speed)
     if speed_rows:
         out.append("<h2>Speed</h2>")
         out.append(_html_table(rows.SPEED_HEADER, speed_rows, 1))
-    note = rows.clock_note(speed)
+    note = rows.clock_note(view.speed)
     if note:
         out.append(f"<p class='sub'>{e(note)}</p>")
     load = view.load
@@ -228,8 +219,7 @@ def render(view: ReportView) -> str:
         )
         out.append(render_load_svg(view))
         out.append(_html_table(rows.load_header(load), load_rows, numeric_from=1))
-        notes = rows.load_notes(load)
-        if notes:
-            out.append("<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+        if notes := rows.load_notes(load):
+            out.append(_notes(notes))
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -47,20 +47,18 @@ GOODPUT_HEADER: Final = tuple(f"{arm} goodput %" for arm in ARMS)
 ENGINE_HEADER: Final = ("preemptions ctl/cand", "waiting max ctl/cand")
 
 
+def _any_stage(load: Load | None, counted: Callable[[StagePoint], bool]) -> bool:
+    return load is not None and any(counted(s) for arm in load.arms.values() for s in arm.values())
+
+
 def _has_goodput(load: Load | None) -> bool:
     """Whether any stage counted goodput (the spec gave SLOs): only then is it a column."""
-    return load is not None and any(
-        s.goodput_percent is not None for stages in load.arms.values() for s in stages.values()
-    )
+    return _any_stage(load, lambda s: s.goodput_percent is not None)
 
 
 def _has_engine_side(load: Load | None) -> bool:
     """Whether any stage carries the engine's side (preemptions, queue): only then a column."""
-    return load is not None and any(
-        s.preemptions is not None or s.max_waiting is not None
-        for stages in load.arms.values()
-        for s in stages.values()
-    )
+    return _any_stage(load, lambda s: s.preemptions is not None or s.max_waiting is not None)
 
 
 def load_header(load: Load | None) -> tuple[str, ...]:
@@ -240,10 +238,8 @@ def speed_rows(speed: Speed | None) -> list[list[str]]:
     if clocks is not None:
         sm, mem = [], []
         for c in (clocks.control, clocks.candidate):  # ARMS' order
-            sm_range = c.sm_range_mhz if c else ()
-            mem_range = c.mem_range_mhz if c else ()
-            sm.append(fmt_mhz(c.sm_mhz if c else None, *(sm_range or (None, None))))
-            mem.append(fmt_mhz(c.mem_mhz if c else None, *(mem_range or (None, None))))
+            sm.append(fmt_mhz(c.sm_mhz, c.sm_range_mhz) if c else DASH)
+            mem.append(fmt_mhz(c.mem_mhz, c.mem_range_mhz) if c else DASH)
         rows += [["SM clock (MHz)", *sm], ["memory clock (MHz)", *mem]]
     return rows
 
@@ -264,9 +260,7 @@ def load_clock_note(load: Load) -> str | None:
     if clocks.note or any(c is None or c.sm_mhz is None for c in sm.values()):
         return f"GPU clocks during the load: {clocks.note or 'unknown'}"
     shown = ", ".join(
-        f"{arm} {fmt_mhz(c.sm_mhz, *(c.sm_range_mhz or (None, None)))} MHz"
-        for arm, c in sm.items()
-        if c is not None
+        f"{arm} {fmt_mhz(c.sm_mhz, c.sm_range_mhz)} MHz" for arm, c in sm.items() if c is not None
     )
     return f"GPU SM clocks during the load: {shown}"
 

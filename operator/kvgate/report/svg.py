@@ -24,16 +24,10 @@ class _Point(NamedTuple):
 def render_svg(view: ReportView) -> str:
     """Two panels side by side: accuracy with Wilson intervals, and KV tokens, per arm."""
     acc = view.accuracy
-    tokens = {arm: view.kv_tokens[arm] for arm in ARMS}
     width, height, pad = 640, 260, 44
     panel = (width - 3 * pad) / 2
     top, bottom = 36, height - 40
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" '
-        'aria-label="Accuracy with 95% Wilson intervals and KV cache tokens per arm" '
-        'font-family="system-ui,sans-serif" font-size="12">'
-    ]
+    parts = [_open(width, height, "Accuracy with 95% Wilson intervals and KV cache tokens per arm")]
     # Left panel: accuracy. The axis spans the intervals with some room, so small
     # differences stay visible instead of being flattened against a 0-100% axis.
     x0 = pad
@@ -91,7 +85,7 @@ def render_svg(view: ReportView) -> str:
     # Right panel: KV tokens as bars from zero, because the point is the ratio.
     x1 = 2 * pad + panel
     parts.append(f'<text x="{x1}" y="20" font-weight="600">KV cache size (tokens)</text>')
-    known = {arm: t for arm, t in tokens.items() if t is not None}
+    known = {arm: t for arm in ARMS if (t := view.kv_tokens[arm]) is not None}
     if known:
         peak = max(known.values()) or 1.0
         bar = panel / 4
@@ -126,6 +120,14 @@ def render_svg(view: ReportView) -> str:
     return "".join(parts)
 
 
+def _open(width: int, height: int, label: str) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{label}" '
+        'font-family="system-ui,sans-serif" font-size="12">'
+    )
+
+
 def _missing(view: ReportView) -> str:
     """Why a figure is absent: not yet, or never (the rollout ended before measuring it)."""
     return "(not measured)" if view.finished else "yet"
@@ -138,9 +140,15 @@ def _no_data(x: float, w: float, top: float, bottom: float, text: str) -> str:
     )
 
 
-def _ticks(lo: float, hi: float) -> list[float]:
-    span = hi - lo
-    step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25) if span / s <= 6)
+_ACCURACY_STEPS: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.25)
+_PP_STEPS: Final = (0.5, 1, 2, 5, 10, 20, 50, 100)
+
+
+def _ticks(
+    lo: float, hi: float, steps: tuple[float, ...] = _ACCURACY_STEPS, most: int = 6
+) -> list[float]:
+    """Round ticks from `lo` to `hi`: the first of `steps` giving at most `most`, else the last."""
+    step = next((s for s in steps if (hi - lo) / s <= most), steps[-1])
     first = math.ceil(lo / step) * step
     return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
 
@@ -226,12 +234,10 @@ def render_difference_svg(view: ReportView) -> str:
 
     colour = {"pass": "#17612a", "fail": "#8a1c17"}.get(acc.verdict or "", "#7a5500")
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
-        'role="img" aria-label="Paired difference, candidate minus control, against the margin" '
-        'font-family="system-ui,sans-serif" font-size="12">',
+        _open(w, h, "Paired difference, candidate minus control, against the margin"),
         f'<text x="{left}" y="18" font-weight="600">Candidate - control (pp), {e(label)}</text>',
     ]
-    for tick in _pp_ticks(lo, hi):
+    for tick in _ticks(lo, hi, _PP_STEPS, 8):
         parts.append(
             f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="34" y2="{h - 28}" stroke="#eef1f6"/>'
             f'<text x="{x(tick):.1f}" y="{h - 12}" text-anchor="middle" fill="#5b6475">'
@@ -270,13 +276,6 @@ def render_difference_svg(view: ReportView) -> str:
     return "".join(parts)
 
 
-def _pp_ticks(lo: float, hi: float) -> list[float]:
-    span = hi - lo
-    step = next((s for s in (0.5, 1, 2, 5, 10, 20, 50) if span / s <= 8), 100)
-    first = math.ceil(lo / step) * step
-    return [round(first + i * step, 6) for i in range(int((hi - first) / step + 1e-9) + 1)]
-
-
 def render_load_svg(view: ReportView) -> str:
     """Throughput and TPOT against concurrency for both arms, production's load marked.
 
@@ -292,12 +291,7 @@ def render_load_svg(view: ReportView) -> str:
     top, bottom = 36, height - 44
     lo, hi = math.log2(load.levels[0]), math.log2(load.levels[-1])
     span = max(hi - lo, 1.0)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" '
-        'aria-label="Output throughput and TPOT against concurrency per arm" '
-        'font-family="system-ui,sans-serif" font-size="12">'
-    ]
+    parts = [_open(width, height, "Output throughput and TPOT against concurrency per arm")]
     panels: tuple[tuple[str, Callable[[StagePoint], float | None]], ...] = (
         ("Output tok/s against concurrency", lambda s: s.output_tokens_per_s),
         ("TPOT p50 (ms) against concurrency", lambda s: s.tpot_p50_ms),

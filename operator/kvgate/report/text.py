@@ -32,44 +32,36 @@ def render(view: ReportView) -> str:
             lines += _wrap(f"where: {headline.where}")
         if headline.raw:
             lines += _wrap(f"engine log: {headline.raw}")
-    verdict = view.verdict
-    if verdict:
-        lines += _wrap(f"verdict: {verdict}")
-    production = view.production
-    if production:
-        lines += _wrap(f"production: {production}")
-    approval = view.approval
-    if approval:
+    if view.verdict:
+        lines += _wrap(f"verdict: {view.verdict}")
+    if view.production:
+        lines += _wrap(f"production: {view.production}")
+    if view.approval:
         lines.append("  approve with either command:")
-        lines += [f"    {line}" for line in approval]
-    took = view.duration
-    if took:
-        lines.append(f"  took {took}")
+        lines += [f"    {line}" for line in view.approval]
+    if view.duration:
+        lines.append(f"  took {view.duration}")
     lines += [f"  {line}" for line in rows.progress_lines(view.progress)]
 
-    remediation = view.remediation
-    if remediation:
+    if view.remediation:
         lines += ["", "Remediation"]
-        for line in remediation:
+        for line in view.remediation:
             lines += _wrap(line)
 
-    pre = view.preflight
-    if pre:
-        lines += ["", "Production", *[f"  {p}" for p in pre]]
+    if view.preflight:
+        lines += ["", "Production", *[f"  {p}" for p in view.preflight]]
 
-    findings = view.findings
-    if findings:
+    if view.findings:
         lines += ["", "Findings"]
         lines += table(
             ["gate", "result", "reason", "message"],
-            [[f.gate, mark(f.status), f.reason, f.message] for f in findings],
+            [[f.gate, mark(f.status), f.reason, f.message] for f in view.findings],
             numeric_from=99,
         )
 
-    log_lines = view.log_lines
-    if log_lines:
+    if view.log_lines:
         lines += ["", "Startup logs"]
-        for ll in log_lines:
+        for ll in view.log_lines:
             lines += _wrap(f"{ll.arm} {ll.severity} {ll.code}: {ll.text}", then="      ")
             if ll.hint:
                 lines += _wrap(f"remedy: {ll.hint}", indent="    ", then="      ")
@@ -93,16 +85,14 @@ def render(view: ReportView) -> str:
     if cap_rows:
         lines += ["", "Capacity"]
         lines += table(rows.CAPACITY_HEADER, cap_rows, numeric_from=3)
-        gain = view.capacity_gain
-        if gain is not None:
-            lines.append(f"  candidate holds {gain:.2f}x the control's KV tokens")
+        if view.capacity_gain is not None:
+            lines.append(f"  candidate holds {view.capacity_gain:.2f}x the control's KV tokens")
 
-    speed = view.speed
-    speed_rows = rows.speed_rows(speed)
+    speed_rows = rows.speed_rows(view.speed)
     if speed_rows:
         lines += ["", "Speed"]
         lines += table(rows.SPEED_HEADER, speed_rows)
-    note = rows.clock_note(speed)
+    note = rows.clock_note(view.speed)
     if note:
         lines += _wrap(note)
 
@@ -124,9 +114,7 @@ def render(view: ReportView) -> str:
             lines.append("")
             lines += [f"  {line}" for line in charts]
 
-    args = view.args
     lines += ["", view.args_heading]
-    lines += (
-        [f"  {line}" for line in shell_command(args).splitlines()] if args else ["  (none yet)"]
-    )
+    args = shell_command(view.args).splitlines() if view.args else ["(none yet)"]
+    lines += [f"  {line}" for line in args]
     return "\n".join(lines) + "\n"

@@ -1,10 +1,7 @@
-"""Reads a rollout's status into the report's view model (the frozen records of `records`).
-
-Pure: takes the rollout object as a dict (as `kubectl get kvr NAME -o json` prints it). The
-status is read once, by `status.RolloutStatus.from_dict` (the schema the operator writes, and
-the older spellings); this module turns that record into what the renderers show. Every field
-is optional, because a report is asked for at any phase; what is missing or unreadable is
-`None` (shown as "-"), never guessed, and no value of any type raises.
+"""Reads a typed status (`RolloutStatus`, or a dict read through it once) into the report's view
+model, the frozen records of `records`. Every field is optional, because a report is asked for at
+any phase; what is missing or unreadable is `None` (shown as "-"), never guessed, and no value of
+any type raises.
 """
 
 from __future__ import annotations
@@ -260,21 +257,12 @@ def _scan(status: RolloutStatus, arm: str) -> ScanRecord:
 def read_log_findings(status: StatusLike) -> list[LogLine]:
     """Warnings and errors from each arm's startup-log scan (info lines are left out)."""
     typed = typed_status(status)
-    out: list[LogLine] = []
-    for arm in ARMS:
-        for f in _scan(typed, arm).findings:
-            if f.severity not in ("warning", "error"):
-                continue
-            out.append(
-                LogLine(
-                    arm=arm,
-                    severity=f.severity,
-                    code=f.code or "",
-                    text=(f.text or "").strip(),
-                    hint=(f.hint or "").strip(),
-                )
-            )
-    return out
+    return [
+        LogLine(arm, f.severity, f.code or "", (f.text or "").strip(), (f.hint or "").strip())
+        for arm in ARMS
+        for f in _scan(typed, arm).findings
+        if f.severity in ("warning", "error")
+    ]
 
 
 # ---------------------------------------------------------------- capacity and speed
@@ -484,9 +472,8 @@ def read_verdict(status: StatusLike) -> str | None:
         if v.reused_from
         else ""
     )
-    if message and typed.message and message in typed.message:
-        return reused.strip(" ()") or None  # the headline says the rest
-    if str(v.decision).lower() == "promote" and message in _ALL_PASSED:  # #26: said above
+    said = bool(message and typed.message and message in typed.message)  # by the headline
+    if said or (str(v.decision).lower() == "promote" and message in _ALL_PASSED):  # #26
         return reused.strip(" ()") or None
     words = _DECISION_WORDS.get(v.decision or "", v.decision)
     if words and message:
@@ -585,14 +572,14 @@ def read_progress(status: RolloutStatus, head: Header, now: dt.datetime) -> Prog
     latest look."""
     look = status.eval.look_progress if status.eval is not None else None
     evaluating = status.phase is Phase.EVALUATING
-    running = between(status.started_at, now)
+    running, phase_s = between(status.started_at, now), between(status.phase_since, now)
     if running is None and not (look and evaluating):
         return None
     if look is None or not evaluating:
-        return Progress(running_s=running, phase_s=between(status.phase_since, now))
+        return Progress(running_s=running, phase_s=phase_s)
     return Progress(
         running_s=running,
-        phase_s=between(status.phase_since, now),
+        phase_s=phase_s,
         look=look.look,
         looks_planned=look.looks_planned,
         questions=look.questions,

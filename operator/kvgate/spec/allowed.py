@@ -212,40 +212,28 @@ class Allowlist:
     @classmethod
     def from_config(cls, args: Iterable[str] = (), env: Iterable[str] = ()) -> Allowlist:
         """Validated extras; raises ValueError naming the first bad entry."""
-        arg_set = set()
-        for raw in args:
-            name = raw.strip()
-            if not name:
-                continue
+        denied = "{} is on the denylist the CRD enforces; it cannot be allowed"
+        arg_set, env_set = set(), set()
+        for name in filter(None, (raw.strip() for raw in args)):
             canon = canonical_flag(name)
             if not _FLAG_RE.fullmatch(canon) or "=" in name:
                 raise ValueError(f"{name!r} is not a --flag name")
             if arg_denied(canon):
-                raise ValueError(
-                    f"{name} is on the denylist the CRD enforces; it cannot be allowed"
-                )
+                raise ValueError(denied.format(name))
             arg_set.add(canon)
-        env_set = set()
-        for raw in env:
-            name = raw.strip()
-            if not name:
-                continue
-            bare = name[:-1] if name.endswith("*") else name
+        for name in filter(None, (raw.strip() for raw in env)):
+            bare = name.removesuffix("*")
             if not _ENV_RE.fullmatch(bare):
                 raise ValueError(f"{name!r} is not a variable name (or NAME_PREFIX*)")
             if env_denied(bare):
-                raise ValueError(
-                    f"{name} is on the denylist the CRD enforces; it cannot be allowed"
-                )
+                raise ValueError(denied.format(name))
             env_set.add(name)
         return cls(frozenset(arg_set), frozenset(env_set))
 
     def args_for(self, engine: Engine | str | None) -> dict[str, Kind]:
         """Allowed flags of `engine` (None or "auto": either engine's) with how they take values."""
         tables = _tables(engine, VLLM_ARGS, SGLANG_ARGS)
-        allowed: dict[str, Kind] = {}
-        for table in tables:
-            allowed.update(table)
+        allowed: dict[str, Kind] = {k: v for table in tables for k, v in table.items()}
         for name in self.extra_args:
             allowed.setdefault(name, Kind.EITHER)
         return {k: v for k, v in allowed.items() if not arg_denied(k)}
@@ -282,7 +270,6 @@ class Violation:
 
     index: int
     message: str
-    subfield: str = ""  # e.g. ".name" for an env entry
 
 
 def check_args(
@@ -303,15 +290,13 @@ def check_args(
         name = canonical_flag(token)
         _, eq, inline = token.partition("=")
         has_next = i + 1 < len(args) and not args[i + 1].startswith("--")
+        skip = 2 if has_next and not eq else 1  # the flag, and its value when it is separate
         if name in KVGATE_OWNED_ARGS:
             out.append(Violation(i, f"{name} is set by kvgate from {KVGATE_OWNED_ARGS[name]}; "
                                  "set that"))  # fmt: skip
-            if eq:
-                i += 1
-            elif name in MULTI_VALUE_FLAGS:  # nargs="+": every value up to the next flag
-                i += 1 + _values_after(args, i)
-            else:
-                i += 2 if has_next else 1
+            if name in MULTI_VALUE_FLAGS and not eq:  # nargs="+": every value up to the next flag
+                skip = 1 + _values_after(args, i)
+            i += skip
             continue
         kind = allowed.get(name)
         if kind is None:
@@ -320,7 +305,7 @@ def check_args(
             out.append(
                 Violation(i, f"{_show(name)} {reason}; allowed: {', '.join(sorted(allowed))}")
             )
-            i += 2 if has_next and not eq else 1
+            i += skip
             continue
         value: str | None = inline if eq else None
         value_index = i
@@ -329,7 +314,7 @@ def check_args(
             i += 1
         if kind is Kind.SWITCH and (eq or has_next):
             out.append(Violation(i, f"{name} takes no value"))
-            i += 2 if has_next and not eq else 1
+            i += skip
             continue
         if kind is Kind.VALUE and value is None:
             out.append(Violation(i, f"{name} needs a value (--flag value or --flag=value)"))
@@ -355,12 +340,8 @@ def check_env_name(
     """Why `name` may not be set by a rollout, or None when it may."""
     if allow.env_allowed(engine, name):
         return None
-    if env_denied(name):
-        return (
-            f"{_show(name)} is not an allowed variable ({ENV_WHY}); "
-            f"allowed: {allow.describe_env(engine)}"
-        )
-    return f"{_show(name)} is not an allowed variable; allowed: {allow.describe_env(engine)}"
+    why = f" ({ENV_WHY})" if env_denied(name) else ""
+    return f"{_show(name)} is not an allowed variable{why}; allowed: {allow.describe_env(engine)}"
 
 
 def check_env_value(value: str) -> str | None:

@@ -49,23 +49,21 @@ def margin_problems(
 ) -> list[tuple[str, str]]:
     """(field, message) for every margin rule the spec breaks; `margin_pp` None: not stated.
     Its range by class (`max_margin_pp`) is the spec reader's, which names it."""
-    problems: list[tuple[str, str]] = []
-    if needs_stated_margin(policy_class):
-        if margin_pp is None:
-            problems.append(
-                (
-                    MARGIN_FIELD,
-                    f"is required for the sub-8-bit KV format '{format_name}': it trades "
-                    "accuracy for capacity on purpose, so state the loss you accept in "
-                    "percentage points (e.g. 6); no default applies",
-                )
-            )
-        if not accuracy_on:
-            problems.append(
-                (
-                    "gates.accuracy.mode",
-                    f"off is refused for the sub-8-bit KV format '{format_name}': the accuracy "
-                    "it gives up must be measured and bounded; use require",
-                )
-            )
-    return problems
+    if not needs_stated_margin(policy_class):
+        return []
+    unstated = (
+        MARGIN_FIELD,
+        f"is required for the sub-8-bit KV format '{format_name}': it trades accuracy for "
+        "capacity on purpose, so state the loss you accept in percentage points (e.g. 6); no "
+        "default applies",
+    )
+    off = (
+        "gates.accuracy.mode",
+        f"off is refused for the sub-8-bit KV format '{format_name}': the accuracy it gives up "
+        "must be measured and bounded; use require",
+    )
+    return [
+        problem
+        for problem, broken in ((unstated, margin_pp is None), (off, not accuracy_on))
+        if broken
+    ]

@@ -6,7 +6,7 @@ durations the spec and the operator's settings use.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -18,15 +18,13 @@ _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 def parse_duration(text: str) -> float:
     """`"1h30m"`, `"90s"`, `"250ms"` -> seconds; raises ValueError on anything else."""
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
     pos, total = 0, 0.0
-    for match in _DURATION_RE.finditer(text):
+    for match in _DURATION_RE.finditer(text if isinstance(text, str) else ""):
         if match.start() != pos:
             break
         total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         pos = match.end()
-    if pos != len(text):
+    if not isinstance(text, str) or not text or pos != len(text):
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 5m or 1h30m")
     return total
 
@@ -63,6 +61,10 @@ class SpecReader:
     def raise_errors(self) -> None:
         if self.errors:
             raise ExceptionGroup(f"{len(self.errors)} invalid field(s) in {self.path}", self.errors)
+
+    def optional(self, key: str, read: Callable[..., _T], *args: Any, **kwargs: Any) -> _T | None:
+        """`read(key, ...)` of a field whose absence means None, not a default."""
+        return None if self.data.get(key) is None else read(key, *args, **kwargs)
 
     def section(self, key: str, *, required: bool = False) -> SpecReader:
         value = self.data.get(key)

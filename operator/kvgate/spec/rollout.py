@@ -81,9 +81,8 @@ class CapacityGate:
 
     @property
     def sampling_deadline_s(self) -> float:
-        """How long preflight keeps sampling before it judges what it has: three windows, and at
-        least a minute more than one (a short window on a busy cluster gets its scrapes late).
-        """
+        """How long preflight samples before it judges: three windows, and at least a minute
+        more than one (a short window on a busy cluster gets its scrapes late)."""
         return max(3 * self.window_s, self.window_s + 60.0)
 
 
@@ -137,10 +136,8 @@ class AccuracyGate:
 
 @dataclass(frozen=True, slots=True)
 class DivergenceGate:
-    """The token-level divergence screen (`spec.gates.divergence`), run in the eval Job.
-
-    `max_tokens` None: the engine's max model length (from the control's startup log).
-    """
+    """The token-level divergence screen (`spec.gates.divergence`), run in the eval Job;
+    `max_tokens` None: the engine's max model length (from the control's startup log)."""
 
     mode: GateMode = GateMode.OFF
     documents: int = 4
@@ -151,10 +148,8 @@ class DivergenceGate:
 
 @dataclass(frozen=True, slots=True)
 class ThroughputGainGate:
-    """Measured output tok/s, candidate over control, at production's load (the load Job).
-
-    Optional SLOs (p99, milliseconds): a stage that misses one does not count as served.
-    """
+    """Measured output tok/s, candidate over control, at production's load (the load Job), with
+    optional p99 SLOs (milliseconds): a stage that misses one does not count as served."""
 
     min_ratio: float = 1.3
     ttft_p99_ms: float | None = None
@@ -281,14 +276,12 @@ class RolloutSpec:
         if engine is Engine.SGLANG and dtype == "fp8" and not r.section("kvCache").present:
             r.error("kvCacheDtype", "sglang does not accept fp8; use fp8_e4m3 or fp8_e5m2")
         legacy = r.raw("kvCacheDtype")
+        policy_engine = None if engine is Engine.AUTO else engine.value
         kv_cache = read_kv_cache(
-            r,
-            None if engine is Engine.AUTO else engine.value,
-            legacy if isinstance(legacy, str) and legacy in KV_DTYPES else None,
+            r, policy_engine, legacy if isinstance(legacy, str) and legacy in KV_DTYPES else None
         )
         dtype = kv_cache.format
         extra_args = tuple(r.list_of("extraArgs", str, "a string"))
-        policy_engine = None if engine is Engine.AUTO else engine.value
         if not any(e.field.startswith("spec.extraArgs") for e in r.errors):
             for v in policy.check_args(extra_args, policy_engine, allow):
                 r.error(f"extraArgs[{v.index}]", v.message)
@@ -298,13 +291,7 @@ class RolloutSpec:
         model = ModelRef(
             name=m.string("name"),
             revision=m.string("revision"),
-            token_secret=(
-                SecretKeyRef(
-                    secret.string("name", required=True) or "", secret.string("key") or "token"
-                )
-                if secret.present
-                else None
-            ),
+            token_secret=_secret_ref(secret) if secret.present else None,
         )
         g = r.section("gates")
         cap = g.section("capacity")
@@ -358,11 +345,7 @@ class RolloutSpec:
         divergence = DivergenceGate(
             mode=dv.choice("mode", GateMode, GateMode.OFF),
             documents=dv.integer("documents", 4, 1, 100),
-            max_tokens=(
-                dv.integer("maxTokens", 8192, 512, 2**21)
-                if dv.raw("maxTokens") is not None
-                else None
-            ),
+            max_tokens=dv.optional("maxTokens", dv.integer, 8192, 512, 2**21),
             factor=dv.number("factor", 10.0, 1.0, 1e6),
             logprobs=dv.integer("logprobs", 5, 1, 20),
         )
@@ -373,15 +356,11 @@ class RolloutSpec:
             throughput_gain=(
                 ThroughputGainGate(
                     min_ratio=tg.number("minRatio", 1.3, 0.0, 100.0, exclusive_min=True),
-                    ttft_p99_ms=(
-                        tg.number("ttftP99Ms", 0.0, 0.0, 3.6e6, exclusive_min=True)
-                        if tg.raw("ttftP99Ms") is not None
-                        else None
+                    ttft_p99_ms=tg.optional(
+                        "ttftP99Ms", tg.number, 0.0, 0.0, 3.6e6, exclusive_min=True
                     ),
-                    tpot_p99_ms=(
-                        tg.number("tpotP99Ms", 0.0, 0.0, 6e4, exclusive_min=True)
-                        if tg.raw("tpotP99Ms") is not None
-                        else None
+                    tpot_p99_ms=tg.optional(
+                        "tpotP99Ms", tg.number, 0.0, 0.0, 6e4, exclusive_min=True
                     ),
                     max_concurrency=tg.integer("maxConcurrency", 128, 1, 4096),
                     max_clock_difference=tg.number("maxClockDifference", 0.05, 0.0, 1.0),
@@ -424,11 +403,8 @@ class RolloutSpec:
             pull_request=_pull_request(p),
         )
         rv = r.section("reuseVerdict")
-        reuse = (
-            VerdictReuse(max_age_s=rv.duration("maxAge", 86400.0, minimum=60.0))
-            if rv.present
-            else None
-        )
+        max_age = rv.duration("maxAge", 86400.0, minimum=60.0)
+        reuse = VerdictReuse(max_age_s=max_age) if rv.present else None
         if accuracy.mode is GateMode.OFF and (
             divergence.mode is not GateMode.OFF or speed is not None
         ):
@@ -499,10 +475,7 @@ def _pull_request(p: SpecReader) -> PullRequestSpec | None:
         pr.error("valuesKey", "is only read with kind helmValues")
     elif values_key is not None and not _VALUES_KEY.match(values_key):
         pr.error("valuesKey", f"{values_key[:80]!r} is not a dotted key (a.b.c)")
-    secret = pr.section("tokenSecretRef", required=True)
-    token_secret = SecretKeyRef(
-        secret.string("name", required=secret.present) or "", secret.string("key") or "token"
-    )
+    token_secret = _secret_ref(pr.section("tokenSecretRef", required=True))
     return PullRequestSpec(
         provider=provider,
         api_url=api_url,
@@ -514,6 +487,11 @@ def _pull_request(p: SpecReader) -> PullRequestSpec | None:
         values_key=values_key,
         apply_deadline_s=pr.duration("applyDeadline", DEFAULT_APPLY_DEADLINE_S, minimum=1.0),
     )
+
+
+def _secret_ref(secret: SpecReader) -> SecretKeyRef:
+    name = secret.string("name", required=secret.present)
+    return SecretKeyRef(name or "", secret.string("key") or "token")
 
 
 def _long_context(lc: SpecReader) -> LongContextTask | None:
@@ -568,9 +546,7 @@ def is_local_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~"))
 
 
-def _env_vars(
-    r: SpecReader, engine: str | None = None, allow: policy.Allowlist = policy.BUILTIN
-) -> list[EnvVar]:
+def _env_vars(r: SpecReader, engine: str | None, allow: policy.Allowlist) -> list[EnvVar]:
     """spec.extraEnv: valid names on the allowlist, literal printable values."""
     out: list[EnvVar] = []
     raw = r.raw("extraEnv")

@@ -4,12 +4,6 @@ No clone, no git binary, no SSH key: files are committed through the forge's API
 `POST /repos/{o}/{r}/contents`, GitHub's contents API, GitLab's commits API), on a branch
 created from the base branch's current head, so a moved base needs no rebase.
 
-    forge = GiteaForge("http://127.0.0.1:3000/api/v1", token)
-    pr = forge.open_or_update_pull_request(
-        "org/deploy", "main", "kvgate/llama-0123456789abcdef",
-        {"apps/llama/kvgate-fp8.patch.yaml": text}, "FP8 KV cache for llama", body)
-    forge.pull_request_state("org/deploy", pr.number).state  # open / merged / closed
-
 Idempotent: an open pull request for the branch is updated, never duplicated, and files that
 already hold the content make no new commit. kvgate writes only branches under `kvgate/`.
 Every failure is a `ForgeError`; a refused token or a missing permission is a
@@ -25,22 +19,13 @@ from typing import Final
 
 import httpx
 
-from kvgate.adapters.forge.base import Forge, ForgeApi, PullRequest, PullRequestState, RestForge
+from kvgate.adapters.forge.base import PullRequestState, RestForge
 from kvgate.adapters.forge.providers import GiteaForge, GitHubForge, GitLabForge
 from kvgate.errors import SpecError
 
-__all__ = [
-    "FORGES",
-    "Forge",
-    "ForgeApi",
-    "GitHubForge",
-    "GitLabForge",
-    "GiteaForge",
-    "PullRequest",
-    "PullRequestState",
-    "RestForge",
-    "forge_for",
-]
+__all__ = ["Forge", "GitHubForge", "GiteaForge", "PullRequestState", "RestForge", "forge_for"]
+
+Forge = RestForge  # the one client every forge's table runs on
 
 FORGES: Final[Mapping[str, type[RestForge]]] = {
     "gitea": GiteaForge,

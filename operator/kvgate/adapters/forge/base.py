@@ -8,8 +8,8 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Final
 from urllib.parse import quote
 
 import httpx
@@ -39,26 +39,6 @@ class PullRequest:
     committed: bool = False  # open_or_update_pull_request made a new commit
     created: bool = False  # ... and opened the pull request (else it was there)
     branch: str = ""  # the branch it proposes (its head)
-
-
-class Forge(Protocol):
-    """One forge account (API URL and token); `repo` is `owner/name` (GitLab: `group/project`)."""
-
-    def open_or_update_pull_request(
-        self,
-        repo: str,
-        base: str,
-        branch: str,
-        files: Mapping[str, str],
-        title: str,
-        body: str,
-    ) -> PullRequest: ...
-
-    def pull_request_state(self, repo: str, number: int) -> PullRequest: ...
-
-    def find_open_pull_request(self, repo: str, base: str, branch: str) -> PullRequest | None: ...
-
-    def close_pull_request(self, repo: str, number: int, comment: str) -> PullRequest: ...
 
 
 def _check_arguments(repo: str, base: str, branch: str, files: Mapping[str, str]) -> None:
@@ -114,7 +94,8 @@ class ForgeApi:
 
 
 class RestForge:
-    """The algorithm, shared by the three forges; `api` is the forge's table."""
+    """One forge account (API URL and token), the algorithm shared by the three forges; `api` is
+    the forge's table. `repo` is `owner/name` (GitLab: `group/project`)."""
 
     api: ForgeApi
 
@@ -148,8 +129,8 @@ class RestForge:
     def _call(
         self,
         method: str,
-        path: str,
         repo: str,
+        path: str,
         doing: str,
         *,
         permission: str,
@@ -157,7 +138,8 @@ class RestForge:
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
     ) -> Any:
-        """One API call; the decoded JSON answer, or None for a 404 when `ok404`."""
+        """One API call on `path` under the repository's; the decoded JSON answer, or None for
+        a 404 when `ok404`."""
         if not _TOKEN.match(self._token):
             # Never echo it: a newline or a control character would also break the header.
             raise ForgeAccessError(
@@ -168,7 +150,7 @@ class RestForge:
         try:
             response = self._http.request(
                 method,
-                self._api + path,
+                self._api + self._repo(repo) + path,
                 headers=self._headers(),
                 params=params,
                 json=json,
@@ -197,27 +179,15 @@ class RestForge:
         status = response.status_code
         detail = self._scrub(_server_message(response))
         said = f" ({detail})" if detail else ""
-        if status == 401:
-            return ForgeAccessError(
-                repo,
-                f"{doing}: the {self.name} token was refused (HTTP 401: invalid, expired "
-                f"or revoked){said}",
-                status,
-            )
-        if status == 403:
-            return ForgeAccessError(
-                repo,
-                f"{doing}: the token lacks the permission to {permission} (HTTP 403){said}",
-                status,
-            )
-        if status == 404:
-            return ForgeAccessError(
-                repo,
-                f"{doing}: not found (HTTP 404): the repository or branch does not exist "
-                f"or the token cannot {permission}{said}",
-                status,
-            )
-        return ForgeError(repo, f"{doing}: HTTP {status}{said}", status)
+        refused = {
+            401: f"the {self.name} token was refused (HTTP 401: invalid, expired or revoked)",
+            403: f"the token lacks the permission to {permission} (HTTP 403)",
+            404: "not found (HTTP 404): the repository or branch does not exist or the token "
+            f"cannot {permission}",
+        }.get(status)
+        if refused is None:
+            return ForgeError(repo, f"{doing}: HTTP {status}{said}", status)
+        return ForgeAccessError(repo, f"{doing}: {refused}{said}", status)
 
     # --- the algorithm ----------------------------------------------------------------------
 
@@ -280,33 +250,30 @@ class RestForge:
             self._check_write_access(repo)
             wanted = {path: text.encode() for path, text in files.items()}
             changes: dict[str, tuple[bytes, str | None]] = {}
-            if self._branch_head(repo, branch) is None:
-                if self._branch_head(repo, base) is None:
-                    raise ForgeError(repo, f"base branch {base!r} does not exist")
-                # A file already on the base branch (the placeholder the recipes commit) is
-                # updated: the forges refuse to create a path that exists.
-                for path, data in wanted.items():
-                    changes[path] = (data, self._read_file(repo, base, path)[1])
-                self._commit(repo, branch, base, changes, title)
-                committed = True
-            else:
-                for path, data in wanted.items():
-                    current, file_id = self._read_file(repo, branch, path)
-                    if current != data:
-                        changes[path] = (data, file_id)
-                committed = bool(changes)
-                if committed:
-                    self._commit(repo, branch, None, changes, title)
+            start_from = base if self._branch_head(repo, branch) is None else None
+            if start_from is not None and self._branch_head(repo, base) is None:
+                raise ForgeError(repo, f"base branch {base!r} does not exist")
+            # On a new branch every file is committed, and one already on the base branch (the
+            # placeholder the recipes commit) is updated: the forges refuse to create a path
+            # that exists.
+            for path, data in wanted.items():
+                current, file_id = self._read_file(repo, start_from or branch, path)
+                if start_from is not None or current != data:
+                    changes[path] = (data, file_id)
+            committed = bool(changes)
+            if committed:
+                self._commit(repo, branch, start_from, changes, title)
             found = self._find_open(repo, base, branch)
             if found is None:
                 pr = self._create(repo, base, branch, title, body)
                 log.info(
                     "%s %s: opened pull request #%d from %s", self.name, repo, pr.number, branch
                 )
-                return with_flags(pr, committed=committed, created=True)
+                return replace(pr, committed=committed, created=True)
             number, old_title, old_body = found
             if (old_title, old_body) != (title, body):
-                self._edit(repo, number, title, body)
+                edit = {"title": title, self.api.body: body}
+                self._edit(repo, number, f"editing {self._which(number)}", edit)
             log.info(
                 "%s %s: updated pull request #%d (new commit: %s)",
                 self.name,
@@ -314,7 +281,7 @@ class RestForge:
                 number,
                 committed,
             )
-            return with_flags(self._state(repo, number), committed=committed)
+            return replace(self._state(repo, number), committed=committed)
 
     # --- each forge's API, read from its table ----------------------------------------------
 
@@ -324,29 +291,23 @@ class RestForge:
 
     def _repo(self, repo: str) -> str:
         parts = [repo] if self.api.quote_slashes else repo.split("/", 1)
-        return self.api.repo_root + "/".join(quote_part(p) for p in parts)
+        return self.api.repo_root + "/".join(quote(p, safe="") for p in parts)
 
     def _quote(self, part: str) -> str:
-        return quote_part(part) if self.api.quote_slashes else quote_path(part)
+        return quote(part, safe="" if self.api.quote_slashes else "/")
 
     def _check_write_access(self, repo: str) -> None:
-        api = self.api
-        data = self._call(
-            "GET",
-            self._repo(repo),
-            repo,
-            f"reading the {api.repo_word}",
-            permission=f"read the {api.repo_word}",
-        )
-        refusal = api.write_refusal(data)
+        word = self.api.repo_word
+        data = self._call("GET", repo, "", f"reading the {word}", permission=f"read the {word}")
+        refusal = self.api.write_refusal(data)
         if refusal:
             raise ForgeAccessError(repo, refusal)
 
     def _branch_head(self, repo: str, branch: str) -> str | None:
         data = self._call(
             "GET",
-            f"{self._repo(repo)}{self.api.branch}{self._quote(branch)}",
             repo,
+            self.api.branch + self._quote(branch),
             f"reading branch {branch}",
             permission="read the repository",
             ok404=True,
@@ -357,8 +318,8 @@ class RestForge:
         """The file's bytes and its blob id on `branch`; (None, None) when it is not there."""
         data = self._call(
             "GET",
-            f"{self._repo(repo)}{self.api.file}{self._quote(path)}",
             repo,
+            self.api.file + self._quote(path),
             f"reading {path} on {branch}",
             permission="read the repository",
             ok404=True,
@@ -368,52 +329,42 @@ class RestForge:
             return None, None
         if not isinstance(data, Mapping) or data.get("type", "file") != "file":
             raise ForgeError(repo, f"{path} on {branch} is not a file")  # GitLab has no type
-        return decode_content(data.get("content", ""), path, repo), str(data[self.api.file_id])
+        try:
+            content = base64.b64decode(str(data.get("content", "")), validate=False)
+        except ValueError:
+            raise ForgeError(repo, f"{path}: the file content is not base64") from None
+        return content, str(data[self.api.file_id])
 
     def _commit(
-        self,
-        repo: str,
-        branch: str,
-        start_from: str | None,
-        changes: Mapping[str, tuple[bytes, str | None]],
-        message: str,
+        self, repo: str, branch: str, start_from: str | None, changes: Changes, message: str
     ) -> None:
-        """Commit `changes` ({path: (content, blob id or None for a new file)}) on `branch`,
-        creating it from `start_from` when given: in one commit where the forge takes several
-        files, else the branch first and a commit per file (GitHub's contents API)."""
-        api, doing = self.api, f"committing on {branch}"
+        """Commit `changes` on `branch`, creating it from `start_from` when given: in one commit
+        where the forge takes several files, else the branch first and a commit per file
+        (GitHub's contents API)."""
+        api, write = self.api, self.api.write_permission
         if api.commit_payload is not None:
             payload = api.commit_payload(branch, start_from, changes, message)
             self._call(
-                "POST",
-                self._repo(repo) + api.commits,
-                repo,
-                doing,
-                permission=api.write_permission,
-                json=payload,
+                "POST", repo, api.commits, f"committing on {branch}", permission=write, json=payload
             )
             return
         if start_from is not None:
+            head = self._branch_head(repo, start_from)
             self._call(
                 "POST",
-                f"{self._repo(repo)}/git/refs",
                 repo,
+                "/git/refs",
                 f"creating branch {branch}",
-                permission=api.write_permission,
-                json={"ref": f"refs/heads/{branch}", "sha": self._branch_head(repo, start_from)},
+                permission=write,
+                json={"ref": f"refs/heads/{branch}", "sha": head},
             )
         for path, (data, sha) in changes.items():
             one: dict[str, Any] = {"message": message, "content": b64(data), "branch": branch}
             if sha is not None:
                 one["sha"] = sha
-            self._call(
-                "PUT",
-                f"{self._repo(repo)}{api.file}{self._quote(path)}",
-                repo,
-                f"committing {path} on {branch}",
-                permission=api.write_permission,
-                json=one,
-            )
+            path_url = api.file + self._quote(path)
+            doing = f"committing {path} on {branch}"
+            self._call("PUT", repo, path_url, doing, permission=write, json=one)
 
     def _find_open(self, repo: str, base: str, branch: str) -> tuple[int, str, str] | None:
         """(number, title, body) of the open pull request from `branch` into `base`; the filter
@@ -424,8 +375,8 @@ class RestForge:
             paged = {"limit": api.page_size, "page": page} if api.page_size else {}
             items = self._call(
                 "GET",
-                self._repo(repo) + api.pulls,
                 repo,
+                api.pulls,
                 f"listing {api.noun}s",
                 permission=f"read {api.noun}s",
                 params={**params, **paged},
@@ -441,54 +392,40 @@ class RestForge:
         api = self.api
         data = self._call(
             "POST",
-            self._repo(repo) + api.pulls,
             repo,
+            api.pulls,
             f"opening a {api.noun}",
             permission=f"open {api.noun}s",
             json={api.head[0]: branch, api.base[0]: base, "title": title, api.body: body},
         )
         return self._pull_request(data)
 
-    def _edit(self, repo: str, number: int, title: str, body: str) -> None:
+    def _edit(self, repo: str, number: int, doing: str, json: Mapping[str, Any]) -> None:
         api = self.api
-        self._call(
-            api.edit_method,
-            f"{self._repo(repo)}{api.pulls}/{number}",
-            repo,
-            f"editing {api.noun} {api.sign}{number}",
-            permission=f"edit {api.noun}s",
-            json={"title": title, api.body: body},
-        )
+        path = f"{api.pulls}/{int(number)}"
+        self._call(api.edit_method, repo, path, doing, permission=f"edit {api.noun}s", json=json)
 
     def _state(self, repo: str, number: int) -> PullRequest:
         api = self.api
-        data = self._call(
-            "GET",
-            f"{self._repo(repo)}{api.pulls}/{int(number)}",
-            repo,
-            f"reading {api.noun} {api.sign}{number}",
-            permission=f"read {api.noun}s",
+        path, doing = f"{api.pulls}/{int(number)}", f"reading {self._which(number)}"
+        return self._pull_request(
+            self._call("GET", repo, path, doing, permission=f"read {api.noun}s")
         )
-        return self._pull_request(data)
 
     def _close(self, repo: str, number: int, comment: str) -> None:
-        api, which = self.api, f"{self.api.noun} {self.api.sign}{number}"
+        api, which = self.api, self._which(number)
         self._call(
             "POST",
-            self._repo(repo) + api.comments.format(number=int(number)),
             repo,
+            api.comments.format(number=int(number)),
             f"commenting on {which}",
             permission=f"comment on {api.noun}s",
             json={"body": comment},
         )
-        self._call(
-            api.edit_method,
-            f"{self._repo(repo)}{api.pulls}/{int(number)}",
-            repo,
-            f"closing {which}",
-            permission=f"edit {api.noun}s",
-            json=dict(api.close),
-        )
+        self._edit(repo, number, f"closing {which}", dict(api.close))
+
+    def _which(self, number: int) -> str:
+        return f"{self.api.noun} {self.api.sign}{number}"
 
     def _pull_request(self, data: Mapping[str, Any]) -> PullRequest:
         """Gitea's and GitHub's `merged` flag, or GitLab's `merged` state; GitHub sets a test
@@ -516,39 +453,16 @@ def _dig(data: Any, keys: tuple[str, ...]) -> Any:
     return data
 
 
-def with_flags(pr: PullRequest, *, committed: bool, created: bool = False) -> PullRequest:
-    return PullRequest(pr.number, pr.url, pr.state, pr.merge_sha, committed, created, pr.branch)
-
-
 def _server_message(response: httpx.Response) -> str:
     """The forge's own error text (`message` / `error`), first line, cut short."""
     try:
         data = response.json()
     except ValueError:
         return ""
-    text = ""
-    if isinstance(data, Mapping):
-        for key in ("message", "error", "errors"):
-            if data.get(key):
-                text = str(data[key])
-                break
+    keys = ("message", "error", "errors") if isinstance(data, Mapping) else ()
+    text = next((str(data[key]) for key in keys if data.get(key)), "")
     return (text.splitlines() or [""])[0][:200]
-
-
-def decode_content(content: object, where: str, repo: str) -> bytes:
-    try:
-        return base64.b64decode(str(content), validate=False)
-    except ValueError:
-        raise ForgeError(repo, f"{where}: the file content is not base64") from None
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def quote_part(part: str) -> str:
-    return quote(part, safe="")
-
-
-def quote_path(path: str) -> str:
-    return quote(path, safe="/")

@@ -23,43 +23,25 @@ through a traceback's frames, and wrapper prefixes (journald, kubectl, compose, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
-from kvgate.errors import ParseError, UnsupportedError
+from kvgate.errors import ParseError
 from kvgate.evidence.logs.collect import _Collector
 from kvgate.evidence.logs.fold import _Folder
-from kvgate.evidence.logs.model import (
-    CHUNK_CHARS,
-    CODES,
-    ENGINES,
-    MAX_LINE,
-    SEVERITIES,
-    Event,
-    Finding,
-    LogScan,
-)
+from kvgate.evidence.logs.model import CHUNK_CHARS, CODES, MAX_LINE, Finding, LogScan
 from kvgate.evidence.logs.rules import ANCHORS, RULES
 from kvgate.evidence.logs.shapes import engine_by_shape
 from kvgate.vocabulary import check_engine
 
-_CHUNK_CHARS = CHUNK_CHARS
-_MAX_LINE = MAX_LINE
-
 __all__ = [
     "ANCHORS",
     "CODES",
-    "ENGINES",
     "RULES",
-    "SEVERITIES",
-    "Event",
     "Finding",
     "LogScan",
-    "findings_by_severity",
     "scan_lines",
     "scan_log",
 ]
-
-# -- entry points ----------------------------------------------------------------------------
 
 
 def _chunks(lines: Iterable[str]) -> Iterator[str]:
@@ -67,13 +49,13 @@ def _chunks(lines: Iterable[str]) -> Iterator[str]:
     buffer: list[str] = []
     size = 0
     for line in lines:
-        if len(line) > _MAX_LINE:  # rules read no further; keep the chunk small
-            line = line[:_MAX_LINE] + "\n"
+        if len(line) > MAX_LINE:  # rules read no further; keep the chunk small
+            line = line[:MAX_LINE] + "\n"
         elif not line.endswith("\n"):
             line += "\n"
         buffer.append(line)
         size += len(line)
-        if size >= _CHUNK_CHARS:
+        if size >= CHUNK_CHARS:
             yield "".join(buffer)
             buffer, size = [], 0
     if buffer:
@@ -83,7 +65,7 @@ def _chunks(lines: Iterable[str]) -> Iterator[str]:
 def _text_chunks(text: str) -> Iterator[str]:
     start = 0
     while start < len(text):
-        end = text.find("\n", start + _CHUNK_CHARS)
+        end = text.find("\n", start + CHUNK_CHARS)
         end = len(text) if end == -1 else end + 1
         yield text[start:end]
         start = end
@@ -106,7 +88,7 @@ def _scan_chunks(chunks: Iterable[str], engine: str | None, source: str) -> LogS
     events = collector.events
     if detected is not None:
         events = [e for e in events if e.engine in (None, detected)]
-    return _Folder(detected, events, collector.per_rule).fold(collector.lines)
+    return _Folder(detected, events).fold(collector.lines)
 
 
 def scan_log(text: str, engine: str | None = None, *, source: str = "log") -> LogScan:
@@ -120,10 +102,3 @@ def scan_log(text: str, engine: str | None = None, *, source: str = "log") -> Lo
 def scan_lines(lines: Iterable[str], engine: str | None = None, *, source: str = "log") -> LogScan:
     """Like `scan_log` over an iterable of lines (with or without '\\n'), in flat memory."""
     return _scan_chunks(_chunks(lines), engine, source)
-
-
-def findings_by_severity(scan: LogScan, severity: str) -> Sequence[Finding]:
-    """The findings of one severity (`info`, `warning`, `error`)."""
-    if severity not in SEVERITIES:
-        raise UnsupportedError(f"severity '{severity}' is not known; use info, warning or error")
-    return [f for f in scan.findings if f.severity == severity]

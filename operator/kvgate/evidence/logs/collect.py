@@ -75,15 +75,10 @@ _HEADER_WITHIN: Final = 1024
 
 def _message(line: str) -> tuple[str, str | None]:
     """The message part of a log line and the engine its header format belongs to."""
-    head = _VLLM_HEADER.search(line, 0, _HEADER_WITHIN)
-    if head is not None:
-        return line[head.end() :].strip(), _V
-    head = _VLLM_OLD_HEADER.search(line, 0, _HEADER_WITHIN)
-    if head is not None:
-        return line[head.end() :].strip(), _V
-    head = _SGLANG_HEADER.search(line, 0, _HEADER_WITHIN)
-    if head is not None:
-        return line[head.end() :].strip(), _S
+    for header, engine in ((_VLLM_HEADER, _V), (_VLLM_OLD_HEADER, _V), (_SGLANG_HEADER, _S)):
+        head = header.search(line, 0, _HEADER_WITHIN)
+        if head is not None:
+            return line[head.end() :].strip(), engine
     head = _FLASHINFER_HEADER.search(line)
     if head is not None:
         return line[head.end() :].strip(), None
@@ -136,10 +131,7 @@ class _Collector:
             # Rules read the first _MAX_LINE characters; an anchor past them can only matter
             # where stripping an ANSI code joins a needle in them (then look at it all).
             head = line if len(line) <= _MAX_LINE or "\x1b" in line else line[:_MAX_LINE]
-            bits = 0
-            for bit, anchor in enumerate(ANCHORS):
-                if anchor in head:
-                    bits |= 1 << bit
+            bits = sum(1 << bit for bit, anchor in enumerate(ANCHORS) if anchor in head)
             if bits:
                 self._feed_line(line, first_line + seen, bits)
 

@@ -37,15 +37,12 @@ def per_container(scan: ScanRecord, previous_lines: int) -> ScanRecord:
             return line, PREVIOUS
         return line - previous_lines, CURRENT
 
-    def hint(text: str) -> str:
-        def one(match: re.Match[str]) -> str:
-            number, which = where(int(match.group(1)))
-            return f"line {number} {which}"
-
-        return _LINE.sub(one, text)
+    def renumber(match: re.Match[str]) -> str:
+        number, which = where(int(match.group(1)))
+        return f"line {number} {which}"
 
     def finding(f: FindingRecord) -> FindingRecord:
         line = f.line if f.line is None else where(f.line)[0]
-        return dataclasses.replace(f, line=line, hint=f.hint and hint(f.hint))
+        return dataclasses.replace(f, line=line, hint=f.hint and _LINE.sub(renumber, f.hint))
 
     return dataclasses.replace(scan, findings=tuple(finding(f) for f in scan.findings))

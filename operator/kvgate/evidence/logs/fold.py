@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
+from kvgate.evidence.logs import hints as H
 from kvgate.evidence.logs import rules as R
-from kvgate.evidence.logs.hints import (
-    _HINT_INVALID_DTYPE,
-    _HINT_OOM,
-    _HINT_Q_SCALE,
-    _HINT_SCALE_DEFAULT_S,
-    _HINT_SCALE_DEFAULT_V,
-    _HINT_SCALE_NOT_LOADED,
-    _HINT_UNCALIBRATED_Q,
-    _HOW_CPU_ATTN,
-    _INVALID_DTYPE_RULES,
-    _UNQUANTISED,
-    _V1_BACKENDS,
-    _WRAPPER_ERRORS,
-    _capacity_text,
-    _fp8_hint,
-    _jit_hint,
-    _remedy,
-)
 from kvgate.evidence.logs.model import CODES, ERROR_CODES, Event, Finding, LogScan
 from kvgate.evidence.logs.rules import _S, _V
 from kvgate.records.status import CapacityRecord
@@ -43,7 +26,7 @@ def _normalise_dtype(value: str) -> str:
     """The dtype as the scan reports it: `auto` for an unquantised cache, torch's FP8 names by
     their family, any other name as the engine spelled it (`fp8` stays `fp8`)."""
     value = value.strip("'\"").removeprefix("torch.")
-    if value in _UNQUANTISED:
+    if value in H.UNQUANTISED:
         return "auto"
     return kv_dtype_family(value) if value.startswith("float8_") else value
 
@@ -77,22 +60,78 @@ _WARNINGS: Final = frozenset({"kv-scale-default", "kv-scale-dropped", "q-scale-m
                               "uncalibrated-q-scale", "attention-backend-fallback"})  # fmt: skip
 
 
+# Findings a line makes by itself: (code, rules, cause, hint); cause None: the rule's name.
+_ANNOUNCED: Final = (
+    ("kv-scale-default", (R.V_KV_SCALE_DEFAULT,), None, H.HINT_SCALE_DEFAULT_V),
+    ("kv-scale-default", (R.S_KV_SCALE_DEFAULT,), None, H.HINT_SCALE_DEFAULT_S),
+    ("kv-scale-default", (R.V_SCALE_NOT_LOADED,), None, H.HINT_SCALE_NOT_LOADED),
+    (
+        "kv-scale-dropped",
+        (R.S_SCALE_NOT_LOADED, R.S_SCALE_PARAM_MISSING),
+        None,
+        H.HINT_SCALE_NOT_LOADED,
+    ),
+    ("q-scale-missing", (R.V_Q_SCALE_MISSING,), None, H.HINT_Q_SCALE),
+    ("uncalibrated-q-scale", (R.V_UNCALIBRATED_Q,), None, H.HINT_UNCALIBRATED_Q),
+    # backend changes the engine announces (the derived ones need the backend)
+    (
+        "attention-backend-fallback",
+        (R.V_V0_FALLBACK, R.V_FA_NO_FP8),
+        "v0-fallback",
+        "vLLM 0.10 left the V1 engine for V0 (XFormers) because FlashAttention cannot store FP8 "
+        "KV on this GPU; throughput drops. Use vLLM >= 0.11, or set "
+        "VLLM_ATTENTION_BACKEND=FLASHINFER (0.10.2).",
+    ),
+    (
+        "attention-backend-fallback",
+        (R.V_FA2_NO_FP8,),
+        "fa2-fp8",
+        "vLLM before 0.8 (V0) cannot store FP8 KV with FlashAttention-2 and uses XFormers, which "
+        "is much slower; the BF16 control runs FlashAttention-2, so the arms differ in backend. "
+        "Set VLLM_ATTENTION_BACKEND=FLASHINFER or use a newer vLLM.",
+    ),
+    (
+        "attention-backend-fallback",
+        (R.V_BLOCK_SIZE_PRECLUDED,),
+        "block-size",
+        "Remove --block-size so vLLM can pick its preferred backend.",
+    ),
+    (
+        "attention-backend-fallback",
+        (R.S_FA3_FP8,),
+        "fa3-e5m2",
+        "fa3 stores only fp8_e4m3: use --kv-cache-dtype fp8_e4m3 to keep fa3.",
+    ),
+)
+
+
+# Rank: what the pool was built with > what was configured > what a message implies.
+_DTYPE_RANKS: Final = {
+    R.S_DTYPE_USING: 3,
+    R.S_POOL: 3,
+    R.S_POOL_POST: 3,
+    R.V_DTYPE_CONFIG: 2,
+    R.V_DTYPE_ARGS: 2,
+    R.S_DTYPE_ARGS: 2,
+    R.S_DTYPE_DICT: 2,
+    R.V_DTYPE_NAMESPACE: 2,
+    R.V_DTYPE_USING: 1,
+}
+
+
 @dataclass
 class _Folder:
     """Pass 2: fold events (already filtered to one engine) into findings and fields."""
 
     engine: str | None
     events: list[Event]
-    per_rule: Counter[str]
     findings: dict[tuple[str, str], Finding] = field(default_factory=dict)
 
     def add(self, code: str, cause: str, event: Event, hint: str = "", text: str = "") -> None:
         key = (code, cause)
         old = self.findings.get(key)
         if old is not None:
-            self.findings[key] = Finding(
-                old.code, old.severity, old.line, old.text, old.hint, old.count + 1
-            )
+            self.findings[key] = dataclasses.replace(old, count=old.count + 1)
             return
         severity = "error" if code in ERROR_CODES else "warning" if code in _WARNINGS else "info"
         self.findings[key] = Finding(code, severity, event.line, text or event.text, hint)
@@ -105,20 +144,21 @@ class _Folder:
         version_tuple = _version_tuple(version)
         dtype, dtype_event = self._dtype()
         backend, candidates, backend_event = self._backend()
-        self._scales()
-        invalid = self.by_rule(*_INVALID_DTYPE_RULES)
+        for code, rules, cause, hint in _ANNOUNCED:
+            for event in self.by_rule(*rules):
+                self.add(code, cause or event.rule, event, hint=hint)
+        invalid = self.by_rule(*H.INVALID_DTYPE_RULES)
         if dtype and dtype.startswith("fp8") and dtype_event is not None and not invalid:
             self.add(
                 "fp8-kv-enabled", "fp8", dtype_event, text=self._dtype_text(dtype, dtype_event)
             )
-        self._fallbacks()
         if backend is not None and backend_event is not None:
             self._backend_findings(backend, candidates, backend_event, dtype, version_tuple)
         self._failures(version_tuple)
         self._field_failures(version_tuple)
         capacity, capacity_event = self._capacity()
         if capacity_event is not None:
-            self.add("kv-capacity", "capacity", capacity_event, text=_capacity_text(capacity))
+            self.add("kv-capacity", "capacity", capacity_event, text=H.capacity_text(capacity))
         ready_event = self._ready()
         if ready_event is not None:
             self.add("ready", "ready", ready_event)
@@ -146,26 +186,17 @@ class _Folder:
         return None
 
     def _dtype(self) -> tuple[str | None, Event | None]:
-        # Rank: what the pool was built with > what was configured > what a message implies.
-        ranks = {
-            R.S_DTYPE_USING: 3,
-            R.S_POOL: 3,
-            R.S_POOL_POST: 3,
-            R.V_DTYPE_CONFIG: 2,
-            R.V_DTYPE_ARGS: 2,
-            R.S_DTYPE_ARGS: 2,
-            R.S_DTYPE_DICT: 2,
-            R.V_DTYPE_NAMESPACE: 2,
-            R.V_DTYPE_USING: 1,
-        }
         best: tuple[int, int, str, Event] | None = None
+        first_fp8: Event | None = None
         for event in self.events:
-            rank = ranks.get(event.rule)
+            rank = _DTYPE_RANKS.get(event.rule)
             if rank is None or not event.groups or not event.groups[0]:
                 continue
             candidate = (rank, event.line, _normalise_dtype(event.groups[0]), event)
             if best is None or candidate[:2] >= best[:2]:
                 best = candidate
+            if first_fp8 is None and candidate[2].startswith("fp8"):
+                first_fp8 = event
         dtype, source = (best[2], best[3]) if best else (None, None)
         # vLLM prints no line when a compressed-tensors kv_cache_scheme turns FP8 on, but the
         # scale warnings only fire for an FP8 cache.
@@ -174,30 +205,18 @@ class _Folder:
             if implied:
                 return "fp8", implied[0]
             # checked against vLLM's FlashInfer backend only (the field corpus, vllm#27604)
-            built = _jit_kv_dtype(self.by_rule(R.FI_NINJA_COMMAND)) if self.engine == _V else None
-            if built is not None:
-                return built
+            for event in self.by_rule(R.FI_NINJA_COMMAND) if self.engine == _V else ():
+                built = _FI_KV_DTYPES.get(event.groups[0] or "") if event.groups else None
+                if built is not None:
+                    return built, event
         if dtype is not None and dtype.startswith("fp8"):
-            first_fp8 = next(
-                (
-                    e
-                    for e in self.events
-                    if e.rule in ranks
-                    and e.groups
-                    and _normalise_dtype(e.groups[0] or "").startswith("fp8")
-                ),
-                source,
-            )
             return dtype, first_fp8
         return dtype, source
 
     def _dtype_text(self, dtype: str, event: Event) -> str:
-        if event.rule.startswith("v.") and event.rule not in {
-            R.V_DTYPE_CONFIG,
-            R.V_DTYPE_ARGS,
-            R.V_DTYPE_USING,
-            R.V_DTYPE_NAMESPACE,
-        }:
+        if (
+            event.rule.startswith("v.") and event.rule not in _DTYPE_RANKS
+        ):  # a scale warning implied it
             return (
                 f"FP8 KV cache ({dtype}) is active although no FP8 --kv-cache-dtype was seen: "
                 "the checkpoint's kv_cache_scheme switched it on"
@@ -214,17 +233,17 @@ class _Folder:
             if event.rule == R.V_BACKEND_AUTO:
                 name = groups[0]
                 candidates = tuple(re.findall(r"'(\w+)'", groups[1] or ""))
-            elif event.rule == R.V_BACKEND_EXPLICIT or event.rule in {
+            elif event.rule in {
+                R.V_BACKEND_EXPLICIT,
                 R.S_BACKEND_DEFAULT,
                 R.S_BACKEND_MLA,
                 R.S_BACKEND_MODEL,
+                R.S_BACKEND_HYBRID,
                 R.V_BACKEND_CPU_MLA,
             }:
                 name = groups[0]
             elif event.rule in {R.V_BACKEND_V1, R.V_BACKEND_V0}:
-                name = _V1_BACKENDS.get(groups[0] or "")
-            elif event.rule == R.S_BACKEND_HYBRID:
-                name = groups[0]
+                name = H.V1_BACKENDS.get(groups[0] or "")
             elif event.rule == R.S_FA3_FP8:
                 name, rank = "triton", 3
             elif event.rule == R.V_BLOCK_SIZE_PRECLUDED:
@@ -242,56 +261,14 @@ class _Folder:
             candidate = (rank, event.line, name, candidates, event)
             if best is None or candidate[:2] >= best[:2]:
                 best = candidate
-        if best is None:
-            cpu = self._cpu_platform_evidence()
-            return (CPU_ATTN, (), cpu) if cpu is not None else (None, (), None)
-        return best[2], best[3], best[4]
-
-    def _cpu_platform_evidence(self) -> Event | None:
-        """The first line of a vLLM CPU engine sizing its KV cache; None if there is none.
-
-        The backend is chosen while the model is built, before that line, so with no backend
-        line the engine runs CPU_ATTN (`_HOW_CPU_ATTN`). Earlier CPU lines (ompmultiprocessing's
-        thread binding) are not enough: cut there, an MLA model may have yet to log its own.
-        """
-        if self.engine != _V:
-            return None
-        return next(iter(self.by_rule(R.V_CPU_KV_MEMORY, R.V_CPU_POOL)), None)
-
-    def _fallbacks(self) -> None:
-        """Backend changes the engine announces itself (the derived ones need the backend)."""
-        for fallback in self.by_rule(R.V_V0_FALLBACK, R.V_FA_NO_FP8):
-            self.add(
-                "attention-backend-fallback",
-                "v0-fallback",
-                fallback,
-                hint="vLLM 0.10 left the V1 engine for V0 (XFormers) because FlashAttention "
-                "cannot store FP8 KV on this GPU; throughput drops. Use vLLM >= 0.11, or set "
-                "VLLM_ATTENTION_BACKEND=FLASHINFER (0.10.2).",
-            )
-        for fallback in self.by_rule(R.V_FA2_NO_FP8):
-            self.add(
-                "attention-backend-fallback",
-                "fa2-fp8",
-                fallback,
-                hint="vLLM before 0.8 (V0) cannot store FP8 KV with FlashAttention-2 and uses "
-                "XFormers, which is much slower; the BF16 control runs FlashAttention-2, so the "
-                "arms differ in backend. Set VLLM_ATTENTION_BACKEND=FLASHINFER or use a newer vLLM.",
-            )
-        for fallback in self.by_rule(R.V_BLOCK_SIZE_PRECLUDED):
-            self.add(
-                "attention-backend-fallback",
-                "block-size",
-                fallback,
-                hint="Remove --block-size so vLLM can pick its preferred backend.",
-            )
-        for fallback in self.by_rule(R.S_FA3_FP8):
-            self.add(
-                "attention-backend-fallback",
-                "fa3-e5m2",
-                fallback,
-                hint="fa3 stores only fp8_e4m3: use --kv-cache-dtype fp8_e4m3 to keep fa3.",
-            )
+        if best is not None:
+            return best[2], best[3], best[4]
+        # A vLLM CPU engine sizing its KV cache: the backend is chosen while the model is built,
+        # before that line, so with no backend line the engine runs CPU_ATTN (`H.HOW_CPU_ATTN`).
+        # Earlier CPU lines (ompmultiprocessing's thread binding) are not enough: cut there, an
+        # MLA model may have yet to log its own.
+        cpu = self.by_rule(R.V_CPU_KV_MEMORY, R.V_CPU_POOL) if self.engine == _V else []
+        return (CPU_ATTN, (), cpu[0]) if cpu else (None, (), None)
 
     def _backend_findings(
         self,
@@ -303,7 +280,7 @@ class _Folder:
     ) -> None:
         how = "explicitly selected"
         if event.rule in {R.V_CPU_KV_MEMORY, R.V_CPU_POOL}:
-            how = _HOW_CPU_ATTN
+            how = H.HOW_CPU_ATTN
         elif event.rule == R.V_BACKEND_CPU_MLA:
             how = "CPU platform, MLA model"
         elif event.rule == R.V_BACKEND_AUTO:
@@ -328,7 +305,7 @@ class _Folder:
                 f"(candidates: {', '.join(candidates)})",
                 hint="A BF16 control most likely runs FLASH_ATTN, so the arms differ in backend. "
                 "FlashInfer JIT-compiles FP8 kernels on first start (needs nvcc and ninja); set "
-                f"{_remedy(self.engine, version, 'attention-build-failed')} if that fails or "
+                f"{H.remedy_of(self.engine, version, 'attention-build-failed')} if that fails or "
                 "is too slow.",
             )
         elif (
@@ -346,26 +323,12 @@ class _Folder:
                 "the BF16 control runs Flash Attention, so compare throughput per arm.",
             )
 
-    def _scales(self) -> None:
-        for event in self.by_rule(R.V_KV_SCALE_DEFAULT):
-            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_DEFAULT_V)
-        for event in self.by_rule(R.S_KV_SCALE_DEFAULT):
-            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_DEFAULT_S)
-        for event in self.by_rule(R.V_SCALE_NOT_LOADED):
-            self.add("kv-scale-default", event.rule, event, hint=_HINT_SCALE_NOT_LOADED)
-        for event in self.by_rule(R.S_SCALE_NOT_LOADED, R.S_SCALE_PARAM_MISSING):
-            self.add("kv-scale-dropped", event.rule, event, hint=_HINT_SCALE_NOT_LOADED)
-        for event in self.by_rule(R.V_Q_SCALE_MISSING):
-            self.add("q-scale-missing", event.rule, event, hint=_HINT_Q_SCALE)
-        for event in self.by_rule(R.V_UNCALIBRATED_Q):
-            self.add("uncalibrated-q-scale", event.rule, event, hint=_HINT_UNCALIBRATED_Q)
-
     def _failures(self, version: tuple[int, ...] | None) -> None:
         engine = self.engine
         for event in self.by_rule(
             R.FI_NINJA_FAILED, R.FI_NINJA_COMMAND, R.FI_NO_NVCC, R.FI_JIT_DISABLED, R.FI_SM75
         ):
-            self.add("attention-build-failed", "jit", event, hint=_jit_hint(engine, version))
+            self.add("attention-build-failed", "jit", event, hint=H.jit_hint(engine, version))
         self._pending_jit(version)
         fp8_rules = (
             R.V_FA_FP8_DEVICE,
@@ -378,11 +341,11 @@ class _Folder:
             R.S_SCALE_UNSUPPORTED,
         )
         for event in self.by_rule(*fp8_rules):
-            self.add("fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine, version))
+            self.add("fp8-unsupported", "fp8", event, hint=H.fp8_hint(event.rule, engine, version))
         for event in self.by_rule(R.V_BACKEND_INVALID, R.V_NO_VALID_BACKEND):
             if "kv_cache_dtype" in event.text or "FP8" in event.text:
                 self.add(
-                    "fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, engine, version)
+                    "fp8-unsupported", "fp8", event, hint=H.fp8_hint(event.rule, engine, version)
                 )
             else:
                 self.add(
@@ -392,11 +355,11 @@ class _Folder:
                     hint="No attention backend accepts this model and configuration; see the "
                     "reasons in the line.",
                 )
-        for event in self.by_rule(*_INVALID_DTYPE_RULES):
-            hint = _HINT_INVALID_DTYPE.get(event.engine or engine or _V, "")
+        for event in self.by_rule(*H.INVALID_DTYPE_RULES):
+            hint = H.HINT_INVALID_DTYPE.get(event.engine or engine or _V, "")
             self.add("invalid-kv-cache-dtype", "dtype", event, hint=hint)
         for event in self.by_rule(R.OOM, R.V_FREE_MEMORY, R.V_OOM_WARMUP):
-            self.add("out-of-memory", R.OOM, event, hint=_HINT_OOM[engine or _V])
+            self.add("out-of-memory", R.OOM, event, hint=H.HINT_OOM[engine or _V])
         for event in self.by_rule(
             R.V_NO_CACHE_BLOCKS, R.V_MAX_LEN, R.S_NOT_ENOUGH_MEMORY, R.S_NO_KV_MEMORY
         ):
@@ -420,7 +383,7 @@ class _Folder:
         tracebacks whose summary line is missing (cut by the paste, or never printed)."""
         for event in self.by_rule(R.V_FA_V1_FP8):
             self.add(
-                "fp8-unsupported", "fp8", event, hint=_fp8_hint(event.rule, self.engine, version)
+                "fp8-unsupported", "fp8", event, hint=H.fp8_hint(event.rule, self.engine, version)
             )
         # Fallbacks only: a summary line already found is the finding (and its count).
         if ("attention-build-failed", "jit") not in self.findings:
@@ -432,7 +395,7 @@ class _Folder:
                     "attention-build-failed",
                     "jit",
                     seen,
-                    hint=_jit_hint(self.engine, version),
+                    hint=H.jit_hint(self.engine, version),
                     text=f"FlashInfer JIT build of {seen.groups[0]} failed (ninja)"
                     if modules
                     else "a traceback runs through FlashInfer's JIT build/load "
@@ -487,15 +450,13 @@ class _Folder:
         )
         event = pending[-1]
         text = f"FlashInfer JIT op {event.groups[0]} started loading and never finished"
+        hint = H.jit_hint(self.engine, version)
         if crashed:
-            self.add("attention-build-failed", "jit", event, _jit_hint(self.engine, version), text)
+            self.add("attention-build-failed", "jit", event, hint, text)
         else:
+            text += " (still building, hung, or the log is cut)"
             self.findings[("attention-build-failed", "jit-pending")] = Finding(
-                "attention-build-failed",
-                "warning",
-                event.line,
-                text + " (still building, hung, or the log is cut)",
-                _jit_hint(self.engine, version),
+                "attention-build-failed", "warning", event.line, text, hint
             )
 
     def _kv_memory_hint(self, event: Event) -> str:
@@ -504,25 +465,17 @@ class _Folder:
             limit = (
                 f"--max-model-len {estimate} or less" if estimate else "a smaller --max-model-len"
             )
-            if needed is None:  # the paste cut or rewrapped the line after the max seq len
-                return (
-                    f"max_model_len {max_len} does not fit the KV cache: set {limit}, or raise "
-                    "--gpu-memory-utilization."
-                )
-            return (
-                f"max_model_len {max_len} needs {needed} GiB of KV cache but {available} GiB is "
-                f"free: set {limit}, or raise --gpu-memory-utilization."
+            why = (
+                "does not fit the KV cache"  # the paste cut or rewrapped the line after max seq len
+                if needed is None
+                else f"needs {needed} GiB of KV cache but {available} GiB is free"
             )
+            return f"max_model_len {max_len} {why}: set {limit}, or raise --gpu-memory-utilization."
         if event.rule == R.S_NO_KV_MEMORY:
             fraction, above = event.groups
-            if above:
-                return (
-                    f"Raise --mem-fraction-static above {above}: the loaded weights (a speculative "
-                    "draft's included) fill the static budget."
-                )
-            under = f" (now {fraction})" if fraction else ""
+            to = f" above {above}" if above else f" (now {fraction})" if fraction else ""
             return (
-                f"Raise --mem-fraction-static{under}: the loaded weights (a speculative draft's "
+                f"Raise --mem-fraction-static{to}: the loaded weights (a speculative draft's "
                 "included) fill the static budget."
             )
         if event.rule == R.S_NOT_ENOUGH_MEMORY:
@@ -545,7 +498,7 @@ class _Folder:
             exceptions = [
                 e
                 for e in self.by_rule(R.EXCEPTION)
-                if not any(w in (e.groups[1] or "") for w in _WRAPPER_ERRORS)
+                if not any(w in (e.groups[1] or "") for w in H.WRAPPER_ERRORS)
             ]
             after = [e for e in exceptions if e.line >= failure.line] or exceptions
             if after:
@@ -554,9 +507,7 @@ class _Folder:
                 starts = [e.line for e in self.by_rule(R.TB_START) if e.line <= failure.line]
                 where = f"from line {starts[-1]}" if starts else f"around line {failure.line}"
                 hint = f"See the traceback {where}."
-        self.findings[key] = Finding(
-            failure.code, failure.severity, failure.line, failure.text, hint, failure.count
-        )
+        self.findings[key] = dataclasses.replace(failure, hint=hint)
 
     def _capacity(self) -> tuple[CapacityRecord, Event | None]:
         tokens: int | None = None
@@ -604,15 +555,12 @@ class _Folder:
         return capacity, anchor
 
     def _ready(self) -> Event | None:
+        rules: tuple[str, ...] = (R.STARTUP_COMPLETE, R.S_READY)
         if self.engine == _S:
-            ready = self.by_rule(R.S_READY)
-            if ready:
-                return ready[0]
             # Without the warm-up request SGLang never prints its ready line.
-            if self.by_rule(R.S_SKIP_WARMUP):
-                return next(iter(self.by_rule(R.STARTUP_COMPLETE)), None)
-            return None
-        return next(iter(self.by_rule(R.STARTUP_COMPLETE, R.S_READY)), None)
+            warmed = self.by_rule(R.S_READY) or not self.by_rule(R.S_SKIP_WARMUP)
+            rules = (R.S_READY,) if warmed else (R.STARTUP_COMPLETE,)
+        return next(iter(self.by_rule(*rules)), None)
 
 
 # FlashInfer names a JIT module after its kernel: `batch_prefill_with_kv_cache_dtype_q_bf16_
@@ -620,14 +568,6 @@ class _Folder:
 # e4m3 = torch.float8_e4m3fn, e5m2 = torch.float8_e5m2): the KV cache it serves is that dtype.
 _FI_KV_DTYPES: Final = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 _FI_ATTENTION_MODULE: Final = "_with_kv_cache_"  # batch_{prefill,decode}_with_kv_cache_...
-
-
-def _jit_kv_dtype(events: list[Event]) -> tuple[str, Event] | None:
-    for event in events:
-        dtype = _FI_KV_DTYPES.get(event.groups[0] or "") if event.groups else None
-        if dtype is not None:
-            return dtype, event
-    return None
 
 
 # Functions that only run while the engine is built (vLLM: EngineCore/LLMEngine/executor

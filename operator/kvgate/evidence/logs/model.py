@@ -9,9 +9,6 @@ from typing import Final
 from kvgate.records.codec import record_of
 from kvgate.records.status import CapacityRecord, FindingRecord, ScanRecord
 
-ENGINES: Final = ("vllm", "sglang")
-SEVERITIES: Final = ("info", "warning", "error")
-
 # Finding codes, in the order a startup prints them.
 CODES: Final = (
     "fp8-kv-enabled",
@@ -30,16 +27,6 @@ CODES: Final = (
     "kv-capacity",
     "ready",
 )
-ERROR_CODES: Final = frozenset(
-    {
-        "attention-build-failed",
-        "fp8-unsupported",
-        "engine-start-failed",
-        "out-of-memory",
-        "insufficient-kv-memory",
-        "invalid-kv-cache-dtype",
-    }
-)
 # What each crash signature means, in words a headline can lead with (the hint says what to do).
 CAUSES: Final = {
     "attention-build-failed": "the attention backend could not JIT-compile its FP8 KV kernels "
@@ -49,6 +36,8 @@ CAUSES: Final = {
     "insufficient-kv-memory": "too little GPU memory was left for the KV cache",
     "invalid-kv-cache-dtype": "the engine does not accept this --kv-cache-dtype",
 }
+# engine-start-failed has no cause of its own: the fold's root cause hint names it
+ERROR_CODES: Final = frozenset({*CAUSES, "engine-start-failed"})
 
 CHUNK_CHARS: Final = 4 << 20
 MAX_TEXT: Final = 400
@@ -56,11 +45,8 @@ MAX_TEXT: Final = 400
 # most (SGLang's ServerArgs line is the longest), and the cap bounds each line's cost whatever
 # a pod prints. The patterns are linear as well (tests/unit/test_logs.py checks 1 MB lines).
 MAX_LINE: Final = 64 << 10
-# Repeated matches of one rule beyond this only raise its count (a crash loop, a noisy warning).
+# Matches of one rule past this are dropped (a crash loop): they vote, a finding counts none.
 MAX_EVENTS_PER_RULE: Final = 200
-
-
-# -- results ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +61,7 @@ class Finding:
     count: int = 1
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "line": self.line,
-            "text": self.text,
-            "hint": self.hint,
-            "count": self.count,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +98,9 @@ class LogScan:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "engine": self.engine,
-            "engine_version": self.engine_version,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "attention_backend": self.attention_backend,
+            **dataclasses.asdict(self),  # the field order; the tuples below as lists
             "attention_backend_candidates": list(self.attention_backend_candidates),
-            "capacity": dataclasses.asdict(self.capacity),
-            "ready": self.ready,
-            "failed": self.failed,
             "findings": [f.to_dict() for f in self.findings],
-            "lines": self.lines,
         }
 
 

