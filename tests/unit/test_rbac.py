@@ -221,7 +221,6 @@ def test_the_source_scan_finds_the_calls_kube_py_makes() -> None:
         ("", "pods/log", "get"),
         ("batch", "jobs", "create"),
         ("", "secrets", "get"),
-        ("kvgate.io", "kvcacherollouts", "get"),
         ("kvgate.io", "kvcacherollouts", "list"),
         ("", "nodes", "get"),
     ]:
@@ -230,6 +229,8 @@ def test_the_source_scan_finds_the_calls_kube_py_makes() -> None:
     # nodes: get only (the GPU product label), never list or watch every node
     assert {verb for _, resource, verb in calls if resource == "nodes"} == {"get"}
     assert not any(verb in ("update", "watch") for _, _, verb in calls)
+    # rollouts are listed (the reuse lookup), never read one by one: the role has no get
+    assert ("kvgate.io", "kvcacherollouts", "get") not in calls
 
 
 def test_the_source_scan_maps_method_names() -> None:

@@ -95,10 +95,11 @@ app.kubernetes.io/part-of: kvgate
 {{/* The rules the operator needs in every namespace it watches: exactly the calls it makes
      (kvgate/adapters/kube.py) and kopf's own; tests/unit/test_rbac.py derives the set. */}}
 {{- define "kvgate.namespacedRules" -}}
-# The custom resource: kopf lists, watches and patches it (finalizer, annotations); kvgate gets it.
+# The custom resource: kopf lists, watches and patches it (finalizer, annotations); kvgate lists
+# it to find an earlier rollout's evaluation to reuse. No get: neither reads one by name.
 - apiGroups: [kvgate.io]
   resources: [kvcacherollouts]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 # Phase, conditions, findings (kopf patches the status subresource).
 - apiGroups: [kvgate.io]
   resources: [kvcacherollouts/status]

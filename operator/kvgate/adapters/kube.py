@@ -239,16 +239,6 @@ class Kube:
         )
         return list((obj or {}).get("items") or [])
 
-    def read_rollout(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._call(
-            "get",
-            f"{PLURAL} {namespace}/{name}",
-            lambda: _json(
-                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            ),
-            missing_ok=True,
-        )
-
     # --- writes ---
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:

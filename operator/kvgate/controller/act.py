@@ -118,7 +118,7 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
             container=c,
             config_hash=str(ctx.so_far.config_hash),
         )
-        if ensure_fresh(ctx, pod, arm, "pod")[1]:
+        if ensure_fresh(ctx, pod, arm)[1]:
             ctx.reads.rollout_pods = None
             created.append(pod["metadata"]["name"])
     if created:
@@ -126,16 +126,14 @@ def create_canaries(ctx: Ctx, step: Step) -> StatusUpdate:
     return NOTHING
 
 
-def ensure_fresh(
-    ctx: Ctx, obj: dict[str, Any], role: str, shown: str
-) -> tuple[dict[str, Any], bool]:
+def ensure_fresh(ctx: Ctx, obj: dict[str, Any], role: str) -> tuple[dict[str, Any], bool]:
     """`ensure_child` of `obj`, adopted; one of an earlier run is deleted and waited for."""
     adopt_child(ctx, obj, role)
     existing, made = ensure_child(ctx, obj)
     if not made and leftover_child(ctx, existing):
         delete_owned(ctx, obj["kind"], existing)
-        name = obj["metadata"]["name"]
-        raise KubeError(f"{shown} {name} of an earlier run is still terminating")
+        shown = "pod" if obj["kind"] == "Pod" else obj["kind"]  # as the phase messages say it
+        raise KubeError(f"{shown} {obj['metadata']['name']} of an earlier run is still terminating")
     return existing, made
 
 
@@ -234,7 +232,7 @@ def ensure_job(
     ctx: Ctx, job: dict[str, Any], role: str, started: Reason, attempt: int
 ) -> tuple[dict[str, Any], StatusUpdate]:
     """This attempt's Job, created once: the one that runs, and the Event of its start."""
-    existing, made = ensure_fresh(ctx, job, role, "Job")
+    existing, made = ensure_fresh(ctx, job, role)
     if made:
         name = job["metadata"]["name"]
         return existing, StatusUpdate.event(started, f"{role} attempt {attempt}: Job {name}")

@@ -104,7 +104,7 @@ def _html_table(
     return f"<table>{colgroup}<thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>"
 
 
-def _notes(notes: list[str]) -> str:
+def _notes(notes: Sequence[str]) -> str:
     return "<ul class='notes'>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>"
 
 
@@ -169,8 +169,7 @@ def render(view: ReportView) -> str:
             f"<th>reason</th><th>message</th></tr></thead><tbody>{trs}</tbody></table>"
         )
     if view.preflight:
-        out.append("<h2>Production</h2><ul class='notes'>")
-        out.append("".join(f"<li>{e(p)}</li>" for p in view.preflight) + "</ul>")
+        out.append("<h2>Production</h2>" + _notes(view.preflight))
     if view.log_lines:
         out.append("<h2>Startup logs</h2>")
         out.append(
