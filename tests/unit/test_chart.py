@@ -86,7 +86,7 @@ def grants(rules: list[dict[str, Any]]) -> Iterator[tuple[str, str, str]]:
 # What the operator needs in every namespace it watches: exactly this, no wildcards
 # (tests/unit/test_rbac.py derives the same set from the operator's source).
 NAMESPACED = {
-    *(("kvgate.io", "kvcacherollouts", v) for v in ("get", "list", "watch", "patch")),
+    *(("kvgate.io", "kvcacherollouts", v) for v in ("list", "watch", "patch")),
     ("kvgate.io", "kvcacherollouts/status", "patch"),
     ("kvgate.io", "kvcacherollouts/finalizers", "update"),
     *(("apps", "deployments", v) for v in ("get", "patch")),
