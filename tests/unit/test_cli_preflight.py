@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -158,6 +159,12 @@ def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "scales     unknown (config.json only)" in out
 
 
+def fifo(tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    os.mkfifo(path)
+    return str(path)
+
+
 def write(tmp_path: Path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(text)
@@ -169,6 +176,11 @@ ERRORS: list[tuple[Any, str]] = [
     (
         lambda t: [str(t / "absent.json")],
         "kvgate preflight: error: {tmp}/absent.json: no such file or directory, and not a hub repo id like org/name",
+    ),
+    (
+        # a pipe is there but holds no checkpoint: not "no such file" (and never a read that waits)
+        lambda t: [fifo(t, "pipe")],
+        "kvgate preflight: error: {tmp}/pipe: is not a regular file or a directory",
     ),
     (
         lambda t: ["./not/a/repo"],

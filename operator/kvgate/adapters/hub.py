@@ -124,6 +124,8 @@ def read_local_checkpoint(path: str | Path) -> CheckpointHeaders:
         directory, files = path.parent, [path.name]
     elif path.is_dir():
         directory, files = path, _local_weight_files(path)
+    elif path.exists():  # a device, pipe or socket: nothing here to read headers from
+        raise ParseError(str(path), "is not a regular file or a directory")
     else:
         raise ParseError(str(path), "no such file or directory")
     config_path, modelopt_path = directory / CONFIG_FILE, directory / MODELOPT_FILE
