@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -180,6 +181,40 @@ def finite_float(
         return value
 
     parse.__name__ = "number"  # argparse names the type in its messages
+    return parse
+
+
+# Kubernetes names (API conventions): an object's is a DNS-1123 subdomain, a namespace's (and a
+# container's) a DNS-1123 label. Checked whole (`fullmatch`: `$` would let a trailing newline by).
+DNS_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def is_subdomain(text: str) -> bool:
+    return len(text) <= 253 and DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_label(text: str) -> bool:
+    return len(text) <= 63 and DNS_LABEL.fullmatch(text) is not None
+
+
+def kube_name(*, label: bool = False) -> Callable[[str], str]:
+    """An argparse type: a Kubernetes object name (a namespace's with `label`), refused before
+    any API call rather than sent to the apiserver as a path."""
+    valid, rule = (
+        (is_label, "lower-case letters, digits and '-', at most 63")
+        if label
+        else (is_subdomain, "lower-case letters, digits, '-' and '.', at most 253")
+    )
+
+    def parse(text: str) -> str:
+        if not valid(text):
+            raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a Kubernetes name ({rule})")
+        return text
+
+    parse.__name__ = "name"
     return parse
 
 

@@ -244,3 +244,38 @@ def test_long_messages_are_cut_at_a_word_with_an_ellipsis(
     assert line.endswith("… (still running after 0s)")
     cut = line.removesuffix("… (still running after 0s)")
     assert cut.split()[-1] in scheduler.split()  # a whole word before the mark
+
+
+@pytest.mark.parametrize("command", ["get", "wait", "approve", "abort", "report"])
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["../../etc"], "argument name"),  # a path, not a name: never put in an API URL
+        (["vllm-fp8\n"], "argument name"),  # a trailing newline, which `$` would let by
+        (["Vllm-FP8"], "argument name"),
+        (["a" * 254], "argument name"),
+        (["vllm-fp8", "-n", "Team_A"], "argument -n/--namespace"),
+        (["vllm-fp8", "-n", "a" * 64], "argument -n/--namespace"),
+    ],
+)
+def test_a_name_that_is_not_kubernetes_is_refused_before_any_api_call(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    argv: list[str],
+    named: str,
+) -> None:
+    def no_cluster(namespace: object) -> None:
+        raise AssertionError("the API was reached with a bad name")
+
+    monkeypatch.setattr(kube_cli, "for_cli", no_cluster)
+    got, out, err = run(capsys, command, *argv)
+    assert (got, out) == (2, "") and len(err.splitlines()) == 1, err
+    assert f"kvgate {command}: error: {named}: " in err and "is not a Kubernetes name" in err
+
+
+def test_the_longest_valid_names_pass(api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    api(rollout("Promoted", "Promoted"))
+    name = ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
+    got, _, err = run(capsys, "wait", name, "-n", "n" * 63)
+    assert got == 0, err

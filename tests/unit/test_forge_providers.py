@@ -536,3 +536,39 @@ def test_an_open_pull_request_is_found_again_by_its_branch(kind: str) -> None:
     assert forge.find_open_pull_request(REPO, "main", BRANCH) is None  # only open ones
     with pytest.raises(SpecError, match="not a kvgate/ branch"):
         forge.find_open_pull_request(REPO, "main", "feature/x")
+
+
+@pytest.mark.parametrize("kind", ["github", "gitlab", "gitea"])
+def test_a_token_ending_in_a_newline_is_refused_before_it_reaches_a_header(kind: str) -> None:
+    # `$` in a pattern lets one trailing newline by: the check passed, and on a real socket h11
+    # refused the header instead ("LocalProtocolError: Illegal header value", the value scrubbed
+    # only by the generic token patterns). Served on loopback so that the real transport runs.
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    received: list[bytes] = []
+
+    def answer() -> None:
+        server.settimeout(5)
+        try:
+            conn, _ = server.accept()
+        except OSError:  # the timeout, or the socket closed by the test: nothing came
+            return
+        with conn:
+            received.append(conn.recv(65536))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    token = TOKEN + "\n"
+    forge = forge_for(kind, f"http://127.0.0.1:{port}/api", token)
+    try:
+        with pytest.raises(ForgeAccessError, match="visible ASCII") as caught:
+            forge.pull_request_state(REPO, 1)
+    finally:
+        forge.close()
+        server.close()
+        thread.join(6)
+    assert TOKEN not in str(caught.value) and not received

@@ -119,6 +119,10 @@ BAD_SPECS = [
         _with(extraEnv=[{"name": "1BAD"}]),
         ["spec.extraEnv[0].name: '1BAD' is not a valid environment variable name"],
     ),
+    (  # `$` let one trailing newline by; the apiserver would refuse the pod much later
+        _with(extraEnv=[{"name": "OK\n", "value": "x"}]),
+        ["spec.extraEnv[0].name: 'OK\\n' is not a valid environment variable name"],
+    ),
     (
         _with(extraEnv=[{"value": "x"}]),
         ["spec.extraEnv[0]: {'value': 'x'} is not {name, value}; give a name"],

@@ -60,7 +60,7 @@ MAX_HEADER_BYTES: Final = constants.SAFETENSORS_MAX_HEADER_LENGTH
 HEADER_WORKERS: Final = 8
 MAX_SHARDS: Final = 4096
 _NOT_SAFETENSORS: Final = f"no {SINGLE_FILE} or {INDEX_FILE}; kvgate reads safetensors checkpoints"
-_REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+\Z")
 # The whole hub read (model info, config, every header) ends by then, however the hub answers:
 # huggingface_hub's client has no timeout, and a per-read timeout never trips on a trickle.
 DEFAULT_HUB_DEADLINE_S: Final = 30.0

@@ -29,6 +29,7 @@ import yaml
 
 from kvgate.change.container import env_by_name
 from kvgate.errors import SpecError
+from kvgate.inputs import is_label, is_subdomain
 
 BRANCH_PREFIX: Final = "kvgate/"
 ANNOTATION_VERDICT: Final = "kvgate.io/verdict"
@@ -36,12 +37,9 @@ HEADER: Final = (
     "# Written by kvgate, whole: edits here are replaced by its next pull request.\n"
     "# The tested container change (args is the full list) and the verdict it was promoted on.\n"
 )
-# A DNS-1123 subdomain (Kubernetes object names) and label (container names).
-_SUBDOMAIN: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_HASH: Final = re.compile(r"^[0-9a-f]{8,64}$")
+_HASH: Final = re.compile(r"^[0-9a-f]{8,64}\Z")
 # The verdict key goes into an annotation value and a commit: printable, no whitespace.
-_KEY: Final = re.compile(r"^[\x21-\x7e]{1,256}$")
+_KEY: Final = re.compile(r"^[\x21-\x7e]{1,256}\Z")
 
 
 def branch_name(rollout: str, config_hash: str) -> str:
@@ -50,7 +48,7 @@ def branch_name(rollout: str, config_hash: str) -> str:
     A rollout name is a DNS-1123 subdomain and the hash is hex, so the result is always a
     valid Git ref (no `..`, no space, no `~^:?*[`, no trailing `.lock` or `/`).
     """
-    if len(rollout) > 253 or not _SUBDOMAIN.match(rollout):
+    if not is_subdomain(rollout):
         raise SpecError("metadata.name", f"{rollout!r} is not a Kubernetes object name")
     if not _HASH.match(config_hash):
         raise SpecError("status.configHash", f"{config_hash!r} is not a lowercase hex hash")
@@ -94,11 +92,11 @@ def render_kustomize_patch(
     `manifests.container_config` returns them. Deterministic: the same input gives the same
     bytes, so re-proposing an unchanged verdict makes no new commit.
     """
-    if len(deployment) > 253 or not _SUBDOMAIN.match(deployment):
+    if not is_subdomain(deployment):
         raise SpecError("spec.target.name", f"{deployment!r} is not a Deployment name")
-    if len(container) > 63 or not _LABEL.match(container):
+    if not is_label(container):
         raise SpecError("spec.target.container", f"{container!r} is not a container name")
-    if namespace is not None and (len(namespace) > 63 or not _LABEL.match(namespace)):
+    if namespace is not None and not is_label(namespace):
         raise SpecError("metadata.namespace", f"{namespace!r} is not a namespace name")
     if not _KEY.match(verdict_key):
         raise SpecError("verdict key", "must be 1-256 printable characters without spaces")
@@ -150,7 +148,7 @@ def _env_changes(
     return out
 
 
-_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}$")
+_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}\Z")
 HELM_HEADER: Final = (
     "# Written by kvgate, whole: edits here are replaced by its next pull request.\n"
     "# The tested container change (args is the full list, env the entries kvgate changes)\n"

@@ -8,6 +8,7 @@ from typing import Final
 from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView
 from kvgate.errors import SpecError
+from kvgate.inputs import kube_name
 from kvgate.vocabulary import ANNOTATION_ABORT
 
 HELP = catalog.COMMANDS["abort"]
@@ -17,8 +18,13 @@ _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="KVCacheRollout name")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        type=kube_name(label=True),
+        help="namespace (default: the kubeconfig's)",
+    )
     parser.add_argument("--reason", required=True, help="why, one line (kept in status, Events)")
 
 

@@ -18,6 +18,7 @@ from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.commands.rollout_view import metadata
 from kvgate.errors import InputError, ParseError
+from kvgate.inputs import kube_name
 from kvgate.judge import target as targetcheck
 
 HELP = catalog.COMMANDS["check"]
@@ -37,11 +38,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--deployment",
         metavar="NAME",
+        type=kube_name(),
         help="the Deployment to check in the cluster (with --file: which one of the file's)",
     )
     parser.add_argument(
         "-n",
         "--namespace",
+        type=kube_name(label=True),
         help="namespace (default: the kubeconfig's; with --file: the manifest's, "
         "where it will be applied)",
     )

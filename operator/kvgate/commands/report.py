@@ -13,7 +13,7 @@ from kvgate import report
 from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView, metadata
 from kvgate.errors import ParseError
-from kvgate.inputs import load_file
+from kvgate.inputs import kube_name, load_file
 
 HELP = catalog.COMMANDS["report"]
 EXAMPLES: Final = (
@@ -25,9 +25,17 @@ EXAMPLES: Final = (
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "name", nargs="?", help="KVCacheRollout name (with --file: picks one from a list)"
+        "name",
+        nargs="?",
+        type=kube_name(),
+        help="KVCacheRollout name (with --file: picks one from a list)",
     )
-    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        type=kube_name(label=True),
+        help="namespace (default: the kubeconfig's)",
+    )
     parser.add_argument(
         "-f",
         "--file",

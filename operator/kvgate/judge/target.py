@@ -28,12 +28,12 @@ from kvgate.vocabulary import Engine
 # A liveness probe that kills a pod within this long of its start, with no startupProbe to
 # hold it off, can kill an engine that is still loading its weights (or building kernels).
 MIN_LIVENESS_BUDGET_S: Final = 300
-_REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # as kvgate.adapters.hub reads
+_REPO_ID: Final = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+\Z")  # as kvgate.adapters.hub reads
 _LOOPBACK: Final = ("127.", "localhost", "::1", "[::1]")
 _GPU_SUFFIX: Final = "/gpu"  # nvidia.com/gpu, amd.com/gpu
 _SIM_LABEL_ENV: Final = "KVGATE_SIM_SERVICE_LABEL"
 _TOKEN_ENV: Final = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
-_FIELD_LABEL: Final = re.compile(r"^metadata\.labels\['([^']+)'\]$")
+_FIELD_LABEL: Final = re.compile(r"^metadata\.labels\['([^']+)'\]\Z")
 
 
 class Severity(StrEnum):

@@ -35,7 +35,7 @@ MAX_CONTEXT_LENGTH: Final = 2**24
 GSM8K_TEST_SIZE: Final = 1319
 
 
-_ENV_NAME_RE: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_ENV_NAME_RE: Final = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
 _COMMIT: Final = re.compile(r"[0-9a-f]{40}")
 
 
@@ -188,10 +188,10 @@ class CanarySpec:
 
 
 # What a `pullRequest` promotion's fields may hold.
-_API_URL: Final = re.compile(r"^https?://[^/@\s]+(/[^\s]*)?$")
-_REPOSITORY: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$")
-_BRANCH: Final = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}$")
-_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}$")
+_API_URL: Final = re.compile(r"^https?://[^/@\s]+(/[^\s]*)?\Z")
+_REPOSITORY: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
+_BRANCH: Final = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}\Z")
+_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}\Z")
 DEFAULT_APPLY_DEADLINE_S: Final = 1800.0
 
 

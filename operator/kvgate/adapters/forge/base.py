@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT: Final = 15.0
 MAX_PAGES: Final = 20  # open pull requests are listed at most 20 pages deep
-_REPO: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$")
+_REPO: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
 # What an HTTP header value may carry without being refused or mangled: visible ASCII.
-_TOKEN: Final = re.compile(r"^[\x21-\x7e]{8,4096}$")
+_TOKEN: Final = re.compile(r"^[\x21-\x7e]{8,4096}\Z")
 _REDACTED: Final = "<redacted>"
 Changes = Mapping[str, tuple[bytes, str | None]]  # path -> (content, blob id; None: new)
 
