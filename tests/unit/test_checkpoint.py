@@ -194,6 +194,12 @@ def test_vision_tower_scales_do_not_count() -> None:
     assert report.coverage == "none"
 
 
+def test_a_scale_name_with_a_trailing_newline_does_not_count() -> None:
+    # no engine loads "...k_scale\n" as a k scale; `$` would have matched before the newline
+    names = [n + "\n" for n in per_layer("self_attn.k_scale", "self_attn.v_scale")]
+    assert scan_scales(names, config=CONFIG).coverage == "none"
+
+
 def test_layers_beyond_num_hidden_layers_are_ignored() -> None:
     # DeepSeek-V3 keeps its MTP layer at index num_hidden_layers
     names = per_layer("self_attn.k_scale", "self_attn.v_scale", layers=range(LAYERS + 1))

@@ -26,16 +26,16 @@ from kvgate.engines import kvformats
 from kvgate.errors import ParseError
 from kvgate.inputs import load_json
 
-_LAYER_NAME: Final = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
+_LAYER_NAME: Final = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)\Z")
 # Vision / audio towers have numbered layers too; their tensors are not the decoder's.
 _NOT_DECODER: Final = re.compile(r"(?:^|\.)(?:vision|visual|vision_tower|audio|image)[\w]*\.")
 
 _SCALE_KINDS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
-    ("kv", re.compile(r"(?:^|\.)kv_scale$")),
-    ("k", re.compile(r"(?:^|\.)(?:k_scale|k_proj\.output_scale|k_cache\.scale)$")),
-    ("v", re.compile(r"(?:^|\.)(?:v_scale|v_proj\.output_scale|v_cache\.scale)$")),
-    ("q", re.compile(r"(?:^|\.)(?:q_scale|q_proj\.output_scale|self_attn\.q\.scale)$")),
-    ("prob", re.compile(r"(?:^|\.)(?:prob_scale|prob_output_scale)$")),
+    ("kv", re.compile(r"(?:^|\.)kv_scale\Z")),
+    ("k", re.compile(r"(?:^|\.)(?:k_scale|k_proj\.output_scale|k_cache\.scale)\Z")),
+    ("v", re.compile(r"(?:^|\.)(?:v_scale|v_proj\.output_scale|v_cache\.scale)\Z")),
+    ("q", re.compile(r"(?:^|\.)(?:q_scale|q_proj\.output_scale|self_attn\.q\.scale)\Z")),
+    ("prob", re.compile(r"(?:^|\.)(?:prob_scale|prob_output_scale)\Z")),
 )
 # Scales of quantized weights and activations: these say nothing about the KV cache.
 _WEIGHT_SCALE_SUFFIXES: Final = (
