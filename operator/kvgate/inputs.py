@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import re
 import stat
 import sys
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any, Final
 import yaml
 
 from kvgate.errors import ParseError
-from kvgate.spec.reader import parse_duration
+from kvgate.spec.reader import is_label, is_subdomain, parse_duration
 
 MAX_FILE_BYTES: Final = 8 << 20
 MAX_DEPTH: Final = 64
@@ -182,22 +181,6 @@ def finite_float(
 
     parse.__name__ = "number"  # argparse names the type in its messages
     return parse
-
-
-# Kubernetes names (API conventions): an object's is a DNS-1123 subdomain, a namespace's (and a
-# container's) a DNS-1123 label. Checked whole (`fullmatch`: `$` would let a trailing newline by).
-DNS_SUBDOMAIN: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
-DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def is_subdomain(text: str) -> bool:
-    return len(text) <= 253 and DNS_SUBDOMAIN.fullmatch(text) is not None
-
-
-def is_label(text: str) -> bool:
-    return len(text) <= 63 and DNS_LABEL.fullmatch(text) is not None
 
 
 def kube_name(*, label: bool = False) -> Callable[[str], str]:

@@ -104,6 +104,17 @@ def test_full_spec_parses() -> None:
 
 BAD_SPECS = [
     ({}, ["spec.targetRef: is required", "spec.targetRef.name: is required"]),
+    (
+        _with(targetRef={"name": "../vllm", "container": "Engine_1"}),
+        [
+            "spec.targetRef.name: '../vllm' is not a Kubernetes object name",
+            "spec.targetRef.container: 'Engine_1' is not a container name",
+        ],
+    ),
+    (
+        _with(targetRef={"name": "vllm\n"}),
+        ["spec.targetRef.name: 'vllm\\n' is not a Kubernetes object name"],
+    ),
     (_with(engine="trtllm"), ["spec.engine: 'trtllm' is not one of auto, vllm, sglang"]),
     (
         _with(kvCacheDtype="int8"),

@@ -29,7 +29,7 @@ import yaml
 
 from kvgate.change.container import env_by_name
 from kvgate.errors import SpecError
-from kvgate.inputs import is_label, is_subdomain
+from kvgate.spec.reader import is_label, is_subdomain
 
 BRANCH_PREFIX: Final = "kvgate/"
 ANNOTATION_VERDICT: Final = "kvgate.io/verdict"

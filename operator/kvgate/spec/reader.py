@@ -16,6 +16,22 @@ _DURATION_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# Kubernetes names (API conventions): an object's is a DNS-1123 subdomain, a namespace's (and a
+# container's) a DNS-1123 label. Checked whole (`fullmatch`: `$` would let a trailing newline by).
+DNS_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def is_subdomain(text: str) -> bool:
+    return len(text) <= 253 and DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_label(text: str) -> bool:
+    return len(text) <= 63 and DNS_LABEL.fullmatch(text) is not None
+
+
 def parse_duration(text: str) -> float:
     """`"1h30m"`, `"90s"`, `"250ms"` -> seconds; raises ValueError on anything else."""
     pos, total = 0, 0.0

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvgate.errors import SpecError
+from kvgate.errors import SpecError, brief
 from kvgate.spec import allowed as policy
 from kvgate.spec import margins
 from kvgate.spec.kvcache import KVCachePolicy, read_kv_cache
-from kvgate.spec.reader import SpecReader
+from kvgate.spec.reader import SpecReader, is_label, is_subdomain
 from kvgate.vocabulary import (
     KV_DTYPES,
     Engine,
@@ -271,6 +271,10 @@ class RolloutSpec:
             name=target.string("name", required=True) or "",
             container=target.string("container"),
         )
+        if target_ref.name and not is_subdomain(target_ref.name):
+            target.error("name", f"{brief(target_ref.name)} is not a Kubernetes object name")
+        if target_ref.container and not is_label(target_ref.container):
+            target.error("container", f"{brief(target_ref.container)} is not a container name")
         engine = r.choice("engine", Engine, Engine.AUTO)
         dtype = r.one_of("kvCacheDtype", KV_DTYPES, "fp8")
         if engine is Engine.SGLANG and dtype == "fp8" and not r.section("kvCache").present:
