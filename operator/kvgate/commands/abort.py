@@ -6,9 +6,8 @@ import argparse
 from typing import Final
 
 from kvgate.commands import catalog
-from kvgate.commands.rollout_view import RolloutView
+from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
-from kvgate.inputs import kube_name
 from kvgate.vocabulary import ANNOTATION_ABORT
 
 HELP = catalog.COMMANDS["abort"]
@@ -18,13 +17,7 @@ _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        type=kube_name(label=True),
-        help="namespace (default: the kubeconfig's)",
-    )
+    name_arguments(parser)
     parser.add_argument("--reason", required=True, help="why, one line (kept in status, Events)")
 
 

@@ -6,9 +6,8 @@ import argparse
 from typing import Final
 
 from kvgate.commands import catalog
-from kvgate.commands.rollout_view import RolloutView
+from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
-from kvgate.inputs import kube_name
 from kvgate.vocabulary import ANNOTATION_APPROVE, Phase
 
 HELP = catalog.COMMANDS["approve"]
@@ -16,13 +15,7 @@ EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        type=kube_name(label=True),
-        help="namespace (default: the kubeconfig's)",
-    )
+    name_arguments(parser)
     parser.epilog = (
         "The approval names the tested config hash (status.configHash): a spec changed since "
         "is not approved by it. The chart's admission policies record who approved and refuse "

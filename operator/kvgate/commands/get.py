@@ -9,22 +9,15 @@ import time
 from typing import Final
 
 from kvgate.commands import catalog
-from kvgate.commands.rollout_view import RolloutView
+from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.commands.wait import durations
-from kvgate.inputs import kube_name
 
 HELP = catalog.COMMANDS["get"]
 EXAMPLES: Final = ("kvgate get vllm-fp8 -n llm --watch",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        type=kube_name(label=True),
-        help="namespace (default: the kubeconfig's)",
-    )
+    name_arguments(parser)
     parser.add_argument(
         "-w", "--watch", action="store_true", help="print again on each change until it ends"
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
+from kvgate.inputs import kube_name
 from kvgate.records.conditions import STALLED, TRUE
 from kvgate.records.status import RolloutStatus
 from kvgate.vocabulary import Phase
@@ -94,6 +96,17 @@ class RolloutView:
             message = clip(str(event.get("message") or ""), 140)
             out.append(f"  event {event.get('type', '?'):<7} {event.get('reason', '?')}: {message}")
         return out
+
+
+def name_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rollout's name and namespace, refused unless Kubernetes names (before any API call)."""
+    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        type=kube_name(label=True),
+        help="namespace (default: the kubeconfig's)",
+    )
 
 
 def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:

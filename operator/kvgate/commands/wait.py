@@ -9,22 +9,16 @@ from typing import Final
 
 from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
-from kvgate.commands.rollout_view import RolloutView
+from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
-from kvgate.inputs import duration_seconds, kube_name
+from kvgate.inputs import duration_seconds
 
 HELP = catalog.COMMANDS["wait"]
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        type=kube_name(label=True),
-        help="namespace (default: the kubeconfig's)",
-    )
+    name_arguments(parser)
     parser.add_argument("--timeout", default="90m", help="give up after this long")
     parser.add_argument("--interval", default="5s", help="time between reads of the rollout")
 
