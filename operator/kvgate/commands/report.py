@@ -11,9 +11,9 @@ from typing import Any, Final
 
 from kvgate import report
 from kvgate.commands import catalog
-from kvgate.commands.rollout_view import RolloutView, metadata
+from kvgate.commands.rollout_view import RolloutView, metadata, name_arguments
 from kvgate.errors import ParseError
-from kvgate.inputs import kube_name, load_file
+from kvgate.inputs import load_file
 
 HELP = catalog.COMMANDS["report"]
 EXAMPLES: Final = (
@@ -24,17 +24,8 @@ EXAMPLES: Final = (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "name",
-        nargs="?",
-        type=kube_name(),
-        help="KVCacheRollout name (with --file: picks one from a list)",
-    )
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        type=kube_name(label=True),
-        help="namespace (default: the kubeconfig's)",
+    name_arguments(
+        parser, optional=True, help="KVCacheRollout name (with --file: picks one from a list)"
     )
     parser.add_argument(
         "-f",

@@ -98,9 +98,11 @@ class RolloutView:
         return out
 
 
-def name_arguments(parser: argparse.ArgumentParser) -> None:
+def name_arguments(
+    parser: argparse.ArgumentParser, *, optional: bool = False, help: str = "KVCacheRollout name"
+) -> None:
     """The rollout's name and namespace, refused unless Kubernetes names (before any API call)."""
-    parser.add_argument("name", type=kube_name(), help="KVCacheRollout name")
+    parser.add_argument("name", nargs="?" if optional else None, type=kube_name(), help=help)
     parser.add_argument(
         "-n",
         "--namespace",
