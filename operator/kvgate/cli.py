@@ -21,12 +21,7 @@ from typing import NoReturn
 
 from kvgate import __version__
 from kvgate.commands import catalog
-from kvgate.commands.exit_codes import EXIT_BUG as EXIT_BUG
-from kvgate.commands.exit_codes import EXIT_EXTERNAL as EXIT_EXTERNAL
-from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
-from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE as EXIT_INCONCLUSIVE
-from kvgate.commands.exit_codes import EXIT_INPUT as EXIT_INPUT
-from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
+from kvgate.commands.exit_codes import EXIT_BUG, EXIT_EXTERNAL, EXIT_INPUT, EXIT_OK
 from kvgate.commands.failure import report_error
 from kvgate.errors import ExternalError, KvgateError
 

@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 
 from kvgate.errors import SpecError
 from kvgate.spec import allowed as policy
-from kvgate.spec.reader import parse_duration
+from kvgate.spec.reader import is_subdomain, parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
 # The eval Job's bounds when the chart sets none (the chart's evalResources defaults agree).
@@ -163,7 +163,6 @@ def _number(environ: Mapping[str, str], name: str, kind: type[_N], default: _N, 
 
 _TRUE: Final = ("1", "true", "yes", "on")
 _FALSE: Final = ("0", "false", "no", "off")
-_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _IMAGE: Final = re.compile(r"[^\s@]+(@sha256:[0-9a-f]{64})?")
 
 
@@ -209,7 +208,7 @@ def _name(environ: Mapping[str, str], name: str) -> str | None:
     raw = (environ.get(name) or "").strip()
     if not raw:
         return None
-    if not _DNS_SUBDOMAIN.fullmatch(raw):
+    if not is_subdomain(raw):
         raise SpecError(name, f"{raw!r} is not a Kubernetes object name")
     return raw
 

@@ -163,10 +163,8 @@ def _check_depth(value: Any, source: str, max_depth: int) -> None:
 # -- argparse types ----------------------------------------------------------------------------
 
 
-def finite_float(
-    low: float | None = None, high: float | None = None, *, low_open: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a finite float in [low, high] (or (low, high] with `low_open`)."""
+def finite_float(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite float in [low, high]."""
 
     def parse(text: str) -> float:
         try:
@@ -175,7 +173,7 @@ def finite_float(
             value = math.nan
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
-        if (limits := _outside(value, low, high, low_open)) is not None:
+        if (limits := _outside(value, low, high, False)) is not None:
             raise argparse.ArgumentTypeError(f"{value:g} is outside {limits}")
         return value
 

@@ -43,20 +43,15 @@ def report_error(
     return exit_code
 
 
-def internal_error(exc: BaseException) -> str:
-    """What a summary says of a bug (ours or a library's): its type and the start of its text."""
-    return f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
-
-
 def error_text(
     exc: Exception, expected: type[Exception] | tuple[type[Exception], ...], text: str = ""
 ) -> str:
-    """A summary's error: an `expected` failure's `text` (default: its message); else a bug's,
-    its traceback on stderr."""
+    """A summary's error: an `expected` failure's `text` (default: its message); else a bug's
+    (ours or a library's), its traceback on stderr: its type and the start of its text."""
     if isinstance(exc, expected):
         return text or str(exc)
     traceback.print_exc(file=sys.stderr)
-    return internal_error(exc)
+    return f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def report_summary_error(command: str, summary: Mapping[str, Any], verdict: str) -> None:
