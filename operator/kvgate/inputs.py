@@ -67,24 +67,21 @@ def read_text(path: str | Path, *, regular: bool = False) -> str:
         raise ParseError(name, f"is not UTF-8 text (byte {exc.start})") from None
 
 
-def load_file(path: str | Path) -> Any:
-    """A JSON or YAML document (JSON when it starts with `{` or `[`)."""
+def load_file(path: str | Path, *, every: bool = False) -> Any:
+    """A JSON or YAML document (JSON when it starts with `{` or `[`); `every`: a YAML file's
+    documents, as a list."""
     text = read_text(path)
     if text.lstrip()[:1] in ("{", "["):
         return load_json(text, str(path))
-    return load_yaml(text, str(path))
+    return load_yaml(text, str(path), every=every)
 
 
 def load_documents(path: str | Path) -> list[Any]:
     """Every document of a multi-document YAML file (`---` between them), or of a JSON value
     (an array: its elements); a `kind: List` (`kubectl get -o yaml` of several objects) gives
     its items."""
-    text = read_text(path)
-    if text.lstrip()[:1] in ("{", "["):
-        value = load_json(text, str(path))
-        docs = value if isinstance(value, list) else [value]
-    else:
-        docs = load_yaml(text, str(path), every=True)
+    value = load_file(path, every=True)
+    docs = value if isinstance(value, list) else [value]
     out: list[Any] = []
     for doc in docs:
         items = doc.get("items") if isinstance(doc, dict) and doc.get("kind") == "List" else None
@@ -137,8 +134,6 @@ def load_yaml(text: str, source: str, *, every: bool = False) -> Any:
         line = mark.line + 1 if mark is not None else None
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise ParseError(source, f"not YAML: {str(problem)[:120]}", line_no=line) from None
-    except RecursionError:
-        raise ParseError(source, f"nests deeper than {MAX_DEPTH} levels") from None
     except ParseError:  # an alias or the depth, said above (a ParseError is a ValueError)
         raise
     except ValueError as exc:  # e.g. a huge YAML integer

@@ -391,8 +391,7 @@ def _summary(
     scales: ScaleReport,
     memory_bytes: int | None,
     read: dict[str, Any] | None,
-    *,
-    block_size: int = _DEFAULT_POOL.block_size,
+    block_size: int,
 ) -> dict[str, Any]:
     return {
         "kind": "kvgate.preflight",

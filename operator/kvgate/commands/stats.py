@@ -120,8 +120,7 @@ def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
         after = f" after {looks} look(s)" if isinstance(looks, int) and looks > 0 else ""
         error = summary.get("error")
         raise EvalError(f"{path}: the eval ended in error{after}: {error or 'no error text saved'}")
-    has_questions = f'"{QUESTION_KIND}"' in text
-    if has_questions:
+    if f'"{QUESTION_KIND}"' in text:
         for line_no, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 load_json(line, f"{path}:{line_no}")
