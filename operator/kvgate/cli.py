@@ -1,8 +1,9 @@
 """The `kvgate` command line.
 
 Each subcommand lives in `kvgate.commands.<name>` and is imported only when used, so
-`kvgate stats` does not pay for lm-eval or kopf. A command module defines `HELP`, `EXAMPLES`
-(command lines, shown at the end of its --help), `configure(parser)` and `run(args) -> int`.
+`kvgate stats` does not pay for lm-eval or kopf. A command module defines `EXAMPLES` (command
+lines, shown at the end of its --help), `configure(parser)` and `run(args) -> int`; its one-line
+help is its line in `kvgate.commands.catalog`.
 Every option's default is shown by one formatter, as "(default: X)".
 
 Exit codes: 0 done / pass / not needed, 1 the gate says no, 2 usage or input error,
@@ -21,7 +22,12 @@ from typing import NoReturn
 
 from kvgate import __version__
 from kvgate.commands import catalog
-from kvgate.commands.exit_codes import EXIT_BUG, EXIT_EXTERNAL, EXIT_INPUT, EXIT_OK
+from kvgate.commands.exit_codes import EXIT_BUG as EXIT_BUG
+from kvgate.commands.exit_codes import EXIT_EXTERNAL as EXIT_EXTERNAL
+from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
+from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE as EXIT_INCONCLUSIVE
+from kvgate.commands.exit_codes import EXIT_INPUT as EXIT_INPUT
+from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
 from kvgate.commands.failure import report_error
 from kvgate.errors import ExternalError, KvgateError
 
@@ -78,13 +84,12 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = next((a for a in argv if a in COMMANDS), None)
     for name, module_name in COMMANDS.items():
+        line = catalog.COMMANDS[name]
         if name != chosen:  # listed by its help line; its module (numpy, scipy...) stays unloaded
-            sub.add_parser(name, help=catalog.COMMANDS[name])
+            sub.add_parser(name, help=line)
             continue
         module = importlib.import_module(module_name)
-        cmd = sub.add_parser(
-            name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter
-        )
+        cmd = sub.add_parser(name, help=line, description=line, formatter_class=HelpFormatter)
         # SUPPRESS: an absent sub-level --debug must not reset `kvgate --debug CMD`
         cmd.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS

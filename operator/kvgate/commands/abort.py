@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
 from kvgate.vocabulary import ANNOTATION_ABORT
 
-HELP = catalog.COMMANDS["abort"]
 EXAMPLES: Final = ('kvgate abort vllm-fp8 -n llm --reason "freeze for the launch"',)
 
 _MAX_REASON = 200  # what the operator keeps of it (approval.abort_text)

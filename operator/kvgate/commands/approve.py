@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
 from kvgate.vocabulary import ANNOTATION_APPROVE, Phase
 
-HELP = catalog.COMMANDS["approve"]
 EXAMPLES: Final = ("kvgate approve vllm-fp8 -n llm",)
 
 

@@ -1,8 +1,8 @@
 """Every `kvgate` subcommand and its one-line help, in the order `--help` lists them.
 
 `kvgate --help` lists the commands from here without importing them (a command module may
-import numpy, scipy or lm-eval); each command module takes its `HELP` from here too, so the
-line is written once. Command `NAME` lives in `kvgate.commands.NAME` (a dash as `_`).
+import numpy, scipy or lm-eval), and `kvgate NAME --help` shows the same line, written once.
+Command `NAME` lives in `kvgate.commands.NAME` (a dash as `_`).
 """
 
 from __future__ import annotations

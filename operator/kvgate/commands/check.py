@@ -14,14 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.commands.rollout_view import metadata
 from kvgate.errors import InputError, ParseError
 from kvgate.inputs import kube_name
 from kvgate.judge import target as targetcheck
 
-HELP = catalog.COMMANDS["check"]
 EXAMPLES: Final = (
     "kvgate check -f deployment.yaml          # offline: the Deployment, its Service and PVCs",
     "kvgate check --deployment vllm -n llm    # live, with the namespace's Services and PVCs",

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from kvgate.commands import catalog
 from kvgate.commands.failure import report_summary_error
 from kvgate.commands.terminal import diverge_text, is_terminal, json_line
 from kvgate.errors import EvalError, SpecError
@@ -41,7 +40,6 @@ from kvgate.judge.divergence import (
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
 
-HELP = catalog.COMMANDS["diverge"]
 _CALIBRATION_CHARS: Final = 4000
 _FILL: Final = 0.95  # aim below --max-tokens: tokens per character vary along a document
 _MAX_BODY: Final = 256 << 20

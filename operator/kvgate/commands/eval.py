@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TypedDict
 
-from kvgate.commands import catalog
 from kvgate.commands.diverge import (
     ScreenOptions,
     add_arm_options,
@@ -42,7 +41,6 @@ from kvgate.spec.rollout import is_commit, is_local_path
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
     from kvgate.evaluation.runner import Arm, EvalSettings
 
-HELP = catalog.COMMANDS["eval"]
 _LC_SPEC: Final = "--long-context-tasks"
 EXAMPLES: Final = (
     "kvgate eval --control-url http://A:8000/v1/completions --candidate-url http://B:8000/v1/completions --task gsm8k_cot --sequential",

@@ -8,11 +8,9 @@ import sys
 import time
 from typing import Final
 
-from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.commands.wait import durations
 
-HELP = catalog.COMMANDS["get"]
 EXAMPLES: Final = ("kvgate get vllm-fp8 -n llm --watch",)
 
 

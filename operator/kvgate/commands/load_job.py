@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from kvgate.commands import catalog
 from kvgate.commands.exit_codes import (
     EXIT_BUG,
     EXIT_EXTERNAL,
@@ -65,7 +64,6 @@ from kvgate.records.loadresult import (
 if TYPE_CHECKING:
     from kvgate.evidence.metrics import MetricSnapshot
 
-HELP = catalog.COMMANDS["load-job"]
 EXAMPLES: Final = (
     "kvgate load-job --control-url http://A:8000 --candidate-url http://B:8000 --model M "
     "--production-concurrency 64 --prompt-tokens 512 --output-tokens 128",

@@ -22,7 +22,6 @@ from kvgate.checkpoint.capacity import (
 )
 from kvgate.checkpoint.formats import format_capacity
 from kvgate.checkpoint.scales import ScaleReport, format_findings, unknown_scales
-from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_OK
 from kvgate.config import hf_hub_cache, offline_requested
 from kvgate.engines import kvformats
@@ -30,7 +29,6 @@ from kvgate.engines import versions as engine_versions
 from kvgate.errors import HubError, KvgateError, ParseError, SpecError
 from kvgate.inputs import finite_float, seconds
 
-HELP = catalog.COMMANDS["preflight"]
 DTYPES = ("bf16", "fp8")
 EXAMPLES: Final = (
     "kvgate preflight Qwen/Qwen3-8B --gpu-memory-gib 20 --max-model-len 32768",

@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from kvgate import report
-from kvgate.commands import catalog
 from kvgate.commands.rollout_view import RolloutView, metadata, name_arguments
 from kvgate.errors import ParseError
 from kvgate.inputs import load_file
 
-HELP = catalog.COMMANDS["report"]
 EXAMPLES: Final = (
     "kvgate report vllm-fp8 -n llm --html report.html",
     "kubectl get kvr vllm-fp8 -o json | kvgate report -f -",

@@ -7,10 +7,8 @@ import ctypes
 import os
 from typing import Any, Final
 
-from kvgate.commands import catalog
 from kvgate.config import DEFAULT_METRICS_PORT, DEFAULT_POLL_INTERVAL_S, OperatorConfig
 
-HELP = catalog.COMMANDS["run"]
 EXAMPLES: Final = ("kvgate run -n llm --liveness http://0.0.0.0:8080/healthz",)
 
 _LOG_FORMATS = ("plain", "full", "json")

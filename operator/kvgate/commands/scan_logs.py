@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final, TextIO
 
-from kvgate.commands import catalog
 from kvgate.errors import ParseError
 from kvgate.evidence.logs import LogScan, scan_lines
 
-HELP = catalog.COMMANDS["scan-logs"]
 EXAMPLES: Final = (
     "kvgate scan-logs vllm-startup.log",
     "kubectl logs deploy/vllm | kvgate scan-logs -",

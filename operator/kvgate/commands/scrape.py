@@ -15,14 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE, EXIT_OK
 from kvgate.errors import ScrapeError
 from kvgate.evidence.metrics import MetricSnapshot, MetricWindow, delta
 from kvgate.evidence.pool import MIN_SAMPLES, PoolPressure, pool_pressure
 from kvgate.inputs import bounded_int, fraction, seconds
 
-HELP = catalog.COMMANDS["scrape"]
 EXAMPLES: Final = ("kvgate scrape http://10.0.0.7:8000/metrics --samples 12 --interval 10",)
 
 # The pool verdict needs MIN_SAMPLES usable samples (ones with a KV usage reading); the

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kvgate.commands import catalog
 from kvgate.errors import EvalError, InputError, ParseError, SpecError
 from kvgate.evaluation.gate import EXIT_CODES, Verdict, assess_look, look_bounds, plan_gate
 from kvgate.evaluation.records import QUESTION_KIND, read_question_lines
@@ -24,7 +23,6 @@ from kvgate.judge.stats import (
     questions_needed,
 )
 
-HELP = catalog.COMMANDS["stats"]
 # Paired modes exit as the gate would: 0 pass, 1 candidate shown worse, 3 inconclusive
 # (a saved summary's own verdict decides for it; its `error` is 4).
 EXAMPLES: Final = (

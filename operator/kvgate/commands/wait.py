@@ -7,13 +7,11 @@ import sys
 import time
 from typing import Final
 
-from kvgate.commands import catalog
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE
 from kvgate.commands.rollout_view import RolloutView, name_arguments
 from kvgate.errors import SpecError
 from kvgate.inputs import duration_seconds
 
-HELP = catalog.COMMANDS["wait"]
 EXAMPLES: Final = ("kvgate wait vllm-fp8 -n llm --timeout 2h && echo promoted",)
 
 
