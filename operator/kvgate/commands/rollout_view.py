@@ -18,17 +18,14 @@ from kvgate.vocabulary import Phase
 class RolloutView:
     name: str
     namespace: str
-    generation: int | None
     status: RolloutStatus
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> RolloutView:
         meta = metadata(obj)
-        generation = meta.get("generation")
         return cls(
             name=str(meta.get("name") or "-"),
             namespace=str(meta.get("namespace") or "-"),
-            generation=generation if isinstance(generation, int) else None,
             status=RolloutStatus.from_dict(obj.get("status")),
         )
 
