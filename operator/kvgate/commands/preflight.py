@@ -219,8 +219,8 @@ def preflight(
     revision: str | None,
     token: str | None,
     memory_bytes: int | None,
-    max_model_len: int | None = None,
-    pool: PoolOptions | None = None,
+    max_model_len: int | None,
+    pool: PoolOptions,
     *,
     timeout_s: float = DEFAULT_HUB_TIMEOUT_S,
     formats: Sequence[str] = (),
@@ -233,7 +233,6 @@ def preflight(
     `fp8_guidance` holds vLLM's own reasons to avoid FP8 that apply (kvgate.checkpoint.advice)."""
     from kvgate.adapters import hub
 
-    pool = pool or _DEFAULT_POOL
     try:
         path = Path(target)
         read: dict[str, Any] | None = None
