@@ -20,7 +20,7 @@ from kvgate.change import gitops, manifests
 from kvgate.controller.candidate import derive_candidate
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Ctx
-from kvgate.controller.seen import Seen, live_container, live_key, target_deployment
+from kvgate.controller.seen import Seen, evaluated_live, live_key
 from kvgate.controller.sources import FORGE_TOKEN_FIELD
 from kvgate.errors import InputError, KvgateError
 from kvgate.evidence import kubeobjects
@@ -63,10 +63,7 @@ def _forge(ctx: Ctx) -> Iterator[Forge]:
 
 def proposed_file(ctx: Ctx, pr: PullRequestSpec, key: str) -> str:
     """The file kvgate owns, rendered from the live (evaluated) container and the spec."""
-    found = live_container(ctx, target_deployment(ctx))
-    if found is None:
-        raise KvgateError(f"Deployment {ctx.spec.target.name} or its container disappeared")
-    _, live = found
+    _, live = evaluated_live(ctx)
     candidate = manifests.container_config(derive_candidate(ctx, live))
     previous = manifests.container_config(live)
     if pr.kind is GitFileKind.HELM_VALUES:

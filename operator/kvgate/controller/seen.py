@@ -197,6 +197,14 @@ def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[s
         return None
 
 
+def evaluated_live(ctx: Ctx) -> tuple[int, dict[str, Any]]:
+    """The target container as it is now (index, container); gone: a KubeError (retried)."""
+    found = live_container(ctx, target_deployment(ctx))
+    if found is None:
+        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    return found
+
+
 def live_target(ctx: Ctx) -> LiveTarget | None:
     """The live Deployment against the evaluated container and kvgate's edits."""
     if not ctx.so_far.candidate:
