@@ -189,14 +189,8 @@ def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observation:
             return Observation()
         with _forge(ctx) as forge:
             pr = forge.pull_request_state(recorded.repository, recorded.number)
-        return Observation(
-            pull_request=PullRequestSeen(
-                number=pr.number,
-                url=pr.url,
-                state=PullRequestState(pr.state),
-                merge_sha=pr.merge_sha,
-            )
-        )
+        seen_now = PullRequestSeen(pr.number, pr.url, PullRequestState(pr.state), pr.merge_sha)
+        return Observation(pull_request=seen_now)
     gap = apply_gap(ctx, seen)
     return Observation(applied=gap is None, apply_gap=gap or "")
 
