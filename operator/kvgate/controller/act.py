@@ -29,6 +29,7 @@ from kvgate.controller.ownership import adopt_child, owned
 from kvgate.controller.pullrequest import close_pull_request, open_pull_request
 from kvgate.controller.seen import (
     arm_ips,
+    evaluated_live,
     leftover_child,
     live_container,
     own_pods,
@@ -421,13 +422,6 @@ def snapshot_speed(ctx: Ctx, step: Step) -> StatusUpdate:
         started_at=round(ctx.now.timestamp(), 3),  # the window of the arms' GPU clocks
     )
     return StatusUpdate.of(speed=speed)
-
-
-def evaluated_live(ctx: Ctx) -> tuple[int, dict[str, Any]]:
-    found = live_container(ctx, target_deployment(ctx))
-    if found is None:
-        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
-    return found
 
 
 def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:

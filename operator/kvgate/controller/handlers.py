@@ -211,12 +211,10 @@ def _status_of(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body.get("status") or {}))
 
 
-def _side_ctx(
-    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger, status: dict[str, Any]
-) -> Ctx:
+def _side_ctx(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
-    return context.context_of(body, meta, memo.kube, memo.config, logger,
-                              RolloutStatus.from_dict(status))[0]  # fmt: skip
+    status = RolloutStatus.from_dict(_status_of(body))
+    return context.context_of(body, meta, memo.kube, memo.config, logger, status)[0]
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -232,8 +230,7 @@ def cleanup(
 def _clean_up(
     body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger, retry: int
 ) -> None:
-    status = _status_of(body)
-    ctx = _side_ctx(body, meta, memo, logger, status)
+    ctx = _side_ctx(body, meta, memo, logger)
     phase = ctx.so_far.phase or Phase.PENDING
     step = Step(phase, Reason.DELETED, "rollout deleted")
     try:
@@ -293,8 +290,7 @@ def drift(
 ) -> None:
     """After the verdict: does the Deployment still carry the promoted config (Promoted only),
     and does what runs still match what the verdict was reached on (Stale)? Never re-applied."""
-    status = _status_of(body)
-    ctx = _side_ctx(body, meta, memo, logger, status)
+    ctx = _side_ctx(body, meta, memo, logger)
     live = live_target(ctx)
     if live is None:
         return

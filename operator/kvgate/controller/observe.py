@@ -310,7 +310,6 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
             fields["speed"] = speed
         obs = dataclasses.replace(
             obs,
-            job_finished=True,
             eval_summary=accuracy,
             control_tpot_s=control_tpot,
             candidate_tpot_s=candidate_tpot,
@@ -320,9 +319,7 @@ def observe_eval(ctx: Ctx, seen: Seen) -> Observed:
     if finished:
         reason = kubeobjects.job_failure(job)
         tail = " | ".join(text.strip().splitlines()[-3:])
-        obs = dataclasses.replace(
-            obs, job_finished=True, eval_error=f"{reason}; log tail: {tail}"[:500]
-        )
+        obs = dataclasses.replace(obs, eval_error=f"{reason}; log tail: {tail}"[:500])
     return obs, StatusUpdate(fields)
 
 

@@ -20,7 +20,7 @@ from kvgate.change import gitops, manifests
 from kvgate.controller.candidate import derive_candidate
 from kvgate.controller.changes import NOTHING, StatusUpdate
 from kvgate.controller.context import Ctx
-from kvgate.controller.seen import Seen, live_container, live_key, target_deployment
+from kvgate.controller.seen import Seen, evaluated_live, live_key
 from kvgate.controller.sources import FORGE_TOKEN_FIELD
 from kvgate.errors import InputError, KvgateError
 from kvgate.evidence import kubeobjects
@@ -63,10 +63,7 @@ def _forge(ctx: Ctx) -> Iterator[Forge]:
 
 def proposed_file(ctx: Ctx, pr: PullRequestSpec, key: str) -> str:
     """The file kvgate owns, rendered from the live (evaluated) container and the spec."""
-    found = live_container(ctx, target_deployment(ctx))
-    if found is None:
-        raise KvgateError(f"Deployment {ctx.spec.target.name} or its container disappeared")
-    _, live = found
+    _, live = evaluated_live(ctx)
     candidate = manifests.container_config(derive_candidate(ctx, live))
     previous = manifests.container_config(live)
     if pr.kind is GitFileKind.HELM_VALUES:
@@ -192,14 +189,8 @@ def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observation:
             return Observation()
         with _forge(ctx) as forge:
             pr = forge.pull_request_state(recorded.repository, recorded.number)
-        return Observation(
-            pull_request=PullRequestSeen(
-                number=pr.number,
-                url=pr.url,
-                state=PullRequestState(pr.state),
-                merge_sha=pr.merge_sha,
-            )
-        )
+        seen_now = PullRequestSeen(pr.number, pr.url, PullRequestState(pr.state), pr.merge_sha)
+        return Observation(pull_request=seen_now)
     gap = apply_gap(ctx, seen)
     return Observation(applied=gap is None, apply_gap=gap or "")
 

@@ -30,7 +30,6 @@ from kvgate.records.status import (
     GateResult,
     LoadStatus,
     PromotionStatus,
-    RevertStatus,
     RolloutStatus,
     VerdictKey,
     VerdictRecord,
@@ -259,14 +258,9 @@ def folded(
         and step.phase is Phase.REVERTING
         and old_phase is not Phase.REVERTING
     ):
-        # The write-ahead record of the revert: how it ends once the Deployment reads back clean.
-        revert = RevertStatus(
-            phase=step.revert.phase,
-            reason=step.revert.reason,
-            message=step.revert.message,
-            started_at=now,
-            attempts=0,
-        )
+        # The write-ahead record of the revert: how it ends once the Deployment reads back clean
+        # (`revert_step`'s phase, reason and message).
+        revert = dataclasses.replace(step.revert, started_at=now, attempts=0)
         status = dataclasses.replace(status, revert=revert)
     status = dataclasses.replace(
         status, promotion=_promotion(status.promotion, step, now, deployment_generation)

@@ -103,7 +103,7 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
             control=facts["control"].health,
             candidate=facts["candidate"].health,
             to_scan={
-                arm: placement(ctx, fact)
+                arm: Placement(fact.node, node_gpu(ctx, fact.node), fact.gpu_count)
                 for arm, fact in facts.items()
                 if scan_due(ctx.so_far.arms.get(arm) or ArmStatus(), fact.health)
             },
@@ -123,10 +123,6 @@ def look(ctx: Ctx, phase: Phase, state: State) -> Seen:
     ):
         seen = replace(seen, production=production_seen(ctx))
     return seen
-
-
-def placement(ctx: Ctx, facts: kubeobjects.PodFacts) -> Placement:
-    return Placement(facts.node, node_gpu(ctx, facts.node), facts.gpu_count)
 
 
 def pod_facts(
@@ -195,6 +191,14 @@ def live_container(ctx: Ctx, dep: Mapping[str, Any] | None) -> tuple[int, dict[s
         )
     except LookupError:
         return None
+
+
+def evaluated_live(ctx: Ctx) -> tuple[int, dict[str, Any]]:
+    """The target container as it is now (index, container); gone: a KubeError (retried)."""
+    found = live_container(ctx, target_deployment(ctx))
+    if found is None:
+        raise KubeError(f"Deployment {ctx.spec.target.name} or its container disappeared")
+    return found
 
 
 def live_target(ctx: Ctx) -> LiveTarget | None:

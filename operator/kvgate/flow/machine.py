@@ -74,20 +74,19 @@ def next_step(
     end but a passing verdict closes the gate.
     """
     step = _step(spec, state, obs, poll_s=poll_s, approval_ttl_s=approval_ttl_s)
-    if spec.promotion.mode is PromotionMode.PULL_REQUEST and step.revert is not None:
-        # kvgate never changes the Deployment in pullRequest mode, so it never reverts it
-        # either: what the GitOps tool applied stays until Git changes.
-        intent = step.revert
-        step = end_step(
-            intent.end,
-            intent.why,
-            f"{intent.message or ''}; the Deployment is left as it is (pullRequest mode: change it "
-            "in Git)",
-            gates=step.gates,
-            verdict=step.verdict,
-            events=step.events,
-        )
     if spec.promotion.mode is PromotionMode.PULL_REQUEST:
+        if (intent := step.revert) is not None:
+            # kvgate never changes the Deployment in pullRequest mode, so it never reverts it
+            # either: what the GitOps tool applied stays until Git changes.
+            step = end_step(
+                intent.end,
+                intent.why,
+                f"{intent.message or ''}; the Deployment is left as it is (pullRequest mode: "
+                "change it in Git)",
+                gates=step.gates,
+                verdict=step.verdict,
+                events=step.events,
+            )
         return proposing.closing(spec, state, step)
     if spec.promotion.mode is PromotionMode.GATE and step.terminal:
         # Fail closed: NotNeeded and Failed close the gate too; nothing here was shown safe.
@@ -439,17 +438,8 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         error = f"eval did not finish within {budget:g}s ({state.eval_attempts} attempt(s))"
     if error is not None:
         # An eval that errors is not a failed eval: retry within the limit.
-        if state.eval_attempts <= spec.canary.eval_retries and not stuck:
-            attempt = state.eval_attempts + 1
-            return Step(
-                Phase.EVALUATING,
-                Reason.EVAL_RETRY,
-                f"eval attempt {state.eval_attempts} errored ({error}); starting attempt {attempt}",
-                # recorded first, made by the next reconcile (write-ahead, as attempt 1)
-                events=(Event(Reason.EVAL_ERROR, error, warning=True),),
-                requeue_s=clamp_delay(poll_s),
-                eval_attempts=attempt,
-            )
+        if not stuck and (retry := _retry(spec, "eval", state.eval_attempts, error, poll_s)):
+            return retry
         gate = GateResult(ACCURACY, Outcome.ERROR, Reason.EVAL_ERROR, error)
         message = f"eval failed {state.eval_attempts} time(s), last: {error}"
         return end_step(Phase.ROLLED_BACK, Reason.EVAL_ERROR, message, gates=(gate,))
@@ -510,6 +500,25 @@ def _cannot_make(state: State, job_exists: bool) -> bool:
     return not job_exists and state.consecutive_errors > 0
 
 
+def _retry(spec: RolloutSpec, role: str, attempts: int, error: str, poll_s: float) -> Step | None:
+    """The next attempt of the eval or load Job after `attempts` that errored, within
+    spec.canary.evalRetries (None: none left). Recorded first, made by the next reconcile
+    (write-ahead, as attempt 1)."""
+    if attempts > spec.canary.eval_retries:
+        return None
+    attempt = attempts + 1
+    eval_job = role == "eval"
+    return Step(
+        Phase.EVALUATING if eval_job else Phase.MEASURING,
+        Reason.EVAL_RETRY if eval_job else Reason.LOAD_RETRY,
+        f"{role} attempt {attempts} errored ({error}); starting attempt {attempt}",
+        events=(Event(Reason.EVAL_ERROR if eval_job else Reason.LOAD_ERROR, error, warning=True),),
+        requeue_s=clamp_delay(poll_s),
+        eval_attempts=attempt if eval_job else None,
+        load_attempts=None if eval_job else attempt,
+    )
+
+
 def _eval_start(state: State) -> tuple[Action, ...]:
     """The first eval attempt opens the speed gate's window (TPOT totals) right before its Job."""
     if state.eval_attempts <= 1:
@@ -547,16 +556,8 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if stuck:
         error = f"load did not finish within {budget:g}s ({attempts} attempt(s))"
     if error is not None:
-        if attempts <= spec.canary.eval_retries and not stuck:
-            attempt = attempts + 1
-            return Step(
-                Phase.MEASURING,
-                Reason.LOAD_RETRY,
-                f"load attempt {attempts} errored ({error}); starting attempt {attempt}",
-                events=(Event(Reason.LOAD_ERROR, error, warning=True),),
-                requeue_s=clamp_delay(poll_s),
-                load_attempts=attempt,
-            )
+        if not stuck and (retry := _retry(spec, "load", attempts, error, poll_s)):
+            return retry
         message = f"load failed {attempts} time(s), last: {error}"
         gate = GateResult(THROUGHPUT, Outcome.ERROR, Reason.THROUGHPUT_UNKNOWN, message)
         return end_step(Phase.FAILED, Reason.LOAD_ERROR, message, gates=(gate,))

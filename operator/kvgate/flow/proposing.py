@@ -27,8 +27,7 @@ from kvgate.flow.steps import (
 )
 from kvgate.judge.verdict import Verdict
 from kvgate.reasons import Reason
-from kvgate.records.status import GateResult
-from kvgate.records.status import PullRequestStatus as PullRequestStatus  # re-exported
+from kvgate.records.status import GateResult, PullRequestStatus
 from kvgate.redact import scrub_text
 from kvgate.spec.rollout import DEFAULT_APPLY_DEADLINE_S, RolloutSpec
 from kvgate.vocabulary import Phase, PromotionMode, PullRequestState

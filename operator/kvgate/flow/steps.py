@@ -171,7 +171,6 @@ class Observation:
     remedy: Remedy | None = None  # Canary: the remedy for the candidate's crash, if known
     # Evaluating
     job_exists: bool = False
-    job_finished: bool = False
     eval_summary: AccuracyStatus | None = None  # the finished Job's summary, read once
     eval_error: str | None = None
     eval_progress: EvalProgress | None = None  # the running attempt's last look
