@@ -241,14 +241,10 @@ class Kube:
 
     # --- writes ---
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a Pod, Job, NetworkPolicy or ConfigMap; an existing one with that name is
-        returned instead."""
-        return self.ensure(body)[0]
-
     def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-        """`create`, and whether this call created it: one request when the name is free, so a
-        caller need not read the name first (an existing object costs a second, its GET)."""
+        """Create a Pod, Job, NetworkPolicy or ConfigMap (an existing one with that name is
+        returned instead), and whether this call created it: one request when the name is free,
+        so a caller need not read the name first (an existing object costs a second, its GET)."""
         wire: Any = body  # the client sends a dict body as it is; its types name model classes
         kind = body["kind"]
         ns = body["metadata"]["namespace"]

@@ -23,9 +23,7 @@ from kvgate.adapters.forge.base import PullRequestState, RestForge
 from kvgate.adapters.forge.providers import GiteaForge, GitHubForge, GitLabForge
 from kvgate.errors import SpecError
 
-__all__ = ["Forge", "GitHubForge", "GiteaForge", "PullRequestState", "RestForge", "forge_for"]
-
-Forge = RestForge  # the one client every forge's table runs on
+__all__ = ["GitHubForge", "GiteaForge", "PullRequestState", "RestForge", "forge_for"]
 
 FORGES: Final[Mapping[str, type[RestForge]]] = {
     "gitea": GiteaForge,
