@@ -144,14 +144,13 @@ def query_range(
     step: float,
     timeout: float = DEFAULT_TIMEOUT,
     client: httpx.Client | None = None,
-    max_bytes: int = MAX_BODY_BYTES,
 ) -> tuple[Series, ...]:
     """Run a PromQL range query; every failure is a PrometheusError naming the server."""
     source = base_url.rstrip("/")
     params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     url = str(httpx.URL(source + "/api/v1/query_range", params=params))
     try:
-        body = http.scrape(url, client=client, timeout=timeout, max_bytes=max_bytes)
+        body = http.scrape(url, client=client, timeout=timeout, max_bytes=MAX_BODY_BYTES)
     except ScrapeError as exc:
         # The URL carries the query: say which server, and what failed after the URL.
         raise _fail(source, str(exc).removeprefix(exc.url).lstrip(": ")[:300]) from None
