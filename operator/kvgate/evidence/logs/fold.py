@@ -214,9 +214,8 @@ class _Folder:
         return dtype, source
 
     def _dtype_text(self, dtype: str, event: Event) -> str:
-        if (
-            event.rule.startswith("v.") and event.rule not in _DTYPE_RANKS
-        ):  # a scale warning implied it
+        # a vLLM line that is not a dtype rule: a scale warning implied the dtype
+        if event.rule.startswith("v.") and event.rule not in _DTYPE_RANKS:
             return (
                 f"FP8 KV cache ({dtype}) is active although no FP8 --kv-cache-dtype was seen: "
                 "the checkpoint's kv_cache_scheme switched it on"
