@@ -34,6 +34,7 @@ from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
 from kvgate.evidence import metrics
 from kvgate.records.status import ClockReading, ClockRecord
+from kvgate.vocabulary import ENGINE_NAMES
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -232,7 +233,7 @@ def pool_history(
     client: httpx.Client | None = None,
 ) -> dict[str, list[metrics.MetricSnapshot]]:
     """Each pod's (name -> IP) pool snapshots over `[now - window_s, now]`, one per `step_s`."""
-    if engine not in metrics.ENGINES:
+    if engine not in ENGINE_NAMES:
         raise _fail(base_url, f"engine {brief(engine)} is not vllm or sglang")
     if not pods:
         return {}

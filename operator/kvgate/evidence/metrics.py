@@ -25,10 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.errors import ParseError, SpecError
 from kvgate.records.status import CacheTruth
-from kvgate.vocabulary import check_engine
-
-ENGINES: Final = ("vllm", "sglang")
-
+from kvgate.vocabulary import ENGINE_NAMES, check_engine
 
 # concept -> engine -> exposed names, preferred first.
 GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
@@ -325,7 +322,7 @@ def samples_of(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> _Samples
 
 def _engine_of(samples: _Samples) -> str | None:
     counts = Counter(name.split(":", 1)[0] for name in samples.by_name)
-    best = max(ENGINES, key=lambda e: counts[e])
+    best = max(ENGINE_NAMES, key=lambda e: counts[e])
     return best if counts[best] else None
 
 
