@@ -18,7 +18,7 @@ import pytest
 import yaml
 from forge import LoopbackGitea, gitea_binary
 
-from kvgate.adapters.forge import GiteaForge, PullRequestState
+from kvgate.adapters.forge import PullRequestState, RestForge, forge_for
 from kvgate.change.gitops import ANNOTATION_VERDICT, branch_name, render_kustomize_patch
 from kvgate.errors import ForgeAccessError, KvgateError
 
@@ -83,9 +83,9 @@ def gitea(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackGitea]:
 
 
 @pytest.fixture
-def forge(gitea: LoopbackGitea) -> Iterator[GiteaForge]:
+def forge(gitea: LoopbackGitea) -> Iterator[RestForge]:
     client = httpx.Client(trust_env=False)  # loopback: never through a proxy
-    yield GiteaForge(gitea.api_url, gitea.admin_token, client=client)
+    yield forge_for("gitea", gitea.api_url, gitea.admin_token, client=client)
     client.close()
 
 
@@ -100,7 +100,7 @@ def repo(gitea: LoopbackGitea) -> str:
 BRANCH = branch_name("llama-fp8", "0123456789abcdef")
 
 
-def test_open_then_update_idempotently(gitea: LoopbackGitea, forge: GiteaForge, repo: str) -> None:
+def test_open_then_update_idempotently(gitea: LoopbackGitea, forge: RestForge, repo: str) -> None:
     first = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8 KV for llama", "verdict k1"
     )
@@ -126,7 +126,7 @@ def test_open_then_update_idempotently(gitea: LoopbackGitea, forge: GiteaForge, 
 
 
 def test_base_moved_meanwhile_then_merged_gives_the_merge_sha(
-    gitea: LoopbackGitea, forge: GiteaForge, repo: str, tmp_path: Path
+    gitea: LoopbackGitea, forge: RestForge, repo: str, tmp_path: Path
 ) -> None:
     pr = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
@@ -168,7 +168,7 @@ def _kustomize_at(gitea: LoopbackGitea, repo: str, sha: str, tmp_path: Path) -> 
 
 
 def test_a_placeholder_on_the_base_branch_is_replaced_by_the_pull_request(
-    gitea: LoopbackGitea, forge: GiteaForge, tmp_path: Path
+    gitea: LoopbackGitea, forge: RestForge, tmp_path: Path
 ) -> None:
     # The recipe (examples/pull-request-placeholder.patch.yaml): the path kvgate owns holds a
     # no-op patch from the start, so the kustomization renders before kvgate's first PR.
@@ -185,7 +185,7 @@ def test_a_placeholder_on_the_base_branch_is_replaced_by_the_pull_request(
     _kustomize_at(gitea, repo, merged.merge_sha, tmp_path)  # the tested change, rendered
 
 
-def test_closed_unmerged_reads_closed(gitea: LoopbackGitea, forge: GiteaForge, repo: str) -> None:
+def test_closed_unmerged_reads_closed(gitea: LoopbackGitea, forge: RestForge, repo: str) -> None:
     pr = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
     )
@@ -204,7 +204,7 @@ def _access_error(
 ) -> str:
     caplog.set_level(logging.DEBUG)
     with httpx.Client(trust_env=False) as client:
-        forge = GiteaForge(gitea.api_url, token, client=client)
+        forge = forge_for("gitea", gitea.api_url, token, client=client)
         with pytest.raises(ForgeAccessError) as caught:
             forge.open_or_update_pull_request(
                 repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
@@ -250,7 +250,7 @@ def test_revoked_token(gitea: LoopbackGitea, repo: str, caplog: pytest.LogCaptur
     assert "HTTP 401" in text
 
 
-def test_no_branch_outside_kvgate(gitea: LoopbackGitea, forge: GiteaForge, repo: str) -> None:
+def test_no_branch_outside_kvgate(gitea: LoopbackGitea, forge: RestForge, repo: str) -> None:
     head = gitea.branch_head(repo, "main")
     with pytest.raises(KvgateError, match="only branches under kvgate/"):
         forge.open_or_update_pull_request(repo, "main", "main", {PATCH_PATH: "x"}, "t", "b")
@@ -259,7 +259,7 @@ def test_no_branch_outside_kvgate(gitea: LoopbackGitea, forge: GiteaForge, repo:
 
 
 def test_superseded_pull_request_is_closed_with_a_comment(
-    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+    gitea: LoopbackGitea, forge: RestForge, repo: str
 ) -> None:
     old = forge.open_or_update_pull_request(
         repo, "main", BRANCH, {PATCH_PATH: _patch("k1")}, "FP8", "b"
@@ -277,7 +277,7 @@ def test_superseded_pull_request_is_closed_with_a_comment(
 
 
 def test_an_unrecorded_pull_request_is_found_again_by_its_branch(
-    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+    gitea: LoopbackGitea, forge: RestForge, repo: str
 ) -> None:
     # the operator died between opening and recording: the branch alone finds it, to close it
     assert forge.find_open_pull_request(repo, "main", BRANCH) is None
@@ -295,7 +295,7 @@ def test_an_unrecorded_pull_request_is_found_again_by_its_branch(
 
 
 def test_never_closes_a_pull_request_outside_kvgate_branches(
-    gitea: LoopbackGitea, forge: GiteaForge, repo: str
+    gitea: LoopbackGitea, forge: RestForge, repo: str
 ) -> None:
     gitea.api("POST", f"/repos/{repo}/branches", json={"new_branch_name": "feature/x"})
     gitea.commit(repo, "feature/x", {"apps/llama/README.md": "human\n"}, "a human's change")

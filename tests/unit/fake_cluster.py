@@ -334,9 +334,6 @@ class FakeKube:
         )
         return token
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.ensure(body)[0]
-
     def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """As the adapter: the object this created (True) or the one with the name (False)."""
         self.requests += 1

@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgate.adapters.forge import (
-    GitHubForge,
     PullRequestState,
     RestForge,
     forge_for,
@@ -428,8 +427,8 @@ def test_connection_failure_is_a_forge_error() -> None:
     def fail(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError(f"connection refused, token {TOKEN}")
 
-    forge = GitHubForge(
-        API["github"], TOKEN, client=httpx.Client(transport=httpx.MockTransport(fail))
+    forge = forge_for(
+        "github", API["github"], TOKEN, client=httpx.Client(transport=httpx.MockTransport(fail))
     )
     with pytest.raises(ForgeError, match="ConnectError") as caught:
         forge.pull_request_state(REPO, 1)

@@ -435,7 +435,6 @@ def test_pool_pressure_options() -> None:
     samples = [snap(0.85, 2)] * 3
     assert pool_pressure(samples).pressured is False
     assert pool_pressure(samples, usage_threshold=0.8).pressured is True
-    assert pool_pressure(samples[:1], min_samples=1).pressured is False
 
 
 @pytest.mark.parametrize(
@@ -444,7 +443,6 @@ def test_pool_pressure_options() -> None:
         ({"usage_threshold": 0.0}, "usage_threshold: 0.0 is outside (0, 1]"),
         ({"usage_threshold": 1.5}, "usage_threshold: 1.5 is outside (0, 1]"),
         ({"min_fraction": 0.0}, "min_fraction: 0.0 is outside (0, 1]"),
-        ({"min_samples": 0}, "min_samples: 0 is below 1"),
     ],
 )
 def test_pool_pressure_bad_options(kwargs: dict[str, float], message: str) -> None:

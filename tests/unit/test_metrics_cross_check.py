@@ -15,7 +15,6 @@ from kvgate.evidence.metrics import (
     MetricSnapshot,
     ServerInfo,
     parse_server_info,
-    server_info_kv_dtype,
 )
 from kvgate.records.status import ScanRecord
 
@@ -102,8 +101,9 @@ def _server_info(**fields: object) -> str:
 )
 def test_sglang_log_against_server_info(name: str) -> None:
     scan = _sglang(name)
-    assert cross_check_server_info(scan, server_info_kv_dtype(_server_info())) == ()
-    lie = cross_check_server_info(scan, server_info_kv_dtype(_server_info(kv_cache_dtype="auto")))
+    assert cross_check_server_info(scan, parse_server_info(_server_info()).kv_cache_dtype) == ()
+    auto = parse_server_info(_server_info(kv_cache_dtype="auto")).kv_cache_dtype
+    lie = cross_check_server_info(scan, auto)
     assert [f.code for f in lie] == ["log-server-info-dtype-mismatch"]
     assert lie[0].severity == "error"
     assert "kv_cache_dtype=fp8_e4m3" in lie[0].text and "SGLang server info says" in lie[0].text
@@ -134,7 +134,7 @@ def test_sglang_auto_log_against_an_fp8_server() -> None:
 )
 def test_a_bad_server_info_body_is_one_line_naming_it(body: str, complaint: str) -> None:
     with pytest.raises(ParseError, match=complaint) as exc:
-        server_info_kv_dtype(body, "/get_server_info")
+        parse_server_info(body, "/get_server_info")
     assert "/get_server_info" in str(exc.value) and "\n" not in str(exc.value)
 
 

@@ -81,14 +81,19 @@ def _left(timeout: float | None, late: type[Exception]) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
-class _DeadlineStream:
-    """A socket stream whose every operation ends by the deadline of the call using it."""
+class _Deadlined:
+    """httpcore's network stream or backend, wrapped: what the wrapper does not bound (close,
+    get_extra_info, sleep) is the inner object's."""
 
     def __init__(self, inner: Any, errors: ModuleType) -> None:
         self._inner, self._errors = inner, errors
 
-    def __getattr__(self, name: str) -> Any:  # close, get_extra_info: the inner stream's
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class _DeadlineStream(_Deadlined):
+    """A socket stream whose every operation ends by the deadline of the call using it."""
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data: bytes = self._inner.read(max_bytes, _left(timeout, self._errors.ReadTimeout))
@@ -105,13 +110,7 @@ class _DeadlineStream:
         return _DeadlineStream(inner, self._errors)
 
 
-class _DeadlineBackend:
-    def __init__(self, inner: Any, errors: ModuleType) -> None:
-        self._inner, self._errors = inner, errors
-
-    def __getattr__(self, name: str) -> Any:  # sleep: the inner backend's
-        return getattr(self._inner, name)
-
+class _DeadlineBackend(_Deadlined):
     def connect_tcp(
         self,
         host: str,
@@ -162,7 +161,6 @@ def scrape(
     client: httpx.Client | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     max_bytes: int = MAX_BODY_BYTES,
-    clock: Callable[[], float] = time.monotonic,
 ) -> str:
     """GET `url` and return the body; any failure or non-2xx status is a ScrapeError.
 
@@ -177,7 +175,7 @@ def scrape(
     own = client is None
     http = client if client is not None else httpx.Client(trust_env=False)
     bounded_sockets(http, httpcore)
-    ends = clock() + timeout
+    ends = time.monotonic() + timeout
     try:
         # `Connection: close`: a fresh socket, made under this call's deadline
         with (
@@ -193,7 +191,7 @@ def scrape(
                         shown,
                         f"body is larger than {max_bytes >> 20} MiB; not an engine's /metrics",
                     )
-                if clock() > ends:
+                if time.monotonic() > ends:
                     raise ScrapeError(
                         shown, f"body not complete within {timeout:g} s ({len(body):,} bytes read)"
                     )

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -111,19 +110,6 @@ def _json(body: object) -> dict[str, Any]:
     return cast("dict[str, Any]", body)
 
 
-@contextmanager
-def _mapped(what: str) -> Iterator[None]:
-    try:
-        yield
-    except ApiException as exc:
-        reason = exc.reason or ""
-        raise KubeError(f"{what}: {exc.status} {reason}".strip(), status=exc.status) from exc
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise KubeError(f"{what}: {exc}") from exc
-    except ValueError as exc:  # a body that is not JSON
-        raise KubeError(f"{what}: unreadable response: {exc}") from exc
-
-
 class Kube:
     """The operator's view of the API. Counts requests, for the benchmark and metrics."""
 
@@ -148,12 +134,18 @@ class Kube:
         if self._on_request is not None:  # `what` starts with the resource: "pods ns (sel)"
             self._on_request(verb, what.split(" ", 1)[0].lower().removesuffix("s"))
         try:
-            with _mapped(f"{verb} {what}"):
-                return fn()
-        except KubeError as exc:
+            return fn()
+        except ApiException as exc:
             if missing_ok and exc.status == 404:
                 return None
-            raise
+            reason = exc.reason or ""
+            raise KubeError(
+                f"{verb} {what}: {exc.status} {reason}".strip(), status=exc.status
+            ) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(f"{verb} {what}: {exc}") from exc
+        except ValueError as exc:  # a body that is not JSON
+            raise KubeError(f"{verb} {what}: unreadable response: {exc}") from exc
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return dict(self.api.sanitize_for_serialization(obj))
@@ -241,14 +233,10 @@ class Kube:
 
     # --- writes ---
 
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a Pod, Job, NetworkPolicy or ConfigMap; an existing one with that name is
-        returned instead."""
-        return self.ensure(body)[0]
-
     def ensure(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-        """`create`, and whether this call created it: one request when the name is free, so a
-        caller need not read the name first (an existing object costs a second, its GET)."""
+        """Create a Pod, Job, NetworkPolicy or ConfigMap (an existing one with that name is
+        returned instead), and whether this call created it: one request when the name is free,
+        so a caller need not read the name first (an existing object costs a second, its GET)."""
         wire: Any = body  # the client sends a dict body as it is; its types name model classes
         kind = body["kind"]
         ns = body["metadata"]["namespace"]

@@ -34,6 +34,7 @@ from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
 from kvgate.evidence import metrics
 from kvgate.records.status import ClockReading, ClockRecord
+from kvgate.vocabulary import ENGINE_NAMES
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
 MAX_BODY_BYTES: Final = 8 << 20
@@ -144,14 +145,13 @@ def query_range(
     step: float,
     timeout: float = DEFAULT_TIMEOUT,
     client: httpx.Client | None = None,
-    max_bytes: int = MAX_BODY_BYTES,
 ) -> tuple[Series, ...]:
     """Run a PromQL range query; every failure is a PrometheusError naming the server."""
     source = base_url.rstrip("/")
     params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     url = str(httpx.URL(source + "/api/v1/query_range", params=params))
     try:
-        body = http.scrape(url, client=client, timeout=timeout, max_bytes=max_bytes)
+        body = http.scrape(url, client=client, timeout=timeout, max_bytes=MAX_BODY_BYTES)
     except ScrapeError as exc:
         # The URL carries the query: say which server, and what failed after the URL.
         raise _fail(source, str(exc).removeprefix(exc.url).lstrip(": ")[:300]) from None
@@ -233,7 +233,7 @@ def pool_history(
     client: httpx.Client | None = None,
 ) -> dict[str, list[metrics.MetricSnapshot]]:
     """Each pod's (name -> IP) pool snapshots over `[now - window_s, now]`, one per `step_s`."""
-    if engine not in metrics.ENGINES:
+    if engine not in ENGINE_NAMES:
         raise _fail(base_url, f"engine {brief(engine)} is not vllm or sglang")
     if not pods:
         return {}

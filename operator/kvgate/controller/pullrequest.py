@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 from kvgate import redact
-from kvgate.adapters.forge import Forge, RestForge, forge_for
+from kvgate.adapters.forge import RestForge, forge_for
 from kvgate.change import gitops, manifests
 from kvgate.controller.candidate import derive_candidate
 from kvgate.controller.changes import NOTHING, StatusUpdate
@@ -45,7 +45,7 @@ def _pull_request_spec(ctx: Ctx) -> PullRequestSpec:
 
 
 @contextlib.contextmanager
-def _forge(ctx: Ctx) -> Iterator[Forge]:
+def _forge(ctx: Ctx) -> Iterator[RestForge]:
     pr = _pull_request_spec(ctx)
     if not ctx.config.forge_token_secrets:
         raise InputError(f"{FORGE_TOKEN_FIELD}: this operator does not use forge-token Secrets")
@@ -167,7 +167,7 @@ def close_pull_request(ctx: Ctx, step: Step) -> StatusUpdate:
     return said.then(StatusUpdate.of(pull_request=closed))
 
 
-def _found_again(ctx: Ctx, forge: Forge, intent: PullRequestStatus) -> PullRequestStatus | None:
+def _found_again(ctx: Ctx, forge: RestForge, intent: PullRequestStatus) -> PullRequestStatus | None:
     """The open pull request from the branch of an intent whose number was never recorded."""
     if intent.repository is None or intent.config_hash is None:  # unconfirmed() ruled it out
         return None

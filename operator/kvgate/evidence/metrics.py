@@ -25,10 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.errors import ParseError, SpecError
 from kvgate.records.status import CacheTruth
-from kvgate.vocabulary import check_engine
-
-ENGINES: Final = ("vllm", "sglang")
-
+from kvgate.vocabulary import ENGINE_NAMES, check_engine
 
 # concept -> engine -> exposed names, preferred first.
 GAUGES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
@@ -325,7 +322,7 @@ def samples_of(rows: Iterable[tuple[str, Mapping[str, str], float]]) -> _Samples
 
 def _engine_of(samples: _Samples) -> str | None:
     counts = Counter(name.split(":", 1)[0] for name in samples.by_name)
-    best = max(ENGINES, key=lambda e: counts[e])
+    best = max(ENGINE_NAMES, key=lambda e: counts[e])
     return best if counts[best] else None
 
 
@@ -566,18 +563,6 @@ class ServerInfo:
 
 def parse_server_info(body: str, source: str = "server_info") -> ServerInfo:
     """An SGLang server info body; ParseError naming what is wrong."""
-    dtype = server_info_kv_dtype(body, source)
-    return ServerInfo(dtype, _positive_int(json.loads(body).get("max_total_num_tokens")))
-
-
-def _positive_int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
-
-
-def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
-    """`kv_cache_dtype` of an SGLang server info body; ParseError naming what is wrong."""
     try:
         info = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -589,7 +574,13 @@ def server_info_kv_dtype(body: str, source: str = "server_info") -> str:
     dtype = info.get("kv_cache_dtype")
     if not isinstance(dtype, str) or not dtype.strip():
         raise ParseError(source, "no string kv_cache_dtype (not an SGLang server?)")
-    return dtype.strip()
+    return ServerInfo(dtype.strip(), _positive_int(info.get("max_total_num_tokens")))
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
 
 
 # What the cross-check reads of a scrape: kept in status per arm, so the check is pure.

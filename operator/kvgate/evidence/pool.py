@@ -52,7 +52,6 @@ def pool_pressure(
     *,
     usage_threshold: float = 0.9,
     min_fraction: float = 0.5,
-    min_samples: int = MIN_SAMPLES,
 ) -> PoolPressure:
     """The pool is the limit when, in at least `min_fraction` of the samples, it was full:
     KV usage at or above `usage_threshold` with requests waiting, or a preemption since the
@@ -60,15 +59,13 @@ def pool_pressure(
     block, so that counts whatever the usage gauge reads at the scrape: with prompts large
     next to the pool, usage dips below the threshold between admissions while users queue.
 
-    Fewer than `min_samples` usable samples, no KV usage metric, no queue or preemption
+    Fewer than MIN_SAMPLES usable samples, no KV usage metric, no queue or preemption
     metric, or no traffic at all give `pressured=None`.
     """
     if not 0.0 < usage_threshold <= 1.0:
         raise SpecError("usage_threshold", f"{usage_threshold} is outside (0, 1]")
     if not 0.0 < min_fraction <= 1.0:
         raise SpecError("min_fraction", f"{min_fraction} is outside (0, 1]")
-    if min_samples < 1:
-        raise SpecError("min_samples", f"{min_samples} is below 1")
     engines = {s.engine for s in snapshots}
     if len(engines) > 1:
         raise SpecError("snapshots", f"scrapes of different engines ({', '.join(sorted(engines))})")
@@ -102,8 +99,8 @@ def pool_pressure(
         reasons.append(
             "no KV usage metric in any sample (vllm:kv_cache_usage_perc, sglang:token_usage)"
         )
-    elif len(usable) < min_samples:
-        reasons.append(f"only {len(usable)} usable sample(s); at least {min_samples} needed")
+    elif len(usable) < MIN_SAMPLES:
+        reasons.append(f"only {len(usable)} usable sample(s); at least {MIN_SAMPLES} needed")
     elif not waiting and not have_preemption_signal:
         reasons.append(
             "no waiting-queue or preemption metric: cannot tell a full pool from a busy one"

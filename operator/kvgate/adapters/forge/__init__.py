@@ -19,19 +19,13 @@ from typing import Final
 
 import httpx
 
-from kvgate.adapters.forge.base import PullRequestState, RestForge
-from kvgate.adapters.forge.providers import GiteaForge, GitHubForge, GitLabForge
+from kvgate.adapters.forge.base import ForgeApi, PullRequestState, RestForge
+from kvgate.adapters.forge.providers import GITEA, GITHUB, GITLAB
 from kvgate.errors import SpecError
 
-__all__ = ["Forge", "GitHubForge", "GiteaForge", "PullRequestState", "RestForge", "forge_for"]
+__all__ = ["PullRequestState", "RestForge", "forge_for"]
 
-Forge = RestForge  # the one client every forge's table runs on
-
-FORGES: Final[Mapping[str, type[RestForge]]] = {
-    "gitea": GiteaForge,
-    "github": GitHubForge,
-    "gitlab": GitLabForge,
-}
+FORGES: Final[Mapping[str, ForgeApi]] = {api.name: api for api in (GITEA, GITHUB, GITLAB)}
 
 
 def forge_for(
@@ -39,9 +33,9 @@ def forge_for(
 ) -> RestForge:
     """The forge client for `provider` (`gitea`, `github` or `gitlab`)."""
     try:
-        cls = FORGES[provider]
+        api = FORGES[provider]
     except KeyError:
         raise SpecError(
             "promotion.git.provider", f"{provider!r} is not one of {', '.join(FORGES)}"
         ) from None
-    return cls(api_url, token, client=client)
+    return RestForge(api, api_url, token, client=client)

@@ -97,20 +97,20 @@ class RestForge:
     """One forge account (API URL and token), the algorithm shared by the three forges; `api` is
     the forge's table. `repo` is `owner/name` (GitLab: `group/project`)."""
 
-    api: ForgeApi
-
     @property
     def name(self) -> str:
         return self.api.name
 
     def __init__(
         self,
+        api: ForgeApi,
         api_url: str,
         token: str,
         *,
         client: httpx.Client | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
+        self.api = api
         self._token = token
         self._api = api_url.rstrip("/")
         self._own = client is None

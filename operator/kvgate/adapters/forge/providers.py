@@ -1,5 +1,9 @@
 """The three forges as tables (`ForgeApi`): Gitea (and its API-compatible forks), GitHub and
-GitLab, each the endpoints, fields and words of its REST API for the one client, `RestForge`."""
+GitLab, each the endpoints, fields and words of its REST API for the one client, `RestForge`.
+
+Their API URLs look like `https://git.example/api/v1` (Gitea), `https://api.github.com` (GitHub
+and GitHub Enterprise) and `https://gitlab.com/api/v4` (GitLab, where `repo` is the project
+path)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final
 
-from kvgate.adapters.forge.base import Changes, ForgeApi, RestForge, b64
+from kvgate.adapters.forge.base import Changes, ForgeApi, b64
 
 _GITLAB_DEVELOPER: Final = 30  # the access level that may push to unprotected branches
 
@@ -151,21 +155,3 @@ GITLAB: Final = ForgeApi(
     comments="/merge_requests/{number}/notes",
     close={"state_event": "close"},
 )
-
-
-class GiteaForge(RestForge):
-    """Gitea (and its API-compatible forks), `api_url` like `https://git.example/api/v1`."""
-
-    api = GITEA
-
-
-class GitHubForge(RestForge):
-    """GitHub and GitHub Enterprise, `api_url` like `https://api.github.com`."""
-
-    api = GITHUB
-
-
-class GitLabForge(RestForge):
-    """GitLab, `api_url` like `https://gitlab.com/api/v4`; `repo` is the project path."""
-
-    api = GITLAB

@@ -214,9 +214,8 @@ class _Folder:
         return dtype, source
 
     def _dtype_text(self, dtype: str, event: Event) -> str:
-        if (
-            event.rule.startswith("v.") and event.rule not in _DTYPE_RANKS
-        ):  # a scale warning implied it
+        # a vLLM line that is not a dtype rule: a scale warning implied the dtype
+        if event.rule.startswith("v.") and event.rule not in _DTYPE_RANKS:
             return (
                 f"FP8 KV cache ({dtype}) is active although no FP8 --kv-cache-dtype was seen: "
                 "the checkpoint's kv_cache_scheme switched it on"
@@ -572,34 +571,18 @@ _FI_ATTENTION_MODULE: Final = "_with_kv_cache_"  # batch_{prefill,decode}_with_k
 
 # Functions that only run while the engine is built (vLLM: EngineCore/LLMEngine/executor
 # __init__, worker init_device, KV sizing, warm-up; SGLang: Scheduler/ModelRunner/TpWorker/
-# CudaGraphRunner __init__, memory pool, graph capture). `run_engine_core` and
-# `run_scheduler_process` are left out: they frame the serving loop too.
-_CONSTRUCTION_INIT: Final = {
+# CudaGraphRunner __init__, memory pool, graph capture), an `__init__` by its module.
+# `run_engine_core` and `run_scheduler_process` are left out: they frame the serving loop too.
+_CONSTRUCTION: Final = {
     "vllm": frozenset(
         {
-            "core",
-            "llm_engine",
-            "executor_base",
-            "abstract",
-            "multiproc_executor",
-            "async_llm",
-            "core_client",
-        }
-    ),
-    "sglang/srt": frozenset(
-        {
-            "scheduler",
-            "model_runner",
-            "tp_worker",
-            "tp_worker_overlap_thread",
-            "cuda_graph_runner",
-            "prefill_cuda_graph_runner",
-        }
-    ),
-}
-_CONSTRUCTION_FUNCTIONS: Final = {
-    "vllm": frozenset(
-        {
+            "core.__init__",
+            "llm_engine.__init__",
+            "executor_base.__init__",
+            "abstract.__init__",
+            "multiproc_executor.__init__",
+            "async_llm.__init__",
+            "core_client.__init__",
             "_initialize_kv_caches",
             "init_device",
             "determine_available_memory",
@@ -618,6 +601,12 @@ _CONSTRUCTION_FUNCTIONS: Final = {
     ),
     "sglang/srt": frozenset(
         {
+            "scheduler.__init__",
+            "model_runner.__init__",
+            "tp_worker.__init__",
+            "tp_worker_overlap_thread.__init__",
+            "cuda_graph_runner.__init__",
+            "prefill_cuda_graph_runner.__init__",
             "init_memory_pool",
             "init_cuda_graphs",
             "init_attention_backend",
@@ -634,6 +623,5 @@ def _constructs(engine: str | None, groups: tuple[str | None, ...]) -> bool:
     package, module, function = groups
     if package is None or (engine is not None and _PACKAGES[engine] != package):
         return False
-    if function == "__init__":
-        return module in _CONSTRUCTION_INIT[package]
-    return function in _CONSTRUCTION_FUNCTIONS[package]
+    frame = f"{module}.__init__" if function == "__init__" else function
+    return frame in _CONSTRUCTION[package]
