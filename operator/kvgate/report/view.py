@@ -101,7 +101,7 @@ def read_view(
         capacity_gain=read_capacity_gain(status),
         speed=read_speed(status),
         load=read_load(status),
-        args=read_recommended_args(status),
+        args=list(status.recommended_args),
         args_heading=args_heading(status),
     )
 
@@ -520,8 +520,7 @@ def split_remedy(message: str) -> tuple[str, str | None]:
 def is_finished(status: StatusLike) -> bool:
     """The rollout ended (a final phase, or a finish time): what is missing now never comes."""
     typed = typed_status(status)
-    ended = typed.phase is not None and typed.phase.value in (GOOD_PHASES | BAD_PHASES)
-    return bool(ended or typed.finished_at)
+    return bool((typed.phase is not None and typed.phase.terminal) or typed.finished_at)
 
 
 # Phases a candidate reaches only after a passing verdict.
@@ -561,10 +560,6 @@ def args_heading(status: StatusLike) -> str:
     if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):
         return "Recommended args"
     return "Candidate args (under test)"
-
-
-def read_recommended_args(status: StatusLike) -> list[str]:
-    return list(typed_status(status).recommended_args)
 
 
 def read_progress(status: RolloutStatus, head: Header, now: dt.datetime) -> Progress | None:
