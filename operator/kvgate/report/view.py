@@ -15,7 +15,7 @@ from typing import Final
 from kvgate.change import manifests
 from kvgate.judge import gates
 from kvgate.reasons import Reason
-from kvgate.records.evalsummary import ArmAccuracy, PairedRecord, TokenAgreement
+from kvgate.records.evalsummary import ArmAccuracy, BoundsRecord, PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
     ClockRecord,
@@ -128,7 +128,7 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         arms[arm] = dataclasses.replace(
             raw, correct=correct, total=n, accuracy=accuracy, wilson95=wilson or ()
         )
-    paired = acc.paired or PairedRecord()
+    paired, bounds = acc.paired or PairedRecord(), acc.bounds or BoundsRecord()
     control_only, candidate_only = integer(paired.control_only), integer(paired.candidate_only)
     points = finite_number(acc.difference_pp)  # the CRD's printer column, in points
     return Accuracy(
@@ -153,10 +153,8 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         lower_bound=finite_number(paired.lower_bound),
         upper_bound=finite_number(paired.upper_bound),
         shown_worse_by=_shown_worse_by(acc.smallest_loss_shown, paired.upper_bound),
-        fail_confidence=finite_number(acc.bounds.upper_confidence)
-        if acc.bounds is not None
-        else None,
-        looks=integer(acc.bounds.look) if acc.bounds is not None else None,
+        fail_confidence=finite_number(bounds.upper_confidence),
+        looks=integer(bounds.look),
     )
 
 
