@@ -217,19 +217,6 @@ class Condition:
     observed_generation: int | None = None
     last_transition_time: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "type": self.type,
-            "status": self.status,
-            "reason": str(self.reason),
-            "message": self.message,
-        }
-        if self.observed_generation is not None:
-            out["observedGeneration"] = self.observed_generation
-        if self.last_transition_time is not None:
-            out["lastTransitionTime"] = self.last_transition_time
-        return out
-
 
 def config_hash(parts: Mapping[str, Any]) -> str:
     """A short stable hash of the evaluated configuration (what an approval binds to)."""

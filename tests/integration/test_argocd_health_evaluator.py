@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from kvgate.records import conditions as cond
+from kvgate.records.codec import write
 from kvgate.vocabulary import Phase
 
 pytestmark = [pytest.mark.integration, pytest.mark.tools]
@@ -148,7 +149,7 @@ def matrix_rollout(mode: str, phase: str) -> dict[str, Any]:
             "reason": reason,
             "message": message,
             "observedGeneration": 3,
-            "conditions": [c.to_dict() for c in conditions],
+            "conditions": [write(c) for c in conditions],
         },
     }
 

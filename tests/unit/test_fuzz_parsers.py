@@ -35,7 +35,8 @@ from kvgate.evidence.metrics import parse_metrics
 from kvgate.judge.accuracy import assess_accuracy
 from kvgate.records.evalsummary import AccuracyStatus
 from kvgate.records.joblog import eval_lines
-from kvgate.report import read_accuracy, read_findings, render_html, render_svg, render_text
+from kvgate.report import render_html, render_text, svg, view_of
+from kvgate.report.view import read_accuracy, read_findings
 from kvgate.spec.rollout import AccuracyGate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +72,11 @@ def _own(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | KvgateError:
     except KvgateError as exc:
         assert "\n" not in str(exc) and str(exc), repr(exc)
         return exc
+
+
+def render_svg(status: object) -> str:
+    """The accuracy and KV tokens chart of a status alone."""
+    return svg.render_svg(view_of({"status": status}))
 
 
 def _json_dumps(value: Any) -> str:
@@ -491,8 +497,8 @@ def test_report_renders_any_value_at_any_field_it_reads(status: dict[str, Any]) 
     text, page = render_text(rollout), render_html(rollout)
     assert text.startswith("KVCacheRollout n/r: ") and page.rstrip().endswith("</html>")
     render_svg(status)
-    report.render_long_context_svg(status)
-    report.read_speed(status)
+    report.svg.render_long_context_svg(report.view_of({"status": status}))
+    report.view.read_speed(status)
 
 
 # -- bounded memory, under RLIMIT_AS = 1 GiB in a subprocess -----------------------------------

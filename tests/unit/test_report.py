@@ -19,6 +19,8 @@ from kvgate import report
 from kvgate.judge import crash
 from kvgate.judge.remedy import Remedy
 from kvgate.records.status import ClockRecord
+from kvgate.report.fmt import shell_command
+from kvgate.report.records import Finding
 from kvgate.vocabulary import Phase
 
 PROMOTED: dict[str, Any] = {
@@ -128,7 +130,7 @@ def test_text_shows_capacity_gain_speed_and_recommended_args() -> None:
 
 
 def test_findings_come_from_gate_conditions_not_kstatus_ones() -> None:
-    findings = report.read_findings(PROMOTED["status"])
+    findings = report.view.read_findings(PROMOTED["status"])
     assert [f.gate for f in findings] == ["PoolPressure", "ScalesPresent"]
     text = report.render_text(PROMOTED)
     assert re.search(r"ScalesPresent\s+NO\s+ScalesMissing\s+no k/v scales", text)
@@ -141,8 +143,8 @@ def test_gate_results_win_over_conditions() -> None:
     rollout["status"]["gates"] = {
         "canary": {"outcome": "Failed", "reason": "CanaryCrashed", "message": "x"}
     }
-    assert report.read_findings(rollout["status"]) == [
-        report.Finding("canary", "Failed", "CanaryCrashed", "x")
+    assert report.view.read_findings(rollout["status"]) == [
+        Finding("canary", "Failed", "CanaryCrashed", "x")
     ]
 
 
@@ -150,21 +152,23 @@ def test_camel_case_summary_reads_the_same_as_snake_case() -> None:
     camel = copy.deepcopy(PROMOTED)
     camel["status"]["accuracy"] = _camel(camel["status"]["accuracy"])
     assert "questionsUsed" in camel["status"]["accuracy"]
-    assert report.read_accuracy(camel["status"]) == report.read_accuracy(PROMOTED["status"])
+    assert report.view.read_accuracy(camel["status"]) == report.view.read_accuracy(
+        PROMOTED["status"]
+    )
 
 
 def test_percent_accuracies_are_normalised_to_fractions() -> None:
     status = {
         "accuracy": {"control": {"correct": 9, "n": 10, "accuracy": 90.0, "wilson95": [59.6, 98.2]}}
     }
-    arm = report.read_accuracy(status).arms["control"]  # type: ignore[union-attr]
+    arm = report.view.read_accuracy(status).arms["control"]  # type: ignore[union-attr]
     assert arm.accuracy == pytest.approx(0.9)
     assert arm.wilson95 == pytest.approx((0.596, 0.982))
 
 
 def test_accuracy_is_computed_from_counts_when_missing() -> None:
     status = {"accuracy": {"candidate": {"correct": 3, "n": 4}}}
-    assert report.read_accuracy(status).arms["candidate"].accuracy == 0.75  # type: ignore[union-attr]
+    assert report.view.read_accuracy(status).arms["candidate"].accuracy == 0.75  # type: ignore[union-attr]
 
 
 def test_a_fresh_rollout_renders_without_guessing() -> None:
@@ -187,7 +191,7 @@ def test_rolled_back_rollout_shows_the_remedy_and_no_accuracy() -> None:
     text = report.render_text(rollout)
     assert "Accuracy" not in text
     assert "use --attention-backend TRITON_ATTN" in text
-    assert report.read_capacity_gain(rollout["status"]) is None
+    assert report.view.read_capacity_gain(rollout["status"]) is None
 
 
 def test_inconclusive_verdict_says_how_many_questions_would_settle_it() -> None:
@@ -201,7 +205,7 @@ def test_inconclusive_verdict_says_how_many_questions_would_settle_it() -> None:
 @pytest.mark.parametrize("bad", [["x", 1], [float("nan"), 0.5], [0.1], "0.1,0.2", None])
 def test_unreadable_intervals_are_shown_as_a_dash(bad: Any) -> None:
     status = {"accuracy": {"control": {"correct": 1, "n": 2, "wilson95": bad}}}
-    assert report.read_accuracy(status).arms["control"].wilson95 == ()  # type: ignore[union-attr]
+    assert report.view.read_accuracy(status).arms["control"].wilson95 == ()  # type: ignore[union-attr]
 
 
 def test_html_is_self_contained_and_escapes_text() -> None:
@@ -217,7 +221,7 @@ def test_html_is_self_contained_and_escapes_text() -> None:
 
 
 def test_svg_draws_both_arms_with_intervals_and_kv_bars() -> None:
-    svg = report.render_svg(PROMOTED["status"])
+    svg = report.svg.render_svg(report.view_of({"status": PROMOTED["status"]}))
     root = ET.fromstring(svg)  # well-formed XML
     ns = "{http://www.w3.org/2000/svg}"
     circles = root.findall(f"{ns}circle")
@@ -233,7 +237,7 @@ def test_svg_draws_both_arms_with_intervals_and_kv_bars() -> None:
 
 
 def test_svg_without_data_says_so() -> None:
-    svg = report.render_svg({})
+    svg = report.svg.render_svg(report.view_of({"status": {}}))
     ET.fromstring(svg)
     assert "no accuracy yet" in svg and "no KV figures yet" in svg
 
@@ -254,10 +258,10 @@ def test_gates_mapping_is_read_as_findings() -> None:
         },
         "conditions": PROMOTED["status"]["conditions"],
     }
-    assert report.read_findings(status) == [
-        report.Finding("poolPressure", "Successful", "", "queue builds up"),
-        report.Finding("canary", "Failed", "CanaryCrashed", "JIT build"),
-        report.Finding("custom", "Pending", "", ""),
+    assert report.view.read_findings(status) == [
+        Finding("poolPressure", "Successful", "", "queue builds up"),
+        Finding("canary", "Failed", "CanaryCrashed", "JIT build"),
+        Finding("custom", "Pending", "", ""),
     ]
 
 
@@ -265,7 +269,7 @@ def test_every_gate_is_shown_in_the_order_the_operator_runs_it() -> None:
     from kvgate.judge import gates as verdict_gates
 
     gates = {g: {"outcome": "Skipped"} for g in sorted(verdict_gates.GATE_ORDER, reverse=True)}
-    found = report.read_findings({"gates": {"zz-unknown": {"outcome": "Skipped"}, **gates}})
+    found = report.view.read_findings({"gates": {"zz-unknown": {"outcome": "Skipped"}, **gates}})
     # longContext and divergence ran before speed, but were shown after it (unknown names)
     assert [f.gate for f in found] == [*verdict_gates.GATE_ORDER, "zz-unknown"]
 
@@ -283,7 +287,7 @@ def test_the_phase_colour_comes_from_the_operators_phases(phase: str, css: str) 
 
 def test_difference_pp_from_the_crd_field_wins() -> None:
     status = {"accuracy": {"differencePp": -0.5, "paired": {"difference": -0.9}}}
-    acc = report.read_accuracy(status)
+    acc = report.view.read_accuracy(status)
     assert acc is not None and acc.difference == pytest.approx(-0.005)
     assert "  candidate - control: -0.5 pp" in report.render_text({"status": status}).splitlines()
 
@@ -478,7 +482,7 @@ def test_rolled_back_report_shows_the_crash_and_its_remedy() -> None:
 
 
 def test_production_section_reads_pool_pressure_and_scales() -> None:
-    assert report.read_preflight(ROLLED_BACK["status"]) == [
+    assert report.view.read_preflight(ROLLED_BACK["status"]) == [
         "KV pool is the limit (KV usage up to 98.5%, 23.5 requests waiting on average, 4 samples)",
         "checkpoint has no k/v scales: FP8 KV uses scale 1.0",
     ]
@@ -488,7 +492,7 @@ def test_capacity_comes_from_the_arms_log_scans() -> None:
     text = report.render_text(ROLLED_BACK)
     assert re.search(r"control\s+auto\s+FLASH_ATTN\s+57,808\s+7\.1x", text)
     assert re.search(r"candidate\s+fp8\s+FLASHINFER\s+-\s+-", text)
-    assert report.read_capacity_gain(ROLLED_BACK["status"]) is None
+    assert report.view.read_capacity_gain(ROLLED_BACK["status"]) is None
 
 
 def test_long_remedies_are_wrapped() -> None:
@@ -501,10 +505,12 @@ def test_long_remedies_are_wrapped() -> None:
 
 
 def test_duration_is_omitted_when_unfinished_or_unreadable() -> None:
-    assert report.read_duration({"startedAt": "2026-11-29T20:00:00Z"}) is None
-    assert report.read_duration({"startedAt": "x", "finishedAt": "2026-11-29T20:00:00Z"}) is None
+    assert report.view.read_duration({"startedAt": "2026-11-29T20:00:00Z"}) is None
     assert (
-        report.read_duration(
+        report.view.read_duration({"startedAt": "x", "finishedAt": "2026-11-29T20:00:00Z"}) is None
+    )
+    assert (
+        report.view.read_duration(
             {"startedAt": "2026-11-29T20:00:00Z", "finishedAt": "2026-11-29T20:00:42Z"}
         )
         == "42 s"
@@ -577,7 +583,7 @@ def test_cli_picks_a_rollout_from_a_saved_list(
     ],
 )
 def test_recommended_args_read_as_a_shell_command(args: list[str], expected: str) -> None:
-    assert report.shell_command(args) == expected
+    assert shell_command(args) == expected
 
 
 def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
@@ -598,7 +604,7 @@ def test_a_rejected_candidate_shows_its_remedy_and_no_recommendation() -> None:
 
 
 def test_svg_says_a_finished_rollout_never_measured_accuracy() -> None:
-    svg = report.render_svg(ROLLED_BACK["status"])
+    svg = report.svg.render_svg(report.view_of({"status": ROLLED_BACK["status"]}))
     assert "no accuracy (not measured)" in svg
     assert svg.count("<rect") == 1  # the control's KV bar; the candidate crashed first
 
@@ -633,7 +639,7 @@ def test_text_shows_both_attempts_of_a_remediated_rollout() -> None:
 
 
 def test_split_remedy_reads_both_remedy_forms_the_operator_writes() -> None:
-    from kvgate.report import split_remedy
+    from kvgate.report.view import split_remedy
 
     assert split_remedy("candidate pod crashed: X; remedy: use Triton") == (
         "candidate pod crashed: X",
@@ -762,14 +768,14 @@ def test_hostile_clocks_read_as_unknown_never_a_traceback(clocks: Any) -> None:
 
 
 def test_view_reads_clocks_into_the_speed_record() -> None:
-    speed = report.read_speed(_with_clocks({**CLOCKS, "note": " partial "})["status"])
+    speed = report.view.read_speed(_with_clocks({**CLOCKS, "note": " partial "})["status"])
     assert speed is not None and speed.clocks is not None
     assert speed.clocks.control == ClockRecord(
         sm_mhz=2040.0, mem_mhz=6251.0, sm_range_mhz=(2010.0, 2040.0), mem_range_mhz=(6251.0, 6251.0)
     )
     assert (speed.clocks.source, speed.clocks.note) == ("prometheus", "partial")
     assert [m.key for m in speed.metrics] == ["tokensPerSecond"]
-    assert report.read_speed({}) is None
+    assert report.view.read_speed({}) is None
 
 
 @pytest.mark.parametrize(
@@ -797,7 +803,7 @@ def test_a_wrong_type_deep_in_the_status_renders_as_a_dash(
     text, page = report.render_text(rollout), report.render_html(rollout)
     assert text.startswith("KVCacheRollout demo/qwen3-fp8: RolledBack\n")
     assert page.rstrip().endswith("</html>")
-    assert report.render_long_context_svg(rollout["status"]) == ""
+    assert report.svg.render_long_context_svg(report.view_of({"status": rollout["status"]})) == ""
 
 
 # ---------------------------------------------------------------- read at a glance (issue 24)
@@ -902,15 +908,17 @@ def test_args_are_recommended_only_after_a_passing_verdict(state: str, heading: 
 
 
 def test_not_needed_args_are_not_recommended() -> None:
-    assert report.args_heading({"phase": "NotNeeded"}) == "Candidate args (not needed)"
+    assert report.view.args_heading({"phase": "NotNeeded"}) == "Candidate args (not needed)"
     # reverting leads to the end its write-ahead record names
     reverting = {"phase": "Reverting", "revert": {"phase": "RolledBack", "reason": "VerifyFailed"}}
-    assert report.args_heading(reverting) == "Rejected candidate args"
+    assert report.view.args_heading(reverting) == "Rejected candidate args"
     reverting["revert"]["phase"] = "NotNeeded"
-    assert report.args_heading(reverting) == "Candidate args (not needed)"
+    assert report.view.args_heading(reverting) == "Candidate args (not needed)"
     # a passing verdict recorded before the phase moved on is enough
     verdict = {"decision": "Promote", "outcome": "Successful", "message": "ok"}
-    assert report.args_heading({"phase": "Evaluating", "verdict": verdict}) == "Recommended args"
+    assert (
+        report.view.args_heading({"phase": "Evaluating", "verdict": verdict}) == "Recommended args"
+    )
 
 
 def test_a_running_eval_shows_its_look_questions_difference_and_elapsed_time() -> None:
@@ -955,7 +963,9 @@ def test_a_failed_gate_leads_with_what_was_shown() -> None:
 
 
 def test_the_difference_chart_draws_the_bounds_against_the_margin() -> None:
-    failed = report.render_difference_svg(report_states.regressed()["status"])
+    failed = report.svg.render_difference_svg(
+        report.view_of({"status": report_states.regressed()["status"]})
+    )
     root = ET.fromstring(failed)
     ns = "{http://www.w3.org/2000/svg}"
     dashed = [el for el in root.iter(f"{ns}line") if el.get("stroke-dasharray")]
@@ -968,10 +978,17 @@ def test_the_difference_chart_draws_the_bounds_against_the_margin() -> None:
     # the margin line sits left of both bounds: the whole interval is worse than zero
     xs = {el.get("x1") for el in root.iter(f"{ns}line") if el.get("stroke-width") == "2"}
     assert float(dashed[0].get("x1") or 0) > min(float(x or 0) for x in xs)
-    passed = report.render_difference_svg(report_states.promoted()["status"])
+    passed = report.svg.render_difference_svg(
+        report.view_of({"status": report_states.promoted()["status"]})
+    )
     assert 'stroke="#17612a" stroke-width="2" stroke-dasharray' in passed  # green: passed
     assert "two-sided 95% interval" in passed  # no look-adjusted bounds in this summary
-    assert report.render_difference_svg(report_states.canary()["status"]) == ""
+    assert (
+        report.svg.render_difference_svg(
+            report.view_of({"status": report_states.canary()["status"]})
+        )
+        == ""
+    )
     assert "<svg" in report.render_html(report_states.regressed()).split("Accuracy (gsm8k")[1]
 
 
@@ -1047,7 +1064,7 @@ def test_the_verdict_is_not_repeated_nor_named_by_its_enum() -> None:
         assert not re.search(r"\b(Promote|RollBack|Hold)\b", rendered)
     # a verdict that adds something is said in words
     rolled = copy.deepcopy(ROLLED_BACK)
-    assert report.read_verdict(rolled["status"]) == "roll back: canary crashed"
+    assert report.view.read_verdict(rolled["status"]) == "roll back: canary crashed"
 
 
 def test_manual_approval_prints_both_commands_and_the_expiry() -> None:
@@ -1068,11 +1085,11 @@ def test_manual_approval_prints_both_commands_and_the_expiry() -> None:
     # report mode's end is AwaitingApproval too, but there is nothing to approve
     reported = copy.deepcopy(rollout)
     reported["status"]["reason"] = "VerdictReported"
-    assert report.read_approval(reported) == []
+    assert report.view_of(reported).approval == []
     assert "kvgate approve" not in report.render_text(reported, now=NOW)
     # without the operator's expiry (an older operator, or no TTL) the commands still show
     del rollout["status"]["approvalExpiresAt"]
-    assert len(report.read_approval(rollout)) == 2
+    assert len(report.view_of(rollout).approval) == 2
 
 
 def test_skipped_is_grey_not_the_amber_of_a_warning() -> None:

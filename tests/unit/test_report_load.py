@@ -62,7 +62,7 @@ def test_the_text_report_tabulates_both_arms_by_concurrency() -> None:
 def test_the_html_report_draws_both_curves_with_production_marked() -> None:
     html = report.render_html(LOADED)
     assert "<h2>Load (inference-perf on both arms at once)</h2>" in html
-    svg = report.render_load_svg(LOADED["status"])
+    svg = report.svg.render_load_svg(report.view_of({"status": LOADED["status"]}))
     assert svg in html
     root = ET.fromstring(svg)  # well-formed
     ns = "{http://www.w3.org/2000/svg}"
@@ -96,10 +96,10 @@ def test_the_report_says_what_lengths_the_load_ran_and_where_they_were_read() ->
 
 def test_without_a_load_there_is_no_section() -> None:
     bare = rollout(None)
-    assert report.render_load_svg(bare["status"]) == ""
+    assert report.svg.render_load_svg(report.view_of({"status": bare["status"]})) == ""
     assert "Load (" not in report.render_text(bare)
     assert "<h2>Load" not in report.render_html(bare)
-    assert report.read_load(bare["status"]) is None
+    assert report.view.read_load(bare["status"]) is None
 
 
 def test_the_text_report_draws_both_charts_scaled_to_their_largest_value() -> None:

@@ -424,11 +424,14 @@ def test_the_report_reads_the_typed_status() -> None:
     raw = {"phase": "Promoted", "arms": {"control": {"scan": {"capacity": {"kv_tokens": 10}}}},
            "speed": {"control": {"tpotMs": 12.5, "label": "x"}}}  # fmt: skip
     typed = RolloutStatus.from_dict(raw)
-    for read in (report.read_capacity, report.read_speed, report.read_findings):
+    for read in (report.view.read_capacity, report.view.read_speed, report.view.read_findings):
         assert read(typed) == read(raw)
     built = report.view_of({"status": raw})  # the one view the renderers take
-    assert (built.capacity, built.speed) == (report.read_capacity(typed), report.read_speed(typed))
-    speed = report.read_speed(typed)
+    assert (built.capacity, built.speed) == (
+        report.view.read_capacity(typed),
+        report.view.read_speed(typed),
+    )
+    speed = report.view.read_speed(typed)
     assert speed is not None and [m.key for m in speed.metrics] == ["tpotMs"]
 
 

@@ -9,8 +9,6 @@ empty collections out, and stores each figure once.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
@@ -24,7 +22,7 @@ from kvgate.records.codec import write as _write
 from kvgate.records.evalsummary import AccuracyStatus, JsonValue
 from kvgate.records.loadresult import LoadSummary
 from kvgate.records.oldspellings import COPIES
-from kvgate.vocabulary import VERDICT_REPORTED, Condition, Outcome, Phase, ended
+from kvgate.vocabulary import VERDICT_REPORTED, Condition, Outcome, Phase, config_hash, ended
 
 # Why the open fields are open (their descriptions in the CRD's schema, `statusschema`).
 _CONTAINER: Final = (
@@ -501,9 +499,8 @@ class VerdictKey:
 
 
 def fingerprint(value: Mapping[str, Any]) -> str:
-    """A short sha256 of `value` as canonical JSON (what a verdict key's fields hold)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    """`config_hash` of `value` with its `sha256:` prefix (what a verdict key's fields hold)."""
+    return "sha256:" + config_hash(value)
 
 
 @dataclass(frozen=True, slots=True)

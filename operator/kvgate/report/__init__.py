@@ -12,23 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from kvgate.report import page, svg, text
+from kvgate.report import page, svg, text, view
 from kvgate.report.assemble import build, view_of
-from kvgate.report.fmt import shell_command
-from kvgate.report.records import Finding, ReportView
-from kvgate.report.view import (
-    args_heading,
-    read_accuracy,
-    read_capacity,
-    read_capacity_gain,
-    read_duration,
-    read_findings,
-    read_load,
-    read_preflight,
-    read_speed,
-    read_verdict,
-    split_remedy,
-)
+from kvgate.report.records import ReportView
 
 
 def render_text(rollout: object, now: dt.datetime | None = None) -> str:
@@ -41,54 +27,14 @@ def render_html(rollout: object, now: dt.datetime | None = None) -> str:
     return page.render(view_of(rollout, now))
 
 
-def _status_view(status: object) -> ReportView:
-    return view_of({"status": status})
-
-
-def render_svg(status: object) -> str:
-    """The accuracy and KV tokens chart of a status alone."""
-    return svg.render_svg(_status_view(status))
-
-
-def render_difference_svg(status: object) -> str:
-    return svg.render_difference_svg(_status_view(status))
-
-
-def render_long_context_svg(status: object) -> str:
-    return svg.render_long_context_svg(_status_view(status))
-
-
-def render_load_svg(status: object) -> str:
-    return svg.render_load_svg(_status_view(status))
-
-
-def read_approval(rollout: object) -> list[str]:
-    """The approval commands of a rollout waiting for one (its view's)."""
-    return view_of(rollout).approval
-
-
 __all__ = [
-    "Finding",
     "ReportView",
-    "args_heading",
     "build",
-    "read_accuracy",
-    "read_approval",
-    "read_capacity",
-    "read_capacity_gain",
-    "read_duration",
-    "read_findings",
-    "read_load",
-    "read_preflight",
-    "read_speed",
-    "read_verdict",
-    "render_difference_svg",
+    "page",
     "render_html",
-    "render_load_svg",
-    "render_long_context_svg",
-    "render_svg",
     "render_text",
-    "shell_command",
-    "split_remedy",
+    "svg",
+    "text",
+    "view",
     "view_of",
 ]

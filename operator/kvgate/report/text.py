@@ -24,18 +24,14 @@ def render(view: ReportView) -> str:
         facts.append(f"candidate --kv-cache-dtype {head.kv_cache_dtype}")
     lines.append("  " + ", ".join(facts))
     headline = view.headline
+    labelled: list[tuple[str, str | None]] = []
     if headline is not None:
         lines += _wrap(headline.cause)
-        if headline.remedy:
-            lines += _wrap(f"remedy: {headline.remedy}")
-        if headline.where:
-            lines += _wrap(f"where: {headline.where}")
-        if headline.raw:
-            lines += _wrap(f"engine log: {headline.raw}")
-    if view.verdict:
-        lines += _wrap(f"verdict: {view.verdict}")
-    if view.production:
-        lines += _wrap(f"production: {view.production}")
+        labelled = [("remedy", headline.remedy), ("where", headline.where)]
+        labelled.append(("engine log", headline.raw))
+    for label, said in [*labelled, ("verdict", view.verdict), ("production", view.production)]:
+        if said:
+            lines += _wrap(f"{label}: {said}")
     if view.approval:
         lines.append("  approve with either command:")
         lines += [f"    {line}" for line in view.approval]

@@ -15,7 +15,7 @@ from typing import Final
 from kvgate.change import manifests
 from kvgate.judge import gates
 from kvgate.reasons import Reason
-from kvgate.records.evalsummary import ArmAccuracy, PairedRecord, TokenAgreement
+from kvgate.records.evalsummary import ArmAccuracy, BoundsRecord, PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
     ClockRecord,
@@ -101,7 +101,7 @@ def read_view(
         capacity_gain=read_capacity_gain(status),
         speed=read_speed(status),
         load=read_load(status),
-        args=read_recommended_args(status),
+        args=list(status.recommended_args),
         args_heading=args_heading(status),
     )
 
@@ -128,7 +128,7 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         arms[arm] = dataclasses.replace(
             raw, correct=correct, total=n, accuracy=accuracy, wilson95=wilson or ()
         )
-    paired = acc.paired or PairedRecord()
+    paired, bounds = acc.paired or PairedRecord(), acc.bounds or BoundsRecord()
     control_only, candidate_only = integer(paired.control_only), integer(paired.candidate_only)
     points = finite_number(acc.difference_pp)  # the CRD's printer column, in points
     return Accuracy(
@@ -153,10 +153,8 @@ def read_accuracy(status: StatusLike) -> Accuracy | None:
         lower_bound=finite_number(paired.lower_bound),
         upper_bound=finite_number(paired.upper_bound),
         shown_worse_by=_shown_worse_by(acc.smallest_loss_shown, paired.upper_bound),
-        fail_confidence=finite_number(acc.bounds.upper_confidence)
-        if acc.bounds is not None
-        else None,
-        looks=integer(acc.bounds.look) if acc.bounds is not None else None,
+        fail_confidence=finite_number(bounds.upper_confidence),
+        looks=integer(bounds.look),
     )
 
 
@@ -520,8 +518,7 @@ def split_remedy(message: str) -> tuple[str, str | None]:
 def is_finished(status: StatusLike) -> bool:
     """The rollout ended (a final phase, or a finish time): what is missing now never comes."""
     typed = typed_status(status)
-    ended = typed.phase is not None and typed.phase.value in (GOOD_PHASES | BAD_PHASES)
-    return bool(ended or typed.finished_at)
+    return bool((typed.phase is not None and typed.phase.terminal) or typed.finished_at)
 
 
 # Phases a candidate reaches only after a passing verdict.
@@ -561,10 +558,6 @@ def args_heading(status: StatusLike) -> str:
     if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):
         return "Recommended args"
     return "Candidate args (under test)"
-
-
-def read_recommended_args(status: StatusLike) -> list[str]:
-    return list(typed_status(status).recommended_args)
 
 
 def read_progress(status: RolloutStatus, head: Header, now: dt.datetime) -> Progress | None:
