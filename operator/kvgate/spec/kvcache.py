@@ -52,7 +52,6 @@ class KVCachePolicy:
     skip_layers: tuple[str, ...] = ()
     engine_version: str | None = None
     control_format: str = "auto"  # `auto`: read from the checkpoint, never assumed 16-bit
-    from_alias: bool = False  # written as spec.kvCacheDtype
 
     def candidate_args(self) -> tuple[str, ...]:
         """Flags beside --kv-cache-dtype the candidate needs: vLLM's skip list as one flag and
@@ -79,7 +78,6 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
             format=name,
             policy_class=fmt.policy_class if fmt else kvformats.FP8,
             scale_mode=fmt.scale_mode if fmt else kvformats.SCALES_CHECKPOINT,
-            from_alias=True,
         )
     name = k.string("format", required=True) or LEGACY_DEFAULT
     if legacy is not None and legacy not in (name, LEGACY_DEFAULT):
