@@ -12,7 +12,6 @@ from kvgate.engines.launch import (
     FACTS,
     detect_engine,
     kv_cache_dtypes,
-    parse_version,
     rewrite_container,
     validate_kv_cache_dtype,
 )
@@ -452,7 +451,7 @@ def test_unknown_engine() -> None:
     [("0.11.0", (0, 11, 0)), ("v0.4.6.post5", (0, 4, 6)), ("0.11.0rc1+cu128", (0, 11, 0))],
 )
 def test_parse_version(text: str, parsed: tuple[int, ...]) -> None:
-    assert parse_version(text) == parsed
+    assert engine_versions.parse(text) == parsed
 
 
 @pytest.mark.parametrize(

@@ -137,20 +137,15 @@ class _Launch:
     notes: tuple[str, ...] = ()
 
 
-def parse_version(version: str) -> tuple[int, ...]:
-    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6)."""
-    numbers = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
-    if numbers is None:
-        raise SpecError("engine_version", f"'{version}' is not a version like 0.11.0")
-    return tuple(int(part) for part in numbers.group(1).split("."))
-
-
 def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
     """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
     name = _engine(engine).value
     if version is None:
         return frozenset().union(*(row.kv_cache_dtypes for row in engine_versions.all_rows(name)))
-    return engine_versions.facts_for(name, parse_version(version)).kv_cache_dtypes
+    try:
+        return engine_versions.facts_for(name, version).kv_cache_dtypes
+    except ValueError as exc:  # engine_versions.parse: not a version like 0.11.0
+        raise SpecError("engine_version", str(exc)) from None
 
 
 def validate_kv_cache_dtype(
@@ -325,8 +320,8 @@ def _safe_version(version: str | None) -> tuple[int, ...] | None:
     if version is None:
         return None
     try:
-        return parse_version(version)
-    except SpecError:
+        return engine_versions.parse(version)
+    except ValueError:
         return None
 
 
