@@ -11,7 +11,6 @@ from kvgate.engines import versions as engine_versions
 from kvgate.engines.launch import (
     FACTS,
     detect_engine,
-    kv_cache_dtypes,
     rewrite_container,
     validate_kv_cache_dtype,
 )
@@ -442,7 +441,7 @@ def test_invalid_dtypes(engine: str, dtype: str, version: str | None, message: s
 
 def test_unknown_engine() -> None:
     with pytest.raises(UnsupportedError) as caught:
-        kv_cache_dtypes("tgi")
+        validate_kv_cache_dtype("tgi", "fp8")
     assert str(caught.value) == "engine 'tgi' is not known; kvgate supports vllm, sglang"
 
 
@@ -475,7 +474,7 @@ def test_backend_settings(
 def test_sglang_facts() -> None:
     facts = FACTS[Engine.SGLANG]
     assert (facts.default_port, facts.metrics_flag) == (30000, "--enable-metrics")
-    assert kv_cache_dtypes(Engine.SGLANG, "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
+    assert engine_versions.kv_cache_dtypes("sglang", "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
 
 
 def test_backend_settings_reject_names_of_other_versions() -> None:

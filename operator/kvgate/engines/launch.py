@@ -137,30 +137,17 @@ class _Launch:
     notes: tuple[str, ...] = ()
 
 
-def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
-    """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
-    name = _engine(engine).value
-    if version is None:
-        return frozenset().union(*(row.kv_cache_dtypes for row in engine_versions.all_rows(name)))
-    try:
-        return engine_versions.facts_for(name, version).kv_cache_dtypes
-    except ValueError as exc:  # engine_versions.parse: not a version like 0.11.0
-        raise SpecError("engine_version", str(exc)) from None
-
-
-def validate_kv_cache_dtype(
-    engine: Engine | str, dtype: str, version: str | None = None, *, strict: bool = False
-) -> str:
+def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | None = None) -> str:
     """Return `dtype` if the engine accepts it, else raise SpecError saying what to use.
 
-    `version` None accepts a value of any known version, unless `strict`: then only values
-    every known version accepts (what a rewrite for an unknown target may use).
+    `version` None accepts only values every known version accepts (what a rewrite for an
+    unknown target may use).
     """
     engine = _engine(engine)
-    if strict and version is None:
-        choices = engine_versions.kv_cache_dtypes(engine.value, None)
-    else:
-        choices = kv_cache_dtypes(engine, version)
+    try:
+        choices = engine_versions.kv_cache_dtypes(engine.value, version)
+    except ValueError as exc:  # engine_versions.parse: not a version like 0.11.0
+        raise SpecError("engine_version", str(exc)) from None
     if dtype in choices:
         return dtype
     if engine is Engine.SGLANG and dtype == "fp8":
@@ -278,7 +265,7 @@ def rewrite_container(
     wanted: list[tuple[str, _Value]] = _flag_pairs(list(extra_args), source="extra_args")
     if kv_cache_dtype is not None:
         version = engine_version or _image_engine_version(container)
-        validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version, strict=True)
+        validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version)
         wanted = [(KV_CACHE_DTYPE_FLAG, kv_cache_dtype), *wanted]
     result = copy.deepcopy(dict(container))
     lists: dict[str, list[str]] = {
