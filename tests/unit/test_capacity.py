@@ -346,8 +346,6 @@ def test_vllm_pool_of_gemma3_per_vllm_version() -> None:
     v33 = pool((0, 33, 0))
     assert v33.max_concurrency == pytest.approx(32768 / 2438)
     assert v33.kv_tokens == int(32768 / 2438 * 8192) == 110104
-    # without async scheduling one batch is in flight, as before 0.26
-    assert pool((0, 33, 0), async_scheduling=False).max_concurrency == old.max_concurrency
     # FP8 halves the page: twice the blocks, twice the logged tokens, in every version
     fp8 = vllm_pool(layout, 10 * GIB, "fp8", max_model_len=8192, version=(0, 33, 0))
     assert (fp8.num_blocks, fp8.kv_tokens) == (65536, 220209)

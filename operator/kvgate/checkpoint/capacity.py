@@ -539,7 +539,6 @@ def vllm_pool(
     max_num_batched_tokens: int = 2048,
     block_size: int = DEFAULT_BLOCK_SIZE,
     version: tuple[int, ...] = DEFAULT_VLLM_VERSION,
-    async_scheduling: bool = True,
     skip_layers: Sequence[str] = (),
     kernel_block: int | None = None,
     backend: str | None = None,
@@ -591,7 +590,7 @@ def vllm_pool(
         num_blocks = memory_bytes // page // group_size
     per_request = full_groups * _cdiv(max_model_len, block_size)
     if sliding_groups:
-        batches = 2 if version >= (0, 26, 0) and async_scheduling else 1
+        batches = 2 if version >= (0, 26, 0) else 1  # async scheduling, on by default
         in_flight = batches * max_num_batched_tokens
         window = min((layout.sliding_window or 0) - 1 + in_flight, max_model_len)
         per_request += sliding_groups * (_cdiv(window, block_size) + 1)

@@ -134,7 +134,6 @@ class _Launch:
     script: _Token | None = None  # the `sh -c` script that holds the engine command, if any
     # Flags can be appended at the end of the script: the engine command is its last part.
     script_appendable: bool = False
-    notes: tuple[str, ...] = ()
 
 
 def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | None = None) -> str:
@@ -183,7 +182,7 @@ def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
         for entry in container.get("env") or []
         if isinstance(entry, Mapping) and "name" in entry
     }
-    findings = list(launch.notes)
+    findings: list[str] = []
 
     model = _last(flags, *facts.model_flags)
     if model is None and launch.engine is Engine.VLLM and texts and not texts[0].startswith("-"):
