@@ -323,7 +323,6 @@ def load_command(
     prompt_tokens: int,
     output_tokens: int,
     max_concurrency: int,
-    num_workers: int = 1,
     server_type: str = "vllm",
     prompt_std_tokens: int = 0,
     deadline_s: float | None = None,
@@ -356,7 +355,7 @@ def load_command(
         "--max-concurrency": str(max_concurrency),
         "--prompt-tokens": str(prompt_tokens),
         "--output-tokens": str(output_tokens),
-        "--num-workers": str(num_workers),
+        "--num-workers": "1",
     }
     return [*_command("load-job", options), *extra]
 
