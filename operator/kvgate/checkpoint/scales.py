@@ -62,10 +62,6 @@ class TensorInfo:
     # [begin, end) of the tensor's bytes after the header (safetensors `data_offsets`)
     data_offsets: tuple[int, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        shape = None if self.shape is None else list(self.shape)
-        return {"name": self.name, "dtype": self.dtype, "shape": shape}
-
     @property
     def elements(self) -> int | None:
         return None if self.shape is None else math.prod(self.shape)

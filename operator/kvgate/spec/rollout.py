@@ -50,9 +50,6 @@ class EnvVar:
     name: str
     value: str = ""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "value": self.value}
-
 
 @dataclass(frozen=True, slots=True)
 class SecretKeyRef:
