@@ -287,7 +287,7 @@ def test_rewrite_image_only_container_appends_to_args() -> None:
     assert rewritten["args"] == ["--model", "M", "--kv-cache-dtype", "fp8"]
 
 
-def test_rewrite_env_sets_replaces_and_removes() -> None:
+def test_rewrite_env_sets_and_replaces() -> None:
     spec = container(["vllm", "serve", "M"])
     spec["env"] = [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
@@ -295,13 +295,12 @@ def test_rewrite_env_sets_replaces_and_removes() -> None:
         {"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"},
     ]
     rewritten = rewrite_container(
-        spec,
-        kv_cache_dtype="fp8",
-        extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ATTENTION_BACKEND": None, "NEW": "x"},
+        spec, kv_cache_dtype="fp8", extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "NEW": "x"}
     )
     assert rewritten["env"] == [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
         {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"},
+        {"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"},
         {"name": "NEW", "value": "x"},
     ]
 

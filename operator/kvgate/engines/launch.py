@@ -246,7 +246,7 @@ def rewrite_container(
     *,
     kv_cache_dtype: str | None,
     extra_args: Sequence[str] = (),
-    extra_env: Mapping[str, str | None] | None = None,
+    extra_env: Mapping[str, str] | None = None,
     engine_version: str | None = None,
 ) -> dict[str, Any]:
     """A new container with `--kv-cache-dtype` and each flag of `extra_args` set.
@@ -258,7 +258,7 @@ def rewrite_container(
     gets the new value; a missing flag is appended to `args`. A flag of MULTI_VALUE_FLAGS takes
     every value after it (`--flag a b c`): all its old values are replaced by the new ones, in
     `--flag=a` form only when there was that form and there is one new value. `extra_env` sets
-    variables (None removes one). The input is never modified.
+    variables. The input is never modified.
     """
     launch = _find_launch(container)
     wanted: list[tuple[str, _Value]] = _flag_pairs(list(extra_args), source="extra_args")
@@ -497,7 +497,7 @@ def _last(flags: Mapping[str, list[str]], *names: str) -> str | None:
 
 
 def _rewrite_env(
-    env: Sequence[Mapping[str, Any]], changes: Mapping[str, str | None]
+    env: Sequence[Mapping[str, Any]], changes: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -505,13 +505,8 @@ def _rewrite_env(
         name = entry.get("name")
         if isinstance(name, str) and name in changes:
             seen.add(name)
-            if changes[name] is not None:
-                result.append({"name": name, "value": changes[name]})
+            result.append({"name": name, "value": changes[name]})
         else:
             result.append(dict(entry))
-    result.extend(
-        {"name": name, "value": value}
-        for name, value in changes.items()
-        if name not in seen and value is not None
-    )
+    result.extend({"name": n, "value": v} for n, v in changes.items() if n not in seen)
     return result
