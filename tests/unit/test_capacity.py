@@ -10,9 +10,9 @@ import pytest
 
 from kvgate.checkpoint.capacity import (
     GIB,
+    KV_DTYPE_BYTES,
     VllmPool,
     gib_to_bytes,
-    kv_dtype_bytes,
     parse_kv_layout,
     vllm_pool,
 )
@@ -153,7 +153,7 @@ def test_bytes_per_token_and_pool_tokens() -> None:
     ("dtype", "size"), [("auto", 2), ("BF16", 2), ("float16", 2), ("fp8_e5m2", 1), ("fp8", 1)]
 )
 def test_dtype_bytes(dtype: str, size: int) -> None:
-    assert kv_dtype_bytes(dtype) == size
+    assert KV_DTYPE_BYTES[dtype.lower()] == size
 
 
 ERRORS = [
@@ -242,10 +242,14 @@ def test_errors_name_the_field(config: Any, error: type[Exception], message: str
 
 def test_unknown_dtype() -> None:
     with pytest.raises(SpecError) as caught:
-        kv_dtype_bytes("int3")
+        parse_kv_layout(BASE).bytes_per_token("int3")
     assert str(caught.value) == (
         "kv_cache_dtype: 'int3' is not a known KV cache dtype; use one of auto, bf16, "
-        "bfloat16, fp16, float16, half, fp8, fp8_e4m3, fp8_e5m2"
+        "bfloat16, float16, fp16, fp8, fp8_ds_mla, fp8_e4m3, fp8_e5m2, fp8_inc, "
+        "fp8_per_token_head, half, int4_per_token_head, int8_per_token_head, nvfp4, "
+        "nvfp4_4over6, nvfp4_ds_mla, octave_k3v3, octave_k3v3_compact, octave_k3v4, "
+        "turboquant_3bit_nc, turboquant_4bit_nc, turboquant_k3v4_nc, turboquant_k8v4, "
+        "ultraquant_4bit"
     )
 
 
@@ -342,8 +346,6 @@ def test_vllm_pool_of_gemma3_per_vllm_version() -> None:
     v33 = pool((0, 33, 0))
     assert v33.max_concurrency == pytest.approx(32768 / 2438)
     assert v33.kv_tokens == int(32768 / 2438 * 8192) == 110104
-    # without async scheduling one batch is in flight, as before 0.26
-    assert pool((0, 33, 0), async_scheduling=False).max_concurrency == old.max_concurrency
     # FP8 halves the page: twice the blocks, twice the logged tokens, in every version
     fp8 = vllm_pool(layout, 10 * GIB, "fp8", max_model_len=8192, version=(0, 33, 0))
     assert (fp8.num_blocks, fp8.kv_tokens) == (65536, 220209)

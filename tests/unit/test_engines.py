@@ -11,8 +11,6 @@ from kvgate.engines import versions as engine_versions
 from kvgate.engines.launch import (
     FACTS,
     detect_engine,
-    kv_cache_dtypes,
-    parse_version,
     rewrite_container,
     validate_kv_cache_dtype,
 )
@@ -289,7 +287,7 @@ def test_rewrite_image_only_container_appends_to_args() -> None:
     assert rewritten["args"] == ["--model", "M", "--kv-cache-dtype", "fp8"]
 
 
-def test_rewrite_env_sets_replaces_and_removes() -> None:
+def test_rewrite_env_sets_and_replaces() -> None:
     spec = container(["vllm", "serve", "M"])
     spec["env"] = [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
@@ -297,13 +295,12 @@ def test_rewrite_env_sets_replaces_and_removes() -> None:
         {"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"},
     ]
     rewritten = rewrite_container(
-        spec,
-        kv_cache_dtype="fp8",
-        extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_ATTENTION_BACKEND": None, "NEW": "x"},
+        spec, kv_cache_dtype="fp8", extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "NEW": "x"}
     )
     assert rewritten["env"] == [
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
         {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"},
+        {"name": "VLLM_ATTENTION_BACKEND", "value": "FLASHINFER"},
         {"name": "NEW", "value": "x"},
     ]
 
@@ -443,7 +440,7 @@ def test_invalid_dtypes(engine: str, dtype: str, version: str | None, message: s
 
 def test_unknown_engine() -> None:
     with pytest.raises(UnsupportedError) as caught:
-        kv_cache_dtypes("tgi")
+        validate_kv_cache_dtype("tgi", "fp8")
     assert str(caught.value) == "engine 'tgi' is not known; kvgate supports vllm, sglang"
 
 
@@ -452,7 +449,7 @@ def test_unknown_engine() -> None:
     [("0.11.0", (0, 11, 0)), ("v0.4.6.post5", (0, 4, 6)), ("0.11.0rc1+cu128", (0, 11, 0))],
 )
 def test_parse_version(text: str, parsed: tuple[int, ...]) -> None:
-    assert parse_version(text) == parsed
+    assert engine_versions.parse(text) == parsed
 
 
 @pytest.mark.parametrize(
@@ -476,7 +473,7 @@ def test_backend_settings(
 def test_sglang_facts() -> None:
     facts = FACTS[Engine.SGLANG]
     assert (facts.default_port, facts.metrics_flag) == (30000, "--enable-metrics")
-    assert kv_cache_dtypes(Engine.SGLANG, "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
+    assert engine_versions.kv_cache_dtypes("sglang", "0.4.6") == {"auto", "fp8_e4m3", "fp8_e5m2"}
 
 
 def test_backend_settings_reject_names_of_other_versions() -> None:

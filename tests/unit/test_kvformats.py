@@ -60,7 +60,7 @@ def test_the_classes_and_scale_modes() -> None:
         (kf.SUB8BIT, kf.SCALES_PACKED)
     }
     assert of("auto bfloat16 float16") == {(kf.BASELINE, kf.SCALES_NONE)}
-    assert not kf.lookup("vllm", "fp8_per_token_head").uses_checkpoint_scales
+    assert not kf.reads_checkpoint_scales("vllm", "fp8_per_token_head")
 
 
 @pytest.mark.parametrize(

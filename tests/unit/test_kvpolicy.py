@@ -31,11 +31,7 @@ def errors(raw: dict[str, Any]) -> list[str]:
 
 def test_the_alias_alone_is_the_policy() -> None:
     parsed = RolloutSpec.from_dict(spec(kvCacheDtype="fp8_e4m3"))
-    assert (parsed.kv_cache_dtype, parsed.kv_cache.format, parsed.kv_cache.from_alias) == (
-        "fp8_e4m3",
-        "fp8_e4m3",
-        True,
-    )
+    assert (parsed.kv_cache_dtype, parsed.kv_cache.format) == ("fp8_e4m3", "fp8_e4m3")
     assert parsed.kv_cache.policy_class == kvformats.FP8
     assert RolloutSpec.from_dict(spec()).kv_cache.format == "fp8"  # the default, as before
 
@@ -55,10 +51,9 @@ def test_a_policy_with_every_field() -> None:
     )
     policy = parsed.kv_cache
     assert parsed.kv_cache_dtype == "int8_per_token_head"
-    assert (policy.policy_class, policy.scale_mode, policy.control_format) == (
+    assert (policy.policy_class, policy.scale_mode) == (
         kvformats.PER_TOKEN_HEAD,
         kvformats.SCALES_DYNAMIC,
-        "bfloat16",
     )
     container = {"name": "engine", "command": ["vllm", "serve"], "args": ["Qwen/Qwen3-8B"]}
     args = candidate_container(parsed, container)["args"]

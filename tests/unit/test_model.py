@@ -89,7 +89,7 @@ def test_full_spec_parses() -> None:
         )
     )
     assert spec.extra_args == ("--attention-backend", "TRITON_ATTN")
-    assert spec.extra_env[0].to_dict() == {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"}
+    assert (spec.extra_env[0].name, spec.extra_env[0].value) == ("VLLM_USE_FLASHINFER_SAMPLER", "0")
     assert spec.model.token_secret is not None and spec.model.token_secret.key == "token"
     assert spec.capacity.window_s == 90.0 and spec.capacity.interval_s == 30.0
     assert spec.accuracy.task == "gsm8k_cot" and spec.accuracy.margin_pp == 1.5
@@ -285,10 +285,10 @@ def test_operator_allowlist_extends_what_a_rollout_may_set() -> None:
     allow = Allowlist.from_config(args=["--enforce-eager"], env=["KVGATE_SIM_*"])
     parsed = RolloutSpec.from_dict(spec, allow=allow)
     assert parsed.extra_args[-1] == "--enforce-eager"
-    assert parsed.extra_env[0].to_dict() == {
-        "name": "KVGATE_SIM_FAULTS",
-        "value": "crash-after=300",
-    }
+    assert (parsed.extra_env[0].name, parsed.extra_env[0].value) == (
+        "KVGATE_SIM_FAULTS",
+        "crash-after=300",
+    )
     # ...but never past the denylist
     denied = _with(extraEnv=[{"name": "KVGATE_SIM_TOKEN", "value": "x"}])
     with pytest.raises(ExceptionGroup):

@@ -88,14 +88,6 @@ def _env_changes(previous: Mapping[str, Any], candidate: Mapping[str, Any]) -> l
     return sorted(n for n in p.keys() | c.keys() if p.get(n) != c.get(n))
 
 
-def changes(previous: Mapping[str, Any], candidate: Mapping[str, Any]) -> int:
-    """How many separate edits kvgate makes (0: the candidate is the evaluated container)."""
-    lists = sum(
-        len(_list_edits(_list(previous, k), _list(candidate, k), k)) for k in ("command", "args")
-    )
-    return lists + len(_env_changes(previous, candidate))
-
-
 def _present(
     live: Mapping[str, Any], previous: Mapping[str, Any], candidate: Mapping[str, Any]
 ) -> tuple[list[tuple[_ListEdit, slice]], list[str], int]:
@@ -198,15 +190,10 @@ def changed_around(
     return [k for k in ("command", "args", "env") if now[k] != tested[k]]
 
 
-def guarded_view(container: Mapping[str, Any]) -> dict[str, Any]:
-    """Image, command, args and env (with valueFrom): what must not change before promotion."""
-    return {k: copy.deepcopy(container[k]) for k in GUARDED if k in container}
-
-
 def differences(evaluated: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
-    """Which guarded fields of the live container differ from the evaluated one."""
-    a, b = guarded_view(evaluated), guarded_view(live)
-    return [k for k in GUARDED if a.get(k) != b.get(k)]
+    """Which guarded fields (image, command, args, env with valueFrom) of the live container
+    differ from the evaluated one."""
+    return [k for k in GUARDED if evaluated.get(k) != live.get(k)]
 
 
 @dataclass(frozen=True, slots=True)

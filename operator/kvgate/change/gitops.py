@@ -30,6 +30,7 @@ import yaml
 from kvgate.change.container import env_by_name
 from kvgate.errors import SpecError
 from kvgate.spec.reader import is_label, is_subdomain
+from kvgate.spec.rollout import VALUES_KEY
 
 BRANCH_PREFIX: Final = "kvgate/"
 ANNOTATION_VERDICT: Final = "kvgate.io/verdict"
@@ -148,7 +149,6 @@ def _env_changes(
     return out
 
 
-_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}\Z")
 HELM_HEADER: Final = (
     "# Written by kvgate, whole: edits here are replaced by its next pull request.\n"
     "# The tested container change (args is the full list, env the entries kvgate changes)\n"
@@ -171,7 +171,7 @@ def render_helm_values(
     by name. A removed variable or a changed `command` cannot be expressed as values: SpecError
     (use kustomizePatch).
     """
-    if not _VALUES_KEY.match(values_key):
+    if not VALUES_KEY.match(values_key):
         raise SpecError("spec.promotion.pullRequest.valuesKey", f"{values_key!r} is not a.b.c")
     if not _KEY.match(verdict_key):
         raise SpecError("verdict key", "must be 1-256 printable characters without spaces")

@@ -12,7 +12,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NotRequired, TypedDict, Unpack
 
 from kvgate.config import DEFAULT_LOAD_RESOURCES
 from kvgate.engines import launch as engines
@@ -258,21 +258,28 @@ def secret_names(obj: Mapping[str, Any]) -> set[str]:
 eval_resources = jobresources.eval_resources
 
 
+class JobFields(TypedDict):
+    """What the eval Job and the load Job are both built from (`build_eval_job`'s and
+    `build_load_job`'s shared keywords)."""
+
+    rollout: str
+    namespace: str
+    attempt: int
+    image: str
+    command: Sequence[str]
+    deadline_s: float
+    config_hash: str
+    service_account_name: NotRequired[str | None]
+
+
 def build_eval_job(
     *,
-    rollout: str,
-    namespace: str,
-    attempt: int,
-    image: str,
-    command: Sequence[str],
     env: Mapping[str, str],
     resources: Mapping[str, Any],
-    deadline_s: float,
-    config_hash: str,
-    service_account_name: str | None = None,
     nonce: str | None = None,
     writable_tmp: bool = True,
     secret_env: Mapping[str, tuple[str, str]] | None = None,
+    **job: Unpack[JobFields],
 ) -> dict[str, Any]:
     """The accuracy Job; one attempt per Job, so a retry is a new name and a clean log.
 
@@ -288,19 +295,12 @@ def build_eval_job(
     never appears in the Job.
     """
     return _judge_job(
-        role="eval",
-        rollout=rollout,
-        namespace=namespace,
-        attempt=attempt,
-        image=image,
-        command=command,
+        "eval",
         env={**env, **({EVAL_NONCE_ENV: nonce} if nonce is not None else {})},
         resources=resources,
-        deadline_s=deadline_s,
-        config_hash=config_hash,
-        service_account_name=service_account_name,
         writable_tmp=writable_tmp,
         secret_env=secret_env,
+        **job,
     )
 
 
@@ -323,7 +323,6 @@ def load_command(
     prompt_tokens: int,
     output_tokens: int,
     max_concurrency: int,
-    num_workers: int = 1,
     server_type: str = "vllm",
     prompt_std_tokens: int = 0,
     deadline_s: float | None = None,
@@ -356,7 +355,7 @@ def load_command(
         "--max-concurrency": str(max_concurrency),
         "--prompt-tokens": str(prompt_tokens),
         "--output-tokens": str(output_tokens),
-        "--num-workers": str(num_workers),
+        "--num-workers": "1",
     }
     return [*_command("load-job", options), *extra]
 
@@ -379,64 +378,44 @@ def load_run_timeout(deadline_s: float) -> float:
 
 def build_load_job(
     *,
-    rollout: str,
-    namespace: str,
-    attempt: int,
-    image: str,
-    command: Sequence[str],
-    deadline_s: float,
-    config_hash: str,
     env: Mapping[str, str] | None = None,
     resources: Mapping[str, Any] = DEFAULT_LOAD_RESOURCES,
-    service_account_name: str | None = None,
     nonce: str | None = None,
+    **job: Unpack[JobFields],
 ) -> dict[str, Any]:
     """The load Job (`kvgate load-job` on both arms), locked down as the eval Job; inference-perf
     writes its config, log and reports in /tmp. `nonce` becomes `KVGATE_LOAD_NONCE`, which the
     summary line carries back."""
     return _judge_job(
-        role="load",
-        rollout=rollout,
-        namespace=namespace,
-        attempt=attempt,
-        image=image,
-        command=command,
+        "load",
         env={**(env or {}), **({LOAD_NONCE_ENV: nonce} if nonce is not None else {})},
         resources=resources,
-        deadline_s=deadline_s,
-        config_hash=config_hash,
-        service_account_name=service_account_name,
         writable_tmp=True,  # inference-perf writes its config, log and reports there
         secret_env=None,
         tmp_size=LOAD_TMP_SIZE,
+        **job,
     )
 
 
 def _judge_job(
-    *,
     role: str,
-    rollout: str,
-    namespace: str,
-    attempt: int,
-    image: str,
-    command: Sequence[str],
+    *,
     env: Mapping[str, str],
     resources: Mapping[str, Any],
-    deadline_s: float,
-    config_hash: str,
-    service_account_name: str | None,
     writable_tmp: bool,  # stated by each builder: the lock-down is never a default
     secret_env: Mapping[str, tuple[str, str]] | None,
     tmp_size: str = EVAL_TMP_SIZE,
+    **job: Unpack[JobFields],
 ) -> dict[str, Any]:
     """A Job that talks HTTP to the two arms and judges: one attempt per Job, locked down."""
+    rollout, attempt = job["rollout"], job["attempt"]
     name = (eval_job_name if role == "eval" else load_job_name)(rollout, attempt)
     labels = {**child_labels(rollout, role), LABEL_ATTEMPT: str(attempt)}
     env_vars = dict(env)
     container: dict[str, Any] = {
         "name": role,
-        "image": image,
-        "command": list(command),
+        "image": job["image"],
+        "command": list(job["command"]),
         "env": [{"name": k, "value": v} for k, v in sorted(env_vars.items())]
         + [
             {"name": k, "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}}}
@@ -470,18 +449,18 @@ def _judge_job(
         },
         "containers": [container],
     }
-    if service_account_name:
-        pod_spec["serviceAccountName"] = service_account_name
+    if account := job.get("service_account_name"):
+        pod_spec["serviceAccountName"] = account
     if writable_tmp:
         container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
         pod_spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}}]
     job_spec = {
         "backoffLimit": 0,  # kvgate retries itself, with a fresh Job and a counted attempt
-        "activeDeadlineSeconds": max(int(deadline_s), 1),
+        "activeDeadlineSeconds": max(int(job["deadline_s"]), 1),
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
-    annotations = {ANNOTATION_CONFIG_HASH: config_hash}
-    return _object("batch/v1", "Job", name, namespace, labels, annotations, spec=job_spec)
+    annotations = {ANNOTATION_CONFIG_HASH: job["config_hash"]}
+    return _object("batch/v1", "Job", name, job["namespace"], labels, annotations, spec=job_spec)
 
 
 DNS_PORT: Final = 53

@@ -213,7 +213,8 @@ def _per_layer_bytes(layout: KVLayout, dtype: str, engine: str, backend: str | N
     """Bytes one token takes in one KV layer of `layout` in format `dtype`."""
     fmt = _format(dtype, engine)
     if fmt is None:
-        return layout.tensors_per_layer * layout.kv_heads * layout.head_dim * kv_dtype_bytes(dtype)
+        element = KV_DTYPE_BYTES[dtype.lower()]  # _format returned None: a key of the table
+        return layout.tensors_per_layer * layout.kv_heads * layout.head_dim * element
     mla = layout.attention == "mla"
     if fmt.mla_only and not mla and backend is None:
         raise UnsupportedError(
@@ -227,17 +228,6 @@ def _per_layer_bytes(layout: KVLayout, dtype: str, engine: str, backend: str | N
     if mla:  # one latent per token and layer (head_dim here is kv_lora_rank + rope)
         return fmt.bytes_per_head(layout.head_dim, 0, backend=backend)
     return layout.kv_heads * fmt.bytes_per_head(layout.head_dim, backend=backend)
-
-
-def kv_dtype_bytes(dtype: str) -> int:
-    """Bytes per KV element for an engine dtype name (`auto`, `bf16`, `fp8`, `fp8_e4m3`...)."""
-    try:
-        return KV_DTYPE_BYTES[dtype.lower()]
-    except KeyError:
-        known = ", ".join(KV_DTYPE_BYTES)
-        raise SpecError(
-            "kv_cache_dtype", f"'{dtype}' is not a known KV cache dtype; use one of {known}"
-        ) from None
 
 
 def parse_kv_layout(config: Mapping[str, Any], source: str = "config.json") -> KVLayout:
@@ -549,7 +539,6 @@ def vllm_pool(
     max_num_batched_tokens: int = 2048,
     block_size: int = DEFAULT_BLOCK_SIZE,
     version: tuple[int, ...] = DEFAULT_VLLM_VERSION,
-    async_scheduling: bool = True,
     skip_layers: Sequence[str] = (),
     kernel_block: int | None = None,
     backend: str | None = None,
@@ -601,7 +590,7 @@ def vllm_pool(
         num_blocks = memory_bytes // page // group_size
     per_request = full_groups * _cdiv(max_model_len, block_size)
     if sliding_groups:
-        batches = 2 if version >= (0, 26, 0) and async_scheduling else 1
+        batches = 2 if version >= (0, 26, 0) else 1  # async scheduling, on by default
         in_flight = batches * max_num_batched_tokens
         window = min((layout.sliding_window or 0) - 1 + in_flight, max_model_len)
         per_request += sliding_groups * (_cdiv(window, block_size) + 1)

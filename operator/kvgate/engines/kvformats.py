@@ -86,10 +86,6 @@ class KVFormat:
     size: _Bytes | None = field(default=None, compare=False, repr=False)
 
     @property
-    def uses_checkpoint_scales(self) -> bool:
-        return self.scale_mode == SCALES_CHECKPOINT
-
-    @property
     def quantized(self) -> bool:
         return self.policy_class != BASELINE
 
@@ -262,7 +258,7 @@ def reads_checkpoint_scales(engine: str | None, name: str) -> bool:
     """Whether `engine`'s format `name` scales by the checkpoint's k/v scales; an engine or
     format not known here: assumed to, so that broken scales fail closed."""
     found = FORMATS.get(((engine or "").lower(), name.lower()))
-    return found is None or found.uses_checkpoint_scales
+    return found is None or found.scale_mode == SCALES_CHECKPOINT
 
 
 def computes_scales(name: str) -> bool:

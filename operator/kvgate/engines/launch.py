@@ -134,38 +134,19 @@ class _Launch:
     script: _Token | None = None  # the `sh -c` script that holds the engine command, if any
     # Flags can be appended at the end of the script: the engine command is its last part.
     script_appendable: bool = False
-    notes: tuple[str, ...] = ()
 
 
-def parse_version(version: str) -> tuple[int, ...]:
-    """`v0.11.0`, `0.4.6.post5`, `0.11.0rc1+cu128` -> (0, 11, 0) / (0, 4, 6)."""
-    numbers = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
-    if numbers is None:
-        raise SpecError("engine_version", f"'{version}' is not a version like 0.11.0")
-    return tuple(int(part) for part in numbers.group(1).split("."))
-
-
-def kv_cache_dtypes(engine: Engine | str, version: str | None = None) -> frozenset[str]:
-    """Values `--kv-cache-dtype` accepts: for `version`, or for any version kvgate knows."""
-    name = _engine(engine).value
-    if version is None:
-        return frozenset().union(*(row.kv_cache_dtypes for row in engine_versions.all_rows(name)))
-    return engine_versions.facts_for(name, parse_version(version)).kv_cache_dtypes
-
-
-def validate_kv_cache_dtype(
-    engine: Engine | str, dtype: str, version: str | None = None, *, strict: bool = False
-) -> str:
+def validate_kv_cache_dtype(engine: Engine | str, dtype: str, version: str | None = None) -> str:
     """Return `dtype` if the engine accepts it, else raise SpecError saying what to use.
 
-    `version` None accepts a value of any known version, unless `strict`: then only values
-    every known version accepts (what a rewrite for an unknown target may use).
+    `version` None accepts only values every known version accepts (what a rewrite for an
+    unknown target may use).
     """
     engine = _engine(engine)
-    if strict and version is None:
-        choices = engine_versions.kv_cache_dtypes(engine.value, None)
-    else:
-        choices = kv_cache_dtypes(engine, version)
+    try:
+        choices = engine_versions.kv_cache_dtypes(engine.value, version)
+    except ValueError as exc:  # engine_versions.parse: not a version like 0.11.0
+        raise SpecError("engine_version", str(exc)) from None
     if dtype in choices:
         return dtype
     if engine is Engine.SGLANG and dtype == "fp8":
@@ -201,7 +182,7 @@ def detect_engine(container: Mapping[str, Any]) -> EngineInfo:
         for entry in container.get("env") or []
         if isinstance(entry, Mapping) and "name" in entry
     }
-    findings = list(launch.notes)
+    findings: list[str] = []
 
     model = _last(flags, *facts.model_flags)
     if model is None and launch.engine is Engine.VLLM and texts and not texts[0].startswith("-"):
@@ -265,7 +246,7 @@ def rewrite_container(
     *,
     kv_cache_dtype: str | None,
     extra_args: Sequence[str] = (),
-    extra_env: Mapping[str, str | None] | None = None,
+    extra_env: Mapping[str, str] | None = None,
     engine_version: str | None = None,
 ) -> dict[str, Any]:
     """A new container with `--kv-cache-dtype` and each flag of `extra_args` set.
@@ -277,13 +258,13 @@ def rewrite_container(
     gets the new value; a missing flag is appended to `args`. A flag of MULTI_VALUE_FLAGS takes
     every value after it (`--flag a b c`): all its old values are replaced by the new ones, in
     `--flag=a` form only when there was that form and there is one new value. `extra_env` sets
-    variables (None removes one). The input is never modified.
+    variables. The input is never modified.
     """
     launch = _find_launch(container)
     wanted: list[tuple[str, _Value]] = _flag_pairs(list(extra_args), source="extra_args")
     if kv_cache_dtype is not None:
         version = engine_version or _image_engine_version(container)
-        validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version, strict=True)
+        validate_kv_cache_dtype(launch.engine, kv_cache_dtype, version)
         wanted = [(KV_CACHE_DTYPE_FLAG, kv_cache_dtype), *wanted]
     result = copy.deepcopy(dict(container))
     lists: dict[str, list[str]] = {
@@ -325,8 +306,8 @@ def _safe_version(version: str | None) -> tuple[int, ...] | None:
     if version is None:
         return None
     try:
-        return parse_version(version)
-    except SpecError:
+        return engine_versions.parse(version)
+    except ValueError:
         return None
 
 
@@ -516,7 +497,7 @@ def _last(flags: Mapping[str, list[str]], *names: str) -> str | None:
 
 
 def _rewrite_env(
-    env: Sequence[Mapping[str, Any]], changes: Mapping[str, str | None]
+    env: Sequence[Mapping[str, Any]], changes: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -524,13 +505,8 @@ def _rewrite_env(
         name = entry.get("name")
         if isinstance(name, str) and name in changes:
             seen.add(name)
-            if changes[name] is not None:
-                result.append({"name": name, "value": changes[name]})
+            result.append({"name": name, "value": changes[name]})
         else:
             result.append(dict(entry))
-    result.extend(
-        {"name": name, "value": value}
-        for name, value in changes.items()
-        if name not in seen and value is not None
-    )
+    result.extend({"name": n, "value": v} for n, v in changes.items() if n not in seen)
     return result

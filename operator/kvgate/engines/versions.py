@@ -98,13 +98,6 @@ class VersionFacts:
             )
         return name
 
-    def flags(self) -> frozenset[str]:
-        optional = (self.backend_flag, self.backend_json_flag, self.sampling_backend_flag)
-        present = {"--kv-cache-dtype", *filter(None, optional)}
-        if self.calculate_kv_scales in {"yes", "deprecated"}:
-            present.add("--calculate-kv-scales")
-        return frozenset(present)
-
 
 def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(str(p) for p in version)

@@ -44,15 +44,13 @@ _STATABLE: Final = {
 
 @dataclass(frozen=True, slots=True)
 class KVCachePolicy:
-    """The candidate's KV format and how it is run; `control_format` what the control runs."""
+    """The candidate's KV format and how it is run."""
 
     format: str = LEGACY_DEFAULT
     policy_class: str = kvformats.FP8
     scale_mode: str = kvformats.SCALES_CHECKPOINT
     skip_layers: tuple[str, ...] = ()
     engine_version: str | None = None
-    control_format: str = "auto"  # `auto`: read from the checkpoint, never assumed 16-bit
-    from_alias: bool = False  # written as spec.kvCacheDtype
 
     def candidate_args(self) -> tuple[str, ...]:
         """Flags beside --kv-cache-dtype the candidate needs: vLLM's skip list as one flag and
@@ -79,7 +77,6 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
             format=name,
             policy_class=fmt.policy_class if fmt else kvformats.FP8,
             scale_mode=fmt.scale_mode if fmt else kvformats.SCALES_CHECKPOINT,
-            from_alias=True,
         )
     name = k.string("format", required=True) or LEGACY_DEFAULT
     if legacy is not None and legacy not in (name, LEGACY_DEFAULT):
@@ -113,16 +110,14 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
             )
         else:
             mode = stated
-    control = k.section("control")
-    control_format = control.string("format") or "auto"
-    _lookup(control, "format", control_format, engines)
+    control = k.section("control")  # checked: a format the engine has; `auto` by default
+    _lookup(control, "format", control.string("format") or "auto", engines)
     return KVCachePolicy(
         format=name,
         policy_class=fmt.policy_class if fmt else kvformats.FP8,
         scale_mode=mode,
         skip_layers=skip,
         engine_version=version,
-        control_format=control_format,
     )
 
 

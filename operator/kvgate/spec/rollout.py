@@ -50,9 +50,6 @@ class EnvVar:
     name: str
     value: str = ""
 
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "value": self.value}
-
 
 @dataclass(frozen=True, slots=True)
 class SecretKeyRef:
@@ -191,7 +188,7 @@ class CanarySpec:
 _API_URL: Final = re.compile(r"^https?://[^/@\s]+(/[^\s]*)?\Z")
 _REPOSITORY: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
 _BRANCH: Final = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,199}\Z")
-_VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}\Z")
+VALUES_KEY: Final = re.compile(r"^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63}){0,7}\Z")
 DEFAULT_APPLY_DEADLINE_S: Final = 1800.0
 
 
@@ -477,7 +474,7 @@ def _pull_request(p: SpecReader) -> PullRequestSpec | None:
         pr.error("valuesKey", "is required with kind helmValues (e.g. vllm.container)")
     elif kind is not GitFileKind.HELM_VALUES and values_key is not None:
         pr.error("valuesKey", "is only read with kind helmValues")
-    elif values_key is not None and not _VALUES_KEY.match(values_key):
+    elif values_key is not None and not VALUES_KEY.match(values_key):
         pr.error("valuesKey", f"{values_key[:80]!r} is not a dotted key (a.b.c)")
     token_secret = _secret_ref(pr.section("tokenSecretRef", required=True))
     return PullRequestSpec(
