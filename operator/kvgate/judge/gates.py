@@ -46,6 +46,7 @@ DIVERGENCE: Final = "divergence"
 SPEED: Final = "speed"
 CANARY: Final = "canary"
 ENGINE_TRUTH: Final = "engineTruth"
+THROUGHPUT: Final = "throughputGain"
 GATE_ORDER: Final = (
     POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT,
     DIVERGENCE, SPEED,

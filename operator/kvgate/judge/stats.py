@@ -41,12 +41,12 @@ DEFAULT_POWER = 0.80
 # --------------------------------------------------------------------------- validation
 
 
-def _check_confidence(confidence: float, field: str = "confidence") -> None:
+def check_confidence(confidence: float, field: str = "confidence") -> None:
     if not (isinstance(confidence, int | float) and 0.5 < confidence < 1.0):
         raise SpecError(field, f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
 
 
-def _check_margin(margin: float, field: str = "margin") -> None:
+def check_margin(margin: float, field: str = "margin") -> None:
     if not (isinstance(margin, int | float) and 0.0 < margin < 1.0):
         raise SpecError(
             field, f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
@@ -60,13 +60,13 @@ def _check_count(value: int, field: str) -> None:
 
 def z_two_sided(confidence: float) -> float:
     """Normal quantile for a two-sided interval at `confidence` (1.96 for 0.95)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return _NORMAL.inv_cdf(0.5 + confidence / 2.0)
 
 
 def z_one_sided(confidence: float) -> float:
     """Normal quantile for a one-sided bound at `confidence` (1.645 for 0.95)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return _NORMAL.inv_cdf(confidence)
 
 
@@ -249,19 +249,19 @@ def noninferiority_p(counts: PairedCounts, margin: float) -> float:
     """One-sided p-value of Tango's score test of H0: Δ ≤ -margin."""
     from scipy.stats import norm
 
-    _check_margin(margin)
+    check_margin(margin)
     return float(norm.sf(tango_statistic(counts, -margin)))
 
 
 def lower_confidence_bound(counts: PairedCounts, confidence: float) -> float:
     """One-sided lower bound for Δ at `confidence` (the lower end of the 2c-1 Tango interval)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return tango_interval(counts, 2.0 * confidence - 1.0)[0]
 
 
 def upper_confidence_bound(counts: PairedCounts, confidence: float) -> float:
     """One-sided upper bound for Δ at `confidence`."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return tango_interval(counts, 2.0 * confidence - 1.0)[1]
 
 
@@ -307,8 +307,8 @@ def analyse_paired(
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> PairedAnalysis:
     """Fixed-n non-inferiority: pass iff the one-sided Tango bound at `confidence` exceeds -margin."""
-    _check_margin(margin)
-    _check_confidence(confidence)
+    check_margin(margin)
+    check_confidence(confidence)
     counts._require_questions()
     lower = lower_confidence_bound(counts, confidence)
     return PairedAnalysis(
@@ -341,9 +341,9 @@ def questions_needed(
     `discordance` is ψ = P(win) + P(loss); `true_difference` is the assumed Δ (candidate - control).
     `method` is "score" (Tango's test, the gate's) or "wald".
     """
-    _check_margin(margin)
-    _check_confidence(confidence)
-    _check_confidence(power, "power")
+    check_margin(margin)
+    check_confidence(confidence)
+    check_confidence(power, "power")
     if not 0.0 <= discordance <= 1.0:
         raise SpecError("discordance", f"{discordance!r} is not in [0, 1]")
     if abs(true_difference) > discordance:

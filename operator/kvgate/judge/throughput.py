@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from kvgate.evidence.metrics import Histogram
-from kvgate.judge.gates import compare_clocks
+from kvgate.judge.gates import THROUGHPUT, compare_clocks
 from kvgate.judge.outputcheck import refusal
 from kvgate.reasons import Reason
 from kvgate.records.loadresult import (
@@ -35,8 +35,6 @@ from kvgate.records.loadresult import (
 from kvgate.records.status import ClocksRecord, GateResult, PoolSample, PreflightStatus
 from kvgate.spec.rollout import ThroughputGainGate
 from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome
-
-THROUGHPUT: Final = "throughputGain"
 
 
 @dataclass(frozen=True, slots=True)
