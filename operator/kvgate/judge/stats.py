@@ -198,18 +198,9 @@ def _tango_loss_mle(n: float, b: float, c: float, delta0: float) -> float:
 
 
 def tango_statistic(counts: PairedCounts, delta0: float) -> float:
-    """Tango's score statistic T(Δ0); large positive values say Δ > Δ0."""
-    n, b, c = counts.n, counts.control_only, counts.candidate_only
-    if n == 0:
-        raise SpecError("paired", "0 questions; a paired comparison needs at least one")
-    numerator = c - b - n * delta0
-    q = _tango_loss_mle(n, b, c, delta0)
-    variance = n * (2.0 * q + delta0 * (1.0 - delta0))
-    if variance <= 0.0:
-        if numerator == 0:
-            return 0.0
-        return math.copysign(math.inf, numerator)
-    return numerator / math.sqrt(variance)
+    """Tango's score statistic T(Δ0); large positive values say Δ > Δ0 (`tango_statistics`)."""
+    counts._require_questions()
+    return float(tango_statistics(counts.n, counts.control_only, counts.candidate_only, delta0))
 
 
 def score_limit(counts: PairedCounts, z: float) -> float:
@@ -334,12 +325,11 @@ def questions_needed(
     confidence: float = DEFAULT_CONFIDENCE,
     power: float = DEFAULT_POWER,
     true_difference: float = 0.0,
-    method: str = "score",
 ) -> int:
     """Paired questions for the one-sided NI test to reach `power` (Nam 1997 / Liu et al. 2002).
 
     `discordance` is ψ = P(win) + P(loss); `true_difference` is the assumed Δ (candidate - control).
-    `method` is "score" (Tango's test, the gate's) or "wald".
+    The test is Tango's score test, the gate's.
     """
     check_margin(margin)
     check_confidence(confidence)
@@ -358,16 +348,11 @@ def questions_needed(
     z_a, z_b = z_one_sided(confidence), z_one_sided(power)
     effect = true_difference + margin
     sigma1 = math.sqrt(max(0.0, discordance - true_difference**2))
-    if method == "wald":
-        sigma0 = sigma1
-    elif method == "score":
-        p_win = (discordance + true_difference) / 2.0
-        p_loss = (discordance - true_difference) / 2.0
-        delta0 = -margin
-        q = _tango_loss_mle(1.0, p_loss, p_win, delta0)
-        sigma0 = math.sqrt(max(0.0, 2.0 * q + delta0 * (1.0 - delta0)))
-    else:
-        raise SpecError("method", f"{method!r} is not 'score' or 'wald'")
+    p_win = (discordance + true_difference) / 2.0
+    p_loss = (discordance - true_difference) / 2.0
+    delta0 = -margin
+    q = _tango_loss_mle(1.0, p_loss, p_win, delta0)
+    sigma0 = math.sqrt(max(0.0, 2.0 * q + delta0 * (1.0 - delta0)))
     n = (z_a * sigma0 + z_b * sigma1) ** 2 / effect**2
     return max(1, math.ceil(n - 1e-9))
 
@@ -546,9 +531,9 @@ def _crossing(
 
 
 def tango_statistics(
-    n: np.ndarray, losses: np.ndarray, wins: np.ndarray, delta0: float
+    n: np.ndarray | int, losses: np.ndarray | int, wins: np.ndarray | int, delta0: float
 ) -> np.ndarray:
-    """Vectorised `tango_statistic` over arrays of (n, b, c), for simulations."""
+    """Tango's T(Δ0) over arrays of (n, b, c), for simulations (and for one table, above)."""
     import numpy as np
 
     n = np.asarray(n, dtype=float)

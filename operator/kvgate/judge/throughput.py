@@ -318,7 +318,6 @@ def request_lengths(
     prompt: Histogram | None,
     output: Histogram | None,
     *,
-    min_requests: int = MIN_LENGTH_REQUESTS,
     source: str = FROM_PODS,
 ) -> RequestLengths:
     """Production's request lengths for the load Job, from its request-length histograms
@@ -341,10 +340,10 @@ def request_lengths(
     for name, histogram in (("prompt", prompt), ("output", output)):
         if histogram is None:
             return fallback(f"no {name}-length histogram")
-        if histogram.count < min_requests:
+        if histogram.count < MIN_LENGTH_REQUESTS:
             return fallback(
                 f"{histogram.count:g} requests in the {name}-length histogram, fewer than "
-                f"{min_requests}"
+                f"{MIN_LENGTH_REQUESTS}"
             )
     assert prompt is not None and output is not None
     prompt_mean = prompt.sum / prompt.count
