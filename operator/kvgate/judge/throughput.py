@@ -115,13 +115,12 @@ def _per_arm(
 
 
 def preemption_clause(
-    control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int | None = None
+    control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int
 ) -> str | None:
     """How often each engine preempted (or retracted) requests: the pool running out, seen
     from the engine's side. At production's load when both stages counted it, else over the
     whole load."""
-    at_c = control.at(production) if production is not None else None
-    at_k = candidate.at(production) if production is not None else None
+    at_c, at_k = control.at(production), candidate.at(production)
     if at_c is not None and at_k is not None:
         title = f"preemptions at {production} concurrent"
         found = _per_arm(title, at_c.preemptions, at_k.preemptions, labels, "")
