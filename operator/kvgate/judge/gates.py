@@ -243,8 +243,9 @@ def assess_engine_truth(
 
     problems: list[str] = []
     compared: dict[str, list[str]] = {}
+    read: dict[str, ScanRecord] = {}
     for arm in ("candidate", "control"):
-        scan = scans.get(arm) or ScanRecord()
+        scan = read[arm] = scans.get(arm) or ScanRecord()
         truth = truths.get(arm) or CacheTruth()
         snapshot = metrics.snapshot_from_cache_truth(truth)
         problems.extend(f"{arm}: {f.text}" for f in crosscheck.cross_check_log(scan, snapshot))
@@ -269,10 +270,11 @@ def assess_engine_truth(
         disagree = "startup log and /metrics disagree: " + "; ".join(problems)
         return result(Outcome.ERROR, Reason.LOG_METRICS_DISAGREE, disagree)
     detail = "; ".join(f"{arm}: {', '.join(w) or 'nothing'}" for arm, w in compared.items())
-    log_says = scans.get("candidate") or ScanRecord()
-    if not compared["candidate"]:
+    arm = "candidate"
+    log_says = read[arm]
+    if not compared[arm]:
         if not (log_says.kv_cache_dtype or log_says.kv_tokens) and any(
-            truth_facts(truths.get("candidate"))
+            truth_facts(truths.get(arm))
         ):
             return result(
                 Outcome.WARNING,
