@@ -54,11 +54,11 @@ def result(
     return StageResult(
         stage=0, concurrency=concurrency, requests=requests, successes=requests - failures,
         failures=failures, failures_by_label=(("Connection Error", failures),) if failures else (),
-        duration_s=10.0, output_tokens_per_s=tok_s, input_tokens_per_s=4 * tok_s,
-        requests_per_s=1.0, prompt_tokens_total=512.0 * requests, output_tokens_total=128.0 * requests,
+        duration_s=10.0, output_tokens_per_s=tok_s, prompt_tokens_total=512.0 * requests,
+        output_tokens_total=128.0 * requests,
         output_tokens_min=128.0 if requests > failures else None, fallback_prompt=0, fallback_output=0,
         token_count_mismatches=0, ttft_s=Percentiles(0.2, 0.9), tpot_s=Percentiles(0.021, 0.0305),
-        itl_s=Percentiles(0.02, 0.03), request_latency_s=Percentiles(3.0, 5.0),
+        itl_s=Percentiles(0.02, 0.03),
         goodput_percentage=goodput, prompt_tokens_min=prompt, prompt_tokens_max=prompt,
     )  # fmt: skip
 

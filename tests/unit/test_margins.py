@@ -14,7 +14,7 @@ from test_kvpolicy import errors
 from kvgate.engines import kvformats
 from kvgate.flow.steps import State
 from kvgate.judge import gates, tradeoff
-from kvgate.judge.throughput import THROUGHPUT
+from kvgate.judge.gates import THROUGHPUT
 from kvgate.judge.verdict import Decision
 from kvgate.reasons import Reason
 from kvgate.records.status import GateResult

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.judge.verify import Baseline, PodCounters, baseline_from_preflight, regressions
+from kvgate.judge.verify import Baseline, baseline_from_preflight, regressions
+from kvgate.records.codec import read_record, write
+from kvgate.records.status import PodCounters
 
 NONE: dict[str, PodCounters] = {}
 
@@ -72,6 +74,6 @@ def test_a_reset_counter_or_the_first_sample_is_not_judged() -> None:
 
 def test_counters_round_trip_through_status() -> None:
     c = PodCounters(ttft_sum=1.5, ttft_count=None)
-    assert c.to_dict() == {"ttftSum": 1.5}
-    assert PodCounters.from_dict(c.to_dict()) == c
-    assert PodCounters.from_dict({"ttftCount": "3", "ttftSum": True}) == PodCounters()
+    assert write(c) == {"ttftSum": 1.5}
+    assert read_record(PodCounters, write(c)) == c
+    assert read_record(PodCounters, {"ttftCount": "3", "ttftSum": True}) == PodCounters()

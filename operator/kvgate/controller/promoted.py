@@ -86,7 +86,7 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
         problems.append("no production pods")
     status = ctx.so_far
     waiting: dict[str, float] = {}
-    counters: dict[str, production.PodCounters] = {}
+    counters: dict[str, PodCounters] = {}
     for pod in pods:
         name, health = pod.name, pod.health
         if not pod.carries_candidate:
@@ -116,13 +116,11 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
         )
     promo = status.promotion or PromotionStatus()
     verify = promo.verify or VerifyStatus()
-    before = {
-        pod: production.PodCounters(ttft_sum=c.ttft_sum, ttft_count=c.ttft_count)
-        for pod, c in verify.counters.items()
-    }
     last = parse_time(verify.last_sample_at)
     elapsed = None if last is None else (ctx.now - last).total_seconds()
-    problems += production.regressions(production_baseline(ctx), waiting, before, counters, elapsed)
+    problems += production.regressions(
+        production_baseline(ctx), waiting, verify.counters, counters, elapsed
+    )
     # Kept for the next sample's rates (the status write copies the promotion record whole).
     kept = {
         pod: PodCounters(ttft_sum=whole(c.ttft_sum), ttft_count=whole(c.ttft_count))
@@ -133,9 +131,9 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
     return obs, StatusUpdate.of(promotion=promo)
 
 
-def pod_counters(snap: MetricSnapshot) -> production.PodCounters:
+def pod_counters(snap: MetricSnapshot) -> PodCounters:
     ttft = snap.ttft
-    return production.PodCounters(
+    return PodCounters(
         ttft_sum=None if ttft is None else ttft.sum,
         ttft_count=None if ttft is None else ttft.count,
     )

@@ -35,6 +35,8 @@ from kvgate.judge.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MARGIN,
     PairedCounts,
+    check_confidence,
+    check_margin,
     mcnemar_exact_p,
     questions_needed,
     score_limit,
@@ -172,12 +174,8 @@ def plan_gate(
         raise SpecError("limit", f"{total!r} is not a positive number of questions")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise SpecError("chunk", f"{chunk!r} is not a positive number of questions")
-    if not (0.0 < margin < 1.0):
-        raise SpecError(
-            "margin", f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
-        )
-    if not (0.5 < confidence < 1.0):
-        raise SpecError("confidence", f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
+    check_margin(margin)
+    check_confidence(confidence)
     if not (0.5 < fail_confidence < 1.0):
         raise SpecError("fail_confidence", f"{fail_confidence!r} is not in (0.5, 1)")
     spending(1.0, 0.05, fail_spending)  # validates the name

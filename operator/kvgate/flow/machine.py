@@ -36,6 +36,7 @@ from kvgate.judge.gates import (
     CANARY,
     ENGINE_TRUTH,
     EVAL_GATES,
+    THROUGHPUT,
     assess_arms_dtype,
     assess_backend,
     assess_capacity_gain,
@@ -46,7 +47,7 @@ from kvgate.judge.gates import (
     kv_tokens,
 )
 from kvgate.judge.remedy import Remedy
-from kvgate.judge.throughput import THROUGHPUT, assess_throughput
+from kvgate.judge.throughput import assess_throughput
 from kvgate.judge.verdict import Decision, Verdict, decide
 from kvgate.reasons import Reason
 from kvgate.records.status import GateResult, LoadStatus

@@ -18,8 +18,7 @@ from dataclasses import fields
 from typing import Any, Final
 
 from kvgate.flow.steps import ReusedVerdict
-from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT, SPEED
-from kvgate.judge.throughput import THROUGHPUT
+from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT, SPEED, THROUGHPUT
 from kvgate.judge.verdict import Decision
 from kvgate.judge.verdictkey import key_of
 from kvgate.records.status import RolloutStatus, VerdictKey

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Final
 
+from kvgate.judge.divergence import SUMMARY_KIND
 from kvgate.judge.gates import ACCURACY, DIVERGENCE, LONG_CONTEXT
 from kvgate.reasons import Reason
 from kvgate.records.evalsummary import (
@@ -176,9 +177,6 @@ def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -
     return result(outcome, reason, f"long-context bucket {label}: {why}: {detail}")
 
 
-_DIV_KIND: Final = "kvgate.diverge/summary"
-
-
 def _flag_message(gate: DivergenceGate, first: DivergenceBucketRecord | None) -> str | None:
     """The first flagged bucket's figures in words (None when one is missing)."""
     if first is None or first.floor is None or first.candidate is None:
@@ -211,7 +209,7 @@ def assess_divergence(gate: DivergenceGate, summary: AccuracyStatus) -> GateResu
         Reason.DIVERGENCE_UNKNOWN,
     )
     block = summary.divergence
-    if block is None or block.kind != _DIV_KIND:
+    if block is None or block.kind != SUMMARY_KIND:
         return unknown(
             "the eval summary has no divergence block, though spec.gates.divergence asks for it"
         )

@@ -17,7 +17,6 @@ from kvgate.records.status import (
     CacheTruth,
     ClockRecord,
     ClocksRecord,
-    FindingRecord,
     GateResult,
     HistogramTotals,
     ScanRecord,
@@ -46,6 +45,7 @@ DIVERGENCE: Final = "divergence"
 SPEED: Final = "speed"
 CANARY: Final = "canary"
 ENGINE_TRUTH: Final = "engineTruth"
+THROUGHPUT: Final = "throughputGain"
 GATE_ORDER: Final = (
     POOL, SCALES, CANARY, ENGINE_TRUTH, BACKEND, CAPACITY_GAIN, ACCURACY, LONG_CONTEXT,
     DIVERGENCE, SPEED,
@@ -396,7 +396,7 @@ def assess_speed(
 
 def crash_summary(scan: ScanRecord | None, fallback: str) -> tuple[str, str | None]:
     """(what failed, remedy) from a crashed arm's log scan: the first error finding and its hint."""
-    f: FindingRecord | None = crash.root_cause(scan)
+    f = crash.root_cause(scan)
     if f is not None:
         return str(f.text or f.code or fallback), f.hint or None
     tail = scan.tail if scan is not None else ()

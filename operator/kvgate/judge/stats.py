@@ -41,12 +41,12 @@ DEFAULT_POWER = 0.80
 # --------------------------------------------------------------------------- validation
 
 
-def _check_confidence(confidence: float, field: str = "confidence") -> None:
+def check_confidence(confidence: float, field: str = "confidence") -> None:
     if not (isinstance(confidence, int | float) and 0.5 < confidence < 1.0):
         raise SpecError(field, f"{confidence!r} is not in (0.5, 1); use e.g. 0.95")
 
 
-def _check_margin(margin: float, field: str = "margin") -> None:
+def check_margin(margin: float, field: str = "margin") -> None:
     if not (isinstance(margin, int | float) and 0.0 < margin < 1.0):
         raise SpecError(
             field, f"{margin!r} is not in (0, 1): a margin is a fraction; write 0.02 or 2pp"
@@ -60,13 +60,13 @@ def _check_count(value: int, field: str) -> None:
 
 def z_two_sided(confidence: float) -> float:
     """Normal quantile for a two-sided interval at `confidence` (1.96 for 0.95)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return _NORMAL.inv_cdf(0.5 + confidence / 2.0)
 
 
 def z_one_sided(confidence: float) -> float:
     """Normal quantile for a one-sided bound at `confidence` (1.645 for 0.95)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return _NORMAL.inv_cdf(confidence)
 
 
@@ -198,18 +198,9 @@ def _tango_loss_mle(n: float, b: float, c: float, delta0: float) -> float:
 
 
 def tango_statistic(counts: PairedCounts, delta0: float) -> float:
-    """Tango's score statistic T(Δ0); large positive values say Δ > Δ0."""
-    n, b, c = counts.n, counts.control_only, counts.candidate_only
-    if n == 0:
-        raise SpecError("paired", "0 questions; a paired comparison needs at least one")
-    numerator = c - b - n * delta0
-    q = _tango_loss_mle(n, b, c, delta0)
-    variance = n * (2.0 * q + delta0 * (1.0 - delta0))
-    if variance <= 0.0:
-        if numerator == 0:
-            return 0.0
-        return math.copysign(math.inf, numerator)
-    return numerator / math.sqrt(variance)
+    """Tango's score statistic T(Δ0); large positive values say Δ > Δ0 (`tango_statistics`)."""
+    counts._require_questions()
+    return float(tango_statistics(counts.n, counts.control_only, counts.candidate_only, delta0))
 
 
 def score_limit(counts: PairedCounts, z: float) -> float:
@@ -249,19 +240,19 @@ def noninferiority_p(counts: PairedCounts, margin: float) -> float:
     """One-sided p-value of Tango's score test of H0: Δ ≤ -margin."""
     from scipy.stats import norm
 
-    _check_margin(margin)
+    check_margin(margin)
     return float(norm.sf(tango_statistic(counts, -margin)))
 
 
 def lower_confidence_bound(counts: PairedCounts, confidence: float) -> float:
     """One-sided lower bound for Δ at `confidence` (the lower end of the 2c-1 Tango interval)."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return tango_interval(counts, 2.0 * confidence - 1.0)[0]
 
 
 def upper_confidence_bound(counts: PairedCounts, confidence: float) -> float:
     """One-sided upper bound for Δ at `confidence`."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     return tango_interval(counts, 2.0 * confidence - 1.0)[1]
 
 
@@ -307,8 +298,8 @@ def analyse_paired(
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> PairedAnalysis:
     """Fixed-n non-inferiority: pass iff the one-sided Tango bound at `confidence` exceeds -margin."""
-    _check_margin(margin)
-    _check_confidence(confidence)
+    check_margin(margin)
+    check_confidence(confidence)
     counts._require_questions()
     lower = lower_confidence_bound(counts, confidence)
     return PairedAnalysis(
@@ -334,16 +325,15 @@ def questions_needed(
     confidence: float = DEFAULT_CONFIDENCE,
     power: float = DEFAULT_POWER,
     true_difference: float = 0.0,
-    method: str = "score",
 ) -> int:
     """Paired questions for the one-sided NI test to reach `power` (Nam 1997 / Liu et al. 2002).
 
     `discordance` is ψ = P(win) + P(loss); `true_difference` is the assumed Δ (candidate - control).
-    `method` is "score" (Tango's test, the gate's) or "wald".
+    The test is Tango's score test, the gate's.
     """
-    _check_margin(margin)
-    _check_confidence(confidence)
-    _check_confidence(power, "power")
+    check_margin(margin)
+    check_confidence(confidence)
+    check_confidence(power, "power")
     if not 0.0 <= discordance <= 1.0:
         raise SpecError("discordance", f"{discordance!r} is not in [0, 1]")
     if abs(true_difference) > discordance:
@@ -358,16 +348,11 @@ def questions_needed(
     z_a, z_b = z_one_sided(confidence), z_one_sided(power)
     effect = true_difference + margin
     sigma1 = math.sqrt(max(0.0, discordance - true_difference**2))
-    if method == "wald":
-        sigma0 = sigma1
-    elif method == "score":
-        p_win = (discordance + true_difference) / 2.0
-        p_loss = (discordance - true_difference) / 2.0
-        delta0 = -margin
-        q = _tango_loss_mle(1.0, p_loss, p_win, delta0)
-        sigma0 = math.sqrt(max(0.0, 2.0 * q + delta0 * (1.0 - delta0)))
-    else:
-        raise SpecError("method", f"{method!r} is not 'score' or 'wald'")
+    p_win = (discordance + true_difference) / 2.0
+    p_loss = (discordance - true_difference) / 2.0
+    delta0 = -margin
+    q = _tango_loss_mle(1.0, p_loss, p_win, delta0)
+    sigma0 = math.sqrt(max(0.0, 2.0 * q + delta0 * (1.0 - delta0)))
     n = (z_a * sigma0 + z_b * sigma1) ** 2 / effect**2
     return max(1, math.ceil(n - 1e-9))
 
@@ -546,9 +531,9 @@ def _crossing(
 
 
 def tango_statistics(
-    n: np.ndarray, losses: np.ndarray, wins: np.ndarray, delta0: float
+    n: np.ndarray | int, losses: np.ndarray | int, wins: np.ndarray | int, delta0: float
 ) -> np.ndarray:
-    """Vectorised `tango_statistic` over arrays of (n, b, c), for simulations."""
+    """Tango's T(Δ0) over arrays of (n, b, c), for simulations (and for one table, above)."""
     import numpy as np
 
     n = np.asarray(n, dtype=float)

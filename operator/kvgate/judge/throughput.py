@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from kvgate.evidence.metrics import Histogram
-from kvgate.judge.gates import compare_clocks
+from kvgate.judge.gates import THROUGHPUT, compare_clocks
 from kvgate.judge.outputcheck import refusal
 from kvgate.reasons import Reason
 from kvgate.records.loadresult import (
@@ -35,8 +35,6 @@ from kvgate.records.loadresult import (
 from kvgate.records.status import ClocksRecord, GateResult, PoolSample, PreflightStatus
 from kvgate.spec.rollout import ThroughputGainGate
 from kvgate.vocabulary import PROMETHEUS_SOURCE, Outcome
-
-THROUGHPUT: Final = "throughputGain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +115,12 @@ def _per_arm(
 
 
 def preemption_clause(
-    control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int | None = None
+    control: ArmLoad, candidate: ArmLoad, labels: tuple[str, str], production: int
 ) -> str | None:
     """How often each engine preempted (or retracted) requests: the pool running out, seen
     from the engine's side. At production's load when both stages counted it, else over the
     whole load."""
-    at_c = control.at(production) if production is not None else None
-    at_k = candidate.at(production) if production is not None else None
+    at_c, at_k = control.at(production), candidate.at(production)
     if at_c is not None and at_k is not None:
         title = f"preemptions at {production} concurrent"
         found = _per_arm(title, at_c.preemptions, at_k.preemptions, labels, "")
@@ -320,7 +317,6 @@ def request_lengths(
     prompt: Histogram | None,
     output: Histogram | None,
     *,
-    min_requests: int = MIN_LENGTH_REQUESTS,
     source: str = FROM_PODS,
 ) -> RequestLengths:
     """Production's request lengths for the load Job, from its request-length histograms
@@ -343,10 +339,10 @@ def request_lengths(
     for name, histogram in (("prompt", prompt), ("output", output)):
         if histogram is None:
             return fallback(f"no {name}-length histogram")
-        if histogram.count < min_requests:
+        if histogram.count < MIN_LENGTH_REQUESTS:
             return fallback(
                 f"{histogram.count:g} requests in the {name}-length histogram, fewer than "
-                f"{min_requests}"
+                f"{MIN_LENGTH_REQUESTS}"
             )
     assert prompt is not None and output is not None
     prompt_mean = prompt.sum / prompt.count

@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvgate.judge.gates import ACCURACY, CAPACITY_GAIN
+from kvgate.judge.gates import ACCURACY, CAPACITY_GAIN, THROUGHPUT
 from kvgate.judge.verdict import Verdict, decide
 from kvgate.records.status import GateResult
 from kvgate.spec import margins
 
 if TYPE_CHECKING:
     from kvgate.spec.rollout import RolloutSpec
-
-THROUGHPUT = "throughputGain"  # kvgate.judge.throughput.THROUGHPUT (which sits a layer above)
 
 
 def both_sides(results: Sequence[GateResult]) -> str:

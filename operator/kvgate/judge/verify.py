@@ -18,34 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.evidence import poolsample
+from kvgate.records.status import PodCounters
 
 # Bounds: a regression must be clear, not noise. Each is the larger of a ratio and a floor.
 WAITING_RATIO, WAITING_FLOOR = 2.0, 8.0  # requests waiting
 TTFT_RATIO, TTFT_FLOOR_S = 2.0, 0.25  # mean time to first token, seconds
 MIN_TTFT_REQUESTS = 5  # fewer first tokens in an interval say nothing about latency
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True, slots=True)
-class PodCounters:
-    """One production pod's cumulative counters at one scrape (None: not exported)."""
-
-    ttft_sum: float | None = None
-    ttft_count: float | None = None
-
-    def to_dict(self) -> dict[str, float]:
-        out = {"ttftSum": self.ttft_sum, "ttftCount": self.ttft_count}
-        return {k: v for k, v in out.items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PodCounters:
-        return cls(
-            ttft_sum=_number(data.get("ttftSum")),
-            ttft_count=_number(data.get("ttftCount")),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +55,12 @@ def baseline_from_preflight(series: Mapping[str, Sequence[Mapping[str, Any]]]) -
     ttfts: list[float] = []
     for samples in series.values():
         rows = [poolsample.sample_of(s) for s in samples if isinstance(s, Mapping)]
-        waiting += [w for s in rows if (w := _number(s.waiting)) is not None]
+        waiting += [s.waiting for s in rows if s.waiting is not None]
         if len(rows) < 2:
             continue
         first, last = rows[0], rows[-1]
-        total = _delta(_number(first.ttft_sum), _number(last.ttft_sum))
-        count = _delta(_number(first.ttft_count), _number(last.ttft_count))
+        total = _delta(first.ttft_sum, last.ttft_sum)
+        count = _delta(first.ttft_count, last.ttft_count)
         if total is not None and count and count >= MIN_TTFT_REQUESTS:
             ttfts.append(total / count)
     return Baseline(

@@ -49,8 +49,6 @@ class StageResult:
     failures_by_label: tuple[tuple[str, int], ...]
     duration_s: float
     output_tokens_per_s: float
-    input_tokens_per_s: float
-    requests_per_s: float
     prompt_tokens_total: float
     output_tokens_total: float
     output_tokens_min: float | None  # None: no successful request
@@ -60,7 +58,6 @@ class StageResult:
     ttft_s: Percentiles | None
     tpot_s: Percentiles | None
     itl_s: Percentiles | None
-    request_latency_s: Percentiles | None
     goodput_percentage: float | None
     # The shortest and longest prompt as the engine counted them (its usage). None: no success.
     prompt_tokens_min: float | None = None
@@ -149,8 +146,6 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
         failures_by_label=by_label,
         duration_s=number("benchmark_time_seconds"),
         output_tokens_per_s=number("successes.throughput.output_tokens_per_sec"),
-        input_tokens_per_s=number("successes.throughput.input_tokens_per_sec"),
-        requests_per_s=number("successes.throughput.requests_per_sec"),
         prompt_tokens_total=number("successes.prompt_tokens.total"),
         output_tokens_total=number("successes.output_tokens.total"),
         output_tokens_min=output_min,
@@ -160,7 +155,6 @@ def parse_stage(text: str, stage: int, source: str | None = None) -> StageResult
         ttft_s=latency("successes.latency.time_to_first_token"),
         tpot_s=latency("successes.latency.time_per_output_token"),
         itl_s=latency("successes.latency.inter_token_latency"),
-        request_latency_s=latency("successes.latency.request_latency"),
         goodput_percentage=(
             number("successes.goodput_metrics.goodput_percentage")
             if isinstance(goodput, Mapping)

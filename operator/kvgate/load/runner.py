@@ -76,7 +76,6 @@ def run_load(
     *,
     timeout_s: float,
     inference_perf: Path | None = None,
-    env: Mapping[str, str] | None = None,
 ) -> LoadRun:
     """Write the config into `work_dir`, run the tool (offline) and judge every stage."""
     binary = inference_perf or default_inference_perf()
@@ -89,7 +88,7 @@ def run_load(
     config_path = work_dir / "inference-perf.yaml"
     config_path.write_text(yaml.safe_dump(inference_perf_config(plan), sort_keys=False))
     log_path = work_dir / INFERENCE_PERF_LOG
-    child_env = {**os.environ, **(env or {}), **OFFLINE}
+    child_env = {**os.environ, **OFFLINE}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [str(binary), "--config_file", str(config_path)],
