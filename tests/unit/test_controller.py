@@ -1036,10 +1036,62 @@ def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
     assert status["preflight"]["checkpoint"]["forcesFp8Kv"] == [
         "quantization_config.kv_cache_scheme is set: vLLM 0.26+ switches an auto KV cache to fp8"
     ]
+    # what the control stores: production's own dtype on this checkpoint, not `auto`'s
+    effective = status["preflight"]["checkpoint"]["effectiveControlFormat"]
+    assert effective == ("bfloat16" if pinned else "fp8")
     if not pinned:
         assert status["reason"] == "ControlRunsFP8"
         assert "the canary would compare FP8 with FP8" in status["message"]
         assert world.kube.get("Pod", "r-control") is None and "arms" not in status
+
+
+def forcing_fp8_checkpoint(tmp_path: Any) -> Path:
+    """A Qwen3-8B-shaped checkpoint whose kv_cache_scheme makes vLLM's `auto` store FP8."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(
+        {"model.embed_tokens.weight": np.ones((2, 2), np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
+    return Path(tmp_path)
+
+
+@pytest.mark.parametrize("stated", ["fp8", "fp8_e4m3", "bfloat16"])
+def test_a_stated_control_format_is_held_to_what_production_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, stated: str
+) -> None:
+    # GIVEN production on `auto` with a checkpoint that makes it store FP8, and a spec that
+    # states the control's format: FP8 (by either vLLM name), or 16-bit (wrong)
+    model = forcing_fp8_checkpoint(tmp_path)
+    kv_cache = {"format": "bfloat16", "control": {"format": stated}}  # FP8 back to BF16
+    world = World(monkeypatch, model={"name": str(model)}, kvCache=kv_cache)
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(model),)
+    )
+    world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    assert status["preflight"]["checkpoint"]["effectiveControlFormat"] == "fp8"
+    if stated == "bfloat16":  # THEN a wrong statement fails closed at preflight, naming the field
+        assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+        assert status["message"] == (
+            "spec.kvCache.control.format: 'bfloat16' is stated, but vllm runs fp8 "
+            "(--kv-cache-dtype auto on this checkpoint); state the format production runs, or auto"
+        )
+        assert world.kube.get("Pod", "r-control") is None and "arms" not in status
+        assert world.kube.container() == world.original
+    else:  # THEN a right one is the baseline: FP8 to another format goes on to the canaries
+        assert "Canary" in world.phases and status["reason"] != "ControlRunsFP8"
+        # the expected gain is counted from what the control stores (FP8), not from 16-bit (1.0)
+        gain = status["preflight"]["checkpoint"]["expectedCapacityGain"]
+        assert gain == pytest.approx(0.5)  # BF16 holds half the tokens FP8 does
 
 
 def test_a_checkpoint_whose_scales_cannot_scale_is_rolled_back_before_any_eval(

@@ -155,3 +155,28 @@ def test_every_format_with_scales_is_quantized() -> None:
     for format_ in kf.FORMATS.values():
         if format_.scale_mode in (kf.SCALES_CHECKPOINT, kf.SCALES_DYNAMIC):
             assert format_.quantized, format_
+
+
+@pytest.mark.parametrize(
+    ("engine", "stated", "runs", "same"),
+    [
+        ("vllm", "bfloat16", "auto", True),  # any two 16-bit names: the model dtype is not read
+        ("vllm", "float16", "bfloat16", True),
+        ("vllm", "fp8", "fp8_e4m3", True),  # vLLM's fp8 is its e4m3
+        ("vllm", "FP8_E4M3", "fp8", True),
+        ("vllm", "fp8_e5m2", "fp8", False),
+        ("vllm", "bfloat16", "fp8", False),
+        ("vllm", "fp8", "auto", False),
+        ("vllm", "int8_per_token_head", "fp8_per_token_head", False),
+        ("sglang", "fp8_e4m3", "fp8_e4m3", True),
+        ("sglang", "bf16", "auto", True),
+        ("sglang", "fp8_e4m3", "fp8_e5m2", False),
+        ("vllm", "fp8", "not-a-format", False),  # unknown to kvgate: only the same name matches
+        ("vllm", "odd", "odd", True),
+    ],
+)
+def test_a_stated_format_matches_only_the_storage_it_names(
+    engine: str, stated: str, runs: str, same: bool
+) -> None:
+    assert kf.same_storage(engine, stated, runs) is same
+    assert kf.same_storage(engine, runs, stated) is same

@@ -51,9 +51,10 @@ def test_a_policy_with_every_field() -> None:
     )
     policy = parsed.kv_cache
     assert parsed.kv_cache_dtype == "int8_per_token_head"
-    assert (policy.policy_class, policy.scale_mode) == (
+    assert (policy.policy_class, policy.scale_mode, policy.control_format) == (
         kvformats.PER_TOKEN_HEAD,
         kvformats.SCALES_DYNAMIC,
+        "bfloat16",
     )
     container = {"name": "engine", "command": ["vllm", "serve"], "args": ["Qwen/Qwen3-8B"]}
     args = candidate_container(parsed, container)["args"]

@@ -1389,6 +1389,23 @@ def test_the_control_runs_fp8_only_under_auto_with_a_forcing_checkpoint() -> Non
     assert machine.control_runs_fp8([], "auto", "vllm") is None
 
 
+def test_a_stated_control_format_must_be_what_production_runs() -> None:
+    # auto states nothing; a stated format production runs (by any of its names) passes
+    assert machine.control_mismatch("auto", "fp8", "auto", "vllm", "d") is None
+    assert machine.control_mismatch("fp8_e4m3", "fp8", "auto", "vllm", "d") is None
+    assert machine.control_mismatch("bfloat16", "auto", "auto", "vllm", "d") is None
+    # production's auto stores FP8 on this checkpoint: a stated bfloat16 is refused, saying why
+    got = machine.control_mismatch("bfloat16", "fp8", "auto", "vllm", "d")
+    assert got == (
+        "spec.kvCache.control.format: 'bfloat16' is stated, but d runs fp8 "
+        "(--kv-cache-dtype auto on this checkpoint); state the format production runs, or auto"
+    )
+    got = machine.control_mismatch("fp8", "bfloat16", "bfloat16", "vllm", "d")
+    assert got is not None and "d runs bfloat16 (--kv-cache-dtype bfloat16);" in got
+    ended = step(Phase.PREFLIGHT, Observation(control_mismatch=got))
+    assert (ended.phase, ended.reason, ended.message) == (Phase.FAILED, Reason.INVALID_SPEC, got)
+
+
 def test_sglang_dtype_is_checked_against_server_info() -> None:
     sg = {**scan(dtype="fp8_e4m3", tokens=200_000), "engine": "sglang"}
     control = {**scan(dtype="auto"), "engine": "sglang"}

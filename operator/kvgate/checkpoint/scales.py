@@ -125,14 +125,14 @@ class ScaleReport:
     def broken_layers(self) -> tuple[int, ...]:
         return tuple(sorted({layer for layer, _ in self.broken}))
 
-    def effective_kv_format(self, requested: str) -> str:
-        """What vLLM stores when started with `--kv-cache-dtype requested` on this
+    def effective_kv_format(self, requested: str, engine: str = "vllm") -> str:
+        """What `engine` stores when started with `--kv-cache-dtype requested` on this
         checkpoint: `auto` becomes FP8 when the checkpoint forces it (`forces_fp8_kv`;
         measured on vLLM 0.32 CPU: a `kv_cache_scheme` checkpoint on auto sized 8,192 tokens,
         the FP8 pool, while its config line said auto, tests/data/real-engine/README.md)."""
         if requested.lower() != "auto" or not self.forces_fp8_kv:
             return requested
-        return "fp8" if self.kv_cache_scheme else "fp8_e4m3"
+        return "fp8" if self.kv_cache_scheme and engine.lower() != "sglang" else "fp8_e4m3"
 
     @property
     def present(self) -> bool | None:

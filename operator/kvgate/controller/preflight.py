@@ -30,6 +30,7 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     gate = ctx.spec.capacity
     pre = ctx.so_far.preflight or PreflightStatus()
     found = NOTHING
+    production = sources.production_kv_dtype(seen.container)
     if pre.checkpoint is None:
         checkpoint = read_record(CheckpointRecord, sources.scan_checkpoint(
             ctx.so_far.model,
@@ -41,6 +42,8 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
             namespace=ctx.namespace,
             kv_cache_dtype=ctx.spec.kv_cache_dtype,
             skip_layers=ctx.spec.kv_cache.skip_layers,
+            control_kv_dtype=production,
+            engine=ctx.so_far.engine or "vllm",
         ))  # fmt: skip
         notes = guidance.for_rollout(ctx.spec, ctx.so_far.engine, checkpoint)
         pre = dataclasses.replace(
@@ -52,12 +55,18 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     problem = pre.checkpoint.skip_layers_problem if pre.checkpoint is not None else None
     if problem:  # the skip list names a layer this model does not have: fail before any canary
         return Observation(skip_layers_problem=problem), found
+    stated = ctx.spec.kv_cache.control_format
+    runs = (pre.checkpoint.effective_control_format if pre.checkpoint else None) or production
+    mismatch = machine.control_mismatch(
+        stated, runs, production, ctx.so_far.engine or "vllm", ctx.spec.target.name
+    )
+    if mismatch:
+        return Observation(control_mismatch=mismatch), found
     reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
+    # A stated control that matched is the rollout's own baseline: FP8 to another format is asked.
     forced = (
-        machine.control_runs_fp8(
-            list(reasons), sources.production_kv_dtype(seen.container), ctx.spec.target.name
-        )
-        if reasons
+        machine.control_runs_fp8(list(reasons), production, ctx.spec.target.name)
+        if reasons and stated == "auto"
         else None
     )
     if gate.mode is GateMode.OFF or forced:

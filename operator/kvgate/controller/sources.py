@@ -185,11 +185,15 @@ def scan_checkpoint(
     namespace: str,
     kv_cache_dtype: str = "fp8",
     skip_layers: Sequence[str] = (),
+    control_kv_dtype: str = "auto",
+    engine: str = "vllm",
 ) -> dict[str, Any]:
     """KV scales and capacity math from the checkpoint headers; any failure is a finding. A skip
     list naming a layer the model does not have is `skipLayersProblem` (vLLM would start and skip
     nothing for it); head_dim and the sliding-window layers are kept for
-    `kvgate.checkpoint.advice`. `token_secret`: already allowed by the operator (or None)."""
+    `kvgate.checkpoint.advice`. `token_secret`: already allowed by the operator (or None).
+    `control_kv_dtype`: the --kv-cache-dtype production runs; what it stores on this checkpoint
+    is `effectiveControlFormat`, and the expected gain is counted from it."""
     from kvgate.adapters import hub
 
     if not model:
@@ -213,6 +217,7 @@ def scan_checkpoint(
             else hub.read_hub_checkpoint(model, revision=revision, token=token)
         )
         layout, scales = headers.analyse()
+        control = scales.effective_kv_format(control_kv_dtype, engine)
     except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
         # Say what failed, never what was sent: transport errors can quote headers.
         return {"present": None, "finding": redact.scrub_text(f"{type(exc).__name__}: {exc}")[:500]}
@@ -222,14 +227,14 @@ def scan_checkpoint(
         "present": scales.present,
         "coverage": scales.coverage,
         "forcesFp8Kv": list(scales.forces_fp8_kv),
-        "expectedCapacityGain": _capacity_gain(layout, kv_cache_dtype, skip_layers),
+        "expectedCapacityGain": _capacity_gain(layout, control, kv_cache_dtype, skip_layers),
         "skipLayersProblem": _skip_layers_problem(layout, kv_cache_dtype, skip_layers),
         "headDim": layout.head_dim,
         "kvLayers": layout.kv_layers,
         "slidingWindowLayers": layout.sliding_window_layers,
         "kvBytesPerToken": {d: layout.bytes_per_token(d) for d in ("bf16", "fp8")},
         "brokenScales": _capped(scales.to_dict()["values"]["broken"]),
-        "effectiveControlFormat": scales.effective_kv_format("auto"),
+        "effectiveControlFormat": control,
     }
 
 
@@ -245,13 +250,14 @@ def _capped(broken: list[str]) -> list[str]:
 
 
 def _capacity_gain(
-    layout: Any, kv_cache_dtype: str, skip_layers: Sequence[str] = ()
+    layout: Any, control: str, kv_cache_dtype: str, skip_layers: Sequence[str] = ()
 ) -> float | None:
-    """The candidate format's tokens per BF16 token (kvgate.checkpoint.formats); None if unsized."""
+    """The candidate format's tokens per token of the control's (kvgate.checkpoint.formats);
+    None if unsized."""
     from kvgate.checkpoint.formats import expected_capacity_gain
 
     try:
-        return expected_capacity_gain(layout, "auto", kv_cache_dtype, skip_layers=skip_layers)
+        return expected_capacity_gain(layout, control, kv_cache_dtype, skip_layers=skip_layers)
     except KvgateError:
         return None
 

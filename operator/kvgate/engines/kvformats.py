@@ -254,6 +254,21 @@ def lookup(engine: str, name: str) -> KVFormat:
     return found
 
 
+# vLLM's `fp8` is its e4m3 on CUDA (the format's note above): two names, one storage.
+_SAME_NAME: Final = {(VLLM, "fp8"): "fp8_e4m3"}
+
+
+def same_storage(engine: str, stated: str, runs: str) -> bool:
+    """Whether a stated format and the one `engine` runs keep the KV cache alike: any two of
+    its 16-bit names (the model's own dtype is not read here), or one format by two names."""
+    engine = engine.lower()
+    a, b = (FORMATS.get((engine, n.lower())) for n in (stated, runs))
+    if a is not None and b is not None and not a.quantized and not b.quantized:
+        return True
+    names = (_SAME_NAME.get((engine, n.lower()), n.lower()) for n in (stated, runs))
+    return len(set(names)) == 1
+
+
 def reads_checkpoint_scales(engine: str | None, name: str) -> bool:
     """Whether `engine`'s format `name` scales by the checkpoint's k/v scales; an engine or
     format not known here: assumed to, so that broken scales fail closed."""

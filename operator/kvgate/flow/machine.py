@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Final
 
+from kvgate.engines import kvformats
 from kvgate.evidence import kubeobjects
 from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.flow import deadlines, promoting, proposing, steps, superseding
@@ -204,9 +205,27 @@ def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str)
     )
 
 
+def control_mismatch(
+    stated: str, runs: str, production_dtype: str, engine: str, target: str
+) -> str | None:
+    """Why the control format the spec states is not the one production runs (`runs`: what
+    production's --kv-cache-dtype stores on this checkpoint); None when it is, or under `auto`."""
+    if stated.lower() == "auto" or kvformats.same_storage(engine, stated, runs):
+        return None
+    how = f"--kv-cache-dtype {production_dtype}" + (
+        " on this checkpoint" * (runs != production_dtype)
+    )
+    return (
+        f"spec.kvCache.control.format: '{stated}' is stated, but {target} runs {runs} ({how}); "
+        "state the format production runs, or auto"
+    )
+
+
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if obs.skip_layers_problem:  # known once the model's config is read: still the spec's fault
         return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.skip_layers_problem)
+    if obs.control_mismatch:  # production runs another format than the spec says: fail closed
+        return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.control_mismatch)
     if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
         return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, obs.control_forced_fp8)
     gate = spec.capacity

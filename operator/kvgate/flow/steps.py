@@ -158,6 +158,7 @@ class Observation:
     checkpoint_has_scales: bool | None = None
     broken_scales: tuple[str, ...] = ()  # k/v scales in the checkpoint that cannot scale
     control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
+    control_mismatch: str | None = None  # why production does not run the stated control format
     skip_layers_problem: str | None = None  # spec.kvCache.skipLayers names no layer of the model
     # Canary
     control: PodHealth | None = None

@@ -6,7 +6,9 @@
       skipLayers: ["0", "5", "sliding_window"]  # vLLM --kv-cache-dtype-skip-layers, any number
       scaleMode: dynamic-per-token-head     # optional; must be the format's own (kvgate.engines.kvformats)
       control:
-        format: auto                  # what the control runs; `auto` is read from the checkpoint
+        format: auto                  # what production (the control) runs: `auto` reads it from
+                                      # the container and the checkpoint; a name states it, and
+                                      # preflight fails the rollout when production runs another
 
 `spec.kvCacheDtype` (v1alpha1) is one documented alias of `kvCache.format`: alone it means
 `kvCache: {format: <it>}`. Beside `kvCache`, it must name the same format or be the CRD's
@@ -44,13 +46,15 @@ _STATABLE: Final = {
 
 @dataclass(frozen=True, slots=True)
 class KVCachePolicy:
-    """The candidate's KV format and how it is run."""
+    """The candidate's KV format and how it is run; `control_format` what the spec states
+    production (the control arm) runs, `auto` when it states nothing."""
 
     format: str = LEGACY_DEFAULT
     policy_class: str = kvformats.FP8
     scale_mode: str = kvformats.SCALES_CHECKPOINT
     skip_layers: tuple[str, ...] = ()
     engine_version: str | None = None
+    control_format: str = "auto"
 
     def candidate_args(self) -> tuple[str, ...]:
         """Flags beside --kv-cache-dtype the candidate needs: vLLM's skip list as one flag and
@@ -110,14 +114,16 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
             )
         else:
             mode = stated
-    control = k.section("control")  # checked: a format the engine has; `auto` by default
-    _lookup(control, "format", control.string("format") or "auto", engines)
+    control = k.section("control")
+    control_format = control.string("format") or "auto"
+    _lookup(control, "format", control_format, engines)
     return KVCachePolicy(
         format=name,
         policy_class=fmt.policy_class if fmt else kvformats.FP8,
         scale_mode=mode,
         skip_layers=skip,
         engine_version=version,
+        control_format=control_format,
     )
 
 
