@@ -459,3 +459,17 @@ def test_the_eval_progress_line_reads_typed_and_is_written_back_as_the_job_wrote
     for raw in ({}, {"look": "2", "questions": 200}, {"look": 2}, "look 2"):
         read = RolloutStatus.from_dict({"eval": {"progress": raw}})
         assert read.eval is not None and read.eval.look_progress is None
+
+
+def test_the_paired_counts_the_eval_job_writes_are_read_into_named_fields() -> None:
+    # the Job writes PairedCounts.to_dict(): `both` and `neither` are fields of the record, not
+    # open keys beside fields no release wrote (bothRight/bothWrong, declared until 2026-12-07)
+    from kvgate.judge.stats import PairedCounts
+    from kvgate.records.codec import read_record, write
+    from kvgate.records.evalsummary import PairedRecord
+
+    job = PairedCounts(both=400, control_only=10, candidate_only=12, neither=78).to_dict()
+    kept = read_record(PairedRecord, job)
+    assert (kept.both, kept.control_only, kept.candidate_only, kept.neither) == (400, 10, 12, 78)
+    assert kept.more == {}
+    assert write(kept) == {"controlOnly": 10, "candidateOnly": 12, "both": 400, "neither": 78}

@@ -60,8 +60,8 @@ class PairedRecord:
     mcnemar_p: float | None = None
     control_only: int | None = None
     candidate_only: int | None = None
-    both_right: int | None = None
-    both_wrong: int | None = None
+    both: int | None = None  # both arms right (the Job's key)
+    neither: int | None = None  # both arms wrong
     lower_bound: float | None = None
     upper_bound: float | None = None
     more: Mapping[str, JsonValue] = _key(default={}, rest=True, doc=_JOB_KEYS)  # notes
