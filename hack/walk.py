@@ -8,7 +8,8 @@ The data starts as one parameter of the entry function. Inside a function, a nam
 an expression that mentions the data carries it too (`ctx = Ctx(body=body)` makes `ctx` data).
 A call that passes the data (an argument mentioning a data name) hands it to the callee's
 matching parameters when the callee is a kvgate function the call resolves to statically: a
-function of the same module, a name imported from a kvgate module, `module.function` through an
+function of the same module, a name imported from a kvgate module (at the top, under
+TYPE_CHECKING or inside a function: each counts as the module's), `module.function` through an
 imported kvgate module, `self.method` / `Class.method`, or a method of a value whose kvgate class
 the annotations tell (`spec.target.name_of(body)`, `ctx.kube.read_job(...)`): a parameter's or a
 variable's annotation, a dataclass field's or a property's (`ctx.spec` where `Ctx.spec:
@@ -102,7 +103,10 @@ def load(source_root: Path) -> dict[str, Module]:
                         static = "staticmethod" in _decorators(item)
                         params = _params(item) if static else _params(item)[1:]
                         mod.functions[q] = Function(name, q, item, params)
-            elif isinstance(node, ast.ImportFrom):
+        # Imports under `if TYPE_CHECKING:` and inside functions name kvgate modules too: an
+        # annotation or a deferred call resolves through them as through a top-level import.
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     pkg = package.split(".")
@@ -112,11 +116,11 @@ def load(source_root: Path) -> dict[str, Module]:
                     continue
                 for alias in node.names:
                     local = alias.asname or alias.name
-                    mod.imports[local] = ("attr", base, alias.name)
+                    mod.imports.setdefault(local, ("attr", base, alias.name))
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("kvgate"):
-                        mod.imports[alias.asname or alias.name] = ("module", alias.name)
+                        mod.imports.setdefault(alias.asname or alias.name, ("module", alias.name))
         modules[name] = mod
     return modules
 

@@ -28,6 +28,7 @@ from kvgate.evidence.metrics import parse_metrics
 from kvgate.evidence.pool import pool_pressure
 from kvgate.judge.gates import assess_speed
 from kvgate.judge.throughput import RequestLengths, production_lengths
+from kvgate.records.codec import write
 from kvgate.records.status import ClocksRecord, RolloutStatus
 from kvgate.spec.rollout import SpeedGate
 from kvgate.vocabulary import Outcome
@@ -109,11 +110,13 @@ def test_request_lengths_from_prometheus_match_a_direct_scrape(
             prom.url, engine, {"prod-0": production.host}, window_s=2, step_s=1, now=time.time()
         )["prod-0"]
     scraped = parse_metrics(httpx.get(production.url + "/metrics").text, engine)
-    samples = [pool_record(s) for s in history]
+    samples = [write(pool_record(s)) for s in history]
     via_prometheus = _stored_lengths(
         {"preflight": {"source": "prometheus", "samples": {"prod-0": samples}}}
     )
-    via_scrape = _stored_lengths({"preflight": {"samples": {"prod-0": [pool_record(scraped)]}}})
+    via_scrape = _stored_lengths(
+        {"preflight": {"samples": {"prod-0": [write(pool_record(scraped))]}}}
+    )
     # THEN both give the load the means of what was sent (1,083.67 and 111 tokens)
     assert history and history[-1].prompt_lengths is not None
     assert history[-1].names["prompt_lengths"] == scraped.names["prompt_lengths"]

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvgate.adapters.http import scrape_snapshot
 from kvgate.controller.sources import sample_pool, scrape_pod
 from kvgate.judge.throughput import RequestLengths, production_lengths, request_lengths
-from kvgate.records.status import RolloutStatus
+from kvgate.records.codec import write
+from kvgate.records.status import PoolSample, RolloutStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -174,11 +175,12 @@ def test_kvgate_derives_the_lengths_sent_from_a_live_sim(sim, name, args, env) -
     assert 0 < lengths.prompt_std_tokens < lengths.prompt_tokens
     # and the operator's preflight path (a pool sample in status, then the load's lengths)
     # gives the same means
-    series: dict[str, list[dict[str, object]]] = {}
+    series: dict[str, list[PoolSample]] = {}
     assert sample_pool({"prod-0": engine.host}, series, lambda _: scrape_pod(
         engine.url + "/metrics", name, 10.0
     )) == []  # fmt: skip
-    stored = _stored_lengths({"preflight": {"samples": series}})
+    kept = {pod: [write(s) for s in samples] for pod, samples in series.items()}
+    stored = _stored_lengths({"preflight": {"samples": kept}})
     assert (stored.prompt_tokens, stored.output_tokens, stored.derived) == (1084, 111, True)
 
 

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from test_crd_status_schema import assert_kept
 
-from kvgate.controller.sources import pool_verdict
 from kvgate.evidence import poolsample
 from kvgate.evidence.metrics import Histogram, MetricSnapshot
 from kvgate.evidence.pool import pool_pressure
 from kvgate.judge.verify import baseline_from_preflight
-from kvgate.records.codec import write
+from kvgate.records.codec import read_record, write
+from kvgate.records.status import PoolSample, PreflightStatus
 
 
 def scrape(engine: str = "sglang", **values: Any) -> MetricSnapshot:
@@ -25,6 +25,14 @@ def scrape(engine: str = "sglang", **values: Any) -> MetricSnapshot:
     return MetricSnapshot(**{**base, **values})
 
 
+def read_back(*kept: object) -> tuple[PoolSample, ...]:
+    """Kept samples as the operator reads them back: with the status (`records.codec`)."""
+    samples: tuple[PoolSample, ...] = read_record(
+        PreflightStatus, {"samples": {"a": list(kept)}}
+    ).samples["a"]
+    return samples
+
+
 def test_a_scrape_is_kept_camel_case_whole_floats_as_ints_and_nulls_left_out() -> None:
     snap = scrape(
         retracted=2.0,
@@ -32,7 +40,7 @@ def test_a_scrape_is_kept_camel_case_whole_floats_as_ints_and_nulls_left_out() -
         prompt_lengths=Histogram((), 80_000.0, 40.0),
         output_lengths=Histogram((), 16_000.0, 40.0),
     )
-    kept = poolsample.record(snap)
+    kept = write(poolsample.record(snap))
     assert kept == {
         "engine": "sglang", "kvUsage": 0.95, "running": 12, "waiting": 3, "retracted": 2,
         "ttftSum": 6.5, "ttftCount": 40, "promptLenSum": 80_000, "promptLenCount": 40,
@@ -44,18 +52,24 @@ def test_a_scrape_is_kept_camel_case_whole_floats_as_ints_and_nulls_left_out() -
 
 
 def test_either_spelling_reads_back_the_same() -> None:
-    camel = poolsample.record(scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0)))
+    camel = write(poolsample.record(scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0))))
     snake = {"engine": "sglang", "kv_usage": 0.95, "running": 12, "waiting": 3, "retracted": 2,
              "ttft_sum": 6.5, "ttft_count": 40}  # fmt: skip
-    assert poolsample.sample_of(camel) == poolsample.sample_of(snake)
-    assert poolsample.snapshot_of(camel) == poolsample.snapshot_of(snake)
+    assert read_back(camel) == read_back(snake)
+    assert read_back(camel)[0] == poolsample.record(
+        scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0))
+    )
+    assert poolsample.snapshot_of(read_back(camel)[0]) == poolsample.snapshot_of(
+        read_back(snake)[0]
+    )
 
 
 @pytest.mark.parametrize("hostile", [None, 7, "x", [1], {"kvUsage": "high"}, {"waiting": True}])
 def test_anything_unreadable_reads_as_unknown(hostile: object) -> None:
-    sample = poolsample.sample_of(hostile)
-    assert sample.kv_usage is None and sample.waiting is None
-    assert poolsample.snapshot_of(hostile).kv_usage is None
+    kept = read_back(hostile)  # an entry that is no object is dropped; a junk field is None
+    assert len(kept) <= 1 and all(s.kv_usage is None and s.waiting is None for s in kept)
+    assert all(poolsample.snapshot_of(s).kv_usage is None for s in kept)
+    assert poolsample.pool_verdict({"a": list(kept)}, 0.9)[0] is None  # unknown, never a verdict
 
 
 def test_retractions_kept_between_scrapes_still_count_as_pressure() -> None:
@@ -65,7 +79,7 @@ def test_retractions_kept_between_scrapes_still_count_as_pressure() -> None:
     rebuilt = [poolsample.snapshot_of(k) for k in kept]
     assert pool_pressure(rebuilt).to_dict() == pool_pressure(snaps).to_dict()
     assert pool_pressure(rebuilt).pressured is True
-    pressured, _detail, by_pod = pool_verdict({"prod-0": kept}, 0.9)
+    pressured, _detail, by_pod = poolsample.pool_verdict({"prod-0": kept}, 0.9)
     assert pressured is True
     assert by_pod["prod-0"].pressured_samples == 3 and by_pod["prod-0"].max_usage == 0.5
     kept_pressure = write(by_pod)
@@ -79,8 +93,9 @@ def test_the_verify_baseline_reads_kept_samples_of_either_spelling() -> None:
         poolsample.record(scrape(engine="vllm", waiting=w, ttft=Histogram((), t, n)))
         for w, t, n in ((3.0, 1.0, 10.0), (7.0, 3.0, 20.0))
     ]
-    snake = [{"waiting": 3, "ttft_sum": 1.0, "ttft_count": 10},
-             {"waiting": 7, "ttft_sum": 3.0, "ttft_count": 20}]  # fmt: skip
+    snake = read_back({"waiting": 3, "ttft_sum": 1.0, "ttft_count": 10},
+                      {"waiting": 7, "ttft_sum": 3.0, "ttft_count": 20})  # fmt: skip
+    assert read_back(*map(write, camel)) == tuple(camel)  # kept and read back unchanged
     assert baseline_from_preflight({"a": camel}) == baseline_from_preflight({"a": snake})
     assert baseline_from_preflight({"a": camel}).waiting == 7
     assert baseline_from_preflight({"a": camel}).ttft_s == pytest.approx(0.2)
@@ -100,7 +115,7 @@ def test_a_record_filled_from_a_result_names_every_field_or_fails() -> None:
         record_of(PressureRecord, Renamed())
     # every field the status record has is filled, none left at its default by omission
     snap = scrape(retracted=2.0, ttft=Histogram((), 6.5, 40.0))
-    assert poolsample.sample_of(poolsample.record(snap)).retracted == 2
+    assert read_back(write(poolsample.record(snap)))[0].retracted == 2
     pressure = pool_pressure([snap, snap, snap])
     kept = read_record(PressureRecord, write(pressure.status_record()))
     for name, value in pressure.to_dict().items():

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from kvgate.judge.verify import Baseline, baseline_from_preflight, regressions
+from kvgate.judge.verify import Baseline, regressions
+from kvgate.judge.verify import baseline_from_preflight as baseline_of_kept
 from kvgate.records.codec import read_record, write
-from kvgate.records.status import PodCounters
+from kvgate.records.status import PodCounters, PreflightStatus
 
 NONE: dict[str, PodCounters] = {}
+
+
+def baseline_from_preflight(series: dict[str, list[dict[str, Any]]]) -> Baseline:
+    """The baseline of samples as status keeps them, read back as the operator reads them."""
+    return baseline_of_kept(read_record(PreflightStatus, {"samples": series}).samples)
 
 
 def test_the_queue_is_judged_against_the_worst_preflight_queue() -> None:

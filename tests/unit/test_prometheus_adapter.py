@@ -28,7 +28,8 @@ from kvgate.errors import PrometheusError
 from kvgate.evidence.metrics import parse_metrics
 from kvgate.evidence.pool import pool_pressure
 from kvgate.judge.throughput import RequestLengths, production_lengths
-from kvgate.records.status import RolloutStatus
+from kvgate.records.codec import write
+from kvgate.records.status import PoolSample, RolloutStatus
 
 FUZZ = settings(
     max_examples=150,
@@ -324,16 +325,19 @@ def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
             assert snap.names[concept] == scraped.names[concept]
     assert snap.prompt_lengths is not None and snap.prompt_lengths.count == 40
     # and status keeps the same record of both, so the load Job runs the same lengths
-    assert _lengths_record(pool_record(history[-1])) == _lengths_record(pool_record(scraped))
+    kept = _lengths_record(pool_record(history[-1]))
+    assert kept == _lengths_record(pool_record(scraped)) and len(kept) == 4
     via_prometheus = _stored_lengths(
         {
             "preflight": {
                 "source": "prometheus",
-                "samples": {"web-0": [pool_record(s) for s in history]},
+                "samples": {"web-0": [write(pool_record(s)) for s in history]},
             }
         }
     )
-    via_scrapes = _stored_lengths({"preflight": {"samples": {"web-0": [pool_record(scraped)]}}})
+    via_scrapes = _stored_lengths(
+        {"preflight": {"samples": {"web-0": [write(pool_record(scraped))]}}}
+    )
     assert _shape(via_prometheus) == _shape(via_scrapes) == (1800, 400, 0, True)
     # each saying where the lengths were read
     assert via_prometheus.message.startswith(
@@ -344,8 +348,10 @@ def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
     )
 
 
-def _lengths_record(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if "_len_" in k}
+def _lengths_record(sample: PoolSample) -> dict[str, Any]:
+    """The request-length totals a kept sample holds (those it has)."""
+    fields = ("prompt_len_sum", "prompt_len_count", "output_len_sum", "output_len_count")
+    return {k: v for k in fields if (v := getattr(sample, k)) is not None}
 
 
 def _shape(lengths: RequestLengths) -> tuple[int, int, int, bool]:
@@ -374,7 +380,7 @@ def test_a_pod_without_length_series_in_prometheus_runs_the_fixed_lengths_saying
     records = [pool_record(s) for s in history]
     assert not any(_lengths_record(r) for r in records)
     lengths = _stored_lengths(
-        {"preflight": {"source": "prometheus", "samples": {"web-0": records}}}
+        {"preflight": {"source": "prometheus", "samples": {"web-0": [write(r) for r in records]}}}
     )
     assert not lengths.derived
     assert lengths.message == (

@@ -71,7 +71,7 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     )
     if gate.mode is GateMode.OFF or forced:
         return Observation(control_forced_fp8=forced), found
-    series = poolsample.kept_series(pre)
+    series = {pod: list(v) for pod, v in pre.samples.items()}  # this round extends a copy
     ticks = pre.ticks or 0
     due = seen.production is not None  # `look` read production's pods: a round is due
     errors: list[str] = []
@@ -96,14 +96,14 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     # The last round's errors stay until the next round (the verdict names them).
     pre = dataclasses.replace(
         pre,
-        samples={pod: tuple(map(poolsample.sample_of, v)) for pod, v in series.items()},
+        samples={pod: tuple(v) for pod, v in series.items()},
         ticks=ticks,
         errors=tuple(errors[-3:]) if due else pre.errors,
     )
     pressured: bool | None = None
     detail = "; ".join(errors) or f"{ticks} of {gate.samples} samples"
     if ticks >= gate.samples or elapsed_s >= gate.sampling_deadline_s:
-        pressured, detail, per_pod = sources.pool_verdict(series, gate.usage_threshold)
+        pressured, detail, per_pod = poolsample.pool_verdict(series, gate.usage_threshold)
         if pressured is None and pre.errors:
             detail = f"{detail}; last error: {pre.errors[-1]}"
         # `pressure` is the deciding replica's figures (what the report shows); all are kept.

@@ -13,7 +13,7 @@ from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import ProductionPod, Seen
 from kvgate.errors import ExternalError, InputError
-from kvgate.evidence import kubeobjects, poolsample
+from kvgate.evidence import kubeobjects
 from kvgate.flow.steps import Observation
 from kvgate.judge import verify as production
 from kvgate.records.codec import whole
@@ -141,6 +141,4 @@ def pod_counters(snap: MetricSnapshot) -> PodCounters:
 
 def production_baseline(ctx: Ctx) -> production.Baseline:
     """Production's worst figures over the preflight window."""
-    return production.baseline_from_preflight(
-        poolsample.kept_series(ctx.so_far.preflight or PreflightStatus())
-    )
+    return production.baseline_from_preflight((ctx.so_far.preflight or PreflightStatus()).samples)

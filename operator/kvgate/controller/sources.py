@@ -20,7 +20,7 @@ from kvgate.records.status import (
     CacheTruth,
     ClocksRecord,
     HistogramTotals,
-    PressureRecord,
+    PoolSample,
     RolloutStatus,
     ScanRecord,
 )
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from kvgate.evidence.metrics import MetricSnapshot
     from kvgate.spec.rollout import CapacityGate, RolloutSpec, SecretKeyRef
 
-Series = dict[str, list[dict[str, Any]]]
+Series = dict[str, list[PoolSample]]  # kept pool samples per production pod
 
 
 def canary_port(status: RolloutStatus) -> int:
@@ -275,7 +275,7 @@ def _skip_layers_problem(
     return None
 
 
-def pool_record(snap: MetricSnapshot) -> dict[str, Any]:
+def pool_record(snap: MetricSnapshot) -> PoolSample:
     """What status keeps of one pool sample (`poolsample.record`)."""
     from kvgate.evidence import poolsample
 
@@ -328,21 +328,6 @@ def sample_pool(
             continue
         series.setdefault(name, []).append(pool_record(snap))
     return errors
-
-
-def pool_verdict(
-    series: Mapping[str, list[dict[str, Any]]], usage_threshold: float
-) -> tuple[bool | None, str, dict[str, PressureRecord]]:
-    """The pool verdict over the samples kept in status."""
-    from kvgate.evidence import pool, poolsample
-
-    snapshots = {
-        pod: [poolsample.snapshot_of(s) for s in samples] for pod, samples in series.items()
-    }
-    pressured, detail, results = pool.pool_pressure_across_replicas(
-        snapshots, usage_threshold=usage_threshold
-    )
-    return pressured, detail, {pod: r.status_record() for pod, r in results.items()}
 
 
 def pod_logs(

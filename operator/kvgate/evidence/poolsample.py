@@ -2,27 +2,29 @@
 
 A scrape is kept as a `status.PoolSample` (camelCase, nulls left out, whole floats as ints as the
 apiserver stores them): the pool fields pool pressure reads, the TTFT totals (the verify window's
-baseline) and the request-length totals (the load Job's workload). Reading is total and takes
-either spelling, so a status an earlier release wrote (snake_case) reads the same.
+baseline) and the request-length totals (the load Job's workload). The preflight keeps them
+typed between scrapes; they are read back with the status (`records.codec`, total, either
+spelling: a status an earlier release wrote in snake_case reads the same).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from kvgate.evidence import metrics
-from kvgate.records.codec import read_record, record_of, whole, write
-from kvgate.records.status import PoolSample, PreflightStatus
+from kvgate.evidence import metrics, pool
+from kvgate.records.codec import record_of, whole
+from kvgate.records.status import PoolSample, PreflightStatus, PressureRecord
 from kvgate.records.timestamps import parse_time
 from kvgate.spec.rollout import CapacityGate
 from kvgate.vocabulary import GateMode
 
 
-def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
-    """The status record of one scrape."""
+def record(snap: metrics.MetricSnapshot) -> PoolSample:
+    """The status record of one scrape (whole floats as ints, as the apiserver stores them)."""
     ttft, prompt, output = snap.ttft, snap.prompt_lengths, snap.output_lengths
-    sample = record_of(
+    sample: PoolSample = record_of(
         PoolSample,
         snap,
         ttft_sum=None if ttft is None else ttft.sum,
@@ -32,12 +34,9 @@ def record(snap: metrics.MetricSnapshot) -> dict[str, Any]:
         output_len_sum=None if output is None else output.sum,
         output_len_count=None if output is None else output.count,
     )
-    return write_sample(sample)
-
-
-def write_sample(sample: PoolSample) -> dict[str, Any]:
-    """A sample as status keeps it (whole floats as ints, as the apiserver stores them)."""
-    return {k: whole(v) for k, v in write(sample).items()}
+    return dataclasses.replace(
+        sample, **{f.name: whole(getattr(sample, f.name)) for f in dataclasses.fields(sample)}
+    )
 
 
 def round_due(gate: CapacityGate, pre: PreflightStatus, now: dt.datetime) -> bool:
@@ -49,21 +48,19 @@ def round_due(gate: CapacityGate, pre: PreflightStatus, now: dt.datetime) -> boo
     return last is None or (now - last).total_seconds() >= gate.interval_s * 0.9
 
 
-def kept_series(pre: PreflightStatus) -> dict[str, list[dict[str, Any]]]:
-    """The preflight's kept samples per pod, as status keeps them (what the pool sources read
-    and extend, and the verify baseline reads)."""
-    return {pod: [write_sample(s) for s in v] for pod, v in pre.samples.items()}
-
-
-def sample_of(raw: object) -> PoolSample:
-    """A kept sample, read whatever its spelling; anything unreadable reads as empty."""
-    sample: PoolSample = read_record(PoolSample, raw)
-    return sample
-
-
-def snapshot_of(raw: object) -> metrics.MetricSnapshot:
+def snapshot_of(sample: PoolSample) -> metrics.MetricSnapshot:
     """A kept sample as the pool fields of a snapshot (what pool pressure reads)."""
-    sample = sample_of(raw)
     return metrics.snapshot_from_pool_sample(
         {k: v for k in metrics.POOL_SAMPLE_FIELDS if (v := getattr(sample, k)) is not None}
     )
+
+
+def pool_verdict(
+    series: Mapping[str, Sequence[PoolSample]], usage_threshold: float
+) -> tuple[bool | None, str, dict[str, PressureRecord]]:
+    """The pool verdict over the samples kept in status (`pool.pool_pressure_across_replicas`)."""
+    snapshots = {pod: [snapshot_of(s) for s in samples] for pod, samples in series.items()}
+    pressured, detail, results = pool.pool_pressure_across_replicas(
+        snapshots, usage_threshold=usage_threshold
+    )
+    return pressured, detail, {pod: r.status_record() for pod, r in results.items()}

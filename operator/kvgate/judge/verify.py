@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from kvgate.evidence import poolsample
-from kvgate.records.status import PodCounters
+from kvgate.records.status import PodCounters, PoolSample
 
 # Bounds: a regression must be clear, not noise. Each is the larger of a ratio and a floor.
 WAITING_RATIO, WAITING_FLOOR = 2.0, 8.0  # requests waiting
@@ -49,12 +47,11 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return after - before
 
 
-def baseline_from_preflight(series: Mapping[str, Sequence[Mapping[str, Any]]]) -> Baseline:
+def baseline_from_preflight(series: Mapping[str, Sequence[PoolSample]]) -> Baseline:
     """The worst queue and mean TTFT of any pod over the preflight samples."""
     waiting: list[float] = []
     ttfts: list[float] = []
-    for samples in series.values():
-        rows = [poolsample.sample_of(s) for s in samples if isinstance(s, Mapping)]
+    for rows in series.values():
         waiting += [s.waiting for s in rows if s.waiting is not None]
         if len(rows) < 2:
             continue
