@@ -998,10 +998,8 @@ def test_every_status_field_written_is_in_the_crd_schema(monkeypatch: pytest.Mon
     assert seen - declared == set()
 
 
-@pytest.mark.parametrize("pinned", [False, True])
-def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, pinned: bool
-) -> None:
+def forcing_fp8_checkpoint(tmp_path: Any) -> Path:
+    """A Qwen3-8B-shaped checkpoint whose kv_cache_scheme makes vLLM's `auto` store FP8."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -1015,6 +1013,14 @@ def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
         {"model.embed_tokens.weight": np.ones((2, 2), np.float32)},
         str(tmp_path / "model.safetensors"),
     )
+    return Path(tmp_path)
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, pinned: bool
+) -> None:
+    forcing_fp8_checkpoint(tmp_path)
     world = World(monkeypatch, model={"name": str(tmp_path)})
     world.memo.config = OperatorConfig(
         poll_interval_s=1, hub_offline=True, model_dirs=(str(tmp_path),)
@@ -1043,24 +1049,6 @@ def test_a_checkpoint_that_forces_fp8_kv_on_an_auto_control_fails_in_preflight(
         assert status["reason"] == "ControlRunsFP8"
         assert "the canary would compare FP8 with FP8" in status["message"]
         assert world.kube.get("Pod", "r-control") is None and "arms" not in status
-
-
-def forcing_fp8_checkpoint(tmp_path: Any) -> Path:
-    """A Qwen3-8B-shaped checkpoint whose kv_cache_scheme makes vLLM's `auto` store FP8."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    config = json.loads((fake_cluster.DATA / "configs" / "qwen3-8b.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "kv_cache_scheme": {"type": "float", "num_bits": 8, "dynamic": False},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    save_file(
-        {"model.embed_tokens.weight": np.ones((2, 2), np.float32)},
-        str(tmp_path / "model.safetensors"),
-    )
-    return Path(tmp_path)
 
 
 @pytest.mark.parametrize("stated", ["fp8", "fp8_e4m3", "bfloat16"])
