@@ -1082,6 +1082,31 @@ def test_a_stated_control_format_is_held_to_what_production_runs(
         assert gain == pytest.approx(0.5)  # BF16 holds half the tokens FP8 does
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_stated_control_format_on_an_unread_checkpoint_is_not_taken_on_trust(
+    monkeypatch: pytest.MonkeyPatch, pinned: bool
+) -> None:
+    # GIVEN a checkpoint the operator cannot read (the hub is not consulted) and a spec that
+    # states the control runs FP8
+    world = World(monkeypatch, kvCache={"format": "bfloat16", "control": {"format": "fp8"}})
+    if pinned:  # production pins fp8: that is what runs, whatever the checkpoint says
+        dep = world.kube.objects[("Deployment", "vllm")]
+        dep["spec"]["template"]["spec"]["containers"][0]["args"] += ["--kv-cache-dtype", "fp8"]
+        world.original = copy.deepcopy(world.kube.container())
+    world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    checkpoint = status["preflight"]["checkpoint"]
+    assert "present" not in checkpoint and "hub not consulted" in checkpoint["finding"]  # unread
+    if pinned:  # THEN the stated format is checked against the pinned dtype, and holds
+        assert "Canary" in world.phases and status["reason"] != "InvalidSpec"
+    else:  # THEN what `auto` stores is unknown: no match is assumed, nothing is started
+        assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+        assert "is unknown (the checkpoint was not read)" in status["message"]
+        assert world.kube.get("Pod", "r-control") is None and "arms" not in status
+        assert world.kube.container() == world.original
+
+
 def test_a_checkpoint_whose_scales_cannot_scale_is_rolled_back_before_any_eval(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -1402,6 +1402,14 @@ def test_a_stated_control_format_must_be_what_production_runs() -> None:
     )
     got = machine.control_mismatch("fp8", "bfloat16", "bfloat16", "vllm", "d")
     assert got is not None and "d runs bfloat16 (--kv-cache-dtype bfloat16);" in got
+    # production on auto, checkpoint unread: what the control stores is unknown, never a match
+    for stated in ("fp8", "bfloat16"):
+        got = machine.control_mismatch(stated, None, "auto", "vllm", "d")
+        assert got == (
+            f"spec.kvCache.control.format: '{stated}' is stated, but what d stores under "
+            "--kv-cache-dtype auto is unknown (the checkpoint was not read); pin production's "
+            "dtype, or state auto"
+        )
     ended = step(Phase.PREFLIGHT, Observation(control_mismatch=got))
     assert (ended.phase, ended.reason, ended.message) == (Phase.FAILED, Reason.INVALID_SPEC, got)
 

@@ -56,7 +56,9 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     if problem:  # the skip list names a layer this model does not have: fail before any canary
         return Observation(skip_layers_problem=problem), found
     stated = ctx.spec.kv_cache.control_format
-    runs = (pre.checkpoint.effective_control_format if pre.checkpoint else None) or production
+    # An explicit dtype is what runs; what `auto` stores is the checkpoint's to say (None: unread).
+    read = pre.checkpoint.effective_control_format if pre.checkpoint else None
+    runs = read or (production if production != "auto" else None)
     mismatch = machine.control_mismatch(
         stated, runs, production, ctx.so_far.engine or "vllm", ctx.spec.target.name
     )

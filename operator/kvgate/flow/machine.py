@@ -206,12 +206,19 @@ def control_runs_fp8(reasons: Sequence[str], production_dtype: str, target: str)
 
 
 def control_mismatch(
-    stated: str, runs: str, production_dtype: str, engine: str, target: str
+    stated: str, runs: str | None, production_dtype: str, engine: str, target: str
 ) -> str | None:
     """Why the control format the spec states is not the one production runs (`runs`: what
-    production's --kv-cache-dtype stores on this checkpoint); None when it is, or under `auto`."""
-    if stated.lower() == "auto" or kvformats.same_storage(engine, stated, runs):
+    production's --kv-cache-dtype stores on this checkpoint, None when unknown); None when it
+    is, or under `auto`. Unknown is not a match: fail closed."""
+    if stated == "auto" or (runs is not None and kvformats.same_storage(engine, stated, runs)):
         return None
+    if runs is None:
+        return (
+            f"spec.kvCache.control.format: '{stated}' is stated, but what {target} stores under "
+            f"--kv-cache-dtype {production_dtype} is unknown (the checkpoint was not read); pin "
+            "production's dtype, or state auto"
+        )
     how = f"--kv-cache-dtype {production_dtype}" + (
         " on this checkpoint" * (runs != production_dtype)
     )
