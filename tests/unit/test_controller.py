@@ -1107,6 +1107,35 @@ def test_a_stated_control_format_on_an_unread_checkpoint_is_not_taken_on_trust(
         assert world.kube.container() == world.original
 
 
+def test_a_hostile_production_dtype_stays_bounded_in_status(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # GIVEN production pinned to a 100,000-character --kv-cache-dtype, and a stated control
+    model = forcing_fp8_checkpoint(tmp_path)
+    world = World(
+        monkeypatch,
+        model={"name": str(model)},
+        kvCache={"format": "bfloat16", "control": {"format": "fp8"}},
+    )
+    world.memo.config = OperatorConfig(
+        poll_interval_s=1, hub_offline=True, model_dirs=(str(model),)
+    )
+    dep = world.kube.objects[("Deployment", "vllm")]
+    dep["spec"]["template"]["spec"]["containers"][0]["args"] += ["--kv-cache-dtype", "x" * 100_000]
+    world.original = copy.deepcopy(world.kube.container())
+    world.run()
+    world.assert_invariant()
+    status = world.obj["status"]
+    # THEN the rollout fails closed before any canary, and what it writes of the dtype is cut
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+    assert status["message"].startswith(
+        "spec.kvCache.control.format: 'fp8' is stated, but vllm runs"
+    )
+    assert len(status["message"]) < 300
+    assert len(status["preflight"]["checkpoint"]["effectiveControlFormat"]) <= 64
+    assert world.kube.get("Pod", "r-control") is None and world.kube.container() == world.original
+
+
 def test_a_checkpoint_whose_scales_cannot_scale_is_rolled_back_before_any_eval(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -14,7 +14,7 @@ from kvgate import redact
 from kvgate.change import manifests
 from kvgate.controller.kubeapi import KubeApi
 from kvgate.engines import launch as engines
-from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError
+from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError, brief
 from kvgate.records.codec import read_record, whole
 from kvgate.records.status import (
     CacheTruth,
@@ -157,11 +157,16 @@ def arm_tpot_totals(
 
 
 def production_kv_dtype(container: Mapping[str, Any] | None) -> str:
-    """The --kv-cache-dtype the production container runs (`auto` when unset or unreadable)."""
+    """The --kv-cache-dtype the production container runs (`auto` when unset or unreadable),
+    cut to a format name's length (the CRD's 64): it reaches status and its messages."""
     try:
-        return engines.detect_engine(container).kv_cache_dtype if container is not None else "auto"
+        dtype = engines.detect_engine(container).kv_cache_dtype if container else "auto"
     except InputError:
         return "auto"
+    return dtype if len(dtype) <= MAX_FORMAT_CHARS else brief(dtype, MAX_FORMAT_CHARS)
+
+
+MAX_FORMAT_CHARS = 64  # spec.kvCache.format's maxLength in the CRD
 
 
 def under_model_dirs(path: str, dirs: tuple[str, ...]) -> bool:
