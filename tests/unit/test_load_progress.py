@@ -68,13 +68,12 @@ def test_the_runs_stop_a_margin_before_the_jobs_deadline(deadline: float, runs: 
     command = manifests.load_command(
         control_url="http://a:8000", candidate_url="http://b:8000", model="m",
         production_concurrency=4, prompt_tokens=700, output_tokens=90, max_concurrency=8,
-        prompt_std_tokens=120, deadline_s=deadline,
+        deadline_s=deadline,
     )  # fmt: skip
     assert command[command.index("--timeout") + 1] == f"{runs:g}"
-    assert command[command.index("--prompt-std-tokens") + 1] == "120"
 
 
-def test_without_a_deadline_or_spread_the_command_is_as_before() -> None:
+def test_without_a_deadline_the_command_is_as_before() -> None:
     command = manifests.load_command(
         control_url="http://a:8000", candidate_url="http://b:8000", model="m",
         production_concurrency=4, prompt_tokens=512, output_tokens=128, max_concurrency=8,

@@ -338,7 +338,7 @@ def test_prometheus_history_gives_the_load_the_lengths_a_scrape_gives(
     via_scrapes = _stored_lengths(
         {"preflight": {"samples": {"web-0": [write(pool_record(scraped))]}}}
     )
-    assert _shape(via_prometheus) == _shape(via_scrapes) == (1800, 400, 0, True)
+    assert _shape(via_prometheus) == _shape(via_scrapes) == (1800, 400, True)
     # each saying where the lengths were read
     assert via_prometheus.message.startswith(
         "production's request lengths from Prometheus over 40 requests: prompt mean 1800"
@@ -354,13 +354,8 @@ def _lengths_record(sample: PoolSample) -> dict[str, Any]:
     return {k: v for k in fields if (v := getattr(sample, k)) is not None}
 
 
-def _shape(lengths: RequestLengths) -> tuple[int, int, int, bool]:
-    return (
-        lengths.prompt_tokens,
-        lengths.output_tokens,
-        lengths.prompt_std_tokens,
-        lengths.derived,
-    )
+def _shape(lengths: RequestLengths) -> tuple[int, int, bool]:
+    return lengths.prompt_tokens, lengths.output_tokens, lengths.derived
 
 
 def test_a_pod_without_length_series_in_prometheus_runs_the_fixed_lengths_saying_so() -> None:

@@ -324,7 +324,6 @@ def load_command(
     output_tokens: int,
     max_concurrency: int,
     server_type: str = "vllm",
-    prompt_std_tokens: int = 0,
     deadline_s: float | None = None,
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
@@ -338,7 +337,7 @@ def load_command(
     `deadline_s`: the Job's deadline; the runs get `load_run_timeout(deadline_s)` of it, so the
     program still prints its summary before the Job is killed. The SLOs (the gate's p99
     bounds) make inference-perf count each stage's goodput: the requests that met them all."""
-    extra = ["--prompt-std-tokens", str(prompt_std_tokens)] if prompt_std_tokens > 0 else []
+    extra: list[str] = []
     if deadline_s is not None:
         extra += ["--timeout", f"{load_run_timeout(deadline_s):g}"]
     for option, bound in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):

@@ -265,7 +265,6 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
             production_concurrency=concurrency,
             prompt_tokens=lengths.prompt_tokens,
             output_tokens=lengths.output_tokens,
-            prompt_std_tokens=lengths.prompt_std_tokens,
             max_concurrency=max(gate.max_concurrency if gate else concurrency, concurrency),
             server_type="sglang" if status.engine == "sglang" else "vllm",
             deadline_s=deadline_s,

@@ -291,26 +291,8 @@ class RequestLengths:
 
     prompt_tokens: int
     output_tokens: int
-    prompt_std_tokens: int
     derived: bool
     message: str
-
-
-def _bucket_std(histogram: Histogram, mean: float) -> float:
-    """Standard deviation from the buckets, each observation at its bucket's midpoint (+Inf's
-    at the highest finite bound)."""
-    finite = [upper for upper, _ in histogram.buckets if upper != math.inf]
-    if not finite or histogram.count <= 0:
-        return 0.0
-    lower, previous, total = 0.0, 0.0, 0.0
-    for upper, cumulative in histogram.buckets:
-        in_bucket = max(cumulative - previous, 0.0)
-        point = finite[-1] if upper == math.inf else (lower + upper) / 2
-        total += in_bucket * (point - mean) ** 2
-        if upper != math.inf:
-            lower = upper
-        previous = cumulative
-    return math.sqrt(total / histogram.count)
 
 
 def request_lengths(
@@ -322,13 +304,13 @@ def request_lengths(
     """Production's request lengths for the load Job, from its request-length histograms
     (vLLM `vllm:request_prompt_tokens` / `vllm:request_generation_tokens`, SGLang's
     `*_tokens_histogram`; a window's `since()` delta when there is one): means from sum /
-    count, the prompt's spread from the buckets. Too few requests: the fixed defaults."""
+    count. No spread: a 1-2-5 bucket's midpoint is no estimate of it (every prompt of 1,800
+    tokens in (1000, 2000] would read as a spread of 300). Too few requests: the defaults."""
 
     def fallback(why: str) -> RequestLengths:
         return RequestLengths(
             DEFAULT_PROMPT_TOKENS,
             DEFAULT_OUTPUT_TOKENS,
-            0,
             derived=False,
             message=(
                 f"production's request lengths unread from {source} ({why}): the load runs "
@@ -351,16 +333,13 @@ def request_lengths(
         return fallback("a histogram's sum is not a number")
     prompt_tokens = min(max(1, round(prompt_mean)), MAX_PROMPT_TOKENS)
     output_tokens = min(max(1, round(output_mean)), MAX_OUTPUT_TOKENS)
-    std = min(round(_bucket_std(prompt, prompt_mean)), prompt_tokens - 1)
     return RequestLengths(
         prompt_tokens,
         output_tokens,
-        max(std, 0),
         derived=True,
         message=(
             f"production's request lengths from {source} over {prompt.count:g} requests: "
-            f"prompt mean {prompt_tokens} (std ~{max(std, 0)}), output mean {output_tokens} "
-            "tokens"
+            f"prompt mean {prompt_tokens}, output mean {output_tokens} tokens"
         ),
     )
 
