@@ -1,8 +1,10 @@
-"""Once promotion starts, every doubt ends in a revert or a stop, never in Promoted.
+"""Every doubt ends in a wait, a revert or a stop, never in a patch or Promoted.
 
-The transition function (`machine.next_step`) for Promoting, Verifying and Reverting when the
-target is edited or deleted behind kvgate's back, when the new pods never become ready, and when
-their startup log reports a failure. Each case is one observation, as `look` would make it.
+The transition function (`machine.next_step`) on the branches no other test reached: Promoting,
+Verifying and Reverting when the target is edited or deleted behind kvgate's back, when the new
+pods never become ready and when their startup log reports a failure; a canary whose logs are
+not read yet; an eval that reports its own error; a verdict in report mode. Each case is one
+observation, as `look` would make it.
 """
 
 from __future__ import annotations
@@ -10,18 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from evidence import as_scan
+from evidence import as_scan, as_summary
 
+from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.flow import deadlines, machine
 from kvgate.flow.steps import Action, LiveTarget, Observation, State, Step
-from kvgate.records.status import RevertStatus
+from kvgate.records.status import GateResult, RevertStatus
 from kvgate.spec.rollout import RolloutSpec
-from kvgate.vocabulary import Phase
+from kvgate.vocabulary import Outcome, Phase
 
 SPEC = RolloutSpec.from_dict(
     {
         "targetRef": {"name": "qwen"},
-        "canary": {"startupTimeout": "60s"},
+        "canary": {"startupTimeout": "60s", "evalRetries": 1},
         "promotion": {"verifyWindow": "20s", "verifySamples": 5, "verifyInterval": "5s"},
     }
 )
@@ -139,3 +142,43 @@ def test_a_revert_whose_container_was_renamed_is_loud_and_retried_never_ended() 
         assert "container is gone or renamed" in s.message
         assert any(e.reason == "RevertFailed" and e.warning for e in s.events)
         assert s.requeue_s == deadlines.revert_backoff(attempts + 1)
+
+
+READY = PodHealth(True, ready=True, ip="127.0.0.9")
+
+
+def test_ready_canaries_whose_startup_logs_are_unread_are_not_judged() -> None:
+    for scans in ({}, {"control_scan": as_scan(startup_scan(failed=False))}):
+        s = step(Phase.CANARY, Observation(control=READY, candidate=READY, **scans))
+        assert (s.phase, s.reason, s.actions) == (Phase.CANARY, "ReadingLogs", ())
+        assert s.gates == ()
+
+
+@pytest.mark.parametrize(
+    ("error", "said"), [("lm-eval: task gsm8k not found", "lm-eval: task gsm8k not found"),
+                        (None, "eval reported an error")],
+)  # fmt: skip
+def test_an_eval_that_reports_its_own_error_is_retried_then_ends_without_a_verdict(
+    error: str | None, said: str
+) -> None:
+    summary = as_summary({"kind": "kvgate.eval/summary", "verdict": "error", "error": error})
+    obs = Observation(control=READY, candidate=READY, job_exists=True, eval_summary=summary)
+    retry = step(Phase.EVALUATING, obs, eval_attempts=1)
+    assert (retry.phase, retry.reason, retry.eval_attempts) == (Phase.EVALUATING, "EvalRetry", 2)
+    final = step(Phase.EVALUATING, obs, eval_attempts=2)
+    assert (final.phase, final.reason) == (Phase.ROLLED_BACK, "EvalError")
+    assert final.message == f"eval failed 2 time(s), last: {said}"
+    assert Action.PATCH_DEPLOYMENT not in final.actions
+
+
+@pytest.mark.parametrize("mode", ["report", "gate"])
+def test_a_verdict_in_a_mode_that_never_patches_is_reported_even_when_approved(mode: str) -> None:
+    spec = RolloutSpec.from_dict({"targetRef": {"name": "qwen"}, "promotion": {"mode": mode}})
+    gates = {"capacityGain": GateResult("capacityGain", Outcome.SUCCESSFUL, "CapacityGained", "")}
+    s = machine.next_step(
+        spec,
+        State(phase=Phase.AWAITING_APPROVAL, gates=gates, config_hash="h1", approval="h1"),
+        Observation(),
+        poll_s=2.0,
+    )
+    assert (s.phase, s.reason, s.actions) == (Phase.AWAITING_APPROVAL, "VerdictReported", ())
