@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -1372,13 +1373,25 @@ def test_only_known_signatures_of_the_candidate_get_a_remedy() -> None:
 
 
 def test_a_checkpoint_forcing_fp8_on_the_control_fails_preflight_before_any_canary() -> None:
-    why = "the checkpoint forces an FP8 KV cache under --kv-cache-dtype auto (...)"
-    obs = Observation(pool_samples=3, pool_pressured=True, control_forced_fp8=why)
+    forcing = ("quantization_config.kv_cache_scheme is set",)
+    obs = Observation(pool_samples=3, pool_pressured=True, control_stores="fp8", forces_fp8=forcing)
     s = step(Phase.PREFLIGHT, obs)
-    assert (s.phase, s.reason, s.message) == (Phase.FAILED, "ControlRunsFP8", why)
+    assert (s.phase, s.reason) == (Phase.FAILED, "ControlRunsFP8")
+    assert s.message == machine.control_runs_fp8(forcing, "auto", "qwen")
     assert Action.CREATE_CANARIES not in s.actions
     go = step(Phase.PREFLIGHT, Observation(pool_samples=3, pool_pressured=True))
     assert go.phase is Phase.CANARY
+    # production pins a dtype: that is what runs, whatever the checkpoint says
+    pinned = replace(obs, production_kv_dtype="bfloat16", control_stores="bfloat16")
+    assert step(Phase.PREFLIGHT, pinned).phase is Phase.CANARY
+    # a control stated as FP8 (and running it) is the rollout's baseline: FP8 to BF16 is asked
+    from_fp8 = RolloutSpec.from_dict(
+        {
+            "targetRef": {"name": "qwen"},
+            "kvCache": {"format": "bfloat16", "control": {"format": "fp8"}},
+        }
+    )
+    assert step(Phase.PREFLIGHT, obs, spec=from_fp8).phase is Phase.CANARY
 
 
 def test_the_control_runs_fp8_only_under_auto_with_a_forcing_checkpoint() -> None:
@@ -1410,8 +1423,20 @@ def test_a_stated_control_format_must_be_what_production_runs() -> None:
             "--kv-cache-dtype auto is unknown (the checkpoint was not read); pin production's "
             "dtype, or state auto"
         )
-    ended = step(Phase.PREFLIGHT, Observation(control_mismatch=got))
+    # the machine holds the spec to what preflight read, before the pool and any canary
+    stated_fp8 = RolloutSpec.from_dict(
+        {
+            "targetRef": {"name": "d"},
+            "kvCache": {"format": "bfloat16", "control": {"format": "fp8"}},
+        }
+    )
+    unread = Observation(pool_samples=3, pool_pressured=True, control_stores=None)
+    got = machine.control_mismatch("fp8", None, "auto", "vllm", "d")
+    ended = step(Phase.PREFLIGHT, unread, spec=stated_fp8)
     assert (ended.phase, ended.reason, ended.message) == (Phase.FAILED, Reason.INVALID_SPEC, got)
+    assert Action.CREATE_CANARIES not in ended.actions
+    read = replace(unread, control_stores="fp8_e4m3")
+    assert step(Phase.PREFLIGHT, read, spec=stated_fp8).phase is Phase.CANARY
 
 
 def test_sglang_dtype_is_checked_against_server_info() -> None:

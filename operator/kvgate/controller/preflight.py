@@ -1,8 +1,9 @@
 """Preflight's evidence: is the pool the limit (production's KV cache use, sampled from every
-Ready production pod or asked of Prometheus over a window), and does the checkpoint force an FP8
-KV cache on the control arm? What it sampled stays in status.preflight, with the engine's own
-advice for this model (vLLM's FP8 study, kvgate.checkpoint.advice): written once, with the checkpoint
-scan, and posted as one Warning Event; advice never decides anything.
+Ready production pod or asked of Prometheus over a window), and what would the control arm
+store (production's dtype on this checkpoint; `machine` holds it to the spec)? What it sampled
+stays in status.preflight, with the engine's own advice for this model (vLLM's FP8 study,
+kvgate.checkpoint.advice): written once, with the checkpoint scan, and posted as one Warning
+Event; advice never decides anything.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
 from kvgate.controller.context import Ctx
 from kvgate.controller.seen import Seen
 from kvgate.evidence import poolsample
-from kvgate.flow import machine
 from kvgate.flow.steps import Observation
 from kvgate.judge import guidance
 from kvgate.reasons import Reason
@@ -55,24 +55,16 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
     problem = pre.checkpoint.skip_layers_problem if pre.checkpoint is not None else None
     if problem:  # the skip list names a layer this model does not have: fail before any canary
         return Observation(skip_layers_problem=problem), found
-    stated = ctx.spec.kv_cache.control_format
     # An explicit dtype is what runs; what `auto` stores is the checkpoint's to say (None: unread).
     read = pre.checkpoint.effective_control_format if pre.checkpoint else None
-    runs = read or (production if production != "auto" else None)
-    mismatch = machine.control_mismatch(
-        stated, runs, production, ctx.so_far.engine or "vllm", ctx.spec.target.name
+    control = Observation(
+        engine=ctx.so_far.engine or "vllm",
+        production_kv_dtype=production,
+        control_stores=read or (production if production != "auto" else None),
+        forces_fp8=pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else (),
     )
-    if mismatch:
-        return Observation(control_mismatch=mismatch), found
-    reasons = pre.checkpoint.forces_fp8_kv if pre.checkpoint is not None else ()
-    # A stated control that matched is the rollout's own baseline: FP8 to another format is asked.
-    forced = (
-        machine.control_runs_fp8(list(reasons), production, ctx.spec.target.name)
-        if reasons and stated == "auto"
-        else None
-    )
-    if gate.mode is GateMode.OFF or forced:
-        return Observation(control_forced_fp8=forced), found
+    if gate.mode is GateMode.OFF:
+        return control, found
     series = {pod: list(v) for pod, v in pre.samples.items()}  # this round extends a copy
     ticks = pre.ticks or 0
     due = seen.production is not None  # `look` read production's pods: a round is due
@@ -113,7 +105,10 @@ def observe(ctx: Ctx, seen: Seen, elapsed_s: float) -> Observed:
         pressure = dataclasses.replace(deciding or PressureRecord(), pressured=pressured)
         pre = dataclasses.replace(pre, pressure=pressure, pressure_by_pod=per_pod)
     found = found.then(StatusUpdate.of(preflight=pre))  # the advice's Event kept
-    return Observation(pool_samples=ticks, pool_pressured=pressured, pool_detail=detail), found
+    observed = dataclasses.replace(
+        control, pool_samples=ticks, pool_pressured=pressured, pool_detail=detail
+    )
+    return observed, found
 
 
 def pool_history(ctx: Ctx, seen: Seen, elapsed_s: float) -> tuple[list[str], sources.Series | None]:

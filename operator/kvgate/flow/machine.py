@@ -231,10 +231,16 @@ def control_mismatch(
 def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) -> Step:
     if obs.skip_layers_problem:  # known once the model's config is read: still the spec's fault
         return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.skip_layers_problem)
-    if obs.control_mismatch:  # production runs another format than the spec says: fail closed
-        return end_step(Phase.FAILED, Reason.INVALID_SPEC, obs.control_mismatch)
-    if obs.control_forced_fp8:  # no BF16 arm to compare with: fail closed before any canary
-        return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, obs.control_forced_fp8)
+    stated, target = spec.kv_cache.control_format, spec.target.name
+    mismatch = control_mismatch(
+        stated, obs.control_stores, obs.production_kv_dtype, obs.engine, target
+    )
+    if mismatch:  # production runs another format than the spec says: fail closed
+        return end_step(Phase.FAILED, Reason.INVALID_SPEC, mismatch)
+    # A stated control that matched is the rollout's own baseline: FP8 to another format is asked.
+    forced = control_runs_fp8(obs.forces_fp8, obs.production_kv_dtype, target)
+    if forced and stated == "auto":  # no BF16 arm to compare with: fail before any canary
+        return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, forced)
     gate = spec.capacity
     sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
     if gate.mode is not GateMode.OFF and obs.pool_pressured is None and sampling:

@@ -157,8 +157,12 @@ class Observation:
     pool_detail: str = ""
     checkpoint_has_scales: bool | None = None
     broken_scales: tuple[str, ...] = ()  # k/v scales in the checkpoint that cannot scale
-    control_forced_fp8: str | None = None  # why the checkpoint makes an `auto` control run FP8
-    control_mismatch: str | None = None  # why production does not run the stated control format
+    # What the control arm would store: production's --kv-cache-dtype, what that stores on this
+    # checkpoint (None: unknown) and why the checkpoint makes `auto` store FP8 (if it does)
+    engine: str = "vllm"
+    production_kv_dtype: str = "auto"
+    control_stores: str | None = None
+    forces_fp8: tuple[str, ...] = ()
     skip_layers_problem: str | None = None  # spec.kvCache.skipLayers names no layer of the model
     # Canary
     control: PodHealth | None = None
