@@ -15,6 +15,7 @@ from kvgate.cli import main
 from kvgate.errors import EvalError
 from kvgate.evaluation.records import ArmAnswer
 from kvgate.evaluation.runner import Arm
+from kvgate.judge.accuracy import LONG_CONTEXT_KIND
 
 
 class FakeRunner:
@@ -427,6 +428,6 @@ def test_a_bug_in_the_long_context_task_stays_in_its_block(
         "tokenizer_revision": None, "plan": long_context.LongContextPlan(),
     }  # fmt: skip
     block = eval_cmd._run_long_context(request, None, [], tmp_path, 0)  # type: ignore[arg-type]
-    assert block["verdict"] == "error" and block["kind"] == long_context.BLOCK_KIND
+    assert block["verdict"] == "error" and block["kind"] == LONG_CONTEXT_KIND
     assert block["error"].startswith("internal error:") and "RuntimeError" in block["error"]
     assert "a bug in the needle task" in capsys.readouterr().err

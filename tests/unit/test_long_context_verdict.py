@@ -17,12 +17,17 @@ from evidence import as_summary
 
 from kvgate.change import manifests
 from kvgate.commands.diverge import ScreenOptions, summary_header
-from kvgate.evaluation.long_context import BLOCK_KIND, LongContextPlan, judge
+from kvgate.evaluation.long_context import LongContextPlan, judge
 from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.flow import machine, steps
 from kvgate.flow.steps import Observation, State
 from kvgate.judge import verdict as v
-from kvgate.judge.accuracy import _LC_KIND, assess_divergence, assess_long_context, bucket_label
+from kvgate.judge.accuracy import (
+    LONG_CONTEXT_KIND,
+    assess_divergence,
+    assess_long_context,
+    bucket_label,
+)
 from kvgate.judge.divergence import BucketStats, ScreenSettings, screen
 from kvgate.judge.stats import PairedCounts
 from kvgate.records.status import RolloutStatus
@@ -55,7 +60,7 @@ def lc_block(per_length: dict[int, PairedCounts], task: LongContextTask = LC) ->
     plan = LongContextPlan(margin=task.margin_pp / 100, recovery_floor=task.recovery_floor)
     verdict, reason, bucket, rows = judge(per_length, plan)
     return {
-        "kind": BLOCK_KIND,
+        "kind": LONG_CONTEXT_KIND,
         "verdict": str(verdict),
         "reason": reason,
         "error": None,
@@ -271,10 +276,6 @@ def test_the_command_parses_with_kvgate_eval() -> None:
 
 
 # --- the long-context decision -----------------------------------------------------------------
-
-
-def test_block_kind_matches_the_eval_job() -> None:
-    assert _LC_KIND == BLOCK_KIND
 
 
 @pytest.mark.parametrize(

@@ -439,11 +439,11 @@ def _parquet_documents(path: Path) -> list[str]:
 
 
 def _block_header(request: LongContextRequest) -> dict[str, Any]:
-    from kvgate.evaluation.long_context import BLOCK_KIND
+    from kvgate.judge.accuracy import LONG_CONTEXT_KIND
 
     plan = request["plan"]
     return {
-        "kind": BLOCK_KIND,
+        "kind": LONG_CONTEXT_KIND,
         "verdict": "error",
         "reason": None,
         "error": None,

@@ -34,7 +34,6 @@ DEFAULT_RECOVERY: Final = 0.95  # vLLM: calibrate below 95% of the baseline's sc
 DEFAULT_FAIL_CONFIDENCE: Final = 0.975
 MIN_LENGTH: Final = 4096
 TOKENS_TO_GENERATE: Final = 128  # RULER's tokens_to_generate and the YAML's max_gen_toks
-BLOCK_KIND: Final = "kvgate.eval/long_context"
 
 # lm-eval 0.4.13 lm_eval/tasks/ruler/niah_utils.py TEMPLATE and prepare_niah.py NEEDLE / haystacks
 TEMPLATE: Final = (

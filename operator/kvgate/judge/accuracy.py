@@ -84,7 +84,8 @@ def accuracy_detail(summary: AccuracyStatus) -> str:
     return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
 
 
-_LC_KIND: Final = "kvgate.eval/long_context"
+# The eval Job's long-context block (`kvgate.evaluation.long_context` writes it).
+LONG_CONTEXT_KIND: Final = "kvgate.eval/long_context"
 _LC_VERDICTS: Final = {
     "fail": (Outcome.FAILED, Reason.LONG_CONTEXT_REGRESSED),
     "inconclusive": (Outcome.INCONCLUSIVE, Reason.LONG_CONTEXT_INCONCLUSIVE),
@@ -129,7 +130,7 @@ def assess_long_context(gate: LongContextTask | None, summary: AccuracyStatus) -
     block = summary.long_context
     broken = partial(result, Outcome.ERROR, Reason.LONG_CONTEXT_ERROR)
 
-    if block is None or block.kind != _LC_KIND:
+    if block is None or block.kind != LONG_CONTEXT_KIND:
         return broken(
             "the eval summary has no long_context block, though spec.gates.accuracy.longContext "
             "asks for it (an eval image without the task?)"
