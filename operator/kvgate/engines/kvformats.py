@@ -294,15 +294,15 @@ def require(engine: str, version: str | None, name: str, field: str = "kvCache.f
     fmt = lookup(engine, name)
     if version is None:
         return fmt
-    offered = engine_versions.facts_for(engine, version).kv_cache_dtypes
-    if name.lower() in offered:
+    wanted = engine_versions.parse(version)
+    if name.lower() in engine_versions.facts_for(engine, wanted).kv_cache_dtypes:
         return fmt
     first = floor(engine, fmt.name)
     dotted = ".".join(map(str, first)) if first else None
     # the first version that no longer lists it after listing it
     after = [row for row in engine_versions.all_rows(engine) if first and row.since > first]
     gone = next((row.since for row in after if fmt.name not in row.kv_cache_dtypes), None)
-    if gone is not None and engine_versions.parse(version) >= gone:
+    if gone is not None and wanted >= gone:
         why = f"{engine} dropped it in {'.'.join(map(str, gone))}"
     elif dotted is not None:
         why = f"{engine} offers it from {dotted}"
