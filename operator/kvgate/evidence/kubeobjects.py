@@ -94,7 +94,8 @@ def _health(pod: Mapping[str, Any] | None, container: str | None) -> PodHealth:
         return PodHealth(True, crashed=True, detail=_terminated_detail(cs, status), ip=ip)
     if restarts > 0:
         last = (cs.get("lastState") or {}).get("terminated") or {}
-        detail = f"restarted {restarts}x (last exit {last.get('exitCode', '?')})"
+        why = f", {last['reason']}" if last.get("reason") else ""  # OOMKilled says what 137 is
+        detail = f"restarted {restarts}x (last exit {last.get('exitCode', '?')}{why})"
         return PodHealth(True, crashed=True, detail=detail, restarts=restarts, ip=ip)
     ready = bool(cs.get("ready")) and status.get("phase") == "Running"
     image_id = cs.get("imageID") if isinstance(cs.get("imageID"), str) else None
