@@ -284,7 +284,8 @@ class FakeKube:
         return None if obj is None or previous else str(obj.get("_log", ""))
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        return None
+        """The real `Kube.read_secret_value` (label, key, one line), over this cluster's Secrets."""
+        return self._secret_reader().read_secret_value(namespace, name, key)
 
     def add_secret(
         self,

@@ -9,10 +9,13 @@ errors, input and outside errors alike; a command never prints its own error lin
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Mapping
 from typing import Any, Final
+
+from kvgate import redact
 
 MAX_MESSAGE: Final = 1000
 
@@ -47,11 +50,15 @@ def error_text(
     exc: Exception, expected: type[Exception] | tuple[type[Exception], ...], text: str = ""
 ) -> str:
     """A summary's error: an `expected` failure's `text` (default: its message); else a bug's
-    (ours or a library's), its traceback on stderr: its type and the start of its text."""
+    (ours or a library's), its traceback on stderr: its type and the start of its text.
+
+    The summary reaches the rollout's status: the hub token the Job was given (`HF_TOKEN`) is
+    hidden by value, whatever its shape, before any cut (a cut token would leak its start)."""
+    token = os.environ.get("HF_TOKEN")
     if isinstance(exc, expected):
-        return text or str(exc)
+        return redact.hide(text or str(exc), token)
     traceback.print_exc(file=sys.stderr)
-    return f"internal error: {type(exc).__name__}: {str(exc)[:300]}"
+    return f"internal error: {type(exc).__name__}: {redact.hide(str(exc), token)[:300]}"
 
 
 def report_summary_error(command: str, summary: Mapping[str, Any], verdict: str) -> None:

@@ -213,7 +213,7 @@ def scan_checkpoint(
         }
     if not local and hub_offline:
         return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
-    secret = token_secret
+    secret, token = token_secret, None
     try:
         token = kube.read_secret_value(namespace, secret.name, secret.key) if secret else None
         headers = (
@@ -224,8 +224,12 @@ def scan_checkpoint(
         layout, scales = headers.analyse()
         control = scales.effective_kv_format(control_kv_dtype, engine)
     except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
-        # Say what failed, never what was sent: transport errors can quote headers.
-        return {"present": None, "finding": redact.scrub_text(f"{type(exc).__name__}: {exc}")[:500]}
+        # Say what failed, never what was sent: transport errors can quote headers, and a token
+        # of no known shape (a mirror's) is only hidden by value.
+        return {
+            "present": None,
+            "finding": redact.hide(f"{type(exc).__name__}: {exc}", token)[:500],
+        }
     return {
         "source": headers.source,
         "commit": headers.commit,
