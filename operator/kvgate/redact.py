@@ -14,7 +14,8 @@ applies, the revert it may have to apply) and shows everything else through thes
 - `redact_config`: both, over a `manifests.container_config` dict (`command`, `args`, `env`).
 - `scrub_text`: a free-form message (an exception, a log line) with bearer tokens,
   Authorization headers, PEM blocks, JWTs, Hugging Face / GitHub tokens and URL passwords
-  replaced.
+  replaced; `clipped`: the same, then cut short (never cut first: a cut token stops matching).
+- `hide`: a message without a secret kvgate holds (by value, whatever its shape), then scrubbed.
 
 A fingerprint is a truncated unsalted SHA-256: it hides a high-entropy credential, not a
 guessable one (a short password can be found by trying candidates). Pure: no I/O.
@@ -196,6 +197,13 @@ def scrub_text(text: str) -> str:
     for pattern, replacement in _TEXT_RULES:
         text = pattern.sub(replacement, text)
     return text
+
+
+def clipped(text: str, limit: int) -> str:
+    """`scrub_text` of `text`, then cut to `limit` characters: scrubbed first, so that a token
+    across the cut is still matched whole (cut first, its start would stay, too short to match).
+    Only the first 4 KiB are scrubbed: what lies past them is cut anyway."""
+    return scrub_text(text[: max(limit, 4096)])[:limit]
 
 
 def hide(text: str, *secrets: str | None) -> str:

@@ -2392,3 +2392,22 @@ def test_a_checkpoint_naming_thousands_of_broken_scales_keeps_the_status_small(
     )
     assert len(json.dumps(status)) < 64_000
     assert world.kube.container() == world.original
+
+
+@pytest.mark.parametrize("at", [283, 287])  # the cut keeps 11 and 7 of its characters
+def test_a_token_across_the_cut_of_a_crash_line_leaves_none_of_it_in_status(
+    monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    # GIVEN an engine whose last line quotes a hub token just before status cuts a line (300)
+    token = "hf_" + "Cd2" * 10
+    world = World(monkeypatch)
+    world.kube.canary_crash_log = (
+        "INFO starting\nTraceback (most recent call last):\n"
+        f"OSError: {'x' * (at - 9)}token {token} refused\n"
+    )
+    # WHEN the candidate crashes and the rollout rolls back
+    assert world.run() == "RolledBack"
+    # THEN not even the start of the token is kept, in the tail or in the findings
+    said = json.dumps(world.obj) + json.dumps(world.events)
+    assert "OSError: xxx" in said
+    assert token[:5] not in said

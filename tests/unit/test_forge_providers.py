@@ -571,3 +571,24 @@ def test_a_token_ending_in_a_newline_is_refused_before_it_reaches_a_header(kind:
         server.close()
         thread.join(6)
     assert TOKEN not in str(caught.value) and not received
+
+
+@PROVIDERS
+@pytest.mark.parametrize("where", ["answer", "transport"])
+def test_a_token_quoted_across_the_cut_of_an_error_leaks_none_of_it(kind: str, where: str) -> None:
+    # GIVEN a forge (or a proxy before it) whose error text quotes the token just before the
+    # point where kvgate cuts a message short
+    token = "Tk" + "9xQ7" * 10  # no credential shape: only its value can hide it
+    quoted = "x" * 183 + f" token {token} refused"  # the cut at 200 keeps 10 of its characters
+
+    def echo(request: httpx.Request) -> httpx.Response:
+        if where == "transport":
+            raise httpx.ConnectError(quoted)
+        return httpx.Response(500, json={"message": quoted})
+
+    client = httpx.Client(transport=httpx.MockTransport(echo))
+    forge = forge_for(kind, API[kind], token, client=client)
+    with pytest.raises(ForgeError) as caught:
+        forge.pull_request_state(REPO, 1)
+    # THEN no piece of the token is said, not even the start the cut would keep
+    assert token[:8] not in str(caught.value), str(caught.value)

@@ -362,7 +362,7 @@ def compact_scan(scan: ScanRecord) -> ScanRecord:
     """Keep status small: at most 20 findings, each line text cut to 300 characters and
     scrubbed (engines print their args)."""
     findings = tuple(
-        f if f.text is None else dataclasses.replace(f, text=redact.scrub_text(f.text[:300]))
+        f if f.text is None else dataclasses.replace(f, text=redact.clipped(f.text, 300))
         for f in scan.findings[:20]
     )
     return dataclasses.replace(scan, findings=findings)

@@ -16,7 +16,7 @@ import httpx
 
 from kvgate.change.gitops import is_kvgate_branch
 from kvgate.errors import ForgeAccessError, ForgeError, KvgateError, SpecError
-from kvgate.redact import scrub_text
+from kvgate.redact import hide
 from kvgate.vocabulary import PullRequestState as PullRequestState  # re-exported
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,6 @@ MAX_PAGES: Final = 20  # open pull requests are listed at most 20 pages deep
 _REPO: Final = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
 # What an HTTP header value may carry without being refused or mangled: visible ASCII.
 _TOKEN: Final = re.compile(r"^[\x21-\x7e]{8,4096}\Z")
-_REDACTED: Final = "<redacted>"
 Changes = Mapping[str, tuple[bytes, str | None]]  # path -> (content, blob id; None: new)
 
 
@@ -124,7 +123,9 @@ class RestForge:
     # --- HTTP and errors --------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
-        return scrub_text(text.replace(self._token, _REDACTED))
+        """`text` without the token (as sent, escaped or quoted): before any cut, so that a
+        token quoted across the cut leaves none of its start."""
+        return hide(text, self._token)
 
     def _call(
         self,
@@ -157,7 +158,7 @@ class RestForge:
                 timeout=self._timeout,
             )
         except httpx.HTTPError as exc:
-            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            first = (self._scrub(str(exc)).splitlines() or [type(exc).__name__])[0][:200]
             raise ForgeError(repo, self._scrub(f"{doing}: {type(exc).__name__}: {first}")) from None
         status = response.status_code
         if status == 404 and ok404:
@@ -177,7 +178,7 @@ class RestForge:
         self, repo: str, doing: str, response: httpx.Response, permission: str
     ) -> ForgeError:
         status = response.status_code
-        detail = self._scrub(_server_message(response))
+        detail = self._scrub(_server_message(response))[:200]
         said = f" ({detail})" if detail else ""
         refused = {
             401: f"the {self.name} token was refused (HTTP 401: invalid, expired or revoked)",
@@ -454,14 +455,15 @@ def _dig(data: Any, keys: tuple[str, ...]) -> Any:
 
 
 def _server_message(response: httpx.Response) -> str:
-    """The forge's own error text (`message` / `error`), first line, cut short."""
+    """The forge's own error text (`message` / `error`), its first line (cut by the caller,
+    once the token is hidden)."""
     try:
         data = response.json()
     except ValueError:
         return ""
     keys = ("message", "error", "errors") if isinstance(data, Mapping) else ()
     text = next((str(data[key]) for key in keys if data.get(key)), "")
-    return (text.splitlines() or [""])[0][:200]
+    return (text.splitlines() or [""])[0]
 
 
 def b64(data: bytes) -> str:
