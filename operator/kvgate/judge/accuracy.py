@@ -84,7 +84,7 @@ def accuracy_detail(summary: AccuracyStatus) -> str:
     return f"{head} [{low:+.1f}, {high:+.1f}] (two-sided 95%) {tail}"
 
 
-# The eval Job's long-context block (`kvgate.evaluation.long_context` writes it).
+# The kind of the eval Job's long-context block (`kvgate eval` writes it, the gate reads it).
 LONG_CONTEXT_KIND: Final = "kvgate.eval/long_context"
 _LC_VERDICTS: Final = {
     "fail": (Outcome.FAILED, Reason.LONG_CONTEXT_REGRESSED),
