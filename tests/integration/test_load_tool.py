@@ -81,7 +81,7 @@ def test_inference_perf_measures_the_simulator_and_the_counts_agree(
     run = run_load(plan, tmp_path, timeout_s=RUN_TIMEOUT_S)
     assert run.exit_code == 0, run.log_tail
     assert [stage.status for stage in run.stages] == ["measured", "measured"], run.stages
-    results = [stage.result for stage in run.stages]
+    results = [stage.measured for stage in run.stages]
     assert all(result is not None for result in results)
     first, second = results[0], results[1]
     assert first is not None and second is not None
