@@ -55,7 +55,7 @@ def test_a_clean_run_is_measured_with_the_tools_figures() -> None:
     first, second = judged(OK)
     assert (first.status, second.status) == ("measured", "measured")
     assert first.reasons == second.reasons == ()
-    result = second.result
+    result = second.measured
     assert result is not None
     assert (result.concurrency, result.requests, result.successes, result.failures) == (4, 8, 8, 0)
     assert result.output_tokens_per_s == pytest.approx(264.2400506410908)
@@ -72,7 +72,7 @@ def test_a_clean_run_is_measured_with_the_tools_figures() -> None:
 
 def test_an_unreachable_arm_is_an_error_never_a_measurement() -> None:
     (stage,) = judged(UNREACHABLE)
-    assert stage.status == "error" and stage.reasons
+    assert stage.status == "error" and stage.measured is None
     assert "4 of 4 requests failed (Connection Error: 4)" in stage.reasons
     assert "no request succeeded" in stage.reasons
     assert stage.result is not None and stage.result.ttft_s is None

@@ -74,6 +74,11 @@ class StageJudgement:
     reasons: tuple[str, ...]  # why it is an error; empty when measured
     result: StageResult | None  # None when the report is missing or unreadable
 
+    @property
+    def measured(self) -> StageResult | None:
+        """The result only if it may be used as a measurement."""
+        return self.result if self.status == "measured" else None
+
 
 def _field(data: Mapping[str, Any], path: str, source: str) -> Any:
     value: Any = data
