@@ -16,7 +16,6 @@ import argparse
 import importlib
 import sys
 import textwrap
-import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -28,7 +27,7 @@ from kvgate.commands.exit_codes import EXIT_GATE_FAILED as EXIT_GATE_FAILED
 from kvgate.commands.exit_codes import EXIT_INCONCLUSIVE as EXIT_INCONCLUSIVE
 from kvgate.commands.exit_codes import EXIT_INPUT as EXIT_INPUT
 from kvgate.commands.exit_codes import EXIT_OK as EXIT_OK
-from kvgate.commands.failure import report_error
+from kvgate.commands.failure import print_traceback, report_error, token_hidden
 from kvgate.errors import ExternalError, KvgateError
 
 # Subcommand -> its module (imported only when that command runs or shows its own help).
@@ -123,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvgateError as exc:  # InputError, or anything not ExternalError: bad input (2)
         code = EXIT_EXTERNAL if isinstance(exc, ExternalError) else EXIT_INPUT
         if getattr(args, "debug", False):
-            traceback.print_exc()
+            print_traceback()
         return _report(args, str(exc), code)
     except KeyboardInterrupt:
         return 130
@@ -131,10 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except Exception as exc:
         # a bug, not a verdict: never let it read as "the gate says no" (exit 1)
-        traceback.print_exc()
+        print_traceback()
         message = f"internal error (a bug; the traceback is above): {type(exc).__name__}: {exc}"
         return _report(args, message, EXIT_BUG)
 
 
 def _report(args: argparse.Namespace, message: str, code: int) -> int:
-    return report_error(args.command, message, code, as_json=bool(getattr(args, "json", False)))
+    shown = token_hidden(message)  # an error may quote the request that carried HF_TOKEN
+    return report_error(args.command, shown, code, as_json=bool(getattr(args, "json", False)))

@@ -59,15 +59,38 @@ def test_a_hub_error_quoting_the_token_never_reaches_status(
 
 @pytest.mark.parametrize("expected", [True, False])
 def test_a_jobs_summary_error_never_carries_its_hub_token(
-    monkeypatch: pytest.MonkeyPatch, expected: bool
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], expected: bool
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    # an expected failure and a bug alike; the bug's text is cut at 300 after the token is hidden
+    # an expected failure and a bug alike; the token straddles the cut of a bug's text at 300
+    # characters, so a cut made before the token is hidden would keep its start
     quoting = EvalError if expected else RuntimeError
-    exc = quoting("x" * 290 + f" tokenizer fetch failed with token {TOKEN}")
-    said = error_text(exc, EvalError)
-    assert "tokenizer fetch failed" in said or not expected
-    assert TOKEN not in said and TOKEN[:6] not in said
-    assert said.startswith("internal error: RuntimeError: ") is not expected
+    exc = quoting(f"tokenizer fetch failed: {'x' * 260} {TOKEN}")  # 15 of it before the cut
+    try:
+        raise exc
+    except Exception as raised:  # as the commands call it: while the exception is handled
+        said = error_text(raised, EvalError)
+    assert said.startswith("tokenizer fetch failed" if expected else "internal error: ")
+    assert TOKEN[:6] not in said
+    # a bug's traceback goes to stderr, the Job's log: without the token either
+    err = capsys.readouterr().err
+    assert ("Traceback" in err) is not expected and TOKEN[:6] not in err
     monkeypatch.delenv("HF_TOKEN")
     assert TOKEN in error_text(EvalError(f"token {TOKEN}"), EvalError)  # none given: none known
+
+
+def test_a_bug_in_a_command_quoting_its_hub_token_leaves_it_out_of_every_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvgate import cli
+    from kvgate.commands import stats
+
+    def broken(args: object) -> int:
+        raise RuntimeError(f"boom while sending {TOKEN}")
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr(stats, "run", broken)
+    assert cli.main(["stats", "--paired", "1,2,3,4", "--json"]) == cli.EXIT_BUG
+    out, err = capsys.readouterr()
+    assert "Traceback" in err and "boom while sending <redacted>" in err
+    assert TOKEN[:6] not in out + err

@@ -54,11 +54,21 @@ def error_text(
 
     The summary reaches the rollout's status: the hub token the Job was given (`HF_TOKEN`) is
     hidden by value, whatever its shape, before any cut (a cut token would leak its start)."""
-    token = os.environ.get("HF_TOKEN")
     if isinstance(exc, expected):
-        return redact.hide(text or str(exc), token)
-    traceback.print_exc(file=sys.stderr)
-    return f"internal error: {type(exc).__name__}: {redact.hide(str(exc), token)[:300]}"
+        return token_hidden(text or str(exc))
+    print_traceback()
+    return f"internal error: {type(exc).__name__}: {token_hidden(str(exc))[:300]}"
+
+
+def token_hidden(text: str) -> str:
+    """`text` without the hub token this process was given (`HF_TOKEN`), whatever its shape,
+    and scrubbed (`redact.hide`): what a command prints reaches a Job's log and status."""
+    return redact.hide(text, os.environ.get("HF_TOKEN"))
+
+
+def print_traceback() -> None:
+    """The exception being handled, its traceback on stderr (a Job's log), the token hidden."""
+    print(token_hidden(traceback.format_exc()), end="", file=sys.stderr)
 
 
 def report_summary_error(command: str, summary: Mapping[str, Any], verdict: str) -> None:

@@ -172,8 +172,7 @@ def arm_scan(ctx: Ctx, seen: Seen, arm: str) -> tuple[ScanRecord | None, ArmStat
     if health.crashed:
         # scrubbed as the findings' lines are (`compact_scan`): status is readable like Events
         both = f"{previous}\n{text}"  # a container that died at once has an empty log
-        lines = both.strip().splitlines()[-3:]
-        tail = tuple(redact.clipped(line, 300) for line in lines)
+        tail = tuple(redact.clipped(line, 300) for line in both.strip().splitlines()[-3:])
         scan = dataclasses.replace(scan, tail=tail)
     block = dataclasses.replace(
         arm_gpu(seen, arm, block),

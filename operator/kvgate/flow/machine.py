@@ -238,8 +238,8 @@ def _preflight(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if mismatch:  # production runs another format than the spec says: fail closed
         return end_step(Phase.FAILED, Reason.INVALID_SPEC, mismatch)
     # A stated control that matched is the rollout's own baseline: FP8 to another format is asked.
-    forced = control_runs_fp8(obs.forces_fp8, obs.production_kv_dtype, target)
-    if forced and stated == "auto":  # no BF16 arm to compare with: fail before any canary
+    forced = stated == "auto" and control_runs_fp8(obs.forces_fp8, obs.production_kv_dtype, target)
+    if forced:  # no BF16 arm to compare with: fail before any canary
         return end_step(Phase.FAILED, Reason.CONTROL_RUNS_FP8, forced)
     gate = spec.capacity
     sampling = obs.pool_samples < gate.samples and state.phase_elapsed_s < gate.sampling_deadline_s
