@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from evidence import as_scan
 
-from kvgate.controller.sources import scan_engine_log
+from kvgate.controller.sources import compact_scan, scan_engine_log
 from kvgate.evidence import logs
 from kvgate.judge import gates, remedy
 from kvgate.records.codec import read_record, write
-from kvgate.records.status import ScanRecord
+from kvgate.records.status import FindingRecord, ScanRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "logs"
 SAMPLES = sorted(DATA.glob("*.txt"))
@@ -90,3 +90,16 @@ def test_no_credential_an_engine_printed_reaches_the_kept_scan() -> None:
     # THEN the findings still name the crash, and nothing of the credential is kept
     assert "attention-build-failed" in [f["code"] for f in kept["findings"]]
     assert secret not in str(kept) and "hf_abcdefgh" not in str(kept)
+
+
+@pytest.mark.parametrize("before", [287, 295])  # 13 and 5 of its characters before the cut
+def test_a_credential_across_the_cut_of_a_finding_leaves_none_of_it(before: int) -> None:
+    # GIVEN a finding whose line quotes a credential just before status cuts it at 300
+    secret = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    line = "x" * (before - 1) + " " + secret
+    scan = ScanRecord(findings=(FindingRecord(code="engine-start-failed", text=line),))
+    # WHEN status keeps it
+    (kept,) = compact_scan(scan).findings
+    # THEN it is cut to 300, and not even the credential's start is kept
+    assert kept.text is not None and len(kept.text) <= 300 and kept.text.startswith("xxx")
+    assert secret[:5] not in kept.text
