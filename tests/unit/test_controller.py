@@ -942,6 +942,8 @@ def test_a_crash_line_that_carries_a_token_reaches_no_status_field_or_event(
     status = world.obj["status"]
     # THEN no status field (message, gate, condition, verdict, log tail, finding) and no Event
     # holds the token, not even its start
+    assert token not in json.dumps(status) and token not in json.dumps(world.patches)
+    assert not [e for e in world.events if token in e[2]]
     said = json.dumps(status) + json.dumps(world.patches) + json.dumps(world.events)
     assert "OSError: " in said and token[:5] not in said
     if line == TOKEN_IN_URL:
