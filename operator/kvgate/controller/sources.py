@@ -11,10 +11,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from kvgate import redact
+from kvgate.adapters import http, hub
 from kvgate.change import manifests
 from kvgate.controller.kubeapi import KubeApi
 from kvgate.engines import launch as engines
 from kvgate.errors import ExternalError, InputError, KvgateError, ScrapeError, SpecError, brief
+from kvgate.evidence import logs, metrics, poolsample
+from kvgate.evidence.logs.containers import joined, per_container
 from kvgate.records.codec import read_record, whole
 from kvgate.records.status import (
     CacheTruth,
@@ -28,7 +31,6 @@ from kvgate.vocabulary import PROMETHEUS_SOURCE
 
 if TYPE_CHECKING:
     from kvgate.config import OperatorConfig
-    from kvgate.evidence.metrics import MetricSnapshot
     from kvgate.spec.rollout import CapacityGate, RolloutSpec, SecretKeyRef
 
 Series = dict[str, list[PoolSample]]  # kept pool samples per production pod
@@ -46,32 +48,24 @@ def metrics_url(status: RolloutStatus, ip: str) -> str:
 
 def cache_truth(status: RolloutStatus, ip: str, timeout: float) -> CacheTruth:
     """What the engine's /metrics at `ip` states of its KV cache (`metrics.cache_truth`)."""
-    from kvgate.evidence import metrics
-
     truth: CacheTruth = read_record(
         CacheTruth, metrics.cache_truth(scrape_engine(status, ip, timeout))
     )
     return truth
 
 
-def scrape_engine(status: RolloutStatus, ip: str, timeout: float) -> MetricSnapshot:
+def scrape_engine(status: RolloutStatus, ip: str, timeout: float) -> metrics.MetricSnapshot:
     return scrape_pod(metrics_url(status, ip), status.engine, timeout)
 
 
-def scrape_pod(url: str, engine: str | None, timeout: float) -> MetricSnapshot:
+def scrape_pod(url: str, engine: str | None, timeout: float) -> metrics.MetricSnapshot:
     """One pod's /metrics, read with the operator's deadline and parsed for this engine."""
-    from kvgate.adapters import http
-    from kvgate.evidence import metrics
-
     return metrics.parse_metrics(http.scrape(url, timeout=timeout), engine)
 
 
 def server_info(ip: str, port: Any, timeout: float) -> dict[str, object]:
     """SGLang's server info from /server_info (else /get_server_info, before 0.5.6), the dtype
     source its /metrics lack: `metrics.ServerInfo.to_status()`, or {"absent": why}."""
-    from kvgate.adapters import http
-    from kvgate.evidence import metrics
-
     base = f"http://{ip}:{port}"
     for path in metrics.SERVER_INFO_PATHS:
         try:
@@ -199,8 +193,6 @@ def scan_checkpoint(
     `kvgate.checkpoint.advice`. `token_secret`: already allowed by the operator (or None).
     `control_kv_dtype`: the --kv-cache-dtype production runs; what it stores on this checkpoint
     is `effectiveControlFormat`, and the expected gain is counted from it."""
-    from kvgate.adapters import hub
-
     if not model:
         return {"present": None, "finding": "no model in the spec or the container args"}
     local = model.startswith(("/", "./", "../")) or not hub.looks_like_repo_id(model)
@@ -284,10 +276,8 @@ def _skip_layers_problem(
     return None
 
 
-def pool_record(snap: MetricSnapshot) -> PoolSample:
+def pool_record(snap: metrics.MetricSnapshot) -> PoolSample:
     """What status keeps of one pool sample (`poolsample.record`)."""
-    from kvgate.evidence import poolsample
-
     return poolsample.record(snap)
 
 
@@ -325,7 +315,7 @@ def pool_history(
 
 
 def sample_pool(
-    ips: Mapping[str, str], series: Series, scrape: Callable[[str], MetricSnapshot]
+    ips: Mapping[str, str], series: Series, scrape: Callable[[str], metrics.MetricSnapshot]
 ) -> list[str]:
     """One scrape of each Ready production pod, appended to `series`; the errors."""
     errors = []
@@ -350,9 +340,6 @@ def pod_logs(
 def scan_engine_log(text: str, engine: str | None, *, previous: str | None = None) -> ScanRecord:
     """The engine log's scan (`logs.scan_log`), compacted for status. With the `previous`
     container's log, both are scanned as one and each line is named in its own log."""
-    from kvgate.evidence import logs
-    from kvgate.evidence.logs.containers import joined, per_container
-
     whole, previous_lines = joined(previous, text)
     scan = logs.scan_log(whole, engine=engine).status_record()
     return compact_scan(per_container(scan, previous_lines))
