@@ -6,7 +6,6 @@ the preflight's baseline), with what status keeps of it. Reads only, as `observe
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from kvgate.controller import sources
 from kvgate.controller.changes import NOTHING, Observed, StatusUpdate
@@ -27,9 +26,6 @@ from kvgate.records.status import (
 )
 from kvgate.records.timestamps import parse_time
 from kvgate.vocabulary import Phase
-
-if TYPE_CHECKING:
-    from kvgate.evidence.metrics import MetricSnapshot
 
 
 def observe(ctx: Ctx, phase: Phase, seen: Seen) -> Observed:
@@ -105,7 +101,11 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
             continue
         if snap.waiting is not None:
             waiting[name] = snap.waiting
-        counters[name] = pod_counters(snap)
+        ttft = snap.ttft  # whole numbers as the status write keeps them, for the next rates
+        counters[name] = PodCounters(
+            ttft_sum=None if ttft is None else whole(ttft.sum),
+            ttft_count=None if ttft is None else whole(ttft.count),
+        )
     # Last: a crashed pod also makes the Deployment unavailable; the message leads with the cause.
     if not kubeobjects.rolled_out(dep, int(dep["metadata"].get("generation") or 0)):
         ds = dep.get("status") or {}
@@ -118,27 +118,10 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
     verify = promo.verify or VerifyStatus()
     last = parse_time(verify.last_sample_at)
     elapsed = None if last is None else (ctx.now - last).total_seconds()
-    problems += production.regressions(
-        production_baseline(ctx), waiting, verify.counters, counters, elapsed
-    )
+    # Production's worst figures over the preflight window
+    baseline = production.baseline_from_preflight((status.preflight or PreflightStatus()).samples)
+    problems += production.regressions(baseline, waiting, verify.counters, counters, elapsed)
     # Kept for the next sample's rates (the status write copies the promotion record whole).
-    kept = {
-        pod: PodCounters(ttft_sum=whole(c.ttft_sum), ttft_count=whole(c.ttft_count))
-        for pod, c in counters.items()
-    }
-    promo = dataclasses.replace(promo, verify=dataclasses.replace(verify, counters=kept))
+    promo = dataclasses.replace(promo, verify=dataclasses.replace(verify, counters=counters))
     obs = Observation(production_problem="; ".join(problems) or None, sampled=True)
     return obs, StatusUpdate.of(promotion=promo)
-
-
-def pod_counters(snap: MetricSnapshot) -> PodCounters:
-    ttft = snap.ttft
-    return PodCounters(
-        ttft_sum=None if ttft is None else ttft.sum,
-        ttft_count=None if ttft is None else ttft.count,
-    )
-
-
-def production_baseline(ctx: Ctx) -> production.Baseline:
-    """Production's worst figures over the preflight window."""
-    return production.baseline_from_preflight((ctx.so_far.preflight or PreflightStatus()).samples)
