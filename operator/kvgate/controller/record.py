@@ -14,7 +14,7 @@ import kopf
 from kvgate import redact
 from kvgate.controller import reportmap
 from kvgate.controller.changes import NOTHING, StatusUpdate
-from kvgate.controller.context import Begun, Ctx, Reconciled
+from kvgate.controller.context import Begun, Ctx, Reconciled, Retry
 from kvgate.controller.events import post_event
 from kvgate.controller.telemetry import PHASE, ROLLBACKS, ROLLOUTS
 from kvgate.flow import superseding
@@ -100,7 +100,7 @@ def write(begun: Begun, patch: kopf.Patch, outcome: Reconciled) -> RolloutStatus
     if retry is not None:
         post_events(ctx, outcome.done.events)  # of what went through before the failure
         if retry.errors:  # an ended rollout's failed cleanup is retried without a count
-            write_retry(ctx, patch, old, begun.cleared, retry.errors, retry.what)
+            write_retry(ctx, patch, old, begun.cleared, retry)
         return None
     if outcome.step is None:
         return None
@@ -108,20 +108,15 @@ def write(begun: Begun, patch: kopf.Patch, outcome: Reconciled) -> RolloutStatus
 
 
 def write_retry(
-    ctx: Ctx,
-    patch: kopf.Patch,
-    old: Mapping[str, Any],
-    cleared: Mapping[str, Any],
-    errors: int,
-    what: str,
+    ctx: Ctx, patch: kopf.Patch, old: Mapping[str, Any], cleared: Mapping[str, Any], retry: Retry
 ) -> None:
     """A failed reconcile: the keys a new run clears, the failures in a row and the last one,
     and a warning Event on the first and every tenth."""
     patch_status(patch, old, cleared)
-    patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {what}")
+    errors = retry.errors
+    patch_fields(patch, old, consecutive_errors=errors, message=f"retrying after: {retry.what}")
     if errors == 1 or errors % 10 == 0:
-        message = f"{what} (consecutive errors: {errors})"
-        post_events(ctx, (Event(Reason.RECONCILE_ERROR, message, warning=True),))
+        post_events(ctx, (Event(Reason.RECONCILE_ERROR, retry.message, warning=True),))
 
 
 def write_status(
