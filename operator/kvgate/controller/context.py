@@ -195,11 +195,16 @@ def context_of(
     return ctx, spec_errors
 
 
+def status_of(body: kopf.Body) -> dict[str, Any]:
+    """Our own copy of the body's status: nothing may change kopf's body in place."""
+    return copy.deepcopy(dict(body.get("status") or {}))
+
+
 def begin(
     body: kopf.Body, meta: Mapping[str, Any], kube: KubeApi, config: OperatorConfig, logger: Logger
 ) -> Begun:
     """The context of one reconcile of `body`, from its status and spec as they are now."""
-    old = copy.deepcopy(dict(body.get("status") or {}))  # nothing may change kopf's body
+    old = status_of(body)
     found = status = RolloutStatus.from_dict(old)  # the one parse of this reconcile
     phase = found.phase or Phase.PENDING
     generation = meta.get("generation")

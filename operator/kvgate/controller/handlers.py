@@ -11,7 +11,6 @@ sleeps.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import threading
@@ -206,14 +205,9 @@ def reconcile(
         raise kopf.TemporaryError("deleting the canaries and Jobs", delay=1)
 
 
-def _status_of(body: kopf.Body) -> dict[str, Any]:
-    """Our own copy of the body's status: nothing below may change kopf's body in place."""
-    return copy.deepcopy(dict(body.get("status") or {}))
-
-
 def _side_ctx(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: Logger) -> Ctx:
     """The context of the handlers beside reconcile (cleanup, drift, a terminal's deletions)."""
-    status = RolloutStatus.from_dict(_status_of(body))
+    status = RolloutStatus.from_dict(context.status_of(body))
     return context.context_of(body, meta, memo.kube, memo.config, logger, status)[0]
 
 
@@ -299,7 +293,7 @@ def drift(
         updated = _drifted(ctx, live, updated)
     updated = _stale(ctx, live, updated)
     if updated != conditions:
-        patch_fields(patch, _status_of(body), conditions=updated)
+        patch_fields(patch, context.status_of(body), conditions=updated)
 
 
 def _drifted(
