@@ -38,6 +38,7 @@ from kvgate.controller.seen import (
 from kvgate.controller.sources import arm_tpot_totals, canary_port, hub_token_problem
 from kvgate.controller.telemetry import REVERT_FAILURES
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
+from kvgate.flow.deadlines import load_timeout_s
 from kvgate.flow.steps import Action, Step
 from kvgate.judge import throughput
 from kvgate.reasons import Reason
@@ -249,7 +250,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     gate = ctx.spec.capacity_gain.throughput_gain
     # Production's concurrency: the preflight's running + waiting requests, else 1.
     concurrency = throughput.production_concurrency(status.preflight)
-    deadline_s = gate.timeout_s if gate else ctx.spec.canary.eval_timeout_s
+    deadline_s = load_timeout_s(ctx.spec)
     # Lengths: the means of production's request-length histograms as the preflight read them,
     # else the fixed defaults (the message says which).
     lengths = throughput.production_lengths(status.preflight)
