@@ -194,17 +194,16 @@ def scan_checkpoint(
     `control_kv_dtype`: the --kv-cache-dtype production runs; what it stores on this checkpoint
     is `effectiveControlFormat`, and the expected gain is counted from it."""
     if not model:
-        return {"present": None, "finding": "no model in the spec or the container args"}
+        return {"finding": "no model in the spec or the container args"}
     local = model.startswith(("/", "./", "../")) or not hub.looks_like_repo_id(model)
     if local and not under_model_dirs(model, model_dirs):
         # Never probe the path: existence and size would be an oracle on the operator's files.
         return {
-            "present": None,
             "finding": "spec.model.name: a hub repo id, or a path under the operator's model "
-            "mounts (KVGATE_MODEL_DIRS); this is neither",
+            "mounts (KVGATE_MODEL_DIRS); this is neither"
         }
     if not local and hub_offline:
-        return {"present": None, "finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
+        return {"finding": f"{model}: hub not consulted (HF_HUB_OFFLINE)"}
     secret, token = token_secret, None
     try:
         token = kube.read_secret_value(namespace, secret.name, secret.key) if secret else None
@@ -218,10 +217,7 @@ def scan_checkpoint(
     except KvgateError as exc:  # unreachable hub, no weights...: the scales gate decides
         # Say what failed, never what was sent: transport errors can quote headers, and a token
         # of no known shape (a mirror's) is only hidden by value.
-        return {
-            "present": None,
-            "finding": redact.hide(f"{type(exc).__name__}: {exc}", token)[:500],
-        }
+        return {"finding": redact.hide(f"{type(exc).__name__}: {exc}", token)[:500]}
     return {
         "source": headers.source,
         "commit": headers.commit,
