@@ -504,7 +504,7 @@ def remediate(ctx: Ctx, step: Step) -> StatusUpdate:
     ))  # fmt: skip
     candidate = derive_candidate_unchecked(ctx.seeing(decided), live)
     record = candidate_record(ctx.spec, candidate, shown_env(ctx), remedy.env)
-    return decided.then(record.update()).then(StatusUpdate.of(
+    return decided.then(record).then(StatusUpdate.of(
         config_hash=config_hash(
             {"evaluated": ctx.so_far.config_hash, "remediation": remedy.to_dict()}
         ),

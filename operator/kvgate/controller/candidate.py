@@ -8,7 +8,6 @@ Deployment is written, and checked against what Pending recorded; anything else 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kvgate import redact
@@ -36,36 +35,23 @@ def shown_env(ctx: Ctx) -> frozenset[str]:
     return ctx.config.allowlist.env_for(engine) | {e.name for e in ctx.spec.extra_env}
 
 
-@dataclass(frozen=True)
-class CandidateRecord:
-    """A candidate's fingerprinted config and the args and env an SRE would set by hand."""
-
-    config: dict[str, Any]
-    args: tuple[str, ...]
-    env: tuple[EnvVar, ...]
-
-    def update(self) -> StatusUpdate:
-        return StatusUpdate.of(
-            candidate=self.config, recommended_args=self.args, recommended_env=self.env
-        )
-
-
 def candidate_record(
     spec: RolloutSpec,
     candidate: Mapping[str, Any],
     show_env: frozenset[str],
     remedy_env: Mapping[str, str] | None = None,
-) -> CandidateRecord:
-    """The candidate as status records it (env: the rollout's extraEnv, a remedy's on top)."""
+) -> StatusUpdate:
+    """The candidate as status records it: its fingerprinted config, and the args and env an
+    SRE would set by hand (env: the rollout's extraEnv, a remedy's on top)."""
     env = {e.name: e.value for e in spec.extra_env} | dict(remedy_env or {})
-    return CandidateRecord(
-        config=redact.redact_config(manifests.container_config(candidate), show_env=show_env),
-        args=tuple(
+    return StatusUpdate.of(
+        candidate=redact.redact_config(manifests.container_config(candidate), show_env=show_env),
+        recommended_args=tuple(
             redact.redact_args(
                 list(candidate.get("command") or []) + list(candidate.get("args") or [])
             )
         ),
-        env=tuple(EnvVar(name=k, value=v) for k, v in env.items()),
+        recommended_env=tuple(EnvVar(name=k, value=v) for k, v in env.items()),
     )
 
 

@@ -117,8 +117,7 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
     show = ctx.config.allowlist.env_for(str(info.engine)) | {e.name for e in spec.extra_env}
     previous = redact.redact_config(manifests.container_config(container), show_env=show)
     record = candidate_record(spec, candidate, show)
-    wanted = record.config
-    found = record.update().then(StatusUpdate.of(
+    found = record.then(StatusUpdate.of(
         engine=str(info.engine),
         container=str(container.get("name")),
         container_index=index,
@@ -135,7 +134,7 @@ def observe_pending(ctx: Ctx, seen: Seen) -> Observed:
                 "container": container.get("name"),
                 "image": container.get("image"),
                 "previous": previous,
-                "candidate": wanted,
+                "candidate": record.fields["candidate"],
                 "spec": ctx.spec_source,
             }
         ),
