@@ -248,11 +248,8 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
     attempt = step.load_attempts or load.attempt or 1
     ips, port = arm_addresses(ctx)
     gate = ctx.spec.capacity_gain.throughput_gain
-    # Production's concurrency: the preflight's running + waiting requests, else 1.
     concurrency = throughput.production_concurrency(status.preflight)
     deadline_s = load_timeout_s(ctx.spec)
-    # Lengths: the means of production's request-length histograms as the preflight read them,
-    # else the fixed defaults (the message says which).
     lengths = throughput.production_lengths(status.preflight)
     job = manifests.build_load_job(
         rollout=ctx.name,

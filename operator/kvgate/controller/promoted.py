@@ -118,7 +118,6 @@ def observe_verifying(ctx: Ctx, seen: Seen) -> Observed:
     verify = promo.verify or VerifyStatus()
     last = parse_time(verify.last_sample_at)
     elapsed = None if last is None else (ctx.now - last).total_seconds()
-    # Production's worst figures over the preflight window
     baseline = production.baseline_from_preflight((status.preflight or PreflightStatus()).samples)
     problems += production.regressions(baseline, waiting, verify.counters, counters, elapsed)
     # Kept for the next sample's rates (the status write copies the promotion record whole).

@@ -565,8 +565,6 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     if (lost := _arm_lost(obs)) is not None:
         return lost
     attempts = max(state.load_attempts, 1)
-    # One attempt is bounded by the Job's deadline (throughputGain.timeout); the phase by
-    # every attempt.
     timeout_s = deadlines.load_timeout_s(spec)
     budget = deadlines.job_phase_deadline(spec, Phase.MEASURING)
     finding = None
