@@ -1236,6 +1236,19 @@ def test_eval_timeout_is_per_attempt() -> None:
     )
 
 
+def test_a_summary_seen_after_the_phase_deadline_is_judged_not_timed_out() -> None:
+    # GIVEN an eval that finished but was read only past the phase's budget (the operator was
+    # down longer than the grace): its verdict decides, as a late load result's does
+    done = Observation(
+        control=READY, candidate=READY, job_exists=True, eval_summary=as_summary(SUMMARY_PASS)
+    )
+    s = step(Phase.EVALUATING, done, eval_attempts=2, phase_elapsed_s=5000, gates=GOOD_GATES)
+    assert s.phase is Phase.PROMOTING
+    failed = replace(done, eval_summary=as_summary({**SUMMARY_PASS, "verdict": "fail"}))
+    s = step(Phase.EVALUATING, failed, eval_attempts=2, phase_elapsed_s=5000, gates=GOOD_GATES)
+    assert (s.phase, s.reason) == (Phase.ROLLED_BACK, "AccuracyRegressed")
+
+
 def test_a_job_error_is_retried_even_late_in_the_phase() -> None:
     failed = Observation(
         control=READY, candidate=READY, job_exists=True, eval_error="DeadlineExceeded"

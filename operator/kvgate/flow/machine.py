@@ -464,6 +464,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
         error = steps.task_error(spec, obs.eval_summary)
     stuck = (
         error is None
+        and obs.eval_summary is None
         and state.phase_elapsed_s >= budget
         and not _cannot_make(state, obs.job_exists)
     )
