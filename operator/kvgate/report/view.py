@@ -534,25 +534,19 @@ _PASSED: Final = frozenset(
 )
 
 
-_REJECTED: Final = "Rejected candidate args"
-
-
 def args_heading(status: StatusLike) -> str:
     """The args are a recommendation only once a verdict passed them; before that they are
     under test, a rejected candidate's args are labelled as such, and those of a rollout that
     failed before any verdict (a canary no node took) as not tested."""
     typed = typed_status(status)
     phase = typed.phase
-    untested = typed.verdict is None
-    if phase is Phase.REVERTING:  # on its way to the end the revert record names
+    if phase is Phase.REVERTING:  # read as the end the revert record names (else rolled back)
         end = typed.revert.phase if typed.revert is not None else None
-        if end is Phase.NOT_NEEDED:
-            return "Candidate args (not needed)"
-        return "Candidate args (not tested)" if end is Phase.FAILED and untested else _REJECTED
-    if phase is Phase.FAILED and untested:
+        phase = end if end in (Phase.NOT_NEEDED, Phase.FAILED) else Phase.ROLLED_BACK
+    if phase is Phase.FAILED and typed.verdict is None:
         return "Candidate args (not tested)"
     if phase is not None and phase.value in BAD_PHASES:
-        return _REJECTED
+        return "Rejected candidate args"
     if phase is Phase.NOT_NEEDED:
         return "Candidate args (not needed)"
     if phase in _PASSED or (typed.verdict is not None and typed.verdict.decision == "Promote"):
