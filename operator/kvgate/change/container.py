@@ -187,20 +187,14 @@ def changed_around(
     now, tested, before = _config(live), _config(candidate), _config(previous)
     if now in (tested, before):
         return []
-    return [k for k in ("command", "args", "env") if now[k] != tested[k]]
-
-
-def differences(evaluated: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
-    """Which guarded fields (image, command, args, env with valueFrom) of the live container
-    differ from the evaluated one."""
-    return [k for k in GUARDED if evaluated.get(k) != live.get(k)]
+    return [k for k in FIELDS if now[k] != tested[k]]
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """A live container, as status records it, against the evaluated one and kvgate's change."""
 
-    differences: tuple[str, ...]  # guarded fields that differ from the evaluated container
+    differences: tuple[str, ...]  # GUARDED fields (env with valueFrom) unlike the evaluated
     carries_candidate: bool  # every edit kvgate makes is there
     ours_present: bool  # at least one edit kvgate makes is there
     changed_around: tuple[str, ...]  # fields where it is neither the candidate nor the previous
@@ -215,7 +209,7 @@ def compare(
     """`live` against the evaluated container and kvgate's change (`previous` -> `candidate`;
     nothing is changed around an empty candidate: none was recorded)."""
     return Comparison(
-        differences=tuple(differences(evaluated, live)),
+        differences=tuple(k for k in GUARDED if evaluated.get(k) != live.get(k)),
         carries_candidate=carries(live, previous, candidate),
         ours_present=not reverted(live, previous, candidate),
         changed_around=tuple(changed_around(live, previous, candidate)) if candidate else (),
