@@ -109,7 +109,6 @@ def _notes(notes: Sequence[str]) -> str:
 
 
 def render(view: ReportView) -> str:
-    """A self-contained page (inline CSS and SVG, no scripts, no external links)."""
     head = view.header
     namespace, name, phase = head.namespace, head.name, head.phase
     out = [

@@ -1,8 +1,5 @@
-"""The report's view model: small frozen records of what a rollout's status says.
-
-`view` reads the typed status into them, `assemble` builds the one `ReportView` of a rollout;
-`rows`, `text`, `page` and `svg` render it.
-"""
+"""The report's view model: small frozen records of what a rollout's status says (the package
+docstring, `kvgate.report`, says who builds and who renders them)."""
 
 from __future__ import annotations
 

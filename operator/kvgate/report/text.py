@@ -14,7 +14,6 @@ def _wrap(text: str, indent: str = "  ", then: str = "    ") -> list[str]:
 
 
 def render(view: ReportView) -> str:
-    """A terminal summary: verdict, findings, accuracy, capacity, speed, recommended args."""
     head = view.header
     lines = [f"KVCacheRollout {head.namespace}/{head.name}: {head.phase}"]
     facts = [f"target {head.target}"]
