@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from kvgate.reasons import Reason
-from kvgate.records.codec import MISSING as _MISSING
 from kvgate.records.codec import fields as _fields
 from kvgate.records.codec import key as _key
-from kvgate.records.codec import read as _read
+from kvgate.records.codec import read_record
 from kvgate.records.codec import write as _write
 from kvgate.records.evalsummary import AccuracyStatus, JsonValue
 from kvgate.records.loadresult import LoadSummary
@@ -228,10 +227,8 @@ class EvalStatus:
 
 def read_eval_progress(line: object) -> EvalProgress | None:
     """The eval Job's progress line as an `EvalProgress`; None without a look's figures."""
-    read = _read(EvalProgress, line, 1)
-    if not isinstance(read, EvalProgress) or read.look is None or read.questions is None:
-        return None
-    return read
+    read: EvalProgress = read_record(EvalProgress, line)
+    return None if read.look is None or read.questions is None else read
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,15 +573,11 @@ class RolloutStatus:
     @classmethod
     def from_dict(cls, raw: object) -> RolloutStatus:
         """Any value reads: what is not a status (or not this field's type) is unknown."""
-        value = _read(cls, raw, 0)
-        if not isinstance(value, RolloutStatus) or not isinstance(raw, Mapping):
-            return cls()
-        return _with_copied_arm_figures(value, raw)
+        value: RolloutStatus = read_record(cls, raw)
+        return _with_copied_arm_figures(value, raw) if isinstance(raw, Mapping) else value
 
     def to_dict(self) -> dict[str, Any]:
-        out = _write(self)
-        assert isinstance(out, dict)
-        return out
+        return dict(_write(self))
 
     @property
     def reported(self) -> bool:
@@ -613,8 +606,8 @@ def _with_copied_arm_figures(status: RolloutStatus, raw: Mapping[Any, Any]) -> R
             into = copied.setdefault(where, {}) if where else copied
             if value is not None and leaf not in into:
                 into[leaf] = value
-        scan = _read(ScanRecord, copied, 1) if copied else _MISSING
-        if not isinstance(scan, ScanRecord) or scan == ScanRecord():
+        scan: ScanRecord = read_record(ScanRecord, copied)
+        if scan == ScanRecord():
             continue
         have = arms.get(arm) or ArmStatus()
         arms[arm] = dataclasses.replace(have, scan=_fill(have.scan, scan))
