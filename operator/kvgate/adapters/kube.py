@@ -338,22 +338,16 @@ class Kube:
         )
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str:
-        """The hub token in Secret `name`, key `key`; only Secrets that opt in may be read.
-
-        The Secret must carry the label `kvgate.io/hub-token: "true"` (so a rollout author
-        cannot point kvgate at any Secret of the namespace and have it sent to a hub), and the
-        value must be one printable line of at most 512 characters without whitespace.
-        Every refusal is an InputError naming the Secret, the key or the label, never the value.
-        """
+        """The hub token in Secret `name`, key `key`, from a Secret labelled HUB_TOKEN_LABEL
+        only (a rollout author cannot have any Secret of the namespace sent to a hub), one
+        printable line (`_decode_token`). A refusal is an InputError naming the Secret, the key or
+        the label, never the value."""
         return self._hub_token(namespace, name, key, forbidden_is_input=False)
 
     def check_hub_token_secret(self, namespace: str, name: str, key: str) -> None:
-        """Raise InputError unless kvgate may hand Secret `name` on (the eval Job's HF_TOKEN).
-
-        The same rule as `read_secret_value` (label, key, one printable line), applied before a
-        Job may reference the Secret by `secretKeyRef`, which the kubelet resolves without
-        kvgate's RBAC. A Secret the operator may not get (403) is refused too: fail closed.
-        """
+        """`read_secret_value`'s rule, before a Job may name the Secret in a `secretKeyRef` (the
+        eval Job's HF_TOKEN, which the kubelet resolves without kvgate's RBAC); a Secret the
+        operator may not get (403) is refused too: fail closed."""
         self._hub_token(namespace, name, key, forbidden_is_input=True)
 
     def read_forge_token(

@@ -26,8 +26,8 @@ _SHORT_NAMES = {"kvcacherollout": "kvr", "deployment": "deploy"}
 
 
 def for_cli(namespace: str | None) -> tuple[CliKube, str]:
-    """A Kube on the user's own credentials (`kvgate get`, `wait`, `report`, `approve`, `abort`,
-    `check`), and `namespace`, else the credentials', else `default`.
+    """A Kube on the user's own credentials, and `namespace`, else the credentials', else
+    `default`.
 
     A kubeconfig with `insecure-skip-tls-verify: true` is the user's choice: urllib3's two-line
     InsecureRequestWarning on every call would precede kvgate's one-line error (first-hour-2 N19).
