@@ -166,9 +166,9 @@ def _shown_worse_by(shown: float | None, upper: float | None) -> float | None:
     return max(0.0, value) if value is not None else None
 
 
-def read_long_context(status: StatusLike) -> list[LongContextBucket]:
+def read_long_context(status: RolloutStatus) -> list[LongContextBucket]:
     """Per context-length bucket: both arms' scores, recovery, the lower bound, the verdict."""
-    acc = typed_status(status).accuracy
+    acc = status.accuracy
     block = acc.long_context if acc is not None else None
     return [
         LongContextBucket(
@@ -184,9 +184,9 @@ def read_long_context(status: StatusLike) -> list[LongContextBucket]:
     ]
 
 
-def read_divergence(status: StatusLike) -> list[DivergenceBucket]:
+def read_divergence(status: RolloutStatus) -> list[DivergenceBucket]:
     """Per position bucket: the A/A floor and the candidate, KL and top-1 agreement."""
-    acc = typed_status(status).accuracy
+    acc = status.accuracy
     block = acc.divergence if acc is not None else None
     out = []
     for b in block.buckets if block is not None else ():
@@ -252,13 +252,12 @@ def _scan(status: RolloutStatus, arm: str) -> ScanRecord:
     return block.scan if block is not None and block.scan is not None else ScanRecord()
 
 
-def read_log_findings(status: StatusLike) -> list[LogLine]:
+def read_log_findings(status: RolloutStatus) -> list[LogLine]:
     """Warnings and errors from each arm's startup-log scan (info lines are left out)."""
-    typed = typed_status(status)
     return [
         LogLine(arm, f.severity, f.code or "", (f.text or "").strip(), (f.hint or "").strip())
         for arm in ARMS
-        for f in _scan(typed, arm).findings
+        for f in _scan(status, arm).findings
         if f.severity in ("warning", "error")
     ]
 
@@ -266,9 +265,9 @@ def read_log_findings(status: StatusLike) -> list[LogLine]:
 # ---------------------------------------------------------------- capacity and speed
 
 
-def read_kv_tokens(status: StatusLike, arm: str) -> float | None:
+def read_kv_tokens(status: RolloutStatus, arm: str) -> float | None:
     """The arm's KV cache size in tokens, as its engine reported it at startup."""
-    capacity = _scan(typed_status(status), arm).capacity
+    capacity = _scan(status, arm).capacity
     return finite_number(capacity.kv_tokens) if capacity is not None else None
 
 
@@ -425,9 +424,9 @@ def read_preflight(status: StatusLike) -> list[str]:
     return lines
 
 
-def read_remediation(status: StatusLike) -> list[str]:
+def read_remediation(status: RolloutStatus) -> list[str]:
     """`status.remediation`: both candidate attempts, the crash and the remedy applied."""
-    rem = typed_status(status).remediation
+    rem = status.remediation
     if rem is None:
         return []
     first = rem.first_attempt or FirstAttempt()
@@ -515,10 +514,9 @@ def split_remedy(message: str) -> tuple[str, str | None]:
     return message[: match.start()], f"{remedy} (for {version})" if version else remedy
 
 
-def is_finished(status: StatusLike) -> bool:
+def is_finished(status: RolloutStatus) -> bool:
     """The rollout ended (a final phase, or a finish time): what is missing now never comes."""
-    typed = typed_status(status)
-    return bool((typed.phase is not None and typed.phase.terminal) or typed.finished_at)
+    return bool((status.phase is not None and status.phase.terminal) or status.finished_at)
 
 
 # Phases a candidate reaches only after a passing verdict.
