@@ -7,9 +7,8 @@ instead of live scrapes.
 give). Each evaluation step becomes one `MetricSnapshot`, reduced like a parsed `/metrics`. A
 pod Prometheus has no samples of has an unknown pool, never judged.
 
-`gpu_clocks`: dcgm-exporter's `DCGM_FI_DEV_SM_CLOCK` / `DCGM_FI_DEV_MEM_CLOCK`, matched by the
-`pod` and `namespace` labels of its pod mapping (or their `exported_` names when scraped
-without honor_labels).
+`gpu_clocks`: dcgm-exporter's SM and memory clocks (`CLOCK_METRICS`) of the arms' pods, matched
+by the labels of its pod mapping (`clock_query`).
 
 Any failure (unreachable, slow, HTTP error, `status: error`, junk or oversized JSON, values
 outside what an engine exports) is a `PrometheusError`: the caller's "unknown", never a
@@ -33,7 +32,7 @@ import httpx
 from kvgate.adapters import http
 from kvgate.errors import ParseError, PrometheusError, ScrapeError, brief
 from kvgate.evidence import metrics
-from kvgate.records.status import ClockReading, ClockRecord
+from kvgate.records.status import MAX_MHZ, ClockReading, ClockRecord
 from kvgate.vocabulary import ENGINE_NAMES
 
 # A matrix over a few pods and a window of tens of steps is tens of KiB.
@@ -251,7 +250,6 @@ def pool_history(
 
 # dcgm-exporter's clock fields (etc/default-counters.csv), labelled with the pod of the GPU.
 CLOCK_METRICS: Final = {"sm": "DCGM_FI_DEV_SM_CLOCK", "mem": "DCGM_FI_DEV_MEM_CLOCK"}
-_MAX_MHZ: Final = 100_000.0  # no GPU clock is near 100 GHz: anything above is junk
 
 
 def clock_query(namespace: str, pods: Sequence[str]) -> str:
@@ -284,7 +282,7 @@ def clocks_from_series(
         if key is None or pod not in values:
             continue
         for _, value in s.points:
-            if not (0 < value < _MAX_MHZ):  # NaN fails too
+            if not (0 < value < MAX_MHZ):  # NaN fails too
                 raise _fail(source, f"{s.labels['__name__']} of pod {pod} is {value:g} MHz")
             values[pod][key].append(value)
     out: dict[str, ClockRecord | None] = {}

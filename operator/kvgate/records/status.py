@@ -248,7 +248,8 @@ class ClockReading(NamedTuple):
     high: float
 
 
-_MAX_MHZ: Final = 1e6  # no GPU clock is near it: a larger figure is junk
+# No GPU clock is near 100 GHz: a larger figure is junk (a unit slip, a counter, a hostile edit).
+MAX_MHZ: Final = 100_000.0
 
 
 def _reading(mean: object, span: tuple[object, ...]) -> ClockReading | None:
@@ -256,7 +257,7 @@ def _reading(mean: object, span: tuple[object, ...]) -> ClockReading | None:
     plausible = [
         float(n)
         for n in numbers
-        if isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < _MAX_MHZ
+        if isinstance(n, int | float) and not isinstance(n, bool) and 0 < n < MAX_MHZ
     ]
     if len(numbers) != 3 or len(plausible) != 3:
         return None  # absent, or an edited status: unknown, never a guess

@@ -18,6 +18,7 @@ from kvgate.reasons import Reason
 from kvgate.records.evalsummary import ArmAccuracy, BoundsRecord, PairedRecord, TokenAgreement
 from kvgate.records.loadresult import StagePoint, time_scale
 from kvgate.records.status import (
+    MAX_MHZ,
     ClockRecord,
     ClocksRecord,
     FirstAttempt,
@@ -58,8 +59,6 @@ GOOD_PHASES: Final = frozenset({Phase.PROMOTED.value, Phase.NOT_NEEDED.value})
 BAD_PHASES: Final = frozenset({Phase.ROLLED_BACK.value, Phase.FAILED.value, Phase.DECLINED.value})
 # Waiting for a person: an approval (manual mode), a merge (pullRequest mode).
 WAIT_PHASES: Final = frozenset({Phase.AWAITING_APPROVAL.value, Phase.PULL_REQUEST_OPEN.value})
-# A GPU clock outside this is not a reading (a unit slip, a counter, a hostile edit).
-_MAX_MHZ: Final = 100_000.0
 
 
 def typed_status(status: StatusLike) -> RolloutStatus:
@@ -352,7 +351,7 @@ def read_load(status: StatusLike) -> Load | None:
 
 def _mhz(value: float | None) -> float | None:
     number = finite_number(value)
-    return number if number is not None and 0.0 < number <= _MAX_MHZ else None
+    return number if number is not None and 0.0 < number < MAX_MHZ else None
 
 
 def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
