@@ -23,7 +23,7 @@ from kvgate.records.loadresult import LoadSummary
 from kvgate.records.oldspellings import COPIES
 from kvgate.vocabulary import VERDICT_REPORTED, Condition, Outcome, Phase, config_hash, ended
 
-# Why the open fields are open (their descriptions in the CRD's schema, `statusschema`).
+# Why the open fields are open (their descriptions in the CRD's schema, `records.schema`).
 _CONTAINER: Final = (
     "Open: the container's command, args and env as Kubernetes holds them (env entries whole, "
     "valueFrom included), literal values fingerprinted; the revert compares them verbatim."
