@@ -86,10 +86,8 @@ def _record(cls: type) -> dict[str, Any]:
     open_doc = None
     for f in fields(cls):
         where = f"{cls.__name__}.{f.name}"
-        if f.rest:
-            if not f.doc:
-                raise SchemaError(f"{where}: an open field needs a doc saying why")
-            open_doc = f.doc
+        if f.rest:  # the record is open: `_open` refuses it without a doc saying why
+            open_doc = _open(where, f.doc)["description"]
             continue
         schema = _schema(f.type, where, f.doc)
         if f.doc and "description" not in schema:
