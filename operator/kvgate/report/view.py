@@ -355,11 +355,8 @@ def _mhz(value: float | None) -> float | None:
 
 
 def _mhz_range(value: Sequence[float]) -> tuple[float, float] | None:
-    pair = interval(value)
-    if pair is None:
-        return None
-    low, high = _mhz(pair[0]), _mhz(pair[1])
-    return (low, high) if low is not None and high is not None and low <= high else None
+    pair = interval(value)  # finite numbers already
+    return pair if pair is not None and 0.0 < pair[0] <= pair[1] < MAX_MHZ else None
 
 
 def _clocks(raw: ClocksRecord | None) -> ClocksRecord | None:
