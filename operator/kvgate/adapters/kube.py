@@ -54,10 +54,7 @@ def _decode_token(where: str, key: str, raw: Any) -> str:
         text = decoded.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{where} key {key!r} is not UTF-8 text") from None
-    if text.endswith("\r\n"):
-        text = text[:-2]
-    elif text.endswith("\n"):
-        text = text[:-1]
+    text = text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")  # one line end
     if not text:
         raise InputError(f"{where} key {key!r} is empty")
     if len(text) > MAX_TOKEN_LENGTH:
