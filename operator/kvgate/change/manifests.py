@@ -382,9 +382,8 @@ def build_load_job(
     nonce: str | None = None,
     **job: Unpack[JobFields],
 ) -> dict[str, Any]:
-    """The load Job (`kvgate load-job` on both arms), locked down as the eval Job; inference-perf
-    writes its config, log and reports in /tmp. `nonce` becomes `KVGATE_LOAD_NONCE`, which the
-    summary line carries back."""
+    """The load Job (`kvgate load-job` on both arms), locked down as the eval Job. `nonce` becomes
+    `KVGATE_LOAD_NONCE`, which the summary line carries back."""
     return _judge_job(
         "load",
         env={**(env or {}), **({LOAD_NONCE_ENV: nonce} if nonce is not None else {})},
