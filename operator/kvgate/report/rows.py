@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from kvgate.records.loadresult import StagePoint, sim_time_note
+from kvgate.records.loadresult import ARMS, StagePoint, sim_time_note
 from kvgate.records.timestamps import duration
 from kvgate.report.fields import as_fraction
 from kvgate.report.fmt import (
@@ -28,7 +28,7 @@ from kvgate.report.records import (
     Progress,
     Speed,
 )
-from kvgate.report.view import ARMS, SEE_HEADLINE
+from kvgate.report.view import SEE_HEADLINE
 
 ACCURACY_HEADER: Final = ("arm", "correct", "n", "accuracy", "95% Wilson")
 CAPACITY_HEADER: Final = ("arm", "KV dtype", "backend", "KV tokens", "max concurrency")

@@ -6,8 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-from kvgate.change.manifests import ARMS
-from kvgate.records.loadresult import StagePoint
+from kvgate.records.loadresult import ARMS, StagePoint
 from kvgate.report.fmt import e, fmt_int, kilo, pct, to_pp, wilson
 from kvgate.report.records import ReportView
 

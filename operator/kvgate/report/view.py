@@ -12,11 +12,10 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from kvgate.change import manifests
 from kvgate.judge import gates
 from kvgate.reasons import Reason
 from kvgate.records.evalsummary import ArmAccuracy, BoundsRecord, PairedRecord, TokenAgreement
-from kvgate.records.loadresult import StagePoint, time_scale
+from kvgate.records.loadresult import ARMS, StagePoint, time_scale
 from kvgate.records.status import (
     MAX_MHZ,
     ClockRecord,
@@ -51,7 +50,6 @@ from kvgate.report.records import (
 )
 from kvgate.vocabulary import Phase
 
-ARMS: Final = manifests.ARMS
 # kstatus conditions say how the object is doing, not what the gates found.
 _KSTATUS: Final = frozenset({"Ready", "Reconciling", "Stalled"})
 _GATE_ORDER: Final = {g: i for i, g in enumerate(gates.GATE_ORDER)}  # the order gates run in
