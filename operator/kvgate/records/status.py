@@ -621,9 +621,7 @@ def _fill(have: Any, copied: Any) -> Any:
         return copied if have is None else have
     if not dataclasses.is_dataclass(have) or isinstance(have, type):
         return have
-    values = {}
     record: Any = type(have)
-    for f in _fields(record):
-        mine, theirs = getattr(have, f.name), getattr(copied, f.name)
-        values[f.name] = _fill(mine, theirs) if mine is not None else theirs
-    return record(**values)
+    return record(
+        **{f.name: _fill(getattr(have, f.name), getattr(copied, f.name)) for f in _fields(record)}
+    )
