@@ -320,11 +320,10 @@ def read_load(status: StatusLike) -> Load | None:
     arms: dict[str, dict[int, StagePoint]] = {}
     for arm in ARMS:
         record = summary.arm(arm)
-        stages = record.stages if record is not None else ()
         arms[arm] = {}
-        for stage in stages:
-            if stage.concurrency is not None and stage.concurrency not in arms[arm]:
-                arms[arm][stage.concurrency] = stage
+        for stage in record.stages if record is not None else ():  # the first at a level
+            if stage.concurrency is not None:
+                arms[arm].setdefault(stage.concurrency, stage)
     levels = sorted({c for stages in arms.values() for c in stages})
     if not levels:
         return None
