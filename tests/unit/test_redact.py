@@ -295,3 +295,31 @@ def test_a_wrong_key_lists_the_key_names_only() -> None:
     with pytest.raises(InputError, match=r"has no key 'hf' \(keys: token\)") as info:
         kube.read_secret_value("ns", "hf", "hf")
     assert SECRET not in str(info.value)
+
+
+def test_a_forge_token_refused_is_named_a_forge_token_not_a_hub_token() -> None:
+    from kubernetes import client as k8s
+
+    from kvgate.adapters.kube import (
+        FORGE_API_URL_ANNOTATION,
+        FORGE_REPOSITORY_ANNOTATION,
+        FORGE_TOKEN_LABEL,
+    )
+
+    secret = _secret(SECRET.encode() + b"\nsecond", {FORGE_TOKEN_LABEL: "true"})
+    secret.metadata = k8s.V1ObjectMeta(
+        name="hf",
+        labels={FORGE_TOKEN_LABEL: "true"},
+        annotations={
+            FORGE_API_URL_ANNOTATION: "http://127.0.0.1:3000/api/v1",
+            FORGE_REPOSITORY_ANNOTATION: "ops/deploy",
+        },
+    )
+    kube = _kube_with_secret(secret)
+    with pytest.raises(InputError) as info:
+        kube.read_forge_token(
+            "ns", "hf", "token", api_url="http://127.0.0.1:3000/api/v1", repository="ops/deploy"
+        )
+    text = str(info.value)
+    assert "a Git forge token is one printable line" in text and "hub token" not in text
+    assert SECRET not in text and "second" not in text

@@ -41,8 +41,9 @@ _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 NODE_TTL_S = 60.0
 
 
-def _decode_token(where: str, key: str, raw: Any) -> str:
-    """Base64 -> one printable line; errors say what is wrong, never any of the value."""
+def _decode_token(where: str, key: str, raw: Any, holds: str) -> str:
+    """Base64 -> one printable line; errors say what is wrong (`holds`: what the key is for),
+    never any of the value."""
     import base64
     import binascii
 
@@ -59,13 +60,13 @@ def _decode_token(where: str, key: str, raw: Any) -> str:
         raise InputError(f"{where} key {key!r} is empty")
     if len(text) > MAX_TOKEN_LENGTH:
         raise InputError(
-            f"{where} key {key!r} holds {len(text)} characters; a hub token is one line of at "
-            f"most {MAX_TOKEN_LENGTH}"
+            f"{where} key {key!r} holds {len(text)} characters; {holds} is one line of at most "
+            f"{MAX_TOKEN_LENGTH}"
         )
     if any(c.isspace() or not c.isprintable() for c in text):
         raise InputError(
-            f"{where} key {key!r} holds whitespace, a line break or a control character; a "
-            "hub token is one printable line"
+            f"{where} key {key!r} holds whitespace, a line break or a control character; "
+            f"{holds} is one printable line"
         )
     return text
 
@@ -426,4 +427,4 @@ class Kube:
         if not raw:
             keys = ", ".join(sorted(str(k) for k in data)) if isinstance(data, Mapping) else ""
             raise InputError(f"{where} has no key {key!r} (keys: {keys or 'none'})")
-        return _decode_token(where, key, raw)
+        return _decode_token(where, key, raw, holds)
