@@ -61,23 +61,32 @@ class LiveKey:
     config_changed: tuple[str, ...] = ()
 
 
-def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
-    """The fields of `key` the live target no longer matches (empty: the verdict holds).
+def _changed(key: VerdictKey, live: LiveKey) -> list[tuple[str, str]]:
+    """(field, what changed in words) for each field of `key` the live target no longer matches.
 
     An unknown on either side (a pod still starting, a node without GPU feature discovery's
     label) is no evidence of change: it never makes a verdict stale, nor a stale one fresh."""
     changed = []
     if key.image and live.image and live.image != key.image:
-        changed.append("image")
-    if key.image_digest and any(d != key.image_digest for d in live.image_digests):
-        changed.append("imageDigest")
-    if key.gpu_product and any(p != key.gpu_product for p in live.gpu_products):
-        changed.append("gpuProduct")
-    if key.gpu_count is not None and any(n != key.gpu_count for n in live.gpu_counts):
-        changed.append("gpuCount")
+        changed.append(("image", f"image {key.image} -> {live.image}"))
+    digests = sorted(d for d in live.image_digests if d != key.image_digest)
+    if key.image_digest and digests:
+        changed.append(("imageDigest", f"image digest {key.image_digest} -> {', '.join(digests)}"))
+    products = sorted(p for p in live.gpu_products if p != key.gpu_product)
+    if key.gpu_product and products:
+        changed.append(("gpuProduct", f"GPU {key.gpu_product} -> {', '.join(products)}"))
+    counts = sorted(n for n in live.gpu_counts if n != key.gpu_count)
+    if key.gpu_count is not None and counts:
+        changed.append(("gpuCount", f"GPU count {key.gpu_count} -> {', '.join(map(str, counts))}"))
     if key.config and live.config_changed:
-        changed.append("config")
-    return tuple(changed)
+        fields = "/".join(live.config_changed)
+        changed.append(("config", f"{fields} of the Deployment changed from the tested config"))
+    return changed
+
+
+def stale_fields(key: VerdictKey, live: LiveKey) -> tuple[str, ...]:
+    """The fields of `key` the live target no longer matches (empty: the verdict holds)."""
+    return tuple(name for name, _ in _changed(key, live))
 
 
 def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
@@ -95,20 +104,4 @@ def judge(key: VerdictKey, live: LiveKey) -> tuple[bool, Reason, str]:
 
 def changes(key: VerdictKey, live: LiveKey) -> str | None:
     """What of `key` the live target no longer matches, in words (None: the verdict holds)."""
-    parts = []
-    for name in stale_fields(key, live):
-        if name == "image":
-            parts.append(f"image {key.image} -> {live.image}")
-        elif name == "imageDigest":
-            now = ", ".join(sorted(d for d in live.image_digests if d != key.image_digest))
-            parts.append(f"image digest {key.image_digest} -> {now}")
-        elif name == "gpuProduct":
-            now = ", ".join(sorted(p for p in live.gpu_products if p != key.gpu_product))
-            parts.append(f"GPU {key.gpu_product} -> {now}")
-        elif name == "gpuCount":
-            counts = sorted(n for n in live.gpu_counts if n != key.gpu_count)
-            parts.append(f"GPU count {key.gpu_count} -> {', '.join(map(str, counts))}")
-        elif name == "config":
-            fields = "/".join(live.config_changed)
-            parts.append(f"{fields} of the Deployment changed from the tested config")
-    return "; ".join(parts) or None
+    return "; ".join(words for _, words in _changed(key, live)) or None
