@@ -279,12 +279,12 @@ class _Samples:
     by_name: dict[str, dict[_Labels, float]] = field(default_factory=lambda: defaultdict(dict))
 
     def series(self, name: str) -> dict[_Labels, float]:
-        """Series of `name` with rank labels collapsed (max: ranks repeat one value)."""
+        """Series of `name` with rank labels collapsed (max: ranks repeat one value); read only
+        after `_check_values`, so every value is finite."""
         collapsed: dict[_Labels, float] = {}
         for labels, value in self.by_name.get(name, {}).items():
             key = tuple(item for item in labels if item[0] not in _RANK_LABELS)
-            old = collapsed.get(key)
-            collapsed[key] = value if old is None or math.isnan(old) else max(old, value)
+            collapsed[key] = max(collapsed.get(key, value), value)
         return collapsed
 
 
@@ -306,7 +306,7 @@ def reduce_concepts(
             continue
         names[concept] = name
         _check_values(samples, name, source)
-        found = _finite(samples.series(name).values())
+        found = list(samples.series(name).values())
         if found:
             values[concept] = max(found) if concept == "kv_usage" else sum(found)
     return values, names
@@ -324,10 +324,6 @@ def _engine_of(samples: _Samples) -> str | None:
     counts = Counter(name.split(":", 1)[0] for name in samples.by_name)
     best = max(ENGINE_NAMES, key=lambda e: counts[e])
     return best if counts[best] else None
-
-
-def _finite(values: Iterable[float]) -> list[float]:
-    return [v for v in values if not math.isnan(v)]
 
 
 def _check_values(samples: _Samples, name: str, source: str) -> None:
@@ -376,8 +372,8 @@ def _histogram(samples: _Samples, name: str, source: str) -> Histogram | None:
     ordered = tuple(
         (bound, sum(series[bound] for series in per_series.values())) for bound in sorted(bounds)
     )
-    total = sum(_finite(samples.series(name + "_sum").values()))
-    count = sum(_finite(samples.series(name + "_count").values()))
+    total = sum(samples.series(name + "_sum").values())
+    count = sum(samples.series(name + "_count").values())
     return Histogram(ordered, total, count)
 
 
