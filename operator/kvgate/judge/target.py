@@ -120,7 +120,7 @@ def check(
     template = _map(spec.get("template"))
     pod = _map(template.get("spec"))
     found = _Found()
-    containers = pod.get("containers")
+    containers = pod.get("containers")  # the helpers below read it only once it is checked here
     if containers is not None and not (
         isinstance(containers, list) and all(isinstance(c, Mapping) for c in containers)
     ):
@@ -257,8 +257,6 @@ def _gpus(found: _Found, where: str, pod: Mapping[str, Any]) -> int | None:
     total = 0
     others: set[str] = set()
     for c in pod.get("containers") or []:
-        if not isinstance(c, Mapping):
-            continue
         total += kubeobjects.gpu_count(c) or 0
         for kind in ("limits", "requests"):
             amounts = _map(_map(c.get("resources")).get(kind))
@@ -294,11 +292,11 @@ def _placement(found: _Found, name: str, pod: Mapping[str, Any]) -> None:
             "drop hostNetwork",
         )
     for c in pod.get("containers") or []:
-        ports = _map(c).get("ports")
+        ports = c.get("ports")
         for p in ports if isinstance(ports, list) else []:
             if isinstance(p, Mapping) and p.get("hostPort"):
                 found.warning(
-                    f"container {_map(c).get('name')}",
+                    f"container {c.get('name')}",
                     f"hostPort {p['hostPort']}: "
                     "production and the two canaries need three nodes with that port free",
                     "drop hostPort; reach the engine through a Service",
@@ -447,8 +445,7 @@ def _token_secret(c: Mapping[str, Any]) -> str | None:
 def _container_words(pod: Mapping[str, Any]) -> list[Any]:
     words: list[Any] = []
     for c in pod.get("containers") or []:
-        if isinstance(c, Mapping):
-            words += list(c.get("command") or []) + list(c.get("args") or [])
+        words += list(c.get("command") or []) + list(c.get("args") or [])
     return words
 
 
