@@ -87,22 +87,17 @@ def regressions(
                 f"pod {pod} has {value:g} requests waiting, above {bound:g} "
                 f"(preflight baseline {base})"
             )
-    if not elapsed_s or elapsed_s <= 0:
+    if not elapsed_s or elapsed_s <= 0 or baseline.ttft_s is None:
         return found
+    bound = max(TTFT_RATIO * baseline.ttft_s, baseline.ttft_s + TTFT_FLOOR_S)
     for pod in sorted(now):
         prev, cur = before.get(pod), now[pod]
         if prev is None:
             continue
         total = _delta(prev.ttft_sum, cur.ttft_sum)
         count = _delta(prev.ttft_count, cur.ttft_count)
-        if (
-            baseline.ttft_s is not None
-            and total is not None
-            and count is not None
-            and count >= MIN_TTFT_REQUESTS
-        ):
+        if total is not None and count is not None and count >= MIN_TTFT_REQUESTS:
             mean = total / count
-            bound = max(TTFT_RATIO * baseline.ttft_s, baseline.ttft_s + TTFT_FLOOR_S)
             if mean > bound:
                 found.append(
                     f"pod {pod} mean TTFT {mean * 1000:.0f} ms over {count:g} requests, above "
