@@ -90,7 +90,6 @@ class LogScan:
         record: ScanRecord = record_of(
             ScanRecord,
             self,
-            capacity=self.capacity,
             findings=tuple(record_of(FindingRecord, f, hint=f.hint or None) for f in self.findings),
             tail=(),  # a crashed arm's last lines: the controller adds them from the pod log
         )
