@@ -53,8 +53,8 @@ GATE_ORDER: Final = (
 EVAL_GATES: Final = frozenset({ACCURACY, LONG_CONTEXT, DIVERGENCE, SPEED})
 
 
-KV_SCALE_DEFAULT: Final = "kv-scale-default"  # logs.py: the engine fell back to scale 1.0
-KV_SCALE_DROPPED: Final = "kv-scale-dropped"  # logs.py: SGLang's loader skipped the scales
+KV_SCALE_DEFAULT: Final = "kv-scale-default"  # evidence.logs: the engine fell back to scale 1.0
+KV_SCALE_DROPPED: Final = "kv-scale-dropped"  # evidence.logs: SGLang's loader skipped the scales
 
 
 def assess_pool(gate: CapacityGate, pressured: bool | None, detail: str) -> GateResult:
