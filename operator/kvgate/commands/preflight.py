@@ -300,44 +300,30 @@ def preflight(
             skip_layers=tuple(skip_layers),
         )
         summary["fp8_guidance"] = [g.to_dict() for g in guidance]
-        if formats:
-            summary["formats"] = _formats(
-                layout, scales, formats, skip_layers, memory_bytes, max_model_len, pool
-            )
+        if formats:  # per format: its capacity row and what the checkpoint's scales mean for it
+            summary["formats"] = {
+                name: {
+                    **format_capacity(
+                        layout,
+                        name,
+                        version=pool.version,
+                        skip_layers=skip_layers,
+                        backend=pool.attention_backend,
+                        memory_bytes=memory_bytes,
+                        max_model_len=max_model_len,
+                        max_num_batched_tokens=pool.max_num_batched_tokens,
+                        block_size=pool.block_size,
+                        kernel_block=pool.kernel_block,
+                    ),
+                    "scale_findings": [f.to_dict() for f in format_findings(scales, "vllm", name)],
+                }
+                for name in formats
+            }
         return summary
     except (OSError, ValueError) as exc:  # NUL bytes, names too long, unreadable directories
         if isinstance(exc, KvgateError):
             raise
         raise ParseError(target[:200], f"cannot be read ({type(exc).__name__})") from None
-
-
-def _formats(
-    layout: KVLayout,
-    scales: ScaleReport,
-    formats: Sequence[str],
-    skip_layers: Sequence[str],
-    memory_bytes: int | None,
-    max_model_len: int | None,
-    pool: PoolOptions,
-) -> dict[str, Any]:
-    """Per format: its capacity row and what the checkpoint's scales mean for it."""
-    out: dict[str, Any] = {}
-    for name in formats:
-        row = format_capacity(
-            layout,
-            name,
-            version=pool.version,
-            skip_layers=skip_layers,
-            backend=pool.attention_backend,
-            memory_bytes=memory_bytes,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=pool.max_num_batched_tokens,
-            block_size=pool.block_size,
-            kernel_block=pool.kernel_block,
-        )
-        row["scale_findings"] = [f.to_dict() for f in format_findings(scales, "vllm", name)]
-        out[name] = row
-    return out
 
 
 OFFLINE_NEXT_STEP: Final = (

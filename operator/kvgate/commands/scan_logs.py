@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final, TextIO
 
+from kvgate.commands.exit_codes import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_OK
 from kvgate.errors import ParseError
 from kvgate.evidence.logs import LogScan, scan_lines
 
@@ -21,9 +22,6 @@ EXAMPLES: Final = (
     "kubectl logs deploy/vllm | kvgate scan-logs -",
 )
 
-EXIT_HEALTHY = 0
-EXIT_FAILED = 1
-EXIT_NOT_READY = 3
 # A startup log is MBs; a day of request logs a few GB. Past this the input is not a log
 # (`/dev/zero`, a disk image) and is refused rather than read forever.
 MAX_LOG_CHARS = 1 << 30
@@ -130,8 +128,8 @@ def _not_the_engine(scan: LogScan, named: str | None, source: str) -> str:
 
 def exit_code(scan: LogScan) -> int:
     if scan.failed:
-        return EXIT_FAILED
-    return EXIT_HEALTHY if scan.ready else EXIT_NOT_READY
+        return EXIT_GATE_FAILED
+    return EXIT_OK if scan.ready else EXIT_INCONCLUSIVE
 
 
 def _or_unknown(value: object) -> str:

@@ -107,9 +107,7 @@ def _check_questions(n: int, text: str, field: str) -> None:
 
 def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
     """Paired counts from a per-question JSONL, or from a summary JSON (object or last line)."""
-    # Bounded and checked here: a regular UTF-8 file of sane size whose JSON lines nest
-    # shallowly, so the per-question reader below cannot hit RecursionError or huge numbers.
-    text = read_text(path, regular=True)
+    text = read_text(path, regular=True)  # bounded: a regular UTF-8 file of sane size
     summary = _find_summary(text, str(path))
     if summary is not None and summary.get("verdict") == "error":
         # the eval's own error is the answer, exit 4 (first-hour-2 N5: an eval that never
@@ -118,10 +116,7 @@ def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
         after = f" after {looks} look(s)" if isinstance(looks, int) and looks > 0 else ""
         error = summary.get("error")
         raise EvalError(f"{path}: the eval ended in error{after}: {error or 'no error text saved'}")
-    if f'"{QUESTION_KIND}"' in text:
-        for line_no, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                load_json(line, f"{path}:{line_no}")
+    if f'"{QUESTION_KIND}"' in text:  # each line depth-bounded by read_question_lines
         return read_question_lines(path), summary
     if summary is None:
         raise ParseError(str(path), "neither per-question lines nor a kvgate.eval/summary object")
@@ -137,7 +132,7 @@ def read_saved_result(path: Path) -> tuple[PairedCounts, dict[str, Any] | None]:
     return counts, summary
 
 
-def _find_summary(text: str, source: str = "summary") -> dict[str, Any] | None:
+def _find_summary(text: str, source: str) -> dict[str, Any] | None:
     try:
         whole = load_json(text, source)
     except ParseError:
@@ -187,8 +182,6 @@ def run(args: argparse.Namespace) -> int:
     where = f"{args.source}: confidence" if args.confidence is None and summary else "--confidence"
     if not 0.5 < confidence < 1.0:
         raise SpecError(where, f"{confidence} is not in (0.5, 1); use e.g. 0.95")
-    if counts.n == 0:
-        raise SpecError(args.source or "--paired", "no paired questions to judge")
     verdict = _verdict(counts, margin, confidence, summary)
     _print_paired(counts, margin, confidence, summary, verdict, args.json)
     return EXIT_CODES[verdict.verdict]
