@@ -10,6 +10,7 @@ stdout is piped or with --json; on a terminal, the same summary as text (`comman
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -153,16 +154,13 @@ def documents_source(data_dir: Path | None) -> list[str]:
 
 def make_document(rows: list[str], index: int, chars: int) -> str:
     """Document `index`: train rows in order from a per-document offset, cut to `chars`."""
-    start = (index * 997) % len(rows)
     parts: list[str] = []
     total = 0
-    i = start
-    while total < chars:
-        parts.append(rows[i % len(rows)])
-        total += len(parts[-1])
-        i += 1
-        if i - start > 10 * len(rows) + 10:
+    for row in itertools.islice(itertools.cycle(rows), (index * 997) % len(rows), None):
+        if total >= chars:
             break
+        parts.append(row)
+        total += len(row)
     return "".join(parts)[:chars]
 
 

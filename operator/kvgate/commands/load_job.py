@@ -28,7 +28,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -149,15 +149,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def sweep(production: int, cap: int, ladder: Sequence[int] = SWEEP) -> tuple[int, ...]:
-    """Production's concurrency first, then the ladder's other levels upward, none above `cap`."""
+def sweep(production: int, cap: int) -> tuple[int, ...]:
+    """Production's concurrency first, then SWEEP's other levels upward, none above `cap`."""
     if production < 1:
         raise SpecError("--production-concurrency", f"must be >= 1, got {production}")
     if cap < production:
         raise SpecError(
             "--max-concurrency", f"{cap} is below --production-concurrency {production}"
         )
-    return (production, *sorted(c for c in set(ladder) if c != production and c <= cap))
+    return (production, *sorted(c for c in set(SWEEP) if c != production and c <= cap))
 
 
 def explicit_stages(text: str) -> tuple[int, ...]:
@@ -382,7 +382,7 @@ class EngineWatch:
     scrape of the engine at each boundary and in between. The figures are right to within that
     second; a stage whose start and end fall in the same second gets none (unknown, not 0)."""
 
-    def __init__(self, scrape: Callable[[], EngineNow | None], log: Path | None = None) -> None:
+    def __init__(self, scrape: Callable[[], EngineNow | None], log: Path) -> None:
         self._scrape = scrape
         self._log, self._read, self._partial = log, 0, b""
         self._stage: int | None = None  # the stage running, as far as the log has said
@@ -424,7 +424,7 @@ class EngineWatch:
             self._sample()
 
     def _new_events(self) -> list[tuple[int, bytes]]:
-        if self._log is None or not self._log.is_file():
+        if not self._log.is_file():
             return []
         with self._log.open("rb") as f:
             f.seek(self._read)

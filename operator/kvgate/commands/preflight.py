@@ -63,7 +63,6 @@ MAX_TOKEN_LENGTH: Final = 512
 # A name shown back in messages: SNAKE_CASE with at least one underscore (HF_TOKEN). A pasted
 # token can be upper case and digits alone (a hypothesis test found 'A0000000000000000000').
 _ENV_NAME: Final = re.compile(r"(?=.{3,64}$)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
-_DEFAULT_VERSION_TEXT: Final = ".".join(map(str, NEWEST_VLLM_READ))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--vllm-version",
-        default=_DEFAULT_VERSION_TEXT,
+        default=".".join(map(str, NEWEST_VLLM_READ)),
         metavar="V",
         help="with --max-model-len: the vLLM version whose accounting to follow (grouping changed "
         "in 0.18, the logged KV size in 0.21, sliding-window sizing in 0.26)",
@@ -476,7 +475,7 @@ def render_text(result: dict[str, Any]) -> str:
     if vpool:
         rows.append("")
         rows.append(
-            f"vLLM {result.get('vllm_pool_version', _DEFAULT_VERSION_TEXT)} pool at max-model-len "
+            f"vLLM {result['vllm_pool_version']} pool at max-model-len "
             f"{result['vllm_pool_max_model_len']:,}: "
             "logged KV tokens, max concurrency, tokens served with sliding layers at their window"
         )
@@ -507,7 +506,7 @@ def render_text(result: dict[str, Any]) -> str:
         for f in scales["findings"]
         if not (blocking and f["code"] == "KVCacheSchemeSet")
     )
-    lines = result.get("advice") or advice(result)
+    lines = result["advice"]
     same = "the checkpoint config switches --kv-cache-dtype auto to FP8"
     rows.extend(f"advice     {line}" for line in lines if not (blocking and line.startswith(same)))
     if blocking:

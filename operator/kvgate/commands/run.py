@@ -64,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="same as --log-format=json")
 
 
-def cap_malloc_arenas(limit: int = MALLOC_ARENAS) -> bool:
+def cap_malloc_arenas() -> bool:
     """Cap glibc's malloc arenas before any thread starts; True when capped.
 
     glibc gives threads that allocate at once arenas of their own (up to 8 per core), and what
@@ -77,7 +77,7 @@ def cap_malloc_arenas(limit: int = MALLOC_ARENAS) -> bool:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_ARENA_MAX, limit))
+    return bool(mallopt(_M_ARENA_MAX, MALLOC_ARENAS))
 
 
 def api_connections(namespaces: list[str], *, clusterwide: bool) -> int:
