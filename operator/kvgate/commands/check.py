@@ -70,10 +70,8 @@ def run(args: argparse.Namespace) -> int:
         result = targetcheck.check(
             live.deployment, container=args.container, services=live.services, claims=live.claims
         )
-        if live.services is None or live.claims is None:
-            unread = [
-                w for w, v in (("Services", live.services), ("PVCs", live.claims)) if v is None
-            ]
+        unread = [w for w, v in (("Services", live.services), ("PVCs", live.claims)) if v is None]
+        if unread:
             note = f"note: could not list the namespace's {' and '.join(unread)}: not checked"
             result = dataclasses.replace(result, needs=(*result.needs, note))
     else:

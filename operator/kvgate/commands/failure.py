@@ -50,10 +50,9 @@ def error_text(
     exc: Exception, expected: type[Exception] | tuple[type[Exception], ...], text: str = ""
 ) -> str:
     """A summary's error: an `expected` failure's `text` (default: its message); else a bug's
-    (ours or a library's), its traceback on stderr: its type and the start of its text.
-
-    The summary reaches the rollout's status: the hub token the Job was given (`HF_TOKEN`) is
-    hidden by value, whatever its shape, before any cut (a cut token would leak its start)."""
+    (ours or a library's), its traceback on stderr: its type and the start of its text. The
+    summary reaches the rollout's status: `token_hidden` runs before any cut (a cut token would
+    leak its start)."""
     if isinstance(exc, expected):
         return token_hidden(text or str(exc))
     print_traceback()

@@ -288,12 +288,10 @@ def _preemptions(base_url: str, *, client: Any = None) -> float | None:
 
 
 def _prefix_probe(base_url: str, model: str) -> PrefixProbe:
-    """The engine's prefix cache seen from outside: its counters across the same prompt sent
-    twice (max_tokens 1), read again up to PREFIX_PROBE_READS times a second apart until the
-    hits or queries move; and whether the engine says its prefix cache is on (vLLM:
-    cache_config_info's enable_prefix_caching; SGLang: /server_info's disable_radix_cache).
-    Before the load and its counted window, so the token counts checked after the run are not
-    touched."""
+    """The arm's `PrefixProbe` (what it holds: its docstring), the prompt sent with max_tokens 1
+    and the counters read again up to PREFIX_PROBE_READS times a second apart until the hits
+    move. Before the load and its counted window, so the token counts checked after the run are
+    not touched."""
     import time
 
     import httpx
