@@ -180,16 +180,24 @@ class _Arm:
         import httpx
 
         where = f"{self.name} endpoint {self.url}"
+        content = bytearray()
         try:
-            response = self.client.post(self.url, json=payload)
+            # Streamed and cut at the bound: a body is never held past it (an error's at 300).
+            with self.client.stream("POST", self.url, json=payload) as response:
+                limit = _MAX_BODY if response.status_code == 200 else 300
+                for chunk in response.iter_bytes():
+                    content += chunk
+                    if len(content) > limit:
+                        break
         except httpx.HTTPError as exc:
             raise EvalError(f"{where}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise EvalError(f"{where}: HTTP {response.status_code}: {response.text[:300]}")
-        if len(response.content) > _MAX_BODY:
+            text = content[:300].decode("utf-8", "replace")
+            raise EvalError(f"{where}: HTTP {response.status_code}: {text}")
+        if len(content) > _MAX_BODY:
             raise EvalError(f"{self.name}: response over {_MAX_BODY} bytes")
         try:
-            body = response.json()
+            body = json.loads(content)
         except ValueError as exc:
             raise EvalError(f"{where}: body is not JSON") from exc
         doc = parse_completion(body, where)
