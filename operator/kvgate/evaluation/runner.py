@@ -266,20 +266,14 @@ def offline_environment(settings: EvalSettings) -> dict[str, str]:
     return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
 
 
-def check_url(name: str, url: str) -> None:
-    """The endpoint URL is a full http(s) URL (checked before anything is contacted)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise SpecError(f"--{name}-url", f"{url!r} is not an http(s) URL")
-
-
 def completions_url(name: str, url: str, *, chat: bool = False) -> str:
     """The arm's completions endpoint from what was typed: a base URL (`http://A:8000`, the
     form `load-job` takes) or `.../v1` gets the path appended; a URL ending in `/completions`
     is kept. Anything else is refused before a request is sent (first-hour-2 N2: a base URL
     was posted to as is, and the engine's 400 came back after three retries as exit 4)."""
-    check_url(name, url)
     parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SpecError(f"--{name}-url", f"{url!r} is not an http(s) URL")
     path = parts.path.rstrip("/")
     endpoint = "chat/completions" if chat else "completions"
     if path in ("", "/v1"):
@@ -295,8 +289,7 @@ def completions_url(name: str, url: str, *, chat: bool = False) -> str:
 
 def check_endpoint(name: str, url: str, model: str | None, timeout: float = 10.0) -> Arm:
     """GET {server}/v1/models: the endpoint answers and serves the model name we will send
-    (without `model`: the one model it serves)."""
-    check_url(name, url)
+    (without `model`: the one model it serves); `url` is what `completions_url` returned."""
     parts = urlsplit(url)
     models_url = f"{parts.scheme}://{parts.netloc}/v1/models"
     try:
