@@ -41,6 +41,10 @@ TEMPLATE: Final = (
     "memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all "
     "the special magic {type_needle_v} for {query} mentioned in the provided text?"
 )
+# one query of one value: RULER's singular wording
+_SINGULAR_TEMPLATE: Final = (
+    TEMPLATE.replace("Some", "A").replace("are all", "is").replace("are", "is")
+)
 NEEDLE: Final = "One of the special magic {type_needle_v} for {key} is: {value}."
 REPEAT_HAYSTACK: Final = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -123,15 +127,7 @@ def _render(task: str, num_haystack: int, rng: random.Random) -> tuple[str, list
         ]
     sentences.insert(rng.randrange(num_haystack + 1), needle)
     context = "\n".join(sentences)
-    # one query of one value: RULER's singular wording
-    template = (
-        TEMPLATE.replace("Some", "A")
-        .replace("are all", "is")
-        .replace("are", "is")
-        .replace("answers", "answer")
-    )
-    singular = type_v[:-1]
-    text = template.format(type_needle_v=singular, context=context, query=key)
+    text = _SINGULAR_TEMPLATE.format(type_needle_v=type_v[:-1], context=context, query=key)
     return text, [value], key
 
 
