@@ -17,6 +17,7 @@ from typing import Any, Final, TypeVar
 
 from kvgate.errors import SpecError
 from kvgate.spec import allowed as policy
+from kvgate.spec.jobresources import QUANTITY
 from kvgate.spec.reader import is_subdomain, parse_duration
 
 DEFAULT_POLL_INTERVAL_S: Final = 5.0
@@ -222,9 +223,6 @@ def _image(environ: Mapping[str, str], name: str, default: str) -> str:
     return raw
 
 
-_QUANTITY: Final = re.compile(r"\d+(\.\d+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
-
-
 def _resources(
     environ: Mapping[str, str], name: str, default: Mapping[str, Mapping[str, str]]
 ) -> Mapping[str, Mapping[str, str]]:
@@ -243,7 +241,7 @@ def _resources(
             raise SpecError(f"{name}.{part}", "an object of resource name to quantity")
         for resource, amount in amounts.items():
             text = str(amount) if isinstance(amount, int | float | str) else ""
-            if isinstance(amount, bool) or not _QUANTITY.fullmatch(text):
+            if isinstance(amount, bool) or not QUANTITY.fullmatch(text):
                 raise SpecError(
                     f"{name}.{part}.{resource}", f"{text[:40]!r} is not a quantity (500m, 2Gi)"
                 )

@@ -28,14 +28,14 @@ _SUFFIX: Final = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
     "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
 }  # fmt: skip
-_QUANTITY: Final = re.compile(r"(\d+(?:\.\d+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+QUANTITY: Final = re.compile(r"(\d+(?:\.\d+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 
 def quantity(value: object) -> Decimal | None:
     """A Kubernetes quantity's value (`500m` -> 0.5, `2Gi` -> 2147483648), None if not one."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         return None
-    match = _QUANTITY.fullmatch(str(value).strip())
+    match = QUANTITY.fullmatch(str(value).strip())
     if match is None:
         return None
     try:
