@@ -56,13 +56,13 @@ def format_capacity(
     fmt = kvformats.lookup(engine, name)
     row: dict[str, Any] = fmt.to_dict()
     if version is not None:
-        dotted = ".".join(map(str, version))
         offered = name.lower() in engine_versions.facts_for(engine, version).kv_cache_dtypes
         row["offered"] = offered
         if not offered:
             first = kvformats.floor(engine, fmt.name)
-            row["floor"] = ".".join(map(str, first)) if first else None
-            row["note"] = f"{engine} {dotted} does not offer {fmt.name}; " + row["note"]
+            row["floor"] = engine_versions.dotted(first) if first else None
+            shown = engine_versions.dotted(version)
+            row["note"] = f"{engine} {shown} does not offer {fmt.name}; " + row["note"]
     try:
         per_token = layout.bytes_per_token(
             name, skip_layers=skip_layers, engine=engine, backend=backend

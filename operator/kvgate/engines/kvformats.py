@@ -298,14 +298,13 @@ def require(engine: str, version: str | None, name: str, field: str = "kvCache.f
     if name.lower() in engine_versions.facts_for(engine, wanted).kv_cache_dtypes:
         return fmt
     first = floor(engine, fmt.name)
-    dotted = ".".join(map(str, first)) if first else None
     # the first version that no longer lists it after listing it
     after = [row for row in engine_versions.all_rows(engine) if first and row.since > first]
     gone = next((row.since for row in after if fmt.name not in row.kv_cache_dtypes), None)
     if gone is not None and wanted >= gone:
-        why = f"{engine} dropped it in {'.'.join(map(str, gone))}"
-    elif dotted is not None:
-        why = f"{engine} offers it from {dotted}"
+        why = f"{engine} dropped it in {engine_versions.dotted(gone)}"
+    elif first is not None:
+        why = f"{engine} offers it from {engine_versions.dotted(first)}"
     else:
         why = f"no {engine} version kvgate read offers it"
     raise SpecError(field, f"'{fmt.name}' is not a KV cache format of {engine} {version}: {why}")

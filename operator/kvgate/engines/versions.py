@@ -93,13 +93,14 @@ class VersionFacts:
         if name not in self.backends:
             known = ", ".join(sorted(self.backends))
             raise ValueError(
-                f"{self.engine} {_dotted(self.since)}+ has no attention backend '{backend}' "
+                f"{self.engine} {dotted(self.since)}+ has no attention backend '{backend}' "
                 f"(known here: {known})"
             )
         return name
 
 
-def _dotted(version: tuple[int, ...]) -> str:
+def dotted(version: tuple[int, ...]) -> str:
+    """(0, 11, 0) -> "0.11.0"."""
     return ".".join(str(p) for p in version)
 
 
@@ -294,7 +295,7 @@ def remedy_for(
     if finding_code not in REMEDIABLE_CODES:
         return None
     if version is None and _engine(engine) == SGLANG:
-        version = _dotted(SGLANG_ROWS[0].since)  # every SGLang version has these flags
+        version = dotted(SGLANG_ROWS[0].since)  # every SGLang version has these flags
     if version is None:
         return None
     try:
