@@ -176,8 +176,7 @@ def plan_gate(
         raise SpecError("chunk", f"{chunk!r} is not a positive number of questions")
     check_margin(margin)
     check_confidence(confidence)
-    if not (0.5 < fail_confidence < 1.0):
-        raise SpecError("fail_confidence", f"{fail_confidence!r} is not in (0.5, 1)")
+    check_confidence(fail_confidence, "fail_confidence")
     spending(1.0, 0.05, fail_spending)  # validates the name
     if chunk is None or chunk >= total:
         looks: tuple[int, ...] = (total,)
