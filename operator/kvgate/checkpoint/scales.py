@@ -339,7 +339,6 @@ def _kv_heads(config: Mapping[str, Any]) -> int | None:
 
 def unknown_scales(config: Mapping[str, Any], source: str = "config.json") -> ScaleReport:
     """The report for a config.json alone: the config's quantization hints, scales unknown."""
-    # The report of a checkpoint without tensors, but nothing is known of them.
     scanned = scan_scales((), config=config, source=source)
     report = replace(scanned, coverage="unknown", kv_heads=None, findings=())
     findings = _Findings()
