@@ -74,7 +74,9 @@ def read_kv_cache(r: SpecReader, engine: str | None, legacy: str | None) -> KVCa
     engines = (engine,) if engine else (engine_versions.VLLM, engine_versions.SGLANG)
     if not k.present:
         name = legacy or LEGACY_DEFAULT  # its enum and the sglang rule are checked in spec
-        fmt = _find(name, engines)
+        fmt = next(
+            (kvformats.FORMATS[e, name] for e in engines if (e, name) in kvformats.FORMATS), None
+        )
         return KVCachePolicy(
             format=name,
             policy_class=fmt.policy_class if fmt else kvformats.FP8,
@@ -169,15 +171,11 @@ def _skip_entry_problem(entry: str, seen: dict[str, int]) -> str | None:
 def _lookup(
     r: SpecReader, key: str, name: str, engines: tuple[str, ...]
 ) -> kvformats.KVFormat | None:
-    """`_find`, else an error on `key`."""
-    if (found := _find(name, engines)) is not None:
-        return found
+    """The format `name` of the first of `engines` that has it; else an error on `key`."""
+    for engine in engines:
+        if (engine, name) in kvformats.FORMATS:
+            return kvformats.FORMATS[engine, name]
     known = sorted({n for e, n in kvformats.FORMATS if e in engines})
     r.error(key, f"'{name[:40]}' is not a KV cache format of {' or '.join(engines)}; use one of "
             + ", ".join(known))  # fmt: skip
     return None
-
-
-def _find(name: str, engines: tuple[str, ...]) -> kvformats.KVFormat | None:
-    """The format `name` of the first of `engines` that has it, or None."""
-    return next(filter(None, (kvformats.FORMATS.get((e, name)) for e in engines)), None)
