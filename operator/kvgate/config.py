@@ -75,7 +75,7 @@ class OperatorConfig:
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # KVGATE_POLL_INTERVAL
     metrics_port: int = DEFAULT_METRICS_PORT  # KVGATE_METRICS_PORT; 0 disables
     max_workers: int = 16  # KVGATE_MAX_WORKERS: handler threads
-    hub_offline: bool = False  # HF_HUB_OFFLINE: never reach the hub for the scale scan
+    hub_offline: bool = False  # offline_requested: never reach the hub for the scale scan
     scrape_timeout_s: float = 10.0  # KVGATE_SCRAPE_TIMEOUT
     # KVGATE_ERROR_LIMIT: consecutive outside errors (10 s apart) before giving up
     error_limit: int = 30
@@ -124,7 +124,7 @@ class OperatorConfig:
             poll_interval_s=_number(environ, "KVGATE_POLL_INTERVAL", float, d.poll_interval_s, 0.1),
             metrics_port=_number(environ, "KVGATE_METRICS_PORT", int, d.metrics_port, 0),
             max_workers=_number(environ, "KVGATE_MAX_WORKERS", int, d.max_workers, 1),
-            hub_offline=environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"),
+            hub_offline=offline_requested(environ),
             scrape_timeout_s=_number(
                 environ, "KVGATE_SCRAPE_TIMEOUT", float, d.scrape_timeout_s, 0.1
             ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.config import DEFAULT_EVAL_IMAGE, OperatorConfig
+from kvgate.config import DEFAULT_EVAL_IMAGE, OperatorConfig, offline_requested
 from kvgate.errors import SpecError
 
 
@@ -51,6 +51,24 @@ def test_environment() -> None:
         16,
     )
     assert (config.poll_interval_s, config.metrics_port, config.hub_offline) == (0.5, 0, True)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "offline"),
+    [
+        ("HF_HUB_OFFLINE", "on", True),  # huggingface_hub's own true words: 1, ON, YES, TRUE
+        ("HF_HUB_OFFLINE", " TRUE ", True),
+        ("TRANSFORMERS_OFFLINE", "1", True),
+        ("HF_HUB_OFFLINE", "0", False),
+        ("HF_HUB_OFFLINE", "off", False),
+    ],
+)
+def test_the_operator_is_offline_by_the_rule_the_eval_job_uses(
+    variable: str, value: str, offline: bool
+) -> None:
+    # one rule: an operator told offline never reaches the hub while its eval Job stays offline
+    environ = {variable: value}
+    assert OperatorConfig.from_env(environ).hub_offline is offline is offline_requested(environ)
 
 
 def test_flags_override_the_environment() -> None:
