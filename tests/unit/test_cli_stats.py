@@ -80,6 +80,17 @@ def test_paired_margin_and_confidence(
     assert data["margin"] == float(margin) and data["confidence"] == float(confidence)
 
 
+def test_a_paired_analysis_at_a_low_confidence_is_made_not_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # --confidence takes (0.5, 1); the control's floor below 0.75 once failed as a two-sided
+    # Wilson interval at 2c-1 ("confidence: 0.39999... is not in (0.5, 1)")
+    code, out, err = _run(capsys, "stats", "--paired", "80,5,7,8", "--confidence", "0.7", "--json")
+    assert "is not in" not in err
+    data = json.loads(out)
+    assert data["confidence"] == 0.7 and code in (0, 1, 3)
+
+
 def test_paired_text(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "stats", "--paired", "449,10,5,36")
     assert code == 3

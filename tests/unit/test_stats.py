@@ -32,6 +32,7 @@ from kvgate.judge.stats import (
     tango_statistic,
     tango_statistics,
     wilson_interval,
+    wilson_lower_bound,
 )
 
 # --------------------------------------------------------------------------- Wilson
@@ -71,6 +72,17 @@ def test_wilson_equals_scipy(k: int, n: int, confidence: float) -> None:
     low, high = wilson_interval(k, n, confidence)
     assert low == pytest.approx(ref.low, abs=1e-12)
     assert high == pytest.approx(ref.high, abs=1e-12)
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 10), (10, 10), (37, 120), (1318, 1319)])
+@pytest.mark.parametrize("confidence", [0.55, 0.7, 0.95, 0.999])
+def test_the_one_sided_wilson_bound_is_the_two_sided_one_at_2c_minus_1(
+    k: int, n: int, confidence: float
+) -> None:
+    # defined for every confidence in (0.5, 1): 2c-1 is no valid two-sided level below 0.75's
+    # twin, so the bound must not be taken through wilson_interval
+    ref = binomtest(k, n).proportion_ci(confidence_level=2 * confidence - 1, method="wilson")
+    assert wilson_lower_bound(k, n, confidence) == pytest.approx(ref.low, abs=1e-12)
 
 
 @pytest.mark.parametrize(

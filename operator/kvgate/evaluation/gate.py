@@ -46,7 +46,7 @@ from kvgate.judge.stats import (
     tango_interval,
     tango_statistic,
     tango_statistics,
-    wilson_interval,
+    wilson_lower_bound,
     z_one_sided,
 )
 from kvgate.vocabulary import CONTROL_BELOW_FLOOR
@@ -295,7 +295,7 @@ def control_floor(plan: GatePlan, counts: PairedCounts) -> float:
     """The control's accuracy that a pass can rest on: its one-sided Wilson lower bound at the
     plan's confidence (a loss larger than the control's own accuracy cannot be observed)."""
     control = counts.both + counts.control_only
-    return wilson_interval(control, counts.n, 2 * plan.confidence - 1)[0]
+    return wilson_lower_bound(control, counts.n, plan.confidence)
 
 
 def control_below_floor(plan: GatePlan, counts: PairedCounts) -> bool:

@@ -75,13 +75,21 @@ def z_one_sided(confidence: float) -> float:
 
 def wilson_interval(correct: int, n: int, confidence: float = DEFAULT_CONFIDENCE) -> Interval:
     """Wilson score interval for correct/n at two-sided `confidence`."""
+    return _wilson(correct, n, z_two_sided(confidence))
+
+
+def wilson_lower_bound(correct: int, n: int, confidence: float) -> float:
+    """One-sided Wilson lower bound for correct/n at `confidence`."""
+    return _wilson(correct, n, z_one_sided(confidence))[0]
+
+
+def _wilson(correct: int, n: int, z: float) -> Interval:
     _check_count(correct, "correct")
     _check_count(n, "n")
     if n == 0:
         raise SpecError("n", "0 questions; an accuracy needs at least one")
     if correct > n:
         raise SpecError("correct", f"{correct} is more than n={n}")
-    z = z_two_sided(confidence)
     p = correct / n
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
