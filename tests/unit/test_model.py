@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.errors import SpecError
 from kvgate.spec.reader import parse_duration
-from kvgate.spec.rollout import RolloutSpec, spec_errors
+from kvgate.spec.rollout import RolloutSpec
 from kvgate.vocabulary import (
     Engine,
     GateMode,
@@ -21,6 +21,15 @@ from kvgate.vocabulary import (
 )
 
 MINIMAL: dict[str, Any] = {"targetRef": {"name": "qwen"}}
+
+
+def spec_errors(spec: dict[str, Any]) -> list[SpecError]:
+    """Every error the parse reports at once, or [] when `spec` parses."""
+    try:
+        RolloutSpec.from_dict(spec)
+    except ExceptionGroup as group:
+        return [e for e in group.exceptions if isinstance(e, SpecError)]
+    return []
 
 
 def _with(**overrides: Any) -> dict[str, Any]:

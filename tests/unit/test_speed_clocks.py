@@ -18,7 +18,7 @@ from kvgate.errors import PrometheusError, SpecError
 from kvgate.judge.gates import assess_speed, compare_clocks
 from kvgate.records.codec import read_record, write
 from kvgate.records.status import ClockReading, ClockRecord, ClocksRecord
-from kvgate.spec.rollout import RolloutSpec, SpeedGate, spec_errors
+from kvgate.spec.rollout import RolloutSpec, SpeedGate
 from kvgate.vocabulary import Outcome
 
 L4 = ClockRecord.of(sm=ClockReading(2040, 2040, 2040), mem=ClockReading(6251, 6251, 6251))
@@ -127,7 +127,9 @@ def test_the_spec_field_and_its_bounds() -> None:
     assert spec.speed is not None and spec.speed.max_clock_difference == 0.05
     tight = {**base, "gates": {"speed": {"maxClockDifference": 0.01}}}
     assert RolloutSpec.from_dict(tight).speed.max_clock_difference == 0.01  # type: ignore[union-attr]
-    errors = spec_errors({**base, "gates": {"speed": {"maxClockDifference": 1.5}}})
+    with pytest.raises(ExceptionGroup) as info:
+        RolloutSpec.from_dict({**base, "gates": {"speed": {"maxClockDifference": 1.5}}})
+    errors = info.value.exceptions
     assert [str(e) for e in errors] == [
         "spec.gates.speed.maxClockDifference: 1.5 is outside [0, 1]; use a value in that range"
     ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvgate.errors import SpecError, brief
+from kvgate.errors import brief
 from kvgate.spec import allowed as policy
 from kvgate.spec import margins
 from kvgate.spec.kvcache import KVCachePolicy, read_kv_cache
@@ -580,12 +580,3 @@ def _env_vars(r: SpecReader, engine: str | None, allow: policy.Allowlist) -> lis
             continue
         out.append(EnvVar(name, value))
     return out
-
-
-def spec_errors(spec: Mapping[str, Any]) -> list[SpecError]:
-    """Every error in `spec`, or [] when it parses (for status messages)."""
-    try:
-        RolloutSpec.from_dict(spec)
-    except ExceptionGroup as group:
-        return [e for e in group.exceptions if isinstance(e, SpecError)]
-    return []
