@@ -74,20 +74,18 @@ HINT_INVALID_DTYPE: Final = {
 }
 
 
-def _version_text(version: tuple[int, ...] | None) -> str | None:
-    return ".".join(str(p) for p in version) if version is not None else None
-
-
 def remedy_of(engine: str | None, version: tuple[int, ...] | None, code: str) -> str:
     """The remedy of kvgate.engines.versions for this version, or each version range's."""
-    text = engine_versions.remedy_text(engine, _version_text(version), code)
+    text = engine_versions.remedy_text(
+        engine, engine_versions.dotted(version) if version is not None else None, code
+    )
     if text or engine != _V:
         return text
     if version is not None and version < (0, 6):
         # engine_versions names no remedy before 0.6 (no wheel that old was read)
         return (
             f"a vLLM of 0.6 or later (kvgate knows no backend switch for "
-            f"{_version_text(version)}), then " + _ALL_VLLM_REMEDIES
+            f"{engine_versions.dotted(version)}), then " + _ALL_VLLM_REMEDIES
         )
     # Version unknown: name the remedy of every vLLM range; none fits them all.
     return _ALL_VLLM_REMEDIES
