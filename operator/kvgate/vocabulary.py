@@ -38,6 +38,9 @@ ANNOTATION_POLICY_HASH: Final = "kvgate.io/policy-hash"
 # `status.preflight.source` when the pool samples came from Prometheus (absent: the pods'
 # /metrics), and `status.speed.clocks.source`.
 PROMETHEUS_SOURCE: Final = "prometheus"
+# A Job's nonce, which its summary line carries back (the operator reads only its own Job's).
+EVAL_NONCE_ENV: Final = "KVGATE_EVAL_NONCE"
+LOAD_NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
 
 
 # The eval summary's reason for an accuracy look whose control scored below the margin: no loss

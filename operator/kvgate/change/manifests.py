@@ -21,9 +21,11 @@ from kvgate.spec.rollout import RolloutSpec, is_local_path
 from kvgate.vocabulary import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_POLICY_HASH,
+    EVAL_NONCE_ENV,
     LABEL_ARM,
     LABEL_ATTEMPT,
     LABEL_ROLLOUT,
+    LOAD_NONCE_ENV,
     GateMode,
 )
 
@@ -229,7 +231,6 @@ def eval_command(
 
 
 EVAL_UID: Final = 65532  # the Dockerfile's kvgate user
-EVAL_NONCE_ENV: Final = "KVGATE_EVAL_NONCE"
 TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 EVAL_TMP_SIZE: Final = "1Gi"  # HOME, HF_HOME and the lm-eval work dir (see the Dockerfile)
 
@@ -310,7 +311,6 @@ def load_job_name(rollout: str, attempt: int) -> str:
     return f"{_base(rollout)}-load-{attempt}"
 
 
-LOAD_NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
 LOAD_TMP_SIZE: Final = "2Gi"  # inference-perf's configs, logs, reports and the tokenizer
 
 

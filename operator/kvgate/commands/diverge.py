@@ -37,6 +37,7 @@ from kvgate.judge.divergence import (
     parse_completion,
     screen,
 )
+from kvgate.vocabulary import EVAL_NONCE_ENV
 
 if TYPE_CHECKING:  # httpx is imported where the screen runs: `kvgate eval` loads this module
     import httpx  # for its options, and may refuse a run before any request
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         summary = {**summary_header(options), "error": str(exc)}
     else:
         summary = run_screen(endpoints, rows, options)
-    if nonce := os.environ.get("KVGATE_EVAL_NONCE"):
+    if nonce := os.environ.get(EVAL_NONCE_ENV):
         summary["nonce"] = nonce
     if not args.json and is_terminal(sys.stdout):  # a person: text, as `eval` (first-hour #14)
         sys.stdout.write(diverge_text(summary) + "\n")

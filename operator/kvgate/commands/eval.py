@@ -37,6 +37,7 @@ from kvgate.evaluation.records import FILTERS, QuestionRecord
 from kvgate.inputs import bounded_int, finite_float, fraction, seconds
 from kvgate.judge.stats import DEFAULT_CONFIDENCE, DEFAULT_MARGIN
 from kvgate.spec.rollout import is_commit, is_local_path
+from kvgate.vocabulary import EVAL_NONCE_ENV
 
 if TYPE_CHECKING:  # imported where used: kvgate.evaluation.runner is loaded when the job runs
     from kvgate.evaluation.runner import Arm, EvalSettings
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         from kvgate.commands.diverge import summary_header
 
         summary["divergence"] = {**summary_header(divergence), "error": not_run}
-    if nonce := os.environ.get("KVGATE_EVAL_NONCE"):
+    if nonce := os.environ.get(EVAL_NONCE_ENV):
         summary["nonce"] = nonce
     emit(summary)
     final = summary["overall"]["verdict"] if long_context is not None else summary["verdict"]

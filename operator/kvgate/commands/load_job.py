@@ -60,6 +60,7 @@ from kvgate.records.loadresult import (
     StageStatus,
     overall,
 )
+from kvgate.vocabulary import LOAD_NONCE_ENV
 
 if TYPE_CHECKING:
     from kvgate.evidence.metrics import MetricSnapshot
@@ -70,7 +71,6 @@ EXAMPLES: Final = (
 )
 SWEEP: Final = (1, 8, 32, 64, 128)
 DEFAULT_MAX_CONCURRENCY: Final = 128
-NONCE_ENV: Final = "KVGATE_LOAD_NONCE"
 EXIT_CODES: Final = {
     LoadVerdict.MEASURED: EXIT_OK,
     LoadVerdict.PARTIAL: EXIT_INCONCLUSIVE,
@@ -535,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
             if not isinstance(exc, LoadToolMissing):
                 exit_code = EXIT_BUG
     out = summary.to_dict()
-    if nonce := os.environ.get(NONCE_ENV):
+    if nonce := os.environ.get(LOAD_NONCE_ENV):
         out["nonce"] = nonce
     emit(out)
     verdict = summary.verdict or LoadVerdict.ERROR

@@ -56,7 +56,13 @@ from kvgate.records.status import (
 )
 from kvgate.records.timestamps import iso, parse_time
 from kvgate.spec.rollout import RolloutSpec, is_local_path
-from kvgate.vocabulary import ANNOTATION_POLICY_HASH, LABEL_ARM, config_hash
+from kvgate.vocabulary import (
+    ANNOTATION_POLICY_HASH,
+    EVAL_NONCE_ENV,
+    LABEL_ARM,
+    LOAD_NONCE_ENV,
+    config_hash,
+)
 
 # Deletions are write-ahead: recorded with the step that decides them, made on the next
 # reconcile. A crash in between re-runs them (they are idempotent); done at once, a crash
@@ -288,7 +294,7 @@ def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:
         load,
         attempt=attempt,
         job=job["metadata"]["name"],
-        nonce_sha256=nonce_hash(existing, manifests.LOAD_NONCE_ENV),
+        nonce_sha256=nonce_hash(existing, LOAD_NONCE_ENV),
         concurrency=job_concurrency(existing) or concurrency,
         lengths=lengths.message,
         # the window of the arms' GPU clocks under this load: from its Job's creation
@@ -371,7 +377,7 @@ def job_container(job: Mapping[str, Any]) -> Mapping[str, Any]:
     return container
 
 
-def nonce_hash(job: Mapping[str, Any], env_name: str = manifests.EVAL_NONCE_ENV) -> str | None:
+def nonce_hash(job: Mapping[str, Any], env_name: str = EVAL_NONCE_ENV) -> str | None:
     for env in job_container(job).get("env") or []:
         if env.get("name") == env_name and env.get("value"):
             return hashlib.sha256(str(env["value"]).encode()).hexdigest()
