@@ -60,10 +60,12 @@ def promoting(spec: RolloutSpec, state: State, obs: Observation, poll_s: float) 
         return _superseded(name)
     if obs.rollout_crashed:
         return _reverted(f": new pods failed: {obs.rollout_crashed}")
-    if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
-        timeout = spec.canary.startup_timeout_s
-        return _reverted(f": Deployment not rolled out within {timeout:g}s")
     if not obs.rollout_done or obs.rollout_scan is None:
+        # Only a rollout not done times out: one seen done late (the operator was away) is
+        # judged on its pods, as a late eval or load summary is.
+        if state.phase_elapsed_s >= spec.canary.startup_timeout_s:
+            timeout = spec.canary.startup_timeout_s
+            return _reverted(f": Deployment not rolled out within {timeout:g}s")
         return Step(
             Phase.PROMOTING,
             Reason.ROLLING_OUT,
