@@ -478,6 +478,38 @@ def test_an_external_revert_while_promoting_supersedes(monkeypatch: pytest.Monke
     world.assert_invariant()
 
 
+@pytest.mark.parametrize("record_lost", [False, True])
+def test_a_patch_made_after_a_long_absence_gets_its_own_rollout_time(
+    monkeypatch: pytest.MonkeyPatch, record_lost: bool
+) -> None:
+    # GIVEN the operator away for ten minutes (past startupTimeout) once Promoting is recorded,
+    # and the patched Deployment still rolling out on the reconcile after the patch; with
+    # record_lost, the patch went through but its record did not (adopted on the return)
+    world = World(monkeypatch)
+    seen: dict[str, Any] = {"away": False, "rolling": 0, "rolled": None}
+
+    def late_patch(w: World) -> None:
+        promo = (w.obj.get("status") or {}).get("promotion") or {}
+        dep = w.kube.get("Deployment", "vllm")
+        if w.phase == "Promoting" and not promo.get("patched") and not seen["away"]:
+            seen["away"] = True
+            w.now += dt.timedelta(minutes=10)
+            if record_lost:
+                w.kube.edit_container("vllm", args=w.candidate()["args"])
+        elif w.phase == "Promoting" and seen["rolling"] < 2:
+            seen["rolling"] += 1  # the new pods not yet Ready for two reconciles
+            seen["rolled"] = seen["rolled"] or dep["status"]
+            dep["status"] = {**dep["status"], "readyReplicas": 0, "updatedReplicas": 0}
+        elif seen["rolled"] is not None:
+            dep["status"], seen["rolled"] = seen["rolled"], None
+
+    world.before_reconcile = late_patch
+    # THEN the rollout's startup time runs from the patch, not from Promoting's start
+    assert world.run() == "Promoted", world.obj["status"]["message"]
+    assert seen["rolling"] == 2
+    world.assert_invariant()
+
+
 def test_a_target_changed_during_the_eval_is_not_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
     world = World(monkeypatch)
 

@@ -448,7 +448,9 @@ def apply_promotion_patch(ctx: Ctx, step: Step) -> StatusUpdate:
         f"patched Deployment {ctx.spec.target.name} (generation {generation}): "
         f"{' '.join(ctx.so_far.recommended_args)}",
     )
-    return patched.then(StatusUpdate.of(promotion=promo))
+    # The rollout's startup time runs from the patch: one made late (the operator was away
+    # since Promoting was recorded) is not timed from the decision.
+    return patched.then(StatusUpdate.of(promotion=promo, phase_since=iso(ctx.now)))
 
 
 def revert_target(ctx: Ctx, step: Step) -> StatusUpdate:

@@ -213,8 +213,8 @@ def folded(
         stalled=step.reason.stalls or step.gate_closed, gate_closed=step.gate_closed,
     )  # fmt: skip
     phase_since = status.phase_since
-    if step.phase is not old_phase or phase_since is None:
-        phase_since = now
+    if step.phase is not old_phase or phase_since is None or step.patched:
+        phase_since = now  # a patch adopted (its record lost) is timed from here, as one made
     status = dataclasses.replace(
         status,
         phase=step.phase,
