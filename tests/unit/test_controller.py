@@ -510,6 +510,57 @@ def test_a_patch_made_after_a_long_absence_gets_its_own_rollout_time(
     world.assert_invariant()
 
 
+def test_an_eval_job_made_after_a_long_absence_gets_its_own_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN Evaluating recorded (write-ahead) and the operator away for two hours before it made
+    # the eval Job (past every attempt's bound), then the Job running for three reconciles
+    world = World(monkeypatch)
+    world.kube.hold_evals = True
+    seen = {"away": False, "running": 0}
+
+    def away_before_the_job(w: World) -> None:
+        made = ((w.obj.get("status") or {}).get("eval") or {}).get("job")
+        if w.phase == "Evaluating" and not made and not seen["away"]:
+            seen["away"] = True
+            w.now += dt.timedelta(hours=2)
+        elif w.phase == "Evaluating" and made:
+            seen["running"] += 1
+            if seen["running"] == 3:
+                w.kube.finish_evals()
+
+    world.before_reconcile = away_before_the_job
+    # THEN the eval that never ran is not "did not finish": it runs, with its own time, and
+    # its verdict decides
+    assert world.run() == "Promoted", world.obj["status"]["message"]
+    assert seen == {"away": True, "running": 3}
+    world.assert_invariant()
+
+
+def test_an_eval_job_made_and_gone_past_its_bound_is_not_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the eval Job made and running, then deleted by someone else while the operator was
+    # away past the phase's bound
+    world = World(monkeypatch)
+    world.kube.hold_evals = True
+    for _ in range(100):
+        world.reconcile()
+        world.now += dt.timedelta(seconds=1)
+        if world.kube.get("Job", "r-eval-1") is not None and world.phase == "Evaluating":
+            break
+    world.kube.objects.pop(("Job", "r-eval-1"))
+    world.now += dt.timedelta(hours=2)
+    # WHEN it is back
+    world.reconcile()
+    # THEN the attempt that was made and is gone has timed out: not made again (a Job deleted
+    # again and again would otherwise run forever)
+    assert world.kube.get("Job", "r-eval-1") is None
+    status = world.obj["status"]
+    assert (status["phase"], status["reason"]) == ("RolledBack", "EvalError"), status["message"]
+    assert "did not finish within" in status["message"]
+
+
 def test_a_target_changed_during_the_eval_is_not_promoted(monkeypatch: pytest.MonkeyPatch) -> None:
     world = World(monkeypatch)
 

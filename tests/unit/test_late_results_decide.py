@@ -524,3 +524,33 @@ def test_a_timeout_or_a_missing_result_never_promotes(
         s = step(phase, Observation(live=live), spec, ttl=72 * 3600.0, **state)
         never_promotes(s, phase)
         assert s.verdict is None or s.verdict.decision.value != "Promote", s.message
+
+
+# --- a recorded attempt whose Job was never made -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "attempts", "job", "create"),
+    [
+        (Phase.EVALUATING, {"eval_attempts": 1}, "job_exists", Action.CREATE_EVAL_JOB),
+        (Phase.EVALUATING, {"eval_attempts": 2}, "job_exists", Action.CREATE_EVAL_JOB),
+        (Phase.MEASURING, {"load_attempts": 1}, "load_job_exists", Action.CREATE_LOAD_JOB),
+        (Phase.MEASURING, {"load_attempts": 2}, "load_job_exists", Action.CREATE_LOAD_JOB),
+    ],
+)
+def test_an_attempt_whose_job_was_never_made_has_not_timed_out(
+    phase: Phase, attempts: dict[str, int], job: str, create: Action
+) -> None:
+    # GIVEN the attempt recorded (write-ahead) and the operator away before making its Job
+    spec = LOAD if phase is Phase.MEASURING else SPEC
+    gates = load_gates() if phase is Phase.MEASURING else CAPACITY
+    none = Observation(control=READY, candidate=READY, **{job: False})
+    s = step(phase, none, spec, attempt_job_made=False, gates=gates, **attempts)
+    # THEN it makes the Job now: no eval or load ran, so none "did not finish"
+    assert (s.phase, create in s.actions) == (phase, True), s.message
+    assert "did not finish" not in s.message
+    never_promotes(s, was=phase)
+    # AND a Job that was made and is gone still times out (nothing left to wait for)
+    gone = step(phase, none, spec, attempt_job_made=True, gates=gates, **attempts)
+    assert "did not finish within" in gone.message
+    never_promotes(gone)

@@ -8,6 +8,7 @@ returns what status keeps of what it did (a `StatusUpdate`); it writes no status
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import secrets
 from collections.abc import Callable, Iterator, Mapping
@@ -38,7 +39,7 @@ from kvgate.controller.seen import (
 from kvgate.controller.sources import arm_tpot_totals, canary_port, hub_token_problem
 from kvgate.controller.telemetry import REVERT_FAILURES
 from kvgate.errors import ExternalError, InputError, KubeError, KvgateError
-from kvgate.flow.deadlines import load_timeout_s
+from kvgate.flow.deadlines import latest_start_s, load_timeout_s
 from kvgate.flow.steps import Action, Step
 from kvgate.judge import throughput
 from kvgate.reasons import Reason
@@ -61,6 +62,7 @@ from kvgate.vocabulary import (
     EVAL_NONCE_ENV,
     LABEL_ARM,
     LOAD_NONCE_ENV,
+    Phase,
     config_hash,
 )
 
@@ -241,10 +243,18 @@ def ensure_job(
 ) -> tuple[dict[str, Any], StatusUpdate]:
     """This attempt's Job, created once: the one that runs, and the Event of its start."""
     existing, made = ensure_fresh(ctx, job, role)
-    if made:
-        name = job["metadata"]["name"]
-        return existing, StatusUpdate.event(started, f"{role} attempt {attempt}: Job {name}")
-    return existing, NOTHING
+    if not made:
+        return existing, NOTHING
+    name = job["metadata"]["name"]
+    event = StatusUpdate.event(started, f"{role} attempt {attempt}: Job {name}")
+    # A Job made late (the operator was away once its attempt was recorded) keeps its own
+    # attempt's bound: the phase clock moves so that much is left, never back.
+    phase = Phase.MEASURING if role == "load" else Phase.EVALUATING
+    since = parse_time(ctx.so_far.phase_since) or ctx.now
+    latest = ctx.now - dt.timedelta(seconds=latest_start_s(ctx.spec, phase))
+    if latest <= since:
+        return existing, event
+    return existing, event.then(StatusUpdate.of(phase_since=iso(latest)))
 
 
 def create_load_job(ctx: Ctx, step: Step) -> StatusUpdate:

@@ -127,6 +127,7 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
     last = parse_time(verify.last_sample_at)
     window = parse_time(verify.window_started_at)
     revert = status.revert or RevertStatus()
+    job = status.load if phase is Phase.MEASURING else status.eval
     annotations = meta.get("annotations") or {}
     record = ApprovalRecord(
         approve=annotations.get(ANNOTATION_APPROVE),
@@ -145,6 +146,8 @@ def read_state(ctx: Ctx, phase: Phase, meta: Mapping[str, Any]) -> State:
         config_hash=status.config_hash or "",
         eval_attempts=(status.eval.attempt if status.eval else None) or 0,
         load_attempts=(status.load.attempt if status.load else None) or 0,
+        attempt_job_made=job is not None
+        and (job.job or "").endswith(f"-{job.attempt or 1}"),  # its name ends in the attempt
         gates=status.gates,
         approval=approval,
         approver=redact.scrub_text(approver)[:253],

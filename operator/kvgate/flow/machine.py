@@ -465,6 +465,7 @@ def _evaluating(spec: RolloutSpec, state: State, obs: Observation, poll_s: float
     stuck = (
         error is None
         and obs.eval_summary is None
+        and (obs.job_exists or state.attempt_job_made)
         and state.phase_elapsed_s >= budget
         and not _cannot_make(state, obs.job_exists)
     )
@@ -582,6 +583,7 @@ def _measuring(spec: RolloutSpec, state: State, obs: Observation, poll_s: float)
     stuck = (
         error is None
         and finding is None
+        and (obs.load_job_exists or state.attempt_job_made)
         and state.phase_elapsed_s >= budget
         and not _cannot_make(state, obs.load_job_exists)
     )

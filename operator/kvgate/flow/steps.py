@@ -69,6 +69,9 @@ class State:
     config_hash: str = ""
     eval_attempts: int = 0
     load_attempts: int = 0  # Measuring: load Jobs started (status.load.attempt)
+    # Evaluating / Measuring: the current attempt's Job was made (status names it); one never
+    # made (the operator was away once its attempt was recorded) has not timed out
+    attempt_job_made: bool = False
     gates: Mapping[str, GateResult] = field(default_factory=dict)
     approval: str | None = None  # the config hash an approval that counts names
     approver: str = ""  # who gave it (recorded by the approval policy), for status and Events
