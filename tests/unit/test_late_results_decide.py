@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from evidence import as_scan, as_summary, as_truth
 from fake_cluster import field_load, load_error_summary
+from test_proposing import OPENED
+from test_verdict import SUMMARY_PASS
 
 from kvgate.evidence.kubeobjects import PodHealth
 from kvgate.flow import deadlines, machine
@@ -135,16 +137,6 @@ ARMS_READ: dict[str, Any] = {
     "candidate_scan": as_scan(scan("fp8", 200_000)),
     "control_metrics": as_truth(truth("auto", 100_000)),
     "candidate_metrics": as_truth(truth("fp8", 200_000)),
-}
-SUMMARY_PASS = {
-    "kind": "kvgate.eval/summary",
-    "verdict": "pass",
-    "error": None,
-    "margin": 0.02,
-    "questions_used": 200,
-    "control": {"accuracy": 0.91, "correct": 182, "n": 200},
-    "candidate": {"accuracy": 0.905, "correct": 181, "n": 200},
-    "paired": {"difference": -0.005, "tango95": [-0.019, 0.009]},
 }
 CAPACITY = {"capacityGain": GateResult("capacityGain", Outcome.SUCCESSFUL, "CapacityGained", "2x")}
 
@@ -418,15 +410,6 @@ def test_a_revert_not_read_back_is_retried_now_and_never_ends() -> None:
 
 # --- PullRequestOpen, PullRequestMerged: the forge and the GitOps tool ------------------------
 
-OPENED = PullRequestStatus(
-    provider="gitea",
-    repository="ops/serving",
-    branch="kvgate/r-0123456789abcdef",
-    config_hash="0123456789abcdef",
-    number=7,
-    url="http://forge/ops/serving/pulls/7",
-    state="open",
-)
 MERGED = PullRequestStatus(number=7, url=OPENED.url, state="merged", merge_sha="abc123")
 
 
