@@ -18,17 +18,21 @@ def load_timeout_s(spec: RolloutSpec) -> float:
     return gate.timeout_s if gate is not None else spec.canary.eval_timeout_s
 
 
+def _attempt_s(spec: RolloutSpec, phase: Phase) -> float:
+    """One eval (Evaluating) or load (Measuring) attempt's bound: its Job's deadline."""
+    return load_timeout_s(spec) if phase is Phase.MEASURING else spec.canary.eval_timeout_s
+
+
 def latest_start_s(spec: RolloutSpec, phase: Phase) -> float:
     """How far into Evaluating or Measuring an attempt's Job may be made and still have its own
-    bound and the grace left (a later one moves the phase clock: the operator was away)."""
-    per_attempt = load_timeout_s(spec) if phase is Phase.MEASURING else spec.canary.eval_timeout_s
-    return job_phase_deadline(spec, phase) - per_attempt - EVAL_GRACE_S
+    bound and the grace left: the other attempts' bounds (a later one moves the phase clock:
+    the operator was away)."""
+    return _attempt_s(spec, phase) * spec.canary.eval_retries
 
 
 def job_phase_deadline(spec: RolloutSpec, phase: Phase) -> float:
     """Evaluating or Measuring: every attempt's bound plus a grace for scheduling."""
-    per_attempt = load_timeout_s(spec) if phase is Phase.MEASURING else spec.canary.eval_timeout_s
-    return per_attempt * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
+    return _attempt_s(spec, phase) * (spec.canary.eval_retries + 1) + EVAL_GRACE_S
 
 
 def phase_deadline(spec: RolloutSpec, phase: Phase) -> float | None:
